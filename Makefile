@@ -1,0 +1,59 @@
+# moegen — the one build. `make` builds build/moegen and build/libmoegen.a;
+# `make run` emits and compiles the default example; `make test` runs the
+# CPU tests (and the GPU tests, which skip without a GPU).
+
+# ---- settings ------------------------------------------------------------
+CUDA_HOME ?= /usr/local/cuda
+CC        ?= gcc
+CFLAGS    ?= -O2 -g
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+LUA_INC   ?= /usr/include/lua5.4
+LUA_LIB   ?= /usr/lib/x86_64-linux-gnu/liblua5.4.a
+SPEC      ?= examples/specs/mixtral-8x7b.moe
+BUILD     := build
+
+WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-function-declaration
+CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
+LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
+
+GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c
+TEMPLATES := $(sort $(wildcard templates/*.lua))
+SPECS     := $(sort $(wildcard examples/specs/*.moe))
+GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o
+
+.PHONY: all run test kernels clean
+all: $(BUILD)/moegen $(BUILD)/libmoegen.a
+
+$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+# ---- generated files -----------------------------------------------------
+$(BUILD)/embed: gen/embed.c
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS) $< -o $@
+
+$(BUILD)/templates_embed.c: $(BUILD)/embed $(TEMPLATES)
+	$(BUILD)/embed $@ $(TEMPLATES)
+
+$(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h
+	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
+
+# ---- the library and the command -----------------------------------------
+$(BUILD)/libmoegen.a: $(GEN_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/moegen: $(BUILD)/gen/main.o $(BUILD)/libmoegen.a
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+
+# kernels_out/ holds the emitted sources of every example spec (committed).
+kernels: $(BUILD)/moegen
+	@for s in $(SPECS); do n=$$(basename $$s .moe); \
+	  echo "emit $$s -> kernels_out/$$n"; $(BUILD)/moegen emit $$s -o kernels_out/$$n || exit 1; done
+
+run: $(BUILD)/moegen
+	$(BUILD)/moegen compile $(SPEC) -o $(BUILD)/run/$$(basename $(SPEC) .moe)
+	@ls -l $(BUILD)/run/$$(basename $(SPEC) .moe)
+
+clean:
+	rm -rf $(BUILD)

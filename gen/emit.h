@@ -1,0 +1,41 @@
+/* emit.h — build the emitted files of one spec in memory, then write them
+ * all or none. */
+#ifndef MOEGEN_EMIT_H
+#define MOEGEN_EMIT_H
+
+#include "plan.h"
+#include "spec.h"
+#include "util.h"
+
+#define MOEGEN_VERSION "0.1.0"
+
+typedef struct {
+    char path[256];   /* relative to the output folder */
+    moe_buf_t data;
+} moe_file_t;
+
+typedef struct {
+    moe_file_t files[16];
+    int nfiles;
+} moe_fileset_t;
+
+/* The CUDA source for a plan: stamp, prelude, every kernel, and the host
+ * launch code under #ifndef __CUDACC_RTC__. templates_dir as in
+ * moe_tmpl_open. Returns 0 or non-zero with diag set. */
+int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag);
+
+/* Every emitted file of a plan (NAME.cu, NAME.h, manifest.json, NAME.moe)
+ * into fs. Returns 0 or non-zero with diag set. */
+int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fileset_t *fs, moe_diag_t *diag);
+
+/* Add a file to a set; returns its buffer, or NULL when the set is full. */
+moe_buf_t *moe_fileset_add(moe_fileset_t *fs, const char *path);
+void moe_fileset_free(moe_fileset_t *fs);
+
+/* Write every file under dir (created if missing), each through a temporary
+ * file; the renames happen only after every temporary was written, so on
+ * failure nothing new is left behind. Unchanged files are not touched.
+ * Returns 0 or -1 with err set. */
+int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_t errlen);
+
+#endif

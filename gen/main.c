@@ -1,0 +1,311 @@
+/* main.c — the moegen command. Exit status: 0 done, 2 bad input (spec or
+ * usage), 1 anything else (I/O, NVRTC, GPU). */
+#define _POSIX_C_SOURCE 200809L
+#include "emit.h"
+#include "mesh.h"
+#include "compile.h"
+#include "plan.h"
+#include "spec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SETS 64
+
+static const char *const usage_text =
+    "usage: moegen COMMAND SPEC [options]\n"
+    "\n"
+    "Generate CUDA C for one Mixture-of-Experts layer shape.\n"
+    "\n"
+    "commands:\n"
+    "  check SPEC              validate a spec and print its canonical form and hash\n"
+    "  emit SPEC -o DIR        write DIR/NAME.cu, DIR/NAME.h, DIR/manifest.json, DIR/NAME.moe\n"
+    "  compile SPEC -o DIR     emit, and also write DIR/NAME.ARCH.cubin and .ptx through NVRTC\n"
+    "  plan SPEC [--rank R] [--json]\n"
+    "                          print the kernel plan and the mesh tables\n"
+    "  bench SPEC [--tokens N] time every kernel and the layer on the GPU\n"
+    "  help [COMMAND]          print help\n"
+    "\n"
+    "options:\n"
+    "  -o DIR                  output folder (emit, compile)\n"
+    "  --set KEY=VALUE         override a spec key (router.score=sigmoid, arch=sm_90a,sm_80); repeatable\n"
+    "  --templates DIR         read templates from DIR instead of the embedded copies\n"
+    "  --help, --version\n";
+
+static const struct {
+    const char *name, *text;
+} help_texts[] = {
+    {"check", "usage: moegen check SPEC [--set KEY=VALUE]...\n\n"
+              "Validate SPEC. Prints the canonical spec (sorted keys, defaults filled in) and its hash.\n"
+              "Errors read FILE:LINE: error: MESSAGE; exit status 2.\n"},
+    {"emit", "usage: moegen emit SPEC -o DIR [--set KEY=VALUE]... [--templates DIR]\n\n"
+             "Write DIR/NAME.cu (device kernels, plus host launch code under #ifndef __CUDACC_RTC__),\n"
+             "DIR/NAME.h (argument struct, launch and packing functions, workspace size, layouts),\n"
+             "DIR/manifest.json (canonical spec, hash, kernels with tile configurations, arch list,\n"
+             "routing table) and DIR/NAME.moe (the canonical spec). All or nothing; unchanged files\n"
+             "are not touched; the same spec gives byte-identical files.\n"},
+    {"compile", "usage: moegen compile SPEC -o DIR [--set KEY=VALUE]... [--templates DIR]\n\n"
+                "As emit, then compile NAME.cu with NVRTC for every arch of the spec, writing\n"
+                "DIR/NAME.ARCH.cubin and DIR/NAME.ARCH.ptx. A folder written by compile can be loaded\n"
+                "by the runtime with no NVRTC (moe_plan_create_from_dir).\n"},
+    {"plan", "usage: moegen plan SPEC [--rank R] [--json] [--set KEY=VALUE]...\n\n"
+             "Print the kernel plan (kernels, tiles, workspace) and the mesh tables: every rank's\n"
+             "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
+             "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
+             "--json prints the mesh tables as one JSON object (see README, \"Mesh\").\n"},
+    {"bench", "usage: moegen bench SPEC [--tokens N]... [--iters N] [--set KEY=VALUE]...\n\n"
+              "On the GPU: time every kernel and the whole layer (CUDA events, warm-up, median of\n"
+              "--iters runs, inputs rotated so L2 holds no copy), print TFLOP/s, GB/s and the ratio\n"
+              "to the roofline floor from ceilings measured in the same run.\n"},
+    {"help", "usage: moegen help [COMMAND]\n"},
+};
+
+typedef struct {
+    const char *cmd, *spec, *out, *templates;
+    moe_override_t sets[MAX_SETS];
+    int nsets;
+    int rank, json;
+    int tokens[16], ntokens, iters;
+} args_t;
+
+static int print_help(const char *cmd) {
+    if (!cmd) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof help_texts / sizeof *help_texts; i++)
+        if (strcmp(help_texts[i].name, cmd) == 0) {
+            fputs(help_texts[i].text, stdout);
+            return 0;
+        }
+    fprintf(stderr, "moegen: error: no command '%s' (try moegen --help)\n", cmd);
+    return 2;
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "moegen: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(try moegen --help)\n");
+    return 2;
+}
+
+static int parse_int_arg(const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args_t *a) {
+    memset(a, 0, sizeof *a);
+    a->rank = -1;
+    a->iters = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(s, "-o") == 0 || strcmp(s, "--set") == 0 || strcmp(s, "--templates") == 0 ||
+            strcmp(s, "--rank") == 0 || strcmp(s, "--tokens") == 0 || strcmp(s, "--iters") == 0) {
+            if (!val)
+                return usage_error("%s needs a value", s);
+            i++;
+            if (strcmp(s, "-o") == 0)
+                a->out = val;
+            else if (strcmp(s, "--templates") == 0)
+                a->templates = val;
+            else if (strcmp(s, "--set") == 0) {
+                if (a->nsets == MAX_SETS)
+                    return usage_error("too many --set options (at most 64)%s", "");
+                a->sets[a->nsets++].text = val;
+            } else if (strcmp(s, "--rank") == 0) {
+                if (parse_int_arg(val, 0, 1 << 30, &a->rank))
+                    return usage_error("--rank needs a rank number, got '%s'", val);
+            } else if (strcmp(s, "--iters") == 0) {
+                if (parse_int_arg(val, 1, 100000, &a->iters))
+                    return usage_error("--iters needs a positive count, got '%s'", val);
+            } else {
+                if (a->ntokens == 16)
+                    return usage_error("too many --tokens options (at most 16)%s", "");
+                if (parse_int_arg(val, 1, 1 << 20, &a->tokens[a->ntokens++]))
+                    return usage_error("--tokens needs a positive count, got '%s'", val);
+            }
+        } else if (strcmp(s, "--json") == 0) {
+            a->json = 1;
+        } else if (s[0] == '-' && s[1]) {
+            return usage_error("unknown option '%s'", s);
+        } else if (!a->cmd) {
+            a->cmd = s;
+        } else if (!a->spec) {
+            a->spec = s;
+        } else {
+            return usage_error("unexpected argument '%s'", s);
+        }
+    }
+    return 0;
+}
+
+static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd) {
+    moe_diag_t d;
+    if (moe_spec_load(spec, a->spec, NULL, a->sets, a->nsets, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        return 2;
+    }
+    char err[512];
+    if (pd && moe_plan_desc_build(pd, spec, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", a->spec, err);
+        return 2;
+    }
+    return 0;
+}
+
+static int cmd_check(const args_t *a) {
+    moe_spec_t spec;
+    moe_plan_desc_t pd;
+    int rc = load(a, &spec, &pd);
+    if (rc)
+        return rc;
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", a->spec, err);
+        return 2;
+    }
+    moe_mesh_plan_free(&mp);
+    char *canon = moe_spec_canonical(&spec);
+    printf("%s-- hash %s\n", canon ? canon : "", spec.hash);
+    free(canon);
+    return 0;
+}
+
+/* emit and compile: everything in memory first, then one write. */
+static int cmd_emit(const args_t *a, int compile) {
+    if (!a->out)
+        return usage_error("%s needs -o DIR", a->cmd);
+    moe_spec_t spec;
+    moe_plan_desc_t pd;
+    int rc = load(a, &spec, &pd);
+    if (rc)
+        return rc;
+    moe_fileset_t fs = {0};
+    moe_diag_t d;
+    if (moe_emit_files(&pd, a->templates, &fs, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        moe_fileset_free(&fs);
+        return 2;
+    }
+    if (compile) {
+        const moe_buf_t *src = &fs.files[0].data;
+        char cuname[128];
+        snprintf(cuname, sizeof cuname, "%s.cu", spec.name);
+        for (int i = 0; i < spec.narch; i++) {
+            char path[160];
+            snprintf(path, sizeof path, "%s.%s.cubin", spec.name, moe_arch_name(spec.arch[i]));
+            moe_buf_t *cubin = moe_fileset_add(&fs, path);
+            snprintf(path, sizeof path, "%s.%s.ptx", spec.name, moe_arch_name(spec.arch[i]));
+            moe_buf_t *ptx = moe_fileset_add(&fs, path);
+            moe_buf_t log = {0};
+            if (moe_nvrtc_compile(src->data, cuname, spec.arch[i], cubin, ptx, &log, &d)) {
+                fprintf(stderr, "%s", d.msg);
+                moe_buf_free(&log);
+                moe_fileset_free(&fs);
+                return 1;
+            }
+            if (log.len)
+                fprintf(stderr, "%s (%s): NVRTC warnings:\n%s", cuname, moe_arch_name(spec.arch[i]), log.data);
+            moe_buf_free(&log);
+        }
+    }
+    char err[512];
+    if (moe_fileset_write(&fs, a->out, err, sizeof err)) {
+        fprintf(stderr, "moegen: error: %s\n", err);
+        moe_fileset_free(&fs);
+        return 1;
+    }
+    moe_fileset_free(&fs);
+    return 0;
+}
+
+static int cmd_plan(const args_t *a) {
+    moe_spec_t spec;
+    moe_plan_desc_t pd;
+    int rc = load(a, &spec, &pd);
+    if (rc)
+        return rc;
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", a->spec, err);
+        return 2;
+    }
+    if (a->rank >= mp.world) {
+        fprintf(stderr, "moegen: error: --rank %d is out of range: the mesh has %d devices (ranks 0..%d)\n", a->rank,
+                mp.world, mp.world - 1);
+        moe_mesh_plan_free(&mp);
+        return 2;
+    }
+    char *text = a->json ? moe_mesh_plan_json(&mp, a->rank) : moe_mesh_plan_table(&mp, a->rank);
+    if (!a->json) {
+        printf("plan %s (hash %s), %s, E=%d top_k=%d H=%d F=%d, up to %d tokens\n\n", spec.name, spec.hash,
+               moe_dtype_name(spec.dtype), spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
+        printf("kernels:\n");
+        for (int i = 0; i < MOE_K_COUNT; i++) {
+            const moe_kernel_desc_t *k = &pd.k[i];
+            printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
+            if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
+                printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,
+                       k->tile.stages, k->tile.warps_m, k->tile.warps_n);
+            printf("\n");
+        }
+        printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", pd.ws_bytes, spec.tokens,
+               pd.max_rows, pd.max_tiles, pd.align);
+    }
+    if (!text) {
+        fprintf(stderr, "moegen: error: out of memory\n");
+        moe_mesh_plan_free(&mp);
+        return 1;
+    }
+    fputs(text, stdout);
+    free(text);
+    moe_mesh_plan_free(&mp);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return print_help(NULL);
+        if (strcmp(argv[i], "--version") == 0) {
+            char v[32];
+            moe_nvrtc_version(v, sizeof v);
+            printf("moegen %s (NVRTC %s)\n", MOEGEN_VERSION, v);
+            return 0;
+        }
+    }
+    args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc;
+    if (!a.cmd)
+        return print_help(NULL), 2;
+    if (strcmp(a.cmd, "help") == 0)
+        return print_help(a.spec);
+    static const char *const needs_spec[] = {"check", "emit", "compile", "plan", "bench"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof needs_spec / sizeof *needs_spec; i++)
+        known |= strcmp(a.cmd, needs_spec[i]) == 0;
+    if (!known)
+        return usage_error("unknown command '%s'", a.cmd);
+    if (!a.spec)
+        return usage_error("%s needs a SPEC file", a.cmd);
+    if (strcmp(a.cmd, "check") == 0)
+        return cmd_check(&a);
+    if (strcmp(a.cmd, "emit") == 0)
+        return cmd_emit(&a, 0);
+    if (strcmp(a.cmd, "compile") == 0)
+        return cmd_emit(&a, 1);
+    if (strcmp(a.cmd, "plan") == 0)
+        return cmd_plan(&a);
+    return usage_error("bench is not available in this build%s", "");
+}

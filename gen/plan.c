@@ -1,0 +1,200 @@
+/* plan.c — tile choice, kernel names, launch shapes, workspace layout. */
+#include "plan.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define WS_ALIGN 256
+
+/* The tile heuristic. Expert row blocks are short when tokens*top_k/E is
+ * small (Qwen3-style many-expert layers), so bm follows the mean rows per
+ * expert; the rest is a configuration that keeps the mma.sync pipeline fed
+ * on sm_80 and sm_90a alike. A tuning table (later) overrides this. */
+static moe_tile_cfg_t choose_tile(const moe_spec_t *s, int n_total) {
+    double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
+    moe_tile_cfg_t t;
+    if (rows_per_expert >= 96) {
+        t = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4};
+    } else {
+        t = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2};
+    }
+    (void)n_total;
+    return t;
+}
+
+static int tile_smem(const moe_tile_cfg_t *t) {
+    /* rows padded by 8 elements against bank conflicts */
+    return t->stages * (t->bm + t->bn) * (t->bk + 8) * 2;
+}
+
+static void tile_suffix(char *out, size_t n, const moe_tile_cfg_t *t) {
+    snprintf(out, n, "m%dn%dk%ds%dw%dx%d", t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n);
+}
+
+long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
+    const moe_spec_t *s = &pd->spec;
+    return (long long)tokens * s->top_k + (long long)s->experts * (pd->align - 1);
+}
+
+long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
+    return moe_plan_max_rows(pd, tokens) / pd->align;
+}
+
+int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, size_t errlen) {
+    memset(pd, 0, sizeof *pd);
+    pd->spec = *s;
+    pd->pair_granule = 8;
+    const char *dt = moe_dtype_name(s->dtype);
+    char suf[64];
+
+    moe_kernel_desc_t *k = pd->k;
+    k[MOE_K_ROUTE] = (moe_kernel_desc_t){.family = MOE_K_ROUTE, .tmpl = "route", .threads = 256, .per_block = 32};
+    snprintf(k[MOE_K_ROUTE].name, sizeof k->name, "%s_route_%s_e%dk%d_t%d", s->name, dt, s->experts, s->top_k,
+             k[MOE_K_ROUTE].per_block);
+
+    moe_tile_cfg_t up = choose_tile(s, 2 * s->ffn), down = choose_tile(s, s->hidden);
+    down.bm = up.bm; /* one tile table serves both GEMMs */
+    pd->align = up.bm;
+    k[MOE_K_GEMM_UP] = (moe_kernel_desc_t){.family = MOE_K_GEMM_UP, .tmpl = "gemm_up_swiglu",
+                                           .threads = 32 * up.warps_m * up.warps_n, .smem = tile_smem(&up),
+                                           .tile = up};
+    tile_suffix(suf, sizeof suf, &up);
+    snprintf(k[MOE_K_GEMM_UP].name, sizeof k->name, "%s_gemm_up_swiglu_%s_%s", s->name, dt, suf);
+    k[MOE_K_GEMM_DOWN] = (moe_kernel_desc_t){.family = MOE_K_GEMM_DOWN, .tmpl = "gemm_down",
+                                             .threads = 32 * down.warps_m * down.warps_n, .smem = tile_smem(&down),
+                                             .tile = down};
+    tile_suffix(suf, sizeof suf, &down);
+    snprintf(k[MOE_K_GEMM_DOWN].name, sizeof k->name, "%s_gemm_down_%s_%s", s->name, dt, suf);
+
+    k[MOE_K_PERMUTE_PLAN] = (moe_kernel_desc_t){.family = MOE_K_PERMUTE_PLAN, .tmpl = "permute", .threads = 1024};
+    snprintf(k[MOE_K_PERMUTE_PLAN].name, sizeof k->name, "%s_permute_plan_e%d_a%d", s->name, s->experts, pd->align);
+    k[MOE_K_PERMUTE_SCATTER] = (moe_kernel_desc_t){.family = MOE_K_PERMUTE_SCATTER, .tmpl = "permute",
+                                                   .threads = 256, .per_block = 8};
+    snprintf(k[MOE_K_PERMUTE_SCATTER].name, sizeof k->name, "%s_permute_scatter_%s_h%d", s->name, dt, s->hidden);
+    k[MOE_K_COMBINE] = (moe_kernel_desc_t){.family = MOE_K_COMBINE, .tmpl = "combine", .threads = 256,
+                                           .per_block = 8};
+    snprintf(k[MOE_K_COMBINE].name, sizeof k->name, "%s_combine_%s_h%dk%d", s->name, dt, s->hidden, s->top_k);
+
+    pd->max_rows = moe_plan_max_rows(pd, s->tokens);
+    pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
+    if (pd->max_rows > (1LL << 30)) {
+        snprintf(err, errlen, "the plan needs %lld expert rows, more than 2^30", pd->max_rows);
+        return 1;
+    }
+    long long E = s->experts, TK = (long long)s->tokens * s->top_k, R = pd->max_rows;
+    size_t sizes[MOE_WS_COUNT] = {
+        [MOE_WS_COUNTS] = 4 * E, [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)pd->max_tiles, [MOE_WS_TOPK_IDX] = 4 * TK,
+        [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK, [MOE_WS_XS] = 2 * R * s->hidden,
+        [MOE_WS_HBUF] = 2 * R * s->ffn,
+    };
+    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
+                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf"};
+    size_t off = 0;
+    for (int i = 0; i < MOE_WS_COUNT; i++) {
+        pd->ws[i] = (moe_ws_region_t){names[i], off, sizes[i]};
+        off += (sizes[i] + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+    }
+    pd->ws_bytes = off;
+    return 0;
+}
+
+void moe_plan_grid(const moe_plan_desc_t *pd, int k, int tokens, unsigned grid[3]) {
+    const moe_kernel_desc_t *d = &pd->k[k];
+    const moe_spec_t *s = &pd->spec;
+    unsigned tiles = (unsigned)moe_plan_max_tiles(pd, tokens);
+    grid[0] = grid[1] = grid[2] = 1;
+    switch ((moe_kfamily_t)k) {
+    case MOE_K_ROUTE:
+    case MOE_K_COMBINE:
+        grid[0] = (unsigned)((tokens + d->per_block - 1) / d->per_block);
+        break;
+    case MOE_K_PERMUTE_PLAN:
+        break;
+    case MOE_K_PERMUTE_SCATTER:
+        grid[0] = (unsigned)(((long long)tokens * s->top_k + d->per_block - 1) / d->per_block);
+        break;
+    case MOE_K_GEMM_UP:
+        grid[0] = (unsigned)((2 * s->ffn + d->tile.bn - 1) / d->tile.bn);
+        grid[1] = tiles;
+        break;
+    case MOE_K_GEMM_DOWN:
+        grid[0] = (unsigned)((s->hidden + d->tile.bn - 1) / d->tile.bn);
+        grid[1] = tiles;
+        break;
+    case MOE_K_COUNT:
+        break;
+    }
+    if (grid[0] == 0)
+        grid[0] = 1;
+}
+
+static void set_int(lua_State *L, const char *k, long long v) {
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+static void set_num(lua_State *L, const char *k, double v) {
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+static void set_str(lua_State *L, const char *k, const char *v) {
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+static void set_bool(lua_State *L, const char *k, int v) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+
+void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k) {
+    const moe_spec_t *s = &pd->spec;
+    lua_newtable(L);
+    set_str(L, "name", s->name);
+    set_str(L, "hash", s->hash);
+    set_str(L, "dtype", moe_dtype_name(s->dtype));
+    set_int(L, "E", s->experts);
+    set_int(L, "K", s->top_k);
+    set_int(L, "H", s->hidden);
+    set_int(L, "F", s->ffn);
+    set_int(L, "tokens", s->tokens);
+    set_str(L, "score", s->router.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    set_bool(L, "renormalize", s->router.renormalize);
+    set_int(L, "groups", s->router.groups);
+    set_int(L, "topk_groups", s->router.topk_groups);
+    set_bool(L, "bias", s->router.bias);
+    set_bool(L, "logit_bias", s->router.logit_bias);
+    set_num(L, "scale", s->router.scale);
+    set_num(L, "alpha", s->activation.alpha);
+    if (s->activation.limit > 0)
+        set_num(L, "limit", s->activation.limit);
+    set_num(L, "up_offset", s->activation.up_offset);
+    set_bool(L, "ffn_bias", s->ffn_bias);
+    set_int(L, "align", pd->align);
+    set_int(L, "pair_granule", pd->pair_granule);
+    if (k >= 0) {
+        const moe_kernel_desc_t *d = &pd->k[k];
+        set_str(L, "kernel", d->name);
+        set_int(L, "threads", d->threads);
+        set_int(L, "smem", d->smem);
+        set_int(L, "per_block", d->per_block);
+        if (k == MOE_K_PERMUTE_PLAN || k == MOE_K_PERMUTE_SCATTER) {
+            /* the permute template emits both kernels */
+            set_str(L, "plan_kernel", pd->k[MOE_K_PERMUTE_PLAN].name);
+            set_int(L, "plan_threads", pd->k[MOE_K_PERMUTE_PLAN].threads);
+            set_str(L, "scatter_kernel", pd->k[MOE_K_PERMUTE_SCATTER].name);
+            set_int(L, "scatter_threads", pd->k[MOE_K_PERMUTE_SCATTER].threads);
+            set_int(L, "scatter_rows", pd->k[MOE_K_PERMUTE_SCATTER].per_block);
+        }
+        if (k == MOE_K_GEMM_UP || k == MOE_K_GEMM_DOWN) {
+            lua_newtable(L);
+            set_int(L, "bm", d->tile.bm);
+            set_int(L, "bn", d->tile.bn);
+            set_int(L, "bk", d->tile.bk);
+            set_int(L, "stages", d->tile.stages);
+            set_int(L, "warps_m", d->tile.warps_m);
+            set_int(L, "warps_n", d->tile.warps_n);
+            lua_setfield(L, -2, "tile");
+        }
+    }
+}

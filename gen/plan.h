@@ -1,0 +1,91 @@
+/* plan.h — from a validated spec to the kernel plan: which kernels, with
+ * which tile configurations and launch shapes, and the workspace layout.
+ *
+ * The plan is plain data: emission, the JIT runtime and the vendored host
+ * code all read their kernel names, tile sizes, grids and buffer offsets
+ * from here, so they cannot disagree. (Mesh tables are in mesh.h.) */
+#ifndef MOEGEN_PLAN_H
+#define MOEGEN_PLAN_H
+
+#include "spec.h"
+
+#include <lua.h>
+
+typedef enum {
+    MOE_K_ROUTE = 0,        /* logits, scores, top-k, weights, counts */
+    MOE_K_PERMUTE_PLAN,     /* counts -> aligned offsets, tile table */
+    MOE_K_PERMUTE_SCATTER,  /* token rows -> expert-major rows, row map */
+    MOE_K_GEMM_UP,          /* [rows, H] x [H, 2F] + SwiGLU -> [rows, F] */
+    MOE_K_GEMM_DOWN,        /* [rows, F] x [F, H] -> [rows, H] */
+    MOE_K_COMBINE,          /* y[t] = sum_k w * out[row(t, k)] */
+    MOE_K_COUNT
+} moe_kfamily_t;
+
+typedef struct {
+    int bm, bn, bk;         /* CTA tile; for GEMM_UP, bn counts packed (gate+up) columns */
+    int stages;             /* cp.async pipeline depth */
+    int warps_m, warps_n;   /* warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
+} moe_tile_cfg_t;
+
+typedef struct {
+    moe_kfamily_t family;
+    const char *tmpl;       /* template name: "route" = templates/route.lua */
+    char name[128];         /* the kernel symbol; spells its parameters */
+    int threads;            /* block size */
+    int smem;               /* dynamic shared memory, bytes */
+    int per_block;          /* route/combine: tokens per block; scatter: rows per block */
+    moe_tile_cfg_t tile;    /* GEMMs only */
+} moe_kernel_desc_t;
+
+typedef enum {
+    MOE_WS_COUNTS = 0,      /* int [E]      tokens routed to each expert (zeroed before route) */
+    MOE_WS_OFFSETS,         /* int [E + 1]  first row of each expert, aligned to bm */
+    MOE_WS_CURSOR,          /* int [E]      scatter cursors */
+    MOE_WS_NUM_TILES,       /* int [1]      valid entries in the tile table */
+    MOE_WS_TILES,           /* int4 [max_tiles] {expert, row_start, rows, 0} */
+    MOE_WS_TOPK_IDX,        /* int [T, k] */
+    MOE_WS_TOPK_W,          /* float [T, k] */
+    MOE_WS_ROW_OF,          /* int [T, k]   row of (t, k) in expert-major order */
+    MOE_WS_XS,              /* half [max_rows, H]  gathered rows; reused for the down output */
+    MOE_WS_HBUF,            /* half [max_rows, F]  SwiGLU output */
+    MOE_WS_COUNT
+} moe_ws_region_id_t;
+
+typedef struct {
+    const char *name;
+    size_t offset, bytes;
+} moe_ws_region_t;
+
+typedef struct {
+    moe_spec_t spec;
+    int align;                       /* expert row blocks align to this (= GEMM bm) */
+    long long max_rows, max_tiles;   /* at spec.tokens */
+    int pair_granule;                /* gate/up rows interleave in blocks of this many */
+    moe_kernel_desc_t k[MOE_K_COUNT];
+    moe_ws_region_t ws[MOE_WS_COUNT];
+    size_t ws_bytes;
+} moe_plan_desc_t;
+
+/* Build the kernel plan for a validated spec. Returns 0, or non-zero with a
+ * reason in err. */
+int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, char *err, size_t errlen);
+
+/* Rows and tiles needed for `tokens` tokens (tokens <= spec.tokens). */
+long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
+long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
+
+/* Grid of kernel k for `tokens` tokens. */
+void moe_plan_grid(const moe_plan_desc_t *pd, int k, int tokens, unsigned grid[3]);
+
+/* Push the template parameter table `p` for kernel k onto L. */
+void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k);
+
+/* Packed row index of plain W1 row r (0 <= r < 2F: gate rows then up rows).
+ * Gate row f and up row f land in the same granule pair. */
+static inline long long moe_plan_packed_row(const moe_plan_desc_t *pd, long long r) {
+    long long F = pd->spec.ffn, g = pd->pair_granule;
+    long long up = r >= F, f = up ? r - F : r;
+    return (f / g) * 2 * g + up * g + f % g;
+}
+
+#endif

@@ -1,0 +1,94 @@
+/* spec.h — the shape of one MoE layer and its mesh, loaded from a spec file.
+ *
+ * A spec is a Lua table constructor read as data (DESIGN.md, "The spec").
+ * moe_spec_load() reads, sandboxes, validates and canonicalizes it; every
+ * later stage (planning, expansion, emission) takes a validated moe_spec_t
+ * and never re-checks what validation already proved. */
+#ifndef MOEGEN_SPEC_H
+#define MOEGEN_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOE_NAME_MAX 64
+#define MOE_ARCH_MAX 4
+
+typedef enum { MOE_DTYPE_BF16 = 0, MOE_DTYPE_FP16 = 1 } moe_dtype_t;
+typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_t;
+typedef enum { MOE_ARCH_SM90A = 0, MOE_ARCH_SM80 = 1 } moe_arch_t;
+
+/* Mesh axes. Sizes are indexed by axis id; order[] lists axis ids outermost
+ * first (default dp, fsdp, ep). */
+typedef enum { MOE_AXIS_DP = 0, MOE_AXIS_FSDP = 1, MOE_AXIS_EP = 2, MOE_AXIS_COUNT = 3 } moe_axis_t;
+
+typedef struct {
+    moe_score_t score;
+    bool renormalize;
+    int groups;       /* expert groups for group-limited routing; 1 = off */
+    int topk_groups;  /* groups kept; 1 when groups == 1 */
+    bool bias;        /* per-expert selection bias (fp32 [E]), selection only */
+    bool logit_bias;  /* per-expert bias added to the logits (fp32 [E]) */
+    double scale;     /* routed weights are multiplied by this */
+} moe_router_t;
+
+typedef struct {
+    double alpha;     /* out = (up + up_offset) * g * sigmoid(alpha * g) */
+    double limit;     /* gate = min(gate, limit), up = clamp(up, -limit, limit); 0 = no limit */
+    double up_offset;
+} moe_activation_t;
+
+typedef struct {
+    int size[MOE_AXIS_COUNT];     /* dp, fsdp, ep */
+    int order[MOE_AXIS_COUNT];    /* axis ids, outermost first */
+    int nsharding;                /* 1 or 2 */
+    int sharding[2];              /* expert_sharding axes, first axis major */
+} moe_mesh_t;
+
+typedef struct {
+    char name[MOE_NAME_MAX];      /* C identifier */
+    int experts;                  /* E: routed experts (global) */
+    int top_k;
+    int hidden;                   /* H */
+    int ffn;                      /* F: per-expert intermediate size */
+    int tokens;                   /* most tokens one rank feeds to one call */
+    moe_dtype_t dtype;
+    moe_router_t router;
+    moe_activation_t activation;
+    bool ffn_bias;                /* per-expert bias on both expert GEMMs */
+    moe_mesh_t mesh;
+    int narch;
+    moe_arch_t arch[MOE_ARCH_MAX];
+    char hash[33];                /* XXH3-128 of the canonical text, hex */
+} moe_spec_t;
+
+/* One key override from the command line: "key=value" or "router.score=x". */
+typedef struct {
+    const char *text;
+} moe_override_t;
+
+/* Error report filled by loaders: "FILE:LINE: error: MESSAGE". */
+typedef struct {
+    char msg[1024];
+} moe_diag_t;
+
+/* Load, validate and canonicalize a spec from file `path` (or from `text`
+ * when non-NULL, with `path` used only in messages). Overrides apply after
+ * the file is read and before validation. Returns 0 on success; on error
+ * returns non-zero and fills diag with "FILE:LINE: error: MESSAGE". */
+int moe_spec_load(moe_spec_t *spec, const char *path, const char *text,
+                  const moe_override_t *ovr, int novr, moe_diag_t *diag);
+
+/* The canonical text of a spec (sorted keys, defaults filled in), as a
+ * spec file that loads back to the same spec. Caller frees. */
+char *moe_spec_canonical(const moe_spec_t *spec);
+
+const char *moe_dtype_name(moe_dtype_t d);   /* "bf16" */
+const char *moe_dtype_ctype(moe_dtype_t d);  /* "__nv_bfloat16" */
+const char *moe_arch_name(moe_arch_t a);     /* "sm_90a" */
+const char *moe_axis_name(int axis);         /* "dp" */
+
+/* World size: dp * fsdp * ep. */
+int moe_spec_world(const moe_spec_t *spec);
+
+#endif

@@ -1,0 +1,168 @@
+#define _POSIX_C_SOURCE 200809L
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int buf_reserve(moe_buf_t *b, size_t extra) {
+    if (b->failed)
+        return -1;
+    if (b->len + extra + 1 <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) {
+        b->failed = 1;
+        return -1;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+void moe_buf_append(moe_buf_t *b, const char *s, size_t n) {
+    if (buf_reserve(b, n))
+        return;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+char *moe_buf_extend(moe_buf_t *b, size_t n) {
+    if (buf_reserve(b, n))
+        return NULL;
+    char *p = b->data + b->len;
+    b->len += n;
+    b->data[b->len] = '\0';
+    return p;
+}
+
+void moe_buf_vprintf(moe_buf_t *b, const char *fmt, va_list ap) {
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0 || buf_reserve(b, (size_t)n))
+        return;
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+}
+
+void moe_buf_printf(moe_buf_t *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    moe_buf_vprintf(b, fmt, ap);
+    va_end(ap);
+}
+
+void moe_buf_free(moe_buf_t *b) {
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+    b->failed = 0;
+}
+
+char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    moe_buf_t b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (b.len + n > max) {
+            snprintf(err, errlen, "'%s' is larger than %zu bytes", path, max);
+            fclose(f);
+            moe_buf_free(&b);
+            return NULL;
+        }
+        moe_buf_append(&b, chunk, n);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || b.failed) {
+        snprintf(err, errlen, "cannot read '%s'", path);
+        moe_buf_free(&b);
+        return NULL;
+    }
+    if (!b.data)
+        moe_buf_append(&b, "", 0);
+    if (len)
+        *len = b.len;
+    return b.data;
+}
+
+int moe_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
+    size_t oldlen;
+    char e2[8];
+    char *old = moe_read_file(path, len + 1, &oldlen, e2, sizeof e2);
+    if (old) {
+        int same = oldlen == len && memcmp(old, data, len) == 0;
+        free(old);
+        if (same)
+            return 0;
+    }
+    size_t pn = strlen(path) + 32;
+    char *tmp = malloc(pn);
+    if (!tmp) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(tmp, pn, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = fwrite(data, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+int moe_mkdirs(const char *path, char *err, size_t errlen) {
+    char buf[4096];
+    if (strlen(path) >= sizeof buf) {
+        snprintf(err, errlen, "path too long: '%s'", path);
+        return -1;
+    }
+    strcpy(buf, path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+                snprintf(err, errlen, "cannot create folder '%s': %s", buf, strerror(errno));
+                return -1;
+            }
+            *p = c;
+            if (!c)
+                break;
+        }
+    }
+    return 0;
+}
+
+void moe_hex(char *out, const unsigned char *in, size_t n) {
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[in[i] >> 4];
+        out[2 * i + 1] = d[in[i] & 15];
+    }
+    out[2 * n] = '\0';
+}

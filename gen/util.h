@@ -1,0 +1,37 @@
+/* util.h — small helpers shared by the generator: a growable text buffer,
+ * whole-file reads, and all-or-nothing file writes. */
+#ifndef MOEGEN_UTIL_H
+#define MOEGEN_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+typedef struct {
+    char *data;   /* NUL-terminated; owned */
+    size_t len, cap;
+    int failed;   /* an allocation failed; data is incomplete */
+} moe_buf_t;
+
+void moe_buf_printf(moe_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void moe_buf_vprintf(moe_buf_t *b, const char *fmt, va_list ap);
+void moe_buf_append(moe_buf_t *b, const char *s, size_t n);
+void moe_buf_free(moe_buf_t *b);
+/* Grow b by n bytes (then NUL) and return a pointer to them, or NULL. */
+char *moe_buf_extend(moe_buf_t *b, size_t n);
+
+/* Read a whole file (at most max bytes) into a NUL-terminated malloc'd
+ * buffer. On error returns NULL with a reason in err. */
+char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* Write data to path through a temporary file in the same folder and a
+ * rename; leaves path untouched when it already holds exactly data.
+ * Returns 0, or -1 with a reason in err. */
+int moe_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
+
+/* mkdir -p. Returns 0, or -1 with a reason in err. */
+int moe_mkdirs(const char *path, char *err, size_t errlen);
+
+/* Lowercase hex of n bytes. out must hold 2n+1. */
+void moe_hex(char *out, const unsigned char *in, size_t n);
+
+#endif

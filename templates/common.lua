@@ -1,0 +1,78 @@
+@ -- common.lua — the device prelude every emitted .cu starts with: the
+@ -- element type, conversions, and the tensor-core and async-copy wrappers.
+@ -- No CUDA headers are included, so the same text compiles under NVRTC and
+@ -- plain nvcc with no include path.
+@ local M = {}
+@
+@ function M.prelude(p)
+typedef unsigned short moe_half_t;   /* ${p.dtype} bits */
+typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
+
+#if defined(__CUDACC_RTC__)
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+#endif
+
+static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
+@ if p.dtype == "bf16" then
+    return __uint_as_float(((unsigned)h) << 16);
+@ else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+@ end
+}
+
+static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
+    moe_half_t h;
+    asm("cvt.rn.${p.dtype == "bf16" and "bf16" or "f16"}.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+/* Two floats to a packed pair, lo in the low half. */
+static __device__ __forceinline__ unsigned moe_pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.${p.dtype == "bf16" and "bf16x2" or "f16x2"}.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+static __device__ __forceinline__ float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
+static __device__ __forceinline__ float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
+
+static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
+ * (bytes = 0 writes zeros and reads nothing). */
+static __device__ __forceinline__ void moe_cp_async16(void *smem, const void *gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(moe_smem_addr(smem)), "l"(gmem), "r"(bytes));
+}
+static __device__ __forceinline__ void moe_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void moe_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+static __device__ __forceinline__ void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
+                                                       const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(moe_smem_addr(smem)));
+}
+static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r1, const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
+}
+
+/* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
+static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${p.dtype}.${p.dtype}.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+@ end
+@
+@ return M

@@ -1,0 +1,450 @@
+/* test_mesh.c — the mesh planner: groups, ownership, routing and the check.
+ *
+ * Every small mesh is checked against properties computed here, by formulas
+ * written independently of gen/mesh.c; the two historical bugs, hand-corrupted
+ * plans, error messages and the JSON output are checked against exact goldens. */
+#include <stdlib.h>
+
+#include "check.h"
+#include "mesh.h"
+
+enum { SH_EP_FSDP, SH_FSDP_EP, SH_EP, SH_FSDP, SH_COUNT };
+static const char *sh_name[SH_COUNT] = {"{ep,fsdp}", "{fsdp,ep}", "{ep}", "{fsdp}"};
+
+static const int order_default[3] = {MOE_AXIS_DP, MOE_AXIS_FSDP, MOE_AXIS_EP};
+
+/* A spec with only what the planner reads filled in. */
+static moe_spec_t make_spec(int experts, int dp, int fsdp, int ep, const int order[3], int sh) {
+    moe_spec_t s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.name, sizeof s.name, "test_mesh");
+    s.experts = experts;
+    s.top_k = 2;
+    s.hidden = 128;
+    s.ffn = 256;
+    s.tokens = 64;
+    s.mesh.size[MOE_AXIS_DP] = dp;
+    s.mesh.size[MOE_AXIS_FSDP] = fsdp;
+    s.mesh.size[MOE_AXIS_EP] = ep;
+    for (int i = 0; i < 3; i++) s.mesh.order[i] = order[i];
+    switch (sh) {
+    case SH_EP_FSDP: s.mesh.nsharding = 2; s.mesh.sharding[0] = MOE_AXIS_EP; s.mesh.sharding[1] = MOE_AXIS_FSDP; break;
+    case SH_FSDP_EP: s.mesh.nsharding = 2; s.mesh.sharding[0] = MOE_AXIS_FSDP; s.mesh.sharding[1] = MOE_AXIS_EP; break;
+    case SH_EP: s.mesh.nsharding = 1; s.mesh.sharding[0] = MOE_AXIS_EP; break;
+    default: s.mesh.nsharding = 1; s.mesh.sharding[0] = MOE_AXIS_FSDP; break;
+    }
+    return s;
+}
+
+static int list_eq(const int *a, const int *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+#define FAIL(...) do { snprintf(why, len, __VA_ARGS__); return 1; } while (0)
+
+/* Properties of a built plan, from the spec alone. 0 when all hold, else 1
+ * with the first broken one in why. */
+static int mesh_props(const moe_mesh_plan_t *mp, const moe_spec_t *s, int sh, char *why, size_t len) {
+    const int dp = s->mesh.size[MOE_AXIS_DP], fsdp = s->mesh.size[MOE_AXIS_FSDP], ep = s->mesh.size[MOE_AXIS_EP];
+    const int world = dp * fsdp * ep, E = s->experts;
+    const int ep_shards = sh != SH_FSDP, fsdp_shards = sh != SH_EP;
+    const int nshards = (ep_shards ? ep : 1) * (fsdp_shards ? fsdp : 1), n = E / nshards;
+    if (world > 64 || E > 64) FAIL("mesh_props handles at most 64 ranks and 64 experts");
+    if (mp->world != world) FAIL("world %d, want %d", mp->world, world);
+    if (mp->nep_groups != world / ep) FAIL("%d ep groups, want world/ep = %d", mp->nep_groups, world / ep);
+    if (mp->nfsdp_groups != world / fsdp) FAIL("%d fsdp groups, want %d", mp->nfsdp_groups, world / fsdp);
+    if (mp->nstored != n) FAIL("stores %d experts, want %d", mp->nstored, n);
+
+    /* Coordinates: global rank is row-major in mesh order. */
+    for (int r = 0; r < world; r++) {
+        int c[3], rest = r;
+        for (int i = 2; i >= 0; i--) {
+            int a = s->mesh.order[i];
+            c[a] = rest % s->mesh.size[a];
+            rest /= s->mesh.size[a];
+        }
+        if (!list_eq(c, mp->ranks[r].coord, 3)) FAIL("rank %d coords differ", r);
+        if (mp->ranks[r].ep_rank != c[MOE_AXIS_EP]) FAIL("rank %d ep_rank %d", r, mp->ranks[r].ep_rank);
+    }
+
+    /* Groups: each partitions the world; members differ only in their axis. */
+    for (int pass = 0; pass < 2; pass++) {
+        int axis = pass ? MOE_AXIS_FSDP : MOE_AXIS_EP, m = s->mesh.size[axis];
+        int ngroups = world / m;
+        const int *groups = pass ? mp->fsdp_groups : mp->ep_groups;
+        int seen[64] = {0};
+        for (int k = 0; k < ngroups; k++) {
+            for (int i = 0; i < m; i++) {
+                int r = groups[k * m + i];
+                if (r < 0 || r >= world || seen[r]) { FAIL("group %d of axis %d: rank %d", k, axis, r); }
+                seen[r] = 1;
+                const moe_mesh_rank_t *rk = &mp->ranks[r], *r0 = &mp->ranks[groups[k * m]];
+                if (rk->coord[axis] != i) { FAIL("group %d member %d has coord %d", k, i, rk->coord[axis]); }
+                for (int a = 0; a < 3; a++)
+                    if (a != axis && rk->coord[a] != r0->coord[a]) { FAIL("group %d mixes axes", k); }
+                const int *peers = pass ? rk->fsdp_peers : rk->ep_peers;
+                if ((pass ? rk->fsdp_group : rk->ep_group) != k || !list_eq(peers, groups + k * m, m)) {
+                    FAIL("rank %d peers/group differ from group %d", r, k);
+                }
+            }
+        }
+    }
+
+    /* Stored experts: consecutive block of the shard. */
+    for (int r = 0; r < world; r++) {
+        const moe_mesh_rank_t *rk = &mp->ranks[r];
+        int e = rk->coord[MOE_AXIS_EP], f = rk->coord[MOE_AXIS_FSDP];
+        int shard = sh == SH_EP_FSDP ? e * fsdp + f : sh == SH_FSDP_EP ? f * ep + e : sh == SH_EP ? e : f;
+        for (int j = 0; j < n; j++)
+            if (rk->stored[j] != shard * n + j) FAIL("rank %d stored[%d] = %d, want %d", r, j, rk->stored[j], shard * n + j);
+    }
+
+    /* After the gather: FSDP peers' stored lists in fsdp order, or a no-op. */
+    for (int r = 0; r < world; r++) {
+        const moe_mesh_rank_t *rk = &mp->ranks[r];
+        if (!fsdp_shards) {
+            if (mp->nheld != n || !list_eq(rk->held, rk->stored, n)) FAIL("rank %d: gather is not a no-op", r);
+            continue;
+        }
+        if (mp->nheld != n * fsdp) FAIL("holds %d, want %d", mp->nheld, n * fsdp);
+        for (int f = 0; f < fsdp; f++)
+            if (!list_eq(rk->held + f * n, mp->ranks[rk->fsdp_peers[f]].stored, n)) FAIL("rank %d: gather part %d", r, f);
+    }
+
+    /* Each EP group: all experts once each (ep shards), or every member holds
+     * all of them (fsdp only); routing lands on the expert. */
+    int count[64];
+    for (int k = 0; k < world / ep; k++) {
+        const int *peers = mp->ep_groups + k * ep;
+        memset(count, 0, sizeof(int) * (size_t)E);
+        for (int e = 0; e < ep; e++)
+            for (int sl = 0; sl < mp->nheld; sl++) {
+                int g = mp->ranks[peers[e]].held[sl];
+                if (g < 0 || g >= E) FAIL("rank %d holds expert %d", peers[e], g);
+                count[g]++;
+            }
+        for (int g = 0; g < E; g++) {
+            int want = ep_shards ? 1 : ep;
+            if (count[g] != want) { FAIL("ep group %d holds expert %d %d times, want %d", k, g, count[g], want); }
+            int o = mp->owner_ep_rank[g], sl = mp->slot[g];
+            if (o < 0 || o >= ep || sl < 0 || sl >= mp->nheld || mp->ranks[peers[o]].held[sl] != g) {
+                FAIL("ep group %d: expert %d routes to ep rank %d slot %d, which does not hold it", k, g, o, sl);
+            }
+        }
+    }
+    return 0;
+}
+
+static void test_sweep(void) {
+    static const int orders[6][3] = {
+        {MOE_AXIS_DP, MOE_AXIS_FSDP, MOE_AXIS_EP}, {MOE_AXIS_DP, MOE_AXIS_EP, MOE_AXIS_FSDP},
+        {MOE_AXIS_FSDP, MOE_AXIS_DP, MOE_AXIS_EP}, {MOE_AXIS_FSDP, MOE_AXIS_EP, MOE_AXIS_DP},
+        {MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_FSDP}, {MOE_AXIS_EP, MOE_AXIS_FSDP, MOE_AXIS_DP},
+    };
+    static const int sizes[3] = {1, 2, 4};
+    static const int experts[2] = {16, 32};
+    CASE("sweep: dp,fsdp,ep in {1,2,4} x sharding x axis order x experts {16,32}");
+    int plans = 0;
+    for (int o = 0; o < 6; o++)
+    for (int sh = 0; sh < SH_COUNT; sh++)
+    for (int a = 0; a < 3; a++) for (int b = 0; b < 3; b++) for (int c = 0; c < 3; c++)
+    for (int x = 0; x < 2; x++) {
+        moe_spec_t s = make_spec(experts[x], sizes[a], sizes[b], sizes[c], orders[o], sh);
+        char label[96], err[512] = "", why[256] = "";
+        snprintf(label, sizeof label, "dp%d fsdp%d ep%d E%d %s order %d", sizes[a], sizes[b], sizes[c],
+                 experts[x], sh_name[sh], o);
+        moe_mesh_plan_t mp;
+        int rc = moe_mesh_plan_build(&mp, &s, err, sizeof err);
+        CHECKF(rc == 0, "%s: %s", label, err);
+        if (rc != 0) continue;
+        CHECKF(mesh_props(&mp, &s, sh, why, sizeof why) == 0, "%s: %s", label, why);
+        CHECKF(moe_mesh_plan_check(&mp, err, sizeof err) == 0, "%s: %s", label, err);
+        moe_mesh_plan_free(&mp);
+        plans++;
+    }
+    CHECK(plans == 6 * SH_COUNT * 27 * 2);
+}
+
+/* DP2/FSDP2/EP2, 8 experts: the two historical bugs. */
+static void test_historical(void) {
+    char err[512] = "";
+    moe_mesh_plan_t mp;
+
+    CASE("dp2 fsdp2 ep2: 4 ep groups of 2, counted over dp and fsdp");
+    moe_spec_t s = make_spec(8, 2, 2, 2, order_default, SH_FSDP_EP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    CHECK(mp.nep_groups == 4);
+    static const int want_ep_groups[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    static const int want_fsdp_groups[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    CHECK(list_eq(mp.ep_groups, want_ep_groups, 8));
+    CHECK(mp.nfsdp_groups == 4 && list_eq(mp.fsdp_groups, want_fsdp_groups, 8));
+
+    CASE("dp2 fsdp2 ep2 {fsdp,ep}: ep rank 0 holds 0,1,4,5; expert 4 -> ep rank 0 slot 2");
+    static const int held_fe0[4] = {0, 1, 4, 5}, held_fe1[4] = {2, 3, 6, 7};
+    CHECK(mp.nheld == 4);
+    for (int r = 0; r < 8; r++)
+        CHECKF(list_eq(mp.ranks[r].held, mp.ranks[r].ep_rank ? held_fe1 : held_fe0, 4), "rank %d", r);
+    CHECK(mp.owner_ep_rank[4] == 0 && mp.slot[4] == 2);
+    static const int own_fe[8] = {0, 0, 1, 1, 0, 0, 1, 1}, slot_fe[8] = {0, 1, 0, 1, 2, 3, 2, 3};
+    CHECK(list_eq(mp.owner_ep_rank, own_fe, 8) && list_eq(mp.slot, slot_fe, 8));
+    moe_mesh_plan_free(&mp);
+
+    CASE("dp2 fsdp2 ep2 {ep,fsdp}: ep rank 0 holds 0,1,2,3");
+    s = make_spec(8, 2, 2, 2, order_default, SH_EP_FSDP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    CHECK(mp.nep_groups == 4);
+    static const int held_ef0[4] = {0, 1, 2, 3}, held_ef1[4] = {4, 5, 6, 7};
+    for (int r = 0; r < 8; r++)
+        CHECKF(list_eq(mp.ranks[r].held, mp.ranks[r].ep_rank ? held_ef1 : held_ef0, 4), "rank %d", r);
+    CHECK(mp.owner_ep_rank[4] == 1 && mp.slot[4] == 0);
+    moe_mesh_plan_free(&mp);
+}
+
+/* Plans edited by hand after a good build must be refused. */
+static void test_corrupt(void) {
+    char err[512];
+    moe_mesh_plan_t mp;
+    moe_spec_t s = make_spec(8, 2, 2, 2, order_default, SH_FSDP_EP);
+
+    CASE("corrupt: slot of expert 4 set to 4, as if contiguous");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    mp.slot[4] = 4;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "rank 0 (ep group 0, ep rank 0): routing sends expert 4 to slot 4, but rank 0 holds 4 "
+                     "experts after the gather (slots 0..3); expert 4 is at ep rank 0, slot 2: set slot[4] = 2");
+    moe_mesh_plan_free(&mp);
+
+    CASE("corrupt: the contiguous routing table (owner g/4, slot g%4) under {fsdp,ep}");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    for (int g = 0; g < 8; g++) { mp.owner_ep_rank[g] = g / 4; mp.slot[g] = g % 4; }
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "rank 0 (ep group 0, ep rank 0): routing sends expert 2 to slot 2, which holds expert 4 "
+                     "after the gather; expert 2 is at ep rank 1, slot 0: set owner_ep_rank[2] = 1 and slot[2] = 0");
+    moe_mesh_plan_free(&mp);
+
+    CASE("corrupt: owner out of range");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    mp.owner_ep_rank[3] = 2;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "expert 3: routing sends it to ep rank 2, outside 0..1 (ep = 2); in ep group 0 it is held "
+                     "by rank 1 (ep rank 1) at slot 1: set owner_ep_rank[3] = 1 and slot[3] = 1");
+    moe_mesh_plan_free(&mp);
+
+    CASE("corrupt: a held list in the last ep group");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    mp.ranks[6].held[2] = 5;
+    mp.ranks[6].held[3] = 4;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "rank 6 holds expert 5 at slot 2 after the gather, but the all-gather over its fsdp peers "
+                     "gives expert 4 (stored by rank 6): rebuild the plan");
+    moe_mesh_plan_free(&mp);
+
+    CASE("corrupt: ep groups that no longer partition the world");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    mp.ep_groups[3] = 1;   /* group 1 = {2, 1}; rank 3 is in no group */
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "rank 1 is listed in ep group 0 and again in ep group 1: ep groups must partition the world");
+    moe_mesh_plan_free(&mp);
+
+    CASE("corrupt: stored experts off the sharding rule");
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    mp.ranks[1].stored[0] = 4;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK_STREQ(err, "rank 1 stores expert 4 at position 0, but expert_sharding {\"fsdp\", \"ep\"} gives it "
+                     "shard 1 = experts 2..3: rebuild the plan");
+    moe_mesh_plan_free(&mp);
+
+    CASE("check on an empty plan");
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECK(strstr(err, "empty") != NULL);
+    moe_mesh_plan_free(&mp);   /* freeing an empty plan is safe */
+}
+
+static void test_errors(void) {
+    char err[512];
+    moe_mesh_plan_t mp;
+    moe_spec_t s;
+
+    CASE("error: experts not divisible by ep*fsdp");
+    s = make_spec(12, 1, 2, 4, order_default, SH_EP_FSDP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK_STREQ(err, "experts (12) is not divisible by ep*fsdp (8): expert_sharding splits the experts into "
+                     "8 shards; choose experts a multiple of 8 or change the mesh");
+    CHECK(mp.ranks == NULL);
+
+    CASE("error: experts not divisible by fsdp*ep");
+    s = make_spec(12, 1, 2, 4, order_default, SH_FSDP_EP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK(strncmp(err, "experts (12) is not divisible by fsdp*ep (8)", 44) == 0);
+
+    CASE("error: experts not divisible by ep alone");
+    s = make_spec(6, 1, 2, 4, order_default, SH_EP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK(strncmp(err, "experts (6) is not divisible by ep (4)", 38) == 0);
+
+    CASE("ok: experts divisible by ep alone (replicated over fsdp)");
+    s = make_spec(12, 1, 8, 4, order_default, SH_EP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    moe_mesh_plan_free(&mp);
+
+    CASE("error: zero-sized axis");
+    s = make_spec(8, 1, 0, 2, order_default, SH_EP_FSDP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK_STREQ(err, "mesh.fsdp (0) must be at least 1");
+
+    CASE("error: order repeats an axis");
+    static const int bad_order[3] = {MOE_AXIS_DP, MOE_AXIS_DP, MOE_AXIS_EP};
+    s = make_spec(8, 1, 2, 2, bad_order, SH_EP_FSDP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK_STREQ(err, "mesh.order must name each of dp, fsdp, ep exactly once (entry 2 is a repeat)");
+
+    CASE("error: dp in expert_sharding");
+    s = make_spec(8, 2, 1, 2, order_default, SH_EP);
+    s.mesh.sharding[0] = MOE_AXIS_DP;
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0);
+    CHECK_STREQ(err, "mesh.expert_sharding may name only \"ep\" and \"fsdp\" (entry 1 is \"dp\")");
+
+    CASE("error: NULL err buffer is fine");
+    CHECK(moe_mesh_plan_build(&mp, &s, NULL, 0) != 0);
+}
+
+/* The single-axis shardings, spelled out. */
+static void test_single_axis(void) {
+    char err[512];
+    moe_mesh_plan_t mp;
+
+    CASE("{ep} with fsdp2: replicated over fsdp, the gather is a no-op");
+    moe_spec_t s = make_spec(8, 1, 2, 2, order_default, SH_EP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    CHECK(mp.nstored == 4 && mp.nheld == 4);
+    static const int lo[4] = {0, 1, 2, 3}, hi[4] = {4, 5, 6, 7};
+    for (int r = 0; r < 4; r++) {
+        CHECK(list_eq(mp.ranks[r].stored, mp.ranks[r].ep_rank ? hi : lo, 4));
+        CHECK(list_eq(mp.ranks[r].held, mp.ranks[r].stored, 4));
+    }
+    moe_mesh_plan_free(&mp);
+
+    CASE("{fsdp} with ep4: every ep rank holds all experts, owner = g*ep/E");
+    s = make_spec(16, 1, 2, 4, order_default, SH_FSDP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    CHECK(mp.nstored == 8 && mp.nheld == 16);
+    for (int r = 0; r < mp.world; r++)
+        for (int g = 0; g < 16; g++) CHECK(mp.ranks[r].held[g] == g);
+    for (int g = 0; g < 16; g++) CHECK(mp.owner_ep_rank[g] == g / 4 && mp.slot[g] == g);
+    /* Any owner is right when weights are replicated over ep; the check agrees. */
+    mp.owner_ep_rank[0] = 3;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) == 0);
+    mp.slot[0] = 1;
+    CHECK(moe_mesh_plan_check(&mp, err, sizeof err) != 0);
+    CHECKF(strstr(err, "expert 0") && strstr(err, "rank 3 "), "%s", err);
+    moe_mesh_plan_free(&mp);
+}
+
+static void test_json(void) {
+    char err[512];
+    moe_mesh_plan_t mp;
+    moe_spec_t s = make_spec(8, 1, 2, 2, order_default, SH_FSDP_EP);
+
+    CASE("json: dp1 fsdp2 ep2, 8 experts, {fsdp,ep}");
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    char *j = moe_mesh_plan_json(&mp, -1);
+    CHECK(j != NULL);
+    if (j) CHECK_STREQ(j,
+        "{\n"
+        "  \"world\": 4,\n"
+        "  \"axes\": {\"dp\": 1, \"fsdp\": 2, \"ep\": 2},\n"
+        "  \"ep_groups\": [[0, 1], [2, 3]],\n"
+        "  \"fsdp_groups\": [[0, 2], [1, 3]],\n"
+        "  \"ranks\": [\n"
+        "    {\"rank\": 0, \"coords\": {\"dp\": 0, \"fsdp\": 0, \"ep\": 0}, \"ep_group\": 0, \"ep_rank\": 0, "
+        "\"ep_peers\": [0, 1], \"fsdp_peers\": [0, 2], \"experts_stored\": [0, 1], \"experts_after_gather\": [0, 1, 4, 5]},\n"
+        "    {\"rank\": 1, \"coords\": {\"dp\": 0, \"fsdp\": 0, \"ep\": 1}, \"ep_group\": 0, \"ep_rank\": 1, "
+        "\"ep_peers\": [0, 1], \"fsdp_peers\": [1, 3], \"experts_stored\": [2, 3], \"experts_after_gather\": [2, 3, 6, 7]},\n"
+        "    {\"rank\": 2, \"coords\": {\"dp\": 0, \"fsdp\": 1, \"ep\": 0}, \"ep_group\": 1, \"ep_rank\": 0, "
+        "\"ep_peers\": [2, 3], \"fsdp_peers\": [0, 2], \"experts_stored\": [4, 5], \"experts_after_gather\": [0, 1, 4, 5]},\n"
+        "    {\"rank\": 3, \"coords\": {\"dp\": 0, \"fsdp\": 1, \"ep\": 1}, \"ep_group\": 1, \"ep_rank\": 1, "
+        "\"ep_peers\": [2, 3], \"fsdp_peers\": [1, 3], \"experts_stored\": [6, 7], \"experts_after_gather\": [2, 3, 6, 7]}\n"
+        "  ],\n"
+        "  \"routing\": {\"owner_ep_rank\": [0, 0, 1, 1, 0, 0, 1, 1], \"slot\": [0, 1, 0, 1, 2, 3, 2, 3]}\n"
+        "}\n");
+    free(j);
+
+    CASE("json: --rank 3 lists only rank 3");
+    j = moe_mesh_plan_json(&mp, 3);
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(strstr(j, "\"rank\": 3,") != NULL);
+        CHECK(strstr(j, "\"rank\": 0,") == NULL);
+        CHECK(strstr(j, "\"experts_after_gather\": [2, 3, 6, 7]}\n  ],") != NULL);
+        CHECK(strstr(j, "\"ep_groups\": [[0, 1], [2, 3]]") != NULL);
+    }
+    free(j);
+
+    CASE("json and table: rank out of range");
+    CHECK(moe_mesh_plan_json(&mp, 4) == NULL);
+    CHECK(moe_mesh_plan_json(&mp, -2) == NULL);
+    CHECK(moe_mesh_plan_table(&mp, 4) == NULL);
+
+    CASE("table: dp1 fsdp2 ep2, 8 experts, {fsdp,ep}");
+    char *t = moe_mesh_plan_table(&mp, -1);
+    CHECK(t != NULL);
+    if (t) CHECK_STREQ(t,
+        "mesh: dp=1 fsdp=2 ep=2 (outermost first), world 4\n"
+        "experts: 8, expert_sharding {\"fsdp\", \"ep\"}: 4 shards of 2, 4 per rank after the fsdp gather\n"
+        "ep groups (2): [0-1] [2-3]\n"
+        "fsdp groups (2): [0,2] [1,3]\n"
+        "\n"
+        "rank  dp  fsdp  ep  ep_group  ep_rank  ep_peers  fsdp_peers  stored  after_gather\n"
+        "   0   0     0   0         0        0  0-1       0,2         0-1     0-1,4-5\n"
+        "   1   0     0   1         0        1  0-1       1,3         2-3     2-3,6-7\n"
+        "   2   0     1   0         1        0  2-3       0,2         4-5     0-1,4-5\n"
+        "   3   0     1   1         1        1  2-3       1,3         6-7     2-3,6-7\n"
+        "\n"
+        "routing (the same in every ep group):\n"
+        "expert  owner_ep_rank  slot\n"
+        "     0              0     0\n"
+        "     1              0     1\n"
+        "     2              1     0\n"
+        "     3              1     1\n"
+        "     4              0     2\n"
+        "     5              0     3\n"
+        "     6              1     2\n"
+        "     7              1     3\n");
+    free(t);
+
+    CASE("table: one rank");
+    t = moe_mesh_plan_table(&mp, 2);
+    CHECK(t != NULL);
+    if (t) {
+        CHECK(strstr(t, "   2   0     1   0         1        0  2-3       0,2         4-5     0-1,4-5\n") != NULL);
+        CHECK(strstr(t, "\n   0   0 ") == NULL);
+    }
+    free(t);
+    moe_mesh_plan_free(&mp);
+
+    CASE("json: axis order other than the default");
+    static const int ord[3] = {MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_FSDP};
+    s = make_spec(8, 1, 2, 2, ord, SH_EP_FSDP);
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    j = moe_mesh_plan_json(&mp, 1);
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(strstr(j, "\"axes\": {\"ep\": 2, \"dp\": 1, \"fsdp\": 2}") != NULL);
+        CHECK(strstr(j, "\"ep_groups\": [[0, 2], [1, 3]]") != NULL);
+        CHECK(strstr(j, "{\"rank\": 1, \"coords\": {\"ep\": 0, \"dp\": 0, \"fsdp\": 1}") != NULL);
+    }
+    free(j);
+    moe_mesh_plan_free(&mp);
+}
+
+int main(void) {
+    test_sweep();
+    test_historical();
+    test_corrupt();
+    test_errors();
+    test_single_axis();
+    test_json();
+    return check_report("test_mesh");
+}

@@ -1,0 +1,632 @@
+/* test_ref.c — the CPU reference (runtime/ref.c) on cases small enough to
+ * check by hand, plus exhaustive conversion round trips and a randomized
+ * cross-check of the blocked FFN against a naive loop.
+ *
+ * Expected values were worked out by hand (and checked with a few lines of
+ * Python); the derivation is in the comment above each number. σ is the
+ * logistic sigmoid. All inputs are small multiples of 0.25/0.5, exact in
+ * bf16 and fp16. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ref.h"
+
+#define NEAR(a, b, tol) (fabs((double)(a) - (double)(b)) <= (tol))
+
+/* A spec with plain defaults: bf16, softmax, no renormalize, no groups,
+ * scale 1, plain SwiGLU, no biases. */
+static moe_spec_t mkspec(int E, int k, int H, int F) {
+    moe_spec_t s;
+    memset(&s, 0, sizeof s);
+    strcpy(s.name, "test");
+    s.experts = E; s.top_k = k; s.hidden = H; s.ffn = F; s.tokens = 16;
+    s.dtype = MOE_DTYPE_BF16;
+    s.router.score = MOE_SCORE_SOFTMAX;
+    s.router.groups = 1; s.router.topk_groups = 1;
+    s.router.scale = 1.0;
+    s.activation.alpha = 1.0;
+    return s;
+}
+
+static void to_half(const float *src, uint16_t *dst, size_t n, moe_dtype_t dt) {
+    for (size_t i = 0; i < n; i++) dst[i] = moe_float_to_half(src[i], dt);
+}
+
+/* Route tokens whose logits are given directly: token t has x = unit vector
+ * on column t, and wr[e][t] = logits[t][e], so l[t][e] = logits[t][e]. */
+static int route_logits(const moe_spec_t *s, int T, const float *logits,
+                        const float *sel_bias, const float *logit_bias,
+                        int *idx, float *w, float *scores) {
+    const int E = s->experts, H = s->hidden;
+    float *x = calloc((size_t)T * H, sizeof(float)), *wr = calloc((size_t)E * H, sizeof(float));
+    uint16_t *xh = malloc((size_t)T * H * 2), *wrh = malloc((size_t)E * H * 2);
+    for (int t = 0; t < T; t++) {
+        x[(size_t)t * H + t] = 1.0f;
+        for (int e = 0; e < E; e++) wr[(size_t)e * H + t] = logits[t * E + e];
+    }
+    to_half(x, xh, (size_t)T * H, s->dtype);
+    to_half(wr, wrh, (size_t)E * H, s->dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.wr = wrh; in.sel_bias = sel_bias; in.logit_bias = logit_bias; in.tokens = T;
+    int rc = moe_ref_route(s, &in, idx, w, scores);
+    free(x); free(wr); free(xh); free(wrh);
+    return rc;
+}
+
+static void test_conversions(void) {
+    const moe_dtype_t B = MOE_DTYPE_BF16, H = MOE_DTYPE_FP16;
+    CASE("bf16 conversions");
+    CHECK(moe_float_to_half(1.0f, B) == 0x3F80);
+    CHECK(moe_float_to_half(-2.5f, B) == 0xC020);          /* -1.25 * 2^1 */
+    CHECK(moe_float_to_half(65504.0f, B) == 0x4780);       /* 0x477FE000: rounds up to 65536 */
+    CHECK(moe_float_to_half(INFINITY, B) == 0x7F80);
+    CHECK(moe_float_to_half(-INFINITY, B) == 0xFF80);
+    CHECK(moe_float_to_half(3.4e38f, B) == 0x7F80);        /* above max bf16 + half ulp: inf */
+    CHECK(isnan(moe_half_to_float(moe_float_to_half(NAN, B), B)));
+    CHECK(moe_float_to_half(1.0f + 0x1p-8f, B) == 0x3F80);          /* tie, even is 1.0 */
+    CHECK(moe_float_to_half(1.0f + 3 * 0x1p-8f, B) == 0x3F82);      /* tie between ..81, ..82: even */
+    CHECK(moe_float_to_half(1.0f + 0x1p-8f + 0x1p-20f, B) == 0x3F81); /* above the tie */
+    CHECK(moe_float_to_half(0x1p-130f, B) == 0x0008);               /* subnormal, exact */
+    CHECK(moe_half_to_float(0x0001, B) == 0x1p-133f);               /* smallest subnormal */
+    CHECK(moe_half_to_float(0xC020, B) == -2.5f);
+    CHECK(moe_half_to_float(0x7F80, B) == INFINITY);
+    CHECK(signbit(moe_half_to_float(moe_float_to_half(-0.0f, B), B)));
+
+    CASE("fp16 conversions");
+    CHECK(moe_float_to_half(1.0f, H) == 0x3C00);
+    CHECK(moe_float_to_half(-2.5f, H) == 0xC100);
+    CHECK(moe_float_to_half(65504.0f, H) == 0x7BFF);       /* max finite */
+    CHECK(moe_float_to_half(65519.0f, H) == 0x7BFF);       /* below the 65520 tie */
+    CHECK(moe_float_to_half(65520.0f, H) == 0x7C00);       /* tie with odd 0x3FF: up, to inf */
+    CHECK(moe_float_to_half(1e6f, H) == 0x7C00);
+    CHECK(moe_float_to_half(INFINITY, H) == 0x7C00);
+    CHECK(moe_float_to_half(-INFINITY, H) == 0xFC00);
+    {
+        uint16_t n = moe_float_to_half(NAN, H);
+        CHECK((n & 0x7C00) == 0x7C00 && (n & 0x3FF) != 0);
+        CHECK(isnan(moe_half_to_float(n, H)));
+    }
+    CHECK(moe_float_to_half(1.0f + 0x1p-11f, H) == 0x3C00);         /* tie, even is 1.0 */
+    CHECK(moe_float_to_half(1.0f + 3 * 0x1p-11f, H) == 0x3C02);     /* tie, even is ..02 */
+    CHECK(moe_float_to_half(1.0f + 0x1p-11f + 0x1p-20f, H) == 0x3C01);
+    CHECK(moe_float_to_half(0x1p-24f, H) == 0x0001);                /* smallest subnormal */
+    CHECK(moe_float_to_half(0x1p-25f, H) == 0x0000);                /* tie with 0: even */
+    CHECK(moe_float_to_half(0x1p-25f * 1.0001f, H) == 0x0001);      /* above that tie */
+    CHECK(moe_float_to_half(1.5f * 0x1p-24f, H) == 0x0002);         /* tie 1 vs 2: even */
+    CHECK(moe_float_to_half(1023 * 0x1p-24f, H) == 0x03FF);         /* largest subnormal */
+    CHECK(moe_float_to_half(1023.75f * 0x1p-24f, H) == 0x0400);     /* rounds up to min normal */
+    CHECK(moe_float_to_half(0x1p-14f, H) == 0x0400);
+    CHECK(moe_float_to_half(-0x1p-24f, H) == 0x8001);
+    CHECK(moe_half_to_float(0x0001, H) == 0x1p-24f);
+    CHECK(moe_half_to_float(0x03FF, H) == 1023 * 0x1p-24f);
+    CHECK(moe_half_to_float(0x7BFF, H) == 65504.0f);
+    CHECK(moe_half_to_float(0xFC00, H) == -INFINITY);
+    CHECK(isnan(moe_half_to_float(0x7E00, H)));
+    CHECK(signbit(moe_half_to_float(0x8000, H)) && moe_half_to_float(0x8000, H) == 0.0f);
+
+    CASE("half round trips, all 65536 patterns");
+    int bad_b = 0, bad_h = 0;
+    for (uint32_t v = 0; v < 0x10000u; v++) {
+        uint16_t u = (uint16_t)v;
+        float fb = moe_half_to_float(u, B), fh = moe_half_to_float(u, H);
+        if (isnan(fb) ? !isnan(moe_half_to_float(moe_float_to_half(fb, B), B))
+                      : moe_float_to_half(fb, B) != u) bad_b++;
+        if (isnan(fh) ? !isnan(moe_half_to_float(moe_float_to_half(fh, H), H))
+                      : moe_float_to_half(fh, H) != u) bad_h++;
+    }
+    CHECKF(bad_b == 0, "%d bf16 patterns", bad_b);
+    CHECKF(bad_h == 0, "%d fp16 patterns", bad_h);
+}
+
+static void test_route_softmax(void) {
+    CASE("softmax + renormalize, accumulation and a tie");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.router.renormalize = true;
+    /* Token 0: x = [1, 0.5, 0.25, 0...], wr rows chosen so that
+     *   l0 = 1*1                   = 1
+     *   l1 = 1*0.5 + 0.5*(-1)      = 0
+     *   l2 = 1*1 + 0.5*1 + 0.25*2  = 2
+     *   l3 = 1*(-1)                = -1
+     * softmax p = e^l / (e^2 + e + 1 + e^-1) = {0.2368828, 0.0871443, 0.6439143, 0.0320586};
+     * top-2 = [2, 0]; renormalized w2 = e^2/(e^2+e) = σ(1) = 0.7310586, w0 = 0.2689414.
+     * Token 1: x = unit on column 7, wr[:,7] = {0.25, 0.5, 0.5, 2}: top-2 = [3, then
+     * the 1-vs-2 tie at 0.5 goes to the lower index 1]; w3 = σ(1.5) = 0.8175745,
+     * w1 = 0.1824255. */
+    float x[2][8] = {{1, 0.5f, 0.25f, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 1}};
+    float wr[4][8] = {{1, 0, 0, 0, 0, 0, 0, 0.25f},
+                      {0.5f, -1, 0, 0, 0, 0, 0, 0.5f},
+                      {1, 1, 2, 0, 0, 0, 0, 0.5f},
+                      {-1, 0, 0, 0, 0, 0, 0, 2}};
+    uint16_t xh[16], wrh[32];
+    to_half(&x[0][0], xh, 16, s.dtype);
+    to_half(&wr[0][0], wrh, 32, s.dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.wr = wrh; in.tokens = 2;
+    int idx[4]; float w[4], sc[8];
+    CHECK(moe_ref_route(&s, &in, idx, w, sc) == 0);
+    CHECK(idx[0] == 2 && idx[1] == 0);
+    CHECKF(NEAR(w[0], 0.7310586, 1e-6) && NEAR(w[1], 0.2689414, 1e-6), "w = %.7f %.7f", w[0], w[1]);
+    CHECK(NEAR(sc[0], 0.2368828, 1e-6) && NEAR(sc[1], 0.0871443, 1e-6) &&
+          NEAR(sc[2], 0.6439143, 1e-6) && NEAR(sc[3], 0.0320586, 1e-6));
+    CHECK(idx[2] == 3 && idx[3] == 1);
+    CHECKF(NEAR(w[2], 0.8175745, 1e-6) && NEAR(w[3], 0.1824255, 1e-6), "w = %.7f %.7f", w[2], w[3]);
+    CHECK(sc[5] == sc[6]);                                 /* the tie is exact */
+
+    CASE("softmax without renormalize");
+    s.router.renormalize = false;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    /* w = p itself: 0.6439143, 0.2368828 */
+    CHECK(idx[0] == 2 && idx[1] == 0 && NEAR(w[0], 0.6439143, 1e-6) && NEAR(w[1], 0.2368828, 1e-6));
+
+    CASE("scale");
+    s.router.renormalize = true;
+    s.router.scale = 2.5;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    /* 2.5 * 0.7310586 = 1.8276464, 2.5 * 0.2689414 = 0.6723536 */
+    CHECKF(NEAR(w[0], 1.8276464, 1e-6) && NEAR(w[1], 0.6723536, 1e-6), "w = %.7f %.7f", w[0], w[1]);
+
+    CASE("tie at k = 1 goes to the lower index");
+    {
+        moe_spec_t s1 = mkspec(4, 1, 8, 8);
+        s1.router.renormalize = true;
+        const float l[4] = {0.5f, 1, 0.25f, 1};            /* experts 1 and 3 tie */
+        CHECK(route_logits(&s1, 1, l, NULL, NULL, idx, w, NULL) == 0);
+        CHECK(idx[0] == 1 && w[0] == 1.0f);
+    }
+}
+
+static void test_route_biases(void) {
+    CASE("sigmoid + selection bias changes selection, not weights");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.router.score = MOE_SCORE_SIGMOID;
+    s.router.bias = true;
+    /* l = {1, 0, 2, -1}: p = σ(l) = {0.7310586, 0.5, 0.8807971, 0.2689414}.
+     * Zero bias: top-2 = [2, 0], w = p = {0.8807971, 0.7310586}.
+     * bias = {0, 0.5, 0, 0}: s = {0.7310586, 1.0, 0.8807971, 0.2689414},
+     * top-2 = [1, 2], and w = p (not s) = {0.5, 0.8807971}. */
+    const float l[4] = {1, 0, 2, -1};
+    const float zero[4] = {0, 0, 0, 0}, bias[4] = {0, 0.5f, 0, 0};
+    int idx[2]; float w[2], sc[4];
+    CHECK(route_logits(&s, 1, l, zero, NULL, idx, w, sc) == 0);
+    CHECK(idx[0] == 2 && idx[1] == 0 && NEAR(w[0], 0.8807971, 1e-6) && NEAR(w[1], 0.7310586, 1e-6));
+    CHECK(route_logits(&s, 1, l, bias, NULL, idx, w, sc) == 0);
+    CHECK(idx[0] == 1 && idx[1] == 2);
+    CHECKF(NEAR(w[0], 0.5, 1e-6) && NEAR(w[1], 0.8807971, 1e-6), "w = %.7f %.7f", w[0], w[1]);
+    CHECK(NEAR(sc[1], 1.0, 1e-6) && NEAR(sc[0], 0.7310586, 1e-6));   /* scores include the bias */
+    CHECK(route_logits(&s, 1, l, NULL, NULL, idx, w, sc) != 0);       /* bias flag set, no bias */
+
+    CASE("logit bias moves weights");
+    moe_spec_t g = mkspec(4, 2, 8, 8);
+    g.router.renormalize = true;
+    g.router.logit_bias = true;
+    /* l + logit_bias = {1, 0, 2, -1} + {0, 0, -1, 0} = {1, 0, 1, -1}:
+     * p = {0.3994863, 0.1469628, 0.3994863, 0.0540646}; experts 0 and 2 tie,
+     * so top-2 = [0, 2], w = {0.5, 0.5} (without the logit bias: [2, 0],
+     * {0.7310586, 0.2689414}). */
+    const float lb[4] = {0, 0, -1, 0};
+    CHECK(route_logits(&g, 1, l, NULL, lb, idx, w, sc) == 0);
+    CHECK(idx[0] == 0 && idx[1] == 2);
+    CHECKF(NEAR(w[0], 0.5, 1e-6) && NEAR(w[1], 0.5, 1e-6), "w = %.7f %.7f", w[0], w[1]);
+    CHECK(NEAR(sc[0], 0.3994863, 1e-6) && NEAR(sc[3], 0.0540646, 1e-6));
+}
+
+static void test_route_groups(void) {
+    CASE("group-limited: two medium experts beat one large one");
+    moe_spec_t s = mkspec(8, 4, 8, 8);
+    s.router.score = MOE_SCORE_SIGMOID;
+    s.router.groups = 4;
+    s.router.topk_groups = 2;
+    s.router.renormalize = true;
+    s.router.scale = 2.5;
+    /* Groups {0,1} {2,3} {4,5} {6,7}; group score = sum of its top 4/2 = 2.
+     * Token 0: l = {4, -4, 1, 1, 0.5, 0.5, -1, -2},
+     *   p = {0.9820138, 0.0179862, 0.7310586, 0.7310586, 0.6224593, 0.6224593,
+     *        0.2689414, 0.1192029}
+     *   group scores = {1.0 (σ(4)+σ(-4)), 1.4621172, 1.2449187, 0.3881443}
+     *   kept groups 1, 2 -> top-4 = [2, 3, 4, 5] (ties to the lower index),
+     *   though expert 0 has the largest score of all.
+     *   w = 2.5 * p / (2σ(1) + 2σ(0.5) = 2.7070358) = {0.6751468, 0.6751468, 0.5748532, 0.5748532}
+     * Token 1: l = {2, 2, 1, 1, 1, 1, 0, 0}: group scores {1.7615942, 1.4621172,
+     *   1.4621172, 1.0}; groups 1 and 2 tie for second place -> group 1.
+     *   top-4 = [0, 1, 2, 3], w = 2.5 * p / (2σ(2) + 2σ(1)) =
+     *   {0.6830614, 0.6830614, 0.5669386, 0.5669386} */
+    const float l[2][8] = {{4, -4, 1, 1, 0.5f, 0.5f, -1, -2}, {2, 2, 1, 1, 1, 1, 0, 0}};
+    int idx[8]; float w[8], sc[16];
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, sc) == 0);
+    CHECK(idx[0] == 2 && idx[1] == 3 && idx[2] == 4 && idx[3] == 5);
+    CHECKF(NEAR(w[0], 0.6751468, 1e-6) && NEAR(w[1], 0.6751468, 1e-6) &&
+           NEAR(w[2], 0.5748532, 1e-6) && NEAR(w[3], 0.5748532, 1e-6),
+           "w = %.7f %.7f %.7f %.7f", w[0], w[1], w[2], w[3]);
+    CHECK(NEAR(sc[0], 0.9820138, 1e-6));                  /* scores are not masked */
+    CHECK(idx[4] == 0 && idx[5] == 1 && idx[6] == 2 && idx[7] == 3);
+    CHECKF(NEAR(w[4], 0.6830614, 1e-6) && NEAR(w[6], 0.5669386, 1e-6), "w = %.7f %.7f", w[4], w[6]);
+
+    CASE("the same scores without groups");
+    s.router.groups = 1; s.router.topk_groups = 1;
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) == 0);
+    /* top-4 of p: 0 (0.982), 2, 3 (0.731), 4 (0.622, before 5 on the tie) */
+    CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 3 && idx[3] == 4);
+
+    CASE("counts");
+    s.router.groups = 4; s.router.topk_groups = 2;
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) == 0);
+    int counts[8];
+    CHECK(moe_ref_counts(&s, idx, 2, counts) == 0);
+    /* [2,3,4,5] + [0,1,2,3] */
+    const int want[8] = {1, 1, 2, 2, 1, 1, 0, 0};
+    CHECK(memcmp(counts, want, sizeof want) == 0);
+    idx[3] = 8;
+    CHECK(moe_ref_counts(&s, idx, 2, counts) != 0);
+
+    CASE("group parameters that cannot work are refused");
+    s.router.groups = 3;                                   /* 8 % 3 != 0 */
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
+    s.router.groups = 4; s.router.topk_groups = 5;
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
+}
+
+/* Weights for the structured FFN cases (H = 16, F = 8): expert e has
+ * gate row f = g[e] on column f, up row f = u[e] on column 8 + f, and down
+ * row h = d[e] on column h % 8, negated for h >= 8. So for token x:
+ *   gate_f = g*x[f], up_f = u*x[8+f], o[h] = d*h[h%8], o[h+8] = -o[h]. */
+static void structured_weights(int E, const float *g, const float *u, const float *d,
+                               float *w1, float *w2) {
+    const int H = 16, F = 8;
+    memset(w1, 0, sizeof(float) * E * 2 * F * H);
+    memset(w2, 0, sizeof(float) * E * H * F);
+    for (int e = 0; e < E; e++) {
+        for (int f = 0; f < F; f++) {
+            w1[((size_t)e * 2 * F + f) * H + f] = g[e];
+            w1[((size_t)e * 2 * F + F + f) * H + 8 + f] = u[e];
+        }
+        for (int h = 0; h < H; h++)
+            w2[((size_t)e * H + h) * F + h % 8] = h < 8 ? d[e] : -d[e];
+    }
+}
+
+static void test_ffn_plain(void) {
+    CASE("plain SwiGLU, bf16 rounding of h and o");
+    moe_spec_t s = mkspec(4, 2, 16, 8);
+    const float g[4] = {1, 2, 0.5f, 1}, u[4] = {1, 1, 2, -1}, d[4] = {1, 0.5f, 2, 0.25f};
+    float w1[4 * 16 * 16], w2[4 * 16 * 8];
+    structured_weights(4, g, u, d, w1, w2);
+    /* x[t] = [gate part | up part]; the third token only serves the subset case. */
+    const float x[3][16] = {{1, 2, -1, 0, 0, 0, 0, 0, 1, 0.5f, 2, 3, 0, 0, 0, 0},
+                            {0.5f, -2, 4, 1, 0, 0, 0, 0, 2, 1, -1, 0.5f, 0, 0, 0, 0},
+                            {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    uint16_t xh[48], w1h[4 * 16 * 16], w2h[4 * 16 * 8];
+    to_half(&x[0][0], xh, 48, s.dtype);
+    to_half(w1, w1h, 4 * 16 * 16, s.dtype);
+    to_half(w2, w2h, 4 * 16 * 8, s.dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.w1 = w1h; in.w2 = w2h; in.tokens = 2;
+    /* token 0 -> experts 1 (w 0.75), 2 (w 0.25); token 1 -> 3 (0.5), 0 (0.5) */
+    int idx[6] = {1, 2, 3, 0, 0, 1};
+    float tw[6] = {0.75f, 0.25f, 0.5f, 0.5f, 0.5f, 0.5f};
+    float y[48];
+    uint16_t hbuf[6 * 8], obuf[6 * 16];
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, hbuf, obuf) == 0);
+    /* Token 0, expert 1 (g 2, u 1, d 0.5), f = 0..3:
+     *   gate = {2, 4, -2, 0}, up = {1, 0.5, 2, 3}
+     *   h = up*gate*σ(gate) = {1.7615942, 1.9640276, -0.4768117, 0} -> bf16 {1.7578125, 1.9609375, -0.4765625, 0}
+     *   o = 0.5*h = {0.87890625, 0.98046875, -0.23828125, 0} (exact)
+     * Token 0, expert 2 (g 0.5, u 2, d 2):
+     *   gate = {0.5, 1, -0.5, 0}, up = {2, 1, 4, 6}
+     *   h = {0.6224593, 0.7310586, -0.7550813, 0} -> bf16 {0.62109375, 0.73046875, -0.75390625, 0}
+     *   o = 2*h = {1.2421875, 1.4609375, -1.5078125, 0}
+     * y0[0..3] = 0.75*o(e1) + 0.25*o(e2) = {0.9697265625, 1.1005859375, -0.5556640625, 0},
+     * y0[8..11] = -y0[0..3], everything else 0 (f = 3: gate 0 kills up 3).
+     * Token 1, expert 3 (g 1, u -1, d 0.25): gate = {0.5, -2, 4, 1}, up = {-2, -1, 1, -0.5}
+     *   h = {-0.6224593, 0.2384058, 3.9280552, -0.3655293} -> bf16 {-0.62109375, 0.23828125, 3.921875, -0.365234375}
+     *   o = h/4 = {-0.1552734375, 0.0595703125, 0.98046875, -0.09130859375}
+     * Token 1, expert 0 (g 1, u 1, d 1): h = o = -(expert 3's h)
+     * y1[0..3] = 0.5*(o(e3) + o(e0)) = 0.5*(3/4)*h(e0) = {0.23291015625, -0.08935546875, -1.470703125, 0.136962890625} */
+    const float y0[4] = {0.9697265625f, 1.1005859375f, -0.5556640625f, 0};
+    const float y1[4] = {0.23291015625f, -0.08935546875f, -1.470703125f, 0.136962890625f};
+    int ok = 1;
+    for (int h = 0; h < 16; h++) {
+        float e0 = h % 8 < 4 ? (h < 8 ? y0[h % 8] : -y0[h % 8]) : 0;
+        float e1 = h % 8 < 4 ? (h < 8 ? y1[h % 8] : -y1[h % 8]) : 0;
+        if (!NEAR(y[h], e0, 1e-6) || !NEAR(y[16 + h], e1, 1e-6)) {
+            ok = 0;
+            fprintf(stderr, "  h=%d: y0 %.9g (want %.9g), y1 %.9g (want %.9g)\n", h, y[h], e0, y[16 + h], e1);
+        }
+    }
+    CHECK(ok);
+    /* slot (0,0) is expert 1: h bits, o bits */
+    CHECK(moe_half_to_float(hbuf[0], s.dtype) == 1.7578125f);
+    CHECK(moe_half_to_float(hbuf[2], s.dtype) == -0.4765625f);
+    CHECK(moe_half_to_float(hbuf[3 * 8 + 0], s.dtype) == 0.62109375f);   /* slot (1,1): expert 0 */
+    CHECK(moe_half_to_float(obuf[1 * 16 + 1], s.dtype) == 1.4609375f);   /* slot (0,1): expert 2 */
+    CHECK(moe_half_to_float(obuf[2 * 16 + 8], s.dtype) == 0.1552734375f); /* slot (1,0), h = 8: -o[0] */
+
+    CASE("token_list writes only the listed rows");
+    in.tokens = 3;
+    const float sentinel = 12345.0f;
+    float ysub[48];
+    uint16_t hsub[6 * 8], osub[6 * 16];
+    for (int i = 0; i < 48; i++) ysub[i] = sentinel;
+    memset(hsub, 0xEE, sizeof hsub);
+    memset(osub, 0xEE, sizeof osub);
+    const int list[2] = {2, 0};
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, list, 2, ysub, hsub, osub) == 0);
+    CHECK(memcmp(ysub, y, 16 * sizeof(float)) == 0);      /* token 0 as before */
+    int untouched = 1, row2 = 1;
+    for (int h = 0; h < 16; h++) {
+        if (ysub[16 + h] != sentinel) untouched = 0;
+        /* token 2: x = all ones, experts 0 and 1, w 0.5 each:
+         *   e0: h = σ(1) = 0.7310586 -> 0.73046875, o = h
+         *   e1: h = 2σ(2) = 1.7615942 -> 1.7578125, o = 0.87890625
+         *   y = 0.5*(0.73046875 + 0.87890625) = 0.8046875, negated for h >= 8 */
+        if (!NEAR(ysub[32 + h], h < 8 ? 0.8046875 : -0.8046875, 1e-6)) row2 = 0;
+    }
+    CHECK(untouched);
+    CHECK(row2);
+    for (int i = 2 * 8; i < 4 * 8; i++) if (hsub[i] != 0xEEEE) untouched = 0;
+    for (int i = 2 * 16; i < 4 * 16; i++) if (osub[i] != 0xEEEE) untouched = 0;
+    CHECK(untouched);                                     /* token 1's slots in h_out, o_out */
+    CHECK(memcmp(hsub, hbuf, 2 * 8 * sizeof(uint16_t)) == 0);
+
+    CASE("ffn refuses bad arguments");
+    const int dup[2] = {0, 0}, out_of_range[1] = {3};
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, dup, 2, ysub, NULL, NULL) != 0);
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, out_of_range, 1, ysub, NULL, NULL) != 0);
+    idx[5] = 4;
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, ysub, NULL, NULL) != 0);
+    idx[5] = 1;
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, NULL, NULL, NULL) != 0);
+    CHECK(moe_ref_ffn(NULL, &in, idx, tw, NULL, 0, ysub, NULL, NULL) != 0);
+    s.ffn_bias = true;                                    /* bias asked for, none given */
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, ysub, NULL, NULL) != 0);
+}
+
+static void test_ffn_gpt_oss(void) {
+    CASE("clamped SwiGLU (gpt-oss) with ffn_bias");
+    moe_spec_t s = mkspec(2, 1, 16, 8);
+    s.activation.alpha = 1.702;
+    s.activation.limit = 7.0;
+    s.activation.up_offset = 1.0;
+    s.ffn_bias = true;
+    const float g[2] = {0.5f, 1}, u[2] = {0.5f, 1}, d[2] = {0.5f, 1};
+    float w1[2 * 16 * 16], w2[2 * 16 * 8];
+    structured_weights(2, g, u, d, w1, w2);
+    const float x[16] = {10, -10, 6, 1, 0.5f, 0, 0, 0, 9, -9, 1, 8, -0.5f, 3, 0, 0};
+    float b1[2][16] = {{0}}, b2[2][16] = {{0}};
+    b1[1][2] = 2;           /* gate bias on f = 2 */
+    b1[1][8 + 3] = 0.5f;    /* up bias on f = 3 */
+    b2[1][0] = 0.25f;
+    b2[1][15] = -1;
+    b1[0][0] = 100;         /* expert 0 is not routed to: its bias must not matter */
+    uint16_t xh[16], w1h[2 * 16 * 16], w2h[2 * 16 * 8], b1h[32], b2h[32];
+    to_half(x, xh, 16, s.dtype);
+    to_half(w1, w1h, 2 * 16 * 16, s.dtype);
+    to_half(w2, w2h, 2 * 16 * 8, s.dtype);
+    to_half(&b1[0][0], b1h, 32, s.dtype);
+    to_half(&b2[0][0], b2h, 32, s.dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.w1 = w1h; in.w2 = w2h; in.b1 = b1h; in.b2 = b2h; in.tokens = 1;
+    int idx[1] = {1};
+    float tw[1] = {1.0f};
+    float y[16];
+    uint16_t hb[8], ob[16];
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, hb, ob) == 0);
+    /* Expert 1 (all scales 1), h = (up + 1) * gate * σ(1.702 gate):
+     *   f0: gate 10 -> 7, up 9 -> 7:        8*7*σ(11.914)  = 55.999625 -> bf16 56
+     *   f1: gate -10 (no lower clamp), up -9 -> -7: -6*-10*σ(-17.02) = 2.4347768e-6 -> bf16 2.4288893e-6
+     *       (clamping the gate at -7 would give 2.8e-4)
+     *   f2: gate 6 + bias 2 = 8 -> 7, up 1:  2*7*σ(11.914)  = 13.999906 -> bf16 14
+     *   f3: gate 1, up 8 + bias 0.5 -> 7:    8*1*σ(1.702)   = 6.7663661 -> bf16 6.78125
+     *   f4: gate 0.5, up -0.5:               0.5*0.5*σ(0.851) = 0.1751942 -> bf16 0.1748046875
+     *   f5: gate 0, up 3:                    0
+     * o[h] = ±h[h%8] + b2[h]: o0 = 56 + 0.25 = 56.25, o15 = -h7 - 1 = -1 */
+    const float hw[8] = {56, 2.428889274597168e-06f, 14, 6.78125f, 0.1748046875f, 0, 0, 0};
+    int ok = 1;
+    for (int f = 0; f < 8; f++) ok &= moe_half_to_float(hb[f], s.dtype) == hw[f];
+    CHECK(ok);
+    const float yw[16] = {56.25f, 2.428889274597168e-06f, 14, 6.78125f, 0.1748046875f, 0, 0, 0,
+                          -56, -2.428889274597168e-06f, -14, -6.78125f, -0.1748046875f, 0, 0, -1};
+    ok = 1;
+    for (int h = 0; h < 16; h++)
+        if (y[h] != yw[h] || moe_half_to_float(ob[h], s.dtype) != yw[h]) {
+            ok = 0;
+            fprintf(stderr, "  h=%d: y %.9g (want %.9g)\n", h, y[h], yw[h]);
+        }
+    CHECK(ok);
+}
+
+/* ---- randomized: blocked FFN vs a naive loop --------------------------- */
+
+static uint32_t rng = 12345u;
+static float frand(void) {                 /* uniform in [-1, 1) */
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((rng >> 8) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static void naive_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *idx,
+                      const float *tw, int t, double *y) {
+    const int H = s->hidden, F = s->ffn, K = s->top_k;
+    const moe_dtype_t dt = s->dtype;
+    float *hq = malloc(sizeof(float) * F);
+    for (int h = 0; h < H; h++) y[h] = 0;
+    for (int k = 0; k < K; k++) {
+        int e = idx[t * K + k];
+        for (int f = 0; f < F; f++) {
+            double ga = 0, ua = 0;
+            for (int h = 0; h < H; h++) {
+                double xv = moe_half_to_float(in->x[(size_t)t * H + h], dt);
+                ga += xv * moe_half_to_float(in->w1[((size_t)e * 2 * F + f) * H + h], dt);
+                ua += xv * moe_half_to_float(in->w1[((size_t)e * 2 * F + F + f) * H + h], dt);
+            }
+            if (s->ffn_bias) {
+                ga += moe_half_to_float(in->b1[(size_t)e * 2 * F + f], dt);
+                ua += moe_half_to_float(in->b1[(size_t)e * 2 * F + F + f], dt);
+            }
+            double lim = s->activation.limit;
+            if (lim > 0) { ga = fmin(ga, lim); ua = fmax(-lim, fmin(ua, lim)); }
+            double hv = (ua + s->activation.up_offset) * ga / (1 + exp(-s->activation.alpha * ga));
+            hq[f] = moe_half_to_float(moe_float_to_half((float)hv, dt), dt);
+        }
+        for (int h = 0; h < H; h++) {
+            double o = 0;
+            for (int f = 0; f < F; f++)
+                o += hq[f] * (double)moe_half_to_float(in->w2[((size_t)e * H + h) * F + f], dt);
+            if (s->ffn_bias) o += moe_half_to_float(in->b2[(size_t)e * H + h], dt);
+            y[h] += tw[t * K + k] * (double)moe_half_to_float(moe_float_to_half((float)o, dt), dt);
+        }
+    }
+    free(hq);
+}
+
+static void test_ffn_random(moe_dtype_t dt) {
+    CASE(dt == MOE_DTYPE_BF16 ? "random bf16 FFN vs naive loop (ragged sizes)"
+                              : "random fp16 FFN vs naive loop (ragged sizes)");
+    /* Sizes that are not multiples of the 16-row block nor of 8. */
+    const int E = 5, K = 3, H = 75, F = 37, T = 13;
+    moe_spec_t s = mkspec(E, K, H, F);
+    s.dtype = dt;
+    s.ffn_bias = true;
+    s.activation.alpha = 1.702; s.activation.limit = 1.5; s.activation.up_offset = 1;
+    size_t nx = (size_t)T * H, n1 = (size_t)E * 2 * F * H, n2 = (size_t)E * H * F;
+    uint16_t *x = malloc(nx * 2), *w1 = malloc(n1 * 2), *w2 = malloc(n2 * 2);
+    uint16_t *b1 = malloc((size_t)E * 2 * F * 2), *b2 = malloc((size_t)E * H * 2);
+    for (size_t i = 0; i < nx; i++) x[i] = moe_float_to_half(frand(), dt);
+    for (size_t i = 0; i < n1; i++) w1[i] = moe_float_to_half(0.3f * frand(), dt);
+    for (size_t i = 0; i < n2; i++) w2[i] = moe_float_to_half(0.3f * frand(), dt);
+    for (int i = 0; i < E * 2 * F; i++) b1[i] = moe_float_to_half(0.5f * frand(), dt);
+    for (int i = 0; i < E * H; i++) b2[i] = moe_float_to_half(0.1f * frand(), dt);
+    int idx[13 * 3];
+    float tw[13 * 3];
+    for (int t = 0; t < T; t++)           /* distinct per token; expert 4 gets none */
+        for (int k = 0; k < K; k++) {
+            idx[t * K + k] = (t + k) % 4;
+            tw[t * K + k] = 0.2f + 0.1f * (float)k;
+        }
+    moe_ref_inputs_t in = {0};
+    in.x = x; in.w1 = w1; in.w2 = w2; in.b1 = b1; in.b2 = b2; in.tokens = T;
+    float *y = malloc(nx * sizeof(float));
+    double *yn = malloc((size_t)H * sizeof(double));
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, NULL, NULL) == 0);
+    double err = 0, mag = 0;
+    for (int t = 0; t < T; t++) {
+        naive_ffn(&s, &in, idx, tw, t, yn);
+        for (int h = 0; h < H; h++) {
+            err = fmax(err, fabs(y[(size_t)t * H + h] - yn[h]));
+            mag = fmax(mag, fabs(yn[h]));
+        }
+    }
+    /* The two differ only where a fp32 vs double sum lands h or o on the
+     * other side of a rounding boundary: about one dtype ulp of one term. */
+    double tol = (dt == MOE_DTYPE_BF16 ? 1.6e-2 : 2e-3) * mag;
+    CHECKF(mag > 0.1 && err <= tol, "max error %.3g, max |y| %.3g", err, mag);
+    free(x); free(w1); free(w2); free(b1); free(b2); free(y); free(yn);
+}
+
+/* ---- randomized: routing invariants ------------------------------------ */
+
+static void test_route_random(void) {
+    CASE("random group-limited routing invariants");
+    const int E = 32, K = 6, H = 24, T = 50;
+    moe_spec_t s = mkspec(E, K, H, 8);
+    s.router.score = MOE_SCORE_SIGMOID;
+    s.router.groups = 8; s.router.topk_groups = 3;      /* take 6/3 = 2 per group */
+    s.router.bias = true; s.router.renormalize = true; s.router.scale = 2.5;
+    uint16_t x[50 * 24], wr[32 * 24];
+    float bias[32];
+    for (int i = 0; i < T * H; i++) x[i] = moe_float_to_half(frand(), s.dtype);
+    for (int i = 0; i < E * H; i++) wr[i] = moe_float_to_half(frand(), s.dtype);
+    for (int e = 0; e < E; e++) bias[e] = 0.1f * frand();
+    moe_ref_inputs_t in = {0};
+    in.x = x; in.wr = wr; in.sel_bias = bias; in.tokens = T;
+    int idx[50 * 6]; float w[50 * 6], sc[50 * 32];
+    CHECK(moe_ref_route(&s, &in, idx, w, sc) == 0);
+    int ok_sorted = 1, ok_groups = 1, ok_sum = 1, ok_agree;
+    for (int t = 0; t < T; t++) {
+        const int *ix = idx + t * K;
+        const float *st = sc + t * E;
+        unsigned groups = 0;
+        double sum = 0;
+        for (int k = 0; k < K; k++) {
+            if (k && st[ix[k]] > st[ix[k - 1]]) ok_sorted = 0;
+            groups |= 1u << (ix[k] / 4);
+            sum += w[t * K + k];
+        }
+        int ngroups = 0;
+        for (unsigned b = groups; b; b >>= 1) ngroups += (int)(b & 1u);
+        if (ngroups > 3) ok_groups = 0;
+        if (!NEAR(sum, 2.5, 1e-5)) ok_sum = 0;
+        /* within the kept groups, nothing unselected beats the k-th score */
+        for (int e = 0; e < E; e++) {
+            int sel = 0;
+            for (int k = 0; k < K; k++) sel |= ix[k] == e;
+            if (!sel && (groups >> (e / 4) & 1) && st[e] > st[ix[K - 1]]) ok_sorted = 0;
+        }
+    }
+    CHECK(ok_sorted);
+    CHECK(ok_groups);
+    CHECK(ok_sum);
+    ok_agree = moe_ref_route_agree(&s, idx, idx, sc, T, 0.0f, NULL);
+    CHECK(ok_agree == 1);
+}
+
+static void test_route_agree(void) {
+    CASE("route_agree: near-tie swap accepted, real difference rejected");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    /* token 0: k-th selected score is 0.30; expert 2 is 1e-4 below it.
+     * token 1: plain, identical sets in another order. */
+    const float sc[8] = {0.5f, 0.30f, 0.2999f, 0.1f, 0.1f, 0.2f, 0.3f, 0.4f};
+    const int ref[4] = {0, 1, 3, 2};
+    const int swap[4] = {0, 2, 2, 3};      /* near-tie swap; order differs in token 1 */
+    const int wrong[4] = {0, 3, 3, 2};     /* expert 3 (0.1) is no near-tie */
+    const int dup[4] = {0, 0, 3, 2};
+    const int oob[4] = {0, 1, 3, 4};
+    int bad = 99;
+    CHECK(moe_ref_route_agree(&s, ref, ref, sc, 2, 0.0f, &bad) == 1 && bad == -1);
+    CHECK(moe_ref_route_agree(&s, ref, swap, sc, 2, 1e-3f, &bad) == 1);
+    CHECK(moe_ref_route_agree(&s, ref, swap, sc, 2, 1e-5f, &bad) == 0 && bad == 0);
+    CHECK(moe_ref_route_agree(&s, ref, wrong, sc, 2, 1e-3f, &bad) == 0 && bad == 0);
+    CHECK(moe_ref_route_agree(&s, ref, dup, sc, 2, 1.0f, &bad) == 0 && bad == 0);
+    CHECK(moe_ref_route_agree(&s, ref, oob, sc, 2, 1.0f, &bad) == 0 && bad == 1);
+    CHECK(moe_ref_route_agree(&s, ref, NULL, sc, 2, 1.0f, &bad) == 0 && bad == -1);
+}
+
+static void test_route_bad_args(void) {
+    CASE("route refuses bad arguments");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    uint16_t x[8] = {0}, wr[32] = {0};
+    moe_ref_inputs_t in = {0};
+    in.x = x; in.wr = wr; in.tokens = 1;
+    int idx[2]; float w[2];
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    CHECK(moe_ref_route(NULL, &in, idx, w, NULL) != 0);
+    CHECK(moe_ref_route(&s, NULL, idx, w, NULL) != 0);
+    CHECK(moe_ref_route(&s, &in, NULL, w, NULL) != 0);
+    in.wr = NULL;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) != 0);
+    in.wr = wr;
+    s.top_k = 5;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) != 0);
+    s.top_k = 2;
+    s.router.logit_bias = true;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) != 0);
+    /* all-zero logits: every expert ties, so the first two are chosen */
+    s.router.logit_bias = false;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0 && idx[0] == 0 && idx[1] == 1);
+}
+
+int main(void) {
+    test_conversions();
+    test_route_softmax();
+    test_route_biases();
+    test_route_groups();
+    test_route_random();
+    test_route_agree();
+    test_route_bad_args();
+    test_ffn_plain();
+    test_ffn_gpt_oss();
+    test_ffn_random(MOE_DTYPE_BF16);
+    test_ffn_random(MOE_DTYPE_FP16);
+    return check_report("test_ref");
+}
