@@ -16,10 +16,12 @@ WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-func
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
 LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
 
-GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c
+GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
+RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o
+RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all run test kernels clean
 all: $(BUILD)/moegen $(BUILD)/libmoegen.a
@@ -40,7 +42,7 @@ $(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # ---- the library and the command -----------------------------------------
-$(BUILD)/libmoegen.a: $(GEN_OBJ)
+$(BUILD)/libmoegen.a: $(GEN_OBJ) $(RT_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/moegen: $(BUILD)/gen/main.o $(BUILD)/libmoegen.a

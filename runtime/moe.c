@@ -1,0 +1,363 @@
+/* moe.c — plans, kernel loading and the forward pass, on the CUDA driver
+ * API loaded with dlopen. */
+#define _POSIX_C_SOURCE 200809L
+#include "moe.h"
+
+#include "cache.h"
+#include "driver.h"
+#include "mesh.h"
+#include "plan.h"
+#include "spec.h"
+#include "util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct moe_plan {
+    moe_plan_desc_t pd;
+    moe_arch_t arch;
+    int device;
+    int cache_hit;
+    CUcontext ctx;
+    CUmodule module;
+    CUfunction fn[MOE_K_COUNT];
+};
+
+static _Thread_local char last_error[4096];
+
+const char *moe_last_error(void) { return last_error; }
+
+/* Record the detailed message and return s. */
+static moe_status fail(moe_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *moe_status_string(moe_status s) {
+    switch (s) {
+    case MOE_OK: return "ok";
+    case MOE_ERR_INVALID_ARG: return "invalid argument";
+    case MOE_ERR_SPEC: return "bad spec";
+    case MOE_ERR_NO_DRIVER: return "no CUDA driver";
+    case MOE_ERR_NO_GPU: return "no GPU";
+    case MOE_ERR_ARCH: return "unsupported GPU architecture";
+    case MOE_ERR_COMPILE: return "kernel generation or compilation failed";
+    case MOE_ERR_CUDA: return "CUDA driver error";
+    case MOE_ERR_CAPACITY: return "more tokens than the plan's capacity";
+    case MOE_ERR_IO: return "I/O error";
+    case MOE_ERR_NO_MEMORY: return "out of memory";
+    case MOE_ERR_UNSUPPORTED: return "unsupported";
+    }
+    return "unknown status";
+}
+
+/* A driver call's failure as a status, with the call and its message. */
+#define CU_CHECK(call)                                                                          \
+    do {                                                                                       \
+        CUresult cu_rc_ = (call);                                                              \
+        if (cu_rc_ != CUDA_SUCCESS)                                                            \
+            return fail(MOE_ERR_CUDA, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,       \
+                        moe_cu_error_string(cu_rc_));                                          \
+    } while (0)
+
+/* Driver, device and arch: the checks that must pass before any compile. */
+static moe_status open_device(moe_plan *p, const moe_options *o) {
+    char why[512];
+    if (moe_cu_load(why, sizeof why))
+        return fail(MOE_ERR_NO_DRIVER, "no CUDA driver: %s", why);
+    CUresult r = moe_cu.cuInit(0);
+    if (r != CUDA_SUCCESS)
+        return fail(r == CUDA_ERROR_NO_DEVICE ? MOE_ERR_NO_GPU : MOE_ERR_NO_DRIVER, "no GPU: cuInit failed: %s",
+                    moe_cu_error_string(r));
+    int count = 0;
+    CU_CHECK(moe_cu.cuDeviceGetCount(&count));
+    if (count == 0)
+        return fail(MOE_ERR_NO_GPU, "no GPU: the driver reports no CUDA device");
+    p->device = o ? o->device : 0;
+    if (p->device < 0 || p->device >= count)
+        return fail(MOE_ERR_INVALID_ARG, "device %d does not exist (%d devices)", p->device, count);
+    CUdevice dev;
+    CU_CHECK(moe_cu.cuDeviceGet(&dev, p->device));
+    int major = 0, minor = 0;
+    CU_CHECK(moe_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+    CU_CHECK(moe_cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    if (major == 9 && minor == 0)
+        p->arch = MOE_ARCH_SM90A;
+    else if (major == 8)
+        p->arch = MOE_ARCH_SM80;
+    else
+        return fail(MOE_ERR_ARCH, "GPU %d has compute capability %d.%d; moegen builds kernels for sm_80 (8.x) and "
+                    "sm_90a (9.0)", p->device, major, minor);
+    CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    return MOE_OK;
+}
+
+static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
+    CU_CHECK(moe_cu.cuModuleLoadData(&p->module, cubin->data));
+    for (int i = 0; i < MOE_K_COUNT; i++) {
+        const moe_kernel_desc_t *k = &p->pd.k[i];
+        CUresult r = moe_cu.cuModuleGetFunction(&p->fn[i], p->module, k->name);
+        if (r != CUDA_SUCCESS)
+            return fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
+        if (k->smem > 48 * 1024)
+            CU_CHECK(moe_cu.cuFuncSetAttribute(p->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
+    }
+    return MOE_OK;
+}
+
+/* Spec -> plan tables, refusing what this runtime cannot run yet. */
+static moe_status plan_tables(moe_plan *p, const char *path, const char *text, const moe_options *o) {
+    moe_spec_t spec;
+    moe_diag_t d;
+    if (moe_spec_load(&spec, path, text, NULL, 0, &d))
+        return fail(MOE_ERR_SPEC, "%s", d.msg);
+    char err[512];
+    if (moe_plan_desc_build(&p->pd, &spec, err, sizeof err))
+        return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
+    moe_mesh_plan_t mp;
+    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err))
+        return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
+    int world = mp.world;
+    moe_mesh_plan_free(&mp);
+    if (o && (o->rank < 0 || o->rank >= world))
+        return fail(MOE_ERR_INVALID_ARG, "rank %d is outside the mesh of %d devices", o->rank, world);
+    if (world > 1)
+        return fail(MOE_ERR_UNSUPPORTED, "%s: the mesh has %d devices; multi-device execution (NCCL dispatch and "
+                    "gather) is not in this build — use a mesh of 1", path, world);
+    return MOE_OK;
+}
+
+static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
+    if (s != MOE_OK) {
+        moe_plan_destroy(p);
+        *out = NULL;
+        return s;
+    }
+    *out = p;
+    last_error[0] = '\0';
+    return MOE_OK;
+}
+
+moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_options *o) {
+    if (!out)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_create: plan is NULL");
+    *out = NULL;
+    if (!spec_path)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_create: spec_path is NULL");
+    moe_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return fail(MOE_ERR_NO_MEMORY, "out of memory");
+    moe_status s = plan_tables(p, spec_path, NULL, o);
+    if (s == MOE_OK)
+        s = open_device(p, o);
+    if (s == MOE_OK) {
+        moe_buf_t cubin = {0};
+        moe_diag_t d;
+        if (moe_cache_cubin(&p->pd, o ? o->templates_dir : NULL, p->arch, o ? o->cache_dir : NULL, &cubin,
+                            &p->cache_hit, &d))
+            s = fail(MOE_ERR_COMPILE, "%s", d.msg);
+        else
+            s = load_module(p, &cubin);
+        moe_buf_free(&cubin);
+    }
+    return create_common(out, p, s);
+}
+
+moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_options *o) {
+    if (!out)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_create_from_dir: plan is NULL");
+    *out = NULL;
+    if (!dir)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_create_from_dir: dir is NULL");
+    /* the folder's one NAME.moe names everything else */
+    char mpath[4200], err[512];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    char *manifest = moe_read_file(mpath, 64u << 20, NULL, err, sizeof err);
+    if (!manifest)
+        return fail(MOE_ERR_IO, "%s", err);
+    const char *key = strstr(manifest, "\"name\": \"");
+    char name[MOE_NAME_MAX] = "";
+    if (key)
+        sscanf(key + 9, "%63[A-Za-z0-9_]", name);
+    free(manifest);
+    if (!name[0])
+        return fail(MOE_ERR_IO, "%s: no \"name\" in the manifest", mpath);
+    moe_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return fail(MOE_ERR_NO_MEMORY, "out of memory");
+    char spath[4200];
+    snprintf(spath, sizeof spath, "%s/%s.moe", dir, name);
+    moe_status s = plan_tables(p, spath, NULL, o);
+    if (s == MOE_OK)
+        s = open_device(p, o);
+    if (s == MOE_OK) {
+        char cpath[4200];
+        snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, name, moe_arch_name(p->arch));
+        size_t len;
+        char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
+        if (!data) {
+            s = fail(MOE_ERR_IO, "%s (compile the spec with arch %s to run on this GPU)", err,
+                     moe_arch_name(p->arch));
+        } else {
+            moe_buf_t cubin = {data, len, len + 1, 0};
+            s = load_module(p, &cubin);
+            free(data);
+        }
+    }
+    return create_common(out, p, s);
+}
+
+void moe_plan_destroy(moe_plan *p) {
+    if (!p)
+        return;
+    if (p->module)
+        moe_cu.cuModuleUnload(p->module);
+    if (p->ctx) {
+        CUdevice dev;
+        if (moe_cu.cuDeviceGet(&dev, p->device) == CUDA_SUCCESS)
+            moe_cu.cuDevicePrimaryCtxRelease(dev);
+    }
+    free(p);
+}
+
+size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
+    if (!p || tokens < 1 || tokens > p->pd.spec.tokens)
+        return 0;
+    /* the layout is fixed at the spec's capacity, so any tokens fits */
+    return p->pd.ws_bytes;
+}
+
+moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
+    if (!p || !name)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_workspace_region: NULL argument");
+    for (int i = 0; i < MOE_WS_COUNT; i++)
+        if (strcmp(p->pd.ws[i].name, name) == 0) {
+            if (offset)
+                *offset = p->pd.ws[i].offset;
+            if (bytes)
+                *bytes = p->pd.ws[i].bytes;
+            return MOE_OK;
+        }
+    return fail(MOE_ERR_INVALID_ARG, "no workspace region '%s'", name);
+}
+
+moe_status moe_plan_pack_w1(const moe_plan *p, const uint16_t *w1, uint16_t *w1p) {
+    if (!p || !w1 || !w1p)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_w1: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    long long F2 = 2LL * s->ffn, H = s->hidden;
+    for (long long e = 0; e < s->experts; e++)
+        for (long long r = 0; r < F2; r++)
+            memcpy(w1p + (e * F2 + moe_plan_packed_row(&p->pd, r)) * H, w1 + (e * F2 + r) * H, (size_t)H * 2);
+    return MOE_OK;
+}
+
+moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p) {
+    if (!p || !b1 || !b1p)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_b1: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    long long F2 = 2LL * s->ffn;
+    for (long long e = 0; e < s->experts; e++)
+        for (long long r = 0; r < F2; r++)
+            b1p[e * F2 + moe_plan_packed_row(&p->pd, r)] = b1[e * F2 + r];
+    return MOE_OK;
+}
+
+static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args) {
+    unsigned g[3];
+    moe_plan_grid(&p->pd, k, tokens, g);
+    const moe_kernel_desc_t *d = &p->pd.k[k];
+    CUresult r = moe_cu.cuLaunchKernel(p->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
+                                       args, NULL);
+    if (r != CUDA_SUCCESS)
+        return fail(MOE_ERR_CUDA, "launching %s (grid %u x %u): %s", d->name, g[0], g[1], moe_cu_error_string(r));
+    return MOE_OK;
+}
+
+moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *stream) {
+    if (!p || !a)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    if (a->tokens < 1)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; at least 1 is needed", a->tokens);
+    if (a->tokens > s->tokens)
+        return fail(MOE_ERR_CAPACITY, "moe_forward: %d tokens exceed the plan's capacity of %d (spec key tokens)",
+                    a->tokens, s->tokens);
+    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: x, router_w, w1p, w2, y and workspace are required");
+    if (s->router.bias && !a->router_bias)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.bias; router_bias is required");
+    if (s->router.logit_bias && !a->router_logit_bias)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.logit_bias; router_logit_bias is required");
+    if (s->ffn_bias && (!a->b1p || !a->b2))
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has ffn_bias; b1p and b2 are required");
+    if ((uintptr_t)a->workspace % 256)
+        return fail(MOE_ERR_INVALID_ARG, "moe_forward: workspace must be 256-byte aligned");
+    CUstream st = (CUstream)stream;
+    CUresult r = moe_cu.cuCtxSetCurrent(p->ctx);
+    if (r != CUDA_SUCCESS)
+        return fail(MOE_ERR_CUDA, "cuCtxSetCurrent: %s", moe_cu_error_string(r));
+    CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
+    CUdeviceptr reg[MOE_WS_COUNT];
+    for (int i = 0; i < MOE_WS_COUNT; i++)
+        reg[i] = ws + p->pd.ws[i].offset;
+    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, (size_t)s->experts, st);
+    if (r != CUDA_SUCCESS)
+        return fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
+    int T = a->tokens;
+    moe_status rc;
+    {
+        void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS]};
+        if ((rc = launch(p, MOE_K_ROUTE, T, st, args)))
+            return rc;
+    }
+    {
+        void *args[] = {&reg[MOE_WS_COUNTS], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
+                        &reg[MOE_WS_NUM_TILES]};
+        if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args)))
+            return rc;
+    }
+    {
+        void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &T,
+                        &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
+        if ((rc = launch(p, MOE_K_PERMUTE_SCATTER, T, st, args)))
+            return rc;
+    }
+    {
+        void *args[] = {&reg[MOE_WS_XS], (void *)&a->w1p, (void *)&a->b1p, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
+                        &reg[MOE_WS_HBUF]};
+        if ((rc = launch(p, MOE_K_GEMM_UP, T, st, args)))
+            return rc;
+    }
+    {
+        void *args[] = {&reg[MOE_WS_HBUF], (void *)&a->w2, (void *)&a->b2, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
+                        &reg[MOE_WS_XS]};
+        if ((rc = launch(p, MOE_K_GEMM_DOWN, T, st, args)))
+            return rc;
+    }
+    {
+        void *args[] = {&reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], &reg[MOE_WS_TOPK_W], &T, (void *)&a->y};
+        if ((rc = launch(p, MOE_K_COMBINE, T, st, args)))
+            return rc;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
+    if (!p || !info)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->arch),
+                            .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
+                            .tokens = s->tokens, .dtype_bytes = 2, .cache_hit = p->cache_hit};
+    for (int i = 0; i < MOE_K_COUNT; i++)
+        info->kernels[i] = p->pd.k[i].name;
+    return MOE_OK;
+}

@@ -1,0 +1,122 @@
+/* moe.h — the moegen runtime: plan a Mixture-of-Experts layer from a spec,
+ * generate and compile its kernels (NVRTC, disk cache) or load them from a
+ * folder written by `moegen compile`, and run the forward pass.
+ *
+ * Linking: libmoegen links NVRTC and Lua only. The CUDA driver is loaded
+ * with dlopen("libcuda.so.1") on first use, so a program linked against
+ * libmoegen starts on a machine without a GPU, and moe_plan_create answers
+ * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there.
+ *
+ * Threads: a plan is immutable once created; moe_forward may be called on
+ * one plan from several threads at once, each with its own workspace.
+ * moe_last_error() is per thread.
+ *
+ * Streams: moe_forward enqueues all its work on the given stream (a
+ * CUstream or cudaStream_t; NULL = the legacy default stream) and returns
+ * without synchronizing; there is no host synchronization between routing
+ * and the last kernel, so a forward can be captured in a CUDA graph.
+ * Device pointers must belong to the plan's device and context (the
+ * device's primary context). */
+#ifndef MOEGEN_MOE_H
+#define MOEGEN_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MOE_OK = 0,
+    MOE_ERR_INVALID_ARG,   /* a NULL or out-of-range argument */
+    MOE_ERR_SPEC,          /* the spec did not load or validate (message has FILE:LINE) */
+    MOE_ERR_NO_DRIVER,     /* libcuda.so.1 could not be loaded */
+    MOE_ERR_NO_GPU,        /* the driver loaded but reports no usable GPU */
+    MOE_ERR_ARCH,          /* the GPU's architecture has no kernels (sm_80 or sm_90 family needed) */
+    MOE_ERR_COMPILE,       /* template expansion or NVRTC failed (message has the log) */
+    MOE_ERR_CUDA,          /* a CUDA driver call failed (message names it) */
+    MOE_ERR_CAPACITY,      /* more tokens than the spec's `tokens` */
+    MOE_ERR_IO,            /* reading a compiled folder failed */
+    MOE_ERR_NO_MEMORY,
+    MOE_ERR_UNSUPPORTED    /* the spec needs something this build lacks (e.g. a mesh > 1 without NCCL) */
+} moe_status;
+
+typedef struct {
+    const char *templates_dir;  /* NULL = the embedded templates */
+    const char *cache_dir;      /* NULL = $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen, ~/.cache/moegen */
+    int device;                 /* CUDA device ordinal; default 0 */
+    int rank;                   /* global rank in the mesh; default 0 (only 0 while world = 1) */
+} moe_options;
+
+typedef struct moe_plan moe_plan;
+
+/* Arguments of one forward pass. Device pointers; layouts as in README.md,
+ * "Tensors": x, y [tokens, H]; router_w [E, H]; w1p [E, 2F, H] packed
+ * (moe_plan_pack_w1); w2 [E, H, F]; optional router_bias / router_logit_bias
+ * fp32 [E] and b1p [E, 2F] packed / b2 [E, H] as the spec requires. */
+typedef struct {
+    int tokens;                   /* 1 .. the spec's tokens */
+    const void *x;
+    const void *router_w;
+    const float *router_bias;     /* spec router.bias */
+    const float *router_logit_bias; /* spec router.logit_bias */
+    const void *w1p, *b1p;        /* b1p: spec ffn_bias */
+    const void *w2, *b2;          /* b2: spec ffn_bias */
+    void *y;
+    void *workspace;              /* moe_plan_workspace_size(plan, tokens) bytes, 256-byte aligned */
+} moe_forward_args;
+
+/* Create a plan from a spec file: load and validate the spec, plan the
+ * kernels and the mesh, check the driver and GPU, then generate, compile
+ * (NVRTC, cached on disk) and load the kernels. opts may be NULL. On
+ * failure *plan is NULL and moe_last_error() says why. */
+moe_status moe_plan_create(moe_plan **plan, const char *spec_path, const moe_options *opts);
+
+/* Create a plan from a folder written by `moegen compile` (NAME.moe and
+ * NAME.ARCH.cubin): no NVRTC at run time. */
+moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_options *opts);
+
+void moe_plan_destroy(moe_plan *plan);
+
+/* Workspace bytes for up to `tokens` tokens (<= the spec's tokens). */
+size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
+
+/* Byte offset and size of a workspace region by name ("topk_idx",
+ * "topk_w", "counts", "offsets", "num_tiles", "tiles", "row_of", "xs",
+ * "hbuf"), for tests and tools that inspect intermediate results. Returns
+ * MOE_ERR_INVALID_ARG for an unknown name. */
+moe_status moe_plan_workspace_region(const moe_plan *plan, const char *name, size_t *offset, size_t *bytes);
+
+/* Pack W1 from the plain layout [E, 2F, H] (gate rows 0..F-1, then up rows)
+ * into the kernel layout (gate/up interleaved in granules of 8 rows), and b1
+ * [E, 2F] likewise. Host memory, element = 16-bit. */
+moe_status moe_plan_pack_w1(const moe_plan *plan, const uint16_t *w1, uint16_t *w1p);
+moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *b1p);
+
+/* Enqueue the forward pass on stream. Returns MOE_ERR_CAPACITY when
+ * args->tokens exceeds the spec's tokens (nothing is enqueued then). */
+moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
+
+/* What the plan is: spec name, hash, the arch its kernels were built for,
+ * whether they came from the cache, and each kernel's name. */
+typedef struct {
+    const char *name, *hash, *arch;
+    int experts, top_k, hidden, ffn, tokens;
+    int dtype_bytes;
+    int cache_hit;                /* 1: the cubin came from the disk cache */
+    const char *kernels[6];       /* route, permute_plan, permute_scatter, gemm_up, gemm_down, combine */
+} moe_plan_info;
+moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
+
+const char *moe_status_string(moe_status s);
+
+/* The last detailed error of this thread (NVRTC log, driver message, spec
+ * error with FILE:LINE), or "" if none. */
+const char *moe_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
