@@ -59,3 +59,24 @@ run: $(BUILD)/moegen
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- tests ---------------------------------------------------------------
+# Each tests/test_*.c is its own program printing "N passed, N failed";
+# tests/run.sh runs them and prints the total as the closing line.
+CPU_TESTS := test_spec test_mesh test_ref test_gen
+GPU_TESTS := test_gpu
+TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS))
+
+$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libmoegen.a
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+
+.PHONY: test test-cpu test-gpu
+test: $(TEST_BINS) $(BUILD)/moegen
+	@bash tests/run.sh $(BUILD) $(CPU_TESTS) $(GPU_TESTS)
+
+test-cpu: $(addprefix $(BUILD)/tests/,$(CPU_TESTS)) $(BUILD)/moegen
+	@bash tests/run.sh $(BUILD) $(CPU_TESTS)
+
+test-gpu: $(addprefix $(BUILD)/tests/,$(GPU_TESTS))
+	@bash tests/run.sh $(BUILD) $(GPU_TESTS)

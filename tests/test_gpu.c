@@ -1,0 +1,540 @@
+/* test_gpu.c — every kernel and the whole layer on the GPU against the CPU
+ * reference (runtime/ref.c), on fresh random inputs, outputs poisoned first.
+ *
+ * Without a driver or GPU every case reports itself skipped, with the
+ * reason. The seed is printed; MOEGEN_TEST_SEED=N repeats a run. Cases
+ * name their spec, token count and routing load:
+ *   random  router weights random
+ *   skew    one hot expert takes every token, a quarter of experts get none
+ *   one     top-1 routing with every token on one expert
+ * Checks per run (on a sample of tokens where the CPU reference is slow):
+ *   route    same expert sets as the reference (near-ties allowed), weights
+ *   counts   per-expert counts equal the histogram of the routing
+ *   permute  offsets aligned and consistent, tile table exact, row map a
+ *            bijection into each expert's rows
+ *   gemm_up  SwiGLU rows vs the reference (given the GPU's routing)
+ *   gemm_down, combine, and every output element written (no poison left)
+ * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
+#define _POSIX_C_SOURCE 200809L
+#include "check.h"
+#include "driver.h"
+#include "moe.h"
+#include "ref.h"
+#include "spec.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MODE_RANDOM, MODE_SKEW, MODE_ONE };
+static const char *const mode_names[] = {"random", "skew", "one"};
+
+typedef struct {
+    const char *spec;      /* a path, or inline spec text when it contains '=' */
+    int mode;
+    int tokens[6];
+    int ntokens;
+} gpu_case_t;
+
+static const char *const tiny_spec =
+    "name = 'tiny' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 4096\n";
+static const char *const tiny_fp16_spec =
+    "name = 'tiny_fp16' experts = 8 top_k = 2 hidden = 136 ffn = 56 tokens = 1024 dtype = 'fp16'\n";
+static const char *const top1_spec =
+    "name = 'top1' experts = 16 top_k = 1 hidden = 256 ffn = 264 tokens = 2048\n";
+static const char *const odd_spec =
+    "name = 'odd' experts = 12 top_k = 3 hidden = 1536 ffn = 640 tokens = 2048\n"
+    "router = { score = 'sigmoid', bias = true, groups = 4, topk_groups = 3, scale = 1.5 }\n";
+static const char *const clamp_spec =
+    "name = 'clamp' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512 ffn_bias = true\n"
+    "router = { logit_bias = true }\n"
+    "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n";
+
+static const gpu_case_t cases[] = {
+    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5},
+    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3},
+    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3},
+    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3},
+    {odd_spec, MODE_SKEW, {300}, 1},
+    {clamp_spec, MODE_RANDOM, {5, 512}, 2},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3},
+    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3},
+};
+
+/* ---- random data, filled by several threads ----------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint16_t *dst;
+    size_t begin, end;
+    float scale;
+    uint64_t seed;
+    moe_dtype_t dt;
+} fill_job_t;
+
+static void *fill_worker(void *arg) {
+    fill_job_t *j = arg;
+    uint64_t s = j->seed ^ (j->begin * 0x2545f4914f6cdd1dULL);
+    for (size_t i = j->begin; i < j->end; i++) {
+        uint64_t r = splitmix(&s);
+        float u = (float)((double)(r >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+        j->dst[i] = moe_float_to_half(u * j->scale, j->dt);
+    }
+    return NULL;
+}
+
+/* dst[i] = uniform(-scale, scale) in dtype. */
+static void fill_random(uint16_t *dst, size_t n, float scale, uint64_t seed, moe_dtype_t dt) {
+    enum { MAXT = 32 };
+    long nt = sysconf(_SC_NPROCESSORS_ONLN);
+    if (nt < 1)
+        nt = 1;
+    if (nt > MAXT)
+        nt = MAXT;
+    if (n < (1u << 20))
+        nt = 1;
+    pthread_t th[MAXT];
+    fill_job_t jobs[MAXT];
+    for (long t = 0; t < nt; t++) {
+        jobs[t] = (fill_job_t){dst, n * (size_t)t / (size_t)nt, n * (size_t)(t + 1) / (size_t)nt, scale, seed, dt};
+        pthread_create(&th[t], NULL, fill_worker, &jobs[t]);
+    }
+    for (long t = 0; t < nt; t++)
+        pthread_join(th[t], NULL);
+}
+
+/* ---- device helpers ----------------------------------------------------- */
+
+static int cu_ok(CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS)
+        return 1;
+    fprintf(stderr, "CUDA error in %s: %s\n", what, moe_cu_error_string(r));
+    return 0;
+}
+
+static CUdeviceptr dev_upload(const void *host, size_t bytes) {
+    CUdeviceptr d = 0;
+    if (!bytes)
+        return 0;
+    if (!cu_ok(moe_cu.cuMemAlloc(&d, bytes), "cuMemAlloc"))
+        return 0;
+    if (host && !cu_ok(moe_cu.cuMemcpyHtoD(d, host, bytes), "cuMemcpyHtoD")) {
+        moe_cu.cuMemFree(d);
+        return 0;
+    }
+    return d;
+}
+
+static double rel_l2(double num, double den) { return den > 0 ? sqrt(num / den) : sqrt(num); }
+
+/* ---- one case ------------------------------------------------------------ */
+
+static char tmpdir[256];
+
+static const char *spec_path_for(const char *spec, char *buf, size_t n) {
+    if (!strchr(spec, '='))
+        return spec;
+    static int counter;
+    snprintf(buf, n, "%s/case%d.moe", tmpdir, counter++);
+    FILE *f = fopen(buf, "w");
+    if (f) {
+        fputs(spec, f);
+        fclose(f);
+    }
+    return buf;
+}
+
+typedef struct {
+    moe_spec_t s;
+    uint16_t *x, *wr, *w1, *w2, *b1, *b2, *w1p, *b1p;
+    float *sel_bias, *logit_bias;
+    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws;
+    size_t ws_bytes;
+} layer_t;
+
+static void layer_free(layer_t *L) {
+    free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
+    free(L->sel_bias); free(L->logit_bias);
+    CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (d[i])
+            moe_cu.cuMemFree(d[i]);
+}
+
+/* Random inputs of one case. SKEW and ONE steer routing through the first
+ * 8 hidden dimensions: x is biased positive there, the hot expert's router
+ * row strongly positive, dead experts' rows strongly negative. */
+static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed) {
+    const moe_spec_t *s = &L->s;
+    size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens;
+    moe_dtype_t dt = s->dtype;
+    L->x = malloc(T * H * 2);
+    L->wr = malloc(E * H * 2);
+    L->w1 = malloc(E * 2 * F * H * 2);
+    L->w1p = malloc(E * 2 * F * H * 2);
+    L->w2 = malloc(E * H * F * 2);
+    L->sel_bias = malloc(E * 4);
+    L->logit_bias = malloc(E * 4);
+    L->b1 = malloc(E * 2 * F * 2);
+    L->b1p = malloc(E * 2 * F * 2);
+    L->b2 = malloc(E * H * 2);
+    if (!L->x || !L->wr || !L->w1 || !L->w1p || !L->w2 || !L->b1 || !L->b1p || !L->b2)
+        return 0;
+    fill_random(L->x, T * H, 1.0f, seed + 1, dt);
+    fill_random(L->wr, E * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
+    fill_random(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), seed + 3, dt);
+    fill_random(L->w2, E * H * F, 2.0f / sqrtf((float)F), seed + 4, dt);
+    fill_random(L->b1, E * 2 * F, 0.5f, seed + 5, dt);
+    fill_random(L->b2, E * H, 0.5f, seed + 6, dt);
+    uint64_t r = seed + 7;
+    for (size_t e = 0; e < E; e++) {
+        L->sel_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 0.2f;
+        L->logit_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 2.0f;
+    }
+    if (mode != MODE_RANDOM && H >= 8) {
+        size_t hot = splitmix(&r) % E;
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < 8; h++)
+                L->x[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(L->x[t * H + h], dt), dt);
+        for (size_t e = 0; e < E; e++) {
+            int dead = mode == MODE_ONE ? e != hot : (e % 4 == 3 && e != hot);
+            float v = e == hot ? 3.0f : dead ? -3.0f : 0.0f;
+            if (v != 0.0f)
+                for (size_t h = 0; h < 8; h++)
+                    L->wr[e * H + h] = moe_float_to_half(v, dt);
+        }
+    }
+    if (moe_plan_pack_w1(plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(plan, L->b1, L->b1p) != MOE_OK)
+        return 0;
+    L->ws_bytes = moe_plan_workspace_size(plan, (int)T);
+    L->dx = dev_upload(L->x, T * H * 2);
+    L->dwr = dev_upload(L->wr, E * H * 2);
+    L->dw1p = dev_upload(L->w1p, E * 2 * F * H * 2);
+    L->dw2 = dev_upload(L->w2, E * H * F * 2);
+    L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
+    L->db2 = dev_upload(L->b2, E * H * 2);
+    L->dsel = dev_upload(L->sel_bias, E * 4);
+    L->dlogit = dev_upload(L->logit_bias, E * 4);
+    L->dy = dev_upload(NULL, T * H * 2);
+    L->dws = dev_upload(NULL, L->ws_bytes);
+    free(L->w1p);
+    L->w1p = NULL;
+    return L->dx && L->dwr && L->dw1p && L->dw2 && L->db1p && L->db2 && L->dsel && L->dlogit && L->dy && L->dws;
+}
+
+static void *region(const moe_plan *plan, const layer_t *L, const char *name, size_t *bytes) {
+    size_t off, n;
+    if (moe_plan_workspace_region(plan, name, &off, &n) != MOE_OK)
+        return NULL;
+    void *h = malloc(n ? n : 1);
+    if (h && !cu_ok(moe_cu.cuMemcpyDtoH(h, L->dws + off, n), name)) {
+        free(h);
+        return NULL;
+    }
+    if (bytes)
+        *bytes = n;
+    return h;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* One forward at T tokens, then every check. */
+static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label) {
+    const moe_spec_t *s = &L->s;
+    const int E = s->experts, K = s->top_k, H = s->hidden, F = s->ffn;
+    const moe_dtype_t dt = s->dtype;
+    const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
+    moe_plan_info info;
+    moe_plan_get_info(plan, &info);
+
+    /* poison outputs and the whole workspace */
+    CHECK(cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)s->tokens * H * 2), "poison y"));
+    CHECK(cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace"));
+    moe_forward_args a = {.tokens = T, .x = (void *)L->dx, .router_w = (void *)L->dwr,
+                          .router_bias = s->router.bias ? (float *)L->dsel : NULL,
+                          .router_logit_bias = s->router.logit_bias ? (float *)L->dlogit : NULL,
+                          .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
+                          .w2 = (void *)L->dw2, .b2 = s->ffn_bias ? (void *)L->db2 : NULL,
+                          .y = (void *)L->dy, .workspace = (void *)L->dws};
+    moe_status st = moe_forward(plan, &a, NULL);
+    CHECKF(st == MOE_OK, "forward: %s: %s", moe_status_string(st), moe_last_error());
+    CUresult sr = moe_cu.cuCtxSynchronize();
+    CHECKF(sr == CUDA_SUCCESS, "kernel fault: %s", moe_cu_error_string(sr));
+    if (st != MOE_OK || sr != CUDA_SUCCESS)
+        return;
+
+    int *idx = region(plan, L, "topk_idx", NULL);
+    float *w = region(plan, L, "topk_w", NULL);
+    int *counts = region(plan, L, "counts", NULL);
+    int *offsets = region(plan, L, "offsets", NULL);
+    int *ntiles = region(plan, L, "num_tiles", NULL);
+    int *tiles = region(plan, L, "tiles", NULL);
+    int *row_of = region(plan, L, "row_of", NULL);
+    uint16_t *hbuf = region(plan, L, "hbuf", NULL);
+    uint16_t *obuf = region(plan, L, "xs", NULL);
+    uint16_t *y = malloc((size_t)T * H * 2);
+    CHECK(y && cu_ok(moe_cu.cuMemcpyDtoH(y, L->dy, (size_t)T * H * 2), "y"));
+    if (!idx || !w || !counts || !offsets || !ntiles || !tiles || !row_of || !hbuf || !obuf || !y)
+        goto done;
+
+    /* the sample: first, last, and random tokens */
+    int S = T < 40 ? T : 40;
+    int *sample = malloc(sizeof(int) * (size_t)S);
+    char *picked = calloc((size_t)T, 1);
+    int ns = 0;
+    sample[ns++] = 0;
+    picked[0] = 1;
+    if (T > 1) {
+        sample[ns++] = T - 1;
+        picked[T - 1] = 1;
+    }
+    while (ns < S) {
+        int t = (int)(splitmix(rng) % (uint64_t)T);
+        if (!picked[t]) {
+            picked[t] = 1;
+            sample[ns++] = t;
+        }
+    }
+    qsort(sample, (size_t)ns, sizeof *sample, cmp_int);
+
+    /* route: reference on the sampled tokens */
+    {
+        CASE(label);
+        uint16_t *xs = malloc((size_t)ns * H * 2);
+        for (int i = 0; i < ns; i++)
+            memcpy(xs + (size_t)i * H, L->x + (size_t)sample[i] * H, (size_t)H * 2);
+        moe_ref_inputs_t in = {.x = xs, .wr = L->wr, .sel_bias = L->sel_bias, .logit_bias = L->logit_bias,
+                               .tokens = ns};
+        int *ridx = malloc(sizeof(int) * (size_t)ns * K), *gidx = malloc(sizeof(int) * (size_t)ns * K);
+        float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * E);
+        CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
+        for (int i = 0; i < ns; i++)
+            memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * K, sizeof(int) * (size_t)K);
+        int bad = -1;
+        int agree = moe_ref_route_agree(s, ridx, gidx, sc, ns, 2e-4f, &bad);
+        CHECKF(agree, "route: token %d selects different experts than the reference", bad >= 0 ? sample[bad] : -1);
+        double werr = 0;
+        for (int i = 0; i < ns; i++) {
+            int same = 1;
+            for (int k = 0; k < K; k++) {
+                int found = 0;
+                for (int j = 0; j < K; j++)
+                    if (gidx[(size_t)i * K + j] == ridx[(size_t)i * K + k]) {
+                        found = 1;
+                        double d = fabs(w[(size_t)sample[i] * K + j] - rw[(size_t)i * K + k]);
+                        if (d > werr)
+                            werr = d;
+                    }
+                same &= found;
+            }
+            (void)same;
+        }
+        CHECKF(werr <= 1e-4 * s->router.scale + 1e-4, "route weights differ by %g", werr);
+        free(xs); free(ridx); free(gidx); free(rw); free(sc);
+    }
+    /* counts and permute over all tokens */
+    {
+        int *hist = calloc((size_t)E, sizeof(int));
+        int valid = 1;
+        for (long i = 0; i < (long)T * K; i++) {
+            if (idx[i] < 0 || idx[i] >= E) {
+                valid = 0;
+                break;
+            }
+            hist[idx[i]]++;
+        }
+        CHECKF(valid, "route wrote an expert index out of range");
+        int cnt_ok = 1;
+        for (int e = 0; e < E; e++)
+            cnt_ok &= hist[e] == counts[e];
+        CHECKF(cnt_ok, "counts differ from the histogram of topk_idx");
+        int off_ok = offsets[0] == 0, expect_tiles = 0;
+        long long total = 0;
+        int tile_ok = 1, t = 0;
+        int align_m = 0;
+        /* infer align from the plan's kernel name "_a<align>" of permute_plan */
+        const char *pa = strstr(info.kernels[1], "_a");
+        if (pa)
+            align_m = atoi(pa + 2);
+        CHECK(align_m > 0);
+        for (int e = 0; e < E && align_m > 0; e++) {
+            int padded = (counts[e] + align_m - 1) / align_m * align_m;
+            off_ok &= offsets[e] == total;
+            total += padded;
+            for (int j = 0; j * align_m < counts[e]; j++, t++) {
+                int rows = counts[e] - j * align_m < align_m ? counts[e] - j * align_m : align_m;
+                if (t >= *ntiles)
+                    tile_ok = 0;
+                else
+                    tile_ok &= tiles[4 * t] == e && tiles[4 * t + 1] == offsets[e] + j * align_m &&
+                               tiles[4 * t + 2] == rows;
+            }
+        }
+        expect_tiles = t;
+        off_ok &= offsets[E] == total;
+        CHECKF(off_ok, "offsets are not the aligned prefix sums of counts");
+        CHECKF(*ntiles == expect_tiles, "num_tiles %d, expected %d", *ntiles, expect_tiles);
+        CHECKF(tile_ok, "tile table differs from the expected one");
+        char *used = calloc((size_t)(total > 0 ? total : 1), 1);
+        int map_ok = 1;
+        for (long i = 0; i < (long)T * K && map_ok; i++) {
+            int e = idx[i], r = row_of[i];
+            if (r < offsets[e] || r >= offsets[e] + counts[e] || used[r])
+                map_ok = 0;
+            else
+                used[r] = 1;
+        }
+        CHECKF(map_ok, "row_of is not a bijection into each expert's rows");
+        free(used);
+        free(hist);
+    }
+    /* FFN: the reference given the GPU's routing, on the sample */
+    {
+        moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
+                               .sel_bias = L->sel_bias, .logit_bias = L->logit_bias, .tokens = T};
+        float *yref = malloc(sizeof(float) * (size_t)T * H);
+        uint16_t *href = malloc((size_t)T * K * F * 2), *oref = malloc((size_t)T * K * H * 2);
+        int rc = moe_ref_ffn(s, &in, idx, w, sample, ns, yref, href, oref);
+        CHECK(rc == 0);
+        double hn = 0, hd = 0, on = 0, od = 0, yn = 0, yd = 0, ymax = 0;
+        int finite = 1;
+        for (int i = 0; i < ns && rc == 0; i++) {
+            int tt = sample[i];
+            for (int k = 0; k < K; k++) {
+                long long slot = (long long)tt * K + k, row = row_of[slot];
+                for (int f = 0; f < F; f++) {
+                    double g = moe_half_to_float(hbuf[row * F + f], dt), r = moe_half_to_float(href[slot * F + f], dt);
+                    hn += (g - r) * (g - r);
+                    hd += r * r;
+                    finite &= isfinite(g);
+                }
+                for (int h = 0; h < H; h++) {
+                    double g = moe_half_to_float(obuf[row * H + h], dt), r = moe_half_to_float(oref[slot * H + h], dt);
+                    on += (g - r) * (g - r);
+                    od += r * r;
+                    finite &= isfinite(g);
+                }
+            }
+            for (int h = 0; h < H; h++) {
+                double g = moe_half_to_float(y[(size_t)tt * H + h], dt), r = yref[(size_t)tt * H + h];
+                yn += (g - r) * (g - r);
+                yd += r * r;
+                if (fabs(g - r) > ymax)
+                    ymax = fabs(g - r);
+            }
+        }
+        int all_finite = 1;
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            if (!isfinite(moe_half_to_float(y[i], dt))) {
+                all_finite = 0;
+                break;
+            }
+        double eh = rel_l2(hn, hd), eo = rel_l2(on, od), ey = rel_l2(yn, yd);
+        fprintf(stderr, "  %-40s T=%-5d gemm_up %.2e  gemm_down %.2e  layer %.2e (max abs %.3g)\n", label, T, eh, eo,
+                ey, ymax);
+        CHECKF(finite, "NaN/Inf (poison) in the sampled intermediate rows");
+        CHECKF(all_finite, "some y element was never written (poison left) or is not finite");
+        CHECKF(eh <= tol, "gemm_up_swiglu error %.3e > %.1e", eh, tol);
+        CHECKF(eo <= tol, "gemm_down error %.3e > %.1e", eo, tol);
+        CHECKF(ey <= tol, "layer error %.3e > %.1e", ey, tol);
+        free(yref); free(href); free(oref);
+    }
+    free(sample);
+    free(picked);
+done:
+    free(idx); free(w); free(counts); free(offsets); free(ntiles); free(tiles); free(row_of); free(hbuf); free(obuf);
+    free(y);
+}
+
+static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
+    char buf[512];
+    const char *path = spec_path_for(c->spec, buf, sizeof buf);
+    layer_t L;
+    memset(&L, 0, sizeof L);
+    moe_diag_t d;
+    if (moe_spec_load(&L.s, path, NULL, NULL, 0, &d)) {
+        CASE(path);
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s/%s/%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode]);
+    CASE(label);
+    moe_options o = {.cache_dir = cache};
+    moe_plan *plan = NULL;
+    moe_status st = moe_plan_create(&plan, path, &o);
+    CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
+    if (st != MOE_OK)
+        return;
+    if (!layer_init(&L, plan, c->mode, seed)) {
+        CHECKF(0, "cannot set up inputs (host or device memory)");
+    } else {
+        uint64_t rng = seed ^ 0x5eed;
+        for (int i = 0; i < c->ntokens; i++) {
+            char l2[200];
+            snprintf(l2, sizeof l2, "%s/T%d", label, c->tokens[i]);
+            CASE(l2);
+            run_tokens(plan, &L, c->tokens[i], &rng, l2);
+        }
+        /* capacity: one token more than the spec allows is refused */
+        moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
+                              .w1p = (void *)L.dw1p, .w2 = (void *)L.dw2, .y = (void *)L.dy,
+                              .workspace = (void *)L.dws};
+        CASE(label);
+        CHECK(moe_forward(plan, &a, NULL) == MOE_ERR_CAPACITY);
+    }
+    layer_free(&L);
+    moe_plan_destroy(plan);
+}
+
+int main(int argc, char **argv) {
+    /* with arguments: only the cases whose spec contains one of them */
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    const char *env = getenv("MOEGEN_TEST_SEED");
+    if (env && *env)
+        seed = strtoull(env, NULL, 10);
+    fprintf(stderr, "test_gpu: seed %llu (MOEGEN_TEST_SEED=%llu repeats this run)\n", (unsigned long long)seed,
+            (unsigned long long)seed);
+    char why[512];
+    CASE("driver");
+    if (moe_cu_load(why, sizeof why) != 0) {
+        SKIP("every GPU case: no CUDA driver (%s)", why);
+        return check_report("test_gpu");
+    }
+    int count = 0;
+    if (moe_cu.cuInit(0) != CUDA_SUCCESS || moe_cu.cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+        SKIP("every GPU case: the driver reports no GPU");
+        return check_report("test_gpu");
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/moegen_test_gpu_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int want = argc < 2;
+        for (int j = 1; j < argc; j++)
+            want |= strstr(cases[i].spec, argv[j]) != NULL;
+        if (want)
+            run_case(&cases[i], seed + i * 1000, cache);
+    }
+    return check_report("test_gpu");
+}
