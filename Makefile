@@ -80,3 +80,27 @@ test-cpu: $(addprefix $(BUILD)/tests/,$(CPU_TESTS)) $(BUILD)/moegen
 
 test-gpu: $(addprefix $(BUILD)/tests/,$(GPU_TESTS))
 	@bash tests/run.sh $(BUILD) $(GPU_TESTS)
+
+# The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
+VENDORED_SPEC := qwen3-30b-a3b
+VENDORED_NAME := qwen3_30b_a3b
+$(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu runtime/ref.c gen/spec.c
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
+	  -Igen -Iruntime -Itests -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
+	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h \
+	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
+	  -x c runtime/ref.c gen/spec.c gen/sandbox.c gen/util.c -x none $(LUA_LIB) -o $@
+
+.PHONY: test-vendored
+test-vendored: $(BUILD)/tests/test_vendored
+	@$(BUILD)/tests/test_vendored examples/specs/$(VENDORED_SPEC).moe
+
+# ---- benchmark and example programs -------------------------------------
+$(BUILD)/moe_bench: bench/moe_bench.c $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+
+$(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+
+all: $(BUILD)/moe_bench $(BUILD)/moe_example

@@ -24,7 +24,6 @@ static const char *const usage_text =
     "  compile SPEC -o DIR     emit, and also write DIR/NAME.ARCH.cubin and .ptx through NVRTC\n"
     "  plan SPEC [--rank R] [--json]\n"
     "                          print the kernel plan and the mesh tables\n"
-    "  bench SPEC [--tokens N] time every kernel and the layer on the GPU\n"
     "  help [COMMAND]          print help\n"
     "\n"
     "options:\n"
@@ -54,10 +53,6 @@ static const struct {
              "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
              "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
              "--json prints the mesh tables as one JSON object (see README, \"Mesh\").\n"},
-    {"bench", "usage: moegen bench SPEC [--tokens N]... [--iters N] [--set KEY=VALUE]...\n\n"
-              "On the GPU: time every kernel and the whole layer (CUDA events, warm-up, median of\n"
-              "--iters runs, inputs rotated so L2 holds no copy), print TFLOP/s, GB/s and the ratio\n"
-              "to the roofline floor from ceilings measured in the same run.\n"},
     {"help", "usage: moegen help [COMMAND]\n"},
 };
 
@@ -66,7 +61,6 @@ typedef struct {
     moe_override_t sets[MAX_SETS];
     int nsets;
     int rank, json;
-    int tokens[16], ntokens, iters;
 } args_t;
 
 static int print_help(const char *cmd) {
@@ -102,12 +96,11 @@ static int parse_int_arg(const char *s, int lo, int hi, int *out) {
 static int parse_args(int argc, char **argv, args_t *a) {
     memset(a, 0, sizeof *a);
     a->rank = -1;
-    a->iters = 20;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(s, "-o") == 0 || strcmp(s, "--set") == 0 || strcmp(s, "--templates") == 0 ||
-            strcmp(s, "--rank") == 0 || strcmp(s, "--tokens") == 0 || strcmp(s, "--iters") == 0) {
+            strcmp(s, "--rank") == 0) {
             if (!val)
                 return usage_error("%s needs a value", s);
             i++;
@@ -122,14 +115,6 @@ static int parse_args(int argc, char **argv, args_t *a) {
             } else if (strcmp(s, "--rank") == 0) {
                 if (parse_int_arg(val, 0, 1 << 30, &a->rank))
                     return usage_error("--rank needs a rank number, got '%s'", val);
-            } else if (strcmp(s, "--iters") == 0) {
-                if (parse_int_arg(val, 1, 100000, &a->iters))
-                    return usage_error("--iters needs a positive count, got '%s'", val);
-            } else {
-                if (a->ntokens == 16)
-                    return usage_error("too many --tokens options (at most 16)%s", "");
-                if (parse_int_arg(val, 1, 1 << 20, &a->tokens[a->ntokens++]))
-                    return usage_error("--tokens needs a positive count, got '%s'", val);
             }
         } else if (strcmp(s, "--json") == 0) {
             a->json = 1;
@@ -291,7 +276,7 @@ int main(int argc, char **argv) {
         return print_help(NULL), 2;
     if (strcmp(a.cmd, "help") == 0)
         return print_help(a.spec);
-    static const char *const needs_spec[] = {"check", "emit", "compile", "plan", "bench"};
+    static const char *const needs_spec[] = {"check", "emit", "compile", "plan"};
     int known = 0;
     for (size_t i = 0; i < sizeof needs_spec / sizeof *needs_spec; i++)
         known |= strcmp(a.cmd, needs_spec[i]) == 0;
@@ -305,7 +290,5 @@ int main(int argc, char **argv) {
         return cmd_emit(&a, 0);
     if (strcmp(a.cmd, "compile") == 0)
         return cmd_emit(&a, 1);
-    if (strcmp(a.cmd, "plan") == 0)
-        return cmd_plan(&a);
-    return usage_error("bench is not available in this build%s", "");
+    return cmd_plan(&a);
 }

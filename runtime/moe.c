@@ -2,6 +2,7 @@
  * API loaded with dlopen. */
 #define _POSIX_C_SOURCE 200809L
 #include "moe.h"
+#include "moe_internal.h"
 
 #include "cache.h"
 #include "driver.h"
@@ -269,7 +270,9 @@ moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p
     return MOE_OK;
 }
 
-static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args) {
+static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args, CUevent *ev) {
+    if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
+        return fail(MOE_ERR_CUDA, "cuEventRecord failed");
     unsigned g[3];
     moe_plan_grid(&p->pd, k, tokens, g);
     const moe_kernel_desc_t *d = &p->pd.k[k];
@@ -280,7 +283,13 @@ static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void
     return MOE_OK;
 }
 
+const moe_plan_desc_t *moe_plan_desc(const moe_plan *p) { return p ? &p->pd : NULL; }
+
 moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *stream) {
+    return moe_forward_timed(p, a, stream, NULL);
+}
+
+moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void *stream, CUevent ev[7]) {
     if (!p || !a)
         return fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
@@ -315,38 +324,40 @@ moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *strea
     {
         void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                         &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS]};
-        if ((rc = launch(p, MOE_K_ROUTE, T, st, args)))
+        if ((rc = launch(p, MOE_K_ROUTE, T, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_COUNTS], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
                         &reg[MOE_WS_NUM_TILES]};
-        if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args)))
+        if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &T,
                         &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
-        if ((rc = launch(p, MOE_K_PERMUTE_SCATTER, T, st, args)))
+        if ((rc = launch(p, MOE_K_PERMUTE_SCATTER, T, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_XS], (void *)&a->w1p, (void *)&a->b1p, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
                         &reg[MOE_WS_HBUF]};
-        if ((rc = launch(p, MOE_K_GEMM_UP, T, st, args)))
+        if ((rc = launch(p, MOE_K_GEMM_UP, T, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_HBUF], (void *)&a->w2, (void *)&a->b2, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
                         &reg[MOE_WS_XS]};
-        if ((rc = launch(p, MOE_K_GEMM_DOWN, T, st, args)))
+        if ((rc = launch(p, MOE_K_GEMM_DOWN, T, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], &reg[MOE_WS_TOPK_W], &T, (void *)&a->y};
-        if ((rc = launch(p, MOE_K_COMBINE, T, st, args)))
+        if ((rc = launch(p, MOE_K_COMBINE, T, st, args, ev)))
             return rc;
     }
+    if (ev && moe_cu.cuEventRecord(ev[MOE_K_COUNT], st) != CUDA_SUCCESS)
+        return fail(MOE_ERR_CUDA, "cuEventRecord failed");
     return MOE_OK;
 }
 

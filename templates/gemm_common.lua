@@ -34,9 +34,10 @@
 @     need(p.pair_granule == 8, "the SwiGLU epilogue pairs gate/up in granules of 8 (one n8 fragment)")
 @   end
 @   c.threads = p.threads
+@   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
 @   c.lds = c.bk + 8                                    -- smem row stride, halves
-@   c.a_stage = c.bm * c.lds * 2                        -- bytes
-@   c.b_stage = c.bn * c.lds * 2
+@   c.a_stage = c.bm * c.lds * 2                        -- bytes of one stage's A tile
+@   c.b_stage = c.bn * c.lds * 2                        -- and B tile
 @   c.pipe_bytes = c.stages * (c.a_stage + c.b_stage)
 @   need(c.pipe_bytes <= p.smem, string.format("the %d-stage pipeline needs %d bytes of smem, the plan gives %d",
 @        c.stages, c.pipe_bytes, p.smem))
@@ -64,8 +65,8 @@ constexpr int BNO = ${c.bno};    /* output columns per CTA */
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;
 constexpr int LDS = ${c.lds};                     /* smem row stride, halves */
-constexpr int A_STAGE = ${c.a_stage}, B_STAGE = ${c.b_stage};  /* bytes */
-constexpr int B_OFF = STAGES * A_STAGE;
+constexpr int A_BYTES = ${c.a_stage};            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = ${c.a_stage + c.b_stage};
 constexpr int LDC = ${c.ldc};                     /* staged output row stride, halves */
 constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
 constexpr int KTILES = (K + BK - 1) / BK;
@@ -84,6 +85,14 @@ static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
 static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate. (Not common.lua's
+ * moe_mma_16816, whose type suffix is the dtype name: ".fp16" is no PTX type.) */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${c.ptx_type}.${c.ptx_type}.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
@@ -157,50 +166,71 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
 }
 @   end
 
-/* One k tile of A and B into stage `stage`; see load_rows. */
-static __device__ __forceinline__ void load_stage(unsigned s, int stage, const moe_half_t *__restrict__ ga, int a_rows,
-                                                  const moe_half_t *__restrict__ gb, int b_rows, int r0, int ch0,
-                                                  int k0) {
-    load_rows<BM, true>(s + stage * A_STAGE, ga, r0, ch0, a_rows, k0);
-    load_rows<BN, N_TAIL>(s + B_OFF + stage * B_STAGE, gb, r0, ch0, b_rows, k0);
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
 }
 
-/* One k16 step of this warp's fragments. a/b: this lane's ldmatrix row
- * address in the stage, at the step's k. A: matrices (rows 0-7, k 0-7),
- * (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3.
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
  * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
- * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. */
-static __device__ __forceinline__ void load_frags(unsigned (&af)[MI][4], unsigned (&bf)[NI][2], unsigned a,
-                                                  unsigned b) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj)
         ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
 }
-
-static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], const unsigned (&af)[MI][4],
-                                                const unsigned (&bf)[NI][2]) {
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni)
-            moe_mma_16816(acc[mi][ni], af[mi], bf[ni]);
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
 }
 
 /* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
  * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
  * rows all lie past a_rows (active = false) only help load. Ends with the
- * smem free for reuse. */
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (fragments are double-buffered). */
 static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
                                                 const moe_half_t *__restrict__ ga, int a_rows,
                                                 const moe_half_t *__restrict__ gb, int b_rows, bool active) {
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
-        sbase + B_OFF + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
 @   if c.regular then
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
@@ -215,45 +245,36 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KTILES)
-            load_stage(scopy, s, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
         moe_cp_async_commit();
     }
 
-    unsigned af[2][MI][4], bf[2][NI][2];
+    unsigned af[MI][4], bf[NI][2];
     moe_cp_async_wait<STAGES - 2>();
     __syncthreads();
-    if (active)
-        load_frags(af[0], bf[0], a_lane, b_lane);
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
 
-    int rs = 0, ws = STAGES - 1;  /* stage read (k tile kt), stage written (k tile kt + STAGES - 1) */
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
     for (int kt = 0; kt < KTILES; ++kt) {
-        /* ws held k tile kt - 1; every warp finished reading it before the
-         * barrier of the previous iteration's last step. */
         if (kt + STAGES - 1 < KTILES)
-            load_stage(scopy, ws, ga, a_rows, gb, b_rows, r0, ch0, (kt + STAGES - 1) * BK);
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
         moe_cp_async_commit();
-        ws = ws == STAGES - 1 ? 0 : ws + 1;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-            const int cur = ks & 1;
             if (ks == KSTEPS - 1) {
-                /* k tile kt + 1 has landed and every warp is done with ks < KSTEPS - 1 */
                 moe_cp_async_wait<STAGES - 2>();
                 __syncthreads();
-                rs = rs == STAGES - 1 ? 0 : rs + 1;
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
             }
-            if (active) {
-                /* next step's fragments first (the last step fetches step 0 of
-                 * k tile kt + 1, a harmless stale read after the last tile) */
-                if (ks < KSTEPS - 1)
-                    load_frags(af[cur ^ 1], bf[cur ^ 1], a_lane + rs * A_STAGE + (ks + 1) * 32,
-                               b_lane + rs * B_STAGE + (ks + 1) * 32);
-                else if (KSTEPS % 2 == 0)
-                    load_frags(af[cur ^ 1], bf[cur ^ 1], a_lane + rs * A_STAGE, b_lane + rs * B_STAGE);
-                mma_step(acc, af[cur], bf[cur]);
-                if (KSTEPS % 2 == 1 && ks == KSTEPS - 1)  /* odd KSTEPS: step 0 is always buffer 0 */
-                    load_frags(af[0], bf[0], a_lane + rs * A_STAGE, b_lane + rs * B_STAGE);
-            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
         }
     }
     moe_cp_async_wait<0>();

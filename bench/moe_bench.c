@@ -1,0 +1,269 @@
+/* moe_bench.c — time every kernel and the whole layer on the GPU.
+ *
+ * usage: moe_bench SPEC [--tokens N]... [--iters N]
+ *
+ * Random inputs (never zeros); CUDA events around each kernel of a forward;
+ * 5 warm-up forwards, then --iters timed ones (default 30), each preceded by
+ * a 512 MiB device write that evicts the 60 MB L2; the median is reported.
+ * Ceilings are measured in the same run: a 2 GiB device-to-device copy
+ * (bytes read + written) and a dense 8192^3 bf16 cuBLAS GEMM (cuBLAS is
+ * loaded with dlopen by this program only). The floor of a kernel is
+ * max(FLOP / GEMM rate, bytes / copy rate), bytes counting each input once
+ * and each output once (the weights of the experts that got tokens). */
+#define _POSIX_C_SOURCE 200809L
+#include "driver.h"
+#include "moe.h"
+#include "moe_internal.h"
+#include "plan.h"
+#include "ref.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        CUresult r_ = (call);                                                                    \
+        if (r_ != CUDA_SUCCESS) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, moe_cu_error_string(r_)); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rs = 88172645463325252ULL;
+static void fill(uint16_t *d, size_t n, float scale, moe_dtype_t dt) {
+    /* a cheap generator: the benchmark needs non-zero, non-repeating data,
+     * not statistical quality */
+    for (size_t i = 0; i < n; i++) {
+        rs ^= rs << 13;
+        rs ^= rs >> 7;
+        rs ^= rs << 17;
+        d[i] = moe_float_to_half(((float)(rs >> 40) / 16777216.0f * 2.0f - 1.0f) * scale, dt);
+    }
+}
+
+static CUdeviceptr upload_random(size_t n, float scale, moe_dtype_t dt) {
+    size_t chunk = (size_t)1 << 26;
+    uint16_t *h = malloc((n < chunk ? n : chunk) * 2);
+    CUdeviceptr d;
+    CK(moe_cu.cuMemAlloc(&d, n * 2));
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        fill(h, m, scale, dt);
+        CK(moe_cu.cuMemcpyHtoD(d + off * 2, h, m * 2));
+    }
+    free(h);
+    return d;
+}
+
+/* ---- ceilings ----------------------------------------------------------- */
+
+static double measure_copy_gbs(CUstream st, CUevent a, CUevent b) {
+    size_t bytes = (size_t)2 << 30;
+    CUdeviceptr src, dst;
+    CK(moe_cu.cuMemAlloc(&src, bytes));
+    CK(moe_cu.cuMemAlloc(&dst, bytes));
+    CK(moe_cu.cuMemsetD8(src, 0x5a, bytes));
+    float t[10];
+    for (int i = 0; i < 13; i++) {
+        CK(moe_cu.cuEventRecord(a, st));
+        CK(moe_cu.cuMemcpyDtoDAsync(dst, src, bytes, st));
+        CK(moe_cu.cuEventRecord(b, st));
+        CK(moe_cu.cuEventSynchronize(b));
+        if (i >= 3)
+            CK(moe_cu.cuEventElapsedTime(&t[i - 3], a, b));
+    }
+    moe_cu.cuMemFree(src);
+    moe_cu.cuMemFree(dst);
+    return 2.0 * bytes / (median(t, 10) * 1e-3) / 1e9;
+}
+
+typedef int (*cublas_create_t)(void **);
+typedef int (*cublas_destroy_t)(void *);
+typedef int (*cublas_set_stream_t)(void *, CUstream);
+typedef int (*cublas_gemm_ex_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
+                                const void *, int, int, const void *, void *, int, int, int, int);
+
+/* Dense bf16 GEMM rate through cuBLAS, TFLOP/s; 0 when cuBLAS is absent. */
+static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, size_t nwhy) {
+    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < 3 && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, nwhy, "no cuBLAS: %s", dlerror());
+        return 0;
+    }
+    cublas_create_t create = (cublas_create_t)dlsym(h, "cublasCreate_v2");
+    cublas_destroy_t destroy = (cublas_destroy_t)dlsym(h, "cublasDestroy_v2");
+    cublas_set_stream_t set_stream = (cublas_set_stream_t)dlsym(h, "cublasSetStream_v2");
+    cublas_gemm_ex_t gemm = (cublas_gemm_ex_t)dlsym(h, "cublasGemmEx");
+    void *handle = NULL;
+    if (!create || !gemm || !set_stream || create(&handle) != 0) {
+        snprintf(why, nwhy, "cuBLAS did not initialize");
+        return 0;
+    }
+    set_stream(handle, st);
+    const int n = 8192;
+    CUdeviceptr A = upload_random((size_t)n * n, 1.0f, MOE_DTYPE_BF16);
+    CUdeviceptr B = upload_random((size_t)n * n, 1.0f, MOE_DTYPE_BF16);
+    CUdeviceptr C;
+    CK(moe_cu.cuMemAlloc(&C, (size_t)n * n * 2));
+    float one = 1.0f, zero = 0.0f, t[10];
+    /* CUBLAS_OP_T = 1, CUBLAS_OP_N = 0; CUDA_R_16BF = 14; CUBLAS_COMPUTE_32F = 68; default algo = -1 */
+    int bad = 0;
+    for (int i = 0; i < 13 && !bad; i++) {
+        CK(moe_cu.cuEventRecord(a, st));
+        bad = gemm(handle, 1, 0, n, n, n, &one, (void *)A, 14, n, (void *)B, 14, n, &zero, (void *)C, 14, n, 68, -1);
+        CK(moe_cu.cuEventRecord(b, st));
+        CK(moe_cu.cuEventSynchronize(b));
+        if (i >= 3)
+            CK(moe_cu.cuEventElapsedTime(&t[i - 3], a, b));
+    }
+    destroy(handle);
+    moe_cu.cuMemFree(A);
+    moe_cu.cuMemFree(B);
+    moe_cu.cuMemFree(C);
+    if (bad) {
+        snprintf(why, nwhy, "cublasGemmEx failed (%d)", bad);
+        return 0;
+    }
+    return 2.0 * n * n * (double)n / (median(t, 10) * 1e-3) / 1e12;
+}
+
+/* ---- the layer ---------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    const char *spec_path = NULL;
+    int tokens[16], ntok = 0, iters = 30;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
+            tokens[ntok++] = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else if (argv[i][0] != '-' && !spec_path)
+            spec_path = argv[i];
+        else {
+            fprintf(stderr, "usage: moe_bench SPEC [--tokens N]... [--iters N]\n");
+            return 2;
+        }
+    }
+    if (!spec_path || iters < 1) {
+        fprintf(stderr, "usage: moe_bench SPEC [--tokens N]... [--iters N]\n");
+        return 2;
+    }
+    moe_plan *plan;
+    moe_status s = moe_plan_create(&plan, spec_path, NULL);
+    if (s != MOE_OK) {
+        fprintf(stderr, "moe_bench: %s: %s\n", moe_status_string(s), moe_last_error());
+        return s == MOE_ERR_NO_DRIVER || s == MOE_ERR_NO_GPU ? 0 : 1;
+    }
+    const moe_plan_desc_t *pd = moe_plan_desc(plan);
+    const moe_spec_t *sp = &pd->spec;
+    if (!ntok)
+        tokens[ntok++] = sp->tokens < 4096 ? sp->tokens : 4096;
+    CUstream st;
+    CK(moe_cu.cuStreamCreate(&st, 0));
+    CUevent ev[MOE_K_COUNT + 1], ea, eb;
+    for (int i = 0; i <= MOE_K_COUNT; i++)
+        CK(moe_cu.cuEventCreate(&ev[i], 0));
+    CK(moe_cu.cuEventCreate(&ea, 0));
+    CK(moe_cu.cuEventCreate(&eb, 0));
+
+    char why[256] = "";
+    double copy_gbs = measure_copy_gbs(st, ea, eb);
+    double gemm_tf = measure_gemm_tflops(st, ea, eb, why, sizeof why);
+    moe_plan_info info;
+    moe_plan_get_info(plan, &info);
+    char devname[128] = "?";
+    CUdevice dev;
+    if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
+        moe_cu.cuDeviceGetName(devname, sizeof devname, dev);
+    printf("moe_bench %s (hash %s) on %s, kernels for %s\n", sp->name, sp->hash, devname, info.arch);
+    printf("ceilings: device copy %.0f GB/s; dense bf16 cuBLAS 8192^3 %.0f TFLOP/s%s%s\n", copy_gbs, gemm_tf,
+           why[0] ? " — " : "", why);
+
+    const moe_dtype_t dt = sp->dtype;
+    const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, K = sp->top_k, Tmax = sp->tokens;
+    CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(E * H, 4.0f / sqrtf((float)H), dt);
+    CUdeviceptr w1p = upload_random(E * 2 * F * H, 2.0f / sqrtf((float)H), dt);
+    CUdeviceptr w2 = upload_random(E * H * F, 2.0f / sqrtf((float)F), dt);
+    CUdeviceptr b1p = upload_random(E * 2 * F, 0.5f, dt), b2 = upload_random(E * H, 0.5f, dt);
+    CUdeviceptr bias, y, ws, flush;
+    CK(moe_cu.cuMemAlloc(&bias, E * 4));
+    CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
+    CK(moe_cu.cuMemAlloc(&y, Tmax * H * 2));
+    CK(moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, (int)Tmax)));
+    const size_t flush_bytes = (size_t)512 << 20;
+    CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
+    static const char *const names[MOE_K_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up_swiglu",
+                                                   "gemm_down", "combine"};
+    printf("\n%-7s %-16s %9s %9s %9s %9s %7s\n", "tokens", "kernel", "ms", "TFLOP/s", "GB/s", "floor ms", "x floor");
+    for (int ti = 0; ti < ntok; ti++) {
+        int T = tokens[ti];
+        if (T < 1 || (size_t)T > Tmax) {
+            fprintf(stderr, "moe_bench: --tokens %d is outside 1..%zu\n", T, Tmax);
+            continue;
+        }
+        moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
+                              .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
+                              .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws};
+        float *t[MOE_K_COUNT + 1];
+        for (int k = 0; k <= MOE_K_COUNT; k++)
+            t[k] = malloc(sizeof(float) * (size_t)iters);
+        for (int it = -5; it < iters; it++) {
+            CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+            if (moe_forward_timed(plan, &a, st, ev) != MOE_OK) {
+                fprintf(stderr, "moe_bench: forward: %s\n", moe_last_error());
+                return 1;
+            }
+            CK(moe_cu.cuStreamSynchronize(st));
+            if (it < 0)
+                continue;
+            for (int k = 0; k < MOE_K_COUNT; k++)
+                CK(moe_cu.cuEventElapsedTime(&t[k][it], ev[k], ev[k + 1]));
+            CK(moe_cu.cuEventElapsedTime(&t[MOE_K_COUNT][it], ev[0], ev[MOE_K_COUNT]));
+        }
+        /* experts that receive tokens: all of them once T*K >> E; for small
+         * T, read the counts back */
+        int *counts = malloc(E * sizeof(int));
+        CK(moe_cu.cuMemcpyDtoH(counts, ws + pd->ws[MOE_WS_COUNTS].offset, E * sizeof(int)));
+        double active = 0;
+        for (size_t e = 0; e < E; e++)
+            active += counts[e] > 0;
+        free(counts);
+        double rows = (double)T * K;
+        double flop[MOE_K_COUNT + 1] = {2.0 * T * H * E, 0, 0, 2.0 * rows * H * 2 * F, 2.0 * rows * F * H, 2.0 * rows * H};
+        double bytes[MOE_K_COUNT + 1] = {
+            2.0 * T * H + 2.0 * E * H + 8.0 * rows,          /* x, router weights, topk out */
+            8.0 * E,                                        /* counts in, offsets out */
+            2.0 * T * H + 2.0 * rows * H + 8.0 * rows,      /* x in, gathered rows out */
+            2.0 * rows * H + active * 2 * F * H * 2 + 2.0 * rows * F,
+            2.0 * rows * F + active * H * F * 2 + 2.0 * rows * H,
+            2.0 * rows * H + 2.0 * T * H + 8.0 * rows};
+        flop[MOE_K_COUNT] = flop[0] + flop[3] + flop[4] + flop[5];
+        /* the layer's floor: x, all active weights and y, each once */
+        bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * E * H + active * 3 * F * H * 2 + 2.0 * T * H;
+        for (int k = 0; k <= MOE_K_COUNT; k++) {
+            double ms = median(t[k], iters);
+            double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[k] / (gemm_tf * 1e12) : 0, bytes[k] / (copy_gbs * 1e9));
+            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f\n", T, k < MOE_K_COUNT ? names[k] : "LAYER", ms,
+                   flop[k] / (ms * 1e-3) / 1e12, bytes[k] / (ms * 1e-3) / 1e9, floor_ms, ms / floor_ms);
+            free(t[k]);
+        }
+    }
+    moe_plan_destroy(plan);
+    return 0;
+}

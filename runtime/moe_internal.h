@@ -1,0 +1,18 @@
+/* moe_internal.h — runtime entry points for moegen's own tools (bench,
+ * tests); not part of the public API. */
+#ifndef MOEGEN_MOE_INTERNAL_H
+#define MOEGEN_MOE_INTERNAL_H
+
+#include "driver.h"
+#include "moe.h"
+#include "plan.h"
+
+/* As moe_forward, recording events[i] before kernel i of the launch order
+ * (route, permute_plan, permute_scatter, gemm_up, gemm_down, combine) and
+ * events[6] after the last. */
+moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args, void *stream, CUevent events[7]);
+
+/* The plan's tables. */
+const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);
+
+#endif
