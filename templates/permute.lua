@@ -1,0 +1,162 @@
+@ -- permute.lua — dispatch: the tile plan and the row scatter (DESIGN.md,
+@ -- "Kernels"). Emits two kernels:
+@ --
+@ -- p.plan_kernel (one block of p.plan_threads): per-expert counts ->
+@ --   offsets[E + 1], each expert's rows starting on a multiple of p.align
+@ --   (an exclusive scan of the counts rounded up to p.align), cursors reset
+@ --   to 0, and the tile table the grouped GEMMs read: one entry
+@ --   {expert, row_start, rows, 0} per p.align rows of each expert, in expert
+@ --   order, and its length in *num_tiles. Empty experts get no tiles.
+@ -- p.scatter_kernel (p.scatter_rows (t, k) slots per block, a warp per
+@ --   slot): the slot's row is offsets[e] + a cursor bump; row_of gets it and
+@ --   the token's x row is copied there with 16-byte loads and stores. The
+@ --   order of rows within an expert is whatever the atomics give; nothing
+@ --   downstream depends on it.
+@ local M = {}
+@
+@ function M.config(p)
+@   local function need(ok, what)
+@     if not ok then error(p.kernel .. ": " .. what, 0) end
+@   end
+@   need(p.plan_threads >= 32 and p.plan_threads % 32 == 0 and p.plan_threads <= 1024,
+@        "plan_threads must be a multiple of 32, at most 1024")
+@   need(p.scatter_threads >= 32 and p.scatter_threads % 32 == 0, "scatter_threads must be a multiple of 32")
+@   need(p.scatter_rows >= 1, "scatter_rows must be at least 1")
+@   need(p.align >= 1, "align must be at least 1")
+@   need(p.H % 8 == 0, "hidden must be a multiple of 8")
+@   local c = {}
+@   c.ipt = (p.E + p.plan_threads - 1) // p.plan_threads   -- experts per plan thread
+@   need((2 * p.E + 1) * 4 <= 48 * 1024, "too many experts for the plan kernel's shared memory")
+@   return c
+@ end
+@
+@ function M.emit(p)
+@ local c = M.config(p)
+@ local ns = p.plan_kernel .. "_impl"
+namespace ${ns} {
+constexpr int E = ${p.E}, K = ${p.K}, H = ${p.H}, ALIGN = ${p.align};
+constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int IPT = ${c.ipt};   // consecutive experts per plan thread
+constexpr int SCATTER_THREADS = ${p.scatter_threads}, SCATTER_WARPS = SCATTER_THREADS / 32;
+constexpr int SCATTER_ROWS = ${p.scatter_rows};   // (t, k) slots per scatter block
+constexpr int HV = H / 8;   // 16-byte vectors per row
+constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
+}  // namespace ${ns}
+
+extern "C" __global__ void __launch_bounds__(${p.plan_threads})
+${p.plan_kernel}(const int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ cursor,
+            moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    using namespace ${ns};
+    __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
+    __shared__ int s_off[E];        // first row of each expert
+    __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < E ? counts[e] : 0;
+        rows += padded(cnt[i]);
+        nt += ntiles(cnt[i]);
+    }
+    /* block-wide exclusive scan of (rows, nt) in expert order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_rows[warp] = ir;
+        s_tiles[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < PLAN_WARPS) {
+            s_rows[lane] = a;
+            s_tiles[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < E) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += padded(cnt[i]);
+        tile0 += ntiles(cnt[i]);
+    }
+    const int total_tiles = s_tiles[PLAN_WARPS - 1];
+    if (tid == 0) {
+        offsets[E] = s_rows[PLAN_WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[E] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
+        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = counts[lo] - j * ALIGN;
+        reinterpret_cast<int4 *>(tiles)[i] = make_int4(lo, s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
+${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const int *__restrict__ offsets,
+            int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs, int *__restrict__ row_of) {
+    using namespace ${ns};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long slots = (long long)tokens * K;
+#pragma unroll 1
+    for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
+        const long long i = (long long)blockIdx.x * SCATTER_ROWS + r;
+        if (i >= slots)
+            return;
+        int row = 0;
+        if (lane == 0) {
+            const int e = topk_idx[i];
+            row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = row;
+        }
+        row = __shfl_sync(FULL, row, 0);
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
+        uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
+#pragma unroll 4
+        for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+    }
+}
+@ end
+@
+@ if p then M.emit(p) end
+@ return M

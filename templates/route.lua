@@ -1,0 +1,570 @@
+@ -- route.lua — the router: logits x·Wrᵀ on tensor cores, scores (softmax or
+@ -- sigmoid, fp32), optional selection bias and group-limited top-k, the
+@ -- top-k, weights (renormalized, scaled) and per-expert counts
+@ -- (DESIGN.md, "Routing, exactly").
+@ --
+@ -- One block routes p.per_block tokens. Phase 1 computes their logits
+@ -- [T, E] with mma.sync m16n8k16: the block's x rows are staged in smem in
+@ -- chunks of KC columns (cp.async, S stages) and shared by every warp; each
+@ -- warp owns NT n8 tiles of experts (all T rows) and, when E is small, a
+@ -- 1/WK share of each chunk's k steps (split-K, reduced in smem in a fixed
+@ -- order). Router weights are used by one warp only, so they go straight
+@ -- from global memory to registers, D k steps ahead of use. A k step is 32
+@ -- columns, and lane (g, t) reads 8 consecutive columns 8t..8t+7 of it for
+@ -- both operands (one 16-byte load each); the two m16n8k16 mmas of the step
+@ -- take columns {8t, 8t+1 | 8t+2, 8t+3} and {8t+4, 8t+5 | 8t+6, 8t+7} as
+@ -- their k pairs {2t, 2t+1 | 2t+8, 2t+9}. Both operands use the same
+@ -- permutation of k, so the dot products are unchanged.
+@ -- Experts beyond WN*NT*8 are done in further passes over H. The logits
+@ -- land in smem (fp32, [T, LDL]); with one pass they reuse the x stages.
+@ --
+@ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
+@ -- order-preserving keys; every selection round is a warp max over
+@ -- 64-bit keys (score bits << 32 | ~expert), so ties go to the lower
+@ -- expert (or group) index. Group scores use one of three layouts,
+@ -- chosen from the group size: a group spans whole 32-expert slots, a
+@ -- group is a lane segment within a slot, or the general case.
+@ local M = {}
+@
+@ local function cdiv(a, b) return (a + b - 1) // b end
+@
+@ -- Static shared memory a block may declare without opting in.
+@ M.STATIC_SMEM = 48 * 1024
+@
+@ -- Check p and derive the route kernel's constants. Returns a table; its
+@ -- field smem is the shared memory the kernel needs, and dynamic says
+@ -- whether it takes it as dynamic shared memory (p.smem must then be at
+@ -- least that much) or declares it statically.
+@ function M.config(p)
+@   local function need(ok, what)
+@     if not ok then error(p.kernel .. ": " .. what, 0) end
+@   end
+@   local c = {}
+@   c.E, c.K, c.H = p.E, p.K, p.H
+@   c.T, c.threads = p.per_block, p.threads
+@   need(c.T >= 16 and c.T % 16 == 0, "per_block must be a multiple of 16 (m16 tiles)")
+@   need(c.threads >= 32 and c.threads % 32 == 0, "threads must be a multiple of 32")
+@   need(c.E >= 1 and c.E <= 1024, "routing supports 1 to 1024 experts")
+@   need(c.K >= 1 and c.K <= 32 and c.K <= c.E, "top_k must be 1..32 and at most experts")
+@   need(c.H >= 8 and c.H % 8 == 0, "hidden must be a multiple of 8")
+@   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
+@   c.NW = c.threads // 32
+@   c.MT = c.T // 16                       -- m16 tiles (all in every warp)
+@   c.NTT = cdiv(c.E, 8)                   -- n8 tiles of experts
+@   c.NTMAX = math.max(1, 8 // c.MT)       -- n8 tiles per warp: MT*NT*4 <= 32 accumulators
+@   local want = cdiv(c.NTT, c.NTMAX)      -- warps along experts that keep NT at NTMAX
+@   c.WN = 1
+@   for d = 1, c.NW do
+@     if c.NW % d == 0 and d <= want then c.WN = d end
+@   end
+@   c.WK = c.NW // c.WN                    -- the rest split H
+@   c.NPASS = cdiv(c.NTT, c.WN * c.NTMAX)
+@   c.NT = cdiv(c.NTT, c.WN * c.NPASS)     -- balanced over the passes
+@   c.TOTC = c.NPASS * c.WN * c.NT * 8     -- logit columns computed (>= E)
+@   c.LDL = c.TOTC + (8 - c.TOTC % 32) % 32 -- row stride = 8 mod 32 floats: fragment stores spread over banks
+@   -- k steps of 32 columns per warp per chunk; a chunk is KC = 32*WK*SPW columns
+@   c.SPW = math.max(1, (c.NPASS > 1 and 4 or 8) // c.WK)
+@   c.KC = 32 * c.WK * c.SPW
+@   -- prefetch distance in k steps: D*NT 16-byte loads in flight per lane, D divides SPW
+@   c.D = 1
+@   while c.D * 2 <= c.SPW and c.SPW % (c.D * 2) == 0 and c.D * 2 * c.NT <= 8 do c.D = c.D * 2 end
+@   c.S = 2                                -- x stages
+@   -- x row stride: 64 mod 128 bytes, so the 16-byte fragment loads of rows g and g+1 use disjoint banks
+@   c.XSTR = c.KC + ((c.KC * 2) % 128 == 0 and 32 or 0)
+@   c.xbytes = c.S * c.T * c.XSTR * 2
+@   c.lbytes = c.T * c.LDL * 4
+@   if c.NPASS == 1 then
+@     c.loff, c.smem = 0, math.max(c.xbytes, c.lbytes)
+@   else
+@     c.loff, c.smem = c.xbytes, c.xbytes + c.lbytes
+@   end
+@   c.dynamic = (p.smem or 0) > 0
+@   if c.dynamic then
+@     need(p.smem >= c.smem, string.format("routing %d experts needs %d bytes of dynamic shared memory, the plan gives %d",
+@          c.E, c.smem, p.smem))
+@   else
+@     need(c.smem <= M.STATIC_SMEM, string.format("routing %d experts needs %d bytes of shared memory, more than the " ..
+@          "%d a block has without opting in: the plan must give route that much dynamic shared memory",
+@          c.E, c.smem, M.STATIC_SMEM))
+@   end
+@   -- routing
+@   c.softmax = p.score == "softmax"
+@   need(c.softmax or p.score == "sigmoid", "unknown router score " .. tostring(p.score))
+@   c.VPL = cdiv(c.E, 32)                  -- experts per lane
+@   c.G = (p.groups or 1) > 1 and p.groups or 1
+@   if c.G > 1 then
+@     c.KG = p.topk_groups
+@     need(c.E % c.G == 0, "groups must divide experts")
+@     c.PG = c.E // c.G                    -- experts per group
+@     need(c.KG >= 1 and c.KG <= c.G and c.K % c.KG == 0, "topk_groups must divide top_k and not exceed groups")
+@     c.TAKE = c.K // c.KG                 -- a group's score sums its top TAKE scores
+@     need(c.TAKE <= c.PG and c.K <= c.KG * c.PG, "top_k does not fit in the kept groups")
+@     if c.PG % 32 == 0 then c.glayout = "slots"
+@     elseif 32 % c.PG == 0 then c.glayout = "segments"
+@     else c.glayout = "general" end
+@   end
+@   c.scale = p.scale or 1
+@   return c
+@ end
+@
+@ function M.emit(p)
+@ local c = M.config(p)
+@ local ns = p.kernel .. "_impl"
+namespace ${ns} {
+constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
+constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
+constexpr int MT = ${c.MT};          // m16 tiles: every warp covers all T tokens
+constexpr int WN = ${c.WN}, WK = ${c.WK};     // warps along experts, along H
+constexpr int NT = ${c.NT};          // n8 expert tiles per warp per pass
+constexpr int NPASS = ${c.NPASS};    // passes over H, WN*NT*8 experts each
+constexpr int KC = ${c.KC};          // H columns per staged x chunk
+constexpr int SPW = ${c.SPW};        // 32-column k steps per warp per chunk
+constexpr int D = ${c.D};            // router-weight prefetch distance, k steps
+constexpr int S = ${c.S};            // x stages
+constexpr int XSTR = ${c.XSTR};      // x smem row stride, halves
+constexpr int LDL = ${c.LDL};        // logits smem row stride, floats
+constexpr int LOFF = ${c.loff};      // logits offset in smem, bytes
+constexpr int SMEM = ${c.smem};
+constexpr int NCH = (H + KC - 1) / KC;
+constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
+constexpr unsigned FULL = 0xffffffffu;
+static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
+static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
+@ if c.G > 1 then
+constexpr int G = ${c.G}, KG = ${c.KG}, PG = ${c.PG}, TAKE = ${c.TAKE};
+@ end
+
+/* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
+static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${c.ptx_type}.${c.ptx_type}.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* 16 bytes of router weights, or zeros when !pred (nothing is read). */
+static __device__ __forceinline__ uint4 load_w(const moe_half_t *ptr, bool pred) {
+    uint4 r;
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
+                 "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+                 "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr), "r"((int)pred));
+    return r;
+}
+
+/* Stage x columns [chunk*KC, +KC) of the block's T tokens; rows past
+ * `tokens` and columns past H are zero-filled. */
+static __device__ __forceinline__ void load_x(moe_half_t *dst, const moe_half_t *__restrict__ x, int tok0, int tokens,
+                                              int chunk, int tid) {
+    constexpr int VR = KC / 8, NV = T * VR;
+#pragma unroll
+    for (int it = 0; it < (NV + THREADS - 1) / THREADS; ++it) {
+        const int v = tid + it * THREADS;
+        if (NV % THREADS == 0 || v < NV) {
+            const int r = v / VR, q = v % VR;
+            const int tok = tok0 + r, k = chunk * KC + q * 8;
+            const bool ok = tok < tokens && k < H;
+            moe_cp_async16(dst + r * XSTR + q * 8, ok ? x + (long long)tok * H + k : x, ok ? 16 : 0);
+        }
+    }
+}
+
+/* Order-preserving float bits (larger float, larger unsigned), and back. */
+static __device__ __forceinline__ unsigned ord_of(float f) {
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float float_of(unsigned o) {
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+/* Selection keys: larger is better; equal scores prefer the lower index.
+ * 0 means "no candidate". */
+static __device__ __forceinline__ unsigned long long make_key(unsigned ord, int idx) {
+    return ((unsigned long long)ord << 32) | (unsigned)~idx;
+}
+static __device__ __forceinline__ int key_idx(unsigned long long k) { return (int)~(unsigned)k; }
+static __device__ __forceinline__ float key_val(unsigned long long k) { return float_of((unsigned)(k >> 32)); }
+
+/* Max of k over aligned groups of W lanes (W = 32: the whole warp). */
+template <int W> static __device__ __forceinline__ unsigned long long key_max(unsigned long long k) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(FULL, k, o);
+        k = other > k ? other : k;
+    }
+    return k;
+}
+
+/* This lane's best key among slots i with bit i of mask set; slot i is index lane + 32i. */
+template <int N>
+static __device__ __forceinline__ unsigned long long lane_best(const unsigned (&ord)[N], unsigned mask, int lane) {
+    unsigned long long best = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const unsigned long long k = ((mask >> i) & 1u) ? make_key(ord[i], lane + 32 * i) : 0ull;
+        best = k > best ? k : best;
+    }
+    return best;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+}  // namespace ${ns}
+
+extern "C" __global__ void __launch_bounds__(${c.threads})
+${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
+            const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
+            int *__restrict__ counts) {
+    using namespace ${ns};
+@ if c.dynamic then
+    extern __shared__ __align__(16) unsigned char moe_route_smem[];
+    unsigned char *smem = moe_route_smem;
+@ else
+    __shared__ __align__(16) unsigned char smem[SMEM];
+@ end
+@ if not p.bias then
+    (void)sel_bias;
+@ end
+@ if not p.logit_bias then
+    (void)logit_bias;
+@ end
+    moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
+    float *lsm = reinterpret_cast<float *>(smem + LOFF);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tok0 = blockIdx.x * T;
+    if (tok0 >= tokens)
+        return;
+
+    /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
+    const int g = lane >> 2, tq = lane & 3;
+    const int wn = warp % WN, wk = warp / WN;
+    const int klane = wk * 32 + tq * 8;   // this lane's first column of a chunk
+#pragma unroll 1
+    for (int pass = 0; pass < NPASS; ++pass) {
+        const int nbase = (pass * WN + wn) * NT * 8;
+        /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
+        const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
+        bool rok[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[mt][j][r] = 0.f;
+
+#pragma unroll
+        for (int s = 0; s < S - 1; ++s) {
+            if (s < NCH)
+                load_x(xsm + s * (T * XSTR), x, tok0, tokens, s, tid);
+            moe_cp_async_commit();
+        }
+        uint4 ring[D][NT];   // k step s of a chunk lives in ring[s % D]
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) ring[d][j] = load_w(wrow + j * 8 * H + d * WK * 32, rok[j] && klane + d * WK * 32 < H);
+
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c) {
+            moe_cp_async_wait<S - 2>();
+            __syncthreads();
+            {
+                const int cn = c + S - 1;
+                if (cn < NCH)
+                    load_x(xsm + (cn % S) * (T * XSTR), x, tok0, tokens, cn, tid);
+                moe_cp_async_commit();
+            }
+            const moe_half_t *xa = xsm + (c % S) * (T * XSTR) + g * XSTR + klane;
+            const int kc0 = c * KC;
+#pragma unroll
+            for (int s = 0; s < SPW; ++s) {
+                /* k step s + D (of this chunk or the next) refills each ring entry right after its last use */
+                const int ko = kc0 + ((s + D) / SPW) * KC + ((s + D) % SPW) * WK * 32;
+                const bool kok = klane + ko < H;
+                if (kc0 + s * WK * 32 + wk * 32 < H) {   // warp-uniform: the step holds columns < H
+                    unsigned a[2][MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const uint4 lo = *reinterpret_cast<const uint4 *>(xa + (mt * 16) * XSTR + s * WK * 32);
+                        const uint4 hi = *reinterpret_cast<const uint4 *>(xa + (mt * 16 + 8) * XSTR + s * WK * 32);
+                        a[0][mt][0] = lo.x; a[0][mt][1] = hi.x; a[0][mt][2] = lo.y; a[0][mt][3] = hi.y;
+                        a[1][mt][0] = lo.z; a[1][mt][1] = hi.z; a[1][mt][2] = lo.w; a[1][mt][3] = hi.w;
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const unsigned b[2][2] = {{ring[s % D][j].x, ring[s % D][j].y}, {ring[s % D][j].z, ring[s % D][j].w}};
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) mma(acc[mt][j], a[h][mt], b[h]);
+                        ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
+                }
+            }
+        }
+        moe_cp_async_wait<0>();
+        __syncthreads();   // x stages are free (they may hold the logits)
+
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
+@ for kk = 0, c.WK - 1 do
+@   if c.WK > 1 then
+        if (wk == ${kk}) {
+@   end
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+@   if kk == 0 then
+                *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
+                *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
+@   else
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+@   end
+            }
+@   if c.WK > 1 then
+        }
+@   end
+        __syncthreads();
+@ end
+    }
+
+    /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
+#pragma unroll 1
+    for (int tt = warp; tt < T; tt += NW) {
+        const int tok = tok0 + tt;
+        if (tok >= tokens)
+            break;
+        const float *lrow = lsm + tt * LDL;
+        float pv[VPL];
+        unsigned valid = 0;
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            const int e = lane + 32 * i;
+            if (e < E) {
+@ if p.logit_bias then
+                pv[i] = lrow[e] + __ldg(logit_bias + e);
+@ else
+                pv[i] = lrow[e];
+@ end
+                valid |= 1u << i;
+            } else {
+                pv[i] = 0.f;
+            }
+        }
+@ if c.softmax then
+        float m = -__int_as_float(0x7f800000);
+#pragma unroll
+        for (int i = 0; i < VPL; ++i)
+            if ((valid >> i) & 1u) m = fmaxf(m, pv[i]);
+        m = warp_max(m);
+        float z = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            pv[i] = ((valid >> i) & 1u) ? expf(pv[i] - m) : 0.f;
+            z += pv[i];
+        }
+        z = warp_sum(z);
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
+@ else
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
+@ end
+        unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+@ if p.bias then
+            const int e = lane + 32 * i;
+            ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
+@ else
+            ord[i] = ord_of(pv[i]);
+@ end
+        }
+        unsigned cand = valid;
+@ if c.G > 1 and c.glayout == "slots" then
+        /* Group-limited, groups of PG = ${c.PG} experts: group q is slots
+         * [q*SG, (q+1)*SG) of every lane. */
+        {
+            constexpr int SG = PG / 32;
+            float gsc = 0.f;   // lane q < G: the score of group q
+@   for q = 0, c.G - 1 do
+            {
+                unsigned mq = cand & (((1u << SG) - 1u) << ${q} * SG);
+                float sum = 0.f;
+#pragma unroll 1
+                for (int r = 0; r < TAKE; ++r) {
+                    unsigned long long best = 0;
+#pragma unroll
+                    for (int i = ${q} * SG; i < ${q + 1} * SG; ++i) {
+                        const unsigned long long k = ((mq >> i) & 1u) ? make_key(ord[i], lane + 32 * i) : 0ull;
+                        best = k > best ? k : best;
+                    }
+                    best = key_max<32>(best);
+                    sum += key_val(best);
+                    const int e = key_idx(best);
+                    if (lane == (e & 31))
+                        mq &= ~(1u << (e >> 5));
+                }
+                if (lane == ${q})
+                    gsc = sum;
+            }
+@   end
+            bool gc = lane < G;
+            unsigned kept = 0;   // bit q: group q kept (the same in every lane)
+#pragma unroll 1
+            for (int r = 0; r < KG; ++r) {
+                const int q = key_idx(key_max<32>(gc ? make_key(ord_of(gsc), lane) : 0ull));
+                kept |= 1u << q;
+                if (lane == q)
+                    gc = false;
+            }
+#pragma unroll
+            for (int i = 0; i < VPL; ++i)
+                if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
+        }
+@ elseif c.G > 1 and c.glayout == "segments" then
+        /* Group-limited, groups of PG = ${c.PG} experts: in each slot a group
+         * is an aligned segment of PG lanes. */
+        {
+            unsigned gord[VPL];   // the score of this lane's group in slot i
+#pragma unroll
+            for (int i = 0; i < VPL; ++i) {
+                bool live = (cand >> i) & 1u;
+                float sum = 0.f;
+#pragma unroll 1
+                for (int r = 0; r < TAKE; ++r) {
+                    const unsigned long long best = key_max<PG>(live ? make_key(ord[i], lane + 32 * i) : 0ull);
+                    sum += key_val(best);
+                    if (lane == (key_idx(best) & 31))
+                        live = false;
+                }
+                gord[i] = ord_of(sum);
+            }
+            /* a group competes through its first lane; its index orders like the group's */
+            unsigned gc = (lane % PG) == 0 ? valid : 0u, kept = 0;
+#pragma unroll 1
+            for (int r = 0; r < KG; ++r) {
+                const int lead = key_idx(key_max<32>(lane_best(gord, gc, lane)));
+                if (lane == (lead & 31))
+                    gc &= ~(1u << (lead >> 5));
+                if (lane / PG == (lead & 31) / PG)
+                    kept |= 1u << (lead >> 5);
+            }
+            cand &= kept;
+        }
+@ elseif c.G > 1 then
+        /* Group-limited, groups of PG = ${c.PG} experts, any layout: lane l
+         * holds the scores of groups l + 32j. */
+        {
+            constexpr int GPL = (G + 31) / 32;
+            float gs[GPL];
+#pragma unroll
+            for (int j = 0; j < GPL; ++j) gs[j] = 0.f;
+#pragma unroll 1
+            for (int q = 0; q < G; ++q) {
+                unsigned mq = 0;
+#pragma unroll
+                for (int i = 0; i < VPL; ++i)
+                    if ((unsigned)(lane + 32 * i - q * PG) < (unsigned)PG) mq |= 1u << i;
+                mq &= cand;
+                float sum = 0.f;
+#pragma unroll 1
+                for (int r = 0; r < TAKE; ++r) {
+                    const unsigned long long best = key_max<32>(lane_best(ord, mq, lane));
+                    sum += key_val(best);
+                    const int e = key_idx(best);
+                    if (lane == (e & 31))
+                        mq &= ~(1u << (e >> 5));
+                }
+#pragma unroll
+                for (int j = 0; j < GPL; ++j)
+                    if (j == (q >> 5) && lane == (q & 31)) gs[j] = sum;
+            }
+            unsigned gord[GPL], gc = 0, kept = 0;   // kept bit j: group lane + 32j kept
+#pragma unroll
+            for (int j = 0; j < GPL; ++j) {
+                gord[j] = ord_of(gs[j]);
+                if (lane + 32 * j < G) gc |= 1u << j;
+            }
+#pragma unroll 1
+            for (int r = 0; r < KG; ++r) {
+                const int q = key_idx(key_max<32>(lane_best(gord, gc, lane)));
+                if (lane == (q & 31)) {
+                    kept |= 1u << (q >> 5);
+                    gc &= ~(1u << (q >> 5));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < VPL; ++i) {
+                const int q = (lane + 32 * i) / PG;
+                const unsigned w = __shfl_sync(FULL, kept, q & 31);
+                if (!((w >> (q >> 5)) & 1u)) cand &= ~(1u << i);
+            }
+        }
+@ end
+
+        /* top-k, best first; lane r keeps the r-th expert */
+        int mine = 0;
+#pragma unroll 1
+        for (int r = 0; r < K; ++r) {
+            const int e = key_idx(key_max<32>(lane_best(ord, cand, lane)));
+            if (lane == r)
+                mine = e;
+            if (lane == (e & 31))
+                cand &= ~(1u << (e >> 5));
+        }
+
+        /* weights: p at the selected experts (never the selection bias) */
+        float w = 0.f;
+        if (lane < K) {
+@ if p.logit_bias then
+            const float l = lrow[mine] + __ldg(logit_bias + mine);
+@ else
+            const float l = lrow[mine];
+@ end
+@ if c.softmax then
+            w = expf(l - m) / z;
+@ else
+            w = 1.0f / (1.0f + expf(-l));
+@ end
+        }
+@ if p.renormalize then
+        {
+            const float sum = warp_sum(w);
+            if (sum > 0.f)
+                w = w / sum;
+        }
+@ end
+@ if c.scale ~= 1 then
+        w *= ${f32(c.scale)};
+@ end
+        if (lane < K) {
+            topk_idx[(long long)tok * K + lane] = mine;
+            topk_w[(long long)tok * K + lane] = w;
+            atomicAdd(counts + mine, 1);
+        }
+    }
+}
+@ end
+@
+@ if p then M.emit(p) end
+@ return M

@@ -1,0 +1,710 @@
+/* test_spec.c — spec loading: the golden message of every class of spec
+ * error, the sandbox, --set overrides, the canonical form and its hash, the
+ * example specs, and the exit codes of the moegen command.
+ *
+ * Bad specs live in tests/specs/bad/NAME.moe, each beside its exact expected
+ * message in tests/golden/errors/NAME.txt (what `moegen check` prints on
+ * stderr). Those goldens are written by hand: they say what the message must
+ * be, so there is no switch that regenerates them. Run from the repository
+ * root; the command tests run build/moegen. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "plan.h"
+#include "spec.h"
+
+#define MOEGEN "build/moegen"
+#define BAD_DIR "tests/specs/bad"
+#define ERR_DIR "tests/golden/errors"
+#define PWNED "/tmp/moegen_pwned"
+
+static char tmp_root[256];
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *s = malloc(cap);
+    size_t n;
+    while (s && (n = fread(s + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *t = realloc(s, cap *= 2);
+            if (!t)
+                free(s);
+            s = t;
+        }
+    }
+    fclose(f);
+    if (s)
+        s[len] = '\0';
+    return s;
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int ok = fputs(text, f) >= 0;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Entries of dir other than . and .., or -1 when it cannot be read. */
+static int dir_count(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* Run `build/moegen ARGS` (ARGS are pasted into a shell line as they are);
+ * *out and *err receive stdout and stderr (caller frees). Returns the exit
+ * status, or -1 when it did not exit normally. */
+static int run_moegen(const char *args, char **out, char **err) {
+    char cmd[4096], o[300], e[300];
+    snprintf(o, sizeof o, "%s/stdout", tmp_root);
+    snprintf(e, sizeof e, "%s/stderr", tmp_root);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s </dev/null", MOEGEN, args, o, e);
+    int st = system(cmd);
+    char *so = read_text(o), *se = read_text(e);
+    if (out)
+        *out = so ? so : calloc(1, 1);
+    else
+        free(so);
+    if (err)
+        *err = se ? se : calloc(1, 1);
+    else
+        free(se);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int load_file(moe_spec_t *s, const char *path, moe_diag_t *d) {
+    return moe_spec_load(s, path, NULL, NULL, 0, d);
+}
+
+static int load_text(moe_spec_t *s, const char *text, moe_diag_t *d) {
+    return moe_spec_load(s, "text.moe", text, NULL, 0, d);
+}
+
+/* Field-by-field equality of two loaded specs (hash included). */
+static int spec_eq(const moe_spec_t *a, const moe_spec_t *b) {
+    int eq = strcmp(a->name, b->name) == 0 && a->experts == b->experts && a->top_k == b->top_k &&
+             a->hidden == b->hidden && a->ffn == b->ffn && a->tokens == b->tokens && a->dtype == b->dtype &&
+             a->router.score == b->router.score && a->router.renormalize == b->router.renormalize &&
+             a->router.groups == b->router.groups && a->router.topk_groups == b->router.topk_groups &&
+             a->router.bias == b->router.bias && a->router.logit_bias == b->router.logit_bias &&
+             a->router.scale == b->router.scale && a->activation.alpha == b->activation.alpha &&
+             a->activation.limit == b->activation.limit && a->activation.up_offset == b->activation.up_offset &&
+             a->ffn_bias == b->ffn_bias && a->mesh.nsharding == b->mesh.nsharding && a->narch == b->narch &&
+             strcmp(a->hash, b->hash) == 0;
+    for (int i = 0; eq && i < MOE_AXIS_COUNT; i++)
+        eq = a->mesh.size[i] == b->mesh.size[i] && a->mesh.order[i] == b->mesh.order[i];
+    for (int i = 0; eq && i < a->mesh.nsharding; i++)
+        eq = a->mesh.sharding[i] == b->mesh.sharding[i];
+    for (int i = 0; eq && i < a->narch; i++)
+        eq = a->arch[i] == b->arch[i];
+    return eq;
+}
+
+static int is_hex32(const char *h) {
+    if (strlen(h) != 32)
+        return 0;
+    for (; *h; h++)
+        if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'f')))
+            return 0;
+    return 1;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Sorted names (without .moe) of the *.moe files in dir; returns the count. */
+static int list_specs(const char *dir, char names[][128], int max) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    char *tmp[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max && n < 256) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && len < 120 && strcmp(e->d_name + len - 4, ".moe") == 0) {
+            tmp[n] = strdup(e->d_name);
+            tmp[n][len - 4] = '\0';
+            n++;
+        }
+    }
+    closedir(d);
+    qsort(tmp, (size_t)n, sizeof *tmp, by_name);
+    for (int i = 0; i < n; i++) {
+        snprintf(names[i], 128, "%s", tmp[i]);
+        free(tmp[i]);
+    }
+    return n;
+}
+
+/* ---- golden error messages ------------------------------------------------ */
+
+/* Every class of error the brief names; each must have a bad spec and a
+ * golden (the folder may hold more). */
+static const char *const required_bad[] = {
+    "type_integer_got_float", "type_string_got_number", "type_boolean_got_string", "type_table_got_number",
+    "range_experts_zero", "range_hidden_negative", "range_top_k_over_32", "top_k_exceeds_experts",
+    "hidden_not_multiple_of_8", "ffn_not_multiple_of_8", "groups_not_dividing_experts",
+    "topk_groups_exceeds_groups", "topk_groups_not_dividing_top_k", "mesh_experts_not_divisible",
+    "unknown_key_suggestion", "unknown_nested_key_suggestion", "unknown_key", "missing_key", "enum_dtype",
+    "enum_router_score", "bad_name", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
+    "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
+    "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
+    "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep",
+};
+
+static void test_golden_errors(void) {
+    static char names[256][128];
+    CASE("bad specs: folder");
+    int n = list_specs(BAD_DIR, names, 256);
+    CHECKF(n >= (int)(sizeof required_bad / sizeof *required_bad), "%d bad specs in %s", n, BAD_DIR);
+    for (size_t r = 0; r < sizeof required_bad / sizeof *required_bad; r++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            found |= strcmp(names[i], required_bad[r]) == 0;
+        CHECKF(found, "%s/%s.moe is missing", BAD_DIR, required_bad[r]);
+    }
+    unlink(PWNED);
+    for (int i = 0; i < n; i++) {
+        char spec[300], golden[300], label[200];
+        snprintf(spec, sizeof spec, "%s/%s.moe", BAD_DIR, names[i]);
+        snprintf(golden, sizeof golden, "%s/%s.txt", ERR_DIR, names[i]);
+        snprintf(label, sizeof label, "bad spec %s", names[i]);
+        CASE(label);
+        char *want = read_text(golden);
+        CHECKF(want != NULL, "no golden %s", golden);
+        if (!want)
+            continue;
+
+        /* the library */
+        moe_spec_t s;
+        moe_diag_t d;
+        double t0 = now();
+        int rc = load_file(&s, spec, &d);
+        double dt = now() - t0;
+        CHECKF(rc != 0, "%s loaded", spec);
+        CHECKF(dt < 2.0, "took %.2f s (the sandbox limits must stop it fast)", dt);
+        char got[1100];
+        snprintf(got, sizeof got, "%s\n", d.msg);
+        CHECK_STREQ(got, want);
+
+        /* the command: same message on stderr, nothing on stdout, exit 2 */
+        char args[400], *out, *err;
+        snprintf(args, sizeof args, "check %s", spec);
+        t0 = now();
+        rc = run_moegen(args, &out, &err);
+        dt = now() - t0;
+        CHECKF(rc == 2, "moegen check exit %d", rc);
+        CHECKF(dt < 3.0, "moegen check took %.2f s", dt);
+        CHECK_STREQ(err, want);
+        CHECK_STREQ(out, "");
+        free(out);
+        free(err);
+
+        /* emit: exit 2 and no output folder */
+        char odir[400];
+        snprintf(odir, sizeof odir, "%s/emit_%s", tmp_root, names[i]);
+        snprintf(args, sizeof args, "emit %s -o %s", spec, odir);
+        rc = run_moegen(args, NULL, &err);
+        CHECKF(rc == 2, "moegen emit exit %d", rc);
+        CHECK_STREQ(err, want);
+        CHECKF(!exists(odir), "emit created %s", odir);
+        free(err);
+        free(want);
+    }
+    CASE("sandbox: no side effects");
+    CHECKF(!exists(PWNED), "a spec created %s", PWNED);
+}
+
+/* ---- the sandbox and spec-language edges, beyond the goldens -------------- */
+
+static const char *const base_text =
+    "name    = \"t\"\nexperts = 12\ntop_k   = 3\nhidden  = 1536\nffn     = 640\n";
+
+static int load_base_plus(moe_spec_t *s, const char *extra, moe_diag_t *d) {
+    char text[4096];
+    snprintf(text, sizeof text, "%s%s", base_text, extra);
+    return load_text(s, text, d);
+}
+
+static void test_sandbox(void) {
+    moe_spec_t s;
+    moe_diag_t d;
+
+    CASE("sandbox: later keys may read earlier ones");
+    CHECKF(load_text(&s, "name = \"t\" experts = 8 top_k = 2 hidden = 1024 ffn = 4 * hidden\n", &d) == 0, "%s",
+           d.msg);
+    CHECK(s.ffn == 4096);
+
+    /* Each of these must fail fast, leave no file behind, and name the line. */
+    static const struct {
+        const char *label, *extra, *want;
+    } cases[] = {
+        {"sandbox: endless loop", "while true do end\n",
+         "text.moe:6: error: instruction limit exceeded (1000000 instructions)"},
+        {"sandbox: endless loop in a function", "local function f() while true do end end\nf()\n",
+         "text.moe:6: error: instruction limit exceeded (1000000 instructions)"},
+        {"sandbox: giant string", "local s = \"xxxxxxxx\" for i = 1, 40 do s = s .. s end\n",
+         "text.moe:1: error: the spec exceeds the memory limit (16 MiB)"},
+        {"sandbox: giant table", "local t = {} for i = 1, 1 << 30 do t[i] = i end\n", NULL},
+        {"sandbox: os.execute", "x = os.execute(\"touch " PWNED "\")\n",
+         "text.moe:6: error: attempt to index a nil value (global 'os')"},
+        {"sandbox: io.open", "x = io.open(\"" PWNED "\", \"w\")\n",
+         "text.moe:6: error: attempt to index a nil value (global 'io')"},
+        {"sandbox: require", "x = require(\"os\")\n", "text.moe:6: error: attempt to call a nil value (global 'require')"},
+        {"sandbox: load", "x = load(\"return 1\")\n", "text.moe:6: error: attempt to call a nil value (global 'load')"},
+        {"sandbox: dofile", "x = dofile(\"/etc/passwd\")\n",
+         "text.moe:6: error: attempt to call a nil value (global 'dofile')"},
+        {"sandbox: loadfile", "x = loadfile(\"/etc/passwd\")\n",
+         "text.moe:6: error: attempt to call a nil value (global 'loadfile')"},
+        {"sandbox: string.rep", "x = string.rep(\"x\", 10)\n",
+         "text.moe:6: error: attempt to index a nil value (global 'string')"},
+        {"sandbox: setmetatable", "x = setmetatable({}, {})\n",
+         "text.moe:6: error: attempt to call a nil value (global 'setmetatable')"},
+        {"sandbox: debug", "x = debug.getinfo(1)\n", "text.moe:6: error: attempt to index a nil value (global 'debug')"},
+    };
+    unlink(PWNED);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CASE(cases[i].label);
+        double t0 = now();
+        int rc = load_base_plus(&s, cases[i].extra, &d);
+        double dt = now() - t0;
+        CHECKF(rc != 0, "loaded");
+        CHECKF(dt < 2.0, "took %.2f s", dt);
+        if (cases[i].want)
+            CHECK_STREQ(d.msg, cases[i].want);
+        else
+            CHECKF(strncmp(d.msg, "text.moe:", 9) == 0 && strstr(d.msg, ": error: "), "%s", d.msg);
+    }
+    CASE("sandbox: no side effects");
+    CHECKF(!exists(PWNED), "a spec created %s", PWNED);
+
+    CASE("sandbox: a binary chunk is refused");
+    CHECKF(moe_spec_load(&s, "bin.moe", "\033Lua\x54\x00", NULL, 0, &d) != 0, "loaded");
+    CHECK_STREQ(d.msg, "bin.moe:1: error: attempt to load a binary chunk (mode is 't')");
+
+    /* A name that was never set reads as nil, so a typo in a value must be
+     * an error, not a silent default: `ffn_bias = ture` would otherwise mean
+     * false and `renormalize = flase` true. */
+    CASE("spec: an undefined name in a value is an error");
+    int rc = load_base_plus(&s, "ffn_bias = ture\n", &d);
+    CHECKF(rc != 0 && strstr(d.msg, "ture"), "ffn_bias = ture loaded (ffn_bias = %d): %s", (int)s.ffn_bias, d.msg);
+    rc = load_base_plus(&s, "router = { renormalize = flase }\n", &d);
+    CHECKF(rc != 0 && strstr(d.msg, "flase"), "renormalize = flase loaded (renormalize = %d): %s",
+           (int)s.router.renormalize, d.msg);
+
+    CASE("spec: a missing file");
+    CHECK(load_file(&s, "tests/specs/no_such_spec.moe", &d) != 0);
+    CHECK_STREQ(d.msg, "tests/specs/no_such_spec.moe:1: error: cannot open 'tests/specs/no_such_spec.moe': No such "
+                       "file or directory");
+
+    CASE("spec: a file over the size limit");
+    char big[300];
+    snprintf(big, sizeof big, "%s/big.moe", tmp_root);
+    FILE *f = fopen(big, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(base_text, f);
+        for (int i = 0; i < 20000; i++)
+            fputs("-- a comment line that pads the spec past its size limit of one mebibyte\n", f);
+        fclose(f);
+        char want[700];
+        snprintf(want, sizeof want, "%s:1: error: '%s' is larger than 1048576 bytes", big, big);
+        CHECK(load_file(&s, big, &d) != 0);
+        CHECK_STREQ(d.msg, want);
+    }
+}
+
+/* ---- overrides ------------------------------------------------------------ */
+
+static int load_with(moe_spec_t *s, const char *path, const char *const *sets, int n, moe_diag_t *d) {
+    moe_override_t o[8];
+    for (int i = 0; i < n; i++)
+        o[i].text = sets[i];
+    return moe_spec_load(s, path, NULL, o, n, d);
+}
+
+#define MINIMAL "tests/specs/minimal.moe"
+#define SMALL "tests/specs/small.moe"
+
+static void test_overrides(void) {
+    moe_spec_t s, t;
+    moe_diag_t d;
+
+    CASE("--set top_k=3");
+    const char *o1[] = {"top_k=3"};
+    CHECKF(load_with(&s, MINIMAL, o1, 1, &d) == 0, "%s", d.msg);
+    CHECK(s.top_k == 3);
+    /* an override is the same as editing the file */
+    CHECKF(load_text(&t, "name = \"minimal\" experts = 8 top_k = 3 hidden = 1024 ffn = 2048", &d) == 0, "%s", d.msg);
+    CHECK(spec_eq(&s, &t));
+
+    CASE("--set router.score=sigmoid");
+    const char *o2[] = {"router.score=sigmoid"};
+    CHECKF(load_with(&s, MINIMAL, o2, 1, &d) == 0, "%s", d.msg);
+    CHECK(s.router.score == MOE_SCORE_SIGMOID);
+    CHECK(s.router.renormalize); /* the rest of router keeps its defaults */
+
+    CASE("--set arch=sm_80");
+    const char *o3[] = {"arch=sm_80"};
+    CHECKF(load_with(&s, SMALL, o3, 1, &d) == 0, "%s", d.msg);
+    CHECK(s.narch == 1 && s.arch[0] == MOE_ARCH_SM80);
+
+    CASE("--set arch=sm_90a,sm_80");
+    const char *o4[] = {"arch=sm_90a,sm_80"};
+    CHECKF(load_with(&s, MINIMAL, o4, 1, &d) == 0, "%s", d.msg);
+    CHECK(s.narch == 2 && s.arch[0] == MOE_ARCH_SM90A && s.arch[1] == MOE_ARCH_SM80);
+
+    CASE("--set mesh.ep=2");
+    const char *o5[] = {"mesh.ep=2"};
+    CHECKF(load_with(&s, SMALL, o5, 1, &d) == 0, "%s", d.msg);
+    CHECK(s.mesh.size[MOE_AXIS_EP] == 2 && s.mesh.size[MOE_AXIS_DP] == 1 && s.mesh.size[MOE_AXIS_FSDP] == 1);
+    CHECK(moe_spec_world(&s) == 2);
+
+    CASE("--set: several, the later wins");
+    const char *o6[] = {"top_k=4", "router.scale=2.5", "top_k=5"};
+    CHECKF(load_with(&s, MINIMAL, o6, 3, &d) == 0, "%s", d.msg);
+    CHECK(s.top_k == 5 && s.router.scale == 2.5);
+
+    static const struct {
+        const char *label, *sets[2], *want;
+    } bad[] = {
+        {"--set top_k=99", {"top_k=99"}, "<command line>:1: error: --set top_k=99: top_k = 99 is out of range [1, 32]"},
+        {"--set nokey=1", {"nokey=1"}, "<command line>:1: error: --set nokey=1: unknown key 'nokey'"},
+        {"--set router.scroe=x", {"router.scroe=x"},
+         "<command line>:1: error: --set router.scroe=x: unknown key 'router.scroe' (did you mean 'router.score'?)"},
+        {"--set foo", {"foo"}, "<command line>:1: error: --set 'foo' is not of the form key=value"},
+        {"--set =3", {"=3"}, "<command line>:1: error: --set '=3' is not of the form key=value"},
+        {"--set name=42", {"name=42"}, "<command line>:1: error: --set name=42: name must be a string, got an integer"},
+        {"--set dtype=fp32", {"dtype=fp32"},
+         "<command line>:1: error: --set dtype=fp32: dtype = \"fp32\" is not one of \"bf16\", \"fp16\""},
+        {"--set: the second one is bad", {"top_k=4", "hidden=9"},
+         "<command line>:2: error: --set hidden=9: hidden (9) must be a multiple of 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CASE(bad[i].label);
+        int n = bad[i].sets[1] ? 2 : 1;
+        CHECKF(load_with(&s, MINIMAL, bad[i].sets, n, &d) != 0, "loaded");
+        CHECK_STREQ(d.msg, bad[i].want);
+    }
+
+    CASE("moegen check --set");
+    char *out, *err;
+    int rc = run_moegen("check " MINIMAL " --set top_k=99", &out, &err);
+    CHECKF(rc == 2, "exit %d", rc);
+    CHECK_STREQ(err, "<command line>:1: error: --set top_k=99: top_k = 99 is out of range [1, 32]\n");
+    CHECK_STREQ(out, "");
+    free(out);
+    free(err);
+    rc = run_moegen("check " MINIMAL " --set foo", NULL, &err);
+    CHECKF(rc == 2, "exit %d", rc);
+    CHECK_STREQ(err, "<command line>:1: error: --set 'foo' is not of the form key=value\n");
+    free(err);
+    rc = run_moegen("check " SMALL " --set arch=sm_90a,sm_80 --set mesh.ep=2 --set router.score=sigmoid", &out, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    CHECKF(strstr(out, "score = \"sigmoid\"") && strstr(out, "ep = 2,") && strstr(out, "arch = { \"sm_90a\", \"sm_80\" }"),
+           "%s", out);
+    free(out);
+    free(err);
+}
+
+/* ---- the canonical form and its hash ---------------------------------------- */
+
+static void check_roundtrip(const char *label, const moe_spec_t *s) {
+    CASE(label);
+    char *canon = moe_spec_canonical(s);
+    CHECK(canon != NULL);
+    if (!canon)
+        return;
+    moe_spec_t t;
+    moe_diag_t d;
+    CHECKF(moe_spec_load(&t, "canonical.moe", canon, NULL, 0, &d) == 0, "%s\n%s", d.msg, canon);
+    CHECK(spec_eq(s, &t));
+    CHECK_STREQ(t.hash, s->hash);
+    char *again = moe_spec_canonical(&t);
+    CHECK(again && strcmp(again, canon) == 0); /* a fixed point */
+    free(again);
+    free(canon);
+}
+
+static void test_canonical(void) {
+    moe_spec_t s, t;
+    moe_diag_t d;
+
+    CASE("canonical: defaults filled in");
+    CHECKF(load_file(&s, MINIMAL, &d) == 0, "%s", d.msg);
+    CHECK(is_hex32(s.hash));
+    char *canon = moe_spec_canonical(&s);
+    char *want = read_text("tests/golden/canonical/minimal.moe");
+    CHECK(canon && want);
+    if (canon && want)
+        CHECK_STREQ(canon, want);
+    CHECK(s.dtype == MOE_DTYPE_BF16 && s.tokens == 16384 && s.narch == 1 && s.arch[0] == MOE_ARCH_SM90A);
+    CHECK(s.router.score == MOE_SCORE_SOFTMAX && s.router.renormalize && s.router.groups == 1 &&
+          s.router.topk_groups == 1 && !s.router.bias && !s.router.logit_bias && s.router.scale == 1.0);
+    CHECK(s.activation.alpha == 1.0 && s.activation.limit == 0.0 && s.activation.up_offset == 0.0 && !s.ffn_bias);
+    CHECK(s.mesh.size[0] == 1 && s.mesh.size[1] == 1 && s.mesh.size[2] == 1);
+    CHECK(s.mesh.order[0] == MOE_AXIS_DP && s.mesh.order[1] == MOE_AXIS_FSDP && s.mesh.order[2] == MOE_AXIS_EP);
+    CHECK(s.mesh.nsharding == 2 && s.mesh.sharding[0] == MOE_AXIS_EP && s.mesh.sharding[1] == MOE_AXIS_FSDP);
+    free(want);
+
+    CASE("canonical: moegen check prints it and the hash");
+    char *out, *err;
+    int rc = run_moegen("check " MINIMAL, &out, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    char line[600];
+    snprintf(line, sizeof line, "%s-- hash %s\n", canon ? canon : "", s.hash);
+    CHECK_STREQ(out, line);
+    CHECK_STREQ(err, "");
+    /* what check prints is itself a spec with the same hash */
+    CHECKF(load_text(&t, out, &d) == 0, "%s", d.msg);
+    CHECK_STREQ(t.hash, s.hash);
+    free(out);
+    free(err);
+    free(canon);
+
+    CASE("canonical: explicit defaults, other order, comments");
+    CHECKF(load_file(&t, "tests/specs/explicit_defaults.moe", &d) == 0, "%s", d.msg);
+    CHECK(spec_eq(&s, &t));
+
+    CASE("canonical: key order");
+    CHECKF(load_text(&t, "ffn = 2048\nhidden = 1024\ntop_k = 2\nexperts = 8\nname = \"minimal\"\n", &d) == 0, "%s",
+           d.msg);
+    CHECK_STREQ(t.hash, s.hash);
+    CHECKF(load_text(&t, "router = { renormalize = true, score = \"softmax\" }\nname = \"minimal\" ffn = 2048 "
+                         "experts = 8 hidden = 1024 top_k = 2",
+                     &d) == 0,
+           "%s", d.msg);
+    CHECK_STREQ(t.hash, s.hash);
+
+    CASE("canonical: comments and whitespace");
+    CHECKF(load_text(&t, "--[[ block\ncomment ]]\n\n\tname=\"minimal\";experts=8 ; top_k =\n 2\n"
+                         "hidden = 0x400 -- hex is still 1024\nffn = 2048\n\n\n",
+                     &d) == 0,
+           "%s", d.msg);
+    CHECK_STREQ(t.hash, s.hash);
+
+    CASE("canonical: a changed value changes the hash");
+    static const char *const changed[] = {
+        "name = \"minimal2\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048",
+        "name = \"minimal\" experts = 16 top_k = 2 hidden = 1024 ffn = 2048",
+        "name = \"minimal\" experts = 8 top_k = 3 hidden = 1024 ffn = 2048",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1032 ffn = 2048",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2056",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 tokens = 16383",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 dtype = \"fp16\"",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 arch = \"sm_80\"",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { scale = 1.5 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { renormalize = false }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { logit_bias = true }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { limit = 7 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 ffn_bias = true",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 mesh = { ep = 2 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 mesh = { order = { \"ep\", \"dp\", \"fsdp\" } }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 mesh = { expert_sharding = { \"fsdp\" } }",
+    };
+    char seen[sizeof changed / sizeof *changed][33];
+    for (size_t i = 0; i < sizeof changed / sizeof *changed; i++) {
+        CHECKF(load_text(&t, changed[i], &d) == 0, "%s: %s", changed[i], d.msg);
+        CHECKF(strcmp(t.hash, s.hash) != 0, "same hash for %s", changed[i]);
+        snprintf(seen[i], sizeof seen[i], "%s", t.hash);
+        for (size_t j = 0; j < i; j++)
+            CHECKF(strcmp(seen[i], seen[j]) != 0, "'%s' and '%s' hash the same", changed[i], changed[j]);
+    }
+
+    check_roundtrip("canonical round trip: minimal", &s);
+    CHECKF(load_file(&s, SMALL, &d) == 0, "%s", d.msg);
+    check_roundtrip("canonical round trip: small", &s);
+    const char *o[] = {"router.score=sigmoid", "router.groups=4", "router.topk_groups=1", "router.bias=true",
+                       "router.scale=2.5", "activation.alpha=1.702", "activation.limit=7", "activation.up_offset=1"};
+    CHECKF(load_with(&s, SMALL, o, 8, &d) == 0, "%s", d.msg);
+    check_roundtrip("canonical round trip: every router and activation key", &s);
+    const char *o2[] = {"mesh.dp=2", "mesh.fsdp=2", "mesh.ep=3", "mesh.order=ep,dp,fsdp", "mesh.expert_sharding=fsdp,ep",
+                        "dtype=fp16", "ffn_bias=true", "arch=sm_80,sm_90a"};
+    CHECKF(load_with(&s, SMALL, o2, 8, &d) == 0, "%s", d.msg);
+    check_roundtrip("canonical round trip: mesh, dtype, arch order", &s);
+}
+
+/* ---- the example specs ------------------------------------------------------ */
+
+static void test_examples(void) {
+    static char names[64][128];
+    CASE("examples: folder");
+    int n = list_specs("examples/specs", names, 64);
+    CHECKF(n >= 5, "%d example specs", n);
+    for (int i = 0; i < n; i++) {
+        char path[300], label[200];
+        snprintf(path, sizeof path, "examples/specs/%s.moe", names[i]);
+        snprintf(label, sizeof label, "example %s", names[i]);
+        CASE(label);
+        moe_spec_t s;
+        moe_diag_t d;
+        CHECKF(load_file(&s, path, &d) == 0, "%s", d.msg);
+        moe_plan_desc_t pd;
+        char err[512];
+        CHECKF(moe_plan_desc_build(&pd, &s, err, sizeof err) == 0, "%s", err);
+        check_roundtrip(label, &s);
+        CASE(label);
+        char args[400], *e;
+        snprintf(args, sizeof args, "check %s", path);
+        int rc = run_moegen(args, NULL, &e);
+        CHECKF(rc == 0, "moegen check exit %d: %s", rc, e);
+        free(e);
+        snprintf(args, sizeof args, "plan %s", path);
+        rc = run_moegen(args, NULL, &e);
+        CHECKF(rc == 0, "moegen plan exit %d: %s", rc, e);
+        free(e);
+    }
+}
+
+/* ---- the command ------------------------------------------------------------ */
+
+static void test_command(void) {
+    char *out, *err;
+    int rc;
+
+    CASE("command: moegen is built");
+    CHECKF(access(MOEGEN, X_OK) == 0, "%s is missing (run make)", MOEGEN);
+
+    CASE("command: --help");
+    rc = run_moegen("--help", &out, &err);
+    CHECKF(rc == 0, "exit %d", rc);
+    CHECKF(strncmp(out, "usage: moegen", 13) == 0, "%s", out);
+    free(out);
+    free(err);
+
+    CASE("command: --version");
+    rc = run_moegen("--version", &out, &err);
+    CHECKF(rc == 0, "exit %d", rc);
+    CHECKF(strncmp(out, "moegen 0.1.0 (NVRTC ", 20) == 0, "%s", out);
+    free(out);
+    free(err);
+
+    static const char *const cmds[] = {"check", "emit", "compile", "plan", "bench", "help"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[64], want[64], label[64];
+        snprintf(label, sizeof label, "command: help %s", cmds[i]);
+        CASE(label);
+        snprintf(args, sizeof args, "help %s", cmds[i]);
+        snprintf(want, sizeof want, "usage: moegen %s", cmds[i]);
+        rc = run_moegen(args, &out, &err);
+        CHECKF(rc == 0, "exit %d", rc);
+        CHECKF(strncmp(out, want, strlen(want)) == 0, "%s", out);
+        CHECK_STREQ(err, "");
+        free(out);
+        free(err);
+    }
+
+    static const struct {
+        const char *label, *args, *err_has;
+    } usage[] = {
+        {"command: no arguments", "", NULL},
+        {"command: unknown command", "frobnicate " SMALL, "unknown command 'frobnicate'"},
+        {"command: unknown option", "check " SMALL " --frobnicate", "unknown option '--frobnicate'"},
+        {"command: help for no command", "help frobnicate", "no command 'frobnicate'"},
+        {"command: check without a spec", "check", "check needs a SPEC file"},
+        {"command: emit without -o", "emit " SMALL, "emit needs -o DIR"},
+        {"command: -o without a value", "emit " SMALL " -o", "-o needs a value"},
+        {"command: --set without a value", "check " SMALL " --set", "--set needs a value"},
+        {"command: an extra argument", "check " SMALL " " SMALL, "unexpected argument"},
+        {"command: a missing spec file", "check tests/specs/no_such_spec.moe",
+         "tests/specs/no_such_spec.moe:1: error: cannot open"},
+        {"command: plan --rank out of range", "plan " SMALL " --rank 1", "--rank 1 is out of range"},
+        {"command: plan --rank not a number", "plan " SMALL " --rank x", "--rank needs a rank number"},
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof *usage; i++) {
+        CASE(usage[i].label);
+        rc = run_moegen(usage[i].args, &out, &err);
+        CHECKF(rc == 2, "exit %d", rc);
+        if (usage[i].err_has)
+            CHECKF(strstr(err, usage[i].err_has) != NULL, "stderr: %s", err);
+        free(out);
+        free(err);
+    }
+
+    CASE("command: check and plan of a good spec");
+    rc = run_moegen("check " SMALL, &out, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    CHECK(strstr(out, "-- hash ") != NULL);
+    free(out);
+    free(err);
+    rc = run_moegen("plan " SMALL, &out, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    CHECK(strstr(out, "small_route_") != NULL);
+    free(out);
+    free(err);
+    rc = run_moegen("plan " SMALL " --json --rank 0", &out, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+
+    CASE("command: emit of a bad spec leaves an existing folder alone");
+    char odir[300], keep[350], args[700];
+    snprintf(odir, sizeof odir, "%s/existing", tmp_root);
+    snprintf(keep, sizeof keep, "%s/keep.txt", odir);
+    mkdir(odir, 0777);
+    write_text(keep, "keep\n");
+    snprintf(args, sizeof args, "emit %s/type_integer_got_float.moe -o %s", BAD_DIR, odir);
+    rc = run_moegen(args, NULL, &err);
+    CHECKF(rc == 2, "exit %d", rc);
+    CHECK(dir_count(odir) == 1);
+    char *k = read_text(keep);
+    CHECK(k && strcmp(k, "keep\n") == 0);
+    free(k);
+    free(err);
+    snprintf(args, sizeof args, "compile %s/type_integer_got_float.moe -o %s", BAD_DIR, odir);
+    rc = run_moegen(args, NULL, &err);
+    CHECKF(rc == 2, "exit %d", rc);
+    CHECK(dir_count(odir) == 1);
+    free(err);
+}
+
+int main(void) {
+    const char *td = getenv("TMPDIR");
+    snprintf(tmp_root, sizeof tmp_root, "%s/moegen_test_spec.XXXXXX", td && *td ? td : "/tmp");
+    if (!mkdtemp(tmp_root)) {
+        perror(tmp_root);
+        return 1;
+    }
+    test_command();
+    test_golden_errors();
+    test_sandbox();
+    test_overrides();
+    test_canonical();
+    test_examples();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_spec: could not remove %s\n", tmp_root);
+    return check_report("test_spec");
+}
