@@ -84,13 +84,14 @@ test-gpu: $(addprefix $(BUILD)/tests/,$(GPU_TESTS))
 # The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
 VENDORED_SPEC := qwen3-30b-a3b
 VENDORED_NAME := qwen3_30b_a3b
-$(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu runtime/ref.c gen/spec.c
+VENDORED_OBJ := $(BUILD)/runtime/ref.o $(BUILD)/gen/spec.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
+$(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
 	  -Igen -Iruntime -Itests -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
 	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h \
 	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
-	  -x c runtime/ref.c gen/spec.c gen/sandbox.c gen/util.c -x none $(LUA_LIB) -o $@
+	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -104,3 +105,16 @@ $(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 all: $(BUILD)/moe_bench $(BUILD)/moe_example
+
+# ---- shared library and pkg-config file ----------------------------------
+# Debian's static Lua is not position-independent, so the shared library
+# links Debian's liblua5.4.so.0 (the static library and the command link Lua
+# statically and need no Lua on the machine they run on).
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c
+	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $^ -llua5.4 $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+
+$(BUILD)/moegen.pc: Makefile
+	@mkdir -p $(BUILD)
+	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: 0.1.0\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
+
+all: $(BUILD)/libmoegen.so $(BUILD)/moegen.pc

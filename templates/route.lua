@@ -65,9 +65,9 @@
 @   -- k steps of 32 columns per warp per chunk; a chunk is KC = 32*WK*SPW columns
 @   c.SPW = math.max(1, (c.NPASS > 1 and 4 or 8) // c.WK)
 @   c.KC = 32 * c.WK * c.SPW
-@   -- prefetch distance in k steps: D*NT 16-byte loads in flight per lane, D divides SPW
+@   -- prefetch distance in k steps: D*NT <= 4 16-byte loads in flight per lane (more costs occupancy), D divides SPW
 @   c.D = 1
-@   while c.D * 2 <= c.SPW and c.SPW % (c.D * 2) == 0 and c.D * 2 * c.NT <= 8 do c.D = c.D * 2 end
+@   while c.D * 2 <= c.SPW and c.SPW % (c.D * 2) == 0 and c.D * 2 * c.NT <= 4 do c.D = c.D * 2 end
 @   c.S = 2                                -- x stages
 @   -- x row stride: 64 mod 128 bytes, so the 16-byte fragment loads of rows g and g+1 use disjoint banks
 @   c.XSTR = c.KC + ((c.KC * 2) % 128 == 0 and 32 or 0)
