@@ -22,9 +22,14 @@ static void stamp(moe_buf_t *b, const moe_plan_desc_t *pd, const char *from, con
     moe_buf_printf(b, "%s Do not edit: regenerate with `make kernels`.%s\n", mid, close);
 }
 
-static const char *const source_templates =
-    "templates/common.lua, templates/route.lua, templates/permute.lua, templates/gemm_up_swiglu.lua, "
-    "templates/gemm_down.lua, templates/combine.lua";
+/* "templates/a.lua, templates/b.lua, ...": every template the source is
+ * built from (the embedded set, which the generator always expands whole). */
+static void source_templates(char *out, size_t n) {
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < moe_embedded_template_count && o < n; i++)
+        o += (size_t)snprintf(out + o, n - o, "%s%s", i ? ", " : "", moe_embedded_templates[i].path);
+}
 
 /* Host launch code for plain nvcc builds (the vendored path). Uses the
  * same plan numbers the JIT runtime uses. */
@@ -56,8 +61,9 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
         moe_buf_printf(b, "    %s *%s = (%s *)(ws + %zu);\n", ctypes[i], pd->ws[i].name, ctypes[i], pd->ws[i].offset);
     moe_buf_printf(b, "    const long long tiles_y = %s_max_tiles(T);\n", n);
     moe_buf_printf(b, "    static bool attrs_set = false;\n    if (!attrs_set) {\n");
-    for (int i = MOE_K_GEMM_UP; i <= MOE_K_GEMM_DOWN; i++)
-        moe_buf_printf(b,
+    for (int i = 0; i < MOE_K_COUNT; i++)
+        if (k[i].smem > 48 * 1024)
+            moe_buf_printf(b,
                        "        if (cudaFuncSetAttribute(%s, cudaFuncAttributeMaxDynamicSharedMemorySize, %d) != "
                        "cudaSuccess) return cudaGetLastError();\n",
                        k[i].name, k[i].smem);
@@ -65,9 +71,10 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
     moe_buf_printf(b, "    cudaError_t e = cudaMemsetAsync(counts, 0, %zu, stream);\n    if (e != cudaSuccess) return e;\n",
                    pd->ws[MOE_WS_COUNTS].bytes);
     moe_buf_printf(b,
-                   "    %s<<<(T + %d) / %d, %d, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,\n"
+                   "    %s<<<(T + %d) / %d, %d, %d, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,\n"
                    "        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);\n",
-                   k[MOE_K_ROUTE].name, k[MOE_K_ROUTE].per_block - 1, k[MOE_K_ROUTE].per_block, k[MOE_K_ROUTE].threads);
+                   k[MOE_K_ROUTE].name, k[MOE_K_ROUTE].per_block - 1, k[MOE_K_ROUTE].per_block, k[MOE_K_ROUTE].threads,
+                   k[MOE_K_ROUTE].smem);
     moe_buf_printf(b, "    %s<<<1, %d, 0, stream>>>(counts, offsets, cursor, tiles, num_tiles);\n",
                    k[MOE_K_PERMUTE_PLAN].name, k[MOE_K_PERMUTE_PLAN].threads);
     moe_buf_printf(b,
@@ -121,7 +128,9 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     }
     char cu[96];
     snprintf(cu, sizeof cu, "%s.cu", pd->spec.name);
-    stamp(out, pd, source_templates, "/*", " *", "\n */");
+    char from[1024];
+    source_templates(from, sizeof from);
+    stamp(out, pd, from, "/*", " *", "\n */");
     moe_buf_printf(out, "\n");
     int rc = 0;
     static const int order[] = {-1, MOE_K_ROUTE, MOE_K_PERMUTE_PLAN, MOE_K_GEMM_UP, MOE_K_GEMM_DOWN, MOE_K_COMBINE};
@@ -203,7 +212,9 @@ static void json_str(moe_buf_t *b, const char *s) {
 static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash, const moe_mesh_plan_t *mp) {
     const moe_spec_t *s = &pd->spec;
     char *canon = moe_spec_canonical(s);
-    moe_buf_printf(b, "{\n  \"generator\": \"moegen %s\",\n  \"name\": \"%s\",\n  \"hash\": \"%s\",\n", MOEGEN_VERSION,
+    moe_buf_printf(b, "{\n  \"generated\": \"by moegen %s from gen/emit.c; do not edit: regenerate with `make kernels`\",\n",
+                   MOEGEN_VERSION);
+    moe_buf_printf(b, "  \"generator\": \"moegen %s\",\n  \"name\": \"%s\",\n  \"hash\": \"%s\",\n", MOEGEN_VERSION,
                    s->name, s->hash);
     moe_buf_printf(b, "  \"templates_hash\": \"%s\",\n  \"spec\": ", tmpl_hash);
     json_str(b, canon ? canon : "");
@@ -223,8 +234,9 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
             moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
         if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
             moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, \"warps_m\": %d, "
-                              "\"warps_n\": %d}",
-                           k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n);
+                              "\"warps_n\": %d, \"group_m\": %d}",
+                           k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,
+                           k->tile.group_m);
         moe_buf_printf(b, "}%s\n", i + 1 < MOE_K_COUNT ? "," : "");
     }
     moe_buf_printf(b, "  ],\n  \"workspace\": {\"bytes\": %zu, \"regions\": [\n", pd->ws_bytes);
@@ -285,8 +297,8 @@ int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fil
     snprintf(path, sizeof path, "%s.moe", n);
     moe_buf_t *spec = moe_fileset_add(fs, path);
     char *canon = moe_spec_canonical(&pd->spec);
-    moe_buf_printf(spec, "-- Canonical spec %s (hash %s), written by moegen %s.\n%s", n, pd->spec.hash, MOEGEN_VERSION,
-                   canon ? canon : "");
+    stamp(spec, pd, "gen/spec.c (the canonical spec)", "--", "--", "");
+    moe_buf_printf(spec, "%s", canon ? canon : "");
     free(canon);
     for (int i = 0; i < fs->nfiles; i++)
         if (fs->files[i].data.failed) {

@@ -15,9 +15,9 @@ static moe_tile_cfg_t choose_tile(const moe_spec_t *s, int n_total) {
     double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
     moe_tile_cfg_t t;
     if (rows_per_expert >= 96) {
-        t = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4};
+        t = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4, .group_m = 8};
     } else {
-        t = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2};
+        t = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2, .group_m = 8};
     }
     (void)n_total;
     return t;
@@ -29,7 +29,7 @@ static int tile_smem(const moe_tile_cfg_t *t) {
 }
 
 static void tile_suffix(char *out, size_t n, const moe_tile_cfg_t *t) {
-    snprintf(out, n, "m%dn%dk%ds%dw%dx%d", t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n);
+    snprintf(out, n, "m%dn%dk%ds%dw%dx%dg%d", t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
 }
 
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
@@ -52,6 +52,12 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
     k[MOE_K_ROUTE] = (moe_kernel_desc_t){.family = MOE_K_ROUTE, .tmpl = "route", .threads = 256, .per_block = 32};
     snprintf(k[MOE_K_ROUTE].name, sizeof k->name, "%s_route_%s_e%dk%d_t%d", s->name, dt, s->experts, s->top_k,
              k[MOE_K_ROUTE].per_block);
+    if (s->experts > 1024) {
+        snprintf(err, errlen, "experts (%d): the route kernel handles at most 1024 experts", s->experts);
+        return 1;
+    }
+    if (s->experts > 256) /* logits of 32 tokens x E no longer fit 48 KB of static shared memory */
+        k[MOE_K_ROUTE].smem = 20480 + 128 * ((s->experts + 255) / 256 * 256 + 8);
 
     moe_tile_cfg_t up = choose_tile(s, 2 * s->ffn), down = choose_tile(s, s->hidden);
     down.bm = up.bm; /* one tile table serves both GEMMs */
@@ -78,6 +84,11 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
 
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
+    if (pd->max_tiles > 65535) {
+        snprintf(err, errlen, "the plan needs %lld row tiles of %d at %d tokens, more than a grid's 65535 rows; "
+                 "lower tokens", pd->max_tiles, pd->align, s->tokens);
+        return 1;
+    }
     if (pd->max_rows > (1LL << 30)) {
         snprintf(err, errlen, "the plan needs %lld expert rows, more than 2^30", pd->max_rows);
         return 1;
@@ -194,6 +205,7 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k) {
             set_int(L, "stages", d->tile.stages);
             set_int(L, "warps_m", d->tile.warps_m);
             set_int(L, "warps_n", d->tile.warps_n);
+            set_int(L, "group_m", d->tile.group_m);
             lua_setfield(L, -2, "tile");
         }
     }

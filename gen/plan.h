@@ -25,6 +25,7 @@ typedef struct {
     int bm, bn, bk;         /* CTA tile; for GEMM_UP, bn counts packed (gate+up) columns */
     int stages;             /* cp.async pipeline depth */
     int warps_m, warps_n;   /* warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
+    int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
 } moe_tile_cfg_t;
 
 typedef struct {

@@ -28,10 +28,13 @@ static void sandbox_hook(lua_State *L, lua_Debug *ar) {
     sb->instr_count += HOOK_PERIOD;
     if (sb->instr_count > sb->instr_limit) {
         lua_Debug where;
+        /* lua_error, not luaL_error: the position is added here, once */
         if (lua_getstack(L, 0, &where) && lua_getinfo(L, "Sl", &where) && where.currentline > 0)
-            luaL_error(L, "%s:%d: instruction limit exceeded (%d instructions)", where.short_src,
-                       where.currentline, (int)sb->instr_limit);
-        luaL_error(L, "instruction limit exceeded (%d instructions)", (int)sb->instr_limit);
+            lua_pushfstring(L, "%s:%d: instruction limit exceeded (%d instructions)", where.short_src,
+                            where.currentline, (int)sb->instr_limit);
+        else
+            lua_pushfstring(L, "instruction limit exceeded (%d instructions)", (int)sb->instr_limit);
+        lua_error(L);
     }
 }
 

@@ -94,6 +94,11 @@ static int line_has_key(const char *p, const char *key, int at_start) {
     const char *end = strchr(p, '\n');
     if (!end)
         end = p + strlen(p);
+    for (const char *q = p; q + 1 < end; q++)
+        if (q[0] == '-' && q[1] == '-') {
+            end = q; /* a comment is not an assignment */
+            break;
+        }
     for (const char *q = p; q + n <= end; q++) {
         if (at_start && q != p) {
             /* only leading whitespace may precede a top-level key */
@@ -195,11 +200,15 @@ static int spec_newindex(lua_State *L) {
     return 0;
 }
 
-/* __index of the environment: reading a key already set gives its value. */
+/* __index of the environment: reading a key already set gives its value;
+ * any other name is an error (a spec has no variables, so `ture` or an
+ * unquoted string would otherwise read as nil). */
 static int spec_index(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, "moegen_values");
     lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
+    if (lua_rawget(L, -2) == LUA_TNIL && lua_type(L, 2) == LUA_TSTRING)
+        return luaL_error(L, "'%s' is not defined (strings need quotes; booleans are true and false)",
+                          lua_tostring(L, 2));
     return 1;
 }
 
@@ -398,7 +407,8 @@ static void get_int(ctx_t *c, int idx, keyref_t k, int required, int def, long l
         *out = def;
     } else if (!lua_isinteger(L, -1)) {
         if (t == LUA_TNUMBER)
-            key_error(c, k, "%s must be an integer, got %g", full_name(fn, sizeof fn, k), lua_tonumber(L, -1));
+            key_error(c, k, "%s must be an integer, got %.17g%s", full_name(fn, sizeof fn, k), lua_tonumber(L, -1),
+                      lua_tonumber(L, -1) == (double)(long long)lua_tonumber(L, -1) ? ".0" : "");
         else
             key_error(c, k, "%s must be an integer, got %s", full_name(fn, sizeof fn, k), type_word(L, -1));
     } else {

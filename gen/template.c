@@ -5,6 +5,7 @@
 #include "sandbox.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,27 +391,79 @@ void moe_tmpl_resync(moe_tmpl_t *t, moe_buf_t *out, const char *out_name) {
     t->last_line = 0;
 }
 
-int moe_tmpl_content_hash(moe_tmpl_t *t, char out[33]) {
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return 1;
-    XXH3_128bits_reset(st);
-    for (size_t i = 0; i < moe_embedded_template_count; i++) {
-        const char *path = moe_embedded_templates[i].path;
-        char name[128], display[512], err[256];
-        snprintf(name, sizeof name, "%s", path + strlen("templates/"));
-        name[strlen(name) - 4] = '\0';
-        char *src = tmpl_source(t, name, display, sizeof display, err, sizeof err);
-        if (!src) {
-            XXH3_freeState(st);
-            return 1;
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The template names in use: the embedded ones, or every *.lua in the
+ * override folder (a helper that exists only there counts too). Sorted;
+ * caller frees each name and the array. Returns the count, or -1. */
+static int tmpl_names(moe_tmpl_t *t, char ***out) {
+    char **names = NULL;
+    int n = 0, cap = 0;
+    DIR *d = NULL;
+    if (t->dir && !(d = opendir(t->dir)))
+        return -1;
+    for (size_t i = 0;; i++) {
+        const char *nm;
+        char buf[256];
+        if (d) {
+            struct dirent *de = readdir(d);
+            if (!de)
+                break;
+            size_t l = strlen(de->d_name);
+            if (l < 5 || strcmp(de->d_name + l - 4, ".lua") != 0)
+                continue;
+            snprintf(buf, sizeof buf, "%.*s", (int)(l - 4), de->d_name);
+            nm = buf;
+        } else {
+            if (i >= moe_embedded_template_count)
+                break;
+            const char *path = moe_embedded_templates[i].path + strlen("templates/");
+            snprintf(buf, sizeof buf, "%.*s", (int)(strlen(path) - 4), path);
+            nm = buf;
         }
-        XXH3_128bits_update(st, path, strlen(path) + 1);
-        XXH3_128bits_update(st, src, strlen(src));
-        free(src);
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nn = realloc(names, sizeof *names * (size_t)cap);
+            if (!nn)
+                break;
+            names = nn;
+        }
+        names[n++] = strdup(nm);
     }
-    XXH128_hash_t h = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
-    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-    return 0;
+    if (d)
+        closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    *out = names;
+    return n;
+}
+
+int moe_tmpl_content_hash(moe_tmpl_t *t, char out[33]) {
+    char **names;
+    int n = tmpl_names(t, &names);
+    if (n < 0)
+        return 1;
+    XXH3_state_t *st = XXH3_createState();
+    int rc = st ? 0 : 1;
+    if (st)
+        XXH3_128bits_reset(st);
+    for (int i = 0; i < n; i++) {
+        char display[512], err[256];
+        char *src = rc ? NULL : tmpl_source(t, names[i], display, sizeof display, err, sizeof err);
+        if (!rc && !src)
+            rc = 1;
+        if (src) {
+            XXH3_128bits_update(st, names[i], strlen(names[i]) + 1);
+            XXH3_128bits_update(st, src, strlen(src));
+            free(src);
+        }
+        free(names[i]);
+    }
+    free(names);
+    if (!rc) {
+        XXH128_hash_t h = XXH3_128bits_digest(st);
+        snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    }
+    if (st)
+        XXH3_freeState(st);
+    return rc;
 }

@@ -66,7 +66,8 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${p.dtype}.${p.dtype}.f32 "
+@ local mt = p.dtype == "bf16" and "bf16" or "f16"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${mt}.${mt}.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

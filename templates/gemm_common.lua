@@ -6,8 +6,9 @@
 @ -- Layout: A (activations) and B (weights) are both K-major, so one smem
 @ -- stage is BM rows and BN rows of BK halves, each row padded by 8 halves
 @ -- (a row stride of 4 mod 8 words keeps ldmatrix and cp.async writes free
-@ -- of bank conflicts). After the main loop the same smem holds the output
-@ -- tile, so the global stores are whole 16-byte rows segments.
+@ -- of bank conflicts); stage s holds its A tile then its B tile. After the
+@ -- main loop the same smem holds the output tile, so the global stores are
+@ -- 16-byte pieces of whole rows.
 @ local M = {}
 @
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
@@ -22,7 +23,7 @@
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, t.bn, p.H
 @   end
 @   local function need(ok, what)
-@     if not ok then error(p.kernel .. ": " .. what, 0) end
+@     if not ok then error(p.kernel .. ": " .. what, 3) end
 @   end
 @   need(c.wm >= 1 and c.wn >= 1 and c.stages >= 2, "need warps_m, warps_n >= 1 and stages >= 2")
 @   need(c.bm % (16 * c.wm) == 0, "bm / warps_m must be a multiple of 16")
@@ -34,7 +35,7 @@
 @     need(p.pair_granule == 8, "the SwiGLU epilogue pairs gate/up in granules of 8 (one n8 fragment)")
 @   end
 @   c.threads = p.threads
-@   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
+@   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 2)
 @   c.lds = c.bk + 8                                    -- smem row stride, halves
 @   c.a_stage = c.bm * c.lds * 2                        -- bytes of one stage's A tile
 @   c.b_stage = c.bn * c.lds * 2                        -- and B tile
@@ -49,7 +50,7 @@
 @   c.cpr = c.bk // 8
 @   -- every thread copies whole 8-row groups of both operands: chunk i is row r0 + i * threads / cpr
 @   c.regular = p.threads % (8 * c.cpr) == 0 and (c.bm * c.cpr) % p.threads == 0 and (c.bn * c.cpr) % p.threads == 0
-@   c.group_m = t.group_m or 8                          -- M tiles rastered together so they share B tiles in L2
+@   c.group_m = t.group_m                               -- M tiles rastered together so they share B tiles in L2
 @   return c
 @ end
 @
@@ -86,8 +87,8 @@ static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsig
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
 }
-/* D += A(16x16, row) . B(16x8, col), fp32 accumulate. (Not common.lua's
- * moe_mma_16816, whose type suffix is the dtype name: ".fp16" is no PTX type.) */
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
 static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.${c.ptx_type}.${c.ptx_type}.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -221,7 +222,7 @@ static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigne
  * (every warp finished reading it before the barrier of the previous
  * iteration's last k step), then runs its k steps; the last step waits for
  * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
- * mma of the current step run (fragments are double-buffered). */
+ * mma of the current step run (see mma_step). */
 static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
                                                 const moe_half_t *__restrict__ ga, int a_rows,
                                                 const moe_half_t *__restrict__ gb, int b_rows, bool active) {

@@ -30,8 +30,9 @@ ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1
     (void)b1p;
 @ end
 
-    /* Epilogue. Packed column pn (gate) and pn + 8 (up) of the CTA tile give
-     * output column pn / 2 - (pn % 16) / 2 + pn % 8 = (pn / 16) * 8 + pn % 8. */
+    /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
+     * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
+     * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
 @ if p.ffn_bias then
     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;

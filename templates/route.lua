@@ -23,7 +23,8 @@
 @ -- 64-bit keys (score bits << 32 | ~expert), so ties go to the lower
 @ -- expert (or group) index. Group scores use one of three layouts,
 @ -- chosen from the group size: a group spans whole 32-expert slots, a
-@ -- group is a lane segment within a slot, or the general case.
+@ -- group is a lane segment within a slot, or the general case. Counts
+@ -- are gathered per block in smem, then added to counts[] once per expert.
 @ local M = {}
 @
 @ local function cdiv(a, b) return (a + b - 1) // b end
@@ -32,9 +33,10 @@
 @ M.STATIC_SMEM = 48 * 1024
 @
 @ -- Check p and derive the route kernel's constants. Returns a table; its
-@ -- field smem is the shared memory the kernel needs, and dynamic says
-@ -- whether it takes it as dynamic shared memory (p.smem must then be at
-@ -- least that much) or declares it statically.
+@ -- field smem is the shared memory for x stages and logits, and dynamic
+@ -- says whether the kernel takes that as dynamic shared memory (when
+@ -- p.smem > 0, which must then be at least smem) or declares it
+@ -- statically. The per-block expert counts (4*E bytes) are always static.
 @ function M.config(p)
 @   local function need(ok, what)
 @     if not ok then error(p.kernel .. ": " .. what, 0) end
@@ -52,10 +54,10 @@
 @   c.MT = c.T // 16                       -- m16 tiles (all in every warp)
 @   c.NTT = cdiv(c.E, 8)                   -- n8 tiles of experts
 @   c.NTMAX = math.max(1, 8 // c.MT)       -- n8 tiles per warp: MT*NT*4 <= 32 accumulators
-@   local want = cdiv(c.NTT, c.NTMAX)      -- warps along experts that keep NT at NTMAX
-@   c.WN = 1
-@   for d = 1, c.NW do
-@     if c.NW % d == 0 and d <= want then c.WN = d end
+@   -- the fewest warps along experts that cover E in one pass at NTMAX tiles each (else all warps)
+@   c.WN = c.NW
+@   for d = c.NW, 1, -1 do
+@     if c.NW % d == 0 and d * c.NTMAX >= c.NTT then c.WN = d end
 @   end
 @   c.WK = c.NW // c.WN                    -- the rest split H
 @   c.NPASS = cdiv(c.NTT, c.WN * c.NTMAX)
@@ -83,9 +85,9 @@
 @     need(p.smem >= c.smem, string.format("routing %d experts needs %d bytes of dynamic shared memory, the plan gives %d",
 @          c.E, c.smem, p.smem))
 @   else
-@     need(c.smem <= M.STATIC_SMEM, string.format("routing %d experts needs %d bytes of shared memory, more than the " ..
+@     need(c.smem + 4 * c.E <= M.STATIC_SMEM, string.format("routing %d experts needs %d bytes of shared memory, more than the " ..
 @          "%d a block has without opting in: the plan must give route that much dynamic shared memory",
-@          c.E, c.smem, M.STATIC_SMEM))
+@          c.E, c.smem + 4 * c.E, M.STATIC_SMEM))
 @   end
 @   -- routing
 @   c.softmax = p.score == "softmax"
@@ -231,6 +233,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ else
     __shared__ __align__(16) unsigned char smem[SMEM];
 @ end
+    __shared__ int s_count[E];   // this block's selections per expert
 @ if not p.bias then
     (void)sel_bias;
 @ end
@@ -243,6 +246,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
+    for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
     const int g = lane >> 2, tq = lane & 3;
@@ -406,15 +410,15 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         {
             constexpr int SG = PG / 32;
             float gsc = 0.f;   // lane q < G: the score of group q
-@   for q = 0, c.G - 1 do
-            {
-                unsigned mq = cand & (((1u << SG) - 1u) << ${q} * SG);
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                unsigned mq = cand & (((1u << SG) - 1u) << q * SG);
                 float sum = 0.f;
 #pragma unroll 1
                 for (int r = 0; r < TAKE; ++r) {
                     unsigned long long best = 0;
 #pragma unroll
-                    for (int i = ${q} * SG; i < ${q + 1} * SG; ++i) {
+                    for (int i = q * SG; i < (q + 1) * SG; ++i) {
                         const unsigned long long k = ((mq >> i) & 1u) ? make_key(ord[i], lane + 32 * i) : 0ull;
                         best = k > best ? k : best;
                     }
@@ -424,10 +428,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
                     if (lane == (e & 31))
                         mq &= ~(1u << (e >> 5));
                 }
-                if (lane == ${q})
+                if (lane == q)
                     gsc = sum;
             }
-@   end
             bool gc = lane < G;
             unsigned kept = 0;   // bit q: group q kept (the same in every lane)
 #pragma unroll 1
@@ -560,9 +563,13 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
-            atomicAdd(counts + mine, 1);
+            atomicAdd(s_count + mine, 1);
         }
     }
+    __syncthreads();
+    for (int e = tid; e < E; e += THREADS)
+        if (s_count[e])
+            atomicAdd(counts + e, s_count[e]);
 }
 @ end
 @
