@@ -367,7 +367,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     const moe_spec_t *s = &p->pd.spec;
     *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
-                            .tokens = s->tokens, .dtype_bytes = 2, .cache_hit = p->cache_hit};
+                            .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit};
     for (int i = 0; i < MOE_K_COUNT; i++)
         info->kernels[i] = p->pd.k[i].name;
     return MOE_OK;

@@ -104,6 +104,7 @@ typedef struct {
     const char *name, *hash, *arch;
     int experts, top_k, hidden, ffn, tokens;
     int dtype_bytes;
+    int align;                    /* each expert's rows start at a multiple of this (the GEMM M tile) */
     int cache_hit;                /* 1: the cubin came from the disk cache */
     const char *kernels[6];       /* route, permute_plan, permute_scatter, gemm_up, gemm_down, combine */
 } moe_plan_info;

@@ -367,11 +367,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         int off_ok = offsets[0] == 0, expect_tiles = 0;
         long long total = 0;
         int tile_ok = 1, t = 0;
-        int align_m = 0;
-        /* infer align from the plan's kernel name "_a<align>" of permute_plan */
-        const char *pa = strstr(info.kernels[1], "_a");
-        if (pa)
-            align_m = atoi(pa + 2);
+        int align_m = info.align;
         CHECK(align_m > 0);
         for (int e = 0; e < E && align_m > 0; e++) {
             int padded = (counts[e] + align_m - 1) / align_m * align_m;
