@@ -63,7 +63,7 @@ clean:
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_mesh test_ref test_gen
+CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime
 GPU_TESTS := test_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS))
 

@@ -39,6 +39,7 @@ typedef struct {
     int mode;
     int tokens[6];
     int ntokens;
+    int from_dir;          /* load kernels from a `moegen compile` folder, no NVRTC at run time */
 } gpu_case_t;
 
 static const char *const tiny_spec =
@@ -55,20 +56,25 @@ static const char *const clamp_spec =
     "router = { logit_bias = true }\n"
     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n";
 
+static const char *const wide_spec =
+    "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
+
 static const gpu_case_t cases[] = {
-    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5},
-    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3},
-    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3},
-    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3},
-    {odd_spec, MODE_SKEW, {300}, 1},
-    {clamp_spec, MODE_RANDOM, {5, 512}, 2},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3},
-    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3},
-    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3},
+    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0},
+    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0},
+    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0},
+    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1},
+    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0},
+    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0},
+    {odd_spec, MODE_SKEW, {300}, 1, 0},
+    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0},
+    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0},
 };
 
 /* ---- random data, filled by several threads ----------------------------- */
@@ -470,11 +476,21 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         return;
     }
     char label[160];
-    snprintf(label, sizeof label, "%s/%s/%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode]);
+    snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode],
+             c->from_dir ? "/from_dir" : "");
     CASE(label);
     moe_options o = {.cache_dir = cache};
     moe_plan *plan = NULL;
-    moe_status st = moe_plan_create(&plan, path, &o);
+    moe_status st;
+    if (c->from_dir) {
+        char dir[400], cmd[1200];
+        snprintf(dir, sizeof dir, "%s/compiled_%s", tmpdir, L.s.name);
+        snprintf(cmd, sizeof cmd, "build/moegen compile %s -o %s --set arch=sm_90a,sm_80", path, dir);
+        CHECKF(system(cmd) == 0, "%s failed", cmd);
+        st = moe_plan_create_from_dir(&plan, dir, &o);
+    } else {
+        st = moe_plan_create(&plan, path, &o);
+    }
     CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
     if (st != MOE_OK)
         return;
