@@ -131,7 +131,10 @@ static int parse_args(int argc, char **argv, args_t *a) {
     return 0;
 }
 
-static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd) {
+/* Load and validate the spec, then build the kernel plan and, when mp is
+ * not NULL, the mesh plan (which the caller frees). Prints the error and
+ * returns the exit status on failure. */
+static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd, moe_mesh_plan_t *mp) {
     moe_diag_t d;
     if (moe_spec_load(spec, a->spec, NULL, a->sets, a->nsets, &d)) {
         fprintf(stderr, "%s\n", d.msg);
@@ -142,21 +145,20 @@ static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd) {
         fprintf(stderr, "%s: error: %s\n", a->spec, err);
         return 2;
     }
+    if (mp && moe_mesh_plan_build(mp, spec, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", a->spec, err);
+        return 2;
+    }
     return 0;
 }
 
 static int cmd_check(const args_t *a) {
     moe_spec_t spec;
     moe_plan_desc_t pd;
-    int rc = load(a, &spec, &pd);
+    moe_mesh_plan_t mp;
+    int rc = load(a, &spec, &pd, &mp);
     if (rc)
         return rc;
-    moe_mesh_plan_t mp;
-    char err[512];
-    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", a->spec, err);
-        return 2;
-    }
     moe_mesh_plan_free(&mp);
     char *canon = moe_spec_canonical(&spec);
     printf("%s-- hash %s\n", canon ? canon : "", spec.hash);
@@ -170,7 +172,7 @@ static int cmd_emit(const args_t *a, int compile) {
         return usage_error("%s needs -o DIR", a->cmd);
     moe_spec_t spec;
     moe_plan_desc_t pd;
-    int rc = load(a, &spec, &pd);
+    int rc = load(a, &spec, &pd, NULL);
     if (rc)
         return rc;
     moe_fileset_t fs = {0};
@@ -215,15 +217,10 @@ static int cmd_emit(const args_t *a, int compile) {
 static int cmd_plan(const args_t *a) {
     moe_spec_t spec;
     moe_plan_desc_t pd;
-    int rc = load(a, &spec, &pd);
+    moe_mesh_plan_t mp;
+    int rc = load(a, &spec, &pd, &mp);
     if (rc)
         return rc;
-    moe_mesh_plan_t mp;
-    char err[512];
-    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", a->spec, err);
-        return 2;
-    }
     if (a->rank >= mp.world) {
         fprintf(stderr, "moegen: error: --rank %d is out of range: the mesh has %d devices (ranks 0..%d)\n", a->rank,
                 mp.world, mp.world - 1);

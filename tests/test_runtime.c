@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* test_runtime.c — the runtime's contract where no GPU is needed: status
  * codes and messages, argument checks, spec errors before any driver use,
  * and, on a machine without a driver or GPU, the clear status instead of a
@@ -6,6 +7,8 @@
 #include "driver.h"
 #include "moe.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int main(void) {
@@ -56,6 +59,27 @@ int main(void) {
         } else {
             SKIP("this machine has a GPU: the no-driver status is checked where there is none");
         }
+    }
+    CASE("README's table of switches and the code's getenv calls name the same variables");
+    {
+        /* both lists, sorted and unique, as one line each */
+        FILE *code = popen("grep -rhoE 'getenv\\(\"MOEGEN_[A-Z_]+' gen runtime tests bench examples "
+                           "| sed 's/.*\"//' | sort -u | tr '\\n' ' '", "r");
+        FILE *doc = popen("grep -oE '^\\| `MOEGEN_[A-Z_]+`' README.md | sed 's/[|` ]//g' | sort -u | tr '\\n' ' '",
+                          "r");
+        char a[1024] = "", b[1024] = "";
+        if (code) {
+            if (!fgets(a, sizeof a, code))
+                a[0] = '\0';
+            pclose(code);
+        }
+        if (doc) {
+            if (!fgets(b, sizeof b, doc))
+                b[0] = '\0';
+            pclose(doc);
+        }
+        CHECKF(a[0] != '\0', "no getenv(\"MOEGEN_...\") found in the code");
+        CHECK_STREQ(a, b);
     }
     return check_report("test_runtime");
 }
