@@ -60,13 +60,34 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
     for (int i = 0; i < MOE_WS_COUNT; i++)
         moe_buf_printf(b, "    %s *%s = (%s *)(ws + %zu);\n", ctypes[i], pd->ws[i].name, ctypes[i], pd->ws[i].offset);
     moe_buf_printf(b, "    const long long tiles_y = %s_max_tiles(T);\n", n);
+    /* the GEMM variant: sm_90a kernels on compute capability 9.x when the
+     * spec has both arches and they differ; otherwise the one in the file */
+    const moe_kernel_desc_t *k90 = pd->k90, *k80 = pd->k;
+    int has90 = 0, has80 = 0;
+    for (int i = 0; i < s->narch; i++) {
+        has90 |= s->arch[i] == MOE_ARCH_SM90A;
+        has80 |= s->arch[i] == MOE_ARCH_SM80;
+    }
+    int two = has90 && has80 && strcmp(k90[MOE_K_GEMM_UP].name, k80[MOE_K_GEMM_UP].name) != 0;
+    if (two)
+        moe_buf_printf(b, "    static int use90 = -1;\n    if (use90 < 0) {\n        int dev = 0, major = 0;\n"
+                          "        cudaGetDevice(&dev);\n"
+                          "        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);\n"
+                          "        use90 = major == 9;\n    }\n");
+    /* raise the dynamic shared memory limit of every kernel that needs it,
+     * each name once (the variants share their arch-neutral kernels) */
     moe_buf_printf(b, "    static bool attrs_set = false;\n    if (!attrs_set) {\n");
-    for (int i = 0; i < MOE_K_COUNT; i++)
-        if (k[i].smem > 48 * 1024)
-            moe_buf_printf(b,
-                       "        if (cudaFuncSetAttribute(%s, cudaFuncAttributeMaxDynamicSharedMemorySize, %d) != "
-                       "cudaSuccess) return cudaGetLastError();\n",
-                       k[i].name, k[i].smem);
+    for (int v = 0; v < 2; v++) {
+        const moe_kernel_desc_t *kv = v ? k80 : k90;
+        if (v ? !has80 : !has90)
+            continue;
+        for (int i = 0; i < MOE_K_COUNT; i++)
+            if (kv[i].smem > 48 * 1024 && !(v == 1 && has90 && strcmp(kv[i].name, k90[i].name) == 0))
+                moe_buf_printf(b,
+                               "        if (cudaFuncSetAttribute(%s, cudaFuncAttributeMaxDynamicSharedMemorySize, %d) "
+                               "!= cudaSuccess) return cudaGetLastError();\n",
+                               kv[i].name, kv[i].smem);
+    }
     moe_buf_printf(b, "        attrs_set = true;\n    }\n");
     moe_buf_printf(b, "    cudaError_t e = cudaMemsetAsync(counts, 0, %zu, stream);\n    if (e != cudaSuccess) return e;\n",
                    pd->ws[MOE_WS_COUNTS].bytes);
@@ -82,16 +103,26 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    "topk_idx, offsets, cursor, T, xs, row_of);\n",
                    k[MOE_K_PERMUTE_SCATTER].name, s->top_k, k[MOE_K_PERMUTE_SCATTER].per_block - 1,
                    k[MOE_K_PERMUTE_SCATTER].per_block, k[MOE_K_PERMUTE_SCATTER].threads);
-    moe_buf_printf(b,
-                   "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(xs, (const moe_half_t *)a->w1p, "
-                   "(const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);\n",
-                   k[MOE_K_GEMM_UP].name, (2 * s->ffn + k[MOE_K_GEMM_UP].tile.bn - 1) / k[MOE_K_GEMM_UP].tile.bn,
-                   k[MOE_K_GEMM_UP].threads, k[MOE_K_GEMM_UP].smem);
-    moe_buf_printf(b,
-                   "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(hbuf, (const moe_half_t *)a->w2, "
-                   "(const moe_half_t *)a->b2, tiles, num_tiles, xs);\n",
-                   k[MOE_K_GEMM_DOWN].name, (s->hidden + k[MOE_K_GEMM_DOWN].tile.bn - 1) / k[MOE_K_GEMM_DOWN].tile.bn,
-                   k[MOE_K_GEMM_DOWN].threads, k[MOE_K_GEMM_DOWN].smem);
+    for (int v = 0; v < 2; v++) {
+        const moe_kernel_desc_t *kv = v ? k80 : k90;
+        if (two)
+            moe_buf_printf(b, v ? "    } else {\n" : "    if (use90) {\n");
+        else if (v != (has90 ? 0 : 1))
+            continue;
+        moe_buf_printf(b,
+                       "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(xs, (const moe_half_t *)a->w1p, "
+                       "(const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);\n",
+                       kv[MOE_K_GEMM_UP].name, (2 * s->ffn + kv[MOE_K_GEMM_UP].tile.bn - 1) / kv[MOE_K_GEMM_UP].tile.bn,
+                       kv[MOE_K_GEMM_UP].threads, kv[MOE_K_GEMM_UP].smem);
+        moe_buf_printf(b,
+                       "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(hbuf, (const moe_half_t *)a->w2, "
+                       "(const moe_half_t *)a->b2, tiles, num_tiles, xs);\n",
+                       kv[MOE_K_GEMM_DOWN].name,
+                       (s->hidden + kv[MOE_K_GEMM_DOWN].tile.bn - 1) / kv[MOE_K_GEMM_DOWN].tile.bn,
+                       kv[MOE_K_GEMM_DOWN].threads, kv[MOE_K_GEMM_DOWN].smem);
+    }
+    if (two)
+        moe_buf_printf(b, "    }\n");
     moe_buf_printf(b,
                    "    %s<<<(T + %d) / %d, %d, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);\n",
                    k[MOE_K_COMBINE].name, k[MOE_K_COMBINE].per_block - 1, k[MOE_K_COMBINE].per_block,
@@ -132,15 +163,33 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     source_templates(from, sizeof from);
     stamp(out, pd, from, "/*", " *", "\n */");
     moe_buf_printf(out, "\n");
+    /* the prelude and the arch-neutral kernels once; each arch's GEMMs once
+     * per distinct kernel name */
     int rc = 0;
-    static const int order[] = {-1, MOE_K_ROUTE, MOE_K_PERMUTE_PLAN, MOE_K_GEMM_UP, MOE_K_GEMM_DOWN, MOE_K_COMBINE};
-    for (size_t i = 0; i < sizeof order / sizeof *order && !rc; i++) {
-        int k = order[i];
-        moe_plan_push_params(moe_tmpl_lua(t), pd, k);
+    const moe_spec_t *s = &pd->spec;
+    static const int neutral[] = {-1, MOE_K_ROUTE, MOE_K_PERMUTE_PLAN, MOE_K_COMBINE};
+    for (size_t i = 0; i < sizeof neutral / sizeof *neutral && !rc; i++) {
+        int k = neutral[i];
+        moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[0], k);
         rc = k < 0 ? moe_tmpl_expand(t, "common", "prelude", out, diag)
                    : moe_tmpl_expand(t, pd->k[k].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
+    const char *done[2 * MOE_ARCH_MAX];
+    int ndone = 0;
+    for (int a = 0; a < s->narch && !rc; a++)
+        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN && !rc; k++) {
+            const moe_kernel_desc_t *d = &moe_plan_kernels(pd, s->arch[a])[k];
+            int seen = 0;
+            for (int j = 0; j < ndone; j++)
+                seen |= strcmp(done[j], d->name) == 0;
+            if (seen)
+                continue;
+            done[ndone++] = d->name;
+            moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[a], k);
+            rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
+            moe_buf_printf(out, "\n");
+        }
     if (!rc) {
         moe_tmpl_resync(t, out, cu);
         emit_host(out, pd);

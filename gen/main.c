@@ -233,7 +233,7 @@ static int cmd_plan(const args_t *a) {
                moe_dtype_name(spec.dtype), spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
         printf("kernels:\n");
         for (int i = 0; i < MOE_K_COUNT; i++) {
-            const moe_kernel_desc_t *k = &pd.k[i];
+            const moe_kernel_desc_t *k = &pd.k90[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
             if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
                 printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,

@@ -82,6 +82,8 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
                                            .per_block = 8};
     snprintf(k[MOE_K_COMBINE].name, sizeof k->name, "%s_combine_%s_h%dk%d", s->name, dt, s->hidden, s->top_k);
 
+    /* sm_90a: the same kernels until a wgmma GEMM configuration is chosen */
+    memcpy(pd->k90, pd->k, sizeof pd->k);
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
     if (pd->max_tiles > 65535) {
@@ -111,8 +113,8 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
     return 0;
 }
 
-void moe_plan_grid(const moe_plan_desc_t *pd, int k, int tokens, unsigned grid[3]) {
-    const moe_kernel_desc_t *d = &pd->k[k];
+void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]) {
+    const moe_kernel_desc_t *d = &moe_plan_kernels(pd, arch)[k];
     const moe_spec_t *s = &pd->spec;
     unsigned tiles = (unsigned)moe_plan_max_tiles(pd, tokens);
     grid[0] = grid[1] = grid[2] = 1;
@@ -158,7 +160,8 @@ static void set_bool(lua_State *L, const char *k, int v) {
     lua_setfield(L, -2, k);
 }
 
-void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k) {
+void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
+    const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);
     const moe_spec_t *s = &pd->spec;
     lua_newtable(L);
     set_str(L, "name", s->name);
@@ -184,18 +187,19 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k) {
     set_int(L, "align", pd->align);
     set_int(L, "pair_granule", pd->pair_granule);
     if (k >= 0) {
-        const moe_kernel_desc_t *d = &pd->k[k];
+        const moe_kernel_desc_t *d = &ks[k];
+        set_str(L, "arch", moe_arch_name(arch));
         set_str(L, "kernel", d->name);
         set_int(L, "threads", d->threads);
         set_int(L, "smem", d->smem);
         set_int(L, "per_block", d->per_block);
         if (k == MOE_K_PERMUTE_PLAN || k == MOE_K_PERMUTE_SCATTER) {
             /* the permute template emits both kernels */
-            set_str(L, "plan_kernel", pd->k[MOE_K_PERMUTE_PLAN].name);
-            set_int(L, "plan_threads", pd->k[MOE_K_PERMUTE_PLAN].threads);
-            set_str(L, "scatter_kernel", pd->k[MOE_K_PERMUTE_SCATTER].name);
-            set_int(L, "scatter_threads", pd->k[MOE_K_PERMUTE_SCATTER].threads);
-            set_int(L, "scatter_rows", pd->k[MOE_K_PERMUTE_SCATTER].per_block);
+            set_str(L, "plan_kernel", ks[MOE_K_PERMUTE_PLAN].name);
+            set_int(L, "plan_threads", ks[MOE_K_PERMUTE_PLAN].threads);
+            set_str(L, "scatter_kernel", ks[MOE_K_PERMUTE_SCATTER].name);
+            set_int(L, "scatter_threads", ks[MOE_K_PERMUTE_SCATTER].threads);
+            set_int(L, "scatter_rows", ks[MOE_K_PERMUTE_SCATTER].per_block);
         }
         if (k == MOE_K_GEMM_UP || k == MOE_K_GEMM_DOWN) {
             lua_newtable(L);

@@ -62,7 +62,8 @@ typedef struct {
     int align;                       /* expert row blocks align to this (= GEMM bm) */
     long long max_rows, max_tiles;   /* at spec.tokens */
     int pair_granule;                /* gate/up rows interleave in blocks of this many */
-    moe_kernel_desc_t k[MOE_K_COUNT];
+    moe_kernel_desc_t k[MOE_K_COUNT];     /* sm_80 kernels (and every non-GEMM kernel) */
+    moe_kernel_desc_t k90[MOE_K_COUNT];   /* sm_90a: the same, but GEMMs on wgmma when available */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
 } moe_plan_desc_t;
@@ -71,15 +72,21 @@ typedef struct {
  * reason in err. */
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, char *err, size_t errlen);
 
+/* The kernels of one arch. */
+static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *pd, moe_arch_t arch) {
+    return arch == MOE_ARCH_SM90A ? pd->k90 : pd->k;
+}
+
 /* Rows and tiles needed for `tokens` tokens (tokens <= spec.tokens). */
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
 
-/* Grid of kernel k for `tokens` tokens. */
-void moe_plan_grid(const moe_plan_desc_t *pd, int k, int tokens, unsigned grid[3]);
+/* Grid of kernel k of arch for `tokens` tokens. */
+void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]);
 
-/* Push the template parameter table `p` for kernel k onto L. */
-void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, int k);
+/* Push the template parameter table `p` for kernel k of arch onto L
+ * (k < 0: the parameters every template shares). */
+void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k);
 
 /* Packed row index of plain W1 row r (0 <= r < 2F: gate rows then up rows).
  * Gate row f and up row f land in the same granule pair. */

@@ -94,6 +94,12 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     else
         return fail(MOE_ERR_ARCH, "GPU %d has compute capability %d.%d; moegen builds kernels for sm_80 (8.x) and "
                     "sm_90a (9.0)", p->device, major, minor);
+    int listed = 0;
+    for (int i = 0; i < p->pd.spec.narch; i++)
+        listed |= p->pd.spec.arch[i] == p->arch;
+    if (!listed)
+        return fail(MOE_ERR_ARCH, "GPU %d is %s, which the spec's arch list does not name; add \"%s\" to arch",
+                    p->device, moe_arch_name(p->arch), moe_arch_name(p->arch));
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     return MOE_OK;
@@ -102,7 +108,7 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     CU_CHECK(moe_cu.cuModuleLoadData(&p->module, cubin->data));
     for (int i = 0; i < MOE_K_COUNT; i++) {
-        const moe_kernel_desc_t *k = &p->pd.k[i];
+        const moe_kernel_desc_t *k = &moe_plan_kernels(&p->pd, p->arch)[i];
         CUresult r = moe_cu.cuModuleGetFunction(&p->fn[i], p->module, k->name);
         if (r != CUDA_SUCCESS)
             return fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
@@ -274,8 +280,8 @@ static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void
     if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
         return fail(MOE_ERR_CUDA, "cuEventRecord failed");
     unsigned g[3];
-    moe_plan_grid(&p->pd, k, tokens, g);
-    const moe_kernel_desc_t *d = &p->pd.k[k];
+    moe_plan_grid(&p->pd, p->arch, k, tokens, g);
+    const moe_kernel_desc_t *d = &moe_plan_kernels(&p->pd, p->arch)[k];
     CUresult r = moe_cu.cuLaunchKernel(p->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
                                        args, NULL);
     if (r != CUDA_SUCCESS)
@@ -369,6 +375,6 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                             .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit};
     for (int i = 0; i < MOE_K_COUNT; i++)
-        info->kernels[i] = p->pd.k[i].name;
+        info->kernels[i] = moe_plan_kernels(&p->pd, p->arch)[i].name;
     return MOE_OK;
 }

@@ -807,11 +807,13 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
         snprintf(r->msg, sizeof r->msg, "%s", d.msg);
     else if (log.len)
         snprintf(r->msg, sizeof r->msg, "%s", log.data);
-    for (int k = 0; !r->rc && k < MOE_K_COUNT; k++)
-        if (!find_bytes(cubin.data, cubin.len, pd.k[k].name)) {
-            snprintf(r->missing, sizeof r->missing, "%s", pd.k[k].name);
+    for (int k = 0; !r->rc && k < MOE_K_COUNT; k++) {
+        const char *kname = moe_plan_kernels(&pd, arch)[k].name;
+        if (!find_bytes(cubin.data, cubin.len, kname)) {
+            snprintf(r->missing, sizeof r->missing, "%s", kname);
             break;
         }
+    }
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);

@@ -529,6 +529,69 @@ qwen3_30b_a3b_permute_scatter_bf16_h2048(const moe_half_t *__restrict__ x, const
     }
 }
 
+#line 22 "templates/combine.lua"
+namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl {
+constexpr int K = 8, H = 2048, HV = H / 8;
+constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
+constexpr int PER_BLOCK = 8, THREADS = 256, WARPS = THREADS / 32;
+constexpr unsigned FULL = 0xffffffffu;
+
+/* acc[0..8) += w * the 8 halves of v */
+static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uint4 &v) {
+    acc[0] = fmaf(w, moe_lo_float(v.x), acc[0]);
+    acc[1] = fmaf(w, moe_hi_float(v.x), acc[1]);
+    acc[2] = fmaf(w, moe_lo_float(v.y), acc[2]);
+    acc[3] = fmaf(w, moe_hi_float(v.y), acc[3]);
+    acc[4] = fmaf(w, moe_lo_float(v.z), acc[4]);
+    acc[5] = fmaf(w, moe_hi_float(v.z), acc[5]);
+    acc[6] = fmaf(w, moe_lo_float(v.w), acc[6]);
+    acc[7] = fmaf(w, moe_hi_float(v.w), acc[7]);
+}
+}  // namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl
+
+extern "C" __global__ void __launch_bounds__(256)
+qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
+            int tokens, moe_half_t *__restrict__ y) {
+    using namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 1
+    for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
+        const int t = blockIdx.x * PER_BLOCK + tt;
+        if (t >= tokens)
+            return;
+        int my_row = 0;
+        float my_w = 0.f;
+        if (lane < K) {
+            my_row = row_of[(long long)t * K + lane];
+            my_w = topk_w[(long long)t * K + lane];
+        }
+        int rows[K];
+        float w[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            rows[k] = __shfl_sync(FULL, my_row, k);
+            w[k] = __shfl_sync(FULL, my_w, k);
+        }
+        uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(y + (long long)t * H);
+#pragma unroll 2
+        for (int v = lane; v < HV; v += 32) {
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int k0 = 0; k0 < K; k0 += KB) {   // KB rows in flight, then their sums, in k order
+                uint4 o[KB];
+#pragma unroll
+                for (int k = 0; k < KB; ++k)
+                    if (k0 + k < K) o[k] = __ldg(reinterpret_cast<const uint4 *>(obuf + (long long)rows[k0 + k] * H) + v);
+#pragma unroll
+                for (int k = 0; k < KB; ++k)
+                    if (k0 + k < K) axpy8(acc, w[k0 + k], o[k]);
+            }
+            dst[v] = make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                                moe_pack2(acc[6], acc[7]));
+        }
+    }
+}
+
 #line 11 "templates/gemm_up_swiglu.lua"
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
 #line 60 "templates/gemm_common.lua"
@@ -1089,69 +1152,6 @@ qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
 #line 55 "templates/gemm_down.lua"
-}
-
-#line 22 "templates/combine.lua"
-namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl {
-constexpr int K = 8, H = 2048, HV = H / 8;
-constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
-constexpr int PER_BLOCK = 8, THREADS = 256, WARPS = THREADS / 32;
-constexpr unsigned FULL = 0xffffffffu;
-
-/* acc[0..8) += w * the 8 halves of v */
-static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uint4 &v) {
-    acc[0] = fmaf(w, moe_lo_float(v.x), acc[0]);
-    acc[1] = fmaf(w, moe_hi_float(v.x), acc[1]);
-    acc[2] = fmaf(w, moe_lo_float(v.y), acc[2]);
-    acc[3] = fmaf(w, moe_hi_float(v.y), acc[3]);
-    acc[4] = fmaf(w, moe_lo_float(v.z), acc[4]);
-    acc[5] = fmaf(w, moe_hi_float(v.z), acc[5]);
-    acc[6] = fmaf(w, moe_lo_float(v.w), acc[6]);
-    acc[7] = fmaf(w, moe_hi_float(v.w), acc[7]);
-}
-}  // namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl
-
-extern "C" __global__ void __launch_bounds__(256)
-qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
-            int tokens, moe_half_t *__restrict__ y) {
-    using namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll 1
-    for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
-        const int t = blockIdx.x * PER_BLOCK + tt;
-        if (t >= tokens)
-            return;
-        int my_row = 0;
-        float my_w = 0.f;
-        if (lane < K) {
-            my_row = row_of[(long long)t * K + lane];
-            my_w = topk_w[(long long)t * K + lane];
-        }
-        int rows[K];
-        float w[K];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            rows[k] = __shfl_sync(FULL, my_row, k);
-            w[k] = __shfl_sync(FULL, my_w, k);
-        }
-        uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(y + (long long)t * H);
-#pragma unroll 2
-        for (int v = lane; v < HV; v += 32) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int k0 = 0; k0 < K; k0 += KB) {   // KB rows in flight, then their sums, in k order
-                uint4 o[KB];
-#pragma unroll
-                for (int k = 0; k < KB; ++k)
-                    if (k0 + k < K) o[k] = __ldg(reinterpret_cast<const uint4 *>(obuf + (long long)rows[k0 + k] * H) + v);
-#pragma unroll
-                for (int k = 0; k < KB; ++k)
-                    if (k0 + k < K) axpy8(acc, w[k0 + k], o[k]);
-            }
-            dst[v] = make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
-                                moe_pack2(acc[6], acc[7]));
-        }
-    }
 }
 
 #line 1158 "qwen3_30b_a3b.cu"
