@@ -110,8 +110,15 @@ all: $(BUILD)/moe_bench $(BUILD)/moe_example
 # Debian's static Lua is not position-independent, so the shared library
 # links Debian's liblua5.4.so.0 (the static library and the command link Lua
 # statically and need no Lua on the machine they run on).
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c
-	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $^ -llua5.4 $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+# A copy of that Lua library sits beside it (found through $$ORIGIN), so
+# build/ carries everything libmoegen.so needs to a machine without Lua.
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/liblua5.4.so.0
+	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
+	  -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+
+$(BUILD)/liblua5.4.so.0: $(LUA_LIB)
+	@mkdir -p $(BUILD)
+	cp -L $(dir $(LUA_LIB))liblua5.4.so.0 $@
 
 $(BUILD)/moegen.pc: Makefile
 	@mkdir -p $(BUILD)

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""compare_torch.py — moegen against PyTorch on the same inputs, in one process.
+
+usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N]
+
+For each token count:
+  * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes),
+    with per-kernel times from CUDA events recorded between its kernels;
+  * the peer GEMMs: torch._grouped_mm for the up projection followed by a
+    separate SiLU*mul, and torch._grouped_mm for the down projection, on the
+    same expert-sorted rows (from the same routing counts);
+  * the peer layer: an eager PyTorch MoE layer (router matmul, softmax or
+    sigmoid top-k, sort, grouped GEMMs, SiLU*mul, weighted scatter-add);
+  * ceilings: dense bf16 torch.matmul 8192^3 and a device copy.
+Each time is the median of --iters runs after warm-up, with a 512 MiB write
+between runs to evict L2. Inputs are random (never zeros). Prints a table of
+times and ratios; only PyTorch-supported router kinds are reproduced in the
+eager peer (softmax/sigmoid top-k, no groups: group-limited specs are timed
+with plain top-k in the peer, which is cheaper, and marked so).
+"""
+import argparse
+import ctypes
+import os
+import re
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("router_w", ctypes.c_void_p),
+                ("router_bias", ctypes.c_void_p), ("router_logit_bias", ctypes.c_void_p),
+                ("w1p", ctypes.c_void_p), ("b1p", ctypes.c_void_p), ("w2", ctypes.c_void_p),
+                ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p)]
+
+
+class Info(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("hash", ctypes.c_char_p), ("arch", ctypes.c_char_p),
+                ("experts", ctypes.c_int), ("top_k", ctypes.c_int), ("hidden", ctypes.c_int),
+                ("ffn", ctypes.c_int), ("tokens", ctypes.c_int), ("dtype_bytes", ctypes.c_int),
+                ("align", ctypes.c_int), ("cache_hit", ctypes.c_int), ("kernels", ctypes.c_char_p * 6)]
+
+
+def spec_value(text, key, default=None):
+    m = re.search(r"\b%s\s*=\s*([^,}\n]+)" % key, text)
+    return m.group(1).strip().strip('"\'') if m else default
+
+
+def timed(fn, iters, flush):
+    """Median milliseconds of fn() over iters runs, L2 evicted before each."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        flush.fill_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("--tokens", type=int, action="append")
+    ap.add_argument("--iters", type=int, default=20)
+    opt = ap.parse_args()
+    lib = ctypes.CDLL(os.path.join(ROOT, "build", "libmoegen.so"))
+    lib.moe_last_error.restype = ctypes.c_char_p
+    lib.moe_plan_workspace_size.restype = ctypes.c_size_t
+    plan = ctypes.c_void_p()
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context, which libmoegen shares
+    st = lib.moe_plan_create(ctypes.byref(plan), opt.spec.encode(), None)
+    if st != 0:
+        sys.exit("moe_plan_create: %s" % lib.moe_last_error().decode())
+    info = Info()
+    lib.moe_plan_get_info(plan, ctypes.byref(info))
+    text = open(opt.spec).read()
+    E, K, H, F, T_max = info.experts, info.top_k, info.hidden, info.ffn, info.tokens
+    sigmoid = spec_value(text, "score", "softmax") == "sigmoid"
+    grouped = int(spec_value(text, "groups", "1")) > 1
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    x_all = torch.randn(T_max, H, device=dev).to(dt)
+    wr = (torch.rand(E, H, device=dev) * 2 - 1).mul_(4 / H ** 0.5).to(dt)
+    w1 = (torch.rand(E, 2 * F, H, device=dev) * 2 - 1).mul_(2 / H ** 0.5).to(dt)  # plain [gate; up]
+    w2 = (torch.rand(E, H, F, device=dev) * 2 - 1).mul_(2 / F ** 0.5).to(dt)
+    b1 = torch.zeros(E, 2 * F, device=dev, dtype=dt) + 0.01
+    b2 = torch.zeros(E, H, device=dev, dtype=dt) + 0.01
+    bias = torch.zeros(E, device=dev, dtype=torch.float32)
+    # the kernel layout: gate/up interleaved in granules of 8
+    g = 8
+    f = torch.arange(F, device=dev)
+    perm = torch.empty(2 * F, dtype=torch.long, device=dev)
+    perm[(f // g) * 2 * g + f % g] = f
+    perm[(f // g) * 2 * g + g + f % g] = F + f
+    w1p = w1[:, perm, :].contiguous()
+    b1p = b1[:, perm].contiguous()
+    ws = torch.empty(lib.moe_plan_workspace_size(plan, T_max), dtype=torch.uint8, device=dev)
+    y = torch.empty(T_max, H, device=dev, dtype=dt)
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    mm = torch.randn(8192, 8192, device=dev).to(dt)
+    dense_ms = timed(lambda: mm @ mm, 10, flush)
+    dense_tf = 2 * 8192 ** 3 / dense_ms / 1e9
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    big2 = torch.empty_like(big)
+    copy_ms = timed(lambda: big2.copy_(big), 10, flush)
+    copy_gbs = 2 * big.numel() / copy_ms / 1e6
+    del mm, big, big2
+    print("compare_torch %s on %s (moegen kernels for %s, torch %s)" % (
+        info.name.decode(), torch.cuda.get_device_name(), info.arch.decode(), torch.__version__))
+    print("ceilings: dense bf16 matmul 8192^3 %.0f TFLOP/s, device copy %.0f GB/s" % (dense_tf, copy_gbs))
+    print("%-6s %-22s %9s %9s %9s" % ("tokens", "stage", "moegen ms", "torch ms", "speedup"))
+    up_fn = lambda h: torch.nn.functional.silu(h[:, :F]) * h[:, F:]
+    events = (ctypes.c_void_p * 7)()
+    for T in opt.tokens or [128, 4096]:
+        x = x_all[:T]
+        a = Args(T, x.data_ptr(), wr.data_ptr(), bias.data_ptr(), bias.data_ptr(), w1p.data_ptr(),
+                 b1p.data_ptr(), w2.data_ptr(), b2.data_ptr(), y.data_ptr(), ws.data_ptr())
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(7)]
+        for e in evs:
+            e.record()
+        torch.cuda.synchronize()
+        for i, e in enumerate(evs):
+            events[i] = e.cuda_event
+        per = [[] for _ in range(7)]
+        for it in range(3 + opt.iters):
+            flush.fill_(1)
+            if lib.moe_forward_timed(plan, ctypes.byref(a), stream, events) != 0:
+                sys.exit("moe_forward: %s" % lib.moe_last_error().decode())
+            torch.cuda.synchronize()
+            if it >= 3:
+                for k in range(6):
+                    per[k].append(evs[k].elapsed_time(evs[k + 1]))
+                per[6].append(evs[0].elapsed_time(evs[6]))
+        m_up, m_down, m_layer = (statistics.median(per[k]) for k in (3, 4, 6))
+        # the peers, on rows sorted by the same kind of routing
+        logits = (x.float() @ wr.float().t())
+        p = logits.sigmoid() if sigmoid else logits.softmax(-1)
+        w, idx = p.topk(K, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        flat = idx.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=E)
+        offs = counts.cumsum(0).to(torch.int32)
+        xs = x[order // K]
+        w1t = w1.transpose(-2, -1)  # [E, H, 2F], K-major storage as nn.Linear keeps it
+        w2t = w2.transpose(-2, -1)
+        h = torch._grouped_mm(xs, w1t, offs=offs)
+        act = up_fn(h)
+        t_up = timed(lambda: up_fn(torch._grouped_mm(xs, w1t, offs=offs)), opt.iters, flush)
+        t_up_mm = timed(lambda: torch._grouped_mm(xs, w1t, offs=offs), opt.iters, flush)
+        t_down = timed(lambda: torch._grouped_mm(act, w2t, offs=offs), opt.iters, flush)
+
+        def eager():
+            lg = x @ wr.t()
+            pp = lg.float().sigmoid() if sigmoid else lg.float().softmax(-1)
+            ww, ii = pp.topk(K, dim=-1)
+            ww = ww / ww.sum(-1, keepdim=True)
+            fl = ii.flatten()
+            od = fl.argsort(stable=True)
+            of = torch.bincount(fl, minlength=E).cumsum(0).to(torch.int32)
+            hh = up_fn(torch._grouped_mm(x[od // K], w1t, offs=of))
+            oo = torch._grouped_mm(hh, w2t, offs=of)
+            out = torch.zeros(T, H, device=dev, dtype=torch.float32)
+            out.index_add_(0, od // K, oo.float() * ww.flatten()[od, None])
+            return out.to(dt)
+        t_layer = timed(eager, opt.iters, flush)
+        rows = T * K
+        fl_up, fl_down = 2.0 * rows * H * 2 * F, 2.0 * rows * F * H
+        for name, mine, peer, flop in (("up+SwiGLU", m_up, t_up, fl_up), ("  (grouped_mm alone)", m_up, t_up_mm, fl_up),
+                                       ("down", m_down, t_down, fl_down),
+                                       ("layer%s" % (" (peer: plain top-k)" if grouped else ""), m_layer, t_layer,
+                                        fl_up + fl_down)):
+            print("%-6d %-22s %9.4f %9.4f %8.2fx   moegen %.0f TFLOP/s, torch %.0f" % (
+                T, name, mine, peer, peer / mine, flop / mine / 1e9, flop / peer / 1e9))
+    lib.moe_plan_destroy(plan)
+
+
+if __name__ == "__main__":
+    main()
