@@ -273,22 +273,32 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
         moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", moe_arch_name(s->arch[i]));
     moe_buf_printf(b, "],\n  \"dtype\": \"%s\",\n  \"align\": %d,\n  \"pair_granule\": %d,\n", moe_dtype_name(s->dtype),
                    pd->align, pd->pair_granule);
-    moe_buf_printf(b, "  \"max_rows\": %lld,\n  \"max_tiles\": %lld,\n  \"kernels\": [\n", pd->max_rows, pd->max_tiles);
-    for (int i = 0; i < MOE_K_COUNT; i++) {
-        const moe_kernel_desc_t *k = &pd->k[i];
-        moe_buf_printf(b, "    {\"family\": \"%s\", \"name\": \"%s\", \"template\": \"templates/%s.lua\", "
-                          "\"threads\": %d, \"smem\": %d",
-                       family_names[i], k->name, k->tmpl, k->threads, k->smem);
-        if (k->per_block)
-            moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
-        if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
-            moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, \"warps_m\": %d, "
-                              "\"warps_n\": %d, \"group_m\": %d}",
-                           k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,
-                           k->tile.group_m);
-        moe_buf_printf(b, "}%s\n", i + 1 < MOE_K_COUNT ? "," : "");
+    moe_buf_printf(b, "  \"max_rows\": %lld,\n  \"max_tiles\": %lld,\n  \"kernels\": {\n", pd->max_rows, pd->max_tiles);
+    for (int a = 0; a < s->narch; a++) {
+        const moe_kernel_desc_t *ks = moe_plan_kernels(pd, s->arch[a]);
+        moe_buf_printf(b, "    \"%s\": [\n", moe_arch_name(s->arch[a]));
+        for (int i = 0; i < MOE_K_COUNT; i++) {
+            const moe_kernel_desc_t *k = &ks[i];
+            const char *tmpl = k->tile.consumers ? "gemm_sm90" : k->tmpl;
+            moe_buf_printf(b, "      {\"family\": \"%s\", \"name\": \"%s\", \"template\": \"templates/%s.lua\", "
+                              "\"threads\": %d, \"smem\": %d",
+                           family_names[i], k->name, tmpl, k->threads, k->smem);
+            if (k->per_block)
+                moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
+            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
+                moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
+                                  "\"consumers\": %d, \"group_m\": %d}",
+                               k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m);
+            else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
+                moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
+                                  "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",
+                               k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,
+                               k->tile.group_m);
+            moe_buf_printf(b, "}%s\n", i + 1 < MOE_K_COUNT ? "," : "");
+        }
+        moe_buf_printf(b, "    ]%s\n", a + 1 < s->narch ? "," : "");
     }
-    moe_buf_printf(b, "  ],\n  \"workspace\": {\"bytes\": %zu, \"regions\": [\n", pd->ws_bytes);
+    moe_buf_printf(b, "  },\n  \"workspace\": {\"bytes\": %zu, \"regions\": [\n", pd->ws_bytes);
     for (int i = 0; i < MOE_WS_COUNT; i++)
         moe_buf_printf(b, "    {\"name\": \"%s\", \"offset\": %zu, \"bytes\": %zu}%s\n", pd->ws[i].name,
                        pd->ws[i].offset, pd->ws[i].bytes, i + 1 < MOE_WS_COUNT ? "," : "");

@@ -231,11 +231,14 @@ static int cmd_plan(const args_t *a) {
     if (!a->json) {
         printf("plan %s (hash %s), %s, E=%d top_k=%d H=%d F=%d, up to %d tokens\n\n", spec.name, spec.hash,
                moe_dtype_name(spec.dtype), spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
-        printf("kernels:\n");
+        printf("kernels (sm_90a; sm_80 runs the same but mma.sync GEMMs, see manifest.json):\n");
         for (int i = 0; i < MOE_K_COUNT; i++) {
             const moe_kernel_desc_t *k = &pd.k90[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
-            if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
+            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
+                printf("  tile %dx%dx%d, %d stages, wgmma, %d consumer warpgroups", k->tile.bm, k->tile.bn,
+                       k->tile.bk, k->tile.stages, k->tile.consumers);
+            else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
                 printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");

@@ -82,8 +82,20 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
                                            .per_block = 8};
     snprintf(k[MOE_K_COMBINE].name, sizeof k->name, "%s_combine_%s_h%dk%d", s->name, dt, s->hidden, s->top_k);
 
-    /* sm_90a: the same kernels until a wgmma GEMM configuration is chosen */
+    /* sm_90a: the same kernels, but the GEMMs on wgmma (templates/gemm_sm90.lua):
+     * one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128 */
     memcpy(pd->k90, pd->k, sizeof pd->k);
+    for (int i = MOE_K_GEMM_UP; i <= MOE_K_GEMM_DOWN; i++) {
+        moe_kernel_desc_t *d = &pd->k90[i];
+        d->tile = (moe_tile_cfg_t){.bm = pd->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
+                                   .consumers = pd->align / 64};
+        d->threads = 128 * (d->tile.consumers + 1);
+        d->smem = d->tile.stages * (d->tile.bm + d->tile.bn) * d->tile.bk * 2 + 16 * d->tile.stages;
+        snprintf(suf, sizeof suf, "sm90a_m%dn%dk%ds%dc%dg%d", d->tile.bm, d->tile.bn, d->tile.bk, d->tile.stages,
+                 d->tile.consumers, d->tile.group_m);
+        snprintf(d->name, sizeof d->name, "%s_%s_%s_%s", s->name, i == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down",
+                 dt, suf);
+    }
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
     if (pd->max_tiles > 65535) {
@@ -210,6 +222,7 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
             set_int(L, "warps_m", d->tile.warps_m);
             set_int(L, "warps_n", d->tile.warps_n);
             set_int(L, "group_m", d->tile.group_m);
+            set_int(L, "consumers", d->tile.consumers);
             lua_setfield(L, -2, "tile");
         }
     }

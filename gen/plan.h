@@ -26,6 +26,7 @@ typedef struct {
     int stages;             /* cp.async pipeline depth */
     int warps_m, warps_n;   /* warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
     int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
+    int consumers;          /* sm_90a wgmma kernel: consumer warpgroups (0 = the mma.sync kernel) */
 } moe_tile_cfg_t;
 
 typedef struct {

@@ -10,7 +10,10 @@
 @ -- the CTA tile, as bm / consumers / 64 wgmma m64nBNk16 blocks, so each
 @ -- thread holds bm / consumers / 64 * bn / 2 fp32 accumulators.
 @ -- p.threads = 128 * (consumers + 1): warpgroup 0 produces (setmaxnreg
-@ -- moves its registers to the consumers).
+@ -- moves its registers to the consumers). ptxas still allocates the whole
+@ -- kernel under the launch cap (168 registers at 384 threads, 128 at 512),
+@ -- so the accumulators plus ~40 must fit that cap: m64n256 per consumer
+@ -- works with 2 consumers, not with 3.
 @ --
 @ -- Shared memory (1024-byte aligned): STAGES stages, each the A tile (bm
 @ -- rows) then the B tile (bn rows), both K-major in the 128-byte swizzle
@@ -66,7 +69,10 @@
 @   c.wg_rows = c.bm // c.consumers
 @   c.wm = c.wg_rows // 64                              -- m64 blocks per consumer
 @   c.nacc = c.bn // 2                                  -- fp32 accumulators per thread per m64 block
-@   need(c.wm * c.nacc <= 192, "more than 192 accumulators per consumer thread (bm / consumers / 64 * bn / 2)")
+@   -- ptxas allocates the whole kernel under the launch cap (65536 / threads), setmaxnreg or not
+@   c.reg_cap = math.min(255, (65536 // p.threads) // 8 * 8)
+@   need(c.wm * c.nacc + 40 <= c.reg_cap, string.format("%d accumulators per consumer thread (bm / consumers / 64 * "
+@        .. "bn / 2) do not fit the %d-register cap of %d threads", c.wm * c.nacc, c.reg_cap, p.threads))
 @   c.cpr = c.bk // 8                                   -- 16-byte chunks per operand row
 @   c.rstep = 128 // c.cpr                              -- rows one producer pass covers
 @   need(c.bm % c.rstep == 0 and c.bn % c.rstep == 0, "bm and bn must be multiples of 128 / (bk / 8)")
@@ -84,9 +90,8 @@
 @   c.out_tail = c.nout % c.bno ~= 0
 @   -- registers: the launch cap, then the producer gives all but PRODUCER_REGS to the consumers
 @   if c.consumers >= 2 then
-@     local cap = math.min(255, (65536 // p.threads) // 8 * 8)
-@     c.consumer_regs = math.min(240, ((cap * p.threads - 128 * PRODUCER_REGS) // (128 * c.consumers)) // 8 * 8)
-@     need(c.consumer_regs > cap, "setmaxnreg cannot give the consumers more registers")
+@     c.consumer_regs = math.min(240, ((c.reg_cap * p.threads - 128 * PRODUCER_REGS) // (128 * c.consumers)) // 8 * 8)
+@     need(c.consumer_regs > c.reg_cap, "setmaxnreg cannot give the consumers more registers")
 @   end
 @   return c
 @ end

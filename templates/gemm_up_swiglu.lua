@@ -4,6 +4,10 @@
 @ -- rows then the 8 matching up rows, so the n8 fragments 2i (gate) and
 @ -- 2i + 1 (up) of a warp hold the same 8 output columns in the same
 @ -- registers and the activation is register-local.
+@ if p.tile.consumers > 0 then   -- sm_90a: the wgmma kernel (templates/gemm_sm90.lua)
+@   import("gemm_sm90").up(p)
+@   return
+@ end
 @ local G = import("gemm_common")
 @ local c = G.config(p, "up")
 @ local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
