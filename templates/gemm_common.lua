@@ -14,6 +14,44 @@
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
 @ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
 @ -- [rows, F]; kind = "down": B is [H, F] W2 and the output is [rows, H].
+@ -- Shared with gemm_sm90.lua: the CTA raster and the activation.
+@ function M.tile_coords(group_m)
+/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
+ * M fastest inside a group, so CTAs resident together read the same B
+ * (weight) tiles and those come from L2. A bijection on the whole grid. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+@   if group_m <= 1 then
+    mt = (int)blockIdx.y;
+    nt = (int)blockIdx.x;
+@   else
+    constexpr int GROUP_M = ${group_m};
+    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
+    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
+    const int group = lin / (GROUP_M * gx);
+    const int first = group * GROUP_M;
+    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * gx);
+    mt = first + within % size;
+    nt = within / size;
+@   end
+}
+@ end
+@
+@ -- swiglu(gate, up) in fp32 with the spec's alpha, limit and up_offset.
+@ function M.swiglu(p)
+@   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
+@   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+@   if p.limit then
+    gate = fminf(gate, ${f32(p.limit)});
+    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
+@   end
+    return ${up_term} * gate * moe_sigmoid(${gate_arg});
+}
+@ end
+@
 @ function M.config(p, kind)
 @   local t = p.tile
 @   local c = { bm = t.bm, bn = t.bn, bk = t.bk, stages = t.stages, wm = t.warps_m, wn = t.warps_n }
@@ -105,25 +143,7 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
     asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-@   if c.group_m <= 1 then
-    mt = (int)blockIdx.y;
-    nt = (int)blockIdx.x;
-@   else
-    constexpr int GROUP_M = ${c.group_m};
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
-    const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
-    mt = first + within % size;
-    nt = within / size;
-@   end
-}
+@   M.tile_coords(c.group_m)
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).

@@ -206,25 +206,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-@   if c.group_m <= 1 then
-    mt = (int)blockIdx.y;
-    nt = (int)blockIdx.x;
-@   else
-    constexpr int GROUP_M = ${c.group_m};
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
-    const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
-    mt = first + within % size;
-    nt = within / size;
-@   end
-}
+@   import("gemm_common").tile_coords(c.group_m)
 
 /* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
  * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
@@ -403,21 +385,11 @@ ${ARCH_GUARD}
 @
 @ function M.up(p)
 @   local c = config(p, "up")
-@   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
-@   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 @   local args = "const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   local function preamble()
-
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
-@     if p.limit then
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
-@     end
-    return ${up_term} * gate * moe_sigmoid(${gate_arg});
-}
+@     import("gemm_common").swiglu(p)
 @   end
 @   local function epilogue()
             /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output

@@ -10,19 +10,9 @@
 @ end
 @ local G = import("gemm_common")
 @ local c = G.config(p, "up")
-@ local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
-@ local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)
-
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
-@ if p.limit then
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
-@ end
-    return ${up_term} * gate * moe_sigmoid(${gate_arg});
-}
+@ G.swiglu(p)
 }  // namespace ${p.kernel}_impl
 
 extern "C" __global__ void __launch_bounds__(${p.threads})

@@ -592,7 +592,7 @@ qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const in
     }
 }
 
-#line 327 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl {
 #line 115 "templates/gemm_sm90.lua"
@@ -748,11 +748,12 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
+#line 19 "templates/gemm_common.lua"
 /* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
  * M fastest inside a group, so CTAs resident together read the same B
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 217 "templates/gemm_sm90.lua"
+#line 27 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
@@ -762,8 +763,9 @@ static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     const int within = lin - group * (GROUP_M * gx);
     mt = first + within % size;
     nt = within / size;
-#line 227 "templates/gemm_sm90.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 210 "templates/gemm_sm90.lua"
 
 /* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
  * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
@@ -856,14 +858,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 412 "templates/gemm_sm90.lua"
+#line 44 "templates/gemm_common.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 419 "templates/gemm_sm90.lua"
+#line 51 "templates/gemm_common.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 331 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 }  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl
 #endif
 
@@ -897,15 +899,15 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__re
     }
     __syncthreads();
     if (wg == 0) {
-#line 365 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 367 "templates/gemm_sm90.lua"
+#line 349 "templates/gemm_sm90.lua"
         produce(sbase, xs + (long long)row_start * K, rows,
                 w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, tid);
     } else {
-#line 371 "templates/gemm_sm90.lua"
+#line 353 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 373 "templates/gemm_sm90.lua"
+#line 355 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         float acc[WM][NACC];
 #pragma unroll
@@ -918,19 +920,19 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__re
         /* every consumer's wgmma retired: the stages are free for the output tile */
         fence_proxy_async();
         consumers_sync();
-#line 386 "templates/gemm_sm90.lua"
+#line 368 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 388 "templates/gemm_sm90.lua"
+#line 370 "templates/gemm_sm90.lua"
         if (cw < n_active) {
-#line 423 "templates/gemm_sm90.lua"
+#line 395 "templates/gemm_sm90.lua"
             /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
              * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
              * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
              * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 430 "templates/gemm_sm90.lua"
+#line 402 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int j = 0; j < BN / 16; ++j) {
-#line 445 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
 #pragma unroll
                 for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -941,29 +943,29 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__re
                         st_shared_u32(sbase + (r * LDC + 8 * j + 2 * q) * 2, moe_pack2(o0, o1));
                     }
             }
-#line 390 "templates/gemm_sm90.lua"
+#line 372 "templates/gemm_sm90.lua"
         }
         consumers_sync();
         store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2), sbase, rows, NOUT - n0 / 2, ct);
     }
 #else
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)xs;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)w1p;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 398 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 327 "templates/gemm_sm90.lua"
+#line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl {
 #line 115 "templates/gemm_sm90.lua"
@@ -1119,11 +1121,12 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
+#line 19 "templates/gemm_common.lua"
 /* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
  * M fastest inside a group, so CTAs resident together read the same B
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 217 "templates/gemm_sm90.lua"
+#line 27 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
@@ -1133,8 +1136,9 @@ static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     const int within = lin - group * (GROUP_M * gx);
     mt = first + within % size;
     nt = within / size;
-#line 227 "templates/gemm_sm90.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 210 "templates/gemm_sm90.lua"
 
 /* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
  * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
@@ -1227,7 +1231,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 331 "templates/gemm_sm90.lua"
+#line 313 "templates/gemm_sm90.lua"
 }  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl
 #endif
 
@@ -1261,15 +1265,15 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restric
     }
     __syncthreads();
     if (wg == 0) {
-#line 365 "templates/gemm_sm90.lua"
+#line 347 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 367 "templates/gemm_sm90.lua"
+#line 349 "templates/gemm_sm90.lua"
         produce(sbase, hbuf + (long long)row_start * K, rows,
                 w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, tid);
     } else {
-#line 371 "templates/gemm_sm90.lua"
+#line 353 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 373 "templates/gemm_sm90.lua"
+#line 355 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         float acc[WM][NACC];
 #pragma unroll
@@ -1282,17 +1286,17 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restric
         /* every consumer's wgmma retired: the stages are free for the output tile */
         fence_proxy_async();
         consumers_sync();
-#line 386 "templates/gemm_sm90.lua"
+#line 368 "templates/gemm_sm90.lua"
         (void)b2;
-#line 388 "templates/gemm_sm90.lua"
+#line 370 "templates/gemm_sm90.lua"
         if (cw < n_active) {
-#line 465 "templates/gemm_sm90.lua"
+#line 437 "templates/gemm_sm90.lua"
             /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
              * columns 8j + 2q, 8j + 2q + 1. */
-#line 470 "templates/gemm_sm90.lua"
+#line 442 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
-#line 482 "templates/gemm_sm90.lua"
+#line 454 "templates/gemm_sm90.lua"
 #pragma unroll
                 for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1302,31 +1306,31 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restric
                                       moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                     }
             }
-#line 390 "templates/gemm_sm90.lua"
+#line 372 "templates/gemm_sm90.lua"
         }
         consumers_sync();
         store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0, ct);
     }
 #else
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)w2;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)b2;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 396 "templates/gemm_sm90.lua"
+#line 378 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 398 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 15 "templates/gemm_up_swiglu.lua"
+#line 13 "templates/gemm_up_swiglu.lua"
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
-#line 60 "templates/gemm_common.lua"
+#line 98 "templates/gemm_common.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 2048;        /* reduction length */
@@ -1375,11 +1379,12 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
     asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
+#line 19 "templates/gemm_common.lua"
 /* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
  * M fastest inside a group, so CTAs resident together read the same B
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 116 "templates/gemm_common.lua"
+#line 27 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
@@ -1389,15 +1394,16 @@ static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     const int within = lin - group * (GROUP_M * gx);
     mt = first + within % size;
     nt = within / size;
-#line 126 "templates/gemm_common.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 147 "templates/gemm_common.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 134 "templates/gemm_common.lua"
+#line 154 "templates/gemm_common.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1410,7 +1416,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 169 "templates/gemm_common.lua"
+#line 189 "templates/gemm_common.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1477,13 +1483,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 236 "templates/gemm_common.lua"
+#line 256 "templates/gemm_common.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 245 "templates/gemm_common.lua"
+#line 265 "templates/gemm_common.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1540,20 +1546,21 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 17 "templates/gemm_up_swiglu.lua"
+#line 44 "templates/gemm_common.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 24 "templates/gemm_up_swiglu.lua"
+#line 51 "templates/gemm_common.lua"
     return up * gate * moe_sigmoid(gate);
 }
+#line 16 "templates/gemm_up_swiglu.lua"
 }  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl
 
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
-#line 308 "templates/gemm_common.lua"
+#line 328 "templates/gemm_common.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -1578,41 +1585,41 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restri
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 24 "templates/gemm_up_swiglu.lua"
     (void)b1p;
-#line 36 "templates/gemm_up_swiglu.lua"
+#line 26 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 44 "templates/gemm_up_swiglu.lua"
+#line 34 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 56 "templates/gemm_up_swiglu.lua"
+#line 46 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 63 "templates/gemm_up_swiglu.lua"
+#line 53 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
-#line 66 "templates/gemm_up_swiglu.lua"
+#line 56 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 71 "templates/gemm_up_swiglu.lua"
+#line 61 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 74 "templates/gemm_up_swiglu.lua"
+#line 64 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 67 "templates/gemm_up_swiglu.lua"
 }
 
 #line 9 "templates/gemm_down.lua"
 namespace qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
-#line 60 "templates/gemm_common.lua"
+#line 98 "templates/gemm_common.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 768;        /* reduction length */
@@ -1661,11 +1668,12 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
     asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
+#line 19 "templates/gemm_common.lua"
 /* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
  * M fastest inside a group, so CTAs resident together read the same B
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 116 "templates/gemm_common.lua"
+#line 27 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
@@ -1675,15 +1683,16 @@ static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     const int within = lin - group * (GROUP_M * gx);
     mt = first + within % size;
     nt = within / size;
-#line 126 "templates/gemm_common.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 147 "templates/gemm_common.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 134 "templates/gemm_common.lua"
+#line 154 "templates/gemm_common.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1696,7 +1705,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 169 "templates/gemm_common.lua"
+#line 189 "templates/gemm_common.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1763,13 +1772,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 236 "templates/gemm_common.lua"
+#line 256 "templates/gemm_common.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 245 "templates/gemm_common.lua"
+#line 265 "templates/gemm_common.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1833,7 +1842,7 @@ extern "C" __global__ void __launch_bounds__(256)
 qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     using namespace qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
-#line 308 "templates/gemm_common.lua"
+#line 328 "templates/gemm_common.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -1886,7 +1895,7 @@ qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 1890 "qwen3_30b_a3b.cu"
+#line 1899 "qwen3_30b_a3b.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
