@@ -33,12 +33,17 @@ static void source_templates(char *out, size_t n) {
 
 /* Host launch code for plain nvcc builds (the vendored path). Uses the
  * same plan numbers the JIT runtime uses. */
-static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
+static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_of) {
     const moe_spec_t *s = &pd->spec;
     const char *n = s->name;
     const moe_kernel_desc_t *k = pd->k;
     moe_buf_printf(b, "\n#ifndef __CUDACC_RTC__\n/* ---- host launch code (plain nvcc builds) ---- */\n");
     moe_buf_printf(b, "#include <cuda_runtime.h>\n#include \"%s.h\"\n\n", n);
+    moe_buf_printf(b, "/* The routing table: the slot of each expert's weights (manifest.json, \"routing\"). */\n"
+                      "__device__ int %s_slot_table[%d] = {", n, s->experts);
+    for (int e = 0; e < s->experts; e++)
+        moe_buf_printf(b, "%s%d", e ? (e % 16 ? ", " : ",\n    ") : "", slot_of[e]);
+    moe_buf_printf(b, "};\n\n");
     moe_buf_printf(b,
                    "static long long %s_max_tiles(int tokens) {\n"
                    "    return ((long long)tokens * %d + %lldLL) / %d;\n}\n\n",
@@ -96,7 +101,10 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    "        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);\n",
                    k[MOE_K_ROUTE].name, k[MOE_K_ROUTE].per_block - 1, k[MOE_K_ROUTE].per_block, k[MOE_K_ROUTE].threads,
                    k[MOE_K_ROUTE].smem);
-    moe_buf_printf(b, "    %s<<<1, %d, 0, stream>>>(counts, offsets, cursor, tiles, num_tiles);\n",
+    moe_buf_printf(b, "    static int *slot_of = NULL;\n"
+                      "    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, %s_slot_table)) != cudaSuccess)\n"
+                      "        return e;\n", n);
+    moe_buf_printf(b, "    %s<<<1, %d, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);\n",
                    k[MOE_K_PERMUTE_PLAN].name, k[MOE_K_PERMUTE_PLAN].threads);
     moe_buf_printf(b,
                    "    %s<<<(unsigned)(((long long)T * %d + %d) / %d), %d, 0, stream>>>((const moe_half_t *)a->x, "
@@ -190,9 +198,15 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
             rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
             moe_buf_printf(out, "\n");
         }
-    if (!rc) {
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (!rc && moe_mesh_plan_build(&mp, &pd->spec, err, sizeof err)) {
+        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
+        rc = 1;
+    } else if (!rc) {
         moe_tmpl_resync(t, out, cu);
-        emit_host(out, pd);
+        emit_host(out, pd, mp.slot);
+        moe_mesh_plan_free(&mp);
     }
     moe_tmpl_close(t);
     if (!rc && out->failed) {

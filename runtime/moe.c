@@ -24,6 +24,8 @@ struct moe_plan {
     CUcontext ctx;
     CUmodule module;
     CUfunction fn[MOE_K_COUNT];
+    int *slot_host;         /* [E] the routing table's slot of each expert's weights */
+    CUdeviceptr slot_dev;   /* the same, on the device, read by permute_plan */
 };
 
 static _Thread_local char last_error[4096];
@@ -106,6 +108,9 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
 }
 
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
+    size_t tbytes = sizeof(int) * (size_t)p->pd.spec.experts;
+    CU_CHECK(moe_cu.cuMemAlloc(&p->slot_dev, tbytes));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, p->slot_host, tbytes));
     CU_CHECK(moe_cu.cuModuleLoadData(&p->module, cubin->data));
     for (int i = 0; i < MOE_K_COUNT; i++) {
         const moe_kernel_desc_t *k = &moe_plan_kernels(&p->pd, p->arch)[i];
@@ -131,7 +136,12 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (moe_mesh_plan_build(&mp, &spec, err, sizeof err))
         return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
     int world = mp.world;
+    p->slot_host = malloc(sizeof(int) * (size_t)spec.experts);
+    if (p->slot_host)
+        memcpy(p->slot_host, mp.slot, sizeof(int) * (size_t)spec.experts);
     moe_mesh_plan_free(&mp);
+    if (!p->slot_host)
+        return fail(MOE_ERR_NO_MEMORY, "out of memory");
     if (o && (o->rank < 0 || o->rank >= world))
         return fail(MOE_ERR_INVALID_ARG, "rank %d is outside the mesh of %d devices", o->rank, world);
     if (world > 1)
@@ -225,6 +235,9 @@ void moe_plan_destroy(moe_plan *p) {
         return;
     if (p->module)
         moe_cu.cuModuleUnload(p->module);
+    if (p->slot_dev)
+        moe_cu.cuMemFree(p->slot_dev);
+    free(p->slot_host);
     if (p->ctx) {
         CUdevice dev;
         if (moe_cu.cuDeviceGet(&dev, p->device) == CUDA_SUCCESS)
@@ -334,7 +347,8 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
             return rc;
     }
     {
-        void *args[] = {&reg[MOE_WS_COUNTS], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
+        CUdeviceptr slot = p->slot_dev;
+        void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
                         &reg[MOE_WS_NUM_TILES]};
         if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args, ev)))
             return rc;
@@ -364,6 +378,28 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     }
     if (ev && moe_cu.cuEventRecord(ev[MOE_K_COUNT], st) != CUDA_SUCCESS)
         return fail(MOE_ERR_CUDA, "cuEventRecord failed");
+    return MOE_OK;
+}
+
+moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
+    if (!p || !slot_of)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_set_slot_table: NULL argument");
+    int E = p->pd.spec.experts;
+    char *seen = calloc((size_t)E, 1);
+    if (!seen)
+        return fail(MOE_ERR_NO_MEMORY, "out of memory");
+    for (int e = 0; e < E; e++) {
+        if (slot_of[e] < 0 || slot_of[e] >= E || seen[slot_of[e]]) {
+            free(seen);
+            return fail(MOE_ERR_INVALID_ARG, "moe_plan_set_slot_table: slot_of[%d] = %d: not a permutation of 0..%d",
+                        e, slot_of[e], E - 1);
+        }
+        seen[slot_of[e]] = 1;
+    }
+    free(seen);
+    memcpy(p->slot_host, slot_of, sizeof(int) * (size_t)E);
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, slot_of, sizeof(int) * (size_t)E));
     return MOE_OK;
 }
 

@@ -12,6 +12,11 @@
  * events[6] after the last. */
 moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args, void *stream, CUevent events[7]);
 
+/* Replace the routing table's slots (slot_of[g]: where expert g's weights
+ * sit in w1p/w2/b1p/b2) with a permutation of 0..E-1, so tests can prove
+ * that the kernels read weights through the table. Synchronous. */
+moe_status moe_plan_set_slot_table(moe_plan *plan, const int *slot_of);
+
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);
 

@@ -5,8 +5,10 @@
 @ --   offsets[E + 1], each expert's rows starting on a multiple of p.align
 @ --   (an exclusive scan of the counts rounded up to p.align), cursors reset
 @ --   to 0, and the tile table the grouped GEMMs read: one entry
-@ --   {expert, row_start, rows, 0} per p.align rows of each expert, in expert
-@ --   order, and its length in *num_tiles. Empty experts get no tiles.
+@ --   {slot, row_start, rows, 0} per p.align rows of each expert, in expert
+@ --   order, and its length in *num_tiles; slot = slot_of[expert], the
+@ --   routing table's local slot of the expert's weights (the identity on a
+@ --   mesh of one device). Empty experts get no tiles.
 @ -- p.scatter_kernel (p.scatter_rows (t, k) slots per block, a warp per
 @ --   slot): the slot's row is offsets[e] + a cursor bump; row_of gets it and
 @ --   the token's x row is copied there with 16-byte loads and stores. The
@@ -47,8 +49,8 @@ static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / A
 }  // namespace ${ns}
 
 extern "C" __global__ void __launch_bounds__(${p.plan_threads})
-${p.plan_kernel}(const int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ cursor,
-            moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     using namespace ${ns};
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -128,7 +130,10 @@ ${p.plan_kernel}(const int *__restrict__ counts, int *__restrict__ offsets, int 
         }
         const int j = i - s_first[lo];
         const int left = counts[lo] - j * ALIGN;
-        reinterpret_cast<int4 *>(tiles)[i] = make_int4(lo, s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
     }
 }
 

@@ -7,6 +7,9 @@
  *   random  router weights random
  *   skew    one hot expert takes every token, a quarter of experts get none
  *   one     top-1 routing with every token on one expert
+ *   permuted-slots  random routing, but the experts' weights stored in a
+ *           random slot order given to the plan as its routing table, so
+ *           the kernels must find each expert's weights through the table
  * Checks per run (on a sample of tokens where the CPU reference is slow):
  *   route    same expert sets as the reference (near-ties allowed), weights
  *   counts   per-expert counts equal the histogram of the routing
@@ -19,6 +22,7 @@
 #include "check.h"
 #include "driver.h"
 #include "moe.h"
+#include "moe_internal.h"
 #include "ref.h"
 #include "spec.h"
 
@@ -31,8 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MODE_RANDOM, MODE_SKEW, MODE_ONE };
-static const char *const mode_names[] = {"random", "skew", "one"};
+enum { MODE_RANDOM, MODE_SKEW, MODE_ONE, MODE_PERM };
+static const char *const mode_names[] = {"random", "skew", "one", "permuted-slots"};
 
 typedef struct {
     const char *spec;      /* a path, or inline spec text when it contains '=' */
@@ -64,6 +68,8 @@ static const gpu_case_t cases[] = {
     {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0},
     {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0},
     {odd_spec, MODE_RANDOM, {1, 700}, 2, 1},
+    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0},
+    {clamp_spec, MODE_PERM, {512}, 1, 0},
     {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0},
     {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0},
     {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0},
@@ -213,7 +219,7 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
         L->sel_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 0.2f;
         L->logit_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 2.0f;
     }
-    if (mode != MODE_RANDOM && H >= 8) {
+    if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
         size_t hot = splitmix(&r) % E;
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
@@ -242,6 +248,47 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     free(L->w1p);
     L->w1p = NULL;
     return L->dx && L->dwr && L->dw1p && L->dw2 && L->db1p && L->db2 && L->dsel && L->dlogit && L->dy && L->dws;
+}
+
+/* Store expert g's weights at slot perm[g] on the device and give the plan
+ * that table (MODE_PERM). The host copies keep the global order, so the
+ * reference is unchanged. */
+static int permute_slots(moe_plan *plan, layer_t *L, uint64_t seed) {
+    const moe_spec_t *s = &L->s;
+    size_t E = s->experts, H = s->hidden, F = s->ffn;
+    int *perm = malloc(sizeof(int) * E);
+    uint16_t *w1p = malloc(E * 2 * F * H * 2);
+    if (!perm || !w1p)
+        return 0;
+    for (size_t e = 0; e < E; e++)
+        perm[e] = (int)e;
+    uint64_t r = seed;
+    for (size_t e = E - 1; e > 0; e--) {
+        size_t j = splitmix(&r) % (e + 1);
+        int t = perm[e];
+        perm[e] = perm[j];
+        perm[j] = t;
+    }
+    int ok = moe_plan_pack_w1(plan, L->w1, w1p) == MOE_OK;
+    for (size_t g = 0; g < E && ok; g++) {
+        size_t d = (size_t)perm[g];
+        ok = cu_ok(moe_cu.cuMemcpyHtoD(L->dw1p + d * 2 * F * H * 2, w1p + g * 2 * F * H, 2 * F * H * 2), "w1p") &&
+             cu_ok(moe_cu.cuMemcpyHtoD(L->dw2 + d * H * F * 2, L->w2 + g * H * F, H * F * 2), "w2") &&
+             cu_ok(moe_cu.cuMemcpyHtoD(L->db1p + d * 2 * F * 2, L->b1p + g * 2 * F, 2 * F * 2), "b1p") &&
+             cu_ok(moe_cu.cuMemcpyHtoD(L->db2 + d * H * 2, L->b2 + g * H, H * 2), "b2");
+    }
+    moe_status st = ok ? moe_plan_set_slot_table(plan, perm) : MOE_ERR_CUDA;
+    CHECKF(st == MOE_OK, "moe_plan_set_slot_table: %s", moe_last_error());
+    if (E > 1) { /* a repeated slot is refused, and the table is left as it was */
+        int keep = perm[1];
+        perm[1] = perm[0];
+        CHECK(moe_plan_set_slot_table(plan, perm) == MOE_ERR_INVALID_ARG);
+        perm[1] = keep;
+        CHECK(moe_plan_set_slot_table(plan, perm) == MOE_OK);
+    }
+    free(perm);
+    free(w1p);
+    return ok && st == MOE_OK;
 }
 
 static void *region(const moe_plan *plan, const layer_t *L, const char *name, size_t *bytes) {
@@ -494,8 +541,8 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
     if (st != MOE_OK)
         return;
-    if (!layer_init(&L, plan, c->mode, seed)) {
-        CHECKF(0, "cannot set up inputs (host or device memory)");
+    if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
+        CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {
         uint64_t rng = seed ^ 0x5eed;
         for (int i = 0; i < c->ntokens; i++) {

@@ -402,7 +402,7 @@ gpt_oss_120b_route_bf16_e128k4_t32(const moe_half_t *__restrict__ x, const moe_h
             atomicAdd(counts + e, s_count[e]);
 }
 
-#line 36 "templates/permute.lua"
+#line 38 "templates/permute.lua"
 namespace gpt_oss_120b_permute_plan_e128_a128_impl {
 constexpr int E = 128, K = 4, H = 2880, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -417,8 +417,8 @@ static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / A
 }  // namespace gpt_oss_120b_permute_plan_e128_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ cursor,
-            moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     using namespace gpt_oss_120b_permute_plan_e128_a128_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -498,7 +498,10 @@ gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, int *__restr
         }
         const int j = i - s_first[lo];
         const int left = counts[lo] - j * ALIGN;
-        reinterpret_cast<int4 *>(tiles)[i] = make_int4(lo, s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
     }
 }
 
@@ -1926,12 +1929,22 @@ gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 1930 "gpt_oss_120b.cu"
+#line 1933 "gpt_oss_120b.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include "gpt_oss_120b.h"
+
+/* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
+__device__ int gpt_oss_120b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+    48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
+    64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79,
+    80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95,
+    96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111,
+    112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
 
 static long long gpt_oss_120b_max_tiles(int tokens) {
     return ((long long)tokens * 4 + 16256LL) / 128;
@@ -1975,7 +1988,10 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     if (e != cudaSuccess) return e;
     gpt_oss_120b_route_bf16_e128k4_t32<<<(T + 31) / 32, 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
-    gpt_oss_120b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, offsets, cursor, tiles, num_tiles);
+    static int *slot_of = NULL;
+    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, gpt_oss_120b_slot_table)) != cudaSuccess)
+        return e;
+    gpt_oss_120b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     gpt_oss_120b_permute_scatter_bf16_h2880<<<(unsigned)(((long long)T * 4 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
     gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(23, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);

@@ -518,7 +518,7 @@ mixtral_8x7b_route_bf16_e8k2_t32(const moe_half_t *__restrict__ x, const moe_hal
             atomicAdd(counts + e, s_count[e]);
 }
 
-#line 36 "templates/permute.lua"
+#line 38 "templates/permute.lua"
 namespace mixtral_8x7b_permute_plan_e8_a128_impl {
 constexpr int E = 8, K = 2, H = 4096, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -533,8 +533,8 @@ static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / A
 }  // namespace mixtral_8x7b_permute_plan_e8_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-mixtral_8x7b_permute_plan_e8_a128(const int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ cursor,
-            moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+mixtral_8x7b_permute_plan_e8_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     using namespace mixtral_8x7b_permute_plan_e8_a128_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -614,7 +614,10 @@ mixtral_8x7b_permute_plan_e8_a128(const int *__restrict__ counts, int *__restric
         }
         const int j = i - s_first[lo];
         const int left = counts[lo] - j * ALIGN;
-        reinterpret_cast<int4 *>(tiles)[i] = make_int4(lo, s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
     }
 }
 
@@ -2009,12 +2012,15 @@ mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 2013 "mixtral_8x7b.cu"
+#line 2016 "mixtral_8x7b.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include "mixtral_8x7b.h"
+
+/* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
+__device__ int mixtral_8x7b_slot_table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
 static long long mixtral_8x7b_max_tiles(int tokens) {
     return ((long long)tokens * 2 + 1016LL) / 128;
@@ -2056,7 +2062,10 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     if (e != cudaSuccess) return e;
     mixtral_8x7b_route_bf16_e8k2_t32<<<(T + 31) / 32, 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
-    mixtral_8x7b_permute_plan_e8_a128<<<1, 1024, 0, stream>>>(counts, offsets, cursor, tiles, num_tiles);
+    static int *slot_of = NULL;
+    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, mixtral_8x7b_slot_table)) != cudaSuccess)
+        return e;
+    mixtral_8x7b_permute_plan_e8_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     mixtral_8x7b_permute_scatter_bf16_h4096<<<(unsigned)(((long long)T * 2 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
     mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(112, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);

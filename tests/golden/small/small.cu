@@ -518,7 +518,7 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
             atomicAdd(counts + e, s_count[e]);
 }
 
-#line 36 "templates/permute.lua"
+#line 38 "templates/permute.lua"
 namespace small_permute_plan_e12_a128_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -533,8 +533,8 @@ static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / A
 }  // namespace small_permute_plan_e12_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-small_permute_plan_e12_a128(const int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ cursor,
-            moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+small_permute_plan_e12_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     using namespace small_permute_plan_e12_a128_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -614,7 +614,10 @@ small_permute_plan_e12_a128(const int *__restrict__ counts, int *__restrict__ of
         }
         const int j = i - s_first[lo];
         const int left = counts[lo] - j * ALIGN;
-        reinterpret_cast<int4 *>(tiles)[i] = make_int4(lo, s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
     }
 }
 
@@ -2009,12 +2012,15 @@ small_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, co
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 2013 "small.cu"
+#line 2016 "small.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include "small.h"
+
+/* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
+__device__ int small_slot_table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
 static long long small_max_tiles(int tokens) {
     return ((long long)tokens * 3 + 1524LL) / 128;
@@ -2056,7 +2062,10 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     if (e != cudaSuccess) return e;
     small_route_bf16_e12k3_t32<<<(T + 31) / 32, 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
-    small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, offsets, cursor, tiles, num_tiles);
+    static int *slot_of = NULL;
+    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, small_slot_table)) != cudaSuccess)
+        return e;
+    small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     small_permute_scatter_bf16_h1536<<<(unsigned)(((long long)T * 3 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
     small_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(5, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
