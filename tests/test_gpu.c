@@ -178,11 +178,12 @@ typedef struct {
     float *sel_bias, *logit_bias;
     CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws;
     size_t ws_bytes;
+    int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
 } layer_t;
 
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
-    free(L->sel_bias); free(L->logit_bias);
+    free(L->sel_bias); free(L->logit_bias); free(L->slot);
     CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
@@ -286,7 +287,7 @@ static int permute_slots(moe_plan *plan, layer_t *L, uint64_t seed) {
         perm[1] = keep;
         CHECK(moe_plan_set_slot_table(plan, perm) == MOE_OK);
     }
-    free(perm);
+    L->slot = perm;
     free(w1p);
     return ok && st == MOE_OK;
 }
@@ -431,7 +432,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
                 if (t >= *ntiles)
                     tile_ok = 0;
                 else
-                    tile_ok &= tiles[4 * t] == e && tiles[4 * t + 1] == offsets[e] + j * align_m &&
+                    tile_ok &= tiles[4 * t] == (L->slot ? L->slot[e] : e) && tiles[4 * t + 1] == offsets[e] + j * align_m &&
                                tiles[4 * t + 2] == rows;
             }
         }
