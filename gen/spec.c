@@ -354,8 +354,7 @@ static void check_keys(ctx_t *c, int idx, const char *parent, const char *const 
     while (!c->failed && lua_next(L, idx)) {
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING) {
-            keyref_t k = {parent, parent};
-            key_error(c, (keyref_t){NULL, k.parent}, "%s: keys must be names, not %s", parent ? parent : "spec",
+            key_error(c, (keyref_t){NULL, parent}, "%s: keys must be names, not %s", parent ? parent : "spec",
                       type_word(L, -1));
             lua_pop(L, 1);
             return;

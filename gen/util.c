@@ -100,41 +100,6 @@ char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t
     return b.data;
 }
 
-int moe_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
-    size_t oldlen;
-    char e2[8];
-    char *old = moe_read_file(path, len + 1, &oldlen, e2, sizeof e2);
-    if (old) {
-        int same = oldlen == len && memcmp(old, data, len) == 0;
-        free(old);
-        if (same)
-            return 0;
-    }
-    size_t pn = strlen(path) + 32;
-    char *tmp = malloc(pn);
-    if (!tmp) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    snprintf(tmp, pn, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        snprintf(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    int ok = fwrite(data, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
-}
-
 int moe_mkdirs(const char *path, char *err, size_t errlen) {
     char buf[4096];
     if (strlen(path) >= sizeof buf) {
@@ -156,13 +121,4 @@ int moe_mkdirs(const char *path, char *err, size_t errlen) {
         }
     }
     return 0;
-}
-
-void moe_hex(char *out, const unsigned char *in, size_t n) {
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[in[i] >> 4];
-        out[2 * i + 1] = d[in[i] & 15];
-    }
-    out[2 * n] = '\0';
 }

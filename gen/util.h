@@ -1,5 +1,6 @@
 /* util.h — small helpers shared by the generator: a growable text buffer,
- * whole-file reads, and all-or-nothing file writes. */
+ * whole-file reads, mkdir -p. (All-or-nothing writes of a set of files are
+ * moe_fileset_write in emit.h.) */
 #ifndef MOEGEN_UTIL_H
 #define MOEGEN_UTIL_H
 
@@ -23,15 +24,7 @@ char *moe_buf_extend(moe_buf_t *b, size_t n);
  * buffer. On error returns NULL with a reason in err. */
 char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen);
 
-/* Write data to path through a temporary file in the same folder and a
- * rename; leaves path untouched when it already holds exactly data.
- * Returns 0, or -1 with a reason in err. */
-int moe_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
-
 /* mkdir -p. Returns 0, or -1 with a reason in err. */
 int moe_mkdirs(const char *path, char *err, size_t errlen);
-
-/* Lowercase hex of n bytes. out must hold 2n+1. */
-void moe_hex(char *out, const unsigned char *in, size_t n);
 
 #endif
