@@ -19,7 +19,7 @@ LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvr
 GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c
+RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c runtime/dispatch.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 
@@ -63,7 +63,7 @@ clean:
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime
+CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch
 GPU_TESTS := test_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS))
 

@@ -1,0 +1,640 @@
+/* test_dispatch.c — expert-parallel dispatch/combine layouts, R ranks in memory.
+ *
+ * Hand-checked goldens for the send, capacity and receive layouts, then a
+ * harness that runs every EP group of real mesh plans: each rank routes its
+ * own tokens, rows move between ranks in memory exactly as the layouts say,
+ * each receiver "runs its experts" as out = in*1000 + (the global expert the
+ * plan says it holds at that slot), results go back, and combine must give
+ * Σ_k w·(x*1000 + expert) computed straight from the routing. A row that
+ * meets the wrong expert, lands in the wrong place or comes back to the
+ * wrong (t, k) gives a wrong number. Every expected layout is recomputed here
+ * by plain loops, independently of runtime/dispatch.c.
+ *
+ * The seed is fresh each run and named in every failure; set MOEGEN_TEST_SEED
+ * to replay one. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "check.h"
+#include "dispatch.h"
+#include "mesh.h"
+
+/* ---- small tools -------------------------------------------------------- */
+
+static uint64_t rng_state;
+static unsigned long long seed;
+
+static uint32_t rnd(void) {                  /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 2685821657736338717ull) >> 32);
+}
+static int rnd_below(int n) { return n > 0 ? (int)(rnd() % (uint32_t)n) : 0; }
+static float rnd_unit(void) { return (float)((rnd() >> 8) + 1) / 16777217.0f; }   /* (0, 1) */
+
+/* Test allocations, freed together. */
+static void *allocs[4096];
+static int nallocs;
+static void *talloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p || nallocs == (int)(sizeof allocs / sizeof allocs[0])) {
+        fprintf(stderr, "test_dispatch: out of memory\n");
+        exit(2);
+    }
+    allocs[nallocs++] = p;
+    return p;
+}
+static void tfree_all(void) {
+    while (nallocs) free(allocs[--nallocs]);
+}
+static int *ialloc(size_t n, int fill) {
+    int *p = talloc(sizeof(int) * n);
+    for (size_t i = 0; i < n; i++) p[i] = fill;
+    return p;
+}
+static float *falloc(size_t n) {           /* poisoned with NaN */
+    float *p = talloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+
+static int list_eq(const int *a, const int *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+static int all_eq(const int *a, int n, int v) {
+    for (int i = 0; i < n; i++)
+        if (a[i] != v) return 0;
+    return 1;
+}
+
+enum { SH_EP_FSDP, SH_FSDP_EP, SH_EP };
+static const char *sh_name[3] = {"{ep,fsdp}", "{fsdp,ep}", "{ep}"};
+static const int order_default[3] = {MOE_AXIS_DP, MOE_AXIS_FSDP, MOE_AXIS_EP};
+static const int order_ep_outer[3] = {MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_FSDP};
+
+/* A spec with only what the planner reads filled in. */
+static moe_spec_t make_spec(int experts, int dp, int fsdp, int ep, const int order[3], int sh) {
+    moe_spec_t s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.name, sizeof s.name, "test_dispatch");
+    s.experts = experts;
+    s.top_k = 2;
+    s.hidden = 128;
+    s.ffn = 256;
+    s.tokens = 64;
+    s.mesh.size[MOE_AXIS_DP] = dp;
+    s.mesh.size[MOE_AXIS_FSDP] = fsdp;
+    s.mesh.size[MOE_AXIS_EP] = ep;
+    for (int i = 0; i < 3; i++) s.mesh.order[i] = order[i];
+    if (sh == SH_EP) {
+        s.mesh.nsharding = 1;
+        s.mesh.sharding[0] = MOE_AXIS_EP;
+    } else {
+        s.mesh.nsharding = 2;
+        s.mesh.sharding[0] = sh == SH_EP_FSDP ? MOE_AXIS_EP : MOE_AXIS_FSDP;
+        s.mesh.sharding[1] = sh == SH_EP_FSDP ? MOE_AXIS_FSDP : MOE_AXIS_EP;
+    }
+    return s;
+}
+
+/* ---- goldens ------------------------------------------------------------ */
+
+/* DP2/FSDP2/EP2, 8 experts, {fsdp,ep}: EP rank 0 holds 0,1,4,5. One rank,
+ * T = 3, K = 2: t0 -> {4, 1}, t1 -> {2, 5}, t2 -> {0, 7}. */
+static const int g_idx[6] = {4, 1, 2, 5, 0, 7};
+
+static void test_golden_send(void) {
+    char err[512] = "";
+    moe_mesh_plan_t mp;
+    moe_spec_t s = make_spec(8, 2, 2, 2, order_default, SH_FSDP_EP);
+    CASE("golden: {fsdp,ep} send layout (ep rank 0 holds 0,1,4,5)");
+    if (moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    moe_dispatch_route_t rt = moe_dispatch_route_of_plan(&mp);
+    CHECK(rt.ep == 2 && rt.nheld == 4 && rt.experts == 8);
+    int sc[2], so[3], slc[8], sp[6];
+    CHECK(moe_dispatch_send_layout(&rt, g_idx, 3, 2, sc, so, slc, sp) == MOE_DISPATCH_OK);
+    /* dest 0 by slot: e0 (2,0) s0, e1 (0,1) s1, e4 (0,0) s2, e5 (1,1) s3; dest 1: e2 (1,0) s0, e7 (2,1) s3 */
+    static const int want_sp[6] = {2, 1, 4, 3, 0, 5}, want_sc[2] = {4, 2}, want_so[3] = {0, 4, 6};
+    static const int want_slc[8] = {1, 1, 1, 1, 1, 0, 0, 1};
+    CHECK(list_eq(sp, want_sp, 6));
+    CHECK(list_eq(sc, want_sc, 2) && list_eq(so, want_so, 3) && list_eq(slc, want_slc, 8));
+
+    CASE("golden: {fsdp,ep} capacity 2 with the drop policy: highest (t,k) dropped first");
+    int ex = -1, exd[2] = {-1, -1};
+    CHECK(moe_dispatch_send_layout_capacity(&rt, g_idx, 3, 2, 2, MOE_DISPATCH_DROP, sc, slc, sp, &ex, exd) ==
+          MOE_DISPATCH_OK);
+    /* dest 0 keeps (0,0) e4, (0,1) e1, drops (1,1) e5, (2,0) e0; block 0..1 by slot: e1, e4.
+     * dest 1 keeps both at 2..3: e2 s0, e7 s3. */
+    static const int want_csp[6] = {1, 0, 2, -1, -1, 3}, want_csc[2] = {2, 2};
+    static const int want_cslc[8] = {0, 1, 1, 0, 1, 0, 0, 1}, want_exd[2] = {2, 0};
+    CHECK(ex == 2 && list_eq(exd, want_exd, 2));
+    CHECK(list_eq(sp, want_csp, 6) && list_eq(sc, want_csc, 2) && list_eq(slc, want_cslc, 8));
+
+    CASE("golden: {fsdp,ep} capacity 2, policy off: overflow reported, nothing written");
+    int sc2[2] = {77, 77}, slc2[8], sp2[6];
+    for (int i = 0; i < 8; i++) slc2[i] = 77;
+    for (int i = 0; i < 6; i++) sp2[i] = 77;
+    ex = -1;
+    exd[0] = exd[1] = -1;
+    int rc = moe_dispatch_send_layout_capacity(&rt, g_idx, 3, 2, 2, 0, sc2, slc2, sp2, &ex, exd);
+    CHECK(rc == MOE_DISPATCH_OVERFLOW);
+    CHECK_STREQ(moe_dispatch_status_name(rc), "overflow");
+    CHECK(ex == 2 && list_eq(exd, want_exd, 2));
+    CHECK(all_eq(sc2, 2, 77) && all_eq(slc2, 8, 77) && all_eq(sp2, 6, 77));
+
+    CASE("golden: capacity 4 fits: same order as exact mode, dest 1 at row 4");
+    CHECK(moe_dispatch_send_layout_capacity(&rt, g_idx, 3, 2, 4, 0, sc, slc, sp, &ex, NULL) == MOE_DISPATCH_OK);
+    CHECK(ex == 0 && list_eq(sp, want_sp, 6) && list_eq(sc, want_sc, 2) && list_eq(slc, want_slc, 8));
+
+    CASE("golden: capacity 0 with the drop policy drops everything");
+    CHECK(moe_dispatch_send_layout_capacity(&rt, g_idx, 3, 2, 0, MOE_DISPATCH_DROP, sc, slc, sp, &ex, exd) ==
+          MOE_DISPATCH_OK);
+    CHECK(ex == 6 && exd[0] == 4 && exd[1] == 2 && all_eq(sp, 6, -1) && all_eq(sc, 2, 0) && all_eq(slc, 8, 0));
+
+    CASE("golden: {ep,fsdp}: the same routing goes elsewhere (ep rank 0 holds 0..3)");
+    moe_mesh_plan_free(&mp);
+    s = make_spec(8, 2, 2, 2, order_default, SH_EP_FSDP);
+    CHECK(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0);
+    rt = moe_dispatch_route_of_plan(&mp);
+    CHECK(moe_dispatch_send_layout(&rt, g_idx, 3, 2, sc, so, slc, sp) == MOE_DISPATCH_OK);
+    /* dest 0: e0 (2,0) s0, e1 (0,1) s1, e2 (1,0) s2; dest 1: e4 (0,0) s0, e5 (1,1) s1, e7 (2,1) s3 */
+    static const int want_ef_sp[6] = {3, 1, 2, 4, 0, 5}, want_ef_slc[8] = {1, 1, 1, 0, 1, 1, 0, 1};
+    CHECK(list_eq(sp, want_ef_sp, 6) && sc[0] == 3 && sc[1] == 3 && list_eq(slc, want_ef_slc, 8));
+    moe_mesh_plan_free(&mp);
+}
+
+static void test_golden_recv(void) {
+    CASE("golden: receive layout, align 4: slot blocks aligned, by source then order");
+    /* 2 sources, 4 slots: s0 = {5, 0, 1, 0}, s1 = {3, 0, 0, 0} */
+    static const int rc_[8] = {5, 0, 1, 0, 3, 0, 0, 0};
+    int csrc[8], cdst[8], soff[5], nt = -1;
+    moe_dispatch_tile_t tiles[8];
+    CHECK(moe_dispatch_recv_layout(2, 4, 4, rc_, csrc, cdst, soff, NULL, 0, &nt) == MOE_DISPATCH_ESPACE);
+    CHECK(nt == 3);
+    CHECK(moe_dispatch_recv_layout(2, 4, 4, rc_, csrc, cdst, soff, tiles, 2, &nt) == MOE_DISPATCH_ESPACE);
+    CHECK(nt == 3);
+    CHECK(moe_dispatch_recv_layout(2, 4, 4, rc_, csrc, cdst, soff, tiles, 8, &nt) == MOE_DISPATCH_OK);
+    static const int want_soff[5] = {0, 8, 8, 12, 12};
+    static const int want_csrc[8] = {0, 5, 5, 6, 0, 3, 3, 3}, want_cdst[8] = {0, 8, 8, 12, 5, 8, 9, 12};
+    CHECK(nt == 3 && list_eq(soff, want_soff, 5) && list_eq(csrc, want_csrc, 8) && list_eq(cdst, want_cdst, 8));
+    static const int want_tiles[3][4] = {{0, 0, 4, 0}, {0, 4, 4, 0}, {2, 8, 1, 0}};
+    for (int i = 0; i < 3; i++)
+        CHECKF(tiles[i].slot == want_tiles[i][0] && tiles[i].row_start == want_tiles[i][1] &&
+               tiles[i].rows == want_tiles[i][2] && tiles[i].pad == 0,
+               "tile %d = {%d, %d, %d}", i, tiles[i].slot, tiles[i].row_start, tiles[i].rows);
+    CHECK(sizeof(moe_dispatch_tile_t) == 4 * sizeof(int));
+
+    CASE("golden: receive layout, nothing received: no rows, no tiles");
+    static const int zero[8] = {0};
+    CHECK(moe_dispatch_recv_layout(2, 4, 16, zero, csrc, cdst, soff, NULL, 0, &nt) == MOE_DISPATCH_OK);
+    CHECK(nt == 0 && all_eq(soff, 5, 0) && all_eq(cdst, 8, 0) && all_eq(csrc, 8, 0));
+}
+
+static void test_errors(void) {
+    static const int owner[4] = {0, 0, 1, 1}, slot[4] = {0, 1, 0, 1};
+    moe_dispatch_route_t rt = {4, 2, 2, owner, slot};
+    int sc[2] = {9, 9}, so[3] = {9, 9, 9}, slc[4] = {9, 9, 9, 9}, sp[2] = {9, 9}, ex = 9;
+
+    CASE("errors: expert id out of range -> EINVAL, nothing written");
+    static const int bad_idx[2] = {1, 4};
+    CHECK(moe_dispatch_send_layout(&rt, bad_idx, 1, 2, sc, so, slc, sp) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_send_layout_capacity(&rt, bad_idx, 1, 2, 4, 0, sc, slc, sp, &ex, NULL) ==
+          MOE_DISPATCH_EINVAL);
+    CHECK(all_eq(sc, 2, 9) && all_eq(so, 3, 9) && all_eq(slc, 4, 9) && all_eq(sp, 2, 9) && ex == 9);
+
+    CASE("errors: routing table entry out of range -> EINVAL");
+    static const int bad_owner[4] = {0, 0, 2, 1}, bad_slot[4] = {0, 2, 0, 1};
+    static const int idx[2] = {0, 3};
+    moe_dispatch_route_t r1 = {4, 2, 2, bad_owner, slot}, r2 = {4, 2, 2, owner, bad_slot};
+    CHECK(moe_dispatch_send_layout(&r1, idx, 1, 2, sc, so, slc, sp) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_send_layout(&r2, idx, 1, 2, sc, so, slc, sp) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_send_layout(&rt, idx, -1, 2, sc, so, slc, sp) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_send_layout(&rt, idx, 1, 0, sc, so, slc, sp) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_send_layout_capacity(&rt, idx, 1, 2, -1, 0, sc, slc, sp, &ex, NULL) == MOE_DISPATCH_EINVAL);
+    CHECK(all_eq(sc, 2, 9) && all_eq(sp, 2, 9));
+
+    CASE("errors: a rank with no tokens sends nothing (send_pos may be NULL)");
+    CHECK(moe_dispatch_send_layout(&rt, NULL, 0, 2, sc, so, slc, NULL) == MOE_DISPATCH_OK);
+    CHECK(all_eq(sc, 2, 0) && all_eq(so, 3, 0) && all_eq(slc, 4, 0));
+    CHECK(moe_dispatch_send_layout_capacity(&rt, NULL, 0, 2, 0, 0, sc, slc, NULL, &ex, NULL) == MOE_DISPATCH_OK);
+    CHECK(ex == 0 && all_eq(sc, 2, 0));
+
+    CASE("errors: receive layout arguments");
+    static const int neg[4] = {1, -1, 0, 0};
+    int csrc[4], cdst[4], soff[3], nt = 0;
+    CHECK(moe_dispatch_recv_layout(2, 2, 4, neg, csrc, cdst, soff, NULL, 0, &nt) == MOE_DISPATCH_EINVAL);
+    CHECK(moe_dispatch_recv_layout(2, 2, 0, slot, csrc, cdst, soff, NULL, 0, &nt) == MOE_DISPATCH_EINVAL);
+
+    CASE("errors: combine position past the return buffer -> EINVAL, y untouched");
+    float w[2] = {1, 1}, ret[2] = {1, 2}, y[1] = {42};
+    int pos[2] = {0, 2};
+    CHECK(moe_dispatch_combine(1, 2, 1, w, pos, ret, 2, y) == MOE_DISPATCH_EINVAL && y[0] == 42);
+    CHECK_STREQ(moe_dispatch_status_name(MOE_DISPATCH_EINVAL), "invalid argument");
+    CHECK_STREQ(moe_dispatch_status_name(99), "unknown");
+}
+
+/* Combine sums in increasing k, in fp32, from 0: with 1, 1e8, -1e8 that is
+ * (1 + 1e8) - 1e8 = 0 in fp32; any other order gives 1 or 0 differently. */
+static void test_combine_order(void) {
+    CASE("combine: y = Σ_k w·ret[pos(t,k)] in increasing k, dropped slots add nothing");
+    /* return rows deliberately out of k order: pos = {2, 0, 1} */
+    const float ret[3] = {1e8f, -1e8f, 1.0f};
+    const int pos[3] = {2, 0, 1};
+    const float w[3] = {1, 1, 1};
+    float y = -1;
+    CHECK(moe_dispatch_combine(1, 3, 1, w, pos, ret, 3, &y) == MOE_DISPATCH_OK);
+    CHECKF(y == 0.0f, "y = %g, want 0 = (1 + 1e8) - 1e8 in fp32", (double)y);
+    const int pos_rev[3] = {1, 0, 2};   /* k order -1e8, 1e8, 1 -> 1 */
+    CHECK(moe_dispatch_combine(1, 3, 1, w, pos_rev, ret, 3, &y) == MOE_DISPATCH_OK && y == 1.0f);
+    const int pos_drop[3] = {2, -1, 1}; /* 1 + (-1e8) */
+    CHECK(moe_dispatch_combine(1, 3, 1, w, pos_drop, ret, 3, &y) == MOE_DISPATCH_OK && y == 1.0f - 1e8f);
+    const int all_drop[3] = {-1, -1, -1};
+    CHECK(moe_dispatch_combine(1, 3, 1, w, all_drop, ret, 3, &y) == MOE_DISPATCH_OK && y == 0.0f);
+}
+
+/* ---- the in-memory EP group --------------------------------------------- */
+
+enum { W = 3 };   /* row: value, source ep rank, token */
+
+enum { R_RANDOM, R_SPARSE, R_ONE, R_TO_RANK0, R_EMPTY_SENDER, R_T1, R_COUNT };
+static const char *r_name[R_COUNT] = {"random", "some experts empty", "all tokens to one expert set",
+                                      "all to ep rank 0 (others receive nothing)", "one rank sends nothing",
+                                      "T = 1"};
+enum { M_EXACT, M_CAP_AMPLE, M_CAP_TIGHT, M_CAP_DROP, M_COUNT };
+static const char *m_name[M_COUNT] = {"exact", "capacity (fits)", "capacity (too small, policy off)",
+                                      "capacity (too small, drop)"};
+
+typedef struct {
+    int T;
+    int *idx;        /* [T*K] */
+    float *w;        /* [T*K] */
+    float *x;        /* [T*W] */
+    int *keep;       /* [T*K] expected kept (capacity mode), else 1 */
+    int *sc, *so, *slc, *sp;
+    float *sbuf, *ret;
+    int ret_rows;
+} src_t;
+
+/* K distinct experts from pool[0..n) into out (n >= K). */
+static void pick(const int *pool, int n, int K, int *out) {
+    int tmp[64];
+    memcpy(tmp, pool, sizeof(int) * (size_t)n);
+    for (int k = 0; k < K; k++) {
+        int j = k + rnd_below(n - k);
+        int t = tmp[k];
+        tmp[k] = tmp[j];
+        tmp[j] = t;
+        out[k] = tmp[k];
+    }
+}
+
+/* Whether every float of rows [a, a+n) of buf (W wide) is NaN (never written). */
+static int rows_poisoned(const float *buf, int a, int n) {
+    for (int i = a * W; i < (a + n) * W; i++)
+        if (!isnan(buf[i])) return 0;
+    return 1;
+}
+
+static void copy_rows(float *dst, int drow, const float *src, int srow, int n) {
+    memcpy(dst + (size_t)drow * W, src + (size_t)srow * W, sizeof(float) * (size_t)n * W);
+}
+
+/* Run one EP group of a plan through dispatch, the experts and combine. */
+static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int mode, int align, const char *plan) {
+    const int ep = mp->size[MOE_AXIS_EP], nh = mp->nheld, E = mp->experts;
+    const int *peers = mp->ep_groups + grp * ep;
+    const moe_dispatch_route_t rt = moe_dispatch_route_of_plan(mp);
+    char label[256];
+    snprintf(label, sizeof label, "%s, ep group %d, K %d, %s, %s, align %d, seed %llu", plan, grp, K, r_name[kind],
+             m_name[mode], align, seed);
+    CASE(label);
+
+    /* ---- routing per rank */
+    int pool[64], npool = 0, one[64];
+    for (int g = 0; g < E; g++) {
+        if (kind == R_TO_RANK0 && mp->owner_ep_rank[g] != 0) continue;
+        if (kind == R_SPARSE && rnd_below(2)) continue;
+        pool[npool++] = g;
+    }
+    if (kind == R_SPARSE && npool < K)
+        for (int g = 0; g < E && npool < K; g++) {   /* top up: still most experts empty */
+            int have = 0;
+            for (int i = 0; i < npool; i++) have |= pool[i] == g;
+            if (!have) pool[npool++] = g;
+        }
+    pick(pool, npool, K, one);
+    const int silent = rnd_below(ep);
+    src_t src[8];
+    for (int i = 0; i < ep; i++) {
+        src_t *s = &src[i];
+        s->T = kind == R_T1 ? 1 : (kind == R_EMPTY_SENDER && i == silent) ? 0 : 1 + rnd_below(40);
+        s->idx = ialloc((size_t)s->T * K, -1);
+        s->w = falloc((size_t)s->T * K);
+        s->x = falloc((size_t)s->T * W);
+        s->keep = ialloc((size_t)s->T * K, 1);
+        for (int t = 0; t < s->T; t++) {
+            if (kind == R_ONE)
+                memcpy(s->idx + t * K, one, sizeof(int) * (size_t)K);
+            else
+                pick(pool, npool, K, s->idx + t * K);
+            for (int k = 0; k < K; k++) s->w[t * K + k] = rnd_unit();
+            s->x[t * W + 0] = (float)(1 + rnd_below(100));
+            s->x[t * W + 1] = (float)i;
+            s->x[t * W + 2] = (float)t;
+        }
+    }
+
+    /* rows per (source, destination), from the routing alone */
+    int n_sd[8][8] = {{0}}, ample = 0;
+    for (int i = 0; i < ep; i++)
+        for (int q = 0; q < src[i].T * K; q++) n_sd[i][mp->owner_ep_rank[src[i].idx[q]]]++;
+    for (int i = 0; i < ep; i++)
+        for (int d = 0; d < ep; d++) ample = n_sd[i][d] > ample ? n_sd[i][d] : ample;
+    if ((mode == M_CAP_TIGHT || mode == M_CAP_DROP) && ample == 0) return;
+    const int cap = mode == M_CAP_AMPLE ? ample : ample / 2;
+    const int capmode = mode != M_EXACT;
+
+    /* ---- sender layouts, checked against a direct computation */
+    for (int i = 0; i < ep; i++) {
+        src_t *s = &src[i];
+        const int n = s->T * K;
+        s->sc = ialloc((size_t)ep, 0x5a5a);
+        s->so = ialloc((size_t)ep + 1, 0x5a5a);
+        s->slc = ialloc((size_t)ep * nh, 0x5a5a);
+        s->sp = ialloc((size_t)n, 0x5a5a);
+        if (!capmode) {
+            int rc = moe_dispatch_send_layout(&rt, s->idx, s->T, K, s->sc, s->so, s->slc, s->sp);
+            CHECKF(rc == MOE_DISPATCH_OK, "ep rank %d: %s", i, moe_dispatch_status_name(rc));
+            if (rc) return;
+        } else {
+            int seen[8] = {0}, want_ex = 0, want_exd[8] = {0}, exd[8], ex = -1;
+            for (int q = 0; q < n; q++) {
+                int d = mp->owner_ep_rank[s->idx[q]];
+                s->keep[q] = seen[d]++ < cap;
+                if (!s->keep[q]) {
+                    want_ex++;
+                    want_exd[d]++;
+                }
+            }
+            unsigned flags = mode == M_CAP_DROP ? MOE_DISPATCH_DROP : 0;
+            int rc = moe_dispatch_send_layout_capacity(&rt, s->idx, s->T, K, cap, flags, s->sc, s->slc, s->sp, &ex,
+                                                       exd);
+            CHECKF(ex == want_ex && list_eq(exd, want_exd, ep), "ep rank %d: excess %d, want %d", i, ex, want_ex);
+            if (want_ex > 0 && mode == M_CAP_TIGHT) {
+                CHECKF(rc == MOE_DISPATCH_OVERFLOW, "ep rank %d: %s", i, moe_dispatch_status_name(rc));
+                CHECKF(all_eq(s->sc, ep, 0x5a5a) && all_eq(s->slc, ep * nh, 0x5a5a) && all_eq(s->sp, n, 0x5a5a),
+                       "ep rank %d: the overflowing call wrote its layout", i);
+                continue;
+            }
+            CHECKF(rc == MOE_DISPATCH_OK, "ep rank %d: %s", i, moe_dispatch_status_name(rc));
+            if (rc) return;
+            for (int d = 0; d <= ep; d++) s->so[d] = d * cap;
+        }
+        /* the expected send order: destination, then its slot, then (t, k), kept rows only */
+        int pos = 0, ok = 1;
+        for (int d = 0; d < ep; d++) {
+            if (capmode) pos = d * cap;
+            if (s->so[d] != pos) ok = 0;
+            int rows = 0;
+            for (int j = 0; j < nh; j++) {
+                int c = 0;
+                for (int q = 0; q < n; q++) {
+                    int g = s->idx[q];
+                    if (!s->keep[q] || mp->owner_ep_rank[g] != d || mp->slot[g] != j) continue;
+                    if (s->sp[q] != pos + c) ok = 0;
+                    c++;
+                }
+                if (s->slc[d * nh + j] != c) ok = 0;
+                pos += c;
+                rows += c;
+            }
+            if (s->sc[d] != rows) ok = 0;
+            if (capmode && (rows > cap || rows != (n_sd[i][d] < cap ? n_sd[i][d] : cap))) ok = 0;
+        }
+        for (int q = 0; q < n; q++)
+            if (!s->keep[q] && s->sp[q] != -1) ok = 0;
+        if (!capmode) CHECKF(s->so[ep] == n, "ep rank %d: total %d, want %d", i, s->so[ep], n);
+        CHECKF(ok, "ep rank %d: send layout (offsets, counts, send_pos) differs from destination, slot, (t,k) "
+                   "order", i);
+
+        /* fill the send buffer (with a poisoned guard past its end) */
+        const int rows = capmode ? ep * cap : s->so[ep];
+        s->sbuf = falloc((size_t)(rows + 4) * W);
+        for (int q = 0; q < n; q++)
+            if (s->sp[q] >= 0 && s->sp[q] < rows) copy_rows(s->sbuf, s->sp[q], s->x, q / K, 1);
+        CHECKF(rows_poisoned(s->sbuf, rows, 4), "ep rank %d: written past the send buffer", i);
+        int filled = 1;
+        for (int r = 0; r < rows && !capmode; r++) filled &= !rows_poisoned(s->sbuf, r, 1);
+        CHECKF(filled, "ep rank %d: a send row left unwritten in exact mode", i);
+        s->ret_rows = rows;
+        s->ret = falloc((size_t)(rows + 4) * W);
+    }
+    if (mode == M_CAP_TIGHT) return;   /* overflow without the policy: nothing may be sent */
+
+    /* ---- each receiver: counts arrive, rows arrive, experts run, results leave */
+    for (int j = 0; j < ep; j++) {
+        const int *held = mp->ranks[peers[j]].held;
+        if (mp->ranks[peers[j]].ep_rank != j || mp->ranks[peers[j]].ep_group != grp) CHECKF(0, "peer %d", j);
+        int *rcnt = ialloc((size_t)ep * nh, 0);
+        for (int s = 0; s < ep; s++) memcpy(rcnt + s * nh, src[s].slc + j * nh, sizeof(int) * (size_t)nh);
+        int *csrc = ialloc((size_t)ep * nh, -1), *cdst = ialloc((size_t)ep * nh, -1);
+        int *soff = ialloc((size_t)nh + 1, -1), nt = -1;
+        int rc = moe_dispatch_recv_layout(ep, nh, align, rcnt, csrc, cdst, soff, NULL, 0, &nt);
+        CHECK(rc == MOE_DISPATCH_OK || rc == MOE_DISPATCH_ESPACE);
+        moe_dispatch_tile_t *tiles = talloc(sizeof *tiles * (size_t)(nt + 1));
+        rc = moe_dispatch_recv_layout(ep, nh, align, rcnt, csrc, cdst, soff, tiles, nt, &nt);
+        CHECKF(rc == MOE_DISPATCH_OK, "receiver %d: %s", j, moe_dispatch_status_name(rc));
+        if (rc) return;
+
+        /* the layout and the tile table, from the counts alone */
+        int row = 0, ti = 0, lay_ok = 1, tiles_ok = 1;
+        for (int sl = 0; sl < nh; sl++) {
+            int c = 0;
+            if (soff[sl] != row || row % align) lay_ok = 0;
+            for (int s = 0; s < ep; s++) {
+                int before = 0;
+                for (int x = 0; x < sl; x++) before += rcnt[s * nh + x];
+                if (csrc[s * nh + sl] != before || cdst[s * nh + sl] != row + c) lay_ok = 0;
+                if (capmode && before + rcnt[s * nh + sl] > cap) lay_ok = 0;
+                c += rcnt[s * nh + sl];
+            }
+            for (int r = 0; r < c; r += align, ti++)
+                if (ti >= nt || tiles[ti].slot != sl || tiles[ti].row_start != row + r ||
+                    tiles[ti].rows != (c - r < align ? c - r : align) || tiles[ti].pad != 0)
+                    tiles_ok = 0;
+            row += (c + align - 1) / align * align;
+        }
+        CHECKF(lay_ok && soff[nh] == row, "receiver %d: chunk/slot offsets", j);
+        CHECKF(tiles_ok && ti == nt, "receiver %d: tile table (%d tiles, want %d)", j, nt, ti);
+
+        /* rows arrive: exact mode straight from each source's send buffer,
+         * capacity mode through the fixed [ep, C] buffer */
+        const int nrows = soff[nh];
+        float *rbuf = falloc((size_t)nrows * W), *obuf = falloc((size_t)nrows * W);
+        float *cbuf = capmode ? falloc((size_t)(ep * cap + 4) * W) : NULL;
+        if (capmode)
+            for (int s = 0; s < ep; s++) copy_rows(cbuf, s * cap, src[s].sbuf, j * cap, cap);
+        int overlap = 0;
+        for (int s = 0; s < ep; s++)
+            for (int sl = 0; sl < nh; sl++) {
+                int c = rcnt[s * nh + sl], d = cdst[s * nh + sl];
+                if (c == 0) continue;
+                if (d < 0 || d + c > nrows || !rows_poisoned(rbuf, d, c)) {
+                    overlap = 1;
+                    continue;
+                }
+                if (capmode)
+                    copy_rows(rbuf, d, cbuf, s * cap + csrc[s * nh + sl], c);
+                else
+                    copy_rows(rbuf, d, src[s].sbuf, src[s].so[j] + csrc[s * nh + sl], c);
+            }
+        CHECKF(!overlap, "receiver %d: chunks overlap or leave the buffer", j);
+
+        /* within a slot: by source rank, then source (t, k) order */
+        int order_ok = 1;
+        for (int sl = 0; sl < nh; sl++) {
+            int r = soff[sl];
+            for (int s = 0; s < ep; s++)
+                for (int q = 0; q < src[s].T * K; q++) {
+                    int g = src[s].idx[q];
+                    if (!src[s].keep[q] || mp->owner_ep_rank[g] != j || mp->slot[g] != sl) continue;
+                    const float *v = rbuf + (size_t)r * W;
+                    if (v[1] != (float)s || v[2] != (float)(q / K) || v[0] != src[s].x[(q / K) * W]) order_ok = 0;
+                    r++;
+                }
+            if (!rows_poisoned(rbuf, r, soff[sl + 1] - r)) order_ok = 0;   /* padding untouched */
+        }
+        CHECKF(order_ok, "receiver %d: received rows not in slot, source, (t,k) order", j);
+
+        /* the experts: one pass over the tile table, every real row exactly once */
+        int *hits = ialloc((size_t)nrows + 1, 0), cover_ok = 1;
+        for (int i = 0; i < nt; i++)
+            for (int r = tiles[i].row_start; r < tiles[i].row_start + tiles[i].rows; r++) {
+                if (r < 0 || r >= nrows) {
+                    cover_ok = 0;
+                    continue;
+                }
+                hits[r]++;
+                for (int h = 0; h < W; h++)
+                    obuf[r * W + h] = rbuf[r * W + h] * 1000.0f + (float)held[tiles[i].slot];
+            }
+        for (int sl = 0; sl < nh; sl++) {
+            int c = 0;
+            for (int s = 0; s < ep; s++) c += rcnt[s * nh + sl];
+            for (int r = soff[sl]; r < soff[sl + 1]; r++)
+                if (hits[r] != (r < soff[sl] + c)) cover_ok = 0;
+        }
+        CHECKF(cover_ok, "receiver %d: tiles do not cover each received row exactly once", j);
+
+        /* results go back where they came from */
+        float *cret = capmode ? falloc((size_t)ep * cap * W) : NULL;
+        for (int s = 0; s < ep; s++)
+            for (int sl = 0; sl < nh; sl++) {
+                int c = rcnt[s * nh + sl], d = cdst[s * nh + sl];
+                if (c == 0 || d < 0 || d + c > nrows) continue;
+                if (capmode)
+                    copy_rows(cret, s * cap + csrc[s * nh + sl], obuf, d, c);
+                else
+                    copy_rows(src[s].ret, src[s].so[j] + csrc[s * nh + sl], obuf, d, c);
+            }
+        if (capmode)
+            for (int s = 0; s < ep; s++) copy_rows(src[s].ret, j * cap, cret, s * cap, cap);
+    }
+
+    /* ---- combine on each source, against the routing */
+    for (int i = 0; i < ep; i++) {
+        src_t *s = &src[i];
+        CHECKF(rows_poisoned(s->ret, s->ret_rows, 4), "ep rank %d: written past the return buffer", i);
+        float *y = falloc((size_t)s->T * W + 1);
+        int rc = moe_dispatch_combine(s->T, K, W, s->w, s->sp, s->ret, s->ret_rows, y);
+        CHECKF(rc == MOE_DISPATCH_OK, "ep rank %d: combine %s", i, moe_dispatch_status_name(rc));
+        int bad = -1, dropped = 0;
+        for (int t = 0; t < s->T && bad < 0; t++)
+            for (int h = 0; h < W; h++) {
+                float want = 0.0f;
+                for (int k = 0; k < K; k++) {
+                    int q = t * K + k;
+                    if (!s->keep[q]) {
+                        dropped += h == 0;
+                        continue;
+                    }
+                    want += s->w[q] * (s->x[t * W + h] * 1000.0f + (float)s->idx[q]);
+                }
+                if (!(y[t * W + h] == want)) {
+                    bad = t;
+                    CHECKF(0, "ep rank %d (rank %d) token %d col %d: y = %.9g, want %.9g", i, peers[i], t, h,
+                           (double)y[t * W + h], (double)want);
+                    break;
+                }
+            }
+        CHECKF(bad < 0 && (dropped == 0 || mode == M_CAP_DROP), "ep rank %d: %d dropped", i, dropped);
+    }
+}
+
+typedef struct {
+    int E, dp, fsdp, ep, sh;
+    const int *order;
+    const char *order_name;
+} plan_case_t;
+
+static void test_groups(void) {
+    static const plan_case_t cases[] = {
+        {8, 2, 2, 2, SH_EP_FSDP, order_default, "dp,fsdp,ep"},
+        {8, 2, 2, 2, SH_FSDP_EP, order_default, "dp,fsdp,ep"},
+        {8, 2, 2, 2, SH_FSDP_EP, order_ep_outer, "ep,dp,fsdp"},
+        {16, 1, 1, 2, SH_EP, order_default, "dp,fsdp,ep"},
+        {32, 1, 1, 4, SH_EP, order_default, "dp,fsdp,ep"},
+        {64, 1, 1, 8, SH_EP, order_default, "dp,fsdp,ep"},
+        {32, 1, 2, 4, SH_FSDP_EP, order_default, "dp,fsdp,ep"},
+        {32, 1, 2, 4, SH_EP_FSDP, order_default, "dp,fsdp,ep"},
+        {64, 2, 1, 4, SH_EP, order_ep_outer, "ep,dp,fsdp"},
+    };
+    static const int Ks[3] = {1, 2, 4}, aligns[3] = {1, 3, 16};
+    int runs = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const plan_case_t *pc = &cases[c];
+        moe_spec_t s = make_spec(pc->E, pc->dp, pc->fsdp, pc->ep, pc->order, pc->sh);
+        char plan[128], err[512] = "";
+        snprintf(plan, sizeof plan, "dp%d fsdp%d ep%d E%d %s order %s", pc->dp, pc->fsdp, pc->ep, pc->E,
+                 sh_name[pc->sh], pc->order_name);
+        moe_mesh_plan_t mp;
+        CASE(plan);
+        if (moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0) {
+            CHECKF(0, "%s: %s", plan, err);
+            continue;
+        }
+        CHECK(mp.nep_groups == pc->dp * pc->fsdp);
+        for (int grp = 0; grp < mp.nep_groups; grp++)
+            for (int kind = 0; kind < R_COUNT; kind++)
+                for (int ki = 0; ki < 3; ki++)
+                    for (int mode = 0; mode < M_COUNT; mode++)
+                        for (int ai = 0; ai < 3; ai++) {
+                            run_group(&mp, grp, Ks[ki], kind, mode, aligns[ai], plan);
+                            tfree_all();
+                            runs++;
+                        }
+        moe_mesh_plan_free(&mp);
+    }
+    CASE("groups: every case ran");
+    CHECK(runs > 0);
+}
+
+int main(void) {
+    const char *env = getenv("MOEGEN_TEST_SEED");
+    seed = env ? strtoull(env, NULL, 0) : (unsigned long long)time(NULL) ^ ((unsigned long long)clock() << 20);
+    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    test_golden_send();
+    test_golden_recv();
+    test_errors();
+    test_combine_order();
+    test_groups();
+    return check_report("test_dispatch");
+}
