@@ -233,6 +233,8 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
 void moe_plan_destroy(moe_plan *p) {
     if (!p)
         return;
+    if (p->ctx) /* the module and the table belong to the plan's context */
+        moe_cu.cuCtxSetCurrent(p->ctx);
     if (p->module)
         moe_cu.cuModuleUnload(p->module);
     if (p->slot_dev)
