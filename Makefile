@@ -67,7 +67,7 @@ CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch
 GPU_TESTS := test_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS))
 
-$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libmoegen.a
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 

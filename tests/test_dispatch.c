@@ -72,35 +72,9 @@ static int all_eq(const int *a, int n, int v) {
     return 1;
 }
 
-enum { SH_EP_FSDP, SH_FSDP_EP, SH_EP };
-static const char *sh_name[3] = {"{ep,fsdp}", "{fsdp,ep}", "{ep}"};
-static const int order_default[3] = {MOE_AXIS_DP, MOE_AXIS_FSDP, MOE_AXIS_EP};
-static const int order_ep_outer[3] = {MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_FSDP};
+#include "mesh_fixture.h"
 
-/* A spec with only what the planner reads filled in. */
-static moe_spec_t make_spec(int experts, int dp, int fsdp, int ep, const int order[3], int sh) {
-    moe_spec_t s;
-    memset(&s, 0, sizeof s);
-    snprintf(s.name, sizeof s.name, "test_dispatch");
-    s.experts = experts;
-    s.top_k = 2;
-    s.hidden = 128;
-    s.ffn = 256;
-    s.tokens = 64;
-    s.mesh.size[MOE_AXIS_DP] = dp;
-    s.mesh.size[MOE_AXIS_FSDP] = fsdp;
-    s.mesh.size[MOE_AXIS_EP] = ep;
-    for (int i = 0; i < 3; i++) s.mesh.order[i] = order[i];
-    if (sh == SH_EP) {
-        s.mesh.nsharding = 1;
-        s.mesh.sharding[0] = MOE_AXIS_EP;
-    } else {
-        s.mesh.nsharding = 2;
-        s.mesh.sharding[0] = sh == SH_EP_FSDP ? MOE_AXIS_EP : MOE_AXIS_FSDP;
-        s.mesh.sharding[1] = sh == SH_EP_FSDP ? MOE_AXIS_FSDP : MOE_AXIS_EP;
-    }
-    return s;
-}
+static const int order_ep_outer[3] = {MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_FSDP};
 
 /* ---- goldens ------------------------------------------------------------ */
 
