@@ -291,16 +291,41 @@ moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p
     return MOE_OK;
 }
 
-static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args, CUevent *ev) {
+/* Launch kernel k of the plan; rows_y > 0 replaces the GEMMs' tile grid
+ * (the expert-parallel path sizes it from the receive side). */
+static moe_status launch_grid(const moe_plan *p, int k, int tokens, long long rows_y, CUstream st, void **args,
+                              CUevent *ev) {
     if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
         return fail(MOE_ERR_CUDA, "cuEventRecord failed");
     unsigned g[3];
     moe_plan_grid(&p->pd, p->arch, k, tokens, g);
+    if (rows_y > 0)
+        g[1] = (unsigned)rows_y;
     const moe_kernel_desc_t *d = &moe_plan_kernels(&p->pd, p->arch)[k];
     CUresult r = moe_cu.cuLaunchKernel(p->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
                                        args, NULL);
     if (r != CUDA_SUCCESS)
         return fail(MOE_ERR_CUDA, "launching %s (grid %u x %u): %s", d->name, g[0], g[1], moe_cu_error_string(r));
+    return MOE_OK;
+}
+
+static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args, CUevent *ev) {
+    return launch_grid(p, k, tokens, 0, st, args, ev);
+}
+
+moe_status moe_run_ffn(const moe_plan *p, const moe_ffn_args_t *f, CUstream st, CUevent *ev) {
+    moe_status rc;
+    CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out;
+    {
+        void *args[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf};
+        if ((rc = launch_grid(p, MOE_K_GEMM_UP, f->tokens, f->grid_tiles, st, args, ev)))
+            return rc;
+    }
+    {
+        void *args[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        if ((rc = launch_grid(p, MOE_K_GEMM_DOWN, f->tokens, f->grid_tiles, st, args, ev)))
+            return rc;
+    }
     return MOE_OK;
 }
 
@@ -362,15 +387,11 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
             return rc;
     }
     {
-        void *args[] = {&reg[MOE_WS_XS], (void *)&a->w1p, (void *)&a->b1p, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
-                        &reg[MOE_WS_HBUF]};
-        if ((rc = launch(p, MOE_K_GEMM_UP, T, st, args, ev)))
-            return rc;
-    }
-    {
-        void *args[] = {&reg[MOE_WS_HBUF], (void *)&a->w2, (void *)&a->b2, &reg[MOE_WS_TILES], &reg[MOE_WS_NUM_TILES],
-                        &reg[MOE_WS_XS]};
-        if ((rc = launch(p, MOE_K_GEMM_DOWN, T, st, args, ev)))
+        moe_ffn_args_t f = {.tokens = T, .xs = reg[MOE_WS_XS], .tiles = reg[MOE_WS_TILES],
+                            .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
+                            .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
+                            .w2 = a->w2, .b2 = a->b2};
+        if ((rc = moe_run_ffn(p, &f, st, ev)))
             return rc;
     }
     {

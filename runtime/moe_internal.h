@@ -17,6 +17,19 @@ moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args,
  * that the kernels read weights through the table. Synchronous. */
 moe_status moe_plan_set_slot_table(moe_plan *plan, const int *slot_of);
 
+/* The expert FFN stage over a tile table: gemm_up (+ SwiGLU) from xs into
+ * hbuf, then gemm_down into out (which may alias xs). grid_tiles > 0 sets
+ * the GEMMs' tile grid (at least the table's length); 0 = the plan's
+ * max_tiles at `tokens`. offsets: each slot's first row (slot order), for
+ * paths that take per-expert offsets instead of tiles. */
+typedef struct {
+    int tokens;
+    long long grid_tiles;
+    CUdeviceptr xs, tiles, num_tiles, offsets, hbuf, out;
+    const void *w1p, *b1p, *w2, *b2;
+} moe_ffn_args_t;
+moe_status moe_run_ffn(const moe_plan *plan, const moe_ffn_args_t *f, CUstream stream, CUevent *events);
+
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);
 
