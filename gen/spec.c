@@ -570,7 +570,7 @@ static void read_spec(ctx_t *c, moe_spec_t *s) {
     lua_State *L = c->L;
     int env = lua_gettop(L);
     static const char *const top_keys[] = {"name", "experts", "top_k", "hidden", "ffn", "tokens", "dtype",
-                                           "router", "activation", "ffn_bias", "mesh", "arch", NULL};
+                                           "router", "activation", "ffn_bias", "mesh", "dispatch", "arch", NULL};
     check_keys(c, env, NULL, top_keys);
 
     keyref_t kname = {NULL, "name"};
@@ -676,6 +676,26 @@ static void read_spec(ctx_t *c, moe_spec_t *s) {
         }
         lua_settop(L, env);
     }
+    /* dispatch */
+    if (!c->failed) {
+        int d = get_table(c, env, (keyref_t){NULL, "dispatch"});
+        static const char *const dkeys[] = {"mode", "capacity", NULL};
+        if (!c->failed)
+            check_keys(c, d, "dispatch", dkeys);
+        static const char *const modes[] = {"exact", "capacity", NULL};
+        int mode = 0;
+        get_enum(c, d, (keyref_t){"dispatch", "mode"}, 0, modes, &mode);
+        s->dispatch.mode = (moe_dispatch_mode_t)mode;
+        get_int(c, d, (keyref_t){"dispatch", "capacity"}, 0, 0, 1, LIMIT_ROWS, &s->dispatch.capacity);
+        if (!c->failed && mode == MOE_DISPATCH_CAPACITY && s->dispatch.capacity == 0)
+            key_error(c, (keyref_t){"dispatch", "mode"},
+                      "dispatch.mode = \"capacity\" needs dispatch.capacity, the most rows one rank sends to one "
+                      "EP peer");
+        if (!c->failed && mode == MOE_DISPATCH_EXACT && s->dispatch.capacity != 0)
+            key_error(c, (keyref_t){"dispatch", "capacity"},
+                      "dispatch.capacity applies to mode = \"capacity\" only (mode is \"exact\")");
+        lua_settop(L, env);
+    }
     /* arch */
     if (!c->failed) {
         static const char *const arches[] = {"sm_90a", "sm_80", NULL};
@@ -742,6 +762,8 @@ static void read_spec(ctx_t *c, moe_spec_t *s) {
     else if (s->experts % s->mesh.size[MOE_AXIS_EP])
         key_error(c, (keyref_t){NULL, "experts"}, "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
                   s->mesh.size[MOE_AXIS_EP]);
+    if (s->mesh.size[MOE_AXIS_EP] == 1) /* nothing is dispatched: the key has no effect */
+        s->dispatch = (moe_dispatch_t){MOE_DISPATCH_EXACT, 0};
 }
 
 int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const moe_override_t *ovr, int novr,
@@ -839,6 +861,13 @@ char *moe_spec_canonical(const moe_spec_t *s) {
     for (int i = 0; i < s->narch; i++)
         moe_buf_printf(&b, "%s \"%s\"", i ? "," : "", moe_arch_name(s->arch[i]));
     moe_buf_printf(&b, " }\n");
+    /* dispatch only matters, and is only written, when experts move between ranks */
+    if (s->mesh.size[MOE_AXIS_EP] > 1) {
+        if (s->dispatch.mode == MOE_DISPATCH_CAPACITY)
+            moe_buf_printf(&b, "dispatch = { capacity = %d, mode = \"capacity\" }\n", s->dispatch.capacity);
+        else
+            moe_buf_printf(&b, "dispatch = { mode = \"exact\" }\n");
+    }
     moe_buf_printf(&b, "dtype = \"%s\"\n", moe_dtype_name(s->dtype));
     moe_buf_printf(&b, "experts = %d\n", s->experts);
     moe_buf_printf(&b, "ffn = %d\n", s->ffn);

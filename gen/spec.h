@@ -45,6 +45,13 @@ typedef struct {
     int sharding[2];              /* expert_sharding axes, first axis major */
 } moe_mesh_t;
 
+/* Expert-parallel dispatch (DESIGN.md, "Kernels"; README "Expert parallelism"). */
+typedef enum { MOE_DISPATCH_EXACT = 0, MOE_DISPATCH_CAPACITY = 1 } moe_dispatch_mode_t;
+typedef struct {
+    moe_dispatch_mode_t mode;     /* exact: counts exchanged first, one host sync */
+    int capacity;                 /* capacity mode: rows per (source, destination) pair */
+} moe_dispatch_t;
+
 typedef struct {
     char name[MOE_NAME_MAX];      /* C identifier */
     int experts;                  /* E: routed experts (global) */
@@ -57,6 +64,7 @@ typedef struct {
     moe_activation_t activation;
     bool ffn_bias;                /* per-expert bias on both expert GEMMs */
     moe_mesh_t mesh;
+    moe_dispatch_t dispatch;      /* used when mesh.ep > 1 */
     int narch;
     moe_arch_t arch[MOE_ARCH_MAX];
     char hash[33];                /* XXH3-128 of the canonical text, hex */
