@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "emit.h"
 
+#include "ep_plan.h"
 #include "mesh.h"
 #include "template.h"
 
@@ -204,8 +205,21 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
         rc = 1;
     } else if (!rc) {
-        moe_tmpl_resync(t, out, cu);
-        emit_host(out, pd, mp.slot);
+        moe_ep_desc_t ed;
+        if (moe_ep_wanted(s)) { /* the dispatch kernels; the runtime drives them (no vendored host code) */
+            if (moe_ep_desc_build(&ed, pd, mp.nheld, err, sizeof err)) {
+                snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
+                rc = 1;
+            } else {
+                moe_ep_push_params(moe_tmpl_lua(t), pd, &ed);
+                rc = moe_tmpl_expand(t, "ep", NULL, out, diag);
+                moe_buf_printf(out, "\n");
+            }
+        }
+        if (!rc) {
+            moe_tmpl_resync(t, out, cu);
+            emit_host(out, pd, mp.slot);
+        }
         moe_mesh_plan_free(&mp);
     }
     moe_tmpl_close(t);
@@ -316,7 +330,17 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
     for (int i = 0; i < MOE_WS_COUNT; i++)
         moe_buf_printf(b, "    {\"name\": \"%s\", \"offset\": %zu, \"bytes\": %zu}%s\n", pd->ws[i].name,
                        pd->ws[i].offset, pd->ws[i].bytes, i + 1 < MOE_WS_COUNT ? "," : "");
-    moe_buf_printf(b, "  ]},\n  \"routing\": {\"owner_ep_rank\": [");
+    moe_buf_printf(b, "  ]},\n");
+    moe_ep_desc_t ed;
+    char err[256];
+    if (moe_ep_wanted(s) && !moe_ep_desc_build(&ed, pd, mp->nheld, err, sizeof err)) {
+        moe_buf_printf(b, "  \"dispatch\": {\"mode\": \"%s\", \"capacity\": %d, \"ep\": %d, \"slots\": %d, "
+                          "\"kernels\": [", ed.capacity ? "capacity" : "exact", ed.capacity, ed.ep, ed.nheld);
+        for (int i = 0; i < MOE_EK_COUNT; i++)
+            moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", ed.k[i].name);
+        moe_buf_printf(b, "], \"workspace_bytes\": %zu},\n", ed.ws_bytes);
+    }
+    moe_buf_printf(b, "  \"routing\": {\"owner_ep_rank\": [");
     for (int e = 0; e < s->experts; e++)
         moe_buf_printf(b, "%s%d", e ? ", " : "", mp->owner_ep_rank[e]);
     moe_buf_printf(b, "], \"slot\": [");

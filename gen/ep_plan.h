@@ -1,0 +1,74 @@
+/* ep_plan.h — the expert-parallel part of a plan: the dispatch kernels
+ * (templates/ep.lua), their launch shapes, and the workspace layout of a
+ * forward pass whose rows move between EP ranks (README, "Expert
+ * parallelism"). Built next to the kernel plan (plan.h) when mesh.ep > 1;
+ * plain data, like it. */
+#ifndef MOEGEN_EP_PLAN_H
+#define MOEGEN_EP_PLAN_H
+
+#include "plan.h"
+
+#include <lua.h>
+
+typedef enum {
+    MOE_EK_SEND_PLAN = 0,   /* counts -> send layout, per-peer counts */
+    MOE_EK_SCATTER,         /* token rows -> send buffer, row map */
+    MOE_EK_RECV_PLAN,       /* received counts -> chunk tables, tile table */
+    MOE_EK_ROWS,            /* staging <-> slot-major rows */
+    MOE_EK_COUNT
+} moe_ep_kfamily_t;
+
+typedef enum {
+    MOE_EW_COUNTS = 0,      /* int [E]       routed rows per global expert (zeroed before route) */
+    MOE_EW_OFFSETS,         /* int [E]       first send row of each expert */
+    MOE_EW_CURSOR,          /* int [E] */
+    MOE_EW_TOPK_IDX,        /* int [T, k] */
+    MOE_EW_TOPK_W,          /* float [T, k] */
+    MOE_EW_ROW_OF,          /* int [T, k]    send/return row of (t, k); the null row when dropped */
+    MOE_EW_SLOT_COUNTS,     /* int [P*S]     rows this rank sends to (peer, peer's slot) */
+    MOE_EW_RECV_COUNTS,     /* int [P*S]     rows received from (source, my slot) */
+    MOE_EW_SEND_COUNTS,     /* int [P] */
+    MOE_EW_SEND_OFF,        /* int [P + 1] */
+    MOE_EW_CHUNK_SRC,       /* int [P*S] */
+    MOE_EW_CHUNK_DST,       /* int [P*S] */
+    MOE_EW_CHUNK_ROWS,      /* int [P*S] */
+    MOE_EW_SRC_BASE,        /* int [P + 1]   each source's first staging row */
+    MOE_EW_SLOT_OFF,        /* int [S + 1]   each slot's first row (aligned) */
+    MOE_EW_OVERFLOW,        /* int [1]       capacity mode: rows past capacity, this call */
+    MOE_EW_NUM_TILES,       /* int [1] */
+    MOE_EW_TILES,           /* int4 [max_tiles] */
+    MOE_EW_SEND,            /* half [send_rows + 1, H]  send buffer, then the returned results; last row zero */
+    MOE_EW_STAGE,           /* half [stage_rows, H]     received rows as they arrive (source-major) */
+    MOE_EW_XR,              /* half [recv_rows, H]      slot-major GEMM input; the down output reuses it */
+    MOE_EW_HBUF,            /* half [recv_rows, F] */
+    MOE_EW_COUNT
+} moe_ep_ws_id_t;
+
+typedef struct {
+    int ep;                     /* P: EP group size */
+    int nheld;                  /* S: expert slots per rank after the gather */
+    int capacity;               /* C: rows per (source, destination) pair; 0 = exact mode */
+    long long send_rows;        /* exact: tokens*k; capacity: P*C */
+    long long stage_rows;       /* exact: P*tokens*k (every peer may send all its rows here); capacity: P*C */
+    long long recv_rows;        /* stage_rows + S*(align - 1) */
+    long long max_tiles;
+    moe_kernel_desc_t k[MOE_EK_COUNT];
+    moe_ws_region_t ws[MOE_EW_COUNT];
+    size_t ws_bytes;
+} moe_ep_desc_t;
+
+/* Whether a spec's plan has an expert-parallel part (mesh.ep > 1). */
+int moe_ep_wanted(const moe_spec_t *spec);
+
+/* Build the EP part for a plan whose ranks hold nheld expert slots each.
+ * Returns 0, or non-zero with the reason in err. */
+int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, char *err, size_t errlen);
+
+/* Grid of EP kernel k (rows: stage rows to walk, for MOE_EK_ROWS). */
+void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
+                 unsigned grid[3]);
+
+/* Push the parameter table of templates/ep.lua onto L. */
+void moe_ep_push_params(lua_State *L, const moe_plan_desc_t *pd, const moe_ep_desc_t *ed);
+
+#endif
