@@ -19,7 +19,7 @@ LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvr
 GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c runtime/dispatch.c
+RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c runtime/dispatch.c runtime/nccl_dl.c runtime/ep.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 

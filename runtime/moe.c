@@ -6,6 +6,7 @@
 
 #include "cache.h"
 #include "driver.h"
+#include "ep.h"
 #include "mesh.h"
 #include "plan.h"
 #include "spec.h"
@@ -26,11 +27,20 @@ struct moe_plan {
     CUfunction fn[MOE_K_COUNT];
     int *slot_host;         /* [E] the routing table's slot of each expert's weights */
     CUdeviceptr slot_dev;   /* the same, on the device, read by permute_plan */
+    moe_ep_t *ep;           /* the mesh: this rank, its groups, the dispatch path */
 };
 
 static _Thread_local char last_error[4096];
 
 const char *moe_last_error(void) { return last_error; }
+
+moe_status moe_fail(moe_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
 
 /* Record the detailed message and return s. */
 static moe_status fail(moe_status s, const char *fmt, ...) {
@@ -55,6 +65,8 @@ const char *moe_status_string(moe_status s) {
     case MOE_ERR_IO: return "I/O error";
     case MOE_ERR_NO_MEMORY: return "out of memory";
     case MOE_ERR_UNSUPPORTED: return "unsupported";
+    case MOE_ERR_NCCL: return "NCCL error";
+    case MOE_ERR_OVERFLOW: return "dispatch capacity exceeded";
     }
     return "unknown status";
 }
@@ -120,7 +132,7 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
         if (k->smem > 48 * 1024)
             CU_CHECK(moe_cu.cuFuncSetAttribute(p->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
     }
-    return MOE_OK;
+    return moe_ep_load(p->ep, p->module);
 }
 
 /* Spec -> plan tables, refusing what this runtime cannot run yet. */
@@ -132,22 +144,38 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     char err[512];
     if (moe_plan_desc_build(&p->pd, &spec, err, sizeof err))
         return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
-    moe_mesh_plan_t mp;
-    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err))
-        return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
-    int world = mp.world;
+    moe_status rc = moe_ep_create(&p->ep, &p->pd, o ? o->rank : 0, err, sizeof err);
+    if (rc)
+        return fail(rc, rc == MOE_ERR_SPEC ? "%s: error: %s" : "%s: %s", path, err);
     p->slot_host = malloc(sizeof(int) * (size_t)spec.experts);
-    if (p->slot_host)
-        memcpy(p->slot_host, mp.slot, sizeof(int) * (size_t)spec.experts);
-    moe_mesh_plan_free(&mp);
     if (!p->slot_host)
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
-    if (o && (o->rank < 0 || o->rank >= world))
-        return fail(MOE_ERR_INVALID_ARG, "rank %d is outside the mesh of %d devices", o->rank, world);
-    if (world > 1)
-        return fail(MOE_ERR_UNSUPPORTED, "%s: the mesh has %d devices; multi-device execution (NCCL dispatch and "
-                    "gather) is not in this build — use a mesh of 1", path, world);
+    memcpy(p->slot_host, p->ep->mp.slot, sizeof(int) * (size_t)spec.experts);
     return MOE_OK;
+}
+
+/* A mesh of several devices needs the caller's communicator and NCCL (or
+ * is a test's simulated rank); checked before any device work. */
+static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
+    if (p->ep->mp.world == 1)
+        return MOE_OK;
+    p->ep->sim = sim;
+    if (sim)
+        return MOE_OK;
+    if (!o || !o->nccl_comm)
+        return fail(MOE_ERR_INVALID_ARG, "the mesh has %d devices: moe_options.nccl_comm must be the NCCL "
+                    "communicator over all of them", p->ep->mp.world);
+    char why[512];
+    if (moe_nccl_load(why, sizeof why))
+        return fail(MOE_ERR_UNSUPPORTED, "the mesh has %d devices and needs NCCL, which did not load: %s",
+                    p->ep->mp.world, why);
+    return MOE_OK;
+}
+
+static moe_status connect_mesh(moe_plan *p, const moe_options *o) {
+    if (p->ep->mp.world == 1 || p->ep->sim)
+        return MOE_OK;
+    return moe_ep_connect(p->ep, o->nccl_comm, p->device);
 }
 
 static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
@@ -161,7 +189,7 @@ static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
     return MOE_OK;
 }
 
-moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_options *o) {
+static moe_status plan_create(moe_plan **out, const char *spec_path, const moe_options *o, int sim) {
     if (!out)
         return fail(MOE_ERR_INVALID_ARG, "moe_plan_create: plan is NULL");
     *out = NULL;
@@ -172,7 +200,11 @@ moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_opti
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status s = plan_tables(p, spec_path, NULL, o);
     if (s == MOE_OK)
+        s = check_mesh(p, o, sim);
+    if (s == MOE_OK)
         s = open_device(p, o);
+    if (s == MOE_OK)
+        s = connect_mesh(p, o);
     if (s == MOE_OK) {
         moe_buf_t cubin = {0};
         moe_diag_t d;
@@ -184,6 +216,14 @@ moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_opti
         moe_buf_free(&cubin);
     }
     return create_common(out, p, s);
+}
+
+moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_options *o) {
+    return plan_create(out, spec_path, o, 0);
+}
+
+moe_status moe_plan_create_sim(moe_plan **out, const char *spec_path, const moe_options *o) {
+    return plan_create(out, spec_path, o, 1);
 }
 
 moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_options *o) {
@@ -212,7 +252,11 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     snprintf(spath, sizeof spath, "%s/%s.moe", dir, name);
     moe_status s = plan_tables(p, spath, NULL, o);
     if (s == MOE_OK)
+        s = check_mesh(p, o, 0);
+    if (s == MOE_OK)
         s = open_device(p, o);
+    if (s == MOE_OK)
+        s = connect_mesh(p, o);
     if (s == MOE_OK) {
         char cpath[4200];
         snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, name, moe_arch_name(p->arch));
@@ -239,6 +283,7 @@ void moe_plan_destroy(moe_plan *p) {
         moe_cu.cuModuleUnload(p->module);
     if (p->slot_dev)
         moe_cu.cuMemFree(p->slot_dev);
+    moe_ep_destroy(p->ep);
     free(p->slot_host);
     if (p->ctx) {
         CUdevice dev;
@@ -252,18 +297,20 @@ size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
     if (!p || tokens < 1 || tokens > p->pd.spec.tokens)
         return 0;
     /* the layout is fixed at the spec's capacity, so any tokens fits */
-    return p->pd.ws_bytes;
+    return p->ep->dispatch ? p->ep->ed.ws_bytes : p->pd.ws_bytes;
 }
 
 moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
     if (!p || !name)
         return fail(MOE_ERR_INVALID_ARG, "moe_plan_workspace_region: NULL argument");
-    for (int i = 0; i < MOE_WS_COUNT; i++)
-        if (strcmp(p->pd.ws[i].name, name) == 0) {
+    const moe_ws_region_t *ws = p->ep->dispatch ? p->ep->ed.ws : p->pd.ws;
+    int n = p->ep->dispatch ? MOE_EW_COUNT : MOE_WS_COUNT;
+    for (int i = 0; i < n; i++)
+        if (strcmp(ws[i].name, name) == 0) {
             if (offset)
-                *offset = p->pd.ws[i].offset;
+                *offset = ws[i].offset;
             if (bytes)
-                *bytes = p->pd.ws[i].bytes;
+                *bytes = ws[i].bytes;
             return MOE_OK;
         }
     return fail(MOE_ERR_INVALID_ARG, "no workspace region '%s'", name);
@@ -313,6 +360,13 @@ static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void
     return launch_grid(p, k, tokens, 0, st, args, ev);
 }
 
+moe_status moe_launch_family(const moe_plan *p, int k, int tokens, CUstream st, void **args) {
+    return launch_grid(p, k, tokens, 0, st, args, NULL);
+}
+
+struct moe_ep *moe_plan_ep(const moe_plan *p) { return p->ep; }
+CUdeviceptr moe_plan_slot_table(const moe_plan *p) { return p->slot_dev; }
+
 moe_status moe_run_ffn(const moe_plan *p, const moe_ffn_args_t *f, CUstream st, CUevent *ev) {
     moe_status rc;
     CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out;
@@ -358,6 +412,11 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     CUresult r = moe_cu.cuCtxSetCurrent(p->ctx);
     if (r != CUDA_SUCCESS)
         return fail(MOE_ERR_CUDA, "cuCtxSetCurrent: %s", moe_cu_error_string(r));
+    if (p->ep->dispatch) {
+        if (ev)
+            return fail(MOE_ERR_UNSUPPORTED, "per-kernel timing is for single-rank plans");
+        return moe_ep_forward(p, a, st);
+    }
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
     CUdeviceptr reg[MOE_WS_COUNT];
     for (int i = 0; i < MOE_WS_COUNT; i++)
@@ -432,8 +491,45 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     const moe_spec_t *s = &p->pd.spec;
     *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
-                            .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit};
+                            .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit,
+                            .world = p->ep->mp.world, .rank = p->ep->rank, .ep = p->ep->mp.size[MOE_AXIS_EP],
+                            .ep_rank = p->ep->me->ep_rank, .fsdp = p->ep->mp.size[MOE_AXIS_FSDP],
+                            .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp.nstored,
+                            .held = p->ep->mp.nheld, .dispatch_capacity = p->ep->ed.capacity};
     for (int i = 0; i < MOE_K_COUNT; i++)
         info->kernels[i] = moe_plan_kernels(&p->pd, p->arch)[i].name;
+    return MOE_OK;
+}
+
+moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void *stream) {
+    if (!p || !g)
+        return fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: NULL argument");
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    if (p->ep->mp.world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
+        moe_ep_call_t c;
+        c.nx = 0;
+        return moe_gather_prepare(p, g, (CUstream)stream, &c);
+    }
+    return moe_ep_gather(p, g, (CUstream)stream);
+}
+
+moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *stream, long long *rows) {
+    if (rows)
+        *rows = 0;
+    if (!p || !workspace)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_overflow: NULL argument");
+    if (!p->ep->dispatch || !p->ep->ed.capacity)
+        return MOE_OK;
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    CU_CHECK(moe_cu.cuStreamSynchronize((CUstream)stream));
+    int n = 0;
+    CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + p->ep->ed.ws[MOE_EW_OVERFLOW].offset,
+                                 sizeof n));
+    if (rows)
+        *rows = n;
+    if (n > 0)
+        return fail(MOE_ERR_OVERFLOW, "dispatch capacity exceeded: %d rows did not fit dispatch.capacity = %d rows "
+                    "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
+                    p->ep->ed.capacity);
     return MOE_OK;
 }

@@ -39,14 +39,21 @@ typedef enum {
     MOE_ERR_CAPACITY,      /* more tokens than the spec's `tokens` */
     MOE_ERR_IO,            /* reading a compiled folder failed */
     MOE_ERR_NO_MEMORY,
-    MOE_ERR_UNSUPPORTED    /* the spec needs something this build lacks (e.g. a mesh > 1 without NCCL) */
+    MOE_ERR_UNSUPPORTED,   /* the spec needs something this build or machine lacks (e.g. a mesh > 1 without NCCL) */
+    MOE_ERR_NCCL,          /* an NCCL call failed (message names it) */
+    MOE_ERR_OVERFLOW       /* capacity mode: a rank had more rows for a peer than dispatch.capacity */
 } moe_status;
 
 typedef struct {
     const char *templates_dir;  /* NULL = the embedded templates */
     const char *cache_dir;      /* NULL = $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen, ~/.cache/moegen */
     int device;                 /* CUDA device ordinal; default 0 */
-    int rank;                   /* global rank in the mesh; default 0 (only 0 while world = 1) */
+    int rank;                   /* global rank in the mesh; default 0; with nccl_comm, the communicator's
+                                   rank (a different non-zero value is an error) */
+    void *nccl_comm;            /* ncclComm_t over the whole mesh (world ranks, this rank's device), required
+                                   when the mesh has more than one device; the plan splits its EP and FSDP
+                                   groups off it (collective: every rank creates its plan, in the same order).
+                                   NULL on a mesh of one device. */
 } moe_options;
 
 typedef struct moe_plan moe_plan;
@@ -54,7 +61,10 @@ typedef struct moe_plan moe_plan;
 /* Arguments of one forward pass. Device pointers; layouts as in README.md,
  * "Tensors": x, y [tokens, H]; router_w [E, H]; w1p [E, 2F, H] packed
  * (moe_plan_pack_w1); w2 [E, H, F]; optional router_bias / router_logit_bias
- * fp32 [E] and b1p [E, 2F] packed / b2 [E, H] as the spec requires. */
+ * fp32 [E] and b1p [E, 2F] packed / b2 [E, H] as the spec requires.
+ * On a mesh of several devices the expert weights are the rank's held
+ * experts after the FSDP gather (moe_gather_weights): moe_plan_info.held
+ * slots in slot order, e.g. w1p [held, 2F, H]; router_w stays [E, H]. */
 typedef struct {
     int tokens;                   /* 1 .. the spec's tokens */
     const void *x;
@@ -66,6 +76,24 @@ typedef struct {
     void *y;
     void *workspace;              /* moe_plan_workspace_size(plan, tokens) bytes, 256-byte aligned */
 } moe_forward_args;
+
+/* One rank's expert weights, device pointers (b1p and b2 only with ffn_bias). */
+typedef struct {
+    const void *w1p, *b1p, *w2, *b2;
+} moe_weights;
+
+/* The FSDP all-gather of one rank's stored experts into the experts it
+ * holds (moe_gather_weights). */
+typedef struct {
+    moe_weights stored;           /* moe_plan_info.stored experts each: w1p [stored, 2F, H], ... */
+    void *held_w1p, *held_b1p, *held_w2, *held_b2;   /* out: [held, ...] in slot order */
+    /* Optional hook, the place for a quantize step: called once per tensor
+     * (0 w1p, 1 b1p, 2 w2, 3 b2) to write this rank's shard, in the form to be
+     * gathered, to `dst` (its place in the held buffer, `bytes` long) from
+     * `src` (the stored shard), on `stream`. NULL = gather the stored bytes. */
+    moe_status (*pack)(void *user, int tensor, const void *src, void *dst, size_t bytes, void *stream);
+    void *user;
+} moe_gather_args;
 
 /* Create a plan from a spec file: load and validate the spec, plan the
  * kernels and the mesh, check the driver and GPU, then generate, compile
@@ -98,6 +126,21 @@ moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *
  * args->tokens exceeds the spec's tokens (nothing is enqueued then). */
 moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
 
+/* Gather this rank's held expert weights over its FSDP group (an NCCL
+ * all-gather; on a mesh where fsdp does not shard experts, a device copy).
+ * Enqueued on stream; gate/up pairing is kept (whole packed experts move).
+ * For overlap, keep two held buffers: gather layer i+1's weights on a second
+ * stream while layer i's forward runs on the first. Collective over the FSDP
+ * group: every rank of it calls this. */
+moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args, void *stream);
+
+/* Capacity mode: synchronize with stream and read how many rows the last
+ * forward that used `workspace` could not send or receive within
+ * dispatch.capacity. MOE_OK when none (and always in exact mode);
+ * MOE_ERR_OVERFLOW (rows in *rows, message with the count) when some were
+ * left out: that forward's y is wrong and must not be used. rows may be NULL. */
+moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *stream, long long *rows);
+
 /* What the plan is: spec name, hash, the arch its kernels were built for,
  * whether they came from the cache, and each kernel's name. */
 typedef struct {
@@ -107,6 +150,10 @@ typedef struct {
     int align;                    /* each expert's rows start at a multiple of this (the GEMM M tile) */
     int cache_hit;                /* 1: the cubin came from the disk cache */
     const char *kernels[6];       /* route, permute_plan, permute_scatter, gemm_up, gemm_down, combine */
+    int world, rank;              /* the mesh and this plan's global rank */
+    int ep, ep_rank, fsdp, fsdp_rank;
+    int stored, held;             /* experts this rank stores, and holds after the gather (its slots) */
+    int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
 } moe_plan_info;
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 

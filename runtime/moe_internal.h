@@ -30,6 +30,22 @@ typedef struct {
 } moe_ffn_args_t;
 moe_status moe_run_ffn(const moe_plan *plan, const moe_ffn_args_t *f, CUstream stream, CUevent *events);
 
+/* Record a detailed error for moe_last_error() and return s. */
+moe_status moe_fail(moe_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Launch kernel family k of the plan with its planned grid for `tokens`. */
+moe_status moe_launch_family(const moe_plan *plan, int k, int tokens, CUstream stream, void **args);
+
+/* The plan's multi-device part (never NULL for a created plan) and its
+ * device slot table (slot_of [E]). */
+struct moe_ep *moe_plan_ep(const moe_plan *plan);
+CUdeviceptr moe_plan_slot_table(const moe_plan *plan);
+
+/* As moe_plan_create, for a mesh of several devices without a communicator:
+ * the caller moves the data between the ranks' plans (moe_ep_step,
+ * moe_gather_prepare), as the one-GPU tests of several ranks do. */
+moe_status moe_plan_create_sim(moe_plan **plan, const char *spec_path, const moe_options *opts);
+
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);
 

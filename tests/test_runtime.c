@@ -35,10 +35,16 @@ int main(void) {
     CHECK(moe_plan_create(&plan, "no/such/file.moe", NULL) == MOE_ERR_SPEC);
     CHECK(strstr(moe_last_error(), "cannot open") != NULL);
 
-    CASE("a mesh larger than one device is refused with a reason");
+    CASE("a mesh larger than one device needs the communicator, checked before the driver");
     moe_status st = moe_plan_create(&plan, "tests/specs/mesh_ep2.moe", NULL);
-    CHECKF(st == MOE_ERR_UNSUPPORTED, "got %s", moe_status_string(st));
-    CHECK(strstr(moe_last_error(), "2 devices") != NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && plan == NULL, "got %s", moe_status_string(st));
+    CHECKF(strstr(moe_last_error(), "2 devices") && strstr(moe_last_error(), "nccl_comm"), "message: %s",
+           moe_last_error());
+    CASE("a rank outside the mesh is refused");
+    moe_options bad_rank = {.rank = 2};
+    st = moe_plan_create(&plan, "tests/specs/mesh_ep2.moe", &bad_rank);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "rank 2 is outside the mesh of 2"), "got %s: %s",
+           moe_status_string(st), moe_last_error());
 
     CASE("from_dir errors");
     CHECK(moe_plan_create_from_dir(&plan, "no/such/dir", NULL) == MOE_ERR_IO);

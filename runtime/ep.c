@@ -1,0 +1,361 @@
+/* ep.c — expert parallelism: communicators, the dispatch forward and the
+ * FSDP gather (README, "Expert parallelism"). */
+#define _POSIX_C_SOURCE 200809L
+#include "ep.h"
+
+#include "moe_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU_TRY(call)                                                                                   \
+    do {                                                                                               \
+        CUresult cu_rc_ = (call);                                                                      \
+        if (cu_rc_ != CUDA_SUCCESS)                                                                    \
+            return moe_fail(MOE_ERR_CUDA, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,           \
+                            moe_cu_error_string(cu_rc_));                                              \
+    } while (0)
+
+#define NCCL_TRY(call)                                                                                 \
+    do {                                                                                               \
+        ncclResult_t nc_rc_ = (call);                                                                  \
+        if (nc_rc_ != ncclSuccess)                                                                     \
+            return moe_fail(MOE_ERR_NCCL, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,           \
+                            moe_nccl_error_string(nc_rc_));                                            \
+    } while (0)
+
+moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, char *err, size_t errlen) {
+    *out = NULL;
+    moe_ep_t *ep = calloc(1, sizeof *ep);
+    if (!ep) {
+        snprintf(err, errlen, "out of memory");
+        return MOE_ERR_NO_MEMORY;
+    }
+    if (moe_mesh_plan_build(&ep->mp, &pd->spec, err, errlen)) {
+        free(ep);
+        return MOE_ERR_SPEC;
+    }
+    if (rank < 0 || rank >= ep->mp.world) {
+        snprintf(err, errlen, "rank %d is outside the mesh of %d devices", rank, ep->mp.world);
+        moe_ep_destroy(ep);
+        return MOE_ERR_INVALID_ARG;
+    }
+    ep->rank = rank;
+    ep->me = &ep->mp.ranks[rank];
+    ep->dispatch = moe_ep_wanted(&pd->spec);
+    ep->fsdp_shards = ep->mp.nheld > ep->mp.nstored;
+    if (ep->dispatch && moe_ep_desc_build(&ep->ed, pd, ep->mp.nheld, err, errlen)) {
+        moe_ep_destroy(ep);
+        return MOE_ERR_SPEC;
+    }
+    *out = ep;
+    return MOE_OK;
+}
+
+void moe_ep_destroy(moe_ep_t *ep) {
+    if (!ep)
+        return;
+    if (ep->owner_dev)
+        moe_cu.cuMemFree(ep->owner_dev);
+    if (ep->ep_comm)
+        moe_nccl.ncclCommDestroy(ep->ep_comm);
+    if (ep->fsdp_comm)
+        moe_nccl.ncclCommDestroy(ep->fsdp_comm);
+    moe_mesh_plan_free(&ep->mp);
+    free(ep);
+}
+
+/* Split the caller's mesh communicator into this rank's EP and FSDP groups.
+ * Colors are the plan's group indices (counted over every other axis), keys
+ * the rank's coordinate in the group, so NCCL ranks equal plan ranks. */
+moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device) {
+    char why[512];
+    if (moe_nccl_load(why, sizeof why))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "the mesh has %d devices and needs NCCL, which did not load: %s",
+                        ep->mp.world, why);
+    ncclComm_t c = (ncclComm_t)comm;
+    int n = 0, r = 0, dev = -1;
+    NCCL_TRY(moe_nccl.ncclCommCount(c, &n));
+    NCCL_TRY(moe_nccl.ncclCommUserRank(c, &r));
+    NCCL_TRY(moe_nccl.ncclCommCuDevice(c, &dev));
+    if (n != ep->mp.world)
+        return moe_fail(MOE_ERR_INVALID_ARG, "the NCCL communicator has %d ranks; the spec's mesh has %d devices", n,
+                        ep->mp.world);
+    if (r != ep->rank)
+        return moe_fail(MOE_ERR_INVALID_ARG, "options.rank is %d but the NCCL communicator's rank is %d", ep->rank, r);
+    if (dev != device)
+        return moe_fail(MOE_ERR_INVALID_ARG, "the NCCL communicator's rank %d is on device %d; options.device is %d",
+                        r, dev, device);
+    NCCL_TRY(moe_nccl.ncclCommSplit(c, ep->me->ep_group, ep->me->ep_rank, &ep->ep_comm, NULL));
+    NCCL_TRY(moe_nccl.ncclCommSplit(c, ep->me->fsdp_group, ep->me->fsdp_rank, &ep->fsdp_comm, NULL));
+    int en = 0, er = -1, fn = 0, fr = -1;
+    NCCL_TRY(moe_nccl.ncclCommCount(ep->ep_comm, &en));
+    NCCL_TRY(moe_nccl.ncclCommUserRank(ep->ep_comm, &er));
+    NCCL_TRY(moe_nccl.ncclCommCount(ep->fsdp_comm, &fn));
+    NCCL_TRY(moe_nccl.ncclCommUserRank(ep->fsdp_comm, &fr));
+    if (en != ep->mp.size[MOE_AXIS_EP] || er != ep->me->ep_rank || fn != ep->mp.size[MOE_AXIS_FSDP] ||
+        fr != ep->me->fsdp_rank)
+        return moe_fail(MOE_ERR_NCCL, "ncclCommSplit gave rank %d an EP group of %d (rank %d) and an FSDP group of %d "
+                        "(rank %d); the plan says %d (%d) and %d (%d)", ep->rank, en, er, fn, fr,
+                        ep->mp.size[MOE_AXIS_EP], ep->me->ep_rank, ep->mp.size[MOE_AXIS_FSDP], ep->me->fsdp_rank);
+    return MOE_OK;
+}
+
+moe_status moe_ep_load(moe_ep_t *ep, CUmodule module) {
+    if (!ep->dispatch)
+        return MOE_OK;
+    for (int i = 0; i < MOE_EK_COUNT; i++) {
+        CUresult r = moe_cu.cuModuleGetFunction(&ep->fn[i], module, ep->ed.k[i].name);
+        if (r != CUDA_SUCCESS)
+            return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", ep->ed.k[i].name,
+                            moe_cu_error_string(r));
+    }
+    size_t tb = sizeof(int) * (size_t)ep->mp.experts;
+    CU_TRY(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
+    CU_TRY(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp.owner_ep_rank, tb));
+    return MOE_OK;
+}
+
+static moe_status ep_launch(const moe_ep_t *ep, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
+                            CUstream st, void **args) {
+    unsigned g[3];
+    moe_ep_grid(&ep->ed, pd, k, tokens, rows, g);
+    const moe_kernel_desc_t *d = &ep->ed.k[k];
+    CUresult r = moe_cu.cuLaunchKernel(ep->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, 0, st, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u): %s", d->name, g[0], moe_cu_error_string(r));
+    return MOE_OK;
+}
+
+static void xfer(moe_ep_call_t *c, int peer, int recv, CUdeviceptr ptr, size_t bytes) {
+    c->x[c->nx++] = (moe_xfer_t){peer, recv, ptr, bytes};
+}
+
+moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
+    const moe_plan_desc_t *pd = moe_plan_desc(p);
+    const moe_ep_t *ep = moe_plan_ep(p);
+    const moe_ep_desc_t *ed = &ep->ed;
+    const moe_spec_t *s = &pd->spec;
+    const int P = ed->ep, S = ed->nheld, T = a->tokens;
+    const long long C = ed->capacity, row_bytes = 2LL * s->hidden;
+    CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
+    for (int i = 0; i < MOE_EW_COUNT; i++)
+        reg[i] = ws + ed->ws[i].offset;
+    moe_status rc;
+    c->nx = 0;
+    switch (step) {
+    case 0: { /* route, the send layout, the rows into the send buffer; counts go out */
+        CU_TRY(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, (size_t)s->experts, st));
+        CU_TRY(moe_cu.cuMemsetD32Async(reg[MOE_EW_OVERFLOW], 0, 1, st));
+        CU_TRY(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(ed->send_rows * row_bytes), 0, (size_t)row_bytes,
+                                      st)); /* the null row */
+        void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+                      (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS]};
+        if ((rc = moe_launch_family(p, MOE_K_ROUTE, T, st, ra)))
+            return rc;
+        CUdeviceptr owner = ep->owner_dev, slot = moe_plan_slot_table(p);
+        void *sp[] = {&reg[MOE_EW_COUNTS], &owner, &slot, &reg[MOE_EW_SLOT_COUNTS], &reg[MOE_EW_OFFSETS],
+                      &reg[MOE_EW_CURSOR], &reg[MOE_EW_SEND_COUNTS], &reg[MOE_EW_SEND_OFF], &reg[MOE_EW_OVERFLOW]};
+        if ((rc = ep_launch(ep, pd, MOE_EK_SEND_PLAN, T, 0, st, sp)))
+            return rc;
+        void *sc[] = {(void *)&a->x, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_OFFSETS], &reg[MOE_EW_CURSOR], &owner,
+                      (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF]};
+        if ((rc = ep_launch(ep, pd, MOE_EK_SCATTER, T, 0, st, sc)))
+            return rc;
+        for (int d = 0; d < P; d++) {
+            xfer(c, d, 0, reg[MOE_EW_SLOT_COUNTS] + 4 * (size_t)d * S, 4 * (size_t)S);
+            xfer(c, d, 1, reg[MOE_EW_RECV_COUNTS] + 4 * (size_t)d * S, 4 * (size_t)S);
+        }
+        return MOE_OK;
+    }
+    case 1: { /* the receive layout; rows go out */
+        if (!C) { /* exact mode: the one host synchronization, for the sizes NCCL needs */
+            int *h = malloc(sizeof(int) * (size_t)(P + P * S));
+            if (!h)
+                return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+            CUresult r = moe_cu.cuStreamSynchronize(st);
+            if (r == CUDA_SUCCESS)
+                r = moe_cu.cuMemcpyDtoH(h, reg[MOE_EW_SEND_COUNTS], sizeof(int) * (size_t)P);
+            if (r == CUDA_SUCCESS)
+                r = moe_cu.cuMemcpyDtoH(h + P, reg[MOE_EW_RECV_COUNTS], sizeof(int) * (size_t)P * S);
+            if (r != CUDA_SUCCESS) {
+                free(h);
+                return moe_fail(MOE_ERR_CUDA, "reading the dispatch counts: %s", moe_cu_error_string(r));
+            }
+            c->recv_total = 0;
+            for (int d = 0; d < P; d++) {
+                c->send_rows[d] = h[d];
+                long long n = 0;
+                for (int j = 0; j < S; j++)
+                    n += h[P + d * S + j];
+                c->recv_rows[d] = n;
+                c->recv_total += n;
+            }
+            free(h);
+        } else {
+            c->recv_total = P * C;
+            for (int d = 0; d < P; d++)
+                c->send_rows[d] = c->recv_rows[d] = C;
+        }
+        void *rp[] = {&reg[MOE_EW_RECV_COUNTS], &reg[MOE_EW_CHUNK_SRC], &reg[MOE_EW_CHUNK_DST],
+                      &reg[MOE_EW_CHUNK_ROWS], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_SLOT_OFF], &reg[MOE_EW_TILES],
+                      &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};
+        if ((rc = ep_launch(ep, pd, MOE_EK_RECV_PLAN, T, 0, st, rp)))
+            return rc;
+        long long so = 0, ro = 0;
+        for (int d = 0; d < P; d++) {
+            xfer(c, d, 0, reg[MOE_EW_SEND] + (size_t)(so * row_bytes), (size_t)(c->send_rows[d] * row_bytes));
+            xfer(c, d, 1, reg[MOE_EW_STAGE] + (size_t)(ro * row_bytes), (size_t)(c->recv_rows[d] * row_bytes));
+            so += c->send_rows[d];
+            ro += c->recv_rows[d];
+        }
+        return MOE_OK;
+    }
+    case 2: { /* slot-major rows, the FFN, the results back to the staging layout; they go home */
+        int dir = 0;
+        void *ra[] = {&dir, &reg[MOE_EW_STAGE], &reg[MOE_EW_XR], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_CHUNK_SRC],
+                      &reg[MOE_EW_CHUNK_DST], &reg[MOE_EW_CHUNK_ROWS]};
+        if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
+            return rc;
+        long long tiles = (c->recv_total + (long long)S * (pd->align - 1)) / pd->align;
+        moe_ffn_args_t f = {.tokens = T, .grid_tiles = tiles > 0 ? tiles : 1, .xs = reg[MOE_EW_XR],
+                            .tiles = reg[MOE_EW_TILES], .num_tiles = reg[MOE_EW_NUM_TILES],
+                            .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = reg[MOE_EW_XR],
+                            .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2};
+        if ((rc = moe_run_ffn(p, &f, st, NULL)))
+            return rc;
+        dir = 1;
+        if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
+            return rc;
+        long long so = 0, ro = 0;
+        for (int d = 0; d < P; d++) {
+            xfer(c, d, 0, reg[MOE_EW_STAGE] + (size_t)(ro * row_bytes), (size_t)(c->recv_rows[d] * row_bytes));
+            xfer(c, d, 1, reg[MOE_EW_SEND] + (size_t)(so * row_bytes), (size_t)(c->send_rows[d] * row_bytes));
+            so += c->send_rows[d];
+            ro += c->recv_rows[d];
+        }
+        return MOE_OK;
+    }
+    case 3: { /* combine on the token's own rank */
+        void *ca[] = {&reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF], &reg[MOE_EW_TOPK_W], (void *)&T, (void *)&a->y};
+        return moe_launch_family(p, MOE_K_COMBINE, T, st, ca);
+    }
+    }
+    return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_step: no step %d", step);
+}
+
+/* A step's transfers over a communicator: one NCCL group of sends and receives. */
+static moe_status nccl_xfers(const moe_ep_call_t *c, ncclComm_t comm, CUstream st) {
+    NCCL_TRY(moe_nccl.ncclGroupStart());
+    for (int i = 0; i < c->nx; i++) {
+        const moe_xfer_t *x = &c->x[i];
+        ncclResult_t r = x->recv ? moe_nccl.ncclRecv((void *)(uintptr_t)x->ptr, x->bytes, ncclUint8, x->peer, comm, st)
+                                 : moe_nccl.ncclSend((const void *)(uintptr_t)x->ptr, x->bytes, ncclUint8, x->peer,
+                                                     comm, st);
+        if (r != ncclSuccess) {
+            moe_nccl.ncclGroupEnd();
+            return moe_fail(MOE_ERR_NCCL, "%s of %zu bytes with EP peer %d: %s", x->recv ? "ncclRecv" : "ncclSend",
+                            x->bytes, x->peer, moe_nccl_error_string(r));
+        }
+    }
+    NCCL_TRY(moe_nccl.ncclGroupEnd());
+    return MOE_OK;
+}
+
+moe_status moe_ep_forward(const moe_plan *p, const moe_forward_args *a, CUstream st) {
+    const moe_ep_t *ep = moe_plan_ep(p);
+    if (ep->sim)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: this plan has no communicator (a test plan whose caller "
+                        "moves the data); drive it with moe_ep_step");
+    moe_ep_call_t *c = malloc(sizeof *c);
+    if (!c)
+        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+    moe_status rc = MOE_OK;
+    for (int step = 0; step < MOE_EP_STEPS && !rc; step++) {
+        rc = moe_ep_step(p, a, st, step, c);
+        if (!rc && c->nx)
+            rc = nccl_xfers(c, ep->ep_comm, st);
+    }
+    free(c);
+    return rc;
+}
+
+/* ---- the FSDP gather ---------------------------------------------------- */
+
+/* Bytes of one expert of gathered tensor i (0 w1p, 1 b1p, 2 w2, 3 b2); 0 =
+ * not in this spec. */
+static size_t expert_bytes(const moe_spec_t *s, int i) {
+    size_t H = (size_t)s->hidden, F = (size_t)s->ffn;
+    switch (i) {
+    case 0: return 2 * 2 * F * H;
+    case 1: return s->ffn_bias ? 2 * 2 * F : 0;
+    case 2: return 2 * H * F;
+    case 3: return s->ffn_bias ? 2 * H : 0;
+    }
+    return 0;
+}
+
+moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
+    const moe_ep_t *ep = moe_plan_ep(p);
+    const moe_spec_t *s = &moe_plan_desc(p)->spec;
+    const void *src[4] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
+    void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
+    int F = ep->fsdp_shards ? ep->mp.size[MOE_AXIS_FSDP] : 1, me = ep->fsdp_shards ? ep->me->fsdp_rank : 0;
+    c->nx = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t shard = expert_bytes(s, i) * (size_t)ep->mp.nstored;
+        if (!shard)
+            continue;
+        if (!src[i] || !dst[i])
+            return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: tensor %d (%s) is NULL", i,
+                            (const char *[]){"w1p", "b1p", "w2", "b2"}[i]);
+        CUdeviceptr mine = (CUdeviceptr)(uintptr_t)dst[i] + shard * (size_t)me;
+        if (g->pack) {
+            moe_status rc = g->pack(g->user, i, src[i], (void *)(uintptr_t)mine, shard, st);
+            if (rc)
+                return moe_fail(rc, "moe_gather_weights: the pack hook failed on tensor %d with status %d", i, rc);
+        } else if ((const void *)(uintptr_t)mine != src[i]) {
+            CU_TRY(moe_cu.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)src[i], shard, st));
+        }
+        /* in place: every peer's shard lands at its FSDP rank's place, which is
+         * slot order (the mesh plan gathers held = peers' stored, by fsdp rank) */
+        for (int f = 0; f < F && F > 1; f++) {
+            if (f == me)
+                continue;
+            if (c->nx + 2 > MOE_XFER_MAX)
+                return moe_fail(MOE_ERR_UNSUPPORTED, "moe_gather_weights: more than %d transfers", MOE_XFER_MAX);
+            xfer(c, f, 0, mine, shard);
+            xfer(c, f, 1, (CUdeviceptr)(uintptr_t)dst[i] + shard * (size_t)f, shard);
+        }
+    }
+    return MOE_OK;
+}
+
+moe_status moe_ep_gather(const moe_plan *p, const moe_gather_args *g, CUstream st) {
+    const moe_ep_t *ep = moe_plan_ep(p);
+    if (ep->sim)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
+    moe_ep_call_t *c = malloc(sizeof *c);
+    if (!c)
+        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+    moe_status rc = moe_gather_prepare(p, g, st, c);
+    if (!rc && c->nx) {
+        /* the same movement as the listed transfers, as NCCL all-gathers */
+        const moe_spec_t *s = &moe_plan_desc(p)->spec;
+        void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
+        for (int i = 0; i < 4 && !rc; i++) {
+            size_t shard = expert_bytes(s, i) * (size_t)ep->mp.nstored;
+            if (!shard)
+                continue;
+            char *base = dst[i];
+            ncclResult_t r = moe_nccl.ncclAllGather(base + shard * (size_t)ep->me->fsdp_rank, base, shard, ncclUint8,
+                                                    ep->fsdp_comm, st);
+            if (r != ncclSuccess)
+                rc = moe_fail(MOE_ERR_NCCL, "ncclAllGather of %zu bytes over the FSDP group: %s", shard,
+                              moe_nccl_error_string(r));
+        }
+    }
+    free(c);
+    return rc;
+}

@@ -1,0 +1,75 @@
+/* ep.h — the multi-device part of a plan: the mesh tables of this rank, the
+ * NCCL communicators of its EP and FSDP groups, and the expert-parallel
+ * forward (dispatch, FFN on received rows, return, combine) as steps with
+ * the data movement between them described as transfers. Internal. */
+#ifndef MOEGEN_EP_H
+#define MOEGEN_EP_H
+
+#include "driver.h"
+#include "ep_plan.h"
+#include "mesh.h"
+#include "moe.h"
+#include "nccl_dl.h"
+
+typedef struct moe_ep {
+    moe_mesh_plan_t mp;
+    int rank;                       /* global rank */
+    const moe_mesh_rank_t *me;
+    int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
+    int fsdp_shards;                /* the gather moves experts (held > stored) */
+    int sim;                        /* no NCCL: a test moves the data (moe_ep_step) */
+    moe_ep_desc_t ed;
+    CUfunction fn[MOE_EK_COUNT];
+    CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
+    ncclComm_t ep_comm, fsdp_comm;
+} moe_ep_t;
+
+/* One transfer of a step: `bytes` from (send) or into (recv) ptr, with the
+ * peer's rank in the step's group (EP group for dispatch, FSDP group for
+ * the gather). A step lists at most one send and one recv per peer. */
+typedef struct {
+    int peer, recv;
+    CUdeviceptr ptr;
+    size_t bytes;
+} moe_xfer_t;
+
+#define MOE_EP_STEPS 4
+#define MOE_XFER_MAX 8192
+
+/* Per-call state of an expert-parallel forward (host side). */
+typedef struct {
+    long long send_rows[4096], recv_rows[4096];   /* per peer, exact mode (read after step 0) */
+    long long recv_total;
+    int nx;
+    moe_xfer_t x[MOE_XFER_MAX];
+} moe_ep_call_t;
+
+/* Build the mesh part for spec and rank (no device work). */
+moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, char *err, size_t errlen);
+void moe_ep_destroy(moe_ep_t *ep);
+
+/* Split the mesh communicator `comm` into the EP and FSDP groups (collective
+ * over comm) after checking its size, rank and device against the plan. */
+moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device);
+
+/* The dispatch kernels from the plan's module, and the owner table. */
+moe_status moe_ep_load(moe_ep_t *ep, CUmodule module);
+
+struct moe_plan;
+/* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
+ * its kernels on st and list in c the transfers that must complete before
+ * the next step (over the EP group). Exact mode synchronizes st in step 1. */
+moe_status moe_ep_step(const struct moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
+
+/* The whole forward, the transfers done with NCCL on st. */
+moe_status moe_ep_forward(const struct moe_plan *p, const moe_forward_args *a, CUstream st);
+
+/* The gather's local part (the pack hook or a copy of this rank's shard into
+ * its place in the held buffers) and, in c, the transfers over the FSDP
+ * group that complete it. */
+moe_status moe_gather_prepare(const struct moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
+
+/* The whole gather, with NCCL all-gathers on st. */
+moe_status moe_ep_gather(const struct moe_plan *p, const moe_gather_args *g, CUstream st);
+
+#endif
