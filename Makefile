@@ -64,14 +64,14 @@ clean:
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
 CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch
-GPU_TESTS := test_gpu
-TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS))
+GPU_TESTS := test_gpu test_ep_gpu
+TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
-$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h $(BUILD)/libmoegen.a
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-.PHONY: test test-cpu test-gpu
+.PHONY: test test-cpu test-gpu test-mgpu
 test: $(TEST_BINS) $(BUILD)/moegen
 	@bash tests/run.sh $(BUILD) $(CPU_TESTS) $(GPU_TESTS)
 
@@ -80,6 +80,11 @@ test-cpu: $(addprefix $(BUILD)/tests/,$(CPU_TESTS)) $(BUILD)/moegen
 
 test-gpu: $(addprefix $(BUILD)/tests/,$(GPU_TESTS))
 	@bash tests/run.sh $(BUILD) $(GPU_TESTS)
+
+# One process per GPU over NCCL (libnccl.so.2 on LD_LIBRARY_PATH); meshes
+# needing more GPUs than the machine has are reported skipped.
+test-mgpu: $(BUILD)/tests/test_mgpu
+	NCCL_NVLS_ENABLE=0 $(BUILD)/tests/test_mgpu
 
 # The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
 VENDORED_SPEC := qwen3-30b-a3b

@@ -246,7 +246,8 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
 }
 
 /* A step's transfers over a communicator: one NCCL group of sends and receives. */
-static moe_status nccl_xfers(const moe_ep_call_t *c, ncclComm_t comm, CUstream st) {
+moe_status moe_ep_run_xfers(const moe_plan *p, const moe_ep_call_t *c, CUstream st) {
+    ncclComm_t comm = moe_plan_ep(p)->ep_comm;
     NCCL_TRY(moe_nccl.ncclGroupStart());
     for (int i = 0; i < c->nx; i++) {
         const moe_xfer_t *x = &c->x[i];
@@ -275,7 +276,7 @@ moe_status moe_ep_forward(const moe_plan *p, const moe_forward_args *a, CUstream
     for (int step = 0; step < MOE_EP_STEPS && !rc; step++) {
         rc = moe_ep_step(p, a, st, step, c);
         if (!rc && c->nx)
-            rc = nccl_xfers(c, ep->ep_comm, st);
+            rc = moe_ep_run_xfers(p, c, st);
     }
     free(c);
     return rc;

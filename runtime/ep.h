@@ -26,7 +26,8 @@ typedef struct moe_ep {
 
 /* One transfer of a step: `bytes` from (send) or into (recv) ptr, with the
  * peer's rank in the step's group (EP group for dispatch, FSDP group for
- * the gather). A step lists at most one send and one recv per peer. */
+ * the gather). Sends to a peer meet that peer's receives from this rank in
+ * list order (as NCCL matches point-to-point calls). */
 typedef struct {
     int peer, recv;
     CUdeviceptr ptr;
@@ -60,6 +61,9 @@ struct moe_plan;
  * its kernels on st and list in c the transfers that must complete before
  * the next step (over the EP group). Exact mode synchronizes st in step 1. */
 moe_status moe_ep_step(const struct moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
+
+/* A step's transfers as one NCCL group of sends and receives on st. */
+moe_status moe_ep_run_xfers(const struct moe_plan *p, const moe_ep_call_t *c, CUstream st);
 
 /* The whole forward, the transfers done with NCCL on st. */
 moe_status moe_ep_forward(const struct moe_plan *p, const moe_forward_args *a, CUstream st);

@@ -157,8 +157,8 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
 /* A mesh of several devices needs the caller's communicator and NCCL (or
  * is a test's simulated rank); checked before any device work. */
 static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
-    if (p->ep->mp.world == 1)
-        return MOE_OK;
+    if (p->ep->mp.world == 1 && (!o || !o->nccl_comm))
+        return MOE_OK; /* a communicator given for a mesh of one is still checked */
     p->ep->sim = sim;
     if (sim)
         return MOE_OK;
@@ -173,7 +173,7 @@ static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
 }
 
 static moe_status connect_mesh(moe_plan *p, const moe_options *o) {
-    if (p->ep->mp.world == 1 || p->ep->sim)
+    if (p->ep->sim || !o || !o->nccl_comm)
         return MOE_OK;
     return moe_ep_connect(p->ep, o->nccl_comm, p->device);
 }

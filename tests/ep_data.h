@@ -1,0 +1,72 @@
+/* ep_data.h — what the expert-parallel tests share: the layer's random
+ * inputs (the same on every rank for a seed) and the comparison of one
+ * rank's output with the CPU reference of the whole, unsharded layer. */
+#ifndef MOEGEN_EP_DATA_H
+#define MOEGEN_EP_DATA_H
+
+#include "ref.h"
+#include "spec.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t ep_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void ep_fill(uint16_t *d, size_t n, float scale, uint64_t *s) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = moe_float_to_half(((float)(ep_rng(s) >> 40) / (float)(1 << 24) * 2.f - 1.f) * scale, MOE_DTYPE_BF16);
+}
+
+/* The whole layer: x for `world` ranks of T tokens, router, plain W1, W2. */
+typedef struct {
+    uint16_t *x, *wr, *w1, *w2;
+} ep_layer_t;
+
+static int ep_layer_make(ep_layer_t *l, const moe_spec_t *s, int world, int T, uint64_t seed) {
+    size_t H = (size_t)s->hidden, F = (size_t)s->ffn, E = (size_t)s->experts;
+    l->x = malloc(2 * (size_t)world * T * H);
+    l->wr = malloc(2 * E * H);
+    l->w1 = malloc(2 * E * 2 * F * H);
+    l->w2 = malloc(2 * E * H * F);
+    if (!l->x || !l->wr || !l->w1 || !l->w2)
+        return -1;
+    ep_fill(l->x, (size_t)world * T * H, 1.f, &seed);
+    ep_fill(l->wr, E * H, 0.2f, &seed);
+    ep_fill(l->w1, E * 2 * F * H, 0.08f, &seed);
+    ep_fill(l->w2, E * H * F, 0.1f, &seed);
+    return 0;
+}
+
+static void ep_layer_free(ep_layer_t *l) { free(l->x), free(l->wr), free(l->w1), free(l->w2); }
+
+/* Normalized L2 error of rank r's y [T, H] against the reference on its
+ * tokens; *unwritten counts NaNs (the poison). Returns -1 on failure. */
+static double ep_layer_error(const ep_layer_t *l, const moe_spec_t *s, int r, int T, const uint16_t *y,
+                             int *unwritten) {
+    size_t H = (size_t)s->hidden, K = (size_t)s->top_k;
+    float *yref = malloc(sizeof(float) * T * H), *tw = malloc(sizeof(float) * T * K);
+    int *ti = malloc(sizeof(int) * T * K);
+    double e = -1;
+    moe_ref_inputs_t in = {.x = l->x + (size_t)r * T * H, .wr = l->wr, .w1 = l->w1, .w2 = l->w2, .tokens = T};
+    if (yref && tw && ti && !moe_ref_route(s, &in, ti, tw, NULL) && !moe_ref_ffn(s, &in, ti, tw, NULL, 0, yref, NULL, NULL)) {
+        double num = 0, den = 0;
+        *unwritten = 0;
+        for (size_t i = 0; i < (size_t)T * H; i++) {
+            float g = moe_half_to_float(y[i], MOE_DTYPE_BF16);
+            *unwritten += isnan(g);
+            num += (g - yref[i]) * (double)(g - yref[i]);
+            den += (double)yref[i] * yref[i];
+        }
+        e = sqrt(num / (den > 0 ? den : 1));
+    }
+    free(yref), free(tw), free(ti);
+    return e;
+}
+
+#endif

@@ -1,0 +1,270 @@
+/* test_ep_gpu.c — the expert-parallel forward of every rank of a mesh, on
+ * one GPU: each rank is its own plan (moe_plan_create_sim) with its own
+ * tokens, workspace and held weights, and this harness moves the data
+ * between the ranks exactly as each step's transfer list says (the lists
+ * NCCL executes on a real mesh). Each rank's output is checked against the
+ * CPU reference of the whole, unsharded layer on that rank's tokens.
+ *
+ * Meshes: EP2, EP4, EP8, DP2/FSDP2/EP2 under both expert shardings, EP4 in
+ * capacity mode with room to spare, and EP4 in capacity mode too small (the
+ * overflow must be reported by every rank that lost rows). The FSDP gather
+ * runs through the same harness (and its pack hook once), and the gathered
+ * weights are compared with the experts the mesh plan says the rank holds.
+ * Fresh random inputs (MOEGEN_TEST_SEED repeats), outputs poisoned.
+ * Tolerance: normalized L2 error <= 1.5e-2 (bf16). Skips without a GPU. */
+#define _POSIX_C_SOURCE 200809L
+#include "check.h"
+#include "ep_data.h"
+#include "driver.h"
+#include "ep.h"
+#include "mesh.h"
+#include "moe.h"
+#include "moe_internal.h"
+#include "ref.h"
+#include "spec.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *name, *text;
+    int tokens;           /* per rank */
+    int want_overflow;
+} ep_case_t;
+
+#define BASE "experts = 16 top_k = 4 hidden = 256 ffn = 136 tokens = 300 arch = { 'sm_90a', 'sm_80' }\n"
+static const ep_case_t cases[] = {
+    {"ep2", "name = 'ep2' " BASE "mesh = { ep = 2 }\n", 300, 0},
+    {"ep4", "name = 'ep4' " BASE "mesh = { ep = 4 }\n", 257, 0},
+    {"ep8", "name = 'ep8' " BASE "mesh = { ep = 8 }\n", 100, 0},
+    {"dp2_fsdp2_ep2", "name = 'dfe' " BASE "mesh = { dp = 2, fsdp = 2, ep = 2 }\n", 129, 0},
+    {"dp2_fsdp2_ep2_fsdp_major",
+     "name = 'dfe2' " BASE "mesh = { dp = 2, fsdp = 2, ep = 2, expert_sharding = { 'fsdp', 'ep' } }\n", 129, 0},
+    {"ep4_capacity", "name = 'ep4c' " BASE "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 600 }\n",
+     300, 0},
+    {"ep4_capacity_overflow",
+     "name = 'ep4o' " BASE "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 40 }\n", 300, 1},
+};
+
+#define CU(call)                                                                                     \
+    do {                                                                                             \
+        CUresult r_ = (call);                                                                        \
+        CHECKF(r_ == CUDA_SUCCESS, "%s: %s", #call, moe_cu_error_string(r_));                        \
+        if (r_ != CUDA_SUCCESS)                                                                      \
+            goto done;                                                                               \
+    } while (0)
+
+/* Do the transfers every rank listed for one step: rank r's send to its
+ * group peer q meets q's receive from r; sizes must agree. group(r, q) gives
+ * the global rank of r's group peer q, gidx(r) r's index in its group. */
+typedef int (*peer_fn)(const moe_mesh_plan_t *mp, int r, int q);
+static int ep_peer(const moe_mesh_plan_t *mp, int r, int q) { return mp->ranks[r].ep_peers[q]; }
+static int fsdp_peer(const moe_mesh_plan_t *mp, int r, int q) { return mp->ranks[r].fsdp_peers[q]; }
+
+static int exchange(const moe_mesh_plan_t *mp, moe_ep_call_t **calls, peer_fn peer, int fsdp) {
+    int bad = 0;
+    for (int r = 0; r < mp->world; r++) {
+        int me = fsdp ? mp->ranks[r].fsdp_rank : mp->ranks[r].ep_rank;
+        for (int i = 0; i < calls[r]->nx; i++) {
+            const moe_xfer_t *s = &calls[r]->x[i];
+            if (s->recv)
+                continue;
+            int q = peer(mp, r, s->peer), nth = 0;
+            for (int j = 0; j < i; j++) /* sends to one peer meet its receives in list order, as in NCCL */
+                nth += !calls[r]->x[j].recv && calls[r]->x[j].peer == s->peer;
+            const moe_xfer_t *m = NULL;
+            for (int j = 0; j < calls[q]->nx && !m; j++)
+                if (calls[q]->x[j].recv && calls[q]->x[j].peer == me && nth-- == 0)
+                    m = &calls[q]->x[j];
+            if (!m || m->bytes != s->bytes) {
+                CHECKF(0, "rank %d sends %zu bytes to rank %d, which receives %zd", r, s->bytes, q,
+                       m ? (ssize_t)m->bytes : (ssize_t)-1);
+                bad = 1;
+                continue;
+            }
+            if (s->bytes && moe_cu.cuMemcpyDtoDAsync(m->ptr, s->ptr, s->bytes, NULL) != CUDA_SUCCESS)
+                bad = 1;
+        }
+    }
+    if (moe_cu.cuCtxSynchronize() != CUDA_SUCCESS)
+        bad = 1;
+    return bad;
+}
+
+static moe_status negate_pack(void *user, int tensor, const void *src, void *dst, size_t bytes, void *stream) {
+    (void)tensor;
+    (void)stream;
+    uint16_t *h = user;
+    if (moe_cu.cuCtxSynchronize() || moe_cu.cuMemcpyDtoH(h, (CUdeviceptr)(uintptr_t)src, bytes))
+        return MOE_ERR_CUDA;
+    for (size_t i = 0; i < bytes / 2; i++)
+        h[i] ^= 0x8000u;
+    return moe_cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, h, bytes) ? MOE_ERR_CUDA : MOE_OK;
+}
+
+static void run_case(const ep_case_t *c, uint64_t seed) {
+    CASE(c->name);
+    moe_spec_t spec;
+    moe_diag_t d;
+    if (moe_spec_load(&spec, c->name, c->text, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/moegen_test_ep_%d.moe", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(c->text, f);
+    fclose(f);
+    const int W = mp.world, E = spec.experts, H = spec.hidden, F = spec.ffn, T = c->tokens;
+    const int NS = mp.nstored, NH = mp.nheld;
+    size_t w1e = 2 * (size_t)F * H, w2e = (size_t)H * F;
+    moe_plan *plan[16] = {0};
+    moe_ep_call_t *call[16] = {0};
+    CUdeviceptr dx[16] = {0}, dy[16] = {0}, dws[16] = {0}, dst1[16] = {0}, dst2[16] = {0}, dh1[16] = {0},
+                dh2[16] = {0}, dwr = 0;
+    ep_layer_t L;
+    if (ep_layer_make(&L, &spec, W, T, seed)) {
+        CHECKF(0, "out of memory");
+        return;
+    }
+    uint16_t *x = L.x, *wr = L.wr, *w1 = L.w1, *w2 = L.w2;
+    uint16_t *w1p = malloc(2 * E * w1e), *y = malloc(2 * (size_t)T * H), *back = malloc(2 * NH * w1e);
+    for (int r = 0; r < W; r++) {
+        moe_options o = {.rank = r};
+        moe_status st = moe_plan_create_sim(&plan[r], path, &o);
+        CHECKF(st == MOE_OK, "rank %d: %s: %s", r, moe_status_string(st), moe_last_error());
+        if (st)
+            goto done;
+        call[r] = malloc(sizeof *call[r]);
+    }
+    CHECK(moe_plan_pack_w1(plan[0], w1, w1p) == MOE_OK);
+    CU(moe_cu.cuMemAlloc(&dwr, 2 * (size_t)E * H));
+    CU(moe_cu.cuMemcpyHtoD(dwr, wr, 2 * (size_t)E * H));
+    size_t wsb = moe_plan_workspace_size(plan[0], T);
+    CHECK(wsb > 0);
+    for (int r = 0; r < W; r++) {
+        const moe_mesh_rank_t *rk = &mp.ranks[r];
+        CU(moe_cu.cuMemAlloc(&dx[r], 2 * (size_t)T * H));
+        CU(moe_cu.cuMemcpyHtoD(dx[r], x + (size_t)r * T * H, 2 * (size_t)T * H));
+        CU(moe_cu.cuMemAlloc(&dy[r], 2 * (size_t)T * H));
+        CU(moe_cu.cuMemsetD8(dy[r], 0xff, 2 * (size_t)T * H)); /* poison: NaN in bf16 */
+        CU(moe_cu.cuMemAlloc(&dws[r], wsb));
+        CU(moe_cu.cuMemsetD8(dws[r], 0xff, wsb));
+        CU(moe_cu.cuMemAlloc(&dst1[r], 2 * NS * w1e));
+        CU(moe_cu.cuMemAlloc(&dst2[r], 2 * NS * w2e));
+        CU(moe_cu.cuMemAlloc(&dh1[r], 2 * NH * w1e));
+        CU(moe_cu.cuMemAlloc(&dh2[r], 2 * NH * w2e));
+        CU(moe_cu.cuMemsetD8(dh1[r], 0xff, 2 * NH * w1e));
+        CU(moe_cu.cuMemsetD8(dh2[r], 0xff, 2 * NH * w2e));
+        CHECK(rk->stored[NS - 1] == rk->stored[0] + NS - 1); /* a rank stores consecutive experts */
+        CU(moe_cu.cuMemcpyHtoD(dst1[r], w1p + (size_t)rk->stored[0] * w1e, 2 * NS * w1e));
+        CU(moe_cu.cuMemcpyHtoD(dst2[r], w2 + (size_t)rk->stored[0] * w2e, 2 * NS * w2e));
+    }
+    /* the gather: w2 through the pack hook (negated), then again plainly */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 0; r < W; r++) {
+            moe_gather_args g = {.stored = {(void *)(uintptr_t)dst1[r], NULL, (void *)(uintptr_t)dst2[r], NULL},
+                                 .held_w1p = (void *)(uintptr_t)dh1[r], .held_w2 = (void *)(uintptr_t)dh2[r],
+                                 .pack = pass == 0 ? negate_pack : NULL, .user = back};
+            moe_status st = moe_gather_prepare(plan[r], &g, NULL, call[r]);
+            CHECKF(st == MOE_OK, "gather, rank %d: %s", r, moe_last_error());
+        }
+        CHECK(exchange(&mp, call, fsdp_peer, 1) == 0);
+        for (int r = 0; r < W; r++) {
+            CU(moe_cu.cuMemcpyDtoH(back, dh1[r], 2 * NH * w1e));
+            int ok = 1;
+            for (int j = 0; j < NH && ok; j++)
+                for (size_t i = 0; i < w1e && ok; i++)
+                    ok = back[j * w1e + i] == (uint16_t)(w1p[(size_t)mp.ranks[r].held[j] * w1e + i] ^
+                                                         (pass == 0 ? 0x8000u : 0));
+            CHECKF(ok, "pass %d: rank %d's gathered w1p is not the packed weights of the experts it holds", pass, r);
+        }
+    }
+    /* the forward, step by step, every rank */
+    moe_forward_args a[16];
+    for (int r = 0; r < W; r++)
+        a[r] = (moe_forward_args){.tokens = T, .x = (void *)(uintptr_t)dx[r], .router_w = (void *)(uintptr_t)dwr,
+                                  .w1p = (void *)(uintptr_t)dh1[r], .w2 = (void *)(uintptr_t)dh2[r],
+                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)dws[r]};
+    for (int step = 0; step < MOE_EP_STEPS; step++) {
+        for (int r = 0; r < W; r++) {
+            moe_status st = moe_ep_step(plan[r], &a[r], NULL, step, call[r]);
+            CHECKF(st == MOE_OK, "step %d, rank %d: %s", step, r, moe_last_error());
+            if (st)
+                goto done;
+        }
+        CU(moe_cu.cuCtxSynchronize());
+        CHECK(exchange(&mp, call, ep_peer, 0) == 0);
+    }
+    CU(moe_cu.cuCtxSynchronize());
+    int lost = 0;
+    for (int r = 0; r < W; r++) {
+        long long rows = -1;
+        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)dws[r], NULL, &rows);
+        if (!c->want_overflow)
+            CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
+        else
+            lost += st == MOE_ERR_OVERFLOW && rows > 0 && strstr(moe_last_error(), "capacity");
+    }
+    if (c->want_overflow) {
+        CHECKF(lost == W, "%d of %d ranks reported the overflow", lost, W);
+        goto done;
+    }
+    /* each rank's tokens against the unsharded layer */
+    for (int r = 0; r < W; r++) {
+        CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
+        int nan = 0;
+        double e = ep_layer_error(&L, &spec, r, T, y, &nan);
+        CHECKF(nan == 0 && e <= 1.5e-2, "rank %d: error %.3g, %d outputs unwritten", r, e, nan);
+        if (r == 0)
+            printf("  %s: %d ranks x %d tokens, rank 0 error %.2e\n", c->name, W, T, e);
+    }
+done:
+    for (int r = 0; r < W; r++) {
+        CUdeviceptr all[] = {dx[r], dy[r], dws[r], dst1[r], dst2[r], dh1[r], dh2[r]};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (all[i])
+                moe_cu.cuMemFree(all[i]);
+        free(call[r]);
+    }
+    for (int r = 0; r < W; r++)
+        moe_plan_destroy(plan[r]);
+    if (dwr)
+        moe_cu.cuMemFree(dwr);
+    ep_layer_free(&L);
+    free(w1p), free(y), free(back);
+    moe_mesh_plan_free(&mp);
+    unlink(path);
+}
+
+int main(void) {
+    char why[256];
+    CUdevice dev;
+    int n = 0;
+    if (moe_cu_load(why, sizeof why) || moe_cu.cuInit(0) || moe_cu.cuDeviceGetCount(&n) || n == 0) {
+        CASE("test_ep_gpu");
+        SKIP("no CUDA driver or GPU: %s", why[0] ? why : "no device");
+        return check_report("test_ep_gpu");
+    }
+    CUcontext ctx;
+    moe_cu.cuDeviceGet(&dev, 0);
+    moe_cu.cuDevicePrimaryCtxRetain(&ctx, dev);
+    moe_cu.cuCtxSetCurrent(ctx);
+    const char *env = getenv("MOEGEN_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)getpid() << 20;
+    printf("test_ep_gpu: seed %llu (MOEGEN_TEST_SEED)\n", (unsigned long long)seed);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case(&cases[i], seed + i);
+    return check_report("test_ep_gpu");
+}
