@@ -106,10 +106,13 @@ test-vendored: $(BUILD)/tests/test_vendored
 $(BUILD)/moe_bench: bench/moe_bench.c $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
+$(BUILD)/moe_ep_example: examples/moe_ep_example.c $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+
 $(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-all: $(BUILD)/moe_bench $(BUILD)/moe_example
+all: $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 
 # ---- shared library and pkg-config file ----------------------------------
 # Debian's static Lua is not position-independent, so the shared library
