@@ -50,6 +50,11 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_o
                    "    return ((long long)tokens * %d + %lldLL) / %d;\n}\n\n",
                    n, s->top_k, (long long)s->experts * (pd->align - 1), pd->align);
     moe_buf_printf(b, "extern \"C\" cudaError_t %s_forward(const %s_args_t *a, cudaStream_t stream) {\n", n, n);
+    if (s->mesh.size[MOE_AXIS_EP] > 1) /* rows must move between ranks: only libmoegen's runtime does that */
+        moe_buf_printf(b, "    /* mesh.ep = %d: the expert-parallel forward runs through libmoegen (moe_forward\n"
+                          "     * with a NCCL communicator); this single-device launcher refuses it. */\n"
+                          "    (void)a, (void)stream;\n    return cudaErrorNotSupported;\n",
+                       s->mesh.size[MOE_AXIS_EP]);
     moe_buf_printf(b, "    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)\n"
                       "        return cudaErrorInvalidValue;\n");
     if (s->router.bias)

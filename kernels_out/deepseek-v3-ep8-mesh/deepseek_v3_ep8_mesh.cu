@@ -2145,6 +2145,10 @@ static long long deepseek_v3_ep8_mesh_max_tiles(int tokens) {
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
+    /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
+     * with a NCCL communicator); this single-device launcher refuses it. */
+    (void)a, (void)stream;
+    return cudaErrorNotSupported;
     if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
     if (!a->router_bias) return cudaErrorInvalidValue;
