@@ -2,6 +2,7 @@
  * usage), 1 anything else (I/O, NVRTC, GPU). */
 #define _POSIX_C_SOURCE 200809L
 #include "emit.h"
+#include "ep_plan.h"
 #include "mesh.h"
 #include "compile.h"
 #include "plan.h"
@@ -243,8 +244,27 @@ static int cmd_plan(const args_t *a) {
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");
         }
-        printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", pd.ws_bytes, spec.tokens,
-               pd.max_rows, pd.max_tiles, pd.align);
+        moe_ep_desc_t ed;
+        char eerr[256];
+        if (moe_ep_wanted(&spec) && moe_ep_desc_build(&ed, &pd, mp.nheld, eerr, sizeof eerr)) {
+            fprintf(stderr, "%s: error: %s\n", a->spec, eerr);
+            free(text);
+            moe_mesh_plan_free(&mp);
+            return 2;
+        }
+        if (moe_ep_wanted(&spec)) {
+            printf("dispatch (%s", ed.capacity ? "capacity mode" : "exact mode");
+            if (ed.capacity)
+                printf(", %d rows per peer", ed.capacity);
+            printf("; the permute kernels above are not used):\n");
+            for (int i = 0; i < MOE_EK_COUNT; i++)
+                printf("  %-58s threads %4d\n", ed.k[i].name, ed.k[i].threads);
+            printf("\nworkspace: %zu bytes at %d tokens per rank (send %lld rows, receive up to %lld rows, %lld "
+                   "tiles of %d)\n", ed.ws_bytes, spec.tokens, ed.send_rows, ed.stage_rows, ed.max_tiles, pd.align);
+        } else {
+            printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", pd.ws_bytes, spec.tokens,
+                   pd.max_rows, pd.max_tiles, pd.align);
+        }
     }
     if (!text) {
         fprintf(stderr, "moegen: error: out of memory\n");
