@@ -5,13 +5,52 @@
  * failure to start. (The GPU half is test_gpu.) */
 #include "check.h"
 #include "driver.h"
+#include "ep_plan.h"
 #include "moe.h"
+#include "spec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The EP plan's sizes follow the mode: exact mode's receive side is sized
+ * for every peer sending all its rows here, capacity mode's for C per peer;
+ * too many tiles or positions are refused with the reason. */
+static void test_ep_plan(void) {
+    moe_spec_t s;
+    moe_diag_t d;
+    moe_plan_desc_t pd;
+    moe_ep_desc_t ed;
+    char err[256];
+    const char *base = "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 }\n";
+    CASE("ep plan: exact mode sizes");
+    CHECK(moe_spec_load(&s, "e.moe", base, NULL, 0, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
+    CHECK(moe_ep_wanted(&s));
+    CHECK(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) == 0);
+    CHECK(ed.ep == 4 && ed.nheld == 16 && ed.capacity == 0 && ed.send_rows == 4000 && ed.stage_rows == 16000);
+    CHECK(ed.recv_rows == 16000 + 16 * (pd.align - 1) && ed.max_tiles == ed.recv_rows / pd.align);
+    CHECK(ed.ws[MOE_EW_SEND].bytes == 2 * 4001 * 128 && ed.ws[MOE_EW_HBUF].bytes == 2 * (size_t)ed.recv_rows * 64);
+    CHECK(strstr(ed.k[MOE_EK_SEND_PLAN].name, "p4s16c0") != NULL);
+    for (int i = 1; i < MOE_EW_COUNT; i++)
+        CHECK(ed.ws[i].offset >= ed.ws[i - 1].offset + ed.ws[i - 1].bytes && ed.ws[i].offset % 256 == 0);
+    CASE("ep plan: capacity mode sizes");
+    moe_override_t o[2] = {{"dispatch.mode=capacity"}, {"dispatch.capacity=300"}};
+    CHECK(moe_spec_load(&s, "e.moe", base, o, 2, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
+    CHECK(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) == 0);
+    CHECK(ed.capacity == 300 && ed.send_rows == 1200 && ed.stage_rows == 1200);
+    CASE("ep plan: too many (rank, slot) positions is refused");
+    CHECK(moe_ep_desc_build(&ed, &pd, 2048, err, sizeof err) != 0 && strstr(err, "at most 4096"));
+    CASE("ep plan: too many receive tiles is refused, naming the fix");
+    moe_override_t big = {"tokens=1000000"};
+    CHECK(moe_spec_load(&s, "e.moe", base, &big, 1, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
+    CHECKF(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) != 0 && strstr(err, "capacity"), "%s", err);
+    CASE("ep plan: a mesh of one has none");
+    CHECK(moe_spec_load(&s, "e.moe", "name = 'e' experts = 8 top_k = 2 hidden = 64 ffn = 64", NULL, 0, &d) == 0);
+    CHECK(!moe_ep_wanted(&s));
+}
+
 int main(void) {
+    test_ep_plan();
     CASE("status strings");
     for (int s = MOE_OK; s <= MOE_ERR_UNSUPPORTED; s++)
         CHECKF(strcmp(moe_status_string((moe_status)s), "unknown status") != 0, "status %d has no string", s);
