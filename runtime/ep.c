@@ -132,6 +132,20 @@ static void xfer(moe_ep_call_t *c, int peer, int recv, CUdeviceptr ptr, size_t b
     c->x[c->nx++] = (moe_xfer_t){peer, recv, ptr, bytes};
 }
 
+/* Peer d's block of `out` (out_rows[d] rows, blocks back to back) goes to d
+ * while d's block of `in` arrives: dispatch (send buffer -> staging) and
+ * return (staging -> send buffer) are the same exchange, mirrored. */
+static void row_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr out, const long long *out_rows,
+                      CUdeviceptr in, const long long *in_rows) {
+    long long o = 0, i = 0;
+    for (int d = 0; d < P; d++) {
+        xfer(c, d, 0, out + (size_t)(o * row_bytes), (size_t)(out_rows[d] * row_bytes));
+        xfer(c, d, 1, in + (size_t)(i * row_bytes), (size_t)(in_rows[d] * row_bytes));
+        o += out_rows[d];
+        i += in_rows[d];
+    }
+}
+
 moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
     const moe_plan_desc_t *pd = moe_plan_desc(p);
     const moe_ep_t *ep = moe_plan_ep(p);
@@ -203,13 +217,7 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
                       &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};
         if ((rc = ep_launch(ep, pd, MOE_EK_RECV_PLAN, T, 0, st, rp)))
             return rc;
-        long long so = 0, ro = 0;
-        for (int d = 0; d < P; d++) {
-            xfer(c, d, 0, reg[MOE_EW_SEND] + (size_t)(so * row_bytes), (size_t)(c->send_rows[d] * row_bytes));
-            xfer(c, d, 1, reg[MOE_EW_STAGE] + (size_t)(ro * row_bytes), (size_t)(c->recv_rows[d] * row_bytes));
-            so += c->send_rows[d];
-            ro += c->recv_rows[d];
-        }
+        row_xfers(c, P, row_bytes, reg[MOE_EW_SEND], c->send_rows, reg[MOE_EW_STAGE], c->recv_rows);
         return MOE_OK;
     }
     case 2: { /* slot-major rows, the FFN, the results back to the staging layout; they go home */
@@ -228,13 +236,7 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
         dir = 1;
         if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
             return rc;
-        long long so = 0, ro = 0;
-        for (int d = 0; d < P; d++) {
-            xfer(c, d, 0, reg[MOE_EW_STAGE] + (size_t)(ro * row_bytes), (size_t)(c->recv_rows[d] * row_bytes));
-            xfer(c, d, 1, reg[MOE_EW_SEND] + (size_t)(so * row_bytes), (size_t)(c->send_rows[d] * row_bytes));
-            so += c->send_rows[d];
-            ro += c->recv_rows[d];
-        }
+        row_xfers(c, P, row_bytes, reg[MOE_EW_STAGE], c->recv_rows, reg[MOE_EW_SEND], c->send_rows);
         return MOE_OK;
     }
     case 3: { /* combine on the token's own rank */
