@@ -5,7 +5,7 @@
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(p, "nvidia", x, "lib") for x in ("cublas", "cuda_nvrtc")))' 2>/dev/null); do
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(p, "nvidia", x, "lib") for x in ("cublas", "cuda_nvrtc", "nccl")))' 2>/dev/null); do
     [ -d "$d" ] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
 done
 export LD_LIBRARY_PATH
@@ -16,6 +16,8 @@ if [ "$what" != bench ]; then
     timeout 300 build/tests/test_gpu "${@:2}" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE '^  ' | tail -40
     grep -E '^  ' "$OUT/test_gpu.log" | tail -60
     timeout 60 build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored.log"
+    timeout 200 build/tests/test_ep_gpu 2>&1 | tee "$OUT/test_ep_gpu.log" | tail -12
+    timeout 120 build/tests/test_mgpu --bench 2>&1 | tee "$OUT/test_mgpu.log" | tail -12
 fi
 if [ "$what" != tests ]; then
     for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8 gpt-oss-120b deepseek-v3; do
