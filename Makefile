@@ -16,11 +16,12 @@ WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-func
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
 LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
 
-GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c
+GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c
+TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
 RT_SRC    := runtime/moe.c runtime/driver.c runtime/ref.c runtime/dispatch.c runtime/nccl_dl.c runtime/ep.c
-GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o
+GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all run test kernels clean
@@ -39,6 +40,13 @@ $(BUILD)/templates_embed.c: $(BUILD)/embed $(TEMPLATES)
 	$(BUILD)/embed $@ $(TEMPLATES)
 
 $(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h
+	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
+
+# the tuning table, embedded the same way under the symbol moe_embedded_tuning
+$(BUILD)/tuning_embed.c: $(BUILD)/embed $(TUNING)
+	$(BUILD)/embed $@.tmp $(TUNING) && sed 's/moe_embedded_templates*/moe_embedded_tuning/g' $@.tmp > $@ && rm -f $@.tmp
+
+$(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # ---- the library and the command -----------------------------------------
@@ -63,7 +71,7 @@ clean:
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch
+CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch test_tuning
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
@@ -120,7 +128,7 @@ all: $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 # statically and need no Lua on the machine they run on).
 # A copy of that Lua library sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/liblua5.4.so.0
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/liblua5.4.so.0
 	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
 	  -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
 

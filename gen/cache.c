@@ -54,6 +54,11 @@ int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch
     moe_buf_t b = {0};
     moe_buf_printf(&b, "spec=%s\ngenerator=%s\ntemplates=%s\nnvrtc=%s\narch=%s\noptions=%s\n", pd->spec.hash,
                    MOEGEN_VERSION, th, nv, moe_arch_name(arch), moe_nvrtc_options());
+    /* the kernel names spell every tile parameter, which the tuning table
+     * (not the spec) may change: a different table must not reuse a cubin */
+    const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);
+    for (int i = 0; i < MOE_K_COUNT; i++)
+        moe_buf_printf(&b, "kernel=%s\n", ks[i].name);
     if (b.failed) {
         moe_buf_free(&b);
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: out of memory");

@@ -6,6 +6,7 @@
 #include "mesh.h"
 #include "compile.h"
 #include "plan.h"
+#include "tuning.h"
 #include "spec.h"
 
 #include <stdio.h>
@@ -31,6 +32,8 @@ static const char *const usage_text =
     "  -o DIR                  output folder (emit, compile)\n"
     "  --set KEY=VALUE         override a spec key (router.score=sigmoid, arch=sm_90a,sm_80); repeatable\n"
     "  --templates DIR         read templates from DIR instead of the embedded copies\n"
+    "  --tuning FILE           take sm_90a GEMM tiles from this tuning table instead of the embedded\n"
+    "                          tuning/h200.tune (emit, compile, plan)\n"
     "  --help, --version\n";
 
 static const struct {
@@ -58,7 +61,7 @@ static const struct {
 };
 
 typedef struct {
-    const char *cmd, *spec, *out, *templates;
+    const char *cmd, *spec, *out, *templates, *tuning;
     moe_override_t sets[MAX_SETS];
     int nsets;
     int rank, json;
@@ -101,12 +104,14 @@ static int parse_args(int argc, char **argv, args_t *a) {
         const char *s = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(s, "-o") == 0 || strcmp(s, "--set") == 0 || strcmp(s, "--templates") == 0 ||
-            strcmp(s, "--rank") == 0) {
+            strcmp(s, "--rank") == 0 || strcmp(s, "--tuning") == 0) {
             if (!val)
                 return usage_error("%s needs a value", s);
             i++;
             if (strcmp(s, "-o") == 0)
                 a->out = val;
+            else if (strcmp(s, "--tuning") == 0)
+                a->tuning = val;
             else if (strcmp(s, "--templates") == 0)
                 a->templates = val;
             else if (strcmp(s, "--set") == 0) {
@@ -244,6 +249,12 @@ static int cmd_plan(const args_t *a) {
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");
         }
+        if (pd.tuned)
+            printf("sm_90a GEMM tiles: %s:%d (%d-token bucket; %.1f us, runner-up %.1f us, %s, %s)\n",
+                   moe_tuning_active()->file, pd.tuned->line, pd.tuned->tokens, pd.tuned->best_us,
+                   pd.tuned->runner_up_us, pd.tuned->date, pd.tuned->gpu);
+        else
+            printf("sm_90a GEMM tiles: heuristics (no entry in %s)\n", moe_tuning_active()->file);
         moe_ep_desc_t ed;
         char eerr[256];
         if (moe_ep_wanted(&spec) && moe_ep_desc_build(&ed, &pd, mp.nheld, eerr, sizeof eerr)) {
@@ -304,6 +315,18 @@ int main(int argc, char **argv) {
         return usage_error("unknown command '%s'", a.cmd);
     if (!a.spec)
         return usage_error("%s needs a SPEC file", a.cmd);
+    static moe_tuning_t tuning; /* lives until exit: plans point into it */
+    if (a.tuning) {
+        moe_diag_t d;
+        if (moe_tuning_load(&tuning, a.tuning, &d)) {
+            fprintf(stderr, "%s\n", d.msg);
+            return 2;
+        }
+        moe_tuning_set(&tuning);
+    } else if (!moe_tuning_default()) {
+        fprintf(stderr, "moegen: error: the embedded tuning table does not parse (a build error)\n");
+        return 1;
+    }
     if (strcmp(a.cmd, "check") == 0)
         return cmd_check(&a);
     if (strcmp(a.cmd, "emit") == 0)

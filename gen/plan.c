@@ -1,5 +1,6 @@
 /* plan.c — tile choice, kernel names, launch shapes, workspace layout. */
 #include "plan.h"
+#include "tuning.h"
 
 #include <lauxlib.h>
 #include <stdio.h>
@@ -10,11 +11,12 @@
 /* The tile heuristic. Expert row blocks are short when tokens*top_k/E is
  * small (Qwen3-style many-expert layers), so bm follows the mean rows per
  * expert; the rest is a configuration that keeps the mma.sync pipeline fed
- * on sm_80 and sm_90a alike. A tuning table (later) overrides this. */
-static moe_tile_cfg_t choose_tile(const moe_spec_t *s, int n_total) {
+ * on sm_80 and sm_90a alike. A tuning table entry's bm (force_bm > 0)
+ * overrides the choice of bm, since both arches share one tile table. */
+static moe_tile_cfg_t choose_tile(const moe_spec_t *s, int n_total, int force_bm) {
     double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
     moe_tile_cfg_t t;
-    if (rows_per_expert >= 96) {
+    if (force_bm ? force_bm == 128 : rows_per_expert >= 96) {
         t = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4, .group_m = 8};
     } else {
         t = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2, .group_m = 8};
@@ -59,7 +61,9 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
     if (s->experts > 256) /* logits of 32 tokens x E no longer fit 48 KB of static shared memory */
         k[MOE_K_ROUTE].smem = 20480 + 128 * ((s->experts + 255) / 256 * 256 + 8);
 
-    moe_tile_cfg_t up = choose_tile(s, 2 * s->ffn), down = choose_tile(s, s->hidden);
+    const moe_tuning_entry_t *te = moe_tuning_find(moe_tuning_active(), s, MOE_ARCH_SM90A);
+    pd->tuned = te;
+    moe_tile_cfg_t up = choose_tile(s, 2 * s->ffn, te ? te->bm : 0), down = choose_tile(s, s->hidden, te ? te->bm : 0);
     down.bm = up.bm; /* one tile table serves both GEMMs */
     pd->align = up.bm;
     k[MOE_K_GEMM_UP] = (moe_kernel_desc_t){.family = MOE_K_GEMM_UP, .tmpl = "gemm_up_swiglu",
@@ -83,12 +87,16 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
     snprintf(k[MOE_K_COMBINE].name, sizeof k->name, "%s_combine_%s_h%dk%d", s->name, dt, s->hidden, s->top_k);
 
     /* sm_90a: the same kernels, but the GEMMs on wgmma (templates/gemm_sm90.lua):
-     * one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128 */
+     * one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
+     * unless the tuning table has an entry for this shape and token count */
     memcpy(pd->k90, pd->k, sizeof pd->k);
     for (int i = MOE_K_GEMM_UP; i <= MOE_K_GEMM_DOWN; i++) {
         moe_kernel_desc_t *d = &pd->k90[i];
         d->tile = (moe_tile_cfg_t){.bm = pd->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
                                    .consumers = pd->align / 64};
+        if (te)
+            d->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
+                                       .group_m = te->group_m, .consumers = te->consumers};
         d->threads = 128 * (d->tile.consumers + 1);
         d->smem = d->tile.stages * (d->tile.bm + d->tile.bn) * d->tile.bk * 2 + 16 * d->tile.stages;
         snprintf(suf, sizeof suf, "sm90a_m%dn%dk%ds%dc%dg%d", d->tile.bm, d->tile.bn, d->tile.bk, d->tile.stages,

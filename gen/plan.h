@@ -67,7 +67,10 @@ typedef struct {
     moe_kernel_desc_t k90[MOE_K_COUNT];   /* sm_90a: the same, but GEMMs on wgmma when available */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
+    const struct moe_tuning_entry *tuned;  /* the tuning table entry the sm_90a GEMMs use, or NULL (heuristics) */
 } moe_plan_desc_t;
+
+/* The planner takes sm_90a GEMM tiles from moe_tuning_active() (tuning.h). */
 
 /* Build the kernel plan for a validated spec. Returns 0, or non-zero with a
  * reason in err. */

@@ -1,0 +1,186 @@
+/* tuning.c — parse and search the tuning table (format: tuning/h200.tune). */
+#include "tuning.h"
+#include "template.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const moe_embedded_t moe_embedded_tuning[]; /* build/tuning_embed.c */
+
+static int fail(moe_diag_t *d, const char *file, int line, const char *msg, const char *tok) {
+    if (tok)
+        snprintf(d->msg, sizeof d->msg, "%s:%d: error: %s ('%s')", file, line, msg, tok);
+    else
+        snprintf(d->msg, sizeof d->msg, "%s:%d: error: %s", file, line, msg);
+    return 1;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi)
+        return 1;
+    *out = (int)v;
+    return 0;
+}
+
+int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, char *err, size_t n) {
+    const char *why = NULL;
+    if (bm != 64 && bm != 128)
+        why = "bm must be 64 or 128";
+    else if (consumers != bm / 64)
+        why = "consumers must be bm / 64";
+    else if (bk != 64)
+        why = "bk must be 64 (one 128-byte swizzle row)";
+    else if (bn < 64 || bn > 256 || bn % 64)
+        why = "bn must be 64, 128, 192 or 256";
+    else if (stages < 2 || stages * (bm + bn) * bk * 2 + 16 * stages > 227 * 1024)
+        why = "stages must be >= 2 and fit 227 KB of shared memory";
+    else if (group_m < 1 || group_m > 64)
+        why = "group_m must be 1..64";
+    if (why)
+        snprintf(err, n, "%s", why);
+    return why != NULL;
+}
+
+int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->file, sizeof t->file, "%s", file);
+    int cap = 0, line = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        size_t end = pos;
+        while (end < len && text[end] != '\n')
+            end++;
+        line++;
+        char buf[1024];
+        if (end - pos >= sizeof buf)
+            return fail(diag, file, line, "line too long", NULL);
+        memcpy(buf, text + pos, end - pos);
+        buf[end - pos] = 0;
+        pos = end + 1;
+        char *hash = strchr(buf, '#');
+        if (hash)
+            *hash = 0;
+        char *tok[32];
+        int nt = 0;
+        for (char *p = strtok(buf, " \t\r"); p && nt < 32; p = strtok(NULL, " \t\r"))
+            tok[nt++] = p;
+        if (nt == 0)
+            continue;
+        if (nt < 17)
+            return fail(diag, file, line, "an entry has 17 fields or more: E top_k H F dtype arch tokens bm bn bk "
+                        "stages consumers group_m best_us runner_up_us date gpu", NULL);
+        moe_tuning_entry_t e = {.line = line};
+        int *ints[] = {&e.experts, &e.top_k, &e.hidden, &e.ffn};
+        static const char *const iname[] = {"E", "top_k", "H", "F"};
+        for (int i = 0; i < 4; i++)
+            if (parse_int(tok[i], 1, 65536, ints[i])) {
+                char m[64];
+                snprintf(m, sizeof m, "%s must be an integer 1..65536", iname[i]);
+                return fail(diag, file, line, m, tok[i]);
+            }
+        if (strcmp(tok[4], "bf16") == 0)
+            e.dtype = MOE_DTYPE_BF16;
+        else if (strcmp(tok[4], "fp16") == 0)
+            e.dtype = MOE_DTYPE_FP16;
+        else
+            return fail(diag, file, line, "dtype must be bf16 or fp16", tok[4]);
+        if (strcmp(tok[5], "sm_90a") == 0)
+            e.arch = MOE_ARCH_SM90A;
+        else
+            return fail(diag, file, line, "arch must be sm_90a (the only tuned arch)", tok[5]);
+        if (parse_int(tok[6], 1, 1 << 20, &e.tokens))
+            return fail(diag, file, line, "tokens must be an integer 1..2^20", tok[6]);
+        int *tile[] = {&e.bm, &e.bn, &e.bk, &e.stages, &e.consumers, &e.group_m};
+        for (int i = 0; i < 6; i++)
+            if (parse_int(tok[7 + i], 1, 4096, tile[i]))
+                return fail(diag, file, line, "tile fields (bm bn bk stages consumers group_m) are integers",
+                            tok[7 + i]);
+        char why[128];
+        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, why, sizeof why))
+            return fail(diag, file, line, why, NULL);
+        for (int i = 0; i < 2; i++) {
+            char *endp;
+            double v = strtod(tok[13 + i], &endp);
+            if (endp == tok[13 + i] || *endp || !(v > 0))
+                return fail(diag, file, line, "best_us and runner_up_us are positive numbers", tok[13 + i]);
+            *(i ? &e.runner_up_us : &e.best_us) = v;
+        }
+        if (strlen(tok[15]) != 10 || tok[15][4] != '-' || tok[15][7] != '-')
+            return fail(diag, file, line, "date must be YYYY-MM-DD", tok[15]);
+        snprintf(e.date, sizeof e.date, "%s", tok[15]);
+        size_t gl = 0;
+        for (int i = 16; i < nt; i++)
+            gl += (size_t)snprintf(e.gpu + gl, gl < sizeof e.gpu ? sizeof e.gpu - gl : 0, "%s%s", i > 16 ? " " : "",
+                                   tok[i]);
+        for (int i = 0; i < t->n; i++) {
+            moe_tuning_entry_t *o = &t->e[i];
+            if (o->experts == e.experts && o->top_k == e.top_k && o->hidden == e.hidden && o->ffn == e.ffn &&
+                o->dtype == e.dtype && o->arch == e.arch && o->tokens == e.tokens) {
+                char m[96];
+                snprintf(m, sizeof m, "a second entry for the same shape and tokens (the first is line %d)",
+                         o->line);
+                return fail(diag, file, line, m, NULL);
+            }
+        }
+        if (t->n == cap) {
+            cap = cap ? 2 * cap : 16;
+            moe_tuning_entry_t *ne = realloc(t->e, (size_t)cap * sizeof *ne);
+            if (!ne)
+                return fail(diag, file, line, "out of memory", NULL);
+            t->e = ne;
+        }
+        t->e[t->n++] = e;
+    }
+    return 0;
+}
+
+int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag) {
+    char err[256];
+    size_t len;
+    memset(t, 0, sizeof *t);
+    char *text = moe_read_file(path, 1 << 24, &len, err, sizeof err);
+    if (!text) {
+        snprintf(diag->msg, sizeof diag->msg, "%s: error: %s", path, err);
+        return 1;
+    }
+    int rc = moe_tuning_parse(t, path, text, len, diag);
+    free(text);
+    return rc;
+}
+
+void moe_tuning_free(moe_tuning_t *t) {
+    free(t->e);
+    t->e = NULL;
+    t->n = 0;
+}
+
+static moe_tuning_t default_table;
+static int default_state; /* 0 unread, 1 parsed, -1 failed */
+static const moe_tuning_t *active;
+
+const moe_tuning_t *moe_tuning_default(void) {
+    if (default_state == 0) {
+        moe_diag_t d;
+        default_state = moe_tuning_parse(&default_table, moe_embedded_tuning[0].path, moe_embedded_tuning[0].text,
+                                         moe_embedded_tuning[0].len, &d) ? -1 : 1;
+    }
+    return default_state == 1 ? &default_table : NULL;
+}
+
+void moe_tuning_set(const moe_tuning_t *t) { active = t; }
+
+const moe_tuning_t *moe_tuning_active(void) { return active ? active : moe_tuning_default(); }
+
+const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch) {
+    const moe_tuning_entry_t *best = NULL;
+    for (int i = 0; t && i < t->n; i++) {
+        const moe_tuning_entry_t *e = &t->e[i];
+        if (e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
+            e->dtype == s->dtype && e->arch == arch && e->tokens <= s->tokens && (!best || e->tokens > best->tokens))
+            best = e;
+    }
+    return best;
+}

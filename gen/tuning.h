@@ -1,0 +1,52 @@
+/* tuning.h — the tuning table: measured sm_90a GEMM tile choices per shape
+ * and token bucket, which the planner prefers over its heuristics.
+ *
+ * The text format is described at the top of tuning/h200.tune, the table
+ * embedded at build time. */
+#ifndef MOEGEN_TUNING_H
+#define MOEGEN_TUNING_H
+
+#include "spec.h"
+#include "util.h"
+
+typedef struct moe_tuning_entry {
+    int experts, top_k, hidden, ffn;
+    moe_dtype_t dtype;
+    moe_arch_t arch;
+    int tokens;                          /* the bucket: applies to specs with at least this many tokens */
+    int bm, bn, bk, stages, consumers, group_m;
+    double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
+    char date[16], gpu[64];
+    int line;                            /* where it was read */
+} moe_tuning_entry_t;
+
+typedef struct {
+    char file[256];
+    moe_tuning_entry_t *e;
+    int n;
+} moe_tuning_t;
+
+/* Parse table text; `file` names it in errors. Returns 0, or non-zero with
+ * diag->msg = "FILE:LINE: error: MESSAGE". The caller frees with
+ * moe_tuning_free (also after a failure). */
+int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag);
+int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag);
+void moe_tuning_free(moe_tuning_t *t);
+
+/* The embedded table (tuning/h200.tune), parsed once; NULL if it does not
+ * parse (a build error: a test holds it parsing). */
+const moe_tuning_t *moe_tuning_default(void);
+
+/* The process-wide table the planner uses: NULL restores the embedded one.
+ * The table must outlive every plan built from it. */
+void moe_tuning_set(const moe_tuning_t *t);
+const moe_tuning_t *moe_tuning_active(void);
+
+/* The entry for spec s on arch: same shape, dtype and arch, the largest
+ * bucket <= s->tokens; NULL when none. */
+const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch);
+
+/* Non-zero (with a reason) when the wgmma template cannot run this tile. */
+int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, char *err, size_t n);
+
+#endif
