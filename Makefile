@@ -53,7 +53,7 @@ $(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h
 $(BUILD)/libmoegen.a: $(GEN_OBJ) $(RT_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/moegen: $(BUILD)/gen/main.o $(BUILD)/libmoegen.a
+$(BUILD)/moegen: $(BUILD)/gen/main.o $(BUILD)/gen/tune.o $(BUILD)/libmoegen.a
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 
 # kernels_out/ holds the emitted sources of every example spec (committed).

@@ -6,6 +6,7 @@
 #include "mesh.h"
 #include "compile.h"
 #include "plan.h"
+#include "tune.h"
 #include "tuning.h"
 #include "spec.h"
 
@@ -26,6 +27,8 @@ static const char *const usage_text =
     "  compile SPEC -o DIR     emit, and also write DIR/NAME.ARCH.cubin and .ptx through NVRTC\n"
     "  plan SPEC [--rank R] [--json]\n"
     "                          print the kernel plan and the mesh tables\n"
+    "  tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE]\n"
+    "                          time candidate sm_90a GEMM tiles on the GPU; write tuning table entries\n"
     "  help [COMMAND]          print help\n"
     "\n"
     "options:\n"
@@ -57,6 +60,7 @@ static const struct {
              "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
              "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
              "--json prints the mesh tables as one JSON object (see README, \"Mesh\").\n"},
+    {"tune", NULL}, /* gen/tune.c: moe_tune_usage */
     {"help", "usage: moegen help [COMMAND]\n"},
 };
 
@@ -74,7 +78,7 @@ static int print_help(const char *cmd) {
     }
     for (size_t i = 0; i < sizeof help_texts / sizeof *help_texts; i++)
         if (strcmp(help_texts[i].name, cmd) == 0) {
-            fputs(help_texts[i].text, stdout);
+            fputs(help_texts[i].text ? help_texts[i].text : moe_tune_usage, stdout);
             return 0;
         }
     fprintf(stderr, "moegen: error: no command '%s' (try moegen --help)\n", cmd);
@@ -289,6 +293,8 @@ static int cmd_plan(const args_t *a) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "tune") == 0)
+        return moe_tune_command(argc - 1, argv + 1); /* gen/tune.c parses its own options */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return print_help(NULL);

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const mixtral = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 14336\n"
+static const char *const mixtral = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\n"
                                    "tokens = 4096\n";
 
 static int plan_of(moe_plan_desc_t *pd, const char *spec) {
@@ -43,8 +43,8 @@ int main(void) {
     moe_tuning_t t;
     moe_diag_t d;
     const char *tab = "# header\n\n"
-                      "8 2 4096 14336 bf16 sm_90a 1024 64 128 64 5 1 4  100.5 110.25 2026-12-02 NVIDIA H200  # small\n"
-                      "8 2 4096 14336 bf16 sm_90a 4096 128 256 64 3 2 16 300 310 2026-12-02 NVIDIA H200\n";
+                      "8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4  100.5 110.25 2026-12-02 NVIDIA H200  # small\n"
+                      "8 2 4096 12288 bf16 sm_90a 4096 128 256 64 3 2 16 300 310 2026-12-02 NVIDIA H200\n";
     CHECKF(parse(&t, tab, &d) == 0, "%s", d.msg);
     CHECK(t.n == 2);
     if (t.n == 2) {
@@ -74,7 +74,7 @@ int main(void) {
     CHECK(strcmp(key_heur, key_tuned) != 0);
 
     CASE("a smaller bucket sets bm (align) for both arches");
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 14336\ntokens = 2000\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n") == 0);
     CHECK(pd.tuned == &t.e[0] && pd.align == 64);
     CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_m64n128k64s5c1g4");
     CHECK(pd.k[MOE_K_GEMM_UP].tile.bm == 64 && pd.k90[MOE_K_GEMM_UP].threads == 256);
@@ -82,34 +82,34 @@ int main(void) {
     CHECK(strcmp(key_small, key_tuned) != 0);
 
     CASE("below every bucket, or another shape: the heuristics");
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 14336\ntokens = 512\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 512\n") == 0);
     CHECK(pd.tuned == NULL);
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 14336\ndtype = 'fp16'\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ndtype = 'fp16'\n") == 0);
     CHECK(pd.tuned == NULL);
     moe_tuning_set(NULL);
     CHECK(moe_tuning_active() == moe_tuning_default());
     moe_tuning_free(&t);
 
     CASE("errors name the file and line");
-    expect_error("# c\n8 2 4096 14336 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02\n",
+    expect_error("# c\n8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02\n",
                  "t.tune:2: error: an entry has 17 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
                  "consumers group_m best_us runner_up_us date gpu");
-    expect_error("8 2 4096 14336 bf32 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf32 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: dtype must be bf16 or fp16 ('bf32')");
-    expect_error("x 2 4096 14336 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("x 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: E must be an integer 1..65536 ('x')");
-    expect_error("8 2 4096 14336 bf16 sm_80 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_80 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: arch must be sm_90a (the only tuned arch) ('sm_80')");
-    expect_error("\n8 2 4096 14336 bf16 sm_90a 1024 128 256 64 6 2 4 1 2 2026-12-02 H200\n",
+    expect_error("\n8 2 4096 12288 bf16 sm_90a 1024 128 256 64 6 2 4 1 2 2026-12-02 H200\n",
                  "t.tune:2: error: stages must be >= 2 and fit 227 KB of shared memory");
-    expect_error("8 2 4096 14336 bf16 sm_90a 1024 128 256 64 4 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: consumers must be bm / 64");
-    expect_error("8 2 4096 14336 bf16 sm_90a 1024 64 128 64 4 1 4 0 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 0 2 2026-12-02 H200\n",
                  "t.tune:1: error: best_us and runner_up_us are positive numbers ('0')");
-    expect_error("8 2 4096 14336 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12 H200\n",
                  "t.tune:1: error: date must be YYYY-MM-DD ('2026-12')");
-    expect_error("8 2 4096 14336 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12-02 H200\n"
-                 "8 2 4096 14336 bf16 sm_90a 1024 64 256 64 4 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12-02 H200\n"
+                 "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 1 2 2026-12-02 H200\n",
                  "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
     return check_report("test_tuning");
 }

@@ -732,7 +732,7 @@ deepseek_v3_ep8_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const 
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
@@ -892,7 +892,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -1004,14 +1004,14 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -1020,7 +1020,7 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -1105,7 +1105,7 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
@@ -1265,7 +1265,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -1370,14 +1370,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -1386,7 +1386,7 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restr
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -2075,8 +2075,8 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2091,8 +2091,8 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     deepseek_v3_ep8_permute_scatter_bf16_h7168<<<(unsigned)(((long long)T * 8 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
-    deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(16, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-    deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g8<<<dim3(28, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16<<<dim3(16, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    deepseek_v3_ep8_gemm_down_bf16_sm90a_m128n256k64s4c2g16<<<dim3(28, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

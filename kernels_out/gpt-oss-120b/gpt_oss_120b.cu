@@ -595,7 +595,7 @@ gpt_oss_120b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
@@ -755,7 +755,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -870,14 +870,14 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -886,7 +886,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__res
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -981,7 +981,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__res
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
@@ -1141,7 +1141,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -1246,14 +1246,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -1262,7 +1262,7 @@ gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -1978,8 +1978,8 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -1994,8 +1994,8 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     gpt_oss_120b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     gpt_oss_120b_permute_scatter_bf16_h2880<<<(unsigned)(((long long)T * 4 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
-    gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(23, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-    gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g8<<<dim3(12, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16<<<dim3(23, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    gpt_oss_120b_gemm_down_bf16_sm90a_m128n256k64s4c2g16<<<dim3(12, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

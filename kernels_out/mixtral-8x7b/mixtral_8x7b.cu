@@ -711,7 +711,7 @@ mixtral_8x7b_combine_bf16_h4096k2(const moe_half_t *__restrict__ obuf, const int
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 4096;        /* reduction length */
@@ -871,7 +871,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -983,14 +983,14 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -999,7 +999,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__res
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -1084,7 +1084,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__res
 
 #line 309 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl {
+namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl {
 #line 115 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 14336;        /* reduction length */
@@ -1244,7 +1244,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * (weight) tiles and those come from L2. A bijection on the whole grid. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 #line 27 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int gx = (int)gridDim.x, gy = (int)gridDim.y;
     const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
     const int group = lin / (GROUP_M * gx);
@@ -1349,14 +1349,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 313 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl
+}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem[];
+    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -1365,7 +1365,7 @@ mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem);
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int tid = (int)threadIdx.x;
@@ -2052,8 +2052,8 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2068,8 +2068,8 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     mixtral_8x7b_permute_plan_e8_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     mixtral_8x7b_permute_scatter_bf16_h4096<<<(unsigned)(((long long)T * 2 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
-    mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(112, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-    mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g8<<<dim3(16, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g16<<<dim3(112, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    mixtral_8x7b_gemm_down_bf16_sm90a_m128n256k64s4c2g16<<<dim3(16, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     mixtral_8x7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(224, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

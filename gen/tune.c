@@ -1,0 +1,357 @@
+/* tune.c — `moegen tune SPEC`: time candidate sm_90a GEMM tile
+ * configurations on the GPU for the spec's shape over a range of token
+ * counts, and write the winners as tuning table entries (tuning.h).
+ *
+ * Each candidate is forced through a one-entry tuning table, JIT-compiled
+ * through the runtime (moe_plan_create, cached) and timed with the events
+ * of moe_forward_timed: the entry's time is the median over --iters of the
+ * two GEMMs (gemm_up_swiglu + gemm_down). Weights are a constant byte
+ * pattern (their values do not move a GEMM's time); x and the router are
+ * random so routing spreads the tokens as a real layer does. */
+#define _POSIX_C_SOURCE 200809L
+#include "moe_internal.h"
+#include "tune.h"
+#include "tuning.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_TOK 16
+#define MAX_SETS 64
+
+const char *const moe_tune_usage =
+    "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE] [--set KEY=VALUE]...\n\n"
+    "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m) for SPEC's shape at each\n"
+    "token count (default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
+    "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
+    "GEMMs, median of N iterations, default 20), the date and the GPU. -o TABLE merges the entries\n"
+    "into TABLE (replacing entries of the same shape and tokens); without -o they are printed.\n"
+    "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
+
+typedef struct {
+    int bm, bn, stages, group_m;
+} cand_t;
+
+static const cand_t cands[] = {
+    {128, 256, 4, 8}, {128, 256, 3, 8}, {128, 256, 4, 16}, {128, 128, 4, 8},
+    {128, 128, 6, 8}, {64, 256, 4, 8},  {64, 128, 6, 8},
+};
+#define NCAND ((int)(sizeof cands / sizeof *cands))
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint32_t rng = 12345;
+static float frand(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+static uint16_t to_half(float f, moe_dtype_t dt) {
+    if (dt == MOE_DTYPE_BF16) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    /* fp16 for |f| < 2: enough for random inputs */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+    if (exp <= 0)
+        return (uint16_t)sign;
+    return (uint16_t)(sign | (uint32_t)exp << 10 | ((u >> 13) & 0x3ff));
+}
+
+static int upload_random(CUdeviceptr *d, size_t n, float scale, moe_dtype_t dt) {
+    uint16_t *h = malloc(n * 2);
+    if (!h)
+        return 1;
+    for (size_t i = 0; i < n; i++)
+        h[i] = to_half(frand() * scale, dt);
+    int rc = moe_cu.cuMemAlloc(d, n * 2) != CUDA_SUCCESS || moe_cu.cuMemcpyHtoD(*d, h, n * 2) != CUDA_SUCCESS;
+    free(h);
+    return rc;
+}
+
+static void entry_key(char *out, size_t n, const moe_spec_t *s, int tokens) {
+    snprintf(out, n, "%d %d %d %d %s sm_90a %d ", s->experts, s->top_k, s->hidden, s->ffn, moe_dtype_name(s->dtype),
+             tokens);
+}
+
+/* Merge lines into TABLE: keep its lines except entries with the same key. */
+static int write_table(const char *path, const moe_spec_t *s, const int *tok, int ntok, char lines[][256]) {
+    size_t len = 0;
+    char err[256];
+    char *old = access(path, F_OK) == 0 ? moe_read_file(path, 1 << 24, &len, err, sizeof err) : NULL;
+    if (old) {
+        moe_tuning_t t;
+        moe_diag_t d;
+        int bad = moe_tuning_parse(&t, path, old, len, &d);
+        moe_tuning_free(&t);
+        if (bad) {
+            fprintf(stderr, "%s\n", d.msg);
+            free(old);
+            return 2;
+        }
+    }
+    moe_buf_t b = {0};
+    for (char *p = old; p && *p;) {
+        char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        int drop = 0;
+        for (int i = 0; i < ntok; i++) {
+            char key[128];
+            entry_key(key, sizeof key, s, tok[i]);
+            if (strncmp(p, key, strlen(key)) == 0)
+                drop = 1;
+        }
+        if (!drop)
+            moe_buf_printf(&b, "%.*s\n", (int)l, p);
+        p = nl ? nl + 1 : p + l;
+    }
+    for (int i = 0; i < ntok; i++)
+        if (lines[i][0])
+            moe_buf_printf(&b, "%s\n", lines[i]);
+    free(old);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = b.failed ? NULL : fopen(tmp, "w");
+    int rc = !f || fwrite(b.data, 1, b.len, f) != b.len;
+    if (f)
+        rc |= fclose(f) != 0;
+    if (!rc)
+        rc = rename(tmp, path) != 0;
+    if (rc)
+        fprintf(stderr, "moegen: error: cannot write %s\n", path);
+    moe_buf_free(&b);
+    return rc;
+}
+
+int moe_tune_command(int argc, char **argv) {
+    const char *spec_path = NULL, *out = NULL, *toklist = NULL;
+    moe_override_t sets[MAX_SETS + 1];
+    int nsets = 0, iters = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            return fputs(moe_tune_usage, stdout), 0;
+        if (strcmp(a, "--tokens") == 0 || strcmp(a, "--iters") == 0 || strcmp(a, "-o") == 0 ||
+            strcmp(a, "--set") == 0) {
+            if (!v)
+                return fprintf(stderr, "moegen: error: %s needs a value\n(try moegen tune --help)\n", a), 2;
+            i++;
+            if (a[2] == 't')
+                toklist = v;
+            else if (a[2] == 'i') {
+                char *e;
+                iters = (int)strtol(v, &e, 10);
+                if (*e || iters < 1 || iters > 10000)
+                    return fprintf(stderr, "moegen: error: --iters needs 1..10000, got '%s'\n", v), 2;
+            } else if (a[1] == 'o')
+                out = v;
+            else if (nsets < MAX_SETS)
+                sets[nsets++].text = v;
+            else
+                return fprintf(stderr, "moegen: error: too many --set options\n"), 2;
+        } else if (a[0] == '-' && a[1]) {
+            return fprintf(stderr, "moegen: error: unknown option '%s'\n(try moegen tune --help)\n", a), 2;
+        } else if (!spec_path) {
+            spec_path = a;
+        } else {
+            return fprintf(stderr, "moegen: error: unexpected argument '%s'\n", a), 2;
+        }
+    }
+    if (!spec_path)
+        return fprintf(stderr, "moegen: error: tune needs a SPEC file\n(try moegen tune --help)\n"), 2;
+    moe_spec_t s;
+    moe_diag_t d;
+    if (moe_spec_load(&s, spec_path, NULL, sets, nsets, &d))
+        return fprintf(stderr, "%s\n", d.msg), 2;
+    int tok[MAX_TOK], ntok = 0;
+    if (toklist) {
+        for (const char *p = toklist; *p && ntok < MAX_TOK;) {
+            char *e;
+            long v = strtol(p, &e, 10);
+            if (e == p || v < 1 || v > s.tokens || (*e && *e != ','))
+                return fprintf(stderr, "moegen: error: --tokens: '%s' must be a list of token counts in 1..%d\n",
+                               toklist, s.tokens), 2;
+            tok[ntok++] = (int)v;
+            p = *e ? e + 1 : e;
+        }
+    } else {
+        int def[3] = {256, 4096, s.tokens};
+        for (int i = 0; i < 3; i++)
+            if (def[i] <= s.tokens && (ntok == 0 || tok[ntok - 1] < def[i]))
+                tok[ntok++] = def[i];
+    }
+    int tmax = 0;
+    for (int i = 0; i < ntok; i++)
+        tmax = tok[i] > tmax ? tok[i] : tmax;
+    /* the plans hold tmax tokens (workspace); the tiles do not depend on it */
+    char tset[64];
+    snprintf(tset, sizeof tset, "tokens=%d", tmax);
+    sets[nsets].text = tset;
+    if (moe_spec_load(&s, spec_path, NULL, sets, nsets + 1, &d))
+        return fprintf(stderr, "%s\n", d.msg), 2;
+    char *canon = moe_spec_canonical(&s);
+    char spec_tmp[] = "/tmp/moegen-tune-XXXXXX";
+    int fd = canon ? mkstemp(spec_tmp) : -1;
+    if (fd < 0 || write(fd, canon, strlen(canon)) != (ssize_t)strlen(canon)) {
+        free(canon);
+        return fprintf(stderr, "moegen: error: cannot write a temporary spec\n"), 1;
+    }
+    close(fd);
+    free(canon);
+
+    float times[NCAND][MAX_TOK];
+    int ok[NCAND] = {0};
+    char gpu[128] = "?";
+    CUdeviceptr x = 0, wr = 0, w1p = 0, w2 = 0, b1p = 0, b2 = 0, bias = 0, y = 0;
+    CUstream st = NULL;
+    CUevent ev[MOE_K_COUNT + 1];
+    int rc = 0, have_buf = 0;
+    moe_plan *keep = NULL; /* the first plan, alive to the end: the buffers live in its context */
+    fprintf(stderr, "tune %s: E=%d top_k=%d H=%d F=%d %s, %d candidates x %d token counts, %d iterations\n",
+            s.name, s.experts, s.top_k, s.hidden, s.ffn, moe_dtype_name(s.dtype), NCAND, ntok, iters);
+    for (int c = 0; c < NCAND && !rc; c++) {
+        const cand_t *cd = &cands[c];
+        moe_tuning_entry_t e = {.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
+                                .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
+                                .bk = 64, .stages = cd->stages, .consumers = cd->bm / 64, .group_m = cd->group_m};
+        moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
+        fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m);
+        char why[128];
+        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, why, sizeof why)) {
+            fprintf(stderr, "skipped: %s\n", why);
+            continue;
+        }
+        moe_tuning_set(&one);
+        moe_plan *plan;
+        moe_status ps = moe_plan_create(&plan, spec_tmp, NULL);
+        moe_tuning_set(NULL);
+        if (ps == MOE_ERR_NO_DRIVER || ps == MOE_ERR_NO_GPU) {
+            fprintf(stderr, "\nmoegen: error: tune needs a GPU: %s\n", moe_last_error());
+            rc = 1;
+            break;
+        }
+        if (ps != MOE_OK) {
+            fprintf(stderr, "skipped: %s: %s\n", moe_status_string(ps), moe_last_error());
+            continue;
+        }
+        if (!have_buf) {
+            const size_t E = s.experts, H = s.hidden, F = s.ffn, T = (size_t)tmax;
+            CUdevice dev;
+            if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
+                moe_cu.cuDeviceGetName(gpu, sizeof gpu, dev);
+            int bad = upload_random(&x, T * H, 1.0f, s.dtype) ||
+                      upload_random(&wr, E * H, 4.0f / sqrtf((float)H), s.dtype) ||
+                      upload_random(&b1p, E * 2 * F, 0.5f, s.dtype) || upload_random(&b2, E * H, 0.5f, s.dtype);
+            bad |= moe_cu.cuMemAlloc(&w1p, E * 2 * F * H * 2) != CUDA_SUCCESS ||
+                   moe_cu.cuMemAlloc(&w2, E * H * F * 2) != CUDA_SUCCESS ||
+                   moe_cu.cuMemAlloc(&bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&y, T * H * 2) != CUDA_SUCCESS;
+            bad |= moe_cu.cuMemsetD8(w1p, 0x3c, E * 2 * F * H * 2) != CUDA_SUCCESS ||
+                   moe_cu.cuMemsetD8(w2, 0x3c, E * H * F * 2) != CUDA_SUCCESS ||
+                   moe_cu.cuMemsetD8(bias, 0, E * 4) != CUDA_SUCCESS;
+            bad |= moe_cu.cuStreamCreate(&st, 0) != CUDA_SUCCESS;
+            for (int i = 0; i <= MOE_K_COUNT; i++)
+                bad |= moe_cu.cuEventCreate(&ev[i], 0) != CUDA_SUCCESS;
+            if (bad) {
+                fprintf(stderr, "\nmoegen: error: cannot allocate the tuning buffers on the GPU\n");
+                moe_plan_destroy(plan);
+                rc = 1;
+                break;
+            }
+            have_buf = 1;
+        }
+        CUdeviceptr ws;
+        if (moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, tmax)) != CUDA_SUCCESS) {
+            fprintf(stderr, "\nmoegen: error: cannot allocate the workspace\n");
+            moe_plan_destroy(plan);
+            rc = 1;
+            break;
+        }
+        float *t = malloc(sizeof(float) * (size_t)iters);
+        for (int ti = 0; ti < ntok && !rc; ti++) {
+            moe_forward_args a = {.tokens = tok[ti], .x = (void *)x, .router_w = (void *)wr,
+                                  .router_bias = (float *)bias, .router_logit_bias = (float *)bias,
+                                  .w1p = (void *)w1p, .b1p = (void *)b1p, .w2 = (void *)w2, .b2 = (void *)b2,
+                                  .y = (void *)y, .workspace = (void *)ws};
+            for (int it = -3; it < iters && !rc; it++) {
+                float up, down;
+                if (moe_forward_timed(plan, &a, st, ev) != MOE_OK || moe_cu.cuStreamSynchronize(st) != CUDA_SUCCESS) {
+                    fprintf(stderr, "\nmoegen: error: forward: %s\n", moe_last_error());
+                    rc = 1;
+                    break;
+                }
+                if (it < 0)
+                    continue;
+                moe_cu.cuEventElapsedTime(&up, ev[MOE_K_GEMM_UP], ev[MOE_K_GEMM_UP + 1]);
+                moe_cu.cuEventElapsedTime(&down, ev[MOE_K_GEMM_DOWN], ev[MOE_K_GEMM_DOWN + 1]);
+                t[it] = (up + down) * 1000.0f;
+            }
+            if (rc)
+                break;
+            qsort(t, (size_t)iters, sizeof *t, cmp_float);
+            times[c][ti] = t[iters / 2];
+            fprintf(stderr, "%s%d tok %.1f us", ti ? ", " : "", tok[ti], times[c][ti]);
+        }
+        free(t);
+        fprintf(stderr, "\n");
+        moe_cu.cuMemFree(ws);
+        if (keep)
+            moe_plan_destroy(plan);
+        else
+            keep = plan;
+        ok[c] = !rc;
+    }
+    unlink(spec_tmp);
+    if (keep)
+        moe_plan_destroy(keep);
+    if (rc)
+        return rc;
+    char lines[MAX_TOK][256];
+    char date[16];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    int nwin = 0;
+    for (int ti = 0; ti < ntok; ti++) {
+        int best = -1, second = -1;
+        for (int c = 0; c < NCAND; c++) {
+            if (!ok[c])
+                continue;
+            if (best < 0 || times[c][ti] < times[best][ti]) {
+                second = best;
+                best = c;
+            } else if (second < 0 || times[c][ti] < times[second][ti]) {
+                second = c;
+            }
+        }
+        lines[ti][0] = 0;
+        if (best < 0 || second < 0)
+            continue;
+        const cand_t *w = &cands[best];
+        char key[128];
+        entry_key(key, sizeof key, &s, tok[ti]);
+        snprintf(lines[ti], sizeof lines[ti], "%s %d %d 64 %d %d %d  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
+                 w->bm / 64, w->group_m, times[best][ti], times[second][ti], date, gpu);
+        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %.1f us (runner-up m%dn%dk64s%dg%d %.1f us)\n", tok[ti], w->bm,
+                w->bn, w->stages, w->group_m, times[best][ti], cands[second].bm, cands[second].bn,
+                cands[second].stages, cands[second].group_m, times[second][ti]);
+        nwin++;
+    }
+    if (!nwin)
+        return fprintf(stderr, "moegen: error: fewer than two candidates ran; no entries\n"), 1;
+    if (out)
+        return write_table(out, &s, tok, ntok, lines);
+    for (int ti = 0; ti < ntok; ti++)
+        if (lines[ti][0])
+            printf("%s\n", lines[ti]);
+    return 0;
+}
