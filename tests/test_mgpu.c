@@ -15,7 +15,8 @@
  * mode; a mesh needing more GPUs than the machine has is reported skipped.
  * --bench adds, per rank, the time of the dispatch and combine transfers and
  * their GB/s (bytes this GPU sent + received), and the layer time.
- * usage: test_mgpu [--mesh NAME] [--tokens T] [--bench] */
+ * --mesh also takes a spec file (e.g. examples/specs/deepseek-v3-ep8-mesh.moe).
+ * usage: test_mgpu [--mesh NAME|SPEC.moe] [--tokens T] [--bench] */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
 #include "driver.h"
@@ -64,6 +65,25 @@ static const mesh_case_t meshes[] = {
             DIE("%s: %s", #call, moe_cu_error_string(r_));                                           \
     } while (0)
 
+/* A built-in mesh by name, or a spec file (NAME.moe) read whole. */
+static int find_mesh(const char *name, mesh_case_t *out) {
+    for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++)
+        if (strcmp(meshes[i].name, name) == 0) {
+            *out = meshes[i];
+            return 0;
+        }
+    size_t n = strlen(name);
+    FILE *f = n > 4 && strcmp(name + n - 4, ".moe") == 0 ? fopen(name, "r") : NULL;
+    if (!f)
+        return -1;
+    static char text[1 << 16];
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    *out = (mesh_case_t){name, text};
+    return 0;
+}
+
 static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int bench, uint64_t seed) {
     char why[512];
     if (moe_cu_load(why, sizeof why) || moe_cu.cuInit(0))
@@ -93,7 +113,7 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     if (nr != ncclSuccess)
         DIE("ncclCommInitRank: %s", moe_nccl_error_string(nr));
     char path[128];
-    snprintf(path, sizeof path, "/tmp/moegen_mgpu_%s_%d.moe", m->name, rank);
+    snprintf(path, sizeof path, "/tmp/moegen_mgpu_%d_%d.moe", (int)getppid(), rank);
     f = fopen(path, "w");
     fputs(m->text, f);
     fclose(f);
@@ -202,11 +222,10 @@ int main(int argc, char **argv) {
     const char *env = getenv("MOEGEN_TEST_SEED");
     uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
     if (argc >= 8 && strcmp(argv[1], "--child") == 0) { /* --child MESH RANK IDFILE TOKENS BENCH SEED */
-        int rank = atoi(argv[3]);
-        for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++)
-            if (strcmp(meshes[i].name, argv[2]) == 0)
-                return child(&meshes[i], rank, argv[4], atoi(argv[5]), atoi(argv[6]), strtoull(argv[7], NULL, 10));
-        return 2;
+        mesh_case_t m;
+        if (find_mesh(argv[2], &m))
+            return 2;
+        return child(&m, atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]), strtoull(argv[7], NULL, 10));
     }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0)
@@ -233,10 +252,14 @@ int main(int argc, char **argv) {
     }
     printf("test_mgpu: %d GPUs, seed %llu (MOEGEN_TEST_SEED), %d tokens per rank\n", ngpu, (unsigned long long)seed, T);
     setenv("NCCL_NVLS_ENABLE", "0", 1);
-    for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
-        const mesh_case_t *m = &meshes[i];
-        if (only && strcmp(only, m->name))
-            continue;
+    mesh_case_t given;
+    if (only && find_mesh(only, &given)) {
+        fprintf(stderr, "test_mgpu: --mesh %s: no such mesh or spec file\n", only);
+        return 2;
+    }
+    size_t ncase = only ? 1 : sizeof meshes / sizeof *meshes;
+    for (size_t i = 0; i < ncase; i++) {
+        const mesh_case_t *m = only ? &given : &meshes[i];
         CASE(m->name);
         moe_spec_t spec;
         moe_diag_t d;
