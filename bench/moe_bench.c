@@ -1,6 +1,10 @@
 /* moe_bench.c — time every kernel and the whole layer on the GPU.
  *
- * usage: moe_bench SPEC [--tokens N]... [--iters N]
+ * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both]
+ *
+ * --cudnn sets moe_options.cudnn (default: $MOEGEN_CUDNN, else auto); both
+ * times a plan with cuDNN off and one with it on, side by side on the same
+ * inputs in this process (README, "cuDNN").
  *
  * Random inputs (never zeros); CUDA events around each kernel of a forward;
  * 5 warm-up forwards, then --iters timed ones (default 30), each preceded by
@@ -14,6 +18,7 @@
 #include "driver.h"
 #include "moe.h"
 #include "moe_internal.h"
+#include "cudnn.h"
 #include "plan.h"
 #include "ref.h"
 
@@ -152,31 +157,48 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
 
 /* ---- the layer ---------------------------------------------------------- */
 
+static const char usage[] = "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both]\n";
+
 int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
+    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
-        else if (argv[i][0] != '-' && !spec_path)
+        else if (strcmp(argv[i], "--cudnn") == 0 && i + 1 < argc) {
+            const char *m = argv[++i];
+            if (strcmp(m, "both") == 0) {
+                modes[0] = MOE_CUDNN_OFF;
+                modes[1] = MOE_CUDNN_ON;
+                nplans = 2;
+            } else if ((modes[0] = moe_cudnn_parse_mode(m)) < 0) {
+                fprintf(stderr, "moe_bench: --cudnn %s: expected auto, on, off or both\n%s", m, usage);
+                return 2;
+            }
+        } else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
-            fprintf(stderr, "usage: moe_bench SPEC [--tokens N]... [--iters N]\n");
+            fprintf(stderr, "%s", usage);
             return 2;
         }
     }
     if (!spec_path || iters < 1) {
-        fprintf(stderr, "usage: moe_bench SPEC [--tokens N]... [--iters N]\n");
+        fprintf(stderr, "%s", usage);
         return 2;
     }
-    moe_plan *plan;
-    moe_status s = moe_plan_create(&plan, spec_path, NULL);
-    if (s != MOE_OK) {
-        fprintf(stderr, "moe_bench: %s: %s\n", moe_status_string(s), moe_last_error());
-        return s == MOE_ERR_NO_DRIVER || s == MOE_ERR_NO_GPU ? 0 : 1;
+    moe_plan *plans[2] = {NULL, NULL};
+    for (int pi = 0; pi < nplans; pi++) {
+        moe_options o = {.cudnn = modes[pi]};
+        moe_status s = moe_plan_create(&plans[pi], spec_path, &o);
+        if (s != MOE_OK) {
+            fprintf(stderr, "moe_bench: %s: %s\n", moe_status_string(s), moe_last_error());
+            return s == MOE_ERR_NO_DRIVER || s == MOE_ERR_NO_GPU ? 0 : 1;
+        }
     }
+    moe_plan *plan = plans[0];
     const moe_plan_desc_t *pd = moe_plan_desc(plan);
     const moe_spec_t *sp = &pd->spec;
     if (!ntok)
@@ -212,14 +234,30 @@ int main(int argc, char **argv) {
     CK(moe_cu.cuMemAlloc(&bias, E * 4));
     CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
     CK(moe_cu.cuMemAlloc(&y, Tmax * H * 2));
-    CK(moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, (int)Tmax)));
+    size_t ws_bytes = 0;
+    for (int pi = 0; pi < nplans; pi++) {
+        size_t b = moe_plan_workspace_size(plans[pi], (int)Tmax);
+        ws_bytes = b > ws_bytes ? b : ws_bytes;
+        printf("plan %d:", pi);
+        for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
+            int at;
+            const char *reason;
+            moe_plan_stage_path(plans[pi], stage, &at, &reason);
+            printf(" %s %s (%s);", stage == MOE_STAGE_UP ? "up" : "down", at == MOE_PATH_CUDNN ? "cuDNN" : "generated",
+                   reason);
+        }
+        printf("\n");
+    }
+    CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
     const size_t flush_bytes = (size_t)512 << 20;
     CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
     static const char *const names[MOE_K_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up_swiglu",
                                                    "gemm_down", "combine"};
-    printf("\n%-7s %-16s %9s %9s %9s %9s %7s\n", "tokens", "kernel", "ms", "TFLOP/s", "GB/s", "floor ms", "x floor");
-    for (int ti = 0; ti < ntok; ti++) {
-        int T = tokens[ti];
+    printf("\n%-7s %-16s %9s %9s %9s %9s %7s%s\n", "tokens", "kernel", "ms", "TFLOP/s", "GB/s", "floor ms", "x floor",
+           nplans > 1 ? "  plan" : "");
+    for (int tp = 0; tp < ntok * nplans; tp++) {
+        int T = tokens[tp / nplans], pi = tp % nplans;
+        plan = plans[pi];
         if (T < 1 || (size_t)T > Tmax) {
             fprintf(stderr, "moe_bench: --tokens %d is outside 1..%zu\n", T, Tmax);
             continue;
@@ -266,11 +304,15 @@ int main(int argc, char **argv) {
         for (int k = 0; k <= MOE_K_COUNT; k++) {
             double ms = median(t[k], iters);
             double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[k] / (gemm_tf * 1e12) : 0, bytes[k] / (copy_gbs * 1e9));
-            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f\n", T, k < MOE_K_COUNT ? names[k] : "LAYER", ms,
+            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f", T, k < MOE_K_COUNT ? names[k] : "LAYER", ms,
                    flop[k] / (ms * 1e-3) / 1e12, bytes[k] / (ms * 1e-3) / 1e9, floor_ms, ms / floor_ms);
+            if (nplans > 1)
+                printf("  %s", moe_cudnn_mode_name(modes[pi]));
+            printf("\n");
             free(t[k]);
         }
     }
-    moe_plan_destroy(plan);
+    for (int pi = 0; pi < nplans; pi++)
+        moe_plan_destroy(plans[pi]);
     return 0;
 }

@@ -6,6 +6,8 @@
 #include "mesh.h"
 #include "compile.h"
 #include "plan.h"
+#include "moe.h"
+#include "moe_internal.h"
 #include "tune.h"
 #include "tuning.h"
 #include "spec.h"
@@ -224,6 +226,38 @@ static int cmd_emit(const args_t *a, int compile) {
     return 0;
 }
 
+/* Which path each FFN stage takes on this machine's GPU 0 (README,
+ * "cuDNN"): the runtime builds the plan (JIT, cached) and says. Without a
+ * GPU it says why nothing was decided; a mesh of several devices runs the
+ * generated kernels. */
+static void print_stage_paths(const char *path, const moe_spec_t *spec) {
+    static const char *const names[MOE_STAGE_COUNT] = {"up+SwiGLU", "down"};
+    printf("ffn stage paths");
+    if (spec->mesh.size[MOE_AXIS_DP] * spec->mesh.size[MOE_AXIS_FSDP] * spec->mesh.size[MOE_AXIS_EP] > 1) {
+        printf(": generated kernels (a mesh of several devices; the cuDNN path is for a mesh of one)\n\n");
+        return;
+    }
+    char *canon = moe_spec_canonical(spec);
+    moe_plan *plan = NULL;
+    moe_status s = canon ? moe_plan_create_text(&plan, path, canon, NULL) : MOE_ERR_NO_MEMORY;
+    free(canon);
+    if (s != MOE_OK) {
+        printf(": not decided here (%s)\n\n", moe_last_error());
+        return;
+    }
+    moe_plan_info info;
+    moe_plan_get_info(plan, &info);
+    printf(" on GPU 0 (%s):\n", info.arch);
+    for (int i = 0; i < MOE_STAGE_COUNT; i++) {
+        int at;
+        const char *why;
+        moe_plan_stage_path(plan, i, &at, &why);
+        printf("  %-10s %-9s %s\n", names[i], at == MOE_PATH_CUDNN ? "cuDNN" : "generated", why);
+    }
+    printf("\n");
+    moe_plan_destroy(plan);
+}
+
 static int cmd_plan(const args_t *a) {
     moe_spec_t spec;
     moe_plan_desc_t pd;
@@ -281,6 +315,8 @@ static int cmd_plan(const args_t *a) {
                    pd.max_rows, pd.max_tiles, pd.align);
         }
     }
+    if (!a->json)
+        print_stage_paths(a->spec, &spec);
     if (!text) {
         fprintf(stderr, "moegen: error: out of memory\n");
         moe_mesh_plan_free(&mp);

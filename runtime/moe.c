@@ -5,6 +5,7 @@
 #include "moe_internal.h"
 
 #include "cache.h"
+#include "cudnn.h"
 #include "driver.h"
 #include "ep.h"
 #include "mesh.h"
@@ -28,6 +29,9 @@ struct moe_plan {
     int *slot_host;         /* [E] the routing table's slot of each expert's weights */
     CUdeviceptr slot_dev;   /* the same, on the device, read by permute_plan */
     moe_ep_t *ep;           /* the mesh: this rank, its groups, the dispatch path */
+    int slot_identity;      /* the routing table is the identity (expert g's weights at slot g) */
+    int cudnn_mode;         /* moe_options.cudnn or $MOEGEN_CUDNN, checked before any device work */
+    moe_cudnn_t *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
 };
 
 static _Thread_local char last_error[4096];
@@ -151,7 +155,10 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (!p->slot_host)
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
     memcpy(p->slot_host, p->ep->mp.slot, sizeof(int) * (size_t)spec.experts);
-    return MOE_OK;
+    p->slot_identity = 1;
+    for (int e = 0; e < spec.experts; e++)
+        p->slot_identity &= p->slot_host[e] == e;
+    return moe_cudnn_resolve_mode(o, &p->cudnn_mode, NULL, 0);
 }
 
 /* A mesh of several devices needs the caller's communicator and NCCL (or
@@ -189,7 +196,8 @@ static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
     return MOE_OK;
 }
 
-static moe_status plan_create(moe_plan **out, const char *spec_path, const moe_options *o, int sim) {
+static moe_status plan_create(moe_plan **out, const char *spec_path, const char *text, const moe_options *o,
+                              int sim) {
     if (!out)
         return fail(MOE_ERR_INVALID_ARG, "moe_plan_create: plan is NULL");
     *out = NULL;
@@ -198,7 +206,7 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const moe_o
     moe_plan *p = calloc(1, sizeof *p);
     if (!p)
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
-    moe_status s = plan_tables(p, spec_path, NULL, o);
+    moe_status s = plan_tables(p, spec_path, text, o);
     if (s == MOE_OK)
         s = check_mesh(p, o, sim);
     if (s == MOE_OK)
@@ -215,15 +223,23 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const moe_o
             s = load_module(p, &cubin);
         moe_buf_free(&cubin);
     }
+    if (s == MOE_OK)
+        s = moe_cudnn_setup(&p->cudnn, p, p->arch, p->ep->mp.world, o);
     return create_common(out, p, s);
 }
 
 moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_options *o) {
-    return plan_create(out, spec_path, o, 0);
+    return plan_create(out, spec_path, NULL, o, 0);
+}
+
+moe_status moe_plan_create_text(moe_plan **out, const char *name, const char *text, const moe_options *o) {
+    if (!text)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_create_text: text is NULL");
+    return plan_create(out, name, text, o, 0);
 }
 
 moe_status moe_plan_create_sim(moe_plan **out, const char *spec_path, const moe_options *o) {
-    return plan_create(out, spec_path, o, 1);
+    return plan_create(out, spec_path, NULL, o, 1);
 }
 
 moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_options *o) {
@@ -271,6 +287,8 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
             free(data);
         }
     }
+    if (s == MOE_OK)
+        s = moe_cudnn_setup(&p->cudnn, p, p->arch, p->ep->mp.world, o);
     return create_common(out, p, s);
 }
 
@@ -279,6 +297,7 @@ void moe_plan_destroy(moe_plan *p) {
         return;
     if (p->ctx) /* the module and the table belong to the plan's context */
         moe_cu.cuCtxSetCurrent(p->ctx);
+    moe_cudnn_destroy(p->cudnn);
     if (p->module)
         moe_cu.cuModuleUnload(p->module);
     if (p->slot_dev)
@@ -297,7 +316,7 @@ size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
     if (!p || tokens < 1 || tokens > p->pd.spec.tokens)
         return 0;
     /* the layout is fixed at the spec's capacity, so any tokens fits */
-    return p->ep->dispatch ? p->ep->ed.ws_bytes : p->pd.ws_bytes;
+    return p->ep->dispatch ? p->ep->ed.ws_bytes : p->pd.ws_bytes + moe_cudnn_workspace(p->cudnn);
 }
 
 moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
@@ -367,19 +386,48 @@ moe_status moe_launch_family(const moe_plan *p, int k, int tokens, CUstream st, 
 struct moe_ep *moe_plan_ep(const moe_plan *p) { return p->ep; }
 CUdeviceptr moe_plan_slot_table(const moe_plan *p) { return p->slot_dev; }
 
+/* Whether stage takes cuDNN in this call: the plan decided so, and the
+ * weights sit at their experts' own slots (cuDNN reads first_token_offset
+ * in expert order, where the generated kernels read slots from the tiles). */
+static int use_cudnn(const moe_plan *p, int stage, const moe_ffn_args_t *f) {
+    return p->slot_identity && moe_cudnn_applies(p->cudnn, stage, f);
+}
+
 moe_status moe_run_ffn(const moe_plan *p, const moe_ffn_args_t *f, CUstream st, CUevent *ev) {
     moe_status rc;
     CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out;
-    {
-        void *args[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf};
-        if ((rc = launch_grid(p, MOE_K_GEMM_UP, f->tokens, f->grid_tiles, st, args, ev)))
+    static const int kernel_of[MOE_STAGE_COUNT] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
+    for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
+        const int k = kernel_of[stage];
+        if (use_cudnn(p, stage, f)) {
+            if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
+                return fail(MOE_ERR_CUDA, "cuEventRecord failed");
+            if ((rc = moe_cudnn_run(p->cudnn, stage, f, st)))
+                return rc;
+            continue;
+        }
+        void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf};
+        void *down[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        if ((rc = launch_grid(p, k, f->tokens, f->grid_tiles, st, stage == MOE_STAGE_UP ? up : down, ev)))
             return rc;
     }
-    {
-        void *args[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
-        if ((rc = launch_grid(p, MOE_K_GEMM_DOWN, f->tokens, f->grid_tiles, st, args, ev)))
-            return rc;
+    return MOE_OK;
+}
+
+moe_status moe_plan_stage_path(const moe_plan *p, int stage, int *path, const char **why) {
+    if (!p || stage < 0 || stage >= MOE_STAGE_COUNT)
+        return fail(MOE_ERR_INVALID_ARG, "moe_plan_stage_path: %s", p ? "no such stage" : "plan is NULL");
+    const char *w;
+    int at = moe_cudnn_stage_path(p->cudnn, stage, &w);
+    if (at == MOE_PATH_CUDNN && !p->slot_identity) {
+        at = MOE_PATH_GENERATED;
+        w = "the routing table is not the identity (weights in a permuted slot order), which the cuDNN graph "
+            "cannot read";
     }
+    if (path)
+        *path = at;
+    if (why)
+        *why = w;
     return MOE_OK;
 }
 
@@ -449,7 +497,8 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
         moe_ffn_args_t f = {.tokens = T, .xs = reg[MOE_WS_XS], .tiles = reg[MOE_WS_TILES],
                             .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
                             .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
-                            .w2 = a->w2, .b2 = a->b2};
+                            .w2 = a->w2, .b2 = a->b2,
+                            .scratch = moe_cudnn_workspace(p->cudnn) ? ws + p->pd.ws_bytes : 0};
         if ((rc = moe_run_ffn(p, &f, st, ev)))
             return rc;
     }
@@ -480,6 +529,9 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
     }
     free(seen);
     memcpy(p->slot_host, slot_of, sizeof(int) * (size_t)E);
+    p->slot_identity = 1;
+    for (int e = 0; e < E; e++)
+        p->slot_identity &= slot_of[e] == e;
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, slot_of, sizeof(int) * (size_t)E));
     return MOE_OK;
@@ -495,7 +547,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .world = p->ep->mp.world, .rank = p->ep->rank, .ep = p->ep->mp.size[MOE_AXIS_EP],
                             .ep_rank = p->ep->me->ep_rank, .fsdp = p->ep->mp.size[MOE_AXIS_FSDP],
                             .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp.nstored,
-                            .held = p->ep->mp.nheld, .dispatch_capacity = p->ep->ed.capacity};
+                            .held = p->ep->mp.nheld, .dispatch_capacity = p->ep->ed.capacity,
+                            .cudnn_version = moe_cudnn_version(p->cudnn)};
     for (int i = 0; i < MOE_K_COUNT; i++)
         info->kernels[i] = moe_plan_kernels(&p->pd, p->arch)[i].name;
     return MOE_OK;

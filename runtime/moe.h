@@ -54,7 +54,24 @@ typedef struct {
                                    when the mesh has more than one device; the plan splits its EP and FSDP
                                    groups off it (collective: every rank creates its plan, in the same order).
                                    NULL on a mesh of one device. */
+    int cudnn;                  /* the cuDNN switch: MOE_CUDNN_DEFAULT (0: $MOEGEN_CUDNN, else auto), _AUTO,
+                                   _ON or _OFF; see moe_plan_stage_path and README, "cuDNN" */
+    const char *cudnn_path;     /* libcudnn to load: a file, or the folder holding libcudnn_graph.so.9;
+                                   NULL = $MOEGEN_CUDNN_PATH, else dlopen("libcudnn.so.9") */
 } moe_options;
+
+/* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is
+ * known to run its graph on this GPU, a plan-time self-check against the
+ * generated kernel passes, and cuDNN is not known to be slower there; else
+ * the generated kernel, silently. on: the first two, or the plan fails with
+ * the reason. off: cuDNN is never loaded. */
+enum { MOE_CUDNN_DEFAULT = 0, MOE_CUDNN_AUTO, MOE_CUDNN_ON, MOE_CUDNN_OFF };
+
+/* The FFN stages a plan can route to another implementation, and the paths. */
+enum { MOE_STAGE_UP = 0,      /* [rows, H]·w1p -> SwiGLU -> [rows, F] */
+       MOE_STAGE_DOWN,        /* [rows, F]·w2 -> [rows, H] */
+       MOE_STAGE_COUNT };
+enum { MOE_PATH_GENERATED = 0, MOE_PATH_CUDNN };
 
 typedef struct moe_plan moe_plan;
 
@@ -154,8 +171,15 @@ typedef struct {
     int ep, ep_rank, fsdp, fsdp_rank;
     int stored, held;             /* experts this rank stores, and holds after the gather (its slots) */
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
+    int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
 } moe_plan_info;
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
+
+/* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
+ * plan now (MOE_PATH_GENERATED or MOE_PATH_CUDNN) and why, as a sentence
+ * owned by the plan (e.g. "cuDNN 9.19.0 is known slower here: ..."). Either
+ * out pointer may be NULL. */
+moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const char **why);
 
 const char *moe_status_string(moe_status s);
 

@@ -27,6 +27,7 @@ typedef struct {
     long long grid_tiles;
     CUdeviceptr xs, tiles, num_tiles, offsets, hbuf, out;
     const void *w1p, *b1p, *w2, *b2;
+    CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
 } moe_ffn_args_t;
 moe_status moe_run_ffn(const moe_plan *plan, const moe_ffn_args_t *f, CUstream stream, CUevent *events);
 
@@ -45,6 +46,9 @@ CUdeviceptr moe_plan_slot_table(const moe_plan *plan);
  * the caller moves the data between the ranks' plans (moe_ep_step,
  * moe_gather_prepare), as the one-GPU tests of several ranks do. */
 moe_status moe_plan_create_sim(moe_plan **plan, const char *spec_path, const moe_options *opts);
+
+/* As moe_plan_create, from spec text (name: the file name errors cite). */
+moe_status moe_plan_create_text(moe_plan **plan, const char *name, const char *text, const moe_options *opts);
 
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);

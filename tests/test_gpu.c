@@ -20,6 +20,7 @@
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
+#include "cudnn.h"
 #include "driver.h"
 #include "moe.h"
 #include "moe_internal.h"
@@ -44,6 +45,7 @@ typedef struct {
     int tokens[6];
     int ntokens;
     int from_dir;          /* load kernels from a `moegen compile` folder, no NVRTC at run time */
+    int cudnn;             /* moe_options.cudnn (MOE_CUDNN_DEFAULT: $MOEGEN_CUDNN decides); see cudnn_expect */
 } gpu_case_t;
 
 static const char *const tiny_spec =
@@ -64,24 +66,54 @@ static const char *const wide_spec =
     "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
 
 static const gpu_case_t cases[] = {
-    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0},
-    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0},
-    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0},
-    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1},
-    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0},
-    {clamp_spec, MODE_PERM, {512}, 1, 0},
-    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0},
-    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0},
-    {odd_spec, MODE_SKEW, {300}, 1, 0},
-    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0},
-    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0},
-    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0},
+    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT},
+    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT},
+    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0, MOE_CUDNN_DEFAULT},
+    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1, MOE_CUDNN_DEFAULT},
+    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
+    {clamp_spec, MODE_PERM, {512}, 1, 0, MOE_CUDNN_DEFAULT},
+    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0, MOE_CUDNN_DEFAULT},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
+    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
+    {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT},
+    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT},
 };
+
+/* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
+ * cuDNN the GPU machine has. With cudnn = on a case either takes cuDNN for
+ * both stages and passes the same checks as the generated kernels, or is
+ * refused with the reason that cudnn_expect predicts from the loaded
+ * version. */
+static const gpu_case_t cudnn_cases[] = {
+    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_ON},
+    {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON},
+    {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON},
+    {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON},
+    {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT},
+};
+
+/* The cuDNN this process loads ($MOEGEN_CUDNN_PATH, else the default
+ * search), the same one every plan gets: its version, 0 if none loads. */
+static int cudnn_loaded_version(char *why, size_t n) {
+    const char *path = getenv("MOEGEN_CUDNN_PATH");
+    int v = 0;
+    if (moe_cudnn_load(path && *path ? path : NULL, &v, why, n))
+        return 0;
+    snprintf(why, n, "loaded");
+    return v;
+}
 
 /* ---- random data, filled by several threads ----------------------------- */
 
@@ -512,6 +544,59 @@ done:
     free(y);
 }
 
+/* What a plan of case c must have decided, given the cuDNN this process
+ * holds: st and the stage paths with their reasons. Returns 1 when the
+ * case goes on to the forward checks (the plan exists). */
+static int cudnn_expect(const gpu_case_t *c, const moe_spec_t *s, moe_status st, moe_plan *plan) {
+    char why[1024];
+    const int v = cudnn_loaded_version(why, sizeof why);
+    const char *env = getenv("MOEGEN_CUDNN");
+    int mode = c->cudnn != MOE_CUDNN_DEFAULT ? c->cudnn : env && *env ? moe_cudnn_parse_mode(env) : MOE_CUDNN_AUTO;
+    /* the one version table says whether this spec's graphs are known to work with v */
+    int known = v > 0 && moe_cudnn_spec_fits(s, 1, MOE_STAGE_UP, why, sizeof why);
+    for (int i = 0; i < MOE_STAGE_COUNT && known; i++)
+        known &= moe_cudnn_graph_known(i, MOE_ARCH_SM90A, s->dtype, v, why, sizeof why);
+    if (mode == MOE_CUDNN_ON && !known) {
+        CHECKF(st == MOE_ERR_UNSUPPORTED && strstr(moe_last_error(), "cannot take cuDNN"),
+               "cuDNN %d, on, not known to work: expected MOE_ERR_UNSUPPORTED with the reason, got %s: %s", v,
+               moe_status_string(st), moe_last_error());
+        fprintf(stderr, "  %-40s refused as expected: %s\n", s->name, moe_last_error());
+        if (st == MOE_OK)
+            moe_plan_destroy(plan);
+        return 0;
+    }
+    CHECKF(st == MOE_OK, "moe_plan_create (cuDNN %s, version %d): %s: %s", moe_cudnn_mode_name(mode), v,
+           moe_status_string(st), moe_last_error());
+    if (st != MOE_OK)
+        return 0;
+    moe_plan_info info;
+    moe_plan_get_info(plan, &info);
+    CHECKF(info.cudnn_version == (mode == MOE_CUDNN_OFF || !moe_cudnn_spec_fits(s, 1, 0, why, sizeof why) ? 0 : v),
+           "moe_plan_info.cudnn_version %d, loaded %d, mode %s", info.cudnn_version, v, moe_cudnn_mode_name(mode));
+    for (int i = 0; i < MOE_STAGE_COUNT; i++) {
+        int at = -1;
+        const char *reason = NULL;
+        CHECK(moe_plan_stage_path(plan, i, &at, &reason) == MOE_OK);
+        fprintf(stderr, "  %-40s stage %d: %s: %s\n", s->name, i, at == MOE_PATH_CUDNN ? "cuDNN" : "generated",
+                reason ? reason : "(null)");
+        CHECKF(reason && reason[0], "stage %d has no reason", i);
+        if (!reason)
+            continue;
+        if (mode == MOE_CUDNN_ON) {
+            CHECKF(at == MOE_PATH_CUDNN && strstr(reason, "self-check passed"), "on, cuDNN %d: stage %d: %s", v, i,
+                   reason);
+        } else if (mode == MOE_CUDNN_OFF) {
+            CHECKF(at == MOE_PATH_GENERATED && strstr(reason, "off"), "off: stage %d: %s", i, reason);
+        } else {
+            /* auto: on sm_90a both stages are known slower through cuDNN */
+            CHECKF(at == MOE_PATH_GENERATED, "auto, cuDNN %d: stage %d took %d: %s", v, i, at, reason);
+            if (known)
+                CHECKF(strstr(reason, "known slower"), "auto, cuDNN %d: stage %d: %s", v, i, reason);
+        }
+    }
+    return 1;
+}
+
 static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     char buf[512];
     const char *path = spec_path_for(c->spec, buf, sizeof buf);
@@ -527,7 +612,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode],
              c->from_dir ? "/from_dir" : "");
     CASE(label);
-    moe_options o = {.cache_dir = cache};
+    moe_options o = {.cache_dir = cache, .cudnn = c->cudnn};
     moe_plan *plan = NULL;
     moe_status st;
     if (c->from_dir) {
@@ -539,12 +624,24 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     } else {
         st = moe_plan_create(&plan, path, &o);
     }
-    CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
+    if (c >= cudnn_cases && c < cudnn_cases + sizeof cudnn_cases / sizeof *cudnn_cases) {
+        if (!cudnn_expect(c, &L.s, st, plan))
+            return;
+    } else {
+        CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
+    }
     if (st != MOE_OK)
         return;
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
         CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {
+        if (c->mode == MODE_PERM && c->cudnn == MOE_CUDNN_ON) {
+            int at = -1;
+            const char *reason = "";
+            moe_plan_stage_path(plan, MOE_STAGE_UP, &at, &reason);
+            CHECKF(at == MOE_PATH_GENERATED && strstr(reason, "not the identity"),
+                   "a permuted slot table must move the stages off cuDNN: %s", reason);
+        }
         uint64_t rng = seed ^ 0x5eed;
         for (int i = 0; i < c->ntokens; i++) {
             char l2[200];
@@ -589,12 +686,26 @@ int main(int argc, char **argv) {
     }
     char cache[300];
     snprintf(cache, sizeof cache, "%s/cache", tmpdir);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int only_cudnn = argc > 1 && strcmp(argv[1], "--cudnn") == 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases && !only_cudnn; i++) {
         int want = argc < 2;
         for (int j = 1; j < argc; j++)
             want |= strstr(cases[i].spec, argv[j]) != NULL;
         if (want)
             run_case(&cases[i], seed + i * 1000, cache);
+    }
+    if (argc < 2 || only_cudnn) {
+        int v = cudnn_loaded_version(why, sizeof why);
+        fprintf(stderr, "test_gpu: cuDNN cases with %s (MOEGEN_CUDNN=%s, MOEGEN_CUDNN_PATH=%s): %s\n",
+                v ? "the loaded cuDNN" : "no cuDNN", getenv("MOEGEN_CUDNN") ? getenv("MOEGEN_CUDNN") : "",
+                getenv("MOEGEN_CUDNN_PATH") ? getenv("MOEGEN_CUDNN_PATH") : "", v ? "" : why);
+        if (v) {
+            char vs[32];
+            moe_cudnn_version_string(v, vs, sizeof vs);
+            fprintf(stderr, "test_gpu: cuDNN %s\n", vs);
+        }
+        for (size_t i = 0; i < sizeof cudnn_cases / sizeof *cudnn_cases; i++)
+            run_case(&cudnn_cases[i], seed + 100000 + i * 1000, cache);
     }
     return check_report("test_gpu");
 }

@@ -4,6 +4,7 @@
  * and, on a machine without a driver or GPU, the clear status instead of a
  * failure to start. (The GPU half is test_gpu.) */
 #include "check.h"
+#include "cudnn.h"
 #include "driver.h"
 #include "ep_plan.h"
 #include "moe.h"
@@ -12,6 +13,63 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The cuDNN switch and tables, where no GPU is needed: a bad value fails
+ * the plan before any driver use; the version table answers from what was
+ * measured; specs the graph cannot express are named. */
+static void test_cudnn_switch(void) {
+    moe_plan *plan = NULL;
+    CASE("cudnn: modes parse");
+    CHECK(moe_cudnn_parse_mode("auto") == MOE_CUDNN_AUTO && moe_cudnn_parse_mode("on") == MOE_CUDNN_ON &&
+          moe_cudnn_parse_mode("off") == MOE_CUDNN_OFF);
+    CHECK(moe_cudnn_parse_mode("ON") == -1 && moe_cudnn_parse_mode("") == -1 && moe_cudnn_parse_mode(NULL) == -1);
+    CASE("cudnn: a bad MOEGEN_CUDNN fails the plan before the driver, naming the value");
+    setenv("MOEGEN_CUDNN", "sometimes", 1);
+    moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "MOEGEN_CUDNN=sometimes") &&
+               strstr(moe_last_error(), "auto, on or off"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    CHECK(plan == NULL);
+    CASE("cudnn: moe_options.cudnn overrides the environment");
+    moe_options off = {.cudnn = MOE_CUDNN_OFF};
+    st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", &off);
+    CHECKF(st != MOE_ERR_INVALID_ARG, "got %s: %s", moe_status_string(st), moe_last_error());
+    moe_plan_destroy(plan);
+    plan = NULL;
+    unsetenv("MOEGEN_CUDNN");
+    CASE("cudnn: a bad moe_options.cudnn is refused");
+    moe_options bad = {.cudnn = 9};
+    st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", &bad);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "moe_options.cudnn = 9"), "got %s: %s",
+           moe_status_string(st), moe_last_error());
+    CASE("cudnn: the version table");
+    char why[512];
+    CHECK(moe_cudnn_graph_known(MOE_STAGE_UP, MOE_ARCH_SM90A, MOE_DTYPE_BF16, 91900, why, sizeof why) == 1);
+    CHECK(moe_cudnn_graph_known(MOE_STAGE_DOWN, MOE_ARCH_SM90A, MOE_DTYPE_BF16, 92100, why, sizeof why) == 1);
+    CHECK(moe_cudnn_graph_known(MOE_STAGE_UP, MOE_ARCH_SM90A, MOE_DTYPE_BF16, 91400, why, sizeof why) == 0);
+    CHECKF(strstr(why, "cuDNN 9.14.0") && strstr(why, "from 9.19.0"), "why: %s", why);
+    CHECK(moe_cudnn_graph_known(MOE_STAGE_UP, MOE_ARCH_SM90A, MOE_DTYPE_FP16, 91900, why, sizeof why) == 0);
+    CHECKF(strstr(why, "never measured for fp16"), "why: %s", why);
+    CHECK(moe_cudnn_graph_known(MOE_STAGE_DOWN, MOE_ARCH_SM80, MOE_DTYPE_BF16, 91900, why, sizeof why) == 0);
+    CHECK(moe_cudnn_known_slower(MOE_STAGE_UP, MOE_ARCH_SM90A, why, sizeof why) == 1 && strstr(why, "TFLOP/s"));
+    CHECK(moe_cudnn_known_slower(MOE_STAGE_UP, MOE_ARCH_SM80, why, sizeof why) == 0);
+    CASE("cudnn: specs the graph cannot express");
+    moe_spec_t s;
+    moe_diag_t d;
+    CHECK(moe_spec_load(&s, "b.moe", "name = 'b' experts = 4 top_k = 1 hidden = 64 ffn = 32 ffn_bias = true\n", NULL,
+                        0, &d) == 0);
+    CHECK(moe_cudnn_spec_fits(&s, 1, MOE_STAGE_UP, why, sizeof why) == 0 && strstr(why, "ffn_bias"));
+    s.ffn_bias = false;
+    CHECK(moe_cudnn_spec_fits(&s, 1, MOE_STAGE_DOWN, why, sizeof why) == 1);
+    CHECK(moe_cudnn_spec_fits(&s, 8, MOE_STAGE_DOWN, why, sizeof why) == 0 && strstr(why, "mesh of 8"));
+    CASE("cudnn: a missing path does not load, and says so");
+    int v = -1;
+    CHECK(moe_cudnn_load("/no/such/cudnn", &v, why, sizeof why) == -1);
+    CHECKF(strstr(why, "/no/such/cudnn") || strstr(why, "without <cudnn_graph.h>"), "why: %s", why);
+    char vs[32];
+    moe_cudnn_version_string(91900, vs, sizeof vs);
+    CHECK_STREQ(vs, "9.19.0");
+}
 
 /* The EP plan's sizes follow the mode: exact mode's receive side is sized
  * for every peer sending all its rows here, capacity mode's for C per peer;
@@ -105,6 +163,7 @@ int main(void) {
             SKIP("this machine has a GPU: the no-driver status is checked where there is none");
         }
     }
+    test_cudnn_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {
         /* both lists, sorted and unique, as one line each */
