@@ -70,11 +70,13 @@ static const graph_row_t graph_table[] = {
 };
 
 /* Where cuDNN is known slower than the generated kernel (auto skips it).
- * H200, cuDNN 9.19.0, issue #5's probe and docs/PERF.md ("cuDNN vs
- * generated"): the MoE matmul alone ran at 255 TFLOP/s on Mixtral's up
- * projection (8 experts, 8192 rows), 95 on Qwen3-30B-A3B's, 318 on a
- * DeepSeek-V3 EP8 rank's, where the generated wgmma kernels run 590-700
- * TFLOP/s with the SwiGLU fused (docs/PERF.md, "tuned tiles"). */
+ * H200, cuDNN 9.19.0, `moe_bench SPEC --cudnn both` (docs/PERF.md, "cuDNN
+ * against the generated kernels", 2026-12-03): at 16384 tokens the cuDNN
+ * up stage (MoE matmul + the SwiGLU kernel) ran at 241 / 88 / 315 TFLOP/s
+ * for Mixtral / Qwen3-30B-A3B / a DeepSeek-V3 EP8 rank against the
+ * generated 612 / 610 / 645, the down stage at 390 / 38 / 167 against 694 /
+ * 570 / 608; at 128 and 4096 tokens cuDNN is 10-100x slower, since its
+ * graph is built for the plan's whole row capacity. */
 typedef struct {
     int stage;
     moe_arch_t arch;
@@ -83,11 +85,11 @@ typedef struct {
 
 static const slower_row_t slower_table[] = {
     {MOE_STAGE_UP, MOE_ARCH_SM90A,
-     "H200, cuDNN 9.19.0: 95-318 TFLOP/s for the MoE matmul alone against 590-660 for the generated wgmma "
-     "up+SwiGLU (docs/PERF.md)"},
+     "H200, cuDNN 9.19.0: 88-315 TFLOP/s (MoE matmul + SwiGLU kernel) against 610-645 for the generated wgmma "
+     "up+SwiGLU at 16384 tokens, 10-100x slower at 128-4096 tokens (docs/PERF.md)"},
     {MOE_STAGE_DOWN, MOE_ARCH_SM90A,
-     "H200, cuDNN 9.19.0: the MoE matmul runs at under half the generated wgmma kernel's 575-700 TFLOP/s "
-     "(docs/PERF.md)"},
+     "H200, cuDNN 9.19.0: 38-390 TFLOP/s against 570-694 for the generated wgmma down GEMM at 16384 tokens, "
+     "10-100x slower at 128-4096 tokens (docs/PERF.md)"},
 };
 
 int moe_cudnn_parse_mode(const char *s) {

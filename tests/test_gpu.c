@@ -18,7 +18,7 @@
  *   gemm_up  SwiGLU rows vs the reference (given the GPU's routing)
  *   gemm_down, combine, and every output element written (no poison left)
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include "check.h"
 #include "cudnn.h"
 #include "driver.h"
@@ -27,6 +27,7 @@
 #include "ref.h"
 #include "spec.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -102,11 +103,21 @@ static const gpu_case_t cudnn_cases[] = {
     {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO},
     {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF},
     {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT},
 };
 
 /* The cuDNN this process loads ($MOEGEN_CUDNN_PATH, else the default
  * search), the same one every plan gets: its version, 0 if none loads. */
+static int cudnn_env_off(void) {
+    const char *e = getenv("MOEGEN_CUDNN");
+    return e && strcmp(e, "off") == 0;
+}
+
 static int cudnn_loaded_version(char *why, size_t n) {
+    if (cudnn_env_off()) { /* nothing may load it, this test included */
+        snprintf(why, n, "MOEGEN_CUDNN=off");
+        return 0;
+    }
     const char *path = getenv("MOEGEN_CUDNN_PATH");
     int v = 0;
     if (moe_cudnn_load(path && *path ? path : NULL, &v, why, n))
@@ -704,8 +715,15 @@ int main(int argc, char **argv) {
             moe_cudnn_version_string(v, vs, sizeof vs);
             fprintf(stderr, "test_gpu: cuDNN %s\n", vs);
         }
+        /* with MOEGEN_CUDNN=off only the cases the environment decides run,
+         * and afterwards no cuDNN library may be in the process */
         for (size_t i = 0; i < sizeof cudnn_cases / sizeof *cudnn_cases; i++)
-            run_case(&cudnn_cases[i], seed + 100000 + i * 1000, cache);
+            if (!cudnn_env_off() || cudnn_cases[i].cudnn == MOE_CUDNN_DEFAULT)
+                run_case(&cudnn_cases[i], seed + 100000 + i * 1000, cache);
+        if (cudnn_env_off()) {
+            CASE("cuDNN off: never loaded");
+            CHECK(!dlopen("libcudnn_graph.so.9", RTLD_NOW | RTLD_NOLOAD) && !dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD));
+        }
     }
     return check_report("test_gpu");
 }
