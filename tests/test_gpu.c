@@ -608,6 +608,31 @@ static int cudnn_expect(const gpu_case_t *c, const moe_spec_t *s, moe_status st,
     return 1;
 }
 
+/* Build (not run) both stages' graphs with the loaded cuDNN, bypassing the
+ * version table, and hold the table to the outcome: a version it lists
+ * must finalize, one it rejects must not (else the table is stale). */
+static void cudnn_probe(int v, const char *cache) {
+    char buf[512];
+    const char *path = spec_path_for(tiny_spec, buf, sizeof buf);
+    moe_options o = {.cache_dir = cache, .cudnn = MOE_CUDNN_OFF};
+    moe_plan *plan = NULL;
+    CASE("cuDNN probe: the version table matches what this cuDNN builds");
+    if (moe_plan_create(&plan, path, &o) != MOE_OK) {
+        CHECKF(0, "moe_plan_create: %s", moe_last_error());
+        return;
+    }
+    const char *lib = getenv("MOEGEN_CUDNN_PATH");
+    for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
+        char report[1024], why[512];
+        int built = moe_cudnn_probe(plan, stage, lib && *lib ? lib : NULL, report, sizeof report) == 0;
+        int listed = moe_cudnn_graph_known(stage, MOE_ARCH_SM90A, MOE_DTYPE_BF16, v, why, sizeof why);
+        fprintf(stderr, "  probe stage %d: %s\n", stage, report);
+        CHECKF(built == listed, "cuDNN %d %s the stage-%d graph but the version table says %s: update the table in "
+               "runtime/cudnn.c", v, built ? "builds" : "does not build", stage, listed ? "it works" : why);
+    }
+    moe_plan_destroy(plan);
+}
+
 static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     char buf[512];
     const char *path = spec_path_for(c->spec, buf, sizeof buf);
@@ -720,6 +745,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof cudnn_cases / sizeof *cudnn_cases; i++)
             if (!cudnn_env_off() || cudnn_cases[i].cudnn == MOE_CUDNN_DEFAULT)
                 run_case(&cudnn_cases[i], seed + 100000 + i * 1000, cache);
+        if (v) /* the version table against what this cuDNN does, whatever the table says */
+            cudnn_probe(v, cache);
         if (cudnn_env_off()) {
             CASE("cuDNN off: never loaded");
             CHECK(!dlopen("libcudnn_graph.so.9", RTLD_NOW | RTLD_NOLOAD) && !dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD));
