@@ -46,14 +46,21 @@ static int ep_layer_make(ep_layer_t *l, const moe_spec_t *s, int world, int T, u
 static void ep_layer_free(ep_layer_t *l) { free(l->x), free(l->wr), free(l->w1), free(l->w2); }
 
 /* Normalized L2 error of rank r's y [T, H] against the reference on its
- * tokens; *unwritten counts NaNs (the poison). Returns -1 on failure. */
+ * tokens; *unwritten counts NaNs (the poison). bias (may be NULL): the
+ * spec's b1, b2, sel_bias and logit_bias. Returns -1 on failure. */
 static double ep_layer_error(const ep_layer_t *l, const moe_spec_t *s, int r, int T, const uint16_t *y,
-                             int *unwritten) {
+                             int *unwritten, const moe_ref_inputs_t *bias) {
     size_t H = (size_t)s->hidden, K = (size_t)s->top_k;
     float *yref = malloc(sizeof(float) * T * H), *tw = malloc(sizeof(float) * T * K);
     int *ti = malloc(sizeof(int) * T * K);
     double e = -1;
     moe_ref_inputs_t in = {.x = l->x + (size_t)r * T * H, .wr = l->wr, .w1 = l->w1, .w2 = l->w2, .tokens = T};
+    if (bias) {
+        in.b1 = bias->b1;
+        in.b2 = bias->b2;
+        in.sel_bias = bias->sel_bias;
+        in.logit_bias = bias->logit_bias;
+    }
     if (yref && tw && ti && !moe_ref_route(s, &in, ti, tw, NULL) && !moe_ref_ffn(s, &in, ti, tw, NULL, 0, yref, NULL, NULL)) {
         double num = 0, den = 0;
         *unwritten = 0;

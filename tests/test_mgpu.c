@@ -182,27 +182,8 @@ static void extras_free(extras_t *b) { free(b->sel), free(b->logit), free(b->b1)
  * poison). Returns -1 on failure. */
 static double layer_error(const ep_layer_t *l, const extras_t *b, const moe_spec_t *s, int r, int T,
                           const uint16_t *y, int *unwritten) {
-    if (!b->sel && !b->logit && !b->b1)
-        return ep_layer_error(l, s, r, T, y, unwritten);
-    size_t H = (size_t)s->hidden, K = (size_t)s->top_k;
-    float *yref = malloc(sizeof(float) * T * H), *tw = malloc(sizeof(float) * T * K);
-    int *ti = malloc(sizeof(int) * T * K);
-    double e = -1;
-    moe_ref_inputs_t in = {.x = l->x + (size_t)r * T * H, .wr = l->wr, .w1 = l->w1, .w2 = l->w2, .b1 = b->b1,
-                           .b2 = b->b2, .sel_bias = b->sel, .logit_bias = b->logit, .tokens = T};
-    if (yref && tw && ti && !moe_ref_route(s, &in, ti, tw, NULL) && !moe_ref_ffn(s, &in, ti, tw, NULL, 0, yref, NULL, NULL)) {
-        double num = 0, den = 0;
-        *unwritten = 0;
-        for (size_t i = 0; i < (size_t)T * H; i++) {
-            float g = moe_half_to_float(y[i], MOE_DTYPE_BF16);
-            *unwritten += isnan(g);
-            num += (g - yref[i]) * (double)(g - yref[i]);
-            den += (double)yref[i] * yref[i];
-        }
-        e = sqrt(num / (den > 0 ? den : 1));
-    }
-    free(yref), free(tw), free(ti);
-    return e;
+    moe_ref_inputs_t bias = {.b1 = b->b1, .b2 = b->b2, .sel_bias = b->sel, .logit_bias = b->logit};
+    return ep_layer_error(l, s, r, T, y, unwritten, &bias);
 }
 
 /* `bytes` of device memory at p: random bf16 in (-scale, scale), none zero.
