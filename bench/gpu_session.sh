@@ -18,6 +18,7 @@ if [ "$what" != bench ]; then
     timeout 60 build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored.log"
     timeout 200 build/tests/test_ep_gpu 2>&1 | tee "$OUT/test_ep_gpu.log" | tail -12
     timeout 120 build/tests/test_mgpu --bench 2>&1 | tee "$OUT/test_mgpu.log" | tail -12
+    timeout 120 build/tests/test_mgpu --bench --no-check --mesh world1 --tokens 4096 2>&1 | tee -a "$OUT/test_mgpu.log" | tail -6
 fi
 if [ "$what" != tests ]; then
     for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8 gpt-oss-120b deepseek-v3; do
