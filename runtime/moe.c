@@ -30,7 +30,6 @@ struct moe_plan {
     CUdeviceptr slot_dev;   /* the same, on the device, read by permute_plan */
     moe_ep_t *ep;           /* the mesh: this rank, its groups, the dispatch path */
     int slot_identity;      /* the routing table is the identity (expert g's weights at slot g) */
-    int cudnn_mode;         /* moe_options.cudnn or $MOEGEN_CUDNN, checked before any device work */
     moe_cudnn_t *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
 };
 
@@ -139,6 +138,13 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     return moe_ep_load(p->ep, p->module);
 }
 
+static int is_identity(const int *slot, int n) {
+    for (int i = 0; i < n; i++)
+        if (slot[i] != i)
+            return 0;
+    return 1;
+}
+
 /* Spec -> plan tables, refusing what this runtime cannot run yet. */
 static moe_status plan_tables(moe_plan *p, const char *path, const char *text, const moe_options *o) {
     moe_spec_t spec;
@@ -155,10 +161,9 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (!p->slot_host)
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
     memcpy(p->slot_host, p->ep->mp.slot, sizeof(int) * (size_t)spec.experts);
-    p->slot_identity = 1;
-    for (int e = 0; e < spec.experts; e++)
-        p->slot_identity &= p->slot_host[e] == e;
-    return moe_cudnn_resolve_mode(o, &p->cudnn_mode, NULL, 0);
+    p->slot_identity = is_identity(p->slot_host, spec.experts);
+    int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
+    return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }
 
 /* A mesh of several devices needs the caller's communicator and NCCL (or
@@ -529,9 +534,7 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
     }
     free(seen);
     memcpy(p->slot_host, slot_of, sizeof(int) * (size_t)E);
-    p->slot_identity = 1;
-    for (int e = 0; e < E; e++)
-        p->slot_identity &= slot_of[e] == e;
+    p->slot_identity = is_identity(slot_of, E);
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, slot_of, sizeof(int) * (size_t)E));
     return MOE_OK;
