@@ -8,11 +8,8 @@
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
-torch_cudnn=$(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(os.path.join(p, "nvidia", "cudnn", "lib"))' 2>/dev/null)
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(p, "nvidia", x, "lib") for x in ("cublas", "cuda_nvrtc", "nccl")))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
-done
-export LD_LIBRARY_PATH
+. "$(dirname "$0")/gpu_env.sh"
+torch_cudnn=${NVIDIA_PY_LIB:+$NVIDIA_PY_LIB/cudnn/lib}
 what=${1:-all}
 { nvidia-smi --query-gpu=name,driver_version --format=csv; echo "torch cudnn: $torch_cudnn"; ls "$torch_cudnn" 2>&1 | head -3;
   ldconfig -p | grep -E 'libcudnn(_graph)?\.so\.9 ' ; } | tee "$OUT/cudnn_env.txt"

@@ -5,10 +5,7 @@
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(p, "nvidia", x, "lib") for x in ("cublas", "cuda_nvrtc", "nccl")))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
-done
-export LD_LIBRARY_PATH
+. "$(dirname "$0")/gpu_env.sh"
 what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"

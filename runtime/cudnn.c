@@ -1049,16 +1049,24 @@ static moe_status decide(moe_cudnn_t *c, const moe_plan *plan, int world, const 
 #endif
 }
 
-moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_plan *plan, moe_arch_t arch, int world,
-                           const moe_options *o) {
-    *out = NULL;
+/* A plan part for plan's shape on arch, nothing decided yet; NULL when out of memory. */
+static moe_cudnn_t *cudnn_new(const moe_plan *plan, moe_arch_t arch) {
     moe_cudnn_t *c = calloc(1, sizeof *c);
     if (!c)
-        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+        return NULL;
     pthread_mutex_init(&c->lock, NULL);
     c->pd = moe_plan_desc(plan);
     c->arch = arch;
     c->M = c->pd->max_rows;
+    return c;
+}
+
+moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_plan *plan, moe_arch_t arch, int world,
+                           const moe_options *o) {
+    *out = NULL;
+    moe_cudnn_t *c = cudnn_new(plan, arch);
+    if (!c)
+        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status rc = decide(c, plan, world, o);
     if (rc) {
         moe_cudnn_destroy(c);
@@ -1079,14 +1087,11 @@ int moe_cudnn_probe(const moe_plan *plan, int stage, const char *path, char *rep
     (void)plan; (void)stage;
     return -1;
 #else
-    moe_cudnn_t *c = calloc(1, sizeof *c);
+    moe_cudnn_t *c = cudnn_new(plan, MOE_ARCH_SM90A);
     if (!c) {
         snprintf(report, n, "out of memory");
         return -1;
     }
-    pthread_mutex_init(&c->lock, NULL);
-    c->pd = moe_plan_desc(plan);
-    c->M = c->pd->max_rows;
     char v[32];
     moe_cudnn_version_string(version, v, sizeof v);
     int rc = -1;
