@@ -32,6 +32,25 @@ static void source_templates(char *out, size_t n) {
         o += (size_t)snprintf(out + o, n - o, "%s%s", i ? ", " : "", moe_embedded_templates[i].path);
 }
 
+/* One sm_90a GEMM launch of the vendored forward: the tensor maps of A
+ * (rows of the tile grid) and B (every expert's N rows), then the kernel
+ * on its 1D grid. */
+static void emit_sm90_gemm(moe_buf_t *b, const char *n, const moe_plan_desc_t *pd, const moe_kernel_desc_t *k,
+                           const char *a, const char *w, long long N, int K, const char *bias, const char *out) {
+    const int ntiles = (int)((N + k->tile.bn - 1) / k->tile.bn);
+    moe_buf_printf(b,
+                   "    if ((e = %s_tmap(&ma, %s, tiles_y * %d, %d, %d)) != cudaSuccess ||\n"
+                   "        (e = %s_tmap(&mb, %s, %lldLL, %d, %d)) != cudaSuccess)\n"
+                   "        return e;\n",
+                   n, a, pd->align, K, k->tile.bm, n, w, (long long)pd->spec.experts * N, K, k->tile.bn);
+    if (k->tile.persistent)
+        moe_buf_printf(b, "    %s<<<(unsigned)(tiles_y * %d < sms ? tiles_y * %d : sms), ", k->name, ntiles, ntiles);
+    else
+        moe_buf_printf(b, "    %s<<<(unsigned)(tiles_y * %d), ", k->name, ntiles);
+    moe_buf_printf(b, "%d, %d, stream>>>(ma, mb, (const moe_half_t *)%s, tiles, num_tiles, %s);\n", k->threads,
+                   k->smem, bias, out);
+}
+
 /* Host launch code for plain nvcc builds (the vendored path). Uses the
  * same plan numbers the JIT runtime uses. */
 static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_of) {
@@ -49,6 +68,46 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_o
                    "static long long %s_max_tiles(int tokens) {\n"
                    "    return ((long long)tokens * %d + %lldLL) / %d;\n}\n\n",
                    n, s->top_k, (long long)s->experts * (pd->align - 1), pd->align);
+    int has90 = 0;
+    for (int i = 0; i < s->narch; i++)
+        has90 |= s->arch[i] == MOE_ARCH_SM90A;
+    if (has90) /* the sm_90a GEMMs take their operands as TMA tensor maps */
+        moe_buf_printf(b,
+                       "/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of\n"
+                       " * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs\n"
+                       " * load (templates/gemm_sm90.lua). The driver's encoder comes through the\n"
+                       " * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */\n"
+                       "#include <cuda.h>\n"
+                       "static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), \"moe_tmap_t is a CUtensorMap\");\n"
+                       "typedef CUresult (*%s_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,\n"
+                       "    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,\n"
+                       "    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);\n"
+                       "static cudaError_t %s_tmap(moe_tmap_t *m, const void *base, long long rows, long long k,\n"
+                       "                           unsigned box_rows) {\n"
+                       "    static %s_encode_fn encode = NULL;\n"
+                       "    if (!encode) {\n"
+                       "        void *fn = NULL;\n"
+                       "        cudaDriverEntryPointQueryResult q;\n"
+                       "#if CUDART_VERSION >= 12050\n"
+                       "        cudaError_t e = cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\", &fn, 12000,\n"
+                       "                                                         cudaEnableDefault, &q);\n"
+                       "#else\n"
+                       "        cudaError_t e = cudaGetDriverEntryPoint(\"cuTensorMapEncodeTiled\", &fn, cudaEnableDefault, &q);\n"
+                       "#endif\n"
+                       "        if (e != cudaSuccess)\n"
+                       "            return e;\n"
+                       "        if (q != cudaDriverEntryPointSuccess || !fn)\n"
+                       "            return cudaErrorNotSupported;\n"
+                       "        encode = (%s_encode_fn)fn;\n"
+                       "    }\n"
+                       "    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};\n"
+                       "    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};\n"
+                       "    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,\n"
+                       "                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,\n"
+                       "                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);\n"
+                       "    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;\n"
+                       "}\n\n",
+                       n, n, n, n);
     moe_buf_printf(b, "extern \"C\" cudaError_t %s_forward(const %s_args_t *a, cudaStream_t stream) {\n", n, n);
     if (s->mesh.size[MOE_AXIS_EP] > 1) /* rows must move between ranks: only libmoegen's runtime does that */
         moe_buf_printf(b, "    /* mesh.ep = %d: the expert-parallel forward runs through libmoegen (moe_forward\n"
@@ -74,11 +133,9 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_o
     /* the GEMM variant: sm_90a kernels on compute capability 9.x when the
      * spec has both arches and they differ; otherwise the one in the file */
     const moe_kernel_desc_t *k90 = pd->k90, *k80 = pd->k;
-    int has90 = 0, has80 = 0;
-    for (int i = 0; i < s->narch; i++) {
-        has90 |= s->arch[i] == MOE_ARCH_SM90A;
+    int has80 = 0;
+    for (int i = 0; i < s->narch; i++)
         has80 |= s->arch[i] == MOE_ARCH_SM80;
-    }
     int two = has90 && has80 && strcmp(k90[MOE_K_GEMM_UP].name, k80[MOE_K_GEMM_UP].name) != 0;
     if (two)
         moe_buf_printf(b, "    static int use90 = -1;\n    if (use90 < 0) {\n        int dev = 0, major = 0;\n"
@@ -123,6 +180,22 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_o
             moe_buf_printf(b, v ? "    } else {\n" : "    if (use90) {\n");
         else if (v != (has90 ? 0 : 1))
             continue;
+        if (v == 0) { /* sm_90a: TMA tensor maps, a 1D grid (one CTA per tile, or per SM if persistent) */
+            const moe_kernel_desc_t *up = &kv[MOE_K_GEMM_UP], *dn = &kv[MOE_K_GEMM_DOWN];
+            if (up->tile.persistent || dn->tile.persistent)
+                moe_buf_printf(b, "    static int sms = 0;\n"
+                                  "    if (!sms) {\n"
+                                  "        int dev = 0;\n"
+                                  "        if ((e = cudaGetDevice(&dev)) != cudaSuccess ||\n"
+                                  "            (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) "
+                                  "!= cudaSuccess)\n"
+                                  "            return e;\n"
+                                  "    }\n");
+            moe_buf_printf(b, "    moe_tmap_t ma, mb;\n");
+            emit_sm90_gemm(b, n, pd, up, "xs", "a->w1p", 2LL * s->ffn, s->hidden, "a->b1p", "hbuf");
+            emit_sm90_gemm(b, n, pd, dn, "hbuf", "a->w2", s->hidden, s->ffn, "a->b2", "xs");
+            continue;
+        }
         moe_buf_printf(b,
                        "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(xs, (const moe_half_t *)a->w1p, "
                        "(const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);\n",

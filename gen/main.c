@@ -280,8 +280,9 @@ static int cmd_plan(const args_t *a) {
             const moe_kernel_desc_t *k = &pd.k90[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
-                printf("  tile %dx%dx%d, %d stages, wgmma, %d consumer warpgroups", k->tile.bm, k->tile.bn,
-                       k->tile.bk, k->tile.stages, k->tile.consumers);
+                printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
+                       k->tile.bn, k->tile.bk, k->tile.stages,
+                       k->tile.persistent ? "persistent grid" : "one CTA per tile", k->tile.consumers);
             else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
                 printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);

@@ -34,6 +34,15 @@ static void tile_suffix(char *out, size_t n, const moe_tile_cfg_t *t) {
     snprintf(out, n, "m%dn%dk%ds%dw%dx%dg%d", t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
 }
 
+int moe_plan_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
+    int ring = t->stages * (t->bm + t->bn) * t->bk * 2;
+    if (!t->persistent) /* the output tile, all columns in one pass, staged in the ring */
+        return t->bm * (out_cols + 8) * 2 <= ring ? ring + 16 * t->stages : 0;
+    int epi_cols = out_cols < 128 ? out_cols : 128;
+    int staging = (t->bm * (epi_cols + 8) * 2 + 15) / 16 * 16;
+    return ring + staging + 16 * t->stages;
+}
+
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
     const moe_spec_t *s = &pd->spec;
     return (long long)tokens * s->top_k + (long long)s->experts * (pd->align - 1);
@@ -44,6 +53,11 @@ long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
 }
 
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, size_t errlen) {
+    return moe_plan_desc_build_with(pd, s, moe_tuning_active(), err, errlen);
+}
+
+int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err,
+                             size_t errlen) {
     memset(pd, 0, sizeof *pd);
     pd->spec = *s;
     pd->pair_granule = 8;
@@ -61,7 +75,7 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
     if (s->experts > 256) /* logits of 32 tokens x E no longer fit 48 KB of static shared memory */
         k[MOE_K_ROUTE].smem = 20480 + 128 * ((s->experts + 255) / 256 * 256 + 8);
 
-    const moe_tuning_entry_t *te = moe_tuning_find(moe_tuning_active(), s, MOE_ARCH_SM90A);
+    const moe_tuning_entry_t *te = moe_tuning_find(table, s, MOE_ARCH_SM90A);
     pd->tuned = te;
     moe_tile_cfg_t up = choose_tile(s, 2 * s->ffn, te ? te->bm : 0), down = choose_tile(s, s->hidden, te ? te->bm : 0);
     down.bm = up.bm; /* one tile table serves both GEMMs */
@@ -86,9 +100,11 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
                                            .per_block = 8};
     snprintf(k[MOE_K_COMBINE].name, sizeof k->name, "%s_combine_%s_h%dk%d", s->name, dt, s->hidden, s->top_k);
 
-    /* sm_90a: the same kernels, but the GEMMs on wgmma (templates/gemm_sm90.lua):
-     * one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
-     * unless the tuning table has an entry for this shape and token count */
+    /* sm_90a: the same kernels, but the GEMMs on wgmma with TMA operands
+     * (templates/gemm_sm90.lua): one producer and bm/64 consumer warpgroups,
+     * 128x256x64 tiles for bm 128, one CTA per tile, unless the tuning table
+     * has an entry for this shape and token count (which may choose the
+     * persistent grid) */
     memcpy(pd->k90, pd->k, sizeof pd->k);
     for (int i = MOE_K_GEMM_UP; i <= MOE_K_GEMM_DOWN; i++) {
         moe_kernel_desc_t *d = &pd->k90[i];
@@ -96,11 +112,12 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, siz
                                    .consumers = pd->align / 64};
         if (te)
             d->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
-                                       .group_m = te->group_m, .consumers = te->consumers};
+                                       .group_m = te->group_m, .consumers = te->consumers,
+                                       .persistent = te->persistent};
         d->threads = 128 * (d->tile.consumers + 1);
-        d->smem = d->tile.stages * (d->tile.bm + d->tile.bn) * d->tile.bk * 2 + 16 * d->tile.stages;
-        snprintf(suf, sizeof suf, "sm90a_m%dn%dk%ds%dc%dg%d", d->tile.bm, d->tile.bn, d->tile.bk, d->tile.stages,
-                 d->tile.consumers, d->tile.group_m);
+        d->smem = moe_plan_sm90_smem(&d->tile, i == MOE_K_GEMM_UP ? d->tile.bn / 2 : d->tile.bn);
+        snprintf(suf, sizeof suf, "sm90a_tma_%sm%dn%dk%ds%dc%dg%d", d->tile.persistent ? "persist_" : "",
+                 d->tile.bm, d->tile.bn, d->tile.bk, d->tile.stages, d->tile.consumers, d->tile.group_m);
         snprintf(d->name, sizeof d->name, "%s_%s_%s_%s", s->name, i == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down",
                  dt, suf);
     }
@@ -231,6 +248,7 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
             set_int(L, "warps_n", d->tile.warps_n);
             set_int(L, "group_m", d->tile.group_m);
             set_int(L, "consumers", d->tile.consumers);
+            set_int(L, "persistent", d->tile.persistent);
             lua_setfield(L, -2, "tile");
         }
     }

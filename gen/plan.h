@@ -27,6 +27,7 @@ typedef struct {
     int warps_m, warps_n;   /* warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
     int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
     int consumers;          /* sm_90a wgmma kernel: consumer warpgroups (0 = the mma.sync kernel) */
+    int persistent;         /* sm_90a: 1 = about one CTA per SM walking the tiles, 0 = one CTA per tile */
 } moe_tile_cfg_t;
 
 typedef struct {
@@ -70,22 +71,38 @@ typedef struct {
     const struct moe_tuning_entry *tuned;  /* the tuning table entry the sm_90a GEMMs use, or NULL (heuristics) */
 } moe_plan_desc_t;
 
-/* The planner takes sm_90a GEMM tiles from moe_tuning_active() (tuning.h). */
-
-/* Build the kernel plan for a validated spec. Returns 0, or non-zero with a
- * reason in err. */
+/* Build the kernel plan for a validated spec, the sm_90a GEMM tiles from
+ * moe_tuning_active() (tuning.h). Returns 0, or non-zero with a reason in
+ * err. */
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, char *err, size_t errlen);
+
+/* The same with the tiles from `table` (NULL: the heuristics only); pd->tuned
+ * then points into table. */
+struct moe_tuning;
+int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *spec, const struct moe_tuning *table, char *err,
+                             size_t errlen);
 
 /* The kernels of one arch. */
 static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *pd, moe_arch_t arch) {
     return arch == MOE_ARCH_SM90A ? pd->k90 : pd->k;
 }
 
+/* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
+ * tile t and out_cols output columns per tile (bn / 2 for the up
+ * projection, bn for the down): the stage ring, the epilogue's staging
+ * tile (its own only on a persistent grid; one CTA per tile stages the
+ * output in the ring) and the mbarriers. 0 when the output tile does not
+ * fit in the ring. */
+int moe_plan_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
+
 /* Rows and tiles needed for `tokens` tokens (tokens <= spec.tokens). */
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
 
-/* Grid of kernel k of arch for `tokens` tokens. */
+/* Grid of kernel k of arch for `tokens` tokens. For the sm_90a GEMMs
+ * (tile.consumers > 0) this is the tile space (N tiles x M tiles); they run
+ * on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or of
+ * min(grid[0] * grid[1], SMs) when tile.persistent. */
 void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]);
 
 /* Push the template parameter table `p` for kernel k of arch onto L

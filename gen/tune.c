@@ -26,21 +26,26 @@
 
 const char *const moe_tune_usage =
     "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE] [--set KEY=VALUE]...\n\n"
-    "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m) for SPEC's shape at each\n"
-    "token count (default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
+    "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m, and the grid: tile = one CTA per\n"
+    "output tile, persist = one CTA per SM walking the tiles) for SPEC's shape at each token count\n"
+    "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs, median of N iterations, default 20), the date and the GPU. -o TABLE merges the entries\n"
     "into TABLE (replacing entries of the same shape and tokens); without -o they are printed.\n"
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
 
 typedef struct {
-    int bm, bn, stages, group_m;
+    int bm, bn, stages, group_m, persistent;
 } cand_t;
 
 static const cand_t cands[] = {
-    {128, 256, 4, 8}, {128, 256, 3, 8}, {128, 256, 4, 16}, {128, 128, 4, 8},
-    {128, 128, 6, 8}, {64, 256, 4, 8},  {64, 128, 6, 8},
+    {128, 256, 4, 8, 0},  {128, 256, 3, 8, 0}, {128, 256, 4, 16, 0}, {128, 128, 4, 8, 0},
+    {128, 128, 6, 8, 0},  {64, 256, 4, 8, 0},  {64, 128, 6, 8, 0},   {128, 256, 4, 8, 1},
+    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},
 };
+
+/* A candidate as the tuning table and the progress lines spell it. */
+static const char *grid_name(const cand_t *c) { return c->persistent ? "persist" : "tile"; }
 #define NCAND ((int)(sizeof cands / sizeof *cands))
 
 static int cmp_float(const void *a, const void *b) {
@@ -224,11 +229,14 @@ int moe_tune_command(int argc, char **argv) {
         const cand_t *cd = &cands[c];
         moe_tuning_entry_t e = {.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
                                 .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
-                                .bk = 64, .stages = cd->stages, .consumers = cd->bm / 64, .group_m = cd->group_m};
+                                .bk = 64, .stages = cd->stages, .consumers = cd->bm / 64, .group_m = cd->group_m,
+                                .persistent = cd->persistent};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
-        fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m);
+        fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
+                grid_name(cd));
         char why[128];
-        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, why, sizeof why)) {
+        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, e.persistent, why,
+                                  sizeof why)) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;
         }
@@ -339,11 +347,12 @@ int moe_tune_command(int argc, char **argv) {
         const cand_t *w = &cands[best];
         char key[128];
         entry_key(key, sizeof key, &s, tok[ti]);
-        snprintf(lines[ti], sizeof lines[ti], "%s %d %d 64 %d %d %d  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
-                 w->bm / 64, w->group_m, times[best][ti], times[second][ti], date, gpu);
-        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %.1f us (runner-up m%dn%dk64s%dg%d %.1f us)\n", tok[ti], w->bm,
-                w->bn, w->stages, w->group_m, times[best][ti], cands[second].bm, cands[second].bn,
-                cands[second].stages, cands[second].group_m, times[second][ti]);
+        const cand_t *r = &cands[second];
+        snprintf(lines[ti], sizeof lines[ti], "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn,
+                 w->stages, w->bm / 64, w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
+        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n", tok[ti],
+                w->bm, w->bn, w->stages, w->group_m, grid_name(w), times[best][ti], r->bm, r->bn, r->stages,
+                r->group_m, grid_name(r), times[second][ti]);
         nwin++;
     }
     if (!nwin)

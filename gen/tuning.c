@@ -1,5 +1,6 @@
 /* tuning.c — parse and search the tuning table (format: tuning/h200.tune). */
 #include "tuning.h"
+#include "plan.h"
 #include "template.h"
 
 #include <stdio.h>
@@ -25,7 +26,9 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
-int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, char *err, size_t n) {
+int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
+                          size_t n) {
+    moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .persistent = persistent};
     const char *why = NULL;
     if (bm != 64 && bm != 128)
         why = "bm must be 64 or 128";
@@ -35,8 +38,9 @@ int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int
         why = "bk must be 64 (one 128-byte swizzle row)";
     else if (bn < 64 || bn > 256 || bn % 64)
         why = "bn must be 64, 128, 192 or 256";
-    else if (stages < 2 || stages * (bm + bn) * bk * 2 + 16 * stages > 227 * 1024)
-        why = "stages must be >= 2 and fit 227 KB of shared memory";
+    else if (stages < 2 || moe_plan_sm90_smem(&t, bn) == 0 || moe_plan_sm90_smem(&t, bn) > 227 * 1024)
+        why = persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
+                         : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
     else if (group_m < 1 || group_m > 64)
         why = "group_m must be 1..64";
     if (why)
@@ -69,9 +73,9 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             tok[nt++] = p;
         if (nt == 0)
             continue;
-        if (nt < 17)
-            return fail(diag, file, line, "an entry has 17 fields or more: E top_k H F dtype arch tokens bm bn bk "
-                        "stages consumers group_m best_us runner_up_us date gpu", NULL);
+        if (nt < 18)
+            return fail(diag, file, line, "an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk "
+                        "stages consumers group_m grid best_us runner_up_us date gpu", NULL);
         moe_tuning_entry_t e = {.line = line};
         int *ints[] = {&e.experts, &e.top_k, &e.hidden, &e.ffn};
         static const char *const iname[] = {"E", "top_k", "H", "F"};
@@ -98,22 +102,26 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[7 + i], 1, 4096, tile[i]))
                 return fail(diag, file, line, "tile fields (bm bn bk stages consumers group_m) are integers",
                             tok[7 + i]);
+        if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0)
+            e.persistent = tok[13][0] == 'p';
+        else
+            return fail(diag, file, line, "grid must be tile (one CTA per tile) or persist (one CTA per SM)", tok[13]);
         char why[128];
-        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, why, sizeof why))
+        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, e.persistent, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         for (int i = 0; i < 2; i++) {
             char *endp;
-            double v = strtod(tok[13 + i], &endp);
-            if (endp == tok[13 + i] || *endp || !(v > 0))
-                return fail(diag, file, line, "best_us and runner_up_us are positive numbers", tok[13 + i]);
+            double v = strtod(tok[14 + i], &endp);
+            if (endp == tok[14 + i] || *endp || !(v > 0))
+                return fail(diag, file, line, "best_us and runner_up_us are positive numbers", tok[14 + i]);
             *(i ? &e.runner_up_us : &e.best_us) = v;
         }
-        if (strlen(tok[15]) != 10 || tok[15][4] != '-' || tok[15][7] != '-')
-            return fail(diag, file, line, "date must be YYYY-MM-DD", tok[15]);
-        snprintf(e.date, sizeof e.date, "%s", tok[15]);
+        if (strlen(tok[16]) != 10 || tok[16][4] != '-' || tok[16][7] != '-')
+            return fail(diag, file, line, "date must be YYYY-MM-DD", tok[16]);
+        snprintf(e.date, sizeof e.date, "%s", tok[16]);
         size_t gl = 0;
-        for (int i = 16; i < nt; i++)
-            gl += (size_t)snprintf(e.gpu + gl, gl < sizeof e.gpu ? sizeof e.gpu - gl : 0, "%s%s", i > 16 ? " " : "",
+        for (int i = 17; i < nt; i++)
+            gl += (size_t)snprintf(e.gpu + gl, gl < sizeof e.gpu ? sizeof e.gpu - gl : 0, "%s%s", i > 17 ? " " : "",
                                    tok[i]);
         for (int i = 0; i < t->n; i++) {
             moe_tuning_entry_t *o = &t->e[i];

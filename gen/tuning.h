@@ -15,12 +15,13 @@ typedef struct moe_tuning_entry {
     moe_arch_t arch;
     int tokens;                          /* the bucket: applies to specs with at least this many tokens */
     int bm, bn, bk, stages, consumers, group_m;
+    int persistent;                      /* the grid: 0 = one CTA per tile ("tile"), 1 = persistent ("persist") */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */
 } moe_tuning_entry_t;
 
-typedef struct {
+typedef struct moe_tuning {
     char file[256];
     moe_tuning_entry_t *e;
     int n;
@@ -47,6 +48,7 @@ const moe_tuning_t *moe_tuning_active(void);
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch);
 
 /* Non-zero (with a reason) when the wgmma template cannot run this tile. */
-int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, char *err, size_t n);
+int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
+                          size_t n);
 
 #endif

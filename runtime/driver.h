@@ -42,7 +42,8 @@
     X(cuEventDestroy, "cuEventDestroy_v2")                    \
     X(cuEventRecord, "cuEventRecord")                         \
     X(cuEventSynchronize, "cuEventSynchronize")               \
-    X(cuEventElapsedTime, "cuEventElapsedTime_v2")
+    X(cuEventElapsedTime, "cuEventElapsedTime_v2")             \
+    X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")
 
 typedef struct {
 #define MOE_CU_FIELD(fn, sym) __typeof__(fn) *fn;

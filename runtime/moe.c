@@ -11,6 +11,7 @@
 #include "mesh.h"
 #include "plan.h"
 #include "spec.h"
+#include "tuning.h"
 #include "util.h"
 
 #include <stdarg.h>
@@ -31,6 +32,7 @@ struct moe_plan {
     moe_ep_t *ep;           /* the mesh: this rank, its groups, the dispatch path */
     int slot_identity;      /* the routing table is the identity (expert g's weights at slot g) */
     moe_cudnn_t *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
+    moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
 };
 
 static _Thread_local char last_error[4096];
@@ -152,7 +154,21 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (moe_spec_load(&spec, path, text, NULL, 0, &d))
         return fail(MOE_ERR_SPEC, "%s", d.msg);
     char err[512];
-    if (moe_plan_desc_build(&p->pd, &spec, err, sizeof err))
+    const char *tpath = o && o->tuning_path ? o->tuning_path : getenv("MOEGEN_TUNING");
+    moe_tuning_t table;
+    if (tpath && moe_tuning_load(&table, tpath, &d)) {
+        moe_tuning_free(&table);
+        return fail(MOE_ERR_INVALID_ARG, "%s (the tuning table of %s)", d.msg,
+                    o && o->tuning_path ? "moe_options.tuning_path" : "MOEGEN_TUNING");
+    }
+    int bad = moe_plan_desc_build_with(&p->pd, &spec, tpath ? &table : moe_tuning_active(), err, sizeof err);
+    if (!bad && p->pd.tuned) {
+        p->tuned = *p->pd.tuned;
+        p->pd.tuned = &p->tuned;
+    }
+    if (tpath)
+        moe_tuning_free(&table);
+    if (bad)
         return fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
     moe_status rc = moe_ep_create(&p->ep, &p->pd, o ? o->rank : 0, err, sizeof err);
     if (rc)
@@ -362,8 +378,39 @@ moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p
     return MOE_OK;
 }
 
+/* The TMA tensor maps of sm_90a GEMM k (templates/gemm_sm90.lua): A over
+ * [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
+ * reaches), B over [slots * N, K] at b; boxes of 64 halves x bm (A) or bn
+ * (B) rows in the 128-byte swizzle. Out-of-bounds box parts read as zeros. */
+static moe_status gemm_maps(const moe_plan *p, int k, long long tiles, CUdeviceptr a, CUdeviceptr b,
+                            CUtensorMap *ma, CUtensorMap *mb) {
+    const moe_spec_t *s = &p->pd.spec;
+    const moe_kernel_desc_t *d = &moe_plan_kernels(&p->pd, p->arch)[k];
+    long long K = k == MOE_K_GEMM_UP ? s->hidden : s->ffn, N = k == MOE_K_GEMM_UP ? 2LL * s->ffn : s->hidden;
+    const long long rows[2] = {tiles * p->pd.align, (long long)p->ep->mp.nheld * N};
+    const unsigned box_rows[2] = {(unsigned)d->tile.bm, (unsigned)d->tile.bn};
+    CUtensorMap *m[2] = {ma, mb};
+    void *base[2] = {(void *)(uintptr_t)a, (void *)(uintptr_t)b};
+    for (int i = 0; i < 2; i++) {
+        const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)rows[i]}, stride[1] = {(cuuint64_t)K * 2};
+        const cuuint32_t box[2] = {64, box_rows[i]}, estride[2] = {1, 1};
+        CUresult r = moe_cu.cuTensorMapEncodeTiled(m[i], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, base[i], dim, stride, box,
+                                                   estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+            return fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s %s, %lld x %lld at %p; 16-byte aligned?): %s",
+                        d->name, i ? "B" : "A", rows[i], K, base[i], moe_cu_error_string(r));
+    }
+    return MOE_OK;
+}
+
 /* Launch kernel k of the plan; rows_y > 0 replaces the GEMMs' tile grid
- * (the expert-parallel path sizes it from the receive side). */
+ * (the expert-parallel path sizes it from the receive side). GEMM args are
+ * always (A, B, bias, tiles, num_tiles, out) with A and B device pointers;
+ * the sm_90a GEMMs get A and B as TMA tensor maps instead, made here, and
+ * run on a 1D grid over that tile space: one CTA per tile, or at most one
+ * CTA per SM when the tile is persistent. */
 static moe_status launch_grid(const moe_plan *p, int k, int tokens, long long rows_y, CUstream st, void **args,
                               CUevent *ev) {
     if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
@@ -373,6 +420,28 @@ static moe_status launch_grid(const moe_plan *p, int k, int tokens, long long ro
     if (rows_y > 0)
         g[1] = (unsigned)rows_y;
     const moe_kernel_desc_t *d = &moe_plan_kernels(&p->pd, p->arch)[k];
+    CUtensorMap ma, mb;
+    void *targs[6];
+    if (d->tile.consumers > 0) {
+        moe_status rc = gemm_maps(p, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma, &mb);
+        if (rc)
+            return rc;
+        memcpy(targs, args, sizeof targs);
+        targs[0] = &ma;
+        targs[1] = &mb;
+        args = targs;
+        unsigned long long total = (unsigned long long)g[0] * g[1];
+        if (d->tile.persistent) {
+            CUdevice dev;
+            int sms = 0;
+            CU_CHECK(moe_cu.cuDeviceGet(&dev, p->device));
+            CU_CHECK(moe_cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+            if (sms > 0 && total > (unsigned long long)sms)
+                total = (unsigned long long)sms;
+        }
+        g[0] = (unsigned)total;
+        g[1] = 1;
+    }
     CUresult r = moe_cu.cuLaunchKernel(p->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
                                        args, NULL);
     if (r != CUDA_SUCCESS)

@@ -58,6 +58,8 @@ typedef struct {
                                    _ON or _OFF; see moe_plan_stage_path and README, "cuDNN" */
     const char *cudnn_path;     /* libcudnn to load: a file, or the folder holding libcudnn_graph.so.9;
                                    NULL = $MOEGEN_CUDNN_PATH, else dlopen("libcudnn.so.9") */
+    const char *tuning_path;    /* a tuning table file (format: tuning/h200.tune) for the sm_90a GEMM tiles;
+                                   NULL = $MOEGEN_TUNING, else the table embedded at build time */
 } moe_options;
 
 /* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is

@@ -7,6 +7,9 @@
 @ function M.prelude(p)
 typedef unsigned short moe_half_t;   /* ${p.dtype} bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
+/* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
+ * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
+typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
 
 #if defined(__CUDACC_RTC__)
 typedef int int32_t;

@@ -1,9 +1,10 @@
 @ -- gemm_sm90.lua — the grouped expert GEMMs for Hopper (sm_90a): wgmma
-@ -- with both operands in shared memory, fp32 accumulators in registers,
-@ -- one producer warpgroup feeding a multi-stage ring and CONSUMERS
-@ -- consumer warpgroups. M.up(p) emits the up projection with the SwiGLU
-@ -- fused in, M.down(p) the down projection; both keep the ABI and the
-@ -- semantics of gemm_up_swiglu.lua / gemm_down.lua (read their headers).
+@ -- with both operands in shared memory, staged by TMA, fp32 accumulators
+@ -- in registers, one producer warpgroup and CONSUMERS consumer
+@ -- warpgroups, one CTA per tile or on a persistent grid. M.up(p) emits
+@ -- the up projection with the SwiGLU fused in, M.down(p) the down
+@ -- projection; both keep the semantics of gemm_up_swiglu.lua /
+@ -- gemm_down.lua (read their headers), but take their operands A and B as TMA tensor maps (below).
 @ --
 @ -- Tile (p.tile): bm x bn x bk, stages, consumers, group_m. Consumer
 @ -- warpgroup w owns rows [w * bm / consumers, (w + 1) * bm / consumers) of
@@ -15,21 +16,42 @@
 @ -- so the accumulators plus ~40 must fit that cap: m64n256 per consumer
 @ -- works with 2 consumers, not with 3.
 @ --
+@ -- The grid is 1D (tile.persistent chooses its size): CTA b walks the
+@ -- linear tile ids b, b + gridDim.x, ... below *num_tiles x NTILES (N
+@ -- tiles), each mapped to (M tile, N tile) by the group_m raster; M tile
+@ -- mt is tiles[mt] of the device-side tile table. With one CTA per tile
+@ -- (persistent 0, the default) the grid covers the plan's whole tile
+@ -- space and each CTA runs at most one tile. On a persistent grid (about
+@ -- one CTA per SM) producer and consumers walk the same sequence and the
+@ -- stage ring runs on across tiles, so the producer loads the next tile
+@ -- while the consumers run the epilogue of this one.
+@ --
 @ -- Shared memory (1024-byte aligned): STAGES stages, each the A tile (bm
 @ -- rows) then the B tile (bn rows), both K-major in the 128-byte swizzle
-@ -- that wgmma reads: bk / 64 atoms along k, each ROWS x 128 bytes, the
-@ -- 16-byte chunk c of row r stored at chunk c ^ (r % 8); then 2 * STAGES
-@ -- mbarriers (full[s], empty[s]). So
-@ --   smem >= stages * (bm + bn) * bk * 2 + 16 * stages.
-@ -- The output tile is staged through the same memory after the main loop
-@ -- (bm x (bn_out + 8) halves, which must fit in the stages).
+@ -- that TMA writes and wgmma reads: bk / 64 atoms along k, each ROWS x 128
+@ -- bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8); on a
+@ -- persistent grid then the epilogue's staging tile (bm x (EPI_COLS + 8)
+@ -- halves, EPI_COLS = min(output columns per tile, 128): wider tiles are
+@ -- stored in passes; with one CTA per tile the whole output tile, EPI_COLS
+@ -- = its output columns, is staged over the stages instead); then 2 *
+@ -- STAGES mbarriers (full[s], empty[s]). So
+@ --   smem >= stages * (bm + bn) * bk * 2 [+ bm * (EPI_COLS + 8) * 2] + 16 * stages
+@ -- (gen/plan.c, moe_plan_sm90_smem, computes the same).
 @ --
-@ -- Operands: per-thread 16-byte cp.async (zero-filled past rows, N and K)
-@ -- from the producer into the swizzled layout; each producer thread's
-@ -- cp.async.mbarrier.arrive.noinc completes full[s] (count 128); consumers
-@ -- fence.proxy.async before wgmma reads the stage and arrive on empty[s]
-@ -- once their wgmma of that stage retired. TMA (cp.async.bulk.tensor) is
-@ -- the next step; it needs host-made tensor maps the ABI does not pass yet.
+@ -- Operands: A is a 2D tensor map over [rows, K] halves (xs or hbuf; rows
+@ -- >= every tile's row_start + bm, or TMA zero-fills), B over [slots * N, K]
+@ -- (the weights, expert-major), both with 64 x ROWS boxes (bm rows for A,
+@ -- bn for B) in SWIZZLE_128B; the host encodes them per call and passes
+@ -- them as __grid_constant__ parameters (moe_tmap_t, the prelude's 128
+@ -- bytes). Out-of-bounds parts of a box (K tails, N past the last slot, A
+@ -- past rows) arrive as zeros; rows past a tile's `rows` and N past an
+@ -- expert's N are over-reads masked at the store. One elected producer
+@ -- thread arms full[s] with expect_tx(STAGE_BYTES) (a box always counts
+@ -- whole, zero-filled parts included) and issues 2 * bk / 64 boxes into
+@ -- stage s once empty[s] says every consumer thread released it; every
+@ -- consumer thread arrives on empty[s] once its wgmma of that stage
+@ -- retired (a warpgroup with no rows in the tile arrives without
+@ -- computing, so the count is always 128 * CONSUMERS).
 @ --
 @ -- The kernel body exists only in the sm_90a pass; other targets get a body
 @ -- that traps (the launcher calls this kernel only on compute capability 9).
@@ -58,9 +80,10 @@
 @   need(c.stages >= 2, "need stages >= 2")
 @   need(p.threads == 128 * (c.consumers + 1), "threads must be 128 * (consumers + 1): one producer warpgroup")
 @   need(c.bm % (64 * c.consumers) == 0, "bm must be a multiple of 64 * consumers (m64 wgmma blocks per consumer)")
-@   need(c.bn % 8 == 0 and c.bn <= 256, "bn must be a multiple of 8, at most 256 (one wgmma n)")
+@   need(c.bm <= 256, "bm must be at most 256 (one TMA box of rows)")
+@   need(c.bn % 8 == 0 and c.bn <= 256, "bn must be a multiple of 8, at most 256 (one wgmma n, one TMA box)")
 @   need(c.bk % 64 == 0 and c.bk <= 128, "bk must be 64 or 128 (128-byte swizzle atoms of 64 halves)")
-@   need(c.K % 8 == 0 and c.N % 8 == 0, "K and N must be multiples of 8")
+@   need(c.K % 8 == 0 and c.N % 8 == 0, "K and N must be multiples of 8 (16-byte TMA row strides)")
 @   if kind == "up" then
 @     need(c.bn % 16 == 0, "bn must be a multiple of 16 (gate/up pairs)")
 @     need(p.pair_granule == 8, "the SwiGLU epilogue pairs gate/up in granules of 8 (one n8 accumulator block)")
@@ -73,20 +96,28 @@
 @   c.reg_cap = math.min(255, (65536 // p.threads) // 8 * 8)
 @   need(c.wm * c.nacc + 40 <= c.reg_cap, string.format("%d accumulators per consumer thread (bm / consumers / 64 * "
 @        .. "bn / 2) do not fit the %d-register cap of %d threads", c.wm * c.nacc, c.reg_cap, p.threads))
-@   c.cpr = c.bk // 8                                   -- 16-byte chunks per operand row
-@   c.rstep = 128 // c.cpr                              -- rows one producer pass covers
-@   need(c.bm % c.rstep == 0 and c.bn % c.rstep == 0, "bm and bn must be multiples of 128 / (bk / 8)")
 @   c.a_bytes, c.b_bytes = c.bm * c.bk * 2, c.bn * c.bk * 2
 @   c.stage_bytes = c.a_bytes + c.b_bytes
-@   c.bar_off = c.stages * c.stage_bytes
+@   c.persistent = t.persistent == 1
+@   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
+@   -- one CTA per tile stages its whole output tile in the ring once the
+@   -- main loop is done; a persistent CTA keeps loading the next tile into
+@   -- the ring meanwhile, so it stages through its own tile, in passes
+@   c.epi_cols = c.persistent and math.min(c.bno, 128) or c.bno  -- output columns per staging pass
+@   need(c.bno % c.epi_cols == 0 and c.epi_cols % 8 == 0, "output columns per tile must be a multiple of 8 and of "
+@        .. "the staging width")
+@   c.ldc = c.epi_cols + 8                              -- staged output row stride, halves
+@   c.ring = c.stages * c.stage_bytes
+@   c.epi_off = c.persistent and c.ring or 0
+@   c.bar_off = c.persistent and c.ring + (c.bm * c.ldc * 2 + 15) // 16 * 16 or c.ring
+@   need(c.persistent or c.bm * c.ldc * 2 <= c.ring, "the output tile (bm x (output columns + 8) halves) does not "
+@        .. "fit in the stages")
 @   c.smem = c.bar_off + 16 * c.stages
-@   need(c.smem <= p.smem, string.format("the %d-stage pipeline needs %d bytes of smem (stages * (bm + bn) * bk * 2 + "
-@        .. "16 * stages), the plan gives %d", c.stages, c.smem, p.smem))
+@   need(c.smem <= p.smem, string.format("the %d-stage pipeline and the staging tile need %d bytes of smem (stages * "
+@        .. "(bm + bn) * bk * 2 [+ bm * (EPI_COLS + 8) * 2 if persistent] + 16 * stages), the plan gives %d",
+@        c.stages, c.smem, p.smem))
 @   need(c.smem <= 232448, string.format("%d bytes of smem exceed the 227 KB a Hopper CTA can have", c.smem))
-@   c.ldc = c.bno + 8                                   -- staged output row stride, halves
-@   need(c.bm * c.ldc * 2 <= c.bar_off, "the staged output tile does not fit in the pipeline stages")
 @   c.n_tail = c.N % c.bn ~= 0
-@   c.k_tail = c.K % c.bk ~= 0
 @   c.out_tail = c.nout % c.bno ~= 0
 @   -- registers: the launch cap, then the producer gives all but PRODUCER_REGS to the consumers
 @   if c.consumers >= 2 then
@@ -114,36 +145,36 @@
 @ local function device_code(p, c)
 constexpr int BM = ${c.bm}, BN = ${c.bn}, BK = ${c.bk}, STAGES = ${c.stages}, CONSUMERS = ${c.consumers};
 constexpr int K = ${c.K};        /* reduction length */
-constexpr int N = ${c.N};        /* rows of B */
+constexpr int N = ${c.N};        /* rows of B per expert */
 constexpr int NOUT = ${c.nout};  /* output row length */
-constexpr int BNO = ${c.bno};    /* output columns per CTA */
+constexpr int BNO = ${c.bno};    /* output columns per tile */
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = ${c.a_bytes}, STAGE_BYTES = ${c.stage_bytes};
+constexpr int EPI_OFF = ${c.epi_off};    /* the staging tile */
 constexpr int BAR_OFF = ${c.bar_off};    /* full[STAGES], then empty[STAGES] */
-constexpr int CPR = BK / 8, RSTEP = 128 / CPR;  /* producer: chunks per row, rows per pass */
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16;
+constexpr int EPI_COLS = ${c.epi_cols};  /* output columns per staging pass */
 constexpr int LDC = ${c.ldc};            /* staged output row stride, halves */
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = ${c.n_tail and "true" or "false"};
-constexpr bool K_TAIL = ${c.k_tail and "true" or "false"};
 constexpr bool OUT_TAIL = ${c.out_tail and "true" or "false"};
-static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0, "swizzle atoms");
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
 
-static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
-}
-/* Arrive on the mbarrier at b once this thread's earlier cp.async landed
- * (noinc: the arrival counts against the barrier's expected count). */
-static __device__ __forceinline__ void cp_async_arrive(unsigned b) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(b) : "memory");
-}
 static __device__ __forceinline__ void bar_init(unsigned b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
 }
 static __device__ __forceinline__ void bar_arrive(unsigned b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
 }
 /* Wait until the phase of parity `parity` of the mbarrier at b completed. */
 static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
@@ -153,6 +184,16 @@ static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra WAIT;\n"
                  "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
 static __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -206,59 +247,72 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-@   import("gemm_common").tile_coords(c.group_m)
-
-/* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
- * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
- * 16-byte column ch = tid % CPR of rows tid / CPR + i * RSTEP, so all its
- * rows share r % 8 and one swizzled slot; a warp writes 4 (or 2) whole
- * 128-byte rows, conflict-free. Stage s is refilled once empty[s] says
- * every active consumer's wgmma of its previous round retired. */
-static __device__ __forceinline__ void produce(unsigned sbase, const moe_half_t *__restrict__ ga, int a_rows,
-                                               const moe_half_t *__restrict__ gb, int b_rows, int tid) {
-    const int ch = tid % CPR, r0 = tid / CPR;
-    const unsigned sw = (unsigned)(r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4));
-    const unsigned sa = sbase + (unsigned)(ch >> 3) * (BM * 128) + sw;
-    const unsigned sb = sbase + A_BYTES + (unsigned)(ch >> 3) * (BN * 128) + sw;
-    ga += (long long)r0 * K + ch * 8;
-    gb += (long long)r0 * K + ch * 8;
-    a_rows -= r0;
-    b_rows -= r0;
-    int s = 0;
-    unsigned phase = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
-        const bool kok = !K_TAIL || kt * BK + ch * 8 < K;
-        const unsigned so = (unsigned)s * STAGE_BYTES;
-#pragma unroll
-        for (int i = 0; i < BM / RSTEP; ++i)
-            cp_async16(sa + so + i * RSTEP * 128, ga + i * RSTEP * K, kok && i * RSTEP < a_rows ? 16 : 0);
-#pragma unroll
-        for (int i = 0; i < BN / RSTEP; ++i)
-            cp_async16(sb + so + i * RSTEP * 128, gb + i * RSTEP * K, kok && (!N_TAIL || i * RSTEP < b_rows) ? 16 : 0);
-        cp_async_arrive(sbase + BAR_OFF + s * 8);
-        ga += BK;
-        gb += BK;
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * NTILES). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
+@   if c.group_m <= 1 then
+    (void)mtiles;
+    mt = lin / NTILES;
+    nt = lin % NTILES;
+@   else
+    constexpr int GROUP_M = ${c.group_m};
+    const int group = lin / (GROUP_M * NTILES);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * NTILES);
+    mt = first + within % size;
+    nt = within / size;
+@   end
 }
 
-/* A consumer warpgroup (cw): acc (its WG_ROWS x BN fp32 tile) = A . B^T
- * over all k tiles. The wgmma of k tile kt stay in flight while the
- * warpgroup waits for tile kt + 1; a stage is released once the wgmma
- * that read it retired (wait_group 1 after the next commit). */
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw) {
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
-    int s = 0, prev = 0;
-    unsigned phase = 0;
+    int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-        fence_proxy_async();
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -278,17 +332,32 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
         }
     }
     wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
     for (int m = 0; m < WM; ++m)
         fence_acc(acc[m]);
 }
 
-/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
- * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
- * rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
-    constexpr int OCPR = BNO / 8;
+    constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
     constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
 #pragma unroll
@@ -301,11 +370,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 }
 @ end
 @
-@ -- The kernel: signature, guard, tile lookup, barrier setup, the role
-@ -- split; epilogue(p, c) emits the consumer's staging of acc (names in
-@ -- scope: acc, sbase, cw, w, g, q, expert, n0, rows; the staged tile
-@ -- starts at sbase with row stride LDC); out/oc0 name the output.
-@ local function kernel(p, c, args, a, b, out, bias_arg, oc0, preamble, epilogue)
+@ -- The kernel: signature, guard, barrier setup, the role split, the
+@ -- consumers' tile loop; epilogue(p, c) emits the consumer's staging of
+@ -- acc for output columns [pass * EPI_COLS, (pass + 1) * EPI_COLS) of
+@ -- the tile (names in scope: acc, sst (the staging tile, row stride LDC),
+@ -- pass, cw, w, g, q, expert, n0, rows); out/oc0 name the output.
+@ local function kernel(p, c, args, ma, mb, out, bias_arg, oc0, preamble, epilogue)
 ${ARCH_GUARD}
 namespace ${p.kernel}_impl {
 @   device_code(p, c)
@@ -318,26 +388,19 @@ ${p.kernel}(${args}) {
 ${ARCH_GUARD}
     using namespace ${p.kernel}_impl;
     extern __shared__ __align__(1024) unsigned char ${p.kernel}_smem[];
-    int mt, nt;
-    tile_coords(mt, nt);
-    if (mt >= *num_tiles)
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
-    const int n0 = nt * BN;
     const unsigned sbase = moe_smem_addr(${p.kernel}_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
     const int tid = (int)threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    /* consumer warpgroups with rows of the tile; the others skip the main loop */
-    const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
     if (tid == 0) {
+        tma_prefetch_map(&${ma});
+        tma_prefetch_map(&${mb});
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 128);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128 * n_active);
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -346,32 +409,55 @@ ${ARCH_GUARD}
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
 @   end
-        produce(sbase, ${a} + (long long)row_start * K, rows,
-                ${b} + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, tid);
+        if (tid == 0)
+            produce(sbase, &${ma}, &${mb}, tiles, mtiles);
     } else {
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.inc.sync.aligned.u32 ${c.consumer_regs};\n" ::: "memory");
 @   end
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        float acc[WM][NACC];
-#pragma unroll
-        for (int m = 0; m < WM; ++m)
-#pragma unroll
-            for (int i = 0; i < NACC; ++i)
-                acc[m][i] = 0.0f;
-        if (cw < n_active)
-            consume(acc, sbase, cw);
-        /* every consumer's wgmma retired: the stages are free for the output tile */
-        fence_proxy_async();
-        consumers_sync();
+        const unsigned sst = sbase + EPI_OFF;
+        int s = 0;
+        unsigned phase = 0;
 @   if not p.ffn_bias then
         (void)${bias_arg};
 @   end
-        if (cw < n_active) {
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+@   if not c.persistent then
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+@   end
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
 @   epilogue()
+                }
+                consumers_sync();
+                store_staged(${out} + ((long long)row_start * NOUT + ${oc0} + pass * EPI_COLS), sst, rows,
+                             NOUT - ${oc0} - pass * EPI_COLS, ct);
+            }
         }
-        consumers_sync();
-        store_staged(${out} + ((long long)row_start * NOUT + ${oc0}), sbase, rows, NOUT - ${oc0}, ct);
     }
 #else
 @   for v in args:gmatch("([%w_]+),") do
@@ -385,83 +471,83 @@ ${ARCH_GUARD}
 @
 @ function M.up(p)
 @   local c = config(p, "up")
-@   local args = "const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, " ..
+@   local args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   local function preamble()
 @     import("gemm_common").swiglu(p)
 @   end
 @   local function epilogue()
-            /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
-             * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
-             * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
-             * are row 16w + g + 8h, columns 2q, 2q + 1. */
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
 @     if p.ffn_bias then
-            const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
+                    const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
 @     end
 #pragma unroll
-            for (int j = 0; j < BN / 16; ++j) {
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
 @     local bg0, bg1, bu0, bu1 = "", "", "", ""
 @     if p.ffn_bias then
 @       bg0, bg1, bu0, bu1 = " + bg0", " + bg1", " + bu0", " + bu1"
-                float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
-                if (!N_TAIL || n0 + j * 16 < N) {
-                    const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
-                    const unsigned bu = *(const unsigned *)(bias + j * 16 + 8 + 2 * q);
-                    bg0 = moe_lo_float(bg);
-                    bg1 = moe_hi_float(bg);
-                    bu0 = moe_lo_float(bu);
-                    bu1 = moe_hi_float(bu);
-                }
+                        float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
+                        if (!N_TAIL || n0 + j * 16 < N) {
+                            const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
+                            const unsigned bu = *(const unsigned *)(bias + j * 16 + 8 + 2 * q);
+                            bg0 = moe_lo_float(bg);
+                            bg1 = moe_hi_float(bg);
+                            bu0 = moe_lo_float(bu);
+                            bu1 = moe_hi_float(bu);
+                        }
 @     end
 #pragma unroll
-                for (int m = 0; m < WM; ++m)
+                        for (int m = 0; m < WM; ++m)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                        const float o0 = swiglu(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
-                        const float o1 = swiglu(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
-                        st_shared_u32(sbase + (r * LDC + 8 * j + 2 * q) * 2, moe_pack2(o0, o1));
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+                            }
                     }
-            }
 @   end
-@   kernel(p, c, args, "xs", "w1p", "hbuf", "b1p", "n0 / 2", preamble, epilogue)
+@   kernel(p, c, args, "xs_map", "w1p_map", "hbuf", "b1p", "n0 / 2", preamble, epilogue)
 @ end
 @
 @ function M.down(p)
 @   local c = config(p, "down")
-@   local args = "const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, " ..
+@   local args = "const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, " ..
 @                "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
 @   local function epilogue()
-            /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
-             * columns 8j + 2q, 8j + 2q + 1. */
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
 @     if p.ffn_bias then
-            const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
+                    const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
 @     end
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
 @     local b0, b1 = "", ""
 @     if p.ffn_bias then
 @       b0, b1 = " + b0", " + b1"
-                float b0 = 0.0f, b1 = 0.0f;
-                if (!N_TAIL || n0 + j * 8 < N) {
-                    const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
-                    b0 = moe_lo_float(bv);
-                    b1 = moe_hi_float(bv);
-                }
+                        float b0 = 0.0f, b1 = 0.0f;
+                        if (!N_TAIL || n0 + j * 8 < N) {
+                            const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
+                            b0 = moe_lo_float(bv);
+                            b1 = moe_hi_float(bv);
+                        }
 @     end
 #pragma unroll
-                for (int m = 0; m < WM; ++m)
+                        for (int m = 0; m < WM; ++m)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                        st_shared_u32(sbase + (r * LDC + 8 * j + 2 * q) * 2,
-                                      moe_pack2(acc[m][4 * j + 2 * h]${b0}, acc[m][4 * j + 2 * h + 1]${b1}));
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h]${b0}, acc[m][4 * j + 2 * h + 1]${b1}));
+                            }
                     }
-            }
 @   end
-@   kernel(p, c, args, "hbuf", "w2", "obuf", "b2", "n0", nil, epilogue)
+@   kernel(p, c, args, "hbuf_map", "w2_map", "obuf", "b2", "n0", nil, epilogue)
 @ end
 @
 @ return M

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The cuDNN switch and tables, where no GPU is needed: a bad value fails
  * the plan before any driver use; the version table answers from what was
@@ -74,6 +75,41 @@ static void test_cudnn_switch(void) {
 /* The EP plan's sizes follow the mode: exact mode's receive side is sized
  * for every peer sending all its rows here, capacity mode's for C per peer;
  * too many tiles or positions are refused with the reason. */
+/* MOEGEN_TUNING / moe_options.tuning_path: another tuning table for the
+ * JIT, read before any driver use; its errors name the file and line. */
+static void test_tuning_switch(void) {
+    moe_plan *plan = NULL;
+    const char *spec = "examples/specs/mixtral-8x7b.moe";
+    CASE("tuning: a missing MOEGEN_TUNING file fails the plan before the driver, naming it");
+    setenv("MOEGEN_TUNING", "/nonexistent/h200.tune", 1);
+    moe_status st = moe_plan_create(&plan, spec, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "/nonexistent/h200.tune") &&
+               strstr(moe_last_error(), "MOEGEN_TUNING"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    CHECK(plan == NULL);
+    CASE("tuning: a bad table names its file and line");
+    char bad[] = "/tmp/moegen-test-tune-XXXXXX";
+    int fd = mkstemp(bad);
+    const char *text = "# a table\n8 2 4096 14336 bf16 sm_90a 4096  128 256 64 4 2 8 sometimes  1 2 2026-12-03 H200\n";
+    CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    moe_options o = {.tuning_path = bad};
+    st = moe_plan_create(&plan, spec, &o);
+    char want[128];
+    snprintf(want, sizeof want, "%s:2: error: grid must be tile", bad);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), want) &&
+               strstr(moe_last_error(), "moe_options.tuning_path"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    CASE("tuning: moe_options.tuning_path overrides MOEGEN_TUNING");
+    o.tuning_path = "tuning/h200.tune";
+    st = moe_plan_create(&plan, spec, &o);
+    CHECKF(st != MOE_ERR_INVALID_ARG, "got %s: %s", moe_status_string(st), moe_last_error());
+    moe_plan_destroy(plan);
+    plan = NULL;
+    unsetenv("MOEGEN_TUNING");
+    unlink(bad);
+}
+
 static void test_ep_plan(void) {
     moe_spec_t s;
     moe_diag_t d;
@@ -164,6 +200,7 @@ int main(void) {
         }
     }
     test_cudnn_switch();
+    test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {
         /* both lists, sorted and unique, as one line each */

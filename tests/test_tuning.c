@@ -43,12 +43,13 @@ int main(void) {
     moe_tuning_t t;
     moe_diag_t d;
     const char *tab = "# header\n\n"
-                      "8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4  100.5 110.25 2026-12-02 NVIDIA H200  # small\n"
-                      "8 2 4096 12288 bf16 sm_90a 4096 128 256 64 3 2 16 300 310 2026-12-02 NVIDIA H200\n";
+                      "8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile  100.5 110.25 2026-12-02 NVIDIA H200  # small\n"
+                      "8 2 4096 12288 bf16 sm_90a 4096 128 256 64 3 2 16 persist 300 310 2026-12-02 NVIDIA H200\n";
     CHECKF(parse(&t, tab, &d) == 0, "%s", d.msg);
     CHECK(t.n == 2);
     if (t.n == 2) {
         CHECK(t.e[0].tokens == 1024 && t.e[0].bm == 64 && t.e[0].bn == 128 && t.e[0].stages == 5);
+        CHECK(t.e[0].persistent == 0 && t.e[1].persistent == 1);
         CHECK(t.e[0].best_us == 100.5 && t.e[0].runner_up_us == 110.25 && t.e[0].line == 3);
         CHECK_STREQ(t.e[0].gpu, "NVIDIA H200");
         CHECK_STREQ(t.e[1].date, "2026-12-02");
@@ -58,7 +59,9 @@ int main(void) {
     moe_plan_desc_t pd;
     CHECK(plan_of(&pd, mixtral) == 0);
     CHECK(pd.tuned == NULL);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8");
+    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
+    /* one CTA per tile: the output is staged in the ring, no staging tile of its own */
+    CHECK(pd.k90[MOE_K_GEMM_UP].smem == 4 * (128 + 256) * 64 * 2 + 16 * 4 && !pd.k90[MOE_K_GEMM_UP].tile.persistent);
     char key_heur[33], key_tuned[33], key_small[33];
     moe_diag_t cd;
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_heur, &cd) == 0);
@@ -67,16 +70,17 @@ int main(void) {
     moe_tuning_set(&t);
     CHECK(plan_of(&pd, mixtral) == 0);
     CHECK(pd.tuned == &t.e[1]);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_m128n256k64s3c2g16");
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_DOWN].name, "mx_gemm_down_bf16_sm90a_m128n256k64s3c2g16");
-    CHECK(pd.k90[MOE_K_GEMM_UP].smem == 3 * (128 + 256) * 64 * 2 + 16 * 3);
+    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
+    CHECK(pd.k90[MOE_K_GEMM_UP].tile.persistent == 1);
+    CHECK_STREQ(pd.k90[MOE_K_GEMM_DOWN].name, "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
+    CHECK(pd.k90[MOE_K_GEMM_UP].smem == 3 * (128 + 256) * 64 * 2 + 128 * (128 + 8) * 2 + 16 * 3);
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_tuned, &cd) == 0);
     CHECK(strcmp(key_heur, key_tuned) != 0);
 
     CASE("a smaller bucket sets bm (align) for both arches");
     CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n") == 0);
     CHECK(pd.tuned == &t.e[0] && pd.align == 64);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_m64n128k64s5c1g4");
+    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4");
     CHECK(pd.k[MOE_K_GEMM_UP].tile.bm == 64 && pd.k90[MOE_K_GEMM_UP].threads == 256);
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_small, &cd) == 0);
     CHECK(strcmp(key_small, key_tuned) != 0);
@@ -91,25 +95,30 @@ int main(void) {
     moe_tuning_free(&t);
 
     CASE("errors name the file and line");
-    expect_error("# c\n8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02\n",
-                 "t.tune:2: error: an entry has 17 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
-                 "consumers group_m best_us runner_up_us date gpu");
-    expect_error("8 2 4096 12288 bf32 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("# c\n8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02\n",
+                 "t.tune:2: error: an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
+                 "consumers group_m grid best_us runner_up_us date gpu");
+    expect_error("8 2 4096 12288 bf32 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: dtype must be bf16 or fp16 ('bf32')");
-    expect_error("x 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("x 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: E must be an integer 1..65536 ('x')");
-    expect_error("8 2 4096 12288 bf16 sm_80 1024 64 128 64 5 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_80 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: arch must be sm_90a (the only tuned arch) ('sm_80')");
-    expect_error("\n8 2 4096 12288 bf16 sm_90a 1024 128 256 64 6 2 4 1 2 2026-12-02 H200\n",
-                 "t.tune:2: error: stages must be >= 2 and fit 227 KB of shared memory");
-    expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 1 2 2026-12-02 H200\n",
+    expect_error("\n8 2 4096 12288 bf16 sm_90a 1024 128 256 64 6 2 4 tile 1 2 2026-12-02 H200\n",
+                 "t.tune:2: error: stages must be >= 2, fit 227 KB of shared memory and hold the output tile");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 5 2 4 persist 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging "
+                 "tile");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: grid must be tile (one CTA per tile) or persist (one CTA per SM) ('persistent')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: consumers must be bm / 64");
-    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 0 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 0 2 2026-12-02 H200\n",
                  "t.tune:1: error: best_us and runner_up_us are positive numbers ('0')");
-    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 1 2 2026-12 H200\n",
                  "t.tune:1: error: date must be YYYY-MM-DD ('2026-12')");
-    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 1 2 2026-12-02 H200\n"
-                 "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 1 2 2026-12-02 H200\n",
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 1 2 2026-12-02 H200\n"
+                 "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
     return check_report("test_tuning");
 }

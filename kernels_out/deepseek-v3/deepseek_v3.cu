@@ -6,6 +6,9 @@
 #line 8 "templates/common.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
+/* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
+ * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
+typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
 
 #if defined(__CUDACC_RTC__)
 typedef int int32_t;
@@ -14,9 +17,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 19 "templates/common.lua"
+#line 22 "templates/common.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 25 "templates/common.lua"
+#line 28 "templates/common.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -61,7 +64,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 70 "templates/common.lua"
+#line 73 "templates/common.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -603,42 +606,42 @@ deepseek_v3_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const int 
     }
 }
 
-#line 309 "templates/gemm_sm90.lua"
+#line 379 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl {
-#line 115 "templates/gemm_sm90.lua"
+namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+#line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
-constexpr int N = 4096;        /* rows of B */
+constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
-constexpr int BNO = 128;    /* output columns per CTA */
+constexpr int BNO = 128;    /* output columns per tile */
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int EPI_OFF = 0;    /* the staging tile */
 constexpr int BAR_OFF = 196608;    /* full[STAGES], then empty[STAGES] */
-constexpr int CPR = BK / 8, RSTEP = 128 / CPR;  /* producer: chunks per row, rows per pass */
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
-constexpr bool K_TAIL = false;
 constexpr bool OUT_TAIL = false;
-static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0, "swizzle atoms");
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
 
-static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
-}
-/* Arrive on the mbarrier at b once this thread's earlier cp.async landed
- * (noinc: the arrival counts against the barrier's expected count). */
-static __device__ __forceinline__ void cp_async_arrive(unsigned b) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(b) : "memory");
-}
 static __device__ __forceinline__ void bar_init(unsigned b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
 }
 static __device__ __forceinline__ void bar_arrive(unsigned b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
 }
 /* Wait until the phase of parity `parity` of the mbarrier at b completed. */
 static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
@@ -648,6 +651,16 @@ static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra WAIT;\n"
                  "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
 static __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -672,7 +685,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 182 "templates/gemm_sm90.lua"
+#line 223 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -680,77 +693,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 193 "templates/gemm_sm90.lua"
+#line 234 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 201 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -759,76 +772,68 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-#line 19 "templates/gemm_common.lua"
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 27 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * NTILES). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
+#line 260 "templates/gemm_sm90.lua"
     constexpr int GROUP_M = 8;
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
+    const int group = lin / (GROUP_M * NTILES);
     const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * NTILES);
     mt = first + within % size;
     nt = within / size;
-#line 37 "templates/gemm_common.lua"
+#line 268 "templates/gemm_sm90.lua"
 }
-#line 210 "templates/gemm_sm90.lua"
 
-/* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
- * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
- * 16-byte column ch = tid % CPR of rows tid / CPR + i * RSTEP, so all its
- * rows share r % 8 and one swizzled slot; a warp writes 4 (or 2) whole
- * 128-byte rows, conflict-free. Stage s is refilled once empty[s] says
- * every active consumer's wgmma of its previous round retired. */
-static __device__ __forceinline__ void produce(unsigned sbase, const moe_half_t *__restrict__ ga, int a_rows,
-                                               const moe_half_t *__restrict__ gb, int b_rows, int tid) {
-    const int ch = tid % CPR, r0 = tid / CPR;
-    const unsigned sw = (unsigned)(r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4));
-    const unsigned sa = sbase + (unsigned)(ch >> 3) * (BM * 128) + sw;
-    const unsigned sb = sbase + A_BYTES + (unsigned)(ch >> 3) * (BN * 128) + sw;
-    ga += (long long)r0 * K + ch * 8;
-    gb += (long long)r0 * K + ch * 8;
-    a_rows -= r0;
-    b_rows -= r0;
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
-        const bool kok = !K_TAIL || kt * BK + ch * 8 < K;
-        const unsigned so = (unsigned)s * STAGE_BYTES;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
 #pragma unroll
-        for (int i = 0; i < BM / RSTEP; ++i)
-            cp_async16(sa + so + i * RSTEP * 128, ga + i * RSTEP * K, kok && i * RSTEP < a_rows ? 16 : 0);
-#pragma unroll
-        for (int i = 0; i < BN / RSTEP; ++i)
-            cp_async16(sb + so + i * RSTEP * 128, gb + i * RSTEP * K, kok && (!N_TAIL || i * RSTEP < b_rows) ? 16 : 0);
-        cp_async_arrive(sbase + BAR_OFF + s * 8);
-        ga += BK;
-        gb += BK;
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
         }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* A consumer warpgroup (cw): acc (its WG_ROWS x BN fp32 tile) = A . B^T
- * over all k tiles. The wgmma of k tile kt stay in flight while the
- * warpgroup waits for tile kt + 1; a stage is released once the wgmma
- * that read it retired (wait_group 1 after the next commit). */
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw) {
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
-    int s = 0, prev = 0;
-    unsigned phase = 0;
+    int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-        fence_proxy_async();
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -848,17 +853,32 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
         }
     }
     wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
     for (int m = 0; m < WM; ++m)
         fence_acc(acc[m]);
 }
 
-/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
- * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
- * rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
-    constexpr int OCPR = BNO / 8;
+    constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
     constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
 #pragma unroll
@@ -876,142 +896,158 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 51 "templates/gemm_common.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 313 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl
+#line 383 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem[];
-    int mt, nt;
-    tile_coords(mt, nt);
-    if (mt >= *num_tiles)
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
-    const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8_smem);
+    using namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
     const int tid = (int)threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    /* consumer warpgroups with rows of the tile; the others skip the main loop */
-    const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
     if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 128);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128 * n_active);
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 347 "templates/gemm_sm90.lua"
+#line 410 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 349 "templates/gemm_sm90.lua"
-        produce(sbase, xs + (long long)row_start * K, rows,
-                w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, tid);
+#line 412 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 353 "templates/gemm_sm90.lua"
+#line 416 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 355 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        float acc[WM][NACC];
-#pragma unroll
-        for (int m = 0; m < WM; ++m)
-#pragma unroll
-            for (int i = 0; i < NACC; ++i)
-                acc[m][i] = 0.0f;
-        if (cw < n_active)
-            consume(acc, sbase, cw);
-        /* every consumer's wgmma retired: the stages are free for the output tile */
-        fence_proxy_async();
-        consumers_sync();
-#line 368 "templates/gemm_sm90.lua"
+        const unsigned sst = sbase + EPI_OFF;
+        int s = 0;
+        unsigned phase = 0;
+#line 423 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 370 "templates/gemm_sm90.lua"
-        if (cw < n_active) {
-#line 395 "templates/gemm_sm90.lua"
-            /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
-             * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
-             * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
-             * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 402 "templates/gemm_sm90.lua"
+#line 425 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
 #pragma unroll
-            for (int j = 0; j < BN / 16; ++j) {
-#line 417 "templates/gemm_sm90.lua"
+            for (int m = 0; m < WM; ++m)
 #pragma unroll
-                for (int m = 0; m < WM; ++m)
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 446 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 450 "templates/gemm_sm90.lua"
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                        const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
-                        const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
-                        st_shared_u32(sbase + (r * LDC + 8 * j + 2 * q) * 2, moe_pack2(o0, o1));
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 481 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 488 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 503 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+                            }
                     }
+#line 455 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 372 "templates/gemm_sm90.lua"
         }
-        consumers_sync();
-        store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2), sbase, rows, NOUT - n0 / 2, ct);
     }
 #else
-#line 378 "templates/gemm_sm90.lua"
-    (void)xs;
-#line 378 "templates/gemm_sm90.lua"
-    (void)w1p;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 464 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 464 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 380 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 309 "templates/gemm_sm90.lua"
+#line 379 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl {
-#line 115 "templates/gemm_sm90.lua"
+namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+#line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
-constexpr int N = 7168;        /* rows of B */
+constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
-constexpr int BNO = 256;    /* output columns per CTA */
+constexpr int BNO = 256;    /* output columns per tile */
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int EPI_OFF = 0;    /* the staging tile */
 constexpr int BAR_OFF = 196608;    /* full[STAGES], then empty[STAGES] */
-constexpr int CPR = BK / 8, RSTEP = 128 / CPR;  /* producer: chunks per row, rows per pass */
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16;
+constexpr int EPI_COLS = 256;  /* output columns per staging pass */
 constexpr int LDC = 264;            /* staged output row stride, halves */
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
-constexpr bool K_TAIL = false;
 constexpr bool OUT_TAIL = false;
-static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0, "swizzle atoms");
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
 
-static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
-}
-/* Arrive on the mbarrier at b once this thread's earlier cp.async landed
- * (noinc: the arrival counts against the barrier's expected count). */
-static __device__ __forceinline__ void cp_async_arrive(unsigned b) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(b) : "memory");
-}
 static __device__ __forceinline__ void bar_init(unsigned b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
 }
 static __device__ __forceinline__ void bar_arrive(unsigned b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
 }
 /* Wait until the phase of parity `parity` of the mbarrier at b completed. */
 static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
@@ -1021,6 +1057,16 @@ static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra WAIT;\n"
                  "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
 }
 static __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1045,7 +1091,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 182 "templates/gemm_sm90.lua"
+#line 223 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1053,77 +1099,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 191 "templates/gemm_sm90.lua"
+#line 232 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 193 "templates/gemm_sm90.lua"
+#line 234 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 199 "templates/gemm_sm90.lua"
+#line 240 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 201 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1132,76 +1178,68 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-#line 19 "templates/gemm_common.lua"
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 27 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * NTILES). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
+#line 260 "templates/gemm_sm90.lua"
     constexpr int GROUP_M = 8;
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
+    const int group = lin / (GROUP_M * NTILES);
     const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * NTILES);
     mt = first + within % size;
     nt = within / size;
-#line 37 "templates/gemm_common.lua"
+#line 268 "templates/gemm_sm90.lua"
 }
-#line 210 "templates/gemm_sm90.lua"
 
-/* The producer warpgroup (tid 0..127): every k tile of A (rows < a_rows
- * of ga) and B (rows < b_rows of gb) into the ring. Thread tid copies
- * 16-byte column ch = tid % CPR of rows tid / CPR + i * RSTEP, so all its
- * rows share r % 8 and one swizzled slot; a warp writes 4 (or 2) whole
- * 128-byte rows, conflict-free. Stage s is refilled once empty[s] says
- * every active consumer's wgmma of its previous round retired. */
-static __device__ __forceinline__ void produce(unsigned sbase, const moe_half_t *__restrict__ ga, int a_rows,
-                                               const moe_half_t *__restrict__ gb, int b_rows, int tid) {
-    const int ch = tid % CPR, r0 = tid / CPR;
-    const unsigned sw = (unsigned)(r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4));
-    const unsigned sa = sbase + (unsigned)(ch >> 3) * (BM * 128) + sw;
-    const unsigned sb = sbase + A_BYTES + (unsigned)(ch >> 3) * (BN * 128) + sw;
-    ga += (long long)r0 * K + ch * 8;
-    gb += (long long)r0 * K + ch * 8;
-    a_rows -= r0;
-    b_rows -= r0;
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
-        const bool kok = !K_TAIL || kt * BK + ch * 8 < K;
-        const unsigned so = (unsigned)s * STAGE_BYTES;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
 #pragma unroll
-        for (int i = 0; i < BM / RSTEP; ++i)
-            cp_async16(sa + so + i * RSTEP * 128, ga + i * RSTEP * K, kok && i * RSTEP < a_rows ? 16 : 0);
-#pragma unroll
-        for (int i = 0; i < BN / RSTEP; ++i)
-            cp_async16(sb + so + i * RSTEP * 128, gb + i * RSTEP * K, kok && (!N_TAIL || i * RSTEP < b_rows) ? 16 : 0);
-        cp_async_arrive(sbase + BAR_OFF + s * 8);
-        ga += BK;
-        gb += BK;
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
         }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* A consumer warpgroup (cw): acc (its WG_ROWS x BN fp32 tile) = A . B^T
- * over all k tiles. The wgmma of k tile kt stay in flight while the
- * warpgroup waits for tile kt + 1; a stage is released once the wgmma
- * that read it retired (wait_group 1 after the next commit). */
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw) {
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
-    int s = 0, prev = 0;
-    unsigned phase = 0;
+    int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-        fence_proxy_async();
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1221,17 +1259,32 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
         }
     }
     wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
     for (int m = 0; m < WM; ++m)
         fence_acc(acc[m]);
 }
 
-/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
- * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
- * rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
-    constexpr int OCPR = BNO / 8;
+    constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
     constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
 #pragma unroll
@@ -1242,98 +1295,114 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 313 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl
+#line 383 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem[];
-    int mt, nt;
-    tile_coords(mt, nt);
-    if (mt >= *num_tiles)
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
-    const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8_smem);
+    using namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
     const int tid = (int)threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    /* consumer warpgroups with rows of the tile; the others skip the main loop */
-    const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
     if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 128);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128 * n_active);
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 347 "templates/gemm_sm90.lua"
+#line 410 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 349 "templates/gemm_sm90.lua"
-        produce(sbase, hbuf + (long long)row_start * K, rows,
-                w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, tid);
+#line 412 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 353 "templates/gemm_sm90.lua"
+#line 416 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 355 "templates/gemm_sm90.lua"
+#line 418 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        float acc[WM][NACC];
-#pragma unroll
-        for (int m = 0; m < WM; ++m)
-#pragma unroll
-            for (int i = 0; i < NACC; ++i)
-                acc[m][i] = 0.0f;
-        if (cw < n_active)
-            consume(acc, sbase, cw);
-        /* every consumer's wgmma retired: the stages are free for the output tile */
-        fence_proxy_async();
-        consumers_sync();
-#line 368 "templates/gemm_sm90.lua"
+        const unsigned sst = sbase + EPI_OFF;
+        int s = 0;
+        unsigned phase = 0;
+#line 423 "templates/gemm_sm90.lua"
         (void)b2;
-#line 370 "templates/gemm_sm90.lua"
-        if (cw < n_active) {
-#line 437 "templates/gemm_sm90.lua"
-            /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
-             * columns 8j + 2q, 8j + 2q + 1. */
-#line 442 "templates/gemm_sm90.lua"
+#line 425 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-#line 454 "templates/gemm_sm90.lua"
+            for (int m = 0; m < WM; ++m)
 #pragma unroll
-                for (int m = 0; m < WM; ++m)
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 446 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 450 "templates/gemm_sm90.lua"
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                        st_shared_u32(sbase + (r * LDC + 8 * j + 2 * q) * 2,
-                                      moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 523 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 528 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 540 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
                     }
+#line 455 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 372 "templates/gemm_sm90.lua"
         }
-        consumers_sync();
-        store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0, ct);
     }
 #else
-#line 378 "templates/gemm_sm90.lua"
-    (void)hbuf;
-#line 378 "templates/gemm_sm90.lua"
-    (void)w2;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 464 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 464 "templates/gemm_sm90.lua"
     (void)b2;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 378 "templates/gemm_sm90.lua"
+#line 464 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 380 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -1906,7 +1975,7 @@ deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 1910 "deepseek_v3.cu"
+#line 1979 "deepseek_v3.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
@@ -1933,6 +2002,41 @@ __device__ int deepseek_v3_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 
 static long long deepseek_v3_max_tiles(int tokens) {
     return ((long long)tokens * 8 + 32512LL) / 128;
+}
+
+/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of
+ * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs
+ * load (templates/gemm_sm90.lua). The driver's encoder comes through the
+ * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */
+#include <cuda.h>
+static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), "moe_tmap_t is a CUtensorMap");
+typedef CUresult (*deepseek_v3_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static cudaError_t deepseek_v3_tmap(moe_tmap_t *m, const void *base, long long rows, long long k,
+                           unsigned box_rows) {
+    static deepseek_v3_encode_fn encode = NULL;
+    if (!encode) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                         cudaEnableDefault, &q);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess)
+            return e;
+        if (q != cudaDriverEntryPointSuccess || !fn)
+            return cudaErrorNotSupported;
+        encode = (deepseek_v3_encode_fn)fn;
+    }
+    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};
+    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,
+                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStream_t stream) {
@@ -1962,8 +2066,8 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -1978,8 +2082,15 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     deepseek_v3_permute_plan_e256_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     deepseek_v3_permute_scatter_bf16_h7168<<<(unsigned)(((long long)T * 8 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
     if (use90) {
-    deepseek_v3_gemm_up_swiglu_bf16_sm90a_m128n256k64s4c2g8<<<dim3(16, (unsigned)tiles_y), 384, 196672, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-    deepseek_v3_gemm_down_bf16_sm90a_m128n256k64s4c2g8<<<dim3(28, (unsigned)tiles_y), 384, 196672, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    moe_tmap_t ma, mb;
+    if ((e = deepseek_v3_tmap(&ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
+        (e = deepseek_v3_tmap(&mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
+        return e;
+    deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 16), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    if ((e = deepseek_v3_tmap(&ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
+        (e = deepseek_v3_tmap(&mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
+        return e;
+    deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 28), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
