@@ -41,7 +41,12 @@ class Info(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("hash", ctypes.c_char_p), ("arch", ctypes.c_char_p),
                 ("experts", ctypes.c_int), ("top_k", ctypes.c_int), ("hidden", ctypes.c_int),
                 ("ffn", ctypes.c_int), ("tokens", ctypes.c_int), ("dtype_bytes", ctypes.c_int),
-                ("align", ctypes.c_int), ("cache_hit", ctypes.c_int), ("kernels", ctypes.c_char_p * 6)]
+                ("align", ctypes.c_int), ("cache_hit", ctypes.c_int), ("kernels", ctypes.c_char_p * 6),
+                # the rest of moe_plan_info: moe_plan_get_info writes the whole struct, so a
+                # shorter mirror here is a buffer overrun (it crashed this script at exit)
+                ("world", ctypes.c_int), ("rank", ctypes.c_int), ("ep", ctypes.c_int), ("ep_rank", ctypes.c_int),
+                ("fsdp", ctypes.c_int), ("fsdp_rank", ctypes.c_int), ("stored", ctypes.c_int),
+                ("held", ctypes.c_int), ("dispatch_capacity", ctypes.c_int), ("cudnn_version", ctypes.c_int)]
 
 
 def spec_value(text, key, default=None):

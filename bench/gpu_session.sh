@@ -1,24 +1,64 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, the vendored build, and the benchmark table.
-# Run from the repository root on the GPU machine with build/ carried.
-# usage: bench/gpu_session.sh [tests|bench|all]   (logs under $OUT)
+# Device calls: GPU tests, both GEMM grids, tuning, the benchmark table and
+# the PyTorch comparison. Run from the repository root on the GPU machine
+# with build/ carried (and build-old/, a previous build's moe_bench, for a
+# same-run comparison against it).
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|all]...   (logs under $OUT)
+#   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
+#   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune and persist.tune
+#   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
+#   bench    moe_bench per example spec (MOEGEN_TUNING as set), then build-old/moe_bench
+#   compare  bench/compare_torch.py (moegen vs torch._grouped_mm and the eager layer)
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . "$(dirname "$0")/gpu_env.sh"
-what=${1:-all}
+[ $# -eq 0 ] && set -- all
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
-if [ "$what" != bench ]; then
-    timeout 300 build/tests/test_gpu "${@:2}" 2>&1 | tee "$OUT/test_gpu.log" | grep -vE '^  ' | tail -40
-    grep -E '^  ' "$OUT/test_gpu.log" | tail -60
-    timeout 60 build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored.log"
-    timeout 200 build/tests/test_ep_gpu 2>&1 | tee "$OUT/test_ep_gpu.log" | tail -12
-    timeout 120 build/tests/test_mgpu --bench 2>&1 | tee "$OUT/test_mgpu.log" | tail -12
-    timeout 120 build/tests/test_mgpu --bench --no-check --mesh world1 --tokens 4096 2>&1 | tee -a "$OUT/test_mgpu.log" | tail -6
-fi
-if [ "$what" != tests ]; then
-    for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8 gpt-oss-120b deepseek-v3; do
-        timeout 120 build/moe_bench examples/specs/$s.moe --tokens 128 --tokens 4096 --tokens 16384 --iters 20 2>&1 | tee -a "$OUT/bench.log"
-    done
-fi
+specs="mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8 gpt-oss-120b deepseek-v3"
+for what in "$@"; do
+    case $what in
+    tests|all)
+        timeout 300 build/tests/test_gpu 2>&1 | tee "$OUT/test_gpu.log" | grep -vE '^  ' | tail -40
+        grep -E '^  ' "$OUT/test_gpu.log" | tail -60
+        timeout 60 build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored.log"
+        timeout 200 build/tests/test_ep_gpu 2>&1 | tee "$OUT/test_ep_gpu.log" | tail -12
+        timeout 120 build/tests/test_mgpu --bench 2>&1 | tee "$OUT/test_mgpu.log" | tail -12
+        timeout 120 build/tests/test_mgpu --bench --no-check --mesh world1 --tokens 4096 2>&1 | tee -a "$OUT/test_mgpu.log" | tail -6
+        ;;&
+    grids|all)
+        for g in tile persist; do
+            # every inline spec (they contain '=') and every example spec, not the cuDNN cases
+            MOEGEN_TUNING=tests/tune/$g.tune timeout 300 build/tests/test_gpu = examples/ 2>&1 |
+                tee "$OUT/test_gpu_$g.log" | grep -vE '^  ' | tail -8
+            MOEGEN_TUNING=tests/tune/$g.tune timeout 200 build/tests/test_ep_gpu 2>&1 | tee "$OUT/test_ep_gpu_$g.log" | tail -3
+        done
+        ;;&
+    tune|all)
+        cp tuning/h200.tune "$OUT/h200.tune"
+        for s in $specs; do
+            timeout 200 build/moegen tune examples/specs/$s.moe --tokens 4096,16384 --iters 10 -o "$OUT/h200.tune" 2>&1 |
+                tee -a "$OUT/tune.log" | tail -3
+        done
+        ;;&
+    bench|all)
+        for s in $specs; do
+            timeout 120 build/moe_bench examples/specs/$s.moe --tokens 128 --tokens 4096 --tokens 16384 --iters 20 2>&1 | tee -a "$OUT/bench.log"
+            if [ -x build-old/moe_bench ]; then
+                echo "== build-old/moe_bench (the previous build)" >> "$OUT/bench_old.log"
+                timeout 120 build-old/moe_bench examples/specs/$s.moe --tokens 128 --tokens 4096 --tokens 16384 --iters 20 >> "$OUT/bench_old.log" 2>&1
+            fi
+        done
+        grep -E 'LAYER|gemm_|ceilings|^moe_bench' "$OUT/bench.log" | head -80
+        [ -f "$OUT/bench_old.log" ] && grep -E 'LAYER|gemm_|^moe_bench' "$OUT/bench_old.log" | head -80
+        ;;&
+    compare|all)
+        for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do
+            timeout 90 python3 bench/compare_torch.py examples/specs/$s.moe --tokens 512 --tokens 4096 --tokens 16384 --iters 10 2>&1 | tee -a "$OUT/compare.log"
+            echo "compare_torch exit status $?" | tee -a "$OUT/compare.log"
+        done
+        ;;
+    tests|grids|tune|bench) ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, all)"; exit 2 ;;
+    esac
+done

@@ -223,6 +223,7 @@ int main(int argc, char **argv) {
     printf("moe_bench %s (hash %s) on %s, kernels for %s\n", sp->name, sp->hash, devname, info.arch);
     printf("ceilings: device copy %.0f GB/s; dense bf16 cuBLAS 8192^3 %.0f TFLOP/s%s%s\n", copy_gbs, gemm_tf,
            why[0] ? " — " : "", why);
+    printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);
 
     const moe_dtype_t dt = sp->dtype;
     const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, K = sp->top_k, Tmax = sp->tokens;

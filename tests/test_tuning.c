@@ -94,6 +94,18 @@ int main(void) {
     CHECK(moe_tuning_active() == moe_tuning_default());
     moe_tuning_free(&t);
 
+    CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
+    static const char *const grids[2] = {"tests/tune/tile.tune", "tests/tune/persist.tune"};
+    for (int g = 0; g < 2; g++) {
+        moe_tuning_t gt;
+        moe_diag_t gd;
+        CHECKF(moe_tuning_load(&gt, grids[g], &gd) == 0, "%s", gd.msg);
+        CHECK(gt.n >= 10);
+        for (int i = 0; i < gt.n; i++)
+            CHECK(gt.e[i].persistent == g);
+        moe_tuning_free(&gt);
+    }
+
     CASE("errors name the file and line");
     expect_error("# c\n8 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02\n",
                  "t.tune:2: error: an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
