@@ -8,6 +8,7 @@
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune and persist.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
 #   bench    moe_bench per example spec (MOEGEN_TUNING as set), then build-old/moe_bench
+#            (for the specs in $OLD_SPECS, default all)
 #   compare  bench/compare_torch.py (moegen vs torch._grouped_mm and the eager layer)
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
@@ -44,7 +45,7 @@ for what in "$@"; do
     bench|all)
         for s in $specs; do
             timeout 120 build/moe_bench examples/specs/$s.moe --tokens 128 --tokens 4096 --tokens 16384 --iters 20 2>&1 | tee -a "$OUT/bench.log"
-            if [ -x build-old/moe_bench ]; then
+            if [ -x build-old/moe_bench ] && [[ " ${OLD_SPECS:-$specs} " == *" $s "* ]]; then
                 echo "== build-old/moe_bench (the previous build)" >> "$OUT/bench_old.log"
                 timeout 120 build-old/moe_bench examples/specs/$s.moe --tokens 128 --tokens 4096 --tokens 16384 --iters 20 >> "$OUT/bench_old.log" 2>&1
             fi

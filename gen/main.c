@@ -38,7 +38,7 @@ static const char *const usage_text =
     "  --set KEY=VALUE         override a spec key (router.score=sigmoid, arch=sm_90a,sm_80); repeatable\n"
     "  --templates DIR         read templates from DIR instead of the embedded copies\n"
     "  --tuning FILE           take sm_90a GEMM tiles from this tuning table instead of the embedded\n"
-    "                          tuning/h200.tune (emit, compile, plan)\n"
+    "                          tuning/h200.tune (emit, compile, plan; default: $MOEGEN_TUNING if set)\n"
     "  --help, --version\n";
 
 static const struct {
@@ -359,10 +359,13 @@ int main(int argc, char **argv) {
     if (!a.spec)
         return usage_error("%s needs a SPEC file", a.cmd);
     static moe_tuning_t tuning; /* lives until exit: plans point into it */
+    const char *env_tuning = getenv("MOEGEN_TUNING");
+    if (!a.tuning && env_tuning && *env_tuning && strcmp(a.cmd, "tune") != 0)
+        a.tuning = env_tuning;
     if (a.tuning) {
         moe_diag_t d;
         if (moe_tuning_load(&tuning, a.tuning, &d)) {
-            fprintf(stderr, "%s\n", d.msg);
+            fprintf(stderr, "%s%s\n", d.msg, a.tuning == env_tuning ? " (the tuning table MOEGEN_TUNING names)" : "");
             return 2;
         }
         moe_tuning_set(&tuning);

@@ -182,6 +182,8 @@ void moe_tuning_set(const moe_tuning_t *t) { active = t; }
 
 const moe_tuning_t *moe_tuning_active(void) { return active ? active : moe_tuning_default(); }
 
+const moe_tuning_t *moe_tuning_explicit(void) { return active; }
+
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch) {
     const moe_tuning_entry_t *best = NULL;
     for (int i = 0; t && i < t->n; i++) {

@@ -42,6 +42,8 @@ const moe_tuning_t *moe_tuning_default(void);
  * The table must outlive every plan built from it. */
 void moe_tuning_set(const moe_tuning_t *t);
 const moe_tuning_t *moe_tuning_active(void);
+/* The table moe_tuning_set installed, or NULL (the embedded one is active). */
+const moe_tuning_t *moe_tuning_explicit(void);
 
 /* The entry for spec s on arch: same shape, dtype and arch, the largest
  * bucket <= s->tokens; NULL when none. */

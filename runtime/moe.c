@@ -154,7 +154,9 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (moe_spec_load(&spec, path, text, NULL, 0, &d))
         return fail(MOE_ERR_SPEC, "%s", d.msg);
     char err[512];
-    const char *tpath = o && o->tuning_path ? o->tuning_path : getenv("MOEGEN_TUNING");
+    /* the option, else a table the process installed (moegen --tuning, the
+     * tuner's candidates), else $MOEGEN_TUNING, else the embedded one */
+    const char *tpath = o && o->tuning_path ? o->tuning_path : moe_tuning_explicit() ? NULL : getenv("MOEGEN_TUNING");
     moe_tuning_t table;
     if (tpath && moe_tuning_load(&table, tpath, &d)) {
         moe_tuning_free(&table);

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* test_tuning.c — the tuning table: parsing, errors with FILE:LINE, the
  * planner's use of an entry (kernel names), heuristics without one, and the
  * JIT cache key following the chosen tiles. No GPU. */
@@ -8,6 +9,7 @@
 #include "tuning.h"
 
 #include <stdio.h>
+#include <sys/wait.h>
 #include <string.h>
 
 static const char *const mixtral = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\n"
@@ -104,6 +106,27 @@ int main(void) {
         for (int i = 0; i < gt.n; i++)
             CHECK(gt.e[i].persistent == g);
         moe_tuning_free(&gt);
+    }
+
+    CASE("moegen reads MOEGEN_TUNING; --tuning overrides it; a bad one exits 2 naming it");
+    {
+        char out[8192];
+        static const char *const cmds[3] = {
+            "MOEGEN_TUNING=tests/tune/persist.tune build/moegen plan examples/specs/mixtral-8x7b.moe 2>&1",
+            "MOEGEN_TUNING=tests/tune/persist.tune build/moegen plan examples/specs/mixtral-8x7b.moe "
+            "--tuning tests/tune/tile.tune 2>&1",
+            "MOEGEN_TUNING=/nonexistent.tune build/moegen plan examples/specs/mixtral-8x7b.moe 2>&1"};
+        static const char *const want[3] = {"mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
+                                            "mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8",
+                                            "/nonexistent.tune: error: "};
+        for (int i = 0; i < 3; i++) {
+            FILE *f = popen(cmds[i], "r");
+            size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+            out[n] = 0;
+            int rc = f ? pclose(f) : -1;
+            CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
+            CHECKF(i < 2 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
+        }
     }
 
     CASE("errors name the file and line");
