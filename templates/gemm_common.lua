@@ -14,26 +14,35 @@
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
 @ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
 @ -- [rows, F]; kind = "down": B is [H, F] W2 and the output is [rows, H].
-@ -- Shared with gemm_sm90.lua: the CTA raster and the activation.
-@ function M.tile_coords(group_m)
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+@ -- Shared with gemm_sm90.lua: the tile raster and the activation.
+@ function M.tile_of(group_m)
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 @   if group_m <= 1 then
-    mt = (int)blockIdx.y;
-    nt = (int)blockIdx.x;
+    (void)mtiles;
+    mt = lin / ntiles;
+    nt = lin % ntiles;
 @   else
     constexpr int GROUP_M = ${group_m};
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
+    const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
     mt = first + within % size;
     nt = within / size;
 @   end
+}
+@ end
+@
+@ function M.tile_coords(group_m)
+@   M.tile_of(group_m)
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
 }
 @ end
 @

@@ -247,25 +247,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
- * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
- * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * NTILES). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
-@   if c.group_m <= 1 then
-    (void)mtiles;
-    mt = lin / NTILES;
-    nt = lin % NTILES;
-@   else
-    constexpr int GROUP_M = ${c.group_m};
-    const int group = lin / (GROUP_M * NTILES);
-    const int first = group * GROUP_M;
-    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * NTILES);
-    mt = first + within % size;
-    nt = within / size;
-@   end
-}
+@   import("gemm_common").tile_of(c.group_m)
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -278,7 +260,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
-        tile_of(lin, mtiles, mt, nt);
+        tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
@@ -424,7 +406,7 @@ ${ARCH_GUARD}
 @   end
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
-            tile_of(lin, mtiles, mt, nt);
+            tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;

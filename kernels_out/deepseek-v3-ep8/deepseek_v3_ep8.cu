@@ -733,7 +733,7 @@ deepseek_v3_ep8_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const 
     }
 }
 
-#line 379 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
@@ -899,21 +899,23 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
+#line 19 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
  * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
  * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * NTILES). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
-#line 260 "templates/gemm_sm90.lua"
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 29 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * NTILES);
+    const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * NTILES);
+    const int within = lin - group * (GROUP_M * ntiles);
     mt = first + within % size;
     nt = within / size;
-#line 268 "templates/gemm_sm90.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 251 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -926,7 +928,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
-        tile_of(lin, mtiles, mt, nt);
+        tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
@@ -1016,14 +1018,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 44 "templates/gemm_common.lua"
+#line 53 "templates/gemm_common.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 51 "templates/gemm_common.lua"
+#line 60 "templates/gemm_common.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 383 "templates/gemm_sm90.lua"
+#line 365 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
@@ -1050,25 +1052,25 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 410 "templates/gemm_sm90.lua"
+#line 392 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 412 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 416 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 418 "templates/gemm_sm90.lua"
+#line 400 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
         int s = 0;
         unsigned phase = 0;
-#line 423 "templates/gemm_sm90.lua"
+#line 405 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 425 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
-            tile_of(lin, mtiles, mt, nt);
+            tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
@@ -1086,20 +1088,20 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 450 "templates/gemm_sm90.lua"
+#line 432 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 481 "templates/gemm_sm90.lua"
+#line 463 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 488 "templates/gemm_sm90.lua"
+#line 470 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 503 "templates/gemm_sm90.lua"
+#line 485 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1110,7 +1112,7 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
                             }
                     }
-#line 455 "templates/gemm_sm90.lua"
+#line 437 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -1119,23 +1121,23 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __
         }
     }
 #else
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 466 "templates/gemm_sm90.lua"
+#line 448 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 379 "templates/gemm_sm90.lua"
+#line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
@@ -1301,21 +1303,23 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x NTILES. M
+#line 19 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
  * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
  * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * NTILES). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int &mt, int &nt) {
-#line 260 "templates/gemm_sm90.lua"
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 29 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * NTILES);
+    const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * NTILES);
+    const int within = lin - group * (GROUP_M * ntiles);
     mt = first + within % size;
     nt = within / size;
-#line 268 "templates/gemm_sm90.lua"
+#line 37 "templates/gemm_common.lua"
 }
+#line 251 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1328,7 +1332,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     unsigned phase = 0;
     for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
         int mt, nt;
-        tile_of(lin, mtiles, mt, nt);
+        tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
@@ -1418,7 +1422,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 383 "templates/gemm_sm90.lua"
+#line 365 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
@@ -1445,25 +1449,25 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 410 "templates/gemm_sm90.lua"
+#line 392 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 412 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 416 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 418 "templates/gemm_sm90.lua"
+#line 400 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
         int s = 0;
         unsigned phase = 0;
-#line 423 "templates/gemm_sm90.lua"
+#line 405 "templates/gemm_sm90.lua"
         (void)b2;
-#line 425 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
-            tile_of(lin, mtiles, mt, nt);
+            tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
@@ -1481,18 +1485,18 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 450 "templates/gemm_sm90.lua"
+#line 432 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 523 "templates/gemm_sm90.lua"
+#line 505 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 528 "templates/gemm_sm90.lua"
+#line 510 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 540 "templates/gemm_sm90.lua"
+#line 522 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1502,7 +1506,7 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 455 "templates/gemm_sm90.lua"
+#line 437 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -1511,17 +1515,17 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_
         }
     }
 #else
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)b2;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 464 "templates/gemm_sm90.lua"
+#line 446 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 466 "templates/gemm_sm90.lua"
+#line 448 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -1529,7 +1533,7 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_
 
 #line 13 "templates/gemm_up_swiglu.lua"
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
-#line 98 "templates/gemm_common.lua"
+#line 107 "templates/gemm_common.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 7168;        /* reduction length */
@@ -1579,30 +1583,35 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 }
 
 #line 19 "templates/gemm_common.lua"
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 27 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 29 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
+    const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
     mt = first + within % size;
     nt = within / size;
 #line 37 "templates/gemm_common.lua"
 }
-#line 147 "templates/gemm_common.lua"
+#line 42 "templates/gemm_common.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 156 "templates/gemm_common.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 154 "templates/gemm_common.lua"
+#line 163 "templates/gemm_common.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1615,7 +1624,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 189 "templates/gemm_common.lua"
+#line 198 "templates/gemm_common.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1682,13 +1691,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 256 "templates/gemm_common.lua"
+#line 265 "templates/gemm_common.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 265 "templates/gemm_common.lua"
+#line 274 "templates/gemm_common.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1745,11 +1754,11 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 44 "templates/gemm_common.lua"
+#line 53 "templates/gemm_common.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 51 "templates/gemm_common.lua"
+#line 60 "templates/gemm_common.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 16 "templates/gemm_up_swiglu.lua"
@@ -1759,7 +1768,7 @@ extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
-#line 328 "templates/gemm_common.lua"
+#line 337 "templates/gemm_common.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -1818,7 +1827,7 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__rest
 
 #line 9 "templates/gemm_down.lua"
 namespace deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
-#line 98 "templates/gemm_common.lua"
+#line 107 "templates/gemm_common.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 2048;        /* reduction length */
@@ -1868,30 +1877,35 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 }
 
 #line 19 "templates/gemm_common.lua"
-/* This CTA's (M tile, N tile). M tiles are rastered in groups of GROUP_M,
- * M fastest inside a group, so CTAs resident together read the same B
- * (weight) tiles and those come from L2. A bijection on the whole grid. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-#line 27 "templates/gemm_common.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 29 "templates/gemm_common.lua"
     constexpr int GROUP_M = 8;
-    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
-    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
-    const int group = lin / (GROUP_M * gx);
+    const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
-    const int size = gy - first < GROUP_M ? gy - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * gx);
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
     mt = first + within % size;
     nt = within / size;
 #line 37 "templates/gemm_common.lua"
 }
-#line 147 "templates/gemm_common.lua"
+#line 42 "templates/gemm_common.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 156 "templates/gemm_common.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 154 "templates/gemm_common.lua"
+#line 163 "templates/gemm_common.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1904,7 +1918,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 189 "templates/gemm_common.lua"
+#line 198 "templates/gemm_common.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1971,13 +1985,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 256 "templates/gemm_common.lua"
+#line 265 "templates/gemm_common.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 265 "templates/gemm_common.lua"
+#line 274 "templates/gemm_common.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -2041,7 +2055,7 @@ extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     using namespace deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
-#line 328 "templates/gemm_common.lua"
+#line 337 "templates/gemm_common.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -2094,7 +2108,7 @@ deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 2098 "deepseek_v3_ep8.cu"
+#line 2112 "deepseek_v3_ep8.cu"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
