@@ -38,7 +38,7 @@ for what in "$@"; do
     tune|all)
         cp tuning/h200.tune "$OUT/h200.tune"
         for s in $specs; do
-            timeout 200 build/moegen tune examples/specs/$s.moe --tokens 4096,16384 --iters 10 -o "$OUT/h200.tune" 2>&1 |
+            timeout 200 build/moegen tune examples/specs/$s.moe --tokens 128,4096,16384 --iters 10 -o "$OUT/h200.tune" 2>&1 |
                 tee -a "$OUT/tune.log" | tail -3
         done
         ;;&

@@ -30,8 +30,11 @@ const char *const moe_tune_usage =
     "output tile, persist = one CTA per SM walking the tiles) for SPEC's shape at each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
-    "GEMMs, median of N iterations, default 20), the date and the GPU. -o TABLE merges the entries\n"
-    "into TABLE (replacing entries of the same shape and tokens); without -o they are printed.\n"
+    "GEMMs, median of N iterations, default 20), the date and the GPU. An entry applies to plans of\n"
+    "at least its token count, which run calls of any size up to their capacity, so its winner is the\n"
+    "candidate with the lowest sum of time ratios to the fastest over every measured count up to it.\n"
+    "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
+    "-o they are printed.\n"
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
 
 typedef struct {
@@ -41,7 +44,7 @@ typedef struct {
 static const cand_t cands[] = {
     {128, 256, 4, 8, 0},  {128, 256, 3, 8, 0}, {128, 256, 4, 16, 0}, {128, 128, 4, 8, 0},
     {128, 128, 6, 8, 0},  {64, 256, 4, 8, 0},  {64, 128, 6, 8, 0},   {128, 256, 4, 8, 1},
-    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},
+    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},  {128, 256, 3, 16, 1},
 };
 
 /* A candidate as the tuning table and the progress lines spell it. */
@@ -329,15 +332,30 @@ int moe_tune_command(int argc, char **argv) {
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     int nwin = 0;
+    float fastest[MAX_TOK];
     for (int ti = 0; ti < ntok; ti++) {
+        fastest[ti] = 0;
+        for (int c = 0; c < NCAND; c++)
+            if (ok[c] && (fastest[ti] == 0 || times[c][ti] < fastest[ti]))
+                fastest[ti] = times[c][ti];
+    }
+    for (int ti = 0; ti < ntok; ti++) {
+        /* A plan built for capacity tok[ti] runs calls of any size up to it,
+         * so the bucket's winner is the candidate with the lowest sum of time
+         * ratios to the fastest over every measured count <= tok[ti]. */
         int best = -1, second = -1;
+        double score[NCAND];
         for (int c = 0; c < NCAND; c++) {
+            score[c] = 0;
+            for (int tj = 0; tj < ntok; tj++)
+                if (tok[tj] <= tok[ti])
+                    score[c] += times[c][tj] / fastest[tj];
             if (!ok[c])
                 continue;
-            if (best < 0 || times[c][ti] < times[best][ti]) {
+            if (best < 0 || score[c] < score[best]) {
                 second = best;
                 best = c;
-            } else if (second < 0 || times[c][ti] < times[second][ti]) {
+            } else if (second < 0 || score[c] < score[second]) {
                 second = c;
             }
         }
