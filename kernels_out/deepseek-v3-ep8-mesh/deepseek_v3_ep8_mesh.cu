@@ -608,9 +608,9 @@ deepseek_v3_ep8_mesh_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, c
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
@@ -620,7 +620,7 @@ constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr int EPI_OFF = 0;    /* the staging tile */
-constexpr int BAR_OFF = 196608;    /* full[STAGES], then empty[STAGES] */
+constexpr int BAR_OFF = 147456;    /* full[STAGES], then empty[STAGES] */
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -899,15 +899,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1016,9 +1016,9 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __gri
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
@@ -1028,7 +1028,7 @@ constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr int EPI_OFF = 0;    /* the staging tile */
-constexpr int BAR_OFF = 196608;    /* full[STAGES], then empty[STAGES] */
+constexpr int BAR_OFF = 147456;    /* full[STAGES], then empty[STAGES] */
 constexpr int EPI_COLS = 256;  /* output columns per staging pass */
 constexpr int LDC = 264;            /* staged output row stride, halves */
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1300,15 +1300,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2293,8 +2293,8 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2313,11 +2313,11 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     if ((e = deepseek_v3_ep8_mesh_tmap(&ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(&mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 16), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<(unsigned)(tiles_y * 16), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     if ((e = deepseek_v3_ep8_mesh_tmap(&ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(&mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-    deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 28), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<(unsigned)(tiles_y * 28), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

@@ -598,7 +598,7 @@ gpt_oss_120b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16_impl {
+namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
@@ -769,7 +769,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -892,15 +892,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16_impl
+}  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16_smem);
+    using namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1019,7 +1019,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16(const __grid_const
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16_impl {
+namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
@@ -1190,7 +1190,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1303,15 +1303,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16_impl
+}  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16_smem);
+    using namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2096,8 +2096,8 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2116,11 +2116,11 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     if ((e = gpt_oss_120b_tmap(&ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_120b_tmap(&mb, a->w1p, 737280LL, 2880, 256)) != cudaSuccess)
         return e;
-    gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 23), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 23), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     if ((e = gpt_oss_120b_tmap(&ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_120b_tmap(&mb, a->w2, 368640LL, 2880, 256)) != cudaSuccess)
         return e;
-    gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 12), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 12), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

@@ -714,7 +714,7 @@ mixtral_8x7b_combine_bf16_h4096k2(const moe_half_t *__restrict__ obuf, const int
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl {
+namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 4096;        /* reduction length */
@@ -885,7 +885,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1005,15 +1005,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl
+}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem);
+    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1118,7 +1118,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __gr
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl {
+namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 14336;        /* reduction length */
@@ -1289,7 +1289,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1402,15 +1402,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl
+}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem);
+    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2162,8 +2162,8 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2189,11 +2189,11 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     if ((e = mixtral_8x7b_tmap(&ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
         (e = mixtral_8x7b_tmap(&mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
         return e;
-    mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 112 < sms ? tiles_y * 112 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 112 < sms ? tiles_y * 112 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     if ((e = mixtral_8x7b_tmap(&ma, hbuf, tiles_y * 128, 14336, 128)) != cudaSuccess ||
         (e = mixtral_8x7b_tmap(&mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
         return e;
-    mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 16 < sms ? tiles_y * 16 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 16 < sms ? tiles_y * 16 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     mixtral_8x7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(224, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);

@@ -600,7 +600,7 @@ qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const in
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl {
+namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
@@ -771,7 +771,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -891,15 +891,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl
+}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem);
+    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1004,7 +1004,7 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __g
 
 #line 361 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl {
+namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
 #line 146 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 768;        /* reduction length */
@@ -1175,7 +1175,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 29 "templates/gemm_common.lua"
-    constexpr int GROUP_M = 16;
+    constexpr int GROUP_M = 8;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1288,15 +1288,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 365 "templates/gemm_sm90.lua"
-}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl
+}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16_smem);
+    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2055,8 +2055,8 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     }
     static bool attrs_set = false;
     if (!attrs_set) {
-        if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
-        if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
+        if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         if (cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
         attrs_set = true;
@@ -2082,11 +2082,11 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     if ((e = qwen3_30b_a3b_tmap(&ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = qwen3_30b_a3b_tmap(&mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
         return e;
-    qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 6 < sms ? tiles_y * 6 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 6 < sms ? tiles_y * 6 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     if ((e = qwen3_30b_a3b_tmap(&ma, hbuf, tiles_y * 128, 768, 128)) != cudaSuccess ||
         (e = qwen3_30b_a3b_tmap(&mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
         return e;
-    qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g16<<<(unsigned)(tiles_y * 8 < sms ? tiles_y * 8 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<(unsigned)(tiles_y * 8 < sms ? tiles_y * 8 : sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
     } else {
     qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(12, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(16, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
