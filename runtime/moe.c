@@ -265,6 +265,25 @@ moe_status moe_plan_create_sim(moe_plan **out, const char *spec_path, const moe_
     return plan_create(out, spec_path, NULL, o, 1);
 }
 
+/* A compiled folder's GEMMs are the ones this runtime plans: the tuning
+ * table chooses their tiles, and a folder compiled under another table
+ * would otherwise fail later as a kernel missing from the module. */
+static moe_status same_gemms(const moe_plan *p, const char *manifest, const char *mpath) {
+    const moe_spec_t *s = &p->pd.spec;
+    for (int a = 0; a < s->narch; a++)
+        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
+            const char *want = moe_plan_kernels(&p->pd, s->arch[a])[k].name;
+            char quoted[160];
+            snprintf(quoted, sizeof quoted, "\"name\": \"%s\"", want);
+            if (!strstr(manifest, quoted))
+                return fail(MOE_ERR_IO, "%s: the folder's %s GEMMs are not the ones this runtime plans, %s (the "
+                            "tuning table decides their tiles); compile the folder with the same table (moegen "
+                            "--tuning FILE or MOEGEN_TUNING) or pass that table as moe_options.tuning_path",
+                            mpath, moe_arch_name(s->arch[a]), want);
+        }
+    return MOE_OK;
+}
+
 moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_options *o) {
     if (!out)
         return fail(MOE_ERR_INVALID_ARG, "moe_plan_create_from_dir: plan is NULL");
@@ -281,15 +300,21 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     char name[MOE_NAME_MAX] = "";
     if (key)
         sscanf(key + 9, "%63[A-Za-z0-9_]", name);
-    free(manifest);
-    if (!name[0])
+    if (!name[0]) {
+        free(manifest);
         return fail(MOE_ERR_IO, "%s: no \"name\" in the manifest", mpath);
+    }
     moe_plan *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p) {
+        free(manifest);
         return fail(MOE_ERR_NO_MEMORY, "out of memory");
+    }
     char spath[4200];
     snprintf(spath, sizeof spath, "%s/%s.moe", dir, name);
     moe_status s = plan_tables(p, spath, NULL, o);
+    if (s == MOE_OK)
+        s = same_gemms(p, manifest, mpath);
+    free(manifest);
     if (s == MOE_OK)
         s = check_mesh(p, o, 0);
     if (s == MOE_OK)

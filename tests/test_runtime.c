@@ -100,6 +100,28 @@ static void test_tuning_switch(void) {
     CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), want) &&
                strstr(moe_last_error(), "moe_options.tuning_path"),
            "got %s: %s", moe_status_string(st), moe_last_error());
+    CASE("tuning: a folder compiled under another table is refused before the driver, naming the kernel");
+    char dir[] = "/tmp/moegen-test-dir-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "build/moegen emit %s -o %s/out --tuning tests/tune/tile.tune", spec, dir);
+    unsetenv("MOEGEN_TUNING");
+    CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "%s/out", dir);
+    moe_options other = {.tuning_path = "tests/tune/persist.tune"};
+    st = moe_plan_create_from_dir(&plan, cmd, &other);
+    CHECKF(st == MOE_ERR_IO && strstr(moe_last_error(), "mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_") &&
+               strstr(moe_last_error(), "tuning table decides"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    moe_options same = {.tuning_path = "tests/tune/tile.tune"};
+    st = moe_plan_create_from_dir(&plan, cmd, &same);
+    CHECKF(st != MOE_ERR_IO || !strstr(moe_last_error(), "tuning table decides"), "got %s: %s",
+           moe_status_string(st), moe_last_error());
+    moe_plan_destroy(plan);
+    plan = NULL;
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    setenv("MOEGEN_TUNING", "/nonexistent/h200.tune", 1);
     CASE("tuning: moe_options.tuning_path overrides MOEGEN_TUNING");
     o.tuning_path = "tuning/h200.tune";
     st = moe_plan_create(&plan, spec, &o);
