@@ -346,12 +346,12 @@ int moe_tune_command(int argc, char **argv) {
         int best = -1, second = -1;
         double score[NCAND];
         for (int c = 0; c < NCAND; c++) {
+            if (!ok[c])
+                continue;
             score[c] = 0;
             for (int tj = 0; tj < ntok; tj++)
                 if (tok[tj] <= tok[ti])
                     score[c] += times[c][tj] / fastest[tj];
-            if (!ok[c])
-                continue;
             if (best < 0 || score[c] < score[best]) {
                 second = best;
                 best = c;

@@ -28,7 +28,8 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 
 int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
                           size_t n) {
-    moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .persistent = persistent};
+    const moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .persistent = persistent};
+    const int smem = moe_plan_sm90_smem(&t, bn); /* bn: the down GEMM's output columns, the wider */
     const char *why = NULL;
     if (bm != 64 && bm != 128)
         why = "bm must be 64 or 128";
@@ -38,7 +39,7 @@ int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int
         why = "bk must be 64 (one 128-byte swizzle row)";
     else if (bn < 64 || bn > 256 || bn % 64)
         why = "bn must be 64, 128, 192 or 256";
-    else if (stages < 2 || moe_plan_sm90_smem(&t, bn) == 0 || moe_plan_sm90_smem(&t, bn) > 227 * 1024)
+    else if (stages < 2 || smem == 0 || smem > 227 * 1024)
         why = persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
                          : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
     else if (group_m < 1 || group_m > 64)

@@ -33,6 +33,7 @@ struct moe_plan {
     int slot_identity;      /* the routing table is the identity (expert g's weights at slot g) */
     moe_cudnn_t *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
     moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
+    int sms;                /* the device's multiprocessors: a persistent grid's size */
 };
 
 static _Thread_local char last_error[4096];
@@ -106,6 +107,7 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     int major = 0, minor = 0;
     CU_CHECK(moe_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
     CU_CHECK(moe_cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    CU_CHECK(moe_cu.cuDeviceGetAttribute(&p->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     if (major == 9 && minor == 0)
         p->arch = MOE_ARCH_SM90A;
     else if (major == 8)
@@ -458,14 +460,8 @@ static moe_status launch_grid(const moe_plan *p, int k, int tokens, long long ro
         targs[1] = &mb;
         args = targs;
         unsigned long long total = (unsigned long long)g[0] * g[1];
-        if (d->tile.persistent) {
-            CUdevice dev;
-            int sms = 0;
-            CU_CHECK(moe_cu.cuDeviceGet(&dev, p->device));
-            CU_CHECK(moe_cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-            if (sms > 0 && total > (unsigned long long)sms)
-                total = (unsigned long long)sms;
-        }
+        if (d->tile.persistent && p->sms > 0 && total > (unsigned long long)p->sms)
+            total = (unsigned long long)p->sms;
         g[0] = (unsigned)total;
         g[1] = 1;
     }

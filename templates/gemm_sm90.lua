@@ -4,7 +4,8 @@
 @ -- warpgroups, one CTA per tile or on a persistent grid. M.up(p) emits
 @ -- the up projection with the SwiGLU fused in, M.down(p) the down
 @ -- projection; both keep the semantics of gemm_up_swiglu.lua /
-@ -- gemm_down.lua (read their headers), but take their operands A and B as TMA tensor maps (below).
+@ -- gemm_down.lua (read their headers), but take their operands A and B
+@ -- as TMA tensor maps (below).
 @ --
 @ -- Tile (p.tile): bm x bn x bk, stages, consumers, group_m. Consumer
 @ -- warpgroup w owns rows [w * bm / consumers, (w + 1) * bm / consumers) of
