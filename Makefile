@@ -7,8 +7,11 @@ CUDA_HOME ?= /usr/local/cuda
 CC        ?= gcc
 CFLAGS    ?= -O2 -g
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
+MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 LUA_INC   ?= /usr/include/lua5.4
-LUA_LIB   ?= /usr/lib/x86_64-linux-gnu/liblua5.4.a
+LUA_LIB   ?= /usr/lib/$(or $(MULTIARCH),x86_64-linux-gnu)/liblua5.4.a
+XXHASH_H  ?= /usr/include/xxhash.h
+DEB_PKGS  := liblua5.4-dev libxxhash-dev
 SPEC      ?= examples/specs/mixtral-8x7b.moe
 BUILD     := build
 
@@ -27,7 +30,25 @@ RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 .PHONY: all run test kernels clean
 all: $(BUILD)/moegen $(BUILD)/libmoegen.a
 
-$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h)
+# ---- what the build needs from the system -------------------------------
+# `make deps` checks for Lua 5.4 (headers and static library) and xxhash's
+# header; missing ones are installed with apt-get when run as root, else it
+# prints the command and fails. Every compile waits for it, so `make run`
+# and `make test` on a fresh machine set it up first (.ci/run does the same).
+.PHONY: deps
+deps:
+	@missing=; [ -f $(LUA_INC)/lua.h ] && [ -f $(LUA_LIB) ] || missing=liblua5.4-dev; \
+	[ -f $(XXHASH_H) ] || missing="$$missing libxxhash-dev"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make deps: installing $$missing (apt-get)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } || exit 1; \
+	else \
+	    echo "make deps: missing $$missing (Lua 5.4 at $(LUA_INC), $(LUA_LIB); $(XXHASH_H))." >&2; \
+	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
+	fi
+
+$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
@@ -39,14 +60,14 @@ $(BUILD)/embed: gen/embed.c
 $(BUILD)/templates_embed.c: $(BUILD)/embed $(TEMPLATES)
 	$(BUILD)/embed $@ $(TEMPLATES)
 
-$(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h
+$(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # the tuning table, embedded the same way under the symbol moe_embedded_tuning
 $(BUILD)/tuning_embed.c: $(BUILD)/embed $(TUNING)
 	$(BUILD)/embed $@.tmp $(TUNING) && sed 's/moe_embedded_templates*/moe_embedded_tuning/g' $@.tmp > $@ && rm -f $@.tmp
 
-$(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h
+$(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # ---- the library and the command -----------------------------------------
