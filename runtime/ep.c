@@ -3,19 +3,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ep.h"
 
+#include "error.h"
 #include "moe_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CU_TRY(call)                                                                                   \
-    do {                                                                                               \
-        CUresult cu_rc_ = (call);                                                                      \
-        if (cu_rc_ != CUDA_SUCCESS)                                                                    \
-            return moe_fail(MOE_ERR_CUDA, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,           \
-                            moe_cu_error_string(cu_rc_));                                              \
-    } while (0)
 
 #define NCCL_TRY(call)                                                                                 \
     do {                                                                                               \
@@ -112,8 +105,8 @@ moe_status moe_ep_load(moe_ep_t *ep, CUmodule module) {
                             moe_cu_error_string(r));
     }
     size_t tb = sizeof(int) * (size_t)ep->mp.experts;
-    CU_TRY(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
-    CU_TRY(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp.owner_ep_rank, tb));
+    CU_CHECK(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp.owner_ep_rank, tb));
     return MOE_OK;
 }
 
@@ -160,9 +153,9 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
     c->nx = 0;
     switch (step) {
     case 0: { /* route, the send layout, the rows into the send buffer; counts go out */
-        CU_TRY(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, (size_t)s->experts, st));
-        CU_TRY(moe_cu.cuMemsetD32Async(reg[MOE_EW_OVERFLOW], 0, 1, st));
-        CU_TRY(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(ed->send_rows * row_bytes), 0, (size_t)row_bytes,
+        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, (size_t)s->experts, st));
+        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_OVERFLOW], 0, 1, st));
+        CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(ed->send_rows * row_bytes), 0, (size_t)row_bytes,
                                       st)); /* the null row */
         void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS]};
@@ -319,7 +312,7 @@ moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstr
             if (rc)
                 return moe_fail(rc, "moe_gather_weights: the pack hook failed on tensor %d with status %d", i, rc);
         } else if ((const void *)(uintptr_t)mine != src[i]) {
-            CU_TRY(moe_cu.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)src[i], shard, st));
+            CU_CHECK(moe_cu.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)src[i], shard, st));
         }
         /* in place: every peer's shard lands at its FSDP rank's place, which is
          * slot order (the mesh plan gathers held = peers' stored, by fsdp rank) */

@@ -31,9 +31,6 @@ typedef struct {
 } moe_ffn_args_t;
 moe_status moe_run_ffn(const moe_plan *plan, const moe_ffn_args_t *f, CUstream stream, CUevent *events);
 
-/* Record a detailed error for moe_last_error() and return s. */
-moe_status moe_fail(moe_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* Launch kernel family k of the plan with its planned grid for `tokens`. */
 moe_status moe_launch_family(const moe_plan *plan, int k, int tokens, CUstream stream, void **args);
 

@@ -1,0 +1,127 @@
+/* moe_forward.c — the forward pass (one device, or the expert-parallel
+ * steps), the FSDP gather and the dispatch overflow check. */
+#define _POSIX_C_SOURCE 200809L
+#include "moe_impl.h"
+
+#include "cudnn.h"
+#include "ep.h"
+#include "error.h"
+#include "spec.h"
+
+#include <stdint.h>
+
+static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args, CUevent *ev) {
+    return moe_launch_grid(p, k, tokens, 0, st, args, ev);
+}
+
+moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *stream) {
+    return moe_forward_timed(p, a, stream, NULL);
+}
+
+moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void *stream, CUevent ev[7]) {
+    if (!p || !a)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    if (a->tokens < 1)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; at least 1 is needed", a->tokens);
+    if (a->tokens > s->tokens)
+        return moe_fail(MOE_ERR_CAPACITY, "moe_forward: %d tokens exceed the plan's capacity of %d (spec key tokens)",
+                    a->tokens, s->tokens);
+    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x, router_w, w1p, w2, y and workspace are required");
+    if (s->router.bias && !a->router_bias)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.bias; router_bias is required");
+    if (s->router.logit_bias && !a->router_logit_bias)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.logit_bias; router_logit_bias is required");
+    if (s->ffn_bias && (!a->b1p || !a->b2))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has ffn_bias; b1p and b2 are required");
+    if ((uintptr_t)a->workspace % 256)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: workspace must be 256-byte aligned");
+    CUstream st = (CUstream)stream;
+    CUresult r = moe_cu.cuCtxSetCurrent(p->ctx);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "cuCtxSetCurrent: %s", moe_cu_error_string(r));
+    if (p->ep->dispatch) {
+        if (ev)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "per-kernel timing is for single-rank plans");
+        return moe_ep_forward(p, a, st);
+    }
+    CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
+    CUdeviceptr reg[MOE_WS_COUNT];
+    for (int i = 0; i < MOE_WS_COUNT; i++)
+        reg[i] = ws + p->pd.ws[i].offset;
+    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, (size_t)s->experts, st);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
+    int T = a->tokens;
+    moe_status rc;
+    {
+        void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS]};
+        if ((rc = launch(p, MOE_K_ROUTE, T, st, args, ev)))
+            return rc;
+    }
+    {
+        CUdeviceptr slot = p->slot_dev;
+        void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
+                        &reg[MOE_WS_NUM_TILES]};
+        if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args, ev)))
+            return rc;
+    }
+    {
+        void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &T,
+                        &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
+        if ((rc = launch(p, MOE_K_PERMUTE_SCATTER, T, st, args, ev)))
+            return rc;
+    }
+    {
+        moe_ffn_args_t f = {.tokens = T, .xs = reg[MOE_WS_XS], .tiles = reg[MOE_WS_TILES],
+                            .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
+                            .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
+                            .w2 = a->w2, .b2 = a->b2,
+                            .scratch = moe_cudnn_workspace(p->cudnn) ? ws + p->pd.ws_bytes : 0};
+        if ((rc = moe_run_ffn(p, &f, st, ev)))
+            return rc;
+    }
+    {
+        void *args[] = {&reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], &reg[MOE_WS_TOPK_W], &T, (void *)&a->y};
+        if ((rc = launch(p, MOE_K_COMBINE, T, st, args, ev)))
+            return rc;
+    }
+    if (ev && moe_cu.cuEventRecord(ev[MOE_K_COUNT], st) != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+    return MOE_OK;
+}
+
+moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void *stream) {
+    if (!p || !g)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: NULL argument");
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    if (p->ep->mp.world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
+        moe_ep_call_t c;
+        c.nx = 0;
+        return moe_gather_prepare(p, g, (CUstream)stream, &c);
+    }
+    return moe_ep_gather(p, g, (CUstream)stream);
+}
+
+moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *stream, long long *rows) {
+    if (rows)
+        *rows = 0;
+    if (!p || !workspace)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_overflow: NULL argument");
+    if (!p->ep->dispatch || !p->ep->ed.capacity)
+        return MOE_OK;
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    CU_CHECK(moe_cu.cuStreamSynchronize((CUstream)stream));
+    int n = 0;
+    CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + p->ep->ed.ws[MOE_EW_OVERFLOW].offset,
+                                 sizeof n));
+    if (rows)
+        *rows = n;
+    if (n > 0)
+        return moe_fail(MOE_ERR_OVERFLOW, "dispatch capacity exceeded: %d rows did not fit dispatch.capacity = %d rows "
+                    "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
+                    p->ep->ed.capacity);
+    return MOE_OK;
+}
