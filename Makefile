@@ -19,7 +19,9 @@ WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-func
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
 LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
 
-GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c
+GEN_SRC   := gen/spec.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
+             gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
+             gen/family_ep.c gen/family_swiglu.c
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))

@@ -12,9 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const family_names[MOE_K_COUNT] = {"route", "permute_plan", "permute_scatter",
-                                                      "gemm_up_swiglu", "gemm_down", "combine"};
-
 /* The stamp every emitted file opens with (no dates, no absolute paths). */
 static void stamp(moe_buf_t *b, const moe_plan_desc_t *pd, const char *from, const char *open, const char *mid,
                   const char *close) {
@@ -56,7 +53,7 @@ static void emit_sm90_gemm(moe_buf_t *b, const char *n, const moe_plan_desc_t *p
 static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_of) {
     const moe_spec_t *s = &pd->spec;
     const char *n = s->name;
-    const moe_kernel_desc_t *k = pd->k;
+    const moe_kernel_desc_t *k = moe_plan_kernels(pd, MOE_ARCH_SM80);
     moe_buf_printf(b, "\n#ifndef __CUDACC_RTC__\n/* ---- host launch code (plain nvcc builds) ---- */\n");
     moe_buf_printf(b, "#include <cuda_runtime.h>\n#include \"%s.h\"\n\n", n);
     moe_buf_printf(b, "/* The routing table: the slot of each expert's weights (manifest.json, \"routing\"). */\n"
@@ -132,7 +129,8 @@ static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_o
     moe_buf_printf(b, "    const long long tiles_y = %s_max_tiles(T);\n", n);
     /* the GEMM variant: sm_90a kernels on compute capability 9.x when the
      * spec has both arches and they differ; otherwise the one in the file */
-    const moe_kernel_desc_t *k90 = pd->k90, *k80 = pd->k;
+    const moe_kernel_desc_t *k90 = moe_plan_kernels(pd, MOE_ARCH_SM90A);
+    const moe_kernel_desc_t *k80 = moe_plan_kernels(pd, MOE_ARCH_SM80);
     int has80 = 0;
     for (int i = 0; i < s->narch; i++)
         has80 |= s->arch[i] == MOE_ARCH_SM80;
@@ -259,7 +257,7 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         int k = neutral[i];
         moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[0], k);
         rc = k < 0 ? moe_tmpl_expand(t, "common", "prelude", out, diag)
-                   : moe_tmpl_expand(t, pd->k[k].tmpl, NULL, out, diag);
+                   : moe_tmpl_expand(t, moe_plan_kernels(pd, s->arch[0])[k].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
     const char *done[2 * MOE_ARCH_MAX];
@@ -385,10 +383,11 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
         moe_buf_printf(b, "    \"%s\": [\n", moe_arch_name(s->arch[a]));
         for (int i = 0; i < MOE_K_COUNT; i++) {
             const moe_kernel_desc_t *k = &ks[i];
-            const char *tmpl = k->tile.consumers ? "gemm_sm90" : k->tmpl;
+            const moe_family_t *f = moe_family(k->family);
+            const char *tmpl = moe_family_variant(f, s->arch[a])->code;
             moe_buf_printf(b, "      {\"family\": \"%s\", \"name\": \"%s\", \"template\": \"templates/%s.lua\", "
                               "\"threads\": %d, \"smem\": %d",
-                           family_names[i], k->name, tmpl, k->threads, k->smem);
+                           f->name, k->name, tmpl, k->threads, k->smem);
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)

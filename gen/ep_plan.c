@@ -31,17 +31,11 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         return 1;
     }
 
-    const char *n = s->name;
-    moe_kernel_desc_t *k = ed->k;
-    k[MOE_EK_SEND_PLAN] = (moe_kernel_desc_t){.family = MOE_K_COUNT, .tmpl = "ep", .threads = 1024};
-    snprintf(k[MOE_EK_SEND_PLAN].name, sizeof k->name, "%s_ep_send_plan_e%dp%llds%lldc%lld", n, s->experts, P, S, C);
-    k[MOE_EK_SCATTER] = (moe_kernel_desc_t){.family = MOE_K_COUNT, .tmpl = "ep", .threads = 256, .per_block = 8};
-    snprintf(k[MOE_EK_SCATTER].name, sizeof k->name, "%s_ep_scatter_%s_h%dk%dc%lld", n, moe_dtype_name(s->dtype),
-             s->hidden, s->top_k, C);
-    k[MOE_EK_RECV_PLAN] = (moe_kernel_desc_t){.family = MOE_K_COUNT, .tmpl = "ep", .threads = 1024};
-    snprintf(k[MOE_EK_RECV_PLAN].name, sizeof k->name, "%s_ep_recv_plan_p%llds%lldc%lld_a%d", n, P, S, C, pd->align);
-    k[MOE_EK_ROWS] = (moe_kernel_desc_t){.family = MOE_K_COUNT, .tmpl = "ep", .threads = 256, .per_block = 8};
-    snprintf(k[MOE_EK_ROWS].name, sizeof k->name, "%s_ep_rows_h%dp%llds%lld", n, s->hidden, P, S);
+    moe_family_ctx_t ctx = {.spec = s, .arch = s->arch[0], .align = pd->align, .tuned = pd->tuned,
+                            .ep = ed->ep, .nheld = nheld, .capacity = ed->capacity};
+    for (int i = 0; i < MOE_EK_COUNT; i++)
+        if (moe_family_build(&ed->k[i], (moe_kfamily_t)(MOE_K_EP_FIRST + i), &ctx, err, errlen))
+            return 1;
 
     long long E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
     size_t sizes[MOE_EW_COUNT] = {
@@ -69,36 +63,12 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
 
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
                  unsigned grid[3]) {
-    const moe_kernel_desc_t *d = &ed->k[k];
-    grid[0] = grid[1] = grid[2] = 1;
-    if (k == MOE_EK_SCATTER)
-        grid[0] = (unsigned)(((long long)tokens * pd->spec.top_k + d->per_block - 1) / d->per_block);
-    else if (k == MOE_EK_ROWS)
-        grid[0] = (unsigned)((rows + d->per_block - 1) / d->per_block);
-    if (grid[0] == 0)
-        grid[0] = 1;
-}
-
-static void set_int(lua_State *L, const char *k, long long v) {
-    lua_pushinteger(L, v);
-    lua_setfield(L, -2, k);
-}
-static void set_str(lua_State *L, const char *k, const char *v) {
-    lua_pushstring(L, v);
-    lua_setfield(L, -2, k);
+    moe_family_grid(&ed->k[k], &pd->spec, tokens, rows, grid);
 }
 
 void moe_ep_push_params(lua_State *L, const moe_plan_desc_t *pd, const moe_ep_desc_t *ed) {
     moe_plan_push_params(L, pd, pd->spec.arch[0], -1);
-    set_int(L, "P", ed->ep);
-    set_int(L, "S", ed->nheld);
-    set_int(L, "C", ed->capacity);
-    set_int(L, "threads", ed->k[MOE_EK_SEND_PLAN].threads);
-    set_int(L, "scatter_threads", ed->k[MOE_EK_SCATTER].threads);
-    set_int(L, "rows_threads", ed->k[MOE_EK_ROWS].threads);
-    set_int(L, "rows_per_block", ed->k[MOE_EK_SCATTER].per_block);
-    set_str(L, "send_plan", ed->k[MOE_EK_SEND_PLAN].name);
-    set_str(L, "scatter", ed->k[MOE_EK_SCATTER].name);
-    set_str(L, "recv_plan", ed->k[MOE_EK_RECV_PLAN].name);
-    set_str(L, "rows", ed->k[MOE_EK_ROWS].name);
+    moe_family_ctx_t ctx = {.spec = &pd->spec, .arch = pd->spec.arch[0], .align = pd->align, .tuned = pd->tuned,
+                            .ep = ed->ep, .nheld = ed->nheld, .capacity = ed->capacity};
+    moe_family(MOE_K_EP_FIRST)->push(L, &ctx, &ed->k[0], ed->k);
 }

@@ -10,11 +10,13 @@
 
 #include <lua.h>
 
+/* The EP plan's kernel set, index i = family MOE_K_EP_FIRST + i (family.h,
+ * family_ep.c). */
 typedef enum {
-    MOE_EK_SEND_PLAN = 0,   /* counts -> send layout, per-peer counts */
-    MOE_EK_SCATTER,         /* token rows -> send buffer, row map */
-    MOE_EK_RECV_PLAN,       /* received counts -> chunk tables, tile table */
-    MOE_EK_ROWS,            /* staging <-> slot-major rows */
+    MOE_EK_SEND_PLAN = MOE_K_EP_SEND_PLAN - MOE_K_EP_FIRST,
+    MOE_EK_SCATTER = MOE_K_EP_SCATTER - MOE_K_EP_FIRST,
+    MOE_EK_RECV_PLAN = MOE_K_EP_RECV_PLAN - MOE_K_EP_FIRST,
+    MOE_EK_ROWS = MOE_K_EP_ROWS - MOE_K_EP_FIRST,
     MOE_EK_COUNT
 } moe_ep_kfamily_t;
 

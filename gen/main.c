@@ -277,7 +277,7 @@ static int cmd_plan(const args_t *a) {
                moe_dtype_name(spec.dtype), spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
         printf("kernels (sm_90a; sm_80 runs the same but mma.sync GEMMs, see manifest.json):\n");
         for (int i = 0; i < MOE_K_COUNT; i++) {
-            const moe_kernel_desc_t *k = &pd.k90[i];
+            const moe_kernel_desc_t *k = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
                 printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,

@@ -7,38 +7,10 @@
 #ifndef MOEGEN_PLAN_H
 #define MOEGEN_PLAN_H
 
+#include "family.h"
 #include "spec.h"
 
 #include <lua.h>
-
-typedef enum {
-    MOE_K_ROUTE = 0,        /* logits, scores, top-k, weights, counts */
-    MOE_K_PERMUTE_PLAN,     /* counts -> aligned offsets, tile table */
-    MOE_K_PERMUTE_SCATTER,  /* token rows -> expert-major rows, row map */
-    MOE_K_GEMM_UP,          /* [rows, H] x [H, 2F] + SwiGLU -> [rows, F] */
-    MOE_K_GEMM_DOWN,        /* [rows, F] x [F, H] -> [rows, H] */
-    MOE_K_COMBINE,          /* y[t] = sum_k w * out[row(t, k)] */
-    MOE_K_COUNT
-} moe_kfamily_t;
-
-typedef struct {
-    int bm, bn, bk;         /* CTA tile; for GEMM_UP, bn counts packed (gate+up) columns */
-    int stages;             /* cp.async pipeline depth */
-    int warps_m, warps_n;   /* warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
-    int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
-    int consumers;          /* sm_90a wgmma kernel: consumer warpgroups (0 = the mma.sync kernel) */
-    int persistent;         /* sm_90a: 1 = about one CTA per SM walking the tiles, 0 = one CTA per tile */
-} moe_tile_cfg_t;
-
-typedef struct {
-    moe_kfamily_t family;
-    const char *tmpl;       /* template name: "route" = templates/route.lua */
-    char name[128];         /* the kernel symbol; spells its parameters */
-    int threads;            /* block size */
-    int smem;               /* dynamic shared memory, bytes */
-    int per_block;          /* route/combine: tokens per block; scatter: rows per block */
-    moe_tile_cfg_t tile;    /* GEMMs only */
-} moe_kernel_desc_t;
 
 typedef enum {
     MOE_WS_COUNTS = 0,      /* int [E]      tokens routed to each expert (zeroed before route) */
@@ -54,18 +26,12 @@ typedef enum {
     MOE_WS_COUNT
 } moe_ws_region_id_t;
 
-typedef struct {
-    const char *name;
-    size_t offset, bytes;
-} moe_ws_region_t;
-
-typedef struct {
+typedef struct moe_plan_desc {
     moe_spec_t spec;
     int align;                       /* expert row blocks align to this (= GEMM bm) */
     long long max_rows, max_tiles;   /* at spec.tokens */
     int pair_granule;                /* gate/up rows interleave in blocks of this many */
-    moe_kernel_desc_t k[MOE_K_COUNT];     /* sm_80 kernels (and every non-GEMM kernel) */
-    moe_kernel_desc_t k90[MOE_K_COUNT];   /* sm_90a: the same, but GEMMs on wgmma when available */
+    moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t) */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
     const struct moe_tuning_entry *tuned;  /* the tuning table entry the sm_90a GEMMs use, or NULL (heuristics) */
@@ -84,25 +50,17 @@ int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *spec, const 
 
 /* The kernels of one arch. */
 static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *pd, moe_arch_t arch) {
-    return arch == MOE_ARCH_SM90A ? pd->k90 : pd->k;
+    return pd->kernels[arch];
 }
-
-/* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
- * tile t and out_cols output columns per tile (bn / 2 for the up
- * projection, bn for the down): the stage ring, the epilogue's staging
- * tile (its own only on a persistent grid; one CTA per tile stages the
- * output in the ring) and the mbarriers. 0 when the output tile does not
- * fit in the ring. */
-int moe_plan_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
 
 /* Rows and tiles needed for `tokens` tokens (tokens <= spec.tokens). */
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
 
-/* Grid of kernel k of arch for `tokens` tokens. For the sm_90a GEMMs
- * (tile.consumers > 0) this is the tile space (N tiles x M tiles); they run
- * on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or of
- * min(grid[0] * grid[1], SMs) when tile.persistent. */
+/* Grid of kernel k of arch for `tokens` tokens (the family's grid,
+ * family.h). For the sm_90a GEMMs (tile.consumers > 0) this is the tile
+ * space (N tiles x M tiles); they run on a 1D grid of grid[0] * grid[1] CTAs
+ * (one per tile), or of min(grid[0] * grid[1], SMs) when tile.persistent. */
 void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]);
 
 /* Push the template parameter table `p` for kernel k of arch onto L

@@ -1,6 +1,6 @@
 /* tuning.c — parse and search the tuning table (format: tuning/h200.tune). */
 #include "tuning.h"
-#include "plan.h"
+#include "family.h"
 #include "template.h"
 
 #include <stdio.h>
@@ -28,25 +28,9 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 
 int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
                           size_t n) {
-    const moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .persistent = persistent};
-    const int smem = moe_plan_sm90_smem(&t, bn); /* bn: the down GEMM's output columns, the wider */
-    const char *why = NULL;
-    if (bm != 64 && bm != 128)
-        why = "bm must be 64 or 128";
-    else if (consumers != bm / 64)
-        why = "consumers must be bm / 64";
-    else if (bk != 64)
-        why = "bk must be 64 (one 128-byte swizzle row)";
-    else if (bn < 64 || bn > 256 || bn % 64)
-        why = "bn must be 64, 128, 192 or 256";
-    else if (stages < 2 || smem == 0 || smem > 227 * 1024)
-        why = persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
-                         : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
-    else if (group_m < 1 || group_m > 64)
-        why = "group_m must be 1..64";
-    if (why)
-        snprintf(err, n, "%s", why);
-    return why != NULL;
+    const moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .consumers = consumers,
+                              .group_m = group_m, .persistent = persistent};
+    return moe_gemm_sm90_tile_check(&t, err, n);
 }
 
 int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag) {

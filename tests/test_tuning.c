@@ -61,9 +61,9 @@ int main(void) {
     moe_plan_desc_t pd;
     CHECK(plan_of(&pd, mixtral) == 0);
     CHECK(pd.tuned == NULL);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
     /* one CTA per tile: the output is staged in the ring, no staging tile of its own */
-    CHECK(pd.k90[MOE_K_GEMM_UP].smem == 4 * (128 + 256) * 64 * 2 + 16 * 4 && !pd.k90[MOE_K_GEMM_UP].tile.persistent);
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].smem == 4 * (128 + 256) * 64 * 2 + 16 * 4 && !moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.persistent);
     char key_heur[33], key_tuned[33], key_small[33];
     moe_diag_t cd;
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_heur, &cd) == 0);
@@ -72,18 +72,18 @@ int main(void) {
     moe_tuning_set(&t);
     CHECK(plan_of(&pd, mixtral) == 0);
     CHECK(pd.tuned == &t.e[1]);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
-    CHECK(pd.k90[MOE_K_GEMM_UP].tile.persistent == 1);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_DOWN].name, "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
-    CHECK(pd.k90[MOE_K_GEMM_UP].smem == 3 * (128 + 256) * 64 * 2 + 128 * (128 + 8) * 2 + 16 * 3);
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.persistent == 1);
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].name, "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].smem == 3 * (128 + 256) * 64 * 2 + 128 * (128 + 8) * 2 + 16 * 3);
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_tuned, &cd) == 0);
     CHECK(strcmp(key_heur, key_tuned) != 0);
 
     CASE("a smaller bucket sets bm (align) for both arches");
     CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n") == 0);
     CHECK(pd.tuned == &t.e[0] && pd.align == 64);
-    CHECK_STREQ(pd.k90[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4");
-    CHECK(pd.k[MOE_K_GEMM_UP].tile.bm == 64 && pd.k90[MOE_K_GEMM_UP].threads == 256);
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4");
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.bm == 64 && moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].threads == 256);
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_small, &cd) == 0);
     CHECK(strcmp(key_small, key_tuned) != 0);
 
@@ -155,5 +155,34 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 1 2 2026-12-02 H200\n"
                  "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
+
+    CASE("the family table: one descriptor per id, a variant for every arch, the kernels a plan holds");
+    for (int id = 0; id < MOE_FAMILY_COUNT; id++) {
+        const moe_family_t *f = moe_family((moe_kfamily_t)id);
+        CHECKF(f && (int)f->id == id && f->name && f->spell, "family %d", id);
+        for (int a = 0; f && a < MOE_FAMILY_ARCHES; a++)
+            CHECKF(moe_family_variant(f, (moe_arch_t)a) != NULL, "family %s arch %d", f->name, a);
+    }
+    CHECK(moe_family(MOE_FAMILY_COUNT) == NULL);
+    {
+        moe_plan_desc_t pd;
+        CHECK(plan_of(&pd, mixtral) == 0);
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
+            for (int k = 0; k < MOE_K_COUNT; k++) {
+                const moe_kernel_desc_t *d = &moe_plan_kernels(&pd, (moe_arch_t)a)[k];
+                CHECK((int)d->family == k && d->threads > 0 && d->name[0]);
+            }
+        CHECK_STREQ(moe_family_variant(moe_family(MOE_K_GEMM_UP), MOE_ARCH_SM90A)->code, "gemm_sm90");
+        moe_family_ctx_t ctx = {.spec = &pd.spec, .arch = MOE_ARCH_SM80, .align = pd.align};
+        moe_kernel_desc_t sw;
+        char err[128];
+        CHECK(moe_family_build(&sw, MOE_K_SWIGLU, &ctx, err, sizeof err) == 0);
+        CHECK_STREQ(sw.name, "mx_swiglu_bf16_f12288");
+        unsigned g[3];
+        moe_family_grid(&sw, &pd.spec, 0, 100, g);
+        CHECK(g[0] == (100 * 12288 / 8 + 255) / 256 && g[1] == 1);
+        moe_plan_grid(&pd, MOE_ARCH_SM90A, MOE_K_GEMM_DOWN, 4096, g);
+        CHECK(g[0] == 4096 / 256 && g[1] == (unsigned)moe_plan_max_tiles(&pd, 4096) && g[2] == 1);
+    }
     return check_report("test_tuning");
 }

@@ -1,0 +1,158 @@
+/* family.h — the kernel families: one descriptor per family, one table.
+ *
+ * A kernel family is one kind of kernel (route, the up GEMM, an EP dispatch
+ * step, ...). Its descriptor is the one home of what C knows about it: the
+ * canonical name (spelled from the parameters, as CUTLASS's
+ * procedural_name), the template, the geometry (threads, dynamic shared
+ * memory, rows per block, the GEMM tile), the grid for a token count and the
+ * template parameters beyond the shared ones. A family's arch variants
+ * (sm_80 mma.sync, sm_90a wgmma + TMA) are rows of its variant list, not
+ * fields: planning picks the row that serves the arch.
+ *
+ * Homes: family.c (the table, the builder, the Lua setters),
+ * family_route.c, family_permute.c, family_gemm.c (both GEMMs and the
+ * sm_90a shared-memory formula), family_combine.c, family_ep.c (the four
+ * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU). The planner
+ * (plan.c, ep_plan.c) walks the table; emission, the manifest, the cache key
+ * and the runtime read the kernel descriptors it fills. */
+#ifndef MOEGEN_FAMILY_H
+#define MOEGEN_FAMILY_H
+
+#include "spec.h"
+
+#include <lua.h>
+
+/* Family ids. The forward's kernels come first, in launch order: a plan's
+ * kernel set of an arch is indexed by these (moe_plan_kernels). */
+typedef enum {
+    MOE_K_ROUTE = 0,        /* logits, scores, top-k, weights, counts */
+    MOE_K_PERMUTE_PLAN,     /* counts -> aligned offsets, tile table */
+    MOE_K_PERMUTE_SCATTER,  /* token rows -> expert-major rows, row map */
+    MOE_K_GEMM_UP,          /* [rows, H] x [H, 2F] + SwiGLU -> [rows, F] */
+    MOE_K_GEMM_DOWN,        /* [rows, F] x [F, H] -> [rows, H] */
+    MOE_K_COMBINE,          /* y[t] = sum_k w * out[row(t, k)] */
+    /* the expert-parallel dispatch kernels (templates/ep.lua), in the order
+     * of the EP plan's set (ep_plan.h, MOE_EK_*) */
+    MOE_K_EP_SEND_PLAN,     /* counts -> send layout, per-peer counts */
+    MOE_K_EP_SCATTER,       /* token rows -> send buffer, row map */
+    MOE_K_EP_RECV_PLAN,     /* received counts -> chunk tables, tile table */
+    MOE_K_EP_ROWS,          /* staging <-> slot-major rows */
+    /* the cuDNN path's standalone activation: h = SwiGLU(u) over the packed
+     * [rows, 2F] matmul output (reserved: not yet planned or emitted) */
+    MOE_K_SWIGLU,
+    MOE_FAMILY_COUNT
+} moe_kfamily_t;
+
+/* The forward's kernels: a plan's per-arch set has this many. */
+#define MOE_K_COUNT (MOE_K_COMBINE + 1)
+/* The first EP family: EP set index i is family MOE_K_EP_FIRST + i. */
+#define MOE_K_EP_FIRST MOE_K_EP_SEND_PLAN
+/* moe_arch_t values (spec.h): a plan holds a kernel set for each. */
+#define MOE_FAMILY_ARCHES 2
+
+typedef struct {
+    int bm, bn, bk;         /* CTA tile; for GEMM_UP, bn counts packed (gate+up) columns */
+    int stages;             /* pipeline depth (cp.async on sm_80, the TMA ring on sm_90a) */
+    int warps_m, warps_n;   /* sm_80: warp grid; warp tile = (bm/warps_m) x (bn/warps_n) */
+    int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
+    int consumers;          /* sm_90a wgmma kernel: consumer warpgroups (0 = the mma.sync kernel) */
+    int persistent;         /* sm_90a: 1 = about one CTA per SM walking the tiles, 0 = one CTA per tile */
+} moe_tile_cfg_t;
+
+/* One planned kernel: what its family built for one spec and arch. */
+typedef struct {
+    moe_kfamily_t family;
+    const char *tmpl;       /* template emission expands: "route" = templates/route.lua */
+    char name[128];         /* the kernel symbol; spells its parameters */
+    int threads;            /* block size */
+    int smem;               /* dynamic shared memory, bytes */
+    int per_block;          /* route/combine: tokens per block; scatters and ep_rows: rows per block */
+    moe_tile_cfg_t tile;    /* GEMMs only */
+} moe_kernel_desc_t;
+
+/* A named region of a workspace. */
+typedef struct {
+    const char *name;
+    size_t offset, bytes;
+} moe_ws_region_t;
+
+struct moe_tuning_entry;
+
+/* What a family reads to plan a kernel: the spec, the arch, the plan's
+ * choices so far. */
+typedef struct {
+    const moe_spec_t *spec;
+    moe_arch_t arch;
+    int align;                              /* expert row blocks align to this (= GEMM bm) */
+    const struct moe_tuning_entry *tuned;   /* the sm_90a GEMM tiles the tuning table chose, or NULL */
+    int ep, nheld, capacity;                /* EP families: group size P, slots S, capacity C (0 = exact) */
+} moe_family_ctx_t;
+
+/* One arch variant of a family. */
+typedef struct {
+    unsigned archs;         /* bit 1u << arch for each arch it serves */
+    const char *tmpl;       /* template emission expands (templates/<tmpl>.lua) */
+    const char *code;       /* template holding the kernel code: the manifest's "template" */
+    const char *engine;     /* how it computes ("mma.sync + cp.async", "wgmma + TMA"); NULL: arch-neutral */
+    /* Fill k's threads, smem, per_block and tile for c. Returns 0, or
+     * non-zero with the reason in err. */
+    int (*geometry)(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen);
+} moe_family_variant_t;
+
+#define MOE_ALL_ARCHES ((1u << MOE_FAMILY_ARCHES) - 1)
+
+typedef struct {
+    moe_kfamily_t id;
+    const char *name;       /* "route", "gemm_up_swiglu": the manifest's family, moegen plan's rows */
+    const moe_family_variant_t *variants;
+    int nvariants;
+    /* The canonical kernel name of k (geometry filled), at most n bytes. */
+    void (*spell)(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k);
+    /* Grid of k for `tokens` tokens; n is what the family walks besides
+     * tokens: the row tiles (GEMMs), the rows (ep_rows, swiglu). grid comes
+     * in as {1, 1, 1}. */
+    void (*grid)(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned grid[3]);
+    /* Add the family's template parameters to the table on top of L (NULL:
+     * none beyond the shared ones). set: the kernel set k belongs to (a
+     * plan's set of k's arch, or the EP plan's set). */
+    void (*push)(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set);
+} moe_family_t;
+
+/* The family table, indexed by id. */
+const moe_family_t *moe_family(moe_kfamily_t id);
+
+/* The variant of f that serves arch, or NULL. */
+const moe_family_variant_t *moe_family_variant(const moe_family_t *f, moe_arch_t arch);
+
+/* Plan kernel `id` for c into k: its variant for c->arch, the geometry, the
+ * name. Returns 0, or non-zero with the reason in err. */
+int moe_family_build(moe_kernel_desc_t *k, moe_kfamily_t id, const moe_family_ctx_t *c, char *err, size_t errlen);
+
+/* Grid of planned kernel k (see moe_family_t.grid); never 0 blocks. */
+void moe_family_grid(const moe_kernel_desc_t *k, const moe_spec_t *s, int tokens, long long n, unsigned grid[3]);
+
+/* ---- the GEMM family's facts that the tuning table checks --------------- */
+
+/* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
+ * tile t and out_cols output columns per tile (bn / 2 for the up
+ * projection, bn for the down): the stage ring, the epilogue's staging
+ * tile (its own only on a persistent grid; one CTA per tile stages the
+ * output in the ring) and the mbarriers. 0 when the output tile does not
+ * fit in the ring. */
+int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
+
+/* Non-zero (with the reason in err) when the sm_90a wgmma template cannot
+ * run tile t (bm, bn, bk, stages, consumers, group_m, persistent). */
+int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
+
+/* The expert row block (the GEMM bm, the plan's align) for spec s: the
+ * tuning entry's bm when there is one, else the heuristic. */
+int moe_gemm_row_block(const moe_spec_t *s, const struct moe_tuning_entry *tuned);
+
+/* ---- Lua table setters: t[k] = v on the table on top of L --------------- */
+void moe_lua_set_int(lua_State *L, const char *k, long long v);
+void moe_lua_set_num(lua_State *L, const char *k, double v);
+void moe_lua_set_str(lua_State *L, const char *k, const char *v);
+void moe_lua_set_bool(lua_State *L, const char *k, int v);
+
+#endif

@@ -1,0 +1,152 @@
+/* family_gemm.c — the expert GEMMs: gemm_up_swiglu ([rows, H] x [H, 2F],
+ * SwiGLU in the epilogue -> [rows, F]) and gemm_down ([rows, F] x [F, H]),
+ * over the tile table. Two variants each: sm_80 mma.sync with a cp.async
+ * pipeline (templates/gemm_common.lua), sm_90a wgmma with TMA operands
+ * (templates/gemm_sm90.lua), whose tile the tuning table may choose. */
+#include "family.h"
+#include "tuning.h"
+
+#include <stdio.h>
+
+/* ---- sm_90a: shared memory and what the template can run -------------- */
+
+int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
+    int ring = t->stages * (t->bm + t->bn) * t->bk * 2;
+    if (!t->persistent) /* the output tile, all columns in one pass, staged in the ring */
+        return t->bm * (out_cols + 8) * 2 <= ring ? ring + 16 * t->stages : 0;
+    int epi_cols = out_cols < 128 ? out_cols : 128;
+    int staging = (t->bm * (epi_cols + 8) * 2 + 15) / 16 * 16;
+    return ring + staging + 16 * t->stages;
+}
+
+int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
+    const int smem = moe_gemm_sm90_smem(t, t->bn); /* bn: the down GEMM's output columns, the wider */
+    const char *why = NULL;
+    if (t->bm != 64 && t->bm != 128)
+        why = "bm must be 64 or 128";
+    else if (t->consumers != t->bm / 64)
+        why = "consumers must be bm / 64";
+    else if (t->bk != 64)
+        why = "bk must be 64 (one 128-byte swizzle row)";
+    else if (t->bn < 64 || t->bn > 256 || t->bn % 64)
+        why = "bn must be 64, 128, 192 or 256";
+    else if (t->stages < 2 || smem == 0 || smem > 227 * 1024)
+        why = t->persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
+                            : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
+    else if (t->group_m < 1 || t->group_m > 64)
+        why = "group_m must be 1..64";
+    if (why)
+        snprintf(err, errlen, "%s", why);
+    return why != NULL;
+}
+
+/* The row block heuristic. Expert row blocks are short when
+ * tokens*top_k/E is small (Qwen3-style many-expert layers), so bm follows
+ * the mean rows per expert. A tuning entry's bm overrides it, since both
+ * arches share one tile table (the plan's align). */
+int moe_gemm_row_block(const moe_spec_t *s, const moe_tuning_entry_t *tuned) {
+    if (tuned)
+        return tuned->bm == 128 ? 128 : 64;
+    double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
+    return rows_per_expert >= 96 ? 128 : 64;
+}
+
+/* output columns of one tile: the up GEMM's SwiGLU halves its packed bn */
+static int out_cols(const moe_kernel_desc_t *k) {
+    return k->family == MOE_K_GEMM_UP ? k->tile.bn / 2 : k->tile.bn;
+}
+
+/* ---- sm_80: mma.sync + cp.async ----------------------------------------- */
+
+/* a configuration that keeps the mma.sync pipeline fed; bm is the plan's */
+static int sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    if (c->align == 128)
+        k->tile = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4,
+                                   .group_m = 8};
+    else
+        k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
+                                   .group_m = 8};
+    k->threads = 32 * k->tile.warps_m * k->tile.warps_n;
+    /* rows padded by 8 elements against bank conflicts */
+    k->smem = k->tile.stages * (k->tile.bm + k->tile.bn) * (k->tile.bk + 8) * 2;
+    return 0;
+}
+
+/* ---- sm_90a: wgmma + TMA -------------------------------------------------- */
+
+/* one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
+ * one CTA per tile, unless the tuning table has an entry for this shape and
+ * token count (which may choose the persistent grid) */
+static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    const moe_tuning_entry_t *te = c->tuned;
+    if (te)
+        k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
+                                   .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent};
+    else
+        k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
+                                   .consumers = c->align / 64};
+    k->threads = 128 * (k->tile.consumers + 1);
+    k->smem = moe_gemm_sm90_smem(&k->tile, out_cols(k));
+    return 0;
+}
+
+/* ---- the family ----------------------------------------------------------- */
+
+static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    const moe_spec_t *s = c->spec;
+    const moe_tile_cfg_t *t = &k->tile;
+    const char *what = k->family == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down";
+    if (t->consumers)
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
+                 t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+    else
+        snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
+                 t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
+}
+
+/* the tile space, N tiles x M tiles (n: row tiles). The sm_90a kernels run
+ * it on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or of
+ * min(grid[0] * grid[1], SMs) when tile.persistent. */
+static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)tokens;
+    long long N = k->family == MOE_K_GEMM_UP ? 2LL * s->ffn : s->hidden;
+    g[0] = (unsigned)((N + k->tile.bn - 1) / k->tile.bn);
+    g[1] = (unsigned)n;
+}
+
+static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
+    (void)c, (void)set;
+    lua_newtable(L);
+    moe_lua_set_int(L, "bm", k->tile.bm);
+    moe_lua_set_int(L, "bn", k->tile.bn);
+    moe_lua_set_int(L, "bk", k->tile.bk);
+    moe_lua_set_int(L, "stages", k->tile.stages);
+    moe_lua_set_int(L, "warps_m", k->tile.warps_m);
+    moe_lua_set_int(L, "warps_n", k->tile.warps_n);
+    moe_lua_set_int(L, "group_m", k->tile.group_m);
+    moe_lua_set_int(L, "consumers", k->tile.consumers);
+    moe_lua_set_int(L, "persistent", k->tile.persistent);
+    lua_setfield(L, -2, "tile");
+}
+
+#define SM80 (1u << MOE_ARCH_SM80)
+#define SM90A (1u << MOE_ARCH_SM90A)
+
+static const moe_family_variant_t up_variants[] = {
+    {.archs = SM80, .tmpl = "gemm_up_swiglu", .code = "gemm_up_swiglu", .engine = "mma.sync + cp.async",
+     .geometry = sm80_geometry},
+    {.archs = SM90A, .tmpl = "gemm_up_swiglu", .code = "gemm_sm90", .engine = "wgmma + TMA",
+     .geometry = sm90_geometry},
+};
+static const moe_family_variant_t down_variants[] = {
+    {.archs = SM80, .tmpl = "gemm_down", .code = "gemm_down", .engine = "mma.sync + cp.async",
+     .geometry = sm80_geometry},
+    {.archs = SM90A, .tmpl = "gemm_down", .code = "gemm_sm90", .engine = "wgmma + TMA", .geometry = sm90_geometry},
+};
+
+const moe_family_t moe_family_gemm_up = {.id = MOE_K_GEMM_UP, .name = "gemm_up_swiglu", .variants = up_variants,
+                                         .nvariants = 2, .spell = spell, .grid = grid, .push = push};
+const moe_family_t moe_family_gemm_down = {.id = MOE_K_GEMM_DOWN, .name = "gemm_down", .variants = down_variants,
+                                           .nvariants = 2, .spell = spell, .grid = grid, .push = push};

@@ -1,0 +1,60 @@
+/* family_permute.c — the two permute kernels, both in templates/permute.lua:
+ * permute_plan (one block: counts -> offsets aligned to the GEMM bm, the
+ * tile table) and permute_scatter (token rows -> expert-major rows, the row
+ * map, per_block rows per block). */
+#include "family.h"
+
+#include <stdio.h>
+
+static int plan_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)c, (void)err, (void)errlen;
+    k->threads = 1024;
+    return 0;
+}
+
+static void plan_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    (void)k;
+    snprintf(out, n, "%s_permute_plan_e%d_a%d", c->spec->name, c->spec->experts, c->align);
+}
+
+static int scatter_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)c, (void)err, (void)errlen;
+    k->threads = 256;
+    k->per_block = 8;
+    return 0;
+}
+
+static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    const moe_spec_t *s = c->spec;
+    (void)k;
+    snprintf(out, n, "%s_permute_scatter_%s_h%d", s->name, moe_dtype_name(s->dtype), s->hidden);
+}
+
+static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)n;
+    g[0] = (unsigned)(((long long)tokens * s->top_k + k->per_block - 1) / k->per_block);
+}
+
+/* the template emits both kernels: each expansion gets both names */
+static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
+    (void)c, (void)k;
+    moe_lua_set_str(L, "plan_kernel", set[MOE_K_PERMUTE_PLAN].name);
+    moe_lua_set_int(L, "plan_threads", set[MOE_K_PERMUTE_PLAN].threads);
+    moe_lua_set_str(L, "scatter_kernel", set[MOE_K_PERMUTE_SCATTER].name);
+    moe_lua_set_int(L, "scatter_threads", set[MOE_K_PERMUTE_SCATTER].threads);
+    moe_lua_set_int(L, "scatter_rows", set[MOE_K_PERMUTE_SCATTER].per_block);
+}
+
+static const moe_family_variant_t plan_variants[] = {
+    {.archs = MOE_ALL_ARCHES, .tmpl = "permute", .code = "permute", .geometry = plan_geometry},
+};
+static const moe_family_variant_t scatter_variants[] = {
+    {.archs = MOE_ALL_ARCHES, .tmpl = "permute", .code = "permute", .geometry = scatter_geometry},
+};
+
+const moe_family_t moe_family_permute_plan = {.id = MOE_K_PERMUTE_PLAN, .name = "permute_plan",
+                                              .variants = plan_variants, .nvariants = 1, .spell = plan_spell,
+                                              .push = push};
+const moe_family_t moe_family_permute_scatter = {.id = MOE_K_PERMUTE_SCATTER, .name = "permute_scatter",
+                                                 .variants = scatter_variants, .nvariants = 1,
+                                                 .spell = scatter_spell, .grid = scatter_grid, .push = push};

@@ -1,0 +1,36 @@
+/* family_route.c — the route kernel (templates/route.lua): logits, scores,
+ * top-k, weights and the per-expert counts, per_block tokens per block. */
+#include "family.h"
+
+#include <stdio.h>
+
+static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    const int E = c->spec->experts;
+    if (E > 1024) {
+        snprintf(err, errlen, "experts (%d): the route kernel handles at most 1024 experts", E);
+        return 1;
+    }
+    k->threads = 256;
+    k->per_block = 32;
+    if (E > 256) /* logits of 32 tokens x E no longer fit 48 KB of static shared memory */
+        k->smem = 20480 + 128 * ((E + 255) / 256 * 256 + 8);
+    return 0;
+}
+
+static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    const moe_spec_t *s = c->spec;
+    snprintf(out, n, "%s_route_%s_e%dk%d_t%d", s->name, moe_dtype_name(s->dtype), s->experts, s->top_k,
+             k->per_block);
+}
+
+static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)s, (void)n;
+    g[0] = (unsigned)((tokens + k->per_block - 1) / k->per_block);
+}
+
+static const moe_family_variant_t variants[] = {
+    {.archs = MOE_ALL_ARCHES, .tmpl = "route", .code = "route", .geometry = geometry},
+};
+
+const moe_family_t moe_family_route = {.id = MOE_K_ROUTE, .name = "route", .variants = variants, .nvariants = 1,
+                                       .spell = spell, .grid = grid};
