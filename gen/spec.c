@@ -1,12 +1,13 @@
-/* spec.c — load a spec file in a sandbox, validate it, canonicalize it. */
+/* spec.c — load a spec file in a sandbox and validate it against the
+ * schema (spec_schema.c); report errors at the key's file and line. */
 #include "spec.h"
+#include "spec_schema.h"
 
 #include "sandbox.h"
 #include "util.h"
 
 #include <ctype.h>
 #include <lauxlib.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,24 +20,7 @@
 #define SPEC_INSTR_LIMIT 1000000L
 #define SPEC_TEXT_MAX (1u << 20)
 
-/* Size limits that keep every size computation in range: row counts and
- * offsets fit int32, tensor element counts fit comfortably in int64. */
-#define LIMIT_EXPERTS 4096
-#define LIMIT_TOP_K 32
-#define LIMIT_DIM 65536
-#define LIMIT_TOKENS (1 << 20)
-#define LIMIT_ROWS (1LL << 28)        /* tokens * top_k */
-#define LIMIT_WEIGHT_ELEMS (1LL << 40) /* experts * 2F * H */
-#define LIMIT_AXIS 4096
-#define LIMIT_WORLD 65536
-
-const char *moe_dtype_name(moe_dtype_t d) { return d == MOE_DTYPE_FP16 ? "fp16" : "bf16"; }
 const char *moe_dtype_ctype(moe_dtype_t d) { return d == MOE_DTYPE_FP16 ? "__half" : "__nv_bfloat16"; }
-const char *moe_arch_name(moe_arch_t a) { return a == MOE_ARCH_SM80 ? "sm_80" : "sm_90a"; }
-const char *moe_axis_name(int axis) {
-    static const char *const names[] = {"dp", "fsdp", "ep"};
-    return axis >= 0 && axis < MOE_AXIS_COUNT ? names[axis] : "?";
-}
 int moe_spec_world(const moe_spec_t *s) {
     return s->mesh.size[MOE_AXIS_DP] * s->mesh.size[MOE_AXIS_FSDP] * s->mesh.size[MOE_AXIS_EP];
 }
@@ -313,7 +297,7 @@ static int apply_override(ctx_t *c, int i) {
     return 0;
 }
 
-/* ---- typed getters ------------------------------------------------------ */
+/* ---- reading one key ---------------------------------------------------- */
 
 static const char *type_word(lua_State *L, int idx) {
     int t = lua_type(L, idx);
@@ -387,130 +371,55 @@ static void check_keys(ctx_t *c, int idx, const char *parent, const char *const 
         lua_settop(L, idx);
 }
 
-static char *full_name(char *buf, size_t n, keyref_t k) {
-    snprintf(buf, n, "%s%s%s", k.parent ? k.parent : "", k.parent ? "." : "", k.key);
-    return buf;
+/* A key's full name split into its parent (copied into buf; NULL for a
+ * top-level key) and its own name. */
+static keyref_t key_ref(const char *name, char *buf, size_t n) {
+    const char *dot = strchr(name, '.');
+    if (!dot)
+        return (keyref_t){NULL, name};
+    snprintf(buf, n, "%.*s", (int)(dot - name), name);
+    return (keyref_t){buf, dot + 1};
 }
 
-/* Fetch an integer key from the table at idx into *out, with range [lo, hi].
- * Missing: default when !required. */
-static void get_int(ctx_t *c, int idx, keyref_t k, int required, int def, long long lo, long long hi, int *out) {
-    if (c->failed)
-        return;
-    lua_State *L = c->L;
-    char fn[128];
-    int t = lua_getfield(L, idx, k.key);
-    if (t == LUA_TNIL) {
-        if (required)
-            key_error(c, (keyref_t){NULL, NULL}, "missing required key '%s'", full_name(fn, sizeof fn, k));
-        *out = def;
-    } else if (!lua_isinteger(L, -1)) {
-        if (t == LUA_TNUMBER)
-            key_error(c, k, "%s must be an integer, got %.17g%s", full_name(fn, sizeof fn, k), lua_tonumber(L, -1),
-                      lua_tonumber(L, -1) == (double)(long long)lua_tonumber(L, -1) ? ".0" : "");
-        else
-            key_error(c, k, "%s must be an integer, got %s", full_name(fn, sizeof fn, k), type_word(L, -1));
-    } else {
-        long long v = lua_tointeger(L, -1);
-        if (v < lo || v > hi)
-            key_error(c, k, "%s = %lld is out of range [%lld, %lld]", full_name(fn, sizeof fn, k), v, lo, hi);
-        else
-            *out = (int)v;
+/* Report an error on the key of full name `name`. */
+#define NAMED_ERROR(c, name, ...)                                                                                  \
+    do {                                                                                                           \
+        char parent_[64];                                                                                          \
+        key_error(c, key_ref(name, parent_, sizeof parent_), __VA_ARGS__);                                         \
+    } while (0)
+
+/* "a", "b" and "c" (and = NULL: "a", "b", "c"), quoted. */
+static void join_choices(char *buf, size_t n, const char *const *choices, const char *last_sep) {
+    buf[0] = '\0';
+    for (int j = 0; choices[j]; j++) {
+        const char *sep = j == 0 ? "" : (last_sep && !choices[j + 1]) ? last_sep : ", ";
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, "%s\"%s\"", sep, choices[j]);
     }
-    lua_pop(L, 1);
 }
 
-static void get_num(ctx_t *c, int idx, keyref_t k, double def, double lo, double hi, double *out, int *present) {
-    if (c->failed)
-        return;
-    lua_State *L = c->L;
-    char fn[128];
-    int t = lua_getfield(L, idx, k.key);
-    if (present)
-        *present = t != LUA_TNIL;
-    if (t == LUA_TNIL) {
-        *out = def;
-    } else if (t != LUA_TNUMBER) {
-        key_error(c, k, "%s must be a number, got %s", full_name(fn, sizeof fn, k), type_word(L, -1));
-    } else {
-        double v = lua_tonumber(L, -1);
-        if (!(v >= lo && v <= hi))
-            key_error(c, k, "%s = %g is out of range [%g, %g]", full_name(fn, sizeof fn, k), v, lo, hi);
-        else
-            *out = v;
-    }
-    lua_pop(L, 1);
+/* The index of v in choices, or -1. */
+static int choice_index(const char *const *choices, const char *v) {
+    for (int i = 0; choices[i]; i++)
+        if (strcmp(choices[i], v) == 0)
+            return i;
+    return -1;
 }
 
-static void get_bool(ctx_t *c, int idx, keyref_t k, bool def, bool *out) {
-    if (c->failed)
-        return;
-    lua_State *L = c->L;
-    char fn[128];
-    int t = lua_getfield(L, idx, k.key);
-    if (t == LUA_TNIL)
-        *out = def;
-    else if (t != LUA_TBOOLEAN)
-        key_error(c, k, "%s must be true or false, got %s", full_name(fn, sizeof fn, k), type_word(L, -1));
-    else
-        *out = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-}
+static int value_of(const moe_key_t *k, int i) { return k->values ? k->values[i] : i; }
 
-/* A string key that must be one of choices[]; *out gets its index. */
-static void get_enum(ctx_t *c, int idx, keyref_t k, int def, const char *const *choices, int *out) {
-    if (c->failed)
-        return;
+/* Read a LIST value at the stack top into out[] (choice indices; a refused
+ * value as the index nchoices); returns the count, 0 after an error. */
+static int read_list(ctx_t *c, keyref_t kr, const moe_key_t *k, int *out) {
     lua_State *L = c->L;
-    char fn[128];
-    int t = lua_getfield(L, idx, k.key);
-    if (t == LUA_TNIL) {
-        *out = def;
-    } else if (t != LUA_TSTRING) {
-        key_error(c, k, "%s must be a string, got %s", full_name(fn, sizeof fn, k), type_word(L, -1));
-    } else {
-        const char *v = lua_tostring(L, -1);
-        int i = 0;
-        for (; choices[i]; i++)
-            if (strcmp(choices[i], v) == 0)
-                break;
-        if (choices[i]) {
-            *out = i;
-        } else {
-            char list[256] = "";
-            for (int j = 0; choices[j]; j++) {
-                strncat(list, j ? ", " : "", sizeof list - strlen(list) - 1);
-                strncat(list, "\"", sizeof list - strlen(list) - 1);
-                strncat(list, choices[j], sizeof list - strlen(list) - 1);
-                strncat(list, "\"", sizeof list - strlen(list) - 1);
-            }
-            key_error(c, k, "%s = \"%s\" is not one of %s", full_name(fn, sizeof fn, k), v, list);
-        }
-    }
-    lua_pop(L, 1);
-}
-
-/* A list of strings from choices[] (a single string counts as a list of
- * one); no repeats. Writes indices to out[], returns the count. */
-static int get_enum_list(ctx_t *c, int idx, keyref_t k, const char *const *choices, int *out, int max) {
-    if (c->failed)
-        return 0;
-    lua_State *L = c->L;
-    char fn[128];
-    full_name(fn, sizeof fn, k);
-    int t = lua_getfield(L, idx, k.key);
-    int n = 0;
-    if (t == LUA_TNIL) {
-        lua_pop(L, 1);
-        return -1;
-    }
-    if (t == LUA_TSTRING) {
+    const char *fn = k->name;
+    int max = moe_key_nchoices(k), n = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
         lua_newtable(L);
         lua_insert(L, -2);
         lua_rawseti(L, -2, 1);
-    } else if (t != LUA_TTABLE) {
-        key_error(c, k, "%s must be a list of strings, got %s", fn, type_word(L, -1));
-        lua_pop(L, 1);
+    } else if (lua_type(L, -1) != LUA_TTABLE) {
+        key_error(c, kr, "%s must be a list of strings, got %s", fn, type_word(L, -1));
         return 0;
     }
     int len = (int)luaL_len(L, -1);
@@ -518,37 +427,146 @@ static int get_enum_list(ctx_t *c, int idx, keyref_t k, const char *const *choic
     while (lua_next(L, -2)) {
         lua_pop(L, 1);
         if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > len) {
-            key_error(c, k, "%s must be a list of strings (no named keys)", fn);
-            lua_pop(L, 2);
+            key_error(c, kr, "%s must be a list of strings (no named keys)", fn);
+            lua_pop(L, 1);
             return 0;
         }
     }
     if (len == 0 || len > max) {
-        key_error(c, k, "%s must list 1 to %d items, got %d", fn, max, len);
-        lua_pop(L, 1);
+        key_error(c, kr, "%s must list 1 to %d items, got %d", fn, max, len);
         return 0;
     }
     for (int i = 1; i <= len && !c->failed; i++) {
         lua_rawgeti(L, -1, i);
         if (lua_type(L, -1) != LUA_TSTRING) {
-            key_error(c, k, "%s[%d] must be a string, got %s", fn, i, type_word(L, -1));
+            key_error(c, kr, "%s[%d] must be a string, got %s", fn, i, type_word(L, -1));
         } else {
             const char *v = lua_tostring(L, -1);
-            int j = 0;
-            for (; choices[j]; j++)
-                if (strcmp(choices[j], v) == 0)
-                    break;
-            if (!choices[j])
-                key_error(c, k, "%s[%d] = \"%s\" is not a known value", fn, i, v);
+            int j = choice_index(k->choices, v);
+            if (j < 0 && k->refused && strcmp(v, k->refused) == 0)
+                j = max;
+            if (j < 0)
+                key_error(c, kr, "%s[%d] = \"%s\" is not a known value", fn, i, v);
             for (int m = 0; m < n && !c->failed; m++)
                 if (out[m] == j)
-                    key_error(c, k, "%s lists \"%s\" twice", fn, v);
+                    key_error(c, kr, "%s lists \"%s\" twice", fn, v);
             out[n++] = j;
         }
         lua_pop(L, 1);
     }
-    lua_pop(L, 1);
+    if (c->failed)
+        return 0;
+    char list[256];
+    for (int i = 0; i < n; i++)
+        if (out[i] == max) {
+            join_choices(list, sizeof list, k->choices, " and ");
+            key_error(c, kr, "%s may name %s only, not \"%s\"", fn, list, k->refused);
+            return 0;
+        }
+    if (!k->count_offset && n != max) {
+        join_choices(list, sizeof list, k->choices, NULL);
+        key_error(c, kr, "%s must list each of %s once", fn, list);
+        return 0;
+    }
     return n;
+}
+
+/* Read row k from the table at idx into s, checking its type, range and
+ * choices; an absent key keeps the default already in s (an error when the
+ * key is required). */
+static void read_key(ctx_t *c, int idx, const moe_key_t *k, moe_spec_t *s) {
+    if (c->failed)
+        return;
+    lua_State *L = c->L;
+    char parent[64];
+    keyref_t kr = key_ref(k->name, parent, sizeof parent);
+    const char *fn = k->name;
+    char *p = (char *)s + k->offset;
+    int t = lua_getfield(L, idx, kr.key);
+    if (t == LUA_TNIL) {
+        if (k->required)
+            key_error(c, (keyref_t){NULL, NULL}, "missing required key '%s'", fn);
+        lua_pop(L, 1);
+        return;
+    }
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        if (t != LUA_TSTRING) {
+            key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
+        } else {
+            const char *v = lua_tostring(L, -1);
+            size_t n = strlen(v);
+            int ok = n > 0 && n <= (size_t)k->hi && (isalpha((unsigned char)v[0]) || v[0] == '_');
+            for (size_t i = 0; ok && i < n; i++)
+                ok = isalnum((unsigned char)v[i]) || v[i] == '_';
+            if (!ok)
+                key_error(c, kr,
+                          "%s = \"%s\" must be a C identifier of at most %d characters "
+                          "(letters, digits, '_'; not starting with a digit)", fn, v, (int)k->hi);
+            else
+                memcpy(p, v, n + 1);
+        }
+        break;
+    case MOE_KEY_INT:
+        if (!lua_isinteger(L, -1)) {
+            double v = lua_tonumber(L, -1);
+            if (t == LUA_TNUMBER)
+                key_error(c, kr, "%s must be an integer, got %.17g%s", fn, v, v == (double)(long long)v ? ".0" : "");
+            else
+                key_error(c, kr, "%s must be an integer, got %s", fn, type_word(L, -1));
+        } else {
+            long long v = lua_tointeger(L, -1), lo = (long long)k->lo, hi = (long long)k->hi;
+            if (v < lo || v > hi)
+                key_error(c, kr, "%s = %lld is out of range [%lld, %lld]", fn, v, lo, hi);
+            else
+                *(int *)p = (int)v;
+        }
+        break;
+    case MOE_KEY_NUM:
+        if (t != LUA_TNUMBER) {
+            key_error(c, kr, "%s must be a number, got %s", fn, type_word(L, -1));
+        } else {
+            double v = lua_tonumber(L, -1);
+            if (!(v >= k->lo && v <= k->hi))
+                key_error(c, kr, "%s = %g is out of range [%g, %g]", fn, v, k->lo, k->hi);
+            else
+                *(double *)p = v;
+        }
+        break;
+    case MOE_KEY_BOOL:
+        if (t != LUA_TBOOLEAN)
+            key_error(c, kr, "%s must be true or false, got %s", fn, type_word(L, -1));
+        else
+            *(bool *)p = lua_toboolean(L, -1);
+        break;
+    case MOE_KEY_ENUM:
+        if (t != LUA_TSTRING) {
+            key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
+        } else {
+            const char *v = lua_tostring(L, -1);
+            int i = choice_index(k->choices, v);
+            if (i >= 0) {
+                *(int *)p = value_of(k, i);
+            } else {
+                char list[256];
+                join_choices(list, sizeof list, k->choices, NULL);
+                key_error(c, kr, "%s = \"%s\" is not one of %s", fn, v, list);
+            }
+        }
+        break;
+    case MOE_KEY_LIST: {
+        int items[MOE_KEY_LIST_MAX + 1];
+        int n = read_list(c, kr, k, items);
+        if (n > 0) {
+            for (int i = 0; i < n; i++)
+                ((int *)p)[i] = value_of(k, items[i]);
+            if (k->count_offset)
+                *(int *)((char *)s + k->count_offset) = n;
+        }
+        break;
+    }
+    }
+    lua_pop(L, 1);
 }
 
 /* Push the sub-table at key (or an empty table when absent). */
@@ -566,204 +584,118 @@ static int get_table(ctx_t *c, int idx, keyref_t k) {
 
 /* ---- validation --------------------------------------------------------- */
 
-static void read_spec(ctx_t *c, moe_spec_t *s) {
-    lua_State *L = c->L;
-    int env = lua_gettop(L);
-    static const char *const top_keys[] = {"name", "experts", "top_k", "hidden", "ffn", "tokens", "dtype",
-                                           "router", "activation", "ffn_bias", "mesh", "dispatch", "arch", NULL};
-    check_keys(c, env, NULL, top_keys);
+/* The names a table may hold, in table order, into out[] (NULL-terminated):
+ * the top-level names (a nested key's parent once, written into names[])
+ * when parent is NULL, else the keys under parent. */
+static void known_keys(const char *parent, char names[][32], const char **out) {
+    int n = 0;
+    size_t pl = parent ? strlen(parent) : 0;
+    for (int i = 0; i < moe_spec_nkeys && i < MOE_SPEC_MAX_KEYS; i++) {
+        const char *name = moe_spec_keys[i].name;
+        size_t tl = strcspn(name, ".");
+        if (parent) {
+            if (tl == pl && strncmp(name, parent, pl) == 0 && name[tl])
+                out[n++] = name + tl + 1;
+        } else if (!name[tl]) {
+            out[n++] = name;
+        } else if (i == 0 || strncmp(moe_spec_keys[i - 1].name, name, tl + 1) != 0) {
+            snprintf(names[n], 32, "%.*s", (int)tl, name);
+            out[n] = names[n];
+            n++;
+        }
+    }
+    out[n] = NULL;
+}
 
-    keyref_t kname = {NULL, "name"};
-    if (!c->failed) {
-        int t = lua_getfield(L, env, "name");
-        if (t == LUA_TNIL)
-            key_error(c, (keyref_t){NULL, NULL}, "missing required key 'name'");
-        else if (t != LUA_TSTRING)
-            key_error(c, kname, "name must be a string, got %s", type_word(L, -1));
-        else {
-            const char *v = lua_tostring(L, -1);
-            size_t n = strlen(v);
-            int ok = n > 0 && n < 48 && (isalpha((unsigned char)v[0]) || v[0] == '_');
-            for (size_t i = 0; ok && i < n; i++)
-                ok = isalnum((unsigned char)v[i]) || v[i] == '_';
-            if (!ok)
-                key_error(c, kname,
-                          "name = \"%s\" must be a C identifier of at most 47 characters "
-                          "(letters, digits, '_'; not starting with a digit)", v);
-            else
-                memcpy(s->name, v, n + 1);
-        }
-        lua_pop(L, 1);
-    }
-    get_int(c, env, (keyref_t){NULL, "experts"}, 1, 0, 1, LIMIT_EXPERTS, &s->experts);
-    get_int(c, env, (keyref_t){NULL, "top_k"}, 1, 0, 1, LIMIT_TOP_K, &s->top_k);
-    get_int(c, env, (keyref_t){NULL, "hidden"}, 1, 0, 8, LIMIT_DIM, &s->hidden);
-    get_int(c, env, (keyref_t){NULL, "ffn"}, 1, 0, 8, LIMIT_DIM, &s->ffn);
-    get_int(c, env, (keyref_t){NULL, "tokens"}, 0, 16384, 1, LIMIT_TOKENS, &s->tokens);
-    static const char *const dtypes[] = {"bf16", "fp16", NULL};
-    int dt = 0;
-    get_enum(c, env, (keyref_t){NULL, "dtype"}, 0, dtypes, &dt);
-    s->dtype = (moe_dtype_t)dt;
-    get_bool(c, env, (keyref_t){NULL, "ffn_bias"}, false, &s->ffn_bias);
-
-    /* router */
-    if (!c->failed) {
-        int r = get_table(c, env, (keyref_t){NULL, "router"});
-        static const char *const rkeys[] = {"score", "renormalize", "groups", "topk_groups", "bias",
-                                            "logit_bias", "scale", NULL};
-        if (!c->failed)
-            check_keys(c, r, "router", rkeys);
-        static const char *const scores[] = {"softmax", "sigmoid", NULL};
-        int sc = 0;
-        get_enum(c, r, (keyref_t){"router", "score"}, 0, scores, &sc);
-        s->router.score = (moe_score_t)sc;
-        get_bool(c, r, (keyref_t){"router", "renormalize"}, true, &s->router.renormalize);
-        get_int(c, r, (keyref_t){"router", "groups"}, 0, 1, 1, LIMIT_EXPERTS, &s->router.groups);
-        get_int(c, r, (keyref_t){"router", "topk_groups"}, 0, 1, 1, LIMIT_EXPERTS, &s->router.topk_groups);
-        get_bool(c, r, (keyref_t){"router", "bias"}, false, &s->router.bias);
-        get_bool(c, r, (keyref_t){"router", "logit_bias"}, false, &s->router.logit_bias);
-        get_num(c, r, (keyref_t){"router", "scale"}, 1.0, 1e-6, 1e6, &s->router.scale, NULL);
-        lua_settop(L, env);
-    }
-    /* activation */
-    if (!c->failed) {
-        int a = get_table(c, env, (keyref_t){NULL, "activation"});
-        static const char *const akeys[] = {"kind", "alpha", "limit", "up_offset", NULL};
-        if (!c->failed)
-            check_keys(c, a, "activation", akeys);
-        static const char *const kinds[] = {"swiglu", NULL};
-        int kind = 0;
-        get_enum(c, a, (keyref_t){"activation", "kind"}, 0, kinds, &kind);
-        get_num(c, a, (keyref_t){"activation", "alpha"}, 1.0, 1e-6, 1e6, &s->activation.alpha, NULL);
-        int has_limit = 0;
-        get_num(c, a, (keyref_t){"activation", "limit"}, 0.0, 1e-6, 1e6, &s->activation.limit, &has_limit);
-        get_num(c, a, (keyref_t){"activation", "up_offset"}, 0.0, -1e6, 1e6, &s->activation.up_offset, NULL);
-        lua_settop(L, env);
-    }
-    /* mesh */
-    if (!c->failed) {
-        int m = get_table(c, env, (keyref_t){NULL, "mesh"});
-        static const char *const mkeys[] = {"dp", "fsdp", "ep", "order", "expert_sharding", NULL};
-        if (!c->failed)
-            check_keys(c, m, "mesh", mkeys);
-        get_int(c, m, (keyref_t){"mesh", "dp"}, 0, 1, 1, LIMIT_AXIS, &s->mesh.size[MOE_AXIS_DP]);
-        get_int(c, m, (keyref_t){"mesh", "fsdp"}, 0, 1, 1, LIMIT_AXIS, &s->mesh.size[MOE_AXIS_FSDP]);
-        get_int(c, m, (keyref_t){"mesh", "ep"}, 0, 1, 1, LIMIT_AXIS, &s->mesh.size[MOE_AXIS_EP]);
-        static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
-        int order[MOE_AXIS_COUNT];
-        int n = get_enum_list(c, m, (keyref_t){"mesh", "order"}, axes, order, MOE_AXIS_COUNT);
-        if (n < 0) {
-            for (int i = 0; i < MOE_AXIS_COUNT; i++)
-                s->mesh.order[i] = i;
-        } else if (!c->failed && n != MOE_AXIS_COUNT) {
-            key_error(c, (keyref_t){"mesh", "order"}, "mesh.order must list each of \"dp\", \"fsdp\", \"ep\" once");
-        } else {
-            memcpy(s->mesh.order, order, sizeof order);
-        }
-        int sh[2];
-        n = get_enum_list(c, m, (keyref_t){"mesh", "expert_sharding"}, axes, sh, 2);
-        if (n < 0) {
-            s->mesh.nsharding = 2;
-            s->mesh.sharding[0] = MOE_AXIS_EP;
-            s->mesh.sharding[1] = MOE_AXIS_FSDP;
-        } else if (!c->failed) {
-            for (int i = 0; i < n; i++)
-                if (sh[i] == MOE_AXIS_DP)
-                    key_error(c, (keyref_t){"mesh", "expert_sharding"},
-                              "mesh.expert_sharding may name \"ep\" and \"fsdp\" only, not \"dp\"");
-            s->mesh.nsharding = n;
-            memcpy(s->mesh.sharding, sh, sizeof(int) * (size_t)n);
-        }
-        lua_settop(L, env);
-    }
-    /* dispatch */
-    if (!c->failed) {
-        int d = get_table(c, env, (keyref_t){NULL, "dispatch"});
-        static const char *const dkeys[] = {"mode", "capacity", NULL};
-        if (!c->failed)
-            check_keys(c, d, "dispatch", dkeys);
-        static const char *const modes[] = {"exact", "capacity", NULL};
-        int mode = 0;
-        get_enum(c, d, (keyref_t){"dispatch", "mode"}, 0, modes, &mode);
-        s->dispatch.mode = (moe_dispatch_mode_t)mode;
-        get_int(c, d, (keyref_t){"dispatch", "capacity"}, 0, 0, 1, LIMIT_ROWS, &s->dispatch.capacity);
-        if (!c->failed && mode == MOE_DISPATCH_CAPACITY && s->dispatch.capacity == 0)
-            key_error(c, (keyref_t){"dispatch", "mode"},
-                      "dispatch.mode = \"capacity\" needs dispatch.capacity, the most rows one rank sends to one "
-                      "EP peer");
-        if (!c->failed && mode == MOE_DISPATCH_EXACT && s->dispatch.capacity != 0)
-            key_error(c, (keyref_t){"dispatch", "capacity"},
-                      "dispatch.capacity applies to mode = \"capacity\" only (mode is \"exact\")");
-        lua_settop(L, env);
-    }
-    /* arch */
-    if (!c->failed) {
-        static const char *const arches[] = {"sm_90a", "sm_80", NULL};
-        int a[MOE_ARCH_MAX];
-        int n = get_enum_list(c, env, (keyref_t){NULL, "arch"}, arches, a, 2);
-        if (n < 0) {
-            s->narch = 1;
-            s->arch[0] = MOE_ARCH_SM90A;
-        } else if (!c->failed) {
-            s->narch = n;
-            for (int i = 0; i < n; i++)
-                s->arch[i] = (moe_arch_t)a[i];
-        }
-    }
-    if (c->failed)
-        return;
-
-    /* relations between keys */
+/* Relations between keys that belong to no single key; each names the key
+ * its error is reported on. Run once every key has been read. */
+static void check_relations(ctx_t *c, const moe_spec_t *s) {
     const moe_router_t *r = &s->router;
-    keyref_t ktopk = {NULL, "top_k"};
-    if (s->top_k > s->experts)
-        key_error(c, ktopk, "top_k (%d) must not exceed experts (%d)", s->top_k, s->experts);
-    else if (s->hidden % 8)
-        key_error(c, (keyref_t){NULL, "hidden"}, "hidden (%d) must be a multiple of 8", s->hidden);
-    else if (s->ffn % 8)
-        key_error(c, (keyref_t){NULL, "ffn"}, "ffn (%d) must be a multiple of 8", s->ffn);
-    else if (s->experts % r->groups)
-        key_error(c, (keyref_t){"router", "groups"}, "router.groups (%d) must divide experts (%d)", r->groups,
-                  s->experts);
-    else if (r->topk_groups > r->groups)
-        key_error(c, (keyref_t){"router", "topk_groups"}, "router.topk_groups (%d) must not exceed router.groups (%d)",
-                  r->topk_groups, r->groups);
-    else if (r->groups > 1 && s->top_k % r->topk_groups)
-        key_error(c, (keyref_t){"router", "topk_groups"},
-                  "router.topk_groups (%d) must divide top_k (%d): a group's score sums its top top_k/topk_groups "
-                  "experts", r->topk_groups, s->top_k);
-    else if (r->groups > 1 && s->top_k > r->topk_groups * (s->experts / r->groups))
-        key_error(c, (keyref_t){"router", "topk_groups"},
-                  "top_k (%d) exceeds the experts in the kept groups (%d groups of %d)", s->top_k, r->topk_groups,
-                  s->experts / r->groups);
-    if (c->failed)
-        return;
+    const moe_dispatch_t *d = &s->dispatch;
     long long rows = (long long)s->tokens * s->top_k;
     long long welems = (long long)s->experts * 2 * s->ffn * s->hidden;
-    if (rows > LIMIT_ROWS)
-        key_error(c, (keyref_t){NULL, "tokens"}, "tokens * top_k (%lld) exceeds the limit of %lld rows", rows,
-                  LIMIT_ROWS);
-    else if (welems > LIMIT_WEIGHT_ELEMS)
-        key_error(c, (keyref_t){NULL, "experts"}, "experts * 2 * ffn * hidden (%lld) exceeds the limit of %lld "
-                  "weight elements", welems, LIMIT_WEIGHT_ELEMS);
-    if (c->failed)
-        return;
     long long world = (long long)s->mesh.size[0] * s->mesh.size[1] * s->mesh.size[2];
     int shard = 1;
     for (int i = 0; i < s->mesh.nsharding; i++)
         shard *= s->mesh.size[s->mesh.sharding[i]];
-    if (world > LIMIT_WORLD)
-        key_error(c, (keyref_t){NULL, "mesh"}, "the mesh has %lld devices, more than the limit of %d", world,
-                  LIMIT_WORLD);
+    if (d->mode == MOE_DISPATCH_CAPACITY && d->capacity == 0)
+        NAMED_ERROR(c, "dispatch.mode",
+                    "dispatch.mode = \"capacity\" needs dispatch.capacity, the most rows one rank sends to one "
+                    "EP peer");
+    else if (d->mode == MOE_DISPATCH_EXACT && d->capacity != 0)
+        NAMED_ERROR(c, "dispatch.capacity", "dispatch.capacity applies to mode = \"capacity\" only (mode is \"exact\")");
+    else if (r->groups > 1 && s->top_k % r->topk_groups)
+        NAMED_ERROR(c, "router.topk_groups",
+                    "router.topk_groups (%d) must divide top_k (%d): a group's score sums its top top_k/topk_groups "
+                    "experts", r->topk_groups, s->top_k);
+    else if (r->groups > 1 && s->top_k > r->topk_groups * (s->experts / r->groups))
+        NAMED_ERROR(c, "router.topk_groups", "top_k (%d) exceeds the experts in the kept groups (%d groups of %d)",
+                    s->top_k, r->topk_groups, s->experts / r->groups);
+    else if (rows > MOE_LIMIT_ROWS)
+        NAMED_ERROR(c, "tokens", "tokens * top_k (%lld) exceeds the limit of %lld rows", rows, MOE_LIMIT_ROWS);
+    else if (welems > MOE_LIMIT_WEIGHT_ELEMS)
+        NAMED_ERROR(c, "experts", "experts * 2 * ffn * hidden (%lld) exceeds the limit of %lld weight elements",
+                    welems, MOE_LIMIT_WEIGHT_ELEMS);
+    else if (world > MOE_LIMIT_WORLD)
+        NAMED_ERROR(c, "mesh", "the mesh has %lld devices, more than the limit of %d", world, MOE_LIMIT_WORLD);
     else if (s->experts % shard)
-        key_error(c, (keyref_t){NULL, "experts"},
-                  "experts (%d) must be divisible by the product of the expert_sharding axes (%d)", s->experts,
-                  shard);
+        NAMED_ERROR(c, "experts", "experts (%d) must be divisible by the product of the expert_sharding axes (%d)",
+                    s->experts, shard);
     else if (s->experts % s->mesh.size[MOE_AXIS_EP])
-        key_error(c, (keyref_t){NULL, "experts"}, "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
-                  s->mesh.size[MOE_AXIS_EP]);
-    if (s->mesh.size[MOE_AXIS_EP] == 1) /* nothing is dispatched: the key has no effect */
-        s->dispatch = (moe_dispatch_t){MOE_DISPATCH_EXACT, 0};
+        NAMED_ERROR(c, "experts", "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
+                    s->mesh.size[MOE_AXIS_EP]);
+}
+
+/* Fill s from the spec's table at the stack top: defaults, then every row
+ * of the schema (type, range, choices), then each row's own relations, then
+ * the relations between keys; keys not in effect go back to their defaults. */
+static void read_spec(ctx_t *c, moe_spec_t *s) {
+    lua_State *L = c->L;
+    int env = lua_gettop(L);
+    char names[MOE_SPEC_MAX_KEYS][32];
+    const char *known[MOE_SPEC_MAX_KEYS + 1];
+    known_keys(NULL, names, known);
+    check_keys(c, env, NULL, known);
+    moe_spec_set_defaults(s);
+
+    int tbl = env;
+    for (int i = 0; i < moe_spec_nkeys && !c->failed; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        size_t tl = strcspn(k->name, ".");
+        if (!k->name[tl]) {
+            lua_settop(L, env);
+            tbl = env;
+        } else if (i == 0 || strncmp(moe_spec_keys[i - 1].name, k->name, tl + 1) != 0) {
+            /* the first key of a table: the table itself, and its unknown keys */
+            char parent[32];
+            snprintf(parent, sizeof parent, "%.*s", (int)tl, k->name);
+            lua_settop(L, env);
+            tbl = get_table(c, env, (keyref_t){NULL, parent});
+            if (!c->failed) {
+                known_keys(parent, names, known);
+                check_keys(c, tbl, parent, known);
+            }
+        }
+        read_key(c, tbl, k, s);
+    }
+    lua_settop(L, env);
+
+    for (int i = 0; i < moe_spec_nkeys && !c->failed; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        if (k->type != MOE_KEY_INT)
+            continue;
+        int v = moe_spec_key_int(s, k->name), o;
+        if (k->multiple && v % k->multiple)
+            NAMED_ERROR(c, k->name, "%s (%d) must be a multiple of %d", k->name, v, k->multiple);
+        else if (k->at_most && v > (o = moe_spec_key_int(s, k->at_most)))
+            NAMED_ERROR(c, k->name, "%s (%d) must not exceed %s (%d)", k->name, v, k->at_most, o);
+        else if (k->divides && (o = moe_spec_key_int(s, k->divides)) % v)
+            NAMED_ERROR(c, k->name, "%s (%d) must divide %s (%d)", k->name, v, k->divides, o);
+    }
+    if (!c->failed)
+        check_relations(c, s);
+    if (!c->failed)
+        moe_spec_reset_unused(s);
 }
 
 int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const moe_override_t *ovr, int novr,
@@ -835,65 +767,4 @@ int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const mo
              (unsigned long long)h.low64);
     free(canon);
     return 0;
-}
-
-/* Shortest "%.Ng" that reads back to v. */
-static void fmt_num(char *buf, size_t n, double v) {
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, n, "%.*g", p, v);
-        if (strtod(buf, NULL) == v)
-            return;
-    }
-}
-
-char *moe_spec_canonical(const moe_spec_t *s) {
-    moe_buf_t b = {0};
-    char n1[32], n2[32], n3[32];
-    fmt_num(n1, sizeof n1, s->activation.alpha);
-    fmt_num(n3, sizeof n3, s->activation.up_offset);
-    moe_buf_printf(&b, "activation = { alpha = %s, kind = \"swiglu\"", n1);
-    if (s->activation.limit > 0) {
-        fmt_num(n2, sizeof n2, s->activation.limit);
-        moe_buf_printf(&b, ", limit = %s", n2);
-    }
-    moe_buf_printf(&b, ", up_offset = %s }\n", n3);
-    moe_buf_printf(&b, "arch = {");
-    for (int i = 0; i < s->narch; i++)
-        moe_buf_printf(&b, "%s \"%s\"", i ? "," : "", moe_arch_name(s->arch[i]));
-    moe_buf_printf(&b, " }\n");
-    /* dispatch only matters, and is only written, when experts move between ranks */
-    if (s->mesh.size[MOE_AXIS_EP] > 1) {
-        if (s->dispatch.mode == MOE_DISPATCH_CAPACITY)
-            moe_buf_printf(&b, "dispatch = { capacity = %d, mode = \"capacity\" }\n", s->dispatch.capacity);
-        else
-            moe_buf_printf(&b, "dispatch = { mode = \"exact\" }\n");
-    }
-    moe_buf_printf(&b, "dtype = \"%s\"\n", moe_dtype_name(s->dtype));
-    moe_buf_printf(&b, "experts = %d\n", s->experts);
-    moe_buf_printf(&b, "ffn = %d\n", s->ffn);
-    moe_buf_printf(&b, "ffn_bias = %s\n", s->ffn_bias ? "true" : "false");
-    moe_buf_printf(&b, "hidden = %d\n", s->hidden);
-    moe_buf_printf(&b, "mesh = { dp = %d, ep = %d, expert_sharding = {", s->mesh.size[MOE_AXIS_DP],
-                   s->mesh.size[MOE_AXIS_EP]);
-    for (int i = 0; i < s->mesh.nsharding; i++)
-        moe_buf_printf(&b, "%s \"%s\"", i ? "," : "", moe_axis_name(s->mesh.sharding[i]));
-    moe_buf_printf(&b, " }, fsdp = %d, order = {", s->mesh.size[MOE_AXIS_FSDP]);
-    for (int i = 0; i < MOE_AXIS_COUNT; i++)
-        moe_buf_printf(&b, "%s \"%s\"", i ? "," : "", moe_axis_name(s->mesh.order[i]));
-    moe_buf_printf(&b, " } }\n");
-    moe_buf_printf(&b, "name = \"%s\"\n", s->name);
-    fmt_num(n1, sizeof n1, s->router.scale);
-    moe_buf_printf(&b,
-                   "router = { bias = %s, groups = %d, logit_bias = %s, renormalize = %s, scale = %s, "
-                   "score = \"%s\", topk_groups = %d }\n",
-                   s->router.bias ? "true" : "false", s->router.groups, s->router.logit_bias ? "true" : "false",
-                   s->router.renormalize ? "true" : "false", n1,
-                   s->router.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax", s->router.topk_groups);
-    moe_buf_printf(&b, "tokens = %d\n", s->tokens);
-    moe_buf_printf(&b, "top_k = %d\n", s->top_k);
-    if (b.failed) {
-        free(b.data);
-        return NULL;
-    }
-    return b.data;
 }

@@ -1,6 +1,6 @@
 /* spec.h — the shape of one MoE layer and its mesh, loaded from a spec file.
  *
- * A spec is a Lua table constructor read as data (DESIGN.md, "The spec").
+ * A spec is a Lua table constructor read as data (docs/DESIGN.md, "The spec").
  * moe_spec_load() reads, sandboxes, validates and canonicalizes it; every
  * later stage (planning, expansion, emission) takes a validated moe_spec_t
  * and never re-checks what validation already proved. */
@@ -32,8 +32,12 @@ typedef struct {
     double scale;     /* routed weights are multiplied by this */
 } moe_router_t;
 
+/* The gated unit applied between the expert GEMMs. */
+typedef enum { MOE_ACT_SWIGLU = 0 } moe_act_kind_t;
+
 typedef struct {
-    double alpha;     /* out = (up + up_offset) * g * sigmoid(alpha * g) */
+    moe_act_kind_t kind;
+    double alpha;     /* swiglu: out = (up + up_offset) * g * sigmoid(alpha * g) */
     double limit;     /* gate = min(gate, limit), up = clamp(up, -limit, limit); 0 = no limit */
     double up_offset;
 } moe_activation_t;
@@ -45,7 +49,7 @@ typedef struct {
     int sharding[2];              /* expert_sharding axes, first axis major */
 } moe_mesh_t;
 
-/* Expert-parallel dispatch (DESIGN.md, "Kernels"; README "Expert parallelism"). */
+/* Expert-parallel dispatch (docs/DESIGN.md, "Kernels"). */
 typedef enum { MOE_DISPATCH_EXACT = 0, MOE_DISPATCH_CAPACITY = 1 } moe_dispatch_mode_t;
 typedef struct {
     moe_dispatch_mode_t mode;     /* exact: counts exchanged first, one host sync */

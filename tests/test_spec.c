@@ -6,7 +6,12 @@
  * message in tests/golden/errors/NAME.txt (what `moegen check` prints on
  * stderr). Those goldens are written by hand: they say what the message must
  * be, so there is no switch that regenerates them. Run from the repository
- * root; the command tests run build/moegen. */
+ * root; the command tests run build/moegen.
+ *
+ * The schema (gen/spec_schema.c) is checked as data (names, defaults,
+ * choices), row by row through the loader (each row's type and range
+ * errors), and against README's spec-key table, which must be exactly what
+ * moe_spec_keys_markdown() prints (`test_spec --keys` prints it). */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdlib.h>
@@ -18,11 +23,15 @@
 #include "check.h"
 #include "plan.h"
 #include "spec.h"
+#include "spec_schema.h"
 
 #define MOEGEN "build/moegen"
 #define BAD_DIR "tests/specs/bad"
 #define ERR_DIR "tests/golden/errors"
 #define PWNED "/tmp/moegen_pwned"
+#define README "README.md"
+#define KEYS_BEGIN "<!-- The spec-key table is generated from gen/spec_schema.c"
+#define KEYS_END "<!-- end of the spec-key table -->"
 
 static char tmp_root[256];
 
@@ -120,7 +129,9 @@ static int spec_eq(const moe_spec_t *a, const moe_spec_t *b) {
              a->router.bias == b->router.bias && a->router.logit_bias == b->router.logit_bias &&
              a->router.scale == b->router.scale && a->activation.alpha == b->activation.alpha &&
              a->activation.limit == b->activation.limit && a->activation.up_offset == b->activation.up_offset &&
-             a->ffn_bias == b->ffn_bias && a->mesh.nsharding == b->mesh.nsharding && a->narch == b->narch &&
+             a->activation.kind == b->activation.kind && a->ffn_bias == b->ffn_bias &&
+             a->dispatch.mode == b->dispatch.mode && a->dispatch.capacity == b->dispatch.capacity &&
+             a->mesh.nsharding == b->mesh.nsharding && a->narch == b->narch &&
              strcmp(a->hash, b->hash) == 0;
     for (int i = 0; eq && i < MOE_AXIS_COUNT; i++)
         eq = a->mesh.size[i] == b->mesh.size[i] && a->mesh.order[i] == b->mesh.order[i];
@@ -553,6 +564,176 @@ static void test_canonical(void) {
                         "dtype=fp16", "ffn_bias=true", "arch=sm_80,sm_90a"};
     CHECKF(load_with(&s, SMALL, o2, 8, &d) == 0, "%s", d.msg);
     check_roundtrip("canonical round trip: mesh, dtype, arch order", &s);
+    const char *o3[] = {"mesh.ep=2", "dispatch.mode=capacity", "dispatch.capacity=100"};
+    CHECKF(load_with(&s, SMALL, o3, 3, &d) == 0, "%s", d.msg);
+    check_roundtrip("canonical round trip: dispatch", &s);
+    CHECK(s.dispatch.mode == MOE_DISPATCH_CAPACITY && s.dispatch.capacity == 100);
+    CASE("canonical: dispatch is reset and left out without EP");
+    const char *o4[] = {"dispatch.mode=capacity", "dispatch.capacity=100"};
+    CHECKF(load_with(&s, SMALL, o4, 2, &d) == 0, "%s", d.msg);
+    CHECK(s.dispatch.mode == MOE_DISPATCH_EXACT && s.dispatch.capacity == 0);
+    canon = moe_spec_canonical(&s);
+    CHECK(canon && !strstr(canon, "dispatch"));
+    free(canon);
+}
+
+/* ---- the schema ------------------------------------------------------------ */
+
+static int key_top_len(const char *name) { return (int)strcspn(name, "."); }
+
+/* The table as data: what the loader and the canonical form rely on. */
+static void test_schema_rows(void) {
+    CASE("schema: size");
+    CHECKF(moe_spec_nkeys > 0 && moe_spec_nkeys <= MOE_SPEC_MAX_KEYS, "%d rows", moe_spec_nkeys);
+    for (int i = 0; i < moe_spec_nkeys; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        char label[128];
+        snprintf(label, sizeof label, "schema row %s", k->name);
+        CASE(label);
+        CHECK(k->help && k->help[0] && !strchr(k->help, '|') && !strchr(k->help, '\n'));
+        CHECK(moe_spec_key(k->name) == k); /* names are unique */
+        /* one level of nesting, and a table's keys are consecutive rows */
+        const char *dot = strchr(k->name, '.');
+        CHECK(!dot || !strchr(dot + 1, '.'));
+        int tl = key_top_len(k->name);
+        CHECK(tl < 32 && strlen(k->name) < 64);
+        for (int j = 0; j + 1 < i; j++)
+            if (key_top_len(moe_spec_keys[j].name) == tl && strncmp(moe_spec_keys[j].name, k->name, tl) == 0)
+                CHECKF(key_top_len(moe_spec_keys[i - 1].name) == tl &&
+                           strncmp(moe_spec_keys[i - 1].name, k->name, tl) == 0,
+                       "the keys of %.*s are not consecutive", tl, k->name);
+        CHECK(!(k->required && k->optional));
+        CHECK(!k->optional || k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM);
+        if (k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM) {
+            CHECK(k->lo <= k->hi);
+            if (!k->required && !k->optional)
+                CHECKF(k->def >= k->lo && k->def <= k->hi, "default %g outside [%g, %g]", k->def, k->lo, k->hi);
+            if (k->optional) /* 0 means absent */
+                CHECK(k->lo > 0 || k->hi < 0);
+        }
+        if (k->type == MOE_KEY_INT)
+            CHECK(k->lo == (int)k->lo && k->hi == (int)k->hi);
+        if (k->type == MOE_KEY_IDENT)
+            CHECK(k->hi >= 1 && k->hi < MOE_NAME_MAX);
+        if (k->type == MOE_KEY_ENUM || k->type == MOE_KEY_LIST) {
+            int n = moe_key_nchoices(k);
+            CHECK(n >= 1 && n <= MOE_KEY_LIST_MAX);
+            if (k->type == MOE_KEY_ENUM)
+                CHECK(k->def >= 0 && k->def < n);
+            else
+                CHECK(k->ndef_list >= 1 && k->ndef_list <= n && (k->count_offset || k->ndef_list == n));
+            for (int j = 0; k->type == MOE_KEY_LIST && j < k->ndef_list; j++)
+                CHECK(k->def_list[j] >= 0 && k->def_list[j] < n);
+        } else {
+            CHECK(k->choices == NULL && k->values == NULL && k->refused == NULL);
+        }
+        CHECK(k->multiple == 0 || k->type == MOE_KEY_INT);
+        const char *rel[] = {k->at_most, k->divides, k->when};
+        for (int j = 0; j < 3; j++)
+            if (rel[j]) {
+                const moe_key_t *o = moe_spec_key(rel[j]);
+                CHECKF(o && o->type == MOE_KEY_INT, "%s names '%s', not an integer key", k->name, rel[j]);
+            }
+    }
+}
+
+/* Every row, through the loader: a value of the wrong type and, for numbers,
+ * one just outside the range are refused with the row's message; a spec
+ * that leaves the row out gets its default. */
+static void test_schema_loader(void) {
+    moe_spec_t s, base;
+    moe_diag_t d;
+    CASE("schema: defaults");
+    CHECKF(load_file(&base, MINIMAL, &d) == 0, "%s", d.msg);
+    moe_spec_t def;
+    memset(&def, 0, sizeof def);
+    moe_spec_set_defaults(&def);
+    for (int i = 0; i < moe_spec_nkeys; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        if (k->required)
+            continue;
+        size_t size = k->type == MOE_KEY_NUM ? sizeof(double) : k->type == MOE_KEY_BOOL ? sizeof(bool) : sizeof(int);
+        if (k->type == MOE_KEY_LIST)
+            size *= (size_t)k->ndef_list;
+        CHECKF(memcmp((char *)&base + k->offset, (char *)&def + k->offset, size) == 0, "%s: not its default",
+               k->name);
+    }
+
+    static const char *const type_words[] = {"a string", "an integer", "a number", "true or false", "a string",
+                                             "a list of strings"};
+    for (int i = 0; i < moe_spec_nkeys; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        char label[128], set[160], want[400];
+        snprintf(label, sizeof label, "schema row %s: wrong type", k->name);
+        CASE(label);
+        /* a boolean where anything else is expected; a string for a boolean */
+        snprintf(set, sizeof set, "%s=%s", k->name, k->type == MOE_KEY_BOOL ? "yes" : "true");
+        snprintf(want, sizeof want, "<command line>:1: error: --set %s: %s must be %s, got %s", set, k->name,
+                 type_words[k->type], k->type == MOE_KEY_BOOL ? "a string" : "a boolean");
+        const char *sets[] = {set};
+        CHECKF(load_with(&s, MINIMAL, sets, 1, &d) != 0, "%s loaded", set);
+        CHECK_STREQ(d.msg, want);
+        if (k->type != MOE_KEY_INT && k->type != MOE_KEY_NUM)
+            continue;
+        snprintf(label, sizeof label, "schema row %s: out of range", k->name);
+        CASE(label);
+        if (k->type == MOE_KEY_INT) {
+            snprintf(set, sizeof set, "%s=%lld", k->name, (long long)k->hi + 1);
+            snprintf(want, sizeof want, "<command line>:1: error: --set %s: %s = %lld is out of range [%lld, %lld]",
+                     set, k->name, (long long)k->hi + 1, (long long)k->lo, (long long)k->hi);
+        } else {
+            snprintf(set, sizeof set, "%s=%.17g", k->name, k->hi * 2);
+            snprintf(want, sizeof want, "<command line>:1: error: --set %s: %s = %g is out of range [%g, %g]", set,
+                     k->name, k->hi * 2, k->lo, k->hi);
+        }
+        CHECKF(load_with(&s, MINIMAL, sets, 1, &d) != 0, "%s loaded", set);
+        CHECK_STREQ(d.msg, want);
+    }
+}
+
+/* README's spec-key table between its two marker lines. Caller frees. */
+static char *readme_keys(void) {
+    char *text = read_text(README);
+    if (!text)
+        return NULL;
+    char *a = strstr(text, KEYS_BEGIN), *b = strstr(text, KEYS_END);
+    char *out = NULL;
+    if (a && b && (a = strchr(a, '\n')) && a < b) {
+        a++;
+        while (*a == '\n')
+            a++;
+        while (b > a && b[-1] == '\n')
+            b--;
+        out = strndup(a, (size_t)(b - a) + 1); /* with the last row's newline */
+    }
+    free(text);
+    return out;
+}
+
+static void test_schema_readme(void) {
+    CASE("schema: README's spec-key table is the schema's");
+    char *want = moe_spec_keys_markdown();
+    char *got = readme_keys();
+    CHECKF(got != NULL, "%s has no table between \"%s\" and \"%s\"", README, KEYS_BEGIN, KEYS_END);
+    if (got && want && strcmp(got, want) != 0) {
+        /* name the first row that differs */
+        const char *g = got, *w = want;
+        while (*g && *g == *w)
+            g++, w++;
+        while (g > got && g[-1] != '\n')
+            g--, w--;
+        CHECKF(0, "README's table differs from the schema (build/tests/test_spec --keys prints it) at:\n"
+                  "  README: %.*s\n  schema: %.*s", (int)strcspn(g, "\n"), g, (int)strcspn(w, "\n"), w);
+    }
+    CASE("schema: the README table names every key once");
+    for (int i = 0; want && got && i < moe_spec_nkeys; i++) {
+        char cell[96];
+        snprintf(cell, sizeof cell, "| `%s` |", moe_spec_keys[i].name);
+        const char *at = strstr(got, cell);
+        CHECKF(at && !strstr(at + 1, cell), "%s", cell);
+    }
+    free(got);
+    free(want);
 }
 
 /* ---- the example specs ------------------------------------------------------ */
@@ -707,7 +888,13 @@ static void test_command(void) {
     free(err);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--keys") == 0) { /* README's table, to paste */
+        char *md = moe_spec_keys_markdown();
+        fputs(md ? md : "", stdout);
+        free(md);
+        return md ? 0 : 1;
+    }
     const char *td = getenv("TMPDIR");
     snprintf(tmp_root, sizeof tmp_root, "%s/moegen_test_spec.XXXXXX", td && *td ? td : "/tmp");
     if (!mkdtemp(tmp_root)) {
@@ -719,6 +906,9 @@ int main(void) {
     test_sandbox();
     test_overrides();
     test_canonical();
+    test_schema_rows();
+    test_schema_loader();
+    test_schema_readme();
     test_examples();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);

@@ -1,0 +1,417 @@
+/* spec_schema.c — the spec's keys (one row each) and what is written from
+ * them: defaults, the canonical form, README's key table. */
+#include "spec_schema.h"
+
+#include "util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* List and enum values are stored through int pointers. */
+_Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
+                   sizeof(moe_score_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
+                   sizeof(moe_dispatch_mode_t) == sizeof(int),
+               "enum fields are int-sized");
+
+#define AT(field) offsetof(moe_spec_t, field)
+
+static const char *const dtypes[] = {"bf16", "fp16", NULL};
+static const char *const scores[] = {"softmax", "sigmoid", NULL};
+static const char *const act_kinds[] = {"swiglu", NULL};
+static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
+static const char *const shard_axes[] = {"ep", "fsdp", NULL};
+static const int shard_axis_ids[] = {MOE_AXIS_EP, MOE_AXIS_FSDP};
+static const char *const modes[] = {"exact", "capacity", NULL};
+static const char *const arches[] = {"sm_90a", "sm_80", NULL};
+
+/* The table. Its order is the order keys are read and checked (the first
+ * error wins), the order "did you mean" weighs names in, and README's order;
+ * the canonical form sorts the keys. */
+const moe_key_t moe_spec_keys[] = {
+    {.name = "name", .type = MOE_KEY_IDENT, .offset = AT(name), .required = true, .hi = MOE_LIMIT_NAME,
+     .help = "names the files and symbols"},
+    {.name = "experts", .type = MOE_KEY_INT, .offset = AT(experts), .required = true, .lo = 1,
+     .hi = MOE_LIMIT_EXPERTS, .help = "routed experts E (over the whole mesh)"},
+    {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,
+     .at_most = "experts", .help = "experts each token is routed to"},
+    {.name = "hidden", .type = MOE_KEY_INT, .offset = AT(hidden), .required = true, .lo = 8, .hi = MOE_LIMIT_DIM,
+     .multiple = 8, .help = "model dimension H"},
+    {.name = "ffn", .type = MOE_KEY_INT, .offset = AT(ffn), .required = true, .lo = 8, .hi = MOE_LIMIT_DIM,
+     .multiple = 8, .help = "per-expert intermediate size F"},
+    {.name = "tokens", .type = MOE_KEY_INT, .offset = AT(tokens), .def = 16384, .lo = 1, .hi = MOE_LIMIT_TOKENS,
+     .help = "most tokens one rank feeds to one call (the workspace capacity)"},
+    {.name = "dtype", .type = MOE_KEY_ENUM, .offset = AT(dtype), .choices = dtypes,
+     .help = "type of the activations and weights"},
+
+    {.name = "router.score", .type = MOE_KEY_ENUM, .offset = AT(router.score), .choices = scores,
+     .help = "how the logits become scores"},
+    {.name = "router.renormalize", .type = MOE_KEY_BOOL, .offset = AT(router.renormalize), .def = 1,
+     .help = "divide the selected weights by their sum"},
+    {.name = "router.groups", .type = MOE_KEY_INT, .offset = AT(router.groups), .def = 1, .lo = 1,
+     .hi = MOE_LIMIT_EXPERTS, .divides = "experts",
+     .help = "group-limited routing: the experts split into this many consecutive groups"},
+    {.name = "router.topk_groups", .type = MOE_KEY_INT, .offset = AT(router.topk_groups), .def = 1, .lo = 1,
+     .hi = MOE_LIMIT_EXPERTS, .at_most = "router.groups",
+     .help = "groups kept; with `router.groups` > 1 it divides `top_k`, and a group scores the sum of its "
+             "top `top_k/topk_groups` experts"},
+    {.name = "router.bias", .type = MOE_KEY_BOOL, .offset = AT(router.bias),
+     .help = "a per-expert fp32 bias added to the scores for selection only"},
+    {.name = "router.logit_bias", .type = MOE_KEY_BOOL, .offset = AT(router.logit_bias),
+     .help = "a per-expert fp32 bias added to the logits (moves the weights too)"},
+    {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
+     .help = "the weights are multiplied by this"},
+
+    {.name = "activation.kind", .type = MOE_KEY_ENUM, .offset = AT(activation.kind), .choices = act_kinds,
+     .help = "the gated unit between the expert GEMMs; `\"swiglu\"`: "
+             "`out = (up + up_offset) · gate · sigmoid(alpha · gate)`"},
+    {.name = "activation.alpha", .type = MOE_KEY_NUM, .offset = AT(activation.alpha), .def = 1, .lo = 1e-6,
+     .hi = 1e6, .help = "the slope inside swiglu's sigmoid"},
+    {.name = "activation.limit", .type = MOE_KEY_NUM, .offset = AT(activation.limit), .optional = true,
+     .lo = 1e-6, .hi = 1e6, .help = "`gate = min(gate, limit)`, `up = clamp(up, -limit, limit)` before the unit"},
+    {.name = "activation.up_offset", .type = MOE_KEY_NUM, .offset = AT(activation.up_offset), .lo = -1e6,
+     .hi = 1e6, .help = "added to `up` before the product"},
+    {.name = "ffn_bias", .type = MOE_KEY_BOOL, .offset = AT(ffn_bias),
+     .help = "per-expert biases on both expert GEMMs (before the activation, after the down projection)"},
+
+    {.name = "mesh.dp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_DP]), .def = 1, .lo = 1,
+     .hi = MOE_LIMIT_AXIS, .help = "data-parallel replicas"},
+    {.name = "mesh.fsdp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_FSDP]), .def = 1, .lo = 1,
+     .hi = MOE_LIMIT_AXIS, .help = "devices that shard the weights and all-gather them before the FFN"},
+    {.name = "mesh.ep", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_EP]), .def = 1, .lo = 1,
+     .hi = MOE_LIMIT_AXIS, .help = "expert-parallel devices: tokens are dispatched to the one that holds their expert"},
+    {.name = "mesh.order", .type = MOE_KEY_LIST, .offset = AT(mesh.order), .choices = axes,
+     .def_list = {MOE_AXIS_DP, MOE_AXIS_FSDP, MOE_AXIS_EP}, .ndef_list = 3,
+     .help = "the axes outermost first; a device's global rank is the row-major index of its coordinates in "
+             "this order"},
+    {.name = "mesh.expert_sharding", .type = MOE_KEY_LIST, .offset = AT(mesh.sharding), .choices = shard_axes,
+     .values = shard_axis_ids, .refused = "dp", .count_offset = AT(mesh.nsharding), .def_list = {0, 1},
+     .ndef_list = 2, .help = "the axes that split the experts, first axis major"},
+
+    {.name = "dispatch.mode", .type = MOE_KEY_ENUM, .offset = AT(dispatch.mode), .choices = modes,
+     .when = "mesh.ep",
+     .help = "`\"exact\"`: counts exchanged first, one host synchronization; `\"capacity\"`: fixed rows per "
+             "peer, no host synchronization"},
+    {.name = "dispatch.capacity", .type = MOE_KEY_INT, .offset = AT(dispatch.capacity), .optional = true,
+     .lo = 1, .hi = MOE_LIMIT_ROWS, .when = "mesh.ep",
+     .help = "with `mode = \"capacity\"` (and only then): the most rows one rank sends to one EP peer per "
+             "call; overflow is reported, never silently dropped"},
+    {.name = "arch", .type = MOE_KEY_LIST, .offset = AT(arch), .choices = arches, .count_offset = AT(narch),
+     .def_list = {MOE_ARCH_SM90A}, .ndef_list = 1, .help = "targets of `compile`"},
+};
+const int moe_spec_nkeys = (int)(sizeof moe_spec_keys / sizeof *moe_spec_keys);
+
+const moe_key_t *moe_spec_key(const char *name) {
+    for (int i = 0; i < moe_spec_nkeys; i++)
+        if (strcmp(moe_spec_keys[i].name, name) == 0)
+            return &moe_spec_keys[i];
+    return NULL;
+}
+
+int moe_key_nchoices(const moe_key_t *k) {
+    int n = 0;
+    while (k->choices && k->choices[n])
+        n++;
+    return n;
+}
+
+int moe_spec_key_int(const moe_spec_t *s, const char *name) {
+    const moe_key_t *k = moe_spec_key(name);
+    return k && k->type == MOE_KEY_INT ? *(const int *)((const char *)s + k->offset) : 0;
+}
+
+bool moe_key_in_effect(const moe_key_t *k, const moe_spec_t *s) {
+    return !k->when || moe_spec_key_int(s, k->when) > 1;
+}
+
+static int choice_value(const moe_key_t *k, int i) { return k->values ? k->values[i] : i; }
+
+static void set_default(moe_spec_t *s, const moe_key_t *k) {
+    char *p = (char *)s + k->offset;
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        p[0] = '\0';
+        break;
+    case MOE_KEY_INT:
+        *(int *)p = (int)k->def;
+        break;
+    case MOE_KEY_NUM:
+        *(double *)p = k->def;
+        break;
+    case MOE_KEY_BOOL:
+        *(bool *)p = k->def != 0;
+        break;
+    case MOE_KEY_ENUM:
+        *(int *)p = choice_value(k, (int)k->def);
+        break;
+    case MOE_KEY_LIST:
+        for (int i = 0; i < k->ndef_list; i++)
+            ((int *)p)[i] = choice_value(k, k->def_list[i]);
+        if (k->count_offset)
+            *(int *)((char *)s + k->count_offset) = k->ndef_list;
+        break;
+    }
+}
+
+void moe_spec_set_defaults(moe_spec_t *s) {
+    for (int i = 0; i < moe_spec_nkeys; i++)
+        set_default(s, &moe_spec_keys[i]);
+}
+
+void moe_spec_reset_unused(moe_spec_t *s) {
+    for (int i = 0; i < moe_spec_nkeys; i++)
+        if (!moe_key_in_effect(&moe_spec_keys[i], s))
+            set_default(s, &moe_spec_keys[i]);
+}
+
+/* ---- values as text ------------------------------------------------------ */
+
+/* Shortest "%.Ng" that reads back to v. */
+static void fmt_num(char *buf, size_t n, double v) {
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, n, "%.*g", p, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* The name of a stored choice value. */
+static const char *choice_name(const moe_key_t *k, int value) {
+    for (int i = 0; k->choices[i]; i++)
+        if (choice_value(k, i) == value)
+            return k->choices[i];
+    return "?";
+}
+
+static int list_count(const moe_key_t *k, const moe_spec_t *s) {
+    return k->count_offset ? *(const int *)((const char *)s + k->count_offset) : moe_key_nchoices(k);
+}
+
+/* Append k's value in s as spec text. */
+static void put_value(moe_buf_t *b, const moe_key_t *k, const moe_spec_t *s) {
+    const char *p = (const char *)s + k->offset;
+    char num[32];
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        moe_buf_printf(b, "\"%s\"", p);
+        break;
+    case MOE_KEY_INT:
+        moe_buf_printf(b, "%d", *(const int *)p);
+        break;
+    case MOE_KEY_NUM:
+        fmt_num(num, sizeof num, *(const double *)p);
+        moe_buf_printf(b, "%s", num);
+        break;
+    case MOE_KEY_BOOL:
+        moe_buf_printf(b, "%s", *(const bool *)p ? "true" : "false");
+        break;
+    case MOE_KEY_ENUM:
+        moe_buf_printf(b, "\"%s\"", choice_name(k, *(const int *)p));
+        break;
+    case MOE_KEY_LIST:
+        moe_buf_printf(b, "{");
+        for (int i = 0, n = list_count(k, s); i < n; i++)
+            moe_buf_printf(b, "%s \"%s\"", i ? "," : "", choice_name(k, ((const int *)p)[i]));
+        moe_buf_printf(b, " }");
+        break;
+    }
+}
+
+/* Is k written in the canonical form of s? Not when it is not in effect,
+ * nor when it is optional and absent. */
+static bool written(const moe_key_t *k, const moe_spec_t *s) {
+    if (!moe_key_in_effect(k, s))
+        return false;
+    if (!k->optional)
+        return true;
+    const char *p = (const char *)s + k->offset;
+    return k->type == MOE_KEY_NUM ? *(const double *)p != 0 : *(const int *)p != 0;
+}
+
+/* ---- the canonical form -------------------------------------------------- */
+
+/* Length of the top-level part of a key name ("router" of "router.score"). */
+static size_t top_len(const char *name) { return strcspn(name, "."); }
+
+static int by_top_then_sub(const void *a, const void *b) {
+    const char *x = (*(const moe_key_t *const *)a)->name, *y = (*(const moe_key_t *const *)b)->name;
+    size_t lx = top_len(x), ly = top_len(y);
+    int c = strncmp(x, y, lx < ly ? lx : ly);
+    if (c == 0 && lx != ly)
+        c = lx < ly ? -1 : 1;
+    return c ? c : strcmp(x, y);
+}
+
+char *moe_spec_canonical(const moe_spec_t *s) {
+    const moe_key_t *rows[MOE_SPEC_MAX_KEYS];
+    int n = moe_spec_nkeys < MOE_SPEC_MAX_KEYS ? moe_spec_nkeys : MOE_SPEC_MAX_KEYS;
+    for (int i = 0; i < n; i++)
+        rows[i] = &moe_spec_keys[i];
+    qsort(rows, (size_t)n, sizeof *rows, by_top_then_sub);
+    moe_buf_t b = {0};
+    for (int i = 0; i < n;) {
+        const char *name = rows[i]->name;
+        size_t tl = top_len(name);
+        if (!name[tl]) { /* a top-level key */
+            moe_buf_printf(&b, "%s = ", name);
+            put_value(&b, rows[i], s);
+            moe_buf_printf(&b, "\n");
+            i++;
+            continue;
+        }
+        /* a table: its written keys on one line; no line when none is written */
+        int nw = 0;
+        for (; i < n && top_len(rows[i]->name) == tl && strncmp(rows[i]->name, name, tl) == 0; i++) {
+            if (!written(rows[i], s))
+                continue;
+            if (nw++)
+                moe_buf_printf(&b, ", ");
+            else
+                moe_buf_printf(&b, "%.*s = { ", (int)tl, name);
+            moe_buf_printf(&b, "%s = ", rows[i]->name + tl + 1);
+            put_value(&b, rows[i], s);
+        }
+        if (nw)
+            moe_buf_printf(&b, " }\n");
+    }
+    if (b.failed) {
+        free(b.data);
+        return NULL;
+    }
+    return b.data;
+}
+
+/* ---- README's key table -------------------------------------------------- */
+
+/* A bound as README writes it: 10^6, 2^20, 4096, 0.5. */
+static void fmt_bound(char *buf, size_t n, double v) {
+    double a = fabs(v);
+    const char *sign = v < 0 ? "-" : "";
+    if (a > 0 && (a >= 1e5 || a < 1)) {
+        int e = (int)lround(log10(a));
+        char t[16];
+        snprintf(t, sizeof t, "1e%d", e);
+        if (strtod(t, NULL) == a) {
+            snprintf(buf, n, "%s10^%d", sign, e);
+            return;
+        }
+    }
+    if (a == floor(a) && a < 1e15) {
+        long long i = (long long)a;
+        if (i > 65536 && (i & (i - 1)) == 0) {
+            int e = 0;
+            while ((1LL << e) < i)
+                e++;
+            snprintf(buf, n, "%s2^%d", sign, e);
+        } else {
+            snprintf(buf, n, "%s%lld", sign, i);
+        }
+        return;
+    }
+    fmt_num(buf, n, v);
+}
+
+static void put_choices(moe_buf_t *b, const moe_key_t *k, const char *sep) {
+    for (int i = 0; k->choices[i]; i++)
+        moe_buf_printf(b, "%s`\"%s\"`", i ? sep : "", k->choices[i]);
+}
+
+static void put_md_default(moe_buf_t *b, const moe_key_t *k) {
+    char num[32];
+    if (k->required) {
+        moe_buf_printf(b, "required");
+        return;
+    }
+    if (k->optional) {
+        moe_buf_printf(b, "none");
+        return;
+    }
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        break;
+    case MOE_KEY_INT:
+        moe_buf_printf(b, "%d", (int)k->def);
+        break;
+    case MOE_KEY_NUM:
+        fmt_num(num, sizeof num, k->def);
+        moe_buf_printf(b, "%s", num);
+        break;
+    case MOE_KEY_BOOL:
+        moe_buf_printf(b, "%s", k->def ? "true" : "false");
+        break;
+    case MOE_KEY_ENUM:
+        moe_buf_printf(b, "`\"%s\"`", k->choices[(int)k->def]);
+        break;
+    case MOE_KEY_LIST:
+        moe_buf_printf(b, "`{");
+        for (int i = 0; i < k->ndef_list; i++)
+            moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", k->choices[k->def_list[i]]);
+        moe_buf_printf(b, "}`");
+        break;
+    }
+}
+
+static void put_md_values(moe_buf_t *b, const moe_key_t *k) {
+    char lo[32], hi[32];
+    fmt_bound(lo, sizeof lo, k->lo);
+    fmt_bound(hi, sizeof hi, k->hi);
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        moe_buf_printf(b, "a C identifier of at most %s characters", hi);
+        break;
+    case MOE_KEY_INT:
+    case MOE_KEY_NUM:
+        moe_buf_printf(b, "%s..%s", lo, hi);
+        if (k->multiple)
+            moe_buf_printf(b, ", a multiple of %d", k->multiple);
+        if (k->at_most)
+            moe_buf_printf(b, ", at most `%s`", k->at_most);
+        if (k->divides)
+            moe_buf_printf(b, ", divides `%s`", k->divides);
+        break;
+    case MOE_KEY_BOOL:
+        moe_buf_printf(b, "true, false");
+        break;
+    case MOE_KEY_ENUM:
+        put_choices(b, k, ", ");
+        break;
+    case MOE_KEY_LIST:
+        if (k->count_offset)
+            moe_buf_printf(b, "1 to %d of ", moe_key_nchoices(k));
+        else
+            moe_buf_printf(b, "each of ");
+        put_choices(b, k, ", ");
+        if (!k->count_offset)
+            moe_buf_printf(b, " once");
+        break;
+    }
+}
+
+char *moe_spec_keys_markdown(void) {
+    static const char *const type_words[] = {"string", "integer", "number", "boolean", "string", "list"};
+    moe_buf_t b = {0};
+    moe_buf_printf(&b, "| key | type | default | values | meaning |\n| --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < moe_spec_nkeys; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        moe_buf_printf(&b, "| `%s` | %s | ", k->name, type_words[k->type]);
+        put_md_default(&b, k);
+        moe_buf_printf(&b, " | ");
+        put_md_values(&b, k);
+        moe_buf_printf(&b, " | %s", k->help);
+        if (k->when)
+            moe_buf_printf(&b, "; in effect only when `%s` > 1", k->when);
+        moe_buf_printf(&b, " |\n");
+    }
+    if (b.failed) {
+        free(b.data);
+        return NULL;
+    }
+    return b.data;
+}
+
+/* ---- names of choices ---------------------------------------------------- */
+
+const char *moe_dtype_name(moe_dtype_t d) { return (unsigned)d < 2 ? dtypes[d] : "?"; }
+const char *moe_arch_name(moe_arch_t a) { return (unsigned)a < 2 ? arches[a] : "?"; }
+const char *moe_axis_name(int axis) { return axis >= 0 && axis < MOE_AXIS_COUNT ? axes[axis] : "?"; }
