@@ -25,7 +25,7 @@ GEN_SRC   := gen/spec.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/moe_plan.c runtime/moe_launch.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/ref.c runtime/dispatch.c runtime/nccl_dl.c runtime/ep.c
+RT_SRC    := runtime/moe_error.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/ref.c runtime/dispatch.c runtime/nccl_dl.c runtime/ep.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 

@@ -22,8 +22,8 @@
 #define MOEGEN_CUDNN_H
 
 #include "driver.h"
+#include "launch.h"
 #include "moe.h"
-#include "moe_internal.h"
 #include "spec.h"
 
 #include <stddef.h>
@@ -69,14 +69,14 @@ void moe_cudnn_version_string(int version, char *out, size_t n);
  * path after a load is an error naming both. */
 int moe_cudnn_load(const char *path, int *version, char *why, size_t n);
 
-/* Decide the path of every FFN stage of `plan` (created, kernels loaded,
- * not yet using cuDNN) for the options and environment; build the graphs
- * and run the self-check where needed. *out is set (never NULL on MOE_OK)
+/* Decide the path of every FFN stage of the plan whose kernels `l` launches
+ * (loaded, not yet using cuDNN; l must outlive the part) on a mesh of
+ * `world` devices for the options and environment; build the graphs and run
+ * the self-check (through l) where needed. *out is set (never NULL on MOE_OK)
  * and owned by the plan. MOE_ERR_UNSUPPORTED with the reason when the mode
  * is on and a stage cannot take cuDNN; MOE_ERR_INVALID_ARG for a bad
  * MOEGEN_CUDNN value or moe_options.cudnn. */
-moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_plan *plan, moe_arch_t arch, int world,
-                           const moe_options *o);
+moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_launcher_t *l, int world, const moe_options *o);
 void moe_cudnn_destroy(moe_cudnn_t *c);
 
 /* Extra workspace bytes the cuDNN path needs after the plan's own regions
@@ -97,10 +97,10 @@ int moe_cudnn_applies(const moe_cudnn_t *c, int stage, const moe_ffn_args_t *f);
 moe_status moe_cudnn_run(const moe_cudnn_t *c, int stage, const moe_ffn_args_t *f, CUstream st);
 
 /* For tests and the probe in the notes: build (not run) the mode-NONE graph
- * of stage for plan's shape with the cuDNN at path, whatever the version
+ * of stage for the plan tables' shape (sm_90a) with the cuDNN at path, whatever the version
  * table says, and describe the outcome ("finalized: engine 7, workspace 0
  * bytes" or the cuDNN error) in report. Returns 0 when an execution plan
  * finalized. */
-int moe_cudnn_probe(const moe_plan *plan, int stage, const char *path, char *report, size_t n);
+int moe_cudnn_probe(const moe_plan_desc_t *pd, int stage, const char *path, char *report, size_t n);
 
 #endif

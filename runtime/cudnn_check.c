@@ -85,10 +85,9 @@ static double compare_rows(const moe_cudnn_t *c, CUdeviceptr a, CUdeviceptr b, l
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* Run both candidate stages through cuDNN and the generated kernels on one
- * ragged case; ok[s] = 1 when stage s agrees, with the figures in why[s]. */
-moe_status moe_cudnn_self_check(moe_cudnn_t *c, const moe_plan *plan, const int cand[MOE_STAGE_COUNT],
-                             int ok[MOE_STAGE_COUNT], char why[MOE_STAGE_COUNT][1024]) {
+/* See cudnn_impl.h. */
+moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT], int ok[MOE_STAGE_COUNT],
+                                char why[MOE_STAGE_COUNT][1024]) {
     const moe_spec_t *s = &c->pd->spec;
     const long long E = s->experts, H = s->hidden, F = s->ffn, M = c->M;
     const double tol = s->dtype == MOE_DTYPE_BF16 ? MOE_CUDNN_CHECK_TOL_BF16 : MOE_CUDNN_CHECK_TOL_FP16;
@@ -147,7 +146,7 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const moe_plan *plan, const int 
     {
         CUdeviceptr nul = 0;
         void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG]};
-        if ((rc = moe_launch_family(plan, MOE_K_GEMM_UP, s->tokens, NULL, args)))
+        if ((rc = moe_launch_kernel(c->l, MOE_K_GEMM_UP, s->tokens, 0, NULL, args, NULL)))
             goto done;
     }
     if (cand[MOE_STAGE_UP]) {
@@ -178,7 +177,7 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const moe_plan *plan, const int 
             rc = moe_fail(MOE_ERR_CUDA, "the cuDNN self-check's down weights");
             goto done;
         }
-        if ((rc = moe_launch_family(plan, MOE_K_GEMM_DOWN, s->tokens, NULL, args)) ||
+        if ((rc = moe_launch_kernel(c->l, MOE_K_GEMM_DOWN, s->tokens, 0, NULL, args, NULL)) ||
             (rc = moe_dn_exec(c, MOE_STAGE_DOWN, b[HG], (void *)(uintptr_t)b[W], b[OFF], b[OC], b[CWS], NULL)))
             goto done;
         if ((r = moe_cu.cuCtxSynchronize()) != CUDA_SUCCESS) {
@@ -203,7 +202,7 @@ done:
 
 #endif /* MOE_HAVE_CUDNN_H */
 
-int moe_cudnn_probe(const moe_plan *plan, int stage, const char *path, char *report, size_t n) {
+int moe_cudnn_probe(const moe_plan_desc_t *pd, int stage, const char *path, char *report, size_t n) {
     int version = 0;
     char why[900];
     if (moe_cudnn_load(path, &version, why, sizeof why)) {
@@ -211,10 +210,10 @@ int moe_cudnn_probe(const moe_plan *plan, int stage, const char *path, char *rep
         return -1;
     }
 #if !MOE_HAVE_CUDNN_H
-    (void)plan; (void)stage;
+    (void)pd; (void)stage;
     return -1;
 #else
-    moe_cudnn_t *c = moe_cudnn_new(plan, MOE_ARCH_SM90A);
+    moe_cudnn_t *c = moe_cudnn_new(pd, MOE_ARCH_SM90A, NULL);
     if (!c) {
         snprintf(report, n, "out of memory");
         return -1;

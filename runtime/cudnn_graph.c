@@ -333,8 +333,8 @@ moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdevice
                                 long long cap, CUstream st) {
     long long total = cap * (c->pd->spec.ffn / 8);
     long long blocks = (total + 255) / 256;
-    if (blocks > 132 * 32)
-        blocks = 132 * 32;
+    if (blocks > (long long)c->l->sms * 32) /* a grid-stride loop: any grid is right */
+        blocks = (long long)c->l->sms * 32;
     if (blocks < 1)
         blocks = 1;
     void *args[] = {&u, &h, &offsets, &cap};
@@ -345,7 +345,8 @@ moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdevice
 
 int moe_cudnn_fill(const moe_cudnn_t *c, CUdeviceptr p, unsigned long long n, unsigned long long seed, float scale) {
     void *args[] = {&p, &n, &seed, &scale};
-    return moe_cu.cuLaunchKernel(c->fill, 132 * 16, 1, 1, 256, 1, 1, 0, NULL, args, NULL) == CUDA_SUCCESS;
+    const unsigned blocks = (unsigned)(c->l->sms > 0 ? c->l->sms * 16 : 1); /* a grid-stride loop */
+    return moe_cu.cuLaunchKernel(c->fill, blocks, 1, 1, 256, 1, 1, 0, NULL, args, NULL) == CUDA_SUCCESS;
 }
 
 moe_status moe_cudnn_run(const moe_cudnn_t *c, int stage, const moe_ffn_args_t *f, CUstream st) {

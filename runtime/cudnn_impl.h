@@ -67,6 +67,7 @@ struct moe_cudnn {
     char mode_src[96];
     const moe_plan_desc_t *pd;
     moe_arch_t arch;
+    const moe_launcher_t *l;    /* the plan's kernels (NULL in a probe) */
     long long M;
     dn_stage_t st[MOE_STAGE_COUNT];
 #if MOE_HAVE_CUDNN_H
@@ -80,8 +81,10 @@ struct moe_cudnn {
 
 static inline size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* A plan part for plan's shape on arch, nothing decided yet; NULL when out of memory. */
-moe_cudnn_t *moe_cudnn_new(const moe_plan *plan, moe_arch_t arch);
+/* A plan part for the tables pd on arch, launching through l (NULL: a
+ * probe, which launches nothing), nothing decided yet; NULL when out of
+ * memory. */
+moe_cudnn_t *moe_cudnn_new(const moe_plan_desc_t *pd, moe_arch_t arch, const moe_launcher_t *l);
 
 /* Compile and load the SwiGLU and fill kernels into c->mod. */
 moe_status moe_cudnn_load_kernels(moe_cudnn_t *c);
@@ -108,7 +111,7 @@ moe_status moe_dn_exec(const moe_cudnn_t *c, int stage, CUdeviceptr tok, const v
 
 /* Run both candidate stages through cuDNN and the generated kernels on one
  * ragged case; ok[s] = 1 when stage s agrees, with the figures in why[s]. */
-moe_status moe_cudnn_self_check(moe_cudnn_t *c, const moe_plan *plan, const int cand[MOE_STAGE_COUNT],
+moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
                                 int ok[MOE_STAGE_COUNT], char why[MOE_STAGE_COUNT][1024]);
 #endif
 

@@ -5,7 +5,6 @@
 #include "cudnn_impl.h"
 
 #include "error.h"
-#include "moe_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -228,7 +227,7 @@ static moe_status reject(moe_cudnn_t *c, int s, int *cand, const char *reason) {
     return MOE_OK;
 }
 
-static moe_status decide(moe_cudnn_t *c, const moe_plan *plan, int world, const moe_options *o) {
+static moe_status decide(moe_cudnn_t *c, int world, const moe_options *o) {
     const moe_spec_t *s = &c->pd->spec;
     moe_status rc = moe_cudnn_resolve_mode(o, &c->mode, c->mode_src, sizeof c->mode_src);
     if (rc)
@@ -274,7 +273,6 @@ static moe_status decide(moe_cudnn_t *c, const moe_plan *plan, int world, const 
     if (!cand[0] && !cand[1])
         return MOE_OK;
 #if !MOE_HAVE_CUDNN_H
-    (void)plan;
     return MOE_OK;
 #else
     if (!moe_dn_ok(moe_dn.cudnnCreate(&c->handle), "cudnnCreate", r2, sizeof r2)) {
@@ -298,7 +296,7 @@ static moe_status decide(moe_cudnn_t *c, const moe_plan *plan, int world, const 
         return MOE_OK;
     int ok[MOE_STAGE_COUNT] = {0, 0};
     char res[MOE_STAGE_COUNT][1024] = {"", ""};
-    if ((rc = moe_cudnn_self_check(c, plan, cand, ok, res))) {
+    if ((rc = moe_cudnn_self_check(c, cand, ok, res))) {
         if (rc == MOE_ERR_CUDA) /* a fault may have broken the context: never fall back silently on that */
             return rc;
         snprintf(r, sizeof r, "cuDNN %s: %s", v, moe_last_error());
@@ -338,25 +336,24 @@ static moe_status decide(moe_cudnn_t *c, const moe_plan *plan, int world, const 
 #endif
 }
 
-/* A plan part for plan's shape on arch, nothing decided yet; NULL when out of memory. */
-moe_cudnn_t *moe_cudnn_new(const moe_plan *plan, moe_arch_t arch) {
+moe_cudnn_t *moe_cudnn_new(const moe_plan_desc_t *pd, moe_arch_t arch, const moe_launcher_t *l) {
     moe_cudnn_t *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     pthread_mutex_init(&c->lock, NULL);
-    c->pd = moe_plan_desc(plan);
+    c->pd = pd;
     c->arch = arch;
+    c->l = l;
     c->M = c->pd->max_rows;
     return c;
 }
 
-moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_plan *plan, moe_arch_t arch, int world,
-                           const moe_options *o) {
+moe_status moe_cudnn_setup(moe_cudnn_t **out, const moe_launcher_t *l, int world, const moe_options *o) {
     *out = NULL;
-    moe_cudnn_t *c = moe_cudnn_new(plan, arch);
+    moe_cudnn_t *c = moe_cudnn_new(l->pd, l->arch, l);
     if (!c)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    moe_status rc = decide(c, plan, world, o);
+    moe_status rc = decide(c, world, o);
     if (rc) {
         moe_cudnn_destroy(c);
         return rc;

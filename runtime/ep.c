@@ -4,7 +4,7 @@
 #include "ep.h"
 
 #include "error.h"
-#include "moe_internal.h"
+#include "ffn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,9 +139,9 @@ static void row_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr 
     }
 }
 
-moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
-    const moe_plan_desc_t *pd = moe_plan_desc(p);
-    const moe_ep_t *ep = moe_plan_ep(p);
+moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                           const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
+    const moe_plan_desc_t *pd = l->pd;
     const moe_ep_desc_t *ed = &ep->ed;
     const moe_spec_t *s = &pd->spec;
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
@@ -159,9 +159,9 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
                                       st)); /* the null row */
         void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS]};
-        if ((rc = moe_launch_family(p, MOE_K_ROUTE, T, st, ra)))
+        if ((rc = moe_launch_kernel(l, MOE_K_ROUTE, T, 0, st, ra, NULL)))
             return rc;
-        CUdeviceptr owner = ep->owner_dev, slot = moe_plan_slot_table(p);
+        CUdeviceptr owner = ep->owner_dev, slot = l->slot_table;
         void *sp[] = {&reg[MOE_EW_COUNTS], &owner, &slot, &reg[MOE_EW_SLOT_COUNTS], &reg[MOE_EW_OFFSETS],
                       &reg[MOE_EW_CURSOR], &reg[MOE_EW_SEND_COUNTS], &reg[MOE_EW_SEND_OFF], &reg[MOE_EW_OVERFLOW]};
         if ((rc = ep_launch(ep, pd, MOE_EK_SEND_PLAN, T, 0, st, sp)))
@@ -224,7 +224,7 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
                             .tiles = reg[MOE_EW_TILES], .num_tiles = reg[MOE_EW_NUM_TILES],
                             .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = reg[MOE_EW_XR],
                             .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2};
-        if ((rc = moe_run_ffn(p, &f, st, NULL)))
+        if ((rc = moe_run_ffn(l, dn, &f, st, NULL)))
             return rc;
         dir = 1;
         if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
@@ -234,15 +234,15 @@ moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st
     }
     case 3: { /* combine on the token's own rank */
         void *ca[] = {&reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF], &reg[MOE_EW_TOPK_W], (void *)&T, (void *)&a->y};
-        return moe_launch_family(p, MOE_K_COMBINE, T, st, ca);
+        return moe_launch_kernel(l, MOE_K_COMBINE, T, 0, st, ca, NULL);
     }
     }
-    return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_step: no step %d", step);
+    return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_run_step: no step %d", step);
 }
 
 /* A step's transfers over a communicator: one NCCL group of sends and receives. */
-moe_status moe_ep_run_xfers(const moe_plan *p, const moe_ep_call_t *c, CUstream st) {
-    ncclComm_t comm = moe_plan_ep(p)->ep_comm;
+moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream st) {
+    ncclComm_t comm = ep->ep_comm;
     NCCL_TRY(moe_nccl.ncclGroupStart());
     for (int i = 0; i < c->nx; i++) {
         const moe_xfer_t *x = &c->x[i];
@@ -259,8 +259,8 @@ moe_status moe_ep_run_xfers(const moe_plan *p, const moe_ep_call_t *c, CUstream 
     return MOE_OK;
 }
 
-moe_status moe_ep_forward(const moe_plan *p, const moe_forward_args *a, CUstream st) {
-    const moe_ep_t *ep = moe_plan_ep(p);
+moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                          const moe_forward_args *a, CUstream st) {
     if (ep->sim)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: this plan has no communicator (a test plan whose caller "
                         "moves the data); drive it with moe_ep_step");
@@ -269,9 +269,9 @@ moe_status moe_ep_forward(const moe_plan *p, const moe_forward_args *a, CUstream
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status rc = MOE_OK;
     for (int step = 0; step < MOE_EP_STEPS && !rc; step++) {
-        rc = moe_ep_step(p, a, st, step, c);
+        rc = moe_ep_run_step(ep, l, dn, a, st, step, c);
         if (!rc && c->nx)
-            rc = moe_ep_run_xfers(p, c, st);
+            rc = moe_ep_send_recv(ep, c, st);
     }
     free(c);
     return rc;
@@ -292,9 +292,8 @@ static size_t expert_bytes(const moe_spec_t *s, int i) {
     return 0;
 }
 
-moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
-    const moe_ep_t *ep = moe_plan_ep(p);
-    const moe_spec_t *s = &moe_plan_desc(p)->spec;
+moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st,
+                               moe_ep_call_t *c) {
     const void *src[4] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
     void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
     int F = ep->fsdp_shards ? ep->mp.size[MOE_AXIS_FSDP] : 1, me = ep->fsdp_shards ? ep->me->fsdp_rank : 0;
@@ -328,17 +327,15 @@ moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstr
     return MOE_OK;
 }
 
-moe_status moe_ep_gather(const moe_plan *p, const moe_gather_args *g, CUstream st) {
-    const moe_ep_t *ep = moe_plan_ep(p);
+moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st) {
     if (ep->sim)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
     moe_ep_call_t *c = malloc(sizeof *c);
     if (!c)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    moe_status rc = moe_gather_prepare(p, g, st, c);
+    moe_status rc = moe_ep_gather_local(ep, s, g, st, c);
     if (!rc && c->nx) {
         /* the same movement as the listed transfers, as NCCL all-gathers */
-        const moe_spec_t *s = &moe_plan_desc(p)->spec;
         void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
         for (int i = 0; i < 4 && !rc; i++) {
             size_t shard = expert_bytes(s, i) * (size_t)ep->mp.nstored;

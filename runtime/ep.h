@@ -1,12 +1,16 @@
 /* ep.h — the multi-device part of a plan: the mesh tables of this rank, the
  * NCCL communicators of its EP and FSDP groups, and the expert-parallel
  * forward (dispatch, FFN on received rows, return, combine) as steps with
- * the data movement between them described as transfers. Internal. */
+ * the data movement between them described as transfers. The plan's own
+ * kernels (route, the FFN, combine) run through the plan's launcher
+ * (launch.h) and cuDNN part; ep.c never sees the plan. Internal. */
 #ifndef MOEGEN_EP_H
 #define MOEGEN_EP_H
 
+#include "cudnn.h"
 #include "driver.h"
 #include "ep_plan.h"
+#include "launch.h"
 #include "mesh.h"
 #include "moe.h"
 #include "nccl_dl.h"
@@ -56,24 +60,27 @@ moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device);
 /* The dispatch kernels from the plan's module, and the owner table. */
 moe_status moe_ep_load(moe_ep_t *ep, CUmodule module);
 
-struct moe_plan;
 /* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
- * its kernels on st and list in c the transfers that must complete before
- * the next step (over the EP group). Exact mode synchronizes st in step 1. */
-moe_status moe_ep_step(const struct moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
+ * its kernels on st (the plan's through l, the FFN through l and dn) and
+ * list in c the transfers that must complete before the next step (over
+ * the EP group). Exact mode synchronizes st in step 1. */
+moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                           const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
 
 /* A step's transfers as one NCCL group of sends and receives on st. */
-moe_status moe_ep_run_xfers(const struct moe_plan *p, const moe_ep_call_t *c, CUstream st);
+moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream st);
 
 /* The whole forward, the transfers done with NCCL on st. */
-moe_status moe_ep_forward(const struct moe_plan *p, const moe_forward_args *a, CUstream st);
+moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                          const moe_forward_args *a, CUstream st);
 
 /* The gather's local part (the pack hook or a copy of this rank's shard into
  * its place in the held buffers) and, in c, the transfers over the FSDP
- * group that complete it. */
-moe_status moe_gather_prepare(const struct moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
+ * group that complete it. s: the plan's spec. */
+moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st,
+                               moe_ep_call_t *c);
 
 /* The whole gather, with NCCL all-gathers on st. */
-moe_status moe_ep_gather(const struct moe_plan *p, const moe_gather_args *g, CUstream st);
+moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st);
 
 #endif

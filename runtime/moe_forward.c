@@ -6,13 +6,11 @@
 #include "cudnn.h"
 #include "ep.h"
 #include "error.h"
+#include "ffn.h"
 #include "spec.h"
 
 #include <stdint.h>
-
-static moe_status launch(const moe_plan *p, int k, int tokens, CUstream st, void **args, CUevent *ev) {
-    return moe_launch_grid(p, k, tokens, 0, st, args, ev);
-}
+#include <stdlib.h>
 
 moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *stream) {
     return moe_forward_timed(p, a, stream, NULL);
@@ -44,7 +42,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (p->ep->dispatch) {
         if (ev)
             return moe_fail(MOE_ERR_UNSUPPORTED, "per-kernel timing is for single-rank plans");
-        return moe_ep_forward(p, a, st);
+        return moe_ep_forward(p->ep, &p->launcher, p->cudnn, a, st);
     }
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
     CUdeviceptr reg[MOE_WS_COUNT];
@@ -58,20 +56,20 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     {
         void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                         &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS]};
-        if ((rc = launch(p, MOE_K_ROUTE, T, st, args, ev)))
+        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev)))
             return rc;
     }
     {
-        CUdeviceptr slot = p->slot_dev;
+        CUdeviceptr slot = p->launcher.slot_table;
         void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
                         &reg[MOE_WS_NUM_TILES]};
-        if ((rc = launch(p, MOE_K_PERMUTE_PLAN, T, st, args, ev)))
+        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_PERMUTE_PLAN, T, 0, st, args, ev)))
             return rc;
     }
     {
         void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &T,
                         &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
-        if ((rc = launch(p, MOE_K_PERMUTE_SCATTER, T, st, args, ev)))
+        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_PERMUTE_SCATTER, T, 0, st, args, ev)))
             return rc;
     }
     {
@@ -80,12 +78,12 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                             .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
                             .w2 = a->w2, .b2 = a->b2,
                             .scratch = moe_cudnn_workspace(p->cudnn) ? ws + p->pd.ws_bytes : 0};
-        if ((rc = moe_run_ffn(p, &f, st, ev)))
+        if ((rc = moe_run_ffn(&p->launcher, p->cudnn, &f, st, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], &reg[MOE_WS_TOPK_W], &T, (void *)&a->y};
-        if ((rc = launch(p, MOE_K_COMBINE, T, st, args, ev)))
+        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_COMBINE, T, 0, st, args, ev)))
             return rc;
     }
     if (ev && moe_cu.cuEventRecord(ev[MOE_K_COUNT], st) != CUDA_SUCCESS)
@@ -98,11 +96,14 @@ moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void 
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: NULL argument");
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     if (p->ep->mp.world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
-        moe_ep_call_t c;
-        c.nx = 0;
-        return moe_gather_prepare(p, g, (CUstream)stream, &c);
+        moe_ep_call_t *c = malloc(sizeof *c); /* ~260 KB: not on the caller's stack */
+        if (!c)
+            return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+        moe_status rc = moe_ep_gather_local(p->ep, &p->pd.spec, g, (CUstream)stream, c);
+        free(c);
+        return rc;
     }
-    return moe_ep_gather(p, g, (CUstream)stream);
+    return moe_ep_gather(p->ep, &p->pd.spec, g, (CUstream)stream);
 }
 
 moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *stream, long long *rows) {
@@ -124,4 +125,18 @@ moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *str
                     "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
                     p->ep->ed.capacity);
     return MOE_OK;
+}
+
+struct moe_ep *moe_plan_ep(const moe_plan *p) { return p->ep; }
+
+moe_status moe_ep_step(const moe_plan *p, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
+    return moe_ep_run_step(p->ep, &p->launcher, p->cudnn, a, st, step, c);
+}
+
+moe_status moe_ep_run_xfers(const moe_plan *p, const moe_ep_call_t *c, CUstream st) {
+    return moe_ep_send_recv(p->ep, c, st);
+}
+
+moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
+    return moe_ep_gather_local(p->ep, &p->pd.spec, g, st, c);
 }

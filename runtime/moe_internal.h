@@ -4,6 +4,7 @@
 #define MOEGEN_MOE_INTERNAL_H
 
 #include "driver.h"
+#include "ep.h"
 #include "moe.h"
 #include "plan.h"
 
@@ -17,27 +18,15 @@ moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args,
  * that the kernels read weights through the table. Synchronous. */
 moe_status moe_plan_set_slot_table(moe_plan *plan, const int *slot_of);
 
-/* The expert FFN stage over a tile table: gemm_up (+ SwiGLU) from xs into
- * hbuf, then gemm_down into out (which may alias xs). grid_tiles > 0 sets
- * the GEMMs' tile grid (at least the table's length); 0 = the plan's
- * max_tiles at `tokens`. offsets: each slot's first row (slot order), for
- * paths that take per-expert offsets instead of tiles. */
-typedef struct {
-    int tokens;
-    long long grid_tiles;
-    CUdeviceptr xs, tiles, num_tiles, offsets, hbuf, out;
-    const void *w1p, *b1p, *w2, *b2;
-    CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
-} moe_ffn_args_t;
-moe_status moe_run_ffn(const moe_plan *plan, const moe_ffn_args_t *f, CUstream stream, CUevent *events);
-
-/* Launch kernel family k of the plan with its planned grid for `tokens`. */
-moe_status moe_launch_family(const moe_plan *plan, int k, int tokens, CUstream stream, void **args);
-
-/* The plan's multi-device part (never NULL for a created plan) and its
- * device slot table (slot_of [E]). */
+/* The plan's multi-device part (never NULL for a created plan). */
 struct moe_ep *moe_plan_ep(const moe_plan *plan);
-CUdeviceptr moe_plan_slot_table(const moe_plan *plan);
+
+/* The expert-parallel forward of a plan, step by step, and the gather's
+ * local part, for tests that move the data between ranks themselves
+ * (ep.h: moe_ep_run_step, moe_ep_send_recv, moe_ep_gather_local). */
+moe_status moe_ep_step(const moe_plan *plan, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
+moe_status moe_ep_run_xfers(const moe_plan *plan, const moe_ep_call_t *c, CUstream st);
+moe_status moe_gather_prepare(const moe_plan *plan, const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
 
 /* As moe_plan_create, for a mesh of several devices without a communicator:
  * the caller moves the data between the ranks' plans (moe_ep_step,

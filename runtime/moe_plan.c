@@ -36,20 +36,20 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     int major = 0, minor = 0;
     CU_CHECK(moe_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
     CU_CHECK(moe_cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-    CU_CHECK(moe_cu.cuDeviceGetAttribute(&p->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    CU_CHECK(moe_cu.cuDeviceGetAttribute(&p->launcher.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     if (major == 9 && minor == 0)
-        p->arch = MOE_ARCH_SM90A;
+        p->launcher.arch = MOE_ARCH_SM90A;
     else if (major == 8)
-        p->arch = MOE_ARCH_SM80;
+        p->launcher.arch = MOE_ARCH_SM80;
     else
         return moe_fail(MOE_ERR_ARCH, "GPU %d has compute capability %d.%d; moegen builds kernels for sm_80 (8.x) and "
                     "sm_90a (9.0)", p->device, major, minor);
     int listed = 0;
     for (int i = 0; i < p->pd.spec.narch; i++)
-        listed |= p->pd.spec.arch[i] == p->arch;
+        listed |= p->pd.spec.arch[i] == p->launcher.arch;
     if (!listed)
         return moe_fail(MOE_ERR_ARCH, "GPU %d is %s, which the spec's arch list does not name; add \"%s\" to arch",
-                    p->device, moe_arch_name(p->arch), moe_arch_name(p->arch));
+                    p->device, moe_arch_name(p->launcher.arch), moe_arch_name(p->launcher.arch));
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     return MOE_OK;
@@ -57,16 +57,20 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
 
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     size_t tbytes = sizeof(int) * (size_t)p->pd.spec.experts;
-    CU_CHECK(moe_cu.cuMemAlloc(&p->slot_dev, tbytes));
-    CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, p->slot_host, tbytes));
+    CU_CHECK(moe_cu.cuMemAlloc(&p->launcher.slot_table, tbytes));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(p->launcher.slot_table, p->slot_host, tbytes));
     CU_CHECK(moe_cu.cuModuleLoadData(&p->module, cubin->data));
+    moe_launcher_t *l = &p->launcher;
+    l->pd = &p->pd;
+    l->kernels = moe_plan_kernels(&p->pd, l->arch);
+    l->slots = p->ep->mp.nheld;
     for (int i = 0; i < MOE_K_COUNT; i++) {
-        const moe_kernel_desc_t *k = &moe_plan_kernels(&p->pd, p->arch)[i];
-        CUresult r = moe_cu.cuModuleGetFunction(&p->fn[i], p->module, k->name);
+        const moe_kernel_desc_t *k = &l->kernels[i];
+        CUresult r = moe_cu.cuModuleGetFunction(&l->fn[i], p->module, k->name);
         if (r != CUDA_SUCCESS)
             return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
         if (k->smem > 48 * 1024)
-            CU_CHECK(moe_cu.cuFuncSetAttribute(p->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
+            CU_CHECK(moe_cu.cuFuncSetAttribute(l->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
     }
     return moe_ep_load(p->ep, p->module);
 }
@@ -110,7 +114,7 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (!p->slot_host)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     memcpy(p->slot_host, p->ep->mp.slot, sizeof(int) * (size_t)spec.experts);
-    p->slot_identity = moe_slots_identity(p->slot_host, spec.experts);
+    p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }
@@ -170,7 +174,7 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
     if (s == MOE_OK) {
         moe_buf_t cubin = {0};
         moe_diag_t d;
-        if (moe_cache_cubin(&p->pd, o ? o->templates_dir : NULL, p->arch, o ? o->cache_dir : NULL, &cubin,
+        if (moe_cache_cubin(&p->pd, o ? o->templates_dir : NULL, p->launcher.arch, o ? o->cache_dir : NULL, &cubin,
                             &p->cache_hit, &d))
             s = moe_fail(MOE_ERR_COMPILE, "%s", d.msg);
         else
@@ -178,7 +182,7 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
         moe_buf_free(&cubin);
     }
     if (s == MOE_OK)
-        s = moe_cudnn_setup(&p->cudnn, p, p->arch, p->ep->mp.world, o);
+        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp.world, o);
     return create_common(out, p, s);
 }
 
@@ -254,12 +258,12 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         s = connect_mesh(p, o);
     if (s == MOE_OK) {
         char cpath[4200];
-        snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, name, moe_arch_name(p->arch));
+        snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, name, moe_arch_name(p->launcher.arch));
         size_t len;
         char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
         if (!data) {
             s = moe_fail(MOE_ERR_IO, "%s (compile the spec with arch %s to run on this GPU)", err,
-                     moe_arch_name(p->arch));
+                     moe_arch_name(p->launcher.arch));
         } else {
             moe_buf_t cubin = {data, len, len + 1, 0};
             s = load_module(p, &cubin);
@@ -267,7 +271,7 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         }
     }
     if (s == MOE_OK)
-        s = moe_cudnn_setup(&p->cudnn, p, p->arch, p->ep->mp.world, o);
+        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp.world, o);
     return create_common(out, p, s);
 }
 
@@ -279,8 +283,8 @@ void moe_plan_destroy(moe_plan *p) {
     moe_cudnn_destroy(p->cudnn);
     if (p->module)
         moe_cu.cuModuleUnload(p->module);
-    if (p->slot_dev)
-        moe_cu.cuMemFree(p->slot_dev);
+    if (p->launcher.slot_table)
+        moe_cu.cuMemFree(p->launcher.slot_table);
     moe_ep_destroy(p->ep);
     free(p->slot_host);
     if (p->ctx) {
@@ -341,7 +345,7 @@ moe_status moe_plan_stage_path(const moe_plan *p, int stage, int *path, const ch
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_stage_path: %s", p ? "no such stage" : "plan is NULL");
     const char *w;
     int at = moe_cudnn_stage_path(p->cudnn, stage, &w);
-    if (at == MOE_PATH_CUDNN && !p->slot_identity) {
+    if (at == MOE_PATH_CUDNN && !p->launcher.slot_identity) {
         at = MOE_PATH_GENERATED;
         w = "the routing table is not the identity (weights in a permuted slot order), which the cuDNN graph "
             "cannot read";
@@ -372,9 +376,9 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
     }
     free(seen);
     memcpy(p->slot_host, slot_of, sizeof(int) * (size_t)E);
-    p->slot_identity = moe_slots_identity(slot_of, E);
+    p->launcher.slot_identity = moe_slots_identity(slot_of, E);
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
-    CU_CHECK(moe_cu.cuMemcpyHtoD(p->slot_dev, slot_of, sizeof(int) * (size_t)E));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(p->launcher.slot_table, slot_of, sizeof(int) * (size_t)E));
     return MOE_OK;
 }
 
@@ -382,7 +386,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     if (!p || !info)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->arch),
+    *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                             .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit,
                             .world = p->ep->mp.world, .rank = p->ep->rank, .ep = p->ep->mp.size[MOE_AXIS_EP],
@@ -391,6 +395,6 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp.nheld, .dispatch_capacity = p->ep->ed.capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn)};
     for (int i = 0; i < MOE_K_COUNT; i++)
-        info->kernels[i] = moe_plan_kernels(&p->pd, p->arch)[i].name;
+        info->kernels[i] = p->launcher.kernels[i].name;
     return MOE_OK;
 }

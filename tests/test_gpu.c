@@ -624,7 +624,7 @@ static void cudnn_probe(int v, const char *cache) {
     const char *lib = getenv("MOEGEN_CUDNN_PATH");
     for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
         char report[1024], why[512];
-        int built = moe_cudnn_probe(plan, stage, lib && *lib ? lib : NULL, report, sizeof report) == 0;
+        int built = moe_cudnn_probe(moe_plan_desc(plan), stage, lib && *lib ? lib : NULL, report, sizeof report) == 0;
         int listed = moe_cudnn_graph_known(stage, MOE_ARCH_SM90A, MOE_DTYPE_BF16, v, why, sizeof why);
         fprintf(stderr, "  probe stage %d: %s\n", stage, report);
         CHECKF(built == listed, "cuDNN %d %s the stage-%d graph but the version table says %s: update the table in "

@@ -1,0 +1,34 @@
+/* ffn.c — the expert FFN stage: the generated GEMMs, or the cuDNN path where
+ * the plan decided so. See ffn.h. */
+#include "ffn.h"
+
+#include "error.h"
+
+/* Whether stage takes cuDNN in this call: the plan decided so, and the
+ * weights sit at their experts' own slots (cuDNN reads first_token_offset
+ * in expert order, where the generated kernels read slots from the tiles). */
+static int use_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, const moe_ffn_args_t *f) {
+    return l->slot_identity && moe_cudnn_applies(dn, stage, f);
+}
+
+moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
+                       CUevent *ev) {
+    moe_status rc;
+    CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out;
+    static const int kernel_of[MOE_STAGE_COUNT] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
+    for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
+        const int k = kernel_of[stage];
+        if (use_cudnn(l, dn, stage, f)) {
+            if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
+                return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+            if ((rc = moe_cudnn_run(dn, stage, f, st)))
+                return rc;
+            continue;
+        }
+        void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf};
+        void *down[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, stage == MOE_STAGE_UP ? up : down, ev)))
+            return rc;
+    }
+    return MOE_OK;
+}

@@ -1,0 +1,47 @@
+/* launch.h — the narrow interface through which the runtime's parts (the
+ * forward, the expert-parallel steps, the cuDNN path's self-check) launch
+ * the plan's kernels: the loaded functions, the kernel descriptors and what
+ * their grids and TMA maps need, never the whole plan. Internal to
+ * libmoegen. */
+#ifndef MOEGEN_LAUNCH_H
+#define MOEGEN_LAUNCH_H
+
+#include "driver.h"
+#include "moe.h"
+#include "plan.h"
+
+typedef struct moe_launcher {
+    const moe_plan_desc_t *pd;        /* the plan's tables: grids, the row alignment, the spec's shape */
+    moe_arch_t arch;                  /* the device's arch: which kernel set runs */
+    const moe_kernel_desc_t *kernels; /* moe_plan_kernels(pd, arch), [MOE_K_COUNT] */
+    CUfunction fn[MOE_K_COUNT];       /* kernel k in the plan's loaded module */
+    int sms;                          /* the device's multiprocessors: a persistent grid's size */
+    long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts) */
+    CUdeviceptr slot_table;           /* [E] the slot of expert g's weights, on the device */
+    int slot_identity;                /* the slot table is the identity (expert g's weights at slot g) */
+} moe_launcher_t;
+
+/* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
+ * xs into hbuf, then gemm_down into out (which may alias xs). grid_tiles > 0
+ * sets the GEMMs' tile grid (at least the table's length); 0 = the plan's
+ * max_tiles at `tokens`. offsets: each slot's first row (slot order), for
+ * paths that take per-expert offsets instead of tiles. */
+typedef struct {
+    int tokens;
+    long long grid_tiles;
+    CUdeviceptr xs, tiles, num_tiles, offsets, hbuf, out;
+    const void *w1p, *b1p, *w2, *b2;
+    CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
+} moe_ffn_args_t;
+
+/* Launch kernel k (MOE_K_*) with its planned grid for `tokens` on st;
+ * rows_y > 0 replaces the GEMMs' tile grid (the expert-parallel path sizes
+ * it from the receive side). ev (may be NULL): events[k] is recorded first.
+ * GEMM args are always (A, B, bias, tiles, num_tiles, out) with A and B
+ * device pointers; the sm_90a GEMMs get A and B as TMA tensor maps instead,
+ * made here, and run on a 1D grid over that tile space: one CTA per tile,
+ * or at most one CTA per SM when the tile is persistent. */
+moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long rows_y, CUstream st, void **args,
+                             CUevent *ev);
+
+#endif
