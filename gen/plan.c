@@ -71,6 +71,8 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
     const moe_spec_t *s = &pd->spec;
     lua_newtable(L);
+    moe_spec_push_lua(L, s); /* every key, as the schema has it: p.spec.activation.kind */
+    lua_setfield(L, -2, "spec");
     moe_lua_set_str(L, "name", s->name);
     moe_lua_set_str(L, "hash", s->hash);
     moe_lua_set_str(L, "dtype", moe_dtype_name(s->dtype));

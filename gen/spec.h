@@ -100,6 +100,15 @@ const char *moe_dtype_ctype(moe_dtype_t d);  /* "__nv_bfloat16" */
 const char *moe_arch_name(moe_arch_t a);     /* "sm_90a" */
 const char *moe_axis_name(int axis);         /* "dp" */
 
+/* Push onto L a table shaped like the canonical form, written from the
+ * schema: { experts = 8, router = { score = "softmax", ... }, arch =
+ * { "sm_90a" }, ... }; integers, numbers, booleans, strings (enums), lists
+ * of strings; a key absent from the canonical form (optional and unset, or
+ * not in effect) is nil. Templates read a new key here with no other
+ * change. */
+struct lua_State;
+void moe_spec_push_lua(struct lua_State *L, const moe_spec_t *s);
+
 /* World size: dp * fsdp * ep. */
 int moe_spec_world(const moe_spec_t *spec);
 

@@ -4,6 +4,7 @@
 
 #include "util.h"
 
+#include <lua.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +281,62 @@ char *moe_spec_canonical(const moe_spec_t *s) {
         return NULL;
     }
     return b.data;
+}
+
+/* ---- the spec as a Lua table --------------------------------------------- */
+
+static void push_value(lua_State *L, const moe_key_t *k, const moe_spec_t *s) {
+    const char *p = (const char *)s + k->offset;
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        lua_pushstring(L, p);
+        break;
+    case MOE_KEY_INT:
+        lua_pushinteger(L, *(const int *)p);
+        break;
+    case MOE_KEY_NUM:
+        lua_pushnumber(L, *(const double *)p);
+        break;
+    case MOE_KEY_BOOL:
+        lua_pushboolean(L, *(const bool *)p);
+        break;
+    case MOE_KEY_ENUM:
+        lua_pushstring(L, choice_name(k, *(const int *)p));
+        break;
+    case MOE_KEY_LIST:
+        lua_createtable(L, list_count(k, s), 0);
+        for (int i = 0, n = list_count(k, s); i < n; i++) {
+            lua_pushstring(L, choice_name(k, ((const int *)p)[i]));
+            lua_rawseti(L, -2, i + 1);
+        }
+        break;
+    }
+}
+
+void moe_spec_push_lua(lua_State *L, const moe_spec_t *s) {
+    lua_newtable(L);
+    for (int i = 0; i < moe_spec_nkeys; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        size_t tl = top_len(k->name);
+        if (!k->name[tl]) {
+            push_value(L, k, s);
+            lua_setfield(L, -2, k->name);
+            continue;
+        }
+        lua_pushlstring(L, k->name, tl);
+        if (lua_rawget(L, -2) != LUA_TTABLE) { /* the table's first key */
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushlstring(L, k->name, tl);
+            lua_pushvalue(L, -2);
+            lua_rawset(L, -4);
+        }
+        if (written(k, s)) {
+            push_value(L, k, s);
+            lua_setfield(L, -2, k->name + tl + 1);
+        }
+        lua_pop(L, 1);
+    }
 }
 
 /* ---- README's key table -------------------------------------------------- */

@@ -20,6 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <lauxlib.h>
+#include <lualib.h>
+
 #include "check.h"
 #include "plan.h"
 #include "spec.h"
@@ -691,6 +694,65 @@ static void test_schema_loader(void) {
     }
 }
 
+/* The value of the Lua expression `expr` over the table at the stack top
+ * (named spec), as text. */
+static const char *lua_value(lua_State *L, const char *expr, char *buf, size_t n) {
+    char chunk[256];
+    snprintf(chunk, sizeof chunk, "local spec = ... return tostring(%s)", expr);
+    if (luaL_loadstring(L, chunk) != LUA_OK) {
+        snprintf(buf, n, "%s", lua_tostring(L, -1));
+    } else {
+        lua_pushvalue(L, -2);
+        if (lua_pcall(L, 1, 1, 0) != LUA_OK)
+            snprintf(buf, n, "%s", lua_tostring(L, -1));
+        else
+            snprintf(buf, n, "%s", lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+    return buf;
+}
+
+/* moe_spec_push_lua: the templates' view of the spec, from the rows. */
+static void test_schema_lua(void) {
+    moe_spec_t s;
+    moe_diag_t d;
+    char buf[200];
+    CASE("schema: the spec as a Lua table");
+    const char *o[] = {"mesh.ep=2", "dispatch.mode=capacity", "dispatch.capacity=64", "arch=sm_90a,sm_80",
+                       "router.scale=2.5", "activation.limit=7"};
+    CHECKF(load_with(&s, SMALL, o, 6, &d) == 0, "%s", d.msg);
+    lua_State *L = luaL_newstate();
+    luaL_openlibs(L);
+    moe_spec_push_lua(L, &s);
+    static const struct {
+        const char *expr, *want;
+    } cases[] = {
+        {"spec.name", "small"},
+        {"math.type(spec.experts)", "integer"},
+        {"spec.activation.kind", "swiglu"},
+        {"spec.activation.limit", "7.0"},
+        {"spec.router.scale", "2.5"},
+        {"spec.router.renormalize", "true"},
+        {"spec.router.score", "softmax"},
+        {"spec.mesh.ep", "2"},
+        {"table.concat(spec.mesh.order, ',')", "dp,fsdp,ep"},
+        {"table.concat(spec.mesh.expert_sharding, ',')", "ep,fsdp"},
+        {"table.concat(spec.arch, ',')", "sm_90a,sm_80"},
+        {"spec.dispatch.mode", "capacity"},
+        {"spec.dispatch.capacity", "64"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK_STREQ(lua_value(L, cases[i].expr, buf, sizeof buf), cases[i].want);
+    lua_pop(L, 1);
+    CASE("schema: the Lua table leaves out what the canonical form leaves out");
+    CHECKF(load_file(&s, SMALL, &d) == 0, "%s", d.msg);
+    moe_spec_push_lua(L, &s);
+    CHECK_STREQ(lua_value(L, "spec.activation.limit", buf, sizeof buf), "nil");
+    CHECK_STREQ(lua_value(L, "spec.dispatch.mode", buf, sizeof buf), "nil");
+    CHECK_STREQ(lua_value(L, "next(spec.dispatch)", buf, sizeof buf), "nil");
+    lua_close(L);
+}
+
 /* README's spec-key table between its two marker lines. Caller frees. */
 static char *readme_keys(void) {
     char *text = read_text(README);
@@ -909,6 +971,7 @@ int main(int argc, char **argv) {
     test_schema_rows();
     test_schema_loader();
     test_schema_readme();
+    test_schema_lua();
     test_examples();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
