@@ -19,7 +19,7 @@ WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-func
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
 LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
 
-GEN_SRC   := gen/spec.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
+GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
              gen/family_ep.c gen/family_swiglu.c
 TUNING    := tuning/h200.tune
@@ -120,7 +120,7 @@ test-mgpu: $(BUILD)/tests/test_mgpu
 # The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
 VENDORED_SPEC := qwen3-30b-a3b
 VENDORED_NAME := qwen3_30b_a3b
-VENDORED_OBJ := $(BUILD)/runtime/ref.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
+VENDORED_OBJ := $(BUILD)/runtime/ref.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
 $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \

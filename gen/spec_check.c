@@ -1,0 +1,411 @@
+/* spec_check.c — the schema pass: read every key of a loaded spec against
+ * its row in spec_schema.c (type, range, choices), then each row's own
+ * relations, then the relations between keys. */
+#include "spec_impl.h"
+#include "spec_schema.h"
+
+#include <ctype.h>
+#include <lauxlib.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- reading one key ---------------------------------------------------- */
+
+static const char *type_word(lua_State *L, int idx) {
+    int t = lua_type(L, idx);
+    if (t == LUA_TNUMBER)
+        return lua_isinteger(L, idx) ? "an integer" : "a number";
+    if (t == LUA_TSTRING)
+        return "a string";
+    if (t == LUA_TBOOLEAN)
+        return "a boolean";
+    if (t == LUA_TTABLE)
+        return "a table";
+    return lua_typename(L, t);
+}
+
+/* Edit distance, for "did you mean". */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 40 || lb > 40)
+        return 99;
+    int d[41][41];
+    for (int i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (int j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+/* Refuse keys of the table at idx that are not in `known`. */
+static void check_keys(moe_spec_ctx_t *c, int idx, const char *parent, const char *const *known) {
+    lua_State *L = c->L;
+    lua_pushnil(L);
+    while (!c->failed && lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            moe_spec_key_error(c, (moe_keyref_t){NULL, parent}, "%s: keys must be names, not %s", parent ? parent : "spec",
+                      type_word(L, -1));
+            lua_pop(L, 1);
+            return;
+        }
+        const char *key = lua_tostring(L, -1);
+        int found = 0, best = 99;
+        const char *near = NULL;
+        for (const char *const *k = known; *k; k++) {
+            if (strcmp(*k, key) == 0) {
+                found = 1;
+                break;
+            }
+            int d = edit_distance(*k, key);
+            if (d < best) {
+                best = d;
+                near = *k;
+            }
+        }
+        if (!found) {
+            char full[160];
+            snprintf(full, sizeof full, "%s%s%s", parent ? parent : "", parent ? "." : "", key);
+            if (near && best <= 2)
+                moe_spec_key_error(c, (moe_keyref_t){parent, key}, "unknown key '%s' (did you mean '%s%s%s'?)", full,
+                          parent ? parent : "", parent ? "." : "", near);
+            else
+                moe_spec_key_error(c, (moe_keyref_t){parent, key}, "unknown key '%s'", full);
+        }
+    }
+    if (c->failed)
+        lua_settop(L, idx);
+}
+
+/* A key's full name split into its parent (copied into buf; NULL for a
+ * top-level key) and its own name. */
+static moe_keyref_t key_ref(const char *name, char *buf, size_t n) {
+    const char *dot = strchr(name, '.');
+    if (!dot)
+        return (moe_keyref_t){NULL, name};
+    snprintf(buf, n, "%.*s", (int)(dot - name), name);
+    return (moe_keyref_t){buf, dot + 1};
+}
+
+/* Report an error on the key of full name `name`. */
+#define NAMED_ERROR(c, name, ...)                                                                                  \
+    do {                                                                                                           \
+        char parent_[64];                                                                                          \
+        moe_spec_key_error(c, key_ref(name, parent_, sizeof parent_), __VA_ARGS__);                                         \
+    } while (0)
+
+/* "a", "b" and "c" (and = NULL: "a", "b", "c"), quoted. */
+static void join_choices(char *buf, size_t n, const char *const *choices, const char *last_sep) {
+    buf[0] = '\0';
+    for (int j = 0; choices[j]; j++) {
+        const char *sep = j == 0 ? "" : (last_sep && !choices[j + 1]) ? last_sep : ", ";
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, "%s\"%s\"", sep, choices[j]);
+    }
+}
+
+/* The index of v in choices, or -1. */
+static int choice_index(const char *const *choices, const char *v) {
+    for (int i = 0; choices[i]; i++)
+        if (strcmp(choices[i], v) == 0)
+            return i;
+    return -1;
+}
+
+static int value_of(const moe_key_t *k, int i) { return k->values ? k->values[i] : i; }
+
+/* Read a LIST value at the stack top into out[] (choice indices; a refused
+ * value as the index nchoices); returns the count, 0 after an error. */
+static int read_list(moe_spec_ctx_t *c, moe_keyref_t kr, const moe_key_t *k, int *out) {
+    lua_State *L = c->L;
+    const char *fn = k->name;
+    int max = moe_key_nchoices(k), n = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+        lua_newtable(L);
+        lua_insert(L, -2);
+        lua_rawseti(L, -2, 1);
+    } else if (lua_type(L, -1) != LUA_TTABLE) {
+        moe_spec_key_error(c, kr, "%s must be a list of strings, got %s", fn, type_word(L, -1));
+        return 0;
+    }
+    int len = (int)luaL_len(L, -1);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > len) {
+            moe_spec_key_error(c, kr, "%s must be a list of strings (no named keys)", fn);
+            lua_pop(L, 1);
+            return 0;
+        }
+    }
+    if (len == 0 || len > max) {
+        moe_spec_key_error(c, kr, "%s must list 1 to %d items, got %d", fn, max, len);
+        return 0;
+    }
+    for (int i = 1; i <= len && !c->failed; i++) {
+        lua_rawgeti(L, -1, i);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            moe_spec_key_error(c, kr, "%s[%d] must be a string, got %s", fn, i, type_word(L, -1));
+        } else {
+            const char *v = lua_tostring(L, -1);
+            int j = choice_index(k->choices, v);
+            if (j < 0 && k->refused && strcmp(v, k->refused) == 0)
+                j = max;
+            if (j < 0)
+                moe_spec_key_error(c, kr, "%s[%d] = \"%s\" is not a known value", fn, i, v);
+            for (int m = 0; m < n && !c->failed; m++)
+                if (out[m] == j)
+                    moe_spec_key_error(c, kr, "%s lists \"%s\" twice", fn, v);
+            out[n++] = j;
+        }
+        lua_pop(L, 1);
+    }
+    if (c->failed)
+        return 0;
+    char list[256];
+    for (int i = 0; i < n; i++)
+        if (out[i] == max) {
+            join_choices(list, sizeof list, k->choices, " and ");
+            moe_spec_key_error(c, kr, "%s may name %s only, not \"%s\"", fn, list, k->refused);
+            return 0;
+        }
+    if (!k->count_offset && n != max) {
+        join_choices(list, sizeof list, k->choices, NULL);
+        moe_spec_key_error(c, kr, "%s must list each of %s once", fn, list);
+        return 0;
+    }
+    return n;
+}
+
+/* Read row k from the table at idx into s, checking its type, range and
+ * choices; an absent key keeps the default already in s (an error when the
+ * key is required). */
+static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t *s) {
+    if (c->failed)
+        return;
+    lua_State *L = c->L;
+    char parent[64];
+    moe_keyref_t kr = key_ref(k->name, parent, sizeof parent);
+    const char *fn = k->name;
+    char *p = (char *)s + k->offset;
+    int t = lua_getfield(L, idx, kr.key);
+    if (t == LUA_TNIL) {
+        if (k->required)
+            moe_spec_key_error(c, (moe_keyref_t){NULL, NULL}, "missing required key '%s'", fn);
+        lua_pop(L, 1);
+        return;
+    }
+    switch (k->type) {
+    case MOE_KEY_IDENT:
+        if (t != LUA_TSTRING) {
+            moe_spec_key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
+        } else {
+            const char *v = lua_tostring(L, -1);
+            size_t n = strlen(v);
+            int ok = n > 0 && n <= (size_t)k->hi && (isalpha((unsigned char)v[0]) || v[0] == '_');
+            for (size_t i = 0; ok && i < n; i++)
+                ok = isalnum((unsigned char)v[i]) || v[i] == '_';
+            if (!ok)
+                moe_spec_key_error(c, kr,
+                          "%s = \"%s\" must be a C identifier of at most %d characters "
+                          "(letters, digits, '_'; not starting with a digit)", fn, v, (int)k->hi);
+            else
+                memcpy(p, v, n + 1);
+        }
+        break;
+    case MOE_KEY_INT:
+        if (!lua_isinteger(L, -1)) {
+            double v = lua_tonumber(L, -1);
+            if (t == LUA_TNUMBER)
+                moe_spec_key_error(c, kr, "%s must be an integer, got %.17g%s", fn, v, v == (double)(long long)v ? ".0" : "");
+            else
+                moe_spec_key_error(c, kr, "%s must be an integer, got %s", fn, type_word(L, -1));
+        } else {
+            long long v = lua_tointeger(L, -1), lo = (long long)k->lo, hi = (long long)k->hi;
+            if (v < lo || v > hi)
+                moe_spec_key_error(c, kr, "%s = %lld is out of range [%lld, %lld]", fn, v, lo, hi);
+            else
+                *(int *)p = (int)v;
+        }
+        break;
+    case MOE_KEY_NUM:
+        if (t != LUA_TNUMBER) {
+            moe_spec_key_error(c, kr, "%s must be a number, got %s", fn, type_word(L, -1));
+        } else {
+            double v = lua_tonumber(L, -1);
+            if (!(v >= k->lo && v <= k->hi))
+                moe_spec_key_error(c, kr, "%s = %g is out of range [%g, %g]", fn, v, k->lo, k->hi);
+            else
+                *(double *)p = v;
+        }
+        break;
+    case MOE_KEY_BOOL:
+        if (t != LUA_TBOOLEAN)
+            moe_spec_key_error(c, kr, "%s must be true or false, got %s", fn, type_word(L, -1));
+        else
+            *(bool *)p = lua_toboolean(L, -1);
+        break;
+    case MOE_KEY_ENUM:
+        if (t != LUA_TSTRING) {
+            moe_spec_key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
+        } else {
+            const char *v = lua_tostring(L, -1);
+            int i = choice_index(k->choices, v);
+            if (i >= 0) {
+                *(int *)p = value_of(k, i);
+            } else {
+                char list[256];
+                join_choices(list, sizeof list, k->choices, NULL);
+                moe_spec_key_error(c, kr, "%s = \"%s\" is not one of %s", fn, v, list);
+            }
+        }
+        break;
+    case MOE_KEY_LIST: {
+        int items[MOE_KEY_LIST_MAX + 1];
+        int n = read_list(c, kr, k, items);
+        if (n > 0) {
+            for (int i = 0; i < n; i++)
+                ((int *)p)[i] = value_of(k, items[i]);
+            if (k->count_offset)
+                *(int *)((char *)s + k->count_offset) = n;
+        }
+        break;
+    }
+    }
+    lua_pop(L, 1);
+}
+
+/* Push the sub-table at key (or an empty table when absent). */
+static int get_table(moe_spec_ctx_t *c, int idx, moe_keyref_t k) {
+    lua_State *L = c->L;
+    int t = lua_getfield(L, idx, k.key);
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    } else if (t != LUA_TTABLE) {
+        moe_spec_key_error(c, k, "%s must be a table, got %s", k.key, type_word(L, -1));
+    }
+    return lua_gettop(L);
+}
+
+/* ---- validation --------------------------------------------------------- */
+
+/* The names a table may hold, in table order, into out[] (NULL-terminated):
+ * the top-level names (a nested key's parent once, written into names[])
+ * when parent is NULL, else the keys under parent. */
+static void known_keys(const char *parent, char names[][32], const char **out) {
+    int n = 0;
+    size_t pl = parent ? strlen(parent) : 0;
+    for (int i = 0; i < moe_spec_nkeys && i < MOE_SPEC_MAX_KEYS; i++) {
+        const char *name = moe_spec_keys[i].name;
+        size_t tl = strcspn(name, ".");
+        if (parent) {
+            if (tl == pl && strncmp(name, parent, pl) == 0 && name[tl])
+                out[n++] = name + tl + 1;
+        } else if (!name[tl]) {
+            out[n++] = name;
+        } else if (i == 0 || strncmp(moe_spec_keys[i - 1].name, name, tl + 1) != 0) {
+            snprintf(names[n], 32, "%.*s", (int)tl, name);
+            out[n] = names[n];
+            n++;
+        }
+    }
+    out[n] = NULL;
+}
+
+/* Relations between keys that belong to no single key; each names the key
+ * its error is reported on. Run once every key has been read. */
+static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const moe_router_t *r = &s->router;
+    const moe_dispatch_t *d = &s->dispatch;
+    long long rows = (long long)s->tokens * s->top_k;
+    long long welems = (long long)s->experts * 2 * s->ffn * s->hidden;
+    long long world = (long long)s->mesh.size[0] * s->mesh.size[1] * s->mesh.size[2];
+    int shard = 1;
+    for (int i = 0; i < s->mesh.nsharding; i++)
+        shard *= s->mesh.size[s->mesh.sharding[i]];
+    if (d->mode == MOE_DISPATCH_CAPACITY && d->capacity == 0)
+        NAMED_ERROR(c, "dispatch.mode",
+                    "dispatch.mode = \"capacity\" needs dispatch.capacity, the most rows one rank sends to one "
+                    "EP peer");
+    else if (d->mode == MOE_DISPATCH_EXACT && d->capacity != 0)
+        NAMED_ERROR(c, "dispatch.capacity", "dispatch.capacity applies to mode = \"capacity\" only (mode is \"exact\")");
+    else if (r->groups > 1 && s->top_k % r->topk_groups)
+        NAMED_ERROR(c, "router.topk_groups",
+                    "router.topk_groups (%d) must divide top_k (%d): a group's score sums its top top_k/topk_groups "
+                    "experts", r->topk_groups, s->top_k);
+    else if (r->groups > 1 && s->top_k > r->topk_groups * (s->experts / r->groups))
+        NAMED_ERROR(c, "router.topk_groups", "top_k (%d) exceeds the experts in the kept groups (%d groups of %d)",
+                    s->top_k, r->topk_groups, s->experts / r->groups);
+    else if (rows > MOE_LIMIT_ROWS)
+        NAMED_ERROR(c, "tokens", "tokens * top_k (%lld) exceeds the limit of %lld rows", rows, MOE_LIMIT_ROWS);
+    else if (welems > MOE_LIMIT_WEIGHT_ELEMS)
+        NAMED_ERROR(c, "experts", "experts * 2 * ffn * hidden (%lld) exceeds the limit of %lld weight elements",
+                    welems, MOE_LIMIT_WEIGHT_ELEMS);
+    else if (world > MOE_LIMIT_WORLD)
+        NAMED_ERROR(c, "mesh", "the mesh has %lld devices, more than the limit of %d", world, MOE_LIMIT_WORLD);
+    else if (s->experts % shard)
+        NAMED_ERROR(c, "experts", "experts (%d) must be divisible by the product of the expert_sharding axes (%d)",
+                    s->experts, shard);
+    else if (s->experts % s->mesh.size[MOE_AXIS_EP])
+        NAMED_ERROR(c, "experts", "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
+                    s->mesh.size[MOE_AXIS_EP]);
+}
+
+/* Fill s from the spec's table at the stack top: defaults, then every row
+ * of the schema (type, range, choices), then each row's own relations, then
+ * the relations between keys; keys not in effect go back to their defaults. */
+void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
+    lua_State *L = c->L;
+    int env = lua_gettop(L);
+    char names[MOE_SPEC_MAX_KEYS][32];
+    const char *known[MOE_SPEC_MAX_KEYS + 1];
+    known_keys(NULL, names, known);
+    check_keys(c, env, NULL, known);
+    moe_spec_set_defaults(s);
+
+    int tbl = env;
+    for (int i = 0; i < moe_spec_nkeys && !c->failed; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        size_t tl = strcspn(k->name, ".");
+        if (!k->name[tl]) {
+            lua_settop(L, env);
+            tbl = env;
+        } else if (i == 0 || strncmp(moe_spec_keys[i - 1].name, k->name, tl + 1) != 0) {
+            /* the first key of a table: the table itself, and its unknown keys */
+            char parent[32];
+            snprintf(parent, sizeof parent, "%.*s", (int)tl, k->name);
+            lua_settop(L, env);
+            tbl = get_table(c, env, (moe_keyref_t){NULL, parent});
+            if (!c->failed) {
+                known_keys(parent, names, known);
+                check_keys(c, tbl, parent, known);
+            }
+        }
+        read_key(c, tbl, k, s);
+    }
+    lua_settop(L, env);
+
+    for (int i = 0; i < moe_spec_nkeys && !c->failed; i++) {
+        const moe_key_t *k = &moe_spec_keys[i];
+        if (k->type != MOE_KEY_INT)
+            continue;
+        int v = moe_spec_key_int(s, k->name), o;
+        if (k->multiple && v % k->multiple)
+            NAMED_ERROR(c, k->name, "%s (%d) must be a multiple of %d", k->name, v, k->multiple);
+        else if (k->at_most && v > (o = moe_spec_key_int(s, k->at_most)))
+            NAMED_ERROR(c, k->name, "%s (%d) must not exceed %s (%d)", k->name, v, k->at_most, o);
+        else if (k->divides && (o = moe_spec_key_int(s, k->divides)) % v)
+            NAMED_ERROR(c, k->name, "%s (%d) must divide %s (%d)", k->name, v, k->divides, o);
+    }
+    if (!c->failed)
+        check_relations(c, s);
+    if (!c->failed)
+        moe_spec_reset_unused(s);
+}
