@@ -25,9 +25,14 @@ GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/uti
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/ref.c runtime/dispatch.c runtime/nccl_dl.c runtime/ep.c
+RT_SRC    := runtime/moe_error.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/nccl_dl.c runtime/ep.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
+# Test support, not shipped: the CPU reference and the CPU dispatch model,
+# linked by the tests, the benchmark and the examples that check results.
+TEST_SRC  := tests/support/ref.c tests/support/dispatch.c
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o)
+TEST_LIB  := $(BUILD)/libmoegen_test.a
 
 .PHONY: all run test kernels clean
 all: $(BUILD)/moegen $(BUILD)/libmoegen.a
@@ -50,7 +55,7 @@ deps:
 	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
 	fi
 
-$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h) | deps
+$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h tests/support/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
@@ -98,9 +103,12 @@ CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch te
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
-$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h $(BUILD)/libmoegen.a
+$(TEST_LIB): $(TEST_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h $(TEST_LIB) $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 .PHONY: test test-cpu test-gpu test-mgpu
 test: $(TEST_BINS) $(BUILD)/moegen
@@ -120,11 +128,11 @@ test-mgpu: $(BUILD)/tests/test_mgpu
 # The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
 VENDORED_SPEC := qwen3-30b-a3b
 VENDORED_NAME := qwen3_30b_a3b
-VENDORED_OBJ := $(BUILD)/runtime/ref.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
+VENDORED_OBJ := $(BUILD)/tests/support/ref.o $(BUILD)/runtime/half.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
 $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-	  -Igen -Iruntime -Itests -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
+	  -Igen -Iruntime -Itests -Itests/support -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
 	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h \
 	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
 	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
@@ -134,14 +142,14 @@ test-vendored: $(BUILD)/tests/test_vendored
 	@$(BUILD)/tests/test_vendored examples/specs/$(VENDORED_SPEC).moe
 
 # ---- benchmark and example programs -------------------------------------
-$(BUILD)/moe_bench: bench/moe_bench.c $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+$(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 $(BUILD)/moe_ep_example: examples/moe_ep_example.c $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-$(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+$(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 all: $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 

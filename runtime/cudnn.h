@@ -12,7 +12,7 @@
  * with M = the plan's max_rows at the spec's tokens: cuDNN always computes
  * all M rows (the rows past the routed ones are padding nobody reads).
  *
- * A stage takes cuDNN only when (a) the version table (cudnn.c) lists its
+ * A stage takes cuDNN only when (a) the version table (cudnn_policy.c) lists its
  * graph as working for the loaded version, this arch and dtype, (b) a
  * plan-time self-check — cuDNN against the generated kernel on a small
  * ragged case with empty experts, outputs poisoned — agrees within

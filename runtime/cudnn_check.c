@@ -4,7 +4,7 @@
 #include "cudnn_impl.h"
 
 #include "error.h"
-#include "ref.h"
+#include "half.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* test_gpu.c — every kernel and the whole layer on the GPU against the CPU
- * reference (runtime/ref.c), on fresh random inputs, outputs poisoned first.
+ * reference (tests/support/ref.c), on fresh random inputs, outputs poisoned first.
  *
  * Without a driver or GPU every case reports itself skipped, with the
  * reason. The seed is printed; MOEGEN_TEST_SEED=N repeats a run. Cases
@@ -628,7 +628,7 @@ static void cudnn_probe(int v, const char *cache) {
         int listed = moe_cudnn_graph_known(stage, MOE_ARCH_SM90A, MOE_DTYPE_BF16, v, why, sizeof why);
         fprintf(stderr, "  probe stage %d: %s\n", stage, report);
         CHECKF(built == listed, "cuDNN %d %s the stage-%d graph but the version table says %s: update the table in "
-               "runtime/cudnn.c", v, built ? "builds" : "does not build", stage, listed ? "it works" : why);
+               "runtime/cudnn_policy.c", v, built ? "builds" : "does not build", stage, listed ? "it works" : why);
     }
     moe_plan_destroy(plan);
 }

@@ -1,4 +1,4 @@
-/* test_ref.c — the CPU reference (runtime/ref.c) on cases small enough to
+/* test_ref.c — the CPU reference (tests/support/ref.c) on cases small enough to
  * check by hand, plus exhaustive conversion round trips and a randomized
  * cross-check of the blocked FFN against a naive loop.
  *

@@ -26,74 +26,6 @@ static int ref_thread(void) { return 0; }
 /* Weight rows converted to float at a time, per thread. */
 #define REF_ROW_BLOCK 16
 
-/* ---- half <-> float ---------------------------------------------------- */
-
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static float fp16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0x1F)                                   /* inf, NaN */
-        return u2f(sign | 0x7F800000u | (m << 13));
-    if (e == 0) {
-        if (m == 0) return u2f(sign);                /* +-0 */
-        int ex = 1;                                  /* subnormal: normalize */
-        while (!(m & 0x400u)) { m <<= 1; ex--; }
-        m &= 0x3FFu;
-        return u2f(sign | ((uint32_t)(ex + 112) << 23) | (m << 13));
-    }
-    return u2f(sign | ((e + 112) << 23) | (m << 13));
-}
-
-static uint16_t float_to_fp16(float f) {
-    uint32_t x = f2u(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7FFFFFFFu;
-    if (x > 0x7F800000u)                             /* NaN: quiet, keep payload top */
-        return (uint16_t)(sign | 0x7E00u | ((x >> 13) & 0x3FFu));
-    if (x >= 0x477FF000u)                            /* >= 65520 rounds to inf */
-        return (uint16_t)(sign | 0x7C00u);
-    if (x >= 0x38800000u) {                          /* normal: >= 2^-14 */
-        x -= 0x38000000u;                            /* rebias exponent 127 -> 15 */
-        x += 0xFFFu + ((x >> 13) & 1u);              /* round to nearest even */
-        return (uint16_t)(sign | (x >> 13));
-    }
-    uint32_t e = x >> 23;
-    if (e < 102)                                     /* < 2^-25: rounds to 0 */
-        return sign;
-    uint32_t mant = (x & 0x7FFFFFu) | 0x800000u;     /* value = mant * 2^(e-150) */
-    uint32_t shift = 126 - e;                        /* units of 2^-24: 14..24 */
-    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint16_t)(sign | q);                     /* q == 0x400 is the min normal */
-}
-
-static float bf16_to_float(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-static uint16_t float_to_bf16(float f) {
-    uint32_t x = f2u(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u)             /* NaN: quiet */
-        return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7FFFu + ((x >> 16) & 1u);                 /* round to nearest even; overflow -> inf */
-    return (uint16_t)(x >> 16);
-}
-
-float moe_half_to_float(uint16_t v, moe_dtype_t dt) {
-    return dt == MOE_DTYPE_FP16 ? fp16_to_float(v) : bf16_to_float(v);
-}
-
-uint16_t moe_float_to_half(float f, moe_dtype_t dt) {
-    return dt == MOE_DTYPE_FP16 ? float_to_fp16(f) : float_to_bf16(f);
-}
-
-static void row_to_float(const uint16_t *src, float *dst, size_t n, moe_dtype_t dt) {
-    if (dt == MOE_DTYPE_FP16)
-        for (size_t i = 0; i < n; i++) dst[i] = fp16_to_float(src[i]);
-    else
-        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
-}
-
 /* ---- checks ------------------------------------------------------------ */
 
 static int spec_ok(const moe_spec_t *s) {
@@ -152,7 +84,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     float *wrf = malloc((size_t)E * H * sizeof(float));
     unsigned char *tmp = malloc(stride * (size_t)nth);
     if (!wrf || !tmp) { free(wrf); free(tmp); return 1; }
-    row_to_float(in->wr, wrf, (size_t)E * H, dt);
+    moe_half_row_to_float(in->wr, wrf, (size_t)E * H, dt);
 
     REF_OMP(omp parallel for schedule(static))
     for (int t = 0; t < T; t++) {
@@ -164,7 +96,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
         unsigned char *cand = (unsigned char *)(sv + E);
         unsigned char *gkeep = cand + E;
 
-        row_to_float(in->x + (size_t)t * H, xr, (size_t)H, dt);
+        moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, dt);
         for (int e = 0; e < E; e++) {
             const float *w = wrf + (size_t)e * H;
             double acc = 0;
@@ -261,7 +193,7 @@ static void gemm_nt(const uint16_t *W, int N, int Kd, moe_dtype_t dt,
         float *wb = wbuf + (size_t)ref_thread() * REF_ROW_BLOCK * Kd;
         const int n0 = b * REF_ROW_BLOCK;
         const int nb = N - n0 < REF_ROW_BLOCK ? N - n0 : REF_ROW_BLOCK;
-        row_to_float(W + (size_t)n0 * Kd, wb, (size_t)nb * Kd, dt);
+        moe_half_row_to_float(W + (size_t)n0 * Kd, wb, (size_t)nb * Kd, dt);
         for (int p = 0; p < P; p++) {
             const float *ar = A + (size_t)p * Kd;
             float *cr = C + (size_t)p * N + n0;
@@ -349,7 +281,7 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
         const int *sl = slot + cnt[e];
         if (P == 0) continue;
         for (int p = 0; p < P; p++)
-            row_to_float(in->x + (size_t)(sl[p] / K) * H, xe + (size_t)p * H, (size_t)H, dt);
+            moe_half_row_to_float(in->x + (size_t)(sl[p] / K) * H, xe + (size_t)p * H, (size_t)H, dt);
 
         gemm_nt(in->w1 + (size_t)e * 2 * F * H, 2 * F, H, dt, xe, P, a, wbuf);
 

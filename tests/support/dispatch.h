@@ -1,8 +1,10 @@
-/* dispatch.h — expert-parallel dispatch and combine: the layouts, in plain C.
+/* dispatch.h — expert-parallel dispatch and combine: the layouts, in plain C;
+ * the CPU model the EP GPU kernels mirror, test support
+ * (build/libmoegen_test.a), not part of the shipped library.
  *
  * One rank routes its T tokens to K global experts each (topk_idx [T, K],
  * slot (t, k) is t*K + k). Expert g lives on EP peer owner_ep_rank[g] at that
- * peer's local slot slot[g] — the mesh plan's routing table (mesh.h; DESIGN.md,
+ * peer's local slot slot[g] — the mesh plan's routing table (mesh.h; docs/DESIGN.md,
  * "Mesh, ownership and the plan-time check"). Nothing here assumes an EP rank
  * holds a contiguous range of experts: every position comes from the table.
  * These functions compute where every row goes; the GPU path mirrors them in

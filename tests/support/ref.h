@@ -1,6 +1,7 @@
-/* ref.h — the CPU reference of one whole MoE layer, in plain C11.
+/* ref.h — the CPU reference of one whole MoE layer, in plain C11: test
+ * support (build/libmoegen_test.a), not part of the shipped library.
  *
- * What the GPU tests check generated kernels against (DESIGN.md, "Routing,
+ * What the GPU tests check generated kernels against (docs/DESIGN.md, "Routing,
  * exactly" and "Kernels"). It reads the same half-precision inputs the GPU
  * reads and follows the same rounding points: the SwiGLU intermediate and the
  * down-projection output are rounded to the spec's dtype, as the GPU stores
@@ -25,6 +26,7 @@
 
 #include <stdint.h>
 
+#include "half.h"   /* moe_half_to_float, moe_float_to_half */
 #include "spec.h"
 
 typedef struct {
@@ -32,13 +34,6 @@ typedef struct {
     const float *sel_bias, *logit_bias;
     int tokens;                        /* T: rows of x */
 } moe_ref_inputs_t;
-
-/* Half bits -> float, exact (NaN stays NaN, subnormals kept). */
-float moe_half_to_float(uint16_t v, moe_dtype_t dt);
-
-/* Float -> half bits, round to nearest even. Overflow gives +-inf, NaN gives
- * a quiet NaN of the same sign, subnormal results are rounded, not flushed. */
-uint16_t moe_float_to_half(float f, moe_dtype_t dt);
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.
  * Logits are accumulated in double from the half inputs, softmax/sigmoid are
