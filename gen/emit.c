@@ -275,28 +275,15 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
             rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
             moe_buf_printf(out, "\n");
         }
-    moe_mesh_plan_t mp;
-    char err[512];
-    if (!rc && moe_mesh_plan_build(&mp, &pd->spec, err, sizeof err)) {
-        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
-        rc = 1;
-    } else if (!rc) {
-        moe_ep_desc_t ed;
-        if (moe_ep_wanted(s)) { /* the dispatch kernels; the runtime drives them (no vendored host code) */
-            if (moe_ep_desc_build(&ed, pd, mp.nheld, err, sizeof err)) {
-                snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
-                rc = 1;
-            } else {
-                moe_ep_push_params(moe_tmpl_lua(t), pd, &ed);
-                rc = moe_tmpl_expand(t, "ep", NULL, out, diag);
-                moe_buf_printf(out, "\n");
-            }
-        }
-        if (!rc) {
-            moe_tmpl_resync(t, out, cu);
-            emit_host(out, pd, mp.slot);
-        }
-        moe_mesh_plan_free(&mp);
+    const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
+    if (!rc && ep) { /* the dispatch kernels; the runtime drives them (no vendored host code) */
+        moe_ep_push_params(moe_tmpl_lua(t), pd, ep);
+        rc = moe_tmpl_expand(t, "ep", NULL, out, diag);
+        moe_buf_printf(out, "\n");
+    }
+    if (!rc) {
+        moe_tmpl_resync(t, out, cu);
+        emit_host(out, pd, pd->mesh.slot);
     }
     moe_tmpl_close(t);
     if (!rc && out->failed) {
@@ -362,7 +349,9 @@ static void json_str(moe_buf_t *b, const char *s) {
     moe_buf_append(b, "\"", 1);
 }
 
-static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash, const moe_mesh_plan_t *mp) {
+static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash) {
+    const moe_mesh_plan_t *mp = &pd->mesh;
+    const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
     const moe_spec_t *s = &pd->spec;
     char *canon = moe_spec_canonical(s);
     moe_buf_printf(b, "{\n  \"generated\": \"by moegen %s from gen/emit.c; do not edit: regenerate with `make kernels`\",\n",
@@ -409,14 +398,12 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
         moe_buf_printf(b, "    {\"name\": \"%s\", \"offset\": %zu, \"bytes\": %zu}%s\n", pd->ws[i].name,
                        pd->ws[i].offset, pd->ws[i].bytes, i + 1 < MOE_WS_COUNT ? "," : "");
     moe_buf_printf(b, "  ]},\n");
-    moe_ep_desc_t ed;
-    char err[256];
-    if (moe_ep_wanted(s) && !moe_ep_desc_build(&ed, pd, mp->nheld, err, sizeof err)) {
+    if (ep) {
         moe_buf_printf(b, "  \"dispatch\": {\"mode\": \"%s\", \"capacity\": %d, \"ep\": %d, \"slots\": %d, "
-                          "\"kernels\": [", ed.capacity ? "capacity" : "exact", ed.capacity, ed.ep, ed.nheld);
+                          "\"kernels\": [", ep->capacity ? "capacity" : "exact", ep->capacity, ep->ep, ep->nheld);
         for (int i = 0; i < MOE_EK_COUNT; i++)
-            moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", ed.k[i].name);
-        moe_buf_printf(b, "], \"workspace_bytes\": %zu},\n", ed.ws_bytes);
+            moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", ep->k[i].name);
+        moe_buf_printf(b, "], \"workspace_bytes\": %zu},\n", ep->ws_bytes);
     }
     moe_buf_printf(b, "  \"routing\": {\"owner_ep_rank\": [");
     for (int e = 0; e < s->experts; e++)
@@ -445,30 +432,20 @@ void moe_fileset_free(moe_fileset_t *fs) {
 int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fileset_t *fs, moe_diag_t *diag) {
     const char *n = pd->spec.name;
     char path[128];
-    moe_mesh_plan_t mp;
-    char err[512];
-    if (moe_mesh_plan_build(&mp, &pd->spec, err, sizeof err)) {
-        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
-        return 1;
-    }
     snprintf(path, sizeof path, "%s.cu", n);
-    if (moe_emit_source(pd, templates_dir, moe_fileset_add(fs, path), diag)) {
-        moe_mesh_plan_free(&mp);
+    if (moe_emit_source(pd, templates_dir, moe_fileset_add(fs, path), diag))
         return 1;
-    }
     snprintf(path, sizeof path, "%s.h", n);
     emit_header(moe_fileset_add(fs, path), pd);
     moe_tmpl_t *t = moe_tmpl_open(templates_dir);
     char th[33] = "";
     if (!t || moe_tmpl_content_hash(t, th)) {
         moe_tmpl_close(t);
-        moe_mesh_plan_free(&mp);
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: cannot read the templates to hash them");
         return 1;
     }
     moe_tmpl_close(t);
-    emit_manifest(moe_fileset_add(fs, "manifest.json"), pd, th, &mp);
-    moe_mesh_plan_free(&mp);
+    emit_manifest(moe_fileset_add(fs, "manifest.json"), pd, th);
     snprintf(path, sizeof path, "%s.moe", n);
     moe_buf_t *spec = moe_fileset_add(fs, path);
     char *canon = moe_spec_canonical(&pd->spec);

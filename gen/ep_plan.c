@@ -1,5 +1,6 @@
 /* ep_plan.c — the dispatch kernels' names, shapes and the EP workspace. */
 #include "ep_plan.h"
+#include "plan.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,14 +1,16 @@
 /* ep_plan.h — the expert-parallel part of a plan: the dispatch kernels
  * (templates/ep.lua), their launch shapes, and the workspace layout of a
  * forward pass whose rows move between EP ranks (README, "Expert
- * parallelism"). Built next to the kernel plan (plan.h) when mesh.ep > 1;
- * plain data, like it. */
+ * parallelism"). Part of the plan (plan.h, moe_plan_ep_desc), built with it
+ * when mesh.ep > 1; plain data, like it. */
 #ifndef MOEGEN_EP_PLAN_H
 #define MOEGEN_EP_PLAN_H
 
-#include "plan.h"
+#include "family.h"
 
 #include <lua.h>
+
+typedef struct moe_plan_desc moe_plan_desc_t; /* plan.h */
 
 /* The EP plan's kernel set, index i = family MOE_K_EP_FIRST + i (family.h,
  * family_ep.c). */
@@ -62,8 +64,9 @@ typedef struct {
 /* Whether a spec's plan has an expert-parallel part (mesh.ep > 1). */
 int moe_ep_wanted(const moe_spec_t *spec);
 
-/* Build the EP part for a plan whose ranks hold nheld expert slots each.
- * Returns 0, or non-zero with the reason in err. */
+/* Build the EP part for a plan whose ranks hold nheld expert slots each
+ * (moe_plan_desc_build calls it with the mesh plan's nheld). Reads pd's
+ * spec, align and tiles. Returns 0, or non-zero with the reason in err. */
 int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, char *err, size_t errlen);
 
 /* Grid of EP kernel k (rows: stage rows to walk, for MOE_EK_ROWS). */

@@ -71,6 +71,7 @@ typedef struct {
     moe_override_t sets[MAX_SETS];
     int nsets;
     int rank, json;
+    const moe_tuning_t *table;  /* --tuning's, $MOEGEN_TUNING's or the embedded table: what the plan takes */
 } args_t;
 
 static int print_help(const char *cmd) {
@@ -143,21 +144,17 @@ static int parse_args(int argc, char **argv, args_t *a) {
     return 0;
 }
 
-/* Load and validate the spec, then build the kernel plan and, when mp is
- * not NULL, the mesh plan (which the caller frees). Prints the error and
- * returns the exit status on failure. */
-static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd, moe_mesh_plan_t *mp) {
+/* Load and validate the spec, then build the plan (which the caller frees
+ * with moe_plan_desc_free). Prints the error and returns the exit status on
+ * failure. */
+static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *plan) {
     moe_diag_t d;
     if (moe_spec_load(spec, a->spec, NULL, a->sets, a->nsets, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         return 2;
     }
     char err[512];
-    if (pd && moe_plan_desc_build(pd, spec, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", a->spec, err);
-        return 2;
-    }
-    if (mp && moe_mesh_plan_build(mp, spec, err, sizeof err)) {
+    if (moe_plan_desc_build(plan, spec, a->table, err, sizeof err)) {
         fprintf(stderr, "%s: error: %s\n", a->spec, err);
         return 2;
     }
@@ -166,12 +163,11 @@ static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *pd, moe_mesh
 
 static int cmd_check(const args_t *a) {
     moe_spec_t spec;
-    moe_plan_desc_t pd;
-    moe_mesh_plan_t mp;
-    int rc = load(a, &spec, &pd, &mp);
+    moe_plan_desc_t plan;
+    int rc = load(a, &spec, &plan);
     if (rc)
         return rc;
-    moe_mesh_plan_free(&mp);
+    moe_plan_desc_free(&plan);
     char *canon = moe_spec_canonical(&spec);
     printf("%s-- hash %s\n", canon ? canon : "", spec.hash);
     free(canon);
@@ -183,13 +179,15 @@ static int cmd_emit(const args_t *a, int compile) {
     if (!a->out)
         return usage_error("%s needs -o DIR", a->cmd);
     moe_spec_t spec;
-    moe_plan_desc_t pd;
-    int rc = load(a, &spec, &pd, NULL);
+    moe_plan_desc_t plan;
+    int rc = load(a, &spec, &plan);
     if (rc)
         return rc;
     moe_fileset_t fs = {0};
     moe_diag_t d;
-    if (moe_emit_files(&pd, a->templates, &fs, &d)) {
+    rc = moe_emit_files(&plan, a->templates, &fs, &d);
+    moe_plan_desc_free(&plan);
+    if (rc) {
         fprintf(stderr, "%s\n", d.msg);
         moe_fileset_free(&fs);
         return 2;
@@ -230,7 +228,7 @@ static int cmd_emit(const args_t *a, int compile) {
  * "cuDNN"): the runtime builds the plan (JIT, cached) and says. Without a
  * GPU it says why nothing was decided; a mesh of several devices runs the
  * generated kernels. */
-static void print_stage_paths(const char *path, const moe_spec_t *spec) {
+static void print_stage_paths(const char *path, const moe_spec_t *spec, const moe_tuning_t *table) {
     static const char *const names[MOE_STAGE_COUNT] = {"up+SwiGLU", "down"};
     printf("ffn stage paths");
     if (spec->mesh.size[MOE_AXIS_DP] * spec->mesh.size[MOE_AXIS_FSDP] * spec->mesh.size[MOE_AXIS_EP] > 1) {
@@ -239,7 +237,7 @@ static void print_stage_paths(const char *path, const moe_spec_t *spec) {
     }
     char *canon = moe_spec_canonical(spec);
     moe_plan *plan = NULL;
-    moe_status s = canon ? moe_plan_create_text(&plan, path, canon, NULL) : MOE_ERR_NO_MEMORY;
+    moe_status s = canon ? moe_plan_create_tuned(&plan, path, canon, NULL, table) : MOE_ERR_NO_MEMORY;
     free(canon);
     if (s != MOE_OK) {
         printf(": not decided here (%s)\n\n", moe_last_error());
@@ -260,24 +258,24 @@ static void print_stage_paths(const char *path, const moe_spec_t *spec) {
 
 static int cmd_plan(const args_t *a) {
     moe_spec_t spec;
-    moe_plan_desc_t pd;
-    moe_mesh_plan_t mp;
-    int rc = load(a, &spec, &pd, &mp);
+    moe_plan_desc_t plan;
+    int rc = load(a, &spec, &plan);
     if (rc)
         return rc;
-    if (a->rank >= mp.world) {
+    const moe_mesh_plan_t *mesh = &plan.mesh;
+    if (a->rank >= mesh->world) {
         fprintf(stderr, "moegen: error: --rank %d is out of range: the mesh has %d devices (ranks 0..%d)\n", a->rank,
-                mp.world, mp.world - 1);
-        moe_mesh_plan_free(&mp);
+                mesh->world, mesh->world - 1);
+        moe_plan_desc_free(&plan);
         return 2;
     }
-    char *text = a->json ? moe_mesh_plan_json(&mp, a->rank) : moe_mesh_plan_table(&mp, a->rank);
+    char *text = a->json ? moe_mesh_plan_json(mesh, a->rank) : moe_mesh_plan_table(mesh, a->rank);
     if (!a->json) {
         printf("plan %s (hash %s), %s, E=%d top_k=%d H=%d F=%d, up to %d tokens\n\n", spec.name, spec.hash,
                moe_dtype_name(spec.dtype), spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
         printf("kernels (sm_90a; sm_80 runs the same but mma.sync GEMMs, see manifest.json):\n");
         for (int i = 0; i < MOE_K_COUNT; i++) {
-            const moe_kernel_desc_t *k = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[i];
+            const moe_kernel_desc_t *k = &moe_plan_kernels(&plan, MOE_ARCH_SM90A)[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
                 printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
@@ -288,44 +286,37 @@ static int cmd_plan(const args_t *a) {
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");
         }
-        if (pd.tuned)
+        const moe_tuning_entry_t *te = plan.tuned;
+        if (te)
             printf("sm_90a GEMM tiles: %s:%d (%d-token bucket; %.1f us, runner-up %.1f us, %s, %s)\n",
-                   moe_tuning_active()->file, pd.tuned->line, pd.tuned->tokens, pd.tuned->best_us,
-                   pd.tuned->runner_up_us, pd.tuned->date, pd.tuned->gpu);
+                   a->table->file, te->line, te->tokens, te->best_us, te->runner_up_us, te->date, te->gpu);
         else
-            printf("sm_90a GEMM tiles: heuristics (no entry in %s)\n", moe_tuning_active()->file);
-        moe_ep_desc_t ed;
-        char eerr[256];
-        if (moe_ep_wanted(&spec) && moe_ep_desc_build(&ed, &pd, mp.nheld, eerr, sizeof eerr)) {
-            fprintf(stderr, "%s: error: %s\n", a->spec, eerr);
-            free(text);
-            moe_mesh_plan_free(&mp);
-            return 2;
-        }
-        if (moe_ep_wanted(&spec)) {
-            printf("dispatch (%s", ed.capacity ? "capacity mode" : "exact mode");
-            if (ed.capacity)
-                printf(", %d rows per peer", ed.capacity);
+            printf("sm_90a GEMM tiles: heuristics (no entry in %s)\n", a->table->file);
+        const moe_ep_desc_t *ep = moe_plan_ep_desc(&plan);
+        if (ep) {
+            printf("dispatch (%s", ep->capacity ? "capacity mode" : "exact mode");
+            if (ep->capacity)
+                printf(", %d rows per peer", ep->capacity);
             printf("; the permute kernels above are not used):\n");
             for (int i = 0; i < MOE_EK_COUNT; i++)
-                printf("  %-58s threads %4d\n", ed.k[i].name, ed.k[i].threads);
+                printf("  %-58s threads %4d\n", ep->k[i].name, ep->k[i].threads);
             printf("\nworkspace: %zu bytes at %d tokens per rank (send %lld rows, receive up to %lld rows, %lld "
-                   "tiles of %d)\n", ed.ws_bytes, spec.tokens, ed.send_rows, ed.stage_rows, ed.max_tiles, pd.align);
+                   "tiles of %d)\n", ep->ws_bytes, spec.tokens, ep->send_rows, ep->stage_rows, ep->max_tiles,
+                   plan.align);
         } else {
-            printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", pd.ws_bytes, spec.tokens,
-                   pd.max_rows, pd.max_tiles, pd.align);
+            printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", plan.ws_bytes,
+                   spec.tokens, plan.max_rows, plan.max_tiles, plan.align);
         }
     }
+    moe_plan_desc_free(&plan);
     if (!a->json)
-        print_stage_paths(a->spec, &spec);
+        print_stage_paths(a->spec, &spec, a->table);
     if (!text) {
         fprintf(stderr, "moegen: error: out of memory\n");
-        moe_mesh_plan_free(&mp);
         return 1;
     }
     fputs(text, stdout);
     free(text);
-    moe_mesh_plan_free(&mp);
     return 0;
 }
 
@@ -359,6 +350,7 @@ int main(int argc, char **argv) {
     if (!a.spec)
         return usage_error("%s needs a SPEC file", a.cmd);
     static moe_tuning_t tuning; /* lives until exit: plans point into it */
+    a.table = moe_tuning_default();
     const char *env_tuning = getenv("MOEGEN_TUNING");
     if (!a.tuning && env_tuning && *env_tuning && strcmp(a.cmd, "tune") != 0)
         a.tuning = env_tuning;
@@ -368,8 +360,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s%s\n", d.msg, a.tuning == env_tuning ? " (the tuning table MOEGEN_TUNING names)" : "");
             return 2;
         }
-        moe_tuning_set(&tuning);
-    } else if (!moe_tuning_default()) {
+        a.table = &tuning;
+    } else if (!a.table) {
         fprintf(stderr, "moegen: error: the embedded tuning table does not parse (a build error)\n");
         return 1;
     }

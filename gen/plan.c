@@ -17,12 +17,7 @@ long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
     return moe_plan_max_rows(pd, tokens) / pd->align;
 }
 
-int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, char *err, size_t errlen) {
-    return moe_plan_desc_build_with(pd, s, moe_tuning_active(), err, errlen);
-}
-
-int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err,
-                             size_t errlen) {
+static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err, size_t errlen) {
     memset(pd, 0, sizeof *pd);
     pd->spec = *s;
     pd->pair_granule = 8;
@@ -61,7 +56,21 @@ int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *s, const moe
         off += (sizes[i] + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
     }
     pd->ws_bytes = off;
-    return 0;
+    if (moe_mesh_plan_build(&pd->mesh, &pd->spec, err, errlen))
+        return 1;
+    return moe_ep_wanted(s) && moe_ep_desc_build(&pd->ep, pd, pd->mesh.nheld, err, errlen);
+}
+
+int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err,
+                        size_t errlen) {
+    int rc = build(pd, s, table, err, errlen);
+    if (rc)
+        moe_plan_desc_free(pd);
+    return rc;
+}
+
+void moe_plan_desc_free(moe_plan_desc_t *pd) {
+    moe_mesh_plan_free(&pd->mesh);
 }
 
 void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]) {

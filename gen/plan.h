@@ -1,14 +1,20 @@
-/* plan.h — from a validated spec to the kernel plan: which kernels, with
- * which tile configurations and launch shapes, and the workspace layout.
+/* plan.h — from a validated spec to the plan, built once: the kernels of
+ * each arch (the family table walked, family.h), their tiles and launch
+ * shapes, the workspace layout, the mesh tables (mesh.h) and, when
+ * mesh.ep > 1, the expert-parallel part (ep_plan.h).
  *
  * The plan is plain data: emission, the JIT runtime and the vendored host
  * code all read their kernel names, tile sizes, grids and buffer offsets
- * from here, so they cannot disagree. (Mesh tables are in mesh.h.) */
+ * from it; nothing re-plans. The tuning table is an argument: there is no
+ * process-wide table. */
 #ifndef MOEGEN_PLAN_H
 #define MOEGEN_PLAN_H
 
+#include "ep_plan.h"
 #include "family.h"
+#include "mesh.h"
 #include "spec.h"
+#include "tuning.h"
 
 #include <lua.h>
 
@@ -34,19 +40,29 @@ typedef struct moe_plan_desc {
     moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t) */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
-    const struct moe_tuning_entry *tuned;  /* the tuning table entry the sm_90a GEMMs use, or NULL (heuristics) */
+    const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */
+    moe_mesh_plan_t mesh;            /* the mesh tables: ranks, groups, ownership, the routing table */
+    moe_ep_desc_t ep;                /* the expert-parallel part; valid when moe_ep_wanted(&spec) */
 } moe_plan_desc_t;
 
-/* Build the kernel plan for a validated spec, the sm_90a GEMM tiles from
- * moe_tuning_active() (tuning.h). Returns 0, or non-zero with a reason in
- * err. */
-int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, char *err, size_t errlen);
+/* Build the plan of a validated spec into pd (which need not be
+ * initialized): the kernels, with the sm_90a GEMM tiles from `table`'s entry
+ * for the spec (NULL table or no entry: the heuristics; callers that want
+ * the embedded table pass moe_tuning_default()), the workspace, the mesh
+ * tables and the EP part. pd->tuned then points into table, which must
+ * outlive that use. Returns 0, and the caller frees with
+ * moe_plan_desc_free; or non-zero with a reason in err and pd empty (freeing
+ * it is safe). */
+int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_tuning_t *table, char *err,
+                        size_t errlen);
 
-/* The same with the tiles from `table` (NULL: the heuristics only); pd->tuned
- * then points into table. */
-struct moe_tuning;
-int moe_plan_desc_build_with(moe_plan_desc_t *pd, const moe_spec_t *spec, const struct moe_tuning *table, char *err,
-                             size_t errlen);
+/* Free what the plan owns (the mesh tables). Safe on an empty plan. */
+void moe_plan_desc_free(moe_plan_desc_t *pd);
+
+/* The plan's expert-parallel part, or NULL when mesh.ep is 1. */
+static inline const moe_ep_desc_t *moe_plan_ep_desc(const moe_plan_desc_t *pd) {
+    return moe_ep_wanted(&pd->spec) ? &pd->ep : NULL;
+}
 
 /* The kernels of one arch. */
 static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *pd, moe_arch_t arch) {

@@ -2,8 +2,8 @@
  * configurations on the GPU for the spec's shape over a range of token
  * counts, and write the winners as tuning table entries (tuning.h).
  *
- * Each candidate is forced through a one-entry tuning table, JIT-compiled
- * through the runtime (moe_plan_create, cached) and timed with the events
+ * Each candidate is a one-entry tuning table given to the runtime's plan
+ * (moe_plan_create_tuned: JIT-compiled, cached) and timed with the events
  * of moe_forward_timed: the entry's time is the median over --iters of the
  * two GEMMs (gemm_up_swiglu + gemm_down). Weights are a constant byte
  * pattern (their values do not move a GEMM's time); x and the router are
@@ -243,10 +243,8 @@ int moe_tune_command(int argc, char **argv) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;
         }
-        moe_tuning_set(&one);
         moe_plan *plan;
-        moe_status ps = moe_plan_create(&plan, spec_tmp, NULL);
-        moe_tuning_set(NULL);
+        moe_status ps = moe_plan_create_tuned(&plan, spec_tmp, NULL, NULL, &one);
         if (ps == MOE_ERR_NO_DRIVER || ps == MOE_ERR_NO_GPU) {
             fprintf(stderr, "\nmoegen: error: tune needs a GPU: %s\n", moe_last_error());
             rc = 1;

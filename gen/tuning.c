@@ -152,7 +152,6 @@ void moe_tuning_free(moe_tuning_t *t) {
 
 static moe_tuning_t default_table;
 static int default_state; /* 0 unread, 1 parsed, -1 failed */
-static const moe_tuning_t *active;
 
 const moe_tuning_t *moe_tuning_default(void) {
     if (default_state == 0) {
@@ -162,12 +161,6 @@ const moe_tuning_t *moe_tuning_default(void) {
     }
     return default_state == 1 ? &default_table : NULL;
 }
-
-void moe_tuning_set(const moe_tuning_t *t) { active = t; }
-
-const moe_tuning_t *moe_tuning_active(void) { return active ? active : moe_tuning_default(); }
-
-const moe_tuning_t *moe_tuning_explicit(void) { return active; }
 
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch) {
     const moe_tuning_entry_t *best = NULL;

@@ -35,15 +35,9 @@ int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag);
 void moe_tuning_free(moe_tuning_t *t);
 
 /* The embedded table (tuning/h200.tune), parsed once; NULL if it does not
- * parse (a build error: a test holds it parsing). */
+ * parse (a build error: a test holds it parsing). There is no process-wide
+ * table: callers that want this one pass it to moe_plan_desc_build. */
 const moe_tuning_t *moe_tuning_default(void);
-
-/* The process-wide table the planner uses: NULL restores the embedded one.
- * The table must outlive every plan built from it. */
-void moe_tuning_set(const moe_tuning_t *t);
-const moe_tuning_t *moe_tuning_active(void);
-/* The table moe_tuning_set installed, or NULL (the embedded one is active). */
-const moe_tuning_t *moe_tuning_explicit(void);
 
 /* The entry for spec s on arch: same shape, dtype and arch, the largest
  * bucket <= s->tokens; NULL when none. */

@@ -25,23 +25,17 @@ moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, ch
         snprintf(err, errlen, "out of memory");
         return MOE_ERR_NO_MEMORY;
     }
-    if (moe_mesh_plan_build(&ep->mp, &pd->spec, err, errlen)) {
-        free(ep);
-        return MOE_ERR_SPEC;
-    }
-    if (rank < 0 || rank >= ep->mp.world) {
-        snprintf(err, errlen, "rank %d is outside the mesh of %d devices", rank, ep->mp.world);
+    ep->mp = &pd->mesh;
+    if (rank < 0 || rank >= ep->mp->world) {
+        snprintf(err, errlen, "rank %d is outside the mesh of %d devices", rank, ep->mp->world);
         moe_ep_destroy(ep);
         return MOE_ERR_INVALID_ARG;
     }
     ep->rank = rank;
-    ep->me = &ep->mp.ranks[rank];
+    ep->me = &ep->mp->ranks[rank];
     ep->dispatch = moe_ep_wanted(&pd->spec);
-    ep->fsdp_shards = ep->mp.nheld > ep->mp.nstored;
-    if (ep->dispatch && moe_ep_desc_build(&ep->ed, pd, ep->mp.nheld, err, errlen)) {
-        moe_ep_destroy(ep);
-        return MOE_ERR_SPEC;
-    }
+    ep->fsdp_shards = ep->mp->nheld > ep->mp->nstored;
+    ep->ed = &pd->ep;
     *out = ep;
     return MOE_OK;
 }
@@ -55,7 +49,6 @@ void moe_ep_destroy(moe_ep_t *ep) {
         moe_nccl.ncclCommDestroy(ep->ep_comm);
     if (ep->fsdp_comm)
         moe_nccl.ncclCommDestroy(ep->fsdp_comm);
-    moe_mesh_plan_free(&ep->mp);
     free(ep);
 }
 
@@ -66,15 +59,15 @@ moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device) {
     char why[512];
     if (moe_nccl_load(why, sizeof why))
         return moe_fail(MOE_ERR_UNSUPPORTED, "the mesh has %d devices and needs NCCL, which did not load: %s",
-                        ep->mp.world, why);
+                        ep->mp->world, why);
     ncclComm_t c = (ncclComm_t)comm;
     int n = 0, r = 0, dev = -1;
     NCCL_TRY(moe_nccl.ncclCommCount(c, &n));
     NCCL_TRY(moe_nccl.ncclCommUserRank(c, &r));
     NCCL_TRY(moe_nccl.ncclCommCuDevice(c, &dev));
-    if (n != ep->mp.world)
+    if (n != ep->mp->world)
         return moe_fail(MOE_ERR_INVALID_ARG, "the NCCL communicator has %d ranks; the spec's mesh has %d devices", n,
-                        ep->mp.world);
+                        ep->mp->world);
     if (r != ep->rank)
         return moe_fail(MOE_ERR_INVALID_ARG, "options.rank is %d but the NCCL communicator's rank is %d", ep->rank, r);
     if (dev != device)
@@ -87,11 +80,11 @@ moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device) {
     NCCL_TRY(moe_nccl.ncclCommUserRank(ep->ep_comm, &er));
     NCCL_TRY(moe_nccl.ncclCommCount(ep->fsdp_comm, &fn));
     NCCL_TRY(moe_nccl.ncclCommUserRank(ep->fsdp_comm, &fr));
-    if (en != ep->mp.size[MOE_AXIS_EP] || er != ep->me->ep_rank || fn != ep->mp.size[MOE_AXIS_FSDP] ||
+    if (en != ep->mp->size[MOE_AXIS_EP] || er != ep->me->ep_rank || fn != ep->mp->size[MOE_AXIS_FSDP] ||
         fr != ep->me->fsdp_rank)
         return moe_fail(MOE_ERR_NCCL, "ncclCommSplit gave rank %d an EP group of %d (rank %d) and an FSDP group of %d "
                         "(rank %d); the plan says %d (%d) and %d (%d)", ep->rank, en, er, fn, fr,
-                        ep->mp.size[MOE_AXIS_EP], ep->me->ep_rank, ep->mp.size[MOE_AXIS_FSDP], ep->me->fsdp_rank);
+                        ep->mp->size[MOE_AXIS_EP], ep->me->ep_rank, ep->mp->size[MOE_AXIS_FSDP], ep->me->fsdp_rank);
     return MOE_OK;
 }
 
@@ -99,22 +92,22 @@ moe_status moe_ep_load(moe_ep_t *ep, CUmodule module) {
     if (!ep->dispatch)
         return MOE_OK;
     for (int i = 0; i < MOE_EK_COUNT; i++) {
-        CUresult r = moe_cu.cuModuleGetFunction(&ep->fn[i], module, ep->ed.k[i].name);
+        CUresult r = moe_cu.cuModuleGetFunction(&ep->fn[i], module, ep->ed->k[i].name);
         if (r != CUDA_SUCCESS)
-            return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", ep->ed.k[i].name,
+            return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", ep->ed->k[i].name,
                             moe_cu_error_string(r));
     }
-    size_t tb = sizeof(int) * (size_t)ep->mp.experts;
+    size_t tb = sizeof(int) * (size_t)ep->mp->experts;
     CU_CHECK(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
-    CU_CHECK(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp.owner_ep_rank, tb));
+    CU_CHECK(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp->owner_ep_rank, tb));
     return MOE_OK;
 }
 
 static moe_status ep_launch(const moe_ep_t *ep, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
                             CUstream st, void **args) {
     unsigned g[3];
-    moe_ep_grid(&ep->ed, pd, k, tokens, rows, g);
-    const moe_kernel_desc_t *d = &ep->ed.k[k];
+    moe_ep_grid(ep->ed, pd, k, tokens, rows, g);
+    const moe_kernel_desc_t *d = &ep->ed->k[k];
     CUresult r = moe_cu.cuLaunchKernel(ep->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, 0, st, args, NULL);
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u): %s", d->name, g[0], moe_cu_error_string(r));
@@ -142,7 +135,7 @@ static void row_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr 
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                            const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
     const moe_plan_desc_t *pd = l->pd;
-    const moe_ep_desc_t *ed = &ep->ed;
+    const moe_ep_desc_t *ed = ep->ed;
     const moe_spec_t *s = &pd->spec;
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
     const long long C = ed->capacity, row_bytes = 2LL * s->hidden;
@@ -296,10 +289,10 @@ moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const mo
                                moe_ep_call_t *c) {
     const void *src[4] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
     void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
-    int F = ep->fsdp_shards ? ep->mp.size[MOE_AXIS_FSDP] : 1, me = ep->fsdp_shards ? ep->me->fsdp_rank : 0;
+    int F = ep->fsdp_shards ? ep->mp->size[MOE_AXIS_FSDP] : 1, me = ep->fsdp_shards ? ep->me->fsdp_rank : 0;
     c->nx = 0;
     for (int i = 0; i < 4; i++) {
-        size_t shard = expert_bytes(s, i) * (size_t)ep->mp.nstored;
+        size_t shard = expert_bytes(s, i) * (size_t)ep->mp->nstored;
         if (!shard)
             continue;
         if (!src[i] || !dst[i])
@@ -338,7 +331,7 @@ moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gath
         /* the same movement as the listed transfers, as NCCL all-gathers */
         void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
         for (int i = 0; i < 4 && !rc; i++) {
-            size_t shard = expert_bytes(s, i) * (size_t)ep->mp.nstored;
+            size_t shard = expert_bytes(s, i) * (size_t)ep->mp->nstored;
             if (!shard)
                 continue;
             char *base = dst[i];

@@ -16,13 +16,13 @@
 #include "nccl_dl.h"
 
 typedef struct moe_ep {
-    moe_mesh_plan_t mp;
+    const moe_mesh_plan_t *mp;      /* the plan's mesh tables (moe_plan_desc_t.mesh) */
     int rank;                       /* global rank */
     const moe_mesh_rank_t *me;
     int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
     int fsdp_shards;                /* the gather moves experts (held > stored) */
     int sim;                        /* no NCCL: a test moves the data (moe_ep_step) */
-    moe_ep_desc_t ed;
+    const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
     CUfunction fn[MOE_EK_COUNT];
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
     ncclComm_t ep_comm, fsdp_comm;
@@ -49,7 +49,8 @@ typedef struct {
     moe_xfer_t x[MOE_XFER_MAX];
 } moe_ep_call_t;
 
-/* Build the mesh part for spec and rank (no device work). */
+/* The mesh part for plan pd (which must outlive it) and rank (no device
+ * work). */
 moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, char *err, size_t errlen);
 void moe_ep_destroy(moe_ep_t *ep);
 

@@ -95,7 +95,7 @@ moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void 
     if (!p || !g)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: NULL argument");
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
-    if (p->ep->mp.world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
+    if (p->ep->mp->world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
         moe_ep_call_t *c = malloc(sizeof *c); /* ~260 KB: not on the caller's stack */
         if (!c)
             return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
@@ -111,19 +111,19 @@ moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *str
         *rows = 0;
     if (!p || !workspace)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_overflow: NULL argument");
-    if (!p->ep->dispatch || !p->ep->ed.capacity)
+    if (!p->ep->dispatch || !p->ep->ed->capacity)
         return MOE_OK;
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     CU_CHECK(moe_cu.cuStreamSynchronize((CUstream)stream));
     int n = 0;
-    CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + p->ep->ed.ws[MOE_EW_OVERFLOW].offset,
+    CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + p->ep->ed->ws[MOE_EW_OVERFLOW].offset,
                                  sizeof n));
     if (rows)
         *rows = n;
     if (n > 0)
         return moe_fail(MOE_ERR_OVERFLOW, "dispatch capacity exceeded: %d rows did not fit dispatch.capacity = %d rows "
                     "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
-                    p->ep->ed.capacity);
+                    p->ep->ed->capacity);
     return MOE_OK;
 }
 

@@ -7,6 +7,7 @@
 #include "ep.h"
 #include "moe.h"
 #include "plan.h"
+#include "tuning.h"
 
 /* As moe_forward, recording events[i] before kernel i of the launch order
  * (route, permute_plan, permute_scatter, gemm_up, gemm_down, combine) and
@@ -35,6 +36,13 @@ moe_status moe_plan_create_sim(moe_plan **plan, const char *spec_path, const moe
 
 /* As moe_plan_create, from spec text (name: the file name errors cite). */
 moe_status moe_plan_create_text(moe_plan **plan, const char *name, const char *text, const moe_options *opts);
+
+/* As moe_plan_create(_text) (text NULL: read the file `name`), the sm_90a
+ * GEMM tiles from `table` instead of opts->tuning_path, $MOEGEN_TUNING or
+ * the embedded table (the tuner's candidates, moegen --tuning). table need
+ * not outlive the call. */
+moe_status moe_plan_create_tuned(moe_plan **plan, const char *name, const char *text, const moe_options *opts,
+                                 const moe_tuning_t *table);
 
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);

@@ -63,7 +63,7 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     moe_launcher_t *l = &p->launcher;
     l->pd = &p->pd;
     l->kernels = moe_plan_kernels(&p->pd, l->arch);
-    l->slots = p->ep->mp.nheld;
+    l->slots = p->ep->mp->nheld;
     for (int i = 0; i < MOE_K_COUNT; i++) {
         const moe_kernel_desc_t *k = &l->kernels[i];
         CUresult r = moe_cu.cuModuleGetFunction(&l->fn[i], p->module, k->name);
@@ -82,29 +82,32 @@ int moe_slots_identity(const int *slot, int n) {
     return 1;
 }
 
-/* Spec -> plan tables, refusing what this runtime cannot run yet. */
-static moe_status plan_tables(moe_plan *p, const char *path, const char *text, const moe_options *o) {
+/* Spec -> plan tables, refusing what this runtime cannot run yet. The
+ * GEMM tiles come from `table` when given, else from the option's table
+ * file, else $MOEGEN_TUNING's, else the embedded one. */
+static moe_status plan_tables(moe_plan *p, const char *path, const char *text, const moe_options *o,
+                              const moe_tuning_t *table) {
     moe_spec_t spec;
     moe_diag_t d;
     if (moe_spec_load(&spec, path, text, NULL, 0, &d))
         return moe_fail(MOE_ERR_SPEC, "%s", d.msg);
     char err[512];
-    /* the option, else a table the process installed (moegen --tuning, the
-     * tuner's candidates), else $MOEGEN_TUNING, else the embedded one */
-    const char *tpath = o && o->tuning_path ? o->tuning_path : moe_tuning_explicit() ? NULL : getenv("MOEGEN_TUNING");
-    moe_tuning_t table;
-    if (tpath && moe_tuning_load(&table, tpath, &d)) {
-        moe_tuning_free(&table);
+    const char *tpath = table ? NULL : o && o->tuning_path ? o->tuning_path : getenv("MOEGEN_TUNING");
+    moe_tuning_t loaded;
+    if (tpath && moe_tuning_load(&loaded, tpath, &d)) {
+        moe_tuning_free(&loaded);
         return moe_fail(MOE_ERR_INVALID_ARG, "%s (the tuning table of %s)", d.msg,
                     o && o->tuning_path ? "moe_options.tuning_path" : "MOEGEN_TUNING");
     }
-    int bad = moe_plan_desc_build_with(&p->pd, &spec, tpath ? &table : moe_tuning_active(), err, sizeof err);
+    if (!table)
+        table = tpath ? &loaded : moe_tuning_default();
+    int bad = moe_plan_desc_build(&p->pd, &spec, table, err, sizeof err);
     if (!bad && p->pd.tuned) {
         p->tuned = *p->pd.tuned;
         p->pd.tuned = &p->tuned;
     }
     if (tpath)
-        moe_tuning_free(&table);
+        moe_tuning_free(&loaded);
     if (bad)
         return moe_fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
     moe_status rc = moe_ep_create(&p->ep, &p->pd, o ? o->rank : 0, err, sizeof err);
@@ -113,7 +116,7 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     p->slot_host = malloc(sizeof(int) * (size_t)spec.experts);
     if (!p->slot_host)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    memcpy(p->slot_host, p->ep->mp.slot, sizeof(int) * (size_t)spec.experts);
+    memcpy(p->slot_host, p->pd.mesh.slot, sizeof(int) * (size_t)spec.experts);
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
@@ -122,18 +125,18 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
 /* A mesh of several devices needs the caller's communicator and NCCL (or
  * is a test's simulated rank); checked before any device work. */
 static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
-    if (p->ep->mp.world == 1 && (!o || !o->nccl_comm))
+    if (p->ep->mp->world == 1 && (!o || !o->nccl_comm))
         return MOE_OK; /* a communicator given for a mesh of one is still checked */
     p->ep->sim = sim;
     if (sim)
         return MOE_OK;
     if (!o || !o->nccl_comm)
         return moe_fail(MOE_ERR_INVALID_ARG, "the mesh has %d devices: moe_options.nccl_comm must be the NCCL "
-                    "communicator over all of them", p->ep->mp.world);
+                    "communicator over all of them", p->ep->mp->world);
     char why[512];
     if (moe_nccl_load(why, sizeof why))
         return moe_fail(MOE_ERR_UNSUPPORTED, "the mesh has %d devices and needs NCCL, which did not load: %s",
-                    p->ep->mp.world, why);
+                    p->ep->mp->world, why);
     return MOE_OK;
 }
 
@@ -155,7 +158,7 @@ static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
 }
 
 static moe_status plan_create(moe_plan **out, const char *spec_path, const char *text, const moe_options *o,
-                              int sim) {
+                              int sim, const moe_tuning_t *table) {
     if (!out)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create: plan is NULL");
     *out = NULL;
@@ -164,7 +167,7 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
     moe_plan *p = calloc(1, sizeof *p);
     if (!p)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    moe_status s = plan_tables(p, spec_path, text, o);
+    moe_status s = plan_tables(p, spec_path, text, o, table);
     if (s == MOE_OK)
         s = check_mesh(p, o, sim);
     if (s == MOE_OK)
@@ -182,22 +185,27 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
         moe_buf_free(&cubin);
     }
     if (s == MOE_OK)
-        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp.world, o);
+        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp->world, o);
     return create_common(out, p, s);
 }
 
 moe_status moe_plan_create(moe_plan **out, const char *spec_path, const moe_options *o) {
-    return plan_create(out, spec_path, NULL, o, 0);
+    return plan_create(out, spec_path, NULL, o, 0, NULL);
 }
 
 moe_status moe_plan_create_text(moe_plan **out, const char *name, const char *text, const moe_options *o) {
     if (!text)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create_text: text is NULL");
-    return plan_create(out, name, text, o, 0);
+    return plan_create(out, name, text, o, 0, NULL);
+}
+
+moe_status moe_plan_create_tuned(moe_plan **out, const char *name, const char *text, const moe_options *o,
+                                 const moe_tuning_t *table) {
+    return plan_create(out, name, text, o, 0, table);
 }
 
 moe_status moe_plan_create_sim(moe_plan **out, const char *spec_path, const moe_options *o) {
-    return plan_create(out, spec_path, NULL, o, 1);
+    return plan_create(out, spec_path, NULL, o, 1, NULL);
 }
 
 /* A compiled folder's GEMMs are the ones this runtime plans: the tuning
@@ -246,7 +254,7 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     }
     char spath[4200];
     snprintf(spath, sizeof spath, "%s/%s.moe", dir, name);
-    moe_status s = plan_tables(p, spath, NULL, o);
+    moe_status s = plan_tables(p, spath, NULL, o, NULL);
     if (s == MOE_OK)
         s = same_gemms(p, manifest, mpath);
     free(manifest);
@@ -271,7 +279,7 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         }
     }
     if (s == MOE_OK)
-        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp.world, o);
+        s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp->world, o);
     return create_common(out, p, s);
 }
 
@@ -286,6 +294,7 @@ void moe_plan_destroy(moe_plan *p) {
     if (p->launcher.slot_table)
         moe_cu.cuMemFree(p->launcher.slot_table);
     moe_ep_destroy(p->ep);
+    moe_plan_desc_free(&p->pd);
     free(p->slot_host);
     if (p->ctx) {
         CUdevice dev;
@@ -299,13 +308,13 @@ size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
     if (!p || tokens < 1 || tokens > p->pd.spec.tokens)
         return 0;
     /* the layout is fixed at the spec's capacity, so any tokens fits */
-    return p->ep->dispatch ? p->ep->ed.ws_bytes : p->pd.ws_bytes + moe_cudnn_workspace(p->cudnn);
+    return p->ep->dispatch ? p->ep->ed->ws_bytes : p->pd.ws_bytes + moe_cudnn_workspace(p->cudnn);
 }
 
 moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
     if (!p || !name)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_workspace_region: NULL argument");
-    const moe_ws_region_t *ws = p->ep->dispatch ? p->ep->ed.ws : p->pd.ws;
+    const moe_ws_region_t *ws = p->ep->dispatch ? p->ep->ed->ws : p->pd.ws;
     int n = p->ep->dispatch ? MOE_EW_COUNT : MOE_WS_COUNT;
     for (int i = 0; i < n; i++)
         if (strcmp(ws[i].name, name) == 0) {
@@ -389,10 +398,10 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                             .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit,
-                            .world = p->ep->mp.world, .rank = p->ep->rank, .ep = p->ep->mp.size[MOE_AXIS_EP],
-                            .ep_rank = p->ep->me->ep_rank, .fsdp = p->ep->mp.size[MOE_AXIS_FSDP],
-                            .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp.nstored,
-                            .held = p->ep->mp.nheld, .dispatch_capacity = p->ep->ed.capacity,
+                            .world = p->ep->mp->world, .rank = p->ep->rank, .ep = p->ep->mp->size[MOE_AXIS_EP],
+                            .ep_rank = p->ep->me->ep_rank, .fsdp = p->ep->mp->size[MOE_AXIS_FSDP],
+                            .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp->nstored,
+                            .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn)};
     for (int i = 0; i < MOE_K_COUNT; i++)
         info->kernels[i] = p->launcher.kernels[i].name;

@@ -185,7 +185,7 @@ static int load_plan(const char *path, const moe_override_t *o, int no, moe_plan
         return 1;
     }
     char err[512];
-    if (moe_plan_desc_build(pd, &s, err, sizeof err)) {
+    if (moe_plan_desc_build(pd, &s, moe_tuning_default(), err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", path, err);
         return 1;
     }

@@ -7,6 +7,7 @@
 #include "cudnn.h"
 #include "driver.h"
 #include "ep_plan.h"
+#include "plan.h"
 #include "moe.h"
 #include "spec.h"
 
@@ -140,7 +141,8 @@ static void test_ep_plan(void) {
     char err[256];
     const char *base = "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 }\n";
     CASE("ep plan: exact mode sizes");
-    CHECK(moe_spec_load(&s, "e.moe", base, NULL, 0, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
+    CHECK(moe_spec_load(&s, "e.moe", base, NULL, 0, &d) == 0 &&
+          moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) == 0);
     CHECK(moe_ep_wanted(&s));
     CHECK(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) == 0);
     CHECK(ed.ep == 4 && ed.nheld == 16 && ed.capacity == 0 && ed.send_rows == 4000 && ed.stage_rows == 16000);
@@ -151,15 +153,20 @@ static void test_ep_plan(void) {
         CHECK(ed.ws[i].offset >= ed.ws[i - 1].offset + ed.ws[i - 1].bytes && ed.ws[i].offset % 256 == 0);
     CASE("ep plan: capacity mode sizes");
     moe_override_t o[2] = {{"dispatch.mode=capacity"}, {"dispatch.capacity=300"}};
-    CHECK(moe_spec_load(&s, "e.moe", base, o, 2, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
+    moe_plan_desc_free(&pd);
+    CHECK(moe_spec_load(&s, "e.moe", base, o, 2, &d) == 0 &&
+          moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) == 0);
     CHECK(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) == 0);
+    CHECK(moe_plan_ep_desc(&pd)->capacity == 300 && moe_plan_ep_desc(&pd)->nheld == 16);
     CHECK(ed.capacity == 300 && ed.send_rows == 1200 && ed.stage_rows == 1200);
     CASE("ep plan: too many (rank, slot) positions is refused");
     CHECK(moe_ep_desc_build(&ed, &pd, 2048, err, sizeof err) != 0 && strstr(err, "at most 4096"));
     CASE("ep plan: too many receive tiles is refused, naming the fix");
     moe_override_t big = {"tokens=1000000"};
-    CHECK(moe_spec_load(&s, "e.moe", base, &big, 1, &d) == 0 && moe_plan_desc_build(&pd, &s, err, sizeof err) == 0);
-    CHECKF(moe_ep_desc_build(&ed, &pd, 16, err, sizeof err) != 0 && strstr(err, "capacity"), "%s", err);
+    moe_plan_desc_free(&pd);
+    CHECK(moe_spec_load(&s, "e.moe", base, &big, 1, &d) == 0);
+    CHECKF(moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) != 0 && strstr(err, "capacity"), "%s",
+           err);
     CASE("ep plan: a mesh of one has none");
     CHECK(moe_spec_load(&s, "e.moe", "name = 'e' experts = 8 top_k = 2 hidden = 64 ffn = 64", NULL, 0, &d) == 0);
     CHECK(!moe_ep_wanted(&s));

@@ -815,7 +815,8 @@ static void test_examples(void) {
         CHECKF(load_file(&s, path, &d) == 0, "%s", d.msg);
         moe_plan_desc_t pd;
         char err[512];
-        CHECKF(moe_plan_desc_build(&pd, &s, err, sizeof err) == 0, "%s", err);
+        CHECKF(moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) == 0, "%s", err);
+        moe_plan_desc_free(&pd);
         check_roundtrip(label, &s);
         CASE(label);
         char args[400], *e;

@@ -15,13 +15,15 @@
 static const char *const mixtral = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\n"
                                    "tokens = 4096\n";
 
-static int plan_of(moe_plan_desc_t *pd, const char *spec) {
+/* Rebuild *pd (empty or built before) for spec under table. */
+static int plan_of(moe_plan_desc_t *pd, const char *spec, const moe_tuning_t *table) {
     moe_spec_t s;
     moe_diag_t d;
     char err[256];
+    moe_plan_desc_free(pd);
     if (moe_spec_load(&s, "t.moe", spec, NULL, 0, &d))
         return fprintf(stderr, "%s\n", d.msg), 1;
-    return moe_plan_desc_build(pd, &s, err, sizeof err) ? (fprintf(stderr, "%s\n", err), 1) : 0;
+    return moe_plan_desc_build(pd, &s, table, err, sizeof err) ? (fprintf(stderr, "%s\n", err), 1) : 0;
 }
 
 static int parse(moe_tuning_t *t, const char *text, moe_diag_t *d) {
@@ -38,8 +40,8 @@ static void expect_error(const char *text, const char *msg) {
 
 int main(void) {
     CASE("the embedded table parses");
-    CHECK(moe_tuning_default() != NULL);
-    CHECK(moe_tuning_active() == moe_tuning_default());
+    const moe_tuning_t *embedded = moe_tuning_default();
+    CHECK(embedded != NULL && embedded == moe_tuning_default());
 
     CASE("parse: comments, blank lines, entries, gpu name with spaces");
     moe_tuning_t t;
@@ -58,8 +60,8 @@ int main(void) {
     }
 
     CASE("no entry: the heuristics");
-    moe_plan_desc_t pd;
-    CHECK(plan_of(&pd, mixtral) == 0);
+    moe_plan_desc_t pd = {0};
+    CHECK(plan_of(&pd, mixtral, embedded) == 0);
     CHECK(pd.tuned == NULL);
     CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
     /* one CTA per tile: the output is staged in the ring, no staging tile of its own */
@@ -69,8 +71,7 @@ int main(void) {
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_heur, &cd) == 0);
 
     CASE("an entry: the largest bucket <= tokens chooses the sm_90a tiles");
-    moe_tuning_set(&t);
-    CHECK(plan_of(&pd, mixtral) == 0);
+    CHECK(plan_of(&pd, mixtral, &t) == 0);
     CHECK(pd.tuned == &t.e[1]);
     CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.persistent == 1);
@@ -80,7 +81,7 @@ int main(void) {
     CHECK(strcmp(key_heur, key_tuned) != 0);
 
     CASE("a smaller bucket sets bm (align) for both arches");
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n", &t) == 0);
     CHECK(pd.tuned == &t.e[0] && pd.align == 64);
     CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4");
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.bm == 64 && moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].threads == 256);
@@ -88,12 +89,15 @@ int main(void) {
     CHECK(strcmp(key_small, key_tuned) != 0);
 
     CASE("below every bucket, or another shape: the heuristics");
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 512\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 512\n", &t) == 0);
     CHECK(pd.tuned == NULL);
-    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ndtype = 'fp16'\n") == 0);
+    CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ndtype = 'fp16'\n", &t) == 0);
     CHECK(pd.tuned == NULL);
-    moe_tuning_set(NULL);
-    CHECK(moe_tuning_active() == moe_tuning_default());
+    CASE("no table: the heuristics");
+    CHECK(plan_of(&pd, mixtral, NULL) == 0);
+    CHECK(pd.tuned == NULL);
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name,
+                "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
     moe_tuning_free(&t);
 
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
@@ -165,8 +169,7 @@ int main(void) {
     }
     CHECK(moe_family(MOE_FAMILY_COUNT) == NULL);
     {
-        moe_plan_desc_t pd;
-        CHECK(plan_of(&pd, mixtral) == 0);
+        CHECK(plan_of(&pd, mixtral, embedded) == 0);
         for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
             for (int k = 0; k < MOE_K_COUNT; k++) {
                 const moe_kernel_desc_t *d = &moe_plan_kernels(&pd, (moe_arch_t)a)[k];
@@ -184,5 +187,29 @@ int main(void) {
         moe_plan_grid(&pd, MOE_ARCH_SM90A, MOE_K_GEMM_DOWN, 4096, g);
         CHECK(g[0] == 4096 / 256 && g[1] == (unsigned)moe_plan_max_tiles(&pd, 4096) && g[2] == 1);
     }
+
+    CASE("one plan: the mesh tables and the EP part are built with the kernels");
+    CHECK(plan_of(&pd, mixtral, embedded) == 0);
+    CHECK(pd.mesh.world == 1 && pd.mesh.nheld == 8 && moe_plan_ep_desc(&pd) == NULL);
+    CHECK(plan_of(&pd, "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 }\n",
+                  embedded) == 0);
+    {
+        const moe_ep_desc_t *ep = moe_plan_ep_desc(&pd);
+        CHECK(pd.mesh.world == 4 && ep && ep->ep == 4 && ep->nheld == pd.mesh.nheld && ep->nheld == 16);
+        CHECK(ep && ep->k[MOE_EK_ROWS].family == MOE_K_EP_ROWS && strstr(ep->k[MOE_EK_SEND_PLAN].name, "p4s16c0"));
+    }
+    CASE("one plan: an EP part that cannot be built fails the plan, which is left empty");
+    {
+        moe_spec_t s;
+        moe_diag_t sd;
+        char err[256];
+        moe_plan_desc_free(&pd);
+        CHECK(moe_spec_load(&s, "e.moe", "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000000 "
+                            "mesh = { ep = 4 }\n", NULL, 0, &sd) == 0);
+        CHECKF(moe_plan_desc_build(&pd, &s, embedded, err, sizeof err) != 0 && strstr(err, "dispatch.mode"), "%s",
+               err);
+        CHECK(pd.mesh.ranks == NULL);
+    }
+    moe_plan_desc_free(&pd);
     return check_report("test_tuning");
 }
