@@ -68,7 +68,7 @@ const moe_key_t moe_spec_keys[] = {
      .help = "the gated unit between the expert GEMMs; `\"swiglu\"`: "
              "`out = (up + up_offset) · gate · sigmoid(alpha · gate)`"},
     {.name = "activation.alpha", .type = MOE_KEY_NUM, .offset = AT(activation.alpha), .def = 1, .lo = 1e-6,
-     .hi = 1e6, .help = "the slope inside swiglu's sigmoid"},
+     .hi = 1e6, .when = "activation.kind", .when_is = "swiglu", .help = "the slope inside swiglu's sigmoid"},
     {.name = "activation.limit", .type = MOE_KEY_NUM, .offset = AT(activation.limit), .optional = true,
      .lo = 1e-6, .hi = 1e6, .help = "`gate = min(gate, limit)`, `up = clamp(up, -limit, limit)` before the unit"},
     {.name = "activation.up_offset", .type = MOE_KEY_NUM, .offset = AT(activation.up_offset), .lo = -1e6,
@@ -117,16 +117,31 @@ int moe_key_nchoices(const moe_key_t *k) {
     return n;
 }
 
+/* The stored value of choice i. */
+static int choice_value(const moe_key_t *k, int i) { return k->values ? k->values[i] : i; }
+
+/* The name of a stored choice value. */
+static const char *choice_name(const moe_key_t *k, int value) {
+    for (int i = 0; k->choices[i]; i++)
+        if (choice_value(k, i) == value)
+            return k->choices[i];
+    return "?";
+}
+
 int moe_spec_key_int(const moe_spec_t *s, const char *name) {
     const moe_key_t *k = moe_spec_key(name);
     return k && k->type == MOE_KEY_INT ? *(const int *)((const char *)s + k->offset) : 0;
 }
 
 bool moe_key_in_effect(const moe_key_t *k, const moe_spec_t *s) {
-    return !k->when || moe_spec_key_int(s, k->when) > 1;
+    if (!k->when)
+        return true;
+    const moe_key_t *w = moe_spec_key(k->when);
+    if (!w)
+        return true;
+    int v = *(const int *)((const char *)s + w->offset);
+    return k->when_is ? strcmp(choice_name(w, v), k->when_is) == 0 : v > 1;
 }
-
-static int choice_value(const moe_key_t *k, int i) { return k->values ? k->values[i] : i; }
 
 static void set_default(moe_spec_t *s, const moe_key_t *k) {
     char *p = (char *)s + k->offset;
@@ -175,14 +190,6 @@ static void fmt_num(char *buf, size_t n, double v) {
         if (strtod(buf, NULL) == v)
             return;
     }
-}
-
-/* The name of a stored choice value. */
-static const char *choice_name(const moe_key_t *k, int value) {
-    for (int i = 0; k->choices[i]; i++)
-        if (choice_value(k, i) == value)
-            return k->choices[i];
-    return "?";
 }
 
 static int list_count(const moe_key_t *k, const moe_spec_t *s) {
@@ -456,7 +463,9 @@ char *moe_spec_keys_markdown(void) {
         moe_buf_printf(&b, " | ");
         put_md_values(&b, k);
         moe_buf_printf(&b, " | %s", k->help);
-        if (k->when)
+        if (k->when && k->when_is)
+            moe_buf_printf(&b, "; in effect only when `%s = \"%s\"`", k->when, k->when_is);
+        else if (k->when)
             moe_buf_printf(&b, "; in effect only when `%s` > 1", k->when);
         moe_buf_printf(&b, " |\n");
     }

@@ -58,8 +58,9 @@ typedef struct {
     int multiple;            /* INT: a multiple of this (0: any) */
     const char *at_most;     /* INT: not above this integer key */
     const char *divides;     /* INT: divides this integer key */
-    const char *when;        /* takes effect only when this integer key is above 1; otherwise
-                              * it is reset to its default and left out of the canonical form */
+    const char *when;        /* takes effect only when this key is above 1 (an INT key) or is */
+    const char *when_is;     /* ... this choice (an ENUM key); otherwise it is reset to its
+                              * default and left out of the canonical form */
     const char *help;        /* README's meaning column (Markdown) */
 } moe_key_t;
 
@@ -75,7 +76,7 @@ int moe_key_nchoices(const moe_key_t *k);
 /* Integer value of the INT row named `name` in s (0 for an unknown name). */
 int moe_spec_key_int(const moe_spec_t *s, const char *name);
 
-/* Is row k in effect for s (its `when` key above 1, or no `when`)? */
+/* Is row k in effect for s (no `when`, or its `when` condition holds)? */
 bool moe_key_in_effect(const moe_key_t *k, const moe_spec_t *s);
 
 /* Set every key of s to its default (required keys to 0). */

@@ -631,7 +631,14 @@ static void test_schema_rows(void) {
             CHECK(k->choices == NULL && k->values == NULL && k->refused == NULL);
         }
         CHECK(k->multiple == 0 || k->type == MOE_KEY_INT);
-        const char *rel[] = {k->at_most, k->divides, k->when};
+        if (k->when_is) { /* a choice of an enum key */
+            const moe_key_t *o = moe_spec_key(k->when ? k->when : "");
+            int known = 0;
+            for (int j = 0; o && o->type == MOE_KEY_ENUM && o->choices[j]; j++)
+                known |= strcmp(o->choices[j], k->when_is) == 0;
+            CHECKF(known, "%s: when %s = \"%s\", not a choice of an enum key", k->name, k->when, k->when_is);
+        }
+        const char *rel[] = {k->at_most, k->divides, k->when_is ? NULL : k->when};
         for (int j = 0; j < 3; j++)
             if (rel[j]) {
                 const moe_key_t *o = moe_spec_key(rel[j]);
