@@ -99,14 +99,14 @@ clean:
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_mesh test_ref test_gen test_runtime test_dispatch test_tuning
+CPU_TESTS := test_spec test_mesh test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
 $(TEST_LIB): $(TEST_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h $(TEST_LIB) $(BUILD)/libmoegen.a
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h tests/gen_fixture.h $(TEST_LIB) $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 

@@ -1,0 +1,344 @@
+/* test_emit.c — what moegen emits: the emitted-file goldens of
+ * tests/specs/small.moe, determinism and the stamp (no paths, no dates), and
+ * kernels_out/ against a fresh emit of every example spec.
+ *
+ * Goldens: tests/golden/small/{small.cu, small.h, manifest.json, small.moe}
+ * are a snapshot of the embedded templates' output. Whenever a template
+ * changes, regenerate them with
+ *     MOEGEN_UPDATE_GOLDENS=1 make test-cpu
+ * and review the diff. Run from the repository root. */
+#define _POSIX_C_SOURCE 200809L
+#include <pwd.h>
+
+#include "gen_fixture.h"
+
+/* ---- goldens of the small spec ------------------------------------------- */
+
+static void report_first_diff(const char *name, const char *got, size_t gl, const char *want, size_t wl) {
+    size_t i = 0;
+    int line = 1;
+    while (i < gl && i < wl && got[i] == want[i])
+        line += got[i++] == '\n';
+    char g[200], w[200];
+    size_t gs = i, ws = i;
+    while (gs > 0 && got[gs - 1] != '\n')
+        gs--;
+    while (ws > 0 && want[ws - 1] != '\n')
+        ws--;
+    first_line(got + (gs < gl ? gs : gl), g, sizeof g);
+    first_line(want + (ws < wl ? ws : wl), w, sizeof w);
+    fprintf(stderr, "  %s: first difference at line %d\n    emitted: %s\n    golden:  %s\n", name, line, g, w);
+}
+
+static void test_golden_small(void) {
+    CASE("golden small");
+    if (!have_templates) {
+        SKIP("templates/%s.lua is absent: the kernel templates are not all written yet", missing_template);
+        return;
+    }
+    moe_plan_desc_t pd;
+    CHECK(load_plan(SMALL, NULL, 0, &pd) == 0);
+    moe_fileset_t fs = {0};
+    moe_diag_t d;
+    int rc = moe_emit_files(&pd, NULL, &fs, &d);
+    CHECKF(rc == 0, "%s", d.msg);
+    if (rc) {
+        moe_fileset_free(&fs);
+        return;
+    }
+    static const char *const want_files[] = {"small.cu", "small.h", "manifest.json", "small.moe"};
+    CHECK(fs.nfiles == 4);
+    for (int i = 0; i < fs.nfiles && i < 4; i++)
+        CHECK_STREQ(fs.files[i].path, want_files[i]);
+
+    const char *upd = getenv("MOEGEN_UPDATE_GOLDENS");
+    if (upd && strcmp(upd, "1") == 0) {
+        char err[256];
+        CHECKF(moe_mkdirs(GOLDEN_DIR, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < fs.nfiles; i++) {
+            char p[600];
+            snprintf(p, sizeof p, "%s/%s", GOLDEN_DIR, fs.files[i].path);
+            CHECKF(write_bytes(p, fs.files[i].data.data, fs.files[i].data.len) == 0, "cannot write %s", p);
+            fprintf(stderr, "test_emit: MOEGEN_UPDATE_GOLDENS=1: wrote %s\n", p);
+        }
+    } else {
+        for (int i = 0; i < fs.nfiles; i++) {
+            char p[600], label[300];
+            snprintf(p, sizeof p, "%s/%s", GOLDEN_DIR, fs.files[i].path);
+            snprintf(label, sizeof label, "golden %s", p);
+            CASE(label);
+            size_t wl;
+            char *want = read_bytes(p, &wl);
+            CHECKF(want != NULL, "%s is missing: run MOEGEN_UPDATE_GOLDENS=1 make test-cpu", p);
+            if (!want)
+                continue;
+            const moe_buf_t *b = &fs.files[i].data;
+            int same = wl == b->len && memcmp(want, b->data, wl) == 0;
+            CHECKF(same, "%s differs from the emitted file; if a template changed on purpose, regenerate with "
+                         "MOEGEN_UPDATE_GOLDENS=1 make test-cpu and review the diff", p);
+            if (!same)
+                report_first_diff(p, b->data, b->len, want, wl);
+            free(want);
+        }
+    }
+
+    CASE("golden small: moegen emit writes the same files");
+    char out[300], args[700];
+    snprintf(out, sizeof out, "%s/cmd_small", tmp_root);
+    snprintf(args, sizeof args, "emit %s -o %s", SMALL, out);
+    char *err;
+    rc = run_moegen(args, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    free(err);
+    for (int i = 0; i < fs.nfiles; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", out, fs.files[i].path);
+        size_t l;
+        char *data = read_bytes(p, &l);
+        CHECKF(data && l == fs.files[i].data.len && memcmp(data, fs.files[i].data.data, l) == 0, "%s", p);
+        free(data);
+    }
+
+    CASE("golden small: the emitted spec loads back to the same hash");
+    moe_spec_t s;
+    CHECKF(moe_spec_load(&s, "small.moe", fs.files[3].data.data, NULL, 0, &d) == 0, "%s", d.msg);
+    CHECK_STREQ(s.hash, pd.spec.hash);
+
+    CASE("golden small: #line names the repo-relative templates");
+    const char *cu = fs.files[0].data.data;
+    for (size_t i = 0; i < NKT; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "\"templates/%s.lua\"\n", kernel_templates[i]);
+        CHECKF(strstr(cu, want) != NULL, "no #line for templates/%s.lua", kernel_templates[i]);
+    }
+    CHECK(strstr(cu, "#line 1 \"/") == NULL && strstr(cu, " \"/") == NULL);
+    moe_fileset_free(&fs);
+}
+
+/* ---- determinism and the stamp ---------------------------------------------- */
+
+static int isalnum_c(char c) { return isalnum((unsigned char)c) || c == '_'; }
+static int tolower_c(char c) { return tolower((unsigned char)c); }
+
+static int has_word(const char *s, size_t n, const char *w) {
+    size_t m = strlen(w);
+    for (const char *p = s; (p = find_bytes(p, n - (size_t)(p - s), w)); p++) {
+        int before = p > s && (isalnum_c(p[-1]));
+        int after = (size_t)(p + m - s) < n && isalnum_c(p[m]);
+        if (!before && !after)
+            return 1;
+    }
+    return 0;
+}
+
+static void check_clean(const char *fname, const char *data, size_t n, const char *tdir) {
+    char label[300];
+    snprintf(label, sizeof label, "no paths or dates in %s", fname);
+    CASE(label);
+    /* a --templates folder is named in #line on purpose; drop those lines */
+    char *copy = malloc(n + 1);
+    size_t o = 0;
+    for (const char *p = data; p < data + n;) {
+        const char *e = memchr(p, '\n', (size_t)(data + n - p));
+        size_t l = e ? (size_t)(e - p) + 1 : (size_t)(data + n - p);
+        int skip = tdir && l > 6 && strncmp(p, "#line ", 6) == 0 && find_bytes(p, l, tdir);
+        if (!skip) {
+            memcpy(copy + o, p, l);
+            o += l;
+        }
+        p += l;
+    }
+    copy[o] = '\0';
+    char cwd[1024] = "";
+    if (!getcwd(cwd, sizeof cwd))
+        cwd[0] = '\0';
+    const char *home = getenv("HOME");
+    const char *paths[] = {"/work", "/tmp", "/home/", "/root", "/usr/", cwd[0] ? cwd : NULL,
+                           home && strlen(home) > 1 ? home : NULL, tmp_root};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
+        if (paths[i])
+            CHECKF(find_bytes(copy, o, paths[i]) == NULL, "%s names '%s'", fname, paths[i]);
+    /* user names (skipped when they are ordinary words) */
+    const char *users[3] = {getenv("USER"), getenv("LOGNAME"), NULL};
+    struct passwd *pw = getpwuid(getuid());
+    users[2] = pw ? pw->pw_name : NULL;
+    for (int i = 0; i < 3; i++)
+        if (users[i] && strlen(users[i]) >= 3 && strcmp(users[i], "root") != 0)
+            CHECKF(!has_word(copy, o, users[i]), "%s names the user '%s'", fname, users[i]);
+    /* dates: this year (and the next, around New Year) as a word, ISO dates, clock times */
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    for (int y = tm.tm_year + 1900 - 1; y <= tm.tm_year + 1900 + 1; y++) {
+        char ys[8];
+        snprintf(ys, sizeof ys, "%d", y);
+        CHECKF(!has_word(copy, o, ys), "%s carries the year %s", fname, ys);
+    }
+    for (size_t i = 0; i + 10 <= o; i++) {
+        const char *p = copy + i;
+#define D(k) (p[k] >= '0' && p[k] <= '9')
+        int iso = p[0] == '2' && p[1] == '0' && D(2) && D(3) && p[4] == '-' && D(5) && D(6) && p[7] == '-' && D(8) && D(9);
+        int clock = i + 8 <= o && D(0) && D(1) && p[2] == ':' && D(3) && D(4) && p[5] == ':' && D(6) && D(7);
+#undef D
+        if (iso || clock) {
+            CHECKF(0, "%s carries a date or time: '%.10s'", fname, p);
+            break;
+        }
+    }
+    free(copy);
+}
+
+static int contains_ci(const char *s, size_t n, const char *w) {
+    size_t m = strlen(w);
+    for (size_t i = 0; i + m <= n; i++) {
+        size_t j = 0;
+        while (j < m && tolower_c(s[i + j]) == tolower_c(w[j]))
+            j++;
+        if (j == m)
+            return 1;
+    }
+    return 0;
+}
+
+/* The stamp: generator version, where the file came from, the spec hash and
+ * "do not edit", all in the file's first lines. */
+static void check_stamp(const char *fname, const char *data, size_t n, const moe_spec_t *s) {
+    char label[300];
+    snprintf(label, sizeof label, "stamp of %s", fname);
+    CASE(label);
+    size_t head = 0;
+    for (int lines = 0; head < n && lines < 6; head++)
+        lines += data[head] == '\n';
+    CHECKF(find_bytes(data, head, "moegen " MOEGEN_VERSION) != NULL, "%s: no generator version in its first lines",
+           fname);
+    CHECKF(find_bytes(data, head, s->hash) != NULL, "%s: no spec hash in its first lines", fname);
+    CHECKF(contains_ci(data, head, "do not edit"), "%s: no \"Do not edit\" in its first lines", fname);
+    size_t l = strlen(fname);
+    if (l > 3 && strcmp(fname + l - 3, ".cu") == 0) {
+        CHECKF(strncmp(data, "/* Generated by moegen " MOEGEN_VERSION " from ", 27) == 0, "%s", fname);
+        for (size_t i = 0; i < NKT; i++) {
+            char w[96];
+            snprintf(w, sizeof w, "templates/%s.lua", kernel_templates[i]);
+            CHECKF(find_bytes(data, head, w) != NULL, "%s: the stamp does not name %s", fname, w);
+        }
+        CHECKF(find_bytes(data, head, "templates/common.lua") != NULL, "%s", fname);
+        /* every template that contributed lines (#line names it) is in the stamp */
+        for (const char *p = data; (p = find_bytes(p, n - (size_t)(p - data), "\n#line ")); p++) {
+            const char *q = memchr(p + 1, '"', (size_t)(data + n - p - 1));
+            const char *e = q ? memchr(q + 1, '"', (size_t)(data + n - q - 1)) : NULL;
+            if (!q || !e || e - q < 5 || memcmp(e - 4, ".lua", 4) != 0)
+                continue;
+            char name[300];
+            snprintf(name, sizeof name, "%.*s", (int)(e - q - 1), q + 1);
+            if (strchr(name, '/') && strncmp(name, "templates/", 10) != 0)
+                continue; /* a --templates folder */
+            CHECKF(find_bytes(data, head, name) != NULL, "%s: lines come from %s, which the stamp does not name", fname,
+                   name);
+            if (!find_bytes(data, head, name))
+                break;
+        }
+    } else if (l > 2 && strcmp(fname + l - 2, ".h") == 0) {
+        CHECKF(strncmp(data, "/* Generated by moegen " MOEGEN_VERSION " from ", 27) == 0, "%s", fname);
+    }
+}
+
+static void test_determinism(void) {
+    CASE("determinism");
+    char tdir[300];
+    const char *templates = NULL;
+    if (!have_templates) {
+        snprintf(tdir, sizeof tdir, "%s/tpl_det", tmp_root);
+        CHECK(make_templates(tdir, 0) == 0);
+        templates = tdir;
+        fprintf(stderr, "test_emit: determinism and stamps use stubs for the absent kernel templates\n");
+    }
+    static const char *const specs[] = {SMALL, "examples/specs/deepseek-v3.moe", "examples/specs/gpt-oss-120b.moe"};
+    for (size_t si = 0; si < sizeof specs / sizeof *specs; si++) {
+        char label[300];
+        snprintf(label, sizeof label, "determinism %s", specs[si]);
+        CASE(label);
+        moe_plan_desc_t pd;
+        if (load_plan(specs[si], NULL, 0, &pd)) {
+            CHECKF(0, "%s does not load", specs[si]);
+            continue;
+        }
+        moe_fileset_t a = {0}, b = {0};
+        moe_diag_t d;
+        int rc = moe_emit_files(&pd, templates, &a, &d);
+        CHECKF(rc == 0, "%s", d.msg);
+        rc |= moe_emit_files(&pd, templates, &b, &d);
+        CHECKF(rc == 0, "%s", d.msg);
+        if (!rc) {
+            CHECK(a.nfiles == b.nfiles && a.nfiles == 4);
+            for (int i = 0; i < a.nfiles && i < b.nfiles; i++) {
+                CASE(label);
+                CHECKF(a.files[i].data.len == b.files[i].data.len &&
+                           memcmp(a.files[i].data.data, b.files[i].data.data, a.files[i].data.len) == 0,
+                       "%s differs between two emits", a.files[i].path);
+                check_clean(a.files[i].path, a.files[i].data.data, a.files[i].data.len, templates);
+                check_stamp(a.files[i].path, a.files[i].data.data, a.files[i].data.len, &pd.spec);
+            }
+        }
+        moe_fileset_free(&a);
+        moe_fileset_free(&b);
+    }
+
+    CASE("determinism: two runs of moegen emit");
+    char o1[300], o2[300], args[1200], why[1400], *err;
+    snprintf(o1, sizeof o1, "%s/det1", tmp_root);
+    snprintf(o2, sizeof o2, "%s/det2", tmp_root);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "emit %s -o %s%s%s", SMALL, i ? o2 : o1, templates ? " --templates " : "",
+                 templates ? templates : "");
+        int rc = run_moegen(args, &err);
+        CHECKF(rc == 0, "exit %d: %s", rc, err);
+        free(err);
+    }
+    CHECKF(compare_dirs(o1, o2, why, sizeof why) == 0, "%s", why);
+}
+
+
+/* ---- kernels_out/ ---------------------------------------------------------------- */
+
+static void test_kernels_out(void) {
+    CASE("kernels_out");
+    if (!have_templates) {
+        SKIP("templates/%s.lua is absent: kernels_out/ cannot be emitted yet", missing_template);
+        return;
+    }
+    static char names[64][256];
+    int n = list_dir("examples/specs", names, 64);
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(names[i]);
+        if (l <= 4 || strcmp(names[i] + l - 4, ".moe"))
+            continue;
+        char base[256], committed[300], fresh[600], args[1400], why[1400], label[300], *err;
+        snprintf(base, sizeof base, "%.*s", (int)(l - 4), names[i]);
+        snprintf(label, sizeof label, "kernels_out/%s", base);
+        CASE(label);
+        snprintf(committed, sizeof committed, "kernels_out/%s", base);
+        snprintf(fresh, sizeof fresh, "%s/kernels_out/%s", tmp_root, base);
+        snprintf(args, sizeof args, "emit examples/specs/%s -o %s", names[i], fresh);
+        int rc = run_moegen(args, &err);
+        CHECKF(rc == 0, "exit %d: %s", rc, err);
+        free(err);
+        if (!exists(committed)) {
+            CHECKF(0, "%s is missing: run make kernels and commit it", committed);
+            continue;
+        }
+        CHECKF(compare_dirs(committed, fresh, why, sizeof why) == 0, "%s (run make kernels and commit)", why);
+    }
+}
+
+
+int main(void) {
+    if (gen_fixture_setup("test_emit"))
+        return 1;
+    double t = now();
+    test_golden_small();
+    test_determinism();
+    fprintf(stderr, "test_emit: emission cases in %.1f s\n", now() - t);
+    test_kernels_out();
+    rm_rf(tmp_root);
+    return check_report("test_emit");
+}

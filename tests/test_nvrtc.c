@@ -1,0 +1,144 @@
+/* test_nvrtc.c — every kernel of every example spec (and tests/specs/small.moe)
+ * compiles under NVRTC for each arch with no warnings, and each kernel the
+ * plan names is in the cubin. Compiles run in child processes, a few at a
+ * time. Run from the repository root. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "compile.h"
+#include "gen_fixture.h"
+
+/* ---- NVRTC: every kernel of every example spec, each arch ------------------- */
+
+typedef struct {
+    int rc;               /* 0 compiled */
+    size_t cubin, log;    /* bytes */
+    char missing[128];    /* a kernel name not found in the cubin */
+    char msg[3000];       /* diag or log */
+} job_result_t;
+
+static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
+    memset(r, 0, sizeof *r);
+    moe_plan_desc_t pd;
+    if (load_plan(spec, NULL, 0, &pd)) {
+        r->rc = 1;
+        snprintf(r->msg, sizeof r->msg, "%s does not load", spec);
+        return;
+    }
+    moe_buf_t src = {0}, cubin = {0}, log = {0};
+    moe_diag_t d;
+    if (moe_emit_source(&pd, NULL, &src, &d)) {
+        r->rc = 1;
+        snprintf(r->msg, sizeof r->msg, "%s", d.msg);
+        moe_buf_free(&src);
+        return;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s.cu", pd.spec.name);
+    r->rc = moe_nvrtc_compile(src.data, name, arch, &cubin, NULL, &log, &d);
+    r->cubin = cubin.len;
+    r->log = log.len;
+    if (r->rc)
+        snprintf(r->msg, sizeof r->msg, "%s", d.msg);
+    else if (log.len)
+        snprintf(r->msg, sizeof r->msg, "%s", log.data);
+    for (int k = 0; !r->rc && k < MOE_K_COUNT; k++) {
+        const char *kname = moe_plan_kernels(&pd, arch)[k].name;
+        if (!find_bytes(cubin.data, cubin.len, kname)) {
+            snprintf(r->missing, sizeof r->missing, "%s", kname);
+            break;
+        }
+    }
+    moe_buf_free(&src);
+    moe_buf_free(&cubin);
+    moe_buf_free(&log);
+}
+
+static void test_nvrtc_all(void) {
+    CASE("NVRTC: every example spec, each arch");
+    if (!have_templates) {
+        SKIP("templates/%s.lua is absent: the kernel templates are not all written yet", missing_template);
+        return;
+    }
+    static char names[64][256];
+    int n = list_dir("examples/specs", names, 64);
+    char specs[65][300];
+    int ns = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(names[i]);
+        if (l > 4 && strcmp(names[i] + l - 4, ".moe") == 0)
+            snprintf(specs[ns++], sizeof specs[0], "examples/specs/%s", names[i]);
+    }
+    CHECK(ns >= 5);
+    snprintf(specs[ns++], sizeof specs[0], "%s", SMALL);
+    static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
+    int njobs = ns * 2;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    double t0 = now();
+
+    /* one child per compile, `workers` at a time; results come back in pipes */
+    pid_t pid[130];
+    int fd[130];
+    int next = 0, running = 0, done = 0;
+    job_result_t res;
+    while (done < njobs) {
+        while (running < workers && next < njobs) {
+            int p[2];
+            if (pipe(p)) {
+                CHECKF(0, "pipe: %s", strerror(errno));
+                return;
+            }
+            fflush(NULL);
+            pid_t c = fork();
+            if (c == 0) {
+                close(p[0]);
+                compile_job(specs[next / 2], arches[next % 2], &res);
+                ssize_t w = write(p[1], &res, sizeof res);
+                _exit(w == (ssize_t)sizeof res ? 0 : 3);
+            }
+            close(p[1]);
+            pid[next] = c;
+            fd[next] = p[0];
+            next++;
+            running++;
+        }
+        /* collect the oldest running job (results are read in job order) */
+        int j = done;
+        job_result_t r;
+        memset(&r, 0, sizeof r);
+        size_t got = 0;
+        while (got < sizeof r) {
+            ssize_t k = read(fd[j], (char *)&r + got, sizeof r - got);
+            if (k <= 0)
+                break;
+            got += (size_t)k;
+        }
+        close(fd[j]);
+        int st = 0;
+        waitpid(pid[j], &st, 0);
+        running--;
+        done++;
+        char label[400];
+        snprintf(label, sizeof label, "NVRTC %s %s", specs[j / 2], moe_arch_name(arches[j % 2]));
+        CASE(label);
+        CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
+               st);
+        if (got != sizeof r)
+            continue;
+        CHECKF(r.rc == 0, "\n%s", r.msg);
+        CHECKF(r.log == 0, "NVRTC warnings:\n%s", r.msg);
+        CHECK(r.cubin > 0);
+        CHECKF(r.missing[0] == 0, "kernel %s is not in the cubin", r.missing);
+    }
+    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs x 2 arches) on %d workers in %.1f s\n", njobs, ns,
+            workers, now() - t0);
+}
+
+
+int main(void) {
+    if (gen_fixture_setup("test_nvrtc"))
+        return 1;
+    test_nvrtc_all();
+    rm_rf(tmp_root);
+    return check_report("test_nvrtc");
+}
