@@ -20,8 +20,10 @@ static void stamp(moe_buf_t *b, const moe_plan_desc_t *pd, const char *from, con
     moe_buf_printf(b, "%s Do not edit: regenerate with `make kernels`.%s\n", mid, close);
 }
 
-/* "templates/a.lua, templates/b.lua, ...": every template the source is
- * built from (the embedded set, which the generator always expands whole). */
+/* "templates/a.lua, templates/b.lua, ...": every template of the embedded
+ * set, whether or not this spec's source drew lines from each (the ep
+ * kernels only come with mesh.ep > 1). Lists the embedded set also under
+ * --templates: the #line directives name the files actually used. */
 static void source_templates(char *out, size_t n) {
     size_t o = 0;
     out[0] = '\0';
@@ -256,7 +258,7 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     for (size_t i = 0; i < sizeof neutral / sizeof *neutral && !rc; i++) {
         int k = neutral[i];
         moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[0], k);
-        rc = k < 0 ? moe_tmpl_expand(t, "common", "prelude", out, diag)
+        rc = k < 0 ? moe_tmpl_expand(t, "prelude", "prelude", out, diag)
                    : moe_tmpl_expand(t, moe_plan_kernels(pd, s->arch[0])[k].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
@@ -463,23 +465,31 @@ int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fil
 int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_t errlen) {
     if (moe_mkdirs(dir, err, errlen))
         return -1;
-    char tmp[16][4200], dst[16][4200];
+    /* the temporary and final path of each file that changed, on the heap
+     * (two 4 KB paths per file) */
+    struct paths {
+        char tmp[4200], dst[4200];
+    } *w = calloc(fs->nfiles ? (size_t)fs->nfiles : 1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     int n = 0, rc = 0;
     for (int i = 0; i < fs->nfiles && !rc; i++) {
         const moe_file_t *f = &fs->files[i];
-        snprintf(dst[n], sizeof dst[n], "%s/%s", dir, f->path);
+        snprintf(w[n].dst, sizeof w[n].dst, "%s/%s", dir, f->path);
         /* unchanged files are left alone, so make does not rebuild */
         size_t oldlen;
         char e2[8];
-        char *old = moe_read_file(dst[n], f->data.len + 1, &oldlen, e2, sizeof e2);
+        char *old = moe_read_file(w[n].dst, f->data.len + 1, &oldlen, e2, sizeof e2);
         int same = old && oldlen == f->data.len && memcmp(old, f->data.data ? f->data.data : "", oldlen) == 0;
         free(old);
         if (same)
             continue;
-        snprintf(tmp[n], sizeof tmp[n], "%s/.%s.tmp.%ld", dir, f->path, (long)getpid());
-        FILE *o = fopen(tmp[n], "wb");
+        snprintf(w[n].tmp, sizeof w[n].tmp, "%s/.%s.tmp.%ld", dir, f->path, (long)getpid());
+        FILE *o = fopen(w[n].tmp, "wb");
         if (!o) {
-            snprintf(err, errlen, "cannot create '%s': %s", tmp[n], strerror(errno));
+            snprintf(err, errlen, "cannot create '%s': %s", w[n].tmp, strerror(errno));
             rc = -1;
             break;
         }
@@ -487,17 +497,18 @@ int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_
         ok = (fclose(o) == 0) && ok;
         n++;
         if (!ok) {
-            snprintf(err, errlen, "cannot write '%s': %s", tmp[n - 1], strerror(errno));
+            snprintf(err, errlen, "cannot write '%s': %s", w[n - 1].tmp, strerror(errno));
             rc = -1;
         }
     }
     for (int i = 0; i < n; i++) {
-        if (!rc && rename(tmp[i], dst[i]) != 0) {
-            snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp[i], dst[i], strerror(errno));
+        if (!rc && rename(w[i].tmp, w[i].dst) != 0) {
+            snprintf(err, errlen, "cannot rename '%s' to '%s': %s", w[i].tmp, w[i].dst, strerror(errno));
             rc = -1;
         }
         if (rc)
-            unlink(tmp[i]);
+            unlink(w[i].tmp);
     }
+    free(w);
     return rc;
 }

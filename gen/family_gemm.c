@@ -1,7 +1,7 @@
 /* family_gemm.c — the expert GEMMs: gemm_up_swiglu ([rows, H] x [H, 2F],
  * SwiGLU in the epilogue -> [rows, F]) and gemm_down ([rows, F] x [F, H]),
  * over the tile table. Two variants each: sm_80 mma.sync with a cp.async
- * pipeline (templates/gemm_common.lua), sm_90a wgmma with TMA operands
+ * pipeline (templates/gemm_sm80.lua), sm_90a wgmma with TMA operands
  * (templates/gemm_sm90.lua), whose tile the tuning table may choose. */
 #include "family.h"
 #include "tuning.h"

@@ -47,9 +47,10 @@ lua_State *moe_tmpl_lua(moe_tmpl_t *t);
  * the offending template line. */
 int moe_tmpl_expand(moe_tmpl_t *t, const char *name, const char *fn, moe_buf_t *out, moe_diag_t *diag);
 
-/* Forget where the last output line came from, so the next template line
- * gets a #line; call after appending text that did not come from a template.
- * out_name and out_line name the next line of the output file. */
+/* Append a #line directive that names the next line of out as line N of
+ * out_name (N counted from out's newlines), and forget where the last
+ * output line came from, so the next template line gets its own #line.
+ * Call before appending text that did not come from a template. */
 void moe_tmpl_resync(moe_tmpl_t *t, moe_buf_t *out, const char *out_name);
 
 /* XXH3-128 (hex) over the content of every template in use, in name order. */

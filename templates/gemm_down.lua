@@ -4,7 +4,7 @@
 @   import("gemm_sm90").down(p)
 @   return
 @ end
-@ local G = import("gemm_common")
+@ local G = import("gemm_sm80")
 @ local c = G.config(p, "down")
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)

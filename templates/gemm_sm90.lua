@@ -248,7 +248,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-@   import("gemm_common").tile_of(c.group_m)
+@   import("gemm_sm80").tile_of(c.group_m)
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -458,7 +458,7 @@ ${ARCH_GUARD}
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   local function preamble()
-@     import("gemm_common").swiglu(p)
+@     import("gemm_sm80").swiglu(p)
 @   end
 @   local function epilogue()
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output

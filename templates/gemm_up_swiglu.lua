@@ -8,7 +8,7 @@
 @   import("gemm_sm90").up(p)
 @   return
 @ end
-@ local G = import("gemm_common")
+@ local G = import("gemm_sm80")
 @ local c = G.config(p, "up")
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)

@@ -192,7 +192,7 @@ static inline const char *first_line(const char *s, char *out, size_t n) {
 
 /* ---- template folders for the machinery cases ------------------------------ */
 
-static const char *const stub_common =
+static const char *const stub_prelude =
     "@ -- test stub: the prelude\n"
     "@ local M = {}\n"
     "@ function M.prelude(p)\n"
@@ -212,8 +212,8 @@ static const char *const stub_kernel =
     "extern \"C\" __global__ void ${p.kernel}(int *x) { if (x) x[0] = ${p.threads}; }\n";
 
 static inline const char *stub_for(const char *name) {
-    if (strcmp(name, "common") == 0)
-        return stub_common;
+    if (strcmp(name, "prelude") == 0)
+        return stub_prelude;
     if (strcmp(name, "route") == 0)
         return stub_route;
     if (strcmp(name, "permute") == 0)
@@ -250,7 +250,7 @@ static inline int make_templates(const char *dir, int all_stubs) {
         }
         free(data);
     }
-    if (all_stubs && put_template(dir, "common", stub_common))
+    if (all_stubs && put_template(dir, "prelude", stub_prelude))
         return -1;
     for (size_t i = 0; i < NKT; i++) {
         char p[600];

@@ -221,7 +221,7 @@ static void check_stamp(const char *fname, const char *data, size_t n, const moe
             snprintf(w, sizeof w, "templates/%s.lua", kernel_templates[i]);
             CHECKF(find_bytes(data, head, w) != NULL, "%s: the stamp does not name %s", fname, w);
         }
-        CHECKF(find_bytes(data, head, "templates/common.lua") != NULL, "%s", fname);
+        CHECKF(find_bytes(data, head, "templates/prelude.lua") != NULL, "%s", fname);
         /* every template that contributed lines (#line names it) is in the stamp */
         for (const char *p = data; (p = find_bytes(p, n - (size_t)(p - data), "\n#line ")); p++) {
             const char *q = memchr(p + 1, '"', (size_t)(data + n - p - 1));

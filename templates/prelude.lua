@@ -1,4 +1,4 @@
-@ -- common.lua — the device prelude every emitted .cu starts with: the
+@ -- prelude.lua — the device prelude every emitted .cu starts with: the
 @ -- element type, conversions, and the tensor-core and async-copy wrappers.
 @ -- No CUDA headers are included, so the same text compiles under NVRTC and
 @ -- plain nvcc with no include path.

@@ -1,7 +1,8 @@
-@ -- gemm_common.lua — fragments shared by the grouped expert GEMMs
-@ -- (gemm_up_swiglu, gemm_down): the tile checks, the cp.async pipeline
-@ -- feeding mma.sync m16n8k16 through ldmatrix, the CTA raster and the
-@ -- staged, vectorized tile store.
+@ -- gemm_sm80.lua — the sm_80 grouped expert GEMM that gemm_up_swiglu.lua
+@ -- and gemm_down.lua build their sm_80 kernels from: the tile checks, the
+@ -- cp.async pipeline feeding mma.sync m16n8k16 through ldmatrix, the CTA
+@ -- raster and the staged, vectorized tile store. The tile raster
+@ -- (tile_of) and the activation (swiglu) are shared with gemm_sm90.lua.
 @ --
 @ -- Layout: A (activations) and B (weights) are both K-major, so one smem
 @ -- stage is BM rows and BN rows of BK halves, each row padded by 8 halves
@@ -11,10 +12,7 @@
 @ -- 16-byte pieces of whole rows.
 @ local M = {}
 @
-@ -- Check p's tile for a GEMM of this kind and derive the kernel's
-@ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
-@ -- [rows, F]; kind = "down": B is [H, F] W2 and the output is [rows, H].
-@ -- Shared with gemm_sm90.lua: the tile raster and the activation.
+@ -- The tile raster, shared with gemm_sm90.lua.
 @ function M.tile_of(group_m)
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
  * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
@@ -61,6 +59,9 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 }
 @ end
 @
+@ -- Check p's tile for a GEMM of this kind and derive the kernel's
+@ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
+@ -- [rows, F]; kind = "down": B is [H, F] W2 and the output is [rows, H].
 @ function M.config(p, kind)
 @   local t = p.tile
 @   local c = { bm = t.bm, bn = t.bn, bk = t.bk, stages = t.stages, wm = t.warps_m, wn = t.warps_n }
