@@ -167,8 +167,10 @@ $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 	@mkdir -p $(BUILD)
 	cp -L $(dir $(LUA_LIB))liblua5.4.so.0 $@
 
-$(BUILD)/moegen.pc: Makefile
+# the version string's one home is gen/version.h
+VERSION := $(shell sed -n 's/^\#define MOEGEN_VERSION "\(.*\)"/\1/p' gen/version.h)
+$(BUILD)/moegen.pc: Makefile gen/version.h
 	@mkdir -p $(BUILD)
-	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: 0.1.0\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
+	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
 
 all: $(BUILD)/libmoegen.so $(BUILD)/moegen.pc

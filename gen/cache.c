@@ -64,9 +64,8 @@ int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: out of memory");
         return 1;
     }
-    XXH128_hash_t h = XXH3_128bits(b.data, b.len);
+    moe_hash_hex(b.data, b.len, key);
     moe_buf_free(&b);
-    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
     return 0;
 }
 

@@ -6,8 +6,7 @@
 #include "plan.h"
 #include "spec.h"
 #include "util.h"
-
-#define MOEGEN_VERSION "0.1.0"
+#include "version.h"
 
 typedef struct {
     char path[256];   /* relative to the output folder */

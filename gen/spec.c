@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #define SPEC_MEM_LIMIT (16u << 20)
 #define SPEC_INSTR_LIMIT 1000000L
 #define SPEC_TEXT_MAX (1u << 20)
@@ -346,9 +343,7 @@ int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const mo
         snprintf(diag->msg, sizeof diag->msg, "%s:1: error: out of memory", path);
         return 1;
     }
-    XXH128_hash_t h = XXH3_128bits(canon, strlen(canon));
-    snprintf(spec->hash, sizeof spec->hash, "%016llx%016llx", (unsigned long long)h.high64,
-             (unsigned long long)h.low64);
+    moe_hash_hex(canon, strlen(canon), spec->hash);
     free(canon);
     return 0;
 }

@@ -11,9 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #define TMPL_MEM_LIMIT (256u << 20)
 #define TMPL_INSTR_LIMIT 200000000L
 
@@ -398,7 +395,7 @@ static int by_name(const void *a, const void *b) { return strcmp(*(char *const *
  * caller frees each name and the array. Returns the count, or -1. */
 static int tmpl_names(moe_tmpl_t *t, char ***out) {
     char **names = NULL;
-    int n = 0, cap = 0;
+    int n = 0, cap = 0, oom = 0;
     DIR *d = NULL;
     if (t->dir && !(d = opendir(t->dir)))
         return -1;
@@ -424,14 +421,26 @@ static int tmpl_names(moe_tmpl_t *t, char ***out) {
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             char **nn = realloc(names, sizeof *names * (size_t)cap);
-            if (!nn)
+            if (!nn) {
+                oom = 1;
                 break;
+            }
             names = nn;
         }
-        names[n++] = strdup(nm);
+        if (!(names[n] = strdup(nm))) {
+            oom = 1;
+            break;
+        }
+        n++;
     }
     if (d)
         closedir(d);
+    if (oom) { /* a partial list would hash to a wrong key */
+        for (int i = 0; i < n; i++)
+            free(names[i]);
+        free(names);
+        return -1;
+    }
     qsort(names, (size_t)n, sizeof *names, by_name);
     *out = names;
     return n;
@@ -442,28 +451,25 @@ int moe_tmpl_content_hash(moe_tmpl_t *t, char out[33]) {
     int n = tmpl_names(t, &names);
     if (n < 0)
         return 1;
-    XXH3_state_t *st = XXH3_createState();
-    int rc = st ? 0 : 1;
-    if (st)
-        XXH3_128bits_reset(st);
+    /* each template's name (with its NUL) then its text, in name order */
+    moe_buf_t all = {0};
+    int rc = 0;
     for (int i = 0; i < n; i++) {
         char display[512], err[256];
         char *src = rc ? NULL : tmpl_source(t, names[i], display, sizeof display, err, sizeof err);
         if (!rc && !src)
             rc = 1;
         if (src) {
-            XXH3_128bits_update(st, names[i], strlen(names[i]) + 1);
-            XXH3_128bits_update(st, src, strlen(src));
+            moe_buf_append(&all, names[i], strlen(names[i]) + 1);
+            moe_buf_append(&all, src, strlen(src));
             free(src);
         }
         free(names[i]);
     }
     free(names);
-    if (!rc) {
-        XXH128_hash_t h = XXH3_128bits_digest(st);
-        snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-    }
-    if (st)
-        XXH3_freeState(st);
+    if (!rc && !all.failed)
+        moe_hash_hex(all.data ? all.data : "", all.len, out);
+    rc |= all.failed;
+    moe_buf_free(&all);
     return rc;
 }

@@ -8,6 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 static int buf_reserve(moe_buf_t *b, size_t extra) {
     if (b->failed)
         return -1;
@@ -121,4 +124,9 @@ int moe_mkdirs(const char *path, char *err, size_t errlen) {
         }
     }
     return 0;
+}
+
+void moe_hash_hex(const void *data, size_t n, char out[33]) {
+    XXH128_hash_t h = XXH3_128bits(data, n);
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
 }

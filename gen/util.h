@@ -1,5 +1,5 @@
 /* util.h — small helpers shared by the generator: a growable text buffer,
- * whole-file reads, mkdir -p. (All-or-nothing writes of a set of files are
+ * whole-file reads, the hash's hex form, mkdir -p. (All-or-nothing writes of a set of files are
  * moe_fileset_write in emit.h.) */
 #ifndef MOEGEN_UTIL_H
 #define MOEGEN_UTIL_H
@@ -23,6 +23,11 @@ char *moe_buf_extend(moe_buf_t *b, size_t n);
 /* Read a whole file (at most max bytes) into a NUL-terminated malloc'd
  * buffer. On error returns NULL with a reason in err. */
 char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* XXH3-128 of n bytes at data as 32 lowercase hex digits (high word
+ * first) and a NUL: the one spelling of the spec hash, the templates hash
+ * and the cache key. */
+void moe_hash_hex(const void *data, size_t n, char out[33]);
 
 /* mkdir -p. Returns 0, or -1 with a reason in err. */
 int moe_mkdirs(const char *path, char *err, size_t errlen);
