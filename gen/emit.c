@@ -31,211 +31,65 @@ static void source_templates(char *out, size_t n) {
         o += (size_t)snprintf(out + o, n - o, "%s%s", i ? ", " : "", moe_embedded_templates[i].path);
 }
 
-/* One sm_90a GEMM launch of the vendored forward: the tensor maps of A
- * (rows of the tile grid) and B (every expert's N rows), then the kernel
- * on its 1D grid. */
-static void emit_sm90_gemm(moe_buf_t *b, const char *n, const moe_plan_desc_t *pd, const moe_kernel_desc_t *k,
-                           const char *a, const char *w, long long N, int K, const char *bias, const char *out) {
-    const int ntiles = (int)((N + k->tile.bn - 1) / k->tile.bn);
-    moe_buf_printf(b,
-                   "    if ((e = %s_tmap(&ma, %s, tiles_y * %d, %d, %d)) != cudaSuccess ||\n"
-                   "        (e = %s_tmap(&mb, %s, %lldLL, %d, %d)) != cudaSuccess)\n"
-                   "        return e;\n",
-                   n, a, pd->align, K, k->tile.bm, n, w, (long long)pd->spec.experts * N, K, k->tile.bn);
-    if (k->tile.persistent)
-        moe_buf_printf(b, "    %s<<<(unsigned)(tiles_y * %d < sms ? tiles_y * %d : sms), ", k->name, ntiles, ntiles);
-    else
-        moe_buf_printf(b, "    %s<<<(unsigned)(tiles_y * %d), ", k->name, ntiles);
-    moe_buf_printf(b, "%d, %d, stream>>>(ma, mb, (const moe_half_t *)%s, tiles, num_tiles, %s);\n", k->threads,
-                   k->smem, bias, out);
+/* Push one arch's kernel set for templates/host.lua: a table keyed both by
+ * family name and by position (family order), each entry the kernel's
+ * name, block size, shared memory, rows per block, and for the GEMMs the
+ * tile's bm, bn, grid kind and N tiles (the family's grid). */
+static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch) {
+    const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);
+    lua_newtable(L);
+    for (int i = 0; i < MOE_K_COUNT; i++) {
+        const moe_kernel_desc_t *d = &ks[i];
+        lua_newtable(L);
+        moe_lua_set_str(L, "name", d->name);
+        moe_lua_set_int(L, "threads", d->threads);
+        moe_lua_set_int(L, "smem", d->smem);
+        moe_lua_set_int(L, "per_block", d->per_block);
+        if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) {
+            unsigned g[3];
+            moe_plan_grid(pd, arch, i, 1, g);
+            moe_lua_set_int(L, "bm", d->tile.bm);
+            moe_lua_set_int(L, "bn", d->tile.bn);
+            moe_lua_set_bool(L, "persistent", d->tile.persistent);
+            moe_lua_set_int(L, "ntiles", g[0]);
+        }
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, moe_family(d->family)->name);
+        lua_rawseti(L, -2, i + 1);
+    }
 }
 
-/* Host launch code for plain nvcc builds (the vendored path). Uses the
- * same plan numbers the JIT runtime uses. */
-static void emit_host(moe_buf_t *b, const moe_plan_desc_t *pd, const int *slot_of) {
+/* Push the parameters of templates/host.lua (the vendored launcher): the
+ * shared ones, the mesh's EP size, the routing table slot_of[E], the
+ * workspace regions with their element types, and each arch's kernels. */
+static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int *slot_of) {
     const moe_spec_t *s = &pd->spec;
-    const char *n = s->name;
-    const moe_kernel_desc_t *k = moe_plan_kernels(pd, MOE_ARCH_SM80);
-    moe_buf_printf(b, "\n#ifndef __CUDACC_RTC__\n/* ---- host launch code (plain nvcc builds) ---- */\n");
-    moe_buf_printf(b, "#include <cuda_runtime.h>\n#include \"%s.h\"\n\n", n);
-    moe_buf_printf(b, "/* The routing table: the slot of each expert's weights (manifest.json, \"routing\"). */\n"
-                      "__device__ int %s_slot_table[%d] = {", n, s->experts);
-    for (int e = 0; e < s->experts; e++)
-        moe_buf_printf(b, "%s%d", e ? (e % 16 ? ", " : ",\n    ") : "", slot_of[e]);
-    moe_buf_printf(b, "};\n\n");
-    moe_buf_printf(b,
-                   "static long long %s_max_tiles(int tokens) {\n"
-                   "    return ((long long)tokens * %d + %lldLL) / %d;\n}\n\n",
-                   n, s->top_k, (long long)s->experts * (pd->align - 1), pd->align);
-    int has90 = 0;
-    for (int i = 0; i < s->narch; i++)
-        has90 |= s->arch[i] == MOE_ARCH_SM90A;
-    if (has90) /* the sm_90a GEMMs take their operands as TMA tensor maps */
-        moe_buf_printf(b,
-                       "/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of\n"
-                       " * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs\n"
-                       " * load (templates/gemm_sm90.lua). The driver's encoder comes through the\n"
-                       " * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */\n"
-                       "#include <cuda.h>\n"
-                       "static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), \"moe_tmap_t is a CUtensorMap\");\n"
-                       "typedef CUresult (*%s_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,\n"
-                       "    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,\n"
-                       "    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);\n"
-                       "static cudaError_t %s_tmap(moe_tmap_t *m, const void *base, long long rows, long long k,\n"
-                       "                           unsigned box_rows) {\n"
-                       "    static %s_encode_fn encode = NULL;\n"
-                       "    if (!encode) {\n"
-                       "        void *fn = NULL;\n"
-                       "        cudaDriverEntryPointQueryResult q;\n"
-                       "#if CUDART_VERSION >= 12050\n"
-                       "        cudaError_t e = cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\", &fn, 12000,\n"
-                       "                                                         cudaEnableDefault, &q);\n"
-                       "#else\n"
-                       "        cudaError_t e = cudaGetDriverEntryPoint(\"cuTensorMapEncodeTiled\", &fn, cudaEnableDefault, &q);\n"
-                       "#endif\n"
-                       "        if (e != cudaSuccess)\n"
-                       "            return e;\n"
-                       "        if (q != cudaDriverEntryPointSuccess || !fn)\n"
-                       "            return cudaErrorNotSupported;\n"
-                       "        encode = (%s_encode_fn)fn;\n"
-                       "    }\n"
-                       "    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};\n"
-                       "    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};\n"
-                       "    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,\n"
-                       "                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,\n"
-                       "                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);\n"
-                       "    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;\n"
-                       "}\n\n",
-                       n, n, n, n);
-    moe_buf_printf(b, "extern \"C\" cudaError_t %s_forward(const %s_args_t *a, cudaStream_t stream) {\n", n, n);
-    if (s->mesh.size[MOE_AXIS_EP] > 1) /* rows must move between ranks: only libmoegen's runtime does that */
-        moe_buf_printf(b, "    /* mesh.ep = %d: the expert-parallel forward runs through libmoegen (moe_forward\n"
-                          "     * with a NCCL communicator); this single-device launcher refuses it. */\n"
-                          "    (void)a, (void)stream;\n    return cudaErrorNotSupported;\n",
-                       s->mesh.size[MOE_AXIS_EP]);
-    moe_buf_printf(b, "    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)\n"
-                      "        return cudaErrorInvalidValue;\n");
-    if (s->router.bias)
-        moe_buf_printf(b, "    if (!a->router_bias) return cudaErrorInvalidValue;\n");
-    if (s->router.logit_bias)
-        moe_buf_printf(b, "    if (!a->router_logit_bias) return cudaErrorInvalidValue;\n");
-    if (s->ffn_bias)
-        moe_buf_printf(b, "    if (!a->b1p || !a->b2) return cudaErrorInvalidValue;\n");
-    moe_buf_printf(b, "    const int T = a->tokens;\n    if (T < 1 || T > %s_MAX_TOKENS) return cudaErrorInvalidValue;\n",
-                   n);
-    moe_buf_printf(b, "    char *ws = (char *)a->workspace;\n");
+    moe_plan_push_params(L, pd, s->arch[0], -1);
+    moe_lua_set_int(L, "ep", s->mesh.size[MOE_AXIS_EP]);
+    lua_createtable(L, s->experts, 0);
+    for (int e = 0; e < s->experts; e++) {
+        lua_pushinteger(L, slot_of[e]);
+        lua_rawseti(L, -2, e + 1);
+    }
+    lua_setfield(L, -2, "slot");
     static const char *const ctypes[MOE_WS_COUNT] = {"int", "int", "int", "int", "moe_tile_t",
                                                      "int", "float", "int", "moe_half_t", "moe_half_t"};
-    for (int i = 0; i < MOE_WS_COUNT; i++)
-        moe_buf_printf(b, "    %s *%s = (%s *)(ws + %zu);\n", ctypes[i], pd->ws[i].name, ctypes[i], pd->ws[i].offset);
-    moe_buf_printf(b, "    const long long tiles_y = %s_max_tiles(T);\n", n);
-    /* the GEMM variant: sm_90a kernels on compute capability 9.x when the
-     * spec has both arches and they differ; otherwise the one in the file */
-    const moe_kernel_desc_t *k90 = moe_plan_kernels(pd, MOE_ARCH_SM90A);
-    const moe_kernel_desc_t *k80 = moe_plan_kernels(pd, MOE_ARCH_SM80);
-    int has80 = 0;
-    for (int i = 0; i < s->narch; i++)
-        has80 |= s->arch[i] == MOE_ARCH_SM80;
-    int two = has90 && has80 && strcmp(k90[MOE_K_GEMM_UP].name, k80[MOE_K_GEMM_UP].name) != 0;
-    if (two)
-        moe_buf_printf(b, "    static int use90 = -1;\n    if (use90 < 0) {\n        int dev = 0, major = 0;\n"
-                          "        cudaGetDevice(&dev);\n"
-                          "        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);\n"
-                          "        use90 = major == 9;\n    }\n");
-    /* raise the dynamic shared memory limit of every kernel that needs it,
-     * each name once (the variants share their arch-neutral kernels) */
-    moe_buf_printf(b, "    static bool attrs_set = false;\n    if (!attrs_set) {\n");
-    for (int v = 0; v < 2; v++) {
-        const moe_kernel_desc_t *kv = v ? k80 : k90;
-        if (v ? !has80 : !has90)
-            continue;
-        for (int i = 0; i < MOE_K_COUNT; i++)
-            if (kv[i].smem > 48 * 1024 && !(v == 1 && has90 && strcmp(kv[i].name, k90[i].name) == 0))
-                moe_buf_printf(b,
-                               "        if (cudaFuncSetAttribute(%s, cudaFuncAttributeMaxDynamicSharedMemorySize, %d) "
-                               "!= cudaSuccess) return cudaGetLastError();\n",
-                               kv[i].name, kv[i].smem);
+    lua_createtable(L, MOE_WS_COUNT, 0);
+    for (int i = 0; i < MOE_WS_COUNT; i++) {
+        lua_newtable(L);
+        moe_lua_set_str(L, "name", pd->ws[i].name);
+        moe_lua_set_str(L, "ctype", ctypes[i]);
+        moe_lua_set_int(L, "offset", (long long)pd->ws[i].offset);
+        lua_rawseti(L, -2, i + 1);
     }
-    moe_buf_printf(b, "        attrs_set = true;\n    }\n");
-    moe_buf_printf(b, "    cudaError_t e = cudaMemsetAsync(counts, 0, %zu, stream);\n    if (e != cudaSuccess) return e;\n",
-                   pd->ws[MOE_WS_COUNTS].bytes);
-    moe_buf_printf(b,
-                   "    %s<<<(T + %d) / %d, %d, %d, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,\n"
-                   "        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);\n",
-                   k[MOE_K_ROUTE].name, k[MOE_K_ROUTE].per_block - 1, k[MOE_K_ROUTE].per_block, k[MOE_K_ROUTE].threads,
-                   k[MOE_K_ROUTE].smem);
-    moe_buf_printf(b, "    static int *slot_of = NULL;\n"
-                      "    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, %s_slot_table)) != cudaSuccess)\n"
-                      "        return e;\n", n);
-    moe_buf_printf(b, "    %s<<<1, %d, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);\n",
-                   k[MOE_K_PERMUTE_PLAN].name, k[MOE_K_PERMUTE_PLAN].threads);
-    moe_buf_printf(b,
-                   "    %s<<<(unsigned)(((long long)T * %d + %d) / %d), %d, 0, stream>>>((const moe_half_t *)a->x, "
-                   "topk_idx, offsets, cursor, T, xs, row_of);\n",
-                   k[MOE_K_PERMUTE_SCATTER].name, s->top_k, k[MOE_K_PERMUTE_SCATTER].per_block - 1,
-                   k[MOE_K_PERMUTE_SCATTER].per_block, k[MOE_K_PERMUTE_SCATTER].threads);
-    for (int v = 0; v < 2; v++) {
-        const moe_kernel_desc_t *kv = v ? k80 : k90;
-        if (two)
-            moe_buf_printf(b, v ? "    } else {\n" : "    if (use90) {\n");
-        else if (v != (has90 ? 0 : 1))
-            continue;
-        if (v == 0) { /* sm_90a: TMA tensor maps, a 1D grid (one CTA per tile, or per SM if persistent) */
-            const moe_kernel_desc_t *up = &kv[MOE_K_GEMM_UP], *dn = &kv[MOE_K_GEMM_DOWN];
-            if (up->tile.persistent || dn->tile.persistent)
-                moe_buf_printf(b, "    static int sms = 0;\n"
-                                  "    if (!sms) {\n"
-                                  "        int dev = 0;\n"
-                                  "        if ((e = cudaGetDevice(&dev)) != cudaSuccess ||\n"
-                                  "            (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) "
-                                  "!= cudaSuccess)\n"
-                                  "            return e;\n"
-                                  "    }\n");
-            moe_buf_printf(b, "    moe_tmap_t ma, mb;\n");
-            emit_sm90_gemm(b, n, pd, up, "xs", "a->w1p", 2LL * s->ffn, s->hidden, "a->b1p", "hbuf");
-            emit_sm90_gemm(b, n, pd, dn, "hbuf", "a->w2", s->hidden, s->ffn, "a->b2", "xs");
-            continue;
-        }
-        moe_buf_printf(b,
-                       "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(xs, (const moe_half_t *)a->w1p, "
-                       "(const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);\n",
-                       kv[MOE_K_GEMM_UP].name, (2 * s->ffn + kv[MOE_K_GEMM_UP].tile.bn - 1) / kv[MOE_K_GEMM_UP].tile.bn,
-                       kv[MOE_K_GEMM_UP].threads, kv[MOE_K_GEMM_UP].smem);
-        moe_buf_printf(b,
-                       "    %s<<<dim3(%d, (unsigned)tiles_y), %d, %d, stream>>>(hbuf, (const moe_half_t *)a->w2, "
-                       "(const moe_half_t *)a->b2, tiles, num_tiles, xs);\n",
-                       kv[MOE_K_GEMM_DOWN].name,
-                       (s->hidden + kv[MOE_K_GEMM_DOWN].tile.bn - 1) / kv[MOE_K_GEMM_DOWN].tile.bn,
-                       kv[MOE_K_GEMM_DOWN].threads, kv[MOE_K_GEMM_DOWN].smem);
+    lua_setfield(L, -2, "ws");
+    moe_lua_set_int(L, "counts_bytes", (long long)pd->ws[MOE_WS_COUNTS].bytes);
+    for (int a = 0; a < s->narch; a++) {
+        push_kernel_set(L, pd, s->arch[a]);
+        lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
     }
-    if (two)
-        moe_buf_printf(b, "    }\n");
-    moe_buf_printf(b,
-                   "    %s<<<(T + %d) / %d, %d, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);\n",
-                   k[MOE_K_COMBINE].name, k[MOE_K_COMBINE].per_block - 1, k[MOE_K_COMBINE].per_block,
-                   k[MOE_K_COMBINE].threads);
-    moe_buf_printf(b, "    return cudaGetLastError();\n}\n\n");
-    moe_buf_printf(b,
-                   "extern \"C\" void %s_pack_w1(const unsigned short *w1, unsigned short *w1p) {\n"
-                   "    const long long F = %d, H = %d, G = %d;\n"
-                   "    for (long long e = 0; e < %d; e++)\n"
-                   "        for (long long r = 0; r < 2 * F; r++) {\n"
-                   "            long long up = r >= F, f = up ? r - F : r;\n"
-                   "            long long pr = (f / G) * 2 * G + up * G + f %% G;\n"
-                   "            for (long long h = 0; h < H; h++)\n"
-                   "                w1p[(e * 2 * F + pr) * H + h] = w1[(e * 2 * F + r) * H + h];\n"
-                   "        }\n}\n\n",
-                   n, s->ffn, s->hidden, pd->pair_granule, s->experts);
-    moe_buf_printf(b,
-                   "extern \"C\" void %s_pack_b1(const unsigned short *b1, unsigned short *b1p) {\n"
-                   "    const long long F = %d, G = %d;\n"
-                   "    for (long long e = 0; e < %d; e++)\n"
-                   "        for (long long r = 0; r < 2 * F; r++) {\n"
-                   "            long long up = r >= F, f = up ? r - F : r;\n"
-                   "            b1p[e * 2 * F + (f / G) * 2 * G + up * G + f %% G] = b1[e * 2 * F + r];\n"
-                   "        }\n}\n",
-                   n, s->ffn, pd->pair_granule, s->experts);
-    moe_buf_printf(b, "#endif /* __CUDACC_RTC__ */\n");
+    push_kernel_set(L, pd, s->arch[0]);
+    lua_setfield(L, -2, "neutral");
 }
 
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag) {
@@ -244,8 +98,6 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: cannot create the template Lua state");
         return 1;
     }
-    char cu[96];
-    snprintf(cu, sizeof cu, "%s.cu", pd->spec.name);
     char from[1024];
     source_templates(from, sizeof from);
     stamp(out, pd, from, "/*", " *", "\n */");
@@ -283,9 +135,9 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         rc = moe_tmpl_expand(t, "ep", NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
-    if (!rc) {
-        moe_tmpl_resync(t, out, cu);
-        emit_host(out, pd, pd->mesh.slot);
+    if (!rc) { /* the vendored launcher */
+        push_host_params(moe_tmpl_lua(t), pd, pd->mesh.slot);
+        rc = moe_tmpl_expand(t, "host", NULL, out, diag);
     }
     moe_tmpl_close(t);
     if (!rc && out->failed) {

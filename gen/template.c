@@ -379,15 +379,6 @@ int moe_tmpl_expand(moe_tmpl_t *t, const char *name, const char *fn, moe_buf_t *
     return rc != LUA_OK;
 }
 
-void moe_tmpl_resync(moe_tmpl_t *t, moe_buf_t *out, const char *out_name) {
-    int line = 1;
-    for (size_t i = 0; i < out->len; i++)
-        line += out->data[i] == '\n';
-    moe_buf_printf(out, "#line %d \"%s\"\n", line + 1, out_name);
-    t->last_file = NULL;
-    t->last_line = 0;
-}
-
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* The template names in use: the embedded ones, or every *.lua in the

@@ -47,12 +47,6 @@ lua_State *moe_tmpl_lua(moe_tmpl_t *t);
  * the offending template line. */
 int moe_tmpl_expand(moe_tmpl_t *t, const char *name, const char *fn, moe_buf_t *out, moe_diag_t *diag);
 
-/* Append a #line directive that names the next line of out as line N of
- * out_name (N counted from out's newlines), and forget where the last
- * output line came from, so the next template line gets its own #line.
- * Call before appending text that did not come from a template. */
-void moe_tmpl_resync(moe_tmpl_t *t, moe_buf_t *out, const char *out_name);
-
 /* XXH3-128 (hex) over the content of every template in use, in name order. */
 int moe_tmpl_content_hash(moe_tmpl_t *t, char out[33]);
 

@@ -1,0 +1,199 @@
+@ -- host.lua — the vendored launcher: NAME_forward, the whole layer on one
+@ -- device for plain nvcc builds (no libmoegen), and the host-side W1/b1
+@ -- packing. gen/emit.c expands it after the kernels; it emits nothing that
+@ -- NVRTC sees (#ifndef __CUDACC_RTC__). Every number comes from the plan
+@ -- through p (gen/emit.c, push_host_params): kernel names, block sizes,
+@ -- shared memory, rows per block, workspace offsets, the N tiles of each
+@ -- GEMM, the routing table.
+@ --
+@ -- p: the shared parameters (moe_plan_push_params: p.name, p.E, p.K,
+@ -- p.H, p.F, p.align, p.pair_granule, p.bias, p.logit_bias, p.ffn_bias),
+@ -- p.ep (the mesh's EP size), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
+@ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
+@ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
+@ -- bm, bn, persistent, ntiles (a GEMM's N tiles)}, set[i] the same in
+@ -- family order; p.neutral: the set the arch-neutral kernels come from.
+@ local n = p.name
+@ local k = p.neutral
+
+#ifndef __CUDACC_RTC__
+/* ---- host launch code (plain nvcc builds) ---- */
+#include <cuda_runtime.h>
+#include "${n}.h"
+
+/* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
+@ local slots = {}
+@ for e = 0, p.E - 1 do
+@   slots[#slots + 1] = (e == 0 and "" or (e % 16 ~= 0 and ", " or ",\n    ")) .. p.slot[e + 1]
+@ end
+__device__ int ${n}_slot_table[${p.E}] = {${table.concat(slots)}};
+
+static long long ${n}_max_tiles(int tokens) {
+    return ((long long)tokens * ${p.K} + ${p.E * (p.align - 1)}LL) / ${p.align};
+}
+
+@ if p.sm90 then -- the sm_90a GEMMs take their operands as TMA tensor maps
+/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of
+ * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs
+ * load (templates/gemm_sm90.lua). The driver's encoder comes through the
+ * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */
+#include <cuda.h>
+static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), "moe_tmap_t is a CUtensorMap");
+typedef CUresult (*${n}_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static cudaError_t ${n}_tmap(moe_tmap_t *m, const void *base, long long rows, long long k,
+                           unsigned box_rows) {
+    static ${n}_encode_fn encode = NULL;
+    if (!encode) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                         cudaEnableDefault, &q);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess)
+            return e;
+        if (q != cudaDriverEntryPointSuccess || !fn)
+            return cudaErrorNotSupported;
+        encode = (${n}_encode_fn)fn;
+    }
+    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};
+    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,
+                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+@ end
+extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
+@ if p.ep > 1 then -- rows must move between ranks: only libmoegen's runtime does that
+    /* mesh.ep = ${p.ep}: the expert-parallel forward runs through libmoegen (moe_forward
+     * with a NCCL communicator); this single-device launcher refuses it. */
+    (void)a, (void)stream;
+    return cudaErrorNotSupported;
+@ end
+    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+        return cudaErrorInvalidValue;
+@ if p.bias then
+    if (!a->router_bias) return cudaErrorInvalidValue;
+@ end
+@ if p.logit_bias then
+    if (!a->router_logit_bias) return cudaErrorInvalidValue;
+@ end
+@ if p.ffn_bias then
+    if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
+@ end
+    const int T = a->tokens;
+    if (T < 1 || T > ${n}_MAX_TOKENS) return cudaErrorInvalidValue;
+    char *ws = (char *)a->workspace;
+@ for _, r in ipairs(p.ws) do
+    ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
+@ end
+    const long long tiles_y = ${n}_max_tiles(T);
+@ -- the GEMM variant: sm_90a kernels on compute capability 9.x when the
+@ -- spec has both arches and they differ; otherwise the one in the file
+@ local two = p.sm90 and p.sm80 and p.sm90.gemm_up_swiglu.name ~= p.sm80.gemm_up_swiglu.name
+@ if two then
+    static int use90 = -1;
+    if (use90 < 0) {
+        int dev = 0, major = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        use90 = major == 9;
+    }
+@ end
+@ -- raise the dynamic shared memory limit of every kernel that needs it,
+@ -- each name once (the variants share their arch-neutral kernels)
+    static bool attrs_set = false;
+    if (!attrs_set) {
+@ local raised = {}
+@ for _, set in ipairs({ p.sm90 or {}, p.sm80 or {} }) do
+@   for _, kd in ipairs(set) do
+@     if kd.smem > 48 * 1024 and not raised[kd.name] then
+@       raised[kd.name] = true
+        if (cudaFuncSetAttribute(${kd.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, ${kd.smem}) != cudaSuccess) return cudaGetLastError();
+@     end
+@   end
+@ end
+        attrs_set = true;
+    }
+    cudaError_t e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
+    if (e != cudaSuccess) return e;
+@ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
+    ${route.name}<<<(T + ${route.per_block - 1}) / ${route.per_block}, ${route.threads}, ${route.smem}, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
+        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
+    static int *slot_of = NULL;
+    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, ${n}_slot_table)) != cudaSuccess)
+        return e;
+    ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
+    ${scatter.name}<<<(unsigned)(((long long)T * ${p.K} + ${scatter.per_block - 1}) / ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
+@ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
+@ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
+@ -- tile, or per SM when persistent)
+@ local function sm90_gemm(kd, a, w, N, K, bias, out)
+    if ((e = ${n}_tmap(&ma, ${a}, tiles_y * ${p.align}, ${K}, ${kd.bm})) != cudaSuccess ||
+        (e = ${n}_tmap(&mb, ${w}, ${p.E * N}LL, ${K}, ${kd.bn})) != cudaSuccess)
+        return e;
+@   if kd.persistent then
+    ${kd.name}<<<(unsigned)(tiles_y * ${kd.ntiles} < sms ? tiles_y * ${kd.ntiles} : sms), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
+@   else
+    ${kd.name}<<<(unsigned)(tiles_y * ${kd.ntiles}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
+@   end
+@ end
+@ if two then
+    if (use90) {
+@ end
+@ if p.sm90 and (two or not p.sm80) then
+@   local up, dn = p.sm90.gemm_up_swiglu, p.sm90.gemm_down
+@   if up.persistent or dn.persistent then
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+            (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+            return e;
+    }
+@   end
+    moe_tmap_t ma, mb;
+@   sm90_gemm(up, "xs", "a->w1p", 2 * p.F, p.H, "a->b1p", "hbuf")
+@   sm90_gemm(dn, "hbuf", "a->w2", p.H, p.F, "a->b2", "xs")
+@ end
+@ if two then
+    } else {
+@ end
+@ if p.sm80 and (two or not p.sm90) then
+@   local up, dn = p.sm80.gemm_up_swiglu, p.sm80.gemm_down
+    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    ${dn.name}<<<dim3(${dn.ntiles}, (unsigned)tiles_y), ${dn.threads}, ${dn.smem}, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+@ end
+@ if two then
+    }
+@ end
+    ${combine.name}<<<(T + ${combine.per_block - 1}) / ${combine.per_block}, ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    return cudaGetLastError();
+}
+
+extern "C" void ${n}_pack_w1(const unsigned short *w1, unsigned short *w1p) {
+    const long long F = ${p.F}, H = ${p.H}, G = ${p.pair_granule};
+    for (long long e = 0; e < ${p.E}; e++)
+        for (long long r = 0; r < 2 * F; r++) {
+            long long up = r >= F, f = up ? r - F : r;
+            long long pr = (f / G) * 2 * G + up * G + f % G;
+            for (long long h = 0; h < H; h++)
+                w1p[(e * 2 * F + pr) * H + h] = w1[(e * 2 * F + r) * H + h];
+        }
+}
+
+extern "C" void ${n}_pack_b1(const unsigned short *b1, unsigned short *b1p) {
+    const long long F = ${p.F}, G = ${p.pair_granule};
+    for (long long e = 0; e < ${p.E}; e++)
+        for (long long r = 0; r < 2 * F; r++) {
+            long long up = r >= F, f = up ? r - F : r;
+            b1p[e * 2 * F + (f / G) * 2 * G + up * G + f % G] = b1[e * 2 * F + r];
+        }
+}
+#endif /* __CUDACC_RTC__ */
