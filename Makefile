@@ -55,9 +55,14 @@ deps:
 	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
 	fi
 
-$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h tests/support/*.h) | deps
+$(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h cli/*.h tests/support/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+# Layers point down: cli/ (the moegen command) uses gen/ and runtime/;
+# runtime/ uses gen/'s plan; gen/ sees no runtime header (its objects
+# compile without -Iruntime, and `make layers` says which include broke it).
+$(BUILD)/gen/%.o: CPPFLAGS := $(filter-out -Iruntime,$(CPPFLAGS))
 
 # ---- generated files -----------------------------------------------------
 $(BUILD)/embed: gen/embed.c
@@ -81,7 +86,7 @@ $(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h | deps
 $(BUILD)/libmoegen.a: $(GEN_OBJ) $(RT_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/moegen: $(BUILD)/gen/main.o $(BUILD)/gen/tune.o $(BUILD)/libmoegen.a
+$(BUILD)/moegen: $(BUILD)/cli/main.o $(BUILD)/cli/tune.o $(BUILD)/libmoegen.a
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 
 # kernels_out/ holds the emitted sources of every example spec (committed).
@@ -110,15 +115,20 @@ $(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h t
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-.PHONY: test test-cpu test-gpu test-mgpu
-test: $(TEST_BINS) $(BUILD)/moegen
+.PHONY: test test-cpu test-gpu test-mgpu layers
+test: layers $(TEST_BINS) $(BUILD)/moegen
 	@bash tests/run.sh $(BUILD) $(CPU_TESTS) $(GPU_TESTS)
 
-test-cpu: $(addprefix $(BUILD)/tests/,$(CPU_TESTS)) $(BUILD)/moegen
+test-cpu: layers $(addprefix $(BUILD)/tests/,$(CPU_TESTS)) $(BUILD)/moegen
 	@bash tests/run.sh $(BUILD) $(CPU_TESTS)
 
 test-gpu: $(addprefix $(BUILD)/tests/,$(GPU_TESTS))
 	@bash tests/run.sh $(BUILD) $(GPU_TESTS)
+
+# The generator includes no header of the runtime or the command.
+layers:
+	@bad=$$(for h in runtime/*.h cli/*.h; do grep -ln "#include \"$$(basename $$h)\"" gen/*.[ch]; done | sort -u); \
+	if [ -n "$$bad" ]; then echo "layers: gen/ includes a runtime/ or cli/ header: $$bad" >&2; exit 1; fi
 
 # One process per GPU over NCCL (libnccl.so.2 on LD_LIBRARY_PATH); meshes
 # needing more GPUs than the machine has are reported skipped.

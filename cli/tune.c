@@ -9,6 +9,7 @@
  * pattern (their values do not move a GEMM's time); x and the router are
  * random so routing spreads the tokens as a real layer does. */
 #define _POSIX_C_SOURCE 200809L
+#include "half.h"
 #include "moe_internal.h"
 #include "tune.h"
 #include "tuning.h"
@@ -61,28 +62,13 @@ static float frand(void) {
     rng = rng * 1664525u + 1013904223u;
     return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
 }
-static uint16_t to_half(float f, moe_dtype_t dt) {
-    if (dt == MOE_DTYPE_BF16) {
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-    }
-    /* fp16 for |f| < 2: enough for random inputs */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000;
-    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
-    if (exp <= 0)
-        return (uint16_t)sign;
-    return (uint16_t)(sign | (uint32_t)exp << 10 | ((u >> 13) & 0x3ff));
-}
 
 static int upload_random(CUdeviceptr *d, size_t n, float scale, moe_dtype_t dt) {
     uint16_t *h = malloc(n * 2);
     if (!h)
         return 1;
     for (size_t i = 0; i < n; i++)
-        h[i] = to_half(frand() * scale, dt);
+        h[i] = moe_float_to_half(frand() * scale, dt);
     int rc = moe_cu.cuMemAlloc(d, n * 2) != CUDA_SUCCESS || moe_cu.cuMemcpyHtoD(*d, h, n * 2) != CUDA_SUCCESS;
     free(h);
     return rc;
@@ -287,6 +273,13 @@ int moe_tune_command(int argc, char **argv) {
             break;
         }
         float *t = malloc(sizeof(float) * (size_t)iters);
+        if (!t) {
+            fprintf(stderr, "\nmoegen: error: out of memory\n");
+            moe_cu.cuMemFree(ws);
+            moe_plan_destroy(plan);
+            rc = 1;
+            break;
+        }
         for (int ti = 0; ti < ntok && !rc; ti++) {
             moe_forward_args a = {.tokens = tok[ti], .x = (void *)x, .router_w = (void *)wr,
                                   .router_bias = (float *)bias, .router_logit_bias = (float *)bias,

@@ -62,7 +62,7 @@ static const struct {
              "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
              "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
              "--json prints the mesh tables as one JSON object (see README, \"Mesh\").\n"},
-    {"tune", NULL}, /* gen/tune.c: moe_tune_usage */
+    {"tune", NULL}, /* cli/tune.c: moe_tune_usage */
     {"help", "usage: moegen help [COMMAND]\n"},
 };
 
@@ -322,7 +322,7 @@ static int cmd_plan(const args_t *a) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "tune") == 0)
-        return moe_tune_command(argc - 1, argv + 1); /* gen/tune.c parses its own options */
+        return moe_tune_command(argc - 1, argv + 1); /* cli/tune.c parses its own options */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return print_help(NULL);
@@ -352,7 +352,7 @@ int main(int argc, char **argv) {
     static moe_tuning_t tuning; /* lives until exit: plans point into it */
     a.table = moe_tuning_default();
     const char *env_tuning = getenv("MOEGEN_TUNING");
-    if (!a.tuning && env_tuning && *env_tuning && strcmp(a.cmd, "tune") != 0)
+    if (!a.tuning && env_tuning && *env_tuning)
         a.tuning = env_tuning;
     if (a.tuning) {
         moe_diag_t d;

@@ -1,4 +1,4 @@
-/* tune.h — the `moegen tune` command (gen/tune.c). */
+/* tune.h — the `moegen tune` command (cli/tune.c). */
 #ifndef MOEGEN_TUNE_H
 #define MOEGEN_TUNE_H
 
