@@ -26,7 +26,7 @@ TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
 RT_SRC    := runtime/moe_error.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/nccl_dl.c runtime/ep.c
-GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o
+GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,
 # linked by the tests, the benchmark and the examples that check results.
@@ -70,16 +70,23 @@ $(BUILD)/embed: gen/embed.c
 	$(CC) $(CFLAGS) $< -o $@
 
 $(BUILD)/templates_embed.c: $(BUILD)/embed $(TEMPLATES)
-	$(BUILD)/embed $@ $(TEMPLATES)
+	$(BUILD)/embed $@ moe_embedded_templates $(TEMPLATES)
 
 $(BUILD)/templates_embed.o: $(BUILD)/templates_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # the tuning table, embedded the same way under the symbol moe_embedded_tuning
 $(BUILD)/tuning_embed.c: $(BUILD)/embed $(TUNING)
-	$(BUILD)/embed $@.tmp $(TUNING) && sed 's/moe_embedded_templates*/moe_embedded_tuning/g' $@.tmp > $@ && rm -f $@.tmp
+	$(BUILD)/embed $@ moe_embedded_tuning $(TUNING)
 
 $(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h | deps
+	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
+
+# the launch geometry header, which emission pastes into every emitted .cu
+$(BUILD)/launch_geom_embed.c: $(BUILD)/embed gen/launch_geom.h
+	$(BUILD)/embed $@ moe_embedded_launch_geom gen/launch_geom.h
+
+$(BUILD)/launch_geom_embed.o: $(BUILD)/launch_geom_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
 # ---- the library and the command -----------------------------------------
@@ -169,7 +176,7 @@ all: $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 # statically and need no Lua on the machine they run on).
 # A copy of that Lua library sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/liblua5.4.so.0
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0
 	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
 	  -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
 

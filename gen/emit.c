@@ -3,6 +3,7 @@
 #include "emit.h"
 
 #include "ep_plan.h"
+#include "launch_geom.h"
 #include "mesh.h"
 #include "template.h"
 
@@ -11,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+extern const moe_embedded_t moe_embedded_launch_geom[]; /* build/launch_geom_embed.c: gen/launch_geom.h */
 
 /* The stamp every emitted file opens with (no dates, no absolute paths). */
 static void stamp(moe_buf_t *b, const moe_plan_desc_t *pd, const char *from, const char *open, const char *mid,
@@ -27,7 +30,7 @@ static void stamp(moe_buf_t *b, const moe_plan_desc_t *pd, const char *from, con
 static void source_templates(char *out, size_t n) {
     size_t o = 0;
     out[0] = '\0';
-    for (size_t i = 0; i < moe_embedded_template_count && o < n; i++)
+    for (size_t i = 0; i < moe_embedded_templates_count && o < n; i++)
         o += (size_t)snprintf(out + o, n - o, "%s%s", i ? ", " : "", moe_embedded_templates[i].path);
 }
 
@@ -52,6 +55,10 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t 
             moe_lua_set_int(L, "bn", d->tile.bn);
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
             moe_lua_set_int(L, "ntiles", g[0]);
+            long long K, N;
+            moe_gemm_kn(i == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
+            moe_lua_set_int(L, "K", K);
+            moe_lua_set_int(L, "N", N);
         }
         lua_pushvalue(L, -1);
         lua_setfield(L, -3, moe_family(d->family)->name);
@@ -90,6 +97,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     }
     push_kernel_set(L, pd, s->arch[0]);
     lua_setfield(L, -2, "neutral");
+    moe_lua_set_str(L, "launch_geom", moe_embedded_launch_geom[0].text);
 }
 
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag) {

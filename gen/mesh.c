@@ -24,16 +24,6 @@
 
 #define MESH_WORLD_MAX (1 << 20)
 
-/* Axis names, kept here so the planner does not depend on spec.c. */
-static const char *mesh_axis_name(int axis) {
-    switch (axis) {
-    case MOE_AXIS_DP: return "dp";
-    case MOE_AXIS_FSDP: return "fsdp";
-    case MOE_AXIS_EP: return "ep";
-    default: return "?";
-    }
-}
-
 static void mesh_err(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || errlen == 0) return;
     va_list ap;
@@ -125,7 +115,7 @@ static const char *mesh_sharding_product(const moe_mesh_plan_t *mp, char *buf, s
     buf[0] = '\0';
     for (int i = 0; i < mp->nsharding; i++) {
         size_t used = strlen(buf);
-        snprintf(buf + used, len - used, "%s%s", i ? "*" : "", mesh_axis_name(mp->sharding[i]));
+        snprintf(buf + used, len - used, "%s%s", i ? "*" : "", moe_axis_name(mp->sharding[i]));
     }
     return buf;
 }
@@ -135,7 +125,7 @@ static const char *mesh_sharding_set(const moe_mesh_plan_t *mp, char *buf, size_
     snprintf(buf, len, "{");
     for (int i = 0; i < mp->nsharding; i++) {
         size_t used = strlen(buf);
-        snprintf(buf + used, len - used, "%s\"%s\"", i ? ", " : "", mesh_axis_name(mp->sharding[i]));
+        snprintf(buf + used, len - used, "%s\"%s\"", i ? ", " : "", moe_axis_name(mp->sharding[i]));
     }
     size_t used = strlen(buf);
     snprintf(buf + used, len - used, "}");
@@ -161,7 +151,7 @@ static int mesh_take_spec(moe_mesh_plan_t *mp, const moe_spec_t *spec, char *err
     long long world = 1;
     for (int a = 0; a < MOE_AXIS_COUNT; a++) {
         if (m->size[a] < 1) {
-            mesh_err(err, errlen, "mesh.%s (%d) must be at least 1", mesh_axis_name(a), m->size[a]);
+            mesh_err(err, errlen, "mesh.%s (%d) must be at least 1", moe_axis_name(a), m->size[a]);
             return -1;
         }
         world *= m->size[a];
@@ -194,7 +184,7 @@ static int mesh_take_spec(moe_mesh_plan_t *mp, const moe_spec_t *spec, char *err
             return -1;
         }
         if (i == 1 && a == m->sharding[0]) {
-            mesh_err(err, errlen, "mesh.expert_sharding names \"%s\" twice", mesh_axis_name(a));
+            mesh_err(err, errlen, "mesh.expert_sharding names \"%s\" twice", moe_axis_name(a));
             return -1;
         }
         mp->sharding[i] = a;
@@ -309,7 +299,7 @@ int moe_mesh_plan_build(moe_mesh_plan_t *mp, const moe_spec_t *spec, char *err, 
 
 /* Check that each group table partitions the world: `axis` is ep or fsdp. */
 static int mesh_check_groups(const moe_mesh_plan_t *mp, int axis, int *seen, char *err, size_t errlen) {
-    const char *an = mesh_axis_name(axis);
+    const char *an = moe_axis_name(axis);
     const int n = mp->size[axis];
     const int ngroups = axis == MOE_AXIS_EP ? mp->nep_groups : mp->nfsdp_groups;
     const int *groups = axis == MOE_AXIS_EP ? mp->ep_groups : mp->fsdp_groups;
@@ -345,7 +335,7 @@ static int mesh_check_groups(const moe_mesh_plan_t *mp, int axis, int *seen, cha
                 if (a != axis && rk->coord[a] != mp->ranks[row[0]].coord[a]) {
                     mesh_err(err, errlen, "%s group %d mixes ranks %d and %d, which differ in %s "
                              "(%d vs %d): %s group members may differ only in %s",
-                             an, k, row[0], m, mesh_axis_name(a), mp->ranks[row[0]].coord[a],
+                             an, k, row[0], m, moe_axis_name(a), mp->ranks[row[0]].coord[a],
                              rk->coord[a], an, an);
                     return -1;
                 }
@@ -367,7 +357,7 @@ static int mesh_check_rank(const moe_mesh_plan_t *mp, int r, char *err, size_t e
     for (int a = 0; a < MOE_AXIS_COUNT; a++) {
         if (rk->coord[a] < 0 || rk->coord[a] >= mp->size[a]) {
             mesh_err(err, errlen, "rank %d: %s coordinate %d is outside 0..%d",
-                     r, mesh_axis_name(a), rk->coord[a], mp->size[a] - 1);
+                     r, moe_axis_name(a), rk->coord[a], mp->size[a] - 1);
             return -1;
         }
     }
@@ -511,7 +501,7 @@ int moe_mesh_plan_check(const moe_mesh_plan_t *mp, char *err, size_t errlen) {
     long long world = 1, nshards = 1;
     for (int a = 0; a < MOE_AXIS_COUNT; a++) {
         if (mp->size[a] < 1) {
-            mesh_err(err, errlen, "mesh plan: %s size %d must be at least 1", mesh_axis_name(a), mp->size[a]);
+            mesh_err(err, errlen, "mesh plan: %s size %d must be at least 1", moe_axis_name(a), mp->size[a]);
             return -1;
         }
         world *= mp->size[a];
@@ -586,15 +576,15 @@ char *moe_mesh_plan_table(const moe_mesh_plan_t *mp, int rank) {
     if (!mp || !mp->ranks || rank < -1 || rank >= mp->world) return NULL;
     mesh_sb_t sb = {0};
     mesh_sb_t cells[MESH_NCOL] = {{0}};
-    const char *head[MESH_NCOL] = {"rank", mesh_axis_name(mp->order[0]), mesh_axis_name(mp->order[1]),
-                                   mesh_axis_name(mp->order[2]), "ep_group", "ep_rank", "ep_peers",
+    const char *head[MESH_NCOL] = {"rank", moe_axis_name(mp->order[0]), moe_axis_name(mp->order[1]),
+                                   moe_axis_name(mp->order[2]), "ep_group", "ep_rank", "ep_peers",
                                    "fsdp_peers", "stored", "after_gather"};
     const int left[MESH_NCOL] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
     char set[32];
 
     sb_printf(&sb, "mesh: %s=%d %s=%d %s=%d (outermost first), world %d\n",
-              mesh_axis_name(mp->order[0]), mp->size[mp->order[0]], mesh_axis_name(mp->order[1]),
-              mp->size[mp->order[1]], mesh_axis_name(mp->order[2]), mp->size[mp->order[2]], mp->world);
+              moe_axis_name(mp->order[0]), mp->size[mp->order[0]], moe_axis_name(mp->order[1]),
+              mp->size[mp->order[1]], moe_axis_name(mp->order[2]), mp->size[mp->order[2]], mp->world);
     sb_printf(&sb, "experts: %d, expert_sharding %s: %d shards of %d, %d per rank after the fsdp gather%s\n",
               mp->experts, mesh_sharding_set(mp, set, sizeof set), mp->nshards, mp->nstored, mp->nheld,
               mesh_shards_axis(mp, MOE_AXIS_FSDP) || mp->size[MOE_AXIS_FSDP] == 1 ? "" : " (gather is a no-op)");
@@ -650,7 +640,7 @@ char *moe_mesh_plan_json(const moe_mesh_plan_t *mp, int rank) {
     mesh_sb_t sb = {0};
     sb_printf(&sb, "{\n  \"world\": %d,\n  \"axes\": {", mp->world);
     for (int i = 0; i < MOE_AXIS_COUNT; i++)
-        sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", mesh_axis_name(mp->order[i]), mp->size[mp->order[i]]);
+        sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), mp->size[mp->order[i]]);
     sb_printf(&sb, "},\n  \"ep_groups\": [");
     for (int k = 0; k < mp->nep_groups; k++) {
         sb_printf(&sb, "%s", k ? ", " : "");
@@ -667,7 +657,7 @@ char *moe_mesh_plan_json(const moe_mesh_plan_t *mp, int rank) {
         const moe_mesh_rank_t *rk = &mp->ranks[r];
         sb_printf(&sb, "    {\"rank\": %d, \"coords\": {", r);
         for (int i = 0; i < MOE_AXIS_COUNT; i++)
-            sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", mesh_axis_name(mp->order[i]), rk->coord[mp->order[i]]);
+            sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), rk->coord[mp->order[i]]);
         sb_printf(&sb, "}, \"ep_group\": %d, \"ep_rank\": %d, \"ep_peers\": ", rk->ep_group, rk->ep_rank);
         sb_json_list(&sb, rk->ep_peers, ep);
         sb_printf(&sb, ", \"fsdp_peers\": ");

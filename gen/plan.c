@@ -1,6 +1,8 @@
 /* plan.c — the kernel plan: the family table walked per arch, the
  * workspace layout. */
 #include "plan.h"
+
+#include "launch_geom.h"
 #include "tuning.h"
 
 #include <stdio.h>
@@ -9,12 +11,11 @@
 #define WS_ALIGN 256
 
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
-    const moe_spec_t *s = &pd->spec;
-    return (long long)tokens * s->top_k + (long long)s->experts * (pd->align - 1);
+    return moe_max_rows(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
 }
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
-    return moe_plan_max_rows(pd, tokens) / pd->align;
+    return moe_max_tiles(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
 }
 
 static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err, size_t errlen) {

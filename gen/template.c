@@ -36,7 +36,7 @@ static char *tmpl_source(moe_tmpl_t *t, const char *name, char *display, size_t 
         return moe_read_file(display, 4u << 20, NULL, err, errlen);
     }
     snprintf(display, dn, "%s", rel);
-    for (size_t i = 0; i < moe_embedded_template_count; i++)
+    for (size_t i = 0; i < moe_embedded_templates_count; i++)
         if (strcmp(moe_embedded_templates[i].path, rel) == 0) {
             char *s = malloc(moe_embedded_templates[i].len + 1);
             if (!s) {
@@ -403,7 +403,7 @@ static int tmpl_names(moe_tmpl_t *t, char ***out) {
             snprintf(buf, sizeof buf, "%.*s", (int)(l - 4), de->d_name);
             nm = buf;
         } else {
-            if (i >= moe_embedded_template_count)
+            if (i >= moe_embedded_templates_count)
                 break;
             const char *path = moe_embedded_templates[i].path + strlen("templates/");
             snprintf(buf, sizeof buf, "%.*s", (int)(strlen(path) - 4), path);

@@ -28,7 +28,7 @@ typedef struct {
     size_t len;
 } moe_embedded_t;
 extern const moe_embedded_t moe_embedded_templates[];
-extern const size_t moe_embedded_template_count;
+extern const size_t moe_embedded_templates_count;
 
 /* Open an expander. dir == NULL uses the embedded templates; otherwise
  * templates are read from dir (the --templates override). Returns NULL on

@@ -77,7 +77,6 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 @   need(c.bm % (16 * c.wm) == 0, "bm / warps_m must be a multiple of 16")
 @   need(c.bn % (16 * c.wn) == 0, "bn / warps_n must be a multiple of 16")
 @   need(c.bk % 16 == 0, "bk must be a multiple of 16")
-@   need(p.threads == 32 * c.wm * c.wn, "threads must be 32 * warps_m * warps_n")
 @   need(c.K % 8 == 0 and c.N % 8 == 0, "K and N must be multiples of 8")
 @   if kind == "up" then
 @     need(p.pair_granule == 8, "the SwiGLU epilogue pairs gate/up in granules of 8 (one n8 fragment)")
@@ -87,9 +86,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 @   c.lds = c.bk + 8                                    -- smem row stride, halves
 @   c.a_stage = c.bm * c.lds * 2                        -- bytes of one stage's A tile
 @   c.b_stage = c.bn * c.lds * 2                        -- and B tile
-@   c.pipe_bytes = c.stages * (c.a_stage + c.b_stage)
-@   need(c.pipe_bytes <= p.smem, string.format("the %d-stage pipeline needs %d bytes of smem, the plan gives %d",
-@        c.stages, c.pipe_bytes, p.smem))
+@   c.smem = p.smem                                     -- the plan's; device_code checks the pipeline is it
 @   c.ldc = c.bno + 8                                   -- staged output row stride, halves
 @   c.staged = c.bm * c.ldc * 2 <= p.smem               -- else the epilogue stores straight from registers
 @   c.n_tail = c.N % c.bn ~= 0                          -- B rows past N in the last N tile
@@ -123,6 +120,10 @@ constexpr int KSTEPS = BK / 16;
 constexpr bool N_TAIL = ${c.n_tail and "true" or "false"};
 constexpr bool K_TAIL = ${c.k_tail and "true" or "false"};
 constexpr bool OUT_TAIL = ${c.out_tail and "true" or "false"};
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == ${c.smem}, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");

@@ -37,7 +37,8 @@
 @ -- = its output columns, is staged over the stages instead); then 2 *
 @ -- STAGES mbarriers (full[s], empty[s]). So
 @ --   smem >= stages * (bm + bn) * bk * 2 [+ bm * (EPI_COLS + 8) * 2] + 16 * stages
-@ -- (gen/plan.c, moe_plan_sm90_smem, computes the same).
+@ -- The plan computes it (gen/family_gemm.c, moe_gemm_sm90_smem); the
+@ -- kernel static_asserts that its layout ends exactly there.
 @ --
 @ -- Operands: A is a 2D tensor map over [rows, K] halves (xs or hbuf; rows
 @ -- >= every tile's row_start + bm, or TMA zero-fills), B over [slots * N, K]
@@ -79,7 +80,6 @@
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, c.bn, p.H
 @   end
 @   need(c.stages >= 2, "need stages >= 2")
-@   need(p.threads == 128 * (c.consumers + 1), "threads must be 128 * (consumers + 1): one producer warpgroup")
 @   need(c.bm % (64 * c.consumers) == 0, "bm must be a multiple of 64 * consumers (m64 wgmma blocks per consumer)")
 @   need(c.bm <= 256, "bm must be at most 256 (one TMA box of rows)")
 @   need(c.bn % 8 == 0 and c.bn <= 256, "bn must be a multiple of 8, at most 256 (one wgmma n, one TMA box)")
@@ -108,16 +108,8 @@
 @   need(c.bno % c.epi_cols == 0 and c.epi_cols % 8 == 0, "output columns per tile must be a multiple of 8 and of "
 @        .. "the staging width")
 @   c.ldc = c.epi_cols + 8                              -- staged output row stride, halves
-@   c.ring = c.stages * c.stage_bytes
-@   c.epi_off = c.persistent and c.ring or 0
-@   c.bar_off = c.persistent and c.ring + (c.bm * c.ldc * 2 + 15) // 16 * 16 or c.ring
-@   need(c.persistent or c.bm * c.ldc * 2 <= c.ring, "the output tile (bm x (output columns + 8) halves) does not "
-@        .. "fit in the stages")
-@   c.smem = c.bar_off + 16 * c.stages
-@   need(c.smem <= p.smem, string.format("the %d-stage pipeline and the staging tile need %d bytes of smem (stages * "
-@        .. "(bm + bn) * bk * 2 [+ bm * (EPI_COLS + 8) * 2 if persistent] + 16 * stages), the plan gives %d",
-@        c.stages, c.smem, p.smem))
-@   need(c.smem <= 232448, string.format("%d bytes of smem exceed the 227 KB a Hopper CTA can have", c.smem))
+@   -- the shared-memory layout is checked against the plan's (p.smem) by
+@   -- static_asserts in device_code, not recomputed here
 @   c.n_tail = c.N % c.bn ~= 0
 @   c.out_tail = c.nout % c.bno ~= 0
 @   -- registers: the launch cap, then the producer gives all but PRODUCER_REGS to the consumers
@@ -153,10 +145,20 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = ${c.a_bytes}, STAGE_BYTES = ${c.stage_bytes};
-constexpr int EPI_OFF = ${c.epi_off};    /* the staging tile */
-constexpr int BAR_OFF = ${c.bar_off};    /* full[STAGES], then empty[STAGES] */
 constexpr int EPI_COLS = ${c.epi_cols};  /* output columns per staging pass */
 constexpr int LDC = ${c.ldc};            /* staged output row stride, halves */
+constexpr bool PERSISTENT = ${c.persistent and "true" or "false"};
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == ${p.smem}, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(${p.threads} == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;

@@ -11,8 +11,11 @@
 @ -- p.ep (the mesh's EP size), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
 @ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
-@ -- bm, bn, persistent, ntiles (a GEMM's N tiles)}, set[i] the same in
-@ -- family order; p.neutral: the set the arch-neutral kernels come from.
+@ -- bm, bn, persistent, K, N, ntiles (a GEMM's reduction length, B rows
+@ -- per expert, N tiles)}, set[i] the same in family order; p.neutral: the
+@ -- set the arch-neutral kernels come from; p.launch_geom: the text of
+@ -- gen/launch_geom.h, which the launcher calls for the tile count, the TMA
+@ -- encoding and the sm_90a grid size (the runtime calls the same).
 @ local n = p.name
 @ local k = p.neutral
 
@@ -20,6 +23,11 @@
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include "${n}.h"
+
+/* gen/launch_geom.h, verbatim: the launch facts the runtime shares */
+#line 1 "gen/launch_geom.h"
+${p.launch_geom}
+@ -- (a template line, so the next output line gets its #line back)
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
 @ local slots = {}
@@ -29,14 +37,13 @@
 __device__ int ${n}_slot_table[${p.E}] = {${table.concat(slots)}};
 
 static long long ${n}_max_tiles(int tokens) {
-    return ((long long)tokens * ${p.K} + ${p.E * (p.align - 1)}LL) / ${p.align};
+    return moe_max_tiles(tokens, ${p.K}, ${p.E}, ${p.align});
 }
 
 @ if p.sm90 then -- the sm_90a GEMMs take their operands as TMA tensor maps
-/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of
- * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs
- * load (templates/gemm_sm90.lua). The driver's encoder comes through the
- * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */
+/* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
+ * load it (moe_tmap_geom). The driver's encoder comes through the runtime
+ * (cudaGetDriverEntryPoint), so nothing links libcuda. */
 #include <cuda.h>
 static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), "moe_tmap_t is a CUtensorMap");
 typedef CUresult (*${n}_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
@@ -60,11 +67,9 @@ static cudaError_t ${n}_tmap(moe_tmap_t *m, const void *base, long long rows, lo
             return cudaErrorNotSupported;
         encode = (${n}_encode_fn)fn;
     }
-    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};
-    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,
-                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
+    CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
+                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -134,15 +139,11 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
-@ local function sm90_gemm(kd, a, w, N, K, bias, out)
-    if ((e = ${n}_tmap(&ma, ${a}, tiles_y * ${p.align}, ${K}, ${kd.bm})) != cudaSuccess ||
-        (e = ${n}_tmap(&mb, ${w}, ${p.E * N}LL, ${K}, ${kd.bn})) != cudaSuccess)
+@ local function sm90_gemm(kd, a, w, bias, out)
+    if ((e = ${n}_tmap(&ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
+        (e = ${n}_tmap(&mb, ${w}, ${p.E * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
         return e;
-@   if kd.persistent then
-    ${kd.name}<<<(unsigned)(tiles_y * ${kd.ntiles} < sms ? tiles_y * ${kd.ntiles} : sms), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
-@   else
-    ${kd.name}<<<(unsigned)(tiles_y * ${kd.ntiles}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
-@   end
+    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
 @ end
 @ if two then
     if (use90) {
@@ -159,8 +160,8 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     }
 @   end
     moe_tmap_t ma, mb;
-@   sm90_gemm(up, "xs", "a->w1p", 2 * p.F, p.H, "a->b1p", "hbuf")
-@   sm90_gemm(dn, "hbuf", "a->w2", p.H, p.F, "a->b2", "xs")
+@   sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf")
+@   sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs")
 @ end
 @ if two then
     } else {

@@ -606,10 +606,10 @@ deepseek_v3_ep8_mesh_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, c
     }
 }
 
-#line 362 "templates/gemm_sm90.lua"
+#line 364 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
-#line 147 "templates/gemm_sm90.lua"
+#line 139 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
@@ -619,10 +619,20 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_OFF = 0;    /* the staging tile */
-constexpr int BAR_OFF = 147456;    /* full[STAGES], then empty[STAGES] */
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
@@ -685,7 +695,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 224 "templates/gemm_sm90.lua"
+#line 226 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -693,77 +703,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 233 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #line 235 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 237 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 241 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #line 243 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 245 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -788,7 +798,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 35 "templates/gemm_sm80.lua"
 }
-#line 252 "templates/gemm_sm90.lua"
+#line 254 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -898,7 +908,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 58 "templates/gemm_sm80.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 366 "templates/gemm_sm90.lua"
+#line 368 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
@@ -925,22 +935,22 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 393 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 395 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 397 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 399 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 401 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 403 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
         int s = 0;
         unsigned phase = 0;
-#line 406 "templates/gemm_sm90.lua"
-        (void)b1p;
 #line 408 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 410 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -961,24 +971,24 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 429 "templates/gemm_sm90.lua"
+#line 431 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 433 "templates/gemm_sm90.lua"
+#line 435 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 464 "templates/gemm_sm90.lua"
+#line 466 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 471 "templates/gemm_sm90.lua"
+#line 473 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 486 "templates/gemm_sm90.lua"
+#line 488 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -989,7 +999,7 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
                             }
                     }
-#line 438 "templates/gemm_sm90.lua"
+#line 440 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -998,26 +1008,26 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __gri
         }
     }
 #else
-#line 447 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 447 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 447 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 447 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 447 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 449 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 449 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 449 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 449 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 449 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 451 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 362 "templates/gemm_sm90.lua"
+#line 364 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
-#line 147 "templates/gemm_sm90.lua"
+#line 139 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
@@ -1027,10 +1037,20 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_OFF = 0;    /* the staging tile */
-constexpr int BAR_OFF = 147456;    /* full[STAGES], then empty[STAGES] */
 constexpr int EPI_COLS = 256;  /* output columns per staging pass */
 constexpr int LDC = 264;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
@@ -1093,7 +1113,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 224 "templates/gemm_sm90.lua"
+#line 226 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1101,77 +1121,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 233 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 233 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #line 235 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 235 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 237 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 241 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 241 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #line 243 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 243 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 245 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1196,7 +1216,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 35 "templates/gemm_sm80.lua"
 }
-#line 252 "templates/gemm_sm90.lua"
+#line 254 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1299,7 +1319,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 366 "templates/gemm_sm90.lua"
+#line 368 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
@@ -1326,22 +1346,22 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 393 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 395 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 397 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 399 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 401 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 403 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
         int s = 0;
         unsigned phase = 0;
-#line 406 "templates/gemm_sm90.lua"
-        (void)b2;
 #line 408 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 410 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1362,22 +1382,22 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 429 "templates/gemm_sm90.lua"
+#line 431 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 433 "templates/gemm_sm90.lua"
+#line 435 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 506 "templates/gemm_sm90.lua"
+#line 508 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 511 "templates/gemm_sm90.lua"
+#line 513 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 523 "templates/gemm_sm90.lua"
+#line 525 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1387,7 +1407,7 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 438 "templates/gemm_sm90.lua"
+#line 440 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -1396,17 +1416,17 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
         }
     }
 #else
-#line 447 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 447 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 447 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 447 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 447 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 449 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 449 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 449 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 449 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 449 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 451 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -1414,7 +1434,7 @@ deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_con
 
 #line 13 "templates/gemm_up_swiglu.lua"
 namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
-#line 108 "templates/gemm_sm80.lua"
+#line 105 "templates/gemm_sm80.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 7168;        /* reduction length */
@@ -1433,6 +1453,10 @@ constexpr int KSTEPS = BK / 16;
 constexpr bool N_TAIL = false;
 constexpr bool K_TAIL = false;
 constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -1485,14 +1509,14 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
 }
-#line 157 "templates/gemm_sm80.lua"
+#line 158 "templates/gemm_sm80.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 164 "templates/gemm_sm80.lua"
+#line 165 "templates/gemm_sm80.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1505,7 +1529,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 199 "templates/gemm_sm80.lua"
+#line 200 "templates/gemm_sm80.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1572,13 +1596,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 266 "templates/gemm_sm80.lua"
+#line 267 "templates/gemm_sm80.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 275 "templates/gemm_sm80.lua"
+#line 276 "templates/gemm_sm80.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1649,7 +1673,7 @@ extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     using namespace deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
-#line 338 "templates/gemm_sm80.lua"
+#line 339 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -1708,7 +1732,7 @@ deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *_
 
 #line 9 "templates/gemm_down.lua"
 namespace deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
-#line 108 "templates/gemm_sm80.lua"
+#line 105 "templates/gemm_sm80.lua"
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
 constexpr int K = 2048;        /* reduction length */
@@ -1727,6 +1751,10 @@ constexpr int KSTEPS = BK / 16;
 constexpr bool N_TAIL = false;
 constexpr bool K_TAIL = false;
 constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -1779,14 +1807,14 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
 }
-#line 157 "templates/gemm_sm80.lua"
+#line 158 "templates/gemm_sm80.lua"
 
 /* The cp.async copies of one k tile (BK halves from k0) of a K-major
  * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
  * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
  * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
  * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 164 "templates/gemm_sm80.lua"
+#line 165 "templates/gemm_sm80.lua"
 /* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
  * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
 constexpr int RSTEP = THREADS / CPR;
@@ -1799,7 +1827,7 @@ static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *_
         cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
     }
 }
-#line 199 "templates/gemm_sm80.lua"
+#line 200 "templates/gemm_sm80.lua"
 
 /* One k tile of A and B into the stage at smem offset so; see load_rows. */
 static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
@@ -1866,13 +1894,13 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
     const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
     const unsigned b_lane =
         sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 266 "templates/gemm_sm80.lua"
+#line 267 "templates/gemm_sm80.lua"
     /* this thread's first copy chunk: row r0, 16-byte column ch0 */
     const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
     const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
     ga += r0 * K + ch0 * 8;
     gb += r0 * K + ch0 * 8;
-#line 275 "templates/gemm_sm80.lua"
+#line 276 "templates/gemm_sm80.lua"
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1936,7 +1964,7 @@ extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     using namespace deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
-#line 338 "templates/gemm_sm80.lua"
+#line 339 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
@@ -2198,15 +2226,87 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
     }
 }
 
-#line 18 "templates/host.lua"
+#line 21 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include "deepseek_v3_ep8_mesh.h"
 
+/* gen/launch_geom.h, verbatim: the launch facts the runtime shares */
+#line 1 "gen/launch_geom.h"
+/* launch_geom.h — launch facts that the JIT runtime and the vendored
+ * launcher share: the expert-major row and tile counts, the sm_90a GEMMs'
+ * operand shapes and TMA tensor-map encoding, and their 1D grid size.
+ *
+ * Plain C with no dependency but <stdint.h>: the runtime includes it
+ * (runtime/launch.c), the planner calls it (gen/plan.c), and emission
+ * pastes this file verbatim into every emitted .cu (templates/host.lua), so
+ * a vendored source stays self-contained. The MOE_TMAP_* choices name the
+ * driver's enumerators and expand where cuda.h is included. Changing this
+ * file changes kernels_out/ (make kernels). */
+#ifndef MOEGEN_LAUNCH_GEOM_H
+#define MOEGEN_LAUNCH_GEOM_H
+
+#include <stdint.h>
+
+/* Rows of the expert-major buffers for `tokens` tokens: one per (token, k)
+ * pair, plus up to align - 1 rows of padding per expert, since each
+ * expert's rows start on a multiple of align (the GEMM bm). */
+static inline long long moe_max_rows(long long tokens, int top_k, int experts, int align) {
+    return tokens * top_k + (long long)experts * (align - 1);
+}
+
+/* M tiles (the GEMMs' tile-table capacity) for `tokens` tokens. */
+static inline long long moe_max_tiles(long long tokens, int top_k, int experts, int align) {
+    return moe_max_rows(tokens, top_k, experts, align) / align;
+}
+
+/* The reduction length K and the B rows per expert N of the up GEMM (up:
+ * [rows, H] x [2F, H]^T, gate/up packed) or the down GEMM ([rows, F] x
+ * [H, F]^T). */
+static inline void moe_gemm_kn(int up, long long hidden, long long ffn, long long *K, long long *N) {
+    *K = up ? hidden : ffn;
+    *N = up ? 2 * ffn : hidden;
+}
+
+/* A 2D TMA tensor map as the sm_90a GEMMs (templates/gemm_sm90.lua) load
+ * their operands: rows x k 16-bit elements, row stride k, boxes of 64
+ * elements (one 128-byte swizzle row) x box_rows rows (the tile's bm for A,
+ * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0. */
+typedef struct {
+    uint64_t dim[2];      /* {k, rows}, innermost first */
+    uint64_t stride[1];   /* bytes from one row to the next */
+    uint32_t box[2];      /* {64, box_rows} */
+    uint32_t estride[2];  /* {1, 1} */
+} moe_tmap_geom_t;
+
+#define MOE_TMAP_DTYPE CU_TENSOR_MAP_DATA_TYPE_UINT16
+#define MOE_TMAP_INTERLEAVE CU_TENSOR_MAP_INTERLEAVE_NONE
+#define MOE_TMAP_SWIZZLE CU_TENSOR_MAP_SWIZZLE_128B
+#define MOE_TMAP_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+#define MOE_TMAP_OOB_FILL CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+
+static inline moe_tmap_geom_t moe_tmap_geom(long long rows, long long k, unsigned box_rows) {
+    moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k * 2}, {64, box_rows}, {1, 1}};
+    return g;
+}
+
+/* CTAs of an sm_90a GEMM's 1D grid over `tiles` tiles (N tiles x M
+ * tiles): one per tile, or min(tiles, sms) when persistent and the SM
+ * count is known (sms > 0). */
+static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int sms) {
+    if (persistent && sms > 0 && tiles > (unsigned long long)sms)
+        tiles = (unsigned long long)sms;
+    return (unsigned)tiles;
+}
+
+#endif
+
+#line 31 "templates/host.lua"
+
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 29 "templates/host.lua"
+#line 37 "templates/host.lua"
 __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -2225,14 +2325,13 @@ __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
 static long long deepseek_v3_ep8_mesh_max_tiles(int tokens) {
-    return ((long long)tokens * 8 + 32512LL) / 128;
+    return moe_max_tiles(tokens, 8, 256, 128);
 }
 
-#line 36 "templates/host.lua"
-/* A 2D TMA tensor map over rows x k halves at base (row stride k), boxes of
- * 64 halves x box_rows rows in the 128-byte swizzle: what the sm_90a GEMMs
- * load (templates/gemm_sm90.lua). The driver's encoder comes through the
- * runtime (cudaGetDriverEntryPoint), so nothing links libcuda. */
+#line 44 "templates/host.lua"
+/* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
+ * load it (moe_tmap_geom). The driver's encoder comes through the runtime
+ * (cudaGetDriverEntryPoint), so nothing links libcuda. */
 #include <cuda.h>
 static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), "moe_tmap_t is a CUtensorMap");
 typedef CUresult (*deepseek_v3_ep8_mesh_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
@@ -2256,53 +2355,51 @@ static cudaError_t deepseek_v3_ep8_mesh_tmap(moe_tmap_t *m, const void *base, lo
             return cudaErrorNotSupported;
         encode = (deepseek_v3_ep8_mesh_encode_fn)fn;
     }
-    const cuuint64_t dim[2] = {(cuuint64_t)k, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {64, box_rows}, estride[2] = {1, 1};
-    CUresult r = encode((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)base, dim, stride,
-                        box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
+    CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
+                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 72 "templates/host.lua"
+#line 77 "templates/host.lua"
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 74 "templates/host.lua"
+#line 79 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 79 "templates/host.lua"
+#line 84 "templates/host.lua"
     if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 82 "templates/host.lua"
+#line 87 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 90 "templates/host.lua"
+#line 95 "templates/host.lua"
     const int T = a->tokens;
     if (T < 1 || T > deepseek_v3_ep8_mesh_MAX_TOKENS) return cudaErrorInvalidValue;
     char *ws = (char *)a->workspace;
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *offsets = (int *)(ws + 1024);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *cursor = (int *)(ws + 2304);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3328);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3584);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *topk_idx = (int *)(ws + 11776);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     float *topk_w = (float *)(ws + 142848);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     int *row_of = (int *)(ws + 273920);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 404992);
-#line 94 "templates/host.lua"
+#line 99 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259072);
-#line 96 "templates/host.lua"
-    const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
 #line 101 "templates/host.lua"
+    const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
+#line 106 "templates/host.lua"
     static int use90 = -1;
     if (use90 < 0) {
         int dev = 0, major = 0;
@@ -2310,23 +2407,23 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         use90 = major == 9;
     }
-#line 111 "templates/host.lua"
+#line 116 "templates/host.lua"
     static bool attrs_set = false;
     if (!attrs_set) {
-#line 118 "templates/host.lua"
+#line 123 "templates/host.lua"
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504) != cudaSuccess) return cudaGetLastError();
-#line 118 "templates/host.lua"
+#line 123 "templates/host.lua"
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504) != cudaSuccess) return cudaGetLastError();
-#line 118 "templates/host.lua"
+#line 123 "templates/host.lua"
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
-#line 118 "templates/host.lua"
+#line 123 "templates/host.lua"
         if (cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920) != cudaSuccess) return cudaGetLastError();
-#line 122 "templates/host.lua"
+#line 127 "templates/host.lua"
         attrs_set = true;
     }
     cudaError_t e = cudaMemsetAsync(counts, 0, 1024, stream);
     if (e != cudaSuccess) return e;
-#line 127 "templates/host.lua"
+#line 132 "templates/host.lua"
     deepseek_v3_ep8_mesh_route_bf16_e256k8_t32<<<(T + 31) / 32, 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
     static int *slot_of = NULL;
@@ -2334,30 +2431,28 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
         return e;
     deepseek_v3_ep8_mesh_permute_plan_e256_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168<<<(unsigned)(((long long)T * 8 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
-#line 148 "templates/host.lua"
+#line 149 "templates/host.lua"
     if (use90) {
-#line 161 "templates/host.lua"
+#line 162 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 138 "templates/host.lua"
+#line 143 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(&ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(&mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 144 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<(unsigned)(tiles_y * 16), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 138 "templates/host.lua"
+    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 143 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(&ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(&mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 144 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<(unsigned)(tiles_y * 28), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 166 "templates/host.lua"
+    deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 167 "templates/host.lua"
     } else {
-#line 170 "templates/host.lua"
+#line 171 "templates/host.lua"
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 174 "templates/host.lua"
+#line 175 "templates/host.lua"
     }
-#line 176 "templates/host.lua"
+#line 177 "templates/host.lua"
     deepseek_v3_ep8_mesh_combine_bf16_h7168k8<<<(T + 7) / 8, 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }

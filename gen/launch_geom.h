@@ -1,0 +1,67 @@
+/* launch_geom.h — launch facts that the JIT runtime and the vendored
+ * launcher share: the expert-major row and tile counts, the sm_90a GEMMs'
+ * operand shapes and TMA tensor-map encoding, and their 1D grid size.
+ *
+ * Plain C with no dependency but <stdint.h>: the runtime includes it
+ * (runtime/launch.c), the planner calls it (gen/plan.c), and emission
+ * pastes this file verbatim into every emitted .cu (templates/host.lua), so
+ * a vendored source stays self-contained. The MOE_TMAP_* choices name the
+ * driver's enumerators and expand where cuda.h is included. Changing this
+ * file changes kernels_out/ (make kernels). */
+#ifndef MOEGEN_LAUNCH_GEOM_H
+#define MOEGEN_LAUNCH_GEOM_H
+
+#include <stdint.h>
+
+/* Rows of the expert-major buffers for `tokens` tokens: one per (token, k)
+ * pair, plus up to align - 1 rows of padding per expert, since each
+ * expert's rows start on a multiple of align (the GEMM bm). */
+static inline long long moe_max_rows(long long tokens, int top_k, int experts, int align) {
+    return tokens * top_k + (long long)experts * (align - 1);
+}
+
+/* M tiles (the GEMMs' tile-table capacity) for `tokens` tokens. */
+static inline long long moe_max_tiles(long long tokens, int top_k, int experts, int align) {
+    return moe_max_rows(tokens, top_k, experts, align) / align;
+}
+
+/* The reduction length K and the B rows per expert N of the up GEMM (up:
+ * [rows, H] x [2F, H]^T, gate/up packed) or the down GEMM ([rows, F] x
+ * [H, F]^T). */
+static inline void moe_gemm_kn(int up, long long hidden, long long ffn, long long *K, long long *N) {
+    *K = up ? hidden : ffn;
+    *N = up ? 2 * ffn : hidden;
+}
+
+/* A 2D TMA tensor map as the sm_90a GEMMs (templates/gemm_sm90.lua) load
+ * their operands: rows x k 16-bit elements, row stride k, boxes of 64
+ * elements (one 128-byte swizzle row) x box_rows rows (the tile's bm for A,
+ * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0. */
+typedef struct {
+    uint64_t dim[2];      /* {k, rows}, innermost first */
+    uint64_t stride[1];   /* bytes from one row to the next */
+    uint32_t box[2];      /* {64, box_rows} */
+    uint32_t estride[2];  /* {1, 1} */
+} moe_tmap_geom_t;
+
+#define MOE_TMAP_DTYPE CU_TENSOR_MAP_DATA_TYPE_UINT16
+#define MOE_TMAP_INTERLEAVE CU_TENSOR_MAP_INTERLEAVE_NONE
+#define MOE_TMAP_SWIZZLE CU_TENSOR_MAP_SWIZZLE_128B
+#define MOE_TMAP_L2_PROMOTION CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+#define MOE_TMAP_OOB_FILL CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+
+static inline moe_tmap_geom_t moe_tmap_geom(long long rows, long long k, unsigned box_rows) {
+    moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k * 2}, {64, box_rows}, {1, 1}};
+    return g;
+}
+
+/* CTAs of an sm_90a GEMM's 1D grid over `tiles` tiles (N tiles x M
+ * tiles): one per tile, or min(tiles, sms) when persistent and the SM
+ * count is known (sms > 0). */
+static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int sms) {
+    if (persistent && sms > 0 && tiles > (unsigned long long)sms)
+        tiles = (unsigned long long)sms;
+    return (unsigned)tiles;
+}
+
+#endif
