@@ -2,7 +2,8 @@
 @ -- and gemm_down.lua build their sm_80 kernels from: the tile checks, the
 @ -- cp.async pipeline feeding mma.sync m16n8k16 through ldmatrix, the CTA
 @ -- raster and the staged, vectorized tile store. The tile raster
-@ -- (tile_of) and the activation (swiglu) are shared with gemm_sm90.lua.
+@ -- (tile_of) is shared with gemm_sm90.lua; the activation is
+@ -- templates/activation.lua's.
 @ --
 @ -- Layout: A (activations) and B (weights) are both K-major, so one smem
 @ -- stage is BM rows and BN rows of BK halves, each row padded by 8 halves
@@ -41,21 +42,6 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
 /* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
 static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
     tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
-}
-@ end
-@
-@ -- swiglu(gate, up) in fp32 with the spec's alpha, limit and up_offset.
-@ function M.swiglu(p)
-@   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
-@   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
-
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
-@   if p.limit then
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
-@   end
-    return ${up_term} * gate * moe_sigmoid(${gate_arg});
 }
 @ end
 @

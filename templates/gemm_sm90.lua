@@ -460,7 +460,7 @@ ${ARCH_GUARD}
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   local function preamble()
-@     import("gemm_sm80").swiglu(p)
+@     import("activation").device(p)
 @   end
 @   local function epilogue()
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output

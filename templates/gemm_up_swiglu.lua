@@ -12,7 +12,7 @@
 @ local c = G.config(p, "up")
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)
-@ G.swiglu(p)
+@ import("activation").device(p)
 }  // namespace ${p.kernel}_impl
 
 extern "C" __global__ void __launch_bounds__(${p.threads})

@@ -5,7 +5,7 @@
  * Each program calls gen_fixture_setup() first: it makes the program's own
  * temporary folder (tmp_root) and notes whether every kernel template is in
  * templates/. Until every kernel template exists (route, permute,
- * gemm_up_swiglu, gemm_down, combine), the cases that need the real kernels
+ * gemm_up_swiglu, gemm_down, combine, swiglu), the cases that need the real kernels
  * are skipped; the machinery cases use a copy of templates/ in which absent
  * kernel templates are replaced by small stubs (make_templates). Run from the
  * repository root. */
@@ -36,7 +36,7 @@ static char tmp_root[256];
 static int have_templates;        /* every kernel template is in templates/ */
 static char missing_template[64]; /* the first absent one, for skip reasons */
 
-static const char *const kernel_templates[] = {"route", "permute", "gemm_up_swiglu", "gemm_down", "combine"};
+static const char *const kernel_templates[] = {"route", "permute", "gemm_up_swiglu", "gemm_down", "combine", "swiglu"};
 #define NKT (sizeof kernel_templates / sizeof *kernel_templates)
 
 /* ---- helpers -------------------------------------------------------------- */

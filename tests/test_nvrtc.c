@@ -1,6 +1,6 @@
 /* test_nvrtc.c — every kernel of every example spec (and tests/specs/small.moe)
  * compiles under NVRTC for each arch with no warnings, and each kernel the
- * plan names is in the cubin. Compiles run in child processes, a few at a
+ * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -47,6 +47,16 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
             snprintf(r->missing, sizeof r->missing, "%s", kname);
             break;
         }
+    }
+    /* and the cuDNN path's standalone activation, which every source carries */
+    moe_kernel_desc_t act;
+    const moe_family_ctx_t ctx = {.spec = &pd.spec, .arch = arch, .align = pd.align, .tuned = pd.tuned};
+    char e[256];
+    if (!r->rc && !r->missing[0]) {
+        if (moe_family_build(&act, MOE_K_SWIGLU, &ctx, e, sizeof e))
+            snprintf(r->missing, sizeof r->missing, "swiglu (%s)", e);
+        else if (!find_bytes(cubin.data, cubin.len, act.name))
+            snprintf(r->missing, sizeof r->missing, "%s", act.name);
     }
     moe_buf_free(&src);
     moe_buf_free(&cubin);
