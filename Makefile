@@ -35,7 +35,9 @@ TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o)
 TEST_LIB  := $(BUILD)/libmoegen_test.a
 
 .PHONY: all run test kernels clean
-all: $(BUILD)/moegen $(BUILD)/libmoegen.a
+# everything: the command, the libraries, the benchmark and the examples
+all: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.pc \
+     $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 
 # ---- what the build needs from the system -------------------------------
 # `make deps` checks for Lua 5.4 (headers and static library) and xxhash's
@@ -168,7 +170,6 @@ $(BUILD)/moe_ep_example: examples/moe_ep_example.c $(BUILD)/libmoegen.a
 $(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-all: $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 
 # ---- shared library and pkg-config file ----------------------------------
 # Debian's static Lua is not position-independent, so the shared library
@@ -190,4 +191,3 @@ $(BUILD)/moegen.pc: Makefile gen/version.h
 	@mkdir -p $(BUILD)
 	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
 
-all: $(BUILD)/libmoegen.so $(BUILD)/moegen.pc

@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define WS_ALIGN 256
-
 int moe_ep_wanted(const moe_spec_t *s) { return s->mesh.size[MOE_AXIS_EP] > 1; }
 
 int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, char *err, size_t errlen) {
@@ -53,12 +51,7 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         "counts", "offsets", "cursor", "topk_idx", "topk_w", "row_of", "slot_counts", "recv_counts",
         "send_counts", "send_off", "chunk_src", "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow",
         "num_tiles", "tiles", "send", "stage", "xr", "hbuf"};
-    size_t off = 0;
-    for (int i = 0; i < MOE_EW_COUNT; i++) {
-        ed->ws[i] = (moe_ws_region_t){names[i], off, sizes[i]};
-        off += (sizes[i] + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
-    }
-    ed->ws_bytes = off;
+    ed->ws_bytes = moe_ws_layout(ed->ws, names, sizes, MOE_EW_COUNT);
     return 0;
 }
 

@@ -60,6 +60,15 @@ void moe_family_grid(const moe_kernel_desc_t *k, const moe_spec_t *s, int tokens
         grid[0] = 1;
 }
 
+size_t moe_ws_layout(moe_ws_region_t *ws, const char *const *names, const size_t *bytes, int n) {
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        ws[i] = (moe_ws_region_t){names[i], off, bytes[i]};
+        off += (bytes[i] + 255) / 256 * 256;
+    }
+    return off;
+}
+
 void moe_lua_set_int(lua_State *L, const char *k, long long v) {
     lua_pushinteger(L, v);
     lua_setfield(L, -2, k);

@@ -76,6 +76,11 @@ typedef struct {
     size_t offset, bytes;
 } moe_ws_region_t;
 
+/* Lay out n regions (names[i], bytes[i]) one after another, each starting
+ * on a 256-byte boundary, into ws; returns the workspace's total bytes. The
+ * one home of the workspace alignment (the plan's and the EP plan's). */
+size_t moe_ws_layout(moe_ws_region_t *ws, const char *const *names, const size_t *bytes, int n);
+
 struct moe_tuning_entry;
 
 /* What a family reads to plan a kernel: the spec, the arch, the plan's

@@ -16,6 +16,7 @@
  *   holds all E experts after the gather, and the owner is the balanced
  *   block rule owner = g*ep/E, slot = g. */
 #include "mesh.h"
+#include "util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,38 +33,18 @@ static void mesh_err(char *err, size_t errlen, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* ---- a growing string ---------------------------------------------------- */
+/* ---- text output (moe_buf_t, util.h) ------------------------------------ */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int oom;
-} mesh_sb_t;
-
-static void sb_printf(mesh_sb_t *sb, const char *fmt, ...) {
-    if (sb->oom) return;
-    for (;;) {
-        size_t room = sb->cap - sb->len;
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(sb->buf ? sb->buf + sb->len : NULL, room, fmt, ap);
-        va_end(ap);
-        if (n < 0) { sb->oom = 1; return; }
-        if ((size_t)n < room) { sb->len += (size_t)n; return; }
-        size_t cap = sb->cap ? sb->cap : 256;
-        while (cap - sb->len <= (size_t)n) cap *= 2;
-        char *p = realloc(sb->buf, cap);
-        if (!p) { sb->oom = 1; return; }
-        sb->buf = p;
-        sb->cap = cap;
+/* The buffer's text (the caller frees), or NULL after an allocation
+ * failure. */
+static char *buf_finish(moe_buf_t *b) {
+    if (!b->failed && !b->data)
+        moe_buf_printf(b, "%s", "");
+    if (b->failed) {
+        moe_buf_free(b);
+        return NULL;
     }
-}
-
-/* The builder's string (caller frees), or NULL after an allocation failure. */
-static char *sb_finish(mesh_sb_t *sb) {
-    if (!sb->oom && !sb->buf) sb_printf(sb, "%s", "");
-    if (sb->oom) { free(sb->buf); return NULL; }
-    return sb->buf;
+    return b->data;
 }
 
 /* ---- mesh arithmetic ----------------------------------------------------- */
@@ -534,74 +515,74 @@ int moe_mesh_plan_check(const moe_mesh_plan_t *mp, char *err, size_t errlen) {
 /* ---- printing ------------------------------------------------------------ */
 
 /* A list as runs: "0-1,4-5"; "-" when empty. */
-static void sb_runs(mesh_sb_t *sb, const int *v, int n) {
-    if (n == 0) { sb_printf(sb, "-"); return; }
+static void buf_runs(moe_buf_t *out, const int *v, int n) {
+    if (n == 0) { moe_buf_printf(out, "-"); return; }
     for (int i = 0; i < n;) {
         int j = i;
         while (j + 1 < n && v[j + 1] == v[j] + 1) j++;
-        sb_printf(sb, "%s%d", i ? "," : "", v[i]);
-        if (j > i) sb_printf(sb, "-%d", v[j]);
+        moe_buf_printf(out, "%s%d", i ? "," : "", v[i]);
+        if (j > i) moe_buf_printf(out, "-%d", v[j]);
         i = j + 1;
     }
 }
 
 /* A JSON array: "[0, 1, 4, 5]". */
-static void sb_json_list(mesh_sb_t *sb, const int *v, int n) {
-    sb_printf(sb, "[");
-    for (int i = 0; i < n; i++) sb_printf(sb, "%s%d", i ? ", " : "", v[i]);
-    sb_printf(sb, "]");
+static void buf_json_list(moe_buf_t *out, const int *v, int n) {
+    moe_buf_printf(out, "[");
+    for (int i = 0; i < n; i++) moe_buf_printf(out, "%s%d", i ? ", " : "", v[i]);
+    moe_buf_printf(out, "]");
 }
 
 enum { MESH_COL_RANK, MESH_COL_C0, MESH_COL_C1, MESH_COL_C2, MESH_COL_EPG, MESH_COL_EPR,
        MESH_COL_EPP, MESH_COL_FSP, MESH_COL_ST, MESH_COL_HELD, MESH_NCOL };
 
 /* Format one rank's cells into cells[] (each reset first). */
-static void mesh_rank_cells(const moe_mesh_plan_t *mp, int r, mesh_sb_t *cells) {
+static void mesh_rank_cells(const moe_mesh_plan_t *mp, int r, moe_buf_t *cells) {
     const moe_mesh_rank_t *rk = &mp->ranks[r];
     for (int c = 0; c < MESH_NCOL; c++) {
         cells[c].len = 0;
-        if (cells[c].buf) cells[c].buf[0] = '\0';
+        if (cells[c].data) cells[c].data[0] = '\0';
     }
-    sb_printf(&cells[MESH_COL_RANK], "%d", r);
-    for (int i = 0; i < MOE_AXIS_COUNT; i++) sb_printf(&cells[MESH_COL_C0 + i], "%d", rk->coord[mp->order[i]]);
-    sb_printf(&cells[MESH_COL_EPG], "%d", rk->ep_group);
-    sb_printf(&cells[MESH_COL_EPR], "%d", rk->ep_rank);
-    sb_runs(&cells[MESH_COL_EPP], rk->ep_peers, mp->size[MOE_AXIS_EP]);
-    sb_runs(&cells[MESH_COL_FSP], rk->fsdp_peers, mp->size[MOE_AXIS_FSDP]);
-    sb_runs(&cells[MESH_COL_ST], rk->stored, mp->nstored);
-    sb_runs(&cells[MESH_COL_HELD], rk->held, mp->nheld);
+    moe_buf_printf(&cells[MESH_COL_RANK], "%d", r);
+    for (int i = 0; i < MOE_AXIS_COUNT; i++) moe_buf_printf(&cells[MESH_COL_C0 + i], "%d", rk->coord[mp->order[i]]);
+    moe_buf_printf(&cells[MESH_COL_EPG], "%d", rk->ep_group);
+    moe_buf_printf(&cells[MESH_COL_EPR], "%d", rk->ep_rank);
+    buf_runs(&cells[MESH_COL_EPP], rk->ep_peers, mp->size[MOE_AXIS_EP]);
+    buf_runs(&cells[MESH_COL_FSP], rk->fsdp_peers, mp->size[MOE_AXIS_FSDP]);
+    buf_runs(&cells[MESH_COL_ST], rk->stored, mp->nstored);
+    buf_runs(&cells[MESH_COL_HELD], rk->held, mp->nheld);
 }
 
 char *moe_mesh_plan_table(const moe_mesh_plan_t *mp, int rank) {
     if (!mp || !mp->ranks || rank < -1 || rank >= mp->world) return NULL;
-    mesh_sb_t sb = {0};
-    mesh_sb_t cells[MESH_NCOL] = {{0}};
+    moe_buf_t out = {0};
+    moe_buf_t cells[MESH_NCOL] = {{0}};
     const char *head[MESH_NCOL] = {"rank", moe_axis_name(mp->order[0]), moe_axis_name(mp->order[1]),
                                    moe_axis_name(mp->order[2]), "ep_group", "ep_rank", "ep_peers",
                                    "fsdp_peers", "stored", "after_gather"};
     const int left[MESH_NCOL] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
     char set[32];
 
-    sb_printf(&sb, "mesh: %s=%d %s=%d %s=%d (outermost first), world %d\n",
+    moe_buf_printf(&out, "mesh: %s=%d %s=%d %s=%d (outermost first), world %d\n",
               moe_axis_name(mp->order[0]), mp->size[mp->order[0]], moe_axis_name(mp->order[1]),
               mp->size[mp->order[1]], moe_axis_name(mp->order[2]), mp->size[mp->order[2]], mp->world);
-    sb_printf(&sb, "experts: %d, expert_sharding %s: %d shards of %d, %d per rank after the fsdp gather%s\n",
+    moe_buf_printf(&out, "experts: %d, expert_sharding %s: %d shards of %d, %d per rank after the fsdp gather%s\n",
               mp->experts, mesh_sharding_set(mp, set, sizeof set), mp->nshards, mp->nstored, mp->nheld,
               mesh_shards_axis(mp, MOE_AXIS_FSDP) || mp->size[MOE_AXIS_FSDP] == 1 ? "" : " (gather is a no-op)");
     const int ep = mp->size[MOE_AXIS_EP], fsdp = mp->size[MOE_AXIS_FSDP];
-    sb_printf(&sb, "ep groups (%d):", mp->nep_groups);
+    moe_buf_printf(&out, "ep groups (%d):", mp->nep_groups);
     for (int k = 0; k < mp->nep_groups; k++) {
-        sb_printf(&sb, " [");
-        sb_runs(&sb, mp->ep_groups + (size_t)k * ep, ep);
-        sb_printf(&sb, "]");
+        moe_buf_printf(&out, " [");
+        buf_runs(&out, mp->ep_groups + (size_t)k * ep, ep);
+        moe_buf_printf(&out, "]");
     }
-    sb_printf(&sb, "\nfsdp groups (%d):", mp->nfsdp_groups);
+    moe_buf_printf(&out, "\nfsdp groups (%d):", mp->nfsdp_groups);
     for (int k = 0; k < mp->nfsdp_groups; k++) {
-        sb_printf(&sb, " [");
-        sb_runs(&sb, mp->fsdp_groups + (size_t)k * fsdp, fsdp);
-        sb_printf(&sb, "]");
+        moe_buf_printf(&out, " [");
+        buf_runs(&out, mp->fsdp_groups + (size_t)k * fsdp, fsdp);
+        moe_buf_printf(&out, "]");
     }
-    sb_printf(&sb, "\n\n");
+    moe_buf_printf(&out, "\n\n");
 
     int lo = rank < 0 ? 0 : rank, hi = rank < 0 ? mp->world : rank + 1;
     size_t width[MESH_NCOL];
@@ -612,66 +593,66 @@ char *moe_mesh_plan_table(const moe_mesh_plan_t *mp, int rank) {
             if (cells[c].len > width[c]) width[c] = cells[c].len;
     }
     for (int c = 0; c < MESH_NCOL; c++)
-        sb_printf(&sb, "%s%-*s", c ? "  " : "", c == MESH_NCOL - 1 ? 0 : (int)width[c], head[c]);
-    sb_printf(&sb, "\n");
+        moe_buf_printf(&out, "%s%-*s", c ? "  " : "", c == MESH_NCOL - 1 ? 0 : (int)width[c], head[c]);
+    moe_buf_printf(&out, "\n");
     for (int r = lo; r < hi; r++) {
         mesh_rank_cells(mp, r, cells);
         for (int c = 0; c < MESH_NCOL; c++) {
-            const char *s = cells[c].buf ? cells[c].buf : "";
+            const char *s = cells[c].data ? cells[c].data : "";
             if (left[c])
-                sb_printf(&sb, "%s%-*s", c ? "  " : "", c == MESH_NCOL - 1 ? 0 : (int)width[c], s);
+                moe_buf_printf(&out, "%s%-*s", c ? "  " : "", c == MESH_NCOL - 1 ? 0 : (int)width[c], s);
             else
-                sb_printf(&sb, "%s%*s", c ? "  " : "", (int)width[c], s);
+                moe_buf_printf(&out, "%s%*s", c ? "  " : "", (int)width[c], s);
         }
-        sb_printf(&sb, "\n");
-        for (int c = 0; c < MESH_NCOL; c++) sb.oom |= cells[c].oom;
+        moe_buf_printf(&out, "\n");
+        for (int c = 0; c < MESH_NCOL; c++) out.failed |= cells[c].failed;
     }
 
-    sb_printf(&sb, "\nrouting (the same in every ep group):\nexpert  owner_ep_rank  slot\n");
+    moe_buf_printf(&out, "\nrouting (the same in every ep group):\nexpert  owner_ep_rank  slot\n");
     for (int g = 0; g < mp->experts; g++)
-        sb_printf(&sb, "%6d  %13d  %4d\n", g, mp->owner_ep_rank[g], mp->slot[g]);
-    for (int c = 0; c < MESH_NCOL; c++) free(cells[c].buf);
-    return sb_finish(&sb);
+        moe_buf_printf(&out, "%6d  %13d  %4d\n", g, mp->owner_ep_rank[g], mp->slot[g]);
+    for (int c = 0; c < MESH_NCOL; c++) free(cells[c].data);
+    return buf_finish(&out);
 }
 
 char *moe_mesh_plan_json(const moe_mesh_plan_t *mp, int rank) {
     if (!mp || !mp->ranks || rank < -1 || rank >= mp->world) return NULL;
     const int ep = mp->size[MOE_AXIS_EP], fsdp = mp->size[MOE_AXIS_FSDP];
-    mesh_sb_t sb = {0};
-    sb_printf(&sb, "{\n  \"world\": %d,\n  \"axes\": {", mp->world);
+    moe_buf_t out = {0};
+    moe_buf_printf(&out, "{\n  \"world\": %d,\n  \"axes\": {", mp->world);
     for (int i = 0; i < MOE_AXIS_COUNT; i++)
-        sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), mp->size[mp->order[i]]);
-    sb_printf(&sb, "},\n  \"ep_groups\": [");
+        moe_buf_printf(&out, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), mp->size[mp->order[i]]);
+    moe_buf_printf(&out, "},\n  \"ep_groups\": [");
     for (int k = 0; k < mp->nep_groups; k++) {
-        sb_printf(&sb, "%s", k ? ", " : "");
-        sb_json_list(&sb, mp->ep_groups + (size_t)k * ep, ep);
+        moe_buf_printf(&out, "%s", k ? ", " : "");
+        buf_json_list(&out, mp->ep_groups + (size_t)k * ep, ep);
     }
-    sb_printf(&sb, "],\n  \"fsdp_groups\": [");
+    moe_buf_printf(&out, "],\n  \"fsdp_groups\": [");
     for (int k = 0; k < mp->nfsdp_groups; k++) {
-        sb_printf(&sb, "%s", k ? ", " : "");
-        sb_json_list(&sb, mp->fsdp_groups + (size_t)k * fsdp, fsdp);
+        moe_buf_printf(&out, "%s", k ? ", " : "");
+        buf_json_list(&out, mp->fsdp_groups + (size_t)k * fsdp, fsdp);
     }
-    sb_printf(&sb, "],\n  \"ranks\": [\n");
+    moe_buf_printf(&out, "],\n  \"ranks\": [\n");
     int lo = rank < 0 ? 0 : rank, hi = rank < 0 ? mp->world : rank + 1;
     for (int r = lo; r < hi; r++) {
         const moe_mesh_rank_t *rk = &mp->ranks[r];
-        sb_printf(&sb, "    {\"rank\": %d, \"coords\": {", r);
+        moe_buf_printf(&out, "    {\"rank\": %d, \"coords\": {", r);
         for (int i = 0; i < MOE_AXIS_COUNT; i++)
-            sb_printf(&sb, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), rk->coord[mp->order[i]]);
-        sb_printf(&sb, "}, \"ep_group\": %d, \"ep_rank\": %d, \"ep_peers\": ", rk->ep_group, rk->ep_rank);
-        sb_json_list(&sb, rk->ep_peers, ep);
-        sb_printf(&sb, ", \"fsdp_peers\": ");
-        sb_json_list(&sb, rk->fsdp_peers, fsdp);
-        sb_printf(&sb, ", \"experts_stored\": ");
-        sb_json_list(&sb, rk->stored, mp->nstored);
-        sb_printf(&sb, ", \"experts_after_gather\": ");
-        sb_json_list(&sb, rk->held, mp->nheld);
-        sb_printf(&sb, "}%s\n", r + 1 < hi ? "," : "");
+            moe_buf_printf(&out, "%s\"%s\": %d", i ? ", " : "", moe_axis_name(mp->order[i]), rk->coord[mp->order[i]]);
+        moe_buf_printf(&out, "}, \"ep_group\": %d, \"ep_rank\": %d, \"ep_peers\": ", rk->ep_group, rk->ep_rank);
+        buf_json_list(&out, rk->ep_peers, ep);
+        moe_buf_printf(&out, ", \"fsdp_peers\": ");
+        buf_json_list(&out, rk->fsdp_peers, fsdp);
+        moe_buf_printf(&out, ", \"experts_stored\": ");
+        buf_json_list(&out, rk->stored, mp->nstored);
+        moe_buf_printf(&out, ", \"experts_after_gather\": ");
+        buf_json_list(&out, rk->held, mp->nheld);
+        moe_buf_printf(&out, "}%s\n", r + 1 < hi ? "," : "");
     }
-    sb_printf(&sb, "  ],\n  \"routing\": {\"owner_ep_rank\": ");
-    sb_json_list(&sb, mp->owner_ep_rank, mp->experts);
-    sb_printf(&sb, ", \"slot\": ");
-    sb_json_list(&sb, mp->slot, mp->experts);
-    sb_printf(&sb, "}\n}\n");
-    return sb_finish(&sb);
+    moe_buf_printf(&out, "  ],\n  \"routing\": {\"owner_ep_rank\": ");
+    buf_json_list(&out, mp->owner_ep_rank, mp->experts);
+    moe_buf_printf(&out, ", \"slot\": ");
+    buf_json_list(&out, mp->slot, mp->experts);
+    moe_buf_printf(&out, "}\n}\n");
+    return buf_finish(&out);
 }

@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define WS_ALIGN 256
-
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
     return moe_max_rows(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
 }
@@ -51,12 +49,7 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
     };
     static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
                                                     "topk_idx", "topk_w", "row_of", "xs", "hbuf"};
-    size_t off = 0;
-    for (int i = 0; i < MOE_WS_COUNT; i++) {
-        pd->ws[i] = (moe_ws_region_t){names[i], off, sizes[i]};
-        off += (sizes[i] + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
-    }
-    pd->ws_bytes = off;
+    pd->ws_bytes = moe_ws_layout(pd->ws, names, sizes, MOE_WS_COUNT);
     if (moe_mesh_plan_build(&pd->mesh, &pd->spec, err, errlen))
         return 1;
     return moe_ep_wanted(s) && moe_ep_desc_build(&pd->ep, pd, pd->mesh.nheld, err, errlen);
