@@ -1,21 +1,29 @@
 @ -- activation.lua — the FFN activation's device math, its one home: the
 @ -- GEMM epilogues (gemm_up_swiglu.lua on sm_80, gemm_sm90.lua) and the
 @ -- cuDNN path's standalone kernel (swiglu.lua) emit it with M.device(p)
-@ -- and call the function it defines on each (gate, up) pair in fp32. The
-@ -- CPU reference (runtime/ref.c) is the other statement of the same math.
+@ -- and call the function it defines (named M.name(p)) on each (gate, up)
+@ -- pair in fp32. The CPU reference (tests/support/ref.c) is the other
+@ -- statement of the same math.
 @ --
 @ -- p.spec.activation.kind picks the activation (the spec schema's row,
 @ -- gen/spec_schema.c); p.alpha, p.limit (absent: no clamp) and
 @ -- p.up_offset are its parameters.
 @ local M = {}
 @
-@ -- Emit the activation of p's spec as a __device__ function of (gate,
-@ -- up) and return its name.
-@ function M.device(p)
+@ -- The name of the __device__ function M.device(p) defines: the kind's.
+@ function M.name(p)
 @   local kind = p.spec and p.spec.activation and p.spec.activation.kind or "swiglu"
 @   if kind ~= "swiglu" then
 @     error("activation.kind = \"" .. tostring(kind) .. "\" has no device math in templates/activation.lua", 2)
 @   end
+@   return kind
+@ end
+@
+@ -- Emit the activation of p's spec as a __device__ function of (gate,
+@ -- up) in fp32 and return its name (M.name(p)); callers call it by that
+@ -- name, so a new kind needs no change outside this file.
+@ function M.device(p)
+@   M.name(p)
 @   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 

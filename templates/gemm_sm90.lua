@@ -490,8 +490,8 @@ ${ARCH_GUARD}
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                                const float o0 = swiglu(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
-                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
+                                const float o0 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
+                                const float o1 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
                             }
                     }

@@ -12,7 +12,7 @@
 @ local c = G.config(p, "up")
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)
-@ import("activation").device(p)
+@ local act = import("activation").device(p)
 }  // namespace ${p.kernel}_impl
 
 extern "C" __global__ void __launch_bounds__(${p.threads})
@@ -50,8 +50,8 @@ ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
 @ local bg0, bg1, bu0, bu1 = "", "", "", ""
 @ if p.ffn_bias then bg0, bg1, bu0, bu1 = " + bg0", " + bg1", " + bu0", " + bu1" end
-                const float o0 = swiglu(acc[mi][2 * nj][2 * h]${bg0}, acc[mi][2 * nj + 1][2 * h]${bu0});
-                const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1]${bg1}, acc[mi][2 * nj + 1][2 * h + 1]${bu1});
+                const float o0 = ${act}(acc[mi][2 * nj][2 * h]${bg0}, acc[mi][2 * nj + 1][2 * h]${bu0});
+                const float o1 = ${act}(acc[mi][2 * nj][2 * h + 1]${bg1}, acc[mi][2 * nj + 1][2 * h + 1]${bu1});
 @ if c.staged then
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
 @ else

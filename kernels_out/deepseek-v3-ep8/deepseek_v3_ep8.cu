@@ -1028,11 +1028,11 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 368 "templates/gemm_sm90.lua"
@@ -1778,11 +1778,11 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 16 "templates/gemm_up_swiglu.lua"
@@ -2138,11 +2138,11 @@ deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
 
 #line 10 "templates/swiglu.lua"
 namespace deepseek_v3_ep8_swiglu_bf16_f2048_impl {
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -891,14 +891,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 25 "templates/activation.lua"
+#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 368 "templates/gemm_sm90.lua"
@@ -1669,14 +1669,14 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 25 "templates/activation.lua"
+#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 16 "templates/gemm_up_swiglu.lua"
@@ -2042,14 +2042,14 @@ gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 
 #line 10 "templates/swiglu.lua"
 namespace gpt_oss_120b_swiglu_bf16_f2880_impl {
-#line 21 "templates/activation.lua"
+#line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 25 "templates/activation.lua"
+#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 28 "templates/activation.lua"
+#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 12 "templates/swiglu.lua"
