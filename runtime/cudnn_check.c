@@ -229,7 +229,8 @@ int moe_cudnn_probe(const moe_plan_desc_t *pd, int stage, const char *path, char
                  moe_dtype_name(c->pd->spec.dtype), c->M, why);
     } else {
         snprintf(report, n, "cuDNN %s, %s stage (%s, M %lld): finalized, engine %lld, workspace %zu bytes", v,
-                 moe_cudnn_stage_names[stage], moe_dtype_name(c->pd->spec.dtype), c->M, c->st[stage].engine, c->st[stage].ws);
+                 moe_cudnn_stage_names[stage], moe_dtype_name(c->pd->spec.dtype), c->M, c->st[stage].engine,
+                 c->st[stage].ws);
         rc = 0;
     }
     moe_cudnn_destroy(c);

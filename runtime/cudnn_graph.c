@@ -71,8 +71,8 @@ static cudnnBackendDescriptor_t dn_tensor(dn_stage_t *t, int64_t uid, cudnnDataT
 /* Finalize an execution plan for engine config cfg; 1 on success. */
 static int dn_try_plan(moe_cudnn_t *c, dn_stage_t *t, cudnnBackendDescriptor_t cfg, char *why, size_t n) {
     cudnnBackendDescriptor_t p = NULL;
-    if (!moe_dn_ok(moe_dn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p), "execution plan", why,
-               n))
+    if (!moe_dn_ok(moe_dn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p),
+                   "execution plan", why, n))
         return 0;
     if (!DN_SET(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &c->handle, "plan handle") ||
         !DN_SET(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg, "plan config") ||
@@ -219,7 +219,8 @@ moe_status moe_dn_exec(const moe_cudnn_t *c, int stage, CUdeviceptr tok, const v
     void *ptrs[4] = {(void *)(uintptr_t)tok, (void *)w, (void *)(uintptr_t)off, (void *)(uintptr_t)y};
     void *wsp = (void *)(uintptr_t)ws;
     cudnnBackendDescriptor_t vp = NULL;
-    if (!moe_dn_ok(moe_dn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp), "variant pack", why, n))
+    if (!moe_dn_ok(moe_dn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp), "variant pack",
+                   why, n))
         return moe_fail(MOE_ERR_CUDA, "cuDNN %s stage: %s", moe_cudnn_stage_names[stage], why);
     int ok = DN_SET(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 4, uids, "variant pack ids") &&
              DN_SET(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 4, ptrs, "variant pack data") &&

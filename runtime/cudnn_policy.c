@@ -115,7 +115,8 @@ int moe_cudnn_graph_known(int stage, moe_arch_t arch, moe_dtype_t dt, int versio
         return 0;
     }
     snprintf(why, n, "cuDNN %s: the %s stage's MoE grouped matmul was never measured for %s on %s, so the "
-             "version table does not list it", have, moe_cudnn_stage_names[stage], moe_dtype_name(dt), moe_arch_name(arch));
+             "version table does not list it", have, moe_cudnn_stage_names[stage], moe_dtype_name(dt),
+             moe_arch_name(arch));
     return 0;
 }
 
@@ -222,8 +223,8 @@ static moe_status reject(moe_cudnn_t *c, int s, int *cand, const char *reason) {
     c->st[s].path = MOE_PATH_GENERATED;
     snprintf(c->st[s].why, sizeof c->st[s].why, "%s", reason);
     if (c->mode == MOE_CUDNN_ON)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the %s stage cannot take cuDNN: %s", c->mode_src, moe_cudnn_stage_names[s],
-                        reason);
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the %s stage cannot take cuDNN: %s", c->mode_src,
+                        moe_cudnn_stage_names[s], reason);
     return MOE_OK;
 }
 

@@ -24,7 +24,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; at least 1 is needed", a->tokens);
     if (a->tokens > s->tokens)
         return moe_fail(MOE_ERR_CAPACITY, "moe_forward: %d tokens exceed the plan's capacity of %d (spec key tokens)",
-                    a->tokens, s->tokens);
+                        a->tokens, s->tokens);
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x, router_w, w1p, w2, y and workspace are required");
     if (s->router.bias && !a->router_bias)
@@ -122,8 +122,8 @@ moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *str
         *rows = n;
     if (n > 0)
         return moe_fail(MOE_ERR_OVERFLOW, "dispatch capacity exceeded: %d rows did not fit dispatch.capacity = %d rows "
-                    "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
-                    p->ep->ed->capacity);
+                        "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
+                        p->ep->ed->capacity);
     return MOE_OK;
 }
 

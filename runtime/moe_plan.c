@@ -23,7 +23,7 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     CUresult r = moe_cu.cuInit(0);
     if (r != CUDA_SUCCESS)
         return moe_fail(r == CUDA_ERROR_NO_DEVICE ? MOE_ERR_NO_GPU : MOE_ERR_NO_DRIVER, "no GPU: cuInit failed: %s",
-                    moe_cu_error_string(r));
+                        moe_cu_error_string(r));
     int count = 0;
     CU_CHECK(moe_cu.cuDeviceGetCount(&count));
     if (count == 0)
@@ -43,13 +43,13 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
         p->launcher.arch = MOE_ARCH_SM80;
     else
         return moe_fail(MOE_ERR_ARCH, "GPU %d has compute capability %d.%d; moegen builds kernels for sm_80 (8.x) and "
-                    "sm_90a (9.0)", p->device, major, minor);
+                        "sm_90a (9.0)", p->device, major, minor);
     int listed = 0;
     for (int i = 0; i < p->pd.spec.narch; i++)
         listed |= p->pd.spec.arch[i] == p->launcher.arch;
     if (!listed)
         return moe_fail(MOE_ERR_ARCH, "GPU %d is %s, which the spec's arch list does not name; add \"%s\" to arch",
-                    p->device, moe_arch_name(p->launcher.arch), moe_arch_name(p->launcher.arch));
+                        p->device, moe_arch_name(p->launcher.arch), moe_arch_name(p->launcher.arch));
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     return MOE_OK;
@@ -97,7 +97,7 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (tpath && moe_tuning_load(&loaded, tpath, &d)) {
         moe_tuning_free(&loaded);
         return moe_fail(MOE_ERR_INVALID_ARG, "%s (the tuning table of %s)", d.msg,
-                    o && o->tuning_path ? "moe_options.tuning_path" : "MOEGEN_TUNING");
+                        o && o->tuning_path ? "moe_options.tuning_path" : "MOEGEN_TUNING");
     }
     if (!table)
         table = tpath ? &loaded : moe_tuning_default();
@@ -132,11 +132,11 @@ static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
         return MOE_OK;
     if (!o || !o->nccl_comm)
         return moe_fail(MOE_ERR_INVALID_ARG, "the mesh has %d devices: moe_options.nccl_comm must be the NCCL "
-                    "communicator over all of them", p->ep->mp->world);
+                        "communicator over all of them", p->ep->mp->world);
     char why[512];
     if (moe_nccl_load(why, sizeof why))
         return moe_fail(MOE_ERR_UNSUPPORTED, "the mesh has %d devices and needs NCCL, which did not load: %s",
-                    p->ep->mp->world, why);
+                        p->ep->mp->world, why);
     return MOE_OK;
 }
 
@@ -220,9 +220,9 @@ static moe_status same_gemms(const moe_plan *p, const char *manifest, const char
             snprintf(quoted, sizeof quoted, "\"name\": \"%s\"", want);
             if (!strstr(manifest, quoted))
                 return moe_fail(MOE_ERR_IO, "%s: the folder's %s GEMMs are not the ones this runtime plans, %s (the "
-                            "tuning table decides their tiles); compile the folder with the same table (moegen "
-                            "--tuning FILE or MOEGEN_TUNING) or pass that table as moe_options.tuning_path",
-                            mpath, moe_arch_name(s->arch[a]), want);
+                                "tuning table decides their tiles); compile the folder with the same table (moegen "
+                                "--tuning FILE or MOEGEN_TUNING) or pass that table as moe_options.tuning_path",
+                                mpath, moe_arch_name(s->arch[a]), want);
         }
     return MOE_OK;
 }
@@ -271,7 +271,7 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
         if (!data) {
             s = moe_fail(MOE_ERR_IO, "%s (compile the spec with arch %s to run on this GPU)", err,
-                     moe_arch_name(p->launcher.arch));
+                         moe_arch_name(p->launcher.arch));
         } else {
             moe_buf_t cubin = {data, len, len + 1, 0};
             s = load_module(p, &cubin);
@@ -379,7 +379,7 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
         if (slot_of[e] < 0 || slot_of[e] >= E || seen[slot_of[e]]) {
             free(seen);
             return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_set_slot_table: slot_of[%d] = %d: not a permutation of 0..%d",
-                        e, slot_of[e], E - 1);
+                            e, slot_of[e], E - 1);
         }
         seen[slot_of[e]] = 1;
     }
