@@ -48,7 +48,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t 
         moe_lua_set_int(L, "threads", d->threads);
         moe_lua_set_int(L, "smem", d->smem);
         moe_lua_set_int(L, "per_block", d->per_block);
-        if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) {
+        if (d->tile.bm) { /* the GEMMs */
             unsigned g[3];
             moe_plan_grid(pd, arch, i, 1, g);
             moe_lua_set_int(L, "bm", d->tile.bm);
@@ -56,7 +56,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t 
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
-            moe_gemm_kn(i == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
+            moe_gemm_kn(d->family == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
             moe_lua_set_int(L, "K", K);
             moe_lua_set_int(L, "N", N);
         }
@@ -110,22 +110,34 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     source_templates(from, sizeof from);
     stamp(out, pd, from, "/*", " *", "\n */");
     moe_buf_printf(out, "\n");
-    /* the prelude and the arch-neutral kernels once; each arch's GEMMs once
-     * per distinct kernel name */
+    /* the prelude, then the forward's kernels as the family table has them:
+     * the arch-neutral families (variants with no engine) once, from the
+     * first arch, each template once (permute.lua emits both permute
+     * kernels); then each arch's own variants once per distinct kernel name */
     int rc = 0;
     const moe_spec_t *s = &pd->spec;
-    static const int neutral[] = {-1, MOE_K_ROUTE, MOE_K_PERMUTE_PLAN, MOE_K_COMBINE};
-    for (size_t i = 0; i < sizeof neutral / sizeof *neutral && !rc; i++) {
-        int k = neutral[i];
+    moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[0], -1);
+    rc = moe_tmpl_expand(t, "prelude", "prelude", out, diag);
+    moe_buf_printf(out, "\n");
+    const moe_kernel_desc_t *first = moe_plan_kernels(pd, s->arch[0]);
+    for (int k = 0; k < MOE_K_COUNT && !rc; k++) {
+        if (moe_family_variant(moe_family(k), s->arch[0])->engine)
+            continue;
+        int seen = 0;
+        for (int j = 0; j < k; j++)
+            seen |= !moe_family_variant(moe_family(j), s->arch[0])->engine && strcmp(first[j].tmpl, first[k].tmpl) == 0;
+        if (seen)
+            continue;
         moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[0], k);
-        rc = k < 0 ? moe_tmpl_expand(t, "prelude", "prelude", out, diag)
-                   : moe_tmpl_expand(t, moe_plan_kernels(pd, s->arch[0])[k].tmpl, NULL, out, diag);
+        rc = moe_tmpl_expand(t, first[k].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
-    const char *done[2 * MOE_ARCH_MAX];
+    const char *done[MOE_ARCH_MAX * MOE_K_COUNT];
     int ndone = 0;
     for (int a = 0; a < s->narch && !rc; a++)
-        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN && !rc; k++) {
+        for (int k = 0; k < MOE_K_COUNT && !rc; k++) {
+            if (!moe_family_variant(moe_family(k), s->arch[a])->engine)
+                continue;
             const moe_kernel_desc_t *d = &moe_plan_kernels(pd, s->arch[a])[k];
             int seen = 0;
             for (int j = 0; j < ndone; j++)
@@ -258,12 +270,12 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                            f->name, k->name, tmpl, k->threads, k->smem);
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
-            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
+            if (k->tile.bm && k->tile.consumers)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
                                k->tile.persistent ? "persist" : "tile");
-            else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
+            else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,
