@@ -18,9 +18,13 @@ typedef struct {
     int nfiles;
 } moe_fileset_t;
 
-/* The CUDA source for a plan: stamp, prelude, every kernel, and the host
- * launch code under #ifndef __CUDACC_RTC__. templates_dir as in
- * moe_tmpl_open. Returns 0 or non-zero with diag set. */
+/* The CUDA source for a plan: the stamp, the prelude (templates/prelude.lua),
+ * the forward's kernels (the family table walked: arch-neutral ones once,
+ * each arch's GEMMs once per distinct name), the cuDNN path's swiglu kernel,
+ * the EP kernels when mesh.ep > 1, and the vendored host launcher
+ * (templates/host.lua, with gen/launch_geom.h pasted in) under #ifndef
+ * __CUDACC_RTC__. templates_dir as in moe_tmpl_open. Returns 0 or non-zero
+ * with diag set. */
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag);
 
 /* Every emitted file of a plan (NAME.cu, NAME.h, manifest.json, NAME.moe)
