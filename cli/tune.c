@@ -9,6 +9,7 @@
  * pattern (their values do not move a GEMM's time); x and the router are
  * random so routing spreads the tokens as a real layer does. */
 #define _POSIX_C_SOURCE 200809L
+#include "family.h"
 #include "half.h"
 #include "moe_internal.h"
 #include "tune.h"
@@ -224,8 +225,9 @@ int moe_tune_command(int argc, char **argv) {
         fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
                 grid_name(cd));
         char why[128];
-        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, e.persistent, why,
-                                  sizeof why)) {
+        const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
+                                     .group_m = e.group_m, .persistent = e.persistent};
+        if (moe_gemm_sm90_tile_check(&tile, why, sizeof why)) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;
         }

@@ -150,21 +150,14 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
             moe_buf_printf(out, "\n");
         }
     if (!rc) { /* the cuDNN path's standalone activation (family swiglu), arch-neutral */
-        moe_kernel_desc_t act;
-        const moe_family_ctx_t ctx = {.spec = s, .arch = s->arch[0], .align = pd->align, .tuned = pd->tuned};
-        char err[256];
-        if (moe_family_build(&act, MOE_K_SWIGLU, &ctx, err, sizeof err)) {
-            snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s", err);
-            rc = 1;
-        } else {
-            lua_State *L = moe_tmpl_lua(t);
-            moe_plan_push_params(L, pd, s->arch[0], -1);
-            moe_lua_set_str(L, "kernel", act.name);
-            moe_lua_set_int(L, "threads", act.threads);
-            moe_lua_set_int(L, "smem", act.smem);
-            rc = moe_tmpl_expand(t, act.tmpl, NULL, out, diag);
-            moe_buf_printf(out, "\n");
-        }
+        const moe_kernel_desc_t *act = &pd->swiglu;
+        lua_State *L = moe_tmpl_lua(t);
+        moe_plan_push_params(L, pd, s->arch[0], -1);
+        moe_lua_set_str(L, "kernel", act->name);
+        moe_lua_set_int(L, "threads", act->threads);
+        moe_lua_set_int(L, "smem", act->smem);
+        rc = moe_tmpl_expand(t, act->tmpl, NULL, out, diag);
+        moe_buf_printf(out, "\n");
     }
     const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
     if (!rc && ep) { /* the dispatch kernels; the runtime drives them (no vendored host code) */

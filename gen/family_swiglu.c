@@ -2,9 +2,8 @@
  * SwiGLU of the packed matmul output u [rows, 2F] (gate/up in granules of
  * 8, paired), eight columns per thread, grid-stride.
  *
- * Reserved: the plan does not build it yet; the template
- * (templates/swiglu.lua) and its emission are the emit side's to write,
- * from moe_family_build(k, MOE_K_SWIGLU, ...). The runtime caps the grid at
+ * The plan builds it once (moe_plan_desc_t.swiglu); emission expands
+ * templates/swiglu.lua for it. The runtime caps the grid at
  * 32 blocks per SM, a device fact. */
 #include "family.h"
 

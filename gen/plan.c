@@ -29,6 +29,9 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
             if (moe_family_build(&pd->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
                 return 1;
     }
+    moe_family_ctx_t neutral = {.spec = &pd->spec, .arch = s->arch[0], .align = pd->align, .tuned = pd->tuned};
+    if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen))
+        return 1;
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
     if (pd->max_tiles > 65535) {

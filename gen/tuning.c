@@ -26,13 +26,6 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
-int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
-                          size_t n) {
-    const moe_tile_cfg_t t = {.bm = bm, .bn = bn, .bk = bk, .stages = stages, .consumers = consumers,
-                              .group_m = group_m, .persistent = persistent};
-    return moe_gemm_sm90_tile_check(&t, err, n);
-}
-
 int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag) {
     memset(t, 0, sizeof *t);
     snprintf(t->file, sizeof t->file, "%s", file);
@@ -92,7 +85,9 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         else
             return fail(diag, file, line, "grid must be tile (one CTA per tile) or persist (one CTA per SM)", tok[13]);
         char why[128];
-        if (moe_tuning_check_tile(e.bm, e.bn, e.bk, e.stages, e.consumers, e.group_m, e.persistent, why, sizeof why))
+        const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
+                                    .group_m = e.group_m, .persistent = e.persistent};
+        if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         for (int i = 0; i < 2; i++) {
             char *endp;

@@ -43,9 +43,4 @@ const moe_tuning_t *moe_tuning_default(void);
  * bucket <= s->tokens; NULL when none. */
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch);
 
-/* Non-zero (with a reason) when the wgmma template cannot run this tile
- * (the GEMM family's check, moe_gemm_sm90_tile_check). */
-int moe_tuning_check_tile(int bm, int bn, int bk, int stages, int consumers, int group_m, int persistent, char *err,
-                          size_t n);
-
 #endif
