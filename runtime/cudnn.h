@@ -7,7 +7,8 @@
  *   up    tokens xs [1, M, H], weights w1p [E, H, 2F] with strides
  *         [2F·H, 1, H] (our K-major [E, 2F, H]), first_token_offset
  *         offsets [E, 1, 1] int32 -> u [1, M, 2F] (packed gate/up columns),
- *         then a small NVRTC-built kernel applies the spec's SwiGLU -> hbuf
+ *         then the plan's swiglu kernel (templates/swiglu.lua, the
+ *         activation of templates/activation.lua) -> hbuf
  *   down  hbuf [1, M, F], w2 [E, F, H] strides [H·F, 1, F] -> out [1, M, H]
  * with M = the plan's max_rows at the spec's tokens: cuDNN always computes
  * all M rows (the rows past the routed ones are padding nobody reads).

@@ -240,17 +240,12 @@ moe_status moe_dn_exec(const moe_cudnn_t *c, int stage, CUdeviceptr tok, const v
 
 #endif /* MOE_HAVE_CUDNN_H */
 
-/* ---- the SwiGLU and fill kernels (NVRTC) ---------------------------------- */
+/* ---- the activation and the self-check's fill ----------------------------- */
 
-static const char swiglu_body[] =
+/* The fill kernel's source (NVRTC): the self-check's random inputs, made on
+ * the device (a weight set can be gigabytes). */
+static const char fill_body[] =
     "typedef unsigned short u16;\n"
-    "static __device__ __forceinline__ float h2f(u16 x) {\n"
-    "#if MOE_BF16\n"
-    "    return __uint_as_float((unsigned)x << 16);\n"
-    "#else\n"
-    "    float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x)); return f;\n"
-    "#endif\n"
-    "}\n"
     "static __device__ __forceinline__ u16 f2h(float f) {\n"
     "    u16 r;\n"
     "#if MOE_BF16\n"
@@ -259,32 +254,6 @@ static const char swiglu_body[] =
     "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(f));\n"
     "#endif\n"
     "    return r;\n"
-    "}\n"
-    "static __device__ __forceinline__ float act(float gate, float up) {\n"
-    "#if MOE_HAS_LIMIT\n"
-    "    gate = fminf(gate, MOE_LIMIT);\n"
-    "    up = fminf(fmaxf(up, -MOE_LIMIT), MOE_LIMIT);\n"
-    "#endif\n"
-    "    return (up + MOE_UP_OFFSET) * gate * (1.0f / (1.0f + __expf(-(MOE_ALPHA * gate))));\n"
-    "}\n"
-    "/* h [rows, F] = SwiGLU of u [rows, 2F] (gate/up granules of 8 paired), rows = min(offsets[E], cap). */\n"
-    "extern \"C\" __global__ void moe_cudnn_swiglu(const uint4 *__restrict__ u, uint4 *__restrict__ h,\n"
-    "                                             const int *__restrict__ offsets, long long cap) {\n"
-    "    long long rows = offsets[MOE_E];\n"
-    "    rows = rows < cap ? rows : cap;\n"
-    "    const long long total = rows * MOE_G;\n"
-    "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;\n"
-    "         i += (long long)gridDim.x * blockDim.x) {\n"
-    "        const long long r = i / MOE_G;\n"
-    "        const long long j = i - r * MOE_G;\n"
-    "        const uint4 g4 = u[r * 2 * MOE_G + 2 * j], u4 = u[r * 2 * MOE_G + 2 * j + 1];\n"
-    "        const u16 *gp = (const u16 *)&g4, *upp = (const u16 *)&u4;\n"
-    "        uint4 o4;\n"
-    "        u16 *op = (u16 *)&o4;\n"
-    "#pragma unroll\n"
-    "        for (int k = 0; k < 8; k++) op[k] = f2h(act(h2f(gp[k]), h2f(upp[k])));\n"
-    "        h[i] = o4;\n"
-    "    }\n"
     "}\n"
     "/* p[i] = uniform(-scale, scale) from a hash of (i, seed). */\n"
     "extern \"C\" __global__ void moe_cudnn_fill(u16 *p, unsigned long long n, unsigned long long seed,\n"
@@ -302,46 +271,40 @@ static const char swiglu_body[] =
 moe_status moe_cudnn_load_kernels(moe_cudnn_t *c) {
     const moe_spec_t *s = &c->pd->spec;
     moe_buf_t src = {0};
-    moe_buf_printf(&src,
-                   "/* moegen %s: the cuDNN path's SwiGLU (spec %s) */\n#define MOE_E %d\n#define MOE_G %d\n"
-                   "#define MOE_BF16 %d\n#define MOE_ALPHA ((float)(%.17g))\n#define MOE_HAS_LIMIT %d\n"
-                   "#define MOE_LIMIT ((float)(%.17g))\n#define MOE_UP_OFFSET ((float)(%.17g))\n",
-                   MOEGEN_VERSION, s->hash, s->experts, s->ffn / 8, s->dtype == MOE_DTYPE_BF16,
-                   s->activation.alpha, s->activation.limit > 0, s->activation.limit, s->activation.up_offset);
-    moe_buf_append(&src, swiglu_body, sizeof swiglu_body - 1);
+    moe_buf_printf(&src, "/* moegen %s: the cuDNN self-check's fill (spec %s) */\n#define MOE_BF16 %d\n",
+                   MOEGEN_VERSION, s->hash, s->dtype == MOE_DTYPE_BF16);
+    moe_buf_append(&src, fill_body, sizeof fill_body - 1);
     if (src.failed) {
         moe_buf_free(&src);
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     }
     moe_buf_t cubin = {0};
     moe_diag_t d;
-    int rc = moe_nvrtc_compile(src.data, "cudnn_swiglu.cu", c->arch, &cubin, NULL, NULL, &d);
+    int rc = moe_nvrtc_compile(src.data, "cudnn_fill.cu", c->arch, &cubin, NULL, NULL, &d);
     moe_buf_free(&src);
     if (rc)
         return moe_fail(MOE_ERR_COMPILE, "%s", d.msg);
     CUresult r = moe_cu.cuModuleLoadData(&c->mod, cubin.data);
     moe_buf_free(&cubin);
     if (r == CUDA_SUCCESS)
-        r = moe_cu.cuModuleGetFunction(&c->swiglu, c->mod, "moe_cudnn_swiglu");
-    if (r == CUDA_SUCCESS)
         r = moe_cu.cuModuleGetFunction(&c->fill, c->mod, "moe_cudnn_fill");
     if (r != CUDA_SUCCESS)
-        return moe_fail(MOE_ERR_CUDA, "loading the cuDNN path's SwiGLU kernel: %s", moe_cu_error_string(r));
+        return moe_fail(MOE_ERR_CUDA, "loading the cuDNN self-check's fill kernel: %s", moe_cu_error_string(r));
     return MOE_OK;
 }
 
 moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdeviceptr h, CUdeviceptr offsets,
-                                long long cap, CUstream st) {
-    long long total = cap * (c->pd->spec.ffn / 8);
-    long long blocks = (total + 255) / 256;
-    if (blocks > (long long)c->l->sms * 32) /* a grid-stride loop: any grid is right */
-        blocks = (long long)c->l->sms * 32;
-    if (blocks < 1)
-        blocks = 1;
+                                   long long cap, CUstream st) {
+    const moe_kernel_desc_t *k = &c->l->swiglu;
+    unsigned g[3];
+    moe_family_grid(k, &c->pd->spec, 0, cap, g); /* cap rows, one thread per 8 columns; never 0 blocks */
+    if (c->l->sms > 0 && g[0] > (unsigned)c->l->sms * 32) /* a grid-stride loop: any grid is right */
+        g[0] = (unsigned)c->l->sms * 32;
     void *args[] = {&u, &h, &offsets, &cap};
-    CUresult r = moe_cu.cuLaunchKernel(c->swiglu, (unsigned)blocks, 1, 1, 256, 1, 1, 0, st, args, NULL);
+    CUresult r = moe_cu.cuLaunchKernel(c->l->swiglu_fn, g[0], g[1], g[2], (unsigned)k->threads, 1, 1,
+                                       (unsigned)k->smem, st, args, NULL);
     return r == CUDA_SUCCESS ? MOE_OK
-                             : moe_fail(MOE_ERR_CUDA, "launching the cuDNN path's SwiGLU: %s", moe_cu_error_string(r));
+                             : moe_fail(MOE_ERR_CUDA, "launching %s: %s", k->name, moe_cu_error_string(r));
 }
 
 int moe_cudnn_fill(const moe_cudnn_t *c, CUdeviceptr p, unsigned long long n, unsigned long long seed, float scale) {

@@ -75,7 +75,7 @@ struct moe_cudnn {
 #endif
     pthread_mutex_t lock;       /* the handle's stream is per call */
     CUmodule mod;
-    CUfunction swiglu, fill;
+    CUfunction fill;           /* the self-check's input fill (NVRTC) */
     size_t u_off, cws_off, extra;
 };
 
@@ -86,10 +86,12 @@ static inline size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
  * memory. */
 moe_cudnn_t *moe_cudnn_new(const moe_plan_desc_t *pd, moe_arch_t arch, const moe_launcher_t *l);
 
-/* Compile and load the SwiGLU and fill kernels into c->mod. */
+/* Compile and load the self-check's fill kernel into c->mod. */
 moe_status moe_cudnn_load_kernels(moe_cudnn_t *c);
 
-/* h = SwiGLU of u over the rows offsets[E] says (at most cap), on st. */
+/* h = the activation of u over the rows offsets[E] says (at most cap), on st:
+ * the plan's swiglu kernel (c->l->swiglu_fn, never NULL when a stage
+ * decided for cuDNN). */
 moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdeviceptr h, CUdeviceptr offsets,
                                    long long cap, CUstream st);
 

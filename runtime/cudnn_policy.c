@@ -244,6 +244,10 @@ static moe_status decide(moe_cudnn_t *c, int world, const moe_options *o) {
     for (int i = 0; i < MOE_STAGE_COUNT; i++) {
         if (!moe_cudnn_spec_fits(s, world, i, r, sizeof r) && (rc = reject(c, i, cand, r)))
             return rc;
+        if (i == MOE_STAGE_UP && cand[i] && !c->l->swiglu_fn &&
+            (rc = reject(c, i, cand, "the plan's module has no swiglu kernel for the activation after the cuDNN "
+                         "matmul (a folder compiled before moegen emitted it: compile it again)")))
+            return rc;
         any |= cand[i];
     }
     if (!any)
