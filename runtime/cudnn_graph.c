@@ -295,7 +295,7 @@ moe_status moe_cudnn_load_kernels(moe_cudnn_t *c) {
 
 moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdeviceptr h, CUdeviceptr offsets,
                                    long long cap, CUstream st) {
-    const moe_kernel_desc_t *k = &c->l->swiglu;
+    const moe_kernel_desc_t *k = c->l->swiglu;
     unsigned g[3];
     moe_family_grid(k, &c->pd->spec, 0, cap, g); /* cap rows, one thread per 8 columns; never 0 blocks */
     if (c->l->sms > 0 && g[0] > (unsigned)c->l->sms * 32) /* a grid-stride loop: any grid is right */

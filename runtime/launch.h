@@ -19,7 +19,7 @@ typedef struct moe_launcher {
     long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts) */
     CUdeviceptr slot_table;           /* [E] the slot of expert g's weights, on the device */
     int slot_identity;                /* the slot table is the identity (expert g's weights at slot g) */
-    moe_kernel_desc_t swiglu;         /* the cuDNN path's standalone activation (family swiglu) */
+    const moe_kernel_desc_t *swiglu;  /* &pd->swiglu: the cuDNN path's standalone activation */
     CUfunction swiglu_fn;             /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
 } moe_launcher_t;

@@ -75,11 +75,8 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     /* the cuDNN path's activation, emitted into every module since the
      * swiglu family; a folder compiled before it has none (the cuDNN up
      * stage then stays on the generated kernel) */
-    const moe_family_ctx_t ctx = {.spec = &p->pd.spec, .arch = l->arch, .align = p->pd.align, .tuned = p->pd.tuned};
-    char err[256];
-    if (moe_family_build(&l->swiglu, MOE_K_SWIGLU, &ctx, err, sizeof err))
-        return moe_fail(MOE_ERR_SPEC, "the swiglu kernel: %s", err);
-    if (moe_cu.cuModuleGetFunction(&l->swiglu_fn, p->module, l->swiglu.name) != CUDA_SUCCESS)
+    l->swiglu = &p->pd.swiglu;
+    if (moe_cu.cuModuleGetFunction(&l->swiglu_fn, p->module, l->swiglu->name) != CUDA_SUCCESS)
         l->swiglu_fn = NULL;
     return moe_ep_load(p->ep, p->module);
 }
