@@ -30,8 +30,8 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         return 1;
     }
 
-    moe_family_ctx_t ctx = {.spec = s, .arch = s->arch[0], .align = pd->align, .tuned = pd->tuned,
-                            .ep = ed->ep, .nheld = nheld, .capacity = ed->capacity};
+    moe_family_ctx_t ctx = moe_plan_family_ctx(pd, s->arch[0]);
+    ctx.ep = ed->ep, ctx.nheld = nheld, ctx.capacity = ed->capacity;
     for (int i = 0; i < MOE_EK_COUNT; i++)
         if (moe_family_build(&ed->k[i], (moe_kfamily_t)(MOE_K_EP_FIRST + i), &ctx, err, errlen))
             return 1;
@@ -62,7 +62,7 @@ void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int 
 
 void moe_ep_push_params(lua_State *L, const moe_plan_desc_t *pd, const moe_ep_desc_t *ed) {
     moe_plan_push_params(L, pd, pd->spec.arch[0], -1);
-    moe_family_ctx_t ctx = {.spec = &pd->spec, .arch = pd->spec.arch[0], .align = pd->align, .tuned = pd->tuned,
-                            .ep = ed->ep, .nheld = ed->nheld, .capacity = ed->capacity};
+    moe_family_ctx_t ctx = moe_plan_family_ctx(pd, pd->spec.arch[0]);
+    ctx.ep = ed->ep, ctx.nheld = ed->nheld, ctx.capacity = ed->capacity;
     moe_family(MOE_K_EP_FIRST)->push(L, &ctx, &ed->k[0], ed->k);
 }

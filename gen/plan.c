@@ -8,6 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
+moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch) {
+    return (moe_family_ctx_t){.spec = &pd->spec, .arch = arch, .align = pd->align, .tuned = pd->tuned};
+}
+
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
     return moe_max_rows(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
 }
@@ -24,12 +28,12 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
     pd->align = moe_gemm_row_block(s, pd->tuned); /* one tile table serves both GEMMs and both arches */
     /* every arch gets every forward family, in its variant for that arch */
     for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {
-        moe_family_ctx_t ctx = {.spec = &pd->spec, .arch = (moe_arch_t)a, .align = pd->align, .tuned = pd->tuned};
+        moe_family_ctx_t ctx = moe_plan_family_ctx(pd, (moe_arch_t)a);
         for (int k = 0; k < MOE_K_COUNT; k++)
             if (moe_family_build(&pd->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
                 return 1;
     }
-    moe_family_ctx_t neutral = {.spec = &pd->spec, .arch = s->arch[0], .align = pd->align, .tuned = pd->tuned};
+    moe_family_ctx_t neutral = moe_plan_family_ctx(pd, s->arch[0]);
     if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen))
         return 1;
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
@@ -111,7 +115,7 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     moe_lua_set_int(L, "per_block", d->per_block);
     const moe_family_t *f = moe_family(d->family);
     if (f->push) {
-        moe_family_ctx_t ctx = {.spec = &pd->spec, .arch = arch, .align = pd->align, .tuned = pd->tuned};
+        moe_family_ctx_t ctx = moe_plan_family_ctx(pd, arch);
         f->push(L, &ctx, d, set);
     }
 }

@@ -60,6 +60,10 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_t
 /* Free what the plan owns (the mesh tables). Safe on an empty plan. */
 void moe_plan_desc_free(moe_plan_desc_t *pd);
 
+/* What the family table reads to plan or push kernel parameters for pd on
+ * arch (the EP fields stay 0: the EP plan sets them). */
+moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch);
+
 /* The plan's expert-parallel part, or NULL when mesh.ep is 1. */
 static inline const moe_ep_desc_t *moe_plan_ep_desc(const moe_plan_desc_t *pd) {
     return moe_ep_wanted(&pd->spec) ? &pd->ep : NULL;
