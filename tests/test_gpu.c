@@ -22,6 +22,9 @@
  *                    token; every output element written (no poison left)
  *   layer            y vs the reference; a token count above the spec's
  *                    capacity refused
+ *   swiglu           the cuDNN path's activation kernel run alone (through
+ *                    the plan's launcher) on random rows vs the reference's
+ *                    activation; it writes min(offsets[E], cap) rows, no more
  * Always, whatever the filter: the forward returns MOE_OK without a fault,
  * and route's expert indices are in range (every family reads them).
  *
@@ -38,6 +41,7 @@
 #include "cudnn.h"
 #include "driver.h"
 #include "moe.h"
+#include "moe_impl.h" /* white box: the plan's launcher, for the families run alone */
 #include "moe_internal.h"
 #include "ref.h"
 #include "spec.h"
@@ -375,9 +379,9 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
  * family depends on is always checked: the forward returned MOE_OK without
  * a fault, and route's expert indices are in range. */
 enum { FAM_ROUTE, FAM_PERMUTE_PLAN, FAM_PERMUTE_SCATTER, FAM_GEMM_UP, FAM_GEMM_DOWN, FAM_COMBINE, FAM_LAYER,
-       FAM_COUNT };
+       FAM_SWIGLU, FAM_COUNT };
 static const char *const family_names[FAM_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up",
-                                                    "gemm_down", "combine", "layer"};
+                                                    "gemm_down", "combine", "layer", "swiglu"};
 static unsigned families_on = (1u << FAM_COUNT) - 1;
 
 static int family_on(int f) { return (families_on >> f) & 1u; }
@@ -546,6 +550,89 @@ static void check_combine(const layer_t *L, int T, const float *w, const int *ro
     double err = rel_l2(num, den);
     CHECKF(err <= tol, "combine error %.3e > %.1e (against the sum of the GPU's own rows)", err, tol);
     free(acc);
+}
+
+/* swiglu (the cuDNN path's activation, run alone here): the plan's kernel
+ * on random packed rows u [cap, 2F] (gate and up in granules of 8) against
+ * the reference's activation, rounded; rows = min(offsets[E], cap), so
+ * once with offsets[E] below cap (the rows past it must stay poisoned) and
+ * once above. */
+static void check_swiglu(const moe_plan *plan, const layer_t *L, uint64_t seed) {
+    const moe_spec_t *s = &L->s;
+    const moe_launcher_t *l = &plan->launcher;
+    const int E = s->experts, F = s->ffn;
+    const moe_dtype_t dt = s->dtype;
+    const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
+    const long long cap = 37;
+    CHECKF(l->swiglu_fn != NULL, "the plan's module has no %s", l->swiglu ? l->swiglu->name : "swiglu kernel");
+    if (!l->swiglu_fn)
+        return;
+    size_t un = (size_t)cap * 2 * F, hn = (size_t)cap * F;
+    uint16_t *u = malloc(un * 2), *h = malloc(hn * 2);
+    int *offsets = malloc(sizeof(int) * (size_t)(E + 1));
+    CUdeviceptr du = 0, dh = 0, doff = 0;
+    CHECK(u && h && offsets);
+    if (!u || !h || !offsets)
+        goto done;
+    fill_random(u, un, 4.0f, seed, dt);
+    du = dev_upload(u, un * 2);
+    dh = dev_upload(NULL, hn * 2);
+    doff = dev_upload(NULL, sizeof(int) * (size_t)(E + 1));
+    CHECK(du && dh && doff);
+    if (!du || !dh || !doff)
+        goto done;
+    const int routed[2] = {29, 100}; /* offsets[E]: below cap, then above */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int e = 0; e <= E; e++)
+            offsets[e] = e == E ? routed[pass] : 0;
+        const long long rows = routed[pass] < cap ? routed[pass] : cap;
+        CHECK(cu_ok(moe_cu.cuMemcpyHtoD(doff, offsets, sizeof(int) * (size_t)(E + 1)), "offsets"));
+        CHECK(cu_ok(moe_cu.cuMemsetD8(dh, 0xff, hn * 2), "poison h"));
+        unsigned g[3];
+        moe_family_grid(l->swiglu, s, 0, cap, g);
+        long long capv = cap;
+        void *args[] = {&du, &dh, &doff, &capv};
+        CUresult r = moe_cu.cuLaunchKernel(l->swiglu_fn, g[0], g[1], g[2], (unsigned)l->swiglu->threads, 1, 1,
+                                           (unsigned)l->swiglu->smem, NULL, args, NULL);
+        CHECKF(r == CUDA_SUCCESS, "launching %s: %s", l->swiglu->name, moe_cu_error_string(r));
+        r = r == CUDA_SUCCESS ? moe_cu.cuCtxSynchronize() : r;
+        CHECKF(r == CUDA_SUCCESS, "%s faulted: %s", l->swiglu->name, moe_cu_error_string(r));
+        if (r != CUDA_SUCCESS || !cu_ok(moe_cu.cuMemcpyDtoH(h, dh, hn * 2), "h"))
+            goto done;
+        double num = 0, den = 0;
+        int finite = 1, untouched = 1;
+        for (long long row = 0; row < cap; row++)
+            for (int j = 0; j < F / 8; j++)
+                for (int k = 0; k < 8; k++) {
+                    const uint16_t got = h[(size_t)row * F + 8 * j + k];
+                    if (row >= rows) {
+                        untouched &= got == 0xffff;
+                        continue;
+                    }
+                    const float gate = moe_half_to_float(u[(size_t)row * 2 * F + 16 * j + k], dt);
+                    const float up = moe_half_to_float(u[(size_t)row * 2 * F + 16 * j + 8 + k], dt);
+                    double want = moe_half_to_float(moe_float_to_half(moe_ref_activation(s, gate, up), dt), dt);
+                    double have = moe_half_to_float(got, dt);
+                    finite &= isfinite(have);
+                    num += (have - want) * (have - want);
+                    den += want * want;
+                }
+        double err = rel_l2(num, den);
+        fprintf(stderr, "  %-40s swiglu rows %lld of cap %lld: error %.2e\n", s->name, rows, cap, err);
+        CHECKF(finite, "NaN/Inf (poison) in the rows the swiglu kernel must write");
+        CHECKF(untouched, "the swiglu kernel wrote rows past min(offsets[E], cap) = %lld", rows);
+        CHECKF(err <= tol, "swiglu error %.3e > %.1e", err, tol);
+    }
+done:
+    if (du)
+        moe_cu.cuMemFree(du);
+    if (dh)
+        moe_cu.cuMemFree(dh);
+    if (doff)
+        moe_cu.cuMemFree(doff);
+    free(u);
+    free(h);
+    free(offsets);
 }
 
 /* One forward at T tokens, then every selected family's checks. */
@@ -842,6 +929,12 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
                               .w1p = (void *)L.dw1p, .w2 = (void *)L.dw2, .y = (void *)L.dy,
                               .workspace = (void *)L.dws};
+        if (family_on(FAM_SWIGLU)) {
+            char sc[240];
+            family_case(sc, sizeof sc, FAM_SWIGLU, label);
+            check_swiglu(plan, &L, seed ^ 0x5a);
+            CASE(label);
+        }
         if (family_on(FAM_LAYER)) {
             char lc[240];
             family_case(lc, sizeof lc, FAM_LAYER, label);

@@ -212,6 +212,8 @@ static float swiglu(const moe_activation_t *act, float gate, float up) {
     return (float)((u + act->up_offset) * g / (1.0 + exp(-act->alpha * g)));
 }
 
+float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return swiglu(&s->activation, gate, up); }
+
 int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 const int *topk_idx, const float *topk_w,
                 const int *token_list, int ntokens,

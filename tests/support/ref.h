@@ -62,6 +62,10 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 const int *token_list, int ntokens,
                 float *y, uint16_t *h_out, uint16_t *o_out);
 
+/* The spec's FFN activation of one (gate, up) pair, as moe_ref_ffn applies
+ * it before rounding: computed in double, returned as float. */
+float moe_ref_activation(const moe_spec_t *s, float gate, float up);
+
 /* Tokens per expert: counts[e] = number of slots (t, k) with topk_idx == e,
  * over `tokens` tokens. Non-zero if an index is out of [0, E). */
 int moe_ref_counts(const moe_spec_t *s, const int *topk_idx, int tokens, int *counts);
