@@ -113,7 +113,7 @@ clean:
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_mesh test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning
+CPU_TESTS := test_spec test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 

@@ -61,7 +61,7 @@ static const struct {
              "Print the kernel plan (kernels, tiles, workspace) and the mesh tables: every rank's\n"
              "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
              "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
-             "--json prints the mesh tables as one JSON object (see README, \"Mesh\").\n"},
+             "--json prints the mesh tables as one JSON object (see docs/mesh.md).\n"},
     {"tune", NULL}, /* cli/tune.c: moe_tune_usage */
     {"help", "usage: moegen help [COMMAND]\n"},
 };
@@ -224,8 +224,8 @@ static int cmd_emit(const args_t *a, int compile) {
     return 0;
 }
 
-/* Which path each FFN stage takes on this machine's GPU 0 (README,
- * "cuDNN"): the runtime builds the plan (JIT, cached) and says. Without a
+/* Which path each FFN stage takes on this machine's GPU 0 (docs/cudnn.md):
+ * the runtime builds the plan (JIT, cached) and says. Without a
  * GPU it says why nothing was decided; a mesh of several devices runs the
  * generated kernels. */
 static void print_stage_paths(const char *path, const moe_spec_t *spec, const moe_tuning_t *table) {

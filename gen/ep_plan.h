@@ -1,8 +1,8 @@
 /* ep_plan.h — the expert-parallel part of a plan: the dispatch kernels
  * (templates/ep.lua), their launch shapes, and the workspace layout of a
- * forward pass whose rows move between EP ranks (README, "Expert
- * parallelism"). Part of the plan (plan.h, moe_plan_ep_desc), built with it
- * when mesh.ep > 1; plain data, like it. */
+ * forward pass whose rows move between EP ranks (docs/expert-parallel.md,
+ * docs/DESIGN.md "Expert-parallel forward"). Part of the plan (plan.h,
+ * moe_plan_ep_desc), built with it when mesh.ep > 1; plain data, like it. */
 #ifndef MOEGEN_EP_PLAN_H
 #define MOEGEN_EP_PLAN_H
 

@@ -1,5 +1,5 @@
 /* family_ep.c — the expert-parallel dispatch kernels, all in
- * templates/ep.lua (README, "Expert parallelism"): send_plan (counts -> the
+ * templates/ep.lua (docs/expert-parallel.md): send_plan (counts -> the
  * send layout and per-peer counts), scatter (token rows -> the send buffer),
  * recv_plan (received counts -> chunk tables and the tile table) and rows
  * (staging <-> slot-major rows). Their names spell the EP group: P ranks, S

@@ -1,7 +1,7 @@
 /* mesh.c — the mesh planner: ranks, groups, expert ownership, routing, and
  * the plan-time check that proves routing uses the right weights.
  *
- * Layout rules (DESIGN.md, "Mesh, ownership and the plan-time check"):
+ * Layout rules (docs/DESIGN.md, "Mesh, ownership and the plan-time check"):
  * - global rank = row-major index of the coordinates in mesh order;
  * - EP group = ranks that differ only in ep; its index is the row-major index
  *   of the other coordinates (all of them) in mesh order; FSDP likewise;

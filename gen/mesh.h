@@ -5,7 +5,7 @@
  * and FSDP groups, the experts it stores, the experts it holds after the
  * all-gather over its FSDP group, and the routing table that says, for every
  * global expert, which EP rank holds it and at which local slot
- * (DESIGN.md, "Mesh, ownership and the plan-time check").
+ * (docs/DESIGN.md, "Mesh, ownership and the plan-time check").
  *
  * Nothing assumes contiguity: routing reads the table, and
  * moe_mesh_plan_check() proves the table against the ownership lists. */

@@ -1,7 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 /* test_tuning.c — the tuning table: parsing, errors with FILE:LINE, the
  * planner's use of an entry (kernel names), heuristics without one, and the
- * JIT cache key following the chosen tiles. No GPU. */
+ * JIT cache key following the chosen tiles. No GPU. (The family table and
+ * the plan's other parts: test_plan.c.) */
 #include "cache.h"
 #include "check.h"
 #include "plan.h"
@@ -160,56 +161,6 @@ int main(void) {
                  "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
 
-    CASE("the family table: one descriptor per id, a variant for every arch, the kernels a plan holds");
-    for (int id = 0; id < MOE_FAMILY_COUNT; id++) {
-        const moe_family_t *f = moe_family((moe_kfamily_t)id);
-        CHECKF(f && (int)f->id == id && f->name && f->spell, "family %d", id);
-        for (int a = 0; f && a < MOE_FAMILY_ARCHES; a++)
-            CHECKF(moe_family_variant(f, (moe_arch_t)a) != NULL, "family %s arch %d", f->name, a);
-    }
-    CHECK(moe_family(MOE_FAMILY_COUNT) == NULL);
-    {
-        CHECK(plan_of(&pd, mixtral, embedded) == 0);
-        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
-            for (int k = 0; k < MOE_K_COUNT; k++) {
-                const moe_kernel_desc_t *d = &moe_plan_kernels(&pd, (moe_arch_t)a)[k];
-                CHECK((int)d->family == k && d->threads > 0 && d->name[0]);
-            }
-        CHECK_STREQ(moe_family_variant(moe_family(MOE_K_GEMM_UP), MOE_ARCH_SM90A)->code, "gemm_sm90");
-        moe_family_ctx_t ctx = {.spec = &pd.spec, .arch = MOE_ARCH_SM80, .align = pd.align};
-        moe_kernel_desc_t sw;
-        char err[128];
-        CHECK(moe_family_build(&sw, MOE_K_SWIGLU, &ctx, err, sizeof err) == 0);
-        CHECK_STREQ(sw.name, "mx_swiglu_bf16_f12288");
-        unsigned g[3];
-        moe_family_grid(&sw, &pd.spec, 0, 100, g);
-        CHECK(g[0] == (100 * 12288 / 8 + 255) / 256 && g[1] == 1);
-        moe_plan_grid(&pd, MOE_ARCH_SM90A, MOE_K_GEMM_DOWN, 4096, g);
-        CHECK(g[0] == 4096 / 256 && g[1] == (unsigned)moe_plan_max_tiles(&pd, 4096) && g[2] == 1);
-    }
-
-    CASE("one plan: the mesh tables and the EP part are built with the kernels");
-    CHECK(plan_of(&pd, mixtral, embedded) == 0);
-    CHECK(pd.mesh.world == 1 && pd.mesh.nheld == 8 && moe_plan_ep_desc(&pd) == NULL);
-    CHECK(plan_of(&pd, "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 }\n",
-                  embedded) == 0);
-    {
-        const moe_ep_desc_t *ep = moe_plan_ep_desc(&pd);
-        CHECK(pd.mesh.world == 4 && ep && ep->ep == 4 && ep->nheld == pd.mesh.nheld && ep->nheld == 16);
-        CHECK(ep && ep->k[MOE_EK_ROWS].family == MOE_K_EP_ROWS && strstr(ep->k[MOE_EK_SEND_PLAN].name, "p4s16c0"));
-    }
-    CASE("one plan: an EP part that cannot be built fails the plan, which is left empty");
-    {
-        moe_spec_t s;
-        moe_diag_t sd;
-        char err[256];
-        moe_plan_desc_free(&pd);
-        CHECK(moe_spec_load(&s, "e.moe", "name = 'e' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000000 "
-                            "mesh = { ep = 4 }\n", NULL, 0, &sd) == 0);
-        CHECKF(moe_plan_desc_build(&pd, &s, embedded, err, sizeof err) != 0 && strstr(err, "dispatch.mode"), "%s",
-               err);
-        CHECK(pd.mesh.ranks == NULL);
-    }
     moe_plan_desc_free(&pd);
     return check_report("test_tuning");
 }
