@@ -8,7 +8,7 @@
  * Σ_k w·(x*1000 + expert) computed straight from the routing. A row that
  * meets the wrong expert, lands in the wrong place or comes back to the
  * wrong (t, k) gives a wrong number. Every expected layout is recomputed here
- * by plain loops, independently of runtime/dispatch.c.
+ * by plain loops, independently of tests/support/dispatch.c.
  *
  * The seed is fresh each run and named in every failure; set MOEGEN_TEST_SEED
  * to replay one. */
