@@ -129,96 +129,253 @@ static int write_table(const char *path, const moe_spec_t *s, const int *tok, in
     return rc;
 }
 
-int moe_tune_command(int argc, char **argv) {
-    const char *spec_path = NULL, *out = NULL, *toklist = NULL;
+/* The command's inputs: the spec loaded with tokens = the largest count
+ * to measure (the plans' capacity; the tiles do not depend on it). */
+typedef struct {
+    const char *spec_path, *out;
+    int iters;
+    int tok[MAX_TOK], ntok, tmax;
+    moe_spec_t spec;
+} tune_args_t;
+
+/* Parse argv and load the spec. Returns -1 to go on, else the exit status
+ * (0 after --help). */
+static int parse_args(int argc, char **argv, tune_args_t *a) {
+    const char *toklist = NULL;
     moe_override_t sets[MAX_SETS + 1];
-    int nsets = 0, iters = 20;
+    int nsets = 0;
+    memset(a, 0, sizeof *a);
+    a->iters = 20;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
             return fputs(moe_tune_usage, stdout), 0;
-        if (strcmp(a, "--tokens") == 0 || strcmp(a, "--iters") == 0 || strcmp(a, "-o") == 0 ||
-            strcmp(a, "--set") == 0) {
+        if (strcmp(o, "--tokens") == 0 || strcmp(o, "--iters") == 0 || strcmp(o, "-o") == 0 ||
+            strcmp(o, "--set") == 0) {
             if (!v)
-                return fprintf(stderr, "moegen: error: %s needs a value\n(try moegen tune --help)\n", a), 2;
+                return fprintf(stderr, "moegen: error: %s needs a value\n(try moegen tune --help)\n", o), 2;
             i++;
-            if (a[2] == 't')
+            if (o[2] == 't')
                 toklist = v;
-            else if (a[2] == 'i') {
+            else if (o[2] == 'i') {
                 char *e;
-                iters = (int)strtol(v, &e, 10);
-                if (*e || iters < 1 || iters > 10000)
+                a->iters = (int)strtol(v, &e, 10);
+                if (*e || a->iters < 1 || a->iters > 10000)
                     return fprintf(stderr, "moegen: error: --iters needs 1..10000, got '%s'\n", v), 2;
-            } else if (a[1] == 'o')
-                out = v;
+            } else if (o[1] == 'o')
+                a->out = v;
             else if (nsets < MAX_SETS)
                 sets[nsets++].text = v;
             else
                 return fprintf(stderr, "moegen: error: too many --set options\n"), 2;
-        } else if (a[0] == '-' && a[1]) {
-            return fprintf(stderr, "moegen: error: unknown option '%s'\n(try moegen tune --help)\n", a), 2;
-        } else if (!spec_path) {
-            spec_path = a;
+        } else if (o[0] == '-' && o[1]) {
+            return fprintf(stderr, "moegen: error: unknown option '%s'\n(try moegen tune --help)\n", o), 2;
+        } else if (!a->spec_path) {
+            a->spec_path = o;
         } else {
-            return fprintf(stderr, "moegen: error: unexpected argument '%s'\n", a), 2;
+            return fprintf(stderr, "moegen: error: unexpected argument '%s'\n", o), 2;
         }
     }
-    if (!spec_path)
+    if (!a->spec_path)
         return fprintf(stderr, "moegen: error: tune needs a SPEC file\n(try moegen tune --help)\n"), 2;
-    moe_spec_t s;
+    moe_spec_t *s = &a->spec;
     moe_diag_t d;
-    if (moe_spec_load(&s, spec_path, NULL, sets, nsets, &d))
+    if (moe_spec_load(s, a->spec_path, NULL, sets, nsets, &d))
         return fprintf(stderr, "%s\n", d.msg), 2;
-    int tok[MAX_TOK], ntok = 0;
     if (toklist) {
-        for (const char *p = toklist; *p && ntok < MAX_TOK;) {
+        for (const char *p = toklist; *p && a->ntok < MAX_TOK;) {
             char *e;
             long v = strtol(p, &e, 10);
-            if (e == p || v < 1 || v > s.tokens || (*e && *e != ','))
+            if (e == p || v < 1 || v > s->tokens || (*e && *e != ','))
                 return fprintf(stderr, "moegen: error: --tokens: '%s' must be a list of token counts in 1..%d\n",
-                               toklist, s.tokens), 2;
-            tok[ntok++] = (int)v;
+                               toklist, s->tokens), 2;
+            a->tok[a->ntok++] = (int)v;
             p = *e ? e + 1 : e;
         }
     } else {
-        int def[3] = {256, 4096, s.tokens};
+        int def[3] = {256, 4096, s->tokens};
         for (int i = 0; i < 3; i++)
-            if (def[i] <= s.tokens && (ntok == 0 || tok[ntok - 1] < def[i]))
-                tok[ntok++] = def[i];
+            if (def[i] <= s->tokens && (a->ntok == 0 || a->tok[a->ntok - 1] < def[i]))
+                a->tok[a->ntok++] = def[i];
     }
-    int tmax = 0;
-    for (int i = 0; i < ntok; i++)
-        tmax = tok[i] > tmax ? tok[i] : tmax;
-    /* the plans hold tmax tokens (workspace); the tiles do not depend on it */
+    for (int i = 0; i < a->ntok; i++)
+        a->tmax = a->tok[i] > a->tmax ? a->tok[i] : a->tmax;
     char tset[64];
-    snprintf(tset, sizeof tset, "tokens=%d", tmax);
+    snprintf(tset, sizeof tset, "tokens=%d", a->tmax);
     sets[nsets].text = tset;
-    if (moe_spec_load(&s, spec_path, NULL, sets, nsets + 1, &d))
+    if (moe_spec_load(s, a->spec_path, NULL, sets, nsets + 1, &d))
         return fprintf(stderr, "%s\n", d.msg), 2;
-    char *canon = moe_spec_canonical(&s);
-    char spec_tmp[] = "/tmp/moegen-tune-XXXXXX";
-    int fd = canon ? mkstemp(spec_tmp) : -1;
-    if (fd < 0 || write(fd, canon, strlen(canon)) != (ssize_t)strlen(canon)) {
-        free(canon);
-        return fprintf(stderr, "moegen: error: cannot write a temporary spec\n"), 1;
-    }
-    close(fd);
+    return -1;
+}
+
+/* The canonical spec in a temporary file (path: a "/tmp/...XXXXXX"
+ * template, filled in). Returns 0, or 1 after printing the error. */
+static int write_temp_spec(const moe_spec_t *s, char *path) {
+    char *canon = moe_spec_canonical(s);
+    int fd = canon ? mkstemp(path) : -1;
+    int bad = fd < 0 || write(fd, canon, strlen(canon)) != (ssize_t)strlen(canon);
+    if (fd >= 0)
+        close(fd);
     free(canon);
+    if (bad)
+        fprintf(stderr, "moegen: error: cannot write a temporary spec\n");
+    return bad;
+}
+
+/* The GPU inputs every candidate runs on, made once in the first plan's
+ * context. */
+typedef struct {
+    CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y;
+    CUstream st;
+    CUevent ev[MOE_K_COUNT + 1];
+    char gpu[128];
+} tune_bufs_t;
+
+/* Make the inputs for spec s at tmax tokens. Returns 0, or 1 after
+ * printing the error. */
+static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
+    const size_t E = s->experts, H = s->hidden, F = s->ffn, T = (size_t)tmax;
+    CUdevice dev;
+    snprintf(b->gpu, sizeof b->gpu, "?");
+    if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
+        moe_cu.cuDeviceGetName(b->gpu, sizeof b->gpu, dev);
+    int bad = upload_random(&b->x, T * H, 1.0f, s->dtype) ||
+              upload_random(&b->wr, E * H, 4.0f / sqrtf((float)H), s->dtype) ||
+              upload_random(&b->b1p, E * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, E * H, 0.5f, s->dtype);
+    bad |= moe_cu.cuMemAlloc(&b->w1p, E * 2 * F * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemAlloc(&b->w2, E * H * F * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS;
+    bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, E * 2 * F * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemsetD8(b->w2, 0x3c, E * H * F * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS;
+    bad |= moe_cu.cuStreamCreate(&b->st, 0) != CUDA_SUCCESS;
+    for (int i = 0; i <= MOE_K_COUNT; i++)
+        bad |= moe_cu.cuEventCreate(&b->ev[i], 0) != CUDA_SUCCESS;
+    if (bad)
+        fprintf(stderr, "\nmoegen: error: cannot allocate the tuning buffers on the GPU\n");
+    return bad;
+}
+
+/* Time plan at each of a's token counts: times[ti] = the median over
+ * a->iters (after 3 warm-up runs) of the up + down GEMMs, in us. Returns
+ * 0, or 1 after printing the error. */
+static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a, float *times) {
+    CUdeviceptr ws;
+    if (moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, a->tmax)) != CUDA_SUCCESS) {
+        fprintf(stderr, "\nmoegen: error: cannot allocate the workspace\n");
+        return 1;
+    }
+    float *t = malloc(sizeof(float) * (size_t)a->iters);
+    if (!t) {
+        fprintf(stderr, "\nmoegen: error: out of memory\n");
+        moe_cu.cuMemFree(ws);
+        return 1;
+    }
+    int rc = 0;
+    for (int ti = 0; ti < a->ntok && !rc; ti++) {
+        moe_forward_args fa = {.tokens = a->tok[ti], .x = (void *)b->x, .router_w = (void *)b->wr,
+                               .router_bias = (float *)b->bias, .router_logit_bias = (float *)b->bias,
+                               .w1p = (void *)b->w1p, .b1p = (void *)b->b1p, .w2 = (void *)b->w2,
+                               .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws};
+        for (int it = -3; it < a->iters && !rc; it++) {
+            float up, down;
+            if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||
+                moe_cu.cuStreamSynchronize(b->st) != CUDA_SUCCESS) {
+                fprintf(stderr, "\nmoegen: error: forward: %s\n", moe_last_error());
+                rc = 1;
+                break;
+            }
+            if (it < 0)
+                continue;
+            moe_cu.cuEventElapsedTime(&up, b->ev[MOE_K_GEMM_UP], b->ev[MOE_K_GEMM_UP + 1]);
+            moe_cu.cuEventElapsedTime(&down, b->ev[MOE_K_GEMM_DOWN], b->ev[MOE_K_GEMM_DOWN + 1]);
+            t[it] = (up + down) * 1000.0f;
+        }
+        if (rc)
+            break;
+        qsort(t, (size_t)a->iters, sizeof *t, cmp_float);
+        times[ti] = t[a->iters / 2];
+        fprintf(stderr, "%s%d tok %.1f us", ti ? ", " : "", a->tok[ti], times[ti]);
+    }
+    free(t);
+    fprintf(stderr, "\n");
+    moe_cu.cuMemFree(ws);
+    return rc;
+}
+
+/* The table lines, one per token count (empty when fewer than two
+ * candidates ran): a bucket's winner and runner-up. Returns how many. */
+static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const int *ok, const char *gpu,
+                          char lines[][256]) {
+    char date[16];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    int nwin = 0;
+    float fastest[MAX_TOK];
+    for (int ti = 0; ti < a->ntok; ti++) {
+        fastest[ti] = 0;
+        for (int c = 0; c < NCAND; c++)
+            if (ok[c] && (fastest[ti] == 0 || times[c][ti] < fastest[ti]))
+                fastest[ti] = times[c][ti];
+    }
+    for (int ti = 0; ti < a->ntok; ti++) {
+        /* A plan built for capacity tok[ti] runs calls of any size up to it,
+         * so the bucket's winner is the candidate with the lowest sum of time
+         * ratios to the fastest over every measured count <= tok[ti]. */
+        int best = -1, second = -1;
+        double score[NCAND];
+        for (int c = 0; c < NCAND; c++) {
+            if (!ok[c])
+                continue;
+            score[c] = 0;
+            for (int tj = 0; tj < a->ntok; tj++)
+                if (a->tok[tj] <= a->tok[ti])
+                    score[c] += times[c][tj] / fastest[tj];
+            if (best < 0 || score[c] < score[best]) {
+                second = best;
+                best = c;
+            } else if (second < 0 || score[c] < score[second]) {
+                second = c;
+            }
+        }
+        lines[ti][0] = 0;
+        if (best < 0 || second < 0)
+            continue;
+        const cand_t *w = &cands[best], *r = &cands[second];
+        char key[128];
+        entry_key(key, sizeof key, &a->spec, a->tok[ti]);
+        snprintf(lines[ti], 256, "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
+                 w->bm / 64, w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
+        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n",
+                a->tok[ti], w->bm, w->bn, w->stages, w->group_m, grid_name(w), times[best][ti], r->bm, r->bn,
+                r->stages, r->group_m, grid_name(r), times[second][ti]);
+        nwin++;
+    }
+    return nwin;
+}
+
+int moe_tune_command(int argc, char **argv) {
+    tune_args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    const moe_spec_t *s = &a.spec;
+    char spec_tmp[] = "/tmp/moegen-tune-XXXXXX";
+    if (write_temp_spec(s, spec_tmp))
+        return 1;
 
     float times[NCAND][MAX_TOK];
     int ok[NCAND] = {0};
-    char gpu[128] = "?";
-    CUdeviceptr x = 0, wr = 0, w1p = 0, w2 = 0, b1p = 0, b2 = 0, bias = 0, y = 0;
-    CUstream st = NULL;
-    CUevent ev[MOE_K_COUNT + 1];
-    int rc = 0, have_buf = 0;
+    tune_bufs_t bufs = {.gpu = "?"};
+    int have_buf = 0;
+    rc = 0;
     moe_plan *keep = NULL; /* the first plan, alive to the end: the buffers live in its context */
     fprintf(stderr, "tune %s: E=%d top_k=%d H=%d F=%d %s, %d candidates x %d token counts, %d iterations\n",
-            s.name, s.experts, s.top_k, s.hidden, s.ffn, moe_dtype_name(s.dtype), NCAND, ntok, iters);
+            s->name, s->experts, s->top_k, s->hidden, s->ffn, moe_dtype_name(s->dtype), NCAND, a.ntok, a.iters);
     for (int c = 0; c < NCAND && !rc; c++) {
         const cand_t *cd = &cands[c];
-        moe_tuning_entry_t e = {.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
-                                .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
+        moe_tuning_entry_t e = {.experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
+                                .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
                                 .bk = 64, .stages = cd->stages, .consumers = cd->bm / 64, .group_m = cd->group_m,
                                 .persistent = cd->persistent};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
@@ -242,73 +399,17 @@ int moe_tune_command(int argc, char **argv) {
             fprintf(stderr, "skipped: %s: %s\n", moe_status_string(ps), moe_last_error());
             continue;
         }
-        if (!have_buf) {
-            const size_t E = s.experts, H = s.hidden, F = s.ffn, T = (size_t)tmax;
-            CUdevice dev;
-            if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
-                moe_cu.cuDeviceGetName(gpu, sizeof gpu, dev);
-            int bad = upload_random(&x, T * H, 1.0f, s.dtype) ||
-                      upload_random(&wr, E * H, 4.0f / sqrtf((float)H), s.dtype) ||
-                      upload_random(&b1p, E * 2 * F, 0.5f, s.dtype) || upload_random(&b2, E * H, 0.5f, s.dtype);
-            bad |= moe_cu.cuMemAlloc(&w1p, E * 2 * F * H * 2) != CUDA_SUCCESS ||
-                   moe_cu.cuMemAlloc(&w2, E * H * F * 2) != CUDA_SUCCESS ||
-                   moe_cu.cuMemAlloc(&bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&y, T * H * 2) != CUDA_SUCCESS;
-            bad |= moe_cu.cuMemsetD8(w1p, 0x3c, E * 2 * F * H * 2) != CUDA_SUCCESS ||
-                   moe_cu.cuMemsetD8(w2, 0x3c, E * H * F * 2) != CUDA_SUCCESS ||
-                   moe_cu.cuMemsetD8(bias, 0, E * 4) != CUDA_SUCCESS;
-            bad |= moe_cu.cuStreamCreate(&st, 0) != CUDA_SUCCESS;
-            for (int i = 0; i <= MOE_K_COUNT; i++)
-                bad |= moe_cu.cuEventCreate(&ev[i], 0) != CUDA_SUCCESS;
-            if (bad) {
-                fprintf(stderr, "\nmoegen: error: cannot allocate the tuning buffers on the GPU\n");
-                moe_plan_destroy(plan);
-                rc = 1;
-                break;
-            }
-            have_buf = 1;
-        }
-        CUdeviceptr ws;
-        if (moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, tmax)) != CUDA_SUCCESS) {
-            fprintf(stderr, "\nmoegen: error: cannot allocate the workspace\n");
+        if (!have_buf && make_buffers(&bufs, s, a.tmax)) {
             moe_plan_destroy(plan);
             rc = 1;
             break;
         }
-        float *t = malloc(sizeof(float) * (size_t)iters);
-        if (!t) {
-            fprintf(stderr, "\nmoegen: error: out of memory\n");
-            moe_cu.cuMemFree(ws);
+        have_buf = 1;
+        rc = time_plan(plan, &bufs, &a, times[c]);
+        if (rc && !keep) { /* nothing else holds the context the buffers live in */
             moe_plan_destroy(plan);
-            rc = 1;
             break;
         }
-        for (int ti = 0; ti < ntok && !rc; ti++) {
-            moe_forward_args a = {.tokens = tok[ti], .x = (void *)x, .router_w = (void *)wr,
-                                  .router_bias = (float *)bias, .router_logit_bias = (float *)bias,
-                                  .w1p = (void *)w1p, .b1p = (void *)b1p, .w2 = (void *)w2, .b2 = (void *)b2,
-                                  .y = (void *)y, .workspace = (void *)ws};
-            for (int it = -3; it < iters && !rc; it++) {
-                float up, down;
-                if (moe_forward_timed(plan, &a, st, ev) != MOE_OK || moe_cu.cuStreamSynchronize(st) != CUDA_SUCCESS) {
-                    fprintf(stderr, "\nmoegen: error: forward: %s\n", moe_last_error());
-                    rc = 1;
-                    break;
-                }
-                if (it < 0)
-                    continue;
-                moe_cu.cuEventElapsedTime(&up, ev[MOE_K_GEMM_UP], ev[MOE_K_GEMM_UP + 1]);
-                moe_cu.cuEventElapsedTime(&down, ev[MOE_K_GEMM_DOWN], ev[MOE_K_GEMM_DOWN + 1]);
-                t[it] = (up + down) * 1000.0f;
-            }
-            if (rc)
-                break;
-            qsort(t, (size_t)iters, sizeof *t, cmp_float);
-            times[c][ti] = t[iters / 2];
-            fprintf(stderr, "%s%d tok %.1f us", ti ? ", " : "", tok[ti], times[c][ti]);
-        }
-        free(t);
-        fprintf(stderr, "\n");
-        moe_cu.cuMemFree(ws);
         if (keep)
             moe_plan_destroy(plan);
         else
@@ -321,56 +422,11 @@ int moe_tune_command(int argc, char **argv) {
     if (rc)
         return rc;
     char lines[MAX_TOK][256];
-    char date[16];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-    int nwin = 0;
-    float fastest[MAX_TOK];
-    for (int ti = 0; ti < ntok; ti++) {
-        fastest[ti] = 0;
-        for (int c = 0; c < NCAND; c++)
-            if (ok[c] && (fastest[ti] == 0 || times[c][ti] < fastest[ti]))
-                fastest[ti] = times[c][ti];
-    }
-    for (int ti = 0; ti < ntok; ti++) {
-        /* A plan built for capacity tok[ti] runs calls of any size up to it,
-         * so the bucket's winner is the candidate with the lowest sum of time
-         * ratios to the fastest over every measured count <= tok[ti]. */
-        int best = -1, second = -1;
-        double score[NCAND];
-        for (int c = 0; c < NCAND; c++) {
-            if (!ok[c])
-                continue;
-            score[c] = 0;
-            for (int tj = 0; tj < ntok; tj++)
-                if (tok[tj] <= tok[ti])
-                    score[c] += times[c][tj] / fastest[tj];
-            if (best < 0 || score[c] < score[best]) {
-                second = best;
-                best = c;
-            } else if (second < 0 || score[c] < score[second]) {
-                second = c;
-            }
-        }
-        lines[ti][0] = 0;
-        if (best < 0 || second < 0)
-            continue;
-        const cand_t *w = &cands[best];
-        char key[128];
-        entry_key(key, sizeof key, &s, tok[ti]);
-        const cand_t *r = &cands[second];
-        snprintf(lines[ti], sizeof lines[ti], "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn,
-                 w->stages, w->bm / 64, w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
-        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n", tok[ti],
-                w->bm, w->bn, w->stages, w->group_m, grid_name(w), times[best][ti], r->bm, r->bn, r->stages,
-                r->group_m, grid_name(r), times[second][ti]);
-        nwin++;
-    }
-    if (!nwin)
+    if (!choose_entries(&a, times, ok, bufs.gpu, lines))
         return fprintf(stderr, "moegen: error: fewer than two candidates ran; no entries\n"), 1;
-    if (out)
-        return write_table(out, &s, tok, ntok, lines);
-    for (int ti = 0; ti < ntok; ti++)
+    if (a.out)
+        return write_table(a.out, s, a.tok, a.ntok, lines);
+    for (int ti = 0; ti < a.ntok; ti++)
         if (lines[ti][0])
             printf("%s\n", lines[ti]);
     return 0;
