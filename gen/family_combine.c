@@ -1,6 +1,7 @@
 /* family_combine.c — the combine kernel (templates/combine.lua):
  * y[t] = sum over k of w(t, k) * out[row(t, k)], per_block tokens per block. */
 #include "family.h"
+#include "launch_geom.h"
 
 #include <stdio.h>
 
@@ -19,7 +20,7 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
 
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)s, (void)n;
-    g[0] = (unsigned)((tokens + k->per_block - 1) / k->per_block);
+    g[0] = moe_blocks(tokens, k->per_block);
 }
 
 static const moe_family_variant_t variants[] = {

@@ -5,6 +5,7 @@
  * (staging <-> slot-major rows). Their names spell the EP group: P ranks, S
  * slots per rank, capacity C (0: exact mode). */
 #include "family.h"
+#include "launch_geom.h"
 
 #include <stdio.h>
 
@@ -43,12 +44,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
 /* scatter: the routed (token, k) rows; rows: n staging rows */
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
-    g[0] = (unsigned)(((long long)tokens * s->top_k + k->per_block - 1) / k->per_block);
+    g[0] = moe_blocks(moe_routed_rows(tokens, s->top_k), k->per_block);
 }
 
 static void rows_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)s, (void)tokens;
-    g[0] = (unsigned)((n + k->per_block - 1) / k->per_block);
+    g[0] = moe_blocks(n, k->per_block);
 }
 
 /* one expansion of templates/ep.lua emits the four kernels: set is the EP

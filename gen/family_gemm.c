@@ -4,6 +4,7 @@
  * pipeline (templates/gemm_sm80.lua), sm_90a wgmma with TMA operands
  * (templates/gemm_sm90.lua), whose tile the tuning table may choose. */
 #include "family.h"
+#include "launch_geom.h"
 #include "tuning.h"
 
 #include <stdio.h>
@@ -111,8 +112,9 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
  * min(grid[0] * grid[1], SMs) when tile.persistent. */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)tokens;
-    long long N = k->family == MOE_K_GEMM_UP ? 2LL * s->ffn : s->hidden;
-    g[0] = (unsigned)((N + k->tile.bn - 1) / k->tile.bn);
+    long long K, N;
+    moe_gemm_kn(k->family == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
+    g[0] = moe_blocks(N, k->tile.bn);
     g[1] = (unsigned)n;
 }
 

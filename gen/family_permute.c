@@ -3,6 +3,7 @@
  * tile table) and permute_scatter (token rows -> expert-major rows, the row
  * map, per_block rows per block). */
 #include "family.h"
+#include "launch_geom.h"
 
 #include <stdio.h>
 
@@ -32,7 +33,7 @@ static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const 
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
-    g[0] = (unsigned)(((long long)tokens * s->top_k + k->per_block - 1) / k->per_block);
+    g[0] = moe_blocks(moe_routed_rows(tokens, s->top_k), k->per_block);
 }
 
 /* the template emits both kernels: each expansion gets both names */

@@ -6,6 +6,7 @@
  * templates/swiglu.lua for it. The runtime caps the grid at
  * 32 blocks per SM, a device fact. */
 #include "family.h"
+#include "launch_geom.h"
 
 #include <stdio.h>
 
@@ -24,7 +25,7 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
 /* n rows of F / 8 eight-column groups, one per thread */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)tokens;
-    g[0] = (unsigned)((n * (s->ffn / 8) + k->threads - 1) / k->threads);
+    g[0] = moe_blocks(n * (s->ffn / 8), k->threads);
 }
 
 static const moe_family_variant_t variants[] = {

@@ -1,9 +1,11 @@
 /* launch_geom.h — launch facts that the JIT runtime and the vendored
- * launcher share: the expert-major row and tile counts, the sm_90a GEMMs'
- * operand shapes and TMA tensor-map encoding, and their 1D grid size.
+ * launcher share: the blocks of a 1D grid over items, the routed and
+ * expert-major row and tile counts, the sm_90a GEMMs' operand shapes and TMA
+ * tensor-map encoding, and their 1D grid size.
  *
  * Plain C with no dependency but <stdint.h>: the runtime includes it
- * (runtime/launch.c), the planner calls it (gen/plan.c), and emission
+ * (runtime/launch.c), the planner and the kernel families' grids call it
+ * (gen/plan.c, gen/family_*.c), and emission
  * pastes this file verbatim into every emitted .cu (templates/host.lua), so
  * a vendored source stays self-contained. The MOE_TMAP_* choices name the
  * driver's enumerators and expand where cuda.h is included. Changing this
@@ -13,11 +15,25 @@
 
 #include <stdint.h>
 
-/* Rows of the expert-major buffers for `tokens` tokens: one per (token, k)
- * pair, plus up to align - 1 rows of padding per expert, since each
- * expert's rows start on a multiple of align (the GEMM bm). */
+/* Blocks of a 1D grid over n items, per_block items per block:
+ * ceil(n / per_block). The grids of route and combine (n: tokens), of
+ * permute_scatter and ep_scatter (n: routed rows), ep_rows (n: staging
+ * rows), swiglu (n: eight-column groups, one per thread) and the GEMMs' N
+ * tiles (n: the B rows per expert, per_block: bn). */
+static inline unsigned moe_blocks(long long n, long long per_block) {
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+/* Routed rows of `tokens` tokens: one per (token, k) pair. */
+static inline long long moe_routed_rows(long long tokens, int top_k) {
+    return tokens * top_k;
+}
+
+/* Rows of the expert-major buffers for `tokens` tokens: the routed rows
+ * plus up to align - 1 rows of padding per expert, since each expert's rows
+ * start on a multiple of align (the GEMM bm). */
 static inline long long moe_max_rows(long long tokens, int top_k, int experts, int align) {
-    return tokens * top_k + (long long)experts * (align - 1);
+    return moe_routed_rows(tokens, top_k) + (long long)experts * (align - 1);
 }
 
 /* M tiles (the GEMMs' tile-table capacity) for `tokens` tokens. */

@@ -14,8 +14,8 @@
 @ -- bm, bn, persistent, K, N, ntiles (a GEMM's reduction length, B rows
 @ -- per expert, N tiles)}, set[i] the same in family order; p.neutral: the
 @ -- set the arch-neutral kernels come from; p.launch_geom: the text of
-@ -- gen/launch_geom.h, which the launcher calls for the tile count, the TMA
-@ -- encoding and the sm_90a grid size (the runtime calls the same).
+@ -- gen/launch_geom.h, which the launcher calls for the grids, the tile count,
+@ -- the TMA encoding and the sm_90a grid size (as the families and runtime do).
 @ local n = p.name
 @ local k = p.neutral
 
@@ -129,13 +129,13 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     cudaError_t e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
-    ${route.name}<<<(T + ${route.per_block - 1}) / ${route.per_block}, ${route.threads}, ${route.smem}, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
+    ${route.name}<<<moe_blocks(T, ${route.per_block}), ${route.threads}, ${route.smem}, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
     static int *slot_of = NULL;
     if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, ${n}_slot_table)) != cudaSuccess)
         return e;
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
-    ${scatter.name}<<<(unsigned)(((long long)T * ${p.K} + ${scatter.per_block - 1}) / ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
+    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.K}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
@@ -174,7 +174,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if two then
     }
 @ end
-    ${combine.name}<<<(T + ${combine.per_block - 1}) / ${combine.per_block}, ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    ${combine.name}<<<moe_blocks(T, ${combine.per_block}), ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 

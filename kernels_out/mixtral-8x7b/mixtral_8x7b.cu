@@ -2160,11 +2160,13 @@ mixtral_8x7b_swiglu_bf16_f14336(const uint4 *__restrict__ u, uint4 *__restrict__
 /* gen/launch_geom.h, verbatim: the launch facts the runtime shares */
 #line 1 "gen/launch_geom.h"
 /* launch_geom.h — launch facts that the JIT runtime and the vendored
- * launcher share: the expert-major row and tile counts, the sm_90a GEMMs'
- * operand shapes and TMA tensor-map encoding, and their 1D grid size.
+ * launcher share: the blocks of a 1D grid over items, the routed and
+ * expert-major row and tile counts, the sm_90a GEMMs' operand shapes and TMA
+ * tensor-map encoding, and their 1D grid size.
  *
  * Plain C with no dependency but <stdint.h>: the runtime includes it
- * (runtime/launch.c), the planner calls it (gen/plan.c), and emission
+ * (runtime/launch.c), the planner and the kernel families' grids call it
+ * (gen/plan.c, gen/family_*.c), and emission
  * pastes this file verbatim into every emitted .cu (templates/host.lua), so
  * a vendored source stays self-contained. The MOE_TMAP_* choices name the
  * driver's enumerators and expand where cuda.h is included. Changing this
@@ -2174,11 +2176,25 @@ mixtral_8x7b_swiglu_bf16_f14336(const uint4 *__restrict__ u, uint4 *__restrict__
 
 #include <stdint.h>
 
-/* Rows of the expert-major buffers for `tokens` tokens: one per (token, k)
- * pair, plus up to align - 1 rows of padding per expert, since each
- * expert's rows start on a multiple of align (the GEMM bm). */
+/* Blocks of a 1D grid over n items, per_block items per block:
+ * ceil(n / per_block). The grids of route and combine (n: tokens), of
+ * permute_scatter and ep_scatter (n: routed rows), ep_rows (n: staging
+ * rows), swiglu (n: eight-column groups, one per thread) and the GEMMs' N
+ * tiles (n: the B rows per expert, per_block: bn). */
+static inline unsigned moe_blocks(long long n, long long per_block) {
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+/* Routed rows of `tokens` tokens: one per (token, k) pair. */
+static inline long long moe_routed_rows(long long tokens, int top_k) {
+    return tokens * top_k;
+}
+
+/* Rows of the expert-major buffers for `tokens` tokens: the routed rows
+ * plus up to align - 1 rows of padding per expert, since each expert's rows
+ * start on a multiple of align (the GEMM bm). */
 static inline long long moe_max_rows(long long tokens, int top_k, int experts, int align) {
-    return tokens * top_k + (long long)experts * (align - 1);
+    return moe_routed_rows(tokens, top_k) + (long long)experts * (align - 1);
 }
 
 /* M tiles (the GEMMs' tile-table capacity) for `tokens` tokens. */
@@ -2326,13 +2342,13 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     cudaError_t e = cudaMemsetAsync(counts, 0, 32, stream);
     if (e != cudaSuccess) return e;
 #line 132 "templates/host.lua"
-    mixtral_8x7b_route_bf16_e8k2_t32<<<(T + 31) / 32, 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
+    mixtral_8x7b_route_bf16_e8k2_t32<<<moe_blocks(T, 32), 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
         a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
     static int *slot_of = NULL;
     if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, mixtral_8x7b_slot_table)) != cudaSuccess)
         return e;
     mixtral_8x7b_permute_plan_e8_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
-    mixtral_8x7b_permute_scatter_bf16_h4096<<<(unsigned)(((long long)T * 2 + 7) / 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
+    mixtral_8x7b_permute_scatter_bf16_h4096<<<moe_blocks(moe_routed_rows(T, 2), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
 #line 149 "templates/host.lua"
     if (use90) {
 #line 154 "templates/host.lua"
@@ -2363,7 +2379,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
 #line 175 "templates/host.lua"
     }
 #line 177 "templates/host.lua"
-    mixtral_8x7b_combine_bf16_h4096k2<<<(T + 7) / 8, 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    mixtral_8x7b_combine_bf16_h4096k2<<<moe_blocks(T, 8), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
