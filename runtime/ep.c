@@ -88,29 +88,12 @@ moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device) {
     return MOE_OK;
 }
 
-moe_status moe_ep_load(moe_ep_t *ep, CUmodule module) {
+moe_status moe_ep_load(moe_ep_t *ep) {
     if (!ep->dispatch)
         return MOE_OK;
-    for (int i = 0; i < MOE_EK_COUNT; i++) {
-        CUresult r = moe_cu.cuModuleGetFunction(&ep->fn[i], module, ep->ed->k[i].name);
-        if (r != CUDA_SUCCESS)
-            return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", ep->ed->k[i].name,
-                            moe_cu_error_string(r));
-    }
     size_t tb = sizeof(int) * (size_t)ep->mp->experts;
     CU_CHECK(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
     CU_CHECK(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp->owner_ep_rank, tb));
-    return MOE_OK;
-}
-
-static moe_status ep_launch(const moe_ep_t *ep, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
-                            CUstream st, void **args) {
-    unsigned g[3];
-    moe_ep_grid(ep->ed, pd, k, tokens, rows, g);
-    const moe_kernel_desc_t *d = &ep->ed->k[k];
-    CUresult r = moe_cu.cuLaunchKernel(ep->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, 0, st, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u): %s", d->name, g[0], moe_cu_error_string(r));
     return MOE_OK;
 }
 
@@ -157,11 +140,11 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         CUdeviceptr owner = ep->owner_dev, slot = l->slot_table;
         void *sp[] = {&reg[MOE_EW_COUNTS], &owner, &slot, &reg[MOE_EW_SLOT_COUNTS], &reg[MOE_EW_OFFSETS],
                       &reg[MOE_EW_CURSOR], &reg[MOE_EW_SEND_COUNTS], &reg[MOE_EW_SEND_OFF], &reg[MOE_EW_OVERFLOW]};
-        if ((rc = ep_launch(ep, pd, MOE_EK_SEND_PLAN, T, 0, st, sp)))
+        if ((rc = moe_launch_kernel(l, MOE_K_EP_SEND_PLAN, T, 0, st, sp, NULL)))
             return rc;
         void *sc[] = {(void *)&a->x, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_OFFSETS], &reg[MOE_EW_CURSOR], &owner,
                       (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF]};
-        if ((rc = ep_launch(ep, pd, MOE_EK_SCATTER, T, 0, st, sc)))
+        if ((rc = moe_launch_kernel(l, MOE_K_EP_SCATTER, T, 0, st, sc, NULL)))
             return rc;
         for (int d = 0; d < P; d++) {
             xfer(c, d, 0, reg[MOE_EW_SLOT_COUNTS] + 4 * (size_t)d * S, 4 * (size_t)S);
@@ -201,7 +184,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         void *rp[] = {&reg[MOE_EW_RECV_COUNTS], &reg[MOE_EW_CHUNK_SRC], &reg[MOE_EW_CHUNK_DST],
                       &reg[MOE_EW_CHUNK_ROWS], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_SLOT_OFF], &reg[MOE_EW_TILES],
                       &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};
-        if ((rc = ep_launch(ep, pd, MOE_EK_RECV_PLAN, T, 0, st, rp)))
+        if ((rc = moe_launch_kernel(l, MOE_K_EP_RECV_PLAN, T, 0, st, rp, NULL)))
             return rc;
         row_xfers(c, P, row_bytes, reg[MOE_EW_SEND], c->send_rows, reg[MOE_EW_STAGE], c->recv_rows);
         return MOE_OK;
@@ -210,7 +193,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         int dir = 0;
         void *ra[] = {&dir, &reg[MOE_EW_STAGE], &reg[MOE_EW_XR], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_CHUNK_SRC],
                       &reg[MOE_EW_CHUNK_DST], &reg[MOE_EW_CHUNK_ROWS]};
-        if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
+        if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
         long long tiles = (c->recv_total + (long long)S * (pd->align - 1)) / pd->align;
         moe_ffn_args_t f = {.tokens = T, .grid_tiles = tiles > 0 ? tiles : 1, .xs = reg[MOE_EW_XR],
@@ -220,7 +203,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         if ((rc = moe_run_ffn(l, dn, &f, st, NULL)))
             return rc;
         dir = 1;
-        if ((rc = ep_launch(ep, pd, MOE_EK_ROWS, T, c->recv_total, st, ra)))
+        if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
         row_xfers(c, P, row_bytes, reg[MOE_EW_STAGE], c->recv_rows, reg[MOE_EW_SEND], c->send_rows);
         return MOE_OK;

@@ -1,9 +1,10 @@
 /* ep.h — the multi-device part of a plan: the mesh tables of this rank, the
  * NCCL communicators of its EP and FSDP groups, and the expert-parallel
  * forward (dispatch, FFN on received rows, return, combine) as steps with
- * the data movement between them described as transfers. The plan's own
- * kernels (route, the FFN, combine) run through the plan's launcher
- * (launch.h) and cuDNN part; ep.c never sees the plan. Internal. */
+ * the data movement between them described as transfers. Every kernel
+ * (route, the dispatch kernels, the FFN, combine) runs through the plan's
+ * launcher (launch.h), the FFN also through its cuDNN part; ep.c never sees
+ * the plan. Internal. */
 #ifndef MOEGEN_EP_H
 #define MOEGEN_EP_H
 
@@ -23,7 +24,6 @@ typedef struct moe_ep {
     int fsdp_shards;                /* the gather moves experts (held > stored) */
     int sim;                        /* no NCCL: a test moves the data (moe_ep_step) */
     const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
-    CUfunction fn[MOE_EK_COUNT];
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
     ncclComm_t ep_comm, fsdp_comm;
 } moe_ep_t;
@@ -58,11 +58,12 @@ void moe_ep_destroy(moe_ep_t *ep);
  * over comm) after checking its size, rank and device against the plan. */
 moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device);
 
-/* The dispatch kernels from the plan's module, and the owner table. */
-moe_status moe_ep_load(moe_ep_t *ep, CUmodule module);
+/* The owner table on the device (when dispatch). The dispatch kernels are
+ * the launcher's (moe_launcher_t.ep_fn). */
+moe_status moe_ep_load(moe_ep_t *ep);
 
 /* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
- * its kernels on st (the plan's through l, the FFN through l and dn) and
+ * its kernels on st (each through l, the FFN through l and dn) and
  * list in c the transfers that must complete before the next step (over
  * the EP group). Exact mode synchronizes st in step 1. */
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,

@@ -35,15 +35,26 @@ static moe_status gemm_maps(const moe_launcher_t *l, int k, long long tiles, CUd
     return MOE_OK;
 }
 
-moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long rows_y, CUstream st, void **args,
+moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
                              CUevent *ev) {
+    const moe_kernel_desc_t *d;
+    CUfunction fn;
+    if (k >= 0 && k < MOE_K_COUNT) {
+        d = &l->kernels[k];
+        fn = l->fn[k];
+        if (n <= 0)
+            n = moe_plan_max_tiles(l->pd, tokens);
+    } else if (k >= MOE_K_EP_FIRST && k < MOE_K_EP_FIRST + MOE_EK_COUNT && l->ep_kernels && !ev) {
+        d = &l->ep_kernels[k - MOE_K_EP_FIRST];
+        fn = l->ep_fn[k - MOE_K_EP_FIRST];
+    } else {
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
+                        ev ? " with an event" : "");
+    }
     if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
     unsigned g[3];
-    moe_plan_grid(l->pd, l->arch, k, tokens, g);
-    if (rows_y > 0)
-        g[1] = (unsigned)rows_y;
-    const moe_kernel_desc_t *d = &l->kernels[k];
+    moe_family_grid(d, &l->pd->spec, tokens, n, g);
     CUtensorMap ma, mb;
     void *targs[6];
     if (d->tile.consumers > 0) {
@@ -57,7 +68,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, l->sms);
         g[1] = 1;
     }
-    CUresult r = moe_cu.cuLaunchKernel(l->fn[k], g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
+    CUresult r = moe_cu.cuLaunchKernel(fn, g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
                                        args, NULL);
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u x %u): %s", d->name, g[0], g[1], moe_cu_error_string(r));

@@ -1,8 +1,9 @@
 /* launch.h — the narrow interface through which the runtime's parts (the
  * forward, the expert-parallel steps, the cuDNN path's self-check) launch
  * the plan's kernels: the loaded functions, the kernel descriptors and what
- * their grids and TMA maps need, never the whole plan. Internal to
- * libmoegen. */
+ * their grids and TMA maps need, never the whole plan. moe_launch_kernel is
+ * the one function that launches them, each with its family's grid
+ * (gen/family.h). Internal to libmoegen. */
 #ifndef MOEGEN_LAUNCH_H
 #define MOEGEN_LAUNCH_H
 
@@ -15,6 +16,9 @@ typedef struct moe_launcher {
     moe_arch_t arch;                  /* the device's arch: which kernel set runs */
     const moe_kernel_desc_t *kernels; /* moe_plan_kernels(pd, arch), [MOE_K_COUNT] */
     CUfunction fn[MOE_K_COUNT];       /* kernel k in the plan's loaded module */
+    const moe_kernel_desc_t *ep_kernels; /* the EP dispatch kernels (moe_plan_ep_desc(pd)->k, [MOE_EK_COUNT],
+                                            family MOE_K_EP_FIRST + i); NULL when the plan has no EP part */
+    CUfunction ep_fn[MOE_EK_COUNT];   /* ep_kernels[i] in the module */
     int sms;                          /* the device's multiprocessors: a persistent grid's size */
     long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts) */
     CUdeviceptr slot_table;           /* [E] the slot of expert g's weights, on the device */
@@ -37,14 +41,19 @@ typedef struct {
     CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
 } moe_ffn_args_t;
 
-/* Launch kernel k (MOE_K_*) with its planned grid for `tokens` on st;
- * rows_y > 0 replaces the GEMMs' tile grid (the expert-parallel path sizes
- * it from the receive side). ev (may be NULL): events[k] is recorded first.
- * GEMM args are always (A, B, bias, tiles, num_tiles, out) with A and B
- * device pointers; the sm_90a GEMMs get A and B as TMA tensor maps instead,
- * made here, and run on a 1D grid over that tile space: one CTA per tile,
- * or at most one CTA per SM when the tile is persistent. */
-moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long rows_y, CUstream st, void **args,
+/* Launch the plan's kernel of family k on st with its family's grid
+ * (moe_family_grid) for `tokens` tokens and n: a forward kernel
+ * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels) or an EP dispatch kernel
+ * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels). n is what the
+ * family walks besides tokens: the GEMMs' row tiles (0: the plan's max
+ * tiles at `tokens`; the expert-parallel path sizes them from the receive
+ * side), ep_rows' staging rows (0 is 0 rows: one block); the other
+ * families ignore it. ev (may be NULL; forward kernels only): events[k] is
+ * recorded first. GEMM args are always (A, B, bias, tiles, num_tiles, out)
+ * with A and B device pointers; the sm_90a GEMMs get A and B as TMA tensor
+ * maps instead, made here, and run on a 1D grid over that tile space: one
+ * CTA per tile, or at most one CTA per SM when the tile is persistent. */
+moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
                              CUevent *ev);
 
 #endif

@@ -55,6 +55,17 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     return MOE_OK;
 }
 
+/* Kernel k's function in the plan's module, its shared memory limit raised
+ * when it needs more than the default 48 KB. */
+static moe_status load_kernel(moe_plan *p, const moe_kernel_desc_t *k, CUfunction *fn) {
+    CUresult r = moe_cu.cuModuleGetFunction(fn, p->module, k->name);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
+    if (k->smem > 48 * 1024)
+        CU_CHECK(moe_cu.cuFuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
+    return MOE_OK;
+}
+
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     size_t tbytes = sizeof(int) * (size_t)p->pd.spec.experts;
     CU_CHECK(moe_cu.cuMemAlloc(&p->launcher.slot_table, tbytes));
@@ -64,21 +75,23 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     l->pd = &p->pd;
     l->kernels = moe_plan_kernels(&p->pd, l->arch);
     l->slots = p->ep->mp->nheld;
-    for (int i = 0; i < MOE_K_COUNT; i++) {
-        const moe_kernel_desc_t *k = &l->kernels[i];
-        CUresult r = moe_cu.cuModuleGetFunction(&l->fn[i], p->module, k->name);
-        if (r != CUDA_SUCCESS)
-            return moe_fail(MOE_ERR_CUDA, "kernel '%s' is missing from the module: %s", k->name, moe_cu_error_string(r));
-        if (k->smem > 48 * 1024)
-            CU_CHECK(moe_cu.cuFuncSetAttribute(l->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
-    }
+    moe_status rc;
+    for (int i = 0; i < MOE_K_COUNT; i++)
+        if ((rc = load_kernel(p, &l->kernels[i], &l->fn[i])))
+            return rc;
+    /* the EP dispatch kernels, emitted when the plan has an EP part */
+    const moe_ep_desc_t *ed = moe_plan_ep_desc(&p->pd);
+    l->ep_kernels = ed ? ed->k : NULL;
+    for (int i = 0; ed && i < MOE_EK_COUNT; i++)
+        if ((rc = load_kernel(p, &ed->k[i], &l->ep_fn[i])))
+            return rc;
     /* the cuDNN path's activation, emitted into every module since the
      * swiglu family; a folder compiled before it has none (the cuDNN up
      * stage then stays on the generated kernel) */
     l->swiglu = &p->pd.swiglu;
     if (moe_cu.cuModuleGetFunction(&l->swiglu_fn, p->module, l->swiglu->name) != CUDA_SUCCESS)
         l->swiglu_fn = NULL;
-    return moe_ep_load(p->ep, p->module);
+    return moe_ep_load(p->ep);
 }
 
 int moe_slots_identity(const int *slot, int n) {
