@@ -295,16 +295,8 @@ moe_status moe_cudnn_load_kernels(moe_cudnn_t *c) {
 
 moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdeviceptr h, CUdeviceptr offsets,
                                    long long cap, CUstream st) {
-    const moe_kernel_desc_t *k = c->l->swiglu;
-    unsigned g[3];
-    moe_family_grid(k, &c->pd->spec, 0, cap, g); /* cap rows, one thread per 8 columns; never 0 blocks */
-    if (c->l->sms > 0 && g[0] > (unsigned)c->l->sms * 32) /* a grid-stride loop: any grid is right */
-        g[0] = (unsigned)c->l->sms * 32;
     void *args[] = {&u, &h, &offsets, &cap};
-    CUresult r = moe_cu.cuLaunchKernel(c->l->swiglu_fn, g[0], g[1], g[2], (unsigned)k->threads, 1, 1,
-                                       (unsigned)k->smem, st, args, NULL);
-    return r == CUDA_SUCCESS ? MOE_OK
-                             : moe_fail(MOE_ERR_CUDA, "launching %s: %s", k->name, moe_cu_error_string(r));
+    return moe_launch_kernel(c->l, MOE_K_SWIGLU, 0, cap, st, args, NULL); /* cap rows, one thread per 8 columns */
 }
 
 int moe_cudnn_fill(const moe_cudnn_t *c, CUdeviceptr p, unsigned long long n, unsigned long long seed, float scale) {

@@ -90,8 +90,8 @@ moe_cudnn_t *moe_cudnn_new(const moe_plan_desc_t *pd, moe_arch_t arch, const moe
 moe_status moe_cudnn_load_kernels(moe_cudnn_t *c);
 
 /* h = the activation of u over the rows offsets[E] says (at most cap), on st:
- * the plan's swiglu kernel (c->l->swiglu_fn, never NULL when a stage
- * decided for cuDNN). */
+ * the plan's swiglu kernel through the launcher (moe_launch_kernel;
+ * c->l->swiglu_fn, never NULL when a stage decided for cuDNN). */
 moe_status moe_cudnn_launch_swiglu(const moe_cudnn_t *c, CUdeviceptr u, CUdeviceptr h, CUdeviceptr offsets,
                                    long long cap, CUstream st);
 

@@ -47,6 +47,9 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     } else if (k >= MOE_K_EP_FIRST && k < MOE_K_EP_FIRST + MOE_EK_COUNT && l->ep_kernels && !ev) {
         d = &l->ep_kernels[k - MOE_K_EP_FIRST];
         fn = l->ep_fn[k - MOE_K_EP_FIRST];
+    } else if (k == MOE_K_SWIGLU && l->swiglu && l->swiglu_fn && !ev) {
+        d = l->swiglu;
+        fn = l->swiglu_fn;
     } else {
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
                         ev ? " with an event" : "");
@@ -55,6 +58,8 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
+    if (k == MOE_K_SWIGLU && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* a grid-stride loop: any grid is right */
+        g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
     void *targs[6];
     if (d->tile.consumers > 0) {
