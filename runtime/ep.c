@@ -237,7 +237,7 @@ moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream
 
 moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                           const moe_forward_args *a, CUstream st) {
-    if (ep->sim)
+    if (ep->unconnected)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: this plan has no communicator (a test plan whose caller "
                         "moves the data); drive it with moe_ep_step");
     moe_ep_call_t *c = malloc(sizeof *c);
@@ -304,7 +304,7 @@ moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const mo
 }
 
 moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st) {
-    if (ep->sim)
+    if (ep->unconnected)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
     moe_ep_call_t *c = malloc(sizeof *c);
     if (!c)

@@ -22,7 +22,7 @@ typedef struct moe_ep {
     const moe_mesh_rank_t *me;
     int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
     int fsdp_shards;                /* the gather moves experts (held > stored) */
-    int sim;                        /* no NCCL: a test moves the data (moe_ep_step) */
+    int unconnected;                /* no communicator: the caller moves the data between ranks (moe_ep_step) */
     const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
     ncclComm_t ep_comm, fsdp_comm;

@@ -32,7 +32,7 @@ moe_status moe_gather_prepare(const moe_plan *plan, const moe_gather_args *g, CU
 /* As moe_plan_create, for a mesh of several devices without a communicator:
  * the caller moves the data between the ranks' plans (moe_ep_step,
  * moe_gather_prepare), as the one-GPU tests of several ranks do. */
-moe_status moe_plan_create_sim(moe_plan **plan, const char *spec_path, const moe_options *opts);
+moe_status moe_plan_create_unconnected(moe_plan **plan, const char *spec_path, const moe_options *opts);
 
 /* As moe_plan_create, from spec text (name: the file name errors cite). */
 moe_status moe_plan_create_text(moe_plan **plan, const char *name, const char *text, const moe_options *opts);

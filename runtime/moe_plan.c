@@ -142,12 +142,13 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
 }
 
 /* A mesh of several devices needs the caller's communicator and NCCL (or
- * is a test's simulated rank); checked before any device work. */
-static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
+ * is unconnected: the caller moves the data between the ranks' plans, as
+ * the one-GPU tests of several ranks do); checked before any device work. */
+static moe_status check_mesh(moe_plan *p, const moe_options *o, int unconnected) {
     if (p->ep->mp->world == 1 && (!o || !o->nccl_comm))
         return MOE_OK; /* a communicator given for a mesh of one is still checked */
-    p->ep->sim = sim;
-    if (sim)
+    p->ep->unconnected = unconnected;
+    if (unconnected)
         return MOE_OK;
     if (!o || !o->nccl_comm)
         return moe_fail(MOE_ERR_INVALID_ARG, "the mesh has %d devices: moe_options.nccl_comm must be the NCCL "
@@ -160,7 +161,7 @@ static moe_status check_mesh(moe_plan *p, const moe_options *o, int sim) {
 }
 
 static moe_status connect_mesh(moe_plan *p, const moe_options *o) {
-    if (p->ep->sim || !o || !o->nccl_comm)
+    if (p->ep->unconnected || !o || !o->nccl_comm)
         return MOE_OK;
     return moe_ep_connect(p->ep, o->nccl_comm, p->device);
 }
@@ -177,7 +178,7 @@ static moe_status create_common(moe_plan **out, moe_plan *p, moe_status s) {
 }
 
 static moe_status plan_create(moe_plan **out, const char *spec_path, const char *text, const moe_options *o,
-                              int sim, const moe_tuning_t *table) {
+                              int unconnected, const moe_tuning_t *table) {
     if (!out)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create: plan is NULL");
     *out = NULL;
@@ -188,7 +189,7 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status s = plan_tables(p, spec_path, text, o, table);
     if (s == MOE_OK)
-        s = check_mesh(p, o, sim);
+        s = check_mesh(p, o, unconnected);
     if (s == MOE_OK)
         s = open_device(p, o);
     if (s == MOE_OK)
@@ -223,7 +224,7 @@ moe_status moe_plan_create_tuned(moe_plan **out, const char *name, const char *t
     return plan_create(out, name, text, o, 0, table);
 }
 
-moe_status moe_plan_create_sim(moe_plan **out, const char *spec_path, const moe_options *o) {
+moe_status moe_plan_create_unconnected(moe_plan **out, const char *spec_path, const moe_options *o) {
     return plan_create(out, spec_path, NULL, o, 1, NULL);
 }
 

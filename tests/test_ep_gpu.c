@@ -1,6 +1,6 @@
 /* test_ep_gpu.c — the expert-parallel forward of every rank of a mesh, on
- * one GPU: each rank is its own plan (moe_plan_create_sim) with its own
- * tokens, workspace and held weights, and this harness moves the data
+ * one GPU: each rank is its own plan (moe_plan_create_unconnected) with its
+ * own tokens, workspace and held weights, and this harness moves the data
  * between the ranks exactly as each step's transfer list says (the lists
  * NCCL executes on a real mesh). Each rank's output is checked against the
  * CPU reference of the whole, unsharded layer on that rank's tokens.
@@ -165,7 +165,7 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     uint16_t *w1p = malloc(2 * E * w1e), *y = malloc(2 * (size_t)T * H), *back = malloc(2 * NH * w1e);
     for (int r = 0; r < W; r++) {
         moe_options o = {.rank = r};
-        moe_status st = moe_plan_create_sim(&plan[r], path, &o);
+        moe_status st = moe_plan_create_unconnected(&plan[r], path, &o);
         CHECKF(st == MOE_OK, "rank %d: %s: %s", r, moe_status_string(st), moe_last_error());
         if (st)
             goto done;
