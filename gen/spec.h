@@ -32,12 +32,17 @@ typedef struct {
     double scale;     /* routed weights are multiplied by this */
 } moe_router_t;
 
-/* The gated unit applied between the expert GEMMs. */
-typedef enum { MOE_ACT_SWIGLU = 0 } moe_act_kind_t;
+/* The gated unit applied between the expert GEMMs, on (gate, up) after the
+ * limit clamps:
+ *   swiglu: out = (up + up_offset) * gate * sigmoid(alpha * gate)
+ *   geglu:  out = (up + up_offset) * gelu(gate), gelu the tanh approximation
+ *           (PyTorch's gelu(approximate='tanh')):
+ *           0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) */
+typedef enum { MOE_ACT_SWIGLU = 0, MOE_ACT_GEGLU = 1 } moe_act_kind_t;
 
 typedef struct {
     moe_act_kind_t kind;
-    double alpha;     /* swiglu: out = (up + up_offset) * g * sigmoid(alpha * g) */
+    double alpha;     /* swiglu only (see above) */
     double limit;     /* gate = min(gate, limit), up = clamp(up, -limit, limit); 0 = no limit */
     double up_offset;
 } moe_activation_t;

@@ -20,7 +20,7 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
 
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
 static const char *const scores[] = {"softmax", "sigmoid", NULL};
-static const char *const act_kinds[] = {"swiglu", NULL};
+static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
 static const char *const shard_axes[] = {"ep", "fsdp", NULL};
 static const int shard_axis_ids[] = {MOE_AXIS_EP, MOE_AXIS_FSDP};
@@ -66,7 +66,9 @@ const moe_key_t moe_spec_keys[] = {
 
     {.name = "activation.kind", .type = MOE_KEY_ENUM, .offset = AT(activation.kind), .choices = act_kinds,
      .help = "the gated unit between the expert GEMMs; `\"swiglu\"`: "
-             "`out = (up + up_offset) · gate · sigmoid(alpha · gate)`"},
+             "`out = (up + up_offset) · gate · sigmoid(alpha · gate)`; `\"geglu\"`: "
+             "`out = (up + up_offset) · gelu(gate)`, gelu the tanh approximation (PyTorch's "
+             "`gelu(approximate='tanh')`)"},
     {.name = "activation.alpha", .type = MOE_KEY_NUM, .offset = AT(activation.alpha), .def = 1, .lo = 1e-6,
      .hi = 1e6, .when = "activation.kind", .when_is = "swiglu", .help = "the slope inside swiglu's sigmoid"},
     {.name = "activation.limit", .type = MOE_KEY_NUM, .offset = AT(activation.limit), .optional = true,

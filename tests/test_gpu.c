@@ -81,6 +81,9 @@ static const char *const clamp_spec =
     "name = 'clamp' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512 ffn_bias = true\n"
     "router = { logit_bias = true }\n"
     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n";
+static const char *const geglu_spec =
+    "name = 'geglu' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512\n"
+    "activation = { kind = 'geglu', limit = 7.0, up_offset = 1 }\n";
 
 static const char *const wide_spec =
     "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
@@ -97,6 +100,7 @@ static const gpu_case_t cases[] = {
     {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
     {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT},
     {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT},
+    {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT},
     {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT},
@@ -116,6 +120,7 @@ static const gpu_case_t cudnn_cases[] = {
     {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON},
     {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON},
     {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON},
+    {geglu_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON},
     {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON},
     {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},

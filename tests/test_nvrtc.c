@@ -1,4 +1,4 @@
-/* test_nvrtc.c — every kernel of every example spec (and tests/specs/small.moe)
+/* test_nvrtc.c — every kernel of every example spec (and tests/specs/small.moe, geglu.moe)
  * compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
@@ -80,6 +80,7 @@ static void test_nvrtc_all(void) {
     }
     CHECK(ns >= 5);
     snprintf(specs[ns++], sizeof specs[0], "%s", SMALL);
+    snprintf(specs[ns++], sizeof specs[0], "%s", "tests/specs/geglu.moe"); /* activation.kind = "geglu" */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
     int njobs = ns * 2;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -445,6 +445,31 @@ static float frand(void) {                 /* uniform in [-1, 1) */
     return (float)((rng >> 8) & 0xFFFFFF) / 8388608.0f - 1.0f;
 }
 
+/* activation.kind = "geglu": (up + up_offset) * gelu(gate) on the clamped
+ * pair, gelu the tanh approximation (PyTorch's gelu(approximate='tanh')); the
+ * expected values are that formula evaluated in Python. */
+static void test_activation_geglu(void) {
+    CASE("activation: geglu");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.activation.kind = MOE_ACT_GEGLU;
+    static const struct {
+        float gate, up;
+        double limit, up_offset, want;
+    } v[] = {
+        {1.0f, 2.0f, 0, 0, 1.6823839812165535},
+        {-0.5f, 1.0f, 0, 0, -0.15428599017485606},
+        {3.0f, -1.5f, 0, 1, -1.4981813039591134},
+        {9.0f, -9.0f, 7, 1, -42.0}, /* both clamped to 7 */
+    };
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        s.activation.limit = v[i].limit;
+        s.activation.up_offset = v[i].up_offset;
+        double got = moe_ref_activation(&s, v[i].gate, v[i].up);
+        CHECKF(fabs(got - v[i].want) <= 1e-6 * fabs(v[i].want), "geglu(%g, %g) = %.9g, want %.9g", v[i].gate,
+               v[i].up, got, v[i].want);
+    }
+}
+
 static void naive_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *idx,
                       const float *tw, int t, double *y) {
     const int H = s->hidden, F = s->ffn, K = s->top_k;
@@ -626,6 +651,7 @@ int main(void) {
     test_route_bad_args();
     test_ffn_plain();
     test_ffn_gpt_oss();
+    test_activation_geglu();
     test_ffn_random(MOE_DTYPE_BF16);
     test_ffn_random(MOE_DTYPE_FP16);
     return check_report("test_ref");

@@ -542,6 +542,7 @@ static void test_canonical(void) {
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { renormalize = false }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { logit_bias = true }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { limit = 7 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { kind = \"geglu\" }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 ffn_bias = true",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 mesh = { ep = 2 }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 mesh = { order = { \"ep\", \"dp\", \"fsdp\" } }",
@@ -571,6 +572,18 @@ static void test_canonical(void) {
     CHECKF(load_with(&s, SMALL, o3, 3, &d) == 0, "%s", d.msg);
     check_roundtrip("canonical round trip: dispatch", &s);
     CHECK(s.dispatch.mode == MOE_DISPATCH_CAPACITY && s.dispatch.capacity == 100);
+    const char *o5[] = {"activation.kind=geglu", "activation.limit=7", "activation.up_offset=1"};
+    CHECKF(load_with(&s, SMALL, o5, 3, &d) == 0, "%s", d.msg);
+    check_roundtrip("canonical round trip: geglu", &s);
+    CASE("canonical: geglu has no alpha");
+    CHECK(s.activation.kind == MOE_ACT_GEGLU && s.activation.limit == 7 && s.activation.up_offset == 1);
+    canon = moe_spec_canonical(&s);
+    CHECK(canon && strstr(canon, "activation = { kind = \"geglu\", limit = 7, up_offset = 1 }\n"));
+    free(canon);
+    const char *o6[] = {"activation.kind=geglu", "activation.limit=7", "activation.up_offset=1",
+                        "activation.alpha=1.702"};
+    CHECKF(load_with(&t, SMALL, o6, 4, &d) == 0, "%s", d.msg);
+    CHECK(t.activation.alpha == 1.0 && strcmp(t.hash, s.hash) == 0); /* alpha is swiglu's: reset, not hashed */
     CASE("canonical: dispatch is reset and left out without EP");
     const char *o4[] = {"dispatch.mode=capacity", "dispatch.capacity=100"};
     CHECKF(load_with(&s, SMALL, o4, 2, &d) == 0, "%s", d.msg);

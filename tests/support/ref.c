@@ -202,17 +202,21 @@ static void gemm_nt(const uint16_t *W, int N, int Kd, moe_dtype_t dt,
     }
 }
 
-static float swiglu(const moe_activation_t *act, float gate, float up) {
+/* activation.kind on the clamped pair (spec.h): swiglu, or geglu with the
+ * tanh approximation of gelu (PyTorch's gelu(approximate='tanh')). */
+static float activation(const moe_activation_t *act, float gate, float up) {
     double g = gate, u = up;
     if (act->limit > 0) {
         if (g > act->limit) g = act->limit;
         if (u > act->limit) u = act->limit;
         if (u < -act->limit) u = -act->limit;
     }
+    if (act->kind == MOE_ACT_GEGLU)
+        return (float)((u + act->up_offset) * 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))));
     return (float)((u + act->up_offset) * g / (1.0 + exp(-act->alpha * g)));
 }
 
-float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return swiglu(&s->activation, gate, up); }
+float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return activation(&s->activation, gate, up); }
 
 int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 const int *topk_idx, const float *topk_w,
@@ -294,7 +298,7 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
             for (int f = 0; f < F; f++) {
                 float g = ar[f], u = ar[F + f];
                 if (b1) { g += moe_half_to_float(b1[f], dt); u += moe_half_to_float(b1[F + f], dt); }
-                uint16_t hq = moe_float_to_half(swiglu(&s->activation, g, u), dt);
+                uint16_t hq = moe_float_to_half(activation(&s->activation, g, u), dt);
                 if (h_out) h_out[(size_t)sl[p] * F + f] = hq;
                 hf[(size_t)p * F + f] = moe_half_to_float(hq, dt);
             }

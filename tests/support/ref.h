@@ -51,7 +51,8 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
  * ntokens is then ignored. For each slot (t, k) with expert e = topk_idx:
  *   a = x[t]·W1[e]ᵀ (+ b1[e])           fp32 accumulation, 2F values
  *   gate, up = a[0..F), a[F..2F)          clamped when activation.limit > 0
- *   h = round((up + up_offset) * gate * sigmoid(alpha * gate))
+ *   h = round(act(gate, up))             activation.kind (spec.h), e.g. swiglu:
+ *                                         (up + up_offset) * gate * sigmoid(alpha * gate)
  *   o = round(h·W2[e]ᵀ (+ b2[e]))         fp32 accumulation
  *   y[t] = Σ_k topk_w[t,k] * o(t,k)       fp32, summed in ascending expert order
  * where round() is to spec->dtype. Writes only the listed rows of y [T, H]
