@@ -1,5 +1,5 @@
 /* cache.h — the JIT path: plan -> source -> NVRTC cubin, through a disk
- * cache (DESIGN.md, "JIT cache").
+ * cache (docs/DESIGN.md, "JIT cache").
  *
  * Key: spec hash, generator version, template content hash, NVRTC version,
  * target arch, compile options. An entry is a header (magic, payload hash,

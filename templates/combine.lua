@@ -1,5 +1,5 @@
 @ -- combine.lua — y[t] = Σ_k topk_w[t, k] · obuf[row_of[t, k]], accumulated in
-@ -- fp32 in increasing k, rounded once to the dtype (DESIGN.md, "Kernels").
+@ -- fp32 in increasing k, rounded once to the dtype (docs/DESIGN.md, "Kernels").
 @ -- A warp per token, p.per_block tokens per block; each lane handles 8
 @ -- consecutive columns at a time with 16-byte loads and stores.
 @ local M = {}

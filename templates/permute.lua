@@ -1,4 +1,4 @@
-@ -- permute.lua — dispatch: the tile plan and the row scatter (DESIGN.md,
+@ -- permute.lua — dispatch: the tile plan and the row scatter (docs/DESIGN.md,
 @ -- "Kernels"). Emits two kernels:
 @ --
 @ -- p.plan_kernel (one block of p.plan_threads): per-expert counts ->

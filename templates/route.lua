@@ -1,7 +1,7 @@
 @ -- route.lua — the router: logits x·Wrᵀ on tensor cores, scores (softmax or
 @ -- sigmoid, fp32), optional selection bias and group-limited top-k, the
 @ -- top-k, weights (renormalized, scaled) and per-expert counts
-@ -- (DESIGN.md, "Routing, exactly").
+@ -- (docs/DESIGN.md, "Routing, exactly").
 @ --
 @ -- One block routes p.per_block tokens. Phase 1 computes their logits
 @ -- [T, E] with mma.sync m16n8k16: the block's x rows are staged in smem in
