@@ -103,7 +103,7 @@ kernels: $(BUILD)/moegen
 	@for s in $(SPECS); do n=$$(basename $$s .moe); \
 	  echo "emit $$s -> kernels_out/$$n"; $(BUILD)/moegen emit $$s -o kernels_out/$$n || exit 1; done
 
-run: $(BUILD)/moegen
+run: all
 	$(BUILD)/moegen compile $(SPEC) -o $(BUILD)/run/$$(basename $(SPEC) .moe)
 	@ls -l $(BUILD)/run/$$(basename $(SPEC) .moe)
 
