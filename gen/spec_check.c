@@ -122,6 +122,22 @@ static int value_of(const moe_key_t *k, int i) { return k->values ? k->values[i]
 
 /* Read a LIST value at the stack top into out[] (choice indices; a refused
  * value as the index nchoices); returns the count, 0 after an error. */
+/* The string on top of L, or NULL (the error reported) when it holds a NUL
+ * byte: C would read the part before it as the whole ("fp16\0junk" as fp16). */
+static const char *plain_string(moe_spec_ctx_t *c, moe_keyref_t kr, const char *fn, lua_State *L) {
+    size_t n;
+    const char *v = lua_tolstring(L, -1, &n);
+    if (strlen(v) != n) {
+        moe_spec_key_error(c, kr, "%s holds a NUL byte (after \"%s\"); strings must be plain text", fn, v);
+        return NULL;
+    }
+    return v;
+}
+
+/* The emitted symbols are NAME_forward, NAME_pack_w1, ...: a name of "moe"
+ * or "moe_..." could collide with libmoegen's own moe_ API. */
+static int reserved_name(const char *v) { return strncmp(v, "moe", 3) == 0 && (v[3] == 0 || v[3] == '_'); }
+
 static int read_list(moe_spec_ctx_t *c, moe_keyref_t kr, const moe_key_t *k, int *out) {
     lua_State *L = c->L;
     const char *fn = k->name;
@@ -153,7 +169,11 @@ static int read_list(moe_spec_ctx_t *c, moe_keyref_t kr, const moe_key_t *k, int
         if (lua_type(L, -1) != LUA_TSTRING) {
             moe_spec_key_error(c, kr, "%s[%d] must be a string, got %s", fn, i, type_word(L, -1));
         } else {
-            const char *v = lua_tostring(L, -1);
+            const char *v = plain_string(c, kr, fn, L);
+            if (!v) {
+                lua_pop(L, 1);
+                break;
+            }
             int j = choice_index(k->choices, v);
             if (j < 0 && k->refused && strcmp(v, k->refused) == 0)
                 j = max;
@@ -206,7 +226,9 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
         if (t != LUA_TSTRING) {
             moe_spec_key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
         } else {
-            const char *v = lua_tostring(L, -1);
+            const char *v = plain_string(c, kr, fn, L);
+            if (!v)
+                break;
             size_t n = strlen(v);
             int ok = n > 0 && n <= (size_t)k->hi && (isalpha((unsigned char)v[0]) || v[0] == '_');
             for (size_t i = 0; ok && i < n; i++)
@@ -215,6 +237,9 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
                 moe_spec_key_error(c, kr,
                           "%s = \"%s\" must be a C identifier of at most %d characters "
                           "(letters, digits, '_'; not starting with a digit)", fn, v, (int)k->hi);
+            else if (reserved_name(v))
+                moe_spec_key_error(c, kr, "%s = \"%s\" is reserved: the emitted symbols (%s_forward, ...) would "
+                                   "collide with libmoegen's moe_ API; choose another name", fn, v, v);
             else
                 memcpy(p, v, n + 1);
         }
@@ -255,9 +280,10 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
         if (t != LUA_TSTRING) {
             moe_spec_key_error(c, kr, "%s must be a string, got %s", fn, type_word(L, -1));
         } else {
-            const char *v = lua_tostring(L, -1);
-            int i = choice_index(k->choices, v);
-            if (i >= 0) {
+            const char *v = plain_string(c, kr, fn, L);
+            int i = v ? choice_index(k->choices, v) : 0;
+            if (!v) {
+            } else if (i >= 0) {
                 *(int *)p = value_of(k, i);
             } else {
                 char list[256];

@@ -32,7 +32,7 @@ static const char *const arches[] = {"sm_90a", "sm_80", NULL};
  * the canonical form sorts the keys. */
 const moe_key_t moe_spec_keys[] = {
     {.name = "name", .type = MOE_KEY_IDENT, .offset = AT(name), .required = true, .hi = MOE_LIMIT_NAME,
-     .help = "names the files and symbols"},
+     .help = "names the files and symbols; not `moe` or `moe_...` (libmoegen's own prefix)"},
     {.name = "experts", .type = MOE_KEY_INT, .offset = AT(experts), .required = true, .lo = 1,
      .hi = MOE_LIMIT_EXPERTS, .help = "routed experts E (over the whole mesh)"},
     {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,
