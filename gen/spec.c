@@ -292,6 +292,15 @@ int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const mo
             snprintf(diag->msg, sizeof diag->msg, "%s:1: error: %s", path, err);
             return 1;
         }
+        if (strlen(owned) != n) { /* Lua would read past it, C string handling stop at it */
+            int line = 1;
+            for (const char *q = owned; *q; q++)
+                line += *q == '\n';
+            snprintf(diag->msg, sizeof diag->msg, "%s:%d: error: the spec holds a NUL byte; a spec is text", path,
+                     line);
+            free(owned);
+            return 1;
+        }
         text = owned;
     }
     moe_sandbox_t sb;

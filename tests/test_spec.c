@@ -191,7 +191,7 @@ static const char *const required_bad[] = {
     "hidden_not_multiple_of_8", "ffn_not_multiple_of_8", "groups_not_dividing_experts",
     "topk_groups_exceeds_groups", "topk_groups_not_dividing_top_k", "mesh_experts_not_divisible",
     "unknown_key_suggestion", "unknown_nested_key_suggestion", "unknown_key", "missing_key", "enum_dtype",
-    "enum_router_score", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
+    "enum_router_score", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "nul_in_file", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
     "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
     "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep",
