@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <lauxlib.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -122,6 +123,11 @@ static int value_of(const moe_key_t *k, int i) { return k->values ? k->values[i]
 
 /* Read a LIST value at the stack top into out[] (choice indices; a refused
  * value as the index nchoices); returns the count, 0 after an error. */
+/* v has no fractional part (formatted with ".0" so it reads as a float);
+ * false for NaN and the infinities, and tested without converting to an
+ * integer type (undefined for NaN, inf and values beyond long long). */
+static int whole_number(double v) { return isfinite(v) && floor(v) == v; }
+
 /* The string on top of L, or NULL (the error reported) when it holds a NUL
  * byte: C would read the part before it as the whole ("fp16\0junk" as fp16). */
 static const char *plain_string(moe_spec_ctx_t *c, moe_keyref_t kr, const char *fn, lua_State *L) {
@@ -248,7 +254,7 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
         if (!lua_isinteger(L, -1)) {
             double v = lua_tonumber(L, -1);
             if (t == LUA_TNUMBER)
-                moe_spec_key_error(c, kr, "%s must be an integer, got %.17g%s", fn, v, v == (double)(long long)v ? ".0" : "");
+                moe_spec_key_error(c, kr, "%s must be an integer, got %.17g%s", fn, v, whole_number(v) ? ".0" : "");
             else
                 moe_spec_key_error(c, kr, "%s must be an integer, got %s", fn, type_word(L, -1));
         } else {
