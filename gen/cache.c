@@ -97,10 +97,7 @@ static void entry_write(const char *dir, const char *path, const moe_buf_t *cubi
     if (moe_mkdirs(dir, err, sizeof err))
         return;
     char tmp[4200];
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%ld", path, (long)getpid(), (long)ts.tv_nsec);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = moe_create_temp(path, tmp, sizeof tmp, 0600); /* the cache is private to its user */
     if (!f)
         return;
     unsigned char header[ENTRY_HEADER];

@@ -368,10 +368,11 @@ int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_
         free(old);
         if (same)
             continue;
-        snprintf(w[n].tmp, sizeof w[n].tmp, "%s/.%s.tmp.%ld", dir, f->path, (long)getpid());
-        FILE *o = fopen(w[n].tmp, "wb");
+        char hidden[4200];
+        snprintf(hidden, sizeof hidden, "%s/.%s", dir, f->path);
+        FILE *o = moe_create_temp(hidden, w[n].tmp, sizeof w[n].tmp, 0666);
         if (!o) {
-            snprintf(err, errlen, "cannot create '%s': %s", w[n].tmp, strerror(errno));
+            snprintf(err, errlen, "cannot create a temporary file for '%s': %s", w[n].dst, strerror(errno));
             rc = -1;
             break;
         }

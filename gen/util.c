@@ -2,10 +2,12 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -129,4 +131,34 @@ int moe_mkdirs(const char *path, char *err, size_t errlen) {
 void moe_hash_hex(const void *data, size_t n, char out[33]) {
     XXH128_hash_t h = XXH3_128bits(data, n);
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+}
+
+FILE *moe_create_temp(const char *path, char *tmp, size_t tmplen, unsigned mode) {
+    static unsigned counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (int attempt = 0; attempt < 64; attempt++) {
+        unsigned long long r = (unsigned long long)ts.tv_nsec * 0x9e3779b97f4a7c15ULL ^
+                               (unsigned long long)getpid() << 20 ^ __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+        if ((size_t)snprintf(tmp, tmplen, "%s.tmp.%ld.%012llx", path, (long)getpid(), r & 0xffffffffffffULL) >= tmplen) {
+            errno = ENAMETOOLONG;
+            return NULL;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
+        if (fd >= 0) {
+            FILE *f = fdopen(fd, "wb");
+            if (!f) {
+                int e = errno;
+                close(fd);
+                unlink(tmp);
+                errno = e;
+            }
+            return f;
+        }
+        if (errno != EEXIST)
+            return NULL;
+        ts.tv_nsec += 7919 * (attempt + 1);
+    }
+    errno = EEXIST;
+    return NULL;
 }

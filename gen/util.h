@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct {
     char *data;   /* NUL-terminated; owned */
@@ -28,6 +29,13 @@ char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t
  * first) and a NUL: the one spelling of the spec hash, the templates hash
  * and the cache key. */
 void moe_hash_hex(const void *data, size_t n, char out[33]);
+
+/* Create a new temporary file beside `path` (`path` + ".tmp." + a unique
+ * suffix, written to tmp) with O_CREAT|O_EXCL|O_NOFOLLOW and `mode` (less
+ * the umask), so a file or link planted at a guessable name is never
+ * opened or followed. Returns the file open for writing, or NULL with errno
+ * set. The caller renames tmp over path (or unlinks it). */
+FILE *moe_create_temp(const char *path, char *tmp, size_t tmplen, unsigned mode);
 
 /* mkdir -p. Returns 0, or -1 with a reason in err. */
 int moe_mkdirs(const char *path, char *err, size_t errlen);

@@ -211,11 +211,57 @@ static void test_all_or_nothing(void) {
 }
 
 
+/* ---- planted links ------------------------------------------------------------ */
+
+/* Another local user can plant links in a shared output folder at the names
+ * a writer's temporaries would take (they used to be .NAME.tmp.PID). The
+ * writer must create its temporaries exclusively, never opening or following
+ * what is there: the link's target stays untouched, the file is written, and
+ * new files are not world-writable. */
+static void test_planted_links(void) {
+    CASE("emit: a link planted at the temporary name is not followed");
+    char dir[400], victim[400], link[600], dst[600];
+    snprintf(dir, sizeof dir, "%s/shared_out", tmp_root);
+    snprintf(victim, sizeof victim, "%s/victim.txt", tmp_root);
+    char merr[256];
+    CHECKF(moe_mkdirs(dir, merr, sizeof merr) == 0, "%s", merr);
+    FILE *v = fopen(victim, "w");
+    CHECK(v != NULL);
+    if (!v)
+        return;
+    fputs("the victim's own file\n", v);
+    fclose(v);
+    snprintf(link, sizeof link, "%s/.planted.cu.tmp.%ld", dir, (long)getpid());
+    CHECK(symlink(victim, link) == 0);
+    moe_fileset_t fs = {0};
+    moe_buf_t *b = moe_fileset_add(&fs, "planted.cu");
+    CHECK(b != NULL);
+    if (!b)
+        return;
+    moe_buf_printf(b, "// written by the test\n");
+    char err[512] = "";
+    CHECKF(moe_fileset_write(&fs, dir, err, sizeof err) == 0, "%s", err);
+    moe_fileset_free(&fs);
+    size_t n;
+    char e2[64];
+    char *vt = moe_read_file(victim, 4096, &n, e2, sizeof e2);
+    CHECKF(vt && strcmp(vt, "the victim's own file\n") == 0, "the victim now reads '%s'", vt ? vt : "(unreadable)");
+    free(vt);
+    snprintf(dst, sizeof dst, "%s/planted.cu", dir);
+    char *out = moe_read_file(dst, 4096, &n, e2, sizeof e2);
+    CHECKF(out && strcmp(out, "// written by the test\n") == 0, "planted.cu reads '%s'", out ? out : "(missing)");
+    free(out);
+    struct stat st;
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode)); /* left as it was */
+    CHECK(stat(dst, &st) == 0 && !(st.st_mode & S_IWOTH));
+}
+
 int main(void) {
     if (gen_fixture_setup("test_write"))
         return 1;
     double t = now();
     test_all_or_nothing();
+    test_planted_links();
     fprintf(stderr, "test_write: cases in %.1f s\n", now() - t);
     rm_rf(tmp_root);
     return check_report("test_write");
