@@ -176,8 +176,8 @@ static int cmd_check(const args_t *a) {
 
 /* emit and compile: everything in memory first, then one write. */
 static int cmd_emit(const args_t *a, int compile) {
-    if (!a->out)
-        return usage_error("%s needs -o DIR", a->cmd);
+    if (!a->out || !a->out[0])
+        return usage_error("%s needs -o DIR (a folder name, not empty)", a->cmd);
     moe_spec_t spec;
     moe_plan_desc_t plan;
     int rc = load(a, &spec, &plan);

@@ -107,6 +107,10 @@ char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t
 
 int moe_mkdirs(const char *path, char *err, size_t errlen) {
     char buf[4096];
+    if (!path[0]) { /* the walk below starts after the first character */
+        snprintf(err, errlen, "the folder name is empty");
+        return -1;
+    }
     if (strlen(path) >= sizeof buf) {
         snprintf(err, errlen, "path too long: '%s'", path);
         return -1;

@@ -256,12 +256,27 @@ static void test_planted_links(void) {
     CHECK(stat(dst, &st) == 0 && !(st.st_mode & S_IWOTH));
 }
 
+/* An empty output folder name is a usage error (exit 2), not a walk over
+ * uninitialized memory after the name's end. */
+static void test_empty_out(void) {
+    CASE("emit -o '': refused");
+    char args[600], *err;
+    snprintf(args, sizeof args, "emit %s -o ''", SMALL);
+    int rc = run_moegen(args, &err);
+    CHECKF(rc == 2, "exit %d: %s", rc, err);
+    CHECKF(strstr(err, "needs -o DIR") != NULL, "%s", err);
+    free(err);
+    char e[256] = "";
+    CHECK(moe_mkdirs("", e, sizeof e) == -1 && strstr(e, "empty") != NULL);
+}
+
 int main(void) {
     if (gen_fixture_setup("test_write"))
         return 1;
     double t = now();
     test_all_or_nothing();
     test_planted_links();
+    test_empty_out();
     fprintf(stderr, "test_write: cases in %.1f s\n", now() - t);
     rm_rf(tmp_root);
     return check_report("test_write");
