@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "ffn.h"
+#include "launch_geom.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,7 +196,8 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
                       &reg[MOE_EW_CHUNK_DST], &reg[MOE_EW_CHUNK_ROWS]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
-        long long tiles = (c->recv_total + (long long)S * (pd->align - 1)) / pd->align;
+        /* the M tiles S slots' received rows can fill: each row once, each slot's block aligned */
+        long long tiles = moe_max_tiles(c->recv_total, 1, S, pd->align);
         moe_ffn_args_t f = {.tokens = T, .grid_tiles = tiles > 0 ? tiles : 1, .xs = reg[MOE_EW_XR],
                             .tiles = reg[MOE_EW_TILES], .num_tiles = reg[MOE_EW_NUM_TILES],
                             .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = reg[MOE_EW_XR],
