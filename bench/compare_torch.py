@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """compare_torch.py — moegen against PyTorch on the same inputs, in one process.
 
-usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N]
+usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N] [--graph]
 
 For each token count:
   * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes),
@@ -17,6 +17,14 @@ between runs to evict L2. Inputs are random (never zeros). Prints a table of
 times and ratios; only PyTorch-supported router kinds are reproduced in the
 eager peer (softmax/sigmoid top-k, no groups: group-limited specs are timed
 with plain top-k in the peer, which is cheaper, and marked so).
+
+--graph adds, per token count, the layers replayed from CUDA graphs as
+servers run decode steps: moegen's moe_forward captured on torch's stream,
+and the eager peer layer captured likewise (its counts through index_add_,
+which needs no host synchronization, instead of bincount), beside the
+roofline floor: the touched experts' weights, x, router weights and y read
+or written once at the copy bandwidth measured here, or the FLOPs at the
+dense matmul rate, whichever is longer.
 """
 import argparse
 import ctypes
@@ -70,11 +78,40 @@ def timed(fn, iters, flush):
     return statistics.median(times)
 
 
+def graph_rows(lib, plan, a, eager, T, flush, iters, dense_tf, copy_gbs, d):
+    """Print the moegen layer and the peer layer replayed from CUDA graphs,
+    against the roofline floor (touched weights once + activations at the
+    measured copy bandwidth, or FLOPs at the dense rate)."""
+    E, K, H, F = d["E"], d["K"], d["H"], d["F"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g_moe, g_peer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):  # warm the peer's allocations outside capture
+        for _ in range(2):
+            eager()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g_moe):
+        st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if lib.moe_forward(plan, ctypes.byref(a), st) != 0:
+            sys.exit("moe_forward under capture: %s" % lib.moe_last_error().decode())
+    with torch.cuda.graph(g_peer):
+        eager()
+    t_moe = timed(g_moe.replay, iters, flush)
+    t_peer = timed(g_peer.replay, iters, flush)
+    rows = T * K
+    flop = 2.0 * T * H * E + 2.0 * rows * H * 2 * F + 2.0 * rows * F * H
+    bytes_ = 2.0 * T * H * 2 + 2.0 * E * H + d["active"] * 3.0 * F * H * 2
+    floor = max(flop / dense_tf / 1e9, bytes_ / copy_gbs / 1e6)
+    print("%-6d %-22s %9.4f %9.4f %8.2fx   floor %.4f ms: moegen %.2fx floor, peer %.2fx floor" % (
+        T, "layer (CUDA graph)", t_moe, t_peer, t_peer / t_moe, floor, t_moe / floor, t_peer / floor))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
     ap.add_argument("--tokens", type=int, action="append")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--graph", action="store_true")
     opt = ap.parse_args()
     lib = ctypes.CDLL(os.path.join(ROOT, "build", "libmoegen.so"))
     lib.moe_last_error.restype = ctypes.c_char_p
@@ -177,13 +214,18 @@ def main():
             ww = ww / ww.sum(-1, keepdim=True)
             fl = ii.flatten()
             od = fl.argsort(stable=True)
-            of = torch.bincount(fl, minlength=E).cumsum(0).to(torch.int32)
+            # counts without bincount's host synchronization, so the layer can be captured
+            cnt = torch.zeros(E, device=dev, dtype=torch.int64).index_add_(0, fl, torch.ones_like(fl))
+            of = cnt.cumsum(0).to(torch.int32)
             hh = up_fn(torch._grouped_mm(x[od // K], w1t, offs=of))
             oo = torch._grouped_mm(hh, w2t, offs=of)
             out = torch.zeros(T, H, device=dev, dtype=torch.float32)
             out.index_add_(0, od // K, oo.float() * ww.flatten()[od, None])
             return out.to(dt)
         t_layer = timed(eager, opt.iters, flush)
+        if opt.graph:
+            graph_rows(lib, plan, a, eager, T, flush, opt.iters, dense_tf, copy_gbs,
+                       dict(E=E, K=K, H=H, F=F, active=int((counts > 0).sum())))
         rows = T * K
         fl_up, fl_down = 2.0 * rows * H * 2 * F, 2.0 * rows * F * H
         for name, mine, peer, flop in (("up+SwiGLU", m_up, t_up, fl_up), ("  (grouped_mm alone)", m_up, t_up_mm, fl_up),

@@ -10,6 +10,7 @@
 #   bench    moe_bench per example spec (MOEGEN_TUNING as set), then build-old/moe_bench
 #            (for the specs in $OLD_SPECS, default all)
 #   compare  bench/compare_torch.py (moegen vs torch._grouped_mm and the eager layer)
+#   decode   moe_bench --graph and compare_torch.py --graph at 1..512 tokens (CUDA-graph replay)
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -59,7 +60,17 @@ for what in "$@"; do
             echo "compare_torch exit status $?" | tee -a "$OUT/compare.log"
         done
         ;;
-    tests|grids|tune|bench) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, all)"; exit 2 ;;
+    decode|all)
+        for s in $specs; do
+            timeout 120 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 8 --tokens 64 --tokens 128 \
+                --tokens 512 --iters 30 2>&1 | tee -a "$OUT/decode.log" | grep -E 'LAYER|ceilings|^moe_bench'
+        done
+        for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do
+            timeout 120 python3 bench/compare_torch.py examples/specs/$s.moe --graph --tokens 1 --tokens 64 \
+                --tokens 512 --iters 20 2>&1 | tee -a "$OUT/decode_compare.log" | grep -E 'graph|ceilings|^compare'
+        done
+        ;;&
+    tests|grids|tune|bench|decode) ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, all)"; exit 2 ;;
     esac
 done

@@ -1,6 +1,6 @@
 /* moe_bench.c — time every kernel and the whole layer on the GPU.
  *
- * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both]
+ * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph]
  *
  * --cudnn sets moe_options.cudnn (default: $MOEGEN_CUDNN, else auto); both
  * times a plan with cuDNN off and one with it on, side by side on the same
@@ -13,7 +13,13 @@
  * (bytes read + written) and a dense 8192^3 bf16 cuBLAS GEMM (cuBLAS is
  * loaded with dlopen by this program only). The floor of a kernel is
  * max(FLOP / GEMM rate, bytes / copy rate), bytes counting each input once
- * and each output once (the weights of the experts that got tokens). */
+ * and each output once (the weights of the experts that got tokens).
+ *
+ * --graph adds two rows per token count: the layer launched eagerly with no
+ * per-kernel events ("eager"), and the layer captured once into a CUDA
+ * graph and replayed ("graph"), as servers run decode steps; both with the
+ * same L2 flush before each run. The graph's output is checked bit for bit
+ * against the eager forward's (exit status 1 if they differ). */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "moe.h"
@@ -157,14 +163,60 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
 
 /* ---- the layer ---------------------------------------------------------- */
 
-static const char usage[] = "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both]\n";
+static const char usage[] = "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph]\n";
+
+/* Median time of `iters` runs of the layer, ms, each after an L2 flush:
+ * eager moe_forward calls, or launches of the instantiated graph `ge` when
+ * it is non-NULL. Returns a negative value when a forward fails. */
+static float time_layer(const moe_plan *plan, const moe_forward_args *a, CUgraphExec ge, CUstream st, CUevent ea,
+                        CUevent eb, CUdeviceptr flush, size_t flush_bytes, int iters) {
+    float *t = malloc(sizeof(float) * (size_t)iters), ms;
+    for (int it = -5; it < iters; it++) {
+        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+        CK(moe_cu.cuEventRecord(ea, st));
+        if (ge)
+            CK(moe_cu.cuGraphLaunch(ge, st));
+        else if (moe_forward(plan, a, st) != MOE_OK) {
+            free(t);
+            return -1;
+        }
+        CK(moe_cu.cuEventRecord(eb, st));
+        CK(moe_cu.cuStreamSynchronize(st));
+        if (it >= 0)
+            CK(moe_cu.cuEventElapsedTime(&t[it], ea, eb));
+    }
+    ms = median(t, iters);
+    free(t);
+    return ms;
+}
+
+/* The layer captured from one moe_forward on st, instantiated; NULL (with
+ * the reason on stderr) when the forward failed during capture. */
+static CUgraphExec capture_layer(const moe_plan *plan, const moe_forward_args *a, CUstream st) {
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    CK(moe_cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    moe_status s = moe_forward(plan, a, st);
+    CK(moe_cu.cuStreamEndCapture(st, &g)); /* ends the capture whatever the forward did */
+    if (s != MOE_OK) {
+        fprintf(stderr, "moe_bench: forward under capture: %s\n", moe_last_error());
+        if (g)
+            moe_cu.cuGraphDestroy(g);
+        return NULL;
+    }
+    CK(moe_cu.cuGraphInstantiateWithFlags(&ge, g, 0));
+    CK(moe_cu.cuGraphDestroy(g));
+    return ge;
+}
 
 int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
-    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1;
+    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
+        if (strcmp(argv[i], "--graph") == 0)
+            graph = 1;
+        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
@@ -302,15 +354,40 @@ int main(int argc, char **argv) {
         flop[MOE_K_COUNT] = flop[0] + flop[3] + flop[4] + flop[5];
         /* the layer's floor: x, all active weights and y, each once */
         bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * E * H + active * 3 * F * H * 2 + 2.0 * T * H;
-        for (int k = 0; k <= MOE_K_COUNT; k++) {
-            double ms = median(t[k], iters);
-            double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[k] / (gemm_tf * 1e12) : 0, bytes[k] / (copy_gbs * 1e9));
-            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f", T, k < MOE_K_COUNT ? names[k] : "LAYER", ms,
-                   flop[k] / (ms * 1e-3) / 1e12, bytes[k] / (ms * 1e-3) / 1e9, floor_ms, ms / floor_ms);
+        float graph_ms[2] = {0, 0}; /* eager without events, graph replay */
+        if (graph) {
+            size_t ybytes = (size_t)T * H * 2;
+            uint16_t *ye = malloc(ybytes), *yg = malloc(ybytes);
+            graph_ms[0] = time_layer(plan, &a, NULL, st, ea, eb, flush, flush_bytes, iters);
+            CK(moe_cu.cuMemcpyDtoH(ye, y, ybytes));
+            CK(moe_cu.cuMemsetD8(y, 0xff, ybytes)); /* poisoned: the replay must write every value */
+            CUgraphExec ge = capture_layer(plan, &a, st);
+            if (graph_ms[0] < 0 || !ge) {
+                fprintf(stderr, "moe_bench: forward: %s\n", moe_last_error());
+                return 1;
+            }
+            graph_ms[1] = time_layer(plan, &a, ge, st, ea, eb, flush, flush_bytes, iters);
+            CK(moe_cu.cuMemcpyDtoH(yg, y, ybytes));
+            CK(moe_cu.cuGraphExecDestroy(ge));
+            if (memcmp(ye, yg, ybytes) != 0) {
+                fprintf(stderr, "moe_bench: %d tokens: the graph replay's output differs from the eager forward's\n", T);
+                return 1;
+            }
+            free(ye);
+            free(yg);
+        }
+        for (int k = 0; k <= MOE_K_COUNT + 2 * graph; k++) {
+            int kk = k < MOE_K_COUNT ? k : MOE_K_COUNT; /* the layer rows share the layer's work */
+            double ms = k <= MOE_K_COUNT ? median(t[k], iters) : graph_ms[k - MOE_K_COUNT - 1];
+            double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[kk] / (gemm_tf * 1e12) : 0, bytes[kk] / (copy_gbs * 1e9));
+            static const char *const layer_rows[3] = {"LAYER", "LAYER eager", "LAYER graph"};
+            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f", T, k < MOE_K_COUNT ? names[k] : layer_rows[k - MOE_K_COUNT],
+                   ms, flop[kk] / (ms * 1e-3) / 1e12, bytes[kk] / (ms * 1e-3) / 1e9, floor_ms, ms / floor_ms);
             if (nplans > 1)
                 printf("  %s", moe_cudnn_mode_name(modes[pi]));
             printf("\n");
-            free(t[k]);
+            if (k <= MOE_K_COUNT)
+                free(t[k]);
         }
     }
     for (int pi = 0; pi < nplans; pi++)

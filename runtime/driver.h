@@ -43,7 +43,13 @@
     X(cuEventRecord, "cuEventRecord")                         \
     X(cuEventSynchronize, "cuEventSynchronize")               \
     X(cuEventElapsedTime, "cuEventElapsedTime_v2")             \
-    X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")
+    X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")         \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture_v2")        \
+    X(cuStreamEndCapture, "cuStreamEndCapture")               \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags") \
+    X(cuGraphLaunch, "cuGraphLaunch")                         \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy")               \
+    X(cuGraphDestroy, "cuGraphDestroy")
 
 typedef struct {
 #define MOE_CU_FIELD(fn, sym) __typeof__(fn) *fn;

@@ -66,6 +66,7 @@ typedef struct {
     int ntokens;
     int from_dir;          /* load kernels from a `moegen compile` folder, no NVRTC at run time */
     int cudnn;             /* moe_options.cudnn (MOE_CUDNN_DEFAULT: $MOEGEN_CUDNN decides); see cudnn_expect */
+    int graph;             /* capture each forward into a CUDA graph, give it new x, replay (see run_tokens) */
 } gpu_case_t;
 
 static const char *const tiny_spec =
@@ -89,24 +90,28 @@ static const char *const wide_spec =
     "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
 
 static const gpu_case_t cases[] = {
-    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT},
-    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT},
-    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0, MOE_CUDNN_DEFAULT},
-    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1, MOE_CUDNN_DEFAULT},
-    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
-    {clamp_spec, MODE_PERM, {512}, 1, 0, MOE_CUDNN_DEFAULT},
-    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0, MOE_CUDNN_DEFAULT},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
-    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT},
-    {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT},
-    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT},
-    {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT},
+    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 0},
+    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1, MOE_CUDNN_DEFAULT, 0},
+    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {clamp_spec, MODE_PERM, {512}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    /* captured and replayed as servers run decode steps */
+    {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1},
+    {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -115,19 +120,19 @@ static const gpu_case_t cases[] = {
  * refused with the reason that cudnn_expect predicts from the loaded
  * version. */
 static const gpu_case_t cudnn_cases[] = {
-    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_ON},
-    {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON},
-    {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON},
-    {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON},
-    {geglu_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON},
-    {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO},
-    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF},
-    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT},
+    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON, 0},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_ON, 0},
+    {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON, 0},
+    {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON, 0},
+    {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0},
+    {geglu_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0},
+    {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON, 0},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO, 0},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF, 0},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT, 0},
 };
 
 /* The cuDNN this process loads ($MOEGEN_CUDNN_PATH, else the default
@@ -641,7 +646,48 @@ done:
 }
 
 /* One forward at T tokens, then every selected family's checks. */
-static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label) {
+/* The forward of a, captured on a stream of its own into a CUDA graph and
+ * replayed once after the capture: between the two, x gets new values (every
+ * element negated, here and in L's host copy, so the reference follows) and
+ * y and the workspace are poisoned again, so the checks that follow see
+ * only what the replay computed from the new x. Returns the forward's
+ * status (MOE_ERR_CUDA when a graph call fails). */
+static moe_status forward_replayed(const moe_plan *plan, layer_t *L, const moe_forward_args *a, int T) {
+    const size_t H = L->s.hidden;
+    CUstream gs = NULL;
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    moe_status st = MOE_ERR_CUDA;
+    if (!cu_ok(moe_cu.cuStreamCreate(&gs, CU_STREAM_NON_BLOCKING), "stream") ||
+        !cu_ok(moe_cu.cuStreamBeginCapture(gs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture"))
+        goto out;
+    st = moe_forward(plan, a, gs);
+    if (!cu_ok(moe_cu.cuStreamEndCapture(gs, &g), "end capture") || st != MOE_OK) {
+        st = st != MOE_OK ? st : MOE_ERR_CUDA;
+        goto out;
+    }
+    st = MOE_ERR_CUDA;
+    if (!cu_ok(moe_cu.cuGraphInstantiateWithFlags(&ge, g, 0), "instantiate"))
+        goto out;
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        L->x[i] ^= 0x8000; /* -x, in bf16 and fp16 alike */
+    if (!cu_ok(moe_cu.cuMemcpyHtoD(L->dx, L->x, (size_t)T * H * 2), "new x") ||
+        !cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)L->s.tokens * H * 2), "poison y") ||
+        !cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace") ||
+        !cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") || !cu_ok(moe_cu.cuStreamSynchronize(gs), "replay"))
+        goto out;
+    st = MOE_OK;
+out:
+    if (ge)
+        moe_cu.cuGraphExecDestroy(ge);
+    if (g)
+        moe_cu.cuGraphDestroy(g);
+    if (gs)
+        moe_cu.cuStreamDestroy(gs);
+    return st;
+}
+
+static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label, int graph) {
     const moe_spec_t *s = &L->s;
     const int E = s->experts, K = s->top_k, H = s->hidden, F = s->ffn;
     const moe_dtype_t dt = s->dtype;
@@ -659,8 +705,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
                           .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
                           .w2 = (void *)L->dw2, .b2 = s->ffn_bias ? (void *)L->db2 : NULL,
                           .y = (void *)L->dy, .workspace = (void *)L->dws};
-    moe_status st = moe_forward(plan, &a, NULL);
-    CHECKF(st == MOE_OK, "forward: %s: %s", moe_status_string(st), moe_last_error());
+    moe_status st = graph ? forward_replayed(plan, L, &a, T) : moe_forward(plan, &a, NULL);
+    CHECKF(st == MOE_OK, "forward%s: %s: %s", graph ? " (CUDA graph)" : "", moe_status_string(st), moe_last_error());
     CUresult sr = moe_cu.cuCtxSynchronize();
     CHECKF(sr == CUDA_SUCCESS, "kernel fault: %s", moe_cu_error_string(sr));
     if (st != MOE_OK || sr != CUDA_SUCCESS)
@@ -890,8 +936,8 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         return;
     }
     char label[160];
-    snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode],
-             c->from_dir ? "/from_dir" : "");
+    snprintf(label, sizeof label, "%s/%s/%s%s%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode],
+             c->from_dir ? "/from_dir" : "", c->graph ? "/graph" : "");
     CASE(label);
     moe_options o = {.cache_dir = cache, .cudnn = c->cudnn};
     moe_plan *plan = NULL;
@@ -928,7 +974,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             char l2[200];
             snprintf(l2, sizeof l2, "%s/T%d", label, c->tokens[i]);
             CASE(l2);
-            run_tokens(plan, &L, c->tokens[i], &rng, l2);
+            run_tokens(plan, &L, c->tokens[i], &rng, l2, c->graph);
         }
         /* capacity: one token more than the spec allows is refused */
         moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
