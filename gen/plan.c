@@ -95,6 +95,7 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     moe_lua_set_bool(L, "renormalize", s->router.renormalize);
     moe_lua_set_int(L, "groups", s->router.groups);
     moe_lua_set_int(L, "topk_groups", s->router.topk_groups);
+    moe_lua_set_int(L, "group_topk", s->router.group_topk);
     moe_lua_set_bool(L, "bias", s->router.bias);
     moe_lua_set_bool(L, "logit_bias", s->router.logit_bias);
     moe_lua_set_num(L, "scale", s->router.scale);

@@ -27,6 +27,7 @@ typedef struct {
     bool renormalize;
     int groups;       /* expert groups for group-limited routing; 1 = off */
     int topk_groups;  /* groups kept; 1 when groups == 1 */
+    int group_topk;   /* a group scores the sum of its top group_topk selection scores; 2 when groups == 1 */
     bool bias;        /* per-expert selection bias (fp32 [E]), selection only */
     bool logit_bias;  /* per-expert bias added to the logits (fp32 [E]) */
     double scale;     /* routed weights are multiplied by this */

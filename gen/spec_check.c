@@ -368,13 +368,13 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "EP peer");
     else if (d->mode == MOE_DISPATCH_EXACT && d->capacity != 0)
         NAMED_ERROR(c, "dispatch.capacity", "dispatch.capacity applies to mode = \"capacity\" only (mode is \"exact\")");
-    else if (r->groups > 1 && s->top_k % r->topk_groups)
-        NAMED_ERROR(c, "router.topk_groups",
-                    "router.topk_groups (%d) must divide top_k (%d): a group's score sums its top top_k/topk_groups "
-                    "experts", r->topk_groups, s->top_k);
     else if (r->groups > 1 && s->top_k > r->topk_groups * (s->experts / r->groups))
         NAMED_ERROR(c, "router.topk_groups", "top_k (%d) exceeds the experts in the kept groups (%d groups of %d)",
                     s->top_k, r->topk_groups, s->experts / r->groups);
+    else if (r->groups > 1 && r->group_topk > s->experts / r->groups)
+        NAMED_ERROR(c, "router.group_topk",
+                    "router.group_topk (%d) exceeds the experts in a group (%d = experts / router.groups): a group "
+                    "scores the sum of its top group_topk selection scores", r->group_topk, s->experts / r->groups);
     else if (rows > MOE_LIMIT_ROWS)
         NAMED_ERROR(c, "tokens", "tokens * top_k (%lld) exceeds the limit of %lld rows", rows, MOE_LIMIT_ROWS);
     else if (welems > MOE_LIMIT_WEIGHT_ELEMS)

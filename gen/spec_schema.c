@@ -55,8 +55,12 @@ const moe_key_t moe_spec_keys[] = {
      .help = "group-limited routing: the experts split into this many consecutive groups"},
     {.name = "router.topk_groups", .type = MOE_KEY_INT, .offset = AT(router.topk_groups), .def = 1, .lo = 1,
      .hi = MOE_LIMIT_EXPERTS, .at_most = "router.groups",
-     .help = "groups kept; with `router.groups` > 1 it divides `top_k`, and a group scores the sum of its "
-             "top `top_k/topk_groups` experts"},
+     .help = "groups kept (with `router.groups` > 1); `top_k` must fit in them "
+             "(`top_k` ≤ `topk_groups`·`experts`/`groups`)"},
+    {.name = "router.group_topk", .type = MOE_KEY_INT, .offset = AT(router.group_topk), .def = 2, .lo = 1,
+     .hi = MOE_LIMIT_EXPERTS, .when = "router.groups",
+     .help = "a group's score is the sum of its top `group_topk` selection scores, at most `experts`/`groups` "
+             "(DeepSeek-V3, GLM-4.5, Kimi K2: 2; DeepSeek-V2's group_limited_greedy: 1, the maximum)"},
     {.name = "router.bias", .type = MOE_KEY_BOOL, .offset = AT(router.bias),
      .help = "a per-expert fp32 bias added to the scores for selection only"},
     {.name = "router.logit_bias", .type = MOE_KEY_BOOL, .offset = AT(router.logit_bias),

@@ -98,9 +98,10 @@
 @     c.KG = p.topk_groups
 @     need(c.E % c.G == 0, "groups must divide experts")
 @     c.PG = c.E // c.G                    -- experts per group
-@     need(c.KG >= 1 and c.KG <= c.G and c.K % c.KG == 0, "topk_groups must divide top_k and not exceed groups")
-@     c.TAKE = c.K // c.KG                 -- a group's score sums its top TAKE scores
-@     need(c.TAKE <= c.PG and c.K <= c.KG * c.PG, "top_k does not fit in the kept groups")
+@     need(c.KG >= 1 and c.KG <= c.G, "topk_groups must be 1..groups")
+@     c.TAKE = p.group_topk                -- a group's score sums its top TAKE scores
+@     need(c.TAKE and c.TAKE >= 1 and c.TAKE <= c.PG, "group_topk must be 1..experts/groups")
+@     need(c.K <= c.KG * c.PG, "top_k does not fit in the kept groups")
 @     if c.PG % 32 == 0 then c.glayout = "slots"
 @     elseif 32 % c.PG == 0 then c.glayout = "segments"
 @     else c.glayout = "general" end

@@ -108,6 +108,13 @@ static const gpu_case_t cases[] = {
     {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    /* router.group_topk (1: a group scores its maximum) and top_k not a multiple of topk_groups,
+     * in each of route's three group layouts */
+    {"tests/specs/group_top1.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/group_nondiv.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/group_slots.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/group_12e.moe", MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1},

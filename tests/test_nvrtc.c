@@ -1,4 +1,4 @@
-/* test_nvrtc.c — every kernel of every example spec (and tests/specs/small.moe, geglu.moe)
+/* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below)
  * compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
@@ -71,7 +71,7 @@ static void test_nvrtc_all(void) {
     }
     static char names[64][256];
     int n = list_dir("examples/specs", names, 64);
-    char specs[65][300];
+    char specs[64 + 8][300];
     int ns = 0;
     for (int i = 0; i < n; i++) {
         size_t l = strlen(names[i]);
@@ -79,8 +79,18 @@ static void test_nvrtc_all(void) {
             snprintf(specs[ns++], sizeof specs[0], "examples/specs/%s", names[i]);
     }
     CHECK(ns >= 5);
-    snprintf(specs[ns++], sizeof specs[0], "%s", SMALL);
-    snprintf(specs[ns++], sizeof specs[0], "%s", "tests/specs/geglu.moe"); /* activation.kind = "geglu" */
+    /* and the test specs that stand for a feature no example spec has; test_gpu runs each */
+    static const char *const test_specs[] = {
+        SMALL,
+        "tests/specs/geglu.moe",        /* activation.kind = "geglu" */
+        "tests/specs/group_top1.moe",   /* router.group_topk = 1, general group layout */
+        "tests/specs/group_nondiv.moe", /* topk_groups does not divide top_k, lane-segment groups */
+        "tests/specs/group_slots.moe",  /* group_topk = 1, whole-slot groups, top_k not a multiple */
+        "tests/specs/group_12e.moe",    /* 12 experts, top-3, 4 groups keeping 2 */
+    };
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 8, "specs[] has room for 8 test specs");
+    for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++)
+        snprintf(specs[ns++], sizeof specs[0], "%s", test_specs[i]);
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
     int njobs = ns * 2;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -88,8 +98,8 @@ static void test_nvrtc_all(void) {
     double t0 = now();
 
     /* one child per compile, `workers` at a time; results come back in pipes */
-    pid_t pid[130];
-    int fd[130];
+    pid_t pid[2 * (64 + 8)];
+    int fd[2 * (64 + 8)];
     int next = 0, running = 0, done = 0;
     job_result_t res;
     while (done < njobs) {

@@ -25,7 +25,7 @@ static moe_spec_t mkspec(int E, int k, int H, int F) {
     s.experts = E; s.top_k = k; s.hidden = H; s.ffn = F; s.tokens = 16;
     s.dtype = MOE_DTYPE_BF16;
     s.router.score = MOE_SCORE_SOFTMAX;
-    s.router.groups = 1; s.router.topk_groups = 1;
+    s.router.groups = 1; s.router.topk_groups = 1; s.router.group_topk = 2;
     s.router.scale = 1.0;
     s.activation.alpha = 1.0;
     return s;
@@ -221,7 +221,8 @@ static void test_route_groups(void) {
     s.router.topk_groups = 2;
     s.router.renormalize = true;
     s.router.scale = 2.5;
-    /* Groups {0,1} {2,3} {4,5} {6,7}; group score = sum of its top 4/2 = 2.
+    /* Groups {0,1} {2,3} {4,5} {6,7}; group score = sum of its top
+     * group_topk = 2 (the default).
      * Token 0: l = {4, -4, 1, 1, 0.5, 0.5, -1, -2},
      *   p = {0.9820138, 0.0179862, 0.7310586, 0.7310586, 0.6224593, 0.6224593,
      *        0.2689414, 0.1192029}
@@ -243,6 +244,20 @@ static void test_route_groups(void) {
     CHECK(NEAR(sc[0], 0.9820138, 1e-6));                  /* scores are not masked */
     CHECK(idx[4] == 0 && idx[5] == 1 && idx[6] == 2 && idx[7] == 3);
     CHECKF(NEAR(w[4], 0.6830614, 1e-6) && NEAR(w[6], 0.5669386, 1e-6), "w = %.7f %.7f", w[4], w[6]);
+
+    CASE("group_topk 1 (DeepSeek-V2): a group scores its maximum");
+    s.router.group_topk = 1;
+    /* Token 0 again: group scores = maxima {σ(4) = 0.9820138, σ(1) = 0.7310586,
+     *   σ(0.5) = 0.6224593, σ(-1) = 0.2689414} -> groups 0, 1 kept ->
+     *   top-4 = [0, 2, 3, 1] (2 before 3 on the tie), sum of p = 2.4621172,
+     *   w = 2.5 * p / 2.4621172 = {0.9971233, 0.7423069, 0.7423069, 0.0182630}
+     *   (with group_topk 2 the same token took [2, 3, 4, 5]). */
+    CHECK(route_logits(&s, 1, &l[0][0], NULL, NULL, idx, w, NULL) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 2 && idx[2] == 3 && idx[3] == 1, "idx = %d %d %d %d", idx[0], idx[1], idx[2],
+           idx[3]);
+    CHECKF(NEAR(w[0], 0.9971233, 1e-6) && NEAR(w[1], 0.7423069, 1e-6) && NEAR(w[2], 0.7423069, 1e-6) &&
+           NEAR(w[3], 0.0182630, 1e-6), "w = %.7f %.7f %.7f %.7f", w[0], w[1], w[2], w[3]);
+    s.router.group_topk = 2;
 
     CASE("the same scores without groups");
     s.router.groups = 1; s.router.topk_groups = 1;
@@ -266,6 +281,40 @@ static void test_route_groups(void) {
     CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
     s.router.groups = 4; s.router.topk_groups = 5;
     CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
+    s.router.topk_groups = 2; s.router.group_topk = 3;     /* groups of 2 experts */
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
+    s.router.group_topk = 0;
+    CHECK(route_logits(&s, 2, &l[0][0], NULL, NULL, idx, w, NULL) != 0);
+
+    CASE("group-limited with top_k not a multiple of topk_groups: 12 experts, top-3, 4 groups keeping 2");
+    moe_spec_t u = mkspec(12, 3, 8, 8);
+    u.router.score = MOE_SCORE_SIGMOID;
+    u.router.groups = 4; u.router.topk_groups = 2;
+    /* Groups {0,1,2} {3,4,5} {6,7,8} {9,10,11}; no renormalize, so w = σ(l).
+     * l = {3, -3, -3, 1, 1, -3, 2, 0.5, -3, -1, -1, -1}:
+     *   σ(3) = 0.9525741, σ(-3) = 0.0474259, σ(1) = 0.7310586, σ(2) = 0.8807971,
+     *   σ(0.5) = 0.6224593, σ(-1) = 0.2689414.
+     * group_topk 2: group scores {1.0, 1.4621172, 1.5032564, 0.5378828} ->
+     *   groups 2, 1 kept -> top-3 = [6, 3, 4], w = {0.8807971, 0.7310586, 0.7310586};
+     *   expert 0, the best of all, is not taken.
+     * group_topk 1: group scores {0.9525741, 0.7310586, 0.8807971, 0.2689414} ->
+     *   groups 0, 2 kept -> top-3 = [0, 6, 7], w = {0.9525741, 0.8807971, 0.6224593}. */
+    const float lu[12] = {3, -3, -3, 1, 1, -3, 2, 0.5f, -3, -1, -1, -1};
+    CHECK(route_logits(&u, 1, lu, NULL, NULL, idx, w, NULL) == 0);
+    CHECKF(idx[0] == 6 && idx[1] == 3 && idx[2] == 4, "idx = %d %d %d", idx[0], idx[1], idx[2]);
+    CHECKF(NEAR(w[0], 0.8807971, 1e-6) && NEAR(w[1], 0.7310586, 1e-6) && NEAR(w[2], 0.7310586, 1e-6),
+           "w = %.7f %.7f %.7f", w[0], w[1], w[2]);
+    u.router.group_topk = 1;
+    CHECK(route_logits(&u, 1, lu, NULL, NULL, idx, w, NULL) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 6 && idx[2] == 7, "idx = %d %d %d", idx[0], idx[1], idx[2]);
+    CHECKF(NEAR(w[0], 0.9525741, 1e-6) && NEAR(w[1], 0.8807971, 1e-6) && NEAR(w[2], 0.6224593, 1e-6),
+           "w = %.7f %.7f %.7f", w[0], w[1], w[2]);
+    u.router.group_topk = 3;                               /* a group of 3 scores all of it */
+    CHECK(route_logits(&u, 1, lu, NULL, NULL, idx, w, NULL) == 0);
+    /* sums {0.0474259*2 + 0.9525741 = 1.0474259, 1.5095431, 1.5506823, 0.8068242} -> groups 2, 1 */
+    CHECKF(idx[0] == 6 && idx[1] == 3 && idx[2] == 4, "idx = %d %d %d", idx[0], idx[1], idx[2]);
+    u.router.group_topk = 4;                               /* more than a group holds */
+    CHECK(route_logits(&u, 1, lu, NULL, NULL, idx, w, NULL) != 0);
 }
 
 /* Weights for the structured FFN cases (H = 16, F = 8): expert e has
@@ -556,7 +605,7 @@ static void test_route_random(void) {
     const int E = 32, K = 6, H = 24, T = 50;
     moe_spec_t s = mkspec(E, K, H, 8);
     s.router.score = MOE_SCORE_SIGMOID;
-    s.router.groups = 8; s.router.topk_groups = 3;      /* take 6/3 = 2 per group */
+    s.router.groups = 8; s.router.topk_groups = 3;      /* a group scores its top group_topk = 2 */
     s.router.bias = true; s.router.renormalize = true; s.router.scale = 2.5;
     uint16_t x[50 * 24], wr[32 * 24];
     float bias[32];

@@ -129,6 +129,7 @@ static int spec_eq(const moe_spec_t *a, const moe_spec_t *b) {
              a->hidden == b->hidden && a->ffn == b->ffn && a->tokens == b->tokens && a->dtype == b->dtype &&
              a->router.score == b->router.score && a->router.renormalize == b->router.renormalize &&
              a->router.groups == b->router.groups && a->router.topk_groups == b->router.topk_groups &&
+             a->router.group_topk == b->router.group_topk &&
              a->router.bias == b->router.bias && a->router.logit_bias == b->router.logit_bias &&
              a->router.scale == b->router.scale && a->activation.alpha == b->activation.alpha &&
              a->activation.limit == b->activation.limit && a->activation.up_offset == b->activation.up_offset &&
@@ -189,7 +190,7 @@ static const char *const required_bad[] = {
     "type_integer_got_float", "type_string_got_number", "type_boolean_got_string", "type_table_got_number",
     "range_experts_zero", "range_hidden_negative", "range_top_k_over_32", "top_k_exceeds_experts",
     "hidden_not_multiple_of_8", "ffn_not_multiple_of_8", "groups_not_dividing_experts",
-    "topk_groups_exceeds_groups", "topk_groups_not_dividing_top_k", "mesh_experts_not_divisible",
+    "topk_groups_exceeds_groups", "group_topk_exceeds_group", "mesh_experts_not_divisible",
     "unknown_key_suggestion", "unknown_nested_key_suggestion", "unknown_key", "missing_key", "enum_dtype",
     "enum_router_score", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "nul_in_file", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
     "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
@@ -362,7 +363,9 @@ static void test_sandbox(void) {
 /* ---- overrides ------------------------------------------------------------ */
 
 static int load_with(moe_spec_t *s, const char *path, const char *const *sets, int n, moe_diag_t *d) {
-    moe_override_t o[8];
+    moe_override_t o[16];
+    if (n > 16)
+        return -1;
     for (int i = 0; i < n; i++)
         o[i].text = sets[i];
     return moe_spec_load(s, path, NULL, o, n, d);
@@ -541,6 +544,9 @@ static void test_canonical(void) {
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { scale = 1.5 }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { renormalize = false }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { logit_bias = true }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { groups = 4, topk_groups = 2 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 "
+        "router = { groups = 4, topk_groups = 2, group_topk = 1 }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { limit = 7 }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { kind = \"geglu\" }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 ffn_bias = true",
@@ -560,9 +566,11 @@ static void test_canonical(void) {
     check_roundtrip("canonical round trip: minimal", &s);
     CHECKF(load_file(&s, SMALL, &d) == 0, "%s", d.msg);
     check_roundtrip("canonical round trip: small", &s);
-    const char *o[] = {"router.score=sigmoid", "router.groups=4", "router.topk_groups=1", "router.bias=true",
-                       "router.scale=2.5", "activation.alpha=1.702", "activation.limit=7", "activation.up_offset=1"};
-    CHECKF(load_with(&s, SMALL, o, 8, &d) == 0, "%s", d.msg);
+    const char *o[] = {"router.score=sigmoid", "router.groups=4",       "router.topk_groups=1",
+                       "router.group_topk=1",  "router.bias=true",      "router.scale=2.5",
+                       "activation.alpha=1.702", "activation.limit=7", "activation.up_offset=1"};
+    CHECKF(load_with(&s, SMALL, o, 9, &d) == 0, "%s", d.msg);
+    CHECK(s.router.group_topk == 1);
     check_roundtrip("canonical round trip: every router and activation key", &s);
     const char *o2[] = {"mesh.dp=2", "mesh.fsdp=2", "mesh.ep=3", "mesh.order=ep,dp,fsdp", "mesh.expert_sharding=fsdp,ep",
                         "dtype=fp16", "ffn_bias=true", "arch=sm_80,sm_90a"};

@@ -36,12 +36,11 @@ static int spec_ok(const moe_spec_t *s) {
 
 /* Group-limited routing parameters; 0 if usable. groups <= 1 means off. */
 static int groups_ok(const moe_spec_t *s) {
-    int g = s->router.groups, kg = s->router.topk_groups;
+    int g = s->router.groups, kg = s->router.topk_groups, take = s->router.group_topk;
     if (g <= 1) return 0;
     if (s->experts % g) return 1;
     int per_group = s->experts / g;
     if (kg < 1 || kg > g) return 1;
-    int take = s->top_k / kg;
     if (take < 1 || take > per_group || s->top_k > kg * per_group) return 1;
     return 0;
 }
@@ -69,7 +68,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
     const int G = s->router.groups > 1 ? s->router.groups : 1;
     const int KG = G > 1 ? s->router.topk_groups : 1;
-    const int per_group = E / G, take = K / KG;
+    const int per_group = E / G, take = G > 1 ? s->router.group_topk : 0;
     const moe_dtype_t dt = s->dtype;
     const float *sel_bias = s->router.bias ? in->sel_bias : NULL;
     const float *logit_bias = s->router.logit_bias ? in->logit_bias : NULL;
@@ -118,8 +117,9 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
         if (scores) memcpy(scores + (size_t)t * E, sv, (size_t)E * sizeof(float));
 
         if (G > 1) {
-            /* Group score: sum of the group's top `take` selection scores
-             * (cand is scratch here); keep the best KG groups. */
+            /* Group score: sum of the group's top `take` (group_topk)
+             * selection scores (cand is scratch here); keep the best KG
+             * groups, ties to the lower group. */
             for (int g = 0; g < G; g++) {
                 double sum = 0;
                 for (int j = 0; j < take; j++) {

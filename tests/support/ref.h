@@ -40,6 +40,10 @@ typedef struct {
  * computed in double; the selection score s = p (+ sel_bias) is rounded to
  * fp32 and the top-k is taken on those fp32 values, sorted by descending s,
  * ties toward the lower expert (and, for groups, the lower group) index.
+ * Group-limited (router.groups > 1): a group's score is the sum of its top
+ * router.group_topk selection scores (2: DeepSeek-V3; 1: DeepSeek-V2's
+ * maximum); the best router.topk_groups groups are kept and the top-k is
+ * taken among their experts only.
  * Writes topk_idx [T, k], topk_w [T, k] (p at the selected experts,
  * renormalized if asked, times scale) and, if scores is non-NULL, the
  * selection scores s [T, E] (for softmax-only routing: the probabilities). */

@@ -73,7 +73,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 115 "templates/route.lua"
+#line 116 "templates/route.lua"
 namespace small_route_bf16_e12k3_t32_impl {
 constexpr int E = 12, K = 3, H = 1536;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -94,7 +94,7 @@ constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
 static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 138 "templates/route.lua"
+#line 139 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -187,15 +187,15 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts) {
     using namespace small_route_bf16_e12k3_t32_impl;
-#line 234 "templates/route.lua"
+#line 235 "templates/route.lua"
     __shared__ __align__(16) unsigned char smem[SMEM];
-#line 236 "templates/route.lua"
+#line 237 "templates/route.lua"
     __shared__ int s_count[E];   // this block's selections per expert
-#line 238 "templates/route.lua"
+#line 239 "templates/route.lua"
     (void)sel_bias;
-#line 241 "templates/route.lua"
+#line 242 "templates/route.lua"
     (void)logit_bias;
-#line 243 "templates/route.lua"
+#line 244 "templates/route.lua"
     moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -281,158 +281,158 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         __syncthreads();   // x stages are free (they may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 0) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 339 "templates/route.lua"
+#line 340 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 1) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 2) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 3) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 4) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 5) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 6) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 330 "templates/route.lua"
+#line 331 "templates/route.lua"
         if (wk == 7) {
-#line 332 "templates/route.lua"
+#line 333 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 342 "templates/route.lua"
+#line 343 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 346 "templates/route.lua"
+#line 347 "templates/route.lua"
             }
-#line 348 "templates/route.lua"
+#line 349 "templates/route.lua"
         }
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         __syncthreads();
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
@@ -448,15 +448,15 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 372 "templates/route.lua"
+#line 373 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -471,16 +471,16 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 403 "templates/route.lua"
+#line 404 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 405 "templates/route.lua"
+#line 406 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 527 "templates/route.lua"
+#line 528 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -496,19 +496,19 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 545 "templates/route.lua"
+#line 546 "templates/route.lua"
             const float l = lrow[mine];
-#line 548 "templates/route.lua"
+#line 549 "templates/route.lua"
             w = expf(l - m) / z;
-#line 552 "templates/route.lua"
+#line 553 "templates/route.lua"
         }
-#line 554 "templates/route.lua"
+#line 555 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 563 "templates/route.lua"
+#line 564 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
