@@ -186,9 +186,9 @@ static int cmd_emit(const args_t *a, int compile) {
     moe_fileset_t fs = {0};
     moe_diag_t d;
     rc = moe_emit_files(&plan, a->templates, &fs, &d);
-    moe_plan_desc_free(&plan);
     if (rc) {
         fprintf(stderr, "%s\n", d.msg);
+        moe_plan_desc_free(&plan);
         moe_fileset_free(&fs);
         return 2;
     }
@@ -206,6 +206,7 @@ static int cmd_emit(const args_t *a, int compile) {
             if (moe_nvrtc_compile(src->data, cuname, spec.arch[i], cubin, ptx, &log, &d)) {
                 fprintf(stderr, "%s", d.msg);
                 moe_buf_free(&log);
+                moe_plan_desc_free(&plan);
                 moe_fileset_free(&fs);
                 return 1;
             }
@@ -213,7 +214,15 @@ static int cmd_emit(const args_t *a, int compile) {
                 fprintf(stderr, "%s (%s): NVRTC warnings:\n%s", cuname, moe_arch_name(spec.arch[i]), log.data);
             moe_buf_free(&log);
         }
+        /* the manifest records each cubin's hash: the folder's binding */
+        if (moe_emit_manifest_update(&plan, a->templates, &fs, &d)) {
+            fprintf(stderr, "%s\n", d.msg);
+            moe_plan_desc_free(&plan);
+            moe_fileset_free(&fs);
+            return 1;
+        }
     }
+    moe_plan_desc_free(&plan);
     char err[512];
     if (moe_fileset_write(&fs, a->out, err, sizeof err)) {
         fprintf(stderr, "moegen: error: %s\n", err);

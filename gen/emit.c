@@ -109,7 +109,11 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     char from[1024];
     source_templates(from, sizeof from);
     stamp(out, pd, from, "/*", " *", "\n */");
-    moe_buf_printf(out, "\n");
+    /* the spec in the compiled code itself: moe_plan_create_from_dir finds
+     * this string in a folder's cubin, so a cubin of another spec is refused */
+    moe_buf_printf(out, "\n/* The spec these kernels were emitted for (read from the cubin by libmoegen). */\n"
+                        "extern \"C\" __device__ const char %s_moegen_spec[] = \"" MOE_SPEC_MARK "%s\";\n\n",
+                   pd->spec.name, pd->spec.hash);
     /* the prelude, then the forward's kernels as the family table has them:
      * the arch-neutral families (variants with no engine) once, from the
      * first arch, each template once (permute.lua emits both permute
@@ -233,7 +237,35 @@ static void json_str(moe_buf_t *b, const char *s) {
     moe_buf_append(b, "\"", 1);
 }
 
-static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash) {
+/* The fileset's buffer named path, or NULL. */
+static const moe_buf_t *fileset_find(const moe_fileset_t *fs, const char *path) {
+    for (int i = 0; i < fs->nfiles; i++)
+        if (strcmp(fs->files[i].path, path) == 0)
+            return &fs->files[i].data;
+    return NULL;
+}
+
+/* The manifest's "cubins": each arch's NAME.ARCH.cubin in fs with its
+ * size and XXH3-128, which moe_plan_create_from_dir checks before the
+ * driver sees the file; {} for a folder that emit wrote (nothing to load). */
+static void emit_cubins(moe_buf_t *b, const moe_plan_desc_t *pd, const moe_fileset_t *fs) {
+    const moe_spec_t *s = &pd->spec;
+    moe_buf_printf(b, "  \"cubins\": {");
+    int n = 0;
+    for (int a = 0; a < s->narch; a++) {
+        char path[160], h[33];
+        snprintf(path, sizeof path, "%s.%s.cubin", s->name, moe_arch_name(s->arch[a]));
+        const moe_buf_t *c = fileset_find(fs, path);
+        if (!c)
+            continue;
+        moe_hash_hex(c->data ? c->data : "", c->len, h);
+        moe_buf_printf(b, "%s\n    \"%s\": {\"file\": \"%s\", \"bytes\": %zu, \"xxh3\": \"%s\"}", n++ ? "," : "",
+                       moe_arch_name(s->arch[a]), path, c->len, h);
+    }
+    moe_buf_printf(b, "%s},\n", n ? "\n  " : "");
+}
+
+static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash, const moe_fileset_t *fs) {
     const moe_mesh_plan_t *mp = &pd->mesh;
     const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
     const moe_spec_t *s = &pd->spec;
@@ -295,7 +327,9 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
     moe_buf_printf(b, "], \"slot\": [");
     for (int e = 0; e < s->experts; e++)
         moe_buf_printf(b, "%s%d", e ? ", " : "", mp->slot[e]);
-    moe_buf_printf(b, "]},\n  \"files\": [\"%s.cu\", \"%s.h\", \"%s.moe\"]\n}\n", s->name, s->name, s->name);
+    moe_buf_printf(b, "]},\n");
+    emit_cubins(b, pd, fs);
+    moe_buf_printf(b, "  \"files\": [\"%s.cu\", \"%s.h\", \"%s.moe\"]\n}\n", s->name, s->name, s->name);
 }
 
 moe_buf_t *moe_fileset_add(moe_fileset_t *fs, const char *path) {
@@ -329,7 +363,7 @@ int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fil
         return 1;
     }
     moe_tmpl_close(t);
-    emit_manifest(moe_fileset_add(fs, "manifest.json"), pd, th);
+    emit_manifest(moe_fileset_add(fs, "manifest.json"), pd, th, fs);
     snprintf(path, sizeof path, "%s.moe", n);
     moe_buf_t *spec = moe_fileset_add(fs, path);
     char *canon = moe_spec_canonical(&pd->spec);
@@ -394,4 +428,31 @@ int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_
     }
     free(w);
     return rc;
+}
+
+int moe_emit_manifest_update(const moe_plan_desc_t *pd, const char *templates_dir, moe_fileset_t *fs,
+                             moe_diag_t *diag) {
+    moe_buf_t *m = NULL;
+    for (int i = 0; i < fs->nfiles; i++)
+        if (strcmp(fs->files[i].path, "manifest.json") == 0)
+            m = &fs->files[i].data;
+    moe_tmpl_t *t = moe_tmpl_open(templates_dir);
+    char th[33] = "";
+    if (!m || !t || moe_tmpl_content_hash(t, th)) {
+        moe_tmpl_close(t);
+        snprintf(diag->msg, sizeof diag->msg, "moegen: error: cannot %s", m ? "read the templates to hash them"
+                                                                             : "find the manifest to update");
+        return 1;
+    }
+    moe_tmpl_close(t);
+    moe_buf_t fresh = {0};
+    emit_manifest(&fresh, pd, th, fs);
+    if (fresh.failed) {
+        moe_buf_free(&fresh);
+        snprintf(diag->msg, sizeof diag->msg, "moegen: error: out of memory");
+        return 1;
+    }
+    moe_buf_free(m);
+    *m = fresh;
+    return 0;
 }

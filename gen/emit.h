@@ -18,6 +18,10 @@ typedef struct {
     int nfiles;
 } moe_fileset_t;
 
+/* The string NAME.cu's NAME_moegen_spec holds before the spec hash; its
+ * cubins carry it, which binds them to the spec. */
+#define MOE_SPEC_MARK "moegen-spec:"
+
 /* The CUDA source for a plan: the stamp, the prelude (templates/prelude.lua),
  * the forward's kernels (the family table walked: arch-neutral ones once,
  * each arch's GEMMs once per distinct name), the cuDNN path's swiglu kernel,
@@ -30,6 +34,13 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
 /* Every emitted file of a plan (NAME.cu, NAME.h, manifest.json, NAME.moe)
  * into fs. Returns 0 or non-zero with diag set. */
 int moe_emit_files(const moe_plan_desc_t *pd, const char *templates_dir, moe_fileset_t *fs, moe_diag_t *diag);
+
+/* Write fs's manifest.json again, its "cubins" now listing each
+ * NAME.ARCH.cubin that fs holds (size and XXH3-128): moegen compile calls
+ * it after adding the cubins, binding them to the spec and kernels the
+ * manifest records. Returns 0 or non-zero with diag set. */
+int moe_emit_manifest_update(const moe_plan_desc_t *pd, const char *templates_dir, moe_fileset_t *fs,
+                             moe_diag_t *diag);
 
 /* Add a file to a set; returns its buffer, or NULL when the set is full. */
 moe_buf_t *moe_fileset_add(moe_fileset_t *fs, const char *path);

@@ -5,12 +5,14 @@
 
 #include "cache.h"
 #include "cudnn.h"
+#include "emit.h"
 #include "ep.h"
 #include "error.h"
 #include "mesh.h"
 #include "spec.h"
 #include "util.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,22 +230,147 @@ moe_status moe_plan_create_unconnected(moe_plan **out, const char *spec_path, co
     return plan_create(out, spec_path, NULL, o, 1, NULL);
 }
 
-/* A compiled folder's GEMMs are the ones this runtime plans: the tuning
- * table chooses their tiles, and a folder compiled under another table
- * would otherwise fail later as a kernel missing from the module. */
-static moe_status same_gemms(const moe_plan *p, const char *manifest, const char *mpath) {
+/* The manifest is read for a few keys only. json_key: the first
+ * `"key"` followed by a colon at or after `from` (whitespace allowed
+ * around it, so a compacted manifest reads the same), pointing past the
+ * colon and its whitespace; NULL if none before `end`. */
+static const char *json_key(const char *from, const char *end, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = from; p && p < end && (p = strchr(p, '"')) != NULL && p < end; p++) {
+        if (strncmp(p + 1, key, n) != 0 || p[1 + n] != '"')
+            continue;
+        const char *q = p + 2 + n;
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
+            q++;
+        if (*q != ':')
+            continue;
+        for (q++; *q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'; q++)
+            ;
+        return q;
+    }
+    return NULL;
+}
+
+/* The string value of `key` (letters, digits, '_', '.', '-' only: the
+ * names, hashes and file names the loader needs) into out; 0, or -1 when
+ * absent, not such a string, or too long. */
+static int json_str(const char *from, const char *end, const char *key, char *out, size_t n) {
+    const char *v = json_key(from, end, key);
+    if (!v || *v != '"')
+        return -1;
+    size_t i = 0;
+    for (v++; *v != '"'; v++) {
+        if (!(isalnum((unsigned char)*v) || *v == '_' || *v == '.' || *v == '-') || i + 1 >= n)
+            return -1;
+        out[i++] = *v;
+    }
+    out[i] = '\0';
+    return i ? 0 : -1;
+}
+
+/* The end of the JSON object whose '{' is at p (file names and hashes hold
+ * no braces), or NULL. */
+static const char *json_object_end(const char *p) {
+    int depth = 0;
+    for (; *p; p++) {
+        depth += (*p == '{') - (*p == '}');
+        if (depth == 0)
+            return p;
+    }
+    return NULL;
+}
+
+/* A compiled folder is the spec that NAME.moe holds, planned again: the
+ * manifest must record that spec's hash (NAME.moe edited, or emitted by
+ * another run, is refused) and every kernel this runtime plans for each
+ * arch, the forward's and the EP dispatch's (the tuning table decides the
+ * GEMM tiles, which the names spell). */
+static moe_status same_plan(const moe_plan *p, const char *manifest, const char *mpath, const char *spath) {
     const moe_spec_t *s = &p->pd.spec;
-    for (int a = 0; a < s->narch; a++)
-        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
-            const char *want = moe_plan_kernels(&p->pd, s->arch[a])[k].name;
+    const char *end = manifest + strlen(manifest);
+    char hash[64];
+    if (json_str(manifest, end, "hash", hash, sizeof hash))
+        return moe_fail(MOE_ERR_IO, "%s: no spec \"hash\" in the manifest", mpath);
+    if (strcmp(hash, s->hash) != 0)
+        return moe_fail(MOE_ERR_IO, "%s: the spec (hash %s) is not the one the manifest %s records (hash %s): the "
+                        "folder was edited or written by several runs; compile the spec again into it (moegen "
+                        "compile)", spath, s->hash, mpath, hash);
+    const moe_ep_desc_t *ed = moe_plan_ep_desc(&p->pd);
+    for (int a = 0; a < s->narch; a++) {
+        const moe_kernel_desc_t *ks = moe_plan_kernels(&p->pd, s->arch[a]);
+        int n = MOE_K_COUNT + (ed ? MOE_EK_COUNT : 0);
+        for (int i = 0; i < n; i++) {
+            const char *want = i < MOE_K_COUNT ? ks[i].name : ed->k[i - MOE_K_COUNT].name;
             char quoted[160];
-            snprintf(quoted, sizeof quoted, "\"name\": \"%s\"", want);
-            if (!strstr(manifest, quoted))
-                return moe_fail(MOE_ERR_IO, "%s: the folder's %s GEMMs are not the ones this runtime plans, %s (the "
-                                "tuning table decides their tiles); compile the folder with the same table (moegen "
-                                "--tuning FILE or MOEGEN_TUNING) or pass that table as moe_options.tuning_path",
-                                mpath, moe_arch_name(s->arch[a]), want);
+            snprintf(quoted, sizeof quoted, "\"%s\"", want);
+            if (strstr(manifest, quoted))
+                continue;
+            int gemm = i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN;
+            return moe_fail(MOE_ERR_IO, "%s: the folder's %s kernels are not the ones this runtime plans, %s%s",
+                            mpath, moe_arch_name(s->arch[a]), want,
+                            gemm ? " (the tuning table decides their tiles); compile the folder with the same table "
+                                   "(moegen --tuning FILE or MOEGEN_TUNING) or pass that table as "
+                                   "moe_options.tuning_path"
+                                 : "; compile the spec again into it (moegen compile)");
         }
+    }
+    return MOE_OK;
+}
+
+/* Every arch's cubin, read and checked against the size and XXH3-128 the
+ * manifest records before the driver sees any of it: a truncated or edited
+ * cubin, or a folder that moegen emit wrote (no cubins listed), is refused
+ * naming the file. On MOE_OK, cubins[a] holds arch a's bytes. */
+static moe_status read_cubins(const moe_plan *p, const char *manifest, const char *dir, const char *mpath,
+                              moe_buf_t cubins[MOE_ARCH_MAX]) {
+    const moe_spec_t *s = &p->pd.spec;
+    const char *end = manifest + strlen(manifest);
+    const char *obj = json_key(manifest, end, "cubins");
+    const char *oend = obj && *obj == '{' ? json_object_end(obj) : NULL;
+    if (!oend)
+        return moe_fail(MOE_ERR_IO, "%s: no \"cubins\" in the manifest: the folder was not written by this "
+                        "moegen's compile; compile the spec into it (moegen compile)", mpath);
+    for (int a = 0; a < s->narch; a++) {
+        const char *arch = moe_arch_name(s->arch[a]);
+        char cpath[4200], err[512], want[64], bytes[32];
+        snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, s->name, arch);
+        const char *e = json_key(obj, oend, arch);
+        const char *eend = e && *e == '{' ? json_object_end(e) : NULL;
+        if (!eend)
+            return moe_fail(MOE_ERR_IO, "%s: the manifest lists no compiled cubin for %s (moegen emit writes none, "
+                            "and leaves older cubins unlisted); compile the spec into the folder (moegen compile)",
+                            mpath, arch);
+        const char *bv = json_key(e, eend, "bytes");
+        size_t bi = 0;
+        for (; bv && isdigit((unsigned char)*bv) && bi + 1 < sizeof bytes; bv++)
+            bytes[bi++] = *bv;
+        bytes[bi] = '\0';
+        if (json_str(e, eend, "xxh3", want, sizeof want) || !bi)
+            return moe_fail(MOE_ERR_IO, "%s: the cubin entry for %s has no \"bytes\" or \"xxh3\"", mpath, arch);
+        size_t len;
+        char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
+        if (!data)
+            return moe_fail(MOE_ERR_IO, "%s", err);
+        char got[33];
+        moe_hash_hex(data, len, got);
+        if (strcmp(got, want) != 0 || strtoull(bytes, NULL, 10) != len) {
+            free(data);
+            return moe_fail(MOE_ERR_IO, "%s: the cubin is not the one the manifest records (%zu bytes, XXH3 %s; the "
+                            "manifest says %s bytes, %s): truncated or edited; compile the spec again into the "
+                            "folder (moegen compile)", cpath, len, got, bytes, want);
+        }
+        /* the spec compiled into it (emit.c's NAME_moegen_spec) */
+        char mark[64];
+        size_t mlen = (size_t)snprintf(mark, sizeof mark, MOE_SPEC_MARK "%s", s->hash), at = 0;
+        while (at + mlen <= len && memcmp(data + at, mark, mlen) != 0)
+            at++;
+        if (at + mlen > len) {
+            free(data);
+            return moe_fail(MOE_ERR_IO, "%s: the cubin was not compiled from this spec (hash %s, which it does not "
+                            "hold); compile the spec again into the folder (moegen compile)", cpath, s->hash);
+        }
+        cubins[a] = (moe_buf_t){data, len, len + 1, 0};
+    }
     return MOE_OK;
 }
 
@@ -259,11 +386,8 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     char *manifest = moe_read_file(mpath, 64u << 20, NULL, err, sizeof err);
     if (!manifest)
         return moe_fail(MOE_ERR_IO, "%s", err);
-    const char *key = strstr(manifest, "\"name\": \"");
     char name[MOE_NAME_MAX] = "";
-    if (key)
-        sscanf(key + 9, "%63[A-Za-z0-9_]", name);
-    if (!name[0]) {
+    if (json_str(manifest, manifest + strlen(manifest), "name", name, sizeof name)) {
         free(manifest);
         return moe_fail(MOE_ERR_IO, "%s: no \"name\" in the manifest", mpath);
     }
@@ -274,9 +398,12 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     }
     char spath[4200];
     snprintf(spath, sizeof spath, "%s/%s.moe", dir, name);
+    moe_buf_t cubins[MOE_ARCH_MAX] = {{0}};
     moe_status s = plan_tables(p, spath, NULL, o, NULL);
     if (s == MOE_OK)
-        s = same_gemms(p, manifest, mpath);
+        s = same_plan(p, manifest, mpath, spath);
+    if (s == MOE_OK)
+        s = read_cubins(p, manifest, dir, mpath, cubins);
     free(manifest);
     if (s == MOE_OK)
         s = check_mesh(p, o, 0);
@@ -284,20 +411,11 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         s = open_device(p, o);
     if (s == MOE_OK)
         s = connect_mesh(p, o);
-    if (s == MOE_OK) {
-        char cpath[4200];
-        snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, name, moe_arch_name(p->launcher.arch));
-        size_t len;
-        char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
-        if (!data) {
-            s = moe_fail(MOE_ERR_IO, "%s (compile the spec with arch %s to run on this GPU)", err,
-                         moe_arch_name(p->launcher.arch));
-        } else {
-            moe_buf_t cubin = {data, len, len + 1, 0};
-            s = load_module(p, &cubin);
-            free(data);
-        }
-    }
+    for (int a = 0; a < p->pd.spec.narch && s == MOE_OK; a++)
+        if (p->pd.spec.arch[a] == p->launcher.arch) /* open_device refused an arch the spec does not list */
+            s = load_module(p, &cubins[a]);
+    for (int a = 0; a < MOE_ARCH_MAX; a++)
+        moe_buf_free(&cubins[a]);
     if (s == MOE_OK)
         s = moe_cudnn_setup(&p->cudnn, &p->launcher, p->ep->mp->world, o);
     return create_common(out, p, s);

@@ -11,6 +11,7 @@
 #include "moe.h"
 #include "spec.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,7 +173,76 @@ static void test_ep_plan(void) {
     CHECK(!moe_ep_wanted(&s));
 }
 
+/* Run a shell command built like printf; its exit status (0 ok). */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return system(cmd);
+}
+
+/* moe_plan_create_from_dir on DIR/sub; MOE_ERR_IO expected when `refused`,
+ * with `want` in the message; otherwise anything but MOE_ERR_IO (no GPU
+ * here: the driver's status, after every file check passed). */
+static void from_dir_case(const char *dir, const char *sub, int refused, const char *want) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, sub);
+    moe_plan *plan = NULL;
+    moe_status st = moe_plan_create_from_dir(&plan, path, NULL);
+    if (refused)
+        CHECKF(st == MOE_ERR_IO && plan == NULL && strstr(moe_last_error(), want), "%s: got %s: %s", sub,
+               moe_status_string(st), moe_last_error());
+    else
+        CHECKF(st != MOE_ERR_IO, "%s: got %s: %s", sub, moe_status_string(st), moe_last_error());
+    moe_plan_destroy(plan);
+}
+
+/* A compiled folder is bound to its spec and kernels: its cubins load
+ * only as `moegen compile` wrote them with that NAME.moe and manifest.
+ * Every refusal comes before the driver, so it is checked here. */
+static void test_compiled_folder(void) {
+    char dir[] = "/tmp/moegen-test-folder-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    const char *spec = "tests/specs/small.moe";
+    CASE("compiled folder: as compile wrote it, it passes every file check");
+    CHECK(sh("build/moegen compile %s -o %s/ok", spec, dir) == 0);
+    from_dir_case(dir, "ok", 0, NULL);
+    CASE("compiled folder: a compacted manifest reads the same");
+    CHECK(sh("cp -r %s/ok %s/compact && tr -d '\\n' < %s/ok/manifest.json | sed 's/\": /\":/g' > "
+             "%s/compact/manifest.json", dir, dir, dir, dir) == 0);
+    from_dir_case(dir, "compact", 0, NULL);
+    CASE("compiled folder: emit with router.score = sigmoid over it leaves the softmax cubins unlisted");
+    CHECK(sh("cp -r %s/ok %s/sigmoid && build/moegen emit %s --set router.score=sigmoid -o %s/sigmoid", dir, dir,
+             spec, dir) == 0);
+    from_dir_case(dir, "sigmoid", 1, "lists no compiled cubin for sm_90a");
+    CASE("compiled folder: NAME.moe edited (ffn) is refused, naming both files");
+    CHECK(sh("cp -r %s/ok %s/edited && sed -i 's/^ffn = 640$/ffn = 512/' %s/edited/small.moe && "
+             "grep -q '^ffn = 512$' %s/edited/small.moe", dir, dir, dir, dir) == 0);
+    from_dir_case(dir, "edited", 1, "edited/small.moe: the spec (hash");
+    CHECK(strstr(moe_last_error(), "manifest.json records") != NULL);
+    CASE("compiled folder: NAME.moe and the manifest's spec hash edited together: the cubin holds the old spec");
+    CHECK(sh("cp -r %s/edited %s/both && h=$(build/moegen check %s/both/small.moe | sed -n 's/^-- hash //p') && "
+             "sed -i \"s/\\\"hash\\\": \\\"[0-9a-f]*\\\"/\\\"hash\\\": \\\"$h\\\"/\" %s/both/manifest.json && "
+             "grep -q \"$h\" %s/both/manifest.json", dir, dir, dir, dir, dir) == 0);
+    from_dir_case(dir, "both", 1, "both/small.sm_90a.cubin: the cubin was not compiled from this spec");
+    CASE("compiled folder: a truncated cubin is refused, naming it");
+    CHECK(sh("cp -r %s/ok %s/short && truncate -s 4096 %s/short/small.sm_80.cubin", dir, dir, dir) == 0);
+    from_dir_case(dir, "short", 1, "short/small.sm_80.cubin: the cubin is not the one the manifest records (4096 bytes");
+    CASE("compiled folder: a cubin with one byte changed is refused, naming it");
+    CHECK(sh("cp -r %s/ok %s/flip && printf 'Z' | dd of=%s/flip/small.sm_90a.cubin bs=1 seek=5000 conv=notrunc "
+             "status=none", dir, dir, dir) == 0);
+    from_dir_case(dir, "flip", 1, "flip/small.sm_90a.cubin: the cubin is not the one");
+    CASE("compiled folder: a missing cubin is refused, naming it");
+    CHECK(sh("cp -r %s/ok %s/gone && rm %s/gone/small.sm_80.cubin", dir, dir, dir) == 0);
+    from_dir_case(dir, "gone", 1, "gone/small.sm_80.cubin");
+    CHECK(sh("rm -rf %s", dir) == 0);
+}
+
 int main(void) {
+    test_compiled_folder();
     test_ep_plan();
     CASE("status strings");
     for (int s = MOE_OK; s <= MOE_ERR_UNSUPPORTED; s++)

@@ -3,6 +3,9 @@
  * Do not edit: regenerate with `make kernels`.
  */
 
+/* The spec these kernels were emitted for (read from the cubin by libmoegen). */
+extern "C" __device__ const char deepseek_v3_ep8_mesh_moegen_spec[] = "moegen-spec:64385f7e1a5f39aef3674267295d1233";
+
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;

@@ -3,6 +3,9 @@
  * Do not edit: regenerate with `make kernels`.
  */
 
+/* The spec these kernels were emitted for (read from the cubin by libmoegen). */
+extern "C" __device__ const char deepseek_v3_moegen_spec[] = "moegen-spec:40a9e215420087bcec88d6b2aef817dd";
+
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;

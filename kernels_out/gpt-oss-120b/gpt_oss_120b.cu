@@ -3,6 +3,9 @@
  * Do not edit: regenerate with `make kernels`.
  */
 
+/* The spec these kernels were emitted for (read from the cubin by libmoegen). */
+extern "C" __device__ const char gpt_oss_120b_moegen_spec[] = "moegen-spec:48d3ab03570e8aff9cb1e4abf8736491";
+
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;

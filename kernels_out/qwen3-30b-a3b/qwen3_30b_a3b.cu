@@ -3,6 +3,9 @@
  * Do not edit: regenerate with `make kernels`.
  */
 
+/* The spec these kernels were emitted for (read from the cubin by libmoegen). */
+extern "C" __device__ const char qwen3_30b_a3b_moegen_spec[] = "moegen-spec:88a8b8cad7c2d24a279dc98b7ad883ba";
+
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;

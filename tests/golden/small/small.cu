@@ -3,6 +3,9 @@
  * Do not edit: regenerate with `make kernels`.
  */
 
+/* The spec these kernels were emitted for (read from the cubin by libmoegen). */
+extern "C" __device__ const char small_moegen_spec[] = "moegen-spec:f1056a04e3eb67f7e69fbfb94b44e6b0";
+
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
