@@ -80,7 +80,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     }
     lua_setfield(L, -2, "slot");
     static const char *const ctypes[MOE_WS_COUNT] = {"int", "int", "int", "int", "moe_tile_t",
-                                                     "int", "float", "int", "moe_half_t", "moe_half_t"};
+                                                     "int", "float", "int", "moe_half_t", "moe_half_t", "float"};
     lua_createtable(L, MOE_WS_COUNT, 0);
     for (int i = 0; i < MOE_WS_COUNT; i++) {
         lua_newtable(L);

@@ -1,5 +1,6 @@
 /* ep_plan.c — the dispatch kernels' names, shapes and the EP workspace. */
 #include "ep_plan.h"
+#include "launch_geom.h"
 #include "plan.h"
 
 #include <stdio.h>
@@ -38,7 +39,7 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
 
     long long E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
     size_t sizes[MOE_EW_COUNT] = {
-        [MOE_EW_COUNTS] = 4 * E, [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E, [MOE_EW_TOPK_IDX] = 4 * TK,
+        [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E, [MOE_EW_TOPK_IDX] = 4 * TK,
         [MOE_EW_TOPK_W] = 4 * TK, [MOE_EW_ROW_OF] = 4 * TK, [MOE_EW_SLOT_COUNTS] = 4 * PS,
         [MOE_EW_RECV_COUNTS] = 4 * PS, [MOE_EW_SEND_COUNTS] = 4 * P, [MOE_EW_SEND_OFF] = 4 * (P + 1),
         [MOE_EW_CHUNK_SRC] = 4 * PS, [MOE_EW_CHUNK_DST] = 4 * PS, [MOE_EW_CHUNK_ROWS] = 4 * PS,
@@ -46,11 +47,13 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         [MOE_EW_NUM_TILES] = 4, [MOE_EW_TILES] = 16 * (size_t)ed->max_tiles,
         [MOE_EW_SEND] = 2 * (size_t)(ed->send_rows + 1) * H, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
         [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = 2 * (size_t)ed->recv_rows * F,
+        [MOE_EW_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
+                                                              s->experts, H),
     };
     static const char *const names[MOE_EW_COUNT] = {
         "counts", "offsets", "cursor", "topk_idx", "topk_w", "row_of", "slot_counts", "recv_counts",
         "send_counts", "send_off", "chunk_src", "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow",
-        "num_tiles", "tiles", "send", "stage", "xr", "hbuf"};
+        "num_tiles", "tiles", "send", "stage", "xr", "hbuf", "route_part"};
     ed->ws_bytes = moe_ws_layout(ed->ws, names, sizes, MOE_EW_COUNT);
     return 0;
 }

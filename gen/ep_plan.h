@@ -23,7 +23,8 @@ typedef enum {
 } moe_ep_kfamily_t;
 
 typedef enum {
-    MOE_EW_COUNTS = 0,      /* int [E]       routed rows per global expert (zeroed before route) */
+    MOE_EW_COUNTS = 0,      /* int [E]       routed rows per global expert, then the route tickets
+                                             (MOE_ROUTE_SPLIT_BLOCKS ints); all zeroed before route */
     MOE_EW_OFFSETS,         /* int [E]       first send row of each expert */
     MOE_EW_CURSOR,          /* int [E] */
     MOE_EW_TOPK_IDX,        /* int [T, k] */
@@ -45,6 +46,7 @@ typedef enum {
     MOE_EW_STAGE,           /* half [stage_rows, H]     received rows as they arrive (source-major) */
     MOE_EW_XR,              /* half [recv_rows, H]      slot-major GEMM input; the down output reuses it */
     MOE_EW_HBUF,            /* half [recv_rows, F] */
+    MOE_EW_ROUTE_PART,      /* float         route's split partial logits (moe_route_scratch_bytes) */
     MOE_EW_COUNT
 } moe_ep_ws_id_t;
 

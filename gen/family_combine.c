@@ -18,9 +18,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     snprintf(out, n, "%s_combine_%s_h%dk%d", s->name, moe_dtype_name(s->dtype), s->hidden, s->top_k);
 }
 
+/* x: blocks of per_block tokens; y: the split of H for few tokens
+ * (moe_combine_split; the kernel reads gridDim.y). */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
-    (void)s, (void)n;
+    (void)n;
     g[0] = moe_blocks(tokens, k->per_block);
+    g[1] = moe_combine_split(tokens, s->hidden);
 }
 
 static const moe_family_variant_t variants[] = {

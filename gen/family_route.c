@@ -1,5 +1,6 @@
 /* family_route.c — the route kernel (templates/route.lua): logits, scores,
- * top-k, weights and the per-expert counts, per_block tokens per block. */
+ * top-k, weights and the per-expert counts, per_block tokens per block,
+ * H split across blocks for few tokens (gen/launch_geom.h, moe_route_split). */
 #include "family.h"
 #include "launch_geom.h"
 
@@ -24,9 +25,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
              k->per_block);
 }
 
+/* x: blocks of per_block tokens; y: the split of H for few tokens
+ * (moe_route_split; the kernel reads gridDim.y). */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
-    (void)s, (void)n;
+    (void)n;
     g[0] = moe_blocks(tokens, k->per_block);
+    g[1] = moe_route_split(tokens, k->per_block, s->hidden);
 }
 
 static const moe_family_variant_t variants[] = {

@@ -24,6 +24,43 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
     return (unsigned)((n + per_block - 1) / per_block);
 }
 
+/* The route kernel splits H across gridDim.y blocks per block of tokens
+ * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
+ * so that a decode step reads the router weights with many SMs instead of
+ * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * the route scratch; the last of a token block's splits to finish (a ticket
+ * per token block, kept after the E expert counts and zeroed with them)
+ * sums them in split order and selects. At least 256 columns of H per
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
+#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_CTAS 128
+static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
+    long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;
+    if (blocks > MOE_ROUTE_SPLIT_BLOCKS || split < 2)
+        return 1;
+    if (split * blocks > MOE_ROUTE_SPLIT_CTAS)
+        split = MOE_ROUTE_SPLIT_CTAS / blocks;
+    return (unsigned)split;
+}
+
+/* Bytes of the route scratch (the split partial logits): enough for any
+ * call, since only calls of few tokens split; 0 when H never splits. The
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
+static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
+    return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
+}
+
+/* The combine splits each token's H columns across gridDim.y blocks when
+ * there are few tokens, so that about MOE_COMBINE_WARPS warps share the
+ * work (a warp per token and split, at least 256 columns each). */
+#define MOE_COMBINE_WARPS 1024
+static inline unsigned moe_combine_split(long long tokens, long long hidden) {
+    long long split = MOE_COMBINE_WARPS / (tokens > 0 ? tokens : 1), most = hidden / 256;
+    if (split > most)
+        split = most;
+    return (unsigned)(split > 1 ? split : 1);
+}
+
 /* Routed rows of `tokens` tokens: one per (token, k) pair. */
 static inline long long moe_routed_rows(long long tokens, int top_k) {
     return tokens * top_k;

@@ -49,13 +49,15 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
     }
     long long E = s->experts, TK = (long long)s->tokens * s->top_k, R = pd->max_rows;
     size_t sizes[MOE_WS_COUNT] = {
-        [MOE_WS_COUNTS] = 4 * E, [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)pd->max_tiles, [MOE_WS_TOPK_IDX] = 4 * TK,
         [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK, [MOE_WS_XS] = 2 * R * s->hidden,
         [MOE_WS_HBUF] = 2 * R * s->ffn,
+        [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block, s->experts,
+                                                              s->hidden),
     };
     static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
-                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf"};
+                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf", "route_part"};
     pd->ws_bytes = moe_ws_layout(pd->ws, names, sizes, MOE_WS_COUNT);
     if (moe_mesh_plan_build(&pd->mesh, &pd->spec, err, errlen))
         return 1;

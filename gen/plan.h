@@ -19,7 +19,8 @@
 #include <lua.h>
 
 typedef enum {
-    MOE_WS_COUNTS = 0,      /* int [E]      tokens routed to each expert (zeroed before route) */
+    MOE_WS_COUNTS = 0,      /* int [E]      tokens routed to each expert, then int [MOE_ROUTE_SPLIT_BLOCKS]
+                                            the route tickets (gen/launch_geom.h); all zeroed before route */
     MOE_WS_OFFSETS,         /* int [E + 1]  first row of each expert, aligned to bm */
     MOE_WS_CURSOR,          /* int [E]      scatter cursors */
     MOE_WS_NUM_TILES,       /* int [1]      valid entries in the tile table */
@@ -29,6 +30,7 @@ typedef enum {
     MOE_WS_ROW_OF,          /* int [T, k]   row of (t, k) in expert-major order */
     MOE_WS_XS,              /* half [max_rows, H]  gathered rows; reused for the down output */
     MOE_WS_HBUF,            /* half [max_rows, F]  SwiGLU output */
+    MOE_WS_ROUTE_PART,      /* float        route's split partial logits (moe_route_scratch_bytes) */
     MOE_WS_COUNT
 } moe_ws_region_id_t;
 

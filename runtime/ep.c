@@ -130,12 +130,13 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
     c->nx = 0;
     switch (step) {
     case 0: { /* route, the send layout, the rows into the send buffer; counts go out */
-        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, (size_t)s->experts, st));
+        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, ed->ws[MOE_EW_COUNTS].bytes / 4, st)); /* and route's tickets */
         CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_OVERFLOW], 0, 1, st));
         CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(ed->send_rows * row_bytes), 0, (size_t)row_bytes,
                                       st)); /* the null row */
         void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
-                      (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS]};
+                      (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS],
+                      &reg[MOE_EW_ROUTE_PART]};
         if ((rc = moe_launch_kernel(l, MOE_K_ROUTE, T, 0, st, ra, NULL)))
             return rc;
         CUdeviceptr owner = ep->owner_dev, slot = l->slot_table;

@@ -48,14 +48,14 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     CUdeviceptr reg[MOE_WS_COUNT];
     for (int i = 0; i < MOE_WS_COUNT; i++)
         reg[i] = ws + p->pd.ws[i].offset;
-    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, (size_t)s->experts, st);
+    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, p->pd.ws[MOE_WS_COUNTS].bytes / 4, st); /* and route's tickets */
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
     int T = a->tokens;
     moe_status rc;
     {
         void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
-                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS]};
+                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS], &reg[MOE_WS_ROUTE_PART]};
         if ((rc = moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev)))
             return rc;
     }

@@ -1,7 +1,11 @@
 @ -- combine.lua — y[t] = Σ_k topk_w[t, k] · obuf[row_of[t, k]], accumulated in
 @ -- fp32 in increasing k, rounded once to the dtype (docs/DESIGN.md, "Kernels").
 @ -- A warp per token, p.per_block tokens per block; each lane handles 8
-@ -- consecutive columns at a time with 16-byte loads and stores.
+@ -- consecutive columns at a time with 16-byte loads and stores. For few
+@ -- tokens the columns are split across gridDim.y blocks
+@ -- (gen/launch_geom.h, moe_combine_split): block y does the y-th share of
+@ -- every token's columns, so each column is still summed by one lane in
+@ -- k order.
 @ local M = {}
 @
 @ function M.config(p)
@@ -62,8 +66,9 @@ ${p.kernel}(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of,
             w[k] = __shfl_sync(FULL, my_w, k);
         }
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(y + (long long)t * H);
+        const int v0 = (int)((long long)blockIdx.y * HV / gridDim.y), v1 = (int)((long long)(blockIdx.y + 1) * HV / gridDim.y);
 #pragma unroll ${K <= 8 and 2 or 1}
-        for (int v = lane; v < HV; v += 32) {
+        for (int v = v0 + lane; v < v1; v += 32) {
             float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int k0 = 0; k0 < K; k0 += KB) {   // KB rows in flight, then their sums, in k order

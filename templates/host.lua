@@ -129,8 +129,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     cudaError_t e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
-    ${route.name}<<<moe_blocks(T, ${route.per_block}), ${route.threads}, ${route.smem}, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
-        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
+    ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
+        (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
+        counts, route_part);
     static int *slot_of = NULL;
     if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, ${n}_slot_table)) != cudaSuccess)
         return e;
@@ -174,7 +175,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if two then
     }
 @ end
-    ${combine.name}<<<moe_blocks(T, ${combine.per_block}), ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    ${combine.name}<<<dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 

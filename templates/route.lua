@@ -17,6 +17,12 @@
 @ -- permutation of k, so the dot products are unchanged.
 @ -- Experts beyond WN*NT*8 are done in further passes over H. The logits
 @ -- land in smem (fp32, [T, LDL]); with one pass they reuse the x stages.
+@ -- For few tokens the grid splits H across gridDim.y blocks per token block
+@ -- (gen/launch_geom.h, moe_route_split): block y runs chunks
+@ -- [y*NCH/Y, (y+1)*NCH/Y), writes its partial logits to route_part, and
+@ -- takes a ticket (counts[E + blockIdx.x], zeroed with the counts); the
+@ -- last block of the token block sums the partials in y order (the same
+@ -- sum whichever block is last) and goes on to phase 2 alone.
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
@@ -226,7 +232,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts) {
+            int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace ${ns};
 @ if c.dynamic then
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
@@ -252,6 +258,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
     const int g = lane >> 2, tq = lane & 3;
     const int wn = warp % WN, wk = warp / WN;
+    /* this block's chunks of H: all of them unless the grid splits H */
+    const int c0 = (int)((long long)blockIdx.y * NCH / gridDim.y), c1 = (int)((long long)(blockIdx.y + 1) * NCH / gridDim.y);
     const int klane = wk * 32 + tq * 8;   // this lane's first column of a chunk
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
@@ -271,27 +279,30 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 
 #pragma unroll
         for (int s = 0; s < S - 1; ++s) {
-            if (s < NCH)
-                load_x(xsm + s * (T * XSTR), x, tok0, tokens, s, tid);
+            if (c0 + s < c1)
+                load_x(xsm + s * (T * XSTR), x, tok0, tokens, c0 + s, tid);
             moe_cp_async_commit();
         }
         uint4 ring[D][NT];   // k step s of a chunk lives in ring[s % D]
 #pragma unroll
         for (int d = 0; d < D; ++d)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) ring[d][j] = load_w(wrow + j * 8 * H + d * WK * 32, rok[j] && klane + d * WK * 32 < H);
+            for (int j = 0; j < NT; ++j) {
+                const int ko = c0 * KC + d * WK * 32;
+                ring[d][j] = load_w(wrow + j * 8 * H + ko, rok[j] && c0 < c1 && klane + ko < H);
+            }
 
 #pragma unroll 1
-        for (int c = 0; c < NCH; ++c) {
+        for (int c = c0; c < c1; ++c) {
             moe_cp_async_wait<S - 2>();
             __syncthreads();
             {
                 const int cn = c + S - 1;
-                if (cn < NCH)
-                    load_x(xsm + (cn % S) * (T * XSTR), x, tok0, tokens, cn, tid);
+                if (cn < c1)
+                    load_x(xsm + ((cn - c0) % S) * (T * XSTR), x, tok0, tokens, cn, tid);
                 moe_cp_async_commit();
             }
-            const moe_half_t *xa = xsm + (c % S) * (T * XSTR) + g * XSTR + klane;
+            const moe_half_t *xa = xsm + ((c - c0) % S) * (T * XSTR) + g * XSTR + klane;
             const int kc0 = c * KC;
 #pragma unroll
             for (int s = 0; s < SPW; ++s) {
@@ -350,6 +361,28 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @   end
         __syncthreads();
 @ end
+    }
+
+    /* ---- split H: partial logits out, and the last block sums them ---- */
+    if (gridDim.y > 1) {
+        __shared__ int s_last;
+        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
+        for (int i = tid; i < T * E; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        __threadfence();   // the partials are visible before the ticket is taken
+        __syncthreads();
+        if (tid == 0)
+            s_last = atomicAdd(counts + E + blockIdx.x, 1) == (int)gridDim.y - 1;
+        __syncthreads();
+        if (!s_last)
+            return;
+        __threadfence();
+        for (int i = tid; i < T * E; i += THREADS) {
+            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
+            float v = 0.f;
+            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
+            lsm[(i / E) * LDL + i % E] = v;
+        }
+        __syncthreads();
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */

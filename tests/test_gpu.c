@@ -681,6 +681,7 @@ static moe_status forward_replayed(const moe_plan *plan, layer_t *L, const moe_f
     if (!cu_ok(moe_cu.cuMemcpyHtoD(L->dx, L->x, (size_t)T * H * 2), "new x") ||
         !cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)L->s.tokens * H * 2), "poison y") ||
         !cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace") ||
+        !cu_ok(moe_cu.cuCtxSynchronize(), "poison") || /* gs does not wait for the legacy stream */
         !cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") || !cu_ok(moe_cu.cuStreamSynchronize(gs), "replay"))
         goto out;
     st = MOE_OK;

@@ -90,7 +90,13 @@ int main(void) {
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_GEMM_UP, 4096, g);
     CHECK(g[0] == 2 * 12288 / 128 && g[1] == (unsigned)moe_plan_max_tiles(&pd, 4096));
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_ROUTE, 33, g);
-    CHECK(g[0] == 2 && g[1] == 1);
+    CHECK(g[0] == 2 && g[1] == 16); /* few tokens: H = 4096 split in 16 shares of 256 */
+    moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_ROUTE, 4096, g);
+    CHECK(g[0] == 128 && g[1] == 1);
+    moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_COMBINE, 1, g);
+    CHECK(g[0] == 1 && g[1] == 16);
+    moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_COMBINE, 4096, g);
+    CHECK(g[0] == 4096 / 8 && g[1] == 1);
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_SCATTER, 5, g);
     CHECK(g[0] == 2); /* 10 rows, 8 per block */
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_PLAN, 4096, g);

@@ -16,7 +16,7 @@
 #define deepseek_v3_MAX_TOKENS 16384
 #define deepseek_v3_DTYPE "bf16"
 #define deepseek_v3_PAIR_GRANULE 8
-#define deepseek_v3_WORKSPACE_BYTES 3016777216ULL /* at deepseek_v3_MAX_TOKENS */
+#define deepseek_v3_WORKSPACE_BYTES 3020971776ULL /* at deepseek_v3_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

@@ -76,7 +76,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 116 "templates/route.lua"
+#line 122 "templates/route.lua"
 namespace qwen3_30b_a3b_route_bf16_e128k8_t32_impl {
 constexpr int E = 128, K = 8, H = 2048;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -97,7 +97,7 @@ constexpr int VPL = 4;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
 static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 139 "templates/route.lua"
+#line 145 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -188,17 +188,17 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts) {
+            int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace qwen3_30b_a3b_route_bf16_e128k8_t32_impl;
-#line 235 "templates/route.lua"
+#line 241 "templates/route.lua"
     __shared__ __align__(16) unsigned char smem[SMEM];
-#line 237 "templates/route.lua"
+#line 243 "templates/route.lua"
     __shared__ int s_count[E];   // this block's selections per expert
-#line 239 "templates/route.lua"
+#line 245 "templates/route.lua"
     (void)sel_bias;
-#line 242 "templates/route.lua"
+#line 248 "templates/route.lua"
     (void)logit_bias;
-#line 244 "templates/route.lua"
+#line 250 "templates/route.lua"
     moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -210,6 +210,8 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
     const int g = lane >> 2, tq = lane & 3;
     const int wn = warp % WN, wk = warp / WN;
+    /* this block's chunks of H: all of them unless the grid splits H */
+    const int c0 = (int)((long long)blockIdx.y * NCH / gridDim.y), c1 = (int)((long long)(blockIdx.y + 1) * NCH / gridDim.y);
     const int klane = wk * 32 + tq * 8;   // this lane's first column of a chunk
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
@@ -229,27 +231,30 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
 
 #pragma unroll
         for (int s = 0; s < S - 1; ++s) {
-            if (s < NCH)
-                load_x(xsm + s * (T * XSTR), x, tok0, tokens, s, tid);
+            if (c0 + s < c1)
+                load_x(xsm + s * (T * XSTR), x, tok0, tokens, c0 + s, tid);
             moe_cp_async_commit();
         }
         uint4 ring[D][NT];   // k step s of a chunk lives in ring[s % D]
 #pragma unroll
         for (int d = 0; d < D; ++d)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) ring[d][j] = load_w(wrow + j * 8 * H + d * WK * 32, rok[j] && klane + d * WK * 32 < H);
+            for (int j = 0; j < NT; ++j) {
+                const int ko = c0 * KC + d * WK * 32;
+                ring[d][j] = load_w(wrow + j * 8 * H + ko, rok[j] && c0 < c1 && klane + ko < H);
+            }
 
 #pragma unroll 1
-        for (int c = 0; c < NCH; ++c) {
+        for (int c = c0; c < c1; ++c) {
             moe_cp_async_wait<S - 2>();
             __syncthreads();
             {
                 const int cn = c + S - 1;
-                if (cn < NCH)
-                    load_x(xsm + (cn % S) * (T * XSTR), x, tok0, tokens, cn, tid);
+                if (cn < c1)
+                    load_x(xsm + ((cn - c0) % S) * (T * XSTR), x, tok0, tokens, cn, tid);
                 moe_cp_async_commit();
             }
-            const moe_half_t *xa = xsm + (c % S) * (T * XSTR) + g * XSTR + klane;
+            const moe_half_t *xa = xsm + ((c - c0) % S) * (T * XSTR) + g * XSTR + klane;
             const int kc0 = c * KC;
 #pragma unroll
             for (int s = 0; s < SPW; ++s) {
@@ -284,44 +289,66 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         __syncthreads();   // x stages are free (they may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
-#line 331 "templates/route.lua"
+#line 342 "templates/route.lua"
         if (wk == 0) {
-#line 333 "templates/route.lua"
+#line 344 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 340 "templates/route.lua"
+#line 351 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 347 "templates/route.lua"
+#line 358 "templates/route.lua"
             }
-#line 349 "templates/route.lua"
+#line 360 "templates/route.lua"
         }
-#line 351 "templates/route.lua"
+#line 362 "templates/route.lua"
         __syncthreads();
-#line 331 "templates/route.lua"
+#line 342 "templates/route.lua"
         if (wk == 1) {
-#line 333 "templates/route.lua"
+#line 344 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 343 "templates/route.lua"
+#line 354 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 347 "templates/route.lua"
+#line 358 "templates/route.lua"
             }
-#line 349 "templates/route.lua"
+#line 360 "templates/route.lua"
         }
-#line 351 "templates/route.lua"
+#line 362 "templates/route.lua"
         __syncthreads();
-#line 353 "templates/route.lua"
+#line 364 "templates/route.lua"
+    }
+
+    /* ---- split H: partial logits out, and the last block sums them ---- */
+    if (gridDim.y > 1) {
+        __shared__ int s_last;
+        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
+        for (int i = tid; i < T * E; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        __threadfence();   // the partials are visible before the ticket is taken
+        __syncthreads();
+        if (tid == 0)
+            s_last = atomicAdd(counts + E + blockIdx.x, 1) == (int)gridDim.y - 1;
+        __syncthreads();
+        if (!s_last)
+            return;
+        __threadfence();
+        for (int i = tid; i < T * E; i += THREADS) {
+            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
+            float v = 0.f;
+            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
+            lsm[(i / E) * LDL + i % E] = v;
+        }
+        __syncthreads();
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
@@ -337,15 +364,15 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 371 "templates/route.lua"
+#line 404 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 373 "templates/route.lua"
+#line 406 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 379 "templates/route.lua"
+#line 412 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -360,16 +387,16 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 397 "templates/route.lua"
+#line 430 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 404 "templates/route.lua"
+#line 437 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 406 "templates/route.lua"
+#line 439 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 528 "templates/route.lua"
+#line 561 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -385,19 +412,19 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 546 "templates/route.lua"
+#line 579 "templates/route.lua"
             const float l = lrow[mine];
-#line 549 "templates/route.lua"
+#line 582 "templates/route.lua"
             w = expf(l - m) / z;
-#line 553 "templates/route.lua"
+#line 586 "templates/route.lua"
         }
-#line 555 "templates/route.lua"
+#line 588 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 564 "templates/route.lua"
+#line 597 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
@@ -538,7 +565,7 @@ qwen3_30b_a3b_permute_scatter_bf16_h2048(const moe_half_t *__restrict__ x, const
     }
 }
 
-#line 22 "templates/combine.lua"
+#line 26 "templates/combine.lua"
 namespace qwen3_30b_a3b_combine_bf16_h2048k8_impl {
 constexpr int K = 8, H = 2048, HV = H / 8;
 constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
@@ -582,8 +609,9 @@ qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const in
             w[k] = __shfl_sync(FULL, my_w, k);
         }
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(y + (long long)t * H);
+        const int v0 = (int)((long long)blockIdx.y * HV / gridDim.y), v1 = (int)((long long)(blockIdx.y + 1) * HV / gridDim.y);
 #pragma unroll 2
-        for (int v = lane; v < HV; v += 32) {
+        for (int v = v0 + lane; v < v1; v += 32) {
             float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int k0 = 0; k0 < K; k0 += KB) {   // KB rows in flight, then their sums, in k order
@@ -2074,6 +2102,43 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
     return (unsigned)((n + per_block - 1) / per_block);
 }
 
+/* The route kernel splits H across gridDim.y blocks per block of tokens
+ * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
+ * so that a decode step reads the router weights with many SMs instead of
+ * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * the route scratch; the last of a token block's splits to finish (a ticket
+ * per token block, kept after the E expert counts and zeroed with them)
+ * sums them in split order and selects. At least 256 columns of H per
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
+#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_CTAS 128
+static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
+    long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;
+    if (blocks > MOE_ROUTE_SPLIT_BLOCKS || split < 2)
+        return 1;
+    if (split * blocks > MOE_ROUTE_SPLIT_CTAS)
+        split = MOE_ROUTE_SPLIT_CTAS / blocks;
+    return (unsigned)split;
+}
+
+/* Bytes of the route scratch (the split partial logits): enough for any
+ * call, since only calls of few tokens split; 0 when H never splits. The
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
+static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
+    return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
+}
+
+/* The combine splits each token's H columns across gridDim.y blocks when
+ * there are few tokens, so that about MOE_COMBINE_WARPS warps share the
+ * work (a warp per token and split, at least 256 columns each). */
+#define MOE_COMBINE_WARPS 1024
+static inline unsigned moe_combine_split(long long tokens, long long hidden) {
+    long long split = MOE_COMBINE_WARPS / (tokens > 0 ? tokens : 1), most = hidden / 256;
+    if (split > most)
+        split = most;
+    return (unsigned)(split > 1 ? split : 1);
+}
+
 /* Routed rows of `tokens` tokens: one per (token, k) pair. */
 static inline long long moe_routed_rows(long long tokens, int top_k) {
     return tokens * top_k;
@@ -2194,23 +2259,25 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 99 "templates/host.lua"
     int *counts = (int *)(ws + 0);
 #line 99 "templates/host.lua"
-    int *offsets = (int *)(ws + 512);
+    int *offsets = (int *)(ws + 768);
 #line 99 "templates/host.lua"
-    int *cursor = (int *)(ws + 1280);
+    int *cursor = (int *)(ws + 1536);
 #line 99 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 1792);
+    int *num_tiles = (int *)(ws + 2048);
 #line 99 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 2048);
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 2304);
 #line 99 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 20480);
+    int *topk_idx = (int *)(ws + 20736);
 #line 99 "templates/host.lua"
-    float *topk_w = (float *)(ws + 544768);
+    float *topk_w = (float *)(ws + 545024);
 #line 99 "templates/host.lua"
-    int *row_of = (int *)(ws + 1069056);
+    int *row_of = (int *)(ws + 1069312);
 #line 99 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1593344);
+    moe_half_t *xs = (moe_half_t *)(ws + 1593600);
 #line 99 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 605048832);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 605049088);
+#line 99 "templates/host.lua"
+    float *route_part = (float *)(ws + 831344896);
 #line 101 "templates/host.lua"
     const long long tiles_y = qwen3_30b_a3b_max_tiles(T);
 #line 106 "templates/host.lua"
@@ -2235,19 +2302,20 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 127 "templates/host.lua"
         attrs_set = true;
     }
-    cudaError_t e = cudaMemsetAsync(counts, 0, 512, stream);
+    cudaError_t e = cudaMemsetAsync(counts, 0, 640, stream);
     if (e != cudaSuccess) return e;
 #line 132 "templates/host.lua"
-    qwen3_30b_a3b_route_bf16_e128k8_t32<<<moe_blocks(T, 32), 256, 0, stream>>>((const moe_half_t *)a->x, (const moe_half_t *)a->router_w,
-        a->router_bias, a->router_logit_bias, T, topk_idx, topk_w, counts);
+    qwen3_30b_a3b_route_bf16_e128k8_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 0, stream>>>(
+        (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
+        counts, route_part);
     static int *slot_of = NULL;
     if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, qwen3_30b_a3b_slot_table)) != cudaSuccess)
         return e;
     qwen3_30b_a3b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
     qwen3_30b_a3b_permute_scatter_bf16_h2048<<<moe_blocks(moe_routed_rows(T, 8), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
-#line 149 "templates/host.lua"
+#line 150 "templates/host.lua"
     if (use90) {
-#line 154 "templates/host.lua"
+#line 155 "templates/host.lua"
     static int sms = 0;
     if (!sms) {
         int dev = 0;
@@ -2255,27 +2323,27 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
             (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
             return e;
     }
-#line 162 "templates/host.lua"
+#line 163 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 143 "templates/host.lua"
+#line 144 "templates/host.lua"
     if ((e = qwen3_30b_a3b_tmap(&ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = qwen3_30b_a3b_tmap(&mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
         return e;
     qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 143 "templates/host.lua"
+#line 144 "templates/host.lua"
     if ((e = qwen3_30b_a3b_tmap(&ma, hbuf, tiles_y * 128, 768, 128)) != cudaSuccess ||
         (e = qwen3_30b_a3b_tmap(&mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
         return e;
     qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 167 "templates/host.lua"
+#line 168 "templates/host.lua"
     } else {
-#line 171 "templates/host.lua"
+#line 172 "templates/host.lua"
     qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(12, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(16, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 175 "templates/host.lua"
+#line 176 "templates/host.lua"
     }
-#line 177 "templates/host.lua"
-    qwen3_30b_a3b_combine_bf16_h2048k8<<<moe_blocks(T, 8), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+#line 178 "templates/host.lua"
+    qwen3_30b_a3b_combine_bf16_h2048k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
