@@ -131,7 +131,7 @@ size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
 
 /* Byte offset and size of a workspace region by name ("topk_idx",
  * "topk_w", "counts", "offsets", "num_tiles", "tiles", "row_of", "xs",
- * "hbuf"), for tests and tools that inspect intermediate results. Returns
+ * "hbuf", "route_part"), for tests and tools that inspect intermediate results. Returns
  * MOE_ERR_INVALID_ARG for an unknown name. */
 moe_status moe_plan_workspace_region(const moe_plan *plan, const char *name, size_t *offset, size_t *bytes);
 
