@@ -43,17 +43,6 @@ static int ovr_index(const moe_spec_ctx_t *c, moe_keyref_t k) {
     return -1;
 }
 
-/* Line of the line-th line's start in text, or NULL. */
-static const char *line_start(const char *text, int line) {
-    const char *p = text;
-    for (int l = 1; l < line && p; l++) {
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    return p;
-}
-
 /* Does the line at p hold "key =" (key as a whole word, not "key =="). */
 static int line_has_key(const char *p, const char *key, int at_start) {
     size_t n = strlen(key);
@@ -96,26 +85,35 @@ static int top_end_line(moe_spec_ctx_t *c, const char *key) {
 
 /* Line of a key in the file: a top-level key's statement starts at the last
  * line at or before its recorded end that reads "key ="; a nested key is the
- * first line from its parent's start that reads "key =". 0 if unknown. */
+ * first line from its parent's start that reads "key =". 0 if unknown. One
+ * pass over the text up to the statement's end (a scan per line from the
+ * top made a large spec's error take minutes). */
 static int key_line(moe_spec_ctx_t *c, moe_keyref_t k) {
     const char *top = k.parent ? k.parent : k.key;
     int end = top_end_line(c, top);
     if (end <= 0)
         return 0;
-    int start = end;
-    for (int l = end; l >= 1; l--) {
-        const char *p = line_start(c->text, l);
-        if (p && line_has_key(p, top, 1)) {
+    int start = end, l = 1;
+    const char *at = NULL, *last = NULL; /* the start line's text, the end line's */
+    for (const char *p = c->text; p && l <= end; l++) {
+        last = p;
+        if (line_has_key(p, top, 1)) {
             start = l;
-            break;
+            at = p;
         }
+        p = strchr(p, '\n');
+        p = p ? p + 1 : NULL;
     }
-    if (!k.parent)
+    if (!at)
+        at = last;
+    if (!k.parent || !at)
         return start;
-    for (int l = start; l <= end; l++) {
-        const char *p = line_start(c->text, l);
-        if (p && line_has_key(p, k.key, 0))
+    l = start;
+    for (const char *p = at; p && l <= end; l++) {
+        if (line_has_key(p, k.key, 0))
             return l;
+        p = strchr(p, '\n');
+        p = p ? p + 1 : NULL;
     }
     return start;
 }
@@ -134,9 +132,10 @@ void moe_spec_key_error(moe_spec_ctx_t *c, moe_keyref_t k, const char *fmt, ...)
     if (oi >= 0)
         snprintf(c->diag->msg, sizeof c->diag->msg, "<command line>:%d: error: --set %s: %s", oi + 1,
                  c->ovr[oi].text, msg);
-    else
-        snprintf(c->diag->msg, sizeof c->diag->msg, "%s:%d: error: %s", c->path,
-                 k.key ? (key_line(c, k) > 0 ? key_line(c, k) : 1) : 1, msg);
+    else {
+        int line = k.key ? key_line(c, k) : 1;
+        snprintf(c->diag->msg, sizeof c->diag->msg, "%s:%d: error: %s", c->path, line > 0 ? line : 1, msg);
+    }
 }
 
 /* ---- the sandboxed chunk ------------------------------------------------ */

@@ -73,17 +73,37 @@ void moe_buf_free(moe_buf_t *b) {
     b->failed = 0;
 }
 
-char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
+char *moe_read_regular(const char *path, size_t max, size_t *len, int flags, char *err, size_t errlen) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is then
+     * refused as not a regular file) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (flags & MOE_READ_NOFOLLOW ? O_NOFOLLOW : 0));
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", path,
+                 errno == ELOOP && (flags & MOE_READ_NOFOLLOW) ? "a symbolic link, not followed" : strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "'%s' is not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    if ((unsigned long long)st.st_size > max) {
+        snprintf(err, errlen, "'%s' is larger than %zu bytes", path, max);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     moe_buf_t b = {0};
     char chunk[65536];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (b.len + n > max) {
+        if (b.len + n > max) { /* grew since the fstat */
             snprintf(err, errlen, "'%s' is larger than %zu bytes", path, max);
             fclose(f);
             moe_buf_free(&b);
@@ -103,6 +123,10 @@ char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t
     if (len)
         *len = b.len;
     return b.data;
+}
+
+char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen) {
+    return moe_read_regular(path, max, len, 0, err, errlen);
 }
 
 int moe_mkdirs(const char *path, char *err, size_t errlen) {

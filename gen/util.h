@@ -21,9 +21,16 @@ void moe_buf_free(moe_buf_t *b);
 /* Grow b by n bytes (then NUL) and return a pointer to them, or NULL. */
 char *moe_buf_extend(moe_buf_t *b, size_t n);
 
-/* Read a whole file (at most max bytes) into a NUL-terminated malloc'd
- * buffer. On error returns NULL with a reason in err. */
+/* Read a whole regular file (at most max bytes) into a NUL-terminated
+ * malloc'd buffer. A FIFO, a device (/dev/zero), a folder or a file over
+ * max is refused without waiting or reading it. On error returns NULL with
+ * a reason in err. */
 char *moe_read_file(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* moe_read_file with flags: MOE_READ_NOFOLLOW refuses a symbolic link as
+ * the last component (the JIT cache's entries). */
+#define MOE_READ_NOFOLLOW 1
+char *moe_read_regular(const char *path, size_t max, size_t *len, int flags, char *err, size_t errlen);
 
 /* XXH3-128 of n bytes at data as 32 lowercase hex digits (high word
  * first) and a NUL: the one spelling of the spec hash, the templates hash

@@ -238,6 +238,18 @@ static void test_compiled_folder(void) {
     CASE("compiled folder: a missing cubin is refused, naming it");
     CHECK(sh("cp -r %s/ok %s/gone && rm %s/gone/small.sm_80.cubin", dir, dir, dir) == 0);
     from_dir_case(dir, "gone", 1, "gone/small.sm_80.cubin");
+    CASE("compiled folder, tuning table: a FIFO is refused at once, not waited on");
+    CHECK(sh("mkdir %s/fifo && mkfifo %s/fifo/manifest.json %s/fifo/t.tune", dir, dir, dir) == 0);
+    alarm(20);
+    from_dir_case(dir, "fifo", 1, "fifo/manifest.json' is not a regular file");
+    char tune[512];
+    snprintf(tune, sizeof tune, "%s/fifo/t.tune", dir);
+    moe_options o = {.tuning_path = tune};
+    moe_plan *plan = NULL;
+    moe_status st = moe_plan_create(&plan, spec, &o);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "t.tune' is not a regular file"), "got %s: %s",
+           moe_status_string(st), moe_last_error());
+    alarm(0);
     CHECK(sh("rm -rf %s", dir) == 0);
 }
 

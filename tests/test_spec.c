@@ -358,6 +358,42 @@ static void test_sandbox(void) {
         CHECK(load_file(&s, big, &d) != 0);
         CHECK_STREQ(d.msg, want);
     }
+
+    /* a FIFO would wait for a writer forever, /dev/zero read without end:
+     * only regular files are read (the alarm fails a hang) */
+    CASE("spec: a FIFO, a device and a folder are refused at once");
+    char fifo[300], want2[700];
+    snprintf(fifo, sizeof fifo, "%s/fifo.moe", tmp_root);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    alarm(20);
+    CHECK(load_file(&s, fifo, &d) != 0);
+    snprintf(want2, sizeof want2, "%s:1: error: '%s' is not a regular file", fifo, fifo);
+    CHECK_STREQ(d.msg, want2);
+    CHECK(load_file(&s, "/dev/zero", &d) != 0);
+    CHECK_STREQ(d.msg, "/dev/zero:1: error: '/dev/zero' is not a regular file");
+    CHECK(load_file(&s, "tests/specs", &d) != 0);
+    CHECK_STREQ(d.msg, "tests/specs:1: error: 'tests/specs' is not a regular file");
+    alarm(0);
+    unlink(fifo);
+
+    /* finding an error's line is one pass over the text (it was a scan from
+     * the top per line of the statement: minutes for a large spec) */
+    CASE("spec: the line of an error in a long statement, found quickly");
+    moe_buf_t t = {0};
+    moe_buf_printf(&t, "%srouter = {\n", base_text);
+    for (int i = 0; i < 12000; i++)
+        moe_buf_printf(&t, "  -- a comment line inside the router table, padding it to many lines\n");
+    moe_buf_printf(&t, "  score = \"nope\" }\n");
+    int lines = 0;
+    for (const char *q = t.data; *q; q++)
+        lines += *q == '\n';
+    double t0 = now();
+    CHECK(moe_spec_load(&s, "long.moe", t.data, NULL, 0, &d) != 0);
+    double dt = now() - t0;
+    snprintf(want2, sizeof want2, "long.moe:%d: error: router.score", lines);
+    CHECKF(strncmp(d.msg, want2, strlen(want2)) == 0, "%s (want %s)", d.msg, want2);
+    CHECKF(dt < 1.0, "took %.2f s", dt);
+    moe_buf_free(&t);
 }
 
 /* ---- overrides ------------------------------------------------------------ */
