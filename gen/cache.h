@@ -22,7 +22,11 @@ int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch
 
 /* Get the cubin for (plan, arch): from cache_dir (NULL = moe_cache_dir())
  * when a valid entry exists, else by generating and compiling, then storing
- * it. *hit tells which. Returns 0, or non-zero with diag set. */
+ * it. *hit tells which. The folder is created 0700; one that is a symbolic
+ * link, belongs to another user or is writable by others is refused (an
+ * error, not a silent miss); entries are regular files (links are not
+ * followed), created 0600, and valid only under their own key's name.
+ * Returns 0, or non-zero with diag set. */
 int moe_cache_cubin(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch_t arch, const char *cache_dir,
                     moe_buf_t *cubin, int *hit, moe_diag_t *diag);
 

@@ -212,6 +212,88 @@ static void cache_behaviour(const char *what, const char *tdir) {
     moe_buf_free(&b);
 }
 
+/* The cache folder is private and its entries are bound to their keys:
+ * what another user could plant (a shared or linked folder, a linked
+ * entry, a valid entry of another key) is refused or rebuilt, never run. */
+static void test_cache_private(const char *tdir) {
+    moe_plan_desc_t pd, pd2;
+    moe_diag_t d;
+    moe_buf_t b = {0}, first = {0}, other = {0};
+    int hit = -1;
+    char cdir[300], p[700], key[33], key2[33];
+    CHECK(load_plan(SMALL, NULL, 0, &pd) == 0);
+    moe_override_t o = {"top_k=4"};
+    CHECK(load_plan(SMALL, &o, 1, &pd2) == 0);
+    CHECK(moe_cache_key(&pd, tdir, MOE_ARCH_SM90A, key, &d) == 0);
+    CHECK(moe_cache_key(&pd2, tdir, MOE_ARCH_SM90A, key2, &d) == 0);
+
+    CASE("cache private: under umask 000 the folder is created 0700 and entries 0600");
+    snprintf(cdir, sizeof cdir, "%s/private/a/cache", tmp_root);
+    mode_t old = umask(0);
+    CHECK(cache_get(&pd, tdir, cdir, &first, &hit) == 0 && hit == 0);
+    umask(old);
+    struct stat st;
+    CHECKF(stat(cdir, &st) == 0 && (st.st_mode & 0777) == 0700, "mode %o", (unsigned)(st.st_mode & 0777));
+    snprintf(p, sizeof p, "%s/%s-%s.cubin", cdir, pd.spec.name, key);
+    CHECKF(stat(p, &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", (unsigned)(st.st_mode & 0777));
+
+    CASE("cache private: a valid entry of another key is not a hit");
+    char p2[700];
+    snprintf(p2, sizeof p2, "%s/%s-%s.cubin", cdir, pd.spec.name, key2);
+    size_t len;
+    char *data = read_bytes(p, &len);
+    CHECK(data && write_bytes(p2, data, len) == 0);
+    free(data);
+    CHECK(cache_get(&pd2, tdir, cdir, &other, &hit) == 0);
+    CHECKF(hit == 0, "the entry of key %s served key %s", key, key2);
+    CHECK(other.len > 0 && !same_buf(&other, &first));
+    CHECK(cache_get(&pd2, tdir, cdir, &b, &hit) == 0 && hit == 1 && same_buf(&b, &other));
+
+    CASE("cache private: an entry that is a symbolic link is not followed; the rebuilt entry replaces the link");
+    char target[700];
+    snprintf(target, sizeof target, "%s/private/planted.cubin", tmp_root);
+    CHECK(rename(p, target) == 0 && symlink(target, p) == 0);
+    CHECK(cache_get(&pd, tdir, cdir, &b, &hit) == 0);
+    CHECKF(hit == 0, "a linked entry was used");
+    CHECK(same_buf(&b, &first));
+    CHECK(lstat(p, &st) == 0 && S_ISREG(st.st_mode));
+    CHECK(lstat(target, &st) == 0 && S_ISREG(st.st_mode));
+
+    CASE("cache private: a folder writable by others is refused, naming it");
+    CHECK(chmod(cdir, 0777) == 0);
+    moe_buf_t none = {0};
+    CHECK(moe_cache_cubin(&pd, tdir, MOE_ARCH_SM90A, cdir, &none, &hit, &d) != 0);
+    CHECKF(strstr(d.msg, cdir) && strstr(d.msg, "writable by other users (mode 0777)"), "%s", d.msg);
+    CHECK(chmod(cdir, 0700) == 0);
+
+    CASE("cache private: a folder that is a symbolic link is refused");
+    char link[300];
+    snprintf(link, sizeof link, "%s/private/link", tmp_root);
+    CHECK(symlink(cdir, link) == 0);
+    CHECK(moe_cache_cubin(&pd, tdir, MOE_ARCH_SM90A, link, &none, &hit, &d) != 0);
+    CHECKF(strstr(d.msg, "is a symbolic link"), "%s", d.msg);
+    snprintf(link, sizeof link, "%s/private/link/", tmp_root); /* a trailing slash would follow it */
+    CHECK(moe_cache_cubin(&pd, tdir, MOE_ARCH_SM90A, link, &none, &hit, &d) != 0);
+    CHECKF(strstr(d.msg, "is a symbolic link"), "%s", d.msg);
+
+    CASE("cache private: a folder of another user is refused");
+    char theirs[300];
+    snprintf(theirs, sizeof theirs, "%s/private/theirs", tmp_root);
+    CHECK(mkdir(theirs, 0755) == 0);
+    if (geteuid() == 0) /* root: give it to nobody; else the folder "/" is root's */
+        CHECK(chown(theirs, 65534, 65534) == 0);
+    else
+        snprintf(theirs, sizeof theirs, "/");
+    CHECK(moe_cache_cubin(&pd, tdir, MOE_ARCH_SM90A, theirs, &none, &hit, &d) != 0);
+    CHECKF(strstr(d.msg, "belongs to user"), "%s", d.msg);
+    moe_buf_free(&none);
+    moe_buf_free(&b);
+    moe_buf_free(&first);
+    moe_buf_free(&other);
+    moe_plan_desc_free(&pd);
+    moe_plan_desc_free(&pd2);
+}
+
 static void test_cache(void) {
     test_cache_dir();
 
@@ -220,6 +302,7 @@ static void test_cache(void) {
     CASE("cache: template folder");
     CHECK(make_templates(t0, 1) == 0);
     cache_behaviour("stub templates", t0);
+    test_cache_private(t0);
 
     CASE("cache key: arch, spec and template content");
     moe_plan_desc_t pd, pd2;
