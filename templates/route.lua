@@ -366,8 +366,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     /* ---- split H: partial logits out, and the last block sums them ---- */
     if (gridDim.y > 1) {
         __shared__ int s_last;
+        const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-        for (int i = tid; i < T * E; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -376,7 +377,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < T * E; i += THREADS) {
+        for (int i = tid; i < nv; i += THREADS) {
             const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
             float v = 0.f;
             for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));

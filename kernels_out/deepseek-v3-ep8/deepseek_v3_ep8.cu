@@ -446,8 +446,9 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
     /* ---- split H: partial logits out, and the last block sums them ---- */
     if (gridDim.y > 1) {
         __shared__ int s_last;
+        const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-        for (int i = tid; i < T * E; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -456,7 +457,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < T * E; i += THREADS) {
+        for (int i = tid; i < nv; i += THREADS) {
             const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
             float v = 0.f;
             for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
@@ -478,28 +479,28 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 404 "templates/route.lua"
+#line 405 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 406 "templates/route.lua"
+#line 407 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 427 "templates/route.lua"
+#line 428 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 430 "templates/route.lua"
+#line 431 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 434 "templates/route.lua"
+#line 435 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 439 "templates/route.lua"
+#line 440 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 482 "templates/route.lua"
+#line 483 "templates/route.lua"
         /* Group-limited, groups of PG = 4 experts: in each slot a group
          * is an aligned segment of PG lanes. */
         {
@@ -529,7 +530,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
             }
             cand &= kept;
         }
-#line 561 "templates/route.lua"
+#line 562 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -545,21 +546,21 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 579 "templates/route.lua"
+#line 580 "templates/route.lua"
             const float l = lrow[mine];
-#line 584 "templates/route.lua"
+#line 585 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 586 "templates/route.lua"
+#line 587 "templates/route.lua"
         }
-#line 588 "templates/route.lua"
+#line 589 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 595 "templates/route.lua"
+#line 596 "templates/route.lua"
         w *= 2.5f;
-#line 597 "templates/route.lua"
+#line 598 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;

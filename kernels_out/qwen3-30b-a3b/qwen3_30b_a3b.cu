@@ -332,8 +332,9 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
     /* ---- split H: partial logits out, and the last block sums them ---- */
     if (gridDim.y > 1) {
         __shared__ int s_last;
+        const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-        for (int i = tid; i < T * E; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -342,7 +343,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < T * E; i += THREADS) {
+        for (int i = tid; i < nv; i += THREADS) {
             const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
             float v = 0.f;
             for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
@@ -364,15 +365,15 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 404 "templates/route.lua"
+#line 405 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 406 "templates/route.lua"
+#line 407 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 412 "templates/route.lua"
+#line 413 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -387,16 +388,16 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 430 "templates/route.lua"
+#line 431 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 437 "templates/route.lua"
+#line 438 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 439 "templates/route.lua"
+#line 440 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 561 "templates/route.lua"
+#line 562 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -412,19 +413,19 @@ qwen3_30b_a3b_route_bf16_e128k8_t32(const moe_half_t *__restrict__ x, const moe_
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 579 "templates/route.lua"
+#line 580 "templates/route.lua"
             const float l = lrow[mine];
-#line 582 "templates/route.lua"
+#line 583 "templates/route.lua"
             w = expf(l - m) / z;
-#line 586 "templates/route.lua"
+#line 587 "templates/route.lua"
         }
-#line 588 "templates/route.lua"
+#line 589 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 597 "templates/route.lua"
+#line 598 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
