@@ -16,6 +16,9 @@
 
 typedef enum { MOE_DTYPE_BF16 = 0, MOE_DTYPE_FP16 = 1 } moe_dtype_t;
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_t;
+/* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
+ * or its input (y = Σ E(round(x·round(w))), Llama 4). */
+typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
 typedef enum { MOE_ARCH_SM90A = 0, MOE_ARCH_SM80 = 1 } moe_arch_t;
 
 /* Mesh axes. Sizes are indexed by axis id; order[] lists axis ids outermost
@@ -31,6 +34,7 @@ typedef struct {
     bool bias;        /* per-expert selection bias (fp32 [E]), selection only */
     bool logit_bias;  /* per-expert bias added to the logits (fp32 [E]) */
     double scale;     /* routed weights are multiplied by this */
+    moe_apply_t apply;  /* where the weights multiply: the expert's output or its input */
 } moe_router_t;
 
 /* The gated unit applied between the expert GEMMs, on (gate, up) after the

@@ -13,13 +13,14 @@
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
                    sizeof(moe_score_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
-                   sizeof(moe_dispatch_mode_t) == sizeof(int),
+                   sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int),
                "enum fields are int-sized");
 
 #define AT(field) offsetof(moe_spec_t, field)
 
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
 static const char *const scores[] = {"softmax", "sigmoid", NULL};
+static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
 static const char *const shard_axes[] = {"ep", "fsdp", NULL};
@@ -67,6 +68,9 @@ const moe_key_t moe_spec_keys[] = {
      .help = "a per-expert fp32 bias added to the logits (moves the weights too)"},
     {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
      .help = "the weights are multiplied by this"},
+    {.name = "router.apply", .type = MOE_KEY_ENUM, .offset = AT(router.apply), .choices = applies,
+     .help = "where a routing weight `w` multiplies: `\"output\"`: `y = Σ w·expert(x)`; `\"input\"` "
+             "(Llama 4): `y = Σ expert(round(x·round(w)))`, rounded to `dtype`"},
 
     {.name = "activation.kind", .type = MOE_KEY_ENUM, .offset = AT(activation.kind), .choices = act_kinds,
      .help = "the gated unit between the expert GEMMs; `\"swiglu\"`: "

@@ -144,8 +144,8 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
                       &reg[MOE_EW_CURSOR], &reg[MOE_EW_SEND_COUNTS], &reg[MOE_EW_SEND_OFF], &reg[MOE_EW_OVERFLOW]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_SEND_PLAN, T, 0, st, sp, NULL)))
             return rc;
-        void *sc[] = {(void *)&a->x, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_OFFSETS], &reg[MOE_EW_CURSOR], &owner,
-                      (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF]};
+        void *sc[] = {(void *)&a->x, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_OFFSETS],
+                      &reg[MOE_EW_CURSOR], &owner, (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_SCATTER, T, 0, st, sc, NULL)))
             return rc;
         for (int d = 0; d < P; d++) {

@@ -67,8 +67,8 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
             return rc;
     }
     {
-        void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &T,
-                        &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
+        void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_OFFSETS],
+                        &reg[MOE_WS_CURSOR], &T, &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF]};
         if ((rc = moe_launch_kernel(&p->launcher, MOE_K_PERMUTE_SCATTER, T, 0, st, args, ev)))
             return rc;
     }

@@ -1,5 +1,7 @@
 @ -- combine.lua — y[t] = Σ_k topk_w[t, k] · obuf[row_of[t, k]], accumulated in
 @ -- fp32 in increasing k, rounded once to the dtype (docs/DESIGN.md, "Kernels").
+@ -- With router.apply = "input" the weights went into the expert inputs
+@ -- (the scatter) and the rows are summed with weight 1 (topk_w not read).
 @ -- A warp per token, p.per_block tokens per block; each lane handles 8
 @ -- consecutive columns at a time with 16-byte loads and stores. For few
 @ -- tokens the columns are split across gridDim.y blocks
@@ -23,6 +25,7 @@
 @ M.config(p)
 @ local K = p.K
 @ local ns = p.kernel .. "_impl"
+@ local input = p.spec.router.apply == "input"
 namespace ${ns} {
 constexpr int K = ${p.K}, H = ${p.H}, HV = H / 8;
 constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
@@ -46,6 +49,9 @@ extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
     using namespace ${ns};
+@ if input then
+    (void)topk_w;
+@ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -56,7 +62,11 @@ ${p.kernel}(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of,
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
+@ if input then
+            my_w = 1.f;   // the weight is in the expert's input
+@ else
             my_w = topk_w[(long long)t * K + lane];
+@ end
         }
         int rows[K];
         float w[K];

@@ -9,8 +9,8 @@
 @ --   row of each expert (offsets [E]) and zeroed cursors, send_counts [P]
 @ --   and send_off [P + 1]. Capacity mode (C > 0): destination d's block
 @ --   starts at d*C; rows past C are counted into *overflow.
-@ -- p.scatter (a warp per (t, k) slot): as permute's scatter, into the send
-@ --   buffer; in capacity mode a row past its destination's C goes nowhere
+@ -- p.scatter (a warp per (t, k) slot): as permute's scatter (x·w rounded
+@ --   with router.apply = "input"), into the send buffer; in capacity mode a row past its destination's C goes nowhere
 @ --   and its row_of is the null row P*C (kept zero by the runtime).
 @ -- p.recv_plan (one block): the all-to-all of slot_counts (recv_counts
 @ --   [P*S], source-major) -> chunk_src / chunk_dst / chunk_rows [P*S],
@@ -36,6 +36,7 @@
 @ function M.emit(p)
 @ M.config(p)
 @ local ns = p.send_plan .. "_impl"
+@ local input = p.spec.router.apply == "input"
 namespace ${ns} {
 constexpr int E = ${p.E}, K = ${p.K}, H = ${p.H}, P = ${p.P}, S = ${p.S}, N = P * S;
 constexpr int C = ${p.C};           // rows per (source, destination) pair; 0 = exact mode
@@ -127,10 +128,13 @@ ${p.send_plan}(const int *__restrict__ counts, const int *__restrict__ owner, co
 }
 
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
-${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const int *__restrict__ offsets,
-            int *__restrict__ cursor, const int *__restrict__ owner, int tokens, moe_half_t *__restrict__ send,
-            int *__restrict__ row_of) {
+${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+            const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
+            moe_half_t *__restrict__ send, int *__restrict__ row_of) {
     using namespace ${ns};
+@ if not input then
+    (void)topk_w;
+@ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -151,8 +155,14 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
             continue;
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(send + (long long)row * H);
+@ if input then
+        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+#pragma unroll 4
+        for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
+@ else
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+@ end
     }
 }
 

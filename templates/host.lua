@@ -136,7 +136,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, ${n}_slot_table)) != cudaSuccess)
         return e;
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
-    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.K}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, offsets, cursor, T, xs, row_of);
+    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.K}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)

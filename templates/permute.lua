@@ -11,9 +11,10 @@
 @ --   mesh of one device). Empty experts get no tiles.
 @ -- p.scatter_kernel (p.scatter_rows (t, k) slots per block, a warp per
 @ --   slot): the slot's row is offsets[e] + a cursor bump; row_of gets it and
-@ --   the token's x row is copied there with 16-byte loads and stores. The
-@ --   order of rows within an expert is whatever the atomics give; nothing
-@ --   downstream depends on it.
+@ --   the token's x row is copied there with 16-byte loads and stores (with
+@ --   router.apply = "input", x·w rounded to the dtype, w = topk_w[t, k]
+@ --   rounded first; topk_w is not read otherwise). The order of rows within
+@ --   an expert is whatever the atomics give; nothing downstream depends on it.
 @ local M = {}
 @
 @ function M.config(p)
@@ -35,6 +36,7 @@
 @ function M.emit(p)
 @ local c = M.config(p)
 @ local ns = p.plan_kernel .. "_impl"
+@ local input = p.spec.router.apply == "input"
 namespace ${ns} {
 constexpr int E = ${p.E}, K = ${p.K}, H = ${p.H}, ALIGN = ${p.align};
 constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
@@ -138,9 +140,13 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
 }
 
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
-${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const int *__restrict__ offsets,
-            int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs, int *__restrict__ row_of) {
+${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+            const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
+            int *__restrict__ row_of) {
     using namespace ${ns};
+@ if not input then
+    (void)topk_w;
+@ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -157,8 +163,14 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
         row = __shfl_sync(FULL, row, 0);
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
+@ if input then
+        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+#pragma unroll 4
+        for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
+@ else
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+@ end
     }
 }
 @ end

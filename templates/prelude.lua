@@ -43,6 +43,15 @@ static __device__ __forceinline__ unsigned moe_pack2(float lo, float hi) {
 static __device__ __forceinline__ float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static __device__ __forceinline__ float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
 
+/* The 8 halves of v times w, each product rounded to the dtype: the expert
+ * input round(x·w) of router.apply = "input" (w already in the dtype). */
+static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
+    return make_uint4(moe_pack2(moe_lo_float(v.x) * w, moe_hi_float(v.x) * w),
+                      moe_pack2(moe_lo_float(v.y) * w, moe_hi_float(v.y) * w),
+                      moe_pack2(moe_lo_float(v.z) * w, moe_hi_float(v.z) * w),
+                      moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }

@@ -7,7 +7,9 @@
  *
  * Meshes: EP2, EP4, EP8, DP2/FSDP2/EP2 under both expert shardings, EP4 in
  * capacity mode with room to spare, and EP4 in capacity mode too small (the
- * overflow must be reported by every rank that lost rows). The FSDP gather
+ * overflow must be reported by every rank that lost rows); router.apply =
+ * "input" (the EP scatter scales the rows it sends) on EP4 and on EP2 in
+ * capacity mode. The FSDP gather
  * runs through the same harness (and its pack hook once), and the gathered
  * weights are compared with the experts the mesh plan says the rank holds.
  * Fresh random inputs (MOEGEN_TEST_SEED repeats), outputs poisoned.
@@ -61,6 +63,11 @@ static const ep_case_t cases[] = {
      300, 0},
     {"ep4_capacity_overflow",
      "name = 'ep4o' " BASE "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 40 }\n", 300, 1},
+    {"ep4_apply_input", "name = 'ep4i' " BASE "mesh = { ep = 4 }\nrouter = { score = 'sigmoid', apply = 'input' }\n",
+     257, 0},
+    {"ep2_apply_input_capacity",
+     "name = 'ep2ic' " BASE "mesh = { ep = 2 }\nrouter = { apply = 'input' }\n"
+     "dispatch = { mode = 'capacity', capacity = 900 }\n", 300, 0},
 };
 
 enum { FAM_GATHER, FAM_EP, FAM_COUNT };

@@ -115,6 +115,11 @@ static const gpu_case_t cases[] = {
     {"tests/specs/group_slots.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"tests/specs/group_12e.moe", MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    /* router.apply = "input": the weight scales the expert's input (scatter), combine sums with weight 1 */
+    {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/apply_input_k2.moe", MODE_PERM, {700}, 1, 0, MOE_CUDNN_DEFAULT, 0},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1},
@@ -526,7 +531,8 @@ static void check_permute_scatter(const layer_t *L, int T, int align_m, const in
 }
 
 /* combine: y[t] = sum_k topk_w[t, k] * obuf[row_of[t, k]] over the GPU's
- * own down-projection rows, every token; and every y element written. */
+ * own down-projection rows (weight 1 with router.apply = "input"), every
+ * token; and every y element written. */
 static void check_combine(const layer_t *L, int T, const float *w, const int *row_of, const uint16_t *obuf,
                           size_t obuf_bytes, const uint16_t *y, double tol) {
     const moe_spec_t *s = &L->s;
@@ -553,7 +559,7 @@ static void check_combine(const layer_t *L, int T, const float *w, const int *ro
         for (int h = 0; h < H; h++)
             acc[h] = 0.0f;
         for (int k = 0; k < K; k++) {
-            const float wk = w[(size_t)t * K + k];
+            const float wk = s->router.apply == MOE_APPLY_INPUT ? 1.0f : w[(size_t)t * K + k];
             const uint16_t *o = obuf + (size_t)row_of[(size_t)t * K + k] * H;
             for (int h = 0; h < H; h++)
                 acc[h] = fmaf(wk, moe_half_to_float(o[h], dt), acc[h]);

@@ -87,6 +87,8 @@ static void test_nvrtc_all(void) {
         "tests/specs/group_nondiv.moe", /* topk_groups does not divide top_k, lane-segment groups */
         "tests/specs/group_slots.moe",  /* group_topk = 1, whole-slot groups, top_k not a multiple */
         "tests/specs/group_12e.moe",    /* 12 experts, top-3, 4 groups keeping 2 */
+        "tests/specs/apply_input.moe",  /* router.apply = "input", Llama 4's top-1 sigmoid */
+        "tests/specs/apply_input_k2.moe", /* router.apply = "input", top-2, biases, clamped SwiGLU */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 8, "specs[] has room for 8 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++)

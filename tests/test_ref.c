@@ -392,6 +392,49 @@ static void test_ffn_plain(void) {
     CHECK(moe_half_to_float(obuf[1 * 16 + 1], s.dtype) == 1.4609375f);   /* slot (0,1): expert 2 */
     CHECK(moe_half_to_float(obuf[2 * 16 + 8], s.dtype) == 0.1552734375f); /* slot (1,0), h = 8: -o[0] */
 
+    CASE("router.apply = \"input\": the weight scales the expert's input, the rows sum with weight 1");
+    {
+        moe_spec_t si = mkspec(4, 2, 16, 8);
+        si.router.apply = MOE_APPLY_INPUT;
+        const float xi[16] = {1, 3, -1.5f, 0.75f, 0, 0, 0, 0, 1, 0.5f, 2, 3, 0, 0, 0, 0};
+        uint16_t xih[16];
+        to_half(xi, xih, 16, si.dtype);
+        moe_ref_inputs_t ii = {0};
+        ii.x = xih; ii.w1 = w1h; ii.w2 = w2h; ii.tokens = 1;
+        const int iidx[2] = {1, 2};
+        const float itw[2] = {0.3f, 0.7f};
+        float yi[16];
+        uint16_t hi[2 * 8];
+        CHECK(moe_ref_ffn(&si, &ii, iidx, itw, NULL, 0, yi, hi, NULL) == 0);
+        /* Slot 0, expert 1 (g 2, u 1, d 0.5), w = 0.3 -> bf16 0.30078125:
+         *   xin = round(x·0.30078125): gate part {0.30078125, 0.90234375, -0.451171875, 0.2255859375},
+         *     up part {0.30078125, 0.150390625, 0.6015625, 0.90234375}
+         *   gate = {0.6015625, 1.8046875, -0.90234375, 0.451171875}, up = the up part
+         *   h = up·gate·σ(gate) = {0.1168889, 0.2330632, -0.1566400, 0.2487121}
+         *     -> bf16 {0.11669921875, 0.2333984375, -0.15625, 0.2490234375}
+         *   o = h/2 = {0.058349609375, 0.11669921875, -0.078125, 0.12451171875}
+         * Slot 1, expert 2 (g 0.5, u 2, d 2), w = 0.7 -> bf16 0.69921875:
+         *   xin: gate part {0.69921875, 2.09375 (3·0.69921875 = 2.09765625 rounded), -1.046875, 0.5234375},
+         *     up part {0.69921875, 0.349609375, 1.3984375, 2.09375}
+         *   gate = {0.349609375, 1.046875, -0.5234375, 0.26171875}, up = {1.3984375, 0.69921875, 2.796875, 4.1875}
+         *   h = {0.2867550, 0.5418037, -0.5446754, 0.6192746} -> bf16 {0.287109375, 0.54296875, -0.54296875, 0.62109375}
+         *   o = 2h = {0.57421875, 1.0859375, -1.0859375, 1.2421875}
+         * y[0..3] = o(slot 0) + o(slot 1) = {0.632568359375, 1.20263671875, -1.1640625, 1.36669921875},
+         * y[8..11] = -y[0..3], the rest 0 (weighting the outputs instead gives y[0] = 1.1332031). */
+        const float yw[4] = {0.632568359375f, 1.20263671875f, -1.1640625f, 1.36669921875f};
+        int iok = 1;
+        for (int h = 0; h < 16; h++) {
+            const float want = h % 8 < 4 ? (h < 8 ? yw[h % 8] : -yw[h % 8]) : 0;
+            if (!NEAR(yi[h], want, 1e-6)) {
+                iok = 0;
+                fprintf(stderr, "  h=%d: y %.9g (want %.9g)\n", h, yi[h], want);
+            }
+        }
+        CHECK(iok);
+        CHECK(moe_half_to_float(hi[1], si.dtype) == 0.2333984375f);   /* slot 0, f = 1 */
+        CHECK(moe_half_to_float(hi[8 + 3], si.dtype) == 0.62109375f); /* slot 1, f = 3 */
+    }
+
     CASE("token_list writes only the listed rows");
     in.tokens = 3;
     const float sentinel = 12345.0f;

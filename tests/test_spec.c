@@ -129,7 +129,7 @@ static int spec_eq(const moe_spec_t *a, const moe_spec_t *b) {
              a->hidden == b->hidden && a->ffn == b->ffn && a->tokens == b->tokens && a->dtype == b->dtype &&
              a->router.score == b->router.score && a->router.renormalize == b->router.renormalize &&
              a->router.groups == b->router.groups && a->router.topk_groups == b->router.topk_groups &&
-             a->router.group_topk == b->router.group_topk &&
+             a->router.group_topk == b->router.group_topk && a->router.apply == b->router.apply &&
              a->router.bias == b->router.bias && a->router.logit_bias == b->router.logit_bias &&
              a->router.scale == b->router.scale && a->activation.alpha == b->activation.alpha &&
              a->activation.limit == b->activation.limit && a->activation.up_offset == b->activation.up_offset &&
@@ -192,7 +192,7 @@ static const char *const required_bad[] = {
     "hidden_not_multiple_of_8", "ffn_not_multiple_of_8", "groups_not_dividing_experts",
     "topk_groups_exceeds_groups", "group_topk_exceeds_group", "mesh_experts_not_divisible",
     "unknown_key_suggestion", "unknown_nested_key_suggestion", "unknown_key", "missing_key", "enum_dtype",
-    "enum_router_score", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "nul_in_file", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
+    "enum_router_score", "enum_router_apply", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "nul_in_file", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
     "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
     "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep",
@@ -524,7 +524,8 @@ static void test_canonical(void) {
         CHECK_STREQ(canon, want);
     CHECK(s.dtype == MOE_DTYPE_BF16 && s.tokens == 16384 && s.narch == 1 && s.arch[0] == MOE_ARCH_SM90A);
     CHECK(s.router.score == MOE_SCORE_SOFTMAX && s.router.renormalize && s.router.groups == 1 &&
-          s.router.topk_groups == 1 && !s.router.bias && !s.router.logit_bias && s.router.scale == 1.0);
+          s.router.topk_groups == 1 && !s.router.bias && !s.router.logit_bias && s.router.scale == 1.0 &&
+          s.router.group_topk == 2 && s.router.apply == MOE_APPLY_OUTPUT);
     CHECK(s.activation.alpha == 1.0 && s.activation.limit == 0.0 && s.activation.up_offset == 0.0 && !s.ffn_bias);
     CHECK(s.mesh.size[0] == 1 && s.mesh.size[1] == 1 && s.mesh.size[2] == 1);
     CHECK(s.mesh.order[0] == MOE_AXIS_DP && s.mesh.order[1] == MOE_AXIS_FSDP && s.mesh.order[2] == MOE_AXIS_EP);
@@ -581,6 +582,7 @@ static void test_canonical(void) {
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { renormalize = false }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { logit_bias = true }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { groups = 4, topk_groups = 2 }",
+        "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 router = { apply = \"input\" }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 "
         "router = { groups = 4, topk_groups = 2, group_topk = 1 }",
         "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 activation = { limit = 7 }",
@@ -604,9 +606,10 @@ static void test_canonical(void) {
     check_roundtrip("canonical round trip: small", &s);
     const char *o[] = {"router.score=sigmoid", "router.groups=4",       "router.topk_groups=1",
                        "router.group_topk=1",  "router.bias=true",      "router.scale=2.5",
-                       "activation.alpha=1.702", "activation.limit=7", "activation.up_offset=1"};
-    CHECKF(load_with(&s, SMALL, o, 9, &d) == 0, "%s", d.msg);
-    CHECK(s.router.group_topk == 1);
+                       "router.apply=input",   "activation.alpha=1.702", "activation.limit=7",
+                       "activation.up_offset=1"};
+    CHECKF(load_with(&s, SMALL, o, 10, &d) == 0, "%s", d.msg);
+    CHECK(s.router.group_topk == 1 && s.router.apply == MOE_APPLY_INPUT);
     check_roundtrip("canonical round trip: every router and activation key", &s);
     const char *o2[] = {"mesh.dp=2", "mesh.fsdp=2", "mesh.ep=3", "mesh.order=ep,dp,fsdp", "mesh.expert_sharding=fsdp,ep",
                         "dtype=fp16", "ffn_bias=true", "arch=sm_80,sm_90a"};

@@ -286,8 +286,14 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
         const int P = cnt[e + 1] - cnt[e];
         const int *sl = slot + cnt[e];
         if (P == 0) continue;
-        for (int p = 0; p < P; p++)
-            moe_half_row_to_float(in->x + (size_t)(sl[p] / K) * H, xe + (size_t)p * H, (size_t)H, dt);
+        for (int p = 0; p < P; p++) {
+            float *xr = xe + (size_t)p * H;
+            moe_half_row_to_float(in->x + (size_t)(sl[p] / K) * H, xr, (size_t)H, dt);
+            if (s->router.apply == MOE_APPLY_INPUT) { /* the expert's input is round(x·round(w)) */
+                const float w = moe_half_to_float(moe_float_to_half(topk_w[sl[p]], dt), dt);
+                for (int h = 0; h < H; h++) xr[h] = moe_half_to_float(moe_float_to_half(xr[h] * w, dt), dt);
+            }
+        }
 
         gemm_nt(in->w1 + (size_t)e * 2 * F * H, 2 * F, H, dt, xe, P, a, wbuf);
 
@@ -308,7 +314,7 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
 
         const uint16_t *b2 = s->ffn_bias ? in->b2 + (size_t)e * H : NULL;
         for (int p = 0; p < P; p++) {
-            const float w = topk_w[sl[p]];
+            const float w = s->router.apply == MOE_APPLY_INPUT ? 1.0f : topk_w[sl[p]];
             const float *orow = oc + (size_t)p * H;
             float *yr = y + (size_t)(sl[p] / K) * H;
             for (int h = 0; h < H; h++) {

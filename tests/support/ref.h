@@ -53,12 +53,14 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
 /* The expert FFN and combine for the tokens in token_list[0..ntokens)
  * (distinct, each in [0, in->tokens)); token_list NULL means all tokens, and
  * ntokens is then ignored. For each slot (t, k) with expert e = topk_idx:
- *   a = x[t]·W1[e]ᵀ (+ b1[e])           fp32 accumulation, 2F values
+ *   xi = x[t], or with router.apply = "input" round(x[t]·round(topk_w[t,k]))
+ *   a = xi·W1[e]ᵀ (+ b1[e])             fp32 accumulation, 2F values
  *   gate, up = a[0..F), a[F..2F)          clamped when activation.limit > 0
  *   h = round(act(gate, up))             activation.kind (spec.h), e.g. swiglu:
  *                                         (up + up_offset) * gate * sigmoid(alpha * gate)
  *   o = round(h·W2[e]ᵀ (+ b2[e]))         fp32 accumulation
  *   y[t] = Σ_k topk_w[t,k] * o(t,k)       fp32, summed in ascending expert order
+ *                                         (weight 1 with router.apply = "input")
  * where round() is to spec->dtype. Writes only the listed rows of y [T, H]
  * and, when non-NULL, of h_out [T*k, F] and o_out [T*k, H]; every other row
  * is left as it was. Uses OpenMP threads when built with -fopenmp. */
