@@ -20,8 +20,15 @@
 @ local k = p.neutral
 
 #ifndef __CUDACC_RTC__
+@ if p.sm90 then -- the sm_90a GEMM bodies need the arch-specific features
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "${n}.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
+#endif
+@ end
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
+#include <atomic>
+#include <mutex>
 #include "${n}.h"
 
 /* gen/launch_geom.h, verbatim: the launch facts the runtime shares */
@@ -49,24 +56,24 @@ static_assert(sizeof(moe_tmap_t) == sizeof(CUtensorMap), "moe_tmap_t is a CUtens
 typedef CUresult (*${n}_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
     const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
     CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static cudaError_t ${n}_tmap(moe_tmap_t *m, const void *base, long long rows, long long k,
-                           unsigned box_rows) {
-    static ${n}_encode_fn encode = NULL;
-    if (!encode) {
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
+static cudaError_t ${n}_encoder(${n}_encode_fn *encode) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
 #if CUDART_VERSION >= 12050
-        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                         cudaEnableDefault, &q);
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
 #else
-        cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+    cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
 #endif
-        if (e != cudaSuccess)
-            return e;
-        if (q != cudaDriverEntryPointSuccess || !fn)
-            return cudaErrorNotSupported;
-        encode = (${n}_encode_fn)fn;
-    }
+    if (e != cudaSuccess)
+        return e;
+    if (q != cudaDriverEntryPointSuccess || !fn)
+        return cudaErrorNotSupported;
+    *encode = (${n}_encode_fn)fn;
+    return cudaSuccess;
+}
+
+static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
+                           unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
     CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
@@ -74,6 +81,76 @@ static cudaError_t ${n}_tmap(moe_tmap_t *m, const void *base, long long rows, lo
 }
 
 @ end
+@ local two = p.sm90 and p.sm80 and p.sm90.gemm_up_swiglu.name ~= p.sm80.gemm_up_swiglu.name
+/* What the forward needs of the current device, found on the first call on
+ * each device (one process may drive several GPUs; threads may make their
+ * first calls at once: one fills the entry under the lock, then publishes
+ * it; an entry that failed is tried again on the next call). */
+#define ${n}_MAX_DEVICES 64
+typedef struct {
+    std::atomic<int> ready;
+    int use90;      /* the sm_90a GEMMs: compute capability 9.x */
+    int sms;        /* multiprocessors (the persistent GEMMs' grid) */
+    int *slot_of;   /* ${n}_slot_table's address on this device */
+@ if p.sm90 then
+    ${n}_encode_fn encode;
+@ end
+} ${n}_device_t;
+static ${n}_device_t ${n}_devices[${n}_MAX_DEVICES];
+static std::mutex ${n}_devices_lock;
+
+static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
+    int major = 0;
+    cudaError_t e;
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+        (e = cudaGetSymbolAddress((void **)&d->slot_of, ${n}_slot_table)) != cudaSuccess)
+        return e;
+@ if two then
+    d->use90 = major == 9;
+@ else
+    d->use90 = ${p.sm90 and 1 or 0};
+@ end
+@ if p.sm90 then
+    if (d->use90 && (e = ${n}_encoder(&d->encode)) != cudaSuccess)
+        return e;
+@ end
+@ -- raise the dynamic shared memory limit of every kernel that needs it,
+@ -- each name once (the variants share their arch-neutral kernels); the
+@ -- attribute is the current device's
+@ local raised = {}
+@ for _, set in ipairs({ p.sm90 or {}, p.sm80 or {} }) do
+@   for _, kd in ipairs(set) do
+@     if kd.smem > 48 * 1024 and not raised[kd.name] then
+@       raised[kd.name] = true
+    if ((e = cudaFuncSetAttribute(${kd.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, ${kd.smem})) != cudaSuccess) return e;
+@     end
+@   end
+@ end
+    return cudaSuccess;
+}
+
+/* The current device's entry, filled on first use; NULL with *err set. */
+static ${n}_device_t *${n}_device(cudaError_t *err) {
+    int dev = 0;
+    if ((*err = cudaGetDevice(&dev)) != cudaSuccess)
+        return NULL;
+    if (dev < 0 || dev >= ${n}_MAX_DEVICES) {
+        *err = cudaErrorInvalidDevice;
+        return NULL;
+    }
+    ${n}_device_t *d = &${n}_devices[dev];
+    if (d->ready.load(std::memory_order_acquire))
+        return d;
+    std::lock_guard<std::mutex> hold(${n}_devices_lock);
+    if (!d->ready.load(std::memory_order_relaxed)) {
+        if ((*err = ${n}_device_init(d, dev)) != cudaSuccess)
+            return NULL;
+        d->ready.store(1, std::memory_order_release);
+    }
+    return d;
+}
+
 extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if p.ep > 1 then -- rows must move between ranks: only libmoegen's runtime does that
     /* mesh.ep = ${p.ep}: the expert-parallel forward runs through libmoegen (moe_forward
@@ -101,65 +178,32 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     const long long tiles_y = ${n}_max_tiles(T);
 @ -- the GEMM variant: sm_90a kernels on compute capability 9.x when the
 @ -- spec has both arches and they differ; otherwise the one in the file
-@ local two = p.sm90 and p.sm80 and p.sm90.gemm_up_swiglu.name ~= p.sm80.gemm_up_swiglu.name
-@ if two then
-    static int use90 = -1;
-    if (use90 < 0) {
-        int dev = 0, major = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        use90 = major == 9;
-    }
-@ end
-@ -- raise the dynamic shared memory limit of every kernel that needs it,
-@ -- each name once (the variants share their arch-neutral kernels)
-    static bool attrs_set = false;
-    if (!attrs_set) {
-@ local raised = {}
-@ for _, set in ipairs({ p.sm90 or {}, p.sm80 or {} }) do
-@   for _, kd in ipairs(set) do
-@     if kd.smem > 48 * 1024 and not raised[kd.name] then
-@       raised[kd.name] = true
-        if (cudaFuncSetAttribute(${kd.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, ${kd.smem}) != cudaSuccess) return cudaGetLastError();
-@     end
-@   end
-@ end
-        attrs_set = true;
-    }
-    cudaError_t e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
+    cudaError_t e;
+    const ${n}_device_t *dev = ${n}_device(&e);
+    if (!dev)
+        return e;
+    e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
     ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-    static int *slot_of = NULL;
-    if (!slot_of && (e = cudaGetSymbolAddress((void **)&slot_of, ${n}_slot_table)) != cudaSuccess)
-        return e;
-    ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, slot_of, offsets, cursor, tiles, num_tiles);
+    ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.K}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
 @ local function sm90_gemm(kd, a, w, bias, out)
-    if ((e = ${n}_tmap(&ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
-        (e = ${n}_tmap(&mb, ${w}, ${p.E * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
+    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
+        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.E * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
         return e;
-    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
+    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
 @ end
 @ if two then
-    if (use90) {
+    if (dev->use90) {
 @ end
 @ if p.sm90 and (two or not p.sm80) then
 @   local up, dn = p.sm90.gemm_up_swiglu, p.sm90.gemm_down
-@   if up.persistent or dn.persistent then
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-            (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-            return e;
-    }
-@   end
     moe_tmap_t ma, mb;
 @   sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf")
 @   sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs")
