@@ -108,6 +108,9 @@ static const gpu_case_t cases[] = {
     {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/olmoe-1b-7b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/qwen3-235b-a22b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/gpt-oss-20b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     /* router.group_topk (1: a group scores its maximum) and top_k not a multiple of topk_groups,
      * in each of route's three group layouts */
     {"tests/specs/group_top1.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
