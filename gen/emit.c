@@ -219,7 +219,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    s->router.logit_bias ? "" : " — unused", pd->pair_granule, n, n, s->ffn_bias ? "" : " — unused",
                    s->ffn_bias ? "" : " — unused", n);
     moe_buf_printf(b,
-                   "typedef struct {\n    int tokens;                 /* 1 .. %s_MAX_TOKENS */\n"
+                   "typedef struct {\n    int tokens;                 /* 0 .. %s_MAX_TOKENS (0: nothing to do) */\n"
                    "    const void *x;\n    const void *router_w;\n    const float *router_bias;\n"
                    "    const float *router_logit_bias;\n    const void *w1p;\n    const void *b1p;\n"
                    "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n} %s_args_t;\n\n",

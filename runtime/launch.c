@@ -56,6 +56,12 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     }
     if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+    /* the kernels over the caller's own tokens have nothing to do without
+     * any (an expert-parallel rank with an empty batch, which still plans,
+     * exchanges and runs its peers' rows); the family grids never go below
+     * one block, so they are skipped here */
+    if (tokens == 0 && (k == MOE_K_ROUTE || k == MOE_K_PERMUTE_SCATTER || k == MOE_K_COMBINE || k == MOE_K_EP_SCATTER))
+        return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
     if (k == MOE_K_SWIGLU && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* a grid-stride loop: any grid is right */

@@ -49,7 +49,9 @@ typedef struct {
  * tokens: the GEMMs' row tiles (0: the plan's max tiles at `tokens`; the
  * expert-parallel path sizes them from the receive side), ep_rows' staging
  * rows and swiglu's rows (0 is 0 rows: one block); the other families
- * ignore it. swiglu's grid-stride grid is capped at 32 blocks per SM. ev (may be NULL; forward kernels only): events[k] is
+ * ignore it. swiglu's grid-stride grid is capped at 32 blocks per SM. With
+ * tokens = 0 the kernels over the caller's tokens (route, permute_scatter,
+ * ep_scatter, combine) are not launched (MOE_OK). ev (may be NULL; forward kernels only): events[k] is
  * recorded first. GEMM args are always (A, B, bias, tiles, num_tiles, out)
  * with A and B device pointers; the sm_90a GEMMs get A and B as TMA tensor
  * maps instead, made here, and run on a 1D grid over that tile space: one

@@ -85,8 +85,8 @@ typedef struct moe_plan moe_plan;
  * experts after the FSDP gather (moe_gather_weights): moe_plan_info.held
  * slots in slot order, e.g. w1p [held, 2F, H]; router_w stays [E, H]. */
 typedef struct {
-    int tokens;                   /* 1 .. the spec's tokens */
-    const void *x;
+    int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
+    const void *x;                /* x and y may be NULL when tokens = 0 */
     const void *router_w;
     const float *router_bias;     /* spec router.bias */
     const float *router_logit_bias; /* spec router.logit_bias */
@@ -126,7 +126,8 @@ moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_
 
 void moe_plan_destroy(moe_plan *plan);
 
-/* Workspace bytes for up to `tokens` tokens (<= the spec's tokens). */
+/* Workspace bytes for up to `tokens` tokens (0 .. the spec's tokens; an
+ * expert-parallel rank with 0 tokens still needs it for its peers' rows). */
 size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
 
 /* Byte offset and size of a workspace region by name ("topk_idx",
@@ -142,7 +143,11 @@ moe_status moe_plan_pack_w1(const moe_plan *plan, const uint16_t *w1, uint16_t *
 moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *b1p);
 
 /* Enqueue the forward pass on stream. Returns MOE_ERR_CAPACITY when
- * args->tokens exceeds the spec's tokens (nothing is enqueued then). */
+ * args->tokens exceeds the spec's tokens (nothing is enqueued then). With
+ * tokens = 0 a single-device plan enqueues nothing and leaves y alone; an
+ * expert-parallel rank still takes part in the exchange (its peers' rows
+ * run through its experts), so ranks with empty batches do not stall the
+ * others. */
 moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
 
 /* Gather this rank's held expert weights over its FSDP group (an NCCL

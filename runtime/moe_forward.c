@@ -20,12 +20,14 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    if (a->tokens < 1)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; at least 1 is needed", a->tokens);
+    if (a->tokens < 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; 0 or more is needed", a->tokens);
     if (a->tokens > s->tokens)
         return moe_fail(MOE_ERR_CAPACITY, "moe_forward: %d tokens exceed the plan's capacity of %d (spec key tokens)",
                         a->tokens, s->tokens);
-    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+    if (a->tokens > 0 && (!a->x || !a->y))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x and y are required (tokens = %d)", a->tokens);
+    if (!a->router_w || !a->w1p || !a->w2 || !a->workspace)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x, router_w, w1p, w2, y and workspace are required");
     if (s->router.bias && !a->router_bias)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.bias; router_bias is required");
@@ -42,7 +44,13 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (p->ep->dispatch) {
         if (ev)
             return moe_fail(MOE_ERR_UNSUPPORTED, "per-kernel timing is for single-rank plans");
-        return moe_ep_forward(p->ep, &p->launcher, p->cudnn, a, st);
+        return moe_ep_forward(p->ep, &p->launcher, p->cudnn, a, st); /* also with 0 tokens: peers wait on it */
+    }
+    if (a->tokens == 0) { /* an empty batch: nothing to do, y untouched; the events still mark the (empty) stages */
+        for (int i = 0; ev && i <= MOE_K_COUNT; i++)
+            if (moe_cu.cuEventRecord(ev[i], st) != CUDA_SUCCESS)
+                return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+        return MOE_OK;
     }
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
     CUdeviceptr reg[MOE_WS_COUNT];

@@ -443,7 +443,7 @@ void moe_plan_destroy(moe_plan *p) {
 }
 
 size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
-    if (!p || tokens < 1 || tokens > p->pd.spec.tokens)
+    if (!p || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
     /* the layout is fixed at the spec's capacity, so any tokens fits */
     return p->ep->dispatch ? p->ep->ed->ws_bytes : p->pd.ws_bytes + moe_cudnn_workspace(p->cudnn);

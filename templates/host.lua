@@ -158,7 +158,11 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     (void)a, (void)stream;
     return cudaErrorNotSupported;
 @ end
-    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+    if (!a || a->tokens < 0 || a->tokens > ${n}_MAX_TOKENS)
+        return cudaErrorInvalidValue;
+    if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
+        return cudaSuccess;
+    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
 @ if p.bias then
     if (!a->router_bias) return cudaErrorInvalidValue;
@@ -170,7 +174,6 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
 @ end
     const int T = a->tokens;
-    if (T < 1 || T > ${n}_MAX_TOKENS) return cudaErrorInvalidValue;
     char *ws = (char *)a->workspace;
 @ for _, r in ipairs(p.ws) do
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});

@@ -1007,6 +1007,23 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             char lc[240];
             family_case(lc, sizeof lc, FAM_LAYER, label);
             CHECK(moe_forward(plan, &a, NULL) == MOE_ERR_CAPACITY);
+            /* an empty batch is valid (x may be NULL): nothing enqueued, y untouched */
+            size_t yb = (size_t)L.s.tokens * L.s.hidden * 2;
+            uint8_t *yh = malloc(yb);
+            moe_forward_args z = a;
+            z.tokens = 0;
+            z.x = NULL;
+            CHECK(yh && cu_ok(moe_cu.cuMemsetD8(L.dy, 0x5a, yb), "poison y"));
+            moe_status zst = moe_forward(plan, &z, NULL);
+            CHECKF(zst == MOE_OK, "tokens = 0: %s: %s", moe_status_string(zst), moe_last_error());
+            CHECK(cu_ok(moe_cu.cuCtxSynchronize(), "sync") && cu_ok(moe_cu.cuMemcpyDtoH(yh, L.dy, yb), "read y"));
+            size_t changed = 0;
+            for (size_t i = 0; yh && i < yb; i++)
+                changed += yh[i] != 0x5a;
+            CHECKF(changed == 0, "tokens = 0 wrote %zu bytes of y", changed);
+            free(yh);
+            z.tokens = -1;
+            CHECK(moe_forward(plan, &z, NULL) == MOE_ERR_INVALID_ARG);
             CASE(label);
         }
     }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <thread>
 
 extern "C" {
 #include "check.h"
@@ -79,6 +80,30 @@ int main(int argc, char **argv) {
     cudaMemset(dy, 0xff, T * H * 2);
     cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
     N(_args_t) a = {T, dx, dwr, (const float *)dsb, (const float *)dlb, dw1p, db1p, dw2, db2, dy, dws};
+    /* an empty batch: valid, nothing enqueued, y untouched */
+    N(_args_t) z = a;
+    z.tokens = 0;
+    z.x = NULL;
+    CHECK(N(_forward)(&z, 0) == cudaSuccess);
+    z.tokens = -1;
+    CHECK(N(_forward)(&z, 0) == cudaErrorInvalidValue);
+    /* the first calls from several threads at once (the per-device state is
+     * filled once, under a lock): each must succeed; their outputs race on
+     * the shared workspace, so only the checked call below is compared */
+    {
+        cudaError_t te[4];
+        std::thread th[4];
+        for (int i = 0; i < 4; i++)
+            th[i] = std::thread([&, i] { te[i] = N(_forward)(&a, 0); });
+        for (int i = 0; i < 4; i++)
+            th[i].join();
+        for (int i = 0; i < 4; i++)
+            CHECKF(te[i] == cudaSuccess, "first call from thread %d: %s", i, cudaGetErrorString(te[i]));
+        cudaError_t se = cudaDeviceSynchronize();
+        CHECKF(se == cudaSuccess, "kernel fault after the threads' calls: %s", cudaGetErrorString(se));
+        cudaMemset(dy, 0xff, T * H * 2);
+        cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
+    }
     cudaError_t e = N(_forward)(&a, 0);
     CHECKF(e == cudaSuccess, "forward: %s", cudaGetErrorString(e));
     e = cudaDeviceSynchronize();

@@ -2469,73 +2469,76 @@ static deepseek_v3_ep8_device_t *deepseek_v3_ep8_device(cudaError_t *err) {
 
 extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, cudaStream_t stream) {
 #line 161 "templates/host.lua"
-    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+    if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_MAX_TOKENS)
         return cudaErrorInvalidValue;
-#line 164 "templates/host.lua"
+    if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
+        return cudaSuccess;
+    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+        return cudaErrorInvalidValue;
+#line 168 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 172 "templates/host.lua"
+#line 176 "templates/host.lua"
     const int T = a->tokens;
-    if (T < 1 || T > deepseek_v3_ep8_MAX_TOKENS) return cudaErrorInvalidValue;
     char *ws = (char *)a->workspace;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *offsets = (int *)(ws + 256);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *cursor = (int *)(ws + 512);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *num_tiles = (int *)(ws + 768);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1024);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *topk_idx = (int *)(ws + 17920);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     float *topk_w = (float *)(ws + 542208);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *row_of = (int *)(ws + 1066496);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1590784);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 1938900480);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     float *route_part = (float *)(ws + 2492417536);
-#line 178 "templates/host.lua"
-    const long long tiles_y = deepseek_v3_ep8_max_tiles(T);
 #line 181 "templates/host.lua"
+    const long long tiles_y = deepseek_v3_ep8_max_tiles(T);
+#line 184 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_device_t *dev = deepseek_v3_ep8_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 256, stream);
     if (e != cudaSuccess) return e;
-#line 188 "templates/host.lua"
+#line 191 "templates/host.lua"
     deepseek_v3_ep8_route_bf16_e32k8_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 0, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     deepseek_v3_ep8_permute_scatter_bf16_h7168<<<moe_blocks(moe_routed_rows(T, 8), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 203 "templates/host.lua"
+#line 206 "templates/host.lua"
     if (dev->use90) {
-#line 207 "templates/host.lua"
+#line 210 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 197 "templates/host.lua"
+#line 200 "templates/host.lua"
     if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
         return e;
     deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 197 "templates/host.lua"
+#line 200 "templates/host.lua"
     if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
         return e;
     deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 212 "templates/host.lua"
+#line 215 "templates/host.lua"
     } else {
-#line 216 "templates/host.lua"
+#line 219 "templates/host.lua"
     deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 220 "templates/host.lua"
+#line 223 "templates/host.lua"
     }
-#line 222 "templates/host.lua"
+#line 225 "templates/host.lua"
     deepseek_v3_ep8_combine_bf16_h7168k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }

@@ -36,7 +36,7 @@
  *   workspace    deepseek_v3_ep8_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {
-    int tokens;                 /* 1 .. deepseek_v3_ep8_MAX_TOKENS */
+    int tokens;                 /* 0 .. deepseek_v3_ep8_MAX_TOKENS (0: nothing to do) */
     const void *x;
     const void *router_w;
     const float *router_bias;

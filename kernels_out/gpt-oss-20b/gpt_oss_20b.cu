@@ -2490,75 +2490,78 @@ static gpt_oss_20b_device_t *gpt_oss_20b_device(cudaError_t *err) {
 
 extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStream_t stream) {
 #line 161 "templates/host.lua"
-    if (!a || !a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+    if (!a || a->tokens < 0 || a->tokens > gpt_oss_20b_MAX_TOKENS)
         return cudaErrorInvalidValue;
-#line 167 "templates/host.lua"
+    if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
+        return cudaSuccess;
+    if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
+        return cudaErrorInvalidValue;
+#line 171 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 170 "templates/host.lua"
+#line 174 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 172 "templates/host.lua"
+#line 176 "templates/host.lua"
     const int T = a->tokens;
-    if (T < 1 || T > gpt_oss_20b_MAX_TOKENS) return cudaErrorInvalidValue;
     char *ws = (char *)a->workspace;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *offsets = (int *)(ws + 256);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *cursor = (int *)(ws + 512);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *num_tiles = (int *)(ws + 768);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1024);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9728);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     float *topk_w = (float *)(ws + 271872);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     int *row_of = (int *)(ws + 534016);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 796160);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401692160);
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     float *route_part = (float *)(ws + 802588160);
-#line 178 "templates/host.lua"
-    const long long tiles_y = gpt_oss_20b_max_tiles(T);
 #line 181 "templates/host.lua"
+    const long long tiles_y = gpt_oss_20b_max_tiles(T);
+#line 184 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 256, stream);
     if (e != cudaSuccess) return e;
-#line 188 "templates/host.lua"
+#line 191 "templates/host.lua"
     gpt_oss_20b_route_bf16_e32k4_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 0, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     gpt_oss_20b_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     gpt_oss_20b_permute_scatter_bf16_h2880<<<moe_blocks(moe_routed_rows(T, 4), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 203 "templates/host.lua"
+#line 206 "templates/host.lua"
     if (dev->use90) {
-#line 207 "templates/host.lua"
+#line 210 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 197 "templates/host.lua"
+#line 200 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
         return e;
     gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 197 "templates/host.lua"
+#line 200 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
         return e;
     gpt_oss_20b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 212 "templates/host.lua"
+#line 215 "templates/host.lua"
     } else {
-#line 216 "templates/host.lua"
+#line 219 "templates/host.lua"
     gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 220 "templates/host.lua"
+#line 223 "templates/host.lua"
     }
-#line 222 "templates/host.lua"
+#line 225 "templates/host.lua"
     gpt_oss_20b_combine_bf16_h2880k4<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }

@@ -36,7 +36,7 @@
  *   workspace    olmoe_1b_7b_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {
-    int tokens;                 /* 1 .. olmoe_1b_7b_MAX_TOKENS */
+    int tokens;                 /* 0 .. olmoe_1b_7b_MAX_TOKENS (0: nothing to do) */
     const void *x;
     const void *router_w;
     const float *router_bias;

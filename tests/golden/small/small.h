@@ -36,7 +36,7 @@
  *   workspace    small_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {
-    int tokens;                 /* 1 .. small_MAX_TOKENS */
+    int tokens;                 /* 0 .. small_MAX_TOKENS (0: nothing to do) */
     const void *x;
     const void *router_w;
     const float *router_bias;
