@@ -33,10 +33,12 @@ static const char *const usage_text =
     "                          time candidate sm_90a GEMM tiles on the GPU; write tuning table entries\n"
     "  help [COMMAND]          print help\n"
     "\n"
-    "options:\n"
-    "  -o DIR                  output folder (emit, compile)\n"
+    "options (OPTION VALUE or --OPTION=VALUE; each command takes only its own, see moegen help COMMAND):\n"
+    "  -o DIR, --output DIR    output folder (emit, compile)\n"
     "  --set KEY=VALUE         override a spec key (router.score=sigmoid, arch=sm_90a,sm_80); repeatable\n"
-    "  --templates DIR         read templates from DIR instead of the embedded copies\n"
+    "                          (check, emit, compile, plan)\n"
+    "  --templates DIR         read templates from DIR instead of the embedded copies (emit, compile)\n"
+    "  --rank R, --json        one rank's tables; the tables as JSON (plan)\n"
     "  --tuning FILE           take sm_90a GEMM tiles from this tuning table instead of the embedded\n"
     "                          tuning/h200.tune (emit, compile, plan; default: $MOEGEN_TUNING if set)\n"
     "  --help, --version\n";
@@ -44,20 +46,20 @@ static const char *const usage_text =
 static const struct {
     const char *name, *text;
 } help_texts[] = {
-    {"check", "usage: moegen check SPEC [--set KEY=VALUE]...\n\n"
+    {"check", "usage: moegen check SPEC [--set KEY=VALUE]... [--tuning FILE]\n\n"
               "Validate SPEC. Prints the canonical spec (sorted keys, defaults filled in) and its hash.\n"
               "Errors read FILE:LINE: error: MESSAGE; exit status 2.\n"},
-    {"emit", "usage: moegen emit SPEC -o DIR [--set KEY=VALUE]... [--templates DIR]\n\n"
+    {"emit", "usage: moegen emit SPEC -o DIR [--set KEY=VALUE]... [--tuning FILE] [--templates DIR]\n\n"
              "Write DIR/NAME.cu (device kernels, plus host launch code under #ifndef __CUDACC_RTC__),\n"
              "DIR/NAME.h (argument struct, launch and packing functions, workspace size, layouts),\n"
              "DIR/manifest.json (canonical spec, hash, kernels with tile configurations, arch list,\n"
              "routing table) and DIR/NAME.moe (the canonical spec). All or nothing; unchanged files\n"
              "are not touched; the same spec gives byte-identical files.\n"},
-    {"compile", "usage: moegen compile SPEC -o DIR [--set KEY=VALUE]... [--templates DIR]\n\n"
+    {"compile", "usage: moegen compile SPEC -o DIR [--set KEY=VALUE]... [--tuning FILE] [--templates DIR]\n\n"
                 "As emit, then compile NAME.cu with NVRTC for every arch of the spec, writing\n"
                 "DIR/NAME.ARCH.cubin and DIR/NAME.ARCH.ptx. A folder written by compile can be loaded\n"
                 "by the runtime with no NVRTC (moe_plan_create_from_dir).\n"},
-    {"plan", "usage: moegen plan SPEC [--rank R] [--json] [--set KEY=VALUE]...\n\n"
+    {"plan", "usage: moegen plan SPEC [--rank R] [--json] [--set KEY=VALUE]... [--tuning FILE]\n\n"
              "Print the kernel plan (kernels, tiles, workspace) and the mesh tables: every rank's\n"
              "coordinates, EP and FSDP peers, stored experts, experts after the FSDP gather, and the\n"
              "routing table (owner EP rank and slot of every expert). --rank R prints one rank;\n"
@@ -104,17 +106,56 @@ static int parse_int_arg(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
+/* Every option: its name, a long form, whether it takes a value, and the
+ * commands it applies to (any other command refuses it). */
+static const struct {
+    const char *name, *alias;
+    int value;
+    const char *cmds;
+} options[] = {
+    {"-o", "--output", 1, " emit compile "},
+    {"--set", NULL, 1, " check emit compile plan "},
+    {"--tuning", NULL, 1, " check emit compile plan "},
+    {"--templates", NULL, 1, " emit compile "},
+    {"--rank", NULL, 1, " plan "},
+    {"--json", NULL, 0, " plan "},
+};
+#define NOPTIONS (sizeof options / sizeof *options)
+
+/* The option named s (or its long form; "--name=value" gives the value
+ * after '=' in *inline_val), or -1. */
+static int find_option(const char *s, char *name, size_t n, const char **inline_val) {
+    const char *eq = strncmp(s, "--", 2) == 0 ? strchr(s, '=') : NULL;
+    size_t l = eq ? (size_t)(eq - s) : strlen(s);
+    snprintf(name, n, "%.*s", (int)l, s);
+    *inline_val = eq ? eq + 1 : NULL;
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strcmp(name, options[i].name) == 0 || (options[i].alias && strcmp(name, options[i].alias) == 0))
+            return (int)i;
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, args_t *a) {
     memset(a, 0, sizeof *a);
     a->rank = -1;
+    unsigned seen = 0; /* options given, by index: checked against the command below */
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(s, "-o") == 0 || strcmp(s, "--set") == 0 || strcmp(s, "--templates") == 0 ||
-            strcmp(s, "--rank") == 0 || strcmp(s, "--tuning") == 0) {
+        char name[64];
+        const char *s = argv[i], *inl = NULL;
+        int o = s[0] == '-' && s[1] ? find_option(s, name, sizeof name, &inl) : -1;
+        if (o >= 0 && !options[o].value) {
+            if (inl)
+                return usage_error("%s takes no value", name);
+            seen |= 1u << o;
+            a->json = 1;
+        } else if (o >= 0) {
+            const char *val = inl ? inl : i + 1 < argc ? argv[i + 1] : NULL;
             if (!val)
-                return usage_error("%s needs a value", s);
-            i++;
+                return usage_error("%s needs a value", name);
+            if (!inl)
+                i++;
+            seen |= 1u << o;
+            s = options[o].name;
             if (strcmp(s, "-o") == 0)
                 a->out = val;
             else if (strcmp(s, "--tuning") == 0)
@@ -129,8 +170,6 @@ static int parse_args(int argc, char **argv, args_t *a) {
                 if (parse_int_arg(val, 0, 1 << 30, &a->rank))
                     return usage_error("--rank needs a rank number, got '%s'", val);
             }
-        } else if (strcmp(s, "--json") == 0) {
-            a->json = 1;
         } else if (s[0] == '-' && s[1]) {
             return usage_error("unknown option '%s'", s);
         } else if (!a->cmd) {
@@ -139,6 +178,23 @@ static int parse_args(int argc, char **argv, args_t *a) {
             a->spec = s;
         } else {
             return usage_error("unexpected argument '%s'", s);
+        }
+    }
+    for (size_t o = 0; o < NOPTIONS && a->cmd; o++) {
+        char want[40];
+        snprintf(want, sizeof want, " %s ", a->cmd);
+        if ((seen >> o & 1u) && strstr(" check emit compile plan ", want) && !strstr(options[o].cmds, want)) {
+            char list[80];
+            size_t n = 0;
+            for (const char *c = options[o].cmds + 1; *c && n + 3 < sizeof list; c++)
+                if (*c != ' ')
+                    list[n++] = *c;
+                else if (c[1])
+                    list[n++] = ',', list[n++] = ' ';
+            list[n] = '\0';
+            fprintf(stderr, "moegen: error: %s does not apply to %s (only to %s)\n(try moegen help %s)\n",
+                    options[o].name, a->cmd, list, a->cmd);
+            return 2;
         }
     }
     return 0;
@@ -333,8 +389,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "tune") == 0)
         return moe_tune_command(argc - 1, argv + 1); /* cli/tune.c parses its own options */
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-            return print_help(NULL);
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) /* the command's own help, if one is named */
+            return print_help(argc > 1 && argv[1][0] != '-' && strcmp(argv[1], "help") != 0 ? argv[1] : NULL);
         if (strcmp(argv[i], "--version") == 0) {
             char v[32];
             moe_nvrtc_version(v, sizeof v);

@@ -9,6 +9,7 @@
  * pattern (their values do not move a GEMM's time); x and the router are
  * random so routing spreads the tokens as a real layer does. */
 #define _POSIX_C_SOURCE 200809L
+#include "driver.h"
 #include "family.h"
 #include "half.h"
 #include "moe_internal.h"
@@ -354,11 +355,43 @@ static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const in
     return nwin;
 }
 
+/* Device 0, which the candidates' plans take, is there and runs sm_90a
+ * (the candidates are sm_90a tiles): checked before any progress line, so
+ * a machine without a GPU fails at once with the reason. */
+static int gpu_ready(void) {
+    char why[512];
+    if (moe_cu_load(why, sizeof why)) {
+        fprintf(stderr, "moegen: error: tune needs a GPU: no CUDA driver: %s\n", why);
+        return 0;
+    }
+    int n = 0, major = 0, minor = 0;
+    CUdevice dev;
+    CUresult r = moe_cu.cuInit(0);
+    if (r == CUDA_SUCCESS)
+        r = moe_cu.cuDeviceGetCount(&n);
+    if (r != CUDA_SUCCESS || n == 0) {
+        fprintf(stderr, "moegen: error: tune needs a GPU: %s\n",
+                r != CUDA_SUCCESS ? moe_cu_error_string(r) : "the driver reports no CUDA device");
+        return 0;
+    }
+    if (moe_cu.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        moe_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
+        moe_cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != CUDA_SUCCESS ||
+        major != 9 || minor != 0) {
+        fprintf(stderr, "moegen: error: tune times sm_90a GEMM tiles and needs a compute capability 9.0 GPU as "
+                        "device 0; it is %d.%d\n", major, minor);
+        return 0;
+    }
+    return 1;
+}
+
 int moe_tune_command(int argc, char **argv) {
     tune_args_t a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    if (!gpu_ready())
+        return 1;
     const moe_spec_t *s = &a.spec;
     char spec_tmp[] = "/tmp/moegen-tune-XXXXXX";
     if (write_temp_spec(s, spec_tmp))

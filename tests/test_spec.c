@@ -24,6 +24,7 @@
 #include <lualib.h>
 
 #include "check.h"
+#include "driver.h"
 #include "plan.h"
 #include "spec.h"
 #include "spec_schema.h"
@@ -970,6 +971,13 @@ static void test_command(void) {
          "tests/specs/no_such_spec.moe:1: error: cannot open"},
         {"command: plan --rank out of range", "plan " SMALL " --rank 1", "--rank 1 is out of range"},
         {"command: plan --rank not a number", "plan " SMALL " --rank x", "--rank needs a rank number"},
+        {"command: an option of another command (check --templates)", "check " SMALL " --templates x",
+         "--templates does not apply to check (only to emit, compile)"},
+        {"command: plan -o", "plan " SMALL " -o x", "-o does not apply to plan"},
+        {"command: check --json", "check " SMALL " --json", "--json does not apply to check"},
+        {"command: --json=1", "plan " SMALL " --json=1", "--json takes no value"},
+        {"command: --set= with nothing after", "check " SMALL " --set=", "--set '' is not of the form key=value"},
+        {"command: --rank=x", "plan " SMALL " --rank=x", "--rank needs a rank number, got 'x'"},
     };
     for (size_t i = 0; i < sizeof usage / sizeof *usage; i++) {
         CASE(usage[i].label);
@@ -979,6 +987,54 @@ static void test_command(void) {
             CHECKF(strstr(err, usage[i].err_has) != NULL, "stderr: %s", err);
         free(out);
         free(err);
+    }
+
+    /* COMMAND --help is that command's help, listing every option it takes */
+    static const struct {
+        const char *cmd, *opts[5];
+    } takes[] = {{"check", {"--set", "--tuning"}},
+                 {"emit", {"-o", "--set", "--tuning", "--templates"}},
+                 {"compile", {"-o", "--set", "--tuning", "--templates"}},
+                 {"plan", {"--rank", "--json", "--set", "--tuning"}}};
+    for (size_t i = 0; i < sizeof takes / sizeof *takes; i++) {
+        char args[64], want[64], label[64];
+        snprintf(label, sizeof label, "command: %s --help", takes[i].cmd);
+        CASE(label);
+        snprintf(args, sizeof args, "%s " SMALL " --help", takes[i].cmd);
+        snprintf(want, sizeof want, "usage: moegen %s ", takes[i].cmd);
+        rc = run_moegen(args, &out, &err);
+        CHECKF(rc == 0 && strncmp(out, want, strlen(want)) == 0, "exit %d: %s", rc, out);
+        const char *line_end = strchr(out, '\n');
+        for (int k = 0; k < 5 && takes[i].opts[k]; k++) {
+            const char *at = strstr(out, takes[i].opts[k]);
+            CHECKF(at && line_end && at < line_end, "%s's usage line does not list %s: %s", takes[i].cmd,
+                   takes[i].opts[k], out);
+        }
+        free(out);
+        free(err);
+    }
+
+    CASE("command: --opt=value reads as --opt value");
+    char *out2, *err2;
+    rc = run_moegen("check " SMALL " --set top_k=4", &out, &err);
+    int rc2 = run_moegen("check " SMALL " --set=top_k=4", &out2, &err2);
+    CHECKF(rc == 0 && rc2 == 0 && strcmp(out, out2) == 0 && strstr(out, "top_k = 4"), "exit %d, %d: %s%s", rc, rc2,
+           err, err2);
+    free(out), free(err), free(out2), free(err2);
+    rc = run_moegen("plan " SMALL " --rank=0 --json", &out, &err);
+    CHECKF(rc == 0 && out[0] == '{', "exit %d: %s", rc, err);
+    free(out), free(err);
+
+    CASE("command: tune without a GPU fails before any progress line");
+    char why[256];
+    if (moe_cu_load(why, sizeof why) == 0) {
+        SKIP("this machine has a CUDA driver");
+    } else {
+        rc = run_moegen("tune " SMALL, &out, &err);
+        CHECKF(rc == 1 && strncmp(err, "moegen: error: tune needs a GPU: no CUDA driver", 47) == 0 &&
+                   !strstr(err, "[1/"),
+               "exit %d: %s", rc, err);
+        free(out), free(err);
     }
 
     CASE("command: check and plan of a good spec");
