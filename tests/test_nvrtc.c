@@ -1,5 +1,5 @@
-/* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below)
- * compiles under NVRTC for each arch with no warnings, and each kernel the
+/* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below,
+ * some for sm_90a alone) compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
@@ -71,37 +71,53 @@ static void test_nvrtc_all(void) {
     }
     static char names[64][256];
     int n = list_dir("examples/specs", names, 64);
-    char specs[64 + 8][300];
-    int ns = 0;
+    /* the jobs: (spec, arch) pairs; every example spec on both arches */
+    static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
+    enum { MAXJOBS = 2 * (64 + 8) };
+    static char specs[64 + 8][300];
+    int job_spec[MAXJOBS], job_arch[MAXJOBS];
+    int ns = 0, njobs = 0;
     for (int i = 0; i < n; i++) {
         size_t l = strlen(names[i]);
-        if (l > 4 && strcmp(names[i] + l - 4, ".moe") == 0)
-            snprintf(specs[ns++], sizeof specs[0], "examples/specs/%s", names[i]);
+        if (l > 4 && strcmp(names[i] + l - 4, ".moe") == 0) {
+            snprintf(specs[ns], sizeof specs[0], "examples/specs/%s", names[i]);
+            for (int a = 0; a < 2; a++)
+                job_spec[njobs] = ns, job_arch[njobs++] = a;
+            ns++;
+        }
     }
     CHECK(ns >= 5);
-    /* and the test specs that stand for a feature no example spec has; test_gpu runs each */
-    static const char *const test_specs[] = {
-        SMALL,
-        "tests/specs/geglu.moe",        /* activation.kind = "geglu" */
-        "tests/specs/group_top1.moe",   /* router.group_topk = 1, general group layout */
-        "tests/specs/group_nondiv.moe", /* topk_groups does not divide top_k, lane-segment groups */
-        "tests/specs/group_slots.moe",  /* group_topk = 1, whole-slot groups, top_k not a multiple */
-        "tests/specs/group_12e.moe",    /* 12 experts, top-3, 4 groups keeping 2 */
-        "tests/specs/apply_input.moe",  /* router.apply = "input", Llama 4's top-1 sigmoid */
-        "tests/specs/apply_input_k2.moe", /* router.apply = "input", top-2, biases, clamped SwiGLU */
+    /* and the test specs that stand for a feature no example spec has (test_gpu
+     * runs each); those whose feature lives only in the arch-independent
+     * kernels (route, permute, combine: one template for both arches) compile
+     * for sm_90a alone */
+    static const struct {
+        const char *path;
+        int both_arches;
+    } test_specs[] = {
+        {SMALL, 1},
+        {"tests/specs/geglu.moe", 1},          /* activation.kind = "geglu" (the GEMM epilogues) */
+        {"tests/specs/group_top1.moe", 0},     /* router.group_topk = 1, general group layout */
+        {"tests/specs/group_nondiv.moe", 0},   /* topk_groups does not divide top_k, lane-segment groups */
+        {"tests/specs/group_slots.moe", 0},    /* group_topk = 1, whole-slot groups, top_k not a multiple */
+        {"tests/specs/group_12e.moe", 0},      /* 12 experts, top-3, 4 groups keeping 2 */
+        {"tests/specs/apply_input.moe", 0},    /* router.apply = "input", Llama 4's top-1 sigmoid */
+        {"tests/specs/apply_input_k2.moe", 0}, /* router.apply = "input", top-2, biases, clamped SwiGLU */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 8, "specs[] has room for 8 test specs");
-    for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++)
-        snprintf(specs[ns++], sizeof specs[0], "%s", test_specs[i]);
-    static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    int njobs = ns * 2;
+    for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
+        snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
+        for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)
+            job_spec[njobs] = ns, job_arch[njobs++] = a;
+        ns++;
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int workers = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
     double t0 = now();
 
     /* one child per compile, `workers` at a time; results come back in pipes */
-    pid_t pid[2 * (64 + 8)];
-    int fd[2 * (64 + 8)];
+    pid_t pid[MAXJOBS];
+    int fd[MAXJOBS];
     int next = 0, running = 0, done = 0;
     job_result_t res;
     while (done < njobs) {
@@ -115,7 +131,7 @@ static void test_nvrtc_all(void) {
             pid_t c = fork();
             if (c == 0) {
                 close(p[0]);
-                compile_job(specs[next / 2], arches[next % 2], &res);
+                compile_job(specs[job_spec[next]], arches[job_arch[next]], &res);
                 ssize_t w = write(p[1], &res, sizeof res);
                 _exit(w == (ssize_t)sizeof res ? 0 : 3);
             }
@@ -142,7 +158,7 @@ static void test_nvrtc_all(void) {
         running--;
         done++;
         char label[400];
-        snprintf(label, sizeof label, "NVRTC %s %s", specs[j / 2], moe_arch_name(arches[j % 2]));
+        snprintf(label, sizeof label, "NVRTC %s %s", specs[job_spec[j]], moe_arch_name(arches[job_arch[j]]));
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
                st);
@@ -153,8 +169,8 @@ static void test_nvrtc_all(void) {
         CHECK(r.cubin > 0);
         CHECKF(r.missing[0] == 0, "kernel %s is not in the cubin", r.missing);
     }
-    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs x 2 arches) on %d workers in %.1f s\n", njobs, ns,
-            workers, now() - t0);
+    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone) on %d workers in %.1f s\n",
+            njobs, ns, workers, now() - t0);
 }
 
 
