@@ -171,6 +171,19 @@ $(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 
+# ---- the CPU reference as a shared library (not shipped, not in `all`) ---
+# build/libmoegen_ref.so: tests/support/ref.c and the spec loader behind a
+# small C ABI (tests/support/ref_lib.c) for bench/check_models.py's CPU
+# backend, which checks moegen's semantics against Hugging Face's MoE blocks.
+# It finds its Lua beside it, as libmoegen.so does.
+REFLIB_SRC := tests/support/ref_lib.c tests/support/ref.c runtime/half.c gen/spec.c gen/spec_check.c \
+              gen/spec_schema.c gen/sandbox.c gen/util.c
+.PHONY: ref-lib
+ref-lib: $(BUILD)/libmoegen_ref.so
+$(BUILD)/libmoegen_ref.so: $(REFLIB_SRC) $(wildcard gen/*.h runtime/*.h tests/support/*.h) $(BUILD)/liblua5.4.so.0 | deps
+	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) -Itests/support $(REFLIB_SRC) -L$(BUILD) -l:liblua5.4.so.0 \
+	  -Wl,-rpath,'$$ORIGIN' -lm -o $@
+
 # ---- shared library and pkg-config file ----------------------------------
 # Debian's static Lua is not position-independent, so the shared library
 # links Debian's liblua5.4.so.0 (the static library and the command link Lua

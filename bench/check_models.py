@@ -1,0 +1,707 @@
+#!/usr/bin/env python3
+"""check_models.py — moegen's layer against the models themselves (issue 18, item 6).
+
+usage: python3 bench/check_models.py [--backend gpu|cpu] [--families a,b,...]
+                                     [--tokens 1,37,512] [--log FILE] [--list]
+
+For each model family, build that model's MoE block from Hugging Face
+transformers with a small random config of the same class (seeded, eval
+mode), convert its parameters into moegen's layout, write the matching moegen
+spec, run moegen's layer and compare with the block's output, twice:
+  * against the block in bf16, as the model runs (several of these models
+    round the router logits to bf16, so near-ties flip between them and us);
+  * against an fp32 copy of the same block (the same bf16 weight values),
+    which is what moegen's routing computes (fp32 logits from bf16 inputs).
+Per family and token count it prints: the max abs error, the max error over
+the output's RMS (on the tokens both sides routed alike), and how many tokens
+chose a different expert set (moegen's route against the block's router).
+
+Backends for the moegen side:
+  gpu  build/libmoegen.so through ctypes (the generated kernels; needs CUDA);
+  cpu  build/libmoegen_ref.so (`make ref-lib`): the project's C CPU
+       reference (tests/support/ref.c) behind tests/support/ref_lib.c; checks
+       moegen's semantics here and now, without a GPU.
+Neither needs Lua on PATH or a network (build/ carries libmoegen's Lua).
+
+A family whose spec needs a key this build does not know (the load fails
+with "unknown key") is reported "skipped: needs KEY". Where only the shared
+expert's key is missing, the routed part is still checked against the
+block's routed experts alone (marked "routed part").
+
+Exit status: 0 when every family that ran is within tolerance, 1 when one
+is not (or failed to run), 2 for bad usage.
+
+What each block computes, and how it maps to moegen's keys, is written beside
+each family below and in docs/models.md.
+"""
+import argparse
+import copy
+import ctypes
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zlib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Tolerances, as max |moegen - block| / RMS(block output), over the tokens
+# whose expert set agrees. Against the fp32 copy the difference is moegen's
+# own bf16 rounding (the SwiGLU intermediate, each expert's output and y are
+# stored in bf16) and nothing else; against the bf16 block both sides round,
+# at different points (the block rounds logits, routing weights, and sums
+# the experts in bf16 one index_add at a time).
+# For scale: the bf16 block itself lands up to ~8e-2 from its fp32 copy on
+# these configs (the last column of the report). The RMS of the error over
+# RMS(block) is the sensitive one: bf16 rounding keeps it near 3e-3, while
+# a wrong rule (a missing renormalization, a wrong weight) moves it to 1e-1
+# and more.
+TOL_FP32 = 5e-2
+TOL_BF16 = 1e-1
+TOL_RMS_FP32 = 1e-2
+# Tokens allowed to choose a different expert set from the fp32 copy: both
+# compute fp32-or-better logits from the same bf16 values, so only exact
+# near-ties may flip. A wrong rule flips a large fraction.
+FLIPS_FP32 = lambda T: max(1, T // 256)
+
+
+# ---- families ----------------------------------------------------------------
+#
+# Each family: the transformers block class and its small config, the moegen
+# spec keys, and the conversion of the block's parameters. Sizes: hidden and
+# ffn multiples of 64 (moegen's GEMM tiles), experts >= 8, top_k as the model.
+# `shared` is the shared expert's intermediate size F_s (0 = none); moegen
+# runs it as m = F_s / F always-on slots E .. E+m-1 of w1/w2.
+
+class Family:
+    def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note=""):
+        self.name, self.model, self.make, self.spec = name, model, make, spec
+        self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
+
+
+def tf_import(module, *names):
+    mod = __import__("transformers.models.%s" % module, fromlist=list(names))
+    return [getattr(mod, n) for n in names]
+
+
+def eager(cfg):
+    """Pin the experts' eager loop (no grouped_mm/kernels-hub dispatch)."""
+    cfg._experts_implementation = "eager"
+    return cfg
+
+
+def mk_mixtral():
+    # MixtralSparseMoeBlock: logits = x·Wrᵀ in the model dtype (bf16-rounded),
+    # p = softmax(logits.float()), top-k of p, renormalized (always), fp32
+    # weights; experts.gate_up_proj [E, 2F, H] gate rows then up rows,
+    # down_proj [E, H, F]; y += (w · expert(x)).to(bf16) one expert at a time.
+    import transformers as tf
+    Block, = tf_import("mixtral.modeling_mixtral", "MixtralSparseMoeBlock")
+    cfg = eager(tf.MixtralConfig(hidden_size=256, intermediate_size=512, num_local_experts=8,
+                                 num_experts_per_tok=2, router_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_qwen3():
+    # Qwen3MoeSparseMoeBlock: as Mixtral, but renormalization follows
+    # norm_topk_prob (true for the released Qwen3-MoE checkpoints) and the
+    # weights are cast to the model dtype (bf16) before they scale the
+    # experts' outputs.
+    import transformers as tf
+    Block, = tf_import("qwen3_moe.modeling_qwen3_moe", "Qwen3MoeSparseMoeBlock")
+    cfg = eager(tf.Qwen3MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32,
+                                  num_experts_per_tok=8, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_olmoe():
+    # OlmoeSparseMoeBlock: Qwen3's router with norm_topk_prob false (OLMoE's
+    # checkpoints): the top-k softmax probabilities are used as they are.
+    import transformers as tf
+    Block, = tf_import("olmoe.modeling_olmoe", "OlmoeSparseMoeBlock")
+    cfg = eager(tf.OlmoeConfig(hidden_size=256, intermediate_size=128, num_experts=16,
+                               num_experts_per_tok=8, norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_gpt_oss():
+    # GptOssMLP: logits = x·Wrᵀ + b_r (bf16), top-k of the logits, softmax
+    # over the k selected logits (in bf16) = softmax-then-renormalize;
+    # experts.gate_up_proj [E, H, 2F] transposed AND interleaved (gate =
+    # columns 0,2,4..., up = 1,3,5...), gate_up_proj_bias [E, 2F] likewise;
+    # gate = min(gate, 7), up = clamp(up, -7, 7), out = (up + 1)·gate·σ(1.702·gate);
+    # down_proj [E, F, H] transposed, down_proj_bias [E, H].
+    import transformers as tf
+    Block, = tf_import("gpt_oss.modeling_gpt_oss", "GptOssMLP")
+    cfg = eager(tf.GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=16,
+                                num_experts_per_tok=4))
+    return Block(cfg), cfg
+
+
+def mk_deepseek_v3(kimi=False):
+    # DeepseekV3MoE: logits = x·Wrᵀ in fp32 (x and Wr cast to fp32), s =
+    # sigmoid(logits), selection score s + e_score_correction_bias; groups:
+    # a group scores the sum of its top 2 selection scores (fixed 2), keep
+    # topk_group groups, top-k among their experts; weight = s (no bias),
+    # / (sum + 1e-20) when norm_topk_prob, × routed_scaling_factor;
+    # + shared_experts(x), an ungated SwiGLU MLP of intermediate
+    # moe_intermediate_size · n_shared_experts, added in bf16.
+    # Kimi K2 is this class with n_group = topk_group = 1.
+    import transformers as tf
+    Block, = tf_import("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE")
+    if kimi:
+        cfg = tf.DeepseekV3Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                  num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1,
+                                  routed_scaling_factor=2.827, norm_topk_prob=True)
+    else:
+        cfg = tf.DeepseekV3Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                  num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1,
+                                  routed_scaling_factor=2.5, norm_topk_prob=True)
+    return Block(eager(cfg)), cfg
+
+
+def mk_glm4():
+    # Glm4MoeMoE: DeepSeek-V3's router and shared expert (GLM-4.5 and
+    # GLM-4.5-Air ship n_group = topk_group = 1, routed_scaling_factor 1
+    # and 2.5 respectively... the Air value is used here); the bias buffer is
+    # declared fp32.
+    import transformers as tf
+    Block, = tf_import("glm4_moe.modeling_glm4_moe", "Glm4MoeMoE")
+    cfg = eager(tf.Glm4MoeConfig(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                 num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1,
+                                 routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_deepseek_v2():
+    # DeepseekV2Moe: logits in fp32, p = softmax(logits); topk_method
+    # "group_limited_greedy": a group scores its MAXIMUM p, keep topk_group
+    # groups (the others' p set to 0), top-k of p; weight = p × scaling, NO
+    # renormalization (HF ignores norm_topk_prob here; DeepSeek-V2's
+    # checkpoints set it false); + shared_experts(x), intermediate
+    # moe_intermediate_size · n_shared_experts, ungated.
+    import transformers as tf
+    Block, = tf_import("deepseek_v2.modeling_deepseek_v2", "DeepseekV2Moe")
+    cfg = eager(tf.DeepseekV2Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                    num_experts_per_tok=6, n_group=8, topk_group=3, n_shared_experts=2,
+                                    topk_method="group_limited_greedy", routed_scaling_factor=16.0,
+                                    norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_qwen2():
+    # Qwen2MoeSparseMoeBlock: Qwen3's router (norm_topk_prob false in the
+    # Qwen1.5/Qwen2 MoE checkpoints); + sigmoid(x·w_g)·shared_expert(x), w_g
+    # a [1, H] Linear (bf16 logit), shared intermediate
+    # shared_expert_intermediate_size (8 × moe_intermediate_size in
+    # Qwen2-57B-A14B; 4 × here).
+    import transformers as tf
+    Block, = tf_import("qwen2_moe.modeling_qwen2_moe", "Qwen2MoeSparseMoeBlock")
+    cfg = eager(tf.Qwen2MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=16,
+                                  num_experts_per_tok=4, shared_expert_intermediate_size=512,
+                                  norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_llama4():
+    # Llama4TextMoe: logits = x·Wrᵀ (bf16), top-1 of the logits, weight =
+    # sigmoid(logit) (computed in fp32, rounded to bf16), applied to the
+    # expert's INPUT: expert(x·w) (rounded to bf16), not w·expert(x);
+    # experts.gate_up_proj [E, H, 2F] transposed, gate columns then up
+    # (not interleaved), down_proj [E, F, H]; + shared_expert(x), ungated,
+    # intermediate = intermediate_size (m = 1).
+    import transformers as tf
+    Block, = tf_import("llama4.modeling_llama4", "Llama4TextMoe")
+    cfg = tf.Llama4TextConfig(hidden_size=256, intermediate_size=256, num_local_experts=16,
+                              num_experts_per_tok=1)
+    return Block(cfg), cfg
+
+
+FAMILIES = [
+    Family("mixtral", "Mixtral-8x7B", mk_mixtral, 'router = { score = "softmax", renormalize = true }',
+           "fused"),
+    Family("qwen3-moe", "Qwen3-30B-A3B / 235B-A22B", mk_qwen3,
+           'router = { score = "softmax", renormalize = true }', "fused"),
+    Family("olmoe", "OLMoE-1B-7B", mk_olmoe, 'router = { score = "softmax", renormalize = false }', "fused"),
+    Family("gpt-oss", "gpt-oss-20b / 120b", mk_gpt_oss,
+           'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t"),
+    Family("deepseek-v3", "DeepSeek-V3 / R1", lambda: mk_deepseek_v3(False),
+           'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
+           'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
+    Family("kimi-k2", "Kimi K2 (DeepseekV3 class)", lambda: mk_deepseek_v3(True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.827 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("glm4-moe", "GLM-4.5 / GLM-4.5-Air", mk_glm4,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("deepseek-v2", "DeepSeek-V2 (group_limited_greedy)", mk_deepseek_v2,
+           'router = { score = "softmax", groups = 8, topk_groups = 3, group_topk = 1, '
+           'renormalize = false, scale = 16.0 }', "fused", shared=256, shared_gate="none"),
+    Family("qwen2-moe", "Qwen2-57B-A14B / Qwen1.5-MoE", mk_qwen2,
+           'router = { score = "softmax", renormalize = false }', "fused", shared=512, shared_gate="sigmoid"),
+    Family("llama4", "Llama-4-Scout / Maverick", mk_llama4,
+           'router = { score = "sigmoid", renormalize = false, apply = "input" }', "concat_t",
+           shared=256, shared_gate="none"),
+]
+
+
+# ---- the block's side ----------------------------------------------------------
+
+def init_params(block, H, seed):
+    """Fill every parameter and float buffer with seeded random values (never
+    zeros: HF initializes some routers to zero and the experts to garbage).
+    Weights are uniform(-1, 1)·2/sqrt(fan_in); the router's rows make logits
+    of spread ~1; biases are small normals."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    named = list(block.named_parameters()) + [(n, b) for n, b in block.named_buffers() if b.is_floating_point()]
+    for name, p in named:
+        shape = tuple(p.shape)
+        with torch.no_grad():
+            if name.endswith("e_score_correction_bias"):
+                v = torch.randn(shape, generator=g) * 0.05
+            elif len(shape) == 1 or name.endswith("bias"):
+                v = torch.randn(shape, generator=g) * (0.5 if "router" in name else 0.1)
+            else:
+                dims = shape[-2:]
+                if "down" in name:
+                    fan = dims[0] if dims[1] == H else dims[1]
+                else:
+                    fan = H
+                v = (torch.rand(shape, generator=g) * 2 - 1) * (2.0 / fan ** 0.5)
+            p.copy_(v.to(p.dtype))
+
+
+def block_forward(fam, block, x):
+    """The block's output [T, H] for x [T, H]; the routed part alone when
+    the shared expert is left out (routed_only)."""
+    out = block(x.unsqueeze(0))
+    if isinstance(out, tuple):
+        out = out[0]
+    return out.reshape(x.shape[0], -1)
+
+
+def block_routed(fam, block, x):
+    """The block's routed experts alone: the block's forward without its
+    shared expert (for families whose shared key this build lacks)."""
+    w, idx = block_route(fam, block, x)
+    return block.experts(x, idx, w)
+
+
+def block_route(fam, block, x):
+    """(weights [T, K], expert indices [T, K]) from the block's own router."""
+    import torch
+    if fam.name == "gpt-oss":
+        _, w, idx = block.router(x)
+    elif fam.name == "llama4":
+        scores, logits = block.router(x)
+        K = block.top_k
+        idx = torch.topk(logits, K, dim=1)[1]
+        w = scores.gather(1, idx)
+    else:
+        _, w, idx = block.gate(x)
+    return w, idx
+
+
+def shared_mlp(fam, block):
+    if fam.name in ("qwen2-moe", "llama4"):
+        return block.shared_expert
+    return block.shared_experts
+
+
+# ---- conversion into moegen's layout ---------------------------------------------
+
+def convert(fam, block, E, H, F):
+    """The block's parameters in moegen's layout (ref.h, "Data conventions";
+    README, "Tensors"): wr [E, H]; sel_bias / logit_bias fp32 [E]; w1 [S, 2F, H]
+    gate rows then up rows, the plain layout; w2 [S, H, F]; b1 [S, 2F], b2 [S, H]
+    with S = E + m slots when the shared expert is on (with_shared); shared_gate [H].
+    All half tensors are returned in the block's dtype, contiguous."""
+    import torch
+    t = {}
+    if fam.name == "gpt-oss":
+        t["wr"] = block.router.weight
+        t["logit_bias"] = block.router.bias.float()
+    elif fam.name == "llama4":
+        t["wr"] = block.router.weight
+    else:
+        t["wr"] = block.gate.weight
+        if hasattr(block.gate, "e_score_correction_bias"):
+            t["sel_bias"] = block.gate.e_score_correction_bias.float()
+    ex = block.experts
+    if fam.layout == "fused":            # [E, 2F, H] gate then up; down [E, H, F]
+        w1, w2 = ex.gate_up_proj, ex.down_proj
+    elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
+        w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
+    elif fam.layout == "interleaved_t":  # [E, H, 2F] gate/up interleaved by column
+        wt = ex.gate_up_proj.transpose(1, 2)
+        w1 = torch.cat([wt[:, 0::2], wt[:, 1::2]], dim=1)
+        w2 = ex.down_proj.transpose(1, 2)
+        bt = ex.gate_up_proj_bias
+        t["b1"] = torch.cat([bt[:, 0::2], bt[:, 1::2]], dim=1)
+        t["b2"] = ex.down_proj_bias
+    else:
+        raise ValueError(fam.layout)
+    assert tuple(w1.shape) == (E, 2 * F, H) and tuple(w2.shape) == (E, H, F), (w1.shape, w2.shape)
+    t["w1"], t["w2"] = w1, w2
+    return {k: v.detach().contiguous() for k, v in t.items()}
+
+
+def convert_shared(fam, block, t, F):
+    """Append the shared expert as m = F_s / F slots after the routed ones: a
+    SwiGLU MLP splits exactly over its intermediate dimension, slot j taking
+    gate/up rows [jF, (j+1)F) and down columns [jF, (j+1)F). Qwen2-MoE's
+    gate vector goes to shared_gate [H]."""
+    import torch
+    mlp = shared_mlp(fam, block)
+    gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight  # [Fs,H] [Fs,H] [H,Fs]
+    m = gate.shape[0] // F
+    assert m * F == gate.shape[0] == fam.shared
+    w1s = torch.stack([torch.cat([gate[j * F:(j + 1) * F], up[j * F:(j + 1) * F]]) for j in range(m)])
+    w2s = torch.stack([down[:, j * F:(j + 1) * F] for j in range(m)])
+    t["w1"] = torch.cat([t["w1"], w1s.detach()]).contiguous()
+    t["w2"] = torch.cat([t["w2"], w2s.detach()]).contiguous()
+    if fam.shared_gate == "sigmoid":
+        t["shared_gate"] = block.shared_expert_gate.weight.detach().reshape(-1).contiguous()
+    return t
+
+
+def spec_text(fam, name, E, K, H, F, tokens, with_shared, drop=()):
+    keys = fam.spec
+    for k in drop:  # a key left out: `router.group_topk` where the old rule agrees
+        keys = re.sub(r"\s*%s = [^,}]+,?" % re.escape(k.split(".")[-1]), "", keys)
+    s = ('-- bench/check_models.py: %s (%s), a small random config of the same class\n'
+         'name = "%s"\nexperts = %d\ntop_k = %d\nhidden = %d\nffn = %d\ntokens = %d\ndtype = "bf16"\n%s\n'
+         % (fam.name, fam.model, name, E, K, H, F, tokens, keys))
+    if with_shared and fam.shared:
+        s += 'shared = { ffn = %d, gate = "%s" }\n' % (fam.shared, fam.shared_gate)
+    return s
+
+
+def unknown_key(msg):
+    m = re.search(r"unknown key '([^']+)'", msg or "")
+    return m.group(1) if m else None
+
+
+# ---- moegen's side -------------------------------------------------------------
+
+class CpuBackend:
+    """The C CPU reference (build/libmoegen_ref.so)."""
+    name = "cpu (tests/support/ref.c)"
+
+    class Inputs(ctypes.Structure):
+        _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("wr", ctypes.c_void_p),
+                    ("sel_bias", ctypes.c_void_p), ("logit_bias", ctypes.c_void_p),
+                    ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
+                    ("b2", ctypes.c_void_p)]
+
+    def __init__(self, opt):
+        path = os.path.join(ROOT, "build", "libmoegen_ref.so")
+        if not os.path.exists(path):
+            r = subprocess.run(["make", "-C", ROOT, "build/libmoegen_ref.so"], capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError("make build/libmoegen_ref.so failed:\n" + r.stdout + r.stderr)
+        self.lib = ctypes.CDLL(path)
+        self.err = ctypes.create_string_buffer(2048)
+
+    def load(self, spec_path):
+        """None when the spec loads, else the loader's message."""
+        shape = (ctypes.c_int * 8)()
+        if self.lib.moe_reflib_shape(spec_path.encode(), shape, self.err, len(self.err)):
+            return self.err.value.decode()
+        return None
+
+    def open(self, spec_path, t, cap):
+        self.spec, self.t = spec_path, t
+
+    def close(self):
+        pass
+
+    def run(self, x, E, K):
+        """(y [T, H] bf16, topk_idx [T, K]) for x [T, H] bf16."""
+        import torch
+        T, H = x.shape
+        t = self.t
+        ptr = lambda k: t[k].data_ptr() if k in t else None
+        a = self.Inputs(T, x.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"),
+                        ptr("w2"), ptr("b1"), ptr("b2"))
+        y = torch.empty(T, H, dtype=torch.float32)
+        idx = torch.empty(T, K, dtype=torch.int32)
+        w = torch.empty(T, K, dtype=torch.float32)
+        if self.lib.moe_reflib_forward(self.spec.encode(), ctypes.byref(a), ctypes.c_void_p(y.data_ptr()),
+                                       ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(w.data_ptr()),
+                                       None, self.err, len(self.err)):
+            raise RuntimeError(self.err.value.decode())
+        return y.to(torch.bfloat16), idx.long()
+
+
+class GpuBackend:
+    """libmoegen.so through ctypes: the generated kernels on the GPU."""
+    name = "gpu (build/libmoegen.so)"
+
+    class Args(ctypes.Structure):  # moe_forward_args (runtime/moe.h); shared_gate last
+        _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("router_w", ctypes.c_void_p),
+                    ("router_bias", ctypes.c_void_p), ("router_logit_bias", ctypes.c_void_p),
+                    ("w1p", ctypes.c_void_p), ("b1p", ctypes.c_void_p), ("w2", ctypes.c_void_p),
+                    ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
+                    ("shared_gate", ctypes.c_void_p)]
+
+    def __init__(self, opt):
+        import torch
+        path = os.path.join(ROOT, "build", "libmoegen.so")
+        if not os.path.exists(path):
+            raise RuntimeError("%s is missing: run `make -j build/libmoegen.so` (or carry build/)" % path)
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device: the gpu backend needs one (--backend cpu runs without)")
+        self.lib = ctypes.CDLL(path)
+        self.lib.moe_last_error.restype = ctypes.c_char_p
+        self.lib.moe_plan_workspace_size.restype = ctypes.c_size_t
+        torch.zeros(1, device="cuda")  # the primary context, which libmoegen shares
+        self.plan = None
+
+    def last_error(self):
+        return self.lib.moe_last_error().decode(errors="replace")
+
+    def load(self, spec_path):
+        """None when a plan of the spec is created (kept for open()), else why not."""
+        self.close()
+        plan = ctypes.c_void_p()
+        if self.lib.moe_plan_create(ctypes.byref(plan), spec_path.encode(), None) != 0:
+            return "moe_plan_create: %s" % self.last_error()
+        self.plan = plan
+        return None
+
+    def open(self, spec_path, t, cap):
+        """Pack and upload the weights for the plan load() created."""
+        import torch
+        self.cap = cap
+        plan = self.plan
+        w1 = t["w1"]
+        # poisoned (bf16 NaN): a slot the pack function leaves out shows as NaN in y
+        w1p = torch.full_like(w1, float("nan"))
+        if self.lib.moe_plan_pack_w1(plan, ctypes.c_void_p(w1.data_ptr()), ctypes.c_void_p(w1p.data_ptr())):
+            raise RuntimeError("moe_plan_pack_w1: %s" % self.last_error())
+        d = {k: v.cuda() for k, v in t.items() if k != "b1"}
+        d["w1p"] = w1p.cuda()
+        if "b1" in t:
+            b1p = torch.full_like(t["b1"], float("nan"))
+            if self.lib.moe_plan_pack_b1(plan, ctypes.c_void_p(t["b1"].data_ptr()), ctypes.c_void_p(b1p.data_ptr())):
+                raise RuntimeError("moe_plan_pack_b1: %s" % self.last_error())
+            d["b1p"] = b1p.cuda()
+        self.d = d
+
+    def close(self):
+        if self.plan:
+            self.lib.moe_plan_destroy(self.plan)
+            self.plan = None
+
+    def run(self, x, E, K):
+        import torch
+        T, H = x.shape
+        d = self.d
+        ptr = lambda k: d[k].data_ptr() if k in d else None
+        xd = x.cuda()
+        y = torch.full((T, H), float("nan"), device="cuda", dtype=x.dtype)  # poisoned
+        ws = torch.empty(self.lib.moe_plan_workspace_size(self.plan, T), dtype=torch.uint8, device="cuda")
+        if ws.numel() == 0:
+            raise RuntimeError("moe_plan_workspace_size: %s" % self.last_error())
+        a = self.Args(T, xd.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1p"), ptr("b1p"),
+                      ptr("w2"), ptr("b2"), y.data_ptr(), ws.data_ptr(), ptr("shared_gate"))
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.lib.moe_forward(self.plan, ctypes.byref(a), stream) != 0:
+            raise RuntimeError("moe_forward: %s" % self.last_error())
+        torch.cuda.synchronize()
+        off, nb = ctypes.c_size_t(), ctypes.c_size_t()
+        idx = None
+        if self.lib.moe_plan_workspace_region(self.plan, b"topk_idx", ctypes.byref(off), ctypes.byref(nb)) == 0:
+            per = nb.value // 4 // self.cap  # entries per token ([cap, K], or more with shared slots)
+            raw = ws[off.value:off.value + nb.value].view(torch.int32)
+            idx = raw[:T * per].reshape(T, per)[:, :K].long().cpu()
+        return y.cpu(), idx
+
+
+# ---- comparing -----------------------------------------------------------------
+
+def compare(y, idx, ref, ref_idx):
+    """(max abs error, max error / RMS(ref), tokens routed differently,
+    RMS(error) / RMS(ref)), the errors over the tokens whose expert sets agree."""
+    import torch
+    y, ref = y.float(), ref.float()
+    same = torch.tensor([set(a.tolist()) == set(b.tolist()) for a, b in zip(idx, ref_idx)]) \
+        if idx is not None else torch.ones(y.shape[0], dtype=torch.bool)
+    flips = int((~same).sum())
+    rms = ref.pow(2).mean().sqrt().item()
+    d = (y - ref)[same].abs()
+    err = d.max().item() if d.numel() else 0.0
+    erms = d.pow(2).mean().sqrt().item() if d.numel() else 0.0
+    if not torch.isfinite(y).all():
+        err = erms = float("inf")
+    if rms <= 0:
+        return err, float("inf"), flips, float("inf")
+    return err, err / rms, flips, erms / rms
+
+
+def check_family(fam, be, opt, workdir, log):
+    import torch
+    block, cfg = fam.make()
+    block.eval()
+    H = cfg.hidden_size
+    E = getattr(block.experts, "num_experts")
+    K = cfg.num_experts_per_tok
+    F = block.experts.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
+    tokens = max(opt.tokens)
+    seed = opt.seed + zlib.crc32(fam.name.encode())
+    init_params(block, H, seed)
+    b16 = block.to(torch.bfloat16)
+    b32 = copy.deepcopy(b16).float()   # the same bf16 values, computed in fp32
+    name = "hf_" + re.sub(r"\W", "_", fam.name)
+    spec_path = os.path.join(workdir, name + ".moe")
+
+    # Which spec this build can load: all the model's keys; without
+    # router.group_topk where the old rule (top_k / topk_groups) is the same
+    # number; without the shared expert (its routed part is then checked).
+    drop, with_shared, mode = [], True, "full"
+    for _ in range(3):
+        with open(spec_path, "w") as f:
+            f.write(spec_text(fam, name, E, K, H, F, tokens, with_shared, drop))
+        msg = be.load(spec_path)
+        if msg is None:
+            break
+        key = unknown_key(msg)
+        if key is None:
+            return {"status": "FAIL", "why": "the spec did not load: " + msg}
+        if key == "router.group_topk" and not drop:
+            gk = int(re.search(r"group_topk = (\d+)", fam.spec).group(1))
+            tg = int(re.search(r"topk_groups = (\d+)", fam.spec).group(1))
+            if K % tg == 0 and K // tg == gk:
+                drop.append("router.group_topk")
+                continue
+            return {"status": "skipped", "why": "needs router.group_topk (= %d; this build's rule would take "
+                    "top_k/topk_groups = %s)" % (gk, K // tg if K % tg == 0 else "refused")}
+        if key.startswith("shared") and with_shared and fam.name != "llama4":
+            with_shared, mode = False, "routed part"
+            continue
+        return {"status": "skipped", "why": "needs %s" % key}
+    else:
+        return {"status": "FAIL", "why": "the spec did not load: " + msg}
+
+    results = []
+    t = convert(fam, b16, E, H, F)
+    if with_shared and fam.shared:
+        t = convert_shared(fam, b16, t, F)
+    be.open(spec_path, t, tokens)
+    try:
+        g = torch.Generator().manual_seed(seed + 1)
+        x_all = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
+        with torch.no_grad():
+            for T in opt.tokens:
+                x = x_all[:T].contiguous()
+                fwd = block_forward if with_shared else block_routed
+                r16, r32 = fwd(fam, b16, x), fwd(fam, b32, x.float())
+                i16, i32 = block_route(fam, b16, x)[1], block_route(fam, b32, x.float())[1]
+                y, idx = be.run(x, E, K)
+                e32 = compare(y, idx, r32, i32)
+                e16 = compare(y, idx, r16, i16)
+                # the block's own bf16 rounding, for scale: bf16 block against its fp32 copy
+                eb = compare(r16, i16, r32, i32)
+                ok = (e32[1] <= TOL_FP32 and e32[3] <= TOL_RMS_FP32 and e32[2] <= FLIPS_FP32(T)
+                      and e16[1] <= TOL_BF16)
+                results.append((T, e32, e16, eb, ok))
+    finally:
+        be.close()
+    st = "ok" if all(r[4] for r in results) else "FAIL"
+    extra = []
+    if drop:
+        extra.append("without %s (this build's rule gives the same number)" % ", ".join(drop))
+    if not with_shared and fam.shared:
+        extra.append("routed part only: shared expert needs `shared` (not in this build)")
+    return {"status": st, "mode": mode, "results": results, "why": "; ".join(extra)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=["gpu", "cpu"], default=None,
+                    help="gpu (libmoegen.so; the default when torch sees CUDA) or cpu (the C reference)")
+    ap.add_argument("--families", default="", help="comma-separated names (default: all; --list shows them)")
+    ap.add_argument("--tokens", default="1,37,512")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", default=None, help="also write the report here (default build/check_models.<backend>.log)")
+    ap.add_argument("--list", action="store_true")
+    opt = ap.parse_args()
+    if opt.list:
+        for f in FAMILIES:
+            print("%-12s %s" % (f.name, f.model))
+        return 0
+    try:
+        opt.tokens = [int(v) for v in opt.tokens.split(",") if v]
+        assert opt.tokens and all(v >= 1 for v in opt.tokens)
+    except (ValueError, AssertionError):
+        ap.error("--tokens: a comma-separated list of positive integers")
+    names = [n for n in opt.families.split(",") if n]
+    known = [f.name for f in FAMILIES]
+    bad = [n for n in names if n not in known]
+    if bad:
+        ap.error("unknown families %s; known: %s" % (", ".join(bad), ", ".join(known)))
+    fams = [f for f in FAMILIES if not names or f.name in names]
+
+    import torch
+    import transformers
+    torch.set_grad_enabled(False)
+    transformers.logging.set_verbosity_error()
+    backend = opt.backend or ("gpu" if torch.cuda.is_available() else "cpu")
+    log_path = opt.log or os.path.join(ROOT, "build", "check_models.%s.log" % backend)
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    logf = open(log_path, "w")
+
+    def log(line=""):
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    try:
+        be = (GpuBackend if backend == "gpu" else CpuBackend)(opt)
+    except (RuntimeError, OSError) as e:
+        log("check_models: %s" % e)
+        return 1
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    log("check_models %s: moegen %s (%s) against transformers %s, torch %s; tokens %s; %s UTC" % (
+        backend, rev.stdout.strip() or "?", be.name, transformers.__version__, torch.__version__,
+        ",".join(map(str, opt.tokens)), datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
+    log("errors are max|moegen - block| and that over RMS(block), on the tokens routed alike; "
+        "flips = tokens whose expert set differs")
+    log("rel = max error / RMS(block), rms = RMS(error) / RMS(block); tolerance: against the fp32 copy "
+        "rel <= %g, rms <= %g, flips <= max(1, T/256); against the bf16 block rel <= %g (its flips are "
+        "bf16 near-ties: reported, not gated)" % (TOL_FP32, TOL_RMS_FP32, TOL_BF16))
+    log("%-12s %5s | %-33s | %-24s | %-14s |" % ("family", "T", "moegen vs fp32 copy", "moegen vs bf16 block",
+                                                 "bf16 blk vs fp32"))
+    log("%-12s %5s | %8s %8s %8s %5s | %8s %8s %5s | %8s %5s |" % ("", "", "abs", "rel", "rms", "flips", "abs", "rel",
+                                                                "flips", "rel", "flips"))
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="check_models.") as workdir:
+        for fam in fams:
+            try:
+                r = check_family(fam, be, opt, workdir, log)
+            except Exception as e:  # report, then go on with the other families
+                import traceback
+                r = {"status": "FAIL", "why": "%s: %s" % (type(e).__name__, e)}
+                logf.write(traceback.format_exc())
+            if "results" not in r:
+                log("%-12s %s: %s" % (fam.name, r["status"], r["why"]))
+                failed += r["status"] == "FAIL"
+                continue
+            for T, e32, e16, eb, ok in r["results"]:
+                log("%-12s %5d | %8.2e %8.2e %8.2e %5d | %8.2e %8.2e %5d | %8.2e %5d | %s" % (
+                    fam.name, T, e32[0], e32[1], e32[3], e32[2], e16[0], e16[1], e16[2], eb[1], eb[2],
+                    "ok" if ok else "FAIL"))
+            if r["why"]:
+                log("%-12s   (%s)" % ("", r["why"]))
+            failed += r["status"] == "FAIL"
+    log("check_models: %d of %d families failed; log %s" % (failed, len(fams), log_path))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+/* ref_lib.c — the CPU reference (ref.c) behind a small C ABI for ctypes:
+ * build/libmoegen_ref.so (`make ref-lib`), used by bench/check_models.py to
+ * check moegen's semantics against Hugging Face transformers' MoE blocks on
+ * a machine without a GPU. Test support: not part of the shipped library.
+ *
+ * The ABI takes only plain pointers and ints, so Python never mirrors
+ * moe_spec_t (which grows as keys are added). Tensors are ref.h's: half
+ * values as uint16_t bit patterns of the spec's dtype, W1 in the plain
+ * layout [E, 2F, H] (gate rows, then up rows), W2 [E, H, F]. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ref.h"
+#include "spec.h"
+
+/* Inputs of moe_reflib_forward; pointers the spec does not use may be NULL. */
+typedef struct {
+    int tokens;
+    const uint16_t *x;           /* [T, H] */
+    const uint16_t *wr;          /* [E, H] */
+    const float *sel_bias;       /* [E], router.bias */
+    const float *logit_bias;     /* [E], router.logit_bias */
+    const uint16_t *w1, *w2;     /* [E, 2F, H] plain, [E, H, F] */
+    const uint16_t *b1, *b2;     /* [E, 2F] plain, [E, H]; ffn_bias */
+} moe_reflib_inputs_t;
+
+static void put_err(char *err, int errlen, const char *msg) {
+    if (err && errlen > 0) snprintf(err, (size_t)errlen, "%s", msg);
+}
+
+/* Load and validate the spec at `path`; on success write its shape to
+ * shape[0..5] = experts, top_k, hidden, ffn, tokens, dtype (0 bf16, 1 fp16)
+ * and return 0. On failure return 2 with the loader's "FILE:LINE: error:"
+ * message in err. */
+int moe_reflib_shape(const char *path, int *shape, char *err, int errlen) {
+    moe_spec_t s;
+    moe_diag_t d;
+    if (!path || !shape) { put_err(err, errlen, "moe_reflib_shape: NULL argument"); return 1; }
+    if (moe_spec_load(&s, path, NULL, NULL, 0, &d)) { put_err(err, errlen, d.msg); return 2; }
+    shape[0] = s.experts; shape[1] = s.top_k; shape[2] = s.hidden;
+    shape[3] = s.ffn; shape[4] = s.tokens; shape[5] = (int)s.dtype;
+    return 0;
+}
+
+/* The whole layer on the CPU for the spec at `path`: moe_ref_route, then
+ * moe_ref_ffn over all tokens. Writes y [T, H] (fp32, the reference's
+ * accumulation before any final rounding), topk_idx and topk_w [T, top_k],
+ * and scores [T, E] (the selection scores) when non-NULL. Returns 0; 2 when
+ * the spec does not load, 1 when the reference refuses the inputs, with a
+ * message in err. */
+int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
+                       int *topk_idx, float *topk_w, float *scores, char *err, int errlen) {
+    moe_spec_t s;
+    moe_diag_t d;
+    if (!path || !a) { put_err(err, errlen, "moe_reflib_forward: NULL argument"); return 1; }
+    if (moe_spec_load(&s, path, NULL, NULL, 0, &d)) { put_err(err, errlen, d.msg); return 2; }
+    if (a->tokens < 1 || a->tokens > s.tokens) {
+        put_err(err, errlen, "moe_reflib_forward: tokens outside 1..the spec's tokens");
+        return 1;
+    }
+    moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
+                            .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
+                            .tokens = a->tokens };
+    if (moe_ref_route(&s, &in, topk_idx, topk_w, scores)) {
+        put_err(err, errlen, "moe_ref_route refused the inputs (a NULL tensor the spec needs?)");
+        return 1;
+    }
+    if (moe_ref_ffn(&s, &in, topk_idx, topk_w, NULL, 0, y, NULL, NULL)) {
+        put_err(err, errlen, "moe_ref_ffn refused the inputs (a NULL tensor the spec needs?)");
+        return 1;
+    }
+    return 0;
+}
