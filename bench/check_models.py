@@ -73,7 +73,8 @@ FLIPS_FP32 = lambda T: max(1, T // 256)
 # spec keys, and the conversion of the block's parameters. Sizes: hidden and
 # ffn multiples of 64 (moegen's GEMM tiles), experts >= 8, top_k as the model.
 # `shared` is the shared expert's intermediate size F_s (0 = none); moegen
-# runs it as m = F_s / F always-on slots E .. E+m-1 of w1/w2.
+# runs it as m = F_s / F always-on slots E .. E+m-1 of w1p/w2, which the
+# library's moe_plan_pack_shared fills from the unsplit weights.
 
 class Family:
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note=""):
@@ -320,9 +321,9 @@ def shared_mlp(fam, block):
 def convert(fam, block, E, H, F):
     """The block's parameters in moegen's layout (ref.h, "Data conventions";
     README, "Tensors"): wr [E, H]; sel_bias / logit_bias fp32 [E]; w1 [S, 2F, H]
-    gate rows then up rows, the plain layout; w2 [S, H, F]; b1 [S, 2F], b2 [S, H]
-    with S = E + m slots when the shared expert is on (with_shared); shared_gate [H].
-    All half tensors are returned in the block's dtype, contiguous."""
+    gate rows then up rows, the plain layout; w2 [E, H, F]; b1 [E, 2F], b2 [E, H].
+    Half tensors in the block's dtype, contiguous. The shared expert:
+    convert_shared."""
     import torch
     t = {}
     if fam.name == "gpt-oss":
@@ -353,22 +354,21 @@ def convert(fam, block, E, H, F):
     return {k: v.detach().contiguous() for k, v in t.items()}
 
 
-def convert_shared(fam, block, t, F):
-    """Append the shared expert as m = F_s / F slots after the routed ones: a
-    SwiGLU MLP splits exactly over its intermediate dimension, slot j taking
-    gate/up rows [jF, (j+1)F) and down columns [jF, (j+1)F). Qwen2-MoE's
-    gate vector goes to shared_gate [H]."""
+def convert_shared(fam, block, t):
+    """The shared expert as checkpoints store it, in the form moegen takes it
+    (runtime/moe.h, moe_plan_pack_shared; ref.h, ws1/ws2/wsg): ws1 [2F_s, H]
+    = gate_proj rows then up_proj rows, ws2 [H, F_s] = down_proj, and for a
+    sigmoid gate wsg [H] = the gate's weight row (Qwen2-MoE's
+    shared_expert_gate). The library splits it into the m = F_s / F
+    always-on slots E .. E+m-1 itself."""
     import torch
     mlp = shared_mlp(fam, block)
     gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight  # [Fs,H] [Fs,H] [H,Fs]
-    m = gate.shape[0] // F
-    assert m * F == gate.shape[0] == fam.shared
-    w1s = torch.stack([torch.cat([gate[j * F:(j + 1) * F], up[j * F:(j + 1) * F]]) for j in range(m)])
-    w2s = torch.stack([down[:, j * F:(j + 1) * F] for j in range(m)])
-    t["w1"] = torch.cat([t["w1"], w1s.detach()]).contiguous()
-    t["w2"] = torch.cat([t["w2"], w2s.detach()]).contiguous()
+    assert gate.shape[0] == fam.shared, (gate.shape, fam.shared)
+    t["ws1"] = torch.cat([gate, up]).detach().contiguous()
+    t["ws2"] = down.detach().contiguous()
     if fam.shared_gate == "sigmoid":
-        t["shared_gate"] = block.shared_expert_gate.weight.detach().reshape(-1).contiguous()
+        t["wsg"] = block.shared_expert_gate.weight.detach().reshape(-1).contiguous()
     return t
 
 
@@ -399,7 +399,8 @@ class CpuBackend:
         _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("wr", ctypes.c_void_p),
                     ("sel_bias", ctypes.c_void_p), ("logit_bias", ctypes.c_void_p),
                     ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
-                    ("b2", ctypes.c_void_p)]
+                    ("b2", ctypes.c_void_p), ("ws1", ctypes.c_void_p), ("ws2", ctypes.c_void_p),
+                    ("wsg", ctypes.c_void_p)]
 
     def __init__(self, opt):
         path = os.path.join(ROOT, "build", "libmoegen_ref.so")
@@ -430,7 +431,7 @@ class CpuBackend:
         t = self.t
         ptr = lambda k: t[k].data_ptr() if k in t else None
         a = self.Inputs(T, x.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"),
-                        ptr("w2"), ptr("b1"), ptr("b2"))
+                        ptr("w2"), ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"))
         y = torch.empty(T, H, dtype=torch.float32)
         idx = torch.empty(T, K, dtype=torch.int32)
         w = torch.empty(T, K, dtype=torch.float32)
@@ -482,13 +483,23 @@ class GpuBackend:
         import torch
         self.cap = cap
         plan = self.plan
-        w1 = t["w1"]
-        # poisoned (bf16 NaN): a slot the pack function leaves out shows as NaN in y
-        w1p = torch.full_like(w1, float("nan"))
+        w1, w2 = t["w1"], t["w2"]
+        E, F = w1.shape[0], w1.shape[1] // 2
+        m = t["ws2"].shape[1] // F if "ws1" in t else 0   # the shared expert's slots E .. E+m-1
+        # poisoned (bf16 NaN): a slot the pack functions leave out shows as NaN in y
+        w1p = torch.full((E + m,) + tuple(w1.shape[1:]), float("nan"), dtype=w1.dtype)
+        w2s = torch.cat([w2, torch.full((m,) + tuple(w2.shape[1:]), float("nan"), dtype=w2.dtype)])
         if self.lib.moe_plan_pack_w1(plan, ctypes.c_void_p(w1.data_ptr()), ctypes.c_void_p(w1p.data_ptr())):
             raise RuntimeError("moe_plan_pack_w1: %s" % self.last_error())
-        d = {k: v.cuda() for k, v in t.items() if k != "b1"}
-        d["w1p"] = w1p.cuda()
+        if m:
+            if not hasattr(self.lib, "moe_plan_pack_shared"):
+                raise RuntimeError("this libmoegen.so has no moe_plan_pack_shared")
+            if self.lib.moe_plan_pack_shared(plan, ctypes.c_void_p(t["ws1"].data_ptr()),
+                                             ctypes.c_void_p(t["ws2"].data_ptr()),
+                                             ctypes.c_void_p(w1p.data_ptr()), ctypes.c_void_p(w2s.data_ptr())):
+                raise RuntimeError("moe_plan_pack_shared: %s" % self.last_error())
+        d = {k: t[k].cuda() for k in ("wr", "sel_bias", "logit_bias", "b2", "wsg") if k in t}
+        d["w1p"], d["w2"] = w1p.cuda(), w2s.cuda()
         if "b1" in t:
             b1p = torch.full_like(t["b1"], float("nan"))
             if self.lib.moe_plan_pack_b1(plan, ctypes.c_void_p(t["b1"].data_ptr()), ctypes.c_void_p(b1p.data_ptr())):
@@ -512,7 +523,7 @@ class GpuBackend:
         if ws.numel() == 0:
             raise RuntimeError("moe_plan_workspace_size: %s" % self.last_error())
         a = self.Args(T, xd.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1p"), ptr("b1p"),
-                      ptr("w2"), ptr("b2"), y.data_ptr(), ws.data_ptr(), ptr("shared_gate"))
+                      ptr("w2"), ptr("b2"), y.data_ptr(), ws.data_ptr(), ptr("wsg"))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if self.lib.moe_forward(self.plan, ctypes.byref(a), stream) != 0:
             raise RuntimeError("moe_forward: %s" % self.last_error())
@@ -608,7 +619,7 @@ def check_family(fam, be, opt, workdir, log):
     results = []
     t = convert(fam, b16, E, H, F)
     if with_shared and fam.shared:
-        t = convert_shared(fam, b16, t, F)
+        t = convert_shared(fam, b16, t)
     be.open(spec_path, t, tokens)
     try:
         g = torch.Generator().manual_seed(seed + 1)
