@@ -188,6 +188,28 @@ moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
  * out pointer may be NULL. */
 moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const char **why);
 
+/* The shape and element type the plan expects of forward tensor `name`
+ * ("x", "y", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p",
+ * "w2", "b2"; moe_forward_args' names): *rank dims in dims[0..rank-1] (x and
+ * y: the spec's tokens, the most a forward takes), *dtype "bf16", "fp16" or
+ * "fp32" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
+ * NULL). MOE_ERR_INVALID_ARG for another name. */
+moe_status moe_plan_tensor(const moe_plan *plan, const char *name, int *rank, int64_t dims[4], const char **dtype);
+
+/* The library's version: MOEGEN_VERSION of gen/version.h when it was built. */
+const char *moe_version(void);
+
+/* The layout of the public structs, for bindings that mirror them without a
+ * C compiler (the Python package checks its ctypes structures against these
+ * at import). moe_abi_sizeof: sizeof the struct named `name`
+ * ("moe_options", "moe_forward_args", "moe_weights", "moe_gather_args",
+ * "moe_plan_info"), 0 for another name. moe_abi_field: the name of its
+ * field i in declaration order, with its byte offset and size (either out
+ * pointer may be NULL); NULL past the last field or for another name.
+ * A field added to one of these structs is listed in runtime/abi.c too. */
+size_t moe_abi_sizeof(const char *name);
+const char *moe_abi_field(const char *name, int i, size_t *offset, size_t *size);
+
 const char *moe_status_string(moe_status s);
 
 /* The last detailed error of this thread (NVRTC log, driver message, spec

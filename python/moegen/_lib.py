@@ -1,0 +1,168 @@
+"""_lib.py — finding and loading libmoegen, checking it, and the ctypes
+mirrors of moe.h's structs.
+
+The library is, in order: $MOEGEN_LIBRARY; the libmoegen.so installed inside
+this package (pip install); the repository's build/libmoegen.so when the
+package is used from a clone (python/ on sys.path). Loading it checks its
+version against the package's and every ctypes structure below, field by
+field, against the library's own layout table (moe_abi_sizeof,
+moe_abi_field: runtime/abi.c), so a struct changed in moe.h and not here is
+an error naming the field, never a wrong offset."""
+import ctypes
+import os
+import threading
+
+from ._version import __version__
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_LIBRARY = os.path.join(os.path.dirname(os.path.dirname(HERE)), "build", "libmoegen.so")
+
+c_int, c_void_p, c_char_p, c_size_t = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+
+
+class MoegenError(RuntimeError):
+    """A libmoegen call failed; .status is the moe_status code, str() has
+    the library's detailed message."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class LibraryError(ImportError):
+    """libmoegen could not be found or loaded, or does not match this package."""
+
+
+# ---- the mirrors (moe.h), checked against the library at load ------------
+class Options(ctypes.Structure):
+    _fields_ = [("templates_dir", c_char_p), ("cache_dir", c_char_p), ("device", c_int), ("rank", c_int),
+                ("nccl_comm", c_void_p), ("cudnn", c_int), ("cudnn_path", c_char_p), ("tuning_path", c_char_p)]
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = [("tokens", c_int), ("x", c_void_p), ("router_w", c_void_p), ("router_bias", c_void_p),
+                ("router_logit_bias", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p),
+                ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p)]
+
+
+class PlanInfo(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("hash", c_char_p), ("arch", c_char_p), ("experts", c_int), ("top_k", c_int),
+                ("hidden", c_int), ("ffn", c_int), ("tokens", c_int), ("dtype_bytes", c_int), ("align", c_int),
+                ("cache_hit", c_int), ("kernels", c_char_p * 6), ("world", c_int), ("rank", c_int), ("ep", c_int),
+                ("ep_rank", c_int), ("fsdp", c_int), ("fsdp_rank", c_int), ("stored", c_int), ("held", c_int),
+                ("dispatch_capacity", c_int), ("cudnn_version", c_int)]
+
+
+MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_info": PlanInfo}
+
+# The forward's tensors, moe_forward_args' names, in its order.
+TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y")
+
+# ---- the functions used, with their C types -------------------------------
+_SIGNATURES = {
+    "moe_version": (c_char_p, []),
+    "moe_abi_sizeof": (c_size_t, [c_char_p]),
+    "moe_abi_field": (c_char_p, [c_char_p, c_int, ctypes.POINTER(c_size_t), ctypes.POINTER(c_size_t)]),
+    "moe_plan_create": (c_int, [ctypes.POINTER(c_void_p), c_char_p, ctypes.POINTER(Options)]),
+    "moe_plan_create_from_dir": (c_int, [ctypes.POINTER(c_void_p), c_char_p, ctypes.POINTER(Options)]),
+    "moe_plan_destroy": (None, [c_void_p]),
+    "moe_plan_workspace_size": (c_size_t, [c_void_p, c_int]),
+    "moe_plan_get_info": (c_int, [c_void_p, ctypes.POINTER(PlanInfo)]),
+    "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
+                                ctypes.POINTER(c_char_p)]),
+    "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),
+    "moe_forward": (c_int, [c_void_p, ctypes.POINTER(ForwardArgs), c_void_p]),
+    "moe_status_string": (c_char_p, [c_int]),
+    "moe_last_error": (c_char_p, []),
+}
+
+
+def check_layout(lib, mirrors=MIRRORS):
+    """Raise LibraryError unless every mirror matches the library's layout
+    of its struct: the same fields in the same order at the same offsets
+    with the same sizes, and the same total size."""
+    problems = []
+    for cname, mirror in mirrors.items():
+        size = lib.moe_abi_sizeof(cname.encode())
+        if size == 0:
+            problems.append("%s: the library does not describe it" % cname)
+            continue
+        theirs = []
+        off, sz = c_size_t(), c_size_t()
+        while True:
+            name = lib.moe_abi_field(cname.encode(), len(theirs), ctypes.byref(off), ctypes.byref(sz))
+            if name is None:
+                break
+            theirs.append((name.decode(), off.value, sz.value))
+        ours = [(f[0], getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_]
+        for i in range(max(len(ours), len(theirs))):
+            a = ours[i] if i < len(ours) else None
+            b = theirs[i] if i < len(theirs) else None
+            if a != b:
+                fmt = lambda f: "missing" if f is None else "%s at offset %d, %d bytes" % f
+                problems.append("%s field %d: the package has %s, the library %s" % (cname, i, fmt(a), fmt(b)))
+                break
+        if ctypes.sizeof(mirror) != size:
+            problems.append("%s: %d bytes in the package, %d in the library" % (cname, ctypes.sizeof(mirror), size))
+    if problems:
+        raise LibraryError("libmoegen's structs differ from this package's mirrors (moe.h changed without "
+                           "python/moegen/_lib.py):\n  " + "\n  ".join(problems))
+
+
+def candidates():
+    """The paths tried for libmoegen, in order."""
+    env = os.environ.get("MOEGEN_LIBRARY")
+    if env:
+        return [env]  # named explicitly: nothing else is tried
+    return [os.path.join(HERE, "libmoegen.so"), REPO_LIBRARY]
+
+
+def load(path=None):
+    """Load libmoegen from path (else the first of candidates() that
+    exists), declare its functions and check its version and struct layouts.
+    Raises LibraryError with the reason."""
+    paths = [path] if path else candidates()
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        raise LibraryError("libmoegen.so not found (tried %s); build it with `make` in the repository, install "
+                           "the package with `pip install ./python`, or name it in $MOEGEN_LIBRARY"
+                           % ", ".join(paths))
+    try:
+        lib = ctypes.CDLL(found[0])
+    except OSError as e:
+        raise LibraryError("libmoegen at %s did not load: %s" % (found[0], e)) from None
+    missing = [n for n in _SIGNATURES if not hasattr(lib, n)]
+    if missing:
+        raise LibraryError("%s lacks %s: it is older than this package (%s)" % (found[0], ", ".join(missing),
+                                                                                __version__))
+    for name, (res, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, argtypes
+    version = lib.moe_version().decode()
+    if version != __version__:
+        raise LibraryError("%s is version %s, this package %s: rebuild or reinstall one of them"
+                           % (found[0], version, __version__))
+    check_layout(lib)
+    lib.path = found[0]
+    return lib
+
+
+_lock = threading.Lock()
+_lib = None
+
+
+def library():
+    """The process's libmoegen, loaded and checked on first use."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _lib = load()
+    return _lib
+
+
+def fail(lib, status, what):
+    """A MoegenError for status from call `what`, with the library's message."""
+    detail = lib.moe_last_error().decode(errors="replace")
+    return MoegenError(status, "%s: %s%s" % (what, lib.moe_status_string(status).decode(),
+                                             ": " + detail if detail else ""))

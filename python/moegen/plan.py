@@ -1,0 +1,136 @@
+"""plan.py — a moegen plan from Python: the spec (a file, a dict of keys or
+a folder from `moegen compile`) planned, its kernels compiled or loaded, and
+moe_forward on raw device pointers. No torch here: moegen.torch builds on it."""
+import array
+import ctypes
+import os
+import shutil
+from types import SimpleNamespace
+
+from . import _lib
+from .spec import write_spec
+
+_CUDNN = {None: 0, "default": 0, "auto": 1, "on": 2, "off": 3}
+
+
+class Plan:
+    """A planned and compiled MoE layer.
+
+    spec: a .moe file, a dict of spec keys, or (from_dir=True) a folder
+    written by `moegen compile`. device: the CUDA device ordinal. cudnn:
+    None (= $MOEGEN_CUDNN, else auto), "auto", "on" or "off". The CUDA
+    context is the device's primary context (the one PyTorch uses)."""
+
+    def __init__(self, spec, device=0, from_dir=False, cache_dir=None, tuning_path=None, cudnn=None,
+                 templates_dir=None):
+        if cudnn not in _CUDNN:
+            raise ValueError("cudnn must be one of None, 'auto', 'on', 'off', not %r" % (cudnn,))
+        if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+            raise ValueError("device must be a CUDA device ordinal (int >= 0), not %r" % (device,))
+        if isinstance(spec, dict):
+            if from_dir:
+                raise ValueError("from_dir takes a folder written by `moegen compile`, not a dict of keys")
+        elif not isinstance(spec, (str, os.PathLike)):
+            raise TypeError("spec is a path or a dict of keys, not %s" % type(spec).__name__)
+        self._handle = None
+        lib = self._lib = _lib.library()
+        enc = lambda s: None if s is None else os.fsencode(s)
+        self._keep = opts = _lib.Options(templates_dir=enc(templates_dir), cache_dir=enc(cache_dir), device=device,
+                                         cudnn=_CUDNN[cudnn], tuning_path=enc(tuning_path))
+        path = write_spec(spec) if isinstance(spec, dict) else os.fspath(spec)
+        try:
+            handle = ctypes.c_void_p()
+            create = lib.moe_plan_create_from_dir if from_dir else lib.moe_plan_create
+            st = create(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opts))
+        finally:
+            if isinstance(spec, dict):
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        if st != 0:
+            err = _lib.fail(lib, st, "moe_plan_create(%s)" % ("dict of keys" if isinstance(spec, dict) else path))
+            if isinstance(spec, dict):  # name the dict, not the removed file it was written to
+                err.args = (str(err).replace(path, "<dict of keys>"),)
+            raise err
+        self._handle = handle
+        self.device = device
+        info = _lib.PlanInfo()
+        st = lib.moe_plan_get_info(handle, ctypes.byref(info))
+        if st != 0:
+            raise _lib.fail(lib, st, "moe_plan_get_info")
+        fields = {}
+        for name, _ in info._fields_:
+            v = getattr(info, name)
+            if name == "kernels":
+                v = tuple(k.decode() if k else None for k in v)
+            elif isinstance(v, bytes):
+                v = v.decode()
+            fields[name] = v
+        self.info = SimpleNamespace(**fields)
+        self.tensors = {name: self._tensor(name) for name in _lib.TENSORS}
+
+    def _tensor(self, name):
+        rank, dims, dtype = ctypes.c_int(), (ctypes.c_int64 * 4)(), ctypes.c_char_p()
+        st = self._lib.moe_plan_tensor(self._handle, name.encode(), ctypes.byref(rank), dims, ctypes.byref(dtype))
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_tensor(%s)" % name)
+        return (tuple(dims[:rank.value]), dtype.value.decode()) if rank.value else None
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ValueError("the plan is closed")
+        return self._handle
+
+    def workspace_size(self, tokens):
+        """Workspace bytes for a forward of `tokens` tokens."""
+        self._check_tokens(tokens)
+        return self._lib.moe_plan_workspace_size(self.handle, tokens)
+
+    def _check_tokens(self, tokens):
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise ValueError("tokens must be an int >= 1, not %r" % (tokens,))
+        if tokens > self.info.tokens:
+            raise ValueError("%d tokens exceed the plan's capacity of %d (spec key tokens)" % (tokens, self.info.tokens))
+
+    def w1_row_order(self):
+        """The packed W1 layout as a row order: packed row j of an expert is
+        plain row order[j] (plain: gate rows 0..F-1, then up rows), so
+        w1p = w1[:, order, :] and b1p = b1[:, order]. The order is the
+        library's own: moe_plan_pack_b1 applied to row numbers."""
+        F2, E = 2 * self.info.ffn, self.info.experts
+        if F2 > 0xFFFF:
+            raise ValueError("2*ffn = %d does not fit the 16-bit row numbers this order is read with" % F2)
+        plain = array.array("H", range(F2)) * E
+        packed = array.array("H", bytes(2 * F2 * E))
+        addr = lambda a: a.buffer_info()[0]
+        st = self._lib.moe_plan_pack_b1(self.handle, addr(plain), addr(packed))
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_pack_b1")
+        return list(packed[:F2])
+
+    def forward(self, tokens, ptrs, workspace, stream):
+        """moe_forward on raw device pointers (ints): ptrs maps the
+        moe_forward_args names (x, router_w, ..., y) to addresses, workspace
+        is workspace_size(tokens) bytes, 256-byte aligned; stream a
+        CUstream/cudaStream_t as an int (0 = the legacy default stream).
+        Enqueued; no synchronization."""
+        a = _lib.ForwardArgs(tokens=tokens, workspace=workspace, **ptrs)
+        st = self._lib.moe_forward(self.handle, ctypes.byref(a), stream)
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_forward")
+
+    def close(self):
+        """Destroy the plan (also on garbage collection)."""
+        if self._handle is not None:
+            self._lib.moe_plan_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        i = getattr(self, "info", None)
+        return "<moegen.Plan %s: E=%d top_k=%d H=%d F=%d tokens<=%d, %s>" % (
+            i.name, i.experts, i.top_k, i.hidden, i.ffn, i.tokens, i.arch) if i else "<moegen.Plan (not created)>"

@@ -1,0 +1,251 @@
+"""moegen.torch — the layer as a PyTorch op and module.
+
+    from moegen.torch import MoE
+    moe = MoE("examples/specs/qwen3-30b-a3b.moe", device="cuda")
+    moe.load_plain(router_w=wr, w1=w1, w2=w2)      # plain layouts, packed on the GPU
+    y = moe(x)                                     # x [..., H], bf16 on cuda
+
+The op is torch.ops.moegen.moe(x, router_w, w1p, w2, router_bias,
+router_logit_bias, b1p, b2, plan) -> y, with tensors in moegen's packed
+layouts (README.md, "Tensors") and `plan` the id of a registered Plan
+(register_plan). It runs moe_forward on torch's current stream of x's
+device with a workspace from torch's caching allocator, so it is
+capturable in a CUDA graph, and has a fake (shape-only) implementation, so
+torch.compile traces it without running it. There is no backward yet
+(libmoegen has no moe_backward): a backward through it raises."""
+import itertools
+import threading
+import weakref
+
+import torch
+
+from . import _lib
+from .plan import Plan
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the op's optional tensors, in its argument order
+_OPTIONAL = ("router_bias", "router_logit_bias", "b1p", "b2")
+
+_plans = {}
+_ids = itertools.count(1)
+_plans_lock = threading.Lock()
+
+
+class _Entry:
+    """What a call needs of a registered plan, looked up once."""
+
+    def __init__(self, plan):
+        self.plan, self.handle, self.lib = plan, plan.handle, plan._lib
+        self.capacity, self.hidden = plan.info.tokens, plan.info.hidden
+        self.device = torch.device("cuda", plan.device)
+        self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
+        self.dtype = self.expect["x"][1]
+        self.ws = {}  # tokens -> workspace bytes
+
+
+def register_plan(plan):
+    """Make `plan` callable through the op; returns its id (the op's `plan`
+    argument). unregister_plan(id) drops it (MoE does both)."""
+    if not isinstance(plan, Plan):
+        raise TypeError("register_plan takes a moegen.Plan, not %s" % type(plan).__name__)
+    with _plans_lock:
+        pid = next(_ids)
+        _plans[pid] = _Entry(plan)
+    return pid
+
+
+def unregister_plan(pid):
+    with _plans_lock:
+        _plans.pop(pid, None)
+
+
+def check_args(expect, capacity, device, x, tensors):
+    """Raise a clear exception unless the op's tensors fit the plan: expect
+    maps each name to (torch.Size, dtype) or None (the spec takes no such
+    tensor), capacity is the most tokens, device the plan's torch.device;
+    tensors maps the names other than x and y to a tensor or None. First
+    x [tokens, H] with 1 <= tokens <= capacity, then every tensor's
+    presence, dtype and shape, then its device and contiguity."""
+    hx = expect["x"]
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("moegen: x must be a tensor, not %s" % type(x).__name__)
+    if x.dim() != 2 or x.shape[1] != hx[0][1]:
+        raise ValueError("moegen: x must be [tokens, %d], not %s" % (hx[0][1], list(x.shape)))
+    if x.shape[0] < 1 or x.shape[0] > capacity:
+        raise ValueError("moegen: %d tokens; the plan takes 1 to %d (spec key tokens)" % (x.shape[0], capacity))
+    given = [("x", x)] + list(tensors.items())
+    for name, t in given:
+        want = expect[name]
+        if t is None:
+            if want is not None:
+                raise ValueError("moegen: the spec needs %s %s %s" % (name, str(want[1])[6:], list(want[0])))
+            continue
+        if want is None:
+            raise ValueError("moegen: the spec takes no %s; pass None" % name)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+        if t.dtype != want[1]:
+            raise TypeError("moegen: %s must be %s, not %s" % (name, want[1], t.dtype))
+        if name != "x" and t.shape != want[0]:
+            raise ValueError("moegen: %s must be %s, not %s" % (name, list(want[0]), list(t.shape)))
+    for name, t in given:
+        if t is None:
+            continue
+        if t.device != device:
+            raise ValueError("moegen: %s is on %s; the plan runs on %s" % (name, t.device, device))
+        if not t.is_contiguous():
+            raise ValueError("moegen: %s must be contiguous" % name)
+
+
+def _entry(plan):
+    e = _plans.get(plan)
+    if e is None:
+        raise ValueError("moegen: no plan with id %r is registered (moegen.torch.register_plan)" % (plan,))
+    return e
+
+
+_lib_def = torch.library.Library("moegen", "DEF")
+_lib_def.define("moe(Tensor x, Tensor router_w, Tensor w1p, Tensor w2, Tensor? router_bias, "
+                "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, int plan) -> Tensor")
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream   # the fast path, no Stream object
+except AttributeError:  # pragma: no cover
+    _raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, plan):
+    e = _entry(plan)
+    check_args(e.expect, e.capacity, e.device, x,
+               {"router_w": router_w, "w1p": w1p, "w2": w2, "router_bias": router_bias,
+                "router_logit_bias": router_logit_bias, "b1p": b1p, "b2": b2})
+    tokens = x.shape[0]
+    ws_bytes = e.ws.get(tokens)
+    if ws_bytes is None:
+        ws_bytes = e.ws[tokens] = e.lib.moe_plan_workspace_size(e.handle, tokens)
+    y = torch.empty_like(x)
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)  # caching allocator: 512-byte aligned
+    ptr = lambda t: None if t is None else t.data_ptr()
+    a = _lib.ForwardArgs(tokens, x.data_ptr(), router_w.data_ptr(), ptr(router_bias), ptr(router_logit_bias),
+                         w1p.data_ptr(), ptr(b1p), w2.data_ptr(), ptr(b2), y.data_ptr(), ws.data_ptr())
+    st = e.lib.moe_forward(e.handle, a, _raw_stream(x.device.index))
+    if st != 0:
+        raise _lib.fail(e.lib, st, "moe_forward")
+    return y
+
+
+def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, plan):
+    e = _plans.get(plan)
+    if e is not None and (x.dim() != 2 or x.shape[1] != e.hidden or x.dtype != e.dtype):
+        raise ValueError("moegen: x must be %s [tokens, %d], not %s %s" % (e.dtype, e.hidden, x.dtype,
+                                                                           list(x.shape)))
+    return torch.empty_like(x)
+
+
+def _moe_not_cuda(x, *args):
+    raise ValueError("moegen: the layer runs on CUDA tensors; x is on %s" % x.device)
+
+
+def _no_backward(ctx, grad):
+    raise NotImplementedError("moegen: the layer has no backward yet (libmoegen has no moe_backward); "
+                              "run it under torch.no_grad() or with parameters that do not require grad")
+
+
+_lib_def.impl("moe", _moe_cuda, "CUDA")
+_lib_def.impl("moe", _moe_not_cuda, "CPU")
+torch.library.register_fake("moegen::moe", _moe_fake, lib=_lib_def)
+torch.library.register_autograd("moegen::moe", _no_backward, lib=_lib_def)
+
+moe = torch.ops.moegen.moe
+
+
+def _cuda_index(device):
+    d = torch.device(device if device is not None else "cuda")
+    if d.type != "cuda":
+        raise ValueError("moegen: the layer runs on a CUDA device, not %s" % d)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+class MoE(torch.nn.Module):
+    """The layer as a module: the plan (from a spec file, a dict of keys or,
+    with from_dir=True, a folder from `moegen compile`) and its parameters
+    in moegen's packed layouts, uninitialized until load_plain() or
+    load_state_dict(). forward(x) takes x [..., H] of up to the spec's
+    tokens rows. Plan options (cache_dir, tuning_path, cudnn, ...) pass
+    through to moegen.Plan."""
+
+    def __init__(self, spec, device=None, **plan_options):
+        super().__init__()
+        index = _cuda_index(device)
+        with torch.cuda.device(index):
+            torch.empty(1, device="cuda")   # the device's primary context, which libmoegen shares
+            self.plan = Plan(spec, device=index, **plan_options)
+        self.plan_id = register_plan(self.plan)
+        weakref.finalize(self, unregister_plan, self.plan_id)
+        dev = torch.device("cuda", index)
+        for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2"):
+            t = self.plan.tensors[name]
+            param = None if t is None else torch.nn.Parameter(
+                torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=False)
+            self.register_parameter(name, param)
+        self._w1_order = None
+
+    def extra_repr(self):
+        i = self.plan.info
+        return "%s: E=%d, top_k=%d, H=%d, F=%d, tokens<=%d, %s" % (i.name, i.experts, i.top_k, i.hidden, i.ffn,
+                                                                   i.tokens, i.arch)
+
+    def forward(self, x):
+        H = self.plan.info.hidden
+        if x.shape[-1] != H:
+            raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
+        y = moe(x.reshape(-1, H), self.router_w, self.w1p, self.w2, self.router_bias, self.router_logit_bias,
+                self.b1p, self.b2, self.plan_id)
+        return y.reshape(x.shape)
+
+    def w1_order(self):
+        """The packed row order as a device index tensor (Plan.w1_row_order)."""
+        if self._w1_order is None:
+            self._w1_order = torch.tensor(self.plan.w1_row_order(), dtype=torch.long, device=self.w1p.device)
+        return self._w1_order
+
+    @torch.no_grad()
+    def load_plain(self, router_w, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, router_bias=None,
+                   router_logit_bias=None):
+        """Set the parameters from the plain layouts, packing on the GPU:
+        w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
+        each; w2 [E, H, F]; b1 [E, 2F] or None; b2 [E, H]; router_w [E, H];
+        the router biases fp32 [E]. Tensors may be on any device; they are
+        copied to the layer's device and dtype checked, never converted."""
+        if (w1 is None) == (gate is None or up is None):
+            raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
+        if w1 is None:
+            w1 = torch.cat([gate, up], dim=1)
+
+        def put(name, value, packed=None):
+            p = getattr(self, name)
+            if value is None:
+                if p is not None:
+                    raise ValueError("moegen: the spec needs %s" % name)
+                return
+            if p is None:
+                raise ValueError("moegen: the spec takes no %s" % name)
+            if value.dtype != p.dtype:
+                raise TypeError("moegen: %s must be %s, not %s" % (name, p.dtype, value.dtype))
+            value = value.to(p.device)
+            if packed is not None:
+                if value.dim() != p.dim() or value.shape[1] != p.shape[1]:
+                    raise ValueError("moegen: %s must be %s, not %s" % (name, list(p.shape), list(value.shape)))
+                value = value.index_select(1, self.w1_order())
+            if value.shape != p.shape:
+                raise ValueError("moegen: %s must be %s, not %s" % (name, list(p.shape), list(value.shape)))
+            p.copy_(value)
+
+        put("router_w", router_w)
+        put("w1p", w1, packed=True)
+        put("w2", w2)
+        put("b1p", b1, packed=True)
+        put("b2", b2)
+        put("router_bias", router_bias)
+        put("router_logit_bias", router_logit_bias)
+        return self

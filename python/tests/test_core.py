@@ -1,0 +1,157 @@
+"""The package without a GPU and without torch: the version, the struct
+mirrors against the library's layout table, loading errors, spec dicts and
+argument checks that come before any GPU work. Runs in `make test`."""
+import ctypes
+import ctypes.util
+import os
+import re
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import moegen  # noqa: E402
+from moegen import _lib  # noqa: E402
+
+
+def header_version():
+    with open(os.path.join(ROOT, "gen", "version.h")) as f:
+        return re.search(r'#define MOEGEN_VERSION "([^"]+)"', f.read()).group(1)
+
+
+class Version(unittest.TestCase):
+    def test_package_and_library_versions_are_gen_version_h(self):
+        self.assertEqual(moegen.__version__, header_version())
+        self.assertEqual(moegen.library().moe_version().decode(), header_version())
+
+    def test_another_version_is_refused(self):
+        saved = _lib.__version__
+        _lib.__version__ = "0.0.0-other"
+        try:
+            with self.assertRaisesRegex(moegen.LibraryError, r"is version .* this package 0\.0\.0-other"):
+                _lib.load(moegen.library().path)
+        finally:
+            _lib.__version__ = saved
+
+
+class Layout(unittest.TestCase):
+    def test_mirrors_match_the_library(self):
+        _lib.check_layout(moegen.library())  # raises on any difference
+
+    def check_refused(self, fields, pattern):
+        bad = type("Bad", (ctypes.Structure,), {"_fields_": fields})
+        with self.assertRaisesRegex(moegen.LibraryError, pattern):
+            _lib.check_layout(moegen.library(), {"moe_forward_args": bad})
+
+    def test_a_field_missing_at_the_end(self):
+        self.check_refused(_lib.ForwardArgs._fields_[:-1], r"moe_forward_args field 10: the package has missing, "
+                                                          r"the library workspace")
+
+    def test_a_field_too_many(self):
+        self.check_refused(_lib.ForwardArgs._fields_ + [("extra", ctypes.c_void_p)],
+                           r"field 11: the package has extra at offset 88, 8 bytes, the library missing")
+
+    def test_two_fields_swapped(self):
+        f = list(_lib.ForwardArgs._fields_)
+        f[1], f[2] = f[2], f[1]
+        self.check_refused(f, r"field 1: the package has router_w at offset 8, 8 bytes, the library x at offset 8")
+
+    def test_a_field_of_another_size(self):
+        f = list(_lib.ForwardArgs._fields_)
+        f[0] = ("tokens", ctypes.c_int64)
+        self.check_refused(f, r"field 0: the package has tokens at offset 0, 8 bytes, the library tokens at offset "
+                              r"0, 4 bytes")
+
+    def test_a_struct_the_library_does_not_describe(self):
+        with self.assertRaisesRegex(moegen.LibraryError, "moe_nothing: the library does not describe it"):
+            _lib.check_layout(moegen.library(), {"moe_nothing": _lib.Options})
+
+
+class Loading(unittest.TestCase):
+    def test_a_missing_library_names_the_path(self):
+        with self.assertRaisesRegex(moegen.LibraryError, r"libmoegen.so not found \(tried /nonexistent/libmoegen.so\)"):
+            _lib.load("/nonexistent/libmoegen.so")
+
+    def test_another_library_lacks_the_functions(self):
+        path = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                                 "/lib64/libc.so.6") if os.path.exists(p)), None)
+        if not path:
+            self.skipTest("no libc file to load")
+        with self.assertRaisesRegex(moegen.LibraryError, r"lacks moe_version"):
+            _lib.load(path)
+
+    def test_not_a_library(self):
+        with tempfile.NamedTemporaryFile(suffix=".so") as f:
+            f.write(b"not ELF")
+            f.flush()
+            with self.assertRaisesRegex(moegen.LibraryError, r"did not load"):
+                _lib.load(f.name)
+
+    def test_moegen_library_is_the_only_candidate_when_set(self):
+        saved = os.environ.get("MOEGEN_LIBRARY")
+        os.environ["MOEGEN_LIBRARY"] = "/somewhere/libmoegen.so"
+        try:
+            self.assertEqual(_lib.candidates(), ["/somewhere/libmoegen.so"])
+        finally:
+            if saved is None:
+                del os.environ["MOEGEN_LIBRARY"]
+            else:
+                os.environ["MOEGEN_LIBRARY"] = saved
+
+
+class SpecDict(unittest.TestCase):
+    def test_text(self):
+        self.assertEqual(moegen.spec_text({"name": "t", "experts": 8, "scale": 2.5, "arch": ["sm_90a", "sm_80"],
+                                           "router": {"score": "softmax", "renormalize": True},
+                                           "note": 'a "q" \\ b\nc'}),
+                         'name = "t"\nexperts = 8\nscale = 2.5\narch = { "sm_90a", "sm_80" }\n'
+                         'router = { score = "softmax", renormalize = true }\nnote = "a \\"q\\" \\\\ b\\nc"\n')
+
+    def test_bad_forms(self):
+        for keys, exc, pattern in (([1], TypeError, "a spec is a dict"),
+                                   ({"a b": 1}, ValueError, "'a b' is not a name"),
+                                   ({"1a": 1}, ValueError, "is not a name"),
+                                   ({"r": {"x-y": 1}}, ValueError, "'x-y' in r is not a name"),
+                                   ({"x": None}, TypeError, "spec key x: NoneType is not a spec value"),
+                                   ({"x": float("nan")}, ValueError, "spec key x: nan is not a finite"),
+                                   ({"r": {"s": [object()]}}, TypeError, r"spec key r\.s\[0\]: object"),
+                                   ({"x": "a\0b"}, ValueError, "NUL")):
+            with self.assertRaisesRegex(exc, pattern):
+                moegen.spec_text(keys)
+
+    def test_the_library_checks_the_keys_and_the_file_is_removed(self):
+        before = set(os.listdir(tempfile.gettempdir()))
+        with self.assertRaises(moegen.MoegenError) as cm:
+            moegen.Plan({"name": "t", "experts": 8, "top_k": 2, "hidden": 512, "ffn": 256, "tokens": 64,
+                         "routr": {"score": "softmax"}})
+        self.assertEqual(cm.exception.status, 2)  # MOE_ERR_SPEC: the spec is checked before the driver
+        self.assertIn("<dict of keys>:7: error: unknown key 'routr' (did you mean 'router'?)", str(cm.exception))
+        self.assertEqual(set(os.listdir(tempfile.gettempdir())) - before, set())
+
+    def test_a_valid_spec_reaches_the_driver_or_plans(self):
+        try:
+            plan = moegen.Plan({"name": "t", "experts": 8, "top_k": 2, "hidden": 512, "ffn": 256, "tokens": 64})
+        except moegen.MoegenError as e:  # no GPU here: the driver or the GPU is what is missing
+            self.assertIn(e.status, (3, 4, 5), str(e))
+        else:
+            self.assertEqual((plan.info.experts, plan.tensors["w1p"][0]), (8, (8, 512, 512)))
+            plan.close()
+
+
+class PlanArguments(unittest.TestCase):
+    def test_refused_before_the_library(self):
+        for kw, exc, pattern in (({"cudnn": "maybe"}, ValueError, "cudnn must be one of"),
+                                 ({"device": -1}, ValueError, "device must be a CUDA device ordinal"),
+                                 ({"device": "cuda:0"}, ValueError, "device must be"),
+                                 ({"spec": 3}, TypeError, "spec is a path or a dict of keys, not int"),
+                                 ({"spec": {"name": "t"}, "from_dir": True}, ValueError, "from_dir takes a folder")):
+            kw.setdefault("spec", "examples/specs/mixtral-8x7b.moe")
+            with self.assertRaisesRegex(exc, pattern):
+                moegen.Plan(**kw)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,147 @@
+"""moegen.torch without a GPU: the argument checks, the fake (shape-only)
+implementation under tracing, and the missing backward. Skipped when torch
+is not installed."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+E, H, F, S, CAP = 8, 64, 32, 8, 16
+
+
+def expect(biases=False):
+    """A plan's expectations as moegen.torch keeps them (_Entry.expect)."""
+    bf, f32 = torch.bfloat16, torch.float32
+    return {"x": (torch.Size([CAP, H]), bf), "y": (torch.Size([CAP, H]), bf), "router_w": (torch.Size([E, H]), bf),
+            "router_bias": (torch.Size([E]), f32) if biases else None, "router_logit_bias": None,
+            "w1p": (torch.Size([S, 2 * F, H]), bf), "b1p": (torch.Size([S, 2 * F]), bf) if biases else None,
+            "w2": (torch.Size([S, H, F]), bf), "b2": (torch.Size([S, H]), bf) if biases else None}
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Checks(unittest.TestCase):
+    def setUp(self):
+        from moegen import torch as mt
+        self.mt = mt
+        bf = torch.bfloat16
+        # meta tensors stand in for CUDA ones: the checks read only metadata
+        self.t = {"router_w": torch.empty(E, H, dtype=bf, device="meta"),
+                  "w1p": torch.empty(S, 2 * F, H, dtype=bf, device="meta"),
+                  "w2": torch.empty(S, H, F, dtype=bf, device="meta"), "router_bias": None,
+                  "router_logit_bias": None, "b1p": None, "b2": None}
+        self.x = torch.empty(4, H, dtype=bf, device="meta")
+
+    def check(self, x=None, exp=None, **changes):
+        t = dict(self.t, **changes)
+        self.mt.check_args(exp or expect(), CAP, torch.device("meta"), self.x if x is None else x, t)
+
+    def test_fitting_tensors_pass(self):
+        self.check()
+        self.check(x=torch.empty(CAP, H, dtype=torch.bfloat16, device="meta"))
+
+    def test_refusals(self):
+        bf, meta = torch.bfloat16, "meta"
+        cases = ((dict(x=torch.empty(4, H + 1, dtype=bf, device=meta)), ValueError, r"x must be \[tokens, 64\]"),
+                 (dict(x=torch.empty(4, 2, H, dtype=bf, device=meta)), ValueError, r"x must be \[tokens, 64\]"),
+                 (dict(x=torch.empty(CAP + 1, H, dtype=bf, device=meta)), ValueError,
+                  r"17 tokens; the plan takes 1 to 16 \(spec key tokens\)"),
+                 (dict(x=torch.empty(0, H, dtype=bf, device=meta)), ValueError, r"0 tokens"),
+                 (dict(x=torch.empty(4, H, dtype=torch.float16, device=meta)), TypeError,
+                  r"x must be torch.bfloat16, not torch.float16"),
+                 (dict(x=[1.0]), TypeError, r"x must be a tensor"),
+                 (dict(w2=torch.empty(S, F, H, dtype=bf, device=meta)), ValueError,
+                  r"w2 must be \[8, 64, 32\], not \[8, 32, 64\]"),
+                 (dict(w1p=torch.empty(S, 2 * F, H, dtype=torch.float32, device=meta)), TypeError,
+                  r"w1p must be torch.bfloat16"),
+                 (dict(b2=torch.empty(S, H, dtype=bf, device=meta)), ValueError, r"the spec takes no b2; pass None"),
+                 (dict(router_w=3), TypeError, r"router_w must be a tensor, not int"),
+                 (dict(exp=expect(biases=True)), ValueError, r"the spec needs router_bias float32 \[8\]"))
+        for kw, exc, pattern in cases:
+            with self.subTest(pattern=pattern), self.assertRaisesRegex(exc, pattern):
+                self.check(**kw)
+
+    def test_device_and_contiguity(self):
+        with self.assertRaisesRegex(ValueError, r"w2 is on cpu; the plan runs on meta"):
+            self.check(w2=torch.empty(S, H, F, dtype=torch.bfloat16))
+        w2 = torch.empty(S, F, H, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+        with self.assertRaisesRegex(ValueError, "w2 must be contiguous"):
+            self.check(w2=w2)
+
+    def test_an_unregistered_plan(self):
+        with self.assertRaisesRegex(ValueError, r"no plan with id 12345 is registered"):
+            self.mt._entry(12345)
+
+    def test_register_takes_a_plan(self):
+        with self.assertRaisesRegex(TypeError, "register_plan takes a moegen.Plan"):
+            self.mt.register_plan(object())
+
+    def test_module_refuses_a_cpu_device(self):
+        with self.assertRaisesRegex(ValueError, "runs on a CUDA device, not cpu"):
+            self.mt.MoE({"name": "t"}, device="cpu")
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Fake(unittest.TestCase):
+    def args(self, device, tokens=5):
+        bf = torch.bfloat16
+        return (torch.randn(tokens, H, device=device).to(bf), torch.randn(E, H, device=device).to(bf),
+                torch.randn(S, 2 * F, H, device=device).to(bf), torch.randn(S, H, F, device=device).to(bf),
+                None, None, None, None, 999)
+
+    def test_traced_into_a_graph_with_its_shape(self):
+        from moegen import torch as mt  # noqa: F401  (registers the op)
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        def layer(x, wr, w1p, w2):
+            return torch.ops.moegen.moe(x * 2, wr, w1p, w2, None, None, None, None, 999) + 1
+
+        a = self.args("cpu")
+        g = make_fx(layer, tracing_mode="fake")(*a[:4])
+        self.assertIn("moegen.moe", g.code)
+        out = [n for n in g.graph.nodes if n.op == "call_function" and "moegen" in str(n.target)]
+        self.assertEqual(len(out), 1)
+        val = out[0].meta["val"]
+        self.assertEqual((tuple(val.shape), val.dtype), ((5, H), torch.bfloat16))
+
+    def test_meta_tensors(self):
+        from moegen import torch as mt
+        y = mt.moe(*self.args("meta", tokens=3))
+        self.assertEqual((y.shape, y.dtype, y.device.type), (torch.Size([3, H]), torch.bfloat16, "meta"))
+
+    def test_torch_compile_traces_without_a_graph_break(self):
+        from moegen import torch as mt
+        import torch._dynamo.testing as dt
+        cnt = dt.CompileCounter()
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def layer(x, wr, w1p, w2):
+            return mt.moe(x, wr, w1p, w2, None, None, None, None, 999).float().sum()
+
+        a = self.args("meta")
+        layer(*a[:4])
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(cnt.op_count, 3)
+
+    def test_cpu_tensors_are_refused(self):
+        from moegen import torch as mt
+        with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
+            mt.moe(*self.args("cpu"))
+
+    def test_a_backward_says_there_is_none(self):
+        from moegen import torch as mt
+        a = list(self.args("meta"))
+        a[0].requires_grad_(True)
+        y = mt.moe(*a)
+        self.assertTrue(y.requires_grad)
+        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+            y.float().sum().backward()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""moegen.torch on a GPU: the op and the module against an eager PyTorch
+reference, under torch.compile and under CUDA-graph capture, and the
+per-call host overhead of the op against calling libmoegen's moe_forward
+through ctypes directly.
+
+usage (from the repository root, after `make`):
+    python3 python/tests/test_torch_gpu.py [--iters N]
+The package is taken from python/ and libmoegen from $MOEGEN_LIBRARY, else
+build/libmoegen.so; no install is needed. Prints one line per check and
+"test_torch_gpu: N passed, N failed"; exit status 1 when any failed.
+
+Specs (small, real routing): mixtral-shaped (8 experts, top-2, softmax,
+renormalize), qwen3-shaped (128 experts, top-8, softmax, renormalize) and
+one with every optional tensor (sigmoid scores, router.bias,
+router.logit_bias, ffn_bias). Inputs are random (never zeros); y is poisoned
+(NaN in the block the allocator hands back) before each eager call; the
+tolerance is tests/test_gpu.c's: normalized L2 error <= 1.5e-2 (bf16)."""
+import argparse
+import ctypes
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+
+import moegen  # noqa: E402
+from moegen import _lib  # noqa: E402
+from moegen.torch import MoE  # noqa: E402
+
+TOL = 1.5e-2
+SPECS = {
+    "mixtral_small": dict(name="mixtral_small", experts=8, top_k=2, hidden=1024, ffn=1024, tokens=512,
+                          router=dict(score="softmax", renormalize=True)),
+    "qwen3_small": dict(name="qwen3_small", experts=128, top_k=8, hidden=1024, ffn=768, tokens=256,
+                        router=dict(score="softmax", renormalize=True)),
+    "biased_small": dict(name="biased_small", experts=16, top_k=4, hidden=512, ffn=512, tokens=128,
+                         router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True),
+}
+
+passed = failed = 0
+
+
+def report(ok, what):
+    global passed, failed
+    passed += bool(ok)
+    failed += not ok
+    print("%s %s" % ("ok  " if ok else "FAIL", what), flush=True)
+
+
+def rand(*shape, scale=1.0, dtype=torch.bfloat16):
+    return ((torch.rand(*shape, device="cuda") * 2 - 1) * scale).to(dtype)
+
+
+def weights(keys):
+    E, H, F = keys["experts"], keys["hidden"], keys["ffn"]
+    r = keys.get("router", {})
+    w = dict(router_w=rand(E, H, scale=4 / H ** 0.5), w1=rand(E, 2 * F, H, scale=2 / H ** 0.5),
+             w2=rand(E, H, F, scale=2 / F ** 0.5))
+    if keys.get("ffn_bias"):
+        w.update(b1=rand(E, 2 * F, scale=0.1), b2=rand(E, H, scale=0.1))
+    if r.get("bias"):
+        w["router_bias"] = rand(E, scale=0.5, dtype=torch.float32)
+    if r.get("logit_bias"):
+        w["router_logit_bias"] = rand(E, scale=0.5, dtype=torch.float32)
+    return w
+
+
+def reference(keys, w, x):
+    """The layer in eager PyTorch from the plain weights: routing in float64
+    (selection scores rounded to fp32), FFN in fp32 with the intermediate and
+    each expert's output rounded to bf16 where the kernels store them."""
+    r = keys.get("router", {})
+    K, F = keys["top_k"], keys["ffn"]
+    logits = x.double() @ w["router_w"].double().t()
+    if "router_logit_bias" in w:
+        logits = logits + w["router_logit_bias"].double()
+    score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
+    sel = score.float()
+    if "router_bias" in w:
+        sel = sel + w["router_bias"]
+    idx = sel.topk(K, dim=-1).indices
+    wt = score.gather(1, idx)
+    if r.get("renormalize"):
+        wt = wt / wt.sum(-1, keepdim=True)
+    y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in idx.unique().tolist():
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        h = xf[tok] @ w["w1"][e].float().t()
+        if "b1" in w:
+            h = h + w["b1"][e].float()
+        a = (torch.nn.functional.silu(h[:, :F]) * h[:, F:]).to(torch.bfloat16).float()
+        o = a @ w["w2"][e].float().t()
+        if "b2" in w:
+            o = o + w["b2"][e].float()
+        y.index_add_(0, tok, o.to(torch.bfloat16).float() * wt[tok, slot, None].float())
+    return y.to(torch.bfloat16)
+
+
+def nerr(y, ref):
+    y, ref = y.float(), ref.float()
+    if not torch.isfinite(y).all():
+        return float("inf")
+    return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def poison(like):
+    """Leave NaN in the block the caching allocator hands out next for a
+    tensor like `like` (y's block)."""
+    torch.empty_like(like).fill_(float("nan"))
+
+
+def check_spec(name, keys):
+    moe = MoE(keys, device="cuda")
+    w = weights(keys)
+    moe.load_plain(**w)
+    plan = moe.plan
+    T_max, H = plan.info.tokens, plan.info.hidden
+    # the W1 packed on the GPU against the library's own host pack, every expert
+    host = w["w1"].view(torch.int16).cpu().contiguous()
+    packed = torch.empty_like(host)
+    pack = plan._lib.moe_plan_pack_w1
+    pack.argtypes, pack.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    rc = pack(plan.handle, host.data_ptr(), packed.data_ptr())
+    report(rc == 0 and torch.equal(packed.cuda(), moe.w1p.detach().view(torch.int16)),
+           "%s: w1p packed on the GPU equals moe_plan_pack_w1's host pack" % name)
+    x_all = rand(T_max, H)
+    with torch.no_grad():
+        for T in sorted({1, 7, T_max // 2 + 3, T_max}):
+            x = x_all[:T]
+            ref = reference(keys, w, x)
+            poison(x)
+            y = moe(x)
+            torch.cuda.synchronize()
+            err = nerr(y, ref)
+            report(err <= TOL, "%s: eager, %d tokens: error %.2e (tolerance %.1e)" % (name, T, err, TOL))
+        # leading dimensions
+        x3 = x_all[:12].reshape(3, 4, H)
+        err = nerr(moe(x3).reshape(12, H), reference(keys, w, x_all[:12]))
+        report(err <= TOL, "%s: x [3, 4, H]: error %.2e" % (name, err))
+
+        # torch.compile: the op inside a compiled block, no graph break
+        def block(x):
+            n = x.float().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().mul(x.float()).to(x.dtype)
+            return x + moe(n)
+
+        x = x_all[:33]
+        n = x.float().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().mul(x.float()).to(x.dtype)
+        ref = (x.float() + reference(keys, w, n).float()).to(torch.bfloat16)
+        try:
+            torch._dynamo.reset()
+            yc = torch.compile(block, fullgraph=True)(x)
+            err = nerr(yc, ref)
+            report(err <= TOL, "%s: torch.compile(fullgraph=True): error %.2e" % (name, err))
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: torch.compile(fullgraph=True): %s" % (name, str(e).splitlines()[0]))
+        try:
+            torch._dynamo.reset()
+            f = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+            for _ in range(3):
+                yc = f(x)
+            err = nerr(yc, ref)
+            report(err <= TOL, "%s: torch.compile(mode='reduce-overhead') (CUDA graphs): error %.2e" % (name, err))
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: torch.compile(mode='reduce-overhead'): %s" % (name, str(e).splitlines()[0]))
+
+        # CUDA graph capture of the op; replayed on new inputs written into the captured x
+        T = min(64, T_max)
+        xs = x_all[:T].clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            moe(xs)  # warm the allocator outside capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = moe(xs)
+        for i in range(2):
+            xn = rand(T, H)
+            xs.copy_(xn)
+            yg.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            err = nerr(yg, reference(keys, w, xn))
+            report(err <= TOL, "%s: CUDA graph replay %d, %d tokens: error %.2e" % (name, i, T, err))
+
+        # bad calls: clear exceptions, no crash
+        for what, call, exc in (
+                ("too many tokens", lambda: moe(rand(T_max + 1, H)), ValueError),
+                ("wrong dtype", lambda: moe(x_all[:4].half()), TypeError),
+                ("a CPU x", lambda: moe(x_all[:4].cpu()), ValueError),
+                ("a strided w2", lambda: torch.ops.moegen.moe(
+                    x_all[:4], moe.router_w, moe.w1p, moe.w2.transpose(1, 2).contiguous().transpose(1, 2),
+                    moe.router_bias, moe.router_logit_bias, moe.b1p, moe.b2, moe.plan_id), ValueError)):
+            try:
+                call()
+                report(False, "%s: %s was accepted" % (name, what))
+            except exc as e:
+                report(True, "%s: %s refused: %s" % (name, what, e))
+    return moe, w
+
+
+def overhead(moe, iters):
+    """Host microseconds per call to enqueue `iters` forwards of 1 token:
+    moe_forward through ctypes with a prebuilt args struct, the op, the
+    module. The GPU work is the same; what differs is the host path."""
+    plan = moe.plan
+    H = plan.info.hidden
+    x = rand(1, H)
+    y = torch.empty_like(x)
+    ws = torch.empty(plan.workspace_size(1), dtype=torch.uint8, device="cuda")
+    p = lambda t: None if t is None else t.data_ptr()
+    args = _lib.ForwardArgs(1, x.data_ptr(), p(moe.router_w), p(moe.router_bias), p(moe.router_logit_bias),
+                            p(moe.w1p), p(moe.b1p), p(moe.w2), p(moe.b2), y.data_ptr(), ws.data_ptr())
+    lib, handle = plan._lib, plan.handle
+    stream = torch.cuda.current_stream().cuda_stream
+    byref = ctypes.byref(args)
+
+    def direct():
+        lib.moe_forward(handle, byref, stream)
+
+    op = torch.ops.moegen.moe
+    rw, w1p, w2, rb, lb, b1p, b2, pid = (moe.router_w, moe.w1p, moe.w2, moe.router_bias, moe.router_logit_bias,
+                                         moe.b1p, moe.b2, moe.plan_id)
+
+    def via_op():
+        op(x, rw, w1p, w2, rb, lb, b1p, b2, pid)
+
+    def via_module():
+        moe(x)
+
+    res = {}
+    with torch.no_grad():
+        for name, fn in (("ctypes moe_forward", direct), ("torch.ops.moegen.moe", via_op), ("MoE module", via_module)):
+            best = float("inf")
+            for rep in range(7):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                best = min(best, (t1 - t0) / iters * 1e6)
+            res[name] = best
+    base = res["ctypes moe_forward"]
+    for name, us in res.items():
+        print("overhead: %-22s %7.2f us/call host (%+.2f us against ctypes)" % (name, us, us - base))
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=50, help="calls per overhead timing (the GPU queue must hold them)")
+    opt = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("test_torch_gpu: 0 passed, 0 failed, 1 skipped (no CUDA device)")
+        return 0
+    torch.manual_seed(0)
+    print("moegen %s (%s), torch %s, %s" % (moegen.__version__, moegen.library().path, torch.__version__,
+                                            torch.cuda.get_device_name()))
+    layers = {}
+    for name, keys in SPECS.items():
+        try:
+            layers[name] = check_spec(name, keys)
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (name, type(e).__name__, e))
+    if "mixtral_small" in layers:
+        overhead(layers["mixtral_small"][0], opt.iters)
+    print("test_torch_gpu: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

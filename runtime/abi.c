@@ -1,0 +1,134 @@
+/* abi.c — the library's version and the layout of the public structs, for
+ * bindings that mirror moe.h without a C compiler (the Python package's
+ * ctypes structures are checked against this table at import), and the
+ * shapes of the forward's tensors, which bindings check arguments against.
+ *
+ * Every field of every struct below is listed in declaration order; a field
+ * added to moe.h is added here too (test_abi fails when a struct's listed
+ * fields no longer tile it). */
+#include "error.h"
+#include "moe.h"
+#include "moe_impl.h"
+#include "version.h"
+
+#include <stddef.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    size_t offset, size;
+} abi_field;
+
+#define FIELD(T, f) {#f, offsetof(T, f), sizeof(((T *)0)->f)}
+
+static const abi_field options_fields[] = {
+    FIELD(moe_options, templates_dir), FIELD(moe_options, cache_dir),  FIELD(moe_options, device),
+    FIELD(moe_options, rank),          FIELD(moe_options, nccl_comm),  FIELD(moe_options, cudnn),
+    FIELD(moe_options, cudnn_path),    FIELD(moe_options, tuning_path), {0}};
+
+static const abi_field forward_fields[] = {
+    FIELD(moe_forward_args, tokens),      FIELD(moe_forward_args, x),
+    FIELD(moe_forward_args, router_w),    FIELD(moe_forward_args, router_bias),
+    FIELD(moe_forward_args, router_logit_bias), FIELD(moe_forward_args, w1p),
+    FIELD(moe_forward_args, b1p),         FIELD(moe_forward_args, w2),
+    FIELD(moe_forward_args, b2),          FIELD(moe_forward_args, y),
+    FIELD(moe_forward_args, workspace),   {0}};
+
+static const abi_field weights_fields[] = {
+    FIELD(moe_weights, w1p), FIELD(moe_weights, b1p), FIELD(moe_weights, w2), FIELD(moe_weights, b2), {0}};
+
+static const abi_field gather_fields[] = {
+    FIELD(moe_gather_args, stored),   FIELD(moe_gather_args, held_w1p), FIELD(moe_gather_args, held_b1p),
+    FIELD(moe_gather_args, held_w2),  FIELD(moe_gather_args, held_b2),  FIELD(moe_gather_args, pack),
+    FIELD(moe_gather_args, user),     {0}};
+
+static const abi_field info_fields[] = {
+    FIELD(moe_plan_info, name),        FIELD(moe_plan_info, hash),      FIELD(moe_plan_info, arch),
+    FIELD(moe_plan_info, experts),     FIELD(moe_plan_info, top_k),     FIELD(moe_plan_info, hidden),
+    FIELD(moe_plan_info, ffn),         FIELD(moe_plan_info, tokens),    FIELD(moe_plan_info, dtype_bytes),
+    FIELD(moe_plan_info, align),       FIELD(moe_plan_info, cache_hit), FIELD(moe_plan_info, kernels),
+    FIELD(moe_plan_info, world),       FIELD(moe_plan_info, rank),      FIELD(moe_plan_info, ep),
+    FIELD(moe_plan_info, ep_rank),     FIELD(moe_plan_info, fsdp),      FIELD(moe_plan_info, fsdp_rank),
+    FIELD(moe_plan_info, stored),      FIELD(moe_plan_info, held),      FIELD(moe_plan_info, dispatch_capacity),
+    FIELD(moe_plan_info, cudnn_version), {0}};
+
+static const struct {
+    const char *name;
+    size_t size;
+    const abi_field *fields;
+} abi_structs[] = {
+    {"moe_options", sizeof(moe_options), options_fields},
+    {"moe_forward_args", sizeof(moe_forward_args), forward_fields},
+    {"moe_weights", sizeof(moe_weights), weights_fields},
+    {"moe_gather_args", sizeof(moe_gather_args), gather_fields},
+    {"moe_plan_info", sizeof(moe_plan_info), info_fields},
+};
+
+const char *moe_version(void) { return MOEGEN_VERSION; }
+
+static int abi_find(const char *name) {
+    for (int i = 0; name && i < (int)(sizeof abi_structs / sizeof abi_structs[0]); i++)
+        if (!strcmp(abi_structs[i].name, name))
+            return i;
+    return -1;
+}
+
+size_t moe_abi_sizeof(const char *name) {
+    int s = abi_find(name);
+    return s < 0 ? 0 : abi_structs[s].size;
+}
+
+const char *moe_abi_field(const char *name, int i, size_t *offset, size_t *size) {
+    int s = abi_find(name);
+    if (s < 0 || i < 0)
+        return NULL;
+    for (int k = 0; k <= i; k++)
+        if (!abi_structs[s].fields[k].name)
+            return NULL;
+    const abi_field *f = &abi_structs[s].fields[i];
+    if (offset)
+        *offset = f->offset;
+    if (size)
+        *size = f->size;
+    return f->name;
+}
+
+/* ---- the forward's tensors as the plan expects them ---------------------- */
+
+moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64_t dims[4], const char **dtype) {
+    if (!p || !name || !rank || !dims)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_tensor: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    int64_t T = s->tokens, E = s->experts, H = s->hidden, F = s->ffn, S = p->launcher.slots;
+    const char *dt = moe_dtype_name(s->dtype);
+    int n = 0;
+    int64_t d[4] = {0};
+#define SHAPE(...) do { int64_t v_[] = {__VA_ARGS__}; n = (int)(sizeof v_ / sizeof v_[0]); \
+                        memcpy(d, v_, sizeof v_); } while (0)
+    if (!strcmp(name, "x") || !strcmp(name, "y"))
+        SHAPE(T, H);
+    else if (!strcmp(name, "router_w"))
+        SHAPE(E, H);
+    else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
+        dt = "fp32";
+        if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)
+            SHAPE(E);
+    } else if (!strcmp(name, "w1p"))
+        SHAPE(S, 2 * F, H);
+    else if (!strcmp(name, "w2"))
+        SHAPE(S, H, F);
+    else if (!strcmp(name, "b1p")) {
+        if (s->ffn_bias)
+            SHAPE(S, 2 * F);
+    } else if (!strcmp(name, "b2")) {
+        if (s->ffn_bias)
+            SHAPE(S, H);
+    } else
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_tensor: no tensor named \"%s\"", name);
+#undef SHAPE
+    *rank = n;
+    memcpy(dims, d, sizeof d);
+    if (dtype)
+        *dtype = dt;
+    return MOE_OK;
+}
