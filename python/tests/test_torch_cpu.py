@@ -38,8 +38,25 @@ class Checks(unittest.TestCase):
         self.x = torch.empty(4, H, dtype=bf, device="meta")
 
     def check(self, x=None, exp=None, **changes):
+        """check_args, and the per-call quick pass (_fits) agreeing with it."""
+        from types import SimpleNamespace
         t = dict(self.t, **changes)
-        self.mt.check_args(exp or expect(), CAP, torch.device("meta"), self.x if x is None else x, t)
+        x = self.x if x is None else x
+        exp, dev = exp or expect(), torch.device("meta")
+        order = ("router_w", "w1p", "w2") + self.mt._OPTIONAL
+        e = SimpleNamespace(dtype=exp["x"][1], device=dev, hidden=H, capacity=CAP,
+                            want=tuple(None if exp[n] is None else exp[n] + (dev,) for n in order))
+        try:
+            fits = isinstance(x, torch.Tensor) and all(isinstance(t[n], (torch.Tensor, type(None))) for n in order) \
+                and self.mt._fits(e, x, tuple(t[n] for n in order))
+        except Exception:
+            fits = False
+        try:
+            self.mt.check_args(exp, CAP, dev, x, t)
+        except Exception:
+            self.assertFalse(fits, "_fits accepts what check_args refuses")
+            raise
+        self.assertTrue(fits, "_fits refuses what check_args accepts")
 
     def test_fitting_tensors_pass(self):
         self.check()
