@@ -86,8 +86,8 @@ class Plan:
         return self._lib.moe_plan_workspace_size(self.handle, tokens)
 
     def _check_tokens(self, tokens):
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-            raise ValueError("tokens must be an int >= 1, not %r" % (tokens,))
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ValueError("tokens must be an int >= 0, not %r" % (tokens,))
         if tokens > self.info.tokens:
             raise ValueError("%d tokens exceed the plan's capacity of %d (spec key tokens)" % (tokens, self.info.tokens))
 

@@ -67,15 +67,15 @@ def check_args(expect, capacity, device, x, tensors):
     maps each name to (torch.Size, dtype) or None (the spec takes no such
     tensor), capacity is the most tokens, device the plan's torch.device;
     tensors maps the names other than x and y to a tensor or None. First
-    x [tokens, H] with 1 <= tokens <= capacity, then every tensor's
+    x [tokens, H] with 0 <= tokens <= capacity, then every tensor's
     presence, dtype and shape, then its device and contiguity."""
     hx = expect["x"]
     if not isinstance(x, torch.Tensor):
         raise TypeError("moegen: x must be a tensor, not %s" % type(x).__name__)
     if x.dim() != 2 or x.shape[1] != hx[0][1]:
         raise ValueError("moegen: x must be [tokens, %d], not %s" % (hx[0][1], list(x.shape)))
-    if x.shape[0] < 1 or x.shape[0] > capacity:
-        raise ValueError("moegen: %d tokens; the plan takes 1 to %d (spec key tokens)" % (x.shape[0], capacity))
+    if x.shape[0] > capacity:
+        raise ValueError("moegen: %d tokens; the plan takes 0 to %d (spec key tokens)" % (x.shape[0], capacity))
     given = [("x", x)] + list(tensors.items())
     for name, t in given:
         want = expect[name]
@@ -124,7 +124,7 @@ def _fits(e, x, ts):
     if x.dim() != 2 or x.dtype != e.dtype or x.device != e.device or not x.is_contiguous():
         return False
     T, H = x.shape
-    if H != e.hidden or T < 1 or T > e.capacity:
+    if H != e.hidden or T > e.capacity:
         return False
     for t, want in zip(ts, e.want):
         if t is None:
@@ -145,6 +145,8 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, pla
     if ws_bytes is None:
         ws_bytes = e.ws[tokens] = e.lib.moe_plan_workspace_size(e.handle, tokens)
     y = torch.empty_like(x)
+    if tokens == 0:  # nothing to enqueue (moe_forward would enqueue nothing either)
+        return y
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)  # caching allocator: 512-byte aligned
     a = _lib.ForwardArgs(tokens, x.data_ptr(), router_w.data_ptr(),
                          router_bias.data_ptr() if router_bias is not None else None,

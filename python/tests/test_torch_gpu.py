@@ -131,6 +131,8 @@ def check_spec(name, keys):
            "%s: w1p packed on the GPU equals moe_plan_pack_w1's host pack" % name)
     x_all = rand(T_max, H)
     with torch.no_grad():
+        y0 = moe(x_all[:0])
+        report(y0.shape == (0, H), "%s: 0 tokens: y [0, H], nothing enqueued" % name)
         for T in sorted({1, 7, T_max // 2 + 3, T_max}):
             x = x_all[:T]
             ref = reference(keys, w, x)
