@@ -154,14 +154,15 @@ def check_spec(name, keys):
         x = x_all[:33]
         n = x.float().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().mul(x.float()).to(x.dtype)
         ref = (x.float() + reference(keys, w, n).float()).to(torch.bfloat16)
-        try:
-            torch._dynamo.reset()
-            yc = torch.compile(block, fullgraph=True)(x)
-            err = nerr(yc, ref)
-            report(err <= TOL, "%s: torch.compile(fullgraph=True): error %.2e" % (name, err))
-        except Exception as e:
-            traceback.print_exc()
-            report(False, "%s: torch.compile(fullgraph=True): %s" % (name, str(e).splitlines()[0]))
+        for backend in ("aot_eager", "inductor"):  # aot_eager: the fake implementation without inductor
+            try:
+                torch._dynamo.reset()
+                yc = torch.compile(block, backend=backend, fullgraph=True)(x)
+                err = nerr(yc, ref)
+                report(err <= TOL, "%s: torch.compile(backend=%r, fullgraph=True): error %.2e" % (name, backend, err))
+            except Exception as e:
+                traceback.print_exc()
+                report(False, "%s: torch.compile(backend=%r): %s" % (name, backend, str(e).splitlines()[0]))
         try:
             torch._dynamo.reset()
             f = torch.compile(block, mode="reduce-overhead", fullgraph=True)
