@@ -117,6 +117,9 @@ except AttributeError:  # pragma: no cover
     _raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def _fits(e, x, ts):
     """Whether the op's tensors fit the plan: check_args's conditions as one
     quick pass over the metadata (the per-call path); check_args says what
@@ -153,7 +156,12 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, pla
                          router_logit_bias.data_ptr() if router_logit_bias is not None else None,
                          w1p.data_ptr(), b1p.data_ptr() if b1p is not None else None, w2.data_ptr(),
                          b2.data_ptr() if b2 is not None else None, y.data_ptr(), ws.data_ptr())
-    st = e.lib.moe_forward(e.handle, a, _raw_stream(e.device.index))
+    index = e.device.index
+    if _current_device() == index:
+        st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
+    else:  # moe_forward makes the plan's device's context current; torch's current device is put back after
+        with torch.cuda.device(index):
+            st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
     if st != 0:
         raise _lib.fail(e.lib, st, "moe_forward")
     return y
