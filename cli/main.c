@@ -24,7 +24,7 @@ static const char *const usage_text =
     "Generate CUDA C for one Mixture-of-Experts layer shape.\n"
     "\n"
     "commands:\n"
-    "  check SPEC              validate a spec and print its canonical form and hash\n"
+    "  check SPEC              validate a spec and print its canonical form and hash (SPEC - : stdin)\n"
     "  emit SPEC -o DIR        write DIR/NAME.cu, DIR/NAME.h, DIR/manifest.json, DIR/NAME.moe\n"
     "  compile SPEC -o DIR     emit, and also write DIR/NAME.ARCH.cubin and .ptx through NVRTC\n"
     "  plan SPEC [--rank R] [--json]\n"
@@ -205,13 +205,37 @@ static int parse_args(int argc, char **argv, args_t *a) {
  * failure. */
 static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *plan) {
     moe_diag_t d;
-    if (moe_spec_load(spec, a->spec, NULL, a->sets, a->nsets, &d)) {
+    char *text = NULL; /* SPEC "-": the spec is standard input (at most 1 MiB, as a file) */
+    const char *path = a->spec;
+    if (strcmp(a->spec, "-") == 0) {
+        moe_buf_t b = {0};
+        char chunk[65536];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof chunk, stdin)) > 0 && b.len <= (1u << 20))
+            moe_buf_append(&b, chunk, n);
+        path = "<stdin>";
+        const char *why = ferror(stdin) || b.failed ? "cannot read standard input"
+                          : b.len > (1u << 20)      ? "the spec on standard input is larger than 1048576 bytes"
+                          : b.data && strlen(b.data) != b.len ? "the spec holds a NUL byte; a spec is text"
+                                                               : NULL;
+        if (why) {
+            fprintf(stderr, "%s:1: error: %s\n", path, why);
+            moe_buf_free(&b);
+            return 2;
+        }
+        if (!b.data)
+            moe_buf_append(&b, "", 0);
+        text = b.data;
+    }
+    int bad = moe_spec_load(spec, path, text, a->sets, a->nsets, &d);
+    free(text);
+    if (bad) {
         fprintf(stderr, "%s\n", d.msg);
         return 2;
     }
     char err[512];
     if (moe_plan_desc_build(plan, spec, a->table, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", a->spec, err);
+        fprintf(stderr, "%s: error: %s\n", path, err);
         return 2;
     }
     return 0;

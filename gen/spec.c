@@ -17,6 +17,7 @@
 #define SPEC_MEM_LIMIT (16u << 20)
 #define SPEC_INSTR_LIMIT 1000000L
 #define SPEC_TEXT_MAX (1u << 20)
+#define SPEC_CHUNK "moegen-spec" /* the chunk name Lua's messages start with */
 
 const char *moe_dtype_ctype(moe_dtype_t d) { return d == MOE_DTYPE_FP16 ? "__half" : "__nv_bfloat16"; }
 int moe_spec_world(const moe_spec_t *s) {
@@ -180,16 +181,17 @@ static int spec_index(lua_State *L) {
 /* Turn Lua's "path:LINE: message" into "path:LINE: error: message". */
 static void lua_diag(moe_spec_ctx_t *c, const char *lmsg) {
     c->failed = 1;
-    size_t n = strlen(c->path);
-    if (strncmp(lmsg, c->path, n) == 0 && lmsg[n] == ':' && isdigit((unsigned char)lmsg[n + 1])) {
-        const char *p = lmsg + n + 1;
+    size_t n = strlen(SPEC_CHUNK);
+    if (strncmp(lmsg, SPEC_CHUNK, n) == 0 && lmsg[n] == ':' && isdigit((unsigned char)lmsg[n + 1])) {
+        const char *p = lmsg + n + 1, *line = p;
         while (isdigit((unsigned char)*p))
             p++;
         if (*p == ':') {
+            int len = (int)(p - line);
             p++;
             while (*p == ' ')
                 p++;
-            snprintf(c->diag->msg, sizeof c->diag->msg, "%.*s: error: %s", (int)(p - lmsg - 2), lmsg, p);
+            snprintf(c->diag->msg, sizeof c->diag->msg, "%s:%.*s: error: %s", c->path, len, line, p);
             return;
         }
     }
@@ -310,8 +312,10 @@ int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const mo
         return 1;
     }
     moe_spec_ctx_t c = {path, text, L, diag, ovr, novr, 0};
-    char chunkname[512];
-    snprintf(chunkname, sizeof chunkname, "@%s", path);
+    /* a short chunk name: Lua truncates long ones (LUA_IDSIZE), which lost
+     * the line of an error in a spec with a long path; lua_diag puts the
+     * path back */
+    const char *chunkname = "=" SPEC_CHUNK;
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "moegen_lines");
     lua_newtable(L);

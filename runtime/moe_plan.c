@@ -113,7 +113,8 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (moe_spec_load(&spec, path, text, NULL, 0, &d))
         return moe_fail(MOE_ERR_SPEC, "%s", d.msg);
     char err[512];
-    const char *tpath = table ? NULL : o && o->tuning_path ? o->tuning_path : getenv("MOEGEN_TUNING");
+    const char *env = getenv("MOEGEN_TUNING"); /* empty is unset, as for moegen */
+    const char *tpath = table ? NULL : o && o->tuning_path ? o->tuning_path : env && *env ? env : NULL;
     moe_tuning_t loaded;
     if (tpath && moe_tuning_load(&loaded, tpath, &d)) {
         moe_tuning_free(&loaded);

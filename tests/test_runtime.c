@@ -124,6 +124,13 @@ static void test_tuning_switch(void) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
     setenv("MOEGEN_TUNING", "/nonexistent/h200.tune", 1);
+    CASE("tuning: an empty MOEGEN_TUNING is unset (as moegen reads it)");
+    setenv("MOEGEN_TUNING", "", 1);
+    st = moe_plan_create(&plan, spec, NULL);
+    CHECKF(st != MOE_ERR_INVALID_ARG, "got %s: %s", moe_status_string(st), moe_last_error());
+    moe_plan_destroy(plan);
+    plan = NULL;
+    setenv("MOEGEN_TUNING", "/nonexistent/h200.tune", 1);
     CASE("tuning: moe_options.tuning_path overrides MOEGEN_TUNING");
     o.tuning_path = "tuning/h200.tune";
     st = moe_plan_create(&plan, spec, &o);

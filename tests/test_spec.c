@@ -377,6 +377,23 @@ static void test_sandbox(void) {
     alarm(0);
     unlink(fifo);
 
+    /* Lua shortens long chunk names: the line of a Lua error in a spec with
+     * a long path was lost (reported as line 1) */
+    CASE("spec: a Lua error's line in a spec with a long path");
+    char longp[400];
+    snprintf(longp, sizeof longp, "%s/a_folder_name_long_enough_to_push_the_path_past_sixty_characters.moe",
+             tmp_root);
+    CHECK(strlen(longp) > 80);
+    CHECK(write_text(longp, "name = 'x'\nexperts = 8\ntop_k = = 2\n") == 0);
+    CHECK(load_file(&s, longp, &d) != 0);
+    snprintf(want2, sizeof want2, "%s:3: error: ", longp);
+    CHECKF(strncmp(d.msg, want2, strlen(want2)) == 0, "%s", d.msg);
+    CHECK(write_text(longp, "name = 'x'\nexperts = 8\nexperts = 9\n") == 0);
+    CHECK(load_file(&s, longp, &d) != 0);
+    snprintf(want2, sizeof want2, "%s:3: error: key 'experts' is set twice (first on line 2)", longp);
+    CHECK_STREQ(d.msg, want2);
+    unlink(longp);
+
     /* finding an error's line is one pass over the text (it was a scan from
      * the top per line of the statement: minutes for a large spec) */
     CASE("spec: the line of an error in a long statement, found quickly");
@@ -1024,6 +1041,26 @@ static void test_command(void) {
     rc = run_moegen("plan " SMALL " --rank=0 --json", &out, &err);
     CHECKF(rc == 0 && out[0] == '{', "exit %d: %s", rc, err);
     free(out), free(err);
+
+    CASE("command: check - reads the spec from standard input");
+    {
+        char cmd[1024], o[300], e[300];
+        snprintf(o, sizeof o, "%s/stdin_out", tmp_root);
+        snprintf(e, sizeof e, "%s/stdin_err", tmp_root);
+        snprintf(cmd, sizeof cmd, "%s check - < " SMALL " > %s 2> %s", MOEGEN, o, e);
+        rc = system(cmd);
+        char *so = read_text(o);
+        rc2 = run_moegen("check " SMALL, &out, &err);
+        CHECKF(rc == 0 && rc2 == 0 && so && strcmp(so, out) == 0, "status %d: %s", rc, so ? so : "");
+        free(so), free(out), free(err);
+        snprintf(cmd, sizeof cmd, "printf 'name = \"s\"\\nexperts = 8\\ntop_k = 9\\nhidden = 256\\nffn = 128\\n' | %s check - > %s 2> %s",
+                 MOEGEN, o, e);
+        rc = system(cmd);
+        char *se = read_text(e);
+        CHECKF(WIFEXITED(rc) && WEXITSTATUS(rc) == 2 && se && strncmp(se, "<stdin>:3: error: ", 18) == 0, "status %d: %s",
+               rc, se ? se : "");
+        free(se);
+    }
 
     CASE("command: tune without a GPU fails before any progress line");
     char why[256];
