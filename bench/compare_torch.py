@@ -42,7 +42,8 @@ class Args(ctypes.Structure):
     _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("router_w", ctypes.c_void_p),
                 ("router_bias", ctypes.c_void_p), ("router_logit_bias", ctypes.c_void_p),
                 ("w1p", ctypes.c_void_p), ("b1p", ctypes.c_void_p), ("w2", ctypes.c_void_p),
-                ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p)]
+                ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
+                ("shared_gate", ctypes.c_void_p)]  # moe_forward_args' last field (a gated shared expert)
 
 
 class Info(ctypes.Structure):
@@ -127,6 +128,8 @@ def main():
     text = open(opt.spec).read()
     E, K, H, F, T_max = info.experts, info.top_k, info.hidden, info.ffn, info.tokens
     sigmoid = spec_value(text, "score", "softmax") == "sigmoid"
+    if re.search(r"\bshared\s*=", text):  # its weights would be E + m slots, and no peer has it
+        sys.exit("compare_torch: %s has a shared expert, which the peers here do not reproduce" % opt.spec)
     grouped = int(spec_value(text, "groups", "1")) > 1
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -165,7 +168,7 @@ def main():
     for T in opt.tokens or [128, 4096]:
         x = x_all[:T]
         a = Args(T, x.data_ptr(), wr.data_ptr(), bias.data_ptr(), bias.data_ptr(), w1p.data_ptr(),
-                 b1p.data_ptr(), w2.data_ptr(), b2.data_ptr(), y.data_ptr(), ws.data_ptr())
+                 b1p.data_ptr(), w2.data_ptr(), b2.data_ptr(), y.data_ptr(), ws.data_ptr(), None)
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         evs = [torch.cuda.Event(enable_timing=True) for _ in range(7)]
         for e in evs:

@@ -13,7 +13,10 @@
  * (bytes read + written) and a dense 8192^3 bf16 cuBLAS GEMM (cuBLAS is
  * loaded with dlopen by this program only). The floor of a kernel is
  * max(FLOP / GEMM rate, bytes / copy rate), bytes counting each input once
- * and each output once (the weights of the experts that got tokens).
+ * and each output once (the weights of the experts that got tokens). A
+ * shared expert counts as what it runs as: m = shared.ffn/ffn more slots
+ * every token visits (top_k + m rows per token, their weights read once)
+ * and, gated, one more router column.
  *
  * --graph adds two rows per token count: the layer launched eagerly with no
  * per-kernel events ("eager"), and the layer captured once into a CUDA
@@ -278,10 +281,14 @@ int main(int argc, char **argv) {
     printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);
 
     const moe_dtype_t dt = sp->dtype;
-    const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, K = sp->top_k, Tmax = sp->tokens;
+    const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;
+    /* the weight slots and entries per token, the shared expert's included */
+    const size_t ES = (size_t)moe_spec_slots(sp), KE = (size_t)moe_spec_entries(sp);
+    const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
     CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(E * H, 4.0f / sqrtf((float)H), dt);
-    CUdeviceptr w1p = upload_random(E * 2 * F * H, 2.0f / sqrtf((float)H), dt);
-    CUdeviceptr w2 = upload_random(E * H * F, 2.0f / sqrtf((float)F), dt);
+    CUdeviceptr wg = gated ? upload_random(H, 2.0f / sqrtf((float)H), dt) : 0;
+    CUdeviceptr w1p = upload_random(ES * 2 * F * H, 2.0f / sqrtf((float)H), dt);
+    CUdeviceptr w2 = upload_random(ES * H * F, 2.0f / sqrtf((float)F), dt);
     CUdeviceptr b1p = upload_random(E * 2 * F, 0.5f, dt), b2 = upload_random(E * H, 0.5f, dt);
     CUdeviceptr bias, y, ws, flush;
     CK(moe_cu.cuMemAlloc(&bias, E * 4));
@@ -317,7 +324,8 @@ int main(int argc, char **argv) {
         }
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
-                              .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws};
+                              .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
+                              .shared_gate = (void *)wg};
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);
@@ -336,24 +344,24 @@ int main(int argc, char **argv) {
         }
         /* experts that receive tokens: all of them once T*K >> E; for small
          * T, read the counts back */
-        int *counts = malloc(E * sizeof(int));
-        CK(moe_cu.cuMemcpyDtoH(counts, ws + pd->ws[MOE_WS_COUNTS].offset, E * sizeof(int)));
-        double active = 0;
-        for (size_t e = 0; e < E; e++)
+        int *counts = malloc(ES * sizeof(int));
+        CK(moe_cu.cuMemcpyDtoH(counts, ws + pd->ws[MOE_WS_COUNTS].offset, ES * sizeof(int)));
+        double active = 0; /* the shared expert's slots always are */
+        for (size_t e = 0; e < ES; e++)
             active += counts[e] > 0;
         free(counts);
-        double rows = (double)T * K;
-        double flop[MOE_K_COUNT + 1] = {2.0 * T * H * E, 0, 0, 2.0 * rows * H * 2 * F, 2.0 * rows * F * H, 2.0 * rows * H};
+        double rows = (double)T * KE, EL = moe_spec_router_columns(sp); /* router columns: experts and the shared gate */
+        double flop[MOE_K_COUNT + 1] = {2.0 * T * H * EL, 0, 0, 2.0 * rows * H * 2 * F, 2.0 * rows * F * H, 2.0 * rows * H};
         double bytes[MOE_K_COUNT + 1] = {
-            2.0 * T * H + 2.0 * E * H + 8.0 * rows,          /* x, router weights, topk out */
-            8.0 * E,                                        /* counts in, offsets out */
+            2.0 * T * H + 2.0 * EL * H + 8.0 * rows,         /* x, router weights (and w_gate), topk out */
+            8.0 * ES,                                       /* counts in, offsets out */
             2.0 * T * H + 2.0 * rows * H + 8.0 * rows,      /* x in, gathered rows out */
             2.0 * rows * H + active * 2 * F * H * 2 + 2.0 * rows * F,
             2.0 * rows * F + active * H * F * 2 + 2.0 * rows * H,
             2.0 * rows * H + 2.0 * T * H + 8.0 * rows};
         flop[MOE_K_COUNT] = flop[0] + flop[3] + flop[4] + flop[5];
         /* the layer's floor: x, all active weights and y, each once */
-        bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * E * H + active * 3 * F * H * 2 + 2.0 * T * H;
+        bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * EL * H + active * 3 * F * H * 2 + 2.0 * T * H;
         float graph_ms[2] = {0, 0}; /* eager without events, graph replay */
         if (graph) {
             size_t ybytes = (size_t)T * H * 2;

@@ -226,7 +226,7 @@ static int write_temp_spec(const moe_spec_t *s, char *path) {
 /* The GPU inputs every candidate runs on, made once in the first plan's
  * context. */
 typedef struct {
-    CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y;
+    CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y, gate; /* w1p, w2: every weight slot (a shared expert's too) */
     CUstream st;
     CUevent ev[MOE_K_COUNT + 1];
     char gpu[128];
@@ -235,19 +235,20 @@ typedef struct {
 /* Make the inputs for spec s at tmax tokens. Returns 0, or 1 after
  * printing the error. */
 static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
-    const size_t E = s->experts, H = s->hidden, F = s->ffn, T = (size_t)tmax;
+    const size_t E = s->experts, H = s->hidden, F = s->ffn, T = (size_t)tmax, ES = (size_t)moe_spec_slots(s);
     CUdevice dev;
     snprintf(b->gpu, sizeof b->gpu, "?");
     if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
         moe_cu.cuDeviceGetName(b->gpu, sizeof b->gpu, dev);
     int bad = upload_random(&b->x, T * H, 1.0f, s->dtype) ||
               upload_random(&b->wr, E * H, 4.0f / sqrtf((float)H), s->dtype) ||
-              upload_random(&b->b1p, E * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, E * H, 0.5f, s->dtype);
-    bad |= moe_cu.cuMemAlloc(&b->w1p, E * 2 * F * H * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemAlloc(&b->w2, E * H * F * 2) != CUDA_SUCCESS ||
+              upload_random(&b->b1p, E * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, E * H, 0.5f, s->dtype) ||
+              upload_random(&b->gate, H, 2.0f / sqrtf((float)H), s->dtype);
+    bad |= moe_cu.cuMemAlloc(&b->w1p, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemAlloc(&b->w2, ES * H * F * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS;
-    bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, E * 2 * F * H * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemsetD8(b->w2, 0x3c, E * H * F * 2) != CUDA_SUCCESS ||
+    bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemsetD8(b->w2, 0x3c, ES * H * F * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS;
     bad |= moe_cu.cuStreamCreate(&b->st, 0) != CUDA_SUCCESS;
     for (int i = 0; i <= MOE_K_COUNT; i++)
@@ -277,7 +278,8 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
         moe_forward_args fa = {.tokens = a->tok[ti], .x = (void *)b->x, .router_w = (void *)b->wr,
                                .router_bias = (float *)b->bias, .router_logit_bias = (float *)b->bias,
                                .w1p = (void *)b->w1p, .b1p = (void *)b->b1p, .w2 = (void *)b->w2,
-                               .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws};
+                               .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws,
+                               .shared_gate = (void *)b->gate};
         for (int it = -3; it < a->iters && !rc; it++) {
             float up, down;
             if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||

@@ -49,9 +49,11 @@ int main(int argc, char **argv) {
     moe_spec_load(&spec, argv[1], NULL, NULL, 0, &d);
     int T = argc > 2 ? atoi(argv[2]) : (spec.tokens < 512 ? spec.tokens : 512);
     size_t E = spec.experts, H = spec.hidden, F = spec.ffn, K = spec.top_k;
+    size_t ES = (size_t)moe_spec_slots(&spec), FS = (size_t)spec.shared.ffn; /* a shared expert: slots E.. */
     moe_dtype_t dt = spec.dtype;
     uint16_t *x = malloc(T * H * 2), *wr = malloc(E * H * 2), *w1 = malloc(E * 2 * F * H * 2);
-    uint16_t *w1p = malloc(E * 2 * F * H * 2), *w2 = malloc(E * H * F * 2);
+    uint16_t *w1p = malloc(ES * 2 * F * H * 2), *w2 = malloc(ES * H * F * 2);
+    uint16_t *ws1 = malloc(2 * FS * H * 2 + 2), *ws2 = malloc(H * FS * 2 + 2), *wsg = malloc(H * 2);
     uint16_t *b1 = malloc(E * 2 * F * 2), *b1p = malloc(E * 2 * F * 2), *b2 = malloc(E * H * 2);
     float *bias = calloc(E, 4);
     fill(x, T * H, 1, dt);
@@ -60,14 +62,20 @@ int main(int argc, char **argv) {
     fill(w2, E * H * F, 2 / sqrtf(F), dt);
     fill(b1, E * 2 * F, 0.5f, dt);
     fill(b2, E * H, 0.5f, dt);
+    fill(ws1, 2 * FS * H, 2 / sqrtf(H), dt);
+    fill(ws2, H * FS, FS ? 2 / sqrtf(FS) : 0, dt);
+    fill(wsg, H, 2 / sqrtf(H), dt);
     moe_plan_pack_w1(plan, w1, w1p);
     moe_plan_pack_b1(plan, b1, b1p);
+    if (FS) /* the shared expert's unsplit weights into slots E .. ES-1 */
+        moe_plan_pack_shared(plan, ws1, ws2, w1p, w2);
     moe_forward_args a = {.tokens = T, .x = (void *)upload(x, T * H * 2), .router_w = (void *)upload(wr, E * H * 2),
                           .router_bias = (float *)upload(bias, E * 4), .router_logit_bias = (float *)upload(bias, E * 4),
-                          .w1p = (void *)upload(w1p, E * 2 * F * H * 2), .b1p = (void *)upload(b1p, E * 2 * F * 2),
-                          .w2 = (void *)upload(w2, E * H * F * 2), .b2 = (void *)upload(b2, E * H * 2),
+                          .w1p = (void *)upload(w1p, ES * 2 * F * H * 2), .b1p = (void *)upload(b1p, E * 2 * F * 2),
+                          .w2 = (void *)upload(w2, ES * H * F * 2), .b2 = (void *)upload(b2, E * H * 2),
                           .y = (void *)upload(NULL, T * H * 2),
-                          .workspace = (void *)upload(NULL, moe_plan_workspace_size(plan, T))};
+                          .workspace = (void *)upload(NULL, moe_plan_workspace_size(plan, T)),
+                          .shared_gate = (void *)upload(wsg, H * 2)};
     CUevent e0, e1;
     moe_cu.cuEventCreate(&e0, 0);
     moe_cu.cuEventCreate(&e1, 0);
@@ -86,7 +94,8 @@ int main(int argc, char **argv) {
     moe_cu.cuMemcpyDtoH(y, (CUdeviceptr)a.y, T * H * 2);
     int *idx = malloc(T * K * 4), list[8], n = 0;
     float *w = malloc(T * K * 4), *yref = malloc(T * H * 4);
-    moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, bias, bias, T};
+    moe_ref_inputs_t in = {.x = x, .wr = wr, .w1 = w1, .w2 = w2, .b1 = b1, .b2 = b2, .sel_bias = bias,
+                           .logit_bias = bias, .tokens = T, .ws1 = ws1, .ws2 = ws2, .wsg = wsg};
     moe_ref_route(&spec, &in, idx, w, NULL);
     for (int t = 0; t < T && n < 8; t += T / 8 + 1)
         list[n++] = t;

@@ -202,6 +202,16 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
     moe_buf_printf(b, "#define %s_MAX_TOKENS %d\n#define %s_DTYPE \"%s\"\n", n, s->tokens, n, moe_dtype_name(s->dtype));
     moe_buf_printf(b, "#define %s_PAIR_GRANULE %d\n", n, pd->pair_granule);
     moe_buf_printf(b, "#define %s_WORKSPACE_BYTES %zuULL /* at %s_MAX_TOKENS */\n\n", n, pd->ws_bytes, n);
+    if (s->shared.ffn)
+        moe_buf_printf(b,
+                       "/* The shared expert (shared.ffn = %d, gate %s): %d always-on weight slots after the routed\n"
+                       " * experts, so w1p and w2 hold %s_SLOTS = %d slots; %s_pack_shared writes slots %d..%d\n"
+                       " * from the unsplit shared weights.%s */\n"
+                       "#define %s_SHARED_FFN %d\n#define %s_SLOTS %d\n\n",
+                       s->shared.ffn, s->shared.gate == MOE_SHARED_GATE_SIGMOID ? "sigmoid" : "none",
+                       moe_spec_shared_slots(s), n, moe_spec_slots(s), n, s->experts, moe_spec_slots(s) - 1,
+                       s->shared.gate == MOE_SHARED_GATE_SIGMOID ? " shared_gate: half [H], w_gate." : "", n,
+                       s->shared.ffn, n, moe_spec_slots(s));
     moe_buf_printf(b,
                    "/* Tensors (row-major; half = %s bits in unsigned short):\n"
                    " *   x            half  [tokens, H]\n"
@@ -222,7 +232,8 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    "typedef struct {\n    int tokens;                 /* 0 .. %s_MAX_TOKENS (0: nothing to do) */\n"
                    "    const void *x;\n    const void *router_w;\n    const float *router_bias;\n"
                    "    const float *router_logit_bias;\n    const void *w1p;\n    const void *b1p;\n"
-                   "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n} %s_args_t;\n\n",
+                   "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n"
+                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n} %s_args_t;\n\n",
                    n, n);
     moe_buf_printf(b, "#ifdef __cplusplus\nextern \"C\" {\n#endif\n");
     moe_buf_printf(b, "/* The whole layer on `stream` (the current device's), no host synchronization\n"
@@ -231,6 +242,11 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
     moe_buf_printf(b, "/* Host-side packing of plain layouts (host memory). */\n");
     moe_buf_printf(b, "void %s_pack_w1(const unsigned short *w1, unsigned short *w1p);\n", n);
     moe_buf_printf(b, "void %s_pack_b1(const unsigned short *b1, unsigned short *b1p);\n", n);
+    if (s->shared.ffn)
+        moe_buf_printf(b, "/* The shared expert's W1 [2*%s_SHARED_FFN, H] (gate rows, then up rows) and W2\n"
+                          " * [H, %s_SHARED_FFN] into their slots of w1p (packed) and w2. */\n"
+                          "void %s_pack_shared(const unsigned short *w1s, const unsigned short *w2s, "
+                          "unsigned short *w1p, unsigned short *w2);\n", n, n, n);
     moe_buf_printf(b, "#ifdef __cplusplus\n}\n#endif\n\n#endif\n");
 }
 

@@ -15,7 +15,7 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_spec_t *s = c->spec;
     (void)k;
-    snprintf(out, n, "%s_combine_%s_h%dk%d", s->name, moe_dtype_name(s->dtype), s->hidden, s->top_k);
+    snprintf(out, n, "%s_combine_%s_h%dk%d", s->name, moe_dtype_name(s->dtype), s->hidden, moe_spec_entries(s));
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens

@@ -15,7 +15,7 @@ static int plan_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
 
 static void plan_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     (void)k;
-    snprintf(out, n, "%s_permute_plan_e%d_a%d", c->spec->name, c->spec->experts, c->align);
+    snprintf(out, n, "%s_permute_plan_e%d_a%d", c->spec->name, moe_spec_slots(c->spec), c->align);
 }
 
 static int scatter_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
@@ -33,7 +33,7 @@ static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const 
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
-    g[0] = moe_blocks(moe_routed_rows(tokens, s->top_k), k->per_block);
+    g[0] = moe_blocks(moe_routed_rows(tokens, moe_spec_entries(s)), k->per_block);
 }
 
 /* the template emits both kernels: each expansion gets both names */

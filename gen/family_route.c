@@ -12,16 +12,22 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
         snprintf(err, errlen, "experts (%d): the route kernel handles at most 1024 experts", E);
         return 1;
     }
+    /* logit columns: one per expert, and the shared expert's gate logit */
+    const int L = moe_spec_router_columns(c->spec);
     k->threads = 256;
     k->per_block = 32;
-    if (E > 256) /* logits of 32 tokens x E no longer fit 48 KB of static shared memory */
-        k->smem = 20480 + 128 * ((E + 255) / 256 * 256 + 8);
+    if (L > 256) /* logits of 32 tokens x L no longer fit 48 KB of static shared memory */
+        k->smem = 20480 + 128 * ((L + 255) / 256 * 256 + 8);
     return 0;
 }
 
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_spec_t *s = c->spec;
-    snprintf(out, n, "%s_route_%s_e%dk%d_t%d", s->name, moe_dtype_name(s->dtype), s->experts, s->top_k,
+    /* a shared expert adds its slots (s) and, gated, its gate (g) */
+    char sh[24] = "";
+    if (s->shared.ffn)
+        snprintf(sh, sizeof sh, "s%d%s", moe_spec_shared_slots(s), s->shared.gate == MOE_SHARED_GATE_SIGMOID ? "g" : "");
+    snprintf(out, n, "%s_route_%s_e%dk%d%s_t%d", s->name, moe_dtype_name(s->dtype), s->experts, s->top_k, sh,
              k->per_block);
 }
 

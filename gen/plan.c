@@ -13,11 +13,11 @@ moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch)
 }
 
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
-    return moe_max_rows(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
+    return moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), pd->align);
 }
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
-    return moe_max_tiles(tokens, pd->spec.top_k, pd->spec.experts, pd->align);
+    return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), pd->align);
 }
 
 static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err, size_t errlen) {
@@ -47,13 +47,16 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
         snprintf(err, errlen, "the plan needs %lld expert rows, more than 2^30", pd->max_rows);
         return 1;
     }
-    long long E = s->experts, TK = (long long)s->tokens * s->top_k, R = pd->max_rows;
+    /* counts, offsets and cursors per weight slot, and top_k + m entries per
+     * token (the shared expert's m slots included: spec.h) */
+    long long E = moe_spec_slots(s), TK = (long long)s->tokens * moe_spec_entries(s), R = pd->max_rows;
     size_t sizes[MOE_WS_COUNT] = {
         [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)pd->max_tiles, [MOE_WS_TOPK_IDX] = 4 * TK,
         [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK, [MOE_WS_XS] = 2 * R * s->hidden,
         [MOE_WS_HBUF] = 2 * R * s->ffn,
-        [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block, s->experts,
+        [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
+                                                              moe_spec_router_columns(s),
                                                               s->hidden),
     };
     static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
@@ -90,6 +93,11 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     moe_lua_set_str(L, "dtype", moe_dtype_name(s->dtype));
     moe_lua_set_int(L, "E", s->experts);
     moe_lua_set_int(L, "K", s->top_k);
+    moe_lua_set_int(L, "shared_slots", moe_spec_shared_slots(s)); /* the shared expert's slots E .. slots - 1 */
+    moe_lua_set_int(L, "slots", moe_spec_slots(s));                /* weight slots the kernels after route see */
+    moe_lua_set_int(L, "entries", moe_spec_entries(s));            /* (token, slot) entries per token */
+    moe_lua_set_int(L, "router_columns", moe_spec_router_columns(s)); /* logit columns: experts, shared gate */
+    moe_lua_set_bool(L, "shared_gate", s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
     moe_lua_set_int(L, "H", s->hidden);
     moe_lua_set_int(L, "F", s->ffn);
     moe_lua_set_int(L, "tokens", s->tokens);

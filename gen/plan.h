@@ -19,15 +19,17 @@
 #include <lua.h>
 
 typedef enum {
-    MOE_WS_COUNTS = 0,      /* int [E]      tokens routed to each expert, then int [MOE_ROUTE_SPLIT_BLOCKS]
+    /* E' = moe_spec_slots (the routed experts, then the shared expert's
+     * slots), k' = moe_spec_entries (top_k, then one entry per shared slot) */
+    MOE_WS_COUNTS = 0,      /* int [E']     tokens routed to each slot, then int [MOE_ROUTE_SPLIT_BLOCKS]
                                             the route tickets (gen/launch_geom.h); all zeroed before route */
-    MOE_WS_OFFSETS,         /* int [E + 1]  first row of each expert, aligned to bm */
-    MOE_WS_CURSOR,          /* int [E]      scatter cursors */
+    MOE_WS_OFFSETS,         /* int [E' + 1] first row of each slot, aligned to bm */
+    MOE_WS_CURSOR,          /* int [E']     scatter cursors */
     MOE_WS_NUM_TILES,       /* int [1]      valid entries in the tile table */
     MOE_WS_TILES,           /* int4 [max_tiles] {expert, row_start, rows, 0} */
-    MOE_WS_TOPK_IDX,        /* int [T, k] */
-    MOE_WS_TOPK_W,          /* float [T, k] */
-    MOE_WS_ROW_OF,          /* int [T, k]   row of (t, k) in expert-major order */
+    MOE_WS_TOPK_IDX,        /* int [T, k'] */
+    MOE_WS_TOPK_W,          /* float [T, k'] */
+    MOE_WS_ROW_OF,          /* int [T, k']  row of (t, k) in expert-major order */
     MOE_WS_XS,              /* half [max_rows, H]  gathered rows; reused for the down output */
     MOE_WS_HBUF,            /* half [max_rows, F]  SwiGLU output */
     MOE_WS_ROUTE_PART,      /* float        route's split partial logits (moe_route_scratch_bytes) */
@@ -96,6 +98,16 @@ static inline long long moe_plan_packed_row(const moe_plan_desc_t *pd, long long
     long long F = pd->spec.ffn, g = pd->pair_granule;
     long long up = r >= F, f = up ? r - F : r;
     return (f / g) * 2 * g + up * g + f % g;
+}
+
+/* The shared expert's split (spec.h, moe_spec_shared_slots): plain W1 row r
+ * (0 <= r < 2F: gate rows then up rows) of shared slot j is row
+ * moe_plan_shared_w1_row(s, j, r) of the unsplit shared W1 [2F_s, H] (gate
+ * row jF + r, or up row F_s + jF + r - F), and W2 column f of slot j is
+ * column jF + f of the unsplit W2 [H, F_s]. */
+static inline long long moe_plan_shared_w1_row(const moe_spec_t *s, long long j, long long r) {
+    long long F = s->ffn;
+    return r < F ? j * F + r : s->shared.ffn + j * F + (r - F);
 }
 
 #endif

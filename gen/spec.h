@@ -20,6 +20,7 @@ typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_t;
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
 typedef enum { MOE_ARCH_SM90A = 0, MOE_ARCH_SM80 = 1 } moe_arch_t;
+typedef enum { MOE_SHARED_GATE_NONE = 0, MOE_SHARED_GATE_SIGMOID = 1 } moe_shared_gate_t;
 
 /* Mesh axes. Sizes are indexed by axis id; order[] lists axis ids outermost
  * first (default dp, fsdp, ep). */
@@ -52,6 +53,15 @@ typedef struct {
     double up_offset;
 } moe_activation_t;
 
+/* The shared expert: y = routed(x) + g(x) * FFN_shared(x), an FFN of
+ * intermediate size ffn (a multiple of the routed ffn; 0 = none) with the
+ * spec's activation, g = 1 (gate none) or sigmoid(x . w_gate) (gate
+ * sigmoid, w_gate a learned [H] vector). */
+typedef struct {
+    int ffn;                      /* F_s; 0 = no shared expert */
+    moe_shared_gate_t gate;
+} moe_shared_t;
+
 typedef struct {
     int size[MOE_AXIS_COUNT];     /* dp, fsdp, ep */
     int order[MOE_AXIS_COUNT];    /* axis ids, outermost first */
@@ -77,6 +87,7 @@ typedef struct {
     moe_router_t router;
     moe_activation_t activation;
     bool ffn_bias;                /* per-expert bias on both expert GEMMs */
+    moe_shared_t shared;          /* the always-on shared expert (shared.ffn = 0: none) */
     moe_mesh_t mesh;
     moe_dispatch_t dispatch;      /* used when mesh.ep > 1 */
     int narch;
@@ -118,6 +129,23 @@ const char *moe_axis_name(int axis);         /* "dp" */
  * change. */
 struct lua_State;
 void moe_spec_push_lua(struct lua_State *L, const moe_spec_t *s);
+
+/* The shared expert runs as shared_slots() always-on weight slots after
+ * the routed experts: a gated FFN is separable over its intermediate
+ * dimension, so one of size m * ffn is exactly the sum of m experts of size
+ * ffn (spec check: shared.ffn is a multiple of ffn). Every token visits
+ * slots experts .. experts + m - 1 with weight g(x), so the kernels after
+ * routing see entries() = top_k + m (token, slot) entries per token over
+ * slots() = experts + m weight slots. The one home of these counts: the
+ * planner, the families, the workspace, the runtime and the vendored
+ * launcher all read them here (docs/DESIGN.md, "Shared experts"). */
+static inline int moe_spec_shared_slots(const moe_spec_t *s) { return s->ffn ? s->shared.ffn / s->ffn : 0; }
+static inline int moe_spec_entries(const moe_spec_t *s) { return s->top_k + moe_spec_shared_slots(s); }
+static inline int moe_spec_slots(const moe_spec_t *s) { return s->experts + moe_spec_shared_slots(s); }
+/* The router's logit columns: the experts, and the sigmoid gate's column E. */
+static inline int moe_spec_router_columns(const moe_spec_t *s) {
+    return s->experts + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
+}
 
 /* World size: dp * fsdp * ep. */
 int moe_spec_world(const moe_spec_t *spec);

@@ -390,6 +390,43 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     s->mesh.size[MOE_AXIS_EP]);
 }
 
+/* The shared expert's relations (spec.h, moe_spec_shared_slots): run after
+ * check_relations, on a spec whose keys all read. */
+static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const moe_shared_t *sh = &s->shared;
+    if (!sh->ffn) {
+        if (sh->gate != MOE_SHARED_GATE_NONE)
+            NAMED_ERROR(c, "shared.gate", "shared.gate applies to a shared expert: set shared.ffn, its intermediate "
+                        "size");
+        return;
+    }
+    long long m = sh->ffn / s->ffn, rows = (long long)s->tokens * (s->top_k + m);
+    long long welems = ((long long)s->experts + m) * 2 * s->ffn * s->hidden;
+    if (sh->ffn % s->ffn)
+        NAMED_ERROR(c, "shared.ffn", "shared.ffn (%d) must be a multiple of ffn (%d): the shared expert runs as "
+                    "shared.ffn/ffn expert slots of size ffn", sh->ffn, s->ffn);
+    else if (s->ffn_bias)
+        NAMED_ERROR(c, "shared.ffn", "shared.ffn with ffn_bias = true is not supported: the shared expert has no "
+                    "bias slots");
+    else if (sh->gate == MOE_SHARED_GATE_SIGMOID && s->router.apply == MOE_APPLY_INPUT)
+        NAMED_ERROR(c, "shared.gate", "shared.gate = \"sigmoid\" with router.apply = \"input\" is not supported: "
+                    "the gate scales the shared expert's output, and with \"input\" the weights scale the inputs "
+                    "(Llama 4's shared expert is ungated)");
+    else if (s->top_k + m > MOE_LIMIT_TOP_K)
+        NAMED_ERROR(c, "shared.ffn", "top_k (%d) + shared.ffn/ffn (%lld) exceeds %d entries per token: every token "
+                    "visits each of the shared expert's slots", s->top_k, m, MOE_LIMIT_TOP_K);
+    else if (s->mesh.size[MOE_AXIS_EP] > 1 || s->mesh.size[MOE_AXIS_FSDP] > 1)
+        NAMED_ERROR(c, "shared.ffn", "a shared expert needs mesh.ep = 1 and mesh.fsdp = 1 (got %d and %d): the "
+                    "expert-parallel and FSDP paths do not carry it yet", s->mesh.size[MOE_AXIS_EP],
+                    s->mesh.size[MOE_AXIS_FSDP]);
+    else if (rows > MOE_LIMIT_ROWS)
+        NAMED_ERROR(c, "tokens", "tokens * (top_k + shared.ffn/ffn) (%lld) exceeds the limit of %lld rows", rows,
+                    MOE_LIMIT_ROWS);
+    else if (welems > MOE_LIMIT_WEIGHT_ELEMS)
+        NAMED_ERROR(c, "shared.ffn", "(experts + shared.ffn/ffn) * 2 * ffn * hidden (%lld) exceeds the limit of %lld "
+                    "weight elements", welems, MOE_LIMIT_WEIGHT_ELEMS);
+}
+
 /* Fill s from the spec's table at the stack top: defaults, then every row
  * of the schema (type, range, choices), then each row's own relations, then
  * the relations between keys; keys not in effect go back to their defaults. */
@@ -438,6 +475,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
     }
     if (!c->failed)
         check_relations(c, s);
+    if (!c->failed)
+        check_shared(c, s);
     if (!c->failed)
         moe_spec_reset_unused(s);
 }

@@ -13,7 +13,8 @@
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
                    sizeof(moe_score_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
-                   sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int),
+                   sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
+                   sizeof(moe_shared_gate_t) == sizeof(int),
                "enum fields are int-sized");
 
 #define AT(field) offsetof(moe_spec_t, field)
@@ -22,6 +23,7 @@ static const char *const dtypes[] = {"bf16", "fp16", NULL};
 static const char *const scores[] = {"softmax", "sigmoid", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
+static const char *const shared_gates[] = {"none", "sigmoid", NULL};
 static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
 static const char *const shard_axes[] = {"ep", "fsdp", NULL};
 static const int shard_axis_ids[] = {MOE_AXIS_EP, MOE_AXIS_FSDP};
@@ -85,6 +87,15 @@ const moe_key_t moe_spec_keys[] = {
      .hi = 1e6, .help = "added to `up` before the product"},
     {.name = "ffn_bias", .type = MOE_KEY_BOOL, .offset = AT(ffn_bias),
      .help = "per-expert biases on both expert GEMMs (before the activation, after the down projection)"},
+    {.name = "shared.ffn", .type = MOE_KEY_INT, .offset = AT(shared.ffn), .optional = true, .lo = 8,
+     .hi = MOE_LIMIT_DIM,
+     .help = "a shared expert every token visits: its intermediate size F_s, a multiple of `ffn` (it runs as "
+             "`shared.ffn/ffn` always-on weight slots after the routed experts); `y = routed(x) + "
+             "g(x)·FFN_shared(x)` with the spec's activation"},
+    {.name = "shared.gate", .type = MOE_KEY_ENUM, .offset = AT(shared.gate), .choices = shared_gates,
+     .when = "shared.ffn",
+     .help = "the shared expert's weight `g(x)`: `\"none\"`: 1 (DeepSeek, Kimi K2, GLM-4.5, Llama 4); "
+             "`\"sigmoid\"`: `sigmoid(x·w_gate)` with a learned `[H]` vector `w_gate` (Qwen2-MoE)"},
 
     {.name = "mesh.dp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_DP]), .def = 1, .lo = 1,
      .hi = MOE_LIMIT_AXIS, .help = "data-parallel replicas"},

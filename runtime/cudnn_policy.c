@@ -136,6 +136,11 @@ int moe_cudnn_spec_fits(const moe_spec_t *s, int world, int stage, char *why, si
                  "which the cuDNN path does not take", world);
         return 0;
     }
+    if (s->shared.ffn) {
+        snprintf(why, n, "shared.ffn: the shared expert's slots are not in the cuDNN graphs (built over the routed "
+                 "experts), so the generated kernels run");
+        return 0;
+    }
     if (s->ffn_bias) {
         snprintf(why, n, "ffn_bias: the cuDNN graph has no bias (a fused pointwise epilogue is not in the "
                  "version table), so the generated kernels run");

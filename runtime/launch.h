@@ -20,8 +20,8 @@ typedef struct moe_launcher {
                                             family MOE_K_EP_FIRST + i); NULL when the plan has no EP part */
     CUfunction ep_fn[MOE_EK_COUNT];   /* ep_kernels[i] in the module */
     int sms;                          /* the device's multiprocessors: a persistent grid's size */
-    long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts) */
-    CUdeviceptr slot_table;           /* [E] the slot of expert g's weights, on the device */
+    long long slots;                  /* weight slots the GEMMs' B operand spans (the mesh's held experts, then the shared expert's) */
+    CUdeviceptr slot_table;           /* [slots] the slot of expert g's weights (then the shared expert's own), on the device */
     int slot_identity;                /* the slot table is the identity (expert g's weights at slot g) */
     const moe_kernel_desc_t *swiglu;  /* &pd->swiglu: the cuDNN path's standalone activation */
     CUfunction swiglu_fn;             /* it in the module; NULL when the module has none (a folder

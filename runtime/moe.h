@@ -83,7 +83,11 @@ typedef struct moe_plan moe_plan;
  * fp32 [E] and b1p [E, 2F] packed / b2 [E, H] as the spec requires.
  * On a mesh of several devices the expert weights are the rank's held
  * experts after the FSDP gather (moe_gather_weights): moe_plan_info.held
- * slots in slot order, e.g. w1p [held, 2F, H]; router_w stays [E, H]. */
+ * slots in slot order, e.g. w1p [held, 2F, H]; router_w stays [E, H].
+ * With a shared expert (spec shared.ffn = m·F) w1p and w2 hold E + m slots:
+ * the routed experts, then the shared expert split into m slots of size F
+ * (moe_plan_pack_shared writes them); shared_gate is its w_gate [H]
+ * (dtype), required iff shared.gate = "sigmoid". */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
     const void *x;                /* x and y may be NULL when tokens = 0 */
@@ -94,6 +98,7 @@ typedef struct {
     const void *w2, *b2;          /* b2: spec ffn_bias */
     void *y;
     void *workspace;              /* moe_plan_workspace_size(plan, tokens) bytes, 256-byte aligned */
+    const void *shared_gate;      /* spec shared.gate = "sigmoid": w_gate [H] */
 } moe_forward_args;
 
 /* One rank's expert weights, device pointers (b1p and b2 only with ffn_bias). */
@@ -141,6 +146,17 @@ moe_status moe_plan_workspace_region(const moe_plan *plan, const char *name, siz
  * [E, 2F] likewise. Host memory, element = 16-bit. */
 moe_status moe_plan_pack_w1(const moe_plan *plan, const uint16_t *w1, uint16_t *w1p);
 moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *b1p);
+
+/* The shared expert (spec shared.ffn = F_s = m·F) into its m weight slots
+ * E .. E+m-1: w1s [2F_s, H] (gate rows 0..F_s-1, then up rows) and w2s
+ * [H, F_s] go to w1p [E+m, 2F, H] (packed as moe_plan_pack_w1 packs; slot
+ * E+j takes gate rows jF..jF+F-1 and the matching up rows) and w2
+ * [E+m, H, F] (slot E+j takes columns jF..jF+F-1). A SwiGLU FFN is a sum
+ * over its intermediate dimension, so the m slots together compute the
+ * shared FFN exactly. Host memory; MOE_ERR_INVALID_ARG when the spec has no
+ * shared expert. */
+moe_status moe_plan_pack_shared(const moe_plan *plan, const uint16_t *w1s, const uint16_t *w2s, uint16_t *w1p,
+                                uint16_t *w2);
 
 /* Enqueue the forward pass on stream. Returns MOE_ERR_CAPACITY when
  * args->tokens exceeds the spec's tokens (nothing is enqueued then). With

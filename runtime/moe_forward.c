@@ -35,6 +35,9 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.logit_bias; router_logit_bias is required");
     if (s->ffn_bias && (!a->b1p || !a->b2))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has ffn_bias; b1p and b2 are required");
+    if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID && !a->shared_gate)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has shared.gate = \"sigmoid\"; shared_gate is "
+                        "required");
     if ((uintptr_t)a->workspace % 256)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: workspace must be 256-byte aligned");
     CUstream st = (CUstream)stream;
@@ -62,8 +65,11 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     int T = a->tokens;
     moe_status rc;
     {
+        /* the last, shared_gate, is a parameter of a gated shared expert's
+         * route kernel only; the driver reads no more than the kernel takes */
         void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
-                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS], &reg[MOE_WS_ROUTE_PART]};
+                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS], &reg[MOE_WS_ROUTE_PART],
+                        (void *)&a->shared_gate};
         if ((rc = moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev)))
             return rc;
     }

@@ -69,14 +69,14 @@ static moe_status load_kernel(moe_plan *p, const moe_kernel_desc_t *k, CUfunctio
 }
 
 static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
-    size_t tbytes = sizeof(int) * (size_t)p->pd.spec.experts;
+    size_t tbytes = sizeof(int) * (size_t)moe_spec_slots(&p->pd.spec);
     CU_CHECK(moe_cu.cuMemAlloc(&p->launcher.slot_table, tbytes));
     CU_CHECK(moe_cu.cuMemcpyHtoD(p->launcher.slot_table, p->slot_host, tbytes));
     CU_CHECK(moe_cu.cuModuleLoadData(&p->module, cubin->data));
     moe_launcher_t *l = &p->launcher;
     l->pd = &p->pd;
     l->kernels = moe_plan_kernels(&p->pd, l->arch);
-    l->slots = p->ep->mp->nheld;
+    l->slots = p->ep->mp->nheld + moe_spec_shared_slots(&p->pd.spec); /* the shared expert's slots after them */
     moe_status rc;
     for (int i = 0; i < MOE_K_COUNT; i++)
         if ((rc = load_kernel(p, &l->kernels[i], &l->fn[i])))
@@ -135,10 +135,14 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     moe_status rc = moe_ep_create(&p->ep, &p->pd, o ? o->rank : 0, err, sizeof err);
     if (rc)
         return moe_fail(rc, rc == MOE_ERR_SPEC ? "%s: error: %s" : "%s: %s", path, err);
-    p->slot_host = malloc(sizeof(int) * (size_t)spec.experts);
+    /* the routing table, then the shared expert's slots at their own index
+     * (slots E .. E+m-1; the spec check keeps a shared expert on one device) */
+    p->slot_host = malloc(sizeof(int) * (size_t)moe_spec_slots(&spec));
     if (!p->slot_host)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     memcpy(p->slot_host, p->pd.mesh.slot, sizeof(int) * (size_t)spec.experts);
+    for (int e = spec.experts; e < moe_spec_slots(&spec); e++)
+        p->slot_host[e] = e;
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
@@ -485,6 +489,24 @@ moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p
     for (long long e = 0; e < s->experts; e++)
         for (long long r = 0; r < F2; r++)
             b1p[e * F2 + moe_plan_packed_row(&p->pd, r)] = b1[e * F2 + r];
+    return MOE_OK;
+}
+
+moe_status moe_plan_pack_shared(const moe_plan *p, const uint16_t *w1s, const uint16_t *w2s, uint16_t *w1p,
+                                uint16_t *w2) {
+    if (!p || !w1s || !w2s || !w1p || !w2)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_shared: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    if (!s->shared.ffn)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_shared: the spec has no shared expert (shared.ffn)");
+    long long E = s->experts, M = moe_spec_shared_slots(s), F = s->ffn, FS = s->shared.ffn, H = s->hidden;
+    for (long long j = 0; j < M; j++) {
+        for (long long r = 0; r < 2 * F; r++)
+            memcpy(w1p + ((E + j) * 2 * F + moe_plan_packed_row(&p->pd, r)) * H,
+                   w1s + moe_plan_shared_w1_row(s, j, r) * H, (size_t)H * 2);
+        for (long long h = 0; h < H; h++)
+            memcpy(w2 + ((E + j) * H + h) * F, w2s + h * FS + j * F, (size_t)F * 2);
+    }
     return MOE_OK;
 }
 

@@ -2,6 +2,8 @@
 @ -- fp32 in increasing k, rounded once to the dtype (docs/DESIGN.md, "Kernels").
 @ -- With router.apply = "input" the weights went into the expert inputs
 @ -- (the scatter) and the rows are summed with weight 1 (topk_w not read).
+@ -- k runs over the routed entries, then the shared expert's slots (weight
+@ -- g(x) each), p.entries in all.
 @ -- A warp per token, p.per_block tokens per block; each lane handles 8
 @ -- consecutive columns at a time with 16-byte loads and stores. For few
 @ -- tokens the columns are split across gridDim.y blocks
@@ -17,17 +19,18 @@
 @   need(p.threads >= 32 and p.threads % 32 == 0, "threads must be a multiple of 32")
 @   need(p.per_block >= 1, "per_block must be at least 1")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
-@   need(p.K >= 1 and p.K <= 32, "top_k must be 1..32")
+@   -- K: the entries per token, top_k then one per shared expert slot (p.entries)
+@   need(p.entries >= 1 and p.entries <= 32, "top_k + shared slots must be 1..32")
 @   return {}
 @ end
 @
 @ function M.emit(p)
 @ M.config(p)
-@ local K = p.K
+@ local K = p.entries
 @ local ns = p.kernel .. "_impl"
 @ local input = p.spec.router.apply == "input"
 namespace ${ns} {
-constexpr int K = ${p.K}, H = ${p.H}, HV = H / 8;
+constexpr int K = ${p.entries}, H = ${p.H}, HV = H / 8;
 constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
 constexpr int PER_BLOCK = ${p.per_block}, THREADS = ${p.threads}, WARPS = THREADS / 32;
 constexpr unsigned FULL = 0xffffffffu;

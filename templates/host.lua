@@ -16,6 +16,9 @@
 @ -- set the arch-neutral kernels come from; p.launch_geom: the text of
 @ -- gen/launch_geom.h, which the launcher calls for the grids, the tile count,
 @ -- the TMA encoding and the sm_90a grid size (as the families and runtime do).
+@ -- A shared expert (p.shared_slots > 0): the kernels after route see
+@ -- p.slots weight slots and p.entries entries per token; its slots sit
+@ -- after the routed experts' in the routing table (their own index).
 @ local n = p.name
 @ local k = p.neutral
 
@@ -38,13 +41,13 @@ ${p.launch_geom}
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
 @ local slots = {}
-@ for e = 0, p.E - 1 do
-@   slots[#slots + 1] = (e == 0 and "" or (e % 16 ~= 0 and ", " or ",\n    ")) .. p.slot[e + 1]
+@ for e = 0, p.slots - 1 do
+@   slots[#slots + 1] = (e == 0 and "" or (e % 16 ~= 0 and ", " or ",\n    ")) .. (e < p.E and p.slot[e + 1] or e)
 @ end
-__device__ int ${n}_slot_table[${p.E}] = {${table.concat(slots)}};
+__device__ int ${n}_slot_table[${p.slots}] = {${table.concat(slots)}};
 
 static long long ${n}_max_tiles(int tokens) {
-    return moe_max_tiles(tokens, ${p.K}, ${p.E}, ${p.align});
+    return moe_max_tiles(tokens, ${p.entries}, ${p.slots}, ${p.align});
 }
 
 @ if p.sm90 then -- the sm_90a GEMMs take their operands as TMA tensor maps
@@ -173,6 +176,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if p.ffn_bias then
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
 @ end
+@ if p.shared_gate then
+    if (!a->shared_gate) return cudaErrorInvalidValue;
+@ end
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
 @ for _, r in ipairs(p.ws) do
@@ -190,15 +196,15 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
     ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part);
+        counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""});
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.K}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.entries}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
 @ local function sm90_gemm(kd, a, w, bias, out)
     if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
-        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.E * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
+        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
         return e;
     ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
 @ end
@@ -245,4 +251,26 @@ extern "C" void ${n}_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + (f / G) * 2 * G + up * G + f % G] = b1[e * 2 * F + r];
         }
 }
+@ if p.shared_slots > 0 then
+
+/* The shared expert's slots E + j (j < ${p.shared_slots}): gate rows jF.., up
+ * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like ${n}_pack_w1),
+ * columns jF.. of w2s [H, F_s] into w2 [slots, H, F]. */
+extern "C" void ${n}_pack_shared(const unsigned short *w1s, const unsigned short *w2s, unsigned short *w1p,
+                               unsigned short *w2) {
+    const long long E = ${p.E}, M = ${p.shared_slots}, F = ${p.F}, FS = M * F, H = ${p.H}, G = ${p.pair_granule};
+    for (long long j = 0; j < M; j++) {
+        for (long long r = 0; r < 2 * F; r++) {
+            long long up = r >= F, f = up ? r - F : r;
+            long long pr = (f / G) * 2 * G + up * G + f % G;
+            const unsigned short *src = w1s + (up * FS + j * F + f) * H;
+            for (long long h = 0; h < H; h++)
+                w1p[((E + j) * 2 * F + pr) * H + h] = src[h];
+        }
+        for (long long h = 0; h < H; h++)
+            for (long long f = 0; f < F; f++)
+                w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
+    }
+}
+@ end
 #endif /* __CUDACC_RTC__ */

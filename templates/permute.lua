@@ -28,8 +28,10 @@
 @   need(p.align >= 1, "align must be at least 1")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
 @   local c = {}
-@   c.ipt = (p.E + p.plan_threads - 1) // p.plan_threads   -- experts per plan thread
-@   need((2 * p.E + 1) * 4 <= 48 * 1024, "too many experts for the plan kernel's shared memory")
+@   -- E and K here are the weight slots and entries per token (p.slots,
+@   -- p.entries: the routed experts and top_k, then the shared expert's slots)
+@   c.ipt = (p.slots + p.plan_threads - 1) // p.plan_threads   -- experts per plan thread
+@   need((2 * p.slots + 1) * 4 <= 48 * 1024, "too many experts for the plan kernel's shared memory")
 @   return c
 @ end
 @
@@ -38,7 +40,7 @@
 @ local ns = p.plan_kernel .. "_impl"
 @ local input = p.spec.router.apply == "input"
 namespace ${ns} {
-constexpr int E = ${p.E}, K = ${p.K}, H = ${p.H}, ALIGN = ${p.align};
+constexpr int E = ${p.slots}, K = ${p.entries}, H = ${p.H}, ALIGN = ${p.align};
 constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int IPT = ${c.ipt};   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = ${p.scatter_threads}, SCATTER_WARPS = SCATTER_THREADS / 32;

@@ -20,9 +20,10 @@
 @ -- For few tokens the grid splits H across gridDim.y blocks per token block
 @ -- (gen/launch_geom.h, moe_route_split): block y runs chunks
 @ -- [y*NCH/Y, (y+1)*NCH/Y), writes its partial logits to route_part, and
-@ -- takes a ticket (counts[E + blockIdx.x], zeroed with the counts); the
-@ -- last block of the token block sums the partials in y order (the same
-@ -- sum whichever block is last) and goes on to phase 2 alone.
+@ -- takes a ticket (counts[E + M + blockIdx.x], after every weight slot's
+@ -- count, zeroed with them); the last block of the token block sums the
+@ -- partials in y order (the same sum whichever block is last) and goes on
+@ -- to phase 2 alone.
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
@@ -31,6 +32,13 @@
 @ -- chosen from the group size: a group spans whole 32-expert slots, a
 @ -- group is a lane segment within a slot, or the general case. Counts
 @ -- are gathered per block in smem, then added to counts[] once per expert.
+@ --
+@ -- A shared expert (p.shared_slots = M > 0, docs/DESIGN.md, "Shared
+@ -- experts"): every token also gets entries K .. K+M-1, the shared
+@ -- expert's weight slots E .. E+M-1, with weight g(x): 1, or, with
+@ -- p.shared_gate, sigmoid of one more logit column (column E, whose mma
+@ -- row reads w_gate instead of a router row). topk_idx/topk_w are then
+@ -- [T, K+M]; a block adds its token count to each shared slot's count.
 @ local M = {}
 @
 @ local function cdiv(a, b) return (a + b - 1) // b end
@@ -58,7 +66,13 @@
 @   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
 @   c.NW = c.threads // 32
 @   c.MT = c.T // 16                       -- m16 tiles (all in every warp)
-@   c.NTT = cdiv(c.E, 8)                   -- n8 tiles of experts
+@   c.M = p.shared_slots or 0              -- the shared expert's slots E .. E+M-1
+@   c.gate = p.shared_gate and true or false -- its gate logit: column E
+@   c.KE = c.K + c.M                       -- entries per token
+@   need(c.KE <= 32, "top_k + shared slots must be at most 32 (a lane each)")
+@   c.EL = p.router_columns                -- logit columns: E, and the shared gate's
+@   need(c.EL == c.E + (c.gate and 1 or 0), "router_columns must be the experts and the shared gate")
+@   c.NTT = cdiv(c.EL, 8)                  -- n8 tiles of logit columns
 @   c.NTMAX = math.max(1, 8 // c.MT)       -- n8 tiles per warp: MT*NT*4 <= 32 accumulators
 @   -- the fewest warps along experts that cover E in one pass at NTMAX tiles each (else all warps)
 @   c.WN = c.NW
@@ -119,6 +133,9 @@
 @ function M.emit(p)
 @ local c = M.config(p)
 @ local ns = p.kernel .. "_impl"
+@ local WJ = c.gate and "wp[j]" or "wrow + j * 8 * H"   -- n8 tile j's weight row
+@ local LC = c.gate and "EL" or "E"    -- logit columns (the gate's included)
+@ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
 constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
@@ -141,6 +158,10 @@ static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
 static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
 @ if c.G > 1 then
 constexpr int G = ${c.G}, KG = ${c.KG}, PG = ${c.PG}, TAKE = ${c.TAKE};
+@ end
+@ if c.M > 0 then
+constexpr int M = ${c.M}, KE = ${c.KE};   // shared expert slots E .. E+M-1; entries per token
+constexpr int ES = E + M, EL = ${c.EL};   // weight slots (counts); logit columns (column E: the gate, if any)
 @ end
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
@@ -232,7 +253,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part) {
+            int *__restrict__ counts, float *__restrict__ route_part${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}) {
     using namespace ${ns};
 @ if c.dynamic then
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
@@ -264,11 +285,25 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = (pass * WN + wn) * NT * 8;
+@ if c.gate then
+        /* n8 tile j reads row nbase + 8j + g at wp[j]: a router row below E,
+         * w_gate at E (the shared expert's gate logit); rows past E read
+         * nothing (zeros) */
+        const moe_half_t *wp[NT];
+        bool rok[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int row = nbase + j * 8 + g;
+            rok[j] = row <= E;
+            wp[j] = (row < E ? wr + (long long)row * H : shared_gate) + klane;
+        }
+@ else
         /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
         const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
         bool rok[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
+@ end
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -289,7 +324,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const int ko = c0 * KC + d * WK * 32;
-                ring[d][j] = load_w(wrow + j * 8 * H + ko, rok[j] && c0 < c1 && klane + ko < H);
+                ring[d][j] = load_w(${WJ} + ko, rok[j] && c0 < c1 && klane + ko < H);
             }
 
 #pragma unroll 1
@@ -325,11 +360,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
                         for (int h = 0; h < 2; ++h)
 #pragma unroll
                             for (int mt = 0; mt < MT; ++mt) mma(acc[mt][j], a[h][mt], b[h]);
-                        ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
+                        ring[s % D][j] = load_w(${WJ} + ko, rok[j] && kok);
                     }
                 } else {
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
+                    for (int j = 0; j < NT; ++j) ring[s % D][j] = load_w(${WJ} + ko, rok[j] && kok);
                 }
             }
         }
@@ -366,22 +401,22 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     /* ---- split H: partial logits out, and the last block sums them ---- */
     if (gridDim.y > 1) {
         __shared__ int s_last;
-        const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
-        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / E) * LDL + i % E];
+        const int nv = min(T, tokens - tok0) * ${LC};   // the block's tokens' logits only
+        float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * ${LC});
+        for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / ${LC}) * LDL + i % ${LC}];
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
-            s_last = atomicAdd(counts + E + blockIdx.x, 1) == (int)gridDim.y - 1;
+            s_last = atomicAdd(counts + ${TKT} + blockIdx.x, 1) == (int)gridDim.y - 1;
         __syncthreads();
         if (!s_last)
             return;
         __threadfence();
         for (int i = tid; i < nv; i += THREADS) {
-            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
+            const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
             float v = 0.f;
-            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
-            lsm[(i / E) * LDL + i % E] = v;
+            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * ${LC}));
+            lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
         }
         __syncthreads();
     }
@@ -595,16 +630,35 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ if c.scale ~= 1 then
         w *= ${f32(c.scale)};
 @ end
+@ if c.M > 0 then
+        /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
+@   if c.gate then
+        const float gsh = 1.0f / (1.0f + expf(-lrow[E]));   // sigmoid(x . w_gate), never renormalized or scaled
+@   end
+        if (lane < K) {
+            topk_idx[(long long)tok * KE + lane] = mine;
+            topk_w[(long long)tok * KE + lane] = w;
+            atomicAdd(s_count + mine, 1);
+        } else if (lane < KE) {
+            topk_idx[(long long)tok * KE + lane] = E + lane - K;
+            topk_w[(long long)tok * KE + lane] = ${c.gate and "gsh" or "1.0f"};
+        }
+@ else
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
+@ end
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
+@ if c.M > 0 then
+    if (tid < M)   // every token of the block visits each shared slot
+        atomicAdd(counts + E + tid, min(T, tokens - tok0));
+@ end
 }
 @ end
 @

@@ -1,7 +1,7 @@
 @ -- swiglu.lua — the cuDNN path's standalone activation (family swiglu,
 @ -- gen/family_swiglu.c): h [rows, F] = act(u [rows, 2F]) where u is the
 @ -- packed up-matmul output, gate and up columns interleaved in granules of
-@ -- 8 (the packed W1's pairing), rows = min(offsets[E], cap). One thread per
+@ -- 8 (the packed W1's pairing), rows = min(offsets[slots], cap). One thread per
 @ -- 8 output columns (one 16-byte load of gate, one of up, one store),
 @ -- grid-stride, so any grid is right. The same signature and semantics as
 @ -- the kernel runtime/cudnn_graph.c compiled from its own string; the math
@@ -17,7 +17,7 @@ ${p.kernel}(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__res
     constexpr int PAIR_GRANULE = ${p.pair_granule};  /* gate/up columns interleave in granules of this many */
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");
     constexpr long long G = ${p.F // 8};  /* 8-column groups per output row */
-    long long rows = offsets[${p.E}];
+    long long rows = offsets[${p.slots}];
     rows = rows < cap ? rows : cap;
     const long long total = rows * G;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;

@@ -89,6 +89,34 @@ static const char *const geglu_spec =
 static const char *const wide_spec =
     "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
 
+/* Shared experts (shared.ffn = m·ffn: m always-on slots after the routed
+ * experts): ungated with m = 1 (DeepSeek's form) and m = 2 under grouped
+ * sigmoid routing; gated by sigmoid(x·w_gate) with m = 2 under softmax
+ * (Qwen2-MoE's form), with m = 1 in fp16, and with 256 experts, where the
+ * gate's logit column (257) needs a second n8 tile pass past the experts.
+ * shared_groups and shared_gated have H >= 512, so few tokens split route
+ * over H (the tickets after every slot's count, the gate's column in the
+ * partial logits); shared_gated at 2048 tokens does not split. */
+static const char *const shared1_spec =
+    "name = 'shared1' experts = 8 top_k = 2 hidden = 136 ffn = 40 tokens = 1024 shared = { ffn = 40 }\n";
+static const char *const shared_groups_spec =
+    "name = 'shared_groups' experts = 16 top_k = 4 hidden = 1024 ffn = 64 tokens = 1024\n"
+    "router = { score = 'sigmoid', bias = true, groups = 4, topk_groups = 2, scale = 2.5 }\n"
+    "shared = { ffn = 128 }\n";
+static const char *const shared_gated_spec =
+    "name = 'shared_gated' experts = 8 top_k = 2 hidden = 768 ffn = 40 tokens = 2048 router = { renormalize = false }\n"
+    "shared = { ffn = 80, gate = 'sigmoid' }\n";
+static const char *const shared_gated_fp16_spec =
+    "name = 'shared_gated_fp16' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512 dtype = 'fp16'\n"
+    "shared = { ffn = 88, gate = 'sigmoid' }\n";
+static const char *const shared_input_spec = /* Llama 4's form: the routed weight scales the input, the shared
+                                               expert takes x unscaled with weight 1 */
+    "name = 'shared_input' experts = 16 top_k = 1 hidden = 512 ffn = 128 tokens = 2048\n"
+    "router = { score = 'sigmoid', renormalize = false, apply = 'input' } shared = { ffn = 256 }\n";
+static const char *const shared_wide_spec =
+    "name = 'shared_wide' experts = 256 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n"
+    "shared = { ffn = 64, gate = 'sigmoid' }\n";
+
 static const gpu_case_t cases[] = {
     {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
     {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 0},
@@ -127,6 +155,21 @@ static const gpu_case_t cases[] = {
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1},
+    /* shared experts (shared1 from a compiled folder too) */
+    {shared1_spec, MODE_RANDOM, {1, 7, 333, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared1_spec, MODE_SKEW, {65, 1000}, 2, 1, MOE_CUDNN_DEFAULT, 0},
+    {shared_groups_spec, MODE_RANDOM, {1, 257, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared_groups_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared_gated_spec, MODE_RANDOM, {1, 100, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared_gated_spec, MODE_RANDOM, {1, 100}, 2, 0, MOE_CUDNN_DEFAULT, 1},
+    {shared_gated_fp16_spec, MODE_RANDOM, {3, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared_wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared_input_spec, MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/llama-4-scout.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/deepseek-v2-lite.moe", MODE_RANDOM, {1, 37, 512, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/qwen2-moe-57b-a14b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/glm-4.5-air.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/kimi-k2.moe", MODE_RANDOM, {1, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -148,6 +191,7 @@ static const gpu_case_t cudnn_cases[] = {
     {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF, 0},
     {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared1_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_ON, 0},   /* refused: the shared expert is not in the graph */
 };
 
 /* The cuDNN this process loads ($MOEGEN_CUDNN_PATH, else the default
@@ -262,16 +306,18 @@ static const char *spec_path_for(const char *spec, char *buf, size_t n) {
 typedef struct {
     moe_spec_t s;
     uint16_t *x, *wr, *w1, *w2, *b1, *b2, *w1p, *b1p;
+    uint16_t *ws1, *ws2, *wsg;   /* the shared expert, unsplit (spec shared.ffn): [2F_s, H], [H, F_s], [H] */
     float *sel_bias, *logit_bias;
-    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws;
+    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg;
     size_t ws_bytes;
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
 } layer_t;
 
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
+    free(L->ws1); free(L->ws2); free(L->wsg);
     free(L->sel_bias); free(L->logit_bias); free(L->slot);
-    CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws};
+    CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws, L->dwsg};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             moe_cu.cuMemFree(d[i]);
@@ -279,16 +325,19 @@ static void layer_free(layer_t *L) {
 
 /* Random inputs of one case. SKEW and ONE steer routing through the first
  * 8 hidden dimensions: x is biased positive there, the hot expert's router
- * row strongly positive, dead experts' rows strongly negative. */
+ * row strongly positive, dead experts' rows strongly negative. A shared
+ * expert's unsplit weights are random too, and moe_plan_pack_shared puts
+ * them in the device weights' slots E.. (ES slots in all). */
 static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed) {
     const moe_spec_t *s = &L->s;
     size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens;
+    size_t ES = (size_t)moe_spec_slots(s), FS = (size_t)s->shared.ffn;
     moe_dtype_t dt = s->dtype;
     L->x = malloc(T * H * 2);
     L->wr = malloc(E * H * 2);
     L->w1 = malloc(E * 2 * F * H * 2);
-    L->w1p = malloc(E * 2 * F * H * 2);
-    L->w2 = malloc(E * H * F * 2);
+    L->w1p = malloc(ES * 2 * F * H * 2);
+    L->w2 = malloc(ES * H * F * 2);
     L->sel_bias = malloc(E * 4);
     L->logit_bias = malloc(E * 4);
     L->b1 = malloc(E * 2 * F * 2);
@@ -322,11 +371,26 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     }
     if (moe_plan_pack_w1(plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(plan, L->b1, L->b1p) != MOE_OK)
         return 0;
+    if (FS) {
+        L->ws1 = malloc(2 * FS * H * 2);
+        L->ws2 = malloc(H * FS * 2);
+        L->wsg = malloc(H * 2);
+        if (!L->ws1 || !L->ws2 || !L->wsg)
+            return 0;
+        fill_random(L->ws1, 2 * FS * H, 2.0f / sqrtf((float)H), seed + 8, dt);
+        fill_random(L->ws2, H * FS, 2.0f / sqrtf((float)FS), seed + 9, dt);
+        fill_random(L->wsg, H, 2.0f / sqrtf((float)H), seed + 10, dt); /* gate logits of a few units */
+        if (moe_plan_pack_shared(plan, L->ws1, L->ws2, L->w1p, L->w2) != MOE_OK)
+            return 0;
+        L->dwsg = dev_upload(L->wsg, H * 2);
+        if (!L->dwsg)
+            return 0;
+    }
     L->ws_bytes = moe_plan_workspace_size(plan, (int)T);
     L->dx = dev_upload(L->x, T * H * 2);
     L->dwr = dev_upload(L->wr, E * H * 2);
-    L->dw1p = dev_upload(L->w1p, E * 2 * F * H * 2);
-    L->dw2 = dev_upload(L->w2, E * H * F * 2);
+    L->dw1p = dev_upload(L->w1p, ES * 2 * F * H * 2);
+    L->dw2 = dev_upload(L->w2, ES * H * F * 2);
     L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
     L->db2 = dev_upload(L->b2, E * H * 2);
     L->dsel = dev_upload(L->sel_bias, E * 4);
@@ -447,12 +511,14 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
                         const int *sample, int ns) {
     const moe_spec_t *s = &L->s;
     const int E = s->experts, K = s->top_k, H = s->hidden;
+    const int KE = moe_spec_entries(s), ES = moe_spec_slots(s); /* GPU: [T, KE] entries over ES slots */
     uint16_t *xs = malloc((size_t)ns * H * 2);
     int *ridx = malloc(sizeof(int) * (size_t)ns * K), *gidx = malloc(sizeof(int) * (size_t)ns * K);
     float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * E);
-    int *hist = calloc((size_t)E, sizeof(int));
-    CHECK(xs && ridx && gidx && rw && sc && hist);
-    if (!xs || !ridx || !gidx || !rw || !sc || !hist)
+    int *hist = calloc((size_t)ES, sizeof(int));
+    float *gref = malloc(sizeof(float) * (size_t)ns);
+    CHECK(xs && ridx && gidx && rw && sc && hist && gref);
+    if (!xs || !ridx || !gidx || !rw || !sc || !hist || !gref)
         goto done;
     for (int i = 0; i < ns; i++)
         memcpy(xs + (size_t)i * H, L->x + (size_t)sample[i] * H, (size_t)H * 2);
@@ -460,7 +526,7 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
                            .tokens = ns};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int i = 0; i < ns; i++)
-        memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * K, sizeof(int) * (size_t)K);
+        memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * KE, sizeof(int) * (size_t)K);
     int bad = -1;
     int agree = moe_ref_route_agree(s, ridx, gidx, sc, ns, 2e-4f, &bad);
     CHECKF(agree, "route: token %d selects different experts than the reference", bad >= 0 ? sample[bad] : -1);
@@ -469,26 +535,42 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
         for (int k = 0; k < K; k++)
             for (int j = 0; j < K; j++)
                 if (gidx[(size_t)i * K + j] == ridx[(size_t)i * K + k]) {
-                    double d = fabs(w[(size_t)sample[i] * K + j] - rw[(size_t)i * K + k]);
+                    double d = fabs(w[(size_t)sample[i] * KE + j] - rw[(size_t)i * K + k]);
                     if (d > werr)
                         werr = d;
                 }
     CHECKF(werr <= 1e-4 * s->router.scale + 1e-4, "route weights differ by %g", werr);
-    for (long i = 0; i < (long)T * K; i++) /* indices are in range: checked before any family */
+    if (KE > K) { /* the shared expert's entries: slots E.. in order, weight g(x) (1, or the sigmoid gate) */
+        moe_ref_inputs_t sin = {.x = xs, .ws1 = L->ws1, .ws2 = L->ws2, .wsg = L->wsg, .tokens = ns};
+        int sh_ok = 1;
+        double gerr = 0;
+        CHECK(moe_ref_shared(s, &sin, NULL, 0, gref, NULL, NULL) == 0); /* g alone: no FFN computed */
+        for (int i = 0; i < ns; i++)
+            for (int j = K; j < KE; j++) {
+                sh_ok &= idx[(size_t)sample[i] * KE + j] == E + j - K;
+                double d = fabs(w[(size_t)sample[i] * KE + j] - gref[i]);
+                if (d > gerr)
+                    gerr = d;
+            }
+        CHECKF(sh_ok, "route: the shared expert's entries are not slots %d..%d in order", E, ES - 1);
+        CHECKF(gerr <= 1e-4, "route: the shared expert's weights differ from g(x) by %g", gerr);
+    }
+    for (long i = 0; i < (long)T * KE; i++) /* indices are in range: checked before any family */
         hist[idx[i]]++;
     int cnt_ok = 1;
-    for (int e = 0; e < E; e++)
+    for (int e = 0; e < ES; e++)
         cnt_ok &= hist[e] == counts[e];
     CHECKF(cnt_ok, "counts differ from the histogram of topk_idx");
 done:
-    free(xs); free(ridx); free(gidx); free(rw); free(sc); free(hist);
+    free(xs); free(ridx); free(gidx); free(rw); free(sc); free(hist); free(gref);
 }
 
 /* permute_plan: offsets are the aligned prefix sums of counts, the tile
- * table lists every expert's row blocks (at its weight slot) in order. */
+ * table lists every expert's row blocks (at its weight slot) in order; the
+ * shared expert's slots last, at their own index. */
 static void check_permute_plan(const layer_t *L, int align_m, const int *counts, const int *offsets,
                                const int *ntiles, const int *tiles) {
-    const int E = L->s.experts;
+    const int E = moe_spec_slots(&L->s), ER = L->s.experts;
     int off_ok = offsets[0] == 0;
     long long total = 0;
     int tile_ok = 1, t = 0;
@@ -502,7 +584,7 @@ static void check_permute_plan(const layer_t *L, int align_m, const int *counts,
             if (t >= *ntiles)
                 tile_ok = 0;
             else
-                tile_ok &= tiles[4 * t] == (L->slot ? L->slot[e] : e) && tiles[4 * t + 1] == offsets[e] + j * align_m &&
+                tile_ok &= tiles[4 * t] == (L->slot && e < ER ? L->slot[e] : e) && tiles[4 * t + 1] == offsets[e] + j * align_m &&
                            tiles[4 * t + 2] == rows;
         }
     }
@@ -516,7 +598,7 @@ static void check_permute_plan(const layer_t *L, int align_m, const int *counts,
  * expert's rows. */
 static void check_permute_scatter(const layer_t *L, int T, int align_m, const int *idx, const int *counts,
                                   const int *offsets, const int *row_of) {
-    const int E = L->s.experts, K = L->s.top_k;
+    const int E = moe_spec_slots(&L->s), K = moe_spec_entries(&L->s); /* the shared expert's slots included */
     long long total = 0; /* the rows permute_plan lays out */
     for (int e = 0; e < E && align_m > 0; e++)
         total += (counts[e] + align_m - 1) / align_m * align_m;
@@ -539,7 +621,7 @@ static void check_permute_scatter(const layer_t *L, int T, int align_m, const in
 static void check_combine(const layer_t *L, int T, const float *w, const int *row_of, const uint16_t *obuf,
                           size_t obuf_bytes, const uint16_t *y, double tol) {
     const moe_spec_t *s = &L->s;
-    const int K = s->top_k, H = s->hidden;
+    const int K = moe_spec_entries(s), H = s->hidden; /* routed, then the shared expert's entries */
     const moe_dtype_t dt = s->dtype;
     const long long rows = (long long)(obuf_bytes / ((size_t)H * 2));
     int rows_ok = 1;
@@ -706,7 +788,9 @@ out:
 
 static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label, int graph) {
     const moe_spec_t *s = &L->s;
-    const int E = s->experts, K = s->top_k, H = s->hidden, F = s->ffn;
+    const int K = s->top_k, H = s->hidden, F = s->ffn;
+    /* the kernels' entries per token and weight slots: the shared expert's included */
+    const int KE = moe_spec_entries(s), ES = moe_spec_slots(s), FS = s->shared.ffn;
     const moe_dtype_t dt = s->dtype;
     const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     static char fcase[FAM_COUNT][240]; /* CASE keeps a pointer */
@@ -721,7 +805,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
                           .router_logit_bias = s->router.logit_bias ? (float *)L->dlogit : NULL,
                           .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
                           .w2 = (void *)L->dw2, .b2 = s->ffn_bias ? (void *)L->db2 : NULL,
-                          .y = (void *)L->dy, .workspace = (void *)L->dws};
+                          .y = (void *)L->dy, .workspace = (void *)L->dws,
+                          .shared_gate = s->shared.gate == MOE_SHARED_GATE_SIGMOID ? (void *)L->dwsg : NULL};
     moe_status st = graph ? forward_replayed(plan, L, &a, T) : moe_forward(plan, &a, NULL);
     CHECKF(st == MOE_OK, "forward%s: %s: %s", graph ? " (CUDA graph)" : "", moe_status_string(st), moe_last_error());
     CUresult sr = moe_cu.cuCtxSynchronize();
@@ -750,8 +835,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     {
         family_case(fcase[FAM_ROUTE], sizeof fcase[FAM_ROUTE], FAM_ROUTE, label);
         int valid = 1;
-        for (long i = 0; i < (long)T * K; i++)
-            if (idx[i] < 0 || idx[i] >= E) {
+        for (long i = 0; i < (long)T * KE; i++)
+            if (idx[i] < 0 || idx[i] >= ES) {
                 valid = 0;
                 break;
             }
@@ -806,17 +891,50 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     if (family_on(FAM_GEMM_UP) || family_on(FAM_GEMM_DOWN) || family_on(FAM_LAYER)) {
         family_case(fcase[FAM_LAYER], sizeof fcase[FAM_LAYER], FAM_LAYER, label);
         moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
-                               .sel_bias = L->sel_bias, .logit_bias = L->logit_bias, .tokens = T};
+                               .sel_bias = L->sel_bias, .logit_bias = L->logit_bias, .tokens = T,
+                               .ws1 = L->ws1, .ws2 = L->ws2, .wsg = L->wsg};
         float *yref = malloc(sizeof(float) * (size_t)T * H);
         uint16_t *href = malloc((size_t)T * K * F * 2), *oref = malloc((size_t)T * K * H * 2);
-        int rc = yref && href && oref ? moe_ref_ffn(s, &in, idx, w, sample, ns, yref, href, oref) : -1;
+        /* the reference takes the routed entries only ([T, top_k]) and computes the shared expert itself */
+        int *ridx = KE > K ? malloc(sizeof(int) * (size_t)T * K) : idx;
+        float *rw = KE > K ? malloc(sizeof(float) * (size_t)T * K) : w;
+        uint16_t *hsref = FS ? malloc((size_t)T * FS * 2) : NULL, *osref = FS ? malloc((size_t)T * H * 2) : NULL;
+        int rc = yref && href && oref && ridx && rw && (!FS || (hsref && osref)) ? 0 : -1;
+        for (long long i = 0; rc == 0 && KE > K && i < (long long)T * K; i++) {
+            ridx[i] = idx[i / K * KE + i % K];
+            rw[i] = w[i / K * KE + i % K];
+        }
+        if (rc == 0)
+            rc = moe_ref_ffn(s, &in, ridx, rw, sample, ns, yref, href, oref);
+        if (rc == 0 && FS)
+            rc = moe_ref_shared(s, &in, sample, ns, NULL, hsref, osref);
         CHECK(rc == 0);
         double hn = 0, hd = 0, on = 0, od = 0, yn = 0, yd = 0, ymax = 0;
         int finite_h = 1, finite_o = 1;
         for (int i = 0; i < ns && rc == 0; i++) {
             int tt = sample[i];
+            /* the shared expert's slots: slot j's h columns are hs columns jF..; the
+             * sum of its m down rows is os (each row rounded on the GPU, os once) */
+            for (int j = 0; j < KE - K; j++) {
+                long long row = row_of[(long long)tt * KE + K + j];
+                for (int f = 0; f < F; f++) {
+                    double g = moe_half_to_float(hbuf[row * F + f], dt);
+                    double r = moe_half_to_float(hsref[(size_t)tt * FS + (size_t)j * F + f], dt);
+                    hn += (g - r) * (g - r);
+                    hd += r * r;
+                    finite_h &= isfinite(g);
+                }
+            }
+            for (int h = 0; h < H && KE > K; h++) {
+                double g = 0, r = moe_half_to_float(osref[(size_t)tt * H + h], dt);
+                for (int j = 0; j < KE - K; j++)
+                    g += moe_half_to_float(obuf[(long long)row_of[(long long)tt * KE + K + j] * H + h], dt);
+                on += (g - r) * (g - r);
+                od += r * r;
+                finite_o &= isfinite(g);
+            }
             for (int k = 0; k < K; k++) {
-                long long slot = (long long)tt * K + k, row = row_of[slot];
+                long long slot = (long long)tt * K + k, row = row_of[(long long)tt * KE + k];
                 for (int f = 0; f < F; f++) {
                     double g = moe_half_to_float(hbuf[row * F + f], dt), r = moe_half_to_float(href[slot * F + f], dt);
                     hn += (g - r) * (g - r);
@@ -855,7 +973,11 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
             family_case(fcase[FAM_LAYER], sizeof fcase[FAM_LAYER], FAM_LAYER, label);
             CHECKF(ey <= tol, "layer error %.3e > %.1e", ey, tol);
         }
-        free(yref); free(href); free(oref);
+        free(yref); free(href); free(oref); free(hsref); free(osref);
+        if (KE > K) {
+            free(ridx);
+            free(rw);
+        }
     }
 done:
     free(sample); free(picked);

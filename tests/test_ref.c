@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "plan.h" /* moe_plan_shared_w1_row: the shared expert's split */
 #include "ref.h"
 
 #define NEAR(a, b, tol) (fabs((double)(a) - (double)(b)) <= (tol))
@@ -475,6 +476,162 @@ static void test_ffn_plain(void) {
     CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, ysub, NULL, NULL) != 0);
 }
 
+/* The shared expert, computed directly (unsplit, F_s = 16 = 2F): gate row f
+ * = 1 on column f, up row f = 0.5 on column f, W2s the identity, so
+ * hs_f = 0.5·x_f²·σ(x_f) rounded, os = hs, and y = the routed sum of
+ * test_ffn_plain's token 0 + g·hs. */
+static void test_ffn_shared(void) {
+    moe_spec_t s = mkspec(4, 2, 16, 8);
+    s.shared.ffn = 16;
+    const float g[4] = {1, 2, 0.5f, 1}, u[4] = {1, 1, 2, -1}, d[4] = {1, 0.5f, 2, 0.25f};
+    float w1[4 * 16 * 16], w2[4 * 16 * 8], ws1[32 * 16] = {0}, ws2[16 * 16] = {0}, wsg[16] = {1};
+    structured_weights(4, g, u, d, w1, w2);
+    for (int f = 0; f < 16; f++) {
+        ws1[f * 16 + f] = 1.0f;
+        ws1[(16 + f) * 16 + f] = 0.5f;
+        ws2[f * 16 + f] = 1.0f;
+    }
+    const float x[16] = {1, 2, -1, 0, 0, 0, 0, 0, 1, 0.5f, 2, 3, 0, 0, 0, 0};
+    uint16_t xh[16], w1h[4 * 16 * 16], w2h[4 * 16 * 8], ws1h[32 * 16], ws2h[16 * 16], wsgh[16];
+    to_half(x, xh, 16, s.dtype);
+    to_half(w1, w1h, 4 * 16 * 16, s.dtype);
+    to_half(w2, w2h, 4 * 16 * 8, s.dtype);
+    to_half(ws1, ws1h, 32 * 16, s.dtype);
+    to_half(ws2, ws2h, 16 * 16, s.dtype);
+    to_half(wsg, wsgh, 16, s.dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.w1 = w1h; in.w2 = w2h; in.tokens = 1;
+    in.ws1 = ws1h; in.ws2 = ws2h; in.wsg = wsgh;
+    int idx[2] = {1, 2};
+    float tw[2] = {0.75f, 0.25f};
+    /* hs = bf16(0.5·x²·σ(x)) per column: x = 1: 0.3655293 -> 0.365234375; x = 2: 1.7615942 -> 1.7578125;
+     * x = -1: 0.1344707 -> 0.134765625; x = 0.5: 0.0778074 -> 0.07763671875; x = 3: 4.2865836 -> 4.28125 */
+    const float hs[16] = {0.365234375f, 1.7578125f, 0.134765625f, 0, 0, 0, 0, 0,
+                          0.365234375f, 0.07763671875f, 1.7578125f, 4.28125f, 0, 0, 0, 0};
+    /* the routed part (test_ffn_plain, token 0): y0[0..3] and its negation at 8..11 */
+    const float y0[4] = {0.9697265625f, 1.1005859375f, -0.5556640625f, 0};
+
+    CASE("shared expert, gate none: y = routed + hs");
+    float y[16], gref = 0;
+    uint16_t hso[16], oso[16];
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, &gref, hso, oso) == 0);
+    CHECK(gref == 1.0f);
+    int ok = 1;
+    for (int h = 0; h < 16; h++)
+        ok &= moe_half_to_float(hso[h], s.dtype) == hs[h] && moe_half_to_float(oso[h], s.dtype) == hs[h];
+    CHECK(ok);
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, NULL, NULL) == 0);
+    ok = 1;
+    for (int h = 0; h < 16; h++) {
+        float r = h % 8 < 4 ? (h < 8 ? y0[h % 8] : -y0[h % 8]) : 0;
+        if (!NEAR(y[h], r + hs[h], 1e-6)) {
+            ok = 0;
+            fprintf(stderr, "  h=%d: y %.9g (want %.9g)\n", h, y[h], r + hs[h]);
+        }
+    }
+    CHECK(ok);
+    CHECK(NEAR(y[0], 1.3349609375, 1e-6) && NEAR(y[11], 4.28125, 1e-6)); /* 0.9697265625 + 0.365234375; 0 + 4.28125 */
+
+    CASE("shared expert, gate sigmoid: y = routed + σ(x·w_gate)·hs");
+    s.shared.gate = MOE_SHARED_GATE_SIGMOID; /* w_gate = e_0: g = σ(x_0) = σ(1) = 0.7310586 */
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, &gref, NULL, NULL) == 0);
+    CHECK(NEAR(gref, 0.7310585786, 1e-7));
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, NULL, NULL) == 0);
+    ok = 1;
+    for (int h = 0; h < 16; h++) {
+        float r = h % 8 < 4 ? (h < 8 ? y0[h % 8] : -y0[h % 8]) : 0;
+        ok &= NEAR(y[h], r + 0.7310585786 * hs[h], 1e-6);
+    }
+    CHECK(ok);
+    CHECK(NEAR(y[11], 3.1298446208, 1e-6)); /* 0.7310586 · 4.28125 */
+
+    CASE("shared expert with router.apply = \"input\": added unscaled, weight 1");
+    {
+        moe_spec_t si = s, sn = s;   /* gate none (Llama 4); sn: the same layer without the shared expert */
+        si.router.apply = sn.router.apply = MOE_APPLY_INPUT;
+        si.shared.gate = MOE_SHARED_GATE_NONE;
+        sn.shared.ffn = 0;
+        float ys[16], yn[16];
+        CHECK(moe_ref_ffn(&si, &in, idx, tw, NULL, 0, ys, NULL, NULL) == 0);
+        CHECK(moe_ref_ffn(&sn, &in, idx, tw, NULL, 0, yn, NULL, NULL) == 0);
+        int ok_in = 1, moved = 0;
+        for (int h = 0; h < 16; h++) {
+            float r = h % 8 < 4 ? (h < 8 ? y0[h % 8] : -y0[h % 8]) : 0;
+            ok_in &= NEAR(ys[h] - yn[h], hs[h], 1e-6);
+            moved |= !NEAR(yn[h], r, 1e-4);   /* the routed part did take its weight on the input */
+        }
+        CHECK(ok_in);
+        CHECK(moved);
+    }
+
+    CASE("shared expert: missing weights and no shared expert are refused");
+    in.wsg = NULL;
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, NULL, NULL) != 0);
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, &gref, NULL, NULL) != 0);
+    s.shared.gate = MOE_SHARED_GATE_NONE;
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, &gref, NULL, NULL) == 0); /* gate none reads no w_gate */
+    in.ws2 = NULL;
+    CHECK(moe_ref_ffn(&s, &in, idx, tw, NULL, 0, y, NULL, NULL) != 0);
+    s.shared.ffn = 0;
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, &gref, NULL, NULL) != 0);
+}
+
+/* The kernels' form of the shared expert: m = F_s/F extra experts every
+ * token visits with weight g, split as moe_plan_pack_shared splits it
+ * (moe_plan_shared_w1_row, W2 columns jF..). The reference's plain routed
+ * FFN over E + m experts must equal its direct shared expert up to the
+ * rounding of each slot's output (the direct form rounds the sum once). */
+static float frand(void);
+
+static void test_ffn_shared_split(void) {
+    CASE("shared expert: m slots of size F sum to the unsplit FFN");
+    enum { E = 4, K = 2, H = 32, F = 16, M = 3, FS = M * F, T = 5 };
+    moe_spec_t s = mkspec(E, K, H, F);
+    s.shared.ffn = FS;
+    s.shared.gate = MOE_SHARED_GATE_SIGMOID;
+    moe_spec_t s2 = mkspec(E + M, K + M, H, F); /* the slots as routed experts */
+    static uint16_t x[T * H], wr[E * H], w1[(E + M) * 2 * F * H], w2[(E + M) * H * F];
+    static uint16_t ws1[2 * FS * H], ws2[H * FS], wsg[H];
+    uint16_t *fill[] = {x, wr, w1, w2, ws1, ws2, wsg};
+    const size_t nfill[] = {T * H, E * H, E * 2 * F * H, E * H * F, 2 * FS * H, H * FS, H};
+    for (int i = 0; i < 7; i++)
+        for (size_t j = 0; j < nfill[i]; j++)
+            fill[i][j] = moe_float_to_half(frand() * (i == 0 ? 1.0f : 0.4f), s.dtype);
+    for (int j = 0; j < M; j++) {
+        for (int r = 0; r < 2 * F; r++)
+            memcpy(w1 + ((size_t)(E + j) * 2 * F + r) * H, ws1 + moe_plan_shared_w1_row(&s, j, r) * H, H * 2);
+        for (int h = 0; h < H; h++)
+            memcpy(w2 + ((size_t)(E + j) * H + h) * F, ws2 + (size_t)h * FS + (size_t)j * F, F * 2);
+    }
+    moe_ref_inputs_t in = {.x = x, .wr = wr, .w1 = w1, .w2 = w2, .ws1 = ws1, .ws2 = ws2, .wsg = wsg, .tokens = T};
+    int idx[T * K], idx2[T * (K + M)];
+    float w[T * K], w2r[T * (K + M)], g[T], y[T * H], y2[T * H];
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    CHECK(moe_ref_shared(&s, &in, NULL, 0, g, NULL, NULL) == 0);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K + M; k++) {
+            idx2[t * (K + M) + k] = k < K ? idx[t * K + k] : E + k - K;
+            w2r[t * (K + M) + k] = k < K ? w[t * K + k] : g[t];
+        }
+    CHECK(moe_ref_ffn(&s, &in, idx, w, NULL, 0, y, NULL, NULL) == 0);
+    CHECK(moe_ref_ffn(&s2, &in, idx2, w2r, NULL, 0, y2, NULL, NULL) == 0);
+    double num = 0, den = 0;
+    for (int i = 0; i < T * H; i++) {
+        num += (double)(y[i] - y2[i]) * (y[i] - y2[i]);
+        den += (double)y[i] * y[i];
+    }
+    fprintf(stderr, "  split vs direct shared expert: normalized L2 %.2e\n", sqrt(num / den));
+    CHECKF(den > 0 && sqrt(num / den) < 4e-3, "split %.3e", sqrt(num / den)); /* m+1 bf16 roundings vs 1 */
+    /* a wrong split (slot 0's up rows taken from slot 1) is caught by the same measure */
+    for (int r = F; r < 2 * F; r++)
+        memcpy(w1 + ((size_t)E * 2 * F + r) * H, ws1 + moe_plan_shared_w1_row(&s, 1, r) * H, H * 2);
+    CHECK(moe_ref_ffn(&s2, &in, idx2, w2r, NULL, 0, y2, NULL, NULL) == 0);
+    num = 0;
+    for (int i = 0; i < T * H; i++)
+        num += (double)(y[i] - y2[i]) * (y[i] - y2[i]);
+    CHECKF(sqrt(num / den) > 4e-2, "a wrong split went unnoticed (%.3e)", sqrt(num / den));
+}
+
 static void test_ffn_gpt_oss(void) {
     CASE("clamped SwiGLU (gpt-oss) with ffn_bias");
     moe_spec_t s = mkspec(2, 1, 16, 8);
@@ -742,6 +899,8 @@ int main(void) {
     test_route_agree();
     test_route_bad_args();
     test_ffn_plain();
+    test_ffn_shared();
+    test_ffn_shared_split();
     test_ffn_gpt_oss();
     test_activation_geglu();
     test_ffn_random(MOE_DTYPE_BF16);

@@ -196,7 +196,8 @@ static const char *const required_bad[] = {
     "enum_router_score", "enum_router_apply", "bad_name", "name_reserved", "nul_in_name", "nul_in_enum", "nul_in_file", "key_set_twice", "arch_duplicate", "mesh_order_incomplete",
     "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
     "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
-    "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep",
+    "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep", "shared_ffn_not_multiple",
+    "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots",
 };
 
 static void test_golden_errors(void) {

@@ -218,6 +218,88 @@ static float activation(const moe_activation_t *act, float gate, float up) {
 
 float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return activation(&s->activation, gate, up); }
 
+/* ---- the shared expert -------------------------------------------------- */
+
+/* Tokens of the shared expert's GEMMs at a time (bounds the 2F_s-wide rows). */
+#define REF_SHARED_CHUNK 64
+
+/* The shared expert on tokens toks[0..n), compactly: g [n], hs [n, F_s],
+ * os [n, H] (any may be NULL). The formula of moe_ref_shared (ref.h). */
+static int shared_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *toks, int n, float *g,
+                      uint16_t *hs, uint16_t *os) {
+    const int H = s->hidden, FS = s->shared.ffn, C = REF_SHARED_CHUNK;
+    const moe_dtype_t dt = s->dtype;
+    const int gated = s->shared.gate == MOE_SHARED_GATE_SIGMOID;
+    if ((hs || os) && (!in->ws1 || !in->ws2)) return 1;
+    if (gated && !in->wsg) return 1;
+    const int kmax = H > FS ? H : FS;
+    float *xe = malloc((size_t)C * H * sizeof(float)), *a = malloc((size_t)C * 2 * FS * sizeof(float));
+    float *hf = malloc((size_t)C * FS * sizeof(float)), *oc = malloc((size_t)C * H * sizeof(float));
+    float *wg = malloc((size_t)H * sizeof(float));
+    float *wbuf = malloc((size_t)ref_threads() * REF_ROW_BLOCK * kmax * sizeof(float));
+    int rc = 1;
+    if (!xe || !a || !hf || !oc || !wg || !wbuf) goto done;
+    if (gated) moe_half_row_to_float(in->wsg, wg, (size_t)H, dt);
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int P = n - c0 < C ? n - c0 : C;
+        for (int p = 0; p < P; p++) {
+            float *xr = xe + (size_t)p * H;
+            moe_half_row_to_float(in->x + (size_t)toks[c0 + p] * H, xr, (size_t)H, dt);
+            if (g) {
+                double acc = 0;
+                for (int h = 0; gated && h < H; h++) acc += (double)xr[h] * (double)wg[h];
+                g[c0 + p] = gated ? (float)(1.0 / (1.0 + exp(-acc))) : 1.0f;
+            }
+        }
+        if (!hs && !os) continue;   /* the gate alone */
+        gemm_nt(in->ws1, 2 * FS, H, dt, xe, P, a, wbuf);
+        for (int p = 0; p < P; p++)
+            for (int f = 0; f < FS; f++) {
+                const float *ar = a + (size_t)p * 2 * FS;
+                uint16_t hq = moe_float_to_half(activation(&s->activation, ar[f], ar[FS + f]), dt);
+                if (hs) hs[(size_t)(c0 + p) * FS + f] = hq;
+                hf[(size_t)p * FS + f] = moe_half_to_float(hq, dt);
+            }
+        gemm_nt(in->ws2, H, FS, dt, hf, P, oc, wbuf);
+        for (int p = 0; os && p < P; p++)
+            for (int h = 0; h < H; h++)
+                os[(size_t)(c0 + p) * H + h] = moe_float_to_half(oc[(size_t)p * H + h], dt);
+    }
+    rc = 0;
+done:
+    free(xe); free(a); free(hf); free(oc); free(wg); free(wbuf);
+    return rc;
+}
+
+int moe_ref_shared(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *token_list, int ntokens,
+                   float *g_out, uint16_t *hs_out, uint16_t *os_out) {
+    if (!spec_ok(s) || !in || in->tokens < 0 || s->shared.ffn <= 0) return 1;
+    const int T = in->tokens, n = token_list ? ntokens : T, H = s->hidden, FS = s->shared.ffn;
+    if (n < 0) return 1;
+    if (n == 0) return 0;
+    if (!in->x) return 1;
+    int *toks = malloc((size_t)n * sizeof(int));
+    float *g = malloc((size_t)n * sizeof(float));
+    uint16_t *hs = hs_out ? malloc((size_t)n * FS * 2) : NULL, *os = os_out ? malloc((size_t)n * H * 2) : NULL;
+    int rc = 1;
+    if (!toks || !g || (hs_out && !hs) || (os_out && !os)) goto done;
+    for (int i = 0; i < n; i++) {
+        toks[i] = token_list ? token_list[i] : i;
+        if (toks[i] < 0 || toks[i] >= T) goto done;
+    }
+    if (shared_ffn(s, in, toks, n, g, hs, os)) goto done;
+    for (int i = 0; i < n; i++) {
+        const size_t t = (size_t)toks[i];
+        if (g_out) g_out[t] = g[i];
+        if (hs_out) memcpy(hs_out + t * FS, hs + (size_t)i * FS, (size_t)FS * 2);
+        if (os_out) memcpy(os_out + t * H, os + (size_t)i * H, (size_t)H * 2);
+    }
+    rc = 0;
+done:
+    free(toks); free(g); free(hs); free(os);
+    return rc;
+}
+
 int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 const int *topk_idx, const float *topk_w,
                 const int *token_list, int ntokens,
@@ -325,6 +407,19 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 yr[h] += w * moe_half_to_float(oq, dt);
             }
         }
+    }
+    if (s->shared.ffn > 0) { /* y[t] += g(t) * os(t), after the routed sum */
+        int *toks = malloc((size_t)n * sizeof(int));
+        float *g = malloc((size_t)n * sizeof(float));
+        uint16_t *os = malloc((size_t)n * H * 2);
+        int bad = !toks || !g || !os;
+        for (int i = 0; !bad && i < n; i++) toks[i] = token_list ? token_list[i] : i;
+        bad = bad || shared_ffn(s, in, toks, n, g, NULL, os);
+        for (int i = 0; !bad && i < n; i++)
+            for (int h = 0; h < H; h++)
+                y[(size_t)toks[i] * H + h] += g[i] * moe_half_to_float(os[(size_t)i * H + h], dt);
+        free(toks); free(g); free(os);
+        if (bad) goto done;
     }
     rc = 0;
 done:

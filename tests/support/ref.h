@@ -17,6 +17,10 @@
  *   w2             [E, H, F]
  *   b1, b2         [E, 2F], [E, H]   read iff spec->ffn_bias
  *   topk_idx/w     [T, top_k]        slot (t, k) is row t*top_k + k
+ *   ws1            [2F_s, H]         the shared expert's W1, unsplit (gate rows, then up rows);
+ *                                    read iff spec->shared.ffn (F_s = shared.ffn)
+ *   ws2            [H, F_s]          the shared expert's W2, unsplit
+ *   wsg            [H]               w_gate; read iff shared.gate = "sigmoid"
  *
  * No function here prints, exits or keeps state; all return 0 on success and
  * non-zero on bad arguments (NULL where data is needed, sizes < 1, indices
@@ -33,6 +37,7 @@ typedef struct {
     const uint16_t *x, *wr, *w1, *w2, *b1, *b2;
     const float *sel_bias, *logit_bias;
     int tokens;                        /* T: rows of x */
+    const uint16_t *ws1, *ws2, *wsg;   /* the shared expert (spec shared.ffn), see above */
 } moe_ref_inputs_t;
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.
@@ -61,13 +66,32 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
  *   o = round(h·W2[e]ᵀ (+ b2[e]))         fp32 accumulation
  *   y[t] = Σ_k topk_w[t,k] * o(t,k)       fp32, summed in ascending expert order
  *                                         (weight 1 with router.apply = "input")
- * where round() is to spec->dtype. Writes only the listed rows of y [T, H]
+ *        + g(t) * os(t)                   with a shared expert (spec shared.ffn), added last
+ *                                         in fp32: moe_ref_shared's g and os (the shared
+ *                                         expert's input is x, whatever router.apply)
+ * where round() is to spec->dtype. topk_idx and topk_w hold the routed
+ * entries only ([T, top_k]); the shared expert is computed here, directly
+ * from in->ws1/ws2/wsg, not through the kernels' slot split. Writes only the listed rows of y [T, H]
  * and, when non-NULL, of h_out [T*k, F] and o_out [T*k, H]; every other row
  * is left as it was. Uses OpenMP threads when built with -fopenmp. */
 int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 const int *topk_idx, const float *topk_w,
                 const int *token_list, int ntokens,
                 float *y, uint16_t *h_out, uint16_t *o_out);
+
+/* The shared expert alone (spec shared.ffn = F_s), for the tokens in
+ * token_list[0..ntokens) (NULL: all tokens), as one FFN of size F_s on the
+ * unsplit weights:
+ *   g(t)  = 1, or sigmoid(x[t]·w_gate) (shared.gate = "sigmoid"), the dot
+ *           product and sigmoid in double, returned as float
+ *   a     = x[t]·Ws1ᵀ                    fp32 accumulation, 2F_s values
+ *   hs(t) = round(act(a[0..F_s), a[F_s..2F_s)))
+ *   os(t) = round(hs(t)·Ws2ᵀ)            fp32 accumulation, rounded once
+ * Writes the listed rows of g_out [T], hs_out [T, F_s] and os_out [T, H]
+ * (each may be NULL; with hs_out and os_out NULL only g is computed, and
+ * ws1/ws2 are not read). Non-zero when the spec has no shared expert. */
+int moe_ref_shared(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *token_list, int ntokens,
+                   float *g_out, uint16_t *hs_out, uint16_t *os_out);
 
 /* The spec's FFN activation of one (gate, up) pair, as moe_ref_ffn applies
  * it before rounding: computed in double, returned as float. */
