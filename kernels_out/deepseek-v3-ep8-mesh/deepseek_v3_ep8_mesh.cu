@@ -87,7 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 122 "templates/route.lua"
+#line 139 "templates/route.lua"
 namespace deepseek_v3_ep8_mesh_route_bf16_e256k8_t32_impl {
 constexpr int E = 256, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -108,9 +108,9 @@ constexpr int VPL = 8;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
 static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 143 "templates/route.lua"
+#line 160 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 32, TAKE = 2;
-#line 145 "templates/route.lua"
+#line 166 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -203,13 +203,13 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace deepseek_v3_ep8_mesh_route_bf16_e256k8_t32_impl;
-#line 241 "templates/route.lua"
+#line 262 "templates/route.lua"
     __shared__ __align__(16) unsigned char smem[SMEM];
-#line 243 "templates/route.lua"
+#line 264 "templates/route.lua"
     __shared__ int s_count[E];   // this block's selections per expert
-#line 248 "templates/route.lua"
+#line 269 "templates/route.lua"
     (void)logit_bias;
-#line 250 "templates/route.lua"
+#line 271 "templates/route.lua"
     moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -227,11 +227,13 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = (pass * WN + wn) * NT * 8;
+#line 301 "templates/route.lua"
         /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
         const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
         bool rok[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
+#line 307 "templates/route.lua"
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -300,21 +302,21 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
         __syncthreads();   // x stages are free (they may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 351 "templates/route.lua"
+#line 386 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 364 "templates/route.lua"
+#line 399 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -353,28 +355,28 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 405 "templates/route.lua"
+#line 440 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 407 "templates/route.lua"
+#line 442 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 428 "templates/route.lua"
+#line 463 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 431 "templates/route.lua"
+#line 466 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 435 "templates/route.lua"
+#line 470 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 440 "templates/route.lua"
+#line 475 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 443 "templates/route.lua"
+#line 478 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -414,7 +416,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 562 "templates/route.lua"
+#line 597 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -430,34 +432,36 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32(const moe_half_t *__restrict__ x, con
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 580 "templates/route.lua"
+#line 615 "templates/route.lua"
             const float l = lrow[mine];
-#line 585 "templates/route.lua"
+#line 620 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 587 "templates/route.lua"
+#line 622 "templates/route.lua"
         }
-#line 589 "templates/route.lua"
+#line 624 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 596 "templates/route.lua"
+#line 631 "templates/route.lua"
         w *= 2.5f;
-#line 598 "templates/route.lua"
+#line 647 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
+#line 653 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
+#line 662 "templates/route.lua"
 }
 
-#line 40 "templates/permute.lua"
+#line 42 "templates/permute.lua"
 namespace deepseek_v3_ep8_mesh_permute_plan_e256_a128_impl {
 constexpr int E = 256, K = 8, H = 7168, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -565,9 +569,9 @@ deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168(const moe_half_t *__restrict__ x
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace deepseek_v3_ep8_mesh_permute_plan_e256_a128_impl;
-#line 148 "templates/permute.lua"
-    (void)topk_w;
 #line 150 "templates/permute.lua"
+    (void)topk_w;
+#line 152 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -584,14 +588,14 @@ deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168(const moe_half_t *__restrict__ x
         row = __shfl_sync(FULL, row, 0);
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
-#line 171 "templates/permute.lua"
+#line 173 "templates/permute.lua"
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 174 "templates/permute.lua"
+#line 176 "templates/permute.lua"
     }
 }
 
-#line 29 "templates/combine.lua"
+#line 32 "templates/combine.lua"
 namespace deepseek_v3_ep8_mesh_combine_bf16_h7168k8_impl {
 constexpr int K = 8, H = 7168, HV = H / 8;
 constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
@@ -615,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_mesh_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
     using namespace deepseek_v3_ep8_mesh_combine_bf16_h7168k8_impl;
-#line 55 "templates/combine.lua"
+#line 58 "templates/combine.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -626,9 +630,9 @@ deepseek_v3_ep8_mesh_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, c
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
-#line 68 "templates/combine.lua"
+#line 71 "templates/combine.lua"
             my_w = topk_w[(long long)t * K + lane];
-#line 70 "templates/combine.lua"
+#line 73 "templates/combine.lua"
         }
         int rows[K];
         float w[K];
@@ -2318,14 +2322,14 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
     }
 }
 
-#line 21 "templates/host.lua"
+#line 24 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 24 "templates/host.lua"
+#line 27 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "deepseek_v3_ep8_mesh.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 28 "templates/host.lua"
+#line 31 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2455,10 +2459,10 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 38 "templates/host.lua"
+#line 41 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 44 "templates/host.lua"
+#line 47 "templates/host.lua"
 __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -2480,7 +2484,7 @@ static long long deepseek_v3_ep8_mesh_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 8, 256, 128);
 }
 
-#line 51 "templates/host.lua"
+#line 54 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2513,7 +2517,7 @@ static cudaError_t deepseek_v3_ep8_mesh_tmap(deepseek_v3_ep8_mesh_encode_fn enco
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 85 "templates/host.lua"
+#line 88 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2524,9 +2528,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* deepseek_v3_ep8_mesh_slot_table's address on this device */
-#line 96 "templates/host.lua"
+#line 99 "templates/host.lua"
     deepseek_v3_ep8_mesh_encode_fn encode;
-#line 98 "templates/host.lua"
+#line 101 "templates/host.lua"
 } deepseek_v3_ep8_mesh_device_t;
 static deepseek_v3_ep8_mesh_device_t deepseek_v3_ep8_mesh_devices[deepseek_v3_ep8_mesh_MAX_DEVICES];
 static std::mutex deepseek_v3_ep8_mesh_devices_lock;
@@ -2538,20 +2542,20 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, deepseek_v3_ep8_mesh_slot_table)) != cudaSuccess)
         return e;
-#line 110 "templates/host.lua"
+#line 113 "templates/host.lua"
     d->use90 = major == 9;
-#line 115 "templates/host.lua"
+#line 118 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_ep8_mesh_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 133 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2577,82 +2581,82 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 156 "templates/host.lua"
+#line 159 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 161 "templates/host.lua"
+#line 164 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 168 "templates/host.lua"
+#line 171 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 176 "templates/host.lua"
+#line 182 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *offsets = (int *)(ws + 1280);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *cursor = (int *)(ws + 2560);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3584);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3840);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12032);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     float *topk_w = (float *)(ws + 143104);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *row_of = (int *)(ws + 274176);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405248);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259328);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646208);
-#line 181 "templates/host.lua"
+#line 187 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 184 "templates/host.lua"
+#line 190 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1152, stream);
     if (e != cudaSuccess) return e;
-#line 191 "templates/host.lua"
+#line 197 "templates/host.lua"
     deepseek_v3_ep8_mesh_route_bf16_e256k8_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 0, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     deepseek_v3_ep8_mesh_permute_plan_e256_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168<<<moe_blocks(moe_routed_rows(T, 8), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 206 "templates/host.lua"
+#line 212 "templates/host.lua"
     if (dev->use90) {
-#line 210 "templates/host.lua"
+#line 216 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 200 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 200 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
     deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 215 "templates/host.lua"
+#line 221 "templates/host.lua"
     } else {
-#line 219 "templates/host.lua"
+#line 225 "templates/host.lua"
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 223 "templates/host.lua"
+#line 229 "templates/host.lua"
     }
-#line 225 "templates/host.lua"
+#line 231 "templates/host.lua"
     deepseek_v3_ep8_mesh_combine_bf16_h7168k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2676,4 +2680,5 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + (f / G) * 2 * G + up * G + f % G] = b1[e * 2 * F + r];
         }
 }
+#line 276 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -47,6 +47,7 @@ typedef struct {
     const void *b2;
     void *y;
     void *workspace;
+    const void *shared_gate;    /* [H]: shared.gate = "sigmoid" only */
 } gpt_oss_20b_args_t;
 
 #ifdef __cplusplus

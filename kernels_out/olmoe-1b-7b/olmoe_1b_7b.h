@@ -47,6 +47,7 @@ typedef struct {
     const void *b2;
     void *y;
     void *workspace;
+    const void *shared_gate;    /* [H]: shared.gate = "sigmoid" only */
 } olmoe_1b_7b_args_t;
 
 #ifdef __cplusplus

@@ -47,6 +47,7 @@ typedef struct {
     const void *b2;
     void *y;
     void *workspace;
+    const void *shared_gate;    /* [H]: shared.gate = "sigmoid" only */
 } qwen3_235b_a22b_args_t;
 
 #ifdef __cplusplus

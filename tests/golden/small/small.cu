@@ -87,7 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 122 "templates/route.lua"
+#line 139 "templates/route.lua"
 namespace small_route_bf16_e12k3_t32_impl {
 constexpr int E = 12, K = 3, H = 1536;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -108,7 +108,7 @@ constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
 static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 145 "templates/route.lua"
+#line 166 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -201,15 +201,15 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace small_route_bf16_e12k3_t32_impl;
-#line 241 "templates/route.lua"
+#line 262 "templates/route.lua"
     __shared__ __align__(16) unsigned char smem[SMEM];
-#line 243 "templates/route.lua"
+#line 264 "templates/route.lua"
     __shared__ int s_count[E];   // this block's selections per expert
-#line 245 "templates/route.lua"
+#line 266 "templates/route.lua"
     (void)sel_bias;
-#line 248 "templates/route.lua"
+#line 269 "templates/route.lua"
     (void)logit_bias;
-#line 250 "templates/route.lua"
+#line 271 "templates/route.lua"
     moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -227,11 +227,13 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = (pass * WN + wn) * NT * 8;
+#line 301 "templates/route.lua"
         /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
         const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
         bool rok[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
+#line 307 "templates/route.lua"
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -300,158 +302,158 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         __syncthreads();   // x stages are free (they may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 0) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 351 "templates/route.lua"
+#line 386 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 1) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 2) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 3) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 4) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 5) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 6) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 342 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 7) {
-#line 344 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 354 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 358 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 360 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 362 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 364 "templates/route.lua"
+#line 399 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -490,15 +492,15 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 405 "templates/route.lua"
+#line 440 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 407 "templates/route.lua"
+#line 442 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 413 "templates/route.lua"
+#line 448 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -513,16 +515,16 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 431 "templates/route.lua"
+#line 466 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 438 "templates/route.lua"
+#line 473 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 440 "templates/route.lua"
+#line 475 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 562 "templates/route.lua"
+#line 597 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -538,32 +540,34 @@ small_route_bf16_e12k3_t32(const moe_half_t *__restrict__ x, const moe_half_t *_
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 580 "templates/route.lua"
+#line 615 "templates/route.lua"
             const float l = lrow[mine];
-#line 583 "templates/route.lua"
+#line 618 "templates/route.lua"
             w = expf(l - m) / z;
-#line 587 "templates/route.lua"
+#line 622 "templates/route.lua"
         }
-#line 589 "templates/route.lua"
+#line 624 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 598 "templates/route.lua"
+#line 647 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
+#line 653 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
+#line 662 "templates/route.lua"
 }
 
-#line 40 "templates/permute.lua"
+#line 42 "templates/permute.lua"
 namespace small_permute_plan_e12_a128_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -671,9 +675,9 @@ small_permute_scatter_bf16_h1536(const moe_half_t *__restrict__ x, const int *__
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace small_permute_plan_e12_a128_impl;
-#line 148 "templates/permute.lua"
-    (void)topk_w;
 #line 150 "templates/permute.lua"
+    (void)topk_w;
+#line 152 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -690,14 +694,14 @@ small_permute_scatter_bf16_h1536(const moe_half_t *__restrict__ x, const int *__
         row = __shfl_sync(FULL, row, 0);
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
-#line 171 "templates/permute.lua"
+#line 173 "templates/permute.lua"
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 174 "templates/permute.lua"
+#line 176 "templates/permute.lua"
     }
 }
 
-#line 29 "templates/combine.lua"
+#line 32 "templates/combine.lua"
 namespace small_combine_bf16_h1536k3_impl {
 constexpr int K = 3, H = 1536, HV = H / 8;
 constexpr int KB = K < 8 ? K : 8;   // rows loaded ahead of their sums
@@ -721,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(256)
 small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
     using namespace small_combine_bf16_h1536k3_impl;
-#line 55 "templates/combine.lua"
+#line 58 "templates/combine.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -732,9 +736,9 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
-#line 68 "templates/combine.lua"
+#line 71 "templates/combine.lua"
             my_w = topk_w[(long long)t * K + lane];
-#line 70 "templates/combine.lua"
+#line 73 "templates/combine.lua"
         }
         int rows[K];
         float w[K];
@@ -2210,14 +2214,14 @@ small_swiglu_bf16_f640(const uint4 *__restrict__ u, uint4 *__restrict__ h, const
     }
 }
 
-#line 21 "templates/host.lua"
+#line 24 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 24 "templates/host.lua"
+#line 27 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "small.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 28 "templates/host.lua"
+#line 31 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2347,17 +2351,17 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 38 "templates/host.lua"
+#line 41 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 44 "templates/host.lua"
+#line 47 "templates/host.lua"
 __device__ int small_slot_table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
 static long long small_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 3, 12, 128);
 }
 
-#line 51 "templates/host.lua"
+#line 54 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2390,7 +2394,7 @@ static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void 
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 85 "templates/host.lua"
+#line 88 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2401,9 +2405,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* small_slot_table's address on this device */
-#line 96 "templates/host.lua"
+#line 99 "templates/host.lua"
     small_encode_fn encode;
-#line 98 "templates/host.lua"
+#line 101 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2415,20 +2419,20 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, small_slot_table)) != cudaSuccess)
         return e;
-#line 110 "templates/host.lua"
+#line 113 "templates/host.lua"
     d->use90 = major == 9;
-#line 115 "templates/host.lua"
+#line 118 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 126 "templates/host.lua"
+#line 129 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 133 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2454,75 +2458,75 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 161 "templates/host.lua"
+#line 164 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 176 "templates/host.lua"
+#line 182 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *offsets = (int *)(ws + 256);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *cursor = (int *)(ws + 512);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *num_tiles = (int *)(ws + 768);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1024);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1536);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     float *topk_w = (float *)(ws + 7680);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     int *row_of = (int *)(ws + 13824);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 19968);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420288);
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     float *route_part = (float *)(ws + 13337088);
-#line 181 "templates/host.lua"
+#line 187 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 184 "templates/host.lua"
+#line 190 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 176, stream);
     if (e != cudaSuccess) return e;
-#line 191 "templates/host.lua"
+#line 197 "templates/host.lua"
     small_route_bf16_e12k3_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 0, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     small_permute_scatter_bf16_h1536<<<moe_blocks(moe_routed_rows(T, 3), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 206 "templates/host.lua"
+#line 212 "templates/host.lua"
     if (dev->use90) {
-#line 210 "templates/host.lua"
+#line 216 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 200 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
     small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 200 "templates/host.lua"
+#line 206 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
     small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 215 "templates/host.lua"
+#line 221 "templates/host.lua"
     } else {
-#line 219 "templates/host.lua"
+#line 225 "templates/host.lua"
     small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(10, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     small_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(12, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 223 "templates/host.lua"
+#line 229 "templates/host.lua"
     }
-#line 225 "templates/host.lua"
+#line 231 "templates/host.lua"
     small_combine_bf16_h1536k3<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2546,4 +2550,5 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + (f / G) * 2 * G + up * G + f % G] = b1[e * 2 * F + r];
         }
 }
+#line 276 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
