@@ -32,7 +32,7 @@ static const abi_field forward_fields[] = {
     FIELD(moe_forward_args, router_logit_bias), FIELD(moe_forward_args, w1p),
     FIELD(moe_forward_args, b1p),         FIELD(moe_forward_args, w2),
     FIELD(moe_forward_args, b2),          FIELD(moe_forward_args, y),
-    FIELD(moe_forward_args, workspace),   {0}};
+    FIELD(moe_forward_args, workspace),   FIELD(moe_forward_args, shared_gate), {0}};
 
 static const abi_field weights_fields[] = {
     FIELD(moe_weights, w1p), FIELD(moe_weights, b1p), FIELD(moe_weights, w2), FIELD(moe_weights, b2), {0}};
@@ -123,6 +123,9 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
     } else if (!strcmp(name, "b2")) {
         if (s->ffn_bias)
             SHAPE(S, H);
+    } else if (!strcmp(name, "shared_gate")) { /* w_gate of a sigmoid-gated shared expert */
+        if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+            SHAPE(H);
     } else
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_tensor: no tensor named \"%s\"", name);
 #undef SHAPE

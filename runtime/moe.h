@@ -206,8 +206,9 @@ moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const
 
 /* The shape and element type the plan expects of forward tensor `name`
  * ("x", "y", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p",
- * "w2", "b2"; moe_forward_args' names): *rank dims in dims[0..rank-1] (x and
- * y: the spec's tokens, the most a forward takes), *dtype "bf16", "fp16" or
+ * "w2", "b2", "shared_gate"; moe_forward_args' names): *rank dims in
+ * dims[0..rank-1] (x and y: the spec's tokens, the most a forward takes;
+ * w1p and w2: every weight slot, a shared expert's included), *dtype "bf16", "fp16" or
  * "fp32" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
  * NULL). MOE_ERR_INVALID_ARG for another name. */
 moe_status moe_plan_tensor(const moe_plan *plan, const char *name, int *rank, int64_t dims[4], const char **dtype);

@@ -42,7 +42,7 @@ class Options(ctypes.Structure):
 class ForwardArgs(ctypes.Structure):
     _fields_ = [("tokens", c_int), ("x", c_void_p), ("router_w", c_void_p), ("router_bias", c_void_p),
                 ("router_logit_bias", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p),
-                ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p)]
+                ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p)]
 
 
 class PlanInfo(ctypes.Structure):
