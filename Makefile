@@ -154,12 +154,14 @@ test-mgpu: $(BUILD)/tests/test_mgpu
 # The vendored path: an emitted .cu built by plain nvcc with no libmoegen.
 VENDORED_SPEC := qwen3-30b-a3b
 VENDORED_NAME := qwen3_30b_a3b
+# a spec with a shared expert: test_vendored packs it (NAME_pack_shared)
+VENDORED_DEFS := $(shell grep -q '^shared' examples/specs/$(VENDORED_SPEC).moe 2>/dev/null && echo -DVENDORED_SHARED)
 VENDORED_OBJ := $(BUILD)/tests/support/ref.o $(BUILD)/runtime/half.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
 $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
 	  -Igen -Iruntime -Itests -Itests/support -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h \
+	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
 	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
 	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
 

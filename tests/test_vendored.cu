@@ -2,7 +2,10 @@
  * nvcc and linked with this program, no libmoegen. Runs the forward through
  * the emitted host code (NAME_forward) and checks sampled tokens of y
  * against the CPU reference. Built by `make test-vendored`; VENDORED_NAME
- * names the emitted spec (its NAME.h is on the include path). */
+ * names the emitted spec (its NAME.h is on the include path), and
+ * VENDORED_SHARED is defined when the spec has a shared expert (packed
+ * into its slots by NAME_pack_shared, checked against the reference's
+ * direct shared FFN). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -48,11 +51,18 @@ int main(int argc, char **argv) {
     rng_state = (uint64_t)time(NULL);
     fprintf(stderr, "test_vendored: %s, seed %llu\n", s.name, (unsigned long long)rng_state);
     const size_t E = N(_EXPERTS), K = N(_TOP_K), H = N(_HIDDEN), F = N(_FFN);
+#ifdef VENDORED_SHARED
+    const size_t FS = N(_SHARED_FFN), ES = N(_SLOTS); /* the shared expert: weight slots E .. ES-1 */
+#else
+    const size_t FS = 0, ES = E;
+#endif
     const int T = 777 < N(_MAX_TOKENS) ? 777 : N(_MAX_TOKENS);
     const moe_dtype_t dt = s.dtype;
     uint16_t *x = (uint16_t *)malloc(T * H * 2), *wr = (uint16_t *)malloc(E * H * 2);
-    uint16_t *w1 = (uint16_t *)malloc(E * 2 * F * H * 2), *w1p = (uint16_t *)malloc(E * 2 * F * H * 2);
-    uint16_t *w2 = (uint16_t *)malloc(E * H * F * 2), *b1 = (uint16_t *)malloc(E * 2 * F * 2);
+    uint16_t *w1 = (uint16_t *)malloc(E * 2 * F * H * 2), *w1p = (uint16_t *)malloc(ES * 2 * F * H * 2);
+    uint16_t *w2 = (uint16_t *)malloc(ES * H * F * 2), *b1 = (uint16_t *)malloc(E * 2 * F * 2);
+    uint16_t *ws1 = (uint16_t *)malloc(2 * FS * H * 2 + 2), *ws2 = (uint16_t *)malloc(H * FS * 2 + 2);
+    uint16_t *wsg = (uint16_t *)malloc(H * 2);
     uint16_t *b1p = (uint16_t *)malloc(E * 2 * F * 2), *b2 = (uint16_t *)malloc(E * H * 2);
     float *sb = (float *)malloc(E * 4), *lb = (float *)malloc(E * 4);
     for (size_t i = 0; i < T * H; i++) x[i] = moe_float_to_half(urand(), dt);
@@ -62,24 +72,32 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < E * 2 * F; i++) b1[i] = moe_float_to_half(urand() * 0.5f, dt);
     for (size_t i = 0; i < E * H; i++) b2[i] = moe_float_to_half(urand() * 0.5f, dt);
     for (size_t i = 0; i < E; i++) { sb[i] = urand() * 0.1f; lb[i] = urand(); }
+    for (size_t i = 0; i < 2 * FS * H; i++) ws1[i] = moe_float_to_half(urand() * 2 / sqrtf((float)H), dt);
+    for (size_t i = 0; i < H * FS; i++) ws2[i] = moe_float_to_half(urand() * 2 / sqrtf((float)FS), dt);
+    for (size_t i = 0; i < H; i++) wsg[i] = moe_float_to_half(urand() * 2 / sqrtf((float)H), dt);
     N(_pack_w1)(w1, w1p);
     N(_pack_b1)(b1, b1p);
-    void *dx, *dwr, *dw1p, *dw2, *db1p, *db2, *dsb, *dlb, *dy, *dws;
-    cudaMalloc(&dx, T * H * 2); cudaMalloc(&dwr, E * H * 2); cudaMalloc(&dw1p, E * 2 * F * H * 2);
-    cudaMalloc(&dw2, E * H * F * 2); cudaMalloc(&db1p, E * 2 * F * 2); cudaMalloc(&db2, E * H * 2);
+#ifdef VENDORED_SHARED
+    N(_pack_shared)(ws1, ws2, w1p, w2);
+#endif
+    void *dx, *dwr, *dw1p, *dw2, *db1p, *db2, *dsb, *dlb, *dy, *dws, *dwsg;
+    cudaMalloc(&dx, T * H * 2); cudaMalloc(&dwr, E * H * 2); cudaMalloc(&dw1p, ES * 2 * F * H * 2);
+    cudaMalloc(&dw2, ES * H * F * 2); cudaMalloc(&db1p, E * 2 * F * 2); cudaMalloc(&db2, E * H * 2);
+    cudaMalloc(&dwsg, H * 2);
     cudaMalloc(&dsb, E * 4); cudaMalloc(&dlb, E * 4); cudaMalloc(&dy, T * H * 2);
     CHECK(cudaMalloc(&dws, N(_WORKSPACE_BYTES)) == cudaSuccess);
     cudaMemcpy(dx, x, T * H * 2, cudaMemcpyHostToDevice);
     cudaMemcpy(dwr, wr, E * H * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dw1p, w1p, E * 2 * F * H * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dw2, w2, E * H * F * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw1p, w1p, ES * 2 * F * H * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw2, w2, ES * H * F * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dwsg, wsg, H * 2, cudaMemcpyHostToDevice);
     cudaMemcpy(db1p, b1p, E * 2 * F * 2, cudaMemcpyHostToDevice);
     cudaMemcpy(db2, b2, E * H * 2, cudaMemcpyHostToDevice);
     cudaMemcpy(dsb, sb, E * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(dlb, lb, E * 4, cudaMemcpyHostToDevice);
     cudaMemset(dy, 0xff, T * H * 2);
     cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
-    N(_args_t) a = {T, dx, dwr, (const float *)dsb, (const float *)dlb, dw1p, db1p, dw2, db2, dy, dws};
+    N(_args_t) a = {T, dx, dwr, (const float *)dsb, (const float *)dlb, dw1p, db1p, dw2, db2, dy, dws, dwsg};
     /* an empty batch: valid, nothing enqueued, y untouched */
     N(_args_t) z = a;
     z.tokens = 0;
@@ -112,7 +130,7 @@ int main(int argc, char **argv) {
     cudaMemcpy(y, dy, T * H * 2, cudaMemcpyDeviceToHost);
     int *idx = (int *)malloc(T * K * 4);
     float *w = (float *)malloc(T * K * 4), *yref = (float *)malloc(T * H * 4);
-    moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, sb, lb, T};
+    moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, sb, lb, T, ws1, ws2, wsg};
     CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
     int sample[32], ns = 0;
     for (int t = 0; t < T && ns < 32; t += T / 32 + 1) sample[ns++] = t;
