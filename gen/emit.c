@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern const moe_embedded_t moe_embedded_launch_geom[]; /* build/launch_geom_embed.c: gen/launch_geom.h */
@@ -446,6 +447,15 @@ int moe_fileset_write(const moe_fileset_t *fs, const char *dir, char *err, size_
         n++;
         if (!ok) {
             snprintf(err, errlen, "cannot write '%s': %s", w[n - 1].tmp, strerror(errno));
+            rc = -1;
+        }
+    }
+    /* a destination that a file cannot replace (a folder, say) fails its
+     * rename: found before any rename, so nothing is half-written */
+    for (int i = 0; i < n && !rc; i++) {
+        struct stat st;
+        if (lstat(w[i].dst, &st) == 0 && S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen, "cannot write '%s': it is a folder", w[i].dst);
             rc = -1;
         }
     }

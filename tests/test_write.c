@@ -258,6 +258,34 @@ static void test_planted_links(void) {
 
 /* An empty output folder name is a usage error (exit 2), not a walk over
  * uninitialized memory after the name's end. */
+/* emit is all or nothing also when a destination is a folder: the rename
+ * over it fails, and before, NAME.cu and NAME.h had already been replaced */
+static void test_folder_in_the_way(void) {
+    CASE("emit: DIR/manifest.json a folder: refused, nothing replaced");
+    char dir[400], args[800], p[600], *err;
+    snprintf(dir, sizeof dir, "%s/in_the_way", tmp_root);
+    snprintf(args, sizeof args, "emit %s -o %s", SMALL, dir);
+    int rc = run_moegen(args, &err);
+    CHECKF(rc == 0, "exit %d: %s", rc, err);
+    free(err);
+    snprintf(p, sizeof p, "%s/small.cu", dir);
+    CHECK(write_text(p, "old") == 0);
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    CHECK(unlink(p) == 0 && mkdir(p, 0700) == 0);
+    rc = run_moegen(args, &err);
+    CHECKF(rc == 1 && strstr(err, "manifest.json': it is a folder"), "exit %d: %s", rc, err);
+    free(err);
+    snprintf(p, sizeof p, "%s/small.cu", dir);
+    char *cu = read_bytes(p, NULL);
+    CHECKF(cu && strcmp(cu, "old") == 0, "small.cu was replaced");
+    free(cu);
+    static char names[16][256];
+    int n = list_dir(dir, names, 16), temps = 0;
+    for (int i = 0; i < n; i++)
+        temps += strstr(names[i], ".tmp") != NULL;
+    CHECKF(temps == 0, "%d temporaries left", temps);
+}
+
 static void test_empty_out(void) {
     CASE("emit -o '': refused");
     char args[600], *err;
@@ -277,6 +305,7 @@ int main(void) {
     test_all_or_nothing();
     test_planted_links();
     test_empty_out();
+    test_folder_in_the_way();
     fprintf(stderr, "test_write: cases in %.1f s\n", now() - t);
     rm_rf(tmp_root);
     return check_report("test_write");
