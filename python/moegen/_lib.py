@@ -56,7 +56,7 @@ class PlanInfo(ctypes.Structure):
 MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_info": PlanInfo}
 
 # The forward's tensors, moe_forward_args' names, in its order.
-TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y")
+TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate")
 
 # ---- the functions used, with their C types -------------------------------
 _SIGNATURES = {

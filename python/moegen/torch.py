@@ -6,7 +6,7 @@
     y = moe(x)                                     # x [..., H], bf16 on cuda
 
 The op is torch.ops.moegen.moe(x, router_w, w1p, w2, router_bias,
-router_logit_bias, b1p, b2, plan) -> y, with tensors in moegen's packed
+router_logit_bias, b1p, b2, shared_gate, plan) -> y, with tensors in moegen's packed
 layouts (README.md, "Tensors") and `plan` the id of a registered Plan
 (register_plan). It runs moe_forward on torch's current stream of x's
 device with a workspace from torch's caching allocator, so it is
@@ -24,7 +24,7 @@ from .plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the op's optional tensors, in its argument order
-_OPTIONAL = ("router_bias", "router_logit_bias", "b1p", "b2")
+_OPTIONAL = ("router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
 
 _plans = {}
 _ids = itertools.count(1)
@@ -109,7 +109,7 @@ def _entry(plan):
 
 _lib_def = torch.library.Library("moegen", "DEF")
 _lib_def.define("moe(Tensor x, Tensor router_w, Tensor w1p, Tensor w2, Tensor? router_bias, "
-                "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, int plan) -> Tensor")
+                "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan) -> Tensor")
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream   # the fast path, no Stream object
@@ -138,9 +138,9 @@ def _fits(e, x, ts):
     return True
 
 
-def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, plan):
+def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
     e = _plans.get(plan) or _entry(plan)
-    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2)
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
     if not _fits(e, x, ts):
         check_args(e.expect, e.capacity, e.device, x, dict(zip(("router_w", "w1p", "w2") + _OPTIONAL, ts)))
     tokens = x.shape[0]
@@ -155,7 +155,8 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, pla
                          router_bias.data_ptr() if router_bias is not None else None,
                          router_logit_bias.data_ptr() if router_logit_bias is not None else None,
                          w1p.data_ptr(), b1p.data_ptr() if b1p is not None else None, w2.data_ptr(),
-                         b2.data_ptr() if b2 is not None else None, y.data_ptr(), ws.data_ptr())
+                         b2.data_ptr() if b2 is not None else None, y.data_ptr(), ws.data_ptr(),
+                         shared_gate.data_ptr() if shared_gate is not None else None)
     index = e.device.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
@@ -167,7 +168,7 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, pla
     return y
 
 
-def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, plan):
+def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
     e = _plans.get(plan)
     if e is not None and (x.dim() != 2 or x.shape[1] != e.hidden or x.dtype != e.dtype):
         raise ValueError("moegen: x must be %s [tokens, %d], not %s %s" % (e.dtype, e.hidden, x.dtype,
@@ -216,7 +217,7 @@ class MoE(torch.nn.Module):
         self.plan_id = register_plan(self.plan)
         weakref.finalize(self, unregister_plan, self.plan_id)
         dev = torch.device("cuda", index)
-        for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2"):
+        for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate"):
             t = self.plan.tensors[name]
             param = None if t is None else torch.nn.Parameter(
                 torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=False)
@@ -233,7 +234,7 @@ class MoE(torch.nn.Module):
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         y = moe(x.reshape(-1, H), self.router_w, self.w1p, self.w2, self.router_bias, self.router_logit_bias,
-                self.b1p, self.b2, self.plan_id)
+                self.b1p, self.b2, self.shared_gate, self.plan_id)
         return y.reshape(x.shape)
 
     def w1_order(self):
@@ -244,16 +245,40 @@ class MoE(torch.nn.Module):
 
     @torch.no_grad()
     def load_plain(self, router_w, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, router_bias=None,
-                   router_logit_bias=None):
+                   router_logit_bias=None, shared_w1=None, shared_w2=None, shared_gate=None):
         """Set the parameters from the plain layouts, packing on the GPU:
         w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
         each; w2 [E, H, F]; b1 [E, 2F] or None; b2 [E, H]; router_w [E, H];
-        the router biases fp32 [E]. Tensors may be on any device; they are
-        copied to the layer's device and dtype checked, never converted."""
+        the router biases fp32 [E]; with a shared expert (spec shared.ffn =
+        F_s = m·F) shared_w1 [2F_s, H] (gate rows, then up), shared_w2
+        [H, F_s], and shared_gate [H] where shared.gate = "sigmoid", split
+        into the m weight slots after the routed experts as
+        moe_plan_pack_shared splits them. Tensors may be on any device; they
+        are copied to the layer's device and dtype checked, never
+        converted."""
         if (w1 is None) == (gate is None or up is None):
             raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
         if w1 is None:
             w1 = torch.cat([gate, up], dim=1)
+        info = self.plan.info
+        E, F, H = info.experts, info.ffn, info.hidden
+        m = self.w1p.shape[0] - E if info.world == 1 else 0   # the shared expert's slots
+        if m > 0:
+            if shared_w1 is None or shared_w2 is None:
+                raise ValueError("moegen: the spec has a shared expert: pass shared_w1 [%d, %d] and shared_w2 "
+                                 "[%d, %d]" % (2 * m * F, H, H, m * F))
+            if tuple(shared_w1.shape) != (2 * m * F, H) or tuple(shared_w2.shape) != (H, m * F):
+                raise ValueError("moegen: shared_w1 must be [%d, %d] and shared_w2 [%d, %d], not %s and %s" % (
+                    2 * m * F, H, H, m * F, list(shared_w1.shape), list(shared_w2.shape)))
+            # slot E+j: gate rows jF..jF+F-1 and the matching up rows; w2 columns jF..jF+F-1
+            sw1 = shared_w1.reshape(2, m, F, H).transpose(0, 1).reshape(m, 2 * F, H)
+            sw2 = shared_w2.reshape(H, m, F).permute(1, 0, 2)
+            if w1.dtype != shared_w1.dtype or w2 is None or w2.dtype != shared_w2.dtype:
+                raise TypeError("moegen: the shared expert's weights must have the routed experts' dtype")
+            w1 = torch.cat([w1, sw1.to(w1.device)], dim=0)
+            w2 = torch.cat([w2, sw2.to(w2.device)], dim=0)
+        elif shared_w1 is not None or shared_w2 is not None:
+            raise ValueError("moegen: the spec has no shared expert (or its plan spans several devices)")
 
         def put(name, value, packed=None):
             p = getattr(self, name)
@@ -281,4 +306,5 @@ class MoE(torch.nn.Module):
         put("b2", b2)
         put("router_bias", router_bias)
         put("router_logit_bias", router_logit_bias)
+        put("shared_gate", shared_gate)
         return self

@@ -21,7 +21,8 @@ def expect(biases=False):
     return {"x": (torch.Size([CAP, H]), bf), "y": (torch.Size([CAP, H]), bf), "router_w": (torch.Size([E, H]), bf),
             "router_bias": (torch.Size([E]), f32) if biases else None, "router_logit_bias": None,
             "w1p": (torch.Size([S, 2 * F, H]), bf), "b1p": (torch.Size([S, 2 * F]), bf) if biases else None,
-            "w2": (torch.Size([S, H, F]), bf), "b2": (torch.Size([S, H]), bf) if biases else None}
+            "w2": (torch.Size([S, H, F]), bf), "b2": (torch.Size([S, H]), bf) if biases else None,
+            "shared_gate": None}
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -34,7 +35,7 @@ class Checks(unittest.TestCase):
         self.t = {"router_w": torch.empty(E, H, dtype=bf, device="meta"),
                   "w1p": torch.empty(S, 2 * F, H, dtype=bf, device="meta"),
                   "w2": torch.empty(S, H, F, dtype=bf, device="meta"), "router_bias": None,
-                  "router_logit_bias": None, "b1p": None, "b2": None}
+                  "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None}
         self.x = torch.empty(4, H, dtype=bf, device="meta")
 
     def check(self, x=None, exp=None, **changes):
@@ -109,14 +110,14 @@ class Fake(unittest.TestCase):
         bf = torch.bfloat16
         return (torch.randn(tokens, H, device=device).to(bf), torch.randn(E, H, device=device).to(bf),
                 torch.randn(S, 2 * F, H, device=device).to(bf), torch.randn(S, H, F, device=device).to(bf),
-                None, None, None, None, 999)
+                None, None, None, None, None, 999)
 
     def test_traced_into_a_graph_with_its_shape(self):
         from moegen import torch as mt  # noqa: F401  (registers the op)
         from torch.fx.experimental.proxy_tensor import make_fx
 
         def layer(x, wr, w1p, w2):
-            return torch.ops.moegen.moe(x * 2, wr, w1p, w2, None, None, None, None, 999) + 1
+            return torch.ops.moegen.moe(x * 2, wr, w1p, w2, None, None, None, None, None, 999) + 1
 
         a = self.args("cpu")
         g = make_fx(layer, tracing_mode="fake")(*a[:4])
@@ -138,7 +139,7 @@ class Fake(unittest.TestCase):
 
         @torch.compile(backend=cnt, fullgraph=True)
         def layer(x, wr, w1p, w2):
-            return mt.moe(x, wr, w1p, w2, None, None, None, None, 999).float().sum()
+            return mt.moe(x, wr, w1p, w2, None, None, None, None, None, 999).float().sum()
 
         a = self.args("meta")
         layer(*a[:4])

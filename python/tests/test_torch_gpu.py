@@ -40,6 +40,9 @@ SPECS = {
                         router=dict(score="softmax", renormalize=True)),
     "biased_small": dict(name="biased_small", experts=16, top_k=4, hidden=512, ffn=512, tokens=128,
                          router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True),
+    # Qwen2-MoE-shaped: a shared expert of 2·ffn behind sigmoid(x·w_gate)
+    "shared_small": dict(name="shared_small", experts=16, top_k=4, hidden=512, ffn=256, tokens=128,
+                         router=dict(score="softmax", renormalize=False), shared=dict(ffn=512, gate="sigmoid")),
 }
 
 passed = failed = 0
@@ -67,13 +70,21 @@ def weights(keys):
         w["router_bias"] = rand(E, scale=0.5, dtype=torch.float32)
     if r.get("logit_bias"):
         w["router_logit_bias"] = rand(E, scale=0.5, dtype=torch.float32)
+    sh = keys.get("shared")
+    if sh:
+        Fs = sh["ffn"]
+        w.update(shared_w1=rand(2 * Fs, H, scale=2 / H ** 0.5), shared_w2=rand(H, Fs, scale=2 / Fs ** 0.5))
+        if sh.get("gate") == "sigmoid":
+            w["shared_gate"] = rand(H, scale=4 / H ** 0.5)
     return w
 
 
 def reference(keys, w, x):
     """The layer in eager PyTorch from the plain weights: routing in float64
     (selection scores rounded to fp32), FFN in fp32 with the intermediate and
-    each expert's output rounded to bf16 where the kernels store them."""
+    each expert's output rounded to bf16 where the kernels store them; a
+    shared expert as its m slots of ffn columns, each rounded likewise,
+    weighted by 1 or sigmoid(x·w_gate)."""
     r = keys.get("router", {})
     K, F = keys["top_k"], keys["ffn"]
     logits = x.double() @ w["router_w"].double().t()
@@ -99,6 +110,16 @@ def reference(keys, w, x):
         if "b2" in w:
             o = o + w["b2"][e].float()
         y.index_add_(0, tok, o.to(torch.bfloat16).float() * wt[tok, slot, None].float())
+    sh = keys.get("shared")
+    if sh:
+        Fs = sh["ffn"]
+        g = (x.double() @ w["shared_gate"].double()).sigmoid().float()[:, None] if "shared_gate" in w else 1.0
+        for j in range(Fs // F):
+            cols = torch.arange(j * F, (j + 1) * F, device=x.device)
+            h = xf @ torch.cat([w["shared_w1"][cols], w["shared_w1"][Fs + cols]]).float().t()
+            a = (torch.nn.functional.silu(h[:, :F]) * h[:, F:]).to(torch.bfloat16).float()
+            o = a @ w["shared_w2"][:, cols].float().t()
+            y += o.to(torch.bfloat16).float() * g
     return y.to(torch.bfloat16)
 
 
@@ -127,8 +148,20 @@ def check_spec(name, keys):
     pack = plan._lib.moe_plan_pack_w1
     pack.argtypes, pack.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
     rc = pack(plan.handle, host.data_ptr(), packed.data_ptr())
-    report(rc == 0 and torch.equal(packed.cuda(), moe.w1p.detach().view(torch.int16)),
+    report(rc == 0 and torch.equal(packed.cuda(), moe.w1p.detach()[:keys["experts"]].view(torch.int16)),
            "%s: w1p packed on the GPU equals moe_plan_pack_w1's host pack" % name)
+    if "shared" in keys:  # the shared expert's slots against the library's own split, moe_plan_pack_shared
+        E = keys["experts"]
+        S = moe.w1p.shape[0]
+        h1 = torch.zeros(S, *moe.w1p.shape[1:], dtype=torch.int16)
+        h2 = torch.zeros(S, *moe.w2.shape[1:], dtype=torch.int16)
+        sw1, sw2 = (w[k].view(torch.int16).cpu().contiguous() for k in ("shared_w1", "shared_w2"))
+        fn = plan._lib.moe_plan_pack_shared
+        fn.argtypes, fn.restype = [ctypes.c_void_p] * 5, ctypes.c_int
+        rc = fn(plan.handle, sw1.data_ptr(), sw2.data_ptr(), h1.data_ptr(), h2.data_ptr())
+        report(rc == 0 and torch.equal(h1[E:].cuda(), moe.w1p.detach()[E:].view(torch.int16))
+               and torch.equal(h2[E:].cuda(), moe.w2.detach()[E:].view(torch.int16)),
+               "%s: the shared expert's %d slots equal moe_plan_pack_shared's" % (name, S - E))
     x_all = rand(T_max, H)
     with torch.no_grad():
         y0 = moe(x_all[:0])
@@ -201,7 +234,8 @@ def check_spec(name, keys):
                 ("a CPU x", lambda: moe(x_all[:4].cpu()), ValueError),
                 ("a strided w2", lambda: torch.ops.moegen.moe(
                     x_all[:4], moe.router_w, moe.w1p, moe.w2.transpose(1, 2).contiguous().transpose(1, 2),
-                    moe.router_bias, moe.router_logit_bias, moe.b1p, moe.b2, moe.plan_id), ValueError)):
+                    moe.router_bias, moe.router_logit_bias, moe.b1p, moe.b2, moe.shared_gate, moe.plan_id),
+                 ValueError)):
             try:
                 call()
                 report(False, "%s: %s was accepted" % (name, what))
@@ -221,7 +255,8 @@ def overhead(moe, iters):
     ws = torch.empty(plan.workspace_size(1), dtype=torch.uint8, device="cuda")
     p = lambda t: None if t is None else t.data_ptr()
     args = _lib.ForwardArgs(1, x.data_ptr(), p(moe.router_w), p(moe.router_bias), p(moe.router_logit_bias),
-                            p(moe.w1p), p(moe.b1p), p(moe.w2), p(moe.b2), y.data_ptr(), ws.data_ptr())
+                            p(moe.w1p), p(moe.b1p), p(moe.w2), p(moe.b2), y.data_ptr(), ws.data_ptr(),
+                            p(moe.shared_gate))
     lib, handle = plan._lib, plan.handle
     stream = torch.cuda.current_stream().cuda_stream
     byref = ctypes.byref(args)
@@ -230,11 +265,11 @@ def overhead(moe, iters):
         lib.moe_forward(handle, byref, stream)
 
     op = torch.ops.moegen.moe
-    rw, w1p, w2, rb, lb, b1p, b2, pid = (moe.router_w, moe.w1p, moe.w2, moe.router_bias, moe.router_logit_bias,
-                                         moe.b1p, moe.b2, moe.plan_id)
+    rw, w1p, w2, rb, lb, b1p, b2, sg, pid = (moe.router_w, moe.w1p, moe.w2, moe.router_bias, moe.router_logit_bias,
+                                             moe.b1p, moe.b2, moe.shared_gate, moe.plan_id)
 
     def via_op():
-        op(x, rw, w1p, w2, rb, lb, b1p, b2, pid)
+        op(x, rw, w1p, w2, rb, lb, b1p, b2, sg, pid)
 
     def via_module():
         moe(x)
