@@ -668,7 +668,7 @@ static void check_combine(const layer_t *L, int T, const float *w, const int *ro
 static void check_swiglu(const moe_plan *plan, const layer_t *L, uint64_t seed) {
     const moe_spec_t *s = &L->s;
     const moe_launcher_t *l = &plan->launcher;
-    const int E = s->experts, F = s->ffn;
+    const int E = moe_spec_slots(s), F = s->ffn; /* the kernel reads offsets[slots] (a shared expert's included) */
     const moe_dtype_t dt = s->dtype;
     const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     const long long cap = 37;
