@@ -1116,9 +1116,14 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             run_tokens(plan, &L, c->tokens[i], &rng, l2, c->graph);
         }
         /* capacity: one token more than the spec allows is refused */
+        const moe_spec_t *s = &L.s;
         moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
-                              .w1p = (void *)L.dw1p, .w2 = (void *)L.dw2, .y = (void *)L.dy,
-                              .workspace = (void *)L.dws};
+                              .router_bias = s->router.bias ? (float *)L.dsel : NULL,
+                              .router_logit_bias = s->router.logit_bias ? (float *)L.dlogit : NULL,
+                              .w1p = (void *)L.dw1p, .b1p = s->ffn_bias ? (void *)L.db1p : NULL,
+                              .w2 = (void *)L.dw2, .b2 = s->ffn_bias ? (void *)L.db2 : NULL, .y = (void *)L.dy,
+                              .workspace = (void *)L.dws,
+                              .shared_gate = s->shared.gate == MOE_SHARED_GATE_SIGMOID ? (void *)L.dwsg : NULL};
         if (family_on(FAM_SWIGLU)) {
             char sc[240];
             family_case(sc, sizeof sc, FAM_SWIGLU, label);
