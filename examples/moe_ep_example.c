@@ -27,12 +27,23 @@
 /* The few driver and NCCL calls the example makes itself, from the libraries
  * the process loads (libmoegen loads the same ones). */
 static void *sym(void *h, const char *name) {
-    void *f = h ? dlsym(h, name) : NULL;
+    void *f = dlsym(h, name);
     if (!f) {
         fprintf(stderr, "moe_ep_example: %s not found: %s\n", name, dlerror());
         exit(1);
     }
     return f;
+}
+
+/* A library the example needs (what: "the CUDA driver", "NCCL"), or exit
+ * saying why it did not load. */
+static void *need(const char *lib, const char *what) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        fprintf(stderr, "moe_ep_example: %s did not load: %s\n", what, dlerror());
+        exit(1);
+    }
+    return h;
 }
 
 static unsigned short rnd(unsigned *s) { /* small bf16 values */
@@ -58,7 +69,7 @@ static void *upload(CUresult (*alloc)(CUdeviceptr *, size_t), CUresult (*h2d)(CU
 }
 
 static int run_rank(const char *spec, int rank, int world, const char *idfile, int T) {
-    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL), *nc = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    void *cu = need("libcuda.so.1", "the CUDA driver"), *nc = need("libnccl.so.2", "NCCL");
     CUresult (*cuInit)(unsigned) = sym(cu, "cuInit");
     CUresult (*cuDeviceGet)(CUdevice *, int) = sym(cu, "cuDeviceGet");
     CUresult (*cuRetain)(CUcontext *, CUdevice) = sym(cu, "cuDevicePrimaryCtxRetain");
@@ -142,7 +153,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: moe_ep_example [SPEC RANKS [TOKENS]]\n");
         return 2;
     }
-    void *nc = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    need("libcuda.so.1", "the CUDA driver"); /* said once here, not by every rank */
+    void *nc = need("libnccl.so.2", "NCCL");
     ncclResult_t (*getId)(ncclUniqueId *) = sym(nc, "ncclGetUniqueId");
     ncclUniqueId id;
     getId(&id);

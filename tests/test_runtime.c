@@ -317,6 +317,21 @@ int main(void) {
             SKIP("this machine has a GPU: the no-driver status is checked where there is none");
         }
     }
+    CASE("moe_ep_example without a driver says so once (it printed 'cuInit not found: (null)' per rank)");
+    if (moe_cu_load(why, sizeof why) == 0) {
+        SKIP("this machine has a CUDA driver");
+    } else if (access("build/moe_ep_example", X_OK) != 0) {
+        SKIP("build/moe_ep_example is not built (make)");
+    } else {
+        FILE *ex = popen("build/moe_ep_example 2>&1", "r");
+        char out[2048] = "";
+        size_t got = ex ? fread(out, 1, sizeof out - 1, ex) : 0;
+        out[got] = '\0';
+        int est = ex ? pclose(ex) : -1;
+        CHECKF(est != 0 && strncmp(out, "moe_ep_example: the CUDA driver did not load: ", 46) == 0 &&
+                   !strstr(out, "(null)") && strchr(out, '\n') == out + strlen(out) - 1,
+               "status %d: %s", est, out);
+    }
     test_cudnn_switch();
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
