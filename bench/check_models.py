@@ -689,10 +689,15 @@ def main():
     except (RuntimeError, OSError) as e:
         log("check_models: %s" % e)
         return 1
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    try:  # the GPU machine's copy of the tree may have no git
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+    except OSError:
+        rev = ""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     log("check_models %s: moegen %s (%s) against transformers %s, torch %s; tokens %s; %s UTC" % (
-        backend, rev.stdout.strip() or "?", be.name, transformers.__version__, torch.__version__,
-        ",".join(map(str, opt.tokens)), datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
+        backend, rev or "?", be.name, transformers.__version__, torch.__version__,
+        ",".join(map(str, opt.tokens)), now))
     log("errors are max|moegen - block| and that over RMS(block), on the tokens routed alike; "
         "flips = tokens whose expert set differs")
     log("rel = max error / RMS(block), rms = RMS(error) / RMS(block); tolerance: against the fp32 copy "
