@@ -351,7 +351,16 @@ def convert(fam, block, E, H, F):
         raise ValueError(fam.layout)
     assert tuple(w1.shape) == (E, 2 * F, H) and tuple(w2.shape) == (E, H, F), (w1.shape, w2.shape)
     t["w1"], t["w2"] = w1, w2
-    return {k: v.detach().contiguous() for k, v in t.items()}
+    t = {k: v.detach().contiguous() for k, v in t.items()}
+    # The same tensors as the checkpoint stores them, with moe_layout's name
+    # for each (runtime/moe.h), for the library's own packing where it has it.
+    stored = {"fused": [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)],
+              "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)],
+              "interleaved_t": [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias)
+                                if fam.layout == "interleaved_t" else None, ("W2_T", ex.down_proj),
+                                ("B2", ex.down_proj_bias) if fam.layout == "interleaved_t" else None]}[fam.layout]
+    t["stored"] = [(n, v.detach().contiguous()) for n, v in (x for x in stored if x)]
+    return t
 
 
 def convert_shared(fam, block, t):
@@ -453,6 +462,19 @@ class GpuBackend:
                     ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
                     ("shared_gate", ctypes.c_void_p)]
 
+    class PackSrc(ctypes.Structure):  # moe_pack_src
+        _fields_ = [("ptr", ctypes.c_void_p), ("expert", ctypes.c_int64), ("row", ctypes.c_int64),
+                    ("col", ctypes.c_int64)]
+
+    class PackArgs(ctypes.Structure):  # moe_pack_args
+        pass
+    PackArgs._fields_ = [("tensor", ctypes.c_int), ("src", PackSrc * 2), ("first", ctypes.c_int),
+                         ("count", ctypes.c_int)]
+
+    # moe_layout (runtime/moe.h), in its order
+    LAYOUTS = ["W1_FUSED", "W1_FUSED_T", "W1_INTERLEAVED", "W1_INTERLEAVED_T", "W1_SEPARATE", "W1_SEPARATE_T",
+               "B1_FUSED", "B1_INTERLEAVED", "B1_SEPARATE", "W2", "W2_T", "B2"]
+
     def __init__(self, opt):
         import torch
         path = os.path.join(ROOT, "build", "libmoegen.so")
@@ -491,6 +513,11 @@ class GpuBackend:
         w2s = torch.cat([w2, torch.full((m,) + tuple(w2.shape[1:]), float("nan"), dtype=w2.dtype)])
         if self.lib.moe_plan_pack_w1(plan, ctypes.c_void_p(w1.data_ptr()), ctypes.c_void_p(w1p.data_ptr())):
             raise RuntimeError("moe_plan_pack_w1: %s" % self.last_error())
+        b1p = None
+        if "b1" in t:
+            b1p = torch.full_like(t["b1"], float("nan"))
+            if self.lib.moe_plan_pack_b1(plan, ctypes.c_void_p(t["b1"].data_ptr()), ctypes.c_void_p(b1p.data_ptr())):
+                raise RuntimeError("moe_plan_pack_b1: %s" % self.last_error())
         if m:
             if not hasattr(self.lib, "moe_plan_pack_shared"):
                 raise RuntimeError("this libmoegen.so has no moe_plan_pack_shared")
@@ -501,11 +528,41 @@ class GpuBackend:
         d = {k: t[k].cuda() for k in ("wr", "sel_bias", "logit_bias", "b2", "wsg") if k in t}
         d["w1p"], d["w2"] = w1p.cuda(), w2s.cuda()
         if "b1" in t:
-            b1p = torch.full_like(t["b1"], float("nan"))
-            if self.lib.moe_plan_pack_b1(plan, ctypes.c_void_p(t["b1"].data_ptr()), ctypes.c_void_p(b1p.data_ptr())):
-                raise RuntimeError("moe_plan_pack_b1: %s" % self.last_error())
             d["b1p"] = b1p.cuda()
+        self.device_pack(t, d, E)
         self.d = d
+
+    def device_pack(self, t, d, E):
+        """Where the library has the device pack (moe_plan_pack_layout,
+        moe_plan_pack_async): pack the routed experts again on the GPU from
+        the tensors as the checkpoint stores them (t["stored"]), and require
+        the result equal, bit for bit, to the host packing above (which came
+        from this script's own conversion). Then the forward runs on the
+        device-packed tensors. Without it, nothing (the host packing stands)."""
+        import torch
+        if not (hasattr(self.lib, "moe_plan_pack_layout") and hasattr(self.lib, "moe_plan_pack_async")):
+            self.packed_on = "host (moe_plan_pack_w1)"
+            return
+        dst_of = {"W1": "w1p", "B1": "b1p", "W2": "w2", "B2": "b2"}
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        for layout, src in t["stored"]:
+            key = dst_of[layout.split("_")[0]]
+            src_d = src.cuda()
+            dst = d[key].clone()
+            dst[:E] = float("nan")  # the routed slots poisoned; shared slots kept
+            a = self.PackArgs()
+            if self.lib.moe_plan_pack_layout(self.plan, self.LAYOUTS.index(layout), ctypes.c_void_p(src_d.data_ptr()),
+                                             None, 0, E, ctypes.byref(a)):
+                raise RuntimeError("moe_plan_pack_layout(%s): %s" % (layout, self.last_error()))
+            if self.lib.moe_plan_pack_async(self.plan, ctypes.byref(a), ctypes.c_void_p(dst.data_ptr()), stream):
+                raise RuntimeError("moe_plan_pack_async(%s): %s" % (layout, self.last_error()))
+            torch.cuda.synchronize()
+            if not torch.equal(dst.view(torch.int16), d[key].view(torch.int16)):
+                bad = int((dst.view(torch.int16) != d[key].view(torch.int16)).sum())
+                raise RuntimeError("the device pack from %s differs from the host conversion in %d of %d elements"
+                                   % (layout, bad, dst.numel()))
+            d[key] = dst
+        self.packed_on = "device (moe_plan_pack_async from the stored layouts), equal to the host packing"
 
     def close(self):
         if self.plan:
@@ -640,6 +697,8 @@ def check_family(fam, be, opt, workdir, log):
                 results.append((T, e32, e16, eb, ok))
     finally:
         be.close()
+    if getattr(be, "packed_on", None):
+        notes.append("weights packed on the " + be.packed_on)
     st = "ok" if all(r[4] for r in results) else "FAIL"
     return {"status": st, "mode": mode, "results": results, "why": "; ".join(notes)}
 
