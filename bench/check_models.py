@@ -485,8 +485,38 @@ class GpuBackend:
         self.lib = ctypes.CDLL(path)
         self.lib.moe_last_error.restype = ctypes.c_char_p
         self.lib.moe_plan_workspace_size.restype = ctypes.c_size_t
+        self.check_mirrors()
         torch.zeros(1, device="cuda")  # the primary context, which libmoegen shares
         self.plan = None
+
+    def check_mirrors(self):
+        """Hold this script's ctypes mirrors to the library's own description
+        of its structs (moe_abi_sizeof/moe_abi_field, where it has them): every
+        field the library lists must be here by name at the same offset and
+        size; fields here past the library's struct (shared_gate before a
+        library that has it) are never read by it."""
+        lib = self.lib
+        if not hasattr(lib, "moe_abi_field"):
+            return
+        lib.moe_abi_sizeof.restype = ctypes.c_size_t
+        lib.moe_abi_field.restype = ctypes.c_char_p
+        for cname, mirror in (("moe_forward_args", self.Args), ("moe_pack_args", self.PackArgs)):
+            size = lib.moe_abi_sizeof(cname.encode())
+            if size == 0:
+                continue  # not described (or not in this library)
+            ours = {f[0]: (getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_}
+            off, sz = ctypes.c_size_t(), ctypes.c_size_t()
+            i = 0
+            while True:
+                name = lib.moe_abi_field(cname.encode(), i, ctypes.byref(off), ctypes.byref(sz))
+                if name is None:
+                    break
+                name = name.decode()
+                if ours.get(name) != (off.value, sz.value):
+                    raise RuntimeError("%s.%s: the library has it at offset %d, %d bytes; this script's mirror %s "
+                                       "(runtime/moe.h changed: update bench/check_models.py)"
+                                       % (cname, name, off.value, sz.value, ours.get(name, "lacks it")))
+                i += 1
 
     def last_error(self):
         return self.lib.moe_last_error().decode(errors="replace")
