@@ -67,7 +67,7 @@ static void test_all_or_nothing(void) {
         rc = run_moegen(args, &err);
         t = now() - t;
         CHECKF(rc == 2, "exit %d", rc);
-        CHECKF(t < 5.0, "took %.1f s", t);
+        CHECKF(t < 30.0, "took %.1f s", t); /* a hang guard, not a timing: 200M instructions take ~2 s */
         snprintf(want, sizeof want, "%s/%s.lua:%s: error: %s\n%s\n", t1, lua_cases[i].tmpl, lua_cases[i].line,
                  lua_cases[i].msg, lua_cases[i].src);
         CHECK_STREQ(err, want);
