@@ -3,6 +3,7 @@
 #include "plan.h"
 
 #include "launch_geom.h"
+#include "pack_geom.h"
 #include "tuning.h"
 
 #include <stdio.h>
@@ -23,7 +24,7 @@ long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
 static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err, size_t errlen) {
     memset(pd, 0, sizeof *pd);
     pd->spec = *s;
-    pd->pair_granule = 8;
+    pd->pair_granule = MOE_PAIR_GRANULE;
     pd->tuned = moe_tuning_find(table, s, MOE_ARCH_SM90A);
     pd->align = moe_gemm_row_block(s, pd->tuned); /* one tile table serves both GEMMs and both arches */
     /* every arch gets every forward family, in its variant for that arch */

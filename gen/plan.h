@@ -92,14 +92,6 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
  * (k < 0: the parameters every template shares). */
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k);
 
-/* Packed row index of plain W1 row r (0 <= r < 2F: gate rows then up rows).
- * Gate row f and up row f land in the same granule pair. */
-static inline long long moe_plan_packed_row(const moe_plan_desc_t *pd, long long r) {
-    long long F = pd->spec.ffn, g = pd->pair_granule;
-    long long up = r >= F, f = up ? r - F : r;
-    return (f / g) * 2 * g + up * g + f % g;
-}
-
 /* The shared expert's split (spec.h, moe_spec_shared_slots): plain W1 row r
  * (0 <= r < 2F: gate rows then up rows) of shared slot j is row
  * moe_plan_shared_w1_row(s, j, r) of the unsplit shared W1 [2F_s, H] (gate

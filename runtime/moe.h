@@ -141,9 +141,72 @@ size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
  * MOE_ERR_INVALID_ARG for an unknown name. */
 moe_status moe_plan_workspace_region(const moe_plan *plan, const char *name, size_t *offset, size_t *bytes);
 
-/* Pack W1 from the plain layout [E, 2F, H] (gate rows 0..F-1, then up rows)
- * into the kernel layout (gate/up interleaved in granules of 8 rows), and b1
- * [E, 2F] likewise. Host memory, element = 16-bit. */
+/* ---- weight packing: checkpoint layouts -> the kernels' tensors ---------
+ *
+ * The forward reads w1p [slots, 2F, H] and b1p [slots, 2F] with gate and up
+ * rows paired in granules of 8 (README.md, "Tensors"), w2 [slots, H, F] and
+ * b2 [slots, H]. A pack writes `count` consecutive slots of one of them,
+ * first .. first + count - 1, from a checkpoint tensor described by its
+ * element strides, so every layout a checkpoint uses (separate gate and up,
+ * fused, transposed, interleaved, one tensor per expert) is a choice of
+ * pointers and strides; moe_plan_pack_layout fills them for the common
+ * layouts (README.md, "Weight layouts"). */
+
+/* The packed tensors. */
+typedef enum { MOE_TENSOR_W1 = 0, MOE_TENSOR_B1, MOE_TENSOR_W2, MOE_TENSOR_B2 } moe_tensor;
+
+/* One source tensor: element (e, row, col) is at
+ * ((const uint16_t *)ptr)[e * expert + row * row_stride + col * col_stride]
+ * (strides in elements, none negative), for e < count and
+ *   W1 gate, up: row f < F, col h < H       W2: row h < H, col f < F
+ *   b1 gate, up: row f < F, col 0           b2: row h < H, col 0
+ * so W1's element (e, f, h) multiplies x[h] into gate unit f of expert e. */
+typedef struct {
+    const void *ptr;
+    int64_t expert, row, col;
+} moe_pack_src;
+
+typedef struct {
+    moe_tensor tensor;
+    moe_pack_src src[2];          /* W1, b1: gate, up; W2, b2: src[0] (src[1] unused) */
+    int first, count;             /* source expert i goes to slot first + i, i < count */
+} moe_pack_args;
+
+/* The checkpoint layouts moe_plan_pack_layout knows (E experts of one
+ * tensor; a tensor per expert is count 1 with its own pointer). */
+typedef enum {
+    MOE_LAYOUT_W1_FUSED = 0,      /* [E, 2F, H]: gate rows 0..F-1, then up (transformers 5 gate_up_proj) */
+    MOE_LAYOUT_W1_FUSED_T,        /* [E, H, 2F]: gate columns, then up (Llama 4 gate_up_proj) */
+    MOE_LAYOUT_W1_INTERLEAVED,    /* [E, 2F, H]: gate at even rows, up at odd (gpt-oss original mlp1) */
+    MOE_LAYOUT_W1_INTERLEAVED_T,  /* [E, H, 2F]: gate at even columns, up at odd (gpt-oss gate_up_proj) */
+    MOE_LAYOUT_W1_SEPARATE,       /* gate [E, F, H] and up [E, F, H] (Mixtral w1/w3, DeepSeek gate/up_proj) */
+    MOE_LAYOUT_W1_SEPARATE_T,     /* gate [E, H, F] and up [E, H, F] */
+    MOE_LAYOUT_B1_FUSED,          /* [E, 2F]: gate, then up */
+    MOE_LAYOUT_B1_INTERLEAVED,    /* [E, 2F]: gate at even, up at odd (gpt-oss gate_up_proj_bias) */
+    MOE_LAYOUT_B1_SEPARATE,       /* gate [E, F] and up [E, F] */
+    MOE_LAYOUT_W2,                /* [E, H, F] (Linear: Mixtral w2, DeepSeek down_proj) */
+    MOE_LAYOUT_W2_T,              /* [E, F, H] (gpt-oss and Llama 4 down_proj) */
+    MOE_LAYOUT_B2,                /* [E, H] */
+    MOE_LAYOUT_COUNT
+} moe_layout;
+
+/* Fill *args to pack `count` experts of `layout` (the plan's F and H) into
+ * slots first .. first + count - 1: src is the tensor (the gate tensor for
+ * the _SEPARATE layouts), up the up tensor for the _SEPARATE layouts and
+ * NULL otherwise. The strides can be changed afterwards (a view with other
+ * strides, e.g. a shared expert's [H, m*F] down_proj as m experts). */
+moe_status moe_plan_pack_layout(const moe_plan *plan, moe_layout layout, const void *src, const void *up, int first,
+                                int count, moe_pack_args *args);
+
+/* Pack on the host: host memory, 16-bit elements; dst is the whole packed
+ * tensor (its slot 0), of at least first + count slots. Checked: the
+ * pointers, first + count <= the plan's weight slots (experts and shared
+ * slots; on a mesh the held slots and shared slots when more),
+ * strides not negative, and every source offset fits in 64 bits. */
+moe_status moe_plan_pack(const moe_plan *plan, const moe_pack_args *args, void *dst);
+
+/* Pack W1 from the plain layout [E, 2F, H] (MOE_LAYOUT_W1_FUSED) and b1
+ * [E, 2F] (MOE_LAYOUT_B1_FUSED), every expert, on the host. */
 moe_status moe_plan_pack_w1(const moe_plan *plan, const uint16_t *w1, uint16_t *w1p);
 moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *b1p);
 

@@ -44,6 +44,16 @@ moe_status moe_plan_create_text(moe_plan **plan, const char *name, const char *t
 moe_status moe_plan_create_tuned(moe_plan **plan, const char *name, const char *text, const moe_options *opts,
                                  const moe_tuning_t *table);
 
+/* The packing behind moe_plan_pack_layout, moe_plan_pack and
+ * moe_plan_pack_async, on a plan's tables without a device (the CPU tests):
+ * slots is the bound on first + count. moe_pack_check checks the
+ * arguments as those calls do (fn: the name errors cite). */
+moe_status moe_pack_layout(const moe_plan_desc_t *pd, moe_layout layout, const void *src, const void *up, int first,
+                           int count, moe_pack_args *args);
+moe_status moe_pack_check(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, const void *dst,
+                          const char *fn);
+moe_status moe_pack_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, void *dst);
+
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);
 

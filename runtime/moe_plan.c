@@ -470,46 +470,6 @@ moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t
     return moe_fail(MOE_ERR_INVALID_ARG, "no workspace region '%s'", name);
 }
 
-moe_status moe_plan_pack_w1(const moe_plan *p, const uint16_t *w1, uint16_t *w1p) {
-    if (!p || !w1 || !w1p)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_w1: NULL argument");
-    const moe_spec_t *s = &p->pd.spec;
-    long long F2 = 2LL * s->ffn, H = s->hidden;
-    for (long long e = 0; e < s->experts; e++)
-        for (long long r = 0; r < F2; r++)
-            memcpy(w1p + (e * F2 + moe_plan_packed_row(&p->pd, r)) * H, w1 + (e * F2 + r) * H, (size_t)H * 2);
-    return MOE_OK;
-}
-
-moe_status moe_plan_pack_b1(const moe_plan *p, const uint16_t *b1, uint16_t *b1p) {
-    if (!p || !b1 || !b1p)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_b1: NULL argument");
-    const moe_spec_t *s = &p->pd.spec;
-    long long F2 = 2LL * s->ffn;
-    for (long long e = 0; e < s->experts; e++)
-        for (long long r = 0; r < F2; r++)
-            b1p[e * F2 + moe_plan_packed_row(&p->pd, r)] = b1[e * F2 + r];
-    return MOE_OK;
-}
-
-moe_status moe_plan_pack_shared(const moe_plan *p, const uint16_t *w1s, const uint16_t *w2s, uint16_t *w1p,
-                                uint16_t *w2) {
-    if (!p || !w1s || !w2s || !w1p || !w2)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_shared: NULL argument");
-    const moe_spec_t *s = &p->pd.spec;
-    if (!s->shared.ffn)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_shared: the spec has no shared expert (shared.ffn)");
-    long long E = s->experts, M = moe_spec_shared_slots(s), F = s->ffn, FS = s->shared.ffn, H = s->hidden;
-    for (long long j = 0; j < M; j++) {
-        for (long long r = 0; r < 2 * F; r++)
-            memcpy(w1p + ((E + j) * 2 * F + moe_plan_packed_row(&p->pd, r)) * H,
-                   w1s + moe_plan_shared_w1_row(s, j, r) * H, (size_t)H * 2);
-        for (long long h = 0; h < H; h++)
-            memcpy(w2 + ((E + j) * H + h) * F, w2s + h * FS + j * F, (size_t)F * 2);
-    }
-    return MOE_OK;
-}
-
 moe_status moe_plan_stage_path(const moe_plan *p, int stage, int *path, const char **why) {
     if (!p || stage < 0 || stage >= MOE_STAGE_COUNT)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_stage_path: %s", p ? "no such stage" : "plan is NULL");
