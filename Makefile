@@ -21,7 +21,7 @@ LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvr
 
 GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
-             gen/family_ep.c gen/family_swiglu.c
+             gen/family_ep.c gen/family_swiglu.c gen/family_pack.c
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
@@ -84,9 +84,9 @@ $(BUILD)/tuning_embed.c: $(BUILD)/embed $(TUNING)
 $(BUILD)/tuning_embed.o: $(BUILD)/tuning_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@
 
-# the launch geometry header, which emission pastes into every emitted .cu
-$(BUILD)/launch_geom_embed.c: $(BUILD)/embed gen/launch_geom.h
-	$(BUILD)/embed $@ moe_embedded_launch_geom gen/launch_geom.h
+# the launch geometry and packed-layout headers, which emission pastes into every emitted .cu
+$(BUILD)/launch_geom_embed.c: $(BUILD)/embed gen/launch_geom.h gen/pack_geom.h
+	$(BUILD)/embed $@ moe_embedded_launch_geom gen/launch_geom.h gen/pack_geom.h
 
 $(BUILD)/launch_geom_embed.o: $(BUILD)/launch_geom_embed.c gen/template.h | deps
 	$(CC) $(CFLAGS) $(CPPFLAGS) -Igen -c $< -o $@

@@ -14,7 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-extern const moe_embedded_t moe_embedded_launch_geom[]; /* build/launch_geom_embed.c: gen/launch_geom.h */
+/* build/launch_geom_embed.c: [0] gen/launch_geom.h, [1] gen/pack_geom.h */
+extern const moe_embedded_t moe_embedded_launch_geom[];
 
 /* The license of every emitted file (LICENSE), named on its first line. */
 #define EMIT_LICENSE "MIT"
@@ -172,6 +173,16 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         moe_lua_set_int(L, "threads", act->threads);
         moe_lua_set_int(L, "smem", act->smem);
         rc = moe_tmpl_expand(t, act->tmpl, NULL, out, diag);
+        moe_buf_printf(out, "\n");
+    }
+    if (!rc) { /* the device-side weight pack (family pack), arch-neutral, with gen/pack_geom.h pasted ahead */
+        const moe_kernel_desc_t *pk = &pd->pack;
+        lua_State *L = moe_tmpl_lua(t);
+        moe_plan_push_params(L, pd, s->arch[0], -1);
+        moe_lua_set_str(L, "kernel", pk->name);
+        moe_lua_set_int(L, "threads", pk->threads);
+        moe_lua_set_str(L, "pack_geom", moe_embedded_launch_geom[1].text);
+        rc = moe_tmpl_expand(t, pk->tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
     const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);

@@ -12,7 +12,8 @@
  * Homes: family.c (the table, the builder, the Lua setters),
  * family_route.c, family_permute.c, family_gemm.c (both GEMMs and the
  * sm_90a shared-memory formula), family_combine.c, family_ep.c (the four
- * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU). The planner
+ * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU),
+ * family_pack.c (the device-side weight pack). The planner
  * (plan.c, ep_plan.c) walks the table; emission, the manifest, the cache key
  * and the runtime read the kernel descriptors it fills. */
 #ifndef MOEGEN_FAMILY_H
@@ -40,6 +41,9 @@ typedef enum {
     /* the cuDNN path's standalone activation: h = SwiGLU(u) over the packed
      * [rows, 2F] matmul output (reserved: not yet planned or emitted) */
     MOE_K_SWIGLU,
+    /* the device-side weight pack: a checkpoint tensor (strided sources)
+     * into slots of w1p, b1p, w2 or b2 (moe_plan_pack_async) */
+    MOE_K_PACK,
     MOE_FAMILY_COUNT
 } moe_kfamily_t;
 
@@ -114,7 +118,8 @@ typedef struct {
     /* The canonical kernel name of k (geometry filled), at most n bytes. */
     void (*spell)(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k);
     /* Grid of k for `tokens` tokens; n is what the family walks besides
-     * tokens: the row tiles (GEMMs), the rows (ep_rows, swiglu). grid comes
+     * tokens: the row tiles (GEMMs), the rows (ep_rows, swiglu), the packed
+     * elements (pack). grid comes
      * in as {1, 1, 1}. */
     void (*grid)(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned grid[3]);
     /* Add the family's template parameters to the table on top of L (NULL:

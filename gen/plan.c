@@ -35,7 +35,8 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
                 return 1;
     }
     moe_family_ctx_t neutral = moe_plan_family_ctx(pd, s->arch[0]);
-    if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen))
+    if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen) ||
+        moe_family_build(&pd->pack, MOE_K_PACK, &neutral, err, errlen))
         return 1;
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);

@@ -43,6 +43,7 @@ typedef struct moe_plan_desc {
     int pair_granule;                /* gate/up rows interleave in blocks of this many */
     moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t) */
     moe_kernel_desc_t swiglu;        /* the cuDNN path's standalone activation (family swiglu), arch-neutral */
+    moe_kernel_desc_t pack;          /* the device-side weight pack (family pack), arch-neutral */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
     const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */

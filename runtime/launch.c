@@ -50,6 +50,9 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     } else if (k == MOE_K_SWIGLU && l->swiglu && l->swiglu_fn && !ev) {
         d = l->swiglu;
         fn = l->swiglu_fn;
+    } else if (k == MOE_K_PACK && l->pack && l->pack_fn && !ev) {
+        d = l->pack;
+        fn = l->pack_fn;
     } else {
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
                         ev ? " with an event" : "");
@@ -64,7 +67,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
-    if (k == MOE_K_SWIGLU && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* a grid-stride loop: any grid is right */
+    if ((k == MOE_K_SWIGLU || k == MOE_K_PACK) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
     void *targs[6];

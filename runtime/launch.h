@@ -26,6 +26,9 @@ typedef struct moe_launcher {
     const moe_kernel_desc_t *swiglu;  /* &pd->swiglu: the cuDNN path's standalone activation */
     CUfunction swiglu_fn;             /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
+    const moe_kernel_desc_t *pack;    /* &pd->pack: the device-side weight pack */
+    CUfunction pack_fn;               /* it in the module; NULL when the module has none (a folder
+                                         compiled before moegen emitted it) */
 } moe_launcher_t;
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
@@ -44,14 +47,15 @@ typedef struct {
 /* Launch the plan's kernel of family k on st with its family's grid
  * (moe_family_grid) for `tokens` tokens and n: a forward kernel
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
- * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels) or the cuDNN path's
- * activation (MOE_K_SWIGLU, l->swiglu). n is what the family walks besides
- * tokens: the GEMMs' row tiles (0: the plan's max tiles at `tokens`; the
- * expert-parallel path sizes them from the receive side), ep_rows' staging
- * rows and swiglu's rows (0 is 0 rows: one block); the other families
- * ignore it. swiglu's grid-stride grid is capped at 32 blocks per SM. With
- * tokens = 0 the kernels over the caller's tokens (route, permute_scatter,
- * ep_scatter, combine) are not launched (MOE_OK). ev (may be NULL; forward kernels only): events[k] is
+ * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
+ * activation (MOE_K_SWIGLU, l->swiglu) or the weight pack (MOE_K_PACK,
+ * l->pack). n is what the family walks besides tokens: the GEMMs' row
+ * tiles (0: the plan's max tiles at `tokens`; the expert-parallel path
+ * sizes them from the receive side), ep_rows' staging rows, swiglu's rows
+ * (0 is 0 rows: one block) and pack's elements; the other families ignore
+ * it. The grid-stride grids (swiglu, pack) are capped at 32 blocks per SM.
+ * With tokens = 0 the kernels over the caller's tokens (route,
+ * permute_scatter, ep_scatter, combine) are not launched (MOE_OK). ev (may be NULL; forward kernels only): events[k] is
  * recorded first. GEMM args are always (A, B, bias, tiles, num_tiles, out)
  * with A and B device pointers; the sm_90a GEMMs get A and B as TMA tensor
  * maps instead, made here, and run on a 1D grid over that tile space: one

@@ -205,6 +205,14 @@ moe_status moe_plan_pack_layout(const moe_plan *plan, moe_layout layout, const v
  * strides not negative, and every source offset fits in 64 bits. */
 moe_status moe_plan_pack(const moe_plan *plan, const moe_pack_args *args, void *dst);
 
+/* Pack on the device: as moe_plan_pack, with src and dst device pointers of
+ * the plan's device, enqueued on stream (a kernel of the plan's module; no
+ * host synchronization, capturable in a CUDA graph). A checkpoint tensor
+ * already on the GPU is packed there, without crossing PCIe. dst must not
+ * overlap the sources. MOE_ERR_UNSUPPORTED when the plan's module has no
+ * pack kernel (a folder compiled before moegen emitted it). */
+moe_status moe_plan_pack_async(const moe_plan *plan, const moe_pack_args *args, void *dst, void *stream);
+
 /* Pack W1 from the plain layout [E, 2F, H] (MOE_LAYOUT_W1_FUSED) and b1
  * [E, 2F] (MOE_LAYOUT_B1_FUSED), every expert, on the host. */
 moe_status moe_plan_pack_w1(const moe_plan *plan, const uint16_t *w1, uint16_t *w1p);

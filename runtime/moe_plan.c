@@ -93,6 +93,10 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     l->swiglu = &p->pd.swiglu;
     if (moe_cu.cuModuleGetFunction(&l->swiglu_fn, p->module, l->swiglu->name) != CUDA_SUCCESS)
         l->swiglu_fn = NULL;
+    /* the device-side weight pack, likewise (moe_plan_pack_async refuses without it) */
+    l->pack = &p->pd.pack;
+    if (moe_cu.cuModuleGetFunction(&l->pack_fn, p->module, l->pack->name) != CUDA_SUCCESS)
+        l->pack_fn = NULL;
     return moe_ep_load(p->ep);
 }
 

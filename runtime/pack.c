@@ -154,6 +154,33 @@ moe_status moe_plan_pack(const moe_plan *p, const moe_pack_args *a, void *dst) {
     return moe_pack_host(&p->pd, plan_slots(p), a, dst);
 }
 
+moe_status moe_plan_pack_async(const moe_plan *p, const moe_pack_args *a, void *dst, void *stream) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_async: plan is NULL");
+    moe_status rc = moe_pack_check(&p->pd, plan_slots(p), a, dst, "moe_plan_pack_async");
+    if (rc)
+        return rc;
+    const moe_launcher_t *l = &p->launcher;
+    if (!l->pack_fn)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_plan_pack_async: the plan's module has no %s kernel (a folder "
+                        "compiled before moegen emitted it): compile it again, or pack on the host (moe_plan_pack)",
+                        l->pack->name);
+    long long R, C;
+    moe_pack_dims((int)a->tensor, p->pd.spec.ffn, p->pd.spec.hidden, &R, &C);
+    const long long n = (long long)a->count * R * C;
+    if (n == 0)
+        return MOE_OK;
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    int tensor = (int)a->tensor;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s0 = (CUdeviceptr)(uintptr_t)a->src[0].ptr,
+                s1 = (CUdeviceptr)(uintptr_t)(a->src[1].ptr ? a->src[1].ptr : a->src[0].ptr);
+    moe_pack_stride_t st0 = {a->src[0].expert, a->src[0].row, a->src[0].col},
+                      st1 = {a->src[1].expert, a->src[1].row, a->src[1].col};
+    long long first = a->first, count = a->count;
+    void *args[] = {&tensor, &d, &s0, &s1, &st0, &st1, &first, &count};
+    return moe_launch_kernel(l, MOE_K_PACK, 0, n, (CUstream)stream, args, NULL);
+}
+
 moe_status moe_plan_pack_w1(const moe_plan *p, const uint16_t *w1, uint16_t *w1p) {
     if (!p || !w1 || !w1p)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_w1: NULL argument");

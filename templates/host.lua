@@ -1,6 +1,7 @@
 @ -- host.lua — the vendored launcher: NAME_forward, the whole layer on one
 @ -- device for plain nvcc builds (no libmoegen), and the host-side W1/b1
-@ -- packing. gen/emit.c expands it after the kernels; it emits nothing that
+@ -- packing. gen/emit.c expands it after the kernels (the pack kernel's
+@ -- template, templates/pack.lua, pasted gen/pack_geom.h before it); it emits nothing that
 @ -- NVRTC sees (#ifndef __CUDACC_RTC__). Every number comes from the plan
 @ -- through p (gen/emit.c, push_host_params): kernel names, block sizes,
 @ -- shared memory, rows per block, workspace offsets, the N tiles of each
@@ -232,24 +233,21 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+/* W1 [E, 2F, H] and b1 [E, 2F], gate rows first, into the packed layout
+ * (gen/pack_geom.h, pasted above with the pack kernel). */
 extern "C" void ${n}_pack_w1(const unsigned short *w1, unsigned short *w1p) {
-    const long long F = ${p.F}, H = ${p.H}, G = ${p.pair_granule};
+    const long long F = ${p.F}, H = ${p.H};
     for (long long e = 0; e < ${p.E}; e++)
-        for (long long r = 0; r < 2 * F; r++) {
-            long long up = r >= F, f = up ? r - F : r;
-            long long pr = (f / G) * 2 * G + up * G + f % G;
+        for (long long r = 0; r < 2 * F; r++)
             for (long long h = 0; h < H; h++)
-                w1p[(e * 2 * F + pr) * H + h] = w1[(e * 2 * F + r) * H + h];
-        }
+                w1p[(e * 2 * F + moe_pack_row(r, F)) * H + h] = w1[(e * 2 * F + r) * H + h];
 }
 
 extern "C" void ${n}_pack_b1(const unsigned short *b1, unsigned short *b1p) {
-    const long long F = ${p.F}, G = ${p.pair_granule};
+    const long long F = ${p.F};
     for (long long e = 0; e < ${p.E}; e++)
-        for (long long r = 0; r < 2 * F; r++) {
-            long long up = r >= F, f = up ? r - F : r;
-            b1p[e * 2 * F + (f / G) * 2 * G + up * G + f % G] = b1[e * 2 * F + r];
-        }
+        for (long long r = 0; r < 2 * F; r++)
+            b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 @ if p.shared_slots > 0 then
 
@@ -258,11 +256,10 @@ extern "C" void ${n}_pack_b1(const unsigned short *b1, unsigned short *b1p) {
  * columns jF.. of w2s [H, F_s] into w2 [slots, H, F]. */
 extern "C" void ${n}_pack_shared(const unsigned short *w1s, const unsigned short *w2s, unsigned short *w1p,
                                unsigned short *w2) {
-    const long long E = ${p.E}, M = ${p.shared_slots}, F = ${p.F}, FS = M * F, H = ${p.H}, G = ${p.pair_granule};
+    const long long E = ${p.E}, M = ${p.shared_slots}, F = ${p.F}, FS = M * F, H = ${p.H};
     for (long long j = 0; j < M; j++) {
         for (long long r = 0; r < 2 * F; r++) {
-            long long up = r >= F, f = up ? r - F : r;
-            long long pr = (f / G) * 2 * G + up * G + f % G;
+            const long long up = r >= F, f = up ? r - F : r, pr = moe_pack_row(r, F);
             const unsigned short *src = w1s + (up * FS + j * F + f) * H;
             for (long long h = 0; h < H; h++)
                 w1p[((E + j) * 2 * F + pr) * H + h] = src[h];

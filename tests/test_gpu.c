@@ -25,6 +25,16 @@
  *   swiglu           the cuDNN path's activation kernel run alone (through
  *                    the plan's launcher) on random rows vs the reference's
  *                    activation; it writes min(offsets[E], cap) rows, no more
+ *   pack             the device-side weight pack (moe_plan_pack_async) of
+ *                    every checkpoint layout equals the host pack byte for
+ *                    byte (all experts, a subset of slots, one expert at a
+ *                    time; destination poisoned first); then the layer's
+ *                    weights are packed on the device from gpt-oss's layouts
+ *                    (one expert at a time, into the plan's slots) and every
+ *                    forward of the case runs on them, checked against the
+ *                    reference as `layer` is. Specs whose W1 is over 1 GB
+ *                    keep the host-packed weights (byte check: over 64 MB
+ *                    skipped)
  * Always, whatever the filter: the forward returns MOE_OK without a fault,
  * and route's expert indices are in range (every family reads them).
  *
@@ -311,6 +321,7 @@ typedef struct {
     CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg;
     size_t ws_bytes;
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
+    int device_packed; /* the device weights were packed on the device (the pack case) */
 } layer_t;
 
 static void layer_free(layer_t *L) {
@@ -468,9 +479,9 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
  * family depends on is always checked: the forward returned MOE_OK without
  * a fault, and route's expert indices are in range. */
 enum { FAM_ROUTE, FAM_PERMUTE_PLAN, FAM_PERMUTE_SCATTER, FAM_GEMM_UP, FAM_GEMM_DOWN, FAM_COMBINE, FAM_LAYER,
-       FAM_SWIGLU, FAM_COUNT };
+       FAM_SWIGLU, FAM_PACK, FAM_COUNT };
 static const char *const family_names[FAM_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up",
-                                                    "gemm_down", "combine", "layer", "swiglu"};
+                                                    "gemm_down", "combine", "layer", "swiglu", "pack"};
 static unsigned families_on = (1u << FAM_COUNT) - 1;
 
 static int family_on(int f) { return (families_on >> f) & 1u; }
@@ -743,6 +754,179 @@ done:
     free(offsets);
 }
 
+/* ---- pack: the device-side weight pack ----------------------------------- */
+
+#define PACK_POISON 0xffffu /* NaN in bf16 and fp16; cuMemsetD8(0xff) writes it */
+
+/* Elements of one source tensor of layout ly (each of the two of a
+ * _SEPARATE layout, *two set) and of one packed slot, for spec s. */
+static void pack_sizes(const moe_spec_t *s, moe_layout ly, size_t *src, size_t *slot, int *two) {
+    const size_t E = s->experts, F = s->ffn, H = s->hidden;
+    *two = ly == MOE_LAYOUT_W1_SEPARATE || ly == MOE_LAYOUT_W1_SEPARATE_T || ly == MOE_LAYOUT_B1_SEPARATE;
+    if (ly <= MOE_LAYOUT_W1_SEPARATE_T)
+        *slot = 2 * F * H, *src = *two ? E * F * H : E * 2 * F * H;
+    else if (ly <= MOE_LAYOUT_B1_SEPARATE)
+        *slot = 2 * F, *src = *two ? E * F : E * 2 * F;
+    else if (ly <= MOE_LAYOUT_W2_T)
+        *slot = H * F, *src = E * H * F;
+    else
+        *slot = H, *src = E * H;
+}
+
+/* Random 16-bit words, never 0 and never the poison. */
+static void fill_words(uint16_t *p, size_t n, uint64_t *r) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)splitmix(r);
+        p[i] = v == 0 || v == PACK_POISON ? 0x3f80 : v;
+    }
+}
+
+/* a's source pointers moved on by g experts (a tensor per expert) */
+static void pack_shift(moe_pack_args *a, long long g) {
+    for (int i = 0; i < 2; i++)
+        if (a->src[i].ptr)
+            a->src[i].ptr = (const uint16_t *)a->src[i].ptr + g * a->src[i].expert;
+}
+
+/* Every layout: random sources packed on the host and on the device (all
+ * experts; slots 1..E-1 from the first E-1 experts; one expert at a time
+ * into slot E-1-g), into poisoned buffers of E slots, equal byte for byte
+ * (poison included); and the device call's refusals. */
+static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t seed) {
+    const moe_spec_t *s = &L->s;
+    const int E = s->experts;
+    uint64_t r = seed;
+    for (int ly = 0; ly < MOE_LAYOUT_COUNT; ly++) {
+        size_t nsrc, nslot;
+        int two;
+        pack_sizes(s, (moe_layout)ly, &nsrc, &nslot, &two);
+        const size_t ndst = nslot * (size_t)E;
+        uint16_t *hs[2] = {malloc(nsrc * 2), two ? malloc(nsrc * 2) : NULL}, *hd = malloc(ndst * 2),
+                 *got = malloc(ndst * 2);
+        CUdeviceptr ds[2] = {0, 0}, dd = dev_upload(NULL, ndst * 2);
+        int ok = hs[0] && (!two || hs[1]) && hd && got && dd;
+        for (int i = 0; i < 1 + two && ok; i++) {
+            fill_words(hs[i], nsrc, &r);
+            ok = (ds[i] = dev_upload(hs[i], nsrc * 2)) != 0;
+        }
+        CHECKF(ok, "layout %d: cannot set up (host or device memory)", ly);
+        for (int variant = 0; variant < 3 && ok; variant++) {
+            for (size_t i = 0; i < ndst; i++)
+                hd[i] = PACK_POISON;
+            ok = cu_ok(moe_cu.cuMemsetD8(dd, 0xff, ndst * 2), "poison");
+            const int calls = variant == 2 ? E : 1;
+            for (int c = 0; c < calls && ok; c++) {
+                const int first = variant == 0 ? 0 : variant == 1 ? 1 : E - 1 - c;
+                const int count = variant == 0 ? E : variant == 1 ? E - 1 : 1;
+                moe_pack_args ha, da;
+                ok = moe_plan_pack_layout(plan, (moe_layout)ly, hs[0], hs[1], first, count, &ha) == MOE_OK &&
+                     moe_plan_pack_layout(plan, (moe_layout)ly, (void *)(uintptr_t)ds[0],
+                                          two ? (void *)(uintptr_t)ds[1] : NULL, first, count, &da) == MOE_OK;
+                if (variant == 2)
+                    pack_shift(&ha, c), pack_shift(&da, c);
+                ok = ok && moe_plan_pack(plan, &ha, hd) == MOE_OK &&
+                     moe_plan_pack_async(plan, &da, (void *)(uintptr_t)dd, NULL) == MOE_OK;
+                CHECKF(ok, "layout %d variant %d: %s", ly, variant, moe_last_error());
+            }
+            CUresult sr = moe_cu.cuCtxSynchronize();
+            CHECKF(sr == CUDA_SUCCESS, "pack kernel fault: %s", moe_cu_error_string(sr));
+            ok = ok && sr == CUDA_SUCCESS && cu_ok(moe_cu.cuMemcpyDtoH(got, dd, ndst * 2), "download");
+            size_t bad = 0, at = 0;
+            for (size_t i = 0; ok && i < ndst; i++)
+                if (got[i] != hd[i] && !bad++)
+                    at = i;
+            CHECKF(ok && bad == 0, "layout %d (%s): %zu of %zu words differ from the host pack, the first at %zu "
+                   "(device %04x, host %04x)", ly, variant == 0 ? "all experts" : variant == 1 ? "slots 1..E-1"
+                   : "an expert at a time", bad, ndst, at, ok ? got[at] : 0, hd[at]);
+        }
+        if (ok && ly == 0) { /* refusals: nothing launched, the destination untouched */
+            moe_pack_args a;
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W1_FUSED, (void *)(uintptr_t)ds[0], NULL, 1, E, &a);
+            CHECK(moe_plan_pack_async(plan, &a, (void *)(uintptr_t)dd, NULL) == MOE_ERR_INVALID_ARG);
+            a.first = 0, a.src[1].ptr = NULL;
+            CHECK(moe_plan_pack_async(plan, &a, (void *)(uintptr_t)dd, NULL) == MOE_ERR_INVALID_ARG);
+            CHECK(moe_plan_pack_async(plan, &a, NULL, NULL) == MOE_ERR_INVALID_ARG);
+        }
+        for (int i = 0; i < 2; i++)
+            if (ds[i])
+                moe_cu.cuMemFree(ds[i]);
+        if (dd)
+            moe_cu.cuMemFree(dd);
+        free(hs[0]), free(hs[1]), free(hd), free(got);
+    }
+}
+
+/* Repack the layer's device weights on the device from gpt-oss's layouts
+ * (gate_up_proj [E, H, 2F] interleaved, its bias [E, 2F] interleaved,
+ * down_proj [E, F, H], b2 [E, H]) built on the host from the plain
+ * weights, one expert at a time into the plan's slot of that expert, and
+ * the shared expert's slots E .. E+m-1 from its unsplit gate/up [2F_s, H]
+ * and down [H, F_s] (strided views), over poisoned buffers. Returns 1 when
+ * the weights were repacked. */
+static int pack_layer_on_device(const moe_plan *plan, layer_t *L) {
+    const moe_spec_t *s = &L->s;
+    const size_t E = s->experts, F = s->ffn, H = s->hidden, ES = (size_t)moe_spec_slots(s), FS = s->shared.ffn;
+    uint16_t *gu = malloc(E * H * 2 * F * 2), *down = malloc(E * F * H * 2), *bi = malloc(E * 2 * F * 2);
+    int ok = gu && down && bi;
+    for (size_t e = 0; e < E && ok; e++) {
+        for (size_t f = 0; f < F; f++) {
+            for (size_t h = 0; h < H; h++) {
+                gu[(e * H + h) * 2 * F + 2 * f] = L->w1[(e * 2 * F + f) * H + h];
+                gu[(e * H + h) * 2 * F + 2 * f + 1] = L->w1[(e * 2 * F + F + f) * H + h];
+                down[(e * F + f) * H + h] = L->w2[(e * H + h) * F + f];
+            }
+            bi[e * 2 * F + 2 * f] = L->b1[e * 2 * F + f];
+            bi[e * 2 * F + 2 * f + 1] = L->b1[e * 2 * F + F + f];
+        }
+    }
+    CUdeviceptr dgu = ok ? dev_upload(gu, E * H * 2 * F * 2) : 0, ddown = ok ? dev_upload(down, E * F * H * 2) : 0,
+                dbi = ok ? dev_upload(bi, E * 2 * F * 2) : 0, db2 = ok ? dev_upload(L->b2, E * H * 2) : 0;
+    CUdeviceptr dws1 = ok && FS ? dev_upload(L->ws1, 2 * FS * H * 2) : 0,
+                dws2 = ok && FS ? dev_upload(L->ws2, H * FS * 2) : 0;
+    ok = ok && dgu && ddown && dbi && db2 && (!FS || (dws1 && dws2)) &&
+         cu_ok(moe_cu.cuMemsetD8(L->dw1p, 0xff, ES * 2 * F * H * 2), "poison") &&
+         cu_ok(moe_cu.cuMemsetD8(L->dw2, 0xff, ES * H * F * 2), "poison") &&
+         cu_ok(moe_cu.cuMemsetD8(L->db1p, 0xff, E * 2 * F * 2), "poison") &&
+         cu_ok(moe_cu.cuMemsetD8(L->db2, 0xff, E * H * 2), "poison");
+    CUstream st = NULL;
+    ok = ok && cu_ok(moe_cu.cuStreamCreate(&st, 0), "cuStreamCreate");
+    const struct { moe_layout ly; CUdeviceptr src, dst; } t[4] = {
+        {MOE_LAYOUT_W1_INTERLEAVED_T, dgu, L->dw1p}, {MOE_LAYOUT_B1_INTERLEAVED, dbi, L->db1p},
+        {MOE_LAYOUT_W2_T, ddown, L->dw2}, {MOE_LAYOUT_B2, db2, L->db2}};
+    for (size_t g = 0; g < E && ok; g++)
+        for (int i = 0; i < 4 && ok; i++) {
+            moe_pack_args a;
+            const int slot = L->slot ? L->slot[g] : (int)g;
+            ok = moe_plan_pack_layout(plan, t[i].ly, (void *)(uintptr_t)t[i].src, NULL, slot, 1, &a) == MOE_OK;
+            pack_shift(&a, (long long)g);
+            ok = ok && moe_plan_pack_async(plan, &a, (void *)(uintptr_t)t[i].dst, st) == MOE_OK;
+            CHECKF(ok, "expert %zu, layout %d: %s", g, (int)t[i].ly, moe_last_error());
+        }
+    if (ok && FS) { /* the shared expert: m experts of the unsplit tensors' views */
+        moe_pack_args a;
+        const int m = (int)(ES - E);
+        ok = moe_plan_pack_layout(plan, MOE_LAYOUT_W1_SEPARATE, (void *)(uintptr_t)dws1,
+                                  (const uint16_t *)(uintptr_t)dws1 + FS * H, (int)E, m, &a) == MOE_OK &&
+             moe_plan_pack_async(plan, &a, (void *)(uintptr_t)L->dw1p, st) == MOE_OK &&
+             moe_plan_pack_layout(plan, MOE_LAYOUT_W2, (void *)(uintptr_t)dws2, NULL, (int)E, m, &a) == MOE_OK;
+        a.src[0].expert = (int64_t)F, a.src[0].row = (int64_t)FS, a.src[0].col = 1;
+        ok = ok && moe_plan_pack_async(plan, &a, (void *)(uintptr_t)L->dw2, st) == MOE_OK;
+        CHECKF(ok, "the shared expert's slots: %s", moe_last_error());
+    }
+    if (st) {
+        CUresult sr = moe_cu.cuStreamSynchronize(st);
+        CHECKF(sr == CUDA_SUCCESS, "pack kernel fault: %s", moe_cu_error_string(sr));
+        ok = ok && sr == CUDA_SUCCESS;
+        moe_cu.cuStreamDestroy(st);
+    }
+    CUdeviceptr d[] = {dgu, ddown, dbi, db2, dws1, dws2};
+    for (int i = 0; i < 6; i++)
+        if (d[i])
+            moe_cu.cuMemFree(d[i]);
+    free(gu), free(down), free(bi);
+    return ok;
+}
+
 /* One forward at T tokens, then every selected family's checks. */
 /* The forward of a, captured on a stream of its own into a CUDA graph and
  * replayed once after the capture: between the two, x gets new values (every
@@ -888,7 +1072,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     /* the FFN families and the layer: the reference given the GPU's routing,
      * on the sample */
-    if (family_on(FAM_GEMM_UP) || family_on(FAM_GEMM_DOWN) || family_on(FAM_LAYER)) {
+    if (family_on(FAM_GEMM_UP) || family_on(FAM_GEMM_DOWN) || family_on(FAM_LAYER) || family_on(FAM_PACK)) {
         family_case(fcase[FAM_LAYER], sizeof fcase[FAM_LAYER], FAM_LAYER, label);
         moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
                                .sel_bias = L->sel_bias, .logit_bias = L->logit_bias, .tokens = T,
@@ -972,6 +1156,10 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         if (rc == 0 && family_on(FAM_LAYER)) {
             family_case(fcase[FAM_LAYER], sizeof fcase[FAM_LAYER], FAM_LAYER, label);
             CHECKF(ey <= tol, "layer error %.3e > %.1e", ey, tol);
+        }
+        if (rc == 0 && family_on(FAM_PACK) && L->device_packed) { /* the layer on weights packed on the device */
+            family_case(fcase[FAM_PACK], sizeof fcase[FAM_PACK], FAM_PACK, label);
+            CHECKF(ey <= tol, "layer error %.3e > %.1e on weights packed on the device", ey, tol);
         }
         free(yref); free(href); free(oref); free(hsref); free(osref);
         if (KE > K) {
@@ -1107,6 +1295,22 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             moe_plan_stage_path(plan, MOE_STAGE_UP, &at, &reason);
             CHECKF(at == MOE_PATH_GENERATED && strstr(reason, "not the identity"),
                    "a permuted slot table must move the stages off cuDNN: %s", reason);
+        }
+        if (family_on(FAM_PACK)) {
+            char pc[240];
+            family_case(pc, sizeof pc, FAM_PACK, label);
+            const double w1_bytes = 4.0 * L.s.experts * L.s.ffn * L.s.hidden;
+            if (w1_bytes <= 64.0 * (1 << 20))
+                check_pack_bytes(plan, &L, seed ^ 0x9a);
+            else
+                SKIP("the byte-for-byte check of every layout: W1 is %.0f MB (over 64 MB)", w1_bytes / (1 << 20));
+            if (w1_bytes <= 1024.0 * (1 << 20)) {
+                L.device_packed = pack_layer_on_device(plan, &L);
+                CHECKF(L.device_packed, "the layer's weights were not packed on the device");
+            } else {
+                SKIP("the layer on device-packed weights: W1 is %.0f MB (over 1 GB)", w1_bytes / (1 << 20));
+            }
+            CASE(label);
         }
         uint64_t rng = seed ^ 0x5eed;
         for (int i = 0; i < c->ntokens; i++) {

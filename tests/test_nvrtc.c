@@ -58,6 +58,9 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
         else if (!find_bytes(cubin.data, cubin.len, act.name))
             snprintf(r->missing, sizeof r->missing, "%s", act.name);
     }
+    /* and the device-side weight pack, which every source carries too */
+    if (!r->rc && !r->missing[0] && !find_bytes(cubin.data, cubin.len, pd.pack.name))
+        snprintf(r->missing, sizeof r->missing, "%s", pd.pack.name);
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);

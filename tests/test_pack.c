@@ -364,6 +364,7 @@ int main(void) {
     CASE("the public calls refuse a NULL plan");
     moe_pack_args a = {0};
     CHECK(moe_plan_pack(NULL, &a, &a) == MOE_ERR_INVALID_ARG);
+    CHECK(moe_plan_pack_async(NULL, &a, &a, NULL) == MOE_ERR_INVALID_ARG);
     CHECK(moe_plan_pack_layout(NULL, MOE_LAYOUT_W2, &a, NULL, 0, 1, &a) == MOE_ERR_INVALID_ARG);
     CHECK(moe_plan_pack_w1(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);
     CHECK(moe_plan_pack_b1(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);

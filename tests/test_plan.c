@@ -80,11 +80,15 @@ int main(void) {
                  moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name) != 0);
     CHECK(pd.swiglu.family == MOE_K_SWIGLU);
     CHECK_STREQ(pd.swiglu.name, "mx_swiglu_bf16_f12288");
+    CHECK(pd.pack.family == MOE_K_PACK && pd.pack.threads == 256);
+    CHECK_STREQ(pd.pack.name, "mx_pack_bf16_f12288_h4096");
 
     CASE("grids: the family's, for a token count");
     unsigned g[3];
     moe_family_grid(&pd.swiglu, &pd.spec, 0, 100, g);
     CHECK(g[0] == (100 * 12288 / 8 + 255) / 256 && g[1] == 1 && g[2] == 1);
+    moe_family_grid(&pd.pack, &pd.spec, 0, 1000, g); /* pack: n elements, one per thread */
+    CHECK(g[0] == (1000 + 255) / 256 && g[1] == 1 && g[2] == 1);
     moe_plan_grid(&pd, MOE_ARCH_SM90A, MOE_K_GEMM_DOWN, 4096, g);
     CHECK(g[0] == 4096 / 256 && g[1] == (unsigned)moe_plan_max_tiles(&pd, 4096) && g[2] == 1);
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_GEMM_UP, 4096, g);
