@@ -91,6 +91,10 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
         lua_rawseti(L, -2, e + 1);
     }
     lua_setfield(L, -2, "slot");
+    lua_newtable(L); /* the device-side weight pack */
+    moe_lua_set_str(L, "name", pd->pack.name);
+    moe_lua_set_int(L, "threads", pd->pack.threads);
+    lua_setfield(L, -2, "pack");
     static const char *const ctypes[MOE_WS_COUNT] = {"int", "int", "int", "int", "moe_tile_t",
                                                      "int", "float", "int", "moe_half_t", "moe_half_t", "float"};
     lua_createtable(L, MOE_WS_COUNT, 0);
@@ -254,6 +258,15 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
     moe_buf_printf(b, "/* Host-side packing of plain layouts (host memory). */\n");
     moe_buf_printf(b, "void %s_pack_w1(const unsigned short *w1, unsigned short *w1p);\n", n);
     moe_buf_printf(b, "void %s_pack_b1(const unsigned short *b1, unsigned short *b1p);\n", n);
+    moe_buf_printf(b, "/* The device-side pack of one checkpoint tensor (README.md, \"Weight layouts\"):\n"
+                      " * slots first .. first + count - 1 (of %s_EXPERTS) of packed tensor `tensor`\n"
+                      " * (0 w1p, 1 b1p, 2 w2, 3 b2) from src0 (W1, b1: gate; W2, b2: the source) and\n"
+                      " * src1 (up), element (e, row, col) at src[e * s[0] + row * s[1] + col * s[2]],\n"
+                      " * on `stream`; device pointers, dst not overlapping the sources;\n"
+                      " * cudaErrorInvalidValue for a bad argument. */\n"
+                      "cudaError_t %s_pack(int tensor, void *dst, const void *src0, const void *src1, "
+                      "const long long s0[3],\n                     const long long s1[3], int first, int count, "
+                      "cudaStream_t stream);\n", n, n);
     if (s->shared.ffn)
         moe_buf_printf(b, "/* The shared expert's W1 [2*%s_SHARED_FFN, H] (gate rows, then up rows) and W2\n"
                           " * [H, %s_SHARED_FFN] into their slots of w1p (packed) and w2. */\n"

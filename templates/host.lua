@@ -9,7 +9,7 @@
 @ --
 @ -- p: the shared parameters (moe_plan_push_params: p.name, p.E, p.K,
 @ -- p.H, p.F, p.align, p.pair_granule, p.bias, p.logit_bias, p.ffn_bias),
-@ -- p.ep (the mesh's EP size), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
+@ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
 @ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
 @ -- bm, bn, persistent, K, N, ntiles (a GEMM's reduction length, B rows
@@ -248,6 +248,32 @@ extern "C" void ${n}_pack_b1(const unsigned short *b1, unsigned short *b1p) {
     for (long long e = 0; e < ${p.E}; e++)
         for (long long r = 0; r < 2 * F; r++)
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
+}
+
+@ local pk = p.pack
+/* The device-side pack of one checkpoint tensor (the runtime's
+ * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
+ * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
+ * from strided sources, by the pack kernel above, on `stream`. */
+extern "C" cudaError_t ${n}_pack(int tensor, void *dst, const void *src0, const void *src1, const long long s0[3],
+                                const long long s1[3], int first, int count, cudaStream_t stream) {
+    const int two = tensor == MOE_PACK_W1 || tensor == MOE_PACK_B1;
+    if (tensor < MOE_PACK_W1 || tensor > MOE_PACK_B2 || !dst || !src0 || !s0 || (two && (!src1 || !s1)) ||
+        first < 0 || count < 0 || (long long)first + count > ${p.E})
+        return cudaErrorInvalidValue;
+    for (int i = 0; i < 3; i++)
+        if (s0[i] < 0 || (two && s1[i] < 0))
+            return cudaErrorInvalidValue;
+    long long R, C;
+    moe_pack_dims(tensor, ${p.F}, ${p.H}, &R, &C);
+    const long long n = (long long)count * R * C;
+    if (n == 0)
+        return cudaSuccess;
+    const moe_pack_stride_t a = {s0[0], s0[1], s0[2]}, b = two ? moe_pack_stride_t{s1[0], s1[1], s1[2]} : a;
+    const unsigned blocks = moe_blocks(n, ${pk.threads}) < 65536u ? moe_blocks(n, ${pk.threads}) : 65536u; /* a grid-stride loop */
+    ${pk.name}<<<blocks, ${pk.threads}, 0, stream>>>(tensor, (unsigned short *)dst, (const unsigned short *)src0,
+        (const unsigned short *)(two ? src1 : src0), a, b, first, count);
+    return cudaGetLastError();
 }
 @ if p.shared_slots > 0 then
 

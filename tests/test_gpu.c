@@ -28,7 +28,8 @@
  *   pack             the device-side weight pack (moe_plan_pack_async) of
  *                    every checkpoint layout equals the host pack byte for
  *                    byte (all experts, a subset of slots, one expert at a
- *                    time; destination poisoned first); then the layer's
+ *                    time, captured in a CUDA graph and replayed;
+ *                    destination poisoned first); then the layer's
  *                    weights are packed on the device from gpt-oss's layouts
  *                    (one expert at a time, into the plan's slots) and every
  *                    forward of the case runs on them, checked against the
@@ -788,10 +789,37 @@ static void pack_shift(moe_pack_args *a, long long g) {
             a->src[i].ptr = (const uint16_t *)a->src[i].ptr + g * a->src[i].expert;
 }
 
+/* The device pack of a, captured on a stream of its own into a CUDA graph,
+ * the destination poisoned again after the capture, replayed once: so what
+ * dst holds after it is the replay's. Returns 1 when every call worked. */
+static int pack_replayed(const moe_plan *plan, const moe_pack_args *a, CUdeviceptr dst, size_t bytes) {
+    CUstream gs = NULL;
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    int ok = cu_ok(moe_cu.cuStreamCreate(&gs, CU_STREAM_NON_BLOCKING), "stream") &&
+             cu_ok(moe_cu.cuStreamBeginCapture(gs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+    if (ok) {
+        moe_status st = moe_plan_pack_async(plan, a, (void *)(uintptr_t)dst, gs);
+        CHECKF(st == MOE_OK, "moe_plan_pack_async under capture: %s", moe_last_error());
+        ok = cu_ok(moe_cu.cuStreamEndCapture(gs, &g), "end capture") && st == MOE_OK &&
+             cu_ok(moe_cu.cuGraphInstantiateWithFlags(&ge, g, 0), "instantiate") &&
+             cu_ok(moe_cu.cuMemsetD8(dst, 0xff, bytes), "poison") && cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") &&
+             cu_ok(moe_cu.cuStreamSynchronize(gs), "replay");
+    }
+    if (ge)
+        moe_cu.cuGraphExecDestroy(ge);
+    if (g)
+        moe_cu.cuGraphDestroy(g);
+    if (gs)
+        moe_cu.cuStreamDestroy(gs);
+    return ok;
+}
+
 /* Every layout: random sources packed on the host and on the device (all
  * experts; slots 1..E-1 from the first E-1 experts; one expert at a time
- * into slot E-1-g), into poisoned buffers of E slots, equal byte for byte
- * (poison included); and the device call's refusals. */
+ * into slot E-1-g; all experts captured in a CUDA graph and replayed),
+ * into poisoned buffers of E slots, equal byte for byte (poison included);
+ * and the device call's refusals. */
 static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t seed) {
     const moe_spec_t *s = &L->s;
     const int E = s->experts;
@@ -810,14 +838,16 @@ static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t se
             ok = (ds[i] = dev_upload(hs[i], nsrc * 2)) != 0;
         }
         CHECKF(ok, "layout %d: cannot set up (host or device memory)", ly);
-        for (int variant = 0; variant < 3 && ok; variant++) {
+        static const char *const variants[] = {"all experts", "slots 1..E-1", "an expert at a time",
+                                               "all experts, a CUDA graph replayed"};
+        for (int variant = 0; variant < 4 && ok; variant++) {
             for (size_t i = 0; i < ndst; i++)
                 hd[i] = PACK_POISON;
             ok = cu_ok(moe_cu.cuMemsetD8(dd, 0xff, ndst * 2), "poison");
             const int calls = variant == 2 ? E : 1;
             for (int c = 0; c < calls && ok; c++) {
-                const int first = variant == 0 ? 0 : variant == 1 ? 1 : E - 1 - c;
-                const int count = variant == 0 ? E : variant == 1 ? E - 1 : 1;
+                const int first = variant == 1 ? 1 : variant == 2 ? E - 1 - c : 0;
+                const int count = variant == 1 ? E - 1 : variant == 2 ? 1 : E;
                 moe_pack_args ha, da;
                 ok = moe_plan_pack_layout(plan, (moe_layout)ly, hs[0], hs[1], first, count, &ha) == MOE_OK &&
                      moe_plan_pack_layout(plan, (moe_layout)ly, (void *)(uintptr_t)ds[0],
@@ -825,7 +855,8 @@ static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t se
                 if (variant == 2)
                     pack_shift(&ha, c), pack_shift(&da, c);
                 ok = ok && moe_plan_pack(plan, &ha, hd) == MOE_OK &&
-                     moe_plan_pack_async(plan, &da, (void *)(uintptr_t)dd, NULL) == MOE_OK;
+                     (variant == 3 ? pack_replayed(plan, &da, dd, ndst * 2)
+                                   : moe_plan_pack_async(plan, &da, (void *)(uintptr_t)dd, NULL) == MOE_OK);
                 CHECKF(ok, "layout %d variant %d: %s", ly, variant, moe_last_error());
             }
             CUresult sr = moe_cu.cuCtxSynchronize();
@@ -836,8 +867,7 @@ static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t se
                 if (got[i] != hd[i] && !bad++)
                     at = i;
             CHECKF(ok && bad == 0, "layout %d (%s): %zu of %zu words differ from the host pack, the first at %zu "
-                   "(device %04x, host %04x)", ly, variant == 0 ? "all experts" : variant == 1 ? "slots 1..E-1"
-                   : "an expert at a time", bad, ndst, at, ok ? got[at] : 0, hd[at]);
+                   "(device %04x, host %04x)", ly, variants[variant], bad, ndst, at, ok ? got[at] : 0, hd[at]);
         }
         if (ok && ly == 0) { /* refusals: nothing launched, the destination untouched */
             moe_pack_args a;

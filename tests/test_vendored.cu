@@ -1,7 +1,8 @@
 /* test_vendored.cu — the vendored path: an emitted .cu compiled with plain
  * nvcc and linked with this program, no libmoegen. Runs the forward through
  * the emitted host code (NAME_forward) and checks sampled tokens of y
- * against the CPU reference. Built by `make test-vendored`; VENDORED_NAME
+ * against the CPU reference; packs gpt-oss's gate_up_proj layout on the
+ * device (NAME_pack) and holds it equal to the host pack (NAME_pack_w1). Built by `make test-vendored`; VENDORED_NAME
  * names the emitted spec (its NAME.h is on the include path), and
  * VENDORED_SHARED is defined when the spec has a shared expert (packed
  * into its slots by NAME_pack_shared, checked against the reference's
@@ -148,5 +149,33 @@ int main(int argc, char **argv) {
     fprintf(stderr, "  vendored %s T=%d: layer error %.2e (tolerance %.1e)\n", s.name, T, err, tol);
     CHECKF(finite, "y has unwritten (poisoned) or non-finite elements");
     CHECKF(err <= tol, "layer error %.3e > %.1e", err, tol);
+
+    CASE("vendored: the device pack of gate_up_proj [E, H, 2F] (gate at even columns) is the host pack");
+    {
+        uint16_t *gu = (uint16_t *)malloc(E * 2 * F * H * 2), *got = (uint16_t *)malloc(E * 2 * F * H * 2);
+        for (size_t ex = 0; ex < E; ex++)
+            for (size_t f = 0; f < F; f++)
+                for (size_t h = 0; h < H; h++) {
+                    gu[(ex * H + h) * 2 * F + 2 * f] = w1[(ex * 2 * F + f) * H + h];
+                    gu[(ex * H + h) * 2 * F + 2 * f + 1] = w1[(ex * 2 * F + F + f) * H + h];
+                }
+        void *dgu = NULL, *dout = NULL;
+        CHECK(cudaMalloc(&dgu, E * 2 * F * H * 2) == cudaSuccess && cudaMalloc(&dout, E * 2 * F * H * 2) == cudaSuccess);
+        cudaMemcpy(dgu, gu, E * 2 * F * H * 2, cudaMemcpyHostToDevice);
+        cudaMemset(dout, 0xff, E * 2 * F * H * 2);
+        const long long st[3] = {(long long)(2 * F * H), 2, (long long)(2 * F)};
+        e = N(_pack)(0, dout, dgu, (const uint16_t *)dgu + 1, st, st, 0, (int)E, 0);
+        CHECKF(e == cudaSuccess, "pack: %s", cudaGetErrorString(e));
+        e = cudaDeviceSynchronize();
+        CHECKF(e == cudaSuccess, "pack kernel fault: %s", cudaGetErrorString(e));
+        cudaMemcpy(got, dout, E * 2 * F * H * 2, cudaMemcpyDeviceToHost);
+        CHECK(memcmp(got, w1p, E * 2 * F * H * 2) == 0);
+        CHECK(N(_pack)(0, dout, dgu, NULL, st, st, 0, (int)E, 0) == cudaErrorInvalidValue);
+        CHECK(N(_pack)(0, dout, dgu, dgu, st, st, 1, (int)E, 0) == cudaErrorInvalidValue);
+        cudaFree(dgu);
+        cudaFree(dout);
+        free(gu);
+        free(got);
+    }
     return check_report("test_vendored");
 }

@@ -59,6 +59,14 @@ cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *args, cudaStream_t str
 /* Host-side packing of plain layouts (host memory). */
 void olmoe_1b_7b_pack_w1(const unsigned short *w1, unsigned short *w1p);
 void olmoe_1b_7b_pack_b1(const unsigned short *b1, unsigned short *b1p);
+/* The device-side pack of one checkpoint tensor (README.md, "Weight layouts"):
+ * slots first .. first + count - 1 (of olmoe_1b_7b_EXPERTS) of packed tensor `tensor`
+ * (0 w1p, 1 b1p, 2 w2, 3 b2) from src0 (W1, b1: gate; W2, b2: the source) and
+ * src1 (up), element (e, row, col) at src[e * s[0] + row * s[1] + col * s[2]],
+ * on `stream`; device pointers, dst not overlapping the sources;
+ * cudaErrorInvalidValue for a bad argument. */
+cudaError_t olmoe_1b_7b_pack(int tensor, void *dst, const void *src0, const void *src1, const long long s0[3],
+                     const long long s1[3], int first, int count, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

@@ -2549,5 +2549,31 @@ extern "C" void qwen3_235b_a22b_pack_b1(const unsigned short *b1, unsigned short
         for (long long r = 0; r < 2 * F; r++)
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
-#line 273 "templates/host.lua"
+
+#line 254 "templates/host.lua"
+/* The device-side pack of one checkpoint tensor (the runtime's
+ * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
+ * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
+ * from strided sources, by the pack kernel above, on `stream`. */
+extern "C" cudaError_t qwen3_235b_a22b_pack(int tensor, void *dst, const void *src0, const void *src1, const long long s0[3],
+                                const long long s1[3], int first, int count, cudaStream_t stream) {
+    const int two = tensor == MOE_PACK_W1 || tensor == MOE_PACK_B1;
+    if (tensor < MOE_PACK_W1 || tensor > MOE_PACK_B2 || !dst || !src0 || !s0 || (two && (!src1 || !s1)) ||
+        first < 0 || count < 0 || (long long)first + count > 128)
+        return cudaErrorInvalidValue;
+    for (int i = 0; i < 3; i++)
+        if (s0[i] < 0 || (two && s1[i] < 0))
+            return cudaErrorInvalidValue;
+    long long R, C;
+    moe_pack_dims(tensor, 1536, 4096, &R, &C);
+    const long long n = (long long)count * R * C;
+    if (n == 0)
+        return cudaSuccess;
+    const moe_pack_stride_t a = {s0[0], s0[1], s0[2]}, b = two ? moe_pack_stride_t{s1[0], s1[1], s1[2]} : a;
+    const unsigned blocks = moe_blocks(n, 256) < 65536u ? moe_blocks(n, 256) : 65536u; /* a grid-stride loop */
+    qwen3_235b_a22b_pack_bf16_f1536_h4096<<<blocks, 256, 0, stream>>>(tensor, (unsigned short *)dst, (const unsigned short *)src0,
+        (const unsigned short *)(two ? src1 : src0), a, b, first, count);
+    return cudaGetLastError();
+}
+#line 299 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
