@@ -51,11 +51,22 @@ int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch
         return 1;
     }
     moe_tmpl_close(t);
+    /* the source itself: C code that feeds the templates (the planner, the
+     * headers emission pastes in) changes kernels without touching the
+     * templates, the spec or the names */
+    moe_buf_t src = {0};
+    if (moe_emit_source(pd, templates_dir, &src, diag)) {
+        moe_buf_free(&src);
+        return 1;
+    }
+    char sh[33];
+    moe_hash_hex(src.data, src.len, sh);
+    moe_buf_free(&src);
     char nv[32];
     moe_nvrtc_version(nv, sizeof nv);
     moe_buf_t b = {0};
-    moe_buf_printf(&b, "spec=%s\ngenerator=%s\ntemplates=%s\nnvrtc=%s\narch=%s\noptions=%s\n", pd->spec.hash,
-                   MOEGEN_VERSION, th, nv, moe_arch_name(arch), moe_nvrtc_options());
+    moe_buf_printf(&b, "spec=%s\ngenerator=%s\ntemplates=%s\nsource=%s\nnvrtc=%s\narch=%s\noptions=%s\n",
+                   pd->spec.hash, MOEGEN_VERSION, th, sh, nv, moe_arch_name(arch), moe_nvrtc_options());
     /* the kernel names spell every tile parameter, which the tuning table
      * (not the spec) may change: a different table must not reuse a cubin */
     const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);

@@ -16,7 +16,8 @@
  * $HOME/.cache/moegen; "" when none can be named (caching is then off). */
 void moe_cache_dir(char *out, size_t n);
 
-/* The hex key of (plan, templates, arch). Returns 0, or non-zero with diag. */
+/* The hex key of (plan, templates, the emitted source, NVRTC, arch): any change
+ * to what NVRTC would compile changes it. Returns 0, or non-zero with diag. */
 int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch_t arch, char key[33],
                   moe_diag_t *diag);
 
