@@ -52,6 +52,13 @@ static const abi_field info_fields[] = {
     FIELD(moe_plan_info, stored),      FIELD(moe_plan_info, held),      FIELD(moe_plan_info, dispatch_capacity),
     FIELD(moe_plan_info, cudnn_version), {0}};
 
+static const abi_field pack_src_fields[] = {
+    FIELD(moe_pack_src, ptr), FIELD(moe_pack_src, expert), FIELD(moe_pack_src, row), FIELD(moe_pack_src, col), {0}};
+
+static const abi_field pack_args_fields[] = {
+    FIELD(moe_pack_args, tensor), FIELD(moe_pack_args, src), FIELD(moe_pack_args, first),
+    FIELD(moe_pack_args, count),  {0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -62,6 +69,8 @@ static const struct {
     {"moe_weights", sizeof(moe_weights), weights_fields},
     {"moe_gather_args", sizeof(moe_gather_args), gather_fields},
     {"moe_plan_info", sizeof(moe_plan_info), info_fields},
+    {"moe_pack_src", sizeof(moe_pack_src), pack_src_fields},
+    {"moe_pack_args", sizeof(moe_pack_args), pack_args_fields},
 };
 
 const char *moe_version(void) { return MOEGEN_VERSION; }

@@ -291,7 +291,7 @@ const char *moe_version(void);
  * C compiler (the Python package checks its ctypes structures against these
  * at import). moe_abi_sizeof: sizeof the struct named `name`
  * ("moe_options", "moe_forward_args", "moe_weights", "moe_gather_args",
- * "moe_plan_info"), 0 for another name. moe_abi_field: the name of its
+ * "moe_plan_info", "moe_pack_src", "moe_pack_args"), 0 for another name. moe_abi_field: the name of its
  * field i in declaration order, with its byte offset and size (either out
  * pointer may be NULL); NULL past the last field or for another name.
  * A field added to one of these structs is listed in runtime/abi.c too. */

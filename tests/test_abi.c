@@ -50,6 +50,8 @@ int main(void) {
     check_tiles("moe_weights", sizeof(moe_weights));
     check_tiles("moe_gather_args", sizeof(moe_gather_args));
     check_tiles("moe_plan_info", sizeof(moe_plan_info));
+    check_tiles("moe_pack_src", sizeof(moe_pack_src));
+    check_tiles("moe_pack_args", sizeof(moe_pack_args));
 
     CASE("named fields");
     size_t off = 1, sz = 0;

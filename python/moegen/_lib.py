@@ -53,7 +53,19 @@ class PlanInfo(ctypes.Structure):
                 ("dispatch_capacity", c_int), ("cudnn_version", c_int)]
 
 
-MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_info": PlanInfo}
+class PackSrc(ctypes.Structure):
+    _fields_ = [("ptr", c_void_p), ("expert", ctypes.c_int64), ("row", ctypes.c_int64), ("col", ctypes.c_int64)]
+
+
+class PackArgs(ctypes.Structure):
+    _fields_ = [("tensor", c_int), ("src", PackSrc * 2), ("first", c_int), ("count", c_int)]
+
+
+# moe_tensor: the packed tensors
+TENSOR_W1, TENSOR_B1, TENSOR_W2, TENSOR_B2 = 0, 1, 2, 3
+
+MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_info": PlanInfo,
+           "moe_pack_src": PackSrc, "moe_pack_args": PackArgs}
 
 # The forward's tensors, moe_forward_args' names, in its order.
 TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate")
@@ -71,6 +83,7 @@ _SIGNATURES = {
     "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(c_char_p)]),
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),
+    "moe_plan_pack_async": (c_int, [c_void_p, ctypes.POINTER(PackArgs), c_void_p, c_void_p]),
     "moe_forward": (c_int, [c_void_p, ctypes.POINTER(ForwardArgs), c_void_p]),
     "moe_status_string": (c_char_p, [c_int]),
     "moe_last_error": (c_char_p, []),

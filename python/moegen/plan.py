@@ -107,6 +107,24 @@ class Plan:
             raise _lib.fail(self._lib, st, "moe_plan_pack_b1")
         return list(packed[:F2])
 
+    def pack_async(self, tensor, srcs, first, count, dst, stream):
+        """moe_plan_pack_async: pack `count` experts into slots first ..
+        first + count - 1 of the packed tensor at device address dst, on
+        stream. tensor: _lib.TENSOR_W1, _B1, _W2 or _B2; srcs: one (W2, b2)
+        or two (W1, b1: gate, up) sources, each (address, expert stride, row
+        stride, col stride) in 16-bit elements as moe_pack_src describes.
+        Returns False when the plan's module has no pack kernel (a folder
+        compiled before moegen emitted it); raises on any other error."""
+        a = _lib.PackArgs(tensor=tensor, first=first, count=count)
+        for i, (ptr, e, r, c) in enumerate(srcs):
+            a.src[i] = _lib.PackSrc(ptr, e, r, c)
+        st = self._lib.moe_plan_pack_async(self.handle, ctypes.byref(a), dst, stream)
+        if st == 11:  # MOE_ERR_UNSUPPORTED
+            return False
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_pack_async")
+        return True
+
     def forward(self, tokens, ptrs, workspace, stream):
         """moe_forward on raw device pointers (ints): ptrs maps the
         moe_forward_args names (x, router_w, ..., y) to addresses, workspace

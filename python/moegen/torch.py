@@ -200,6 +200,28 @@ def _cuda_index(device):
     return d.index if d.index is not None else torch.cuda.current_device()
 
 
+def pack_jobs(E, F, m, gate, up, w2, b1=None, b2=None, shared_w1=None, shared_w2=None):
+    """The moe_plan_pack_async calls that pack the plain tensors, as
+    (tensor, sources, first slot, count): each source (address, expert,
+    row, col strides in elements) as moe_pack_src reads it, from the
+    tensors' own strides. gate, up [E, F, H]; w2 [E, H, F]; b1 [E, 2F] and
+    b2 [E, H] or None; m > 0: shared_w1 [2mF, H] and shared_w2 [H, mF]
+    go to slots E..E+m-1 (slot E+j: gate and up rows jF.., down columns
+    jF..)."""
+    s3 = lambda t: (t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+    s2 = lambda t: (t.data_ptr(), t.stride(0), t.stride(1), 0)
+    jobs = [(_lib.TENSOR_W1, [s3(gate), s3(up)], 0, E), (_lib.TENSOR_W2, [s3(w2)], 0, E)]
+    if m > 0:
+        r, c = shared_w1.stride()
+        jobs.append((_lib.TENSOR_W1, [(shared_w1.data_ptr(), F * r, r, c),
+                                      (shared_w1[m * F:].data_ptr(), F * r, r, c)], E, m))
+        r, c = shared_w2.stride()
+        jobs.append((_lib.TENSOR_W2, [(shared_w2.data_ptr(), F * c, r, c)], E, m))
+    if b1 is not None:
+        jobs += [(_lib.TENSOR_B1, [s2(b1[:, :F]), s2(b1[:, F:])], 0, E), (_lib.TENSOR_B2, [s2(b2)], 0, E)]
+    return jobs
+
+
 class MoE(torch.nn.Module):
     """The layer as a module: the plan (from a spec file, a dict of keys or,
     with from_dir=True, a folder from `moegen compile`) and its parameters
@@ -248,63 +270,87 @@ class MoE(torch.nn.Module):
                    router_logit_bias=None, shared_w1=None, shared_w2=None, shared_gate=None):
         """Set the parameters from the plain layouts, packing on the GPU:
         w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
-        each; w2 [E, H, F]; b1 [E, 2F] or None; b2 [E, H]; router_w [E, H];
-        the router biases fp32 [E]; with a shared expert (spec shared.ffn =
-        F_s = m·F) shared_w1 [2F_s, H] (gate rows, then up), shared_w2
-        [H, F_s], and shared_gate [H] where shared.gate = "sigmoid", split
-        into the m weight slots after the routed experts as
-        moe_plan_pack_shared splits them. Tensors may be on any device; they
-        are copied to the layer's device and dtype checked, never
-        converted."""
+        each; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias;
+        router_w [E, H]; the router biases fp32 [E]; with a shared expert
+        (spec shared.ffn = F_s = m·F) shared_w1 [2F_s, H] (gate rows, then
+        up), shared_w2 [H, F_s], and shared_gate [H] where shared.gate =
+        "sigmoid", split into the m weight slots after the routed experts as
+        moe_plan_pack_shared splits them. Any strides (a transposed
+        checkpoint tensor is a view, not a copy): the library's device pack
+        (moe_plan_pack_async) reads them as they are, on torch's current
+        stream. Tensors may be on any device (they are moved to the layer's);
+        dtypes are checked, never converted. A single-device plan only."""
+        info = self.plan.info
+        if info.world != 1:
+            raise NotImplementedError("moegen: load_plain packs a single-device plan; on a mesh, pack the held "
+                                      "experts with Plan.pack_async")
+        E, F, H = info.experts, info.ffn, info.hidden
+        m = self.w1p.shape[0] - E                        # the shared expert's slots
+        dev, dt = self.w1p.device, self.w1p.dtype
+
+        def take(name, t, shape, dtype=dt):
+            if t is None:
+                raise ValueError("moegen: the spec needs %s %s" % (name, list(shape)))
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+            if t.dtype != dtype:
+                raise TypeError("moegen: %s must be %s, not %s" % (name, dtype, t.dtype))
+            if tuple(t.shape) != tuple(shape):
+                raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape), list(t.shape)))
+            return t.to(dev)
+
+        def refuse(**given):
+            for name, t in given.items():
+                if t is not None:
+                    raise ValueError("moegen: the spec takes no %s" % name)
+
         if (w1 is None) == (gate is None or up is None):
             raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
-        if w1 is None:
-            w1 = torch.cat([gate, up], dim=1)
-        info = self.plan.info
-        E, F, H = info.experts, info.ffn, info.hidden
-        m = self.w1p.shape[0] - E if info.world == 1 else 0   # the shared expert's slots
+        if w1 is not None:
+            w1 = take("w1", w1, (E, 2 * F, H))
+            gate, up = w1[:, :F], w1[:, F:]
+        else:
+            gate, up = take("gate", gate, (E, F, H)), take("up", up, (E, F, H))
+        w2 = take("w2", w2, (E, H, F))
         if m > 0:
-            if shared_w1 is None or shared_w2 is None:
-                raise ValueError("moegen: the spec has a shared expert: pass shared_w1 [%d, %d] and shared_w2 "
-                                 "[%d, %d]" % (2 * m * F, H, H, m * F))
-            if tuple(shared_w1.shape) != (2 * m * F, H) or tuple(shared_w2.shape) != (H, m * F):
-                raise ValueError("moegen: shared_w1 must be [%d, %d] and shared_w2 [%d, %d], not %s and %s" % (
-                    2 * m * F, H, H, m * F, list(shared_w1.shape), list(shared_w2.shape)))
-            # slot E+j: gate rows jF..jF+F-1 and the matching up rows; w2 columns jF..jF+F-1
-            sw1 = shared_w1.reshape(2, m, F, H).transpose(0, 1).reshape(m, 2 * F, H)
-            sw2 = shared_w2.reshape(H, m, F).permute(1, 0, 2)
-            if w1.dtype != shared_w1.dtype or w2 is None or w2.dtype != shared_w2.dtype:
-                raise TypeError("moegen: the shared expert's weights must have the routed experts' dtype")
-            w1 = torch.cat([w1, sw1.to(w1.device)], dim=0)
-            w2 = torch.cat([w2, sw2.to(w2.device)], dim=0)
-        elif shared_w1 is not None or shared_w2 is not None:
-            raise ValueError("moegen: the spec has no shared expert (or its plan spans several devices)")
-
-        def put(name, value, packed=None):
+            shared_w1 = take("shared_w1", shared_w1, (2 * m * F, H))
+            shared_w2 = take("shared_w2", shared_w2, (H, m * F))
+        else:
+            refuse(shared_w1=shared_w1, shared_w2=shared_w2)
+        if self.b1p is not None:
+            b1, b2 = take("b1", b1, (E, 2 * F)), take("b2", b2, (E, H))
+        else:
+            refuse(b1=b1, b2=b2)
+        for name, t in (("router_w", router_w), ("router_bias", router_bias),
+                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
             p = getattr(self, name)
-            if value is None:
-                if p is not None:
-                    raise ValueError("moegen: the spec needs %s" % name)
-                return
             if p is None:
-                raise ValueError("moegen: the spec takes no %s" % name)
-            if value.dtype != p.dtype:
-                raise TypeError("moegen: %s must be %s, not %s" % (name, p.dtype, value.dtype))
-            value = value.to(p.device)
-            if packed is not None:
-                if value.dim() != p.dim() or value.shape[1] != p.shape[1]:
-                    raise ValueError("moegen: %s must be %s, not %s" % (name, list(p.shape), list(value.shape)))
-                value = value.index_select(1, self.w1_order())
-            if value.shape != p.shape:
-                raise ValueError("moegen: %s must be %s, not %s" % (name, list(p.shape), list(value.shape)))
-            p.copy_(value)
+                refuse(**{name: t})
+            else:
+                p.copy_(take(name, t, p.shape, p.dtype))
 
-        put("router_w", router_w)
-        put("w1p", w1, packed=True)
-        put("w2", w2)
-        put("b1p", b1, packed=True)
-        put("b2", b2)
-        put("router_bias", router_bias)
-        put("router_logit_bias", router_logit_bias)
-        put("shared_gate", shared_gate)
+        jobs = pack_jobs(E, F, m, gate, up, w2, b1, b2, shared_w1, shared_w2)
+        dst = {_lib.TENSOR_W1: self.w1p, _lib.TENSOR_W2: self.w2, _lib.TENSOR_B1: self.b1p, _lib.TENSOR_B2: self.b2}
+        with torch.cuda.device(dev):
+            stream = torch.cuda.current_stream(dev).cuda_stream
+            for tensor, srcs, first, count in jobs:
+                if not self.plan.pack_async(tensor, srcs, first, count, dst[tensor].data_ptr(), stream):
+                    self._pack_by_indexing(gate, up, w2, b1, b2, shared_w1, shared_w2)
+                    break
         return self
+
+    def _pack_by_indexing(self, gate, up, w2, b1, b2, shared_w1, shared_w2):
+        """load_plain's packing where the plan's module has no pack kernel (a
+        folder compiled before moegen emitted it): torch indexing in the
+        library's row order (Plan.w1_row_order)."""
+        E, F, H = self.plan.info.experts, self.plan.info.ffn, self.plan.info.hidden
+        m = self.w1p.shape[0] - E
+        w1 = torch.cat([gate, up], dim=1)
+        if m > 0:  # slot E+j: gate rows jF..jF+F-1 and the matching up rows; w2 columns jF..jF+F-1
+            w1 = torch.cat([w1, shared_w1.reshape(2, m, F, H).transpose(0, 1).reshape(m, 2 * F, H)])
+            w2 = torch.cat([w2, shared_w2.reshape(H, m, F).permute(1, 0, 2)])
+        self.w1p.copy_(w1.index_select(1, self.w1_order()))
+        self.w2.copy_(w2)
+        if self.b1p is not None:
+            self.b1p.copy_(b1.index_select(1, self.w1_order()))
+            self.b2.copy_(b2)

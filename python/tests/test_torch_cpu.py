@@ -105,6 +105,42 @@ class Checks(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class PackJobs(unittest.TestCase):
+    """pack_jobs' sources read back through their strides (as the pack
+    kernel reads them, moe_pack_src) give each slot's plain rows."""
+
+    def read(self, base, src, count, rows, cols):
+        ptr, e, r, c = src
+        off = (ptr - base.data_ptr()) // base.element_size()
+        return torch.as_strided(base.reshape(-1), (count, rows, cols), (e, r, c), off)
+
+    def test_sources(self):
+        from moegen import torch as mt
+        E, F, H, m = 3, 16, 8, 2
+        w1 = torch.randn(E, 2 * F, H)
+        w1t = torch.randn(E, H, 2 * F)          # a transposed checkpoint layout, read as a view
+        w2 = torch.randn(E, F, H)               # w2 stored [E, F, H], passed as the view [E, H, F]
+        b1, b2 = torch.randn(E, 2 * F), torch.randn(E, H)
+        sw1, sw2 = torch.randn(2 * m * F, H), torch.randn(H, m * F)
+        for gate, up, base in ((w1[:, :F], w1[:, F:], w1),
+                               (w1t.transpose(1, 2)[:, :F], w1t.transpose(1, 2)[:, F:], w1t)):
+            jobs = mt.pack_jobs(E, F, m, gate, up, w2.transpose(1, 2), b1, b2, sw1, sw2)
+            (t0, s0, f0, c0), (t1, s1, f1, c1), (t2, s2, f2, c2), (t3, s3, f3, c3), (t4, s4, _, _), (t5, s5, _, _) = jobs
+            self.assertEqual([t0, t1, t2, t3, t4, t5], [0, 2, 0, 2, 1, 3])
+            self.assertEqual([(f0, c0), (f1, c1), (f2, c2), (f3, c3)], [(0, E), (0, E), (E, m), (E, m)])
+            self.assertTrue(torch.equal(self.read(base, s0[0], E, F, H), gate))
+            self.assertTrue(torch.equal(self.read(base, s0[1], E, F, H), up))
+            self.assertTrue(torch.equal(self.read(w2, s1[0], E, H, F), w2.transpose(1, 2)))
+            for j in range(m):  # slot E+j: gate rows jF.., up rows mF + jF.., down columns jF..
+                self.assertTrue(torch.equal(self.read(sw1, s2[0], m, F, H)[j], sw1[j * F:(j + 1) * F]))
+                self.assertTrue(torch.equal(self.read(sw1, s2[1], m, F, H)[j], sw1[m * F + j * F:m * F + (j + 1) * F]))
+                self.assertTrue(torch.equal(self.read(sw2, s3[0], m, H, F)[j], sw2[:, j * F:(j + 1) * F]))
+            self.assertTrue(torch.equal(self.read(b1, s4[0], E, F, 1)[..., 0], b1[:, :F]))
+            self.assertTrue(torch.equal(self.read(b1, s4[1], E, F, 1)[..., 0], b1[:, F:]))
+            self.assertTrue(torch.equal(self.read(b2, s5[0], E, H, 1)[..., 0], b2))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class Fake(unittest.TestCase):
     def args(self, device, tokens=5):
         bf = torch.bfloat16

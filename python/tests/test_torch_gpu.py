@@ -150,6 +150,26 @@ def check_spec(name, keys):
     rc = pack(plan.handle, host.data_ptr(), packed.data_ptr())
     report(rc == 0 and torch.equal(packed.cuda(), moe.w1p.detach()[:keys["experts"]].view(torch.int16)),
            "%s: w1p packed on the GPU equals moe_plan_pack_w1's host pack" % name)
+    # other strides (column-major copies, read through transposed views) and the indexing fallback give the
+    # same packed bytes as the device pack of the plain tensors
+    F = keys["ffn"]
+    packed = [moe.w1p.detach().clone(), moe.w2.detach().clone()]
+    cm = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    wv = dict(w, w1=None, gate=cm(w["w1"][:, :F]), up=cm(w["w1"][:, F:]), w2=cm(w["w2"]))
+    if "shared_w1" in w:
+        wv.update(shared_w1=cm(w["shared_w1"]), shared_w2=cm(w["shared_w2"]))
+    for t in (moe.w1p, moe.w2):
+        t.detach().view(torch.int16).fill_(-1)
+    moe.load_plain(**wv)
+    report(torch.equal(moe.w1p, packed[0]) and torch.equal(moe.w2, packed[1]),
+           "%s: load_plain from separate gate/up and column-major views packs the same bytes" % name)
+    for t in (moe.w1p, moe.w2):
+        t.detach().view(torch.int16).fill_(-1)
+    with torch.no_grad():
+        moe._pack_by_indexing(w["w1"][:, :F], w["w1"][:, F:], w["w2"], w.get("b1"), w.get("b2"),
+                              w.get("shared_w1"), w.get("shared_w2"))
+    report(torch.equal(moe.w1p, packed[0]) and torch.equal(moe.w2, packed[1]),
+           "%s: the indexing fallback packs the same bytes as moe_plan_pack_async" % name)
     if "shared" in keys:  # the shared expert's slots against the library's own split, moe_plan_pack_shared
         E = keys["experts"]
         S = moe.w1p.shape[0]
