@@ -871,7 +871,8 @@ static void check_pack_bytes(const moe_plan *plan, const layer_t *L, uint64_t se
         }
         if (ok && ly == 0) { /* refusals: nothing launched, the destination untouched */
             moe_pack_args a;
-            moe_plan_pack_layout(plan, MOE_LAYOUT_W1_FUSED, (void *)(uintptr_t)ds[0], NULL, 1, E, &a);
+            /* slots 1..S: one past the plan's last slot (S counts a shared expert's slots too) */
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W1_FUSED, (void *)(uintptr_t)ds[0], NULL, 1, moe_spec_slots(s), &a);
             CHECK(moe_plan_pack_async(plan, &a, (void *)(uintptr_t)dd, NULL) == MOE_ERR_INVALID_ARG);
             a.first = 0, a.src[1].ptr = NULL;
             CHECK(moe_plan_pack_async(plan, &a, (void *)(uintptr_t)dd, NULL) == MOE_ERR_INVALID_ARG);
