@@ -803,7 +803,9 @@ static int pack_replayed(const moe_plan *plan, const moe_pack_args *a, CUdevicep
         CHECKF(st == MOE_OK, "moe_plan_pack_async under capture: %s", moe_last_error());
         ok = cu_ok(moe_cu.cuStreamEndCapture(gs, &g), "end capture") && st == MOE_OK &&
              cu_ok(moe_cu.cuGraphInstantiateWithFlags(&ge, g, 0), "instantiate") &&
-             cu_ok(moe_cu.cuMemsetD8(dst, 0xff, bytes), "poison") && cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") &&
+             cu_ok(moe_cu.cuMemsetD8(dst, 0xff, bytes), "poison") &&
+             cu_ok(moe_cu.cuCtxSynchronize(), "poison") && /* gs does not wait for the legacy stream */
+             cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") &&
              cu_ok(moe_cu.cuStreamSynchronize(gs), "replay");
     }
     if (ge)
