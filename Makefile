@@ -110,10 +110,31 @@ run: all
 clean:
 	rm -rf $(BUILD)
 
+# ---- install ---------------------------------------------------------------
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: the command, the public
+# header (PREFIX/include/moegen/moe.h), the static library, the shared
+# library (libmoegen.so.VERSION, SONAME libmoegen.so.SOVERSION, and the
+# links), and a pkg-config file for that prefix. The shared library needs
+# the system's liblua5.4.so.0 (Debian: liblua5.4-0, which liblua5.4-dev
+# brings) and finds NVRTC through its rpath ($(CUDA_HOME)/lib64).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+.PHONY: install
+install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/moegen $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 755 $(BUILD)/moegen $(DESTDIR)$(PREFIX)/bin/moegen
+	install -m 644 runtime/moe.h $(DESTDIR)$(PREFIX)/include/moegen/moe.h
+	install -m 644 $(BUILD)/libmoegen.a $(DESTDIR)$(PREFIX)/lib/libmoegen.a
+	install -m 755 $(BUILD)/libmoegen.so $(DESTDIR)$(PREFIX)/lib/libmoegen.so.$(VERSION)
+	ln -sf libmoegen.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libmoegen.so.$(SOVERSION)
+	ln -sf libmoegen.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libmoegen.so
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${includedir}/moegen\nLibs: -L$${libdir} -lmoegen\nLibs.private: $(LDLIBS)\n' \
+	  "$(PREFIX)" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moegen.pc
+
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
@@ -123,6 +144,12 @@ $(BUILD)/tests/test_python: python/tests/run.py $(BUILD)/libmoegen.so
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "test_python: 0 passed, 0 failed, 1 skipped"; exit 0; }\nMOEGEN_LIBRARY=%s exec python3 python/tests/run.py\n' "$(abspath $(BUILD))/libmoegen.so" > $@
 	@chmod +x $@
+
+# `make install` into a temporary DESTDIR, used as a program would use it
+# (tests/test_install.sh), as a program run.sh runs.
+$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
+	@mkdir -p $(dir $@)
+	@cp tests/test_install.sh $@ && chmod +x $@
 
 $(TEST_LIB): $(TEST_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -199,9 +226,9 @@ $(BUILD)/libmoegen_ref.so: $(REFLIB_SRC) $(wildcard gen/*.h runtime/*.h tests/su
 # statically and need no Lua on the machine they run on).
 # A copy of that Lua library sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 Makefile
 	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
-	  -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+	  -Wl,-soname,libmoegen.so.$(SOVERSION) -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
 
 $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 	@mkdir -p $(BUILD)
@@ -209,6 +236,9 @@ $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 
 # the version string's one home is gen/version.h
 VERSION := $(shell sed -n 's/^\#define MOEGEN_VERSION "\(.*\)"/\1/p' gen/version.h)
+# the shared library's ABI version (its SONAME is libmoegen.so.SOVERSION):
+# raise it when a public struct or function in runtime/moe.h changes incompatibly
+SOVERSION := 0
 $(BUILD)/moegen.pc: Makefile gen/version.h
 	@mkdir -p $(BUILD)
 	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
