@@ -48,7 +48,7 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         [MOE_EW_SEND] = 2 * (size_t)(ed->send_rows + 1) * H, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
         [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = 2 * (size_t)ed->recv_rows * F,
         [MOE_EW_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
-                                                              s->experts, H),
+                                                              moe_spec_router_columns(s), H),
     };
     static const char *const names[MOE_EW_COUNT] = {
         "counts", "offsets", "cursor", "topk_idx", "topk_w", "row_of", "slot_counts", "recv_counts",

@@ -28,7 +28,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (a->tokens > 0 && (!a->x || !a->y))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x and y are required (tokens = %d)", a->tokens);
     if (!a->router_w || !a->w1p || !a->w2 || !a->workspace)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x, router_w, w1p, w2, y and workspace are required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: router_w, w1p, w2 and workspace are required");
     if (s->router.bias && !a->router_bias)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.bias; router_bias is required");
     if (s->router.logit_bias && !a->router_logit_bias)

@@ -960,7 +960,6 @@ static int pack_layer_on_device(const moe_plan *plan, layer_t *L) {
     return ok;
 }
 
-/* One forward at T tokens, then every selected family's checks. */
 /* The forward of a, captured on a stream of its own into a CUDA graph and
  * replayed once after the capture: between the two, x gets new values (every
  * element negated, here and in L's host copy, so the reference follows) and
@@ -1003,6 +1002,8 @@ out:
     return st;
 }
 
+/* One forward at T tokens (replayed from a CUDA graph when graph is set),
+ * then every selected family's checks. */
 static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label, int graph) {
     const moe_spec_t *s = &L->s;
     const int K = s->top_k, H = s->hidden, F = s->ffn;
