@@ -88,6 +88,7 @@ typedef struct {
     moe_activation_t activation;
     bool ffn_bias;                /* per-expert bias on both expert GEMMs */
     moe_shared_t shared;          /* the always-on shared expert (shared.ffn = 0: none) */
+    bool training;                /* also plan the backward (moe_backward) */
     moe_mesh_t mesh;
     moe_dispatch_t dispatch;      /* used when mesh.ep > 1 */
     int narch;

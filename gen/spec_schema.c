@@ -97,6 +97,10 @@ const moe_key_t moe_spec_keys[] = {
      .help = "the shared expert's weight `g(x)`: `\"none\"`: 1 (DeepSeek, Kimi K2, GLM-4.5, Llama 4); "
              "`\"sigmoid\"`: `sigmoid(x·w_gate)` with a learned `[H]` vector `w_gate` (Qwen2-MoE)"},
 
+    {.name = "training", .type = MOE_KEY_BOOL, .offset = AT(training),
+     .help = "the plan also builds the backward kernels (`moe_backward`) and the training forward that saves "
+             "what the backward needs; one device only for now"},
+
     {.name = "mesh.dp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_DP]), .def = 1, .lo = 1,
      .hi = MOE_LIMIT_AXIS, .help = "data-parallel replicas"},
     {.name = "mesh.fsdp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_FSDP]), .def = 1, .lo = 1,
