@@ -226,9 +226,24 @@ $(BUILD)/libmoegen_ref.so: $(REFLIB_SRC) $(wildcard gen/*.h runtime/*.h tests/su
 # statically and need no Lua on the machine they run on).
 # A copy of that Lua library sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 Makefile
+# It exports the functions runtime/moe.h declares and nothing else (the
+# generator's and runtime's internals stay local, so they cannot clash with
+# a program's symbols): the linker version script is made from moe.h's
+# declarations (a line starting at column 0 with a type, then moe_NAME( ),
+# plus TOOL_EXPORTS, hooks for the repository's own tools that are not
+# part of the stable API (bench/compare_torch.py times the stages with
+# moe_forward_timed). test_install checks the exported set.
+TOOL_EXPORTS := moe_forward_timed
+$(BUILD)/libmoegen.map: runtime/moe.h Makefile
+	@mkdir -p $(BUILD)
+	@{ printf '{\n  global:\n'; \
+	   { sed -n 's/^[A-Za-z][A-Za-z0-9_ ]*[ *]\(moe_[a-z0-9_]*\)(.*/\1/p' runtime/moe.h; \
+	     for t in $(TOOL_EXPORTS); do echo $$t; done; } | sed 's/.*/    &;/'; \
+	   printf '  local: *;\n};\n'; } > $@
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 $(BUILD)/libmoegen.map Makefile
 	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
-	  -Wl,-soname,libmoegen.so.$(SOVERSION) -Wl,-rpath,'$$ORIGIN' $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+	  -Wl,-soname,libmoegen.so.$(SOVERSION) -Wl,--version-script=$(BUILD)/libmoegen.map -Wl,-rpath,'$$ORIGIN' \
+	  $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
 
 $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 	@mkdir -p $(BUILD)

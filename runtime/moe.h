@@ -23,6 +23,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The version of this header: compare with moe_version() (the library's)
+ * to find a header and library of different releases. test_abi holds
+ * these equal to MOEGEN_VERSION (gen/version.h, the string's one home). */
+#define MOE_VERSION_MAJOR 0
+#define MOE_VERSION_MINOR 1
+#define MOE_VERSION_PATCH 0
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -44,6 +44,9 @@ static void check_tiles(const char *name, size_t size) {
 int main(void) {
     CASE("version");
     CHECK_STREQ(moe_version(), MOEGEN_VERSION);
+    char header[32];
+    snprintf(header, sizeof header, "%d.%d.%d", MOE_VERSION_MAJOR, MOE_VERSION_MINOR, MOE_VERSION_PATCH);
+    CHECK_STREQ(header, MOEGEN_VERSION); /* moe.h's numbers are gen/version.h's string */
 
     check_tiles("moe_options", sizeof(moe_options));
     check_tiles("moe_forward_args", sizeof(moe_forward_args));

@@ -39,5 +39,15 @@ else
 fi
 check "it runs" env LD_LIBRARY_PATH="$p/lib" "$d/use"
 check "it loaded the installed library" sh -c "LD_LIBRARY_PATH='$p/lib' ldd '$d/use' | grep -q '$p/lib/libmoegen.so.0'"
+# The shared library exports moe.h's functions (plus the tools' hook
+# moe_forward_timed) and nothing else: every function moe.h declares (a
+# line at column 0 that is not a comment or directive and names moe_X( ),
+# found here by a looser pattern than the Makefile's) is exported, and no
+# internal (moe_spec_load, the Lua glue, the family table) is.
+grep -oE '^[^ /*#}].*\bmoe_[a-z0-9_]+\(' runtime/moe.h | grep -oE 'moe_[a-z0-9_]+\($' | tr -d '(' | sort -u > "$d/declared"
+{ cat "$d/declared"; echo moe_forward_timed; } | sort -u > "$d/want"
+nm -D --defined-only "$p/lib/libmoegen.so.0" | awk '{print $3}' | sort -u > "$d/exported"
+check "moe.h declares the API" test "$(wc -l < "$d/declared")" -ge 20
+check "libmoegen.so exports exactly moe.h's functions" diff "$d/want" "$d/exported"
 echo "test_install: $pass passed, $fail failed"
 [ "$fail" = 0 ]
