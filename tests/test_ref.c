@@ -890,6 +890,441 @@ static void test_route_bad_args(void) {
     CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0 && idx[0] == 0 && idx[1] == 1);
 }
 
+/* ---- the backward (moe_ref_backward) ------------------------------------ */
+
+/* A case's own generator: uniform in [-1, 1), never exactly 0. */
+static double urand(uint32_t *st) {
+    *st = *st * 1664525u + 1013904223u;
+    double v = (double)((*st >> 8) & 0xFFFFFF) / 8388608.0 - 1.0;
+    return v != 0 ? v : 0.5;
+}
+
+/* One layer's inputs in half precision and as doubles (the same values),
+ * plus dy; filled by bwd_data for a spec, a token count and a seed. */
+enum { BX, BWR, BW1, BW2, BB1, BB2, BWS1, BWS2, BWSG, BDY, BN };
+typedef struct {
+    int T;
+    uint16_t *h[BN];
+    double *d[BN];
+    size_t n[BN];
+    float sel_bias[64], logit_bias[64];
+    double logit_bias_d[64];
+} bwd_data_t;
+
+/* Scales keep logits, U and O near 1 whatever the sizes. */
+static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
+    const int E = s->experts, H = s->hidden, F = s->ffn, FS = s->shared.ffn;
+    const double sh = 1.0 / sqrt((double)H), sf = 1.0 / sqrt((double)F);
+    const size_t n[BN] = { (size_t)T * H, (size_t)E * H, (size_t)E * 2 * F * H, (size_t)E * H * F,
+                           (size_t)E * 2 * F, (size_t)E * H, (size_t)2 * FS * H, (size_t)H * FS, (size_t)H,
+                           (size_t)T * H };
+    const double scale[BN] = { 1, 2 * sh, 2 * sh, 1.5 * sf, 0.5, 0.3, 2 * sh, 1.5 * sf, 2 * sh, 1 };
+    uint32_t st = seed;
+    memset(D, 0, sizeof *D);
+    D->T = T;
+    for (int i = 0; i < BN; i++) {
+        D->n[i] = n[i];
+        D->h[i] = malloc((n[i] ? n[i] : 1) * 2);
+        D->d[i] = malloc((n[i] ? n[i] : 1) * sizeof(double));
+        for (size_t j = 0; j < n[i]; j++) {
+            D->h[i][j] = moe_float_to_half((float)(scale[i] * urand(&st)), s->dtype);
+            D->d[i][j] = moe_half_to_float(D->h[i][j], s->dtype);
+        }
+    }
+    for (int e = 0; e < E && e < 64; e++) {
+        D->sel_bias[e] = (float)(0.1 * urand(&st));
+        D->logit_bias[e] = (float)(0.5 * urand(&st));
+        D->logit_bias_d[e] = D->logit_bias[e];
+    }
+}
+
+static void bwd_data_free(bwd_data_t *D) {
+    for (int i = 0; i < BN; i++) { free(D->h[i]); free(D->d[i]); }
+}
+
+static moe_ref_inputs_t bwd_inputs(bwd_data_t *D) {
+    moe_ref_inputs_t in = {0};
+    in.x = D->h[BX]; in.wr = D->h[BWR]; in.w1 = D->h[BW1]; in.w2 = D->h[BW2];
+    in.b1 = D->h[BB1]; in.b2 = D->h[BB2]; in.ws1 = D->h[BWS1]; in.ws2 = D->h[BWS2]; in.wsg = D->h[BWSG];
+    in.sel_bias = D->sel_bias; in.logit_bias = D->logit_bias; in.tokens = D->T;
+    return in;
+}
+
+/* The gradients of one run, one float array per differentiable input. */
+enum { GX, GWR, GW1, GB1, GW2, GB2, GLB, GWS1, GWS2, GWSG, GN };
+static const char *const grad_name[GN] = { "dx", "drouter_w", "dw1", "db1", "dw2", "db2", "dlogit_bias",
+                                           "dws1", "dws2", "dw_gate" };
+typedef struct {
+    float *v[GN];
+    size_t n[GN];
+    int used[GN];          /* the spec has this input */
+} bwd_grads_t;
+
+static void bwd_grads_alloc(bwd_grads_t *G, const moe_spec_t *s, int T) {
+    const int E = s->experts, H = s->hidden, F = s->ffn, FS = s->shared.ffn;
+    const size_t n[GN] = { (size_t)T * H, (size_t)E * H, (size_t)E * 2 * F * H, (size_t)E * 2 * F,
+                           (size_t)E * H * F, (size_t)E * H, (size_t)E, (size_t)2 * FS * H, (size_t)H * FS,
+                           (size_t)H };
+    const int used[GN] = { 1, 1, 1, s->ffn_bias, 1, s->ffn_bias, s->router.logit_bias, FS > 0, FS > 0,
+                           FS > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID };
+    for (int i = 0; i < GN; i++) {
+        G->n[i] = n[i];
+        G->used[i] = used[i];
+        G->v[i] = malloc((n[i] ? n[i] : 1) * sizeof(float));
+        for (size_t j = 0; j < n[i]; j++) G->v[i][j] = NAN;   /* poisoned */
+    }
+}
+
+static void bwd_grads_free(bwd_grads_t *G) {
+    for (int i = 0; i < GN; i++) free(G->v[i]);
+}
+
+static moe_ref_grads_t bwd_grads_ptrs(bwd_grads_t *G) {
+    moe_ref_grads_t g = { .dx = G->v[GX], .dwr = G->v[GWR], .dw1 = G->v[GW1], .db1 = G->v[GB1],
+                          .dw2 = G->v[GW2], .db2 = G->v[GB2], .dlogit_bias = G->v[GLB],
+                          .dws1 = G->v[GWS1], .dws2 = G->v[GWS2], .dwsg = G->v[GWSG] };
+    return g;
+}
+
+/* L = Σ dy ⊙ y of the exact forward, with the selection fixed. */
+static double bwd_loss(const moe_spec_t *s, bwd_data_t *D, const int *idx, double *y) {
+    moe_ref_inputs_f64_t in = { .x = D->d[BX], .wr = D->d[BWR], .w1 = D->d[BW1], .w2 = D->d[BW2],
+                                .b1 = D->d[BB1], .b2 = D->d[BB2], .logit_bias = D->logit_bias_d,
+                                .tokens = D->T, .ws1 = D->d[BWS1], .ws2 = D->d[BWS2], .wsg = D->d[BWSG] };
+    if (moe_ref_forward_exact(s, &in, idx, y)) return NAN;
+    double L = 0;
+    for (size_t i = 0; i < D->n[BDY]; i++) L += D->d[BDY][i] * y[i];
+    return L;
+}
+
+/* The double array behind gradient gi. */
+static double *bwd_param(bwd_data_t *D, int gi) {
+    static const int of[GN] = { BX, BWR, BW1, BB1, BW2, BB2, -1, BWS1, BWS2, BWSG };
+    return gi == GLB ? D->logit_bias_d : D->d[of[gi]];
+}
+
+/* Finite differences: central, step FD_H, on the exact forward (double).
+ * The exact gradient is stored as float, so the two differ by truncation
+ * (FD_H^2 · L''' / 6, about 1e-9 here) plus the float store (6e-8
+ * relative); FD_TOL_ABS + FD_TOL_REL·|g| is 10-100× that. Every tensor's
+ * gradient reaches at least FD_MIN_GRAD somewhere (checked), so an error of
+ * 1e-4 of a tensor's scale — far below what a missing term, factor or sign
+ * makes — fails (checked below by corrupting one element). */
+#define FD_H 1e-4
+#define FD_TOL_ABS 1e-6
+#define FD_TOL_REL 1e-5
+#define FD_MIN_GRAD 0.05
+
+/* Worst |fd - g| / tol over the checked elements of gradient gi (all when
+ * there are at most 1536, else 768 spread over the tensor plus the
+ * largest); *gmax and *fdmax get max |g| and max |fd| over them, *at and
+ * *fd_at the worst element and its finite difference. */
+static double fd_check(const moe_spec_t *s, bwd_data_t *D, const int *idx, double *y, int gi, const float *g,
+                       size_t n, double *gmax, double *fdmax, size_t *at, double *fd_at) {
+    double *v = bwd_param(D, gi), worst = 0;
+    size_t big = 0;
+    for (size_t j = 1; j < n; j++) if (fabsf(g[j]) > fabsf(g[big])) big = j;
+    const size_t m = n <= 1536 ? n : 769;
+    *gmax = *fdmax = 0;
+    *at = 0;
+    *fd_at = 0;
+    for (size_t c = 0; c < m; c++) {
+        const size_t j = n <= 1536 ? c : c == 768 ? big : (c * 7919u + 13u) % n;
+        const double keep = v[j];
+        v[j] = keep + FD_H;
+        const double lp = bwd_loss(s, D, idx, y);
+        v[j] = keep - FD_H;
+        const double lm = bwd_loss(s, D, idx, y);
+        v[j] = keep;
+        const double fd = (lp - lm) / (2 * FD_H);
+        const double r = fabs(fd - g[j]) / (FD_TOL_ABS + FD_TOL_REL * fabs(g[j]));
+        if (!(r <= worst)) { worst = r; *at = j; *fd_at = fd; }   /* NaN is the worst */
+        *gmax = fmax(*gmax, fabs(g[j]));
+        *fdmax = fmax(*fdmax, fabs(fd));
+    }
+    return worst;
+}
+
+typedef struct {
+    const char *name;
+    moe_spec_t s;
+    int T;
+    uint32_t seed;
+} bwd_case_t;
+
+/* The spec variants the backward covers: routing, biases, activations,
+ * router.apply, shared experts. */
+static int bwd_cases(bwd_case_t *c) {
+    int n = 0;
+    moe_spec_t s;
+
+    s = mkspec(4, 2, 16, 8);   /* Mixtral / Qwen3 */
+    s.router.renormalize = true;
+    c[n++] = (bwd_case_t){ "softmax + renormalize", s, 3, 101u };
+
+    s = mkspec(6, 2, 16, 8);
+    s.dtype = MOE_DTYPE_FP16;
+    s.router.scale = 1.7; s.router.logit_bias = true;
+    c[n++] = (bwd_case_t){ "softmax, no renormalize, scale, logit_bias", s, 4, 202u };
+
+    s = mkspec(8, 2, 16, 8);   /* DeepSeek-V3's router */
+    s.router.score = MOE_SCORE_SIGMOID; s.router.bias = true; s.router.renormalize = true;
+    s.router.scale = 2.5; s.router.groups = 4; s.router.topk_groups = 2; s.router.group_topk = 2;
+    c[n++] = (bwd_case_t){ "sigmoid, bias, groups, renormalize, scale", s, 4, 303u };
+
+    s = mkspec(4, 2, 16, 8);   /* gpt-oss, with a limit the values reach */
+    s.router.renormalize = true; s.router.logit_bias = true; s.ffn_bias = true;
+    s.activation.alpha = 1.702; s.activation.limit = 0.6; s.activation.up_offset = 1;
+    c[n++] = (bwd_case_t){ "clamped swiglu, ffn_bias, logit_bias", s, 5, 404u };
+
+    s = mkspec(4, 2, 16, 8);
+    s.dtype = MOE_DTYPE_FP16;
+    s.activation.kind = MOE_ACT_GEGLU; s.activation.limit = 0.7; s.activation.up_offset = 0.5;
+    c[n++] = (bwd_case_t){ "clamped geglu, up_offset", s, 3, 505u };
+
+    s = mkspec(4, 2, 16, 8);   /* Llama 4's apply (with k = 2) and its ungated shared expert */
+    s.router.score = MOE_SCORE_SIGMOID; s.router.apply = MOE_APPLY_INPUT;
+    s.shared.ffn = 16;
+    c[n++] = (bwd_case_t){ "sigmoid, apply = input, shared (ungated)", s, 4, 606u };
+
+    s = mkspec(4, 2, 16, 8);
+    s.router.renormalize = true;
+    s.shared.ffn = 16; s.shared.gate = MOE_SHARED_GATE_SIGMOID;
+    c[n++] = (bwd_case_t){ "softmax + renormalize, shared (sigmoid gate)", s, 4, 707u };
+
+    s = mkspec(8, 2, 32, 16);
+    s.router.score = MOE_SCORE_SIGMOID; s.router.bias = true; s.router.logit_bias = true;
+    s.router.renormalize = true; s.router.groups = 2; s.router.topk_groups = 1; s.router.group_topk = 1;
+    s.ffn_bias = true; s.activation.limit = 0.9; s.activation.up_offset = 1;
+    s.shared.ffn = 32; s.shared.gate = MOE_SHARED_GATE_SIGMOID;
+    c[n++] = (bwd_case_t){ "larger: groups, both biases, clamp, gated shared", s, 5, 809u };
+    return n;
+}
+
+/* Exact-mode gradients against central finite differences of the exact
+ * forward, every gradient of every case. */
+static void test_backward_fd(void) {
+    bwd_case_t cases[16];
+    const int nc = bwd_cases(cases);
+    for (int ci = 0; ci < nc; ci++) {
+        const bwd_case_t *C = &cases[ci];
+        const moe_spec_t *s = &C->s;
+        const int T = C->T, K = s->top_k, F = s->ffn;
+        char name[160];
+        snprintf(name, sizeof name, "backward vs finite differences: %s", C->name);
+        CASE(name);
+        bwd_data_t D;
+        bwd_data(&D, s, T, C->seed);
+        moe_ref_inputs_t in = bwd_inputs(&D);
+        bwd_grads_t G;
+        bwd_grads_alloc(&G, s, T);
+        moe_ref_grads_t gp = bwd_grads_ptrs(&G);
+        int *idx = malloc((size_t)T * K * sizeof(int));
+        float *u = malloc((size_t)T * K * 2 * F * sizeof(float));
+        moe_ref_bwd_stages_t st = { .topk_idx = idx, .u = u };
+        double *y = malloc((size_t)T * s->hidden * sizeof(double));
+        CHECKF(moe_ref_backward(s, &in, D.h[BDY], MOE_REF_EXACT, &gp, &st) == 0, "seed %u", C->seed);
+
+        /* A finite difference across the clamp's kink is meaningless: the
+         * seeds keep every pre-activation 1e-3 (10 steps) away from it, and
+         * the clamp cases cut some gates and some ups. */
+        if (s->activation.limit > 0) {
+            const double lim = s->activation.limit;
+            int near = 0, cut_g = 0, cut_u = 0;
+            for (int r = 0; r < T * K; r++)
+                for (int f = 0; f < F; f++) {
+                    const double g = u[(size_t)r * 2 * F + f], v = u[(size_t)r * 2 * F + F + f];
+                    near += fabs(g - lim) < 1e-3 || fabs(fabs(v) - lim) < 1e-3;
+                    cut_g += g > lim;
+                    cut_u += fabs(v) > lim;
+                }
+            CHECKF(!near && cut_g > 0 && cut_u > 0,
+                   "seed %u: %d pre-activations near the limit, %d gates and %d ups cut", C->seed, near, cut_g,
+                   cut_u);
+        }
+        for (int gi = 0; gi < GN; gi++) {
+            if (!G.used[gi]) continue;
+            double gmax, fdmax, wfd;
+            size_t at;
+            const double worst = fd_check(s, &D, idx, y, gi, G.v[gi], G.n[gi], &gmax, &fdmax, &at, &wfd);
+            CHECKF(worst <= 1.0 && gmax >= FD_MIN_GRAD && fdmax >= FD_MIN_GRAD,
+                   "seed %u: %s[%zu] = %.9g, finite difference %.9g (%.3g x the tolerance); max |g| %.3g, "
+                   "max |fd| %.3g", C->seed, grad_name[gi], at, G.v[gi][at], wfd, worst, gmax, fdmax);
+            if (gi == GW1) {   /* the check sees an error of 1e-4 of the scale */
+                size_t big = 0;
+                for (size_t j = 1; j < G.n[gi]; j++) if (fabsf(G.v[gi][j]) > fabsf(G.v[gi][big])) big = j;
+                const float keep = G.v[gi][big];
+                G.v[gi][big] += (float)(1e-4 * gmax);
+                const double bad = fd_check(s, &D, idx, y, gi, G.v[gi], G.n[gi], &gmax, &fdmax, &at, &wfd);
+                G.v[gi][big] = keep;
+                CHECKF(bad > 1.0 && at == big, "seed %u: a dw1 off by 1e-4 of its scale passed (%.3g)", C->seed,
+                       bad);
+            }
+        }
+        free(idx); free(u); free(y);
+        bwd_grads_free(&G);
+        bwd_data_free(&D);
+    }
+}
+
+/* Normwise relative difference of a and b, over b's norm. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+/* The rounded mode (what the GPU mirrors) against the exact one on the same
+ * inputs: they differ by the dtype roundings along the chain (forward A, O;
+ * dys, Ur, dU, dXs, dx), a few units of the dtype's unit roundoff (bf16
+ * 2^-9, fp16 2^-12) normwise: worst measured over these cases 0.006 (bf16)
+ * and 0.0007 (fp16). With a clamp, a U within half an ulp of the limit can
+ * round across it, and the rounded mode then keeps (or cuts) a whole dU
+ * element the exact one cuts (or keeps) — the contract's Ur decides; in
+ * bf16 two such values in the largest case move db1 by 0.030 normwise. The
+ * tolerances are 2-3× the worst. */
+#define BWD_ROUNDED_TOL_BF16 1.5e-2
+#define BWD_ROUNDED_TOL_BF16_CLAMP 6e-2
+#define BWD_ROUNDED_TOL_FP16 2e-3
+
+static void test_backward_rounded(moe_dtype_t dt) {
+    bwd_case_t cases[16];
+    const int nc = bwd_cases(cases);
+    double worst_all = 0;
+    for (int ci = 0; ci < nc; ci++) {
+        bwd_case_t *C = &cases[ci];
+        moe_spec_t *s = &C->s;
+        s->dtype = dt;
+        const int T = 24, K = s->top_k, E = s->experts, H = s->hidden, F = s->ffn;
+        const uint32_t seed = C->seed + 1000u;
+        const double tol = dt == MOE_DTYPE_FP16 ? BWD_ROUNDED_TOL_FP16
+                           : s->activation.limit > 0 ? BWD_ROUNDED_TOL_BF16_CLAMP : BWD_ROUNDED_TOL_BF16;
+        s->tokens = T;
+        char name[160];
+        snprintf(name, sizeof name, "backward rounded vs exact (%s): %s", moe_dtype_name(dt), C->name);
+        CASE(name);
+        bwd_data_t D;
+        bwd_data(&D, s, T, seed);
+        moe_ref_inputs_t in = bwd_inputs(&D);
+        bwd_grads_t R, X;
+        bwd_grads_alloc(&R, s, T);
+        bwd_grads_alloc(&X, s, T);
+        moe_ref_grads_t rp = bwd_grads_ptrs(&R), xp = bwd_grads_ptrs(&X);
+        const size_t rows = (size_t)T * K;
+        int *idx = malloc(rows * sizeof(int)), *idx2 = malloc(rows * sizeof(int));
+        float *tw = malloc(rows * sizeof(float)), *tw2 = malloc(rows * sizeof(float));
+        float *a = malloc(rows * F * sizeof(float)), *o = malloc(rows * H * sizeof(float));
+        float *dys = malloc(rows * H * sizeof(float)), *du = malloc(rows * 2 * F * sizeof(float));
+        float *dl = malloc((size_t)T * E * sizeof(float));
+        moe_ref_bwd_stages_t st = { .topk_idx = idx, .topk_w = tw, .a = a, .o = o, .dys = dys, .du = du,
+                                    .dlogits = dl };
+        CHECKF(moe_ref_backward(s, &in, D.h[BDY], 0, &rp, &st) == 0, "seed %u", seed);
+        CHECKF(moe_ref_backward(s, &in, D.h[BDY], MOE_REF_EXACT, &xp, NULL) == 0, "seed %u", seed);
+        for (int gi = 0; gi < GN; gi++) {
+            if (!R.used[gi]) continue;
+            const double d = rel_diff(R.v[gi], X.v[gi], R.n[gi]);
+            worst_all = fmax(worst_all, d);
+            CHECKF(d <= tol, "seed %u: %s differs by %.3g normwise (tolerance %.3g)", seed, grad_name[gi], d, tol);
+        }
+        int dx_half = 1;   /* the rounded dx holds dtype values */
+        for (size_t i = 0; i < R.n[GX]; i++)
+            dx_half &= moe_half_to_float(moe_float_to_half(R.v[GX][i], dt), dt) == R.v[GX][i];
+        CHECK(dx_half);
+
+        /* The forward behind it is moe_ref_ffn's: the same selection and
+         * weights, and A and O equal but where a double vs fp32 sum rounds
+         * the other way (one dtype ulp, rarely). */
+        uint16_t *h_out = malloc(rows * F * 2), *o_out = malloc(rows * H * 2);
+        float *y = malloc((size_t)T * H * sizeof(float));
+        CHECK(moe_ref_route(s, &in, idx2, tw2, NULL) == 0);
+        CHECK(moe_ref_ffn(s, &in, idx2, tw2, NULL, 0, y, h_out, o_out) == 0);
+        int same_sel = 1, far = 0, differ = 0;
+        for (size_t r = 0; r < rows; r++) same_sel &= idx[r] == idx2[r] && tw[r] == tw2[r];
+        const double ulp = dt == MOE_DTYPE_BF16 ? 0x1p-7 : 0x1p-10;
+        for (size_t i = 0; i < rows * F; i++) {
+            const double ref = moe_half_to_float(h_out[i], dt);
+            differ += a[i] != ref;
+            far += fabs(a[i] - ref) > ulp * fabs(ref);
+        }
+        for (size_t i = 0; i < rows * H; i++) {
+            const double ref = moe_half_to_float(o_out[i], dt);
+            differ += o[i] != ref;
+            far += fabs(o[i] - ref) > ulp * fabs(ref);
+        }
+        CHECKF(same_sel && far == 0 && differ * 50 <= (int)(rows * (F + H)),
+               "selection %s, %d of %zu A/O values differ, %d by more than one ulp", same_sel ? "same" : "differs",
+               differ, rows * (F + H), far);
+
+        /* The stages are the gradients' terms: db2[e] = Σ dys and db1[e] =
+         * Σ dU over e's rows, drouter_w = dlogitsᵀ·x. */
+        double err = 0;
+        for (int e = 0; e < E && s->ffn_bias; e++) {
+            for (int h = 0; h < H; h++) {
+                double sum = 0;
+                for (size_t r = 0; r < rows; r++) if (idx[r] == e) sum += dys[r * H + h];
+                err = fmax(err, fabs(sum - R.v[GB2][(size_t)e * H + h]) / (1e-6 + fabs(sum)));
+            }
+            for (int j = 0; j < 2 * F; j++) {
+                double sum = 0;
+                for (size_t r = 0; r < rows; r++) if (idx[r] == e) sum += du[r * 2 * F + j];
+                err = fmax(err, fabs(sum - R.v[GB1][(size_t)e * 2 * F + j]) / (1e-6 + fabs(sum)));
+            }
+        }
+        for (int e = 0; e < E; e++)
+            for (int h = 0; h < H; h++) {
+                double sum = 0;
+                for (int t = 0; t < T; t++) sum += (double)dl[t * E + e] * D.d[BX][(size_t)t * H + h];
+                err = fmax(err, fabs(sum - R.v[GWR][(size_t)e * H + h]) / (1e-6 + fabs(sum)));
+            }
+        CHECKF(err <= 1e-5, "stages vs gradients: relative error %.3g", err);
+        free(idx); free(idx2); free(tw); free(tw2); free(a); free(o); free(dys); free(du); free(dl);
+        free(h_out); free(o_out); free(y);
+        bwd_grads_free(&R);
+        bwd_grads_free(&X);
+        bwd_data_free(&D);
+    }
+    printf("  backward rounded (%s) vs exact: worst normwise difference %.3g\n", moe_dtype_name(dt), worst_all);
+}
+
+static void test_backward_bad_args(void) {
+    CASE("backward refuses bad arguments; zero tokens give zero weight gradients");
+    moe_spec_t s = mkspec(4, 2, 16, 8);
+    s.ffn_bias = true;
+    bwd_data_t D;
+    bwd_data(&D, &s, 2, 9u);
+    moe_ref_inputs_t in = bwd_inputs(&D);
+    bwd_grads_t G;
+    bwd_grads_alloc(&G, &s, 2);
+    moe_ref_grads_t gp = bwd_grads_ptrs(&G);
+    CHECK(moe_ref_backward(&s, &in, D.h[BDY], 0, &gp, NULL) == 0);
+    CHECK(moe_ref_backward(NULL, &in, D.h[BDY], 0, &gp, NULL) != 0);
+    CHECK(moe_ref_backward(&s, NULL, D.h[BDY], 0, &gp, NULL) != 0);
+    CHECK(moe_ref_backward(&s, &in, NULL, 0, &gp, NULL) != 0);
+    CHECK(moe_ref_backward(&s, &in, D.h[BDY], 0, NULL, NULL) != 0);
+    CHECK(moe_ref_backward(&s, &in, D.h[BDY], 4, &gp, NULL) != 0);   /* an unknown flag */
+    in.b1 = NULL;                                                     /* ffn_bias reads it */
+    CHECK(moe_ref_backward(&s, &in, D.h[BDY], 0, &gp, NULL) != 0);
+    in.b1 = D.h[BB1];
+    in.tokens = 0;
+    for (size_t j = 0; j < G.n[GW1]; j++) G.v[GW1][j] = NAN;
+    CHECK(moe_ref_backward(&s, &in, NULL, 0, &gp, NULL) == 0);
+    int zero = 1;
+    for (size_t j = 0; j < G.n[GW1]; j++) zero &= G.v[GW1][j] == 0.0f;
+    CHECK(zero);
+    int idx[4] = {0, 1, 2, 2};                                        /* repeated within token 1 */
+    double y[32];
+    moe_ref_inputs_f64_t fin = { .x = D.d[BX], .wr = D.d[BWR], .w1 = D.d[BW1], .w2 = D.d[BW2], .b1 = D.d[BB1],
+                                 .b2 = D.d[BB2], .tokens = 2 };
+    CHECK(moe_ref_forward_exact(&s, &fin, idx, y) != 0);
+    idx[3] = 3;
+    CHECK(moe_ref_forward_exact(&s, &fin, idx, y) == 0);
+    bwd_grads_free(&G);
+    bwd_data_free(&D);
+}
+
 int main(void) {
     test_conversions();
     test_route_softmax();
@@ -905,5 +1340,9 @@ int main(void) {
     test_activation_geglu();
     test_ffn_random(MOE_DTYPE_BF16);
     test_ffn_random(MOE_DTYPE_FP16);
+    test_backward_fd();
+    test_backward_rounded(MOE_DTYPE_BF16);
+    test_backward_rounded(MOE_DTYPE_FP16);
+    test_backward_bad_args();
     return check_report("test_ref");
 }

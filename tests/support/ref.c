@@ -5,7 +5,9 @@
  * rounds the intermediate and the expert output to the spec's dtype, exactly
  * where the GPU stores them. Expert GEMMs run expert by expert over the slots
  * routed to that expert, converting each block of weight rows to float once
- * and reusing it for every slot, so the cost is that of the GEMMs proper. */
+ * and reusing it for every slot, so the cost is that of the GEMMs proper.
+ * The backward (moe_ref_backward, moe_ref_forward_exact) is the last
+ * section, in double throughout. */
 #include "ref.h"
 
 #include <math.h>
@@ -468,4 +470,501 @@ int moe_ref_route_agree(const moe_spec_t *s, const int *idx_a, const int *idx_b,
         }
     }
     return 1;
+}
+
+/* ---- the backward (ref.h, "the backward"; docs/DESIGN.md, "Backward, exactly")
+ *
+ * One core, layer(), runs the forward and, given dy, the backward: the
+ * routed experts one at a time (each expert's weights converted to double
+ * once), then the shared expert as one more pass over all tokens, then the
+ * router. Every sum is taken in double. In the rounded mode values are
+ * rounded exactly at the points ref.h lists (the GPU backward's); in the
+ * exact mode nothing is rounded, so the result is the exact gradient of
+ * moe_ref_forward_exact, which runs the same core without dy. Inputs come
+ * as half bit patterns (moe_ref_backward) or as doubles
+ * (moe_ref_forward_exact); src_t reads either. */
+
+/* A tensor given as half bit patterns, floats or doubles (one non-NULL). */
+typedef struct {
+    const uint16_t *h;
+    const float *f;
+    const double *d;
+} src_t;
+
+static int present(src_t s) { return s.h || s.f || s.d; }
+
+static void load(src_t s, size_t off, size_t n, moe_dtype_t dt, double *out) {
+    if (s.d) memcpy(out, s.d + off, n * sizeof(double));
+    else if (s.f) for (size_t i = 0; i < n; i++) out[i] = s.f[off + i];
+    else for (size_t i = 0; i < n; i++) out[i] = moe_half_to_float(s.h[off + i], dt);
+}
+
+typedef struct {
+    const moe_spec_t *s;
+    int T, rounded;
+    src_t x, wr, lb, w1, w2, b1, b2, ws1, ws2, wsg;
+    const int *idx;                   /* [T, K], distinct experts per token */
+    const double *dy;                 /* [T, H]; NULL: forward only */
+    double *y;                        /* [T, H] or NULL */
+    const moe_ref_grads_t *g;         /* NULL: forward only */
+    const moe_ref_bwd_stages_t *st;   /* may be NULL */
+} layer_t;
+
+/* R(): to the dtype through fp32, as the GPU rounds an fp32 value. */
+static double rnd(const layer_t *L, double v) {
+    return L->rounded ? moe_half_to_float(moe_float_to_half((float)v, L->s->dtype), L->s->dtype) : v;
+}
+
+/* An fp32 store. */
+static double r32(const layer_t *L, double v) { return L->rounded ? (double)(float)v : v; }
+
+static double dot(const double *a, const double *b, int n) {
+    double acc = 0;
+    for (int i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+/* The activation on the clamped pair, in double (ref.c's activation()). */
+static double act(const moe_activation_t *a, double g, double u) {
+    if (a->limit > 0) {
+        if (g > a->limit) g = a->limit;
+        if (u > a->limit) u = a->limit;
+        if (u < -a->limit) u = -a->limit;
+    }
+    if (a->kind == MOE_ACT_GEGLU)
+        return (u + a->up_offset) * 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+    return (u + a->up_offset) * g / (1.0 + exp(-a->alpha * g));
+}
+
+/* Its partial derivatives in gate and up at (g, u), before the clamp: zero
+ * where the clamp cut the value (g > limit; u > limit or u < -limit); at
+ * equality the derivative passes, as torch.clamp's does. */
+static void act_grad(const moe_activation_t *a, double g, double u, double *dg, double *du) {
+    int gcut = 0, ucut = 0;
+    if (a->limit > 0) {
+        if (g > a->limit) { g = a->limit; gcut = 1; }
+        if (u > a->limit) { u = a->limit; ucut = 1; }
+        if (u < -a->limit) { u = -a->limit; ucut = 1; }
+    }
+    const double up = u + a->up_offset;
+    if (a->kind == MOE_ACT_GEGLU) {
+        const double k = 0.7978845608028654, c = 0.044715;
+        const double th = tanh(k * (g + c * g * g * g));
+        const double gelu = 0.5 * g * (1.0 + th);
+        const double dgelu = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * k * (1.0 + 3.0 * c * g * g);
+        *dg = gcut ? 0.0 : up * dgelu;
+        *du = ucut ? 0.0 : gelu;
+        return;
+    }
+    const double sg = 1.0 / (1.0 + exp(-a->alpha * g));
+    *dg = gcut ? 0.0 : up * (sg + a->alpha * g * sg * (1.0 - sg));
+    *du = ucut ? 0.0 : g * sg;
+}
+
+/* ---- one expert's rows ------------------------------------------------- */
+
+/* One pass: an FFN of size F over n rows, row i taking token tok[i] with
+ * weight wt[i]. W1 [2F, H], W2 [H, F], b1 [2F] and b2 [H] (NULL: none) in
+ * double. slot[i] is the row's index in the per-row stage arrays (NULL: not
+ * recorded). scaled_input: router.apply = "input". Outputs: the forward
+ * adds into L->y; the backward adds into dx [T, H] and writes dwt [n] (dw,
+ * or dg for the shared expert) and dW1, db1, dW2, db2 (overwritten). */
+typedef struct {
+    int F, n, scaled_input;
+    const double *W1, *W2, *b1, *b2;
+    const int *tok, *slot;
+    const double *wt;
+    double *dwt, *dW1, *db1, *dW2, *db2;
+} pass_t;
+
+/* Scratch for a pass of up to `rows` rows and intermediate size F. */
+typedef struct {
+    double *xs, *u, *a, *o, *dys, *da, *du, *dxs;
+} scratch_t;
+
+static void scratch_free(scratch_t *sc) {
+    free(sc->xs); free(sc->u); free(sc->a); free(sc->o);
+    free(sc->dys); free(sc->da); free(sc->du); free(sc->dxs);
+}
+
+static int scratch_alloc(scratch_t *sc, int rows, int H, int F) {
+    const size_t n = rows > 0 ? (size_t)rows : 1;
+    sc->xs = malloc(n * H * sizeof(double));
+    sc->u = malloc(n * 2 * F * sizeof(double));
+    sc->a = malloc(n * F * sizeof(double));
+    sc->o = malloc(n * H * sizeof(double));
+    sc->dys = malloc(n * H * sizeof(double));
+    sc->da = malloc(n * F * sizeof(double));
+    sc->du = malloc(n * 2 * F * sizeof(double));
+    sc->dxs = malloc(n * H * sizeof(double));
+    if (sc->xs && sc->u && sc->a && sc->o && sc->dys && sc->da && sc->du && sc->dxs) return 0;
+    scratch_free(sc);
+    return 1;
+}
+
+static void put(float *dst, size_t off, const double *src, size_t n) {
+    if (dst) for (size_t i = 0; i < n; i++) dst[off + i] = (float)src[i];
+}
+
+static void run_pass(const layer_t *L, const pass_t *P, const double *X, double *dx, const scratch_t *sc) {
+    const int H = L->s->hidden, F = P->F, F2 = 2 * F, n = P->n;
+    const moe_activation_t *ac = &L->s->activation;
+    const moe_ref_bwd_stages_t *st = P->slot ? L->st : NULL;
+
+    /* Rows are independent, and the tokens of one pass distinct, so the
+     * rows of y and dx they add into are too. */
+    REF_OMP(omp parallel for schedule(static))
+    for (int i = 0; i < n; i++) {
+        const int t = P->tok[i];
+        const double w = P->wt[i];
+        const double *xt = X + (size_t)t * H;
+        double *xs = sc->xs + (size_t)i * H, *u = sc->u + (size_t)i * F2, *a = sc->a + (size_t)i * F;
+        double *o = sc->o + (size_t)i * H;
+        if (P->scaled_input) {
+            const double rw = rnd(L, w);
+            for (int h = 0; h < H; h++) xs[h] = rnd(L, xt[h] * rw);
+        } else {
+            memcpy(xs, xt, (size_t)H * sizeof(double));
+        }
+        for (int j = 0; j < F2; j++) u[j] = r32(L, dot(xs, P->W1 + (size_t)j * H, H) + (P->b1 ? P->b1[j] : 0.0));
+        for (int f = 0; f < F; f++) a[f] = rnd(L, act(ac, u[f], u[F + f]));
+        for (int h = 0; h < H; h++) o[h] = rnd(L, dot(a, P->W2 + (size_t)h * F, F) + (P->b2 ? P->b2[h] : 0.0));
+        if (L->y) {
+            const double wo = P->scaled_input ? 1.0 : w;
+            for (int h = 0; h < H; h++) L->y[(size_t)t * H + h] += wo * o[h];
+        }
+        if (!L->dy) continue;
+
+        const double *dyt = L->dy + (size_t)t * H;
+        double *dys = sc->dys + (size_t)i * H, *da = sc->da + (size_t)i * F, *du = sc->du + (size_t)i * F2;
+        double *dxs = sc->dxs + (size_t)i * H;
+        for (int h = 0; h < H; h++) dys[h] = P->scaled_input ? dyt[h] : rnd(L, w * dyt[h]);
+        if (!P->scaled_input) P->dwt[i] = r32(L, dot(dyt, o, H));
+        for (int f = 0; f < F; f++) da[f] = 0;
+        for (int h = 0; h < H; h++) {
+            const double *w2 = P->W2 + (size_t)h * F;
+            for (int f = 0; f < F; f++) da[f] += dys[h] * w2[f];
+        }
+        for (int f = 0; f < F; f++) {
+            da[f] = r32(L, da[f]);
+            double dg, dup;
+            act_grad(ac, rnd(L, u[f]), rnd(L, u[F + f]), &dg, &dup);
+            du[f] = rnd(L, dg * da[f]);
+            du[F + f] = rnd(L, dup * da[f]);
+        }
+        for (int h = 0; h < H; h++) dxs[h] = 0;
+        for (int j = 0; j < F2; j++) {
+            const double *w1 = P->W1 + (size_t)j * H;
+            for (int h = 0; h < H; h++) dxs[h] += du[j] * w1[h];
+        }
+        for (int h = 0; h < H; h++) dxs[h] = rnd(L, dxs[h]);
+        double *dxt = dx + (size_t)t * H;
+        if (P->scaled_input) {
+            P->dwt[i] = r32(L, dot(dxs, xt, H));
+            const double rw = rnd(L, w);
+            for (int h = 0; h < H; h++) dxt[h] += dxs[h] * rw;
+        } else {
+            for (int h = 0; h < H; h++) dxt[h] += dxs[h];
+        }
+    }
+
+    if (st) /* the stages, rounded mode's values as stored */
+        for (int i = 0; i < n; i++) {
+            const size_t r = (size_t)P->slot[i];
+            if (st->u) for (int j = 0; j < F2; j++) st->u[r * F2 + j] = (float)rnd(L, sc->u[(size_t)i * F2 + j]);
+            put(st->a, r * F, sc->a + (size_t)i * F, (size_t)F);
+            put(st->o, r * H, sc->o + (size_t)i * H, (size_t)H);
+            if (!L->dy) continue;
+            put(st->dys, r * H, sc->dys + (size_t)i * H, (size_t)H);
+            put(st->da, r * F, sc->da + (size_t)i * F, (size_t)F);
+            put(st->du, r * F2, sc->du + (size_t)i * F2, (size_t)F2);
+            put(st->dxs, r * H, sc->dxs + (size_t)i * H, (size_t)H);
+        }
+    if (!L->dy) return;
+
+    /* Weight gradients: sums over the pass's rows, in row order. */
+    REF_OMP(omp parallel for schedule(static))
+    for (int j = 0; j < F2; j++) {
+        double *dw1 = P->dW1 + (size_t)j * H, db = 0;
+        for (int h = 0; h < H; h++) dw1[h] = 0;
+        for (int i = 0; i < n; i++) {
+            const double d = sc->du[(size_t)i * F2 + j];
+            const double *xs = sc->xs + (size_t)i * H;
+            for (int h = 0; h < H; h++) dw1[h] += d * xs[h];
+            db += d;
+        }
+        P->db1[j] = db;
+    }
+    REF_OMP(omp parallel for schedule(static))
+    for (int h = 0; h < H; h++) {
+        double *dw2 = P->dW2 + (size_t)h * F, db = 0;
+        for (int f = 0; f < F; f++) dw2[f] = 0;
+        for (int i = 0; i < n; i++) {
+            const double d = sc->dys[(size_t)i * H + h];
+            const double *a = sc->a + (size_t)i * F;
+            for (int f = 0; f < F; f++) dw2[f] += d * a[f];
+            db += d;
+        }
+        P->db2[h] = db;
+    }
+}
+
+/* ---- the layer ----------------------------------------------------------- */
+
+/* Forward (into L->y, if non-NULL) and, when L->dy, backward (into L->g and
+ * L->st). Everything is allocated before the first output is written, so a
+ * failure (out of memory) writes nothing. Returns 0 or 1. */
+static int layer(const layer_t *L) {
+    const moe_spec_t *s = L->s;
+    const int E = s->experts, K = s->top_k, H = s->hidden, F = s->ffn, T = L->T;
+    const int FS = s->shared.ffn, gated = FS > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID;
+    const int FM = FS > F ? FS : F, NM = T > 1 ? T : 1;
+    const moe_dtype_t dt = s->dtype;
+    const moe_ref_grads_t *G = L->dy ? L->g : NULL;
+    const moe_ref_bwd_stages_t *st = L->st;
+    int rc = 1;
+
+    double *X = malloc((size_t)NM * H * sizeof(double)), *Wr = malloc((size_t)E * H * sizeof(double));
+    double *p = malloc((size_t)NM * E * sizeof(double)), *w = malloc((size_t)NM * K * sizeof(double));
+    double *dw = malloc((size_t)NM * K * sizeof(double)), *dx = calloc((size_t)NM * H, sizeof(double));
+    double *W1 = malloc((size_t)2 * FM * H * sizeof(double)), *W2 = malloc((size_t)H * FM * sizeof(double));
+    double *b1 = malloc((size_t)2 * FM * sizeof(double)), *b2 = malloc((size_t)H * sizeof(double));
+    double *dW1 = malloc((size_t)2 * FM * H * sizeof(double)), *dW2 = malloc((size_t)H * FM * sizeof(double));
+    double *db1 = malloc((size_t)2 * FM * sizeof(double)), *db2 = malloc((size_t)H * sizeof(double));
+    double *gs = malloc((size_t)NM * sizeof(double)), *dg = malloc((size_t)NM * sizeof(double));
+    double *dWr = calloc((size_t)E * H, sizeof(double)), *dlb = calloc((size_t)E, sizeof(double));
+    double *dl = malloc((size_t)E * sizeof(double)), *dp = malloc((size_t)E * sizeof(double));
+    double *wsg = malloc((size_t)H * sizeof(double)), *dwsg = calloc((size_t)H, sizeof(double));
+    int *cnt = calloc((size_t)E + 1, sizeof(int)), *tok = malloc((size_t)NM * sizeof(int));
+    int *slot = malloc((size_t)NM * K * sizeof(int)), *all = malloc((size_t)NM * sizeof(int));
+    double *wt = malloc((size_t)NM * K * sizeof(double));
+    int *fill = malloc((size_t)E * sizeof(int));
+    scratch_t sc = {0};
+    if (!X || !Wr || !p || !w || !dw || !dx || !W1 || !W2 || !b1 || !b2 || !dW1 || !dW2 || !db1 || !db2 ||
+        !gs || !dg || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt || !fill)
+        goto done;
+
+    /* Rows per expert, and the largest pass. */
+    for (int i = 0; i < T * K; i++) cnt[L->idx[i] + 1]++;
+    int maxp = FS > 0 ? T : 0;
+    for (int e = 0; e < E; e++) {
+        if (cnt[e + 1] > maxp) maxp = cnt[e + 1];
+        cnt[e + 1] += cnt[e];
+    }
+    if (scratch_alloc(&sc, maxp, H, FM)) goto done;
+
+    /* The router: logits and probabilities in double, the weights. */
+    load(L->x, 0, (size_t)T * H, dt, X);
+    load(L->wr, 0, (size_t)E * H, dt, Wr);
+    double *lb = dl;   /* scratch until the backward */
+    if (s->router.logit_bias) load(L->lb, 0, (size_t)E, dt, lb);
+    for (int t = 0; t < T; t++) {
+        double *pt = p + (size_t)t * E;
+        for (int e = 0; e < E; e++)
+            pt[e] = dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0);
+        if (s->router.score == MOE_SCORE_SOFTMAX) {
+            double m = pt[0], sum = 0;
+            for (int e = 1; e < E; e++) if (pt[e] > m) m = pt[e];
+            for (int e = 0; e < E; e++) { pt[e] = exp(pt[e] - m); sum += pt[e]; }
+            for (int e = 0; e < E; e++) pt[e] /= sum;
+        } else {
+            for (int e = 0; e < E; e++) pt[e] = 1.0 / (1.0 + exp(-pt[e]));
+        }
+        double S = 0;
+        for (int k = 0; k < K; k++) S += pt[L->idx[(size_t)t * K + k]];
+        for (int k = 0; k < K; k++) {
+            double v = pt[L->idx[(size_t)t * K + k]];
+            if (s->router.renormalize && S > 0) v /= S;
+            w[(size_t)t * K + k] = r32(L, v * s->router.scale);
+        }
+    }
+    if (gated) load(L->wsg, 0, (size_t)H, dt, wsg);
+    for (int t = 0; t < T; t++) {
+        all[t] = t;
+        gs[t] = gated ? r32(L, 1.0 / (1.0 + exp(-dot(X + (size_t)t * H, wsg, H)))) : 1.0;
+    }
+    if (L->y) memset(L->y, 0, (size_t)T * H * sizeof(double));
+
+    /* The routed experts: rows in token order within an expert. */
+    {
+        memcpy(fill, cnt, (size_t)E * sizeof(int));
+        for (int i = 0; i < T * K; i++) slot[fill[L->idx[i]]++] = i;
+    }
+    for (int e = 0; e < E; e++) {
+        const int n = cnt[e + 1] - cnt[e];
+        const int *sl = slot + cnt[e];
+        if (n == 0) {
+            if (G) {   /* no rows: zero gradients */
+                memset(dW1, 0, (size_t)2 * F * H * sizeof(double));
+                memset(dW2, 0, (size_t)H * F * sizeof(double));
+                memset(db1, 0, (size_t)2 * F * sizeof(double));
+                memset(db2, 0, (size_t)H * sizeof(double));
+            }
+        } else {
+            load(L->w1, (size_t)e * 2 * F * H, (size_t)2 * F * H, dt, W1);
+            load(L->w2, (size_t)e * H * F, (size_t)H * F, dt, W2);
+            if (s->ffn_bias) {
+                load(L->b1, (size_t)e * 2 * F, (size_t)2 * F, dt, b1);
+                load(L->b2, (size_t)e * H, (size_t)H, dt, b2);
+            }
+            for (int i = 0; i < n; i++) { tok[i] = sl[i] / K; wt[i] = w[sl[i]]; }
+            double *dwe = dg;   /* dw of this pass's rows, scattered below */
+            pass_t P = { .F = F, .n = n, .scaled_input = s->router.apply == MOE_APPLY_INPUT,
+                         .W1 = W1, .W2 = W2, .b1 = s->ffn_bias ? b1 : NULL, .b2 = s->ffn_bias ? b2 : NULL,
+                         .tok = tok, .slot = sl, .wt = wt, .dwt = dwe,
+                         .dW1 = dW1, .db1 = db1, .dW2 = dW2, .db2 = db2 };
+            run_pass(L, &P, X, dx, &sc);
+            if (L->dy) for (int i = 0; i < n; i++) dw[sl[i]] = dwe[i];
+        }
+        if (G) {
+            put(G->dw1, (size_t)e * 2 * F * H, dW1, (size_t)2 * F * H);
+            put(G->dw2, (size_t)e * H * F, dW2, (size_t)H * F);
+            if (s->ffn_bias) {
+                put(G->db1, (size_t)e * 2 * F, db1, (size_t)2 * F);
+                put(G->db2, (size_t)e * H, db2, (size_t)H);
+            }
+        }
+    }
+
+    /* The shared expert: one pass over every token, weight g, input x. */
+    if (FS > 0) {
+        load(L->ws1, 0, (size_t)2 * FS * H, dt, W1);
+        load(L->ws2, 0, (size_t)H * FS, dt, W2);
+        pass_t P = { .F = FS, .n = T, .W1 = W1, .W2 = W2, .tok = all, .wt = gs, .dwt = dg,
+                     .dW1 = dW1, .db1 = db1, .dW2 = dW2, .db2 = db2 };
+        if (T > 0) run_pass(L, &P, X, dx, &sc);
+        else if (G) { memset(dW1, 0, (size_t)2 * FS * H * sizeof(double)); memset(dW2, 0, (size_t)H * FS * sizeof(double)); }
+        if (G) {
+            put(G->dws1, 0, dW1, (size_t)2 * FS * H);
+            put(G->dws2, 0, dW2, (size_t)H * FS);
+        }
+        if (gated && L->dy)
+            for (int t = 0; t < T; t++) {
+                const double dz = dg[t] * gs[t] * (1.0 - gs[t]);
+                for (int h = 0; h < H; h++) {
+                    dwsg[h] += dz * X[(size_t)t * H + h];
+                    dx[(size_t)t * H + h] += dz * wsg[h];
+                }
+            }
+        if (st && st->shared_g) put(st->shared_g, 0, gs, (size_t)T);
+        if (st && st->shared_dg && L->dy) put(st->shared_dg, 0, dg, (size_t)T);
+        if (G && gated) put(G->dwsg, 0, dwsg, (size_t)H);
+    }
+
+    /* The router's backward: dw -> dp -> dlogits, per token. */
+    if (L->dy) {
+        for (int t = 0; t < T; t++) {
+            const double *pt = p + (size_t)t * E, *wk = dw + (size_t)t * K;
+            const int *ix = L->idx + (size_t)t * K;
+            const double sc_ = s->router.scale;
+            for (int e = 0; e < E; e++) dp[e] = 0;
+            if (s->router.renormalize) {
+                double S = 0, c = 0;
+                for (int k = 0; k < K; k++) S += pt[ix[k]];
+                for (int k = 0; k < K; k++) c += wk[k] * pt[ix[k]] / S;
+                for (int k = 0; k < K; k++) dp[ix[k]] = sc_ / S * (wk[k] - c);
+            } else {
+                for (int k = 0; k < K; k++) dp[ix[k]] = sc_ * wk[k];
+            }
+            if (s->router.score == MOE_SCORE_SOFTMAX) {
+                const double d = dot(pt, dp, E);
+                for (int e = 0; e < E; e++) dl[e] = r32(L, pt[e] * (dp[e] - d));
+            } else {
+                for (int e = 0; e < E; e++) dl[e] = r32(L, dp[e] * pt[e] * (1.0 - pt[e]));
+            }
+            const double *xt = X + (size_t)t * H;
+            double *dxt = dx + (size_t)t * H;
+            for (int e = 0; e < E; e++) {
+                const double *wr = Wr + (size_t)e * H;
+                double *dwr = dWr + (size_t)e * H;
+                dlb[e] += dl[e];
+                for (int h = 0; h < H; h++) { dwr[h] += dl[e] * xt[h]; dxt[h] += dl[e] * wr[h]; }
+            }
+            if (st && st->dlogits) put(st->dlogits, (size_t)t * E, dl, (size_t)E);
+        }
+        if (st && st->dw) put(st->dw, 0, dw, (size_t)T * K);
+        for (size_t i = 0; i < (size_t)T * H; i++) dx[i] = rnd(L, dx[i]);
+        put(G->dx, 0, dx, (size_t)T * H);
+        put(G->dwr, 0, dWr, (size_t)E * H);
+        if (s->router.logit_bias) put(G->dlogit_bias, 0, dlb, (size_t)E);
+    }
+    if (st && st->topk_idx) memcpy(st->topk_idx, L->idx, (size_t)T * K * sizeof(int));
+    if (st && st->topk_w) put(st->topk_w, 0, w, (size_t)T * K);
+    rc = 0;
+done:
+    scratch_free(&sc);
+    free(X); free(Wr); free(p); free(w); free(dw); free(dx); free(W1); free(W2); free(b1); free(b2);
+    free(dW1); free(dW2); free(db1); free(db2); free(gs); free(dg); free(dWr); free(dlb); free(dl);
+    free(dp); free(wsg); free(dwsg); free(cnt); free(tok); free(slot); free(all); free(wt); free(fill);
+    return rc;
+}
+
+/* ---- entry points -------------------------------------------------------- */
+
+static int spec_usable(const moe_spec_t *s) {
+    return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->hidden >= 1 && s->ffn >= 1 &&
+           s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
+}
+
+/* Every index in [0, E) and distinct within its token. */
+static int selection_ok(const moe_spec_t *s, const int *idx, int T) {
+    const int E = s->experts, K = s->top_k;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            const int e = idx[(size_t)t * K + k];
+            if (e < 0 || e >= E) return 0;
+            for (int j = 0; j < k; j++) if (idx[(size_t)t * K + j] == e) return 0;
+        }
+    return 1;
+}
+
+/* Whether the layer's tensors the spec reads are all present. */
+static int inputs_present(const layer_t *L) {
+    const moe_spec_t *s = L->s;
+    if (L->T == 0) return 1;
+    if (!present(L->x) || !present(L->wr) || !present(L->w1) || !present(L->w2)) return 0;
+    if (s->ffn_bias && (!present(L->b1) || !present(L->b2))) return 0;
+    if (s->router.logit_bias && !present(L->lb)) return 0;
+    if (s->shared.ffn > 0 && (!present(L->ws1) || !present(L->ws2))) return 0;
+    if (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID && !present(L->wsg)) return 0;
+    return 1;
+}
+
+int moe_ref_backward(const moe_spec_t *s, const moe_ref_inputs_t *in, const uint16_t *dy, int flags,
+                     const moe_ref_grads_t *g, const moe_ref_bwd_stages_t *st) {
+    if (!spec_usable(s) || !in || in->tokens < 0 || !g || (flags & ~MOE_REF_EXACT)) return 1;
+    const int T = in->tokens, K = s->top_k, H = s->hidden;
+    if (T > 0 && !dy) return 1;
+    layer_t L = { .s = s, .T = T, .rounded = !(flags & MOE_REF_EXACT),
+                  .x = { .h = in->x }, .wr = { .h = in->wr }, .lb = { .f = in->logit_bias },
+                  .w1 = { .h = in->w1 }, .w2 = { .h = in->w2 }, .b1 = { .h = in->b1 }, .b2 = { .h = in->b2 },
+                  .ws1 = { .h = in->ws1 }, .ws2 = { .h = in->ws2 }, .wsg = { .h = in->wsg }, .g = g, .st = st };
+    if (!inputs_present(&L)) return 1;
+    const size_t NM = T > 1 ? (size_t)T : 1;
+    int *idx = malloc(NM * K * sizeof(int));
+    float *w32 = malloc(NM * K * sizeof(float));
+    double *dyd = malloc(NM * H * sizeof(double));
+    int rc = 1;
+    if (!idx || !w32 || !dyd) goto done;
+    if (T > 0 && moe_ref_route(s, in, idx, w32, NULL)) goto done;
+    for (size_t i = 0; i < (size_t)T * H; i++) dyd[i] = moe_half_to_float(dy[i], s->dtype);
+    L.idx = idx;
+    L.dy = dyd;
+    rc = layer(&L);
+done:
+    free(idx); free(w32); free(dyd);
+    return rc;
+}
+
+int moe_ref_forward_exact(const moe_spec_t *s, const moe_ref_inputs_f64_t *in, const int *topk_idx,
+                          double *y) {
+    if (!spec_usable(s) || !in || in->tokens < 0) return 1;
+    if (in->tokens == 0) return 0;
+    if (!topk_idx || !y || !selection_ok(s, topk_idx, in->tokens)) return 1;
+    layer_t L = { .s = s, .T = in->tokens, .rounded = 0, .x = { .d = in->x }, .wr = { .d = in->wr },
+                  .lb = { .d = in->logit_bias }, .w1 = { .d = in->w1 }, .w2 = { .d = in->w2 },
+                  .b1 = { .d = in->b1 }, .b2 = { .d = in->b2 }, .ws1 = { .d = in->ws1 },
+                  .ws2 = { .d = in->ws2 }, .wsg = { .d = in->wsg }, .idx = topk_idx, .y = y };
+    if (!inputs_present(&L)) return 1;
+    return layer(&L);
 }

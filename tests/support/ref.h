@@ -115,4 +115,112 @@ int moe_ref_route_agree(const moe_spec_t *s, const int *idx_a, const int *idx_b,
                         const float *scores_ref, int tokens, float tie_eps,
                         int *bad_token);
 
+/* ---- the backward (issue #19; docs/DESIGN.md, "Backward, exactly") ------
+ *
+ * Notation: slot (t, k) is row r = t*top_k + k of the per-row arrays (the
+ * GPU's expert-major rows, re-indexed by row_of[t,k]); e = topk_idx[t,k];
+ * w = topk_w[t,k]; R() rounds to spec->dtype; "fp32" values are stored as
+ * float. The forward the backward differentiates (moe_ref_ffn's):
+ *   xs  = x[t]           (router.apply = "input": R(x[t]·R(w)))
+ *   U   = xs·W1[e]ᵀ + b1[e]              fp32, [2F] gate then up
+ *   A   = R(act(U))                      [F]   (clamp on the fp32 U)
+ *   O   = R(A·W2[e]ᵀ + b2[e])            [H]
+ *   y[t] = Σ_k w·O (weight 1 with apply = "input") + g(t)·Os(t)
+ * Rounded mode (flags 0), the points the GPU backward mirrors, given dy
+ * [T, H] in dtype; every sum is taken in double and stored as noted:
+ *   dys = R(w·dy[t])                     (apply = "input": dy[t])
+ *   dw[t,k] = Σ_h dy[t,h]·O[h]           fp32 (apply = "input": Σ_h dXs[h]·x[t,h])
+ *   dA  = dys·W2[e]                      fp32, [F]
+ *   Ur  = R(U)                           the saved (or recomputed) pre-activation
+ *   dU  = R(act'(Ur) ⊙ dA)               [2F]; act' is zero where the clamp
+ *                                         cut Ur: gate > limit, |up| > limit
+ *                                         (at equality the gradient passes, as
+ *                                         torch.clamp's)
+ *   dXs = R(dU·W1[e])                    [H]
+ *   dW1[e] = Σ dUᵀ·xs, db1[e] = Σ dU, dW2[e] = Σ dysᵀ·A, db2[e] = Σ dys
+ *                                         over e's rows, fp32
+ *   router: p = softmax / sigmoid of the logits l = x·Wrᵀ (+ logit_bias),
+ *   in double; w = scale·p_e (/ Σ_selected p with renormalize), so
+ *     dp_e = scale·dw_k (no renormalize), or
+ *     dp_e = (scale/S)·(dw_k − Σ_j dw_j·p_j/S), S = Σ_selected p
+ *     (zero for unselected experts), then
+ *     dlogits = p ⊙ (dp − ⟨p, dp⟩) (softmax) or dp ⊙ p(1−p) (sigmoid)   fp32
+ *   dlogit_bias = Σ_t dlogits[t], dWr = dlogitsᵀ·x        fp32
+ *   shared expert (one FFN of size F_s on the unsplit weights, the input x,
+ *   weight g): the same chain with dys_s = R(g·dy), giving dWs1, dWs2 and
+ *   dXs_s; gate "sigmoid": dg = Σ_h dy·Os (fp32), dz = dg·g(1−g),
+ *   dwsg = Σ_t dz·x[t]
+ *   dx[t] = R(Σ_k dXs (apply = "input": ·R(w)) + dXs_s + Σ_e dlogits·Wr[e]
+ *             + dz·wsg)                   summed in double, rounded once
+ * The selection (topk_idx) is moe_ref_route's and a constant of the
+ * backward; router.bias moves only the selection and gets no gradient.
+ * Exact mode (MOE_REF_EXACT): the same chain with no rounding at all (every
+ * R() and fp32 store is the identity, w and g in double): the exact
+ * gradient of moe_ref_forward_exact's y at the given (half-valued) point,
+ * for finite differences. Outputs are float in both modes. */
+
+/* Where moe_ref_backward writes the gradients; each may be NULL (not
+ * wanted). Layouts are ref.h's plain ones, fp32. */
+typedef struct {
+    float *dx;            /* [T, H]  (rounded mode: dtype values)  */
+    float *dwr;           /* [E, H]  router weight                 */
+    float *dw1;           /* [E, 2F, H]                            */
+    float *db1;           /* [E, 2F]; written iff spec->ffn_bias   */
+    float *dw2;           /* [E, H, F]                             */
+    float *db2;           /* [E, H]; written iff spec->ffn_bias    */
+    float *dlogit_bias;   /* [E]; written iff router.logit_bias    */
+    float *dws1;          /* [2F_s, H]; written iff shared.ffn     */
+    float *dws2;          /* [H, F_s]; written iff shared.ffn      */
+    float *dwsg;          /* [H]; written iff shared.gate = "sigmoid" */
+} moe_ref_grads_t;
+
+/* The intermediates of moe_ref_backward, for checking a GPU backward stage
+ * by stage; each may be NULL. Per-row arrays are indexed by slot
+ * r = t*top_k + k (routed entries only), in the plain order (gate columns
+ * 0..F-1, up F..2F-1); the values are those named in the notation above
+ * (rounded mode: the dtype-rounded values, as floats). */
+typedef struct {
+    int *topk_idx;        /* [T, top_k]  the selection used         */
+    float *topk_w;        /* [T, top_k]  w (fp32 in rounded mode)   */
+    float *u;             /* [T*k, 2F]   Ur                         */
+    float *a;             /* [T*k, F]    A                          */
+    float *o;             /* [T*k, H]    O                          */
+    float *dys;           /* [T*k, H]                               */
+    float *da;            /* [T*k, F]    dA (fp32)                  */
+    float *du;            /* [T*k, 2F]                              */
+    float *dxs;           /* [T*k, H]                               */
+    float *dw;            /* [T, top_k]                             */
+    float *dlogits;       /* [T, E]                                 */
+    float *shared_g;      /* [T]  g (1 for gate "none"); iff shared.ffn */
+    float *shared_dg;     /* [T]  dg;                  iff shared.ffn */
+} moe_ref_bwd_stages_t;
+
+#define MOE_REF_EXACT 1   /* moe_ref_backward flag: no rounding, see above */
+
+/* Gradients of L = Σ dy ⊙ y through the layer moe_ref_ffn computes, for all
+ * in->tokens tokens, routed with moe_ref_route. dy is [T, H] in dtype. g
+ * must be non-NULL; st may be NULL. Memory: the inputs one expert at a time
+ * as doubles, plus per-row scratch for one expert's rows. Returns 0, or
+ * non-zero (writing nothing) on bad arguments or when out of memory. Uses
+ * OpenMP threads when built with -fopenmp. */
+int moe_ref_backward(const moe_spec_t *s, const moe_ref_inputs_t *in, const uint16_t *dy, int flags,
+                     const moe_ref_grads_t *g, const moe_ref_bwd_stages_t *st);
+
+/* The inputs as doubles (same layouts and conditions as moe_ref_inputs_t),
+ * for moe_ref_forward_exact. */
+typedef struct {
+    const double *x, *wr, *w1, *w2, *b1, *b2;
+    const double *logit_bias;
+    int tokens;
+    const double *ws1, *ws2, *wsg;
+} moe_ref_inputs_f64_t;
+
+/* The layer's output y [T, H] in double with no rounding anywhere (the
+ * forward MOE_REF_EXACT differentiates), for the given selection topk_idx
+ * [T, top_k] (a constant: finite differences keep it fixed). Router
+ * weights, activation and shared gate as moe_ref_ffn's, in double.
+ * Returns 0, or non-zero on bad arguments or when out of memory. */
+int moe_ref_forward_exact(const moe_spec_t *s, const moe_ref_inputs_f64_t *in, const int *topk_idx,
+                          double *y);
+
 #endif
