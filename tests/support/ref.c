@@ -518,13 +518,22 @@ static double rnd(const layer_t *L, double v) {
 /* An fp32 store. */
 static double r32(const layer_t *L, double v) { return L->rounded ? (double)(float)v : v; }
 
+/* Double dot product with four partial sums (fixed order). */
 static double dot(const double *a, const double *b, int n) {
-    double acc = 0;
-    for (int i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
+    double acc[4] = {0, 0, 0, 0}, tail = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) tail += a[i] * b[i];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail;
 }
 
-/* The activation on the clamped pair, in double (ref.c's activation()). */
+/* y += a·x (y and x do not overlap). */
+static void axpy(double *restrict y, const double *restrict x, double a, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* The activation on the clamped pair, in double (activation() above). */
 static double act(const moe_activation_t *a, double g, double u) {
     if (a->limit > 0) {
         if (g > a->limit) g = a->limit;
@@ -643,7 +652,7 @@ static void run_pass(const layer_t *L, const pass_t *P, const double *X, double 
         for (int f = 0; f < F; f++) da[f] = 0;
         for (int h = 0; h < H; h++) {
             const double *w2 = P->W2 + (size_t)h * F;
-            for (int f = 0; f < F; f++) da[f] += dys[h] * w2[f];
+            axpy(da, w2, dys[h], F);
         }
         for (int f = 0; f < F; f++) {
             da[f] = r32(L, da[f]);
@@ -655,7 +664,7 @@ static void run_pass(const layer_t *L, const pass_t *P, const double *X, double 
         for (int h = 0; h < H; h++) dxs[h] = 0;
         for (int j = 0; j < F2; j++) {
             const double *w1 = P->W1 + (size_t)j * H;
-            for (int h = 0; h < H; h++) dxs[h] += du[j] * w1[h];
+            axpy(dxs, w1, du[j], H);
         }
         for (int h = 0; h < H; h++) dxs[h] = rnd(L, dxs[h]);
         double *dxt = dx + (size_t)t * H;
@@ -690,7 +699,7 @@ static void run_pass(const layer_t *L, const pass_t *P, const double *X, double 
         for (int i = 0; i < n; i++) {
             const double d = sc->du[(size_t)i * F2 + j];
             const double *xs = sc->xs + (size_t)i * H;
-            for (int h = 0; h < H; h++) dw1[h] += d * xs[h];
+            axpy(dw1, xs, d, H);
             db += d;
         }
         P->db1[j] = db;
@@ -702,7 +711,7 @@ static void run_pass(const layer_t *L, const pass_t *P, const double *X, double 
         for (int i = 0; i < n; i++) {
             const double d = sc->dys[(size_t)i * H + h];
             const double *a = sc->a + (size_t)i * F;
-            for (int f = 0; f < F; f++) dw2[f] += d * a[f];
+            axpy(dw2, a, d, F);
             db += d;
         }
         P->db2[h] = db;

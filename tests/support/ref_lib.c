@@ -1,7 +1,9 @@
 /* ref_lib.c — the CPU reference (ref.c) behind a small C ABI for ctypes:
  * build/libmoegen_ref.so (`make ref-lib`), used by bench/check_models.py to
  * check moegen's semantics against Hugging Face transformers' MoE blocks on
- * a machine without a GPU. Test support: not part of the shipped library.
+ * a machine without a GPU, and by bench/check_backward.py to check the
+ * backward reference against torch autograd. Test support: not part of the
+ * shipped library.
  *
  * The ABI takes only plain pointers and ints, so Python never mirrors
  * moe_spec_t (which grows as keys are added). Tensors are ref.h's: half
@@ -69,6 +71,47 @@ int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
     }
     if (moe_ref_ffn(&s, &in, topk_idx, topk_w, NULL, 0, y, NULL, NULL)) {
         put_err(err, errlen, "moe_ref_ffn refused the inputs (a NULL tensor the spec needs?)");
+        return 1;
+    }
+    return 0;
+}
+
+/* Where moe_reflib_backward writes; each may be NULL (not wanted). fp32,
+ * the plain layouts of ref.h: dx [T, H], dwr [E, H], dw1 [E, 2F, H],
+ * db1 [E, 2F], dw2 [E, H, F], db2 [E, H], dlogit_bias [E], dws1 [2F_s, H],
+ * dws2 [H, F_s], dwsg [H]. */
+typedef struct {
+    float *dx, *dwr, *dw1, *db1, *dw2, *db2, *dlogit_bias, *dws1, *dws2, *dwsg;
+} moe_reflib_grads_t;
+
+/* The layer's backward on the CPU (moe_ref_backward, docs/DESIGN.md,
+ * "Backward, exactly") for the spec in `text` (or, when text is NULL, the
+ * file at `path`; path names the spec in messages either way): the
+ * gradients of Σ dy ⊙ y for dy [T, H] (spec dtype), rounded as the GPU
+ * backward (exact = 0) or exact in double (exact = 1). Writes the selection
+ * topk_idx and weights topk_w [T, top_k] when non-NULL. Returns 0; 2 when
+ * the spec does not load, 1 when the reference refuses the inputs, with a
+ * message in err. */
+int moe_reflib_backward(const char *path, const char *text, const moe_reflib_inputs_t *a, const uint16_t *dy,
+                        int exact, const moe_reflib_grads_t *g, int *topk_idx, float *topk_w, char *err,
+                        int errlen) {
+    moe_spec_t s;
+    moe_diag_t d;
+    if (!path || !a || !g) { put_err(err, errlen, "moe_reflib_backward: NULL argument"); return 1; }
+    if (moe_spec_load(&s, path, text, NULL, 0, &d)) { put_err(err, errlen, d.msg); return 2; }
+    if (a->tokens < 1 || a->tokens > s.tokens) {
+        put_err(err, errlen, "moe_reflib_backward: tokens outside 1..the spec's tokens");
+        return 1;
+    }
+    moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
+                            .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
+                            .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg };
+    moe_ref_grads_t gr = { .dx = g->dx, .dwr = g->dwr, .dw1 = g->dw1, .db1 = g->db1, .dw2 = g->dw2,
+                           .db2 = g->db2, .dlogit_bias = g->dlogit_bias, .dws1 = g->dws1, .dws2 = g->dws2,
+                           .dwsg = g->dwsg };
+    moe_ref_bwd_stages_t st = { .topk_idx = topk_idx, .topk_w = topk_w };
+    if (moe_ref_backward(&s, &in, dy, exact ? MOE_REF_EXACT : 0, &gr, &st)) {
+        put_err(err, errlen, "moe_ref_backward refused the inputs (a NULL tensor the spec needs?)");
         return 1;
     }
     return 0;
