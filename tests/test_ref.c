@@ -1218,9 +1218,10 @@ static void test_backward_rounded(moe_dtype_t dt) {
         float *tw = malloc(rows * sizeof(float)), *tw2 = malloc(rows * sizeof(float));
         float *a = malloc(rows * F * sizeof(float)), *o = malloc(rows * H * sizeof(float));
         float *dys = malloc(rows * H * sizeof(float)), *du = malloc(rows * 2 * F * sizeof(float));
-        float *dl = malloc((size_t)T * E * sizeof(float));
+        float *dl = malloc((size_t)T * E * sizeof(float)), *da = malloc(rows * F * sizeof(float));
+        float *dxs = malloc(rows * H * sizeof(float)), *dw = malloc(rows * sizeof(float));
         moe_ref_bwd_stages_t st = { .topk_idx = idx, .topk_w = tw, .a = a, .o = o, .dys = dys, .du = du,
-                                    .dlogits = dl };
+                                    .dlogits = dl, .da = da, .dxs = dxs, .dw = dw };
         CHECKF(moe_ref_backward(s, &in, D.h[BDY], 0, &rp, &st) == 0, "seed %u", seed);
         CHECKF(moe_ref_backward(s, &in, D.h[BDY], MOE_REF_EXACT, &xp, NULL) == 0, "seed %u", seed);
         for (int gi = 0; gi < GN; gi++) {
@@ -1280,7 +1281,46 @@ static void test_backward_rounded(moe_dtype_t dt) {
                 err = fmax(err, fabs(sum - R.v[GWR][(size_t)e * H + h]) / (1e-6 + fabs(sum)));
             }
         CHECKF(err <= 1e-5, "stages vs gradients: relative error %.3g", err);
+
+        /* Each row's stages follow the rounding points from the previous
+         * stage: dys = R(w·dy) exactly, dA = dys·W2[e] (fp32), dXs =
+         * R(dU·W1[e]) (equal but where the sum rounds the other way: one
+         * ulp, rarely), dw = Σ dy·O (apply = "input": Σ dXs·x). */
+        int dys_ok = 1, dxs_far = 0, dxs_differ = 0;
+        double da_err = 0, dw_err = 0;
+        const int scaled = s->router.apply == MOE_APPLY_INPUT;
+        for (size_t r = 0; r < rows; r++) {
+            const int t = (int)(r / (size_t)K), e = idx[r];
+            const uint16_t *w1 = D.h[BW1] + (size_t)e * 2 * F * H, *w2 = D.h[BW2] + (size_t)e * H * F;
+            double dwr = 0;
+            for (int h = 0; h < H; h++) {
+                const float dyv = (float)D.d[BDY][(size_t)t * H + h];
+                const float want = scaled ? dyv : moe_half_to_float(moe_float_to_half(tw[r] * dyv, dt), dt);
+                dys_ok &= dys[r * H + h] == want;
+                double sum = 0;
+                for (int j = 0; j < 2 * F; j++)
+                    sum += (double)du[r * 2 * F + j] * moe_half_to_float(w1[(size_t)j * H + h], dt);
+                const double ref = moe_half_to_float(moe_float_to_half((float)sum, dt), dt);
+                dxs_differ += dxs[r * H + h] != ref;
+                dxs_far += fabs(dxs[r * H + h] - ref) > ulp * fabs(ref);
+                dwr += scaled ? (double)dxs[r * H + h] * D.d[BX][(size_t)t * H + h] : (double)dyv * o[r * H + h];
+            }
+            dw_err = fmax(dw_err, fabs(dwr - dw[r]) / (1e-6 + fabs(dwr)));
+            for (int f = 0; f < F; f++) {
+                double sum = 0, mag = 0;
+                for (int h = 0; h < H; h++) {
+                    const double v = (double)dys[r * H + h] * moe_half_to_float(w2[(size_t)h * F + f], dt);
+                    sum += v;
+                    mag += fabs(v);
+                }
+                da_err = fmax(da_err, fabs(sum - da[r * F + f]) / (1e-9 + mag));
+            }
+        }
+        CHECKF(dys_ok && da_err <= 1e-6 && dw_err <= 1e-5 && dxs_far == 0 && dxs_differ * 50 <= (int)(rows * H),
+               "row stages: dys %s, dA error %.3g, dw error %.3g, %d dXs differ, %d by more than one ulp",
+               dys_ok ? "exact" : "WRONG", da_err, dw_err, dxs_differ, dxs_far);
         free(idx); free(idx2); free(tw); free(tw2); free(a); free(o); free(dys); free(du); free(dl);
+        free(da); free(dxs); free(dw);
         free(h_out); free(o_out); free(y);
         bwd_grads_free(&R);
         bwd_grads_free(&X);
