@@ -46,6 +46,8 @@ import tempfile
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from moegen import _lib  # noqa: E402  (the package's loader and checked ctypes mirrors of moe.h)
 
 # Tolerances, as max |moegen - block| / RMS(block output), over the tokens
 # whose expert set agrees. Against the fp32 copy the difference is moegen's
@@ -455,21 +457,9 @@ class GpuBackend:
     """libmoegen.so through ctypes: the generated kernels on the GPU."""
     name = "gpu (build/libmoegen.so)"
 
-    class Args(ctypes.Structure):  # moe_forward_args (runtime/moe.h); shared_gate last
-        _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("router_w", ctypes.c_void_p),
-                    ("router_bias", ctypes.c_void_p), ("router_logit_bias", ctypes.c_void_p),
-                    ("w1p", ctypes.c_void_p), ("b1p", ctypes.c_void_p), ("w2", ctypes.c_void_p),
-                    ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
-                    ("shared_gate", ctypes.c_void_p)]
-
-    class PackSrc(ctypes.Structure):  # moe_pack_src
-        _fields_ = [("ptr", ctypes.c_void_p), ("expert", ctypes.c_int64), ("row", ctypes.c_int64),
-                    ("col", ctypes.c_int64)]
-
-    class PackArgs(ctypes.Structure):  # moe_pack_args
-        pass
-    PackArgs._fields_ = [("tensor", ctypes.c_int), ("src", PackSrc * 2), ("first", ctypes.c_int),
-                         ("count", ctypes.c_int)]
+    # moe.h's structs: the moegen package's mirrors (python/moegen/_lib.py), checked against the library
+    # when _lib.load loads it
+    Args, PackSrc, PackArgs = _lib.ForwardArgs, _lib.PackSrc, _lib.PackArgs
 
     # moe_layout (runtime/moe.h), in its order
     LAYOUTS = ["W1_FUSED", "W1_FUSED_T", "W1_INTERLEAVED", "W1_INTERLEAVED_T", "W1_SEPARATE", "W1_SEPARATE_T",
@@ -482,41 +472,9 @@ class GpuBackend:
             raise RuntimeError("%s is missing: run `make -j build/libmoegen.so` (or carry build/)" % path)
         if not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device: the gpu backend needs one (--backend cpu runs without)")
-        self.lib = ctypes.CDLL(path)
-        self.lib.moe_last_error.restype = ctypes.c_char_p
-        self.lib.moe_plan_workspace_size.restype = ctypes.c_size_t
-        self.check_mirrors()
+        self.lib = _lib.load(path)   # its version and struct layouts against the package's
         torch.zeros(1, device="cuda")  # the primary context, which libmoegen shares
         self.plan = None
-
-    def check_mirrors(self):
-        """Hold this script's ctypes mirrors to the library's own description
-        of its structs (moe_abi_sizeof/moe_abi_field, where it has them): every
-        field the library lists must be here by name at the same offset and
-        size; fields here past the library's struct (shared_gate before a
-        library that has it) are never read by it."""
-        lib = self.lib
-        if not hasattr(lib, "moe_abi_field"):
-            return
-        lib.moe_abi_sizeof.restype = ctypes.c_size_t
-        lib.moe_abi_field.restype = ctypes.c_char_p
-        for cname, mirror in (("moe_forward_args", self.Args), ("moe_pack_args", self.PackArgs)):
-            size = lib.moe_abi_sizeof(cname.encode())
-            if size == 0:
-                continue  # not described (or not in this library)
-            ours = {f[0]: (getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_}
-            off, sz = ctypes.c_size_t(), ctypes.c_size_t()
-            i = 0
-            while True:
-                name = lib.moe_abi_field(cname.encode(), i, ctypes.byref(off), ctypes.byref(sz))
-                if name is None:
-                    break
-                name = name.decode()
-                if ours.get(name) != (off.value, sz.value):
-                    raise RuntimeError("%s.%s: the library has it at offset %d, %d bytes; this script's mirror %s "
-                                       "(runtime/moe.h changed: update bench/check_models.py)"
-                                       % (cname, name, off.value, sz.value, ours.get(name, "lacks it")))
-                i += 1
 
     def last_error(self):
         return self.lib.moe_last_error().decode(errors="replace")

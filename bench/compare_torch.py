@@ -4,7 +4,8 @@
 usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N] [--graph]
 
 For each token count:
-  * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes),
+  * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes
+    with the moegen package's mirrors of moe.h, python/moegen/_lib.py),
     with per-kernel times from CUDA events recorded between its kernels;
   * the peer GEMMs: torch._grouped_mm for the up projection followed by a
     separate SiLU*mul, and torch._grouped_mm for the down projection, on the
@@ -38,24 +39,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class Args(ctypes.Structure):
-    _fields_ = [("tokens", ctypes.c_int), ("x", ctypes.c_void_p), ("router_w", ctypes.c_void_p),
-                ("router_bias", ctypes.c_void_p), ("router_logit_bias", ctypes.c_void_p),
-                ("w1p", ctypes.c_void_p), ("b1p", ctypes.c_void_p), ("w2", ctypes.c_void_p),
-                ("b2", ctypes.c_void_p), ("y", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
-                ("shared_gate", ctypes.c_void_p)]  # moe_forward_args' last field (a gated shared expert)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from moegen import _lib  # noqa: E402  (the package's checked ctypes mirrors of moe.h and its loader)
 
-
-class Info(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("hash", ctypes.c_char_p), ("arch", ctypes.c_char_p),
-                ("experts", ctypes.c_int), ("top_k", ctypes.c_int), ("hidden", ctypes.c_int),
-                ("ffn", ctypes.c_int), ("tokens", ctypes.c_int), ("dtype_bytes", ctypes.c_int),
-                ("align", ctypes.c_int), ("cache_hit", ctypes.c_int), ("kernels", ctypes.c_char_p * 6),
-                # the rest of moe_plan_info: moe_plan_get_info writes the whole struct, so a
-                # shorter mirror here is a buffer overrun (it crashed this script at exit)
-                ("world", ctypes.c_int), ("rank", ctypes.c_int), ("ep", ctypes.c_int), ("ep_rank", ctypes.c_int),
-                ("fsdp", ctypes.c_int), ("fsdp_rank", ctypes.c_int), ("stored", ctypes.c_int),
-                ("held", ctypes.c_int), ("dispatch_capacity", ctypes.c_int), ("cudnn_version", ctypes.c_int)]
+Args, Info = _lib.ForwardArgs, _lib.PlanInfo
 
 
 def spec_value(text, key, default=None):
@@ -114,9 +101,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graph", action="store_true")
     opt = ap.parse_args()
-    lib = ctypes.CDLL(os.path.join(ROOT, "build", "libmoegen.so"))
-    lib.moe_last_error.restype = ctypes.c_char_p
-    lib.moe_plan_workspace_size.restype = ctypes.c_size_t
+    lib = _lib.load(os.path.join(ROOT, "build", "libmoegen.so"))   # version and struct layouts checked
     plan = ctypes.c_void_p()
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # the primary context, which libmoegen shares

@@ -9,7 +9,9 @@ field, against the library's own layout table (moe_abi_sizeof,
 moe_abi_field: runtime/abi.c), so a struct changed in moe.h and not here is
 an error naming the field, never a wrong offset."""
 import ctypes
+import functools
 import os
+import struct
 import threading
 
 from ._version import __version__
@@ -59,6 +61,27 @@ class PackSrc(ctypes.Structure):
 
 class PackArgs(ctypes.Structure):
     _fields_ = [("tensor", c_int), ("src", PackSrc * 2), ("first", c_int), ("count", c_int)]
+
+
+def packer(mirror):
+    """(args, pack): an instance of the ctypes structure `mirror` over its own
+    buffer, and pack(*values) that writes its fields in order with one
+    struct.pack_into (ints for int and pointer fields, 0 for NULL): the
+    per-call way to fill it, about four times quicker than the constructor.
+    The format comes from the mirror's own offsets and sizes, which
+    check_layout holds to the library's."""
+    codes = {ctypes.sizeof(c_int): "i", 8: "Q"}
+    fmt, at = "=", 0
+    for name, ctype in mirror._fields_:
+        f = getattr(mirror, name)
+        if ctype not in (c_int, c_void_p) or f.size not in codes:
+            raise TypeError("packer: %s.%s is not an int or a pointer" % (mirror.__name__, name))
+        fmt += "%dx" % (f.offset - at) if f.offset > at else ""
+        fmt += codes[f.size] if ctype is c_void_p else "i"
+        at = f.offset + f.size
+    buf = bytearray(ctypes.sizeof(mirror))
+    args = mirror.from_buffer(buf)
+    return args, functools.partial(struct.Struct(fmt).pack_into, buf, 0)
 
 
 # moe_tensor: the packed tensors

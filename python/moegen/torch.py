@@ -12,7 +12,13 @@ layouts (README.md, "Tensors") and `plan` the id of a registered Plan
 device with a workspace from torch's caching allocator, so it is
 capturable in a CUDA graph, and has a fake (shape-only) implementation, so
 torch.compile traces it without running it. There is no backward yet
-(libmoegen has no moe_backward): a backward through it raises."""
+(libmoegen has no moe_backward): a backward through it raises.
+
+The per-call host path is kept short (test_torch_gpu.py measures it against
+a direct moe_forward): an Autograd kernel that calls the CUDA kernel itself
+when it can (autograd_kernel), one quick pass over the tensors' metadata
+(_fits), the plan's workspace sizes cached, and moe_forward_args packed into
+a per-thread buffer (_lib.packer)."""
 import itertools
 import threading
 import weakref
@@ -37,12 +43,11 @@ class _Entry:
     def __init__(self, plan):
         self.plan, self.handle, self.lib = plan, plan.handle, plan._lib
         self.capacity, self.hidden = plan.info.tokens, plan.info.hidden
-        self.device = torch.device("cuda", plan.device)
+        self.device, self.index = torch.device("cuda", plan.device), plan.device
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
         self.dtype = self.expect["x"][1]
-        # the fast path's expectations, in the op's argument order: (shape, dtype, device) or None
-        self.want = tuple(None if self.expect[n] is None else self.expect[n] + (self.device,)
-                          for n in ("router_w", "w1p", "w2") + _OPTIONAL)
+        # the fast path's expectations, in the op's argument order: (shape, dtype) or None
+        self.want = tuple(self.expect[n] for n in ("router_w", "w1p", "w2") + _OPTIONAL)
         self.ws = {}  # tokens -> workspace bytes
 
 
@@ -124,7 +129,7 @@ def _fits(e, x, ts):
     """Whether the op's tensors fit the plan: check_args's conditions as one
     quick pass over the metadata (the per-call path); check_args says what
     does not fit."""
-    if x.dim() != 2 or x.dtype != e.dtype or x.device != e.device or not x.is_contiguous():
+    if x.dtype != e.dtype or x.dim() != 2 or x.device != e.device or not x.is_contiguous():
         return False
     T, H = x.shape
     if H != e.hidden or T > e.capacity:
@@ -133,9 +138,23 @@ def _fits(e, x, ts):
         if t is None:
             if want is not None:
                 return False
-        elif want is None or (t.shape, t.dtype, t.device) != want or not t.is_contiguous():
+        elif (want is None or t.dtype != want[1] or t.device != e.device or t.shape != want[0]
+              or not t.is_contiguous()):
             return False
     return True
+
+
+_args = threading.local()   # each thread's moe_forward_args, filled per call (moe_forward reads it at once)
+
+
+def _forward_args():
+    """This thread's (ForwardArgs, pack): pack(tokens, x, router_w, ...,
+    shared_gate), addresses as ints (0 = none), fills it (_lib.packer)."""
+    try:
+        return _args.v
+    except AttributeError:
+        _args.v = _lib.packer(_lib.ForwardArgs)
+        return _args.v
 
 
 def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
@@ -150,14 +169,13 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
     y = torch.empty_like(x)
     if tokens == 0:  # nothing to enqueue (moe_forward would enqueue nothing either)
         return y
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)  # caching allocator: 512-byte aligned
-    a = _lib.ForwardArgs(tokens, x.data_ptr(), router_w.data_ptr(),
-                         router_bias.data_ptr() if router_bias is not None else None,
-                         router_logit_bias.data_ptr() if router_logit_bias is not None else None,
-                         w1p.data_ptr(), b1p.data_ptr() if b1p is not None else None, w2.data_ptr(),
-                         b2.data_ptr() if b2 is not None else None, y.data_ptr(), ws.data_ptr(),
-                         shared_gate.data_ptr() if shared_gate is not None else None)
-    index = e.device.index
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=e.device)  # caching allocator: 512-byte aligned
+    a, pack = _forward_args()
+    pack(tokens, x.data_ptr(), router_w.data_ptr(), 0 if router_bias is None else router_bias.data_ptr(),
+         0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
+         0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
+         ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr())
+    index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
     else:  # moe_forward makes the plan's device's context current; torch's current device is put back after
@@ -180,15 +198,56 @@ def _moe_not_cuda(x, *args):
     raise ValueError("moegen: the layer runs on CUDA tensors; x is on %s" % x.device)
 
 
-def _no_backward(ctx, grad):
-    raise NotImplementedError("moegen: the layer has no backward yet (libmoegen has no moe_backward); "
-                              "run it under torch.no_grad() or with parameters that do not require grad")
+_NO_BACKWARD = ("moegen: the layer has no backward yet (libmoegen has no moe_backward); run it under "
+                "torch.no_grad() or with parameters that do not require grad")
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+
+
+def autograd_kernel(op, backend, kernel):
+    """An Autograd kernel for `op` (an OpOverload) whose kernel for dispatch
+    key `backend` is the Python function `kernel`. Where no gradient is
+    wanted and nothing sits between autograd and that kernel (no fake or
+    proxy tensors, no dispatch mode, no functionalization: below autograd
+    the keyset's first key, past the ADInplaceOrView fallthrough, is
+    `backend`), it calls `kernel` itself: one trip into Python per call
+    instead of torch.library.register_autograd's wrapper and a redispatch.
+    Otherwise it redispatches below autograd, through an autograd.Function
+    whose backward raises when a gradient is wanted."""
+    class WithGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, keyset, *args):
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError(_NO_BACKWARD)
+
+    direct = set()   # raw keysets below autograd seen to lead straight to `backend`
+
+    def autograd(keyset, *args):
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return WithGrad.apply(keyset, *args)
+        below = keyset & _AFTER_AUTOGRAD
+        raw = below.raw_repr()
+        if raw in direct:
+            return kernel(*args)
+        if below.remove(torch._C.DispatchKey.ADInplaceOrView).highestPriorityTypeId() == backend:
+            direct.add(raw)
+            return kernel(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(below, *args)
+
+    return autograd
 
 
 _lib_def.impl("moe", _moe_cuda, "CUDA")
 _lib_def.impl("moe", _moe_not_cuda, "CPU")
+_lib_def.impl("moe", autograd_kernel(torch.ops.moegen.moe.default, torch._C.DispatchKey.CUDA, _moe_cuda),
+              "Autograd", with_keyset=True)
 torch.library.register_fake("moegen::moe", _moe_fake, lib=_lib_def)
-torch.library.register_autograd("moegen::moe", _no_backward, lib=_lib_def)
 
 moe = torch.ops.moegen.moe
 

@@ -102,6 +102,21 @@ class Loading(unittest.TestCase):
                 os.environ["MOEGEN_LIBRARY"] = saved
 
 
+class Packer(unittest.TestCase):
+    def test_pack_writes_each_field_at_its_offset(self):
+        args, pack = _lib.packer(_lib.ForwardArgs)
+        names = [f[0] for f in _lib.ForwardArgs._fields_]
+        values = [7] + [(0x1000 * i + 0xdead00000000) if i % 3 else 0 for i in range(1, len(names))]
+        pack(*values)
+        self.assertEqual([getattr(args, n) or 0 for n in names], values)
+        pack(*([3] + [0] * (len(names) - 1)))   # a second call overwrites every field
+        self.assertEqual([getattr(args, n) or 0 for n in names], [3] + [0] * (len(names) - 1))
+
+    def test_a_struct_of_other_fields_is_refused(self):
+        with self.assertRaisesRegex(TypeError, r"PlanInfo.name is not an int or a pointer"):
+            _lib.packer(_lib.PlanInfo)
+
+
 class SpecDict(unittest.TestCase):
     def test_text(self):
         self.assertEqual(moegen.spec_text({"name": "t", "experts": 8, "scale": 2.5, "arch": ["sm_90a", "sm_80"],

@@ -45,8 +45,7 @@ class Checks(unittest.TestCase):
         x = self.x if x is None else x
         exp, dev = exp or expect(), torch.device("meta")
         order = ("router_w", "w1p", "w2") + self.mt._OPTIONAL
-        e = SimpleNamespace(dtype=exp["x"][1], device=dev, hidden=H, capacity=CAP,
-                            want=tuple(None if exp[n] is None else exp[n] + (dev,) for n in order))
+        e = SimpleNamespace(dtype=exp["x"][1], device=dev, hidden=H, capacity=CAP, want=tuple(exp[n] for n in order))
         try:
             fits = isinstance(x, torch.Tensor) and all(isinstance(t[n], (torch.Tensor, type(None))) for n in order) \
                 and self.mt._fits(e, x, tuple(t[n] for n in order))
@@ -195,6 +194,63 @@ class Fake(unittest.TestCase):
         self.assertTrue(y.requires_grad)
         with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
             y.float().sum().backward()
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class AutogradKernel(unittest.TestCase):
+    """autograd_kernel on an op of the same form with CPU as its backend:
+    the plain call reaches the kernel it was given directly (one trip into
+    Python), every other call the kernel registered below autograd."""
+    calls = []
+
+    @classmethod
+    def setUpClass(cls):
+        from moegen import torch as mt
+        cls.lib = torch.library.Library("moegen_autograd_test", "DEF")
+        cls.lib.define("f(Tensor x, Tensor? b, int n) -> Tensor")
+        op = torch.ops.moegen_autograd_test.f.default
+        cls.lib.impl("f", lambda x, b, n: cls.calls.append("below") or x * n, "CPU")
+        cls.lib.impl("f", mt.autograd_kernel(op, torch._C.DispatchKey.CPU,
+                                             lambda x, b, n: cls.calls.append("direct") or x * n),
+                     "Autograd", with_keyset=True)
+        torch.library.register_fake("moegen_autograd_test::f", lambda x, b, n: torch.empty_like(x), lib=cls.lib)
+        cls.f = torch.ops.moegen_autograd_test.f
+
+    def call(self, x, b=None):
+        del self.calls[:]
+        y = self.f(x, b, 3)
+        return y, list(self.calls)
+
+    def test_the_plain_call_goes_direct(self):
+        x = torch.arange(4.0)
+        for _ in range(2):   # the second from the remembered keyset
+            y, calls = self.call(x)
+            self.assertEqual((calls, y.tolist()), (["direct"], [0.0, 3.0, 6.0, 9.0]))
+        with torch.no_grad():
+            self.assertEqual(self.call(x.requires_grad_())[1], ["direct"])
+
+    def test_inference_mode_skips_autograd(self):
+        with torch.inference_mode():
+            self.assertEqual(self.call(torch.arange(4.0))[1], ["below"])
+
+    def test_a_wanted_gradient_redispatches_and_backward_raises(self):
+        x = torch.arange(4.0, requires_grad=True)
+        y, calls = self.call(x)
+        self.assertEqual(calls, ["below"])
+        self.assertTrue(y.requires_grad)
+        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+            y.sum().backward()
+
+    def test_fake_and_traced_calls_reach_the_fake_kernel(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        with FakeTensorMode() as mode:
+            x = mode.from_tensor(torch.arange(4.0))
+            y, calls = self.call(x)
+        self.assertEqual((calls, tuple(y.shape)), ([], (4,)))
+        g = make_fx(lambda x: self.f(x, None, 2) + 1, tracing_mode="fake")(torch.arange(4.0))
+        self.assertIn("moegen_autograd_test.f", g.code)
+        self.assertEqual(self.call(torch.ones(2, device="meta"))[1], [])   # meta: its own key, the fake kernel
 
 
 if __name__ == "__main__":
