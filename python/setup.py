@@ -2,11 +2,19 @@
 `make build/libmoegen.so` in the repository (the folder above this one, or
 $MOEGEN_SOURCE_DIR), then libmoegen.so and the Lua library beside it go
 into the package, with the version read from gen/version.h
-(_build_version.py). The wheel is platform-specific (it holds a .so)."""
+(_build_version.py). The wheel is platform-specific (it holds a .so).
+
+The JAX handler (libmoegen_jax.so, python/build_jax.py) is built too when jax is
+importable by the building Python (pip's build isolation hides the
+environment's jax: `pip install --no-build-isolation ./python`) or
+$MOEGEN_JAX_INCLUDE names the FFI headers' folder. $MOEGEN_JAX: 1 = the
+handler is required (the build fails without it), 0 = never built; unset =
+built when possible, else a notice and the package without it."""
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -41,8 +49,33 @@ class BuildWithMake(build_py):
         os.makedirs(dest, exist_ok=True)
         for name in ("libmoegen.so", "liblua5.4.so.0"):   # libmoegen finds its Lua through $ORIGIN
             shutil.copy2(os.path.join(root, "build", name), os.path.join(dest, name))
+        handler = os.path.join(dest, "libmoegen_jax.so")
+        if self.build_jax(root):
+            shutil.copy2(os.path.join(root, "build", "libmoegen_jax.so"), handler)
+        elif os.path.exists(handler):   # an earlier build's, left in build_lib
+            os.remove(handler)
         with open(os.path.join(dest, "_build_version.py"), "w") as f:
             f.write("__version__ = %r\n" % version())
+
+    def build_jax(self, root):
+        """python/build_jax.py's build when the FFI headers are at hand;
+        whether the handler was built."""
+        mode = os.environ.get("MOEGEN_JAX", "")
+        if mode == "0":
+            return False
+        sys.path.insert(0, HERE)
+        import build_jax
+        try:
+            build_jax.build(root, os.environ.get("MOEGEN_JAX_INCLUDE"))
+        except build_jax.BuildError as e:
+            if mode == "1":
+                raise SystemExit("moegen: MOEGEN_JAX=1 but the JAX handler was not built: %s (pip hides the "
+                                 "environment's jax from an isolated build: pip install --no-build-isolation, "
+                                 "or set MOEGEN_JAX_INCLUDE)" % e)
+            print("moegen: the JAX handler is not built: %s. moegen.jax needs it: install with jax importable "
+                  "(pip install --no-build-isolation ./python) or set MOEGEN_JAX_INCLUDE" % e)
+            return False
+        return True
 
 
 class BinaryDistribution(Distribution):

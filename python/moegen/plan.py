@@ -33,6 +33,7 @@ class Plan:
         elif not isinstance(spec, (str, os.PathLike)):
             raise TypeError("spec is a path or a dict of keys, not %s" % type(spec).__name__)
         self._handle = None
+        self._on_close = []   # callables run by close() before the plan is destroyed (moegen.jax unbinds)
         lib = self._lib = _lib.library()
         enc = lambda s: None if s is None else os.fsencode(s)
         self._keep = opts = _lib.Options(templates_dir=enc(templates_dir), cache_dir=enc(cache_dir), device=device,
@@ -137,10 +138,18 @@ class Plan:
             raise _lib.fail(self._lib, st, "moe_forward")
 
     def close(self):
-        """Destroy the plan (also on garbage collection)."""
+        """Destroy the plan (also on garbage collection), after running the
+        callables given to on_close."""
         if self._handle is not None:
+            while self._on_close:
+                self._on_close.pop()()
             self._lib.moe_plan_destroy(self._handle)
             self._handle = None
+
+    def on_close(self, fn):
+        """Call fn() when the plan is closed, before it is destroyed (the
+        bindings that hold its handle let go of it there)."""
+        self._on_close.append(fn)
 
     def __del__(self):
         try:

@@ -1,0 +1,263 @@
+"""moegen.jax — the layer as an XLA FFI custom call, jit-able.
+
+    import jax, moegen, moegen.jax as mj
+    plan = moegen.Plan("examples/specs/qwen3-30b-a3b.moe")
+    p = mj.pack_plain(plan, w1=w1, w2=w2)          # plain layouts -> packed (jnp indexing)
+    f = jax.jit(lambda x, rw, w1p, w2: mj.moe(x, rw, w1p, w2, plan=plan))
+    y = f(x, router_w, p["w1p"], p["w2"])          # x [..., H], bf16 on the plan's GPU
+
+moe() lowers to the custom call "moegen_moe", whose handler (the C++
+library libmoegen_jax.so, python/csrc/moegen_jax.cc) runs moe_forward on
+XLA's stream; its workspace is a second result of the call, so XLA
+allocates and owns it. The plan is bound to the handler on first use (bind:
+an id in the handler's table, the call's attribute); a bound plan is kept
+alive until it is unbound or closed. Shapes and dtypes are checked against
+the plan when the call is traced (a clear TypeError or ValueError), and
+again by the handler. There is no backward (libmoegen has no moe_backward)
+and no batching rule (jax.vmap raises).
+
+This module imports without jax; moe() and bind() import it. The handler
+library is, in order: $MOEGEN_JAX_LIBRARY; libmoegen_jax.so inside the
+package; the clone's build/libmoegen_jax.so (python/build_jax.py)."""
+import ctypes
+import os
+import threading
+
+from . import _lib
+from .plan import Plan
+
+TARGET = "moegen_moe"
+# the operands after x, in the call's order (the optional ones only when given)
+ORDER = ("router_w", "w1p", "w2", "router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
+OPTIONAL = ORDER[3:]
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+WORKSPACE_ALIGN = 256   # moe_forward's workspace alignment; the handler aligns XLA's buffer up to it
+
+_lock = threading.Lock()
+_handler = None
+_bound = {}   # id -> the Plan, kept alive while bound
+
+
+def _import_jax():
+    try:
+        import jax
+        import jax.ffi  # noqa: F401  (jax >= 0.4.31)
+    except ImportError as e:
+        raise ImportError("moegen.jax needs jax (>= 0.4.31, with jax.ffi): pip install jax (%s)" % e) from None
+    return jax
+
+
+def candidates():
+    """The paths tried for the handler library, in order."""
+    env = os.environ.get("MOEGEN_JAX_LIBRARY")
+    if env:
+        return [env]
+    return [os.path.join(_lib.HERE, "libmoegen_jax.so"),
+            os.path.join(os.path.dirname(_lib.REPO_LIBRARY), "libmoegen_jax.so")]
+
+
+def load_handler(path=None):
+    """Load the handler library (libmoegen after moegen._lib has loaded it,
+    so both use one libmoegen), check it and register its handler as the
+    CUDA target "moegen_moe". Returns the ctypes library; raises
+    moegen.LibraryError with the reason."""
+    jax = _import_jax()
+    lib = _lib.library()
+    paths = [path] if path else candidates()
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        raise _lib.LibraryError(
+            "libmoegen_jax.so not found (tried %s): build it in the repository with `python3 python/build_jax.py` "
+            "(a Python with jax: the FFI headers come from jaxlib), or install the package with jax importable "
+            "at build time (pip install --no-build-isolation ./python), or name it in $MOEGEN_JAX_LIBRARY"
+            % ", ".join(paths))
+    try:
+        h = ctypes.CDLL(found[0])
+    except OSError as e:
+        raise _lib.LibraryError("the JAX handler at %s did not load: %s" % (found[0], e)) from None
+    for name in ("MoegenMoe", "moegen_jax_version", "moegen_jax_moe_forward", "moegen_jax_bind",
+                 "moegen_jax_unbind"):
+        if not hasattr(h, name):
+            raise _lib.LibraryError("%s lacks %s: it is not this package's JAX handler" % (found[0], name))
+    h.moegen_jax_version.restype = ctypes.c_char_p
+    h.moegen_jax_moe_forward.restype = ctypes.c_void_p
+    h.moegen_jax_bind.restype = ctypes.c_int
+    h.moegen_jax_bind.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    h.moegen_jax_unbind.restype = None
+    h.moegen_jax_unbind.argtypes = [ctypes.c_uint64]
+    version = h.moegen_jax_version().decode()
+    if version != lib.moe_version().decode():
+        raise _lib.LibraryError("%s is version %s, libmoegen (%s) %s: rebuild it (python/build_jax.py)"
+                                % (found[0], version, lib.path, lib.moe_version().decode()))
+    ours = ctypes.cast(lib.moe_forward, ctypes.c_void_p).value
+    if h.moegen_jax_moe_forward() != ours:
+        raise _lib.LibraryError("%s uses another libmoegen than %s (the library it links, libmoegen.so.0, must "
+                                "be the one moegen loaded)" % (found[0], lib.path))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(h.MoegenMoe), platform="CUDA")
+    h.path = found[0]
+    return h
+
+
+def handler():
+    """The process's handler library, loaded and registered on first use."""
+    global _handler
+    if _handler is None:
+        with _lock:
+            if _handler is None:
+                _handler = load_handler()
+    return _handler
+
+
+class Binding:
+    """What a call needs of a plan: its id in the handler's table (the
+    call's attribute `plan`), the tensors it expects (name -> (shape,
+    dtype name) or None, moe_plan_tensor's; x's first dimension is the most
+    tokens) and its workspace bytes per token count."""
+
+    def __init__(self, pid, expect, workspace_size):
+        self.id, self.expect, self.workspace_size = pid, expect, workspace_size
+        self.capacity, self.hidden = expect["x"][0]
+        self._ws = {}
+
+    def workspace(self, tokens):
+        """The workspace result's bytes for `tokens` tokens (with room to align it)."""
+        n = self._ws.get(tokens)
+        if n is None:
+            n = self._ws[tokens] = self.workspace_size(tokens) + WORKSPACE_ALIGN
+        return n
+
+
+def bind(plan):
+    """Bind `plan` (a moegen.Plan) to the handler, once; returns its
+    Binding. The plan is kept alive until unbind(plan) or plan.close()."""
+    b = getattr(plan, "_jax_binding", None)
+    if b is not None:
+        return b
+    if not isinstance(plan, Plan):
+        raise TypeError("moegen.jax: plan must be a moegen.Plan, not %s" % type(plan).__name__)
+    h = handler()
+    with _lock:
+        b = getattr(plan, "_jax_binding", None)
+        if b is not None:
+            return b
+        pid = ctypes.c_uint64()
+        st = h.moegen_jax_bind(plan.handle, plan.device, ctypes.byref(pid))
+        if st != 0:
+            raise _lib.fail(plan._lib, st, "moegen_jax_bind")
+        expect = {n: None if t is None else (t[0], _DTYPES[t[1]]) for n, t in plan.tensors.items()}
+        b = Binding(pid.value, expect, plan.workspace_size)
+        _bound[b.id] = plan
+        plan._jax_binding = b
+        plan.on_close(lambda: unbind(plan))
+    return b
+
+
+def unbind(plan):
+    """Undo bind(plan): calls traced for it fail from now on (a clear error
+    from the handler), and the plan is no longer kept alive here."""
+    with _lock:
+        b = getattr(plan, "_jax_binding", None)
+        if b is None:
+            return
+        plan._jax_binding = None
+        _bound.pop(b.id, None)
+        if _handler is not None:
+            _handler.moegen_jax_unbind(b.id)
+
+
+def _dtype_name(t):
+    dt = t.dtype
+    return getattr(dt, "name", str(dt))
+
+
+def check_args(expect, x, tensors):
+    """Raise a clear exception unless the call's arrays fit the plan: expect
+    maps each name to (shape, dtype name) or None (Binding.expect); x is
+    [tokens, H] with 0 <= tokens <= the plan's tokens; tensors maps the
+    names of ORDER to an array or None. Reads only .shape and .dtype, so it
+    runs on tracers and jax.ShapeDtypeStruct."""
+    capacity, hidden = expect["x"][0]
+    for name, t in (("x", x),) + tuple(tensors.items()):
+        want = expect[name]
+        if t is None:
+            if want is not None:
+                raise ValueError("moegen: the spec needs %s %s %s" % (name, want[1], list(want[0])))
+            continue
+        if want is None:
+            raise ValueError("moegen: the spec takes no %s; pass None" % name)
+        if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+            raise TypeError("moegen: %s must be an array, not %s" % (name, type(t).__name__))
+        if _dtype_name(t) != want[1]:
+            raise TypeError("moegen: %s must be %s, not %s" % (name, want[1], _dtype_name(t)))
+        shape = tuple(t.shape)
+        if name == "x":
+            if len(shape) != 2 or shape[1] != hidden:
+                raise ValueError("moegen: x must be [tokens, %d], not %s" % (hidden, list(shape)))
+            if shape[0] > capacity:
+                raise ValueError("moegen: %d tokens; the plan takes 0 to %d (spec key tokens)"
+                                 % (shape[0], capacity))
+        elif shape != tuple(want[0]):
+            raise ValueError("moegen: %s must be %s, not %s" % (name, list(want[0]), list(shape)))
+
+
+def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None, b2=None, shared_gate=None, *,
+        plan):
+    """The layer: y = moe(x), x [..., H] of at most the spec's tokens rows,
+    the weights in moegen's packed layouts (README.md, "Tensors"; see
+    pack_plain) as JAX arrays on the plan's device. plan: a moegen.Plan (or
+    its Binding). Works eagerly and under jax.jit (plan is a static Python
+    object: close over it, or pass it through static_argnames)."""
+    b = plan if isinstance(plan, Binding) else bind(plan)
+    jax = _import_jax()
+    import numpy as np
+    H = b.hidden
+    if not hasattr(x, "shape") or len(x.shape) < 1 or x.shape[-1] != H:
+        raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(getattr(x, "shape", [type(x).__name__]))))
+    lead = tuple(x.shape[:-1])
+    x2 = x.reshape(-1, H) if len(x.shape) != 2 else x
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+    check_args(b.expect, x2, dict(zip(ORDER, ts)))
+    tokens = x2.shape[0]
+    if tokens == 0:   # moe_forward enqueues nothing for 0 tokens
+        return jax.numpy.zeros(lead + (H,), x.dtype)
+    present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
+    call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                                     jax.ShapeDtypeStruct((b.workspace(tokens),), np.uint8)))
+    y, _ = call(x2, *(t for t in ts if t is not None), plan=np.uint64(b.id), present=np.int32(present))
+    return y.reshape(lead + (H,)) if len(lead) != 1 else y
+
+
+def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, shared_w1=None, shared_w2=None):
+    """The packed weights from the plain layouts, with jax.numpy indexing
+    (jit-able): w1 [E, 2F, H] (gate rows, then up rows) or gate and up
+    [E, F, H]; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias; a
+    shared expert (spec shared.ffn = m·F) as shared_w1 [2mF, H] and
+    shared_w2 [H, mF], split into the m slots after the routed experts as
+    moe_plan_pack_shared splits them. Returns {"w1p", "w2"} and, with
+    biases, {"b1p", "b2"}; the row order is the library's
+    (Plan.w1_row_order)."""
+    jax = _import_jax()
+    jnp = jax.numpy
+    E, F, H = plan.info.experts, plan.info.ffn, plan.info.hidden
+    m = plan.tensors["w1p"][0][0] - E
+    if (w1 is None) == (gate is None or up is None):
+        raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
+    if w1 is None:
+        w1 = jnp.concatenate([gate, up], axis=1)
+    want = {"w1": (w1, (E, 2 * F, H)), "w2": (w2, (E, H, F))}
+    if m > 0:
+        want.update(shared_w1=(shared_w1, (2 * m * F, H)), shared_w2=(shared_w2, (H, m * F)))
+    if plan.tensors["b1p"] is not None:
+        want.update(b1=(b1, (E, 2 * F)), b2=(b2, (E, H)))
+    for name, (t, shape) in want.items():
+        if t is None or tuple(t.shape) != shape:
+            raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape),
+                                                                None if t is None else list(t.shape)))
+    order = jnp.asarray(plan.w1_row_order(), dtype=jnp.int32)
+    if m > 0:   # slot E+j: gate rows jF..jF+F-1 and the matching up rows; w2 columns jF..jF+F-1
+        w1 = jnp.concatenate([w1, shared_w1.reshape(2, m, F, H).transpose(1, 0, 2, 3).reshape(m, 2 * F, H)])
+        w2 = jnp.concatenate([w2, shared_w2.reshape(H, m, F).transpose(1, 0, 2)])
+    out = {"w1p": jnp.take(w1, order, axis=1), "w2": w2}
+    if plan.tensors["b1p"] is not None:
+        out.update(b1p=jnp.take(b1, order, axis=1), b2=b2)
+    return out

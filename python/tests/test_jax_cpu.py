@@ -1,0 +1,160 @@
+"""moegen.jax without a GPU: importing it without jax, the argument checks
+(on shape-and-dtype stand-ins, so they run without jax too), and with jax
+installed: shapes under jax.eval_shape and jax.jit tracing, the lowered
+custom call (target, attributes, the workspace result), and loading and
+registering the handler library when it is built (python/build_jax.py). The plan is a
+stand-in Binding: creating a real one needs a GPU."""
+import os
+import sys
+import unittest
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import moegen  # noqa: E402
+import moegen.jax as mj  # noqa: E402  (imports without jax)
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:
+    jax = None
+
+E, H, F, S, CAP = 8, 64, 32, 10, 16
+
+
+def expect(biases=False):
+    """A plan's expectations as Binding keeps them (moe_plan_tensor's)."""
+    return {"x": ((CAP, H), "bfloat16"), "y": ((CAP, H), "bfloat16"), "router_w": ((E, H), "bfloat16"),
+            "router_bias": ((E,), "float32") if biases else None, "router_logit_bias": None,
+            "w1p": ((S, 2 * F, H), "bfloat16"), "b1p": ((S, 2 * F), "bfloat16") if biases else None,
+            "w2": ((S, H, F), "bfloat16"), "b2": ((S, H), "bfloat16") if biases else None, "shared_gate": None}
+
+
+def spec(shape, dtype="bfloat16"):
+    """An array stand-in: what check_args reads."""
+    return SimpleNamespace(shape=shape, dtype=SimpleNamespace(name=dtype))
+
+
+class Checks(unittest.TestCase):
+    def tensors(self, **changes):
+        t = {"router_w": spec((E, H)), "w1p": spec((S, 2 * F, H)), "w2": spec((S, H, F)), "router_bias": None,
+             "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None}
+        t.update(changes)
+        return t
+
+    def test_fitting_arrays_pass(self):
+        for T in (0, 4, CAP):
+            mj.check_args(expect(), spec((T, H)), self.tensors())
+        mj.check_args(expect(True), spec((3, H)), self.tensors(router_bias=spec((E,), "float32"),
+                                                                b1p=spec((S, 2 * F)), b2=spec((S, H))))
+
+    def test_refusals(self):
+        cases = ((dict(x=spec((4, H + 1))), ValueError, r"x must be \[tokens, 64\], not \[4, 65\]"),
+                 (dict(x=spec((2, 2, H))), ValueError, r"x must be \[tokens, 64\]"),
+                 (dict(x=spec((CAP + 1, H))), ValueError, r"17 tokens; the plan takes 0 to 16 \(spec key tokens\)"),
+                 (dict(x=spec((4, H), "float16")), TypeError, r"x must be bfloat16, not float16"),
+                 (dict(x=[1.0]), TypeError, r"x must be an array, not list"),
+                 (dict(w2=spec((S, F, H))), ValueError, r"w2 must be \[10, 64, 32\], not \[10, 32, 64\]"),
+                 (dict(w1p=spec((S, 2 * F, H), "float32")), TypeError, r"w1p must be bfloat16, not float32"),
+                 (dict(b2=spec((S, H))), ValueError, r"the spec takes no b2; pass None"),
+                 (dict(w1p=None), ValueError, r"the spec needs w1p bfloat16 \[10, 64, 64\]"))
+        for change, exc, pattern in cases:
+            with self.subTest(change=list(change)):
+                x = change.pop("x", spec((4, H)))
+                with self.assertRaisesRegex(exc, "^moegen: " + pattern):
+                    mj.check_args(expect(), x, self.tensors(**change))
+        with self.assertRaisesRegex(ValueError, r"the spec needs router_bias float32 \[8\]"):
+            mj.check_args(expect(True), spec((4, H)), self.tensors(b1p=spec((S, 2 * F)), b2=spec((S, H))))
+
+    def test_bind_takes_a_plan(self):
+        with self.assertRaisesRegex(TypeError, r"plan must be a moegen.Plan, not dict"):
+            mj.bind({})
+
+
+@unittest.skipIf(jax is not None, "jax is installed")
+class WithoutJax(unittest.TestCase):
+    def test_a_call_says_jax_is_needed(self):
+        b = mj.Binding(1, expect(), lambda t: 1024)
+        with self.assertRaisesRegex(ImportError, r"moegen.jax needs jax .*pip install jax"):
+            mj.moe(spec((4, H)), spec((E, H)), spec((S, 2 * F, H)), spec((S, H, F)), plan=b)
+
+
+@unittest.skipIf(jax is None, "jax is not installed")
+class Tracing(unittest.TestCase):
+    def setUp(self):
+        self.ws = {}
+        self.b = mj.Binding(7, expect(), lambda t: self.ws.setdefault(t, 4096 + 1000 * t))
+        bf = jnp.bfloat16
+        self.w = [jax.ShapeDtypeStruct((E, H), bf), jax.ShapeDtypeStruct((S, 2 * F, H), bf),
+                  jax.ShapeDtypeStruct((S, H, F), bf)]
+
+    def f(self, b=None):
+        b = b or self.b
+        return lambda x, rw, w1p, w2, *opt: mj.moe(x, rw, w1p, w2, *opt, plan=b)
+
+    def test_eval_shape(self):
+        for shape in ((5, H), (3, 4, H), (H,), (0, H), (2, 0, H)):
+            with self.subTest(shape=shape):
+                y = jax.eval_shape(self.f(), jax.ShapeDtypeStruct(shape, jnp.bfloat16), *self.w)
+                self.assertEqual((y.shape, y.dtype), (shape, jnp.bfloat16))
+
+    def test_refused_when_traced(self):
+        with self.assertRaisesRegex(TypeError, r"x must be bfloat16, not float32"):
+            jax.jit(self.f()).trace(jax.ShapeDtypeStruct((4, H), jnp.float32), *self.w)
+        with self.assertRaisesRegex(ValueError, r"20 tokens; the plan takes 0 to 16"):
+            jax.eval_shape(self.f(), jax.ShapeDtypeStruct((4, 5, H), jnp.bfloat16), *self.w)
+        with self.assertRaisesRegex(ValueError, r"x must be \[\.\.\., 64\], not \[4, 32\]"):
+            jax.eval_shape(self.f(), jax.ShapeDtypeStruct((4, 32), jnp.bfloat16), *self.w)
+
+    def test_the_lowered_custom_call(self):
+        text = jax.jit(self.f()).lower(jax.ShapeDtypeStruct((5, H), jnp.bfloat16), *self.w).as_text()
+        self.assertIn('@moegen_moe', text)
+        self.assertRegex(text, r"plan = 7 : ui64")
+        self.assertRegex(text, r"present = 0 : i32")
+        self.assertIn("tensor<%dxui8>" % (4096 + 5000 + mj.WORKSPACE_ALIGN), text)   # the workspace result
+        self.assertIn("tensor<5x64xbf16>", text)
+        # the optional tensors given are operands after w2, named in `present`
+        b = mj.Binding(9, expect(True), lambda t: 100)
+        extra = [jax.ShapeDtypeStruct((E,), jnp.float32), jax.ShapeDtypeStruct((S, 2 * F), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((S, H), jnp.bfloat16)]
+        g = lambda x, rw, w1p, w2, rb, b1p, b2: mj.moe(x, rw, w1p, w2, router_bias=rb, b1p=b1p, b2=b2, plan=b)
+        text = jax.jit(g).lower(jax.ShapeDtypeStruct((2, H), jnp.bfloat16), *self.w, *extra).as_text()
+        self.assertRegex(text, r"present = 13 : i32")   # bits 0 (router_bias), 2 (b1p), 3 (b2)
+        self.assertRegex(text, r"plan = 9 : ui64")
+        call = [line for line in text.splitlines() if "moegen_moe" in line and "custom_call" in line][0]
+        self.assertEqual(call.count("%"), 8, call)   # 7 operands (x, 3 weights, 3 optional) + the result
+
+    def test_zero_tokens_need_no_call(self):
+        text = jax.jit(self.f()).lower(jax.ShapeDtypeStruct((0, H), jnp.bfloat16), *self.w).as_text()
+        self.assertNotIn("moegen_moe", text)
+
+
+def handler_built():
+    return any(os.path.isfile(p) for p in mj.candidates())
+
+
+@unittest.skipIf(jax is None, "jax is not installed")
+class Handler(unittest.TestCase):
+    @unittest.skipUnless(handler_built(), "the JAX handler is not built (python/build_jax.py)")
+    def test_loads_checks_and_registers(self):
+        h = mj.handler()
+        self.assertEqual(h.moegen_jax_version().decode(), moegen.__version__)
+        self.assertIs(mj.handler(), h)
+        # registered for CUDA: a second registration of the same target is accepted by XLA as a no-op or
+        # refused; either way the first one stood
+        self.assertTrue(os.path.isfile(h.path))
+        h.moegen_jax_unbind(123456)   # an unknown id is nothing
+
+    def test_a_missing_handler_names_the_paths_and_build_jax(self):
+        with self.assertRaisesRegex(moegen.LibraryError, r"libmoegen_jax.so not found \(tried /nonexistent/x.so\).*"
+                                                         r"python/build_jax.py"):
+            mj.load_handler("/nonexistent/x.so")
+
+    def test_another_library_is_refused(self):
+        with self.assertRaisesRegex(moegen.LibraryError, r"lacks MoegenMoe: it is not this package's JAX handler"):
+            mj.load_handler(moegen.library().path)
+
+
+if __name__ == "__main__":
+    unittest.main()
