@@ -314,9 +314,10 @@ class MoE(torch.nn.Module):
         H = self.plan.info.hidden
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
-        y = moe(x.reshape(-1, H), self.router_w, self.w1p, self.w2, self.router_bias, self.router_logit_bias,
-                self.b1p, self.b2, self.shared_gate, self.plan_id)
-        return y.reshape(x.shape)
+        flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
+        y = moe(x.reshape(-1, H) if flat else x, self.router_w, self.w1p, self.w2, self.router_bias,
+                self.router_logit_bias, self.b1p, self.b2, self.shared_gate, self.plan_id)
+        return y.reshape(x.shape) if flat else y
 
     def w1_order(self):
         """The packed row order as a device index tensor (Plan.w1_row_order)."""

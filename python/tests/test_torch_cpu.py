@@ -197,6 +197,39 @@ class Fake(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class ModuleForward(unittest.TestCase):
+    """MoE.forward's shapes, on a module built without __init__ (which needs
+    CUDA) and with the op replaced by a recorder: x [tokens, H] goes in as
+    it is, other shapes as [-1, H], and y comes back in x's shape."""
+
+    def test_shapes(self):
+        from types import SimpleNamespace
+        from moegen import torch as mt
+        calls = []
+        m = mt.MoE.__new__(mt.MoE)
+        torch.nn.Module.__init__(m)
+        m.plan, m.plan_id = SimpleNamespace(info=SimpleNamespace(hidden=8)), 1
+        for n in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate"):
+            m.register_parameter(n, None)
+        saved = mt.moe
+        mt.moe = lambda x, *a: calls.append(x) or torch.full_like(x, 2.0)
+        try:
+            for shape, flat in (((5, 8), (5, 8)), ((3, 4, 8), (12, 8)), ((8,), (1, 8)), ((2, 0, 8), (0, 8))):
+                del calls[:]
+                x = torch.ones(shape)
+                y = m(x)
+                self.assertEqual((tuple(calls[0].shape), tuple(y.shape)), (flat, shape))
+                self.assertTrue(bool((y == 2).all()))
+            x = torch.ones(5, 8)
+            m(x)
+            self.assertIs(calls[-1], x)   # no reshape for x [tokens, H]
+            with self.assertRaisesRegex(ValueError, r"x must be \[\.\.\., 8\], not \[3, 7\]"):
+                m(torch.ones(3, 7))
+        finally:
+            mt.moe = saved
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class AutogradKernel(unittest.TestCase):
     """autograd_kernel on an op of the same form with CPU as its backend:
     the plain call reaches the kernel it was given directly (one trip into
