@@ -25,7 +25,7 @@ GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/uti
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c
+RT_SRC    := runtime/moe_error.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,
@@ -134,7 +134,7 @@ install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
@@ -183,7 +183,7 @@ VENDORED_SPEC := qwen3-30b-a3b
 VENDORED_NAME := qwen3_30b_a3b
 # a spec with a shared expert: test_vendored packs it (NAME_pack_shared)
 VENDORED_DEFS := $(shell grep -q '^shared' examples/specs/$(VENDORED_SPEC).moe 2>/dev/null && echo -DVENDORED_SHARED)
-VENDORED_OBJ := $(BUILD)/tests/support/ref.o $(BUILD)/runtime/half.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
+VENDORED_OBJ := $(BUILD)/tests/support/ref.o $(BUILD)/runtime/half.o $(BUILD)/runtime/fp8.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
 $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
@@ -212,7 +212,7 @@ $(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
 # small C ABI (tests/support/ref_lib.c) for bench/check_models.py's CPU
 # backend, which checks moegen's semantics against Hugging Face's MoE blocks.
 # It finds its Lua beside it, as libmoegen.so does.
-REFLIB_SRC := tests/support/ref_lib.c tests/support/ref.c runtime/half.c gen/spec.c gen/spec_check.c \
+REFLIB_SRC := tests/support/ref_lib.c tests/support/ref.c runtime/half.c runtime/fp8.c gen/spec.c gen/spec_check.c \
               gen/spec_schema.c gen/sandbox.c gen/util.c
 .PHONY: ref-lib
 ref-lib: $(BUILD)/libmoegen_ref.so

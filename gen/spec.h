@@ -22,6 +22,19 @@ typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
 typedef enum { MOE_ARCH_SM90A = 0, MOE_ARCH_SM80 = 1 } moe_arch_t;
 typedef enum { MOE_SHARED_GATE_NONE = 0, MOE_SHARED_GATE_SIGMOID = 1 } moe_shared_gate_t;
 
+/* Expert weights in fp8 (docs/DESIGN.md, "FP8"): none (the weights are
+ * dtype), or e4m3 with fp32 scales, one per MOE_FP8_BLOCK x MOE_FP8_BLOCK
+ * weight block (DeepSeek-V3's weight_scale_inv) or one per output row;
+ * activations are quantized per token per MOE_FP8_BLOCK columns. */
+typedef enum { MOE_QUANT_NONE = 0, MOE_QUANT_FP8_E4M3 = 1 } moe_quant_weights_t;
+typedef enum { MOE_SCALING_BLOCK = 0, MOE_SCALING_CHANNEL = 1 } moe_quant_scaling_t;
+#define MOE_FP8_BLOCK 128
+
+typedef struct {
+    moe_quant_weights_t weights;
+    moe_quant_scaling_t scaling;  /* with weights = fp8_e4m3 */
+} moe_quant_t;
+
 /* Mesh axes. Sizes are indexed by axis id; order[] lists axis ids outermost
  * first (default dp, fsdp, ep). */
 typedef enum { MOE_AXIS_DP = 0, MOE_AXIS_FSDP = 1, MOE_AXIS_EP = 2, MOE_AXIS_COUNT = 3 } moe_axis_t;
@@ -89,6 +102,7 @@ typedef struct {
     bool ffn_bias;                /* per-expert bias on both expert GEMMs */
     moe_shared_t shared;          /* the always-on shared expert (shared.ffn = 0: none) */
     bool training;                /* also plan the backward (moe_backward) */
+    moe_quant_t quant;            /* fp8 expert weights (quant.weights = none: dtype) */
     moe_mesh_t mesh;
     moe_dispatch_t dispatch;      /* used when mesh.ep > 1 */
     int narch;
@@ -147,6 +161,9 @@ static inline int moe_spec_slots(const moe_spec_t *s) { return s->experts + moe_
 static inline int moe_spec_router_columns(const moe_spec_t *s) {
     return s->experts + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
 }
+
+/* Are the expert weights fp8 (quant.weights = "fp8_e4m3")? */
+static inline int moe_spec_fp8(const moe_spec_t *s) { return s->quant.weights == MOE_QUANT_FP8_E4M3; }
 
 /* World size: dp * fsdp * ep. */
 int moe_spec_world(const moe_spec_t *spec);

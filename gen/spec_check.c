@@ -430,6 +430,31 @@ static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "weight elements", welems, MOE_LIMIT_WEIGHT_ELEMS);
 }
 
+/* The fp8 layer's relations (quant.weights = "fp8_e4m3"; docs/DESIGN.md,
+ * "FP8"): run after check_shared, on a spec whose keys all read. */
+static void check_quant(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    if (!moe_spec_fp8(s))
+        return;
+    int sm80 = 0;
+    for (int i = 0; i < s->narch; i++)
+        sm80 |= s->arch[i] == MOE_ARCH_SM80;
+    if (s->dtype != MOE_DTYPE_BF16)
+        NAMED_ERROR(c, "dtype", "dtype = \"%s\" with quant.weights = \"fp8_e4m3\": the fp8 layer's input and output "
+                    "are bf16 (DeepSeek-V3's recipe); use dtype = \"bf16\"", moe_dtype_name(s->dtype));
+    else if (s->hidden % MOE_FP8_BLOCK)
+        NAMED_ERROR(c, "hidden", "hidden (%d) must be a multiple of %d with quant.weights = \"fp8_e4m3\": the scales "
+                    "cover blocks of %d columns", s->hidden, MOE_FP8_BLOCK, MOE_FP8_BLOCK);
+    else if (s->ffn % MOE_FP8_BLOCK)
+        NAMED_ERROR(c, "ffn", "ffn (%d) must be a multiple of %d with quant.weights = \"fp8_e4m3\": the scales cover "
+                    "blocks of %d rows and columns", s->ffn, MOE_FP8_BLOCK, MOE_FP8_BLOCK);
+    else if (sm80)
+        NAMED_ERROR(c, "arch", "arch lists \"sm_80\", which has no fp8 tensor cores (they need sm_89 or later; "
+                    "moegen's fp8 GEMMs are sm_90a): with quant.weights = \"fp8_e4m3\" use arch = { \"sm_90a\" }");
+    else if (s->training)
+        NAMED_ERROR(c, "quant.weights", "quant.weights = \"fp8_e4m3\" with training = true is not supported: the "
+                    "backward is bf16 only");
+}
+
 /* Fill s from the spec's table at the stack top: defaults, then every row
  * of the schema (type, range, choices), then each row's own relations, then
  * the relations between keys; keys not in effect go back to their defaults. */
@@ -480,6 +505,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
         check_relations(c, s);
     if (!c->failed)
         check_shared(c, s);
+    if (!c->failed)
+        check_quant(c, s);
     if (!c->failed)
         moe_spec_reset_unused(s);
 }

@@ -14,7 +14,8 @@
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
                    sizeof(moe_score_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
-                   sizeof(moe_shared_gate_t) == sizeof(int),
+                   sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
+                   sizeof(moe_quant_scaling_t) == sizeof(int),
                "enum fields are int-sized");
 
 #define AT(field) offsetof(moe_spec_t, field)
@@ -24,6 +25,9 @@ static const char *const scores[] = {"softmax", "sigmoid", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
+static const char *const quant_weights[] = {"none", "fp8_e4m3", NULL};
+static const int quant_weights_ids[] = {MOE_QUANT_NONE, MOE_QUANT_FP8_E4M3};
+static const char *const quant_scalings[] = {"block", "channel", NULL};
 static const char *const axes[] = {"dp", "fsdp", "ep", NULL};
 static const char *const shard_axes[] = {"ep", "fsdp", NULL};
 static const int shard_axis_ids[] = {MOE_AXIS_EP, MOE_AXIS_FSDP};
@@ -100,6 +104,17 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "training", .type = MOE_KEY_BOOL, .offset = AT(training),
      .help = "the plan also builds the backward kernels (`moe_backward`) and the training forward that saves "
              "what the backward needs; one device only for now"},
+
+    {.name = "quant.weights", .type = MOE_KEY_ENUM, .offset = AT(quant.weights), .choices = quant_weights,
+     .values = quant_weights_ids, .optional = true,
+     .help = "the expert weights' format; `\"fp8_e4m3\"`: e4m3 with fp32 scales (`quant.scaling`), the activations "
+             "quantized to e4m3 per token per 128 columns on the way into each expert GEMM, the layer's input and "
+             "output bf16 (DeepSeek-V3's recipe); needs `dtype = \"bf16\"`, `hidden` and `ffn` multiples of 128, "
+             "`arch = { \"sm_90a\" }`; README, \"FP8 weights\""},
+    {.name = "quant.scaling", .type = MOE_KEY_ENUM, .offset = AT(quant.scaling), .choices = quant_scalings,
+     .when = "quant.weights", .when_is = "fp8_e4m3",
+     .help = "the fp8 weights' scales: `\"block\"`: one fp32 per 128×128 block (DeepSeek-V3's "
+             "`weight_scale_inv`); `\"channel\"`: one per output row"},
 
     {.name = "mesh.dp", .type = MOE_KEY_INT, .offset = AT(mesh.size[MOE_AXIS_DP]), .def = 1, .lo = 1,
      .hi = MOE_LIMIT_AXIS, .help = "data-parallel replicas"},

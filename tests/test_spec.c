@@ -198,6 +198,8 @@ static const char *const required_bad[] = {
     "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep", "shared_ffn_not_multiple",
     "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots", "training_with_mesh",
+    "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
+    "quant_weights_unknown",
 };
 
 static void test_golden_errors(void) {
@@ -685,7 +687,9 @@ static void test_schema_rows(void) {
                            strncmp(moe_spec_keys[i - 1].name, k->name, tl) == 0,
                        "the keys of %.*s are not consecutive", tl, k->name);
         CHECK(!(k->required && k->optional));
-        CHECK(!k->optional || k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM);
+        /* optional: 0 means absent; an ENUM's default choice is that 0 ("none", left out of the canonical form) */
+        CHECK(!k->optional || k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM ||
+              (k->type == MOE_KEY_ENUM && k->def == 0 && (!k->values || k->values[0] == 0)));
         if (k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM) {
             CHECK(k->lo <= k->hi);
             if (!k->required && !k->optional)
@@ -917,6 +921,40 @@ static void test_examples(void) {
     }
 }
 
+/* The fp8 example specs (examples/specs/fp8/, issue #20): each loads with
+ * fp8 weights, round-trips, plans, and emission refuses it by name (its
+ * GEMMs are not built) writing nothing. */
+static void test_examples_fp8(void) {
+    static char names[64][128];
+    CASE("examples fp8: folder");
+    int n = list_specs("examples/specs/fp8", names, 64);
+    CHECKF(n >= 3, "%d fp8 example specs", n);
+    for (int i = 0; i < n; i++) {
+        char path[300], label[200];
+        snprintf(path, sizeof path, "examples/specs/fp8/%s.moe", names[i]);
+        snprintf(label, sizeof label, "example fp8 %s", names[i]);
+        CASE(label);
+        moe_spec_t s;
+        moe_diag_t d;
+        CHECKF(load_file(&s, path, &d) == 0, "%s", d.msg);
+        CHECKF(moe_spec_fp8(&s) && s.hidden % MOE_FP8_BLOCK == 0 && s.ffn % MOE_FP8_BLOCK == 0, "%s: not fp8", path);
+        moe_plan_desc_t pd;
+        char err[512];
+        CHECKF(moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) == 0, "%s", err);
+        moe_plan_desc_free(&pd);
+        check_roundtrip(label, &s);
+        CASE(label);
+        char args[600], dir[300], *e;
+        snprintf(dir, sizeof dir, "%s/fp8_%s", tmp_root, names[i]);
+        snprintf(args, sizeof args, "emit %s -o %s", path, dir);
+        int rc = run_moegen(args, NULL, &e);
+        CHECKF(rc == 2, "moegen emit exit %d (want 2, refused)", rc);
+        CHECKF(e && strstr(e, "quant.weights = \"fp8_e4m3\" has no kernels yet"), "stderr: %s", e ? e : "");
+        CHECKF(access(dir, F_OK) != 0, "%s was written", dir);
+        free(e);
+    }
+}
+
 /* ---- the command ------------------------------------------------------------ */
 
 static void test_command(void) {
@@ -1135,6 +1173,7 @@ int main(int argc, char **argv) {
     test_schema_readme();
     test_schema_lua();
     test_examples();
+    test_examples_fp8();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
     if (system(cmd) != 0)

@@ -220,6 +220,82 @@ static float activation(const moe_activation_t *act, float gate, float up) {
 
 float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return activation(&s->activation, gate, up); }
 
+/* ---- the fp8 layer ------------------------------------------------------- */
+
+void moe_ref_fp8_quantize_rows(const float *v, int P, int K, uint8_t *q, float *sc) {
+    const int nb = K / MOE_FP8_BLOCK;
+    for (int p = 0; p < P; p++)
+        for (int b = 0; b < nb; b++) {
+            const size_t o = (size_t)p * K + (size_t)b * MOE_FP8_BLOCK;
+            sc[(size_t)p * nb + b] = moe_fp8_quantize_block(v + o, MOE_FP8_BLOCK, q + o);
+        }
+}
+
+int moe_ref_fp8_gemm(const moe_spec_t *s, const uint8_t *aq, const float *asc, int P, const uint8_t *wq,
+                     const float *ws, int N, int K, float *C) {
+    if (!s || !moe_spec_fp8(s) || K < MOE_FP8_BLOCK || K % MOE_FP8_BLOCK || P < 0 || N < 1) return 1;
+    if (P == 0) return 0;
+    if (!aq || !asc || !wq || !ws || !C) return 1;
+    const int nb = K / MOE_FP8_BLOCK, block = s->quant.scaling == MOE_SCALING_BLOCK;
+    float lut[256];
+    for (int i = 0; i < 256; i++) lut[i] = moe_e4m3_to_float((uint8_t)i);
+    float *af = malloc((size_t)P * K * sizeof(float));
+    float *wbuf = malloc((size_t)ref_threads() * K * sizeof(float));
+    if (!af || !wbuf) { free(af); free(wbuf); return 1; }
+    for (size_t i = 0; i < (size_t)P * K; i++) af[i] = lut[aq[i]];
+    REF_OMP(omp parallel for schedule(dynamic, 16))
+    for (int n = 0; n < N; n++) {
+        float *wr = wbuf + (size_t)ref_thread() * K;
+        for (int k = 0; k < K; k++) wr[k] = lut[wq[(size_t)n * K + k]];
+        const float *wsn = block ? ws + (size_t)(n / MOE_FP8_BLOCK) * nb : ws + n;
+        for (int p = 0; p < P; p++) {
+            const float *ar = af + (size_t)p * K;
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const float part = dot_f32(ar + (size_t)b * MOE_FP8_BLOCK, wr + (size_t)b * MOE_FP8_BLOCK, MOE_FP8_BLOCK);
+                acc += part * (asc[(size_t)p * nb + b] * wsn[block ? b : 0]);
+            }
+            C[(size_t)p * N + n] = acc;
+        }
+    }
+    free(af); free(wbuf);
+    return 0;
+}
+
+void moe_ref_fp8_free(moe_ref_fp8_t *f) {
+    if (!f) return;
+    free((void *)f->w1q); free((void *)f->w2q); free((void *)f->w1s); free((void *)f->w2s);
+    *f = (moe_ref_fp8_t){0};
+}
+
+int moe_ref_fp8_weights(const moe_spec_t *s, const uint16_t *w1, const uint16_t *w2, moe_ref_fp8_t *f) {
+    if (!s || !moe_spec_fp8(s) || !w1 || !w2 || !f) return 1;
+    const long long E = s->experts, F = s->ffn, H = s->hidden, B = MOE_FP8_BLOCK;
+    const int block = s->quant.scaling == MOE_SCALING_BLOCK;
+    const long long s1 = block ? (2 * F / B) * (H / B) : 2 * F, s2 = block ? (H / B) * (F / B) : H;
+    uint8_t *q1 = malloc((size_t)(E * 2 * F * H)), *q2 = malloc((size_t)(E * H * F));
+    float *sc1 = malloc((size_t)(E * s1) * sizeof(float)), *sc2 = malloc((size_t)(E * s2) * sizeof(float));
+    *f = (moe_ref_fp8_t){q1, q2, sc1, sc2};
+    if (!q1 || !q2 || !sc1 || !sc2) { moe_ref_fp8_free(f); return 1; }
+    REF_OMP(omp parallel for schedule(static))
+    for (long long e = 0; e < E; e++) {
+        moe_fp8_quantize_weight(w1 + e * 2 * F * H, H, 2 * F, H, block ? B : 1, block ? B : H, q1 + e * 2 * F * H,
+                                sc1 + e * s1);
+        moe_fp8_quantize_weight(w2 + e * H * F, F, H, F, block ? B : 1, block ? B : F, q2 + e * H * F, sc2 + e * s2);
+    }
+    return 0;
+}
+
+/* The fp8 weight scales of expert e: W1's and W2's. */
+static const float *fp8_w1s(const moe_spec_t *s, const moe_ref_fp8_t *f, int e) {
+    const size_t F = (size_t)s->ffn, H = (size_t)s->hidden, B = MOE_FP8_BLOCK;
+    return f->w1s + (size_t)e * (s->quant.scaling == MOE_SCALING_BLOCK ? (2 * F / B) * (H / B) : 2 * F);
+}
+static const float *fp8_w2s(const moe_spec_t *s, const moe_ref_fp8_t *f, int e) {
+    const size_t F = (size_t)s->ffn, H = (size_t)s->hidden, B = MOE_FP8_BLOCK;
+    return f->w2s + (size_t)e * (s->quant.scaling == MOE_SCALING_BLOCK ? (H / B) * (F / B) : H);
+}
+
 /* ---- the shared expert -------------------------------------------------- */
 
 /* Tokens of the shared expert's GEMMs at a time (bounds the 2F_s-wide rows). */
@@ -311,7 +387,13 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
     const int n = token_list ? ntokens : T;
     if (n < 0) return 1;
     if (n == 0) return 0;
-    if (!in->x || !in->w1 || !in->w2 || !topk_idx || !topk_w || !y) return 1;
+    const int fp8 = moe_spec_fp8(s);
+    const moe_ref_fp8_t *f8 = in->fp8;
+    if (!in->x || !topk_idx || !topk_w || !y) return 1;
+    if (fp8 ? !f8 || !f8->w1q || !f8->w2q || !f8->w1s || !f8->w2s || s->shared.ffn > 0 || H % MOE_FP8_BLOCK ||
+                  F % MOE_FP8_BLOCK
+            : !in->w1 || !in->w2)
+        return 1;
     if (s->ffn_bias && (!in->b1 || !in->b2)) return 1;
     const moe_dtype_t dt = s->dtype;
 
@@ -319,7 +401,8 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
     int *cnt = calloc((size_t)E + 1, sizeof(int));
     int *slot = malloc((size_t)n * K * sizeof(int));
     unsigned char *seen = token_list ? calloc((size_t)T, 1) : NULL;
-    float *xe = NULL, *a = NULL, *hf = NULL, *oc = NULL, *wbuf = NULL;
+    float *xe = NULL, *a = NULL, *hf = NULL, *oc = NULL, *wbuf = NULL, *qsc = NULL;
+    uint8_t *q8 = NULL;
     if (!cnt || !slot || (token_list && !seen)) goto done;
 
     /* Validate the tokens and their slots, count slots per expert. */
@@ -360,6 +443,11 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
     oc = malloc((size_t)maxp * H * sizeof(float));
     wbuf = malloc((size_t)ref_threads() * REF_ROW_BLOCK * kmax * sizeof(float));
     if (!xe || !a || !hf || !oc || !wbuf) goto done;
+    if (fp8) { /* the quantized GEMM input (x, then h) and its scales */
+        q8 = malloc((size_t)maxp * kmax);
+        qsc = malloc((size_t)maxp * (kmax / MOE_FP8_BLOCK) * sizeof(float));
+        if (!q8 || !qsc) goto done;
+    }
 
     for (int i = 0; i < n; i++) {
         int t = token_list ? token_list[i] : i;
@@ -379,7 +467,13 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
             }
         }
 
-        gemm_nt(in->w1 + (size_t)e * 2 * F * H, 2 * F, H, dt, xe, P, a, wbuf);
+        if (fp8) {
+            moe_ref_fp8_quantize_rows(xe, P, H, q8, qsc);
+            if (moe_ref_fp8_gemm(s, q8, qsc, P, f8->w1q + (size_t)e * 2 * F * H, fp8_w1s(s, f8, e), 2 * F, H, a))
+                goto done;
+        } else {
+            gemm_nt(in->w1 + (size_t)e * 2 * F * H, 2 * F, H, dt, xe, P, a, wbuf);
+        }
 
         const uint16_t *b1 = s->ffn_bias ? in->b1 + (size_t)e * 2 * F : NULL;
         REF_OMP(omp parallel for schedule(static))
@@ -388,13 +482,28 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
             for (int f = 0; f < F; f++) {
                 float g = ar[f], u = ar[F + f];
                 if (b1) { g += moe_half_to_float(b1[f], dt); u += moe_half_to_float(b1[F + f], dt); }
-                uint16_t hq = moe_float_to_half(activation(&s->activation, g, u), dt);
+                const float hv = activation(&s->activation, g, u);
+                if (fp8) { /* kept in fp32 for the quantization below */
+                    hf[(size_t)p * F + f] = hv;
+                    continue;
+                }
+                uint16_t hq = moe_float_to_half(hv, dt);
                 if (h_out) h_out[(size_t)sl[p] * F + f] = hq;
                 hf[(size_t)p * F + f] = moe_half_to_float(hq, dt);
             }
         }
 
-        gemm_nt(in->w2 + (size_t)e * H * F, H, F, dt, hf, P, oc, wbuf);
+        if (fp8) {
+            moe_ref_fp8_quantize_rows(hf, P, F, q8, qsc);
+            for (int p = 0; h_out && p < P; p++)
+                for (int f = 0; f < F; f++)
+                    h_out[(size_t)sl[p] * F + f] = moe_float_to_half(
+                        moe_e4m3_to_float(q8[(size_t)p * F + f]) * qsc[(size_t)p * (F / MOE_FP8_BLOCK) + f / MOE_FP8_BLOCK], dt);
+            if (moe_ref_fp8_gemm(s, q8, qsc, P, f8->w2q + (size_t)e * H * F, fp8_w2s(s, f8, e), H, F, oc))
+                goto done;
+        } else {
+            gemm_nt(in->w2 + (size_t)e * H * F, H, F, dt, hf, P, oc, wbuf);
+        }
 
         const uint16_t *b2 = s->ffn_bias ? in->b2 + (size_t)e * H : NULL;
         for (int p = 0; p < P; p++) {
@@ -425,6 +534,7 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
     }
     rc = 0;
 done:
+    free(q8); free(qsc);
     free(wbuf); free(oc); free(hf); free(a); free(xe);
     free(seen); free(slot); free(cnt);
     return rc;

@@ -30,14 +30,28 @@
 
 #include <stdint.h>
 
+#include "fp8.h"    /* moe_e4m3_to_float, moe_float_to_e4m3, moe_fp8_quantize_block */
 #include "half.h"   /* moe_half_to_float, moe_float_to_half */
 #include "spec.h"
+
+/* The fp8 layer's expert weights (spec quant.weights = "fp8_e4m3"; docs/
+ * DESIGN.md, "FP8"), in the checkpoint's plain layout, w = e4m3 · scale:
+ *   w1q  e4m3 [E, 2F, H]    rows 0..F-1 gate, F..2F-1 up (as w1)
+ *   w1s  fp32 [E, 2F/128, H/128] (scaling "block"), [E, 2F] ("channel")
+ *   w2q  e4m3 [E, H, F]
+ *   w2s  fp32 [E, H/128, F/128] ("block"), [E, H] ("channel")
+ * moe_ref_fp8_weights makes them from bf16 weights. */
+typedef struct {
+    const uint8_t *w1q, *w2q;
+    const float *w1s, *w2s;
+} moe_ref_fp8_t;
 
 typedef struct {
     const uint16_t *x, *wr, *w1, *w2, *b1, *b2;
     const float *sel_bias, *logit_bias;
     int tokens;                        /* T: rows of x */
     const uint16_t *ws1, *ws2, *wsg;   /* the shared expert (spec shared.ffn), see above */
+    const moe_ref_fp8_t *fp8;          /* the expert weights with quant.weights = "fp8_e4m3" (w1, w2 unread) */
 } moe_ref_inputs_t;
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.
@@ -92,6 +106,43 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
  * ws1/ws2 are not read). Non-zero when the spec has no shared expert. */
 int moe_ref_shared(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *token_list, int ntokens,
                    float *g_out, uint16_t *hs_out, uint16_t *os_out);
+
+/* ---- the fp8 layer (quant.weights = "fp8_e4m3") ----------------------------
+ *
+ * moe_ref_ffn with an fp8 spec reads in->fp8 instead of w1/w2 and does, per
+ * slot (t, k) with expert e:
+ *   xi as above (bf16)
+ *   xq, xsc = moe_ref_fp8_quantize_rows(xi)   e4m3 per 128 columns
+ *   a = moe_ref_fp8_gemm(xq, xsc, W1q[e], W1s[e]) (+ b1[e])
+ *   h = act(gate, up) in fp32, NOT rounded to bf16
+ *   hq, hsc = moe_ref_fp8_quantize_rows(h)    the down GEMM's input
+ *   o = round(moe_ref_fp8_gemm(hq, hsc, W2q[e], W2s[e]) (+ b2[e]))
+ *   y as above
+ * h_out, when non-NULL, gets round(e4m3(hq) · hsc), the dequantized input
+ * of the down GEMM. A shared expert with fp8 weights is not modelled (the
+ * call fails). */
+
+/* Quantize P rows of K floats (K a multiple of MOE_FP8_BLOCK), each per
+ * block of MOE_FP8_BLOCK columns with moe_fp8_quantize_block: q [P, K]
+ * e4m3, sc [P, K / 128]. */
+void moe_ref_fp8_quantize_rows(const float *v, int P, int K, uint8_t *q, float *sc);
+
+/* One quantized GEMM with fp32 accumulation promoted per K block:
+ *   C[p, n] = Σ_kb fl32(Σ_{k in kb} e4m3(aq[p,k]) · e4m3(wq[n,k])) · (asc[p,kb] · ws(n, kb))
+ * kb over K / 128 blocks of 128, the inner sum in fp32 (eight partial sums,
+ * fixed order), the outer in fp32 in increasing kb; ws(n, kb) is
+ * ws[(n/128)·(K/128) + kb] for the spec's quant.scaling "block" and ws[n]
+ * for "channel". aq [P, K], asc [P, K/128], wq [N, K], C [P, N]. Non-zero
+ * for a spec without fp8 weights or K not a multiple of 128. */
+int moe_ref_fp8_gemm(const moe_spec_t *s, const uint8_t *aq, const float *asc, int P, const uint8_t *wq,
+                     const float *ws, int N, int K, float *C);
+
+/* The fp8 weights of an fp8 spec from bf16 weights w1 [E, 2F, H], w2
+ * [E, H, F] (moe_fp8_quantize_weight per expert, per the spec's
+ * quant.scaling); the caller owns f's four arrays (free them). Non-zero on
+ * a spec without fp8 weights or out of memory. */
+int moe_ref_fp8_weights(const moe_spec_t *s, const uint16_t *w1, const uint16_t *w2, moe_ref_fp8_t *f);
+void moe_ref_fp8_free(moe_ref_fp8_t *f);
 
 /* The spec's FFN activation of one (gate, up) pair, as moe_ref_ffn applies
  * it before rounding: computed in double, returned as float. */
