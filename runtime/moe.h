@@ -236,6 +236,33 @@ moe_status moe_plan_pack_b1(const moe_plan *plan, const uint16_t *b1, uint16_t *
 moe_status moe_plan_pack_shared(const moe_plan *plan, const uint16_t *w1s, const uint16_t *w2s, uint16_t *w1p,
                                 uint16_t *w2);
 
+/* ---- fp8 weights (spec quant.weights = "fp8_e4m3"; README.md, "FP8 weights")
+ *
+ * w1q [slots, 2F, H] and w2q [slots, H, F] hold e4m3 bytes, rows where
+ * w1p's and w2's are (gate and up paired in granules of 8); w1s and w2s
+ * their fp32 scales (w = e4m3 · scale) in the checkpoint's row order (gate
+ * rows or row blocks, then up): quant.scaling "block": w1s [slots, 2F/128,
+ * H/128], w2s [slots, H/128, F/128]; "channel": w1s [slots, 2F], w2s
+ * [slots, H]. The biases stay bf16 (moe_plan_pack). */
+
+/* Pack fp8 weights as a checkpoint ships them (DeepSeek-V3: e4m3 weight
+ * [N, K] and weight_scale_inv fp32 [N/128, K/128] per projection), on the
+ * host. args: MOE_TENSOR_W1 or W2 of one-byte elements (strides in
+ * elements: moe_plan_pack_layout fills them); scales: the same tensor,
+ * first and count, its sources (gate and up for W1) indexed (e, row block,
+ * column block) for "block" scaling (a weight_scale_inv [E, N/128, K/128]:
+ * strides ((N/128)(K/128), K/128, 1)) or (e, row, 0) for "channel". dst
+ * and dst_scales are the whole packed tensors (slot 0). Checked as
+ * moe_plan_pack, and MOE_ERR_INVALID_ARG for a spec without fp8 weights. */
+moe_status moe_plan_pack_fp8(const moe_plan *plan, const moe_pack_args *args, const moe_pack_args *scales, void *dst,
+                             float *dst_scales);
+
+/* Quantize bf16 weights into the fp8 format above, on the host: args as
+ * for moe_plan_pack (MOE_TENSOR_W1 or W2, bf16 sources); each block (or
+ * row) of each expert gets scale = amax / 448 (amax at least 1e-4) and
+ * e4m3(w · 448 / amax), rounded to nearest even. */
+moe_status moe_plan_pack_quantize(const moe_plan *plan, const moe_pack_args *args, void *dst, float *dst_scales);
+
 /* Enqueue the forward pass on stream. Returns MOE_ERR_CAPACITY when
  * args->tokens exceeds the spec's tokens (nothing is enqueued then). With
  * tokens = 0 a single-device plan enqueues nothing and leaves y alone; an

@@ -53,6 +53,18 @@ moe_status moe_pack_layout(const moe_plan_desc_t *pd, moe_layout layout, const v
 moe_status moe_pack_check(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, const void *dst,
                           const char *fn);
 moe_status moe_pack_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, void *dst);
+/* moe_pack_check for a packed tensor of R x C elements per slot (edst
+ * bytes each) from sources of esrc-byte elements, R / 2 rows each for W1
+ * and b1 (gate, up), R for W2 and b2: the fp8 packs' data and scales. */
+moe_status moe_pack_check_dims(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, const void *dst,
+                               const char *fn, long long R, long long C, int esrc, int edst);
+
+/* The fp8 packs (runtime/pack_fp8.c; moe.h's moe_plan_pack_fp8 and
+ * moe_plan_pack_quantize) on a plan's tables without a device. */
+moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args,
+                             const moe_pack_args *scales, void *dst, float *dst_scales);
+moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, void *dst,
+                                  float *dst_scales);
 
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);

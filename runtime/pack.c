@@ -19,13 +19,13 @@ _Static_assert((int)MOE_TENSOR_W1 == MOE_PACK_W1 && (int)MOE_TENSOR_B1 == MOE_PA
 static const char *const tensor_names[] = {"W1", "b1", "W2", "b2"};
 
 /* Bytes from a source's base to one past its last element read (its span),
- * or -1 when that overflows 64 bits. */
-static int64_t src_span(const moe_pack_src *s, int64_t count, int64_t rows, int64_t cols) {
+ * elements of esize bytes, or -1 when that overflows 64 bits. */
+static int64_t src_span(const moe_pack_src *s, int64_t count, int64_t rows, int64_t cols, int esize) {
     int64_t a, b, c, off;
     if (__builtin_mul_overflow(count - 1, s->expert, &a) || __builtin_mul_overflow(rows - 1, s->row, &b) ||
         __builtin_mul_overflow(cols - 1, cols > 1 ? s->col : 0, &c) || __builtin_add_overflow(a, b, &off) ||
         __builtin_add_overflow(off, c, &off) || __builtin_add_overflow(off, 1, &off) ||
-        __builtin_mul_overflow(off, 2, &off))
+        __builtin_mul_overflow(off, esize, &off))
         return -1;
     return off;
 }
@@ -40,16 +40,24 @@ moe_status moe_pack_check(const moe_plan_desc_t *pd, long long slots, const moe_
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
     if ((unsigned)a->tensor > MOE_TENSOR_B2)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor %d is not a moe_tensor", fn, (int)a->tensor);
+    long long R, C;
+    moe_pack_dims((int)a->tensor, pd->spec.ffn, pd->spec.hidden, &R, &C);
+    return moe_pack_check_dims(pd, slots, a, dst, fn, R, C, 2, 2);
+}
+
+moe_status moe_pack_check_dims(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a, const void *dst,
+                               const char *fn, long long R, long long C, int esrc, int edst) {
+    if (!pd || !a || !dst)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if ((unsigned)a->tensor > MOE_TENSOR_B2)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor %d is not a moe_tensor", fn, (int)a->tensor);
     const int t = (int)a->tensor, nsrc = t == MOE_PACK_W1 || t == MOE_PACK_B1 ? 2 : 1;
     const char *tn = tensor_names[t];
     if (a->first < 0 || a->count < 0 || (long long)a->first + a->count > slots)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: %s slots %d .. %lld are outside the plan's %lld weight slots", fn, tn,
                         a->first, (long long)a->first + a->count - 1, slots);
-    const long long F = pd->spec.ffn, H = pd->spec.hidden;
-    long long R, C;
-    moe_pack_dims(t, F, H, &R, &C);
-    const int64_t srows = nsrc == 2 ? F : R; /* rows of a source: F for gate and up, H for W2 and b2 */
-    const int64_t dbase = (int64_t)a->first * R * C * 2, dbytes = (int64_t)a->count * R * C * 2;
+    const int64_t srows = nsrc == 2 ? R / 2 : R; /* rows of a source: half of W1's and b1's (gate, up), all of W2's and b2's */
+    const int64_t dbase = (int64_t)a->first * R * C * edst, dbytes = (int64_t)a->count * R * C * edst;
     for (int i = 0; i < nsrc; i++) {
         const moe_pack_src *s = &a->src[i];
         const char *sn = nsrc == 2 ? (i ? "up" : "gate") : "source";
@@ -60,7 +68,7 @@ moe_status moe_pack_check(const moe_plan_desc_t *pd, long long slots, const moe_
                             (long long)s->expert, (long long)s->row, (long long)s->col);
         if (a->count == 0)
             continue;
-        int64_t span = src_span(s, a->count, srows, C);
+        int64_t span = src_span(s, a->count, srows, C, esrc);
         if (span < 0 || (uintptr_t)s->ptr + (uintptr_t)span < (uintptr_t)s->ptr)
             return moe_fail(MOE_ERR_INVALID_ARG, "%s: the %s %s's strides (%lld, %lld, %lld) over %d experts reach past "
                             "the address space", fn, tn, sn, (long long)s->expert, (long long)s->row,
@@ -179,6 +187,19 @@ moe_status moe_plan_pack_async(const moe_plan *p, const moe_pack_args *a, void *
     long long first = a->first, count = a->count;
     void *args[] = {&tensor, &d, &s0, &s1, &st0, &st1, &first, &count};
     return moe_launch_kernel(l, MOE_K_PACK, 0, n, (CUstream)stream, args, NULL);
+}
+
+moe_status moe_plan_pack_fp8(const moe_plan *p, const moe_pack_args *a, const moe_pack_args *scales, void *dst,
+                             float *dst_scales) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_fp8: plan is NULL");
+    return moe_pack_fp8_host(&p->pd, plan_slots(p), a, scales, dst, dst_scales);
+}
+
+moe_status moe_plan_pack_quantize(const moe_plan *p, const moe_pack_args *a, void *dst, float *dst_scales) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_quantize: plan is NULL");
+    return moe_pack_quantize_host(&p->pd, plan_slots(p), a, dst, dst_scales);
 }
 
 moe_status moe_plan_pack_w1(const moe_plan *p, const uint16_t *w1, uint16_t *w1p) {

@@ -4,14 +4,21 @@
  * quantization; the reference's quantized GEMM (tests/support/ref.c)
  * against a double-precision loop over the dequantized operands; the whole
  * fp8 layer against a naive loop of the same recipe, and its error against
- * the bf16 layer on random data, reported and bounded. */
+ * the bf16 layer on random data, reported and bounded; the fp8 weight
+ * packs on the host (runtime/pack_fp8.c: DeepSeek-V3's e4m3 + 128x128
+ * scales, per-channel scales, quantizing bf16 from several layouts) against
+ * README's packed-row formula, and their refusals. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "moe_internal.h"
+#include "pack_geom.h"
+#include "plan.h"
 #include "ref.h"
+#include "tuning.h"
 
 static uint32_t rng = 0x2545F491u;
 static uint32_t next_u32(void) {
@@ -336,6 +343,198 @@ static void test_refusals(void) {
     CHECK(moe_ref_fp8_weights(&b, x, x, &f) != 0); /* not an fp8 spec */
 }
 
+
+/* ---- the fp8 weight packs ------------------------------------------------ */
+
+static int plan_of(moe_plan_desc_t *pd, const char *spec) {
+    moe_spec_t s;
+    moe_diag_t d;
+    char err[256];
+    if (moe_spec_load(&s, "t.moe", spec, NULL, 0, &d))
+        return fprintf(stderr, "%s\n", d.msg), 1;
+    return moe_plan_desc_build(pd, &s, moe_tuning_default(), err, sizeof err) ? (fprintf(stderr, "%s\n", err), 1) : 0;
+}
+
+/* README's statement of the pairing: packed row 16j + i is gate row 8j + i
+ * for i < 8, up row 8j + i - 8 otherwise (returned as a plain row, up rows
+ * from F on). */
+static long long readme_plain_row(long long pr, long long F) {
+    const long long j = pr / 16, i = pr % 16;
+    return i < 8 ? 8 * j + i : F + 8 * j + i - 8;
+}
+
+#define SPEC_FP8(scaling) "name = 't'\nexperts = 4\ntop_k = 2\nhidden = 256\nffn = 384\n" \
+                          "quant = { weights = 'fp8_e4m3', scaling = '" scaling "' }\n"
+
+/* DeepSeek-V3's format: gate_proj, up_proj [E, F, H] e4m3 with
+ * weight_scale_inv [E, F/128, H/128] each, down_proj [E, H, F] with
+ * [E, H/128, F/128]; packed in two calls (experts 0..1, then 2..3) into
+ * poisoned tensors. */
+static void test_pack_deepseek(void) {
+    CASE("fp8 pack: DeepSeek-V3 e4m3 + 128x128 weight_scale_inv, W1 paired, scales in checkpoint order");
+    moe_plan_desc_t pd;
+    if (plan_of(&pd, SPEC_FP8("block"))) {
+        CHECK(0);
+        return;
+    }
+    const long long E = 4, F = 384, H = 256, FB = F / 128, HB = H / 128;
+    uint8_t *gate = malloc((size_t)(E * F * H)), *up = malloc((size_t)(E * F * H)), *down = malloc((size_t)(E * H * F));
+    float *gs = malloc(sizeof(float) * E * FB * HB), *us = malloc(sizeof(float) * E * FB * HB),
+          *ds = malloc(sizeof(float) * E * HB * FB);
+    for (long long i = 0; i < E * F * H; i++)
+        gate[i] = (uint8_t)(next_u32() % 0x7E + 1), up[i] = (uint8_t)(next_u32() % 0x7E + 1),
+        down[i] = (uint8_t)(next_u32() % 0x7E + 1);
+    for (long long i = 0; i < E * FB * HB; i++)
+        gs[i] = 1.0f + (float)i, us[i] = 1000.0f + (float)i, ds[i] = -1.0f - (float)i;
+    uint8_t *w1q = malloc((size_t)(E * 2 * F * H)), *w2q = malloc((size_t)(E * H * F));
+    float *w1s = malloc(sizeof(float) * E * 2 * FB * HB), *w2s = malloc(sizeof(float) * E * HB * FB);
+    memset(w1q, 0xFF, (size_t)(E * 2 * F * H)), memset(w2q, 0xFF, (size_t)(E * H * F));
+    for (long long i = 0; i < E * 2 * FB * HB; i++)
+        w1s[i] = NAN;
+    for (long long i = 0; i < E * HB * FB; i++)
+        w2s[i] = NAN;
+    for (int half = 0; half < 2; half++) {
+        moe_pack_args a, sa;
+        CHECK(moe_pack_layout(&pd, MOE_LAYOUT_W1_SEPARATE, gate + half * 2 * F * H, up + half * 2 * F * H, half * 2, 2,
+                              &a) == MOE_OK);
+        sa = (moe_pack_args){.tensor = MOE_TENSOR_W1, .first = half * 2, .count = 2};
+        sa.src[0] = (moe_pack_src){gs + half * 2 * FB * HB, FB * HB, HB, 1};
+        sa.src[1] = (moe_pack_src){us + half * 2 * FB * HB, FB * HB, HB, 1};
+        CHECKF(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_OK, "%s", moe_last_error());
+        CHECK(moe_pack_layout(&pd, MOE_LAYOUT_W2, down + half * 2 * H * F, NULL, half * 2, 2, &a) == MOE_OK);
+        sa = (moe_pack_args){.tensor = MOE_TENSOR_W2, .first = half * 2, .count = 2};
+        sa.src[0] = (moe_pack_src){ds + half * 2 * HB * FB, HB * FB, FB, 1};
+        CHECKF(moe_pack_fp8_host(&pd, E, &a, &sa, w2q, w2s) == MOE_OK, "%s", moe_last_error());
+    }
+    long long bad = 0;
+    for (long long e = 0; e < E; e++) {
+        for (long long pr = 0; pr < 2 * F; pr++) {
+            const long long r = readme_plain_row(pr, F);
+            const uint8_t *src = r < F ? gate + (e * F + r) * H : up + (e * F + r - F) * H;
+            bad += memcmp(w1q + (e * 2 * F + pr) * H, src, (size_t)H) != 0;
+        }
+        for (long long b = 0; b < 2 * FB * HB; b++)
+            bad += w1s[e * 2 * FB * HB + b] != (b < FB * HB ? gs[e * FB * HB + b] : us[e * FB * HB + b - FB * HB]);
+        bad += memcmp(w2q + e * H * F, down + e * H * F, (size_t)(H * F)) != 0;
+        bad += memcmp(w2s + e * HB * FB, ds + e * HB * FB, sizeof(float) * HB * FB) != 0;
+    }
+    CHECKF(bad == 0, "%lld rows or scales differ from README's formula", bad);
+
+    CASE("fp8 pack: the refusals");
+    moe_pack_args a, sa;
+    moe_pack_layout(&pd, MOE_LAYOUT_W1_SEPARATE, gate, up, 0, 2, &a);
+    sa = (moe_pack_args){.tensor = MOE_TENSOR_W1, .first = 0, .count = 1};
+    sa.src[0] = (moe_pack_src){gs, FB * HB, HB, 1};
+    sa.src[1] = (moe_pack_src){us, FB * HB, HB, 1};
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG &&
+          strstr(moe_last_error(), "same tensor, first and count"));
+    sa.count = 2;
+    a.tensor = sa.tensor = MOE_TENSOR_B1;
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "W1 and W2"));
+    a.tensor = sa.tensor = MOE_TENSOR_W1;
+    a.first = sa.first = 3;
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "outside"));
+    a.first = sa.first = 0;
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, NULL) == MOE_ERR_INVALID_ARG);
+    sa.src[1].ptr = NULL;
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "up"));
+    sa.src[1].ptr = us;
+    a.src[0].ptr = w1q + 5; /* a source inside the destination */
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "overlaps"));
+    moe_plan_desc_t pb;
+    if (plan_of(&pb, "name = 't'\nexperts = 4\ntop_k = 2\nhidden = 256\nffn = 384\n") == 0) {
+        moe_pack_layout(&pb, MOE_LAYOUT_W1_SEPARATE, gate, up, 0, 2, &a);
+        CHECK(moe_pack_fp8_host(&pb, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "not fp8"));
+        CHECK(moe_pack_quantize_host(&pb, E, &a, w1q, w1s) == MOE_ERR_INVALID_ARG);
+        moe_plan_desc_free(&pb);
+    }
+    moe_plan_desc_free(&pd);
+    free(gate), free(up), free(down), free(gs), free(us), free(ds), free(w1q), free(w2q), free(w1s), free(w2s);
+}
+
+/* bf16 weights quantized by the pack, from the plain layouts and from
+ * transposed / interleaved ones, against the reference's quantization of
+ * the plain tensors (moe_ref_fp8_weights) with W1's rows paired. */
+static void test_pack_quantize(moe_quant_scaling_t scaling) {
+    CASE(scaling == MOE_SCALING_BLOCK ? "fp8 quantize-pack (block): every layout equals the reference, paired"
+                                      : "fp8 quantize-pack (channel): every layout equals the reference, paired");
+    moe_plan_desc_t pd;
+    if (plan_of(&pd, scaling == MOE_SCALING_BLOCK ? SPEC_FP8("block") : SPEC_FP8("channel"))) {
+        CHECK(0);
+        return;
+    }
+    const moe_spec_t *s = &pd.spec;
+    const long long E = 4, F = 384, H = 256, n1 = E * 2 * F * H, n2 = E * H * F;
+    const long long s1 = scaling == MOE_SCALING_BLOCK ? 2 * (F / 128) * (H / 128) : 2 * F;
+    const long long s2 = scaling == MOE_SCALING_BLOCK ? (H / 128) * (F / 128) : H;
+    uint16_t *w1 = malloc((size_t)n1 * 2), *w1t = malloc((size_t)n1 * 2), *w1i = malloc((size_t)n1 * 2);
+    uint16_t *w2 = malloc((size_t)n2 * 2), *w2t = malloc((size_t)n2 * 2);
+    for (long long i = 0; i < n1; i++)
+        w1[i] = moe_float_to_half(frand_nz() * (1.0f + (float)(i % 7)), MOE_DTYPE_BF16);
+    for (long long i = 0; i < n2; i++)
+        w2[i] = moe_float_to_half(frand_nz() * 0.01f, MOE_DTYPE_BF16);
+    for (long long e = 0; e < E; e++)
+        for (long long r = 0; r < 2 * F; r++)
+            for (long long h = 0; h < H; h++) {
+                const uint16_t v = w1[(e * 2 * F + r) * H + h];
+                w1t[(e * H + h) * 2 * F + r] = v;                                     /* [E, H, 2F] */
+                w1i[(e * 2 * F + (r < F ? 2 * r : 2 * (r - F) + 1)) * H + h] = v;      /* gate even rows */
+            }
+    for (long long e = 0; e < E; e++)
+        for (long long h = 0; h < H; h++)
+            for (long long f = 0; f < F; f++)
+                w2t[(e * F + f) * H + h] = w2[(e * H + h) * F + f];
+    moe_ref_fp8_t ref;
+    CHECK(moe_ref_fp8_weights(s, w1, w2, &ref) == 0);
+    uint8_t *q = malloc((size_t)n1);
+    float *sc = malloc(sizeof(float) * E * s1);
+    const struct { moe_layout l; const uint16_t *p; const char *name; } w1l[] = {
+        {MOE_LAYOUT_W1_FUSED, w1, "fused"}, {MOE_LAYOUT_W1_FUSED_T, w1t, "fused_t"},
+        {MOE_LAYOUT_W1_INTERLEAVED, w1i, "interleaved"}};
+    for (int l = 0; l < 3; l++) {
+        memset(q, 0xFF, (size_t)n1);
+        for (long long i = 0; i < E * s1; i++)
+            sc[i] = NAN;
+        moe_pack_args a;
+        CHECK(moe_pack_layout(&pd, w1l[l].l, w1l[l].p, NULL, 0, (int)E, &a) == MOE_OK);
+        CHECKF(moe_pack_quantize_host(&pd, E, &a, q, sc) == MOE_OK, "%s", moe_last_error());
+        long long bad = 0;
+        for (long long e = 0; e < E; e++)
+            for (long long pr = 0; pr < 2 * F; pr++)
+                bad += memcmp(q + (e * 2 * F + pr) * H, ref.w1q + (e * 2 * F + readme_plain_row(pr, F)) * H, (size_t)H) != 0;
+        bad += memcmp(sc, ref.w1s, sizeof(float) * E * s1) != 0;
+        CHECKF(bad == 0, "W1 from %s: %lld rows or the scales differ", w1l[l].name, bad);
+    }
+    const struct { moe_layout l; const uint16_t *p; } w2l[] = {{MOE_LAYOUT_W2, w2}, {MOE_LAYOUT_W2_T, w2t}};
+    for (int l = 0; l < 2; l++) {
+        memset(q, 0xFF, (size_t)n2);
+        for (long long i = 0; i < E * s2; i++)
+            sc[i] = NAN;
+        moe_pack_args a;
+        CHECK(moe_pack_layout(&pd, w2l[l].l, w2l[l].p, NULL, 0, (int)E, &a) == MOE_OK);
+        CHECKF(moe_pack_quantize_host(&pd, E, &a, q, sc) == MOE_OK, "%s", moe_last_error());
+        CHECKF(memcmp(q, ref.w2q, (size_t)n2) == 0 && memcmp(sc, ref.w2s, sizeof(float) * E * s2) == 0,
+               "W2 (layout %d) differs from the reference", l);
+    }
+    CASE("fp8 quantize-pack: one expert alone leaves the other slots untouched");
+    memset(q, 0xFF, (size_t)n1);
+    for (long long i = 0; i < E * s1; i++)
+        sc[i] = -7.0f;
+    moe_pack_args a;
+    moe_pack_layout(&pd, MOE_LAYOUT_W1_FUSED, w1 + 2 * 2 * F * H, NULL, 2, 1, &a);
+    CHECK(moe_pack_quantize_host(&pd, E, &a, q, sc) == MOE_OK);
+    long long untouched = 0;
+    for (long long i = 0; i < n1; i++)
+        untouched += (i / (2 * F * H) != 2) == (q[i] == 0xFF);
+    for (long long i = 0; i < E * s1; i++)
+        untouched += (i / s1 != 2) == (sc[i] == -7.0f);
+    CHECKF(untouched == n1 + E * s1, "slot 2 alone was not what changed");
+    CHECK(memcmp(sc + 2 * s1, ref.w1s + 2 * s1, sizeof(float) * s1) == 0);
+    moe_ref_fp8_free(&ref);
+    moe_plan_desc_free(&pd);
+    free(w1), free(w1t), free(w1i), free(w2), free(w2t), free(q), free(sc);
+}
+
 int main(void) {
     test_codes();
     test_quantize();
@@ -345,5 +544,8 @@ int main(void) {
     test_layer(MOE_SCALING_CHANNEL, 0);
     test_layer(MOE_SCALING_BLOCK, 1);
     test_refusals();
+    test_pack_deepseek();
+    test_pack_quantize(MOE_SCALING_BLOCK);
+    test_pack_quantize(MOE_SCALING_CHANNEL);
     return check_report("test_quant");
 }

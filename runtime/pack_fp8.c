@@ -1,0 +1,148 @@
+/* pack_fp8.c — the fp8 weight packs on the host (docs/DESIGN.md, "FP8"):
+ * e4m3 weights and their scales as a checkpoint ships them
+ * (moe_plan_pack_fp8), and bf16 weights quantized into that format
+ * (moe_plan_pack_quantize). Rows land where gen/pack_geom.h puts a 16-bit
+ * pack's; the scales keep the checkpoint's row order (fp8_geom below). */
+#define _POSIX_C_SOURCE 200809L
+#include "moe_impl.h"
+
+#include "error.h"
+#include "fp8.h"
+#include "half.h"
+#include "moe_internal.h"
+#include "pack_geom.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A pairing granule never straddles a scale block: each packed row of w1q
+ * has the one scale of the plain row it came from, so the scales can keep
+ * the checkpoint's row order while the rows are paired. */
+_Static_assert(MOE_FP8_BLOCK % MOE_PAIR_GRANULE == 0, "gate/up granules stay inside the 128-row scale blocks");
+
+/* The fp8 geometry of tensor t (W1 or W2) for spec s: N x K per slot, the
+ * scale block br x bc (128 x 128, or 1 x K per row), the scale grid
+ * sr x sc per slot. */
+typedef struct {
+    long long N, K, br, bc, sr, sc;
+} fp8_geom_t;
+
+static fp8_geom_t fp8_geom(const moe_spec_t *s, int t) {
+    fp8_geom_t g;
+    moe_pack_dims(t, s->ffn, s->hidden, &g.N, &g.K);
+    const int block = s->quant.scaling == MOE_SCALING_BLOCK;
+    g.br = block ? MOE_FP8_BLOCK : 1;
+    g.bc = block ? MOE_FP8_BLOCK : g.K;
+    g.sr = g.N / g.br;
+    g.sc = g.K / g.bc;
+    return g;
+}
+
+/* The argument checks both packs share: an fp8 spec, W1 or W2. */
+static moe_status check_fp8(const moe_plan_desc_t *pd, const moe_pack_args *a, const char *fn) {
+    if (!pd || !a)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if (!moe_spec_fp8(&pd->spec))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec's expert weights are not fp8 (quant.weights = \"%s\")", fn,
+                        "none");
+    if (a->tensor != MOE_TENSOR_W1 && a->tensor != MOE_TENSOR_W2)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor %d: fp8 weights are W1 and W2 (the biases stay bf16: "
+                        "moe_plan_pack)", fn, (int)a->tensor);
+    return MOE_OK;
+}
+
+/* Plain row r (W1: gate rows, then up) of source expert e: the source and
+ * its row there. */
+static const moe_pack_src *plain_row(const moe_pack_args *a, long long r, long long half, long long *row) {
+    const int up = a->tensor == MOE_TENSOR_W1 && r >= half;
+    *row = up ? r - half : r;
+    return &a->src[up];
+}
+
+moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a,
+                             const moe_pack_args *sc, void *dst, float *dst_scales) {
+    const char *fn = "moe_plan_pack_fp8";
+    moe_status rc = check_fp8(pd, a, fn);
+    if (rc)
+        return rc;
+    if (!sc || sc->tensor != a->tensor || sc->first != a->first || sc->count != a->count)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the scales must describe the same tensor, first and count as the "
+                        "weights", fn);
+    const int t = (int)a->tensor;
+    const fp8_geom_t g = fp8_geom(&pd->spec, t);
+    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 1, 1)) ||
+        (rc = moe_pack_check_dims(pd, slots, sc, dst_scales, fn, g.sr, g.sc, 4, 4)))
+        return rc;
+    const long long F = pd->spec.ffn;
+    uint8_t *d = (uint8_t *)dst + (long long)a->first * g.N * g.K;
+    for (long long e = 0; e < a->count; e++)
+        for (long long pr = 0; pr < g.N; pr++, d += g.K) {
+            long long row;
+            const moe_pack_src *s = &a->src[moe_pack_source(t, pr, F, &row)];
+            const uint8_t *from = (const uint8_t *)s->ptr + e * s->expert + row * s->row;
+            if (s->col == 1)
+                memcpy(d, from, (size_t)g.K);
+            else
+                for (long long c = 0; c < g.K; c++)
+                    d[c] = from[c * s->col];
+        }
+    float *ds = dst_scales + (long long)a->first * g.sr * g.sc;
+    for (long long e = 0; e < a->count; e++)
+        for (long long r = 0; r < g.sr; r++, ds += g.sc) {
+            long long row;
+            const moe_pack_src *s = plain_row(sc, r, g.sr / 2, &row);
+            for (long long c = 0; c < g.sc; c++)
+                ds[c] = ((const float *)s->ptr)[e * s->expert + row * s->row + c * s->col];
+        }
+    return MOE_OK;
+}
+
+moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a, void *dst,
+                                  float *dst_scales) {
+    const char *fn = "moe_plan_pack_quantize";
+    moe_status rc = check_fp8(pd, a, fn);
+    if (rc)
+        return rc;
+    const int t = (int)a->tensor;
+    const fp8_geom_t g = fp8_geom(&pd->spec, t);
+    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 2, 1)))
+        return rc;
+    if (!dst_scales)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    const long long F = pd->spec.ffn, half = g.N / 2;
+    const int64_t sbase = (int64_t)a->first * g.sr * g.sc * 4, sbytes = (int64_t)a->count * g.sr * g.sc * 4;
+    const uintptr_t q0 = (uintptr_t)dst + (uintptr_t)a->first * g.N * g.K;
+    if ((uintptr_t)dst_scales + sbase < q0 + (uintptr_t)(a->count * g.N * g.K) && q0 < (uintptr_t)dst_scales + sbase + sbytes)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the scales overlap the weights they are packed beside", fn);
+    for (long long e = 0; e < a->count; e++) {
+        const long long slot = a->first + e;
+        uint8_t *q = (uint8_t *)dst + slot * g.N * g.K;
+        float *ss = dst_scales + slot * g.sr * g.sc;
+        for (long long rb = 0; rb < g.sr; rb++)
+            for (long long cb = 0; cb < g.sc; cb++) {
+                float amax = MOE_FP8_AMAX_MIN;
+                for (long long r = rb * g.br; r < (rb + 1) * g.br; r++) {
+                    long long row;
+                    const moe_pack_src *s = plain_row(a, r, half, &row);
+                    const uint16_t *from = (const uint16_t *)s->ptr + e * s->expert + row * s->row;
+                    for (long long c = cb * g.bc; c < (cb + 1) * g.bc; c++) {
+                        const float v = fabsf(moe_half_to_float(from[c * s->col], MOE_DTYPE_BF16));
+                        if (v > amax)
+                            amax = v;
+                    }
+                }
+                const float mul = MOE_E4M3_MAX / amax;
+                ss[rb * g.sc + cb] = amax / MOE_E4M3_MAX;
+                for (long long r = rb * g.br; r < (rb + 1) * g.br; r++) {
+                    long long row;
+                    const moe_pack_src *s = plain_row(a, r, half, &row);
+                    const uint16_t *from = (const uint16_t *)s->ptr + e * s->expert + row * s->row;
+                    uint8_t *to = q + (t == MOE_TENSOR_W1 ? moe_pack_row(r, F) : r) * g.K;
+                    for (long long c = cb * g.bc; c < (cb + 1) * g.bc; c++)
+                        to[c] = moe_float_to_e4m3(moe_half_to_float(from[c * s->col], MOE_DTYPE_BF16) * mul);
+                }
+            }
+    }
+    return MOE_OK;
+}
