@@ -117,10 +117,9 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
 }
 
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag) {
-    if (moe_spec_fp8(&pd->spec)) { /* the planner would give the bf16 GEMMs: refuse rather than run them */
-        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s: quant.weights = \"fp8_e4m3\" has no kernels yet: "
-                 "the fp8 expert GEMMs are not built (issue #20); the spec, the CPU reference and the fp8 weight "
-                 "packing are", pd->spec.name);
+    const char *unbuilt = moe_plan_unbuilt(&pd->spec);
+    if (unbuilt) { /* the plan holds its bf16 twin's GEMMs: refuse rather than run them */
+        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s: %s", pd->spec.name, unbuilt);
         return 1;
     }
     moe_tmpl_t *t = moe_tmpl_open(templates_dir);

@@ -922,8 +922,8 @@ static void test_examples(void) {
 }
 
 /* The fp8 example specs (examples/specs/fp8/, issue #20): each loads with
- * fp8 weights, round-trips, plans, and emission refuses it by name (its
- * GEMMs are not built) writing nothing. */
+ * fp8 weights, round-trips, plans, and emission and `moegen plan` refuse it
+ * by name (its GEMMs are not built), emission writing nothing. */
 static void test_examples_fp8(void) {
     static char names[64][128];
     CASE("examples fp8: folder");
@@ -951,6 +951,10 @@ static void test_examples_fp8(void) {
         CHECKF(rc == 2, "moegen emit exit %d (want 2, refused)", rc);
         CHECKF(e && strstr(e, "quant.weights = \"fp8_e4m3\" has no kernels yet"), "stderr: %s", e ? e : "");
         CHECKF(access(dir, F_OK) != 0, "%s was written", dir);
+        free(e);
+        snprintf(args, sizeof args, "plan %s", path);
+        rc = run_moegen(args, NULL, &e);
+        CHECKF(rc == 2 && e && strstr(e, "has no kernels yet"), "moegen plan exit %d (want 2): %s", rc, e ? e : "");
         free(e);
     }
 }
