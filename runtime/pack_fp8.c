@@ -44,11 +44,22 @@ static moe_status check_fp8(const moe_plan_desc_t *pd, const moe_pack_args *a, c
     if (!pd || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
     if (!moe_spec_fp8(&pd->spec))
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec's expert weights are not fp8 (quant.weights = \"%s\")", fn,
-                        "none");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec's expert weights are not fp8 (quant.weights is \"none\")",
+                        fn);
     if (a->tensor != MOE_TENSOR_W1 && a->tensor != MOE_TENSOR_W2)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor %d: fp8 weights are W1 and W2 (the biases stay bf16: "
                         "moe_plan_pack)", fn, (int)a->tensor);
+    return MOE_OK;
+}
+
+/* The slots written of the weights (bytes at dst) and of their scales
+ * (floats at dst_scales) must not overlap. */
+static moe_status check_dst_overlap(const moe_pack_args *a, const fp8_geom_t *g, const void *dst,
+                                    const float *dst_scales, const char *fn) {
+    const uintptr_t q0 = (uintptr_t)dst + (uintptr_t)(a->first * g->N * g->K), qn = (uintptr_t)(a->count * g->N * g->K);
+    const uintptr_t s0 = (uintptr_t)(dst_scales + a->first * g->sr * g->sc), sn = (uintptr_t)(a->count * g->sr * g->sc * 4);
+    if (q0 < s0 + sn && s0 < q0 + qn)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the scales overlap the weights they are packed beside", fn);
     return MOE_OK;
 }
 
@@ -72,7 +83,8 @@ moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const m
     const int t = (int)a->tensor;
     const fp8_geom_t g = fp8_geom(&pd->spec, t);
     if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 1, 1)) ||
-        (rc = moe_pack_check_dims(pd, slots, sc, dst_scales, fn, g.sr, g.sc, 4, 4)))
+        (rc = moe_pack_check_dims(pd, slots, sc, dst_scales, fn, g.sr, g.sc, 4, 4)) ||
+        (rc = check_dst_overlap(a, &g, dst, dst_scales, fn)))
         return rc;
     const long long F = pd->spec.ffn;
     uint8_t *d = (uint8_t *)dst + (long long)a->first * g.N * g.K;
@@ -110,11 +122,9 @@ moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, co
         return rc;
     if (!dst_scales)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if ((rc = check_dst_overlap(a, &g, dst, dst_scales, fn)))
+        return rc;
     const long long F = pd->spec.ffn, half = g.N / 2;
-    const int64_t sbase = (int64_t)a->first * g.sr * g.sc * 4, sbytes = (int64_t)a->count * g.sr * g.sc * 4;
-    const uintptr_t q0 = (uintptr_t)dst + (uintptr_t)a->first * g.N * g.K;
-    if ((uintptr_t)dst_scales + sbase < q0 + (uintptr_t)(a->count * g.N * g.K) && q0 < (uintptr_t)dst_scales + sbase + sbytes)
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the scales overlap the weights they are packed beside", fn);
     for (long long e = 0; e < a->count; e++) {
         const long long slot = a->first + e;
         uint8_t *q = (uint8_t *)dst + slot * g.N * g.K;

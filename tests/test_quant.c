@@ -436,6 +436,8 @@ static void test_pack_deepseek(void) {
     CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "outside"));
     a.first = sa.first = 0;
     CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, NULL) == MOE_ERR_INVALID_ARG);
+    CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, (float *)(w1q + 64)) == MOE_ERR_INVALID_ARG &&
+          strstr(moe_last_error(), "scales overlap"));
     sa.src[1].ptr = NULL;
     CHECK(moe_pack_fp8_host(&pd, E, &a, &sa, w1q, w1s) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "up"));
     sa.src[1].ptr = us;
