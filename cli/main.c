@@ -352,12 +352,6 @@ static int cmd_plan(const args_t *a) {
     if (rc)
         return rc;
     const moe_mesh_plan_t *mesh = &plan.mesh;
-    const char *unbuilt = moe_plan_unbuilt(&spec);
-    if (unbuilt) { /* its kernel table would be its bf16 twin's */
-        fprintf(stderr, "moegen: error: %s: %s\n", spec.name, unbuilt);
-        moe_plan_desc_free(&plan);
-        return 2;
-    }
     if (a->rank >= mesh->world) {
         fprintf(stderr, "moegen: error: --rank %d is out of range: the mesh has %d devices (ranks 0..%d)\n", a->rank,
                 mesh->world, mesh->world - 1);

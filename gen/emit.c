@@ -117,11 +117,6 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
 }
 
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag) {
-    const char *unbuilt = moe_plan_unbuilt(&pd->spec);
-    if (unbuilt) { /* the plan holds its bf16 twin's GEMMs: refuse rather than run them */
-        snprintf(diag->msg, sizeof diag->msg, "moegen: error: %s: %s", pd->spec.name, unbuilt);
-        return 1;
-    }
     moe_tmpl_t *t = moe_tmpl_open(templates_dir);
     if (!t) {
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: cannot create the template Lua state");

@@ -46,6 +46,8 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
  * the mean rows per expert. A tuning entry's bm overrides it, since both
  * arches share one tile table (the plan's align). */
 int moe_gemm_row_block(const moe_spec_t *s, const moe_tuning_entry_t *tuned) {
+    if (moe_spec_fp8(s)) /* the fp8 GEMMs' one tile (sm90_fp8_tile) */
+        return 64;
     if (tuned)
         return tuned->bm == 128 ? 128 : 64;
     double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
@@ -79,8 +81,23 @@ static int sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
 /* one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
  * one CTA per tile, unless the tuning table has an entry for this shape and
  * token count (which may choose the persistent grid) */
+/* The fp8 GEMMs' tile (issue #20: a first correct version, not tuned):
+ * one consumer warpgroup of 64 rows, 256 B rows (the up GEMM's 128 output
+ * columns are one h quantization block), bk 128 (one scale block, one
+ * 128-byte swizzle row of e4m3), 4 stages, one CTA per tile. Its shared
+ * memory: stages * (bm + bn) * bk bytes, the down GEMM's bf16 output
+ * staged in the ring. */
+static int sm90_fp8_geometry(moe_kernel_desc_t *k) {
+    k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 256, .bk = 128, .stages = 4, .group_m = 8, .consumers = 1};
+    k->threads = 128 * (k->tile.consumers + 1);
+    k->smem = k->tile.stages * (k->tile.bm + k->tile.bn) * k->tile.bk + 16 * k->tile.stages;
+    return 0;
+}
+
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
+    if (moe_spec_fp8(c->spec))
+        return sm90_fp8_geometry(k);
     const moe_tuning_entry_t *te = c->tuned;
     if (te)
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
@@ -99,7 +116,11 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     const moe_spec_t *s = c->spec;
     const moe_tile_cfg_t *t = &k->tile;
     const char *what = k->family == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down";
-    if (t->consumers)
+    if (t->consumers && moe_spec_fp8(s))
+        snprintf(out, n, "%s_%s_e4m3_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", s->name, what,
+                 s->quant.scaling == MOE_SCALING_BLOCK ? "block" : "channel", t->bm, t->bn, t->bk, t->stages,
+                 t->consumers, t->group_m);
+    else if (t->consumers)
         snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
                  t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
     else

@@ -89,7 +89,9 @@ static inline void moe_gemm_kn(int up, long long hidden, long long ffn, long lon
 /* A 2D TMA tensor map as the sm_90a GEMMs (templates/gemm_sm90.lua) load
  * their operands: rows x k 16-bit elements, row stride k, boxes of 64
  * elements (one 128-byte swizzle row) x box_rows rows (the tile's bm for A,
- * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0. */
+ * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0.
+ * The fp8 GEMMs' operands are one-byte elements (moe_tmap_geom8,
+ * MOE_TMAP_DTYPE8): boxes of 128 elements, the same 128 bytes. */
 typedef struct {
     uint64_t dim[2];      /* {k, rows}, innermost first */
     uint64_t stride[1];   /* bytes from one row to the next */
@@ -105,6 +107,13 @@ typedef struct {
 
 static inline moe_tmap_geom_t moe_tmap_geom(long long rows, long long k, unsigned box_rows) {
     moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k * 2}, {64, box_rows}, {1, 1}};
+    return g;
+}
+
+#define MOE_TMAP_DTYPE8 CU_TENSOR_MAP_DATA_TYPE_UINT8
+
+static inline moe_tmap_geom_t moe_tmap_geom8(long long rows, long long k, unsigned box_rows) {
+    moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k}, {128, box_rows}, {1, 1}};
     return g;
 }
 

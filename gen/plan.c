@@ -77,12 +77,6 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuni
     return rc;
 }
 
-const char *moe_plan_unbuilt(const moe_spec_t *s) {
-    return moe_spec_fp8(s) ? "quant.weights = \"fp8_e4m3\" has no kernels yet: the fp8 expert GEMMs are not built "
-                             "(issue #20); the spec, the CPU reference and the fp8 weight packing are"
-                           : NULL;
-}
-
 void moe_plan_desc_free(moe_plan_desc_t *pd) {
     moe_mesh_plan_free(&pd->mesh);
 }

@@ -65,12 +65,6 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_t
 /* Free what the plan owns (the mesh tables). Safe on an empty plan. */
 void moe_plan_desc_free(moe_plan_desc_t *pd);
 
-/* Why a valid spec has no kernels yet, or NULL when it has them: an fp8
- * spec (quant.weights = "fp8_e4m3") plans as its bf16 twin, whose GEMMs
- * must not run on fp8 weights, so emission (moe_emit_source) and `moegen
- * plan` refuse it with this reason until the fp8 GEMMs exist (issue #20). */
-const char *moe_plan_unbuilt(const moe_spec_t *spec);
-
 /* What the family table reads to plan or push kernel parameters for pd on
  * arch (the EP fields stay 0: the EP plan sets them). */
 moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch);

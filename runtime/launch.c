@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Arguments of the largest kernel launched with tensor maps (the fp8 up GEMM's). */
+#define MOE_LAUNCH_MAX_ARGS 9
+
 /* The TMA tensor maps of sm_90a GEMM k (templates/gemm_sm90.lua): A over
  * [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
  * reaches), B over [slots * N, K] at b, encoded as gen/launch_geom.h says
@@ -23,9 +26,11 @@ static moe_status gemm_maps(const moe_launcher_t *l, int k, long long tiles, CUd
     const unsigned box_rows[2] = {(unsigned)d->tile.bm, (unsigned)d->tile.bn};
     CUtensorMap *m[2] = {ma, mb};
     void *base[2] = {(void *)(uintptr_t)a, (void *)(uintptr_t)b};
+    const int fp8 = moe_spec_fp8(s); /* e4m3 operands, one byte each */
     for (int i = 0; i < 2; i++) {
-        const moe_tmap_geom_t g = moe_tmap_geom(rows[i], K, box_rows[i]);
-        CUresult r = moe_cu.cuTensorMapEncodeTiled(m[i], MOE_TMAP_DTYPE, 2, base[i], g.dim, g.stride, g.box, g.estride,
+        const moe_tmap_geom_t g = fp8 ? moe_tmap_geom8(rows[i], K, box_rows[i]) : moe_tmap_geom(rows[i], K, box_rows[i]);
+        CUresult r = moe_cu.cuTensorMapEncodeTiled(m[i], fp8 ? MOE_TMAP_DTYPE8 : MOE_TMAP_DTYPE, 2, base[i], g.dim,
+                                                   g.stride, g.box, g.estride,
                                                    MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION,
                                                    MOE_TMAP_OOB_FILL);
         if (r != CUDA_SUCCESS)
@@ -70,12 +75,15 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     if ((k == MOE_K_SWIGLU || k == MOE_K_PACK) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
-    void *targs[6];
+    void *targs[MOE_LAUNCH_MAX_ARGS];
     if (d->tile.consumers > 0) {
         moe_status rc = gemm_maps(l, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma, &mb);
         if (rc)
             return rc;
-        memcpy(targs, args, sizeof targs);
+        /* the GEMMs' arguments (templates/gemm_sm90.lua): 6, or with fp8 the two scale pointers more, and the
+         * up GEMM's output scales */
+        const int nargs = !moe_spec_fp8(&l->pd->spec) ? 6 : k == MOE_K_GEMM_UP ? 9 : 8;
+        memcpy(targs, args, sizeof(void *) * (size_t)nargs);
         targs[0] = &ma;
         targs[1] = &mb;
         args = targs;

@@ -20,6 +20,10 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
+    if (moe_spec_fp8(s))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_forward: the fp8 layer's forward is not built yet (issue #20): its "
+                        "expert GEMMs are, the activations' quantization in the permute and the forward's wiring are "
+                        "not");
     if (a->tokens < 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; 0 or more is needed", a->tokens);
     if (a->tokens > s->tokens)

@@ -55,6 +55,19 @@
 @ -- retired (a warpgroup with no rows in the tile arrives without
 @ -- computing, so the count is always 128 * CONSUMERS).
 @ --
+@ -- fp8 (p.spec.quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"): A and B
+@ -- are e4m3 (one byte each, TMA boxes of 128 elements, the same 128-byte
+@ -- swizzle rows), wgmma m64n128k32.f32.e4m3.e4m3 (K-major both, as fp8
+@ -- requires); each k tile (bk = 128) is one scale block: the wgmma of a
+@ -- 128-column half of the tile accumulate its 4 k32 steps into `part`,
+@ -- then part is promoted into the fp32 accumulators times the A row's and
+@ -- the B block's scales (the fp8 wgmma accumulates with reduced
+@ -- precision, so nothing longer than 128 K stays in it). The up GEMM's
+@ -- epilogue quantizes the activation's output per row per 128 columns
+@ -- (the tile's 128 output columns) into e4m3 + one fp32 scale; the down
+@ -- GEMM's writes bf16. "channel" scales multiply in the epilogue. Tile:
+@ -- 64 x 256 x 128, one consumer, one CTA per tile (gen/family_gemm.c).
+@ --
 @ -- The kernel body exists only in the sm_90a pass; other targets get a body
 @ -- that traps (the launcher calls this kernel only on compute capability 9).
 @ local M = {}
@@ -89,15 +102,26 @@
 @     need(c.bn % 16 == 0, "bn must be a multiple of 16 (gate/up pairs)")
 @     need(p.pair_granule == 8, "the SwiGLU epilogue pairs gate/up in granules of 8 (one n8 accumulator block)")
 @   end
-@   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 2)
+@   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
+@   c.esize = c.fp8 and 1 or 2                          -- bytes per operand element
+@   c.atom_elems = 128 // c.esize                        -- elements per 128-byte swizzle row
+@   if c.fp8 then
+@     need(c.bk == 128 and c.bn == 256 and c.bm == 64 and c.consumers == 1 and t.persistent ~= 1,
+@          "the fp8 GEMM runs 64 x 256 x 128 tiles, one consumer, one CTA per tile")
+@     need(c.K % 128 == 0 and c.N % 128 == 0, "fp8: K and N must be multiples of 128 (the scale blocks)")
+@     c.block = p.spec.quant.scaling == "block"
+@     c.ptx_type = "e4m3"
+@   else
+@     c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 2)
+@   end
 @   c.wg_rows = c.bm // c.consumers
 @   c.wm = c.wg_rows // 64                              -- m64 blocks per consumer
 @   c.nacc = c.bn // 2                                  -- fp32 accumulators per thread per m64 block
 @   -- ptxas allocates the whole kernel under the launch cap (65536 / threads), setmaxnreg or not
 @   c.reg_cap = math.min(255, (65536 // p.threads) // 8 * 8)
-@   need(c.wm * c.nacc + 40 <= c.reg_cap, string.format("%d accumulators per consumer thread (bm / consumers / 64 * "
+@   need(c.wm * c.nacc + (c.fp8 and 64 or 0) + 40 <= c.reg_cap, string.format("%d accumulators per consumer thread (bm / consumers / 64 * "
 @        .. "bn / 2) do not fit the %d-register cap of %d threads", c.wm * c.nacc, c.reg_cap, p.threads))
-@   c.a_bytes, c.b_bytes = c.bm * c.bk * 2, c.bn * c.bk * 2
+@   c.a_bytes, c.b_bytes = c.bm * c.bk * c.esize, c.bn * c.bk * c.esize
 @   c.stage_bytes = c.a_bytes + c.b_bytes
 @   c.persistent = t.persistent == 1
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
@@ -159,7 +183,14 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == ${p.smem}, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(${p.threads} == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+@ if c.fp8 then
+constexpr int KTILES = K / BK, KSTEPS = BK / 32, KATOMS = 1;  /* k32 steps of 32 bytes; a k tile is one scale block */
+constexpr int HALVES = BN / 128;                               /* m64n128 wgmma per k32 step */
+constexpr int SB_ROWS = N / 128;                               /* B scale rows per expert ("block") */
+static_assert(K % 128 == 0 && BK == 128 && WM == 1, "fp8: one 128-wide scale block per k tile, 64-row consumers");
+@ else
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+@ end
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = ${c.n_tail and "true" or "false"};
@@ -249,6 +280,84 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+@ if c.fp8 then
+@   local pregs = {}
+@   for i = 0, 63 do pregs[#pregs + 1] = "%" .. i end
+@   local pouts = operand_lines('"+f"(d[%d])', 64, 8)
+/* d (64 x 128 fp32, this thread's part) = (accumulate ? d : 0) + A(64 x 32) . B(128 x 32)^T, e4m3. */
+static __device__ __forceinline__ void wgmma_fp8(float (&d)[64], unsigned long long da, unsigned long long db,
+                                                 int accumulate) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3\n"
+                 "{${table.concat(pregs, ", ")}},\n"
+                 "%64, %65, p, 1, 1;\n"
+                 "}\n"
+@   for i, l in ipairs(pouts) do
+                 ${i == 1 and ": " or "  "}${l}
+@   end
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+static __device__ __forceinline__ void fence_part(float (&d)[64]) {
+    asm volatile(""
+@   for i, l in ipairs(pouts) do
+                 ${i == 1 and ": " or "  "}${l}
+@   end
+                 :: "memory");
+}
+/* Two floats to two e4m3 (lo in the low byte), round to nearest even,
+ * saturating (runtime/fp8.c's moe_float_to_e4m3 on the host). */
+static __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* The fp8 consumer on one tile: for every k tile (one scale block), each
+ * 128-column half of B: part = A . B_half^T over the block's 4 k32 steps,
+ * then acc += part * (a scale of the row * b scale of the half's gate or
+ * up columns). sa0, sa1: the A scales (KTILES each) of this thread's rows
+ * g and g + 8; sbg[h], sbu[h]: the B scales of half h's gate and up
+ * columns (the same for the down GEMM), NULL for 1 ("channel": applied in
+ * the epilogue). Releases each stage once its last wgmma retired. */
+static __device__ __forceinline__ void consume_fp8(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                                   unsigned &phase, const float *__restrict__ sa0,
+                                                   const float *__restrict__ sa1, const float *const (&sbg)[HALVES],
+                                                   const float *const (&sbu)[HALVES]) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    float part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i)
+        part[i] = 0.0f;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        const float a0 = sa0[kt], a1 = sa1[kt];
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int hh = 0; hh < HALVES; ++hh) {
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks)
+                wgmma_fp8(part, da0 + so + (unsigned)((ks * 32) >> 4),
+                          db0 + so + (unsigned)((hh * (128 * 128) + ks * 32) >> 4), ks > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_part(part);
+            const float g = sbg[hh] ? sbg[hh][kt] : 1.0f, u = sbu[hh] ? sbu[hh][kt] : 1.0f;
+#pragma unroll
+            for (int i = 0; i < 64; ++i)  /* registers 2h, 2h + 1 of a block: rows g + 8h; blocks 2j gate, 2j + 1 up */
+                acc[0][hh * 64 + i] += part[i] * ((i & 2 ? a1 : a0) * (i & 4 ? u : g));
+        }
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+@ end
 
 @   import("gemm_sm80").tile_of(c.group_m)
 
@@ -274,8 +383,8 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
             bar_arrive_expect_tx(full, STAGE_BYTES);
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
-                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * ${c.atom_elems}, row_start, full);
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
             }
             if (++s == STAGES) {
                 s = 0;
@@ -402,6 +511,9 @@ ${ARCH_GUARD}
 @   end
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
+@   if c.direct then
+        (void)sst;  /* the fp8 up GEMM stores from registers */
+@   end
         int s = 0;
         unsigned phase = 0;
 @   if not p.ffn_bias then
@@ -423,15 +535,46 @@ ${ARCH_GUARD}
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
+@   if c.fp8 then
+            if (cw < n_active) {
+                /* the A scales of this thread's rows, the B scales of each half (gen/pack_geom.h's w1s/w2s:
+                 * [slot, N/128, K/128] "block", plain row order: gate blocks, then up) */
+                const float *__restrict__ sa0 = ${c.asc} + (long long)(row_start + cw * WG_ROWS + w * 16 + g) * KTILES;
+                const float *__restrict__ sa1 = sa0 + 8 * KTILES;
+                const float *sbg[HALVES], *sbu[HALVES];
+#pragma unroll
+                for (int hh = 0; hh < HALVES; ++hh) {
+@     if not c.block then
+                    sbg[hh] = sbu[hh] = nullptr;
+@     elseif c.up then
+                    const long long f0 = (n0 + hh * 128) / 2;  /* the half's first output column */
+                    sbg[hh] = ${c.bsc} + ((long long)expert * SB_ROWS + f0 / 128) * KTILES;
+                    sbu[hh] = ${c.bsc} + ((long long)expert * SB_ROWS + SB_ROWS / 2 + f0 / 128) * KTILES;
+@     else
+                    sbg[hh] = sbu[hh] = n0 + hh * 128 < N
+                        ? ${c.bsc} + ((long long)expert * SB_ROWS + (n0 + hh * 128) / 128) * KTILES : nullptr;
+@     end
+                }
+                consume_fp8(acc, sbase, cw, s, phase, sa0, sa1, sbg, sbu);
+            } else {
+                skip_tile(sbase, s, phase);
+            }
+@   else
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
+@   end
 @   if not c.persistent then
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
 @   end
+@   if c.direct then
+            if (cw < n_active) {  /* stored from registers, no staging */
+@     epilogue()
+            }
+@   else
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
@@ -442,6 +585,7 @@ ${ARCH_GUARD}
                 store_staged(${out} + ((long long)row_start * NOUT + ${oc0} + pass * EPI_COLS), sst, rows,
                              NOUT - ${oc0} - pass * EPI_COLS, ct);
             }
+@   end
         }
     }
 #else
@@ -461,6 +605,73 @@ ${ARCH_GUARD}
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   local function preamble()
 @     import("activation").device(p)
+@   end
+@   if c.fp8 then
+@     c.up, c.direct, c.asc, c.bsc = true, true, "xsc", "w1s"
+@     args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
+@            "const float *__restrict__ xsc, const float *__restrict__ w1s, " ..
+@            "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
+@            "const int *__restrict__ num_tiles, unsigned char *__restrict__ hq, float *__restrict__ hsc"
+@     local act = import("activation").name(p)
+@     local function epilogue_fp8()
+                /* The activation of gate and up (packed columns 16j + r, r < 8 gate: accumulator
+                 * registers 8j..8j+3 gate, 8j+4..8j+7 up; 2h, 2h + 1: row 16w + g + 8h, columns
+                 * 2q, 2q + 1), quantized per row over the tile's 128 output columns: the quad
+                 * (q = 0..3) holds a row's 128 values. Computed twice (amax, then codes). */
+@       if p.ffn_bias then
+                const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
+@       end
+@       if not c.block then
+                const float *__restrict__ cs = w1s + (long long)expert * N;  /* plain rows: gate f, up F + f */
+@       end
+                float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int it = 0; it < 2; ++it) {
+                    float mul[2];
+                    if (it == 1)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            float m = amax[h];
+                            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                            m = fmaxf(m, 1e-4f);
+                            mul[h] = 448.0f / m;
+                            const int r = cw * WG_ROWS + w * 16 + g + 8 * h;
+                            if (q == 0 && r < rows)
+                                hsc[(long long)(row_start + r) * (NOUT / 128) + n0 / 256] = m / 448.0f;
+                        }
+#pragma unroll
+                    for (int j = 0; j < BNO / 8; ++j) {
+                        const int f = n0 / 2 + 8 * j + 2 * q;  /* the output (gate/up) column of register 2h */
+@       local sg0, sg1, su0, su1 = "", "", "", ""
+@       if not c.block then
+@         sg0, sg1, su0, su1 = " * cs[f]", " * cs[f + 1]", " * cs[NOUT + f]", " * cs[NOUT + f + 1]"
+@       end
+@       local bg0, bg1, bu0, bu1 = "", "", "", ""
+@       if p.ffn_bias then
+@         bg0, bg1, bu0, bu1 = " + moe_lo_float(bgv)", " + moe_hi_float(bgv)", " + moe_lo_float(buv)", " + moe_hi_float(buv)"
+                        const unsigned bgv = *(const unsigned *)(bias + j * 16 + 2 * q);
+                        const unsigned buv = *(const unsigned *)(bias + j * 16 + 8 + 2 * q);
+@       end
+                        (void)f;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float o0 = ${act}(acc[0][8 * j + 2 * h]${sg0}${bg0}, acc[0][8 * j + 4 + 2 * h]${su0}${bu0});
+                            const float o1 = ${act}(acc[0][8 * j + 2 * h + 1]${sg1}${bg1}, acc[0][8 * j + 5 + 2 * h]${su1}${bu1});
+                            if (it == 0) {
+                                amax[h] = fmaxf(amax[h], fmaxf(fabsf(o0), fabsf(o1)));
+                            } else {
+                                const int r = cw * WG_ROWS + w * 16 + g + 8 * h;
+                                if (r < rows)
+                                    *(unsigned short *)(hq + (long long)(row_start + r) * NOUT + f) =
+                                        e4m3x2(o0 * mul[h], o1 * mul[h]);
+                            }
+                        }
+                    }
+                }
+@     end
+@     kernel(p, c, args, "xs_map", "w1p_map", "hq", "b1p", "n0 / 2", preamble, epilogue_fp8)
+@     return
 @   end
 @   local function epilogue()
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
@@ -504,6 +715,13 @@ ${ARCH_GUARD}
 @   local args = "const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, " ..
 @                "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
+@   if c.fp8 then
+@     c.asc, c.bsc = "hsc", "w2s"
+@     args = "const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, " ..
+@            "const float *__restrict__ hsc, const float *__restrict__ w2s, " ..
+@            "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
+@            "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
+@   end
 @   local function epilogue()
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
@@ -520,6 +738,14 @@ ${ARCH_GUARD}
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
+                        }
+@     end
+@     if c.fp8 and not c.block then  -- one scale per output row of W2 (the output column here)
+@       b0, b1 = " * c0" .. b0, " * c1" .. b1
+                        float c0 = 0.0f, c1 = 0.0f;
+                        if (!N_TAIL || n0 + j * 8 < N) {
+                            c0 = w2s[(long long)expert * N + n0 + j * 8 + 2 * q];
+                            c1 = w2s[(long long)expert * N + n0 + j * 8 + 2 * q + 1];
                         }
 @     end
 #pragma unroll

@@ -156,9 +156,14 @@ static ${n}_device_t *${n}_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
+@ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @ if p.ep > 1 then -- rows must move between ranks: only libmoegen's runtime does that
     /* mesh.ep = ${p.ep}: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
+    (void)a, (void)stream;
+    return cudaErrorNotSupported;
+@ elseif fp8 then -- the fp8 GEMMs exist, the forward around them does not yet
+    /* quant.weights = "fp8_e4m3": the fp8 forward is not built yet (issue #20). */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
 @ end
@@ -212,7 +217,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if two then
     if (dev->use90) {
 @ end
-@ if p.sm90 and (two or not p.sm80) then
+@ if p.sm90 and (two or not p.sm80) and not fp8 then
 @   local up, dn = p.sm90.gemm_up_swiglu, p.sm90.gemm_down
     moe_tmap_t ma, mb;
 @   sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf")

@@ -76,8 +76,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 8) };
-    static char specs[64 + 8][300];
+    enum { MAXJOBS = 2 * (64 + 12) };
+    static char specs[64 + 12][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS];
     int ns = 0, njobs = 0;
     for (int i = 0; i < n; i++) {
@@ -106,8 +106,10 @@ static void test_nvrtc_all(void) {
         {"tests/specs/group_12e.moe", 0},      /* 12 experts, top-3, 4 groups keeping 2 */
         {"tests/specs/apply_input.moe", 0},    /* router.apply = "input", Llama 4's top-1 sigmoid */
         {"tests/specs/apply_input_k2.moe", 0}, /* router.apply = "input", top-2, biases, clamped SwiGLU */
+        {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", 0}, /* fp8 GEMMs (sm_90a only), block scales */
+        {"examples/specs/fp8/mixtral-8x7b-fp8.moe", 0},    /* fp8 GEMMs, channel scales */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 8, "specs[] has room for 8 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 12, "specs[] has room for 12 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

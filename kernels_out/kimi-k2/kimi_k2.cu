@@ -632,10 +632,10 @@ kimi_k2_combine_bf16_h7168k9(const moe_half_t *__restrict__ obuf, const int *__r
     }
 }
 
-#line 364 "templates/gemm_sm90.lua"
+#line 473 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 139 "templates/gemm_sm90.lua"
+#line 163 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
@@ -659,7 +659,9 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 192 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 194 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
@@ -721,7 +723,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 226 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -729,77 +731,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 237 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 245 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -807,6 +809,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 361 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -824,7 +827,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 254 "templates/gemm_sm90.lua"
+#line 363 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -934,7 +937,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 368 "templates/gemm_sm90.lua"
+#line 477 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -961,22 +964,23 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
     }
     __syncthreads();
     if (wg == 0) {
-#line 395 "templates/gemm_sm90.lua"
+#line 504 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 397 "templates/gemm_sm90.lua"
+#line 506 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 401 "templates/gemm_sm90.lua"
+#line 510 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 403 "templates/gemm_sm90.lua"
+#line 512 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
+#line 517 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 408 "templates/gemm_sm90.lua"
+#line 520 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 410 "templates/gemm_sm90.lua"
+#line 522 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -993,28 +997,29 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
+#line 563 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 431 "templates/gemm_sm90.lua"
+#line 569 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 435 "templates/gemm_sm90.lua"
+#line 578 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 466 "templates/gemm_sm90.lua"
+#line 677 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 473 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 488 "templates/gemm_sm90.lua"
+#line 699 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1025,35 +1030,36 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
                             }
                     }
-#line 440 "templates/gemm_sm90.lua"
+#line 583 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 589 "templates/gemm_sm90.lua"
         }
     }
 #else
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 451 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 364 "templates/gemm_sm90.lua"
+#line 473 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 139 "templates/gemm_sm90.lua"
+#line 163 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
@@ -1077,7 +1083,9 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 192 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 194 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
@@ -1139,7 +1147,7 @@ static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
 }
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 226 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1147,77 +1155,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 235 "templates/gemm_sm90.lua"
+#line 266 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 237 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 243 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 245 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1225,6 +1233,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 361 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1242,7 +1251,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 254 "templates/gemm_sm90.lua"
+#line 363 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1345,7 +1354,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 368 "templates/gemm_sm90.lua"
+#line 477 "templates/gemm_sm90.lua"
 }  // namespace kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1372,22 +1381,23 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_t
     }
     __syncthreads();
     if (wg == 0) {
-#line 395 "templates/gemm_sm90.lua"
+#line 504 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 397 "templates/gemm_sm90.lua"
+#line 506 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 401 "templates/gemm_sm90.lua"
+#line 510 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 403 "templates/gemm_sm90.lua"
+#line 512 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
+#line 517 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 408 "templates/gemm_sm90.lua"
+#line 520 "templates/gemm_sm90.lua"
         (void)b2;
-#line 410 "templates/gemm_sm90.lua"
+#line 522 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1404,26 +1414,27 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_t
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
+#line 563 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 431 "templates/gemm_sm90.lua"
+#line 569 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 435 "templates/gemm_sm90.lua"
+#line 578 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 508 "templates/gemm_sm90.lua"
+#line 726 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 513 "templates/gemm_sm90.lua"
+#line 731 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 525 "templates/gemm_sm90.lua"
+#line 751 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1433,26 +1444,27 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_t
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 440 "templates/gemm_sm90.lua"
+#line 583 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 589 "templates/gemm_sm90.lua"
         }
     }
 #else
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)b2;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 449 "templates/gemm_sm90.lua"
+#line 593 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 451 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2294,7 +2306,9 @@ static inline void moe_gemm_kn(int up, long long hidden, long long ffn, long lon
 /* A 2D TMA tensor map as the sm_90a GEMMs (templates/gemm_sm90.lua) load
  * their operands: rows x k 16-bit elements, row stride k, boxes of 64
  * elements (one 128-byte swizzle row) x box_rows rows (the tile's bm for A,
- * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0. */
+ * bn for B), in the 128-byte swizzle; box parts out of bounds read as 0.
+ * The fp8 GEMMs' operands are one-byte elements (moe_tmap_geom8,
+ * MOE_TMAP_DTYPE8): boxes of 128 elements, the same 128 bytes. */
 typedef struct {
     uint64_t dim[2];      /* {k, rows}, innermost first */
     uint64_t stride[1];   /* bytes from one row to the next */
@@ -2310,6 +2324,13 @@ typedef struct {
 
 static inline moe_tmap_geom_t moe_tmap_geom(long long rows, long long k, unsigned box_rows) {
     moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k * 2}, {64, box_rows}, {1, 1}};
+    return g;
+}
+
+#define MOE_TMAP_DTYPE8 CU_TENSOR_MAP_DATA_TYPE_UINT8
+
+static inline moe_tmap_geom_t moe_tmap_geom8(long long rows, long long k, unsigned box_rows) {
+    moe_tmap_geom_t g = {{(uint64_t)k, (uint64_t)rows}, {(uint64_t)k}, {128, box_rows}, {1, 1}};
     return g;
 }
 
@@ -2457,77 +2478,77 @@ static kimi_k2_device_t *kimi_k2_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t kimi_k2_forward(const kimi_k2_args_t *a, cudaStream_t stream) {
-#line 165 "templates/host.lua"
+#line 170 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > kimi_k2_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 172 "templates/host.lua"
+#line 177 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 183 "templates/host.lua"
+#line 188 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 186 "templates/host.lua"
-    int *counts = (int *)(ws + 0);
-#line 186 "templates/host.lua"
-    int *offsets = (int *)(ws + 1792);
-#line 186 "templates/host.lua"
-    int *cursor = (int *)(ws + 3584);
-#line 186 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 5376);
-#line 186 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 5632);
-#line 186 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 30208);
-#line 186 "templates/host.lua"
-    float *topk_w = (float *)(ws + 620032);
-#line 186 "templates/host.lua"
-    int *row_of = (int *)(ws + 1209856);
-#line 186 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1799680);
-#line 186 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 2816687616);
-#line 186 "templates/host.lua"
-    float *route_part = (float *)(ws + 3620941312);
-#line 188 "templates/host.lua"
-    const long long tiles_y = kimi_k2_max_tiles(T);
 #line 191 "templates/host.lua"
+    int *counts = (int *)(ws + 0);
+#line 191 "templates/host.lua"
+    int *offsets = (int *)(ws + 1792);
+#line 191 "templates/host.lua"
+    int *cursor = (int *)(ws + 3584);
+#line 191 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 5376);
+#line 191 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 5632);
+#line 191 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 30208);
+#line 191 "templates/host.lua"
+    float *topk_w = (float *)(ws + 620032);
+#line 191 "templates/host.lua"
+    int *row_of = (int *)(ws + 1209856);
+#line 191 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 1799680);
+#line 191 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 2816687616);
+#line 191 "templates/host.lua"
+    float *route_part = (float *)(ws + 3620941312);
+#line 193 "templates/host.lua"
+    const long long tiles_y = kimi_k2_max_tiles(T);
+#line 196 "templates/host.lua"
     cudaError_t e;
     const kimi_k2_device_t *dev = kimi_k2_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1668, stream);
     if (e != cudaSuccess) return e;
-#line 198 "templates/host.lua"
+#line 203 "templates/host.lua"
     kimi_k2_route_bf16_e384k8s1_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 87040, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     kimi_k2_permute_plan_e385_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
     kimi_k2_permute_scatter_bf16_h7168<<<moe_blocks(moe_routed_rows(T, 9), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 213 "templates/host.lua"
+#line 218 "templates/host.lua"
     if (dev->use90) {
-#line 217 "templates/host.lua"
+#line 222 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 207 "templates/host.lua"
+#line 212 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w1p, 1576960LL, 7168, 256)) != cudaSuccess)
         return e;
     kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 207 "templates/host.lua"
+#line 212 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w2, 2759680LL, 2048, 256)) != cudaSuccess)
         return e;
     kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 222 "templates/host.lua"
+#line 227 "templates/host.lua"
     } else {
-#line 226 "templates/host.lua"
+#line 231 "templates/host.lua"
     kimi_k2_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     kimi_k2_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 230 "templates/host.lua"
+#line 235 "templates/host.lua"
     }
-#line 232 "templates/host.lua"
+#line 237 "templates/host.lua"
     kimi_k2_combine_bf16_h7168k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2549,7 +2570,7 @@ extern "C" void kimi_k2_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 254 "templates/host.lua"
+#line 259 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2574,7 +2595,7 @@ extern "C" cudaError_t kimi_k2_pack(int tensor, void *dst, const void *src0, con
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 279 "templates/host.lua"
+#line 284 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like kimi_k2_pack_w1),
@@ -2594,5 +2615,5 @@ extern "C" void kimi_k2_pack_shared(const unsigned short *w1s, const unsigned sh
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 299 "templates/host.lua"
+#line 304 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
