@@ -27,6 +27,8 @@ typedef struct moe_launcher {
     CUfunction swiglu_fn;             /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
     const moe_kernel_desc_t *pack;    /* &pd->pack: the device-side weight pack */
+    CUfunction pack8_fn, scales_fn, quantize_fn; /* with fp8 weights, the pack's NAME_e4m3, NAME_scales and
+                                         NAME_quantize (templates/pack.lua); NULL otherwise */
     CUfunction pack_fn;               /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
 } moe_launcher_t;

@@ -263,6 +263,16 @@ moe_status moe_plan_pack_fp8(const moe_plan *plan, const moe_pack_args *args, co
  * e4m3(w · 448 / amax), rounded to nearest even. */
 moe_status moe_plan_pack_quantize(const moe_plan *plan, const moe_pack_args *args, void *dst, float *dst_scales);
 
+/* The same two on the device: device pointers of the plan's device,
+ * enqueued on stream with no host synchronization (capturable in a CUDA
+ * graph), checked as on the host; the result is the host pack's byte for
+ * byte. MOE_ERR_UNSUPPORTED when the plan's module has no fp8 pack
+ * kernels. */
+moe_status moe_plan_pack_fp8_async(const moe_plan *plan, const moe_pack_args *args, const moe_pack_args *scales,
+                                   void *dst, float *dst_scales, void *stream);
+moe_status moe_plan_pack_quantize_async(const moe_plan *plan, const moe_pack_args *args, void *dst, float *dst_scales,
+                                        void *stream);
+
 /* Enqueue the forward pass on stream. Returns MOE_ERR_CAPACITY when
  * args->tokens exceeds the spec's tokens (nothing is enqueued then). With
  * tokens = 0 a single-device plan enqueues nothing and leaves y alone; an

@@ -65,6 +65,11 @@ moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const m
                              const moe_pack_args *scales, void *dst, float *dst_scales);
 moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *args, void *dst,
                                   float *dst_scales);
+/* ... and their device launches (moe_plan_pack_fp8_async, moe_plan_pack_quantize_async). */
+moe_status moe_pack_fp8_device(const moe_plan *plan, long long slots, const moe_pack_args *args,
+                               const moe_pack_args *scales, void *dst, float *dst_scales, void *stream);
+moe_status moe_pack_quantize_device(const moe_plan *plan, long long slots, const moe_pack_args *args, void *dst,
+                                    float *dst_scales, void *stream);
 
 /* The plan's tables. */
 const moe_plan_desc_t *moe_plan_desc(const moe_plan *plan);

@@ -97,6 +97,16 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     l->pack = &p->pd.pack;
     if (moe_cu.cuModuleGetFunction(&l->pack_fn, p->module, l->pack->name) != CUDA_SUCCESS)
         l->pack_fn = NULL;
+    if (moe_spec_fp8(&p->pd.spec)) { /* the fp8 packs beside it */
+        static const char *const suffix[3] = {"_e4m3", "_scales", "_quantize"};
+        CUfunction *fns[3] = {&l->pack8_fn, &l->scales_fn, &l->quantize_fn};
+        for (int i = 0; i < 3; i++) {
+            char name[300];
+            snprintf(name, sizeof name, "%s%s", l->pack->name, suffix[i]);
+            if (moe_cu.cuModuleGetFunction(fns[i], p->module, name) != CUDA_SUCCESS)
+                *fns[i] = NULL;
+        }
+    }
     return moe_ep_load(p->ep);
 }
 

@@ -202,6 +202,20 @@ moe_status moe_plan_pack_quantize(const moe_plan *p, const moe_pack_args *a, voi
     return moe_pack_quantize_host(&p->pd, plan_slots(p), a, dst, dst_scales);
 }
 
+moe_status moe_plan_pack_fp8_async(const moe_plan *p, const moe_pack_args *a, const moe_pack_args *scales, void *dst,
+                                   float *dst_scales, void *stream) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_fp8_async: plan is NULL");
+    return moe_pack_fp8_device(p, plan_slots(p), a, scales, dst, dst_scales, stream);
+}
+
+moe_status moe_plan_pack_quantize_async(const moe_plan *p, const moe_pack_args *a, void *dst, float *dst_scales,
+                                        void *stream) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_quantize_async: plan is NULL");
+    return moe_pack_quantize_device(p, plan_slots(p), a, dst, dst_scales, stream);
+}
+
 moe_status moe_plan_pack_w1(const moe_plan *p, const uint16_t *w1, uint16_t *w1p) {
     if (!p || !w1 || !w1p)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_pack_w1: NULL argument");

@@ -71,21 +71,43 @@ static const moe_pack_src *plain_row(const moe_pack_args *a, long long r, long l
     return &a->src[up];
 }
 
-moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a,
-                             const moe_pack_args *sc, void *dst, float *dst_scales) {
-    const char *fn = "moe_plan_pack_fp8";
+/* The checks of moe_plan_pack_fp8(_async) (fn names the call). */
+static moe_status check_pack(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a,
+                             const moe_pack_args *sc, const void *dst, const float *dst_scales, const char *fn) {
     moe_status rc = check_fp8(pd, a, fn);
     if (rc)
         return rc;
     if (!sc || sc->tensor != a->tensor || sc->first != a->first || sc->count != a->count)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the scales must describe the same tensor, first and count as the "
                         "weights", fn);
+    const fp8_geom_t g = fp8_geom(&pd->spec, (int)a->tensor);
+    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 1, 1)) ||
+        (rc = moe_pack_check_dims(pd, slots, sc, dst_scales, fn, g.sr, g.sc, 4, 4)))
+        return rc;
+    return check_dst_overlap(a, &g, dst, dst_scales, fn);
+}
+
+/* The checks of moe_plan_pack_quantize(_async). */
+static moe_status check_quantize(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a,
+                                 const void *dst, const float *dst_scales, const char *fn) {
+    moe_status rc = check_fp8(pd, a, fn);
+    if (rc)
+        return rc;
+    const fp8_geom_t g = fp8_geom(&pd->spec, (int)a->tensor);
+    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 2, 1)))
+        return rc;
+    if (!dst_scales)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    return check_dst_overlap(a, &g, dst, dst_scales, fn);
+}
+
+moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a,
+                             const moe_pack_args *sc, void *dst, float *dst_scales) {
+    moe_status rc = check_pack(pd, slots, a, sc, dst, dst_scales, "moe_plan_pack_fp8");
+    if (rc)
+        return rc;
     const int t = (int)a->tensor;
     const fp8_geom_t g = fp8_geom(&pd->spec, t);
-    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 1, 1)) ||
-        (rc = moe_pack_check_dims(pd, slots, sc, dst_scales, fn, g.sr, g.sc, 4, 4)) ||
-        (rc = check_dst_overlap(a, &g, dst, dst_scales, fn)))
-        return rc;
     const long long F = pd->spec.ffn;
     uint8_t *d = (uint8_t *)dst + (long long)a->first * g.N * g.K;
     for (long long e = 0; e < a->count; e++)
@@ -112,18 +134,11 @@ moe_status moe_pack_fp8_host(const moe_plan_desc_t *pd, long long slots, const m
 
 moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, const moe_pack_args *a, void *dst,
                                   float *dst_scales) {
-    const char *fn = "moe_plan_pack_quantize";
-    moe_status rc = check_fp8(pd, a, fn);
+    moe_status rc = check_quantize(pd, slots, a, dst, dst_scales, "moe_plan_pack_quantize");
     if (rc)
         return rc;
     const int t = (int)a->tensor;
     const fp8_geom_t g = fp8_geom(&pd->spec, t);
-    if ((rc = moe_pack_check_dims(pd, slots, a, dst, fn, g.N, g.K, 2, 1)))
-        return rc;
-    if (!dst_scales)
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
-    if ((rc = check_dst_overlap(a, &g, dst, dst_scales, fn)))
-        return rc;
     const long long F = pd->spec.ffn, half = g.N / 2;
     for (long long e = 0; e < a->count; e++) {
         const long long slot = a->first + e;
@@ -155,4 +170,81 @@ moe_status moe_pack_quantize_host(const moe_plan_desc_t *pd, long long slots, co
             }
     }
     return MOE_OK;
+}
+
+/* ---- on the device (templates/pack.lua's fp8 kernels) -------------------- */
+
+static moe_status launch(const moe_plan *p, CUfunction fn, const char *what, unsigned blocks, CUstream st,
+                         void **args) {
+    const moe_launcher_t *l = &p->launcher;
+    if (!fn)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the plan's module has no %s_%s kernel: compile it again, or pack on "
+                        "the host", what, l->pack->name, what);
+    CUresult r = moe_cu.cuLaunchKernel(fn, blocks, 1, 1, (unsigned)l->pack->threads, 1, 1, 0, st, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "launching %s_%s (%u blocks): %s", l->pack->name, what, blocks,
+                        moe_cu_error_string(r));
+    return MOE_OK;
+}
+
+/* blocks of a grid-stride kernel over n elements */
+static unsigned stride_blocks(const moe_plan *p, long long n) {
+    long long b = (n + p->launcher.pack->threads - 1) / p->launcher.pack->threads, cap = 32LL * (p->launcher.sms > 0 ? p->launcher.sms : 4);
+    return (unsigned)(b < cap ? b : cap);
+}
+
+moe_status moe_pack_fp8_device(const moe_plan *p, long long slots, const moe_pack_args *a, const moe_pack_args *sc,
+                               void *dst, float *dst_scales, void *stream) {
+    const char *fn = "moe_plan_pack_fp8_async";
+    moe_status rc = check_pack(&p->pd, slots, a, sc, dst, dst_scales, fn);
+    if (rc)
+        return rc;
+    const fp8_geom_t g = fp8_geom(&p->pd.spec, (int)a->tensor);
+    if (a->count == 0)
+        return MOE_OK;
+    if (!p->launcher.pack8_fn || !p->launcher.scales_fn)
+        return launch(p, NULL, "e4m3", 0, NULL, NULL);
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    int tensor = (int)a->tensor;
+    long long first = a->first, count = a->count, sr = g.sr, scn = g.sc;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, q0 = (CUdeviceptr)(uintptr_t)a->src[0].ptr,
+                q1 = (CUdeviceptr)(uintptr_t)(a->src[1].ptr ? a->src[1].ptr : a->src[0].ptr);
+    moe_pack_stride_t t0 = {a->src[0].expert, a->src[0].row, a->src[0].col},
+                      t1 = {a->src[1].expert, a->src[1].row, a->src[1].col};
+    void *args[] = {&tensor, &d, &q0, &q1, &t0, &t1, &first, &count};
+    if ((rc = launch(p, p->launcher.pack8_fn, "e4m3", stride_blocks(p, count * g.N * g.K), (CUstream)stream, args)))
+        return rc;
+    CUdeviceptr ds = (CUdeviceptr)(uintptr_t)dst_scales, c0 = (CUdeviceptr)(uintptr_t)sc->src[0].ptr,
+                c1 = (CUdeviceptr)(uintptr_t)(sc->src[1].ptr ? sc->src[1].ptr : sc->src[0].ptr);
+    moe_pack_stride_t u0 = {sc->src[0].expert, sc->src[0].row, sc->src[0].col},
+                      u1 = {sc->src[1].expert, sc->src[1].row, sc->src[1].col};
+    void *sargs[] = {&tensor, &ds, &c0, &c1, &u0, &u1, &first, &count, &sr, &scn};
+    return launch(p, p->launcher.scales_fn, "scales", stride_blocks(p, count * sr * scn), (CUstream)stream, sargs);
+}
+
+moe_status moe_pack_quantize_device(const moe_plan *p, long long slots, const moe_pack_args *a, void *dst,
+                                    float *dst_scales, void *stream) {
+    const char *fn = "moe_plan_pack_quantize_async";
+    moe_status rc = check_quantize(&p->pd, slots, a, dst, dst_scales, fn);
+    if (rc)
+        return rc;
+    const fp8_geom_t g = fp8_geom(&p->pd.spec, (int)a->tensor);
+    if (a->count == 0)
+        return MOE_OK;
+    const long long blocks = (long long)a->count * g.sr * g.sc;
+    if (blocks > 0x7FFFFFFFLL)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: %lld scale blocks in one call, more than a grid holds: pack fewer "
+                        "slots at a time", fn, blocks);
+    if (!p->launcher.quantize_fn)
+        return launch(p, NULL, "quantize", 0, NULL, NULL);
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    int tensor = (int)a->tensor;
+    long long first = a->first, count = a->count;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, ds = (CUdeviceptr)(uintptr_t)dst_scales,
+                s0 = (CUdeviceptr)(uintptr_t)a->src[0].ptr,
+                s1 = (CUdeviceptr)(uintptr_t)(a->src[1].ptr ? a->src[1].ptr : a->src[0].ptr);
+    moe_pack_stride_t t0 = {a->src[0].expert, a->src[0].row, a->src[0].col},
+                      t1 = {a->src[1].expert, a->src[1].row, a->src[1].col};
+    void *args[] = {&tensor, &d, &ds, &s0, &s1, &t0, &t1, &first, &count};
+    return launch(p, p->launcher.quantize_fn, "quantize", (unsigned)blocks, (CUstream)stream, args);
 }

@@ -10,7 +10,9 @@
  *   down  the GPU's own e4m3 rows x packed W2 -> bf16, normalized L2.
  * Fresh random inputs each run (MOEGEN_TEST_SEED repeats one), outputs
  * poisoned before each launch, rows past each tile's `rows` must stay
- * poisoned. Skips without a GPU. The fp8 forward is not built yet:
+ * poisoned. And the device-side fp8 packs (moe_plan_pack_fp8_async from
+ * e4m3 + scales, moe_plan_pack_quantize_async from bf16) equal to the host
+ * packs byte for byte. Skips without a GPU. The fp8 forward is not built yet:
  * moe_forward must refuse the plan (checked too). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -84,6 +86,103 @@ static int near_code(uint8_t a, uint8_t b) {
     return abs((int)(a & 0x7F) - (int)(b & 0x7F)) <= 1;
 }
 
+/* The device packs against the host packs: W1 from separate e4m3 gate/up
+ * [E, F, H] with their scales, W2 from e4m3 [E, H, F]; bf16 W1 fused and
+ * W2 transposed quantized; into poisoned tensors, slots 1..E-1 (slot 0
+ * must stay poisoned). */
+static void check_packs(const moe_plan *plan, const char *label_base) {
+    const moe_spec_t *s = &plan->pd.spec;
+    const long long E = s->experts, F = s->ffn, H = s->hidden;
+    const int blk = s->quant.scaling == MOE_SCALING_BLOCK;
+    const long long gsr = blk ? F / 128 : F, gsc = blk ? H / 128 : 1; /* a gate (or up) scale grid per expert */
+    const long long s1 = 2 * gsr * gsc, s2 = blk ? (H / 128) * (F / 128) : H;
+    const size_t n1 = (size_t)(E * 2 * F * H), n2 = (size_t)(E * H * F);
+    char label[200];
+    snprintf(label, sizeof label, "fp8 %s: device packs equal the host's", label_base);
+    CASE(label);
+    uint8_t *gq = malloc(n1), *w2q8 = malloc(n2), *hq1 = malloc(n1), *dq1 = malloc(n1), *hq2 = malloc(n2), *dq2 = malloc(n2);
+    float *gs = malloc(sizeof(float) * (size_t)(E * s1)), *hs1 = malloc(sizeof(float) * (size_t)(E * s1)),
+          *ds1 = malloc(sizeof(float) * (size_t)(E * s1)), *ws2 = malloc(sizeof(float) * (size_t)(E * s2)),
+          *hs2 = malloc(sizeof(float) * (size_t)(E * s2)), *ds2 = malloc(sizeof(float) * (size_t)(E * s2));
+    uint16_t *w1 = malloc(n1 * 2), *w2t = malloc(n2 * 2);
+    for (size_t i = 0; i < n1; i++)
+        gq[i] = (uint8_t)((unsigned)(fabsf(frand()) * 1e6f) % 0x7E + 1), w1[i] = moe_float_to_half(frand() * 0.2f, MOE_DTYPE_BF16);
+    for (size_t i = 0; i < n2; i++)
+        w2q8[i] = (uint8_t)((unsigned)(fabsf(frand()) * 1e6f) % 0x7E + 1), w2t[i] = moe_float_to_half(frand() * 3.0f, MOE_DTYPE_BF16);
+    for (long long i = 0; i < E * s1; i++)
+        gs[i] = fabsf(frand());
+    for (long long i = 0; i < E * s2; i++)
+        ws2[i] = fabsf(frand());
+    CUdeviceptr dg = up_load(gq, n1), dw2 = up_load(w2q8, n2), dgs = up_load(gs, sizeof(float) * (size_t)(E * s1)),
+                dws2 = up_load(ws2, sizeof(float) * (size_t)(E * s2)), dw1 = up_load(w1, n1 * 2),
+                dw2t = up_load(w2t, n2 * 2), dq = up_load(NULL, n1), dsc = up_load(NULL, sizeof(float) * (size_t)(E * s1));
+    if (!dg || !dw2 || !dgs || !dws2 || !dw1 || !dw2t || !dq || !dsc)
+        goto done;
+    for (int job = 0; job < 4; job++) { /* pack W1, pack W2, quantize W1, quantize W2 */
+        const int w1job = job % 2 == 0;
+        const size_t nq = w1job ? n1 : n2, ns = (size_t)(E * (w1job ? s1 : s2));
+        uint8_t *hq = w1job ? hq1 : hq2, *dqh = w1job ? dq1 : dq2;
+        float *hs = w1job ? hs1 : hs2, *dsh = w1job ? ds1 : ds2;
+        memset(hq, 0xff, nq);
+        memset(hs, 0xff, ns * 4);
+        CHECK(cu_ok(moe_cu.cuMemsetD8(dq, 0xff, nq), "poison") && cu_ok(moe_cu.cuMemsetD8(dsc, 0xff, ns * 4), "poison"));
+        moe_pack_args a, da, sa, dsa;
+        moe_status h = MOE_OK, d = MOE_OK;
+        if (job == 0) { /* gate = the first half of gq's experts' rows, up the second: separate [E, F, H] views */
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W1_SEPARATE, gq, gq + F * H, 1, (int)E - 1, &a);
+            a.src[0].expert = a.src[1].expert = 2 * F * H;
+            da = a;
+            da.src[0].ptr = (const void *)(uintptr_t)dg, da.src[1].ptr = (const void *)(uintptr_t)(dg + F * H);
+            sa = (moe_pack_args){.tensor = MOE_TENSOR_W1, .first = 1, .count = (int)E - 1};
+            sa.src[0] = (moe_pack_src){gs, s1, gsc, 1};
+            sa.src[1] = (moe_pack_src){gs + gsr * gsc, s1, gsc, 1};
+            dsa = sa;
+            dsa.src[0].ptr = (const void *)(uintptr_t)dgs, dsa.src[1].ptr = (const void *)(uintptr_t)(dgs + 4 * gsr * gsc);
+        } else if (job == 1) {
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W2, w2q8, NULL, 1, (int)E - 1, &a);
+            da = a;
+            da.src[0].ptr = (const void *)(uintptr_t)dw2;
+            sa = (moe_pack_args){.tensor = MOE_TENSOR_W2, .first = 1, .count = (int)E - 1};
+            sa.src[0] = (moe_pack_src){ws2, s2, blk ? F / 128 : 1, 1};
+            dsa = sa;
+            dsa.src[0].ptr = (const void *)(uintptr_t)dws2;
+        } else {
+            moe_plan_pack_layout(plan, job == 2 ? MOE_LAYOUT_W1_FUSED : MOE_LAYOUT_W2_T, job == 2 ? (const void *)w1 : (const void *)w2t,
+                                 NULL, 1, (int)E - 1, &a);
+            moe_plan_pack_layout(plan, job == 2 ? MOE_LAYOUT_W1_FUSED : MOE_LAYOUT_W2_T,
+                                 (const void *)(uintptr_t)(job == 2 ? dw1 : dw2t), NULL, 1, (int)E - 1, &da);
+        }
+        if (job < 2) {
+            h = moe_plan_pack_fp8(plan, &a, &sa, hq, hs);
+            d = moe_plan_pack_fp8_async(plan, &da, &dsa, (void *)(uintptr_t)dq, (float *)(uintptr_t)dsc, NULL);
+        } else {
+            h = moe_plan_pack_quantize(plan, &a, hq, hs);
+            d = moe_plan_pack_quantize_async(plan, &da, (void *)(uintptr_t)dq, (float *)(uintptr_t)dsc, NULL);
+        }
+        CHECKF(h == MOE_OK && d == MOE_OK, "job %d: host %d, device %d: %s", job, h, d, moe_last_error());
+        CUresult r = moe_cu.cuCtxSynchronize();
+        CHECKF(r == CUDA_SUCCESS, "job %d faulted: %s", job, moe_cu_error_string(r));
+        if (r != CUDA_SUCCESS || !cu_ok(moe_cu.cuMemcpyDtoH(dqh, dq, nq), "q") ||
+            !cu_ok(moe_cu.cuMemcpyDtoH(dsh, dsc, ns * 4), "scales"))
+            goto done;
+        long long diff = 0, untouched = 1;
+        for (size_t i = 0; i < nq; i++)
+            diff += hq[i] != dqh[i];
+        diff += memcmp(hs, dsh, ns * 4) != 0;
+        untouched = hq[0] == 0xff && dqh[0] == 0xff; /* slot 0 not written */
+        CHECKF(diff == 0 && untouched, "%s: %lld bytes differ between the device and the host%s",
+               job == 0 ? "pack W1" : job == 1 ? "pack W2" : job == 2 ? "quantize W1" : "quantize W2", diff,
+               untouched ? "" : ", slot 0 written");
+    }
+done:;
+    CUdeviceptr all[] = {dg, dw2, dgs, dws2, dw1, dw2t, dq, dsc};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i])
+            moe_cu.cuMemFree(all[i]);
+    free(gq), free(w2q8), free(hq1), free(dq1), free(hq2), free(dq2), free(gs), free(hs1), free(ds1), free(ws2), free(hs2),
+        free(ds2), free(w1), free(w2t);
+}
+
 static void run(const fp8_case_t *fc, const char *cache) {
     char label[200];
     snprintf(label, sizeof label, "fp8 %s: plan", fc->label);
@@ -100,6 +199,7 @@ static void run(const fp8_case_t *fc, const char *cache) {
     const moe_launcher_t *l = &plan->launcher;
     const int E = s->experts, H = s->hidden, F = s->ffn, A = plan->pd.align, blk = s->quant.scaling == MOE_SCALING_BLOCK;
 
+    check_packs(plan, fc->label);
     CASE(label);
     moe_forward_args fa = {0};
     CHECK(moe_forward(plan, &fa, NULL) == MOE_ERR_UNSUPPORTED && strstr(moe_last_error(), "fp8"));
