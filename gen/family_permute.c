@@ -28,7 +28,9 @@ static int scatter_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, cha
 static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_spec_t *s = c->spec;
     (void)k;
-    snprintf(out, n, "%s_permute_scatter_%s_h%d", s->name, moe_dtype_name(s->dtype), s->hidden);
+    /* with fp8 weights the rows are written quantized (e4m3 + a scale per 128 columns) */
+    snprintf(out, n, "%s_permute_scatter_%s_h%d", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+             s->hidden);
 }
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {

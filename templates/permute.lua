@@ -141,6 +141,81 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
     }
 }
 
+@ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
+@ if fp8 then
+/* fp8 (docs/DESIGN.md, "FP8"): the row is written quantized for the fp8 up
+ * GEMM, e4m3 into xq [rows, H] and one fp32 scale per 128 columns into xsc
+ * [rows, H / 128]: half a warp per 128-column block (16 lanes x 8
+ * halves), the block's amax (at least 1e-4) reduced over the half warp,
+ * scale amax / 448, e4m3(v * (448 / amax)) round to nearest even,
+ * saturating (runtime/fp8.c's rule, bit for bit). */
+extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
+${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+            const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, unsigned char *__restrict__ xq,
+            float *__restrict__ xsc, int *__restrict__ row_of) {
+    using namespace ${ns};
+    static_assert(H % 128 == 0, "fp8: H is a multiple of the 128-column scale block");
+    constexpr int HB = H / 128;  // scale blocks per row
+@   if not input then
+    (void)topk_w;
+@   end
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long slots = (long long)tokens * K;
+#pragma unroll 1
+    for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
+        const long long i = (long long)blockIdx.x * SCATTER_ROWS + r;
+        if (i >= slots)
+            return;
+        int row = 0;
+        if (lane == 0) {
+            const int e = topk_idx[i];
+            row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = row;
+        }
+        row = __shfl_sync(FULL, row, 0);
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
+@   if input then
+        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+@   end
+#pragma unroll 1
+        for (int b0 = 0; b0 < HB; b0 += 2) {
+            const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (b < HB)
+                v = __ldg(src + b * 16 + c);
+@   if input then
+            v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
+@   end
+            const unsigned u[4] = {v.x, v.y, v.z, v.w};
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
+            float m = 1e-4f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                m = fmaxf(m, fabsf(f[j]));
+#pragma unroll
+            for (int o = 8; o; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+            const float mul = 448.0f / m;
+            unsigned q[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                unsigned short lo, hi;
+                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
+                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+                q[j] = (unsigned)lo | ((unsigned)hi << 16);
+            }
+            if (b < HB) {
+                *reinterpret_cast<uint2 *>(xq + (long long)row * H + b * 128 + c * 8) = make_uint2(q[0], q[1]);
+                if (c == 0)
+                    xsc[(long long)row * HB + b] = m / 448.0f;
+            }
+        }
+    }
+}
+@ else
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
@@ -175,6 +250,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 @ end
     }
 }
+@ end
 @ end
 @
 @ if p then M.emit(p) end

@@ -12,7 +12,9 @@
  * poisoned before each launch, rows past each tile's `rows` must stay
  * poisoned. And the device-side fp8 packs (moe_plan_pack_fp8_async from
  * e4m3 + scales, moe_plan_pack_quantize_async from bf16) equal to the host
- * packs byte for byte. Skips without a GPU. The fp8 forward is not built yet:
+ * packs byte for byte; and the fp8 permute scatter (rows quantized on the
+ * way into expert order) equal to the host's quantization byte for byte.
+ * Skips without a GPU. The fp8 forward is not built yet:
  * moe_forward must refuse the plan (checked too). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -72,6 +74,8 @@ static const fp8_case_t cases[] = {
     {"channel, ffn_bias, hidden not a multiple of 256",
      "name = 'q8c'\nexperts = 6\ntop_k = 2\nhidden = 640\nffn = 256\ntokens = 512\nffn_bias = true\n"
      "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\n"},
+    {"block, router.apply = input", "name = 'q8i'\nexperts = 6\ntop_k = 2\nhidden = 384\nffn = 128\ntokens = 512\n"
+                                    "router = { apply = 'input' }\nquant = { weights = 'fp8_e4m3' }\n"},
     {"block, Qwen3-30B-A3B's H and F", "name = 'q8q'\nexperts = 6\ntop_k = 2\nhidden = 2048\nffn = 768\n"
                                        "tokens = 512\nquant = { weights = 'fp8_e4m3', scaling = 'block' }\n"},
 };
@@ -183,6 +187,81 @@ done:;
         free(ds2), free(w1), free(w2t);
 }
 
+/* The fp8 scatter alone: T tokens' rows to their K expert rows (offsets
+ * e * CAP), quantized; each written row equal to moe_ref_fp8_quantize_rows
+ * of its token's row byte for byte, every other row left poisoned. */
+static void check_scatter(const moe_plan *plan, const char *label_base) {
+    const moe_spec_t *s = &plan->pd.spec;
+    const moe_launcher_t *l = &plan->launcher;
+    const int E = s->experts, K = s->top_k, H = s->hidden, HB = H / 128, T = 50, CAP = 128, R = E * CAP;
+    char label[200];
+    snprintf(label, sizeof label, "fp8 %s: permute_scatter (%s)", label_base, l->kernels[MOE_K_PERMUTE_SCATTER].name);
+    CASE(label);
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H);
+    float *xf = malloc(sizeof(float) * (size_t)H), *sc = malloc(sizeof(float) * (size_t)R * HB), want_sc[64];
+    int *idx = malloc(sizeof(int) * (size_t)T * K), *row_of = malloc(sizeof(int) * (size_t)T * K), offsets[64], cursor[64];
+    float *tw = malloc(sizeof(float) * (size_t)T * K);
+    uint8_t *q = malloc((size_t)R * H), *want = malloc((size_t)H), *seen = calloc((size_t)R, 1);
+    for (int i = 0; i < T * H; i++) /* magnitudes over a wide range, so blocks differ in scale */
+        x[i] = moe_float_to_half(frand() * powf(2.0f, (float)((i / 128) % 9) - 4.0f), MOE_DTYPE_BF16);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++)
+            idx[t * K + k] = (t * 7 + k * 3) % E, tw[t * K + k] = 0.25f + 0.5f * fabsf(frand());
+    for (int e = 0; e <= E; e++)
+        offsets[e] = e * CAP, cursor[e] = 0;
+    CUdeviceptr dx = up_load(x, sizeof(uint16_t) * (size_t)T * H), didx = up_load(idx, sizeof(int) * (size_t)T * K),
+                dtw = up_load(tw, sizeof(float) * (size_t)T * K), doff = up_load(offsets, sizeof(int) * (size_t)(E + 1)),
+                dcur = up_load(cursor, sizeof(int) * (size_t)(E + 1)), dq = up_load(NULL, (size_t)R * H),
+                dsc = up_load(NULL, sizeof(float) * (size_t)R * HB), drow = up_load(NULL, sizeof(int) * (size_t)T * K);
+    if (!dx || !didx || !dtw || !doff || !dcur || !dq || !dsc || !drow)
+        goto done;
+    CHECK(cu_ok(moe_cu.cuMemsetD8(dq, 0xff, (size_t)R * H), "poison") &&
+          cu_ok(moe_cu.cuMemsetD8(dsc, 0xff, sizeof(float) * (size_t)R * HB), "poison"));
+    {
+        int tokens = T;
+        void *args[] = {&dx, &didx, &dtw, &doff, &dcur, &tokens, &dq, &dsc, &drow};
+        moe_status st = moe_launch_kernel(l, MOE_K_PERMUTE_SCATTER, T, 0, NULL, args, NULL);
+        CHECKF(st == MOE_OK, "%s", moe_last_error());
+        CUresult r = st == MOE_OK ? moe_cu.cuCtxSynchronize() : CUDA_ERROR_UNKNOWN;
+        CHECKF(r == CUDA_SUCCESS, "scatter faulted: %s", moe_cu_error_string(r));
+        if (r != CUDA_SUCCESS || !cu_ok(moe_cu.cuMemcpyDtoH(q, dq, (size_t)R * H), "xq") ||
+            !cu_ok(moe_cu.cuMemcpyDtoH(sc, dsc, sizeof(float) * (size_t)R * HB), "xsc") ||
+            !cu_ok(moe_cu.cuMemcpyDtoH(row_of, drow, sizeof(int) * (size_t)T * K), "row_of"))
+            goto done;
+    }
+    long long bad = 0, bad_rows = 0, poisoned_left = 0;
+    for (int i = 0; i < T * K; i++) {
+        const int t = i / K, e = idx[i], row = row_of[i];
+        if (row < offsets[e] || row >= offsets[e] + CAP || seen[row]) {
+            bad_rows++;
+            continue;
+        }
+        seen[row] = 1;
+        for (int h = 0; h < H; h++) {
+            float v = moe_half_to_float(x[(size_t)t * H + h], MOE_DTYPE_BF16);
+            if (s->router.apply == MOE_APPLY_INPUT) /* round(x * round(w)), as the reference's input */
+                v = moe_half_to_float(moe_float_to_half(v * moe_half_to_float(moe_float_to_half(tw[i], MOE_DTYPE_BF16),
+                                                                               MOE_DTYPE_BF16), MOE_DTYPE_BF16), MOE_DTYPE_BF16);
+            xf[h] = v;
+        }
+        moe_ref_fp8_quantize_rows(xf, 1, H, want, want_sc);
+        bad += memcmp(q + (size_t)row * H, want, (size_t)H) != 0 || memcmp(sc + (size_t)row * HB, want_sc, sizeof(float) * HB) != 0;
+    }
+    for (int row = 0; row < R; row++)
+        if (!seen[row])
+            for (int h = 0; h < H; h++)
+                poisoned_left += q[(size_t)row * H + h] != 0xff;
+    CHECKF(bad_rows == 0, "%lld slots got a row outside their expert's or a row twice", bad_rows);
+    CHECKF(bad == 0, "%lld rows differ from the host's quantization (bytes or scales)", bad);
+    CHECKF(poisoned_left == 0, "%lld bytes written in rows no slot owns", poisoned_left);
+done:;
+    CUdeviceptr all[] = {dx, didx, dtw, doff, dcur, dq, dsc, drow};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i])
+            moe_cu.cuMemFree(all[i]);
+    free(x), free(xf), free(sc), free(idx), free(row_of), free(tw), free(q), free(want), free(seen);
+}
+
 static void run(const fp8_case_t *fc, const char *cache) {
     char label[200];
     snprintf(label, sizeof label, "fp8 %s: plan", fc->label);
@@ -200,6 +279,7 @@ static void run(const fp8_case_t *fc, const char *cache) {
     const int E = s->experts, H = s->hidden, F = s->ffn, A = plan->pd.align, blk = s->quant.scaling == MOE_SCALING_BLOCK;
 
     check_packs(plan, fc->label);
+    check_scatter(plan, fc->label);
     CASE(label);
     moe_forward_args fa = {0};
     CHECK(moe_forward(plan, &fa, NULL) == MOE_ERR_UNSUPPORTED && strstr(moe_last_error(), "fp8"));

@@ -599,14 +599,15 @@ deepseek_v2_lite_permute_plan_e66_a128(const int *__restrict__ counts, const int
     }
 }
 
+#line 219 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 deepseek_v2_lite_permute_scatter_bf16_h2048(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace deepseek_v2_lite_permute_plan_e66_a128_impl;
-#line 150 "templates/permute.lua"
+#line 225 "templates/permute.lua"
     (void)topk_w;
-#line 152 "templates/permute.lua"
+#line 227 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -623,10 +624,10 @@ deepseek_v2_lite_permute_scatter_bf16_h2048(const moe_half_t *__restrict__ x, co
         row = __shfl_sync(FULL, row, 0);
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
-#line 173 "templates/permute.lua"
+#line 248 "templates/permute.lua"
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 176 "templates/permute.lua"
+#line 251 "templates/permute.lua"
     }
 }
 
@@ -2567,29 +2568,30 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     deepseek_v2_lite_permute_plan_e66_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 208 "templates/host.lua"
     deepseek_v2_lite_permute_scatter_bf16_h2048<<<moe_blocks(moe_routed_rows(T, 8), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 218 "templates/host.lua"
+#line 220 "templates/host.lua"
     if (dev->use90) {
-#line 222 "templates/host.lua"
+#line 224 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 212 "templates/host.lua"
+#line 214 "templates/host.lua"
     if ((e = deepseek_v2_lite_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v2_lite_tmap(dev->encode, &mb, a->w1p, 185856LL, 2048, 256)) != cudaSuccess)
         return e;
     deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 212 "templates/host.lua"
+#line 214 "templates/host.lua"
     if ((e = deepseek_v2_lite_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1408, 128)) != cudaSuccess ||
         (e = deepseek_v2_lite_tmap(dev->encode, &mb, a->w2, 135168LL, 1408, 256)) != cudaSuccess)
         return e;
     deepseek_v2_lite_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 8, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 227 "templates/host.lua"
+#line 229 "templates/host.lua"
     } else {
-#line 231 "templates/host.lua"
+#line 233 "templates/host.lua"
     deepseek_v2_lite_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(22, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v2_lite_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(16, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 235 "templates/host.lua"
-    }
 #line 237 "templates/host.lua"
+    }
+#line 239 "templates/host.lua"
     deepseek_v2_lite_combine_bf16_h2048k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2611,7 +2613,7 @@ extern "C" void deepseek_v2_lite_pack_b1(const unsigned short *b1, unsigned shor
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 259 "templates/host.lua"
+#line 261 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2636,7 +2638,7 @@ extern "C" cudaError_t deepseek_v2_lite_pack(int tensor, void *dst, const void *
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 284 "templates/host.lua"
+#line 286 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 2): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v2_lite_pack_w1),
@@ -2656,5 +2658,5 @@ extern "C" void deepseek_v2_lite_pack_shared(const unsigned short *w1s, const un
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 304 "templates/host.lua"
+#line 306 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

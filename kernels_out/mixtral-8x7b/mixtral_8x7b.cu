@@ -670,14 +670,15 @@ mixtral_8x7b_permute_plan_e8_a128(const int *__restrict__ counts, const int *__r
     }
 }
 
+#line 219 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 mixtral_8x7b_permute_scatter_bf16_h4096(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace mixtral_8x7b_permute_plan_e8_a128_impl;
-#line 150 "templates/permute.lua"
+#line 225 "templates/permute.lua"
     (void)topk_w;
-#line 152 "templates/permute.lua"
+#line 227 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -694,10 +695,10 @@ mixtral_8x7b_permute_scatter_bf16_h4096(const moe_half_t *__restrict__ x, const 
         row = __shfl_sync(FULL, row, 0);
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
-#line 173 "templates/permute.lua"
+#line 248 "templates/permute.lua"
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 176 "templates/permute.lua"
+#line 251 "templates/permute.lua"
     }
 }
 
@@ -2626,29 +2627,30 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     mixtral_8x7b_permute_plan_e8_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 208 "templates/host.lua"
     mixtral_8x7b_permute_scatter_bf16_h4096<<<moe_blocks(moe_routed_rows(T, 2), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 218 "templates/host.lua"
+#line 220 "templates/host.lua"
     if (dev->use90) {
-#line 222 "templates/host.lua"
+#line 224 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 212 "templates/host.lua"
+#line 214 "templates/host.lua"
     if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
         (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
         return e;
     mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 212 "templates/host.lua"
+#line 214 "templates/host.lua"
     if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 14336, 128)) != cudaSuccess ||
         (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
         return e;
     mixtral_8x7b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 231488, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 227 "templates/host.lua"
+#line 229 "templates/host.lua"
     } else {
-#line 231 "templates/host.lua"
+#line 233 "templates/host.lua"
     mixtral_8x7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(224, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     mixtral_8x7b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 235 "templates/host.lua"
-    }
 #line 237 "templates/host.lua"
+    }
+#line 239 "templates/host.lua"
     mixtral_8x7b_combine_bf16_h4096k2<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2670,7 +2672,7 @@ extern "C" void mixtral_8x7b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 259 "templates/host.lua"
+#line 261 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2695,5 +2697,5 @@ extern "C" cudaError_t mixtral_8x7b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 304 "templates/host.lua"
+#line 306 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
