@@ -396,6 +396,18 @@ static int cmd_plan(const args_t *a) {
             printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", plan.ws_bytes,
                    spec.tokens, plan.max_rows, plan.max_tiles, plan.align);
         }
+        if (plan.has_bwd) { /* training = true: the backward's own kernels and what a training forward keeps */
+            printf("\nbackward kernels (training = true; the backward GEMMs besides):\n");
+            for (int i = 0; i < MOE_BK_COUNT; i++)
+                printf("  %-58s threads %4d  smem %6d\n", plan.bwd[i].name, plan.bwd[i].threads, plan.bwd[i].smem);
+            moe_ws_region_t r[(int)MOE_SV_COUNT > (int)MOE_BW_COUNT ? (int)MOE_SV_COUNT : (int)MOE_BW_COUNT];
+            printf("saved region: %zu bytes per token saving U, %zu recomputing it (moe_plan_saved_per_token); "
+                   "%zu and %zu bytes at %d tokens\n", moe_saved_per_token(&plan, 0), moe_saved_per_token(&plan, 1),
+                   moe_saved_layout(&plan, spec.tokens, 0, r), moe_saved_layout(&plan, spec.tokens, 1, r),
+                   spec.tokens);
+            printf("backward workspace: %zu bytes at %d tokens (%zu recomputing U)\n",
+                   moe_bwd_ws_layout(&plan, spec.tokens, 0, r), spec.tokens, moe_bwd_ws_layout(&plan, spec.tokens, 1, r));
+        }
     }
     moe_plan_desc_free(&plan);
     if (!a->json)

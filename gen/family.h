@@ -13,7 +13,8 @@
  * family_route.c, family_permute.c, family_gemm.c (both GEMMs and the
  * sm_90a shared-memory formula), family_combine.c, family_ep.c (the four
  * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU),
- * family_pack.c (the device-side weight pack). The planner
+ * family_pack.c (the device-side weight pack), family_bwd.c (the
+ * backward's kernels other than its grouped GEMMs). The planner
  * (plan.c, ep_plan.c) walks the table; emission, the manifest, the cache key
  * and the runtime read the kernel descriptors it fills. */
 #ifndef MOEGEN_FAMILY_H
@@ -44,6 +45,16 @@ typedef enum {
     /* the device-side weight pack: a checkpoint tensor (strided sources)
      * into slots of w1p, b1p, w2 or b2 (moe_plan_pack_async) */
     MOE_K_PACK,
+    /* the backward's own kernels (templates/bwd.lua, bwd_upre.lua; planned
+     * only when spec.training; the backward's grouped GEMMs are bgemm's),
+     * in the order of the plan's backward set (moe_plan_desc_t.bwd) */
+    MOE_K_BWD_UPRE,         /* U = xs . W1p^T (+ b1p), the pre-activation [rows, 2F] */
+    MOE_K_BWD_DYS,          /* dys[row] = w . dy[t], dw[t, k] = <dy[t], O[row]> */
+    MOE_K_BWD_ROUTER,       /* dw -> dlogits [T, E] (renormalize, scale, softmax / sigmoid) */
+    MOE_K_BWD_DX,           /* dx[t] = sum_k dXs[row(t, k)] + dlogits[t] . Wr */
+    MOE_K_BWD_DWR,          /* d router_w = dlogits^T . x, d logit_bias = sum_t dlogits */
+    MOE_K_BWD_COLSUM,       /* bias gradients: per-slot column sums of [rows, N] */
+    MOE_K_BWD_UNPACK,       /* an fp32 packed W1 / b1 gradient -> the plain layout */
     MOE_FAMILY_COUNT
 } moe_kfamily_t;
 
@@ -51,6 +62,13 @@ typedef enum {
 #define MOE_K_COUNT (MOE_K_COMBINE + 1)
 /* The first EP family: EP set index i is family MOE_K_EP_FIRST + i. */
 #define MOE_K_EP_FIRST MOE_K_EP_SEND_PLAN
+/* The backward's own kernels: backward set index i is family MOE_K_BWD_FIRST + i. */
+#define MOE_K_BWD_FIRST MOE_K_BWD_UPRE
+#define MOE_BK_COUNT (MOE_K_BWD_UNPACK - MOE_K_BWD_FIRST + 1)
+/* The d router_w kernel's block tile (templates/bwd.lua reads them as
+ * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
+#define MOE_BWD_DWR_COLS 64
+#define MOE_BWD_DWR_EXPERTS 32
 /* moe_arch_t values (spec.h): a plan holds a kernel set for each. */
 #define MOE_FAMILY_ARCHES 2
 
@@ -142,6 +160,11 @@ int moe_family_build(moe_kernel_desc_t *k, moe_kfamily_t id, const moe_family_ct
 void moe_family_grid(const moe_kernel_desc_t *k, const moe_spec_t *s, int tokens, long long n, unsigned grid[3]);
 
 /* ---- the GEMM family's facts that the tuning table checks --------------- */
+
+/* The sm_80 (mma.sync) GEMM geometry for c's row block: the tile, the
+ * block, the cp.async pipeline's shared memory. The forward's GEMMs and
+ * the backward's U GEMM (family_bwd.c) share it. */
+int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen);
 
 /* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
  * tile t and out_cols output columns per tile (bn / 2 for the up

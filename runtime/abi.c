@@ -59,6 +59,20 @@ static const abi_field pack_args_fields[] = {
     FIELD(moe_pack_args, tensor), FIELD(moe_pack_args, src), FIELD(moe_pack_args, first),
     FIELD(moe_pack_args, count),  {0}};
 
+static const abi_field train_fields[] = {
+    FIELD(moe_train_forward_args, fwd), FIELD(moe_train_forward_args, saved),
+    FIELD(moe_train_forward_args, recompute_u), {0}};
+
+static const abi_field backward_fields[] = {
+    FIELD(moe_backward_args, tokens),     FIELD(moe_backward_args, recompute_u), FIELD(moe_backward_args, saved),
+    FIELD(moe_backward_args, x),          FIELD(moe_backward_args, router_w),    FIELD(moe_backward_args, w1p),
+    FIELD(moe_backward_args, b1p),        FIELD(moe_backward_args, w2),          FIELD(moe_backward_args, b2),
+    FIELD(moe_backward_args, dy),         FIELD(moe_backward_args, workspace),   FIELD(moe_backward_args, accumulate),
+    FIELD(moe_backward_args, dx),         FIELD(moe_backward_args, d_router_w),  FIELD(moe_backward_args, d_logit_bias),
+    FIELD(moe_backward_args, dw1p),       FIELD(moe_backward_args, db1p),        FIELD(moe_backward_args, dw2),
+    FIELD(moe_backward_args, db2),        FIELD(moe_backward_args, shared_gate), FIELD(moe_backward_args, d_shared_gate),
+    {0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -71,6 +85,8 @@ static const struct {
     {"moe_plan_info", sizeof(moe_plan_info), info_fields},
     {"moe_pack_src", sizeof(moe_pack_src), pack_src_fields},
     {"moe_pack_args", sizeof(moe_pack_args), pack_args_fields},
+    {"moe_train_forward_args", sizeof(moe_train_forward_args), train_fields},
+    {"moe_backward_args", sizeof(moe_backward_args), backward_fields},
 };
 
 const char *moe_version(void) { return MOEGEN_VERSION; }

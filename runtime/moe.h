@@ -244,6 +244,102 @@ moe_status moe_plan_pack_shared(const moe_plan *plan, const uint16_t *w1s, const
  * others. */
 moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
 
+/* ---- training (spec key training = true; one device) ---------------------
+ *
+ * A training forward runs the forward and keeps what the backward needs in
+ * a region the caller owns (`saved`: the routing indices and weights, the
+ * row map, offsets and tile table, the router's fp32 logits, the gathered
+ * rows xs, the activation output A, the down output O and, unless
+ * recompute_u, the up projection's pre-activation U); moe_backward reads it
+ * and writes every gradient. The saved region is laid out for the call's
+ * token count: moe_plan_saved_size(plan, tokens, recompute_u) bytes, about
+ * moe_plan_saved_per_token(plan, recompute_u) per token. recompute_u = 1
+ * saves 4·k'·F bytes per token (k' = top_k + shared slots) and makes the
+ * backward run the up projection once more (activation checkpointing).
+ * Both calls enqueue on the stream without host synchronization, so a
+ * forward and backward pair can be captured in a CUDA graph. A plan whose
+ * spec lacks training = true refuses both with MOE_ERR_UNSUPPORTED. */
+
+/* Arguments of a training forward: the forward's (fwd; fwd.workspace as
+ * moe_forward's) and the region it saves into, kept untouched until the
+ * matching moe_backward has run. */
+typedef struct {
+    moe_forward_args fwd;
+    void *saved;                  /* moe_plan_saved_size(plan, fwd.tokens, recompute_u) bytes, 256-byte aligned */
+    int recompute_u;              /* 0: save U; 1: the backward recomputes it */
+} moe_train_forward_args;
+
+/* Arguments of one backward pass. Inputs are the training forward's (the
+ * same tokens, recompute_u, saved region, x and weights); dy [tokens, H]
+ * (dtype) is the gradient of y. Outputs, device pointers:
+ *   dx           [tokens, H] dtype, written
+ *   d_router_w   fp32 [E, H]
+ *   d_logit_bias fp32 [E]          spec router.logit_bias (else NULL)
+ *   dw1p         fp32 [S, 2F, H]   in w1p's packed row order (moe_plan_unpack_grad
+ *                                  gives the plain [S, 2F, H] layout)
+ *   db1p         fp32 [S, 2F]      packed like b1p; spec ffn_bias (else NULL)
+ *   dw2          fp32 [S, H, F]
+ *   db2          fp32 [S, H]       spec ffn_bias (else NULL)
+ *   d_shared_gate fp32 [H]         spec shared.gate = "sigmoid" (else NULL)
+ * (S = every weight slot, moe_plan_tensor's w1p dims; a shared expert's
+ * gradients are its m slots E .. E+m-1 of dw1p and dw2, split as
+ * moe_plan_pack_shared splits the weights). The weight
+ * gradients (all but dx) are written (accumulate = 0) or added into what
+ * the buffers hold (accumulate = 1: gradient accumulation); a slot no token
+ * chose gets zeros, or is left as it was. The routing choice is a constant
+ * (no gradient through the top-k selection; router.bias gets none). */
+typedef struct {
+    int tokens;                   /* the training forward's fwd.tokens */
+    int recompute_u;              /* the training forward's recompute_u */
+    const void *saved;            /* the training forward's saved region */
+    const void *x, *router_w;     /* the training forward's */
+    const void *w1p, *b1p, *w2, *b2;
+    const void *dy;
+    void *workspace;              /* moe_plan_backward_workspace_size(plan, tokens, recompute_u) bytes, 256-byte aligned */
+    int accumulate;
+    void *dx;
+    float *d_router_w, *d_logit_bias;
+    float *dw1p, *db1p, *dw2, *db2;
+    const void *shared_gate;      /* spec shared.gate = "sigmoid": the training forward's w_gate [H] */
+    float *d_shared_gate;
+} moe_backward_args;
+
+/* Bytes of the saved region of a training forward of `tokens` tokens, and
+ * of the backward's workspace; 0 for a plan without training, or tokens out
+ * of 0 .. the spec's tokens. */
+size_t moe_plan_saved_size(const moe_plan *plan, int tokens, int recompute_u);
+size_t moe_plan_backward_workspace_size(const moe_plan *plan, int tokens, int recompute_u);
+
+/* Bytes of the saved region each token adds (its k' rows of xs, A, O and,
+ * unless recompute_u, U; its routing entries; its logits). The rest of
+ * moe_plan_saved_size is the tables and each slot's row padding to the
+ * GEMM tile. 0 for a plan without training. */
+size_t moe_plan_saved_per_token(const moe_plan *plan, int recompute_u);
+
+/* Byte offset and size of a region of the saved region ("counts",
+ * "offsets", "num_tiles", "tiles", "topk_idx", "topk_w", "row_of",
+ * "logits", "xs", "hbuf", "out", "u") or, with backward = 1, of the
+ * backward's workspace ("dys", "du", "dxs", "u", "dw", "dlogits"), at
+ * `tokens`: for tests and tools that inspect the stages. */
+moe_status moe_plan_saved_region(const moe_plan *plan, int backward, int tokens, int recompute_u, const char *name,
+                                 size_t *offset, size_t *bytes);
+
+/* The training forward: moe_forward's work and result (y) and the saved
+ * region. With tokens = 0 nothing is enqueued. */
+moe_status moe_forward_train(const moe_plan *plan, const moe_train_forward_args *args, void *stream);
+
+/* The backward of the training forward whose saved region args->saved is. */
+moe_status moe_backward(const moe_plan *plan, const moe_backward_args *args, void *stream);
+
+/* The plain layout of a packed fp32 gradient, on the device: tensor
+ * MOE_TENSOR_W1 (src dw1p [count, 2F, H] packed -> dst [count, 2F, H], gate
+ * rows 0..F-1 then up rows, MOE_LAYOUT_W1_FUSED's order) or MOE_TENSOR_B1
+ * (db1p [count, 2F] -> [count, 2F]); count slots (1 .. every slot).
+ * Enqueued on stream; dst must not overlap src. W2 and b2 gradients are in
+ * the plain layout already. */
+moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const float *src, float *dst, int count,
+                                void *stream);
+
 /* Gather this rank's held expert weights over its FSDP group (an NCCL
  * all-gather; on a mesh where fsdp does not shard experts, a device copy).
  * Enqueued on stream; gate/up pairing is kept (whole packed experts move).
@@ -298,7 +394,8 @@ const char *moe_version(void);
  * C compiler (the Python package checks its ctypes structures against these
  * at import). moe_abi_sizeof: sizeof the struct named `name`
  * ("moe_options", "moe_forward_args", "moe_weights", "moe_gather_args",
- * "moe_plan_info", "moe_pack_src", "moe_pack_args"), 0 for another name. moe_abi_field: the name of its
+ * "moe_plan_info", "moe_pack_src", "moe_pack_args", "moe_train_forward_args",
+ * "moe_backward_args"), 0 for another name. moe_abi_field: the name of its
  * field i in declaration order, with its byte offset and size (either out
  * pointer may be NULL); NULL past the last field or for another name.
  * A field added to one of these structs is listed in runtime/abi.c too. */

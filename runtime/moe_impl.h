@@ -29,6 +29,15 @@ struct moe_plan {
     moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
 };
 
+/* The forward's argument checks (moe_forward's, the training forward's),
+ * the messages prefixed with fn. */
+moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const char *fn);
+
+/* Launch the route kernel of a's tokens into the given regions; logits:
+ * a training plan's logits output (0 = none), ignored by other plans. */
+moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdeviceptr topk_idx, CUdeviceptr topk_w,
+                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits, CUstream st, CUevent *ev);
+
 /* Whether slot is the identity permutation of 0..n-1. */
 int moe_slots_identity(const int *slot, int n);
 

@@ -97,6 +97,11 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     l->pack = &p->pd.pack;
     if (moe_cu.cuModuleGetFunction(&l->pack_fn, p->module, l->pack->name) != CUDA_SUCCESS)
         l->pack_fn = NULL;
+    /* the backward's own kernels, planned and emitted only for a training spec */
+    l->bwd = p->pd.has_bwd ? p->pd.bwd : NULL;
+    for (int i = 0; l->bwd && i < MOE_BK_COUNT; i++)
+        if ((rc = load_kernel(p, &l->bwd[i], &l->bwd_fn[i])))
+            return rc;
     return moe_ep_load(p->ep);
 }
 

@@ -55,6 +55,8 @@ int main(void) {
     check_tiles("moe_plan_info", sizeof(moe_plan_info));
     check_tiles("moe_pack_src", sizeof(moe_pack_src));
     check_tiles("moe_pack_args", sizeof(moe_pack_args));
+    check_tiles("moe_train_forward_args", sizeof(moe_train_forward_args));
+    check_tiles("moe_backward_args", sizeof(moe_backward_args));
 
     CASE("named fields");
     size_t off = 1, sz = 0;

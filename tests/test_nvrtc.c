@@ -61,6 +61,10 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
     /* and the device-side weight pack, which every source carries too */
     if (!r->rc && !r->missing[0] && !find_bytes(cubin.data, cubin.len, pd.pack.name))
         snprintf(r->missing, sizeof r->missing, "%s", pd.pack.name);
+    /* and a training spec's backward kernels */
+    for (int i = 0; pd.has_bwd && i < MOE_BK_COUNT && !r->rc && !r->missing[0]; i++)
+        if (!find_bytes(cubin.data, cubin.len, pd.bwd[i].name))
+            snprintf(r->missing, sizeof r->missing, "%s", pd.bwd[i].name);
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);
@@ -76,8 +80,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 8) };
-    static char specs[64 + 8][300];
+    enum { MAXJOBS = 2 * (64 + 16) };
+    static char specs[64 + 16][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS];
     int ns = 0, njobs = 0;
     for (int i = 0; i < n; i++) {
@@ -106,8 +110,13 @@ static void test_nvrtc_all(void) {
         {"tests/specs/group_12e.moe", 0},      /* 12 experts, top-3, 4 groups keeping 2 */
         {"tests/specs/apply_input.moe", 0},    /* router.apply = "input", Llama 4's top-1 sigmoid */
         {"tests/specs/apply_input_k2.moe", 0}, /* router.apply = "input", top-2, biases, clamped SwiGLU */
+        {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels (bwd_upre is a GEMM) */
+        {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
+        {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
+        {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
+        {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 8, "specs[] has room for 8 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 16, "specs[] has room for 16 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)
