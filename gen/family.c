@@ -8,7 +8,8 @@
 /* one descriptor per family, each in its own file */
 extern const moe_family_t moe_family_route, moe_family_permute_plan, moe_family_permute_scatter,
     moe_family_gemm_up, moe_family_gemm_down, moe_family_combine, moe_family_ep_send_plan, moe_family_ep_scatter,
-    moe_family_ep_recv_plan, moe_family_ep_rows, moe_family_swiglu, moe_family_pack;
+    moe_family_ep_recv_plan, moe_family_ep_rows, moe_family_swiglu, moe_family_pack, moe_family_dgrad_down,
+    moe_family_dgrad_up, moe_family_wgrad_up, moe_family_wgrad_down;
 
 static const moe_family_t *const table[MOE_FAMILY_COUNT] = {
     [MOE_K_ROUTE] = &moe_family_route,
@@ -23,6 +24,10 @@ static const moe_family_t *const table[MOE_FAMILY_COUNT] = {
     [MOE_K_EP_ROWS] = &moe_family_ep_rows,
     [MOE_K_SWIGLU] = &moe_family_swiglu,
     [MOE_K_PACK] = &moe_family_pack,
+    [MOE_K_DGRAD_DOWN] = &moe_family_dgrad_down,
+    [MOE_K_DGRAD_UP] = &moe_family_dgrad_up,
+    [MOE_K_WGRAD_UP] = &moe_family_wgrad_up,
+    [MOE_K_WGRAD_DOWN] = &moe_family_wgrad_down,
 };
 
 const moe_family_t *moe_family(moe_kfamily_t id) {

@@ -53,6 +53,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     } else if (k == MOE_K_PACK && l->pack && l->pack_fn && !ev) {
         d = l->pack;
         fn = l->pack_fn;
+    } else if (k >= MOE_K_BGEMM_FIRST && k < MOE_K_BGEMM_FIRST + MOE_BGEMM_COUNT && l->bgemm &&
+               l->bgemm_fn[k - MOE_K_BGEMM_FIRST] && !ev) {
+        d = &l->bgemm[k - MOE_K_BGEMM_FIRST];
+        fn = l->bgemm_fn[k - MOE_K_BGEMM_FIRST];
     } else {
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
                         ev ? " with an event" : "");

@@ -29,6 +29,9 @@ typedef struct moe_launcher {
     const moe_kernel_desc_t *pack;    /* &pd->pack: the device-side weight pack */
     CUfunction pack_fn;               /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
+    const moe_kernel_desc_t *bgemm;   /* the backward GEMMs (moe_plan_bgemm(pd, arch), [MOE_BGEMM_COUNT], family
+                                         MOE_K_BGEMM_FIRST + i); NULL when the spec has no training = true */
+    CUfunction bgemm_fn[MOE_BGEMM_COUNT]; /* bgemm[i] in the module; NULL when the module lacks it */
 } moe_launcher_t;
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
@@ -48,9 +51,11 @@ typedef struct {
  * (moe_family_grid) for `tokens` tokens and n: a forward kernel
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
  * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
- * activation (MOE_K_SWIGLU, l->swiglu) or the weight pack (MOE_K_PACK,
- * l->pack). n is what the family walks besides tokens: the GEMMs' row
- * tiles (0: the plan's max tiles at `tokens`; the expert-parallel path
+ * activation (MOE_K_SWIGLU, l->swiglu), the weight pack (MOE_K_PACK,
+ * l->pack) or a backward GEMM (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN,
+ * l->bgemm; runtime/bgemm.h). n is what the family walks besides tokens: the GEMMs' row
+ * tiles (0: the plan's max tiles at `tokens`, for the forward's; the
+ * expert-parallel path
  * sizes them from the receive side), ep_rows' staging rows, swiglu's rows
  * (0 is 0 rows: one block) and pack's elements; the other families ignore
  * it. The grid-stride grids (swiglu, pack) are capped at 32 blocks per SM.
