@@ -25,7 +25,12 @@
  * of the |terms| (the products are exact in fp32, the sums in a different
  * order) plus 1e-6.
  *
- * Without a driver or GPU every case reports itself skipped. The seed is
+ * One case runs on the CPU, GPU or not: this file's statement of the
+ * activation's backward (act_bwd, line for line templates/activation.lua's
+ * M.backward) against the CPU reference's backward (moe_ref_backward's
+ * stages Ur, dA -> dU) on tiny layers whose clamp cuts often.
+ *
+ * Without a driver or GPU every GPU case reports itself skipped. The seed is
  * printed; MOEGEN_TEST_SEED=N repeats a run. Run from the repository root
  * (it reads tests/specs/training.moe). Usage: test_bgemm_gpu
  * [--perf] (--perf adds a large bf16 shape, checked on sampled elements, and
@@ -39,6 +44,7 @@
 #include "moe_impl.h" /* white box: the plan's launcher */
 #include "moe_internal.h"
 #include "pack_geom.h"
+#include "ref.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -250,6 +256,74 @@ static double check_wgrad(const bdata_t *d, const float *got, const float *befor
         worst = fmax(worst, isnan(err) ? INFINITY : err / tol);
     }
     return worst;
+}
+
+/* The CPU case (it runs without a GPU too): act_bwd above against the CPU
+ * reference's backward (moe_ref_backward's stages Ur, dA -> dU), on a tiny
+ * layer whose clamp (limit 1) cuts often, for SwiGLU with alpha and
+ * up_offset, GeGLU and plain SwiGLU, bf16 and fp16. Both round dU once to
+ * the dtype; they may differ by one unit in the last place. */
+static void check_act_bwd_against_ref(uint64_t seed) {
+    static const char *const specs[] = {
+        "name = 'a1' experts = 4 top_k = 2 hidden = 16 ffn = 16 tokens = 8 ffn_bias = true\n"
+        "activation = { alpha = 1.702, limit = 1.0, up_offset = 1 }\n",
+        "name = 'a2' experts = 4 top_k = 2 hidden = 16 ffn = 16 tokens = 8 dtype = 'fp16'\n"
+        "activation = { kind = 'geglu', limit = 1.0, up_offset = 1 }\n",
+        "name = 'a3' experts = 4 top_k = 2 hidden = 16 ffn = 16 tokens = 8\n",
+    };
+    rng_state = seed;
+    for (size_t c = 0; c < sizeof specs / sizeof *specs; c++) {
+        char label[128];
+        snprintf(label, sizeof label, "activation backward against moe_ref_backward: spec %zu", c + 1);
+        CASE(label);
+        moe_spec_t s;
+        moe_diag_t dg;
+        if (moe_spec_load(&s, "act.moe", specs[c], NULL, 0, &dg)) {
+            CHECKF(0, "%s", dg.msg);
+            continue;
+        }
+        const int T = s.tokens, E = s.experts, K = s.top_k, H = s.hidden, F = s.ffn;
+        bdata_t d = {.s = &s, .dt = s.dtype};
+        uint16_t *x = NULL, *wr, *w1, *w2, *b1, *b2, *dy;
+        d.row_slot = NULL;
+        x = random_half(&d, (size_t)T * H, -1, 1, 0), wr = random_half(&d, (size_t)E * H, -1, 1, 0);
+        w1 = random_half(&d, (size_t)E * 2 * F * H, -1, 1, 0), w2 = random_half(&d, (size_t)E * H * F, -1, 1, 0);
+        b1 = random_half(&d, (size_t)E * 2 * F, -1, 1, 0), b2 = random_half(&d, (size_t)E * H, -1, 1, 0);
+        dy = random_half(&d, (size_t)T * H, -1, 1, 0);
+        float *u = malloc(sizeof(float) * T * K * 2 * F), *da = malloc(sizeof(float) * T * K * F),
+              *du = malloc(sizeof(float) * T * K * 2 * F), *dx = malloc(sizeof(float) * T * H);
+        moe_ref_inputs_t in = {.x = x, .wr = wr, .w1 = w1, .w2 = w2, .b1 = s.ffn_bias ? b1 : NULL,
+                               .b2 = s.ffn_bias ? b2 : NULL, .tokens = T};
+        moe_ref_grads_t g = {.dx = dx};
+        moe_ref_bwd_stages_t st = {.u = u, .da = da, .du = du};
+        if (!x || !wr || !w1 || !w2 || !b1 || !b2 || !dy || !u || !da || !du || !dx ||
+            moe_ref_backward(&s, &in, dy, 0, &g, &st) != 0) {
+            CHECKF(0, "moe_ref_backward failed");
+        } else {
+            const double ulp = s.dtype == MOE_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+            int bad = 0, cut = 0;
+            for (long long r = 0; r < (long long)T * K; r++)
+                for (int f = 0; f < F; f++) {
+                    double dgate, dup;
+                    const double gate = u[r * 2 * F + f], up = u[r * 2 * F + F + f];
+                    act_bwd(&s, gate, up, da[r * F + f], &dgate, &dup);
+                    cut += s.activation.limit > 0 && (gate > s.activation.limit || fabs(up) > s.activation.limit);
+                    const double want[2] = {du[r * 2 * F + f], du[r * 2 * F + F + f]}, got[2] = {dgate, dup};
+                    for (int j = 0; j < 2; j++) {
+                        const double gr = moe_half_to_float(moe_float_to_half((float)got[j], s.dtype), s.dtype);
+                        if (!(fabs(gr - want[j]) <= ulp * fabs(want[j]) + 1e-7)) {
+                            if (bad++ < 5)
+                                fprintf(stderr, "    row %lld f %d %s: ours %g, ref %g (gate %g, up %g, dA %g)\n", r, f,
+                                        j ? "up" : "gate", gr, want[j], gate, up, da[r * F + f]);
+                        }
+                    }
+                }
+            CHECKF(bad == 0, "%d of %d values differ by more than one unit in the last place", bad, T * K * F * 2);
+            if (s.activation.limit > 0)
+                CHECKF(cut > 0, "the clamp never cut: the case does not test it");
+        }
+        free(x), free(wr), free(w1), free(w2), free(b1), free(b2), free(dy), free(u), free(da), free(du), free(dx);
+    }
 }
 
 /* Time `reps` launches of kind on stream 0 with CUDA events: ms per launch. */
@@ -482,6 +556,7 @@ int main(int argc, char **argv) {
         seed = strtoull(env, NULL, 10);
     fprintf(stderr, "test_bgemm_gpu: seed %llu (MOEGEN_TEST_SEED=%llu repeats this run)\n",
             (unsigned long long)seed, (unsigned long long)seed);
+    check_act_bwd_against_ref(seed ^ 0x5eed);
     char why[512];
     CASE("driver");
     if (moe_cu_load(why, sizeof why) != 0) {
