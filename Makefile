@@ -21,11 +21,11 @@ LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvr
 
 GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
-             gen/family_ep.c gen/family_swiglu.c gen/family_pack.c gen/family_bwd.c
+             gen/family_ep.c gen/family_swiglu.c gen/family_pack.c gen/family_bwd.c gen/family_bgemm.c
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/backward.c
+RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/backward.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,
@@ -135,7 +135,7 @@ install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
 CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
-GPU_TESTS := test_gpu test_ep_gpu test_bwd_gpu
+GPU_TESTS := test_gpu test_ep_gpu test_bgemm_gpu test_bwd_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
 # The Python package's CPU tests (python/tests/run.py) against this build's

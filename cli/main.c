@@ -375,6 +375,14 @@ static int cmd_plan(const args_t *a) {
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");
         }
+        const moe_kernel_desc_t *bg = moe_plan_bgemm(&plan, MOE_ARCH_SM90A);
+        if (bg) {
+            printf("backward GEMMs (training = true; the same kernels on sm_80):\n");
+            for (int i = 0; i < MOE_BGEMM_COUNT; i++)
+                printf("  %-58s threads %4d  smem %6d  tile %dx%dx%d, %d stages, %dx%d warps, mma.sync\n", bg[i].name,
+                       bg[i].threads, bg[i].smem, bg[i].tile.bm, bg[i].tile.bn, bg[i].tile.bk, bg[i].tile.stages,
+                       bg[i].tile.warps_m, bg[i].tile.warps_n);
+        }
         const moe_tuning_entry_t *te = plan.tuned;
         if (te)
             printf("sm_90a GEMM tiles: %s:%d (%d-token bucket; %.1f us, runner-up %.1f us, %s, %s)\n",

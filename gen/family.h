@@ -14,7 +14,8 @@
  * sm_90a shared-memory formula), family_combine.c, family_ep.c (the four
  * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU),
  * family_pack.c (the device-side weight pack), family_bwd.c (the
- * backward's kernels other than its grouped GEMMs). The planner
+ * backward's kernels other than its grouped GEMMs), family_bgemm.c (the
+ * four backward GEMMs). The planner
  * (plan.c, ep_plan.c) walks the table; emission, the manifest, the cache key
  * and the runtime read the kernel descriptors it fills. */
 #ifndef MOEGEN_FAMILY_H
@@ -55,6 +56,14 @@ typedef enum {
     MOE_K_BWD_DWR,          /* d router_w = dlogits^T . x, d logit_bias = sum_t dlogits */
     MOE_K_BWD_COLSUM,       /* bias gradients: per-slot column sums of [rows, N] */
     MOE_K_BWD_UNPACK,       /* an fp32 packed W1 / b1 gradient -> the plain layout */
+    /* the backward GEMMs (family_bgemm.c, templates/gemm_grad.lua), planned
+     * when the spec has training = true, in the order of the plan's
+     * backward GEMM set (moe_plan_desc_t.bgemm, MOE_K_BGEMM_FIRST + i) and
+     * of runtime/bgemm.h's kinds */
+    MOE_K_DGRAD_DOWN,       /* dU = act'(Ur) . (dys [rows, H] x W2 [H, F]) -> [rows, 2F] */
+    MOE_K_DGRAD_UP,         /* dXs = dU [rows, 2F] x W1p [2F, H] -> [rows, H] */
+    MOE_K_WGRAD_UP,         /* dW1p[e] (+)= dU_e^T x xs_e, fp32 [2F, H] */
+    MOE_K_WGRAD_DOWN,       /* dW2[e] (+)= dys_e^T x A_e, fp32 [H, F] */
     MOE_FAMILY_COUNT
 } moe_kfamily_t;
 
@@ -69,6 +78,9 @@ typedef enum {
  * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
 #define MOE_BWD_DWR_COLS 64
 #define MOE_BWD_DWR_EXPERTS 32
+/* The backward GEMMs: set index i is family MOE_K_BGEMM_FIRST + i. */
+#define MOE_K_BGEMM_FIRST MOE_K_DGRAD_DOWN
+#define MOE_BGEMM_COUNT 4
 /* moe_arch_t values (spec.h): a plan holds a kernel set for each. */
 #define MOE_FAMILY_ARCHES 2
 
@@ -181,6 +193,18 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 /* The expert row block (the GEMM bm, the plan's align) for spec s: the
  * tuning entry's bm when there is one, else the heuristic. */
 int moe_gemm_row_block(const moe_spec_t *s, const struct moe_tuning_entry *tuned);
+
+/* ---- the backward GEMMs' facts (family_bgemm.c) ------------------------ */
+
+/* Dynamic shared memory of a backward GEMM (templates/gemm_grad.lua) with
+ * tile t: stages x (the A tile, K-major [bm][bk + 8] for the dgrads or
+ * M-major [bk][bm + 8] for the wgrads, + the N-major B tile [bk][bn + 8])
+ * halves. */
+int moe_bgemm_smem(const moe_tile_cfg_t *t, int wgrad);
+
+/* The output shape of backward GEMM family f: rows M (0 for the dgrads,
+ * whose rows are the tile table's) and columns N. */
+void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M, long long *N);
 
 /* ---- Lua table setters: t[k] = v on the table on top of L --------------- */
 void moe_lua_set_int(lua_State *L, const char *k, long long v);

@@ -33,6 +33,9 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
         for (int k = 0; k < MOE_K_COUNT; k++)
             if (moe_family_build(&pd->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
                 return 1;
+        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++) /* the backward GEMMs */
+            if (moe_family_build(&pd->bgemm[a][i], (moe_kfamily_t)(MOE_K_BGEMM_FIRST + i), &ctx, err, errlen))
+                return 1;
     }
     moe_family_ctx_t neutral = moe_plan_family_ctx(pd, s->arch[0]);
     if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen) ||
@@ -133,6 +136,10 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
     moe_family_grid(&moe_plan_kernels(pd, arch)[k], &pd->spec, tokens, moe_plan_max_tiles(pd, tokens), grid);
 }
 
+/* Kernel d's fields of the template parameter table on top of L. */
+static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                               const moe_kernel_desc_t *set);
+
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
     const moe_spec_t *s = &pd->spec;
     lua_newtable(L);
@@ -168,7 +175,18 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     moe_lua_set_int(L, "pair_granule", pd->pair_granule);
     if (k < 0)
         return;
-    const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch), *d = &set[k];
+    const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch);
+    push_kernel_fields(L, pd, arch, &set[k], set);
+}
+
+void moe_plan_push_kernel(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                          const moe_kernel_desc_t *set) {
+    moe_plan_push_params(L, pd, arch, -1);
+    push_kernel_fields(L, pd, arch, d, set);
+}
+
+static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                               const moe_kernel_desc_t *set) {
     moe_lua_set_str(L, "arch", moe_arch_name(arch));
     moe_lua_set_str(L, "kernel", d->name);
     moe_lua_set_int(L, "threads", d->threads);

@@ -78,6 +78,8 @@ typedef struct moe_plan_desc {
     moe_kernel_desc_t pack;          /* the device-side weight pack (family pack), arch-neutral */
     int has_bwd;                     /* spec.training: bwd holds the backward's own kernels */
     moe_kernel_desc_t bwd[MOE_BK_COUNT]; /* family MOE_K_BWD_FIRST + i, arch-neutral */
+    moe_kernel_desc_t bgemm[MOE_FAMILY_ARCHES][MOE_BGEMM_COUNT]; /* the backward GEMMs per arch (family
+                                        MOE_K_BGEMM_FIRST + i), when spec.training; else zeroed (name "") */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
     const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */
@@ -141,6 +143,17 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
 /* Push the template parameter table `p` for kernel k of arch onto L
  * (k < 0: the parameters every template shares). */
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k);
+
+/* As moe_plan_push_params, for planned kernel d of arch (a member of the
+ * kernel set `set` its family's push reads). */
+void moe_plan_push_kernel(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                          const moe_kernel_desc_t *set);
+
+/* The backward GEMMs of one arch ([MOE_BGEMM_COUNT]), or NULL when the
+ * spec has no training = true. */
+static inline const moe_kernel_desc_t *moe_plan_bgemm(const moe_plan_desc_t *pd, moe_arch_t arch) {
+    return pd->spec.training ? pd->bgemm[arch] : NULL;
+}
 
 /* The shared expert's split (spec.h, moe_spec_shared_slots): plain W1 row r
  * (0 <= r < 2F: gate rows then up rows) of shared slot j is row

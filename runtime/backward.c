@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "moe_impl.h"
 
+#include "bgemm.h"
 #include "error.h"
 #include "ffn.h"
 #include "spec.h"
@@ -188,15 +189,6 @@ static moe_status zero_grads(const moe_plan *p, const moe_backward_args *a, CUst
     return MOE_OK;
 }
 
-/* The four grouped GEMMs of the backward (BACKWARD.md): dU from dys (the
- * activation's backward fused), dXs from dU, dW1p from dU and xs, dW2 from
- * dys and A. They are the bgemm helper's (runtime/bgemm.h); until that entry
- * point is in the tree this says so and the backward enqueues nothing. */
-static moe_status grad_gemms_ready(void) {
-    return moe_fail(MOE_ERR_UNSUPPORTED, "moe_backward: the backward's grouped GEMMs (runtime/bgemm.h) are not in "
-                    "this build yet");
-}
-
 moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *stream) {
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: NULL argument");
@@ -207,8 +199,6 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
     const int T = a->tokens, beta = a->accumulate, recompute = a->recompute_u;
     if (T == 0)
         return beta ? MOE_OK : zero_grads(p, a, st);
-    if ((rc = grad_gemms_ready()))
-        return rc;
     const moe_spec_t *s = &p->pd.spec;
     const moe_launcher_t *l = &p->launcher;
     moe_ws_region_t svr[MOE_SV_COUNT], bwr[MOE_BW_COUNT];
@@ -234,7 +224,25 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
         if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
             return rc;
     }
-    (void)u; /* steps 2, 3, 5, 6: the grouped GEMMs (grad_gemms_ready) */
+    { /* steps 2, 3, 5, 6: bgemm's grouped GEMMs (runtime/bgemm.h) */
+        CUdeviceptr w1p = (CUdeviceptr)(uintptr_t)a->w1p, w2 = (CUdeviceptr)(uintptr_t)a->w2;
+        const moe_bgemm_args base = {.tokens = T, .grid_tiles = nt, .tiles = sv[MOE_SV_TILES],
+                                     .num_tiles = sv[MOE_SV_NUM_TILES], .offsets = sv[MOE_SV_OFFSETS],
+                                     .counts = sv[MOE_SV_COUNTS]};
+        moe_bgemm_args g[MOE_BGEMM_KINDS];
+        for (int i = 0; i < MOE_BGEMM_KINDS; i++)
+            g[i] = base;
+        g[MOE_BGEMM_DGRAD_DOWN].a = bw[MOE_BW_DYS], g[MOE_BGEMM_DGRAD_DOWN].b = w2;
+        g[MOE_BGEMM_DGRAD_DOWN].u = u, g[MOE_BGEMM_DGRAD_DOWN].out = bw[MOE_BW_DU];
+        g[MOE_BGEMM_DGRAD_UP].a = bw[MOE_BW_DU], g[MOE_BGEMM_DGRAD_UP].b = w1p, g[MOE_BGEMM_DGRAD_UP].out = bw[MOE_BW_DXS];
+        g[MOE_BGEMM_WGRAD_UP].a = bw[MOE_BW_DU], g[MOE_BGEMM_WGRAD_UP].b = sv[MOE_SV_XS];
+        g[MOE_BGEMM_WGRAD_UP].out = (CUdeviceptr)(uintptr_t)a->dw1p, g[MOE_BGEMM_WGRAD_UP].beta = beta;
+        g[MOE_BGEMM_WGRAD_DOWN].a = bw[MOE_BW_DYS], g[MOE_BGEMM_WGRAD_DOWN].b = sv[MOE_SV_HBUF];
+        g[MOE_BGEMM_WGRAD_DOWN].out = (CUdeviceptr)(uintptr_t)a->dw2, g[MOE_BGEMM_WGRAD_DOWN].beta = beta;
+        for (int i = 0; i < MOE_BGEMM_KINDS; i++)
+            if ((rc = moe_bgemm_launch(l, (moe_bgemm_kind)i, &g[i], st)))
+                return rc;
+    }
     if (s->ffn_bias) { /* the bias gradients: each slot's column sums of dU and dys */
         int n1 = 2 * s->ffn, n2 = s->hidden;
         CUdeviceptr db1 = (CUdeviceptr)(uintptr_t)a->db1p, db2 = (CUdeviceptr)(uintptr_t)a->db2;

@@ -56,6 +56,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     } else if (k >= MOE_K_BWD_FIRST && k < MOE_K_BWD_FIRST + MOE_BK_COUNT && l->bwd && !ev) {
         d = &l->bwd[k - MOE_K_BWD_FIRST];
         fn = l->bwd_fn[k - MOE_K_BWD_FIRST];
+    } else if (k >= MOE_K_BGEMM_FIRST && k < MOE_K_BGEMM_FIRST + MOE_BGEMM_COUNT && l->bgemm &&
+               l->bgemm_fn[k - MOE_K_BGEMM_FIRST] && !ev) {
+        d = &l->bgemm[k - MOE_K_BGEMM_FIRST];
+        fn = l->bgemm_fn[k - MOE_K_BGEMM_FIRST];
     } else {
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
                         ev ? " with an event" : "");

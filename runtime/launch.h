@@ -32,6 +32,9 @@ typedef struct moe_launcher {
     const moe_kernel_desc_t *bwd;     /* pd->bwd: the backward's own kernels (family MOE_K_BWD_FIRST + i);
                                          NULL when the plan has none (spec.training unset) */
     CUfunction bwd_fn[MOE_BK_COUNT];  /* bwd[i] in the module */
+    const moe_kernel_desc_t *bgemm;   /* the backward GEMMs (moe_plan_bgemm(pd, arch), [MOE_BGEMM_COUNT], family
+                                         MOE_K_BGEMM_FIRST + i); NULL when the spec has no training = true */
+    CUfunction bgemm_fn[MOE_BGEMM_COUNT]; /* bgemm[i] in the module; NULL when the module lacks it */
 } moe_launcher_t;
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
@@ -53,9 +56,11 @@ typedef struct {
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
  * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
  * activation (MOE_K_SWIGLU, l->swiglu), the weight pack (MOE_K_PACK,
- * l->pack) or a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_UNPACK,
- * l->bwd). n is what the family walks besides tokens: the GEMMs' row
- * tiles (0: the plan's max tiles at `tokens`; the expert-parallel path
+ * l->pack), a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_UNPACK,
+ * l->bwd) or a backward GEMM (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN,
+ * l->bgemm; runtime/bgemm.h). n is what the family walks besides tokens: the GEMMs' row
+ * tiles (0: the plan's max tiles at `tokens`, for the forward's; the
+ * expert-parallel path
  * sizes them from the receive side), ep_rows' staging rows, swiglu's rows
  * (0 is 0 rows: one block), pack's and bwd_unpack's elements, bwd_upre's
  * row tiles (never 0 there), bwd_colsum's columns; the other families ignore

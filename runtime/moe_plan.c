@@ -102,6 +102,15 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     for (int i = 0; l->bwd && i < MOE_BK_COUNT; i++)
         if ((rc = load_kernel(p, &l->bwd[i], &l->bwd_fn[i])))
             return rc;
+    /* the backward GEMMs with training = true, likewise (moe_bgemm_launch refuses without them) */
+    l->bgemm = moe_plan_bgemm(&p->pd, l->arch);
+    for (int i = 0; l->bgemm && i < MOE_BGEMM_COUNT; i++) {
+        if (moe_cu.cuModuleGetFunction(&l->bgemm_fn[i], p->module, l->bgemm[i].name) != CUDA_SUCCESS)
+            l->bgemm_fn[i] = NULL;
+        else if (l->bgemm[i].smem > 48 * 1024)
+            CU_CHECK(moe_cu.cuFuncSetAttribute(l->bgemm_fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                               l->bgemm[i].smem));
+    }
     return moe_ep_load(p->ep);
 }
 

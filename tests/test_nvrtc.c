@@ -1,5 +1,6 @@
 /* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below,
- * some for sm_90a alone) compiles under NVRTC for each arch with no warnings, and each kernel the
+ * some for sm_90a alone), with training = true where the mesh is one device (the backward
+ * GEMMs too), compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
@@ -18,11 +19,23 @@ typedef struct {
 
 static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
+    /* with training = true where the mesh allows it (one device), so the
+     * same compile also covers the backward GEMMs (the forward's kernels
+     * are the same either way) */
     moe_plan_desc_t pd;
+    const moe_override_t train = {"training=true"};
     if (load_plan(spec, NULL, 0, &pd)) {
         r->rc = 1;
         snprintf(r->msg, sizeof r->msg, "%s does not load", spec);
         return;
+    }
+    if (!pd.spec.training && moe_spec_world(&pd.spec) == 1) {
+        moe_plan_desc_free(&pd);
+        if (load_plan(spec, &train, 1, &pd)) {
+            r->rc = 1;
+            snprintf(r->msg, sizeof r->msg, "%s does not load with training = true", spec);
+            return;
+        }
     }
     moe_buf_t src = {0}, cubin = {0}, log = {0};
     moe_diag_t d;
@@ -65,6 +78,11 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
     for (int i = 0; pd.has_bwd && i < MOE_BK_COUNT && !r->rc && !r->missing[0]; i++)
         if (!find_bytes(cubin.data, cubin.len, pd.bwd[i].name))
             snprintf(r->missing, sizeof r->missing, "%s", pd.bwd[i].name);
+    /* and the backward GEMMs of a training spec */
+    const moe_kernel_desc_t *bg = moe_plan_bgemm(&pd, arch);
+    for (int i = 0; bg && !r->rc && !r->missing[0] && i < MOE_BGEMM_COUNT; i++)
+        if (!find_bytes(cubin.data, cubin.len, bg[i].name))
+            snprintf(r->missing, sizeof r->missing, "%s", bg[i].name);
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);

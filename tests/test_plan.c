@@ -187,6 +187,45 @@ int main(void) {
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_PLAN, 4096, g);
     CHECK(g[0] == 1 && g[1] == 1 && g[2] == 1);
 
+    CASE("the backward GEMMs: planned only with training = true, named, sized and gridded by their family");
+    CHECK(moe_plan_bgemm(&pd, MOE_ARCH_SM80) == NULL && pd.bgemm[MOE_ARCH_SM90A][0].name[0] == '\0');
+    {
+        moe_plan_desc_t tp = {0};
+        CHECK(plan_of(&tp, "name = 'tr' experts = 8 top_k = 2 hidden = 264 ffn = 136 tokens = 4096 "
+                           "training = true\n") == 0);
+        static const char *const names[MOE_BGEMM_COUNT] = {"tr_dgrad_down_bf16_m128", "tr_dgrad_up_bf16_m128",
+                                                          "tr_wgrad_up_bf16_m128", "tr_wgrad_down_bf16_m128"};
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
+            for (int i = 0; moe_plan_bgemm(&tp, (moe_arch_t)a) && i < MOE_BGEMM_COUNT; i++) {
+                const moe_kernel_desc_t *d = &moe_plan_bgemm(&tp, (moe_arch_t)a)[i];
+                const int wgrad = i >= 2;
+                CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0,
+                       "%s", d->name);
+                CHECK(d->threads == 32 * d->tile.warps_m * d->tile.warps_n && d->tile.bm == 128 && d->tile.consumers == 0);
+                CHECK(d->smem == d->tile.stages * (wgrad ? d->tile.bk * (d->tile.bm + 8) + d->tile.bk * (d->tile.bn + 8)
+                                                         : d->tile.bm * (d->tile.bk + 8) + d->tile.bk * (d->tile.bn + 8)) * 2);
+            }
+        CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM80) != NULL);
+        /* the same kernel serves both arches */
+        CHECK_STREQ(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0].name);
+        const moe_kernel_desc_t *b = moe_plan_bgemm(&tp, MOE_ARCH_SM90A);
+        unsigned g[3];
+        moe_family_grid(&b[0], &tp.spec, 4096, 77, g); /* dgrad_down: F / bn x the row tiles */
+        CHECK(g[0] == 2 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&b[1], &tp.spec, 4096, 77, g); /* dgrad_up: H / bn x the row tiles */
+        CHECK(g[0] == 3 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&b[2], &tp.spec, 4096, 0, g); /* wgrad_up: H / bn x 2F / bm x slots */
+        CHECK(g[0] == 3 && g[1] == 3 && g[2] == 8);
+        moe_family_grid(&b[3], &tp.spec, 4096, 0, g); /* wgrad_down: F / bn x H / bm x slots */
+        CHECK(g[0] == 2 && g[1] == 3 && g[2] == 8);
+        /* a 64-row block: the dgrads follow it, the wgrads keep their 128 rows */
+        CHECK(plan_of(&tp, "name = 'tr' experts = 64 top_k = 2 hidden = 264 ffn = 136 tokens = 512 "
+                           "training = true\n") == 0);
+        CHECK(tp.align == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].tile.bm == 64 &&
+              moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].tile.bm == 128);
+        moe_plan_desc_free(&tp);
+    }
+
     CASE("the workspace: regions in order, 256-byte aligned, the total");
     for (int i = 1; i < MOE_WS_COUNT; i++)
         CHECK(pd.ws[i].offset >= pd.ws[i - 1].offset + pd.ws[i - 1].bytes && pd.ws[i].offset % 256 == 0);
