@@ -11,13 +11,17 @@ MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 LUA_INC   ?= /usr/include/lua5.4
 LUA_LIB   ?= /usr/lib/$(or $(MULTIARCH),x86_64-linux-gnu)/liblua5.4.a
 XXHASH_H  ?= /usr/include/xxhash.h
-DEB_PKGS  := liblua5.4-dev libxxhash-dev
+# jansson (the compiled folder's manifest.json is read with it): linked
+# statically as Lua is; the shared library links the system's .so
+JANSSON_H   ?= /usr/include/jansson.h
+JANSSON_LIB ?= /usr/lib/$(or $(MULTIARCH),x86_64-linux-gnu)/libjansson.a
+DEB_PKGS  := liblua5.4-dev libxxhash-dev libjansson-dev
 SPEC      ?= examples/specs/mixtral-8x7b.moe
 BUILD     := build
 
 WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-function-declaration
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
-LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
+LDLIBS    := $(LUA_LIB) $(JANSSON_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
 
 GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
@@ -40,20 +44,21 @@ all: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.
      $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 
 # ---- what the build needs from the system -------------------------------
-# `make deps` checks for Lua 5.4 (headers and static library) and xxhash's
-# header; missing ones are installed with apt-get when run as root, else it
+# `make deps` checks for Lua 5.4 (headers and static library), xxhash's
+# header and jansson (header and static library); missing ones are installed with apt-get when run as root, else it
 # prints the command and fails. Every compile waits for it, so `make run`
 # and `make test` on a fresh machine set it up first (.ci/run does the same).
 .PHONY: deps
 deps:
 	@missing=; [ -f $(LUA_INC)/lua.h ] && [ -f $(LUA_LIB) ] || missing=liblua5.4-dev; \
 	[ -f $(XXHASH_H) ] || missing="$$missing libxxhash-dev"; \
+	[ -f $(JANSSON_H) ] && [ -f $(JANSSON_LIB) ] || missing="$$missing libjansson-dev"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "make deps: installing $$missing (apt-get)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } || exit 1; \
 	else \
-	    echo "make deps: missing $$missing (Lua 5.4 at $(LUA_INC), $(LUA_LIB); $(XXHASH_H))." >&2; \
+	    echo "make deps: missing $$missing (Lua 5.4 at $(LUA_INC), $(LUA_LIB); $(XXHASH_H); $(JANSSON_H), $(JANSSON_LIB))." >&2; \
 	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
 	fi
 
@@ -116,7 +121,7 @@ clean:
 # library (libmoegen.so.VERSION, SONAME libmoegen.so.SOVERSION, and the
 # links), and a pkg-config file for that prefix. The shared library needs
 # the system's liblua5.4.so.0 (Debian: liblua5.4-0, which liblua5.4-dev
-# brings) and finds NVRTC through its rpath ($(CUDA_HOME)/lib64).
+# brings) and libjansson.so.4 (libjansson4, which libjansson-dev brings), and finds NVRTC through its rpath ($(CUDA_HOME)/lib64).
 PREFIX  ?= /usr/local
 DESTDIR ?=
 .PHONY: install
@@ -223,8 +228,9 @@ $(BUILD)/libmoegen_ref.so: $(REFLIB_SRC) $(wildcard gen/*.h runtime/*.h tests/su
 # ---- shared library and pkg-config file ----------------------------------
 # Debian's static Lua is not position-independent, so the shared library
 # links Debian's liblua5.4.so.0 (the static library and the command link Lua
-# statically and need no Lua on the machine they run on).
-# A copy of that Lua library sits beside it (found through $$ORIGIN), so
+# statically and need no Lua on the machine they run on); jansson the same
+# (libjansson.so.4).
+# A copy of those libraries sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
 # It exports the functions runtime/moe.h declares and nothing else (the
 # generator's and runtime's internals stay local, so they cannot clash with
@@ -240,14 +246,19 @@ $(BUILD)/libmoegen.map: runtime/moe.h Makefile
 	   { sed -n 's/^[A-Za-z][A-Za-z0-9_ ]*[ *]\(moe_[a-z0-9_]*\)(.*/\1/p' runtime/moe.h; \
 	     for t in $(TOOL_EXPORTS); do echo $$t; done; } | sed 's/.*/    &;/'; \
 	   printf '  local: *;\n};\n'; } > $@
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 $(BUILD)/libmoegen.map Makefile
-	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 $(BUILD)/libjansson.so.4 $(BUILD)/libmoegen.map Makefile
+	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 -l:libjansson.so.4 \
 	  -Wl,-soname,libmoegen.so.$(SOVERSION) -Wl,--version-script=$(BUILD)/libmoegen.map -Wl,-rpath,'$$ORIGIN' \
-	  $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+	  $(filter-out $(LUA_LIB) $(JANSSON_LIB),$(LDLIBS)) -o $@
 
 $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 	@mkdir -p $(BUILD)
 	cp -L $(dir $(LUA_LIB))liblua5.4.so.0 $@
+
+# jansson likewise: Debian's libjansson.a is not position-independent
+$(BUILD)/libjansson.so.4: $(JANSSON_LIB)
+	@mkdir -p $(BUILD)
+	cp -L $(dir $(JANSSON_LIB))libjansson.so.4 $@
 
 # the version string's one home is gen/version.h
 VERSION := $(shell sed -n 's/^\#define MOEGEN_VERSION "\(.*\)"/\1/p' gen/version.h)

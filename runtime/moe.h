@@ -2,7 +2,7 @@
  * generate and compile its kernels (NVRTC, disk cache) or load them from a
  * folder written by `moegen compile`, and run the forward pass.
  *
- * Linking: libmoegen links NVRTC and Lua only. The CUDA driver is loaded
+ * Linking: libmoegen links NVRTC, Lua and jansson only. The CUDA driver is loaded
  * with dlopen("libcuda.so.1") on first use, so a program linked against
  * libmoegen starts on a machine without a GPU, and moe_plan_create answers
  * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there.
