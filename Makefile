@@ -139,7 +139,7 @@ install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
 GPU_TESTS := test_gpu test_ep_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
