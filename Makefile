@@ -21,7 +21,7 @@ BUILD     := build
 
 WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-function-declaration
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
-LDLIBS    := $(LUA_LIB) $(JANSSON_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
+LDLIBS    := $(LUA_LIB) $(JANSSON_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -ldl -lm -lpthread
 
 GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
@@ -121,7 +121,9 @@ clean:
 # library (libmoegen.so.VERSION, SONAME libmoegen.so.SOVERSION, and the
 # links), and a pkg-config file for that prefix. The shared library needs
 # the system's liblua5.4.so.0 (Debian: liblua5.4-0, which liblua5.4-dev
-# brings) and libjansson.so.4 (libjansson4, which libjansson-dev brings), and finds NVRTC through its rpath ($(CUDA_HOME)/lib64).
+# brings) and libjansson.so.4 (libjansson4, which libjansson-dev brings); NVRTC is
+# loaded with dlopen when a JIT plan first needs it, found through the rpath
+# ($(CUDA_HOME)/lib64) or the system's search.
 PREFIX  ?= /usr/local
 DESTDIR ?=
 .PHONY: install
@@ -152,7 +154,7 @@ $(BUILD)/tests/test_python: python/tests/run.py $(BUILD)/libmoegen.so
 
 # `make install` into a temporary DESTDIR, used as a program would use it
 # (tests/test_install.sh), as a program run.sh runs.
-$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
+$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.pc
 	@mkdir -p $(dir $@)
 	@cp tests/test_install.sh $@ && chmod +x $@
 
@@ -205,11 +207,14 @@ test-vendored: $(BUILD)/tests/test_vendored
 $(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
+# The examples are what users copy: built with runtime/moe.h and the flags
+# build/moegen.pc gives (-Iruntime, libmoegen.a and its libraries) alone;
+# test_install builds them again against an installed prefix.
 $(BUILD)/moe_ep_example: examples/moe_ep_example.c $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+	$(CC) $(WARN) $(CFLAGS) -Iruntime $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-$(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+$(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) -Iruntime $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 
 # ---- the CPU reference as a shared library (not shipped, not in `all`) ---

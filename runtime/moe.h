@@ -2,10 +2,12 @@
  * generate and compile its kernels (NVRTC, disk cache) or load them from a
  * folder written by `moegen compile`, and run the forward pass.
  *
- * Linking: libmoegen links NVRTC, Lua and jansson only. The CUDA driver is loaded
+ * Linking: libmoegen links Lua and jansson only. The CUDA driver is loaded
  * with dlopen("libcuda.so.1") on first use, so a program linked against
  * libmoegen starts on a machine without a GPU, and moe_plan_create answers
- * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there.
+ * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there. NVRTC is loaded the same way
+ * when moe_plan_create first needs it (MOE_ERR_UNSUPPORTED, naming the
+ * library, without it); moe_plan_create_from_dir needs none.
  *
  * Threads: a plan is immutable once created; moe_forward may be called on
  * one plan from several threads at once, each with its own workspace.
@@ -133,7 +135,7 @@ typedef struct {
 moe_status moe_plan_create(moe_plan **plan, const char *spec_path, const moe_options *opts);
 
 /* Create a plan from a folder written by `moegen compile` (NAME.moe and
- * NAME.ARCH.cubin): no NVRTC at run time. */
+ * NAME.ARCH.cubin): no NVRTC at run time (it is never loaded). */
 moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_options *opts);
 
 void moe_plan_destroy(moe_plan *plan);

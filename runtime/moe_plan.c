@@ -4,6 +4,7 @@
 #include "moe_impl.h"
 
 #include "cache.h"
+#include "compile.h"
 #include "cudnn.h"
 #include "emit.h"
 #include "ep.h"
@@ -172,6 +173,17 @@ static moe_status check_mesh(moe_plan *p, const moe_options *o, int unconnected)
     return MOE_OK;
 }
 
+/* A JIT plan compiles with NVRTC (and its cache key holds NVRTC's
+ * version), loaded here on first use: checked before any device work. */
+static moe_status need_nvrtc(void) {
+    char why[600];
+    if (moe_nvrtc_load(why, sizeof why))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s; moe_plan_create compiles the kernels with NVRTC (the CUDA "
+                        "toolkit's libnvrtc): install it, or load a folder written by moegen compile with "
+                        "moe_plan_create_from_dir, which needs no NVRTC", why);
+    return MOE_OK;
+}
+
 static moe_status connect_mesh(moe_plan *p, const moe_options *o) {
     if (p->ep->unconnected || !o || !o->nccl_comm)
         return MOE_OK;
@@ -202,6 +214,8 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
     moe_status s = plan_tables(p, spec_path, text, o, table);
     if (s == MOE_OK)
         s = check_mesh(p, o, unconnected);
+    if (s == MOE_OK)
+        s = need_nvrtc();
     if (s == MOE_OK)
         s = open_device(p, o);
     if (s == MOE_OK)
