@@ -119,7 +119,10 @@ clean:
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the command, the public
 # header (PREFIX/include/moegen/moe.h), the static library, the shared
 # library (libmoegen.so.VERSION, SONAME libmoegen.so.SOVERSION, and the
-# links), and a pkg-config file for that prefix. The shared library needs
+# links), a pkg-config file for that prefix, a CMake package
+# (lib/cmake/moegen: find_package(moegen) gives moegen::moegen, the shared
+# library, and moegen::moegen_static), and share/moegen (the templates, for
+# --templates copies; the example specs and programs). The shared library needs
 # the system's liblua5.4.so.0 (Debian: liblua5.4-0, which liblua5.4-dev
 # brings) and libjansson.so.4 (libjansson4, which libjansson-dev brings); NVRTC is
 # loaded with dlopen when a JIT plan first needs it, found through the rpath
@@ -128,7 +131,9 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 .PHONY: install
 install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/moegen $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/moegen $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/lib/cmake/moegen $(DESTDIR)$(PREFIX)/share/moegen/templates \
+	  $(DESTDIR)$(PREFIX)/share/moegen/examples/specs
 	install -m 755 $(BUILD)/moegen $(DESTDIR)$(PREFIX)/bin/moegen
 	install -m 644 runtime/moe.h $(DESTDIR)$(PREFIX)/include/moegen/moe.h
 	install -m 644 $(BUILD)/libmoegen.a $(DESTDIR)$(PREFIX)/lib/libmoegen.a
@@ -137,6 +142,19 @@ install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
 	ln -sf libmoegen.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libmoegen.so
 	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${includedir}/moegen\nLibs: -L$${libdir} -lmoegen\nLibs.private: $(LDLIBS)\n' \
 	  "$(PREFIX)" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moegen.pc
+	sed $(CMAKE_SUBST) cmake/moegenConfig.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/moegen/moegenConfig.cmake
+	sed $(CMAKE_SUBST) cmake/moegenConfigVersion.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/moegen/moegenConfigVersion.cmake
+	install -m 644 $(TEMPLATES) $(DESTDIR)$(PREFIX)/share/moegen/templates
+	install -m 644 $(SPECS) $(DESTDIR)$(PREFIX)/share/moegen/examples/specs
+	install -m 644 examples/*.c $(DESTDIR)$(PREFIX)/share/moegen/examples
+
+# The CMake package's placeholders (cmake/*.cmake.in): the version, the
+# SONAME's number, and the static library's link line as a CMake list.
+CMAKE_SUBST = -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOVERSION@|$(SOVERSION)|g' \
+  -e 's|@VERSION_MAJOR@|$(word 1,$(subst ., ,$(VERSION)))|g' -e 's|@VERSION_MINOR@|$(word 2,$(subst ., ,$(VERSION)))|g' \
+  -e 's|@STATIC_LIBS@|$(subst $(SPACE),;,$(strip $(LDLIBS)))|g'
+EMPTY :=
+SPACE := $(EMPTY) $(EMPTY)
 
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
@@ -154,7 +172,8 @@ $(BUILD)/tests/test_python: python/tests/run.py $(BUILD)/libmoegen.so
 
 # `make install` into a temporary DESTDIR, used as a program would use it
 # (tests/test_install.sh), as a program run.sh runs.
-$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.pc
+$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.pc \
+  cmake/moegenConfig.cmake.in cmake/moegenConfigVersion.cmake.in
 	@mkdir -p $(dir $@)
 	@cp tests/test_install.sh $@ && chmod +x $@
 
