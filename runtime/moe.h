@@ -53,7 +53,20 @@ typedef enum {
     MOE_ERR_OVERFLOW       /* capacity mode: a rank had more rows for a peer than dispatch.capacity */
 } moe_status;
 
+/* Growable structs: moe_options and moe_plan_info start with struct_size,
+ * the size of the struct as the caller's moe.h declares it, so fields can
+ * be added at their end without breaking programs built against an older
+ * header. Set it to sizeof the struct (MOE_OPTIONS_INIT, MOE_PLAN_INFO_INIT),
+ * or leave it 0 in a zero-initialized struct: 0 means the first layout
+ * with struct_size (moe.h 0.1.0: moe_options up to tuning_path, moe_plan_info
+ * up to cudnn_version), which the library always understands. The library
+ * reads (moe_options) or writes (moe_plan_info) only struct_size bytes;
+ * fields past them take their defaults, or are left alone. A struct_size
+ * larger than the library's struct is accepted when the fields it does not
+ * know are all zero (moe_options; else MOE_ERR_INVALID_ARG) and zeroed
+ * (moe_plan_info). An uninitialized struct_size is a caller bug. */
 typedef struct {
+    size_t struct_size;         /* sizeof(moe_options), or 0 (see above) */
     const char *templates_dir;  /* NULL = the embedded templates */
     const char *cache_dir;      /* NULL = $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen, ~/.cache/moegen */
     int device;                 /* CUDA device ordinal; default 0 */
@@ -70,6 +83,7 @@ typedef struct {
     const char *tuning_path;    /* a tuning table file (format: tuning/h200.tune) for the sm_90a GEMM tiles;
                                    NULL = $MOEGEN_TUNING, else the table embedded at build time */
 } moe_options;
+#define MOE_OPTIONS_INIT {.struct_size = sizeof(moe_options)}
 
 /* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is
  * known to run its graph on this GPU, a plan-time self-check against the
@@ -264,6 +278,7 @@ moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *
 /* What the plan is: spec name, hash, the arch its kernels were built for,
  * whether they came from the cache, and each kernel's name. */
 typedef struct {
+    size_t struct_size;           /* set by the caller: sizeof(moe_plan_info), or 0 (see moe_options) */
     const char *name, *hash, *arch;
     int experts, top_k, hidden, ffn, tokens;
     int dtype_bytes;
@@ -276,6 +291,7 @@ typedef struct {
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
 } moe_plan_info;
+#define MOE_PLAN_INFO_INIT {.struct_size = sizeof(moe_plan_info)}
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this

@@ -208,6 +208,13 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
     *out = NULL;
     if (!spec_path)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create: spec_path is NULL");
+    moe_options opts; /* the caller's, whatever moe.h it was built with */
+    if (o) {
+        moe_status rs = moe_struct_in(&opts, sizeof opts, MOE_OPTIONS_V1_SIZE, o, "moe_options");
+        if (rs)
+            return rs;
+        o = &opts;
+    }
     moe_plan *p = calloc(1, sizeof *p);
     if (!p)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
@@ -398,6 +405,13 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     *out = NULL;
     if (!dir)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create_from_dir: dir is NULL");
+    moe_options opts; /* the caller's, whatever moe.h it was built with */
+    if (o) {
+        moe_status rs = moe_struct_in(&opts, sizeof opts, MOE_OPTIONS_V1_SIZE, o, "moe_options");
+        if (rs)
+            return rs;
+        o = &opts;
+    }
     /* the folder's one NAME.moe names everything else */
     char mpath[4200], err[512];
     snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
@@ -536,7 +550,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     if (!p || !info)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
+    moe_plan_info full = {.struct_size = sizeof full, .name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                             .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit,
                             .world = p->ep->mp->world, .rank = p->ep->rank, .ep = p->ep->mp->size[MOE_AXIS_EP],
@@ -545,6 +559,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn)};
     for (int i = 0; i < MOE_K_COUNT; i++)
-        info->kernels[i] = p->launcher.kernels[i].name;
-    return MOE_OK;
+        full.kernels[i] = p->launcher.kernels[i].name;
+    /* only the bytes the caller's moe.h declares */
+    return moe_struct_out(info, &full, sizeof full, MOE_PLAN_INFO_V1_SIZE, "moe_plan_info");
 }

@@ -1012,7 +1012,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     const moe_dtype_t dt = s->dtype;
     const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     static char fcase[FAM_COUNT][240]; /* CASE keeps a pointer */
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
 
     /* poison outputs and the whole workspace */
@@ -1232,7 +1232,7 @@ static int cudnn_expect(const gpu_case_t *c, const moe_spec_t *s, moe_status st,
            moe_status_string(st), moe_last_error());
     if (st != MOE_OK)
         return 0;
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
     CHECKF(info.cudnn_version == (mode == MOE_CUDNN_OFF || !moe_cudnn_spec_fits(s, 1, 0, why, sizeof why) ? 0 : v),
            "moe_plan_info.cudnn_version %d, loaded %d, mode %s", info.cudnn_version, v, moe_cudnn_mode_name(mode));
