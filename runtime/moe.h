@@ -149,7 +149,8 @@ typedef struct {
 moe_status moe_plan_create(moe_plan **plan, const char *spec_path, const moe_options *opts);
 
 /* Create a plan from a folder written by `moegen compile` (NAME.moe and
- * NAME.ARCH.cubin): no NVRTC at run time (it is never loaded). */
+ * NAME.ARCH.cubin): no NVRTC needed at run time (only cuDNN's plan-time
+ * self-check compiles with it, where it is present). */
 moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_options *opts);
 
 void moe_plan_destroy(moe_plan *plan);
