@@ -83,7 +83,11 @@ typedef struct {
     const char *tuning_path;    /* a tuning table file (format: tuning/h200.tune) for the sm_90a GEMM tiles;
                                    NULL = $MOEGEN_TUNING, else the table embedded at build time */
 } moe_options;
+#ifdef __cplusplus /* designated initializers: C, and C++ only from C++20 */
+#define MOE_OPTIONS_INIT {sizeof(moe_options)}
+#else
 #define MOE_OPTIONS_INIT {.struct_size = sizeof(moe_options)}
+#endif
 
 /* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is
  * known to run its graph on this GPU, a plan-time self-check against the
@@ -292,7 +296,11 @@ typedef struct {
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
 } moe_plan_info;
+#ifdef __cplusplus
+#define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}
+#else
 #define MOE_PLAN_INFO_INIT {.struct_size = sizeof(moe_plan_info)}
+#endif
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
