@@ -1320,6 +1320,22 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     }
     if (st != MOE_OK)
         return;
+    { /* moe_plan_get_info for a caller built against an older moe.h (no mesh
+       * fields): the fields it has are filled, nothing past its struct_size */
+        moe_plan_info bufs[2], full = MOE_PLAN_INFO_INIT, got;
+        unsigned char *buf = (unsigned char *)bufs;
+        memset(bufs, 0xAB, sizeof bufs);
+        size_t older = offsetof(moe_plan_info, world);
+        bufs[0].struct_size = older;
+        CHECK(moe_plan_get_info(plan, &bufs[0]) == MOE_OK && moe_plan_get_info(plan, &full) == MOE_OK);
+        memcpy(&got, buf, sizeof got);
+        int untouched = 1;
+        for (size_t i = older; i < sizeof bufs; i++)
+            untouched &= buf[i] == 0xAB;
+        CHECKF(untouched && got.struct_size == older && got.experts == full.experts && got.hidden == full.hidden &&
+                   strcmp(got.name, full.name) == 0,
+               "moe_plan_get_info with struct_size %zu wrote past it or left fields out", older);
+    }
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
         CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {
