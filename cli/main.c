@@ -436,7 +436,11 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) /* the command's own help, if one is named */
             return print_help(argc > 1 && argv[1][0] != '-' && strcmp(argv[1], "help") != 0 ? argv[1] : NULL);
         if (strcmp(argv[i], "--version") == 0) {
-            char v[32];
+            char v[32], why[600];
+            if (moe_nvrtc_load(why, sizeof why)) {
+                printf("moegen %s (%s)\n", MOEGEN_VERSION, why);
+                return 0;
+            }
             moe_nvrtc_version(v, sizeof v);
             printf("moegen %s (NVRTC %s)\n", MOEGEN_VERSION, v);
             return 0;

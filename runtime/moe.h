@@ -2,10 +2,12 @@
  * generate and compile its kernels (NVRTC, disk cache) or load them from a
  * folder written by `moegen compile`, and run the forward pass.
  *
- * Linking: libmoegen links NVRTC and Lua only. The CUDA driver is loaded
+ * Linking: libmoegen links Lua and jansson only. The CUDA driver is loaded
  * with dlopen("libcuda.so.1") on first use, so a program linked against
  * libmoegen starts on a machine without a GPU, and moe_plan_create answers
- * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there.
+ * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there. NVRTC is loaded the same way
+ * when moe_plan_create first needs it (MOE_ERR_UNSUPPORTED, naming the
+ * library, without it); moe_plan_create_from_dir needs none.
  *
  * Threads: a plan is immutable once created; moe_forward may be called on
  * one plan from several threads at once, each with its own workspace.
@@ -51,7 +53,20 @@ typedef enum {
     MOE_ERR_OVERFLOW       /* capacity mode: a rank had more rows for a peer than dispatch.capacity */
 } moe_status;
 
+/* Growable structs: moe_options and moe_plan_info start with struct_size,
+ * the size of the struct as the caller's moe.h declares it, so fields can
+ * be added at their end without breaking programs built against an older
+ * header. Set it to sizeof the struct (MOE_OPTIONS_INIT, MOE_PLAN_INFO_INIT),
+ * or leave it 0 in a zero-initialized struct: 0 means the first layout
+ * with struct_size (moe.h 0.1.0: moe_options up to tuning_path, moe_plan_info
+ * up to cudnn_version), which the library always understands. The library
+ * reads (moe_options) or writes (moe_plan_info) only struct_size bytes;
+ * fields past them take their defaults, or are left alone. A struct_size
+ * larger than the library's struct is accepted when the fields it does not
+ * know are all zero (moe_options; else MOE_ERR_INVALID_ARG) and zeroed
+ * (moe_plan_info). An uninitialized struct_size is a caller bug. */
 typedef struct {
+    size_t struct_size;         /* sizeof(moe_options), or 0 (see above) */
     const char *templates_dir;  /* NULL = the embedded templates */
     const char *cache_dir;      /* NULL = $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen, ~/.cache/moegen */
     int device;                 /* CUDA device ordinal; default 0 */
@@ -68,6 +83,11 @@ typedef struct {
     const char *tuning_path;    /* a tuning table file (format: tuning/h200.tune) for the sm_90a GEMM tiles;
                                    NULL = $MOEGEN_TUNING, else the table embedded at build time */
 } moe_options;
+#ifdef __cplusplus /* designated initializers: C, and C++ only from C++20 */
+#define MOE_OPTIONS_INIT {sizeof(moe_options)}
+#else
+#define MOE_OPTIONS_INIT {.struct_size = sizeof(moe_options)}
+#endif
 
 /* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is
  * known to run its graph on this GPU, a plan-time self-check against the
@@ -133,7 +153,8 @@ typedef struct {
 moe_status moe_plan_create(moe_plan **plan, const char *spec_path, const moe_options *opts);
 
 /* Create a plan from a folder written by `moegen compile` (NAME.moe and
- * NAME.ARCH.cubin): no NVRTC at run time. */
+ * NAME.ARCH.cubin): no NVRTC needed at run time (only cuDNN's plan-time
+ * self-check compiles with it, where it is present). */
 moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_options *opts);
 
 void moe_plan_destroy(moe_plan *plan);
@@ -358,6 +379,7 @@ moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *
 /* What the plan is: spec name, hash, the arch its kernels were built for,
  * whether they came from the cache, and each kernel's name. */
 typedef struct {
+    size_t struct_size;           /* set by the caller: sizeof(moe_plan_info), or 0 (see moe_options) */
     const char *name, *hash, *arch;
     int experts, top_k, hidden, ffn, tokens;
     int dtype_bytes;
@@ -370,6 +392,11 @@ typedef struct {
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
 } moe_plan_info;
+#ifdef __cplusplus
+#define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}
+#else
+#define MOE_PLAN_INFO_INIT {.struct_size = sizeof(moe_plan_info)}
+#endif
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
