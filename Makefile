@@ -11,21 +11,25 @@ MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 LUA_INC   ?= /usr/include/lua5.4
 LUA_LIB   ?= /usr/lib/$(or $(MULTIARCH),x86_64-linux-gnu)/liblua5.4.a
 XXHASH_H  ?= /usr/include/xxhash.h
-DEB_PKGS  := liblua5.4-dev libxxhash-dev
+# jansson (the compiled folder's manifest.json is read with it): linked
+# statically as Lua is; the shared library links the system's .so
+JANSSON_H   ?= /usr/include/jansson.h
+JANSSON_LIB ?= /usr/lib/$(or $(MULTIARCH),x86_64-linux-gnu)/libjansson.a
+DEB_PKGS  := liblua5.4-dev libxxhash-dev libjansson-dev
 SPEC      ?= examples/specs/mixtral-8x7b.moe
 BUILD     := build
 
 WARN      := -std=c11 -Wall -Wextra -Wno-format-truncation -Werror=implicit-function-declaration
 CPPFLAGS  := -Igen -Iruntime -I$(LUA_INC) -I$(CUDA_HOME)/include
-LDLIBS    := $(LUA_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -ldl -lm -lpthread
+LDLIBS    := $(LUA_LIB) $(JANSSON_LIB) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -ldl -lm -lpthread
 
 GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/util.c gen/template.c gen/plan.c gen/mesh.c gen/emit.c gen/compile.c gen/cache.c gen/ep_plan.c gen/tuning.c \
              gen/family.c gen/family_route.c gen/family_permute.c gen/family_gemm.c gen/family_combine.c \
-             gen/family_ep.c gen/family_swiglu.c gen/family_pack.c
+             gen/family_ep.c gen/family_swiglu.c gen/family_pack.c gen/family_bwd.c gen/family_bgemm.c
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/pack_fp8.c
+RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/pack_fp8.c runtime/backward.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,
@@ -40,20 +44,21 @@ all: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.
      $(BUILD)/moe_bench $(BUILD)/moe_example $(BUILD)/moe_ep_example
 
 # ---- what the build needs from the system -------------------------------
-# `make deps` checks for Lua 5.4 (headers and static library) and xxhash's
-# header; missing ones are installed with apt-get when run as root, else it
+# `make deps` checks for Lua 5.4 (headers and static library), xxhash's
+# header and jansson (header and static library); missing ones are installed with apt-get when run as root, else it
 # prints the command and fails. Every compile waits for it, so `make run`
 # and `make test` on a fresh machine set it up first (.ci/run does the same).
 .PHONY: deps
 deps:
 	@missing=; [ -f $(LUA_INC)/lua.h ] && [ -f $(LUA_LIB) ] || missing=liblua5.4-dev; \
 	[ -f $(XXHASH_H) ] || missing="$$missing libxxhash-dev"; \
+	[ -f $(JANSSON_H) ] && [ -f $(JANSSON_LIB) ] || missing="$$missing libjansson-dev"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "make deps: installing $$missing (apt-get)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } || exit 1; \
 	else \
-	    echo "make deps: missing $$missing (Lua 5.4 at $(LUA_INC), $(LUA_LIB); $(XXHASH_H))." >&2; \
+	    echo "make deps: missing $$missing (Lua 5.4 at $(LUA_INC), $(LUA_LIB); $(XXHASH_H); $(JANSSON_H), $(JANSSON_LIB))." >&2; \
 	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
 	fi
 
@@ -114,14 +119,21 @@ clean:
 # `make install [PREFIX=/usr/local] [DESTDIR=]`: the command, the public
 # header (PREFIX/include/moegen/moe.h), the static library, the shared
 # library (libmoegen.so.VERSION, SONAME libmoegen.so.SOVERSION, and the
-# links), and a pkg-config file for that prefix. The shared library needs
+# links), a pkg-config file for that prefix, a CMake package
+# (lib/cmake/moegen: find_package(moegen) gives moegen::moegen, the shared
+# library, and moegen::moegen_static), and share/moegen (the templates, for
+# --templates copies; the example specs and programs). The shared library needs
 # the system's liblua5.4.so.0 (Debian: liblua5.4-0, which liblua5.4-dev
-# brings) and finds NVRTC through its rpath ($(CUDA_HOME)/lib64).
+# brings) and libjansson.so.4 (libjansson4, which libjansson-dev brings); NVRTC is
+# loaded with dlopen when a JIT plan first needs it, found through the rpath
+# ($(CUDA_HOME)/lib64) or the system's search.
 PREFIX  ?= /usr/local
 DESTDIR ?=
 .PHONY: install
 install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/moegen $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/moegen $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/lib/cmake/moegen $(DESTDIR)$(PREFIX)/share/moegen/templates \
+	  $(DESTDIR)$(PREFIX)/share/moegen/examples/specs
 	install -m 755 $(BUILD)/moegen $(DESTDIR)$(PREFIX)/bin/moegen
 	install -m 644 runtime/moe.h $(DESTDIR)$(PREFIX)/include/moegen/moe.h
 	install -m 644 $(BUILD)/libmoegen.a $(DESTDIR)$(PREFIX)/lib/libmoegen.a
@@ -130,12 +142,25 @@ install: $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
 	ln -sf libmoegen.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libmoegen.so
 	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${includedir}/moegen\nLibs: -L$${libdir} -lmoegen\nLibs.private: $(LDLIBS)\n' \
 	  "$(PREFIX)" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moegen.pc
+	sed $(CMAKE_SUBST) cmake/moegenConfig.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/moegen/moegenConfig.cmake
+	sed $(CMAKE_SUBST) cmake/moegenConfigVersion.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/moegen/moegenConfigVersion.cmake
+	install -m 644 $(TEMPLATES) $(DESTDIR)$(PREFIX)/share/moegen/templates
+	install -m 644 $(SPECS) $(DESTDIR)$(PREFIX)/share/moegen/examples/specs
+	install -m 644 examples/*.c $(DESTDIR)$(PREFIX)/share/moegen/examples
+
+# The CMake package's placeholders (cmake/*.cmake.in): the version, the
+# SONAME's number, and the static library's link line as a CMake list.
+CMAKE_SUBST = -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOVERSION@|$(SOVERSION)|g' \
+  -e 's|@VERSION_MAJOR@|$(word 1,$(subst ., ,$(VERSION)))|g' -e 's|@VERSION_MINOR@|$(word 2,$(subst ., ,$(VERSION)))|g' \
+  -e 's|@STATIC_LIBS@|$(subst $(SPACE),;,$(strip $(LDLIBS)))|g'
+EMPTY :=
+SPACE := $(EMPTY) $(EMPTY)
 
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
-GPU_TESTS := test_gpu test_ep_gpu test_quant_gpu
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
+GPU_TESTS := test_gpu test_ep_gpu test_bgemm_gpu test_bwd_gpu test_quant_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
 # The Python package's CPU tests (python/tests/run.py) against this build's
@@ -147,7 +172,8 @@ $(BUILD)/tests/test_python: python/tests/run.py $(BUILD)/libmoegen.so
 
 # `make install` into a temporary DESTDIR, used as a program would use it
 # (tests/test_install.sh), as a program run.sh runs.
-$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so
+$(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libmoegen.a $(BUILD)/libmoegen.so $(BUILD)/moegen.pc \
+  cmake/moegenConfig.cmake.in cmake/moegenConfigVersion.cmake.in
 	@mkdir -p $(dir $@)
 	@cp tests/test_install.sh $@ && chmod +x $@
 
@@ -200,11 +226,14 @@ test-vendored: $(BUILD)/tests/test_vendored
 $(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
+# The examples are what users copy: built with runtime/moe.h and the flags
+# build/moegen.pc gives (-Iruntime, libmoegen.a and its libraries) alone;
+# test_install builds them again against an installed prefix.
 $(BUILD)/moe_ep_example: examples/moe_ep_example.c $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+	$(CC) $(WARN) $(CFLAGS) -Iruntime $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
-$(BUILD)/moe_example: examples/moe_example.c $(TEST_LIB) $(BUILD)/libmoegen.a
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+$(BUILD)/moe_example: examples/moe_example.c $(BUILD)/libmoegen.a
+	$(CC) $(WARN) $(CFLAGS) -Iruntime $< $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 
 # ---- the CPU reference as a shared library (not shipped, not in `all`) ---
@@ -223,8 +252,9 @@ $(BUILD)/libmoegen_ref.so: $(REFLIB_SRC) $(wildcard gen/*.h runtime/*.h tests/su
 # ---- shared library and pkg-config file ----------------------------------
 # Debian's static Lua is not position-independent, so the shared library
 # links Debian's liblua5.4.so.0 (the static library and the command link Lua
-# statically and need no Lua on the machine they run on).
-# A copy of that Lua library sits beside it (found through $$ORIGIN), so
+# statically and need no Lua on the machine they run on); jansson the same
+# (libjansson.so.4).
+# A copy of those libraries sits beside it (found through $$ORIGIN), so
 # build/ carries everything libmoegen.so needs to a machine without Lua.
 # It exports the functions runtime/moe.h declares and nothing else (the
 # generator's and runtime's internals stay local, so they cannot clash with
@@ -240,14 +270,19 @@ $(BUILD)/libmoegen.map: runtime/moe.h Makefile
 	   { sed -n 's/^[A-Za-z][A-Za-z0-9_ ]*[ *]\(moe_[a-z0-9_]*\)(.*/\1/p' runtime/moe.h; \
 	     for t in $(TOOL_EXPORTS); do echo $$t; done; } | sed 's/.*/    &;/'; \
 	   printf '  local: *;\n};\n'; } > $@
-$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 $(BUILD)/libmoegen.map Makefile
-	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 \
+$(BUILD)/libmoegen.so: $(GEN_SRC) $(RT_SRC) $(BUILD)/templates_embed.c $(BUILD)/tuning_embed.c $(BUILD)/launch_geom_embed.c $(BUILD)/liblua5.4.so.0 $(BUILD)/libjansson.so.4 $(BUILD)/libmoegen.map Makefile
+	$(CC) $(WARN) $(CFLAGS) -fPIC -shared $(CPPFLAGS) $(filter %.c,$^) -L$(BUILD) -l:liblua5.4.so.0 -l:libjansson.so.4 \
 	  -Wl,-soname,libmoegen.so.$(SOVERSION) -Wl,--version-script=$(BUILD)/libmoegen.map -Wl,-rpath,'$$ORIGIN' \
-	  $(filter-out $(LUA_LIB),$(LDLIBS)) -o $@
+	  $(filter-out $(LUA_LIB) $(JANSSON_LIB),$(LDLIBS)) -o $@
 
 $(BUILD)/liblua5.4.so.0: $(LUA_LIB)
 	@mkdir -p $(BUILD)
 	cp -L $(dir $(LUA_LIB))liblua5.4.so.0 $@
+
+# jansson likewise: Debian's libjansson.a is not position-independent
+$(BUILD)/libjansson.so.4: $(JANSSON_LIB)
+	@mkdir -p $(BUILD)
+	cp -L $(dir $(JANSSON_LIB))libjansson.so.4 $@
 
 # the version string's one home is gen/version.h
 VERSION := $(shell sed -n 's/^\#define MOEGEN_VERSION "\(.*\)"/\1/p' gen/version.h)
@@ -258,3 +293,30 @@ $(BUILD)/moegen.pc: Makefile gen/version.h
 	@mkdir -p $(BUILD)
 	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
 
+
+# ---- fuzzing (not part of make test) -------------------------------------
+# `make fuzz` builds libFuzzer harnesses (clang, ASan + UBSan, every UBSan
+# finding fatal) over the spec loader + planner and the tuning parser, and
+# runs each for FUZZ_SECONDS (default 60) from a seed corpus of the
+# repository's specs and tables; findings land in build/fuzz/. The harness
+# sources are tests/fuzz/*.c.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_GEN     := $(filter-out gen/emit.c gen/compile.c gen/cache.c gen/template.c,$(GEN_SRC))
+.PHONY: fuzz fuzz-build
+fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(wildcard gen/*.h) | deps
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) $< $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c \
+	  $(BUILD)/launch_geom_embed.c $(LUA_LIB) -lm -ldl -o $@
+fuzz: fuzz-build
+	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/tuning_corpus
+	@for f in examples/specs/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
+	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
+	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
+	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/
+	cd $(BUILD)/fuzz && ./fuzz_spec -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=8192 \
+	  -print_final_stats=1 spec_corpus
+	cd $(BUILD)/fuzz && ./fuzz_tuning -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+	  -print_final_stats=1 tuning_corpus

@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
     char why[256] = "";
     double copy_gbs = measure_copy_gbs(st, ea, eb);
     double gemm_tf = measure_gemm_tflops(st, ea, eb, why, sizeof why);
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
     char devname[128] = "?";
     CUdevice dev;

@@ -377,6 +377,14 @@ static int cmd_plan(const args_t *a) {
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);
             printf("\n");
         }
+        const moe_kernel_desc_t *bg = moe_plan_bgemm(&plan, MOE_ARCH_SM90A);
+        if (bg) {
+            printf("backward GEMMs (training = true; the same kernels on sm_80):\n");
+            for (int i = 0; i < MOE_BGEMM_COUNT; i++)
+                printf("  %-58s threads %4d  smem %6d  tile %dx%dx%d, %d stages, %dx%d warps, mma.sync\n", bg[i].name,
+                       bg[i].threads, bg[i].smem, bg[i].tile.bm, bg[i].tile.bn, bg[i].tile.bk, bg[i].tile.stages,
+                       bg[i].tile.warps_m, bg[i].tile.warps_n);
+        }
         const moe_tuning_entry_t *te = plan.tuned;
         if (te)
             printf("sm_90a GEMM tiles: %s:%d (%d-token bucket; %.1f us, runner-up %.1f us, %s, %s)\n",
@@ -398,6 +406,18 @@ static int cmd_plan(const args_t *a) {
             printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", plan.ws_bytes,
                    spec.tokens, plan.max_rows, plan.max_tiles, plan.align);
         }
+        if (plan.has_bwd) { /* training = true: the backward's own kernels and what a training forward keeps */
+            printf("\nbackward kernels (training = true; the backward GEMMs besides):\n");
+            for (int i = 0; i < MOE_BK_COUNT; i++)
+                printf("  %-58s threads %4d  smem %6d\n", plan.bwd[i].name, plan.bwd[i].threads, plan.bwd[i].smem);
+            moe_ws_region_t r[(int)MOE_SV_COUNT > (int)MOE_BW_COUNT ? (int)MOE_SV_COUNT : (int)MOE_BW_COUNT];
+            printf("saved region: %zu bytes per token saving U, %zu recomputing it (moe_plan_saved_per_token); "
+                   "%zu and %zu bytes at %d tokens\n", moe_saved_per_token(&plan, 0), moe_saved_per_token(&plan, 1),
+                   moe_saved_layout(&plan, spec.tokens, 0, r), moe_saved_layout(&plan, spec.tokens, 1, r),
+                   spec.tokens);
+            printf("backward workspace: %zu bytes at %d tokens (%zu recomputing U)\n",
+                   moe_bwd_ws_layout(&plan, spec.tokens, 0, r), spec.tokens, moe_bwd_ws_layout(&plan, spec.tokens, 1, r));
+        }
     }
     moe_plan_desc_free(&plan);
     if (!a->json)
@@ -418,7 +438,11 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) /* the command's own help, if one is named */
             return print_help(argc > 1 && argv[1][0] != '-' && strcmp(argv[1], "help") != 0 ? argv[1] : NULL);
         if (strcmp(argv[i], "--version") == 0) {
-            char v[32];
+            char v[32], why[600];
+            if (moe_nvrtc_load(why, sizeof why)) {
+                printf("moegen %s (%s)\n", MOEGEN_VERSION, why);
+                return 0;
+            }
             moe_nvrtc_version(v, sizeof v);
             printf("moegen %s (NVRTC %s)\n", MOEGEN_VERSION, v);
             return 0;

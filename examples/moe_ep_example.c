@@ -13,19 +13,28 @@
  * tokens and prints the time and a checksum. Needs as many GPUs as the mesh
  * has devices and libnccl.so.2 on LD_LIBRARY_PATH. */
 #define _POSIX_C_SOURCE 200809L
-#include "moe.h"
+#include <moe.h>
 
-#include <cuda.h>
 #include <dlfcn.h>
-#include <nccl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* The few driver and NCCL calls the example makes itself, from the libraries
- * the process loads (libmoegen loads the same ones). */
+/* The types of the few CUDA driver (cuda.h) and NCCL (nccl.h) calls the
+ * example makes, spelled here so that moe.h is the only header it needs. */
+typedef int CUresult, CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+typedef int ncclResult_t;
+typedef void *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId; /* NCCL_UNIQUE_ID_BYTES */
+enum { ncclSuccess = 0 };
+
+/* The driver and NCCL calls, from the libraries the process loads
+ * (libmoegen loads the same ones). */
 static void *sym(void *h, const char *name) {
     void *f = dlsym(h, name);
     if (!f) {

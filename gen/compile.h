@@ -12,7 +12,13 @@
 int moe_nvrtc_compile(const char *src, const char *name, moe_arch_t arch, moe_buf_t *cubin, moe_buf_t *ptx,
                       moe_buf_t *log, moe_diag_t *diag);
 
-/* NVRTC's version, e.g. "13.0". */
+/* Load NVRTC (dlopen, once per process): $MOEGEN_NVRTC_PATH if set, else
+ * libnvrtc.so.MAJOR of the CUDA toolkit moegen was built with. 0, or -1
+ * with the reason ("NVRTC (libnvrtc.so.13) did not load: ...") in why.
+ * moe_nvrtc_compile loads it itself; nothing else in moegen needs it. */
+int moe_nvrtc_load(char *why, size_t n);
+
+/* NVRTC's version, e.g. "13.0"; "0.0" when NVRTC does not load. */
 void moe_nvrtc_version(char *out, size_t n);
 
 /* The options every compile uses, space-separated (part of the cache key). */

@@ -189,6 +189,59 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         rc = moe_tmpl_expand(t, pk->tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
+    if (!rc && pd->has_bwd) { /* the backward's own kernels (spec.training), arch-neutral */
+        lua_State *L = moe_tmpl_lua(t);
+        const moe_kernel_desc_t *up = &pd->bwd[MOE_K_BWD_UPRE - MOE_K_BWD_FIRST];
+        moe_plan_push_params(L, pd, s->arch[0], -1);
+        moe_lua_set_str(L, "kernel", up->name);
+        moe_lua_set_int(L, "threads", up->threads);
+        moe_lua_set_int(L, "smem", up->smem);
+        lua_newtable(L);
+        moe_lua_set_int(L, "bm", up->tile.bm);
+        moe_lua_set_int(L, "bn", up->tile.bn);
+        moe_lua_set_int(L, "bk", up->tile.bk);
+        moe_lua_set_int(L, "stages", up->tile.stages);
+        moe_lua_set_int(L, "warps_m", up->tile.warps_m);
+        moe_lua_set_int(L, "warps_n", up->tile.warps_n);
+        moe_lua_set_int(L, "group_m", up->tile.group_m);
+        lua_setfield(L, -2, "tile");
+        rc = moe_tmpl_expand(t, up->tmpl, NULL, out, diag);
+        moe_buf_printf(out, "\n");
+        if (!rc) {
+            static const char *const field[MOE_BK_COUNT] = {NULL, "dys", "router", "dx", "dwr", "colsum", "unpack"};
+            moe_plan_push_params(L, pd, s->arch[0], -1);
+            for (int i = 1; i < MOE_BK_COUNT; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "%s_kernel", field[i]);
+                moe_lua_set_str(L, key, pd->bwd[i].name);
+                snprintf(key, sizeof key, "%s_threads", field[i]);
+                moe_lua_set_int(L, key, pd->bwd[i].threads);
+                snprintf(key, sizeof key, "%s_per_block", field[i]);
+                moe_lua_set_int(L, key, pd->bwd[i].per_block);
+            }
+            moe_lua_set_int(L, "dwr_cols", MOE_BWD_DWR_COLS);
+            moe_lua_set_int(L, "dwr_experts", MOE_BWD_DWR_EXPERTS);
+            rc = moe_tmpl_expand(t, pd->bwd[1].tmpl, NULL, out, diag);
+            moe_buf_printf(out, "\n");
+        }
+    }
+    /* the backward GEMMs (spec.training), after the pack kernel (dgrad_down
+     * calls gen/pack_geom.h's moe_pack_row), each distinct name once */
+    const char *bdone[MOE_ARCH_MAX * MOE_BGEMM_COUNT];
+    int nbdone = 0;
+    for (int a = 0; a < s->narch && !rc && s->training; a++)
+        for (int i = 0; i < MOE_BGEMM_COUNT && !rc; i++) {
+            const moe_kernel_desc_t *set = moe_plan_bgemm(pd, s->arch[a]), *d = &set[i];
+            int seen = 0;
+            for (int j = 0; j < nbdone; j++)
+                seen |= strcmp(bdone[j], d->name) == 0;
+            if (seen)
+                continue;
+            bdone[nbdone++] = d->name;
+            moe_plan_push_kernel(moe_tmpl_lua(t), pd, s->arch[a], d, set);
+            rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
+            moe_buf_printf(out, "\n");
+        }
     const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
     if (!rc && ep) { /* the dispatch kernels; the runtime drives them (no vendored host code) */
         moe_ep_push_params(moe_tmpl_lua(t), pd, ep);
@@ -340,10 +393,16 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                    pd->align, pd->pair_granule);
     moe_buf_printf(b, "  \"max_rows\": %lld,\n  \"max_tiles\": %lld,\n  \"kernels\": {\n", pd->max_rows, pd->max_tiles);
     for (int a = 0; a < s->narch; a++) {
-        const moe_kernel_desc_t *ks = moe_plan_kernels(pd, s->arch[a]);
+        /* the forward's kernels, then the backward GEMMs with training = true */
+        const moe_kernel_desc_t *ks[MOE_K_COUNT + MOE_BGEMM_COUNT], *bg = moe_plan_bgemm(pd, s->arch[a]);
+        int nk = 0;
+        for (int i = 0; i < MOE_K_COUNT; i++)
+            ks[nk++] = &moe_plan_kernels(pd, s->arch[a])[i];
+        for (int i = 0; bg && i < MOE_BGEMM_COUNT; i++)
+            ks[nk++] = &bg[i];
         moe_buf_printf(b, "    \"%s\": [\n", moe_arch_name(s->arch[a]));
-        for (int i = 0; i < MOE_K_COUNT; i++) {
-            const moe_kernel_desc_t *k = &ks[i];
+        for (int i = 0; i < nk; i++) {
+            const moe_kernel_desc_t *k = ks[i];
             const moe_family_t *f = moe_family(k->family);
             const char *tmpl = moe_family_variant(f, s->arch[a])->code;
             moe_buf_printf(b, "      {\"family\": \"%s\", \"name\": \"%s\", \"template\": \"templates/%s.lua\", "
@@ -361,7 +420,7 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,
                                k->tile.group_m);
-            moe_buf_printf(b, "}%s\n", i + 1 < MOE_K_COUNT ? "," : "");
+            moe_buf_printf(b, "}%s\n", i + 1 < nk ? "," : "");
         }
         moe_buf_printf(b, "    ]%s\n", a + 1 < s->narch ? "," : "");
     }

@@ -13,7 +13,9 @@
  * family_route.c, family_permute.c, family_gemm.c (both GEMMs and the
  * sm_90a shared-memory formula), family_combine.c, family_ep.c (the four
  * dispatch kernels), family_swiglu.c (the cuDNN path's SwiGLU),
- * family_pack.c (the device-side weight pack). The planner
+ * family_pack.c (the device-side weight pack), family_bwd.c (the
+ * backward's kernels other than its grouped GEMMs), family_bgemm.c (the
+ * four backward GEMMs). The planner
  * (plan.c, ep_plan.c) walks the table; emission, the manifest, the cache key
  * and the runtime read the kernel descriptors it fills. */
 #ifndef MOEGEN_FAMILY_H
@@ -44,6 +46,24 @@ typedef enum {
     /* the device-side weight pack: a checkpoint tensor (strided sources)
      * into slots of w1p, b1p, w2 or b2 (moe_plan_pack_async) */
     MOE_K_PACK,
+    /* the backward's own kernels (templates/bwd.lua, bwd_upre.lua; planned
+     * only when spec.training; the backward's grouped GEMMs are bgemm's),
+     * in the order of the plan's backward set (moe_plan_desc_t.bwd) */
+    MOE_K_BWD_UPRE,         /* U = xs . W1p^T (+ b1p), the pre-activation [rows, 2F] */
+    MOE_K_BWD_DYS,          /* dys[row] = w . dy[t], dw[t, k] = <dy[t], O[row]> */
+    MOE_K_BWD_ROUTER,       /* dw -> dlogits [T, E] (renormalize, scale, softmax / sigmoid) */
+    MOE_K_BWD_DX,           /* dx[t] = sum_k dXs[row(t, k)] + dlogits[t] . Wr */
+    MOE_K_BWD_DWR,          /* d router_w = dlogits^T . x, d logit_bias = sum_t dlogits */
+    MOE_K_BWD_COLSUM,       /* bias gradients: per-slot column sums of [rows, N] */
+    MOE_K_BWD_UNPACK,       /* an fp32 packed W1 / b1 gradient -> the plain layout */
+    /* the backward GEMMs (family_bgemm.c, templates/gemm_grad.lua), planned
+     * when the spec has training = true, in the order of the plan's
+     * backward GEMM set (moe_plan_desc_t.bgemm, MOE_K_BGEMM_FIRST + i) and
+     * of runtime/bgemm.h's kinds */
+    MOE_K_DGRAD_DOWN,       /* dU = act'(Ur) . (dys [rows, H] x W2 [H, F]) -> [rows, 2F] */
+    MOE_K_DGRAD_UP,         /* dXs = dU [rows, 2F] x W1p [2F, H] -> [rows, H] */
+    MOE_K_WGRAD_UP,         /* dW1p[e] (+)= dU_e^T x xs_e, fp32 [2F, H] */
+    MOE_K_WGRAD_DOWN,       /* dW2[e] (+)= dys_e^T x A_e, fp32 [H, F] */
     MOE_FAMILY_COUNT
 } moe_kfamily_t;
 
@@ -51,6 +71,16 @@ typedef enum {
 #define MOE_K_COUNT (MOE_K_COMBINE + 1)
 /* The first EP family: EP set index i is family MOE_K_EP_FIRST + i. */
 #define MOE_K_EP_FIRST MOE_K_EP_SEND_PLAN
+/* The backward's own kernels: backward set index i is family MOE_K_BWD_FIRST + i. */
+#define MOE_K_BWD_FIRST MOE_K_BWD_UPRE
+#define MOE_BK_COUNT (MOE_K_BWD_UNPACK - MOE_K_BWD_FIRST + 1)
+/* The d router_w kernel's block tile (templates/bwd.lua reads them as
+ * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
+#define MOE_BWD_DWR_COLS 64
+#define MOE_BWD_DWR_EXPERTS 32
+/* The backward GEMMs: set index i is family MOE_K_BGEMM_FIRST + i. */
+#define MOE_K_BGEMM_FIRST MOE_K_DGRAD_DOWN
+#define MOE_BGEMM_COUNT 4
 /* moe_arch_t values (spec.h): a plan holds a kernel set for each. */
 #define MOE_FAMILY_ARCHES 2
 
@@ -143,6 +173,11 @@ void moe_family_grid(const moe_kernel_desc_t *k, const moe_spec_t *s, int tokens
 
 /* ---- the GEMM family's facts that the tuning table checks --------------- */
 
+/* The sm_80 (mma.sync) GEMM geometry for c's row block: the tile, the
+ * block, the cp.async pipeline's shared memory. The forward's GEMMs and
+ * the backward's U GEMM (family_bwd.c) share it. */
+int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen);
+
 /* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
  * tile t and out_cols output columns per tile (bn / 2 for the up
  * projection, bn for the down): the stage ring, the epilogue's staging
@@ -158,6 +193,18 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 /* The expert row block (the GEMM bm, the plan's align) for spec s: the
  * tuning entry's bm when there is one, else the heuristic. */
 int moe_gemm_row_block(const moe_spec_t *s, const struct moe_tuning_entry *tuned);
+
+/* ---- the backward GEMMs' facts (family_bgemm.c) ------------------------ */
+
+/* Dynamic shared memory of a backward GEMM (templates/gemm_grad.lua) with
+ * tile t: stages x (the A tile, K-major [bm][bk + 8] for the dgrads or
+ * M-major [bk][bm + 8] for the wgrads, + the N-major B tile [bk][bn + 8])
+ * halves. */
+int moe_bgemm_smem(const moe_tile_cfg_t *t, int wgrad);
+
+/* The output shape of backward GEMM family f: rows M (0 for the dgrads,
+ * whose rows are the tile table's) and columns N. */
+void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M, long long *N);
 
 /* ---- Lua table setters: t[k] = v on the table on top of L --------------- */
 void moe_lua_set_int(lua_State *L, const char *k, long long v);

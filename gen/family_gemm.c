@@ -62,7 +62,7 @@ static int out_cols(const moe_kernel_desc_t *k) {
 /* ---- sm_80: mma.sync + cp.async ----------------------------------------- */
 
 /* a configuration that keeps the mma.sync pipeline fed; bm is the plan's */
-static int sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     if (c->align == 128)
         k->tile = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4,
@@ -159,13 +159,13 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
 
 static const moe_family_variant_t up_variants[] = {
     {.archs = SM80, .tmpl = "gemm_up_swiglu", .code = "gemm_up_swiglu", .engine = "mma.sync + cp.async",
-     .geometry = sm80_geometry},
+     .geometry = moe_gemm_sm80_geometry},
     {.archs = SM90A, .tmpl = "gemm_up_swiglu", .code = "gemm_sm90", .engine = "wgmma + TMA",
      .geometry = sm90_geometry},
 };
 static const moe_family_variant_t down_variants[] = {
     {.archs = SM80, .tmpl = "gemm_down", .code = "gemm_down", .engine = "mma.sync + cp.async",
-     .geometry = sm80_geometry},
+     .geometry = moe_gemm_sm80_geometry},
     {.archs = SM90A, .tmpl = "gemm_down", .code = "gemm_sm90", .engine = "wgmma + TMA", .geometry = sm90_geometry},
 };
 

@@ -33,11 +33,18 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
         for (int k = 0; k < MOE_K_COUNT; k++)
             if (moe_family_build(&pd->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
                 return 1;
+        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++) /* the backward GEMMs */
+            if (moe_family_build(&pd->bgemm[a][i], (moe_kfamily_t)(MOE_K_BGEMM_FIRST + i), &ctx, err, errlen))
+                return 1;
     }
     moe_family_ctx_t neutral = moe_plan_family_ctx(pd, s->arch[0]);
     if (moe_family_build(&pd->swiglu, MOE_K_SWIGLU, &neutral, err, errlen) ||
         moe_family_build(&pd->pack, MOE_K_PACK, &neutral, err, errlen))
         return 1;
+    for (int i = 0; s->training && i < MOE_BK_COUNT; i++) /* the backward's own kernels */
+        if (moe_family_build(&pd->bwd[i], (moe_kfamily_t)(MOE_K_BWD_FIRST + i), &neutral, err, errlen))
+            return 1;
+    pd->has_bwd = s->training;
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
     if (pd->max_tiles > 65535) {
@@ -77,6 +84,50 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuni
     return rc;
 }
 
+/* the saved region's sizes for T tokens, R rows and nt tiles */
+static void saved_sizes(const moe_plan_desc_t *pd, long long T, long long R, long long nt, int recompute_u,
+                        size_t sizes[MOE_SV_COUNT]) {
+    const moe_spec_t *s = &pd->spec;
+    long long E = moe_spec_slots(s), TK = T * moe_spec_entries(s);
+    size_t z[MOE_SV_COUNT] = {
+        [MOE_SV_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_SV_OFFSETS] = 4 * (E + 1), [MOE_SV_NUM_TILES] = 4,
+        [MOE_SV_TILES] = 16 * (size_t)nt, [MOE_SV_TOPK_IDX] = 4 * TK, [MOE_SV_TOPK_W] = 4 * TK,
+        [MOE_SV_ROW_OF] = 4 * TK, [MOE_SV_LOGITS] = 4 * (size_t)T * s->experts, [MOE_SV_XS] = 2 * R * s->hidden,
+        [MOE_SV_HBUF] = 2 * R * s->ffn, [MOE_SV_OUT] = 2 * R * s->hidden,
+        [MOE_SV_U] = recompute_u ? 0 : 4 * R * s->ffn,
+    };
+    memcpy(sizes, z, sizeof z);
+}
+
+size_t moe_saved_layout(const moe_plan_desc_t *pd, int tokens, int recompute_u, moe_ws_region_t sv[MOE_SV_COUNT]) {
+    static const char *const names[MOE_SV_COUNT] = {"counts", "offsets", "num_tiles", "tiles", "topk_idx", "topk_w",
+                                                    "row_of", "logits", "xs", "hbuf", "out", "u"};
+    size_t sizes[MOE_SV_COUNT];
+    saved_sizes(pd, tokens, moe_plan_max_rows(pd, tokens), moe_plan_max_tiles(pd, tokens), recompute_u, sizes);
+    return moe_ws_layout(sv, names, sizes, MOE_SV_COUNT);
+}
+
+size_t moe_saved_per_token(const moe_plan_desc_t *pd, int recompute_u) {
+    size_t one[MOE_SV_COUNT], none[MOE_SV_COUNT], n = 0;
+    saved_sizes(pd, 1, moe_spec_entries(&pd->spec), 0, recompute_u, one);
+    saved_sizes(pd, 0, 0, 0, recompute_u, none);
+    for (int i = 0; i < MOE_SV_COUNT; i++)
+        n += one[i] - none[i];
+    return n;
+}
+
+size_t moe_bwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int recompute_u, moe_ws_region_t bw[MOE_BW_COUNT]) {
+    static const char *const names[MOE_BW_COUNT] = {"dys", "du", "dxs", "u", "dw", "dlogits"};
+    const moe_spec_t *s = &pd->spec;
+    long long R = moe_plan_max_rows(pd, tokens), TK = (long long)tokens * moe_spec_entries(s);
+    size_t sizes[MOE_BW_COUNT] = {
+        [MOE_BW_DYS] = 2 * R * s->hidden, [MOE_BW_DU] = 4 * R * s->ffn, [MOE_BW_DXS] = 2 * R * s->hidden,
+        [MOE_BW_U] = recompute_u ? 4 * R * s->ffn : 0, [MOE_BW_DW] = 4 * TK,
+        [MOE_BW_DLOGITS] = 4 * (size_t)tokens * moe_spec_router_columns(s), /* the shared gate's column too */
+    };
+    return moe_ws_layout(bw, names, sizes, MOE_BW_COUNT);
+}
+
 void moe_plan_desc_free(moe_plan_desc_t *pd) {
     moe_mesh_plan_free(&pd->mesh);
 }
@@ -84,6 +135,10 @@ void moe_plan_desc_free(moe_plan_desc_t *pd) {
 void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens, unsigned grid[3]) {
     moe_family_grid(&moe_plan_kernels(pd, arch)[k], &pd->spec, tokens, moe_plan_max_tiles(pd, tokens), grid);
 }
+
+/* Kernel d's fields of the template parameter table on top of L. */
+static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                               const moe_kernel_desc_t *set);
 
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
     const moe_spec_t *s = &pd->spec;
@@ -120,7 +175,18 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     moe_lua_set_int(L, "pair_granule", pd->pair_granule);
     if (k < 0)
         return;
-    const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch), *d = &set[k];
+    const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch);
+    push_kernel_fields(L, pd, arch, &set[k], set);
+}
+
+void moe_plan_push_kernel(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                          const moe_kernel_desc_t *set) {
+    moe_plan_push_params(L, pd, arch, -1);
+    push_kernel_fields(L, pd, arch, d, set);
+}
+
+static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                               const moe_kernel_desc_t *set) {
     moe_lua_set_str(L, "arch", moe_arch_name(arch));
     moe_lua_set_str(L, "kernel", d->name);
     moe_lua_set_int(L, "threads", d->threads);

@@ -36,6 +36,38 @@ typedef enum {
     MOE_WS_COUNT
 } moe_ws_region_id_t;
 
+/* The region a training forward saves for the backward (caller-owned,
+ * laid out per call at its token count: moe_saved_layout). The training
+ * forward runs its route, permute and FFN on these regions in place of the
+ * workspace's, so nothing is copied. R = moe_plan_max_rows at the call's
+ * tokens, TK = tokens * k'. */
+typedef enum {
+    MOE_SV_COUNTS = 0,      /* int [E'] + route tickets, as MOE_WS_COUNTS */
+    MOE_SV_OFFSETS,         /* int [E' + 1] */
+    MOE_SV_NUM_TILES,       /* int [1] */
+    MOE_SV_TILES,           /* int4 [max_tiles] */
+    MOE_SV_TOPK_IDX,        /* int [TK] */
+    MOE_SV_TOPK_W,          /* float [TK] */
+    MOE_SV_ROW_OF,          /* int [TK] */
+    MOE_SV_LOGITS,          /* float [T, E]  the router's logits (logit_bias included) */
+    MOE_SV_XS,              /* half [R, H]   gathered rows */
+    MOE_SV_HBUF,            /* half [R, F]   A = act(U) */
+    MOE_SV_OUT,             /* half [R, H]   O, the down output before weighting */
+    MOE_SV_U,               /* half [R, 2F]  U, the pre-activation (packed columns); 0 bytes when recomputed */
+    MOE_SV_COUNT
+} moe_saved_region_id_t;
+
+/* The backward's workspace (moe_bwd_ws_layout), per call at its tokens. */
+typedef enum {
+    MOE_BW_DYS = 0,         /* half [R, H]   w . dy gathered per row */
+    MOE_BW_DU,              /* half [R, 2F]  d(gate, up) */
+    MOE_BW_DXS,             /* half [R, H]   dU . W1p */
+    MOE_BW_U,               /* half [R, 2F]  U recomputed; 0 bytes when the forward saved it */
+    MOE_BW_DW,              /* float [TK]    d w[t, k] */
+    MOE_BW_DLOGITS,         /* float [T, EL]  EL = moe_spec_router_columns: a sigmoid shared gate's dz in column E */
+    MOE_BW_COUNT
+} moe_bwd_region_id_t;
+
 typedef struct moe_plan_desc {
     moe_spec_t spec;
     int align;                       /* expert row blocks align to this (= GEMM bm) */
@@ -44,6 +76,10 @@ typedef struct moe_plan_desc {
     moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t) */
     moe_kernel_desc_t swiglu;        /* the cuDNN path's standalone activation (family swiglu), arch-neutral */
     moe_kernel_desc_t pack;          /* the device-side weight pack (family pack), arch-neutral */
+    int has_bwd;                     /* spec.training: bwd holds the backward's own kernels */
+    moe_kernel_desc_t bwd[MOE_BK_COUNT]; /* family MOE_K_BWD_FIRST + i, arch-neutral */
+    moe_kernel_desc_t bgemm[MOE_FAMILY_ARCHES][MOE_BGEMM_COUNT]; /* the backward GEMMs per arch (family
+                                        MOE_K_BGEMM_FIRST + i), when spec.training; else zeroed (name "") */
     moe_ws_region_t ws[MOE_WS_COUNT];
     size_t ws_bytes;
     const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */
@@ -61,6 +97,21 @@ typedef struct moe_plan_desc {
  * it is safe). */
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_tuning_t *table, char *err,
                         size_t errlen);
+
+/* The saved region of a training forward of `tokens` tokens (0 .. the
+ * spec's tokens) into sv (names "counts", "offsets", ..., each on a
+ * 256-byte boundary); U takes 0 bytes when recompute_u. Returns the total
+ * bytes. The one home of the saved region's layout. */
+size_t moe_saved_layout(const moe_plan_desc_t *pd, int tokens, int recompute_u, moe_ws_region_t sv[MOE_SV_COUNT]);
+
+/* The bytes of the saved region each token adds (its k' rows and its
+ * routing entries and logits; the alignment padding of each slot's rows and
+ * the tables are the rest, at most moe_saved_layout at 0 tokens plus
+ * E' * (align - 1) rows). */
+size_t moe_saved_per_token(const moe_plan_desc_t *pd, int recompute_u);
+
+/* The backward's workspace at `tokens` into bw; returns its bytes. */
+size_t moe_bwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int recompute_u, moe_ws_region_t bw[MOE_BW_COUNT]);
 
 /* Free what the plan owns (the mesh tables). Safe on an empty plan. */
 void moe_plan_desc_free(moe_plan_desc_t *pd);
@@ -92,6 +143,17 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
 /* Push the template parameter table `p` for kernel k of arch onto L
  * (k < 0: the parameters every template shares). */
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k);
+
+/* As moe_plan_push_params, for planned kernel d of arch (a member of the
+ * kernel set `set` its family's push reads). */
+void moe_plan_push_kernel(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+                          const moe_kernel_desc_t *set);
+
+/* The backward GEMMs of one arch ([MOE_BGEMM_COUNT]), or NULL when the
+ * spec has no training = true. */
+static inline const moe_kernel_desc_t *moe_plan_bgemm(const moe_plan_desc_t *pd, moe_arch_t arch) {
+    return pd->spec.training ? pd->bgemm[arch] : NULL;
+}
 
 /* The shared expert's split (spec.h, moe_spec_shared_slots): plain W1 row r
  * (0 <= r < 2F: gate rows then up rows) of shared slot j is row

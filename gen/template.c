@@ -13,6 +13,7 @@
 
 #define TMPL_MEM_LIMIT (256u << 20)
 #define TMPL_INSTR_LIMIT 200000000L
+#define TMPL_OUT_LIMIT (256u << 20) /* bytes one expansion may write (C memory, outside the Lua limit) */
 
 struct moe_tmpl {
     char *dir;              /* NULL = embedded */
@@ -31,9 +32,9 @@ lua_State *moe_tmpl_lua(moe_tmpl_t *t) { return t->L; }
 static char *tmpl_source(moe_tmpl_t *t, const char *name, char *display, size_t dn, char *err, size_t errlen) {
     char rel[256];
     snprintf(rel, sizeof rel, "templates/%s.lua", name);
-    if (t->dir) {
+    if (t->dir) { /* a file of the folder itself: not a link out of it */
         snprintf(display, dn, "%s/%s.lua", t->dir, name);
-        return moe_read_file(display, 4u << 20, NULL, err, errlen);
+        return moe_read_regular(display, 4u << 20, NULL, MOE_READ_NOFOLLOW, err, errlen);
     }
     snprintf(display, dn, "%s", rel);
     for (size_t i = 0; i < moe_embedded_templates_count; i++)
@@ -125,18 +126,50 @@ static int translate(const char *src, moe_buf_t *lua, char *err, size_t errlen) 
     return 0;
 }
 
-/* __out(file_upvalue; line, parts...) */
+/* The template's path as the body of a C string literal for #line: '"'
+ * and '\\' escaped, control characters as octal escapes (a folder name may
+ * hold any of them). Pushed on the Lua stack. */
+static void push_line_name(lua_State *L, const char *path) {
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            luaL_addchar(&b, '\\');
+            luaL_addchar(&b, (char)*c);
+        } else if (*c < 32 || *c == 127) {
+            char e[8];
+            snprintf(e, sizeof e, "\\%03o", *c);
+            luaL_addstring(&b, e);
+        } else {
+            luaL_addchar(&b, (char)*c);
+        }
+    }
+    luaL_pushresult(&b);
+}
+
+/* __out(file_upvalue; line, parts...): parts are strings or numbers; the
+ * output of one expansion is capped at TMPL_OUT_LIMIT bytes. */
 static int l_out(lua_State *L) {
     moe_tmpl_t *t = lua_touserdata(L, lua_upvalueindex(1));
     const char *file = lua_tostring(L, lua_upvalueindex(2));
     int line = (int)luaL_checkinteger(L, 1);
     if (!t->out)
         return luaL_error(L, "template output outside an expansion");
+    int n = lua_gettop(L);
+    size_t total = 0;
+    for (int i = 2; i <= n; i++) {
+        size_t len;
+        if (!lua_isstring(L, i))
+            return luaL_error(L, "template output: argument %d is a %s, not text", i, luaL_typename(L, i));
+        lua_tolstring(L, i, &len);
+        total += len;
+    }
+    if (total > TMPL_OUT_LIMIT || t->out->len > TMPL_OUT_LIMIT - total)
+        return luaL_error(L, "template output over %d MiB", (int)(TMPL_OUT_LIMIT >> 20));
     if (t->last_file != file || line != t->last_line + 1)
         moe_buf_printf(t->out, "#line %d \"%s\"\n", line, file);
     t->last_file = file;
     t->last_line = line;
-    int n = lua_gettop(L);
     for (int i = 2; i <= n; i++) {
         size_t len;
         const char *s = lua_tolstring(L, i, &len);
@@ -221,7 +254,7 @@ static int load_template(moe_tmpl_t *t, const char *name) {
     /* env = setmetatable({__out = closure(file)}, {__index = _G}) */
     lua_newtable(L);
     lua_pushlightuserdata(L, t);
-    lua_pushstring(L, display);
+    push_line_name(L, display);
     lua_pushcclosure(L, l_out, 2);
     lua_setfield(L, -2, "__out");
     lua_newtable(L);
@@ -236,7 +269,16 @@ static int load_template(moe_tmpl_t *t, const char *name) {
 /* import(name): run templates/NAME.lua once and cache its result. */
 static int l_import(lua_State *L) {
     moe_tmpl_t *t = lua_touserdata(L, lua_upvalueindex(1));
-    const char *name = luaL_checkstring(L, 1);
+    size_t len;
+    const char *name = luaL_checklstring(L, 1, &len);
+    /* a template of the folder by name: no path (no '/', so no ".." or
+     * absolute path), no NUL, not empty */
+    int ok = len > 0 && len < 64;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = isalnum((unsigned char)name[i]) || name[i] == '_' || name[i] == '-';
+    if (!ok)
+        return luaL_error(L, "import: '%s' is not a template name (letters, digits, '_' and '-': a template of the "
+                          "templates folder)", name);
     lua_getfield(L, LUA_REGISTRYINDEX, "moegen_imports");
     if (lua_getfield(L, -1, name) != LUA_TNIL)
         return 1;

@@ -7,10 +7,12 @@
  * preceded by a #line directive whenever it does not directly follow the
  * previous output line in the same template, so NVRTC errors do too.
  *
- * Globals a template sees: the safe parts of the base library, string,
- * table, math; `p`, the parameter table; import(name), which runs
- * templates/NAME.lua once and returns its value; f32(x), a Lua number as a
- * CUDA float literal. */
+ * Globals a template sees: the safe parts of the base library (no print,
+ * no loaders; pcall, xpcall, setmetatable and the string patterns guarded
+ * as sandbox.h says), string, table, math; `p`, the parameter table;
+ * import(name), which runs templates/NAME.lua once and returns its value
+ * (NAME: letters, digits, '_', '-'; from an override folder, a regular file
+ * of it, not a link); f32(x), a Lua number as a CUDA float literal. */
 #ifndef MOEGEN_TEMPLATE_H
 #define MOEGEN_TEMPLATE_H
 

@@ -99,10 +99,14 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         if (strlen(tok[16]) != 10 || tok[16][4] != '-' || tok[16][7] != '-')
             return fail(diag, file, line, "date must be YYYY-MM-DD", tok[16]);
         snprintf(e.date, sizeof e.date, "%s", tok[16]);
-        size_t gl = 0;
-        for (int i = 17; i < nt; i++)
-            gl += (size_t)snprintf(e.gpu + gl, gl < sizeof e.gpu ? sizeof e.gpu - gl : 0, "%s%s", i > 17 ? " " : "",
-                                   tok[i]);
+        size_t gl = 0; /* the GPU's name: the remaining tokens, joined by single spaces */
+        for (int i = 17; i < nt; i++) {
+            size_t n = strlen(tok[i]) + (i > 17);
+            if (gl + n >= sizeof e.gpu)
+                return fail(diag, file, line, "the GPU name is longer than 63 characters", tok[i]);
+            snprintf(e.gpu + gl, sizeof e.gpu - gl, "%s%s", i > 17 ? " " : "", tok[i]);
+            gl += n;
+        }
         for (int i = 0; i < t->n; i++) {
             moe_tuning_entry_t *o = &t->e[i];
             if (o->experts == e.experts && o->top_k == e.top_k && o->hidden == e.hidden && o->ffn == e.ffn &&

@@ -47,7 +47,7 @@ class BuildWithMake(build_py):
         subprocess.check_call(["make", "-C", root, "-j" + jobs, "deps", "build/libmoegen.so"])
         dest = os.path.join(self.build_lib, "moegen")
         os.makedirs(dest, exist_ok=True)
-        for name in ("libmoegen.so", "liblua5.4.so.0"):   # libmoegen finds its Lua through $ORIGIN
+        for name in ("libmoegen.so", "liblua5.4.so.0", "libjansson.so.4"):   # found through $ORIGIN
             shutil.copy2(os.path.join(root, "build", name), os.path.join(dest, name))
         handler = os.path.join(dest, "libmoegen_jax.so")
         if self.build_jax(root):

@@ -22,7 +22,7 @@ typedef struct {
 #define FIELD(T, f) {#f, offsetof(T, f), sizeof(((T *)0)->f)}
 
 static const abi_field options_fields[] = {
-    FIELD(moe_options, templates_dir), FIELD(moe_options, cache_dir),  FIELD(moe_options, device),
+    FIELD(moe_options, struct_size),   FIELD(moe_options, templates_dir), FIELD(moe_options, cache_dir),  FIELD(moe_options, device),
     FIELD(moe_options, rank),          FIELD(moe_options, nccl_comm),  FIELD(moe_options, cudnn),
     FIELD(moe_options, cudnn_path),    FIELD(moe_options, tuning_path), {0}};
 
@@ -43,7 +43,7 @@ static const abi_field gather_fields[] = {
     FIELD(moe_gather_args, user),     {0}};
 
 static const abi_field info_fields[] = {
-    FIELD(moe_plan_info, name),        FIELD(moe_plan_info, hash),      FIELD(moe_plan_info, arch),
+    FIELD(moe_plan_info, struct_size), FIELD(moe_plan_info, name),        FIELD(moe_plan_info, hash),      FIELD(moe_plan_info, arch),
     FIELD(moe_plan_info, experts),     FIELD(moe_plan_info, top_k),     FIELD(moe_plan_info, hidden),
     FIELD(moe_plan_info, ffn),         FIELD(moe_plan_info, tokens),    FIELD(moe_plan_info, dtype_bytes),
     FIELD(moe_plan_info, align),       FIELD(moe_plan_info, cache_hit), FIELD(moe_plan_info, kernels),
@@ -59,6 +59,20 @@ static const abi_field pack_args_fields[] = {
     FIELD(moe_pack_args, tensor), FIELD(moe_pack_args, src), FIELD(moe_pack_args, first),
     FIELD(moe_pack_args, count),  {0}};
 
+static const abi_field train_fields[] = {
+    FIELD(moe_train_forward_args, fwd), FIELD(moe_train_forward_args, saved),
+    FIELD(moe_train_forward_args, recompute_u), {0}};
+
+static const abi_field backward_fields[] = {
+    FIELD(moe_backward_args, tokens),     FIELD(moe_backward_args, recompute_u), FIELD(moe_backward_args, saved),
+    FIELD(moe_backward_args, x),          FIELD(moe_backward_args, router_w),    FIELD(moe_backward_args, w1p),
+    FIELD(moe_backward_args, b1p),        FIELD(moe_backward_args, w2),          FIELD(moe_backward_args, b2),
+    FIELD(moe_backward_args, dy),         FIELD(moe_backward_args, workspace),   FIELD(moe_backward_args, accumulate),
+    FIELD(moe_backward_args, dx),         FIELD(moe_backward_args, d_router_w),  FIELD(moe_backward_args, d_logit_bias),
+    FIELD(moe_backward_args, dw1p),       FIELD(moe_backward_args, db1p),        FIELD(moe_backward_args, dw2),
+    FIELD(moe_backward_args, db2),        FIELD(moe_backward_args, shared_gate), FIELD(moe_backward_args, d_shared_gate),
+    {0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -71,9 +85,45 @@ static const struct {
     {"moe_plan_info", sizeof(moe_plan_info), info_fields},
     {"moe_pack_src", sizeof(moe_pack_src), pack_src_fields},
     {"moe_pack_args", sizeof(moe_pack_args), pack_args_fields},
+    {"moe_train_forward_args", sizeof(moe_train_forward_args), train_fields},
+    {"moe_backward_args", sizeof(moe_backward_args), backward_fields},
 };
 
 const char *moe_version(void) { return MOEGEN_VERSION; }
+
+/* ---- growable structs (moe.h, "Growable structs") ------------------------ */
+
+moe_status moe_struct_in(void *dst, size_t ours, size_t v1, const void *src, const char *what) {
+    memset(dst, 0, ours);
+    size_t n = *(const size_t *)src;
+    if (n == 0)
+        n = v1;
+    if (n < sizeof(size_t))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s.struct_size is %zu: not a size of the struct (set it to sizeof, "
+                        "or 0)", what, n);
+    for (size_t i = ours; i < n; i++)
+        if (((const unsigned char *)src)[i])
+            return moe_fail(MOE_ERR_INVALID_ARG, "%s.struct_size is %zu: the caller's moe.h is newer than this "
+                            "library's (%zu bytes) and sets a field it does not know (byte %zu is not 0)", what, n,
+                            ours, i);
+    memcpy(dst, src, n < ours ? n : ours);
+    *(size_t *)dst = ours;
+    return MOE_OK;
+}
+
+moe_status moe_struct_out(void *dst, const void *src, size_t ours, size_t v1, const char *what) {
+    size_t n = *(const size_t *)dst;
+    if (n == 0)
+        n = v1;
+    if (n < sizeof(size_t))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s.struct_size is %zu: not a size of the struct (set it to sizeof, "
+                        "or 0)", what, n);
+    /* struct_size itself stays the caller's */
+    memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), (n < ours ? n : ours) - sizeof(size_t));
+    if (n > ours)
+        memset((char *)dst + ours, 0, n - ours);
+    return MOE_OK;
+}
 
 static int abi_find(const char *name) {
     for (int i = 0; name && i < (int)(sizeof abi_structs / sizeof abi_structs[0]); i++)

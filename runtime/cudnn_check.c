@@ -145,7 +145,7 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     /* up: the generated kernel, and cuDNN + SwiGLU into poisoned buffers */
     {
         CUdeviceptr nul = 0;
-        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG]};
+        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG], &nul}; /* a training plan's ubuf: none */
         if ((rc = moe_launch_kernel(c->l, MOE_K_GEMM_UP, s->tokens, 0, NULL, args, NULL)))
             goto done;
     }

@@ -14,18 +14,18 @@ static int use_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, 
 moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
                        CUevent *ev) {
     moe_status rc;
-    CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out;
+    CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out, ubuf = f->ubuf;
     static const int kernel_of[MOE_STAGE_COUNT] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
     for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
         const int k = kernel_of[stage];
-        if (use_cudnn(l, dn, stage, f)) {
+        if (use_cudnn(l, dn, stage, f) && !(stage == MOE_STAGE_UP && ubuf)) { /* cuDNN stores no U */
             if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
                 return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
             if ((rc = moe_cudnn_run(dn, stage, f, st)))
                 return rc;
             continue;
         }
-        void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf};
+        void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
         void *down[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
         if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, stage == MOE_STAGE_UP ? up : down, ev)))
             return rc;

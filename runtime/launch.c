@@ -58,6 +58,13 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     } else if (k == MOE_K_PACK && l->pack && l->pack_fn && !ev) {
         d = l->pack;
         fn = l->pack_fn;
+    } else if (k >= MOE_K_BWD_FIRST && k < MOE_K_BWD_FIRST + MOE_BK_COUNT && l->bwd && !ev) {
+        d = &l->bwd[k - MOE_K_BWD_FIRST];
+        fn = l->bwd_fn[k - MOE_K_BWD_FIRST];
+    } else if (k >= MOE_K_BGEMM_FIRST && k < MOE_K_BGEMM_FIRST + MOE_BGEMM_COUNT && l->bgemm &&
+               l->bgemm_fn[k - MOE_K_BGEMM_FIRST] && !ev) {
+        d = &l->bgemm[k - MOE_K_BGEMM_FIRST];
+        fn = l->bgemm_fn[k - MOE_K_BGEMM_FIRST];
     } else {
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_launch_kernel: the plan has no kernel of family %d%s", k,
                         ev ? " with an event" : "");
@@ -68,11 +75,12 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
      * any (an expert-parallel rank with an empty batch, which still plans,
      * exchanges and runs its peers' rows); the family grids never go below
      * one block, so they are skipped here */
-    if (tokens == 0 && (k == MOE_K_ROUTE || k == MOE_K_PERMUTE_SCATTER || k == MOE_K_COMBINE || k == MOE_K_EP_SCATTER))
+    if (tokens == 0 && (k == MOE_K_ROUTE || k == MOE_K_PERMUTE_SCATTER || k == MOE_K_COMBINE || k == MOE_K_EP_SCATTER ||
+                        k == MOE_K_BWD_DYS || k == MOE_K_BWD_ROUTER || k == MOE_K_BWD_DX))
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
-    if ((k == MOE_K_SWIGLU || k == MOE_K_PACK) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
+    if ((k == MOE_K_SWIGLU || k == MOE_K_PACK || k == MOE_K_BWD_UNPACK) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
     void *targs[MOE_LAUNCH_MAX_ARGS];
@@ -80,9 +88,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         moe_status rc = gemm_maps(l, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma, &mb);
         if (rc)
             return rc;
-        /* the GEMMs' arguments (templates/gemm_sm90.lua): 6, or with fp8 the two scale pointers more, and the
-         * up GEMM's output scales */
-        const int nargs = !moe_spec_fp8(&l->pd->spec) ? 6 : k == MOE_K_GEMM_UP ? 9 : 8;
+        /* the GEMMs' arguments (templates/gemm_sm90.lua): 6; with fp8 the two scale pointers more, and the
+         * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train) */
+        const int nargs = moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
+                          : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
         memcpy(targs, args, sizeof(void *) * (size_t)nargs);
         targs[0] = &ma;
         targs[1] = &mb;

@@ -31,6 +31,12 @@ typedef struct moe_launcher {
                                          NAME_quantize (templates/pack.lua); NULL otherwise */
     CUfunction pack_fn;               /* it in the module; NULL when the module has none (a folder
                                          compiled before moegen emitted it) */
+    const moe_kernel_desc_t *bwd;     /* pd->bwd: the backward's own kernels (family MOE_K_BWD_FIRST + i);
+                                         NULL when the plan has none (spec.training unset) */
+    CUfunction bwd_fn[MOE_BK_COUNT];  /* bwd[i] in the module */
+    const moe_kernel_desc_t *bgemm;   /* the backward GEMMs (moe_plan_bgemm(pd, arch), [MOE_BGEMM_COUNT], family
+                                         MOE_K_BGEMM_FIRST + i); NULL when the spec has no training = true */
+    CUfunction bgemm_fn[MOE_BGEMM_COUNT]; /* bgemm[i] in the module; NULL when the module lacks it */
 } moe_launcher_t;
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
@@ -44,22 +50,29 @@ typedef struct {
     CUdeviceptr xs, tiles, num_tiles, offsets, hbuf, out;
     const void *w1p, *b1p, *w2, *b2;
     CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
+    CUdeviceptr ubuf;      /* a training plan's up GEMM also stores U [rows, 2F] here; 0 = not */
 } moe_ffn_args_t;
 
 /* Launch the plan's kernel of family k on st with its family's grid
  * (moe_family_grid) for `tokens` tokens and n: a forward kernel
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
  * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
- * activation (MOE_K_SWIGLU, l->swiglu) or the weight pack (MOE_K_PACK,
- * l->pack). n is what the family walks besides tokens: the GEMMs' row
- * tiles (0: the plan's max tiles at `tokens`; the expert-parallel path
+ * activation (MOE_K_SWIGLU, l->swiglu), the weight pack (MOE_K_PACK,
+ * l->pack), a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_UNPACK,
+ * l->bwd) or a backward GEMM (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN,
+ * l->bgemm; runtime/bgemm.h). n is what the family walks besides tokens: the GEMMs' row
+ * tiles (0: the plan's max tiles at `tokens`, for the forward's; the
+ * expert-parallel path
  * sizes them from the receive side), ep_rows' staging rows, swiglu's rows
- * (0 is 0 rows: one block) and pack's elements; the other families ignore
- * it. The grid-stride grids (swiglu, pack) are capped at 32 blocks per SM.
+ * (0 is 0 rows: one block), pack's and bwd_unpack's elements, bwd_upre's
+ * row tiles (never 0 there), bwd_colsum's columns; the other families ignore
+ * it. The grid-stride grids (swiglu, pack, bwd_unpack) are capped at 32
+ * blocks per SM.
  * With tokens = 0 the kernels over the caller's tokens (route,
  * permute_scatter, ep_scatter, combine) are not launched (MOE_OK). ev (may be NULL; forward kernels only): events[k] is
  * recorded first. GEMM args are always (A, B, bias, tiles, num_tiles, out)
- * with A and B device pointers; the sm_90a GEMMs get A and B as TMA tensor
+ * with A and B device pointers, and a training plan's up GEMM takes a
+ * seventh, ubuf (NULL: U is not stored); the sm_90a GEMMs get A and B as TMA tensor
  * maps instead, made here, and run on a 1D grid over that tile space: one
  * CTA per tile, or at most one CTA per SM when the tile is persistent. */
 moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,

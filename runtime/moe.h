@@ -2,10 +2,12 @@
  * generate and compile its kernels (NVRTC, disk cache) or load them from a
  * folder written by `moegen compile`, and run the forward pass.
  *
- * Linking: libmoegen links NVRTC and Lua only. The CUDA driver is loaded
+ * Linking: libmoegen links Lua and jansson only. The CUDA driver is loaded
  * with dlopen("libcuda.so.1") on first use, so a program linked against
  * libmoegen starts on a machine without a GPU, and moe_plan_create answers
- * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there.
+ * MOE_ERR_NO_DRIVER or MOE_ERR_NO_GPU there. NVRTC is loaded the same way
+ * when moe_plan_create first needs it (MOE_ERR_UNSUPPORTED, naming the
+ * library, without it); moe_plan_create_from_dir needs none.
  *
  * Threads: a plan is immutable once created; moe_forward may be called on
  * one plan from several threads at once, each with its own workspace.
@@ -51,7 +53,20 @@ typedef enum {
     MOE_ERR_OVERFLOW       /* capacity mode: a rank had more rows for a peer than dispatch.capacity */
 } moe_status;
 
+/* Growable structs: moe_options and moe_plan_info start with struct_size,
+ * the size of the struct as the caller's moe.h declares it, so fields can
+ * be added at their end without breaking programs built against an older
+ * header. Set it to sizeof the struct (MOE_OPTIONS_INIT, MOE_PLAN_INFO_INIT),
+ * or leave it 0 in a zero-initialized struct: 0 means the first layout
+ * with struct_size (moe.h 0.1.0: moe_options up to tuning_path, moe_plan_info
+ * up to cudnn_version), which the library always understands. The library
+ * reads (moe_options) or writes (moe_plan_info) only struct_size bytes;
+ * fields past them take their defaults, or are left alone. A struct_size
+ * larger than the library's struct is accepted when the fields it does not
+ * know are all zero (moe_options; else MOE_ERR_INVALID_ARG) and zeroed
+ * (moe_plan_info). An uninitialized struct_size is a caller bug. */
 typedef struct {
+    size_t struct_size;         /* sizeof(moe_options), or 0 (see above) */
     const char *templates_dir;  /* NULL = the embedded templates */
     const char *cache_dir;      /* NULL = $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen, ~/.cache/moegen */
     int device;                 /* CUDA device ordinal; default 0 */
@@ -68,6 +83,11 @@ typedef struct {
     const char *tuning_path;    /* a tuning table file (format: tuning/h200.tune) for the sm_90a GEMM tiles;
                                    NULL = $MOEGEN_TUNING, else the table embedded at build time */
 } moe_options;
+#ifdef __cplusplus /* designated initializers: C, and C++ only from C++20 */
+#define MOE_OPTIONS_INIT {sizeof(moe_options)}
+#else
+#define MOE_OPTIONS_INIT {.struct_size = sizeof(moe_options)}
+#endif
 
 /* moe_options.cudnn. auto: a stage takes cuDNN when the loaded version is
  * known to run its graph on this GPU, a plan-time self-check against the
@@ -133,7 +153,8 @@ typedef struct {
 moe_status moe_plan_create(moe_plan **plan, const char *spec_path, const moe_options *opts);
 
 /* Create a plan from a folder written by `moegen compile` (NAME.moe and
- * NAME.ARCH.cubin): no NVRTC at run time. */
+ * NAME.ARCH.cubin): no NVRTC needed at run time (only cuDNN's plan-time
+ * self-check compiles with it, where it is present). */
 moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_options *opts);
 
 void moe_plan_destroy(moe_plan *plan);
@@ -281,6 +302,102 @@ moe_status moe_plan_pack_quantize_async(const moe_plan *plan, const moe_pack_arg
  * others. */
 moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
 
+/* ---- training (spec key training = true; one device) ---------------------
+ *
+ * A training forward runs the forward and keeps what the backward needs in
+ * a region the caller owns (`saved`: the routing indices and weights, the
+ * row map, offsets and tile table, the router's fp32 logits, the gathered
+ * rows xs, the activation output A, the down output O and, unless
+ * recompute_u, the up projection's pre-activation U); moe_backward reads it
+ * and writes every gradient. The saved region is laid out for the call's
+ * token count: moe_plan_saved_size(plan, tokens, recompute_u) bytes, about
+ * moe_plan_saved_per_token(plan, recompute_u) per token. recompute_u = 1
+ * saves 4·k'·F bytes per token (k' = top_k + shared slots) and makes the
+ * backward run the up projection once more (activation checkpointing).
+ * Both calls enqueue on the stream without host synchronization, so a
+ * forward and backward pair can be captured in a CUDA graph. A plan whose
+ * spec lacks training = true refuses both with MOE_ERR_UNSUPPORTED. */
+
+/* Arguments of a training forward: the forward's (fwd; fwd.workspace as
+ * moe_forward's) and the region it saves into, kept untouched until the
+ * matching moe_backward has run. */
+typedef struct {
+    moe_forward_args fwd;
+    void *saved;                  /* moe_plan_saved_size(plan, fwd.tokens, recompute_u) bytes, 256-byte aligned */
+    int recompute_u;              /* 0: save U; 1: the backward recomputes it */
+} moe_train_forward_args;
+
+/* Arguments of one backward pass. Inputs are the training forward's (the
+ * same tokens, recompute_u, saved region, x and weights); dy [tokens, H]
+ * (dtype) is the gradient of y. Outputs, device pointers:
+ *   dx           [tokens, H] dtype, written
+ *   d_router_w   fp32 [E, H]
+ *   d_logit_bias fp32 [E]          spec router.logit_bias (else NULL)
+ *   dw1p         fp32 [S, 2F, H]   in w1p's packed row order (moe_plan_unpack_grad
+ *                                  gives the plain [S, 2F, H] layout)
+ *   db1p         fp32 [S, 2F]      packed like b1p; spec ffn_bias (else NULL)
+ *   dw2          fp32 [S, H, F]
+ *   db2          fp32 [S, H]       spec ffn_bias (else NULL)
+ *   d_shared_gate fp32 [H]         spec shared.gate = "sigmoid" (else NULL)
+ * (S = every weight slot, moe_plan_tensor's w1p dims; a shared expert's
+ * gradients are its m slots E .. E+m-1 of dw1p and dw2, split as
+ * moe_plan_pack_shared splits the weights). The weight
+ * gradients (all but dx) are written (accumulate = 0) or added into what
+ * the buffers hold (accumulate = 1: gradient accumulation); a slot no token
+ * chose gets zeros, or is left as it was. The routing choice is a constant
+ * (no gradient through the top-k selection; router.bias gets none). */
+typedef struct {
+    int tokens;                   /* the training forward's fwd.tokens */
+    int recompute_u;              /* the training forward's recompute_u */
+    const void *saved;            /* the training forward's saved region */
+    const void *x, *router_w;     /* the training forward's */
+    const void *w1p, *b1p, *w2, *b2;
+    const void *dy;
+    void *workspace;              /* moe_plan_backward_workspace_size(plan, tokens, recompute_u) bytes, 256-byte aligned */
+    int accumulate;
+    void *dx;
+    float *d_router_w, *d_logit_bias;
+    float *dw1p, *db1p, *dw2, *db2;
+    const void *shared_gate;      /* spec shared.gate = "sigmoid": the training forward's w_gate [H] */
+    float *d_shared_gate;
+} moe_backward_args;
+
+/* Bytes of the saved region of a training forward of `tokens` tokens, and
+ * of the backward's workspace; 0 for a plan without training, or tokens out
+ * of 0 .. the spec's tokens. */
+size_t moe_plan_saved_size(const moe_plan *plan, int tokens, int recompute_u);
+size_t moe_plan_backward_workspace_size(const moe_plan *plan, int tokens, int recompute_u);
+
+/* Bytes of the saved region each token adds (its k' rows of xs, A, O and,
+ * unless recompute_u, U; its routing entries; its logits). The rest of
+ * moe_plan_saved_size is the tables and each slot's row padding to the
+ * GEMM tile. 0 for a plan without training. */
+size_t moe_plan_saved_per_token(const moe_plan *plan, int recompute_u);
+
+/* Byte offset and size of a region of the saved region ("counts",
+ * "offsets", "num_tiles", "tiles", "topk_idx", "topk_w", "row_of",
+ * "logits", "xs", "hbuf", "out", "u") or, with backward = 1, of the
+ * backward's workspace ("dys", "du", "dxs", "u", "dw", "dlogits"), at
+ * `tokens`: for tests and tools that inspect the stages. */
+moe_status moe_plan_saved_region(const moe_plan *plan, int backward, int tokens, int recompute_u, const char *name,
+                                 size_t *offset, size_t *bytes);
+
+/* The training forward: moe_forward's work and result (y) and the saved
+ * region. With tokens = 0 nothing is enqueued. */
+moe_status moe_forward_train(const moe_plan *plan, const moe_train_forward_args *args, void *stream);
+
+/* The backward of the training forward whose saved region args->saved is. */
+moe_status moe_backward(const moe_plan *plan, const moe_backward_args *args, void *stream);
+
+/* The plain layout of a packed fp32 gradient, on the device: tensor
+ * MOE_TENSOR_W1 (src dw1p [count, 2F, H] packed -> dst [count, 2F, H], gate
+ * rows 0..F-1 then up rows, MOE_LAYOUT_W1_FUSED's order) or MOE_TENSOR_B1
+ * (db1p [count, 2F] -> [count, 2F]); count slots (1 .. every slot).
+ * Enqueued on stream; dst must not overlap src. W2 and b2 gradients are in
+ * the plain layout already. */
+moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const float *src, float *dst, int count,
+                                void *stream);
+
 /* Gather this rank's held expert weights over its FSDP group (an NCCL
  * all-gather; on a mesh where fsdp does not shard experts, a device copy).
  * Enqueued on stream; gate/up pairing is kept (whole packed experts move).
@@ -299,6 +416,7 @@ moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *
 /* What the plan is: spec name, hash, the arch its kernels were built for,
  * whether they came from the cache, and each kernel's name. */
 typedef struct {
+    size_t struct_size;           /* set by the caller: sizeof(moe_plan_info), or 0 (see moe_options) */
     const char *name, *hash, *arch;
     int experts, top_k, hidden, ffn, tokens;
     int dtype_bytes;
@@ -311,6 +429,11 @@ typedef struct {
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
 } moe_plan_info;
+#ifdef __cplusplus
+#define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}
+#else
+#define MOE_PLAN_INFO_INIT {.struct_size = sizeof(moe_plan_info)}
+#endif
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
@@ -335,7 +458,8 @@ const char *moe_version(void);
  * C compiler (the Python package checks its ctypes structures against these
  * at import). moe_abi_sizeof: sizeof the struct named `name`
  * ("moe_options", "moe_forward_args", "moe_weights", "moe_gather_args",
- * "moe_plan_info", "moe_pack_src", "moe_pack_args"), 0 for another name. moe_abi_field: the name of its
+ * "moe_plan_info", "moe_pack_src", "moe_pack_args", "moe_train_forward_args",
+ * "moe_backward_args"), 0 for another name. moe_abi_field: the name of its
  * field i in declaration order, with its byte offset and size (either out
  * pointer may be NULL); NULL past the last field or for another name.
  * A field added to one of these structs is listed in runtime/abi.c too. */

@@ -16,34 +16,59 @@ moe_status moe_forward(const moe_plan *p, const moe_forward_args *a, void *strea
     return moe_forward_timed(p, a, stream, NULL);
 }
 
-moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void *stream, CUevent ev[7]) {
+/* The forward's argument checks, messages prefixed with fn. */
+moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const char *fn) {
     if (!p || !a)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: NULL argument");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
     const moe_spec_t *s = &p->pd.spec;
     if (moe_spec_fp8(s))
         return moe_fail(MOE_ERR_UNSUPPORTED, "moe_forward: the fp8 layer's forward is not built yet (issue #20): its "
                         "expert GEMMs are, the activations' quantization in the permute and the forward's wiring are "
                         "not");
     if (a->tokens < 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: tokens = %d; 0 or more is needed", a->tokens);
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: tokens = %d; 0 or more is needed", fn, a->tokens);
     if (a->tokens > s->tokens)
-        return moe_fail(MOE_ERR_CAPACITY, "moe_forward: %d tokens exceed the plan's capacity of %d (spec key tokens)",
+        return moe_fail(MOE_ERR_CAPACITY, "%s: %d tokens exceed the plan's capacity of %d (spec key tokens)", fn,
                         a->tokens, s->tokens);
     if (a->tokens > 0 && (!a->x || !a->y))
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: x and y are required (tokens = %d)", a->tokens);
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: x and y are required (tokens = %d)", fn, a->tokens);
     if (!a->router_w || !a->w1p || !a->w2 || !a->workspace)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: router_w, w1p, w2 and workspace are required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: router_w, w1p, w2 and workspace are required", fn);
     if (s->router.bias && !a->router_bias)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.bias; router_bias is required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.bias; router_bias is required", fn);
     if (s->router.logit_bias && !a->router_logit_bias)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has router.logit_bias; router_logit_bias is required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.logit_bias; router_logit_bias is required", fn);
     if (s->ffn_bias && (!a->b1p || !a->b2))
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has ffn_bias; b1p and b2 are required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has ffn_bias; b1p and b2 are required", fn);
     if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID && !a->shared_gate)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: the spec has shared.gate = \"sigmoid\"; shared_gate is "
-                        "required");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has shared.gate = \"sigmoid\"; shared_gate is required",
+                        fn);
     if ((uintptr_t)a->workspace % 256)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: workspace must be 256-byte aligned");
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: workspace must be 256-byte aligned", fn);
+    return MOE_OK;
+}
+
+moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdeviceptr topk_idx, CUdeviceptr topk_w,
+                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits, CUstream st, CUevent *ev) {
+    int T = a->tokens;
+    /* the gated shared expert's route kernel takes shared_gate, a training
+     * plan's takes logits_out after it (templates/route.lua); the driver
+     * reads no more than the kernel takes */
+    void *args[11] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+                      &T, &topk_idx, &topk_w, &counts, &route_part};
+    int n = 9;
+    const moe_spec_t *s = &p->pd.spec;
+    if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+        args[n++] = (void *)&a->shared_gate;
+    if (s->training)
+        args[n++] = &logits;
+    return moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev);
+}
+
+moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void *stream, CUevent ev[7]) {
+    moe_status rc = moe_forward_check(p, a, "moe_forward");
+    if (rc)
+        return rc;
     CUstream st = (CUstream)stream;
     CUresult r = moe_cu.cuCtxSetCurrent(p->ctx);
     if (r != CUDA_SUCCESS)
@@ -67,16 +92,9 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
     int T = a->tokens;
-    moe_status rc;
-    {
-        /* the last, shared_gate, is a parameter of a gated shared expert's
-         * route kernel only; the driver reads no more than the kernel takes */
-        void *args[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
-                        &T, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_COUNTS], &reg[MOE_WS_ROUTE_PART],
-                        (void *)&a->shared_gate};
-        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev)))
-            return rc;
-    }
+    if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
+                               reg[MOE_WS_ROUTE_PART], 0, st, ev)))
+        return rc;
     {
         CUdeviceptr slot = p->launcher.slot_table;
         void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],

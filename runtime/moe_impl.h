@@ -29,7 +29,31 @@ struct moe_plan {
     moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
 };
 
+/* The forward's argument checks (moe_forward's, the training forward's),
+ * the messages prefixed with fn. */
+moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const char *fn);
+
+/* Launch the route kernel of a's tokens into the given regions; logits:
+ * a training plan's logits output (0 = none), ignored by other plans. */
+moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdeviceptr topk_idx, CUdeviceptr topk_w,
+                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits, CUstream st, CUevent *ev);
+
 /* Whether slot is the identity permutation of 0..n-1. */
 int moe_slots_identity(const int *slot, int n);
+
+/* Growable public structs (moe.h, "Growable structs"; runtime/abi.c).
+ * moe_struct_in: the caller's struct at src (its struct_size first) into
+ * dst, this library's struct of `ours` bytes: zeroed, then the caller's
+ * bytes that both know copied; 0 reads as `v1` bytes (the first layout);
+ * a longer struct whose unknown bytes are not 0 is MOE_ERR_INVALID_ARG.
+ * moe_struct_out: this library's struct at src into the caller's at dst,
+ * writing only its struct_size bytes (v1 for 0; bytes past ours zeroed);
+ * dst's struct_size is left as the caller set it. `what` names the struct
+ * in messages. */
+moe_status moe_struct_in(void *dst, size_t ours, size_t v1, const void *src, const char *what);
+moe_status moe_struct_out(void *dst, const void *src, size_t ours, size_t v1, const char *what);
+/* The first layouts with struct_size (moe.h 0.1.0); never change these. */
+#define MOE_OPTIONS_V1_SIZE (offsetof(moe_options, tuning_path) + sizeof(const char *))
+#define MOE_PLAN_INFO_V1_SIZE (offsetof(moe_plan_info, cudnn_version) + sizeof(int))
 
 #endif

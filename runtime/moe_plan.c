@@ -4,6 +4,7 @@
 #include "moe_impl.h"
 
 #include "cache.h"
+#include "compile.h"
 #include "cudnn.h"
 #include "emit.h"
 #include "ep.h"
@@ -13,6 +14,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,20 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
                 *fns[i] = NULL;
         }
     }
+    /* the backward's own kernels, planned and emitted only for a training spec */
+    l->bwd = p->pd.has_bwd ? p->pd.bwd : NULL;
+    for (int i = 0; l->bwd && i < MOE_BK_COUNT; i++)
+        if ((rc = load_kernel(p, &l->bwd[i], &l->bwd_fn[i])))
+            return rc;
+    /* the backward GEMMs with training = true, likewise (moe_bgemm_launch refuses without them) */
+    l->bgemm = moe_plan_bgemm(&p->pd, l->arch);
+    for (int i = 0; l->bgemm && i < MOE_BGEMM_COUNT; i++) {
+        if (moe_cu.cuModuleGetFunction(&l->bgemm_fn[i], p->module, l->bgemm[i].name) != CUDA_SUCCESS)
+            l->bgemm_fn[i] = NULL;
+        else if (l->bgemm[i].smem > 48 * 1024)
+            CU_CHECK(moe_cu.cuFuncSetAttribute(l->bgemm_fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                               l->bgemm[i].smem));
+    }
     return moe_ep_load(p->ep);
 }
 
@@ -181,6 +197,17 @@ static moe_status check_mesh(moe_plan *p, const moe_options *o, int unconnected)
     return MOE_OK;
 }
 
+/* A JIT plan compiles with NVRTC (and its cache key holds NVRTC's
+ * version), loaded here on first use: checked before any device work. */
+static moe_status need_nvrtc(void) {
+    char why[600];
+    if (moe_nvrtc_load(why, sizeof why))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s; moe_plan_create compiles the kernels with NVRTC (the CUDA "
+                        "toolkit's libnvrtc): install it, or load a folder written by moegen compile with "
+                        "moe_plan_create_from_dir, which needs no NVRTC", why);
+    return MOE_OK;
+}
+
 static moe_status connect_mesh(moe_plan *p, const moe_options *o) {
     if (p->ep->unconnected || !o || !o->nccl_comm)
         return MOE_OK;
@@ -205,12 +232,21 @@ static moe_status plan_create(moe_plan **out, const char *spec_path, const char 
     *out = NULL;
     if (!spec_path)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create: spec_path is NULL");
+    moe_options opts; /* the caller's, whatever moe.h it was built with */
+    if (o) {
+        moe_status rs = moe_struct_in(&opts, sizeof opts, MOE_OPTIONS_V1_SIZE, o, "moe_options");
+        if (rs)
+            return rs;
+        o = &opts;
+    }
     moe_plan *p = calloc(1, sizeof *p);
     if (!p)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status s = plan_tables(p, spec_path, text, o, table);
     if (s == MOE_OK)
         s = check_mesh(p, o, unconnected);
+    if (s == MOE_OK)
+        s = need_nvrtc();
     if (s == MOE_OK)
         s = open_device(p, o);
     if (s == MOE_OK)
@@ -249,80 +285,79 @@ moe_status moe_plan_create_unconnected(moe_plan **out, const char *spec_path, co
     return plan_create(out, spec_path, NULL, o, 1, NULL);
 }
 
-/* The manifest is read for a few keys only. json_key: the first
- * `"key"` followed by a colon at or after `from` (whitespace allowed
- * around it, so a compacted manifest reads the same), pointing past the
- * colon and its whitespace; NULL if none before `end`. */
-static const char *json_key(const char *from, const char *end, const char *key) {
-    size_t n = strlen(key);
-    for (const char *p = from; p && p < end && (p = strchr(p, '"')) != NULL && p < end; p++) {
-        if (strncmp(p + 1, key, n) != 0 || p[1 + n] != '"')
-            continue;
-        const char *q = p + 2 + n;
-        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
-            q++;
-        if (*q != ':')
-            continue;
-        for (q++; *q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'; q++)
-            ;
-        return q;
+/* The manifest (manifest.json, written by gen/emit.c) parsed with jansson:
+ * any valid JSON object with the keys the loader needs reads the same,
+ * however it is spaced or ordered; malformed JSON, duplicate keys and a
+ * non-object are refused naming the file, line and column. On MOE_OK *root
+ * holds a reference the caller drops with json_decref. */
+static moe_status manifest_load(const char *text, size_t len, const char *mpath, json_t **root) {
+    json_error_t je;
+    *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!*root)
+        return moe_fail(MOE_ERR_IO, "%s:%d:%d: error: the manifest is not valid JSON: %s; compile the spec again "
+                        "into the folder (moegen compile)", mpath, je.line, je.column, je.text);
+    if (!json_is_object(*root)) {
+        json_decref(*root);
+        *root = NULL;
+        return moe_fail(MOE_ERR_IO, "%s: error: the manifest is not a JSON object", mpath);
     }
-    return NULL;
+    return MOE_OK;
 }
 
-/* The string value of `key` (letters, digits, '_', '.', '-' only: the
- * names, hashes and file names the loader needs) into out; 0, or -1 when
- * absent, not such a string, or too long. */
-static int json_str(const char *from, const char *end, const char *key, char *out, size_t n) {
-    const char *v = json_key(from, end, key);
-    if (!v || *v != '"')
+/* The string value of obj's `key` when it is a name, hash or file name the
+ * loader may use in a path (letters, digits, '_', '.', '-'; not empty,
+ * shorter than n) copied into out; 0, or -1 when absent or not such a
+ * string. */
+static int manifest_name(const json_t *obj, const char *key, char *out, size_t n) {
+    const char *v = json_string_value(json_object_get(obj, key));
+    size_t len = v ? json_string_length(json_object_get(obj, key)) : 0;
+    if (!v || len == 0 || len >= n)
         return -1;
-    size_t i = 0;
-    for (v++; *v != '"'; v++) {
-        if (!(isalnum((unsigned char)*v) || *v == '_' || *v == '.' || *v == '-') || i + 1 >= n)
+    for (size_t i = 0; i < len; i++)
+        if (!(isalnum((unsigned char)v[i]) || v[i] == '_' || v[i] == '.' || v[i] == '-'))
             return -1;
-        out[i++] = *v;
-    }
-    out[i] = '\0';
-    return i ? 0 : -1;
+    memcpy(out, v, len + 1);
+    return 0;
 }
 
-/* The end of the JSON object whose '{' is at p (file names and hashes hold
- * no braces), or NULL. */
-static const char *json_object_end(const char *p) {
-    int depth = 0;
-    for (; *p; p++) {
-        depth += (*p == '{') - (*p == '}');
-        if (depth == 0)
-            return p;
+/* Whether array `arr` lists kernel `name`: an element that is the string,
+ * or an object whose "name" is. */
+static int manifest_lists(const json_t *arr, const char *name) {
+    size_t i;
+    const json_t *v;
+    json_array_foreach(arr, i, v) {
+        const char *n = json_is_object(v) ? json_string_value(json_object_get(v, "name")) : json_string_value(v);
+        if (n && strcmp(n, name) == 0)
+            return 1;
     }
-    return NULL;
+    return 0;
 }
 
 /* A compiled folder is the spec that NAME.moe holds, planned again: the
  * manifest must record that spec's hash (NAME.moe edited, or emitted by
  * another run, is refused) and every kernel this runtime plans for each
- * arch, the forward's and the EP dispatch's (the tuning table decides the
- * GEMM tiles, which the names spell). */
-static moe_status same_plan(const moe_plan *p, const char *manifest, const char *mpath, const char *spath) {
+ * arch, the forward's (under "kernels": {ARCH: [{"name": ...}]}) and the EP
+ * dispatch's (under "dispatch": {"kernels": [...]}); the tuning table
+ * decides the GEMM tiles, which the names spell. */
+static moe_status same_plan(const moe_plan *p, const json_t *manifest, const char *mpath, const char *spath) {
     const moe_spec_t *s = &p->pd.spec;
-    const char *end = manifest + strlen(manifest);
     char hash[64];
-    if (json_str(manifest, end, "hash", hash, sizeof hash))
+    if (manifest_name(manifest, "hash", hash, sizeof hash))
         return moe_fail(MOE_ERR_IO, "%s: no spec \"hash\" in the manifest", mpath);
     if (strcmp(hash, s->hash) != 0)
         return moe_fail(MOE_ERR_IO, "%s: the spec (hash %s) is not the one the manifest %s records (hash %s): the "
                         "folder was edited or written by several runs; compile the spec again into it (moegen "
                         "compile)", spath, s->hash, mpath, hash);
     const moe_ep_desc_t *ed = moe_plan_ep_desc(&p->pd);
+    const json_t *kernels = json_object_get(manifest, "kernels");
+    const json_t *ep_kernels = json_object_get(json_object_get(manifest, "dispatch"), "kernels");
     for (int a = 0; a < s->narch; a++) {
         const moe_kernel_desc_t *ks = moe_plan_kernels(&p->pd, s->arch[a]);
+        const json_t *listed = json_object_get(kernels, moe_arch_name(s->arch[a]));
         int n = MOE_K_COUNT + (ed ? MOE_EK_COUNT : 0);
         for (int i = 0; i < n; i++) {
             const char *want = i < MOE_K_COUNT ? ks[i].name : ed->k[i - MOE_K_COUNT].name;
-            char quoted[160];
-            snprintf(quoted, sizeof quoted, "\"%s\"", want);
-            if (strstr(manifest, quoted))
+            if (manifest_lists(i < MOE_K_COUNT ? listed : ep_kernels, want))
                 continue;
             int gemm = i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN;
             return moe_fail(MOE_ERR_IO, "%s: the folder's %s kernels are not the ones this runtime plans, %s%s",
@@ -337,45 +372,40 @@ static moe_status same_plan(const moe_plan *p, const char *manifest, const char 
 }
 
 /* Every arch's cubin, read and checked against the size and XXH3-128 the
- * manifest records before the driver sees any of it: a truncated or edited
- * cubin, or a folder that moegen emit wrote (no cubins listed), is refused
- * naming the file. On MOE_OK, cubins[a] holds arch a's bytes. */
-static moe_status read_cubins(const moe_plan *p, const char *manifest, const char *dir, const char *mpath,
+ * manifest records ("cubins": {ARCH: {"bytes": N, "xxh3": "..."}}) before
+ * the driver sees any of it: a truncated or edited cubin, or a folder that
+ * moegen emit wrote (no cubins listed), is refused naming the file. On
+ * MOE_OK, cubins[a] holds arch a's bytes. */
+static moe_status read_cubins(const moe_plan *p, const json_t *manifest, const char *dir, const char *mpath,
                               moe_buf_t cubins[MOE_ARCH_MAX]) {
     const moe_spec_t *s = &p->pd.spec;
-    const char *end = manifest + strlen(manifest);
-    const char *obj = json_key(manifest, end, "cubins");
-    const char *oend = obj && *obj == '{' ? json_object_end(obj) : NULL;
-    if (!oend)
+    const json_t *obj = json_object_get(manifest, "cubins");
+    if (!json_is_object(obj))
         return moe_fail(MOE_ERR_IO, "%s: no \"cubins\" in the manifest: the folder was not written by this "
                         "moegen's compile; compile the spec into it (moegen compile)", mpath);
     for (int a = 0; a < s->narch; a++) {
         const char *arch = moe_arch_name(s->arch[a]);
-        char cpath[4200], err[512], want[64], bytes[32];
+        char cpath[4200], err[512], want[64];
         snprintf(cpath, sizeof cpath, "%s/%s.%s.cubin", dir, s->name, arch);
-        const char *e = json_key(obj, oend, arch);
-        const char *eend = e && *e == '{' ? json_object_end(e) : NULL;
-        if (!eend)
+        const json_t *e = json_object_get(obj, arch);
+        if (!json_is_object(e))
             return moe_fail(MOE_ERR_IO, "%s: the manifest lists no compiled cubin for %s (moegen emit writes none, "
                             "and leaves older cubins unlisted); compile the spec into the folder (moegen compile)",
                             mpath, arch);
-        const char *bv = json_key(e, eend, "bytes");
-        size_t bi = 0;
-        for (; bv && isdigit((unsigned char)*bv) && bi + 1 < sizeof bytes; bv++)
-            bytes[bi++] = *bv;
-        bytes[bi] = '\0';
-        if (json_str(e, eend, "xxh3", want, sizeof want) || !bi)
+        const json_t *bv = json_object_get(e, "bytes");
+        if (!json_is_integer(bv) || json_integer_value(bv) < 0 || manifest_name(e, "xxh3", want, sizeof want))
             return moe_fail(MOE_ERR_IO, "%s: the cubin entry for %s has no \"bytes\" or \"xxh3\"", mpath, arch);
+        long long bytes = json_integer_value(bv);
         size_t len;
         char *data = moe_read_file(cpath, 1u << 30, &len, err, sizeof err);
         if (!data)
             return moe_fail(MOE_ERR_IO, "%s", err);
         char got[33];
         moe_hash_hex(data, len, got);
-        if (strcmp(got, want) != 0 || strtoull(bytes, NULL, 10) != len) {
+        if (strcmp(got, want) != 0 || (unsigned long long)bytes != len) {
             free(data);
             return moe_fail(MOE_ERR_IO, "%s: the cubin is not the one the manifest records (%zu bytes, XXH3 %s; the "
-                            "manifest says %s bytes, %s): truncated or edited; compile the spec again into the "
+                            "manifest says %lld bytes, %s): truncated or edited; compile the spec again into the "
                             "folder (moegen compile)", cpath, len, got, bytes, want);
         }
         /* the spec compiled into it (emit.c's NAME_moegen_spec) */
@@ -399,20 +429,34 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
     *out = NULL;
     if (!dir)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_create_from_dir: dir is NULL");
+    moe_options opts; /* the caller's, whatever moe.h it was built with */
+    if (o) {
+        moe_status rs = moe_struct_in(&opts, sizeof opts, MOE_OPTIONS_V1_SIZE, o, "moe_options");
+        if (rs)
+            return rs;
+        o = &opts;
+    }
     /* the folder's one NAME.moe names everything else */
     char mpath[4200], err[512];
     snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
-    char *manifest = moe_read_file(mpath, 64u << 20, NULL, err, sizeof err);
-    if (!manifest)
+    size_t mlen;
+    char *text = moe_read_file(mpath, 64u << 20, &mlen, err, sizeof err);
+    if (!text)
         return moe_fail(MOE_ERR_IO, "%s", err);
+    json_t *manifest;
+    moe_status ms = manifest_load(text, mlen, mpath, &manifest);
+    free(text);
+    if (ms)
+        return ms;
     char name[MOE_NAME_MAX] = "";
-    if (json_str(manifest, manifest + strlen(manifest), "name", name, sizeof name)) {
-        free(manifest);
-        return moe_fail(MOE_ERR_IO, "%s: no \"name\" in the manifest", mpath);
+    if (manifest_name(manifest, "name", name, sizeof name)) {
+        json_decref(manifest);
+        return moe_fail(MOE_ERR_IO, "%s: no \"name\" in the manifest (a name of letters, digits, '_', '.', '-')",
+                        mpath);
     }
     moe_plan *p = calloc(1, sizeof *p);
     if (!p) {
-        free(manifest);
+        json_decref(manifest);
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     }
     char spath[4200];
@@ -423,7 +467,7 @@ moe_status moe_plan_create_from_dir(moe_plan **out, const char *dir, const moe_o
         s = same_plan(p, manifest, mpath, spath);
     if (s == MOE_OK)
         s = read_cubins(p, manifest, dir, mpath, cubins);
-    free(manifest);
+    json_decref(manifest);
     if (s == MOE_OK)
         s = check_mesh(p, o, 0);
     if (s == MOE_OK)
@@ -530,7 +574,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     if (!p || !info)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    *info = (moe_plan_info){.name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
+    moe_plan_info full = {.struct_size = sizeof full, .name = s->name, .hash = s->hash, .arch = moe_arch_name(p->launcher.arch),
                             .experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                             .tokens = s->tokens, .dtype_bytes = 2, .align = p->pd.align, .cache_hit = p->cache_hit,
                             .world = p->ep->mp->world, .rank = p->ep->rank, .ep = p->ep->mp->size[MOE_AXIS_EP],
@@ -539,6 +583,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn)};
     for (int i = 0; i < MOE_K_COUNT; i++)
-        info->kernels[i] = p->launcher.kernels[i].name;
-    return MOE_OK;
+        full.kernels[i] = p->launcher.kernels[i].name;
+    /* only the bytes the caller's moe.h declares */
+    return moe_struct_out(info, &full, sizeof full, MOE_PLAN_INFO_V1_SIZE, "moe_plan_info");
 }

@@ -56,4 +56,46 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
 @   return "geglu"
 @ end
 @
+@ -- The activation's backward, for the backward GEMM's epilogue
+@ -- (gemm_grad.lua): emit a __device__ function NAME_bwd(gate, up, d,
+@ -- dgate, dup) of the (gate, up) pair as the forward saw it (before the
+@ -- clamp) and the output's gradient d, in fp32, and return its name.
+@ -- Where activation.limit clamps, the gradient passes where the value is
+@ -- inside the clamp's range, bounds included (gate <= limit, -limit <= up
+@ -- <= limit), as torch.clamp's backward, and is 0 where the clamp cut it.
+@ function M.backward(p)
+@   local name = M.name(p)
+@   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
+
+/* d ${name}(gate, up) / d gate and / d up, times d. */
+static __device__ __forceinline__ void ${name}_bwd(float gate, float up, float d, float &dgate, float &dup) {
+@   if p.limit then
+    const bool gate_in = gate <= ${f32(p.limit)}, up_in = up >= ${f32(-p.limit)} && up <= ${f32(p.limit)};
+    gate = fminf(gate, ${f32(p.limit)});
+    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
+@   end
+@   if name == "geglu" then
+    const float c = 0.7978845608028654f, inner = c * (gate + 0.044715f * gate * gate * gate);
+    const float th = tanhf(inner);
+    const float act = 0.5f * gate * (1.0f + th);
+    const float dact = 0.5f * (1.0f + th) + 0.5f * gate * (1.0f - th * th) * c * (1.0f + 3.0f * 0.044715f * gate * gate);
+@   else
+@     local ag = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
+@     local a = p.alpha == 1 and "" or f32(p.alpha) .. " * "
+    /* act(gate) = gate sigmoid(alpha gate); act' = s + alpha gate s (1 - s) */
+    const float s = moe_sigmoid(${ag});
+    const float act = gate * s;
+    const float dact = s + ${a}gate * s * (1.0f - s);
+@   end
+@   if p.limit then
+    dgate = gate_in ? d * ${up_term} * dact : 0.0f;
+    dup = up_in ? d * act : 0.0f;
+@   else
+    dgate = d * ${up_term} * dact;
+    dup = d * act;
+@   end
+}
+@   return name .. "_bwd"
+@ end
+@
 @ return M

@@ -603,6 +603,9 @@ ${ARCH_GUARD}
 @   local args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
+@   if p.spec.training then   -- the pre-activation U for the backward (gemm_up_swiglu.lua's header)
+@     args = args .. ", moe_half_t *__restrict__ ubuf"
+@   end
 @   local function preamble()
 @     import("activation").device(p)
 @   end
@@ -704,6 +707,13 @@ ${ARCH_GUARD}
                                 const float o0 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
                                 const float o1 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+@     if p.spec.training then
+                                if (ubuf && r < rows && (!N_TAIL || n0 + j * 16 < N)) {  /* U, packed columns */
+                                    moe_half_t *__restrict__ ur = ubuf + ((long long)(row_start + r) * N + n0 + j * 16 + 2 * q);
+                                    *(unsigned *)ur = moe_pack2(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 2 * h + 1]${bg1});
+                                    *(unsigned *)(ur + 8) = moe_pack2(acc[m][8 * j + 4 + 2 * h]${bu0}, acc[m][8 * j + 5 + 2 * h]${bu1});
+                                }
+@     end
                             }
                     }
 @   end

@@ -4,6 +4,10 @@
 @ -- rows then the 8 matching up rows, so the n8 fragments 2i (gate) and
 @ -- 2i + 1 (up) of a warp hold the same 8 output columns in the same
 @ -- registers and the activation is register-local.
+@ -- A training spec (p.spec.training) takes one more parameter, ubuf: when
+@ -- not NULL the epilogue also stores the pre-activation U [rows, 2F]
+@ -- (bias included, rounded to the dtype, packed columns), which the
+@ -- backward's activation gradient reads (docs/DESIGN.md, "Backward").
 @ if p.tile.consumers > 0 then   -- sm_90a: the wgmma kernel (templates/gemm_sm90.lua)
 @   import("gemm_sm90").up(p)
 @   return
@@ -17,7 +21,7 @@ namespace ${p.kernel}_impl {
 
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
-            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf${p.spec.training and ", moe_half_t *__restrict__ ubuf" or ""}) {
     using namespace ${p.kernel}_impl;
 @ G.body_start(p, c, "xs", "w1p")
 @ if not p.ffn_bias then
@@ -52,6 +56,14 @@ ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1
 @ if p.ffn_bias then bg0, bg1, bu0, bu1 = " + bg0", " + bg1", " + bu0", " + bu1" end
                 const float o0 = ${act}(acc[mi][2 * nj][2 * h]${bg0}, acc[mi][2 * nj + 1][2 * h]${bu0});
                 const float o1 = ${act}(acc[mi][2 * nj][2 * h + 1]${bg1}, acc[mi][2 * nj + 1][2 * h + 1]${bu1});
+@ if p.spec.training then
+                if (ubuf && r < rows) {  /* U: gate columns at the packed column, up 8 further */
+                    moe_half_t *__restrict__ ur =
+                        ubuf + ((long long)(row_start + r) * N + n0 + wn * WTN + nj * 16 + 2 * t);
+                    *(unsigned *)ur = moe_pack2(acc[mi][2 * nj][2 * h]${bg0}, acc[mi][2 * nj][2 * h + 1]${bg1});
+                    *(unsigned *)(ur + 8) = moe_pack2(acc[mi][2 * nj + 1][2 * h]${bu0}, acc[mi][2 * nj + 1][2 * h + 1]${bu1});
+                }
+@ end
 @ if c.staged then
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
 @ else

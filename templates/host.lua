@@ -204,7 +204,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
     ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""});
+        counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 @ if not fp8 then -- (refused above; the fp8 scatter writes e4m3 rows and their scales)
     ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.entries}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -216,7 +216,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
         (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
         return e;
-    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out});
+    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""});
 @ end
 @ if two then
     if (dev->use90) {
@@ -232,7 +232,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ end
 @ if p.sm80 and (two or not p.sm90) then
 @   local up, dn = p.sm80.gemm_up_swiglu, p.sm80.gemm_down
-    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf${p.spec.training and ", (moe_half_t *)0" or ""});
     ${dn.name}<<<dim3(${dn.ntiles}, (unsigned)tiles_y), ${dn.threads}, ${dn.smem}, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 @ end
 @ if two then

@@ -39,6 +39,11 @@
 @ -- p.shared_gate, sigmoid of one more logit column (column E, whose mma
 @ -- row reads w_gate instead of a router row). topk_idx/topk_w are then
 @ -- [T, K+M]; a block adds its token count to each shared slot's count.
+@ --
+@ -- A training spec (p.spec.training) takes one more parameter, logits_out
+@ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
+@ -- logits there (logit_bias included), which the backward's router
+@ -- gradient reads (templates/bwd.lua).
 @ local M = {}
 @
 @ local function cdiv(a, b) return (a + b - 1) // b end
@@ -253,7 +258,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}) {
+            int *__restrict__ counts, float *__restrict__ route_part${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
     using namespace ${ns};
 @ if c.dynamic then
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
@@ -444,6 +449,15 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
                 pv[i] = 0.f;
             }
         }
+@ if p.spec.training then
+        /* a training forward keeps the logits (logit_bias included) for the
+         * router's gradient (templates/bwd.lua); NULL in a plain forward */
+        if (logits_out) {
+#pragma unroll
+            for (int i = 0; i < VPL; ++i)
+                if ((valid >> i) & 1u) logits_out[(long long)tok * E + lane + 32 * i] = pv[i];
+        }
+@ end
 @ if c.softmax then
         float m = -__int_as_float(0x7f800000);
 #pragma unroll

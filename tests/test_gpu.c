@@ -1012,7 +1012,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     const moe_dtype_t dt = s->dtype;
     const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     static char fcase[FAM_COUNT][240]; /* CASE keeps a pointer */
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
 
     /* poison outputs and the whole workspace */
@@ -1232,7 +1232,7 @@ static int cudnn_expect(const gpu_case_t *c, const moe_spec_t *s, moe_status st,
            moe_status_string(st), moe_last_error());
     if (st != MOE_OK)
         return 0;
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
     CHECKF(info.cudnn_version == (mode == MOE_CUDNN_OFF || !moe_cudnn_spec_fits(s, 1, 0, why, sizeof why) ? 0 : v),
            "moe_plan_info.cudnn_version %d, loaded %d, mode %s", info.cudnn_version, v, moe_cudnn_mode_name(mode));
@@ -1320,6 +1320,22 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     }
     if (st != MOE_OK)
         return;
+    { /* moe_plan_get_info for a caller built against an older moe.h (no mesh
+       * fields): the fields it has are filled, nothing past its struct_size */
+        moe_plan_info bufs[2], full = MOE_PLAN_INFO_INIT, got;
+        unsigned char *buf = (unsigned char *)bufs;
+        memset(bufs, 0xAB, sizeof bufs);
+        size_t older = offsetof(moe_plan_info, world);
+        bufs[0].struct_size = older;
+        CHECK(moe_plan_get_info(plan, &bufs[0]) == MOE_OK && moe_plan_get_info(plan, &full) == MOE_OK);
+        memcpy(&got, buf, sizeof got);
+        int untouched = 1;
+        for (size_t i = older; i < sizeof bufs; i++)
+            untouched &= buf[i] == 0xAB;
+        CHECKF(untouched && got.struct_size == older && got.experts == full.experts && got.hidden == full.hidden &&
+                   strcmp(got.name, full.name) == 0,
+               "moe_plan_get_info with struct_size %zu wrote past it or left fields out", older);
+    }
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
         CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {

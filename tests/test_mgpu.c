@@ -366,7 +366,7 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     unlink(path);
     if (st)
         DIE("moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
-    moe_plan_info info;
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
     size_t E = (size_t)spec.experts, H = (size_t)spec.hidden, F = (size_t)spec.ffn;
     size_t w1e = 2 * F * H, w2e = H * F, nst = (size_t)mp.nstored, nh = (size_t)mp.nheld;

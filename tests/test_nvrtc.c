@@ -1,5 +1,6 @@
 /* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below,
- * some for sm_90a alone) compiles under NVRTC for each arch with no warnings, and each kernel the
+ * some for sm_90a alone), with training = true where the mesh is one device (the backward
+ * GEMMs too), compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
  * time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
@@ -18,11 +19,23 @@ typedef struct {
 
 static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
+    /* with training = true where the spec allows it (one device, not fp8),
+     * so the same compile also covers the backward GEMMs (the forward's
+     * kernels are the same either way) */
     moe_plan_desc_t pd;
+    const moe_override_t train = {"training=true"};
     if (load_plan(spec, NULL, 0, &pd)) {
         r->rc = 1;
         snprintf(r->msg, sizeof r->msg, "%s does not load", spec);
         return;
+    }
+    if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec)) {
+        moe_plan_desc_free(&pd);
+        if (load_plan(spec, &train, 1, &pd)) {
+            r->rc = 1;
+            snprintf(r->msg, sizeof r->msg, "%s does not load with training = true", spec);
+            return;
+        }
     }
     moe_buf_t src = {0}, cubin = {0}, log = {0};
     moe_diag_t d;
@@ -61,6 +74,15 @@ static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
     /* and the device-side weight pack, which every source carries too */
     if (!r->rc && !r->missing[0] && !find_bytes(cubin.data, cubin.len, pd.pack.name))
         snprintf(r->missing, sizeof r->missing, "%s", pd.pack.name);
+    /* and a training spec's backward kernels */
+    for (int i = 0; pd.has_bwd && i < MOE_BK_COUNT && !r->rc && !r->missing[0]; i++)
+        if (!find_bytes(cubin.data, cubin.len, pd.bwd[i].name))
+            snprintf(r->missing, sizeof r->missing, "%s", pd.bwd[i].name);
+    /* and the backward GEMMs of a training spec */
+    const moe_kernel_desc_t *bg = moe_plan_bgemm(&pd, arch);
+    for (int i = 0; bg && !r->rc && !r->missing[0] && i < MOE_BGEMM_COUNT; i++)
+        if (!find_bytes(cubin.data, cubin.len, bg[i].name))
+            snprintf(r->missing, sizeof r->missing, "%s", bg[i].name);
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);
@@ -76,8 +98,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 12) };
-    static char specs[64 + 12][300];
+    enum { MAXJOBS = 2 * (64 + 20) };
+    static char specs[64 + 20][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS];
     int ns = 0, njobs = 0;
     for (int i = 0; i < n; i++) {
@@ -108,8 +130,13 @@ static void test_nvrtc_all(void) {
         {"tests/specs/apply_input_k2.moe", 0}, /* router.apply = "input", top-2, biases, clamped SwiGLU */
         {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", 0}, /* fp8 GEMMs (sm_90a only), block scales */
         {"examples/specs/fp8/mixtral-8x7b-fp8.moe", 0},    /* fp8 GEMMs, channel scales */
+        {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels (bwd_upre is a GEMM) */
+        {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
+        {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
+        {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
+        {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 12, "specs[] has room for 12 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 20, "specs[] has room for 20 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

@@ -40,6 +40,87 @@ static int has_template(const char *name) {
     return 0;
 }
 
+/* A training spec's plan: the backward's own kernels, arch-neutral, named
+ * by their families; the saved region and the backward's workspace laid out
+ * per call at its token count, U present only when saved, and the bytes per
+ * token as the regions' formula says. */
+static void test_training(void) {
+    moe_plan_desc_t pd = {0};
+    CASE("training: the backward set, one kernel per family");
+    /* E = 12, k = 2, H = 264, F = 136, logit_bias: the gpt-oss-like parts */
+    const char *spec = "name = 'tr' experts = 12 top_k = 2 hidden = 264 ffn = 136 tokens = 1000 training = true "
+                       "router = { logit_bias = true }";
+    if (plan_of(&pd, spec) != 0) {
+        CHECK(!"the training spec plans");
+        return;
+    }
+    CHECK(pd.has_bwd == 1);
+    for (int i = 0; i < MOE_BK_COUNT; i++) {
+        const moe_kernel_desc_t *d = &pd.bwd[i];
+        char name[128];
+        moe_family_ctx_t ctx = moe_plan_family_ctx(&pd, pd.spec.arch[0]);
+        moe_family((moe_kfamily_t)(MOE_K_BWD_FIRST + i))->spell(name, sizeof name, &ctx, d);
+        CHECKF((int)d->family == MOE_K_BWD_FIRST + i && d->threads > 0 && strcmp(d->name, name) == 0 &&
+                   strncmp(d->name, "tr_bwd_", 7) == 0, "%s", d->name);
+    }
+    const moe_kernel_desc_t *up = &pd.bwd[MOE_K_BWD_UPRE - MOE_K_BWD_FIRST];
+    CHECKF(up->tile.bm == pd.align && up->tile.consumers == 0, "bwd_upre's bm %d, the plan's row block %d",
+           up->tile.bm, pd.align);
+
+    CASE("training: the backward kernels' grids");
+    unsigned g[3];
+    moe_family_grid(up, &pd.spec, 100, 7, g); /* 2F = 272 columns in bn tiles, 7 row tiles */
+    CHECK(g[0] == (unsigned)((272 + up->tile.bn - 1) / up->tile.bn) && g[1] == 7);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], &pd.spec, 5, 0, g); /* 10 rows, a warp each */
+    CHECK(g[0] == 2 && g[1] == 1);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g);
+    CHECK(g[0] == 3);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 264 + the ones column */
+    CHECK(g[0] == (264 + 1 + MOE_BWD_DWR_COLS - 1) / MOE_BWD_DWR_COLS && g[1] == 1);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_COLSUM - MOE_K_BWD_FIRST], &pd.spec, 17, 272, g);
+    CHECK(g[0] == 9 && g[1] == 12);
+
+    CASE("training: the saved region at a token count, U only when saved");
+    moe_ws_region_t sv[MOE_SV_COUNT], sr[MOE_SV_COUNT];
+    const int T = 333;
+    const long long R = moe_plan_max_rows(&pd, T), TK = 2LL * T;
+    size_t save = moe_saved_layout(&pd, T, 0, sv), rec = moe_saved_layout(&pd, T, 1, sr);
+    for (int i = 1; i < MOE_SV_COUNT; i++)
+        CHECK(sv[i].offset >= sv[i - 1].offset + sv[i - 1].bytes && sv[i].offset % 256 == 0);
+    CHECK_STREQ(sv[MOE_SV_U].name, "u");
+    CHECK(sv[MOE_SV_U].bytes == (size_t)(R * 2 * 136 * 2) && sr[MOE_SV_U].bytes == 0);
+    CHECK(sv[MOE_SV_XS].bytes == (size_t)(R * 264 * 2) && sv[MOE_SV_OUT].bytes == sv[MOE_SV_XS].bytes);
+    CHECK(sv[MOE_SV_HBUF].bytes == (size_t)(R * 136 * 2) && sv[MOE_SV_LOGITS].bytes == (size_t)(4 * T * 12));
+    CHECK(sv[MOE_SV_ROW_OF].bytes == (size_t)(4 * TK) && sv[MOE_SV_TILES].bytes ==
+          (size_t)(16 * moe_plan_max_tiles(&pd, T)));
+    CHECKF(save - rec >= (size_t)(R * 2 * 136 * 2) && save - rec < (size_t)(R * 2 * 136 * 2) + 256,
+           "save %zu, recompute %zu", save, rec);
+    CHECK(save == sv[MOE_SV_U].offset + (sv[MOE_SV_U].bytes + 255) / 256 * 256);
+    CHECK(moe_saved_layout(&pd, 1000, 0, sv) > save && moe_saved_layout(&pd, 0, 0, sv) < save);
+
+    CASE("training: the saved bytes per token, both choices");
+    /* per token: k' rows of xs, O (2H each), A (2F) and U (4F), its k'
+     * indices, weights and rows (12 bytes each), its E fp32 logits */
+    size_t pt = moe_saved_per_token(&pd, 0), pr = moe_saved_per_token(&pd, 1);
+    CHECKF(pt == (size_t)(2 * (2 * 2 * 264 + 2 * 136 + 2 * 2 * 136 + 12) + 4 * 12), "%zu", pt);
+    CHECKF(pr == (size_t)(2 * (2 * 2 * 264 + 2 * 136 + 12) + 4 * 12), "%zu", pr);
+    /* the figure holds the layout within its padding: the tables, each slot's
+     * rows rounded to the row block, each region's 256-byte rounding */
+    size_t zero = moe_saved_layout(&pd, 0, 0, sv);
+    size_t pad = (size_t)12 * (pd.align - 1) * (2 * 2 * 264 + 2 * 136 + 2 * 2 * 136) + 16 * moe_plan_max_tiles(&pd, T) +
+                 MOE_SV_COUNT * 256;
+    CHECKF(save >= pt * T && save <= zero + pt * T + pad, "save %zu, %zu per token, zero %zu, pad %zu", save, pt,
+           zero, pad);
+
+    CASE("training: the backward's workspace");
+    moe_ws_region_t bw[MOE_BW_COUNT];
+    size_t wb = moe_bwd_ws_layout(&pd, T, 0, bw);
+    CHECK(bw[MOE_BW_U].bytes == 0 && bw[MOE_BW_DU].bytes == (size_t)(R * 2 * 136 * 2));
+    CHECK(bw[MOE_BW_DLOGITS].bytes == (size_t)(4 * T * 12) && bw[MOE_BW_DW].bytes == (size_t)(4 * TK));
+    CHECK(moe_bwd_ws_layout(&pd, T, 1, bw) > wb && bw[MOE_BW_U].bytes == (size_t)(R * 2 * 136 * 2));
+    moe_plan_desc_free(&pd);
+}
+
 int main(void) {
     CASE("the family table: one descriptor per id, a variant for every arch, its templates embedded");
     for (int id = 0; id < MOE_FAMILY_COUNT; id++) {
@@ -106,10 +187,52 @@ int main(void) {
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_PLAN, 4096, g);
     CHECK(g[0] == 1 && g[1] == 1 && g[2] == 1);
 
+    CASE("the backward GEMMs: planned only with training = true, named, sized and gridded by their family");
+    CHECK(moe_plan_bgemm(&pd, MOE_ARCH_SM80) == NULL && pd.bgemm[MOE_ARCH_SM90A][0].name[0] == '\0');
+    {
+        moe_plan_desc_t tp = {0};
+        CHECK(plan_of(&tp, "name = 'tr' experts = 8 top_k = 2 hidden = 264 ffn = 136 tokens = 4096 "
+                           "training = true\n") == 0);
+        static const char *const names[MOE_BGEMM_COUNT] = {"tr_dgrad_down_bf16_m128", "tr_dgrad_up_bf16_m128",
+                                                          "tr_wgrad_up_bf16_m128", "tr_wgrad_down_bf16_m128"};
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
+            for (int i = 0; moe_plan_bgemm(&tp, (moe_arch_t)a) && i < MOE_BGEMM_COUNT; i++) {
+                const moe_kernel_desc_t *d = &moe_plan_bgemm(&tp, (moe_arch_t)a)[i];
+                const int wgrad = i >= 2;
+                CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0,
+                       "%s", d->name);
+                CHECK(d->threads == 32 * d->tile.warps_m * d->tile.warps_n && d->tile.bm == 128 && d->tile.consumers == 0);
+                CHECK(d->smem == d->tile.stages * (wgrad ? d->tile.bk * (d->tile.bm + 8) + d->tile.bk * (d->tile.bn + 8)
+                                                         : d->tile.bm * (d->tile.bk + 8) + d->tile.bk * (d->tile.bn + 8)) * 2);
+            }
+        CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM80) != NULL);
+        /* the same kernel serves both arches */
+        CHECK_STREQ(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0].name);
+        const moe_kernel_desc_t *b = moe_plan_bgemm(&tp, MOE_ARCH_SM90A);
+        unsigned g[3];
+        moe_family_grid(&b[0], &tp.spec, 4096, 77, g); /* dgrad_down: F / bn x the row tiles */
+        CHECK(g[0] == 2 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&b[1], &tp.spec, 4096, 77, g); /* dgrad_up: H / bn x the row tiles */
+        CHECK(g[0] == 3 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&b[2], &tp.spec, 4096, 0, g); /* wgrad_up: H / bn x 2F / bm x slots */
+        CHECK(g[0] == 3 && g[1] == 3 && g[2] == 8);
+        moe_family_grid(&b[3], &tp.spec, 4096, 0, g); /* wgrad_down: F / bn x H / bm x slots */
+        CHECK(g[0] == 2 && g[1] == 3 && g[2] == 8);
+        /* a 64-row block: the dgrads follow it, the wgrads keep their 128 rows */
+        CHECK(plan_of(&tp, "name = 'tr' experts = 64 top_k = 2 hidden = 264 ffn = 136 tokens = 512 "
+                           "training = true\n") == 0);
+        CHECK(tp.align == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].tile.bm == 64 &&
+              moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].tile.bm == 128);
+        moe_plan_desc_free(&tp);
+    }
+
     CASE("the workspace: regions in order, 256-byte aligned, the total");
     for (int i = 1; i < MOE_WS_COUNT; i++)
         CHECK(pd.ws[i].offset >= pd.ws[i - 1].offset + pd.ws[i - 1].bytes && pd.ws[i].offset % 256 == 0);
     CHECK(pd.ws_bytes >= pd.ws[MOE_WS_COUNT - 1].offset + pd.ws[MOE_WS_COUNT - 1].bytes && pd.ws_bytes % 256 == 0);
+
+    CASE("training: a plan without it has no backward set");
+    CHECK(pd.has_bwd == 0 && pd.bwd[0].name[0] == 0);
 
     CASE("one plan: the mesh tables and the EP part are built with the kernels");
     CHECK(pd.mesh.world == 1 && pd.mesh.nheld == 8 && moe_plan_ep_desc(&pd) == NULL);
@@ -147,5 +270,6 @@ int main(void) {
                        strstr(err, "at most 1024 experts"), "%s", err);
     }
     moe_plan_desc_free(&pd);
+    test_training();
     return check_report("test_plan");
 }

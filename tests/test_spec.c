@@ -919,6 +919,19 @@ static void test_examples(void) {
         CHECKF(rc == 0, "moegen plan exit %d: %s", rc, e);
         free(e);
     }
+    CASE("moegen plan: a training spec lists the backward kernels and the saved bytes per token");
+    char *out = NULL, *e = NULL;
+    int rc = run_moegen("plan tests/specs/train_softmax.moe", &out, &e);
+    /* E 12, k 2, H 264, F 136: 2 (4H + 2F + 12) + 4E saved per token, 4kF more with U */
+    CHECKF(rc == 0 && out && strstr(out, "train_softmax_bwd_dys_bf16_h264k2") &&
+               strstr(out, "saved region: 3816 bytes per token saving U, 2728 recomputing it"),
+           "exit %d: %s%s", rc, out ? out : "", e ? e : "");
+    free(out);
+    free(e);
+    rc = run_moegen("plan examples/specs/mixtral-8x7b.moe", &out, &e);
+    CHECKF(rc == 0 && out && !strstr(out, "saved region"), "a spec without training: %s", out ? out : "");
+    free(out);
+    free(e);
 }
 
 /* The fp8 example specs (examples/specs/fp8/, issue #20): each loads with

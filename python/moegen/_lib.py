@@ -37,8 +37,9 @@ class LibraryError(ImportError):
 
 # ---- the mirrors (moe.h), checked against the library at load ------------
 class Options(ctypes.Structure):
-    _fields_ = [("templates_dir", c_char_p), ("cache_dir", c_char_p), ("device", c_int), ("rank", c_int),
-                ("nccl_comm", c_void_p), ("cudnn", c_int), ("cudnn_path", c_char_p), ("tuning_path", c_char_p)]
+    # struct_size 0 (as ctypes zero-fills) is moe.h's first layout, the one mirrored here
+    _fields_ = [("struct_size", c_size_t), ("templates_dir", c_char_p), ("cache_dir", c_char_p), ("device", c_int),
+                ("rank", c_int), ("nccl_comm", c_void_p), ("cudnn", c_int), ("cudnn_path", c_char_p), ("tuning_path", c_char_p)]
 
 
 class ForwardArgs(ctypes.Structure):
@@ -48,7 +49,8 @@ class ForwardArgs(ctypes.Structure):
 
 
 class PlanInfo(ctypes.Structure):
-    _fields_ = [("name", c_char_p), ("hash", c_char_p), ("arch", c_char_p), ("experts", c_int), ("top_k", c_int),
+    _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("hash", c_char_p), ("arch", c_char_p),
+                ("experts", c_int), ("top_k", c_int),
                 ("hidden", c_int), ("ffn", c_int), ("tokens", c_int), ("dtype_bytes", c_int), ("align", c_int),
                 ("cache_hit", c_int), ("kernels", c_char_p * 6), ("world", c_int), ("rank", c_int), ("ep", c_int),
                 ("ep_rank", c_int), ("fsdp", c_int), ("fsdp_rank", c_int), ("stored", c_int), ("held", c_int),

@@ -113,7 +113,7 @@ class Packer(unittest.TestCase):
         self.assertEqual([getattr(args, n) or 0 for n in names], [3] + [0] * (len(names) - 1))
 
     def test_a_struct_of_other_fields_is_refused(self):
-        with self.assertRaisesRegex(TypeError, r"PlanInfo.name is not an int or a pointer"):
+        with self.assertRaisesRegex(TypeError, r"PlanInfo.struct_size is not an int or a pointer"):
             _lib.packer(_lib.PlanInfo)
 
 

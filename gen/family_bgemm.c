@@ -1,0 +1,99 @@
+/* family_bgemm.c — the backward grouped GEMMs (issue #19): dgrad_down (with
+ * the activation backward in its epilogue), dgrad_up, wgrad_up and
+ * wgrad_down, planned when the spec has training = true. One variant each,
+ * for both arches: mma.sync m16n8k16 with a cp.async pipeline
+ * (templates/gemm_grad.lua; runtime/bgemm.h has the operands). The tile is
+ * the planner's: the dgrads' bm is the plan's row block (their M tiles are
+ * the tile table's), the wgrads' bm tiles the weight gradient's rows. */
+#include "family.h"
+#include "launch_geom.h"
+
+#include <stdio.h>
+
+/* The wgrads read their rows transposed (A M-major), the dgrads K-major. */
+static int is_wgrad(moe_kfamily_t f) {
+    return f == MOE_K_WGRAD_UP || f == MOE_K_WGRAD_DOWN;
+}
+
+int moe_bgemm_smem(const moe_tile_cfg_t *t, int wgrad) {
+    const int a_tile = wgrad ? t->bk * (t->bm + 8) * 2 : t->bm * (t->bk + 8) * 2; /* rows padded by 8 halves */
+    const int b_tile = t->bk * (t->bn + 8) * 2;
+    return t->stages * (a_tile + b_tile);
+}
+
+void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M, long long *N) {
+    switch (f) {
+    case MOE_K_DGRAD_DOWN: *M = 0, *N = ffn; break;
+    case MOE_K_DGRAD_UP: *M = 0, *N = hidden; break;
+    case MOE_K_WGRAD_UP: *M = 2 * ffn, *N = hidden; break;
+    default: *M = hidden, *N = ffn; break;
+    }
+}
+
+/* 128 x 128 x 32 tiles, 4 stages, 8 warps (2 x 4) for a 128-row block; the
+ * dgrads' bm follows the plan's row block (64: 2 x 2 warps) */
+static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    const int bm = is_wgrad(k->family) ? 128 : c->align;
+    if (bm == 128)
+        k->tile = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4,
+                                   .group_m = 8};
+    else
+        k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
+                                   .group_m = 8};
+    k->threads = 32 * k->tile.warps_m * k->tile.warps_n;
+    k->smem = moe_bgemm_smem(&k->tile, is_wgrad(k->family));
+    return 0;
+}
+
+static const char *kind_name(moe_kfamily_t f) {
+    return moe_family(f)->name;
+}
+
+static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    const moe_tile_cfg_t *t = &k->tile;
+    snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", c->spec->name, kind_name(k->family),
+             moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
+}
+
+/* dgrads: N tiles x the row tiles n (as the forward GEMMs); wgrads: N tiles
+ * x M tiles of the weight gradient x the weight slots */
+static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)tokens;
+    long long M, N;
+    moe_bgemm_mn(k->family, s->hidden, s->ffn, &M, &N);
+    g[0] = moe_blocks(N, k->tile.bn);
+    if (is_wgrad(k->family)) {
+        g[1] = moe_blocks(M, k->tile.bm);
+        g[2] = (unsigned)moe_spec_slots(s);
+    } else {
+        g[1] = (unsigned)n;
+    }
+}
+
+static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
+    (void)c, (void)set;
+    moe_lua_set_str(L, "kind", kind_name(k->family));
+    lua_newtable(L);
+    moe_lua_set_int(L, "bm", k->tile.bm);
+    moe_lua_set_int(L, "bn", k->tile.bn);
+    moe_lua_set_int(L, "bk", k->tile.bk);
+    moe_lua_set_int(L, "stages", k->tile.stages);
+    moe_lua_set_int(L, "warps_m", k->tile.warps_m);
+    moe_lua_set_int(L, "warps_n", k->tile.warps_n);
+    moe_lua_set_int(L, "group_m", k->tile.group_m);
+    lua_setfield(L, -2, "tile");
+}
+
+static const moe_family_variant_t variants[] = {
+    {.archs = MOE_ALL_ARCHES, .tmpl = "gemm_grad", .code = "gemm_grad", .engine = "mma.sync + cp.async",
+     .geometry = geometry},
+};
+
+#define BGEMM(ID, NAME)                                                                                              \
+    {.id = ID, .name = NAME, .variants = variants, .nvariants = 1, .spell = spell, .grid = grid, .push = push}
+
+const moe_family_t moe_family_dgrad_down = BGEMM(MOE_K_DGRAD_DOWN, "dgrad_down");
+const moe_family_t moe_family_dgrad_up = BGEMM(MOE_K_DGRAD_UP, "dgrad_up");
+const moe_family_t moe_family_wgrad_up = BGEMM(MOE_K_WGRAD_UP, "wgrad_up");
+const moe_family_t moe_family_wgrad_down = BGEMM(MOE_K_WGRAD_DOWN, "wgrad_down");

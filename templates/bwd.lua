@@ -1,0 +1,399 @@
+@ -- bwd.lua — the backward's row and router kernels (families bwd_dys,
+@ -- bwd_router, bwd_dx, bwd_dwr, bwd_colsum, bwd_unpack; gen/family_bwd.c),
+@ -- emitted once into a training spec's .cu after the pack kernel (whose
+@ -- gen/pack_geom.h bwd_unpack calls). The math and its rounding points are
+@ -- docs/DESIGN.md's "Backward" (rows r are the forward's expert-major rows,
+@ -- row_of[t, k]; K = p.entries entries per token):
+@ --   dys     dys[r] = round(w[t,k] · dy[t]); dw[t,k] = Σ_h dy[t,h]·O[r,h] (fp32);
+@ --           with router.apply = "input" dys[r] = dy[t], and the same kernel,
+@ --           launched again on (x, dXs), gives dw[t,k] = Σ_h x[t,h]·dXs[r,h]
+@ --   router  dw -> d logits [T, E] (fp32) through scale, renormalization and
+@ --           softmax over all E or sigmoid, from the saved logits
+@ --   dx      dx[t] = round(Σ_k dXs[row_of[t,k]] + Σ_e dlogits[t,e]·Wr[e]),
+@ --           fp32, k in increasing order, then e (router.apply = "input":
+@ --           each dXs row times round(w[t,k]))
+@ --   dwr     d router_w[e] (+)= Σ_t dlogits[t,e]·x[t] and, with
+@ --           router.logit_bias, d logit_bias[e] (+)= Σ_t dlogits[t,e]
+@ --   colsum  out[slot, c] (+)= Σ over the slot's rows of src[row, c] (the
+@ --           bias gradients db1p from dU, db2 from dys)
+@ --   unpack  an fp32 packed dW1 / db1 to the plain row order
+@ -- Every sum runs in a fixed order (no atomics), so results are
+@ -- deterministic.
+@ --
+@ -- A shared expert (p.shared_slots = M > 0) adds entries K..K+M-1 per token
+@ -- (weight g) that the row kernels treat as any other; with a sigmoid gate
+@ -- (p.shared_gate) g = sigmoid(x·w_gate) is logit column E: the router
+@ -- kernel writes dz = g(1 - g)·Σ_j dw[t, K+j] as d logits column E
+@ -- (d logits is [T, EL], EL = p.router_columns), dx adds dz·w_gate and dwr
+@ -- gives d w_gate = Σ_t dz·x[t] as its row E.
+@ local M = {}
+@
+@ function M.config(p)
+@   local function need(ok, what)
+@     if not ok then error(p.dys_kernel .. ": " .. what, 0) end
+@   end
+@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack" }) do
+@     need(p[k .. "_threads"] >= 32 and p[k .. "_threads"] % 32 == 0, k .. " threads must be a multiple of 32")
+@   end
+@   for _, k in ipairs({ "dys", "router", "dx" }) do
+@     need(p[k .. "_per_block"] * 32 == p[k .. "_threads"], k .. ": one warp per row or token")
+@   end
+@   need(p.dwr_threads == 256 and p.dwr_cols == 64 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 64 tile")
+@   need(p.colsum_threads == 256, "colsum: 8 warps of 32 columns")
+@   need(p.H % 8 == 0, "hidden must be a multiple of 8")
+@   need(p.entries >= 1 and p.entries <= 32, "top_k + shared slots must be 1..32")
+@   need(p.E <= 1024, "at most 1024 experts")
+@   need(p.dx_per_block * p.E * 4 <= 32 * 1024, "dx: the block's d logits must fit 32 KB of shared memory")
+@   return {}
+@ end
+@
+@ function M.emit(p)
+@ M.config(p)
+@ local ns = p.dys_kernel .. "_impl"
+@ local softmax = p.score == "softmax"
+@ local input = p.spec.router.apply == "input"
+namespace ${ns} {
+constexpr int K = ${p.entries};    /* entries per token */
+constexpr int KR = ${p.K};         /* the routed ones (top_k): the router's gradient */
+constexpr int E = ${p.E}, H = ${p.H}, F = ${p.F}, HV = H / 8;
+constexpr int EL = ${p.router_columns};   /* d logits columns: the experts, then the shared gate's (if any) */
+constexpr int M = ${p.shared_slots};      /* the shared expert's entries KR .. KR + M - 1 */
+constexpr int VPL = (E + 31) / 32; /* experts per lane */
+constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+/* Σ of the 8 products of two 16-byte vectors of halves, in order */
+static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b) {
+    float s = moe_lo_float(a.x) * moe_lo_float(b.x);
+    s = fmaf(moe_hi_float(a.x), moe_hi_float(b.x), s);
+    s = fmaf(moe_lo_float(a.y), moe_lo_float(b.y), s);
+    s = fmaf(moe_hi_float(a.y), moe_hi_float(b.y), s);
+    s = fmaf(moe_lo_float(a.z), moe_lo_float(b.z), s);
+    s = fmaf(moe_hi_float(a.z), moe_hi_float(b.z), s);
+    s = fmaf(moe_lo_float(a.w), moe_lo_float(b.w), s);
+    return fmaf(moe_hi_float(a.w), moe_hi_float(b.w), s);
+}
+/* acc[0..8) += w * the 8 halves of v */
+static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uint4 &v) {
+    acc[0] = fmaf(w, moe_lo_float(v.x), acc[0]);
+    acc[1] = fmaf(w, moe_hi_float(v.x), acc[1]);
+    acc[2] = fmaf(w, moe_lo_float(v.y), acc[2]);
+    acc[3] = fmaf(w, moe_hi_float(v.y), acc[3]);
+    acc[4] = fmaf(w, moe_lo_float(v.z), acc[4]);
+    acc[5] = fmaf(w, moe_hi_float(v.z), acc[5]);
+    acc[6] = fmaf(w, moe_lo_float(v.w), acc[6]);
+    acc[7] = fmaf(w, moe_hi_float(v.w), acc[7]);
+}
+}  // namespace ${ns}
+
+/* For each (t, k), row = row_of[t, k]: dys[row] = ${input and "dy[t] (the weight is in the expert's input)" or "round(w · dy[t])"} when
+ * dys is not NULL, and dw[t, k] = <dy[t], obuf[row]> (fp32) when dw is not
+ * NULL${input and " (the second launch: dy = x, obuf = dXs)" or ""}. A warp per (t, k), dys_per_block per block. */
+extern "C" __global__ void __launch_bounds__(${p.dys_threads})
+${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of,
+            const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ dys, float *__restrict__ dw) {
+    using namespace ${ns};
+    constexpr int PER_BLOCK = ${p.dys_per_block};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long i = (long long)blockIdx.x * PER_BLOCK + warp;
+    if (i >= (long long)tokens * K)
+        return;
+    const long long row = row_of[i];
+@ if input then
+    (void)topk_w;
+@ else
+    const float w = topk_w[i];
+@ end
+    const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(dy + (i / K) * H);
+    const uint4 *__restrict__ o = reinterpret_cast<const uint4 *>(obuf + row * H);
+    uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(dys + row * H);
+    float acc = 0.f;
+#pragma unroll 4
+    for (int v = lane; v < HV; v += 32) {
+        const uint4 a = __ldg(src + v);
+        if (dw)
+            acc += dot8(a, __ldg(o + v));
+        if (dys)
+@ if input then
+            dst[v] = a;
+@ else
+            dst[v] = moe_scale8(a, w);
+@ end
+    }
+    acc = warp_sum(acc);
+    if (dw && lane == 0)
+        dw[i] = acc;
+}
+
+/* d logits[t, :] from dw[t, 0..KR) and the saved logits (logit_bias
+ * included): p = ${softmax and "softmax(l) over all E" or "sigmoid(l)"}; selected
+ * weight w_k = scale · p_k${p.renormalize and " / Z, Z = Σ_selected p" or ""}, so
+ * dp_j = ${p.renormalize and "scale / Z · (dw_j − Σ_k dw_k p_k / Z)" or "scale · dw_j"} at the selected experts (0 elsewhere),
+ * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32. */
+extern "C" __global__ void __launch_bounds__(${p.router_threads})
+${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+            const float *__restrict__ dw, int tokens, float *__restrict__ dlogits) {
+    using namespace ${ns};
+    constexpr int PER_BLOCK = ${p.router_per_block};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * PER_BLOCK + warp;
+    if (t >= tokens)
+        return;
+    const float *__restrict__ l = logits + (long long)t * E;
+    float pv[VPL];
+@ if softmax then
+    float m = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        const int e = lane + 32 * i;
+        pv[i] = e < E ? l[e] : -__int_as_float(0x7f800000);
+        m = fmaxf(m, pv[i]);
+    }
+    m = warp_max(m);
+    float z = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        pv[i] = lane + 32 * i < E ? expf(pv[i] - m) : 0.f;
+        z += pv[i];
+    }
+    z = warp_sum(z);
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) pv[i] /= z;
+@ else
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        const int e = lane + 32 * i;
+        pv[i] = e < E ? 1.f / (1.f + expf(-l[e])) : 0.f;
+    }
+@ end
+    /* lane k < KR: the k-th selected expert, its dw and p */
+    int idx = -1;
+    float dwk = 0.f;
+@ if softmax or p.renormalize then
+    float pk = 0.f;   /* (sigmoid without renormalize: dp needs no p of the selected) */
+@ end
+    if (lane < KR) {
+        idx = topk_idx[(long long)t * K + lane];
+        dwk = dw[(long long)t * K + lane];
+@ if softmax then
+        pk = expf(l[idx] - m) / z;
+@ elseif p.renormalize then
+        pk = 1.f / (1.f + expf(-l[idx]));
+@ end
+    }
+@ if p.renormalize then
+    const float zs = warp_sum(pk), c1 = warp_sum(dwk * pk);
+    const float dp = lane < KR ? ${f32(p.scale)} / zs * (dwk - c1 / zs) : 0.f;
+@ else
+    const float dp = lane < KR ? ${f32(p.scale)} * dwk : 0.f;
+@ end
+
+    float dpe[VPL];
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) dpe[i] = 0.f;
+#pragma unroll 1
+    for (int k = 0; k < KR; ++k) {
+        const int ik = __shfl_sync(FULL, idx, k);
+        const float dk = __shfl_sync(FULL, dp, k);
+#pragma unroll
+        for (int i = 0; i < VPL; ++i)
+            if (lane + 32 * i == ik) dpe[i] += dk;
+    }
+@ if softmax then
+    const float c2 = warp_sum(pk * dp);
+@ end
+    float *__restrict__ out = dlogits + (long long)t * EL;
+@ if p.shared_gate then
+    if (lane == 0) { /* the shared gate: g = topk_w of its entries, dz = g(1 - g) Σ_j dw[t, KR + j] */
+        const float g = topk_w[(long long)t * K + KR];
+        float dg = 0.f;
+#pragma unroll
+        for (int j = 0; j < M; ++j) dg += dw[(long long)t * K + KR + j];
+        out[E] = dg * g * (1.f - g);
+    }
+@ else
+    (void)topk_w;
+@ end
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        const int e = lane + 32 * i;
+@ if softmax then
+        if (e < E) out[e] = pv[i] * (dpe[i] - c2);
+@ else
+        if (e < E) out[e] = dpe[i] * pv[i] * (1.f - pv[i]);
+@ end
+    }
+}
+
+/* dx[t] = round(Σ_k ${input and "round(w[t, k]) · " or ""}dXs[row_of[t, k]] + Σ_e dlogits[t, e] · Wr[e]): a warp
+ * per token, 8 columns per lane at a time, the sums in fp32, k then e in
+ * increasing order. */
+extern "C" __global__ void __launch_bounds__(${p.dx_threads})
+${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_of, const float *__restrict__ topk_w,
+            const float *__restrict__ dlogits, const moe_half_t *__restrict__ wr, const moe_half_t *__restrict__ shared_gate,
+            int tokens, moe_half_t *__restrict__ dx) {
+    using namespace ${ns};
+    constexpr int PER_BLOCK = ${p.dx_per_block};
+@ if not p.shared_gate then
+    (void)shared_gate;
+@ end
+    __shared__ float s_dl[PER_BLOCK][EL];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * PER_BLOCK + warp;
+    if (t >= tokens)
+        return;
+    for (int e = lane; e < EL; e += 32) s_dl[warp][e] = dlogits[(long long)t * EL + e];
+    int rows[K];
+    float wk[K];   /* each row's factor: 1, or with router.apply = "input" round(w) */
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        rows[k] = row_of[(long long)t * K + k];
+@ if input then
+        wk[k] = moe_to_float(moe_from_float(topk_w[(long long)t * K + k]));
+@ else
+        wk[k] = 1.f;
+@ end
+    }
+@ if not input then
+    (void)topk_w;
+@ end
+    __syncwarp();
+    const uint4 *__restrict__ wr4 = reinterpret_cast<const uint4 *>(wr);
+    uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(dx + (long long)t * H);
+#pragma unroll 1
+    for (int v = lane; v < HV; v += 32) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            axpy8(acc, wk[k], __ldg(reinterpret_cast<const uint4 *>(dxs + (long long)rows[k] * H) + v));
+#pragma unroll 4
+        for (int e = 0; e < E; ++e)
+            axpy8(acc, s_dl[warp][e], __ldg(wr4 + (long long)e * HV + v));
+@ if p.shared_gate then
+        axpy8(acc, s_dl[warp][E], __ldg(reinterpret_cast<const uint4 *>(shared_gate) + v));   /* dz · w_gate */
+@ end
+        dst[v] = make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                            moe_pack2(acc[6], acc[7]));
+    }
+}
+
+/* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated
+ * shared expert, d logits column E gives d w_gate [H] the same way), and (with
+ * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
+ * same product (x's column H taken as 1). Block (bx, by): columns
+ * 64 bx .. +64 of [x | 1], experts 32 by .. +32; thread: one column, 8
+ * experts; tokens in chunks of 32 through shared memory, summed in token
+ * order. beta 1 adds to what the outputs hold. */
+extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
+${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
+            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg) {
+    using namespace ${ns};
+    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32;
+    __shared__ float s_dl[TT][BE];
+    __shared__ float s_x[TT][BC];
+    const int tid = threadIdx.x, c = tid % BC, eg = tid / BC;   /* eg: experts 8 eg .. 8 eg + 7 of the tile */
+    const int h = blockIdx.x * BC + c, e0 = blockIdx.y * BE;
+@ if not p.logit_bias then
+    (void)dlb;
+@ end
+@ if not p.shared_gate then
+    (void)dsg;
+@ end
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+    for (int t0 = 0; t0 < tokens; t0 += TT) {
+#pragma unroll
+        for (int j = 0; j < TT * BE / ${p.dwr_threads}; ++j) {
+            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
+            s_dl[tt][ee] = t0 + tt < tokens && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < TT * BC / ${p.dwr_threads}; ++j) {
+            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
+            float v = 0.f;
+            if (t0 + tt < tokens)
+                v = cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f);
+            s_x[tt][idx % BC] = v;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int tt = 0; tt < TT; ++tt) {
+            const float xv = s_x[tt][c];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[j] = fmaf(s_dl[tt][8 * eg + j], xv, acc[j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int e = e0 + 8 * eg + j;
+        if (e >= EL)
+            break;
+        if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
+            float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
+            *o = beta ? *o + acc[j] : acc[j];
+        }
+@ if p.logit_bias then
+        else if (h == H && e < E) {
+            dlb[e] = beta ? dlb[e] + acc[j] : acc[j];
+        }
+@ end
+    }
+}
+
+/* out[slot, c] (+)= Σ_r src[r, c] over the slot's rows offsets[slot] ..
+ * + counts[slot] (src [rows, ncols] in the dtype, out fp32 [slots, ncols]):
+ * block (bx, slot), 32 columns, 8 warps over the rows, their partial sums
+ * added in warp order. A slot with no rows gets 0 (beta 0) or keeps its
+ * value (beta 1). */
+extern "C" __global__ void __launch_bounds__(${p.colsum_threads})
+${p.colsum_kernel}(const moe_half_t *__restrict__ src, int ncols, const int *__restrict__ offsets,
+            const int *__restrict__ counts, int beta, float *__restrict__ out) {
+    using namespace ${ns};
+    constexpr int WARPS = ${p.colsum_threads} / 32;
+    __shared__ float s_part[WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = blockIdx.y;
+    const int c = blockIdx.x * 32 + lane;
+    const long long r0 = offsets[slot];
+    const int n = counts[slot];
+    float acc = 0.f;
+    if (c < ncols)
+        for (int r = warp; r < n; r += WARPS) acc += moe_to_float(src[(r0 + r) * ncols + c]);
+    s_part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && c < ncols) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) s += s_part[w][lane];
+        float *o = out + (long long)slot * ncols + c;
+        *o = beta ? *o + s : s;
+    }
+}
+
+/* The plain layout of an fp32 packed W1 (tensor MOE_PACK_W1: [count, 2F, H])
+ * or b1 (MOE_PACK_B1: [count, 2F]) gradient: plain row r of slot e is packed
+ * row moe_pack_row(r, F) (gen/pack_geom.h). One thread per element,
+ * grid-stride. */
+extern "C" __global__ void __launch_bounds__(${p.unpack_threads})
+${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict__ dst, long long count) {
+    using namespace ${ns};
+    const long long C = tensor == MOE_PACK_W1 ? H : 1, per = 2LL * F * C, total = count * per;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long e = i / per, rc = i - e * per, r = rc / C, c = rc - r * C;
+        dst[i] = src[e * per + moe_pack_row(r, F) * C + c];
+    }
+}
+@ end
+@
+@ if p then M.emit(p) end
+@ return M

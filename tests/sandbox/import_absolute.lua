@@ -1,0 +1,2 @@
+@ -- sandbox hole: import() of an absolute path.
+@ import("/tmp/outside")

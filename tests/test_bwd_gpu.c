@@ -1,0 +1,677 @@
+/* test_bwd_gpu.c — the training forward and the backward on the GPU against
+ * the CPU reference's backward (moe_ref_backward, tests/support/ref.h), on
+ * fresh random inputs and output gradients, every output and buffer the
+ * backward writes poisoned first.
+ *
+ * Without a driver or GPU every case reports itself skipped. The seed is
+ * printed; MOEGEN_TEST_SEED=N repeats a run. Each (spec, tokens, choice)
+ * checks, one CASE each:
+ *   gradients  dx, d router_w, d logit_bias, dW1 (dw1p unpacked by
+ *              moe_plan_unpack_grad), db1 (db1p unpacked), dW2, db2 against
+ *              the reference's rounded mode; a shared expert's dW1, dW2
+ *              (its slots, joined as moe_plan_pack_shared split them) and
+ *              d w_gate
+ *   stages     the saved U (or the recomputed one), A, O; dys, dw, dU, dXs
+ *              and d logits, row by row through the GPU's row map
+ *   accumulate the weight gradients added into random prior values
+ *              (accumulate = 1) equal prior + the written ones; dx written
+ * The routing is the reference's up to near-ties: a token whose expert set
+ * differs gets dy = 0 (so it adds nothing to any gradient, on both sides)
+ * and the pair runs again; its rows are left out of the stage checks.
+ * Cases: the common spec (softmax top-2, SwiGLU) at 1, 37 and 700 tokens
+ * (most experts empty at 1), saving and recomputing U; gpt-oss's parts in
+ * fp16 (logit_bias, expert biases, clamped SwiGLU); sigmoid, grouped routing
+ * with a selection bias and scale; router.apply = "input" with biases and the
+ * clamp; a sigmoid-gated shared expert of two slots; and forward + backward
+ * captured in one CUDA graph, replayed on new x and dy.
+ *
+ * Usage: test_bwd_gpu [SPEC-FILTER...]
+ * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "driver.h"
+#include "moe.h"
+#include "moe_impl.h"
+#include "pack_geom.h"
+#include "plan.h"
+#include "ref.h"
+#include "spec.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *spec;
+    int tokens[4], ntokens;
+    int recompute;   /* recompute_u */
+    int graph;       /* forward + backward captured in one CUDA graph, replayed on new inputs */
+    int accumulate;  /* also check accumulate = 1 */
+} bwd_case_t;
+
+static const bwd_case_t cases[] = {
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1},
+    {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0},
+    {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0},
+    {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1},
+    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 1, 1, 0},
+    {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1},
+    {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0},
+    {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1},
+    {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0},
+    {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1},
+    {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0},
+};
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static float unif(uint64_t *r) { return (float)((double)(splitmix(r) >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; }
+
+static void fill(uint16_t *d, size_t n, float scale, uint64_t *r, moe_dtype_t dt) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = moe_float_to_half(unif(r) * scale, dt);
+}
+
+static int cu_ok(CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS)
+        return 1;
+    fprintf(stderr, "CUDA error in %s: %s\n", what, moe_cu_error_string(r));
+    return 0;
+}
+
+static CUdeviceptr dalloc(size_t bytes) {
+    CUdeviceptr d = 0;
+    return cu_ok(moe_cu.cuMemAlloc(&d, bytes ? bytes : 256), "cuMemAlloc") ? d : 0;
+}
+
+static int up(CUdeviceptr d, const void *h, size_t n) { return cu_ok(moe_cu.cuMemcpyHtoD(d, h, n), "upload"); }
+static int down(void *h, CUdeviceptr d, size_t n) { return cu_ok(moe_cu.cuMemcpyDtoH(h, d, n), "download"); }
+
+/* normalized L2 error of got against want (NaN, the poison, fails) */
+static double rel_err(const float *got, const float *want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_close(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double e = rel_err(got, want, n);
+    CHECKF(e <= tol, "%s: normalized L2 error %.3g > %.3g (n = %zu)", what, e, tol, n);
+}
+
+static float *halves(const uint16_t *h, size_t n, moe_dtype_t dt) {
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    for (size_t i = 0; f && i < n; i++)
+        f[i] = moe_half_to_float(h[i], dt);
+    return f;
+}
+
+/* ---- one layer ------------------------------------------------------------- */
+
+typedef struct {
+    moe_spec_t s;
+    moe_plan *plan;
+    int E, K, KE, S, H, F, FS, cap;   /* KE entries per token, S weight slots (the shared expert's after E) */
+    uint16_t *x, *wr, *w1, *w1p, *w2, *b1, *b1p, *b2, *dy;
+    uint16_t *ws1, *ws2, *wsg;       /* the shared expert, unsplit: [2F_s, H], [H, F_s], [H] */
+    CUdeviceptr dwsg, gdsg;
+    float *sel, *lb;
+    /* device: inputs, y, the three buffers, the gradients, the unpacked ones */
+    CUdeviceptr dx_in, dwr, dw1p, dw2, db1p, db2, dsel, dlb, ddy, dy_out, ws, saved, bws;
+    CUdeviceptr gdx, gdwr, gdlb, gdw1p, gdb1p, gdw2, gdb2, pw1, pb1;
+    size_t ws_bytes, saved_bytes, bws_bytes;
+} layer_t;
+
+static void layer_free(layer_t *L) {
+    free(L->x); free(L->wr); free(L->w1); free(L->w1p); free(L->w2); free(L->b1); free(L->b1p); free(L->b2);
+    free(L->dy); free(L->sel); free(L->lb); free(L->ws1); free(L->ws2); free(L->wsg);
+    if (L->dwsg)
+        moe_cu.cuMemFree(L->dwsg);
+    if (L->gdsg)
+        moe_cu.cuMemFree(L->gdsg);
+    CUdeviceptr d[] = {L->dx_in, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlb, L->ddy, L->dy_out,
+                       L->ws, L->saved, L->bws, L->gdx, L->gdwr, L->gdlb, L->gdw1p, L->gdb1p, L->gdw2, L->gdb2,
+                       L->pw1, L->pb1};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (d[i])
+            moe_cu.cuMemFree(d[i]);
+    moe_plan_destroy(L->plan);
+}
+
+static int layer_init(layer_t *L, uint64_t *r) {
+    const moe_spec_t *s = &L->s;
+    const size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens, FS = s->shared.ffn;
+    const size_t S = (size_t)moe_spec_slots(s); /* the device weights and gradients span every slot */
+    moe_dtype_t dt = s->dtype;
+    L->E = (int)E, L->K = s->top_k, L->KE = moe_spec_entries(s), L->S = (int)S, L->H = (int)H, L->F = (int)F;
+    L->FS = (int)FS, L->cap = (int)T;
+    L->x = malloc(T * H * 2);
+    L->dy = malloc(T * H * 2);
+    L->wr = malloc(E * H * 2);
+    L->w1 = malloc(E * 2 * F * H * 2);
+    L->w1p = malloc(S * 2 * F * H * 2);
+    L->w2 = malloc(S * H * F * 2);
+    L->b1 = malloc(E * 2 * F * 2);
+    L->b1p = malloc(E * 2 * F * 2);
+    L->b2 = malloc(E * H * 2);
+    L->sel = malloc(E * 4);
+    L->lb = malloc(E * 4);
+    if (!L->x || !L->dy || !L->wr || !L->w1 || !L->w1p || !L->w2 || !L->b1 || !L->b1p || !L->b2 || !L->sel || !L->lb)
+        return 0;
+    fill(L->wr, E * H, 4.0f / sqrtf((float)H), r, dt);
+    fill(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), r, dt);
+    fill(L->w2, E * H * F, 2.0f / sqrtf((float)F), r, dt);
+    fill(L->b1, E * 2 * F, 0.5f, r, dt);
+    fill(L->b2, E * H, 0.5f, r, dt);
+    for (size_t e = 0; e < E; e++) {
+        L->sel[e] = unif(r) * 0.1f;
+        L->lb[e] = unif(r);
+    }
+    if (moe_plan_pack_w1(L->plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(L->plan, L->b1, L->b1p) != MOE_OK)
+        return 0;
+    if (FS) { /* the shared expert into slots E.. of w1p and w2 */
+        L->ws1 = malloc(2 * FS * H * 2);
+        L->ws2 = malloc(H * FS * 2);
+        L->wsg = malloc(H * 2);
+        if (!L->ws1 || !L->ws2 || !L->wsg)
+            return 0;
+        fill(L->ws1, 2 * FS * H, 2.0f / sqrtf((float)H), r, dt);
+        fill(L->ws2, H * FS, 2.0f / sqrtf((float)FS), r, dt);
+        fill(L->wsg, H, 2.0f / sqrtf((float)H), r, dt);
+        if (moe_plan_pack_shared(L->plan, L->ws1, L->ws2, L->w1p, L->w2) != MOE_OK)
+            return 0;
+        if (!(L->dwsg = dalloc(H * 2)) || !(L->gdsg = dalloc(H * 4)) || !up(L->dwsg, L->wsg, H * 2))
+            return 0;
+    }
+    L->ws_bytes = moe_plan_workspace_size(L->plan, (int)T);
+    L->saved_bytes = moe_plan_saved_size(L->plan, (int)T, 0); /* the larger of the two choices */
+    L->bws_bytes = moe_plan_backward_workspace_size(L->plan, (int)T, 1);
+    CUdeviceptr *all[] = {&L->dx_in, &L->dwr, &L->dw1p, &L->dw2, &L->db1p, &L->db2, &L->dsel, &L->dlb, &L->ddy,
+                          &L->dy_out, &L->ws, &L->saved, &L->bws, &L->gdx, &L->gdwr, &L->gdlb, &L->gdw1p, &L->gdb1p,
+                          &L->gdw2, &L->gdb2, &L->pw1, &L->pb1};
+    size_t bytes[] = {T * H * 2, E * H * 2, S * 2 * F * H * 2, S * H * F * 2, E * 2 * F * 2, E * H * 2, E * 4, E * 4,
+                      T * H * 2, T * H * 2, L->ws_bytes, L->saved_bytes, L->bws_bytes, T * H * 2, E * H * 4, E * 4,
+                      S * 2 * F * H * 4, E * 2 * F * 4, S * H * F * 4, E * H * 4, S * 2 * F * H * 4, E * 2 * F * 4};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (!(*all[i] = dalloc(bytes[i])))
+            return 0;
+    return up(L->dwr, L->wr, E * H * 2) && up(L->dw1p, L->w1p, S * 2 * F * H * 2) && up(L->dw2, L->w2, S * H * F * 2) &&
+           up(L->db1p, L->b1p, E * 2 * F * 2) && up(L->db2, L->b2, E * H * 2) && up(L->dsel, L->sel, E * 4) &&
+           up(L->dlb, L->lb, E * 4);
+}
+
+static moe_train_forward_args fwd_args(const layer_t *L, int T, int recompute) {
+    return (moe_train_forward_args){
+        .fwd = {.tokens = T, .x = (void *)L->dx_in, .router_w = (void *)L->dwr,
+                .router_bias = L->s.router.bias ? (float *)L->dsel : NULL,
+                .router_logit_bias = L->s.router.logit_bias ? (float *)L->dlb : NULL, .w1p = (void *)L->dw1p,
+                .b1p = L->s.ffn_bias ? (void *)L->db1p : NULL, .w2 = (void *)L->dw2,
+                .b2 = L->s.ffn_bias ? (void *)L->db2 : NULL, .y = (void *)L->dy_out, .workspace = (void *)L->ws,
+                .shared_gate = (void *)L->dwsg},
+        .saved = (void *)L->saved,
+        .recompute_u = recompute};
+}
+
+static moe_backward_args bwd_args(const layer_t *L, int T, int recompute, int accumulate) {
+    return (moe_backward_args){
+        .tokens = T, .recompute_u = recompute, .saved = (void *)L->saved, .x = (void *)L->dx_in,
+        .router_w = (void *)L->dwr, .w1p = (void *)L->dw1p, .b1p = L->s.ffn_bias ? (void *)L->db1p : NULL,
+        .w2 = (void *)L->dw2, .b2 = L->s.ffn_bias ? (void *)L->db2 : NULL, .dy = (void *)L->ddy,
+        .workspace = (void *)L->bws, .accumulate = accumulate, .dx = (void *)L->gdx, .d_router_w = (float *)L->gdwr,
+        .d_logit_bias = L->s.router.logit_bias ? (float *)L->gdlb : NULL, .dw1p = (float *)L->gdw1p,
+        .db1p = L->s.ffn_bias ? (float *)L->gdb1p : NULL, .dw2 = (float *)L->gdw2,
+        .db2 = L->s.ffn_bias ? (float *)L->gdb2 : NULL, .shared_gate = (void *)L->dwsg,
+        .d_shared_gate = (float *)L->gdsg};
+}
+
+/* Poison what the pair writes: y, the three buffers, every gradient. */
+static int poison(const layer_t *L) {
+    const size_t E = L->E, S = L->S, H = L->H, F = L->F, T = L->cap;
+    CUdeviceptr d[] = {L->dy_out, L->ws, L->saved, L->bws, L->gdx, L->gdwr, L->gdlb, L->gdw1p, L->gdb1p, L->gdw2,
+                       L->gdb2, L->pw1, L->pb1, L->gdsg};
+    size_t n[] = {T * H * 2, L->ws_bytes, L->saved_bytes, L->bws_bytes, T * H * 2, E * H * 4, E * 4,
+                  S * 2 * F * H * 4, E * 2 * F * 4, S * H * F * 4, E * H * 4, S * 2 * F * H * 4, E * 2 * F * 4, H * 4};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (d[i] && !cu_ok(moe_cu.cuMemsetD8(d[i], 0xff, n[i]), "poison"))
+            return 0;
+    return cu_ok(moe_cu.cuCtxSynchronize(), "poison");
+}
+
+/* The training forward and the backward at T on stream st (accumulate 0). */
+static moe_status run_pair(const layer_t *L, int T, int recompute, CUstream st) {
+    moe_train_forward_args fa = fwd_args(L, T, recompute);
+    moe_backward_args ba = bwd_args(L, T, recompute, 0);
+    moe_status rc = moe_forward_train(L->plan, &fa, st);
+    CHECKF(rc == MOE_OK, "moe_forward_train: %s: %s", moe_status_string(rc), moe_last_error());
+    if (rc)
+        return rc;
+    rc = moe_backward(L->plan, &ba, st);
+    CHECKF(rc == MOE_OK, "moe_backward: %s: %s", moe_status_string(rc), moe_last_error());
+    return rc;
+}
+
+/* The pair captured into a CUDA graph on a stream of its own (made once per
+ * (case, tokens) and replayed by run_graph). */
+typedef struct {
+    CUstream st;
+    CUgraph g;
+    CUgraphExec ge;
+} graph_t;
+
+static int graph_make(graph_t *G, const layer_t *L, int T, int recompute) {
+    memset(G, 0, sizeof *G);
+    if (!cu_ok(moe_cu.cuStreamCreate(&G->st, CU_STREAM_NON_BLOCKING), "stream") ||
+        !cu_ok(moe_cu.cuStreamBeginCapture(G->st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture"))
+        return 0;
+    moe_status rc = run_pair(L, T, recompute, G->st);
+    int ok = cu_ok(moe_cu.cuStreamEndCapture(G->st, &G->g), "end capture") && rc == MOE_OK;
+    return ok && cu_ok(moe_cu.cuGraphInstantiateWithFlags(&G->ge, G->g, 0), "instantiate");
+}
+
+static void graph_free(graph_t *G) {
+    if (G->ge)
+        moe_cu.cuGraphExecDestroy(G->ge);
+    if (G->g)
+        moe_cu.cuGraphDestroy(G->g);
+    if (G->st)
+        moe_cu.cuStreamDestroy(G->st);
+}
+
+/* Download a region of the saved region (backward 0) or the backward's
+ * workspace (1) at T. */
+static void *region(const layer_t *L, int backward, int T, int recompute, const char *name) {
+    size_t off, n;
+    if (moe_plan_saved_region(L->plan, backward, T, recompute, name, &off, &n) != MOE_OK)
+        return NULL;
+    void *h = malloc(n ? n : 1);
+    if (h && !down(h, (backward ? L->bws : L->saved) + off, n)) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* Tokens whose GPU expert set (saved topk_idx) differs from the reference's:
+ * bad[t] = 1; ref_k[t*K + k] = the reference's entry of the GPU's entry k
+ * (-1 for a bad token). Returns how many. */
+static int route_diff(const layer_t *L, int T, const int *gidx, const int *ridx, unsigned char *bad, int *ref_k) {
+    const int K = L->K, KE = L->KE; /* the GPU's tables have KE entries per token, the routed K first */
+    int n = 0;
+    for (int t = 0; t < T; t++) {
+        bad[t] = 0;
+        for (int k = 0; k < K; k++) {
+            int m = -1;
+            for (int j = 0; j < K; j++)
+                if (ridx[t * K + j] == gidx[t * KE + k])
+                    m = j;
+            ref_k[t * K + k] = m;
+            bad[t] |= m < 0;
+        }
+        n += bad[t];
+    }
+    return n;
+}
+
+/* Per-row stage values: the GPU's rows (through row_of, packed columns
+ * unpacked when packed) against the reference's rows t*K + ref_k. */
+static void check_rows(const char *what, const layer_t *L, int T, const int *row_of, const int *ref_k,
+                       const unsigned char *bad, const uint16_t *gpu, const float *ref, int cols, int packed,
+                       double tol) {
+    const int K = L->K, KE = L->KE; /* the routed entries; the reference's stages have no shared rows */
+    size_t n = 0;
+    float *g = malloc(sizeof(float) * (size_t)T * K * cols), *w = malloc(sizeof(float) * (size_t)T * K * cols);
+    for (int t = 0; g && w && t < T; t++)
+        for (int k = 0; !bad[t] && k < K; k++) {
+            const long long row = row_of[t * KE + k], rr = (long long)t * K + ref_k[t * K + k];
+            for (int c = 0; c < cols; c++) {
+                const long long pc = packed ? moe_pack_row(c, L->F) : c; /* plain column c's packed column */
+                g[n] = moe_half_to_float(gpu[row * cols + pc], L->s.dtype);
+                w[n++] = ref[rr * cols + c];
+            }
+        }
+    if (g && w)
+        check_close(what, g, w, n, tol);
+    free(g);
+    free(w);
+}
+
+/* ---- one (case, tokens) ----------------------------------------------------- */
+
+static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, const char *label) {
+    const moe_spec_t *s = &L->s;
+    const int E = L->E, K = L->K, KE = L->KE, S = L->S, H = L->H, F = L->F, FS = L->FS;
+    const int EL = moe_spec_router_columns(s); /* d logits columns: a sigmoid shared gate's is column E */
+    const moe_dtype_t dt = s->dtype;
+    const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
+    char name[256];
+    snprintf(name, sizeof name, "backward: %s/T%d", label, T);
+    CASE(name);
+    fill(L->x, (size_t)T * H, 1.0f, rng, dt);
+    fill(L->dy, (size_t)T * H, 1.0f, rng, dt);
+    if (!up(L->dx_in, L->x, (size_t)T * H * 2) || !up(L->ddy, L->dy, (size_t)T * H * 2) || !poison(L)) {
+        CHECKF(0, "cannot set up the inputs");
+        return;
+    }
+    graph_t G = {0};
+    int ok = 1;
+    if (c->graph) { /* captured once, then x, dy new and everything poisoned again, replayed */
+        ok = graph_make(&G, L, T, c->recompute);
+        fill(L->x, (size_t)T * H, 1.0f, rng, dt);
+        fill(L->dy, (size_t)T * H, 1.0f, rng, dt);
+        ok = ok && up(L->dx_in, L->x, (size_t)T * H * 2) && up(L->ddy, L->dy, (size_t)T * H * 2) && poison(L) &&
+             cu_ok(moe_cu.cuGraphLaunch(G.ge, G.st), "replay") && cu_ok(moe_cu.cuStreamSynchronize(G.st), "replay");
+    } else {
+        ok = run_pair(L, T, c->recompute, NULL) == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "pair");
+    }
+    if (!ok) {
+        CHECKF(0, "the pair did not run");
+        graph_free(&G);
+        return;
+    }
+    /* the reference's routing; tokens that differ get dy = 0 and the pair runs again */
+    moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
+                           .sel_bias = L->sel, .logit_bias = L->lb, .tokens = T, .ws1 = L->ws1, .ws2 = L->ws2,
+                           .wsg = L->wsg};
+    int *ridx = malloc(sizeof(int) * T * K), *ref_k = malloc(sizeof(int) * T * K);
+    float *rw = malloc(sizeof(float) * T * K);
+    unsigned char *bad = malloc((size_t)T);
+    int *gidx = region(L, 0, T, c->recompute, "topk_idx");
+    if (!ridx || !ref_k || !rw || !bad || !gidx || moe_ref_route(s, &in, ridx, rw, NULL)) {
+        CHECKF(0, "routing the reference");
+        goto out;
+    }
+    int nbad = route_diff(L, T, gidx, ridx, bad, ref_k);
+    CHECKF(nbad * 20 <= T + 20, "%d of %d tokens route to other experts than the reference's", nbad, T);
+    if (nbad) {
+        for (int t = 0; t < T; t++)
+            if (bad[t])
+                memset(L->dy + (size_t)t * H, 0, (size_t)H * 2);
+        ok = up(L->ddy, L->dy, (size_t)T * H * 2) && poison(L);
+        ok = ok && (c->graph ? cu_ok(moe_cu.cuGraphLaunch(G.ge, G.st), "replay") &&
+                                   cu_ok(moe_cu.cuStreamSynchronize(G.st), "replay")
+                             : run_pair(L, T, c->recompute, NULL) == MOE_OK &&
+                                   cu_ok(moe_cu.cuCtxSynchronize(), "pair"));
+        free(gidx);
+        gidx = region(L, 0, T, c->recompute, "topk_idx");
+        CHECKF(ok && gidx && route_diff(L, T, gidx, ridx, bad, ref_k) == nbad, "the second run routes otherwise");
+        if (!ok || !gidx)
+            goto out;
+    }
+
+    /* the reference's backward, rounded mode, with its stages */
+    const size_t TK = (size_t)T * K;
+    moe_ref_grads_t rg = {0};
+    moe_ref_bwd_stages_t rs = {0};
+    float *ref_buf[] = {rg.dx = malloc(4 * (size_t)T * H), rg.dwr = malloc(4 * (size_t)E * H),
+                        rg.dw1 = malloc(4 * (size_t)E * 2 * F * H), rg.db1 = malloc(4 * (size_t)E * 2 * F),
+                        rg.dw2 = malloc(4 * (size_t)E * H * F), rg.db2 = malloc(4 * (size_t)E * H),
+                        rg.dlogit_bias = malloc(4 * (size_t)E), rs.u = malloc(4 * TK * 2 * F),
+                        rs.a = malloc(4 * TK * F), rs.o = malloc(4 * TK * H), rs.dys = malloc(4 * TK * H),
+                        rs.du = malloc(4 * TK * 2 * F), rs.dxs = malloc(4 * TK * H), rs.dw = malloc(4 * TK),
+                        rs.dlogits = malloc(4 * (size_t)T * E), rs.shared_g = malloc(4 * (size_t)T + 4),
+                        rs.shared_dg = malloc(4 * (size_t)T + 4), rg.dws1 = malloc(4 * (size_t)2 * FS * H + 4),
+                        rg.dws2 = malloc(4 * (size_t)H * FS + 4), rg.dwsg = malloc(4 * (size_t)H)};
+    int have = 1;
+    for (size_t i = 0; i < sizeof ref_buf / sizeof *ref_buf; i++)
+        have &= ref_buf[i] != NULL;
+    if (!FS) /* the shared expert's outputs only with one */
+        rs.shared_g = rs.shared_dg = rg.dws1 = rg.dws2 = rg.dwsg = NULL;
+    if (!have || moe_ref_backward(s, &in, L->dy, 0, &rg, &rs)) {
+        CHECKF(0, "the reference's backward");
+        goto free_ref;
+    }
+
+    /* gradients */
+    {
+        uint16_t *hdx = malloc((size_t)T * H * 2);
+        float *g = malloc(4 * (size_t)S * 2 * F * H);
+        if (!hdx || !g) {
+            CHECKF(0, "out of memory");
+        } else {
+            float *fdx = down(hdx, L->gdx, (size_t)T * H * 2) ? halves(hdx, (size_t)T * H, dt) : NULL;
+            if (fdx)
+                check_close("dx", fdx, rg.dx, (size_t)T * H, tol);
+            free(fdx);
+            if (down(g, L->gdwr, 4 * (size_t)E * H))
+                check_close("d router_w", g, rg.dwr, (size_t)E * H, tol);
+            if (s->router.logit_bias && down(g, L->gdlb, 4 * (size_t)E))
+                check_close("d logit_bias", g, rg.dlogit_bias, E, tol);
+            moe_status us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_W1, (float *)L->gdw1p, (float *)L->pw1, S, NULL);
+            CHECKF(us == MOE_OK, "moe_plan_unpack_grad: %s", moe_last_error());
+            if (us == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "unpack") &&
+                down(g, L->pw1, 4 * (size_t)S * 2 * F * H)) {
+                check_close("dW1 (dw1p unpacked)", g, rg.dw1, (size_t)E * 2 * F * H, tol);
+                if (FS) { /* the shared slots joined: slot j's plain row r is the unsplit row moe_plan_shared_w1_row */
+                    float *j1 = malloc(4 * (size_t)2 * FS * H);
+                    for (int j = 0; j1 && j < S - E; j++)
+                        for (int r2 = 0; r2 < 2 * F; r2++)
+                            memcpy(j1 + moe_plan_shared_w1_row(s, j, r2) * H, g + ((size_t)(E + j) * 2 * F + r2) * H,
+                                   4 * (size_t)H);
+                    if (j1)
+                        check_close("the shared expert's dW1 (its slots joined)", j1, rg.dws1, (size_t)2 * FS * H, tol);
+                    free(j1);
+                }
+            }
+            if (down(g, L->gdw2, 4 * (size_t)S * H * F)) {
+                check_close("dW2", g, rg.dw2, (size_t)E * H * F, tol);
+                if (FS) { /* slot E + j's column f is the unsplit column jF + f */
+                    float *j2 = malloc(4 * (size_t)H * FS);
+                    for (int j = 0; j2 && j < S - E; j++)
+                        for (int h = 0; h < H; h++)
+                            memcpy(j2 + (size_t)h * FS + (size_t)j * F, g + ((size_t)(E + j) * H + h) * F, 4 * (size_t)F);
+                    if (j2)
+                        check_close("the shared expert's dW2 (its slots joined)", j2, rg.dws2, (size_t)H * FS, tol);
+                    free(j2);
+                }
+            }
+            if (EL > E && down(g, L->gdsg, 4 * (size_t)H))
+                check_close("d w_gate", g, rg.dwsg, H, tol);
+            if (s->ffn_bias) {
+                us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_B1, (float *)L->gdb1p, (float *)L->pb1, E, NULL);
+                CHECKF(us == MOE_OK, "moe_plan_unpack_grad: %s", moe_last_error());
+                if (us == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "unpack") && down(g, L->pb1, 4 * (size_t)E * 2 * F))
+                    check_close("db1 (db1p unpacked)", g, rg.db1, (size_t)E * 2 * F, tol);
+                if (down(g, L->gdb2, 4 * (size_t)E * H))
+                    check_close("db2", g, rg.db2, (size_t)E * H, tol);
+            }
+        }
+        free(hdx);
+        free(g);
+    }
+
+    /* stages, row by row */
+    {
+        int *row_of = region(L, 0, T, c->recompute, "row_of");
+        uint16_t *u = region(L, c->recompute, T, c->recompute, "u"), *a = region(L, 0, T, c->recompute, "hbuf");
+        uint16_t *o = region(L, 0, T, c->recompute, "out"), *dys = region(L, 1, T, c->recompute, "dys");
+        uint16_t *du = region(L, 1, T, c->recompute, "du"), *dxs = region(L, 1, T, c->recompute, "dxs");
+        float *dw = region(L, 1, T, c->recompute, "dw"), *dl = region(L, 1, T, c->recompute, "dlogits");
+        if (!row_of || !u || !a || !o || !dys || !du || !dxs || !dw || !dl) {
+            CHECKF(0, "reading the stages back");
+        } else {
+            check_rows(c->recompute ? "U (recomputed)" : "U (saved)", L, T, row_of, ref_k, bad, u, rs.u, 2 * F, 1,
+                       tol);
+            check_rows("A", L, T, row_of, ref_k, bad, a, rs.a, F, 0, tol);
+            check_rows("O", L, T, row_of, ref_k, bad, o, rs.o, H, 0, tol);
+            check_rows("dys", L, T, row_of, ref_k, bad, dys, rs.dys, H, 0, tol);
+            check_rows("dU", L, T, row_of, ref_k, bad, du, rs.du, 2 * F, 1, tol);
+            check_rows("dXs", L, T, row_of, ref_k, bad, dxs, rs.dxs, H, 0, tol);
+            float *g = malloc(4 * (size_t)T * KE), *w = malloc(4 * (size_t)T * KE);
+            size_t n = 0;
+            for (int t = 0; g && w && t < T; t++)
+                for (int k = 0; !bad[t] && k < K; k++) {
+                    g[n] = dw[t * KE + k];
+                    w[n++] = rs.dw[t * K + ref_k[t * K + k]];
+                }
+            if (g && w)
+                check_close("dw", g, w, n, tol);
+            float *gl = malloc(4 * (size_t)T * E + 4), *gz = malloc(4 * (size_t)T + 4), *wz = malloc(4 * (size_t)T + 4);
+            for (int t = 0; gl && t < T; t++)
+                memcpy(gl + (size_t)t * E, dl + (size_t)t * EL, 4 * (size_t)E);
+            if (gl)
+                check_close("d logits", gl, rs.dlogits, (size_t)T * E, tol);
+            if (FS && g && w && gz && wz) { /* the shared entries: Σ_j dw = dg; the gate's column: dz = dg g (1 - g) */
+                n = 0;
+                for (int t = 0; t < T; t++) {
+                    g[n] = 0;
+                    for (int j = K; j < KE; j++)
+                        g[n] += dw[t * KE + j];
+                    w[n++] = rs.shared_dg[t];
+                    gz[t] = EL > E ? dl[(size_t)t * EL + E] : 0;
+                    wz[t] = rs.shared_dg[t] * rs.shared_g[t] * (1 - rs.shared_g[t]);
+                }
+                check_close("the shared expert's dg (its entries' dw)", g, w, n, tol);
+                if (EL > E)
+                    check_close("d logits, the shared gate's column", gz, wz, (size_t)T, tol);
+            }
+            free(gl); free(gz); free(wz);
+            free(g);
+            free(w);
+        }
+        free(row_of); free(u); free(a); free(o); free(dys); free(du); free(dxs); free(dw); free(dl);
+    }
+
+    /* accumulate = 1: the weight gradients add into random priors; dx is written */
+    if (c->accumulate) {
+        snprintf(name, sizeof name, "backward accumulate: %s/T%d", label, T);
+        CASE(name);
+        struct {
+            CUdeviceptr d;
+            size_t n;
+            const char *what;
+        } gr[] = {{L->gdwr, (size_t)E * H, "d router_w"}, {L->gdw1p, (size_t)S * 2 * F * H, "dw1p"},
+                  {L->gdw2, (size_t)S * H * F, "dw2"}, {s->router.logit_bias ? L->gdlb : 0, (size_t)E, "d logit_bias"},
+                  {s->ffn_bias ? L->gdb1p : 0, (size_t)E * 2 * F, "db1p"}, {s->ffn_bias ? L->gdb2 : 0, (size_t)E * H, "db2"},
+                  {EL > E ? L->gdsg : 0, (size_t)H, "d w_gate"}};
+        enum { NG = sizeof gr / sizeof *gr };
+        float *first[NG] = {0}, *prior[NG] = {0};
+        uint16_t *dx0 = malloc((size_t)T * H * 2), *dx1 = malloc((size_t)T * H * 2);
+        int good = dx0 && dx1 && down(dx0, L->gdx, (size_t)T * H * 2);
+        for (int i = 0; i < NG && good; i++) {
+            if (!gr[i].d)
+                continue;
+            first[i] = malloc(4 * gr[i].n);
+            prior[i] = malloc(4 * gr[i].n);
+            good = first[i] && prior[i] && down(first[i], gr[i].d, 4 * gr[i].n);
+            for (size_t j = 0; good && j < gr[i].n; j++)
+                prior[i][j] = unif(rng);
+            good = good && up(gr[i].d, prior[i], 4 * gr[i].n);
+        }
+        moe_backward_args ba = bwd_args(L, T, c->recompute, 1);
+        good = good && cu_ok(moe_cu.cuMemsetD8(L->gdx, 0xff, (size_t)T * H * 2), "poison dx");
+        moe_status rc = good ? moe_backward(L->plan, &ba, NULL) : MOE_ERR_CUDA;
+        CHECKF(rc == MOE_OK, "moe_backward (accumulate): %s: %s", moe_status_string(rc), moe_last_error());
+        if (good && rc == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "accumulate")) {
+            for (int i = 0; i < NG; i++) {
+                if (!gr[i].d)
+                    continue;
+                float *got = malloc(4 * gr[i].n);
+                for (size_t j = 0; got && j < gr[i].n; j++)
+                    first[i][j] += prior[i][j];
+                if (got && down(got, gr[i].d, 4 * gr[i].n))
+                    check_close(gr[i].what, got, first[i], gr[i].n, 1e-6);
+                free(got);
+            }
+            /* dx is written, not accumulated: the second equals the first */
+            float *f0 = halves(dx0, (size_t)T * H, dt), *f1 = down(dx1, L->gdx, (size_t)T * H * 2)
+                                                                  ? halves(dx1, (size_t)T * H, dt) : NULL;
+            if (f0 && f1)
+                check_close("dx (written again)", f1, f0, (size_t)T * H, 1e-6);
+            else
+                CHECKF(0, "reading dx back");
+            free(f0);
+            free(f1);
+        }
+        for (int i = 0; i < NG; i++) {
+            free(first[i]);
+            free(prior[i]);
+        }
+        free(dx0);
+        free(dx1);
+    }
+free_ref:
+    for (size_t i = 0; i < sizeof ref_buf / sizeof *ref_buf; i++)
+        free(ref_buf[i]);
+out:
+    graph_free(&G);
+    free(ridx); free(ref_k); free(rw); free(bad); free(gidx);
+}
+
+static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
+    layer_t L;
+    memset(&L, 0, sizeof L);
+    moe_diag_t d;
+    if (moe_spec_load(&L.s, c->spec, NULL, NULL, 0, &d)) {
+        CASE(c->spec);
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    char label[200];
+    snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype),
+             c->recompute ? "recompute" : "save", c->graph ? "/graph" : "");
+    CASE(label);
+    moe_options o = {.cache_dir = cache};
+    moe_status st = moe_plan_create(&L.plan, c->spec, &o);
+    CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
+    uint64_t rng = seed;
+    if (st == MOE_OK && !layer_init(&L, &rng))
+        CHECKF(0, "cannot set up the layer (host or device memory)");
+    else if (st == MOE_OK)
+        for (int i = 0; i < c->ntokens; i++)
+            run_tokens(&L, c, c->tokens[i], &rng, label);
+    layer_free(&L);
+}
+
+int main(int argc, char **argv) {
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    const char *env = getenv("MOEGEN_TEST_SEED");
+    if (env && *env)
+        seed = strtoull(env, NULL, 10);
+    fprintf(stderr, "test_bwd_gpu: seed %llu (MOEGEN_TEST_SEED=%llu repeats this run)\n", (unsigned long long)seed,
+            (unsigned long long)seed);
+    char why[512];
+    CASE("driver");
+    if (moe_cu_load(why, sizeof why) != 0) {
+        SKIP("every GPU case: no CUDA driver (%s)", why);
+        return check_report("test_bwd_gpu");
+    }
+    int count = 0;
+    if (moe_cu.cuInit(0) != CUDA_SUCCESS || moe_cu.cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+        SKIP("every GPU case: the driver reports no GPU");
+        return check_report("test_bwd_gpu");
+    }
+    char tmp[] = "/tmp/moegen_test_bwd_XXXXXX";
+    if (!mkdtemp(tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/cache", tmp);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int want = argc < 2;
+        for (int j = 1; j < argc; j++)
+            want |= strstr(cases[i].spec, argv[j]) != NULL;
+        if (want)
+            run_case(&cases[i], seed + i * 1000, cache);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_bwd_gpu: could not remove %s\n", tmp);
+    return check_report("test_bwd_gpu");
+}
