@@ -11,6 +11,9 @@
 #            (for the specs in $OLD_SPECS, default all)
 #   compare  bench/compare_torch.py (moegen vs torch._grouped_mm and the eager layer)
 #   decode   moe_bench --graph and compare_torch.py --graph at 1..512 tokens (CUDA-graph replay)
+#   train    test_bgemm_gpu (and --perf), test_bwd_gpu: the backward GEMMs and the backward
+#   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs
+#   house    test_runtime, the examples and the PyTorch op's GPU test
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -70,7 +73,21 @@ for what in "$@"; do
                 --tokens 512 --iters 20 2>&1 | tee -a "$OUT/decode_compare.log" | grep -E 'graph|ceilings|^compare'
         done
         ;;&
+    train)
+        timeout 200 build/tests/test_bgemm_gpu 2>&1 | tee "$OUT/test_bgemm_gpu.log" | tail -25
+        timeout 200 build/tests/test_bwd_gpu 2>&1 | tee "$OUT/test_bwd_gpu.log" | tail -25
+        timeout 120 build/tests/test_bgemm_gpu --perf 2>&1 | tee "$OUT/bgemm_perf.log" | tail -12
+        ;;
+    fp8)
+        timeout 200 build/tests/test_quant_gpu 2>&1 | tee "$OUT/test_quant_gpu.log" | tail -25
+        ;;
+    house)
+        timeout 200 build/tests/test_runtime 2>&1 | tee "$OUT/test_runtime.log" | tail -6
+        timeout 100 build/moe_example examples/specs/qwen3-30b-a3b.moe 1000 2>&1 | tee "$OUT/example.log" | tail -6
+        MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout 200 python3 python/tests/test_torch_gpu.py 2>&1 |
+            tee "$OUT/test_torch_gpu.log" | tail -8
+        ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, all)"; exit 2 ;;
     esac
 done
