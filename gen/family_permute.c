@@ -1,7 +1,8 @@
 /* family_permute.c — the two permute kernels, both in templates/permute.lua:
  * permute_plan (one block: counts -> offsets aligned to the GEMM bm, the
  * tile table) and permute_scatter (token rows -> expert-major rows, the row
- * map, per_block rows per block). */
+ * map, per_block tokens per block: a warp per token, each x row read once
+ * and stored to its entries' rows). */
 #include "family.h"
 #include "launch_geom.h"
 
@@ -29,13 +30,14 @@ static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const 
     const moe_spec_t *s = c->spec;
     (void)k;
     /* with fp8 weights the rows are written quantized (e4m3 + a scale per 128 columns) */
-    snprintf(out, n, "%s_permute_scatter_%s_h%d", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
-             s->hidden);
+    snprintf(out, n, "%s_permute_scatter_%s_h%dk%d", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+             s->hidden, moe_spec_entries(s));
 }
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
-    g[0] = moe_blocks(moe_routed_rows(tokens, moe_spec_entries(s)), k->per_block);
+    (void)s;
+    g[0] = moe_blocks(tokens, k->per_block);
 }
 
 /* the template emits both kernels: each expansion gets both names */

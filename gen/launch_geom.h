@@ -16,8 +16,8 @@
 #include <stdint.h>
 
 /* Blocks of a 1D grid over n items, per_block items per block:
- * ceil(n / per_block). The grids of route and combine (n: tokens), of
- * permute_scatter and ep_scatter (n: routed rows), ep_rows (n: staging
+ * ceil(n / per_block). The grids of route, permute_scatter and combine
+ * (n: tokens), of ep_scatter (n: routed rows), ep_rows (n: staging
  * rows), swiglu (n: eight-column groups, one per thread) and the GEMMs' N
  * tiles (n: the B rows per expert, per_block: bn). */
 static inline unsigned moe_blocks(long long n, long long per_block) {

@@ -207,7 +207,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
         counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 @ if not fp8 then -- (refused above; the fp8 scatter writes e4m3 rows and their scales)
-    ${scatter.name}<<<moe_blocks(moe_routed_rows(T, ${p.entries}), ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+    ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per

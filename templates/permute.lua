@@ -9,9 +9,10 @@
 @ --   order, and its length in *num_tiles; slot = slot_of[expert], the
 @ --   routing table's local slot of the expert's weights (the identity on a
 @ --   mesh of one device). Empty experts get no tiles.
-@ -- p.scatter_kernel (p.scatter_rows (t, k) slots per block, a warp per
-@ --   slot): the slot's row is offsets[e] + a cursor bump; row_of gets it and
-@ --   the token's x row is copied there with 16-byte loads and stores (with
+@ -- p.scatter_kernel (p.scatter_rows tokens per block, a warp per token):
+@ --   lane k < K takes entry (t, k)'s row, offsets[e] + a cursor bump, and
+@ --   writes it to row_of; the token's x row is then read once, 16 bytes a
+@ --   lane at a time, and each 16 bytes stored to all K rows (with
 @ --   router.apply = "input", x·w rounded to the dtype, w = topk_w[t, k]
 @ --   rounded first; topk_w is not read otherwise). The order of rows within
 @ --   an expert is whatever the atomics give; nothing downstream depends on it.
@@ -44,7 +45,7 @@ constexpr int E = ${p.slots}, K = ${p.entries}, H = ${p.H}, ALIGN = ${p.align};
 constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int IPT = ${c.ipt};   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = ${p.scatter_threads}, SCATTER_WARPS = SCATTER_THREADS / 32;
-constexpr int SCATTER_ROWS = ${p.scatter_rows};   // (t, k) slots per scatter block
+constexpr int SCATTER_ROWS = ${p.scatter_rows};   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
 
@@ -160,57 +161,60 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
     (void)topk_w;
 @   end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long slots = (long long)tokens * K;
 #pragma unroll 1
-    for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
-        const long long i = (long long)blockIdx.x * SCATTER_ROWS + r;
-        if (i >= slots)
+    for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {   // a warp per token, as the plain scatter
+        const int t = blockIdx.x * SCATTER_ROWS + r;
+        if (t >= tokens)
             return;
-        int row = 0;
-        if (lane == 0) {
+        int my_row = 0;
+        if (lane < K) {
+            const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-            row = offsets[e] + atomicAdd(cursor + e, 1);
-            row_of[i] = row;
+            my_row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = my_row;
         }
-        row = __shfl_sync(FULL, row, 0);
-        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
+#pragma unroll 1
+        for (int k = 0; k < K; ++k) {   // each of the token's rows, quantized on its own
+            const int row = __shfl_sync(FULL, my_row, k);
 @   if input then
-        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+            const float w = moe_to_float(moe_from_float(__ldg(topk_w + (long long)t * K + k)));   // the weight in the dtype
 @   end
 #pragma unroll 1
-        for (int b0 = 0; b0 < HB; b0 += 2) {
-            const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (b < HB)
-                v = __ldg(src + b * 16 + c);
+            for (int b0 = 0; b0 < HB; b0 += 2) {
+                const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (b < HB)
+                    v = __ldg(src + b * 16 + c);
 @   if input then
-            v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
+                v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
 @   end
-            const unsigned u[4] = {v.x, v.y, v.z, v.w};
-            float f[8];
+                const unsigned u[4] = {v.x, v.y, v.z, v.w};
+                float f[8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
-            float m = 1e-4f;
+                for (int j = 0; j < 4; ++j)
+                    f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
+                float m = 1e-4f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                m = fmaxf(m, fabsf(f[j]));
+                for (int j = 0; j < 8; ++j)
+                    m = fmaxf(m, fabsf(f[j]));
 #pragma unroll
-            for (int o = 8; o; o >>= 1)
-                m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-            const float mul = 448.0f / m;
-            unsigned q[2];
+                for (int o = 8; o; o >>= 1)
+                    m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+                const float mul = 448.0f / m;
+                unsigned q[2];
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                unsigned short lo, hi;
-                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
-                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
-                q[j] = (unsigned)lo | ((unsigned)hi << 16);
-            }
-            if (b < HB) {
-                *reinterpret_cast<uint2 *>(xq + (long long)row * H + b * 128 + c * 8) = make_uint2(q[0], q[1]);
-                if (c == 0)
-                    xsc[(long long)row * HB + b] = m / 448.0f;
+                for (int j = 0; j < 2; ++j) {
+                    unsigned short lo, hi;
+                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
+                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+                    q[j] = (unsigned)lo | ((unsigned)hi << 16);
+                }
+                if (b < HB) {
+                    *reinterpret_cast<uint2 *>(xq + (long long)row * H + b * 128 + c * 8) = make_uint2(q[0], q[1]);
+                    if (c == 0)
+                        xsc[(long long)row * HB + b] = m / 448.0f;
+                }
             }
         }
     }
@@ -225,29 +229,47 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
     (void)topk_w;
 @ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long slots = (long long)tokens * K;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
-        const long long i = (long long)blockIdx.x * SCATTER_ROWS + r;
-        if (i >= slots)
+        const int t = blockIdx.x * SCATTER_ROWS + r;
+        if (t >= tokens)
             return;
-        int row = 0;
-        if (lane == 0) {
-            const int e = topk_idx[i];
-            row = offsets[e] + atomicAdd(cursor + e, 1);
-            row_of[i] = row;
-        }
-        row = __shfl_sync(FULL, row, 0);
-        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
-        uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
+        int my_row = 0;
 @ if input then
-        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
-#pragma unroll 4
-        for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
-@ else
-#pragma unroll 4
-        for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+        float my_w = 0.f;
 @ end
+        if (lane < K) {
+            const long long i = (long long)t * K + lane;
+            const int e = topk_idx[i];
+            my_row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = my_row;
+@ if input then
+            my_w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+@ end
+        }
+        uint4 *__restrict__ dst[K];
+@ if input then
+        float w[K];
+@ end
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
+@ if input then
+            w[k] = __shfl_sync(FULL, my_w, k);
+@ end
+        }
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
+#pragma unroll ${p.entries <= 8 and 4 or 1}
+        for (int v = lane; v < HV; v += 32) {
+            const uint4 val = __ldg(src + v);
+@ if input then
+#pragma unroll
+            for (int k = 0; k < K; ++k) dst[k][v] = moe_scale8(val, w[k]);
+@ else
+#pragma unroll
+            for (int k = 0; k < K; ++k) dst[k][v] = val;
+@ end
+        }
     }
 }
 @ end

@@ -4,19 +4,20 @@
 @ -- (docs/DESIGN.md, "Routing, exactly").
 @ --
 @ -- One block routes p.per_block tokens. Phase 1 computes their logits
-@ -- [T, E] with mma.sync m16n8k16: the block's x rows are staged in smem in
-@ -- chunks of KC columns (cp.async, S stages) and shared by every warp; each
-@ -- warp owns NT n8 tiles of experts (all T rows) and, when E is small, a
-@ -- 1/WK share of each chunk's k steps (split-K, reduced in smem in a fixed
-@ -- order). Router weights are used by one warp only, so they go straight
-@ -- from global memory to registers, D k steps ahead of use. A k step is 32
-@ -- columns, and lane (g, t) reads 8 consecutive columns 8t..8t+7 of it for
-@ -- both operands (one 16-byte load each); the two m16n8k16 mmas of the step
-@ -- take columns {8t, 8t+1 | 8t+2, 8t+3} and {8t+4, 8t+5 | 8t+6, 8t+7} as
-@ -- their k pairs {2t, 2t+1 | 2t+8, 2t+9}. Both operands use the same
-@ -- permutation of k, so the dot products are unchanged.
-@ -- Experts beyond WN*NT*8 are done in further passes over H. The logits
-@ -- land in smem (fp32, [T, LDL]); with one pass they reuse the x stages.
+@ -- [T, E] with mma.sync m16n8k16 as a small GEMM whose tiling comes from
+@ -- gen/family_route.c (route_tiling, its one home: p.wn, p.nt, p.npass,
+@ -- p.bk, p.stages, p.ldl, p.smem). A stage holds the block's T x rows and
+@ -- one pass's EP = WN*NT*8 router rows, BK columns each (rows of BK + 8
+@ -- halves, so the eight 16-byte rows of an ldmatrix hit distinct banks),
+@ -- filled by cp.async in a ring of S stages (out-of-range rows and columns
+@ -- read as zeros); every warp reads its fragments from there with
+@ -- ldmatrix, so one load of a router row serves all T tokens and many
+@ -- bytes are in flight per SM whatever the token count. Warp (wn, wk)
+@ -- owns NT n8 tiles of the pass's columns for all T rows and the k16 steps
+@ -- wk, wk + WK, ... of each stage (split-K when E is small, summed in smem
+@ -- in wk order: the same sum on every run). Experts beyond EP are done in
+@ -- further passes over H. The logits land in smem (fp32, [T, LDL]); with
+@ -- one pass they reuse the stage ring.
 @ -- For few tokens the grid splits H across gridDim.y blocks per token block
 @ -- (gen/launch_geom.h, moe_route_split): block y runs chunks
 @ -- [y*NCH/Y, (y+1)*NCH/Y), writes its partial logits to route_part, and
@@ -28,7 +29,9 @@
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
 @ -- 64-bit keys (score bits << 32 | ~expert), so ties go to the lower
-@ -- expert (or group) index. Group scores use one of three layouts,
+@ -- expert (or group) index; over the whole warp that max is two redux
+@ -- instructions (the high words' max, then the low words' among the
+@ -- lanes that hold it) instead of a ten-shuffle tree. Group scores use one of three layouts,
 @ -- chosen from the group size: a group spans whole 32-expert slots, a
 @ -- group is a lane segment within a slot, or the general case. Counts
 @ -- are gathered per block in smem, then added to counts[] once per expert.
@@ -48,14 +51,9 @@
 @
 @ local function cdiv(a, b) return (a + b - 1) // b end
 @
-@ -- Static shared memory a block may declare without opting in.
-@ M.STATIC_SMEM = 48 * 1024
-@
-@ -- Check p and derive the route kernel's constants. Returns a table; its
-@ -- field smem is the shared memory for x stages and logits, and dynamic
-@ -- says whether the kernel takes that as dynamic shared memory (when
-@ -- p.smem > 0, which must then be at least smem) or declares it
-@ -- statically. The per-block expert counts (4*E bytes) are always static.
+@ -- Check p and derive the route kernel's constants. Returns a table. The
+@ -- logit phase's tiling is p's (gen/family_route.c); the stage ring and
+@ -- the logits must fit p.smem, the dynamic shared memory the plan gives.
 @ function M.config(p)
 @   local function need(ok, what)
 @     if not ok then error(p.kernel .. ": " .. what, 0) end
@@ -77,43 +75,26 @@
 @   need(c.KE <= 32, "top_k + shared slots must be at most 32 (a lane each)")
 @   c.EL = p.router_columns                -- logit columns: E, and the shared gate's
 @   need(c.EL == c.E + (c.gate and 1 or 0), "router_columns must be the experts and the shared gate")
-@   c.NTT = cdiv(c.EL, 8)                  -- n8 tiles of logit columns
-@   c.NTMAX = math.max(1, 8 // c.MT)       -- n8 tiles per warp: MT*NT*4 <= 32 accumulators
-@   -- the fewest warps along experts that cover E in one pass at NTMAX tiles each (else all warps)
-@   c.WN = c.NW
-@   for d = c.NW, 1, -1 do
-@     if c.NW % d == 0 and d * c.NTMAX >= c.NTT then c.WN = d end
-@   end
-@   c.WK = c.NW // c.WN                    -- the rest split H
-@   c.NPASS = cdiv(c.NTT, c.WN * c.NTMAX)
-@   c.NT = cdiv(c.NTT, c.WN * c.NPASS)     -- balanced over the passes
-@   c.TOTC = c.NPASS * c.WN * c.NT * 8     -- logit columns computed (>= E)
-@   c.LDL = c.TOTC + (8 - c.TOTC % 32) % 32 -- row stride = 8 mod 32 floats: fragment stores spread over banks
-@   -- k steps of 32 columns per warp per chunk; a chunk is KC = 32*WK*SPW columns
-@   c.SPW = math.max(1, (c.NPASS > 1 and 4 or 8) // c.WK)
-@   c.KC = 32 * c.WK * c.SPW
-@   -- prefetch distance in k steps: D*NT <= 4 16-byte loads in flight per lane (more costs occupancy), D divides SPW
-@   c.D = 1
-@   while c.D * 2 <= c.SPW and c.SPW % (c.D * 2) == 0 and c.D * 2 * c.NT <= 4 do c.D = c.D * 2 end
-@   c.S = 2                                -- x stages
-@   -- x row stride: 64 mod 128 bytes, so the 16-byte fragment loads of rows g and g+1 use disjoint banks
-@   c.XSTR = c.KC + ((c.KC * 2) % 128 == 0 and 32 or 0)
-@   c.xbytes = c.S * c.T * c.XSTR * 2
+@   -- the tiling (gen/family_route.c, route_tiling)
+@   c.WN, c.NT, c.NPASS, c.BK, c.S, c.LDL = p.wn, p.nt, p.npass, p.bk, p.stages, p.ldl
+@   need(c.WN and c.NT and c.NPASS and c.BK and c.S and c.LDL, "the plan gives no route tiling")
+@   need(c.NW % c.WN == 0, "wn must divide the warps")
+@   c.WK = c.NW // c.WN                    -- the rest split each stage's k16 steps
+@   need(c.BK % 16 == 0 and (c.BK // 16) % c.WK == 0, "bk must be k16 steps the warps split evenly")
+@   need(c.S >= 2, "stages must be at least 2")
+@   c.EP = c.WN * c.NT * 8                 -- logit columns per pass
+@   need(c.NPASS * c.EP >= c.EL, "the passes must cover every logit column")
+@   need(c.LDL >= c.NPASS * c.EP and c.LDL % 4 == 0, "ldl must hold every pass's columns")
+@   c.STR = c.BK + 8                       -- smem row stride, halves
+@   c.stage = (c.T + c.EP) * c.STR * 2     -- bytes
+@   c.ring = c.S * c.stage
 @   c.lbytes = c.T * c.LDL * 4
 @   if c.NPASS == 1 then
-@     c.loff, c.smem = 0, math.max(c.xbytes, c.lbytes)
+@     c.loff, c.smem = 0, math.max(c.ring, c.lbytes)
 @   else
-@     c.loff, c.smem = c.xbytes, c.xbytes + c.lbytes
+@     c.loff, c.smem = c.ring, c.ring + c.lbytes
 @   end
-@   c.dynamic = (p.smem or 0) > 0
-@   if c.dynamic then
-@     need(p.smem >= c.smem, string.format("routing %d experts needs %d bytes of dynamic shared memory, the plan gives %d",
-@          c.E, c.smem, p.smem))
-@   else
-@     need(c.smem + 4 * c.E <= M.STATIC_SMEM, string.format("routing %d experts needs %d bytes of shared memory, more than the " ..
-@          "%d a block has without opting in: the plan must give route that much dynamic shared memory",
-@          c.E, c.smem + 4 * c.E, M.STATIC_SMEM))
-@   end
+@   need(p.smem == c.smem, string.format("the plan gives %d bytes of shared memory; the tiling needs %d", p.smem, c.smem))
 @   -- routing
 @   c.softmax = p.score == "softmax"
 @   need(c.softmax or p.score == "sigmoid", "unknown router score " .. tostring(p.score))
@@ -138,29 +119,33 @@
 @ function M.emit(p)
 @ local c = M.config(p)
 @ local ns = p.kernel .. "_impl"
-@ local WJ = c.gate and "wp[j]" or "wrow + j * 8 * H"   -- n8 tile j's weight row
 @ local LC = c.gate and "EL" or "E"    -- logit columns (the gate's included)
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
 constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
 constexpr int MT = ${c.MT};          // m16 tiles: every warp covers all T tokens
-constexpr int WN = ${c.WN}, WK = ${c.WK};     // warps along experts, along H
-constexpr int NT = ${c.NT};          // n8 expert tiles per warp per pass
-constexpr int NPASS = ${c.NPASS};    // passes over H, WN*NT*8 experts each
-constexpr int KC = ${c.KC};          // H columns per staged x chunk
-constexpr int SPW = ${c.SPW};        // 32-column k steps per warp per chunk
-constexpr int D = ${c.D};            // router-weight prefetch distance, k steps
-constexpr int S = ${c.S};            // x stages
-constexpr int XSTR = ${c.XSTR};      // x smem row stride, halves
+constexpr int WN = ${c.WN}, WK = ${c.WK};     // warps along the pass's columns, along each stage's k16 steps
+constexpr int NT = ${c.NT};          // n8 column tiles per warp per pass
+constexpr int NPASS = ${c.NPASS};    // passes over H, EP columns each
+constexpr int EP = WN * NT * 8;      // logit columns per pass (router rows per stage)
+constexpr int BK = ${c.BK};          // H columns per stage
+constexpr int S = ${c.S};            // stages in the ring
+constexpr int STR = BK + 8;          // smem row stride, halves
+constexpr int RS = T + EP;           // rows per stage: T x rows, then EP router rows
+constexpr int STAGE = RS * STR;      // halves per stage
+constexpr int KSTEPS = BK / 16;      // k16 steps per stage
 constexpr int LDL = ${c.LDL};        // logits smem row stride, floats
 constexpr int LOFF = ${c.loff};      // logits offset in smem, bytes
 constexpr int SMEM = ${c.smem};
-constexpr int NCH = (H + KC - 1) / KC;
+constexpr int NCH = (H + BK - 1) / BK;
+constexpr int LCOLS = ${c.EL};       // logit columns: the experts (and the shared gate)
 constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
-static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
-static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
+static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
+static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
+                                  : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
+static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
 @ if c.G > 1 then
 constexpr int G = ${c.G}, KG = ${c.KG}, PG = ${c.PG}, TAKE = ${c.TAKE};
 @ end
@@ -177,29 +162,37 @@ static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/* 16 bytes of router weights, or zeros when !pred (nothing is read). */
-static __device__ __forceinline__ uint4 load_w(const moe_half_t *ptr, bool pred) {
-    uint4 r;
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
-                 "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-                 "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr), "r"((int)pred));
-    return r;
-}
-
-/* Stage x columns [chunk*KC, +KC) of the block's T tokens; rows past
- * `tokens` and columns past H are zero-filled. */
-static __device__ __forceinline__ void load_x(moe_half_t *dst, const moe_half_t *__restrict__ x, int tok0, int tokens,
-                                              int chunk, int tid) {
-    constexpr int VR = KC / 8, NV = T * VR;
+/* Stage columns [chunk*BK, +BK) of the block's T x rows (rows 0..T-1) and
+ * of the logit columns [nbase, nbase + EP) of the router (rows T..RS-1:
+ * router rows, ${c.gate and "w_gate for column E, " or ""}zeros past the last column); x rows past
+ * `tokens` and columns past H are zero-filled and read nothing. */
+static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_half_t *__restrict__ x,
+                                                  const moe_half_t *__restrict__ wr,
+                                                  ${c.gate and "const moe_half_t *__restrict__ wg, " or ""}int tok0, int tokens,
+                                                  int chunk, int nbase, int tid) {
+    constexpr int VR = BK / 8, NV = RS * VR;
 #pragma unroll
     for (int it = 0; it < (NV + THREADS - 1) / THREADS; ++it) {
         const int v = tid + it * THREADS;
         if (NV % THREADS == 0 || v < NV) {
             const int r = v / VR, q = v % VR;
-            const int tok = tok0 + r, k = chunk * KC + q * 8;
-            const bool ok = tok < tokens && k < H;
-            moe_cp_async16(dst + r * XSTR + q * 8, ok ? x + (long long)tok * H + k : x, ok ? 16 : 0);
+            const int k = chunk * BK + q * 8;
+            const moe_half_t *src;
+            bool ok;
+            if (r < T) {
+                const int tok = tok0 + r;
+                ok = tok < tokens && k < H;
+                src = x + (long long)tok * H + k;
+            } else {
+                const int col = nbase + r - T;
+                ok = col < LCOLS && k < H;
+@ if c.gate then
+                src = (col < E ? wr + (long long)col * H : wg) + k;
+@ else
+                src = wr + (long long)col * H + k;
+@ end
+            }
+            moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
@@ -229,6 +222,13 @@ template <int W> static __device__ __forceinline__ unsigned long long key_max(un
         k = other > k ? other : k;
     }
     return k;
+}
+/* The whole warp: two redux instructions, the high words' max, then the
+ * low words' max among the lanes that hold it. */
+template <> __device__ __forceinline__ unsigned long long key_max<32>(unsigned long long k) {
+    const unsigned hi = __reduce_max_sync(FULL, (unsigned)(k >> 32));
+    const unsigned lo = __reduce_max_sync(FULL, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
+    return ((unsigned long long)hi << 32) | lo;
 }
 
 /* This lane's best key among slots i with bit i of mask set; slot i is index lane + 32i. */
@@ -260,12 +260,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
     using namespace ${ns};
-@ if c.dynamic then
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
-@ else
-    __shared__ __align__(16) unsigned char smem[SMEM];
-@ end
     __shared__ int s_count[E];   // this block's selections per expert
 @ if not p.bias then
     (void)sel_bias;
@@ -273,7 +269,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ if not p.logit_bias then
     (void)logit_bias;
 @ end
-    moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
+    moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
@@ -286,29 +282,13 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     const int wn = warp % WN, wk = warp / WN;
     /* this block's chunks of H: all of them unless the grid splits H */
     const int c0 = (int)((long long)blockIdx.y * NCH / gridDim.y), c1 = (int)((long long)(blockIdx.y + 1) * NCH / gridDim.y);
-    const int klane = wk * 32 + tq * 8;   // this lane's first column of a chunk
+    /* ldmatrix rows of this lane: A (x) row mt*16 + (lane & 15), column +8 for lanes 16..31; B (router) row
+     * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
+    const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
+    const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
-        const int nbase = (pass * WN + wn) * NT * 8;
-@ if c.gate then
-        /* n8 tile j reads row nbase + 8j + g at wp[j]: a router row below E,
-         * w_gate at E (the shared expert's gate logit); rows past E read
-         * nothing (zeros) */
-        const moe_half_t *wp[NT];
-        bool rok[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int row = nbase + j * 8 + g;
-            rok[j] = row <= E;
-            wp[j] = (row < E ? wr + (long long)row * H : shared_gate) + klane;
-        }
-@ else
-        /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
-        const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
-        bool rok[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
-@ end
+        const int nbase = pass * EP;   // the pass's first logit column
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -320,63 +300,51 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 #pragma unroll
         for (int s = 0; s < S - 1; ++s) {
             if (c0 + s < c1)
-                load_x(xsm + s * (T * XSTR), x, tok0, tokens, c0 + s, tid);
+                load_stage(ring + s * STAGE, x, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, c0 + s, nbase, tid);
             moe_cp_async_commit();
         }
-        uint4 ring[D][NT];   // k step s of a chunk lives in ring[s % D]
-#pragma unroll
-        for (int d = 0; d < D; ++d)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int ko = c0 * KC + d * WK * 32;
-                ring[d][j] = load_w(${WJ} + ko, rok[j] && c0 < c1 && klane + ko < H);
-            }
-
 #pragma unroll 1
         for (int c = c0; c < c1; ++c) {
             moe_cp_async_wait<S - 2>();
-            __syncthreads();
+            __syncthreads();   // stage c is in; every warp is done with the stage refilled next
             {
                 const int cn = c + S - 1;
                 if (cn < c1)
-                    load_x(xsm + ((cn - c0) % S) * (T * XSTR), x, tok0, tokens, cn, tid);
+                    load_stage(ring + ((cn - c0) % S) * STAGE, x, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, cn, nbase, tid);
                 moe_cp_async_commit();
             }
-            const moe_half_t *xa = xsm + ((c - c0) % S) * (T * XSTR) + g * XSTR + klane;
-            const int kc0 = c * KC;
+            const moe_half_t *st = ring + ((c - c0) % S) * STAGE;
 #pragma unroll
-            for (int s = 0; s < SPW; ++s) {
-                /* k step s + D (of this chunk or the next) refills each ring entry right after its last use */
-                const int ko = kc0 + ((s + D) / SPW) * KC + ((s + D) % SPW) * WK * 32;
-                const bool kok = klane + ko < H;
-                if (kc0 + s * WK * 32 + wk * 32 < H) {   // warp-uniform: the step holds columns < H
-                    unsigned a[2][MT][4];
+            for (int kk = 0; kk < KSTEPS / WK; ++kk) {
+                const int ks = kk * WK + wk;   // this warp's k16 step of the stage
+                if (c * BK + ks * 16 < H) {    // warp-uniform: a step wholly past H is zeros
+                    unsigned a[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(xa + (mt * 16) * XSTR + s * WK * 32);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(xa + (mt * 16 + 8) * XSTR + s * WK * 32);
-                        a[0][mt][0] = lo.x; a[0][mt][1] = hi.x; a[0][mt][2] = lo.y; a[0][mt][3] = hi.y;
-                        a[1][mt][0] = lo.z; a[1][mt][1] = hi.z; a[1][mt][2] = lo.w; a[1][mt][3] = hi.w;
+                    for (int mt = 0; mt < MT; ++mt)
+                        moe_ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], st + a_off + mt * 16 * STR + ks * 16);
+#pragma unroll
+                    for (int j = 0; j + 1 < NT; j += 2) {
+                        unsigned b0[2], b1[2];
+                        moe_ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], st + b_off + j * 8 * STR + ks * 16);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            mma(acc[mt][j], a[mt], b0);
+                            mma(acc[mt][j + 1], a[mt], b1);
+                        }
                     }
+                    if (NT % 2) {   // the last n8 tile alone: lanes 0..15 give its rows
+                        unsigned b0[2];
+                        moe_ldmatrix_x2(b0[0], b0[1], st + b_off + (NT - 1) * 8 * STR + ks * 16);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        const unsigned b[2][2] = {{ring[s % D][j].x, ring[s % D][j].y}, {ring[s % D][j].z, ring[s % D][j].w}};
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-#pragma unroll
-                            for (int mt = 0; mt < MT; ++mt) mma(acc[mt][j], a[h][mt], b[h]);
-                        ring[s % D][j] = load_w(${WJ} + ko, rok[j] && kok);
+                        for (int mt = 0; mt < MT; ++mt) mma(acc[mt][NT - 1], a[mt], b0);
                     }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) ring[s % D][j] = load_w(${WJ} + ko, rok[j] && kok);
                 }
             }
         }
         moe_cp_async_wait<0>();
-        __syncthreads();   // x stages are free (they may hold the logits)
+        __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
 @ for kk = 0, c.WK - 1 do
 @   if c.WK > 1 then
         if (wk == ${kk}) {
@@ -385,7 +353,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
 @   if kk == 0 then
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);

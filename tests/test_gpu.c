@@ -13,7 +13,9 @@
  * Checks per run, one case per kernel family ("gemm_up: odd/bf16/random/T700";
  * on a sample of tokens where the CPU reference is slow):
  *   route            same expert sets as the reference (near-ties allowed),
- *                    weights; counts equal the histogram of the routing
+ *                    weights, on up to 512 tokens (the first and last 64,
+ *                    the rest random); counts equal the histogram of the
+ *                    routing over every token
  *   permute_plan     offsets aligned and consistent, tile table exact
  *   permute_scatter  row map a bijection into each expert's rows
  *   gemm_up          SwiGLU rows vs the reference (given the GPU's routing)
@@ -128,6 +130,31 @@ static const char *const shared_wide_spec =
     "name = 'shared_wide' experts = 256 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n"
     "shared = { ffn = 64, gate = 'sigmoid' }\n";
 
+/* Route, scatter and combine at large token counts and odd shapes (issue
+ * #17): token counts that are not a multiple of route's 32-token block,
+ * top_k 1, 2 and 8, 8 to 1024 experts, and each of route's logit tilings
+ * (gen/family_route.c): few experts (k steps split 8 ways, 128-column
+ * stages), an odd number of n8 tiles per warp (the gate's column, 40
+ * experts), one pass over 384 grouped experts, three passes (512 experts and
+ * a gate) and eight (1024 experts, 32-column stages); H not a multiple of
+ * 16 (a k16 step half past H). H and F stay small so that the CPU side is
+ * quick at 16384 tokens. */
+static const char *const big_e8k1_spec =
+    "name = 'big_e8k1' experts = 8 top_k = 1 hidden = 264 ffn = 32 tokens = 16384\n";
+static const char *const big_e40k8_spec =
+    "name = 'big_e40k8' experts = 40 top_k = 8 hidden = 520 ffn = 48 tokens = 16384 router = { renormalize = false }\n";
+static const char *const big_gate_spec =
+    "name = 'big_gate' experts = 128 top_k = 2 hidden = 200 ffn = 32 tokens = 16384\n"
+    "shared = { ffn = 32, gate = 'sigmoid' }\n";
+static const char *const big_e384_spec =
+    "name = 'big_e384' experts = 384 top_k = 8 hidden = 136 ffn = 32 tokens = 16384\n"
+    "router = { score = 'sigmoid', bias = true, groups = 8, topk_groups = 4, renormalize = true, scale = 2.5 }\n";
+static const char *const big_e512_spec =
+    "name = 'big_e512' experts = 512 top_k = 8 hidden = 64 ffn = 32 tokens = 4096\n"
+    "shared = { ffn = 32, gate = 'sigmoid' }\n";
+static const char *const big_e1024_spec =
+    "name = 'big_e1024' experts = 1024 top_k = 2 hidden = 96 ffn = 32 tokens = 4096\n";
+
 static const gpu_case_t cases[] = {
     {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
     {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 0},
@@ -141,12 +168,12 @@ static const gpu_case_t cases[] = {
     {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
     {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
     {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16384}, 5, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16383, 16384}, 6, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096, 16383}, 4, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/olmoe-1b-7b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/qwen3-235b-a22b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/gpt-oss-20b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
@@ -181,6 +208,15 @@ static const gpu_case_t cases[] = {
     {"examples/specs/qwen2-moe-57b-a14b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/glm-4.5-air.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
     {"examples/specs/kimi-k2.moe", MODE_RANDOM, {1, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    /* large token counts and odd shapes (above) */
+    {big_e8k1_spec, MODE_RANDOM, {16384, 16381, 33}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e8k1_spec, MODE_SKEW, {16384}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e40k8_spec, MODE_RANDOM, {16384, 12345, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_gate_spec, MODE_RANDOM, {16383, 4097, 5}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e384_spec, MODE_RANDOM, {16384, 9999, 2}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e384_spec, MODE_PERM, {16383}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e512_spec, MODE_RANDOM, {4096, 4001, 3}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e1024_spec, MODE_RANDOM, {4096, 3001, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -1088,9 +1124,34 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     qsort(sample, (size_t)ns, sizeof *sample, cmp_int);
 
+    uint64_t rseed = splitmix(rng); /* drawn whatever families run, as the sample is */
     if (family_on(FAM_ROUTE)) {
+        /* route's own sample, larger: the first and last 64 tokens (whole
+         * 32-token blocks, the last one partial) and random ones, 512 in all */
+        const int RS = T < 512 ? T : 512;
+        int *rsample = malloc(sizeof(int) * (size_t)RS), nr = 0;
+        char *rpicked = calloc((size_t)T, 1);
+        if (!rsample || !rpicked) {
+            CHECKF(0, "out of memory");
+            free(rsample), free(rpicked);
+            goto done;
+        }
+        for (int t = 0; t < T && nr < RS; t++)
+            if (t < 64 || t >= T - 64) {
+                rpicked[t] = 1;
+                rsample[nr++] = t;
+            }
+        while (nr < RS) {
+            int t = (int)(splitmix(&rseed) % (uint64_t)T);
+            if (!rpicked[t]) {
+                rpicked[t] = 1;
+                rsample[nr++] = t;
+            }
+        }
+        qsort(rsample, (size_t)nr, sizeof *rsample, cmp_int);
         family_case(fcase[FAM_ROUTE], sizeof fcase[FAM_ROUTE], FAM_ROUTE, label);
-        check_route(L, T, idx, w, counts, sample, ns);
+        check_route(L, T, idx, w, counts, rsample, nr);
+        free(rsample), free(rpicked);
     }
     if (family_on(FAM_PERMUTE_PLAN)) {
         family_case(fcase[FAM_PERMUTE_PLAN], sizeof fcase[FAM_PERMUTE_PLAN], FAM_PERMUTE_PLAN, label);

@@ -87,30 +87,35 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 144 "templates/route.lua"
-namespace deepseek_v3_ep8_route_bf16_e32k8_t32_impl {
+#line 124 "templates/route.lua"
+namespace deepseek_v3_ep8_route_bf16_e32k8_t32k128s5_impl {
 constexpr int E = 32, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
-constexpr int WN = 1, WK = 8;     // warps along experts, along H
-constexpr int NT = 4;          // n8 expert tiles per warp per pass
-constexpr int NPASS = 1;    // passes over H, WN*NT*8 experts each
-constexpr int KC = 256;          // H columns per staged x chunk
-constexpr int SPW = 1;        // 32-column k steps per warp per chunk
-constexpr int D = 1;            // router-weight prefetch distance, k steps
-constexpr int S = 2;            // x stages
-constexpr int XSTR = 288;      // x smem row stride, halves
+constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
+constexpr int NT = 4;          // n8 column tiles per warp per pass
+constexpr int NPASS = 1;    // passes over H, EP columns each
+constexpr int EP = WN * NT * 8;      // logit columns per pass (router rows per stage)
+constexpr int BK = 128;          // H columns per stage
+constexpr int S = 5;            // stages in the ring
+constexpr int STR = BK + 8;          // smem row stride, halves
+constexpr int RS = T + EP;           // rows per stage: T x rows, then EP router rows
+constexpr int STAGE = RS * STR;      // halves per stage
+constexpr int KSTEPS = BK / 16;      // k16 steps per stage
 constexpr int LDL = 40;        // logits smem row stride, floats
 constexpr int LOFF = 0;      // logits offset in smem, bytes
-constexpr int SMEM = 36864;
-constexpr int NCH = (H + KC - 1) / KC;
+constexpr int SMEM = 87040;
+constexpr int NCH = (H + BK - 1) / BK;
+constexpr int LCOLS = 32;       // logit columns: the experts (and the shared gate)
 constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
-static_assert(KC == 32 * WK * SPW && SPW % D == 0, "chunk shape");
-static_assert((T * XSTR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 165 "templates/route.lua"
+static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
+static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
+                                  : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
+static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
+#line 150 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 4, TAKE = 2;
-#line 171 "templates/route.lua"
+#line 156 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -120,29 +125,35 @@ static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/* 16 bytes of router weights, or zeros when !pred (nothing is read). */
-static __device__ __forceinline__ uint4 load_w(const moe_half_t *ptr, bool pred) {
-    uint4 r;
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
-                 "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-                 "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr), "r"((int)pred));
-    return r;
-}
-
-/* Stage x columns [chunk*KC, +KC) of the block's T tokens; rows past
- * `tokens` and columns past H are zero-filled. */
-static __device__ __forceinline__ void load_x(moe_half_t *dst, const moe_half_t *__restrict__ x, int tok0, int tokens,
-                                              int chunk, int tid) {
-    constexpr int VR = KC / 8, NV = T * VR;
+/* Stage columns [chunk*BK, +BK) of the block's T x rows (rows 0..T-1) and
+ * of the logit columns [nbase, nbase + EP) of the router (rows T..RS-1:
+ * router rows, zeros past the last column); x rows past
+ * `tokens` and columns past H are zero-filled and read nothing. */
+static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_half_t *__restrict__ x,
+                                                  const moe_half_t *__restrict__ wr,
+                                                  int tok0, int tokens,
+                                                  int chunk, int nbase, int tid) {
+    constexpr int VR = BK / 8, NV = RS * VR;
 #pragma unroll
     for (int it = 0; it < (NV + THREADS - 1) / THREADS; ++it) {
         const int v = tid + it * THREADS;
         if (NV % THREADS == 0 || v < NV) {
             const int r = v / VR, q = v % VR;
-            const int tok = tok0 + r, k = chunk * KC + q * 8;
-            const bool ok = tok < tokens && k < H;
-            moe_cp_async16(dst + r * XSTR + q * 8, ok ? x + (long long)tok * H + k : x, ok ? 16 : 0);
+            const int k = chunk * BK + q * 8;
+            const moe_half_t *src;
+            bool ok;
+            if (r < T) {
+                const int tok = tok0 + r;
+                ok = tok < tokens && k < H;
+                src = x + (long long)tok * H + k;
+            } else {
+                const int col = nbase + r - T;
+                ok = col < LCOLS && k < H;
+#line 192 "templates/route.lua"
+                src = wr + (long long)col * H + k;
+#line 194 "templates/route.lua"
+            }
+            moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
@@ -173,6 +184,13 @@ template <int W> static __device__ __forceinline__ unsigned long long key_max(un
     }
     return k;
 }
+/* The whole warp: two redux instructions, the high words' max, then the
+ * low words' max among the lanes that hold it. */
+template <> __device__ __forceinline__ unsigned long long key_max<32>(unsigned long long k) {
+    const unsigned hi = __reduce_max_sync(FULL, (unsigned)(k >> 32));
+    const unsigned lo = __reduce_max_sync(FULL, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
+    return ((unsigned long long)hi << 32) | lo;
+}
 
 /* This lane's best key among slots i with bit i of mask set; slot i is index lane + 32i. */
 template <int N>
@@ -196,21 +214,20 @@ static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     return v;
 }
-}  // namespace deepseek_v3_ep8_route_bf16_e32k8_t32_impl
+}  // namespace deepseek_v3_ep8_route_bf16_e32k8_t32k128s5_impl
 
 extern "C" __global__ void __launch_bounds__(256)
-deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
+deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part) {
-    using namespace deepseek_v3_ep8_route_bf16_e32k8_t32_impl;
-#line 267 "templates/route.lua"
-    __shared__ __align__(16) unsigned char smem[SMEM];
-#line 269 "templates/route.lua"
+    using namespace deepseek_v3_ep8_route_bf16_e32k8_t32k128s5_impl;
+    extern __shared__ __align__(16) unsigned char moe_route_smem[];
+    unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 274 "templates/route.lua"
+#line 270 "templates/route.lua"
     (void)logit_bias;
-#line 276 "templates/route.lua"
-    moe_half_t *xsm = reinterpret_cast<moe_half_t *>(smem);
+#line 272 "templates/route.lua"
+    moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
@@ -223,17 +240,13 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
     const int wn = warp % WN, wk = warp / WN;
     /* this block's chunks of H: all of them unless the grid splits H */
     const int c0 = (int)((long long)blockIdx.y * NCH / gridDim.y), c1 = (int)((long long)(blockIdx.y + 1) * NCH / gridDim.y);
-    const int klane = wk * 32 + tq * 8;   // this lane's first column of a chunk
+    /* ldmatrix rows of this lane: A (x) row mt*16 + (lane & 15), column +8 for lanes 16..31; B (router) row
+     * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
+    const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
+    const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
-        const int nbase = (pass * WN + wn) * NT * 8;
-#line 306 "templates/route.lua"
-        /* n8 tile j reads row nbase + 8j + g at wrow + 8jH; rows past E read nothing (zeros) */
-        const moe_half_t *wrow = wr + (long long)(nbase + g) * H + klane;
-        bool rok[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) rok[j] = nbase + j * 8 + g < E;
-#line 312 "templates/route.lua"
+        const int nbase = pass * EP;   // the pass's first logit column
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -245,215 +258,203 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
 #pragma unroll
         for (int s = 0; s < S - 1; ++s) {
             if (c0 + s < c1)
-                load_x(xsm + s * (T * XSTR), x, tok0, tokens, c0 + s, tid);
+                load_stage(ring + s * STAGE, x, wr, tok0, tokens, c0 + s, nbase, tid);
             moe_cp_async_commit();
         }
-        uint4 ring[D][NT];   // k step s of a chunk lives in ring[s % D]
-#pragma unroll
-        for (int d = 0; d < D; ++d)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int ko = c0 * KC + d * WK * 32;
-                ring[d][j] = load_w(wrow + j * 8 * H + ko, rok[j] && c0 < c1 && klane + ko < H);
-            }
-
 #pragma unroll 1
         for (int c = c0; c < c1; ++c) {
             moe_cp_async_wait<S - 2>();
-            __syncthreads();
+            __syncthreads();   // stage c is in; every warp is done with the stage refilled next
             {
                 const int cn = c + S - 1;
                 if (cn < c1)
-                    load_x(xsm + ((cn - c0) % S) * (T * XSTR), x, tok0, tokens, cn, tid);
+                    load_stage(ring + ((cn - c0) % S) * STAGE, x, wr, tok0, tokens, cn, nbase, tid);
                 moe_cp_async_commit();
             }
-            const moe_half_t *xa = xsm + ((c - c0) % S) * (T * XSTR) + g * XSTR + klane;
-            const int kc0 = c * KC;
+            const moe_half_t *st = ring + ((c - c0) % S) * STAGE;
 #pragma unroll
-            for (int s = 0; s < SPW; ++s) {
-                /* k step s + D (of this chunk or the next) refills each ring entry right after its last use */
-                const int ko = kc0 + ((s + D) / SPW) * KC + ((s + D) % SPW) * WK * 32;
-                const bool kok = klane + ko < H;
-                if (kc0 + s * WK * 32 + wk * 32 < H) {   // warp-uniform: the step holds columns < H
-                    unsigned a[2][MT][4];
+            for (int kk = 0; kk < KSTEPS / WK; ++kk) {
+                const int ks = kk * WK + wk;   // this warp's k16 step of the stage
+                if (c * BK + ks * 16 < H) {    // warp-uniform: a step wholly past H is zeros
+                    unsigned a[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(xa + (mt * 16) * XSTR + s * WK * 32);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(xa + (mt * 16 + 8) * XSTR + s * WK * 32);
-                        a[0][mt][0] = lo.x; a[0][mt][1] = hi.x; a[0][mt][2] = lo.y; a[0][mt][3] = hi.y;
-                        a[1][mt][0] = lo.z; a[1][mt][1] = hi.z; a[1][mt][2] = lo.w; a[1][mt][3] = hi.w;
+                    for (int mt = 0; mt < MT; ++mt)
+                        moe_ldmatrix_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], st + a_off + mt * 16 * STR + ks * 16);
+#pragma unroll
+                    for (int j = 0; j + 1 < NT; j += 2) {
+                        unsigned b0[2], b1[2];
+                        moe_ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], st + b_off + j * 8 * STR + ks * 16);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            mma(acc[mt][j], a[mt], b0);
+                            mma(acc[mt][j + 1], a[mt], b1);
+                        }
                     }
+                    if (NT % 2) {   // the last n8 tile alone: lanes 0..15 give its rows
+                        unsigned b0[2];
+                        moe_ldmatrix_x2(b0[0], b0[1], st + b_off + (NT - 1) * 8 * STR + ks * 16);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        const unsigned b[2][2] = {{ring[s % D][j].x, ring[s % D][j].y}, {ring[s % D][j].z, ring[s % D][j].w}};
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-#pragma unroll
-                            for (int mt = 0; mt < MT; ++mt) mma(acc[mt][j], a[h][mt], b[h]);
-                        ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
+                        for (int mt = 0; mt < MT; ++mt) mma(acc[mt][NT - 1], a[mt], b0);
                     }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) ring[s % D][j] = load_w(wrow + j * 8 * H + ko, rok[j] && kok);
                 }
             }
         }
         moe_cp_async_wait<0>();
-        __syncthreads();   // x stages are free (they may hold the logits)
+        __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + j*8 + 2tq (+1) */
-#line 382 "templates/route.lua"
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
+#line 350 "templates/route.lua"
         if (wk == 0) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 391 "templates/route.lua"
+#line 359 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 1) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 2) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 3) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 4) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 5) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 6) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 382 "templates/route.lua"
+#line 350 "templates/route.lua"
         if (wk == 7) {
-#line 384 "templates/route.lua"
+#line 352 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + j * 8 + 2 * tq);
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 394 "templates/route.lua"
+#line 362 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 398 "templates/route.lua"
+#line 366 "templates/route.lua"
             }
-#line 400 "templates/route.lua"
+#line 368 "templates/route.lua"
         }
-#line 402 "templates/route.lua"
+#line 370 "templates/route.lua"
         __syncthreads();
-#line 404 "templates/route.lua"
+#line 372 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -492,28 +493,28 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 445 "templates/route.lua"
+#line 413 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 447 "templates/route.lua"
+#line 415 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 477 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 480 "templates/route.lua"
+#line 448 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 484 "templates/route.lua"
+#line 452 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 489 "templates/route.lua"
+#line 457 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 532 "templates/route.lua"
+#line 500 "templates/route.lua"
         /* Group-limited, groups of PG = 4 experts: in each slot a group
          * is an aligned segment of PG lanes. */
         {
@@ -543,7 +544,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
             }
             cand &= kept;
         }
-#line 611 "templates/route.lua"
+#line 579 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -559,42 +560,42 @@ deepseek_v3_ep8_route_bf16_e32k8_t32(const moe_half_t *__restrict__ x, const moe
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 629 "templates/route.lua"
+#line 597 "templates/route.lua"
             const float l = lrow[mine];
-#line 634 "templates/route.lua"
+#line 602 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 636 "templates/route.lua"
+#line 604 "templates/route.lua"
         }
-#line 638 "templates/route.lua"
+#line 606 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 645 "templates/route.lua"
+#line 613 "templates/route.lua"
         w *= 2.5f;
-#line 661 "templates/route.lua"
+#line 629 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 667 "templates/route.lua"
+#line 635 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 676 "templates/route.lua"
+#line 644 "templates/route.lua"
 }
 
-#line 42 "templates/permute.lua"
+#line 43 "templates/permute.lua"
 namespace deepseek_v3_ep8_permute_plan_e32_a128_impl {
 constexpr int E = 32, K = 8, H = 7168, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int IPT = 1;   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
-constexpr int SCATTER_ROWS = 8;   // (t, k) slots per scatter block
+constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
 
@@ -691,35 +692,46 @@ deepseek_v3_ep8_permute_plan_e32_a128(const int *__restrict__ counts, const int 
     }
 }
 
-#line 219 "templates/permute.lua"
+#line 223 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
-deepseek_v3_ep8_permute_scatter_bf16_h7168(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+deepseek_v3_ep8_permute_scatter_bf16_h7168k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace deepseek_v3_ep8_permute_plan_e32_a128_impl;
-#line 225 "templates/permute.lua"
+#line 229 "templates/permute.lua"
     (void)topk_w;
-#line 227 "templates/permute.lua"
+#line 231 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long slots = (long long)tokens * K;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
-        const long long i = (long long)blockIdx.x * SCATTER_ROWS + r;
-        if (i >= slots)
+        const int t = blockIdx.x * SCATTER_ROWS + r;
+        if (t >= tokens)
             return;
-        int row = 0;
-        if (lane == 0) {
+        int my_row = 0;
+#line 241 "templates/permute.lua"
+        if (lane < K) {
+            const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-            row = offsets[e] + atomicAdd(cursor + e, 1);
-            row_of[i] = row;
+            my_row = offsets[e] + atomicAdd(cursor + e, 1);
+            row_of[i] = my_row;
+#line 249 "templates/permute.lua"
         }
-        row = __shfl_sync(FULL, row, 0);
-        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
-        uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(xs + (long long)row * H);
-#line 248 "templates/permute.lua"
+        uint4 *__restrict__ dst[K];
+#line 254 "templates/permute.lua"
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
+#line 260 "templates/permute.lua"
+        }
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
-        for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 251 "templates/permute.lua"
+        for (int v = lane; v < HV; v += 32) {
+            const uint4 val = __ldg(src + v);
+#line 269 "templates/permute.lua"
+#pragma unroll
+            for (int k = 0; k < K; ++k) dst[k][v] = val;
+#line 272 "templates/permute.lua"
+        }
     }
 }
 
@@ -2384,8 +2396,8 @@ deepseek_v3_ep8_pack_bf16_f2048_h7168(int tensor, unsigned short *__restrict__ d
 #include <stdint.h>
 
 /* Blocks of a 1D grid over n items, per_block items per block:
- * ceil(n / per_block). The grids of route and combine (n: tokens), of
- * permute_scatter and ep_scatter (n: routed rows), ep_rows (n: staging
+ * ceil(n / per_block). The grids of route, permute_scatter and combine
+ * (n: tokens), of ep_scatter (n: routed rows), ep_rows (n: staging
  * rows), swiglu (n: eight-column groups, one per thread) and the GEMMs' N
  * tiles (n: the B rows per expert, per_block: bn). */
 static inline unsigned moe_blocks(long long n, long long per_block) {
@@ -2571,6 +2583,8 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
     if (d->use90 && (e = deepseek_v3_ep8_encoder(&d->encode)) != cudaSuccess)
         return e;
 #line 130 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
+#line 130 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
 #line 130 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
@@ -2648,12 +2662,12 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     e = cudaMemsetAsync(counts, 0, 256, stream);
     if (e != cudaSuccess) return e;
 #line 205 "templates/host.lua"
-    deepseek_v3_ep8_route_bf16_e32k8_t32<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 0, stream>>>(
+    deepseek_v3_ep8_route_bf16_e32k8_t32k128s5<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 87040, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 210 "templates/host.lua"
-    deepseek_v3_ep8_permute_scatter_bf16_h7168<<<moe_blocks(moe_routed_rows(T, 8), 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+    deepseek_v3_ep8_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 #line 222 "templates/host.lua"
     if (dev->use90) {
 #line 226 "templates/host.lua"
