@@ -183,7 +183,9 @@ int main(void) {
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_COMBINE, 4096, g);
     CHECK(g[0] == 4096 / 8 && g[1] == 1);
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_SCATTER, 5, g);
-    CHECK(g[0] == 2); /* 10 rows, 8 per block */
+    CHECK(g[0] == 1); /* 5 tokens, a warp each, 8 per block */
+    moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_SCATTER, 17, g);
+    CHECK(g[0] == 3);
     moe_plan_grid(&pd, MOE_ARCH_SM80, MOE_K_PERMUTE_PLAN, 4096, g);
     CHECK(g[0] == 1 && g[1] == 1 && g[2] == 1);
 
