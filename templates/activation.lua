@@ -44,14 +44,16 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+ * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
+ * negative x (a few percent off at x = -6), the sigmoid does not. */
 static __device__ __forceinline__ float geglu(float gate, float up) {
 @   if p.limit then
     gate = fminf(gate, ${f32(p.limit)});
     up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
 @   end
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-    return ${up_term} * (0.5f * gate * (1.0f + tanhf(inner)));
+    return ${up_term} * (gate * moe_sigmoid(2.0f * inner));
 }
 @   return "geglu"
 @ end
@@ -75,10 +77,12 @@ static __device__ __forceinline__ void ${name}_bwd(float gate, float up, float d
     up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
 @   end
 @   if name == "geglu" then
+    /* with s = sigmoid(2 z) = (1 + tanh z) / 2 (see geglu): act = gate s,
+     * act' = s + 2 gate s (1 - s) z', z' = c (1 + 3 0.044715 gate^2) */
     const float c = 0.7978845608028654f, inner = c * (gate + 0.044715f * gate * gate * gate);
-    const float th = tanhf(inner);
-    const float act = 0.5f * gate * (1.0f + th);
-    const float dact = 0.5f * (1.0f + th) + 0.5f * gate * (1.0f - th * th) * c * (1.0f + 3.0f * 0.044715f * gate * gate);
+    const float s = moe_sigmoid(2.0f * inner);
+    const float act = gate * s;
+    const float dact = s + 2.0f * gate * s * (1.0f - s) * c * (1.0f + 3.0f * 0.044715f * gate * gate);
 @   else
 @     local ag = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
 @     local a = p.alpha == 1 and "" or f32(p.alpha) .. " * "
