@@ -3,7 +3,7 @@
 # the PyTorch comparison. Run from the repository root on the GPU machine
 # with build/ carried (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune and persist.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -14,6 +14,9 @@
 #   train    test_bgemm_gpu (and --perf), test_bwd_gpu: the backward GEMMs and the backward
 #   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs
 #   house    test_runtime, the examples and the PyTorch op's GPU test
+#   route    issue #17 item 2: test_gpu's route, permute and combine checks on every case (the 16384-token
+#            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
+#            at 4096 and 16384 tokens for $ROUTE_SPECS (and build-old/moe_bench's, when there is one)
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -87,7 +90,20 @@ for what in "$@"; do
         MOEGEN_LIBRARY=$PWD/build/libmoegen.so timeout 200 python3 python/tests/test_torch_gpu.py 2>&1 |
             tee "$OUT/test_torch_gpu.log" | tail -8
         ;;
+    route)
+        timeout 400 build/tests/test_gpu --family route,permute,combine 2>&1 | tee "$OUT/test_gpu_route.log" |
+            grep -vE '^  ' | tail -20
+        for s in ${ROUTE_SPECS:-qwen3-30b-a3b mixtral-8x7b deepseek-v3 gpt-oss-120b}; do
+            for b in build build-old; do
+                [ -x $b/moe_bench ] || continue
+                echo "== $b $s" >> "$OUT/route_bench.log"
+                timeout 120 $b/moe_bench examples/specs/$s.moe --tokens 1 --tokens 4096 --tokens 16384 --iters 20 \
+                    >> "$OUT/route_bench.log" 2>&1
+            done
+        done
+        grep -E '^== |ceilings|route|permute|combine|LAYER' "$OUT/route_bench.log"
+        ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, all)"; exit 2 ;;
     esac
 done
