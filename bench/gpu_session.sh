@@ -5,7 +5,7 @@
 # same-run comparison against it).
 # usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
-#   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune and persist.tune
+#   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
 #   bench    moe_bench per example spec (MOEGEN_TUNING as set), then build-old/moe_bench
 #            (for the specs in $OLD_SPECS, default all)
@@ -17,6 +17,8 @@
 #   route    issue #17 item 2: test_gpu's route, permute and combine checks on every case (the 16384-token
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
 #            at 4096 and 16384 tokens for $ROUTE_SPECS (and build-old/moe_bench's, when there is one)
+#   pingpong the ping-pong GEMMs against the embedded table's: moe_bench at 4096 and 16384 tokens
+#            under each (tests/tune/pingpong.tune forces pingpong), and moegen tune's candidate times
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -35,7 +37,7 @@ for what in "$@"; do
         timeout 120 build/tests/test_mgpu --bench --no-check --mesh world1 --tokens 4096 2>&1 | tee -a "$OUT/test_mgpu.log" | tail -6
         ;;&
     grids|all)
-        for g in tile persist; do
+        for g in tile persist pingpong; do
             # every inline spec (they contain '=') and every example spec, not the cuDNN cases
             MOEGEN_TUNING=tests/tune/$g.tune timeout 300 build/tests/test_gpu = examples/ 2>&1 |
                 tee "$OUT/test_gpu_$g.log" | grep -vE '^  ' | tail -8
@@ -103,7 +105,21 @@ for what in "$@"; do
         done
         grep -E '^== |ceilings|route|permute|combine|LAYER' "$OUT/route_bench.log"
         ;;
+    pingpong)
+        for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do
+            for t in embedded pingpong; do
+                echo "== $s, table: $t" >> "$OUT/pingpong_bench.log"
+                if [ $t = embedded ]; then
+                    env -u MOEGEN_TUNING timeout 120 build/moe_bench examples/specs/$s.moe --tokens 4096 --tokens 16384 --iters 20 >> "$OUT/pingpong_bench.log" 2>&1
+                else
+                    MOEGEN_TUNING=tests/tune/pingpong.tune timeout 120 build/moe_bench examples/specs/$s.moe --tokens 4096 --tokens 16384 --iters 20 >> "$OUT/pingpong_bench.log" 2>&1
+                fi
+            done
+            timeout 300 build/moegen tune examples/specs/$s.moe --tokens 4096,16384 --iters 10 2>&1 | tee -a "$OUT/pingpong_tune.log" | tail -2
+        done
+        grep -E '^==|LAYER|gemm_' "$OUT/pingpong_bench.log"
+        ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, all)"; exit 2 ;;
     esac
 done

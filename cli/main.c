@@ -371,7 +371,10 @@ static int cmd_plan(const args_t *a) {
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
                 printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
                        k->tile.bn, k->tile.bk, k->tile.stages,
-                       k->tile.persistent ? "persistent grid" : "one CTA per tile", k->tile.consumers);
+                       k->tile.pingpong     ? "persistent grid, ping-pong"
+                       : k->tile.persistent ? "persistent grid"
+                                            : "one CTA per tile",
+                       k->tile.consumers);
             else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
                 printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,
                        k->tile.stages, k->tile.warps_m, k->tile.warps_n);

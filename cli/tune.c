@@ -30,7 +30,8 @@
 const char *const moe_tune_usage =
     "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE] [--set KEY=VALUE]...\n\n"
     "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m, and the grid: tile = one CTA per\n"
-    "output tile, persist = one CTA per SM walking the tiles) for SPEC's shape at each token count\n"
+    "output tile, persist = one CTA per SM walking the tiles, pingpong = persist with the two consumer\n"
+    "warpgroups on alternate tiles) for SPEC's shape at each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs, median of N iterations, default 20), the date and the GPU. An entry applies to plans of\n"
@@ -41,17 +42,20 @@ const char *const moe_tune_usage =
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
 
 typedef struct {
-    int bm, bn, stages, group_m, persistent;
+    int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong */
 } cand_t;
 
 static const cand_t cands[] = {
     {128, 256, 4, 8, 0},  {128, 256, 3, 8, 0}, {128, 256, 4, 16, 0}, {128, 128, 4, 8, 0},
     {128, 128, 6, 8, 0},  {64, 256, 4, 8, 0},  {64, 128, 6, 8, 0},   {128, 256, 4, 8, 1},
-    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},  {128, 256, 3, 16, 1},
+    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},  {128, 256, 3, 16, 1}, {64, 256, 4, 8, 2},
+    {64, 256, 4, 16, 2},  {128, 128, 4, 8, 2},
 };
 
 /* A candidate as the tuning table and the progress lines spell it. */
-static const char *grid_name(const cand_t *c) { return c->persistent ? "persist" : "tile"; }
+static const char *grid_name(const cand_t *c) { return (const char *[]){"tile", "persist", "pingpong"}[c->grid]; }
+/* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles */
+static int cand_consumers(const cand_t *c) { return c->grid == 2 ? 2 : c->bm / 64; }
 #define NCAND ((int)(sizeof cands / sizeof *cands))
 
 static int cmp_float(const void *a, const void *b) {
@@ -348,7 +352,7 @@ static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const in
         char key[128];
         entry_key(key, sizeof key, &a->spec, a->tok[ti]);
         snprintf(lines[ti], 256, "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
-                 w->bm / 64, w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
+                 cand_consumers(w), w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
         fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n",
                 a->tok[ti], w->bm, w->bn, w->stages, w->group_m, grid_name(w), times[best][ti], r->bm, r->bn,
                 r->stages, r->group_m, grid_name(r), times[second][ti]);
@@ -411,14 +415,14 @@ int moe_tune_command(int argc, char **argv) {
         const cand_t *cd = &cands[c];
         moe_tuning_entry_t e = {.experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                                 .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
-                                .bk = 64, .stages = cd->stages, .consumers = cd->bm / 64, .group_m = cd->group_m,
-                                .persistent = cd->persistent};
+                                .bk = 64, .stages = cd->stages, .consumers = cand_consumers(cd),
+                                .group_m = cd->group_m, .persistent = cd->grid > 0, .pingpong = cd->grid == 2};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
         fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
                 grid_name(cd));
         char why[128];
         const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
-                                     .group_m = e.group_m, .persistent = e.persistent};
+                                     .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong};
         if (moe_gemm_sm90_tile_check(&tile, why, sizeof why)) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;

@@ -414,7 +414,7 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
-                               k->tile.persistent ? "persist" : "tile");
+                               k->tile.pingpong ? "pingpong" : k->tile.persistent ? "persist" : "tile");
             else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",

@@ -91,6 +91,8 @@ typedef struct {
     int group_m;            /* M tiles rastered together so they share weight tiles in L2 */
     int consumers;          /* sm_90a wgmma kernel: consumer warpgroups (0 = the mma.sync kernel) */
     int persistent;         /* sm_90a: 1 = about one CTA per SM walking the tiles, 0 = one CTA per tile */
+    int pingpong;           /* sm_90a, persistent: the 2 consumer warpgroups take alternate whole bm x bn
+                             * tiles, one's epilogue under the other's main loop (the "pingpong" grid) */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */
@@ -181,13 +183,14 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
 /* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
  * tile t and out_cols output columns per tile (bn / 2 for the up
  * projection, bn for the down): the stage ring, the epilogue's staging
- * tile (its own only on a persistent grid; one CTA per tile stages the
- * output in the ring) and the mbarriers. 0 when the output tile does not
- * fit in the ring. */
+ * tile (its own only on a persistent grid, one per consumer warpgroup on
+ * the pingpong grid; one CTA per tile stages the output in the ring) and
+ * the mbarriers. 0 when the output tile does not fit in the ring. */
 int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
 
 /* Non-zero (with the reason in err) when the sm_90a wgmma template cannot
- * run tile t (bm, bn, bk, stages, consumers, group_m, persistent). */
+ * run tile t (bm, bn, bk, stages, consumers, group_m, persistent,
+ * pingpong). */
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 
 /* The expert row block (the GEMM bm, the plan's align) for spec s: the

@@ -17,7 +17,7 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
         return t->bm * (out_cols + 8) * 2 <= ring ? ring + 16 * t->stages : 0;
     int epi_cols = out_cols < 128 ? out_cols : 128;
     int staging = (t->bm * (epi_cols + 8) * 2 + 15) / 16 * 16;
-    return ring + staging + 16 * t->stages;
+    return ring + (t->pingpong ? 2 : 1) * staging + 16 * t->stages; /* pingpong: one per consumer warpgroup */
 }
 
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
@@ -25,15 +25,21 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
     const char *why = NULL;
     if (t->bm != 64 && t->bm != 128)
         why = "bm must be 64 or 128";
-    else if (t->consumers != t->bm / 64)
+    else if (!t->pingpong && t->consumers != t->bm / 64)
         why = "consumers must be bm / 64";
+    else if (t->pingpong && (t->consumers != 2 || !t->persistent))
+        why = "pingpong: consumers must be 2 (the warpgroups taking alternate tiles), on a persistent grid";
     else if (t->bk != 64)
         why = "bk must be 64 (one 128-byte swizzle row)";
     else if (t->bn < 64 || t->bn > 256 || t->bn % 64)
         why = "bn must be 64, 128, 192 or 256";
+    else if (t->pingpong && t->bm * t->bn > 128 * 128)
+        why = "pingpong: one warpgroup holds a whole tile's accumulators, so bm x bn must be at most 16384 "
+              "(64 x 256, 128 x 128)";
     else if (t->stages < 2 || smem == 0 || smem > 227 * 1024)
-        why = t->persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
-                            : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
+        why = t->pingpong     ? "stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles"
+              : t->persistent ? "stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging tile"
+                              : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
     else if (t->group_m < 1 || t->group_m > 64)
         why = "group_m must be 1..64";
     if (why)
@@ -80,7 +86,7 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
 
 /* one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
  * one CTA per tile, unless the tuning table has an entry for this shape and
- * token count (which may choose the persistent grid) */
+ * token count (which may choose the persistent or the pingpong grid) */
 /* The fp8 GEMMs' tile (issue #20: a first correct version, not tuned):
  * one consumer warpgroup of 64 rows, 256 B rows (the up GEMM's 128 output
  * columns are one h quantization block), bk 128 (one scale block, one
@@ -101,7 +107,8 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
     const moe_tuning_entry_t *te = c->tuned;
     if (te)
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
-                                   .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent};
+                                   .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
+                                   .pingpong = te->pingpong};
     else
         k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
                                    .consumers = c->align / 64};
@@ -122,7 +129,7 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
                  t->consumers, t->group_m);
     else if (t->consumers)
         snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
-                 t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+                 t->pingpong ? "pingpong_" : t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
     else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
@@ -130,7 +137,7 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
 
 /* the tile space, N tiles x M tiles (n: row tiles). The sm_90a kernels run
  * it on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or of
- * min(grid[0] * grid[1], SMs) when tile.persistent. */
+ * min(grid[0] * grid[1], SMs) when tile.persistent (pingpong included). */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)tokens;
     long long K, N;
@@ -151,6 +158,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "group_m", k->tile.group_m);
     moe_lua_set_int(L, "consumers", k->tile.consumers);
     moe_lua_set_int(L, "persistent", k->tile.persistent);
+    moe_lua_set_int(L, "pingpong", k->tile.pingpong);
     lua_setfield(L, -2, "tile");
 }
 

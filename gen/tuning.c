@@ -80,13 +80,17 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[7 + i], 1, 4096, tile[i]))
                 return fail(diag, file, line, "tile fields (bm bn bk stages consumers group_m) are integers",
                             tok[7 + i]);
-        if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0)
-            e.persistent = tok[13][0] == 'p';
-        else
-            return fail(diag, file, line, "grid must be tile (one CTA per tile) or persist (one CTA per SM)", tok[13]);
+        if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0 || strcmp(tok[13], "pingpong") == 0) {
+            e.persistent = strcmp(tok[13], "tile") != 0;
+            e.pingpong = strcmp(tok[13], "pingpong") == 0;
+        } else {
+            return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM) or pingpong "
+                        "(one CTA per SM, its consumer warpgroups on alternate tiles)", tok[13]);
+        }
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
-                                    .group_m = e.group_m, .persistent = e.persistent};
+                                    .group_m = e.group_m, .persistent = e.persistent,
+                                    .pingpong = e.pingpong};
         if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         for (int i = 0; i < 2; i++) {

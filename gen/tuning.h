@@ -15,7 +15,9 @@ typedef struct moe_tuning_entry {
     moe_arch_t arch;
     int tokens;                          /* the bucket: applies to specs with at least this many tokens */
     int bm, bn, bk, stages, consumers, group_m;
-    int persistent;                      /* the grid: 0 = one CTA per tile ("tile"), 1 = persistent ("persist") */
+    int persistent;                      /* the grid: 0 = one CTA per tile ("tile"), 1 = persistent ("persist"
+                                          * or "pingpong") */
+    int pingpong;                        /* 1: "pingpong", the consumer warpgroups on alternate tiles */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */

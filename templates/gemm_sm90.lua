@@ -27,16 +27,35 @@
 @ -- stage ring runs on across tiles, so the producer loads the next tile
 @ -- while the consumers run the epilogue of this one.
 @ --
+@ -- Ping-pong (tile.pingpong, on the persistent grid, CONSUMERS = 2): the
+@ -- consumer warpgroups take alternate tiles instead of sharing each one.
+@ -- Counting the CTA's tiles with rows j = 0, 1, ..., tile j is warpgroup
+@ -- j % 2's, all BM rows of it (WG_ROWS = BM); the producer fills the ring
+@ -- in tile order as always, and each warpgroup steps its ring position
+@ -- over the other's KTILES stages. Two named barriers order the main
+@ -- loops: a warpgroup starts tile j's main loop only once the other one
+@ -- has issued tile j - 1's (waited for every stage of it), and arrives
+@ -- for the other once it has issued its own, then runs its epilogue
+@ -- (each warpgroup stages through its own tile) while the other one's
+@ -- wgmma run. That order is also what keeps the parity waits sound: when
+@ -- a warpgroup waits on full[s] for ring position P, every position
+@ -- before its tile was filled, so full[s] is in the phase of P, not of
+@ -- P - STAGES. empty[s] counts the 128 threads of the one warpgroup that
+@ -- read the stage. The arrival after the CTA's last tile is taken by the
+@ -- warpgroup that would have run the next one, so no barrier is left
+@ -- half-arrived at exit.
+@ --
 @ -- Shared memory (1024-byte aligned): STAGES stages, each the A tile (bm
 @ -- rows) then the B tile (bn rows), both K-major in the 128-byte swizzle
 @ -- that TMA writes and wgmma reads: bk / 64 atoms along k, each ROWS x 128
 @ -- bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8); on a
 @ -- persistent grid then the epilogue's staging tile (bm x (EPI_COLS + 8)
 @ -- halves, EPI_COLS = min(output columns per tile, 128): wider tiles are
-@ -- stored in passes; with one CTA per tile the whole output tile, EPI_COLS
+@ -- stored in passes; two of them, one per consumer warpgroup, on the
+@ -- ping-pong grid; with one CTA per tile the whole output tile, EPI_COLS
 @ -- = its output columns, is staged over the stages instead); then 2 *
 @ -- STAGES mbarriers (full[s], empty[s]). So
-@ --   smem >= stages * (bm + bn) * bk * 2 [+ bm * (EPI_COLS + 8) * 2] + 16 * stages
+@ --   smem >= stages * (bm + bn) * bk * 2 [+ (1 or 2) * bm * (EPI_COLS + 8) * 2] + 16 * stages
 @ -- The plan computes it (gen/family_gemm.c, moe_gemm_sm90_smem); the
 @ -- kernel static_asserts that its layout ends exactly there.
 @ --
@@ -93,7 +112,14 @@
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, c.bn, p.H
 @   end
 @   need(c.stages >= 2, "need stages >= 2")
-@   need(c.bm % (64 * c.consumers) == 0, "bm must be a multiple of 64 * consumers (m64 wgmma blocks per consumer)")
+@   need(t.pingpong == nil or t.pingpong == 0 or t.pingpong == 1, "tile.pingpong must be 0 or 1")
+@   c.pingpong = t.pingpong == 1
+@   if c.pingpong then   -- each consumer warpgroup runs whole tiles
+@     need(t.persistent == 1 and c.consumers == 2, "pingpong: 2 consumer warpgroups on the persistent grid")
+@     need(c.bm % 64 == 0, "bm must be a multiple of 64 (m64 wgmma blocks)")
+@   else
+@     need(c.bm % (64 * c.consumers) == 0, "bm must be a multiple of 64 * consumers (m64 wgmma blocks per consumer)")
+@   end
 @   need(c.bm <= 256, "bm must be at most 256 (one TMA box of rows)")
 @   need(c.bn % 8 == 0 and c.bn <= 256, "bn must be a multiple of 8, at most 256 (one wgmma n, one TMA box)")
 @   need(c.bk % 64 == 0 and c.bk <= 128, "bk must be 64 or 128 (128-byte swizzle atoms of 64 halves)")
@@ -114,7 +140,7 @@
 @   else
 @     c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 2)
 @   end
-@   c.wg_rows = c.bm // c.consumers
+@   c.wg_rows = c.pingpong and c.bm or c.bm // c.consumers
 @   c.wm = c.wg_rows // 64                              -- m64 blocks per consumer
 @   c.nacc = c.bn // 2                                  -- fp32 accumulators per thread per m64 block
 @   -- ptxas allocates the whole kernel under the launch cap (65536 / threads), setmaxnreg or not
@@ -132,6 +158,10 @@
 @   need(c.bno % c.epi_cols == 0 and c.epi_cols % 8 == 0, "output columns per tile must be a multiple of 8 and of "
 @        .. "the staging width")
 @   c.ldc = c.epi_cols + 8                              -- staged output row stride, halves
+@   -- what the ping-pong changes in the shared code: the threads that release
+@   -- a stage and store a staging tile (one warpgroup), a warpgroup's first row
+@   c.releasers = c.pingpong and "128" or "CTHREADS"
+@   c.row0 = c.pingpong and "" or "cw * WG_ROWS + "
 @   -- the shared-memory layout is checked against the plan's (p.smem) by
 @   -- static_asserts in device_code, not recomputed here
 @   c.n_tail = c.N % c.bn ~= 0
@@ -165,7 +195,11 @@ constexpr int K = ${c.K};        /* reduction length */
 constexpr int N = ${c.N};        /* rows of B per expert */
 constexpr int NOUT = ${c.nout};  /* output row length */
 constexpr int BNO = ${c.bno};    /* output columns per tile */
+@ if c.pingpong then
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
+@ else
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+@ end
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = ${c.a_bytes}, STAGE_BYTES = ${c.stage_bytes};
@@ -175,8 +209,16 @@ constexpr bool PERSISTENT = ${c.persistent and "true" or "false"};
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
+@ if c.pingpong then
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
+@ else
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+@ end
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
@@ -358,6 +400,29 @@ static __device__ __forceinline__ void consume_fp8(float (&acc)[WM][NACC], unsig
     }
 }
 @ end
+@ if c.pingpong then
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
+@ end
 
 @   import("gemm_sm80").tile_of(c.group_m)
 
@@ -400,9 +465,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
+@ if c.pingpong then
+/* Ping-pong: the warpgroup's rows are the whole tile, and it arrives for
+ * the other warpgroup once its last stage's wgmma are issued. */
+@ end
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
+@ if c.pingpong then
+    const unsigned long long da0 = sdesc(sbase);
+@ else
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+@ end
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -425,6 +498,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+@ if c.pingpong then
+    order_arrive(cw);
+@ end
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -448,20 +524,69 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..${c.releasers}-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + ${c.releasers} - 1) / ${c.releasers};
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * ${c.releasers};
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % ${c.releasers} == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
+@ end
+@
+@ -- The ping-pong consumers' tile loop (in place of the shared one in
+@ -- kernel; the same names in scope for epilogue, with cw the warpgroup
+@ -- running the whole tile and sst its own staging tile).
+@ local function pingpong_consumers(p, c, out, bias_arg, oc0, epilogue)
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+        int s = 0, jt = 0;
+        unsigned phase = 0;
+@   if not p.ffn_bias then
+        (void)${bias_arg};
+@   end
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+            const int n0 = nt * BN;
+            (void)expert;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+            consume(acc, sbase, cw, s, phase);  /* arrives for the other warpgroup once issued */
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
+@   epilogue()
+                }
+                wg_sync(cw);
+                store_staged(${out} + ((long long)row_start * NOUT + ${oc0} + pass * EPI_COLS), sst, rows,
+                             NOUT - ${oc0} - pass * EPI_COLS, ct);
+            }
+        }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 @ end
 @
 @ -- The kernel: signature, guard, barrier setup, the role split, the
@@ -494,7 +619,7 @@ ${ARCH_GUARD}
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers});
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -509,6 +634,9 @@ ${ARCH_GUARD}
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.inc.sync.aligned.u32 ${c.consumer_regs};\n" ::: "memory");
 @   end
+@   if c.pingpong then
+@     pingpong_consumers(p, c, out, bias_arg, oc0, epilogue)
+@   else
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
 @   if c.direct then
@@ -587,6 +715,7 @@ ${ARCH_GUARD}
             }
 @   end
         }
+@   end
     }
 #else
 @   for v in args:gmatch("([%w_]+),") do
@@ -703,7 +832,7 @@ ${ARCH_GUARD}
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
                                 const float o0 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
                                 const float o1 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
@@ -762,7 +891,7 @@ ${ARCH_GUARD}
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
                                               moe_pack2(acc[m][4 * j + 2 * h]${b0}, acc[m][4 * j + 2 * h + 1]${b1}));
                             }

@@ -1397,6 +1397,9 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
                    strcmp(got.name, full.name) == 0,
                "moe_plan_get_info with struct_size %zu wrote past it or left fields out", older);
     }
+    /* which GEMMs ran (the tile and grid a MOEGEN_TUNING table chose) */
+    fprintf(stderr, "  %-40s %s, %s\n", label, plan->launcher.kernels[MOE_K_GEMM_UP].name,
+            plan->launcher.kernels[MOE_K_GEMM_DOWN].name);
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
         CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {

@@ -1,8 +1,9 @@
 /* test_nvrtc.c — every kernel of every example spec (and of the test specs listed below,
  * some for sm_90a alone), with training = true where the mesh is one device (the backward
  * GEMMs too), compiles under NVRTC for each arch with no warnings, and each kernel the
- * plan names (and the cuDNN path's swiglu kernel) is in the cubin. Compiles run in child processes, a few at a
- * time. Run from the repository root. */
+ * plan names (and the cuDNN path's swiglu kernel) is in the cubin; and the sm_90a GEMMs on the
+ * ping-pong grid, for specs and tiles listed below (pingpong_jobs). Compiles run in child processes,
+ * a few at a time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "compile.h"
@@ -17,23 +18,74 @@ typedef struct {
     char msg[3000];       /* diag or log */
 } job_result_t;
 
-static void compile_job(const char *spec, moe_arch_t arch, job_result_t *r) {
+/* A spec compiled with its sm_90a GEMMs on the ping-pong grid: a one-entry
+ * tuning table for the spec's shape gives them this tile (bm x bn x 64,
+ * stages, group_m), both tile shapes a warpgroup holds whole and smaller
+ * ones, over bias, clamp, GeGLU, fp16 and N tails (and the U store of a
+ * training plan, as every job where the mesh is one device). */
+typedef struct {
+    const char *path, *set; /* set: a spec override, or NULL */
+    int bm, bn, stages, group_m;
+} pingpong_job_t;
+static const pingpong_job_t pingpong_jobs[] = {
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8},
+};
+#define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
+
+/* Plan spec with overrides o[0..no) (for a ping-pong job pp, its GEMMs on
+ * its tile). Returns 0, or 1 with the reason in msg. */
+static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_override_t *o, int no,
+                    moe_plan_desc_t *pd, char *msg, size_t n) {
+    if (!pp) {
+        if (load_plan(spec, o, no, pd))
+            return snprintf(msg, n, "%s does not load%s", spec, no ? " with training = true" : ""), 1;
+        return 0;
+    }
+    moe_spec_t s;
+    moe_diag_t d;
+    if (moe_spec_load(&s, spec, NULL, o, no, &d))
+        return snprintf(msg, n, "%s", d.msg), 1;
+    static moe_tuning_entry_t e; /* the plan keeps a pointer (one job per child process) */
+    static moe_tuning_t one;
+    e = (moe_tuning_entry_t){.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
+                             .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
+                             .bk = 64, .stages = pp->stages, .consumers = 2, .group_m = pp->group_m,
+                             .persistent = 1, .pingpong = 1};
+    const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = 2,
+                              .group_m = e.group_m, .persistent = 1, .pingpong = 1};
+    if (moe_gemm_sm90_tile_check(&t, msg, n))
+        return 1;
+    one = (moe_tuning_t){.file = "(pingpong job)", .e = &e, .n = 1};
+    if (moe_plan_desc_build(pd, &s, &one, msg, n))
+        return 1;
+    for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
+        if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, "_sm90a_tma_pingpong_"))
+            return snprintf(msg, n, "%s is not a ping-pong kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name), 1;
+    return 0;
+}
+
+static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
     /* with training = true where the spec allows it (one device, not fp8),
      * so the same compile also covers the backward GEMMs (the forward's
      * kernels are the same either way) */
     moe_plan_desc_t pd;
-    const moe_override_t train = {"training=true"};
-    if (load_plan(spec, NULL, 0, &pd)) {
+    moe_override_t o[2] = {{pp && pp->set ? pp->set : "training=true"}, {"training=true"}};
+    const int nset = pp && pp->set ? 1 : 0;
+    if (job_plan(spec, pp, o, nset, &pd, r->msg, sizeof r->msg)) {
         r->rc = 1;
-        snprintf(r->msg, sizeof r->msg, "%s does not load", spec);
         return;
     }
     if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec)) {
         moe_plan_desc_free(&pd);
-        if (load_plan(spec, &train, 1, &pd)) {
+        if (job_plan(spec, pp, o, nset + 1, &pd, r->msg, sizeof r->msg)) {
             r->rc = 1;
-            snprintf(r->msg, sizeof r->msg, "%s does not load with training = true", spec);
             return;
         }
     }
@@ -98,9 +150,11 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 20) };
-    static char specs[64 + 20][300];
-    int job_spec[MAXJOBS], job_arch[MAXJOBS];
+    enum { MAXJOBS = 2 * (64 + 20) + NPINGPONG };
+    static char specs[64 + 20 + NPINGPONG][300];
+    int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
+    for (int i = 0; i < MAXJOBS; i++)
+        job_pp[i] = -1;
     int ns = 0, njobs = 0;
     for (int i = 0; i < n; i++) {
         size_t l = strlen(names[i]);
@@ -143,6 +197,11 @@ static void test_nvrtc_all(void) {
             job_spec[njobs] = ns, job_arch[njobs++] = a;
         ns++;
     }
+    /* and the ping-pong GEMMs, sm_90a alone */
+    for (int i = 0; i < NPINGPONG; i++) {
+        snprintf(specs[ns], sizeof specs[0], "%s", pingpong_jobs[i].path);
+        job_pp[njobs] = i, job_spec[njobs] = ns++, job_arch[njobs++] = 0;
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int workers = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
     double t0 = now();
@@ -163,7 +222,8 @@ static void test_nvrtc_all(void) {
             pid_t c = fork();
             if (c == 0) {
                 close(p[0]);
-                compile_job(specs[job_spec[next]], arches[job_arch[next]], &res);
+                compile_job(specs[job_spec[next]], job_pp[next] < 0 ? NULL : &pingpong_jobs[job_pp[next]],
+                            arches[job_arch[next]], &res);
                 ssize_t w = write(p[1], &res, sizeof res);
                 _exit(w == (ssize_t)sizeof res ? 0 : 3);
             }
@@ -190,7 +250,13 @@ static void test_nvrtc_all(void) {
         running--;
         done++;
         char label[400];
-        snprintf(label, sizeof label, "NVRTC %s %s", specs[job_spec[j]], moe_arch_name(arches[job_arch[j]]));
+        if (job_pp[j] < 0) {
+            snprintf(label, sizeof label, "NVRTC %s %s", specs[job_spec[j]], moe_arch_name(arches[job_arch[j]]));
+        } else {
+            const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
+            snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs pingpong m%dn%dk64s%dg%d", pp->path,
+                     pp->set ? " " : "", pp->set ? pp->set : "", pp->bm, pp->bn, pp->stages, pp->group_m);
+        }
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
                st);
@@ -201,7 +267,8 @@ static void test_nvrtc_all(void) {
         CHECK(r.cubin > 0);
         CHECKF(r.missing[0] == 0, "kernel %s is not in the cubin", r.missing);
     }
-    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone) on %d workers in %.1f s\n",
+    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong GEMMs) on %d "
+                    "workers in %.1f s\n",
             njobs, ns, workers, now() - t0);
 }
 

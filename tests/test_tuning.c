@@ -101,15 +101,44 @@ int main(void) {
                 "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
     moe_tuning_free(&t);
 
+    CASE("pingpong: parsed, planned (both GEMMs, persistent, 2 consumers), named, its shared memory");
+    {
+        const char *pp = "8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 2 8 pingpong  1 2 2026-12-04 NVIDIA H200\n"
+                         "8 2 4096 12288 bf16 sm_90a 4096 128 128 64 4 2 16 pingpong  1 2 2026-12-04 NVIDIA H200\n";
+        CHECKF(parse(&t, pp, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 2 && t.e[0].pingpong == 1 && t.e[0].persistent == 1 && t.e[0].consumers == 2);
+        CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n",
+                      &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(pd.align == 64 && up->threads == 384 && up->tile.pingpong && up->tile.persistent);
+        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8");
+        CHECK_STREQ(down->name, "mx_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8");
+        /* the ring, then a staging tile (bm x (min(out cols, 128) + 8) halves) per consumer warpgroup */
+        CHECK(up->smem == 4 * (64 + 256) * 64 * 2 + 2 * 64 * (128 + 8) * 2 + 16 * 4);
+        CHECK(down->smem == 4 * (64 + 256) * 64 * 2 + 2 * 64 * (128 + 8) * 2 + 16 * 4);
+        CHECK(plan_of(&pd, mixtral, &t) == 0);
+        up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(pd.align == 128 && up->tile.pingpong && down->tile.pingpong);
+        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g16");
+        CHECK(up->smem == 4 * (128 + 128) * 64 * 2 + 2 * 128 * (64 + 8) * 2 + 16 * 4);
+        CHECK(down->smem == 4 * (128 + 128) * 64 * 2 + 2 * 128 * (128 + 8) * 2 + 16 * 4);
+        /* the sm_80 GEMMs know nothing of it */
+        CHECK(!moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.pingpong);
+        moe_tuning_free(&t);
+    }
+
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
-    static const char *const grids[2] = {"tests/tune/tile.tune", "tests/tune/persist.tune"};
-    for (int g = 0; g < 2; g++) {
+    static const char *const grids[3] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
+                                         "tests/tune/pingpong.tune"};
+    for (int g = 0; g < 3; g++) {
         moe_tuning_t gt;
         moe_diag_t gd;
         CHECKF(moe_tuning_load(&gt, grids[g], &gd) == 0, "%s", gd.msg);
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
-            CHECK(gt.e[i].persistent == g);
+            CHECK(gt.e[i].persistent == (g > 0) && gt.e[i].pingpong == (g == 2));
         moe_tuning_free(&gt);
     }
 
@@ -150,7 +179,16 @@ int main(void) {
                  "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging "
                  "tile");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
-                 "t.tune:1: error: grid must be tile (one CTA per tile) or persist (one CTA per SM) ('persistent')");
+                 "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM) or pingpong (one "
+                 "CTA per SM, its consumer warpgroups on alternate tiles) ('persistent')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 pingpong 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: pingpong: consumers must be 2 (the warpgroups taking alternate tiles), on a "
+                 "persistent grid");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 3 2 4 pingpong 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: pingpong: one warpgroup holds a whole tile's accumulators, so bm x bn must be at "
+                 "most 16384 (64 x 256, 128 x 128)");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 256 64 5 2 4 pingpong 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: consumers must be bm / 64");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 0 2 2026-12-02 H200\n",
