@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """compare_torch.py — moegen against PyTorch on the same inputs, in one process.
 
-usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N] [--graph]
+usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N] [--graph] [--backward]
 
 For each token count:
   * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes
@@ -26,6 +26,12 @@ which needs no host synchronization, instead of bincount), beside the
 roofline floor: the touched experts' weights, x, router weights and y read
 or written once at the copy bandwidth measured here, or the FLOPs at the
 dense matmul rate, whichever is longer.
+
+--backward adds, per token count, torch autograd of the eager peer layer
+(x, router weights, w1 and w2 requiring grad): its forward under autograd
+and its backward from a random dy, each after the flush — the peer of
+`moe_bench SPEC --backward` (the spec with training = true), which times
+moegen's training forward and backward.
 """
 import argparse
 import ctypes
@@ -94,12 +100,64 @@ def graph_rows(lib, plan, a, eager, T, flush, iters, dense_tf, copy_gbs, d):
         T, "layer (CUDA graph)", t_moe, t_peer, t_peer / t_moe, floor, t_moe / floor, t_peer / floor))
 
 
+def autograd_rows(T, x, wr, w1, w2, K, sigmoid, up_fn, iters, flush, dense_tf):
+    """Print torch autograd of the eager layer: the forward under autograd
+    and the backward from a random dy, median ms each after the flush."""
+    E, F2, H = w1.shape
+    F = F2 // 2
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, wr, w1, w2)]
+    xl, wrl, w1l, w2l = leaves
+    dy = torch.randn(T, H, device=x.device, dtype=x.dtype) / T ** 0.5
+
+    def layer():
+        lg = xl @ wrl.t()
+        pp = lg.float().sigmoid() if sigmoid else lg.float().softmax(-1)
+        ww, ii = pp.topk(K, dim=-1)
+        ww = ww / ww.sum(-1, keepdim=True)
+        fl = ii.flatten()
+        od = fl.argsort(stable=True)
+        cnt = torch.zeros(E, device=x.device, dtype=torch.int64).index_add_(0, fl, torch.ones_like(fl))
+        of = cnt.cumsum(0).to(torch.int32)
+        hh = up_fn(torch._grouped_mm(xl[od // K], w1l.transpose(-2, -1), offs=of))
+        oo = torch._grouped_mm(hh, w2l.transpose(-2, -1), offs=of)
+        out = torch.zeros(T, H, device=x.device, dtype=torch.float32)
+        out = out.index_add(0, od // K, oo.float() * ww.flatten()[od, None].to(oo.dtype).float())
+        return out.to(x.dtype)
+
+    try:
+        layer().backward(dy)
+    except RuntimeError as e:
+        print("%-6d torch autograd of the eager layer failed: %s" % (T, str(e).splitlines()[0]))
+        return
+    t_fwd = timed(layer, iters, flush)
+    times = []
+    for it in range(3 + iters):
+        for t in leaves:
+            t.grad = None
+        out = layer()
+        flush.fill_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out.backward(dy)
+        b.record()
+        b.synchronize()
+        if it >= 3:
+            times.append(a.elapsed_time(b))
+    t_bwd = statistics.median(times)
+    rows = T * K
+    flop = 2 * (2.0 * rows * H * 2 * F + 2.0 * rows * F * H)
+    print("%-6d %-22s %9s %9.4f            forward under autograd" % (T, "autograd fwd (peer)", "", t_fwd))
+    print("%-6d %-22s %9s %9.4f            backward: %.0f TFLOP/s of its GEMMs (%.2fx dense), %.2fx its forward" % (
+        T, "autograd bwd (peer)", "", t_bwd, flop / t_bwd / 1e9, flop / t_bwd / 1e9 / dense_tf, t_bwd / t_fwd))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
     ap.add_argument("--tokens", type=int, action="append")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--backward", action="store_true")
     opt = ap.parse_args()
     lib = _lib.load(os.path.join(ROOT, "build", "libmoegen.so"))   # version and struct layouts checked
     plan = ctypes.c_void_p()
@@ -214,6 +272,8 @@ def main():
         if opt.graph:
             graph_rows(lib, plan, a, eager, T, flush, opt.iters, dense_tf, copy_gbs,
                        dict(E=E, K=K, H=H, F=F, active=int((counts > 0).sum())))
+        if opt.backward:
+            autograd_rows(T, x, wr, w1, w2, K, sigmoid, up_fn, opt.iters, flush, dense_tf)
         rows = T * K
         fl_up, fl_down = 2.0 * rows * H * 2 * F, 2.0 * rows * F * H
         for name, mine, peer, flop in (("up+SwiGLU", m_up, t_up, fl_up), ("  (grouped_mm alone)", m_up, t_up_mm, fl_up),

@@ -14,6 +14,8 @@
 #   train    test_bgemm_gpu (and --perf), test_bwd_gpu: the backward GEMMs and the backward
 #   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs
 #   house    test_runtime, the examples and the PyTorch op's GPU test
+#   backward moe_bench --backward (the spec with training = true) and compare_torch.py --backward
+#            (torch autograd of the eager layer) at 4096 and 16384 tokens
 #   route    issue #17 item 2: test_gpu's route, permute and combine checks on every case (the 16384-token
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
 #            at 4096 and 16384 tokens for $ROUTE_SPECS (and build-old/moe_bench's, when there is one)
@@ -85,6 +87,16 @@ for what in "$@"; do
         ;;
     fp8)
         timeout 200 build/tests/test_quant_gpu 2>&1 | tee "$OUT/test_quant_gpu.log" | tail -25
+        ;;
+    backward)
+        for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do
+            { cat examples/specs/$s.moe; echo "training = true"; } > "$OUT/train_$s.moe"
+            timeout 200 build/moe_bench "$OUT/train_$s.moe" --backward --tokens 4096 --tokens 16384 --iters 10 2>&1 |
+                tee -a "$OUT/backward.log" | grep -vE '^(plan|gemms)'
+            rm -f "$OUT/train_$s.moe"
+            timeout 150 python3 bench/compare_torch.py examples/specs/$s.moe --backward --tokens 4096 --tokens 16384 \
+                --iters 10 2>&1 | tee -a "$OUT/backward.log" | grep -E 'autograd|layer|ceilings|^compare'
+        done
         ;;
     house)
         timeout 200 build/tests/test_runtime 2>&1 | tee "$OUT/test_runtime.log" | tail -6

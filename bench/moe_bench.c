@@ -1,6 +1,6 @@
 /* moe_bench.c — time every kernel and the whole layer on the GPU.
  *
- * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph]
+ * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward]
  *
  * --cudnn sets moe_options.cudnn (default: $MOEGEN_CUDNN, else auto); both
  * times a plan with cuDNN off and one with it on, side by side on the same
@@ -22,7 +22,13 @@
  * per-kernel events ("eager"), and the layer captured once into a CUDA
  * graph and replayed ("graph"), as servers run decode steps; both with the
  * same L2 flush before each run. The graph's output is checked bit for bit
- * against the eager forward's (exit status 1 if they differ). */
+ * against the eager forward's (exit status 1 if they differ).
+ *
+ * --backward (a spec with training = true) times instead, per token count
+ * and for recompute_u 0 and 1, moe_forward, moe_forward_train and
+ * moe_backward (each after the flush; the backward after an untimed
+ * training forward), the backward's ratio to the forward and its GEMM
+ * TFLOP/s (twice the forward's GEMM FLOPs) against the dense rate. */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "moe.h"
@@ -166,7 +172,8 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
 
 /* ---- the layer ---------------------------------------------------------- */
 
-static const char usage[] = "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph]\n";
+static const char usage[] =
+    "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward]\n";
 
 /* Median time of `iters` runs of the layer, ms, each after an L2 flush:
  * eager moe_forward calls, or launches of the instantiated graph `ge` when
@@ -212,13 +219,117 @@ static CUgraphExec capture_layer(const moe_plan *plan, const moe_forward_args *a
     return ge;
 }
 
+/* ---- the backward (--backward; a spec with training = true) -------------- */
+
+/* What one timed training step needs beyond the forward's arguments. */
+typedef struct {
+    moe_train_forward_args tf;
+    moe_backward_args b;
+} train_step_t;
+
+/* Median ms of `iters` runs of what `which` names (0: moe_forward, 1:
+ * moe_forward_train, 2: moe_backward after an untimed training forward),
+ * each after an L2 flush; negative when a call fails. */
+static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstream st, CUevent ea, CUevent eb,
+                        CUdeviceptr flush, size_t flush_bytes, int iters) {
+    float *t = malloc(sizeof(float) * (size_t)iters), ms = -1;
+    for (int it = -3; it < iters; it++) {
+        if (which == 2 && moe_forward_train(plan, &ts->tf, st) != MOE_OK)
+            goto out;
+        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+        CK(moe_cu.cuEventRecord(ea, st));
+        moe_status s = which == 0 ? moe_forward(plan, &ts->tf.fwd, st)
+                       : which == 1 ? moe_forward_train(plan, &ts->tf, st)
+                                    : moe_backward(plan, &ts->b, st);
+        if (s != MOE_OK)
+            goto out;
+        CK(moe_cu.cuEventRecord(eb, st));
+        CK(moe_cu.cuStreamSynchronize(st));
+        if (it >= 0)
+            CK(moe_cu.cuEventElapsedTime(&t[it], ea, eb));
+    }
+    ms = median(t, iters);
+out:
+    free(t);
+    return ms;
+}
+
+/* The forward, the training forward and the backward at each token count,
+ * with recompute_u 0 and 1; FLOPs of the backward's GEMMs are twice the
+ * forward's (dgrad and wgrad of each projection). Returns the exit status. */
+static int bench_backward(const moe_plan *plan, const moe_forward_args *base, const int *tokens, int ntok,
+                          CUstream st, CUevent ea, CUevent eb, CUdeviceptr flush, size_t flush_bytes, int iters,
+                          double gemm_tf) {
+    const moe_spec_t *sp = &moe_plan_desc(plan)->spec;
+    const moe_dtype_t dt = sp->dtype;
+    const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens, S = (size_t)moe_spec_slots(sp);
+    const size_t saved_bytes = moe_plan_saved_size(plan, (int)Tmax, 0),
+                 bws_bytes = moe_plan_backward_workspace_size(plan, (int)Tmax, 0);
+    if (!saved_bytes || !bws_bytes) {
+        fprintf(stderr, "moe_bench: --backward: %s is not a training plan (add training = true to the spec)\n",
+                sp->name);
+        return 2;
+    }
+    CUdeviceptr saved, bws, dy = upload_random(Tmax * H, 1.0f / sqrtf((float)Tmax), dt), dx, drw, dlb, dw1, db1, dw2,
+                                     db2, dsg;
+    CK(moe_cu.cuMemAlloc(&saved, saved_bytes));
+    CK(moe_cu.cuMemAlloc(&bws, bws_bytes));
+    CK(moe_cu.cuMemAlloc(&dx, Tmax * H * 2));
+    CK(moe_cu.cuMemAlloc(&drw, (E + 1) * H * 4));
+    CK(moe_cu.cuMemAlloc(&dlb, E * 4));
+    CK(moe_cu.cuMemAlloc(&dw1, S * 2 * F * H * 4));
+    CK(moe_cu.cuMemAlloc(&db1, S * 2 * F * 4));
+    CK(moe_cu.cuMemAlloc(&dw2, S * H * F * 4));
+    CK(moe_cu.cuMemAlloc(&db2, S * H * 4));
+    CK(moe_cu.cuMemAlloc(&dsg, H * 4));
+    const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
+    printf("\nbackward: %s; forward, training forward, backward (recompute_u 0 / 1); each after an L2 flush\n",
+           sp->name);
+    printf("%-7s %-9s %9s %9s %9s %9s %9s %9s\n", "tokens", "recompute", "fwd ms", "trainfwd", "bwd ms", "bwd/fwd",
+           "bwd TF/s", "x dense");
+    for (int i = 0; i < ntok; i++) {
+        const int T = tokens[i];
+        if (T < 1 || (size_t)T > Tmax)
+            continue;
+        for (int rc = 0; rc < 2; rc++) {
+            train_step_t ts = {.tf = {.fwd = *base, .saved = (void *)saved, .recompute_u = rc}};
+            ts.tf.fwd.tokens = T;
+            ts.b = (moe_backward_args){.tokens = T, .recompute_u = rc, .saved = (void *)saved, .x = base->x,
+                                       .router_w = base->router_w, .w1p = base->w1p, .b1p = base->b1p,
+                                       .w2 = base->w2, .b2 = base->b2, .dy = (void *)dy, .workspace = (void *)bws,
+                                       .dx = (void *)dx, .d_router_w = (float *)drw,
+                                       .d_logit_bias = sp->router.logit_bias ? (float *)dlb : NULL,
+                                       .dw1p = (float *)dw1, .db1p = sp->ffn_bias ? (float *)db1 : NULL,
+                                       .dw2 = (float *)dw2, .db2 = sp->ffn_bias ? (float *)db2 : NULL,
+                                       .shared_gate = gated ? base->shared_gate : NULL,
+                                       .d_shared_gate = gated ? (float *)dsg : NULL};
+            float ms[3];
+            for (int w = 0; w < 3; w++)
+                if ((ms[w] = time_train(plan, &ts, w, st, ea, eb, flush, flush_bytes, iters)) < 0) {
+                    fprintf(stderr, "moe_bench: --backward, %d tokens: %s\n", T, moe_last_error());
+                    return 1;
+                }
+            const double rows = (double)T * moe_spec_entries(sp), flop = 2 * (2.0 * rows * H * 2 * F + 2.0 * rows * F * H);
+            const double tf = flop / (ms[2] * 1e-3) / 1e12;
+            printf("%-7d %-9d %9.4f %9.4f %9.4f %9.2f %9.1f %9.2f\n", T, rc, ms[0], ms[1], ms[2], ms[2] / ms[0], tf,
+                   gemm_tf > 0 ? tf / gemm_tf : 0);
+        }
+    }
+    CUdeviceptr all[] = {saved, bws, dy, dx, drw, dlb, dw1, db1, dw2, db2, dsg};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        moe_cu.cuMemFree(all[i]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
-    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0;
+    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--graph") == 0)
             graph = 1;
+        else if (strcmp(argv[i], "--backward") == 0)
+            backward = 1;
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
@@ -311,6 +422,16 @@ int main(int argc, char **argv) {
     CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
     const size_t flush_bytes = (size_t)512 << 20;
     CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
+    if (backward) {
+        moe_forward_args a = {.x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
+                              .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
+                              .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
+                              .shared_gate = (void *)wg};
+        int rc = bench_backward(plan, &a, tokens, ntok, st, ea, eb, flush, flush_bytes, iters, gemm_tf);
+        for (int pi = 0; pi < nplans; pi++)
+            moe_plan_destroy(plans[pi]);
+        return rc;
+    }
     static const char *const names[MOE_K_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up_swiglu",
                                                    "gemm_down", "combine"};
     printf("\n%-7s %-16s %9s %9s %9s %9s %7s%s\n", "tokens", "kernel", "ms", "TFLOP/s", "GB/s", "floor ms", "x floor",
