@@ -263,8 +263,14 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
     const moe_spec_t *sp = &moe_plan_desc(plan)->spec;
     const moe_dtype_t dt = sp->dtype;
     const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens, S = (size_t)moe_spec_slots(sp);
-    const size_t saved_bytes = moe_plan_saved_size(plan, (int)Tmax, 0),
-                 bws_bytes = moe_plan_backward_workspace_size(plan, (int)Tmax, 0);
+    /* sized for the larger of the two modes: recompute_u saves less but its
+     * backward's workspace holds the recomputed U */
+    size_t saved_bytes = 0, bws_bytes = 0;
+    for (int rc = 0; rc < 2; rc++) {
+        size_t sv = moe_plan_saved_size(plan, (int)Tmax, rc), bw = moe_plan_backward_workspace_size(plan, (int)Tmax, rc);
+        saved_bytes = sv > saved_bytes ? sv : saved_bytes;
+        bws_bytes = bw > bws_bytes ? bw : bws_bytes;
+    }
     if (!saved_bytes || !bws_bytes) {
         fprintf(stderr, "moe_bench: --backward: %s is not a training plan (add training = true to the spec)\n",
                 sp->name);
