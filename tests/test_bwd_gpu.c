@@ -23,9 +23,14 @@
  * fp16 (logit_bias, expert biases, clamped SwiGLU); sigmoid, grouped routing
  * with a selection bias and scale; router.apply = "input" with biases and the
  * clamp; a sigmoid-gated shared expert of two slots; and forward + backward
- * captured in one CUDA graph, replayed on new x and dy.
+ * captured in one CUDA graph, replayed on new x and dy. Then every
+ * one-device example spec (the .moe files of examples/specs) as a training spec at
+ * 1, 77 and 300 tokens: its own experts, top_k, router, activation, biases,
+ * dtype and shared expert (the same number of shared slots), with hidden =
+ * 256 and ffn = 128 so that the CPU reference and the full weight gradients
+ * stay small (the GEMMs' own shapes are test_bgemm_gpu's).
  *
- * Usage: test_bwd_gpu [SPEC-FILTER...]
+ * Usage: test_bwd_gpu [SPEC-FILTER...]  ("examples" selects the example specs)
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
 #define _GNU_SOURCE
 #include "check.h"
@@ -42,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -637,6 +643,78 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
     layer_free(&L);
 }
 
+/* Write examples/specs/NAME as a training spec of the example's semantics
+ * with hidden 256, ffn 128 (shared.ffn kept at the same number of slots)
+ * and a capacity of 512 tokens into dir; 1 with its path in out, 0 where the
+ * example is not a one-device spec (reason in why), -1 on a load error. */
+static int shrink_example(const char *name, const char *dir, char *out, size_t nout, char *why, size_t nwhy) {
+    char src[600];
+    snprintf(src, sizeof src, "examples/specs/%s", name);
+    moe_spec_t s;
+    moe_diag_t d;
+    if (moe_spec_load(&s, src, NULL, NULL, 0, &d)) {
+        snprintf(why, nwhy, "%s", d.msg);
+        return -1;
+    }
+    const int world = moe_spec_world(&s), slots = s.shared.ffn ? s.shared.ffn / s.ffn : 0;
+    if (world != 1) {
+        snprintf(why, nwhy, "a mesh of %d devices (training = true is one device)", world);
+        return 0;
+    }
+    char shared[64];
+    snprintf(shared, sizeof shared, "shared.ffn=%d", slots * 128);
+    const moe_override_t ovr[] = {{"training=true"}, {"hidden=256"}, {"ffn=128"}, {"tokens=512"}, {shared}};
+    if (moe_spec_load(&s, src, NULL, ovr, slots ? 5 : 4, &d)) {
+        snprintf(why, nwhy, "%s", d.msg);
+        return -1;
+    }
+    char *text = moe_spec_canonical(&s);
+    snprintf(out, nout, "%s/%s", dir, name);
+    FILE *f = text ? fopen(out, "w") : NULL;
+    int ok = f && fputs(text, f) >= 0;
+    ok = f && fclose(f) == 0 && ok;
+    free(text);
+    if (!ok)
+        snprintf(why, nwhy, "cannot write %s", out);
+    return ok ? 1 : -1;
+}
+
+/* The example specs, shrunk by shrink_example, each at 1, 77 and 300 tokens
+ * saving U, and at 77 recomputing it. */
+static void run_examples(uint64_t seed, const char *tmp, const char *cache) {
+    DIR *dir = opendir("examples/specs");
+    if (!dir) {
+        CASE("example specs");
+        CHECKF(0, "cannot open examples/specs (run from the repository root)");
+        return;
+    }
+    char names[64][256];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir)) && n < 64;) {
+        size_t l = strlen(e->d_name);
+        if (l > 4 && l < sizeof names[0] && strcmp(e->d_name + l - 4, ".moe") == 0)
+            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    for (int i = 0; i < n; i++) {
+        char path[600], why[1100], label[300];
+        snprintf(label, sizeof label, "example %s as a training spec", names[i]);
+        int r = shrink_example(names[i], tmp, path, sizeof path, why, sizeof why);
+        if (r <= 0) {
+            CASE(label);
+            if (r < 0)
+                CHECKF(0, "%s", why);
+            else
+                SKIP("%s: %s", names[i], why);
+            continue;
+        }
+        const bwd_case_t save = {path, {1, 77, 300}, 3, 0, 0, 1}, recompute = {path, {77}, 1, 1, 0, 0};
+        run_case(&save, seed + (uint64_t)i * 7919, cache);
+        run_case(&recompute, seed + (uint64_t)i * 7919 + 1, cache);
+    }
+}
+
 int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     const char *env = getenv("MOEGEN_TEST_SEED");
@@ -669,6 +747,11 @@ int main(int argc, char **argv) {
         if (want)
             run_case(&cases[i], seed + i * 1000, cache);
     }
+    int examples = argc < 2;
+    for (int j = 1; j < argc; j++)
+        examples |= strstr("examples", argv[j]) != NULL;
+    if (examples)
+        run_examples(seed ^ 0xe8a3, tmp, cache);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0)
