@@ -33,6 +33,9 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
         why = "bk must be 64 (one 128-byte swizzle row)";
     else if (t->bn < 64 || t->bn > 256 || t->bn % 64)
         why = "bn must be 64, 128, 192 or 256";
+    else if (t->persistent && t->bn == 192) /* the template's EPI_COLS = min(out cols, 128) must divide them */
+        why = "bn must be 64, 128 or 256 on a persistent grid (the down GEMM's output is staged 128 columns at a "
+              "time)";
     else if (t->pingpong && t->bm * t->bn > 128 * 128)
         why = "pingpong: one warpgroup holds a whole tile's accumulators, so bm x bn must be at most 16384 "
               "(64 x 256, 128 x 128)";

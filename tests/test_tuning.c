@@ -5,6 +5,7 @@
  * the plan's other parts: test_plan.c.) */
 #include "cache.h"
 #include "check.h"
+#include "emit.h"
 #include "plan.h"
 #include "spec.h"
 #include "tuning.h"
@@ -129,6 +130,39 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("every sm_90a tile the check accepts, the template emits (both GEMMs, each grid, N tails)");
+    {
+        int accepted = 0;
+        for (int bm = 64; bm <= 128; bm += 64)
+            for (int bn = 64; bn <= 256; bn += 64)
+                for (int stages = 2; stages <= 8; stages += 3)
+                    for (int grid = 0; grid < 3; grid++) {
+                        moe_tuning_entry_t e = {.experts = 8, .top_k = 2, .hidden = 264, .ffn = 200,
+                                                .dtype = MOE_DTYPE_BF16, .arch = MOE_ARCH_SM90A, .tokens = 1,
+                                                .bm = bm, .bn = bn, .bk = 64, .stages = stages,
+                                                .consumers = grid == 2 ? 2 : bm / 64, .group_m = 8,
+                                                .persistent = grid > 0, .pingpong = grid == 2};
+                        const moe_tile_cfg_t c = {.bm = bm, .bn = bn, .bk = 64, .stages = stages,
+                                                  .consumers = e.consumers, .group_m = 8, .persistent = e.persistent,
+                                                  .pingpong = e.pingpong};
+                        char why[128];
+                        if (moe_gemm_sm90_tile_check(&c, why, sizeof why))
+                            continue;
+                        accepted++;
+                        moe_tuning_t one = {.file = "(tile)", .e = &e, .n = 1};
+                        moe_buf_t src = {0};
+                        moe_diag_t ed = {{0}};
+                        int bad = plan_of(&pd, "name = 'tl'\nexperts = 8\ntop_k = 2\nhidden = 264\nffn = 200\n"
+                                               "arch = 'sm_90a'\n", &one);
+                        if (!bad)
+                            bad = moe_emit_source(&pd, NULL, &src, &ed);
+                        CHECKF(!bad, "m%dn%ds%d %s: %s", bm, bn, stages, grid == 2 ? "pingpong" : grid ? "persist" : "tile",
+                               ed.msg);
+                        moe_buf_free(&src);
+                    }
+        CHECKF(accepted >= 20, "only %d tiles accepted", accepted);
+    }
+
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
     static const char *const grids[3] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
                                          "tests/tune/pingpong.tune"};
@@ -187,6 +221,9 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 3 2 4 pingpong 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: pingpong: one warpgroup holds a whole tile's accumulators, so bm x bn must be at "
                  "most 16384 (64 x 256, 128 x 128)");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 192 64 4 1 4 persist 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: bn must be 64, 128 or 256 on a persistent grid (the down GEMM's output is staged "
+                 "128 columns at a time)");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 256 64 5 2 4 pingpong 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
