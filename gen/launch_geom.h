@@ -27,12 +27,13 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
 /* The route kernel splits H across gridDim.y blocks per block of tokens
  * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
  * so that a decode step reads the router weights with many SMs instead of
- * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * one, and a batch of fewer token blocks than half the SMs still streams
+ * x with most of them. Each split block writes its partial logits (fp32 [per_block, E]) to
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
  * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
-#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
     long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;

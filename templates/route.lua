@@ -31,8 +31,9 @@
 @ -- 64-bit keys (score bits << 32 | ~expert), so ties go to the lower
 @ -- expert (or group) index; over the whole warp that max is two redux
 @ -- instructions (the high words' max, then the low words' among the
-@ -- lanes that hold it) instead of a ten-shuffle tree. Group scores use one of three layouts,
-@ -- chosen from the group size: a group spans whole 32-expert slots, a
+@ -- lanes that hold it) instead of a ten-shuffle tree. Group scores use
+@ -- one of three layouts, chosen from the group size: a group spans whole
+@ -- 32-expert slots, a
 @ -- group is a lane segment within a slot, or the general case. Counts
 @ -- are gathered per block in smem, then added to counts[] once per expert.
 @ --

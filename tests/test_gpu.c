@@ -109,7 +109,7 @@ static const char *const wide_spec =
  * gate's logit column (257) needs a second n8 tile pass past the experts.
  * shared_groups and shared_gated have H >= 512, so few tokens split route
  * over H (the tickets after every slot's count, the gate's column in the
- * partial logits); shared_gated at 2048 tokens does not split. */
+ * partial logits): up to 2048 tokens (64 blocks of 32) it splits. */
 static const char *const shared1_spec =
     "name = 'shared1' experts = 8 top_k = 2 hidden = 136 ffn = 40 tokens = 1024 shared = { ffn = 40 }\n";
 static const char *const shared_groups_spec =

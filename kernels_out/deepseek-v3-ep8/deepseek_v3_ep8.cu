@@ -87,7 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 124 "templates/route.lua"
+#line 125 "templates/route.lua"
 namespace deepseek_v3_ep8_route_bf16_e32k8_t32k128s5_impl {
 constexpr int E = 32, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -113,9 +113,9 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 150 "templates/route.lua"
+#line 151 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 4, TAKE = 2;
-#line 156 "templates/route.lua"
+#line 157 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -149,9 +149,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 192 "templates/route.lua"
+#line 193 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 194 "templates/route.lua"
+#line 195 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -224,9 +224,9 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 270 "templates/route.lua"
+#line 271 "templates/route.lua"
     (void)logit_bias;
-#line 272 "templates/route.lua"
+#line 273 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -303,158 +303,158 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 0) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 359 "templates/route.lua"
+#line 360 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 1) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 2) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 3) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 4) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 5) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 6) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 7) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 372 "templates/route.lua"
+#line 373 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -493,28 +493,28 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 413 "templates/route.lua"
+#line 414 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 415 "templates/route.lua"
+#line 416 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 445 "templates/route.lua"
+#line 446 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 448 "templates/route.lua"
+#line 449 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 452 "templates/route.lua"
+#line 453 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 457 "templates/route.lua"
+#line 458 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 500 "templates/route.lua"
+#line 501 "templates/route.lua"
         /* Group-limited, groups of PG = 4 experts: in each slot a group
          * is an aligned segment of PG lanes. */
         {
@@ -544,7 +544,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
             }
             cand &= kept;
         }
-#line 579 "templates/route.lua"
+#line 580 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -560,33 +560,33 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 597 "templates/route.lua"
+#line 598 "templates/route.lua"
             const float l = lrow[mine];
-#line 602 "templates/route.lua"
+#line 603 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 604 "templates/route.lua"
+#line 605 "templates/route.lua"
         }
-#line 606 "templates/route.lua"
+#line 607 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 613 "templates/route.lua"
+#line 614 "templates/route.lua"
         w *= 2.5f;
-#line 629 "templates/route.lua"
+#line 630 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 635 "templates/route.lua"
+#line 636 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 644 "templates/route.lua"
+#line 645 "templates/route.lua"
 }
 
 #line 43 "templates/permute.lua"
@@ -2425,12 +2425,13 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
 /* The route kernel splits H across gridDim.y blocks per block of tokens
  * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
  * so that a decode step reads the router weights with many SMs instead of
- * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * one, and a batch of fewer token blocks than half the SMs still streams
+ * x with most of them. Each split block writes its partial logits (fp32 [per_block, E]) to
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
  * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
-#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
     long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;
@@ -2651,25 +2652,25 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 192 "templates/host.lua"
     int *counts = (int *)(ws + 0);
 #line 192 "templates/host.lua"
-    int *offsets = (int *)(ws + 256);
+    int *offsets = (int *)(ws + 512);
 #line 192 "templates/host.lua"
-    int *cursor = (int *)(ws + 512);
+    int *cursor = (int *)(ws + 768);
 #line 192 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 768);
+    int *num_tiles = (int *)(ws + 1024);
 #line 192 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 1024);
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
 #line 192 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 17920);
+    int *topk_idx = (int *)(ws + 18176);
 #line 192 "templates/host.lua"
-    float *topk_w = (float *)(ws + 542208);
+    float *topk_w = (float *)(ws + 542464);
 #line 192 "templates/host.lua"
-    int *row_of = (int *)(ws + 1066496);
+    int *row_of = (int *)(ws + 1066752);
 #line 192 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1590784);
+    moe_half_t *xs = (moe_half_t *)(ws + 1591040);
 #line 192 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 1938900480);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 1938900736);
 #line 192 "templates/host.lua"
-    float *route_part = (float *)(ws + 2492417536);
+    float *route_part = (float *)(ws + 2492417792);
 #line 195 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_max_tiles(T);
 #line 198 "templates/host.lua"
@@ -2677,7 +2678,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     const deepseek_v3_ep8_device_t *dev = deepseek_v3_ep8_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 256, stream);
+    e = cudaMemsetAsync(counts, 0, 384, stream);
     if (e != cudaSuccess) return e;
 #line 205 "templates/host.lua"
     deepseek_v3_ep8_route_bf16_e32k8_t32k128s5<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 87040, stream>>>(

@@ -87,7 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 124 "templates/route.lua"
+#line 125 "templates/route.lua"
 namespace deepseek_v3_route_bf16_e256k8s1_t32k64s2_impl {
 constexpr int E = 256, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -113,12 +113,12 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 150 "templates/route.lua"
+#line 151 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 32, TAKE = 2;
-#line 153 "templates/route.lua"
+#line 154 "templates/route.lua"
 constexpr int M = 1, KE = 9;   // shared expert slots E .. E+M-1; entries per token
 constexpr int ES = E + M, EL = 256;   // weight slots (counts); logit columns (column E: the gate, if any)
-#line 156 "templates/route.lua"
+#line 157 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -152,9 +152,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 192 "templates/route.lua"
+#line 193 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 194 "templates/route.lua"
+#line 195 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -227,9 +227,9 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 270 "templates/route.lua"
+#line 271 "templates/route.lua"
     (void)logit_bias;
-#line 272 "templates/route.lua"
+#line 273 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -306,44 +306,44 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 0) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 359 "templates/route.lua"
+#line 360 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 1) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 372 "templates/route.lua"
+#line 373 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -382,28 +382,28 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 413 "templates/route.lua"
+#line 414 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 415 "templates/route.lua"
+#line 416 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 445 "templates/route.lua"
+#line 446 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 448 "templates/route.lua"
+#line 449 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 452 "templates/route.lua"
+#line 453 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 457 "templates/route.lua"
+#line 458 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 460 "templates/route.lua"
+#line 461 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -443,7 +443,7 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 579 "templates/route.lua"
+#line 580 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -459,23 +459,23 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 597 "templates/route.lua"
+#line 598 "templates/route.lua"
             const float l = lrow[mine];
-#line 602 "templates/route.lua"
+#line 603 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 604 "templates/route.lua"
+#line 605 "templates/route.lua"
         }
-#line 606 "templates/route.lua"
+#line 607 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 613 "templates/route.lua"
+#line 614 "templates/route.lua"
         w *= 2.5f;
-#line 616 "templates/route.lua"
+#line 617 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 620 "templates/route.lua"
+#line 621 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -484,16 +484,16 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 635 "templates/route.lua"
+#line 636 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 641 "templates/route.lua"
+#line 642 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 644 "templates/route.lua"
+#line 645 "templates/route.lua"
 }
 
 #line 43 "templates/permute.lua"
@@ -2340,12 +2340,13 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
 /* The route kernel splits H across gridDim.y blocks per block of tokens
  * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
  * so that a decode step reads the router weights with many SMs instead of
- * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * one, and a batch of fewer token blocks than half the SMs still streams
+ * x with most of them. Each split block writes its partial logits (fp32 [per_block, E]) to
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
  * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
-#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
     long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;
@@ -2581,25 +2582,25 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
 #line 192 "templates/host.lua"
     int *counts = (int *)(ws + 0);
 #line 192 "templates/host.lua"
-    int *offsets = (int *)(ws + 1280);
+    int *offsets = (int *)(ws + 1536);
 #line 192 "templates/host.lua"
-    int *cursor = (int *)(ws + 2560);
+    int *cursor = (int *)(ws + 2816);
 #line 192 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 3840);
+    int *num_tiles = (int *)(ws + 4096);
 #line 192 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
 #line 192 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 26624);
+    int *topk_idx = (int *)(ws + 26880);
 #line 192 "templates/host.lua"
-    float *topk_w = (float *)(ws + 616448);
+    float *topk_w = (float *)(ws + 616704);
 #line 192 "templates/host.lua"
-    int *row_of = (int *)(ws + 1206272);
+    int *row_of = (int *)(ws + 1206528);
 #line 192 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1796096);
+    moe_half_t *xs = (moe_half_t *)(ws + 1796352);
 #line 192 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 2583638016);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 2583638272);
 #line 192 "templates/host.lua"
-    float *route_part = (float *)(ws + 3321307136);
+    float *route_part = (float *)(ws + 3321307392);
 #line 195 "templates/host.lua"
     const long long tiles_y = deepseek_v3_max_tiles(T);
 #line 198 "templates/host.lua"
@@ -2607,7 +2608,7 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     const deepseek_v3_device_t *dev = deepseek_v3_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 1156, stream);
+    e = cudaMemsetAsync(counts, 0, 1284, stream);
     if (e != cudaSuccess) return e;
 #line 205 "templates/host.lua"
     deepseek_v3_route_bf16_e256k8s1_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream>>>(

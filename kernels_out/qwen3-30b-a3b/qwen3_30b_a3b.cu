@@ -87,7 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 124 "templates/route.lua"
+#line 125 "templates/route.lua"
 namespace qwen3_30b_a3b_route_bf16_e128k8_t32k64s4_impl {
 constexpr int E = 128, K = 8, H = 2048;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -113,7 +113,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 156 "templates/route.lua"
+#line 157 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -147,9 +147,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 192 "templates/route.lua"
+#line 193 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 194 "templates/route.lua"
+#line 195 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -222,11 +222,11 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 267 "templates/route.lua"
+#line 268 "templates/route.lua"
     (void)sel_bias;
-#line 270 "templates/route.lua"
+#line 271 "templates/route.lua"
     (void)logit_bias;
-#line 272 "templates/route.lua"
+#line 273 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -303,82 +303,82 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 0) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 359 "templates/route.lua"
+#line 360 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 1) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 2) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 350 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 3) {
-#line 352 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 362 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 366 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 368 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 370 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 372 "templates/route.lua"
+#line 373 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -417,15 +417,15 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 413 "templates/route.lua"
+#line 414 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 415 "templates/route.lua"
+#line 416 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 430 "templates/route.lua"
+#line 431 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -440,16 +440,16 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 448 "templates/route.lua"
+#line 449 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 455 "templates/route.lua"
+#line 456 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 457 "templates/route.lua"
+#line 458 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 579 "templates/route.lua"
+#line 580 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -465,31 +465,31 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 597 "templates/route.lua"
+#line 598 "templates/route.lua"
             const float l = lrow[mine];
-#line 600 "templates/route.lua"
+#line 601 "templates/route.lua"
             w = expf(l - m) / z;
-#line 604 "templates/route.lua"
+#line 605 "templates/route.lua"
         }
-#line 606 "templates/route.lua"
+#line 607 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 629 "templates/route.lua"
+#line 630 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 635 "templates/route.lua"
+#line 636 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 644 "templates/route.lua"
+#line 645 "templates/route.lua"
 }
 
 #line 43 "templates/permute.lua"
@@ -2328,12 +2328,13 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
 /* The route kernel splits H across gridDim.y blocks per block of tokens
  * when there are few tokens (at most MOE_ROUTE_SPLIT_BLOCKS token blocks),
  * so that a decode step reads the router weights with many SMs instead of
- * one. Each split block writes its partial logits (fp32 [per_block, E]) to
+ * one, and a batch of fewer token blocks than half the SMs still streams
+ * x with most of them. Each split block writes its partial logits (fp32 [per_block, E]) to
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
  * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
-#define MOE_ROUTE_SPLIT_BLOCKS 32
+#define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
     long long blocks = moe_blocks(tokens, per_block), split = hidden / 256;
@@ -2584,7 +2585,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     const qwen3_30b_a3b_device_t *dev = qwen3_30b_a3b_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 640, stream);
+    e = cudaMemsetAsync(counts, 0, 768, stream);
     if (e != cudaSuccess) return e;
 #line 205 "templates/host.lua"
     qwen3_30b_a3b_route_bf16_e128k8_t32k64s4<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 92160, stream>>>(
