@@ -18,7 +18,8 @@
 #            (torch autograd of the eager layer) at 4096 and 16384 tokens
 #   route    issue #17 item 2: test_gpu's route, permute and combine checks on every case (the 16384-token
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
-#            at 4096 and 16384 tokens for $ROUTE_SPECS (and build-old/moe_bench's, when there is one)
+#            at 1, 2048 (route splits H up to 64 token blocks), 4096 and 16384 tokens for $ROUTE_SPECS
+#            (and build-old/moe_bench's, when there is one)
 #   pingpong the ping-pong GEMMs against the embedded table's: moe_bench at 4096 and 16384 tokens
 #            under each (tests/tune/pingpong.tune forces pingpong), and moegen tune's candidate times
 set -u
@@ -111,7 +112,7 @@ for what in "$@"; do
             for b in build build-old; do
                 [ -x $b/moe_bench ] || continue
                 echo "== $b $s" >> "$OUT/route_bench.log"
-                timeout 120 $b/moe_bench examples/specs/$s.moe --tokens 1 --tokens 4096 --tokens 16384 --iters 20 \
+                timeout 150 $b/moe_bench examples/specs/$s.moe --tokens 1 --tokens 2048 --tokens 4096 --tokens 16384 --iters 20 \
                     >> "$OUT/route_bench.log" 2>&1
             done
         done
