@@ -575,8 +575,9 @@ class GpuBackend:
         torch.cuda.synchronize()
         off, nb = ctypes.c_size_t(), ctypes.c_size_t()
         idx = None
-        if self.lib.moe_plan_workspace_region(self.plan, b"topk_idx", ctypes.byref(off), ctypes.byref(nb)) == 0:
-            per = nb.value // 4 // self.cap  # entries per token ([cap, K], or more with shared slots)
+        if self.lib.moe_plan_workspace_region_at(self.plan, T, b"topk_idx", ctypes.byref(off),
+                                                 ctypes.byref(nb)) == 0:
+            per = nb.value // 4 // T  # entries per token ([T, K], or more with shared slots)
             raw = ws[off.value:off.value + nb.value].view(torch.int32)
             idx = raw[:T * per].reshape(T, per)[:, :K].long().cpu()
         return y.cpu(), idx

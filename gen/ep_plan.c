@@ -14,14 +14,17 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
     ed->ep = s->mesh.size[MOE_AXIS_EP];
     ed->nheld = nheld;
     ed->capacity = s->dispatch.mode == MOE_DISPATCH_CAPACITY ? s->dispatch.capacity : 0;
-    long long P = ed->ep, S = nheld, TK = (long long)s->tokens * s->top_k, C = ed->capacity;
+    long long P = ed->ep, S = nheld, C = ed->capacity;
     if (P * S > 4096) {
         snprintf(err, errlen, "the EP group has %lld (rank, slot) positions (ep %lld x %lld slots); the dispatch "
                  "kernels handle at most 4096", P * S, P, S);
         return 1;
     }
-    ed->send_rows = C ? P * C : TK;
-    ed->stage_rows = C ? P * C : P * TK;
+    ed->send_rows = moe_ep_send_rows(ed, s, s->tokens);
+    /* exact: every peer may send all its tokens' rows here, a token at most
+     * min(top_k, S) of them (its top_k experts are distinct, and one rank
+     * holds S slots) */
+    ed->stage_rows = C ? P * C : P * (long long)s->tokens * (s->top_k < S ? s->top_k : S);
     ed->recv_rows = ed->stage_rows + S * (pd->align - 1);
     ed->max_tiles = ed->recv_rows / pd->align;
     if (ed->max_tiles > 65535) {
@@ -37,25 +40,37 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
         if (moe_family_build(&ed->k[i], (moe_kfamily_t)(MOE_K_EP_FIRST + i), &ctx, err, errlen))
             return 1;
 
-    long long E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
+    ed->ws_bytes = moe_ep_ws_layout(ed, pd, s->tokens, ed->ws);
+    return 0;
+}
+
+long long moe_ep_send_rows(const moe_ep_desc_t *ed, const moe_spec_t *s, int tokens) {
+    return ed->capacity ? (long long)ed->ep * ed->capacity : (long long)tokens * s->top_k;
+}
+
+size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                        moe_ws_region_t ws[MOE_EW_COUNT]) {
+    const moe_spec_t *s = &pd->spec;
+    long long P = ed->ep, S = ed->nheld, E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
+    long long TK = (long long)tokens * s->top_k, send = moe_ep_send_rows(ed, s, tokens);
     size_t sizes[MOE_EW_COUNT] = {
-        [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E, [MOE_EW_TOPK_IDX] = 4 * TK,
-        [MOE_EW_TOPK_W] = 4 * TK, [MOE_EW_ROW_OF] = 4 * TK, [MOE_EW_SLOT_COUNTS] = 4 * PS,
-        [MOE_EW_RECV_COUNTS] = 4 * PS, [MOE_EW_SEND_COUNTS] = 4 * P, [MOE_EW_SEND_OFF] = 4 * (P + 1),
-        [MOE_EW_CHUNK_SRC] = 4 * PS, [MOE_EW_CHUNK_DST] = 4 * PS, [MOE_EW_CHUNK_ROWS] = 4 * PS,
-        [MOE_EW_SRC_BASE] = 4 * (P + 1), [MOE_EW_SLOT_OFF] = 4 * (S + 1), [MOE_EW_OVERFLOW] = 4,
-        [MOE_EW_NUM_TILES] = 4, [MOE_EW_TILES] = 16 * (size_t)ed->max_tiles,
-        [MOE_EW_SEND] = 2 * (size_t)(ed->send_rows + 1) * H, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
-        [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = 2 * (size_t)ed->recv_rows * F,
+        [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E,
+        [MOE_EW_SLOT_COUNTS] = 4 * PS, [MOE_EW_RECV_COUNTS] = 4 * PS, [MOE_EW_SEND_COUNTS] = 4 * P,
+        [MOE_EW_SEND_OFF] = 4 * (P + 1), [MOE_EW_CHUNK_SRC] = 4 * PS, [MOE_EW_CHUNK_DST] = 4 * PS,
+        [MOE_EW_CHUNK_ROWS] = 4 * PS, [MOE_EW_SRC_BASE] = 4 * (P + 1), [MOE_EW_SLOT_OFF] = 4 * (S + 1),
+        [MOE_EW_OVERFLOW] = 4, [MOE_EW_NUM_TILES] = 4,
         [MOE_EW_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
                                                               moe_spec_router_columns(s), H),
+        [MOE_EW_TILES] = 16 * (size_t)ed->max_tiles, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
+        [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = 2 * (size_t)ed->recv_rows * F,
+        [MOE_EW_TOPK_IDX] = 4 * TK, [MOE_EW_TOPK_W] = 4 * TK, [MOE_EW_ROW_OF] = 4 * TK,
+        [MOE_EW_SEND] = 2 * (size_t)(send + 1) * H,
     };
     static const char *const names[MOE_EW_COUNT] = {
-        "counts", "offsets", "cursor", "topk_idx", "topk_w", "row_of", "slot_counts", "recv_counts",
-        "send_counts", "send_off", "chunk_src", "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow",
-        "num_tiles", "tiles", "send", "stage", "xr", "hbuf", "route_part"};
-    ed->ws_bytes = moe_ws_layout(ed->ws, names, sizes, MOE_EW_COUNT);
-    return 0;
+        "counts", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
+        "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow", "num_tiles", "route_part", "tiles", "stage",
+        "xr", "hbuf", "topk_idx", "topk_w", "row_of", "send"};
+    return moe_ws_layout(ws, names, sizes, MOE_EW_COUNT);
 }
 
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,

@@ -23,13 +23,13 @@ typedef enum {
 } moe_ep_kfamily_t;
 
 typedef enum {
+    /* first the regions of fixed size (their offsets the same for every call:
+     * moe_plan_overflow reads MOE_EW_OVERFLOW without the call's tokens),
+     * then those that grow with the call's tokens T (moe_ep_ws_layout) */
     MOE_EW_COUNTS = 0,      /* int [E]       routed rows per global expert, then the route tickets
                                              (MOE_ROUTE_SPLIT_BLOCKS ints); all zeroed before route */
     MOE_EW_OFFSETS,         /* int [E]       first send row of each expert */
     MOE_EW_CURSOR,          /* int [E] */
-    MOE_EW_TOPK_IDX,        /* int [T, k] */
-    MOE_EW_TOPK_W,          /* float [T, k] */
-    MOE_EW_ROW_OF,          /* int [T, k]    send/return row of (t, k); the null row when dropped */
     MOE_EW_SLOT_COUNTS,     /* int [P*S]     rows this rank sends to (peer, peer's slot) */
     MOE_EW_RECV_COUNTS,     /* int [P*S]     rows received from (source, my slot) */
     MOE_EW_SEND_COUNTS,     /* int [P] */
@@ -41,12 +41,18 @@ typedef enum {
     MOE_EW_SLOT_OFF,        /* int [S + 1]   each slot's first row (aligned) */
     MOE_EW_OVERFLOW,        /* int [1]       capacity mode: rows past capacity, this call */
     MOE_EW_NUM_TILES,       /* int [1] */
+    MOE_EW_ROUTE_PART,      /* float         route's split partial logits (moe_route_scratch_bytes) */
+    /* the receive side: what the peers send, whatever this rank's T */
     MOE_EW_TILES,           /* int4 [max_tiles] */
-    MOE_EW_SEND,            /* half [send_rows + 1, H]  send buffer, then the returned results; last row zero */
     MOE_EW_STAGE,           /* half [stage_rows, H]     received rows as they arrive (source-major) */
     MOE_EW_XR,              /* half [recv_rows, H]      slot-major GEMM input; the down output reuses it */
     MOE_EW_HBUF,            /* half [recv_rows, F] */
-    MOE_EW_ROUTE_PART,      /* float         route's split partial logits (moe_route_scratch_bytes) */
+    /* the send side, by T */
+    MOE_EW_TOPK_IDX,        /* int [T, k] */
+    MOE_EW_TOPK_W,          /* float [T, k] */
+    MOE_EW_ROW_OF,          /* int [T, k]    send/return row of (t, k); the null row when dropped */
+    MOE_EW_SEND,            /* half [send rows + 1, H]  send buffer, then the returned results; last row zero
+                                             (moe_ep_send_rows) */
     MOE_EW_COUNT
 } moe_ep_ws_id_t;
 
@@ -54,12 +60,12 @@ typedef struct {
     int ep;                     /* P: EP group size */
     int nheld;                  /* S: expert slots per rank after the gather */
     int capacity;               /* C: rows per (source, destination) pair; 0 = exact mode */
-    long long send_rows;        /* exact: tokens*k; capacity: P*C */
-    long long stage_rows;       /* exact: P*tokens*k (every peer may send all its rows here); capacity: P*C */
+    long long send_rows;        /* at spec.tokens (moe_ep_send_rows) */
+    long long stage_rows;       /* exact: P*tokens*min(k, S) (every peer may send all its rows here); capacity: P*C */
     long long recv_rows;        /* stage_rows + S*(align - 1) */
     long long max_tiles;
     moe_kernel_desc_t k[MOE_EK_COUNT];
-    moe_ws_region_t ws[MOE_EW_COUNT];
+    moe_ws_region_t ws[MOE_EW_COUNT]; /* the workspace at spec.tokens (moe_ep_ws_layout) */
     size_t ws_bytes;
 } moe_ep_desc_t;
 
@@ -70,6 +76,23 @@ int moe_ep_wanted(const moe_spec_t *spec);
  * (moe_plan_desc_build calls it with the mesh plan's nheld). Reads pd's
  * spec, align and tiles. Returns 0, or non-zero with the reason in err. */
 int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, char *err, size_t errlen);
+
+/* Rows of the send buffer (the null row after them) for a call of `tokens`
+ * tokens: tokens * top_k in exact mode, P * C in capacity mode (each peer's
+ * block at a fixed place). */
+long long moe_ep_send_rows(const moe_ep_desc_t *ed, const moe_spec_t *spec, int tokens);
+
+/* The EP workspace for a call of `tokens` tokens (0 .. the spec's tokens)
+ * into ws; returns its bytes. The send side grows with tokens; the receive
+ * side (stage, xr, hbuf, the tile table) is what the peers may send, so it
+ * stays at the plan's bound whatever this rank's tokens (in exact mode
+ * every peer may send it all its spec.tokens * top_k rows: the counts are
+ * known only after the exchange, when the workspace is already given, and a
+ * rank that refused then would leave its peers waiting in NCCL). The
+ * regions of fixed size come first, at the same offsets for every call.
+ * The one home of the EP workspace's layout. */
+size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                        moe_ws_region_t ws[MOE_EW_COUNT]);
 
 /* Grid of EP kernel k (rows: stage rows to walk, for MOE_EK_ROWS). */
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,

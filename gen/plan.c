@@ -56,21 +56,7 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
         snprintf(err, errlen, "the plan needs %lld expert rows, more than 2^30", pd->max_rows);
         return 1;
     }
-    /* counts, offsets and cursors per weight slot, and top_k + m entries per
-     * token (the shared expert's m slots included: spec.h) */
-    long long E = moe_spec_slots(s), TK = (long long)s->tokens * moe_spec_entries(s), R = pd->max_rows;
-    size_t sizes[MOE_WS_COUNT] = {
-        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
-        [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)pd->max_tiles, [MOE_WS_TOPK_IDX] = 4 * TK,
-        [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK, [MOE_WS_XS] = 2 * R * s->hidden,
-        [MOE_WS_HBUF] = 2 * R * s->ffn,
-        [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
-                                                              moe_spec_router_columns(s),
-                                                              s->hidden),
-    };
-    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
-                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf", "route_part"};
-    pd->ws_bytes = moe_ws_layout(pd->ws, names, sizes, MOE_WS_COUNT);
+    pd->ws_bytes = moe_fwd_ws_layout(pd, s->tokens, 0, pd->ws); /* at the capacity: the vendored launcher's */
     if (moe_mesh_plan_build(&pd->mesh, &pd->spec, err, errlen))
         return 1;
     return moe_ep_wanted(s) && moe_ep_desc_build(&pd->ep, pd, pd->mesh.nheld, err, errlen);
@@ -82,6 +68,26 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuni
     if (rc)
         moe_plan_desc_free(pd);
     return rc;
+}
+
+size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]) {
+    /* counts, offsets and cursors per weight slot, and top_k + m entries per
+     * token (the shared expert's m slots included: spec.h) */
+    const moe_spec_t *s = &pd->spec;
+    long long E = moe_spec_slots(s), TK = (long long)tokens * moe_spec_entries(s);
+    long long R = moe_plan_max_rows(pd, full_rows ? s->tokens : tokens);
+    size_t sizes[MOE_WS_COUNT] = {
+        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)moe_plan_max_tiles(pd, tokens),
+        [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
+        [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = 2 * R * s->ffn,
+        [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
+                                                              moe_spec_router_columns(s),
+                                                              s->hidden),
+    };
+    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
+                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf", "route_part"};
+    return moe_ws_layout(ws, names, sizes, MOE_WS_COUNT);
 }
 
 /* the saved region's sizes for T tokens, R rows and nt tiles */

@@ -26,7 +26,8 @@ typedef enum {
     MOE_WS_OFFSETS,         /* int [E' + 1] first row of each slot, aligned to bm */
     MOE_WS_CURSOR,          /* int [E']     scatter cursors */
     MOE_WS_NUM_TILES,       /* int [1]      valid entries in the tile table */
-    MOE_WS_TILES,           /* int4 [max_tiles] {expert, row_start, rows, 0} */
+    MOE_WS_TILES,           /* int4 [max_tiles] {expert, row_start, rows, 0}; max_tiles, max_rows and T
+                                            at the call's tokens (moe_fwd_ws_layout) */
     MOE_WS_TOPK_IDX,        /* int [T, k'] */
     MOE_WS_TOPK_W,          /* float [T, k'] */
     MOE_WS_ROW_OF,          /* int [T, k']  row of (t, k) in expert-major order */
@@ -80,7 +81,7 @@ typedef struct moe_plan_desc {
     moe_kernel_desc_t bwd[MOE_BK_COUNT]; /* family MOE_K_BWD_FIRST + i, arch-neutral */
     moe_kernel_desc_t bgemm[MOE_FAMILY_ARCHES][MOE_BGEMM_COUNT]; /* the backward GEMMs per arch (family
                                         MOE_K_BGEMM_FIRST + i), when spec.training; else zeroed (name "") */
-    moe_ws_region_t ws[MOE_WS_COUNT];
+    moe_ws_region_t ws[MOE_WS_COUNT]; /* the workspace at spec.tokens (moe_fwd_ws_layout) */
     size_t ws_bytes;
     const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */
     moe_mesh_plan_t mesh;            /* the mesh tables: ranks, groups, ownership, the routing table */
@@ -97,6 +98,16 @@ typedef struct moe_plan_desc {
  * it is safe). */
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_tuning_t *table, char *err,
                         size_t errlen);
+
+/* The forward's workspace for a call of `tokens` tokens (0 .. the spec's
+ * tokens) into ws (names "counts", ..., each on a 256-byte boundary);
+ * returns its bytes. full_rows: xs and hbuf span the rows of the plan's
+ * whole capacity (the cuDNN path's graphs read and write them all), the
+ * rest still by `tokens`. Every region grows with tokens, so a workspace
+ * laid out for T holds any call of fewer. The one home of the forward
+ * workspace's layout: the runtime lays it out per call, the plan (pd->ws)
+ * and the vendored launcher at the capacity. */
+size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]);
 
 /* The saved region of a training forward of `tokens` tokens (0 .. the
  * spec's tokens) into sv (names "counts", "offsets", ..., each on a

@@ -9,6 +9,7 @@
 #include "moe_impl.h"
 
 #include "bgemm.h"
+#include "cudnn.h"
 #include "error.h"
 #include "ffn.h"
 #include "spec.h"
@@ -110,7 +111,9 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
     for (int i = 0; i < MOE_SV_COUNT; i++)
         sv[i] = base + svr[i].offset;
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
-    CUdeviceptr cursor = ws + p->pd.ws[MOE_WS_CURSOR].offset, route_part = ws + p->pd.ws[MOE_WS_ROUTE_PART].offset;
+    moe_ws_region_t wr[MOE_WS_COUNT]; /* the forward's workspace for this call (moe_plan_workspace_size) */
+    moe_fwd_ws_layout(&p->pd, T, moe_cudnn_workspace(p->cudnn) > 0, wr);
+    CUdeviceptr cursor = ws + wr[MOE_WS_CURSOR].offset, route_part = ws + wr[MOE_WS_ROUTE_PART].offset;
     CU_CHECK(moe_cu.cuMemsetD32Async(sv[MOE_SV_COUNTS], 0, svr[MOE_SV_COUNTS].bytes / 4, st)); /* and the tickets */
     if ((rc = moe_route_launch(p, a, sv[MOE_SV_TOPK_IDX], sv[MOE_SV_TOPK_W], sv[MOE_SV_COUNTS], route_part,
                                sv[MOE_SV_LOGITS], st, NULL)))

@@ -124,16 +124,18 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
     const long long C = ed->capacity, row_bytes = 2LL * s->hidden;
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
+    moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
+    moe_ep_ws_layout(ed, pd, T, wr);
     for (int i = 0; i < MOE_EW_COUNT; i++)
-        reg[i] = ws + ed->ws[i].offset;
+        reg[i] = ws + wr[i].offset;
     moe_status rc;
     c->nx = 0;
     switch (step) {
     case 0: { /* route, the send layout, the rows into the send buffer; counts go out */
-        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, ed->ws[MOE_EW_COUNTS].bytes / 4, st)); /* and route's tickets */
+        CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_COUNTS], 0, wr[MOE_EW_COUNTS].bytes / 4, st)); /* and route's tickets */
         CU_CHECK(moe_cu.cuMemsetD32Async(reg[MOE_EW_OVERFLOW], 0, 1, st));
-        CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(ed->send_rows * row_bytes), 0, (size_t)row_bytes,
-                                      st)); /* the null row */
+        CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
+                                        (size_t)row_bytes, st)); /* the null row */
         void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS],
                       &reg[MOE_EW_ROUTE_PART]};

@@ -159,14 +159,27 @@ moe_status moe_plan_create_from_dir(moe_plan **plan, const char *dir, const moe_
 
 void moe_plan_destroy(moe_plan *plan);
 
-/* Workspace bytes for up to `tokens` tokens (0 .. the spec's tokens; an
- * expert-parallel rank with 0 tokens still needs it for its peers' rows). */
+/* Workspace bytes of a call of `tokens` tokens (0 .. the spec's tokens),
+ * laid out for that call: the routing tables and expert rows grow with
+ * tokens, so a workspace of moe_plan_workspace_size(plan, T) bytes serves
+ * any call of up to T tokens, and a call never touches a byte past what
+ * this returns for its own tokens. An expert-parallel rank with 0 tokens
+ * still needs the receive side for its peers' rows, which is sized by the
+ * spec's tokens on every peer whatever this rank's own. 0 when tokens is
+ * out of range or plan is NULL. */
 size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
 
 /* Byte offset and size of a workspace region by name ("topk_idx",
  * "topk_w", "counts", "offsets", "num_tiles", "tiles", "row_of", "xs",
- * "hbuf", "route_part"), for tests and tools that inspect intermediate results. Returns
- * MOE_ERR_INVALID_ARG for an unknown name. */
+ * "hbuf", "route_part"; an expert-parallel plan's own names), in the layout
+ * of a call of `tokens` tokens, for tests and tools that inspect
+ * intermediate results. MOE_ERR_INVALID_ARG for an unknown name or tokens
+ * out of range. */
+moe_status moe_plan_workspace_region_at(const moe_plan *plan, int tokens, const char *name, size_t *offset,
+                                        size_t *bytes);
+
+/* moe_plan_workspace_region_at for a call of the spec's tokens (the plan's
+ * capacity). */
 moe_status moe_plan_workspace_region(const moe_plan *plan, const char *name, size_t *offset, size_t *bytes);
 
 /* ---- weight packing: checkpoint layouts -> the kernels' tensors ---------

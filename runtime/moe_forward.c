@@ -86,9 +86,11 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     }
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
     CUdeviceptr reg[MOE_WS_COUNT];
+    moe_ws_region_t wr[MOE_WS_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
+    const size_t ws_bytes = moe_fwd_ws_layout(&p->pd, a->tokens, moe_cudnn_workspace(p->cudnn) > 0, wr);
     for (int i = 0; i < MOE_WS_COUNT; i++)
-        reg[i] = ws + p->pd.ws[i].offset;
-    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, p->pd.ws[MOE_WS_COUNTS].bytes / 4, st); /* and route's tickets */
+        reg[i] = ws + wr[i].offset;
+    r = moe_cu.cuMemsetD32Async(reg[MOE_WS_COUNTS], 0, wr[MOE_WS_COUNTS].bytes / 4, st); /* and route's tickets */
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
     int T = a->tokens;
@@ -113,7 +115,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                             .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
                             .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
                             .w2 = a->w2, .b2 = a->b2,
-                            .scratch = moe_cudnn_workspace(p->cudnn) ? ws + p->pd.ws_bytes : 0};
+                            .scratch = moe_cudnn_workspace(p->cudnn) ? ws + ws_bytes : 0};
         if ((rc = moe_run_ffn(&p->launcher, p->cudnn, &f, st, ev)))
             return rc;
     }

@@ -505,27 +505,50 @@ void moe_plan_destroy(moe_plan *p) {
     free(p);
 }
 
+/* The workspace of a call of `tokens` tokens into r (MOE_EW_COUNT regions
+ * or MOE_WS_COUNT); returns its bytes (the cuDNN path's extra after the
+ * regions) and sets *n to the region count. */
+static size_t ws_layout(const moe_plan *p, int tokens, moe_ws_region_t *r, int *n) {
+    if (p->ep->dispatch) {
+        *n = MOE_EW_COUNT;
+        return moe_ep_ws_layout(p->ep->ed, &p->pd, tokens, r);
+    }
+    *n = MOE_WS_COUNT;
+    size_t extra = moe_cudnn_workspace(p->cudnn); /* the cuDNN graphs span the capacity's rows */
+    return moe_fwd_ws_layout(&p->pd, tokens, extra > 0, r) + extra;
+}
+
 size_t moe_plan_workspace_size(const moe_plan *p, int tokens) {
     if (!p || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
-    /* the layout is fixed at the spec's capacity, so any tokens fits */
-    return p->ep->dispatch ? p->ep->ed->ws_bytes : p->pd.ws_bytes + moe_cudnn_workspace(p->cudnn);
+    moe_ws_region_t r[(int)MOE_EW_COUNT > (int)MOE_WS_COUNT ? (int)MOE_EW_COUNT : (int)MOE_WS_COUNT];
+    int n;
+    return ws_layout(p, tokens, r, &n);
 }
 
-moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
+moe_status moe_plan_workspace_region_at(const moe_plan *p, int tokens, const char *name, size_t *offset,
+                                        size_t *bytes) {
     if (!p || !name)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_workspace_region: NULL argument");
-    const moe_ws_region_t *ws = p->ep->dispatch ? p->ep->ed->ws : p->pd.ws;
-    int n = p->ep->dispatch ? MOE_EW_COUNT : MOE_WS_COUNT;
+    if (tokens < 0 || tokens > p->pd.spec.tokens)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_workspace_region: tokens = %d is outside 0..%d", tokens,
+                        p->pd.spec.tokens);
+    moe_ws_region_t r[(int)MOE_EW_COUNT > (int)MOE_WS_COUNT ? (int)MOE_EW_COUNT : (int)MOE_WS_COUNT];
+    int n;
+    ws_layout(p, tokens, r, &n);
     for (int i = 0; i < n; i++)
-        if (strcmp(ws[i].name, name) == 0) {
+        if (strcmp(r[i].name, name) == 0) {
             if (offset)
-                *offset = ws[i].offset;
+                *offset = r[i].offset;
             if (bytes)
-                *bytes = ws[i].bytes;
+                *bytes = r[i].bytes;
             return MOE_OK;
         }
     return moe_fail(MOE_ERR_INVALID_ARG, "no workspace region '%s'", name);
+}
+
+moe_status moe_plan_workspace_region(const moe_plan *p, const char *name, size_t *offset, size_t *bytes) {
+    return moe_plan_workspace_region_at(p, p ? p->pd.spec.tokens : 0, name, offset, bytes);
 }
 
 moe_status moe_plan_stage_path(const moe_plan *p, int stage, int *path, const char **why) {

@@ -144,6 +144,9 @@ static moe_status negate_pack(void *user, int tensor, const void *src, void *dst
     return moe_cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, h, bytes) ? MOE_ERR_CUDA : MOE_OK;
 }
 
+/* Guard bytes after each rank's workspace. */
+#define EP_WS_GUARD 4096
+
 static void run_case(const ep_case_t *c, uint64_t seed) {
     CASE(c->name);
     moe_spec_t spec;
@@ -196,8 +199,9 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
         CU(moe_cu.cuMemcpyHtoD(dx[r], x + (size_t)r * T * H, 2 * (size_t)T * H));
         CU(moe_cu.cuMemAlloc(&dy[r], 2 * (size_t)T * H));
         CU(moe_cu.cuMemsetD8(dy[r], 0xff, 2 * (size_t)T * H)); /* poison: NaN in bf16 */
-        CU(moe_cu.cuMemAlloc(&dws[r], wsb));
+        CU(moe_cu.cuMemAlloc(&dws[r], wsb + EP_WS_GUARD));
         CU(moe_cu.cuMemsetD8(dws[r], 0xff, wsb));
+        CU(moe_cu.cuMemsetD8(dws[r] + wsb, 0xa5, EP_WS_GUARD)); /* the guard after the workspace */
         CU(moe_cu.cuMemAlloc(&dst1[r], 2 * NS * w1e));
         CU(moe_cu.cuMemAlloc(&dst2[r], 2 * NS * w2e));
         CU(moe_cu.cuMemAlloc(&dh1[r], 2 * NH * w1e));
@@ -236,11 +240,19 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     if (!(families_on >> FAM_EP & 1u))
         goto done;
     moe_forward_args a[16];
-    for (int r = 0; r < W; r++)
-        a[r] = (moe_forward_args){.tokens = r == c->empty - 1 ? 0 : T, .x = (void *)(uintptr_t)dx[r],
+    CUdeviceptr ws_at[16] = {0}; /* each rank's workspace: exactly moe_plan_workspace_size at its tokens, at the
+                                    end of the capacity's (a write past it lands in the guard) */
+    for (int r = 0; r < W; r++) {
+        const int Tr = r == c->empty - 1 ? 0 : T;
+        const size_t n = moe_plan_workspace_size(plan[r], Tr);
+        CHECKF(n > 0 && n <= wsb && n % 256 == 0, "rank %d: moe_plan_workspace_size(%d) = %zu of %zu", r, Tr, n,
+               wsb);
+        ws_at[r] = dws[r] + (n <= wsb ? wsb - n : 0);
+        a[r] = (moe_forward_args){.tokens = Tr, .x = (void *)(uintptr_t)dx[r],
                                   .router_w = (void *)(uintptr_t)dwr,
                                   .w1p = (void *)(uintptr_t)dh1[r], .w2 = (void *)(uintptr_t)dh2[r],
-                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)dws[r]};
+                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)ws_at[r]};
+    }
     for (int step = 0; step < MOE_EP_STEPS; step++) {
         for (int r = 0; r < W; r++) {
             moe_status st = moe_ep_step(plan[r], &a[r], NULL, step, call[r]);
@@ -255,7 +267,14 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     int lost = 0;
     for (int r = 0; r < W; r++) {
         long long rows = -1;
-        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)dws[r], NULL, &rows);
+        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &rows);
+        uint8_t guard[EP_WS_GUARD];
+        size_t outside = 0;
+        CU(moe_cu.cuMemcpyDtoH(guard, dws[r] + wsb, EP_WS_GUARD));
+        for (int i = 0; i < EP_WS_GUARD; i++)
+            outside += guard[i] != 0xa5;
+        CHECKF(outside == 0, "rank %d (%d tokens) wrote %zu bytes of the guard after its workspace", r, a[r].tokens,
+               outside);
         if (!c->want_overflow)
             CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
         else

@@ -350,13 +350,19 @@ static const char *spec_path_for(const char *spec, char *buf, size_t n) {
     return buf;
 }
 
+/* The guard after the workspace (test_gpu's run_tokens): its bytes, and
+ * their poison (the workspace's is 0xff). */
+#define WS_GUARD 4096
+#define WS_GUARD_BYTE 0xa5
+
 typedef struct {
     moe_spec_t s;
     uint16_t *x, *wr, *w1, *w2, *b1, *b2, *w1p, *b1p;
     uint16_t *ws1, *ws2, *wsg;   /* the shared expert, unsplit (spec shared.ffn): [2F_s, H], [H, F_s], [H] */
     float *sel_bias, *logit_bias;
     CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg;
-    size_t ws_bytes;
+    size_t ws_bytes;   /* dws: moe_plan_workspace_size at the capacity, then WS_GUARD guard bytes */
+    size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
     int device_packed; /* the device weights were packed on the device (the pack case) */
 } layer_t;
@@ -444,7 +450,8 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     L->dsel = dev_upload(L->sel_bias, E * 4);
     L->dlogit = dev_upload(L->logit_bias, E * 4);
     L->dy = dev_upload(NULL, T * H * 2);
-    L->dws = dev_upload(NULL, L->ws_bytes);
+    L->dws = dev_upload(NULL, L->ws_bytes + WS_GUARD);
+    L->ws_at = 0, L->ws_call = L->ws_bytes;
     free(L->w1p);
     L->w1p = NULL;
     return L->dx && L->dwr && L->dw1p && L->dw2 && L->db1p && L->db2 && L->dsel && L->dlogit && L->dy && L->dws;
@@ -491,18 +498,59 @@ static int permute_slots(moe_plan *plan, layer_t *L, uint64_t seed) {
     return ok && st == MOE_OK;
 }
 
-static void *region(const moe_plan *plan, const layer_t *L, const char *name, size_t *bytes) {
+/* Region `name` of the workspace of a call of T tokens (at L->ws_at), read
+ * back (caller frees). */
+static void *region(const moe_plan *plan, const layer_t *L, int T, const char *name, size_t *bytes) {
     size_t off, n;
-    if (moe_plan_workspace_region(plan, name, &off, &n) != MOE_OK)
+    if (moe_plan_workspace_region_at(plan, T, name, &off, &n) != MOE_OK)
         return NULL;
     void *h = malloc(n ? n : 1);
-    if (h && !cu_ok(moe_cu.cuMemcpyDtoH(h, L->dws + off, n), name)) {
+    if (h && !cu_ok(moe_cu.cuMemcpyDtoH(h, L->dws + L->ws_at + off, n), name)) {
         free(h);
         return NULL;
     }
     if (bytes)
         *bytes = n;
     return h;
+}
+
+/* The workspace of a call of T tokens: exactly moe_plan_workspace_size(plan,
+ * T) bytes placed at the end of the capacity's, so that a byte written past
+ * what that size promises lands in the guard after it (or faults). */
+static int ws_place(const moe_plan *plan, layer_t *L, int T) {
+    L->ws_call = moe_plan_workspace_size(plan, T);
+    CHECKF(L->ws_call > 0 && L->ws_call <= L->ws_bytes && L->ws_call % 256 == 0,
+           "moe_plan_workspace_size(%d) = %zu, at the capacity %zu", T, L->ws_call, L->ws_bytes);
+    if (!L->ws_call || L->ws_call > L->ws_bytes)
+        return 0;
+    L->ws_at = L->ws_bytes - L->ws_call;
+    return 1;
+}
+
+/* Poison the whole allocation: the bytes before the call's workspace and
+ * the workspace 0xff, the guard after it WS_GUARD_BYTE. */
+static int ws_poison(const layer_t *L) {
+    return cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace") &&
+           cu_ok(moe_cu.cuMemsetD8(L->dws + L->ws_bytes, WS_GUARD_BYTE, WS_GUARD), "poison the guard");
+}
+
+/* Bytes written outside the call's workspace since ws_poison: in the guard
+ * after it, and in the (at most 64 MB) just before it. */
+static size_t ws_outside_writes(const layer_t *L) {
+    const size_t before = L->ws_at < ((size_t)64 << 20) ? L->ws_at : ((size_t)64 << 20);
+    uint8_t *h = malloc(before + WS_GUARD);
+    if (!h || (before && !cu_ok(moe_cu.cuMemcpyDtoH(h, L->dws + L->ws_at - before, before), "read before it")) ||
+        !cu_ok(moe_cu.cuMemcpyDtoH(h + before, L->dws + L->ws_bytes, WS_GUARD), "read the guard")) {
+        free(h);
+        return (size_t)-1;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < before; i++)
+        n += h[i] != 0xff;
+    for (size_t i = 0; i < WS_GUARD; i++)
+        n += h[before + i] != WS_GUARD_BYTE;
+    free(h);
+    return n;
 }
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -1023,8 +1071,7 @@ static moe_status forward_replayed(const moe_plan *plan, layer_t *L, const moe_f
         L->x[i] ^= 0x8000; /* -x, in bf16 and fp16 alike */
     if (!cu_ok(moe_cu.cuMemcpyHtoD(L->dx, L->x, (size_t)T * H * 2), "new x") ||
         !cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)L->s.tokens * H * 2), "poison y") ||
-        !cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace") ||
-        !cu_ok(moe_cu.cuCtxSynchronize(), "poison") || /* gs does not wait for the legacy stream */
+        !ws_poison(L) || !cu_ok(moe_cu.cuCtxSynchronize(), "poison") || /* gs does not wait for the legacy stream */
         !cu_ok(moe_cu.cuGraphLaunch(ge, gs), "replay") || !cu_ok(moe_cu.cuStreamSynchronize(gs), "replay"))
         goto out;
     st = MOE_OK;
@@ -1051,15 +1098,18 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
 
-    /* poison outputs and the whole workspace */
+    /* poison outputs and the whole workspace; the call's own is exactly
+     * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
+    if (!ws_place(plan, L, T))
+        return;
     CHECK(cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)s->tokens * H * 2), "poison y"));
-    CHECK(cu_ok(moe_cu.cuMemsetD8(L->dws, 0xff, L->ws_bytes), "poison workspace"));
+    CHECK(ws_poison(L));
     moe_forward_args a = {.tokens = T, .x = (void *)L->dx, .router_w = (void *)L->dwr,
                           .router_bias = s->router.bias ? (float *)L->dsel : NULL,
                           .router_logit_bias = s->router.logit_bias ? (float *)L->dlogit : NULL,
                           .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
                           .w2 = (void *)L->dw2, .b2 = s->ffn_bias ? (void *)L->db2 : NULL,
-                          .y = (void *)L->dy, .workspace = (void *)L->dws,
+                          .y = (void *)L->dy, .workspace = (void *)(L->dws + L->ws_at),
                           .shared_gate = s->shared.gate == MOE_SHARED_GATE_SIGMOID ? (void *)L->dwsg : NULL};
     moe_status st = graph ? forward_replayed(plan, L, &a, T) : moe_forward(plan, &a, NULL);
     CHECKF(st == MOE_OK, "forward%s: %s: %s", graph ? " (CUDA graph)" : "", moe_status_string(st), moe_last_error());
@@ -1067,17 +1117,25 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     CHECKF(sr == CUDA_SUCCESS, "kernel fault: %s", moe_cu_error_string(sr));
     if (st != MOE_OK || sr != CUDA_SUCCESS)
         return;
+    if (family_on(FAM_LAYER)) {
+        char wc[240];
+        family_case(wc, sizeof wc, FAM_LAYER, label);
+        size_t out = ws_outside_writes(L);
+        CHECKF(out == 0, "the forward of %d tokens wrote %zu bytes outside its workspace of "
+               "moe_plan_workspace_size = %zu bytes (placed at the end of %zu, a %d-byte guard after it)", T, out,
+               L->ws_call, L->ws_bytes, WS_GUARD);
+    }
 
-    int *idx = region(plan, L, "topk_idx", NULL);
-    float *w = region(plan, L, "topk_w", NULL);
-    int *counts = region(plan, L, "counts", NULL);
-    int *offsets = region(plan, L, "offsets", NULL);
-    int *ntiles = region(plan, L, "num_tiles", NULL);
-    int *tiles = region(plan, L, "tiles", NULL);
-    int *row_of = region(plan, L, "row_of", NULL);
-    uint16_t *hbuf = region(plan, L, "hbuf", NULL);
+    int *idx = region(plan, L, T, "topk_idx", NULL);
+    float *w = region(plan, L, T, "topk_w", NULL);
+    int *counts = region(plan, L, T, "counts", NULL);
+    int *offsets = region(plan, L, T, "offsets", NULL);
+    int *ntiles = region(plan, L, T, "num_tiles", NULL);
+    int *tiles = region(plan, L, T, "tiles", NULL);
+    int *row_of = region(plan, L, T, "row_of", NULL);
+    uint16_t *hbuf = region(plan, L, T, "hbuf", NULL);
     size_t obuf_bytes = 0;
-    uint16_t *obuf = region(plan, L, "xs", &obuf_bytes);
+    uint16_t *obuf = region(plan, L, T, "xs", &obuf_bytes);
     uint16_t *y = malloc((size_t)T * H * 2);
     int *sample = NULL;
     char *picked = NULL;

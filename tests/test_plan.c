@@ -121,6 +121,106 @@ static void test_training(void) {
     moe_plan_desc_free(&pd);
 }
 
+/* Whether every region of ws[n] lies inside `total` bytes, in order, on a
+ * 256-byte boundary. */
+static int layout_ok(const moe_ws_region_t *ws, int n, size_t total) {
+    for (int i = 0; i < n; i++)
+        if (ws[i].offset % 256 || (i && ws[i].offset < ws[i - 1].offset + ws[i - 1].bytes) ||
+            ws[i].offset + ws[i].bytes > total)
+            return 0;
+    return 1;
+}
+
+/* The forward's workspace laid out per call (moe_fwd_ws_layout): each
+ * region what the kernels of a call of T tokens reach, the sizes
+ * non-decreasing in T (a workspace for T serves any call of fewer), the
+ * capacity's layout the plan's, and small calls far below it. */
+static void test_workspace(void) {
+    static const char *const specs[] = {
+        mixtral,
+        "name = 'sh' experts = 12 top_k = 3 hidden = 264 ffn = 136 tokens = 700 shared = { ffn = 136, gate = "
+        "'sigmoid' }\n",
+        "name = 'ds' experts = 256 top_k = 8 hidden = 7168 ffn = 2048 tokens = 4096\n",
+    };
+    moe_plan_desc_t pd = {0};
+    for (size_t c = 0; c < sizeof specs / sizeof *specs; c++) {
+        CASE("the workspace per call: regions at T, sizes growing with T, the capacity's the plan's");
+        if (plan_of(&pd, specs[c])) {
+            CHECKF(0, "spec %zu", c);
+            continue;
+        }
+        const moe_spec_t *s = &pd.spec;
+        const int cap = s->tokens, KE = moe_spec_entries(s);
+        const int Ts[] = {0, 1, 2, 3, 5, 17, 64, 100, cap / 3, cap - 1, cap};
+        moe_ws_region_t ws[MOE_WS_COUNT], full[MOE_WS_COUNT];
+        size_t prev = 0, prev_full = 0;
+        for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+            const int T = Ts[i];
+            const size_t n = moe_fwd_ws_layout(&pd, T, 0, ws), nf = moe_fwd_ws_layout(&pd, T, 1, full);
+            const long long R = moe_plan_max_rows(&pd, T), Rc = moe_plan_max_rows(&pd, cap);
+            CHECKF(layout_ok(ws, MOE_WS_COUNT, n) && layout_ok(full, MOE_WS_COUNT, nf) && n % 256 == 0,
+                   "%s at %d", s->name, T);
+            CHECKF(ws[MOE_WS_XS].bytes == (size_t)(2 * R * s->hidden) &&
+                   ws[MOE_WS_HBUF].bytes == (size_t)(2 * R * s->ffn) &&
+                   ws[MOE_WS_TILES].bytes == (size_t)(16 * moe_plan_max_tiles(&pd, T)) &&
+                   ws[MOE_WS_TOPK_IDX].bytes == (size_t)(4LL * T * KE) &&
+                   ws[MOE_WS_ROW_OF].bytes == (size_t)(4LL * T * KE), "%s at %d", s->name, T);
+            /* full rows: xs and hbuf span the capacity's rows, the rest by T */
+            CHECKF(full[MOE_WS_XS].bytes == (size_t)(2 * Rc * s->hidden) &&
+                   full[MOE_WS_HBUF].bytes == (size_t)(2 * Rc * s->ffn) &&
+                   full[MOE_WS_TOPK_W].bytes == ws[MOE_WS_TOPK_W].bytes && nf >= n, "%s at %d", s->name, T);
+            CHECKF(n >= prev && nf >= prev_full, "%s: %zu bytes at %d tokens, fewer than %zu before", s->name, n, T,
+                   prev);
+            prev = n, prev_full = nf;
+        }
+        CHECK(moe_fwd_ws_layout(&pd, cap, 0, ws) == pd.ws_bytes && ws[MOE_WS_XS].offset == pd.ws[MOE_WS_XS].offset);
+        /* one token: its k' rows and each slot's row padding, not the capacity's rows */
+        const size_t one = moe_fwd_ws_layout(&pd, 1, 0, ws);
+        CHECKF(one * 8 < pd.ws_bytes, "%s: %zu bytes at 1 token, %zu at %d", s->name, one, pd.ws_bytes, cap);
+        fprintf(stderr, "  %s: workspace %zu bytes at 1 token, %zu at 64, %zu at %d\n", s->name, one,
+                moe_fwd_ws_layout(&pd, 64, 0, ws), pd.ws_bytes, cap);
+    }
+
+    static const char *const eps[] = {
+        ep4,
+        "name = 'c' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 } "
+        "dispatch = { mode = 'capacity', capacity = 300 }\n",
+        "name = 'f' experts = 8 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 8 }\n",
+    };
+    for (size_t c = 0; c < sizeof eps / sizeof *eps; c++) {
+        CASE("the EP workspace per call: the send side by T, the receive side and the fixed regions fixed");
+        if (plan_of(&pd, eps[c])) {
+            CHECKF(0, "EP spec %zu", c);
+            continue;
+        }
+        const moe_ep_desc_t *ed = moe_plan_ep_desc(&pd);
+        const moe_spec_t *s = &pd.spec;
+        if (!ed)
+            continue;
+        moe_ws_region_t ws[MOE_EW_COUNT];
+        size_t prev = 0;
+        for (int T = 0; T <= s->tokens; T += T < 8 ? 1 : 97) {
+            const size_t n = moe_ep_ws_layout(ed, &pd, T, ws);
+            const long long send = ed->capacity ? (long long)ed->ep * ed->capacity : (long long)T * s->top_k;
+            CHECKF(layout_ok(ws, MOE_EW_COUNT, n) && n >= prev, "%s at %d", s->name, T);
+            CHECKF(ws[MOE_EW_SEND].bytes == (size_t)(2 * (send + 1) * s->hidden) &&
+                   ws[MOE_EW_TOPK_IDX].bytes == (size_t)(4LL * T * s->top_k), "%s at %d", s->name, T);
+            /* what moe_plan_overflow reads, and what the peers send, in the same place for every call */
+            CHECKF(ws[MOE_EW_OVERFLOW].offset == ed->ws[MOE_EW_OVERFLOW].offset &&
+                   ws[MOE_EW_STAGE].offset == ed->ws[MOE_EW_STAGE].offset &&
+                   ws[MOE_EW_HBUF].bytes == ed->ws[MOE_EW_HBUF].bytes, "%s at %d", s->name, T);
+            prev = n;
+        }
+        CHECK(moe_ep_ws_layout(ed, &pd, s->tokens, ws) == ed->ws_bytes);
+        /* exact mode: a token sends a rank at most min(top_k, S) rows */
+        const long long per = ed->capacity ? 0 : s->top_k < ed->nheld ? s->top_k : ed->nheld;
+        CHECKF(ed->capacity ? ed->stage_rows == (long long)ed->ep * ed->capacity
+                            : ed->stage_rows == (long long)ed->ep * s->tokens * per,
+               "%s: %lld stage rows", s->name, ed->stage_rows);
+    }
+    moe_plan_desc_free(&pd);
+}
+
 int main(void) {
     CASE("the family table: one descriptor per id, a variant for every arch, its templates embedded");
     for (int id = 0; id < MOE_FAMILY_COUNT; id++) {
@@ -273,5 +373,6 @@ int main(void) {
     }
     moe_plan_desc_free(&pd);
     test_training();
+    test_workspace();
     return check_report("test_plan");
 }

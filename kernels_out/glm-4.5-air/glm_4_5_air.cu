@@ -2375,10 +2375,13 @@ static inline long long moe_routed_rows(long long tokens, int top_k) {
 }
 
 /* Rows of the expert-major buffers for `tokens` tokens: the routed rows
- * plus up to align - 1 rows of padding per expert, since each expert's rows
- * start on a multiple of align (the GEMM bm). */
+ * plus up to align - 1 rows of padding per expert that has any, since each
+ * expert's rows start on a multiple of align (the GEMM bm) and an empty
+ * expert takes none (permute_plan rounds each count up); at most one
+ * expert per routed row has rows. Non-decreasing in tokens. */
 static inline long long moe_max_rows(long long tokens, int top_k, int experts, int align) {
-    return moe_routed_rows(tokens, top_k) + (long long)experts * (align - 1);
+    const long long routed = moe_routed_rows(tokens, top_k);
+    return routed + (routed < experts ? routed : (long long)experts) * (align - 1);
 }
 
 /* M tiles (the GEMMs' tile-table capacity) for `tokens` tokens. */
