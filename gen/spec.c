@@ -264,19 +264,56 @@ static int apply_override(moe_spec_ctx_t *c, int i) {
     int envi = lua_gettop(L);
     if (dot) {
         *dot = '\0';
-        if (lua_getfield(L, envi, key) != LUA_TTABLE) {
+        lua_pushstring(L, key);
+        if (lua_rawget(L, envi) != LUA_TTABLE) { /* raw, as the validation reads: no metamethod runs */
             lua_pop(L, 1);
             lua_newtable(L);
-            lua_pushvalue(L, -1);
-            lua_setfield(L, envi, key);
+            lua_pushstring(L, key);
+            lua_pushvalue(L, -2);
+            lua_rawset(L, envi);
         }
+        lua_pushstring(L, dot + 1);
         push_override_value(L, eq + 1);
-        lua_setfield(L, -2, dot + 1);
+        lua_rawset(L, -3);
         lua_pop(L, 1);
     } else {
         push_override_value(L, eq + 1);
         lua_setfield(L, envi, key);
     }
+    return 0;
+}
+
+/* The line of the spec's last `return` statement (a line that starts with
+ * the word), or 1. */
+static int return_line(const char *text) {
+    int line = 1, at = 1;
+    for (const char *p = text; *p;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, "return", 6) == 0 && !isalnum((unsigned char)p[6]) && p[6] != '_')
+            at = line;
+        const char *nl = strchr(p, '\n');
+        if (!nl)
+            break;
+        p = nl + 1;
+        line++;
+    }
+    return at;
+}
+
+/* The overrides and the validation, under lua_pcall (read_values's
+ * arguments: the context and the spec as light userdata): they read only
+ * raw and refuse tables with metatables, and anything that still raises
+ * (memory the spec left exhausted) becomes an error, not a panic. */
+static int read_values(lua_State *L) {
+    moe_spec_ctx_t *c = lua_touserdata(L, 1);
+    moe_spec_t *spec = lua_touserdata(L, 2);
+    lua_settop(L, 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, "moegen_values");
+    for (int i = 0; i < c->novr && !c->failed; i++)
+        apply_override(c, i);
+    if (!c->failed)
+        moe_spec_read(c, spec);
     return 0;
 }
 
@@ -334,16 +371,23 @@ int moe_spec_load(moe_spec_t *spec, const char *path, const char *text, const mo
         lua_pushvalue(L, -1);
         lua_insert(L, 1); /* env at 1, chunk at 3 */
         lua_setupvalue(L, -2, 1);
-        if (moe_sandbox_pcall(L, 0, 0, 0) != LUA_OK) {
+        if (moe_sandbox_pcall(L, 0, 1, 0) != LUA_OK) {
             const char *m = lua_tostring(L, -1);
             lua_diag(&c, m ? m : "error while reading the spec");
+        } else if (!lua_isnil(L, -1)) { /* `return { experts = 8, ... }`: read as no keys at all */
+            snprintf(diag->msg, sizeof diag->msg, "%s:%d: error: the spec returns a value (%s); a spec is a list of "
+                     "assignments, key = value, read as they are made: write experts = 8, not return { experts = 8 }",
+                     path, return_line(text), luaL_typename(L, -1));
+            c.failed = 1;
         } else {
             lua_settop(L, 0);
-            lua_getfield(L, LUA_REGISTRYINDEX, "moegen_values");
-            for (int i = 0; i < novr && !c.failed; i++)
-                apply_override(&c, i);
-            if (!c.failed)
-                moe_spec_read(&c, spec);
+            lua_pushcfunction(L, read_values);
+            lua_pushlightuserdata(L, &c);
+            lua_pushlightuserdata(L, spec);
+            if (moe_sandbox_pcall(L, 2, 0, 0) != LUA_OK && !c.failed) {
+                const char *m = lua_tostring(L, -1);
+                lua_diag(&c, m ? m : "error while reading the spec");
+            }
         }
     }
     lua_close(L);

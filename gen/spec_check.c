@@ -156,7 +156,12 @@ static int read_list(moe_spec_ctx_t *c, moe_keyref_t kr, const moe_key_t *k, int
         moe_spec_key_error(c, kr, "%s must be a list of strings, got %s", fn, type_word(L, -1));
         return 0;
     }
-    int len = (int)luaL_len(L, -1);
+    if (lua_getmetatable(L, -1)) { /* _ENV: its metamethods would run, and raise, outside Lua */
+        lua_pop(L, 1);
+        moe_spec_key_error(c, kr, "%s must be a list of strings, not a table with a metatable (such as _ENV)", fn);
+        return 0;
+    }
+    int len = (int)lua_rawlen(L, -1);
     lua_pushnil(L);
     while (lua_next(L, -2)) {
         lua_pop(L, 1);
@@ -220,7 +225,9 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
     moe_keyref_t kr = key_ref(k->name, parent, sizeof parent);
     const char *fn = k->name;
     char *p = (char *)s + k->offset;
-    int t = lua_getfield(L, idx, kr.key);
+    idx = lua_absindex(L, idx);
+    lua_pushstring(L, kr.key);
+    int t = lua_rawget(L, idx); /* raw: no metamethod runs (get_table refuses tables that have them) */
     if (t == LUA_TNIL) {
         if (k->required)
             moe_spec_key_error(c, (moe_keyref_t){NULL, NULL}, "missing required key '%s'", fn);
@@ -316,12 +323,17 @@ static void read_key(moe_spec_ctx_t *c, int idx, const moe_key_t *k, moe_spec_t 
 /* Push the sub-table at key (or an empty table when absent). */
 static int get_table(moe_spec_ctx_t *c, int idx, moe_keyref_t k) {
     lua_State *L = c->L;
-    int t = lua_getfield(L, idx, k.key);
+    idx = lua_absindex(L, idx);
+    lua_pushstring(L, k.key);
+    int t = lua_rawget(L, idx);
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
         lua_newtable(L);
     } else if (t != LUA_TTABLE) {
         moe_spec_key_error(c, k, "%s must be a table, got %s", k.key, type_word(L, -1));
+    } else if (lua_getmetatable(L, -1)) { /* _ENV: reading it would run the spec's metamethods */
+        lua_pop(L, 1);
+        moe_spec_key_error(c, k, "%s must be a table of keys, not a table with a metatable (such as _ENV)", k.key);
     }
     return lua_gettop(L);
 }

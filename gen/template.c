@@ -83,7 +83,10 @@ static int translate(const char *src, moe_buf_t *lua, char *err, size_t errlen) 
         if (q < p + n && *q == '@') {
             moe_buf_append(lua, q + 1, n - (size_t)(q + 1 - p));
         } else {
-            moe_buf_printf(lua, "__out(%d", line);
+            /* ';' first: a text line never continues the Lua statement of
+             * the '@' line above it (`@ local x =` took the output call as
+             * its value, silently) */
+            moe_buf_printf(lua, ";__out(%d", line);
             const char *s = p, *lim = p + n;
             while (s < lim) {
                 const char *d = s;
@@ -231,7 +234,7 @@ static int load_template(moe_tmpl_t *t, const char *name) {
     char display[512], err[512];
     char *src = tmpl_source(t, name, display, sizeof display, err, sizeof err);
     if (!src) {
-        snprintf(t->err, sizeof t->err, "templates/%s.lua:1: error: %s", name, err);
+        snprintf(t->err, sizeof t->err, "%s:1: error: %s", display, err); /* the real path under --templates */
         return 1;
     }
     moe_buf_t lua = {0};
@@ -331,6 +334,39 @@ void moe_tmpl_close(moe_tmpl_t *t) {
     free(t);
 }
 
+/* Lua's message msg (n bytes) without the translation's internal names: a
+ * syntax error at the start of a text line (its ';' or __out) is an
+ * unfinished '@' line above it; __out and __s are the text output and the
+ * ${} interpolation. Into out. */
+static void tmpl_plain_msg(const char *msg, size_t n, int text_line, char *out, size_t outlen) {
+    static const struct {
+        const char *from, *to;
+        int text_only;
+    } subs[] = {
+        {"near ';'", "at this text line (the Lua statement of the '@' lines above it is unfinished)", 1},
+        {"near '__out'", "at this text line (the Lua statement of the '@' lines above it is unfinished)", 1},
+        {"'__out'", "the template's text output", 0},
+        {"'__s'", "the ${} interpolation", 0},
+    };
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 1 < outlen;) {
+        size_t j = 0;
+        for (; j < sizeof subs / sizeof *subs; j++) {
+            size_t fl = strlen(subs[j].from);
+            if ((!subs[j].text_only || text_line) && i + fl <= n && strncmp(msg + i, subs[j].from, fl) == 0) {
+                o += (size_t)snprintf(out + o, outlen - o, "%s", subs[j].to);
+                if (o >= outlen)
+                    o = outlen - 1;
+                i += fl;
+                break;
+            }
+        }
+        if (j == sizeof subs / sizeof *subs)
+            out[o++] = msg[i++];
+    }
+    out[o] = '\0';
+}
+
 /* Rewrite a Lua error "file:line: msg" as "file:line: error: msg" followed
  * by the template line itself. */
 static void tmpl_diag(moe_tmpl_t *t, const char *lmsg, moe_diag_t *diag) {
@@ -377,8 +413,13 @@ static void tmpl_diag(moe_tmpl_t *t, const char *lmsg, moe_diag_t *diag) {
     }
     /* keep only the first line of msg (drop any traceback) */
     const char *nl = strchr(msg, '\n');
-    snprintf(diag->msg, sizeof diag->msg, "%s:%d: error: %.*s%s%s", file, line,
-             (int)(nl ? nl - msg : (long)strlen(msg)), msg, text[0] ? "\n    " : "", text);
+    const char *lead = text;
+    while (*lead == ' ' || *lead == '\t')
+        lead++;
+    char plain[1024];
+    tmpl_plain_msg(msg, nl ? (size_t)(nl - msg) : strlen(msg), text[0] && *lead != '@', plain, sizeof plain);
+    snprintf(diag->msg, sizeof diag->msg, "%s:%d: error: %s%s%s", file, line, plain, text[0] ? "\n    " : "",
+             text);
 }
 
 int moe_tmpl_expand(moe_tmpl_t *t, const char *name, const char *fn, moe_buf_t *out, moe_diag_t *diag) {

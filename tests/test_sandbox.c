@@ -6,7 +6,7 @@
  * writing nothing and printing nothing to stdout. Then a folder whose name
  * holds a quote and a newline: the #line directives escape it. Run from the
  * repository root. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 #include "gen_fixture.h"
 
 /* `build/moegen ARGS` under `timeout 60`: exit status (124: timed out),
@@ -40,6 +40,9 @@ static void test_holes(void) {
         {"print_stdout", "attempt to call a nil value (global 'print')"},
         {"out_table", "template output: argument 2 is a table, not text"},
         {"out_flood", "template output over 256 MiB"},
+        {"unfinished_if", "'then' expected at this text line (the Lua statement of the '@' lines above it is "
+                          "unfinished)"},
+        {"unfinished_value", "unexpected symbol at this text line"},
     };
     char t[300], outside[300], out[300], src[300], args[1400];
     snprintf(t, sizeof t, "%s/t", tmp_root);
@@ -69,11 +72,31 @@ static void test_holes(void) {
         CHECKF(took < 30.0, "took %.1f s", took); /* a hang guard: the limit ends a template in ~2 s */
         CHECKF(strstr(se, cases[i].want) != NULL, "stderr: %s", se);
         CHECKF(strstr(se, "route.lua:") != NULL, "the message names no template line: %s", se);
+        /* the message line (the template line echoed after it may be the template's own __out call) */
+        const char *nl = strchr(se, '\n');
+        int msg_len = nl ? (int)(nl - se) : (int)strlen(se);
+        CHECKF(!memmem(se, (size_t)msg_len, "__out", 5) && !memmem(se, (size_t)msg_len, "__s", 3),
+               "the message names an internal function: %.*s", msg_len, se);
         CHECKF(*so == '\0', "stdout: %s", so);
         CHECKF(!exists(out), "%s was created", out);
         free(so);
         free(se);
     }
+}
+
+/* A --templates folder without a template: the message names the file
+ * where it was looked for (it said templates/prelude.lua). */
+static void test_missing(void) {
+    CASE("sandbox: a --templates folder without the template names the real path");
+    char t[300], args[1400], want[400];
+    snprintf(t, sizeof t, "%s/no_such_folder", tmp_root);
+    snprintf(args, sizeof args, "emit %s -o %s/missing_out --templates %s", SMALL, tmp_root, t);
+    char *so, *se;
+    int rc = run_limited(args, &so, &se);
+    snprintf(want, sizeof want, "%s/prelude.lua:1: error: cannot open", t);
+    CHECKF(rc == 2 && strstr(se, want) == se, "exit %d: %s", rc, se);
+    free(so);
+    free(se);
 }
 
 /* The folder's name in #line as a C string literal: '"' and '\' escaped,
@@ -126,6 +149,7 @@ int main(void) {
         return 1;
     test_holes();
     test_line_names();
+    test_missing();
     rm_rf(tmp_root);
     return check_report("test_sandbox");
 }
