@@ -516,8 +516,12 @@ int main(int argc, char **argv) {
             double ms = k <= MOE_K_COUNT ? median(t[k], iters) : graph_ms[k - MOE_K_COUNT - 1];
             double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[kk] / (gemm_tf * 1e12) : 0, bytes[kk] / (copy_gbs * 1e9));
             static const char *const layer_rows[3] = {"LAYER", "LAYER eager", "LAYER graph"};
-            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f", T, k < MOE_K_COUNT ? names[k] : layer_rows[k - MOE_K_COUNT],
-                   ms, flop[kk] / (ms * 1e-3) / 1e12, bytes[kk] / (ms * 1e-3) / 1e9, floor_ms, ms / floor_ms);
+            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f", T, k < MOE_K_COUNT ? names[k] : layer_rows[k - MOE_K_COUNT],
+                   ms, flop[kk] / (ms * 1e-3) / 1e12, bytes[kk] / (ms * 1e-3) / 1e9, floor_ms);
+            if (floor_ms > 0 && isfinite(floor_ms)) /* no floor (no work counted): "-", not inf */
+                printf(" %7.2f", ms / floor_ms);
+            else
+                printf(" %7s", "-");
             if (nplans > 1)
                 printf("  %s", moe_cudnn_mode_name(modes[pi]));
             printf("\n");

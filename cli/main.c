@@ -235,7 +235,9 @@ static int load(const args_t *a, moe_spec_t *spec, moe_plan_desc_t *plan) {
     }
     char err[512];
     if (moe_plan_desc_build(plan, spec, a->table, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", path, err);
+        char msg[1200];
+        moe_spec_error_at(spec, path, err, msg, sizeof msg); /* the line of the key it names */
+        fprintf(stderr, "%s\n", msg);
         return 2;
     }
     return 0;

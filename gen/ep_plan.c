@@ -16,7 +16,7 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
     ed->capacity = s->dispatch.mode == MOE_DISPATCH_CAPACITY ? s->dispatch.capacity : 0;
     long long P = ed->ep, S = nheld, C = ed->capacity;
     if (P * S > 4096) {
-        snprintf(err, errlen, "the EP group has %lld (rank, slot) positions (ep %lld x %lld slots); the dispatch "
+        snprintf(err, errlen, "mesh: the EP group has %lld (rank, slot) positions (ep %lld x %lld slots); the dispatch "
                  "kernels handle at most 4096", P * S, P, S);
         return 1;
     }
@@ -28,9 +28,10 @@ int moe_ep_desc_build(moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int nheld, c
     ed->recv_rows = ed->stage_rows + S * (pd->align - 1);
     ed->max_tiles = ed->recv_rows / pd->align;
     if (ed->max_tiles > 65535) {
-        snprintf(err, errlen, "a rank may receive %lld rows (%s), %lld row tiles of %d, more than a grid's 65535 "
-                 "rows; lower tokens%s", ed->stage_rows, C ? "ep x dispatch.capacity" : "ep x tokens x top_k",
-                 ed->max_tiles, pd->align, C ? " or dispatch.capacity" : " or use dispatch.mode = \"capacity\"");
+        snprintf(err, errlen, "%s: a rank may receive %lld rows (%s), %lld row tiles of %d, more than a grid's "
+                 "65535 rows; lower tokens%s", C ? "dispatch" : "tokens", ed->stage_rows,
+                 C ? "ep x dispatch.capacity" : "ep x tokens x min(top_k, slots per rank)", ed->max_tiles, pd->align,
+                 C ? " or dispatch.capacity" : " or use dispatch.mode = \"capacity\"");
         return 1;
     }
 

@@ -48,12 +48,12 @@ static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *t
     pd->max_rows = moe_plan_max_rows(pd, s->tokens);
     pd->max_tiles = moe_plan_max_tiles(pd, s->tokens);
     if (pd->max_tiles > 65535) {
-        snprintf(err, errlen, "the plan needs %lld row tiles of %d at %d tokens, more than a grid's 65535 rows; "
-                 "lower tokens", pd->max_tiles, pd->align, s->tokens);
+        snprintf(err, errlen, "tokens (%d): the plan needs %lld row tiles of %d, more than a grid's 65535 rows; "
+                 "lower tokens", s->tokens, pd->max_tiles, pd->align);
         return 1;
     }
     if (pd->max_rows > (1LL << 30)) {
-        snprintf(err, errlen, "the plan needs %lld expert rows, more than 2^30", pd->max_rows);
+        snprintf(err, errlen, "tokens (%d): the plan needs %lld expert rows, more than 2^30", s->tokens, pd->max_rows);
         return 1;
     }
     pd->ws_bytes = moe_fwd_ws_layout(pd, s->tokens, 0, pd->ws); /* at the capacity: the vendored launcher's */

@@ -301,6 +301,51 @@ static int return_line(const char *text) {
     return at;
 }
 
+/* Where the spec set each top-level key (the lines spec_newindex kept),
+ * the command line's --set after them, into spec->set_at. */
+static void record_lines(lua_State *L, const moe_spec_ctx_t *c, moe_spec_t *spec) {
+    const int cap = (int)(sizeof spec->set_at / sizeof *spec->set_at);
+    spec->nset_at = 0;
+    lua_getfield(L, LUA_REGISTRYINDEX, "moegen_lines");
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_isinteger(L, -1) && spec->nset_at < cap) {
+            snprintf(spec->set_at[spec->nset_at].key, sizeof spec->set_at[0].key, "%s", lua_tostring(L, -2));
+            spec->set_at[spec->nset_at++].line = (int)lua_tointeger(L, -1);
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    for (int i = 0; i < c->novr; i++) { /* a --set wins over the file's line */
+        const char *t = c->ovr[i].text;
+        size_t kn = strcspn(t, ".=");
+        int j = 0;
+        while (j < spec->nset_at && !(strlen(spec->set_at[j].key) == kn && !strncmp(spec->set_at[j].key, t, kn)))
+            j++;
+        if (j == spec->nset_at) {
+            if (j == cap || kn >= sizeof spec->set_at[0].key)
+                continue;
+            snprintf(spec->set_at[j].key, sizeof spec->set_at[0].key, "%.*s", (int)kn, t);
+            spec->nset_at++;
+        }
+        spec->set_at[j].line = -(i + 1);
+    }
+}
+
+void moe_spec_error_at(const moe_spec_t *s, const char *path, const char *err, char *out, size_t n) {
+    for (int i = 0; i < s->nset_at; i++) {
+        size_t kn = strlen(s->set_at[i].key);
+        if (strncmp(err, s->set_at[i].key, kn) != 0 || (err[kn] != ' ' && err[kn] != ':'))
+            continue;
+        if (s->set_at[i].line < 0)
+            snprintf(out, n, "<command line>:%d: error: %s", -s->set_at[i].line, err);
+        else
+            snprintf(out, n, "%s:%d: error: %s", path, s->set_at[i].line, err);
+        return;
+    }
+    snprintf(out, n, "%s: error: %s", path, err);
+}
+
 /* The overrides and the validation, under lua_pcall (read_values's
  * arguments: the context and the spec as light userdata): they read only
  * raw and refuse tables with metatables, and anything that still raises
@@ -313,7 +358,9 @@ static int read_values(lua_State *L) {
     for (int i = 0; i < c->novr && !c->failed; i++)
         apply_override(c, i);
     if (!c->failed)
-        moe_spec_read(c, spec);
+        moe_spec_read(c, spec); /* clears spec, so the lines are recorded after it */
+    if (!c->failed)
+        record_lines(L, c, spec);
     return 0;
 }
 

@@ -108,6 +108,14 @@ typedef struct {
     int narch;
     moe_arch_t arch[MOE_ARCH_MAX];
     char hash[33];                /* XXH3-128 of the canonical text, hex */
+    /* where each top-level key was set (not part of the spec's value or
+     * hash): its line in the file, or -(i + 1) for the command line's i-th
+     * --set; for planner errors (moe_spec_error_at) */
+    struct {
+        char key[24];
+        int line;
+    } set_at[32];
+    int nset_at;
 } moe_spec_t;
 
 /* One key override from the command line: "key=value" or "router.score=x". */
@@ -126,6 +134,12 @@ typedef struct {
  * returns non-zero and fills diag with "FILE:LINE: error: MESSAGE". */
 int moe_spec_load(moe_spec_t *spec, const char *path, const char *text,
                   const moe_override_t *ovr, int novr, moe_diag_t *diag);
+
+/* A planner error about spec `s` (loaded from `path`) as a compiler
+ * message into out: "PATH:LINE: error: ERR" when err starts with a
+ * top-level key the spec set ("experts (2048): ..."), naming the line that
+ * set it ("<command line>:I" for a --set), else "PATH: error: ERR". */
+void moe_spec_error_at(const moe_spec_t *s, const char *path, const char *err, char *out, size_t n);
 
 /* The canonical text of a spec (sorted keys, defaults filled in), as a
  * spec file that loads back to the same spec. Caller frees. */

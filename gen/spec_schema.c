@@ -41,7 +41,8 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "name", .type = MOE_KEY_IDENT, .offset = AT(name), .required = true, .hi = MOE_LIMIT_NAME,
      .help = "names the files and symbols; not `moe` or `moe_...` (libmoegen's own prefix)"},
     {.name = "experts", .type = MOE_KEY_INT, .offset = AT(experts), .required = true, .lo = 1,
-     .hi = MOE_LIMIT_EXPERTS, .help = "routed experts E (over the whole mesh)"},
+     .hi = MOE_LIMIT_EXPERTS, .help = "routed experts E (over the whole mesh); the route kernel plans at most "
+                                      "1024, more is refused at plan time (`moegen check` included)"},
     {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,
      .at_most = "experts", .help = "experts each token is routed to"},
     {.name = "hidden", .type = MOE_KEY_INT, .offset = AT(hidden), .required = true, .lo = 8, .hi = MOE_LIMIT_DIM,

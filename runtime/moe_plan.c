@@ -160,8 +160,11 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     }
     if (tpath)
         moe_tuning_free(&loaded);
-    if (bad)
-        return moe_fail(MOE_ERR_SPEC, "%s: error: %s", path, err);
+    if (bad) {
+        char msg[1200];
+        moe_spec_error_at(&spec, path, err, msg, sizeof msg);
+        return moe_fail(MOE_ERR_SPEC, "%s", msg);
+    }
     moe_status rc = moe_ep_create(&p->ep, &p->pd, o ? o->rank : 0, err, sizeof err);
     if (rc)
         return moe_fail(rc, rc == MOE_ERR_SPEC ? "%s: error: %s" : "%s: %s", path, err);

@@ -495,6 +495,10 @@ int main(void) {
            "message: %s", moe_last_error());
     CHECK(moe_plan_create(&plan, "no/such/file.moe", NULL) == MOE_ERR_SPEC);
     CHECK(strstr(moe_last_error(), "cannot open") != NULL);
+    CASE("a planner refusal comes before the driver, naming the key's line");
+    CHECK(moe_plan_create(&plan, "tests/specs/bad/plan_experts_over_route.moe", NULL) == MOE_ERR_SPEC && !plan);
+    CHECK_STREQ(moe_last_error(), "tests/specs/bad/plan_experts_over_route.moe:4: error: experts (2048): the route "
+                                  "kernel handles at most 1024 experts");
 
     CASE("a mesh larger than one device needs the communicator, checked before the driver");
     moe_status st = moe_plan_create(&plan, "tests/specs/mesh_ep2.moe", NULL);

@@ -230,8 +230,17 @@ static void test_golden_errors(void) {
         moe_diag_t d;
         double t0 = now();
         int rc = load_file(&s, spec, &d);
+        if (rc == 0) { /* a planner refusal (plan_*): the spec loads, its plan does not */
+            moe_plan_desc_t pd;
+            char perr[512];
+            rc = moe_plan_desc_build(&pd, &s, moe_tuning_default(), perr, sizeof perr);
+            if (rc)
+                moe_spec_error_at(&s, spec, perr, d.msg, sizeof d.msg);
+            else
+                moe_plan_desc_free(&pd);
+        }
         double dt = now() - t0;
-        CHECKF(rc != 0, "%s loaded", spec);
+        CHECKF(rc != 0, "%s loaded and planned", spec);
         CHECKF(dt < 2.0, "took %.2f s (the sandbox limits must stop it fast)", dt);
         char got[1100];
         snprintf(got, sizeof got, "%s\n", d.msg);
@@ -1054,6 +1063,9 @@ static void test_command(void) {
         {"command: --json=1", "plan " SMALL " --json=1", "--json takes no value"},
         {"command: --set= with nothing after", "check " SMALL " --set=", "--set '' is not of the form key=value"},
         {"command: --rank=x", "plan " SMALL " --rank=x", "--rank needs a rank number, got 'x'"},
+        {"command: a planner refusal of a --set value names the command line",
+         "check examples/specs/deepseek-v3-ep8-mesh.moe --set tokens=131072",
+         "<command line>:1: error: tokens: a rank may receive 8388608 rows"},
     };
     for (size_t i = 0; i < sizeof usage / sizeof *usage; i++) {
         CASE(usage[i].label);
