@@ -48,6 +48,18 @@ class ForwardArgs(ctypes.Structure):
                 ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p)]
 
 
+class TrainForwardArgs(ctypes.Structure):
+    _fields_ = [("fwd", ForwardArgs), ("saved", c_void_p), ("recompute_u", c_int)]
+
+
+class BackwardArgs(ctypes.Structure):
+    _fields_ = [("tokens", c_int), ("recompute_u", c_int), ("saved", c_void_p), ("x", c_void_p),
+                ("router_w", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p), ("b2", c_void_p),
+                ("dy", c_void_p), ("workspace", c_void_p), ("accumulate", c_int), ("dx", c_void_p),
+                ("d_router_w", c_void_p), ("d_logit_bias", c_void_p), ("dw1p", c_void_p), ("db1p", c_void_p),
+                ("dw2", c_void_p), ("db2", c_void_p), ("shared_gate", c_void_p), ("d_shared_gate", c_void_p)]
+
+
 class PlanInfo(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("hash", c_char_p), ("arch", c_char_p),
                 ("experts", c_int), ("top_k", c_int),
@@ -90,7 +102,8 @@ def packer(mirror):
 TENSOR_W1, TENSOR_B1, TENSOR_W2, TENSOR_B2 = 0, 1, 2, 3
 
 MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_info": PlanInfo,
-           "moe_pack_src": PackSrc, "moe_pack_args": PackArgs}
+           "moe_pack_src": PackSrc, "moe_pack_args": PackArgs, "moe_train_forward_args": TrainForwardArgs,
+           "moe_backward_args": BackwardArgs}
 
 # The forward's tensors, moe_forward_args' names, in its order.
 TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate")
@@ -110,6 +123,11 @@ _SIGNATURES = {
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),
     "moe_plan_pack_async": (c_int, [c_void_p, ctypes.POINTER(PackArgs), c_void_p, c_void_p]),
     "moe_forward": (c_int, [c_void_p, ctypes.POINTER(ForwardArgs), c_void_p]),
+    "moe_forward_train": (c_int, [c_void_p, ctypes.POINTER(TrainForwardArgs), c_void_p]),
+    "moe_backward": (c_int, [c_void_p, ctypes.POINTER(BackwardArgs), c_void_p]),
+    "moe_plan_saved_size": (c_size_t, [c_void_p, c_int, c_int]),
+    "moe_plan_backward_workspace_size": (c_size_t, [c_void_p, c_int, c_int]),
+    "moe_plan_unpack_grad": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_int, c_void_p]),
     "moe_status_string": (c_char_p, [c_int]),
     "moe_last_error": (c_char_p, []),
 }

@@ -126,6 +126,14 @@ class Plan:
             raise _lib.fail(self._lib, st, "moe_plan_pack_async")
         return True
 
+    def unpack_grad(self, tensor, src, dst, count, stream):
+        """moe_plan_unpack_grad: the plain layout of the packed fp32
+        gradient at device address src (tensor _lib.TENSOR_W1: dw1p [count,
+        2F, H]; _B1: db1p [count, 2F]) written to dst, on stream."""
+        st = self._lib.moe_plan_unpack_grad(self.handle, tensor, src, dst, count, stream)
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_unpack_grad")
+
     def forward(self, tokens, ptrs, workspace, stream):
         """moe_forward on raw device pointers (ints): ptrs maps the
         moe_forward_args names (x, router_w, ..., y) to addresses, workspace

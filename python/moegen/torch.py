@@ -11,16 +11,28 @@ layouts (README.md, "Tensors") and `plan` the id of a registered Plan
 (register_plan). It runs moe_forward on torch's current stream of x's
 device with a workspace from torch's caching allocator, so it is
 capturable in a CUDA graph, and has a fake (shape-only) implementation, so
-torch.compile traces it without running it. There is no backward yet
-(libmoegen has no moe_backward): a backward through it raises.
+torch.compile traces it without running it. It is differentiable when the
+plan trains (spec key training = true): under grad it runs
+moegen::moe_train (moe_forward_train: y and the saved region) and its
+backward moegen::moe_backward (moe_backward: every gradient); for another
+plan a backward through it raises.
 
-The per-call host path is kept short (test_torch_gpu.py measures it against
-a direct moe_forward): an Autograd kernel that calls the CUDA kernel itself
-when it can (autograd_kernel), one quick pass over the tensors' metadata
-(_fits), the plan's workspace sizes cached, and moe_forward_args packed into
-a per-thread buffer (_lib.packer)."""
+The ops are C++ (python/csrc/moegen_torch.cpp, libmoegen_torch.so, built
+by setup.py or python/build_torch.py against the installed torch) where
+that library is found: $MOEGEN_TORCH_LIBRARY ("none": not loaded), else
+the package's, else the clone's build/libmoegen_torch.so. Without it they
+are defined here in Python through ctypes, with the same schemas, checks
+and messages (NATIVE says which). The Python op's per-call host path is
+kept short (test_torch_gpu.py measures both against a direct moe_forward):
+an Autograd kernel that calls the CUDA kernel itself when it can
+(autograd_kernel), one quick pass over the tensors' metadata (_fits), the
+plan's workspace sizes cached, and moe_forward_args packed into a
+per-thread buffer (_lib.packer)."""
+import ctypes
 import itertools
+import os
 import threading
+import warnings
 import weakref
 
 import torch
@@ -40,8 +52,10 @@ _plans_lock = threading.Lock()
 class _Entry:
     """What a call needs of a registered plan, looked up once."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, recompute_u):
         self.plan, self.handle, self.lib = plan, plan.handle, plan._lib
+        self.recompute_u = int(bool(recompute_u))
+        self.training = self.lib.moe_plan_saved_size(self.handle, 1, 0) > 0
         self.capacity, self.hidden = plan.info.tokens, plan.info.hidden
         self.device, self.index = torch.device("cuda", plan.device), plan.device
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
@@ -50,20 +64,34 @@ class _Entry:
         self.want = tuple(self.expect[n] for n in ("router_w", "w1p", "w2") + _OPTIONAL)
         self.ws = {}  # tokens -> workspace bytes
 
+    def saved_size(self, tokens):
+        return self.lib.moe_plan_saved_size(self.handle, tokens, self.recompute_u)
 
-def register_plan(plan):
+
+def register_plan(plan, recompute_u=False):
     """Make `plan` callable through the op; returns its id (the op's `plan`
-    argument). unregister_plan(id) drops it (MoE does both)."""
+    argument). recompute_u: a training plan's forward saves no U and its
+    backward computes it again (moe_train_forward_args.recompute_u).
+    unregister_plan(id) drops it (MoE does both; closing the plan does too)."""
     if not isinstance(plan, Plan):
         raise TypeError("register_plan takes a moegen.Plan, not %s" % type(plan).__name__)
+    e = _Entry(plan, recompute_u)
     with _plans_lock:
         pid = next(_ids)
-        _plans[pid] = _Entry(plan)
+        if NATIVE is not None:
+            err = ctypes.create_string_buffer(512)
+            st = NATIVE.moegen_torch_register(pid, e.handle, e.index, e.recompute_u, err, len(err))
+            if st != 0:
+                raise _lib.MoegenError(st, "moegen_torch_register: %s" % err.value.decode(errors="replace"))
+        _plans[pid] = e
+    plan.on_close(lambda: unregister_plan(pid))
     return pid
 
 
 def unregister_plan(pid):
     with _plans_lock:
+        if NATIVE is not None:
+            NATIVE.moegen_torch_unregister(pid)
         _plans.pop(pid, None)
 
 
@@ -112,9 +140,68 @@ def _entry(plan):
     return e
 
 
-_lib_def = torch.library.Library("moegen", "DEF")
-_lib_def.define("moe(Tensor x, Tensor router_w, Tensor w1p, Tensor w2, Tensor? router_bias, "
-                "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan) -> Tensor")
+_SCHEMA_ARGS = ("Tensor x, Tensor router_w, Tensor w1p, Tensor w2, Tensor? router_bias, Tensor? router_logit_bias, "
+                "Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan")
+SCHEMAS = {"moe": "moe(%s) -> Tensor" % _SCHEMA_ARGS,
+           "moe_train": "moe_train(%s) -> (Tensor, Tensor)" % _SCHEMA_ARGS,
+           "moe_backward": "moe_backward(Tensor dy, Tensor saved, %s) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+                           "Tensor, Tensor, Tensor)" % _SCHEMA_ARGS}
+
+
+def native_path():
+    """The C++ ops' library to load, or None: $MOEGEN_TORCH_LIBRARY ("none"
+    = none), else the package's libmoegen_torch.so, else the clone's
+    build/libmoegen_torch.so, where they exist."""
+    env = os.environ.get("MOEGEN_TORCH_LIBRARY")
+    if env:
+        return None if env == "none" else env
+    for p in (os.path.join(_lib.HERE, "libmoegen_torch.so"),
+              os.path.join(os.path.dirname(_lib.REPO_LIBRARY), "libmoegen_torch.so")):
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def _load_native():
+    """Load the C++ ops (after libmoegen, which they link) and return the
+    library for its plan table's C functions; None when there is none to
+    load, or (with a warning) when the one found does not load or is
+    another version. One named in $MOEGEN_TORCH_LIBRARY must load."""
+    path = native_path()
+    if path is None:
+        return None
+    named = bool(os.environ.get("MOEGEN_TORCH_LIBRARY"))
+    try:
+        lib = _lib.library()
+        torch.ops.load_library(path)
+        native = ctypes.CDLL(path)
+        native.moegen_torch_version.restype = ctypes.c_char_p
+        version = native.moegen_torch_version().decode()
+        if version != lib.moe_version().decode():
+            raise _lib.LibraryError("%s is version %s, libmoegen %s: rebuild it (python/build_torch.py)"
+                                    % (path, version, lib.moe_version().decode()))
+    except Exception as e:
+        if named:
+            raise _lib.LibraryError("$MOEGEN_TORCH_LIBRARY=%s: %s" % (path, e)) from None
+        warnings.warn("moegen: the C++ ops at %s are not used (%s); the Python ops are (rebuild it against this "
+                      "torch with python/build_torch.py)" % (path, e))
+        return None
+    native.moegen_torch_register.restype = ctypes.c_int
+    native.moegen_torch_register.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                             ctypes.c_char_p, ctypes.c_size_t]
+    native.moegen_torch_unregister.restype = None
+    native.moegen_torch_unregister.argtypes = [ctypes.c_int64]
+    native.path = path
+    return native
+
+
+# NATIVE: the C++ ops' library (its plan table's functions; .path), or None
+# where the ops are the Python ones below.
+NATIVE = _load_native()
+_lib_def = torch.library.Library("moegen", "FRAGMENT" if NATIVE is not None else "DEF")
+if NATIVE is None:
+    for _s in SCHEMAS.values():
+        _lib_def.define(_s)
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream   # the fast path, no Stream object
@@ -194,18 +281,111 @@ def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
     return torch.empty_like(x)
 
 
-def _moe_not_cuda(x, *args):
+def _train_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+    """y and the saved region, moe_plan_saved_size(tokens) bytes: the token
+    count is made concrete (a symbolic one is specialized)."""
+    y = _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)
+    return y, x.new_empty(_entry(plan).saved_size(int(x.shape[0])), dtype=torch.uint8)
+
+
+def _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate):
+    """moe_backward's outputs, empty: dx like x, fp32 gradients shaped like
+    the tensors given, [0] for those absent."""
+    g = lambda t: x.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)
+    return (torch.empty_like(x), g(router_w), g(router_logit_bias), g(w1p), g(b1p), g(w2), g(b2), g(shared_gate))
+
+
+def _backward_fake(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+    return _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate)
+
+
+def _not_cuda(x):
     raise ValueError("moegen: the layer runs on CUDA tensors; x is on %s" % x.device)
 
 
-_NO_BACKWARD = ("moegen: the layer has no backward yet (libmoegen has no moe_backward); run it under "
-                "torch.no_grad() or with parameters that do not require grad")
+def _checked(x, ts, plan):
+    """The plan's entry once the op's tensors (x, ts in the op's order) fit it."""
+    e = _plans.get(plan) or _entry(plan)
+    if not _fits(e, x, ts):
+        check_args(e.expect, e.capacity, e.device, x, dict(zip(("router_w", "w1p", "w2") + _OPTIONAL, ts)))
+    return e
+
+
+def _on_device(e, fn):
+    """fn(stream) with the plan's device current for torch too (libmoegen
+    makes the plan's context current; torch's device is put back)."""
+    if _current_device() == e.index:
+        return fn(_raw_stream(e.index))
+    with torch.cuda.device(e.index):
+        return fn(_raw_stream(e.index))
+
+
+def _addr(t):
+    return None if t is None else t.data_ptr()
+
+
+def _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+    e = _checked(x, ts, plan)
+    if not e.training:
+        raise ValueError("moegen: moe_train needs a plan whose spec has training = true")
+    tokens = x.shape[0]
+    y = torch.empty_like(x)
+    saved = torch.empty(e.saved_size(tokens), dtype=torch.uint8, device=e.device)
+    if tokens == 0:
+        return y, saved
+    ws = torch.empty(e.lib.moe_plan_workspace_size(e.handle, tokens), dtype=torch.uint8, device=e.device)
+    a = _lib.TrainForwardArgs(fwd=_lib.ForwardArgs(
+        tokens, _addr(x), _addr(router_w), _addr(router_bias), _addr(router_logit_bias), _addr(w1p), _addr(b1p),
+        _addr(w2), _addr(b2), _addr(y), _addr(ws), _addr(shared_gate)), saved=_addr(saved), recompute_u=e.recompute_u)
+    st = _on_device(e, lambda s: e.lib.moe_forward_train(e.handle, ctypes.byref(a), s))
+    if st != 0:
+        raise _lib.fail(e.lib, st, "moe_forward_train")
+    return y, saved
+
+
+def _backward_cuda(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+    e = _checked(x, ts, plan)
+    if not e.training:
+        raise ValueError("moegen: moe_backward needs a plan whose spec has training = true")
+    tokens = x.shape[0]
+    if dy.shape != x.shape or dy.dtype != x.dtype or dy.device != x.device or not dy.is_contiguous():
+        raise ValueError("moegen: dy must be contiguous %s %s on %s, not %s %s on %s" % (
+            str(x.dtype)[6:], list(x.shape), x.device, str(dy.dtype)[6:], list(dy.shape), dy.device))
+    need = e.saved_size(tokens)
+    if (saved.dtype != torch.uint8 or saved.dim() != 1 or saved.device != x.device or saved.numel() < need
+            or not saved.is_contiguous()):
+        raise ValueError("moegen: saved must be moe_train's uint8 [%d] for %d tokens" % (need, tokens))
+    g = _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate)
+    if tokens == 0:  # nothing enqueued: the gradients of an empty batch are zeros
+        for t in g[1:]:
+            t.zero_()
+        return g
+    ws = torch.empty(e.lib.moe_plan_backward_workspace_size(e.handle, tokens, e.recompute_u), dtype=torch.uint8,
+                     device=e.device)
+    dx, d_router_w, d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate = g
+    opt = lambda t, present: t.data_ptr() if present is not None else None
+    a = _lib.BackwardArgs(
+        tokens=tokens, recompute_u=e.recompute_u, saved=_addr(saved), x=_addr(x), router_w=_addr(router_w),
+        w1p=_addr(w1p), b1p=_addr(b1p), w2=_addr(w2), b2=_addr(b2), dy=_addr(dy), workspace=_addr(ws), accumulate=0,
+        dx=_addr(dx), d_router_w=_addr(d_router_w), d_logit_bias=opt(d_logit_bias, router_logit_bias),
+        dw1p=_addr(dw1p), db1p=opt(db1p, b1p), dw2=_addr(dw2), db2=opt(db2, b2), shared_gate=_addr(shared_gate),
+        d_shared_gate=opt(d_shared_gate, shared_gate))
+    st = _on_device(e, lambda s: e.lib.moe_backward(e.handle, ctypes.byref(a), s))
+    if st != 0:
+        raise _lib.fail(e.lib, st, "moe_backward")
+    return g
+
+
+_NO_BACKWARD = ("moegen: this plan has no backward (its spec lacks training = true): run the layer under "
+                "torch.no_grad(), with parameters that do not require grad, or plan it with training = true")
 
 
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def autograd_kernel(op, backend, kernel):
+def autograd_kernel(op, backend, kernel, with_grad):
     """An Autograd kernel for `op` (an OpOverload) whose kernel for dispatch
     key `backend` is the Python function `kernel`. Where no gradient is
     wanted and nothing sits between autograd and that kernel (no fake or
@@ -213,23 +393,20 @@ def autograd_kernel(op, backend, kernel):
     the keyset's first key, past the ADInplaceOrView fallthrough, is
     `backend`), it calls `kernel` itself: one trip into Python per call
     instead of torch.library.register_autograd's wrapper and a redispatch.
-    Otherwise it redispatches below autograd, through an autograd.Function
-    whose backward raises when a gradient is wanted."""
-    class WithGrad(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, keyset, *args):
+    Otherwise it redispatches below autograd, and where a gradient is wanted
+    it returns with_grad(redispatch, *args), redispatch(*args) being the op
+    below autograd."""
+    def redispatch(keyset):
+        def call(*args):
             with torch._C._AutoDispatchBelowAutograd():
                 return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
-
-        @staticmethod
-        def backward(ctx, grad):
-            raise NotImplementedError(_NO_BACKWARD)
+        return call
 
     direct = set()   # raw keysets below autograd seen to lead straight to `backend`
 
     def autograd(keyset, *args):
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            return WithGrad.apply(keyset, *args)
+            return with_grad(redispatch(keyset), *args)
         below = keyset & _AFTER_AUTOGRAD
         raw = below.raw_repr()
         if raw in direct:
@@ -243,11 +420,63 @@ def autograd_kernel(op, backend, kernel):
     return autograd
 
 
-_lib_def.impl("moe", _moe_cuda, "CUDA")
-_lib_def.impl("moe", _moe_not_cuda, "CPU")
-_lib_def.impl("moe", autograd_kernel(torch.ops.moegen.moe.default, torch._C.DispatchKey.CUDA, _moe_cuda),
-              "Autograd", with_keyset=True)
-torch.library.register_fake("moegen::moe", _moe_fake, lib=_lib_def)
+class _NoBackward(torch.autograd.Function):
+    """The layer under autograd for a plan without training: the forward,
+    and a backward that raises."""
+
+    @staticmethod
+    def forward(ctx, below, *args):
+        return below(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(_NO_BACKWARD)
+
+
+class _Train(torch.autograd.Function):
+    """The layer under autograd for a training plan: moegen::moe_train's y,
+    and a backward through moegen::moe_backward. Gradients come back in the
+    parameters' dtypes (moe_backward's weight gradients are fp32);
+    router_bias gets none (the routing choice is a constant of the
+    backward). The C++ ops' Train in moegen_torch.cpp is the same."""
+
+    @staticmethod
+    def forward(ctx, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+        y, saved = torch.ops.moegen.moe_train.default(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2,
+                                                      shared_gate, plan)
+        ctx.save_for_backward(saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+        ctx.plan = plan
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate = ctx.saved_tensors
+        dx, d_router_w, d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate = torch.ops.moegen.moe_backward.default(
+            dy.to(x.dtype).contiguous(), saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2,
+            shared_gate, ctx.plan)
+        as_ = lambda g, like: None if like is None else g.to(like.dtype)
+        return (dx, as_(d_router_w, router_w), as_(dw1p, w1p), as_(dw2, w2), None, as_(d_logit_bias, router_logit_bias),
+                as_(db1p, b1p), as_(db2, b2), as_(d_shared_gate, shared_gate), None)
+
+
+def _with_grad(below, *args):
+    e = _plans.get(args[-1])
+    if e is not None and e.training:
+        return _Train.apply(*args)
+    return _NoBackward.apply(below, *args)
+
+
+if NATIVE is None:
+    _lib_def.impl("moe", _moe_cuda, "CUDA")
+    _lib_def.impl("moe_train", _train_cuda, "CUDA")
+    _lib_def.impl("moe_backward", _backward_cuda, "CUDA")
+    for _name in ("moe", "moe_train"):
+        _lib_def.impl(_name, lambda x, *args: _not_cuda(x), "CPU")
+    _lib_def.impl("moe_backward", lambda dy, saved, x, *args: _not_cuda(x), "CPU")
+    _lib_def.impl("moe", autograd_kernel(torch.ops.moegen.moe.default, torch._C.DispatchKey.CUDA, _moe_cuda,
+                                         _with_grad), "Autograd", with_keyset=True)
+for _name, _fake in (("moe", _moe_fake), ("moe_train", _train_fake), ("moe_backward", _backward_fake)):
+    torch.library.register_fake("moegen::" + _name, _fake, lib=_lib_def)
 
 moe = torch.ops.moegen.moe
 
@@ -287,23 +516,51 @@ class MoE(torch.nn.Module):
     in moegen's packed layouts, uninitialized until load_plain() or
     load_state_dict(). forward(x) takes x [..., H] of up to the spec's
     tokens rows. Plan options (cache_dir, tuning_path, cudnn, ...) pass
-    through to moegen.Plan."""
+    through to moegen.Plan.
 
-    def __init__(self, spec, device=None, **plan_options):
+    A plan whose spec has training = true makes the layer trainable: its
+    parameters require grad (router_bias excepted: the routing choice gets
+    no gradient) and forward under grad runs moe_forward_train, its backward
+    moe_backward; w1p.grad and b1p.grad are in the packed row order
+    (unpack_grad gives the plain one). recompute_u = True saves the up
+    projection's output U for less memory and computes it again in the
+    backward. Other plans' parameters do not require grad."""
+
+    def __init__(self, spec, device=None, recompute_u=False, **plan_options):
         super().__init__()
         index = _cuda_index(device)
         with torch.cuda.device(index):
             torch.empty(1, device="cuda")   # the device's primary context, which libmoegen shares
             self.plan = Plan(spec, device=index, **plan_options)
-        self.plan_id = register_plan(self.plan)
+        self.plan_id = register_plan(self.plan, recompute_u)
         weakref.finalize(self, unregister_plan, self.plan_id)
+        self.trains = _plans[self.plan_id].training
         dev = torch.device("cuda", index)
         for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate"):
             t = self.plan.tensors[name]
             param = None if t is None else torch.nn.Parameter(
-                torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=False)
+                torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=self.trains and name != "router_bias")
             self.register_parameter(name, param)
         self._w1_order = None
+
+    def unpack_grad(self, g, name="w1p"):
+        """The plain layout of a packed fp32 gradient g of w1p [S, 2F, H]
+        (gate rows 0..F-1, then up rows) or b1p [S, 2F] (name "b1p"),
+        through moe_plan_unpack_grad on torch's current stream; a new
+        tensor. (w2's and b2's gradients are plain already.)"""
+        tensor = {"w1p": _lib.TENSOR_W1, "b1p": _lib.TENSOR_B1}.get(name)
+        p = getattr(self, name, None) if tensor is not None else None
+        if p is None:
+            raise ValueError("moegen: unpack_grad takes the gradient of w1p or b1p (of a spec that has it), not %r"
+                             % (name,))
+        if not isinstance(g, torch.Tensor) or g.dtype != torch.float32 or g.shape != p.shape or \
+                g.device != p.device or not g.is_contiguous():
+            raise ValueError("moegen: unpack_grad takes a contiguous float32 %s on %s" % (list(p.shape), p.device))
+        out = torch.empty_like(g)
+        with torch.cuda.device(g.device):
+            self.plan.unpack_grad(tensor, g.data_ptr(), out.data_ptr(), g.shape[0],
+                                  torch.cuda.current_stream(g.device).cuda_stream)
+        return out
 
     def extra_repr(self):
         i = self.plan.info

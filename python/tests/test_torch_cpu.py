@@ -1,6 +1,12 @@
 """moegen.torch without a GPU: the argument checks, the fake (shape-only)
-implementation under tracing, and the missing backward. Skipped when torch
-is not installed."""
+implementations under tracing, the autograd wiring on meta tensors (a
+training plan's forward and backward ops, the gradients' shapes and
+dtypes; another plan's backward raising), and which ops are loaded (the C++
+ones of libmoegen_torch.so, or the Python ones, with the same schemas).
+Skipped when torch is not installed. run.py runs this file once more with
+$MOEGEN_TORCH_LIBRARY=none when the C++ ops were loaded, so both kinds
+are tested."""
+import ctypes
 import os
 import sys
 import unittest
@@ -186,14 +192,172 @@ class Fake(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
             mt.moe(*self.args("cpu"))
 
-    def test_a_backward_says_there_is_none(self):
+    def test_a_backward_without_training_says_there_is_none(self):
         from moegen import torch as mt
         a = list(self.args("meta"))
         a[0].requires_grad_(True)
         y = mt.moe(*a)
         self.assertTrue(y.requires_grad)
-        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+        with self.assertRaisesRegex(NotImplementedError, r"this plan has no backward \(its spec lacks training"):
             y.float().sum().backward()
+
+
+def stub_plan(pid, training, saved_per_token=96):
+    """A registered id with no plan behind it, for the fake kernels and the
+    autograd wiring: moegen.torch's entry (what the fakes read) and, with
+    the C++ ops, their table's stub (moegen_torch_register_stub)."""
+    from types import SimpleNamespace
+    from moegen import torch as mt
+    mt._plans[pid] = SimpleNamespace(hidden=H, dtype=torch.bfloat16, training=training,
+                                     saved_size=lambda tokens: saved_per_token * tokens + 256)
+    if mt.NATIVE is not None:
+        mt.NATIVE.moegen_torch_register_stub.argtypes = [ctypes.c_int64, ctypes.c_int]
+        mt.NATIVE.moegen_torch_register_stub(pid, int(training))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Autograd(unittest.TestCase):
+    """A training plan's autograd on meta tensors: moegen::moe under grad
+    runs moe_train and its backward moe_backward (their fake kernels here),
+    gradients come back for every parameter that requires grad in its own
+    dtype and shape, router_bias gets none."""
+    PID = 4242
+
+    @classmethod
+    def setUpClass(cls):
+        stub_plan(cls.PID, True)
+
+    @classmethod
+    def tearDownClass(cls):
+        from moegen import torch as mt
+        mt.unregister_plan(cls.PID)
+
+    def params(self, biases):
+        bf, f32 = torch.bfloat16, torch.float32
+        mk = lambda *s, dtype=bf, grad=True: torch.randn(*s, device="meta").to(dtype).requires_grad_(grad)
+        t = dict(router_w=mk(E, H), w1p=mk(S, 2 * F, H), w2=mk(S, H, F), router_bias=None, router_logit_bias=None,
+                 b1p=None, b2=None, shared_gate=None)
+        if biases:
+            t.update(router_bias=mk(E, dtype=f32, grad=False), router_logit_bias=mk(E, dtype=f32), b1p=mk(S, 2 * F),
+                     b2=mk(S, H), shared_gate=mk(H))
+        return t
+
+    def call(self, x, t):
+        return torch.ops.moegen.moe(x, t["router_w"], t["w1p"], t["w2"], t["router_bias"], t["router_logit_bias"],
+                                    t["b1p"], t["b2"], t["shared_gate"], self.PID)
+
+    def test_gradients_of_every_parameter(self):
+        for biases in (False, True):
+            with self.subTest(biases=biases):
+                t = self.params(biases)
+                x = torch.randn(5, H, device="meta").to(torch.bfloat16).requires_grad_()
+                y = self.call(x, t)
+                self.assertEqual((tuple(y.shape), y.dtype), ((5, H), torch.bfloat16))
+                self.assertIsNotNone(y.grad_fn)
+                y.float().sum().backward()
+                self.assertEqual((tuple(x.grad.shape), x.grad.dtype), ((5, H), torch.bfloat16))
+                for name, p in t.items():
+                    if p is None:
+                        continue
+                    if name == "router_bias":
+                        self.assertIsNone(p.grad, "router_bias gets no gradient")
+                        continue
+                    self.assertIsNotNone(p.grad, name)
+                    self.assertEqual((p.grad.shape, p.grad.dtype), (p.shape, p.dtype), name)
+
+    def test_traced_forward_and_backward(self):
+        from torch.fx.experimental.proxy_tensor import make_fx
+        t = self.params(False)
+
+        def step(x, router_w, w1p, w2):
+            y = torch.ops.moegen.moe(x, router_w, w1p, w2, None, None, None, None, None, self.PID)
+            return torch.autograd.grad(y.float().pow(2).sum(), (x, router_w, w1p, w2))
+
+        x = torch.randn(7, H).to(torch.bfloat16).requires_grad_()
+        cpu = {k: torch.empty(v.shape, dtype=v.dtype).requires_grad_() for k, v in t.items() if v is not None}
+        g = make_fx(step, tracing_mode="fake")(x, cpu["router_w"], cpu["w1p"], cpu["w2"])
+        self.assertIn("moegen.moe_train", g.code)
+        self.assertIn("moegen.moe_backward", g.code)
+        outs = [n for n in g.graph.nodes if n.op == "call_function" and "moe_train" in str(n.target)]
+        saved = outs[0].meta["val"][1]
+        self.assertEqual((tuple(saved.shape), saved.dtype), ((96 * 7 + 256,), torch.uint8))
+
+    def test_torch_compile_forward_and_backward(self):
+        import torch._dynamo.testing as dt
+        t = self.params(False)
+        cnt = dt.CompileCounterWithBackend("aot_eager")
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def loss(x, router_w, w1p, w2):
+            return torch.ops.moegen.moe(x, router_w, w1p, w2, None, None, None, None, None, self.PID).float().sum()
+
+        x = torch.randn(6, H, device="meta").to(torch.bfloat16).requires_grad_()
+        loss(x, t["router_w"], t["w1p"], t["w2"]).backward()
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual((tuple(t["w1p"].grad.shape), t["w1p"].grad.dtype), ((S, 2 * F, H), torch.bfloat16))
+        self.assertEqual(tuple(x.grad.shape), (6, H))
+
+    def test_no_grad_and_inference_stay_out_of_autograd(self):
+        t = self.params(False)
+        x = torch.randn(3, H, device="meta").to(torch.bfloat16).requires_grad_()
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                y = self.call(x, t)
+            self.assertFalse(y.requires_grad)
+
+    def test_training_fakes(self):
+        from moegen import torch as mt
+        t = self.params(True)
+        x = torch.randn(4, H, device="meta").to(torch.bfloat16)
+        with torch.no_grad():
+            y, saved = torch.ops.moegen.moe_train(x, *[t[n] for n in ("router_w", "w1p", "w2") + mt._OPTIONAL],
+                                                  self.PID)
+            self.assertEqual((tuple(saved.shape), saved.dtype), ((96 * 4 + 256,), torch.uint8))
+            g = torch.ops.moegen.moe_backward(y, saved, x, *[t[n] for n in ("router_w", "w1p", "w2") + mt._OPTIONAL],
+                                              self.PID)
+            self.assertEqual([(tuple(a.shape), a.dtype) for a in g],
+                             [((4, H), torch.bfloat16), ((E, H), torch.float32), ((E,), torch.float32),
+                              ((S, 2 * F, H), torch.float32), ((S, 2 * F), torch.float32), ((S, H, F), torch.float32),
+                              ((S, H), torch.float32), ((H,), torch.float32)])
+            t = self.params(False)
+            g = torch.ops.moegen.moe_backward(y, saved, x, *[t[n] for n in ("router_w", "w1p", "w2") + mt._OPTIONAL],
+                                              self.PID)
+            self.assertEqual([tuple(g[i].shape) for i in (2, 4, 6, 7)], [(0,)] * 4)
+
+    def test_cpu_tensors_are_refused(self):
+        t = {k: (None if v is None else torch.empty(v.shape, dtype=v.dtype)) for k, v in self.params(True).items()}
+        from moegen import torch as mt
+        args = [t[n] for n in ("router_w", "w1p", "w2") + mt._OPTIONAL]
+        x = torch.randn(4, H).to(torch.bfloat16)
+        for call in (lambda: torch.ops.moegen.moe_train(x, *args, self.PID),
+                     lambda: torch.ops.moegen.moe_backward(x, torch.empty(8, dtype=torch.uint8), x, *args, self.PID)):
+            with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
+                call()
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Ops(unittest.TestCase):
+    """Which ops are loaded, and that they are the ones moegen.torch means."""
+
+    def test_schemas(self):
+        from moegen import torch as mt
+        for name, schema in mt.SCHEMAS.items():
+            self.assertEqual(str(getattr(torch.ops.moegen, name).default._schema), "moegen::" + schema)
+
+    def test_the_native_library(self):
+        from moegen import torch as mt
+        env = os.environ.get("MOEGEN_TORCH_LIBRARY")
+        if env == "none":
+            self.assertIsNone(mt.NATIVE)
+            self.assertFalse(hasattr(torch.ops.moegen, "_bench_forward"))
+            return
+        if mt.NATIVE is None:
+            self.assertIsNone(mt.native_path(), "a C++ ops library was found and not loaded")
+            self.skipTest("no libmoegen_torch.so (python/build_torch.py builds it)")
+        import moegen
+        mt.NATIVE.moegen_torch_version.restype = ctypes.c_char_p
+        self.assertEqual(mt.NATIVE.moegen_torch_version().decode(), moegen.__version__)
+        self.assertTrue(hasattr(torch.ops.moegen, "_bench_forward"))
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -244,7 +408,8 @@ class AutogradKernel(unittest.TestCase):
         op = torch.ops.moegen_autograd_test.f.default
         cls.lib.impl("f", lambda x, b, n: cls.calls.append("below") or x * n, "CPU")
         cls.lib.impl("f", mt.autograd_kernel(op, torch._C.DispatchKey.CPU,
-                                             lambda x, b, n: cls.calls.append("direct") or x * n),
+                                             lambda x, b, n: cls.calls.append("direct") or x * n,
+                                             lambda below, *args: mt._NoBackward.apply(below, *args)),
                      "Autograd", with_keyset=True)
         torch.library.register_fake("moegen_autograd_test::f", lambda x, b, n: torch.empty_like(x), lib=cls.lib)
         cls.f = torch.ops.moegen_autograd_test.f
@@ -271,7 +436,7 @@ class AutogradKernel(unittest.TestCase):
         y, calls = self.call(x)
         self.assertEqual(calls, ["below"])
         self.assertTrue(y.requires_grad)
-        with self.assertRaisesRegex(NotImplementedError, "no backward yet"):
+        with self.assertRaisesRegex(NotImplementedError, "this plan has no backward"):
             y.sum().backward()
 
     def test_fake_and_traced_calls_reach_the_fake_kernel(self):
