@@ -9,7 +9,14 @@ importable by the building Python (pip's build isolation hides the
 environment's jax: `pip install --no-build-isolation ./python`) or
 $MOEGEN_JAX_INCLUDE names the FFI headers' folder. $MOEGEN_JAX: 1 = the
 handler is required (the build fails without it), 0 = never built; unset =
-built when possible, else a notice and the package without it."""
+built when possible, else a notice and the package without it.
+
+The PyTorch ops in C++ (libmoegen_torch.so, python/build_torch.py) likewise,
+when a CUDA torch is importable by the building Python (again
+--no-build-isolation) and its CUDA headers are found; $MOEGEN_TORCH: 1 =
+required, 0 = never built, unset = when possible. Without them moegen.torch
+defines the same ops in Python. The library is built for the torch it was
+compiled against: reinstall the package after changing torch."""
 import os
 import re
 import shutil
@@ -54,6 +61,11 @@ class BuildWithMake(build_py):
             shutil.copy2(os.path.join(root, "build", "libmoegen_jax.so"), handler)
         elif os.path.exists(handler):   # an earlier build's, left in build_lib
             os.remove(handler)
+        ops = os.path.join(dest, "libmoegen_torch.so")
+        if self.build_torch(root):
+            shutil.copy2(os.path.join(root, "build", "libmoegen_torch.so"), ops)
+        elif os.path.exists(ops):
+            os.remove(ops)
         with open(os.path.join(dest, "_build_version.py"), "w") as f:
             f.write("__version__ = %r\n" % version())
 
@@ -74,6 +86,26 @@ class BuildWithMake(build_py):
                                  "or set MOEGEN_JAX_INCLUDE)" % e)
             print("moegen: the JAX handler is not built: %s. moegen.jax needs it: install with jax importable "
                   "(pip install --no-build-isolation ./python) or set MOEGEN_JAX_INCLUDE" % e)
+            return False
+        return True
+
+
+    def build_torch(self, root):
+        """python/build_torch.py's build when a CUDA torch is importable;
+        whether the library was built."""
+        mode = os.environ.get("MOEGEN_TORCH", "")
+        if mode == "0":
+            return False
+        sys.path.insert(0, HERE)
+        import build_torch
+        try:
+            build_torch.build(root)
+        except build_torch.BuildError as e:
+            if mode == "1":
+                raise SystemExit("moegen: MOEGEN_TORCH=1 but the PyTorch ops were not built: %s (pip hides the "
+                                 "environment's torch from an isolated build: pip install --no-build-isolation)" % e)
+            print("moegen: the PyTorch ops in C++ are not built: %s. moegen.torch uses its Python ops (install with "
+                  "a CUDA torch importable: pip install --no-build-isolation ./python)" % e)
             return False
         return True
 

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """moegen.torch on a GPU: the op and the module against an eager PyTorch
-reference, under torch.compile and under CUDA-graph capture, and the
-per-call host overhead of the op against calling libmoegen's moe_forward
-through ctypes directly.
+reference, under torch.compile and under CUDA-graph capture; a training
+plan's gradients (autograd through moe_forward_train and moe_backward)
+against torch autograd of the eager reference in fp32; and the per-call
+host overhead of the op against a C loop of moe_forward, the C++ op called
+from C++, and moe_forward through ctypes.
 
 usage (from the repository root, after `make`):
-    python3 python/tests/test_torch_gpu.py [--iters N]
+    python3 python/tests/test_torch_gpu.py [--iters N] [--python-ops]
 The package is taken from python/ and libmoegen from $MOEGEN_LIBRARY, else
-build/libmoegen.so; no install is needed. Prints one line per check and
+build/libmoegen.so; no install is needed. The C++ ops are built first
+(python/build_torch.py, into a temporary folder) unless
+$MOEGEN_TORCH_LIBRARY names them; --python-ops tests the Python ops
+instead ($MOEGEN_TORCH_LIBRARY=none). Prints one line per check and
 "test_torch_gpu: N passed, N failed"; exit status 1 when any failed.
 
 Specs (small, real routing): mixtral-shaped (8 experts, top-2, softmax,
@@ -15,21 +20,56 @@ renormalize), qwen3-shaped (128 experts, top-8, softmax, renormalize) and
 one with every optional tensor (sigmoid scores, router.bias,
 router.logit_bias, ffn_bias). Inputs are random (never zeros); y is poisoned
 (NaN in the block the allocator hands back) before each eager call; the
-tolerance is tests/test_gpu.c's: normalized L2 error <= 1.5e-2 (bf16)."""
+tolerance is tests/test_gpu.c's: normalized L2 error <= 1.5e-2 (bf16).
+
+Training specs (training = true): mixtral-shaped, one with sigmoid scores,
+both router biases and ffn_bias, and one with a sigmoid-gated shared
+expert. The loss is sum(y * dy) for a random dy; every gradient (x,
+router_w, router_logit_bias, W1 and b1 unpacked with moe_plan_unpack_grad,
+W2, b2, the shared expert's slots joined, shared_gate) is compared by
+normalized L2 error with torch autograd of the eager layer computed in
+fp32 from the same bf16 values (routing chosen in float64, as the forward
+reference): TOL_GRAD = 2.5e-2, the C test's 1.5e-2 against the rounded CPU
+reference plus the bf16 rounding points the fp32 reference does not have
+(bench/check_backward.py measured those at up to 5e-3) and the gradients'
+rounding to the parameters' bf16."""
 import argparse
 import ctypes
 import os
 import sys
+import tempfile
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+
+def _ops_library():
+    """Before moegen.torch is imported: build the C++ ops into a temporary
+    folder unless $MOEGEN_TORCH_LIBRARY names a library (or "none")."""
+    if "--python-ops" in sys.argv:
+        os.environ["MOEGEN_TORCH_LIBRARY"] = "none"
+    if os.environ.get("MOEGEN_TORCH_LIBRARY"):
+        return
+    import build_torch
+    out = os.path.join(tempfile.mkdtemp(prefix="moegen_torch_"), "libmoegen_torch.so")
+    try:
+        build_torch.build(ROOT, out=out)
+    except build_torch.BuildError as e:
+        print("FAIL the C++ ops did not build: %s" % e)
+        sys.exit(1)
+    # $ORIGIN finds no libmoegen.so.0 there; moegen._lib loads libmoegen first and the SONAME matches
+    os.environ["MOEGEN_TORCH_LIBRARY"] = out
+
+
+_ops_library()
+
 import torch  # noqa: E402
 
 import moegen  # noqa: E402
 from moegen import _lib  # noqa: E402
+import moegen.torch  # noqa: E402
 from moegen.torch import MoE  # noqa: E402
 
 TOL = 1.5e-2
@@ -44,6 +84,18 @@ SPECS = {
     "shared_small": dict(name="shared_small", experts=16, top_k=4, hidden=512, ffn=256, tokens=128,
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=512, gate="sigmoid")),
 }
+
+TRAIN_SPECS = {
+    "train_mixtral": dict(name="train_mixtral", experts=8, top_k=2, hidden=512, ffn=256, tokens=256,
+                          router=dict(score="softmax", renormalize=True), training=True),
+    "train_biased": dict(name="train_biased", experts=16, top_k=4, hidden=256, ffn=128, tokens=128,
+                         router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True,
+                         training=True),
+    "train_shared": dict(name="train_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
+                         router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"),
+                         training=True),
+}
+TOL_GRAD = 2.5e-2
 
 passed = failed = 0
 
@@ -264,8 +316,146 @@ def check_spec(name, keys):
     return moe, w
 
 
+def reference_grads(keys, w, x, dy):
+    """torch autograd of the eager layer in fp32 from the same values: the
+    gradients of sum(y * dy) for x and every weight (plain layouts; names
+    as weights() gives them, dx as "x"). The top-k choice is made in
+    float64 as reference() makes it, and is a constant; router_bias gets
+    no gradient."""
+    r = keys.get("router", {})
+    K, F = keys["top_k"], keys["ffn"]
+    leaf = {k: v.detach().float().requires_grad_() for k, v in w.items() if k != "router_bias"}
+    xf = x.detach().float().requires_grad_()
+    with torch.no_grad():   # the choice, as reference() makes it
+        ld = x.double() @ w["router_w"].double().t()
+        if "router_logit_bias" in w:
+            ld = ld + w["router_logit_bias"].double()
+        sel = (ld.sigmoid() if r.get("score") == "sigmoid" else ld.softmax(-1)).float()
+        if "router_bias" in w:
+            sel = sel + w["router_bias"]
+        idx = sel.topk(K, dim=-1).indices
+    logits = xf @ leaf["router_w"].t()
+    if "router_logit_bias" in leaf:
+        logits = logits + leaf["router_logit_bias"]
+    score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
+    wt = score.gather(1, idx)
+    if r.get("renormalize"):
+        wt = wt / wt.sum(-1, keepdim=True)
+    y = torch.zeros_like(xf)
+    silu = torch.nn.functional.silu
+    for e in idx.unique().tolist():
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        h = xf[tok] @ leaf["w1"][e].t()
+        if "b1" in leaf:
+            h = h + leaf["b1"][e]
+        o = (silu(h[:, :F]) * h[:, F:]) @ leaf["w2"][e].t()
+        if "b2" in leaf:
+            o = o + leaf["b2"][e]
+        y = y.index_add(0, tok, o * wt[tok, slot, None])
+    sh = keys.get("shared")
+    if sh:
+        Fs = sh["ffn"]
+        g = (xf @ leaf["shared_gate"]).sigmoid()[:, None] if "shared_gate" in leaf else 1.0
+        h = xf @ leaf["shared_w1"].t()
+        y = y + ((silu(h[:, :Fs]) * h[:, Fs:]) @ leaf["shared_w2"].t()) * g
+    names = ["x"] + list(leaf)
+    grads = torch.autograd.grad((y * dy.float()).sum(), [xf] + list(leaf.values()))
+    return dict(zip(names, grads))
+
+
+def joined_grads(moe, keys, w1, w2):
+    """The module's W1 and W2 gradients as the plain tensors' (fp32): the
+    routed experts' [E, 2F, H] and [E, H, F], and with a shared expert its
+    [2F_s, H] and [H, F_s], its m slots joined (slot E+j: gate rows jF..,
+    up rows F_s + jF.., down columns jF..)."""
+    E, F = keys["experts"], keys["ffn"]
+    out = {"w1": w1[:E], "w2": w2[:E]}
+    sh = keys.get("shared")
+    if sh:
+        m = sh["ffn"] // F
+        s1, s2 = w1[E:E + m], w2[E:E + m]
+        out["shared_w1"] = torch.cat([s1[:, :F].reshape(m * F, -1), s1[:, F:].reshape(m * F, -1)])
+        out["shared_w2"] = s2.permute(1, 0, 2).reshape(s2.shape[1], m * F)
+    return out
+
+
+def check_training(name, keys, recompute_u=False):
+    """A training plan's gradients through the module (autograd: the op's
+    moe_train and moe_backward) against reference_grads, then the same
+    through torch.compile."""
+    tag = "%s%s" % (name, ", recompute_u" if recompute_u else "")
+    moe = MoE(keys, device="cuda", recompute_u=recompute_u)
+    report(moe.trains and moe.w1p.requires_grad and (moe.router_bias is None or not moe.router_bias.requires_grad),
+           "%s: a training plan's parameters require grad (router_bias not)" % tag)
+    w = weights(keys)
+    moe.load_plain(**w)
+    T, H = min(keys["tokens"], 97), keys["hidden"]
+    x = rand(T, H)
+    dy = rand(T, H)
+    ref = reference_grads(keys, w, x, dy)
+    params = [p for p in moe.parameters() if p.requires_grad]
+
+    def run(fn):
+        for p in params:
+            p.grad = None
+        xg = x.clone().requires_grad_()
+        for p in params:   # NaN in the blocks the fp32 gradients' allocations may get
+            torch.empty(p.shape, dtype=torch.float32, device=p.device).fill_(float("nan"))
+        y = fn(xg)
+        y.backward(dy)
+        torch.cuda.synchronize()
+        got = {"x": xg.grad, "router_w": moe.router_w.grad}
+        w1 = moe.unpack_grad(moe.w1p.grad.float().contiguous())
+        got.update(joined_grads(moe, keys, w1, moe.w2.grad.float()))
+        if moe.b1p is not None:
+            got["b1"] = moe.unpack_grad(moe.b1p.grad.float().contiguous(), "b1p")[:keys["experts"]]
+            got["b2"] = moe.b2.grad[:keys["experts"]]
+        if moe.router_logit_bias is not None:
+            got["router_logit_bias"] = moe.router_logit_bias.grad
+        if moe.shared_gate is not None:
+            got["shared_gate"] = moe.shared_gate.grad
+        return y, got
+
+    modes = [("eager", moe)] + ([] if recompute_u else [("torch.compile(backend='aot_eager')", None),
+                                                        ("torch.compile(backend='inductor')", None)])
+    for how, fn in modes:
+        try:
+            if fn is None:
+                torch._dynamo.reset()
+                fn = torch.compile(lambda t: moe(t), backend=how.split("'")[1], fullgraph=True)
+            y, got = run(fn)
+            err_y = nerr(y, reference(keys, w, x))
+            report(err_y <= TOL, "%s: %s training forward: error %.2e" % (tag, how, err_y))
+            for g in sorted(ref):
+                if g not in got or got[g] is None:
+                    report(False, "%s: %s: no gradient for %s" % (tag, how, g))
+                    continue
+                err = nerr(got[g], ref[g])
+                report(err <= TOL_GRAD, "%s: %s: d%s error %.2e (tolerance %.1e)" % (tag, how, g, err, TOL_GRAD))
+            if moe.router_bias is not None:
+                report(moe.router_bias.grad is None, "%s: %s: router_bias has no gradient" % (tag, how))
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (tag, how, str(e).splitlines()[0] if str(e) else type(e).__name__))
+    # the ops themselves: moe_backward's fp32 dW1 against the reference, and a dy of another dtype refused
+    args = [moe.router_w, moe.w1p, moe.w2, moe.router_bias, moe.router_logit_bias, moe.b1p, moe.b2, moe.shared_gate]
+    with torch.no_grad():
+        y, saved = torch.ops.moegen.moe_train(x, *args, moe.plan_id)
+        g = torch.ops.moegen.moe_backward(dy, saved, x, *args, moe.plan_id)
+        torch.cuda.synchronize()
+        err = nerr(joined_grads(moe, keys, moe.unpack_grad(g[3]), g[5])["w1"], ref["w1"])
+        report(err <= TOL_GRAD, "%s: moegen::moe_backward's fp32 dW1 (unpacked): error %.2e" % (tag, err))
+        try:
+            torch.ops.moegen.moe_backward(dy.float(), saved, x, *args, moe.plan_id)
+            report(False, "%s: an fp32 dy was accepted" % tag)
+        except ValueError as e:
+            report(True, "%s: an fp32 dy refused: %s" % (tag, e))
+
+
 def overhead(moe, iters):
     """Host microseconds per call to enqueue `iters` forwards of 1 token:
+    with the C++ ops, moe_forward in a C loop with one prebuilt args struct
+    and the op called through the dispatcher from C++ (moegen::_bench_forward);
     moe_forward through ctypes with a prebuilt args struct, the op, the
     module. The GPU work is the same; what differs is the host path."""
     plan = moe.plan
@@ -295,6 +485,16 @@ def overhead(moe, iters):
         moe(x)
 
     res = {}
+    ts = (x, rw, w1p, w2, rb, lb, b1p, b2, sg, pid)
+    if hasattr(torch.ops.moegen, "_bench_forward"):
+        with torch.no_grad():
+            for name, mode in (("C loop moe_forward", 0), ("C++ op from C++", 1)):
+                best = float("inf")
+                for rep in range(7):
+                    torch.cuda.synchronize()
+                    best = min(best, torch.ops.moegen._bench_forward(*ts, iters, mode))
+                    torch.cuda.synchronize()
+                res[name] = best
     # under no_grad the op passes its Autograd kernel (moegen.torch.autograd_kernel); inference_mode excludes
     # the autograd keys, so the dispatcher goes straight to the CUDA kernel
     for name, fn, mode in (("ctypes moe_forward", direct, torch.no_grad), ("torch.ops.moegen.moe", via_op, torch.no_grad),
@@ -312,21 +512,27 @@ def overhead(moe, iters):
                 best = min(best, (t1 - t0) / iters * 1e6)
         res[name] = best
     base = res["ctypes moe_forward"]
+    c = res.get("C loop moe_forward")
+    print("overhead: the %s ops (%s)" % ("C++" if moegen.torch.NATIVE else "Python",
+                                         moegen.torch.NATIVE.path if moegen.torch.NATIVE else "no libmoegen_torch.so"))
     for name, us in res.items():
-        print("overhead: %-22s %7.2f us/call host (%+.2f us against ctypes)" % (name, us, us - base))
+        print("overhead: %-22s %7.2f us/call host (%+.2f us against ctypes%s)"
+              % (name, us, us - base, "" if c is None else ", %+.2f against the C loop" % (us - c)))
     return res
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50, help="calls per overhead timing (the GPU queue must hold them)")
+    ap.add_argument("--python-ops", action="store_true", help="test the Python ops ($MOEGEN_TORCH_LIBRARY=none)")
     opt = ap.parse_args()
     if not torch.cuda.is_available():
         print("test_torch_gpu: 0 passed, 0 failed, 1 skipped (no CUDA device)")
         return 0
     torch.manual_seed(0)
-    print("moegen %s (%s), torch %s, %s" % (moegen.__version__, moegen.library().path, torch.__version__,
-                                            torch.cuda.get_device_name()))
+    print("moegen %s (%s), torch %s, %s, the %s ops" % (
+        moegen.__version__, moegen.library().path, torch.__version__, torch.cuda.get_device_name(),
+        "C++" if moegen.torch.NATIVE else "Python"))
     layers = {}
     for name, keys in SPECS.items():
         try:
@@ -334,6 +540,13 @@ def main():
         except Exception as e:
             traceback.print_exc()
             report(False, "%s: %s: %s" % (name, type(e).__name__, e))
+    for name, keys in TRAIN_SPECS.items():
+        for recompute_u in (False, True) if name == "train_mixtral" else (False,):
+            try:
+                check_training(name, keys, recompute_u)
+            except Exception as e:
+                traceback.print_exc()
+                report(False, "%s: %s: %s" % (name, type(e).__name__, e))
     if "mixtral_small" in layers:
         overhead(layers["mixtral_small"][0], opt.iters)
     print("test_torch_gpu: %d passed, %d failed" % (passed, failed))
