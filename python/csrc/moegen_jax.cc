@@ -95,16 +95,24 @@ ffi::Error check(const char *name, const Expect &e, const ffi::AnyBuffer &b) {
                dtype_name(b.element_type()) + " " + dims_text(d));
 }
 
-ffi::Error moe_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer router_w, ffi::AnyBuffer w1p,
-                    ffi::AnyBuffer w2, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> y,
-                    ffi::Result<ffi::AnyBuffer> workspace, uint64_t plan_id, int32_t present) {
+// A call's inputs checked against its plan: the plan, the token count and
+// the tensors' addresses in kNames' order (the optional ones NULL where
+// absent).
+struct Call {
     std::shared_ptr<const Bound> b;
+    int64_t tokens;
+    const void *ptr[kTensors - 1];
+};
+
+ffi::Error gather(uint64_t plan_id, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer router_w, ffi::AnyBuffer w1p,
+                  ffi::AnyBuffer w2, ffi::RemainingArgs optional, int32_t present, Call *c) {
     {
         std::lock_guard<std::mutex> g(table_lock);
         auto it = table.find(plan_id);
         if (it != table.end())
-            b = it->second;
+            c->b = it->second;
     }
+    const Bound *b = c->b.get();
     if (!b)
         return bad("no plan is bound with id " + std::to_string(plan_id) + " (moegen.jax.bind; closed plans are "
                    "unbound)");
@@ -114,19 +122,16 @@ ffi::Error moe_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuff
     const Expect &ex = b->t[kTensors - 1];
     if (ffi::Error e = check("x", ex, x); e.failure())
         return e;
-    int64_t tokens = x.dimensions()[0];
-    if (tokens > ex.dims[0])
-        return bad(std::to_string(tokens) + " tokens; the plan takes 0 to " + std::to_string(ex.dims[0]) +
+    c->tokens = x.dimensions()[0];
+    if (c->tokens > ex.dims[0])
+        return bad(std::to_string(c->tokens) + " tokens; the plan takes 0 to " + std::to_string(ex.dims[0]) +
                    " (spec key tokens)");
-    if (y->element_type() != x.element_type() || y->dimensions().size() != 2 ||
-        y->dimensions()[0] != tokens || y->dimensions()[1] != ex.dims[1])
-        return bad("y must be like x, not " + std::string(dtype_name(y->element_type())) + " " +
-                   dims_text(y->dimensions()));
-    const void *ptr[kTensors - 1] = {router_w.untyped_data(), w1p.untyped_data(), w2.untyped_data()};
     const ffi::AnyBuffer req[3] = {router_w, w1p, w2};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         if (ffi::Error e = check(kNames[i], b->t[i], req[i]); e.failure())
             return e;
+        c->ptr[i] = req[i].untyped_data();
+    }
     size_t next = 0;
     for (int i = 0; i < kOptional; i++) {
         const char *name = kNames[3 + i];
@@ -136,7 +141,7 @@ ffi::Error moe_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuff
             return bad(given ? std::string("the spec takes no ") + name
                              : std::string("the spec needs ") + name + " (dtype " + dtype_name(e.dtype) + ")");
         if (!given) {
-            ptr[3 + i] = nullptr;
+            c->ptr[3 + i] = nullptr;
             continue;
         }
         auto arg = optional.get<ffi::AnyBuffer>(next++);
@@ -144,39 +149,192 @@ ffi::Error moe_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuff
             return bad(std::string("a buffer for ") + name + ": " + arg.error().message());
         if (ffi::Error err = check(name, e, *arg); err.failure())
             return err;
-        ptr[3 + i] = arg->untyped_data();
+        c->ptr[3 + i] = arg->untyped_data();
     }
     if (next != optional.size())
         return bad(std::to_string(optional.size() - next) + " operands more than the attribute present names");
     if (present >> kOptional)
         return bad("present has bits past the " + std::to_string(kOptional) + " optional tensors");
-    if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1)
-        return bad("the workspace must be uint8 [bytes]");
-    size_t need = moe_plan_workspace_size(b->plan, (int)tokens);
-    uintptr_t base = (uintptr_t)workspace->untyped_data();
-    uintptr_t aligned = (base + 255) & ~(uintptr_t)255;
-    if (aligned - base + need > workspace->size_bytes())
-        return bad("the workspace has " + std::to_string(workspace->size_bytes()) + " bytes; " +
-                   std::to_string(tokens) + " tokens need " + std::to_string(need) + " + 256");
+    return ffi::Error::Success();
+}
 
+// A uint8 buffer of `need` bytes and room to align it to 256 (the
+// workspace, the saved region): its aligned start in *out.
+ffi::Error aligned(const char *what, ffi::AnyBuffer buf, size_t need, int64_t tokens, void **out) {
+    if (buf.element_type() != ffi::DataType::U8 || buf.dimensions().size() != 1)
+        return bad(std::string(what) + " must be uint8 [bytes]");
+    uintptr_t base = (uintptr_t)buf.untyped_data();
+    uintptr_t at = (base + 255) & ~(uintptr_t)255;
+    if (at - base + need > buf.size_bytes())
+        return bad(std::string(what) + " has " + std::to_string(buf.size_bytes()) + " bytes; " +
+                   std::to_string(tokens) + " tokens need " + std::to_string(need) + " + 256");
+    *out = (void *)at;
+    return ffi::Error::Success();
+}
+
+ffi::Error like_x(const char *what, ffi::AnyBuffer x, ffi::AnyBuffer y) {
+    if (y.element_type() != x.element_type() || y.dimensions().size() != 2 ||
+        y.dimensions()[0] != x.dimensions()[0] || y.dimensions()[1] != x.dimensions()[1])
+        return bad(std::string(what) + " must be like x, not " + dtype_name(y.element_type()) + " " +
+                   dims_text(y.dimensions()));
+    return ffi::Error::Success();
+}
+
+moe_forward_args forward_args(const Call &c, ffi::AnyBuffer x, void *y, void *ws) {
     moe_forward_args a;
     memset(&a, 0, sizeof a);
-    a.tokens = (int)tokens;
+    a.tokens = (int)c.tokens;
     a.x = x.untyped_data();
-    a.router_w = ptr[0];
-    a.w1p = ptr[1];
-    a.w2 = ptr[2];
-    a.router_bias = (const float *)ptr[3];
-    a.router_logit_bias = (const float *)ptr[4];
-    a.b1p = ptr[5];
-    a.b2 = ptr[6];
-    a.shared_gate = ptr[7];
-    a.y = y->untyped_data();
-    a.workspace = (void *)aligned;
-    moe_status st = moe_forward(b->plan, &a, stream);
+    a.router_w = c.ptr[0];
+    a.w1p = c.ptr[1];
+    a.w2 = c.ptr[2];
+    a.router_bias = (const float *)c.ptr[3];
+    a.router_logit_bias = (const float *)c.ptr[4];
+    a.b1p = c.ptr[5];
+    a.b2 = c.ptr[6];
+    a.shared_gate = c.ptr[7];
+    a.y = y;
+    a.workspace = ws;
+    return a;
+}
+
+ffi::Error failed(const char *what, moe_status st) {
+    return ffi::Error::Internal(std::string("moegen_moe: ") + what + ": " + moe_status_string(st) + ": " +
+                                moe_last_error());
+}
+
+ffi::Error moe_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer router_w, ffi::AnyBuffer w1p,
+                    ffi::AnyBuffer w2, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::AnyBuffer> workspace, uint64_t plan_id, int32_t present) {
+    Call c;
+    if (ffi::Error e = gather(plan_id, device, x, router_w, w1p, w2, optional, present, &c); e.failure())
+        return e;
+    if (ffi::Error e = like_x("y", x, *y); e.failure())
+        return e;
+    void *ws;
+    if (ffi::Error e = aligned("the workspace", *workspace, moe_plan_workspace_size(c.b->plan, (int)c.tokens),
+                               c.tokens, &ws);
+        e.failure())
+        return e;
+    moe_forward_args a = forward_args(c, x, y->untyped_data(), ws);
+    moe_status st = moe_forward(c.b->plan, &a, stream);
     if (st != MOE_OK)
-        return ffi::Error::Internal(std::string("moegen_moe: moe_forward: ") + moe_status_string(st) + ": " +
-                                    moe_last_error());
+        return failed("moe_forward", st);
+    return ffi::Error::Success();
+}
+
+// The training forward (moegen_moe_train): moegen_moe's operands; results
+// y, the saved region (uint8 [moe_plan_saved_size + 256], aligned as the
+// workspace; the backward reads it at the same alignment) and the
+// workspace. Attributes plan, present, recompute_u.
+ffi::Error train_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer router_w, ffi::AnyBuffer w1p,
+                      ffi::AnyBuffer w2, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> y,
+                      ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace, uint64_t plan_id,
+                      int32_t present, int32_t recompute_u) {
+    Call c;
+    if (ffi::Error e = gather(plan_id, device, x, router_w, w1p, w2, optional, present, &c); e.failure())
+        return e;
+    if (ffi::Error e = like_x("y", x, *y); e.failure())
+        return e;
+    const moe_plan *p = c.b->plan;
+    const int T = (int)c.tokens;
+    void *ws, *sv;
+    if (ffi::Error e = aligned("the workspace", *workspace, moe_plan_workspace_size(p, T), c.tokens, &ws); e.failure())
+        return e;
+    if (ffi::Error e = aligned("the saved region", *saved, moe_plan_saved_size(p, T, recompute_u), c.tokens, &sv);
+        e.failure())
+        return e;
+    moe_train_forward_args a;
+    memset(&a, 0, sizeof a);
+    a.fwd = forward_args(c, x, y->untyped_data(), ws);
+    a.saved = sv;
+    a.recompute_u = recompute_u;
+    moe_status st = moe_forward_train(p, &a, stream);
+    if (st != MOE_OK)
+        return failed("moe_forward_train", st);
+    return ffi::Error::Success();
+}
+
+// The backward (moegen_moe_backward): operands dy, saved (the training
+// call's), then moegen_moe's; results dx (like x), fp32 d_router_w [E, H],
+// d_logit_bias [E], dw1p [S, 2F, H] (packed rows), db1p [S, 2F], dw2
+// [S, H, F], db2 [S, H], d_shared_gate [H] — each optional one [0] where
+// the spec has no such tensor — and the workspace. Attributes plan,
+// present, recompute_u (the training call's).
+ffi::Error backward_impl(void *stream, int32_t device, ffi::AnyBuffer dy, ffi::AnyBuffer saved, ffi::AnyBuffer x,
+                         ffi::AnyBuffer router_w, ffi::AnyBuffer w1p, ffi::AnyBuffer w2, ffi::RemainingArgs optional,
+                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_router_w,
+                         ffi::Result<ffi::AnyBuffer> d_logit_bias, ffi::Result<ffi::AnyBuffer> dw1p,
+                         ffi::Result<ffi::AnyBuffer> db1p, ffi::Result<ffi::AnyBuffer> dw2,
+                         ffi::Result<ffi::AnyBuffer> db2, ffi::Result<ffi::AnyBuffer> d_shared_gate,
+                         ffi::Result<ffi::AnyBuffer> workspace, uint64_t plan_id, int32_t present,
+                         int32_t recompute_u) {
+    Call c;
+    if (ffi::Error e = gather(plan_id, device, x, router_w, w1p, w2, optional, present, &c); e.failure())
+        return e;
+    if (ffi::Error e = like_x("dy", x, dy); e.failure())
+        return e;
+    if (ffi::Error e = like_x("dx", x, *dx); e.failure())
+        return e;
+    const moe_plan *p = c.b->plan;
+    const int T = (int)c.tokens;
+    void *ws, *sv;
+    if (ffi::Error e = aligned("the workspace", *workspace, moe_plan_backward_workspace_size(p, T, recompute_u),
+                               c.tokens, &ws);
+        e.failure())
+        return e;
+    if (ffi::Error e = aligned("the saved region", saved, moe_plan_saved_size(p, T, recompute_u), c.tokens, &sv);
+        e.failure())
+        return e;
+    // the gradients: fp32, shaped as their tensors, or [0] for one the spec lacks
+    struct {
+        const char *name;
+        int t;   // index in kNames
+        ffi::Result<ffi::AnyBuffer> *r;
+    } g[] = {{"d_router_w", 0, &d_router_w}, {"d_logit_bias", 4, &d_logit_bias}, {"dw1p", 1, &dw1p},
+             {"db1p", 5, &db1p},             {"dw2", 2, &dw2},                   {"db2", 6, &db2},
+             {"d_shared_gate", 7, &d_shared_gate}};
+    float *out[7];
+    for (int i = 0; i < 7; i++) {
+        const Expect &e = c.b->t[g[i].t];
+        ffi::AnyBuffer r = **g[i].r;
+        auto d = r.dimensions();
+        bool ok = r.element_type() == ffi::DataType::F32 && (int)d.size() == (e.rank ? e.rank : 1);
+        for (int k = 0; ok && k < (int)d.size(); k++)
+            ok = d[k] == (e.rank ? e.dims[k] : 0);
+        if (!ok)
+            return bad(std::string(g[i].name) + " must be fp32 shaped as " + kNames[g[i].t] + " (or [0]), not " +
+                       dtype_name(r.element_type()) + " " + dims_text(d));
+        out[i] = e.rank ? (float *)r.untyped_data() : nullptr;
+    }
+    if (T == 0)
+        return bad("the backward takes at least 1 token (moegen.jax gives 0 tokens zero gradients itself)");
+    moe_backward_args a;
+    memset(&a, 0, sizeof a);
+    a.tokens = T;
+    a.recompute_u = recompute_u;
+    a.saved = sv;
+    a.x = x.untyped_data();
+    a.router_w = c.ptr[0];
+    a.w1p = c.ptr[1];
+    a.w2 = c.ptr[2];
+    a.b1p = c.ptr[5];
+    a.b2 = c.ptr[6];
+    a.shared_gate = c.ptr[7];
+    a.dy = dy.untyped_data();
+    a.workspace = ws;
+    a.accumulate = 0;
+    a.dx = dx->untyped_data();
+    a.d_router_w = out[0];
+    a.d_logit_bias = out[1];
+    a.dw1p = out[2];
+    a.db1p = out[3];
+    a.dw2 = out[4];
+    a.db2 = out[5];
+    a.d_shared_gate = out[6];
+    moe_status st = moe_backward(p, &a, stream);
+    if (st != MOE_OK)
+        return failed("moe_backward", st);
     return ffi::Error::Success();
 }
 
@@ -197,6 +355,50 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MoegenMoe, moe_impl,
                                   .Ret<ffi::AnyBuffer>()   // workspace
                                   .Attr<uint64_t>("plan")
                                   .Attr<int32_t>("present"));
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error *MoegenMoeTrain(XLA_FFI_CallFrame *call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MoegenMoeTrain, train_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // router_w
+                                  .Arg<ffi::AnyBuffer>()   // w1p
+                                  .Arg<ffi::AnyBuffer>()   // w2
+                                  .RemainingArgs()         // the optional tensors present
+                                  .Ret<ffi::AnyBuffer>()   // y
+                                  .Ret<ffi::AnyBuffer>()   // saved
+                                  .Ret<ffi::AnyBuffer>()   // workspace
+                                  .Attr<uint64_t>("plan")
+                                  .Attr<int32_t>("present")
+                                  .Attr<int32_t>("recompute_u"));
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error *MoegenMoeBackward(XLA_FFI_CallFrame *call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MoegenMoeBackward, backward_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // dy
+                                  .Arg<ffi::AnyBuffer>()   // saved
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // router_w
+                                  .Arg<ffi::AnyBuffer>()   // w1p
+                                  .Arg<ffi::AnyBuffer>()   // w2
+                                  .RemainingArgs()         // the optional tensors present
+                                  .Ret<ffi::AnyBuffer>()   // dx
+                                  .Ret<ffi::AnyBuffer>()   // d_router_w
+                                  .Ret<ffi::AnyBuffer>()   // d_logit_bias
+                                  .Ret<ffi::AnyBuffer>()   // dw1p
+                                  .Ret<ffi::AnyBuffer>()   // db1p
+                                  .Ret<ffi::AnyBuffer>()   // dw2
+                                  .Ret<ffi::AnyBuffer>()   // db2
+                                  .Ret<ffi::AnyBuffer>()   // d_shared_gate
+                                  .Ret<ffi::AnyBuffer>()   // workspace
+                                  .Attr<uint64_t>("plan")
+                                  .Attr<int32_t>("present")
+                                  .Attr<int32_t>("recompute_u"));
 
 // The C functions moegen.jax calls through ctypes.
 extern "C" {

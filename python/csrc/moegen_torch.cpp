@@ -486,6 +486,12 @@ extern "C" {
 // moegen.torch compares with libmoegen's before using it.
 __attribute__((visibility("default"))) const char *moegen_torch_version(void) { return MOEGEN_VERSION; }
 
+// The address of moe_forward as this library resolved it, so the loader can
+// check that the ops and moegen._lib share one libmoegen.
+__attribute__((visibility("default"))) void *moegen_torch_moe_forward(void) {
+    return reinterpret_cast<void *>(&moe_forward);
+}
+
 // Register `plan` (a moe_plan *) under `id` for the ops, on CUDA device
 // `device`; recompute_u: the training forward's (moe_train_forward_args).
 // The expectations are read from the plan (moe_plan_get_info,

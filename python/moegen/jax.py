@@ -13,8 +13,17 @@ allocates and owns it. The plan is bound to the handler on first use (bind:
 an id in the handler's table, the call's attribute); a bound plan is kept
 alive until it is unbound or closed. Shapes and dtypes are checked against
 the plan when the call is traced (a clear TypeError or ValueError), and
-again by the handler. There is no backward (libmoegen has no moe_backward)
-and no batching rule (jax.vmap raises).
+again by the handler. There is no batching rule (jax.vmap raises).
+
+A plan whose spec has training = true is differentiable (jax.grad,
+jax.vjp): moe() is a jax.custom_vjp whose forward rule is the custom call
+"moegen_moe_train" (moe_forward_train: y and the saved region, a result
+XLA owns) and whose backward rule is "moegen_moe_backward" (moe_backward:
+every gradient, cast to the primals' dtypes; w1p's and b1p's in their
+packed row order, as the primals are; none for router_bias). Evaluated
+without differentiation it is the plain forward. recompute_u=True saves
+less and computes the up projection again in the backward. Another plan's
+moe() has no differentiation rule (JAX says so).
 
 This module imports without jax; moe() and bind() import it. The handler
 library is, in order: $MOEGEN_JAX_LIBRARY; libmoegen_jax.so inside the
@@ -27,6 +36,8 @@ from . import _lib
 from .plan import Plan
 
 TARGET = "moegen_moe"
+TRAIN_TARGET = "moegen_moe_train"
+BACKWARD_TARGET = "moegen_moe_backward"
 # the operands after x, in the call's order (the optional ones only when given)
 ORDER = ("router_w", "w1p", "w2", "router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
 OPTIONAL = ORDER[3:]
@@ -75,8 +86,8 @@ def load_handler(path=None):
         h = ctypes.CDLL(found[0])
     except OSError as e:
         raise _lib.LibraryError("the JAX handler at %s did not load: %s" % (found[0], e)) from None
-    for name in ("MoegenMoe", "moegen_jax_version", "moegen_jax_moe_forward", "moegen_jax_bind",
-                 "moegen_jax_unbind"):
+    for name in ("MoegenMoe", "MoegenMoeTrain", "MoegenMoeBackward", "moegen_jax_version", "moegen_jax_moe_forward",
+                 "moegen_jax_bind", "moegen_jax_unbind"):
         if not hasattr(h, name):
             raise _lib.LibraryError("%s lacks %s: it is not this package's JAX handler" % (found[0], name))
     h.moegen_jax_version.restype = ctypes.c_char_p
@@ -93,7 +104,9 @@ def load_handler(path=None):
     if h.moegen_jax_moe_forward() != ours:
         raise _lib.LibraryError("%s uses another libmoegen than %s (the library it links, libmoegen.so.0, must "
                                 "be the one moegen loaded)" % (found[0], lib.path))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(h.MoegenMoe), platform="CUDA")
+    for target, fn in ((TARGET, h.MoegenMoe), (TRAIN_TARGET, h.MoegenMoeTrain),
+                       (BACKWARD_TARGET, h.MoegenMoeBackward)):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="CUDA")
     h.path = found[0]
     return h
 
@@ -114,10 +127,13 @@ class Binding:
     dtype name) or None, moe_plan_tensor's; x's first dimension is the most
     tokens) and its workspace bytes per token count."""
 
-    def __init__(self, pid, expect, workspace_size):
+    def __init__(self, pid, expect, workspace_size, saved_size=None, backward_workspace_size=None):
         self.id, self.expect, self.workspace_size = pid, expect, workspace_size
         self.capacity, self.hidden = expect["x"][0]
         self._ws = {}
+        # a training plan's sizes: (tokens, recompute_u) -> bytes (moe_plan_saved_size, _backward_workspace_size)
+        self.saved_size, self.backward_workspace_size = saved_size, backward_workspace_size
+        self.training = saved_size is not None and saved_size(1, 0) > 0
 
     def workspace(self, tokens):
         """The workspace result's bytes for `tokens` tokens (with room to align it)."""
@@ -145,7 +161,10 @@ def bind(plan):
         if st != 0:
             raise _lib.fail(plan._lib, st, "moegen_jax_bind")
         expect = {n: None if t is None else (t[0], _DTYPES[t[1]]) for n, t in plan.tensors.items()}
-        b = Binding(pid.value, expect, plan.workspace_size)
+        lib, handle = plan._lib, plan.handle
+        b = Binding(pid.value, expect, plan.workspace_size,
+                    lambda t, r: lib.moe_plan_saved_size(handle, t, r),
+                    lambda t, r: lib.moe_plan_backward_workspace_size(handle, t, r))
         _bound[b.id] = plan
         plan._jax_binding = b
         plan.on_close(lambda: unbind(plan))
@@ -200,16 +219,96 @@ def check_args(expect, x, tensors):
             raise ValueError("moegen: %s must be %s, not %s" % (name, list(want[0]), list(shape)))
 
 
+def _forward(b, x2, ts):
+    """The custom call moegen_moe on x2 [tokens, H] and ts (ORDER's, None
+    where absent): y."""
+    jax = _import_jax()
+    import numpy as np
+    present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
+    call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+                                     jax.ShapeDtypeStruct((b.workspace(x2.shape[0]),), np.uint8)))
+    y, _ = call(x2, *(t for t in ts if t is not None), plan=np.uint64(b.id), present=np.int32(present))
+    return y
+
+
+def _train(b, recompute_u, x2, ts):
+    """moegen_moe_train: (y, the saved region)."""
+    jax = _import_jax()
+    import numpy as np
+    T = x2.shape[0]
+    present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
+    call = jax.ffi.ffi_call(TRAIN_TARGET, (
+        jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+        jax.ShapeDtypeStruct((b.saved_size(T, recompute_u) + WORKSPACE_ALIGN,), np.uint8),
+        jax.ShapeDtypeStruct((b.workspace(T),), np.uint8)))
+    y, saved, _ = call(x2, *(t for t in ts if t is not None), plan=np.uint64(b.id), present=np.int32(present),
+                       recompute_u=np.int32(recompute_u))
+    return y, saved
+
+
+def _backward(b, recompute_u, dy, saved, x2, ts):
+    """moegen_moe_backward: the cotangents of x2 and of ts (ORDER's),
+    each in its primal's dtype, None for router_bias and absent ones."""
+    jax = _import_jax()
+    import numpy as np
+    T, f32 = x2.shape[0], np.float32
+    present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
+    like = lambda t: jax.ShapeDtypeStruct(tuple(t.shape) if t is not None else (0,), f32)
+    rw, w1p, w2, _, lb, b1p, b2, sg = ts
+    call = jax.ffi.ffi_call(BACKWARD_TARGET, (
+        jax.ShapeDtypeStruct(x2.shape, x2.dtype), like(rw), like(lb), like(w1p), like(b1p), like(w2), like(b2),
+        like(sg), jax.ShapeDtypeStruct((b.backward_workspace_size(T, recompute_u) + WORKSPACE_ALIGN,), np.uint8)))
+    dx, drw, dlb, dw1p, db1p, dw2, db2, dsg, _ = call(
+        dy.astype(x2.dtype), saved, x2, *(t for t in ts if t is not None), plan=np.uint64(b.id),
+        present=np.int32(present), recompute_u=np.int32(recompute_u))
+    cast = lambda g, t: None if t is None else g.astype(t.dtype)
+    return dx, (cast(drw, rw), cast(dw1p, w1p), cast(dw2, w2), None, cast(dlb, lb), cast(db1p, b1p), cast(db2, b2),
+                cast(dsg, sg))
+
+
+_layer = None
+
+
+def _trainable():
+    """The layer as a jax.custom_vjp over (x2, ts), the binding and
+    recompute_u static: its primal is the plain forward, its forward rule
+    _train and its backward rule _backward."""
+    global _layer
+    if _layer is None:
+        jax = _import_jax()
+        import functools
+
+        @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+        def layer(b, recompute_u, x2, ts):
+            return _forward(b, x2, ts)
+
+        def fwd(b, recompute_u, x2, ts):
+            y, saved = _train(b, recompute_u, x2, ts)
+            return y, (saved, x2, ts)
+
+        def bwd(b, recompute_u, res, dy):
+            saved, x2, ts = res
+            dx, dts = _backward(b, recompute_u, dy, saved, x2, ts)
+            # router_bias (the choice's bias) gets a zero cotangent
+            dts = tuple(jax.numpy.zeros_like(t) if g is None and t is not None else g for g, t in zip(dts, ts))
+            return dx, dts
+
+        layer.defvjp(fwd, bwd)
+        _layer = layer
+    return _layer
+
+
 def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None, b2=None, shared_gate=None, *,
-        plan):
+        plan, recompute_u=False):
     """The layer: y = moe(x), x [..., H] of at most the spec's tokens rows,
     the weights in moegen's packed layouts (README.md, "Tensors"; see
     pack_plain) as JAX arrays on the plan's device. plan: a moegen.Plan (or
     its Binding). Works eagerly and under jax.jit (plan is a static Python
-    object: close over it, or pass it through static_argnames)."""
+    object: close over it, or pass it through static_argnames).
+    Differentiable when the plan trains; recompute_u as
+    moe_train_forward_args.recompute_u."""
     b = plan if isinstance(plan, Binding) else bind(plan)
     jax = _import_jax()
-    import numpy as np
     H = b.hidden
     if not hasattr(x, "shape") or len(x.shape) < 1 or x.shape[-1] != H:
         raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(getattr(x, "shape", [type(x).__name__]))))
@@ -220,10 +319,10 @@ def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None
     tokens = x2.shape[0]
     if tokens == 0:   # moe_forward enqueues nothing for 0 tokens
         return jax.numpy.zeros(lead + (H,), x.dtype)
-    present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
-    call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct(x2.shape, x2.dtype),
-                                     jax.ShapeDtypeStruct((b.workspace(tokens),), np.uint8)))
-    y, _ = call(x2, *(t for t in ts if t is not None), plan=np.uint64(b.id), present=np.int32(present))
+    if b.training:
+        y = _trainable()(b, int(bool(recompute_u)), x2, ts)
+    else:
+        y = _forward(b, x2, ts)
     return y.reshape(lead + (H,)) if len(lead) != 1 else y
 
 

@@ -165,27 +165,37 @@ def native_path():
 def _load_native():
     """Load the C++ ops (after libmoegen, which they link) and return the
     library for its plan table's C functions; None when there is none to
-    load, or (with a warning) when the one found does not load or is
-    another version. One named in $MOEGEN_TORCH_LIBRARY must load."""
+    load, or (with a warning) when the one found does not load (built for
+    another torch: unresolved symbols). One named in $MOEGEN_TORCH_LIBRARY
+    must load. Loading registers the ops, so one that loads and is of
+    another version, or links another libmoegen, is an error (LibraryError),
+    never a fallback."""
     path = native_path()
     if path is None:
         return None
-    named = bool(os.environ.get("MOEGEN_TORCH_LIBRARY"))
+    lib = _lib.library()
     try:
-        lib = _lib.library()
         torch.ops.load_library(path)
-        native = ctypes.CDLL(path)
-        native.moegen_torch_version.restype = ctypes.c_char_p
-        version = native.moegen_torch_version().decode()
-        if version != lib.moe_version().decode():
-            raise _lib.LibraryError("%s is version %s, libmoegen %s: rebuild it (python/build_torch.py)"
-                                    % (path, version, lib.moe_version().decode()))
-    except Exception as e:
-        if named:
-            raise _lib.LibraryError("$MOEGEN_TORCH_LIBRARY=%s: %s" % (path, e)) from None
-        warnings.warn("moegen: the C++ ops at %s are not used (%s); the Python ops are (rebuild it against this "
-                      "torch with python/build_torch.py)" % (path, e))
+    except OSError as e:
+        if os.environ.get("MOEGEN_TORCH_LIBRARY"):
+            raise _lib.LibraryError("$MOEGEN_TORCH_LIBRARY=%s did not load: %s" % (path, e)) from None
+        warnings.warn("moegen: the C++ ops at %s did not load (%s); the Python ops are used (rebuild it against "
+                      "this torch with python/build_torch.py)" % (path, e))
         return None
+    native = ctypes.CDLL(path)
+    for name in ("moegen_torch_version", "moegen_torch_moe_forward", "moegen_torch_register",
+                 "moegen_torch_unregister"):
+        if not hasattr(native, name):
+            raise _lib.LibraryError("%s lacks %s: it is not this package's C++ ops library" % (path, name))
+    native.moegen_torch_version.restype = ctypes.c_char_p
+    native.moegen_torch_moe_forward.restype = ctypes.c_void_p
+    version = native.moegen_torch_version().decode()
+    if version != lib.moe_version().decode():
+        raise _lib.LibraryError("%s is version %s, libmoegen (%s) %s: rebuild it (python/build_torch.py)"
+                                % (path, version, lib.path, lib.moe_version().decode()))
+    if native.moegen_torch_moe_forward() != ctypes.cast(lib.moe_forward, ctypes.c_void_p).value:
+        raise _lib.LibraryError("%s uses another libmoegen than %s (the library it links, libmoegen.so.0, must be "
+                                "the one moegen loaded)" % (path, lib.path))
     native.moegen_torch_register.restype = ctypes.c_int
     native.moegen_torch_register.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                              ctypes.c_char_p, ctypes.c_size_t]
@@ -572,8 +582,9 @@ class MoE(torch.nn.Module):
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
-        y = moe(x.reshape(-1, H) if flat else x, self.router_w, self.w1p, self.w2, self.router_bias,
-                self.router_logit_bias, self.b1p, self.b2, self.shared_gate, self.plan_id)
+        p = self._parameters  # one dict, not Module.__getattr__ per parameter
+        y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
+                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id)
         return y.reshape(x.shape) if flat else y
 
     def w1_order(self):

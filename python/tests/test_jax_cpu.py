@@ -2,8 +2,9 @@
 (on shape-and-dtype stand-ins, so they run without jax too), and with jax
 installed: shapes under jax.eval_shape and jax.jit tracing, the lowered
 custom call (target, attributes, the workspace result), and loading and
-registering the handler library when it is built (python/build_jax.py). The plan is a
-stand-in Binding: creating a real one needs a GPU."""
+registering the handler library when it is built (python/build_jax.py), and a
+training plan's custom_vjp traced and lowered. The plan is a stand-in
+Binding: creating a real one needs a GPU."""
 import os
 import sys
 import unittest
@@ -128,6 +129,68 @@ class Tracing(unittest.TestCase):
     def test_zero_tokens_need_no_call(self):
         text = jax.jit(self.f()).lower(jax.ShapeDtypeStruct((0, H), jnp.bfloat16), *self.w).as_text()
         self.assertNotIn("moegen_moe", text)
+
+
+@unittest.skipIf(jax is None, "jax is not installed")
+class TrainingTracing(unittest.TestCase):
+    """A training plan's custom_vjp, traced and lowered (a stand-in
+    Binding with training sizes): the primal is moegen_moe, a gradient
+    lowers to moegen_moe_train and moegen_moe_backward with their results
+    sized by the plan, and the cotangents have the primals' shapes and
+    dtypes."""
+
+    def setUp(self):
+        self.b = mj.Binding(11, expect(True), lambda t: 4096 + 1000 * t,
+                            saved_size=lambda t, r: 700 * t + (0 if r else 5000) + 3,
+                            backward_workspace_size=lambda t, r: 300 * t + 1)
+        bf, f32 = jnp.bfloat16, jnp.float32
+        self.args = [jax.ShapeDtypeStruct((5, H), bf), jax.ShapeDtypeStruct((E, H), bf),
+                     jax.ShapeDtypeStruct((S, 2 * F, H), bf), jax.ShapeDtypeStruct((S, H, F), bf),
+                     jax.ShapeDtypeStruct((E,), f32), jax.ShapeDtypeStruct((S, 2 * F), bf),
+                     jax.ShapeDtypeStruct((S, H), bf)]
+
+    def loss(self, recompute_u=False):
+        def f(x, rw, w1p, w2, rb, b1p, b2):
+            y = mj.moe(x, rw, w1p, w2, router_bias=rb, b1p=b1p, b2=b2, plan=self.b, recompute_u=recompute_u)
+            return (y.astype(jnp.float32) ** 2).sum()
+        return f
+
+    def test_the_binding_trains(self):
+        self.assertTrue(self.b.training)
+        self.assertFalse(mj.Binding(1, expect(), lambda t: 1).training)
+        self.assertFalse(mj.Binding(1, expect(), lambda t: 1, saved_size=lambda t, r: 0).training)
+
+    def test_the_primal_is_the_plain_forward(self):
+        text = jax.jit(self.loss()).lower(*self.args).as_text()
+        self.assertIn("@moegen_moe(", text)
+        self.assertNotIn("moegen_moe_train", text)
+
+    def test_gradients_lower_to_train_and_backward(self):
+        for recompute_u in (False, True):
+            with self.subTest(recompute_u=recompute_u):
+                grad = jax.grad(self.loss(recompute_u), argnums=tuple(range(7)))
+                text = jax.jit(grad).lower(*self.args).as_text()
+                self.assertIn("@moegen_moe_train", text)
+                self.assertIn("@moegen_moe_backward", text)
+                self.assertNotIn("@moegen_moe(", text)
+                self.assertRegex(text, r"recompute_u = %d : i32" % recompute_u)
+                self.assertRegex(text, r"present = 13 : i32")
+                saved = 700 * 5 + (0 if recompute_u else 5000) + 3 + mj.WORKSPACE_ALIGN
+                self.assertIn("tensor<%dxui8>" % saved, text)                          # the saved region
+                self.assertIn("tensor<%dxui8>" % (300 * 5 + 1 + mj.WORKSPACE_ALIGN), text)   # backward workspace
+                self.assertIn("tensor<%dx%dx%dxf32>" % (S, 2 * F, H), text)              # dw1p in fp32
+                self.assertIn("tensor<0xf32>", text)                                    # d_logit_bias: none
+
+    def test_cotangents_have_the_primals_shapes_and_dtypes(self):
+        grad = jax.grad(self.loss(), argnums=tuple(range(7)))
+        out = jax.eval_shape(grad, *self.args)
+        self.assertEqual([(g.shape, g.dtype) for g in out], [(a.shape, a.dtype) for a in self.args])
+
+    def test_vjp_of_leading_dimensions(self):
+        x = jax.ShapeDtypeStruct((3, 2, H), jnp.bfloat16)
+        f = lambda x, *w: mj.moe(x, *w[:3], router_bias=w[3], b1p=w[4], b2=w[5], plan=self.b)
+        out = jax.eval_shape(lambda *a: jax.vjp(f, *a)[1](jnp.ones((3, 2, H), jnp.bfloat16)), x, *self.args[1:])
+        self.assertEqual((out[0].shape, out[0].dtype), ((3, 2, H), jnp.bfloat16))
 
 
 def handler_built():

@@ -2,7 +2,10 @@
 """moegen.jax on a GPU: the custom call under jax.jit (and eagerly) against
 a NumPy reference of the layer, the packed weights against the library's
 own host pack, the handler's own checks (calls that bypass moegen.jax's),
-a closed plan, and the per-call time of a jitted layer.
+a closed plan, a training plan's jax.grad (the custom_vjp's
+moegen_moe_train and moegen_moe_backward) against jax.grad of an eager
+jnp layer in fp32 (tolerance 2.5e-2, test_torch_gpu.py's TOL_GRAD), and
+the per-call time of a jitted layer.
 
 usage (from the repository root, after `make` and python/build_jax.py):
     python3 python/tests/test_jax_gpu.py [--iters N]
@@ -51,6 +54,18 @@ SPECS = {
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=512, gate="sigmoid")),
 }
 BF16 = jnp.bfloat16
+# training = true: test_torch_gpu.py's training specs, and its gradient tolerance (the reasoning is there)
+TRAIN_SPECS = {
+    "train_mixtral": dict(name="train_mixtral", experts=8, top_k=2, hidden=512, ffn=256, tokens=256,
+                          router=dict(score="softmax", renormalize=True), training=True),
+    "train_biased": dict(name="train_biased", experts=16, top_k=4, hidden=256, ffn=128, tokens=128,
+                         router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True,
+                         training=True),
+    "train_shared": dict(name="train_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
+                         router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"),
+                         training=True),
+}
+TOL_GRAD = 2.5e-2
 
 passed = failed = 0
 
@@ -278,6 +293,126 @@ def check_spec(name, keys, dev):
     return plan, (layer, rw, w1p, w2, opt, x_all)
 
 
+def reference_grads(keys, w, x, dy):
+    """jax.grad of the eager layer in jnp, fp32 ("highest" matmul
+    precision) from the same values: the gradients of sum(y * dy) for x and
+    every plain weight but router_bias. The top-k choice is made in float64
+    as reference() makes it, and is a constant."""
+    r = keys.get("router", {})
+    K, F = keys["top_k"], keys["ffn"]
+    ld = x.astype(np.float64) @ w["router_w"].astype(np.float64).T
+    if "router_logit_bias" in w:
+        ld = ld + w["router_logit_bias"].astype(np.float64)
+    sc = 1 / (1 + np.exp(-ld)) if r.get("score") == "sigmoid" else np.exp(ld - ld.max(-1, keepdims=True))
+    if r.get("score") != "sigmoid":
+        sc = sc / sc.sum(-1, keepdims=True)
+    sel = sc.astype(np.float32) + (w["router_bias"] if "router_bias" in w else 0)
+    idx = np.argsort(-sel, axis=-1, kind="stable")[:, :K]
+    names = [k for k in w if k != "router_bias"]
+
+    def loss(xf, p):
+        logits = xf @ p["router_w"].T
+        if "router_logit_bias" in p:
+            logits = logits + p["router_logit_bias"]
+        score = jax.nn.sigmoid(logits) if r.get("score") == "sigmoid" else jax.nn.softmax(logits, -1)
+        wt = jnp.take_along_axis(score, jnp.asarray(idx), 1)
+        if r.get("renormalize"):
+            wt = wt / wt.sum(-1, keepdims=True)
+        y = jnp.zeros_like(xf)
+        for e in np.unique(idx).tolist():
+            tok, slot = np.nonzero(idx == e)
+            h = xf[tok] @ p["w1"][e].T
+            if "b1" in p:
+                h = h + p["b1"][e]
+            o = (jax.nn.silu(h[:, :F]) * h[:, F:]) @ p["w2"][e].T
+            if "b2" in p:
+                o = o + p["b2"][e]
+            y = y.at[tok].add(o * wt[tok, slot][:, None])
+        sh = keys.get("shared")
+        if sh:
+            Fs = sh["ffn"]
+            g = jax.nn.sigmoid(xf @ p["shared_gate"])[:, None] if "shared_gate" in p else 1.0
+            h = xf @ p["shared_w1"].T
+            y = y + ((jax.nn.silu(h[:, :Fs]) * h[:, Fs:]) @ p["shared_w2"].T) * g
+        return (y * jnp.asarray(dy, jnp.float32)).sum()
+
+    with jax.default_matmul_precision("highest"):
+        gx, gp = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x, jnp.float32),
+                                                {k: jnp.asarray(w[k], jnp.float32) for k in names})
+    return dict(gp, x=gx)
+
+
+def plain_grads(plan, keys, g1, g2, gb1=None):
+    """Packed W1 / W2 (/ b1) gradients as the plain tensors': the row order
+    undone (Plan.w1_row_order), the routed experts' and, with a shared
+    expert, its slots joined (slot E+j: gate rows jF.., up rows F_s + jF..,
+    down columns jF..)."""
+    E, F = keys["experts"], keys["ffn"]
+    inv = np.argsort(np.asarray(plan.w1_row_order()))
+    w1 = np.asarray(g1, np.float32)[:, inv]
+    w2 = np.asarray(g2, np.float32)
+    out = {"w1": w1[:E], "w2": w2[:E]}
+    if gb1 is not None:
+        out["b1"] = np.asarray(gb1, np.float32)[:, inv][:E]
+    sh = keys.get("shared")
+    if sh:
+        m = sh["ffn"] // F
+        s1, s2 = w1[E:E + m], w2[E:E + m]
+        out["shared_w1"] = np.concatenate([s1[:, :F].reshape(m * F, -1), s1[:, F:].reshape(m * F, -1)])
+        out["shared_w2"] = s2.transpose(1, 0, 2).reshape(s2.shape[1], m * F)
+    return out
+
+
+def check_training(name, keys, dev, recompute_u=False):
+    """A training plan's jax.grad (the custom_vjp: moegen_moe_train and
+    moegen_moe_backward), jitted and eager, against reference_grads."""
+    tag = "%s%s" % (name, ", recompute_u" if recompute_u else "")
+    plan = moegen.Plan(keys, device=dev.id)
+    report(mj.bind(plan).training, "%s: the binding trains" % tag)
+    w = weights(keys)
+    put = lambda a: None if a is None else jax.device_put(a, dev)
+    packed = mj.pack_plain(plan, w1=put(w["w1"]), w2=put(w["w2"]), b1=put(w.get("b1")), b2=put(w.get("b2")),
+                           shared_w1=put(w.get("shared_w1")), shared_w2=put(w.get("shared_w2")))
+    opt = {k: put(w.get(k)) for k in ("router_bias", "router_logit_bias", "shared_gate")}
+    opt.update(b1p=packed.get("b1p"), b2=packed.get("b2"))
+    rw, w1p, w2 = put(w["router_w"]), packed["w1p"], packed["w2"]
+    T, H = min(keys["tokens"], 97), keys["hidden"]
+    x, dy = rand(T, H), rand(T, H)
+    ref = reference_grads(keys, w, x, dy)
+
+    def loss(x, rw, w1p, w2, opt):
+        y = mj.moe(x, rw, w1p, w2, **opt, plan=plan, recompute_u=recompute_u)
+        return (y.astype(jnp.float32) * jnp.asarray(dy, jnp.float32)).sum()
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
+    for how, fn in (("jax.jit(jax.grad)", jax.jit(grad)), ("eager jax.grad", grad)):
+        try:
+            gx, grw, gw1p, gw2, gopt = fn(put(x), rw, w1p, w2, opt)
+            report(gw1p.dtype == w1p.dtype and gw1p.shape == w1p.shape and gx.dtype == BF16,
+                   "%s: %s: cotangents in the primals' shapes and dtypes" % (tag, how))
+            got = dict(plain_grads(plan, keys, gw1p, gw2, gopt.get("b1p")), x=gx, router_w=grw)
+            if gopt.get("b2") is not None:
+                got["b2"] = np.asarray(gopt["b2"])[:keys["experts"]]
+            for k in ("router_logit_bias", "shared_gate"):
+                if gopt.get(k) is not None:
+                    got[k] = gopt[k]
+            for g in sorted(ref):
+                if g not in got:
+                    report(False, "%s: %s: no gradient for %s" % (tag, how, g))
+                    continue
+                err = nerr(got[g], ref[g])
+                report(err <= TOL_GRAD, "%s: %s: d%s error %.2e (tolerance %.1e)" % (tag, how, g, err, TOL_GRAD))
+            if gopt.get("router_bias") is not None:
+                report(not np.asarray(gopt["router_bias"]).any(), "%s: %s: router_bias's cotangent is zero" % (tag, how))
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (tag, how, str(e).splitlines()[0] if str(e) else type(e).__name__))
+    # the primal (no differentiation) is the plain forward, and agrees
+    y = jax.jit(lambda *a: mj.moe(*a[:4], **a[4], plan=plan))(put(x), rw, w1p, w2, opt)
+    err = nerr(y, reference(keys, w, x))
+    report(err <= TOL, "%s: the primal forward: error %.2e" % (tag, err))
+
+
 def timing(plan, state, iters):
     """Microseconds per call of the jitted layer at 1 token (async dispatch,
     host side) and per call synchronized, against a jitted x + 1 of the same
@@ -338,6 +473,13 @@ def main():
     except Exception as e:
         traceback.print_exc()
         report(False, "closed plan: %s: %s" % (type(e).__name__, e))
+    for name, keys in TRAIN_SPECS.items():
+        for recompute_u in (False, True) if name == "train_mixtral" else (False,):
+            try:
+                check_training(name, keys, gpus[0], recompute_u)
+            except Exception as e:
+                traceback.print_exc()
+                report(False, "%s: %s: %s" % (name, type(e).__name__, e))
     if "mixtral_small" in layers:
         timing(*layers["mixtral_small"], opt.iters)
     print("test_jax_gpu: %d passed, %d failed" % (passed, failed))

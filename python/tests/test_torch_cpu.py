@@ -357,6 +357,9 @@ class Ops(unittest.TestCase):
         import moegen
         mt.NATIVE.moegen_torch_version.restype = ctypes.c_char_p
         self.assertEqual(mt.NATIVE.moegen_torch_version().decode(), moegen.__version__)
+        lib = moegen.library()
+        self.assertEqual(mt.NATIVE.moegen_torch_moe_forward(), ctypes.cast(lib.moe_forward, ctypes.c_void_p).value,
+                         "the C++ ops link the libmoegen moegen loaded")
         self.assertTrue(hasattr(torch.ops.moegen, "_bench_forward"))
 
 
