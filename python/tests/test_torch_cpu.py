@@ -297,6 +297,30 @@ class Autograd(unittest.TestCase):
         self.assertEqual((tuple(t["w1p"].grad.shape), t["w1p"].grad.dtype), ((S, 2 * F, H), torch.bfloat16))
         self.assertEqual(tuple(x.grad.shape), (6, H))
 
+    def test_the_module_compiled_whole(self):
+        """MoE.forward (its parameters read from _parameters) under
+        torch.compile(fullgraph=True), without and with a gradient."""
+        from types import SimpleNamespace
+        from moegen import torch as mt
+        import torch._dynamo.testing as dt
+        m = mt.MoE.__new__(mt.MoE)
+        torch.nn.Module.__init__(m)
+        m.plan, m.plan_id = SimpleNamespace(info=SimpleNamespace(hidden=H)), self.PID
+        for n, p in self.params(False).items():
+            m.register_parameter(n, None if p is None else torch.nn.Parameter(p.detach()))
+        for grad in (False, True):
+            torch._dynamo.reset()
+            cnt = dt.CompileCounterWithBackend("aot_eager")
+            f = torch.compile(m, backend=cnt, fullgraph=True)
+            x = torch.randn(3, 4, H, device="meta").to(torch.bfloat16)
+            if grad:
+                f(x).float().sum().backward()
+                self.assertEqual((m.w1p.grad.shape, m.w1p.grad.dtype), (m.w1p.shape, torch.bfloat16))
+            else:
+                with torch.no_grad():
+                    self.assertEqual(tuple(f(x).shape), (3, 4, H))
+            self.assertEqual(cnt.frame_count, 1)
+
     def test_no_grad_and_inference_stay_out_of_autograd(self):
         t = self.params(False)
         x = torch.randn(3, H, device="meta").to(torch.bfloat16).requires_grad_()
