@@ -41,7 +41,9 @@
 @ -- a warpgroup waits on full[s] for ring position P, every position
 @ -- before its tile was filled, so full[s] is in the phase of P, not of
 @ -- P - STAGES. empty[s] counts the 128 threads of the one warpgroup that
-@ -- read the stage. The arrival after the CTA's last tile is taken by the
+@ -- read the stage. With BM = 128 a tile of at most 64 rows (an expert's
+@ -- last) computes its first m64 block alone, as the shared schedules leave
+@ -- a warpgroup without rows idle. The arrival after the CTA's last tile is taken by the
 @ -- warpgroup that would have run the next one, so no barrier is left
 @ -- half-arrived at exit.
 @ --
@@ -466,14 +468,17 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
 @ if c.pingpong then
-/* Ping-pong: the warpgroup's rows are the whole tile, and it arrives for
- * the other warpgroup once its last stage's wgmma are issued. */
-@ end
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-@ if c.pingpong then
     const unsigned long long da0 = sdesc(sbase);
 @ else
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 @ end
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -485,7 +490,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ${c.pingpong and "ACT" or "WM"}; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -572,7 +577,18 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-            consume(acc, sbase, cw, s, phase);  /* arrives for the other warpgroup once issued */
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+@   if c.wm == 2 then
+            if (rows > 64)
+                consume<2>(acc, sbase, cw, s, phase);
+            else  /* a short tile (an expert's last): the m64 block with rows alone */
+                consume<1>(acc, sbase, cw, s, phase);
+@   else
+            consume<${c.wm}>(acc, sbase, cw, s, phase);
+@   end
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
