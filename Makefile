@@ -159,7 +159,7 @@ SPACE := $(EMPTY) $(EMPTY)
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install test_nccl_abi
 GPU_TESTS := test_gpu test_ep_gpu test_bgemm_gpu test_bwd_gpu test_quant_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
@@ -176,6 +176,17 @@ $(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libm
   cmake/moegenConfig.cmake.in cmake/moegenConfigVersion.cmake.in
 	@mkdir -p $(dir $@)
 	@cp tests/test_install.sh $@ && chmod +x $@
+
+# <nccl.h> is optional (runtime/nccl_dl.h declares what libmoegen uses when
+# it is absent): the EP runtime also builds without it (MOE_NO_NCCL_HEADERS),
+# and those declarations are held to the header where there is one.
+$(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/support/nccl_own.c runtime/nccl_dl.h runtime/ep.c runtime/ep.h \
+  runtime/nccl_dl.c tests/check.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -fsyntax-only runtime/ep.c
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -fsyntax-only runtime/nccl_dl.c
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -c tests/support/nccl_own.c -o $(BUILD)/tests/nccl_own.o
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/tests/nccl_own.o -o $@
 
 $(TEST_LIB): $(TEST_OBJ)
 	rm -f $@ && ar rcs $@ $^
