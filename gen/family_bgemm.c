@@ -1,10 +1,12 @@
 /* family_bgemm.c — the backward grouped GEMMs (issue #19): dgrad_down (with
  * the activation backward in its epilogue), dgrad_up, wgrad_up and
- * wgrad_down, planned when the spec has training = true. One variant each,
- * for both arches: mma.sync m16n8k16 with a cp.async pipeline
- * (templates/gemm_grad.lua; runtime/bgemm.h has the operands). The tile is
- * the planner's: the dgrads' bm is the plan's row block (their M tiles are
- * the tile table's), the wgrads' bm tiles the weight gradient's rows. */
+ * wgrad_down, planned when the spec has training = true. mma.sync m16n8k16
+ * with a cp.async pipeline (templates/gemm_grad.lua; runtime/bgemm.h has the
+ * operands) for the wgrads on both arches and the dgrads on sm_80; the
+ * sm_90a dgrads run the forward's TMA + wgmma kernel with B N-major
+ * (templates/gemm_sm90.lua, M.dgrad). The tile is the planner's: the dgrads'
+ * bm is the plan's row block (their M tiles are the tile table's), the
+ * wgrads' bm tiles the weight gradient's rows. */
 #include "family.h"
 #include "launch_geom.h"
 
@@ -46,14 +48,33 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
     return 0;
 }
 
+/* sm_90a dgrads: the forward's default tile (bm = the row block, one
+ * consumer warpgroup per 64 rows, 256 output columns, bk 64, 4 stages, one
+ * CTA per tile); its shared memory is the forward GEMM's
+ * (moe_gemm_sm90_smem: dgrad_up stages its output tile in the ring,
+ * dgrad_down stores from registers) */
+static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
+                               .consumers = c->align / 64};
+    k->threads = 128 * (k->tile.consumers + 1);
+    k->smem = moe_gemm_sm90_smem(&k->tile, k->tile.bn);
+    return 0;
+}
+
 static const char *kind_name(moe_kfamily_t f) {
     return moe_family(f)->name;
 }
 
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_tile_cfg_t *t = &k->tile;
-    snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", c->spec->name, kind_name(k->family),
-             moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
+    if (t->consumers)
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", c->spec->name, kind_name(k->family),
+                 moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+    else
+        snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", c->spec->name, kind_name(k->family),
+                 moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n,
+                 t->group_m);
 }
 
 /* dgrads: N tiles x the row tiles n (as the forward GEMMs); wgrads: N tiles
@@ -82,18 +103,28 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "warps_m", k->tile.warps_m);
     moe_lua_set_int(L, "warps_n", k->tile.warps_n);
     moe_lua_set_int(L, "group_m", k->tile.group_m);
+    moe_lua_set_int(L, "consumers", k->tile.consumers);
+    moe_lua_set_int(L, "persistent", k->tile.persistent);
+    moe_lua_set_int(L, "pingpong", k->tile.pingpong);
     lua_setfield(L, -2, "tile");
 }
 
-static const moe_family_variant_t variants[] = {
+static const moe_family_variant_t wgrad_variants[] = {
     {.archs = MOE_ALL_ARCHES, .tmpl = "gemm_grad", .code = "gemm_grad", .engine = "mma.sync + cp.async",
      .geometry = geometry},
 };
+static const moe_family_variant_t dgrad_variants[] = {
+    {.archs = 1u << MOE_ARCH_SM80, .tmpl = "gemm_grad", .code = "gemm_grad", .engine = "mma.sync + cp.async",
+     .geometry = geometry},
+    {.archs = 1u << MOE_ARCH_SM90A, .tmpl = "gemm_grad", .code = "gemm_sm90", .engine = "wgmma + TMA",
+     .geometry = sm90_geometry},
+};
 
-#define BGEMM(ID, NAME)                                                                                              \
-    {.id = ID, .name = NAME, .variants = variants, .nvariants = 1, .spell = spell, .grid = grid, .push = push}
+#define BGEMM(ID, NAME, V)                                                                                           \
+    {.id = ID, .name = NAME, .variants = V, .nvariants = sizeof V / sizeof *V, .spell = spell, .grid = grid,       \
+     .push = push}
 
-const moe_family_t moe_family_dgrad_down = BGEMM(MOE_K_DGRAD_DOWN, "dgrad_down");
-const moe_family_t moe_family_dgrad_up = BGEMM(MOE_K_DGRAD_UP, "dgrad_up");
-const moe_family_t moe_family_wgrad_up = BGEMM(MOE_K_WGRAD_UP, "wgrad_up");
-const moe_family_t moe_family_wgrad_down = BGEMM(MOE_K_WGRAD_DOWN, "wgrad_down");
+const moe_family_t moe_family_dgrad_down = BGEMM(MOE_K_DGRAD_DOWN, "dgrad_down", dgrad_variants);
+const moe_family_t moe_family_dgrad_up = BGEMM(MOE_K_DGRAD_UP, "dgrad_up", dgrad_variants);
+const moe_family_t moe_family_wgrad_up = BGEMM(MOE_K_WGRAD_UP, "wgrad_up", wgrad_variants);
+const moe_family_t moe_family_wgrad_down = BGEMM(MOE_K_WGRAD_DOWN, "wgrad_down", wgrad_variants);

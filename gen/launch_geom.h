@@ -90,6 +90,17 @@ static inline void moe_gemm_kn(int up, long long hidden, long long ffn, long lon
     *N = up ? 2 * ffn : hidden;
 }
 
+/* The reduction length K and the output columns N of the backward dgrads
+ * (dgrad_up: [rows, 2F] x [2F, H]; dgrad_down: [rows, H] x [H, F]), whose
+ * B, the weights as stored ([slots, K, N]), the sm_90a kernels read
+ * N-major: a tensor map over [slots * K, N] (moe_tmap_geom with rows
+ * slots * K, row length N and box rows bk), boxes of 64 columns x bk rows.
+ * A is K-major as in the forward. */
+static inline void moe_dgrad_kn(int up, long long hidden, long long ffn, long long *K, long long *N) {
+    *K = up ? 2 * ffn : hidden;
+    *N = up ? hidden : ffn;
+}
+
 /* A 2D TMA tensor map as the sm_90a GEMMs (templates/gemm_sm90.lua) load
  * their operands: rows x k 16-bit elements, row stride k, boxes of 64
  * elements (one 128-byte swizzle row) x box_rows rows (the tile's bm for A,

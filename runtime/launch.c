@@ -12,30 +12,36 @@
 /* Arguments of the largest kernel launched with tensor maps (the fp8 up GEMM's). */
 #define MOE_LAUNCH_MAX_ARGS 9
 
-/* The TMA tensor maps of sm_90a GEMM k (templates/gemm_sm90.lua): A over
- * [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
- * reaches), B over [slots * N, K] at b, encoded as gen/launch_geom.h says
+/* The TMA tensor maps of sm_90a GEMM d of family k (templates/gemm_sm90.lua):
+ * A over [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
+ * reaches); B over [slots * N, K] at b (the forward GEMMs) or, N-major, over
+ * [slots * K, N] (the backward's dgrads); encoded as gen/launch_geom.h says
  * (the vendored launcher pastes the same header). */
-static moe_status gemm_maps(const moe_launcher_t *l, int k, long long tiles, CUdeviceptr a, CUdeviceptr b,
-                            CUtensorMap *ma, CUtensorMap *mb) {
+static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d, int k, long long tiles,
+                            CUdeviceptr a, CUdeviceptr b, CUtensorMap *ma, CUtensorMap *mb) {
     const moe_spec_t *s = &l->pd->spec;
-    const moe_kernel_desc_t *d = &l->kernels[k];
+    const int dgrad = k == MOE_K_DGRAD_DOWN || k == MOE_K_DGRAD_UP;
     long long K, N;
-    moe_gemm_kn(k == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
-    const long long rows[2] = {tiles * l->pd->align, l->slots * N};
-    const unsigned box_rows[2] = {(unsigned)d->tile.bm, (unsigned)d->tile.bn};
+    if (dgrad)
+        moe_dgrad_kn(k == MOE_K_DGRAD_UP, s->hidden, s->ffn, &K, &N);
+    else
+        moe_gemm_kn(k == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
+    const long long rows[2] = {tiles * l->pd->align, dgrad ? l->slots * K : l->slots * N};
+    const long long len[2] = {K, dgrad ? N : K}; /* row lengths */
+    const unsigned box_rows[2] = {(unsigned)d->tile.bm, (unsigned)(dgrad ? d->tile.bk : d->tile.bn)};
     CUtensorMap *m[2] = {ma, mb};
     void *base[2] = {(void *)(uintptr_t)a, (void *)(uintptr_t)b};
     const int fp8 = moe_spec_fp8(s); /* e4m3 operands, one byte each */
     for (int i = 0; i < 2; i++) {
-        const moe_tmap_geom_t g = fp8 ? moe_tmap_geom8(rows[i], K, box_rows[i]) : moe_tmap_geom(rows[i], K, box_rows[i]);
+        const moe_tmap_geom_t g = fp8 ? moe_tmap_geom8(rows[i], len[i], box_rows[i])
+                                      : moe_tmap_geom(rows[i], len[i], box_rows[i]);
         CUresult r = moe_cu.cuTensorMapEncodeTiled(m[i], fp8 ? MOE_TMAP_DTYPE8 : MOE_TMAP_DTYPE, 2, base[i], g.dim,
                                                    g.stride, g.box, g.estride,
                                                    MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION,
                                                    MOE_TMAP_OOB_FILL);
         if (r != CUDA_SUCCESS)
             return moe_fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s %s, %lld x %lld at %p; 16-byte aligned?): %s",
-                            d->name, i ? "B" : "A", rows[i], K, base[i], moe_cu_error_string(r));
+                            d->name, i ? "B" : "A", rows[i], len[i], base[i], moe_cu_error_string(r));
     }
     return MOE_OK;
 }
@@ -85,12 +91,16 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     CUtensorMap ma, mb;
     void *targs[MOE_LAUNCH_MAX_ARGS];
     if (d->tile.consumers > 0) {
-        moe_status rc = gemm_maps(l, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma, &mb);
+        moe_status rc = gemm_maps(l, d, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma,
+                                  &mb);
         if (rc)
             return rc;
         /* the GEMMs' arguments (templates/gemm_sm90.lua): 6; with fp8 the two scale pointers more, and the
-         * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train) */
-        const int nargs = moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
+         * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train);
+         * the backward's dgrads: dgrad_down 6, dgrad_up 5 (runtime/bgemm.c) */
+        const int nargs = k == MOE_K_DGRAD_UP ? 5
+                          : k >= MOE_K_BGEMM_FIRST ? 6
+                          : moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
                           : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
         memcpy(targs, args, sizeof(void *) * (size_t)nargs);
         targs[0] = &ma;

@@ -110,9 +110,19 @@
 @   end
 @   if kind == "up" then
 @     c.K, c.N, c.bno, c.nout = p.H, 2 * p.F, c.bn // 2, p.F
+@   elseif kind == "dgrad_up" then    -- dXs [rows, H] = dU [rows, 2F] . W1p[slot] [2F, H], B N-major
+@     c.K, c.N, c.bno, c.nout, c.b_mn = 2 * p.F, p.H, c.bn, p.H, true
+@   elseif kind == "dgrad_down" then  -- dA [rows, F] = dys [rows, H] . W2[slot] [H, F], B N-major
+@     c.K, c.N, c.bno, c.nout, c.b_mn = p.H, p.F, c.bn, p.F, true
 @   else
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, c.bn, p.H
 @   end
+@   if c.b_mn then
+@     need(c.bn % 64 == 0, "B N-major: bn must be a multiple of 64 (TMA boxes of 64 columns)")
+@   end
+@   -- B's wgmma descriptor and the byte offset of k16 step ks in a stage's B tile
+@   c.bdesc = c.b_mn and "sdesc_mn" or "sdesc"
+@   c.b_koff = c.b_mn and "ks * (16 * 128)" or "(ks / 4) * (BN * 128) + (ks % 4) * 32"
 @   need(c.stages >= 2, "need stages >= 2")
 @   need(t.pingpong == nil or t.pingpong == 0 or t.pingpong == 1, "tile.pingpong must be 0 or 1")
 @   c.pingpong = t.pingpong == 1
@@ -294,6 +304,17 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+@ if c.b_mn then
+/* wgmma smem matrix descriptor of the N-major B tile (read with the
+ * instruction's transposed-B bit): 128-byte swizzle atoms of 64 columns x
+ * 8 k rows (1024 bytes, TMA's box rows of 128 bytes); the leading offset
+ * steps 64 columns (one box: BK k rows of 128 bytes), the stride offset 8
+ * k rows. */
+static __device__ __forceinline__ unsigned long long sdesc_mn(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(BK * 128 / 16) << 16) | (64ull << 32) |
+           (1ull << 62);
+}
+@ end
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
 @   local regs = {}
@@ -303,7 +324,7 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "setp.ne.b32 p, %${c.nacc + 2}, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n${c.bn}k16.f32.${c.ptx_type}.${c.ptx_type}\n"
                  "{${table.concat(regs, ", ")}},\n"
-                 "%${c.nacc}, %${c.nacc + 1}, p, 1, 1, 0, 0;\n"
+                 "%${c.nacc}, %${c.nacc + 1}, p, 1, 1, 0, ${c.b_mn and 1 or 0};\n"
                  "}\n"
 @   local outs = operand_lines('"+f"(d[%d])', c.nacc, 8)
 @   for i, l in ipairs(outs) do
@@ -443,7 +464,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
+@ if c.b_mn then
+        const int brow = expert * K;  /* B N-major: the slot's [K, N] rows, boxes of 64 columns x BK k rows */
+@ else
         const int brow = expert * N + nt * BN;
+@ end
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -451,7 +476,14 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * ${c.atom_elems}, row_start, full);
+@ if c.b_mn then
+            }
+#pragma unroll
+            for (int b = 0; b < BN / 64; ++b) {
+                tma_load(so + A_BYTES + b * (BK * 128), mb, nt * BN + b * 64, brow + kt * BK, full);
+@ else
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
+@ end
             }
             if (++s == STAGES) {
                 s = 0;
@@ -481,7 +513,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 @ end
-    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    const unsigned long long db0 = ${c.bdesc}(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
@@ -492,7 +524,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
             for (int m = 0; m < ${c.pingpong and "ACT" or "WM"}; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
-                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+                      db0 + so + (unsigned)((${c.b_koff}) >> 4));
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0)
@@ -554,7 +586,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-@   if not p.ffn_bias then
+@   if bias_arg and not p.ffn_bias then
         (void)${bias_arg};
 @   end
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -660,7 +692,7 @@ ${ARCH_GUARD}
 @   end
         int s = 0;
         unsigned phase = 0;
-@   if not p.ffn_bias then
+@   if bias_arg and not p.ffn_bias then
         (void)${bias_arg};
 @   end
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
@@ -914,6 +946,82 @@ ${ARCH_GUARD}
                     }
 @   end
 @   kernel(p, c, args, "hbuf_map", "w2_map", "obuf", "b2", "n0", nil, epilogue)
+@ end
+@
+@ -- The backward's dgrads (runtime/bgemm.h states their operands; DESIGN
+@ -- "Backward GEMMs"), p.kind = "dgrad_up" or "dgrad_down": the forward's
+@ -- kernel with B N-major (the weights [slots, K, N] as stored, c.b_mn: a
+@ -- tensor map over [slots * K, N], boxes of 64 columns x bk k rows,
+@ -- read by wgmma with the transposed-B bit). A's K tail past K reads as
+@ -- zeros, so B's rows there (the next slot's, finite) add nothing; B's
+@ -- columns past N read as zeros and are not stored.
+@ --   dgrad_up    dXs [rows, H] = dU [rows, 2F] . W1p[slot], staged stores
+@ --   dgrad_down  dU [rows, 2F] = act'(Ur) . (dys [rows, H] . W2[slot]): dA
+@ --               stays in registers; its epilogue reads Ur at the packed
+@ --               gate and up columns of each dA column pair and writes dU
+@ --               there (du may be u: each element is read, then written,
+@ --               by one thread)
+@ function M.dgrad(p)
+@   local c = config(p, p.kind)
+@   if p.kind == "dgrad_up" then
+@     local args = "const __grid_constant__ moe_tmap_t du_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
+@                  "const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, " ..
+@                  "moe_half_t *__restrict__ dxs"
+@     local function epilogue()
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j)
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+@     end
+@     kernel(p, c, args, "du_map", "w1p_map", "dxs", nil, "n0", nil, epilogue)
+@     return
+@   end
+@   if p.kind ~= "dgrad_down" then error(p.kernel .. ": unknown dgrad kind " .. tostring(p.kind), 2) end
+@   if p.pair_granule % 2 ~= 0 then error(p.kernel .. ": the activation backward reads gate/up column pairs", 2) end
+@   c.direct = true  -- stored from registers
+@   local args = "const __grid_constant__ moe_tmap_t dys_map, const __grid_constant__ moe_tmap_t w2_map, " ..
+@                "const moe_half_t *u, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, " ..
+@                "moe_half_t *du"
+@   local act
+@   local function preamble()
+@     act = import("activation").backward(p)
+@   end
+@   local function epilogue()
+                /* dA, accumulator block j (registers 4j..4j+3): rows 16w + g + 8h, columns
+                 * f = n0 + 8j + 2q, f + 1 of F; their gate and up columns in the packed order
+                 * (gen/pack_geom.h) are pairs too, since f is even and the granule is. */
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int f = n0 + 8 * j + 2 * q;
+                    if (N_TAIL && f >= N)  /* F % 8 == 0: the whole n8 block is in or out */
+                        continue;
+                    const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
+#pragma unroll
+                    for (int m = 0; m < WM; ++m)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
+                            if (r >= rows)
+                                continue;
+                            const long long row = (long long)(row_start + r) * (2 * N);
+                            const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
+                            float dg0, du0, dg1, du1;
+                            ${act}(moe_lo_float(ug), moe_lo_float(uu), acc[m][4 * j + 2 * h], dg0, du0);
+                            ${act}(moe_hi_float(ug), moe_hi_float(uu), acc[m][4 * j + 2 * h + 1], dg1, du1);
+                            *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
+                            *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
+                        }
+                }
+@   end
+@   kernel(p, c, args, "dys_map", "w2_map", "du", nil, "n0", preamble, epilogue)
 @ end
 @
 @ return M

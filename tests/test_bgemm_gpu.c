@@ -30,6 +30,9 @@
  * M.backward) against the CPU reference's backward (moe_ref_backward's
  * stages Ur, dA -> dU) on tiny layers whose clamp cuts often.
  *
+ * On sm_90a the dgrads are the TMA + wgmma kernel (templates/gemm_sm90.lua,
+ * B N-major), the wgrads mma.sync; each case prints the kernels it ran.
+ *
  * Without a driver or GPU every GPU case reports itself skipped. The seed is
  * printed; MOEGEN_TEST_SEED=N repeats a run. Run from the repository root
  * (it reads tests/specs/training.moe). Usage: test_bgemm_gpu
@@ -364,8 +367,12 @@ static void run_case(const bcase_t *bc, uint64_t seed, const char *cache, int pe
     const moe_launcher_t *l = &plan->launcher;
     const moe_spec_t *s = &plan->pd.spec;
     CHECK(l->bgemm != NULL);
-    for (int i = 0; i < MOE_BGEMM_COUNT; i++)
+    for (int i = 0; i < MOE_BGEMM_COUNT; i++) {
         CHECKF(l->bgemm && l->bgemm_fn[i], "kernel %d in the module", i);
+        if (l->bgemm) /* which kernel each kind runs (sm_90a: the dgrads' sm90a_tma_ names) */
+            fprintf(stderr, "  %s %s: %s (%s)\n", bc->name, moe_arch_name(l->arch), l->bgemm[i].name,
+                    l->bgemm[i].tile.consumers ? "wgmma + TMA" : "mma.sync + cp.async");
+    }
     if (!l->bgemm) {
         moe_plan_destroy(plan);
         return;

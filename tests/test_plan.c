@@ -295,26 +295,37 @@ int main(void) {
         moe_plan_desc_t tp = {0};
         CHECK(plan_of(&tp, "name = 'tr' experts = 8 top_k = 2 hidden = 264 ffn = 136 tokens = 4096 "
                            "training = true\n") == 0);
-        static const char *const names[MOE_BGEMM_COUNT] = {"tr_dgrad_down_bf16_m128", "tr_dgrad_up_bf16_m128",
-                                                          "tr_wgrad_up_bf16_m128", "tr_wgrad_down_bf16_m128"};
+        static const char *const names[MOE_BGEMM_COUNT] = {"tr_dgrad_down_bf16_", "tr_dgrad_up_bf16_",
+                                                          "tr_wgrad_up_bf16_", "tr_wgrad_down_bf16_"};
         for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
             for (int i = 0; moe_plan_bgemm(&tp, (moe_arch_t)a) && i < MOE_BGEMM_COUNT; i++) {
                 const moe_kernel_desc_t *d = &moe_plan_bgemm(&tp, (moe_arch_t)a)[i];
-                const int wgrad = i >= 2;
-                CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0,
-                       "%s", d->name);
+                const int wgrad = i >= 2, tma = !wgrad && a == MOE_ARCH_SM90A; /* sm_90a's dgrads: TMA + wgmma */
+                CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0 &&
+                       strstr(d->name, "_m128n"), "%s", d->name);
+                CHECKF(!tma == !strstr(d->name, "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
+                if (tma) {
+                    CHECK(d->threads == 128 * 3 && d->tile.bm == 128 && d->tile.consumers == 2 && d->tile.bn == 256 &&
+                          !d->tile.persistent);
+                    CHECK(d->smem == moe_gemm_sm90_smem(&d->tile, d->tile.bn) &&
+                          d->smem == 4 * (128 + 256) * 64 * 2 + 16 * 4);
+                    continue;
+                }
                 CHECK(d->threads == 32 * d->tile.warps_m * d->tile.warps_n && d->tile.bm == 128 && d->tile.consumers == 0);
                 CHECK(d->smem == d->tile.stages * (wgrad ? d->tile.bk * (d->tile.bm + 8) + d->tile.bk * (d->tile.bn + 8)
                                                          : d->tile.bm * (d->tile.bk + 8) + d->tile.bk * (d->tile.bn + 8)) * 2);
             }
         CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM80) != NULL);
-        /* the same kernel serves both arches */
-        CHECK_STREQ(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0].name);
+        /* the wgrads' one kernel serves both arches; the dgrads differ */
+        CHECK_STREQ(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].name);
+        CHECK(strcmp(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0].name) != 0);
         const moe_kernel_desc_t *b = moe_plan_bgemm(&tp, MOE_ARCH_SM90A);
         unsigned g[3];
-        moe_family_grid(&b[0], &tp.spec, 4096, 77, g); /* dgrad_down: F / bn x the row tiles */
-        CHECK(g[0] == 2 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&b[0], &tp.spec, 4096, 77, g); /* dgrad_down: F / bn x the row tiles (bn 256 on sm_90a) */
+        CHECK(g[0] == 1 && g[1] == 77 && g[2] == 1);
         moe_family_grid(&b[1], &tp.spec, 4096, 77, g); /* dgrad_up: H / bn x the row tiles */
+        CHECK(g[0] == 2 && g[1] == 77 && g[2] == 1);
+        moe_family_grid(&moe_plan_bgemm(&tp, MOE_ARCH_SM80)[1], &tp.spec, 4096, 77, g); /* sm_80: bn 128 */
         CHECK(g[0] == 3 && g[1] == 77 && g[2] == 1);
         moe_family_grid(&b[2], &tp.spec, 4096, 0, g); /* wgrad_up: H / bn x 2F / bm x slots */
         CHECK(g[0] == 3 && g[1] == 3 && g[2] == 8);
@@ -325,6 +336,8 @@ int main(void) {
                            "training = true\n") == 0);
         CHECK(tp.align == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].tile.bm == 64 &&
               moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].tile.bm == 128);
+        CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.bm == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.consumers == 1 &&
+              moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].threads == 256);
         moe_plan_desc_free(&tp);
     }
 
