@@ -95,8 +95,9 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     moe_lua_set_str(L, "name", pd->pack.name);
     moe_lua_set_int(L, "threads", pd->pack.threads);
     lua_setfield(L, -2, "pack");
-    static const char *const ctypes[MOE_WS_COUNT] = {"int", "int", "int", "int", "moe_tile_t",
-                                                     "int", "float", "int", "moe_half_t", "moe_half_t", "float"};
+    static const char *const ctypes[MOE_WS_COUNT] = {"int",   "int",        "int",        "int",   "moe_tile_t",
+                                                     "int",   "float",      "int",        "moe_half_t",
+                                                     "moe_half_t", "float", "float",      "float"};
     lua_createtable(L, MOE_WS_COUNT, 0);
     for (int i = 0; i < MOE_WS_COUNT; i++) {
         lua_newtable(L);

@@ -76,17 +76,25 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
     const moe_spec_t *s = &pd->spec;
     long long E = moe_spec_slots(s), TK = (long long)tokens * moe_spec_entries(s);
     long long R = moe_plan_max_rows(pd, full_rows ? s->tokens : tokens);
+    /* fp8 weights (docs/DESIGN.md, "FP8"): the rows into the up GEMM and the
+     * activation into the down GEMM are e4m3 (one byte) with an fp32 scale
+     * per 128 columns; xs keeps two bytes per element, since the down GEMM
+     * writes its bf16 output there */
+    const int fp8 = moe_spec_fp8(s);
     size_t sizes[MOE_WS_COUNT] = {
         [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)moe_plan_max_tiles(pd, tokens),
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
-        [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = 2 * R * s->ffn,
+        [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
         [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
                                                               moe_spec_router_columns(s),
                                                               s->hidden),
+        [MOE_WS_XSC] = fp8 ? 4 * (size_t)R * (s->hidden / MOE_FP8_BLOCK) : 0,
+        [MOE_WS_HSC] = fp8 ? 4 * (size_t)R * (s->ffn / MOE_FP8_BLOCK) : 0,
     };
-    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
-                                                    "topk_idx", "topk_w", "row_of", "xs", "hbuf", "route_part"};
+    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor",     "num_tiles", "tiles",
+                                                    "topk_idx", "topk_w", "row_of",    "xs",        "hbuf",
+                                                    "route_part", "xsc", "hsc"};
     return moe_ws_layout(ws, names, sizes, MOE_WS_COUNT);
 }
 

@@ -32,7 +32,8 @@ static const abi_field forward_fields[] = {
     FIELD(moe_forward_args, router_logit_bias), FIELD(moe_forward_args, w1p),
     FIELD(moe_forward_args, b1p),         FIELD(moe_forward_args, w2),
     FIELD(moe_forward_args, b2),          FIELD(moe_forward_args, y),
-    FIELD(moe_forward_args, workspace),   FIELD(moe_forward_args, shared_gate), {0}};
+    FIELD(moe_forward_args, workspace),   FIELD(moe_forward_args, shared_gate),
+    FIELD(moe_forward_args, w1s),         FIELD(moe_forward_args, w2s), {0}};
 
 static const abi_field weights_fields[] = {
     FIELD(moe_weights, w1p), FIELD(moe_weights, b1p), FIELD(moe_weights, w2), FIELD(moe_weights, b2), {0}};
@@ -172,10 +173,22 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
         dt = "fp32";
         if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)
             SHAPE(E);
-    } else if (!strcmp(name, "w1p"))
-        SHAPE(S, 2 * F, H);
-    else if (!strcmp(name, "w2"))
-        SHAPE(S, H, F);
+    } else if (!strcmp(name, "w1p") || !strcmp(name, "w2")) {
+        if (name[1] == '1')
+            SHAPE(S, 2 * F, H);
+        else
+            SHAPE(S, H, F);
+        if (moe_spec_fp8(s))
+            dt = "fp8_e4m3";
+    } else if (!strcmp(name, "w1s") || !strcmp(name, "w2s")) { /* fp8 weights' scales (moe.h, "fp8 weights") */
+        const int up = name[1] == '1', block = s->quant.scaling == MOE_SCALING_BLOCK;
+        const int64_t N = up ? 2 * F : H, K = up ? H : F, B = MOE_FP8_BLOCK;
+        dt = "fp32";
+        if (moe_spec_fp8(s) && block)
+            SHAPE(S, N / B, K / B);
+        else if (moe_spec_fp8(s))
+            SHAPE(S, N);
+    }
     else if (!strcmp(name, "b1p")) {
         if (s->ffn_bias)
             SHAPE(S, 2 * F);

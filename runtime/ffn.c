@@ -8,7 +8,7 @@
  * weights sit at their experts' own slots (cuDNN reads first_token_offset
  * in expert order, where the generated kernels read slots from the tiles). */
 static int use_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, const moe_ffn_args_t *f) {
-    return l->slot_identity && moe_cudnn_applies(dn, stage, f);
+    return l->slot_identity && !moe_spec_fp8(&l->pd->spec) && moe_cudnn_applies(dn, stage, f); /* bf16 graphs */
 }
 
 moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
@@ -27,7 +27,13 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
         }
         void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
         void *down[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
-        if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, stage == MOE_STAGE_UP ? up : down, ev)))
+        /* fp8 (templates/gemm_sm90.lua): the A and B scales after the maps, and the up GEMM's output scales */
+        CUdeviceptr xsc = f->xsc, hsc = f->hsc;
+        void *up8[] = {&xs, (void *)&f->w1p, &xsc, (void *)&f->w1s, (void *)&f->b1p, &tiles, &nt, &hbuf, &hsc};
+        void *down8[] = {&hbuf, (void *)&f->w2, &hsc, (void *)&f->w2s, (void *)&f->b2, &tiles, &nt, &out};
+        const int fp8 = moe_spec_fp8(&l->pd->spec);
+        void **args = stage == MOE_STAGE_UP ? (fp8 ? up8 : up) : (fp8 ? down8 : down);
+        if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, args, ev)))
             return rc;
     }
     return MOE_OK;

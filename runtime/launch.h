@@ -40,7 +40,9 @@ typedef struct moe_launcher {
 } moe_launcher_t;
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
- * xs into hbuf, then gemm_down into out (which may alias xs). grid_tiles > 0
+ * xs into hbuf, then gemm_down into out (which may alias xs: with fp8
+ * weights out is bf16 [rows, H] over the e4m3 xs, which the down GEMM no
+ * longer reads). grid_tiles > 0
  * sets the GEMMs' tile grid (at least the table's length); 0 = the plan's
  * max_tiles at `tokens`. offsets: each slot's first row (slot order), for
  * paths that take per-expert offsets instead of tiles. */
@@ -51,6 +53,11 @@ typedef struct {
     const void *w1p, *b1p, *w2, *b2;
     CUdeviceptr scratch;   /* the cuDNN path's workspace (moe_cudnn_workspace bytes); 0 = generated kernels only */
     CUdeviceptr ubuf;      /* a training plan's up GEMM also stores U [rows, 2F] here; 0 = not */
+    /* fp8 weights (docs/DESIGN.md, "FP8"): xs and hbuf hold e4m3 rows, xsc
+     * [rows, H/128] and hsc [rows, F/128] their scales (hsc written by the up
+     * GEMM); w1p and w2 are e4m3, w1s and w2s their scales. Unread otherwise. */
+    CUdeviceptr xsc, hsc;
+    const float *w1s, *w2s;
 } moe_ffn_args_t;
 
 /* Launch the plan's kernel of family k on st with its family's grid

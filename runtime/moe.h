@@ -114,7 +114,12 @@ typedef struct moe_plan moe_plan;
  * With a shared expert (spec shared.ffn = m·F) w1p and w2 hold E + m slots:
  * the routed experts, then the shared expert split into m slots of size F
  * (moe_plan_pack_shared writes them); shared_gate is its w_gate [H]
- * (dtype), required iff shared.gate = "sigmoid". */
+ * (dtype), required iff shared.gate = "sigmoid".
+ * With fp8 expert weights (spec quant.weights = "fp8_e4m3") w1p and w2 are
+ * the e4m3 tensors w1q and w2q, and w1s and w2s their fp32 scales, as
+ * moe_plan_pack_fp8 and moe_plan_pack_quantize write them (below, "fp8
+ * weights"); x, y and the biases stay bf16. Without fp8 weights w1s and w2s
+ * are ignored. */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
     const void *x;                /* x and y may be NULL when tokens = 0 */
@@ -126,6 +131,7 @@ typedef struct {
     void *y;
     void *workspace;              /* moe_plan_workspace_size(plan, tokens) bytes, 256-byte aligned */
     const void *shared_gate;      /* spec shared.gate = "sigmoid": w_gate [H] */
+    const float *w1s, *w2s;       /* spec quant.weights = "fp8_e4m3": the scales of w1p and w2 */
 } moe_forward_args;
 
 /* One rank's expert weights, device pointers (b1p and b2 only with ffn_bias). */
@@ -171,7 +177,8 @@ size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
 
 /* Byte offset and size of a workspace region by name ("topk_idx",
  * "topk_w", "counts", "offsets", "num_tiles", "tiles", "row_of", "xs",
- * "hbuf", "route_part"; an expert-parallel plan's own names), in the layout
+ * "hbuf", "route_part", and with fp8 weights "xsc" and "hsc", the e4m3
+ * rows' scales, 0 bytes otherwise; an expert-parallel plan's own names), in the layout
  * of a call of `tokens` tokens, for tests and tools that inspect
  * intermediate results. MOE_ERR_INVALID_ARG for an unknown name or tokens
  * out of range. */
@@ -457,10 +464,10 @@ moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const
 
 /* The shape and element type the plan expects of forward tensor `name`
  * ("x", "y", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p",
- * "w2", "b2", "shared_gate"; moe_forward_args' names): *rank dims in
+ * "w2", "b2", "shared_gate", "w1s", "w2s"; moe_forward_args' names): *rank dims in
  * dims[0..rank-1] (x and y: the spec's tokens, the most a forward takes;
- * w1p and w2: every weight slot, a shared expert's included), *dtype "bf16", "fp16" or
- * "fp32" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
+ * w1p and w2: every weight slot, a shared expert's included), *dtype "bf16", "fp16",
+ * "fp32" or, for w1p and w2 with fp8 weights, "fp8_e4m3" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
  * NULL). MOE_ERR_INVALID_ARG for another name. */
 moe_status moe_plan_tensor(const moe_plan *plan, const char *name, int *rank, int64_t dims[4], const char **dtype);
 

@@ -2587,66 +2587,66 @@ extern "C" cudaError_t glm_4_5_air_forward(const glm_4_5_air_args_t *a, cudaStre
 #line 188 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *offsets = (int *)(ws + 1024);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *cursor = (int *)(ws + 1792);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *num_tiles = (int *)(ws + 2560);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2816);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *topk_idx = (int *)(ws + 23296);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     float *topk_w = (float *)(ws + 613120);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *row_of = (int *)(ws + 1202944);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1792768);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 1343961856);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     float *route_part = (float *)(ws + 1805332480);
-#line 195 "templates/host.lua"
+#line 196 "templates/host.lua"
     const long long tiles_y = glm_4_5_air_max_tiles(T);
-#line 198 "templates/host.lua"
+#line 199 "templates/host.lua"
     cudaError_t e;
     const glm_4_5_air_device_t *dev = glm_4_5_air_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 772, stream);
     if (e != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     glm_4_5_air_route_bf16_e128k8s1_t32k64s4<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 92160, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     glm_4_5_air_permute_plan_e129_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 210 "templates/host.lua"
+#line 211 "templates/host.lua"
     glm_4_5_air_permute_scatter_bf16_h4096k9<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 222 "templates/host.lua"
+#line 223 "templates/host.lua"
     if (dev->use90) {
-#line 226 "templates/host.lua"
+#line 227 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 216 "templates/host.lua"
+#line 217 "templates/host.lua"
     if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
         (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
         return e;
     glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 216 "templates/host.lua"
+#line 217 "templates/host.lua"
     if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1408, 128)) != cudaSuccess ||
         (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
         return e;
     glm_4_5_air_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 231 "templates/host.lua"
+#line 232 "templates/host.lua"
     } else {
-#line 235 "templates/host.lua"
+#line 236 "templates/host.lua"
     glm_4_5_air_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(22, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     glm_4_5_air_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 239 "templates/host.lua"
+#line 240 "templates/host.lua"
     }
-#line 241 "templates/host.lua"
+#line 242 "templates/host.lua"
     glm_4_5_air_combine_bf16_h4096k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2668,7 +2668,7 @@ extern "C" void glm_4_5_air_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 263 "templates/host.lua"
+#line 264 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2693,7 +2693,7 @@ extern "C" cudaError_t glm_4_5_air_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 288 "templates/host.lua"
+#line 289 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like glm_4_5_air_pack_w1),
@@ -2713,5 +2713,5 @@ extern "C" void glm_4_5_air_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 308 "templates/host.lua"
+#line 309 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

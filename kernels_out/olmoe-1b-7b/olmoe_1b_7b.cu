@@ -2652,66 +2652,66 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
 #line 188 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *cursor = (int *)(ws + 1024);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1280);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1536);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *topk_idx = (int *)(ws + 18944);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     float *topk_w = (float *)(ws + 543232);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     int *row_of = (int *)(ws + 1067520);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1591808);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 571755008);
-#line 192 "templates/host.lua"
+#line 193 "templates/host.lua"
     float *route_part = (float *)(ws + 856836608);
-#line 195 "templates/host.lua"
+#line 196 "templates/host.lua"
     const long long tiles_y = olmoe_1b_7b_max_tiles(T);
-#line 198 "templates/host.lua"
+#line 199 "templates/host.lua"
     cudaError_t e;
     const olmoe_1b_7b_device_t *dev = olmoe_1b_7b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 512, stream);
     if (e != cudaSuccess) return e;
-#line 205 "templates/host.lua"
+#line 206 "templates/host.lua"
     olmoe_1b_7b_route_bf16_e64k8_t32k128s3<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 78336, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
     olmoe_1b_7b_permute_plan_e64_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 210 "templates/host.lua"
+#line 211 "templates/host.lua"
     olmoe_1b_7b_permute_scatter_bf16_h2048k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 222 "templates/host.lua"
+#line 223 "templates/host.lua"
     if (dev->use90) {
-#line 226 "templates/host.lua"
+#line 227 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 216 "templates/host.lua"
+#line 217 "templates/host.lua"
     if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 256)) != cudaSuccess)
         return e;
     olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 8, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 216 "templates/host.lua"
+#line 217 "templates/host.lua"
     if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1024, 128)) != cudaSuccess ||
         (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 256)) != cudaSuccess)
         return e;
     olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 8, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 231 "templates/host.lua"
+#line 232 "templates/host.lua"
     } else {
-#line 235 "templates/host.lua"
+#line 236 "templates/host.lua"
     olmoe_1b_7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(16, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     olmoe_1b_7b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(16, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 239 "templates/host.lua"
+#line 240 "templates/host.lua"
     }
-#line 241 "templates/host.lua"
+#line 242 "templates/host.lua"
     olmoe_1b_7b_combine_bf16_h2048k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2733,7 +2733,7 @@ extern "C" void olmoe_1b_7b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 263 "templates/host.lua"
+#line 264 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2758,5 +2758,5 @@ extern "C" cudaError_t olmoe_1b_7b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 308 "templates/host.lua"
+#line 309 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

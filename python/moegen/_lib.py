@@ -45,7 +45,8 @@ class Options(ctypes.Structure):
 class ForwardArgs(ctypes.Structure):
     _fields_ = [("tokens", c_int), ("x", c_void_p), ("router_w", c_void_p), ("router_bias", c_void_p),
                 ("router_logit_bias", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p),
-                ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p)]
+                ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p),
+                ("w1s", c_void_p), ("w2s", c_void_p)]
 
 
 class TrainForwardArgs(ctypes.Structure):

@@ -58,6 +58,10 @@ class _Entry:
         self.training = self.lib.moe_plan_saved_size(self.handle, 1, 0) > 0
         self.capacity, self.hidden = plan.info.tokens, plan.info.hidden
         self.device, self.index = torch.device("cuda", plan.device), plan.device
+        if plan.tensors["w1p"][1] not in _DTYPES:
+            raise NotImplementedError("moegen: the op does not take fp8 expert weights yet (quant.weights = "
+                                      "\"%s\": moe_forward's w1s and w2s scales); run that plan through moe_forward"
+                                      % plan.tensors["w1p"][1])
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
         self.dtype = self.expect["x"][1]
         # the fast path's expectations, in the op's argument order: (shape, dtype) or None
@@ -271,7 +275,7 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
     pack(tokens, x.data_ptr(), router_w.data_ptr(), 0 if router_bias is None else router_bias.data_ptr(),
          0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
-         ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr())
+         ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0, 0)  # w1s, w2s: fp8 plans only
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))

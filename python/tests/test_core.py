@@ -47,12 +47,12 @@ class Layout(unittest.TestCase):
             _lib.check_layout(moegen.library(), {"moe_forward_args": bad})
 
     def test_a_field_missing_at_the_end(self):
-        self.check_refused(_lib.ForwardArgs._fields_[:-1], r"moe_forward_args field 11: the package has missing, "
-                                                          r"the library shared_gate")
+        self.check_refused(_lib.ForwardArgs._fields_[:-1], r"moe_forward_args field 13: the package has missing, "
+                                                          r"the library w2s")
 
     def test_a_field_too_many(self):
         self.check_refused(_lib.ForwardArgs._fields_ + [("extra", ctypes.c_void_p)],
-                           r"field 12: the package has extra at offset 96, 8 bytes, the library missing")
+                           r"field 14: the package has extra at offset 112, 8 bytes, the library missing")
 
     def test_two_fields_swapped(self):
         f = list(_lib.ForwardArgs._fields_)
