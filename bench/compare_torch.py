@@ -27,6 +27,18 @@ roofline floor: the touched experts' weights, x, router weights and y read
 or written once at the copy bandwidth measured here, or the FLOPs at the
 dense matmul rate, whichever is longer.
 
+An fp8 spec (quant.weights = "fp8_e4m3", examples/specs/fp8/) is compared
+instead against torch._scaled_grouped_mm (e4m3 in, bf16 out, rowwise
+scales: one per token row over all of K and one per weight output row, the
+peer's recipe, coarser than moegen's 1x128 / 128x128 blocks) on the same
+expert-sorted rows, the peer's inputs quantized beforehand (its GEMM alone)
+or in the row (its up projection with SiLU*mul and the re-quantization of
+h, as moegen's fused epilogue does); moegen's weights are the same random
+bf16 weights quantized by moe_plan_pack_quantize_async. Both layers'
+errors are printed against a bf16 layer in fp32 (torch, h and the down
+output rounded to bf16 as moegen's bf16 layer does) on moegen's own
+routing (read from its workspace), so routing ties do not count.
+
 --backward adds, per token count, torch autograd of the eager peer layer
 (x, router weights, w1 and w2 requiring grad): its forward under autograd
 and its backward from a random dy, each after the flush — the peer of
@@ -151,6 +163,126 @@ def autograd_rows(T, x, wr, w1, w2, K, sigmoid, up_fn, iters, flush, dense_tf):
         T, "autograd bwd (peer)", "", t_bwd, flop / t_bwd / 1e9, flop / t_bwd / 1e9 / dense_tf, t_bwd / t_fwd))
 
 
+E4M3 = torch.float8_e4m3fn
+
+
+def q_rows(t):
+    """Rowwise e4m3 (the peer's recipe): (codes, fp32 scale per row)."""
+    s = t.abs().amax(-1, keepdim=True).float().clamp(min=1e-4) / 448.0
+    return (t.float() / s).clamp(-448.0, 448.0).to(E4M3), s.squeeze(-1)
+
+
+def fp8_pack(lib, plan, w1, w2, block):
+    """moegen's fp8 weights: w1 [E, 2F, H] and w2 [E, H, F] bf16 (plain)
+    quantized by moe_plan_pack_quantize_async: (w1q, w1s, w2q, w2s)."""
+    E, F2, H = w1.shape
+    F = F2 // 2
+    dev = w1.device
+    w1q = torch.empty(E, F2, H, dtype=torch.uint8, device=dev)
+    w2q = torch.empty(E, H, F, dtype=torch.uint8, device=dev)
+    w1s = torch.empty(E * (F2 // 128) * (H // 128) if block else E * F2, dtype=torch.float32, device=dev)
+    w2s = torch.empty(E * (H // 128) * (F // 128) if block else E * H, dtype=torch.float32, device=dev)
+    fn = lib.moe_plan_pack_quantize_async
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_lib.PackArgs), ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_void_p]
+    st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    a1 = _lib.PackArgs(_lib.TENSOR_W1, (_lib.PackSrc * 2)(_lib.PackSrc(w1.data_ptr(), F2 * H, H, 1),
+                                                         _lib.PackSrc(w1.data_ptr() + F * H * 2, F2 * H, H, 1)), 0, E)
+    a2 = _lib.PackArgs(_lib.TENSOR_W2, (_lib.PackSrc * 2)(_lib.PackSrc(w2.data_ptr(), H * F, F, 1),
+                                                         _lib.PackSrc(None, 0, 0, 0)), 0, E)
+    for a, q, sc in ((a1, w1q, w1s), (a2, w2q, w2s)):
+        if fn(plan, ctypes.byref(a), q.data_ptr(), sc.data_ptr(), st) != 0:
+            sys.exit("moe_plan_pack_quantize_async: %s" % lib.moe_last_error().decode())
+    torch.cuda.synchronize()
+    return w1q, w1s, w2q, w2s
+
+
+def region(lib, plan, ws, T, name, n, dtype):
+    """n values of dtype in moegen's workspace region `name`, as a call of
+    T tokens lays the workspace out."""
+    fn = lib.moe_plan_workspace_region_at
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                             ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    off, size = ctypes.c_size_t(), ctypes.c_size_t()
+    if fn(plan, T, name.encode(), ctypes.byref(off), ctypes.byref(size)) != 0:
+        sys.exit("moe_plan_workspace_region(%s): %s" % (name, lib.moe_last_error().decode()))
+    nbytes = n * torch.empty(0, dtype=dtype).element_size()
+    return ws[off.value:off.value + nbytes].view(dtype)
+
+
+def fp8_peer_weights(w1, w2):
+    """The peer's fp8 weights from the plain bf16 ones, rowwise over K:
+    (w1 codes [E, H, 2F] column-major, scales [E, 2F], w2 codes, scales)."""
+    q1, s1 = q_rows(w1)
+    q2, s2 = q_rows(w2)
+    return q1.transpose(-2, -1), s1, q2.transpose(-2, -1), s2
+
+
+def fp8_rows(lib, plan, ws, T, x, y, w1, w2, peer_w, K, up_fn, iters, flush, m_up, m_down, m_after_route):
+    """The fp8 comparison at T tokens (see the module's doc): times, then the
+    errors of both layers against the bf16 layer on moegen's routing.
+    m_after_route: moegen's permute, GEMMs and combine (its layer less route),
+    what the peer layer here does on moegen's routing."""
+    E, F2, H = w1.shape
+    F = F2 // 2
+    b1, s1, b2, s2 = peer_w
+    idx = region(lib, plan, ws, T, "topk_idx", T * K, torch.int32).view(T, K).long()
+    w = region(lib, plan, ws, T, "topk_w", T * K, torch.float32).view(T, K)
+    flat = idx.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(E, device=x.device, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)
+    xq, xsc = q_rows(x[order // K])
+
+    def up_mm(aq, asc):
+        return torch._scaled_grouped_mm(aq, b1, asc, s1, offs=offs, out_dtype=torch.bfloat16)
+
+    def down_mm(hq, hsc):
+        return torch._scaled_grouped_mm(hq, b2, hsc, s2, offs=offs, out_dtype=torch.bfloat16)
+
+    try:
+        hq, hsc = q_rows(up_fn(up_mm(xq, xsc)))
+        o = down_mm(hq, hsc)
+    except (RuntimeError, TypeError) as e:
+        print("%-6d torch._scaled_grouped_mm refused these inputs: %s" % (T, str(e).splitlines()[0]))
+        return
+    t_up = timed(lambda: q_rows(up_fn(up_mm(xq, xsc))), iters, flush)
+    t_up_mm = timed(lambda: up_mm(xq, xsc), iters, flush)
+    t_down = timed(lambda: down_mm(hq, hsc), iters, flush)
+
+    def peer_layer():  # on moegen's routing, so the layers differ only in the FFN
+        xq_, xsc_ = q_rows(x[order // K])
+        hq_, hsc_ = q_rows(up_fn(up_mm(xq_, xsc_)))
+        o_ = down_mm(hq_, hsc_)
+        out = torch.zeros(T, H, device=x.device, dtype=torch.float32)
+        out.index_add_(0, order // K, o_.float() * w.flatten()[order, None])
+        return out.to(torch.bfloat16)
+    t_layer = timed(peer_layer, iters, flush)
+    rows = T * K
+    fl_up, fl_down = 2.0 * rows * H * 2 * F, 2.0 * rows * F * H
+    for name, mine, peer, flop in (("fp8 up+SwiGLU+quant", m_up, t_up, fl_up),
+                                   ("  (scaled_grouped_mm)", m_up, t_up_mm, fl_up),
+                                   ("fp8 down", m_down, t_down, fl_down),
+                                   ("fp8 layer after route", m_after_route, t_layer, fl_up + fl_down)):
+        print("%-6d %-22s %9.4f %9.4f %8.2fx   moegen %.0f TFLOP/s, torch %.0f" % (
+            T, name, mine, peer, peer / mine, flop / mine / 1e9, flop / peer / 1e9))
+    # the bf16 layer in fp32 on the same routing: h and o rounded to bf16
+    ref = torch.zeros(T, H, device=x.device, dtype=torch.float32)
+    for e in range(E):
+        sel = (order[int(offs[e - 1]) if e else 0:int(offs[e])])
+        if sel.numel() == 0:
+            continue
+        a = x[sel // K].float() @ w1[e].float().t()
+        h = up_fn(a).to(torch.bfloat16).float()
+        oe = (h @ w2[e].float().t()).to(torch.bfloat16).float()
+        ref.index_add_(0, sel // K, oe * w.flatten()[sel, None])
+    ref = ref.to(torch.bfloat16).float()
+    yp = peer_layer().float()
+    den = ref.norm().item()
+    print("%-6d %-22s moegen %.4f, torch %.4f   ||y - y_bf16|| / ||y_bf16||, same routing" % (
+        T, "fp8 error vs bf16", (y[:T].float() - ref).norm().item() / den, (yp - ref).norm().item() / den))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
@@ -191,6 +323,11 @@ def main():
     perm[(f // g) * 2 * g + g + f % g] = F + f
     w1p = w1[:, perm, :].contiguous()
     b1p = b1[:, perm].contiguous()
+    fp8 = spec_value(text, "weights", "none") == "fp8_e4m3"
+    w1s = w2s = w2k = peer_w = None
+    if fp8:  # moegen's weights: the same bf16 quantized by its device pack (w1p becomes e4m3 [E, 2F, H], paired)
+        w1p, w1s, w2k, w2s = fp8_pack(lib, plan, w1, w2, spec_value(text, "scaling", "block") == "block")
+        peer_w = fp8_peer_weights(w1, w2)
     ws = torch.empty(lib.moe_plan_workspace_size(plan, T_max), dtype=torch.uint8, device=dev)
     y = torch.empty(T_max, H, device=dev, dtype=dt)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
@@ -211,7 +348,8 @@ def main():
     for T in opt.tokens or [128, 4096]:
         x = x_all[:T]
         a = Args(T, x.data_ptr(), wr.data_ptr(), bias.data_ptr(), bias.data_ptr(), w1p.data_ptr(),
-                 b1p.data_ptr(), w2.data_ptr(), b2.data_ptr(), y.data_ptr(), ws.data_ptr(), None)
+                 b1p.data_ptr(), (w2k if fp8 else w2).data_ptr(), b2.data_ptr(), y.data_ptr(), ws.data_ptr(), None,
+                 w1s.data_ptr() if fp8 else None, w2s.data_ptr() if fp8 else None)
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         evs = [torch.cuda.Event(enable_timing=True) for _ in range(7)]
         for e in evs:
@@ -230,6 +368,10 @@ def main():
                     per[k].append(evs[k].elapsed_time(evs[k + 1]))
                 per[6].append(evs[0].elapsed_time(evs[6]))
         m_up, m_down, m_layer = (statistics.median(per[k]) for k in (3, 4, 6))
+        if fp8:  # y and the workspace hold the last timed forward's results
+            fp8_rows(lib, plan, ws, T, x, y, w1, w2, peer_w, K, up_fn, opt.iters, flush, m_up, m_down,
+                     sum(statistics.median(per[k]) for k in range(1, 6)))
+            continue
         # the peers, on rows sorted by the same kind of routing
         logits = (x.float() @ wr.float().t())
         p = logits.sigmoid() if sigmoid else logits.softmax(-1)

@@ -12,7 +12,8 @@
 #   compare  bench/compare_torch.py (moegen vs torch._grouped_mm and the eager layer)
 #   decode   moe_bench --graph and compare_torch.py --graph at 1..512 tokens (CUDA-graph replay)
 #   train    test_bgemm_gpu (and --perf), test_bwd_gpu: the backward GEMMs and the backward
-#   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs
+#   fp8      test_quant_gpu: the fp8 GEMMs, the quantizing scatter, the fp8 packs, the fp8 layer; moe_bench and
+#            compare_torch (against torch._scaled_grouped_mm) on examples/specs/fp8/ at 128, 4096, 16384 tokens
 #   house    test_runtime, the examples and the PyTorch op's GPU test
 #   backward moe_bench --backward (the spec with training = true) and compare_torch.py --backward
 #            (torch autograd of the eager layer) at 4096 and 16384 tokens
@@ -87,7 +88,13 @@ for what in "$@"; do
         timeout 120 build/tests/test_bgemm_gpu --perf 2>&1 | tee "$OUT/bgemm_perf.log" | tail -12
         ;;
     fp8)
-        timeout 200 build/tests/test_quant_gpu 2>&1 | tee "$OUT/test_quant_gpu.log" | tail -25
+        timeout 400 build/tests/test_quant_gpu 2>&1 | tee "$OUT/test_quant_gpu.log" | tail -40
+        for s in deepseek-v3-ep8-fp8 mixtral-8x7b-fp8 qwen3-30b-a3b-fp8; do
+            timeout 200 build/moe_bench examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 --tokens 16384 \
+                --iters 10 2>&1 | tee -a "$OUT/fp8_bench.log" | grep -vE '^plan'
+            timeout 200 python3 bench/compare_torch.py examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 \
+                --tokens 16384 --iters 10 2>&1 | tee -a "$OUT/fp8_compare.log" | grep -E 'fp8|ceilings|^compare'
+        done
         ;;
     backward)
         for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do

@@ -24,6 +24,11 @@
  * same L2 flush before each run. The graph's output is checked bit for bit
  * against the eager forward's (exit status 1 if they differ).
  *
+ * An fp8 spec (quant.weights = "fp8_e4m3") runs on random bf16 weights
+ * quantized by moe_plan_pack_quantize_async; its GEMM floors take the fp8
+ * rate as twice the measured bf16 rate (said in the output), and its bytes
+ * one per weight and per e4m3 row element.
+ *
  * --backward (a spec with training = true) times instead, per token count
  * and for recompute_u 0 and 1, moe_forward, moe_forward_train and
  * moe_backward (each after the flush; the backward after an untimed
@@ -407,6 +412,36 @@ int main(int argc, char **argv) {
     CUdeviceptr w1p = upload_random(ES * 2 * F * H, 2.0f / sqrtf((float)H), dt);
     CUdeviceptr w2 = upload_random(ES * H * F, 2.0f / sqrtf((float)F), dt);
     CUdeviceptr b1p = upload_random(E * 2 * F, 0.5f, dt), b2 = upload_random(E * H, 0.5f, dt);
+    /* fp8 weights (quant.weights = "fp8_e4m3"): the random bf16 weights quantized by the device pack into e4m3
+     * and their scales, which the forward takes as w1p, w2, w1s and w2s */
+    const int fp8 = moe_spec_fp8(sp);
+    CUdeviceptr w1s = 0, w2s = 0;
+    if (fp8) {
+        const size_t B = MOE_FP8_BLOCK, blk = sp->quant.scaling == MOE_SCALING_BLOCK;
+        const size_t n1s = ES * (blk ? (2 * F / B) * (H / B) : 2 * F), n2s = ES * (blk ? (H / B) * (F / B) : H);
+        CUdeviceptr w1q, w2q;
+        CK(moe_cu.cuMemAlloc(&w1q, ES * 2 * F * H));
+        CK(moe_cu.cuMemAlloc(&w2q, ES * H * F));
+        CK(moe_cu.cuMemAlloc(&w1s, n1s * 4));
+        CK(moe_cu.cuMemAlloc(&w2s, n2s * 4));
+        moe_pack_args pa1, pa2;
+        if (moe_plan_pack_layout(plan, MOE_LAYOUT_W1_FUSED, (void *)w1p, NULL, 0, (int)ES, &pa1) != MOE_OK ||
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W2, (void *)w2, NULL, 0, (int)ES, &pa2) != MOE_OK ||
+            moe_plan_pack_quantize_async(plan, &pa1, (void *)w1q, (float *)w1s, NULL) != MOE_OK ||
+            moe_plan_pack_quantize_async(plan, &pa2, (void *)w2q, (float *)w2s, NULL) != MOE_OK) {
+            fprintf(stderr, "moe_bench: the fp8 weights: %s\n", moe_last_error());
+            return 1;
+        }
+        CK(moe_cu.cuCtxSynchronize());
+        CK(moe_cu.cuMemFree(w1p));
+        CK(moe_cu.cuMemFree(w2));
+        w1p = w1q, w2 = w2q;
+        printf("fp8: e4m3 weights with %s scales (quantized on the device); the floors take the fp8 GEMM rate as twice "
+               "the dense bf16 rate measured above (not measured)\n", blk ? "128x128 block" : "per-channel");
+    }
+    /* bytes per weight element, and per element of the rows into the GEMMs and of the activation (e4m3 with fp8;
+     * the fp32 scales, 1/128 of those bytes, are not counted) */
+    const double wb = fp8 ? 1 : 2, ab = fp8 ? 1 : 2, mm_tf = fp8 ? 2 * gemm_tf : gemm_tf;
     CUdeviceptr bias, y, ws, flush;
     CK(moe_cu.cuMemAlloc(&bias, E * 4));
     CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
@@ -452,7 +487,7 @@ int main(int argc, char **argv) {
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
-                              .shared_gate = (void *)wg};
+                              .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s};
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);
@@ -482,13 +517,13 @@ int main(int argc, char **argv) {
         double bytes[MOE_K_COUNT + 1] = {
             2.0 * T * H + 2.0 * EL * H + 8.0 * rows,         /* x, router weights (and w_gate), topk out */
             8.0 * ES,                                       /* counts in, offsets out */
-            2.0 * T * H + 2.0 * rows * H + 8.0 * rows,      /* x in, gathered rows out */
-            2.0 * rows * H + active * 2 * F * H * 2 + 2.0 * rows * F,
-            2.0 * rows * F + active * H * F * 2 + 2.0 * rows * H,
+            2.0 * T * H + ab * rows * H + 8.0 * rows,       /* x in, gathered rows out */
+            ab * rows * H + active * 2 * F * H * wb + ab * rows * F,
+            ab * rows * F + active * H * F * wb + 2.0 * rows * H,
             2.0 * rows * H + 2.0 * T * H + 8.0 * rows};
         flop[MOE_K_COUNT] = flop[0] + flop[3] + flop[4] + flop[5];
         /* the layer's floor: x, all active weights and y, each once */
-        bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * EL * H + active * 3 * F * H * 2 + 2.0 * T * H;
+        bytes[MOE_K_COUNT] = 2.0 * T * H + 2.0 * EL * H + active * 3 * F * H * wb + 2.0 * T * H;
         float graph_ms[2] = {0, 0}; /* eager without events, graph replay */
         if (graph) {
             size_t ybytes = (size_t)T * H * 2;
@@ -514,7 +549,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k <= MOE_K_COUNT + 2 * graph; k++) {
             int kk = k < MOE_K_COUNT ? k : MOE_K_COUNT; /* the layer rows share the layer's work */
             double ms = k <= MOE_K_COUNT ? median(t[k], iters) : graph_ms[k - MOE_K_COUNT - 1];
-            double floor_ms = 1e3 * fmax(gemm_tf > 0 ? flop[kk] / (gemm_tf * 1e12) : 0, bytes[kk] / (copy_gbs * 1e9));
+            const double rate = kk == 3 || kk == 4 ? mm_tf : gemm_tf; /* the expert GEMMs: fp8 with fp8 weights */
+            double floor_ms = 1e3 * fmax(rate > 0 ? flop[kk] / (rate * 1e12) : 0, bytes[kk] / (copy_gbs * 1e9));
             static const char *const layer_rows[3] = {"LAYER", "LAYER eager", "LAYER graph"};
             printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f", T, k < MOE_K_COUNT ? names[k] : layer_rows[k - MOE_K_COUNT],
                    ms, flop[kk] / (ms * 1e-3) / 1e12, bytes[kk] / (ms * 1e-3) / 1e9, floor_ms);
