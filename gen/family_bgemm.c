@@ -1,12 +1,12 @@
 /* family_bgemm.c — the backward grouped GEMMs (issue #19): dgrad_down (with
  * the activation backward in its epilogue), dgrad_up, wgrad_up and
  * wgrad_down, planned when the spec has training = true. mma.sync m16n8k16
- * with a cp.async pipeline (templates/gemm_grad.lua; runtime/bgemm.h has the
- * operands) for the wgrads on both arches and the dgrads on sm_80; the
- * sm_90a dgrads run the forward's TMA + wgmma kernel with B N-major
- * (templates/gemm_sm90.lua, M.dgrad). The tile is the planner's: the dgrads'
- * bm is the plan's row block (their M tiles are the tile table's), the
- * wgrads' bm tiles the weight gradient's rows. */
+ * with a cp.async pipeline on sm_80 (templates/gemm_grad.lua;
+ * runtime/bgemm.h has the operands); TMA + wgmma on sm_90a
+ * (templates/gemm_sm90.lua: M.dgrad, the forward's kernel with B N-major;
+ * M.wgrad, both operands M/N-major along the rows). The tile is the
+ * planner's: the dgrads' bm is the plan's row block (their M tiles are the
+ * tile table's), the wgrads' bm tiles the weight gradient's rows. */
 #include "family.h"
 #include "launch_geom.h"
 
@@ -48,15 +48,15 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
     return 0;
 }
 
-/* sm_90a dgrads: the forward's default tile (bm = the row block, one
- * consumer warpgroup per 64 rows, 256 output columns, bk 64, 4 stages, one
- * CTA per tile); its shared memory is the forward GEMM's
- * (moe_gemm_sm90_smem: dgrad_up stages its output tile in the ring,
- * dgrad_down stores from registers) */
+/* sm_90a: the forward's default tile (bm = the row block for the dgrads,
+ * 128 for the wgrads; one consumer warpgroup per 64 rows, 256 output
+ * columns, bk 64, 4 stages, one CTA per tile); its shared memory is the
+ * forward GEMM's (moe_gemm_sm90_smem: dgrad_up stages its output tile in
+ * the ring, the others store from registers) */
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
-                               .consumers = c->align / 64};
+    const int bm = is_wgrad(k->family) ? 128 : c->align;
+    k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 256, .bk = 64, .stages = 4, .group_m = 8, .consumers = bm / 64};
     k->threads = 128 * (k->tile.consumers + 1);
     k->smem = moe_gemm_sm90_smem(&k->tile, k->tile.bn);
     return 0;
@@ -109,22 +109,17 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     lua_setfield(L, -2, "tile");
 }
 
-static const moe_family_variant_t wgrad_variants[] = {
-    {.archs = MOE_ALL_ARCHES, .tmpl = "gemm_grad", .code = "gemm_grad", .engine = "mma.sync + cp.async",
-     .geometry = geometry},
-};
-static const moe_family_variant_t dgrad_variants[] = {
+static const moe_family_variant_t variants[] = {
     {.archs = 1u << MOE_ARCH_SM80, .tmpl = "gemm_grad", .code = "gemm_grad", .engine = "mma.sync + cp.async",
      .geometry = geometry},
     {.archs = 1u << MOE_ARCH_SM90A, .tmpl = "gemm_grad", .code = "gemm_sm90", .engine = "wgmma + TMA",
      .geometry = sm90_geometry},
 };
 
-#define BGEMM(ID, NAME, V)                                                                                           \
-    {.id = ID, .name = NAME, .variants = V, .nvariants = sizeof V / sizeof *V, .spell = spell, .grid = grid,       \
-     .push = push}
+#define BGEMM(ID, NAME)                                                                                              \
+    {.id = ID, .name = NAME, .variants = variants, .nvariants = 2, .spell = spell, .grid = grid, .push = push}
 
-const moe_family_t moe_family_dgrad_down = BGEMM(MOE_K_DGRAD_DOWN, "dgrad_down", dgrad_variants);
-const moe_family_t moe_family_dgrad_up = BGEMM(MOE_K_DGRAD_UP, "dgrad_up", dgrad_variants);
-const moe_family_t moe_family_wgrad_up = BGEMM(MOE_K_WGRAD_UP, "wgrad_up", wgrad_variants);
-const moe_family_t moe_family_wgrad_down = BGEMM(MOE_K_WGRAD_DOWN, "wgrad_down", wgrad_variants);
+const moe_family_t moe_family_dgrad_down = BGEMM(MOE_K_DGRAD_DOWN, "dgrad_down");
+const moe_family_t moe_family_dgrad_up = BGEMM(MOE_K_DGRAD_UP, "dgrad_up");
+const moe_family_t moe_family_wgrad_up = BGEMM(MOE_K_WGRAD_UP, "wgrad_up");
+const moe_family_t moe_family_wgrad_down = BGEMM(MOE_K_WGRAD_DOWN, "wgrad_down");

@@ -15,20 +15,25 @@
 /* The TMA tensor maps of sm_90a GEMM d of family k (templates/gemm_sm90.lua):
  * A over [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
  * reaches); B over [slots * N, K] at b (the forward GEMMs) or, N-major, over
- * [slots * K, N] (the backward's dgrads); encoded as gen/launch_geom.h says
+ * [slots * K, N] (the backward's dgrads); the backward's wgrads: A over
+ * [tiles * align, M], B over [tiles * align, N] (the rows, both read in boxes
+ * of bk rows; moe_bgemm_mn's M and N); encoded as gen/launch_geom.h says
  * (the vendored launcher pastes the same header). */
 static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d, int k, long long tiles,
                             CUdeviceptr a, CUdeviceptr b, CUtensorMap *ma, CUtensorMap *mb) {
     const moe_spec_t *s = &l->pd->spec;
-    const int dgrad = k == MOE_K_DGRAD_DOWN || k == MOE_K_DGRAD_UP;
-    long long K, N;
-    if (dgrad)
+    const int dgrad = k == MOE_K_DGRAD_DOWN || k == MOE_K_DGRAD_UP, wgrad = k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN;
+    long long K, N, M = 0;
+    if (wgrad)
+        moe_bgemm_mn((moe_kfamily_t)k, s->hidden, s->ffn, &M, &N), K = 0;
+    else if (dgrad)
         moe_dgrad_kn(k == MOE_K_DGRAD_UP, s->hidden, s->ffn, &K, &N);
     else
         moe_gemm_kn(k == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
-    const long long rows[2] = {tiles * l->pd->align, dgrad ? l->slots * K : l->slots * N};
-    const long long len[2] = {K, dgrad ? N : K}; /* row lengths */
-    const unsigned box_rows[2] = {(unsigned)d->tile.bm, (unsigned)(dgrad ? d->tile.bk : d->tile.bn)};
+    const long long rows[2] = {tiles * l->pd->align, wgrad ? tiles * l->pd->align : dgrad ? l->slots * K : l->slots * N};
+    const long long len[2] = {wgrad ? M : K, wgrad || dgrad ? N : K}; /* row lengths */
+    const unsigned box_rows[2] = {(unsigned)(wgrad ? d->tile.bk : d->tile.bm),
+                                  (unsigned)(wgrad || dgrad ? d->tile.bk : d->tile.bn)};
     CUtensorMap *m[2] = {ma, mb};
     void *base[2] = {(void *)(uintptr_t)a, (void *)(uintptr_t)b};
     const int fp8 = moe_spec_fp8(s); /* e4m3 operands, one byte each */
@@ -91,14 +96,18 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     CUtensorMap ma, mb;
     void *targs[MOE_LAUNCH_MAX_ARGS];
     if (d->tile.consumers > 0) {
-        moe_status rc = gemm_maps(l, d, k, g[1], *(const CUdeviceptr *)args[0], *(const CUdeviceptr *)args[1], &ma,
-                                  &mb);
+        /* the wgrads' rows: every row `tokens` can fill (at least one) */
+        const int wgrad = k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN;
+        long long tiles = wgrad ? moe_plan_max_tiles(l->pd, tokens) : g[1];
+        moe_status rc = gemm_maps(l, d, k, tiles > 0 ? tiles : 1, *(const CUdeviceptr *)args[0],
+                                  *(const CUdeviceptr *)args[1], &ma, &mb);
         if (rc)
             return rc;
         /* the GEMMs' arguments (templates/gemm_sm90.lua): 6; with fp8 the two scale pointers more, and the
          * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train);
-         * the backward's dgrads: dgrad_down 6, dgrad_up 5 (runtime/bgemm.c) */
+         * the backward's GEMMs: dgrad_down 6, dgrad_up 5, the wgrads 7 (runtime/bgemm.c) */
         const int nargs = k == MOE_K_DGRAD_UP ? 5
+                          : wgrad ? 7
                           : k >= MOE_K_BGEMM_FIRST ? 6
                           : moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
                           : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
@@ -106,8 +115,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         targs[0] = &ma;
         targs[1] = &mb;
         args = targs;
-        g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, l->sms);
-        g[1] = 1;
+        if (!wgrad) { /* the wgrads keep their 3D grid: one CTA per (N tile, M tile, slot) */
+            g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, l->sms);
+            g[1] = 1;
+        }
     }
     CUresult r = moe_cu.cuLaunchKernel(fn, g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
                                        args, NULL);

@@ -1,9 +1,8 @@
 @ -- gemm_grad.lua — the backward grouped GEMMs (runtime/bgemm.h has their
 @ -- operands; docs/DESIGN.md "Backward GEMMs"), one kernel per kind
-@ -- (p.kind), on mma.sync m16n8k16 with a cp.async pipeline. The same code
-@ -- serves sm_80 and sm_90a (mma.sync runs on Hopper) for the wgrads; the
-@ -- sm_90a dgrads (p.tile.consumers > 0) are gemm_sm90.lua's TMA + wgmma
-@ -- kernel with B N-major (M.dgrad).
+@ -- (p.kind), on mma.sync m16n8k16 with a cp.async pipeline for sm_80; on
+@ -- sm_90a (p.tile.consumers > 0) gemm_sm90.lua's TMA + wgmma kernels
+@ -- (M.dgrad: B N-major; M.wgrad: both operands M/N-major).
 @ --
 @ --   dgrad_down  dU [rows, 2F] = act'(Ur) . (dys [rows, H] . W2[slot] [H, F]),
 @ --               the activation backward in the epilogue (dA stays in registers)
@@ -23,8 +22,9 @@
 @ -- (M tile, N tile) of the output on gridDim.x/y and the slot on
 @ -- gridDim.z, reducing over rows offsets[g] .. offsets[g] + counts[g] - 1
 @ -- only (rows past the count zero-filled, so pad rows never contribute).
-@ if (p.tile.consumers or 0) > 0 then  -- sm_90a dgrads: TMA + wgmma (gemm_sm90.lua's M.dgrad)
-@   import("gemm_sm90").dgrad(p)
+@ if (p.tile.consumers or 0) > 0 then  -- sm_90a: TMA + wgmma (gemm_sm90.lua's M.dgrad, M.wgrad)
+@   local G90 = import("gemm_sm90")
+@   if p.kind == "wgrad_up" or p.kind == "wgrad_down" then G90.wgrad(p) else G90.dgrad(p) end
 @   return
 @ end
 @ local G = import("gemm_sm80")

@@ -114,6 +114,13 @@
 @     c.K, c.N, c.bno, c.nout, c.b_mn = 2 * p.F, p.H, c.bn, p.H, true
 @   elseif kind == "dgrad_down" then  -- dA [rows, F] = dys [rows, H] . W2[slot] [H, F], B N-major
 @     c.K, c.N, c.bno, c.nout, c.b_mn = p.H, p.F, c.bn, p.F, true
+@   elseif kind == "wgrad_up" or kind == "wgrad_down" then
+@     -- dW [M, N] (+)= A_gᵀ . B_g over slot g's rows: A [rows, M] and B [rows, N], both M/N-major;
+@     -- K (the slot's rows) is read on the device, so the K constant is 0
+@     c.M = kind == "wgrad_up" and 2 * p.F or p.H
+@     c.K, c.N, c.a_mn, c.b_mn, c.wgrad = 0, kind == "wgrad_up" and p.H or p.F, true, true, true
+@     c.bno, c.nout = c.bn, c.N
+@     need(c.bm % 64 == 0 and c.M % 8 == 0, "A M-major: bm a multiple of 64, M of 8")
 @   else
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, c.bn, p.H
 @   end
@@ -324,7 +331,7 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "setp.ne.b32 p, %${c.nacc + 2}, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n${c.bn}k16.f32.${c.ptx_type}.${c.ptx_type}\n"
                  "{${table.concat(regs, ", ")}},\n"
-                 "%${c.nacc}, %${c.nacc + 1}, p, 1, 1, 0, ${c.b_mn and 1 or 0};\n"
+                 "%${c.nacc}, %${c.nacc + 1}, p, 1, 1, ${c.a_mn and 1 or 0}, ${c.b_mn and 1 or 0};\n"
                  "}\n"
 @   local outs = operand_lines('"+f"(d[%d])', c.nacc, 8)
 @   for i, l in ipairs(outs) do
@@ -421,6 +428,90 @@ static __device__ __forceinline__ void consume_fp8(float (&acc)[WM][NACC], unsig
             phase ^= 1;
         }
     }
+}
+@ end
+@ if c.wgrad then
+
+/* The weight gradient's producer (one thread): the CTA's one tile, k tiles
+ * kt = 0 .. ktiles - 1 of slot rows first + kt * BK ..: A's BM / 64 boxes
+ * (64 columns of M from m0, BK rows) and B's BN / 64 (64 columns of N from
+ * n0), both N-major in the 128-byte swizzle. */
+static __device__ __forceinline__ void produce_rows(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                                    int first, int ktiles, int m0, int n0) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+        bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+        bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+        for (int a = 0; a < BM / 64; ++a)
+            tma_load(so + a * (BK * 128), ma, m0 + a * 64, first + kt * BK, full);
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)
+            tma_load(so + A_BYTES + b * (BK * 128), mb, n0 + b * 64, first + kt * BK, full);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* The weight gradient's consumer warpgroup cw: acc (its WG_ROWS x BN fp32
+ * tile) = A^T . B over ktiles k tiles of the slot's rows, stages released
+ * as in consume. The last k tile, when the slot's rows end inside it
+ * (tail > 0 rows of it are the slot's), runs once every earlier wgmma
+ * retired: rows tail .. BK - 1 of each of its boxes (pad rows or the next
+ * slot's, whatever they hold) are zeroed by the CTHREADS consumer threads
+ * (ct), made visible to wgmma (fence.proxy.async) and waited for by both
+ * warpgroups before its wgmma. */
+static __device__ __forceinline__ void consume_rows(float (&acc)[WM][NACC], unsigned sbase, int cw, int ct,
+                                                    int ktiles, int tail) {
+    const unsigned long long da0 = sdesc_mn(sbase + (unsigned)cw * (WG_ROWS * BK * 2));
+    const unsigned long long db0 = sdesc_mn(sbase + A_BYTES);
+    const int full_tiles = tail > 0 ? ktiles - 1 : ktiles;  /* k tiles of BK rows of the slot */
+    int s = 0, prev = 0;
+    unsigned phase = 0;
+    for (int kt = 0; kt < ktiles; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        if (kt == full_tiles) {  /* the tail tile */
+            wgmma_wait<0>();
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);
+            const unsigned so = sbase + (unsigned)s * STAGE_BYTES;
+            const int per_box = (BK - tail) * 8;  /* 16-byte pieces past the rows (the swizzle moves pieces within a row) */
+            for (int i = ct; i < (BM + BN) / 64 * per_box; i += CTHREADS)
+                asm volatile("st.shared.v4.u32 [%0], {%1,%1,%1,%1};\n"
+                             :: "r"(so + (unsigned)((i / per_box) * (BK * 128) + tail * 128 + (i % per_box) * 16)),
+                                "r"(0u) : "memory");
+            fence_proxy_async();
+            consumers_sync();
+        }
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)((m * (64 * BK * 2) + ks * (16 * 128)) >> 4),
+                      db0 + so + (unsigned)((ks * (16 * 128)) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+    wgmma_wait<0>();  /* on every path (nothing pending without k tiles), so ptxas sees acc settled */
+    if (ktiles > 0)
+        bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
 }
 @ end
 @ if c.pingpong then
@@ -1022,6 +1113,110 @@ ${ARCH_GUARD}
                 }
 @   end
 @   kernel(p, c, args, "dys_map", "w2_map", "du", nil, "n0", preamble, epilogue)
+@ end
+@
+@ -- The backward's wgrads (runtime/bgemm.h), p.kind = "wgrad_up" or
+@ -- "wgrad_down": dW[slot_of[g]] [M, N] (+)= A_gᵀ . B_g, fp32, K = slot g's
+@ -- rows (offsets[g], counts[g], read on the device). A [rows, M] and B
+@ -- [rows, N] are both M/N-major along the rows: tensor maps over the rows
+@ -- with boxes of 64 columns x bk rows (moe_wgrad_mn, runtime/launch.c),
+@ -- read by wgmma with both transpose bits. The grid is the family's 3D
+@ -- one (N tiles, M tiles, slots), one tile per CTA. Rows of the last k
+@ -- tile past the slot's rows are zeroed in shared memory before its wgmma,
+@ -- so pad rows never contribute; columns past M or N arrive as zeros and
+@ -- are not stored. Stored from registers: beta 0 writes, beta 1 adds; a
+@ -- slot with no rows writes zeros (beta 0) or returns at once (beta 1).
+@ function M.wgrad(p)
+@   local c = config(p, p.kind)
+@   if c.persistent or c.pingpong then error(p.kernel .. ": the wgrads run one CTA per tile", 2) end
+@   local args = "const __grid_constant__ moe_tmap_t a_map, const __grid_constant__ moe_tmap_t b_map, " ..
+@                "const int *__restrict__ offsets, const int *__restrict__ counts, const int *__restrict__ slot_of, " ..
+@                "float *__restrict__ out, int beta"
+${ARCH_GUARD}
+namespace ${p.kernel}_impl {
+@   device_code(p, c)
+constexpr int M = ${c.M};  /* output rows (A's columns) */
+}  // namespace ${p.kernel}_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(${p.threads}, 1)
+${p.kernel}(${args}) {
+${ARCH_GUARD}
+    using namespace ${p.kernel}_impl;
+    extern __shared__ __align__(1024) unsigned char ${p.kernel}_smem[];
+    const unsigned sbase = moe_smem_addr(${p.kernel}_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int gi = (int)blockIdx.z, rows = counts[gi], first = offsets[gi];
+    if (rows <= 0 && beta)
+        return;  /* the whole CTA: nothing to add */
+    const int ktiles = rows > 0 ? (rows + BK - 1) / BK : 0, tail = rows % BK;
+    const int m0 = (int)blockIdx.y * BM, n0 = (int)blockIdx.x * BN;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&a_map);
+        tma_prefetch_map(&b_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+@   if c.consumer_regs then
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
+@   end
+        if (tid == 0)
+            produce_rows(sbase, &a_map, &b_map, first, ktiles, m0, n0);
+    } else {
+@   if c.consumer_regs then
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 ${c.consumer_regs};\n" ::: "memory");
+@   end
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        float acc[WM][NACC];
+#pragma unroll
+        for (int m = 0; m < WM; ++m)
+#pragma unroll
+            for (int i = 0; i < NACC; ++i)
+                acc[m][i] = 0.0f;
+        consume_rows(acc, sbase, cw, ct, ktiles, tail);
+        /* accumulator block j (registers 4j..4j+3): rows 16w + g + 8h of the
+         * warpgroup's, columns 8j + 2q, 8j + 2q + 1 */
+        float *__restrict__ o = out + (long long)slot_of[gi] * ((long long)M * N);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int n = n0 + 8 * j + 2 * q;
+            if (N_TAIL && n >= N)  /* N % 8 == 0: the whole n8 block is in or out */
+                continue;
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = m0 + cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                    if (r >= M)
+                        continue;
+                    float2 *pp = (float2 *)(o + ((long long)r * N + n));
+                    float2 v = make_float2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+                    if (beta) {
+                        const float2 old = *pp;
+                        v.x += old.x;
+                        v.y += old.y;
+                    }
+                    *pp = v;
+                }
+        }
+    }
+#else
+@   for v in args:gmatch("([%w_]+),") do
+    (void)${v};
+@   end
+    (void)${args:match("([%w_]+)$")};
+    __trap();
+#endif
+}
 @ end
 @
 @ return M

@@ -30,8 +30,10 @@
  * M.backward) against the CPU reference's backward (moe_ref_backward's
  * stages Ur, dA -> dU) on tiny layers whose clamp cuts often.
  *
- * On sm_90a the dgrads are the TMA + wgmma kernel (templates/gemm_sm90.lua,
- * B N-major), the wgrads mma.sync; each case prints the kernels it ran.
+ * On sm_90a all four are TMA + wgmma kernels (templates/gemm_sm90.lua: the
+ * dgrads B N-major, the wgrads both operands M/N-major with the slot's last
+ * rows zeroed in shared memory), on sm_80 mma.sync; each case prints the
+ * kernels it ran.
  *
  * Without a driver or GPU every GPU case reports itself skipped. The seed is
  * printed; MOEGEN_TEST_SEED=N repeats a run. Run from the repository root

@@ -300,7 +300,7 @@ int main(void) {
         for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
             for (int i = 0; moe_plan_bgemm(&tp, (moe_arch_t)a) && i < MOE_BGEMM_COUNT; i++) {
                 const moe_kernel_desc_t *d = &moe_plan_bgemm(&tp, (moe_arch_t)a)[i];
-                const int wgrad = i >= 2, tma = !wgrad && a == MOE_ARCH_SM90A; /* sm_90a's dgrads: TMA + wgmma */
+                const int wgrad = i >= 2, tma = a == MOE_ARCH_SM90A; /* sm_90a: TMA + wgmma */
                 CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0 &&
                        strstr(d->name, "_m128n"), "%s", d->name);
                 CHECKF(!tma == !strstr(d->name, "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
@@ -316,9 +316,9 @@ int main(void) {
                                                          : d->tile.bm * (d->tile.bk + 8) + d->tile.bk * (d->tile.bn + 8)) * 2);
             }
         CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM80) != NULL);
-        /* the wgrads' one kernel serves both arches; the dgrads differ */
-        CHECK_STREQ(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].name);
-        CHECK(strcmp(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0].name) != 0);
+        /* each arch its own kernels */
+        for (int i = 0; i < MOE_BGEMM_COUNT; i++)
+            CHECK(strcmp(moe_plan_bgemm(&tp, MOE_ARCH_SM80)[i].name, moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[i].name) != 0);
         const moe_kernel_desc_t *b = moe_plan_bgemm(&tp, MOE_ARCH_SM90A);
         unsigned g[3];
         moe_family_grid(&b[0], &tp.spec, 4096, 77, g); /* dgrad_down: F / bn x the row tiles (bn 256 on sm_90a) */
@@ -327,17 +327,20 @@ int main(void) {
         CHECK(g[0] == 2 && g[1] == 77 && g[2] == 1);
         moe_family_grid(&moe_plan_bgemm(&tp, MOE_ARCH_SM80)[1], &tp.spec, 4096, 77, g); /* sm_80: bn 128 */
         CHECK(g[0] == 3 && g[1] == 77 && g[2] == 1);
-        moe_family_grid(&b[2], &tp.spec, 4096, 0, g); /* wgrad_up: H / bn x 2F / bm x slots */
-        CHECK(g[0] == 3 && g[1] == 3 && g[2] == 8);
-        moe_family_grid(&b[3], &tp.spec, 4096, 0, g); /* wgrad_down: F / bn x H / bm x slots */
+        moe_family_grid(&b[2], &tp.spec, 4096, 0, g); /* wgrad_up: H / bn x 2F / bm x slots (bn 256) */
         CHECK(g[0] == 2 && g[1] == 3 && g[2] == 8);
+        moe_family_grid(&b[3], &tp.spec, 4096, 0, g); /* wgrad_down: F / bn x H / bm x slots */
+        CHECK(g[0] == 1 && g[1] == 3 && g[2] == 8);
+        moe_family_grid(&moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2], &tp.spec, 4096, 0, g); /* sm_80: bn 128 */
+        CHECK(g[0] == 3 && g[1] == 3 && g[2] == 8);
         /* a 64-row block: the dgrads follow it, the wgrads keep their 128 rows */
         CHECK(plan_of(&tp, "name = 'tr' experts = 64 top_k = 2 hidden = 264 ffn = 136 tokens = 512 "
                            "training = true\n") == 0);
         CHECK(tp.align == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM80)[0].tile.bm == 64 &&
               moe_plan_bgemm(&tp, MOE_ARCH_SM80)[2].tile.bm == 128);
         CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.bm == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.consumers == 1 &&
-              moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].threads == 256);
+              moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].threads == 256 &&
+              moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].tile.bm == 128 && moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].threads == 384);
         moe_plan_desc_free(&tp);
     }
 
