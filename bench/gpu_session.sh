@@ -3,7 +3,7 @@
 # the PyTorch comparison. Run from the repository root on the GPU machine
 # with build/ carried (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|verify|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -21,6 +21,9 @@
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
 #            at 1, 2048 (route splits H up to 64 token blocks), 4096 and 16384 tokens for $ROUTE_SPECS
 #            (and build-old/moe_bench's, when there is one)
+#   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
+#            under tests/tune/pingpong.tune, the examples), test_ep_gpu, test_vendored, test_bgemm_gpu, test_bwd_gpu,
+#            test_quant_gpu, test_runtime, moe_example; a summary line per log
 #   pingpong the ping-pong GEMMs against the embedded table's: moe_bench at 4096 and 16384 tokens
 #            under each (tests/tune/pingpong.tune forces pingpong), and moegen tune's candidate times
 set -u
@@ -139,7 +142,19 @@ for what in "$@"; do
         done
         grep -E '^==|LAYER|gemm_' "$OUT/pingpong_bench.log"
         ;;
+    verify)
+        v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
+        v test_gpu build/tests/test_gpu &
+        MOEGEN_TUNING=tests/tune/pingpong.tune v test_gpu_pingpong build/tests/test_gpu = examples/ &
+        { v test_bwd_gpu build/tests/test_bwd_gpu; v test_bgemm_gpu build/tests/test_bgemm_gpu; } &
+        { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
+        { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
+          v example build/moe_example examples/specs/qwen3-30b-a3b.moe 1000; } &
+        wait
+        cat "$OUT/verify_rc.txt"
+        for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): [0-9]+ passed' $f | tail -1)"; done
+        ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, verify, all)"; exit 2 ;;
     esac
 done
