@@ -531,7 +531,12 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                 memcpy(gl + (size_t)t * E, dl + (size_t)t * EL, 4 * (size_t)E);
             if (gl)
                 check_close("d logits", gl, rs.dlogits, (size_t)T * E, tol);
-            if (FS && g && w && gz && wz) { /* the shared entries: Σ_j dw = dg; the gate's column: dz = dg g (1 - g) */
+            /* the shared entries: Σ_j dw = dg; the gate's column: dz = dg g (1 - g). An ungated shared expert
+             * under router.apply = "input" (Llama 4) has no dg: its entries' weight is the constant 1 that
+             * permute scales its input by, their dw the input-side <x, dXs> no kernel reads (spec_check
+             * refuses a gate with "input"), while the reference's dg is the output-side <dy, O>. */
+            const int shared_dg = EL > E || s->router.apply != MOE_APPLY_INPUT;
+            if (FS && shared_dg && g && w && gz && wz) {
                 n = 0;
                 for (int t = 0; t < T; t++) {
                     g[n] = 0;
