@@ -21,6 +21,7 @@ freed just before each call so the allocator's next block of that size
 holds NaN (best effort). Tolerance: normalized L2 error <= 1.5e-2 (bf16),
 tests/test_gpu.c's."""
 import argparse
+import faulthandler
 import ctypes
 import os
 import re
@@ -438,6 +439,7 @@ def timing(plan, state, iters):
 
 
 def main():
+    faulthandler.enable()  # a crash in a native call prints the Python stack
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=200)
     opt = ap.parse_args()

@@ -39,6 +39,7 @@ the curves agree within TOL_CURVE = 5e-2 relative at every step (on the
 CPU, the eager layer with bf16 parameters and output tracks the fp32 one
 within 8e-3 over these steps)."""
 import argparse
+import faulthandler
 import ctypes
 import os
 import sys
@@ -592,6 +593,7 @@ def overhead(moe, iters):
 
 
 def main():
+    faulthandler.enable()  # a crash in a native call prints the Python stack
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50, help="calls per overhead timing (the GPU queue must hold them)")
     ap.add_argument("--python-ops", action="store_true", help="test the Python ops ($MOEGEN_TORCH_LIBRARY=none)")
