@@ -18,6 +18,9 @@ import shlex
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_cxx  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden"]
 
@@ -47,8 +50,8 @@ def build(root, include=None, cxx=None, out=None):
     out = out or os.path.join(build_dir, "libmoegen_jax.so")
     cxx = cxx or os.environ.get("CXX", "g++")
     cmd = ([cxx] + FLAGS + ["-I" + os.path.join(root, d) for d in ("gen", "runtime")] + ["-isystem", include]
-           + [os.path.join(root, "python", "csrc", "moegen_jax.cc"), "-L" + build_dir, "-l:libmoegen.so",
-              "-Wl,-rpath,$ORIGIN", "-o", out])
+           + [os.path.join(root, "python", "csrc", "moegen_jax.cc"), "-L" + build_dir, "-l:libmoegen.so"]
+           + build_cxx.LINK + ["-Wl,-rpath,$ORIGIN", "-o", out])
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     try:
         subprocess.check_call(cmd)
@@ -56,6 +59,9 @@ def build(root, include=None, cxx=None, out=None):
         raise BuildError("%s: %s (a C++17 compiler is needed; name it with --cxx or $CXX)" % (cxx, e)) from None
     except subprocess.CalledProcessError as e:
         raise BuildError("%s failed with status %d (above)" % (cxx, e.returncode)) from None
+    why = build_cxx.check_shared_runtime(out, cxx)
+    if why:
+        raise BuildError(why)
     return out
 
 

@@ -21,6 +21,9 @@ import shlex
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_cxx  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fPIC", "-shared",
          "-fvisibility=hidden"]
@@ -63,7 +66,7 @@ def build(root, cxx=None, out=None):
     cmd = ([cxx] + FLAGS + defs + ["-I" + os.path.join(root, d) for d in ("gen", "runtime")]
            + [a for d in inc for a in ("-isystem", d)]
            + [os.path.join(root, "python", "csrc", "moegen_torch.cpp"), "-L" + build_dir, "-l:libmoegen.so"]
-           + ["-L" + d for d in lib] + ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch"]
+           + ["-L" + d for d in lib] + ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch"] + build_cxx.LINK
            + ["-Wl,-rpath,$ORIGIN", "-o", out])
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     try:
@@ -72,6 +75,9 @@ def build(root, cxx=None, out=None):
         raise BuildError("%s: %s (a C++17 compiler is needed; name it with --cxx or $CXX)" % (cxx, e)) from None
     except subprocess.CalledProcessError as e:
         raise BuildError("%s failed with status %d (above)" % (cxx, e.returncode)) from None
+    why = build_cxx.check_shared_runtime(out, cxx)
+    if why:
+        raise BuildError(why)
     return out
 
 

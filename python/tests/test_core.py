@@ -22,6 +22,37 @@ def header_version():
         return re.search(r'#define MOEGEN_VERSION "([^"]+)"', f.read()).group(1)
 
 
+class SharedCxxRuntime(unittest.TestCase):
+    """build_cxx (build_torch.py, build_jax.py): the C++ runtime linked shared
+    even by a compiler that adds -static-libstdc++ (the H200 machine's g++
+    wrapper did; the ops then crashed formatting a number), and a library
+    without it refused."""
+
+    def test_static_wrapper(self):
+        import shutil
+        import subprocess
+        import build_cxx
+        if not shutil.which("g++"):
+            self.skipTest("no g++")
+        with tempfile.TemporaryDirectory() as d:
+            src, cxx = os.path.join(d, "t.cpp"), os.path.join(d, "cxx")
+            with open(src, "w") as f:
+                f.write('#include <sstream>\n#include <string>\nstd::string f(long v) '
+                        '{ std::ostringstream o; o << v; return o.str(); }\n')
+            with open(cxx, "w") as f:
+                f.write('#!/bin/sh\nexec g++ "$@" -static-libstdc++\n')
+            os.chmod(cxx, 0o755)
+            for link, shared in (([], False), (build_cxx.LINK, True)):
+                out = os.path.join(d, "t%d.so" % shared)
+                subprocess.check_call([cxx, "-fPIC", "-shared", src] + link + ["-o", out])
+                why = build_cxx.check_shared_runtime(out, cxx)
+                self.assertEqual(why is None, shared, why)
+                if why:
+                    self.assertIn("-static-libstdc++", why)
+            with open(src, "rb") as f:   # not an ELF file: a sentence, no exception
+                self.assertIn("cannot read", build_cxx.check_shared_runtime(src, cxx))
+
+
 class Version(unittest.TestCase):
     def test_package_and_library_versions_are_gen_version_h(self):
         self.assertEqual(moegen.__version__, header_version())
