@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 5 (device call): the Python ops on the GPU (torch under gdb when there is one, JAX after
+# Run 6 (device call; its first attempt, run 5b, lost when the machine was taken back): the Python ops on the GPU (torch under gdb when there is one, JAX after
 # python/build_jax.py), test_bwd_gpu's examples again, then fp8, ping-pong and route benchmarks.
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
