@@ -419,59 +419,77 @@ static void mesh_fix(char *buf, size_t len, int g, int owner, int loc_owner, int
         snprintf(buf, len, "set owner_ep_rank[%d] = %d and slot[%d] = %d", g, loc_owner, g, loc_slot);
 }
 
-/* Check the routing table in every EP group. */
-static int mesh_check_routing(const moe_mesh_plan_t *mp, char *err, size_t errlen) {
+/* Check expert g's routing in EP group k, where `holders` of its ranks hold g
+ * after the gather (the first one `first`). */
+static int mesh_check_expert(const moe_mesh_plan_t *mp, int k, int g, int holders, int first, char *err,
+                             size_t errlen) {
     const int ep = mp->size[MOE_AXIS_EP];
-    const int ep_shards = mesh_shards_axis(mp, MOE_AXIS_EP);
-    for (int g = 0; g < mp->experts; g++) {
-        int owner = mp->owner_ep_rank[g], slot = mp->slot[g];
-        for (int k = 0; k < mp->nep_groups; k++) {
-            const int *peers = mp->ep_groups + (size_t)k * ep;
-            int holders = 0, first = -1;
-            for (int e = 0; e < ep; e++) {
-                if (mesh_find(mp->ranks[peers[e]].held, mp->nheld, g) >= 0) {
-                    if (holders == 0) first = peers[e];
-                    holders++;
-                }
-            }
-            if (holders == 0) {
-                mesh_err(err, errlen, "expert %d: no rank of ep group %d (ranks %d..) holds it after the gather: "
-                         "the weights of expert %d are missing; rebuild the plan", g, k, peers[0], g);
-                return -1;
-            }
-            if (ep_shards && holders > 1) {
-                mesh_err(err, errlen, "expert %d: %d ranks of ep group %d hold it after the gather (first rank %d), "
-                         "but with ep in expert_sharding exactly one may own it; rebuild the plan",
-                         g, holders, k, first);
-                return -1;
-            }
-            int loc_slot = -1, loc_owner = mesh_locate(mp, k, g, &loc_slot);
-            char fix[96];
-            mesh_fix(fix, sizeof fix, g, owner, loc_owner, loc_slot);
-            if (owner < 0 || owner >= ep) {
-                mesh_err(err, errlen, "expert %d: routing sends it to ep rank %d, outside 0..%d (ep = %d); "
-                         "in ep group %d it is held by rank %d (ep rank %d) at slot %d: %s",
-                         g, owner, ep - 1, ep, k, peers[loc_owner], loc_owner, loc_slot, fix);
-                return -1;
-            }
-            int r = peers[owner];
-            if (slot < 0 || slot >= mp->nheld) {
-                mesh_err(err, errlen, "rank %d (ep group %d, ep rank %d): routing sends expert %d to slot %d, "
-                         "but rank %d holds %d experts after the gather (slots 0..%d); expert %d is at ep rank %d, "
-                         "slot %d: %s", r, k, owner, g, slot, r, mp->nheld, mp->nheld - 1, g, loc_owner,
-                         loc_slot, fix);
-                return -1;
-            }
-            int got = mp->ranks[r].held[slot];
-            if (got != g) {
-                mesh_err(err, errlen, "rank %d (ep group %d, ep rank %d): routing sends expert %d to slot %d, "
-                         "which holds expert %d after the gather; expert %d is at ep rank %d, slot %d: %s",
-                         r, k, owner, g, slot, got, g, loc_owner, loc_slot, fix);
-                return -1;
-            }
-        }
+    const int *peers = mp->ep_groups + (size_t)k * ep;
+    const int owner = mp->owner_ep_rank[g], slot = mp->slot[g];
+    if (holders == 0) {
+        mesh_err(err, errlen, "expert %d: no rank of ep group %d (ranks %d..) holds it after the gather: "
+                 "the weights of expert %d are missing; rebuild the plan", g, k, peers[0], g);
+        return -1;
     }
-    return 0;
+    if (mesh_shards_axis(mp, MOE_AXIS_EP) && holders > 1) {
+        mesh_err(err, errlen, "expert %d: %d ranks of ep group %d hold it after the gather (first rank %d), "
+                 "but with ep in expert_sharding exactly one may own it; rebuild the plan", g, holders, k, first);
+        return -1;
+    }
+    const int owner_ok = owner >= 0 && owner < ep, slot_ok = slot >= 0 && slot < mp->nheld;
+    if (owner_ok && slot_ok && mp->ranks[peers[owner]].held[slot] == g)
+        return 0;   /* the common case: the fix-it below is built only for an error */
+    int loc_slot = -1, loc_owner = mesh_locate(mp, k, g, &loc_slot);
+    char fix[96];
+    mesh_fix(fix, sizeof fix, g, owner, loc_owner, loc_slot);
+    if (!owner_ok) {
+        mesh_err(err, errlen, "expert %d: routing sends it to ep rank %d, outside 0..%d (ep = %d); "
+                 "in ep group %d it is held by rank %d (ep rank %d) at slot %d: %s",
+                 g, owner, ep - 1, ep, k, peers[loc_owner], loc_owner, loc_slot, fix);
+        return -1;
+    }
+    const int r = peers[owner];
+    if (!slot_ok)
+        mesh_err(err, errlen, "rank %d (ep group %d, ep rank %d): routing sends expert %d to slot %d, "
+                 "but rank %d holds %d experts after the gather (slots 0..%d); expert %d is at ep rank %d, "
+                 "slot %d: %s", r, k, owner, g, slot, r, mp->nheld, mp->nheld - 1, g, loc_owner, loc_slot, fix);
+    else
+        mesh_err(err, errlen, "rank %d (ep group %d, ep rank %d): routing sends expert %d to slot %d, "
+                 "which holds expert %d after the gather; expert %d is at ep rank %d, slot %d: %s",
+                 r, k, owner, g, slot, mp->ranks[r].held[slot], g, loc_owner, loc_slot, fix);
+    return -1;
+}
+
+/* Check the routing table in every EP group: per group, one pass over its
+ * ranks' held lists counts each expert's holders (the lists are distinct
+ * experts in range once mesh_check_gather passed), then every expert is
+ * checked, so the cost is groups x (ep x held + experts), not its product
+ * with the experts (a 4096 x 4 mesh of 512 experts took 24 s under ASan). */
+static int mesh_check_routing(const moe_mesh_plan_t *mp, char *err, size_t errlen) {
+    const int ep = mp->size[MOE_AXIS_EP], E = mp->experts;
+    int *holders = malloc(sizeof(int) * 2 * (size_t)E);
+    if (!holders) {
+        mesh_err(err, errlen, "out of memory checking the routing of %d experts", E);
+        return -1;
+    }
+    int *first = holders + E, rc = 0;
+    for (int k = 0; rc == 0 && k < mp->nep_groups; k++) {
+        const int *peers = mp->ep_groups + (size_t)k * ep;
+        for (int g = 0; g < E; g++) {
+            holders[g] = 0;
+            first[g] = -1;
+        }
+        for (int e = 0; e < ep; e++)
+            for (int s = 0; s < mp->nheld; s++) {
+                const int g = mp->ranks[peers[e]].held[s];
+                if (g >= 0 && g < E && holders[g]++ == 0)
+                    first[g] = peers[e];
+            }
+        for (int g = 0; rc == 0 && g < E; g++)
+            rc = mesh_check_expert(mp, k, g, holders[g], first[g], err, errlen);
+    }
+    free(holders);
+    return rc;
 }
 
 int moe_mesh_plan_check(const moe_mesh_plan_t *mp, char *err, size_t errlen) {
