@@ -338,7 +338,8 @@ def reference_grads(keys, w, x, dy):
         return (y * jnp.asarray(dy, jnp.float32)).sum()
 
     with jax.default_matmul_precision("highest"):
-        gx, gp = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x, jnp.float32),
+        # jitted: eagerly, every op of every expert's row count compiled apart (train_biased's took minutes)
+        gx, gp = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x, jnp.float32),
                                                 {k: jnp.asarray(w[k], jnp.float32) for k in names})
     return dict(gp, x=gx)
 
