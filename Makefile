@@ -191,7 +191,7 @@ $(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/support/nccl_own.c run
 $(TEST_LIB): $(TEST_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h tests/gen_fixture.h $(TEST_LIB) $(BUILD)/libmoegen.a
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h tests/gen_fixture.h $(wildcard gen/*.h runtime/*.h tests/support/*.h) $(TEST_LIB) $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 

@@ -2,6 +2,7 @@
  * their mirrors against (runtime/abi.c): the version is gen/version.h's, and
  * each struct's listed fields tile it in declaration order, so a field added
  * to moe.h but not to the table is caught here. No GPU. */
+#define _POSIX_C_SOURCE 200809L   /* popen */
 #include "check.h"
 #include "moe.h"
 #include "moe_impl.h"
@@ -120,7 +121,35 @@ static void check_tiles(const char *name, size_t size) {
            "runtime/abi.c", end, want, size);
 }
 
-int main(void) {
+/* check.h's MOEGEN_TEST_CASE, on this program run again: the closing line of
+ * `MOEGEN_TEST_CASE=filter self`, and its exit status. */
+static int rerun(const char *self, const char *filter, char *line, size_t len) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "MOEGEN_TEST_CASE='%s' '%s' 2>/dev/null", filter, self);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    line[0] = 0;
+    char buf[256];
+    while (fgets(buf, sizeof buf, f))
+        snprintf(line, len, "%s", buf);
+    return pclose(f);
+}
+
+static void test_case_filter(const char *self) {
+    if (getenv("MOEGEN_TEST_CASE") || strchr(self, '\''))
+        return;   /* the run below, or a path the shell command cannot quote */
+    CASE("MOEGEN_TEST_CASE: one case's checks, counted alone; a filter that matches nothing fails");
+    char line[256];
+    int st = rerun(self, "growable structs: through moe_plan_create", line, sizeof line);
+    CHECKF(st == 0 && strcmp(line, "test_abi: 4 passed, 0 failed\n") == 0, "status %d, %s", st, line);
+    st = rerun(self, "no case is named this", line, sizeof line);
+    CHECKF(st != 0 && strstr(line, "0 passed, 1 failed (MOEGEN_TEST_CASE=\"no case is named this\" matches no case)"),
+           "status %d, %s", st, line);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
     CASE("version");
     CHECK_STREQ(moe_version(), MOEGEN_VERSION);
     char header[32];
@@ -151,5 +180,6 @@ int main(void) {
     CHECK(moe_abi_field("moe_options", -1, &off, &sz) == NULL);
     CHECK(moe_abi_field("moe_options", 1000, &off, &sz) == NULL);
     test_growable();
+    test_case_filter(argv[0]);
     return check_report("test_abi");
 }
