@@ -177,5 +177,49 @@ int main(int argc, char **argv) {
         free(gu);
         free(got);
     }
+    CASE("vendored: one process drives two GPUs (the per-device state), each forward bit for bit the first's");
+    if (count < 2) {
+        SKIP("one GPU (%d): needs two in this process", count);
+    } else {
+        /* the same inputs on device 1, its forward, then device 0's again: the
+         * kernels are deterministic, so every y equals the checked one */
+        const void *host[] = {x, wr, w1p, w2, b1p, b2, sb, lb, wsg};
+        const size_t bytes[] = {T * H * 2, E * H * 2, ES * 2 * F * H * 2, ES * H * F * 2, E * 2 * F * 2,
+                                E * H * 2, E * 4, E * 4, H * 2};
+        void *d1[9] = {NULL}, *y1 = NULL, *ws1d = NULL;
+        int ok = cudaSetDevice(1) == cudaSuccess;
+        for (int i = 0; ok && i < 9; i++)
+            ok = cudaMalloc(&d1[i], bytes[i]) == cudaSuccess &&
+                 cudaMemcpy(d1[i], host[i], bytes[i], cudaMemcpyHostToDevice) == cudaSuccess;
+        ok = ok && cudaMalloc(&y1, T * H * 2) == cudaSuccess && cudaMalloc(&ws1d, N(_WORKSPACE_BYTES)) == cudaSuccess &&
+             cudaMemset(y1, 0xff, T * H * 2) == cudaSuccess &&
+             cudaMemset(ws1d, 0xff, N(_WORKSPACE_BYTES)) == cudaSuccess;
+        CHECKF(ok, "device 1: setting up: %s", cudaGetErrorString(cudaGetLastError()));
+        if (ok) {
+            N(_args_t) b = {T, d1[0], d1[1], (const float *)d1[6], (const float *)d1[7], d1[2], d1[4], d1[3], d1[5],
+                            y1, ws1d, d1[8]};
+            uint16_t *got = (uint16_t *)malloc(T * H * 2);
+            e = N(_forward)(&b, 0);
+            CHECKF(e == cudaSuccess, "device 1 forward: %s", cudaGetErrorString(e));
+            e = cudaDeviceSynchronize();
+            CHECKF(e == cudaSuccess, "device 1 kernel fault: %s", cudaGetErrorString(e));
+            cudaMemcpy(got, y1, T * H * 2, cudaMemcpyDeviceToHost);
+            CHECKF(memcmp(got, y, T * H * 2) == 0, "device 1's y differs from device 0's");
+            cudaSetDevice(0);
+            cudaMemset(dy, 0xff, T * H * 2);
+            e = N(_forward)(&a, 0);
+            CHECKF(e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess, "device 0 after device 1: %s",
+                   cudaGetErrorString(e));
+            cudaMemcpy(got, dy, T * H * 2, cudaMemcpyDeviceToHost);
+            CHECKF(memcmp(got, y, T * H * 2) == 0, "device 0's y after device 1's call differs");
+            free(got);
+        }
+        cudaSetDevice(1);
+        for (int i = 0; i < 9; i++)
+            cudaFree(d1[i]);
+        cudaFree(y1);
+        cudaFree(ws1d);
+        cudaSetDevice(0);
+    }
     return check_report("test_vendored");
 }
