@@ -21,10 +21,10 @@ import shlex
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import build_cxx  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fPIC", "-shared",
          "-fvisibility=hidden"]
 

@@ -23,9 +23,9 @@ static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d,
                             CUdeviceptr a, CUdeviceptr b, CUtensorMap *ma, CUtensorMap *mb) {
     const moe_spec_t *s = &l->pd->spec;
     const int dgrad = k == MOE_K_DGRAD_DOWN || k == MOE_K_DGRAD_UP, wgrad = k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN;
-    long long K, N, M = 0;
+    long long K = 0, N, M = 0;
     if (wgrad)
-        moe_bgemm_mn((moe_kfamily_t)k, s->hidden, s->ffn, &M, &N), K = 0;
+        moe_bgemm_mn((moe_kfamily_t)k, s->hidden, s->ffn, &M, &N);
     else if (dgrad)
         moe_dgrad_kn(k == MOE_K_DGRAD_UP, s->hidden, s->ffn, &K, &N);
     else
