@@ -72,6 +72,9 @@ int moe_cache_key(const moe_plan_desc_t *pd, const char *templates_dir, moe_arch
     const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);
     for (int i = 0; i < MOE_K_COUNT; i++)
         moe_buf_printf(&b, "kernel=%s\n", ks[i].name);
+    for (int v = 0; pd->nvariants > 1 && v < pd->nvariants; v++) /* every GEMM variant's (gen/plan.h) */
+        for (int i = 0; i < MOE_K_COUNT; i++)
+            moe_buf_printf(&b, "variant%d=%s\n", v, pd->variants[v].kernels[arch][i].name);
     if (b.failed) {
         moe_buf_free(&b);
         snprintf(diag->msg, sizeof diag->msg, "moegen: error: out of memory");

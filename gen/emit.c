@@ -50,8 +50,7 @@ static void source_templates(char *out, size_t n) {
  * family name and by position (family order), each entry the kernel's
  * name, block size, shared memory, rows per block, and for the GEMMs the
  * tile's bm, bn, grid kind and N tiles (the family's grid). */
-static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch) {
-    const moe_kernel_desc_t *ks = moe_plan_kernels(pd, arch);
+static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_kernel_desc_t *ks) {
     lua_newtable(L);
     for (int i = 0; i < MOE_K_COUNT; i++) {
         const moe_kernel_desc_t *d = &ks[i];
@@ -62,7 +61,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t 
         moe_lua_set_int(L, "per_block", d->per_block);
         if (d->tile.bm) { /* the GEMMs */
             unsigned g[3];
-            moe_plan_grid(pd, arch, i, 1, g);
+            moe_family_grid(d, &pd->spec, 1, 1, g);
             moe_lua_set_int(L, "bm", d->tile.bm);
             moe_lua_set_int(L, "bn", d->tile.bn);
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
@@ -109,12 +108,36 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     lua_setfield(L, -2, "ws");
     moe_lua_set_int(L, "counts_bytes", (long long)pd->ws[MOE_WS_COUNTS].bytes);
     for (int a = 0; a < s->narch; a++) {
-        push_kernel_set(L, pd, s->arch[a]);
+        push_kernel_set(L, pd, moe_plan_kernels(pd, s->arch[a]));
         lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
     }
-    push_kernel_set(L, pd, s->arch[0]);
+    push_kernel_set(L, pd, moe_plan_kernels(pd, s->arch[0]));
     lua_setfield(L, -2, "neutral");
+    lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
+    for (int v = 0; v < pd->nvariants; v++) {
+        const moe_plan_variant_t *pv = &pd->variants[v];
+        lua_newtable(L);
+        moe_lua_set_int(L, "bucket", pv->bucket);
+        moe_lua_set_int(L, "align", pv->align);
+        for (int a = 0; a < s->narch; a++) {
+            push_kernel_set(L, pd, pv->kernels[s->arch[a]]);
+            lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
+        }
+        push_kernel_set(L, pd, pv->kernels[s->arch[0]]);
+        lua_setfield(L, -2, "neutral");
+        lua_rawseti(L, -2, v + 1);
+    }
+    lua_setfield(L, -2, "variants");
     moe_lua_set_str(L, "launch_geom", moe_embedded_launch_geom[0].text);
+}
+
+/* Whether name is in done[0 .. *n - 1]; if not, it is added. */
+static int emitted(const char **done, int *n, const char *name) {
+    for (int j = 0; j < *n; j++)
+        if (strcmp(done[j], name) == 0)
+            return 1;
+    done[(*n)++] = name;
+    return 0;
 }
 
 int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_buf_t *out, moe_diag_t *diag) {
@@ -153,23 +176,37 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         rc = moe_tmpl_expand(t, first[k].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
-    const char *done[MOE_ARCH_MAX * MOE_K_COUNT];
+    /* the other GEMM variants' permute plans (their row blocks; gen/plan.h),
+     * each distinct name once, the capacity's emitted above */
+    const char *done[MOE_PLAN_MAX_VARIANTS * (MOE_ARCH_MAX * MOE_K_COUNT + 1)];
     int ndone = 0;
-    for (int a = 0; a < s->narch && !rc; a++)
-        for (int k = 0; k < MOE_K_COUNT && !rc; k++) {
-            if (!moe_family_variant(moe_family(k), s->arch[a])->engine)
-                continue;
-            const moe_kernel_desc_t *d = &moe_plan_kernels(pd, s->arch[a])[k];
-            int seen = 0;
-            for (int j = 0; j < ndone; j++)
-                seen |= strcmp(done[j], d->name) == 0;
-            if (seen)
-                continue;
-            done[ndone++] = d->name;
-            moe_plan_push_params(moe_tmpl_lua(t), pd, s->arch[a], k);
-            rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
-            moe_buf_printf(out, "\n");
-        }
+    done[ndone++] = first[MOE_K_PERMUTE_PLAN].name;
+    for (int v = 0; v < pd->nvariants && !rc; v++) {
+        const moe_kernel_desc_t *d = &pd->variants[v].kernels[s->arch[0]][MOE_K_PERMUTE_PLAN];
+        if (emitted(done, &ndone, d->name))
+            continue;
+        lua_State *L = moe_tmpl_lua(t);
+        moe_plan_push_variant(L, pd, v, s->arch[0], MOE_K_PERMUTE_PLAN);
+        moe_lua_set_bool(L, "plan_only", 1);
+        rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
+        moe_buf_printf(out, "\n");
+    }
+    /* each arch's own kernels, the capacity's variant first, then the
+     * others by bucket, each distinct name once */
+    for (int i = 0; i < pd->nvariants && !rc; i++) {
+        const int v = i == 0 ? pd->nvariants - 1 : i - 1;
+        for (int a = 0; a < s->narch && !rc; a++)
+            for (int k = 0; k < MOE_K_COUNT && !rc; k++) {
+                if (!moe_family_variant(moe_family(k), s->arch[a])->engine)
+                    continue;
+                const moe_kernel_desc_t *d = &pd->variants[v].kernels[s->arch[a]][k];
+                if (emitted(done, &ndone, d->name))
+                    continue;
+                moe_plan_push_variant(moe_tmpl_lua(t), pd, v, s->arch[a], k);
+                rc = moe_tmpl_expand(t, d->tmpl, NULL, out, diag);
+                moe_buf_printf(out, "\n");
+            }
+    }
     if (!rc) { /* the cuDNN path's standalone activation (family swiglu), arch-neutral */
         const moe_kernel_desc_t *act = &pd->swiglu;
         lua_State *L = moe_tmpl_lua(t);
@@ -372,6 +409,30 @@ static void emit_cubins(moe_buf_t *b, const moe_plan_desc_t *pd, const moe_files
     moe_buf_printf(b, "%s},\n", n ? "\n  " : "");
 }
 
+/* The manifest's "variants" (gen/plan.h): per GEMM variant, the call
+ * sizes it serves (from its bucket, 0 for the heuristics', the first from
+ * 1: the largest bucket <= a call's tokens, or the first), its row block,
+ * and per arch the kernels that differ between variants (permute_plan,
+ * gemm_up_swiglu, gemm_down). */
+static void emit_variants(moe_buf_t *b, const moe_plan_desc_t *pd) {
+    const moe_spec_t *s = &pd->spec;
+    static const int differ[] = {MOE_K_PERMUTE_PLAN, MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
+    moe_buf_printf(b, "  \"variants\": [\n");
+    for (int v = 0; v < pd->nvariants; v++) {
+        const moe_plan_variant_t *pv = &pd->variants[v];
+        moe_buf_printf(b, "    {\"bucket\": %d, \"from_tokens\": %d, \"align\": %d, \"kernels\": {", pv->bucket,
+                       v ? pv->bucket : 1, pv->align);
+        for (int a = 0; a < s->narch; a++) {
+            moe_buf_printf(b, "%s\"%s\": [", a ? ", " : "", moe_arch_name(s->arch[a]));
+            for (int i = 0; i < 3; i++)
+                moe_buf_printf(b, "%s\"%s\"", i ? ", " : "", pv->kernels[s->arch[a]][differ[i]].name);
+            moe_buf_printf(b, "]");
+        }
+        moe_buf_printf(b, "}}%s\n", v + 1 < pd->nvariants ? "," : "");
+    }
+    moe_buf_printf(b, "  ],\n");
+}
+
 static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *tmpl_hash, const moe_fileset_t *fs) {
     const moe_mesh_plan_t *mp = &pd->mesh;
     const moe_ep_desc_t *ep = moe_plan_ep_desc(pd);
@@ -394,13 +455,21 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                    pd->align, pd->pair_granule);
     moe_buf_printf(b, "  \"max_rows\": %lld,\n  \"max_tiles\": %lld,\n  \"kernels\": {\n", pd->max_rows, pd->max_tiles);
     for (int a = 0; a < s->narch; a++) {
-        /* the forward's kernels, then the backward GEMMs with training = true */
-        const moe_kernel_desc_t *ks[MOE_K_COUNT + MOE_BGEMM_COUNT], *bg = moe_plan_bgemm(pd, s->arch[a]);
-        int nk = 0;
+        /* the forward's kernels (the capacity's variant), the backward GEMMs
+         * with training = true, then the other variants' kernels not listed yet */
+        const moe_kernel_desc_t *ks[(MOE_PLAN_MAX_VARIANTS + 1) * MOE_K_COUNT + MOE_BGEMM_COUNT],
+            *bg = moe_plan_bgemm(pd, s->arch[a]);
+        const char *names[(MOE_PLAN_MAX_VARIANTS + 1) * MOE_K_COUNT + MOE_BGEMM_COUNT];
+        int nk = 0, nn = 0;
         for (int i = 0; i < MOE_K_COUNT; i++)
-            ks[nk++] = &moe_plan_kernels(pd, s->arch[a])[i];
+            if (!emitted(names, &nn, moe_plan_kernels(pd, s->arch[a])[i].name))
+                ks[nk++] = &moe_plan_kernels(pd, s->arch[a])[i];
         for (int i = 0; bg && i < MOE_BGEMM_COUNT; i++)
             ks[nk++] = &bg[i];
+        for (int v = 0; v < pd->nvariants; v++)
+            for (int i = 0; i < MOE_K_COUNT; i++)
+                if (!emitted(names, &nn, pd->variants[v].kernels[s->arch[a]][i].name))
+                    ks[nk++] = &pd->variants[v].kernels[s->arch[a]][i];
         moe_buf_printf(b, "    \"%s\": [\n", moe_arch_name(s->arch[a]));
         for (int i = 0; i < nk; i++) {
             const moe_kernel_desc_t *k = ks[i];
@@ -425,7 +494,9 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
         }
         moe_buf_printf(b, "    ]%s\n", a + 1 < s->narch ? "," : "");
     }
-    moe_buf_printf(b, "  },\n  \"workspace\": {\"bytes\": %zu, \"regions\": [\n", pd->ws_bytes);
+    moe_buf_printf(b, "  },\n");
+    emit_variants(b, pd);
+    moe_buf_printf(b, "  \"workspace\": {\"bytes\": %zu, \"regions\": [\n", pd->ws_bytes);
     for (int i = 0; i < MOE_WS_COUNT; i++)
         moe_buf_printf(b, "    {\"name\": \"%s\", \"offset\": %zu, \"bytes\": %zu}%s\n", pd->ws[i].name,
                        pd->ws[i].offset, pd->ws[i].bytes, i + 1 < MOE_WS_COUNT ? "," : "");

@@ -13,27 +13,100 @@ moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch)
     return (moe_family_ctx_t){.spec = &pd->spec, .arch = arch, .align = pd->align, .tuned = pd->tuned};
 }
 
+int moe_plan_variant_for(const moe_plan_desc_t *pd, int tokens) {
+    int v = 0;
+    for (int i = 1; i < pd->nvariants; i++)
+        if (pd->variants[i].bucket <= tokens)
+            v = i;
+    return v;
+}
+
+/* the row block of variant v (the plan's while the variants are planned) */
+static int variant_align(const moe_plan_desc_t *pd, int v) {
+    return pd->nvariants ? pd->variants[v].align : pd->align;
+}
+
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
-    return moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), pd->align);
+    long long r = 0;
+    for (int v = 0, last = moe_plan_variant_for(pd, tokens); v <= last; v++) {
+        long long n = moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec),
+                                   variant_align(pd, v));
+        r = n > r ? n : r;
+    }
+    return r;
 }
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
-    return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), pd->align);
+    long long t = 0;
+    for (int v = 0, last = moe_plan_variant_for(pd, tokens); v <= last; v++) {
+        long long n = moe_plan_variant_tiles(pd, v, tokens);
+        t = n > t ? n : t;
+    }
+    return t;
+}
+
+long long moe_plan_variant_tiles(const moe_plan_desc_t *pd, int v, int tokens) {
+    return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), variant_align(pd, v));
+}
+
+/* Whether two variants run the same kernels (then the later one is
+ * dropped: its calls run the earlier, the same code). */
+static int same_variant(const moe_plan_variant_t *a, const moe_plan_variant_t *b) {
+    if (a->align != b->align)
+        return 0;
+    for (int ar = 0; ar < MOE_FAMILY_ARCHES; ar++)
+        for (int k = 0; k < MOE_K_COUNT; k++)
+            if (strcmp(a->kernels[ar][k].name, b->kernels[ar][k].name) != 0)
+                return 0;
+    return 1;
+}
+
+/* The GEMM variants (docs/DESIGN.md, "Variants per call size"): one per
+ * bucket of the spec's shape in table up to its tokens, neighbours that
+ * plan the same kernels merged; one from the heuristics when the table has
+ * none. Then the capacity's (the last) becomes pd->align, tuned, kernels. */
+static int plan_variants(moe_plan_desc_t *pd, const moe_tuning_t *table, char *err, size_t errlen) {
+    const moe_spec_t *s = &pd->spec;
+    int buckets[MOE_PLAN_MAX_VARIANTS];
+    int nb = moe_tuning_buckets(table, s, MOE_ARCH_SM90A, buckets, MOE_PLAN_MAX_VARIANTS);
+    if (nb == 0)
+        buckets[nb++] = 0;
+    if (moe_ep_wanted(s) && nb > 1) /* expert parallelism runs the capacity's variant alone (ep_plan.c reads
+                                       pd->align) */
+        buckets[0] = buckets[nb - 1], nb = 1;
+    pd->nvariants = 0;
+    for (int b = 0; b < nb; b++) {
+        moe_plan_variant_t *v = &pd->variants[pd->nvariants];
+        memset(v, 0, sizeof *v);
+        v->bucket = buckets[b];
+        v->tuned = buckets[b] ? moe_tuning_find_tokens(table, s, MOE_ARCH_SM90A, buckets[b]) : NULL;
+        v->align = moe_gemm_row_block(s, v->tuned); /* one tile table serves both GEMMs and both arches */
+        /* every arch gets every forward family, in its variant for that arch */
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {
+            moe_family_ctx_t ctx = {.spec = s, .arch = (moe_arch_t)a, .align = v->align, .tuned = v->tuned};
+            for (int k = 0; k < MOE_K_COUNT; k++)
+                if (moe_family_build(&v->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
+                    return 1;
+        }
+        if (pd->nvariants == 0 || !same_variant(&pd->variants[pd->nvariants - 1], v))
+            pd->nvariants++;
+    }
+    const moe_plan_variant_t *cap = &pd->variants[pd->nvariants - 1];
+    pd->tuned = cap->tuned;
+    pd->align = cap->align;
+    memcpy(pd->kernels, cap->kernels, sizeof pd->kernels);
+    return 0;
 }
 
 static int build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuning_t *table, char *err, size_t errlen) {
     memset(pd, 0, sizeof *pd);
     pd->spec = *s;
     pd->pair_granule = MOE_PAIR_GRANULE;
-    pd->tuned = moe_tuning_find(table, s, MOE_ARCH_SM90A);
-    pd->align = moe_gemm_row_block(s, pd->tuned); /* one tile table serves both GEMMs and both arches */
-    /* every arch gets every forward family, in its variant for that arch */
-    for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {
+    if (plan_variants(pd, table, err, errlen))
+        return 1;
+    for (int a = 0; a < MOE_FAMILY_ARCHES; a++) { /* the backward GEMMs: the capacity's row block */
         moe_family_ctx_t ctx = moe_plan_family_ctx(pd, (moe_arch_t)a);
-        for (int k = 0; k < MOE_K_COUNT; k++)
-            if (moe_family_build(&pd->kernels[a][k], (moe_kfamily_t)k, &ctx, err, errlen))
-                return 1;
-        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++) /* the backward GEMMs */
+        for (int i = 0; s->training && i < MOE_BGEMM_COUNT; i++)
             if (moe_family_build(&pd->bgemm[a][i], (moe_kfamily_t)(MOE_K_BGEMM_FIRST + i), &ctx, err, errlen))
                 return 1;
     }
@@ -154,7 +227,8 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
 static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
                                const moe_kernel_desc_t *set);
 
-void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
+/* The parameters every template shares, with `align` as the row block. */
+static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     const moe_spec_t *s = &pd->spec;
     lua_newtable(L);
     moe_spec_push_lua(L, s); /* every key, as the schema has it: p.spec.activation.kind */
@@ -185,11 +259,21 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
         moe_lua_set_num(L, "limit", s->activation.limit);
     moe_lua_set_num(L, "up_offset", s->activation.up_offset);
     moe_lua_set_bool(L, "ffn_bias", s->ffn_bias);
-    moe_lua_set_int(L, "align", pd->align);
+    moe_lua_set_int(L, "align", align);
     moe_lua_set_int(L, "pair_granule", pd->pair_granule);
+}
+
+void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k) {
+    push_shared(L, pd, pd->align);
     if (k < 0)
         return;
     const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch);
+    push_kernel_fields(L, pd, arch, &set[k], set);
+}
+
+void moe_plan_push_variant(lua_State *L, const moe_plan_desc_t *pd, int v, moe_arch_t arch, int k) {
+    push_shared(L, pd, pd->variants[v].align);
+    const moe_kernel_desc_t *set = pd->variants[v].kernels[arch];
     push_kernel_fields(L, pd, arch, &set[k], set);
 }
 

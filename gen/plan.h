@@ -73,12 +73,30 @@ typedef enum {
     MOE_BW_COUNT
 } moe_bwd_region_id_t;
 
+/* The most GEMM variants a plan holds (the buckets of a shape past this
+ * many, the smallest first, are left out: their calls run the next). */
+#define MOE_PLAN_MAX_VARIANTS 8
+
+/* One GEMM configuration of a plan, for a token regime (docs/DESIGN.md,
+ * "Variants per call size"): the kernels whose code depends on the GEMM
+ * tile — permute_plan (its row block), gemm_up and gemm_down of each arch —
+ * and, for the others, the plan's. A call of T tokens runs the variant with
+ * the largest bucket <= T, or the first when T is below every bucket
+ * (moe_plan_variant_for). */
+typedef struct {
+    int bucket;                      /* the tuning table's token bucket it came from; 0: the heuristics */
+    int align;                       /* its expert row block (= its GEMM bm): permute_plan's, the tile table's */
+    const moe_tuning_entry_t *tuned; /* the entry of the table passed its sm_90a GEMMs use, or NULL */
+    moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT]; /* the whole forward set per arch, as pd->kernels */
+} moe_plan_variant_t;
+
 typedef struct moe_plan_desc {
     moe_spec_t spec;
-    int align;                       /* expert row blocks align to this (= GEMM bm) */
-    long long max_rows, max_tiles;   /* at spec.tokens */
+    int align;                       /* expert row blocks align to this (= GEMM bm) in the capacity's variant */
+    long long max_rows, max_tiles;   /* at spec.tokens, covering every variant (moe_plan_max_rows) */
     int pair_granule;                /* gate/up rows interleave in blocks of this many */
-    moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t) */
+    moe_kernel_desc_t kernels[MOE_FAMILY_ARCHES][MOE_K_COUNT];  /* the forward's kernels, per arch (moe_arch_t),
+                                        of the capacity's variant (variants[nvariants - 1]) */
     moe_kernel_desc_t swiglu;        /* the cuDNN path's standalone activation (family swiglu), arch-neutral */
     moe_kernel_desc_t pack;          /* the device-side weight pack (family pack), arch-neutral */
     int has_bwd;                     /* spec.training: bwd holds the backward's own kernels */
@@ -87,17 +105,21 @@ typedef struct moe_plan_desc {
                                         MOE_K_BGEMM_FIRST + i), when spec.training; else zeroed (name "") */
     moe_ws_region_t ws[MOE_WS_COUNT]; /* the workspace at spec.tokens (moe_fwd_ws_layout) */
     size_t ws_bytes;
-    const moe_tuning_entry_t *tuned; /* the entry of the table passed that the sm_90a GEMMs use, or NULL */
+    const moe_tuning_entry_t *tuned; /* the entry of the table passed that the capacity's sm_90a GEMMs use, or NULL */
     moe_mesh_plan_t mesh;            /* the mesh tables: ranks, groups, ownership, the routing table */
     moe_ep_desc_t ep;                /* the expert-parallel part; valid when moe_ep_wanted(&spec) */
+    int nvariants;                   /* 1 .. MOE_PLAN_MAX_VARIANTS */
+    moe_plan_variant_t variants[MOE_PLAN_MAX_VARIANTS]; /* by bucket, ascending, no two neighbours equal; the
+                                        last is the capacity's (align, tuned, kernels as above) */
 } moe_plan_desc_t;
 
 /* Build the plan of a validated spec into pd (which need not be
- * initialized): the kernels, with the sm_90a GEMM tiles from `table`'s entry
- * for the spec (NULL table or no entry: the heuristics; callers that want
- * the embedded table pass moe_tuning_default()), the workspace, the mesh
- * tables and the EP part. pd->tuned then points into table, which must
- * outlive that use. Returns 0, and the caller frees with
+ * initialized): the kernels, with the sm_90a GEMM tiles from `table`'s
+ * entries for the spec's shape, a variant per bucket up to the spec's
+ * tokens (NULL table or no entry: one variant, the heuristics'; callers
+ * that want the embedded table pass moe_tuning_default()), the workspace,
+ * the mesh tables and the EP part. pd->tuned and the variants' tuned then
+ * point into table, which must outlive that use. Returns 0, and the caller frees with
  * moe_plan_desc_free; or non-zero with a reason in err and pd empty (freeing
  * it is safe). */
 int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_tuning_t *table, char *err,
@@ -145,9 +167,21 @@ static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *p
     return pd->kernels[arch];
 }
 
-/* Rows and tiles needed for `tokens` tokens (tokens <= spec.tokens). */
+/* Rows and tiles a workspace holds for `tokens` tokens (tokens <=
+ * spec.tokens): the most that any variant a call of at most `tokens` runs
+ * needs (rows grow with the row block, tiles shrink with it), so a
+ * workspace laid out for T serves every call of T or fewer, whichever
+ * variant it runs. Non-decreasing in tokens. */
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
+
+/* The variant a call of `tokens` tokens runs: the one with the largest
+ * bucket <= tokens, or the first (index 0 .. nvariants - 1). */
+int moe_plan_variant_for(const moe_plan_desc_t *pd, int tokens);
+
+/* The tiles variant v's GEMMs walk at most for `tokens` tokens (its own
+ * row block): their grid's M tiles. */
+long long moe_plan_variant_tiles(const moe_plan_desc_t *pd, int v, int tokens);
 
 /* Grid of kernel k of arch for `tokens` tokens (the family's grid,
  * family.h). For the sm_90a GEMMs (tile.consumers > 0) this is the tile
@@ -158,6 +192,10 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
 /* Push the template parameter table `p` for kernel k of arch onto L
  * (k < 0: the parameters every template shares). */
 void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, int k);
+
+/* As moe_plan_push_params for kernel k of variant v's set of arch (p.align
+ * the variant's row block). */
+void moe_plan_push_variant(lua_State *L, const moe_plan_desc_t *pd, int v, moe_arch_t arch, int k);
 
 /* As moe_plan_push_params, for planned kernel d of arch (a member of the
  * kernel set `set` its family's push reads). */

@@ -166,12 +166,39 @@ const moe_tuning_t *moe_tuning_default(void) {
 }
 
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch) {
+    return moe_tuning_find_tokens(t, s, arch, s->tokens);
+}
+
+const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,
+                                                 int tokens) {
     const moe_tuning_entry_t *best = NULL;
     for (int i = 0; t && i < t->n; i++) {
         const moe_tuning_entry_t *e = &t->e[i];
         if (e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
-            e->dtype == s->dtype && e->arch == arch && e->tokens <= s->tokens && (!best || e->tokens > best->tokens))
+            e->dtype == s->dtype && e->arch == arch && e->tokens <= tokens && (!best || e->tokens > best->tokens))
             best = e;
     }
     return best;
+}
+
+int moe_tuning_buckets(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch, int *out, int max) {
+    int n = 0, lo = 0; /* each round: the smallest bucket above the last one taken */
+    for (;;) {
+        int next = -1;
+        for (int i = 0; t && i < t->n; i++) {
+            const moe_tuning_entry_t *e = &t->e[i];
+            if (e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
+                e->dtype == s->dtype && e->arch == arch && e->tokens <= s->tokens && (n == 0 || e->tokens > lo) &&
+                (next < 0 || e->tokens < next))
+                next = e->tokens;
+        }
+        if (next < 0)
+            return n;
+        if (n == max) { /* keep the largest: drop the smallest */
+            for (int i = 1; i < n; i++)
+                out[i - 1] = out[i];
+            n--;
+        }
+        out[n++] = lo = next;
+    }
 }

@@ -45,4 +45,14 @@ const moe_tuning_t *moe_tuning_default(void);
  * bucket <= s->tokens; NULL when none. */
 const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch);
 
+/* As moe_tuning_find for a call of `tokens` tokens: the entry of s's shape
+ * with the largest bucket <= tokens; NULL when none. */
+const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,
+                                                 int tokens);
+
+/* The token buckets of s's shape in t on arch that are <= s->tokens,
+ * ascending and distinct, into out; the largest `max` of them when there
+ * are more. Returns how many (0: the table has nothing for the shape). */
+int moe_tuning_buckets(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch, int *out, int max);
+
 #endif

@@ -118,7 +118,9 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
     if ((rc = moe_route_launch(p, a, sv[MOE_SV_TOPK_IDX], sv[MOE_SV_TOPK_W], sv[MOE_SV_COUNTS], route_part,
                                sv[MOE_SV_LOGITS], st, NULL)))
         return rc;
-    const moe_launcher_t *l = &p->launcher;
+    moe_launcher_t lv; /* the GEMM variant for T, where its row block is the backward's */
+    moe_plan_launcher_for(p, T, 1, &lv);
+    const moe_launcher_t *l = &lv;
     {
         CUdeviceptr slot = l->slot_table;
         void *args[] = {&sv[MOE_SV_COUNTS], &slot, &sv[MOE_SV_OFFSETS], &cursor, &sv[MOE_SV_TILES],
@@ -212,7 +214,7 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
         sv[i] = (CUdeviceptr)(uintptr_t)a->saved + svr[i].offset;
     for (int i = 0; i < MOE_BW_COUNT; i++)
         bw[i] = (CUdeviceptr)(uintptr_t)a->workspace + bwr[i].offset;
-    const long long nt = moe_plan_max_tiles(&p->pd, T);
+    const long long nt = moe_launcher_tiles(&p->launcher, T); /* the training forward ran its row block */
     CUdeviceptr u = recompute ? bw[MOE_BW_U] : sv[MOE_SV_U];
     if (recompute) { /* U again, from the saved rows (activation checkpointing) */
         void *args[] = {&sv[MOE_SV_XS], (void *)&a->w1p, (void *)&a->b1p, &sv[MOE_SV_TILES], &sv[MOE_SV_NUM_TILES], &u};

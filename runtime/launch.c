@@ -30,7 +30,7 @@ static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d,
         moe_dgrad_kn(k == MOE_K_DGRAD_UP, s->hidden, s->ffn, &K, &N);
     else
         moe_gemm_kn(k == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
-    const long long rows[2] = {tiles * l->pd->align, wgrad ? tiles * l->pd->align : dgrad ? l->slots * K : l->slots * N};
+    const long long rows[2] = {tiles * l->align, wgrad ? tiles * l->align : dgrad ? l->slots * K : l->slots * N};
     const long long len[2] = {wgrad ? M : K, wgrad || dgrad ? N : K}; /* row lengths */
     const unsigned box_rows[2] = {(unsigned)(wgrad ? d->tile.bk : d->tile.bm),
                                   (unsigned)(wgrad || dgrad ? d->tile.bk : d->tile.bn)};
@@ -51,6 +51,10 @@ static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d,
     return MOE_OK;
 }
 
+long long moe_launcher_tiles(const moe_launcher_t *l, int tokens) {
+    return moe_max_tiles(tokens, moe_spec_entries(&l->pd->spec), moe_spec_slots(&l->pd->spec), l->align);
+}
+
 moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
                              CUevent *ev) {
     const moe_kernel_desc_t *d;
@@ -59,7 +63,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         d = &l->kernels[k];
         fn = l->fn[k];
         if (n <= 0)
-            n = moe_plan_max_tiles(l->pd, tokens);
+            n = moe_launcher_tiles(l, tokens);
     } else if (k >= MOE_K_EP_FIRST && k < MOE_K_EP_FIRST + MOE_EK_COUNT && l->ep_kernels && !ev) {
         d = &l->ep_kernels[k - MOE_K_EP_FIRST];
         fn = l->ep_fn[k - MOE_K_EP_FIRST];
@@ -98,7 +102,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     if (d->tile.consumers > 0) {
         /* the wgrads' rows: every row `tokens` can fill (at least one) */
         const int wgrad = k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN;
-        long long tiles = wgrad ? moe_plan_max_tiles(l->pd, tokens) : g[1];
+        long long tiles = wgrad ? moe_launcher_tiles(l, tokens) : g[1];
         moe_status rc = gemm_maps(l, d, k, tiles > 0 ? tiles : 1, *(const CUdeviceptr *)args[0],
                                   *(const CUdeviceptr *)args[1], &ma, &mb);
         if (rc)

@@ -12,9 +12,10 @@
 #include "plan.h"
 
 typedef struct moe_launcher {
-    const moe_plan_desc_t *pd;        /* the plan's tables: grids, the row alignment, the spec's shape */
+    const moe_plan_desc_t *pd;        /* the plan's tables: grids, the spec's shape */
     moe_arch_t arch;                  /* the device's arch: which kernel set runs */
-    const moe_kernel_desc_t *kernels; /* moe_plan_kernels(pd, arch), [MOE_K_COUNT] */
+    const moe_kernel_desc_t *kernels; /* a variant's set of arch, [MOE_K_COUNT]: moe_plan_kernels(pd, arch),
+                                         the capacity's, in the plan's own launcher */
     CUfunction fn[MOE_K_COUNT];       /* kernel k in the plan's loaded module */
     const moe_kernel_desc_t *ep_kernels; /* the EP dispatch kernels (moe_plan_ep_desc(pd)->k, [MOE_EK_COUNT],
                                             family MOE_K_EP_FIRST + i); NULL when the plan has no EP part */
@@ -37,7 +38,12 @@ typedef struct moe_launcher {
     const moe_kernel_desc_t *bgemm;   /* the backward GEMMs (moe_plan_bgemm(pd, arch), [MOE_BGEMM_COUNT], family
                                          MOE_K_BGEMM_FIRST + i); NULL when the spec has no training = true */
     CUfunction bgemm_fn[MOE_BGEMM_COUNT]; /* bgemm[i] in the module; NULL when the module lacks it */
+    int align;                        /* the row block of kernels' tile table: their variant's (gen/plan.h,
+                                         moe_plan_variant_t); the capacity's in the plan's own launcher */
 } moe_launcher_t;
+
+/* The M tiles l's GEMMs walk at most for `tokens` tokens (its row block). */
+long long moe_launcher_tiles(const moe_launcher_t *l, int tokens);
 
 /* The expert FFN stage's buffers over a tile table: gemm_up (+ SwiGLU) from
  * xs into hbuf, then gemm_down into out (which may alias xs: with fp8

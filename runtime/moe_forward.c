@@ -98,14 +98,16 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "cuMemsetD32Async: %s", moe_cu_error_string(r));
     int T = a->tokens;
+    moe_launcher_t l; /* the GEMM variant for T (its permute plan and GEMMs); a host value, so capturable */
+    moe_plan_launcher_for(p, T, 0, &l);
     if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
                                reg[MOE_WS_ROUTE_PART], 0, st, ev)))
         return rc;
     {
-        CUdeviceptr slot = p->launcher.slot_table;
+        CUdeviceptr slot = l.slot_table;
         void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
                         &reg[MOE_WS_NUM_TILES]};
-        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_PERMUTE_PLAN, T, 0, st, args, ev)))
+        if ((rc = moe_launch_kernel(&l, MOE_K_PERMUTE_PLAN, T, 0, st, args, ev)))
             return rc;
     }
     {
@@ -114,7 +116,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                         &reg[MOE_WS_CURSOR], &T, &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], NULL};
         if (moe_spec_fp8(&p->pd.spec))
             args[7] = &reg[MOE_WS_XSC], args[8] = &reg[MOE_WS_ROW_OF];
-        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_PERMUTE_SCATTER, T, 0, st, args, ev)))
+        if ((rc = moe_launch_kernel(&l, MOE_K_PERMUTE_SCATTER, T, 0, st, args, ev)))
             return rc;
     }
     {
@@ -124,12 +126,12 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                             .w2 = a->w2, .b2 = a->b2,
                             .scratch = moe_cudnn_workspace(p->cudnn) ? ws + ws_bytes : 0,
                             .xsc = reg[MOE_WS_XSC], .hsc = reg[MOE_WS_HSC], .w1s = a->w1s, .w2s = a->w2s};
-        if ((rc = moe_run_ffn(&p->launcher, p->cudnn, &f, st, ev)))
+        if ((rc = moe_run_ffn(&l, p->cudnn, &f, st, ev)))
             return rc;
     }
     {
         void *args[] = {&reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], &reg[MOE_WS_TOPK_W], &T, (void *)&a->y};
-        if ((rc = moe_launch_kernel(&p->launcher, MOE_K_COMBINE, T, 0, st, args, ev)))
+        if ((rc = moe_launch_kernel(&l, MOE_K_COMBINE, T, 0, st, args, ev)))
             return rc;
     }
     if (ev && moe_cu.cuEventRecord(ev[MOE_K_COUNT], st) != CUDA_SUCCESS)

@@ -27,7 +27,18 @@ struct moe_plan {
     struct moe_ep *ep;           /* the mesh: this rank, its groups, the dispatch path */
     struct moe_cudnn *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
     moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
+    moe_tuning_entry_t vtuned[MOE_PLAN_MAX_VARIANTS]; /* likewise, pd.variants[v].tuned */
+    CUfunction vfn[MOE_PLAN_MAX_VARIANTS][MOE_K_COUNT]; /* pd.variants[v]'s kernels of the device's arch */
 };
+
+/* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,
+ * "Variants per call size"): the plan's, with the kernels, functions and
+ * row block of the variant for `tokens` (moe_plan_variant_for). The plan's
+ * own (the capacity's variant) where the cuDNN path may run a stage (its
+ * graphs are built for the capacity's rows) or on a mesh (one variant);
+ * with train, unless the variant's row block is the plan's (the backward
+ * reads the training forward's tile table with the plan's). */
+void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launcher_t *l);
 
 /* The forward's argument checks (moe_forward's, the training forward's),
  * the messages prefixed with fn. */

@@ -78,11 +78,21 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     moe_launcher_t *l = &p->launcher;
     l->pd = &p->pd;
     l->kernels = moe_plan_kernels(&p->pd, l->arch);
+    l->align = p->pd.align;
     l->slots = p->ep->mp->nheld + moe_spec_shared_slots(&p->pd.spec); /* the shared expert's slots after them */
     moe_status rc;
     for (int i = 0; i < MOE_K_COUNT; i++)
         if ((rc = load_kernel(p, &l->kernels[i], &l->fn[i])))
             return rc;
+    /* each variant's kernels (gen/plan.h), those of the capacity's already loaded */
+    for (int v = 0; v < p->pd.nvariants; v++)
+        for (int i = 0; i < MOE_K_COUNT; i++) {
+            const moe_kernel_desc_t *k = &p->pd.variants[v].kernels[l->arch][i];
+            if (strcmp(k->name, l->kernels[i].name) == 0)
+                p->vfn[v][i] = l->fn[i];
+            else if ((rc = load_kernel(p, k, &p->vfn[v][i])))
+                return rc;
+        }
     /* the EP dispatch kernels, emitted when the plan has an EP part */
     const moe_ep_desc_t *ed = moe_plan_ep_desc(&p->pd);
     l->ep_kernels = ed ? ed->k : NULL;
@@ -126,6 +136,17 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     return moe_ep_load(p->ep);
 }
 
+void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launcher_t *l) {
+    *l = p->launcher;
+    const int v = moe_plan_variant_for(&p->pd, tokens), last = p->pd.nvariants - 1;
+    const moe_plan_variant_t *pv = &p->pd.variants[v];
+    if (v == last || p->ep->dispatch || moe_cudnn_workspace(p->cudnn) > 0 || (train && pv->align != p->pd.align))
+        return;
+    l->kernels = pv->kernels[l->arch];
+    l->align = pv->align;
+    memcpy(l->fn, p->vfn[v], sizeof l->fn);
+}
+
 int moe_slots_identity(const int *slot, int n) {
     for (int i = 0; i < n; i++)
         if (slot[i] != i)
@@ -158,6 +179,11 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
         p->tuned = *p->pd.tuned;
         p->pd.tuned = &p->tuned;
     }
+    for (int v = 0; !bad && v < p->pd.nvariants; v++)
+        if (p->pd.variants[v].tuned) {
+            p->vtuned[v] = *p->pd.variants[v].tuned;
+            p->pd.variants[v].tuned = &p->vtuned[v];
+        }
     if (tpath)
         moe_tuning_free(&loaded);
     if (bad) {
@@ -370,6 +396,16 @@ static moe_status same_plan(const moe_plan *p, const json_t *manifest, const cha
                                    "moe_options.tuning_path"
                                  : "; compile the spec again into it (moegen compile)");
         }
+        for (int v = 0; v < p->pd.nvariants; v++) /* every GEMM variant's kernels (gen/plan.h) */
+            for (int i = 0; i < MOE_K_COUNT; i++) {
+                const char *want = p->pd.variants[v].kernels[s->arch[a]][i].name;
+                if (!manifest_lists(listed, want))
+                    return moe_fail(MOE_ERR_IO, "%s: the folder's %s kernels are not the ones this runtime plans, %s "
+                                    "(a GEMM variant for calls of %d tokens and more; the tuning table decides "
+                                    "them); compile the folder with the same table (moegen --tuning FILE or "
+                                    "MOEGEN_TUNING) or pass that table as moe_options.tuning_path", mpath,
+                                    moe_arch_name(s->arch[a]), want, p->pd.variants[v].bucket);
+            }
     }
     return MOE_OK;
 }

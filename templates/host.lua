@@ -14,7 +14,11 @@
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
 @ -- bm, bn, persistent, K, N, ntiles (a GEMM's reduction length, B rows
 @ -- per expert, N tiles)}, set[i] the same in family order; p.neutral: the
-@ -- set the arch-neutral kernels come from; p.launch_geom: the text of
+@ -- set the arch-neutral kernels come from; p.variants[i]: the GEMM variants
+@ -- by bucket (gen/plan.h), each {bucket, align, sm80, sm90, neutral} (its
+@ -- kernel sets; p.sm80, p.sm90, p.neutral and p.align are the last's, the
+@ -- capacity's), a call of T tokens running the one with the largest
+@ -- bucket <= T, or the first; p.launch_geom: the text of
 @ -- gen/launch_geom.h, which the launcher calls for the grids, the tile count,
 @ -- the TMA encoding and the sm_90a grid size (as the families and runtime do).
 @ -- A shared expert (p.shared_slots > 0): the kernels after route see
@@ -47,9 +51,31 @@ ${p.launch_geom}
 @ end
 __device__ int ${n}_slot_table[${p.slots}] = {${table.concat(slots)}};
 
+@ local nv = #p.variants
+@ if nv == 1 then
 static long long ${n}_max_tiles(int tokens) {
     return moe_max_tiles(tokens, ${p.entries}, ${p.slots}, ${p.align});
 }
+@ else
+/* The GEMM variant a call of `tokens` tokens runs (manifest.json,
+ * "variants"): the largest bucket <= tokens, or the first. A host value,
+ * so a CUDA graph captured at T replays T's variant. */
+static int ${n}_variant(int tokens) {
+@   for i = nv, 2, -1 do
+    if (tokens >= ${p.variants[i].bucket}) return ${i - 1};
+@   end
+    return 0;
+}
+
+/* The row block (GEMM bm) of each variant, and the M tiles of a call. */
+@   local aligns = {}
+@   for i = 1, nv do aligns[i] = p.variants[i].align end
+static const int ${n}_variant_align[${nv}] = {${table.concat(aligns, ", ")}};
+
+static long long ${n}_max_tiles(int tokens, int v) {
+    return moe_max_tiles(tokens, ${p.entries}, ${p.slots}, ${n}_variant_align[v]);
+}
+@ end
 
 @ if p.sm90 then -- the sm_90a GEMMs take their operands as TMA tensor maps
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
@@ -123,7 +149,9 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 @ -- each name once (the variants share their arch-neutral kernels); the
 @ -- attribute is the current device's
 @ local raised = {}
-@ for _, set in ipairs({ p.sm90 or {}, p.sm80 or {} }) do
+@ local sets = {}
+@ for _, v in ipairs(p.variants) do sets[#sets + 1] = v.sm90 or {}; sets[#sets + 1] = v.sm80 or {} end
+@ for _, set in ipairs(sets) do
 @   for _, kd in ipairs(set) do
 @     if kd.smem > 48 * 1024 and not raised[kd.name] then
 @       raised[kd.name] = true
@@ -193,7 +221,12 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
 @   end
 @ end
+@ if nv == 1 then
     const long long tiles_y = ${n}_max_tiles(T);
+@ else
+    const int v = ${n}_variant(T);
+    const long long tiles_y = ${n}_max_tiles(T, v);
+@ end
 @ -- the GEMM variant: sm_90a kernels on compute capability 9.x when the
 @ -- spec has both arches and they differ; otherwise the one in the file
     cudaError_t e;
@@ -206,37 +239,61 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
+@ if nv == 1 then
     ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+@ else
+@   for i = 1, nv do
+@     local vp = p.variants[i].neutral.permute_plan
+    ${i == 1 and "if" or "else if"} (v == ${i - 1})
+        ${vp.name}<<<1, ${vp.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+@   end
+@ end
 @ if not fp8 then -- (refused above; the fp8 scatter writes e4m3 rows and their scales)
     ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
-@ local function sm90_gemm(kd, a, w, bias, out)
-    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${p.align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
-        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
-        return e;
-    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""});
+@ local function sm90_gemm(kd, a, w, bias, out, align, ind)
+${ind}    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
+${ind}        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
+${ind}        return e;
+${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""});
 @ end
-@ if two then
-    if (dev->use90) {
+@ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
+@ -- when the spec has both arches and they differ; otherwise the one in the file
+@ local function gemms(vs, ind) -- ind: the lines' extra indent
+@   if two then
+${ind}    if (dev->use90) {
+@   end
+@   if vs.sm90 and (two or not vs.sm80) and not fp8 then
+@     local up, dn = vs.sm90.gemm_up_swiglu, vs.sm90.gemm_down
+${ind}    moe_tmap_t ma, mb;
+@     sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind)
+@     sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind)
+@   end
+@   if two then
+${ind}    } else {
+@   end
+@   if vs.sm80 and (two or not vs.sm90) then
+@     local up, dn = vs.sm80.gemm_up_swiglu, vs.sm80.gemm_down
+${ind}    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf${p.spec.training and ", (moe_half_t *)0" or ""});
+${ind}    ${dn.name}<<<dim3(${dn.ntiles}, (unsigned)tiles_y), ${dn.threads}, ${dn.smem}, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+@   end
+@   if two then
+${ind}    }
+@   end
 @ end
-@ if p.sm90 and (two or not p.sm80) and not fp8 then
-@   local up, dn = p.sm90.gemm_up_swiglu, p.sm90.gemm_down
-    moe_tmap_t ma, mb;
-@   sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf")
-@   sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs")
-@ end
-@ if two then
-    } else {
-@ end
-@ if p.sm80 and (two or not p.sm90) then
-@   local up, dn = p.sm80.gemm_up_swiglu, p.sm80.gemm_down
-    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf${p.spec.training and ", (moe_half_t *)0" or ""});
-    ${dn.name}<<<dim3(${dn.ntiles}, (unsigned)tiles_y), ${dn.threads}, ${dn.smem}, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-@ end
-@ if two then
+@ if nv == 1 then
+@   gemms(p.variants[1], "")
+@ else
+@   for i = 1, nv do
+@     local open = i == 1 and "if" or "\125 else if" -- "}": an interpolation ends at the first brace
+@     local from = i == 1 and 1 or p.variants[i].bucket
+@     local to = i < nv and (" .. " .. (p.variants[i + 1].bucket - 1)) or " or more"
+    ${open} (v == ${i - 1}) { /* calls of ${from}${to} tokens */
+@     gemms(p.variants[i], "    ")
+@   end
     }
 @ end
     ${combine.name}<<<dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);

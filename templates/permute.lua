@@ -1,5 +1,6 @@
 @ -- permute.lua — dispatch: the tile plan and the row scatter (docs/DESIGN.md,
-@ -- "Kernels"). Emits two kernels:
+@ -- "Kernels"). Emits two kernels (p.plan_only: the plan kernel alone, for a
+@ -- GEMM variant of another row block, gen/plan.h):
 @ --
 @ -- p.plan_kernel (one block of p.plan_threads): per-expert counts ->
 @ --   offsets[E + 1], each expert's rows starting on a multiple of p.align
@@ -142,6 +143,7 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
     }
 }
 
+@ if not p.plan_only then -- p.plan_only: another GEMM variant's row block, the plan kernel alone
 @ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @ if fp8 then
 /* fp8 (docs/DESIGN.md, "FP8"): the row is written quantized for the fp8 up
@@ -273,6 +275,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
     }
 }
 @ end
+@ end -- plan_only
 @ end
 @
 @ if p then M.emit(p) end

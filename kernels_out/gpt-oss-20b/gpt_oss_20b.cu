@@ -566,7 +566,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
 #line 645 "templates/route.lua"
 }
 
-#line 43 "templates/permute.lua"
+#line 44 "templates/permute.lua"
 namespace gpt_oss_20b_permute_plan_e32_a128_impl {
 constexpr int E = 32, K = 4, H = 2880, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -669,15 +669,15 @@ gpt_oss_20b_permute_plan_e32_a128(const int *__restrict__ counts, const int *__r
     }
 }
 
-#line 223 "templates/permute.lua"
+#line 225 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace gpt_oss_20b_permute_plan_e32_a128_impl;
-#line 229 "templates/permute.lua"
-    (void)topk_w;
 #line 231 "templates/permute.lua"
+    (void)topk_w;
+#line 233 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -685,29 +685,29 @@ gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 241 "templates/permute.lua"
+#line 243 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 249 "templates/permute.lua"
+#line 251 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 254 "templates/permute.lua"
+#line 256 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 260 "templates/permute.lua"
+#line 262 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 269 "templates/permute.lua"
+#line 271 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 272 "templates/permute.lua"
+#line 274 "templates/permute.lua"
         }
     }
 }
@@ -2409,14 +2409,14 @@ gpt_oss_20b_pack_bf16_f2880_h2880(int tensor, unsigned short *__restrict__ dst, 
     }
 }
 
-#line 25 "templates/host.lua"
+#line 29 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 28 "templates/host.lua"
+#line 32 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpt_oss_20b.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 32 "templates/host.lua"
+#line 36 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2570,18 +2570,20 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 42 "templates/host.lua"
+#line 46 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 48 "templates/host.lua"
+#line 52 "templates/host.lua"
 __device__ int gpt_oss_20b_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
+#line 56 "templates/host.lua"
 static long long gpt_oss_20b_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 4, 32, 128);
 }
+#line 79 "templates/host.lua"
 
-#line 55 "templates/host.lua"
+#line 81 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2614,7 +2616,7 @@ static cudaError_t gpt_oss_20b_tmap(gpt_oss_20b_encode_fn encode, moe_tmap_t *m,
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-#line 89 "templates/host.lua"
+#line 115 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2625,9 +2627,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* gpt_oss_20b_slot_table's address on this device */
-#line 100 "templates/host.lua"
+#line 126 "templates/host.lua"
     gpt_oss_20b_encode_fn encode;
-#line 102 "templates/host.lua"
+#line 128 "templates/host.lua"
 } gpt_oss_20b_device_t;
 static gpt_oss_20b_device_t gpt_oss_20b_devices[gpt_oss_20b_MAX_DEVICES];
 static std::mutex gpt_oss_20b_devices_lock;
@@ -2639,22 +2641,22 @@ static cudaError_t gpt_oss_20b_device_init(gpt_oss_20b_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, gpt_oss_20b_slot_table)) != cudaSuccess)
         return e;
-#line 114 "templates/host.lua"
+#line 140 "templates/host.lua"
     d->use90 = major == 9;
-#line 119 "templates/host.lua"
+#line 145 "templates/host.lua"
     if (d->use90 && (e = gpt_oss_20b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 130 "templates/host.lua"
+#line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_route_bf16_e32k4_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 130 "templates/host.lua"
+#line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 134 "templates/host.lua"
+#line 162 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2680,80 +2682,81 @@ static gpt_oss_20b_device_t *gpt_oss_20b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStream_t stream) {
-#line 170 "templates/host.lua"
+#line 198 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > gpt_oss_20b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 180 "templates/host.lua"
+#line 208 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 183 "templates/host.lua"
+#line 211 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 188 "templates/host.lua"
+#line 216 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9984);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     float *topk_w = (float *)(ws + 272128);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     int *row_of = (int *)(ws + 534272);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 796416);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401692416);
-#line 193 "templates/host.lua"
+#line 221 "templates/host.lua"
     float *route_part = (float *)(ws + 802588416);
-#line 196 "templates/host.lua"
+#line 225 "templates/host.lua"
     const long long tiles_y = gpt_oss_20b_max_tiles(T);
-#line 199 "templates/host.lua"
+#line 232 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 384, stream);
     if (e != cudaSuccess) return e;
-#line 206 "templates/host.lua"
+#line 239 "templates/host.lua"
     gpt_oss_20b_route_bf16_e32k4_t32k128s5<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 87040, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
+#line 243 "templates/host.lua"
     gpt_oss_20b_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 211 "templates/host.lua"
+#line 252 "templates/host.lua"
     gpt_oss_20b_permute_scatter_bf16_h2880k4<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 223 "templates/host.lua"
+#line 267 "templates/host.lua"
     if (dev->use90) {
-#line 227 "templates/host.lua"
+#line 271 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 217 "templates/host.lua"
+#line 258 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
         return e;
     gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 217 "templates/host.lua"
+#line 258 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
         return e;
     gpt_oss_20b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 232 "templates/host.lua"
+#line 276 "templates/host.lua"
     } else {
-#line 236 "templates/host.lua"
+#line 280 "templates/host.lua"
     gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 240 "templates/host.lua"
+#line 284 "templates/host.lua"
     }
-#line 242 "templates/host.lua"
+#line 299 "templates/host.lua"
     gpt_oss_20b_combine_bf16_h2880k4<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2775,7 +2778,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 264 "templates/host.lua"
+#line 321 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2800,5 +2803,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 309 "templates/host.lua"
+#line 366 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
