@@ -13,7 +13,7 @@ moe_family_ctx_t moe_plan_family_ctx(const moe_plan_desc_t *pd, moe_arch_t arch)
     return (moe_family_ctx_t){.spec = &pd->spec, .arch = arch, .align = pd->align, .tuned = pd->tuned};
 }
 
-int moe_plan_variant_for(const moe_plan_desc_t *pd, int tokens) {
+int moe_plan_pick_variant(const moe_plan_desc_t *pd, int tokens) {
     int v = 0;
     for (int i = 1; i < pd->nvariants; i++)
         if (pd->variants[i].bucket <= tokens)
@@ -28,7 +28,7 @@ static int variant_align(const moe_plan_desc_t *pd, int v) {
 
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
     long long r = 0;
-    for (int v = 0, last = moe_plan_variant_for(pd, tokens); v <= last; v++) {
+    for (int v = 0, last = moe_plan_pick_variant(pd, tokens); v <= last; v++) {
         long long n = moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec),
                                    variant_align(pd, v));
         r = n > r ? n : r;
@@ -38,7 +38,7 @@ long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
     long long t = 0;
-    for (int v = 0, last = moe_plan_variant_for(pd, tokens); v <= last; v++) {
+    for (int v = 0, last = moe_plan_pick_variant(pd, tokens); v <= last; v++) {
         long long n = moe_plan_variant_tiles(pd, v, tokens);
         t = n > t ? n : t;
     }

@@ -82,7 +82,7 @@ typedef enum {
  * tile — permute_plan (its row block), gemm_up and gemm_down of each arch —
  * and, for the others, the plan's. A call of T tokens runs the variant with
  * the largest bucket <= T, or the first when T is below every bucket
- * (moe_plan_variant_for). */
+ * (moe_plan_pick_variant). */
 typedef struct {
     int bucket;                      /* the tuning table's token bucket it came from; 0: the heuristics */
     int align;                       /* its expert row block (= its GEMM bm): permute_plan's, the tile table's */
@@ -177,7 +177,7 @@ long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
 
 /* The variant a call of `tokens` tokens runs: the one with the largest
  * bucket <= tokens, or the first (index 0 .. nvariants - 1). */
-int moe_plan_variant_for(const moe_plan_desc_t *pd, int tokens);
+int moe_plan_pick_variant(const moe_plan_desc_t *pd, int tokens);
 
 /* The tiles variant v's GEMMs walk at most for `tokens` tokens (its own
  * row block): their grid's M tiles. */

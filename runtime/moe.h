@@ -434,7 +434,9 @@ moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args,
 moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *stream, long long *rows);
 
 /* What the plan is: spec name, hash, the arch its kernels were built for,
- * whether they came from the cache, and each kernel's name. */
+ * whether they came from the cache, and each kernel's name (align and the
+ * kernels: those of the GEMM variant a call of the spec's tokens runs;
+ * moe_plan_variant gives the others). */
 typedef struct {
     size_t struct_size;           /* set by the caller: sizeof(moe_plan_info), or 0 (see moe_options) */
     const char *name, *hash, *arch;
@@ -455,6 +457,24 @@ typedef struct {
 #define MOE_PLAN_INFO_INIT {.struct_size = sizeof(moe_plan_info)}
 #endif
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
+
+/* The GEMM variants of a plan (README.md, "Variants per call size"): a
+ * plan holds one per tuning-table bucket of its shape up to its tokens (one
+ * from the heuristics when the table has none), and a forward of T tokens
+ * runs the one with the largest bucket <= T, or the first: its permute
+ * plan (row block) and GEMM kernels. The pick is a host decision on the
+ * call's tokens, so a CUDA graph captured at T replays T's variant.
+ * moe_plan_variant_count: how many (0 for a NULL plan). moe_plan_variant:
+ * variant i's bucket (0: the heuristics'), row block and GEMM kernel names
+ * on the plan's arch (strings owned by the plan); any out pointer may be
+ * NULL; MOE_ERR_INVALID_ARG for i out of range. moe_plan_variant_for: the
+ * variant a moe_forward of `tokens` tokens runs (-1 for a NULL plan or
+ * tokens out of range); on a mesh of several devices, or where an FFN
+ * stage takes cuDNN, always the last (the capacity's). */
+int moe_plan_variant_count(const moe_plan *plan);
+moe_status moe_plan_variant(const moe_plan *plan, int i, int *bucket, int *align, const char **gemm_up,
+                            const char **gemm_down);
+int moe_plan_variant_for(const moe_plan *plan, int tokens);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
  * plan now (MOE_PATH_GENERATED or MOE_PATH_CUDNN) and why, as a sentence

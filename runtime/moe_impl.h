@@ -33,7 +33,7 @@ struct moe_plan {
 
 /* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,
  * "Variants per call size"): the plan's, with the kernels, functions and
- * row block of the variant for `tokens` (moe_plan_variant_for). The plan's
+ * row block of the variant for `tokens` (moe_plan_pick_variant). The plan's
  * own (the capacity's variant) where the cuDNN path may run a stage (its
  * graphs are built for the capacity's rows) or on a mesh (one variant);
  * with train, unless the variant's row block is the plan's (the backward

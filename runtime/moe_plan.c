@@ -136,14 +136,21 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     return moe_ep_load(p->ep);
 }
 
+/* The variant a forward (train: a training forward) of `tokens` runs. */
+static int variant_run(const moe_plan *p, int tokens, int train) {
+    const int v = moe_plan_pick_variant(&p->pd, tokens), last = p->pd.nvariants - 1;
+    if (p->ep->dispatch || moe_cudnn_workspace(p->cudnn) > 0 || (train && p->pd.variants[v].align != p->pd.align))
+        return last;
+    return v;
+}
+
 void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launcher_t *l) {
     *l = p->launcher;
-    const int v = moe_plan_variant_for(&p->pd, tokens), last = p->pd.nvariants - 1;
-    const moe_plan_variant_t *pv = &p->pd.variants[v];
-    if (v == last || p->ep->dispatch || moe_cudnn_workspace(p->cudnn) > 0 || (train && pv->align != p->pd.align))
+    const int v = variant_run(p, tokens, train);
+    if (v == p->pd.nvariants - 1)
         return;
-    l->kernels = pv->kernels[l->arch];
-    l->align = pv->align;
+    l->kernels = p->pd.variants[v].kernels[l->arch];
+    l->align = p->pd.variants[v].align;
     memcpy(l->fn, p->vfn[v], sizeof l->fn);
 }
 
@@ -648,4 +655,32 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */
     return moe_struct_out(info, &full, sizeof full, MOE_PLAN_INFO_V1_SIZE, "moe_plan_info");
+}
+
+int moe_plan_variant_count(const moe_plan *p) {
+    return p ? p->pd.nvariants : 0;
+}
+
+moe_status moe_plan_variant(const moe_plan *p, int i, int *bucket, int *align, const char **gemm_up,
+                            const char **gemm_down) {
+    if (!p)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_variant: NULL plan");
+    if (i < 0 || i >= p->pd.nvariants)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_variant: variant %d of %d", i, p->pd.nvariants);
+    const moe_plan_variant_t *v = &p->pd.variants[i];
+    if (bucket)
+        *bucket = v->bucket;
+    if (align)
+        *align = v->align;
+    if (gemm_up)
+        *gemm_up = v->kernels[p->launcher.arch][MOE_K_GEMM_UP].name;
+    if (gemm_down)
+        *gemm_down = v->kernels[p->launcher.arch][MOE_K_GEMM_DOWN].name;
+    return MOE_OK;
+}
+
+int moe_plan_variant_for(const moe_plan *p, int tokens) {
+    if (!p || tokens < 0 || tokens > p->pd.spec.tokens)
+        return -1;
+    return variant_run(p, tokens, 0);
 }

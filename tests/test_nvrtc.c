@@ -16,6 +16,7 @@ typedef struct {
     size_t cubin, log;    /* bytes */
     char missing[128];    /* a kernel name not found in the cubin */
     char msg[3000];       /* diag or log */
+    int variants;         /* the plan's GEMM variants (gen/plan.h), each compiled */
 } job_result_t;
 
 /* A spec compiled with its sm_90a GEMMs on the ping-pong grid: a one-entry
@@ -113,6 +114,14 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
             break;
         }
     }
+    /* and every GEMM variant's (gen/plan.h: a tuned spec has one per bucket) */
+    for (int v = 0; !r->rc && !r->missing[0] && v < pd.nvariants; v++)
+        for (int k = 0; k < MOE_K_COUNT; k++)
+            if (!find_bytes(cubin.data, cubin.len, pd.variants[v].kernels[arch][k].name)) {
+                snprintf(r->missing, sizeof r->missing, "%s", pd.variants[v].kernels[arch][k].name);
+                break;
+            }
+    r->variants = pd.nvariants;
     /* and the cuDNN path's standalone activation, which every source carries */
     moe_kernel_desc_t act;
     const moe_family_ctx_t ctx = {.spec = &pd.spec, .arch = arch, .align = pd.align, .tuned = pd.tuned};
@@ -155,7 +164,7 @@ static void test_nvrtc_all(void) {
     int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
     for (int i = 0; i < MAXJOBS; i++)
         job_pp[i] = -1;
-    int ns = 0, njobs = 0;
+    int ns = 0, njobs = 0, multi = 0;
     for (int i = 0; i < n; i++) {
         size_t l = strlen(names[i]);
         if (l > 4 && strcmp(names[i] + l - 4, ".moe") == 0) {
@@ -266,7 +275,11 @@ static void test_nvrtc_all(void) {
         CHECKF(r.log == 0, "NVRTC warnings:\n%s", r.msg);
         CHECK(r.cubin > 0);
         CHECKF(r.missing[0] == 0, "kernel %s is not in the cubin", r.missing);
+        multi += r.variants > 1;
     }
+    CASE("NVRTC: the tuned example specs' GEMM variants compiled");
+    CHECKF(multi >= 8, "only %d compiles had several GEMM variants", multi); /* 4 tuned one-device specs x 2 arches */
+    fprintf(stderr, "test_nvrtc: %d of them with several GEMM variants\n", multi);
     fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong GEMMs) on %d "
                     "workers in %.1f s\n",
             njobs, ns, workers, now() - t0);

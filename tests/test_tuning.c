@@ -4,6 +4,7 @@
  * JIT cache key following the chosen tiles. No GPU. (The family table and
  * the plan's other parts: test_plan.c.) */
 #include "cache.h"
+#include "launch_geom.h"
 #include "check.h"
 #include "emit.h"
 #include "plan.h"
@@ -127,6 +128,136 @@ int main(void) {
         CHECK(down->smem == 4 * (128 + 128) * 64 * 2 + 2 * 128 * (128 + 8) * 2 + 16 * 4);
         /* the sm_80 GEMMs know nothing of it */
         CHECK(!moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.pingpong);
+        moe_tuning_free(&t);
+    }
+
+    CASE("variants per call size: one per bucket, the pick, the capacity's as the plan's");
+    {
+        const char *three = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-04 NVIDIA H200\n"
+                            "8 2 4096 12288 bf16 sm_90a 4096 128 256 64 4 2 8 persist  1 2 2026-12-04 NVIDIA H200\n"
+                            "8 2 4096 12288 bf16 sm_90a 16384 128 256 64 3 2 8 persist  1 2 2026-12-04 NVIDIA H200\n"
+                            "8 2 4096 12288 bf16 sm_90a 32768 64 256 64 4 1 8 tile  1 2 2026-12-04 NVIDIA H200\n";
+        const char *big = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n";
+        CHECKF(parse(&t, three, &d) == 0, "%s", d.msg);
+        CHECK(plan_of(&pd, big, &t) == 0);
+        CHECK(pd.nvariants == 3); /* the 32768 bucket is past the spec's tokens */
+        static const int bucket[3] = {128, 4096, 16384}, align[3] = {64, 128, 128};
+        static const char *const up90[3] = {"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8",
+                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
+                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8"};
+        static const char *const down90[3] = {"mx_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8",
+                                              "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
+                                              "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8"};
+        static const char *const plan_k[3] = {"mx_permute_plan_e8_a64", "mx_permute_plan_e8_a128",
+                                              "mx_permute_plan_e8_a128"};
+        for (int v = 0; v < 3 && v < pd.nvariants; v++) {
+            const moe_plan_variant_t *pv = &pd.variants[v];
+            CHECKF(pv->bucket == bucket[v] && pv->align == align[v] && pv->tuned == &t.e[v], "variant %d", v);
+            CHECK_STREQ(pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name, up90[v]);
+            CHECK_STREQ(pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN].name, down90[v]);
+            CHECK_STREQ(pv->kernels[MOE_ARCH_SM90A][MOE_K_PERMUTE_PLAN].name, plan_k[v]);
+            CHECK_STREQ(pv->kernels[MOE_ARCH_SM80][MOE_K_PERMUTE_PLAN].name, plan_k[v]);
+            /* the sm_80 GEMMs follow the variant's row block; route, scatter and combine are the plan's */
+            CHECK(pv->kernels[MOE_ARCH_SM80][MOE_K_GEMM_UP].tile.bm == align[v]);
+            CHECK(pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].tile.bm == align[v]);
+            for (int k = 0; k < MOE_K_COUNT; k++)
+                if (k != MOE_K_PERMUTE_PLAN && k != MOE_K_GEMM_UP && k != MOE_K_GEMM_DOWN)
+                    CHECK_STREQ(pv->kernels[MOE_ARCH_SM90A][k].name, moe_plan_kernels(&pd, MOE_ARCH_SM90A)[k].name);
+        }
+        /* the capacity's variant is the plan's (align, tuned, kernels) */
+        CHECK(pd.align == 128 && pd.tuned == &t.e[2]);
+        CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, up90[2]);
+        /* the pick: the largest bucket <= T, clamped to the first */
+        static const int at[][2] = {{0, 0},    {1, 0},    {7, 0},        {127, 0},     {128, 0},
+                                    {129, 0},  {4095, 0}, {4096, 1},     {4097, 1},    {16383, 1},
+                                    {16384, 2}};
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+            CHECKF(moe_plan_pick_variant(&pd, at[i][0]) == at[i][1], "T = %d: variant %d, want %d", at[i][0],
+                   moe_plan_pick_variant(&pd, at[i][0]), at[i][1]);
+        /* the workspace for T covers the variant T runs, and grows with T (so it serves every call of fewer) */
+        static const int ts[] = {1, 2, 3, 4, 5, 8, 63, 64, 65, 100, 127, 128, 129, 1000, 4095, 4096, 4097, 8000, 16383,
+                                 16384};
+        size_t prev = 0;
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            const int T = ts[i], v = moe_plan_pick_variant(&pd, T), a = pd.variants[v].align;
+            moe_ws_region_t ws[MOE_WS_COUNT];
+            const size_t bytes = moe_fwd_ws_layout(&pd, T, 0, ws);
+            const long long rows = moe_max_rows(T, 2, 8, a), tiles = moe_max_tiles(T, 2, 8, a);
+            CHECKF(ws[MOE_WS_XS].bytes >= (size_t)rows * 4096 * 2 && ws[MOE_WS_HBUF].bytes >= (size_t)rows * 12288 * 2,
+                   "T = %d: xs %zu bytes for %lld rows of variant %d", T, ws[MOE_WS_XS].bytes, rows, v);
+            CHECKF(ws[MOE_WS_TILES].bytes >= (size_t)tiles * 16, "T = %d: tiles %zu bytes for %lld", T,
+                   ws[MOE_WS_TILES].bytes, tiles);
+            CHECK(moe_plan_variant_tiles(&pd, v, T) == tiles);
+            CHECKF(bytes >= prev, "T = %d: %zu bytes, fewer than a smaller call's %zu", T, bytes, prev);
+            prev = bytes;
+            for (int u = 0; u <= v; u++) /* the rows and tiles of every variant a call of T or fewer runs */
+                CHECK(moe_plan_max_rows(&pd, T) >= moe_max_rows(T, 2, 8, pd.variants[u].align) &&
+                      moe_plan_max_tiles(&pd, T) >= moe_max_tiles(T, 2, 8, pd.variants[u].align));
+        }
+        /* the capacity's workspace (the vendored launcher's) covers every variant */
+        for (int v = 0; v < pd.nvariants; v++)
+            CHECK(pd.ws[MOE_WS_XS].bytes >= (size_t)moe_max_rows(16384, 2, 8, pd.variants[v].align) * 4096 * 2 &&
+                  pd.ws[MOE_WS_TILES].bytes >= (size_t)moe_max_tiles(16384, 2, 8, pd.variants[v].align) * 16);
+        CHECK(pd.max_tiles == moe_max_tiles(16384, 2, 8, 64) && pd.max_rows == moe_max_rows(16384, 2, 8, 128));
+
+        CASE("variants: emitted once each, the vendored launcher picks, the manifest lists them");
+        moe_buf_t src = {0};
+        moe_diag_t ed = {{0}};
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        const char *text = src.data ? src.data : "";
+        const char *names[] = {up90[0], up90[1], up90[2], down90[0], down90[1], down90[2], plan_k[0], plan_k[1],
+                               "mx_permute_scatter_bf16_h4096k2"}; /* arch = sm_90a: no sm_80 kernels */
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            char def[200];
+            snprintf(def, sizeof def, "\n%s(", names[i]); /* a kernel's definition: its name opens a line */
+            int n = 0;
+            for (const char *at2 = text; (at2 = strstr(at2, def)); at2++)
+                n++;
+            CHECKF(n == 1, "%s defined %d times", names[i], n);
+        }
+        CHECK(strstr(text, "static int mx_variant(int tokens) {\n") && strstr(text, "    if (tokens >= 16384) return 2;\n") &&
+              strstr(text, "    if (tokens >= 4096) return 1;\n"));
+        CHECK(strstr(text, "mx_variant_align[3] = {64, 128, 128};") != NULL);
+        moe_buf_free(&src);
+        moe_fileset_t fs = {0};
+        CHECKF(moe_emit_files(&pd, NULL, &fs, &ed) == 0, "%s", ed.msg);
+        const char *man = NULL;
+        for (int i = 0; i < fs.nfiles; i++)
+            if (strcmp(fs.files[i].path, "manifest.json") == 0)
+                man = fs.files[i].data.data;
+        CHECK(man && strstr(man, "{\"bucket\": 128, \"from_tokens\": 1, \"align\": 64, \"kernels\": {\"sm_90a\": "
+                                 "[\"mx_permute_plan_e8_a64\", \"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8\""));
+        CHECK(man && strstr(man, "{\"bucket\": 16384, \"from_tokens\": 16384, \"align\": 128"));
+        moe_fileset_free(&fs);
+
+        CASE("variants: the cache key holds every variant's kernels");
+        char k3[33], k1[33];
+        CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, k3, &cd) == 0);
+        moe_tuning_t last = {.file = "(last)", .e = &t.e[2], .n = 1};
+        CHECK(plan_of(&pd, big, &last) == 0 && pd.nvariants == 1);
+        CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, k1, &cd) == 0);
+        CHECK(strcmp(k3, k1) != 0);
+
+        CASE("variants: equal neighbours are one (no duplicate kernels)");
+        moe_tuning_t same;
+        const char *dup = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-04 NVIDIA H200\n"
+                          "8 2 4096 12288 bf16 sm_90a 4096 128 256 64 4 2 8 persist  1 2 2026-12-04 NVIDIA H200\n"
+                          "8 2 4096 12288 bf16 sm_90a 16384 128 256 64 4 2 8 persist  3 4 2026-12-04 NVIDIA H200\n";
+        CHECKF(parse(&same, dup, &d) == 0, "%s", d.msg);
+        CHECK(plan_of(&pd, big, &same) == 0);
+        CHECK(pd.nvariants == 2 && pd.variants[0].bucket == 128 && pd.variants[1].bucket == 4096);
+        CHECK(moe_plan_pick_variant(&pd, 16384) == 1 && moe_plan_pick_variant(&pd, 4095) == 0);
+        CHECK(pd.tuned == &same.e[1]); /* the first of the equal entries */
+        /* a spec below the second bucket: one variant, the first bucket's */
+        CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 4000\n",
+                      &same) == 0);
+        CHECK(pd.nvariants == 1 && pd.variants[0].bucket == 128 && pd.align == 64);
+        moe_tuning_free(&same);
+
+        CASE("variants: an expert-parallel spec keeps the capacity's alone");
+        CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
+                           "mesh = { ep = 2 }\n", &t) == 0);
+        CHECK(pd.nvariants == 1 && pd.variants[0].bucket == 16384 && pd.tuned == &t.e[2]);
         moe_tuning_free(&t);
     }
 
