@@ -484,6 +484,13 @@ int main(int argc, char **argv) {
             fprintf(stderr, "moe_bench: --tokens %d is outside 1..%zu\n", T, Tmax);
             continue;
         }
+        if (moe_plan_variant_count(plan) > 1) { /* the GEMM variant this size runs (docs/tuning.md) */
+            const int v = moe_plan_variant_for(plan, T);
+            int bucket = 0;
+            const char *vu = "", *vd = "";
+            moe_plan_variant(plan, v, &bucket, NULL, &vu, &vd);
+            printf("gemms at %d tokens: %s, %s (variant %d, bucket %d)\n", T, vu, vd, v, bucket);
+        }
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,

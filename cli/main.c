@@ -396,6 +396,20 @@ static int cmd_plan(const args_t *a) {
                    a->table->file, te->line, te->tokens, te->best_us, te->runner_up_us, te->date, te->gpu);
         else
             printf("sm_90a GEMM tiles: heuristics (no entry in %s)\n", a->table->file);
+        if (plan.nvariants > 1) { /* docs/tuning.md, "Variants per call size" */
+            printf("GEMM variants (a call of T tokens runs the one with the largest bucket <= T; the kernels "
+                   "above are the last's):\n");
+            for (int v = 0; v < plan.nvariants; v++) {
+                const moe_plan_variant_t *pv = &plan.variants[v];
+                char from[48];
+                if (v + 1 < plan.nvariants)
+                    snprintf(from, sizeof from, "%d .. %d tokens", v ? pv->bucket : 1, plan.variants[v + 1].bucket - 1);
+                else
+                    snprintf(from, sizeof from, "%d .. %d tokens", v ? pv->bucket : 1, spec.tokens);
+                printf("  %-22s bucket %5d, bm %3d: %s, %s\n", from, pv->bucket, pv->align,
+                       pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name, pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN].name);
+            }
+        }
         const moe_ep_desc_t *ep = moe_plan_ep_desc(&plan);
         if (ep) {
             printf("dispatch (%s", ep->capacity ? "capacity mode" : "exact mode");
@@ -408,8 +422,12 @@ static int cmd_plan(const args_t *a) {
                    "tiles of %d)\n", ep->ws_bytes, spec.tokens, ep->send_rows, ep->stage_rows, ep->max_tiles,
                    plan.align);
         } else {
-            printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", plan.ws_bytes,
-                   spec.tokens, plan.max_rows, plan.max_tiles, plan.align);
+            if (plan.nvariants > 1)
+                printf("\nworkspace: %zu bytes at %d tokens (%lld rows and %lld tiles: the most any GEMM variant "
+                       "needs)\n", plan.ws_bytes, spec.tokens, plan.max_rows, plan.max_tiles);
+            else
+                printf("\nworkspace: %zu bytes at %d tokens (%lld rows, %lld tiles of %d)\n", plan.ws_bytes,
+                       spec.tokens, plan.max_rows, plan.max_tiles, plan.align);
         }
         if (plan.has_bwd) { /* training = true: the backward's own kernels and what a training forward keeps */
             printf("\nbackward kernels (training = true; the backward GEMMs besides):\n");

@@ -458,7 +458,7 @@ typedef struct {
 #endif
 moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
 
-/* The GEMM variants of a plan (README.md, "Variants per call size"): a
+/* The GEMM variants of a plan (docs/tuning.md, "Variants per call size"): a
  * plan holds one per tuning-table bucket of its shape up to its tokens (one
  * from the heuristics when the table has none), and a forward of T tokens
  * runs the one with the largest bucket <= T, or the first: its permute

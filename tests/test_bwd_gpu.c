@@ -53,24 +53,30 @@
 
 typedef struct {
     const char *spec;
-    int tokens[4], ntokens;
+    int tokens[5], ntokens;
     int recompute;   /* recompute_u */
     int graph;       /* forward + backward captured in one CUDA graph, replayed on new inputs */
     int accumulate;  /* also check accumulate = 1 */
+    const char *tuning; /* moe_options.tuning_path; NULL: the default table */
 } bwd_case_t;
 
 static const bwd_case_t cases[] = {
-    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1},
-    {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0},
-    {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0},
-    {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1},
-    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 1, 1, 0},
-    {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1},
-    {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0},
-    {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1},
-    {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0},
-    {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1},
-    {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0},
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, NULL},
+    /* several GEMM variants (tests/tune/variants.tune: bm 64 below 64 tokens, 128 persist from 64, 128 tile
+     * from 512): the training forward runs the variant of its size where its row block is the backward's
+     * (100 tokens), else the capacity's (1, 63), and the backward reads its tile table */
+    {"tests/specs/train_softmax.moe", {1, 63, 100, 511, 1024}, 5, 0, 0, 1, "tests/tune/variants.tune"},
+    {"tests/specs/train_softmax.moe", {2, 100}, 2, 1, 1, 0, "tests/tune/variants.tune"},
+    {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0, NULL},
+    {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0, NULL},
+    {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1, NULL},
+    {"tests/specs/train_gptoss.moe", {3, 333}, 2, 1, 1, 0, NULL},
+    {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1, NULL},
+    {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0, NULL},
+    {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1, NULL},
+    {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1, NULL},
+    {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0, NULL},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -636,8 +642,11 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
     snprintf(label, sizeof label, "%s/%s/%s%s", L.s.name, moe_dtype_name(L.s.dtype),
              c->recompute ? "recompute" : "save", c->graph ? "/graph" : "");
     CASE(label);
-    moe_options o = {.cache_dir = cache};
+    moe_options o = {.cache_dir = cache, .tuning_path = c->tuning};
     moe_status st = moe_plan_create(&L.plan, c->spec, &o);
+    if (st == MOE_OK && c->tuning)
+        CHECKF(moe_plan_variant_count(L.plan) == 3, "%d GEMM variants from %s; 3 planned",
+               moe_plan_variant_count(L.plan), c->tuning);
     CHECKF(st == MOE_OK, "moe_plan_create: %s: %s", moe_status_string(st), moe_last_error());
     uint64_t rng = seed;
     if (st == MOE_OK && !layer_init(&L, &rng))
@@ -714,7 +723,7 @@ static void run_examples(uint64_t seed, const char *tmp, const char *cache) {
                 SKIP("%s: %s", names[i], why);
             continue;
         }
-        const bwd_case_t save = {path, {1, 77, 300}, 3, 0, 0, 1}, recompute = {path, {77}, 1, 1, 0, 0};
+        const bwd_case_t save = {path, {1, 77, 300}, 3, 0, 0, 1, NULL}, recompute = {path, {77}, 1, 1, 0, 0, NULL};
         run_case(&save, seed + (uint64_t)i * 7919, cache);
         run_case(&recompute, seed + (uint64_t)i * 7919 + 1, cache);
     }

@@ -75,12 +75,17 @@ static const char *const mode_names[] = {"random", "skew", "one", "permuted-slot
 typedef struct {
     const char *spec;      /* a path, or inline spec text when it contains '=' */
     int mode;
-    int tokens[6];
+    int tokens[8];
     int ntokens;
     int from_dir;          /* load kernels from a `moegen compile` folder, no NVRTC at run time */
     int cudnn;             /* moe_options.cudnn (MOE_CUDNN_DEFAULT: $MOEGEN_CUDNN decides); see cudnn_expect */
     int graph;             /* capture each forward into a CUDA graph, give it new x, replay (see run_tokens) */
+    const char *tuning;    /* moe_options.tuning_path (and moegen compile --tuning); NULL: the default table */
 } gpu_case_t;
+
+/* A table with several token buckets for tiny, odd (and test_bwd_gpu's
+ * train_softmax): one plan, several GEMM variants, each call on its own. */
+#define VARIANTS_TUNE "tests/tune/variants.tune"
 
 static const char *const tiny_spec =
     "name = 'tiny' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 4096\n";
@@ -156,67 +161,78 @@ static const char *const big_e1024_spec =
     "name = 'big_e1024' experts = 1024 top_k = 2 hidden = 96 ffn = 32 tokens = 4096\n";
 
 static const gpu_case_t cases[] = {
-    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 0},
-    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1, MOE_CUDNN_DEFAULT, 0},
-    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {clamp_spec, MODE_PERM, {512}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16384}, 5, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16383, 16384}, 6, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096, 16383}, 4, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/olmoe-1b-7b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/qwen3-235b-a22b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/gpt-oss-20b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {tiny_spec, MODE_RANDOM, {1, 7, 100, 333, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {tiny_spec, MODE_SKEW, {1, 65, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {odd_spec, MODE_RANDOM, {1, 700}, 2, 1, MOE_CUDNN_DEFAULT, 0, NULL},
+    {odd_spec, MODE_PERM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {clamp_spec, MODE_PERM, {512}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {tiny_fp16_spec, MODE_RANDOM, {3, 513}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {odd_spec, MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {odd_spec, MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {clamp_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {geglu_spec, MODE_RANDOM, {5, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16384}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000, 4096, 16383, 16384}, 6, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_SKEW, {777}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/gpt-oss-120b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/deepseek-v3.moe", MODE_RANDOM, {1, 128, 4096, 16383}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/olmoe-1b-7b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen3-235b-a22b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/gpt-oss-20b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* router.group_topk (1: a group scores its maximum) and top_k not a multiple of topk_groups,
      * in each of route's three group layouts */
-    {"tests/specs/group_top1.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/group_nondiv.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/group_slots.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/group_12e.moe", MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/group_top1.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/group_nondiv.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/group_slots.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/group_12e.moe", MODE_RANDOM, {1, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* router.apply = "input": the weight scales the expert's input (scatter), combine sums with weight 1 */
-    {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"tests/specs/apply_input_k2.moe", MODE_PERM, {700}, 1, 0, MOE_CUDNN_DEFAULT, 0},
+    {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/apply_input_k2.moe", MODE_PERM, {700}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* captured and replayed as servers run decode steps */
-    {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1},
-    {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1},
+    {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* shared experts (shared1 from a compiled folder too) */
-    {shared1_spec, MODE_RANDOM, {1, 7, 333, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared1_spec, MODE_SKEW, {65, 1000}, 2, 1, MOE_CUDNN_DEFAULT, 0},
-    {shared_groups_spec, MODE_RANDOM, {1, 257, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared_groups_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared_gated_spec, MODE_RANDOM, {1, 100, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared_gated_spec, MODE_RANDOM, {1, 100}, 2, 0, MOE_CUDNN_DEFAULT, 1},
-    {shared_gated_fp16_spec, MODE_RANDOM, {3, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared_wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared_input_spec, MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/llama-4-scout.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/deepseek-v2-lite.moe", MODE_RANDOM, {1, 37, 512, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/qwen2-moe-57b-a14b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/glm-4.5-air.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/kimi-k2.moe", MODE_RANDOM, {1, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0},
+    {shared1_spec, MODE_RANDOM, {1, 7, 333, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared1_spec, MODE_SKEW, {65, 1000}, 2, 1, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_groups_spec, MODE_RANDOM, {1, 257, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_groups_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_gated_spec, MODE_RANDOM, {1, 100, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_gated_spec, MODE_RANDOM, {1, 100}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {shared_gated_fp16_spec, MODE_RANDOM, {3, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_wide_spec, MODE_RANDOM, {1, 600}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared_input_spec, MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/llama-4-scout.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/deepseek-v2-lite.moe", MODE_RANDOM, {1, 37, 512, 4096}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen2-moe-57b-a14b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/glm-4.5-air.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/kimi-k2.moe", MODE_RANDOM, {1, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* large token counts and odd shapes (above) */
-    {big_e8k1_spec, MODE_RANDOM, {16384, 16381, 33}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e8k1_spec, MODE_SKEW, {16384}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e40k8_spec, MODE_RANDOM, {16384, 12345, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_gate_spec, MODE_RANDOM, {16383, 4097, 5}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e384_spec, MODE_RANDOM, {16384, 9999, 2}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e384_spec, MODE_PERM, {16383}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e512_spec, MODE_RANDOM, {4096, 4001, 3}, 3, 0, MOE_CUDNN_DEFAULT, 0},
-    {big_e1024_spec, MODE_RANDOM, {4096, 3001, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0},
+    {big_e8k1_spec, MODE_RANDOM, {16384, 16381, 33}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e8k1_spec, MODE_SKEW, {16384}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e40k8_spec, MODE_RANDOM, {16384, 12345, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_gate_spec, MODE_RANDOM, {16383, 4097, 5}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e384_spec, MODE_RANDOM, {16384, 9999, 2}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e384_spec, MODE_PERM, {16383}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e512_spec, MODE_RANDOM, {4096, 4001, 3}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {big_e1024_spec, MODE_RANDOM, {4096, 3001, 1}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    /* GEMM variants per call size (docs/DESIGN.md): one plan, each call of
+     * these token counts on the variant of its bucket (tiny: 1, 64, 500,
+     * 2048; odd: 1, 256, 1024), the bucket edges on both sides, the
+     * capacity; eager, replayed from CUDA graphs (one per size, as servers
+     * capture), from a compiled folder, permuted slots, skewed routing */
+    {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 2048, 4096}, 6, 0, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
+    {tiny_spec, MODE_SKEW, {63, 65, 499, 501, 2047}, 5, 0, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
+    {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, VARIANTS_TUNE},
+    {odd_spec, MODE_PERM, {1, 255, 256, 1023, 1024, 2048}, 6, 0, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
+    {odd_spec, MODE_RANDOM, {3, 300, 1500}, 3, 1, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
+    {odd_spec, MODE_SKEW, {2, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 1, VARIANTS_TUNE},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -225,20 +241,22 @@ static const gpu_case_t cases[] = {
  * refused with the reason that cudnn_expect predicts from the loaded
  * version. */
 static const gpu_case_t cudnn_cases[] = {
-    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON, 0},
-    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_ON, 0},
-    {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON, 0},
-    {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON, 0},
-    {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0},
-    {geglu_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0},
-    {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON, 0},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO, 0},
-    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF, 0},
-    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT, 0},
-    {shared1_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_ON, 0},   /* refused: the shared expert is not in the graph */
+    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON, 0, NULL},
+    {top1_spec, MODE_ONE, {1, 129, 2048}, 3, 0, MOE_CUDNN_ON, 0, NULL},
+    {odd_spec, MODE_SKEW, {1, 300, 2048}, 3, 0, MOE_CUDNN_ON, 0, NULL},
+    {odd_spec, MODE_PERM, {333}, 1, 0, MOE_CUDNN_ON, 0, NULL},
+    {clamp_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0, NULL},
+    {geglu_spec, MODE_RANDOM, {512}, 1, 0, MOE_CUDNN_ON, 0, NULL},
+    {tiny_fp16_spec, MODE_RANDOM, {513}, 1, 0, MOE_CUDNN_ON, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128, 4096}, 3, 0, MOE_CUDNN_ON, 0, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_AUTO, 0, NULL},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_OFF, 0, NULL},
+    {tiny_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {128}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {shared1_spec, MODE_RANDOM, {100}, 1, 0, MOE_CUDNN_ON, 0, NULL},   /* refused: the shared expert is not in the graph */
+    /* several GEMM variants: a plan whose stages take cuDNN runs the capacity's at every size */
+    {tiny_spec, MODE_RANDOM, {1, 100, 4096}, 3, 0, MOE_CUDNN_ON, 0, VARIANTS_TUNE},
 };
 
 /* The cuDNN this process loads ($MOEGEN_CUDNN_PATH, else the default
@@ -1097,6 +1115,24 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     static char fcase[FAM_COUNT][240]; /* CASE keeps a pointer */
     moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
+    /* the GEMM variant this call runs: the largest bucket <= T, else the
+     * first (the capacity's where cuDNN takes a stage); its row block is
+     * what permute_plan aligned to */
+    int variant = moe_plan_variant_for(plan, T), align = 0, bucket = 0, want = 0;
+    const char *vup = "", *vdown = "";
+    CHECKF(moe_plan_variant(plan, variant, &bucket, &align, &vup, &vdown) == MOE_OK, "moe_plan_variant(%d): %s",
+           variant, moe_last_error());
+    for (int i = 1, n = moe_plan_variant_count(plan); i < n; i++) {
+        int b = 0;
+        moe_plan_variant(plan, i, &b, NULL, NULL, NULL);
+        want = b <= T ? i : want;
+    }
+    if (moe_cudnn_workspace(plan->cudnn) > 0)
+        want = moe_plan_variant_count(plan) - 1;
+    CHECKF(variant == want, "T = %d runs variant %d (bucket %d); the largest bucket <= T is variant %d", T,
+           variant, bucket, want);
+    if (moe_plan_variant_count(plan) > 1)
+        fprintf(stderr, "  %-40s variant %d (bucket %d, bm %d): %s, %s\n", label, variant, bucket, align, vup, vdown);
 
     /* poison outputs and the whole workspace; the call's own is exactly
      * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
@@ -1213,11 +1249,11 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     if (family_on(FAM_PERMUTE_PLAN)) {
         family_case(fcase[FAM_PERMUTE_PLAN], sizeof fcase[FAM_PERMUTE_PLAN], FAM_PERMUTE_PLAN, label);
-        check_permute_plan(L, info.align, counts, offsets, ntiles, tiles);
+        check_permute_plan(L, align, counts, offsets, ntiles, tiles);
     }
     if (family_on(FAM_PERMUTE_SCATTER)) {
         family_case(fcase[FAM_PERMUTE_SCATTER], sizeof fcase[FAM_PERMUTE_SCATTER], FAM_PERMUTE_SCATTER, label);
-        check_permute_scatter(L, T, info.align, idx, counts, offsets, row_of);
+        check_permute_scatter(L, T, align, idx, counts, offsets, row_of);
     }
     if (family_on(FAM_COMBINE)) {
         family_case(fcase[FAM_COMBINE], sizeof fcase[FAM_COMBINE], FAM_COMBINE, label);
@@ -1419,13 +1455,14 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     snprintf(label, sizeof label, "%s/%s/%s%s%s", L.s.name, moe_dtype_name(L.s.dtype), mode_names[c->mode],
              c->from_dir ? "/from_dir" : "", c->graph ? "/graph" : "");
     CASE(label);
-    moe_options o = {.cache_dir = cache, .cudnn = c->cudnn};
+    moe_options o = {.cache_dir = cache, .cudnn = c->cudnn, .tuning_path = c->tuning};
     moe_plan *plan = NULL;
     moe_status st;
     if (c->from_dir) {
         char dir[400], cmd[1200];
-        snprintf(dir, sizeof dir, "%s/compiled_%s", tmpdir, L.s.name);
-        snprintf(cmd, sizeof cmd, "build/moegen compile %s -o %s --set arch=sm_90a,sm_80", path, dir);
+        snprintf(dir, sizeof dir, "%s/compiled_%s%s", tmpdir, L.s.name, c->tuning ? "_variants" : "");
+        snprintf(cmd, sizeof cmd, "build/moegen compile %s -o %s --set arch=sm_90a,sm_80%s%s", path, dir,
+                 c->tuning ? " --tuning " : "", c->tuning ? c->tuning : "");
         CHECKF(system(cmd) == 0, "%s failed", cmd);
         st = moe_plan_create_from_dir(&plan, dir, &o);
     } else {
@@ -1455,9 +1492,13 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
                    strcmp(got.name, full.name) == 0,
                "moe_plan_get_info with struct_size %zu wrote past it or left fields out", older);
     }
-    /* which GEMMs ran (the tile and grid a MOEGEN_TUNING table chose) */
-    fprintf(stderr, "  %-40s %s, %s\n", label, plan->launcher.kernels[MOE_K_GEMM_UP].name,
-            plan->launcher.kernels[MOE_K_GEMM_DOWN].name);
+    /* which GEMMs ran (the tile and grid a MOEGEN_TUNING table chose; each
+     * call's variant is printed by run_tokens) */
+    fprintf(stderr, "  %-40s %s, %s (%d GEMM variants)\n", label, plan->launcher.kernels[MOE_K_GEMM_UP].name,
+            plan->launcher.kernels[MOE_K_GEMM_DOWN].name, moe_plan_variant_count(plan));
+    if (c->tuning) /* the table's buckets for the spec, equal neighbours merged */
+        CHECKF(moe_plan_variant_count(plan) >= 3, "%d GEMM variants from %s; 3 or more planned",
+               moe_plan_variant_count(plan), c->tuning);
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {
         CHECKF(0, "cannot set up inputs (host or device memory, or the slot table)");
     } else {

@@ -150,6 +150,55 @@ int main(int argc, char **argv) {
     CHECKF(finite, "y has unwritten (poisoned) or non-finite elements");
     CHECKF(err <= tol, "layer error %.3e > %.1e", err, tol);
 
+    CASE("vendored: calls of several sizes, each on its GEMM variant (NAME_variant: the largest bucket <= T)");
+    {
+        /* the tuned example specs hold a GEMM variant per tuning-table bucket (manifest.json, "variants");
+         * each size runs the variant of its bucket with the workspace of the capacity's layout */
+        static const int sizes[] = {1, 7, 64, 127, 128, 500, 4095, 4096};
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+            const int Tn = sizes[si];
+            if (Tn > N(_MAX_TOKENS))
+                continue;
+            uint16_t *xn = (uint16_t *)malloc((size_t)Tn * H * 2), *yn = (uint16_t *)malloc((size_t)Tn * H * 2);
+            for (size_t i = 0; i < (size_t)Tn * H; i++) xn[i] = moe_float_to_half(urand(), dt);
+            void *dxn = NULL, *dyn = NULL;
+            CHECK(cudaMalloc(&dxn, (size_t)Tn * H * 2) == cudaSuccess && cudaMalloc(&dyn, (size_t)Tn * H * 2) == cudaSuccess);
+            cudaMemcpy(dxn, xn, (size_t)Tn * H * 2, cudaMemcpyHostToDevice);
+            cudaMemset(dyn, 0xff, (size_t)Tn * H * 2);
+            cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
+            N(_args_t) an = a;
+            an.tokens = Tn, an.x = dxn, an.y = dyn;
+            e = N(_forward)(&an, 0);
+            CHECKF(e == cudaSuccess, "forward at T=%d: %s", Tn, cudaGetErrorString(e));
+            e = cudaDeviceSynchronize();
+            CHECKF(e == cudaSuccess, "kernel fault at T=%d: %s", Tn, cudaGetErrorString(e));
+            cudaMemcpy(yn, dyn, (size_t)Tn * H * 2, cudaMemcpyDeviceToHost);
+            int *idn = (int *)malloc((size_t)Tn * K * 4);
+            float *wn = (float *)malloc((size_t)Tn * K * 4), *yrn = (float *)malloc((size_t)Tn * H * 4);
+            moe_ref_inputs_t inn = in;
+            inn.x = xn, inn.tokens = Tn;
+            CHECK(moe_ref_route(&s, &inn, idn, wn, NULL) == 0);
+            int sn[32], nsn = 0;
+            for (int t = 0; t < Tn && nsn < 32; t += Tn / 32 + 1) sn[nsn++] = t;
+            CHECK(moe_ref_ffn(&s, &inn, idn, wn, sn, nsn, yrn, NULL, NULL) == 0);
+            double nn = 0, dd = 0;
+            int fin = 1;
+            for (size_t i = 0; i < (size_t)Tn * H; i++) fin &= isfinite(moe_half_to_float(yn[i], dt)) != 0;
+            for (int i = 0; i < nsn; i++)
+                for (size_t h = 0; h < H; h++) {
+                    double g = moe_half_to_float(yn[sn[i] * H + h], dt), r = yrn[sn[i] * H + h];
+                    nn += (g - r) * (g - r);
+                    dd += r * r;
+                }
+            const double en = sqrt(nn / dd);
+            fprintf(stderr, "  vendored %s T=%d: layer error %.2e (tolerance %.1e)\n", s.name, Tn, en, tol);
+            CHECKF(fin, "T=%d: y has unwritten (poisoned) or non-finite elements", Tn);
+            CHECKF(en <= tol, "T=%d: layer error %.3e > %.1e", Tn, en, tol);
+            free(xn), free(yn), free(idn), free(wn), free(yrn);
+            cudaFree(dxn), cudaFree(dyn);
+        }
+    }
+
     CASE("vendored: the device pack of gate_up_proj [E, H, 2F] (gate at even columns) is the host pack");
     {
         uint16_t *gu = (uint16_t *)malloc(E * 2 * F * H * 2), *got = (uint16_t *)malloc(E * 2 * F * H * 2);
