@@ -26,22 +26,33 @@ static int variant_align(const moe_plan_desc_t *pd, int v) {
     return pd->nvariants ? pd->variants[v].align : pd->align;
 }
 
+/* Whether a call of `tokens` tokens may run variant v: those up to its
+ * pick (a call below the first bucket runs the first), and with
+ * training = true the capacity's, which a training forward runs where the
+ * pick's row block is not the backward's (runtime/moe_plan.c,
+ * moe_plan_launcher_for). */
+static int may_run(const moe_plan_desc_t *pd, int v, int tokens) {
+    return v <= moe_plan_pick_variant(pd, tokens) || (pd->spec.training && v == pd->nvariants - 1);
+}
+
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
     long long r = 0;
-    for (int v = 0, last = moe_plan_pick_variant(pd, tokens); v <= last; v++) {
-        long long n = moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec),
-                                   variant_align(pd, v));
-        r = n > r ? n : r;
-    }
+    for (int v = 0; v < (pd->nvariants ? pd->nvariants : 1); v++)
+        if (may_run(pd, v, tokens)) {
+            long long n = moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec),
+                                       variant_align(pd, v));
+            r = n > r ? n : r;
+        }
     return r;
 }
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
     long long t = 0;
-    for (int v = 0, last = moe_plan_pick_variant(pd, tokens); v <= last; v++) {
-        long long n = moe_plan_variant_tiles(pd, v, tokens);
-        t = n > t ? n : t;
-    }
+    for (int v = 0; v < (pd->nvariants ? pd->nvariants : 1); v++)
+        if (may_run(pd, v, tokens)) {
+            long long n = moe_plan_variant_tiles(pd, v, tokens);
+            t = n > t ? n : t;
+        }
     return t;
 }
 
@@ -149,6 +160,10 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
     const moe_spec_t *s = &pd->spec;
     long long E = moe_spec_slots(s), TK = (long long)tokens * moe_spec_entries(s);
     long long R = moe_plan_max_rows(pd, full_rows ? s->tokens : tokens);
+    /* the cuDNN path runs the capacity's variant at every size (moe_plan_launcher_for): its tiles too */
+    long long tiles = moe_plan_max_tiles(pd, tokens), cap_tiles = moe_plan_variant_tiles(pd, pd->nvariants - 1, tokens);
+    if (full_rows && pd->nvariants && cap_tiles > tiles)
+        tiles = cap_tiles;
     /* fp8 weights (docs/DESIGN.md, "FP8"): the rows into the up GEMM and the
      * activation into the down GEMM are e4m3 (one byte) with an fp32 scale
      * per 128 columns; xs keeps two bytes per element, since the down GEMM
@@ -156,7 +171,7 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
     const int fp8 = moe_spec_fp8(s);
     size_t sizes[MOE_WS_COUNT] = {
         [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
-        [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)moe_plan_max_tiles(pd, tokens),
+        [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)tiles,
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
         [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
         [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,

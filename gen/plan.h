@@ -128,9 +128,11 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_t
 /* The forward's workspace for a call of `tokens` tokens (0 .. the spec's
  * tokens) into ws (names "counts", ..., each on a 256-byte boundary);
  * returns its bytes. full_rows: xs and hbuf span the rows of the plan's
- * whole capacity (the cuDNN path's graphs read and write them all), the
- * rest still by `tokens`. Every region grows with tokens, so a workspace
- * laid out for T holds any call of fewer. The one home of the forward
+ * whole capacity (the cuDNN path's graphs read and write them all) and
+ * the tile table holds the capacity's variant's tiles (which that path
+ * runs at every size), the rest still by `tokens`. Every region grows
+ * with tokens, so a workspace laid out for T holds any call of fewer, of
+ * any variant (moe_plan_max_rows). The one home of the forward
  * workspace's layout: the runtime lays it out per call, the plan (pd->ws)
  * and the vendored launcher at the capacity. */
 size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]);
@@ -168,10 +170,13 @@ static inline const moe_kernel_desc_t *moe_plan_kernels(const moe_plan_desc_t *p
 }
 
 /* Rows and tiles a workspace holds for `tokens` tokens (tokens <=
- * spec.tokens): the most that any variant a call of at most `tokens` runs
- * needs (rows grow with the row block, tiles shrink with it), so a
- * workspace laid out for T serves every call of T or fewer, whichever
- * variant it runs. Non-decreasing in tokens. */
+ * spec.tokens): the most that any variant a call of at most `tokens` may
+ * run needs (rows grow with the row block, tiles shrink with it): those up
+ * to its pick, and with training = true the capacity's (a training forward
+ * may run it); so a workspace laid out for T serves every call of T or
+ * fewer, whichever variant it runs. Non-decreasing in tokens. (Where the
+ * cuDNN path runs, the capacity's variant at every size,
+ * moe_fwd_ws_layout's full_rows adds its tiles.) */
 long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens);
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens);
 

@@ -254,6 +254,37 @@ int main(void) {
         CHECK(pd.nvariants == 1 && pd.variants[0].bucket == 128 && pd.align == 64);
         moe_tuning_free(&same);
 
+        CASE("variants: a training plan's saved region, the cuDNN path's tile table cover the capacity's variant");
+        CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
+                           "training = true\n", &t) == 0);
+        CHECK(pd.nvariants == 3 && pd.variants[0].align == 64 && pd.align == 128);
+        for (int T = 1; T <= 16384; T = T * 3 + 1) { /* below 128 the pick's bm is 64, the capacity's (run) 128 */
+            moe_ws_region_t sv[MOE_SV_COUNT], bw[MOE_BW_COUNT];
+            moe_saved_layout(&pd, T, 0, sv);
+            moe_bwd_ws_layout(&pd, T, 1, bw);
+            for (int a = 64; a <= 128; a += 64) {
+                CHECKF(sv[MOE_SV_XS].bytes >= (size_t)moe_max_rows(T, 2, 8, a) * 4096 * 2 &&
+                           sv[MOE_SV_TILES].bytes >= (size_t)moe_max_tiles(T, 2, 8, a) * 16 &&
+                           bw[MOE_BW_DU].bytes >= (size_t)moe_max_rows(T, 2, 8, a) * 12288 * 4,
+                       "T = %d: the saved region or the backward's workspace does not hold bm %d's rows", T, a);
+            }
+        }
+        moe_tuning_t rev; /* the capacity's row block smaller than a small call's */
+        const char *revt = "8 2 4096 12288 bf16 sm_90a 128 128 256 64 4 2 8 tile  1 2 2026-12-04 NVIDIA H200\n"
+                           "8 2 4096 12288 bf16 sm_90a 4096 64 256 64 4 1 8 tile  1 2 2026-12-04 NVIDIA H200\n";
+        CHECKF(parse(&rev, revt, &d) == 0, "%s", d.msg);
+        CHECK(plan_of(&pd, big, &rev) == 0 && pd.nvariants == 2 && pd.align == 64);
+        {
+            moe_ws_region_t ws[MOE_WS_COUNT], wf[MOE_WS_COUNT];
+            moe_fwd_ws_layout(&pd, 1000, 0, ws); /* 1000 tokens run bm 128 */
+            moe_fwd_ws_layout(&pd, 1000, 1, wf); /* with cuDNN, the capacity's bm 64 */
+            CHECK(ws[MOE_WS_TILES].bytes >= (size_t)moe_max_tiles(1000, 2, 8, 128) * 16 &&
+                  ws[MOE_WS_XS].bytes >= (size_t)moe_max_rows(1000, 2, 8, 128) * 4096 * 2);
+            CHECK(wf[MOE_WS_TILES].bytes >= (size_t)moe_max_tiles(1000, 2, 8, 64) * 16);
+            CHECK(moe_max_tiles(1000, 2, 8, 64) > moe_max_tiles(1000, 2, 8, 128));
+        }
+        moe_tuning_free(&rev);
+
         CASE("variants: an expert-parallel spec keeps the capacity's alone");
         CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 16384\n"
                            "mesh = { ep = 2 }\n", &t) == 0);
