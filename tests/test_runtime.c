@@ -220,6 +220,33 @@ static void test_compiled_folder(void) {
     CASE("compiled folder: as compile wrote it, it passes every file check");
     CHECK(sh("build/moegen compile %s -o %s/ok", spec, dir) == 0);
     from_dir_case(dir, "ok", 0, NULL);
+    CASE("compiled folder: its GEMM variants must be the ones this runtime plans");
+    {
+        /* small's heuristic tile at 512 tokens as the 256 bucket, and a 64-row variant below it: the folder
+         * compiled without the table has the capacity's kernels but not the variant's */
+        char tune[600], vdir[600];
+        snprintf(tune, sizeof tune, "%s/variants.tune", dir);
+        CHECK(sh("printf '12 3 1536 640 bf16 sm_90a 1 64 128 64 6 1 8 tile 1 2 2026-12-04 none\n"
+                 "12 3 1536 640 bf16 sm_90a 256 128 256 64 4 2 8 tile 1 2 2026-12-04 none\n' > %s", tune) == 0);
+        CHECK(sh("build/moegen compile %s -o %s/variants --tuning %s", spec, dir, tune) == 0);
+        CHECK(sh("grep -q '\"variants\": \\[' %s/variants/manifest.json && "
+                 "grep -q 'small_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8' %s/variants/manifest.json",
+                 dir, dir) == 0);
+        moe_options o = {.tuning_path = tune};
+        moe_plan *plan = NULL;
+        snprintf(vdir, sizeof vdir, "%s/ok", dir);
+        moe_status st = moe_plan_create_from_dir(&plan, vdir, &o);
+        CHECKF(st == MOE_ERR_IO && strstr(moe_last_error(), "small_permute_plan_e12_a64") &&
+                   strstr(moe_last_error(), "a GEMM variant for calls of 1 tokens"),
+               "got %s: %s", moe_status_string(st), moe_last_error());
+        moe_plan_destroy(plan);
+        plan = NULL;
+        snprintf(vdir, sizeof vdir, "%s/variants", dir);
+        st = moe_plan_create_from_dir(&plan, vdir, &o);
+        CHECKF(st == MOE_OK || st == MOE_ERR_NO_DRIVER || st == MOE_ERR_NO_GPU, "got %s: %s", moe_status_string(st),
+               moe_last_error());
+        moe_plan_destroy(plan);
+    }
     CASE("compiled folder: a compacted manifest reads the same");
     CHECK(sh("cp -r %s/ok %s/compact && tr -d '\\n' < %s/ok/manifest.json | sed 's/\": /\":/g' > "
              "%s/compact/manifest.json", dir, dir, dir, dir) == 0);
@@ -354,6 +381,9 @@ static void paper_free(moe_plan *p) {
 
 /* The training API's refusals and sizes, before any driver use. */
 static void test_training_api(void) {
+    CASE("variants: NULL plan");
+    CHECK(moe_plan_variant_count(NULL) == 0 && moe_plan_variant_for(NULL, 1) == -1);
+    CHECK(moe_plan_variant(NULL, 0, NULL, NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);
     CASE("training: NULL arguments");
     CHECK(moe_forward_train(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
     CHECK(moe_backward(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
