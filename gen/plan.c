@@ -238,8 +238,9 @@ void moe_plan_grid(const moe_plan_desc_t *pd, moe_arch_t arch, int k, int tokens
     moe_family_grid(&moe_plan_kernels(pd, arch)[k], &pd->spec, tokens, moe_plan_max_tiles(pd, tokens), grid);
 }
 
-/* Kernel d's fields of the template parameter table on top of L. */
-static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+/* Kernel d's fields of the template parameter table on top of L; ctx:
+ * what its family planned it for (its variant's row block and entry). */
+static void push_kernel_fields(lua_State *L, const moe_family_ctx_t *ctx, const moe_kernel_desc_t *d,
                                const moe_kernel_desc_t *set);
 
 /* The parameters every template shares, with `align` as the row block. */
@@ -283,31 +284,32 @@ void moe_plan_push_params(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t ar
     if (k < 0)
         return;
     const moe_kernel_desc_t *set = moe_plan_kernels(pd, arch);
-    push_kernel_fields(L, pd, arch, &set[k], set);
+    const moe_family_ctx_t ctx = moe_plan_family_ctx(pd, arch);
+    push_kernel_fields(L, &ctx, &set[k], set);
 }
 
 void moe_plan_push_variant(lua_State *L, const moe_plan_desc_t *pd, int v, moe_arch_t arch, int k) {
-    push_shared(L, pd, pd->variants[v].align);
-    const moe_kernel_desc_t *set = pd->variants[v].kernels[arch];
-    push_kernel_fields(L, pd, arch, &set[k], set);
+    const moe_plan_variant_t *pv = &pd->variants[v];
+    push_shared(L, pd, pv->align);
+    const moe_family_ctx_t ctx = {.spec = &pd->spec, .arch = arch, .align = pv->align, .tuned = pv->tuned};
+    push_kernel_fields(L, &ctx, &pv->kernels[arch][k], pv->kernels[arch]);
 }
 
 void moe_plan_push_kernel(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
                           const moe_kernel_desc_t *set) {
     moe_plan_push_params(L, pd, arch, -1);
-    push_kernel_fields(L, pd, arch, d, set);
+    const moe_family_ctx_t ctx = moe_plan_family_ctx(pd, arch);
+    push_kernel_fields(L, &ctx, d, set);
 }
 
-static void push_kernel_fields(lua_State *L, const moe_plan_desc_t *pd, moe_arch_t arch, const moe_kernel_desc_t *d,
+static void push_kernel_fields(lua_State *L, const moe_family_ctx_t *ctx, const moe_kernel_desc_t *d,
                                const moe_kernel_desc_t *set) {
-    moe_lua_set_str(L, "arch", moe_arch_name(arch));
+    moe_lua_set_str(L, "arch", moe_arch_name(ctx->arch));
     moe_lua_set_str(L, "kernel", d->name);
     moe_lua_set_int(L, "threads", d->threads);
     moe_lua_set_int(L, "smem", d->smem);
     moe_lua_set_int(L, "per_block", d->per_block);
     const moe_family_t *f = moe_family(d->family);
-    if (f->push) {
-        moe_family_ctx_t ctx = moe_plan_family_ctx(pd, arch);
-        f->push(L, &ctx, d, set);
-    }
+    if (f->push)
+        f->push(L, ctx, d, set);
 }
