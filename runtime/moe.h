@@ -469,7 +469,7 @@ moe_status moe_plan_get_info(const moe_plan *plan, moe_plan_info *info);
  * on the plan's arch (strings owned by the plan); any out pointer may be
  * NULL; MOE_ERR_INVALID_ARG for i out of range. moe_plan_variant_for: the
  * variant a moe_forward of `tokens` tokens runs (-1 for a NULL plan or
- * tokens out of range); on a mesh of several devices, or where an FFN
+ * tokens out of range); with expert parallelism (mesh.ep > 1), or where an FFN
  * stage takes cuDNN, always the last (the capacity's). */
 int moe_plan_variant_count(const moe_plan *plan);
 moe_status moe_plan_variant(const moe_plan *plan, int i, int *bucket, int *align, const char **gemm_up,

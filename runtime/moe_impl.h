@@ -35,7 +35,7 @@ struct moe_plan {
  * "Variants per call size"): the plan's, with the kernels, functions and
  * row block of the variant for `tokens` (moe_plan_pick_variant). The plan's
  * own (the capacity's variant) where the cuDNN path may run a stage (its
- * graphs are built for the capacity's rows) or on a mesh (one variant);
+ * graphs are built for the capacity's rows) or with expert parallelism (one variant);
  * with train, unless the variant's row block is the plan's (the backward
  * reads the training forward's tile table with the plan's). */
 void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launcher_t *l);
