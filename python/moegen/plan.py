@@ -86,6 +86,28 @@ class Plan:
         self._check_tokens(tokens)
         return self._lib.moe_plan_workspace_size(self.handle, tokens)
 
+    def variants(self):
+        """The plan's GEMM variants (docs/tuning.md, "Variants per call
+        size"), by bucket: a list of SimpleNamespace(bucket, align, gemm_up,
+        gemm_down) (bucket 0: the heuristics'). A forward of T tokens runs
+        the one variant_for(T) names."""
+        out = []
+        for i in range(self._lib.moe_plan_variant_count(self.handle)):
+            bucket, align, up, down = ctypes.c_int(), ctypes.c_int(), ctypes.c_char_p(), ctypes.c_char_p()
+            st = self._lib.moe_plan_variant(self.handle, i, ctypes.byref(bucket), ctypes.byref(align),
+                                            ctypes.byref(up), ctypes.byref(down))
+            if st != 0:
+                raise _lib.fail(self._lib, st, "moe_plan_variant")
+            out.append(SimpleNamespace(bucket=bucket.value, align=align.value, gemm_up=up.value.decode(),
+                                       gemm_down=down.value.decode()))
+        return out
+
+    def variant_for(self, tokens):
+        """The index (into variants()) of the GEMM variant a forward of
+        `tokens` tokens runs."""
+        self._check_tokens(tokens)
+        return self._lib.moe_plan_variant_for(self.handle, tokens)
+
     def _check_tokens(self, tokens):
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
             raise ValueError("tokens must be an int >= 0, not %r" % (tokens,))

@@ -190,6 +190,11 @@ class SpecDict(unittest.TestCase):
             self.assertIn(e.status, (3, 4, 5), str(e))
         else:
             self.assertEqual((plan.info.experts, plan.tensors["w1p"][0]), (8, (8, 512, 512)))
+            # no tuning entry for the shape: one GEMM variant, the heuristics' (bucket 0), the plan's kernels
+            v = plan.variants()
+            self.assertEqual((len(v), v[0].bucket, v[0].align, plan.variant_for(1), plan.variant_for(64)),
+                             (1, 0, plan.info.align, 0, 0))
+            self.assertEqual(v[0].gemm_up, plan.info.kernels[3])
             plan.close()
 
 
