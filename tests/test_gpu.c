@@ -1627,8 +1627,9 @@ int main(int argc, char **argv) {
     snprintf(cache, sizeof cache, "%s/cache", tmpdir);
     for (size_t i = 0; i < sizeof cases / sizeof *cases && !only_cudnn; i++) {
         int want = nfilter == 0;
-        for (int j = 0; j < nfilter; j++)
-            want |= strstr(cases[i].spec, filter[j]) != NULL;
+        for (int j = 0; j < nfilter; j++)   /* the spec's path or text, or the case's tuning table */
+            want |= strstr(cases[i].spec, filter[j]) != NULL ||
+                    (cases[i].tuning && strstr(cases[i].tuning, filter[j]) != NULL);
         if (want)
             run_case(&cases[i], seed + i * 1000, cache);
     }
