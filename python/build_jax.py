@@ -14,8 +14,6 @@ Exit status 2 with the reason when the headers or the compiler are
 missing."""
 import argparse
 import os
-import shlex
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,8 +23,7 @@ import build_cxx  # noqa: E402
 FLAGS = ["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden"]
 
 
-class BuildError(Exception):
-    pass
+BuildError = build_cxx.BuildError
 
 
 def jax_include():
@@ -51,18 +48,8 @@ def build(root, include=None, cxx=None, out=None):
     cxx = cxx or os.environ.get("CXX", "g++")
     cmd = ([cxx] + FLAGS + ["-I" + os.path.join(root, d) for d in ("gen", "runtime")] + ["-isystem", include]
            + [os.path.join(root, "python", "csrc", "moegen_jax.cc"), "-L" + build_dir, "-l:libmoegen.so"]
-           + build_cxx.LINK + ["-Wl,-rpath,$ORIGIN", "-o", out])
-    print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-    try:
-        subprocess.check_call(cmd)
-    except OSError as e:
-        raise BuildError("%s: %s (a C++17 compiler is needed; name it with --cxx or $CXX)" % (cxx, e)) from None
-    except subprocess.CalledProcessError as e:
-        raise BuildError("%s failed with status %d (above)" % (cxx, e.returncode)) from None
-    why = build_cxx.check_shared_runtime(out, cxx)
-    if why:
-        raise BuildError(why)
-    return out
+           + build_cxx.LINK + ["-Wl,-rpath,$ORIGIN"])
+    return build_cxx.compile(cmd, out, cxx)
 
 
 def main():

@@ -17,8 +17,6 @@ runs this when torch (with CUDA) is importable at build time. Exit status 2
 with the reason when torch, the CUDA headers or the compiler are missing."""
 import argparse
 import os
-import shlex
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,8 +27,7 @@ FLAGS = ["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
          "-fvisibility=hidden"]
 
 
-class BuildError(Exception):
-    pass
+BuildError = build_cxx.BuildError
 
 
 def torch_flags():
@@ -67,18 +64,8 @@ def build(root, cxx=None, out=None):
            + [a for d in inc for a in ("-isystem", d)]
            + [os.path.join(root, "python", "csrc", "moegen_torch.cpp"), "-L" + build_dir, "-l:libmoegen.so"]
            + ["-L" + d for d in lib] + ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch"] + build_cxx.LINK
-           + ["-Wl,-rpath,$ORIGIN", "-o", out])
-    print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-    try:
-        subprocess.check_call(cmd)
-    except OSError as e:
-        raise BuildError("%s: %s (a C++17 compiler is needed; name it with --cxx or $CXX)" % (cxx, e)) from None
-    except subprocess.CalledProcessError as e:
-        raise BuildError("%s failed with status %d (above)" % (cxx, e.returncode)) from None
-    why = build_cxx.check_shared_runtime(out, cxx)
-    if why:
-        raise BuildError(why)
-    return out
+           + ["-Wl,-rpath,$ORIGIN"])
+    return build_cxx.compile(cmd, out, cxx)
 
 
 def main():

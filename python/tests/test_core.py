@@ -24,33 +24,54 @@ def header_version():
 
 class SharedCxxRuntime(unittest.TestCase):
     """build_cxx (build_torch.py, build_jax.py): the C++ runtime linked shared
-    even by a compiler that adds -static-libstdc++ (the H200 machine's g++
-    wrapper did; the ops then crashed formatting a number), and a library
-    without it refused."""
+    by a compiler whose -lstdc++ finds only libstdc++.a (the H200 machine has
+    libstdc++.so.6 but no libstdc++.so link; the ops then crashed formatting a
+    number) and by one that adds -static-libstdc++; a library without it
+    refused, and the output left alone."""
 
-    def test_static_wrapper(self):
+    def test_static_runtime(self):
         import shutil
         import subprocess
         import build_cxx
         if not shutil.which("g++"):
             self.skipTest("no g++")
+        static = subprocess.check_output(["g++", "-print-file-name=libstdc++.a"], text=True).strip()
         with tempfile.TemporaryDirectory() as d:
-            src, cxx = os.path.join(d, "t.cpp"), os.path.join(d, "cxx")
+            src = os.path.join(d, "t.cpp")
             with open(src, "w") as f:
                 f.write('#include <sstream>\n#include <string>\nstd::string f(long v) '
                         '{ std::ostringstream o; o << v; return o.str(); }\n')
-            with open(cxx, "w") as f:
-                f.write('#!/bin/sh\nexec g++ "$@" -static-libstdc++\n')
-            os.chmod(cxx, 0o755)
-            for link, shared in (([], False), (build_cxx.LINK, True)):
-                out = os.path.join(d, "t%d.so" % shared)
-                subprocess.check_call([cxx, "-fPIC", "-shared", src] + link + ["-o", out])
-                why = build_cxx.check_shared_runtime(out, cxx)
-                self.assertEqual(why is None, shared, why)
-                if why:
-                    self.assertIn("-static-libstdc++", why)
+            # a folder holding only libstdc++.a, searched first: -lstdc++ finds the archive
+            only_a = os.path.join(d, "only_a")
+            os.mkdir(only_a)
+            wrappers = {"static": 'exec g++ "$@" -static-libstdc++'}
+            if os.path.isabs(static):
+                os.symlink(static, os.path.join(only_a, "libstdc++.a"))
+                wrappers["archive first"] = 'exec g++ -L%s "$@"' % only_a
+            for name, body in wrappers.items():
+                cxx = os.path.join(d, "cxx_" + name.replace(" ", "_"))
+                with open(cxx, "w") as f:
+                    f.write("#!/bin/sh\n%s\n" % body)
+                os.chmod(cxx, 0o755)
+                out = os.path.join(d, "t.so")
+                with open(out, "w") as f:
+                    f.write("the previous library\n")
+                with self.assertRaises(build_cxx.BuildError, msg=name) as e:
+                    build_cxx.compile([cxx, "-fPIC", "-shared", src], out, cxx)
+                self.assertIn("links the C++ runtime statically", str(e.exception))
+                self.assertIn(out, str(e.exception))
+                with open(out) as f:   # a refused library replaces nothing and leaves no temporary
+                    self.assertEqual(f.read(), "the previous library\n", name)
+                self.assertEqual(sorted(os.listdir(d)), sorted(["t.cpp", "t.so", "only_a"] + [
+                    os.path.basename(w) for w in os.listdir(d) if w.startswith("cxx_")]), name)
+                self.assertEqual(build_cxx.compile([cxx, "-fPIC", "-shared", src] + build_cxx.LINK, out, cxx), out)
+                self.assertIn("libstdc++.so.6", build_cxx.needed(out), name)
+            self.assertIn("archive first", wrappers, "no libstdc++.a to stand for the H200 machine's")
+            with self.assertRaises(build_cxx.BuildError) as e:   # a failing compile: its status, no output
+                build_cxx.compile([os.path.join(d, "cxx_static"), "-fPIC", "-shared", src + ".missing"], out, "cxx")
+            self.assertIn("failed with status", str(e.exception))
             with open(src, "rb") as f:   # not an ELF file: a sentence, no exception
-                self.assertIn("cannot read", build_cxx.check_shared_runtime(src, cxx))
+                self.assertIn("cannot read", build_cxx.check_shared_runtime(src, "cxx"))
 
 
 class Version(unittest.TestCase):
