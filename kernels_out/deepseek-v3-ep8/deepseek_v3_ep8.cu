@@ -802,6 +802,110 @@ deepseek_v3_ep8_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const 
     }
 }
 
+#line 44 "templates/permute.lua"
+namespace deepseek_v3_ep8_permute_plan_e32_a128_impl {
+constexpr int E = 32, K = 8, H = 7168, ALIGN = 128;
+constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int IPT = 1;   // consecutive experts per plan thread
+constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
+constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
+constexpr int HV = H / 8;   // 16-byte vectors per row
+constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
+}  // namespace deepseek_v3_ep8_permute_plan_e32_a128_impl
+
+extern "C" __global__ void __launch_bounds__(1024)
+deepseek_v3_ep8_permute_plan_e32_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    using namespace deepseek_v3_ep8_permute_plan_e32_a128_impl;
+    __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
+    __shared__ int s_off[E];        // first row of each expert
+    __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < E ? counts[e] : 0;
+        rows += padded(cnt[i]);
+        nt += ntiles(cnt[i]);
+    }
+    /* block-wide exclusive scan of (rows, nt) in expert order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_rows[warp] = ir;
+        s_tiles[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < PLAN_WARPS) {
+            s_rows[lane] = a;
+            s_tiles[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < E) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += padded(cnt[i]);
+        tile0 += ntiles(cnt[i]);
+    }
+    const int total_tiles = s_tiles[PLAN_WARPS - 1];
+    if (tid == 0) {
+        offsets[E] = s_rows[PLAN_WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[E] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
+        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = counts[lo] - j * ALIGN;
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+    }
+}
+
+
 #line 737 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
@@ -2324,9 +2428,9 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 
 #line 737 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
@@ -2336,10 +2440,10 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 #line 222 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
@@ -2351,8 +2455,8 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 253 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 255 "templates/gemm_sm90.lua"
@@ -2640,15 +2744,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 741 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+extern "C" __global__ void __launch_bounds__(384, 1)
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2666,10 +2770,14 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
+#line 768 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 770 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
+#line 774 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 779 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
@@ -2700,10 +2808,6 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
 #line 845 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
@@ -2758,9 +2862,9 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
 
 #line 737 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
@@ -2770,10 +2874,10 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 #line 222 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
@@ -2785,8 +2889,8 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 253 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 255 "templates/gemm_sm90.lua"
@@ -3067,15 +3171,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 741 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+extern "C" __global__ void __launch_bounds__(384, 1)
+deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -3093,10 +3197,14 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
     }
     __syncthreads();
     if (wg == 0) {
+#line 768 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 770 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
+#line 774 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 779 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
@@ -3127,10 +3235,6 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
 #line 845 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
@@ -3177,6 +3281,591 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
     (void)obuf;
     __trap();
 #endif
+}
+
+#line 17 "templates/gemm_up_swiglu.lua"
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
+#line 94 "templates/gemm_sm80.lua"
+constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int K = 7168;        /* reduction length */
+constexpr int N = 4096;        /* rows of B */
+constexpr int NOUT = 2048;  /* output row length */
+constexpr int BNO = 64;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 20480;
+constexpr int LDC = 72;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 147 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 154 "templates/gemm_sm80.lua"
+/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
+ * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
+constexpr int RSTEP = THREADS / CPR;
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
+        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
+    }
+}
+#line 189 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 256 "templates/gemm_sm80.lua"
+    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
+    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
+    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
+    ga += r0 * K + ch0 * 8;
+    gb += r0 * K + ch0 * 8;
+#line 265 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 20 "templates/gemm_up_swiglu.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl
+
+extern "C" __global__ void __launch_bounds__(256)
+deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
+#line 328 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, xs + (long long)row_start * K, rows,
+             w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 28 "templates/gemm_up_swiglu.lua"
+    (void)b1p;
+#line 30 "templates/gemm_up_swiglu.lua"
+
+    /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
+     * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
+     * output columns oc, oc + 1 of rows r, r + 8. */
+    const int oc0 = n0 / 2;  /* first output column of the CTA */
+#line 38 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj) {
+        const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
+#line 50 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 57 "templates/gemm_up_swiglu.lua"
+                const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
+                const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
+#line 68 "templates/gemm_up_swiglu.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
+#line 73 "templates/gemm_up_swiglu.lua"
+            }
+    }
+#line 76 "templates/gemm_up_swiglu.lua"
+    __syncthreads();
+    store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
+#line 79 "templates/gemm_up_swiglu.lua"
+}
+
+#line 9 "templates/gemm_down.lua"
+namespace deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
+#line 94 "templates/gemm_sm80.lua"
+constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int K = 2048;        /* reduction length */
+constexpr int N = 7168;        /* rows of B */
+constexpr int NOUT = 7168;  /* output row length */
+constexpr int BNO = 128;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 20480;
+constexpr int LDC = 136;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 147 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 154 "templates/gemm_sm80.lua"
+/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
+ * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
+constexpr int RSTEP = THREADS / CPR;
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
+        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
+    }
+}
+#line 189 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 256 "templates/gemm_sm80.lua"
+    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
+    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
+    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
+    ga += r0 * K + ch0 * 8;
+    gb += r0 * K + ch0 * 8;
+#line 265 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 11 "templates/gemm_down.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_impl
+
+extern "C" __global__ void __launch_bounds__(256)
+deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    using namespace deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
+#line 328 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
+             w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 19 "templates/gemm_down.lua"
+    (void)b2;
+#line 21 "templates/gemm_down.lua"
+
+    /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
+#line 26 "templates/gemm_down.lua"
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        const int oc = wn * WTN + ni * 8 + 2 * t;
+#line 37 "templates/gemm_down.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 45 "templates/gemm_down.lua"
+                const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+#line 48 "templates/gemm_down.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, v);
+#line 53 "templates/gemm_down.lua"
+            }
+    }
+#line 56 "templates/gemm_down.lua"
+    __syncthreads();
+    store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
+#line 59 "templates/gemm_down.lua"
 }
 
 #line 10 "templates/swiglu.lua"
@@ -3497,14 +4186,16 @@ __device__ int deepseek_v3_ep8_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_ep8_variant(int tokens) {
 #line 65 "templates/host.lua"
-    if (tokens >= 4096) return 1;
+    if (tokens >= 4096) return 2;
+#line 65 "templates/host.lua"
+    if (tokens >= 512) return 1;
 #line 67 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 73 "templates/host.lua"
-static const int deepseek_v3_ep8_variant_align[2] = {64, 64};
+static const int deepseek_v3_ep8_variant_align[3] = {64, 128, 64};
 
 static long long deepseek_v3_ep8_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 32, deepseek_v3_ep8_variant_align[v]);
@@ -3577,17 +4268,21 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
+#line 158 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+#line 158 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
 #line 162 "templates/host.lua"
     return cudaSuccess;
 }
@@ -3645,9 +4340,9 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 221 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1607424);
 #line 221 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 1909556992);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 1938917120);
 #line 221 "templates/host.lua"
-    float *route_part = (float *)(ws + 2454685440);
+    float *route_part = (float *)(ws + 2492434176);
 #line 227 "templates/host.lua"
     const int v = deepseek_v3_ep8_variant(T);
     const long long tiles_y = deepseek_v3_ep8_max_tiles(T, v);
@@ -3667,11 +4362,14 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 247 "templates/host.lua"
     else if (v == 1)
+        deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 247 "templates/host.lua"
+    else if (v == 2)
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 252 "templates/host.lua"
     deepseek_v3_ep8_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 #line 294 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 4095 tokens */
+    if (v == 0) { /* calls of 1 .. 511 tokens */
 #line 267 "templates/host.lua"
         if (dev->use90) {
 #line 271 "templates/host.lua"
@@ -3680,12 +4378,12 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 258 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 276 "templates/host.lua"
         } else {
 #line 280 "templates/host.lua"
@@ -3694,7 +4392,30 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 284 "templates/host.lua"
         }
 #line 294 "templates/host.lua"
-    } else if (v == 1) { /* calls of 4096 or more tokens */
+    } else if (v == 1) { /* calls of 512 .. 4095 tokens */
+#line 267 "templates/host.lua"
+        if (dev->use90) {
+#line 271 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 258 "templates/host.lua"
+        if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
+            (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
+            return e;
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 258 "templates/host.lua"
+        if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
+            (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
+            return e;
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 276 "templates/host.lua"
+        } else {
+#line 280 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 284 "templates/host.lua"
+        }
+#line 294 "templates/host.lua"
+    } else if (v == 2) { /* calls of 4096 or more tokens */
 #line 267 "templates/host.lua"
         if (dev->use90) {
 #line 271 "templates/host.lua"

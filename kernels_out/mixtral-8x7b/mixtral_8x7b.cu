@@ -2303,35 +2303,38 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 
 #line 737 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 4096;        /* reduction length */
 constexpr int N = 28672;        /* rows of B per expert */
 constexpr int NOUT = 14336;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 218 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 222 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 232 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 241 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 253 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 255 "templates/gemm_sm90.lua"
@@ -2483,6 +2486,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 518 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 540 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -2492,7 +2517,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -2546,10 +2571,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 594 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 607 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -2560,7 +2590,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -2573,6 +2603,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 630 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 632 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -2597,17 +2629,17 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
@@ -2619,15 +2651,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 741 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+extern "C" __global__ void __launch_bounds__(384, 1)
+mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -2639,55 +2671,60 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constan
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
+#line 768 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 770 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 779 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 774 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 675 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 681 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 789 "templates/gemm_sm90.lua"
+#line 683 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 845 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 713 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 715 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 948 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
@@ -2701,21 +2738,23 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constan
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 #line 985 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 720 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 858 "templates/gemm_sm90.lua"
     }
 #else
@@ -2737,35 +2776,38 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constan
 
 #line 737 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 14336;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 4096;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 218 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 222 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 232 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 241 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 253 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 255 "templates/gemm_sm90.lua"
@@ -2917,6 +2959,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 518 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 540 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -2926,7 +2990,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -2980,10 +3044,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 594 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 607 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -2994,7 +3063,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -3007,6 +3076,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 630 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 632 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -3031,30 +3102,30 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
 #line 741 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+extern "C" __global__ void __launch_bounds__(384, 1)
+mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -3066,55 +3137,60 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ m
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
+#line 768 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 770 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 779 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 774 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 675 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 681 "templates/gemm_sm90.lua"
         (void)b2;
-#line 789 "templates/gemm_sm90.lua"
+#line 683 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 845 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 713 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 715 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 1004 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
@@ -3126,19 +3202,21 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ m
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 720 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 858 "templates/gemm_sm90.lua"
     }
 #else
@@ -3475,14 +3553,16 @@ __device__ int mixtral_8x7b_slot_table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
  * so a CUDA graph captured at T replays T's variant. */
 static int mixtral_8x7b_variant(int tokens) {
 #line 65 "templates/host.lua"
-    if (tokens >= 4096) return 1;
+    if (tokens >= 4096) return 2;
+#line 65 "templates/host.lua"
+    if (tokens >= 2048) return 1;
 #line 67 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 73 "templates/host.lua"
-static const int mixtral_8x7b_variant_align[2] = {64, 64};
+static const int mixtral_8x7b_variant_align[3] = {64, 64, 64};
 
 static long long mixtral_8x7b_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 2, 8, mixtral_8x7b_variant_align[v]);
@@ -3555,17 +3635,17 @@ static cudaError_t mixtral_8x7b_device_init(mixtral_8x7b_device_t *d, int dev) {
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_route_bf16_e8k2_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 65280)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 158 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 162 "templates/host.lua"
     return cudaSuccess;
 }
@@ -3644,10 +3724,13 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
 #line 247 "templates/host.lua"
     else if (v == 1)
         mixtral_8x7b_permute_plan_e8_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 247 "templates/host.lua"
+    else if (v == 2)
+        mixtral_8x7b_permute_plan_e8_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 252 "templates/host.lua"
     mixtral_8x7b_permute_scatter_bf16_h4096k2<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 #line 294 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 4095 tokens */
+    if (v == 0) { /* calls of 1 .. 2047 tokens */
 #line 267 "templates/host.lua"
         if (dev->use90) {
 #line 271 "templates/host.lua"
@@ -3656,12 +3739,12 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-        mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 258 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-        mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 276 "templates/host.lua"
         } else {
 #line 280 "templates/host.lua"
@@ -3670,7 +3753,30 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
 #line 284 "templates/host.lua"
         }
 #line 294 "templates/host.lua"
-    } else if (v == 1) { /* calls of 4096 or more tokens */
+    } else if (v == 1) { /* calls of 2048 .. 4095 tokens */
+#line 267 "templates/host.lua"
+        if (dev->use90) {
+#line 271 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 258 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+        mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 258 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+        mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 276 "templates/host.lua"
+        } else {
+#line 280 "templates/host.lua"
+        mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(224, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 284 "templates/host.lua"
+        }
+#line 294 "templates/host.lua"
+    } else if (v == 2) { /* calls of 4096 or more tokens */
 #line 267 "templates/host.lua"
         if (dev->use90) {
 #line 271 "templates/host.lua"
