@@ -191,9 +191,13 @@ $(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/support/nccl_own.c run
 $(TEST_LIB): $(TEST_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
+# test_tuning also checks moegen tune's winner rule (cli/tune.o)
+TEST_EXTRA_test_tuning := $(BUILD)/cli/tune.o
+$(BUILD)/tests/test_tuning: $(BUILD)/cli/tune.o cli/tune.h
+
 $(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h tests/gen_fixture.h $(wildcard gen/*.h runtime/*.h tests/support/*.h) $(TEST_LIB) $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support $< $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support -Icli $< $(TEST_EXTRA_$(notdir $@)) $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 .PHONY: test test-cpu test-gpu test-mgpu layers
 test: layers $(TEST_BINS) $(BUILD)/moegen

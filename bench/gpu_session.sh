@@ -3,7 +3,7 @@
 # the PyTorch comparison. Run from the repository root on the GPU machine
 # with build/ carried (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|verify|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|verify|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -24,6 +24,10 @@
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
 #            under tests/tune/pingpong.tune, the examples), test_ep_gpu, test_vendored, test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example; a summary line per log
+#   tunesmall issue #16 item 4: moegen tune at 1, 8, 64, 128, 512 and 2048 tokens for $TUNE_SPECS (default every
+#            one-device example spec) merged into $OUT/h200.tune (a copy of $TUNE_FROM, default tuning/h200.tune),
+#            then moe_bench --graph at 1 .. 2048 tokens under the shipped table and under $OUT/h200.tune, side by
+#            side per spec (decide entries by the layer where tune's GEMM-only times disagree, as runs 11-13 did)
 #   pingpong the ping-pong GEMMs against the embedded table's: moe_bench at 4096 and 16384 tokens
 #            under each (tests/tune/pingpong.tune forces pingpong), and moegen tune's candidate times
 set -u
@@ -142,6 +146,25 @@ for what in "$@"; do
         done
         grep -E '^==|LAYER|gemm_' "$OUT/pingpong_bench.log"
         ;;
+    tunesmall)
+        cp "${TUNE_FROM:-tuning/h200.tune}" "$OUT/h200.tune"
+        all=$(ls examples/specs/*.moe | grep -v -- -mesh | xargs -n1 basename | sed 's/\.moe$//')
+        for s in ${TUNE_SPECS:-$all}; do
+            echo "== $s" >> "$OUT/tune.log"
+            timeout 240 build/moegen tune examples/specs/$s.moe --tokens 1,8,64,128,512,2048 --iters 10 \
+                -o "$OUT/h200.tune" >> "$OUT/tune.log" 2>&1
+            echo "tune $s: exit $?" | tee -a "$OUT/tune.log"
+        done
+        for s in ${TUNE_SPECS:-$all}; do
+            for t in shipped tuned; do
+                echo "== $t $s" >> "$OUT/tunesmall_bench.log"
+                if [ $t = shipped ]; then tab=tuning/h200.tune; else tab=$OUT/h200.tune; fi
+                MOEGEN_TUNING=$tab timeout 100 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 8 \
+                    --tokens 64 --tokens 128 --tokens 512 --tokens 2048 --iters 20 >> "$OUT/tunesmall_bench.log" 2>&1
+            done
+        done
+        awk '/^== /{b=$2" "$3} /LAYER graph/{print b, $1, $4, $NF}' "$OUT/tunesmall_bench.log"
+        ;;
     verify)
         v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
         v test_gpu build/tests/test_gpu &
@@ -155,6 +178,6 @@ for what in "$@"; do
         for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): [0-9]+ passed' $f | tail -1)"; done
         ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, verify, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, verify, all)"; exit 2 ;;
     esac
 done

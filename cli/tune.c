@@ -34,9 +34,11 @@ const char *const moe_tune_usage =
     "warpgroups on alternate tiles) for SPEC's shape at each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
-    "GEMMs, median of N iterations, default 20), the date and the GPU. An entry applies to plans of\n"
-    "at least its token count, which run calls of any size up to their capacity, so its winner is the\n"
-    "candidate with the lowest sum of time ratios to the fastest over every measured count up to it.\n"
+    "GEMMs, median of N iterations, default 20), the date and the GPU. A plan runs a call of T tokens\n"
+    "on the entry with the largest count <= T (its GEMM variants), so an entry's winner is the fastest\n"
+    "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
+    "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
+    "measured count up to it.\n"
     "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
     "-o they are printed.\n"
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
@@ -310,6 +312,40 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
     return rc;
 }
 
+/* The bucket's winner among the candidates that ran (ok), scored by the
+ * sum of time ratios to the fastest over a range of the measured counts:
+ * with GEMM variants a bucket's entry runs the calls from its count to
+ * the next measured one, so the range is its own count; a plan that keeps
+ * one configuration (expert parallelism: the capacity's entry runs every
+ * call) sums over every count up to the bucket's (cumulative). */
+int moe_tune_winner(int ncand, int ntok, const float *times, int stride, const int *ok, const int *tok, int ti,
+                    int cumulative, int *second) {
+    int best = -1;
+    double best_score = 0, second_score = 0;
+    *second = -1;
+    for (int c = 0; c < ncand; c++) {
+        if (!ok[c])
+            continue;
+        double score = 0;
+        for (int tj = 0; tj < ntok; tj++) {
+            if (cumulative ? tok[tj] > tok[ti] : tj != ti)
+                continue;
+            float fastest = 0;
+            for (int d = 0; d < ncand; d++)
+                if (ok[d] && (fastest == 0 || times[d * stride + tj] < fastest))
+                    fastest = times[d * stride + tj];
+            score += times[c * stride + tj] / fastest;
+        }
+        if (best < 0 || score < best_score) {
+            *second = best, second_score = best_score;
+            best = c, best_score = score;
+        } else if (*second < 0 || score < second_score) {
+            *second = c, second_score = score;
+        }
+    }
+    return best;
+}
+
 /* The table lines, one per token count (empty when fewer than two
  * candidates ran): a bucket's winner and runner-up. Returns how many. */
 static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const int *ok, const char *gpu,
@@ -318,33 +354,10 @@ static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const in
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     int nwin = 0;
-    float fastest[MAX_TOK];
     for (int ti = 0; ti < a->ntok; ti++) {
-        fastest[ti] = 0;
-        for (int c = 0; c < NCAND; c++)
-            if (ok[c] && (fastest[ti] == 0 || times[c][ti] < fastest[ti]))
-                fastest[ti] = times[c][ti];
-    }
-    for (int ti = 0; ti < a->ntok; ti++) {
-        /* A plan built for capacity tok[ti] runs calls of any size up to it,
-         * so the bucket's winner is the candidate with the lowest sum of time
-         * ratios to the fastest over every measured count <= tok[ti]. */
-        int best = -1, second = -1;
-        double score[NCAND];
-        for (int c = 0; c < NCAND; c++) {
-            if (!ok[c])
-                continue;
-            score[c] = 0;
-            for (int tj = 0; tj < a->ntok; tj++)
-                if (a->tok[tj] <= a->tok[ti])
-                    score[c] += times[c][tj] / fastest[tj];
-            if (best < 0 || score[c] < score[best]) {
-                second = best;
-                best = c;
-            } else if (second < 0 || score[c] < score[second]) {
-                second = c;
-            }
-        }
+        int second = -1;
+        int best = moe_tune_winner(NCAND, a->ntok, &times[0][0], MAX_TOK, ok, a->tok, ti, a->spec.mesh.size[MOE_AXIS_EP] > 1,
+                                   &second);
         lines[ti][0] = 0;
         if (best < 0 || second < 0)
             continue;

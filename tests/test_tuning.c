@@ -10,6 +10,7 @@
 #include "plan.h"
 #include "spec.h"
 #include "tuning.h"
+#include "tune.h"
 
 #include <stdio.h>
 #include <sys/wait.h>
@@ -357,6 +358,27 @@ int main(void) {
             CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
             CHECKF(i < 2 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
         }
+    }
+
+    CASE("moegen tune's winner: the bucket's own count with variants, every count up to it without");
+    {
+        /* three candidates at 128, 512, 2048 tokens (times[c][t]): A wins at
+         * 128 by far, B at 512 and 2048; C never ran */
+        const float t[3][3] = {{100, 900, 3000}, {140, 800, 2900}, {1, 1, 1}};
+        const int ok[3] = {1, 1, 0}, tok[3] = {128, 512, 2048};
+        int second = 0;
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 0, 0, &second) == 0 && second == 1);
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 1, 0, &second) == 1 && second == 0);
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 2, 0, &second) == 1 && second == 0);
+        /* cumulative (expert parallelism: one configuration at every size):
+         * at 512, A scores 1 + 900/800 = 2.125 against B's 1.4 + 1 = 2.4;
+         * at 2048, 2.125 + 3000/2900 = 3.16 against 3.4 */
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 1, 1, &second) == 0 && second == 1);
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 2, 1, &second) == 0 && second == 1);
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, ok, tok, 0, 1, &second) == 0 && second == 1);
+        const int one[3] = {0, 1, 0}, none[3] = {0, 0, 0};
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, one, tok, 1, 0, &second) == 1 && second == -1);
+        CHECK(moe_tune_winner(3, 3, &t[0][0], 3, none, tok, 1, 0, &second) == -1 && second == -1);
     }
 
     CASE("errors name the file and line");
