@@ -233,6 +233,12 @@ $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC
 	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
 	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
+# Everything a GPU machine runs, built here to be carried there (build/):
+# `make` alone leaves the test programs as they were, and a stale
+# build/tests/test_gpu once ran a device call on the previous commit's tests.
+.PHONY: gpu-build
+gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored
+
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
 	@$(BUILD)/tests/test_vendored examples/specs/$(VENDORED_SPEC).moe

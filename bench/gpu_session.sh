@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls: GPU tests, both GEMM grids, tuning, the benchmark table and
 # the PyTorch comparison. Run from the repository root on the GPU machine
-# with build/ carried (and build-old/, a previous build's moe_bench, for a
+# with build/ carried (`make gpu-build` here first: plain `make` does not
+# rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
 # usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|verify|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
