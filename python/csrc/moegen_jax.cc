@@ -17,6 +17,7 @@
 // results y [tokens, H] and the workspace, uint8
 // [moe_plan_workspace_size(tokens) + 256] (XLA owns it; the handler aligns it
 // to the 256 bytes moe_forward needs).
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -158,12 +159,23 @@ ffi::Error gather(uint64_t plan_id, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
     return ffi::Error::Success();
 }
 
+// How many workspaces and saved regions XLA gave the handlers, and how many
+// of them did not start on a 256-byte boundary (moegen_jax_alignment): the
+// saved region is found at the first boundary of each handler's buffer, so
+// it is read right only while a residual keeps its address modulo 256 (the
+// README's limit); these say how often XLA's buffers need the padding.
+std::atomic<uint64_t> buffers_seen[2], buffers_unaligned[2];
+
 // A uint8 buffer of `need` bytes and room to align it to 256 (the
 // workspace, the saved region): its aligned start in *out.
 ffi::Error aligned(const char *what, ffi::AnyBuffer buf, size_t need, int64_t tokens, void **out) {
     if (buf.element_type() != ffi::DataType::U8 || buf.dimensions().size() != 1)
         return bad(std::string(what) + " must be uint8 [bytes]");
     uintptr_t base = (uintptr_t)buf.untyped_data();
+    const int saved = std::strcmp(what, "the saved region") == 0;
+    buffers_seen[saved]++;
+    if (base % 256)
+        buffers_unaligned[saved]++;
     uintptr_t at = (base + 255) & ~(uintptr_t)255;
     if (at - base + need > buf.size_bytes())
         return bad(std::string(what) + " has " + std::to_string(buf.size_bytes()) + " bytes; " +
@@ -428,6 +440,12 @@ __attribute__((visibility("default"))) int moegen_jax_bind(const moe_plan *plan,
     *id = next_id++;
     table[*id] = std::move(b);
     return MOE_OK;
+}
+
+// out[0], out[1]: workspaces seen and those not 256-byte aligned; out[2],
+// out[3]: the same for saved regions (forward and backward), since load.
+__attribute__((visibility("default"))) void moegen_jax_alignment(uint64_t out[4]) {
+    out[0] = buffers_seen[0], out[1] = buffers_unaligned[0], out[2] = buffers_seen[1], out[3] = buffers_unaligned[1];
 }
 
 // Forget the plan bound as id (nothing for an unknown id); calls naming it

@@ -87,7 +87,7 @@ def load_handler(path=None):
     except OSError as e:
         raise _lib.LibraryError("the JAX handler at %s did not load: %s" % (found[0], e)) from None
     for name in ("MoegenMoe", "MoegenMoeTrain", "MoegenMoeBackward", "moegen_jax_version", "moegen_jax_moe_forward",
-                 "moegen_jax_bind", "moegen_jax_unbind"):
+                 "moegen_jax_bind", "moegen_jax_unbind", "moegen_jax_alignment"):
         if not hasattr(h, name):
             raise _lib.LibraryError("%s lacks %s: it is not this package's JAX handler" % (found[0], name))
     h.moegen_jax_version.restype = ctypes.c_char_p
@@ -96,6 +96,8 @@ def load_handler(path=None):
     h.moegen_jax_bind.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
     h.moegen_jax_unbind.restype = None
     h.moegen_jax_unbind.argtypes = [ctypes.c_uint64]
+    h.moegen_jax_alignment.restype = None
+    h.moegen_jax_alignment.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
     version = h.moegen_jax_version().decode()
     if version != lib.moe_version().decode():
         raise _lib.LibraryError("%s is version %s, libmoegen (%s) %s: rebuild it (python/build_jax.py)"
@@ -109,6 +111,18 @@ def load_handler(path=None):
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="CUDA")
     h.path = found[0]
     return h
+
+
+def buffer_alignment():
+    """What the handlers saw of XLA's buffers since the handler loaded:
+    {"workspace": (seen, not 256-byte aligned), "saved": (seen, not
+    aligned)}. The saved region sits at the first 256-byte boundary of
+    each handler's buffer, so a residual must keep its address modulo 256
+    between the training forward and the backward (README, JAX); these
+    counts say whether XLA's buffers ever needed that padding."""
+    out = (ctypes.c_uint64 * 4)()
+    handler().moegen_jax_alignment(ctypes.byref(out))
+    return {"workspace": (out[0], out[1]), "saved": (out[2], out[3])}
 
 
 def handler():

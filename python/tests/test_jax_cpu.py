@@ -208,6 +208,9 @@ class Handler(unittest.TestCase):
         # refused; either way the first one stood
         self.assertTrue(os.path.isfile(h.path))
         h.moegen_jax_unbind(123456)   # an unknown id is nothing
+        a = mj.buffer_alignment()   # no call ran here: nothing seen
+        self.assertEqual(set(a), {"workspace", "saved"})
+        self.assertTrue(all(len(v) == 2 and v[1] <= v[0] for v in a.values()), a)
 
     def test_a_missing_handler_names_the_paths_and_build_jax(self):
         with self.assertRaisesRegex(moegen.LibraryError, r"libmoegen_jax.so not found \(tried /nonexistent/x.so\).*"
