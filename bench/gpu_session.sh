@@ -24,7 +24,8 @@
 #            (and build-old/moe_bench's, when there is one)
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
 #            under tests/tune/pingpong.tune, the examples), test_ep_gpu, test_vendored, test_bgemm_gpu, test_bwd_gpu,
-#            test_quant_gpu, test_runtime, moe_example; a summary line per log
+#            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
+#            handler built there first); a summary line per log
 #   tunesmall issue #16 item 4: moegen tune at 1, 8, 64, 128, 512 and 2048 tokens for $TUNE_SPECS (default every
 #            one-device example spec) merged into $OUT/h200.tune (a copy of $TUNE_FROM, default tuning/h200.tune),
 #            then moe_bench --graph at 1 .. 2048 tokens under the shipped table and under $OUT/h200.tune, side by
@@ -174,6 +175,13 @@ for what in "$@"; do
         { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
         { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
           v example build/moe_example examples/specs/qwen3-30b-a3b.moe 1000; } &
+        # the Python ops: the torch op built here (CPU) into a temporary folder, the JAX handler into build/
+        { mkdir -p /tmp/verify_torch_op
+          v build_torch python3 python/build_torch.py --out /tmp/verify_torch_op/libmoegen_torch.so
+          MOEGEN_TORCH_LIBRARY=/tmp/verify_torch_op/libmoegen_torch.so MOEGEN_LIBRARY=$PWD/build/libmoegen.so \
+              v test_torch_gpu python3 python/tests/test_torch_gpu.py
+          v build_jax python3 python/build_jax.py
+          MOEGEN_LIBRARY=$PWD/build/libmoegen.so v test_jax_gpu python3 python/tests/test_jax_gpu.py; } &
         wait
         cat "$OUT/verify_rc.txt"
         for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): [0-9]+ passed' $f | tail -1)"; done
