@@ -80,6 +80,18 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
 /* Push the parameters of templates/host.lua (the vendored launcher): the
  * shared ones, the mesh's EP size, the routing table slot_of[E], the
  * workspace regions with their element types, and each arch's kernels. */
+/* The kernel sets ks[arch] of the spec's arches into the table on top of L
+ * as fields sm90 / sm80, and the first arch's as neutral. */
+static void push_arch_sets(lua_State *L, const moe_plan_desc_t *pd, const moe_kernel_desc_t ks[][MOE_K_COUNT]) {
+    const moe_spec_t *s = &pd->spec;
+    for (int a = 0; a < s->narch; a++) {
+        push_kernel_set(L, pd, ks[s->arch[a]]);
+        lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
+    }
+    push_kernel_set(L, pd, ks[s->arch[0]]);
+    lua_setfield(L, -2, "neutral");
+}
+
 static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int *slot_of) {
     const moe_spec_t *s = &pd->spec;
     moe_plan_push_params(L, pd, s->arch[0], -1);
@@ -107,24 +119,14 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     }
     lua_setfield(L, -2, "ws");
     moe_lua_set_int(L, "counts_bytes", (long long)pd->ws[MOE_WS_COUNTS].bytes);
-    for (int a = 0; a < s->narch; a++) {
-        push_kernel_set(L, pd, moe_plan_kernels(pd, s->arch[a]));
-        lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
-    }
-    push_kernel_set(L, pd, moe_plan_kernels(pd, s->arch[0]));
-    lua_setfield(L, -2, "neutral");
+    push_arch_sets(L, pd, pd->kernels);
     lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
     for (int v = 0; v < pd->nvariants; v++) {
         const moe_plan_variant_t *pv = &pd->variants[v];
         lua_newtable(L);
         moe_lua_set_int(L, "bucket", pv->bucket);
         moe_lua_set_int(L, "align", pv->align);
-        for (int a = 0; a < s->narch; a++) {
-            push_kernel_set(L, pd, pv->kernels[s->arch[a]]);
-            lua_setfield(L, -2, s->arch[a] == MOE_ARCH_SM90A ? "sm90" : "sm80");
-        }
-        push_kernel_set(L, pd, pv->kernels[s->arch[0]]);
-        lua_setfield(L, -2, "neutral");
+        push_arch_sets(L, pd, pv->kernels);
         lua_rawseti(L, -2, v + 1);
     }
     lua_setfield(L, -2, "variants");

@@ -35,26 +35,21 @@ static int may_run(const moe_plan_desc_t *pd, int v, int tokens) {
     return v <= moe_plan_pick_variant(pd, tokens) || (pd->spec.training && v == pd->nvariants - 1);
 }
 
-long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) {
-    long long r = 0;
+/* The most rows (tiles = 0) or tiles any variant a call of `tokens` may run needs. */
+static long long max_over_variants(const moe_plan_desc_t *pd, int tokens, int tiles) {
+    long long m = 0;
     for (int v = 0; v < (pd->nvariants ? pd->nvariants : 1); v++)
         if (may_run(pd, v, tokens)) {
-            long long n = moe_max_rows(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec),
-                                       variant_align(pd, v));
-            r = n > r ? n : r;
+            long long n = (tiles ? moe_max_tiles : moe_max_rows)(tokens, moe_spec_entries(&pd->spec),
+                                                                 moe_spec_slots(&pd->spec), variant_align(pd, v));
+            m = n > m ? n : m;
         }
-    return r;
+    return m;
 }
 
-long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) {
-    long long t = 0;
-    for (int v = 0; v < (pd->nvariants ? pd->nvariants : 1); v++)
-        if (may_run(pd, v, tokens)) {
-            long long n = moe_plan_variant_tiles(pd, v, tokens);
-            t = n > t ? n : t;
-        }
-    return t;
-}
+long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) { return max_over_variants(pd, tokens, 0); }
+
+long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) { return max_over_variants(pd, tokens, 1); }
 
 long long moe_plan_variant_tiles(const moe_plan_desc_t *pd, int v, int tokens) {
     return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), variant_align(pd, v));

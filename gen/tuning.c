@@ -169,13 +169,18 @@ const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_
     return moe_tuning_find_tokens(t, s, arch, s->tokens);
 }
 
+/* Whether entry e is for s's shape on arch, at a bucket <= tokens. */
+static int applies(const moe_tuning_entry_t *e, const moe_spec_t *s, moe_arch_t arch, int tokens) {
+    return e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
+           e->dtype == s->dtype && e->arch == arch && e->tokens <= tokens;
+}
+
 const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,
                                                  int tokens) {
     const moe_tuning_entry_t *best = NULL;
     for (int i = 0; t && i < t->n; i++) {
         const moe_tuning_entry_t *e = &t->e[i];
-        if (e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
-            e->dtype == s->dtype && e->arch == arch && e->tokens <= tokens && (!best || e->tokens > best->tokens))
+        if (applies(e, s, arch, tokens) && (!best || e->tokens > best->tokens))
             best = e;
     }
     return best;
@@ -187,9 +192,7 @@ int moe_tuning_buckets(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t ar
         int next = -1;
         for (int i = 0; t && i < t->n; i++) {
             const moe_tuning_entry_t *e = &t->e[i];
-            if (e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
-                e->dtype == s->dtype && e->arch == arch && e->tokens <= s->tokens && (n == 0 || e->tokens > lo) &&
-                (next < 0 || e->tokens < next))
+            if (applies(e, s, arch, s->tokens) && (n == 0 || e->tokens > lo) && (next < 0 || e->tokens < next))
                 next = e->tokens;
         }
         if (next < 0)

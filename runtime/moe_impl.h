@@ -26,8 +26,8 @@ struct moe_plan {
     int *slot_host;         /* [E] the routing table's slot of each expert's weights */
     struct moe_ep *ep;           /* the mesh: this rank, its groups, the dispatch path */
     struct moe_cudnn *cudnn;     /* the cuDNN path's decisions, graphs and kernels (never NULL once created) */
-    moe_tuning_entry_t tuned; /* a copy of the tuning entry pd.tuned points at (its table is freed) */
-    moe_tuning_entry_t vtuned[MOE_PLAN_MAX_VARIANTS]; /* likewise, pd.variants[v].tuned */
+    moe_tuning_entry_t vtuned[MOE_PLAN_MAX_VARIANTS]; /* copies of the entries pd.variants[v].tuned (and
+                                                          pd.tuned, the last's) point at: their table is freed */
     CUfunction vfn[MOE_PLAN_MAX_VARIANTS][MOE_K_COUNT]; /* pd.variants[v]'s kernels of the device's arch */
 };
 

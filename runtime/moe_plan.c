@@ -182,15 +182,13 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (!table)
         table = tpath ? &loaded : moe_tuning_default();
     int bad = moe_plan_desc_build(&p->pd, &spec, table, err, sizeof err);
-    if (!bad && p->pd.tuned) {
-        p->tuned = *p->pd.tuned;
-        p->pd.tuned = &p->tuned;
-    }
     for (int v = 0; !bad && v < p->pd.nvariants; v++)
         if (p->pd.variants[v].tuned) {
             p->vtuned[v] = *p->pd.variants[v].tuned;
             p->pd.variants[v].tuned = &p->vtuned[v];
         }
+    if (!bad) /* the capacity's entry is the last variant's */
+        p->pd.tuned = p->pd.variants[p->pd.nvariants - 1].tuned;
     if (tpath)
         moe_tuning_free(&loaded);
     if (bad) {
