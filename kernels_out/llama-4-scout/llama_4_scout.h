@@ -20,7 +20,7 @@
 #define llama_4_scout_MAX_TOKENS 16384
 #define llama_4_scout_DTYPE "bf16"
 #define llama_4_scout_PAIR_GRANULE 8
-#define llama_4_scout_WORKSPACE_BYTES 930557440ULL /* at llama_4_scout_MAX_TOKENS */
+#define llama_4_scout_WORKSPACE_BYTES 930561536ULL /* at llama_4_scout_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 8192, gate none): 1 always-on weight slots after the routed
  * experts, so w1p and w2 hold llama_4_scout_SLOTS = 17 slots; llama_4_scout_pack_shared writes slots 16..16
