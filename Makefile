@@ -62,6 +62,9 @@ deps:
 	    echo "make deps: install them with: sudo apt-get install $$missing" >&2; exit 1; \
 	fi
 
+# the system's libraries, named as prerequisites: deps installs them (make -j waits for it)
+$(LUA_LIB) $(JANSSON_LIB): | deps
+
 $(BUILD)/%.o: %.c $(wildcard gen/*.h runtime/*.h cli/*.h tests/support/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
