@@ -79,7 +79,7 @@ static const abi_field grad_scatter_fields[] = {
     FIELD(moe_grad_scatter_args, held_dw2),  FIELD(moe_grad_scatter_args, held_db2),
     FIELD(moe_grad_scatter_args, dw1p),      FIELD(moe_grad_scatter_args, db1p),
     FIELD(moe_grad_scatter_args, dw2),       FIELD(moe_grad_scatter_args, db2),
-    {0}};
+    FIELD(moe_grad_scatter_args, accumulate), {0}};
 
 static const struct {
     const char *name;

@@ -6,6 +6,7 @@
 #define MOEGEN_FSDP_GRAD_H
 
 #include "driver.h"
+#include "launch.h"
 #include "mesh.h"
 #include "moe.h"
 #include "spec.h"
@@ -40,9 +41,11 @@ int moe_fsdp_grad_parts(const moe_mesh_plan_t *mp, const moe_spec_t *s, int rank
 /* The tensors' names in messages ("dw1p", ...). */
 extern const char *const moe_grad_tensor_names[MOE_GRAD_TENSORS];
 
-/* Enqueue the parts of a's tensors on st: copies, and the NCCL
- * collectives over ep's FSDP communicator (one NCCL group). s: the plan's
- * spec. Checks a's pointers first. */
-moe_status moe_fsdp_grads(const struct moe_ep *ep, const moe_spec_t *s, const moe_grad_scatter_args *a, CUstream st);
+/* Enqueue the parts of a's tensors on st: copies, the NCCL collectives
+ * over ep's FSDP communicator (one NCCL group) and, with a->accumulate,
+ * the adds (l's bwd_accum kernel). s: the plan's spec. Checks a's pointers
+ * before anything is enqueued. */
+moe_status moe_fsdp_grads(const struct moe_ep *ep, const moe_launcher_t *l, const moe_spec_t *s,
+                          const moe_grad_scatter_args *a, CUstream st);
 
 #endif

@@ -439,13 +439,19 @@ moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args,
  * without an FSDP group (fsdp = 1) a device copy. The gradients' sum over
  * the dp axis (replicas) is the caller's, as a framework's data-parallel
  * reduction is. Enqueued on stream, no host synchronization; collective
- * over the FSDP group. b1p and b2 only with spec ffn_bias. The stored
- * buffers must not overlap the held ones, except NCCL's in-place
- * reduce-scatter: stored = held + fsdp_rank * stored's size. MOE_ERR_UNSUPPORTED
- * for a plan without training = true. */
+ * over the FSDP group. b1p and b2 only with spec ffn_bias. accumulate = 0
+ * writes the stored buffers; they must not overlap the held ones, except
+ * NCCL's in-place reduce-scatter: stored = held + fsdp_rank * stored's
+ * size. accumulate = 1 adds the sums into what the stored buffers hold
+ * (gradient accumulation, as moe_backward's accumulate): the collectives
+ * then run in place in the held buffers, whose contents are spent (the
+ * held gradients of an FSDP step are anyway), and the stored buffers
+ * must not overlap them at all. MOE_ERR_UNSUPPORTED for a plan without
+ * training = true. */
 typedef struct {
-    const float *held_dw1p, *held_db1p, *held_dw2, *held_db2;   /* moe_backward's dw1p, db1p, dw2, db2 [held, ...] */
-    float *dw1p, *db1p, *dw2, *db2;                             /* out: [stored, ...] */
+    float *held_dw1p, *held_db1p, *held_dw2, *held_db2;   /* moe_backward's dw1p, db1p, dw2, db2 [held, ...] */
+    float *dw1p, *db1p, *dw2, *db2;                       /* out: [stored, ...] */
+    int accumulate;                                       /* 1: add into dw1p .. db2 (the held buffers are spent) */
 } moe_grad_scatter_args;
 
 moe_status moe_reduce_scatter_grads(const moe_plan *plan, const moe_grad_scatter_args *args, void *stream);

@@ -692,8 +692,9 @@ static int mesh_spec(const char *spec, const char *mesh, const char *dir, char *
  * rank's result, each expert it stores, must be the CPU reference's
  * gradient of the FSDP group's tokens together (rounded mode). Where the
  * parts are a copy (no FSDP group) moe_reduce_scatter_grads runs on the
- * GPU into poisoned buffers and must equal the held gradients; where they
- * are collectives, an unconnected plan must refuse it. Tokens routed
+ * GPU into poisoned buffers and must equal the held gradients, and with
+ * accumulate = 1 add them into random priors (the bwd_accum kernel); where
+ * they are collectives, an unconnected plan must refuse it. Tokens routed
  * otherwise than the reference get dy = 0, as above. */
 static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens, uint64_t seed, const char *tmp,
                           const char *cache) {
@@ -782,7 +783,7 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
          * is a collective */
         moe_grad_scatter_args ga = {(float *)L[r].gdw1p, s->ffn_bias ? (float *)L[r].gdb1p : NULL, (float *)L[r].gdw2,
                                     s->ffn_bias ? (float *)L[r].gdb2 : NULL, (float *)L[r].pw1,
-                                    s->ffn_bias ? (float *)L[r].pb1 : NULL, NULL, NULL};
+                                    s->ffn_bias ? (float *)L[r].pb1 : NULL, NULL, NULL, 0};
         CUdeviceptr dw2_out = dalloc(4 * (size_t)parts[r][2].count), db2_out = dalloc(4 * (size_t)H * E);
         ga.dw2 = (float *)dw2_out, ga.db2 = s->ffn_bias ? (float *)db2_out : NULL;
         const CUdeviceptr outs[MOE_GRAD_TENSORS] = {L[r].pw1, L[r].pb1, dw2_out, db2_out};
@@ -800,6 +801,39 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
                            moe_grad_tensor_names[i]);
                 free(got);
             }
+            /* accumulate = 1: the held gradients added into random priors */
+            float *prior[MOE_GRAD_TENSORS] = {0};
+            int good = rs == MOE_OK;
+            for (int i = 0; i < MOE_GRAD_TENSORS && good; i++) {
+                if (!per[i])
+                    continue;
+                const size_t cnt = (size_t)parts[r][i].count;
+                uint64_t prng = seed ^ (0xacc + (uint64_t)i);
+                good = (prior[i] = malloc(4 * cnt)) != NULL;
+                for (size_t k = 0; good && k < cnt; k++)
+                    prior[i][k] = unif(&prng);
+                good = good && up(outs[i], prior[i], 4 * cnt);
+            }
+            ga.accumulate = 1;
+            moe_status as = good ? moe_reduce_scatter_grads(L[r].plan, &ga, NULL) : MOE_ERR_CUDA;
+            CHECKF(as == MOE_OK, "rank %d: moe_reduce_scatter_grads (accumulate): %s", r, moe_last_error());
+            good = good && as == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "accumulate");
+            for (int i = 0; i < MOE_GRAD_TENSORS && good; i++) {
+                if (!per[i])
+                    continue;
+                const size_t cnt = (size_t)parts[r][i].count;
+                float *got = malloc(4 * cnt);
+                for (size_t k = 0; got && k < cnt; k++)
+                    prior[i][k] += held[r][i][k];
+                if (got && down(got, outs[i], 4 * cnt)) {
+                    char what[120];
+                    snprintf(what, sizeof what, "rank %d: %s accumulated (prior + held)", r, moe_grad_tensor_names[i]);
+                    check_close(what, got, prior[i], cnt, 1e-6);
+                }
+                free(got);
+            }
+            for (int i = 0; i < MOE_GRAD_TENSORS; i++)
+                free(prior[i]);
         } else {
             CHECKF(rs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "no communicator"),
                    "rank %d: moe_reduce_scatter_grads on an unconnected plan: %s, %s", r, moe_status_string(rs),

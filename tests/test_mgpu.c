@@ -331,7 +331,9 @@ static int bench_layer(const moe_plan *plan, const moe_forward_args *a, const mo
  * buffers. Tokens the GPU routes otherwise than the reference get dy = 0 and
  * the pair runs again; the FSDP group all-gathers which. Each stored
  * expert's dw1p, db1p, dw2, db2 must be the CPU reference's gradient of the
- * FSDP group's tokens together (normalized L2 error <= 1.5e-2).
+ * FSDP group's tokens together (normalized L2 error <= 1.5e-2). Then the
+ * backward again and accumulate = 1 into random priors: prior + the first
+ * call's sums (1e-6).
  * Collective over the FSDP group. 0 ok, 1 failed, 3 stopped. */
 static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_mesh_plan_t *mp, int rank, int T,
                        const ep_layer_t *L, const extras_t *X, const moe_forward_args *fa, uint64_t seed,
@@ -420,7 +422,7 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
         if (per[i])
             CUX(moe_cu.cuMemsetD8(sg[i], 0xff, 4 * nst * per[i]));
     moe_grad_scatter_args ga = {(float *)DEV(hg[0]), (float *)DEV(hg[1]), (float *)DEV(hg[2]), (float *)DEV(hg[3]),
-                                (float *)DEV(sg[0]), (float *)DEV(sg[1]), (float *)DEV(sg[2]), (float *)DEV(sg[3])};
+                                (float *)DEV(sg[0]), (float *)DEV(sg[1]), (float *)DEV(sg[2]), (float *)DEV(sg[3]), 0};
     moe_status st = moe_reduce_scatter_grads(plan, &ga, NULL);
     if (st)
         DIE("moe_reduce_scatter_grads: %s", moe_last_error());
@@ -476,10 +478,53 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
         ok &= err[i] <= 1.5e-2;
         free(got), free(ref);
     }
+    /* accumulate = 1: the same sums added into random priors (the collectives in place in the held
+     * buffers, spent: the backward runs again first) */
+    double aerr = 0;
+    {
+        float *first[4] = {0}, *prior[4] = {0};
+        uint64_t prng = seed ^ (0xacc + (uint64_t)rank);
+        for (int i = 0; i < 4; i++) {
+            if (!per[i])
+                continue;
+            size_t cnt = nst * per[i];
+            if (!(first[i] = malloc(4 * cnt)) || !(prior[i] = malloc(4 * cnt)))
+                DIE("out of memory");
+            CUX(moe_cu.cuMemcpyDtoH(first[i], sg[i], 4 * cnt));
+            for (size_t k = 0; k < cnt; k++)
+                prior[i][k] = (float)(ep_rng(&prng) >> 40) / (float)(1 << 24) - 0.5f;
+            CUX(moe_cu.cuMemcpyHtoD(sg[i], prior[i], 4 * cnt));
+        }
+        if ((st = moe_backward(plan, &ba, NULL))) /* the same held gradients again (dy as the last pass) */
+            DIE("moe_backward: %s", moe_last_error());
+        ga.accumulate = 1;
+        if ((st = moe_reduce_scatter_grads(plan, &ga, NULL)))
+            DIE("moe_reduce_scatter_grads (accumulate): %s", moe_last_error());
+        CUX(moe_cu.cuCtxSynchronize());
+        for (int i = 0; i < 4; i++) {
+            if (!per[i])
+                continue;
+            size_t cnt = nst * per[i];
+            float *got = malloc(4 * cnt);
+            if (!got)
+                DIE("out of memory");
+            CUX(moe_cu.cuMemcpyDtoH(got, sg[i], 4 * cnt));
+            double num = 0, den = 0;
+            for (size_t k = 0; k < cnt; k++) {
+                double w = (double)first[i][k] + prior[i][k], dd = got[k] - w;
+                num += dd * dd;
+                den += w * w;
+            }
+            double e = sqrt(num / (den > 0 ? den : 1));
+            aerr = e > aerr || e != e ? e : aerr;
+            free(got), free(first[i]), free(prior[i]);
+        }
+        ok &= aerr <= 1e-6;
+    }
     printf("  %s rank %d (fsdp rank %d, stores experts %d..%d): training, %d tokens (%d routed otherwise, dy 0), "
-           "reduce-scattered gradients against the FSDP group's reference: %s %.2e, %s %.2e, %s %.2e, %s %.2e: %s\n",
+           "reduce-scattered gradients against the FSDP group's reference: %s %.2e, %s %.2e, %s %.2e, %s %.2e; accumulate = 1 %.2e: %s\n",
            name, rank, me->fsdp_rank, me->stored[0], me->stored[nst - 1], T, nbad, tname[0], err[0], tname[1], err[1],
-           tname[2], err[2], tname[3], err[3], ok ? "ok" : "FAIL");
+           tname[2], err[2], tname[3], err[3], aerr, ok ? "ok" : "FAIL");
     fflush(stdout);
     CUdeviceptr all[] = {ddy, saved, bws, gdx, gdwr, gdlb, dbad, hg[0], hg[1], hg[2], hg[3], sg[0], sg[1], sg[2], sg[3]};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
