@@ -801,6 +801,17 @@ static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens,
                            moe_grad_tensor_names[i]);
                 free(got);
             }
+            /* the argument checks: accumulate 0 or 1; the stored buffers apart from the held ones */
+            moe_grad_scatter_args bad = ga;
+            bad.accumulate = 2;
+            moe_status bs = moe_reduce_scatter_grads(L[r].plan, &bad, NULL);
+            CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "accumulate = 2"), "rank %d: %s", r,
+                   moe_last_error());
+            bad = ga;
+            bad.dw2 = bad.held_dw2 + 1;
+            bs = moe_reduce_scatter_grads(L[r].plan, &bad, NULL);
+            CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "dw2 overlaps held_dw2"), "rank %d: %s", r,
+                   moe_last_error());
             /* accumulate = 1: the held gradients added into random priors */
             float *prior[MOE_GRAD_TENSORS] = {0};
             int good = rs == MOE_OK;
