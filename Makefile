@@ -29,7 +29,7 @@ GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/uti
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/pack_fp8.c runtime/backward.c
+RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/pack_fp8.c runtime/backward.c runtime/fsdp_grad.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,
@@ -184,10 +184,11 @@ $(BUILD)/tests/test_install: tests/test_install.sh $(BUILD)/moegen $(BUILD)/libm
 # it is absent): the EP runtime also builds without it (MOE_NO_NCCL_HEADERS),
 # and those declarations are held to the header where there is one.
 $(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/support/nccl_own.c runtime/nccl_dl.h runtime/ep.c runtime/ep.h \
-  runtime/nccl_dl.c tests/check.h | deps
+  runtime/nccl_dl.c runtime/fsdp_grad.c runtime/fsdp_grad.h tests/check.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -fsyntax-only runtime/ep.c
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -fsyntax-only runtime/nccl_dl.c
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -fsyntax-only runtime/fsdp_grad.c
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DMOE_NO_NCCL_HEADERS -c tests/support/nccl_own.c -o $(BUILD)/tests/nccl_own.o
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< $(BUILD)/tests/nccl_own.o -o $@
 

@@ -74,6 +74,13 @@ static const abi_field backward_fields[] = {
     FIELD(moe_backward_args, db2),        FIELD(moe_backward_args, shared_gate), FIELD(moe_backward_args, d_shared_gate),
     {0}};
 
+static const abi_field grad_scatter_fields[] = {
+    FIELD(moe_grad_scatter_args, held_dw1p), FIELD(moe_grad_scatter_args, held_db1p),
+    FIELD(moe_grad_scatter_args, held_dw2),  FIELD(moe_grad_scatter_args, held_db2),
+    FIELD(moe_grad_scatter_args, dw1p),      FIELD(moe_grad_scatter_args, db1p),
+    FIELD(moe_grad_scatter_args, dw2),       FIELD(moe_grad_scatter_args, db2),
+    FIELD(moe_grad_scatter_args, accumulate), {0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -88,6 +95,7 @@ static const struct {
     {"moe_pack_args", sizeof(moe_pack_args), pack_args_fields},
     {"moe_train_forward_args", sizeof(moe_train_forward_args), train_fields},
     {"moe_backward_args", sizeof(moe_backward_args), backward_fields},
+    {"moe_grad_scatter_args", sizeof(moe_grad_scatter_args), grad_scatter_fields},
 };
 
 const char *moe_version(void) { return MOEGEN_VERSION; }

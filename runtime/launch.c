@@ -95,7 +95,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
-    if ((k == MOE_K_SWIGLU || k == MOE_K_PACK || k == MOE_K_BWD_UNPACK) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
+    if ((k == MOE_K_SWIGLU || k == MOE_K_PACK || k == MOE_K_BWD_UNPACK || k == MOE_K_BWD_ACCUM) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
     void *targs[MOE_LAUNCH_MAX_ARGS];

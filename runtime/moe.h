@@ -322,7 +322,7 @@ moe_status moe_plan_pack_quantize_async(const moe_plan *plan, const moe_pack_arg
  * others. */
 moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void *stream);
 
-/* ---- training (spec key training = true; one device) ---------------------
+/* ---- training (spec key training = true; one device, or a dp x fsdp mesh) --
  *
  * A training forward runs the forward and keeps what the backward needs in
  * a region the caller owns (`saved`: the routing indices and weights, the
@@ -426,6 +426,36 @@ moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const f
  * group: every rank of it calls this. */
 moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args, void *stream);
 
+/* The counterpart of moe_gather_weights for training on a dp x fsdp mesh
+ * (mesh.ep = 1): after moe_backward has written this rank's weight
+ * gradients of the held experts it ran (fp32, moe_backward's layouts), sum
+ * them over the FSDP group and leave each rank with the summed gradients
+ * of the experts it stores, in its stored layout (dw1p [stored, 2F, H]
+ * packed, db1p [stored, 2F], dw2 [stored, H, F], db2 [stored, H]).
+ * Where fsdp shards the experts this is one ncclReduceScatter (sum) per
+ * tensor (the held buffer is the FSDP peers' stored shards in fsdp-rank
+ * order, as the gather left the weights); where it does not (held =
+ * stored, e.g. expert_sharding = {"ep"}) an ncclAllReduce; on a mesh
+ * without an FSDP group (fsdp = 1) a device copy. The gradients' sum over
+ * the dp axis (replicas) is the caller's, as a framework's data-parallel
+ * reduction is. Enqueued on stream, no host synchronization; collective
+ * over the FSDP group. b1p and b2 only with spec ffn_bias. accumulate = 0
+ * writes the stored buffers; they must not overlap the held ones, except
+ * NCCL's in-place reduce-scatter: stored = held + fsdp_rank * stored's
+ * size. accumulate = 1 adds the sums into what the stored buffers hold
+ * (gradient accumulation, as moe_backward's accumulate): the collectives
+ * then run in place in the held buffers, whose contents are spent (the
+ * held gradients of an FSDP step are anyway), and the stored buffers
+ * must not overlap them at all. MOE_ERR_UNSUPPORTED for a plan without
+ * training = true. */
+typedef struct {
+    float *held_dw1p, *held_db1p, *held_dw2, *held_db2;   /* moe_backward's dw1p, db1p, dw2, db2 [held, ...] */
+    float *dw1p, *db1p, *dw2, *db2;                       /* out: [stored, ...] */
+    int accumulate;                                       /* 1: add into dw1p .. db2 (the held buffers are spent) */
+} moe_grad_scatter_args;
+
+moe_status moe_reduce_scatter_grads(const moe_plan *plan, const moe_grad_scatter_args *args, void *stream);
+
 /* Capacity mode: synchronize with stream and read how many rows the last
  * forward that used `workspace` could not send or receive within
  * dispatch.capacity. MOE_OK when none (and always in exact mode);
@@ -499,7 +529,7 @@ const char *moe_version(void);
  * at import). moe_abi_sizeof: sizeof the struct named `name`
  * ("moe_options", "moe_forward_args", "moe_weights", "moe_gather_args",
  * "moe_plan_info", "moe_pack_src", "moe_pack_args", "moe_train_forward_args",
- * "moe_backward_args"), 0 for another name. moe_abi_field: the name of its
+ * "moe_backward_args", "moe_grad_scatter_args"), 0 for another name. moe_abi_field: the name of its
  * field i in declaration order, with its byte offset and size (either out
  * pointer may be NULL); NULL past the last field or for another name.
  * A field added to one of these structs is listed in runtime/abi.c too. */

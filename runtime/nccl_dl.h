@@ -39,7 +39,8 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclUint8 = 1 } ncclDataType_t; /* the ones libmoegen moves */
+typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclFloat32 = 7 } ncclDataType_t; /* the ones libmoegen moves */
+typedef enum { ncclSum = 0, ncclMaxRedOp = 0x7fffffff } ncclRedOp_t;        /* the one it reduces with; int-sized */
 typedef struct moe_nccl_config ncclConfig_t;               /* passed as NULL only */
 struct CUstream_st;
 ncclResult_t ncclGetVersion(int *version);
@@ -59,6 +60,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
                       struct CUstream_st *stream);
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, struct CUstream_st *stream);
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, struct CUstream_st *stream);
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, struct CUstream_st *stream);
 #endif
 
 /* X(function, "exported symbol") */
@@ -76,7 +81,9 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     X(ncclGroupEnd, "ncclGroupEnd")                \
     X(ncclSend, "ncclSend")                        \
     X(ncclRecv, "ncclRecv")                        \
-    X(ncclAllGather, "ncclAllGather")
+    X(ncclAllGather, "ncclAllGather")              \
+    X(ncclReduceScatter, "ncclReduceScatter")      \
+    X(ncclAllReduce, "ncclAllReduce")
 
 typedef struct {
 #define MOE_NCCL_FIELD(fn, sym) __typeof__(fn) *fn;

@@ -1,5 +1,5 @@
 @ -- bwd.lua — the backward's row and router kernels (families bwd_dys,
-@ -- bwd_router, bwd_dx, bwd_dwr, bwd_colsum, bwd_unpack; gen/family_bwd.c),
+@ -- bwd_router, bwd_dx, bwd_dwr, bwd_colsum, bwd_unpack, bwd_accum; gen/family_bwd.c),
 @ -- emitted once into a training spec's .cu after the pack kernel (whose
 @ -- gen/pack_geom.h bwd_unpack calls). The math and its rounding points are
 @ -- docs/DESIGN.md's "Backward" (rows r are the forward's expert-major rows,
@@ -17,6 +17,7 @@
 @ --   colsum  out[slot, c] (+)= Σ over the slot's rows of src[row, c] (the
 @ --           bias gradients db1p from dU, db2 from dys)
 @ --   unpack  an fp32 packed dW1 / db1 to the plain row order
+@ --   accum   dst[i] += src[i], fp32 (moe_reduce_scatter_grads' accumulate)
 @ -- Every sum runs in a fixed order (no atomics), so results are
 @ -- deterministic.
 @ --
@@ -32,7 +33,7 @@
 @   local function need(ok, what)
 @     if not ok then error(p.dys_kernel .. ": " .. what, 0) end
 @   end
-@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack" }) do
+@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum" }) do
 @     need(p[k .. "_threads"] >= 32 and p[k .. "_threads"] % 32 == 0, k .. " threads must be a multiple of 32")
 @   end
 @   for _, k in ipairs({ "dys", "router", "dx" }) do
@@ -392,6 +393,15 @@ ${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict_
         const long long e = i / per, rc = i - e * per, r = rc / C, c = rc - r * C;
         dst[i] = src[e * per + moe_pack_row(r, F) * C + c];
     }
+}
+
+/* dst[i] += src[i] over n fp32 elements: a reduced gradient added into the
+ * caller's (moe_reduce_scatter_grads with accumulate). One thread per
+ * element, grid-stride. */
+extern "C" __global__ void __launch_bounds__(${p.accum_threads})
+${p.accum_kernel}(const float *__restrict__ src, float *__restrict__ dst, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] += src[i];
 }
 @ end
 @

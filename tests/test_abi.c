@@ -165,6 +165,7 @@ int main(int argc, char **argv) {
     check_tiles("moe_pack_args", sizeof(moe_pack_args));
     check_tiles("moe_train_forward_args", sizeof(moe_train_forward_args));
     check_tiles("moe_backward_args", sizeof(moe_backward_args));
+    check_tiles("moe_grad_scatter_args", sizeof(moe_grad_scatter_args));
 
     CASE("named fields");
     size_t off = 1, sz = 0;

@@ -30,11 +30,17 @@
  * 256 and ffn = 128 so that the CPU reference and the full weight gradients
  * stay small (the GEMMs' own shapes are test_bgemm_gpu's).
  *
- * Usage: test_bwd_gpu [SPEC-FILTER...]  ("examples" selects the example specs)
+ * Then training on dp x fsdp meshes, every rank a plan of its own on this
+ * GPU (run_fsdp_mesh): the FSDP groups' summed weight gradients against the
+ * reference of each group's tokens together, and moe_reduce_scatter_grads.
+ *
+ * Usage: test_bwd_gpu [SPEC-FILTER...]  ("examples" selects the example
+ * specs, "fsdp" the mesh cases)
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "driver.h"
+#include "fsdp_grad.h"
 #include "moe.h"
 #include "moe_impl.h"
 #include "pack_geom.h"
@@ -657,6 +663,271 @@ static void run_case(const bwd_case_t *c, uint64_t seed, const char *cache) {
     layer_free(&L);
 }
 
+/* ---- training on a dp x fsdp mesh, its ranks on one GPU ------------------ */
+
+/* A spec of tests/specs with a mesh key appended, written into dir; 1 with
+ * its path in out, 0 on failure. */
+static int mesh_spec(const char *spec, const char *mesh, const char *dir, char *out, size_t nout) {
+    FILE *in = fopen(spec, "r");
+    static char text[1 << 14];
+    size_t n = in ? fread(text, 1, sizeof text - 1, in) : 0;
+    if (in)
+        fclose(in);
+    text[n] = '\0';
+    static int made;
+    snprintf(out, nout, "%s/mesh%d_%s", dir, made++, strrchr(spec, '/') + 1);
+    FILE *f = n ? fopen(out, "w") : NULL;
+    int ok = f && fprintf(f, "%s\nmesh = %s\n", text, mesh) > 0;
+    ok = f && fclose(f) == 0 && ok;
+    return ok;
+}
+
+/* Every rank of a dp x fsdp training mesh as a plan of its own on this GPU
+ * (moe_plan_create_unconnected, options.rank = r): each holds every expert
+ * (mesh.ep = 1: the gather leaves the whole packed weights, the same on
+ * every rank; the gather itself is test_ep_gpu's and test_mgpu's), runs the
+ * training forward and the backward on tokens of its own, and its held
+ * gradients come back to the host. moe_fsdp_grad_parts's collectives are
+ * played there over each FSDP group (as NCCL defines them), and every
+ * rank's result, each expert it stores, must be the CPU reference's
+ * gradient of the FSDP group's tokens together (rounded mode). Where the
+ * parts are a copy (no FSDP group) moe_reduce_scatter_grads runs on the
+ * GPU into poisoned buffers and must equal the held gradients, and with
+ * accumulate = 1 add them into random priors (the bwd_accum kernel); where
+ * they are collectives, an unconnected plan must refuse it. Tokens routed
+ * otherwise than the reference get dy = 0, as above. */
+static void run_fsdp_mesh(const char *spec, const char *mesh, const int *tokens, uint64_t seed, const char *tmp,
+                          const char *cache) {
+    char path[600], label[300];
+    snprintf(label, sizeof label, "fsdp: %s, mesh = %s", spec, mesh);
+    CASE(label);
+    if (!mesh_spec(spec, mesh, tmp, path, sizeof path)) {
+        CHECKF(0, "cannot write the mesh spec");
+        return;
+    }
+    enum { MAXR = 8 };
+    layer_t L[MAXR];
+    memset(L, 0, sizeof L);
+    moe_diag_t d;
+    if (moe_spec_load(&L[0].s, path, NULL, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    const moe_spec_t *s = &L[0].s;
+    const int W = moe_spec_world(s), E = s->experts, H = s->hidden, F = s->ffn;
+    const moe_dtype_t dt = s->dtype;
+    const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
+    const long long per[MOE_GRAD_TENSORS] = {2LL * F * H, s->ffn_bias ? 2LL * F : 0, (long long)H * F,
+                                             s->ffn_bias ? H : 0};
+    float *held[MAXR][MOE_GRAD_TENSORS] = {{0}};
+    uint16_t *xs[MAXR] = {0}, *dys[MAXR] = {0};
+    moe_grad_part_t parts[MAXR][MOE_GRAD_TENSORS];
+    int ok = W <= MAXR;
+    CHECKF(ok, "a mesh of %d devices; this case plays at most %d", W, MAXR);
+    for (int r = 0; r < W && ok; r++) {
+        uint64_t wrng = seed; /* the same weights on every rank */
+        uint64_t rng = seed + 1000 + (uint64_t)r;
+        const int T = tokens[r];
+        if (r)
+            L[r].s = L[0].s;
+        moe_options o = {.cache_dir = cache, .rank = r};
+        moe_status st = moe_plan_create_unconnected(&L[r].plan, path, &o);
+        CHECKF(st == MOE_OK, "rank %d: moe_plan_create_unconnected: %s: %s", r, moe_status_string(st), moe_last_error());
+        ok = st == MOE_OK;
+        if (ok && !layer_init(&L[r], &wrng)) {
+            CHECKF(0, "rank %d: cannot set up the layer", r);
+            ok = 0;
+        }
+        char err[256];
+        if (ok && moe_fsdp_grad_parts(&moe_plan_desc(L[r].plan)->mesh, s, r, parts[r], err, sizeof err)) {
+            CHECKF(0, "rank %d: %s", r, err);
+            ok = 0;
+        }
+        if (!ok)
+            break;
+        /* this rank's tokens; those the GPU routes otherwise get dy = 0 and the pair runs again */
+        fill(L[r].x, (size_t)T * H, 1.0f, &rng, dt);
+        fill(L[r].dy, (size_t)T * H, 1.0f, &rng, dt);
+        ok = up(L[r].dx_in, L[r].x, (size_t)T * H * 2) && up(L[r].ddy, L[r].dy, (size_t)T * H * 2) && poison(&L[r]) &&
+             run_pair(&L[r], T, 0, NULL) == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "pair");
+        moe_ref_inputs_t in = {.x = L[r].x, .wr = L[r].wr, .w1 = L[r].w1, .w2 = L[r].w2, .b1 = L[r].b1,
+                               .b2 = L[r].b2, .sel_bias = L[r].sel, .logit_bias = L[r].lb, .tokens = T};
+        int *ridx = malloc(sizeof(int) * T * L[r].K), *ref_k = malloc(sizeof(int) * T * L[r].K);
+        float *rw = malloc(sizeof(float) * T * L[r].K);
+        unsigned char *bad = malloc((size_t)T);
+        int *gidx = ok ? region(&L[r], 0, T, 0, "topk_idx") : NULL;
+        ok = ok && ridx && ref_k && rw && bad && gidx && !moe_ref_route(s, &in, ridx, rw, NULL);
+        int nbad = ok ? route_diff(&L[r], T, gidx, ridx, bad, ref_k) : 0;
+        CHECKF(!ok || nbad * 20 <= T + 20, "rank %d: %d of %d tokens route to other experts than the reference's", r,
+               nbad, T);
+        if (ok && nbad) {
+            for (int t = 0; t < T; t++)
+                if (bad[t])
+                    memset(L[r].dy + (size_t)t * H, 0, (size_t)H * 2);
+            ok = up(L[r].ddy, L[r].dy, (size_t)T * H * 2) && poison(&L[r]) && run_pair(&L[r], T, 0, NULL) == MOE_OK &&
+                 cu_ok(moe_cu.cuCtxSynchronize(), "pair");
+        }
+        free(ridx), free(ref_k), free(rw), free(bad), free(gidx);
+        xs[r] = L[r].x, dys[r] = L[r].dy;
+        const CUdeviceptr g[MOE_GRAD_TENSORS] = {L[r].gdw1p, L[r].gdb1p, L[r].gdw2, L[r].gdb2};
+        for (int i = 0; i < MOE_GRAD_TENSORS && ok; i++) {
+            if (!per[i])
+                continue;
+            held[r][i] = malloc(4 * (size_t)parts[r][i].held);
+            ok = held[r][i] && down(held[r][i], g[i], 4 * (size_t)parts[r][i].held);
+        }
+        CHECKF(ok, "rank %d: the training forward and backward did not run", r);
+        if (!ok)
+            break;
+        /* moe_reduce_scatter_grads itself: on the GPU where it is a copy, refused without a communicator where it
+         * is a collective */
+        moe_grad_scatter_args ga = {(float *)L[r].gdw1p, s->ffn_bias ? (float *)L[r].gdb1p : NULL, (float *)L[r].gdw2,
+                                    s->ffn_bias ? (float *)L[r].gdb2 : NULL, (float *)L[r].pw1,
+                                    s->ffn_bias ? (float *)L[r].pb1 : NULL, NULL, NULL, 0};
+        CUdeviceptr dw2_out = dalloc(4 * (size_t)parts[r][2].count), db2_out = dalloc(4 * (size_t)H * E);
+        ga.dw2 = (float *)dw2_out, ga.db2 = s->ffn_bias ? (float *)db2_out : NULL;
+        const CUdeviceptr outs[MOE_GRAD_TENSORS] = {L[r].pw1, L[r].pb1, dw2_out, db2_out};
+        for (int i = 0; i < MOE_GRAD_TENSORS && dw2_out && db2_out; i++)
+            if (per[i])
+                cu_ok(moe_cu.cuMemsetD8(outs[i], 0xff, 4 * (size_t)parts[r][i].count), "poison");
+        moe_status rs = dw2_out && db2_out ? moe_reduce_scatter_grads(L[r].plan, &ga, NULL) : MOE_ERR_CUDA;
+        if (parts[r][0].op == MOE_GRAD_COPY) {
+            CHECKF(rs == MOE_OK, "rank %d: moe_reduce_scatter_grads: %s", r, moe_last_error());
+            for (int i = 0; i < MOE_GRAD_TENSORS && rs == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "copy"); i++) {
+                float *got = per[i] ? malloc(4 * (size_t)parts[r][i].count) : NULL;
+                if (got && down(got, outs[i], 4 * (size_t)parts[r][i].count))
+                    CHECKF(memcmp(got, held[r][i], 4 * (size_t)parts[r][i].count) == 0,
+                           "rank %d: moe_reduce_scatter_grads' %s is not the held gradient", r,
+                           moe_grad_tensor_names[i]);
+                free(got);
+            }
+            /* the argument checks: accumulate 0 or 1; the stored buffers apart from the held ones */
+            moe_grad_scatter_args bad = ga;
+            bad.accumulate = 2;
+            moe_status bs = moe_reduce_scatter_grads(L[r].plan, &bad, NULL);
+            CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "accumulate = 2"), "rank %d: %s", r,
+                   moe_last_error());
+            bad = ga;
+            bad.dw2 = bad.held_dw2 + 1;
+            bs = moe_reduce_scatter_grads(L[r].plan, &bad, NULL);
+            CHECKF(bs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "dw2 overlaps held_dw2"), "rank %d: %s", r,
+                   moe_last_error());
+            /* accumulate = 1: the held gradients added into random priors */
+            float *prior[MOE_GRAD_TENSORS] = {0};
+            int good = rs == MOE_OK;
+            for (int i = 0; i < MOE_GRAD_TENSORS && good; i++) {
+                if (!per[i])
+                    continue;
+                const size_t cnt = (size_t)parts[r][i].count;
+                uint64_t prng = seed ^ (0xacc + (uint64_t)i);
+                good = (prior[i] = malloc(4 * cnt)) != NULL;
+                for (size_t k = 0; good && k < cnt; k++)
+                    prior[i][k] = unif(&prng);
+                good = good && up(outs[i], prior[i], 4 * cnt);
+            }
+            ga.accumulate = 1;
+            moe_status as = good ? moe_reduce_scatter_grads(L[r].plan, &ga, NULL) : MOE_ERR_CUDA;
+            CHECKF(as == MOE_OK, "rank %d: moe_reduce_scatter_grads (accumulate): %s", r, moe_last_error());
+            good = good && as == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "accumulate");
+            for (int i = 0; i < MOE_GRAD_TENSORS && good; i++) {
+                if (!per[i])
+                    continue;
+                const size_t cnt = (size_t)parts[r][i].count;
+                float *got = malloc(4 * cnt);
+                for (size_t k = 0; got && k < cnt; k++)
+                    prior[i][k] += held[r][i][k];
+                if (got && down(got, outs[i], 4 * cnt)) {
+                    char what[120];
+                    snprintf(what, sizeof what, "rank %d: %s accumulated (prior + held)", r, moe_grad_tensor_names[i]);
+                    check_close(what, got, prior[i], cnt, 1e-6);
+                }
+                free(got);
+            }
+            for (int i = 0; i < MOE_GRAD_TENSORS; i++)
+                free(prior[i]);
+        } else {
+            CHECKF(rs == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "no communicator"),
+                   "rank %d: moe_reduce_scatter_grads on an unconnected plan: %s, %s", r, moe_status_string(rs),
+                   moe_last_error());
+        }
+        if (dw2_out)
+            moe_cu.cuMemFree(dw2_out);
+        if (db2_out)
+            moe_cu.cuMemFree(db2_out);
+    }
+    /* per FSDP group: the collectives on the host, then the reference of the group's tokens together */
+    const moe_mesh_plan_t *mp = ok ? &moe_plan_desc(L[0].plan)->mesh : NULL;
+    for (int grp = 0; ok && grp < mp->nfsdp_groups; grp++) {
+        const int fs = mp->size[MOE_AXIS_FSDP], *peers = mp->fsdp_groups + (size_t)grp * fs;
+        int Tg = 0;
+        for (int f = 0; f < fs; f++)
+            Tg += tokens[peers[f]];
+        uint16_t *x = malloc((size_t)Tg * H * 2 + 2), *dy = malloc((size_t)Tg * H * 2 + 2);
+        moe_ref_grads_t rg = {.dw1 = malloc(4 * (size_t)E * 2 * F * H), .dw2 = malloc(4 * (size_t)E * H * F),
+                              .db1 = malloc(4 * (size_t)E * 2 * F), .db2 = malloc(4 * (size_t)E * H)};
+        ok = x && dy && rg.dw1 && rg.dw2 && rg.db1 && rg.db2;
+        for (int f = 0, t0 = 0; ok && f < fs; t0 += tokens[peers[f]], f++) {
+            memcpy(x + (size_t)t0 * H, xs[peers[f]], (size_t)tokens[peers[f]] * H * 2);
+            memcpy(dy + (size_t)t0 * H, dys[peers[f]], (size_t)tokens[peers[f]] * H * 2);
+        }
+        const layer_t *L0 = &L[peers[0]];
+        moe_ref_inputs_t in = {.x = x, .wr = L0->wr, .w1 = L0->w1, .w2 = L0->w2, .b1 = L0->b1, .b2 = L0->b2,
+                               .sel_bias = L0->sel, .logit_bias = L0->lb, .tokens = Tg};
+        if (ok && moe_ref_backward(s, &in, dy, 0, &rg, NULL)) {
+            CHECKF(0, "the reference's backward");
+            ok = 0;
+        }
+        const float *want[MOE_GRAD_TENSORS] = {rg.dw1, rg.db1, rg.dw2, rg.db2};
+        for (int f = 0; ok && f < fs; f++) {
+            const int r = peers[f];
+            const moe_mesh_rank_t *rk = &mp->ranks[r];
+            char what[200];
+            for (int i = 0; i < MOE_GRAD_TENSORS; i++) {
+                const moe_grad_part_t *p = &parts[r][i];
+                if (!per[i])
+                    continue;
+                float *got = malloc(4 * (size_t)p->count), *ref = malloc(4 * (size_t)p->count);
+                for (long long k = 0; got && ref && k < p->count; k++) { /* NCCL's reduce-scatter / all-reduce */
+                    float sum = 0;
+                    for (int m = 0; m < p->group; m++)
+                        sum += held[p->op == MOE_GRAD_COPY ? r : rk->fsdp_peers[m]]
+                                   [i][(p->op == MOE_GRAD_REDUCE_SCATTER ? rk->fsdp_rank * p->count : 0) + k];
+                    got[k] = sum;
+                }
+                /* the stored experts' reference; dw1p and db1p in the packed row order (plain row rr is
+                 * packed row moe_pack_row(rr, F)) */
+                const long long cols = i == 0 ? H : 1;
+                for (int q = 0; got && ref && q < mp->nstored; q++)
+                    for (long long k = 0; k < per[i]; k++) {
+                        const long long dst = i <= 1 ? moe_pack_row((int)(k / cols), F) * cols + k % cols : k;
+                        ref[q * per[i] + dst] = want[i][(size_t)rk->stored[q] * per[i] + k];
+                    }
+                snprintf(what, sizeof what, "rank %d (fsdp rank %d), %s of its stored experts %d..%d", r,
+                         rk->fsdp_rank, moe_grad_tensor_names[i], rk->stored[0], rk->stored[mp->nstored - 1]);
+                if (got && ref)
+                    check_close(what, got, ref, (size_t)p->count, tol);
+                free(got), free(ref);
+            }
+        }
+        free(x), free(dy), free(rg.dw1), free(rg.dw2), free(rg.db1), free(rg.db2);
+    }
+    for (int r = 0; r < W && r < MAXR; r++) {
+        for (int i = 0; i < MOE_GRAD_TENSORS; i++)
+            free(held[r][i]);
+        layer_free(&L[r]);
+    }
+}
+
+static void run_fsdp(uint64_t seed, const char *tmp, const char *cache) {
+    static const int tokens[8] = {37, 300, 5, 128, 77, 1, 200, 64};
+    run_fsdp_mesh("tests/specs/train_gptoss.moe", "{ dp = 2, fsdp = 2 }", tokens, seed, tmp, cache);
+    run_fsdp_mesh("tests/specs/train_softmax.moe", "{ fsdp = 4, expert_sharding = { 'fsdp' } }", tokens, seed + 1, tmp,
+                  cache);
+    run_fsdp_mesh("tests/specs/train_softmax.moe", "{ fsdp = 2, expert_sharding = { 'ep' } }", tokens, seed + 2, tmp,
+                  cache);
+    run_fsdp_mesh("tests/specs/train_sigmoid_groups.moe", "{ dp = 2 }", tokens, seed + 3, tmp, cache);
+}
+
 /* Write examples/specs/NAME as a training spec of the example's semantics
  * with hidden 256, ffn 128 (shared.ffn kept at the same number of slots)
  * and a capacity of 512 tokens into dir; 1 with its path in out, 0 where the
@@ -766,6 +1037,11 @@ int main(int argc, char **argv) {
         examples |= strstr("examples", argv[j]) != NULL;
     if (examples)
         run_examples(seed ^ 0xe8a3, tmp, cache);
+    int fsdp = argc < 2;
+    for (int j = 1; j < argc; j++)
+        fsdp |= strcmp(argv[j], "fsdp") == 0;
+    if (fsdp)
+        run_fsdp(seed ^ 0xf5d9, tmp, cache);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0)

@@ -10,6 +10,16 @@
  * wrong (t, k) gives a wrong number. Every expected layout is recomputed here
  * by plain loops, independently of tests/support/dispatch.c.
  *
+ * Then the weight gradients' way back (moe_reduce_scatter_grads, training on
+ * dp x fsdp meshes): every rank of a mesh fills the gradients of the experts
+ * it holds with its own numbers, the collectives that moe_fsdp_grad_parts
+ * describes run over each FSDP group in memory as NCCL defines them
+ * (reduce-scatter: group rank f ends with the sum of every member's chunk f;
+ * all-reduce: every member with the sum), and each rank must end with, for
+ * each expert it stores, the sum of that expert's gradient over its FSDP
+ * peers, found by expert in each peer's held list. The numbers are small
+ * integers, so the sums are exact.
+ *
  * The seed is fresh each run and named in every failure; set MOEGEN_TEST_SEED
  * to replay one. */
 #include <math.h>
@@ -19,6 +29,7 @@
 
 #include "check.h"
 #include "dispatch.h"
+#include "fsdp_grad.h"
 #include "mesh.h"
 
 /* ---- small tools -------------------------------------------------------- */
@@ -601,6 +612,130 @@ static void test_groups(void) {
     CHECK(runs > 0);
 }
 
+/* ---- the FSDP gradient reduce-scatter ----------------------------------- */
+
+/* Rank r's gradient of global expert g, element j of tensor i: a small
+ * integer (sums stay exact in fp32), different per rank. */
+static float grad_value(int r, int g, long long j, int i) {
+    uint64_t h = ((uint64_t)r * 1000003u + (uint64_t)g) * 2654435761u + (uint64_t)j * 40503u + (uint64_t)i * 97u + seed;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (float)((int)(h % 2001) - 1000);
+}
+
+static void fsdp_grad_case(int E, int dp, int fsdp, int ep, const int *order, int sh, int bias) {
+    moe_spec_t s = make_spec(E, dp, fsdp, ep, order, sh);
+    s.hidden = 5;
+    s.ffn = 3;
+    s.ffn_bias = bias;
+    char name[160], err[512] = "";
+    snprintf(name, sizeof name, "fsdp grads: dp%d fsdp%d ep%d E%d %s%s", dp, fsdp, ep, E, sh_name[sh],
+             bias ? " ffn_bias" : "");
+    CASE(name);
+    moe_mesh_plan_t mp;
+    if (moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    const int W = mp.world;
+    const long long per[MOE_GRAD_TENSORS] = {2LL * s.ffn * s.hidden, bias ? 2LL * s.ffn : 0, (long long)s.hidden * s.ffn,
+                                             bias ? s.hidden : 0};
+    moe_grad_part_t *parts = talloc(sizeof *parts * MOE_GRAD_TENSORS * (size_t)W);
+    for (int r = 0; r < W; r++) {
+        int rc = moe_fsdp_grad_parts(&mp, &s, r, parts + r * MOE_GRAD_TENSORS, err, sizeof err);
+        CHECKF(rc == 0, "rank %d: %s", r, err);
+        if (rc) {
+            moe_mesh_plan_free(&mp);
+            return;
+        }
+    }
+    int ops[4] = {0};
+    for (int i = 0; i < MOE_GRAD_TENSORS; i++) {
+        float **held = talloc(sizeof *held * (size_t)W), **out = talloc(sizeof *out * (size_t)W);
+        for (int r = 0; r < W; r++) {
+            const moe_grad_part_t *p = &parts[r * MOE_GRAD_TENSORS + i];
+            CHECKF(p->op == (per[i] ? p->op : MOE_GRAD_NONE) && p->count == per[i] * mp.nstored &&
+                   p->held == per[i] * mp.nheld, "rank %d, %s: op %d, %lld of %lld elements; %lld of %lld expected", r,
+                   moe_grad_tensor_names[i], (int)p->op, p->count, p->held, per[i] * mp.nstored, per[i] * mp.nheld);
+            ops[p->op]++;
+            held[r] = falloc((size_t)p->held);
+            out[r] = falloc((size_t)p->count);
+            for (int q = 0; q < mp.nheld; q++)
+                for (long long j = 0; j < per[i]; j++)
+                    held[r][q * per[i] + j] = grad_value(r, mp.ranks[r].held[q], j, i);
+        }
+        /* the collectives, as NCCL defines them, over each rank's FSDP group */
+        for (int r = 0; r < W; r++) {
+            const moe_grad_part_t *p = &parts[r * MOE_GRAD_TENSORS + i];
+            const moe_mesh_rank_t *rk = &mp.ranks[r];
+            for (long long k = 0; k < p->count; k++) {
+                float sum = 0;
+                if (p->op == MOE_GRAD_COPY)
+                    sum = held[r][k];
+                for (int f = 0; f < p->group && p->op != MOE_GRAD_COPY; f++)
+                    sum += held[rk->fsdp_peers[f]][(p->op == MOE_GRAD_REDUCE_SCATTER ? rk->fsdp_rank * p->count : 0) + k];
+                out[r][k] = sum;
+            }
+        }
+        /* expected: per stored expert, Σ over the FSDP peers of their gradient of it, found by expert */
+        long long bad = 0, missing = 0;
+        for (int r = 0; r < W && per[i]; r++) {
+            const moe_mesh_rank_t *rk = &mp.ranks[r];
+            for (int q = 0; q < mp.nstored; q++) {
+                const int g = rk->stored[q];
+                for (long long j = 0; j < per[i]; j++) {
+                    float want = 0;
+                    for (int f = 0; f < fsdp; f++) {
+                        const int peer = rk->fsdp_peers[f];
+                        int at = -1;
+                        for (int h = 0; h < mp.nheld; h++)
+                            if (mp.ranks[peer].held[h] == g)
+                                at = h;
+                        if (at < 0) {
+                            missing++;
+                            continue;
+                        }
+                        want += held[peer][at * per[i] + j];
+                    }
+                    bad += out[r][q * per[i] + j] != want;
+                }
+            }
+        }
+        CHECKF(bad == 0 && missing == 0, "%s: %lld elements differ from the FSDP peers' sum, %lld peer gradients "
+               "not held (seed %llu)", moe_grad_tensor_names[i], bad, missing, seed);
+    }
+    const int want_op = fsdp == 1 ? MOE_GRAD_COPY : mp.nheld > mp.nstored ? MOE_GRAD_REDUCE_SCATTER : MOE_GRAD_ALL_REDUCE;
+    CHECKF(ops[want_op] == W * (bias ? 4 : 2) && ops[MOE_GRAD_NONE] == W * (bias ? 0 : 2),
+           "the collectives: %d copies, %d reduce-scatters, %d all-reduces, %d absent", ops[MOE_GRAD_COPY],
+           ops[MOE_GRAD_REDUCE_SCATTER], ops[MOE_GRAD_ALL_REDUCE], ops[MOE_GRAD_NONE]);
+    moe_mesh_plan_free(&mp);
+    tfree_all();
+}
+
+static void test_fsdp_grads(void) {
+    fsdp_grad_case(8, 1, 1, 1, order_default, SH_EP_FSDP, 1);     /* one device: a copy */
+    fsdp_grad_case(8, 2, 1, 1, order_default, SH_EP_FSDP, 0);     /* dp only: a copy, the dp sum is the caller's */
+    fsdp_grad_case(8, 1, 2, 1, order_default, SH_EP_FSDP, 1);     /* reduce-scatter */
+    fsdp_grad_case(8, 2, 2, 1, order_default, SH_EP_FSDP, 1);
+    fsdp_grad_case(16, 2, 4, 1, order_ep_outer, SH_FSDP_EP, 0);
+    fsdp_grad_case(12, 3, 2, 1, order_default, SH_FSDP, 1);
+    fsdp_grad_case(8, 2, 2, 1, order_default, SH_EP, 1);          /* fsdp does not shard: all-reduce */
+
+    CASE("fsdp grads: mesh.ep > 1 is refused (the expert-parallel backward is not built)");
+    moe_spec_t s = make_spec(8, 1, 2, 2, order_default, SH_EP_FSDP);
+    moe_mesh_plan_t mp;
+    char err[512] = "";
+    moe_grad_part_t parts[MOE_GRAD_TENSORS];
+    if (moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    CHECK(moe_fsdp_grad_parts(&mp, &s, 0, parts, err, sizeof err) == -1);
+    CHECK_STREQ(err, "mesh.ep = 2: the expert-parallel backward is not built yet (dp and fsdp meshes train)");
+    moe_mesh_plan_free(&mp);
+}
+
 int main(void) {
     const char *env = getenv("MOEGEN_TEST_SEED");
     seed = env ? strtoull(env, NULL, 0) : (unsigned long long)time(NULL) ^ ((unsigned long long)clock() << 20);
@@ -610,5 +745,6 @@ int main(void) {
     test_errors();
     test_combine_order();
     test_groups();
+    test_fsdp_grads();
     return check_report("test_dispatch");
 }

@@ -13,8 +13,12 @@
  * router.logit_bias, ffn_bias) are random too, and checked.
  *
  * Meshes: world1 (one GPU: the plan takes a communicator of one rank), EP2,
- * EP4, EP8, DP2/FSDP2/EP2 under both expert shardings, and EP4 in capacity
- * mode; a mesh needing more GPUs than the machine has is reported skipped.
+ * EP4, EP8, DP2/FSDP2/EP2 under both expert shardings, EP4 in capacity
+ * mode, and fsdp2_train (FSDP2, training = true: after the forward check
+ * the training forward and the backward on each rank's tokens, then
+ * moe_reduce_scatter_grads; each rank's stored experts' weight gradients
+ * against the CPU reference of both ranks' tokens together, train_check);
+ * a mesh needing more GPUs than the machine has is reported skipped.
  * --mesh also takes a spec file (e.g. examples/specs/deepseek-v3-ep8-mesh.moe);
  * --set KEY=VALUE (repeatable) overrides a key of the spec(s) run, as
  * `moegen --set` does (dispatch.mode=capacity, dispatch.capacity=N, mesh.ep=4,
@@ -64,6 +68,7 @@
 #include "moe.h"
 #include "moe_internal.h"
 #include "nccl_dl.h"
+#include "pack_geom.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -89,6 +94,9 @@ static const mesh_case_t meshes[] = {
     {"dp2_fsdp2_ep2_fsdp_major",
      "name = 'dfe2' " LAYER "mesh = { dp = 2, fsdp = 2, ep = 2, expert_sharding = { 'fsdp', 'ep' } }\n"},
     {"ep4_capacity", "name = 'ep4c' " LAYER "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 8192 }\n"},
+    {"fsdp2_train", "name = 'f2t' experts = 8 top_k = 2 hidden = 256 ffn = 128 tokens = 1024 ffn_bias = true "
+                    "router = { logit_bias = true } training = true arch = { 'sm_90a', 'sm_80' }\n"
+                    "mesh = { fsdp = 2 }\n"},
 };
 #define NMESH (sizeof meshes / sizeof *meshes)
 
@@ -317,6 +325,216 @@ static int bench_layer(const moe_plan *plan, const moe_forward_args *a, const mo
     return 0;
 }
 
+/* A training spec (mesh.ep = 1): the training forward and the backward on
+ * this rank's tokens and a random dy (every rank's the same for a seed), on
+ * the held weights, then moe_reduce_scatter_grads into poisoned stored
+ * buffers. Tokens the GPU routes otherwise than the reference get dy = 0 and
+ * the pair runs again; the FSDP group all-gathers which. Each stored
+ * expert's dw1p, db1p, dw2, db2 must be the CPU reference's gradient of the
+ * FSDP group's tokens together (normalized L2 error <= 1.5e-2). Then the
+ * backward again and accumulate = 1 into random priors: prior + the first
+ * call's sums (1e-6).
+ * Collective over the FSDP group. 0 ok, 1 failed, 3 stopped. */
+static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_mesh_plan_t *mp, int rank, int T,
+                       const ep_layer_t *L, const extras_t *X, const moe_forward_args *fa, uint64_t seed,
+                       const char *name) {
+    const int W = mp->world, fs = mp->size[MOE_AXIS_FSDP], K = spec->top_k;
+    const size_t E = (size_t)spec->experts, H = (size_t)spec->hidden, F = (size_t)spec->ffn;
+    const size_t nst = (size_t)mp->nstored, nh = (size_t)mp->nheld;
+    const moe_mesh_rank_t *me = &mp->ranks[rank];
+    const size_t per[4] = {2 * F * H, spec->ffn_bias ? 2 * F : 0, H * F, spec->ffn_bias ? H : 0};
+    static const char *const tname[4] = {"dw1p", "db1p", "dw2", "db2"};
+    uint16_t *dy = malloc(2 * (size_t)W * T * H);
+    unsigned char *bad = malloc((size_t)fs * T);
+    int *gidx = malloc(sizeof(int) * (size_t)T * K), *ridx = malloc(sizeof(int) * (size_t)T * K);
+    float *rw = malloc(sizeof(float) * (size_t)T * K);
+    if (!dy || !bad || !gidx || !ridx || !rw)
+        DIE("out of memory");
+    uint64_t dseed = seed + 0xd1;
+    ep_fill(dy, (size_t)W * T * H, 1.f, &dseed);
+    uint16_t *mine = dy + (size_t)rank * T * H;
+    size_t svb = moe_plan_saved_size(plan, T, 0), bwb = moe_plan_backward_workspace_size(plan, T, 0), off = 0, n = 0;
+    if (!svb || !bwb)
+        DIE("moe_plan_saved_size / moe_plan_backward_workspace_size(%d) are 0: %s", T, moe_last_error());
+    CUdeviceptr ddy, saved, bws, gdx, gdwr, gdlb, hg[4] = {0}, sg[4] = {0}, dbad;
+    CUX(moe_cu.cuMemAlloc(&ddy, 2 * (size_t)T * H));
+    CUX(moe_cu.cuMemAlloc(&saved, svb));
+    CUX(moe_cu.cuMemAlloc(&bws, bwb));
+    CUX(moe_cu.cuMemAlloc(&gdx, 2 * (size_t)T * H));
+    CUX(moe_cu.cuMemAlloc(&gdwr, 4 * E * H));
+    CUX(moe_cu.cuMemAlloc(&gdlb, 4 * E));
+    CUX(moe_cu.cuMemAlloc(&dbad, (size_t)fs * T));
+    for (int i = 0; i < 4; i++)
+        if (per[i]) {
+            CUX(moe_cu.cuMemAlloc(&hg[i], 4 * nh * per[i]));
+            CUX(moe_cu.cuMemAlloc(&sg[i], 4 * nst * per[i]));
+        }
+    moe_train_forward_args ta = {.fwd = *fa, .saved = DEV(saved), .recompute_u = 0};
+    moe_backward_args ba = {.tokens = T, .saved = DEV(saved), .x = fa->x, .router_w = fa->router_w, .w1p = fa->w1p,
+                            .b1p = fa->b1p, .w2 = fa->w2, .b2 = fa->b2, .dy = DEV(ddy), .workspace = DEV(bws),
+                            .dx = DEV(gdx), .d_router_w = (float *)DEV(gdwr),
+                            .d_logit_bias = spec->router.logit_bias ? (float *)DEV(gdlb) : NULL,
+                            .dw1p = (float *)DEV(hg[0]), .db1p = (float *)DEV(hg[1]), .dw2 = (float *)DEV(hg[2]),
+                            .db2 = (float *)DEV(hg[3])};
+    moe_ref_inputs_t own = {.x = L->x + (size_t)rank * T * H, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = X->b1,
+                            .b2 = X->b2, .sel_bias = X->sel, .logit_bias = X->logit, .tokens = T};
+    if (moe_ref_route(spec, &own, ridx, rw, NULL))
+        DIE("the reference's routing");
+    int nbad = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the second only when tokens route otherwise */
+        CUX(moe_cu.cuMemcpyHtoD(ddy, mine, 2 * (size_t)T * H));
+        for (int i = 0; i < 4; i++)
+            if (per[i])
+                CUX(moe_cu.cuMemsetD8(hg[i], 0xff, 4 * nh * per[i]));
+        moe_status st;
+        if ((st = moe_forward_train(plan, &ta, NULL)))
+            DIE("moe_forward_train: %s", moe_last_error());
+        if ((st = moe_backward(plan, &ba, NULL)))
+            DIE("moe_backward: %s", moe_last_error());
+        CUX(moe_cu.cuCtxSynchronize());
+        if (moe_plan_saved_region(plan, 0, T, 0, "topk_idx", &off, &n) || n < sizeof(int) * (size_t)T * K)
+            DIE("moe_plan_saved_region(topk_idx): %s", moe_last_error());
+        CUX(moe_cu.cuMemcpyDtoH(gidx, saved + off, sizeof(int) * (size_t)T * K));
+        int now = 0;
+        for (int t = 0; t < T; t++) {
+            int differs = 0;
+            for (int k = 0; k < K; k++) {
+                int found = 0;
+                for (int j = 0; j < K; j++)
+                    found |= gidx[t * K + k] == ridx[t * K + j];
+                differs |= !found;
+            }
+            bad[t] = (unsigned char)differs;
+            now += differs;
+            if (differs)
+                memset(mine + (size_t)t * H, 0, 2 * H);
+        }
+        if (pass == 0)
+            nbad = now;
+        if (!now || pass == 1)
+            break;
+    }
+    /* which tokens each FSDP peer zeroed, for the reference */
+    CUX(moe_cu.cuMemcpyHtoD(dbad + (size_t)me->fsdp_rank * T, bad, (size_t)T));
+    NCX(moe_nccl.ncclAllGather(DEV(dbad + (size_t)me->fsdp_rank * T), DEV(dbad), (size_t)T, ncclUint8,
+                               moe_plan_ep(plan)->fsdp_comm, NULL));
+    for (int i = 0; i < 4; i++)
+        if (per[i])
+            CUX(moe_cu.cuMemsetD8(sg[i], 0xff, 4 * nst * per[i]));
+    moe_grad_scatter_args ga = {(float *)DEV(hg[0]), (float *)DEV(hg[1]), (float *)DEV(hg[2]), (float *)DEV(hg[3]),
+                                (float *)DEV(sg[0]), (float *)DEV(sg[1]), (float *)DEV(sg[2]), (float *)DEV(sg[3]), 0};
+    moe_status st = moe_reduce_scatter_grads(plan, &ga, NULL);
+    if (st)
+        DIE("moe_reduce_scatter_grads: %s", moe_last_error());
+    CUX(moe_cu.cuCtxSynchronize());
+    unsigned char *allbad = malloc((size_t)fs * T);
+    if (!allbad)
+        DIE("out of memory");
+    CUX(moe_cu.cuMemcpyDtoH(allbad, dbad, (size_t)fs * T));
+
+    /* the reference of the FSDP group's tokens together */
+    const int Tg = fs * T;
+    uint16_t *xg = malloc(2 * (size_t)Tg * H), *dyg = malloc(2 * (size_t)Tg * H);
+    moe_ref_grads_t rg = {.dw1 = malloc(4 * E * 2 * F * H), .db1 = malloc(4 * E * 2 * F), .dw2 = malloc(4 * E * H * F),
+                          .db2 = malloc(4 * E * H)};
+    if (!xg || !dyg || !rg.dw1 || !rg.db1 || !rg.dw2 || !rg.db2)
+        DIE("out of memory");
+    for (int f = 0; f < fs; f++) {
+        const int p = me->fsdp_peers[f];
+        memcpy(xg + (size_t)f * T * H, L->x + (size_t)p * T * H, 2 * (size_t)T * H);
+        memcpy(dyg + (size_t)f * T * H, dy + (size_t)p * T * H, 2 * (size_t)T * H);
+        for (int t = 0; t < T; t++)
+            if (allbad[(size_t)f * T + t])
+                memset(dyg + ((size_t)f * T + t) * H, 0, 2 * H);
+    }
+    moe_ref_inputs_t in = own;
+    in.x = xg;
+    in.tokens = Tg;
+    if (moe_ref_backward(spec, &in, dyg, 0, &rg, NULL))
+        DIE("the reference's backward");
+    const float *want[4] = {rg.dw1, rg.db1, rg.dw2, rg.db2};
+    double err[4] = {0, 0, 0, 0};
+    int ok = nbad * 20 <= T + 20;
+    for (int i = 0; i < 4; i++) {
+        if (!per[i])
+            continue;
+        size_t cnt = nst * per[i], cols = i == 0 ? H : 1;
+        float *got = malloc(4 * cnt), *ref = malloc(4 * cnt);
+        if (!got || !ref)
+            DIE("out of memory");
+        CUX(moe_cu.cuMemcpyDtoH(got, sg[i], 4 * cnt));
+        for (size_t q = 0; q < nst; q++) /* dw1p, db1p: plain row r is packed row moe_pack_row(r, F) */
+            for (size_t k = 0; k < per[i]; k++) {
+                size_t dst = i <= 1 ? (size_t)moe_pack_row((long long)(k / cols), (long long)F) * cols + k % cols : k;
+                ref[q * per[i] + dst] = want[i][(size_t)me->stored[q] * per[i] + k];
+            }
+        double num = 0, den = 0;
+        for (size_t k = 0; k < cnt; k++) {
+            double dd = (double)got[k] - ref[k];
+            num += dd * dd;
+            den += (double)ref[k] * ref[k];
+        }
+        err[i] = sqrt(num / (den > 0 ? den : 1)); /* NaN (the poison) fails below */
+        ok &= err[i] <= 1.5e-2;
+        free(got), free(ref);
+    }
+    /* accumulate = 1: the same sums added into random priors (the collectives in place in the held
+     * buffers, spent: the backward runs again first) */
+    double aerr = 0;
+    {
+        float *first[4] = {0}, *prior[4] = {0};
+        uint64_t prng = seed ^ (0xacc + (uint64_t)rank);
+        for (int i = 0; i < 4; i++) {
+            if (!per[i])
+                continue;
+            size_t cnt = nst * per[i];
+            if (!(first[i] = malloc(4 * cnt)) || !(prior[i] = malloc(4 * cnt)))
+                DIE("out of memory");
+            CUX(moe_cu.cuMemcpyDtoH(first[i], sg[i], 4 * cnt));
+            for (size_t k = 0; k < cnt; k++)
+                prior[i][k] = (float)(ep_rng(&prng) >> 40) / (float)(1 << 24) - 0.5f;
+            CUX(moe_cu.cuMemcpyHtoD(sg[i], prior[i], 4 * cnt));
+        }
+        if ((st = moe_backward(plan, &ba, NULL))) /* the same held gradients again (dy as the last pass) */
+            DIE("moe_backward: %s", moe_last_error());
+        ga.accumulate = 1;
+        if ((st = moe_reduce_scatter_grads(plan, &ga, NULL)))
+            DIE("moe_reduce_scatter_grads (accumulate): %s", moe_last_error());
+        CUX(moe_cu.cuCtxSynchronize());
+        for (int i = 0; i < 4; i++) {
+            if (!per[i])
+                continue;
+            size_t cnt = nst * per[i];
+            float *got = malloc(4 * cnt);
+            if (!got)
+                DIE("out of memory");
+            CUX(moe_cu.cuMemcpyDtoH(got, sg[i], 4 * cnt));
+            double num = 0, den = 0;
+            for (size_t k = 0; k < cnt; k++) {
+                double w = (double)first[i][k] + prior[i][k], dd = got[k] - w;
+                num += dd * dd;
+                den += w * w;
+            }
+            double e = sqrt(num / (den > 0 ? den : 1));
+            aerr = e > aerr || e != e ? e : aerr;
+            free(got), free(first[i]), free(prior[i]);
+        }
+        ok &= aerr <= 1e-6;
+    }
+    printf("  %s rank %d (fsdp rank %d, stores experts %d..%d): training, %d tokens (%d routed otherwise, dy 0), "
+           "reduce-scattered gradients against the FSDP group's reference: %s %.2e, %s %.2e, %s %.2e, %s %.2e; accumulate = 1 %.2e: %s\n",
+           name, rank, me->fsdp_rank, me->stored[0], me->stored[nst - 1], T, nbad, tname[0], err[0], tname[1], err[1],
+           tname[2], err[2], tname[3], err[3], aerr, ok ? "ok" : "FAIL");
+    fflush(stdout);
+    CUdeviceptr all[] = {ddy, saved, bws, gdx, gdwr, gdlb, dbad, hg[0], hg[1], hg[2], hg[3], sg[0], sg[1], sg[2], sg[3]};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i])
+            moe_cu.cuMemFree(all[i]);
+    free(dy), free(bad), free(gidx), free(ridx), free(rw), free(allbad), free(xg), free(dyg);
+    free(rg.dw1), free(rg.db1), free(rg.dw2), free(rg.db2);
+    return ok ? 0 : 1;
+}
+
 static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int mode, uint64_t seed,
                  const moe_override_t *sets, int nsets) {
     char why[512];
@@ -471,6 +689,12 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
                m->name, rank, info.ep_rank, info.fsdp_rank, info.held, T, nan, lost, ok ? "ok" : "FAIL");
     }
     fflush(stdout);
+    if (check && spec.training) { /* the backward and the gradients' reduce-scatter */
+        int tr = train_check(plan, &spec, &mp, rank, T, &L, &X, &a, seed, m->name);
+        if (tr == 3)
+            return 3;
+        ok &= tr == 0;
+    }
     int rc = mode != RUN_CHECK ? bench_layer(plan, &a, &info, m->name, rank) : 0;
     moe_plan_destroy(plan);
     moe_nccl.ncclCommDestroy(comm);

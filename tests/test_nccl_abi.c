@@ -13,14 +13,15 @@ int main(void) {
     long own[16];
     int n = moe_nccl_own_abi(own);
     CASE("nccl: the declarations without <nccl.h> build and give the ABI's sizes");
-    CHECKF(n == 12 && own[0] == 128 && own[1] == (long)sizeof(void *), "%d values, id %ld, handle %ld", n, own[0],
+    CHECKF(n == 15 && own[0] == 128 && own[1] == (long)sizeof(void *), "%d values, id %ld, handle %ld", n, own[0],
            own[1]);
 #if MOE_HAVE_NCCL_H
     CASE("nccl: the declarations without <nccl.h> are <nccl.h>'s");
-    const long want[12] = {(long)sizeof(ncclUniqueId), (long)sizeof(ncclComm_t), ncclSuccess, ncclUnhandledCudaError,
+    const long want[15] = {(long)sizeof(ncclUniqueId), (long)sizeof(ncclComm_t), ncclSuccess, ncclUnhandledCudaError,
                            ncclSystemError, ncclInternalError, ncclInvalidArgument, ncclInvalidUsage,
-                           ncclRemoteError, ncclInProgress, ncclInt8, ncclUint8};
-    for (int i = 0; i < 12 && i < n; i++)
+                           ncclRemoteError, ncclInProgress, ncclInt8, ncclUint8, ncclFloat32, ncclSum,
+                           (long)sizeof(ncclRedOp_t)};
+    for (int i = 0; i < 15 && i < n; i++)
         CHECKF(own[i] == want[i], "value %d: %ld, <nccl.h> says %ld", i, own[i], want[i]);
 #else
     SKIP("nccl: no <nccl.h> on this machine to compare the declarations with");

@@ -424,6 +424,11 @@ static void test_training_api(void) {
     CHECK(moe_plan_unpack_grad(plain, MOE_TENSOR_W1, g, g + 1, 1, NULL) == MOE_ERR_UNSUPPORTED);
     CHECK(moe_plan_saved_size(plain, 10, 0) == 0 && moe_plan_saved_per_token(plain, 0) == 0);
     CHECK(moe_plan_saved_region(plain, 0, 10, 0, "xs", NULL, NULL) == MOE_ERR_UNSUPPORTED);
+    CHECK(moe_reduce_scatter_grads(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
+    moe_grad_scatter_args ga = {g, g, g, g, g + 1, g + 1, g + 1, g + 1, 0};
+    st = moe_reduce_scatter_grads(plain, &ga, NULL);
+    CHECKF(st == MOE_ERR_UNSUPPORTED && strstr(moe_last_error(), "moe_reduce_scatter_grads") &&
+               strstr(moe_last_error(), "spec key training"), "%s: %s", moe_status_string(st), moe_last_error());
 
     CASE("training: a gated shared expert needs its gate and the gate's gradient");
     st = moe_backward(shared, &ba, NULL);

@@ -8,7 +8,7 @@
 #endif
 
 /* sizeof ncclUniqueId, sizeof ncclComm_t, ncclSuccess .. ncclInProgress,
- * ncclInt8, ncclUint8; returns the count written. */
+ * ncclInt8, ncclUint8, ncclFloat32, ncclSum, sizeof ncclRedOp_t; returns the count written. */
 int moe_nccl_own_abi(long v[16]) {
     int n = 0;
     v[n++] = (long)sizeof(ncclUniqueId);
@@ -23,5 +23,8 @@ int moe_nccl_own_abi(long v[16]) {
     v[n++] = ncclInProgress;
     v[n++] = ncclInt8;
     v[n++] = ncclUint8;
+    v[n++] = ncclFloat32;
+    v[n++] = ncclSum;
+    v[n++] = (long)sizeof(ncclRedOp_t);
     return n;
 }
