@@ -148,13 +148,15 @@ moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void 
 
 /* Quantize before gather: the rank's bf16 shard quantized by the device
  * pack straight into its place in the held buffers (first = the place's
- * slot), then the e4m3 and scale parts gathered with the biases. */
-moe_status moe_gather_weights_fp8(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
-                                  const moe_gather_args *g, void *stream) {
+ * slot); *q: g with the stored e4m3 and scale shards pointing there, so
+ * the gather copies them nowhere and moves them with the biases. */
+static moe_status quantize_in_place(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                    const moe_gather_args *g, void *stream, moe_gather_args *q) {
     static const char fn[] = "moe_gather_weights_fp8";
     if (!p || !w1 || !w2 || !g)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
-    if (!moe_spec_fp8(&p->pd.spec))
+    const moe_spec_t *s = &p->pd.spec;
+    if (!moe_spec_fp8(s))
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec's expert weights are not fp8 (quant.weights is \"none\"); "
                         "use moe_gather_weights", fn);
     if (g->stored.w1p || g->stored.w2 || g->stored_w1s || g->stored_w2s || g->pack)
@@ -181,15 +183,20 @@ moe_status moe_gather_weights_fp8(const moe_plan *p, const moe_pack_args *w1, co
         rc = moe_plan_pack_quantize_async(p, &a, g->held_w2, g->held_w2s, stream);
     if (rc)
         return rc;
-    /* the quantized shards are in their places: as the stored shards there, the gather copies them nowhere */
-    const moe_spec_t *s = &p->pd.spec;
     const size_t H = (size_t)s->hidden, F = (size_t)s->ffn;
-    moe_gather_args q = *g;
-    q.stored.w1p = (char *)g->held_w1p + place * 2 * F * H;
-    q.stored.w2 = (char *)g->held_w2 + place * H * F;
-    q.stored_w1s = g->held_w1s + place * moe_spec_fp8_scales(s, 0);
-    q.stored_w2s = g->held_w2s + place * moe_spec_fp8_scales(s, 1);
-    return moe_ep_gather(p->ep, s, &q, (CUstream)stream);
+    *q = *g;
+    q->stored.w1p = (char *)g->held_w1p + place * 2 * F * H;
+    q->stored.w2 = (char *)g->held_w2 + place * H * F;
+    q->stored_w1s = g->held_w1s + place * moe_spec_fp8_scales(s, 0);
+    q->stored_w2s = g->held_w2s + place * moe_spec_fp8_scales(s, 1);
+    return MOE_OK;
+}
+
+moe_status moe_gather_weights_fp8(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *g, void *stream) {
+    moe_gather_args q;
+    moe_status rc = quantize_in_place(p, w1, w2, g, stream, &q);
+    return rc ? rc : moe_ep_gather(p->ep, &p->pd.spec, &q, (CUstream)stream);
 }
 
 moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *stream, long long *rows) {
@@ -227,4 +234,11 @@ moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstr
     moe_gather_part_t parts[MOE_GATHER_PARTS];
     int n = 0;
     return moe_ep_gather_local(p->ep, &p->pd.spec, g, st, parts, &n, c);
+}
+
+moe_status moe_gather_prepare_fp8(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
+    moe_gather_args q;
+    moe_status rc = quantize_in_place(p, w1, w2, g, st, &q);
+    return rc ? rc : moe_gather_prepare(p, &q, st, c);
 }
