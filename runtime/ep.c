@@ -283,9 +283,12 @@ static int gather_shards(const moe_mesh_plan_t *mp) { return mp->nheld > mp->nst
 
 moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_spec_t *s, const moe_gather_args *g,
                                moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts, moe_ep_call_t *c) {
-    const void *src[MOE_GATHER_PARTS] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2, g->stored_w1s,
-                                         g->stored_w2s};
-    void *dst[MOE_GATHER_PARTS] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2, g->held_w1s, g->held_w2s};
+    const void *src[MOE_GATHER_PARTS] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
+    void *dst[MOE_GATHER_PARTS] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
+    if (moe_spec_fp8(s)) { /* read only then: a caller built before the scales' fields passes a shorter struct */
+        src[MOE_GATHER_W1S] = g->stored_w1s, src[MOE_GATHER_W2S] = g->stored_w2s;
+        dst[MOE_GATHER_W1S] = g->held_w1s, dst[MOE_GATHER_W2S] = g->held_w2s;
+    }
     const int shards = gather_shards(mp), F = shards ? mp->size[MOE_AXIS_FSDP] : 1,
               me = shards ? mp->ranks[rank].fsdp_rank : 0;
     *nparts = 0;
