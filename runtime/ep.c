@@ -35,7 +35,6 @@ moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, ch
     ep->rank = rank;
     ep->me = &ep->mp->ranks[rank];
     ep->dispatch = moe_ep_wanted(&pd->spec);
-    ep->fsdp_shards = ep->mp->nheld > ep->mp->nstored;
     ep->ed = &pd->ep;
     *out = ep;
     return MOE_OK;

@@ -21,7 +21,6 @@ typedef struct moe_ep {
     int rank;                       /* global rank */
     const moe_mesh_rank_t *me;
     int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
-    int fsdp_shards;                /* the gather moves experts (held > stored) */
     int unconnected;                /* no communicator: the caller moves the data between ranks (moe_ep_step) */
     const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
