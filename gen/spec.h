@@ -178,6 +178,12 @@ static inline int moe_spec_router_columns(const moe_spec_t *s) {
 
 /* Are the expert weights fp8 (quant.weights = "fp8_e4m3")? */
 static inline int moe_spec_fp8(const moe_spec_t *s) { return s->quant.weights == MOE_QUANT_FP8_E4M3; }
+/* The fp32 scales of one slot of the fp8 W1 (w2 = 0: [2F/128, H/128] per
+ * block, [2F] per channel) or W2 (w2 = 1: [H/128, F/128], or [H]). */
+static inline long long moe_spec_fp8_scales(const moe_spec_t *s, int w2) {
+    const long long N = w2 ? s->hidden : 2LL * s->ffn, K = w2 ? s->ffn : s->hidden;
+    return s->quant.scaling == MOE_SCALING_BLOCK ? (N / MOE_FP8_BLOCK) * (K / MOE_FP8_BLOCK) : N;
+}
 
 /* World size: dp * fsdp * ep. */
 int moe_spec_world(const moe_spec_t *spec);

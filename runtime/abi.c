@@ -41,7 +41,8 @@ static const abi_field weights_fields[] = {
 static const abi_field gather_fields[] = {
     FIELD(moe_gather_args, stored),   FIELD(moe_gather_args, held_w1p), FIELD(moe_gather_args, held_b1p),
     FIELD(moe_gather_args, held_w2),  FIELD(moe_gather_args, held_b2),  FIELD(moe_gather_args, pack),
-    FIELD(moe_gather_args, user),     {0}};
+    FIELD(moe_gather_args, user),     FIELD(moe_gather_args, stored_w1s), FIELD(moe_gather_args, stored_w2s),
+    FIELD(moe_gather_args, held_w1s), FIELD(moe_gather_args, held_w2s), {0}};
 
 static const abi_field info_fields[] = {
     FIELD(moe_plan_info, struct_size), FIELD(moe_plan_info, name),        FIELD(moe_plan_info, hash),      FIELD(moe_plan_info, arch),
@@ -51,7 +52,7 @@ static const abi_field info_fields[] = {
     FIELD(moe_plan_info, world),       FIELD(moe_plan_info, rank),      FIELD(moe_plan_info, ep),
     FIELD(moe_plan_info, ep_rank),     FIELD(moe_plan_info, fsdp),      FIELD(moe_plan_info, fsdp_rank),
     FIELD(moe_plan_info, stored),      FIELD(moe_plan_info, held),      FIELD(moe_plan_info, dispatch_capacity),
-    FIELD(moe_plan_info, cudnn_version), {0}};
+    FIELD(moe_plan_info, cudnn_version), FIELD(moe_plan_info, gather_bytes), {0}};
 
 static const abi_field pack_src_fields[] = {
     FIELD(moe_pack_src, ptr), FIELD(moe_pack_src, expert), FIELD(moe_pack_src, row), FIELD(moe_pack_src, col), {0}};

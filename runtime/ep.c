@@ -35,7 +35,6 @@ moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, ch
     ep->rank = rank;
     ep->me = &ep->mp->ranks[rank];
     ep->dispatch = moe_ep_wanted(&pd->spec);
-    ep->fsdp_shards = ep->mp->nheld > ep->mp->nstored;
     ep->ed = &pd->ep;
     *out = ep;
     return MOE_OK;
@@ -260,76 +259,111 @@ moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe
 
 /* ---- the FSDP gather ---------------------------------------------------- */
 
-/* Bytes of one expert of gathered tensor i (0 w1p, 1 b1p, 2 w2, 3 b2); 0 =
- * not in this spec. */
+static const char *const gather_names[MOE_GATHER_PARTS] = {"w1p", "b1p", "w2", "b2", "w1s", "w2s"};
+
+/* Bytes of one expert of gather part i; 0 = not in this spec. fp8 weights
+ * are one byte per element with their fp32 scales beside them. */
 static size_t expert_bytes(const moe_spec_t *s, int i) {
-    size_t H = (size_t)s->hidden, F = (size_t)s->ffn;
+    const size_t H = (size_t)s->hidden, F = (size_t)s->ffn, w = moe_spec_fp8(s) ? 1 : 2;
     switch (i) {
-    case 0: return 2 * 2 * F * H;
-    case 1: return s->ffn_bias ? 2 * 2 * F : 0;
-    case 2: return 2 * H * F;
-    case 3: return s->ffn_bias ? 2 * H : 0;
+    case MOE_GATHER_W1P: return w * 2 * F * H;
+    case MOE_GATHER_B1P: return s->ffn_bias ? 2 * 2 * F : 0;
+    case MOE_GATHER_W2:  return w * H * F;
+    case MOE_GATHER_B2:  return s->ffn_bias ? 2 * H : 0;
+    case MOE_GATHER_W1S: return moe_spec_fp8(s) ? 4 * (size_t)moe_spec_fp8_scales(s, 0) : 0;
+    case MOE_GATHER_W2S: return moe_spec_fp8(s) ? 4 * (size_t)moe_spec_fp8_scales(s, 1) : 0;
     }
     return 0;
 }
 
-moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st,
-                               moe_ep_call_t *c) {
-    const void *src[4] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
-    void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
-    int F = ep->fsdp_shards ? ep->mp->size[MOE_AXIS_FSDP] : 1, me = ep->fsdp_shards ? ep->me->fsdp_rank : 0;
-    c->nx = 0;
-    for (int i = 0; i < 4; i++) {
-        size_t shard = expert_bytes(s, i) * (size_t)ep->mp->nstored;
-        if (!shard)
+/* Does fsdp shard the experts (the gather moves them, else it is a local
+ * copy)? */
+static int gather_shards(const moe_mesh_plan_t *mp) { return mp->nheld > mp->nstored; }
+
+moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_spec_t *s, const moe_gather_args *g,
+                               moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts, moe_ep_call_t *c) {
+    const void *src[MOE_GATHER_PARTS] = {g->stored.w1p, g->stored.b1p, g->stored.w2, g->stored.b2};
+    void *dst[MOE_GATHER_PARTS] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
+    if (moe_spec_fp8(s)) { /* read only then: a caller built before the scales' fields passes a shorter struct */
+        src[MOE_GATHER_W1S] = g->stored_w1s, src[MOE_GATHER_W2S] = g->stored_w2s;
+        dst[MOE_GATHER_W1S] = g->held_w1s, dst[MOE_GATHER_W2S] = g->held_w2s;
+    }
+    const int shards = gather_shards(mp), F = shards ? mp->size[MOE_AXIS_FSDP] : 1,
+              me = shards ? mp->ranks[rank].fsdp_rank : 0;
+    *nparts = 0;
+    if (c)
+        c->nx = 0;
+    for (int i = 0; i < MOE_GATHER_PARTS; i++) {
+        const size_t eb = expert_bytes(s, i);
+        if (!eb)
             continue;
         if (!src[i] || !dst[i])
-            return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: tensor %d (%s) is NULL", i,
-                            (const char *[]){"w1p", "b1p", "w2", "b2"}[i]);
-        CUdeviceptr mine = (CUdeviceptr)(uintptr_t)dst[i] + shard * (size_t)me;
-        if (g->pack) {
-            moe_status rc = g->pack(g->user, i, src[i], (void *)(uintptr_t)mine, shard, st);
-            if (rc)
-                return moe_fail(rc, "moe_gather_weights: the pack hook failed on tensor %d with status %d", i, rc);
-        } else if ((const void *)(uintptr_t)mine != src[i]) {
-            CU_CHECK(moe_cu.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)src[i], shard, st));
-        }
-        /* in place: every peer's shard lands at its FSDP rank's place, which is
-         * slot order (the mesh plan gathers held = peers' stored, by fsdp rank) */
-        for (int f = 0; f < F && F > 1; f++) {
+            return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: tensor %d (%s) is NULL", i, gather_names[i]);
+        moe_gather_part_t *p = &parts[(*nparts)++];
+        *p = (moe_gather_part_t){i, src[i], (CUdeviceptr)(uintptr_t)dst[i], eb, eb * (size_t)mp->nstored};
+        /* every peer's shard lands at its FSDP rank's place, which is slot
+         * order (the mesh plan gathers held = peers' stored, by fsdp rank) */
+        for (int f = 0; c && F > 1 && f < F; f++) {
             if (f == me)
                 continue;
             if (c->nx + 2 > MOE_XFER_MAX)
                 return moe_fail(MOE_ERR_UNSUPPORTED, "moe_gather_weights: more than %d transfers", MOE_XFER_MAX);
-            xfer(c, f, 0, mine, shard);
-            xfer(c, f, 1, (CUdeviceptr)(uintptr_t)dst[i] + shard * (size_t)f, shard);
+            xfer(c, f, 0, p->base + p->stride * (size_t)me, p->stride);
+            xfer(c, f, 1, p->base + p->stride * (size_t)f, p->stride);
         }
     }
     return MOE_OK;
 }
 
-moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st) {
-    if (ep->unconnected)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
-    moe_ep_call_t *c = malloc(sizeof *c);
-    if (!c)
-        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    moe_status rc = moe_ep_gather_local(ep, s, g, st, c);
-    if (!rc && c->nx) {
-        /* the same movement as the listed transfers, as NCCL all-gathers */
-        void *dst[4] = {g->held_w1p, g->held_b1p, g->held_w2, g->held_b2};
-        for (int i = 0; i < 4 && !rc; i++) {
-            size_t shard = expert_bytes(s, i) * (size_t)ep->mp->nstored;
-            if (!shard)
-                continue;
-            char *base = dst[i];
-            ncclResult_t r = moe_nccl.ncclAllGather(base + shard * (size_t)ep->me->fsdp_rank, base, shard, ncclUint8,
-                                                    ep->fsdp_comm, st);
-            if (r != ncclSuccess)
-                rc = moe_fail(MOE_ERR_NCCL, "ncclAllGather of %zu bytes over the FSDP group: %s", shard,
-                              moe_nccl_error_string(r));
+size_t moe_ep_gather_bytes(const moe_mesh_plan_t *mp, const moe_spec_t *s) {
+    if (!gather_shards(mp))
+        return 0;
+    size_t eb = 0;
+    for (int i = 0; i < MOE_GATHER_PARTS; i++)
+        eb += expert_bytes(s, i);
+    return eb * (size_t)(mp->nheld - mp->nstored);
+}
+
+moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st, moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts,
+                               moe_ep_call_t *c) {
+    moe_status rc = moe_ep_gather_xfers(ep->mp, ep->rank, s, g, parts, nparts, c);
+    const int me = gather_shards(ep->mp) ? ep->me->fsdp_rank : 0;
+    for (int i = 0; i < *nparts && !rc; i++) {
+        const moe_gather_part_t *p = &parts[i];
+        CUdeviceptr mine = p->base + p->stride * (size_t)me;
+        if (g->pack) {
+            rc = g->pack(g->user, p->tensor, p->src, (void *)(uintptr_t)mine, p->stride, st);
+            if (rc)
+                return moe_fail(rc, "moe_gather_weights: the pack hook failed on tensor %d (%s) with status %d",
+                                p->tensor, gather_names[p->tensor], rc);
+        } else if ((const void *)(uintptr_t)mine != p->src) {
+            CU_CHECK(moe_cu.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)p->src, p->stride, st));
         }
     }
-    free(c);
+    return rc;
+}
+
+moe_status moe_ep_gather_nccl(const moe_ep_t *ep, const moe_gather_part_t *parts, int nparts, CUstream st) {
+    for (int i = 0; i < nparts; i++) {
+        const moe_gather_part_t *p = &parts[i];
+        char *base = (char *)(uintptr_t)p->base;
+        ncclResult_t r = moe_nccl.ncclAllGather(base + p->stride * (size_t)ep->me->fsdp_rank, base, p->stride,
+                                                ncclUint8, ep->fsdp_comm, st);
+        if (r != ncclSuccess)
+            return moe_fail(MOE_ERR_NCCL, "ncclAllGather of %zu bytes (%s) over the FSDP group: %s", p->stride,
+                            gather_names[p->tensor], moe_nccl_error_string(r));
+    }
+    return MOE_OK;
+}
+
+moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st) {
+    const int shards = gather_shards(ep->mp);
+    if (shards && ep->unconnected)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
+    moe_gather_part_t parts[MOE_GATHER_PARTS];
+    int n = 0;
+    moe_status rc = moe_ep_gather_local(ep, s, g, st, parts, &n, NULL);
+    if (!rc && shards) /* the same movement as moe_ep_gather_xfers lists, as NCCL all-gathers */
+        rc = moe_ep_gather_nccl(ep, parts, n, st);
     return rc;
 }

@@ -21,7 +21,6 @@ typedef struct moe_ep {
     int rank;                       /* global rank */
     const moe_mesh_rank_t *me;
     int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
-    int fsdp_shards;                /* the gather moves experts (held > stored) */
     int unconnected;                /* no communicator: the caller moves the data between ranks (moe_ep_step) */
     const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
@@ -76,13 +75,49 @@ moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream
 moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                           const moe_forward_args *a, CUstream st);
 
-/* The gather's local part (the pack hook or a copy of this rank's shard into
- * its place in the held buffers) and, in c, the transfers over the FSDP
- * group that complete it. s: the plan's spec. */
-moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st,
+/* ---- the FSDP gather (moe_gather_weights) ---------------------------------
+ *
+ * The gather is a list of parts, each one tensor of whole experts: the
+ * rank's stored shard (src) goes to its place in the held buffer (base +
+ * stride · the rank's FSDP index) and every FSDP peer's shard to its own
+ * place, which is slot order. bf16 weights and biases, fp8 e4m3 weights and
+ * their fp32 scales are all just parts, so gate/up pairing and the 128 x 128
+ * scale blocks move intact (whole packed experts). */
+enum { MOE_GATHER_W1P, MOE_GATHER_B1P, MOE_GATHER_W2, MOE_GATHER_B2, MOE_GATHER_W1S, MOE_GATHER_W2S,
+       MOE_GATHER_PARTS };
+
+typedef struct {
+    int tensor;                     /* MOE_GATHER_*: the pack hook's tensor index */
+    const void *src;                /* the rank's stored shard */
+    CUdeviceptr base;               /* the held buffer (slot 0) */
+    size_t expert_bytes;            /* one expert */
+    size_t stride;                  /* one FSDP rank's shard in the held buffer: expert_bytes · stored */
+} moe_gather_part_t;
+
+/* The parts of rank `rank`'s gather for spec s from g (*nparts of them, in
+ * tensor order), and in c (may be NULL) the transfers over its FSDP group
+ * that complete them: its shard of each part to every FSDP peer, each
+ * peer's shard into its place. MOE_ERR_INVALID_ARG naming the tensor when
+ * one the spec needs is NULL. Host only: no device work. */
+moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_spec_t *s, const moe_gather_args *g,
+                               moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts, moe_ep_call_t *c);
+
+/* The bytes one gather moves into rank `rank` over its FSDP group (0 when
+ * the gather is a local copy): the sum over the spec's parts. */
+size_t moe_ep_gather_bytes(const moe_mesh_plan_t *mp, const moe_spec_t *s);
+
+/* The gather's local part: the parts (moe_ep_gather_xfers, with the
+ * transfers in c when c is not NULL), and each part's shard written to its
+ * place by the pack hook, or copied there unless it is there already. */
+moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st, moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts,
                                moe_ep_call_t *c);
 
-/* The whole gather, with NCCL all-gathers on st. */
+/* The parts' movement over the FSDP group: one NCCL all-gather per part, in
+ * place, on st. */
+moe_status moe_ep_gather_nccl(const moe_ep_t *ep, const moe_gather_part_t *parts, int nparts, CUstream st);
+
+/* The whole gather: the local part, then (when fsdp shards the experts)
+ * the all-gathers on st. */
 moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st);
 
 #endif

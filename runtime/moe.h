@@ -140,16 +140,22 @@ typedef struct {
 } moe_weights;
 
 /* The FSDP all-gather of one rank's stored experts into the experts it
- * holds (moe_gather_weights). */
+ * holds (moe_gather_weights). With fp8 weights (quant.weights = "fp8_e4m3")
+ * w1p and w2 are the e4m3 tensors and the scales move too: stored_w1s,
+ * stored_w2s [stored, ...] into held_w1s, held_w2s [held, ...] (shapes: "fp8
+ * weights" below); without fp8 those four are ignored. */
 typedef struct {
     moe_weights stored;           /* moe_plan_info.stored experts each: w1p [stored, 2F, H], ... */
     void *held_w1p, *held_b1p, *held_w2, *held_b2;   /* out: [held, ...] in slot order */
-    /* Optional hook, the place for a quantize step: called once per tensor
-     * (0 w1p, 1 b1p, 2 w2, 3 b2) to write this rank's shard, in the form to be
+    /* Optional hook: called once per tensor (0 w1p, 1 b1p, 2 w2, 3 b2, and
+     * with fp8 4 w1s, 5 w2s) to write this rank's shard, in the form to be
      * gathered, to `dst` (its place in the held buffer, `bytes` long) from
-     * `src` (the stored shard), on `stream`. NULL = gather the stored bytes. */
+     * `src` (the stored shard), on `stream`. NULL = gather the stored bytes.
+     * (moe_gather_weights_fp8 is the quantize step: bf16 in, fp8 gathered.) */
     moe_status (*pack)(void *user, int tensor, const void *src, void *dst, size_t bytes, void *stream);
     void *user;
+    const float *stored_w1s, *stored_w2s;   /* fp8: the scales of stored.w1p and stored.w2 */
+    float *held_w1s, *held_w2s;             /* fp8, out: the scales of held_w1p and held_w2 */
 } moe_gather_args;
 
 /* Create a plan from a spec file: load and validate the spec, plan the
@@ -456,6 +462,20 @@ typedef struct {
 
 moe_status moe_reduce_scatter_grads(const moe_plan *plan, const moe_grad_scatter_args *args, void *stream);
 
+/* Quantize before gather (fp8 specs): this rank's stored experts in bf16,
+ * w1 and w2 as for moe_plan_pack_quantize_async (MOE_TENSOR_W1 and W2,
+ * first = 0, count = moe_plan_info.stored, the sources indexed from the
+ * rank's first stored expert: moe_plan_pack_layout over its shard), are
+ * quantized on the device straight into this rank's place in
+ * held_w1p/held_w1s and held_w2/held_w2s; then the e4m3 weights and their
+ * scales (and the bf16 biases, stored.b1p/b2 as for moe_gather_weights)
+ * are gathered over the FSDP group: half the bytes of the bf16 gather. The
+ * held weights equal moe_plan_pack_quantize of the whole checkpoint's held
+ * experts byte for byte. args->stored.w1p/w2, stored_w1s/w2s and pack must
+ * be NULL (the sources are w1 and w2). Collective as moe_gather_weights. */
+moe_status moe_gather_weights_fp8(const moe_plan *plan, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *args, void *stream);
+
 /* Capacity mode: synchronize with stream and read how many rows the last
  * forward that used `workspace` could not send or receive within
  * dispatch.capacity. MOE_OK when none (and always in exact mode);
@@ -480,6 +500,8 @@ typedef struct {
     int stored, held;             /* experts this rank stores, and holds after the gather (its slots) */
     int dispatch_capacity;        /* rows per peer; 0 = exact mode (or no dispatch, ep = 1) */
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
+    long long gather_bytes;       /* bytes one moe_gather_weights moves into this rank over its FSDP group
+                                     (weights, fp8 scales, biases; 0 when the gather is a local copy) */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

@@ -21,11 +21,11 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
     const moe_spec_t *s = &p->pd.spec;
-    /* the spec refuses fp8 with a mesh or training; a plan here holds to it */
-    if (moe_spec_fp8(s) && (p->ep->dispatch || p->ep->mp->world > 1))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: fp8 expert weights (quant.weights = \"fp8_e4m3\") on a mesh of "
-                        "%d devices: the expert-parallel and FSDP paths do not carry fp8 weights (issue #20)", fn,
-                        p->ep->mp->world);
+    /* the spec refuses fp8 with expert parallelism or training; a plan here holds to it */
+    if (moe_spec_fp8(s) && p->ep->dispatch)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: fp8 expert weights (quant.weights = \"fp8_e4m3\") with mesh.ep = "
+                        "%d: the expert-parallel dispatch does not carry fp8 rows (issue #20)", fn,
+                        p->ep->mp->size[MOE_AXIS_EP]);
     if (moe_spec_fp8(s) && (!a->w1s || !a->w2s))
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has quant.weights = \"fp8_e4m3\"; w1s and w2s (the "
                         "scales of the e4m3 w1p and w2: moe_plan_pack_fp8, moe_plan_pack_quantize) are required", fn);
@@ -142,20 +142,61 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
 moe_status moe_gather_weights(const moe_plan *p, const moe_gather_args *g, void *stream) {
     if (!p || !g)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: NULL argument");
-    if (moe_spec_fp8(&p->pd.spec)) /* the spec keeps fp8 to one device, where the forward reads the packs */
-        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_gather_weights: fp8 expert weights (quant.weights = \"fp8_e4m3\") "
-                        "are not gathered yet (issue #20, the quantized gather): pass the packed e4m3 weights and "
-                        "their scales to moe_forward directly");
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
-    if (p->ep->mp->world == 1 || !p->ep->fsdp_shards) { /* nothing to gather: the local copy only */
-        moe_ep_call_t *c = malloc(sizeof *c); /* ~260 KB: not on the caller's stack */
-        if (!c)
-            return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-        moe_status rc = moe_ep_gather_local(p->ep, &p->pd.spec, g, (CUstream)stream, c);
-        free(c);
-        return rc;
-    }
     return moe_ep_gather(p->ep, &p->pd.spec, g, (CUstream)stream);
+}
+
+/* Quantize before gather: the rank's bf16 shard quantized by the device
+ * pack straight into its place in the held buffers (first = the place's
+ * slot); *q: g with the stored e4m3 and scale shards pointing there, so
+ * the gather copies them nowhere and moves them with the biases. */
+static moe_status quantize_in_place(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                    const moe_gather_args *g, void *stream, moe_gather_args *q) {
+    static const char fn[] = "moe_gather_weights_fp8";
+    if (!p || !w1 || !w2 || !g)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    const moe_spec_t *s = &p->pd.spec;
+    if (!moe_spec_fp8(s))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec's expert weights are not fp8 (quant.weights is \"none\"); "
+                        "use moe_gather_weights", fn);
+    if (g->stored.w1p || g->stored.w2 || g->stored_w1s || g->stored_w2s || g->pack)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: stored.w1p, stored.w2, stored_w1s, stored_w2s and pack must be "
+                        "NULL (the bf16 sources are w1 and w2)", fn);
+    const moe_mesh_plan_t *mp = p->ep->mp;
+    const moe_pack_args *src[2] = {w1, w2};
+    for (int i = 0; i < 2; i++)
+        if (src[i]->tensor != (i ? MOE_TENSOR_W2 : MOE_TENSOR_W1) || src[i]->first != 0 ||
+            src[i]->count != mp->nstored)
+            return moe_fail(MOE_ERR_INVALID_ARG, "%s: %s is tensor %d, first %d, count %d; MOE_TENSOR_%s, first 0 "
+                            "and count %d (the rank's stored experts) are needed", fn, i ? "w2" : "w1",
+                            (int)src[i]->tensor, src[i]->first, src[i]->count, i ? "W2" : "W1", mp->nstored);
+    if (!g->held_w1p || !g->held_w1s || !g->held_w2 || !g->held_w2s)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: held_w1p, held_w1s, held_w2 and held_w2s are required", fn);
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    const size_t place = (size_t)(mp->nheld > mp->nstored ? p->ep->me->fsdp_rank : 0) * (size_t)mp->nstored;
+    moe_pack_args a = *w1;
+    a.first = (int)place;
+    moe_status rc = moe_plan_pack_quantize_async(p, &a, g->held_w1p, g->held_w1s, stream);
+    a = *w2;
+    a.first = (int)place;
+    if (!rc)
+        rc = moe_plan_pack_quantize_async(p, &a, g->held_w2, g->held_w2s, stream);
+    if (rc)
+        return rc;
+    const size_t H = (size_t)s->hidden, F = (size_t)s->ffn;
+    *q = *g;
+    q->stored.w1p = (char *)g->held_w1p + place * 2 * F * H;
+    q->stored.w2 = (char *)g->held_w2 + place * H * F;
+    q->stored_w1s = g->held_w1s + place * moe_spec_fp8_scales(s, 0);
+    q->stored_w2s = g->held_w2s + place * moe_spec_fp8_scales(s, 1);
+    return MOE_OK;
+}
+
+moe_status moe_gather_weights_fp8(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *g, void *stream) {
+    moe_gather_args q;
+    moe_status rc = quantize_in_place(p, w1, w2, g, stream, &q);
+    return rc ? rc : moe_ep_gather(p->ep, &p->pd.spec, &q, (CUstream)stream);
 }
 
 moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *stream, long long *rows) {
@@ -190,5 +231,14 @@ moe_status moe_ep_run_xfers(const moe_plan *p, const moe_ep_call_t *c, CUstream 
 }
 
 moe_status moe_gather_prepare(const moe_plan *p, const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
-    return moe_ep_gather_local(p->ep, &p->pd.spec, g, st, c);
+    moe_gather_part_t parts[MOE_GATHER_PARTS];
+    int n = 0;
+    return moe_ep_gather_local(p->ep, &p->pd.spec, g, st, parts, &n, c);
+}
+
+moe_status moe_gather_prepare_fp8(const moe_plan *p, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *g, CUstream st, moe_ep_call_t *c) {
+    moe_gather_args q;
+    moe_status rc = quantize_in_place(p, w1, w2, g, st, &q);
+    return rc ? rc : moe_gather_prepare(p, &q, st, c);
 }

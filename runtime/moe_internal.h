@@ -28,6 +28,10 @@ struct moe_ep *moe_plan_ep(const moe_plan *plan);
 moe_status moe_ep_step(const moe_plan *plan, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
 moe_status moe_ep_run_xfers(const moe_plan *plan, const moe_ep_call_t *c, CUstream st);
 moe_status moe_gather_prepare(const moe_plan *plan, const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
+/* moe_gather_weights_fp8's local part: the quantize into place, the biases'
+ * copies, and in c the transfers that complete the gather. */
+moe_status moe_gather_prepare_fp8(const moe_plan *plan, const moe_pack_args *w1, const moe_pack_args *w2,
+                                  const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
 
 /* As moe_plan_create, for a mesh of several devices without a communicator:
  * the caller moves the data between the ranks' plans (moe_ep_step,

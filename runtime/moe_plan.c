@@ -648,7 +648,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .ep_rank = p->ep->me->ep_rank, .fsdp = p->ep->mp->size[MOE_AXIS_FSDP],
                             .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp->nstored,
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
-                            .cudnn_version = moe_cudnn_version(p->cudnn)};
+                            .cudnn_version = moe_cudnn_version(p->cudnn),
+                            .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s)};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */

@@ -47,7 +47,8 @@ static void ep_layer_free(ep_layer_t *l) { free(l->x), free(l->wr), free(l->w1),
 
 /* Normalized L2 error of rank r's y [T, H] against the reference on its
  * tokens; *unwritten counts NaNs (the poison). bias (may be NULL): the
- * spec's b1, b2, sel_bias and logit_bias. Returns -1 on failure. */
+ * spec's b1, b2, sel_bias and logit_bias, and with fp8 weights the fp8
+ * weights (the quantized recipe). Returns -1 on failure. */
 static double ep_layer_error(const ep_layer_t *l, const moe_spec_t *s, int r, int T, const uint16_t *y,
                              int *unwritten, const moe_ref_inputs_t *bias) {
     size_t H = (size_t)s->hidden, K = (size_t)s->top_k;
@@ -60,6 +61,7 @@ static double ep_layer_error(const ep_layer_t *l, const moe_spec_t *s, int r, in
         in.b2 = bias->b2;
         in.sel_bias = bias->sel_bias;
         in.logit_bias = bias->logit_bias;
+        in.fp8 = bias->fp8;
     }
     if (yref && tw && ti && !moe_ref_route(s, &in, ti, tw, NULL) && !moe_ref_ffn(s, &in, ti, tw, NULL, 0, yref, NULL, NULL)) {
         double num = 0, den = 0;

@@ -25,7 +25,20 @@
  *           reported exactly when the capacity is too small
  * Usage: test_ep_gpu [--family gather|ep] [CASE-FILTER...]: only the named
  * family's checks (the gather always runs: the forward reads its output),
- * only the cases whose name contains a filter (e.g. "ep4", "fsdp"). */
+ * only the cases whose name contains a filter (e.g. "ep4", "fsdp").
+ *
+ * The quantized gather (cases "fp8_...", `test_ep_gpu fp8`; sm_90a only,
+ * skipped elsewhere): fp8 specs on FSDP meshes without EP (fsdp2, dp2 x
+ * fsdp2 with per-channel scales, fsdp4 sharded over fsdp alone). Each rank
+ * holds its stored experts in bf16; moe_gather_weights_fp8's local part
+ * (moe_gather_prepare_fp8: the device quantizer writes the rank's shard
+ * into its place) and the harness's transfers must leave every rank's
+ * held e4m3 weights and scales equal, byte for byte, to the host's
+ * moe_plan_pack_quantize of the whole checkpoint; then the same through
+ * moe_gather_weights' fp8 parts from stored e4m3 shards and scales. Every
+ * rank's forward on its gathered weights is checked against the CPU's
+ * quantized recipe (moe_ref_ffn with the fp8 weights), normalized L2 error
+ * <= 1.5e-2 (test_quant_gpu's layer tolerance). */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
 #include "ep_data.h"
@@ -318,6 +331,214 @@ done:
     unlink(path);
 }
 
+/* ---- the quantized gather (fp8 specs, FSDP without EP) ------------------ */
+
+typedef struct {
+    const char *name, *text;
+    int tokens; /* per rank */
+} fp8_case_t;
+
+#define FP8_BASE "experts = 8 top_k = 2 hidden = 256 ffn = 384 tokens = 200 arch = { 'sm_90a' }\n"
+static const fp8_case_t fp8_cases[] = {
+    {"fp8_fsdp2", "name = 'f8f2' " FP8_BASE "quant = { weights = 'fp8_e4m3' }\nmesh = { fsdp = 2 }\n", 200},
+    {"fp8_dp2_fsdp2_channel",
+     "name = 'f8df' " FP8_BASE "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\nmesh = { dp = 2, fsdp = 2 }\n",
+     129},
+    {"fp8_fsdp4_fsdp_sharding",
+     "name = 'f8f4' " FP8_BASE "quant = { weights = 'fp8_e4m3' }\nmesh = { fsdp = 4, expert_sharding = { 'fsdp' } }\n",
+     77},
+};
+
+static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
+    family_case(FAM_GATHER, c->name);
+    moe_spec_t spec;
+    moe_diag_t d;
+    if (moe_spec_load(&spec, c->name, c->text, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (moe_mesh_plan_build(&mp, &spec, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/moegen_test_ep_fp8_%d.moe", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(c->text, f);
+    fclose(f);
+    const int W = mp.world, E = spec.experts, H = spec.hidden, F = spec.ffn, T = c->tokens;
+    const int NS = mp.nstored, NH = mp.nheld, block = spec.quant.scaling == MOE_SCALING_BLOCK;
+    /* per expert: e4m3 bytes, scale floats (independent of the library's formulas) */
+    const size_t q1b = 2 * (size_t)F * H, q2b = (size_t)H * F;
+    const size_t s1n = block ? (size_t)(2 * F / 128) * (H / 128) : 2 * (size_t)F,
+                 s2n = block ? (size_t)(H / 128) * (F / 128) : (size_t)H;
+    moe_plan *plan[16] = {0};
+    moe_ep_call_t *call[16] = {0};
+    CUdeviceptr dx[16] = {0}, dy[16] = {0}, dws[16] = {0}, db1[16] = {0}, db2[16] = {0}, dq1[16] = {0},
+                dq2[16] = {0}, ds1[16] = {0}, ds2[16] = {0}, dsq1[16] = {0}, dsq2[16] = {0}, dss1[16] = {0},
+                dss2[16] = {0}, dwr = 0;
+    ep_layer_t L;
+    moe_ref_fp8_t f8 = {0};
+    if (ep_layer_make(&L, &spec, W, T, seed)) {
+        CHECKF(0, "out of memory");
+        return;
+    }
+    uint8_t *q1 = malloc(E * q1b), *q2 = malloc(E * q2b), *hq = malloc(NH * q1b);
+    float *s1 = malloc(sizeof(float) * E * s1n), *s2 = malloc(sizeof(float) * E * s2n),
+          *hs = malloc(sizeof(float) * NH * (s1n > s2n ? s1n : s2n));
+    uint16_t *y = malloc(2 * (size_t)T * H);
+    if (!q1 || !q2 || !hq || !s1 || !s2 || !hs || !y || moe_ref_fp8_weights(&spec, L.w1, L.w2, &f8)) {
+        CHECKF(0, "out of memory");
+        goto done;
+    }
+    for (int r = 0; r < W; r++) {
+        moe_options o = {.rank = r};
+        moe_status st = moe_plan_create_unconnected(&plan[r], path, &o);
+        CHECKF(st == MOE_OK, "rank %d: %s: %s", r, moe_status_string(st), moe_last_error());
+        if (st)
+            goto done;
+        call[r] = malloc(sizeof *call[r]);
+    }
+    /* the direct quantize of the whole checkpoint, on the host */
+    moe_pack_args a1, a2;
+    CHECK(moe_plan_pack_layout(plan[0], MOE_LAYOUT_W1_FUSED, L.w1, NULL, 0, E, &a1) == MOE_OK);
+    CHECK(moe_plan_pack_layout(plan[0], MOE_LAYOUT_W2, L.w2, NULL, 0, E, &a2) == MOE_OK);
+    CHECKF(moe_plan_pack_quantize(plan[0], &a1, q1, s1) == MOE_OK, "%s", moe_last_error());
+    CHECKF(moe_plan_pack_quantize(plan[0], &a2, q2, s2) == MOE_OK, "%s", moe_last_error());
+    moe_plan_info info = MOE_PLAN_INFO_INIT;
+    CHECK(moe_plan_get_info(plan[0], &info) == MOE_OK);
+    CHECKF(info.gather_bytes == (long long)((NH - NS) * (q1b + q2b + 4 * (s1n + s2n))),
+           "moe_plan_info.gather_bytes = %lld", info.gather_bytes);
+    CU(moe_cu.cuMemAlloc(&dwr, 2 * (size_t)E * H));
+    CU(moe_cu.cuMemcpyHtoD(dwr, L.wr, 2 * (size_t)E * H));
+    const size_t wsb = moe_plan_workspace_size(plan[0], T);
+    CHECK(wsb > 0);
+    for (int r = 0; r < W; r++) {
+        const int first = mp.ranks[r].stored[0];
+        CHECK(mp.ranks[r].stored[NS - 1] == first + NS - 1); /* a rank stores consecutive experts */
+        CU(moe_cu.cuMemAlloc(&dx[r], 2 * (size_t)T * H));
+        CU(moe_cu.cuMemcpyHtoD(dx[r], L.x + (size_t)r * T * H, 2 * (size_t)T * H));
+        CU(moe_cu.cuMemAlloc(&dy[r], 2 * (size_t)T * H));
+        CU(moe_cu.cuMemAlloc(&dws[r], wsb));
+        /* the stored shard: bf16 (plain layouts) for the quantizing gather, e4m3 and scales for the plain one */
+        CU(moe_cu.cuMemAlloc(&db1[r], 2 * NS * q1b));
+        CU(moe_cu.cuMemAlloc(&db2[r], 2 * NS * q2b));
+        CU(moe_cu.cuMemcpyHtoD(db1[r], L.w1 + (size_t)first * q1b, 2 * NS * q1b));
+        CU(moe_cu.cuMemcpyHtoD(db2[r], L.w2 + (size_t)first * q2b, 2 * NS * q2b));
+        CU(moe_cu.cuMemAlloc(&dsq1[r], NS * q1b));
+        CU(moe_cu.cuMemAlloc(&dsq2[r], NS * q2b));
+        CU(moe_cu.cuMemAlloc(&dss1[r], 4 * NS * s1n));
+        CU(moe_cu.cuMemAlloc(&dss2[r], 4 * NS * s2n));
+        CU(moe_cu.cuMemcpyHtoD(dsq1[r], q1 + (size_t)first * q1b, NS * q1b));
+        CU(moe_cu.cuMemcpyHtoD(dsq2[r], q2 + (size_t)first * q2b, NS * q2b));
+        CU(moe_cu.cuMemcpyHtoD(dss1[r], s1 + (size_t)first * s1n, 4 * NS * s1n));
+        CU(moe_cu.cuMemcpyHtoD(dss2[r], s2 + (size_t)first * s2n, 4 * NS * s2n));
+        CU(moe_cu.cuMemAlloc(&dq1[r], NH * q1b));
+        CU(moe_cu.cuMemAlloc(&dq2[r], NH * q2b));
+        CU(moe_cu.cuMemAlloc(&ds1[r], 4 * NH * s1n));
+        CU(moe_cu.cuMemAlloc(&ds2[r], 4 * NH * s2n));
+    }
+    /* pass 0: quantize before gather (bf16 shards); pass 1: the e4m3 shards and scales gathered as they are */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 0; r < W; r++) {
+            CU(moe_cu.cuMemsetD8(dq1[r], 0x7f, NH * q1b)); /* poison: e4m3 NaN, fp32 NaN */
+            CU(moe_cu.cuMemsetD8(dq2[r], 0x7f, NH * q2b));
+            CU(moe_cu.cuMemsetD8(ds1[r], 0xff, 4 * NH * s1n));
+            CU(moe_cu.cuMemsetD8(ds2[r], 0xff, 4 * NH * s2n));
+            moe_gather_args g = {.held_w1p = (void *)(uintptr_t)dq1[r], .held_w2 = (void *)(uintptr_t)dq2[r],
+                                 .held_w1s = (float *)(uintptr_t)ds1[r], .held_w2s = (float *)(uintptr_t)ds2[r]};
+            moe_status st;
+            if (pass == 0) {
+                moe_pack_args b1, b2;
+                CHECK(moe_plan_pack_layout(plan[r], MOE_LAYOUT_W1_FUSED, (void *)(uintptr_t)db1[r], NULL, 0, NS,
+                                           &b1) == MOE_OK);
+                CHECK(moe_plan_pack_layout(plan[r], MOE_LAYOUT_W2, (void *)(uintptr_t)db2[r], NULL, 0, NS, &b2) ==
+                      MOE_OK);
+                st = moe_gather_prepare_fp8(plan[r], &b1, &b2, &g, NULL, call[r]);
+            } else {
+                g.stored = (moe_weights){(void *)(uintptr_t)dsq1[r], NULL, (void *)(uintptr_t)dsq2[r], NULL};
+                g.stored_w1s = (float *)(uintptr_t)dss1[r], g.stored_w2s = (float *)(uintptr_t)dss2[r];
+                st = moe_gather_prepare(plan[r], &g, NULL, call[r]);
+            }
+            CHECKF(st == MOE_OK, "pass %d, gather, rank %d: %s", pass, r, moe_last_error());
+            if (st)
+                goto done;
+        }
+        CU(moe_cu.cuCtxSynchronize());
+        CHECK(exchange(&mp, call, fsdp_peer, 1) == 0);
+        for (int r = 0; r < W; r++) {
+            long long bad[4] = {0};
+            CU(moe_cu.cuMemcpyDtoH(hq, dq1[r], NH * q1b));
+            for (int j = 0; j < NH; j++)
+                bad[0] += memcmp(hq + j * q1b, q1 + (size_t)mp.ranks[r].held[j] * q1b, q1b) != 0;
+            CU(moe_cu.cuMemcpyDtoH(hs, ds1[r], 4 * NH * s1n));
+            for (int j = 0; j < NH; j++)
+                bad[1] += memcmp(hs + j * s1n, s1 + (size_t)mp.ranks[r].held[j] * s1n, 4 * s1n) != 0;
+            CU(moe_cu.cuMemcpyDtoH(hq, dq2[r], NH * q2b));
+            for (int j = 0; j < NH; j++)
+                bad[2] += memcmp(hq + j * q2b, q2 + (size_t)mp.ranks[r].held[j] * q2b, q2b) != 0;
+            CU(moe_cu.cuMemcpyDtoH(hs, ds2[r], 4 * NH * s2n));
+            for (int j = 0; j < NH; j++)
+                bad[3] += memcmp(hs + j * s2n, s2 + (size_t)mp.ranks[r].held[j] * s2n, 4 * s2n) != 0;
+            if (families_on >> FAM_GATHER & 1u)
+                CHECKF(!bad[0] && !bad[1] && !bad[2] && !bad[3], "pass %d, rank %d: held slots not the direct "
+                       "quantize of their experts: w1q %lld, w1s %lld, w2q %lld, w2s %lld of %d", pass, r, bad[0],
+                       bad[1], bad[2], bad[3], NH);
+        }
+        if (pass == 0 && (families_on >> FAM_GATHER & 1u))
+            printf("  %s: %d ranks, %lld bytes gathered into each (bf16: %lld)\n", c->name, W, info.gather_bytes,
+                   (long long)((NH - NS) * 2 * (q1b + q2b)));
+    }
+    /* every rank's forward on its gathered weights (the last pass's) */
+    family_case(FAM_EP, c->name);
+    if (!(families_on >> FAM_EP & 1u))
+        goto done;
+    for (int r = 0; r < W; r++) {
+        CU(moe_cu.cuMemsetD8(dy[r], 0xff, 2 * (size_t)T * H)); /* poison: NaN in bf16 */
+        CU(moe_cu.cuMemsetD8(dws[r], 0xff, wsb));
+        moe_forward_args a = {.tokens = T, .x = (void *)(uintptr_t)dx[r], .router_w = (void *)(uintptr_t)dwr,
+                              .w1p = (void *)(uintptr_t)dq1[r], .w2 = (void *)(uintptr_t)dq2[r],
+                              .w1s = (float *)(uintptr_t)ds1[r], .w2s = (float *)(uintptr_t)ds2[r],
+                              .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)dws[r]};
+        moe_status st = moe_forward(plan[r], &a, NULL);
+        CHECKF(st == MOE_OK, "forward, rank %d: %s", r, moe_last_error());
+        if (st)
+            goto done;
+    }
+    CU(moe_cu.cuCtxSynchronize());
+    moe_ref_inputs_t extra = {.fp8 = &f8};
+    for (int r = 0; r < W; r++) {
+        CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
+        int nan = 0;
+        double e = ep_layer_error(&L, &spec, r, T, y, &nan, &extra);
+        CHECKF(e >= 0 && nan == 0 && e <= 1.5e-2, "rank %d: error %.3g against the quantized recipe, %d outputs "
+               "unwritten", r, e, nan);
+        if (r == 0)
+            printf("  %s: %d ranks x %d tokens, rank 0 error %.2e (against the CPU's quantized recipe)\n", c->name,
+                   W, T, e);
+    }
+done:
+    for (int r = 0; r < W; r++) {
+        CUdeviceptr all[] = {dx[r], dy[r], dws[r], db1[r], db2[r], dq1[r], dq2[r], ds1[r], ds2[r], dsq1[r], dsq2[r],
+                             dss1[r], dss2[r]};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (all[i])
+                moe_cu.cuMemFree(all[i]);
+        free(call[r]);
+    }
+    for (int r = 0; r < W; r++)
+        moe_plan_destroy(plan[r]);
+    if (dwr)
+        moe_cu.cuMemFree(dwr);
+    moe_ref_fp8_free(&f8);
+    ep_layer_free(&L);
+    free(q1), free(q2), free(hq), free(s1), free(s2), free(hs), free(y);
+    moe_mesh_plan_free(&mp);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     int nfilter = 0;
     const char *filter[16];
@@ -357,6 +578,19 @@ int main(int argc, char **argv) {
             want |= strstr(cases[i].name, filter[j]) != NULL;
         if (want)
             run_case(&cases[i], seed + i);
+    }
+    int major = 0;
+    moe_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    for (size_t i = 0; i < sizeof fp8_cases / sizeof *fp8_cases; i++) {
+        int want = nfilter == 0;
+        for (int j = 0; j < nfilter; j++)
+            want |= strstr(fp8_cases[i].name, filter[j]) != NULL;
+        if (want && major != 9) {
+            CASE(fp8_cases[i].name);
+            SKIP("the fp8 GEMMs are sm_90a and device 0 is compute capability %d.x", major);
+        } else if (want) {
+            run_fp8_case(&fp8_cases[i], seed + 100 + i);
+        }
     }
     return check_report("test_ep_gpu");
 }

@@ -2,10 +2,16 @@
  *
  * Every small mesh is checked against properties computed here, by formulas
  * written independently of gen/mesh.c; the two historical bugs, hand-corrupted
- * plans, error messages and the JSON output are checked against exact goldens. */
+ * plans, error messages and the JSON output are checked against exact goldens.
+ * The FSDP gather's parts and transfer lists (runtime/ep.c,
+ * moe_ep_gather_xfers) run on the host for every rank of a mesh, bf16 and
+ * fp8 (e4m3 weights plus scales), with host buffers standing in for the
+ * devices' ("gather: ..." cases). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "check.h"
+#include "ep.h"
 #include "mesh.h"
 
 #include "mesh_fixture.h"
@@ -414,6 +420,184 @@ static void test_json(void) {
     moe_mesh_plan_free(&mp);
 }
 
+/* ---- the FSDP gather on the host -------------------------------------------
+ *
+ * Every rank of a mesh lists its gather (moe_ep_gather_xfers) over host
+ * buffers: its stored shard of each part filled with bytes that name the
+ * expert, the part and the byte (never zero), its held buffers poisoned.
+ * The harness makes each rank's local copy (its shard to its place), then
+ * moves every send into the receive it meets (sends to one peer meet that
+ * peer's receives in list order, as NCCL matches them), and checks every
+ * held slot holds the bytes of the expert the mesh plan says it holds. */
+
+static uint8_t gather_byte(int expert, int part, size_t i) {
+    uint32_t h = (uint32_t)expert * 2654435761u ^ (uint32_t)part * 40503u ^ (uint32_t)i * 2246822519u;
+    h ^= h >> 15;
+    return (uint8_t)(h % 255 + 1);
+}
+
+/* The per-expert bytes of each gather part, from the spec alone (0: absent):
+ * w1p, b1p, w2, b2, w1s, w2s. */
+static void gather_want_bytes(const moe_spec_t *s, size_t want[MOE_GATHER_PARTS]) {
+    const size_t H = (size_t)s->hidden, F = (size_t)s->ffn, fp8 = s->quant.weights == MOE_QUANT_FP8_E4M3;
+    const int block = s->quant.scaling == MOE_SCALING_BLOCK;
+    want[MOE_GATHER_W1P] = (fp8 ? 1 : 2) * 2 * F * H;
+    want[MOE_GATHER_B1P] = s->ffn_bias ? 2 * 2 * F : 0;
+    want[MOE_GATHER_W2] = (fp8 ? 1 : 2) * H * F;
+    want[MOE_GATHER_B2] = s->ffn_bias ? 2 * H : 0;
+    want[MOE_GATHER_W1S] = !fp8 ? 0 : block ? 4 * (2 * F / 128) * (H / 128) : 4 * 2 * F;
+    want[MOE_GATHER_W2S] = !fp8 ? 0 : block ? 4 * (H / 128) * (F / 128) : 4 * H;
+}
+
+/* One mesh, one weight format: 0 when every rank's held buffers come out
+ * right, else 1 with the first wrong thing in why. *moved: the bytes rank 0
+ * received. */
+static int gather_run(const moe_spec_t *s, size_t *moved, char *why, size_t len) {
+    moe_mesh_plan_t mp;
+    char err[512];
+    if (moe_mesh_plan_build(&mp, s, err, sizeof err)) FAIL("mesh: %s", err);
+    const int W = mp.world, NS = mp.nstored, NH = mp.nheld;
+    size_t want[MOE_GATHER_PARTS];
+    gather_want_bytes(s, want);
+    int bad = 0;
+    uint8_t *stored[64][MOE_GATHER_PARTS] = {{0}}, *held[64][MOE_GATHER_PARTS] = {{0}};
+    moe_gather_part_t parts[64][MOE_GATHER_PARTS];
+    int nparts[64] = {0};
+    moe_ep_call_t **call = calloc((size_t)W, sizeof *call);
+    *moved = 0;
+#define GFAIL(...) do { if (!bad) snprintf(why, len, __VA_ARGS__); bad = 1; goto done; } while (0)
+    if (W > 64) GFAIL("at most 64 ranks");
+    for (int r = 0; r < W; r++) {
+        call[r] = malloc(sizeof *call[r]);
+        for (int p = 0; p < MOE_GATHER_PARTS; p++) {
+            if (!want[p])
+                continue;
+            stored[r][p] = malloc(want[p] * NS);
+            held[r][p] = malloc(want[p] * NH);
+            memset(held[r][p], 0, want[p] * NH); /* poison: the data is never zero */
+            for (int j = 0; j < NS; j++)
+                for (size_t i = 0; i < want[p]; i++)
+                    stored[r][p][j * want[p] + i] = gather_byte(mp.ranks[r].stored[j], p, i);
+        }
+        moe_gather_args g = {.stored = {stored[r][0], stored[r][1], stored[r][2], stored[r][3]},
+                             .held_w1p = held[r][0], .held_b1p = held[r][1], .held_w2 = held[r][2],
+                             .held_b2 = held[r][3], .stored_w1s = (float *)stored[r][4],
+                             .stored_w2s = (float *)stored[r][5], .held_w1s = (float *)held[r][4],
+                             .held_w2s = (float *)held[r][5]};
+        if (moe_ep_gather_xfers(&mp, r, s, &g, parts[r], &nparts[r], call[r]))
+            GFAIL("rank %d: %s", r, moe_last_error());
+        int n = 0;
+        for (int p = 0; p < MOE_GATHER_PARTS; p++) {
+            if (!want[p])
+                continue;
+            const moe_gather_part_t *q = &parts[r][n++];
+            if (n > nparts[r] || q->tensor != p || q->expert_bytes != want[p] || q->stride != want[p] * NS ||
+                q->src != stored[r][p] || q->base != (CUdeviceptr)(uintptr_t)held[r][p])
+                GFAIL("rank %d: part %d is not tensor %d of %zu bytes per expert", r, n - 1, p, want[p]);
+        }
+        if (n != nparts[r]) GFAIL("rank %d: %d parts, want %d", r, nparts[r], n);
+        /* the local copy moe_ep_gather_local makes: the shard to its place */
+        const int me = NH > NS ? mp.ranks[r].fsdp_rank : 0;
+        for (int i = 0; i < nparts[r]; i++)
+            memcpy((uint8_t *)(uintptr_t)parts[r][i].base + parts[r][i].stride * me, parts[r][i].src,
+                   parts[r][i].stride);
+    }
+    for (int r = 0; r < W; r++) {
+        const int me = mp.ranks[r].fsdp_rank;
+        for (int i = 0; i < call[r]->nx; i++) {
+            const moe_xfer_t *x = &call[r]->x[i];
+            if (x->recv)
+                continue;
+            const int q = mp.ranks[r].fsdp_peers[x->peer];
+            int nth = 0;
+            for (int j = 0; j < i; j++)
+                nth += !call[r]->x[j].recv && call[r]->x[j].peer == x->peer;
+            const moe_xfer_t *m = NULL;
+            for (int j = 0; j < call[q]->nx && !m; j++)
+                if (call[q]->x[j].recv && call[q]->x[j].peer == me && nth-- == 0)
+                    m = &call[q]->x[j];
+            if (!m || m->bytes != x->bytes)
+                GFAIL("rank %d sends %zu bytes to rank %d, which receives %lld", r, x->bytes, q,
+                      m ? (long long)m->bytes : -1LL);
+            memcpy((void *)(uintptr_t)m->ptr, (const void *)(uintptr_t)x->ptr, x->bytes);
+            if (q == 0)
+                *moved += x->bytes;
+        }
+    }
+    for (int r = 0; r < W; r++)
+        for (int p = 0; p < MOE_GATHER_PARTS; p++)
+            for (int j = 0; want[p] && j < NH; j++)
+                for (size_t i = 0; i < want[p]; i++)
+                    if (held[r][p][j * want[p] + i] != gather_byte(mp.ranks[r].held[j], p, i))
+                        GFAIL("rank %d: held slot %d of tensor %d, byte %zu is not expert %d's", r, j, p, i,
+                              mp.ranks[r].held[j]);
+    if (*moved != moe_ep_gather_bytes(&mp, s))
+        GFAIL("rank 0 received %zu bytes; moe_ep_gather_bytes says %zu", *moved, moe_ep_gather_bytes(&mp, s));
+done:
+#undef GFAIL
+    for (int r = 0; r < W && r < 64; r++) {
+        for (int p = 0; p < MOE_GATHER_PARTS; p++)
+            free(stored[r][p]), free(held[r][p]);
+        free(call[r]);
+    }
+    free(call);
+    moe_mesh_plan_free(&mp);
+    return bad;
+}
+
+static void test_gather(void) {
+    static const struct {
+        const char *name;
+        int experts, dp, fsdp, ep, sh;
+    } meshes[] = {
+        {"fsdp2", 8, 1, 2, 1, SH_EP_FSDP},     {"dp2 fsdp4", 16, 2, 4, 1, SH_EP_FSDP},
+        {"fsdp4 {fsdp}", 8, 1, 4, 1, SH_FSDP}, {"dp2 fsdp2 ep2", 8, 2, 2, 2, SH_EP_FSDP},
+        {"dp2 fsdp2 ep2 {fsdp,ep}", 8, 2, 2, 2, SH_FSDP_EP},
+        {"fsdp2 {ep}: a local copy", 8, 1, 2, 2, SH_EP},
+    };
+    static const struct {
+        const char *name;
+        int fp8, scaling, bias;
+    } formats[] = {{"bf16", 0, 0, 0}, {"bf16 ffn_bias", 0, 0, 1}, {"fp8 block", 1, MOE_SCALING_BLOCK, 0},
+                   {"fp8 channel ffn_bias", 1, MOE_SCALING_CHANNEL, 1}};
+    char name[128], why[256];
+    for (size_t m = 0; m < sizeof meshes / sizeof *meshes; m++) {
+        size_t bf16_moved = 0;
+        for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
+            snprintf(name, sizeof name, "gather: %s, %s", meshes[m].name, formats[f].name);
+            CASE(name);
+            moe_spec_t s = make_spec(meshes[m].experts, meshes[m].dp, meshes[m].fsdp, meshes[m].ep, order_default,
+                                     meshes[m].sh);
+            s.quant.weights = formats[f].fp8 ? MOE_QUANT_FP8_E4M3 : MOE_QUANT_NONE;
+            s.quant.scaling = formats[f].scaling;
+            s.ffn_bias = formats[f].bias;
+            size_t moved = 0;
+            CHECKF(gather_run(&s, &moved, why, sizeof why) == 0, "%s", why);
+            if (f == 0)
+                bf16_moved = moved;
+            if (f == 2) { /* fp8 block: the e4m3 bytes are half, the scales 1/(128·128·2) of bf16's more */
+                size_t want = bf16_moved / 2 + bf16_moved / (2 * 128 * 128 / 4);
+                CHECKF(moved == want, "fp8 moves %zu bytes, want %zu (bf16: %zu)", moved, want, bf16_moved);
+            }
+        }
+    }
+
+    CASE("gather: a NULL fp8 scale tensor is named");
+    moe_spec_t s = make_spec(8, 1, 2, 1, order_default, SH_EP_FSDP);
+    s.quant.weights = MOE_QUANT_FP8_E4M3;
+    moe_mesh_plan_t mp;
+    char err[512];
+    CHECKF(moe_mesh_plan_build(&mp, &s, err, sizeof err) == 0, "%s", err);
+    uint8_t a[4], b[4];
+    moe_gather_args g = {.stored = {a, NULL, a, NULL}, .held_w1p = b, .held_w2 = b, .stored_w1s = (float *)a,
+                         .held_w1s = (float *)b, .stored_w2s = (float *)a};
+    moe_gather_part_t parts[MOE_GATHER_PARTS];
+    int n = 0;
+    CHECK(moe_ep_gather_xfers(&mp, 0, &s, &g, parts, &n, NULL) == MOE_ERR_INVALID_ARG);
+    CHECK_STREQ(moe_last_error(), "moe_gather_weights: tensor 5 (w2s) is NULL");
+    moe_mesh_plan_free(&mp);
+}
+
 int main(void) {
     test_sweep();
     test_historical();
@@ -421,5 +605,6 @@ int main(void) {
     test_errors();
     test_single_axis();
     test_json();
+    test_gather();
     return check_report("test_mesh");
 }

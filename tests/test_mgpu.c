@@ -14,11 +14,15 @@
  *
  * Meshes: world1 (one GPU: the plan takes a communicator of one rank), EP2,
  * EP4, EP8, DP2/FSDP2/EP2 under both expert shardings, EP4 in capacity
- * mode, and fsdp2_train (FSDP2, training = true: after the forward check
+ * mode, fsdp2_train (FSDP2, training = true: after the forward check
  * the training forward and the backward on each rank's tokens, then
  * moe_reduce_scatter_grads; each rank's stored experts' weight gradients
- * against the CPU reference of both ranks' tokens together, train_check);
- * a mesh needing more GPUs than the machine has is reported skipped.
+ * against the CPU reference of both ranks' tokens together, train_check),
+ * and with fp8 weights (quant.weights = "fp8_e4m3", sm_90a) FSDP2
+ * and DP2/FSDP2: each rank quantizes its bf16 shard on the device and
+ * gathers the e4m3 weights and scales (moe_gather_weights_fp8), checked
+ * against the CPU's quantized recipe; a mesh needing more GPUs than the
+ * machine has is reported skipped.
  * --mesh also takes a spec file (e.g. examples/specs/deepseek-v3-ep8-mesh.moe);
  * --set KEY=VALUE (repeatable) overrides a key of the spec(s) run, as
  * `moegen --set` does (dispatch.mode=capacity, dispatch.capacity=N, mesh.ep=4,
@@ -85,6 +89,9 @@ typedef struct {
 } mesh_case_t;
 
 #define LAYER "experts = 32 top_k = 4 hidden = 1024 ffn = 512 tokens = 4096 arch = { 'sm_90a', 'sm_80' }\n"
+#define LAYER_FP8                                                                                    \
+    "experts = 32 top_k = 4 hidden = 1024 ffn = 512 tokens = 4096 arch = { 'sm_90a' }\n"                 \
+    "quant = { weights = 'fp8_e4m3' }\n"
 static const mesh_case_t meshes[] = {
     {"world1", "name = 'w1' " LAYER},
     {"ep2", "name = 'ep2' " LAYER "mesh = { ep = 2 }\n"},
@@ -97,6 +104,8 @@ static const mesh_case_t meshes[] = {
     {"fsdp2_train", "name = 'f2t' experts = 8 top_k = 2 hidden = 256 ffn = 128 tokens = 1024 ffn_bias = true "
                     "router = { logit_bias = true } training = true arch = { 'sm_90a', 'sm_80' }\n"
                     "mesh = { fsdp = 2 }\n"},
+    {"fp8_fsdp2", "name = 'f8f2' " LAYER_FP8 "mesh = { fsdp = 2 }\n"},
+    {"fp8_dp2_fsdp2", "name = 'f8df' " LAYER_FP8 "mesh = { dp = 2, fsdp = 2 }\n"},
 };
 #define NMESH (sizeof meshes / sizeof *meshes)
 
@@ -154,10 +163,12 @@ static int find_mesh(const char *name, mesh_case_t *out) {
 }
 
 /* The inputs a spec may add to ep_layer_t (NULL when it does not): router
- * biases fp32 [E], plain b1 [E, 2F] and b2 [E, H]. Same on every rank. */
+ * biases fp32 [E], plain b1 [E, 2F] and b2 [E, H]; with fp8 weights the
+ * reference's e4m3 weights (made by the caller). Same on every rank. */
 typedef struct {
     float *sel, *logit;
     uint16_t *b1, *b2;
+    moe_ref_fp8_t f8;
 } extras_t;
 
 static int extras_make(extras_t *b, const moe_spec_t *s, uint64_t seed) {
@@ -183,14 +194,18 @@ static int extras_make(extras_t *b, const moe_spec_t *s, uint64_t seed) {
     return 0;
 }
 
-static void extras_free(extras_t *b) { free(b->sel), free(b->logit), free(b->b1), free(b->b2); }
+static void extras_free(extras_t *b) {
+    free(b->sel), free(b->logit), free(b->b1), free(b->b2);
+    moe_ref_fp8_free(&b->f8);
+}
 
 /* ep_layer_error with the spec's biases: normalized L2 error of rank r's y
  * [T, H] against the reference on its tokens; *unwritten counts NaNs (the
  * poison). Returns -1 on failure. */
 static double layer_error(const ep_layer_t *l, const extras_t *b, const moe_spec_t *s, int r, int T,
                           const uint16_t *y, int *unwritten) {
-    moe_ref_inputs_t bias = {.b1 = b->b1, .b2 = b->b2, .sel_bias = b->sel, .logit_bias = b->logit};
+    moe_ref_inputs_t bias = {.b1 = b->b1, .b2 = b->b2, .sel_bias = b->sel, .logit_bias = b->logit,
+                             .fp8 = moe_spec_fp8(s) ? &b->f8 : NULL};
     return ep_layer_error(l, s, r, T, y, unwritten, &bias);
 }
 
@@ -590,6 +605,7 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     size_t w1e = 2 * F * H, w2e = H * F, nst = (size_t)mp.nstored, nh = (size_t)mp.nheld;
     size_t xb = 2 * (size_t)T * H;
     const moe_mesh_rank_t *me = &mp.ranks[rank];
+    const int fp8 = moe_spec_fp8(&spec); /* the stored shard stays bf16 (plain layouts), quantized before the gather */
     ep_layer_t L = {0};
     extras_t X = {0};
     uint16_t *w1p = NULL, *b1p = NULL, *y = malloc(xb);
@@ -597,13 +613,15 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
         DIE("out of memory");
     if (check) {
         if (ep_layer_make(&L, &spec, W, T, seed) || extras_make(&X, &spec, seed) || !(w1p = malloc(2 * E * w1e)) ||
-            (spec.ffn_bias && !(b1p = malloc(2 * E * 2 * F))))
+            (spec.ffn_bias && !(b1p = malloc(2 * E * 2 * F))) ||
+            (fp8 && moe_ref_fp8_weights(&spec, L.w1, L.w2, &X.f8)))
             DIE("out of memory");
         moe_plan_pack_w1(plan, L.w1, w1p);
         if (b1p)
             moe_plan_pack_b1(plan, X.b1, b1p);
     }
-    CUdeviceptr dx, dy, dwr, dws, s1, s2, h1, h2, dsel = 0, dlogit = 0, sb1 = 0, sb2 = 0, hb1 = 0, hb2 = 0;
+    CUdeviceptr dx, dy, dwr, dws, s1, s2, h1, h2, dsel = 0, dlogit = 0, sb1 = 0, sb2 = 0, hb1 = 0, hb2 = 0, hs1 = 0,
+                hs2 = 0;
     size_t wsb = moe_plan_workspace_size(plan, T);
     if (!wsb)
         DIE("moe_plan_workspace_size(%d): %s", T, moe_last_error());
@@ -617,6 +635,14 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     CUX(moe_cu.cuMemAlloc(&s2, 2 * nst * w2e));
     CUX(moe_cu.cuMemAlloc(&h1, 2 * nh * w1e));
     CUX(moe_cu.cuMemAlloc(&h2, 2 * nh * w2e));
+    if (fp8) { /* e4m3 in h1, h2 (half their bytes used); scales: at most one per 128 x 128 block or row */
+        CUX(moe_cu.cuMemAlloc(&hs1, 4 * nh * 2 * F));
+        CUX(moe_cu.cuMemAlloc(&hs2, 4 * nh * H));
+        CUX(moe_cu.cuMemsetD8(h1, 0x7f, 2 * nh * w1e)); /* poison: e4m3 and fp32 NaN */
+        CUX(moe_cu.cuMemsetD8(h2, 0x7f, 2 * nh * w2e));
+        CUX(moe_cu.cuMemsetD8(hs1, 0xff, 4 * nh * 2 * F));
+        CUX(moe_cu.cuMemsetD8(hs2, 0xff, 4 * nh * H));
+    }
     if (spec.router.bias)
         CUX(moe_cu.cuMemAlloc(&dsel, 4 * E));
     if (spec.router.logit_bias)
@@ -630,7 +656,7 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     if (check) { /* this rank's part of the whole layer */
         CUX(moe_cu.cuMemcpyHtoD(dx, L.x + (size_t)rank * T * H, xb));
         CUX(moe_cu.cuMemcpyHtoD(dwr, L.wr, 2 * E * H));
-        CUX(moe_cu.cuMemcpyHtoD(s1, w1p + me->stored[0] * w1e, 2 * nst * w1e));
+        CUX(moe_cu.cuMemcpyHtoD(s1, (fp8 ? L.w1 : w1p) + me->stored[0] * w1e, 2 * nst * w1e));
         CUX(moe_cu.cuMemcpyHtoD(s2, L.w2 + me->stored[0] * w2e, 2 * nst * w2e));
         if (dsel)
             CUX(moe_cu.cuMemcpyHtoD(dsel, X.sel, 4 * E));
@@ -657,12 +683,23 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
         }
     }
     moe_gather_args g = {.stored = {DEV(s1), DEV(sb1), DEV(s2), DEV(sb2)},
-                         .held_w1p = DEV(h1), .held_b1p = DEV(hb1), .held_w2 = DEV(h2), .held_b2 = DEV(hb2)};
-    if ((st = moe_gather_weights(plan, &g, NULL)))
+                         .held_w1p = DEV(h1), .held_b1p = DEV(hb1), .held_w2 = DEV(h2), .held_b2 = DEV(hb2),
+                         .held_w1s = (float *)DEV(hs1), .held_w2s = (float *)DEV(hs2)};
+    if (fp8) { /* quantize before gather: the bf16 shard (plain layouts) into e4m3 and scales, then the gather */
+        moe_pack_args b1, b2;
+        if (moe_plan_pack_layout(plan, MOE_LAYOUT_W1_FUSED, DEV(s1), NULL, 0, (int)nst, &b1) ||
+            moe_plan_pack_layout(plan, MOE_LAYOUT_W2, DEV(s2), NULL, 0, (int)nst, &b2))
+            DIE("moe_plan_pack_layout: %s", moe_last_error());
+        g.stored.w1p = g.stored.w2 = NULL;
+        if ((st = moe_gather_weights_fp8(plan, &b1, &b2, &g, NULL)))
+            DIE("moe_gather_weights_fp8: %s", moe_last_error());
+    } else if ((st = moe_gather_weights(plan, &g, NULL))) {
         DIE("moe_gather_weights: %s", moe_last_error());
+    }
     moe_forward_args a = {.tokens = T, .x = DEV(dx), .router_w = DEV(dwr), .router_bias = (const float *)DEV(dsel),
                           .router_logit_bias = (const float *)DEV(dlogit), .w1p = DEV(h1), .b1p = DEV(hb1),
-                          .w2 = DEV(h2), .b2 = DEV(hb2), .y = DEV(dy), .workspace = DEV(dws)};
+                          .w2 = DEV(h2), .b2 = DEV(hb2), .y = DEV(dy), .workspace = DEV(dws),
+                          .w1s = (const float *)DEV(hs1), .w2s = (const float *)DEV(hs2)};
     if ((st = moe_forward(plan, &a, NULL)))
         DIE("moe_forward: %s", moe_last_error());
     CUX(moe_cu.cuCtxSynchronize());
@@ -677,9 +714,10 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     if (check) {
         double e = layer_error(&L, &X, &spec, rank, T, y, &nan);
         ok = e >= 0 && e <= 1.5e-2 && nan == 0 && lost == 0;
-        printf("  %s rank %d (ep rank %d, fsdp rank %d, %d held experts): %d tokens, error %.2e, %d unwritten, "
-               "%lld overflowed: %s\n",
-               m->name, rank, info.ep_rank, info.fsdp_rank, info.held, T, e, nan, lost, ok ? "ok" : "FAIL");
+        printf("  %s rank %d (ep rank %d, fsdp rank %d, %d held experts, %lld bytes gathered): %d tokens, error "
+               "%.2e, %d unwritten, %lld overflowed: %s\n",
+               m->name, rank, info.ep_rank, info.fsdp_rank, info.held, info.gather_bytes, T, e, nan, lost,
+               ok ? "ok" : "FAIL");
     } else {
         for (size_t i = 0; i < (size_t)T * H; i++)
             nan += isnan(moe_half_to_float(y[i], MOE_DTYPE_BF16)); /* the poison, or worse */

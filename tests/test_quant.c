@@ -537,6 +537,21 @@ static void test_pack_quantize(moe_quant_scaling_t scaling) {
     free(w1), free(w1t), free(w1i), free(w2), free(w2t), free(q), free(sc);
 }
 
+/* FSDP carries fp8 weights (the quantized gather): an fp8 spec on a dp x
+ * fsdp mesh loads and plans; with mesh.ep > 1 it is refused
+ * (tests/golden/errors/quant_with_ep.txt holds the message). */
+static void test_fsdp_spec(void) {
+    CASE("spec: fp8 on dp2 x fsdp2 plans");
+    moe_plan_desc_t pd;
+    const int rc = plan_of(&pd, "name = 'f' experts = 8 top_k = 2 hidden = 256 ffn = 384 tokens = 64 "
+                                "arch = { 'sm_90a' } quant = { weights = 'fp8_e4m3' } mesh = { dp = 2, fsdp = 2 }");
+    CHECK(rc == 0);
+    if (rc == 0) {
+        CHECK(pd.mesh.world == 4 && pd.mesh.nstored == 4 && pd.mesh.nheld == 8);
+        moe_plan_desc_free(&pd);
+    }
+}
+
 int main(void) {
     test_codes();
     test_quantize();
@@ -549,5 +564,6 @@ int main(void) {
     test_pack_deepseek();
     test_pack_quantize(MOE_SCALING_BLOCK);
     test_pack_quantize(MOE_SCALING_CHANNEL);
+    test_fsdp_spec();
     return check_report("test_quant");
 }
