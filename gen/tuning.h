@@ -18,6 +18,7 @@ typedef struct moe_tuning_entry {
     int persistent;                      /* the grid: 0 = one CTA per tile ("tile"), 1 = persistent ("persist"
                                           * or "pingpong") */
     int pingpong;                        /* 1: "pingpong", the consumer warpgroups on alternate tiles */
+    int splitk;                          /* S of "splitkS" (2..16): S CTAs per tile split K; 0 = none */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */
