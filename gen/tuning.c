@@ -98,15 +98,8 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
                                     .pingpong = e.pingpong, .splitk = e.splitk};
         if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
-        if (e.splitk) { /* each GEMM splits min(S, its k tiles) ways (gen/family_gemm.c): the longer one S ways */
-            const int longer = e.hidden > e.ffn ? e.hidden : e.ffn, kt = (longer + e.bk - 1) / e.bk;
-            if (e.splitk > kt) {
-                char m[160];
-                snprintf(m, sizeof m, "grid splitk%d: more splits than the longer GEMM's %d k tiles (max(H, F) / bk, "
-                         "rounded up)", e.splitk, kt);
-                return fail(diag, file, line, m, tok[13]);
-            }
-        }
+        if (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))
+            return fail(diag, file, line, why, tok[13]);
         for (int i = 0; i < 2; i++) {
             char *endp;
             double v = strtod(tok[14 + i], &endp);
@@ -145,6 +138,15 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         t->e[t->n++] = e;
     }
     return 0;
+}
+
+int moe_tuning_splitk_check(int splitk, int hidden, int ffn, int bk, char *why, size_t n) {
+    const int longer = hidden > ffn ? hidden : ffn, kt = (longer + bk - 1) / bk;
+    if (splitk <= kt)
+        return 0;
+    snprintf(why, n, "grid splitk%d: more splits than the longer GEMM's %d k tiles (max(H, F) / bk, rounded up)",
+             splitk, kt);
+    return 1;
 }
 
 int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag) {

@@ -37,6 +37,11 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
 int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag);
 void moe_tuning_free(moe_tuning_t *t);
 
+/* Non-zero (the reason in why) when an entry of shape H x F with k tile
+ * bk cannot run grid splitkS: more splits than the longer GEMM's k tiles
+ * (each GEMM splits min(S, its k tiles) ways: gen/family_gemm.c). */
+int moe_tuning_splitk_check(int splitk, int hidden, int ffn, int bk, char *why, size_t n);
+
 /* The embedded table (tuning/h200.tune), parsed once; NULL if it does not
  * parse (a build error: a test holds it parsing). There is no process-wide
  * table: callers that want this one pass it to moe_plan_desc_build. */
