@@ -117,6 +117,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
         moe_lua_set_str(L, "name", pd->ws[i].name);
         moe_lua_set_str(L, "ctype", ctypes[i]);
         moe_lua_set_int(L, "offset", (long long)pd->ws[i].offset);
+        moe_lua_set_int(L, "bytes", (long long)pd->ws[i].bytes);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "ws");

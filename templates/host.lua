@@ -9,7 +9,7 @@
 @ --
 @ -- p: the shared parameters (moe_plan_push_params: p.name, p.E, p.K,
 @ -- p.H, p.F, p.align, p.pair_granule, p.bias, p.logit_bias, p.ffn_bias),
-@ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
+@ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset, bytes},
 @ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
 @ -- bm, bn, persistent, splitk, K, N, ntiles (a GEMM's reduction length, B rows
@@ -216,8 +216,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
 @ for _, r in ipairs(p.ws) do
-@   -- (the fp8 scatter and GEMMs are not launched here yet: their buffers are not declared)
-@   if not (fp8 and r.name == "hbuf") and r.name ~= "xsc" and r.name ~= "hsc" then
+@   -- (the fp8 scatter and GEMMs are not launched here yet: their buffers are not declared;
+@   -- nor the split-K partials where no GEMM splits)
+@   if not (fp8 and r.name == "hbuf") and r.name ~= "xsc" and r.name ~= "hsc" and not (r.name == "splitk" and r.bytes == 0) then
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
 @   end
 @ end
