@@ -716,9 +716,10 @@ static __device__ __forceinline__ bool consumers_any(bool v) {
 }
 
 /* Split-K, once this CTA's main loop of tile lin retired: each consumer
- * thread ct of a warpgroup with rows (active) stores its accumulators to
- * this split's partial tile (part + (lin * SPLITK + split) * BM * BN
- * floats, [m][i][ct]: every store and load coalesced), then thread 0 takes
+ * thread ct stores its accumulators of the tile's rows (rows of it; the
+ * others are never stored, so neither saved nor summed) to this split's
+ * partial tile (part + (lin * SPLITK + split) * BM * BN floats, [m][i][ct]:
+ * every store and load coalesced), then thread 0 takes
  * the tile's ticket (tickets[lin]). The CTA holding the last one resets it
  * to 0 (the next launch, or graph replay, starts clean even without the
  * memset), sums the SPLITK partials into acc in split order, its own from
@@ -728,16 +729,18 @@ static __device__ __forceinline__ bool consumers_any(bool v) {
  * CTA thread 0's atomic, its fence, the barrier (acquire), then the loads,
  * through L2 (ld.global.cg). */
 static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], float *__restrict__ part,
-                                                     int *__restrict__ tickets, int lin, int ct, bool active) {
+                                                     int *__restrict__ tickets, int lin, int ct, int rows) {
     const int split = split_of();
     float *__restrict__ tile = part + (long long)lin * SPLITK * (BM * BN);
-    if (active) {
+    /* registers 2h, 2h + 1 of each n8 block are row r0 + m * 64 + 8h of the tile (warpgroup ct / 128, its
+     * warp, the lane's group) */
+    const int r0 = (ct >> 7) * WG_ROWS + ((ct >> 5) & 3) * 16 + ((ct & 31) >> 2);
 #pragma unroll
-        for (int m = 0; m < WM; ++m)
+    for (int m = 0; m < WM; ++m)
 #pragma unroll
-            for (int i = 0; i < NACC; ++i)
+        for (int i = 0; i < NACC; ++i)
+            if (r0 + m * 64 + 8 * ((i >> 1) & 1) < rows)
                 __stcg(tile + (long long)split * (BM * BN) + (m * NACC + i) * CTHREADS + ct, acc[m][i]);
-    }
     __threadfence();
     consumers_sync();
     bool last = false;
@@ -750,18 +753,17 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
     }
     if (!consumers_any(last))
         return false;
-    if (active) {
 #pragma unroll
-        for (int m = 0; m < WM; ++m)
+    for (int m = 0; m < WM; ++m)
 #pragma unroll
-            for (int i = 0; i < NACC; ++i) {
+        for (int i = 0; i < NACC; ++i)
+            if (r0 + m * 64 + 8 * ((i >> 1) & 1) < rows) {
                 float sum = 0.0f;
                 for (int sp = 0; sp < SPLITK; ++sp)
                     sum += sp == split ? acc[m][i]
                                        : __ldcg(tile + (long long)sp * (BM * BN) + (m * NACC + i) * CTHREADS + ct);
                 acc[m][i] = sum;
             }
-    }
     return true;
 }
 @ end
@@ -932,7 +934,7 @@ ${ARCH_GUARD}
                 skip_tile(sbase, s, phase);
 @   end
 @   if c.splitk > 0 then
-            if (!splitk_reduce(acc, splitk_part, splitk_tickets, lin, ct, cw < n_active))
+            if (!splitk_reduce(acc, splitk_part, splitk_tickets, lin, ct, rows))
                 continue;  /* another split's CTA finishes the tile */
 @   end
 @   if not c.persistent then

@@ -807,7 +807,7 @@ gpt_oss_120b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__
 }
 
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1128,7 +1128,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1155,21 +1155,21 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 888 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1186,31 +1186,31 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1054 "templates/gemm_sm90.lua"
+#line 1056 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1059 "templates/gemm_sm90.lua"
-                    const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
 #line 1061 "templates/gemm_sm90.lua"
+                    const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
+#line 1063 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1066 "templates/gemm_sm90.lua"
+#line 1068 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1220,7 +1220,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1076 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1229,37 +1229,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1091 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1570,7 +1570,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1597,21 +1597,21 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 888 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1628,36 +1628,36 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1113 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1116 "templates/gemm_sm90.lua"
-                    const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
 #line 1118 "templates/gemm_sm90.lua"
+                    const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1125 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1138 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1667,28 +1667,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2292,7 +2292,7 @@ gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -2581,7 +2581,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -2608,17 +2608,17 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
     }
     __syncthreads();
     if (wg == 0) {
-#line 869 "templates/gemm_sm90.lua"
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 888 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2635,31 +2635,31 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1054 "templates/gemm_sm90.lua"
+#line 1056 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1059 "templates/gemm_sm90.lua"
-                    const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
 #line 1061 "templates/gemm_sm90.lua"
+                    const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
+#line 1063 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1066 "templates/gemm_sm90.lua"
+#line 1068 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -2669,7 +2669,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1076 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2678,37 +2678,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1091 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -2987,7 +2987,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3014,17 +3014,17 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 869 "templates/gemm_sm90.lua"
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 888 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3041,36 +3041,36 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1113 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1116 "templates/gemm_sm90.lua"
-                    const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
 #line 1118 "templates/gemm_sm90.lua"
+                    const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1125 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1138 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3080,28 +3080,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

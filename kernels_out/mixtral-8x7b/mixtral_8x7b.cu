@@ -781,7 +781,7 @@ mixtral_8x7b_combine_bf16_h4096k2(const moe_half_t *__restrict__ obuf, const int
     }
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1131,7 +1131,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1158,23 +1158,23 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 774 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 780 "templates/gemm_sm90.lua"
-        (void)b1p;
 #line 782 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 784 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1199,22 +1199,22 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
 #line 814 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 816 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1054 "templates/gemm_sm90.lua"
+#line 1056 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1061 "templates/gemm_sm90.lua"
+#line 1063 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1223,10 +1223,10 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1091 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
                             }
                     }
-#line 819 "templates/gemm_sm90.lua"
+#line 821 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -1236,26 +1236,26 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 961 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1598,7 +1598,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1625,23 +1625,23 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 774 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 780 "templates/gemm_sm90.lua"
-        (void)b2;
 #line 782 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 784 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1666,20 +1666,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
 #line 814 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 816 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1113 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1118 "templates/gemm_sm90.lua"
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1138 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1689,7 +1689,7 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 819 "templates/gemm_sm90.lua"
+#line 821 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -1699,20 +1699,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 961 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2303,7 +2303,7 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -2653,7 +2653,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -2680,23 +2680,23 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 774 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 780 "templates/gemm_sm90.lua"
-        (void)b1p;
 #line 782 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 784 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2721,22 +2721,22 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
 #line 814 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 816 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1054 "templates/gemm_sm90.lua"
+#line 1056 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1061 "templates/gemm_sm90.lua"
+#line 1063 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2745,10 +2745,10 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1091 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
                             }
                     }
-#line 819 "templates/gemm_sm90.lua"
+#line 821 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -2758,26 +2758,26 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 961 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -3120,7 +3120,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -3147,23 +3147,23 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 774 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 780 "templates/gemm_sm90.lua"
-        (void)b2;
 #line 782 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 784 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3188,20 +3188,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
 #line 814 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 816 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1113 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1118 "templates/gemm_sm90.lua"
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1138 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3211,7 +3211,7 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 819 "templates/gemm_sm90.lua"
+#line 821 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -3221,20 +3221,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 961 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
