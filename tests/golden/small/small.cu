@@ -781,7 +781,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1099,7 +1099,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1126,23 +1126,23 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 886 "templates/gemm_sm90.lua"
-        (void)b1p;
 #line 888 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1159,29 +1159,29 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1054 "templates/gemm_sm90.lua"
+#line 1056 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1061 "templates/gemm_sm90.lua"
+#line 1063 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1190,37 +1190,37 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1091 "templates/gemm_sm90.lua"
+#line 1093 "templates/gemm_sm90.lua"
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 836 "templates/gemm_sm90.lua"
+#line 838 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 239 "templates/gemm_sm90.lua"
@@ -1531,7 +1531,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 840 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
 }  // namespace small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1558,23 +1558,23 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
     }
     __syncthreads();
     if (wg == 0) {
-#line 867 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 869 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 871 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 873 "templates/gemm_sm90.lua"
+#line 875 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 878 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 883 "templates/gemm_sm90.lua"
+#line 885 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 886 "templates/gemm_sm90.lua"
-        (void)b2;
 #line 888 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 890 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1591,27 +1591,27 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 929 "templates/gemm_sm90.lua"
+#line 931 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 939 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 948 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1113 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1118 "templates/gemm_sm90.lua"
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1138 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1621,28 +1621,28 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 953 "templates/gemm_sm90.lua"
+#line 955 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 959 "templates/gemm_sm90.lua"
-        }
 #line 961 "templates/gemm_sm90.lua"
+        }
+#line 963 "templates/gemm_sm90.lua"
     }
 #else
-#line 964 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 964 "templates/gemm_sm90.lua"
-    (void)b2;
-#line 964 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 964 "templates/gemm_sm90.lua"
-    (void)num_tiles;
 #line 966 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 966 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 966 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 966 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 968 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
