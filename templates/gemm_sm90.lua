@@ -52,7 +52,8 @@
 @ -- tiles [s * KTILES / S, (s + 1) * KTILES / S) (each at least one: the
 @ -- plan keeps S <= KTILES). Every split stores its fp32 accumulators to
 @ -- its partial tile in the splitk workspace (splitk_part: BM x BN floats
-@ -- per tile and split, in the accumulators' own thread order) and takes
+@ -- per tile and split, in the accumulators' own thread order; the tile's
+@ -- rows only) and takes
 @ -- a ticket of its tile (splitk_tickets[tile], zeroed before route with
 @ -- the counts); the CTA that takes the last one resets it to 0, sums the
 @ -- S partials in split order (the same sum whichever CTA is last) and
