@@ -108,7 +108,9 @@
 @
 @ local PRODUCER_REGS = 72
 @ -- split-K's two arguments after the output: the partial tiles, the tickets
-@ local SPLITK_ARGS = ", float *__restrict__ splitk_part, int *__restrict__ splitk_tickets"
+@ -- (not __restrict__: other CTAs write the partials that the last one reads
+@ -- once its ticket and barrier say so, and no load may move above them)
+@ local SPLITK_ARGS = ", float *splitk_part, int *splitk_tickets"
 @
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
 @ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
@@ -729,10 +731,10 @@ static __device__ __forceinline__ bool consumers_any(bool v) {
  * consumers' barrier, thread 0's fence and atomic (release); in the last
  * CTA thread 0's atomic, its fence, the barrier (acquire), then the loads,
  * through L2 (ld.global.cg). */
-static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], float *__restrict__ part,
-                                                     int *__restrict__ tickets, int lin, int ct, int rows) {
+static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], float *part, int *tickets, int lin,
+                                                     int ct, int rows) {
     const int split = split_of();
-    float *__restrict__ tile = part + (long long)lin * SPLITK * (BM * BN);
+    float *tile = part + (long long)lin * SPLITK * (BM * BN);
     /* registers 2h, 2h + 1 of each n8 block are row r0 + m * 64 + 8h of the tile (warpgroup ct / 128, its
      * warp, the lane's group) */
     const int r0 = (ct >> 7) * WG_ROWS + ((ct >> 5) & 3) * 16 + ((ct & 31) >> 2);
