@@ -237,15 +237,31 @@ $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC
 	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
 	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
+# The same test over the split-K GEMMs: the spec emitted under tests/tune/splitk.tune
+# (its GEMMs on the splitkS grid at every size) into build/, built the same way.
+VENDORED_SPLITK := $(BUILD)/vendored_splitk/$(VENDORED_NAME).cu
+$(VENDORED_SPLITK): $(BUILD)/moegen tests/tune/splitk.tune examples/specs/$(VENDORED_SPEC).moe
+	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/splitk.tune -o $(dir $@)
+$(BUILD)/tests/test_vendored_splitk: tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
+	  -Igen -Iruntime -Itests -Itests/support -I$(BUILD)/vendored_splitk -I$(LUA_INC) \
+	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
+	  tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ) $(LUA_LIB) -o $@
+
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
-gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored
+gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
 	@$(BUILD)/tests/test_vendored examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-splitk
+test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
+	@$(BUILD)/tests/test_vendored_splitk examples/specs/$(VENDORED_SPEC).moe
 
 # ---- benchmark and example programs -------------------------------------
 $(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a

@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|verify|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|verify|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -32,6 +32,10 @@
 #            side per spec (decide entries by the layer where tune's GEMM-only times disagree, as runs 11-13 did)
 #   pingpong the ping-pong GEMMs against the embedded table's: moe_bench at 4096 and 16384 tokens
 #            under each (tests/tune/pingpong.tune forces pingpong), and moegen tune's candidate times
+#   splitk   issue #16 item 2, the split-K GEMMs: test_gpu (the inline and example specs) and
+#            test_vendored_splitk under tests/tune/splitk.tune (every GEMM with 2+ k tiles split), then
+#            moe_bench --graph at 1, 4, 8, 16, 64 tokens under the shipped table and under splitk.tune side by
+#            side for $SPLITK_SPECS, and moegen tune at 1, 8, 64 tokens (the split-K candidates among them)
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -148,6 +152,22 @@ for what in "$@"; do
         done
         grep -E '^==|LAYER|gemm_' "$OUT/pingpong_bench.log"
         ;;
+    splitk)
+        MOEGEN_TUNING=tests/tune/splitk.tune timeout 480 build/tests/test_gpu = examples/ 2>&1 |
+            tee "$OUT/test_gpu_splitk.log" | grep -vE '^  ' | tail -8
+        timeout 120 build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored_splitk.log" | tail -3
+        for s in ${SPLITK_SPECS:-qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8}; do
+            for t in shipped splitk; do
+                echo "== $t $s" >> "$OUT/splitk_bench.log"
+                if [ $t = shipped ]; then tab=tuning/h200.tune; else tab=tests/tune/splitk.tune; fi
+                MOEGEN_TUNING=$tab timeout 150 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 \
+                    --tokens 8 --tokens 16 --tokens 64 --iters 20 >> "$OUT/splitk_bench.log" 2>&1
+                echo "moe_bench $t $s: exit $?" | tee -a "$OUT/splitk_bench.log"
+            done
+            timeout 300 build/moegen tune examples/specs/$s.moe --tokens 1,8,64 --iters 10 2>&1 | tee -a "$OUT/splitk_tune.log" | tail -4
+        done
+        grep -E '^== |gemms:|gemm_|LAYER' "$OUT/splitk_bench.log"
+        ;;
     tunesmall)
         cp "${TUNE_FROM:-tuning/h200.tune}" "$OUT/h200.tune"
         all=$(ls examples/specs/*.moe | grep -v -- -mesh | xargs -n1 basename | sed 's/\.moe$//')
@@ -187,6 +207,6 @@ for what in "$@"; do
         for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): [0-9]+ passed' $f | tail -1)"; done
         ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, verify, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, verify, all)"; exit 2 ;;
     esac
 done

@@ -370,11 +370,14 @@ static int cmd_plan(const args_t *a) {
         for (int i = 0; i < MOE_K_COUNT; i++) {
             const moe_kernel_desc_t *k = &moe_plan_kernels(&plan, MOE_ARCH_SM90A)[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
+            char grid[48];
+            snprintf(grid, sizeof grid, "%d CTAs per tile splitting K", k->tile.splitk);
             if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
                 printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
                        k->tile.bn, k->tile.bk, k->tile.stages,
                        k->tile.pingpong     ? "persistent grid, ping-pong"
                        : k->tile.persistent ? "persistent grid"
+                       : k->tile.splitk     ? grid
                                             : "one CTA per tile",
                        k->tile.consumers);
             else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)

@@ -31,7 +31,8 @@ const char *const moe_tune_usage =
     "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE] [--set KEY=VALUE]...\n\n"
     "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m, and the grid: tile = one CTA per\n"
     "output tile, persist = one CTA per SM walking the tiles, pingpong = persist with the two consumer\n"
-    "warpgroups on alternate tiles) for SPEC's shape at each token count\n"
+    "warpgroups on alternate tiles, splitkS = S CTAs per tile each over a share of K: timed at counts\n"
+    "up to 64 alone, and not for an expert-parallel SPEC) for SPEC's shape at each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs, median of N iterations, default 20), the date and the GPU. A plan runs a call of T tokens\n"
@@ -44,18 +45,31 @@ const char *const moe_tune_usage =
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
 
 typedef struct {
-    int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong */
+    int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk */
+    int splitk;                        /* grid 3: S, the CTAs per tile */
 } cand_t;
 
+/* Split-K candidates run at token counts up to this alone (few rows per
+ * expert, where experts x tiles leave most SMs idle); their times above it
+ * are not measured (infinite). */
+#define TUNE_SPLITK_TOKENS 64
+
 static const cand_t cands[] = {
-    {128, 256, 4, 8, 0},  {128, 256, 3, 8, 0}, {128, 256, 4, 16, 0}, {128, 128, 4, 8, 0},
-    {128, 128, 6, 8, 0},  {64, 256, 4, 8, 0},  {64, 128, 6, 8, 0},   {128, 256, 4, 8, 1},
-    {128, 256, 4, 16, 1}, {128, 256, 3, 8, 1},  {128, 256, 3, 16, 1}, {64, 256, 4, 8, 2},
-    {64, 256, 4, 16, 2},  {128, 128, 4, 8, 2},
+    {128, 256, 4, 8, 0, 0},  {128, 256, 3, 8, 0, 0},  {128, 256, 4, 16, 0, 0}, {128, 128, 4, 8, 0, 0},
+    {128, 128, 6, 8, 0, 0},  {64, 256, 4, 8, 0, 0},   {64, 128, 6, 8, 0, 0},   {128, 256, 4, 8, 1, 0},
+    {128, 256, 4, 16, 1, 0}, {128, 256, 3, 8, 1, 0},  {128, 256, 3, 16, 1, 0}, {64, 256, 4, 8, 2, 0},
+    {64, 256, 4, 16, 2, 0},  {128, 128, 4, 8, 2, 0},  {64, 128, 6, 8, 3, 2},   {64, 128, 6, 8, 3, 4},
+    {64, 128, 6, 8, 3, 8},   {64, 256, 4, 8, 3, 4},   {64, 256, 4, 8, 3, 8},
 };
 
-/* A candidate as the tuning table and the progress lines spell it. */
-static const char *grid_name(const cand_t *c) { return (const char *[]){"tile", "persist", "pingpong"}[c->grid]; }
+/* A candidate's grid as the tuning table and the progress lines spell it, in buf. */
+static const char *grid_name(const cand_t *c, char buf[16]) {
+    if (c->grid == 3)
+        snprintf(buf, 16, "splitk%d", c->splitk);
+    else
+        snprintf(buf, 16, "%s", (const char *[]){"tile", "persist", "pingpong"}[c->grid]);
+    return buf;
+}
 /* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles */
 static int cand_consumers(const cand_t *c) { return c->grid == 2 ? 2 : c->bm / 64; }
 #define NCAND ((int)(sizeof cands / sizeof *cands))
@@ -141,7 +155,7 @@ static int write_table(const char *path, const moe_spec_t *s, const int *tok, in
 typedef struct {
     const char *spec_path, *out;
     int iters;
-    int tok[MAX_TOK], ntok, tmax;
+    int tok[MAX_TOK], ntok, tmax, tok_min;
     moe_spec_t spec;
 } tune_args_t;
 
@@ -205,8 +219,11 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
             if (def[i] <= s->tokens && (a->ntok == 0 || a->tok[a->ntok - 1] < def[i]))
                 a->tok[a->ntok++] = def[i];
     }
-    for (int i = 0; i < a->ntok; i++)
+    a->tok_min = a->tok[0];
+    for (int i = 0; i < a->ntok; i++) {
         a->tmax = a->tok[i] > a->tmax ? a->tok[i] : a->tmax;
+        a->tok_min = a->tok[i] < a->tok_min ? a->tok[i] : a->tok_min;
+    }
     char tset[64];
     snprintf(tset, sizeof tset, "tokens=%d", a->tmax);
     sets[nsets].text = tset;
@@ -264,10 +281,10 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
     return bad;
 }
 
-/* Time plan at each of a's token counts: times[ti] = the median over
- * a->iters (after 3 warm-up runs) of the up + down GEMMs, in us. Returns
- * 0, or 1 after printing the error. */
-static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a, float *times) {
+/* Time plan at each of a's token counts up to max_tokens: times[ti] = the
+ * median over a->iters (after 3 warm-up runs) of the up + down GEMMs, in
+ * us; INFINITY above max_tokens. Returns 0, or 1 after printing the error. */
+static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a, int max_tokens, float *times) {
     CUdeviceptr ws;
     if (moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, a->tmax)) != CUDA_SUCCESS) {
         fprintf(stderr, "\nmoegen: error: cannot allocate the workspace\n");
@@ -281,6 +298,11 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
     }
     int rc = 0;
     for (int ti = 0; ti < a->ntok && !rc; ti++) {
+        if (a->tok[ti] > max_tokens) {
+            times[ti] = INFINITY;
+            fprintf(stderr, "%s%d tok not timed", ti ? ", " : "", a->tok[ti]);
+            continue;
+        }
         moe_forward_args fa = {.tokens = a->tok[ti], .x = (void *)b->x, .router_w = (void *)b->wr,
                                .router_bias = (float *)b->bias, .router_logit_bias = (float *)b->bias,
                                .w1p = (void *)b->w1p, .b1p = (void *)b->b1p, .w2 = (void *)b->w2,
@@ -362,13 +384,13 @@ static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const in
         if (best < 0 || second < 0)
             continue;
         const cand_t *w = &cands[best], *r = &cands[second];
-        char key[128];
+        char key[128], wg[16], rg[16];
         entry_key(key, sizeof key, &a->spec, a->tok[ti]);
         snprintf(lines[ti], 256, "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
-                 cand_consumers(w), w->group_m, grid_name(w), times[best][ti], times[second][ti], date, gpu);
+                 cand_consumers(w), w->group_m, grid_name(w, wg), times[best][ti], times[second][ti], date, gpu);
         fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n",
-                a->tok[ti], w->bm, w->bn, w->stages, w->group_m, grid_name(w), times[best][ti], r->bm, r->bn,
-                r->stages, r->group_m, grid_name(r), times[second][ti]);
+                a->tok[ti], w->bm, w->bn, w->stages, w->group_m, wg, times[best][ti], r->bm, r->bn,
+                r->stages, r->group_m, grid_name(r, rg), times[second][ti]);
         nwin++;
     }
     return nwin;
@@ -429,15 +451,26 @@ int moe_tune_command(int argc, char **argv) {
         moe_tuning_entry_t e = {.experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                                 .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
                                 .bk = 64, .stages = cd->stages, .consumers = cand_consumers(cd),
-                                .group_m = cd->group_m, .persistent = cd->grid > 0, .pingpong = cd->grid == 2};
+                                .group_m = cd->group_m, .persistent = cd->grid == 1 || cd->grid == 2,
+                                .pingpong = cd->grid == 2, .splitk = cd->grid == 3 ? cd->splitk : 0};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
+        char gname[16];
         fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
-                grid_name(cd));
-        char why[128];
+                grid_name(cd, gname));
+        char why[160];
         const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
-                                     .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong};
-        if (moe_gemm_sm90_tile_check(&tile, why, sizeof why)) {
+                                     .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
+                                     .splitk = e.splitk};
+        if (moe_gemm_sm90_tile_check(&tile, why, sizeof why) ||
+            (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))) {
             fprintf(stderr, "skipped: %s\n", why);
+            continue;
+        }
+        if (e.splitk && (a.tok_min > TUNE_SPLITK_TOKENS || s->mesh.size[MOE_AXIS_EP] > 1 || s->training)) {
+            if (a.tok_min > TUNE_SPLITK_TOKENS)
+                fprintf(stderr, "skipped: split-K is timed at counts up to %d alone\n", TUNE_SPLITK_TOKENS);
+            else /* the plan would run the tile grid (gen/family_gemm.c) */
+                fprintf(stderr, "skipped: split-K runs on one-device inference plans alone\n");
             continue;
         }
         moe_plan *plan;
@@ -457,7 +490,7 @@ int moe_tune_command(int argc, char **argv) {
             break;
         }
         have_buf = 1;
-        rc = time_plan(plan, &bufs, &a, times[c]);
+        rc = time_plan(plan, &bufs, &a, e.splitk ? TUNE_SPLITK_TOKENS : a.tmax, times[c]);
         if (rc && !keep) { /* nothing else holds the context the buffers live in */
             moe_plan_destroy(plan);
             break;

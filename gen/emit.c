@@ -65,6 +65,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_int(L, "bm", d->tile.bm);
             moe_lua_set_int(L, "bn", d->tile.bn);
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
+            moe_lua_set_int(L, "splitk", d->tile.splitk);
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
             moe_gemm_kn(d->family == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
@@ -108,17 +109,20 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     lua_setfield(L, -2, "pack");
     static const char *const ctypes[MOE_WS_COUNT] = {"int",   "int",        "int",        "int",   "moe_tile_t",
                                                      "int",   "float",      "int",        "moe_half_t",
-                                                     "moe_half_t", "float", "float",      "float"};
+                                                     "moe_half_t", "float", "float",      "float",
+                                                     "float"};
     lua_createtable(L, MOE_WS_COUNT, 0);
     for (int i = 0; i < MOE_WS_COUNT; i++) {
         lua_newtable(L);
         moe_lua_set_str(L, "name", pd->ws[i].name);
         moe_lua_set_str(L, "ctype", ctypes[i]);
         moe_lua_set_int(L, "offset", (long long)pd->ws[i].offset);
+        moe_lua_set_int(L, "bytes", (long long)pd->ws[i].bytes);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "ws");
     moe_lua_set_int(L, "counts_bytes", (long long)pd->ws[MOE_WS_COUNTS].bytes);
+    moe_lua_set_int(L, "splitk_tickets_at", moe_splitk_tickets_at(moe_spec_slots(&pd->spec)));
     push_arch_sets(L, pd, pd->kernels);
     lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
     for (int v = 0; v < pd->nvariants; v++) {
@@ -483,12 +487,16 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                            f->name, k->name, tmpl, k->threads, k->smem);
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
-            if (k->tile.bm && k->tile.consumers)
+            if (k->tile.bm && k->tile.consumers) {
+                char grid[16]; /* as the tuning table spells it */
+                snprintf(grid, sizeof grid, "%s", k->tile.pingpong ? "pingpong" : k->tile.persistent ? "persist" : "tile");
+                if (k->tile.splitk)
+                    snprintf(grid, sizeof grid, "splitk%d", k->tile.splitk);
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
-                               k->tile.pingpong ? "pingpong" : k->tile.persistent ? "persist" : "tile");
-            else if (k->tile.bm)
+                               grid);
+            } else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.warps_m, k->tile.warps_n,

@@ -94,6 +94,9 @@ typedef struct {
     int persistent;         /* sm_90a: 1 = about one CTA per SM walking the tiles, 0 = one CTA per tile */
     int pingpong;           /* sm_90a, persistent: the 2 consumer warpgroups take alternate whole bm x bn
                              * tiles, one's epilogue under the other's main loop (the "pingpong" grid) */
+    int splitk;             /* sm_90a, one CTA per tile: 2..16 CTAs per tile, each over its share of the k
+                             * tiles, the last to finish summing the fp32 partials (the "splitkS" grid);
+                             * 0 = none */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */
@@ -191,8 +194,14 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
 
 /* Non-zero (with the reason in err) when the sm_90a wgmma template cannot
  * run tile t (bm, bn, bk, stages, consumers, group_m, persistent,
- * pingpong). */
+ * pingpong, splitk). */
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
+
+/* The split-K scratch of GEMM k over mtiles M tiles (tile.splitk > 0; 0
+ * and 0 otherwise): *partials fp32 values (a bm x bn partial tile per
+ * tile and split) and *tickets ints (an arrival counter per tile). */
+void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long long mtiles, long long *partials,
+                           long long *tickets);
 
 /* The expert row block (the GEMM bm, the plan's align) for spec s: the
  * tuning entry's bm when there is one, else the heuristic. */

@@ -4,6 +4,7 @@
  * pipeline (templates/gemm_sm80.lua), sm_90a wgmma with TMA operands
  * (templates/gemm_sm90.lua), whose tile the tuning table may choose. */
 #include "family.h"
+#include "ep_plan.h"
 #include "launch_geom.h"
 #include "tuning.h"
 
@@ -45,6 +46,8 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
                               : "stages must be >= 2, fit 227 KB of shared memory and hold the output tile";
     else if (t->group_m < 1 || t->group_m > 64)
         why = "group_m must be 1..64";
+    else if (t->splitk && (t->splitk < 2 || t->splitk > 16 || t->persistent))
+        why = "splitk: 2..16 CTAs per tile, on the one-CTA-per-tile grid";
     if (why)
         snprintf(err, errlen, "%s", why);
     return why != NULL;
@@ -103,21 +106,48 @@ static int sm90_fp8_geometry(moe_kernel_desc_t *k) {
     return 0;
 }
 
+/* The splits of a GEMM whose tuning entry says splitkS: min(S, its k
+ * tiles), so every split has one at least; 0 (the plain tile grid) when
+ * that leaves one, and on training and expert-parallel plans, whose
+ * backward and dispatch paths run the GEMMs without the split-K
+ * workspace. */
+static int sm90_splits(const moe_kernel_desc_t *k, const moe_family_ctx_t *c, int want) {
+    if (!want || c->spec->training || moe_ep_wanted(c->spec))
+        return 0;
+    long long K, N;
+    moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
+    const long long kt = moe_blocks(K, k->tile.bk);
+    return want <= kt ? want : kt >= 2 ? (int)kt : 0;
+}
+
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     if (moe_spec_fp8(c->spec))
         return sm90_fp8_geometry(k);
     const moe_tuning_entry_t *te = c->tuned;
-    if (te)
+    if (te) {
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
                                    .pingpong = te->pingpong};
-    else
+        k->tile.splitk = sm90_splits(k, c, te->splitk);
+    } else {
         k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 256, .bk = 64, .stages = 4, .group_m = 8,
                                    .consumers = c->align / 64};
+    }
     k->threads = 128 * (k->tile.consumers + 1);
     k->smem = moe_gemm_sm90_smem(&k->tile, out_cols(k));
     return 0;
+}
+
+void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long long mtiles, long long *partials,
+                           long long *tickets) {
+    *partials = *tickets = 0;
+    if (!k->tile.splitk)
+        return;
+    long long K, N;
+    moe_gemm_kn(k->family == MOE_K_GEMM_UP, s->hidden, s->ffn, &K, &N);
+    *tickets = mtiles * moe_blocks(N, k->tile.bn);
+    *partials = *tickets * k->tile.splitk * k->tile.bm * k->tile.bn;
 }
 
 /* ---- the family ----------------------------------------------------------- */
@@ -130,10 +160,15 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
         snprintf(out, n, "%s_%s_e4m3_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", s->name, what,
                  s->quant.scaling == MOE_SCALING_BLOCK ? "block" : "channel", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m);
-    else if (t->consumers)
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
-                 t->pingpong ? "pingpong_" : t->persistent ? "persist_" : "", t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
-    else
+    else if (t->consumers) {
+        char grid[16] = ""; /* the grid: one CTA per tile unless it says otherwise */
+        if (t->pingpong || t->persistent)
+            snprintf(grid, sizeof grid, "%s", t->pingpong ? "pingpong_" : "persist_");
+        else if (t->splitk)
+            snprintf(grid, sizeof grid, "splitk%d_", t->splitk);
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype), grid,
+                 t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+    } else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
 }
@@ -162,6 +197,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "consumers", k->tile.consumers);
     moe_lua_set_int(L, "persistent", k->tile.persistent);
     moe_lua_set_int(L, "pingpong", k->tile.pingpong);
+    moe_lua_set_int(L, "splitk", k->tile.splitk);
     lua_setfield(L, -2, "tile");
 }
 

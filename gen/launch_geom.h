@@ -134,11 +134,20 @@ static inline moe_tmap_geom_t moe_tmap_geom8(long long rows, long long k, unsign
 
 /* CTAs of an sm_90a GEMM's 1D grid over `tiles` tiles (N tiles x M
  * tiles): one per tile, or min(tiles, sms) when persistent and the SM
- * count is known (sms > 0). */
-static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int sms) {
+ * count is known (sms > 0), or splitk per tile on the split-K grid
+ * (splitk > 0; the CTAs of tile t are t * splitk .. t * splitk + splitk - 1). */
+static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int splitk, int sms) {
     if (persistent && sms > 0 && tiles > (unsigned long long)sms)
         tiles = (unsigned long long)sms;
-    return (unsigned)tiles;
+    return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
+}
+
+/* The split-K GEMMs' arrival counters (one int per tile, every split's
+ * CTA takes one ticket, the last resets it to 0) sit in the counts region
+ * after the E' slot counts and route's tickets (MOE_ROUTE_SPLIT_BLOCKS),
+ * so the memset before route zeroes them too: their first int. */
+static inline long long moe_splitk_tickets_at(int slots) {
+    return (long long)slots + MOE_ROUTE_SPLIT_BLOCKS;
 }
 
 #endif

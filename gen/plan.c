@@ -51,6 +51,24 @@ long long moe_plan_max_rows(const moe_plan_desc_t *pd, int tokens) { return max_
 
 long long moe_plan_max_tiles(const moe_plan_desc_t *pd, int tokens) { return max_over_variants(pd, tokens, 1); }
 
+/* The split-K scratch a call of `tokens` tokens may need: the most partial
+ * floats and tickets over the GEMMs of every variant it may run (cap: the
+ * capacity's too, as the cuDNN path runs it), at that variant's tiles
+ * (moe_gemm_splitk_space; the tickets' place: moe_splitk_tickets_at). */
+static void splitk_space(const moe_plan_desc_t *pd, int tokens, int cap, long long *partials, long long *tickets) {
+    static const int gemms[2] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
+    *partials = *tickets = 0;
+    for (int v = 0; v < pd->nvariants; v++)
+        for (int a = 0; a < MOE_FAMILY_ARCHES && (may_run(pd, v, tokens) || (cap && v == pd->nvariants - 1)); a++)
+            for (int i = 0; i < 2; i++) {
+                long long p, t;
+                moe_gemm_splitk_space(&pd->variants[v].kernels[a][gemms[i]], &pd->spec,
+                                      moe_plan_variant_tiles(pd, v, tokens), &p, &t);
+                *partials = p > *partials ? p : *partials;
+                *tickets = t > *tickets ? t : *tickets;
+            }
+}
+
 long long moe_plan_variant_tiles(const moe_plan_desc_t *pd, int v, int tokens) {
     return moe_max_tiles(tokens, moe_spec_entries(&pd->spec), moe_spec_slots(&pd->spec), variant_align(pd, v));
 }
@@ -164,8 +182,10 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
      * per 128 columns; xs keeps two bytes per element, since the down GEMM
      * writes its bf16 output there */
     const int fp8 = moe_spec_fp8(s);
+    long long sk_partials, sk_tickets;
+    splitk_space(pd, tokens, full_rows, &sk_partials, &sk_tickets);
     size_t sizes[MOE_WS_COUNT] = {
-        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_COUNTS] = 4 * (size_t)(moe_splitk_tickets_at((int)E) + sk_tickets), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)tiles,
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
         [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
@@ -174,10 +194,11 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
                                                               s->hidden),
         [MOE_WS_XSC] = fp8 ? 4 * (size_t)R * (s->hidden / MOE_FP8_BLOCK) : 0,
         [MOE_WS_HSC] = fp8 ? 4 * (size_t)R * (s->ffn / MOE_FP8_BLOCK) : 0,
+        [MOE_WS_SPLITK] = 4 * (size_t)sk_partials,
     };
     static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor",     "num_tiles", "tiles",
                                                     "topk_idx", "topk_w", "row_of",    "xs",        "hbuf",
-                                                    "route_part", "xsc", "hsc"};
+                                                    "route_part", "xsc", "hsc", "splitk"};
     return moe_ws_layout(ws, names, sizes, MOE_WS_COUNT);
 }
 

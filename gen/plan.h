@@ -38,6 +38,9 @@ typedef enum {
     MOE_WS_ROUTE_PART,      /* float        route's split partial logits (moe_route_scratch_bytes) */
     MOE_WS_XSC,             /* float [max_rows, H/128]  with fp8 weights, the gathered rows' scales (else 0 bytes) */
     MOE_WS_HSC,             /* float [max_rows, F/128]  with fp8 weights, the SwiGLU output's scales (else 0 bytes) */
+    MOE_WS_SPLITK,          /* float        the split-K GEMMs' partial tiles (moe_gemm_splitk_space), the most any
+                                            variant a call may run needs; 0 bytes without split-K. Their
+                                            tickets extend MOE_WS_COUNTS (moe_splitk_tickets_at) */
     MOE_WS_COUNT
 } moe_ws_region_id_t;
 

@@ -83,16 +83,23 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         if (strcmp(tok[13], "tile") == 0 || strcmp(tok[13], "persist") == 0 || strcmp(tok[13], "pingpong") == 0) {
             e.persistent = strcmp(tok[13], "tile") != 0;
             e.pingpong = strcmp(tok[13], "pingpong") == 0;
+        } else if (strncmp(tok[13], "splitk", 6) == 0) {
+            if (parse_int(tok[13] + 6, 2, 16, &e.splitk))
+                return fail(diag, file, line, "grid splitkS: S (the CTAs that split one tile's K) must be an "
+                            "integer 2..16", tok[13]);
         } else {
-            return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM) or pingpong "
-                        "(one CTA per SM, its consumer warpgroups on alternate tiles)", tok[13]);
+            return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong "
+                        "(one CTA per SM, its consumer warpgroups on alternate tiles) or splitkS (S = 2..16 CTAs "
+                        "per tile, each over a share of K)", tok[13]);
         }
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,
-                                    .pingpong = e.pingpong};
+                                    .pingpong = e.pingpong, .splitk = e.splitk};
         if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
+        if (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))
+            return fail(diag, file, line, why, tok[13]);
         for (int i = 0; i < 2; i++) {
             char *endp;
             double v = strtod(tok[14 + i], &endp);
@@ -131,6 +138,15 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         t->e[t->n++] = e;
     }
     return 0;
+}
+
+int moe_tuning_splitk_check(int splitk, int hidden, int ffn, int bk, char *why, size_t n) {
+    const int longer = hidden > ffn ? hidden : ffn, kt = (longer + bk - 1) / bk;
+    if (splitk <= kt)
+        return 0;
+    snprintf(why, n, "grid splitk%d: more splits than the longer GEMM's %d k tiles (max(H, F) / bk, rounded up)",
+             splitk, kt);
+    return 1;
 }
 
 int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag) {

@@ -18,6 +18,7 @@ typedef struct moe_tuning_entry {
     int persistent;                      /* the grid: 0 = one CTA per tile ("tile"), 1 = persistent ("persist"
                                           * or "pingpong") */
     int pingpong;                        /* 1: "pingpong", the consumer warpgroups on alternate tiles */
+    int splitk;                          /* S of "splitkS" (2..16): S CTAs per tile split K; 0 = none */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */
@@ -35,6 +36,11 @@ typedef struct moe_tuning {
 int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t len, moe_diag_t *diag);
 int moe_tuning_load(moe_tuning_t *t, const char *path, moe_diag_t *diag);
 void moe_tuning_free(moe_tuning_t *t);
+
+/* Non-zero (the reason in why) when an entry of shape H x F with k tile
+ * bk cannot run grid splitkS: more splits than the longer GEMM's k tiles
+ * (each GEMM splits min(S, its k tiles) ways: gen/family_gemm.c). */
+int moe_tuning_splitk_check(int splitk, int hidden, int ffn, int bk, char *why, size_t n);
 
 /* The embedded table (tuning/h200.tune), parsed once; NULL if it does not
  * parse (a build error: a test holds it parsing). There is no process-wide

@@ -94,7 +94,7 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     int *counts = calloc((size_t)E, sizeof(int)), *offsets = calloc((size_t)E + 1, sizeof(int));
     int *tiles = calloc((size_t)(M / c->pd->align + E + 1) * 4, sizeof(int));
     moe_status rc = MOE_OK;
-    enum { XS, W, U, HC, HG, OC, OG, OFF, TILES, NT, CWS, NBUF };
+    enum { XS, W, U, HC, HG, OC, OG, OFF, TILES, NT, CWS, SKP, SKT, NBUF };
     CUdeviceptr b[NBUF] = {0};
     if (!counts || !offsets || !tiles) {
         rc = moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
@@ -117,10 +117,19 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     }
     size_t cws = c->st[0].ws > c->st[1].ws ? c->st[0].ws : c->st[1].ws;
     const int up = cand[MOE_STAGE_UP], down = cand[MOE_STAGE_DOWN];
+    /* split-K GEMMs (tile.splitk): their partials and zeroed tickets over the launcher's tiles */
+    long long sk_partials = 0, sk_tickets = 0;
+    for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
+        long long pp, tt;
+        moe_gemm_splitk_space(&c->l->kernels[k], s, moe_launcher_tiles(c->l, (int)s->tokens), &pp, &tt);
+        sk_partials = pp > sk_partials ? pp : sk_partials;
+        sk_tickets = tt > sk_tickets ? tt : sk_tickets;
+    }
     const size_t bytes[NBUF] = {(size_t)(M * H * 2), (size_t)(E * 2 * F * H * 2), up ? (size_t)(M * 2 * F * 2) : 16,
                                 up ? (size_t)(M * F * 2) : 16, (size_t)(M * F * 2), down ? (size_t)(M * H * 2) : 16,
                                 down ? (size_t)(M * H * 2) : 16,
-                                (size_t)(E + 1) * 4, (size_t)ntiles * 16 + 16, 4, cws ? cws : 16};
+                                (size_t)(E + 1) * 4, (size_t)ntiles * 16 + 16, 4, cws ? cws : 16,
+                                (size_t)sk_partials * 4 + 16, (size_t)sk_tickets * 4 + 16};
     size_t total = 0;
     for (int i = 0; i < NBUF; i++) {
         total += up256(bytes[i]);
@@ -137,6 +146,8 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
         r = moe_cu.cuMemcpyHtoD(b[TILES], tiles, (size_t)ntiles * 16 + 16);
     if (r == CUDA_SUCCESS)
         r = moe_cu.cuMemcpyHtoD(b[NT], &ntiles, 4);
+    if (r == CUDA_SUCCESS)
+        r = moe_cu.cuMemsetD8(b[SKT], 0, bytes[SKT]);
     if (r != CUDA_SUCCESS || !moe_cudnn_fill(c, b[XS], (unsigned long long)(M * H), 1, 1.0f) ||
         !moe_cudnn_fill(c, b[W], (unsigned long long)(E * 2 * F * H), 2, 2.0f / sqrtf((float)H))) {
         rc = moe_fail(MOE_ERR_CUDA, "the cuDNN self-check's inputs: %s", moe_cu_error_string(r));
@@ -145,7 +156,10 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     /* up: the generated kernel, and cuDNN + SwiGLU into poisoned buffers */
     {
         CUdeviceptr nul = 0;
-        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG], &nul}; /* a training plan's ubuf: none */
+        /* a training plan's ubuf: none; split-K's partials and tickets after it (never with ubuf) */
+        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG], &nul, &b[SKT]};
+        if (c->l->kernels[MOE_K_GEMM_UP].tile.splitk)
+            args[6] = &b[SKP];
         if ((rc = moe_launch_kernel(c->l, MOE_K_GEMM_UP, s->tokens, 0, NULL, args, NULL)))
             goto done;
     }
@@ -171,7 +185,7 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     if (cand[MOE_STAGE_DOWN]) {
         /* down: both from the generated up output, weights refilled as [E, H, F] */
         CUdeviceptr nul = 0;
-        void *args[] = {&b[HG], &b[W], &nul, &b[TILES], &b[NT], &b[OG]};
+        void *args[] = {&b[HG], &b[W], &nul, &b[TILES], &b[NT], &b[OG], &b[SKP], &b[SKT]}; /* split-K: the last 2 */
         moe_cu.cuMemsetD8(b[OC], 0xff, bytes[OC]);
         if (!moe_cudnn_fill(c, b[W], (unsigned long long)(E * H * F), 3, 2.0f / sqrtf((float)F))) {
             rc = moe_fail(MOE_ERR_CUDA, "the cuDNN self-check's down weights");

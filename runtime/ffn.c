@@ -25,8 +25,17 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
                 return rc;
             continue;
         }
-        void *up[] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
-        void *down[] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        void *up[8] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
+        void *down[8] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        CUdeviceptr skp = f->splitk, skt = f->splitk_tickets;
+        if (l->kernels[k].tile.splitk) { /* split-K (no training plan's: gen/family_gemm.c): after the output */
+            if (!skp || !skt)
+                return moe_fail(MOE_ERR_INVALID_ARG, "%s: a split-K GEMM needs the workspace's splitk region and "
+                                "tickets", l->kernels[k].name);
+            void **a = stage == MOE_STAGE_UP ? up : down;
+            a[6] = &skp;
+            a[7] = &skt;
+        }
         /* fp8 (templates/gemm_sm90.lua): the A and B scales after the maps, and the up GEMM's output scales */
         CUdeviceptr xsc = f->xsc, hsc = f->hsc;
         void *up8[] = {&xs, (void *)&f->w1p, &xsc, (void *)&f->w1s, (void *)&f->b1p, &tiles, &nt, &hbuf, &hsc};

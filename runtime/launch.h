@@ -64,6 +64,9 @@ typedef struct {
      * GEMM); w1p and w2 are e4m3, w1s and w2s their scales. Unread otherwise. */
     CUdeviceptr xsc, hsc;
     const float *w1s, *w2s;
+    /* the split-K GEMMs' (tile.splitk > 0) partial tiles (MOE_WS_SPLITK) and zeroed tickets
+     * (moe_splitk_tickets_at in the counts region); unread by the other grids */
+    CUdeviceptr splitk, splitk_tickets;
 } moe_ffn_args_t;
 
 /* Launch the plan's kernel of family k on st with its family's grid

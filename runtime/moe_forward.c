@@ -7,6 +7,7 @@
 #include "ep.h"
 #include "error.h"
 #include "ffn.h"
+#include "launch_geom.h"
 #include "spec.h"
 
 #include <stdint.h>
@@ -125,7 +126,9 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                             .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
                             .w2 = a->w2, .b2 = a->b2,
                             .scratch = moe_cudnn_workspace(p->cudnn) ? ws + ws_bytes : 0,
-                            .xsc = reg[MOE_WS_XSC], .hsc = reg[MOE_WS_HSC], .w1s = a->w1s, .w2s = a->w2s};
+                            .xsc = reg[MOE_WS_XSC], .hsc = reg[MOE_WS_HSC], .w1s = a->w1s, .w2s = a->w2s,
+                            .splitk = reg[MOE_WS_SPLITK],
+                            .splitk_tickets = reg[MOE_WS_COUNTS] + 4 * moe_splitk_tickets_at(moe_spec_slots(&p->pd.spec))};
         if ((rc = moe_run_ffn(&l, p->cudnn, &f, st, ev)))
             return rc;
     }

@@ -47,6 +47,19 @@
 @ -- warpgroup that would have run the next one, so no barrier is left
 @ -- half-arrived at exit.
 @ --
+@ -- Split-K (tile.splitk = S, 2..16, one CTA per tile otherwise): the
+@ -- grid has S CTAs per tile, CTA b running split b % S of tile b / S, k
+@ -- tiles [s * KTILES / S, (s + 1) * KTILES / S) (each at least one: the
+@ -- plan keeps S <= KTILES). Every split stores its fp32 accumulators to
+@ -- its partial tile in the splitk workspace (splitk_part: BM x BN floats
+@ -- per tile and split, in the accumulators' own thread order; the tile's
+@ -- rows only) and takes
+@ -- a ticket of its tile (splitk_tickets[tile], zeroed before route with
+@ -- the counts); the CTA that takes the last one resets it to 0, sums the
+@ -- S partials in split order (the same sum whichever CTA is last) and
+@ -- runs the usual epilogue (splitk_reduce). A tile without rows does
+@ -- nothing, as on the other grids.
+@ --
 @ -- Shared memory (1024-byte aligned): STAGES stages, each the A tile (bm
 @ -- rows) then the B tile (bn rows), both K-major in the 128-byte swizzle
 @ -- that TMA writes and wgmma reads: bk / 64 atoms along k, each ROWS x 128
@@ -94,6 +107,10 @@
 @ local M = {}
 @
 @ local PRODUCER_REGS = 72
+@ -- split-K's two arguments after the output: the partial tiles, the tickets
+@ -- (not __restrict__: other CTAs write the partials that the last one reads
+@ -- once its ticket and barrier say so, and no load may move above them)
+@ local SPLITK_ARGS = ", float *splitk_part, int *splitk_tickets"
 @
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
 @ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
@@ -170,6 +187,19 @@
 @   c.stage_bytes = c.a_bytes + c.b_bytes
 @   c.persistent = t.persistent == 1
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
+@   -- split-K (tile.splitk = S > 0): S CTAs per tile, CTA b the split b % S of
+@   -- tile b / S, over k tiles [split_kt(split), split_kt(split + 1))
+@   c.splitk = t.splitk or 0
+@   need(math.type(c.splitk) == "integer" and (c.splitk == 0 or (c.splitk >= 2 and c.splitk <= 16)),
+@        "tile.splitk must be 0 or 2..16")
+@   if c.splitk > 0 then
+@     need(not c.persistent and not c.pingpong and not c.fp8 and (kind == "up" or kind == "down"),
+@          "split-K: the forward's bf16/fp16 GEMMs on the one-CTA-per-tile grid")
+@     c.lin0, c.lstep = "(int)blockIdx.x / SPLITK", "(int)gridDim.x / SPLITK"
+@     c.kt_lo, c.kt_hi = "split_kt(split_of())", "split_kt(split_of() + 1)"
+@   else
+@     c.lin0, c.lstep, c.kt_lo, c.kt_hi = "(int)blockIdx.x", "(int)gridDim.x", "0", "KTILES"
+@   end
 @   -- one CTA per tile stages its whole output tile in the ring once the
 @   -- main loop is done; a persistent CTA keeps loading the next tile into
 @   -- the ring meanwhile, so it stages through its own tile, in passes
@@ -253,6 +283,13 @@ static_assert(K % 128 == 0 && BK == 128 && WM == 1, "fp8: one 128-wide scale blo
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 @ end
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+@ if c.splitk > 0 then
+constexpr int SPLITK = ${c.splitk};  /* CTAs per tile, each over its share of the k tiles */
+static_assert(SPLITK >= 2 && SPLITK <= KTILES, "every split has a k tile (gen/family_gemm.c, sm90_splits)");
+/* This CTA's split among its tile's SPLITK CTAs; the first k tile of split sp. */
+static __device__ __forceinline__ int split_of() { return (int)blockIdx.x % SPLITK; }
+static __device__ __forceinline__ int split_kt(int sp) { return sp * KTILES / SPLITK; }
+@ end
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = ${c.n_tail and "true" or "false"};
 constexpr bool OUT_TAIL = ${c.out_tail and "true" or "false"};
@@ -549,7 +586,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
                                                const moe_tile_t *__restrict__ tiles, int mtiles) {
     int s = 0;
     unsigned phase = 0;
-    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+    for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
         int mt, nt;
         tile_of(lin, mtiles, NTILES, mt, nt);
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
@@ -560,7 +597,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 @ else
         const int brow = expert * N + nt * BN;
 @ end
-        for (int kt = 0; kt < KTILES; ++kt) {
+        for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
             bar_arrive_expect_tx(full, STAGE_BYTES);
@@ -606,7 +643,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 @ end
     const unsigned long long db0 = ${c.bdesc}(sbase + A_BYTES);
     int prev = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
+    for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
@@ -618,7 +655,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
                       db0 + so + (unsigned)((${c.b_koff}) >> 4));
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0)
+        if (kt > ${c.kt_lo})
             bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
         prev = s;
         if (++s == STAGES) {
@@ -640,7 +677,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
  * the tile without computing, in ring order (waiting for each to fill, so
  * it never arrives twice in one phase). */
 static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
-    for (int kt = 0; kt < KTILES; ++kt) {
+    for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
         bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
         if (++s == STAGES) {
@@ -666,6 +703,73 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
+@ if c.splitk > 0 then
+
+/* Whether v is set in any consumer thread (bar.red.or on the consumers'
+ * named barrier 1, as consumers_sync: a barrier too). */
+static __device__ __forceinline__ bool consumers_any(bool v) {
+    unsigned r;
+    asm volatile("{\n"
+                 ".reg .pred p, q;\n"
+                 "setp.ne.u32 p, %1, 0;\n"
+                 "bar.red.or.pred q, 1, %2, p;\n"
+                 "selp.u32 %0, 1, 0, q;\n"
+                 "}\n" : "=r"(r) : "r"((unsigned)v), "n"(CTHREADS) : "memory");
+    return r != 0;
+}
+
+/* Split-K, once this CTA's main loop of tile lin retired: each consumer
+ * thread ct stores its accumulators of the tile's rows (rows of it; the
+ * others are never stored, so neither saved nor summed) to this split's
+ * partial tile (part + (lin * SPLITK + split) * BM * BN floats, [m][i][ct]:
+ * every store and load coalesced), then thread 0 takes
+ * the tile's ticket (tickets[lin]). The CTA holding the last one resets it
+ * to 0 (the next launch, or graph replay, starts clean even without the
+ * memset), sums the SPLITK partials into acc in split order, its own from
+ * registers (the same values), and returns true: it runs the epilogue.
+ * The others return false. Order: each thread's stores, its fence, the
+ * consumers' barrier, thread 0's fence and atomic (release); in the last
+ * CTA thread 0's atomic, its fence, the barrier (acquire), then the loads,
+ * through L2 (ld.global.cg). */
+static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], float *part, int *tickets, int lin,
+                                                     int ct, int rows) {
+    const int split = split_of();
+    float *tile = part + (long long)lin * SPLITK * (BM * BN);
+    /* registers 2h, 2h + 1 of each n8 block are row r0 + m * 64 + 8h of the tile (warpgroup ct / 128, its
+     * warp, the lane's group) */
+    const int r0 = (ct >> 7) * WG_ROWS + ((ct >> 5) & 3) * 16 + ((ct & 31) >> 2);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+#pragma unroll
+        for (int i = 0; i < NACC; ++i)
+            if (r0 + m * 64 + 8 * ((i >> 1) & 1) < rows)
+                __stcg(tile + (long long)split * (BM * BN) + (m * NACC + i) * CTHREADS + ct, acc[m][i]);
+    __threadfence();
+    consumers_sync();
+    bool last = false;
+    if (ct == 0) {
+        __threadfence();
+        last = atomicAdd(tickets + lin, 1) == SPLITK - 1;
+        if (last)
+            atomicExch(tickets + lin, 0);
+        __threadfence();
+    }
+    if (!consumers_any(last))
+        return false;
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+#pragma unroll
+        for (int i = 0; i < NACC; ++i)
+            if (r0 + m * 64 + 8 * ((i >> 1) & 1) < rows) {
+                float sum = 0.0f;
+                for (int sp = 0; sp < SPLITK; ++sp)
+                    sum += sp == split ? acc[m][i]
+                                       : __ldcg(tile + (long long)sp * (BM * BN) + (m * NACC + i) * CTHREADS + ct);
+                acc[m][i] = sum;
+            }
+    return true;
+}
+@ end
 @ end
 @
 @ -- The ping-pong consumers' tile loop (in place of the shared one in
@@ -786,7 +890,7 @@ ${ARCH_GUARD}
 @   if bias_arg and not p.ffn_bias then
         (void)${bias_arg};
 @   end
-        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
@@ -832,6 +936,10 @@ ${ARCH_GUARD}
             else
                 skip_tile(sbase, s, phase);
 @   end
+@   if c.splitk > 0 then
+            if (!splitk_reduce(acc, splitk_part, splitk_tickets, lin, ct, rows))
+                continue;  /* another split's CTA finishes the tile */
+@   end
 @   if not c.persistent then
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
@@ -873,6 +981,9 @@ ${ARCH_GUARD}
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
 @   if p.spec.training then   -- the pre-activation U for the backward (gemm_up_swiglu.lua's header)
 @     args = args .. ", moe_half_t *__restrict__ ubuf"
+@   end
+@   if c.splitk > 0 then
+@     args = args .. SPLITK_ARGS
 @   end
 @   local function preamble()
 @     import("activation").device(p)
@@ -993,6 +1104,9 @@ ${ARCH_GUARD}
 @   local args = "const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, " ..
 @                "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
+@   if c.splitk > 0 then
+@     args = args .. SPLITK_ARGS
+@   end
 @   if c.fp8 then
 @     c.asc, c.bsc = "hsc", "w2s"
 @     args = "const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, " ..

@@ -9,11 +9,11 @@
 @ --
 @ -- p: the shared parameters (moe_plan_push_params: p.name, p.E, p.K,
 @ -- p.H, p.F, p.align, p.pair_granule, p.bias, p.logit_bias, p.ffn_bias),
-@ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset},
+@ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset, bytes},
 @ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
-@ -- bm, bn, persistent, K, N, ntiles (a GEMM's reduction length, B rows
-@ -- per expert, N tiles)}, set[i] the same in family order; p.neutral: the
+@ -- bm, bn, persistent, splitk, K, N, ntiles (a GEMM's reduction length, B rows
+@ -- per expert, N tiles)}, p.splitk_tickets_at (the split-K tickets' first int in counts), set[i] the same in family order; p.neutral: the
 @ -- set the arch-neutral kernels come from; p.variants[i]: the GEMM variants
 @ -- by bucket (gen/plan.h), each {bucket, align, sm80, sm90, neutral} (its
 @ -- kernel sets; p.sm80, p.sm90, p.neutral and p.align are the last's, the
@@ -216,8 +216,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
 @ for _, r in ipairs(p.ws) do
-@   -- (the fp8 scatter and GEMMs are not launched here yet: their buffers are not declared)
-@   if not (fp8 and r.name == "hbuf") and r.name ~= "xsc" and r.name ~= "hsc" then
+@   -- (the fp8 scatter and GEMMs are not launched here yet: their buffers are not declared;
+@   -- nor the split-K partials where no GEMM splits)
+@   if not (fp8 and r.name == "hbuf") and r.name ~= "xsc" and r.name ~= "hsc" and not (r.name == "splitk" and r.bytes == 0) then
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
 @   end
 @ end
@@ -258,7 +259,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 ${ind}    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
 ${ind}        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
 ${ind}        return e;
-${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1, dev->sms" or "0, 0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""});
+@   -- split-K (never on a training plan): the partials and the tickets after the output
+@   local sk = kd.splitk > 0 and (", splitk, counts + " .. p.splitk_tickets_at) or ""
+${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""}${sk});
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file

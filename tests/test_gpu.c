@@ -86,6 +86,10 @@ typedef struct {
 /* A table with several token buckets for tiny, odd (and test_bwd_gpu's
  * train_softmax): one plan, several GEMM variants, each call on its own. */
 #define VARIANTS_TUNE "tests/tune/variants.tune"
+/* Every GEMM with 2 k tiles or more on the split-K grid (splitkS): odd's up
+ * GEMM 16 ways and down 10, clamp's 3 and 2 (4 k tiles in 3 uneven
+ * shares), tiny_fp16's up 3 (two consumer warpgroups, fp16), top1's 4. */
+#define SPLITK_TUNE "tests/tune/splitk.tune"
 
 static const char *const tiny_spec =
     "name = 'tiny' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 4096\n";
@@ -233,6 +237,14 @@ static const gpu_case_t cases[] = {
     {odd_spec, MODE_PERM, {1, 255, 256, 1023, 1024, 2048}, 6, 0, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
     {odd_spec, MODE_RANDOM, {3, 300, 1500}, 3, 1, MOE_CUDNN_DEFAULT, 0, VARIANTS_TUNE},
     {odd_spec, MODE_SKEW, {2, 257, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 1, VARIANTS_TUNE},
+    /* split-K GEMMs (docs/DESIGN.md): the partials summed by the last CTA of each tile, its ticket reset
+     * (the down GEMM takes the tickets the up GEMM left: wrong sums if a reset were missed); eager and
+     * replayed from CUDA graphs, skewed routing (empty experts, ragged tiles), a compiled folder */
+    {odd_spec, MODE_RANDOM, {1, 7, 64, 300}, 4, 0, MOE_CUDNN_DEFAULT, 1, SPLITK_TUNE},
+    {odd_spec, MODE_SKEW, {2, 64, 1500}, 3, 0, MOE_CUDNN_DEFAULT, 0, SPLITK_TUNE},
+    {clamp_spec, MODE_RANDOM, {1, 33, 512}, 3, 0, MOE_CUDNN_DEFAULT, 1, SPLITK_TUNE},
+    {tiny_fp16_spec, MODE_SKEW, {1, 100, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, SPLITK_TUNE},
+    {top1_spec, MODE_ONE, {1, 129}, 2, 1, MOE_CUDNN_DEFAULT, 0, SPLITK_TUNE},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -1496,7 +1508,10 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
      * call's variant is printed by run_tokens) */
     fprintf(stderr, "  %-40s %s, %s (%d GEMM variants)\n", label, plan->launcher.kernels[MOE_K_GEMM_UP].name,
             plan->launcher.kernels[MOE_K_GEMM_DOWN].name, moe_plan_variant_count(plan));
-    if (c->tuning) /* the table's buckets for the spec, equal neighbours merged */
+    if (c->tuning && strcmp(c->tuning, SPLITK_TUNE) == 0 && plan->launcher.arch == MOE_ARCH_SM90A)
+        CHECKF(strstr(plan->launcher.kernels[MOE_K_GEMM_UP].name, "_sm90a_tma_splitk"),
+               "%s: the up GEMM is not on the split-K grid", plan->launcher.kernels[MOE_K_GEMM_UP].name);
+    if (c->tuning && strcmp(c->tuning, VARIANTS_TUNE) == 0) /* the table's buckets for the spec, equal neighbours merged */
         CHECKF(moe_plan_variant_count(plan) >= 3, "%d GEMM variants from %s; 3 or more planned",
                moe_plan_variant_count(plan), c->tuning);
     if (!layer_init(&L, plan, c->mode, seed) || (c->mode == MODE_PERM && !permute_slots(plan, &L, seed ^ 77))) {

@@ -2,7 +2,7 @@
  * some for sm_90a alone), with training = true where the mesh is one device (the backward
  * GEMMs too), compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin; and the sm_90a GEMMs on the
- * ping-pong grid, for specs and tiles listed below (pingpong_jobs). Compiles run in child processes,
+ * ping-pong and split-K grids, for specs and tiles listed below (pingpong_jobs). Compiles run in child processes,
  * a few at a time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -23,19 +23,28 @@ typedef struct {
  * tuning table for the spec's shape gives them this tile (bm x bn x 64,
  * stages, group_m), both tile shapes a warpgroup holds whole and smaller
  * ones, over bias, clamp, GeGLU, fp16 and N tails (and the U store of a
- * training plan, as every job where the mesh is one device). */
+ * training plan, as every job where the mesh is one device). With splitk
+ * S > 0, on the split-K grid instead (bm / 64 consumers, S CTAs per tile:
+ * min(S, k tiles) per GEMM), not training (a training plan does not split). */
 typedef struct {
     const char *path, *set; /* set: a spec override, or NULL */
     int bm, bn, stages, group_m;
+    int splitk;
 } pingpong_job_t;
 static const pingpong_job_t pingpong_jobs[] = {
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16},
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8},  /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4},    /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5}, /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3},   /* biases, N tails; 5 and 3 k tiles */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4},
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -56,18 +65,22 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
     static moe_tuning_t one;
     e = (moe_tuning_entry_t){.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
                              .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
-                             .bk = 64, .stages = pp->stages, .consumers = 2, .group_m = pp->group_m,
-                             .persistent = 1, .pingpong = 1};
-    const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = 2,
-                              .group_m = e.group_m, .persistent = 1, .pingpong = 1};
+                             .bk = 64, .stages = pp->stages, .consumers = pp->splitk ? pp->bm / 64 : 2,
+                             .group_m = pp->group_m, .persistent = !pp->splitk, .pingpong = !pp->splitk,
+                             .splitk = pp->splitk};
+    const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
+                              .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
+                              .splitk = e.splitk};
     if (moe_gemm_sm90_tile_check(&t, msg, n))
         return 1;
     one = (moe_tuning_t){.file = "(pingpong job)", .e = &e, .n = 1};
     if (moe_plan_desc_build(pd, &s, &one, msg, n))
         return 1;
+    const char *want = pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
     for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
-        if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, "_sm90a_tma_pingpong_"))
-            return snprintf(msg, n, "%s is not a ping-pong kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name), 1;
+        if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, want))
+            return snprintf(msg, n, "%s is not a %s kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name,
+                            pp->splitk ? "split-K" : "ping-pong"), 1;
     return 0;
 }
 
@@ -83,7 +96,7 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
         r->rc = 1;
         return;
     }
-    if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec)) {
+    if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec) && !(pp && pp->splitk)) {
         moe_plan_desc_free(&pd);
         if (job_plan(spec, pp, o, nset + 1, &pd, r->msg, sizeof r->msg)) {
             r->rc = 1;
@@ -263,8 +276,11 @@ static void test_nvrtc_all(void) {
             snprintf(label, sizeof label, "NVRTC %s %s", specs[job_spec[j]], moe_arch_name(arches[job_arch[j]]));
         } else {
             const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
-            snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs pingpong m%dn%dk64s%dg%d", pp->path,
-                     pp->set ? " " : "", pp->set ? pp->set : "", pp->bm, pp->bn, pp->stages, pp->group_m);
+            char grid[16] = "pingpong";
+            if (pp->splitk)
+                snprintf(grid, sizeof grid, "splitk%d", pp->splitk);
+            snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs %s m%dn%dk64s%dg%d", pp->path,
+                     pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, pp->stages, pp->group_m);
         }
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",
@@ -280,7 +296,7 @@ static void test_nvrtc_all(void) {
     CASE("NVRTC: the tuned example specs' GEMM variants compiled");
     CHECKF(multi >= 8, "only %d compiles had several GEMM variants", multi); /* 4 tuned one-device specs x 2 arches */
     fprintf(stderr, "test_nvrtc: %d of them with several GEMM variants\n", multi);
-    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong GEMMs) on %d "
+    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong and split-K GEMMs) on %d "
                     "workers in %.1f s\n",
             njobs, ns, workers, now() - t0);
 }

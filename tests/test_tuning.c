@@ -132,6 +132,67 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("splitkS: parsed, planned per GEMM (min(S, k tiles); off for training and EP), named, its workspace");
+    {
+        /* Qwen3-30B-A3B's shape: up K = 2048 (32 k tiles), down K = 768 (12) */
+        const char *sk = "128 8 2048 768 bf16 sm_90a 1 64 128 64 6 1 8 splitk16  1 2 2026-12-04 NVIDIA H200\n"
+                         "128 8 2048 768 bf16 sm_90a 128 64 256 64 4 2 8 pingpong  1 2 2026-12-04 NVIDIA H200\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, sk, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 2 && t.e[0].splitk == 16 && !t.e[0].persistent && !t.e[0].pingpong && t.e[1].splitk == 0);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(pd.nvariants == 1 && up->tile.splitk == 16 && down->tile.splitk == 12 && !up->tile.persistent);
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_tma_splitk16_m64n128k64s6c1g8");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_tma_splitk12_m64n128k64s6c1g8");
+        CHECK(up->smem == 6 * (64 + 128) * 64 * 2 + 16 * 6); /* the tile grid's: the output staged in the ring */
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.splitk == 0);
+        /* the grid: S CTAs per tile */
+        CHECK(moe_sm90_ctas(10, 0, 4, 132) == 40 && moe_sm90_ctas(10, 0, 0, 132) == 10 &&
+              moe_sm90_ctas(1000, 1, 0, 132) == 132);
+        /* the workspace: partial tiles for the most tiles x N tiles x S, tickets after route's in counts */
+        long long tiles = moe_plan_max_tiles(&pd, 64), p_up, t_up, p_dn, t_dn;
+        moe_gemm_splitk_space(up, &pd.spec, tiles, &p_up, &t_up);
+        moe_gemm_splitk_space(down, &pd.spec, tiles, &p_dn, &t_dn);
+        CHECK(t_up == tiles * 12 && p_up == t_up * 16 * 64 * 128 && t_dn == tiles * 16 &&
+              p_dn == t_dn * 12 * 64 * 128);
+        CHECK(pd.ws[MOE_WS_SPLITK].bytes == 4 * (size_t)(p_up > p_dn ? p_up : p_dn));
+        CHECK_STREQ(pd.ws[MOE_WS_SPLITK].name, "splitk");
+        CHECK(pd.ws[MOE_WS_COUNTS].bytes == 4 * (size_t)(moe_splitk_tickets_at(128) + t_dn));
+        moe_ws_region_t one[MOE_WS_COUNT]; /* a 1-token call: 8 tiles at most */
+        moe_fwd_ws_layout(&pd, 1, 0, one);
+        CHECK(one[MOE_WS_SPLITK].bytes == 4 * (size_t)(8 * 12 * 16 * 64 * 128));
+        /* at 200 tokens: the 1-token bucket's split-K variant, then the 128 bucket's pingpong; the workspace
+         * covers the split-K variant at 127 tokens */
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 200\n",
+                      &t) == 0);
+        CHECK(pd.nvariants == 2 && pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].tile.splitk == 16 &&
+              !moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.splitk);
+        CHECK(pd.ws[MOE_WS_SPLITK].bytes > 0);
+        moe_fwd_ws_layout(&pd, 127, 0, one);
+        CHECK(one[MOE_WS_SPLITK].bytes == 4 * (size_t)(moe_plan_variant_tiles(&pd, 0, 127) * 16 * 12 * 64 * 128));
+        /* training and expert-parallel plans run the entry's tile on the tile grid */
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                           "training = true\n", &t) == 0);
+        CHECK(!moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.splitk && pd.ws[MOE_WS_SPLITK].bytes == 0);
+        CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name,
+                    "qw_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8");
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                           "mesh = { ep = 2 }\n", &t) == 0);
+        CHECK(!moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].tile.splitk);
+        /* a GEMM of one k tile stays on the tile grid: F = 40 */
+        moe_tuning_free(&t);
+        CHECKF(parse(&t, "8 2 72 40 bf16 sm_90a 1 64 128 64 4 1 4 splitk2  1 2 2026-12-04 none\n", &d) == 0, "%s",
+               d.msg);
+        CHECK(plan_of(&pd, "name = 'tn'\nexperts = 8\ntop_k = 2\nhidden = 72\nffn = 40\ntokens = 16\n", &t) == 0);
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.splitk == 2 &&
+              moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].tile.splitk == 0);
+        CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].name,
+                    "tn_gemm_down_bf16_sm90a_tma_m64n128k64s4c1g4");
+        moe_tuning_free(&t);
+    }
+
     CASE("variants per call size: one per bucket, the pick, the capacity's as the plan's");
     {
         const char *three = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-04 NVIDIA H200\n"
@@ -299,15 +360,16 @@ int main(void) {
         for (int bm = 64; bm <= 128; bm += 64)
             for (int bn = 64; bn <= 256; bn += 64)
                 for (int stages = 2; stages <= 8; stages += 3)
-                    for (int grid = 0; grid < 3; grid++) {
+                    for (int grid = 0; grid < 4; grid++) { /* tile, persist, pingpong, splitk3 */
                         moe_tuning_entry_t e = {.experts = 8, .top_k = 2, .hidden = 264, .ffn = 200,
                                                 .dtype = MOE_DTYPE_BF16, .arch = MOE_ARCH_SM90A, .tokens = 1,
                                                 .bm = bm, .bn = bn, .bk = 64, .stages = stages,
                                                 .consumers = grid == 2 ? 2 : bm / 64, .group_m = 8,
-                                                .persistent = grid > 0, .pingpong = grid == 2};
+                                                .persistent = grid == 1 || grid == 2, .pingpong = grid == 2,
+                                                .splitk = grid == 3 ? 3 : 0};
                         const moe_tile_cfg_t c = {.bm = bm, .bn = bn, .bk = 64, .stages = stages,
                                                   .consumers = e.consumers, .group_m = 8, .persistent = e.persistent,
-                                                  .pingpong = e.pingpong};
+                                                  .pingpong = e.pingpong, .splitk = e.splitk};
                         char why[128];
                         if (moe_gemm_sm90_tile_check(&c, why, sizeof why))
                             continue;
@@ -319,23 +381,24 @@ int main(void) {
                                                "arch = 'sm_90a'\n", &one);
                         if (!bad)
                             bad = moe_emit_source(&pd, NULL, &src, &ed);
-                        CHECKF(!bad, "m%dn%ds%d %s: %s", bm, bn, stages, grid == 2 ? "pingpong" : grid ? "persist" : "tile",
-                               ed.msg);
+                        CHECKF(!bad, "m%dn%ds%d %s: %s", bm, bn, stages,
+                               (const char *[]){"tile", "persist", "pingpong", "splitk3"}[grid], ed.msg);
                         moe_buf_free(&src);
                     }
         CHECKF(accepted >= 20, "only %d tiles accepted", accepted);
     }
 
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
-    static const char *const grids[3] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
-                                         "tests/tune/pingpong.tune"};
-    for (int g = 0; g < 3; g++) {
+    static const char *const grids[4] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
+                                         "tests/tune/pingpong.tune", "tests/tune/splitk.tune"};
+    for (int g = 0; g < 4; g++) {
         moe_tuning_t gt;
         moe_diag_t gd;
         CHECKF(moe_tuning_load(&gt, grids[g], &gd) == 0, "%s", gd.msg);
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
-            CHECK(gt.e[i].persistent == (g > 0) && gt.e[i].pingpong == (g == 2));
+            CHECK(gt.e[i].persistent == (g == 1 || g == 2) && gt.e[i].pingpong == (g == 2) &&
+                  (gt.e[i].splitk >= 2) == (g == 3));
         moe_tuning_free(&gt);
     }
 
@@ -397,8 +460,21 @@ int main(void) {
                  "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the epilogue's staging "
                  "tile");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
-                 "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM) or pingpong (one "
-                 "CTA per SM, its consumer warpgroups on alternate tiles) ('persistent')");
+                 "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
+                 "CTA per SM, its consumer warpgroups on alternate tiles) or splitkS (S = 2..16 CTAs per tile, "
+                 "each over a share of K) ('persistent')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 4 1 4 splitk1 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: grid splitkS: S (the CTAs that split one tile's K) must be an integer 2..16 "
+                 "('splitk1')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 4 1 4 splitk17 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: grid splitkS: S (the CTAs that split one tile's K) must be an integer 2..16 "
+                 "('splitk17')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 4 1 4 splitk 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: grid splitkS: S (the CTAs that split one tile's K) must be an integer 2..16 "
+                 "('splitk')");
+    expect_error("8 2 200 120 bf16 sm_90a 1 64 128 64 4 1 4 splitk5 1 2 2026-12-02 H200\n",
+                 "t.tune:1: error: grid splitk5: more splits than the longer GEMM's 4 k tiles (max(H, F) / bk, "
+                 "rounded up) ('splitk5')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 256 64 4 1 4 pingpong 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: pingpong: consumers must be 2 (the warpgroups taking alternate tiles), on a "
                  "persistent grid");

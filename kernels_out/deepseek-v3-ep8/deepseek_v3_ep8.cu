@@ -906,18 +906,18 @@ deepseek_v3_ep8_permute_plan_e32_a128(const int *__restrict__ counts, const int 
 }
 
 
-#line 737 "templates/gemm_sm90.lua"
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 218 "templates/gemm_sm90.lua"
+#line 248 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -927,23 +927,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 232 "templates/gemm_sm90.lua"
+#line 262 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1002,10 +1003,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1013,77 +1014,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1091,7 +1092,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 518 "templates/gemm_sm90.lua"
+#line 555 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1113,7 +1114,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1131,7 +1132,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1148,9 +1149,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1158,9 +1159,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1176,7 +1177,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 594 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1185,7 +1186,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1208,9 +1209,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 630 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1255,7 +1256,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 741 "templates/gemm_sm90.lua"
+#line 845 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1282,23 +1283,23 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 675 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 681 "templates/gemm_sm90.lua"
+#line 785 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 683 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1323,22 +1324,22 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 713 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 715 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 948 "templates/gemm_sm90.lua"
+#line 1059 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 955 "templates/gemm_sm90.lua"
+#line 1066 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 970 "templates/gemm_sm90.lua"
+#line 1081 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1347,10 +1348,10 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 985 "templates/gemm_sm90.lua"
+#line 1096 "templates/gemm_sm90.lua"
                             }
                     }
-#line 720 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -1360,37 +1361,37 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 737 "templates/gemm_sm90.lua"
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 218 "templates/gemm_sm90.lua"
+#line 248 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1400,23 +1401,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 232 "templates/gemm_sm90.lua"
+#line 262 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1475,10 +1477,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1486,77 +1488,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1564,7 +1566,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 518 "templates/gemm_sm90.lua"
+#line 555 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1586,7 +1588,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1604,7 +1606,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1621,9 +1623,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1631,9 +1633,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1649,7 +1651,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 594 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1658,7 +1660,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1681,9 +1683,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 630 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1721,7 +1723,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 741 "templates/gemm_sm90.lua"
+#line 845 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1748,23 +1750,23 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 675 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 681 "templates/gemm_sm90.lua"
+#line 785 "templates/gemm_sm90.lua"
         (void)b2;
-#line 683 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1789,20 +1791,20 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 713 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 715 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1004 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1009 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1029 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1812,7 +1814,7 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 720 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -1822,20 +1824,20 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b2;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2426,18 +2428,18 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 #line 59 "templates/gemm_down.lua"
 }
 
-#line 737 "templates/gemm_sm90.lua"
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
+#line 250 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
@@ -2447,20 +2449,21 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -2519,10 +2522,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -2530,77 +2533,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -2608,7 +2611,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2626,7 +2629,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2643,9 +2646,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2653,9 +2656,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2671,11 +2674,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -2698,7 +2701,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2743,7 +2746,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 741 "templates/gemm_sm90.lua"
+#line 845 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -2770,23 +2773,23 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
+#line 888 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 891 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 789 "templates/gemm_sm90.lua"
+#line 893 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2803,25 +2806,25 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
+#line 934 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 948 "templates/gemm_sm90.lua"
+#line 1059 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 955 "templates/gemm_sm90.lua"
+#line 1066 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 970 "templates/gemm_sm90.lua"
+#line 1081 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2830,48 +2833,48 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 985 "templates/gemm_sm90.lua"
+#line 1096 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
         }
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 737 "templates/gemm_sm90.lua"
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
+#line 242 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 7168;        /* rows of B per expert */
 constexpr int NOUT = 7168;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
+#line 250 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
@@ -2881,20 +2884,21 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -2953,10 +2957,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -2964,77 +2968,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3042,7 +3046,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3060,7 +3064,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3077,9 +3081,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3087,9 +3091,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3105,11 +3109,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3132,7 +3136,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3170,7 +3174,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 741 "templates/gemm_sm90.lua"
+#line 845 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -3197,23 +3201,23 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
+#line 888 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 891 "templates/gemm_sm90.lua"
         (void)b2;
-#line 789 "templates/gemm_sm90.lua"
+#line 893 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3230,23 +3234,23 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
+#line 934 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1004 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1009 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1029 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3256,28 +3260,28 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
         }
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b2;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4164,11 +4168,20 @@ static inline moe_tmap_geom_t moe_tmap_geom8(long long rows, long long k, unsign
 
 /* CTAs of an sm_90a GEMM's 1D grid over `tiles` tiles (N tiles x M
  * tiles): one per tile, or min(tiles, sms) when persistent and the SM
- * count is known (sms > 0). */
-static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int sms) {
+ * count is known (sms > 0), or splitk per tile on the split-K grid
+ * (splitk > 0; the CTAs of tile t are t * splitk .. t * splitk + splitk - 1). */
+static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int splitk, int sms) {
     if (persistent && sms > 0 && tiles > (unsigned long long)sms)
         tiles = (unsigned long long)sms;
-    return (unsigned)tiles;
+    return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
+}
+
+/* The split-K GEMMs' arrival counters (one int per tile, every split's
+ * CTA takes one ticket, the last resets it to 0) sit in the counts region
+ * after the E' slot counts and route's tickets (MOE_ROUTE_SPLIT_BLOCKS),
+ * so the memset before route zeroes them too: their first int. */
+static inline long long moe_splitk_tickets_at(int slots) {
+    return (long long)slots + MOE_ROUTE_SPLIT_BLOCKS;
 }
 
 #endif
@@ -4321,125 +4334,131 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 216 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *topk_idx = (int *)(ws + 34560);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     float *topk_w = (float *)(ws + 558848);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     int *row_of = (int *)(ws + 1083136);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1607424);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 1938917120);
-#line 221 "templates/host.lua"
+#line 222 "templates/host.lua"
     float *route_part = (float *)(ws + 2492434176);
-#line 227 "templates/host.lua"
+#line 228 "templates/host.lua"
     const int v = deepseek_v3_ep8_variant(T);
     const long long tiles_y = deepseek_v3_ep8_max_tiles(T, v);
-#line 232 "templates/host.lua"
+#line 233 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_device_t *dev = deepseek_v3_ep8_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 384, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 240 "templates/host.lua"
     deepseek_v3_ep8_route_bf16_e32k8_t32k128s5<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 87040, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 247 "templates/host.lua"
+#line 248 "templates/host.lua"
     if (v == 0)
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 247 "templates/host.lua"
+#line 248 "templates/host.lua"
     else if (v == 1)
         deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 247 "templates/host.lua"
+#line 248 "templates/host.lua"
     else if (v == 2)
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 253 "templates/host.lua"
     deepseek_v3_ep8_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 294 "templates/host.lua"
+#line 297 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 511 tokens */
-#line 267 "templates/host.lua"
+#line 270 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 274 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 279 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 283 "templates/host.lua"
         deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(56, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 287 "templates/host.lua"
         }
-#line 294 "templates/host.lua"
+#line 297 "templates/host.lua"
     } else if (v == 1) { /* calls of 512 .. 4095 tokens */
-#line 267 "templates/host.lua"
+#line 270 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 274 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 279 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 283 "templates/host.lua"
         deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 287 "templates/host.lua"
         }
-#line 294 "templates/host.lua"
+#line 297 "templates/host.lua"
     } else if (v == 2) { /* calls of 4096 or more tokens */
-#line 267 "templates/host.lua"
+#line 270 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 274 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 259 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 256)) != cudaSuccess)
             return e;
-        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 264 "templates/host.lua"
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 279 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 283 "templates/host.lua"
         deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(56, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 287 "templates/host.lua"
         }
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 302 "templates/host.lua"
     deepseek_v3_ep8_combine_bf16_h7168k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -4461,7 +4480,7 @@ extern "C" void deepseek_v3_ep8_pack_b1(const unsigned short *b1, unsigned short
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4486,5 +4505,5 @@ extern "C" cudaError_t deepseek_v3_ep8_pack(int tensor, void *dst, const void *s
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 366 "templates/host.lua"
+#line 369 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
