@@ -165,7 +165,7 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
      * writes its bf16 output there */
     const int fp8 = moe_spec_fp8(s);
     size_t sizes[MOE_WS_COUNT] = {
-        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_COUNTS] = 4 * (E + MOE_ROUTE_TICKETS), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)tiles,
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
         [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
