@@ -39,7 +39,13 @@
  *                    keep the host-packed weights (byte check: over 64 MB
  *                    skipped)
  * Always, whatever the filter: the forward returns MOE_OK without a fault,
- * and route's expert indices are in range (every family reads them).
+ * and route's expert indices are in range (every family reads them); the
+ * route path each call takes (moe_plan_route_fuse: the permute plan, and
+ * for the smallest calls the scatter, in route's last block up to 64
+ * tokens; separate launches above, or everywhere with
+ * MOEGEN_ROUTE_FUSE=off) is the one the rule gives and is printed, so the
+ * permute_plan and permute_scatter checks above check whichever kernel
+ * wrote the plan and the rows.
  *
  * Usage: test_gpu [--family LIST] [--cudnn] [SPEC-FILTER...]
  *   --family LIST  only these families' checks (comma-separated; a prefix
@@ -198,6 +204,15 @@ static const gpu_case_t cases[] = {
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* the fused route (moe_plan_route_fuse) at 1, 5, 8 and 64 tokens (Qwen3 at 1 and 4 and the others at 1
+     * scatter in route too; 5, 8, 64 the plan only, Mixtral's 5 and 8 both), separate launches at 65 and
+     * 200; eager and replayed from CUDA graphs; MOEGEN_ROUTE_FUSE=off runs them all separate */
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 4, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 4, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 5, 8, 9, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 5, 8, 9, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_RANDOM, {1, 2, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_SKEW, {1, 2, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* shared experts (shared1 from a compiled folder too) */
     {shared1_spec, MODE_RANDOM, {1, 7, 333, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {shared1_spec, MODE_SKEW, {65, 1000}, 2, 1, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -1133,6 +1148,23 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
            variant, bucket, want);
     if (moe_plan_variant_count(plan) > 1)
         fprintf(stderr, "  %-40s variant %d (bucket %d, bm %d): %s, %s\n", label, variant, bucket, align, vup, vdown);
+    { /* the route path: fused up to 64 tokens (the scatter too within one block's warps and 128 KB of
+       * rows, not with fp8), unless MOEGEN_ROUTE_FUSE=off */
+        const char *fe = getenv("MOEGEN_ROUTE_FUSE");
+        const int on = !(fe && !strcmp(fe, "off")) && s->mesh.size[MOE_AXIS_EP] == 1;
+        const int rw = plan->launcher.kernels[MOE_K_ROUTE].threads / 32;
+        const int fused = !on || T > 64 ? MOE_ROUTE_SEPARATE
+                          : T <= rw && (long long)T * KE * H * 2 <= 128 * 1024 && !moe_spec_fp8(s)
+                              ? MOE_ROUTE_FUSED_SCATTER
+                              : MOE_ROUTE_FUSED_PLAN;
+        const int path = moe_plan_route_fuse(plan, T);
+        static const char *const path_names[] = {"separate", "fused plan", "fused plan+scatter"};
+        CHECKF(info.route_fuse == on, "moe_plan_info.route_fuse = %d with MOEGEN_ROUTE_FUSE=%s", info.route_fuse,
+               fe ? fe : "(unset)");
+        CHECKF(path == fused, "T = %d routes by path %d; the rule says %d", T, path, fused);
+        if (path >= 0 && path <= 2)
+            fprintf(stderr, "  %-40s route: %s\n", label, path_names[path]);
+    }
 
     /* poison outputs and the whole workspace; the call's own is exactly
      * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
