@@ -23,8 +23,9 @@
 @ -- [y*NCH/Y, (y+1)*NCH/Y), writes its partial logits to route_part, and
 @ -- takes a ticket (counts[E + M + blockIdx.x], after every weight slot's
 @ -- count, zeroed with them); the last block of the token block sums the
-@ -- partials in y order (the same sum whichever block is last) and goes on
-@ -- to phase 2 alone.
+@ -- partials, G threads per logit when the logits alone would leave threads
+@ -- idle, in a fixed order (the same sum whichever block is last), and goes
+@ -- on to phase 2 alone.
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
@@ -410,12 +411,26 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < nv; i += THREADS) {
-            const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
-            float v = 0.f;   // in y order; the loads issue ahead of the sum
+        /* G lanes per logit (a power of two, G | 32, while the logits leave
+         * threads idle): lane p of a group sums splits p, p + G, ..., then
+         * the group adds its lanes in a fixed xor tree: every thread's loads
+         * in flight at once, and the same sum whichever block is last */
+        const int Y = (int)gridDim.y;
+        int G = 1;
+        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
+        const long long ystride = (long long)gridDim.x * (T * ${LC});
+#pragma unroll 1
+        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
+            const int j = base + tid, i = j / G;
+            float v = 0.f;
+            if (i < nv) {
+                const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
 #pragma unroll 4
-            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * ${LC}));
-            lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
+                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (i < nv && j % G == 0)
+                lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
         }
         __syncthreads();
     }

@@ -47,10 +47,12 @@
  * permute_plan and permute_scatter checks above check whichever kernel
  * wrote the plan and the rows.
  *
- * Usage: test_gpu [--family LIST] [--cudnn] [SPEC-FILTER...]
+ * Usage: test_gpu [--family LIST] [--cudnn] [--tokens-max N] [SPEC-FILTER...]
  *   --family LIST  only these families' checks (comma-separated; a prefix
  *                  names several: "permute", "gemm"); the forward runs whole
  *   --cudnn        only the cuDNN cases (below)
+ *   --tokens-max N only the calls of at most N tokens of each case (e.g. 64:
+ *                  every case's fused-route calls, moe_plan_route_fuse)
  *   SPEC-FILTER    only the cases whose spec (path or text) contains it; the
  *                  cuDNN cases run when no filter is given
  *   e.g. build/tests/test_gpu --family gemm_up examples/
@@ -601,6 +603,7 @@ enum { FAM_ROUTE, FAM_PERMUTE_PLAN, FAM_PERMUTE_SCATTER, FAM_GEMM_UP, FAM_GEMM_D
 static const char *const family_names[FAM_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up",
                                                     "gemm_down", "combine", "layer", "swiglu", "pack"};
 static unsigned families_on = (1u << FAM_COUNT) - 1;
+static int tokens_max = 0; /* --tokens-max: 0 = every call */
 
 static int family_on(int f) { return (families_on >> f) & 1u; }
 
@@ -1559,6 +1562,8 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         }
         uint64_t rng = seed ^ 0x5eed;
         for (int i = 0; i < c->ntokens; i++) {
+            if (tokens_max > 0 && c->tokens[i] > tokens_max)
+                continue;
             char l2[200];
             snprintf(l2, sizeof l2, "%s/T%d", label, c->tokens[i]);
             CASE(l2);
@@ -1608,7 +1613,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
 }
 
 int main(int argc, char **argv) {
-    /* arguments: --cudnn, --family LIST, and spec filters (only the cases
+    /* arguments: --cudnn, --family LIST, --tokens-max N, and spec filters (only the cases
      * whose spec contains one of them) */
     int only_cudnn = 0, nfilter = 0;
     const char *filter[32];
@@ -1621,6 +1626,8 @@ int main(int argc, char **argv) {
             list = argv[++i];
         else if (strncmp(argv[i], "--family=", 9) == 0)
             list = argv[i] + 9;
+        else if (strcmp(argv[i], "--tokens-max") == 0 && i + 1 < argc)
+            tokens_max = atoi(argv[++i]);
         else if (nfilter < 32)
             filter[nfilter++] = argv[i];
         if (list && !select_families(list, &chosen)) {

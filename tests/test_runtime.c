@@ -383,6 +383,7 @@ static void paper_free(moe_plan *p) {
 static void test_training_api(void) {
     CASE("variants: NULL plan");
     CHECK(moe_plan_variant_count(NULL) == 0 && moe_plan_variant_for(NULL, 1) == -1);
+    CHECK(moe_plan_route_fuse(NULL, 1) == -1);
     CHECK(moe_plan_variant(NULL, 0, NULL, NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);
     CASE("training: NULL arguments");
     CHECK(moe_forward_train(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));

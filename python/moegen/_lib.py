@@ -124,6 +124,7 @@ _SIGNATURES = {
     "moe_plan_variant": (c_int, [c_void_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int),
                                  ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p)]),
     "moe_plan_variant_for": (c_int, [c_void_p, c_int]),
+    "moe_plan_route_fuse": (c_int, [c_void_p, c_int]),
     "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(c_char_p)]),
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),
