@@ -697,7 +697,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             return;
         __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
-        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS, *s_cur = s_first + SLOTS + 1;
+        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
 @ if c.fuse_scatter then
@@ -705,6 +705,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
         constexpr int HV = H / 8;
+        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
@@ -728,7 +729,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @   end
         }
 @ else
-        (void)s_cur;   // fp8: permute_scatter quantizes the rows (mode 2 is never passed)
+        /* fp8: permute_scatter quantizes the rows (mode 2 is never passed) */
 @ end
     }
 }

@@ -195,7 +195,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 146 "templates/route.lua"
+#line 147 "templates/route.lua"
 namespace deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2_impl {
 constexpr int E = 256, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -224,9 +224,9 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 175 "templates/route.lua"
+#line 176 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 32, TAKE = 2;
-#line 181 "templates/route.lua"
+#line 182 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -260,9 +260,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 217 "templates/route.lua"
+#line 218 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 219 "templates/route.lua"
+#line 220 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -335,9 +335,9 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 295 "templates/route.lua"
+#line 296 "templates/route.lua"
     (void)logit_bias;
-#line 297 "templates/route.lua"
+#line 298 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -414,44 +414,44 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 375 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 0) {
-#line 377 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 384 "templates/route.lua"
+#line 385 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 391 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 393 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 395 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 375 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 1) {
-#line 377 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 387 "templates/route.lua"
+#line 388 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 391 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 393 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 395 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 397 "templates/route.lua"
+#line 398 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -468,12 +468,26 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < nv; i += THREADS) {
-            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
-            float v = 0.f;   // in y order; the loads issue ahead of the sum
+        /* G lanes per logit (a power of two, G | 32, while the logits leave
+         * threads idle): lane p of a group sums splits p, p + G, ..., then
+         * the group adds its lanes in a fixed xor tree: every thread's loads
+         * in flight at once, and the same sum whichever block is last */
+        const int Y = (int)gridDim.y;
+        int G = 1;
+        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
+        const long long ystride = (long long)gridDim.x * (T * E);
+#pragma unroll 1
+        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
+            const int j = base + tid, i = j / G;
+            float v = 0.f;
+            if (i < nv) {
+                const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
 #pragma unroll 4
-            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
-            lsm[(i / E) * LDL + i % E] = v;
+                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (i < nv && j % G == 0)
+                lsm[(i / E) * LDL + i % E] = v;
         }
         __syncthreads();
     }
@@ -491,28 +505,28 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 439 "templates/route.lua"
+#line 454 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 441 "templates/route.lua"
+#line 456 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 471 "templates/route.lua"
+#line 486 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 474 "templates/route.lua"
+#line 489 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 478 "templates/route.lua"
+#line 493 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 483 "templates/route.lua"
+#line 498 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 486 "templates/route.lua"
+#line 501 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -552,7 +566,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 605 "templates/route.lua"
+#line 620 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -568,33 +582,33 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 623 "templates/route.lua"
+#line 638 "templates/route.lua"
             const float l = lrow[mine];
-#line 628 "templates/route.lua"
+#line 643 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 630 "templates/route.lua"
+#line 645 "templates/route.lua"
         }
-#line 632 "templates/route.lua"
+#line 647 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 639 "templates/route.lua"
+#line 654 "templates/route.lua"
         w *= 2.5f;
-#line 655 "templates/route.lua"
+#line 670 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 661 "templates/route.lua"
+#line 676 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 670 "templates/route.lua"
+#line 685 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -610,14 +624,15 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             return;
         __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
-        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS, *s_cur = s_first + SLOTS + 1;
+        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 689 "templates/route.lua"
+#line 704 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
         constexpr int HV = H / 8;
+        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
@@ -631,12 +646,12 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 711 "templates/route.lua"
+#line 727 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 714 "templates/route.lua"
+#line 730 "templates/route.lua"
         }
-#line 718 "templates/route.lua"
+#line 734 "templates/route.lua"
     }
 }
 
