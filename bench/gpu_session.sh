@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|verify|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|routefuse|verify|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -22,6 +22,12 @@
 #            and odd-shape cases included), then route/permute/combine each against its floor in moe_bench
 #            at 1, 2048 (route splits H up to 64 token blocks), 4096 and 16384 tokens for $ROUTE_SPECS
 #            (and build-old/moe_bench's, when there is one)
+#   routefuse issue #16 item 3: the fused route (permute plan, and scatter, in route's last block up to 64 tokens)
+#            against the separate launches: test_gpu's route/permute/combine/layer checks on the Qwen3, Mixtral and
+#            DeepSeek-V3-EP8 cases up to 200 tokens (fused 1..64, separate 65+, eager and graph) with
+#            MOEGEN_ROUTE_FUSE on and off, every case's calls up to 64 tokens (shared experts, groups,
+#            apply = input, 1024 experts, permuted slots), test_vendored on and off, then moe_bench --graph at
+#            1, 4, 5, 8, 64 tokens on and off for those three specs ("LAYER graph" side by side)
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
 #            under tests/tune/pingpong.tune, the examples), test_ep_gpu, test_vendored, test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
@@ -137,6 +143,26 @@ for what in "$@"; do
             done
         done
         grep -E '^== |ceilings|route|permute|combine|LAYER' "$OUT/route_bench.log"
+        ;;
+    routefuse)
+        for f in on off; do
+            MOEGEN_ROUTE_FUSE=$f timeout 400 build/tests/test_gpu --family route,permute,combine,layer --tokens-max 200 \
+                examples/specs/qwen3-30b-a3b examples/specs/mixtral-8x7b examples/specs/deepseek-v3-ep8 2>&1 |
+                tee "$OUT/test_gpu_routefuse_$f.log" | grep -vE '^  ' | tail -6
+        done
+        timeout 400 build/tests/test_gpu --tokens-max 64 2>&1 | tee "$OUT/test_gpu_routefuse_small.log" |
+            grep -vE '^  ' | tail -6
+        for f in on off; do
+            MOEGEN_ROUTE_FUSE=$f timeout 200 build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored_routefuse_$f.log" | tail -2
+        done
+        for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
+            for f in on off; do
+                echo "== $s MOEGEN_ROUTE_FUSE=$f" >> "$OUT/routefuse_bench.log"
+                MOEGEN_ROUTE_FUSE=$f timeout 150 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 \
+                    --tokens 5 --tokens 8 --tokens 64 --iters 50 >> "$OUT/routefuse_bench.log" 2>&1
+            done
+        done
+        grep -E '^== |^route at|LAYER' "$OUT/routefuse_bench.log"
         ;;
     pingpong)
         for s in mixtral-8x7b qwen3-30b-a3b deepseek-v3-ep8; do

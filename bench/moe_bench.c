@@ -491,6 +491,13 @@ int main(int argc, char **argv) {
             moe_plan_variant(plan, v, &bucket, NULL, &vu, &vd);
             printf("gemms at %d tokens: %s, %s (variant %d, bucket %d)\n", T, vu, vd, v, bucket);
         }
+        { /* the route path this size takes (moe_plan_route_fuse; MOEGEN_ROUTE_FUSE=off: always separate) */
+            static const char *const paths[] = {"route, permute_plan, permute_scatter separate",
+                                                "permute plan fused into route (permute_plan row: empty)",
+                                                "permute plan and scatter fused into route (their rows: empty)"};
+            const int rf = moe_plan_route_fuse(plan, T);
+            printf("route at %d tokens: %s\n", T, rf >= 0 && rf <= 2 ? paths[rf] : "?");
+        }
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,

@@ -1,6 +1,8 @@
 /* family_route.c — the route kernel (templates/route.lua): logits, scores,
  * top-k, weights and the per-expert counts, per_block tokens per block,
- * H split across blocks for few tokens (gen/launch_geom.h, moe_route_split).
+ * H split across blocks for few tokens (gen/launch_geom.h, moe_route_split),
+ * and for calls of few tokens the permute plan (and scatter) fused into its
+ * last block (moe_route_fuse_mode).
  * The one home of the logit phase's tiling (route_tiling): the template
  * takes it as parameters and checks its shared memory against it. */
 #include "family.h"
@@ -115,6 +117,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "bk", t.bk);
     moe_lua_set_int(L, "stages", t.stages);
     moe_lua_set_int(L, "ldl", t.ldl);
+    moe_lua_set_int(L, "fuse_ticket", MOE_ROUTE_FUSE_TICKET); /* after the slots' counts (launch_geom.h) */
 }
 
 static const moe_family_variant_t variants[] = {

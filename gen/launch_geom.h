@@ -32,7 +32,8 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
- * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. The fused calls'
+ * ticket (MOE_ROUTE_FUSE_TICKET) follows the token blocks' tickets. */
 #define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
@@ -46,9 +47,39 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
 
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
- * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (and the
+ * fused calls' one: MOE_ROUTE_TICKETS in all). */
 static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
     return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
+}
+
+/* Calls of few tokens fold the permute plan into the route kernel
+ * (templates/route.lua, "Fused"): the last route block to finish (one
+ * more ticket, MOE_ROUTE_FUSE_TICKET ints after the weight slots' counts)
+ * turns the counts into offsets and the tile table, and for the smallest
+ * calls also scatters the x rows, so permute_plan (and permute_scatter) are
+ * not launched. The choice is the host's, by the call's token count (no
+ * host synchronization; a CUDA graph captured at T replays T's path):
+ * MOE_ROUTE_FUSE_PLAN up to MOE_ROUTE_FUSE_TOKENS tokens; _SCATTER while
+ * the call has at most one token per route warp (one pass of the block's
+ * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
+ * one block copies in about a microsecond), when the scatter can be fused
+ * at all (scatter = 0: fp8 rows, quantized by their own kernel);
+ * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
+ * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
+#define MOE_ROUTE_FUSE_OFF 0
+#define MOE_ROUTE_FUSE_PLAN 1
+#define MOE_ROUTE_FUSE_SCATTER 2
+#define MOE_ROUTE_FUSE_TOKENS 64
+#define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
+#define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
+#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
+static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
+    if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
+        return MOE_ROUTE_FUSE_OFF;
+    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
+        return MOE_ROUTE_FUSE_SCATTER;
+    return MOE_ROUTE_FUSE_PLAN;
 }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
@@ -144,10 +175,11 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 /* The split-K GEMMs' arrival counters (one int per tile, every split's
  * CTA takes one ticket, the last resets it to 0) sit in the counts region
- * after the E' slot counts and route's tickets (MOE_ROUTE_SPLIT_BLOCKS),
- * so the memset before route zeroes them too: their first int. */
+ * after the E' slot counts and route's tickets (MOE_ROUTE_TICKETS: the
+ * split blocks' and the fused tail's), so the memset before route zeroes
+ * them too: their first int. */
 static inline long long moe_splitk_tickets_at(int slots) {
-    return (long long)slots + MOE_ROUTE_SPLIT_BLOCKS;
+    return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
 #endif

@@ -116,7 +116,7 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
     CUdeviceptr cursor = ws + wr[MOE_WS_CURSOR].offset, route_part = ws + wr[MOE_WS_ROUTE_PART].offset;
     CU_CHECK(moe_cu.cuMemsetD32Async(sv[MOE_SV_COUNTS], 0, svr[MOE_SV_COUNTS].bytes / 4, st)); /* and the tickets */
     if ((rc = moe_route_launch(p, a, sv[MOE_SV_TOPK_IDX], sv[MOE_SV_TOPK_W], sv[MOE_SV_COUNTS], route_part,
-                               sv[MOE_SV_LOGITS], st, NULL)))
+                               sv[MOE_SV_LOGITS], NULL, st, NULL)))
         return rc;
     moe_launcher_t lv; /* the GEMM variant for T, where its row block is the backward's */
     moe_plan_launcher_for(p, T, 1, &lv);

@@ -94,4 +94,13 @@ typedef struct {
 moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
                              CUevent *ev);
 
+/* The route kernel's fused tail (templates/route.lua, "Fused"), as the
+ * kernel takes it by value (the prelude's moe_route_fuse_t): mode
+ * MOE_ROUTE_FUSE_* (gen/launch_geom.h); the permute plan's outputs and,
+ * with mode 2, the scatter's. All zero: the kernel routes only. */
+typedef struct {
+    int mode, align;
+    CUdeviceptr slot_of, offsets, cursor, tiles, num_tiles, xs, row_of;
+} moe_route_fuse_args_t;
+
 #endif

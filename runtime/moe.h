@@ -503,6 +503,8 @@ typedef struct {
     int cudnn_version;            /* cudnnGetVersion() of the cuDNN the plan loaded (91900 = 9.19.0); 0 = none */
     long long gather_bytes;       /* bytes one moe_gather_weights moves into this rank over its FSDP group
                                      (weights, fp8 scales, biases; 0 when the gather is a local copy) */
+    int route_fuse;               /* 1: calls of few tokens fuse the permute plan into route (moe_plan_route_fuse
+                                     says which calls); 0: off (MOEGEN_ROUTE_FUSE=off, or mesh.ep > 1) */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}
@@ -528,6 +530,20 @@ int moe_plan_variant_count(const moe_plan *plan);
 moe_status moe_plan_variant(const moe_plan *plan, int i, int *bucket, int *align, const char **gemm_up,
                             const char **gemm_down);
 int moe_plan_variant_for(const moe_plan *plan, int tokens);
+
+/* How a moe_forward of `tokens` tokens routes and dispatches (README,
+ * "Small calls"): MOE_ROUTE_SEPARATE, the route, permute_plan and
+ * permute_scatter kernels launched one after another;
+ * MOE_ROUTE_FUSED_PLAN, the permute plan done by the route kernel's last
+ * block (calls of at most 64 tokens); MOE_ROUTE_FUSED_SCATTER, the plan and
+ * the rows' scatter both there (the smallest calls: at most one token per
+ * route warp, at most 128 KB of routed rows; not with fp8 weights). A host
+ * decision on the call's tokens, so a CUDA graph captured at T replays T's
+ * path. Always MOE_ROUTE_SEPARATE when moe_plan_info.route_fuse is 0
+ * (MOEGEN_ROUTE_FUSE=off when the plan was created, or mesh.ep > 1); -1
+ * for a NULL plan or tokens out of range. */
+enum { MOE_ROUTE_SEPARATE = 0, MOE_ROUTE_FUSED_PLAN = 1, MOE_ROUTE_FUSED_SCATTER = 2 };
+int moe_plan_route_fuse(const moe_plan *plan, int tokens);
 
 /* Which path FFN stage `stage` (MOE_STAGE_UP, MOE_STAGE_DOWN) takes in this
  * plan now (MOE_PATH_GENERATED or MOE_PATH_CUDNN) and why, as a sentence

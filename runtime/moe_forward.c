@@ -54,14 +54,16 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
 }
 
 moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdeviceptr topk_idx, CUdeviceptr topk_w,
-                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits, CUstream st, CUevent *ev) {
+                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits,
+                            const moe_route_fuse_args_t *fuse, CUstream st, CUevent *ev) {
     int T = a->tokens;
-    /* the gated shared expert's route kernel takes shared_gate, a training
-     * plan's takes logits_out after it (templates/route.lua); the driver
-     * reads no more than the kernel takes */
-    void *args[11] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
-                      &T, &topk_idx, &topk_w, &counts, &route_part};
-    int n = 9;
+    moe_route_fuse_args_t none = {0};
+    /* the fused tail's struct, by value; the gated shared expert's route
+     * kernel takes shared_gate, a training plan's takes logits_out after it
+     * (templates/route.lua); the driver reads no more than the kernel takes */
+    void *args[12] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+                      &T, &topk_idx, &topk_w, &counts, &route_part, fuse ? (void *)fuse : (void *)&none};
+    int n = 10;
     const moe_spec_t *s = &p->pd.spec;
     if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
         args[n++] = (void *)&a->shared_gate;
@@ -101,17 +103,27 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     int T = a->tokens;
     moe_launcher_t l; /* the GEMM variant for T (its permute plan and GEMMs); a host value, so capturable */
     moe_plan_launcher_for(p, T, 0, &l);
+    /* calls of few tokens: the permute plan (and the scatter) in route's last block, by T alone (capturable) */
+    const int fuse = moe_plan_route_fuse(p, T);
+    const moe_route_fuse_args_t fa = {.mode = fuse, .align = l.align, .slot_of = l.slot_table,
+                                      .offsets = reg[MOE_WS_OFFSETS], .cursor = reg[MOE_WS_CURSOR],
+                                      .tiles = reg[MOE_WS_TILES], .num_tiles = reg[MOE_WS_NUM_TILES],
+                                      .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF]};
     if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
-                               reg[MOE_WS_ROUTE_PART], 0, st, ev)))
+                               reg[MOE_WS_ROUTE_PART], 0, &fa, st, ev)))
         return rc;
-    {
+    /* a fused stage is not launched; its timing event still marks it (empty) */
+    for (int k = MOE_K_PERMUTE_PLAN; ev && k <= MOE_K_PERMUTE_SCATTER; k++)
+        if (k - MOE_K_PERMUTE_PLAN < fuse && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
+            return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+    if (fuse < MOE_ROUTE_FUSED_PLAN) {
         CUdeviceptr slot = l.slot_table;
         void *args[] = {&reg[MOE_WS_COUNTS], &slot, &reg[MOE_WS_OFFSETS], &reg[MOE_WS_CURSOR], &reg[MOE_WS_TILES],
                         &reg[MOE_WS_NUM_TILES]};
         if ((rc = moe_launch_kernel(&l, MOE_K_PERMUTE_PLAN, T, 0, st, args, ev)))
             return rc;
     }
-    {
+    if (fuse < MOE_ROUTE_FUSED_SCATTER) {
         /* with fp8 weights the scatter quantizes: e4m3 rows into xs, their scales into xsc (templates/permute.lua) */
         void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_OFFSETS],
                         &reg[MOE_WS_CURSOR], &T, &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], NULL};

@@ -29,6 +29,8 @@ struct moe_plan {
     moe_tuning_entry_t vtuned[MOE_PLAN_MAX_VARIANTS]; /* copies of the entries pd.variants[v].tuned (and
                                                           pd.tuned, the last's) point at: their table is freed */
     CUfunction vfn[MOE_PLAN_MAX_VARIANTS][MOE_K_COUNT]; /* pd.variants[v]'s kernels of the device's arch */
+    int route_fuse;         /* calls of few tokens fold the permute plan (and scatter) into route: not with
+                               MOEGEN_ROUTE_FUSE=off (read at creation) or expert parallelism (moe_plan_route_fuse) */
 };
 
 /* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,
@@ -45,9 +47,11 @@ void moe_plan_launcher_for(const moe_plan *p, int tokens, int train, moe_launche
 moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const char *fn);
 
 /* Launch the route kernel of a's tokens into the given regions; logits:
- * a training plan's logits output (0 = none), ignored by other plans. */
+ * a training plan's logits output (0 = none), ignored by other plans;
+ * fuse: its fused tail (NULL: none). */
 moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdeviceptr topk_idx, CUdeviceptr topk_w,
-                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits, CUstream st, CUevent *ev);
+                            CUdeviceptr counts, CUdeviceptr route_part, CUdeviceptr logits,
+                            const moe_route_fuse_args_t *fuse, CUstream st, CUevent *ev);
 
 /* Whether slot is the identity permutation of 0..n-1. */
 int moe_slots_identity(const int *slot, int n);

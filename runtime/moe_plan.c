@@ -9,6 +9,7 @@
 #include "emit.h"
 #include "ep.h"
 #include "error.h"
+#include "launch_geom.h"
 #include "mesh.h"
 #include "spec.h"
 #include "util.h"
@@ -208,6 +209,11 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     for (int e = spec.experts; e < moe_spec_slots(&spec); e++)
         p->slot_host[e] = e;
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
+    /* the fused route (moe_plan_route_fuse): on unless MOEGEN_ROUTE_FUSE=off; never with a dispatch between ranks */
+    const char *fe = getenv("MOEGEN_ROUTE_FUSE"); /* empty is unset */
+    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
+        return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_ROUTE_FUSE=%s: expected on or off", fe);
+    p->route_fuse = !(fe && !strcmp(fe, "off")) && !p->ep->dispatch;
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }
@@ -649,7 +655,8 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .fsdp_rank = p->ep->me->fsdp_rank, .stored = p->ep->mp->nstored,
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn),
-                            .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s)};
+                            .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
+                            .route_fuse = p->route_fuse};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */
@@ -676,6 +683,19 @@ moe_status moe_plan_variant(const moe_plan *p, int i, int *bucket, int *align, c
     if (gemm_down)
         *gemm_down = v->kernels[p->launcher.arch][MOE_K_GEMM_DOWN].name;
     return MOE_OK;
+}
+
+_Static_assert(MOE_ROUTE_SEPARATE == MOE_ROUTE_FUSE_OFF && MOE_ROUTE_FUSED_PLAN == MOE_ROUTE_FUSE_PLAN &&
+                   MOE_ROUTE_FUSED_SCATTER == MOE_ROUTE_FUSE_SCATTER, "moe.h's route paths are launch_geom.h's modes");
+
+int moe_plan_route_fuse(const moe_plan *p, int tokens) {
+    if (!p || tokens < 0 || tokens > p->pd.spec.tokens)
+        return -1;
+    if (!p->route_fuse)
+        return MOE_ROUTE_SEPARATE;
+    const moe_spec_t *s = &p->pd.spec;
+    return moe_route_fuse_mode(tokens, moe_spec_entries(s), s->hidden, p->launcher.kernels[MOE_K_ROUTE].threads / 32,
+                               !moe_spec_fp8(s));
 }
 
 int moe_plan_variant_for(const moe_plan *p, int tokens) {

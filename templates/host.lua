@@ -35,6 +35,8 @@
 @ end
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 #include <atomic>
 #include <mutex>
 #include "${n}.h"
@@ -122,6 +124,8 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* ${n}_slot_table's address on this device */
+    int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
+                       permute_scatter always launched apart (moe_route_fuse_mode) */
 @ if p.sm90 then
     ${n}_encode_fn encode;
 @ end
@@ -136,6 +140,10 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, ${n}_slot_table)) != cudaSuccess)
         return e;
+    const char *fe = getenv("MOEGEN_ROUTE_FUSE");
+    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
+        return cudaErrorInvalidValue;
+    d->route_fuse = !(fe && !strcmp(fe, "off"));
 @ if two then
     d->use90 = major == 9;
 @ else
@@ -237,20 +245,26 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     e = cudaMemsetAsync(counts, 0, ${p.counts_bytes}, stream);
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
+    /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
+    moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    if (dev->route_fuse)
+        fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
     ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
+        counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
 @ if nv == 1 then
-    ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+    if (fz.mode < MOE_ROUTE_FUSE_PLAN)
+        ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 @ else
 @   for i = 1, nv do
 @     local vp = p.variants[i].neutral.permute_plan
-    ${i == 1 and "if" or "else if"} (v == ${i - 1})
+    ${i == 1 and "if" or "else if"} (fz.mode < MOE_ROUTE_FUSE_PLAN && v == ${i - 1})
         ${vp.name}<<<1, ${vp.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 @   end
 @ end
 @ if not fp8 then -- (refused above; the fp8 scatter writes e4m3 rows and their scales)
-    ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
+        ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per

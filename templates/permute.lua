@@ -2,7 +2,8 @@
 @ -- "Kernels"). Emits two kernels (p.plan_only: the plan kernel alone, for a
 @ -- GEMM variant of another row block, gen/plan.h):
 @ --
-@ -- p.plan_kernel (one block of p.plan_threads): per-expert counts ->
+@ -- p.plan_kernel (one block of p.plan_threads; its body is the prelude's
+@ --   moe_plan_block, which the route kernel's fused tail runs too): per-expert counts ->
 @ --   offsets[E + 1], each expert's rows starting on a multiple of p.align
 @ --   (an exclusive scan of the counts rounded up to p.align), cursors reset
 @ --   to 0, and the tile table the grouped GEMMs read: one entry
@@ -32,7 +33,6 @@
 @   local c = {}
 @   -- E and K here are the weight slots and entries per token (p.slots,
 @   -- p.entries: the routed experts and top_k, then the shared expert's slots)
-@   c.ipt = (p.slots + p.plan_threads - 1) // p.plan_threads   -- experts per plan thread
 @   need((2 * p.slots + 1) * 4 <= 48 * 1024, "too many experts for the plan kernel's shared memory")
 @   return c
 @ end
@@ -44,14 +44,10 @@
 namespace ${ns} {
 constexpr int E = ${p.slots}, K = ${p.entries}, H = ${p.H}, ALIGN = ${p.align};
 constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
-constexpr int IPT = ${c.ipt};   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = ${p.scatter_threads}, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = ${p.scatter_rows};   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
-
-static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
 }  // namespace ${ns}
 
 extern "C" __global__ void __launch_bounds__(${p.plan_threads})
@@ -61,86 +57,8 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    int cnt[IPT], rows = 0, nt = 0;
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        cnt[i] = e < E ? counts[e] : 0;
-        rows += padded(cnt[i]);
-        nt += ntiles(cnt[i]);
-    }
-    /* block-wide exclusive scan of (rows, nt) in expert order */
-    int ir = rows, it = nt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
-        if (lane >= o) {
-            ir += a;
-            it += b;
-        }
-    }
-    if (lane == 31) {
-        s_rows[warp] = ir;
-        s_tiles[warp] = it;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
-            if (lane >= o) {
-                a += a2;
-                b += b2;
-            }
-        }
-        if (lane < PLAN_WARPS) {
-            s_rows[lane] = a;
-            s_tiles[lane] = b;
-        }
-    }
-    __syncthreads();
-    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
-    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        if (e < E) {
-            offsets[e] = row0;
-            cursor[e] = 0;
-            s_off[e] = row0;
-            s_first[e] = tile0;
-        }
-        row0 += padded(cnt[i]);
-        tile0 += ntiles(cnt[i]);
-    }
-    const int total_tiles = s_tiles[PLAN_WARPS - 1];
-    if (tid == 0) {
-        offsets[E] = s_rows[PLAN_WARPS - 1];
-        *num_tiles = total_tiles;
-        s_first[E] = total_tiles;
-    }
-    __syncthreads();
-
-    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
-    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
-        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (s_first[mid] <= i)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        const int j = i - s_first[lo];
-        const int left = counts[lo] - j * ALIGN;
-        /* the GEMMs read expert lo's weights at its slot: the routing table
-         * says where each expert's weights are, nothing assumes slot == lo */
-        reinterpret_cast<int4 *>(tiles)[i] =
-            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
-    }
+    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
+                                    s_tiles);
 }
 
 @ if not p.plan_only then -- p.plan_only: another GEMM variant's row block, the plan kernel alone

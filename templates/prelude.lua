@@ -7,6 +7,18 @@
 @ function M.prelude(p)
 typedef unsigned short moe_half_t;   /* ${p.dtype} bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
+/* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
+ * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
+ * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
+typedef struct {
+    int mode, align;
+    const int *slot_of;
+    int *offsets, *cursor;
+    moe_tile_t *tiles;
+    int *num_tiles;
+    moe_half_t *xs;
+    int *row_of;
+} moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
 typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
@@ -86,6 +98,102 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 }
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+/* The permute plan, by one block of THREADS threads (the permute_plan
+ * kernel, and the route kernel's fused tail): the counts of N weight slots
+ * -> offsets[N + 1], each slot's rows starting on a multiple of align (an
+ * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
+ * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
+ * slot in slot order, its length in *num_tiles. counts are read from L2
+ * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
+ * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
+template <int THREADS, int N>
+static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
+                                                      int *__restrict__ offsets, int *__restrict__ cursor,
+                                                      moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
+                                                      int *s_off, int *s_first, int *s_wr, int *s_wt) {
+    constexpr int WARPS = THREADS / 32, IPT = (N + THREADS - 1) / THREADS;   // consecutive slots per thread
+    static_assert(WARPS <= 32, "one warp scans the warps' sums");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < N ? __ldcg(counts + e) : 0;
+        rows += (cnt[i] + align - 1) / align * align;
+        nt += (cnt[i] + align - 1) / align;
+    }
+    /* block-wide exclusive scan of (rows, nt) in slot order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ir, o), b = __shfl_up_sync(0xffffffffu, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_wr[warp] = ir;
+        s_wt[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < WARPS ? s_wr[lane] : 0, b = lane < WARPS ? s_wt[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(0xffffffffu, a, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < WARPS) {
+            s_wr[lane] = a;
+            s_wt[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_wr[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_wt[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < N) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += (cnt[i] + align - 1) / align * align;
+        tile0 += (cnt[i] + align - 1) / align;
+    }
+    const int total_tiles = s_wt[WARPS - 1];
+    if (tid == 0) {
+        offsets[N] = s_wr[WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[N] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the slot e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += THREADS) {
+        int lo = 0, hi = N;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = __ldcg(counts + lo) - j * align;
+        /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * align, left < align ? left : align, 0);
+    }
+}
 @ end
 @
 @ return M

@@ -23,8 +23,9 @@
 @ -- [y*NCH/Y, (y+1)*NCH/Y), writes its partial logits to route_part, and
 @ -- takes a ticket (counts[E + M + blockIdx.x], after every weight slot's
 @ -- count, zeroed with them); the last block of the token block sums the
-@ -- partials in y order (the same sum whichever block is last) and goes on
-@ -- to phase 2 alone.
+@ -- partials, G threads per logit when the logits alone would leave threads
+@ -- idle, in a fixed order (the same sum whichever block is last), and goes
+@ -- on to phase 2 alone.
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
@@ -43,6 +44,20 @@
 @ -- p.shared_gate, sigmoid of one more logit column (column E, whose mma
 @ -- row reads w_gate instead of a router row). topk_idx/topk_w are then
 @ -- [T, K+M]; a block adds its token count to each shared slot's count.
+@ --
+@ -- Fused (fuse.mode > 0: calls of few tokens, gen/launch_geom.h,
+@ -- moe_route_fuse_mode; the host's choice by the call's token count): after
+@ -- its counts, the last block of each token block takes one more ticket
+@ -- (counts[slots + p.fuse_ticket]); the last of them to finish runs the
+@ -- permute plan (the prelude's moe_plan_block, what permute_plan runs) with
+@ -- all its threads on the dynamic shared memory, which phase 2 is done
+@ -- with; with mode 2 it then scatters the x rows as permute_scatter does:
+@ -- each entry's row (the expert's offset + a shared-memory cursor) to
+@ -- row_of, then a warp per routed row copies the token's x row (x·w with
+@ -- router.apply = "input"), and cursor[] ends as the scatter leaves it
+@ -- (each slot's count). Mode 2 is not emitted for fp8 specs (their rows
+@ -- are quantized by permute_scatter). permute_plan (and permute_scatter)
+@ -- are then not launched.
 @ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
@@ -114,6 +129,12 @@
 @     else c.glayout = "general" end
 @   end
 @   c.scale = p.scale or 1
+@   -- the fused tail: its ticket's place after the slots' counts (gen/family_route.c)
+@   c.fuse_ticket = p.fuse_ticket
+@   need(c.fuse_ticket, "the plan gives no fused ticket")
+@   c.slots, c.entries = p.slots, p.entries
+@   need(c.slots == c.E + c.M and c.entries == c.KE, "slots and entries must be the experts' and the shared slots'")
+@   c.fuse_scatter = not (p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3")
 @   return c
 @ end
 @
@@ -122,6 +143,7 @@
 @ local ns = p.kernel .. "_impl"
 @ local LC = c.gate and "EL" or "E"    -- logit columns (the gate's included)
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
+@ local input = p.spec.router.apply == "input"
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
 constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
@@ -143,6 +165,9 @@ constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = ${c.EL};       // logit columns: the experts (and the shared gate)
 constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
+constexpr int SLOTS = ${c.slots}, ENTRIES = ${c.entries};   // weight slots (counts), entries per token
+constexpr int FUSE_TICKET = SLOTS + ${c.fuse_ticket};      // the fused calls' ticket in counts[]
+static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
 static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
@@ -259,7 +284,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
+            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
     using namespace ${ns};
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
@@ -386,11 +411,26 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < nv; i += THREADS) {
-            const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
+        /* G lanes per logit (a power of two, G | 32, while the logits leave
+         * threads idle): lane p of a group sums splits p, p + G, ..., then
+         * the group adds its lanes in a fixed xor tree: every thread's loads
+         * in flight at once, and the same sum whichever block is last */
+        const int Y = (int)gridDim.y;
+        int G = 1;
+        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
+        const long long ystride = (long long)gridDim.x * (T * ${LC});
+#pragma unroll 1
+        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
+            const int j = base + tid, i = j / G;
             float v = 0.f;
-            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * ${LC}));
-            lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
+            if (i < nv) {
+                const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
+#pragma unroll 4
+                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (i < nv && j % G == 0)
+                lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
         }
         __syncthreads();
     }
@@ -642,6 +682,56 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
 @ end
+
+    /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
+    if (fuse.mode == 0)
+        return;
+    {
+        __shared__ int s_last_all, s_wr[NW], s_wt[NW];
+        __threadfence();   // this block's entries and counts are visible before its ticket
+        __syncthreads();
+        if (tid == 0)
+            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!s_last_all)
+            return;
+        __threadfence();
+        /* the dynamic smem is free: phase 2 is done with the logits */
+        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
+        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
+                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
+@ if c.fuse_scatter then
+        if (fuse.mode != 2)
+            return;
+        /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
+        constexpr int HV = H / 8;
+        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
+        for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
+        __syncthreads();
+        const int n = tokens * ENTRIES;
+        for (int i = tid; i < n; i += THREADS) {
+            const int e = __ldcg(topk_idx + i);
+            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
+        }
+        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
+        for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
+#pragma unroll 1
+        for (int i = warp; i < n; i += NW) {
+            const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
+@   if input then
+            const float w = moe_to_float(moe_from_float(__ldcg(topk_w + i)));   // the weight in the dtype
+#pragma unroll 4
+            for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
+@   else
+#pragma unroll 4
+            for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+@   end
+        }
+@ else
+        /* fp8: permute_scatter quantizes the rows (mode 2 is never passed) */
+@ end
+    }
 }
 @ end
 @

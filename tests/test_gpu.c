@@ -39,12 +39,20 @@
  *                    keep the host-packed weights (byte check: over 64 MB
  *                    skipped)
  * Always, whatever the filter: the forward returns MOE_OK without a fault,
- * and route's expert indices are in range (every family reads them).
+ * and route's expert indices are in range (every family reads them); the
+ * route path each call takes (moe_plan_route_fuse: the permute plan, and
+ * for the smallest calls the scatter, in route's last block up to 64
+ * tokens; separate launches above, or everywhere with
+ * MOEGEN_ROUTE_FUSE=off) is the one the rule gives and is printed, so the
+ * permute_plan and permute_scatter checks above check whichever kernel
+ * wrote the plan and the rows.
  *
- * Usage: test_gpu [--family LIST] [--cudnn] [SPEC-FILTER...]
+ * Usage: test_gpu [--family LIST] [--cudnn] [--tokens-max N] [SPEC-FILTER...]
  *   --family LIST  only these families' checks (comma-separated; a prefix
  *                  names several: "permute", "gemm"); the forward runs whole
  *   --cudnn        only the cuDNN cases (below)
+ *   --tokens-max N only the calls of at most N tokens of each case (e.g. 64:
+ *                  every case's fused-route calls, moe_plan_route_fuse)
  *   SPEC-FILTER    only the cases whose spec (path or text) contains it; the
  *                  cuDNN cases run when no filter is given
  *   e.g. build/tests/test_gpu --family gemm_up examples/
@@ -202,6 +210,14 @@ static const gpu_case_t cases[] = {
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 128}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* the fused route (moe_plan_route_fuse) at 1, 5, 8 and 64 tokens (Qwen3 at 1 and 4, Mixtral up to 8,
+     * DeepSeek-V3-EP8 at 1 scatter in route too; the rest up to 64 the plan only), separate launches at 65
+     * and 200; eager (Qwen3; the others' eager calls of 1 token above) and replayed from CUDA graphs, every
+     * family checked in both; MOEGEN_ROUTE_FUSE=off runs them all separate */
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 4, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/qwen3-30b-a3b.moe", MODE_RANDOM, {1, 4, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"examples/specs/mixtral-8x7b.moe", MODE_RANDOM, {1, 5, 8, 9, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"examples/specs/deepseek-v3-ep8.moe", MODE_SKEW, {1, 2, 5, 8, 64, 65, 200}, 7, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* shared experts (shared1 from a compiled folder too) */
     {shared1_spec, MODE_RANDOM, {1, 7, 333, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {shared1_spec, MODE_SKEW, {65, 1000}, 2, 1, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -598,6 +614,7 @@ enum { FAM_ROUTE, FAM_PERMUTE_PLAN, FAM_PERMUTE_SCATTER, FAM_GEMM_UP, FAM_GEMM_D
 static const char *const family_names[FAM_COUNT] = {"route", "permute_plan", "permute_scatter", "gemm_up",
                                                     "gemm_down", "combine", "layer", "swiglu", "pack"};
 static unsigned families_on = (1u << FAM_COUNT) - 1;
+static int tokens_max = 0; /* --tokens-max: 0 = every call */
 
 static int family_on(int f) { return (families_on >> f) & 1u; }
 
@@ -1145,6 +1162,23 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
            variant, bucket, want);
     if (moe_plan_variant_count(plan) > 1)
         fprintf(stderr, "  %-40s variant %d (bucket %d, bm %d): %s, %s\n", label, variant, bucket, align, vup, vdown);
+    { /* the route path: fused up to 64 tokens (the scatter too within one block's warps and 128 KB of
+       * rows, not with fp8), unless MOEGEN_ROUTE_FUSE=off */
+        const char *fe = getenv("MOEGEN_ROUTE_FUSE");
+        const int on = !(fe && !strcmp(fe, "off")) && s->mesh.size[MOE_AXIS_EP] == 1;
+        const int rw = plan->launcher.kernels[MOE_K_ROUTE].threads / 32;
+        const int fused = !on || T > 64 ? MOE_ROUTE_SEPARATE
+                          : T <= rw && (long long)T * KE * H * 2 <= 128 * 1024 && !moe_spec_fp8(s)
+                              ? MOE_ROUTE_FUSED_SCATTER
+                              : MOE_ROUTE_FUSED_PLAN;
+        const int path = moe_plan_route_fuse(plan, T);
+        static const char *const path_names[] = {"separate", "fused plan", "fused plan+scatter"};
+        CHECKF(info.route_fuse == on, "moe_plan_info.route_fuse = %d with MOEGEN_ROUTE_FUSE=%s", info.route_fuse,
+               fe ? fe : "(unset)");
+        CHECKF(path == fused, "T = %d routes by path %d; the rule says %d", T, path, fused);
+        if (path >= 0 && path <= 2)
+            fprintf(stderr, "  %-40s route: %s\n", label, path_names[path]);
+    }
 
     /* poison outputs and the whole workspace; the call's own is exactly
      * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
@@ -1542,6 +1576,8 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         }
         uint64_t rng = seed ^ 0x5eed;
         for (int i = 0; i < c->ntokens; i++) {
+            if (tokens_max > 0 && c->tokens[i] > tokens_max)
+                continue;
             char l2[200];
             snprintf(l2, sizeof l2, "%s/T%d", label, c->tokens[i]);
             CASE(l2);
@@ -1591,7 +1627,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
 }
 
 int main(int argc, char **argv) {
-    /* arguments: --cudnn, --family LIST, and spec filters (only the cases
+    /* arguments: --cudnn, --family LIST, --tokens-max N, and spec filters (only the cases
      * whose spec contains one of them) */
     int only_cudnn = 0, nfilter = 0;
     const char *filter[32];
@@ -1604,6 +1640,8 @@ int main(int argc, char **argv) {
             list = argv[++i];
         else if (strncmp(argv[i], "--family=", 9) == 0)
             list = argv[i] + 9;
+        else if (strcmp(argv[i], "--tokens-max") == 0 && i + 1 < argc)
+            tokens_max = atoi(argv[++i]);
         else if (nfilter < 32)
             filter[nfilter++] = argv[i];
         if (list && !select_families(list, &chosen)) {

@@ -5,6 +5,7 @@
  * test_tuning.c.) */
 #include "check.h"
 #include "family.h"
+#include "launch_geom.h"
 #include "plan.h"
 #include "spec.h"
 #include "template.h"
@@ -38,6 +39,38 @@ static int has_template(const char *name) {
         if (strcmp(moe_embedded_templates[i].path, path) == 0)
             return 1;
     return 0;
+}
+
+/* The fused route's choice by call size (launch_geom.h,
+ * moe_route_fuse_mode), on the example shapes; the counts region holds its
+ * ticket after the split tickets. */
+static void test_route_fuse(void) {
+    CASE("route fusion by call size: plan up to 64 tokens, scatter within one block's warps and 128 KB");
+    /* Qwen3-30B-A3B: top-8, H 2048, route's 8 warps: 32 KB of rows a token */
+    CHECK(moe_route_fuse_mode(0, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_OFF);
+    CHECK(moe_route_fuse_mode(1, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_SCATTER);
+    CHECK(moe_route_fuse_mode(4, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_SCATTER); /* 128 KB */
+    CHECK(moe_route_fuse_mode(5, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_PLAN);
+    CHECK(moe_route_fuse_mode(64, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_PLAN);
+    CHECK(moe_route_fuse_mode(65, 8, 2048, 8, 1) == MOE_ROUTE_FUSE_OFF);
+    /* Mixtral 8x7B: top-2, H 4096: 16 KB a token; the warps bound it at 8 tokens */
+    CHECK(moe_route_fuse_mode(8, 2, 4096, 8, 1) == MOE_ROUTE_FUSE_SCATTER);
+    CHECK(moe_route_fuse_mode(9, 2, 4096, 8, 1) == MOE_ROUTE_FUSE_PLAN);
+    /* DeepSeek-V3 EP8 rank: top-8, H 7168: 112 KB a token */
+    CHECK(moe_route_fuse_mode(1, 8, 7168, 8, 1) == MOE_ROUTE_FUSE_SCATTER);
+    CHECK(moe_route_fuse_mode(2, 8, 7168, 8, 1) == MOE_ROUTE_FUSE_PLAN);
+    /* fp8 rows are quantized by permute_scatter: the plan only */
+    CHECK(moe_route_fuse_mode(1, 8, 2048, 8, 0) == MOE_ROUTE_FUSE_PLAN);
+    /* route's kernels have the warps the rule assumes, and the counts hold every ticket */
+    moe_plan_desc_t pd = {0};
+    if (plan_of(&pd, mixtral)) {
+        CHECK(0);
+        return;
+    }
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_ROUTE].threads == 256);
+    CHECK(MOE_ROUTE_FUSE_TICKET == MOE_ROUTE_SPLIT_BLOCKS && MOE_ROUTE_TICKETS == MOE_ROUTE_SPLIT_BLOCKS + 1);
+    CHECK(pd.ws[MOE_WS_COUNTS].bytes == 4 * (size_t)(8 + MOE_ROUTE_TICKETS));
+    moe_plan_desc_free(&pd);
 }
 
 /* A training spec's plan: the backward's own kernels, arch-neutral, named
@@ -390,5 +423,6 @@ int main(void) {
     moe_plan_desc_free(&pd);
     test_training();
     test_workspace();
+    test_route_fuse();
     return check_report("test_plan");
 }

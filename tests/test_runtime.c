@@ -81,6 +81,21 @@ static void test_cudnn_switch(void) {
  * too many tiles or positions are refused with the reason. */
 /* MOEGEN_TUNING / moe_options.tuning_path: another tuning table for the
  * JIT, read before any driver use; its errors name the file and line. */
+/* The fused-route switch: a value other than on or off fails the plan
+ * before any driver use, naming the value (on a GPU test_gpu checks
+ * moe_plan_info.route_fuse and each call's path under on and off). */
+static void test_route_fuse_switch(void) {
+    moe_plan *plan = NULL;
+    CASE("route fuse: a bad MOEGEN_ROUTE_FUSE fails the plan before the driver, naming the value");
+    setenv("MOEGEN_ROUTE_FUSE", "sometimes", 1);
+    moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "MOEGEN_ROUTE_FUSE=sometimes") &&
+               strstr(moe_last_error(), "on or off"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    CHECK(plan == NULL);
+    unsetenv("MOEGEN_ROUTE_FUSE");
+}
+
 static void test_tuning_switch(void) {
     moe_plan *plan = NULL;
     const char *spec = "examples/specs/mixtral-8x7b.moe";
@@ -383,6 +398,7 @@ static void paper_free(moe_plan *p) {
 static void test_training_api(void) {
     CASE("variants: NULL plan");
     CHECK(moe_plan_variant_count(NULL) == 0 && moe_plan_variant_for(NULL, 1) == -1);
+    CHECK(moe_plan_route_fuse(NULL, 1) == -1);
     CHECK(moe_plan_variant(NULL, 0, NULL, NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);
     CASE("training: NULL arguments");
     CHECK(moe_forward_train(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
@@ -582,6 +598,7 @@ int main(void) {
                "status %d: %s", est, out);
     }
     test_cudnn_switch();
+    test_route_fuse_switch();
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {

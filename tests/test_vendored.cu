@@ -150,11 +150,13 @@ int main(int argc, char **argv) {
     CHECKF(finite, "y has unwritten (poisoned) or non-finite elements");
     CHECKF(err <= tol, "layer error %.3e > %.1e", err, tol);
 
-    CASE("vendored: calls of several sizes, each on its GEMM variant (NAME_variant: the largest bucket <= T)");
+    CASE("vendored: calls of several sizes, each on its GEMM variant (NAME_variant: the largest bucket <= T) and route path");
     {
         /* the tuned example specs hold a GEMM variant per tuning-table bucket (manifest.json, "variants");
          * each size runs the variant of its bucket with the workspace of the capacity's layout */
-        static const int sizes[] = {1, 7, 64, 127, 128, 500, 4095, 4096};
+        /* and each route path (moe_route_fuse_mode; Qwen3: 1 and 4 scatter in route, 5 .. 64 plan in route,
+         * 65 on separate; all separate with MOEGEN_ROUTE_FUSE=off) */
+        static const int sizes[] = {1, 4, 5, 7, 64, 65, 127, 128, 500, 4095, 4096};
         for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
             const int Tn = sizes[si];
             if (Tn > N(_MAX_TOKENS))

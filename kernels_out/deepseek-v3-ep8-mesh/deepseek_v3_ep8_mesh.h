@@ -20,7 +20,7 @@
 #define deepseek_v3_ep8_mesh_MAX_TOKENS 4096
 #define deepseek_v3_ep8_mesh_DTYPE "bf16"
 #define deepseek_v3_ep8_mesh_PAIR_GRANULE 8
-#define deepseek_v3_ep8_mesh_WORKSPACE_BYTES 1207840512ULL /* at deepseek_v3_ep8_mesh_MAX_TOKENS */
+#define deepseek_v3_ep8_mesh_WORKSPACE_BYTES 1207840768ULL /* at deepseek_v3_ep8_mesh_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

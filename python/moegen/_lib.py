@@ -67,7 +67,8 @@ class PlanInfo(ctypes.Structure):
                 ("hidden", c_int), ("ffn", c_int), ("tokens", c_int), ("dtype_bytes", c_int), ("align", c_int),
                 ("cache_hit", c_int), ("kernels", c_char_p * 6), ("world", c_int), ("rank", c_int), ("ep", c_int),
                 ("ep_rank", c_int), ("fsdp", c_int), ("fsdp_rank", c_int), ("stored", c_int), ("held", c_int),
-                ("dispatch_capacity", c_int), ("cudnn_version", c_int), ("gather_bytes", ctypes.c_longlong)]
+                ("dispatch_capacity", c_int), ("cudnn_version", c_int), ("gather_bytes", ctypes.c_longlong),
+                ("route_fuse", c_int)]
 
 
 class PackSrc(ctypes.Structure):
@@ -123,6 +124,7 @@ _SIGNATURES = {
     "moe_plan_variant": (c_int, [c_void_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int),
                                  ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p)]),
     "moe_plan_variant_for": (c_int, [c_void_p, c_int]),
+    "moe_plan_route_fuse": (c_int, [c_void_p, c_int]),
     "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(c_char_p)]),
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),

@@ -108,6 +108,13 @@ class Plan:
         self._check_tokens(tokens)
         return self._lib.moe_plan_variant_for(self.handle, tokens)
 
+    def route_fuse(self, tokens):
+        """How a forward of `tokens` tokens routes (moe.h, moe_plan_route_fuse):
+        0 route, permute_plan and permute_scatter launched apart; 1 the
+        permute plan in route's last block; 2 the plan and the scatter there."""
+        self._check_tokens(tokens)
+        return self._lib.moe_plan_route_fuse(self.handle, tokens)
+
     def _check_tokens(self, tokens):
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
             raise ValueError("tokens must be an int >= 0, not %r" % (tokens,))
