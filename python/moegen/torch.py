@@ -631,7 +631,7 @@ class MoE(torch.nn.Module):
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
         y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p["w1s"], p["w2s"])
+                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p.get("w1s"), p.get("w2s"))
         return y.reshape(x.shape) if flat else y
 
     def w1_order(self):
