@@ -2506,14 +2506,14 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "deepseek_v3_ep8_mesh.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2667,10 +2667,10 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -2688,13 +2688,13 @@ __device__ int deepseek_v3_ep8_mesh_slot_table[256] = {0, 1, 2, 3, 4, 5, 6, 7, 8
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
-#line 56 "templates/host.lua"
+#line 62 "templates/host.lua"
 static long long deepseek_v3_ep8_mesh_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 8, 256, 128);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2719,6 +2719,7 @@ static cudaError_t deepseek_v3_ep8_mesh_encoder(deepseek_v3_ep8_mesh_encode_fn *
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t deepseek_v3_ep8_mesh_tmap(deepseek_v3_ep8_mesh_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2726,8 +2727,9 @@ static cudaError_t deepseek_v3_ep8_mesh_tmap(deepseek_v3_ep8_mesh_encode_fn enco
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2738,9 +2740,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* deepseek_v3_ep8_mesh_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     deepseek_v3_ep8_mesh_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } deepseek_v3_ep8_mesh_device_t;
 static deepseek_v3_ep8_mesh_device_t deepseek_v3_ep8_mesh_devices[deepseek_v3_ep8_mesh_MAX_DEVICES];
 static std::mutex deepseek_v3_ep8_mesh_devices_lock;
@@ -2752,22 +2754,22 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, deepseek_v3_ep8_mesh_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_ep8_mesh_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2793,84 +2795,86 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 189 "templates/host.lua"
+#line 205 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 205 "templates/host.lua"
+#line 217 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 1280);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 2560);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3584);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3840);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12032);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 143104);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 274176);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405248);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259328);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646208);
-#line 225 "templates/host.lua"
+#line 243 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1280, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 243 "templates/host.lua"
+#line 261 "templates/host.lua"
     deepseek_v3_ep8_mesh_permute_plan_e256_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
     if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
     } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
     deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     deepseek_v3_ep8_mesh_combine_bf16_h7168k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2892,7 +2896,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2917,5 +2921,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -3849,14 +3849,14 @@ deepseek_v3_pack_bf16_f2048_h7168(int tensor, unsigned short *__restrict__ dst, 
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "deepseek_v3.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -4010,10 +4010,10 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int deepseek_v3_slot_table[257] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
@@ -4032,27 +4032,27 @@ __device__ int deepseek_v3_slot_table[257] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
     240, 241, 242, 243, 244, 245, 246, 247, 248, 249, 250, 251, 252, 253, 254, 255,
     256};
 
-#line 60 "templates/host.lua"
+#line 66 "templates/host.lua"
 /* The GEMM variant a call of `tokens` tokens runs (manifest.json,
  * "variants"): the largest bucket <= tokens, or the first. A host value,
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_variant(int tokens) {
-#line 65 "templates/host.lua"
+#line 71 "templates/host.lua"
     if (tokens >= 4096) return 1;
-#line 67 "templates/host.lua"
+#line 73 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
-#line 73 "templates/host.lua"
+#line 79 "templates/host.lua"
 static const int deepseek_v3_variant_align[2] = {64, 128};
 
 static long long deepseek_v3_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 9, 257, deepseek_v3_variant_align[v]);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -4077,6 +4077,7 @@ static cudaError_t deepseek_v3_encoder(deepseek_v3_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t deepseek_v3_tmap(deepseek_v3_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -4084,8 +4085,9 @@ static cudaError_t deepseek_v3_tmap(deepseek_v3_encode_fn encode, moe_tmap_t *m,
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -4096,9 +4098,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* deepseek_v3_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     deepseek_v3_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } deepseek_v3_device_t;
 static deepseek_v3_device_t deepseek_v3_devices[deepseek_v3_MAX_DEVICES];
 static std::mutex deepseek_v3_devices_lock;
@@ -4110,30 +4112,30 @@ static cudaError_t deepseek_v3_device_init(deepseek_v3_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, deepseek_v3_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_route_bf16_e256k8s1_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -4159,111 +4161,115 @@ static deepseek_v3_device_t *deepseek_v3_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStream_t stream) {
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 205 "templates/host.lua"
+#line 217 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 4096);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 45312);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 635136);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 1224960);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1814784);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 2583656704);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 3321325824);
-#line 227 "templates/host.lua"
+#line 245 "templates/host.lua"
     const int v = deepseek_v3_variant(T);
     const long long tiles_y = deepseek_v3_max_tiles(T, v);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_device_t *dev = deepseek_v3_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1284, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     deepseek_v3_route_bf16_e256k8s1_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 247 "templates/host.lua"
+#line 265 "templates/host.lua"
     if (v == 0)
         deepseek_v3_permute_plan_e257_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 247 "templates/host.lua"
+#line 265 "templates/host.lua"
     else if (v == 1)
         deepseek_v3_permute_plan_e257_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     deepseek_v3_permute_scatter_bf16_h7168k9<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 294 "templates/host.lua"
+#line 319 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 4095 tokens */
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(56, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 294 "templates/host.lua"
+#line 319 "templates/host.lua"
     } else if (v == 1) { /* calls of 4096 or more tokens */
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 297 "templates/host.lua"
+#line 322 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     deepseek_v3_combine_bf16_h7168k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -4285,7 +4291,7 @@ extern "C" void deepseek_v3_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4310,7 +4316,7 @@ extern "C" cudaError_t deepseek_v3_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 346 "templates/host.lua"
+#line 450 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v3_pack_w1),
@@ -4330,5 +4336,5 @@ extern "C" void deepseek_v3_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

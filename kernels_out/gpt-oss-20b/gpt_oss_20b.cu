@@ -2409,14 +2409,14 @@ gpt_oss_20b_pack_bf16_f2880_h2880(int tensor, unsigned short *__restrict__ dst, 
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpt_oss_20b.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2570,20 +2570,20 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int gpt_oss_20b_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
-#line 56 "templates/host.lua"
+#line 62 "templates/host.lua"
 static long long gpt_oss_20b_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 4, 32, 128);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2608,6 +2608,7 @@ static cudaError_t gpt_oss_20b_encoder(gpt_oss_20b_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t gpt_oss_20b_tmap(gpt_oss_20b_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2615,8 +2616,9 @@ static cudaError_t gpt_oss_20b_tmap(gpt_oss_20b_encode_fn encode, moe_tmap_t *m,
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2627,9 +2629,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* gpt_oss_20b_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     gpt_oss_20b_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } gpt_oss_20b_device_t;
 static gpt_oss_20b_device_t gpt_oss_20b_devices[gpt_oss_20b_MAX_DEVICES];
 static std::mutex gpt_oss_20b_devices_lock;
@@ -2641,22 +2643,22 @@ static cudaError_t gpt_oss_20b_device_init(gpt_oss_20b_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, gpt_oss_20b_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = gpt_oss_20b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_route_bf16_e32k4_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2682,81 +2684,83 @@ static gpt_oss_20b_device_t *gpt_oss_20b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStream_t stream) {
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > gpt_oss_20b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 208 "templates/host.lua"
+#line 220 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 211 "templates/host.lua"
+#line 223 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9984);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 272128);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 534272);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 796416);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401692416);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 802588416);
-#line 225 "templates/host.lua"
+#line 243 "templates/host.lua"
     const long long tiles_y = gpt_oss_20b_max_tiles(T);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 384, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     gpt_oss_20b_route_bf16_e32k4_t32k128s5<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 87040, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 243 "templates/host.lua"
+#line 261 "templates/host.lua"
     gpt_oss_20b_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     gpt_oss_20b_permute_scatter_bf16_h2880k4<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
     if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
         (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     gpt_oss_20b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
     } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
     gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     gpt_oss_20b_combine_bf16_h2880k4<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2778,7 +2782,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2803,5 +2807,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

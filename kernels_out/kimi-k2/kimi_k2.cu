@@ -2238,14 +2238,14 @@ kimi_k2_pack_bf16_f2048_h7168(int tensor, unsigned short *__restrict__ dst, cons
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "kimi_k2.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2399,10 +2399,10 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int kimi_k2_slot_table[385] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
@@ -2429,13 +2429,13 @@ __device__ int kimi_k2_slot_table[385] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 
     368, 369, 370, 371, 372, 373, 374, 375, 376, 377, 378, 379, 380, 381, 382, 383,
     384};
 
-#line 56 "templates/host.lua"
+#line 62 "templates/host.lua"
 static long long kimi_k2_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 9, 385, 128);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2460,6 +2460,7 @@ static cudaError_t kimi_k2_encoder(kimi_k2_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t kimi_k2_tmap(kimi_k2_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2467,8 +2468,9 @@ static cudaError_t kimi_k2_tmap(kimi_k2_encode_fn encode, moe_tmap_t *m, const v
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2479,9 +2481,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* kimi_k2_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     kimi_k2_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } kimi_k2_device_t;
 static kimi_k2_device_t kimi_k2_devices[kimi_k2_MAX_DEVICES];
 static std::mutex kimi_k2_devices_lock;
@@ -2493,22 +2495,22 @@ static cudaError_t kimi_k2_device_init(kimi_k2_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, kimi_k2_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = kimi_k2_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_route_bf16_e384k8s1_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 119808)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2534,79 +2536,81 @@ static kimi_k2_device_t *kimi_k2_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t kimi_k2_forward(const kimi_k2_args_t *a, cudaStream_t stream) {
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > kimi_k2_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 205 "templates/host.lua"
+#line 217 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 3840);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 5632);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 5888);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 30464);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 620288);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 1210112);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1799936);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 2816687872);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 3620941568);
-#line 225 "templates/host.lua"
+#line 243 "templates/host.lua"
     const long long tiles_y = kimi_k2_max_tiles(T);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const kimi_k2_device_t *dev = kimi_k2_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1796, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     kimi_k2_route_bf16_e384k8s1_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 119808, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 243 "templates/host.lua"
+#line 261 "templates/host.lua"
     kimi_k2_permute_plan_e385_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     kimi_k2_permute_scatter_bf16_h7168k9<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
     if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w1p, 1576960LL, 7168, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w2, 2759680LL, 2048, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
     } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
     kimi_k2_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     kimi_k2_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     kimi_k2_combine_bf16_h7168k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2628,7 +2632,7 @@ extern "C" void kimi_k2_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2653,7 +2657,7 @@ extern "C" cudaError_t kimi_k2_pack(int tensor, void *dst, const void *src0, con
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 346 "templates/host.lua"
+#line 450 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like kimi_k2_pack_w1),
@@ -2673,5 +2677,5 @@ extern "C" void kimi_k2_pack_shared(const unsigned short *w1s, const unsigned sh
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

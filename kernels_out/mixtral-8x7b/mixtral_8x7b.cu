@@ -3380,14 +3380,14 @@ mixtral_8x7b_pack_bf16_f14336_h4096(int tensor, unsigned short *__restrict__ dst
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "mixtral_8x7b.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -3541,35 +3541,35 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int mixtral_8x7b_slot_table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
-#line 60 "templates/host.lua"
+#line 66 "templates/host.lua"
 /* The GEMM variant a call of `tokens` tokens runs (manifest.json,
  * "variants"): the largest bucket <= tokens, or the first. A host value,
  * so a CUDA graph captured at T replays T's variant. */
 static int mixtral_8x7b_variant(int tokens) {
-#line 65 "templates/host.lua"
+#line 71 "templates/host.lua"
     if (tokens >= 4096) return 2;
-#line 65 "templates/host.lua"
+#line 71 "templates/host.lua"
     if (tokens >= 2048) return 1;
-#line 67 "templates/host.lua"
+#line 73 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
-#line 73 "templates/host.lua"
+#line 79 "templates/host.lua"
 static const int mixtral_8x7b_variant_align[3] = {64, 64, 64};
 
 static long long mixtral_8x7b_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 2, 8, mixtral_8x7b_variant_align[v]);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -3594,6 +3594,7 @@ static cudaError_t mixtral_8x7b_encoder(mixtral_8x7b_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t mixtral_8x7b_tmap(mixtral_8x7b_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -3601,8 +3602,9 @@ static cudaError_t mixtral_8x7b_tmap(mixtral_8x7b_encode_fn encode, moe_tmap_t *
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -3613,9 +3615,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* mixtral_8x7b_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     mixtral_8x7b_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } mixtral_8x7b_device_t;
 static mixtral_8x7b_device_t mixtral_8x7b_devices[mixtral_8x7b_MAX_DEVICES];
 static std::mutex mixtral_8x7b_devices_lock;
@@ -3627,26 +3629,26 @@ static cudaError_t mixtral_8x7b_device_init(mixtral_8x7b_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, mixtral_8x7b_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = mixtral_8x7b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_route_bf16_e8k2_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 65280)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -3672,135 +3674,141 @@ static mixtral_8x7b_device_t *mixtral_8x7b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaStream_t stream) {
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > mixtral_8x7b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9728);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 140800);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 271872);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 402944);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 272967168);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 1226941952);
-#line 227 "templates/host.lua"
+#line 245 "templates/host.lua"
     const int v = mixtral_8x7b_variant(T);
     const long long tiles_y = mixtral_8x7b_max_tiles(T, v);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const mixtral_8x7b_device_t *dev = mixtral_8x7b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 288, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     mixtral_8x7b_route_bf16_e8k2_t32k128s6<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 65280, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 247 "templates/host.lua"
+#line 265 "templates/host.lua"
     if (v == 0)
         mixtral_8x7b_permute_plan_e8_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 247 "templates/host.lua"
+#line 265 "templates/host.lua"
     else if (v == 1)
         mixtral_8x7b_permute_plan_e8_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 247 "templates/host.lua"
+#line 265 "templates/host.lua"
     else if (v == 2)
         mixtral_8x7b_permute_plan_e8_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     mixtral_8x7b_permute_scatter_bf16_h4096k2<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 294 "templates/host.lua"
+#line 319 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 2047 tokens */
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(224, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 294 "templates/host.lua"
+#line 319 "templates/host.lua"
     } else if (v == 1) { /* calls of 2048 .. 4095 tokens */
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(224, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 294 "templates/host.lua"
+#line 319 "templates/host.lua"
     } else if (v == 2) { /* calls of 4096 or more tokens */
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
         mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(224, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 297 "templates/host.lua"
+#line 322 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     mixtral_8x7b_combine_bf16_h4096k2<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -3822,7 +3830,7 @@ extern "C" void mixtral_8x7b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3847,5 +3855,5 @@ extern "C" cudaError_t mixtral_8x7b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -2375,14 +2375,14 @@ small_pack_bf16_f640_h1536(int tensor, unsigned short *__restrict__ dst, const u
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "small.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
 #include <atomic>
@@ -2536,19 +2536,19 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 46 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 52 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int small_slot_table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
-#line 56 "templates/host.lua"
+#line 62 "templates/host.lua"
 static long long small_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 3, 12, 128);
 }
-#line 79 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 81 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2573,6 +2573,7 @@ static cudaError_t small_encoder(small_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2580,8 +2581,9 @@ static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void 
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 115 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2592,9 +2594,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* small_slot_table's address on this device */
-#line 126 "templates/host.lua"
+#line 143 "templates/host.lua"
     small_encode_fn encode;
-#line 128 "templates/host.lua"
+#line 145 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2606,22 +2608,22 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, small_slot_table)) != cudaSuccess)
         return e;
-#line 140 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 145 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 158 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 162 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2647,77 +2649,79 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 198 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 221 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 225 "templates/host.lua"
+#line 243 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 232 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 304, stream);
     if (e != cudaSuccess) return e;
-#line 239 "templates/host.lua"
+#line 257 "templates/host.lua"
     small_route_bf16_e12k3_t32k128s6<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part);
-#line 243 "templates/host.lua"
+#line 261 "templates/host.lua"
     small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 252 "templates/host.lua"
+#line 272 "templates/host.lua"
     small_permute_scatter_bf16_h1536k3<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 267 "templates/host.lua"
+#line 292 "templates/host.lua"
     if (dev->use90) {
-#line 271 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 258 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 276 "templates/host.lua"
+#line 301 "templates/host.lua"
     } else {
-#line 280 "templates/host.lua"
+#line 305 "templates/host.lua"
     small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(10, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     small_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(12, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 284 "templates/host.lua"
+#line 309 "templates/host.lua"
     }
-#line 299 "templates/host.lua"
+#line 324 "templates/host.lua"
     small_combine_bf16_h1536k3<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2739,7 +2743,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 321 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2764,5 +2768,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 366 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
