@@ -419,28 +419,64 @@ def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, sha
     return out
 
 
+def _fp8_tables():
+    """The quotients the quantizer needs, correctly rounded (NumPy's IEEE
+    fp32 division, as the library's): a bf16 amax is m * 2^k with m = 128 ..
+    255, so amax / 448 = (m / 448) * 2^k and 448 / amax = (448 / m) * 2^-k,
+    the powers of two exact; and the amax floor's own pair. XLA may divide
+    approximately (a reciprocal), so the quantizer never divides."""
+    import numpy as np
+    m = np.arange(128, 256, dtype=np.float32)
+    floor = np.float32(1e-4)
+    return (m / np.float32(448.0), np.float32(448.0) / m, floor, floor / np.float32(448.0),
+            np.float32(448.0) / floor)
+
+
 def quantize_weight(w, block):
-    """e4m3 quantization of weights w [..., N, K] (jax.numpy, jit-able) by
-    the library's rule (moe_plan_pack_quantize): block=True: one scale per
-    128 x 128 block, [..., N/128, K/128]; False: one per row, [..., N];
-    scale = amax / 448 (amax at least 1e-4), e4m3(w * (448 / amax)) rounded
-    to nearest even. Returns (float8_e4m3fn [..., N, K], float32 scales)."""
+    """e4m3 quantization of bf16 weights w [..., N, K] (jax.numpy,
+    jit-able) by the library's rule (moe_plan_pack_quantize), bit for bit:
+    block=True: one scale per 128 x 128 block, [..., N/128, K/128]; False:
+    one per row, [..., N]; scale = amax / 448 (amax at least 1e-4),
+    e4m3(w * (448 / amax)) rounded to nearest even. Returns
+    (float8_e4m3fn [..., N, K], float32 scales)."""
     jax = _import_jax()
     jnp = jax.numpy
+    if _dtype_name(w) != "bfloat16":
+        raise TypeError("moegen: quantize_weight takes bfloat16 weights (the library's rule), not %s" % _dtype_name(w))
     *lead, N, K = w.shape
     lead = tuple(lead)
     wf = w.astype(jnp.float32)
-    # 448 behind a barrier: XLA would turn amax / 448 into amax * (1 / 448), not the library's quotient
-    e4m3_max = jax.lax.optimization_barrier(jnp.float32(448.0))
     if block:
         blocks = wf.reshape(lead + (N // 128, 128, K // 128, 128))
-        amax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=(-3, -1)), jnp.float32(1e-4))   # [..., N/128, K/128]
-        mul = (e4m3_max / amax)[..., :, None, :, None]
-        q = jnp.clip(blocks * mul, -448.0, 448.0).reshape(lead + (N, K))
+        amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))                          # [..., N/128, K/128]
     else:
-        amax = jnp.maximum(jnp.max(jnp.abs(wf), axis=-1), jnp.float32(1e-4))             # [..., N]
-        q = jnp.clip(wf * (e4m3_max / amax)[..., None], -448.0, 448.0)
-    return q.astype(jnp.float8_e4m3fn), amax / e4m3_max
+        amax = jnp.max(jnp.abs(wf), axis=-1)                                    # [..., N]
+    s_tab, m_tab, floor, s_floor, m_floor = _fp8_tables()
+    bits = jax.lax.bitcast_convert_type(amax, jnp.uint32)   # a bf16 value: the low 16 bits are 0
+    k = (bits >> 23).astype(jnp.int32) - 134                # amax = (128 + mantissa) * 2^k
+    i = ((bits >> 16) & 0x7F).astype(jnp.int32)
+    two = lambda e: jax.lax.bitcast_convert_type(((e + 127) << 23).astype(jnp.uint32), jnp.float32)
+    low = amax < floor
+    scale = jnp.where(low, s_floor, jnp.asarray(s_tab)[i] * two(k))
+    mul = jnp.where(low, m_floor, jnp.asarray(m_tab)[i] * two(-k))
+    if block:
+        q = e4m3_round(blocks * mul[..., :, None, :, None]).reshape(lead + (N, K))
+    else:
+        q = e4m3_round(wf * mul[..., None])
+    return q.astype(jnp.float8_e4m3fn), scale
+
+
+def e4m3_round(v):
+    """float32 v rounded to the nearest e4m3 value, ties to even, saturating
+    at +-448 (PTX's cvt.rn.satfinite, the library's rule), as float32: the
+    rounding done here (jnp.round, half to even, on the value's own
+    quantum), so the cast to float8_e4m3fn that follows is exact whatever
+    the backend's conversion does with ties."""
+    jax = _import_jax()
+    jnp = jax.numpy
+    _, ex = jnp.frexp(v)                                   # |v| in [2^(ex-1), 2^ex)
+    quantum = jnp.ldexp(jnp.float32(1.0), jnp.maximum(ex - 1, -6) - 3)   # 3 mantissa bits; subnormals below 2^-6
+    return jnp.clip(jnp.round(v / quantum) * quantum, -448.0, 448.0)
 
 
 def quantize_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, shared_w1=None, shared_w2=None):
