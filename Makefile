@@ -249,11 +249,27 @@ $(BUILD)/tests/test_vendored_splitk: tests/test_vendored.cu $(VENDORED_SPLITK) $
 	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
 	  tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
+# The vendored fp8 path: an fp8 spec (examples/specs/fp8/, which kernels/
+# does not hold) emitted into build/ and built as test_vendored with
+# VENDORED_FP8: NAME_quantize, NAME_pack_fp8 and the fp8 NAME_forward.
+VENDORED_FP8_SPEC := qwen3-30b-a3b-fp8
+VENDORED_FP8_NAME := qwen3_30b_a3b_fp8
+VENDORED_FP8_DIR := $(BUILD)/vendored/$(VENDORED_FP8_SPEC)
+$(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu: examples/specs/fp8/$(VENDORED_FP8_SPEC).moe $(BUILD)/moegen
+	$(BUILD)/moegen emit $< -o $(VENDORED_FP8_DIR)
+$(BUILD)/tests/test_vendored_fp8: tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu $(VENDORED_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+	  -Igen -Iruntime -Itests -Itests/support -I$(VENDORED_FP8_DIR) -I$(LUA_INC) \
+	  -DVENDORED_NAME=$(VENDORED_FP8_NAME) -DVENDORED_HEADER=$(VENDORED_FP8_NAME).h -DVENDORED_FP8 \
+	  tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu \
+	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
+
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
-gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk
+gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_fp8
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -262,6 +278,10 @@ test-vendored: $(BUILD)/tests/test_vendored
 .PHONY: test-vendored-splitk
 test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
 	@$(BUILD)/tests/test_vendored_splitk examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-fp8
+test-vendored-fp8: $(BUILD)/tests/test_vendored_fp8
+	@$(BUILD)/tests/test_vendored_fp8 examples/specs/fp8/$(VENDORED_FP8_SPEC).moe
 
 # ---- benchmark and example programs -------------------------------------
 $(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a

@@ -342,13 +342,27 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    moe_dtype_name(s->dtype), s->router.bias ? "" : " — unused by this spec",
                    s->router.logit_bias ? "" : " — unused", pd->pair_granule, n, n, s->ffn_bias ? "" : " — unused",
                    s->ffn_bias ? "" : " — unused", n);
+    const int fp8 = moe_spec_fp8(s), block = fp8 && s->quant.scaling == MOE_SCALING_BLOCK;
+    if (fp8)
+        moe_buf_printf(b,
+                       "/* fp8 expert weights (quant.weights = \"fp8_e4m3\", scaling \"%s\"; README.md, \"FP8\n"
+                       " * weights\"): w1p and w2 hold e4m3 bytes (w1q [E, 2F, H] packed as above, w2q [E, H, F]),\n"
+                       " * and w1s, w2s their fp32 scales in the checkpoint's row order (gate, then up):\n"
+                       " *   w1s          float %s\n"
+                       " *   w2s          float %s\n"
+                       " * w = e4m3 * scale. %s_quantize writes them from bf16 weights, %s_pack_fp8 from a\n"
+                       " * checkpoint's e4m3 weights and weight_scale_inv, on the device. x, y and the biases\n"
+                       " * stay half. */\n",
+                       block ? "block" : "channel", block ? "[E, 2F/128, H/128]  one per 128 x 128 block" : "[E, 2F]  one per row",
+                       block ? "[E, H/128, F/128]" : "[E, H]", n, n);
     moe_buf_printf(b,
                    "typedef struct {\n    int tokens;                 /* 0 .. %s_MAX_TOKENS (0: nothing to do) */\n"
                    "    const void *x;\n    const void *router_w;\n    const float *router_bias;\n"
                    "    const float *router_logit_bias;\n    const void *w1p;\n    const void *b1p;\n"
                    "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n"
-                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n} %s_args_t;\n\n",
-                   n, n);
+                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n%s} %s_args_t;\n\n",
+                   n, fp8 ? "    const float *w1s;           /* fp8: the scales of w1p */\n"
+                            "    const float *w2s;           /* fp8: the scales of w2 */\n" : "", n);
     moe_buf_printf(b, "#ifdef __cplusplus\nextern \"C\" {\n#endif\n");
     moe_buf_printf(b, "/* The whole layer on `stream` (the current device's), no host synchronization\n"
                       " * inside; callable from C and C++ host files, from several threads and devices. */\n"
@@ -370,6 +384,21 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                           " * [H, %s_SHARED_FFN] into their slots of w1p (packed) and w2. */\n"
                           "void %s_pack_shared(const unsigned short *w1s, const unsigned short *w2s, "
                           "unsigned short *w1p, unsigned short *w2);\n", n, n, n);
+    if (fp8)
+        moe_buf_printf(b, "/* fp8 (above): tensor 0 (W1) or 2 (W2), weight slots first .. first + count - 1\n"
+                          " * (%s's experts, then a shared expert's), on `stream`, device pointers. %s_quantize: bf16 sources as\n"
+                          " * %s_pack's, each scale block's amax / 448 its scale (amax at least 1e-4),\n"
+                          " * e4m3(w * 448 / amax) rounded to nearest even. %s_pack_fp8: e4m3 sources\n"
+                          " * (strides in bytes) and their scales sc0 (gate or W2), sc1 (up), element\n"
+                          " * (e, row block, column block) at sc[e * t[0] + rb * t[1] + cb * t[2]]. */\n"
+                          "cudaError_t %s_quantize(int tensor, void *dst, float *dst_scales, const void *src0, "
+                          "const void *src1,\n                         const long long s0[3], const long long s1[3], "
+                          "int first, int count, cudaStream_t stream);\n"
+                          "cudaError_t %s_pack_fp8(int tensor, void *dst, float *dst_scales, const void *src0, "
+                          "const void *src1,\n                         const long long s0[3], const long long s1[3], "
+                          "const float *sc0, const float *sc1,\n                         const long long t0[3], "
+                          "const long long t1[3], int first, int count, cudaStream_t stream);\n",
+                       n, n, n, n, n, n);
     moe_buf_printf(b, "#ifdef __cplusplus\n}\n#endif\n\n#endif\n");
 }
 

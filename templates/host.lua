@@ -24,7 +24,13 @@
 @ -- A shared expert (p.shared_slots > 0): the kernels after route see
 @ -- p.slots weight slots and p.entries entries per token; its slots sit
 @ -- after the routed experts' in the routing table (their own index).
+@ -- fp8 expert weights (quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"):
+@ -- the forward runs libmoegen's fp8 path (the quantizing scatter, the fp8
+@ -- GEMMs on one-byte tensor maps with their scales, as runtime/moe_forward.c
+@ -- and ffn.c launch them), and NAME_quantize / NAME_pack_fp8 launch the
+@ -- pack kernel's fp8 siblings (templates/pack.lua).
 @ local n = p.name
+@ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @ local k = p.neutral
 
 #ifndef __CUDACC_RTC__
@@ -104,6 +110,16 @@ static cudaError_t ${n}_encoder(${n}_encode_fn *encode) {
     return cudaSuccess;
 }
 
+@   if fp8 then
+/* The fp8 GEMMs' operands are e4m3 bytes (moe_tmap_geom8: boxes of 128 elements). */
+static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
+                           unsigned box_rows) {
+    const moe_tmap_geom_t g = moe_tmap_geom8(rows, k, box_rows);
+    CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE8, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
+                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+@   else
 static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -111,6 +127,7 @@ static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *b
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+@   end
 
 @ end
 @ local two = p.sm90 and p.sm80 and p.sm90.gemm_up_swiglu.name ~= p.sm80.gemm_up_swiglu.name
@@ -192,14 +209,9 @@ static ${n}_device_t *${n}_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
-@ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @ if p.ep > 1 then -- rows must move between ranks: only libmoegen's runtime does that
     /* mesh.ep = ${p.ep}: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
-    (void)a, (void)stream;
-    return cudaErrorNotSupported;
-@ elseif fp8 then -- the fp8 GEMMs exist, the forward around them does not yet
-    /* quant.weights = "fp8_e4m3": the fp8 forward is not built yet (issue #20). */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
 @ end
@@ -221,12 +233,18 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ if p.shared_gate then
     if (!a->shared_gate) return cudaErrorInvalidValue;
 @ end
+@ if fp8 then
+    if (!a->w1s || !a->w2s) return cudaErrorInvalidValue; /* the e4m3 weights' scales */
+@ end
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
 @ for _, r in ipairs(p.ws) do
-@   -- (the fp8 scatter and GEMMs are not launched here yet: their buffers are not declared;
-@   -- nor the split-K partials where no GEMM splits)
-@   if not (fp8 and r.name == "hbuf") and r.name ~= "xsc" and r.name ~= "hsc" and not (r.name == "splitk" and r.bytes == 0) then
+@   -- fp8: xs holds the e4m3 rows (and later the bf16 down output), hbuf the
+@   -- e4m3 activation; xsc, hsc their scales (regions of 0 bytes otherwise);
+@   -- the split-K partials only where a GEMM splits
+@   if fp8 and r.name == "hbuf" then
+    unsigned char *hbuf = (unsigned char *)(ws + ${r.offset});
+@   elseif (fp8 or (r.name ~= "xsc" and r.name ~= "hsc")) and not (r.name == "splitk" and r.bytes == 0) then
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
 @   end
 @ end
@@ -262,20 +280,27 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
         ${vp.name}<<<1, ${vp.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 @   end
 @ end
-@ if not fp8 then -- (refused above; the fp8 scatter writes e4m3 rows and their scales)
+@ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (never fused into route)
+    ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
+@ else
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
 @ -- tile, or per SM when persistent)
-@ local function sm90_gemm(kd, a, w, bias, out, align, ind)
+@ -- (fp8: scales: the A and B scales after the maps, and the up GEMM's output scales)
+@ local function sm90_gemm(kd, a, w, bias, out, align, ind, scales)
 ${ind}    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
 ${ind}        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
 ${ind}        return e;
-@   -- split-K (never on a training plan): the partials and the tickets after the output
-@   local sk = kd.splitk > 0 and (", splitk, counts + " .. p.splitk_tickets_at) or ""
-${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""}${sk});
+@   -- split-K (never on a training or fp8 plan): the partials and the tickets after the output
+@   local sk = (kd.splitk or 0) > 0 and (", splitk, counts + " .. p.splitk_tickets_at) or ""
+@   if scales then
+${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, 0, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""});
+@   else
+${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""}${sk});
+@   end
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file
@@ -283,11 +308,11 @@ ${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles},
 @   if two then
 ${ind}    if (dev->use90) {
 @   end
-@   if vs.sm90 and (two or not vs.sm80) and not fp8 then
+@   if vs.sm90 and (two or not vs.sm80) then
 @     local up, dn = vs.sm90.gemm_up_swiglu, vs.sm90.gemm_down
 ${ind}    moe_tmap_t ma, mb;
-@     sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind)
-@     sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind)
+@     sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind, fp8 and {"xsc", "a->w1s", "hsc"})
+@     sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind, fp8 and {"hsc", "a->w2s"})
 @   end
 @   if two then
 ${ind}    } else {
@@ -359,6 +384,85 @@ extern "C" cudaError_t ${n}_pack(int tensor, void *dst, const void *src0, const 
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
+@ if fp8 then
+@   local block = p.spec.quant.scaling == "block"
+
+/* The checks of the fp8 packs: W1 (gate src0, up src1) or W2 (src0), slots
+ * first .. first + count - 1 of ${p.slots}, strides not negative. */
+static int ${n}_fp8_args_ok(int tensor, const void *dst, const float *dst_scales, const void *src0, const void *src1,
+                            const long long s0[3], const long long s1[3], int first, int count) {
+    const int two = tensor == MOE_PACK_W1;
+    if ((tensor != MOE_PACK_W1 && tensor != MOE_PACK_W2) || !dst || !dst_scales || !src0 || !s0 ||
+        (two && (!src1 || !s1)) || first < 0 || count < 0 || (long long)first + count > ${p.slots})
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (s0[i] < 0 || (two && s1[i] < 0))
+            return 0;
+    return 1;
+}
+
+/* The scale blocks of W1 or W2 per slot: ${block and "128 x 128" or "one per row"} (sr x sc). */
+static void ${n}_fp8_blocks(int tensor, long long *sr, long long *sc) {
+    long long N, K;
+    moe_pack_dims(tensor, ${p.F}, ${p.H}, &N, &K);
+    *sr = ${block and "N / 128" or "N"}, *sc = ${block and "K / 128" or "1"};
+}
+
+/* bf16 W1 or W2 quantized on the device into the fp8 layout (the runtime's
+ * moe_plan_pack_quantize_async; README.md, "FP8 weights"): slots first ..
+ * first + count - 1 of the e4m3 tensor dst (tensor 0 w1q [slots, 2F, H],
+ * 2 w2q [slots, H, F]) and of its fp32 scales dst_scales (${block and "[slots, N/128, K/128]" or "[slots, N]"}),
+ * from strided bf16 sources as ${n}_pack's, on `stream`. */
+extern "C" cudaError_t ${n}_quantize(int tensor, void *dst, float *dst_scales, const void *src0, const void *src1,
+                                    const long long s0[3], const long long s1[3], int first, int count,
+                                    cudaStream_t stream) {
+    if (!${n}_fp8_args_ok(tensor, dst, dst_scales, src0, src1, s0, s1, first, count))
+        return cudaErrorInvalidValue;
+    long long sr, sc;
+    ${n}_fp8_blocks(tensor, &sr, &sc);
+    const long long blocks = (long long)count * sr * sc; /* one CTA per (slot, scale block) */
+    if (blocks == 0)
+        return cudaSuccess;
+    if (blocks > 0x7FFFFFFFLL)
+        return cudaErrorInvalidValue;
+    const int two = tensor == MOE_PACK_W1;
+    const moe_pack_stride_t a = {s0[0], s0[1], s0[2]}, b = two ? moe_pack_stride_t{s1[0], s1[1], s1[2]} : a;
+    ${pk.name}_quantize<<<(unsigned)blocks, ${pk.threads}, 0, stream>>>(tensor, (unsigned char *)dst, dst_scales,
+        (const unsigned short *)src0, (const unsigned short *)(two ? src1 : src0), a, b, first, count);
+    return cudaGetLastError();
+}
+
+/* fp8 weights as a checkpoint ships them (the runtime's
+ * moe_plan_pack_fp8_async): e4m3 sources (src0, src1 with byte strides s0,
+ * s1 as ${n}_pack's) into the packed rows of dst, and their fp32 scales
+ * (sc0: gate or W2, sc1: up; element (e, row block, column block) at
+ * sc[e * t[0] + rb * t[1] + cb * t[2]]${block and "" or ", cb always 0"}) into dst_scales in
+ * the checkpoint's row order, slots first .. first + count - 1, on `stream`. */
+extern "C" cudaError_t ${n}_pack_fp8(int tensor, void *dst, float *dst_scales, const void *src0, const void *src1,
+                                    const long long s0[3], const long long s1[3], const float *sc0,
+                                    const float *sc1, const long long t0[3], const long long t1[3], int first,
+                                    int count, cudaStream_t stream) {
+    const int two = tensor == MOE_PACK_W1;
+    if (!${n}_fp8_args_ok(tensor, dst, dst_scales, src0, src1, s0, s1, first, count) ||
+        !${n}_fp8_args_ok(tensor, dst, dst_scales, sc0, sc1, t0, t1, first, count))
+        return cudaErrorInvalidValue;
+    long long N, K, sr, sc;
+    moe_pack_dims(tensor, ${p.F}, ${p.H}, &N, &K);
+    ${n}_fp8_blocks(tensor, &sr, &sc);
+    const long long n = (long long)count * N * K, ns = (long long)count * sr * sc, f = first, c = count;
+    if (n == 0)
+        return cudaSuccess;
+    const moe_pack_stride_t a = {s0[0], s0[1], s0[2]}, b = two ? moe_pack_stride_t{s1[0], s1[1], s1[2]} : a;
+    const moe_pack_stride_t u = {t0[0], t0[1], t0[2]}, v = two ? moe_pack_stride_t{t1[0], t1[1], t1[2]} : u;
+    const unsigned blocks = moe_blocks(n, ${pk.threads}) < 65536u ? moe_blocks(n, ${pk.threads}) : 65536u; /* grid-stride loops */
+    const unsigned sblocks = moe_blocks(ns, ${pk.threads}) < 65536u ? moe_blocks(ns, ${pk.threads}) : 65536u;
+    ${pk.name}_e4m3<<<blocks, ${pk.threads}, 0, stream>>>(tensor, (unsigned char *)dst, (const unsigned char *)src0,
+        (const unsigned char *)(two ? src1 : src0), a, b, f, c);
+    ${pk.name}_scales<<<sblocks, ${pk.threads}, 0, stream>>>(tensor, dst_scales, sc0, two ? sc1 : sc0, u, v, f, c, sr,
+        sc);
+    return cudaGetLastError();
+}
+@ end
 @ if p.shared_slots > 0 then
 
 /* The shared expert's slots E + j (j < ${p.shared_slots}): gate rows jF.., up

@@ -295,6 +295,70 @@ static void test_vendored_build(void) {
            "status %d: %s", st, out);
 }
 
+/* An fp8 spec's vendored files (quant.weights = "fp8_e4m3"): NAME_args_t
+ * carries the scales, NAME.h declares NAME_quantize and NAME_pack_fp8, and
+ * NAME_forward launches the quantizing scatter and the fp8 GEMMs on
+ * one-byte tensor maps with their scales instead of refusing; a bf16
+ * spec's header has none of it. (make test-vendored-fp8 runs them.) */
+static void test_vendored_fp8(void) {
+    static const char *const specs[] = {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe",
+                                        "examples/specs/fp8/mixtral-8x7b-fp8.moe", "examples/specs/qwen3-30b-a3b.moe"};
+    if (!have_templates)
+        return;
+    for (size_t si = 0; si < sizeof specs / sizeof *specs; si++) {
+        char label[300];
+        snprintf(label, sizeof label, "vendored fp8 API: %s", specs[si]);
+        CASE(label);
+        moe_plan_desc_t pd;
+        if (load_plan(specs[si], NULL, 0, &pd)) {
+            CHECKF(0, "%s does not load", specs[si]);
+            continue;
+        }
+        const int fp8 = moe_spec_fp8(&pd.spec);
+        moe_fileset_t fs = {0};
+        moe_diag_t d;
+        if (moe_emit_files(&pd, NULL, &fs, &d)) {
+            CHECKF(0, "%s", d.msg);
+            continue;
+        }
+        const char *h = NULL, *cu = NULL;
+        for (int i = 0; i < fs.nfiles; i++) {
+            const size_t n = strlen(fs.files[i].path);
+            if (n > 2 && !strcmp(fs.files[i].path + n - 2, ".h"))
+                h = fs.files[i].data.data;
+            if (n > 3 && !strcmp(fs.files[i].path + n - 3, ".cu"))
+                cu = fs.files[i].data.data;
+        }
+        CHECK(h && cu);
+        if (h && cu) {
+            const char *n = pd.spec.name;
+            char want[4][200];
+            snprintf(want[0], sizeof want[0], "const float *w1s;");
+            snprintf(want[1], sizeof want[1], "cudaError_t %s_quantize(int tensor,", n);
+            snprintf(want[2], sizeof want[2], "cudaError_t %s_pack_fp8(int tensor,", n);
+            snprintf(want[3], sizeof want[3], "extern \"C\" cudaError_t %s_quantize(", n);
+            for (int i = 0; i < 3; i++)
+                CHECKF((strstr(h, want[i]) != NULL) == fp8, "%s: NAME.h %s \"%s\"", specs[si],
+                       fp8 ? "lacks" : "has", want[i]);
+            CHECKF((strstr(cu, want[3]) != NULL) == fp8, "%s: NAME.cu %s NAME_quantize", specs[si], fp8 ? "lacks" : "has");
+            const char *fwd = strstr(cu, "_forward(const ");
+            const char *end = fwd ? strstr(fwd, "\n}\n") : NULL;
+            CHECK(fwd && end);
+            char *body = fwd && end ? strndup(fwd, (size_t)(end - fwd)) : NULL;   /* NAME_forward alone */
+            if (body) {
+                const int scales = strstr(body, "xsc, a->w1s, (const moe_half_t *)a->b1p") != NULL &&
+                                   strstr(body, "hsc, a->w2s, (const moe_half_t *)a->b2") != NULL;
+                CHECKF(strstr(body, "cudaErrorNotSupported") == NULL, "%s: NAME_forward refuses", specs[si]);
+                CHECKF(scales == fp8, "%s: NAME_forward %s the fp8 GEMMs' scales", specs[si], fp8 ? "lacks" : "has");
+                free(body);
+            }
+            if (fp8)
+                CHECKF(strstr(cu, "moe_tmap_geom8(rows, k, box_rows)") != NULL, "%s: no one-byte tensor maps", specs[si]);
+        }
+        moe_fileset_free(&fs);
+    }
+}
+
 static void test_determinism(void) {
     CASE("determinism");
     char tdir[300];
@@ -390,6 +454,7 @@ int main(void) {
     double t = now();
     test_golden_small();
     test_vendored_build();
+    test_vendored_fp8();
     test_determinism();
     fprintf(stderr, "test_emit: emission cases in %.1f s\n", now() - t);
     test_kernels_out();

@@ -6,7 +6,12 @@
  * names the emitted spec (its NAME.h is on the include path), and
  * VENDORED_SHARED is defined when the spec has a shared expert (packed
  * into its slots by NAME_pack_shared, checked against the reference's
- * direct shared FFN). */
+ * direct shared FFN). With VENDORED_FP8 (`make test-vendored-fp8`, a spec
+ * with quant.weights = "fp8_e4m3") the bf16 weights are quantized on the
+ * device by NAME_quantize and held to the host quantizer byte for byte,
+ * NAME_pack_fp8 packs those e4m3 weights and scales as a checkpoint ships
+ * them to the same bytes, and the forward (with w1s, w2s) is checked
+ * against the CPU reference of the quantized math (tests/support/ref.h). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +26,11 @@ extern "C" {
 #include "ref.h"
 #include "spec.h"
 }
+#include "pack_geom.h" /* moe_pack_row: the packed W1 row of a plain one */
+
+#if defined(VENDORED_FP8) && defined(VENDORED_SHARED)
+#error "the fp8 vendored test takes a spec without a shared expert"
+#endif
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -99,6 +109,89 @@ int main(int argc, char **argv) {
     cudaMemset(dy, 0xff, T * H * 2);
     cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
     N(_args_t) a = {T, dx, dwr, (const float *)dsb, (const float *)dlb, dw1p, db1p, dw2, db2, dy, dws, dwsg};
+    moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, sb, lb, T, ws1, ws2, wsg};
+#ifdef VENDORED_FP8
+    CASE("vendored fp8: NAME_quantize on the device is the host quantizer, NAME_pack_fp8 packs a checkpoint's e4m3");
+    /* the host's: moe_fp8_quantize_weight per expert (runtime/fp8.c), plain rows */
+    moe_ref_fp8_t f8;
+    cudaError_t e8;
+    CHECK(moe_ref_fp8_weights(&s, w1, w2, &f8) == 0);
+    const int block = s.quant.scaling == MOE_SCALING_BLOCK;
+    const size_t n1s = block ? E * (2 * F / 128) * (H / 128) : E * 2 * F, n2s = block ? E * (H / 128) * (F / 128) : E * H;
+    void *dw1, *dw2b, *dw1q, *dw2q, *dw1s, *dw2s;
+    CHECK(cudaMalloc(&dw1, E * 2 * F * H * 2) == cudaSuccess && cudaMalloc(&dw2b, E * H * F * 2) == cudaSuccess &&
+          cudaMalloc(&dw1q, E * 2 * F * H) == cudaSuccess && cudaMalloc(&dw2q, E * H * F) == cudaSuccess &&
+          cudaMalloc(&dw1s, n1s * 4) == cudaSuccess && cudaMalloc(&dw2s, n2s * 4) == cudaSuccess);
+    cudaMemcpy(dw1, w1, E * 2 * F * H * 2, cudaMemcpyHostToDevice);   /* plain [E, 2F, H]: gate rows, then up */
+    cudaMemcpy(dw2b, w2, E * H * F * 2, cudaMemcpyHostToDevice);
+    uint8_t *q1 = (uint8_t *)malloc(E * 2 * F * H), *q2 = (uint8_t *)malloc(E * H * F), *w1q = (uint8_t *)malloc(E * 2 * F * H);
+    float *s1 = (float *)malloc(n1s * 4), *s2 = (float *)malloc(n2s * 4);
+    for (size_t ex = 0; ex < E; ex++) /* the packed e4m3 rows the device must write */
+        for (size_t r = 0; r < 2 * F; r++)
+            memcpy(w1q + (ex * 2 * F + moe_pack_row((long long)r, (long long)F)) * H, f8.w1q + (ex * 2 * F + r) * H, H);
+    const long long t1[3] = {(long long)(2 * F * H), (long long)H, 1}, t2[3] = {(long long)(H * F), (long long)F, 1};
+    /* poisoned, so an unwritten byte or scale shows */
+    cudaMemset(dw1q, 0x7f, E * 2 * F * H), cudaMemset(dw2q, 0x7f, E * H * F);
+    cudaMemset(dw1s, 0xff, n1s * 4), cudaMemset(dw2s, 0xff, n2s * 4);
+    e8 = N(_quantize)(0, dw1q, (float *)dw1s, dw1, (const uint16_t *)dw1 + F * H, t1, t1, 0, (int)E, 0);
+    CHECKF(e8 == cudaSuccess, "quantize W1: %s", cudaGetErrorString(e8));
+    e8 = N(_quantize)(2, dw2q, (float *)dw2s, dw2b, NULL, t2, NULL, 0, (int)E, 0);
+    CHECKF(e8 == cudaSuccess, "quantize W2: %s", cudaGetErrorString(e8));
+    e8 = cudaDeviceSynchronize();
+    CHECKF(e8 == cudaSuccess, "quantize kernel fault: %s", cudaGetErrorString(e8));
+    cudaMemcpy(q1, dw1q, E * 2 * F * H, cudaMemcpyDeviceToHost), cudaMemcpy(q2, dw2q, E * H * F, cudaMemcpyDeviceToHost);
+    cudaMemcpy(s1, dw1s, n1s * 4, cudaMemcpyDeviceToHost), cudaMemcpy(s2, dw2s, n2s * 4, cudaMemcpyDeviceToHost);
+    CHECKF(memcmp(q1, w1q, E * 2 * F * H) == 0, "the device's e4m3 W1 differs from the host quantizer's (packed rows)");
+    CHECKF(memcmp(s1, f8.w1s, n1s * 4) == 0, "the device's W1 scales differ from the host quantizer's");
+    CHECKF(memcmp(q2, f8.w2q, E * H * F) == 0, "the device's e4m3 W2 differs from the host quantizer's");
+    CHECKF(memcmp(s2, f8.w2s, n2s * 4) == 0, "the device's W2 scales differ from the host quantizer's");
+    CHECK(N(_quantize)(1, dw1q, (float *)dw1s, dw1, dw1, t1, t1, 0, (int)E, 0) == cudaErrorInvalidValue);   /* b1 */
+    CHECK(N(_quantize)(0, dw1q, (float *)dw1s, dw1, NULL, t1, t1, 0, (int)E, 0) == cudaErrorInvalidValue);  /* no up */
+    CHECK(N(_quantize)(2, dw2q, (float *)dw2s, dw2b, NULL, t2, NULL, 1, (int)E, 0) == cudaErrorInvalidValue); /* past E */
+    {
+        /* a checkpoint's e4m3 weights and weight_scale_inv (the host quantizer's, plain rows): packed again */
+        void *cq1, *cq2, *cs1, *cs2, *pq1, *pq2, *ps1, *ps2;
+        CHECK(cudaMalloc(&cq1, E * 2 * F * H) == cudaSuccess && cudaMalloc(&cq2, E * H * F) == cudaSuccess &&
+              cudaMalloc(&cs1, n1s * 4) == cudaSuccess && cudaMalloc(&cs2, n2s * 4) == cudaSuccess &&
+              cudaMalloc(&pq1, E * 2 * F * H) == cudaSuccess && cudaMalloc(&pq2, E * H * F) == cudaSuccess &&
+              cudaMalloc(&ps1, n1s * 4) == cudaSuccess && cudaMalloc(&ps2, n2s * 4) == cudaSuccess);
+        cudaMemcpy(cq1, f8.w1q, E * 2 * F * H, cudaMemcpyHostToDevice), cudaMemcpy(cq2, f8.w2q, E * H * F, cudaMemcpyHostToDevice);
+        cudaMemcpy(cs1, f8.w1s, n1s * 4, cudaMemcpyHostToDevice), cudaMemcpy(cs2, f8.w2s, n2s * 4, cudaMemcpyHostToDevice);
+        cudaMemset(pq1, 0x7f, E * 2 * F * H), cudaMemset(pq2, 0x7f, E * H * F);
+        cudaMemset(ps1, 0xff, n1s * 4), cudaMemset(ps2, 0xff, n2s * 4);
+        /* scales: block [E, N/128, K/128]; channel [E, N] (column index 0) */
+        const long long u1[3] = {(long long)(n1s / E), block ? (long long)(H / 128) : 1, 1},
+                        u2[3] = {(long long)(n2s / E), block ? (long long)(F / 128) : 1, 1};
+        const size_t up1 = block ? (F / 128) * (H / 128) : F; /* the up half's first scale */
+        e8 = N(_pack_fp8)(0, pq1, (float *)ps1, cq1, (const uint8_t *)cq1 + F * H, t1, t1, (const float *)cs1,
+                          (const float *)cs1 + up1, u1, u1, 0, (int)E, 0);
+        CHECKF(e8 == cudaSuccess, "pack_fp8 W1: %s", cudaGetErrorString(e8));
+        e8 = N(_pack_fp8)(2, pq2, (float *)ps2, cq2, NULL, t2, NULL, (const float *)cs2, NULL, u2, NULL, 0, (int)E, 0);
+        CHECKF(e8 == cudaSuccess, "pack_fp8 W2: %s", cudaGetErrorString(e8));
+        e8 = cudaDeviceSynchronize();
+        CHECKF(e8 == cudaSuccess, "pack_fp8 kernel fault: %s", cudaGetErrorString(e8));
+        cudaMemcpy(q1, pq1, E * 2 * F * H, cudaMemcpyDeviceToHost), cudaMemcpy(q2, pq2, E * H * F, cudaMemcpyDeviceToHost);
+        cudaMemcpy(s1, ps1, n1s * 4, cudaMemcpyDeviceToHost), cudaMemcpy(s2, ps2, n2s * 4, cudaMemcpyDeviceToHost);
+        CHECKF(memcmp(q1, w1q, E * 2 * F * H) == 0 && memcmp(s1, f8.w1s, n1s * 4) == 0,
+               "pack_fp8's W1 differs from the quantized pack");
+        CHECKF(memcmp(q2, f8.w2q, E * H * F) == 0 && memcmp(s2, f8.w2s, n2s * 4) == 0,
+               "pack_fp8's W2 differs from the quantized pack");
+        void *all[] = {cq1, cq2, cs1, cs2, pq1, pq2, ps1, ps2};
+        for (void *pt : all)
+            cudaFree(pt);
+    }
+    cudaFree(dw1), cudaFree(dw2b);
+    free(q1), free(q2), free(s1), free(s2);
+    /* the forward reads the device-quantized weights; the reference the host's (the same bytes) */
+    a.w1p = dw1q, a.w2 = dw2q, a.w1s = (const float *)dw1s, a.w2s = (const float *)dw2s;
+    in.fp8 = &f8;
+    {
+        N(_args_t) no = a;
+        no.w2s = NULL;
+        CHECK(N(_forward)(&no, 0) == cudaErrorInvalidValue);   /* an fp8 forward needs the scales */
+    }
+    CASE("vendored fp8: the forward");
+#endif
     /* an empty batch: valid, nothing enqueued, y untouched */
     N(_args_t) z = a;
     z.tokens = 0;
@@ -131,7 +224,6 @@ int main(int argc, char **argv) {
     cudaMemcpy(y, dy, T * H * 2, cudaMemcpyDeviceToHost);
     int *idx = (int *)malloc(T * K * 4);
     float *w = (float *)malloc(T * K * 4), *yref = (float *)malloc(T * H * 4);
-    moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, sb, lb, T, ws1, ws2, wsg};
     CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
     int sample[32], ns = 0;
     for (int t = 0; t < T && ns < 32; t += T / 32 + 1) sample[ns++] = t;
@@ -145,6 +237,7 @@ int main(int argc, char **argv) {
             num += (g - r) * (g - r);
             den += r * r;
         }
+    /* bf16: rounding of the intermediates; fp8: against the quantized math's reference, test_quant_gpu's bound */
     double err = sqrt(num / den), tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
     fprintf(stderr, "  vendored %s T=%d: layer error %.2e (tolerance %.1e)\n", s.name, T, err, tol);
     CHECKF(finite, "y has unwritten (poisoned) or non-finite elements");
@@ -234,12 +327,23 @@ int main(int argc, char **argv) {
     } else {
         /* the same inputs on device 1, its forward, then device 0's again: the
          * kernels are deterministic, so every y equals the checked one */
+#ifdef VENDORED_FP8 /* the e4m3 weights and scales the forward reads (device 0's, read back) */
+        const size_t wb1 = E * 2 * F * H, wb2 = E * H * F, sb1 = n1s * 4, sb2 = n2s * 4;
+        void *hw1 = malloc(wb1), *hw2 = malloc(wb2), *hs1 = malloc(sb1), *hs2 = malloc(sb2);
+        cudaMemcpy(hw1, a.w1p, wb1, cudaMemcpyDeviceToHost), cudaMemcpy(hw2, a.w2, wb2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hs1, a.w1s, sb1, cudaMemcpyDeviceToHost), cudaMemcpy(hs2, a.w2s, sb2, cudaMemcpyDeviceToHost);
+        const void *host[] = {x, wr, hw1, hw2, b1p, b2, sb, lb, wsg, hs1, hs2};
+        const size_t bytes[] = {T * H * 2, E * H * 2, wb1, wb2, E * 2 * F * 2, E * H * 2, E * 4, E * 4, H * 2, sb1, sb2};
+        const int nd = 11;
+#else
         const void *host[] = {x, wr, w1p, w2, b1p, b2, sb, lb, wsg};
         const size_t bytes[] = {T * H * 2, E * H * 2, ES * 2 * F * H * 2, ES * H * F * 2, E * 2 * F * 2,
                                 E * H * 2, E * 4, E * 4, H * 2};
-        void *d1[9] = {NULL}, *y1 = NULL, *ws1d = NULL;
+        const int nd = 9;
+#endif
+        void *d1[11] = {NULL}, *y1 = NULL, *ws1d = NULL;
         int ok = cudaSetDevice(1) == cudaSuccess;
-        for (int i = 0; ok && i < 9; i++)
+        for (int i = 0; ok && i < nd; i++)
             ok = cudaMalloc(&d1[i], bytes[i]) == cudaSuccess &&
                  cudaMemcpy(d1[i], host[i], bytes[i], cudaMemcpyHostToDevice) == cudaSuccess;
         ok = ok && cudaMalloc(&y1, T * H * 2) == cudaSuccess && cudaMalloc(&ws1d, N(_WORKSPACE_BYTES)) == cudaSuccess &&
@@ -249,6 +353,9 @@ int main(int argc, char **argv) {
         if (ok) {
             N(_args_t) b = {T, d1[0], d1[1], (const float *)d1[6], (const float *)d1[7], d1[2], d1[4], d1[3], d1[5],
                             y1, ws1d, d1[8]};
+#ifdef VENDORED_FP8
+            b.w1s = (const float *)d1[9], b.w2s = (const float *)d1[10];
+#endif
             uint16_t *got = (uint16_t *)malloc(T * H * 2);
             e = N(_forward)(&b, 0);
             CHECKF(e == cudaSuccess, "device 1 forward: %s", cudaGetErrorString(e));
@@ -266,8 +373,11 @@ int main(int argc, char **argv) {
             free(got);
         }
         cudaSetDevice(1);
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < nd; i++)
             cudaFree(d1[i]);
+#ifdef VENDORED_FP8
+        free(hw1), free(hw2), free(hs1), free(hs2);
+#endif
         cudaFree(y1);
         cudaFree(ws1d);
         cudaSetDevice(0);

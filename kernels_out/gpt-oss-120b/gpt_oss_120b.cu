@@ -11,18 +11,6 @@ extern "C" __device__ const char gpt_oss_120b_moegen_spec[] = "moegen-spec:90cbd
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
-/* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
- * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
- * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
-typedef struct {
-    int mode, align;
-    const int *slot_of;
-    int *offsets, *cursor;
-    moe_tile_t *tiles;
-    int *num_tiles;
-    moe_half_t *xs;
-    int *row_of;
-} moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
 typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
@@ -34,9 +22,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 34 "templates/prelude.lua"
+#line 22 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 40 "templates/prelude.lua"
+#line 28 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -90,7 +78,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 94 "templates/prelude.lua"
+#line 82 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -99,103 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-/* The permute plan, by one block of THREADS threads (the permute_plan
- * kernel, and the route kernel's fused tail): the counts of N weight slots
- * -> offsets[N + 1], each slot's rows starting on a multiple of align (an
- * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
- * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
- * slot in slot order, its length in *num_tiles. counts are read from L2
- * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
- * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
-template <int THREADS, int N>
-static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
-                                                      int *__restrict__ offsets, int *__restrict__ cursor,
-                                                      moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
-                                                      int *s_off, int *s_first, int *s_wr, int *s_wt) {
-    constexpr int WARPS = THREADS / 32, IPT = (N + THREADS - 1) / THREADS;   // consecutive slots per thread
-    static_assert(WARPS <= 32, "one warp scans the warps' sums");
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int cnt[IPT], rows = 0, nt = 0;
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        cnt[i] = e < N ? __ldcg(counts + e) : 0;
-        rows += (cnt[i] + align - 1) / align * align;
-        nt += (cnt[i] + align - 1) / align;
-    }
-    /* block-wide exclusive scan of (rows, nt) in slot order */
-    int ir = rows, it = nt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int a = __shfl_up_sync(0xffffffffu, ir, o), b = __shfl_up_sync(0xffffffffu, it, o);
-        if (lane >= o) {
-            ir += a;
-            it += b;
-        }
-    }
-    if (lane == 31) {
-        s_wr[warp] = ir;
-        s_wt[warp] = it;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        int a = lane < WARPS ? s_wr[lane] : 0, b = lane < WARPS ? s_wt[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int a2 = __shfl_up_sync(0xffffffffu, a, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
-            if (lane >= o) {
-                a += a2;
-                b += b2;
-            }
-        }
-        if (lane < WARPS) {
-            s_wr[lane] = a;
-            s_wt[lane] = b;
-        }
-    }
-    __syncthreads();
-    int row0 = ir - rows + (warp ? s_wr[warp - 1] : 0);
-    int tile0 = it - nt + (warp ? s_wt[warp - 1] : 0);
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        if (e < N) {
-            offsets[e] = row0;
-            cursor[e] = 0;
-            s_off[e] = row0;
-            s_first[e] = tile0;
-        }
-        row0 += (cnt[i] + align - 1) / align * align;
-        tile0 += (cnt[i] + align - 1) / align;
-    }
-    const int total_tiles = s_wt[WARPS - 1];
-    if (tid == 0) {
-        offsets[N] = s_wr[WARPS - 1];
-        *num_tiles = total_tiles;
-        s_first[N] = total_tiles;
-    }
-    __syncthreads();
-
-    /* tile i belongs to the slot e with s_first[e] <= i < s_first[e + 1] */
-    for (int i = tid; i < total_tiles; i += THREADS) {
-        int lo = 0, hi = N;   // s_first[lo] <= i < s_first[hi]
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (s_first[mid] <= i)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        const int j = i - s_first[lo];
-        const int left = __ldcg(counts + lo) - j * align;
-        /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
-         * says where each expert's weights are, nothing assumes slot == lo */
-        reinterpret_cast<int4 *>(tiles)[i] =
-            make_int4(slot_of[lo], s_off[lo] + j * align, left < align ? left : align, 0);
-    }
-}
-
-#line 147 "templates/route.lua"
+#line 125 "templates/route.lua"
 namespace gpt_oss_120b_route_bf16_e128k4_t32k64s4_impl {
 constexpr int E = 128, K = 4, H = 2880;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -217,14 +109,11 @@ constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = 128;       // logit columns: the experts (and the shared gate)
 constexpr int VPL = 4;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
-constexpr int SLOTS = 128, ENTRIES = 4;   // weight slots (counts), entries per token
-constexpr int FUSE_TICKET = SLOTS + 64;      // the fused calls' ticket in counts[]
-static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
 static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 182 "templates/route.lua"
+#line 157 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -258,9 +147,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 218 "templates/route.lua"
+#line 193 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 220 "templates/route.lua"
+#line 195 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -328,14 +217,14 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
+            int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace gpt_oss_120b_route_bf16_e128k4_t32k64s4_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 293 "templates/route.lua"
+#line 268 "templates/route.lua"
     (void)sel_bias;
-#line 298 "templates/route.lua"
+#line 273 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -412,82 +301,82 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 0) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 385 "templates/route.lua"
+#line 360 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 1) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 2) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 3) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 398 "templates/route.lua"
+#line 373 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -504,26 +393,11 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         if (!s_last)
             return;
         __threadfence();
-        /* G lanes per logit (a power of two, G | 32, while the logits leave
-         * threads idle): lane p of a group sums splits p, p + G, ..., then
-         * the group adds its lanes in a fixed xor tree: every thread's loads
-         * in flight at once, and the same sum whichever block is last */
-        const int Y = (int)gridDim.y;
-        int G = 1;
-        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
-        const long long ystride = (long long)gridDim.x * (T * E);
-#pragma unroll 1
-        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
-            const int j = base + tid, i = j / G;
+        for (int i = tid; i < nv; i += THREADS) {
+            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
             float v = 0.f;
-            if (i < nv) {
-                const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
-#pragma unroll 4
-                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
-            }
-            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            if (i < nv && j % G == 0)
-                lsm[(i / E) * LDL + i % E] = v;
+            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
+            lsm[(i / E) * LDL + i % E] = v;
         }
         __syncthreads();
     }
@@ -541,15 +415,15 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 452 "templates/route.lua"
+#line 412 "templates/route.lua"
                 pv[i] = lrow[e] + __ldg(logit_bias + e);
-#line 456 "templates/route.lua"
+#line 416 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 471 "templates/route.lua"
+#line 431 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -564,16 +438,16 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 489 "templates/route.lua"
+#line 449 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 496 "templates/route.lua"
+#line 456 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 498 "templates/route.lua"
+#line 458 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 620 "templates/route.lua"
+#line 580 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -589,85 +463,45 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 636 "templates/route.lua"
+#line 596 "templates/route.lua"
             const float l = lrow[mine] + __ldg(logit_bias + mine);
-#line 641 "templates/route.lua"
+#line 601 "templates/route.lua"
             w = expf(l - m) / z;
-#line 645 "templates/route.lua"
+#line 605 "templates/route.lua"
         }
-#line 647 "templates/route.lua"
+#line 607 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 670 "templates/route.lua"
+#line 630 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 676 "templates/route.lua"
+#line 636 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 685 "templates/route.lua"
-
-    /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
-    if (fuse.mode == 0)
-        return;
-    {
-        __shared__ int s_last_all, s_wr[NW], s_wt[NW];
-        __threadfence();   // this block's entries and counts are visible before its ticket
-        __syncthreads();
-        if (tid == 0)
-            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
-        __syncthreads();
-        if (!s_last_all)
-            return;
-        __threadfence();
-        /* the dynamic smem is free: phase 2 is done with the logits */
-        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
-                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 704 "templates/route.lua"
-        if (fuse.mode != 2)
-            return;
-        /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
-        constexpr int HV = H / 8;
-        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
-        for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
-        __syncthreads();
-        const int n = tokens * ENTRIES;
-        for (int i = tid; i < n; i += THREADS) {
-            const int e = __ldcg(topk_idx + i);
-            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
-        }
-        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
-        for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-#pragma unroll 1
-        for (int i = warp; i < n; i += NW) {
-            const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 727 "templates/route.lua"
-#pragma unroll 4
-            for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 730 "templates/route.lua"
-        }
-#line 734 "templates/route.lua"
-    }
+#line 645 "templates/route.lua"
 }
 
 #line 44 "templates/permute.lua"
 namespace gpt_oss_120b_permute_plan_e128_a128_impl {
 constexpr int E = 128, K = 4, H = 2880, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int IPT = 1;   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
 }  // namespace gpt_oss_120b_permute_plan_e128_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -677,19 +511,97 @@ gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, const int *_
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < E ? counts[e] : 0;
+        rows += padded(cnt[i]);
+        nt += ntiles(cnt[i]);
+    }
+    /* block-wide exclusive scan of (rows, nt) in expert order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_rows[warp] = ir;
+        s_tiles[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < PLAN_WARPS) {
+            s_rows[lane] = a;
+            s_tiles[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < E) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += padded(cnt[i]);
+        tile0 += ntiles(cnt[i]);
+    }
+    const int total_tiles = s_tiles[PLAN_WARPS - 1];
+    if (tid == 0) {
+        offsets[E] = s_rows[PLAN_WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[E] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
+        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = counts[lo] - j * ALIGN;
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+    }
 }
 
-#line 143 "templates/permute.lua"
+#line 225 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_120b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace gpt_oss_120b_permute_plan_e128_a128_impl;
-#line 149 "templates/permute.lua"
+#line 231 "templates/permute.lua"
     (void)topk_w;
-#line 151 "templates/permute.lua"
+#line 233 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -697,29 +609,29 @@ gpt_oss_120b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, cons
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 161 "templates/permute.lua"
+#line 243 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 169 "templates/permute.lua"
+#line 251 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 174 "templates/permute.lua"
+#line 256 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 180 "templates/permute.lua"
+#line 262 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 189 "templates/permute.lua"
+#line 271 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 192 "templates/permute.lua"
+#line 274 "templates/permute.lua"
         }
     }
 }
@@ -795,10 +707,14 @@ gpt_oss_120b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int
 namespace gpt_oss_120b_permute_plan_e128_a64_impl {
 constexpr int E = 128, K = 4, H = 2880, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int IPT = 1;   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
 }  // namespace gpt_oss_120b_permute_plan_e128_a64_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -808,8 +724,86 @@ gpt_oss_120b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < E ? counts[e] : 0;
+        rows += padded(cnt[i]);
+        nt += ntiles(cnt[i]);
+    }
+    /* block-wide exclusive scan of (rows, nt) in expert order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_rows[warp] = ir;
+        s_tiles[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < PLAN_WARPS) {
+            s_rows[lane] = a;
+            s_tiles[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < E) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += padded(cnt[i]);
+        tile0 += ntiles(cnt[i]);
+    }
+    const int total_tiles = s_tiles[PLAN_WARPS - 1];
+    if (tid == 0) {
+        offsets[E] = s_rows[PLAN_WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[E] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
+        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = counts[lo] - j * ALIGN;
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+    }
 }
 
 
@@ -3854,18 +3848,16 @@ gpt_oss_120b_pack_bf16_f2880_h2880(int tensor, unsigned short *__restrict__ dst,
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpt_oss_120b.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
-#include <stdlib.h>
-#include <string.h>
 #include <atomic>
 #include <mutex>
 #include "gpt_oss_120b.h"
@@ -3906,8 +3898,7 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
- * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. The fused calls'
- * ticket (MOE_ROUTE_FUSE_TICKET) follows the token blocks' tickets. */
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
 #define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
@@ -3921,39 +3912,9 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
 
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
- * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (and the
- * fused calls' one: MOE_ROUTE_TICKETS in all). */
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
 static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
     return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
-}
-
-/* Calls of few tokens fold the permute plan into the route kernel
- * (templates/route.lua, "Fused"): the last route block to finish (one
- * more ticket, MOE_ROUTE_FUSE_TICKET ints after the weight slots' counts)
- * turns the counts into offsets and the tile table, and for the smallest
- * calls also scatters the x rows, so permute_plan (and permute_scatter) are
- * not launched. The choice is the host's, by the call's token count (no
- * host synchronization; a CUDA graph captured at T replays T's path):
- * MOE_ROUTE_FUSE_PLAN up to MOE_ROUTE_FUSE_TOKENS tokens; _SCATTER while
- * the call has at most one token per route warp (one pass of the block's
- * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
- * one block copies in about a microsecond), when the scatter can be fused
- * at all (scatter = 0: fp8 rows, quantized by their own kernel);
- * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
- * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
-#define MOE_ROUTE_FUSE_OFF 0
-#define MOE_ROUTE_FUSE_PLAN 1
-#define MOE_ROUTE_FUSE_SCATTER 2
-#define MOE_ROUTE_FUSE_TOKENS 64
-#define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
-#define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
-#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
-static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
-    if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
-        return MOE_ROUTE_FUSE_OFF;
-    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
-        return MOE_ROUTE_FUSE_SCATTER;
-    return MOE_ROUTE_FUSE_PLAN;
 }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
@@ -4048,10 +4009,10 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 48 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 54 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int gpt_oss_120b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
@@ -4061,27 +4022,27 @@ __device__ int gpt_oss_120b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
     96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111,
     112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
 
-#line 62 "templates/host.lua"
+#line 66 "templates/host.lua"
 /* The GEMM variant a call of `tokens` tokens runs (manifest.json,
  * "variants"): the largest bucket <= tokens, or the first. A host value,
  * so a CUDA graph captured at T replays T's variant. */
 static int gpt_oss_120b_variant(int tokens) {
-#line 67 "templates/host.lua"
+#line 71 "templates/host.lua"
     if (tokens >= 4096) return 1;
-#line 69 "templates/host.lua"
+#line 73 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
-#line 75 "templates/host.lua"
+#line 79 "templates/host.lua"
 static const int gpt_oss_120b_variant_align[2] = {64, 128};
 
 static long long gpt_oss_120b_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 4, 128, gpt_oss_120b_variant_align[v]);
 }
-#line 81 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 83 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -4106,6 +4067,7 @@ static cudaError_t gpt_oss_120b_encoder(gpt_oss_120b_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t gpt_oss_120b_tmap(gpt_oss_120b_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -4113,8 +4075,9 @@ static cudaError_t gpt_oss_120b_tmap(gpt_oss_120b_encode_fn encode, moe_tmap_t *
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 117 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -4125,11 +4088,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* gpt_oss_120b_slot_table's address on this device */
-    int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
-                       permute_scatter always launched apart (moe_route_fuse_mode) */
-#line 130 "templates/host.lua"
+#line 143 "templates/host.lua"
     gpt_oss_120b_encode_fn encode;
-#line 132 "templates/host.lua"
+#line 145 "templates/host.lua"
 } gpt_oss_120b_device_t;
 static gpt_oss_120b_device_t gpt_oss_120b_devices[gpt_oss_120b_MAX_DEVICES];
 static std::mutex gpt_oss_120b_devices_lock;
@@ -4141,34 +4102,30 @@ static cudaError_t gpt_oss_120b_device_init(gpt_oss_120b_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, gpt_oss_120b_slot_table)) != cudaSuccess)
         return e;
-    const char *fe = getenv("MOEGEN_ROUTE_FUSE");
-    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
-        return cudaErrorInvalidValue;
-    d->route_fuse = !(fe && !strcmp(fe, "off"));
-#line 148 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 153 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = gpt_oss_120b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_route_bf16_e128k4_t32k64s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 170 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -4194,118 +4151,117 @@ static gpt_oss_120b_device_t *gpt_oss_120b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaStream_t stream) {
-#line 206 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > gpt_oss_120b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 216 "templates/host.lua"
+#line 220 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 219 "templates/host.lua"
+#line 223 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 224 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 229 "templates/host.lua"
-    int *offsets = (int *)(ws + 1024);
-#line 229 "templates/host.lua"
-    int *cursor = (int *)(ws + 1792);
-#line 229 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 2304);
-#line 229 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 2560);
-#line 229 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 20992);
-#line 229 "templates/host.lua"
-    float *topk_w = (float *)(ws + 283136);
-#line 229 "templates/host.lua"
-    int *row_of = (int *)(ws + 545280);
-#line 229 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 807424);
-#line 229 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 471929344);
-#line 229 "templates/host.lua"
-    float *route_part = (float *)(ws + 943051264);
-#line 235 "templates/host.lua"
+#line 239 "templates/host.lua"
+    int *offsets = (int *)(ws + 768);
+#line 239 "templates/host.lua"
+    int *cursor = (int *)(ws + 1536);
+#line 239 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 2048);
+#line 239 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 2304);
+#line 239 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 20736);
+#line 239 "templates/host.lua"
+    float *topk_w = (float *)(ws + 282880);
+#line 239 "templates/host.lua"
+    int *row_of = (int *)(ws + 545024);
+#line 239 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 807168);
+#line 239 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 471929088);
+#line 239 "templates/host.lua"
+    float *route_part = (float *)(ws + 943051008);
+#line 245 "templates/host.lua"
     const int v = gpt_oss_120b_variant(T);
     const long long tiles_y = gpt_oss_120b_max_tiles(T, v);
-#line 240 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_120b_device_t *dev = gpt_oss_120b_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 772, stream);
+    e = cudaMemsetAsync(counts, 0, 768, stream);
     if (e != cudaSuccess) return e;
-#line 247 "templates/host.lua"
-    /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, gpt_oss_120b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
-    if (dev->route_fuse)
-        fz.mode = moe_route_fuse_mode(T, 4, 2880, 8, 1);
+#line 257 "templates/host.lua"
     gpt_oss_120b_route_bf16_e128k4_t32k64s4<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 92160, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part, fz);
-#line 260 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
-        gpt_oss_120b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 260 "templates/host.lua"
-    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
-        gpt_oss_120b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+        counts, route_part);
 #line 265 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        gpt_oss_120b_permute_scatter_bf16_h2880k4<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 308 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 4095 tokens */
-#line 281 "templates/host.lua"
-        if (dev->use90) {
-#line 285 "templates/host.lua"
-        moe_tmap_t ma, mb;
+    if (v == 0)
+        gpt_oss_120b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 265 "templates/host.lua"
+    else if (v == 1)
+        gpt_oss_120b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 272 "templates/host.lua"
+    gpt_oss_120b_permute_scatter_bf16_h2880k4<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 319 "templates/host.lua"
+    if (v == 0) { /* calls of 1 .. 4095 tokens */
+#line 292 "templates/host.lua"
+        if (dev->use90) {
+#line 296 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 279 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 128)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 45, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 272 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 128)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 290 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 294 "templates/host.lua"
+#line 305 "templates/host.lua"
         gpt_oss_120b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(45, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(23, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 298 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 308 "templates/host.lua"
+#line 319 "templates/host.lua"
     } else if (v == 1) { /* calls of 4096 or more tokens */
-#line 281 "templates/host.lua"
+#line 292 "templates/host.lua"
         if (dev->use90) {
-#line 285 "templates/host.lua"
+#line 296 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 272 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 272 "templates/host.lua"
+#line 279 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 256)) != cudaSuccess)
             return e;
+#line 285 "templates/host.lua"
         gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 290 "templates/host.lua"
+#line 301 "templates/host.lua"
         } else {
-#line 294 "templates/host.lua"
+#line 305 "templates/host.lua"
         gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(45, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(23, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 298 "templates/host.lua"
+#line 309 "templates/host.lua"
         }
-#line 311 "templates/host.lua"
+#line 322 "templates/host.lua"
     }
-#line 313 "templates/host.lua"
+#line 324 "templates/host.lua"
     gpt_oss_120b_combine_bf16_h2880k4<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -4327,7 +4283,7 @@ extern "C" void gpt_oss_120b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 335 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4352,5 +4308,5 @@ extern "C" cudaError_t gpt_oss_120b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 380 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -13,7 +13,9 @@
 //
 // The call: operands x [tokens, H], router_w, w1p, w2, then the optional
 // tensors present, in the order router_bias, router_logit_bias, b1p, b2,
-// shared_gate, with bit i of the attribute `present` set for each;
+// shared_gate, w1s, w2s, with bit i of the attribute `present` set for each
+// (w1s, w2s: bits 5 and 6, the fp8 weights' fp32 scales, w1p and w2 then
+// f8e4m3fn; required by an fp8 plan, refused by another);
 // results y [tokens, H] and the workspace, uint8
 // [moe_plan_workspace_size(tokens) + 256] (XLA owns it; the handler aligns it
 // to the 256 bytes moe_forward needs).
@@ -33,10 +35,10 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kTensors = 9;  // router_w, w1p, w2, then the optional ones (kOptional of them)
-constexpr int kOptional = 5;
+constexpr int kTensors = 11;  // router_w, w1p, w2, then the optional ones (kOptional of them), then x
+constexpr int kOptional = 7;
 const char *const kNames[kTensors] = {"router_w", "w1p", "w2", "router_bias", "router_logit_bias",
-                                      "b1p", "b2", "shared_gate", "x"};
+                                      "b1p", "b2", "shared_gate", "w1s", "w2s", "x"};
 
 struct Expect {   // one tensor as the plan takes it; rank 0: the spec takes none
     int rank;
@@ -59,6 +61,8 @@ ffi::DataType dtype_of(const char *name) {
         return ffi::DataType::BF16;
     if (!strcmp(name, "fp16"))
         return ffi::DataType::F16;
+    if (!strcmp(name, "fp8_e4m3"))
+        return ffi::DataType::F8E4M3FN;
     return ffi::DataType::F32;
 }
 
@@ -68,6 +72,7 @@ const char *dtype_name(ffi::DataType d) {
     case ffi::DataType::F16: return "fp16";
     case ffi::DataType::F32: return "fp32";
     case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::F8E4M3FN: return "float8_e4m3fn";
     default: return "another dtype";
     }
 }
@@ -205,6 +210,8 @@ moe_forward_args forward_args(const Call &c, ffi::AnyBuffer x, void *y, void *ws
     a.b1p = c.ptr[5];
     a.b2 = c.ptr[6];
     a.shared_gate = c.ptr[7];
+    a.w1s = (const float *)c.ptr[8];
+    a.w2s = (const float *)c.ptr[9];
     a.y = y;
     a.workspace = ws;
     return a;

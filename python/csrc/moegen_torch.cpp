@@ -2,7 +2,9 @@
 // loaded by moegen.torch with torch.ops.load_library):
 //
 //   moegen::moe(x, router_w, w1p, w2, router_bias?, router_logit_bias?, b1p?,
-//               b2?, shared_gate?, int plan) -> y
+//               b2?, shared_gate?, int plan, w1s?, w2s?) -> y
+//     (w1s, w2s: the fp8 weights' float32 scales; w1p and w2 then
+//     float8_e4m3fn. Only moegen::moe takes them: fp8 plans never train.)
 //   moegen::moe_train(<the same>) -> (y, saved)
 //   moegen::moe_backward(dy, saved, <the same>) -> (dx, d_router_w,
 //               d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate)
@@ -46,10 +48,10 @@ using at::Tensor;
 using OptT = std::optional<Tensor>;
 
 // The op's tensors other than x, in its argument order, then x.
-constexpr int kTensors = 9;
+constexpr int kTensors = 11;
 const char *const kNames[kTensors] = {"router_w", "w1p", "w2", "router_bias", "router_logit_bias",
-                                      "b1p", "b2", "shared_gate", "x"};
-enum { T_ROUTER_W, T_W1P, T_W2, T_ROUTER_BIAS, T_LOGIT_BIAS, T_B1P, T_B2, T_SHARED_GATE, T_X };
+                                      "b1p", "b2", "shared_gate", "w1s", "w2s", "x"};
+enum { T_ROUTER_W, T_W1P, T_W2, T_ROUTER_BIAS, T_LOGIT_BIAS, T_B1P, T_B2, T_SHARED_GATE, T_W1S, T_W2S, T_X };
 
 struct Expect {   // one tensor as the plan takes it; present = false: the spec takes none
     bool present;
@@ -94,6 +96,7 @@ std::string py_dtype(at::ScalarType s) {
     case at::kInt: return "torch.int32";
     case at::kLong: return "torch.int64";
     case at::kBool: return "torch.bool";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
     default: return std::string("torch.") + c10::toString(s);
     }
 }
@@ -160,20 +163,22 @@ void check(const Entry &e, const Tensor &x, const Tensor *const t[kTensors - 1])
 const Tensor *opt(const OptT &t) { return t.has_value() && t->defined() ? &*t : nullptr; }
 const void *ptr(const OptT &t) { return opt(t) ? t->data_ptr() : nullptr; }
 
-struct Args {   // the op's tensors, checked against a plan
+struct Args {   // the op's tensors, checked against a plan (w1s, w2s: moegen::moe's alone)
     std::shared_ptr<const Entry> e;
     const Tensor *t[kTensors - 1];
     Args(const Tensor &x, const Tensor &router_w, const Tensor &w1p, const Tensor &w2, const OptT &router_bias,
-         const OptT &router_logit_bias, const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan)
+         const OptT &router_logit_bias, const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan,
+         const OptT &w1s = OptT(), const OptT &w2s = OptT())
         : e(entry(plan)), t{&router_w, &w1p, &w2, opt(router_bias), opt(router_logit_bias), opt(b1p), opt(b2),
-                            opt(shared_gate)} {
+                            opt(shared_gate), opt(w1s), opt(w2s)} {
         check(*e, x, t);
     }
 };
 
 moe_forward_args forward_args(int tokens, const Tensor &x, const Tensor &router_w, const Tensor &w1p, const Tensor &w2,
                               const OptT &router_bias, const OptT &router_logit_bias, const OptT &b1p, const OptT &b2,
-                              const OptT &shared_gate, const Tensor &y, const Tensor &ws) {
+                              const OptT &shared_gate, const Tensor &y, const Tensor &ws, const OptT &w1s = OptT(),
+                              const OptT &w2s = OptT()) {
     moe_forward_args a{};
     a.tokens = tokens;
     a.x = x.data_ptr();
@@ -187,6 +192,8 @@ moe_forward_args forward_args(int tokens, const Tensor &x, const Tensor &router_
     a.y = y.data_ptr();
     a.workspace = ws.data_ptr();
     a.shared_gate = ptr(shared_gate);
+    a.w1s = static_cast<const float *>(ptr(w1s));
+    a.w2s = static_cast<const float *>(ptr(w2s));
     return a;
 }
 
@@ -209,15 +216,16 @@ moe_status on_device(const Entry &e, F fn) {
 Tensor bytes(const Tensor &like, size_t n) { return at::empty({static_cast<int64_t>(n)}, like.options().dtype(at::kByte)); }
 
 Tensor moe_cuda(const Tensor &x, const Tensor &router_w, const Tensor &w1p, const Tensor &w2, const OptT &router_bias,
-                const OptT &router_logit_bias, const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan) {
-    Args c(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan);
+                const OptT &router_logit_bias, const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan,
+                const OptT &w1s, const OptT &w2s) {
+    Args c(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s, w2s);
     const int tokens = static_cast<int>(x.size(0));
     Tensor y = at::empty_like(x);
     if (tokens == 0)   // nothing to enqueue (moe_forward would enqueue nothing either)
         return y;
     Tensor ws = bytes(x, moe_plan_workspace_size(c.e->plan, tokens));   // caching allocator: 512-byte aligned
     moe_forward_args a = forward_args(tokens, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2,
-                                      shared_gate, y, ws);
+                                      shared_gate, y, ws, w1s, w2s);
     moe_status st = on_device(*c.e, [&](cudaStream_t s) { return moe_forward(c.e->plan, &a, s); });
     if (st != MOE_OK)
         fail(st, "moe_forward");
@@ -313,7 +321,7 @@ Grads backward_cuda(const Tensor &dy, const Tensor &saved, const Tensor &x, cons
 }
 
 Tensor moe_not_cuda(const Tensor &x, const Tensor &, const Tensor &, const Tensor &, const OptT &, const OptT &,
-                    const OptT &, const OptT &, const OptT &, int64_t) {
+                    const OptT &, const OptT &, const OptT &, int64_t, const OptT &, const OptT &) {
     not_cuda(x);
 }
 
@@ -389,9 +397,11 @@ struct Train : torch::autograd::Function<Train> {
 struct NoBackward : torch::autograd::Function<NoBackward> {
     static variable_list forward(AutogradContext *, const Tensor &x, const Tensor &router_w, const Tensor &w1p,
                                  const Tensor &w2, const OptT &router_bias, const OptT &router_logit_bias,
-                                 const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan) {
+                                 const OptT &b1p, const OptT &b2, const OptT &shared_gate, int64_t plan,
+                                 const OptT &w1s, const OptT &w2s) {
         at::AutoDispatchBelowADInplaceOrView guard;
-        return {moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)};
+        return {moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s,
+                              w2s)};
     }
 
     static variable_list backward(AutogradContext *, variable_list) { TORCH_CHECK_NOT_IMPLEMENTED(false, kNoBackward); }
@@ -405,17 +415,20 @@ bool wants_grad(const OptT &t) { return opt(t) && t->requires_grad(); }
 // another (or an unregistered id, whose kernel below says so).
 Tensor moe_autograd(const Tensor &x, const Tensor &router_w, const Tensor &w1p, const Tensor &w2,
                     const OptT &router_bias, const OptT &router_logit_bias, const OptT &b1p, const OptT &b2,
-                    const OptT &shared_gate, int64_t plan) {
+                    const OptT &shared_gate, int64_t plan, const OptT &w1s, const OptT &w2s) {
     if (!(at::GradMode::is_enabled() &&
           (wants_grad(x) || wants_grad(router_w) || wants_grad(w1p) || wants_grad(w2) || wants_grad(router_bias) ||
-           wants_grad(router_logit_bias) || wants_grad(b1p) || wants_grad(b2) || wants_grad(shared_gate)))) {
+           wants_grad(router_logit_bias) || wants_grad(b1p) || wants_grad(b2) || wants_grad(shared_gate) ||
+           wants_grad(w1s) || wants_grad(w2s)))) {
         at::AutoDispatchBelowADInplaceOrView guard;
-        return moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan);
+        return moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s,
+                             w2s);
     }
     auto e = find(plan);
-    if (e && e->training)
+    if (e && e->training)   // a training plan has no fp8 scales (the spec refuses fp8 with training)
         return Train::apply(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)[0];
-    return NoBackward::apply(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)[0];
+    return NoBackward::apply(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s,
+                             w2s)[0];
 }
 
 // moegen::_bench_forward: host microseconds per call to enqueue `iters`
@@ -443,7 +456,8 @@ double bench_forward(const Tensor &x, const Tensor &router_w, const Tensor &w1p,
             if (st != MOE_OK)
                 fail(st, "moe_forward");
         } else {
-            moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan);
+            moe_op().call(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan,
+                          OptT(), OptT());
         }
     }
     auto t1 = std::chrono::steady_clock::now();
@@ -457,7 +471,7 @@ double bench_forward(const Tensor &x, const Tensor &router_w, const Tensor &w1p,
     "Tensor? b2, Tensor? shared_gate, int plan"
 
 TORCH_LIBRARY(moegen, m) {
-    m.def("moe(" MOEGEN_ARGS ") -> Tensor");
+    m.def("moe(" MOEGEN_ARGS ", Tensor? w1s=None, Tensor? w2s=None) -> Tensor");   // fp8 plans' scales
     m.def("moe_train(" MOEGEN_ARGS ") -> (Tensor, Tensor)");
     m.def("moe_backward(Tensor dy, Tensor saved, " MOEGEN_ARGS
           ") -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
@@ -534,6 +548,8 @@ __attribute__((visibility("default"))) int moegen_torch_register(int64_t id, con
             x.dtype = at::kHalf;
         else if (!strcmp(dtype, "fp32"))
             x.dtype = at::kFloat;
+        else if (!strcmp(dtype, "fp8_e4m3"))
+            x.dtype = at::kFloat8_e4m3fn;
         else {
             snprintf(err, err_size, "moegen: %s is %s, which the PyTorch op does not take", kNames[i], dtype);
             return MOE_ERR_UNSUPPORTED;

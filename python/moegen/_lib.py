@@ -107,8 +107,10 @@ MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_in
            "moe_pack_src": PackSrc, "moe_pack_args": PackArgs, "moe_train_forward_args": TrainForwardArgs,
            "moe_backward_args": BackwardArgs}
 
-# The forward's tensors, moe_forward_args' names, in its order.
-TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate")
+# The forward's tensors, moe_forward_args' names, in its order (w1s, w2s: the
+# fp8 weights' scales, absent from other plans).
+TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate", "w1s",
+           "w2s")
 
 # ---- the functions used, with their C types -------------------------------
 _SIGNATURES = {
@@ -129,6 +131,9 @@ _SIGNATURES = {
                                 ctypes.POINTER(c_char_p)]),
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),
     "moe_plan_pack_async": (c_int, [c_void_p, ctypes.POINTER(PackArgs), c_void_p, c_void_p]),
+    "moe_plan_pack_fp8_async": (c_int, [c_void_p, ctypes.POINTER(PackArgs), ctypes.POINTER(PackArgs), c_void_p,
+                                        c_void_p, c_void_p]),
+    "moe_plan_pack_quantize_async": (c_int, [c_void_p, ctypes.POINTER(PackArgs), c_void_p, c_void_p, c_void_p]),
     "moe_forward": (c_int, [c_void_p, ctypes.POINTER(ForwardArgs), c_void_p]),
     "moe_forward_train": (c_int, [c_void_p, ctypes.POINTER(TrainForwardArgs), c_void_p]),
     "moe_backward": (c_int, [c_void_p, ctypes.POINTER(BackwardArgs), c_void_p]),

@@ -39,9 +39,10 @@ TARGET = "moegen_moe"
 TRAIN_TARGET = "moegen_moe_train"
 BACKWARD_TARGET = "moegen_moe_backward"
 # the operands after x, in the call's order (the optional ones only when given)
-ORDER = ("router_w", "w1p", "w2", "router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
+# (w1s, w2s: the fp8 weights' scales, bits 5 and 6 of the attribute present)
+ORDER = ("router_w", "w1p", "w2", "router_bias", "router_logit_bias", "b1p", "b2", "shared_gate", "w1s", "w2s")
 OPTIONAL = ORDER[3:]
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "float8_e4m3fn"}
 WORKSPACE_ALIGN = 256   # moe_forward's workspace alignment; the handler aligns XLA's buffer up to it
 
 _lock = threading.Lock()
@@ -170,10 +171,6 @@ def bind(plan):
         b = getattr(plan, "_jax_binding", None)
         if b is not None:
             return b
-        if plan.tensors["w1p"][1] not in _DTYPES:
-            raise NotImplementedError("moegen: the JAX call does not take fp8 expert weights yet (quant.weights = "
-                                      "\"%s\": moe_forward's w1s and w2s scales); run that plan through moe_forward"
-                                      % plan.tensors["w1p"][1])
         pid = ctypes.c_uint64()
         st = h.moegen_jax_bind(plan.handle, plan.device, ctypes.byref(pid))
         if st != 0:
@@ -272,7 +269,7 @@ def _backward(b, recompute_u, dy, saved, x2, ts):
     T, f32 = x2.shape[0], np.float32
     present = sum(1 << i for i, t in enumerate(ts[3:]) if t is not None)
     like = lambda t: jax.ShapeDtypeStruct(tuple(t.shape) if t is not None else (0,), f32)
-    rw, w1p, w2, _, lb, b1p, b2, sg = ts
+    rw, w1p, w2, _, lb, b1p, b2, sg = ts[:8]   # a training plan has no fp8 scales
     call = jax.ffi.ffi_call(BACKWARD_TARGET, (
         jax.ShapeDtypeStruct(x2.shape, x2.dtype), like(rw), like(lb), like(w1p), like(b1p), like(w2), like(b2),
         like(sg), jax.ShapeDtypeStruct((b.backward_workspace_size(T, recompute_u) + WORKSPACE_ALIGN,), np.uint8)))
@@ -281,7 +278,7 @@ def _backward(b, recompute_u, dy, saved, x2, ts):
         present=np.int32(present), recompute_u=np.int32(recompute_u))
     cast = lambda g, t: None if t is None else g.astype(t.dtype)
     return dx, (cast(drw, rw), cast(dw1p, w1p), cast(dw2, w2), None, cast(dlb, lb), cast(db1p, b1p), cast(db2, b2),
-                cast(dsg, sg))
+                cast(dsg, sg), None, None)
 
 
 _layer = None
@@ -316,15 +313,18 @@ def _trainable():
     return _layer
 
 
-def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None, b2=None, shared_gate=None, *,
-        plan, recompute_u=False):
+def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None, b2=None, shared_gate=None,
+        w1s=None, w2s=None, *, plan, recompute_u=False):
     """The layer: y = moe(x), x [..., H] of at most the spec's tokens rows,
     the weights in moegen's packed layouts (README.md, "Tensors"; see
     pack_plain) as JAX arrays on the plan's device. plan: a moegen.Plan (or
     its Binding). Works eagerly and under jax.jit (plan is a static Python
     object: close over it, or pass it through static_argnames).
     Differentiable when the plan trains; recompute_u as
-    moe_train_forward_args.recompute_u."""
+    moe_train_forward_args.recompute_u. With fp8 expert weights (spec
+    quant.weights = "fp8_e4m3") w1p and w2 are float8_e4m3fn and w1s, w2s
+    their float32 scales (README.md, "FP8 weights"; pack_plain packs them,
+    quantize_plain quantizes bf16 weights)."""
     b = plan if isinstance(plan, Binding) else bind(plan)
     jax = _import_jax()
     H = b.hidden
@@ -332,7 +332,7 @@ def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None
         raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(getattr(x, "shape", [type(x).__name__]))))
     lead = tuple(x.shape[:-1])
     x2 = x.reshape(-1, H) if len(x.shape) != 2 else x
-    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
     check_args(b.expect, x2, dict(zip(ORDER, ts)))
     tokens = x2.shape[0]
     if tokens == 0:   # moe_forward enqueues nothing for 0 tokens
@@ -344,7 +344,8 @@ def moe(x, router_w, w1p, w2, router_bias=None, router_logit_bias=None, b1p=None
     return y.reshape(lead + (H,)) if len(lead) != 1 else y
 
 
-def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, shared_w1=None, shared_w2=None):
+def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, shared_w1=None, shared_w2=None,
+               w1_scale=None, w2_scale=None, shared_w1_scale=None, shared_w2_scale=None):
     """The packed weights from the plain layouts, with jax.numpy indexing
     (jit-able): w1 [E, 2F, H] (gate rows, then up rows) or gate and up
     [E, F, H]; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias; a
@@ -352,11 +353,21 @@ def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, sha
     shared_w2 [H, mF], split into the m slots after the routed experts as
     moe_plan_pack_shared splits them. Returns {"w1p", "w2"} and, with
     biases, {"b1p", "b2"}; the row order is the library's
-    (Plan.w1_row_order)."""
+    (Plan.w1_row_order).
+
+    An fp8 plan (spec quant.weights = "fp8_e4m3") takes the weights as
+    float8_e4m3fn with their float32 scales (w = e4m3 * scale, a
+    checkpoint's weight_scale_inv), which stay in the checkpoint's row
+    order: quant.scaling "block": w1_scale [E, 2F/128, H/128], w2_scale
+    [E, H/128, F/128], shared_w1_scale [2mF/128, H/128], shared_w2_scale
+    [H/128, mF/128]; "channel": w1_scale [E, 2F], w2_scale [E, H],
+    shared_w1_scale [2mF], shared_w2_scale [H]; and returns "w1s" and
+    "w2s" too (with gate and up, w1_scale is theirs concatenated)."""
     jax = _import_jax()
     jnp = jax.numpy
     E, F, H = plan.info.experts, plan.info.ffn, plan.info.hidden
     m = plan.tensors["w1p"][0][0] - E
+    fp8 = plan.tensors["w1s"] is not None
     if (w1 is None) == (gate is None or up is None):
         raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
     if w1 is None:
@@ -366,15 +377,122 @@ def pack_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, sha
         want.update(shared_w1=(shared_w1, (2 * m * F, H)), shared_w2=(shared_w2, (H, m * F)))
     if plan.tensors["b1p"] is not None:
         want.update(b1=(b1, (E, 2 * F)), b2=(b2, (E, H)))
+    block = fp8 and len(plan.tensors["w1s"][0]) == 3
+    B = 128 if block else 1
+    sshape = lambda n, k, *lead: lead + ((n // B, k // B) if block else (n,))
+    if fp8:
+        want.update(w1_scale=(w1_scale, sshape(2 * F, H, E)), w2_scale=(w2_scale, sshape(H, F, E)))
+        if m > 0:
+            want.update(shared_w1_scale=(shared_w1_scale, sshape(2 * m * F, H)),
+                        shared_w2_scale=(shared_w2_scale, sshape(H, m * F)))
+    else:
+        for name, t in (("w1_scale", w1_scale), ("w2_scale", w2_scale), ("shared_w1_scale", shared_w1_scale),
+                        ("shared_w2_scale", shared_w2_scale)):
+            if t is not None:
+                raise ValueError("moegen: the spec takes no %s (its expert weights are not fp8)" % name)
     for name, (t, shape) in want.items():
         if t is None or tuple(t.shape) != shape:
             raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape),
                                                                 None if t is None else list(t.shape)))
+        wdt = plan.tensors["x"][1] if name in ("b1", "b2") or not fp8 else \
+            "fp32" if name.endswith("_scale") else "fp8_e4m3"
+        if _dtype_name(t) != _DTYPES[wdt]:
+            raise TypeError("moegen: %s must be %s, not %s" % (name, _DTYPES[wdt], _dtype_name(t)))
     order = jnp.asarray(plan.w1_row_order(), dtype=jnp.int32)
     if m > 0:   # slot E+j: gate rows jF..jF+F-1 and the matching up rows; w2 columns jF..jF+F-1
         w1 = jnp.concatenate([w1, shared_w1.reshape(2, m, F, H).transpose(1, 0, 2, 3).reshape(m, 2 * F, H)])
         w2 = jnp.concatenate([w2, shared_w2.reshape(H, m, F).transpose(1, 0, 2)])
     out = {"w1p": jnp.take(w1, order, axis=1), "w2": w2}
+    if fp8:   # the scales keep the checkpoint's row order; a shared expert's split as its weights
+        w1s, w2s = w1_scale, w2_scale
+        if m > 0:
+            s1 = shared_w1_scale.reshape((2, m, F // B) + shared_w1_scale.shape[1:])
+            w1s = jnp.concatenate([w1s, jnp.swapaxes(s1, 0, 1).reshape((m, 2 * F // B) + shared_w1_scale.shape[1:])])
+            if block:
+                s2 = shared_w2_scale.reshape(H // B, m, F // B).transpose(1, 0, 2)
+            else:   # one scale per row of H, the same for every slot
+                s2 = jnp.broadcast_to(shared_w2_scale, (m, H))
+            w2s = jnp.concatenate([w2s, s2])
+        out.update(w1s=w1s, w2s=w2s)
     if plan.tensors["b1p"] is not None:
         out.update(b1p=jnp.take(b1, order, axis=1), b2=b2)
     return out
+
+
+def _fp8_tables():
+    """The quotients the quantizer needs, correctly rounded (NumPy's IEEE
+    fp32 division, as the library's): a bf16 amax is m * 2^k with m = 128 ..
+    255, so amax / 448 = (m / 448) * 2^k and 448 / amax = (448 / m) * 2^-k,
+    the powers of two exact; and the amax floor's own pair. XLA may divide
+    approximately (a reciprocal), so the quantizer never divides."""
+    import numpy as np
+    m = np.arange(128, 256, dtype=np.float32)
+    floor = np.float32(1e-4)
+    return (m / np.float32(448.0), np.float32(448.0) / m, floor, floor / np.float32(448.0),
+            np.float32(448.0) / floor)
+
+
+def quantize_weight(w, block):
+    """e4m3 quantization of bf16 weights w [..., N, K] (jax.numpy,
+    jit-able) by the library's rule (moe_plan_pack_quantize), bit for bit:
+    block=True: one scale per 128 x 128 block, [..., N/128, K/128]; False:
+    one per row, [..., N]; scale = amax / 448 (amax at least 1e-4),
+    e4m3(w * (448 / amax)) rounded to nearest even. Returns
+    (float8_e4m3fn [..., N, K], float32 scales)."""
+    jax = _import_jax()
+    jnp = jax.numpy
+    if _dtype_name(w) != "bfloat16":
+        raise TypeError("moegen: quantize_weight takes bfloat16 weights (the library's rule), not %s" % _dtype_name(w))
+    *lead, N, K = w.shape
+    lead = tuple(lead)
+    wf = w.astype(jnp.float32)
+    if block:
+        blocks = wf.reshape(lead + (N // 128, 128, K // 128, 128))
+        amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))                          # [..., N/128, K/128]
+    else:
+        amax = jnp.max(jnp.abs(wf), axis=-1)                                    # [..., N]
+    s_tab, m_tab, floor, s_floor, m_floor = _fp8_tables()
+    bits = jax.lax.bitcast_convert_type(amax, jnp.uint32)   # a bf16 value: the low 16 bits are 0
+    k = (bits >> 23).astype(jnp.int32) - 134                # amax = (128 + mantissa) * 2^k
+    i = ((bits >> 16) & 0x7F).astype(jnp.int32)
+    two = lambda e: jax.lax.bitcast_convert_type(((e + 127) << 23).astype(jnp.uint32), jnp.float32)
+    low = amax < floor
+    scale = jnp.where(low, s_floor, jnp.asarray(s_tab)[i] * two(k))
+    mul = jnp.where(low, m_floor, jnp.asarray(m_tab)[i] * two(-k))
+    if block:
+        q = e4m3_round(blocks * mul[..., :, None, :, None]).reshape(lead + (N, K))
+    else:
+        q = e4m3_round(wf * mul[..., None])
+    return q.astype(jnp.float8_e4m3fn), scale
+
+
+def e4m3_round(v):
+    """float32 v rounded to the nearest e4m3 value, ties to even, saturating
+    at +-448 (PTX's cvt.rn.satfinite, the library's rule), as float32: the
+    rounding done here (jnp.round, half to even, on the value's own
+    quantum), so the cast to float8_e4m3fn that follows is exact whatever
+    the backend's conversion does with ties."""
+    jax = _import_jax()
+    jnp = jax.numpy
+    _, ex = jnp.frexp(v)                                   # |v| in [2^(ex-1), 2^ex)
+    quantum = jnp.ldexp(jnp.float32(1.0), jnp.maximum(ex - 1, -6) - 3)   # 3 mantissa bits; subnormals below 2^-6
+    return jnp.clip(jnp.round(v / quantum) * quantum, -448.0, 448.0)
+
+
+def quantize_plain(plan, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, shared_w1=None, shared_w2=None):
+    """pack_plain for an fp8 plan from bf16 weights (its arguments without
+    the scales): quantized with quantize_weight (the library's rule, per
+    plain block: a shared expert's blocks are its slots' since F is a
+    multiple of 128), then packed. Returns {"w1p", "w1s", "w2", "w2s"}
+    (and the biases)."""
+    jax = _import_jax()
+    jnp = jax.numpy
+    if plan.tensors["w1s"] is None:
+        raise ValueError("moegen: quantize_plain takes an fp8 plan (spec quant.weights = \"fp8_e4m3\"); use pack_plain")
+    block = len(plan.tensors["w1s"][0]) == 3
+    if w1 is None and gate is not None and up is not None:
+        w1 = jnp.concatenate([gate, up], axis=1)
+    q = lambda t: (None, None) if t is None else quantize_weight(t, block)
+    (w1q, w1s), (w2q, w2s), (sw1q, sw1s), (sw2q, sw2s) = q(w1), q(w2), q(shared_w1), q(shared_w2)
+    return pack_plain(plan, w1=w1q, w2=w2q, b1=b1, b2=b2, shared_w1=sw1q, shared_w2=sw2q, w1_scale=w1s,
+                      w2_scale=w2s, shared_w1_scale=sw1s, shared_w2_scale=sw2s)

@@ -145,14 +145,50 @@ class Plan:
         stride, col stride) in 16-bit elements as moe_pack_src describes.
         Returns False when the plan's module has no pack kernel (a folder
         compiled before moegen emitted it); raises on any other error."""
-        a = _lib.PackArgs(tensor=tensor, first=first, count=count)
-        for i, (ptr, e, r, c) in enumerate(srcs):
-            a.src[i] = _lib.PackSrc(ptr, e, r, c)
+        a = self._pack_args(tensor, srcs, first, count)
         st = self._lib.moe_plan_pack_async(self.handle, ctypes.byref(a), dst, stream)
         if st == 11:  # MOE_ERR_UNSUPPORTED
             return False
         if st != 0:
             raise _lib.fail(self._lib, st, "moe_plan_pack_async")
+        return True
+
+    @staticmethod
+    def _pack_args(tensor, srcs, first, count):
+        a = _lib.PackArgs(tensor=tensor, first=first, count=count)
+        for i, (ptr, e, r, c) in enumerate(srcs):
+            a.src[i] = _lib.PackSrc(ptr, e, r, c)
+        return a
+
+    def pack_fp8_async(self, tensor, srcs, scale_srcs, first, count, dst, dst_scales, stream):
+        """moe_plan_pack_fp8_async: fp8 weights as a checkpoint ships them
+        (e4m3 W1 or W2, srcs in one-byte elements as pack_async's) and
+        their fp32 scales (scale_srcs, in 4-byte elements: (address,
+        expert, row block, column block) strides for "block" scaling,
+        (address, expert, row, 0) for "channel") into slots first .. first
+        + count - 1 of the packed e4m3 tensor at dst and its scales at
+        dst_scales, on stream. Returns False when the plan's module has no
+        fp8 pack kernels; raises on any other error."""
+        a, s = self._pack_args(tensor, srcs, first, count), self._pack_args(tensor, scale_srcs, first, count)
+        st = self._lib.moe_plan_pack_fp8_async(self.handle, ctypes.byref(a), ctypes.byref(s), dst, dst_scales, stream)
+        if st == 11:  # MOE_ERR_UNSUPPORTED
+            return False
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_pack_fp8_async")
+        return True
+
+    def pack_quantize_async(self, tensor, srcs, first, count, dst, dst_scales, stream):
+        """moe_plan_pack_quantize_async: bf16 W1 or W2 (srcs as pack_async's)
+        quantized on the device into slots first .. first + count - 1 of the
+        packed e4m3 tensor at dst and its fp32 scales at dst_scales, on
+        stream. Returns False when the plan's module has no quantize kernel;
+        raises on any other error."""
+        a = self._pack_args(tensor, srcs, first, count)
+        st = self._lib.moe_plan_pack_quantize_async(self.handle, ctypes.byref(a), dst, dst_scales, stream)
+        if st == 11:  # MOE_ERR_UNSUPPORTED
+            return False
+        if st != 0:
+            raise _lib.fail(self._lib, st, "moe_plan_pack_quantize_async")
         return True
 
     def unpack_grad(self, tensor, src, dst, count, stream):

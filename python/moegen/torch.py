@@ -40,9 +40,14 @@ import torch
 from . import _lib
 from .plan import Plan
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+           "fp8_e4m3": torch.float8_e4m3fn}
 # the op's optional tensors, in its argument order
 _OPTIONAL = ("router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
+# the fp8 weights' scales, the op's trailing arguments (after plan)
+_SCALES = ("w1s", "w2s")
+# every tensor the op takes but x, in its argument order
+ORDER = ("router_w", "w1p", "w2") + _OPTIONAL + _SCALES
 
 _plans = {}
 _ids = itertools.count(1)
@@ -58,14 +63,11 @@ class _Entry:
         self.training = self.lib.moe_plan_saved_size(self.handle, 1, 0) > 0
         self.capacity, self.hidden = plan.info.tokens, plan.info.hidden
         self.device, self.index = torch.device("cuda", plan.device), plan.device
-        if plan.tensors["w1p"][1] not in _DTYPES:
-            raise NotImplementedError("moegen: the op does not take fp8 expert weights yet (quant.weights = "
-                                      "\"%s\": moe_forward's w1s and w2s scales); run that plan through moe_forward"
-                                      % plan.tensors["w1p"][1])
+        self.fp8 = plan.tensors["w1s"] is not None
         self.expect = {n: (torch.Size(t[0]), _DTYPES[t[1]]) if t else None for n, t in plan.tensors.items()}
         self.dtype = self.expect["x"][1]
         # the fast path's expectations, in the op's argument order: (shape, dtype) or None
-        self.want = tuple(self.expect[n] for n in ("router_w", "w1p", "w2") + _OPTIONAL)
+        self.want = tuple(self.expect[n] for n in ORDER)
         self.ws = {}  # tokens -> workspace bytes
 
     def saved_size(self, tokens):
@@ -105,7 +107,9 @@ def check_args(expect, capacity, device, x, tensors):
     tensor), capacity is the most tokens, device the plan's torch.device;
     tensors maps the names other than x and y to a tensor or None. First
     x [tokens, H] with 0 <= tokens <= capacity, then every tensor's
-    presence, dtype and shape, then its device and contiguity."""
+    presence, dtype and shape, then its device and contiguity. An fp8
+    plan's w1p and w2 are torch.float8_e4m3fn and its w1s and w2s float32
+    scales (README.md, "FP8 weights")."""
     hx = expect["x"]
     if not isinstance(x, torch.Tensor):
         raise TypeError("moegen: x must be a tensor, not %s" % type(x).__name__)
@@ -146,7 +150,8 @@ def _entry(plan):
 
 _SCHEMA_ARGS = ("Tensor x, Tensor router_w, Tensor w1p, Tensor w2, Tensor? router_bias, Tensor? router_logit_bias, "
                 "Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan")
-SCHEMAS = {"moe": "moe(%s) -> Tensor" % _SCHEMA_ARGS,
+# moegen::moe alone takes the fp8 scales (fp8 plans never train)
+SCHEMAS = {"moe": "moe(%s, Tensor? w1s=None, Tensor? w2s=None) -> Tensor" % _SCHEMA_ARGS,
            "moe_train": "moe_train(%s) -> (Tensor, Tensor)" % _SCHEMA_ARGS,
            "moe_backward": "moe_backward(Tensor dy, Tensor saved, %s) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
                            "Tensor, Tensor, Tensor)" % _SCHEMA_ARGS}
@@ -258,11 +263,11 @@ def _forward_args():
         return _args.v
 
 
-def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s=None, w2s=None):
     e = _plans.get(plan) or _entry(plan)
-    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
     if not _fits(e, x, ts):
-        check_args(e.expect, e.capacity, e.device, x, dict(zip(("router_w", "w1p", "w2") + _OPTIONAL, ts)))
+        check_args(e.expect, e.capacity, e.device, x, dict(zip(ORDER, ts)))
     tokens = x.shape[0]
     ws_bytes = e.ws.get(tokens)
     if ws_bytes is None:
@@ -275,7 +280,8 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
     pack(tokens, x.data_ptr(), router_w.data_ptr(), 0 if router_bias is None else router_bias.data_ptr(),
          0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
-         ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0, 0)  # w1s, w2s: fp8 plans only
+         ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0 if w1s is None else w1s.data_ptr(),
+         0 if w2s is None else w2s.data_ptr())
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
@@ -287,7 +293,7 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
     return y
 
 
-def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+def _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s=None, w2s=None):
     e = _plans.get(plan)
     if e is not None and (x.dim() != 2 or x.shape[1] != e.hidden or x.dtype != e.dtype):
         raise ValueError("moegen: x must be %s [tokens, %d], not %s %s" % (e.dtype, e.hidden, x.dtype,
@@ -318,10 +324,12 @@ def _not_cuda(x):
 
 
 def _checked(x, ts, plan):
-    """The plan's entry once the op's tensors (x, ts in the op's order) fit it."""
+    """The plan's entry once the op's tensors (x, ts in the op's order, no
+    scales: the training ops') fit it."""
     e = _plans.get(plan) or _entry(plan)
+    ts = tuple(ts) + (None, None)
     if not _fits(e, x, ts):
-        check_args(e.expect, e.capacity, e.device, x, dict(zip(("router_w", "w1p", "w2") + _OPTIONAL, ts)))
+        check_args(e.expect, e.capacity, e.device, x, dict(zip(ORDER, ts)))
     return e
 
 
@@ -474,9 +482,9 @@ class _Train(torch.autograd.Function):
 
 
 def _with_grad(below, *args):
-    e = _plans.get(args[-1])
+    e = _plans.get(args[9])   # plan (w1s and w2s after it)
     if e is not None and e.training:
-        return _Train.apply(*args)
+        return _Train.apply(*args[:10])   # a training plan has no fp8 scales
     return _NoBackward.apply(below, *args)
 
 
@@ -524,6 +532,35 @@ def pack_jobs(E, F, m, gate, up, w2, b1=None, b2=None, shared_w1=None, shared_w2
     return jobs
 
 
+def scale_jobs(E, F, m, block, gate_s, up_s, w2_s, shared_w1_s=None, shared_w2_s=None):
+    """The scale sources of moe_plan_pack_fp8_async for pack_jobs' W1 and
+    W2 jobs, keyed (tensor, first slot): each source (address, expert, row
+    block, column block strides) in float32 elements from the tensors' own
+    strides. block: gate_s, up_s [E, F/128, H/128], w2_s [E, H/128, F/128],
+    m > 0: shared_w1_s [2mF/128, H/128], shared_w2_s [H/128, mF/128]; else
+    ("channel") gate_s, up_s [E, F], w2_s [E, H], shared_w1_s [2mF],
+    shared_w2_s [H] (the m slots share the rows' scales), column stride 0."""
+    B = 128 if block else 1
+    s = (lambda t: (t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))) if block else \
+        (lambda t: (t.data_ptr(), t.stride(0), t.stride(1), 0))
+    jobs = {(_lib.TENSOR_W1, 0): [s(gate_s), s(up_s)], (_lib.TENSOR_W2, 0): [s(w2_s)]}
+    if m > 0:
+        r = shared_w1_s.stride(0)
+        c = shared_w1_s.stride(1) if block else 0
+        jobs[(_lib.TENSOR_W1, E)] = [(shared_w1_s.data_ptr(), F // B * r, r, c),
+                                     (shared_w1_s[m * F // B:].data_ptr(), F // B * r, r, c)]
+        if block:   # slot j: column blocks jF/128..
+            r, c = shared_w2_s.stride()
+            jobs[(_lib.TENSOR_W2, E)] = [(shared_w2_s.data_ptr(), F // B * c, r, c)]
+        else:       # one scale per row of H, the same for every slot
+            jobs[(_lib.TENSOR_W2, E)] = [(shared_w2_s.data_ptr(), 0, shared_w2_s.stride(0), 0)]
+    return jobs
+
+
+_NO_FP8_PACK = ("moegen: the plan's module has no fp8 pack kernels (a folder compiled before moegen emitted them): "
+                "compile it again")
+
+
 class MoE(torch.nn.Module):
     """The layer as a module: the plan (from a spec file, a dict of keys or,
     with from_dir=True, a folder from `moegen compile`) and its parameters
@@ -538,7 +575,12 @@ class MoE(torch.nn.Module):
     moe_backward; w1p.grad and b1p.grad are in the packed row order
     (unpack_grad gives the plain one). recompute_u = True saves the up
     projection's output U for less memory and computes it again in the
-    backward. Other plans' parameters do not require grad."""
+    backward. Other plans' parameters do not require grad.
+
+    With fp8 expert weights (spec quant.weights = "fp8_e4m3") w1p and w2
+    are torch.float8_e4m3fn and w1s, w2s their float32 scales (README.md,
+    "FP8 weights"): load_plain quantizes bf16 weights on the GPU, load_fp8
+    packs a checkpoint's e4m3 weights with their weight_scale_inv."""
 
     def __init__(self, spec, device=None, recompute_u=False, **plan_options):
         super().__init__()
@@ -550,7 +592,8 @@ class MoE(torch.nn.Module):
         weakref.finalize(self, unregister_plan, self.plan_id)
         self.trains = _plans[self.plan_id].training
         dev = torch.device("cuda", index)
-        for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate"):
+        for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate", "w1s",
+                     "w2s"):
             t = self.plan.tensors[name]
             param = None if t is None else torch.nn.Parameter(
                 torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=self.trains and name != "router_bias")
@@ -588,7 +631,7 @@ class MoE(torch.nn.Module):
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
         y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id)
+                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p.get("w1s"), p.get("w2s"))
         return y.reshape(x.shape) if flat else y
 
     def w1_order(self):
@@ -618,7 +661,7 @@ class MoE(torch.nn.Module):
                                       "experts with Plan.pack_async")
         E, F, H = info.experts, info.ffn, info.hidden
         m = self.w1p.shape[0] - E                        # the shared expert's slots
-        dev, dt = self.w1p.device, self.w1p.dtype
+        dev, dt = self.w1p.device, _DTYPES[self.plan.tensors["x"][1]]   # fp8 plans: bf16 weights, quantized here
 
         def take(name, t, shape, dtype=dt):
             if t is None:
@@ -663,12 +706,117 @@ class MoE(torch.nn.Module):
 
         jobs = pack_jobs(E, F, m, gate, up, w2, b1, b2, shared_w1, shared_w2)
         dst = {_lib.TENSOR_W1: self.w1p, _lib.TENSOR_W2: self.w2, _lib.TENSOR_B1: self.b1p, _lib.TENSOR_B2: self.b2}
+        scales = {_lib.TENSOR_W1: self.w1s, _lib.TENSOR_W2: self.w2s}
         with torch.cuda.device(dev):
             stream = torch.cuda.current_stream(dev).cuda_stream
             for tensor, srcs, first, count in jobs:
-                if not self.plan.pack_async(tensor, srcs, first, count, dst[tensor].data_ptr(), stream):
+                if self.w1s is not None and tensor in scales:   # fp8: quantized on the device
+                    if not self.plan.pack_quantize_async(tensor, srcs, first, count, dst[tensor].data_ptr(),
+                                                         scales[tensor].data_ptr(), stream):
+                        raise NotImplementedError(_NO_FP8_PACK)
+                elif not self.plan.pack_async(tensor, srcs, first, count, dst[tensor].data_ptr(), stream):
+                    if self.w1s is not None:
+                        raise NotImplementedError(_NO_FP8_PACK)
                     self._pack_by_indexing(gate, up, w2, b1, b2, shared_w1, shared_w2)
                     break
+        return self
+
+    @torch.no_grad()
+    def load_fp8(self, router_w, w1=None, w1_scale=None, w2=None, w2_scale=None, gate=None, gate_scale=None, up=None,
+                 up_scale=None, b1=None, b2=None, router_bias=None, router_logit_bias=None, shared_w1=None,
+                 shared_w1_scale=None, shared_w2=None, shared_w2_scale=None, shared_gate=None):
+        """Set the parameters of an fp8 plan from fp8 weights as checkpoints
+        ship them (DeepSeek-V3, Qwen3-FP8: torch.float8_e4m3fn weights and
+        float32 weight_scale_inv, w = e4m3 * scale), packing on the GPU
+        (moe_plan_pack_fp8_async): the weights as load_plain's (w1 [E, 2F,
+        H] or gate and up [E, F, H]; w2 [E, H, F]; shared_w1 [2F_s, H],
+        shared_w2 [H, F_s]), each with its scales: quant.scaling "block":
+        one per 128 x 128 block, w1_scale [E, 2F/128, H/128] (gate_scale,
+        up_scale [E, F/128, H/128]), w2_scale [E, H/128, F/128],
+        shared_w1_scale [2F_s/128, H/128], shared_w2_scale [H/128, F_s/128];
+        "channel": one per output row, w1_scale [E, 2F], gate_scale and
+        up_scale [E, F], w2_scale [E, H], shared_w1_scale [2F_s],
+        shared_w2_scale [H]. Biases, router and shared_gate as load_plain's
+        (bf16 / float32). Any strides; tensors may be on any device."""
+        info = self.plan.info
+        if self.w1s is None:
+            raise ValueError("moegen: load_fp8 takes the weights of an fp8 plan (spec quant.weights = \"fp8_e4m3\"); "
+                             "this plan's are %s: use load_plain" % self.w1p.dtype)
+        if info.world != 1:
+            raise NotImplementedError("moegen: load_fp8 packs a single-device plan")
+        E, F, H = info.experts, info.ffn, info.hidden
+        m = self.w1p.shape[0] - E
+        dev, f8, f32 = self.w1p.device, torch.float8_e4m3fn, torch.float32
+        block = self.w1s.dim() == 3   # [S, 2F/128, H/128]; "channel": [S, 2F]
+        B = 128 if block else 1
+
+        def sshape(n, k, *lead):   # the scales of an [n, k] weight
+            return lead + ((n // B, k // B) if block else (n,))
+
+        def take(name, t, shape, dtype):
+            if t is None:
+                raise ValueError("moegen: the spec needs %s %s %s" % (name, str(dtype)[6:], list(shape)))
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+            if t.dtype != dtype:
+                raise TypeError("moegen: %s must be %s, not %s" % (name, dtype, t.dtype))
+            if tuple(t.shape) != tuple(shape):
+                raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape), list(t.shape)))
+            return t.to(dev)
+
+        def refuse(**given):
+            for name, t in given.items():
+                if t is not None:
+                    raise ValueError("moegen: the spec takes no %s" % name)
+
+        if (w1 is None) == (gate is None or up is None):
+            raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
+        if w1 is not None:
+            w1 = take("w1", w1, (E, 2 * F, H), f8)
+            w1_scale = take("w1_scale", w1_scale, sshape(2 * F, H, E), f32)
+            gate, up = w1[:, :F], w1[:, F:]
+            gate_scale, up_scale = w1_scale[:, :F // B], w1_scale[:, F // B:]
+        else:
+            gate, up = take("gate", gate, (E, F, H), f8), take("up", up, (E, F, H), f8)
+            gate_scale = take("gate_scale", gate_scale, sshape(F, H, E), f32)
+            up_scale = take("up_scale", up_scale, sshape(F, H, E), f32)
+        w2 = take("w2", w2, (E, H, F), f8)
+        w2_scale = take("w2_scale", w2_scale, sshape(H, F, E), f32)
+        if m > 0:
+            shared_w1 = take("shared_w1", shared_w1, (2 * m * F, H), f8)
+            shared_w2 = take("shared_w2", shared_w2, (H, m * F), f8)
+            shared_w1_scale = take("shared_w1_scale", shared_w1_scale, sshape(2 * m * F, H), f32)
+            shared_w2_scale = take("shared_w2_scale", shared_w2_scale, sshape(H, m * F), f32)
+        else:
+            refuse(shared_w1=shared_w1, shared_w2=shared_w2, shared_w1_scale=shared_w1_scale,
+                   shared_w2_scale=shared_w2_scale)
+        bt = _DTYPES[self.plan.tensors["x"][1]]
+        if self.b1p is not None:
+            b1, b2 = take("b1", b1, (E, 2 * F), bt), take("b2", b2, (E, H), bt)
+        else:
+            refuse(b1=b1, b2=b2)
+        for name, t in (("router_w", router_w), ("router_bias", router_bias),
+                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
+            p = getattr(self, name)
+            if p is None:
+                refuse(**{name: t})
+            else:
+                p.copy_(take(name, t, p.shape, p.dtype))
+
+        jobs = pack_jobs(E, F, m, gate, up, w2, b1, b2, shared_w1, shared_w2)
+        sjobs = scale_jobs(E, F, m, block, gate_scale, up_scale, w2_scale, shared_w1_scale, shared_w2_scale)
+        dst = {_lib.TENSOR_W1: self.w1p, _lib.TENSOR_W2: self.w2, _lib.TENSOR_B1: self.b1p, _lib.TENSOR_B2: self.b2}
+        scales = {_lib.TENSOR_W1: self.w1s, _lib.TENSOR_W2: self.w2s}
+        with torch.cuda.device(dev):
+            stream = torch.cuda.current_stream(dev).cuda_stream
+            for tensor, srcs, first, count in jobs:
+                if tensor in scales:
+                    ok = self.plan.pack_fp8_async(tensor, srcs, sjobs[(tensor, first)], first, count,
+                                                  dst[tensor].data_ptr(), scales[tensor].data_ptr(), stream)
+                else:
+                    ok = self.plan.pack_async(tensor, srcs, first, count, dst[tensor].data_ptr(), stream)
+                if not ok:
+                    raise NotImplementedError(_NO_FP8_PACK)
         return self
 
     def _pack_by_indexing(self, gate, up, w2, b1, b2, shared_w1, shared_w2):

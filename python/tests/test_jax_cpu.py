@@ -22,6 +22,7 @@ except ImportError:
     jax = None
 
 E, H, F, S, CAP = 8, 64, 32, 10, 16
+H8, F8 = 256, 128   # an fp8 plan's (multiples of 128)
 
 
 def expect(biases=False):
@@ -29,7 +30,19 @@ def expect(biases=False):
     return {"x": ((CAP, H), "bfloat16"), "y": ((CAP, H), "bfloat16"), "router_w": ((E, H), "bfloat16"),
             "router_bias": ((E,), "float32") if biases else None, "router_logit_bias": None,
             "w1p": ((S, 2 * F, H), "bfloat16"), "b1p": ((S, 2 * F), "bfloat16") if biases else None,
-            "w2": ((S, H, F), "bfloat16"), "b2": ((S, H), "bfloat16") if biases else None, "shared_gate": None}
+            "w2": ((S, H, F), "bfloat16"), "b2": ((S, H), "bfloat16") if biases else None, "shared_gate": None,
+            "w1s": None, "w2s": None}
+
+
+def expect_fp8(block=True):
+    """An fp8 plan's expectations (quant.weights = "fp8_e4m3"): e4m3 w1p and
+    w2, float32 scales per 128 x 128 block or per row (H, F multiples of 128)."""
+    e = {"x": ((CAP, H8), "bfloat16"), "y": ((CAP, H8), "bfloat16"), "router_w": ((E, H8), "bfloat16"),
+         "router_bias": None, "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None,
+         "w1p": ((E, 2 * F8, H8), "float8_e4m3fn"), "w2": ((E, H8, F8), "float8_e4m3fn"),
+         "w1s": ((E, 2 * F8 // 128, H8 // 128) if block else (E, 2 * F8), "float32"),
+         "w2s": ((E, H8 // 128, F8 // 128) if block else (E, H8), "float32")}
+    return e
 
 
 def spec(shape, dtype="bfloat16"):
@@ -71,6 +84,41 @@ class Checks(unittest.TestCase):
     def test_bind_takes_a_plan(self):
         with self.assertRaisesRegex(TypeError, r"plan must be a moegen.Plan, not dict"):
             mj.bind({})
+
+
+class Fp8Checks(unittest.TestCase):
+    """An fp8 plan's arrays: e4m3 w1p and w2, and the scales w1s and w2s
+    (the call's operands after shared_gate) required; another plan refuses
+    the scales."""
+
+    def tensors(self, block=True, **changes):
+        f8, f32 = "float8_e4m3fn", "float32"
+        t = {"router_w": spec((E, H8)), "w1p": spec((E, 2 * F8, H8), f8), "w2": spec((E, H8, F8), f8),
+             "router_bias": None, "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None,
+             "w1s": spec((E, 2 * F8 // 128, H8 // 128) if block else (E, 2 * F8), f32),
+             "w2s": spec((E, H8 // 128, F8 // 128) if block else (E, H8), f32)}
+        t.update(changes)
+        return t
+
+    def test_fitting_arrays_pass(self):
+        for block in (True, False):
+            mj.check_args(expect_fp8(block), spec((4, H8)), self.tensors(block))
+
+    def test_refusals(self):
+        cases = ((dict(w1p=spec((E, 2 * F8, H8))), TypeError, r"w1p must be float8_e4m3fn, not bfloat16"),
+                 (dict(w2=spec((E, H8, F8), "float8_e5m2")), TypeError, r"w2 must be float8_e4m3fn, not float8_e5m2"),
+                 (dict(w1s=None), ValueError, r"the spec needs w1s float32 \[8, 2, 2\]"),
+                 (dict(w2s=spec((E, H8 // 128, F8 // 128), "bfloat16")), TypeError, r"w2s must be float32, not bfloat16"),
+                 (dict(w2s=spec((E, H8), "float32")), ValueError, r"w2s must be \[8, 2, 1\], not \[8, 256\]"),
+                 (dict(w1s=spec((E, 2 * F8, H8 // 128), "float32")), ValueError,
+                  r"w1s must be \[8, 2, 2\], not \[8, 256, 2\]"))
+        for change, exc, pattern in cases:
+            with self.subTest(change=list(change)), self.assertRaisesRegex(exc, "^moegen: " + pattern):
+                mj.check_args(expect_fp8(), spec((4, H8)), self.tensors(**change))
+        with self.assertRaisesRegex(ValueError, r"^moegen: w2s must be \[8, 256\], not \[8, 2, 1\]"):
+            mj.check_args(expect_fp8(False), spec((4, H8)), self.tensors(False, w2s=spec((E, 2, 1), "float32")))
+        with self.assertRaisesRegex(ValueError, r"^moegen: the spec takes no w1s; pass None"):
+            mj.check_args(expect(), spec((4, H)), Checks.tensors(self, w1s=spec((S, 1, 1), "float32")))
 
 
 @unittest.skipIf(jax is not None, "jax is installed")
@@ -129,6 +177,99 @@ class Tracing(unittest.TestCase):
     def test_zero_tokens_need_no_call(self):
         text = jax.jit(self.f()).lower(jax.ShapeDtypeStruct((0, H), jnp.bfloat16), *self.w).as_text()
         self.assertNotIn("moegen_moe", text)
+
+
+@unittest.skipIf(jax is None, "jax is not installed")
+class Fp8Tracing(unittest.TestCase):
+    """An fp8 plan's call lowered (the scales as operands, bits 5 and 6 of
+    present), the jnp quantizer against the library's rule, and pack_plain
+    of fp8 weights on a stand-in plan."""
+
+    def test_the_lowered_custom_call(self):
+        b = mj.Binding(11, expect_fp8(), lambda t: 100)
+        f8, f32 = jnp.float8_e4m3fn, jnp.float32
+        w = [jax.ShapeDtypeStruct((E, H8), jnp.bfloat16), jax.ShapeDtypeStruct((E, 2 * F8, H8), f8),
+             jax.ShapeDtypeStruct((E, H8, F8), f8), jax.ShapeDtypeStruct((E, 2 * F8 // 128, H8 // 128), f32),
+             jax.ShapeDtypeStruct((E, H8 // 128, F8 // 128), f32)]
+        g = lambda x, rw, w1p, w2, w1s, w2s: mj.moe(x, rw, w1p, w2, w1s=w1s, w2s=w2s, plan=b)
+        text = jax.jit(g).lower(jax.ShapeDtypeStruct((3, H8), jnp.bfloat16), *w).as_text()
+        self.assertRegex(text, r"present = 96 : i32")   # bits 5 (w1s) and 6 (w2s)
+        self.assertIn("tensor<8x256x256xf8E4M3FN>", text)
+        call = [line for line in text.splitlines() if "moegen_moe" in line and "custom_call" in line][0]
+        self.assertEqual(call.count("%"), 7, call)   # 6 operands (x, 3 weights, 2 scales) + the result
+        with self.assertRaisesRegex(ValueError, r"the spec needs w1s float32"):
+            jax.eval_shape(lambda x, rw, w1p, w2: mj.moe(x, rw, w1p, w2, plan=b),
+                           jax.ShapeDtypeStruct((3, H8), jnp.bfloat16), *w[:3])
+
+    def rule(self, v):
+        """The library's rule for one block (runtime/fp8.h,
+        moe_fp8_quantize_block), element by element in float64 from the
+        e4m3 values' own grid: (e4m3 values, scale)."""
+        import numpy as np
+        amax = max(float(np.max(np.abs(v))), 1e-4)
+        mul = np.float32(448.0) / np.float32(amax)
+        grid = np.array(sorted({float(x) for x in np.arange(256, dtype=np.uint8).view(jnp.float8_e4m3fn).astype(
+            np.float64) if np.isfinite(x)}))
+        out = []
+        for x in (v.astype(np.float32) * mul).astype(np.float64).ravel():
+            x = min(max(x, -448.0), 448.0)
+            i = np.searchsorted(grid, x)
+            lo, hi = grid[max(i - 1, 0)], grid[min(i, len(grid) - 1)]
+            c = lo if abs(x - lo) < abs(hi - x) else hi if abs(hi - x) < abs(x - lo) else \
+                (lo if (np.array(lo, np.float64).astype(jnp.float8_e4m3fn).view(np.uint8) & 1) == 0 else hi)
+            out.append(c)
+        return np.array(out).reshape(v.shape), np.float32(amax) / np.float32(448.0)
+
+    def test_quantize_weight_is_the_librarys_rule(self):
+        import numpy as np
+        rng = np.random.default_rng(5)
+        w = (rng.standard_normal((2, 256, 128)) * rng.uniform(0.01, 3.0, (2, 256, 1))).astype(np.float32)
+        w[0, :128, :] *= 1e-6   # a block below the amax floor
+        wb = jnp.asarray(w, jnp.bfloat16)
+        wf = np.asarray(wb.astype(jnp.float32))
+        for block in (True, False):
+            q, sc = jax.jit(lambda t: mj.quantize_weight(t, block))(wb)
+            q = np.asarray(q.astype(jnp.float32)).astype(np.float64)
+            sc = np.asarray(sc)
+            self.assertEqual(sc.shape, (2, 2, 1) if block else (2, 256))
+            for e in range(2):
+                for rb in range(2 if block else 256):
+                    rows = slice(rb * 128, rb * 128 + 128) if block else slice(rb, rb + 1)
+                    want_q, want_s = self.rule(wf[e, rows])
+                    got_s = sc[e, rb, 0] if block else sc[e, rb]
+                    self.assertEqual(got_s, want_s, (block, e, rb))
+                    np.testing.assert_array_equal(q[e, rows], want_q, err_msg=str((block, e, rb)))
+
+    def test_pack_plain_of_fp8_weights(self):
+        import numpy as np
+        En, Fn, Hn, m = 2, 128, 256, 1
+        order = list(np.random.default_rng(1).permutation(2 * Fn))
+        for block in (True, False):
+            B = 128 if block else 1
+            w1s_shape = (En + m, 2 * Fn // B, Hn // B) if block else (En + m, 2 * Fn)
+            plan = SimpleNamespace(info=SimpleNamespace(experts=En, ffn=Fn, hidden=Hn), w1_row_order=lambda: order,
+                                   tensors={"x": ((4, Hn), "bf16"), "w1p": ((En + m, 2 * Fn, Hn), "fp8_e4m3"),
+                                            "w1s": (w1s_shape, "fp32"), "b1p": None})
+            rng = np.random.default_rng(2)
+            w1 = jnp.asarray(rng.standard_normal((En, 2 * Fn, Hn)), jnp.bfloat16)
+            w2 = jnp.asarray(rng.standard_normal((En, Hn, Fn)), jnp.bfloat16)
+            sw1 = jnp.asarray(rng.standard_normal((2 * m * Fn, Hn)), jnp.bfloat16)
+            sw2 = jnp.asarray(rng.standard_normal((Hn, m * Fn)), jnp.bfloat16)
+            p = mj.quantize_plain(plan, w1=w1, w2=w2, shared_w1=sw1, shared_w2=sw2)
+            q1, s1 = mj.quantize_weight(w1, block)
+            self.assertEqual((p["w1p"].dtype, p["w1s"].shape), (jnp.float8_e4m3fn, w1s_shape))
+            f = lambda t: np.asarray(t.astype(jnp.float32))
+            np.testing.assert_array_equal(f(p["w1p"][:En]), f(q1)[:, order])   # rows packed, scales not
+            np.testing.assert_array_equal(f(p["w1s"][:En]), f(s1))
+            qs, ss = mj.quantize_weight(sw1, block)
+            np.testing.assert_array_equal(f(p["w1p"][En]), f(qs)[order])
+            np.testing.assert_array_equal(f(p["w1s"][En]), f(ss))
+            q2, s2 = mj.quantize_weight(sw2, block)
+            np.testing.assert_array_equal(f(p["w2"][En]), f(q2))
+            np.testing.assert_array_equal(f(p["w2s"][En]), f(s2))
+            with self.assertRaisesRegex(TypeError, r"w1 must be float8_e4m3fn, not bfloat16"):
+                mj.pack_plain(plan, w1=w1, w2=q1, shared_w1=qs, shared_w2=q2, w1_scale=s1, w2_scale=s1,
+                              shared_w1_scale=ss, shared_w2_scale=s2)
 
 
 @unittest.skipIf(jax is None, "jax is not installed")

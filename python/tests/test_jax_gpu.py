@@ -19,7 +19,17 @@ tensor, a gated shared expert). Inputs are random (never zeros); XLA
 allocates y, so it cannot be poisoned directly: a NaN array of y's size is
 freed just before each call so the allocator's next block of that size
 holds NaN (best effort). Tolerance: normalized L2 error <= 1.5e-2 (bf16),
-tests/test_gpu.c's."""
+tests/test_gpu.c's.
+
+fp8 specs (test_torch_gpu.py's FP8_SPECS: block scales, channel scales
+with every optional tensor, block scales with a gated shared expert):
+quantize_plain's e4m3 bytes and scales (jnp) against the library's own
+host quantizer (moe_plan_pack_quantize), exactly; the call with w1s and
+w2s under jax.jit and eagerly against a NumPy reference of the quantized
+math (x and the activation's output quantized per 128 columns, dequantized
+fp32 GEMMs) with TOL_FP8 = 1.5e-2 (tests/test_quant_gpu.c's LAYER_TOL),
+its error against the bf16 layer inside FP8_VS_BF16; the handler refusing
+a call without the scales and bf16 weights."""
 import argparse
 import faulthandler
 import ctypes
@@ -55,6 +65,19 @@ SPECS = {
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=512, gate="sigmoid")),
 }
 BF16 = jnp.bfloat16
+# fp8 expert weights: test_torch_gpu.py's FP8_SPECS and tolerances (the reasoning is there)
+_FP8 = dict(quant=dict(weights="fp8_e4m3", scaling="block"), arch=["sm_90a"])
+FP8_SPECS = {
+    "fp8_block": dict(name="fp8_block", experts=16, top_k=4, hidden=512, ffn=256, tokens=256,
+                      router=dict(score="softmax", renormalize=True), **_FP8),
+    "fp8_channel": dict(name="fp8_channel", experts=8, top_k=2, hidden=384, ffn=512, tokens=128,
+                        router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True,
+                        **dict(_FP8, quant=dict(weights="fp8_e4m3", scaling="channel"))),
+    "fp8_shared": dict(name="fp8_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
+                       router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"), **_FP8),
+}
+TOL_FP8 = 1.5e-2
+FP8_VS_BF16 = (0.005, 0.09)
 # training = true: test_torch_gpu.py's training specs, and its gradient tolerance (the reasoning is there)
 TRAIN_SPECS = {
     "train_mixtral": dict(name="train_mixtral", experts=8, top_k=2, hidden=512, ffn=256, tokens=256,
@@ -439,6 +462,168 @@ def timing(plan, state, iters):
     return res
 
 
+def dequantize(q, sc, block):
+    """w = e4m3 * scale in NumPy fp32: q [..., N, K], sc [..., N/128, K/128] or [..., N]."""
+    qf = np.asarray(q).astype(np.float32)
+    sc = np.asarray(sc, np.float32)
+    if not block:
+        return qf * sc[..., None]
+    *lead, N, K = qf.shape
+    lead = tuple(lead)
+    return (qf.reshape(lead + (N // 128, 128, K // 128, 128)) * sc[..., :, None, :, None]).reshape(lead + (N, K))
+
+
+def quantize_rows(v):
+    """Activations as the fp8 layer quantizes them (per row per 128 columns),
+    dequantized, in NumPy (ml_dtypes' e4m3: round to nearest even)."""
+    P, K = v.shape
+    b = v.astype(np.float32).reshape(P, K // 128, 128)
+    amax = np.maximum(np.abs(b).max(-1), np.float32(1e-4))
+    q = np.clip(b * (np.float32(448.0) / amax)[..., None], -448, 448).astype(jnp.float8_e4m3fn).astype(np.float32)
+    return (q * (amax / np.float32(448.0))[..., None]).reshape(P, K)
+
+
+def reference_fp8(keys, w, d, x):
+    """The fp8 layer's quantized math in NumPy (test_torch_gpu.py's
+    reference_fp8): d holds the dequantized w1, w2 (shared_w1, shared_w2)."""
+    r = keys.get("router", {})
+    K, F = keys["top_k"], keys["ffn"]
+    f32 = lambda a: a.astype(np.float32)
+    x64 = x.astype(np.float64)
+    logits = x64 @ w["router_w"].astype(np.float64).T
+    if "router_logit_bias" in w:
+        logits = logits + w["router_logit_bias"].astype(np.float64)
+    if r.get("score") == "sigmoid":
+        score = 1 / (1 + np.exp(-logits))
+    else:
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        score = e / e.sum(-1, keepdims=True)
+    sel = score.astype(np.float32)
+    if "router_bias" in w:
+        sel = sel + w["router_bias"]
+    idx = np.argsort(-sel, axis=-1, kind="stable")[:, :K]
+    wt = np.take_along_axis(score, idx, -1)
+    if r.get("renormalize"):
+        wt = wt / wt.sum(-1, keepdims=True)
+    y = np.zeros((x.shape[0], x.shape[1]), np.float32)
+    xq = quantize_rows(f32(x))
+
+    def ffn(xr, w1, w2, b1=None, b2=None):
+        h = xr @ w1.T
+        if b1 is not None:
+            h = h + f32(b1)
+        a = quantize_rows(silu(h[:, :F]) * h[:, F:])
+        o = a @ w2.T
+        if b2 is not None:
+            o = o + f32(b2)
+        return bf(o)
+
+    for e in np.unique(idx):
+        tok, slot = np.nonzero(idx == e)
+        o = ffn(xq[tok], d["w1"][e], d["w2"][e], w["b1"][e] if "b1" in w else None, w["b2"][e] if "b2" in w else None)
+        y[tok] += o * wt[tok, slot][:, None].astype(np.float32)
+    sh = keys.get("shared")
+    if sh:
+        Fs = sh["ffn"]
+        g = 1.0
+        if "shared_gate" in w:
+            g = (1 / (1 + np.exp(-(x64 @ w["shared_gate"].astype(np.float64))))).astype(np.float32)[:, None]
+        for j in range(Fs // F):
+            cols = np.arange(j * F, (j + 1) * F)
+            w1 = np.concatenate([d["shared_w1"][cols], d["shared_w1"][Fs + cols]])
+            y += ffn(xq, w1, d["shared_w2"][:, cols]) * g
+    return y.astype(BF16)
+
+
+def check_fp8(name, keys, dev):
+    """An fp8 spec through moegen.jax (module docstring)."""
+    block = keys["quant"]["scaling"] == "block"
+    plan = moegen.Plan(keys, device=dev.id)
+    w = weights(keys)
+    put = lambda a: None if a is None else jax.device_put(a, dev)
+    packed = mj.quantize_plain(plan, w1=put(w["w1"]), w2=put(w["w2"]), b1=put(w.get("b1")), b2=put(w.get("b2")),
+                               shared_w1=put(w.get("shared_w1")), shared_w2=put(w.get("shared_w2")))
+    E, F, H = keys["experts"], keys["ffn"], keys["hidden"]
+    # the library's own host quantizer (moe_plan_pack_quantize) on the same bf16 weights: packed bytes and scales
+    fn = plan._lib.moe_plan_pack_quantize
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.POINTER(moegen._lib.PackArgs), ctypes.c_void_p,
+                               ctypes.c_void_p], ctypes.c_int
+    w1h, w2h = (np.ascontiguousarray(w[k]).view(np.uint16) for k in ("w1", "w2"))
+    ok = True
+    for tensor, src, got, gots in ((0, w1h, packed["w1p"], packed["w1s"]), (2, w2h, packed["w2"], packed["w2s"])):
+        a = moegen._lib.PackArgs(tensor=tensor, first=0, count=E)
+        N, K = src.shape[1:]
+        a.src[0] = moegen._lib.PackSrc(src.ctypes.data, N * K, K, 1)
+        if tensor == 0:
+            a.src[1] = moegen._lib.PackSrc(src.ctypes.data + F * H * 2, N * K, K, 1)
+        q = np.zeros((E, N, K), np.uint8)
+        sc = np.zeros((E,) + tuple(gots.shape[1:]), np.float32)
+        rc = fn(plan.handle, ctypes.byref(a), q.ctypes.data, sc.ctypes.data)
+        g, gs = np.asarray(got)[:E].view(np.uint8), np.asarray(gots)[:E]
+        same = rc == 0 and np.array_equal(g, q) and np.array_equal(gs.view(np.uint32), sc.view(np.uint32))
+        if not same:
+            print("  tensor %d: rc %d, bytes differing %d of %d, scales %d" % (tensor, rc, (g != q).sum(), q.size,
+                                                                              (gs != sc).sum()))
+        ok = ok and same
+    report(ok, "%s: quantize_plain's e4m3 and scales equal the library's host quantizer (moe_plan_pack_quantize)"
+           % name)
+    q1, s1 = mj.quantize_weight(put(w["w1"]), block)
+    q2, s2 = mj.quantize_weight(put(w["w2"]), block)
+    d = dict(w1=dequantize(q1, s1, block), w2=dequantize(q2, s2, block))
+    if "shared" in keys:
+        for k in ("shared_w1", "shared_w2"):
+            d[k] = dequantize(*mj.quantize_weight(put(w[k]), block), block)
+    opt = {k: put(w.get(k)) for k in ("router_bias", "router_logit_bias", "shared_gate")}
+    opt.update(b1p=packed.get("b1p"), b2=packed.get("b2"), w1s=packed["w1s"], w2s=packed["w2s"])
+    rw, w1p, w2 = put(w["router_w"]), packed["w1p"], packed["w2"]
+    T_max = plan.info.tokens
+
+    @jax.jit
+    def layer(x, rw, w1p, w2, opt):
+        return mj.moe(x, rw, w1p, w2, **opt, plan=plan)
+
+    x_all = rand(T_max, H)
+    for T in sorted({1, 7, T_max // 2 + 3, T_max}):
+        x = x_all[:T]
+        poison((T, H))
+        y = layer(put(x), rw, w1p, w2, opt)
+        err, ebf = nerr(y, reference_fp8(keys, w, d, x)), nerr(y, reference(keys, w, x))
+        report(err <= TOL_FP8 and FP8_VS_BF16[0] < ebf < FP8_VS_BF16[1] and y.dtype == BF16,
+               "%s: jax.jit, %d tokens: error %.2e against the quantized math (tolerance %.1e), %.4f against the "
+               "bf16 layer (inside %s)" % (name, T, err, TOL_FP8, ebf, FP8_VS_BF16))
+    y = mj.moe(put(x_all[:5]), rw, w1p, w2, **opt, plan=plan)
+    err = nerr(y, reference_fp8(keys, w, d, x_all[:5]))
+    report(err <= TOL_FP8, "%s: eager call, 5 tokens: error %.2e" % (name, err))
+    xs = put(x_all[:4])
+    try:
+        layer(xs, rw, w1p, w2, dict(opt, w1s=None))
+        report(False, "%s: a call without w1s was accepted" % name)
+    except ValueError as e:
+        report(True, "%s: a call without w1s refused: %s" % (name, e))
+    # the handler's own checks, past moegen.jax's: no scales, bf16 weights
+    b = mj.bind(plan)
+    args = [opt[k] for k in mj.OPTIONAL if opt.get(k) is not None]
+    present = sum(1 << i for i, k in enumerate(mj.OPTIONAL) if opt.get(k) is not None)
+
+    def raw(w1p_=w1p, present_=present, args_=args):
+        f = jax.ffi.ffi_call(mj.TARGET, (jax.ShapeDtypeStruct(xs.shape, xs.dtype),
+                                         jax.ShapeDtypeStruct((b.workspace(4),), np.uint8)))
+        y, _ = f(xs, rw, w1p_, w2, *args_, plan=np.uint64(b.id), present=np.int32(present_))
+        return np.asarray(y)
+
+    report(nerr(raw(), reference_fp8(keys, w, d, x_all[:4])) <= TOL_FP8,
+           "%s: a raw ffi_call with the scales (present %d) works" % (name, present))
+    for what, call, pattern in (
+            ("no scales", lambda: raw(present_=present & 31, args_=args[:-2]), "the spec needs w1s"),
+            ("bf16 w1p", lambda: raw(w1p_=w1p.astype(BF16)), "w1p must be float8_e4m3fn")):
+        try:
+            call()
+            report(False, "%s: the handler accepted %s" % (name, what))
+        except Exception as e:
+            report(re.search(pattern, str(e)) is not None,
+                   "%s: the handler refused %s: %s" % (name, what, str(e).splitlines()[0][:200]))
+
+
 def main():
     faulthandler.enable()  # a crash in a native call prints the Python stack
     ap = argparse.ArgumentParser()
@@ -483,6 +668,12 @@ def main():
             except Exception as e:
                 traceback.print_exc()
                 report(False, "%s: %s: %s" % (name, type(e).__name__, e))
+    for name, keys in FP8_SPECS.items():
+        try:
+            check_fp8(name, keys, gpus[0])
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (name, type(e).__name__, e))
     if "mixtral_small" in layers:
         timing(*layers["mixtral_small"], opt.iters)
     a = mj.buffer_alignment()   # the README's JAX limit: how often XLA's buffers needed the 256-byte padding

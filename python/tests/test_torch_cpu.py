@@ -28,7 +28,21 @@ def expect(biases=False):
             "router_bias": (torch.Size([E]), f32) if biases else None, "router_logit_bias": None,
             "w1p": (torch.Size([S, 2 * F, H]), bf), "b1p": (torch.Size([S, 2 * F]), bf) if biases else None,
             "w2": (torch.Size([S, H, F]), bf), "b2": (torch.Size([S, H]), bf) if biases else None,
-            "shared_gate": None}
+            "shared_gate": None, "w1s": None, "w2s": None}
+
+
+H8, F8 = 256, 128   # an fp8 plan's (multiples of 128)
+
+
+def expect_fp8(block=True):
+    """An fp8 plan's expectations (quant.weights = "fp8_e4m3"): e4m3 w1p and
+    w2, float32 scales per 128 x 128 block or per row."""
+    bf, f8, f32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
+    return {"x": (torch.Size([CAP, H8]), bf), "y": (torch.Size([CAP, H8]), bf), "router_w": (torch.Size([E, H8]), bf),
+            "router_bias": None, "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None,
+            "w1p": (torch.Size([E, 2 * F8, H8]), f8), "w2": (torch.Size([E, H8, F8]), f8),
+            "w1s": (torch.Size([E, 2 * F8 // 128, H8 // 128] if block else [E, 2 * F8]), f32),
+            "w2s": (torch.Size([E, H8 // 128, F8 // 128] if block else [E, H8]), f32)}
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -41,7 +55,7 @@ class Checks(unittest.TestCase):
         self.t = {"router_w": torch.empty(E, H, dtype=bf, device="meta"),
                   "w1p": torch.empty(S, 2 * F, H, dtype=bf, device="meta"),
                   "w2": torch.empty(S, H, F, dtype=bf, device="meta"), "router_bias": None,
-                  "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None}
+                  "router_logit_bias": None, "b1p": None, "b2": None, "shared_gate": None, "w1s": None, "w2s": None}
         self.x = torch.empty(4, H, dtype=bf, device="meta")
 
     def check(self, x=None, exp=None, **changes):
@@ -50,8 +64,9 @@ class Checks(unittest.TestCase):
         t = dict(self.t, **changes)
         x = self.x if x is None else x
         exp, dev = exp or expect(), torch.device("meta")
-        order = ("router_w", "w1p", "w2") + self.mt._OPTIONAL
-        e = SimpleNamespace(dtype=exp["x"][1], device=dev, hidden=H, capacity=CAP, want=tuple(exp[n] for n in order))
+        order = self.mt.ORDER
+        e = SimpleNamespace(dtype=exp["x"][1], device=dev, hidden=exp["x"][0][1], capacity=CAP,
+                            want=tuple(exp[n] for n in order))
         try:
             fits = isinstance(x, torch.Tensor) and all(isinstance(t[n], (torch.Tensor, type(None))) for n in order) \
                 and self.mt._fits(e, x, tuple(t[n] for n in order))
@@ -88,6 +103,40 @@ class Checks(unittest.TestCase):
         for kw, exc, pattern in cases:
             with self.subTest(pattern=pattern), self.assertRaisesRegex(exc, pattern):
                 self.check(**kw)
+
+    def fp8(self, block=True, **changes):
+        """The fp8 plan's tensors (meta), with changes."""
+        f8, f32, meta = torch.float8_e4m3fn, torch.float32, "meta"
+        t = dict(router_w=torch.empty(E, H8, dtype=torch.bfloat16, device=meta),
+                 w1p=torch.empty(E, 2 * F8, H8, dtype=f8, device=meta), w2=torch.empty(E, H8, F8, dtype=f8, device=meta),
+                 w1s=torch.empty(*((E, 2 * F8 // 128, H8 // 128) if block else (E, 2 * F8)), dtype=f32, device=meta),
+                 w2s=torch.empty(*((E, H8 // 128, F8 // 128) if block else (E, H8)), dtype=f32, device=meta))
+        t.update(changes)
+        return dict(t, x=t.get("x", torch.empty(4, H8, dtype=torch.bfloat16, device=meta)), exp=expect_fp8(block))
+
+    def test_fp8_tensors(self):
+        f8, f32, meta = torch.float8_e4m3fn, torch.float32, "meta"
+        for block in (True, False):
+            self.check(**self.fp8(block))
+        cases = ((dict(w1p=torch.empty(E, 2 * F8, H8, dtype=torch.bfloat16, device=meta)), TypeError,
+                  r"w1p must be torch.float8_e4m3fn, not torch.bfloat16"),
+                 (dict(w2=torch.empty(E, H8, F8, dtype=torch.float8_e5m2, device=meta)), TypeError,
+                  r"w2 must be torch.float8_e4m3fn, not torch.float8_e5m2"),
+                 (dict(w1s=None), ValueError, r"the spec needs w1s float32 \[8, 2, 2\]"),
+                 (dict(w2s=torch.empty(E, H8, dtype=f32, device=meta)), ValueError,
+                  r"w2s must be \[8, 2, 1\], not \[8, 256\]"),
+                 (dict(w2s=torch.empty(E, 2, 1, dtype=torch.bfloat16, device=meta)), TypeError,
+                  r"w2s must be torch.float32, not torch.bfloat16"),
+                 (dict(w1s=torch.empty(E, 2, 2, dtype=f32)), ValueError, r"w1s is on cpu; the plan runs on meta"),
+                 (dict(w1s=torch.empty(E, 2, 2, dtype=f32, device=meta).transpose(1, 2)), ValueError,
+                  r"w1s must be contiguous"),
+                 (dict(w1p=torch.empty(E, H8, 2 * F8, dtype=f8, device=meta).transpose(1, 2)), ValueError,
+                  r"w1p must be contiguous"))
+        for kw, exc, pattern in cases:
+            with self.subTest(pattern=pattern), self.assertRaisesRegex(exc, pattern):
+                self.check(**self.fp8(**kw))
+        with self.assertRaisesRegex(ValueError, r"the spec takes no w1s; pass None"):
+            self.check(w1s=torch.empty(S, 1, 1, device="meta"))
 
     def test_device_and_contiguity(self):
         with self.assertRaisesRegex(ValueError, r"w2 is on cpu; the plan runs on meta"):
@@ -146,6 +195,45 @@ class PackJobs(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class ScaleJobs(unittest.TestCase):
+    """scale_jobs' sources read back through their strides (as the fp8
+    scales kernel reads them: (e, row block, column block)) give each
+    slot's scales, the shared expert's split as its weights."""
+
+    def read(self, base, src, count, rows, cols):
+        ptr, e, r, c = src
+        off = (ptr - base.data_ptr()) // base.element_size()
+        return torch.as_strided(base.reshape(-1), (count, rows, cols), (e, r, c), off)
+
+    def test_sources(self):
+        from moegen import torch as mt
+        E, F, H, m = 3, 256, 384, 2
+        for block in (True, False):
+            B = 128 if block else 1
+            shape = lambda n, k, *lead: lead + ((n // B, k // B) if block else (n,))
+            w1s = torch.randn(*shape(2 * F, H, E))
+            w2s = torch.randn(*shape(H, F, E))
+            sw1s, sw2s = torch.randn(*shape(2 * m * F, H)), torch.randn(*shape(H, m * F)) if block else torch.randn(H)
+            gate, up = w1s[:, :F // B], w1s[:, F // B:]
+            jobs = mt.scale_jobs(E, F, m, block, gate, up, w2s, sw1s, sw2s)
+            cols1, cols2 = (H // B, F // B) if block else (1, 1)
+            as3 = lambda t: t if block else t.unsqueeze(-1)
+            g, u = jobs[(0, 0)]
+            self.assertTrue(torch.equal(self.read(w1s, g, E, F // B, cols1), as3(gate)))
+            self.assertTrue(torch.equal(self.read(w1s, u, E, F // B, cols1), as3(up)))
+            self.assertTrue(torch.equal(self.read(w2s, jobs[(2, 0)][0], E, H // B, cols2), as3(w2s)))
+            g, u = jobs[(0, E)]
+            d = jobs[(2, E)][0]
+            for j in range(m):   # slot E+j: gate row blocks jF/B.., up mF/B + jF/B..; down column blocks jF/B..
+                self.assertTrue(torch.equal(self.read(sw1s, g, m, F // B, cols1)[j],
+                                            as3(sw1s[j * F // B:(j + 1) * F // B])))
+                self.assertTrue(torch.equal(self.read(sw1s, u, m, F // B, cols1)[j],
+                                            as3(sw1s[(m + j) * F // B:(m + j + 1) * F // B])))
+                want = sw2s[:, j * F // B:(j + 1) * F // B] if block else sw2s.unsqueeze(-1)
+                self.assertTrue(torch.equal(self.read(sw2s, d, m, H // B, cols2)[j], want))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class Fake(unittest.TestCase):
     def args(self, device, tokens=5):
         bf = torch.bfloat16
@@ -191,6 +279,29 @@ class Fake(unittest.TestCase):
         from moegen import torch as mt
         with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
             mt.moe(*self.args("cpu"))
+
+    def test_fp8_scales_traced(self):
+        """The scales as the op's trailing arguments (keywords too), traced
+        by torch.compile into one call whose fake output is y."""
+        from moegen import torch as mt
+        import torch._dynamo.testing as dt
+        f8, meta = torch.float8_e4m3fn, "meta"
+        a = (torch.empty(5, H8, dtype=torch.bfloat16, device=meta), torch.empty(E, H8, dtype=torch.bfloat16, device=meta),
+             torch.empty(E, 2 * F8, H8, dtype=f8, device=meta), torch.empty(E, H8, F8, dtype=f8, device=meta),
+             torch.empty(E, 2, 2, device=meta), torch.empty(E, 2, 1, device=meta))
+        y = mt.moe(*a[:4], None, None, None, None, None, 999, a[4], a[5])
+        self.assertEqual((y.shape, y.dtype), (torch.Size([5, H8]), torch.bfloat16))
+        cnt = dt.CompileCounter()
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def layer(x, wr, w1p, w2, w1s, w2s):
+            return mt.moe(x, wr, w1p, w2, None, None, None, None, None, 999, w1s=w1s, w2s=w2s).float().sum()
+
+        layer(*a)
+        self.assertEqual((cnt.frame_count, cnt.op_count), (1, 3))
+        with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
+            mt.moe(*(torch.empty(t.shape, dtype=t.dtype) for t in a[:4]),
+                   None, None, None, None, None, 999, torch.empty(E, 2, 2), torch.empty(E, 2, 1))
 
     def test_a_backward_without_training_says_there_is_none(self):
         from moegen import torch as mt
@@ -400,7 +511,8 @@ class ModuleForward(unittest.TestCase):
         m = mt.MoE.__new__(mt.MoE)
         torch.nn.Module.__init__(m)
         m.plan, m.plan_id = SimpleNamespace(info=SimpleNamespace(hidden=8)), 1
-        for n in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate"):
+        for n in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate", "w1s",
+                  "w2s"):
             m.register_parameter(n, None)
         saved = mt.moe
         mt.moe = lambda x, *a: calls.append(x) or torch.full_like(x, 2.0)

@@ -37,7 +37,26 @@ weights, lr 5e-4) of the module and of the eager fp32 layer from the same
 weights on the same data: both losses fall below 0.8 of the first, and
 the curves agree within TOL_CURVE = 5e-2 relative at every step (on the
 CPU, the eager layer with bf16 parameters and output tracks the fp32 one
-within 8e-3 over these steps)."""
+within 8e-3 over these steps).
+
+fp8 specs (quant.weights = "fp8_e4m3", sm_90a): 128 x 128 block scales,
+per-channel scales with every optional tensor, and block scales with a
+sigmoid-gated shared expert. MoE.load_plain quantizes bf16 weights on the
+GPU (moe_plan_pack_quantize_async): its e4m3 bytes and scales must equal
+this file's quantizer of the library's rule (amax per block or row, at
+least 1e-4; scale amax / 448; e4m3 of w * (448 / amax), round to nearest
+even) exactly, rows in the packed order; MoE.load_fp8 from those e4m3
+weights and scales as a checkpoint ships them (DeepSeek-V3's
+weight_scale_inv; also as separate gate/up and column-major views) must
+pack the same bytes. The layer is checked against the quantized math in
+eager PyTorch (routing as above; x quantized per 128 columns, the
+dequantized fp32 GEMMs, the activation's output quantized per 128 columns,
+each expert's output rounded to bf16) with TOL_FP8 = 1.5e-2 (normalized
+L2, tests/test_quant_gpu.c's LAYER_TOL), and its error against the bf16
+layer on the unquantized weights printed and held inside FP8_VS_BF16 =
+(0.005, 0.09) (the format's own ~6%; docs/DESIGN.md, "FP8"); eager, under
+torch.compile and CUDA-graph replay, y poisoned before each eager call;
+calls without the scales, or with bf16 weights, are refused."""
 import argparse
 import faulthandler
 import ctypes
@@ -102,6 +121,19 @@ TRAIN_SPECS = {
                          training=True),
 }
 TOL_GRAD = 2.5e-2
+
+_FP8 = dict(quant=dict(weights="fp8_e4m3", scaling="block"), arch=["sm_90a"])
+FP8_SPECS = {
+    "fp8_block": dict(name="fp8_block", experts=16, top_k=4, hidden=512, ffn=256, tokens=256,
+                      router=dict(score="softmax", renormalize=True), **_FP8),
+    "fp8_channel": dict(name="fp8_channel", experts=8, top_k=2, hidden=384, ffn=512, tokens=128,
+                        router=dict(score="sigmoid", renormalize=True, bias=True, logit_bias=True), ffn_bias=True,
+                        **dict(_FP8, quant=dict(weights="fp8_e4m3", scaling="channel"))),
+    "fp8_shared": dict(name="fp8_shared", experts=8, top_k=2, hidden=256, ffn=128, tokens=128,
+                       router=dict(score="softmax", renormalize=False), shared=dict(ffn=256, gate="sigmoid"), **_FP8),
+}
+TOL_FP8 = 1.5e-2
+FP8_VS_BF16 = (0.005, 0.09)
 
 passed = failed = 0
 
@@ -320,6 +352,206 @@ def check_spec(name, keys):
             except exc as e:
                 report(True, "%s: %s refused: %s" % (name, what, e))
     return moe, w
+
+
+def e4m3_round(v):
+    """float32 v rounded to the nearest e4m3 value, ties to even, saturating
+    at +-448 (the library's rule, PTX's cvt.rn.satfinite), as float32: done
+    here with torch.round (half to even) on the value's quantum, since
+    torch's own float8 cast does not round ties to even, so the cast that
+    follows is exact."""
+    _, ex = torch.frexp(v)
+    quantum = torch.ldexp(torch.ones_like(v), (ex - 1).clamp_min(-6) - 3)
+    return (torch.round(v / quantum) * quantum).clamp(-448, 448)
+
+
+def _div(a, b):
+    """a / b correctly rounded, as the library divides: tensor by tensor
+    (torch turns a division by a scalar, or of one, into a product with a
+    reciprocal, which differs in the last bit)."""
+    like = a if isinstance(a, torch.Tensor) else b
+    full = lambda t: t if isinstance(t, torch.Tensor) else torch.full_like(like, t)
+    return full(a) / full(b)
+
+
+def quantize(w, block):
+    """The library's weight quantization (moe_plan_pack_quantize) of w [...,
+    N, K] in PyTorch: (float8_e4m3fn [..., N, K], float32 scales [..., N/128,
+    K/128] for block, [..., N] for channel)."""
+    wf = w.float()
+    *lead, N, K = wf.shape
+    if block:
+        b = wf.reshape(*lead, N // 128, 128, K // 128, 128)
+        amax = b.abs().amax(dim=(-3, -1)).clamp_min(1e-4)
+        q = e4m3_round(b * _div(448.0, amax)[..., :, None, :, None]).reshape(*lead, N, K)
+    else:
+        amax = wf.abs().amax(-1).clamp_min(1e-4)
+        q = e4m3_round(wf * _div(448.0, amax)[..., None])
+    return q.to(torch.float8_e4m3fn), _div(amax, 448.0)
+
+
+def dequantize(q, sc, block):
+    """w = e4m3 * scale, fp32."""
+    if not block:
+        return q.float() * sc[..., None]
+    *lead, N, K = q.shape
+    b = q.float().reshape(*lead, N // 128, 128, K // 128, 128) * sc[..., :, None, :, None]
+    return b.reshape(*lead, N, K)
+
+
+def quantize_rows(v):
+    """Activations as the fp8 layer quantizes them, per row per 128 columns,
+    returned dequantized (fp32)."""
+    P, K = v.shape
+    b = v.float().reshape(P, K // 128, 128)
+    amax = b.abs().amax(-1).clamp_min(1e-4)
+    q = e4m3_round(b * _div(448.0, amax)[..., None])
+    return (q * (_div(amax, 448.0))[..., None]).reshape(P, K)
+
+
+def reference_fp8(keys, w, q, x):
+    """The fp8 layer's quantized math in eager PyTorch (tests/support/ref.h,
+    "the fp8 layer"): routing as reference(); per expert x quantized per 128
+    columns, a = x_q · W1_q^T in fp32 (+ b1), the activation in fp32,
+    quantized per 128 columns, o = h_q · W2_q^T (+ b2) rounded to bf16; the
+    shared expert's slots likewise. q: the dequantized weights w1 [E, 2F,
+    H], w2 [E, H, F] (and shared_w1, shared_w2)."""
+    r = keys.get("router", {})
+    K, F = keys["top_k"], keys["ffn"]
+    logits = x.double() @ w["router_w"].double().t()
+    if "router_logit_bias" in w:
+        logits = logits + w["router_logit_bias"].double()
+    score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
+    sel = score.float()
+    if "router_bias" in w:
+        sel = sel + w["router_bias"]
+    idx = sel.topk(K, dim=-1).indices
+    wt = score.gather(1, idx)
+    if r.get("renormalize"):
+        wt = wt / wt.sum(-1, keepdim=True)
+    y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    xq = quantize_rows(x)
+
+    def ffn(xr, w1, w2, b1=None, b2=None):
+        h = xr @ w1.t()
+        if b1 is not None:
+            h = h + b1.float()
+        a = quantize_rows(torch.nn.functional.silu(h[:, :F]) * h[:, F:])
+        o = a @ w2.t()
+        if b2 is not None:
+            o = o + b2.float()
+        return o.to(torch.bfloat16).float()
+
+    for e in idx.unique().tolist():
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        o = ffn(xq[tok], q["w1"][e], q["w2"][e], w["b1"][e] if "b1" in w else None, w["b2"][e] if "b2" in w else None)
+        y.index_add_(0, tok, o * wt[tok, slot, None].float())
+    sh = keys.get("shared")
+    if sh:
+        Fs = sh["ffn"]
+        g = (x.double() @ w["shared_gate"].double()).sigmoid().float()[:, None] if "shared_gate" in w else 1.0
+        for j in range(Fs // F):
+            cols = torch.arange(j * F, (j + 1) * F, device=x.device)
+            w1 = torch.cat([q["shared_w1"][cols], q["shared_w1"][Fs + cols]])
+            y += ffn(xq, w1, q["shared_w2"][:, cols]) * g
+    return y.to(torch.bfloat16)
+
+
+def check_fp8(name, keys):
+    """An fp8 spec through MoE: the device quantization and the checkpoint
+    pack against this file's quantizer, then the layer against the
+    quantized math (module docstring)."""
+    block = keys["quant"]["scaling"] == "block"
+    moe = MoE(keys, device="cuda")
+    w = weights(keys)
+    E, F = keys["experts"], keys["ffn"]
+    report(moe.w1p.dtype == torch.float8_e4m3fn and moe.w1s.dtype == torch.float32 and moe.w2s is not None,
+           "%s: w1p %s %s, w1s %s, w2s %s" % (name, moe.w1p.dtype, list(moe.w1p.shape), list(moe.w1s.shape),
+                                              list(moe.w2s.shape)))
+    for t in (moe.w1p, moe.w2, moe.w1s, moe.w2s):   # poisoned: an unwritten byte or scale shows
+        t.detach().view(torch.uint8).fill_(0x7F)
+    moe.load_plain(**w)
+    order = moe.w1_order()
+    q1, s1 = quantize(w["w1"], block)
+    q2, s2 = quantize(w["w2"], block)
+    same = lambda a, b: torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    ok = same(moe.w1p[:E], q1[:, order]) and same(moe.w1s[:E], s1) and same(moe.w2[:E], q2) and same(moe.w2s[:E], s2)
+    if not ok:
+        print("  w1 bytes differing: %d of %d, w1 scales %d, w2 bytes %d, w2 scales %d" % (
+            (moe.w1p[:E].view(torch.uint8) != q1[:, order].view(torch.uint8)).sum().item(), q1.numel(),
+            (moe.w1s[:E] != s1).sum().item(), (moe.w2[:E].view(torch.uint8) != q2.view(torch.uint8)).sum().item(),
+            (moe.w2s[:E] != s2).sum().item()))
+    report(ok, "%s: load_plain quantized on the GPU: e4m3 and scales equal the library's rule, rows packed" % name)
+    deq = dict(w1=dequantize(q1, s1, block), w2=dequantize(q2, s2, block))
+    ck = dict(w1=q1, w1_scale=s1, w2=q2, w2_scale=s2)   # a checkpoint's e4m3 and weight_scale_inv
+    if "shared" in keys:
+        qs1, ss1 = quantize(w["shared_w1"], block)
+        qs2, ss2 = quantize(w["shared_w2"], block)
+        deq.update(shared_w1=dequantize(qs1, ss1, block), shared_w2=dequantize(qs2, ss2, block))
+        ck.update(shared_w1=qs1, shared_w1_scale=ss1, shared_w2=qs2, shared_w2_scale=ss2)
+    packed = [t.detach().clone() for t in (moe.w1p, moe.w2, moe.w1s, moe.w2s)]
+    other = {k: v for k, v in w.items() if k not in ("w1", "w2", "shared_w1", "shared_w2")}
+    cm = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    B = 128 if block else 1
+    for how, kw in (("w1 [E, 2F, H] and w1_scale", ck),
+                    ("separate gate/up and column-major views",
+                     dict(ck, w1=None, w1_scale=None, gate=cm(q1[:, :F]), up=cm(q1[:, F:]), w2=cm(q2),
+                          gate_scale=s1[:, :F // B].contiguous(), up_scale=s1[:, F // B:].contiguous()))):
+        for t in (moe.w1p, moe.w2, moe.w1s, moe.w2s):
+            t.detach().view(torch.uint8).fill_(0x7F)
+        moe.load_fp8(**dict(other, **kw))
+        report(all(same(a, b) for a, b in zip((moe.w1p, moe.w2, moe.w1s, moe.w2s), packed)),
+               "%s: load_fp8 (%s) packs the bytes load_plain quantized" % (name, how))
+    T_max, H = moe.plan.info.tokens, moe.plan.info.hidden
+    x_all = rand(T_max, H)
+    with torch.no_grad():
+        for T in sorted({1, 7, T_max // 2 + 3, T_max}):
+            x = x_all[:T]
+            ref = reference_fp8(keys, w, deq, x)
+            poison(x)
+            y = moe(x)
+            torch.cuda.synchronize()
+            err, ebf = nerr(y, ref), nerr(y, reference(keys, w, x))
+            report(err <= TOL_FP8 and FP8_VS_BF16[0] < ebf < FP8_VS_BF16[1],
+                   "%s: eager, %d tokens: error %.2e against the quantized math (tolerance %.1e), %.4f against the "
+                   "bf16 layer (inside %s)" % (name, T, err, TOL_FP8, ebf, FP8_VS_BF16))
+        x = x_all[:33]
+        ref = reference_fp8(keys, w, deq, x)
+        try:
+            torch._dynamo.reset()
+            yc = torch.compile(lambda t: moe(t) * 1, backend="inductor", fullgraph=True)(x)
+            err = nerr(yc, ref)
+            report(err <= TOL_FP8, "%s: torch.compile(fullgraph=True): error %.2e" % (name, err))
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: torch.compile: %s" % (name, str(e).splitlines()[0]))
+        T = min(64, T_max)
+        xs = x_all[:T].clone()
+        moe(xs)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = moe(xs)
+        xn = rand(T, H)
+        xs.copy_(xn)
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        err = nerr(yg, reference_fp8(keys, w, deq, xn))
+        report(err <= TOL_FP8, "%s: CUDA graph replay, %d tokens: error %.2e" % (name, T, err))
+        a = (x_all[:4], moe.router_w, moe.w1p, moe.w2, moe.router_bias, moe.router_logit_bias, moe.b1p, moe.b2,
+             moe.shared_gate, moe.plan_id)
+        for what, call, exc in (
+                ("no scales", lambda: torch.ops.moegen.moe(*a), ValueError),
+                ("bf16 w1p", lambda: torch.ops.moegen.moe(*a[:2], torch.zeros(moe.w1p.shape, dtype=torch.bfloat16,
+                                                                                 device="cuda"), *a[3:],
+                                                            moe.w1s, moe.w2s), TypeError),
+                ("w2s of w1s's shape", lambda: torch.ops.moegen.moe(*a, moe.w1s, moe.w1s), ValueError)):
+            try:
+                call()
+                report(False, "%s: %s was accepted" % (name, what))
+            except exc as e:
+                report(True, "%s: %s refused: %s" % (name, what, e))
 
 
 def reference_layer(keys, leaf, xf, router_bias=None):
@@ -625,6 +857,12 @@ def main():
         except Exception as e:
             traceback.print_exc()
             report(False, "%s: training steps: %s: %s" % (name, type(e).__name__, e))
+    for name, keys in FP8_SPECS.items():
+        try:
+            check_fp8(name, keys)
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (name, type(e).__name__, e))
     if "mixtral_small" in layers:
         overhead(layers["mixtral_small"][0], opt.iters)
     print("test_torch_gpu: %d passed, %d failed" % (passed, failed))

@@ -11,18 +11,6 @@ extern "C" __device__ const char small_moegen_spec[] = "moegen-spec:127b4c98f1ba
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
-/* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
- * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
- * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
-typedef struct {
-    int mode, align;
-    const int *slot_of;
-    int *offsets, *cursor;
-    moe_tile_t *tiles;
-    int *num_tiles;
-    moe_half_t *xs;
-    int *row_of;
-} moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
 typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
@@ -34,9 +22,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 34 "templates/prelude.lua"
+#line 22 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 40 "templates/prelude.lua"
+#line 28 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -90,7 +78,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 94 "templates/prelude.lua"
+#line 82 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -99,103 +87,7 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-/* The permute plan, by one block of THREADS threads (the permute_plan
- * kernel, and the route kernel's fused tail): the counts of N weight slots
- * -> offsets[N + 1], each slot's rows starting on a multiple of align (an
- * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
- * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
- * slot in slot order, its length in *num_tiles. counts are read from L2
- * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
- * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
-template <int THREADS, int N>
-static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
-                                                      int *__restrict__ offsets, int *__restrict__ cursor,
-                                                      moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
-                                                      int *s_off, int *s_first, int *s_wr, int *s_wt) {
-    constexpr int WARPS = THREADS / 32, IPT = (N + THREADS - 1) / THREADS;   // consecutive slots per thread
-    static_assert(WARPS <= 32, "one warp scans the warps' sums");
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int cnt[IPT], rows = 0, nt = 0;
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        cnt[i] = e < N ? __ldcg(counts + e) : 0;
-        rows += (cnt[i] + align - 1) / align * align;
-        nt += (cnt[i] + align - 1) / align;
-    }
-    /* block-wide exclusive scan of (rows, nt) in slot order */
-    int ir = rows, it = nt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int a = __shfl_up_sync(0xffffffffu, ir, o), b = __shfl_up_sync(0xffffffffu, it, o);
-        if (lane >= o) {
-            ir += a;
-            it += b;
-        }
-    }
-    if (lane == 31) {
-        s_wr[warp] = ir;
-        s_wt[warp] = it;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        int a = lane < WARPS ? s_wr[lane] : 0, b = lane < WARPS ? s_wt[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int a2 = __shfl_up_sync(0xffffffffu, a, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
-            if (lane >= o) {
-                a += a2;
-                b += b2;
-            }
-        }
-        if (lane < WARPS) {
-            s_wr[lane] = a;
-            s_wt[lane] = b;
-        }
-    }
-    __syncthreads();
-    int row0 = ir - rows + (warp ? s_wr[warp - 1] : 0);
-    int tile0 = it - nt + (warp ? s_wt[warp - 1] : 0);
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        if (e < N) {
-            offsets[e] = row0;
-            cursor[e] = 0;
-            s_off[e] = row0;
-            s_first[e] = tile0;
-        }
-        row0 += (cnt[i] + align - 1) / align * align;
-        tile0 += (cnt[i] + align - 1) / align;
-    }
-    const int total_tiles = s_wt[WARPS - 1];
-    if (tid == 0) {
-        offsets[N] = s_wr[WARPS - 1];
-        *num_tiles = total_tiles;
-        s_first[N] = total_tiles;
-    }
-    __syncthreads();
-
-    /* tile i belongs to the slot e with s_first[e] <= i < s_first[e + 1] */
-    for (int i = tid; i < total_tiles; i += THREADS) {
-        int lo = 0, hi = N;   // s_first[lo] <= i < s_first[hi]
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (s_first[mid] <= i)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        const int j = i - s_first[lo];
-        const int left = __ldcg(counts + lo) - j * align;
-        /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
-         * says where each expert's weights are, nothing assumes slot == lo */
-        reinterpret_cast<int4 *>(tiles)[i] =
-            make_int4(slot_of[lo], s_off[lo] + j * align, left < align ? left : align, 0);
-    }
-}
-
-#line 147 "templates/route.lua"
+#line 125 "templates/route.lua"
 namespace small_route_bf16_e12k3_t32k128s6_impl {
 constexpr int E = 12, K = 3, H = 1536;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -217,14 +109,11 @@ constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = 12;       // logit columns: the experts (and the shared gate)
 constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
-constexpr int SLOTS = 12, ENTRIES = 3;   // weight slots (counts), entries per token
-constexpr int FUSE_TICKET = SLOTS + 64;      // the fused calls' ticket in counts[]
-static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
 static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 182 "templates/route.lua"
+#line 157 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -258,9 +147,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 218 "templates/route.lua"
+#line 193 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 220 "templates/route.lua"
+#line 195 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -328,16 +217,16 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(256)
 small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
+            int *__restrict__ counts, float *__restrict__ route_part) {
     using namespace small_route_bf16_e12k3_t32k128s6_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 293 "templates/route.lua"
+#line 268 "templates/route.lua"
     (void)sel_bias;
-#line 296 "templates/route.lua"
+#line 271 "templates/route.lua"
     (void)logit_bias;
-#line 298 "templates/route.lua"
+#line 273 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -414,158 +303,158 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 0) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 385 "templates/route.lua"
+#line 360 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 1) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 2) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 3) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 4) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 5) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 6) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 351 "templates/route.lua"
         if (wk == 7) {
-#line 378 "templates/route.lua"
+#line 353 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 363 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 367 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 369 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 371 "templates/route.lua"
         __syncthreads();
-#line 398 "templates/route.lua"
+#line 373 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -582,26 +471,11 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         if (!s_last)
             return;
         __threadfence();
-        /* G lanes per logit (a power of two, G | 32, while the logits leave
-         * threads idle): lane p of a group sums splits p, p + G, ..., then
-         * the group adds its lanes in a fixed xor tree: every thread's loads
-         * in flight at once, and the same sum whichever block is last */
-        const int Y = (int)gridDim.y;
-        int G = 1;
-        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
-        const long long ystride = (long long)gridDim.x * (T * E);
-#pragma unroll 1
-        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
-            const int j = base + tid, i = j / G;
+        for (int i = tid; i < nv; i += THREADS) {
+            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
             float v = 0.f;
-            if (i < nv) {
-                const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
-#pragma unroll 4
-                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
-            }
-            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            if (i < nv && j % G == 0)
-                lsm[(i / E) * LDL + i % E] = v;
+            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
+            lsm[(i / E) * LDL + i % E] = v;
         }
         __syncthreads();
     }
@@ -619,15 +493,15 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 454 "templates/route.lua"
+#line 414 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 456 "templates/route.lua"
+#line 416 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 471 "templates/route.lua"
+#line 431 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -642,16 +516,16 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 489 "templates/route.lua"
+#line 449 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 496 "templates/route.lua"
+#line 456 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 498 "templates/route.lua"
+#line 458 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 620 "templates/route.lua"
+#line 580 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -667,85 +541,45 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 638 "templates/route.lua"
+#line 598 "templates/route.lua"
             const float l = lrow[mine];
-#line 641 "templates/route.lua"
+#line 601 "templates/route.lua"
             w = expf(l - m) / z;
-#line 645 "templates/route.lua"
+#line 605 "templates/route.lua"
         }
-#line 647 "templates/route.lua"
+#line 607 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 670 "templates/route.lua"
+#line 630 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 676 "templates/route.lua"
+#line 636 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 685 "templates/route.lua"
-
-    /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
-    if (fuse.mode == 0)
-        return;
-    {
-        __shared__ int s_last_all, s_wr[NW], s_wt[NW];
-        __threadfence();   // this block's entries and counts are visible before its ticket
-        __syncthreads();
-        if (tid == 0)
-            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
-        __syncthreads();
-        if (!s_last_all)
-            return;
-        __threadfence();
-        /* the dynamic smem is free: phase 2 is done with the logits */
-        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
-                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 704 "templates/route.lua"
-        if (fuse.mode != 2)
-            return;
-        /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
-        constexpr int HV = H / 8;
-        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
-        for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
-        __syncthreads();
-        const int n = tokens * ENTRIES;
-        for (int i = tid; i < n; i += THREADS) {
-            const int e = __ldcg(topk_idx + i);
-            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
-        }
-        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
-        for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
-#pragma unroll 1
-        for (int i = warp; i < n; i += NW) {
-            const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 727 "templates/route.lua"
-#pragma unroll 4
-            for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 730 "templates/route.lua"
-        }
-#line 734 "templates/route.lua"
-    }
+#line 645 "templates/route.lua"
 }
 
 #line 44 "templates/permute.lua"
 namespace small_permute_plan_e12_a128_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int IPT = 1;   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
+
+static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
 }  // namespace small_permute_plan_e12_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -755,19 +589,97 @@ small_permute_plan_e12_a128(const int *__restrict__ counts, const int *__restric
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < E ? counts[e] : 0;
+        rows += padded(cnt[i]);
+        nt += ntiles(cnt[i]);
+    }
+    /* block-wide exclusive scan of (rows, nt) in expert order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_rows[warp] = ir;
+        s_tiles[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < PLAN_WARPS) {
+            s_rows[lane] = a;
+            s_tiles[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < E) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += padded(cnt[i]);
+        tile0 += ntiles(cnt[i]);
+    }
+    const int total_tiles = s_tiles[PLAN_WARPS - 1];
+    if (tid == 0) {
+        offsets[E] = s_rows[PLAN_WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[E] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
+        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = counts[lo] - j * ALIGN;
+        /* the GEMMs read expert lo's weights at its slot: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
+    }
 }
 
-#line 143 "templates/permute.lua"
+#line 225 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace small_permute_plan_e12_a128_impl;
-#line 149 "templates/permute.lua"
+#line 231 "templates/permute.lua"
     (void)topk_w;
-#line 151 "templates/permute.lua"
+#line 233 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -775,29 +687,29 @@ small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 161 "templates/permute.lua"
+#line 243 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 169 "templates/permute.lua"
+#line 251 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 174 "templates/permute.lua"
+#line 256 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 180 "templates/permute.lua"
+#line 262 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 189 "templates/permute.lua"
+#line 271 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 192 "templates/permute.lua"
+#line 274 "templates/permute.lua"
         }
     }
 }
@@ -2463,18 +2375,16 @@ small_pack_bf16_f640_h1536(int tensor, unsigned short *__restrict__ dst, const u
     }
 }
 
-#line 29 "templates/host.lua"
+#line 35 "templates/host.lua"
 
 #ifndef __CUDACC_RTC__
-#line 32 "templates/host.lua"
+#line 38 "templates/host.lua"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "small.cu holds sm_90a kernels (wgmma, TMA): compile it for compute capability 9.0 with -gencode arch=compute_90a,code=sm_90a, not sm_90 (README, Vendoring)"
 #endif
-#line 36 "templates/host.lua"
+#line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
-#include <stdlib.h>
-#include <string.h>
 #include <atomic>
 #include <mutex>
 #include "small.h"
@@ -2515,8 +2425,7 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
- * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. The fused calls'
- * ticket (MOE_ROUTE_FUSE_TICKET) follows the token blocks' tickets. */
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
 #define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
@@ -2530,39 +2439,9 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
 
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
- * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (and the
- * fused calls' one: MOE_ROUTE_TICKETS in all). */
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
 static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
     return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
-}
-
-/* Calls of few tokens fold the permute plan into the route kernel
- * (templates/route.lua, "Fused"): the last route block to finish (one
- * more ticket, MOE_ROUTE_FUSE_TICKET ints after the weight slots' counts)
- * turns the counts into offsets and the tile table, and for the smallest
- * calls also scatters the x rows, so permute_plan (and permute_scatter) are
- * not launched. The choice is the host's, by the call's token count (no
- * host synchronization; a CUDA graph captured at T replays T's path):
- * MOE_ROUTE_FUSE_PLAN up to MOE_ROUTE_FUSE_TOKENS tokens; _SCATTER while
- * the call has at most one token per route warp (one pass of the block's
- * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
- * one block copies in about a microsecond), when the scatter can be fused
- * at all (scatter = 0: fp8 rows, quantized by their own kernel);
- * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
- * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
-#define MOE_ROUTE_FUSE_OFF 0
-#define MOE_ROUTE_FUSE_PLAN 1
-#define MOE_ROUTE_FUSE_SCATTER 2
-#define MOE_ROUTE_FUSE_TOKENS 64
-#define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
-#define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
-#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
-static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
-    if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
-        return MOE_ROUTE_FUSE_OFF;
-    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
-        return MOE_ROUTE_FUSE_SCATTER;
-    return MOE_ROUTE_FUSE_PLAN;
 }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
@@ -2657,19 +2536,19 @@ static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, i
 
 #endif
 
-#line 48 "templates/host.lua"
+#line 52 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 54 "templates/host.lua"
+#line 58 "templates/host.lua"
 __device__ int small_slot_table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
-#line 58 "templates/host.lua"
+#line 62 "templates/host.lua"
 static long long small_max_tiles(int tokens) {
     return moe_max_tiles(tokens, 3, 12, 128);
 }
-#line 81 "templates/host.lua"
+#line 85 "templates/host.lua"
 
-#line 83 "templates/host.lua"
+#line 87 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2694,6 +2573,7 @@ static cudaError_t small_encoder(small_encode_fn *encode) {
     return cudaSuccess;
 }
 
+#line 121 "templates/host.lua"
 static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2701,8 +2581,9 @@ static cudaError_t small_tmap(small_encode_fn encode, moe_tmap_t *m, const void 
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
+#line 129 "templates/host.lua"
 
-#line 117 "templates/host.lua"
+#line 132 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2713,11 +2594,9 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* small_slot_table's address on this device */
-    int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
-                       permute_scatter always launched apart (moe_route_fuse_mode) */
-#line 130 "templates/host.lua"
+#line 143 "templates/host.lua"
     small_encode_fn encode;
-#line 132 "templates/host.lua"
+#line 145 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2729,26 +2608,22 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, small_slot_table)) != cudaSuccess)
         return e;
-    const char *fe = getenv("MOEGEN_ROUTE_FUSE");
-    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
-        return cudaErrorInvalidValue;
-    d->route_fuse = !(fe && !strcmp(fe, "off"));
-#line 148 "templates/host.lua"
+#line 157 "templates/host.lua"
     d->use90 = major == 9;
-#line 153 "templates/host.lua"
+#line 162 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 166 "templates/host.lua"
+#line 175 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 170 "templates/host.lua"
+#line 179 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2774,83 +2649,79 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 206 "templates/host.lua"
+#line 210 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 224 "templates/host.lua"
+#line 231 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 229 "templates/host.lua"
+#line 239 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 233 "templates/host.lua"
+#line 243 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 240 "templates/host.lua"
+#line 250 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 308, stream);
+    e = cudaMemsetAsync(counts, 0, 304, stream);
     if (e != cudaSuccess) return e;
-#line 247 "templates/host.lua"
-    /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
-    if (dev->route_fuse)
-        fz.mode = moe_route_fuse_mode(T, 3, 1536, 8, 1);
+#line 257 "templates/host.lua"
     small_route_bf16_e12k3_t32k128s6<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part, fz);
-#line 255 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 265 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        small_permute_scatter_bf16_h1536k3<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 281 "templates/host.lua"
-    if (dev->use90) {
-#line 285 "templates/host.lua"
-    moe_tmap_t ma, mb;
+        counts, route_part);
+#line 261 "templates/host.lua"
+    small_permute_plan_e12_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 272 "templates/host.lua"
+    small_permute_scatter_bf16_h1536k3<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 292 "templates/host.lua"
+    if (dev->use90) {
+#line 296 "templates/host.lua"
+    moe_tmap_t ma, mb;
+#line 279 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 272 "templates/host.lua"
+#line 279 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
+#line 285 "templates/host.lua"
     small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 290 "templates/host.lua"
+#line 301 "templates/host.lua"
     } else {
-#line 294 "templates/host.lua"
+#line 305 "templates/host.lua"
     small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(10, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     small_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(12, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 298 "templates/host.lua"
+#line 309 "templates/host.lua"
     }
-#line 313 "templates/host.lua"
+#line 324 "templates/host.lua"
     small_combine_bf16_h1536k3<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2872,7 +2743,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 335 "templates/host.lua"
+#line 346 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2897,5 +2768,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 380 "templates/host.lua"
+#line 470 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
