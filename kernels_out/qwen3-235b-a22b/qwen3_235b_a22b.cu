@@ -11,6 +11,18 @@ extern "C" __device__ const char qwen3_235b_a22b_moegen_spec[] = "moegen-spec:b7
 #line 8 "templates/prelude.lua"
 typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
+/* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
+ * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
+ * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
+typedef struct {
+    int mode, align;
+    const int *slot_of;
+    int *offsets, *cursor;
+    moe_tile_t *tiles;
+    int *num_tiles;
+    moe_half_t *xs;
+    int *row_of;
+} moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
 typedef struct __align__(64) { unsigned long long opaque[16]; } moe_tmap_t;
@@ -22,9 +34,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 22 "templates/prelude.lua"
+#line 34 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 28 "templates/prelude.lua"
+#line 40 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -78,7 +90,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 82 "templates/prelude.lua"
+#line 94 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -87,7 +99,103 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-#line 125 "templates/route.lua"
+/* The permute plan, by one block of THREADS threads (the permute_plan
+ * kernel, and the route kernel's fused tail): the counts of N weight slots
+ * -> offsets[N + 1], each slot's rows starting on a multiple of align (an
+ * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
+ * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
+ * slot in slot order, its length in *num_tiles. counts are read from L2
+ * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
+ * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
+template <int THREADS, int N>
+static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
+                                                      int *__restrict__ offsets, int *__restrict__ cursor,
+                                                      moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
+                                                      int *s_off, int *s_first, int *s_wr, int *s_wt) {
+    constexpr int WARPS = THREADS / 32, IPT = (N + THREADS - 1) / THREADS;   // consecutive slots per thread
+    static_assert(WARPS <= 32, "one warp scans the warps' sums");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int cnt[IPT], rows = 0, nt = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        cnt[i] = e < N ? __ldcg(counts + e) : 0;
+        rows += (cnt[i] + align - 1) / align * align;
+        nt += (cnt[i] + align - 1) / align;
+    }
+    /* block-wide exclusive scan of (rows, nt) in slot order */
+    int ir = rows, it = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ir, o), b = __shfl_up_sync(0xffffffffu, it, o);
+        if (lane >= o) {
+            ir += a;
+            it += b;
+        }
+    }
+    if (lane == 31) {
+        s_wr[warp] = ir;
+        s_wt[warp] = it;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int a = lane < WARPS ? s_wr[lane] : 0, b = lane < WARPS ? s_wt[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(0xffffffffu, a, o), b2 = __shfl_up_sync(0xffffffffu, b, o);
+            if (lane >= o) {
+                a += a2;
+                b += b2;
+            }
+        }
+        if (lane < WARPS) {
+            s_wr[lane] = a;
+            s_wt[lane] = b;
+        }
+    }
+    __syncthreads();
+    int row0 = ir - rows + (warp ? s_wr[warp - 1] : 0);
+    int tile0 = it - nt + (warp ? s_wt[warp - 1] : 0);
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+        const int e = tid * IPT + i;
+        if (e < N) {
+            offsets[e] = row0;
+            cursor[e] = 0;
+            s_off[e] = row0;
+            s_first[e] = tile0;
+        }
+        row0 += (cnt[i] + align - 1) / align * align;
+        tile0 += (cnt[i] + align - 1) / align;
+    }
+    const int total_tiles = s_wt[WARPS - 1];
+    if (tid == 0) {
+        offsets[N] = s_wr[WARPS - 1];
+        *num_tiles = total_tiles;
+        s_first[N] = total_tiles;
+    }
+    __syncthreads();
+
+    /* tile i belongs to the slot e with s_first[e] <= i < s_first[e + 1] */
+    for (int i = tid; i < total_tiles; i += THREADS) {
+        int lo = 0, hi = N;   // s_first[lo] <= i < s_first[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s_first[mid] <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const int j = i - s_first[lo];
+        const int left = __ldcg(counts + lo) - j * align;
+        /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
+         * says where each expert's weights are, nothing assumes slot == lo */
+        reinterpret_cast<int4 *>(tiles)[i] =
+            make_int4(slot_of[lo], s_off[lo] + j * align, left < align ? left : align, 0);
+    }
+}
+
+#line 147 "templates/route.lua"
 namespace qwen3_235b_a22b_route_bf16_e128k8_t32k64s4_impl {
 constexpr int E = 128, K = 8, H = 4096;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -109,11 +217,14 @@ constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = 128;       // logit columns: the experts (and the shared gate)
 constexpr int VPL = 4;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
+constexpr int SLOTS = 128, ENTRIES = 8;   // weight slots (counts), entries per token
+constexpr int FUSE_TICKET = SLOTS + 64;      // the fused calls' ticket in counts[]
+static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
 static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 157 "templates/route.lua"
+#line 182 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -147,9 +258,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 193 "templates/route.lua"
+#line 218 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 195 "templates/route.lua"
+#line 220 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -217,16 +328,16 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part) {
+            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
     using namespace qwen3_235b_a22b_route_bf16_e128k8_t32k64s4_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 268 "templates/route.lua"
+#line 293 "templates/route.lua"
     (void)sel_bias;
-#line 271 "templates/route.lua"
+#line 296 "templates/route.lua"
     (void)logit_bias;
-#line 273 "templates/route.lua"
+#line 298 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -303,82 +414,82 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 351 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 0) {
-#line 353 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 360 "templates/route.lua"
+#line 385 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 367 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 369 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 371 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 351 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 1) {
-#line 353 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 363 "templates/route.lua"
+#line 388 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 367 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 369 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 371 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 351 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 2) {
-#line 353 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 363 "templates/route.lua"
+#line 388 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 367 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 369 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 371 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 351 "templates/route.lua"
+#line 376 "templates/route.lua"
         if (wk == 3) {
-#line 353 "templates/route.lua"
+#line 378 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 363 "templates/route.lua"
+#line 388 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 367 "templates/route.lua"
+#line 392 "templates/route.lua"
             }
-#line 369 "templates/route.lua"
+#line 394 "templates/route.lua"
         }
-#line 371 "templates/route.lua"
+#line 396 "templates/route.lua"
         __syncthreads();
-#line 373 "templates/route.lua"
+#line 398 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -395,11 +506,26 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         if (!s_last)
             return;
         __threadfence();
-        for (int i = tid; i < nv; i += THREADS) {
-            const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
+        /* G lanes per logit (a power of two, G | 32, while the logits leave
+         * threads idle): lane p of a group sums splits p, p + G, ..., then
+         * the group adds its lanes in a fixed xor tree: every thread's loads
+         * in flight at once, and the same sum whichever block is last */
+        const int Y = (int)gridDim.y;
+        int G = 1;
+        while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
+        const long long ystride = (long long)gridDim.x * (T * E);
+#pragma unroll 1
+        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
+            const int j = base + tid, i = j / G;
             float v = 0.f;
-            for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + (long long)y * gridDim.x * (T * E));
-            lsm[(i / E) * LDL + i % E] = v;
+            if (i < nv) {
+                const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
+#pragma unroll 4
+                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (i < nv && j % G == 0)
+                lsm[(i / E) * LDL + i % E] = v;
         }
         __syncthreads();
     }
@@ -417,15 +543,15 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 414 "templates/route.lua"
+#line 454 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 416 "templates/route.lua"
+#line 456 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 431 "templates/route.lua"
+#line 471 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -440,16 +566,16 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 449 "templates/route.lua"
+#line 489 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 456 "templates/route.lua"
+#line 496 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 458 "templates/route.lua"
+#line 498 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 580 "templates/route.lua"
+#line 620 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -465,45 +591,85 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 598 "templates/route.lua"
+#line 638 "templates/route.lua"
             const float l = lrow[mine];
-#line 601 "templates/route.lua"
+#line 641 "templates/route.lua"
             w = expf(l - m) / z;
-#line 605 "templates/route.lua"
+#line 645 "templates/route.lua"
         }
-#line 607 "templates/route.lua"
+#line 647 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 630 "templates/route.lua"
+#line 670 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 636 "templates/route.lua"
+#line 676 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 645 "templates/route.lua"
+#line 685 "templates/route.lua"
+
+    /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
+    if (fuse.mode == 0)
+        return;
+    {
+        __shared__ int s_last_all, s_wr[NW], s_wt[NW];
+        __threadfence();   // this block's entries and counts are visible before its ticket
+        __syncthreads();
+        if (tid == 0)
+            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!s_last_all)
+            return;
+        __threadfence();
+        /* the dynamic smem is free: phase 2 is done with the logits */
+        int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
+        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
+                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
+#line 704 "templates/route.lua"
+        if (fuse.mode != 2)
+            return;
+        /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
+        constexpr int HV = H / 8;
+        int *s_cur = s_first + SLOTS + 1;   // each slot's rows taken so far
+        for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
+        __syncthreads();
+        const int n = tokens * ENTRIES;
+        for (int i = tid; i < n; i += THREADS) {
+            const int e = __ldcg(topk_idx + i);
+            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
+        }
+        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
+        for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
+#pragma unroll 1
+        for (int i = warp; i < n; i += NW) {
+            const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
+#line 727 "templates/route.lua"
+#pragma unroll 4
+            for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
+#line 730 "templates/route.lua"
+        }
+#line 734 "templates/route.lua"
+    }
 }
 
 #line 44 "templates/permute.lua"
 namespace qwen3_235b_a22b_permute_plan_e128_a128_impl {
 constexpr int E = 128, K = 8, H = 4096, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
-constexpr int IPT = 1;   // consecutive experts per plan thread
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
-
-static __device__ __forceinline__ int padded(int n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-static __device__ __forceinline__ int ntiles(int n) { return (n + ALIGN - 1) / ALIGN; }
 }  // namespace qwen3_235b_a22b_permute_plan_e128_a128_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -513,97 +679,19 @@ qwen3_235b_a22b_permute_plan_e128_a128(const int *__restrict__ counts, const int
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    int cnt[IPT], rows = 0, nt = 0;
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        cnt[i] = e < E ? counts[e] : 0;
-        rows += padded(cnt[i]);
-        nt += ntiles(cnt[i]);
-    }
-    /* block-wide exclusive scan of (rows, nt) in expert order */
-    int ir = rows, it = nt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int a = __shfl_up_sync(FULL, ir, o), b = __shfl_up_sync(FULL, it, o);
-        if (lane >= o) {
-            ir += a;
-            it += b;
-        }
-    }
-    if (lane == 31) {
-        s_rows[warp] = ir;
-        s_tiles[warp] = it;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        int a = lane < PLAN_WARPS ? s_rows[lane] : 0, b = lane < PLAN_WARPS ? s_tiles[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int a2 = __shfl_up_sync(FULL, a, o), b2 = __shfl_up_sync(FULL, b, o);
-            if (lane >= o) {
-                a += a2;
-                b += b2;
-            }
-        }
-        if (lane < PLAN_WARPS) {
-            s_rows[lane] = a;
-            s_tiles[lane] = b;
-        }
-    }
-    __syncthreads();
-    int row0 = ir - rows + (warp ? s_rows[warp - 1] : 0);
-    int tile0 = it - nt + (warp ? s_tiles[warp - 1] : 0);
-#pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-        const int e = tid * IPT + i;
-        if (e < E) {
-            offsets[e] = row0;
-            cursor[e] = 0;
-            s_off[e] = row0;
-            s_first[e] = tile0;
-        }
-        row0 += padded(cnt[i]);
-        tile0 += ntiles(cnt[i]);
-    }
-    const int total_tiles = s_tiles[PLAN_WARPS - 1];
-    if (tid == 0) {
-        offsets[E] = s_rows[PLAN_WARPS - 1];
-        *num_tiles = total_tiles;
-        s_first[E] = total_tiles;
-    }
-    __syncthreads();
-
-    /* tile i belongs to the expert e with s_first[e] <= i < s_first[e + 1] */
-    for (int i = tid; i < total_tiles; i += PLAN_THREADS) {
-        int lo = 0, hi = E;   // s_first[lo] <= i < s_first[hi]
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (s_first[mid] <= i)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        const int j = i - s_first[lo];
-        const int left = counts[lo] - j * ALIGN;
-        /* the GEMMs read expert lo's weights at its slot: the routing table
-         * says where each expert's weights are, nothing assumes slot == lo */
-        reinterpret_cast<int4 *>(tiles)[i] =
-            make_int4(slot_of[lo], s_off[lo] + j * ALIGN, left < ALIGN ? left : ALIGN, 0);
-    }
+    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
+                                    s_tiles);
 }
 
-#line 225 "templates/permute.lua"
+#line 143 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_permute_scatter_bf16_h4096k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace qwen3_235b_a22b_permute_plan_e128_a128_impl;
-#line 231 "templates/permute.lua"
+#line 149 "templates/permute.lua"
     (void)topk_w;
-#line 233 "templates/permute.lua"
+#line 151 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -611,29 +699,29 @@ qwen3_235b_a22b_permute_scatter_bf16_h4096k8(const moe_half_t *__restrict__ x, c
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 243 "templates/permute.lua"
+#line 161 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 251 "templates/permute.lua"
+#line 169 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 256 "templates/permute.lua"
+#line 174 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 262 "templates/permute.lua"
+#line 180 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 271 "templates/permute.lua"
+#line 189 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 274 "templates/permute.lua"
+#line 192 "templates/permute.lua"
         }
     }
 }
@@ -705,41 +793,64 @@ qwen3_235b_a22b_combine_bf16_h4096k8(const moe_half_t *__restrict__ obuf, const 
     }
 }
 
-#line 737 "templates/gemm_sm90.lua"
+#line 44 "templates/permute.lua"
+namespace qwen3_235b_a22b_permute_plan_e128_a64_impl {
+constexpr int E = 128, K = 8, H = 4096, ALIGN = 64;
+constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
+constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
+constexpr int HV = H / 8;   // 16-byte vectors per row
+constexpr unsigned FULL = 0xffffffffu;
+}  // namespace qwen3_235b_a22b_permute_plan_e128_a64_impl
+
+extern "C" __global__ void __launch_bounds__(1024)
+qwen3_235b_a22b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    using namespace qwen3_235b_a22b_permute_plan_e128_a64_impl;
+    __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
+    __shared__ int s_off[E];        // first row of each expert
+    __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
+    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
+                                    s_tiles);
+}
+
+
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 4096;        /* reduction length */
 constexpr int N = 3072;        /* rows of B per expert */
 constexpr int NOUT = 1536;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
+#line 250 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -798,10 +909,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -809,77 +920,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -887,7 +998,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -905,7 +1016,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -922,9 +1033,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -932,9 +1043,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -950,11 +1061,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -977,7 +1088,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1022,16 +1133,16 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 741 "templates/gemm_sm90.lua"
-}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1049,23 +1160,23 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
+#line 888 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 891 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 789 "templates/gemm_sm90.lua"
+#line 893 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1082,29 +1193,25 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_con
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
+#line 934 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 845 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 948 "templates/gemm_sm90.lua"
+#line 1059 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 955 "templates/gemm_sm90.lua"
+#line 1066 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 970 "templates/gemm_sm90.lua"
+#line 1081 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1113,71 +1220,72 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_con
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 985 "templates/gemm_sm90.lua"
+#line 1096 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
         }
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 737 "templates/gemm_sm90.lua"
+#line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 212 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 1536;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 4096;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 220 "templates/gemm_sm90.lua"
+#line 250 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 222 "templates/gemm_sm90.lua"
+#line 252 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 238 "templates/gemm_sm90.lua"
+#line 268 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 241 "templates/gemm_sm90.lua"
+#line 271 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 253 "templates/gemm_sm90.lua"
+#line 283 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 255 "templates/gemm_sm90.lua"
+#line 285 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1236,10 +1344,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 325 "templates/gemm_sm90.lua"
+#line 362 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 329 "templates/gemm_sm90.lua"
+#line 366 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1247,77 +1355,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 338 "templates/gemm_sm90.lua"
+#line 375 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 340 "templates/gemm_sm90.lua"
+#line 377 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 346 "templates/gemm_sm90.lua"
+#line 383 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 348 "templates/gemm_sm90.lua"
+#line 385 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1325,7 +1433,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 540 "templates/gemm_sm90.lua"
+#line 577 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1343,7 +1451,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 542 "templates/gemm_sm90.lua"
+#line 579 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1360,9 +1468,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 561 "templates/gemm_sm90.lua"
+#line 598 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 563 "templates/gemm_sm90.lua"
+#line 600 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1370,9 +1478,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 576 "templates/gemm_sm90.lua"
+#line 613 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 578 "templates/gemm_sm90.lua"
+#line 615 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1388,11 +1496,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 603 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 607 "templates/gemm_sm90.lua"
+#line 644 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1415,7 +1523,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 632 "templates/gemm_sm90.lua"
+#line 669 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1453,16 +1561,16 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 741 "templates/gemm_sm90.lua"
-}  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1480,23 +1588,23 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant
     }
     __syncthreads();
     if (wg == 0) {
-#line 768 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 770 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 774 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 784 "templates/gemm_sm90.lua"
+#line 888 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 891 "templates/gemm_sm90.lua"
         (void)b2;
-#line 789 "templates/gemm_sm90.lua"
+#line 893 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1513,27 +1621,23 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 830 "templates/gemm_sm90.lua"
+#line 934 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 836 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 845 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1004 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1009 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1029 "templates/gemm_sm90.lua"
+#line 1143 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1543,28 +1647,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
         }
-#line 858 "templates/gemm_sm90.lua"
+#line 966 "templates/gemm_sm90.lua"
     }
 #else
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)b2;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 861 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 863 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2155,6 +2259,3182 @@ qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
 #line 59 "templates/gemm_down.lua"
 }
 
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int K = 4096;        /* reduction length */
+constexpr int N = 3072;        /* rows of B per expert */
+constexpr int NOUT = 1536;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 250 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 268 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 640 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+    } else {
+#line 883 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 888 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 891 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 893 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 934 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 944 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 953 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1059 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1066 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1081 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1096 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 958 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+#line 964 "templates/gemm_sm90.lua"
+        }
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)hbuf;
+    __trap();
+#endif
+}
+
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 1;
+constexpr int K = 1536;        /* reduction length */
+constexpr int N = 4096;        /* rows of B per expert */
+constexpr int NOUT = 4096;  /* output row length */
+constexpr int BNO = 256;    /* output columns per tile */
+#line 250 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 256;  /* output columns per staging pass */
+constexpr int LDC = 264;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 268 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 163904, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 640 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+    } else {
+#line 883 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 888 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 891 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 893 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 934 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 944 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 953 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1118 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1123 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1143 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 958 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+#line 964 "templates/gemm_sm90.lua"
+        }
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
+}
+
+#line 17 "templates/gemm_up_swiglu.lua"
+namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl {
+#line 94 "templates/gemm_sm80.lua"
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
+constexpr int K = 4096;        /* reduction length */
+constexpr int N = 3072;        /* rows of B */
+constexpr int NOUT = 1536;  /* output row length */
+constexpr int BNO = 64;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
+constexpr int LDC = 72;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 147 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 154 "templates/gemm_sm80.lua"
+/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
+ * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
+constexpr int RSTEP = THREADS / CPR;
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
+        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
+    }
+}
+#line 189 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 256 "templates/gemm_sm80.lua"
+    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
+    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
+    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
+    ga += r0 * K + ch0 * 8;
+    gb += r0 * K + ch0 * 8;
+#line 265 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 20 "templates/gemm_up_swiglu.lua"
+}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl
+
+extern "C" __global__ void __launch_bounds__(128)
+qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
+#line 328 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, xs + (long long)row_start * K, rows,
+             w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 28 "templates/gemm_up_swiglu.lua"
+    (void)b1p;
+#line 30 "templates/gemm_up_swiglu.lua"
+
+    /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
+     * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
+     * output columns oc, oc + 1 of rows r, r + 8. */
+    const int oc0 = n0 / 2;  /* first output column of the CTA */
+#line 38 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj) {
+        const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
+#line 50 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 57 "templates/gemm_up_swiglu.lua"
+                const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
+                const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
+#line 68 "templates/gemm_up_swiglu.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
+#line 73 "templates/gemm_up_swiglu.lua"
+            }
+    }
+#line 76 "templates/gemm_up_swiglu.lua"
+    __syncthreads();
+    store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
+#line 79 "templates/gemm_up_swiglu.lua"
+}
+
+#line 9 "templates/gemm_down.lua"
+namespace qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_impl {
+#line 94 "templates/gemm_sm80.lua"
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
+constexpr int K = 1536;        /* reduction length */
+constexpr int N = 4096;        /* rows of B */
+constexpr int NOUT = 4096;  /* output row length */
+constexpr int BNO = 128;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
+constexpr int LDC = 136;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 147 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 154 "templates/gemm_sm80.lua"
+/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
+ * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
+constexpr int RSTEP = THREADS / CPR;
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
+        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
+    }
+}
+#line 189 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 256 "templates/gemm_sm80.lua"
+    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
+    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
+    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
+    ga += r0 * K + ch0 * 8;
+    gb += r0 * K + ch0 * 8;
+#line 265 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 11 "templates/gemm_down.lua"
+}  // namespace qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_impl
+
+extern "C" __global__ void __launch_bounds__(128)
+qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    using namespace qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
+#line 328 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
+             w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 19 "templates/gemm_down.lua"
+    (void)b2;
+#line 21 "templates/gemm_down.lua"
+
+    /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
+#line 26 "templates/gemm_down.lua"
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        const int oc = wn * WTN + ni * 8 + 2 * t;
+#line 37 "templates/gemm_down.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 45 "templates/gemm_down.lua"
+                const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+#line 48 "templates/gemm_down.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, v);
+#line 53 "templates/gemm_down.lua"
+            }
+    }
+#line 56 "templates/gemm_down.lua"
+    __syncthreads();
+    store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
+#line 59 "templates/gemm_down.lua"
+}
+
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int K = 4096;        /* reduction length */
+constexpr int N = 3072;        /* rows of B per expert */
+constexpr int NOUT = 1536;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 248 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 555 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 631 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase);
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < ACT; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 667 "templates/gemm_sm90.lua"
+    order_arrive(cw);
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * 128;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 872 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+    } else {
+#line 878 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 779 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+        int s = 0, jt = 0;
+        unsigned phase = 0;
+#line 785 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 787 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+            const int n0 = nt * BN;
+            (void)expert;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 817 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 819 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
+#line 1059 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1066 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1081 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1096 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 824 "templates/gemm_sm90.lua"
+                }
+                wg_sync(cw);
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+        }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)hbuf;
+    __trap();
+#endif
+}
+
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int K = 1536;        /* reduction length */
+constexpr int N = 4096;        /* rows of B per expert */
+constexpr int NOUT = 4096;  /* output row length */
+constexpr int BNO = 256;    /* output columns per tile */
+#line 248 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 555 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 631 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase);
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < ACT; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 667 "templates/gemm_sm90.lua"
+    order_arrive(cw);
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * 128;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 872 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+    } else {
+#line 878 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 779 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+        int s = 0, jt = 0;
+        unsigned phase = 0;
+#line 785 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 787 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
+            const int n0 = nt * BN;
+            (void)expert;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 817 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 819 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
+#line 1118 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1123 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1143 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 824 "templates/gemm_sm90.lua"
+                }
+                wg_sync(cw);
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+        }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
+}
+
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
+constexpr int K = 4096;        /* reduction length */
+constexpr int N = 3072;        /* rows of B per expert */
+constexpr int NOUT = 1536;  /* output row length */
+constexpr int BNO = 64;    /* output columns per tile */
+#line 250 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 64;  /* output columns per staging pass */
+constexpr int LDC = 72;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 268 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 640 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+    } else {
+#line 883 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 888 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 891 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 893 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 934 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 944 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 953 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1059 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1066 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1081 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1096 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 958 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+#line 964 "templates/gemm_sm90.lua"
+        }
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)hbuf;
+    __trap();
+#endif
+}
+
+#line 841 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
+#line 242 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
+constexpr int K = 1536;        /* reduction length */
+constexpr int N = 4096;        /* rows of B per expert */
+constexpr int NOUT = 4096;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 250 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 252 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 268 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 271 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 283 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 285 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 293 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 362 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 366 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 375 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 375 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 377 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 383 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 383 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 385 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 577 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 579 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 598 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 600 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 613 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 615 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 640 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 644 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 669 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 845 "templates/gemm_sm90.lua"
+}  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 874 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+    } else {
+#line 883 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 888 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 891 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 893 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 934 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 944 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 953 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1118 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1123 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1143 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 958 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+#line 964 "templates/gemm_sm90.lua"
+        }
+#line 966 "templates/gemm_sm90.lua"
+    }
+#else
+#line 969 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 969 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 969 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 969 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 971 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
+}
+
 #line 10 "templates/swiglu.lua"
 namespace qwen3_235b_a22b_swiglu_bf16_f1536_impl {
 #line 29 "templates/activation.lua"
@@ -2309,6 +5589,8 @@ qwen3_235b_a22b_pack_bf16_f1536_h4096(int tensor, unsigned short *__restrict__ d
 #line 42 "templates/host.lua"
 /* ---- host launch code (plain nvcc builds) ---- */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 #include <atomic>
 #include <mutex>
 #include "qwen3_235b_a22b.h"
@@ -2349,7 +5631,8 @@ static inline unsigned moe_blocks(long long n, long long per_block) {
  * the route scratch; the last of a token block's splits to finish (a ticket
  * per token block, kept after the E expert counts and zeroed with them)
  * sums them in split order and selects. At least 256 columns of H per
- * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. */
+ * split, and at most MOE_ROUTE_SPLIT_CTAS blocks in all. The fused calls'
+ * ticket (MOE_ROUTE_FUSE_TICKET) follows the token blocks' tickets. */
 #define MOE_ROUTE_SPLIT_BLOCKS 64
 #define MOE_ROUTE_SPLIT_CTAS 128
 static inline unsigned moe_route_split(long long tokens, int per_block, long long hidden) {
@@ -2363,9 +5646,39 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
 
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
- * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts. */
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (and the
+ * fused calls' one: MOE_ROUTE_TICKETS in all). */
 static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
     return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
+}
+
+/* Calls of few tokens fold the permute plan into the route kernel
+ * (templates/route.lua, "Fused"): the last route block to finish (one
+ * more ticket, MOE_ROUTE_FUSE_TICKET ints after the weight slots' counts)
+ * turns the counts into offsets and the tile table, and for the smallest
+ * calls also scatters the x rows, so permute_plan (and permute_scatter) are
+ * not launched. The choice is the host's, by the call's token count (no
+ * host synchronization; a CUDA graph captured at T replays T's path):
+ * MOE_ROUTE_FUSE_PLAN up to MOE_ROUTE_FUSE_TOKENS tokens; _SCATTER while
+ * the call has at most one token per route warp (one pass of the block's
+ * warps) and its routed rows are at most MOE_ROUTE_FUSE_SCATTER_BYTES (what
+ * one block copies in about a microsecond), when the scatter can be fused
+ * at all (scatter = 0: fp8 rows, quantized by their own kernel);
+ * MOE_ROUTE_FUSE_OFF otherwise, or when the plan turned it off
+ * (MOEGEN_ROUTE_FUSE=off, or an expert-parallel plan). */
+#define MOE_ROUTE_FUSE_OFF 0
+#define MOE_ROUTE_FUSE_PLAN 1
+#define MOE_ROUTE_FUSE_SCATTER 2
+#define MOE_ROUTE_FUSE_TOKENS 64
+#define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
+#define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
+#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
+static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
+    if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
+        return MOE_ROUTE_FUSE_OFF;
+    if (scatter && tokens <= route_warps && tokens * entries * hidden * 2 <= MOE_ROUTE_FUSE_SCATTER_BYTES)
+        return MOE_ROUTE_FUSE_SCATTER;
+    return MOE_ROUTE_FUSE_PLAN;
 }
 
 /* The combine splits each token's H columns across gridDim.y blocks when
@@ -2451,19 +5764,29 @@ static inline moe_tmap_geom_t moe_tmap_geom8(long long rows, long long k, unsign
 
 /* CTAs of an sm_90a GEMM's 1D grid over `tiles` tiles (N tiles x M
  * tiles): one per tile, or min(tiles, sms) when persistent and the SM
- * count is known (sms > 0). */
-static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int sms) {
+ * count is known (sms > 0), or splitk per tile on the split-K grid
+ * (splitk > 0; the CTAs of tile t are t * splitk .. t * splitk + splitk - 1). */
+static inline unsigned moe_sm90_ctas(unsigned long long tiles, int persistent, int splitk, int sms) {
     if (persistent && sms > 0 && tiles > (unsigned long long)sms)
         tiles = (unsigned long long)sms;
-    return (unsigned)tiles;
+    return (unsigned)(splitk > 0 ? tiles * (unsigned long long)splitk : tiles);
+}
+
+/* The split-K GEMMs' arrival counters (one int per tile, every split's
+ * CTA takes one ticket, the last resets it to 0) sit in the counts region
+ * after the E' slot counts and route's tickets (MOE_ROUTE_TICKETS: the
+ * split blocks' and the fused tail's), so the memset before route zeroes
+ * them too: their first int. */
+static inline long long moe_splitk_tickets_at(int slots) {
+    return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
 #endif
 
-#line 52 "templates/host.lua"
+#line 54 "templates/host.lua"
 
 /* The routing table: the slot of each expert's weights (manifest.json, "routing"). */
-#line 58 "templates/host.lua"
+#line 60 "templates/host.lua"
 __device__ int qwen3_235b_a22b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
     32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
@@ -2473,13 +5796,33 @@ __device__ int qwen3_235b_a22b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 
     96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111,
     112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
 
-#line 62 "templates/host.lua"
-static long long qwen3_235b_a22b_max_tiles(int tokens) {
-    return moe_max_tiles(tokens, 8, 128, 128);
+#line 68 "templates/host.lua"
+/* The GEMM variant a call of `tokens` tokens runs (manifest.json,
+ * "variants"): the largest bucket <= tokens, or the first. A host value,
+ * so a CUDA graph captured at T replays T's variant. */
+static int qwen3_235b_a22b_variant(int tokens) {
+#line 73 "templates/host.lua"
+    if (tokens >= 4096) return 4;
+#line 73 "templates/host.lua"
+    if (tokens >= 512) return 3;
+#line 73 "templates/host.lua"
+    if (tokens >= 64) return 2;
+#line 73 "templates/host.lua"
+    if (tokens >= 8) return 1;
+#line 75 "templates/host.lua"
+    return 0;
 }
-#line 85 "templates/host.lua"
 
+/* The row block (GEMM bm) of each variant, and the M tiles of a call. */
+#line 81 "templates/host.lua"
+static const int qwen3_235b_a22b_variant_align[5] = {64, 64, 64, 64, 128};
+
+static long long qwen3_235b_a22b_max_tiles(int tokens, int v) {
+    return moe_max_tiles(tokens, 8, 128, qwen3_235b_a22b_variant_align[v]);
+}
 #line 87 "templates/host.lua"
+
+#line 89 "templates/host.lua"
 /* A 2D TMA tensor map over rows x k halves at base as the sm_90a GEMMs
  * load it (moe_tmap_geom). The driver's encoder comes through the runtime
  * (cudaGetDriverEntryPoint), so nothing links libcuda. */
@@ -2504,7 +5847,7 @@ static cudaError_t qwen3_235b_a22b_encoder(qwen3_235b_a22b_encode_fn *encode) {
     return cudaSuccess;
 }
 
-#line 121 "templates/host.lua"
+#line 123 "templates/host.lua"
 static cudaError_t qwen3_235b_a22b_tmap(qwen3_235b_a22b_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2512,9 +5855,9 @@ static cudaError_t qwen3_235b_a22b_tmap(qwen3_235b_a22b_encode_fn encode, moe_tm
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
-#line 129 "templates/host.lua"
+#line 131 "templates/host.lua"
 
-#line 132 "templates/host.lua"
+#line 134 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2525,9 +5868,11 @@ typedef struct {
     int use90;      /* the sm_90a GEMMs: compute capability 9.x */
     int sms;        /* multiprocessors (the persistent GEMMs' grid) */
     int *slot_of;   /* qwen3_235b_a22b_slot_table's address on this device */
-#line 143 "templates/host.lua"
+    int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
+                       permute_scatter always launched apart (moe_route_fuse_mode) */
+#line 147 "templates/host.lua"
     qwen3_235b_a22b_encode_fn encode;
-#line 145 "templates/host.lua"
+#line 149 "templates/host.lua"
 } qwen3_235b_a22b_device_t;
 static qwen3_235b_a22b_device_t qwen3_235b_a22b_devices[qwen3_235b_a22b_MAX_DEVICES];
 static std::mutex qwen3_235b_a22b_devices_lock;
@@ -2539,22 +5884,42 @@ static cudaError_t qwen3_235b_a22b_device_init(qwen3_235b_a22b_device_t *d, int 
         (e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaGetSymbolAddress((void **)&d->slot_of, qwen3_235b_a22b_slot_table)) != cudaSuccess)
         return e;
-#line 157 "templates/host.lua"
+    const char *fe = getenv("MOEGEN_ROUTE_FUSE");
+    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
+        return cudaErrorInvalidValue;
+    d->route_fuse = !(fe && !strcmp(fe, "off"));
+#line 165 "templates/host.lua"
     d->use90 = major == 9;
-#line 162 "templates/host.lua"
+#line 170 "templates/host.lua"
     if (d->use90 && (e = qwen3_235b_a22b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 175 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_route_bf16_e128k8_t32k64s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
-#line 175 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 175 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 175 "templates/host.lua"
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 175 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 179 "templates/host.lua"
+#line 187 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2580,79 +5945,202 @@ static qwen3_235b_a22b_device_t *qwen3_235b_a22b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, cudaStream_t stream) {
-#line 210 "templates/host.lua"
+#line 218 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > qwen3_235b_a22b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 231 "templates/host.lua"
+#line 239 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 239 "templates/host.lua"
+#line 248 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 239 "templates/host.lua"
-    int *offsets = (int *)(ws + 768);
-#line 239 "templates/host.lua"
-    int *cursor = (int *)(ws + 1536);
-#line 239 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 2048);
-#line 239 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 2304);
-#line 239 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 20736);
-#line 239 "templates/host.lua"
-    float *topk_w = (float *)(ws + 545024);
-#line 239 "templates/host.lua"
-    int *row_of = (int *)(ws + 1069312);
-#line 239 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1593600);
-#line 239 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 1208504576);
-#line 239 "templates/host.lua"
-    float *route_part = (float *)(ws + 1661096192);
-#line 243 "templates/host.lua"
-    const long long tiles_y = qwen3_235b_a22b_max_tiles(T);
-#line 250 "templates/host.lua"
+#line 248 "templates/host.lua"
+    int *offsets = (int *)(ws + 1024);
+#line 248 "templates/host.lua"
+    int *cursor = (int *)(ws + 1792);
+#line 248 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 2304);
+#line 248 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 2560);
+#line 248 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 37376);
+#line 248 "templates/host.lua"
+    float *topk_w = (float *)(ws + 561664);
+#line 248 "templates/host.lua"
+    int *row_of = (int *)(ws + 1085952);
+#line 248 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 1610240);
+#line 248 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 1208521216);
+#line 248 "templates/host.lua"
+    float *route_part = (float *)(ws + 1661112832);
+#line 254 "templates/host.lua"
+    const int v = qwen3_235b_a22b_variant(T);
+    const long long tiles_y = qwen3_235b_a22b_max_tiles(T, v);
+#line 259 "templates/host.lua"
     cudaError_t e;
     const qwen3_235b_a22b_device_t *dev = qwen3_235b_a22b_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 768, stream);
+    e = cudaMemsetAsync(counts, 0, 772, stream);
     if (e != cudaSuccess) return e;
-#line 257 "templates/host.lua"
+#line 266 "templates/host.lua"
+    /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
+    moe_route_fuse_t fz = {0, qwen3_235b_a22b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    if (dev->route_fuse)
+        fz.mode = moe_route_fuse_mode(T, 8, 4096, 8, 1);
     qwen3_235b_a22b_route_bf16_e128k8_t32k64s4<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 92160, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part);
-#line 261 "templates/host.lua"
-    qwen3_235b_a22b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 272 "templates/host.lua"
-    qwen3_235b_a22b_permute_scatter_bf16_h4096k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 292 "templates/host.lua"
-    if (dev->use90) {
-#line 296 "templates/host.lua"
-    moe_tmap_t ma, mb;
+        counts, route_part, fz);
 #line 279 "templates/host.lua"
-    if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
-        (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 256)) != cudaSuccess)
-        return e;
-#line 285 "templates/host.lua"
-    qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+    if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
+        qwen3_235b_a22b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 279 "templates/host.lua"
-    if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1536, 128)) != cudaSuccess ||
-        (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 256)) != cudaSuccess)
-        return e;
-#line 285 "templates/host.lua"
-    qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 301 "templates/host.lua"
-    } else {
-#line 305 "templates/host.lua"
-    qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(24, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-    qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
+        qwen3_235b_a22b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 279 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
+        qwen3_235b_a22b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 279 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
+        qwen3_235b_a22b_permute_plan_e128_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 279 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
+        qwen3_235b_a22b_permute_plan_e128_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 286 "templates/host.lua"
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
+        qwen3_235b_a22b_permute_scatter_bf16_h4096k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 336 "templates/host.lua"
+    if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 309 "templates/host.lua"
+        if (dev->use90) {
+#line 313 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1536, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 318 "templates/host.lua"
+        } else {
+#line 322 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(24, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 326 "templates/host.lua"
+        }
+#line 336 "templates/host.lua"
+    } else if (v == 1) { /* calls of 8 .. 63 tokens */
+#line 309 "templates/host.lua"
+        if (dev->use90) {
+#line 313 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1536, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 318 "templates/host.lua"
+        } else {
+#line 322 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(24, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 326 "templates/host.lua"
+        }
+#line 336 "templates/host.lua"
+    } else if (v == 2) { /* calls of 64 .. 511 tokens */
+#line 309 "templates/host.lua"
+        if (dev->use90) {
+#line 313 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 128)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 24, 0, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1536, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 128)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 318 "templates/host.lua"
+        } else {
+#line 322 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(24, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 326 "templates/host.lua"
+        }
+#line 336 "templates/host.lua"
+    } else if (v == 3) { /* calls of 512 .. 4095 tokens */
+#line 309 "templates/host.lua"
+        if (dev->use90) {
+#line 313 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1536, 64)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 198720, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 318 "templates/host.lua"
+        } else {
+#line 322 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(24, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 326 "templates/host.lua"
+        }
+#line 336 "templates/host.lua"
+    } else if (v == 4) { /* calls of 4096 or more tokens */
+#line 309 "templates/host.lua"
+        if (dev->use90) {
+#line 313 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w1p, 393216LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 294 "templates/host.lua"
+        if ((e = qwen3_235b_a22b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1536, 128)) != cudaSuccess ||
+            (e = qwen3_235b_a22b_tmap(dev->encode, &mb, a->w2, 524288LL, 1536, 256)) != cudaSuccess)
+            return e;
+#line 302 "templates/host.lua"
+        qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms), 384, 182320, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 318 "templates/host.lua"
+        } else {
+#line 322 "templates/host.lua"
+        qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(24, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 326 "templates/host.lua"
+        }
+#line 339 "templates/host.lua"
     }
-#line 324 "templates/host.lua"
+#line 341 "templates/host.lua"
     qwen3_235b_a22b_combine_bf16_h4096k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2674,7 +6162,7 @@ extern "C" void qwen3_235b_a22b_pack_b1(const unsigned short *b1, unsigned short
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 346 "templates/host.lua"
+#line 363 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2699,5 +6187,5 @@ extern "C" cudaError_t qwen3_235b_a22b_pack(int tensor, void *dst, const void *s
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 470 "templates/host.lua"
+#line 487 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
