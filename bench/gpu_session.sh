@@ -29,7 +29,8 @@
 #            apply = input, 1024 experts, permuted slots), test_vendored on and off, then moe_bench --graph at
 #            1, 4, 5, 8, 64 tokens on and off for those three specs ("LAYER graph" side by side)
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
-#            under tests/tune/pingpong.tune, the examples), test_ep_gpu, test_vendored, test_bgemm_gpu, test_bwd_gpu,
+#            under tests/tune/pingpong.tune and splitk.tune, the examples), test_ep_gpu, test_vendored (and its
+#            split-K build), test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
 #   tunesmall issue #16 item 4: moegen tune at 1, 8, 64, 128, 512 and 2048 tokens for $TUNE_SPECS (default every
@@ -217,6 +218,8 @@ for what in "$@"; do
         v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
         v test_gpu build/tests/test_gpu &
         MOEGEN_TUNING=tests/tune/pingpong.tune v test_gpu_pingpong build/tests/test_gpu = examples/ &
+        { MOEGEN_TUNING=tests/tune/splitk.tune v test_gpu_splitk build/tests/test_gpu = examples/
+          v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe; } &
         { v test_bwd_gpu build/tests/test_bwd_gpu; v test_bgemm_gpu build/tests/test_bgemm_gpu; } &
         { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
         { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe

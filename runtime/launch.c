@@ -109,12 +109,12 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
             return rc;
         /* the GEMMs' arguments (templates/gemm_sm90.lua): 6; with fp8 the two scale pointers more, and the
          * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train);
-         * the backward's GEMMs: dgrad_down 6, dgrad_up 5, the wgrads 7 (runtime/bgemm.c) */
+         * the backward's GEMMs: dgrad_down 6, dgrad_up 5, the wgrads 7 (runtime/bgemm.c); split-K 2 more */
         int nargs = k == MOE_K_DGRAD_UP ? 5
-                          : wgrad ? 7
-                          : k >= MOE_K_BGEMM_FIRST ? 6
-                          : moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
-                          : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
+                    : wgrad ? 7
+                    : k >= MOE_K_BGEMM_FIRST ? 6
+                    : moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
+                    : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
         if (d->tile.splitk) /* the partials and tickets after the output (never with ubuf: family_gemm.c) */
             nargs += 2;
         memcpy(targs, args, sizeof(void *) * (size_t)nargs);
