@@ -165,22 +165,31 @@ ffi::Error gather(uint64_t plan_id, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
 }
 
 // How many workspaces and saved regions XLA gave the handlers, and how many
-// of them did not start on a 256-byte boundary (moegen_jax_alignment): the
-// saved region is found at the first boundary of each handler's buffer, so
-// it is read right only while a residual keeps its address modulo 256 (the
-// README's limit); these say how often XLA's buffers need the padding.
+// of them did not start on a 256-byte boundary (moegen_jax_alignment).
 std::atomic<uint64_t> buffers_seen[2], buffers_unaligned[2];
 
 // A uint8 buffer of `need` bytes and room to align it to 256 (the
-// workspace, the saved region): its aligned start in *out.
+// workspace, the saved region): its aligned start in *out. The workspace
+// is scratch, so an unaligned one is padded; the saved region is refused
+// unless it starts on a boundary: the training forward writes it at its
+// result's address and the backward reads it at its operand's, and a
+// residual XLA moved to another address modulo 256 would otherwise be read
+// shifted. XLA's GPU buffers were all aligned on the H200 (1075 workspaces,
+// 16 saved regions, 0 unaligned: docs/perf/2026-12-04/run18), so the
+// refusal guards against a wrong answer rather than limiting a use.
 ffi::Error aligned(const char *what, ffi::AnyBuffer buf, size_t need, int64_t tokens, void **out) {
     if (buf.element_type() != ffi::DataType::U8 || buf.dimensions().size() != 1)
         return bad(std::string(what) + " must be uint8 [bytes]");
     uintptr_t base = (uintptr_t)buf.untyped_data();
     const int saved = std::strcmp(what, "the saved region") == 0;
     buffers_seen[saved]++;
-    if (base % 256)
+    if (base % 256) {
         buffers_unaligned[saved]++;
+        if (saved)
+            return bad("the saved region XLA gave is not 256-byte aligned (address % 256 = " +
+                       std::to_string(base % 256) + "): the forward and the backward would disagree on where it "
+                       "starts, so moegen refuses it");
+    }
     uintptr_t at = (base + 255) & ~(uintptr_t)255;
     if (at - base + need > buf.size_bytes())
         return bad(std::string(what) + " has " + std::to_string(buf.size_bytes()) + " bytes; " +

@@ -117,10 +117,9 @@ def load_handler(path=None):
 def buffer_alignment():
     """What the handlers saw of XLA's buffers since the handler loaded:
     {"workspace": (seen, not 256-byte aligned), "saved": (seen, not
-    aligned)}. The saved region sits at the first 256-byte boundary of
-    each handler's buffer, so a residual must keep its address modulo 256
-    between the training forward and the backward (README, JAX); these
-    counts say whether XLA's buffers ever needed that padding."""
+    aligned)}. A workspace not on a 256-byte boundary is padded; a saved
+    region not on one is refused (the forward and the backward would
+    disagree on where it starts; README, JAX)."""
     out = (ctypes.c_uint64 * 4)()
     handler().moegen_jax_alignment(ctypes.byref(out))
     return {"workspace": (out[0], out[1]), "saved": (out[2], out[3])}
