@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|routefuse|verify|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|routefuse|verify|verify-grids|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -28,11 +28,13 @@
 #            MOEGEN_ROUTE_FUSE on and off, every case's calls up to 64 tokens (shared experts, groups,
 #            apply = input, 1024 experts, permuted slots), test_vendored on and off, then moe_bench --graph at
 #            1, 4, 5, 8, 64 tokens on and off for those three specs ("LAYER graph" side by side)
-#   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu (default cases and,
-#            under tests/tune/pingpong.tune and splitk.tune, the examples), test_ep_gpu, test_vendored (and its
-#            split-K build), test_bgemm_gpu, test_bwd_gpu,
+#   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu's default cases,
+#            test_ep_gpu, test_vendored (and its split-K and fp8 builds), test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
+#   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune (a call of its own)
+# When $OUT holds more than 6 files at the end, its .log and .txt files are packed into $OUT/logs.tar.gz (the
+# device brings back 8 files at most).
 #   tunesmall issue #16 item 4: moegen tune at 1, 8, 64, 128, 512 and 2048 tokens for $TUNE_SPECS (default every
 #            one-device example spec) merged into $OUT/h200.tune (a copy of $TUNE_FROM, default tuning/h200.tune),
 #            then moe_bench --graph at 1 .. 2048 tokens under the shipped table and under $OUT/h200.tune, side by
@@ -217,9 +219,8 @@ for what in "$@"; do
     verify)
         v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
         v test_gpu build/tests/test_gpu &
-        MOEGEN_TUNING=tests/tune/pingpong.tune v test_gpu_pingpong build/tests/test_gpu = examples/ &
-        { MOEGEN_TUNING=tests/tune/splitk.tune v test_gpu_splitk build/tests/test_gpu = examples/
-          v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe; } &
+        { v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe
+          v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe; } &
         { v test_bwd_gpu build/tests/test_bwd_gpu; v test_bgemm_gpu build/tests/test_bgemm_gpu; } &
         { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
         { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
@@ -235,7 +236,20 @@ for what in "$@"; do
         cat "$OUT/verify_rc.txt"
         for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): [0-9]+ passed' $f | tail -1)"; done
         ;;
+    verify-grids)
+        # the examples under the ping-pong and split-K tables, one after the other (side by side with the rest of
+        # verify they ran out of the call's time, and four test_gpu runs over the examples out of host memory)
+        for g in pingpong splitk; do
+            MOEGEN_TUNING=tests/tune/$g.tune timeout 290 build/tests/test_gpu = examples/ > "$OUT/test_gpu_$g.log" 2>&1
+            echo "test_gpu_$g: exit $?" | tee -a "$OUT/verify_rc.txt"
+            grep -E '^test_gpu: [0-9]+ passed' "$OUT/test_gpu_$g.log"
+        done
+        ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, verify, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, routefuse, verify, verify-grids, all)"; exit 2 ;;
     esac
 done
+# the device brings back at most 8 files from $OUT: the logs and notes travel as one archive
+if [ "$(ls "$OUT" | wc -l)" -gt 6 ]; then
+    (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
+fi
