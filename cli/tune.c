@@ -64,11 +64,9 @@ static const cand_t cands[] = {
 
 /* A candidate's grid as the tuning table and the progress lines spell it, in buf. */
 static const char *grid_name(const cand_t *c, char buf[16]) {
-    if (c->grid == 3)
-        snprintf(buf, 16, "splitk%d", c->splitk);
-    else
-        snprintf(buf, 16, "%s", (const char *[]){"tile", "persist", "pingpong"}[c->grid]);
-    return buf;
+    const moe_tile_cfg_t t = {.persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
+                              .splitk = c->grid == 3 ? c->splitk : 0};
+    return moe_gemm_sm90_grid_name(&t, buf);
 }
 /* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles */
 static int cand_consumers(const cand_t *c) { return c->grid == 2 ? 2 : c->bm / 64; }

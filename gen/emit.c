@@ -518,13 +518,10 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
             if (k->tile.bm && k->tile.consumers) {
                 char grid[16]; /* as the tuning table spells it */
-                snprintf(grid, sizeof grid, "%s", k->tile.pingpong ? "pingpong" : k->tile.persistent ? "persist" : "tile");
-                if (k->tile.splitk)
-                    snprintf(grid, sizeof grid, "splitk%d", k->tile.splitk);
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,
-                               grid);
+                               moe_gemm_sm90_grid_name(&k->tile, grid));
             } else if (k->tile.bm)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"warps_m\": %d, \"warps_n\": %d, \"group_m\": %d}",

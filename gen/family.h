@@ -197,6 +197,10 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
  * pingpong, splitk). */
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 
+/* The sm_90a grid of tile t as the tuning table spells it ("tile",
+ * "persist", "pingpong" or "splitkS"), written into buf; returns buf. */
+const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
+
 /* The split-K scratch of GEMM k over mtiles M tiles (tile.splitk > 0; 0
  * and 0 otherwise): *partials fp32 values (a bm x bn partial tile per
  * tile and split) and *tickets ints (an arrival counter per tile). */

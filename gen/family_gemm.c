@@ -150,6 +150,14 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
     *partials = *tickets * k->tile.splitk * k->tile.bm * k->tile.bn;
 }
 
+const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]) {
+    if (t->splitk)
+        snprintf(buf, 16, "splitk%d", t->splitk);
+    else
+        snprintf(buf, 16, "%s", t->pingpong ? "pingpong" : t->persistent ? "persist" : "tile");
+    return buf;
+}
+
 /* ---- the family ----------------------------------------------------------- */
 
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
@@ -161,13 +169,11 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
                  s->quant.scaling == MOE_SCALING_BLOCK ? "block" : "channel", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m);
     else if (t->consumers) {
-        char grid[16] = ""; /* the grid: one CTA per tile unless it says otherwise */
-        if (t->pingpong || t->persistent)
-            snprintf(grid, sizeof grid, "%s", t->pingpong ? "pingpong_" : "persist_");
-        else if (t->splitk)
-            snprintf(grid, sizeof grid, "splitk%d_", t->splitk);
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype), grid,
-                 t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+        char grid[16]; /* the grid, named unless one CTA per tile */
+        const int plain = !t->pingpong && !t->persistent && !t->splitk;
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
+                 plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,
+                 t->consumers, t->group_m);
     } else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);

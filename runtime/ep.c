@@ -264,22 +264,30 @@ static const char *const gather_names[MOE_GATHER_PARTS] = {"w1p", "b1p", "w2", "
 
 /* Bytes of one expert of gather part i; 0 = not in this spec. fp8 weights
  * are one byte per element with their fp32 scales beside them. */
-static size_t expert_bytes(const moe_spec_t *s, int i) {
-    const size_t H = (size_t)s->hidden, F = (size_t)s->ffn, w = moe_spec_fp8(s) ? 1 : 2;
+long long moe_ep_slot_elems(const moe_spec_t *s, int i) {
+    const long long H = s->hidden, F = s->ffn;
     switch (i) {
-    case MOE_GATHER_W1P: return w * 2 * F * H;
-    case MOE_GATHER_B1P: return s->ffn_bias ? 2 * 2 * F : 0;
-    case MOE_GATHER_W2:  return w * H * F;
-    case MOE_GATHER_B2:  return s->ffn_bias ? 2 * H : 0;
-    case MOE_GATHER_W1S: return moe_spec_fp8(s) ? 4 * (size_t)moe_spec_fp8_scales(s, 0) : 0;
-    case MOE_GATHER_W2S: return moe_spec_fp8(s) ? 4 * (size_t)moe_spec_fp8_scales(s, 1) : 0;
+    case MOE_GATHER_W1P: return 2 * F * H;
+    case MOE_GATHER_B1P: return s->ffn_bias ? 2 * F : 0;
+    case MOE_GATHER_W2:  return H * F;
+    case MOE_GATHER_B2:  return s->ffn_bias ? H : 0;
     }
     return 0;
 }
 
-/* Does fsdp shard the experts (the gather moves them, else it is a local
- * copy)? */
-static int gather_shards(const moe_mesh_plan_t *mp) { return mp->nheld > mp->nstored; }
+static size_t expert_bytes(const moe_spec_t *s, int i) {
+    const int fp8 = moe_spec_fp8(s);
+    switch (i) {
+    case MOE_GATHER_W1P:
+    case MOE_GATHER_W2:  return (fp8 ? 1 : 2) * (size_t)moe_ep_slot_elems(s, i);
+    case MOE_GATHER_B1P:
+    case MOE_GATHER_B2:  return 2 * (size_t)moe_ep_slot_elems(s, i);
+    case MOE_GATHER_W1S: return fp8 ? 4 * (size_t)moe_spec_fp8_scales(s, 0) : 0;
+    case MOE_GATHER_W2S: return fp8 ? 4 * (size_t)moe_spec_fp8_scales(s, 1) : 0;
+    }
+    return 0;
+}
+
 
 moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_spec_t *s, const moe_gather_args *g,
                                moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts, moe_ep_call_t *c) {
@@ -289,7 +297,7 @@ moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_sp
         src[MOE_GATHER_W1S] = g->stored_w1s, src[MOE_GATHER_W2S] = g->stored_w2s;
         dst[MOE_GATHER_W1S] = g->held_w1s, dst[MOE_GATHER_W2S] = g->held_w2s;
     }
-    const int shards = gather_shards(mp), F = shards ? mp->size[MOE_AXIS_FSDP] : 1,
+    const int shards = moe_ep_fsdp_shards(mp), F = shards ? mp->size[MOE_AXIS_FSDP] : 1,
               me = shards ? mp->ranks[rank].fsdp_rank : 0;
     *nparts = 0;
     if (c)
@@ -317,7 +325,7 @@ moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_sp
 }
 
 size_t moe_ep_gather_bytes(const moe_mesh_plan_t *mp, const moe_spec_t *s) {
-    if (!gather_shards(mp))
+    if (!moe_ep_fsdp_shards(mp))
         return 0;
     size_t eb = 0;
     for (int i = 0; i < MOE_GATHER_PARTS; i++)
@@ -328,7 +336,7 @@ size_t moe_ep_gather_bytes(const moe_mesh_plan_t *mp, const moe_spec_t *s) {
 moe_status moe_ep_gather_local(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st, moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts,
                                moe_ep_call_t *c) {
     moe_status rc = moe_ep_gather_xfers(ep->mp, ep->rank, s, g, parts, nparts, c);
-    const int me = gather_shards(ep->mp) ? ep->me->fsdp_rank : 0;
+    const int me = moe_ep_fsdp_shards(ep->mp) ? ep->me->fsdp_rank : 0;
     for (int i = 0; i < *nparts && !rc; i++) {
         const moe_gather_part_t *p = &parts[i];
         CUdeviceptr mine = p->base + p->stride * (size_t)me;
@@ -358,7 +366,7 @@ moe_status moe_ep_gather_nccl(const moe_ep_t *ep, const moe_gather_part_t *parts
 }
 
 moe_status moe_ep_gather(const moe_ep_t *ep, const moe_spec_t *s, const moe_gather_args *g, CUstream st) {
-    const int shards = gather_shards(ep->mp);
+    const int shards = moe_ep_fsdp_shards(ep->mp);
     if (shards && ep->unconnected)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_gather_weights: this plan has no communicator");
     moe_gather_part_t parts[MOE_GATHER_PARTS];

@@ -102,6 +102,16 @@ typedef struct {
 moe_status moe_ep_gather_xfers(const moe_mesh_plan_t *mp, int rank, const moe_spec_t *s, const moe_gather_args *g,
                                moe_gather_part_t parts[MOE_GATHER_PARTS], int *nparts, moe_ep_call_t *c);
 
+/* Elements of one expert slot of weight tensor i (MOE_GATHER_W1P, _B1P,
+ * _W2, _B2: w1p 2F x H, b1p 2F, w2 H x F, b2 H; the biases 0 without
+ * ffn_bias): the gather's parts and the gradients the FSDP reduce-scatter
+ * sums (fsdp_grad.c) have these shapes. */
+long long moe_ep_slot_elems(const moe_spec_t *s, int i);
+
+/* Does fsdp shard the experts (held > stored: the gather moves them, else
+ * it is a local copy)? */
+static inline int moe_ep_fsdp_shards(const moe_mesh_plan_t *mp) { return mp->nheld > mp->nstored; }
+
 /* The bytes one gather moves into rank `rank` over its FSDP group (0 when
  * the gather is a local copy): the sum over the spec's parts. */
 size_t moe_ep_gather_bytes(const moe_mesh_plan_t *mp, const moe_spec_t *s);

@@ -14,18 +14,6 @@
 
 const char *const moe_grad_tensor_names[MOE_GRAD_TENSORS] = {"dw1p", "db1p", "dw2", "db2"};
 
-/* fp32 elements of one slot of gradient tensor i; 0 = not in this spec. */
-static long long slot_elems(const moe_spec_t *s, int i) {
-    long long H = s->hidden, F = s->ffn;
-    switch (i) {
-    case 0: return 2 * F * H;
-    case 1: return s->ffn_bias ? 2 * F : 0;
-    case 2: return H * F;
-    case 3: return s->ffn_bias ? H : 0;
-    }
-    return 0;
-}
-
 int moe_fsdp_grad_parts(const moe_mesh_plan_t *mp, const moe_spec_t *s, int rank, moe_grad_part_t parts[4], char *err,
                         size_t errlen) {
     if (mp->size[MOE_AXIS_EP] > 1) {
@@ -37,10 +25,10 @@ int moe_fsdp_grad_parts(const moe_mesh_plan_t *mp, const moe_spec_t *s, int rank
         snprintf(err, errlen, "rank %d is outside the mesh of %d devices", rank, mp->world);
         return -1;
     }
-    const int fsdp = mp->size[MOE_AXIS_FSDP], shards = mp->nheld > mp->nstored;
+    const int fsdp = mp->size[MOE_AXIS_FSDP], shards = moe_ep_fsdp_shards(mp);
     const long long stored = mp->nstored + moe_spec_shared_slots(s), held = mp->nheld + moe_spec_shared_slots(s);
     for (int i = 0; i < MOE_GRAD_TENSORS; i++) {
-        long long n = slot_elems(s, i);
+        long long n = moe_ep_slot_elems(s, i); /* dw1p, db1p, dw2, db2: the gather's first four parts' shapes */
         moe_grad_part_t *p = &parts[i];
         p->count = n * stored;
         p->held = n * held;

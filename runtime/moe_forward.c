@@ -188,7 +188,7 @@ static moe_status quantize_in_place(const moe_plan *p, const moe_pack_args *w1, 
     if (!g->held_w1p || !g->held_w1s || !g->held_w2 || !g->held_w2s)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: held_w1p, held_w1s, held_w2 and held_w2s are required", fn);
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
-    const size_t place = (size_t)(mp->nheld > mp->nstored ? p->ep->me->fsdp_rank : 0) * (size_t)mp->nstored;
+    const size_t place = (size_t)(moe_ep_fsdp_shards(mp) ? p->ep->me->fsdp_rank : 0) * (size_t)mp->nstored;
     moe_pack_args a = *w1;
     a.first = (int)place;
     moe_status rc = moe_plan_pack_quantize_async(p, &a, g->held_w1p, g->held_w1s, stream);

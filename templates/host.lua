@@ -110,24 +110,18 @@ static cudaError_t ${n}_encoder(${n}_encode_fn *encode) {
     return cudaSuccess;
 }
 
+@   local geom, dtype = "moe_tmap_geom", "MOE_TMAP_DTYPE"
 @   if fp8 then
+@     geom, dtype = "moe_tmap_geom8", "MOE_TMAP_DTYPE8"
 /* The fp8 GEMMs' operands are e4m3 bytes (moe_tmap_geom8: boxes of 128 elements). */
-static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
-                           unsigned box_rows) {
-    const moe_tmap_geom_t g = moe_tmap_geom8(rows, k, box_rows);
-    CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE8, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
-                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-@   else
-static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
-                           unsigned box_rows) {
-    const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
-    CUresult r = encode((CUtensorMap *)m, MOE_TMAP_DTYPE, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
-                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
 @   end
+static cudaError_t ${n}_tmap(${n}_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
+                           unsigned box_rows) {
+    const moe_tmap_geom_t g = ${geom}(rows, k, box_rows);
+    CUresult r = encode((CUtensorMap *)m, ${dtype}, 2, (void *)base, g.dim, g.stride, g.box, g.estride,
+                        MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 @ end
 @ local two = p.sm90 and p.sm80 and p.sm90.gemm_up_swiglu.name ~= p.sm80.gemm_up_swiglu.name
@@ -294,13 +288,17 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 ${ind}    if ((e = ${n}_tmap(dev->encode, &ma, ${a}, tiles_y * ${align}, ${kd.K}, ${kd.bm})) != cudaSuccess ||
 ${ind}        (e = ${n}_tmap(dev->encode, &mb, ${w}, ${p.slots * kd.N}LL, ${kd.K}, ${kd.bn})) != cudaSuccess)
 ${ind}        return e;
-@   -- split-K (never on a training or fp8 plan): the partials and the tickets after the output
-@   local sk = (kd.splitk or 0) > 0 and (", splitk, counts + " .. p.splitk_tickets_at) or ""
+@   -- fp8: the A and B scales after the maps, the up GEMM's output scales after the output; a training
+@   -- plan's up GEMM: its ubuf (none here); split-K (never on a training or fp8 plan): the partials and
+@   -- the tickets after the output
+@   local mid, tail = "", ""
 @   if scales then
-${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, 0, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""});
+@     mid, tail = scales[1] .. ", " .. scales[2] .. ", ", scales[3] and (", " .. scales[3]) or ""
 @   else
-${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${(p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""}${sk});
+@     tail = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
+@     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
 @   end
+${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file

@@ -4130,7 +4130,7 @@ static cudaError_t deepseek_v3_encoder(deepseek_v3_encode_fn *encode) {
     return cudaSuccess;
 }
 
-#line 123 "templates/host.lua"
+#line 118 "templates/host.lua"
 static cudaError_t deepseek_v3_tmap(deepseek_v3_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -4138,9 +4138,8 @@ static cudaError_t deepseek_v3_tmap(deepseek_v3_encode_fn encode, moe_tmap_t *m,
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
-#line 131 "templates/host.lua"
 
-#line 134 "templates/host.lua"
+#line 128 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -4153,9 +4152,9 @@ typedef struct {
     int *slot_of;   /* deepseek_v3_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-#line 147 "templates/host.lua"
+#line 141 "templates/host.lua"
     deepseek_v3_encode_fn encode;
-#line 149 "templates/host.lua"
+#line 143 "templates/host.lua"
 } deepseek_v3_device_t;
 static deepseek_v3_device_t deepseek_v3_devices[deepseek_v3_MAX_DEVICES];
 static std::mutex deepseek_v3_devices_lock;
@@ -4171,30 +4170,30 @@ static cudaError_t deepseek_v3_device_init(deepseek_v3_device_t *d, int dev) {
     if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
-#line 165 "templates/host.lua"
+#line 159 "templates/host.lua"
     d->use90 = major == 9;
-#line 170 "templates/host.lua"
+#line 164 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_route_bf16_e256k8s1_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 187 "templates/host.lua"
+#line 181 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -4220,51 +4219,51 @@ static deepseek_v3_device_t *deepseek_v3_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStream_t stream) {
-#line 218 "templates/host.lua"
+#line 212 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 225 "templates/host.lua"
+#line 219 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 239 "templates/host.lua"
+#line 233 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *num_tiles = (int *)(ws + 4096);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *topk_idx = (int *)(ws + 45312);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     float *topk_w = (float *)(ws + 635136);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *row_of = (int *)(ws + 1224960);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1814784);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 2583656704);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     float *route_part = (float *)(ws + 3321325824);
-#line 254 "templates/host.lua"
+#line 248 "templates/host.lua"
     const int v = deepseek_v3_variant(T);
     const long long tiles_y = deepseek_v3_max_tiles(T, v);
-#line 259 "templates/host.lua"
+#line 253 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_device_t *dev = deepseek_v3_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1288, stream);
     if (e != cudaSuccess) return e;
-#line 266 "templates/host.lua"
+#line 260 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, deepseek_v3_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -4272,68 +4271,68 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     deepseek_v3_route_bf16_e256k8s1_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 279 "templates/host.lua"
+#line 273 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         deepseek_v3_permute_plan_e257_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 279 "templates/host.lua"
+#line 273 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         deepseek_v3_permute_plan_e257_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 286 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_permute_scatter_bf16_h7168k9<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 336 "templates/host.lua"
+#line 334 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 4095 tokens */
-#line 309 "templates/host.lua"
+#line 307 "templates/host.lua"
         if (dev->use90) {
-#line 313 "templates/host.lua"
+#line 311 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
         deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0), 256, 163904, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 318 "templates/host.lua"
+#line 316 "templates/host.lua"
         } else {
-#line 322 "templates/host.lua"
+#line 320 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(56, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 326 "templates/host.lua"
+#line 324 "templates/host.lua"
         }
-#line 336 "templates/host.lua"
+#line 334 "templates/host.lua"
     } else if (v == 1) { /* calls of 4096 or more tokens */
-#line 309 "templates/host.lua"
+#line 307 "templates/host.lua"
         if (dev->use90) {
-#line 313 "templates/host.lua"
+#line 311 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
         deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 318 "templates/host.lua"
+#line 316 "templates/host.lua"
         } else {
-#line 322 "templates/host.lua"
+#line 320 "templates/host.lua"
         deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
         deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 326 "templates/host.lua"
+#line 324 "templates/host.lua"
         }
-#line 339 "templates/host.lua"
+#line 337 "templates/host.lua"
     }
-#line 341 "templates/host.lua"
+#line 339 "templates/host.lua"
     deepseek_v3_combine_bf16_h7168k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -4355,7 +4354,7 @@ extern "C" void deepseek_v3_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 363 "templates/host.lua"
+#line 361 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4380,7 +4379,7 @@ extern "C" cudaError_t deepseek_v3_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 467 "templates/host.lua"
+#line 465 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v3_pack_w1),
@@ -4400,5 +4399,5 @@ extern "C" void deepseek_v3_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 487 "templates/host.lua"
+#line 485 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

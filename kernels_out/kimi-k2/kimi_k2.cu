@@ -2593,7 +2593,7 @@ static cudaError_t kimi_k2_encoder(kimi_k2_encode_fn *encode) {
     return cudaSuccess;
 }
 
-#line 123 "templates/host.lua"
+#line 118 "templates/host.lua"
 static cudaError_t kimi_k2_tmap(kimi_k2_encode_fn encode, moe_tmap_t *m, const void *base, long long rows, long long k,
                            unsigned box_rows) {
     const moe_tmap_geom_t g = moe_tmap_geom(rows, k, box_rows);
@@ -2601,9 +2601,8 @@ static cudaError_t kimi_k2_tmap(kimi_k2_encode_fn encode, moe_tmap_t *m, const v
                         MOE_TMAP_INTERLEAVE, MOE_TMAP_SWIZZLE, MOE_TMAP_L2_PROMOTION, MOE_TMAP_OOB_FILL);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
-#line 131 "templates/host.lua"
 
-#line 134 "templates/host.lua"
+#line 128 "templates/host.lua"
 /* What the forward needs of the current device, found on the first call on
  * each device (one process may drive several GPUs; threads may make their
  * first calls at once: one fills the entry under the lock, then publishes
@@ -2616,9 +2615,9 @@ typedef struct {
     int *slot_of;   /* kimi_k2_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-#line 147 "templates/host.lua"
+#line 141 "templates/host.lua"
     kimi_k2_encode_fn encode;
-#line 149 "templates/host.lua"
+#line 143 "templates/host.lua"
 } kimi_k2_device_t;
 static kimi_k2_device_t kimi_k2_devices[kimi_k2_MAX_DEVICES];
 static std::mutex kimi_k2_devices_lock;
@@ -2634,22 +2633,22 @@ static cudaError_t kimi_k2_device_init(kimi_k2_device_t *d, int dev) {
     if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
-#line 165 "templates/host.lua"
+#line 159 "templates/host.lua"
     d->use90 = major == 9;
-#line 170 "templates/host.lua"
+#line 164 "templates/host.lua"
     if (d->use90 && (e = kimi_k2_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_route_bf16_e384k8s1_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 119808)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(kimi_k2_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 187 "templates/host.lua"
+#line 181 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2675,50 +2674,50 @@ static kimi_k2_device_t *kimi_k2_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t kimi_k2_forward(const kimi_k2_args_t *a, cudaStream_t stream) {
-#line 218 "templates/host.lua"
+#line 212 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > kimi_k2_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 225 "templates/host.lua"
+#line 219 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 239 "templates/host.lua"
+#line 233 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *cursor = (int *)(ws + 3840);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *num_tiles = (int *)(ws + 5632);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 5888);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *topk_idx = (int *)(ws + 30464);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     float *topk_w = (float *)(ws + 620288);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     int *row_of = (int *)(ws + 1210112);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1799936);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 2816687872);
-#line 248 "templates/host.lua"
+#line 242 "templates/host.lua"
     float *route_part = (float *)(ws + 3620941568);
-#line 252 "templates/host.lua"
+#line 246 "templates/host.lua"
     const long long tiles_y = kimi_k2_max_tiles(T);
-#line 259 "templates/host.lua"
+#line 253 "templates/host.lua"
     cudaError_t e;
     const kimi_k2_device_t *dev = kimi_k2_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1800, stream);
     if (e != cudaSuccess) return e;
-#line 266 "templates/host.lua"
+#line 260 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2726,36 +2725,36 @@ extern "C" cudaError_t kimi_k2_forward(const kimi_k2_args_t *a, cudaStream_t str
     kimi_k2_route_bf16_e384k8s1_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 119808, stream>>>(
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 274 "templates/host.lua"
+#line 268 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         kimi_k2_permute_plan_e385_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 286 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         kimi_k2_permute_scatter_bf16_h7168k9<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 309 "templates/host.lua"
+#line 307 "templates/host.lua"
     if (dev->use90) {
-#line 313 "templates/host.lua"
+#line 311 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w1p, 1576960LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
     kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 294 "templates/host.lua"
+#line 288 "templates/host.lua"
     if ((e = kimi_k2_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = kimi_k2_tmap(dev->encode, &mb, a->w2, 2759680LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 302 "templates/host.lua"
+#line 301 "templates/host.lua"
     kimi_k2_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0), 384, 196672, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 318 "templates/host.lua"
+#line 316 "templates/host.lua"
     } else {
-#line 322 "templates/host.lua"
+#line 320 "templates/host.lua"
     kimi_k2_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
     kimi_k2_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 326 "templates/host.lua"
+#line 324 "templates/host.lua"
     }
-#line 341 "templates/host.lua"
+#line 339 "templates/host.lua"
     kimi_k2_combine_bf16_h7168k9<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2777,7 +2776,7 @@ extern "C" void kimi_k2_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 363 "templates/host.lua"
+#line 361 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2802,7 +2801,7 @@ extern "C" cudaError_t kimi_k2_pack(int tensor, void *dst, const void *src0, con
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 467 "templates/host.lua"
+#line 465 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like kimi_k2_pack_w1),
@@ -2822,5 +2821,5 @@ extern "C" void kimi_k2_pack_shared(const unsigned short *w1s, const unsigned sh
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 487 "templates/host.lua"
+#line 485 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -557,6 +557,27 @@ def scale_jobs(E, F, m, block, gate_s, up_s, w2_s, shared_w1_s=None, shared_w2_s
     return jobs
 
 
+def _take(name, t, shape, dtype, dev):
+    """A weight argument of MoE.load_plain / load_fp8: a tensor of exactly
+    dtype and shape (never converted), moved to dev."""
+    if t is None:
+        raise ValueError("moegen: the spec needs %s %s %s" % (name, str(dtype)[6:], list(shape)))
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+    if t.dtype != dtype:
+        raise TypeError("moegen: %s must be %s, not %s" % (name, dtype, t.dtype))
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape), list(t.shape)))
+    return t.to(dev)
+
+
+def _refuse(**given):
+    """Arguments of MoE.load_plain / load_fp8 the spec has no place for."""
+    for name, t in given.items():
+        if t is not None:
+            raise ValueError("moegen: the spec takes no %s" % name)
+
+
 _NO_FP8_PACK = ("moegen: the plan's module has no fp8 pack kernels (a folder compiled before moegen emitted them): "
                 "compile it again")
 
@@ -664,20 +685,7 @@ class MoE(torch.nn.Module):
         dev, dt = self.w1p.device, _DTYPES[self.plan.tensors["x"][1]]   # fp8 plans: bf16 weights, quantized here
 
         def take(name, t, shape, dtype=dt):
-            if t is None:
-                raise ValueError("moegen: the spec needs %s %s" % (name, list(shape)))
-            if not isinstance(t, torch.Tensor):
-                raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
-            if t.dtype != dtype:
-                raise TypeError("moegen: %s must be %s, not %s" % (name, dtype, t.dtype))
-            if tuple(t.shape) != tuple(shape):
-                raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape), list(t.shape)))
-            return t.to(dev)
-
-        def refuse(**given):
-            for name, t in given.items():
-                if t is not None:
-                    raise ValueError("moegen: the spec takes no %s" % name)
+            return _take(name, t, shape, dtype, dev)
 
         if (w1 is None) == (gate is None or up is None):
             raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
@@ -691,16 +699,16 @@ class MoE(torch.nn.Module):
             shared_w1 = take("shared_w1", shared_w1, (2 * m * F, H))
             shared_w2 = take("shared_w2", shared_w2, (H, m * F))
         else:
-            refuse(shared_w1=shared_w1, shared_w2=shared_w2)
+            _refuse(shared_w1=shared_w1, shared_w2=shared_w2)
         if self.b1p is not None:
             b1, b2 = take("b1", b1, (E, 2 * F)), take("b2", b2, (E, H))
         else:
-            refuse(b1=b1, b2=b2)
+            _refuse(b1=b1, b2=b2)
         for name, t in (("router_w", router_w), ("router_bias", router_bias),
                         ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
             p = getattr(self, name)
             if p is None:
-                refuse(**{name: t})
+                _refuse(**{name: t})
             else:
                 p.copy_(take(name, t, p.shape, p.dtype))
 
@@ -754,20 +762,7 @@ class MoE(torch.nn.Module):
             return lead + ((n // B, k // B) if block else (n,))
 
         def take(name, t, shape, dtype):
-            if t is None:
-                raise ValueError("moegen: the spec needs %s %s %s" % (name, str(dtype)[6:], list(shape)))
-            if not isinstance(t, torch.Tensor):
-                raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
-            if t.dtype != dtype:
-                raise TypeError("moegen: %s must be %s, not %s" % (name, dtype, t.dtype))
-            if tuple(t.shape) != tuple(shape):
-                raise ValueError("moegen: %s must be %s, not %s" % (name, list(shape), list(t.shape)))
-            return t.to(dev)
-
-        def refuse(**given):
-            for name, t in given.items():
-                if t is not None:
-                    raise ValueError("moegen: the spec takes no %s" % name)
+            return _take(name, t, shape, dtype, dev)
 
         if (w1 is None) == (gate is None or up is None):
             raise ValueError("moegen: pass w1 [E, 2F, H] or gate and up [E, F, H], one of the two")
@@ -788,18 +783,18 @@ class MoE(torch.nn.Module):
             shared_w1_scale = take("shared_w1_scale", shared_w1_scale, sshape(2 * m * F, H), f32)
             shared_w2_scale = take("shared_w2_scale", shared_w2_scale, sshape(H, m * F), f32)
         else:
-            refuse(shared_w1=shared_w1, shared_w2=shared_w2, shared_w1_scale=shared_w1_scale,
+            _refuse(shared_w1=shared_w1, shared_w2=shared_w2, shared_w1_scale=shared_w1_scale,
                    shared_w2_scale=shared_w2_scale)
         bt = _DTYPES[self.plan.tensors["x"][1]]
         if self.b1p is not None:
             b1, b2 = take("b1", b1, (E, 2 * F), bt), take("b2", b2, (E, H), bt)
         else:
-            refuse(b1=b1, b2=b2)
+            _refuse(b1=b1, b2=b2)
         for name, t in (("router_w", router_w), ("router_bias", router_bias),
                         ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
             p = getattr(self, name)
             if p is None:
-                refuse(**{name: t})
+                _refuse(**{name: t})
             else:
                 p.copy_(take(name, t, p.shape, p.dtype))
 
