@@ -132,6 +132,20 @@ static void check_close(const char *what, const float *got, const float *want, s
     CHECKF(e <= tol, "%s: normalized L2 error %.3g > %.3g (n = %zu)", what, e, tol, n);
 }
 
+/* A sum's error is relative to the magnitudes of its terms, not to the sum: for one dot product that cancels
+ * (the shared gate's dg with one token) the normalized error above says nothing. This one divides by the
+ * norm of `scale`, each element the sum of the magnitudes of the terms of that element's sum. */
+static void check_close_scaled(const char *what, const float *got, const float *want, const float *scale, size_t n,
+                               double tol) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)scale[i] * scale[i];
+    }
+    const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    CHECKF(e <= tol, "%s: L2 error %.3g of the terms' magnitudes > %.3g (n = %zu)", what, e, tol, n);
+}
+
 static float *halves(const uint16_t *h, size_t n, moe_dtype_t dt) {
     float *f = malloc((n ? n : 1) * sizeof *f);
     for (size_t i = 0; f && i < n; i++)
@@ -442,13 +456,13 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                         rs.a = malloc(4 * TK * F), rs.o = malloc(4 * TK * H), rs.dys = malloc(4 * TK * H),
                         rs.du = malloc(4 * TK * 2 * F), rs.dxs = malloc(4 * TK * H), rs.dw = malloc(4 * TK),
                         rs.dlogits = malloc(4 * (size_t)T * E), rs.shared_g = malloc(4 * (size_t)T + 4),
-                        rs.shared_dg = malloc(4 * (size_t)T + 4), rg.dws1 = malloc(4 * (size_t)2 * FS * H + 4),
+                        rs.shared_dg = malloc(4 * (size_t)T + 4), rs.shared_dg_abs = malloc(4 * (size_t)T + 4), rg.dws1 = malloc(4 * (size_t)2 * FS * H + 4),
                         rg.dws2 = malloc(4 * (size_t)H * FS + 4), rg.dwsg = malloc(4 * (size_t)H)};
     int have = 1;
     for (size_t i = 0; i < sizeof ref_buf / sizeof *ref_buf; i++)
         have &= ref_buf[i] != NULL;
     if (!FS) /* the shared expert's outputs only with one */
-        rs.shared_g = rs.shared_dg = rg.dws1 = rg.dws2 = rg.dwsg = NULL;
+        rs.shared_g = rs.shared_dg = rs.shared_dg_abs = rg.dws1 = rg.dws2 = rg.dwsg = NULL;
     if (!have || moe_ref_backward(s, &in, L->dy, 0, &rg, &rs)) {
         CHECKF(0, "the reference's backward");
         goto free_ref;
@@ -497,8 +511,18 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                     free(j2);
                 }
             }
-            if (EL > E && down(g, L->gdsg, 4 * (size_t)H))
-                check_close("d w_gate", g, rg.dwsg, H, tol);
+            if (EL > E && down(g, L->gdsg, 4 * (size_t)H)) {
+                /* Σ_t dz[t]·x[t]: each dz one dot product of T = 1's kind (check_close_scaled) */
+                float *sc = calloc((size_t)H, sizeof *sc);
+                for (int t = 0; sc && t < T; t++) {
+                    const double gz = rs.shared_dg_abs[t] * rs.shared_g[t] * (1 - rs.shared_g[t]);
+                    for (int h = 0; h < H; h++)
+                        sc[h] += (float)(gz * fabs(moe_half_to_float(L->x[(size_t)t * H + h], dt)));
+                }
+                if (sc)
+                    check_close_scaled("d w_gate", g, rg.dwsg, sc, H, tol);
+                free(sc);
+            }
             if (s->ffn_bias) {
                 us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_B1, (float *)L->gdb1p, (float *)L->pb1, E, NULL);
                 CHECKF(us == MOE_OK, "moe_plan_unpack_grad: %s", moe_last_error());
@@ -549,18 +573,26 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
              * refuses a gate with "input"), while the reference's dg is the output-side <dy, O>. */
             const int shared_dg = EL > E || s->router.apply != MOE_APPLY_INPUT;
             if (FS && shared_dg && g && w && gz && wz) {
+                /* each dg one dot product <dy, O_shared>: judged against its terms' magnitudes */
+                float *sa = malloc(4 * (size_t)T + 4), *sz = malloc(4 * (size_t)T + 4);
                 n = 0;
-                for (int t = 0; t < T; t++) {
+                for (int t = 0; sa && sz && t < T; t++) {
                     g[n] = 0;
                     for (int j = K; j < KE; j++)
                         g[n] += dw[t * KE + j];
-                    w[n++] = rs.shared_dg[t];
+                    w[n] = rs.shared_dg[t];
+                    sa[n++] = rs.shared_dg_abs[t];
                     gz[t] = EL > E ? dl[(size_t)t * EL + E] : 0;
                     wz[t] = rs.shared_dg[t] * rs.shared_g[t] * (1 - rs.shared_g[t]);
+                    sz[t] = rs.shared_dg_abs[t] * rs.shared_g[t] * (1 - rs.shared_g[t]);
                 }
-                check_close("the shared expert's dg (its entries' dw)", g, w, n, tol);
-                if (EL > E)
-                    check_close("d logits, the shared gate's column", gz, wz, (size_t)T, tol);
+                CHECKF(sa && sz, "out of memory");
+                if (sa && sz) {
+                    check_close_scaled("the shared expert's dg (its entries' dw)", g, w, sa, n, tol);
+                    if (EL > E)
+                        check_close_scaled("d logits, the shared gate's column", gz, wz, sz, (size_t)T, tol);
+                }
+                free(sa); free(sz);
             }
             free(gl); free(gz); free(wz);
             free(g);

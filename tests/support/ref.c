@@ -687,13 +687,15 @@ static void act_grad(const moe_activation_t *a, double g, double u, double *dg, 
  * double. slot[i] is the row's index in the per-row stage arrays (NULL: not
  * recorded). scaled_input: router.apply = "input". Outputs: the forward
  * adds into L->y; the backward adds into dx [T, H] and writes dwt [n] (dw,
- * or dg for the shared expert) and dW1, db1, dW2, db2 (overwritten). */
+ * or dg for the shared expert), dwt_abs [n] when not NULL (the sum of the
+ * magnitudes of dwt's terms, the scale its rounding error is relative to)
+ * and dW1, db1, dW2, db2 (overwritten). */
 typedef struct {
     int F, n, scaled_input;
     const double *W1, *W2, *b1, *b2;
     const int *tok, *slot;
     const double *wt;
-    double *dwt, *dW1, *db1, *dW2, *db2;
+    double *dwt, *dwt_abs, *dW1, *db1, *dW2, *db2;
 } pass_t;
 
 /* Scratch for a pass of up to `rows` rows and intermediate size F. */
@@ -759,6 +761,11 @@ static void run_pass(const layer_t *L, const pass_t *P, const double *X, double 
         double *dxs = sc->dxs + (size_t)i * H;
         for (int h = 0; h < H; h++) dys[h] = P->scaled_input ? dyt[h] : rnd(L, w * dyt[h]);
         if (!P->scaled_input) P->dwt[i] = r32(L, dot(dyt, o, H));
+        if (!P->scaled_input && P->dwt_abs) {
+            double m = 0;
+            for (int h = 0; h < H; h++) m += fabs(dyt[h] * o[h]);
+            P->dwt_abs[i] = m;
+        }
         for (int f = 0; f < F; f++) da[f] = 0;
         for (int h = 0; h < H; h++) {
             const double *w2 = P->W2 + (size_t)h * F;
@@ -851,6 +858,7 @@ static int layer(const layer_t *L) {
     double *dW1 = malloc((size_t)2 * FM * H * sizeof(double)), *dW2 = malloc((size_t)H * FM * sizeof(double));
     double *db1 = malloc((size_t)2 * FM * sizeof(double)), *db2 = malloc((size_t)H * sizeof(double));
     double *gs = malloc((size_t)NM * sizeof(double)), *dg = malloc((size_t)NM * sizeof(double));
+    double *dga = malloc((size_t)NM * sizeof(double));
     double *dWr = calloc((size_t)E * H, sizeof(double)), *dlb = calloc((size_t)E, sizeof(double));
     double *dl = malloc((size_t)E * sizeof(double)), *dp = malloc((size_t)E * sizeof(double));
     double *wsg = malloc((size_t)H * sizeof(double)), *dwsg = calloc((size_t)H, sizeof(double));
@@ -860,7 +868,7 @@ static int layer(const layer_t *L) {
     int *fill = malloc((size_t)E * sizeof(int));
     scratch_t sc = {0};
     if (!X || !Wr || !p || !w || !dw || !dx || !W1 || !W2 || !b1 || !b2 || !dW1 || !dW2 || !db1 || !db2 ||
-        !gs || !dg || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt || !fill)
+        !gs || !dg || !dga || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt || !fill)
         goto done;
 
     /* Rows per expert, and the largest pass. */
@@ -949,7 +957,7 @@ static int layer(const layer_t *L) {
     if (FS > 0) {
         load(L->ws1, 0, (size_t)2 * FS * H, dt, W1);
         load(L->ws2, 0, (size_t)H * FS, dt, W2);
-        pass_t P = { .F = FS, .n = T, .W1 = W1, .W2 = W2, .tok = all, .wt = gs, .dwt = dg,
+        pass_t P = { .F = FS, .n = T, .W1 = W1, .W2 = W2, .tok = all, .wt = gs, .dwt = dg, .dwt_abs = dga,
                      .dW1 = dW1, .db1 = db1, .dW2 = dW2, .db2 = db2 };
         if (T > 0) run_pass(L, &P, X, dx, &sc);
         else if (G) { memset(dW1, 0, (size_t)2 * FS * H * sizeof(double)); memset(dW2, 0, (size_t)H * FS * sizeof(double)); }
@@ -967,6 +975,7 @@ static int layer(const layer_t *L) {
             }
         if (st && st->shared_g) put(st->shared_g, 0, gs, (size_t)T);
         if (st && st->shared_dg && L->dy) put(st->shared_dg, 0, dg, (size_t)T);
+        if (st && st->shared_dg_abs && L->dy) put(st->shared_dg_abs, 0, dga, (size_t)T);
         if (G && gated) put(G->dwsg, 0, dwsg, (size_t)H);
     }
 
@@ -1013,7 +1022,7 @@ static int layer(const layer_t *L) {
 done:
     scratch_free(&sc);
     free(X); free(Wr); free(p); free(w); free(dw); free(dx); free(W1); free(W2); free(b1); free(b2);
-    free(dW1); free(dW2); free(db1); free(db2); free(gs); free(dg); free(dWr); free(dlb); free(dl);
+    free(dW1); free(dW2); free(db1); free(db2); free(gs); free(dg); free(dga); free(dWr); free(dlb); free(dl);
     free(dp); free(wsg); free(dwsg); free(cnt); free(tok); free(slot); free(all); free(wt); free(fill);
     return rc;
 }

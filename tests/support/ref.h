@@ -244,6 +244,7 @@ typedef struct {
     float *dlogits;       /* [T, E]                                 */
     float *shared_g;      /* [T]  g (1 for gate "none"); iff shared.ffn */
     float *shared_dg;     /* [T]  dg;                  iff shared.ffn */
+    float *shared_dg_abs; /* [T]  Σ_h |dy·O_shared|, dg's terms' magnitudes (its rounding error's scale); may be NULL */
 } moe_ref_bwd_stages_t;
 
 #define MOE_REF_EXACT 1   /* moe_ref_backward flag: no rounding, see above */
