@@ -66,10 +66,11 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
 @ if fp8 then
 /* fp8 (docs/DESIGN.md, "FP8"): the row is written quantized for the fp8 up
  * GEMM, e4m3 into xq [rows, H] and one fp32 scale per 128 columns into xsc
- * [rows, H / 128]: half a warp per 128-column block (16 lanes x 8
- * halves), the block's amax (at least 1e-4) reduced over the half warp,
- * scale amax / 448, e4m3(v * (448 / amax)) round to nearest even,
- * saturating (runtime/fp8.c's rule, bit for bit). */
+ * [rows, H / 128] (quantize8, M.quantizer below). */
+namespace ${ns} {
+@   M.quantizer()
+}  // namespace ${ns}
+
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, unsigned char *__restrict__ xq,
@@ -109,32 +110,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 @   if input then
                 v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
 @   end
-                const unsigned u[4] = {v.x, v.y, v.z, v.w};
-                float f[8];
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
-                float m = 1e-4f;
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    m = fmaxf(m, fabsf(f[j]));
-#pragma unroll
-                for (int o = 8; o; o >>= 1)
-                    m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-                const float mul = 448.0f / m;
-                unsigned q[2];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    unsigned short lo, hi;
-                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
-                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
-                    q[j] = (unsigned)lo | ((unsigned)hi << 16);
-                }
-                if (b < HB) {
-                    *reinterpret_cast<uint2 *>(xq + (long long)row * H + b * 128 + c * 8) = make_uint2(q[0], q[1]);
-                    if (c == 0)
-                        xsc[(long long)row * HB + b] = m / 448.0f;
-                }
+                quantize8(v, b < HB, c == 0, xq + (long long)row * H + b * 128 + c * 8, xsc + (long long)row * HB + b);
             }
         }
     }
@@ -194,6 +170,46 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 }
 @ end
 @ end -- plan_only
+@ end
+@
+@ -- The fp8 activation quantizer (docs/DESIGN.md, "FP8"), emitted into the
+@ -- namespace of each kernel that writes quantized rows (this scatter and
+@ -- templates/ep.lua's, so both are runtime/fp8.c's rule bit for bit):
+@ -- quantize8 takes a lane's 8 halves of a 128-column block held by half a
+@ -- warp (16 lanes x 8), every lane of the warp calling it (the amax is
+@ -- reduced over the half warp by shuffles); the block's amax (at least
+@ -- 1e-4), scale amax / 448, e4m3(v * (448 / amax)) round to nearest even,
+@ -- saturating. Where live, the lane stores its 8 e4m3 bytes at q and the
+@ -- lane that has `first` the scale at sc.
+@ function M.quantizer()
+static __device__ __forceinline__ void quantize8(uint4 v, bool live, bool first, unsigned char *q, float *sc) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
+    float m = 1e-4f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        m = fmaxf(m, fabsf(f[j]));
+#pragma unroll
+    for (int o = 8; o; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float mul = 448.0f / m;
+    unsigned r[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        unsigned short lo, hi;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+        r[j] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    if (live) {
+        *reinterpret_cast<uint2 *>(q) = make_uint2(r[0], r[1]);
+        if (first)
+            *sc = m / 448.0f;
+    }
+}
 @ end
 @
 @ if p then M.emit(p) end
