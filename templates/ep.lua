@@ -301,6 +301,10 @@ ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, 
 @ end
         uint4 *a = reinterpret_cast<uint4 *>(stage + (long long)r * H);
         uint4 *b = reinterpret_cast<uint4 *>(xr + (long long)(chunk_dst[s * S + j] + in) * H);
+@ if fp8 then
+#pragma unroll 4
+        for (int v = lane; v < HV; v += 32) a[v] = b[v];   // dir 1: the bf16 results back
+@ else
         if (dir == 0) {
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) b[v] = a[v];
@@ -308,6 +312,7 @@ ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, 
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) a[v] = b[v];
         }
+@ end
     }
 }
 @ end

@@ -2592,6 +2592,7 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
 #line 302 "templates/ep.lua"
         uint4 *a = reinterpret_cast<uint4 *>(stage + (long long)r * H);
         uint4 *b = reinterpret_cast<uint4 *>(xr + (long long)(chunk_dst[s * S + j] + in) * H);
+#line 308 "templates/ep.lua"
         if (dir == 0) {
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) b[v] = a[v];
@@ -2599,6 +2600,7 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) a[v] = b[v];
         }
+#line 316 "templates/ep.lua"
     }
 }
 
