@@ -23,7 +23,7 @@
 @ --
 @ -- fp8 weights (quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"): the
 @ -- rows travel quantized. The scatter writes each row as the single-device
-@ -- quantizing scatter does (templates/permute.lua's quantize8, bit for
+@ -- quantizing scatter does (templates/permute.lua's quantize_row, bit for
 @ -- bit): e4m3 into send [rows, H] (one byte each) and one fp32 scale per
 @ -- 128 columns into send_sc [rows, H/128]; rows dir 0 copies the e4m3 rows
 @ -- and their scales (stage, stage_sc -> xr, xsc: what the fp8 up GEMM
@@ -108,7 +108,7 @@ static __device__ __forceinline__ int last_le(const int *a, int n, int x) {
     return lo;
 }
 @ if fp8 then
-@   import("permute").quantizer()
+@   import("permute").quantizer(p)
 @ end
 }  // namespace ${ns}
 
@@ -145,7 +145,6 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
             const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
             unsigned char *__restrict__ send, int *__restrict__ row_of, float *__restrict__ send_sc) {
     using namespace ${ns};
-    static_assert(H % 128 == 0, "fp8: H is a multiple of the 128-column scale block");
     constexpr int HB = H / 128;  // scale blocks per row
 @ else
 ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
@@ -178,18 +177,10 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
 @ if fp8 then
 @   if input then
         const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+@   else
+        const float w = 1.0f;   // not read
 @   end
-#pragma unroll 1
-        for (int b0 = 0; b0 < HB; b0 += 2) {
-            const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (b < HB)
-                v = __ldg(src + b * 16 + c);
-@   if input then
-            v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
-@   end
-            quantize8(v, b < HB, c == 0, send + (long long)row * H + b * 128 + c * 8, send_sc + (long long)row * HB + b);
-        }
+        quantize_row(src, w, send + (long long)row * H, send_sc + (long long)row * HB);
 @ else
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(send + (long long)row * H);
 @ if input then
