@@ -570,6 +570,16 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
                 if (st)
                     goto done;
             }
+            if (step == 1) { /* the rows go out quantized: H e4m3 bytes and H/128 fp32 scales a row */
+                long long rows = 0, bytes = 0;
+                for (int q = 0; q < mp.size[MOE_AXIS_EP]; q++)
+                    rows += call[0]->send_rows[q];
+                for (int i = 0; i < call[0]->nx; i++)
+                    bytes += call[0]->x[i].recv ? 0 : (long long)call[0]->x[i].bytes;
+                CHECKF(bytes == rows * (H + H / 32), "rank 0 sends %lld bytes for %lld rows", bytes, rows);
+                printf("  %s: rank 0 sends %lld rows in %lld bytes (bf16: %lld)\n", c->name, rows, bytes,
+                       rows * 2 * H);
+            }
             CU(moe_cu.cuCtxSynchronize());
             CHECK(exchange(&mp, call, ep_peer, 0) == 0);
         }
