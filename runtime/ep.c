@@ -115,13 +115,17 @@ static void row_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr 
     }
 }
 
-void moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
-                      const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c) {
+moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
+                            const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c) {
     moe_ep_row_part_t parts[MOE_EP_ROW_PARTS];
     const int n = moe_ep_row_parts(s, home, parts);
+    if (c->nx + 2LL * P * n > MOE_XFER_MAX)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "the EP group of %d ranks needs %lld transfers a step, more than %d", P,
+                        2LL * P * n, MOE_XFER_MAX);
     const long long *out_rows = home ? recv_rows : send_rows, *in_rows = home ? send_rows : recv_rows;
     for (int i = 0; i < n; i++) /* part by part: a peer's receives meet the sends in this order */
         row_xfers(c, P, parts[i].row_bytes, reg[parts[i].from], out_rows, reg[parts[i].to], in_rows);
+    return MOE_OK;
 }
 
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
@@ -202,8 +206,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
                       &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_RECV_PLAN, T, 0, st, rp, NULL)))
             return rc;
-        moe_ep_row_xfers(s, 0, P, reg, c->send_rows, c->recv_rows, c);
-        return MOE_OK;
+        return moe_ep_row_xfers(s, 0, P, reg, c->send_rows, c->recv_rows, c);
     }
     case 2: { /* slot-major rows, the FFN, the results back to the staging layout; they go home */
         int dir = 0;
@@ -224,8 +227,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         dir = 1;
         if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
-        moe_ep_row_xfers(s, 1, P, reg, c->send_rows, c->recv_rows, c);
-        return MOE_OK;
+        return moe_ep_row_xfers(s, 1, P, reg, c->send_rows, c->recv_rows, c);
     }
     case 3: { /* combine on the token's own rank */
         void *ca[] = {&reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF], &reg[MOE_EW_TOPK_W], (void *)&T, (void *)&a->y};

@@ -67,9 +67,10 @@ moe_status moe_ep_load(moe_ep_t *ep);
  * send buffer); one transfer per peer and part (moe_ep_row_parts: with fp8
  * weights the e4m3 rows, then their scales), send_rows[d] rows of this
  * rank's send-buffer side with EP peer d, recv_rows[d] of its staging side;
- * reg: the workspace's regions (moe_ep_ws_layout). */
-void moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
-                      const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c);
+ * reg: the workspace's regions (moe_ep_ws_layout). MOE_ERR_UNSUPPORTED,
+ * nothing appended, when c would hold more than MOE_XFER_MAX. */
+moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
+                            const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c);
 
 /* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
  * its kernels on st (each through l, the FFN through l and dn) and

@@ -873,7 +873,7 @@ static long long xfers_case(const char *label, const char *text, int capacity_fu
         }
         memcpy(before[r], ws[r], wsb[r]);
         c[r]->nx = 0;
-        moe_ep_row_xfers(&s, 0, P, at[r], send_rows[r], recv_rows[r], c[r]);
+        CHECK(moe_ep_row_xfers(&s, 0, P, at[r], send_rows[r], recv_rows[r], c[r]) == MOE_OK);
         CHECKF(c[r]->nx == 2 * P * nout, "%s: rank %d lists %d transfers, want %d", label, r, c[r]->nx, 2 * P * nout);
     }
     const long long bytes_out = xfers_exchange(P, c);
@@ -927,7 +927,7 @@ static long long xfers_case(const char *label, const char *text, int capacity_fu
         }
         memcpy(before[r], ws[r], wsb[r]);
         c[r]->nx = 0;
-        moe_ep_row_xfers(&s, 1, P, at[r], send_rows[r], recv_rows[r], c[r]);
+        CHECK(moe_ep_row_xfers(&s, 1, P, at[r], send_rows[r], recv_rows[r], c[r]) == MOE_OK);
     }
     if (xfers_exchange(P, c) < 0)
         goto done;
@@ -990,6 +990,24 @@ static void test_row_xfers(void) {
             xfers_case(label, text, strstr(meshes[i].name, "capacity") != NULL);
         }
     }
+    CASE("row transfers: more than MOE_XFER_MAX in a step is refused, nothing listed");
+    moe_spec_t s;
+    moe_diag_t d;
+    if (moe_spec_load(&s, "x.moe", "name = 'x' experts = 16 top_k = 4 hidden = 256 ffn = 128 arch = { 'sm_90a' } "
+                      "quant = { weights = 'fp8_e4m3' }", NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    enum { BIG = MOE_XFER_MAX / 4 + 1 }; /* fp8: 2 parts, a send and a receive each, per peer */
+    long long *rows = talloc(sizeof(long long) * BIG);
+    for (int i = 0; i < BIG; i++)
+        rows[i] = 1;
+    CUdeviceptr reg[MOE_EW_COUNT] = {0};
+    moe_ep_call_t *c = talloc(sizeof *c);
+    c->nx = 0;
+    CHECK(moe_ep_row_xfers(&s, 0, BIG, reg, rows, rows, c) == MOE_ERR_UNSUPPORTED && c->nx == 0);
+    CHECK(moe_ep_row_xfers(&s, 1, BIG, reg, rows, rows, c) == MOE_OK && c->nx == 2 * BIG); /* home: one part */
+    tfree_all();
 }
 
 int main(void) {
