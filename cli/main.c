@@ -421,6 +421,12 @@ static int cmd_plan(const args_t *a) {
             printf("; the permute kernels above are not used):\n");
             for (int i = 0; i < MOE_EK_COUNT; i++)
                 printf("  %-58s threads %4d\n", ep->k[i].name, ep->k[i].threads);
+            /* what a row weighs in the exchange (gen/ep_plan.h, moe_ep_row_parts) */
+            printf("a row moves %lld bytes out (%s) and %lld bytes home (the %s results)\n",
+                   moe_ep_row_bytes(&spec, 0),
+                   moe_spec_fp8(&spec) ? "e4m3 with an fp32 scale per 128 columns, quantized by the sender"
+                                       : moe_dtype_name(spec.dtype),
+                   moe_ep_row_bytes(&spec, 1), moe_dtype_name(spec.dtype));
             printf("\nworkspace: %zu bytes at %d tokens per rank (send %lld rows, receive up to %lld rows, %lld "
                    "tiles of %d)\n", ep->ws_bytes, spec.tokens, ep->send_rows, ep->stage_rows, ep->max_tiles,
                    plan.align);

@@ -54,6 +54,10 @@ size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
     const moe_spec_t *s = &pd->spec;
     long long P = ed->ep, S = ed->nheld, E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
     long long TK = (long long)tokens * s->top_k, send = moe_ep_send_rows(ed, s, tokens);
+    /* fp8 weights: e4m3 rows with a scale per 128 columns in stage, xr and
+     * hbuf (send, stage and xr keep 2 bytes an element for the bf16 results) */
+    const int fp8 = moe_spec_fp8(s);
+    const size_t hsc = fp8 ? 4 * (size_t)(H / MOE_FP8_BLOCK) : 0, fsc = fp8 ? 4 * (size_t)(F / MOE_FP8_BLOCK) : 0;
     size_t sizes[MOE_EW_COUNT] = {
         [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E,
         [MOE_EW_SLOT_COUNTS] = 4 * PS, [MOE_EW_RECV_COUNTS] = 4 * PS, [MOE_EW_SEND_COUNTS] = 4 * P,
@@ -63,15 +67,37 @@ size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
         [MOE_EW_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
                                                               moe_spec_router_columns(s), H),
         [MOE_EW_TILES] = 16 * (size_t)ed->max_tiles, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
-        [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = 2 * (size_t)ed->recv_rows * F,
+        [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = (fp8 ? 1 : 2) * (size_t)ed->recv_rows * F,
+        [MOE_EW_STAGE_SC] = hsc * (size_t)ed->stage_rows, [MOE_EW_XSC] = hsc * (size_t)ed->recv_rows,
+        [MOE_EW_HSC] = fsc * (size_t)ed->recv_rows, [MOE_EW_SEND_SC] = hsc * (size_t)send,
         [MOE_EW_TOPK_IDX] = 4 * TK, [MOE_EW_TOPK_W] = 4 * TK, [MOE_EW_ROW_OF] = 4 * TK,
         [MOE_EW_SEND] = 2 * (size_t)(send + 1) * H,
     };
     static const char *const names[MOE_EW_COUNT] = {
         "counts", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
         "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow", "num_tiles", "route_part", "tiles", "stage",
-        "xr", "hbuf", "topk_idx", "topk_w", "row_of", "send"};
+        "xr", "hbuf", "stage_sc", "xsc", "hsc", "topk_idx", "topk_w", "row_of", "send", "send_sc"};
     return moe_ws_layout(ws, names, sizes, MOE_EW_COUNT);
+}
+
+int moe_ep_row_parts(const moe_spec_t *s, int home, moe_ep_row_part_t parts[MOE_EP_ROW_PARTS]) {
+    const long long H = s->hidden;
+    if (home || !moe_spec_fp8(s)) { /* bf16 rows (the results come home in bf16 with fp8 weights too) */
+        parts[0] = home ? (moe_ep_row_part_t){MOE_EW_STAGE, MOE_EW_SEND, 2 * H}
+                        : (moe_ep_row_part_t){MOE_EW_SEND, MOE_EW_STAGE, 2 * H};
+        return 1;
+    }
+    parts[0] = (moe_ep_row_part_t){MOE_EW_SEND, MOE_EW_STAGE, H};                           /* e4m3 */
+    parts[1] = (moe_ep_row_part_t){MOE_EW_SEND_SC, MOE_EW_STAGE_SC, 4 * (H / MOE_FP8_BLOCK)}; /* fp32 scales */
+    return 2;
+}
+
+long long moe_ep_row_bytes(const moe_spec_t *s, int home) {
+    moe_ep_row_part_t parts[MOE_EP_ROW_PARTS];
+    long long b = 0;
+    for (int i = 0, n = moe_ep_row_parts(s, home, parts); i < n; i++)
+        b += parts[i].row_bytes;
+    return b;
 }
 
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,

@@ -46,13 +46,21 @@ typedef enum {
     MOE_EW_TILES,           /* int4 [max_tiles] */
     MOE_EW_STAGE,           /* half [stage_rows, H]     received rows as they arrive (source-major) */
     MOE_EW_XR,              /* half [recv_rows, H]      slot-major GEMM input; the down output reuses it */
-    MOE_EW_HBUF,            /* half [recv_rows, F] */
+    MOE_EW_HBUF,            /* half [recv_rows, F]; e4m3 with fp8 weights */
+    /* fp8 weights (docs/DESIGN.md, "FP8"; 0 bytes otherwise): the rows in
+     * stage, xr and hbuf are e4m3, and these their fp32 scales, one per 128
+     * columns */
+    MOE_EW_STAGE_SC,        /* float [stage_rows, H/128]  as received */
+    MOE_EW_XSC,             /* float [recv_rows, H/128]   slot-major: the up GEMM's A scales */
+    MOE_EW_HSC,             /* float [recv_rows, F/128]   the up GEMM's output's: the down GEMM's A scales */
     /* the send side, by T */
     MOE_EW_TOPK_IDX,        /* int [T, k] */
     MOE_EW_TOPK_W,          /* float [T, k] */
     MOE_EW_ROW_OF,          /* int [T, k]    send/return row of (t, k); the null row when dropped */
     MOE_EW_SEND,            /* half [send rows + 1, H]  send buffer, then the returned results; last row zero
-                                             (moe_ep_send_rows) */
+                                             (moe_ep_send_rows); with fp8 weights the rows go out as e4m3
+                                             [send rows, H] at its start and come home in bf16 */
+    MOE_EW_SEND_SC,         /* float [send rows, H/128]  fp8: the scales of the e4m3 send rows */
     MOE_EW_COUNT
 } moe_ep_ws_id_t;
 
@@ -93,6 +101,30 @@ long long moe_ep_send_rows(const moe_ep_desc_t *ed, const moe_spec_t *spec, int 
  * The one home of the EP workspace's layout. */
 size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
                         moe_ws_region_t ws[MOE_EW_COUNT]);
+
+/* One part of the rows a dispatch step moves: rows of region `from` on the
+ * sender land in region `to` on the receiver, `row_bytes` each, one
+ * transfer per peer (runtime/ep.c lists them; docs/DESIGN.md,
+ * "Expert-parallel forward"). */
+typedef struct {
+    int from, to;               /* moe_ep_ws_id_t */
+    long long row_bytes;
+} moe_ep_row_part_t;
+
+#define MOE_EP_ROW_PARTS 2
+
+/* The parts of a row on its way out (home = 0: send -> stage) or back
+ * (home = 1: stage -> send), in the order they are listed; returns how
+ * many. bf16 rows are one part of 2·H bytes each way. With fp8 weights a
+ * row goes out as two: its e4m3 values (H bytes) and their fp32 scales
+ * (4·H/128 bytes), as the home rank's scatter quantized it; it comes home
+ * as the down GEMM's bf16 output (2·H). The one home of what a dispatched
+ * row weighs. */
+int moe_ep_row_parts(const moe_spec_t *spec, int home, moe_ep_row_part_t parts[MOE_EP_ROW_PARTS]);
+
+/* Bytes one row moves on its way out (home = 0) or back (home = 1): the
+ * sum of moe_ep_row_parts' parts. */
+long long moe_ep_row_bytes(const moe_spec_t *spec, int home);
 
 /* Grid of EP kernel k (rows: stage rows to walk, for MOE_EK_ROWS). */
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,

@@ -30,13 +30,15 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
         snprintf(out, n, "%s_ep_send_plan_e%dp%llds%lldc%lld", s->name, s->experts, P, S, C);
         break;
     case MOE_K_EP_SCATTER:
-        snprintf(out, n, "%s_ep_scatter_%s_h%dk%dc%lld", s->name, moe_dtype_name(s->dtype), s->hidden, s->top_k, C);
+        /* with fp8 weights the rows go out quantized (e4m3 + a scale per 128 columns) */
+        snprintf(out, n, "%s_ep_scatter_%s_h%dk%dc%lld", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+                 s->hidden, s->top_k, C);
         break;
     case MOE_K_EP_RECV_PLAN:
         snprintf(out, n, "%s_ep_recv_plan_p%llds%lldc%lld_a%d", s->name, P, S, C, c->align);
         break;
     default:
-        snprintf(out, n, "%s_ep_rows_h%dp%llds%lld", s->name, s->hidden, P, S);
+        snprintf(out, n, "%s_ep_rows_%sh%dp%llds%lld", s->name, moe_spec_fp8(s) ? "e4m3_" : "", s->hidden, P, S);
         break;
     }
 }

@@ -466,10 +466,8 @@ static void check_quant(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (s->training)
         NAMED_ERROR(c, "quant.weights", "quant.weights = \"fp8_e4m3\" with training = true is not supported: the "
                     "backward is bf16 only");
-    else if (s->mesh.size[MOE_AXIS_EP] > 1) /* FSDP gathers fp8 weights and scales (moe_gather_weights) */
-        NAMED_ERROR(c, "quant.weights", "quant.weights = \"fp8_e4m3\" needs mesh.ep = 1 (got %d): the "
-                    "expert-parallel dispatch does not carry fp8 rows yet (mesh.dp and mesh.fsdp do)",
-                    s->mesh.size[MOE_AXIS_EP]);
+    /* every mesh carries fp8: FSDP gathers the e4m3 weights and scales
+     * (moe_gather_weights), the EP dispatch moves e4m3 rows and scales */
 }
 
 /* Fill s from the spec's table at the stack top: defaults, then every row

@@ -112,7 +112,7 @@ const moe_key_t moe_spec_keys[] = {
      .help = "the expert weights' format; `\"fp8_e4m3\"`: e4m3 with fp32 scales (`quant.scaling`), the activations "
              "quantized to e4m3 per token per 128 columns on the way into each expert GEMM, the layer's input and "
              "output bf16 (DeepSeek-V3's recipe); needs `dtype = \"bf16\"`, `hidden` and `ffn` multiples of 128, "
-             "`arch = { \"sm_90a\" }`, `mesh.ep = 1`; README, \"FP8 weights\""},
+             "`arch = { \"sm_90a\" }`; README, \"FP8 weights\""},
     {.name = "quant.scaling", .type = MOE_KEY_ENUM, .offset = AT(quant.scaling), .choices = quant_scalings,
      .when = "quant.weights", .when_is = "fp8_e4m3",
      .help = "the fp8 weights' scales: `\"block\"`: one fp32 per 128×128 block (DeepSeek-V3's "

@@ -115,13 +115,26 @@ static void row_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr 
     }
 }
 
+moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
+                            const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c) {
+    moe_ep_row_part_t parts[MOE_EP_ROW_PARTS];
+    const int n = moe_ep_row_parts(s, home, parts);
+    if (c->nx + 2LL * P * n > MOE_XFER_MAX)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "the EP group of %d ranks needs %lld transfers a step, more than %d", P,
+                        2LL * P * n, MOE_XFER_MAX);
+    const long long *out_rows = home ? recv_rows : send_rows, *in_rows = home ? send_rows : recv_rows;
+    for (int i = 0; i < n; i++) /* part by part: a peer's receives meet the sends in this order */
+        row_xfers(c, P, parts[i].row_bytes, reg[parts[i].from], out_rows, reg[parts[i].to], in_rows);
+    return MOE_OK;
+}
+
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                            const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
     const moe_plan_desc_t *pd = l->pd;
     const moe_ep_desc_t *ed = ep->ed;
     const moe_spec_t *s = &pd->spec;
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
-    const long long C = ed->capacity, row_bytes = 2LL * s->hidden;
+    const long long C = ed->capacity, row_bytes = 2LL * s->hidden; /* a bf16 row: the results, as combine reads them */
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
     moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
     moe_ep_ws_layout(ed, pd, T, wr);
@@ -146,8 +159,11 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
                       &reg[MOE_EW_CURSOR], &reg[MOE_EW_SEND_COUNTS], &reg[MOE_EW_SEND_OFF], &reg[MOE_EW_OVERFLOW]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_SEND_PLAN, T, 0, st, sp, NULL)))
             return rc;
+        /* with fp8 weights the scatter quantizes: e4m3 rows into send, their scales into send_sc
+         * (templates/ep.lua; the bf16 scatter takes one argument less) */
         void *sc[] = {(void *)&a->x, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_OFFSETS],
-                      &reg[MOE_EW_CURSOR], &owner, (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF]};
+                      &reg[MOE_EW_CURSOR], &owner, (void *)&T, &reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF],
+                      &reg[MOE_EW_SEND_SC]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_SCATTER, T, 0, st, sc, NULL)))
             return rc;
         for (int d = 0; d < P; d++) {
@@ -190,13 +206,13 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
                       &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_RECV_PLAN, T, 0, st, rp, NULL)))
             return rc;
-        row_xfers(c, P, row_bytes, reg[MOE_EW_SEND], c->send_rows, reg[MOE_EW_STAGE], c->recv_rows);
-        return MOE_OK;
+        return moe_ep_row_xfers(s, 0, P, reg, c->send_rows, c->recv_rows, c);
     }
     case 2: { /* slot-major rows, the FFN, the results back to the staging layout; they go home */
         int dir = 0;
+        /* fp8: the scales move with the e4m3 rows (dir 0; the bf16 rows kernel takes two arguments less) */
         void *ra[] = {&dir, &reg[MOE_EW_STAGE], &reg[MOE_EW_XR], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_CHUNK_SRC],
-                      &reg[MOE_EW_CHUNK_DST], &reg[MOE_EW_CHUNK_ROWS]};
+                      &reg[MOE_EW_CHUNK_DST], &reg[MOE_EW_CHUNK_ROWS], &reg[MOE_EW_STAGE_SC], &reg[MOE_EW_XSC]};
         if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
         /* the M tiles S slots' received rows can fill: each row once, each slot's block aligned */
@@ -204,14 +220,14 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         moe_ffn_args_t f = {.tokens = T, .grid_tiles = tiles > 0 ? tiles : 1, .xs = reg[MOE_EW_XR],
                             .tiles = reg[MOE_EW_TILES], .num_tiles = reg[MOE_EW_NUM_TILES],
                             .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = reg[MOE_EW_XR],
-                            .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2};
+                            .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2,
+                            .xsc = reg[MOE_EW_XSC], .hsc = reg[MOE_EW_HSC], .w1s = a->w1s, .w2s = a->w2s};
         if ((rc = moe_run_ffn(l, dn, &f, st, NULL)))
             return rc;
         dir = 1;
         if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
-        row_xfers(c, P, row_bytes, reg[MOE_EW_STAGE], c->recv_rows, reg[MOE_EW_SEND], c->send_rows);
-        return MOE_OK;
+        return moe_ep_row_xfers(s, 1, P, reg, c->send_rows, c->recv_rows, c);
     }
     case 3: { /* combine on the token's own rank */
         void *ca[] = {&reg[MOE_EW_SEND], &reg[MOE_EW_ROW_OF], &reg[MOE_EW_TOPK_W], (void *)&T, (void *)&a->y};

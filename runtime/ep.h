@@ -61,6 +61,17 @@ moe_status moe_ep_connect(moe_ep_t *ep, void *comm, int device);
  * the launcher's (moe_launcher_t.ep_fn). */
 moe_status moe_ep_load(moe_ep_t *ep);
 
+/* Append to c the transfers of the rows of a dispatch step (host only, no
+ * device work): home = 0, the rows out (step 1: send buffer -> the peers'
+ * staging), home = 1, the results back (step 2: staging -> the sources'
+ * send buffer); one transfer per peer and part (moe_ep_row_parts: with fp8
+ * weights the e4m3 rows, then their scales), send_rows[d] rows of this
+ * rank's send-buffer side with EP peer d, recv_rows[d] of its staging side;
+ * reg: the workspace's regions (moe_ep_ws_layout). MOE_ERR_UNSUPPORTED,
+ * nothing appended, when c would hold more than MOE_XFER_MAX. */
+moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
+                            const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c);
+
 /* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
  * its kernels on st (each through l, the FFN through l and dn) and
  * list in c the transfers that must complete before the next step (over

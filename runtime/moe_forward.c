@@ -22,11 +22,6 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: NULL argument", fn);
     const moe_spec_t *s = &p->pd.spec;
-    /* the spec refuses fp8 with expert parallelism or training; a plan here holds to it */
-    if (moe_spec_fp8(s) && p->ep->dispatch)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: fp8 expert weights (quant.weights = \"fp8_e4m3\") with mesh.ep = "
-                        "%d: the expert-parallel dispatch does not carry fp8 rows (issue #20)", fn,
-                        p->ep->mp->size[MOE_AXIS_EP]);
     if (moe_spec_fp8(s) && (!a->w1s || !a->w2s))
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has quant.weights = \"fp8_e4m3\"; w1s and w2s (the "
                         "scales of the e4m3 w1p and w2: moe_plan_pack_fp8, moe_plan_pack_quantize) are required", fn);

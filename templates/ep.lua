@@ -20,6 +20,14 @@
 @ -- p.rows (a warp per staging row): copies between the staging buffer
 @ --   (source-major, as received) and the slot-major GEMM buffer; dir 0
 @ --   gathers after dispatch, dir 1 scatters the results back before return.
+@ --
+@ -- fp8 weights (quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"): the
+@ -- rows travel quantized. The scatter writes each row as the single-device
+@ -- quantizing scatter does (templates/permute.lua's quantize_row, bit for
+@ -- bit): e4m3 into send [rows, H] (one byte each) and one fp32 scale per
+@ -- 128 columns into send_sc [rows, H/128]; rows dir 0 copies the e4m3 rows
+@ -- and their scales (stage, stage_sc -> xr, xsc: what the fp8 up GEMM
+@ -- reads); dir 1 moves the bf16 results as without fp8.
 @ local M = {}
 @
 @ function M.config(p)
@@ -37,6 +45,7 @@
 @ M.config(p)
 @ local ns = p.send_plan .. "_impl"
 @ local input = p.spec.router.apply == "input"
+@ local fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 namespace ${ns} {
 constexpr int E = ${p.E}, K = ${p.K}, H = ${p.H}, P = ${p.P}, S = ${p.S}, N = P * S;
 constexpr int C = ${p.C};           // rows per (source, destination) pair; 0 = exact mode
@@ -98,6 +107,9 @@ static __device__ __forceinline__ int last_le(const int *a, int n, int x) {
     }
     return lo;
 }
+@ if fp8 then
+@   import("permute").quantizer(p)
+@ end
 }  // namespace ${ns}
 
 extern "C" __global__ void __launch_bounds__(${p.threads})
@@ -128,10 +140,18 @@ ${p.send_plan}(const int *__restrict__ counts, const int *__restrict__ owner, co
 }
 
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
+@ if fp8 then
+${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+            const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
+            unsigned char *__restrict__ send, int *__restrict__ row_of, float *__restrict__ send_sc) {
+    using namespace ${ns};
+    constexpr int HB = H / 128;  // scale blocks per row
+@ else
 ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
             moe_half_t *__restrict__ send, int *__restrict__ row_of) {
     using namespace ${ns};
+@ end
 @ if not input then
     (void)topk_w;
 @ end
@@ -154,6 +174,14 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
         if (row < 0)
             continue;
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
+@ if fp8 then
+@   if input then
+        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+@   else
+        const float w = 1.0f;   // not read
+@   end
+        quantize_row(src, w, send + (long long)row * H, send_sc + (long long)row * HB);
+@ else
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(send + (long long)row * H);
 @ if input then
         const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
@@ -163,6 +191,7 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
 @ end
+@ end -- fp8
     }
 }
 
@@ -227,9 +256,17 @@ ${p.recv_plan}(const int *__restrict__ recv_counts, int *__restrict__ chunk_src,
 }
 
 extern "C" __global__ void __launch_bounds__(${p.rows_threads})
+@ if fp8 then
+${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, const int *__restrict__ src_base,
+            const int *__restrict__ chunk_src, const int *__restrict__ chunk_dst, const int *__restrict__ chunk_rows,
+            const float *__restrict__ stage_sc, float *__restrict__ xsc) {
+    using namespace ${ns};
+    constexpr int HB = H / 128, HQ = H / 16;  // scales and 16-byte vectors of an e4m3 row
+@ else
 ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, const int *__restrict__ src_base,
             const int *__restrict__ chunk_src, const int *__restrict__ chunk_dst, const int *__restrict__ chunk_rows) {
     using namespace ${ns};
+@ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int w = warp; w < ROWS; w += ${p.rows_threads} / 32) {
@@ -242,8 +279,23 @@ ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, 
         const int in = o - chunk_src[s * S + j];
         if (in >= chunk_rows[s * S + j])
             continue;   // capacity mode: a row of the block nobody sent
+@ if fp8 then
+        if (dir == 0) {   // the e4m3 rows (one byte an element) and their scales
+            const long long d = chunk_dst[s * S + j] + in;
+            const uint4 *qa = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(stage) + (long long)r * H);
+            uint4 *qb = reinterpret_cast<uint4 *>(reinterpret_cast<unsigned char *>(xr) + d * H);
+#pragma unroll 4
+            for (int v = lane; v < HQ; v += 32) qb[v] = qa[v];
+            for (int v = lane; v < HB; v += 32) xsc[d * HB + v] = stage_sc[(long long)r * HB + v];
+            continue;
+        }
+@ end
         uint4 *a = reinterpret_cast<uint4 *>(stage + (long long)r * H);
         uint4 *b = reinterpret_cast<uint4 *>(xr + (long long)(chunk_dst[s * S + j] + in) * H);
+@ if fp8 then
+#pragma unroll 4
+        for (int v = lane; v < HV; v += 32) a[v] = b[v];   // dir 1: the bf16 results back
+@ else
         if (dir == 0) {
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) b[v] = a[v];
@@ -251,6 +303,7 @@ ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, 
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) a[v] = b[v];
         }
+@ end
     }
 }
 @ end

@@ -66,16 +66,16 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
 @ if fp8 then
 /* fp8 (docs/DESIGN.md, "FP8"): the row is written quantized for the fp8 up
  * GEMM, e4m3 into xq [rows, H] and one fp32 scale per 128 columns into xsc
- * [rows, H / 128]: half a warp per 128-column block (16 lanes x 8
- * halves), the block's amax (at least 1e-4) reduced over the half warp,
- * scale amax / 448, e4m3(v * (448 / amax)) round to nearest even,
- * saturating (runtime/fp8.c's rule, bit for bit). */
+ * [rows, H / 128] (quantize_row, M.quantizer below). */
+namespace ${ns} {
+@   M.quantizer(p)
+}  // namespace ${ns}
+
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, unsigned char *__restrict__ xq,
             float *__restrict__ xsc, int *__restrict__ row_of) {
     using namespace ${ns};
-    static_assert(H % 128 == 0, "fp8: H is a multiple of the 128-column scale block");
     constexpr int HB = H / 128;  // scale blocks per row
 @   if not input then
     (void)topk_w;
@@ -99,43 +99,10 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
             const int row = __shfl_sync(FULL, my_row, k);
 @   if input then
             const float w = moe_to_float(moe_from_float(__ldg(topk_w + (long long)t * K + k)));   // the weight in the dtype
+@   else
+            const float w = 1.0f;   // not read
 @   end
-#pragma unroll 1
-            for (int b0 = 0; b0 < HB; b0 += 2) {
-                const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (b < HB)
-                    v = __ldg(src + b * 16 + c);
-@   if input then
-                v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
-@   end
-                const unsigned u[4] = {v.x, v.y, v.z, v.w};
-                float f[8];
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
-                float m = 1e-4f;
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    m = fmaxf(m, fabsf(f[j]));
-#pragma unroll
-                for (int o = 8; o; o >>= 1)
-                    m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-                const float mul = 448.0f / m;
-                unsigned q[2];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    unsigned short lo, hi;
-                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
-                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
-                    q[j] = (unsigned)lo | ((unsigned)hi << 16);
-                }
-                if (b < HB) {
-                    *reinterpret_cast<uint2 *>(xq + (long long)row * H + b * 128 + c * 8) = make_uint2(q[0], q[1]);
-                    if (c == 0)
-                        xsc[(long long)row * HB + b] = m / 448.0f;
-                }
-            }
+            quantize_row(src, w, xq + (long long)row * H, xsc + (long long)row * HB);
         }
     }
 }
@@ -194,6 +161,66 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 }
 @ end
 @ end -- plan_only
+@ end
+@
+@ -- The fp8 activation quantizer (docs/DESIGN.md, "FP8"), emitted into the
+@ -- namespace (which defines H) of each kernel that writes quantized rows:
+@ -- this scatter and templates/ep.lua's, so both are runtime/fp8.c's rule
+@ -- bit for bit. quantize_row, called by a whole warp, quantizes the row of
+@ -- H halves at src (with router.apply = "input" first scaled by w, the
+@ -- weight already in the dtype: x·w rounded to the dtype is what is
+@ -- quantized; w is not read otherwise) into e4m3 at q [H] and one fp32
+@ -- scale per 128 columns at sc [H/128]: half a warp per 128-column block
+@ -- (16 lanes x 8 halves), the block's amax (at least 1e-4) reduced over
+@ -- the half warp, scale amax / 448, e4m3(v * (448 / amax)) round to
+@ -- nearest even, saturating.
+@ function M.quantizer(p)
+@ local input = p.spec.router.apply == "input"
+static __device__ __forceinline__ void quantize_row(const uint4 *__restrict__ src, float w, unsigned char *__restrict__ q,
+                                                    float *__restrict__ sc) {
+    static_assert(H % 128 == 0, "fp8: H is a multiple of the 128-column scale block");
+    constexpr int HB = H / 128;  // scale blocks per row
+    const int lane = threadIdx.x & 31;
+@ if not input then
+    (void)w;
+@ end
+#pragma unroll 1
+    for (int b0 = 0; b0 < HB; b0 += 2) {
+        const int b = b0 + (lane >> 4), c = lane & 15;  // this half warp's block, this lane's 8 columns
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (b < HB)
+            v = __ldg(src + b * 16 + c);
+@ if input then
+        v = moe_scale8(v, w);  // the scaled row, rounded to the dtype, is what is quantized
+@ end
+        const unsigned u[4] = {v.x, v.y, v.z, v.w};
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            f[2 * j] = moe_lo_float(u[j]), f[2 * j + 1] = moe_hi_float(u[j]);
+        float m = 1e-4f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            m = fmaxf(m, fabsf(f[j]));
+#pragma unroll
+        for (int o = 8; o; o >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float mul = 448.0f / m;
+        unsigned r[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            unsigned short lo, hi;
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f[4 * j + 1] * mul), "f"(f[4 * j] * mul));
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f[4 * j + 3] * mul), "f"(f[4 * j + 2] * mul));
+            r[j] = (unsigned)lo | ((unsigned)hi << 16);
+        }
+        if (b < HB) {
+            *reinterpret_cast<uint2 *>(q + b * 128 + c * 8) = make_uint2(r[0], r[1]);
+            if (c == 0)
+                sc[b] = m / 448.0f;
+        }
+    }
+}
 @ end
 @
 @ if p then M.emit(p) end

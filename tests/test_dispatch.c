@@ -20,6 +20,17 @@
  * peers, found by expert in each peer's held list. The numbers are small
  * integers, so the sums are exact.
  *
+ * Then the rows' transfer lists of the expert-parallel forward
+ * (moe_ep_row_xfers, the lists NCCL runs), bf16 and fp8, on several meshes
+ * in both dispatch modes: every rank of an EP group lists its step-1 (rows
+ * out) and step-2 (results home) transfers over its own workspace in host
+ * memory, laid out by moe_ep_ws_layout at its own tokens (one rank with
+ * none); the lists run in memory as NCCL matches them, and each receiver
+ * must hold every byte each source sent where the layout says (with fp8
+ * the e4m3 rows and, as a second part, their scales: H + H/32 bytes a row
+ * against bf16's 2H), the results must come back in bf16 to the rows they
+ * left from, and nothing else may change.
+ *
  * The seed is fresh each run and named in every failure; set MOEGEN_TEST_SEED
  * to replay one. */
 #include <math.h>
@@ -29,8 +40,11 @@
 
 #include "check.h"
 #include "dispatch.h"
+#include "ep.h"
 #include "fsdp_grad.h"
 #include "mesh.h"
+#include "plan.h"
+#include "tuning.h"
 
 /* ---- small tools -------------------------------------------------------- */
 
@@ -736,6 +750,266 @@ static void test_fsdp_grads(void) {
     moe_mesh_plan_free(&mp);
 }
 
+/* ---- the transfer lists of the rows (moe_ep_row_xfers), bf16 and fp8 -- */
+
+/* Byte i of part `part` of row `row` that EP rank `src` sends to EP rank
+ * `dst` (its block's row `row`), as the sender fills it. */
+static uint8_t row_byte(int part, int src, int dst, long long row, long long i) {
+    return (uint8_t)(part * 101 + src * 37 + dst * 11 + row * 7 + i * 3 + (i >> 8));
+}
+
+/* One step's transfers of every rank of an EP group, done in memory as NCCL
+ * would: rank r's k-th send to peer q meets q's k-th receive from r, the
+ * sizes must agree. The lists hold host addresses. Returns the bytes rank 0
+ * sent, or -1 after a failed check. */
+static long long xfers_exchange(int P, moe_ep_call_t *const *c) {
+    long long sent0 = 0;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < c[r]->nx; i++) {
+            const moe_xfer_t *x = &c[r]->x[i];
+            if (x->recv)
+                continue;
+            int nth = 0;
+            for (int j = 0; j < i; j++)
+                nth += !c[r]->x[j].recv && c[r]->x[j].peer == x->peer;
+            const moe_xfer_t *m = NULL;
+            for (int j = 0; j < c[x->peer]->nx && !m; j++)
+                if (c[x->peer]->x[j].recv && c[x->peer]->x[j].peer == r && nth-- == 0)
+                    m = &c[x->peer]->x[j];
+            if (!m || m->bytes != x->bytes) {
+                CHECKF(0, "ep rank %d sends %zu bytes to ep rank %d, which receives %lld (seed %llu)", r, x->bytes,
+                       x->peer, m ? (long long)m->bytes : -1LL, seed);
+                return -1;
+            }
+            memcpy((void *)(uintptr_t)m->ptr, (const void *)(uintptr_t)x->ptr, x->bytes);
+            sent0 += r == 0 ? (long long)x->bytes : 0;
+        }
+    return sent0;
+}
+
+/* Every rank of an EP group of spec `text` (its first EP group: the lists
+ * do not depend on the others) lists the rows of dispatch step 1 (out) and
+ * step 2 (home) over its own workspace in host memory, laid out by
+ * moe_ep_ws_layout at its tokens; the lists run in memory. Out: each
+ * source's rows land source-major in the receiver's stage, and with fp8
+ * weights their scales in stage_sc, every byte as sent; home: the bf16
+ * results land back in the source's send buffer at the rows they left
+ * from. No byte outside the receiving parts changes. Returns rank 0's
+ * bytes out, or -1. */
+static long long xfers_case(const char *label, const char *text, int capacity_full) {
+    CASE(label);
+    moe_spec_t s;
+    moe_diag_t d;
+    moe_plan_desc_t pd;
+    char err[512];
+    if (moe_spec_load(&s, "x.moe", text, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return -1;
+    }
+    if (moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return -1;
+    }
+    const moe_ep_desc_t *ed = moe_plan_ep_desc(&pd);
+    const int P = ed->ep, S = ed->nheld, K = s.top_k, C = ed->capacity, fp8 = moe_spec_fp8(&s);
+    const long long H = s.hidden, HB = H / 128;
+    moe_ep_row_part_t out[MOE_EP_ROW_PARTS], home[MOE_EP_ROW_PARTS];
+    const int nout = moe_ep_row_parts(&s, 0, out);
+    moe_ep_row_parts(&s, 1, home);
+    long long result = -1;
+    uint8_t *ws[8] = {0}, *before[8] = {0};
+    size_t wsb[8] = {0};
+    moe_ws_region_t reg[8][MOE_EW_COUNT];
+    CUdeviceptr at[8][MOE_EW_COUNT];
+    int T[8];
+    long long n[8][8]; /* rows source s sends to destination d */
+    moe_ep_call_t *c[8] = {0};
+    for (int r = 0; r < P; r++) {
+        T[r] = r == P - 1 ? 0 : 1 + rnd_below(s.tokens); /* the last rank's batch is empty */
+        const int most = K < S ? K : S;
+        long long left = (long long)T[r] * K;
+        for (int q = 0; q < P; q++) { /* at most min(K, S) rows a token to one rank, K in all */
+            long long v = rnd_below((int)((long long)T[r] * most + 1));
+            v = v < left ? v : left;
+            if (C)
+                v = capacity_full ? C : v < C ? v : C;
+            n[r][q] = T[r] ? v : 0;
+            left -= n[r][q];
+        }
+        wsb[r] = moe_ep_ws_layout(ed, &pd, T[r], reg[r]);
+        ws[r] = talloc(wsb[r]);
+        before[r] = talloc(wsb[r]);
+        c[r] = talloc(sizeof *c[r]);
+        memset(ws[r], 0xee, wsb[r]);
+        for (int i = 0; i < MOE_EW_COUNT; i++)
+            at[r][i] = (CUdeviceptr)(uintptr_t)(ws[r] + reg[r][i].offset);
+    }
+    /* the send side, per destination block (exact: back to back; capacity: C rows each) */
+    long long send_rows[8][8], recv_rows[8][8];
+    for (int r = 0; r < P; r++)
+        for (int q = 0; q < P; q++) {
+            send_rows[r][q] = C ? C : n[r][q];
+            recv_rows[r][q] = C ? C : n[q][r];
+        }
+    for (int r = 0; r < P; r++) {
+        long long rows = 0, row0 = 0;
+        for (int q = 0; q < P; q++)
+            rows += send_rows[r][q];
+        /* the send buffer's rows fit its regions at this rank's tokens */
+        for (int pi = 0; pi < nout; pi++)
+            if ((size_t)(rows * out[pi].row_bytes) > reg[r][out[pi].from].bytes) {
+                CHECKF(0, "%s: rank %d sends %lld rows past its %s region (seed %llu)", label, r, rows,
+                       pi ? "scales" : "rows", seed);
+                goto done;
+            }
+        for (int q = 0; q < P; q++) {
+            for (int pi = 0; pi < nout; pi++) {
+                uint8_t *base = ws[r] + reg[r][out[pi].from].offset;
+                for (long long row = 0; row < send_rows[r][q]; row++)
+                    for (long long i = 0; i < out[pi].row_bytes; i++)
+                        base[(row0 + row) * out[pi].row_bytes + i] = row_byte(pi, r, q, row, i);
+            }
+            row0 += send_rows[r][q];
+        }
+        memcpy(before[r], ws[r], wsb[r]);
+        c[r]->nx = 0;
+        CHECK(moe_ep_row_xfers(&s, 0, P, at[r], send_rows[r], recv_rows[r], c[r]) == MOE_OK);
+        CHECKF(c[r]->nx == 2 * P * nout, "%s: rank %d lists %d transfers, want %d", label, r, c[r]->nx, 2 * P * nout);
+    }
+    const long long bytes_out = xfers_exchange(P, c);
+    if (bytes_out < 0)
+        goto done;
+    int ok = 1;
+    for (int r = 0; r < P && ok; r++) {
+        long long row0 = 0;
+        for (int q = 0; q < P; q++) { /* source q's block */
+            for (int pi = 0; pi < nout; pi++) {
+                const moe_ws_region_t *g = &reg[r][out[pi].to];
+                const long long rb = out[pi].row_bytes;
+                if ((size_t)((row0 + recv_rows[r][q]) * rb) > g->bytes) {
+                    CHECKF(0, "%s: rank %d receives past its %s region (seed %llu)", label, r, pi ? "scale" : "row",
+                           seed);
+                    ok = 0;
+                    break;
+                }
+                for (long long row = 0; row < recv_rows[r][q] && ok; row++)
+                    for (long long i = 0; i < rb && ok; i++)
+                        if (ws[r][g->offset + (row0 + row) * rb + i] != row_byte(pi, q, r, row, i)) {
+                            CHECKF(0, "%s: rank %d, part %d, source %d's row %lld, byte %lld differs (seed %llu)",
+                                   label, r, pi, q, row, i, seed);
+                            ok = 0;
+                        }
+                /* mark what arrived as expected, for the untouched check below */
+                memcpy(before[r] + g->offset + row0 * rb, ws[r] + g->offset + row0 * rb,
+                       (size_t)(recv_rows[r][q] * rb));
+            }
+            row0 += recv_rows[r][q];
+        }
+        CHECKF(ok && memcmp(before[r], ws[r], wsb[r]) == 0, "%s: rank %d: bytes outside what it received changed "
+               "(seed %llu)", label, r, seed);
+    }
+    /* home: each receiver's results (bf16, 2H a row) in its stage, source-major, back to the sources */
+    for (int r = 0; r < P && ok; r++) {
+        long long row0 = 0;
+        uint8_t *base = ws[r] + reg[r][home[0].from].offset;
+        for (int q = 0; q < P; q++)
+            row0 += recv_rows[r][q];
+        if ((size_t)(row0 * home[0].row_bytes) > reg[r][home[0].from].bytes) {
+            CHECKF(0, "%s: rank %d's results do not fit its staging region (seed %llu)", label, r, seed);
+            goto done;
+        }
+        row0 = 0;
+        for (int q = 0; q < P; q++) {
+            for (long long row = 0; row < recv_rows[r][q]; row++)
+                for (long long i = 0; i < home[0].row_bytes; i++)
+                    base[(row0 + row) * home[0].row_bytes + i] = row_byte(5, r, q, row, i);
+            row0 += recv_rows[r][q];
+        }
+        memcpy(before[r], ws[r], wsb[r]);
+        c[r]->nx = 0;
+        CHECK(moe_ep_row_xfers(&s, 1, P, at[r], send_rows[r], recv_rows[r], c[r]) == MOE_OK);
+    }
+    if (xfers_exchange(P, c) < 0)
+        goto done;
+    for (int r = 0; r < P && ok; r++) {
+        long long row0 = 0;
+        const moe_ws_region_t *g = &reg[r][home[0].to];
+        const long long rb = home[0].row_bytes;
+        for (int q = 0; q < P && ok; q++) { /* what r sent q comes back from q */
+            if ((size_t)((row0 + send_rows[r][q]) * rb) > g->bytes) {
+                CHECKF(0, "%s: rank %d: results past its send buffer (seed %llu)", label, r, seed);
+                goto done;
+            }
+            for (long long row = 0; row < send_rows[r][q] && ok; row++)
+                for (long long i = 0; i < rb && ok; i++)
+                    if (ws[r][g->offset + (row0 + row) * rb + i] != row_byte(5, q, r, row, i)) {
+                        CHECKF(0, "%s: rank %d, the result of its row %lld to %d, byte %lld differs (seed %llu)",
+                               label, r, row, q, i, seed);
+                        ok = 0;
+                    }
+            memcpy(before[r] + g->offset + row0 * rb, ws[r] + g->offset + row0 * rb, (size_t)(send_rows[r][q] * rb));
+            row0 += send_rows[r][q];
+        }
+        CHECKF(ok && memcmp(before[r], ws[r], wsb[r]) == 0, "%s: rank %d: bytes outside its returned rows changed "
+               "(seed %llu)", label, r, seed);
+    }
+    /* what rank 0 sent: its rows times a row's bytes out (H + H/32 with fp8, 2H in bf16) */
+    long long rows0 = 0;
+    for (int q = 0; q < P; q++)
+        rows0 += send_rows[0][q];
+    CHECKF(bytes_out == rows0 * (fp8 ? H + 4 * HB : 2 * H) && moe_ep_row_bytes(&s, 0) == (fp8 ? H + 4 * HB : 2 * H),
+           "%s: rank 0 sent %lld bytes for %lld rows", label, bytes_out, rows0);
+    result = ok ? bytes_out : -1;
+done:
+    moe_plan_desc_free(&pd);
+    tfree_all();
+    return result;
+}
+
+static void test_row_xfers(void) {
+    static const struct {
+        const char *name, *mesh;
+    } meshes[] = {
+        {"ep2", "mesh = { ep = 2 }"},
+        {"ep4", "mesh = { ep = 4 }"},
+        {"ep8", "mesh = { ep = 8 }"},
+        {"dp2 fsdp2 ep2", "mesh = { dp = 2, fsdp = 2, ep = 2 }"},
+        {"dp2 fsdp2 ep2 {fsdp,ep}", "mesh = { dp = 2, fsdp = 2, ep = 2, expert_sharding = { 'fsdp', 'ep' } }"},
+        {"ep4 capacity", "mesh = { ep = 4 } dispatch = { mode = 'capacity', capacity = 100 }"},
+        {"ep2 capacity, channel scales", "mesh = { ep = 2 } dispatch = { mode = 'capacity', capacity = 64 }"},
+    };
+    for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            char text[512], label[256];
+            snprintf(text, sizeof text, "name = 'x' experts = 16 top_k = 4 hidden = 256 ffn = 128 tokens = 60 "
+                     "arch = { 'sm_90a' } %s %s", meshes[i].mesh,
+                     !fp8 ? "" : strstr(meshes[i].name, "channel") ? "quant = { weights = 'fp8_e4m3', scaling = 'channel' }"
+                                                                   : "quant = { weights = 'fp8_e4m3' }");
+            snprintf(label, sizeof label, "row transfers, %s, %s, seed %llu", meshes[i].name, fp8 ? "fp8" : "bf16",
+                     seed);
+            xfers_case(label, text, strstr(meshes[i].name, "capacity") != NULL);
+        }
+    }
+    CASE("row transfers: more than MOE_XFER_MAX in a step is refused, nothing listed");
+    moe_spec_t s;
+    moe_diag_t d;
+    if (moe_spec_load(&s, "x.moe", "name = 'x' experts = 16 top_k = 4 hidden = 256 ffn = 128 arch = { 'sm_90a' } "
+                      "quant = { weights = 'fp8_e4m3' }", NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    enum { BIG = MOE_XFER_MAX / 4 + 1 }; /* fp8: 2 parts, a send and a receive each, per peer */
+    long long *rows = talloc(sizeof(long long) * BIG);
+    for (int i = 0; i < BIG; i++)
+        rows[i] = 1;
+    CUdeviceptr reg[MOE_EW_COUNT] = {0};
+    moe_ep_call_t *c = talloc(sizeof *c);
+    c->nx = 0;
+    CHECK(moe_ep_row_xfers(&s, 0, BIG, reg, rows, rows, c) == MOE_ERR_UNSUPPORTED && c->nx == 0);
+    CHECK(moe_ep_row_xfers(&s, 1, BIG, reg, rows, rows, c) == MOE_OK && c->nx == 2 * BIG); /* home: one part */
+    tfree_all();
+}
+
 int main(void) {
     const char *env = getenv("MOEGEN_TEST_SEED");
     seed = env ? strtoull(env, NULL, 0) : (unsigned long long)time(NULL) ^ ((unsigned long long)clock() << 20);
@@ -746,5 +1020,6 @@ int main(void) {
     test_combine_order();
     test_groups();
     test_fsdp_grads();
+    test_row_xfers();
     return check_report("test_dispatch");
 }

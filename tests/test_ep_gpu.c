@@ -27,18 +27,25 @@
  * family's checks (the gather always runs: the forward reads its output),
  * only the cases whose name contains a filter (e.g. "ep4", "fsdp").
  *
- * The quantized gather (cases "fp8_...", `test_ep_gpu fp8`; sm_90a only,
- * skipped elsewhere): fp8 specs on FSDP meshes without EP (fsdp2, dp2 x
- * fsdp2 with per-channel scales, fsdp4 sharded over fsdp alone). Each rank
+ * fp8 weights (cases "fp8_...", `test_ep_gpu fp8`; sm_90a only, skipped
+ * elsewhere): fp8 specs on FSDP meshes without EP (fsdp2, dp2 x fsdp2 with
+ * per-channel scales, fsdp4 sharded over fsdp alone) and on EP meshes (EP2,
+ * EP4 with per-channel scales, EP8, DP2/FSDP2/EP2 under both shardings, EP4
+ * in capacity mode with room and too small, router.apply = "input" in both
+ * modes, a rank with an empty batch in both modes, experts no token picks).
+ * Each rank
  * holds its stored experts in bf16; moe_gather_weights_fp8's local part
  * (moe_gather_prepare_fp8: the device quantizer writes the rank's shard
  * into its place) and the harness's transfers must leave every rank's
  * held e4m3 weights and scales equal, byte for byte, to the host's
  * moe_plan_pack_quantize of the whole checkpoint; then the same through
  * moe_gather_weights' fp8 parts from stored e4m3 shards and scales. Every
- * rank's forward on its gathered weights is checked against the CPU's
- * quantized recipe (moe_ref_ffn with the fp8 weights), normalized L2 error
- * <= 1.5e-2 (test_quant_gpu's layer tolerance). */
+ * rank's forward on its gathered weights (with EP: the four steps, the rows
+ * moved as e4m3 and scales by the transfer lists, the results home in
+ * bf16; workspace poisoned, a guard after it) is checked against the CPU's
+ * quantized recipe on the rank's tokens (moe_ref_ffn with the fp8 weights:
+ * the sender's quantization is the single-device one, bit for bit),
+ * normalized L2 error <= 1.5e-2 (test_quant_gpu's layer tolerance). */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
 #include "ep_data.h"
@@ -335,18 +342,54 @@ done:
 
 typedef struct {
     const char *name, *text;
-    int tokens; /* per rank */
+    int tokens;        /* per rank */
+    int want_overflow; /* EP in capacity mode, too small: every rank reports it */
+    int empty;         /* 1 + the rank whose batch is empty (tokens = 0); 0: none */
+    int dead;          /* router.bias: every fifth expert's selection bias -100 (never routed: empty experts) */
 } fp8_case_t;
 
 #define FP8_BASE "experts = 8 top_k = 2 hidden = 256 ffn = 384 tokens = 200 arch = { 'sm_90a' }\n"
+#define FP8_EP "experts = 16 top_k = 4 hidden = 256 ffn = 384 tokens = 300 arch = { 'sm_90a' }\n"
+#define FP8_Q "quant = { weights = 'fp8_e4m3' }\n"
 static const fp8_case_t fp8_cases[] = {
-    {"fp8_fsdp2", "name = 'f8f2' " FP8_BASE "quant = { weights = 'fp8_e4m3' }\nmesh = { fsdp = 2 }\n", 200},
+    {"fp8_fsdp2", "name = 'f8f2' " FP8_BASE FP8_Q "mesh = { fsdp = 2 }\n", 200, 0, 0, 0},
     {"fp8_dp2_fsdp2_channel",
      "name = 'f8df' " FP8_BASE "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\nmesh = { dp = 2, fsdp = 2 }\n",
-     129},
+     129, 0, 0, 0},
     {"fp8_fsdp4_fsdp_sharding",
-     "name = 'f8f4' " FP8_BASE "quant = { weights = 'fp8_e4m3' }\nmesh = { fsdp = 4, expert_sharding = { 'fsdp' } }\n",
-     77},
+     "name = 'f8f4' " FP8_BASE FP8_Q "mesh = { fsdp = 4, expert_sharding = { 'fsdp' } }\n", 77, 0, 0, 0},
+    /* the EP dispatch with fp8 weights: the rows travel quantized (e4m3 and
+     * a scale per 128 columns), the fp8 GEMMs run on the received rows */
+    {"fp8_ep2", "name = 'f8e2' " FP8_EP FP8_Q "mesh = { ep = 2 }\n", 300, 0, 0, 0},
+    {"fp8_ep4_channel",
+     "name = 'f8e4c' " FP8_EP "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\nmesh = { ep = 4 }\n", 257, 0, 0,
+     0},
+    {"fp8_ep8", "name = 'f8e8' " FP8_EP FP8_Q "mesh = { ep = 8 }\n", 100, 0, 0, 0},
+    {"fp8_dp2_fsdp2_ep2", "name = 'f8dfe' " FP8_EP FP8_Q "mesh = { dp = 2, fsdp = 2, ep = 2 }\n", 129, 0, 0, 0},
+    {"fp8_dp2_fsdp2_ep2_fsdp_major",
+     "name = 'f8dfe2' " FP8_EP FP8_Q "mesh = { dp = 2, fsdp = 2, ep = 2, expert_sharding = { 'fsdp', 'ep' } }\n", 129,
+     0, 0, 0},
+    {"fp8_ep4_capacity",
+     "name = 'f8e4k' " FP8_EP FP8_Q "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 1200 }\n", 300, 0,
+     0, 0},
+    {"fp8_ep4_capacity_overflow",
+     "name = 'f8e4o' " FP8_EP FP8_Q "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 40 }\n", 300, 1, 0,
+     0},
+    {"fp8_ep4_apply_input",
+     "name = 'f8e4i' " FP8_EP FP8_Q "mesh = { ep = 4 }\nrouter = { score = 'sigmoid', apply = 'input' }\n", 257, 0, 0,
+     0},
+    {"fp8_ep2_apply_input_capacity",
+     "name = 'f8e2ik' " FP8_EP FP8_Q "mesh = { ep = 2 }\nrouter = { apply = 'input' }\n"
+     "dispatch = { mode = 'capacity', capacity = 1200 }\n", 300, 0, 0, 0},
+    /* a rank with an empty batch still joins the exchange and runs its
+     * peers' rows; its y stays untouched */
+    {"fp8_ep4_rank_empty", "name = 'f8e4z' " FP8_EP FP8_Q "mesh = { ep = 4 }\n", 257, 0, 1 + 2, 0},
+    {"fp8_ep4_capacity_rank_empty",
+     "name = 'f8e4kz' " FP8_EP FP8_Q "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 1200 }\n", 300, 0,
+     1 + 0, 0},
+    /* experts no token picks (empty slots on their ranks), the rest ragged */
+    {"fp8_ep4_empty_experts",
+     "name = 'f8e4d' " FP8_EP FP8_Q "mesh = { ep = 4 }\nrouter = { score = 'sigmoid', bias = true }\n", 37, 0, 0, 1},
 };
 
 static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
@@ -378,7 +421,7 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
     moe_ep_call_t *call[16] = {0};
     CUdeviceptr dx[16] = {0}, dy[16] = {0}, dws[16] = {0}, db1[16] = {0}, db2[16] = {0}, dq1[16] = {0},
                 dq2[16] = {0}, ds1[16] = {0}, ds2[16] = {0}, dsq1[16] = {0}, dsq2[16] = {0}, dss1[16] = {0},
-                dss2[16] = {0}, dwr = 0;
+                dss2[16] = {0}, dwr = 0, dsel = 0;
     ep_layer_t L;
     moe_ref_fp8_t f8 = {0};
     if (ep_layer_make(&L, &spec, W, T, seed)) {
@@ -389,10 +432,13 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
     float *s1 = malloc(sizeof(float) * E * s1n), *s2 = malloc(sizeof(float) * E * s2n),
           *hs = malloc(sizeof(float) * NH * (s1n > s2n ? s1n : s2n));
     uint16_t *y = malloc(2 * (size_t)T * H);
-    if (!q1 || !q2 || !hq || !s1 || !s2 || !hs || !y || moe_ref_fp8_weights(&spec, L.w1, L.w2, &f8)) {
+    float *sel = malloc(sizeof(float) * E);
+    if (!q1 || !q2 || !hq || !s1 || !s2 || !hs || !y || !sel || moe_ref_fp8_weights(&spec, L.w1, L.w2, &f8)) {
         CHECKF(0, "out of memory");
         goto done;
     }
+    for (int e = 0; e < E; e++) /* with c->dead every fifth expert is never picked (sigmoid scores are in (0, 1)) */
+        sel[e] = c->dead && e % 5 == 3 ? -100.f : 0.01f * (float)(e % 7);
     for (int r = 0; r < W; r++) {
         moe_options o = {.rank = r};
         moe_status st = moe_plan_create_unconnected(&plan[r], path, &o);
@@ -413,6 +459,8 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
            "moe_plan_info.gather_bytes = %lld", info.gather_bytes);
     CU(moe_cu.cuMemAlloc(&dwr, 2 * (size_t)E * H));
     CU(moe_cu.cuMemcpyHtoD(dwr, L.wr, 2 * (size_t)E * H));
+    CU(moe_cu.cuMemAlloc(&dsel, sizeof(float) * E));
+    CU(moe_cu.cuMemcpyHtoD(dsel, sel, sizeof(float) * E));
     const size_t wsb = moe_plan_workspace_size(plan[0], T);
     CHECK(wsb > 0);
     for (int r = 0; r < W; r++) {
@@ -421,7 +469,7 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
         CU(moe_cu.cuMemAlloc(&dx[r], 2 * (size_t)T * H));
         CU(moe_cu.cuMemcpyHtoD(dx[r], L.x + (size_t)r * T * H, 2 * (size_t)T * H));
         CU(moe_cu.cuMemAlloc(&dy[r], 2 * (size_t)T * H));
-        CU(moe_cu.cuMemAlloc(&dws[r], wsb));
+        CU(moe_cu.cuMemAlloc(&dws[r], wsb + EP_WS_GUARD));
         /* the stored shard: bf16 (plain layouts) for the quantizing gather, e4m3 and scales for the plain one */
         CU(moe_cu.cuMemAlloc(&db1[r], 2 * NS * q1b));
         CU(moe_cu.cuMemAlloc(&db2[r], 2 * NS * q2b));
@@ -491,26 +539,89 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
             printf("  %s: %d ranks, %lld bytes gathered into each (bf16: %lld)\n", c->name, W, info.gather_bytes,
                    (long long)((NH - NS) * 2 * (q1b + q2b)));
     }
-    /* every rank's forward on its gathered weights (the last pass's) */
+    /* every rank's forward on its gathered weights (the last pass's): a mesh
+     * without EP runs moe_forward per rank; with EP every rank runs the
+     * four steps and the harness moves the data as each step's list says
+     * (the rows out as e4m3 and scales, the results home in bf16) */
     family_case(FAM_EP, c->name);
     if (!(families_on >> FAM_EP & 1u))
         goto done;
+    moe_forward_args a[16];
+    CUdeviceptr ws_at[16] = {0}; /* exactly moe_plan_workspace_size at the rank's tokens, before the guard */
     for (int r = 0; r < W; r++) {
+        const int Tr = r == c->empty - 1 ? 0 : T;
+        const size_t n = moe_plan_workspace_size(plan[r], Tr);
+        CHECKF(n > 0 && n <= wsb && n % 256 == 0, "rank %d: moe_plan_workspace_size(%d) = %zu of %zu", r, Tr, n, wsb);
+        ws_at[r] = dws[r] + (n <= wsb ? wsb - n : 0);
         CU(moe_cu.cuMemsetD8(dy[r], 0xff, 2 * (size_t)T * H)); /* poison: NaN in bf16 */
-        CU(moe_cu.cuMemsetD8(dws[r], 0xff, wsb));
-        moe_forward_args a = {.tokens = T, .x = (void *)(uintptr_t)dx[r], .router_w = (void *)(uintptr_t)dwr,
-                              .w1p = (void *)(uintptr_t)dq1[r], .w2 = (void *)(uintptr_t)dq2[r],
-                              .w1s = (float *)(uintptr_t)ds1[r], .w2s = (float *)(uintptr_t)ds2[r],
-                              .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)dws[r]};
-        moe_status st = moe_forward(plan[r], &a, NULL);
-        CHECKF(st == MOE_OK, "forward, rank %d: %s", r, moe_last_error());
-        if (st)
-            goto done;
+        CU(moe_cu.cuMemsetD8(dws[r], 0xff, wsb));              /* e4m3 and fp32 NaN */
+        CU(moe_cu.cuMemsetD8(dws[r] + wsb, 0xa5, EP_WS_GUARD)); /* the guard after the workspace */
+        a[r] = (moe_forward_args){.tokens = Tr, .x = (void *)(uintptr_t)dx[r], .router_w = (void *)(uintptr_t)dwr,
+                                  .router_bias = spec.router.bias ? (const float *)(uintptr_t)dsel : NULL,
+                                  .w1p = (void *)(uintptr_t)dq1[r], .w2 = (void *)(uintptr_t)dq2[r],
+                                  .w1s = (float *)(uintptr_t)ds1[r], .w2s = (float *)(uintptr_t)ds2[r],
+                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)ws_at[r]};
+    }
+    if (mp.size[MOE_AXIS_EP] > 1) {
+        for (int step = 0; step < MOE_EP_STEPS; step++) {
+            for (int r = 0; r < W; r++) {
+                moe_status st = moe_ep_step(plan[r], &a[r], NULL, step, call[r]);
+                CHECKF(st == MOE_OK, "step %d, rank %d: %s", step, r, moe_last_error());
+                if (st)
+                    goto done;
+            }
+            if (step == 1) { /* the rows go out quantized: H e4m3 bytes and H/128 fp32 scales a row */
+                long long rows = 0, bytes = 0;
+                for (int q = 0; q < mp.size[MOE_AXIS_EP]; q++)
+                    rows += call[0]->send_rows[q];
+                for (int i = 0; i < call[0]->nx; i++)
+                    bytes += call[0]->x[i].recv ? 0 : (long long)call[0]->x[i].bytes;
+                CHECKF(bytes == rows * (H + H / 32), "rank 0 sends %lld bytes for %lld rows", bytes, rows);
+                printf("  %s: rank 0 sends %lld rows in %lld bytes (bf16: %lld)\n", c->name, rows, bytes,
+                       rows * 2 * H);
+            }
+            CU(moe_cu.cuCtxSynchronize());
+            CHECK(exchange(&mp, call, ep_peer, 0) == 0);
+        }
+    } else {
+        for (int r = 0; r < W; r++) {
+            moe_status st = moe_forward(plan[r], &a[r], NULL);
+            CHECKF(st == MOE_OK, "forward, rank %d: %s", r, moe_last_error());
+            if (st)
+                goto done;
+        }
     }
     CU(moe_cu.cuCtxSynchronize());
-    moe_ref_inputs_t extra = {.fp8 = &f8};
+    int lost = 0;
+    for (int r = 0; r < W; r++) {
+        long long rows = -1;
+        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &rows);
+        uint8_t guard[EP_WS_GUARD];
+        size_t outside = 0;
+        CU(moe_cu.cuMemcpyDtoH(guard, dws[r] + wsb, EP_WS_GUARD));
+        for (int i = 0; i < EP_WS_GUARD; i++)
+            outside += guard[i] != 0xa5;
+        CHECKF(outside == 0, "rank %d (%d tokens) wrote %zu bytes of the guard after its workspace", r, a[r].tokens,
+               outside);
+        if (!c->want_overflow)
+            CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
+        else
+            lost += st == MOE_ERR_OVERFLOW && rows > 0 && strstr(moe_last_error(), "capacity");
+    }
+    if (c->want_overflow) {
+        CHECKF(lost == W, "%d of %d ranks reported the overflow", lost, W);
+        goto done;
+    }
+    moe_ref_inputs_t extra = {.fp8 = &f8, .sel_bias = sel};
     for (int r = 0; r < W; r++) {
         CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
+        if (r == c->empty - 1) { /* no tokens: y keeps its poison */
+            size_t changed = 0;
+            for (size_t i = 0; i < (size_t)T * H; i++)
+                changed += y[i] != 0xffff;
+            CHECKF(changed == 0, "rank %d had no tokens but %zu of its outputs were written", r, changed);
+            continue;
+        }
         int nan = 0;
         double e = ep_layer_error(&L, &spec, r, T, y, &nan, &extra);
         CHECKF(e >= 0 && nan == 0 && e <= 1.5e-2, "rank %d: error %.3g against the quantized recipe, %d outputs "
@@ -532,9 +643,11 @@ done:
         moe_plan_destroy(plan[r]);
     if (dwr)
         moe_cu.cuMemFree(dwr);
+    if (dsel)
+        moe_cu.cuMemFree(dsel);
     moe_ref_fp8_free(&f8);
     ep_layer_free(&L);
-    free(q1), free(q2), free(hq), free(s1), free(s2), free(hs), free(y);
+    free(q1), free(q2), free(hq), free(s1), free(s2), free(hs), free(y), free(sel);
     moe_mesh_plan_free(&mp);
     unlink(path);
 }

@@ -18,10 +18,11 @@
  * the training forward and the backward on each rank's tokens, then
  * moe_reduce_scatter_grads; each rank's stored experts' weight gradients
  * against the CPU reference of both ranks' tokens together, train_check),
- * and with fp8 weights (quant.weights = "fp8_e4m3", sm_90a) FSDP2
- * and DP2/FSDP2: each rank quantizes its bf16 shard on the device and
- * gathers the e4m3 weights and scales (moe_gather_weights_fp8), checked
- * against the CPU's quantized recipe; a mesh needing more GPUs than the
+ * and with fp8 weights (quant.weights = "fp8_e4m3", sm_90a) FSDP2,
+ * DP2/FSDP2, EP2, EP8, DP2/FSDP2/EP2 and EP4 in capacity mode: each rank
+ * quantizes its bf16 shard on the device and gathers the e4m3 weights and
+ * scales (moe_gather_weights_fp8), the EP dispatch moves e4m3 rows and
+ * their scales, checked against the CPU's quantized recipe; a mesh needing more GPUs than the
  * machine has is reported skipped.
  * --mesh also takes a spec file (e.g. examples/specs/deepseek-v3-ep8-mesh.moe);
  * --set KEY=VALUE (repeatable) overrides a key of the spec(s) run, as
@@ -106,6 +107,11 @@ static const mesh_case_t meshes[] = {
                     "mesh = { fsdp = 2 }\n"},
     {"fp8_fsdp2", "name = 'f8f2' " LAYER_FP8 "mesh = { fsdp = 2 }\n"},
     {"fp8_dp2_fsdp2", "name = 'f8df' " LAYER_FP8 "mesh = { dp = 2, fsdp = 2 }\n"},
+    {"fp8_ep2", "name = 'f8e2' " LAYER_FP8 "mesh = { ep = 2 }\n"},
+    {"fp8_ep8", "name = 'f8e8' " LAYER_FP8 "mesh = { ep = 8 }\n"},
+    {"fp8_dp2_fsdp2_ep2", "name = 'f8dfe' " LAYER_FP8 "mesh = { dp = 2, fsdp = 2, ep = 2 }\n"},
+    {"fp8_ep4_capacity",
+     "name = 'f8e4c' " LAYER_FP8 "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 8192 }\n"},
 };
 #define NMESH (sizeof meshes / sizeof *meshes)
 

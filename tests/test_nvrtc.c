@@ -148,6 +148,11 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
     /* and the device-side weight pack, which every source carries too */
     if (!r->rc && !r->missing[0] && !find_bytes(cubin.data, cubin.len, pd.pack.name))
         snprintf(r->missing, sizeof r->missing, "%s", pd.pack.name);
+    /* and an expert-parallel plan's dispatch kernels */
+    const moe_ep_desc_t *ed = moe_plan_ep_desc(&pd);
+    for (int i = 0; ed && i < MOE_EK_COUNT && !r->rc && !r->missing[0]; i++)
+        if (!find_bytes(cubin.data, cubin.len, ed->k[i].name))
+            snprintf(r->missing, sizeof r->missing, "%s", ed->k[i].name);
     /* and a training spec's backward kernels */
     for (int i = 0; pd.has_bwd && i < MOE_BK_COUNT && !r->rc && !r->missing[0]; i++)
         if (!find_bytes(cubin.data, cubin.len, pd.bwd[i].name))
@@ -206,6 +211,8 @@ static void test_nvrtc_all(void) {
         {"tests/specs/apply_input_k2.moe", 0}, /* router.apply = "input", top-2, biases, clamped SwiGLU */
         {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", 0}, /* fp8 GEMMs (sm_90a only), block scales */
         {"examples/specs/fp8/mixtral-8x7b-fp8.moe", 0},    /* fp8 GEMMs, channel scales */
+        {"examples/specs/fp8/deepseek-v3-ep8-mesh-fp8.moe", 0}, /* fp8 over EP8: the quantizing EP scatter */
+        {"tests/specs/fp8_ep_input.moe", 0},   /* fp8 over EP4, capacity, router.apply = "input", biases */
         {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels (bwd_upre is a GEMM) */
         {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */

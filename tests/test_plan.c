@@ -219,6 +219,9 @@ static void test_workspace(void) {
         "name = 'c' experts = 64 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 4 } "
         "dispatch = { mode = 'capacity', capacity = 300 }\n",
         "name = 'f' experts = 8 top_k = 4 hidden = 128 ffn = 64 tokens = 1000 mesh = { ep = 8 }\n",
+        /* fp8 weights: the e4m3 rows' scales beside them (test_quant checks their sizes) */
+        "name = 'q' experts = 16 top_k = 4 hidden = 256 ffn = 128 tokens = 1000 arch = { 'sm_90a' } mesh = { ep = 4 } "
+        "quant = { weights = 'fp8_e4m3' }\n",
     };
     for (size_t c = 0; c < sizeof eps / sizeof *eps; c++) {
         CASE("the EP workspace per call: the send side by T, the receive side and the fixed regions fixed");

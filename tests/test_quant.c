@@ -538,8 +538,7 @@ static void test_pack_quantize(moe_quant_scaling_t scaling) {
 }
 
 /* FSDP carries fp8 weights (the quantized gather): an fp8 spec on a dp x
- * fsdp mesh loads and plans; with mesh.ep > 1 it is refused
- * (tests/golden/errors/quant_with_ep.txt holds the message). */
+ * fsdp mesh loads and plans. */
 static void test_fsdp_spec(void) {
     CASE("spec: fp8 on dp2 x fsdp2 plans");
     moe_plan_desc_t pd;
@@ -548,6 +547,73 @@ static void test_fsdp_spec(void) {
     CHECK(rc == 0);
     if (rc == 0) {
         CHECK(pd.mesh.world == 4 && pd.mesh.nstored == 4 && pd.mesh.nheld == 8);
+        moe_plan_desc_free(&pd);
+    }
+}
+
+/* The EP dispatch carries fp8 rows (docs/DESIGN.md, "Expert-parallel
+ * forward"): fp8 specs on EP meshes plan, in exact and capacity mode, with
+ * the quantizing EP scatter and the e4m3 rows kernel; a row goes out as
+ * H e4m3 bytes and H/128 fp32 scales (two parts of each peer's transfer)
+ * and comes home as 2H bytes of bf16; the workspace holds the scales
+ * beside the e4m3 rows, sized from the plan's own row bounds here. */
+static void test_ep_spec(void) {
+    static const char *const specs[] = {
+        "name = 'e' experts = 16 top_k = 4 hidden = 256 ffn = 384 tokens = 300 arch = { 'sm_90a' } "
+        "quant = { weights = 'fp8_e4m3' } mesh = { ep = 4 }",
+        "name = 'c' experts = 16 top_k = 4 hidden = 512 ffn = 256 tokens = 300 arch = { 'sm_90a' } "
+        "quant = { weights = 'fp8_e4m3', scaling = 'channel' } mesh = { ep = 2 } "
+        "dispatch = { mode = 'capacity', capacity = 700 } router = { apply = 'input' }",
+        "name = 'd' experts = 16 top_k = 4 hidden = 256 ffn = 384 tokens = 129 arch = { 'sm_90a' } "
+        "quant = { weights = 'fp8_e4m3' } mesh = { dp = 2, fsdp = 2, ep = 2 }",
+        "name = 'b' experts = 16 top_k = 4 hidden = 256 ffn = 384 tokens = 300 arch = { 'sm_90a' } mesh = { ep = 4 }",
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        CASE("spec: fp8 on an EP mesh plans, rows move quantized");
+        moe_plan_desc_t pd;
+        if (plan_of(&pd, specs[i])) {
+            CHECKF(0, "spec %zu does not plan", i);
+            continue;
+        }
+        const moe_spec_t *s = &pd.spec;
+        const moe_ep_desc_t *ed = moe_plan_ep_desc(&pd);
+        const int fp8 = moe_spec_fp8(s);
+        const long long H = s->hidden, F = s->ffn;
+        CHECK(ed != NULL);
+        if (!ed) {
+            moe_plan_desc_free(&pd);
+            continue;
+        }
+        const char *sc = ed->k[MOE_EK_SCATTER].name, *rows = ed->k[MOE_EK_ROWS].name;
+        CHECKF((strstr(sc, "_ep_scatter_e4m3_") != NULL) == fp8 && (strstr(rows, "_ep_rows_e4m3_") != NULL) == fp8,
+               "%s: %s, %s", s->name, sc, rows);
+        moe_ep_row_part_t out[MOE_EP_ROW_PARTS], home[MOE_EP_ROW_PARTS];
+        const int nout = moe_ep_row_parts(s, 0, out), nhome = moe_ep_row_parts(s, 1, home);
+        if (fp8)
+            CHECKF(nout == 2 && out[0].from == MOE_EW_SEND && out[0].to == MOE_EW_STAGE && out[0].row_bytes == H &&
+                       out[1].from == MOE_EW_SEND_SC && out[1].to == MOE_EW_STAGE_SC &&
+                       out[1].row_bytes == 4 * H / 128 && moe_ep_row_bytes(s, 0) == H + H / 32,
+                   "%s: the parts of a row on its way out", s->name);
+        else
+            CHECKF(nout == 1 && out[0].from == MOE_EW_SEND && out[0].to == MOE_EW_STAGE && out[0].row_bytes == 2 * H,
+                   "%s: a bf16 row", s->name);
+        CHECKF(nhome == 1 && home[0].from == MOE_EW_STAGE && home[0].to == MOE_EW_SEND && home[0].row_bytes == 2 * H &&
+                   moe_ep_row_bytes(s, 1) == 2 * H,
+               "%s: the results come home in bf16", s->name);
+        for (int T = 0; T <= s->tokens; T += 37) {
+            moe_ws_region_t ws[MOE_EW_COUNT];
+            moe_ep_ws_layout(ed, &pd, T, ws);
+            const long long send = moe_ep_send_rows(ed, s, T), f = fp8 ? 4 : 0;
+            CHECKF(ws[MOE_EW_STAGE_SC].bytes == (size_t)(f * ed->stage_rows * (H / 128)) &&
+                       ws[MOE_EW_XSC].bytes == (size_t)(f * ed->recv_rows * (H / 128)) &&
+                       ws[MOE_EW_HSC].bytes == (size_t)(f * ed->recv_rows * (F / 128)) &&
+                       ws[MOE_EW_SEND_SC].bytes == (size_t)(f * send * (H / 128)) &&
+                       ws[MOE_EW_HBUF].bytes == (size_t)((fp8 ? 1 : 2) * ed->recv_rows * F) &&
+                       ws[MOE_EW_SEND].bytes == (size_t)(2 * (send + 1) * H) &&
+                       ws[MOE_EW_STAGE].bytes == (size_t)(2 * ed->stage_rows * H) &&
+                       ws[MOE_EW_XR].bytes == (size_t)(2 * ed->recv_rows * H),
+                   "%s at %d tokens: the EP workspace's fp8 regions", s->name, T);
+        }
         moe_plan_desc_free(&pd);
     }
 }
@@ -565,5 +631,6 @@ int main(void) {
     test_pack_quantize(MOE_SCALING_BLOCK);
     test_pack_quantize(MOE_SCALING_CHANNEL);
     test_fsdp_spec();
+    test_ep_spec();
     return check_report("test_quant");
 }

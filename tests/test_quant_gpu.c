@@ -20,8 +20,8 @@
  * or a checkpoint's e4m3 + scales by moe_plan_pack_fp8; on the device for
  * the example specs), y and the workspace poisoned, eager and replayed from
  * a CUDA graph, against the CPU's quantized recipe (moe_ref_ffn on the
- * GPU's routing) and the bf16 layer; for every case below and every spec
- * in examples/specs/fp8/. Skips without a GPU. */
+ * GPU's routing) and the bf16 layer; for every case below and every
+ * one-device spec in examples/specs/fp8/. Skips without a GPU. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -98,8 +98,9 @@ static const fp8_case_t cases[] = {
      "router = { score = 'sigmoid', apply = 'input' }\nquant = { weights = 'fp8_e4m3', scaling = 'channel' }\n", 1},
 };
 
-/* The example specs of examples/specs/fp8/ (paths from the repository's
- * root, where the tests run), the whole layer at their own shapes. */
+/* The one-device example specs of examples/specs/fp8/ (paths from the
+ * repository's root, where the tests run), the whole layer at their own
+ * shapes (the EP8 mesh spec there is test_ep_gpu's and test_mgpu's kind). */
 static const char *const example_specs[] = {
     "examples/specs/fp8/deepseek-v3-ep8-fp8.moe",
     "examples/specs/fp8/mixtral-8x7b-fp8.moe",

@@ -199,7 +199,7 @@ static const char *const required_bad[] = {
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep", "shared_ffn_not_multiple",
     "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots", "training_with_ep",
     "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
-    "quant_weights_unknown", "quant_with_ep",
+    "quant_weights_unknown",
 };
 
 static void test_golden_errors(void) {

@@ -676,15 +676,15 @@ deepseek_v3_ep8_mesh_permute_plan_e256_a128(const int *__restrict__ counts, cons
                                     s_tiles);
 }
 
-#line 143 "templates/permute.lua"
+#line 110 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace deepseek_v3_ep8_mesh_permute_plan_e256_a128_impl;
-#line 149 "templates/permute.lua"
+#line 116 "templates/permute.lua"
     (void)topk_w;
-#line 151 "templates/permute.lua"
+#line 118 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -692,29 +692,29 @@ deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8(const moe_half_t *__restrict__
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 161 "templates/permute.lua"
+#line 128 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 169 "templates/permute.lua"
+#line 136 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 174 "templates/permute.lua"
+#line 141 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 180 "templates/permute.lua"
+#line 147 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 189 "templates/permute.lua"
+#line 156 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 192 "templates/permute.lua"
+#line 159 "templates/permute.lua"
         }
     }
 }
@@ -2382,7 +2382,7 @@ deepseek_v3_ep8_mesh_pack_bf16_f2048_h7168(int tensor, unsigned short *__restric
     }
 }
 
-#line 40 "templates/ep.lua"
+#line 49 "templates/ep.lua"
 namespace deepseek_v3_ep8_mesh_ep_send_plan_e256p8s32c0_impl {
 constexpr int E = 256, K = 8, H = 7168, P = 8, S = 32, N = P * S;
 constexpr int C = 0;           // rows per (source, destination) pair; 0 = exact mode
@@ -2444,6 +2444,7 @@ static __device__ __forceinline__ int last_le(const int *a, int n, int x) {
     }
     return lo;
 }
+#line 113 "templates/ep.lua"
 }  // namespace deepseek_v3_ep8_mesh_ep_send_plan_e256p8s32c0_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -2474,13 +2475,14 @@ deepseek_v3_ep8_mesh_ep_send_plan_e256p8s32c0(const int *__restrict__ counts, co
 }
 
 extern "C" __global__ void __launch_bounds__(256)
+#line 150 "templates/ep.lua"
 deepseek_v3_ep8_mesh_ep_scatter_bf16_h7168k8c0(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
             moe_half_t *__restrict__ send, int *__restrict__ row_of) {
     using namespace deepseek_v3_ep8_mesh_ep_send_plan_e256p8s32c0_impl;
-#line 136 "templates/ep.lua"
+#line 156 "templates/ep.lua"
     (void)topk_w;
-#line 138 "templates/ep.lua"
+#line 158 "templates/ep.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slots = (long long)tokens * K;
 #pragma unroll 1
@@ -2500,11 +2502,12 @@ deepseek_v3_ep8_mesh_ep_scatter_bf16_h7168k8c0(const moe_half_t *__restrict__ x,
         if (row < 0)
             continue;
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
+#line 185 "templates/ep.lua"
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(send + (long long)row * H);
-#line 163 "templates/ep.lua"
+#line 191 "templates/ep.lua"
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 166 "templates/ep.lua"
+#line 195 "templates/ep.lua"
     }
 }
 
@@ -2569,9 +2572,11 @@ deepseek_v3_ep8_mesh_ep_recv_plan_p8s32c0_a128(const int *__restrict__ recv_coun
 }
 
 extern "C" __global__ void __launch_bounds__(256)
+#line 266 "templates/ep.lua"
 deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, const int *__restrict__ src_base,
             const int *__restrict__ chunk_src, const int *__restrict__ chunk_dst, const int *__restrict__ chunk_rows) {
     using namespace deepseek_v3_ep8_mesh_ep_send_plan_e256p8s32c0_impl;
+#line 270 "templates/ep.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int w = warp; w < ROWS; w += 256 / 32) {
@@ -2584,8 +2589,10 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
         const int in = o - chunk_src[s * S + j];
         if (in >= chunk_rows[s * S + j])
             continue;   // capacity mode: a row of the block nobody sent
+#line 293 "templates/ep.lua"
         uint4 *a = reinterpret_cast<uint4 *>(stage + (long long)r * H);
         uint4 *b = reinterpret_cast<uint4 *>(xr + (long long)(chunk_dst[s * S + j] + in) * H);
+#line 299 "templates/ep.lua"
         if (dir == 0) {
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) b[v] = a[v];
@@ -2593,6 +2600,7 @@ deepseek_v3_ep8_mesh_ep_rows_h7168p8s32(int dir, moe_half_t *__restrict__ stage,
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) a[v] = b[v];
         }
+#line 307 "templates/ep.lua"
     }
 }
 

@@ -681,15 +681,15 @@ gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, const int *_
                                     s_tiles);
 }
 
-#line 143 "templates/permute.lua"
+#line 110 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_120b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     using namespace gpt_oss_120b_permute_plan_e128_a128_impl;
-#line 149 "templates/permute.lua"
+#line 116 "templates/permute.lua"
     (void)topk_w;
-#line 151 "templates/permute.lua"
+#line 118 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -697,29 +697,29 @@ gpt_oss_120b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, cons
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 161 "templates/permute.lua"
+#line 128 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 169 "templates/permute.lua"
+#line 136 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 174 "templates/permute.lua"
+#line 141 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 180 "templates/permute.lua"
+#line 147 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 189 "templates/permute.lua"
+#line 156 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 192 "templates/permute.lua"
+#line 159 "templates/permute.lua"
         }
     }
 }
