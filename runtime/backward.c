@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Does the plan run on an expert-parallel rank (rows move between EP ranks)? */
+static int ep_rank(const moe_plan *p) { return p->ep && p->ep->dispatch; }
+
 /* What the backward needs of the plan: the training kernels and the
  * identity slot table (slot g holds expert g: the weight gradients are
  * indexed by slot). fn prefixes the message. */
@@ -26,7 +29,7 @@ static moe_status training_ok(const moe_plan *p, const char *fn) {
     if (!s->training || !p->launcher.bwd)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the plan was made without training = true (spec key training), so "
                         "it has no backward kernels; set training = true in the spec", fn);
-    if (!p->launcher.slot_identity && !p->ep->dispatch) /* an EP rank's are by held slot (ep_bwd.c) */
+    if (!p->launcher.slot_identity && !ep_rank(p)) /* an EP rank's are by held slot (ep_bwd.c) */
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the routing table is not the identity (moe_plan_set_slot_table); "
                         "the backward indexes its weight gradients by expert", fn);
     return MOE_OK;
@@ -45,7 +48,7 @@ size_t moe_plan_saved_size(const moe_plan *p, int tokens, int recompute_u) {
     if (!p || !p->pd.spec.training || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
     moe_ws_region_t sv[(int)MOE_SV_COUNT > (int)MOE_ES_COUNT ? (int)MOE_SV_COUNT : (int)MOE_ES_COUNT];
-    if (p->ep->dispatch)
+    if (ep_rank(p))
         return moe_ep_saved_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, sv);
     return moe_saved_layout(&p->pd, tokens, recompute_u != 0, sv);
 }
@@ -54,7 +57,7 @@ size_t moe_plan_backward_workspace_size(const moe_plan *p, int tokens, int recom
     if (!p || !p->pd.spec.training || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
     moe_ws_region_t bw[(int)MOE_BW_COUNT > (int)MOE_EB_COUNT ? (int)MOE_BW_COUNT : (int)MOE_EB_COUNT];
-    if (p->ep->dispatch)
+    if (ep_rank(p))
         return moe_ep_bwd_ws_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, bw);
     return moe_bwd_ws_layout(&p->pd, tokens, recompute_u != 0, bw);
 }
@@ -62,7 +65,7 @@ size_t moe_plan_backward_workspace_size(const moe_plan *p, int tokens, int recom
 size_t moe_plan_saved_per_token(const moe_plan *p, int recompute_u) {
     if (!p || !p->pd.spec.training)
         return 0;
-    if (!p->ep->dispatch)
+    if (!ep_rank(p))
         return moe_saved_per_token(&p->pd, recompute_u != 0);
     /* an EP rank: the home side's regions grow with its tokens, the expert side's are at the receive bound */
     moe_ws_region_t one[MOE_ES_COUNT], none[MOE_ES_COUNT];
@@ -86,7 +89,7 @@ moe_status moe_plan_saved_region(const moe_plan *p, int backward, int tokens, in
                         p->pd.spec.tokens);
     moe_ws_region_t r[32];
     _Static_assert(MOE_SV_COUNT <= 32 && MOE_BW_COUNT <= 32 && MOE_ES_COUNT <= 32 && MOE_EB_COUNT <= 32, "r");
-    const int ep = p->ep->dispatch;
+    const int ep = ep_rank(p);
     int n = backward ? (ep ? MOE_EB_COUNT : MOE_BW_COUNT) : ep ? MOE_ES_COUNT : MOE_SV_COUNT;
     if (backward && ep)
         moe_ep_bwd_ws_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, r);
@@ -121,7 +124,7 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
                         "(moe_plan_saved_size bytes)");
     if ((rc = set_ctx(p)))
         return rc;
-    if (p->ep->dispatch) /* also with 0 tokens: the peers wait on it */
+    if (ep_rank(p)) /* also with 0 tokens: the peers wait on it */
         return moe_ep_forward_train(p->ep, &p->launcher, ta, (CUstream)stream);
     const moe_forward_args *a = &ta->fwd;
     int T = a->tokens;
@@ -225,7 +228,7 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
     if (rc || (rc = backward_check(p, a)) || (rc = set_ctx(p)))
         return rc;
     CUstream st = (CUstream)stream;
-    if (p->ep->dispatch) /* also with 0 tokens: the peers wait on it */
+    if (ep_rank(p)) /* also with 0 tokens: the peers wait on it */
         return moe_ep_backward(p->ep, &p->launcher, a, st);
     const int T = a->tokens, beta = a->accumulate, recompute = a->recompute_u;
     if (T == 0)
@@ -313,7 +316,7 @@ moe_status moe_ep_train_step(const moe_plan *p, const moe_train_forward_args *ta
     moe_status rc = training_ok(p, "moe_forward_train");
     if (rc || (step == 0 && (rc = moe_forward_check(p, &ta->fwd, "moe_forward_train"))) || (rc = set_ctx(p)))
         return rc;
-    if (!p->ep->dispatch)
+    if (!ep_rank(p))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_train_step: the plan has no expert-parallel part");
     if (!ta->saved || (uintptr_t)ta->saved % 256)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward_train: saved is required, 256-byte aligned "
@@ -328,7 +331,7 @@ moe_status moe_ep_bwd_step(const moe_plan *p, const moe_backward_args *a, CUstre
     moe_status rc = training_ok(p, "moe_backward");
     if (rc || (rc = backward_check(p, a)) || (rc = set_ctx(p)))
         return rc;
-    if (!p->ep->dispatch)
+    if (!ep_rank(p))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_step: the plan has no expert-parallel part");
     return moe_ep_bwd_run_step(p->ep, &p->launcher, a, st, step, c);
 }
