@@ -110,6 +110,16 @@ size_t moe_ep_saved_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, i
     return moe_ws_layout(sv, names, sizes, MOE_ES_COUNT);
 }
 
+size_t moe_ep_saved_per_token(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int recompute_u) {
+    moe_ws_region_t one[MOE_ES_COUNT], none[MOE_ES_COUNT];
+    moe_ep_saved_layout(ed, pd, 1, recompute_u, one);
+    moe_ep_saved_layout(ed, pd, 0, recompute_u, none);
+    size_t n = 0;
+    for (int i = 0; i < MOE_ES_COUNT; i++)
+        n += one[i].bytes - none[i].bytes;
+    return n;
+}
+
 size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
                             moe_ws_region_t bw[MOE_EB_COUNT]) {
     static const char *const names[MOE_EB_COUNT] = {"slot_rows", "stage", "dys", "du", "dxs", "u", "home", "dw",

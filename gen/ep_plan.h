@@ -133,6 +133,11 @@ int moe_ep_saved_of(int ew);
 size_t moe_ep_saved_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
                            moe_ws_region_t sv[MOE_ES_COUNT]);
 
+/* The bytes of the EP saved region each of the rank's tokens adds (the
+ * home side's; the expert side's are at the receive bound, the layout at 0
+ * tokens). */
+size_t moe_ep_saved_per_token(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int recompute_u);
+
 /* The EP backward's workspace. */
 typedef enum {
     MOE_EB_SLOT_ROWS = 0,    /* int [S]        rows per slot (the wgrads' and bias sums' counts; from the host) */

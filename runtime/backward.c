@@ -67,14 +67,7 @@ size_t moe_plan_saved_per_token(const moe_plan *p, int recompute_u) {
         return 0;
     if (!ep_rank(p))
         return moe_saved_per_token(&p->pd, recompute_u != 0);
-    /* an EP rank: the home side's regions grow with its tokens, the expert side's are at the receive bound */
-    moe_ws_region_t one[MOE_ES_COUNT], none[MOE_ES_COUNT];
-    moe_ep_saved_layout(p->ep->ed, &p->pd, 1, recompute_u != 0, one);
-    moe_ep_saved_layout(p->ep->ed, &p->pd, 0, recompute_u != 0, none);
-    size_t n = 0;
-    for (int i = 0; i < MOE_ES_COUNT; i++)
-        n += one[i].bytes - none[i].bytes;
-    return n;
+    return moe_ep_saved_per_token(p->ep->ed, &p->pd, recompute_u != 0); /* an EP rank's home side */
 }
 
 moe_status moe_plan_saved_region(const moe_plan *p, int backward, int tokens, int recompute_u, const char *name,
