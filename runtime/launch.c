@@ -96,7 +96,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
     /* the wgrads and the bias sums walk the launcher's weight slots: an EP
-     * rank's held experts (the family's moe_spec_slots on a mesh of one) */
+     * rank's held experts (the family's moe_spec_slots without EP) */
     if (k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN)
         g[2] = (unsigned)l->slots;
     else if (k == MOE_K_BWD_COLSUM)
