@@ -400,9 +400,6 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (s->experts % s->mesh.size[MOE_AXIS_EP])
         NAMED_ERROR(c, "experts", "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
                     s->mesh.size[MOE_AXIS_EP]);
-    else if (s->training && s->mesh.size[MOE_AXIS_EP] > 1 && s->dispatch.mode == MOE_DISPATCH_CAPACITY)
-        NAMED_ERROR(c, "dispatch.mode", "training = true with mesh.ep = %d needs dispatch.mode = \"exact\": the "
-                    "expert-parallel backward is built for exact dispatch only", s->mesh.size[MOE_AXIS_EP]);
 }
 
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after

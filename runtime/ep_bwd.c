@@ -29,12 +29,18 @@ moe_status moe_ep_bwd_load(moe_ep_t *ep) {
     return MOE_OK;
 }
 
-/* Exact mode: the rows this rank sent to and received from each peer in the
- * training forward, read from the saved counts (one host synchronization),
- * into c; each held slot's rows into slot_rows (host, [S]). */
+/* The rows this rank sent to and received from each peer in the training
+ * forward, into c: in exact mode read from the saved counts (one host
+ * synchronization), in capacity mode every pair's C. */
 static moe_status read_sizes(const moe_ep_desc_t *ed, CUdeviceptr send_counts, CUdeviceptr recv_counts, CUstream st,
-                             moe_ep_call_t *c, int *slot_rows) {
+                             moe_ep_call_t *c) {
     const int P = ed->ep, S = ed->nheld;
+    if (ed->capacity) {
+        for (int d = 0; d < P; d++)
+            c->send_rows[d] = c->recv_rows[d] = ed->capacity;
+        c->recv_total = (long long)P * ed->capacity;
+        return MOE_OK;
+    }
     int *h = malloc(sizeof(int) * (size_t)(P + P * S));
     if (!h)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
@@ -48,15 +54,11 @@ static moe_status read_sizes(const moe_ep_desc_t *ed, CUdeviceptr send_counts, C
         return moe_fail(MOE_ERR_CUDA, "reading the training forward's dispatch counts: %s", moe_cu_error_string(r));
     }
     c->recv_total = 0;
-    for (int j = 0; j < S; j++)
-        slot_rows[j] = 0;
     for (int d = 0; d < P; d++) {
         c->send_rows[d] = h[d];
         long long n = 0;
-        for (int j = 0; j < S; j++) {
+        for (int j = 0; j < S; j++)
             n += h[P + d * S + j];
-            slot_rows[j] += h[P + d * S + j];
-        }
         c->recv_rows[d] = n;
         c->recv_total += n;
     }
@@ -71,9 +73,10 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
     const moe_spec_t *s = &pd->spec;
     const int P = ed->ep, S = ed->nheld, T = a->tokens, recompute = a->recompute_u, beta = a->accumulate;
     const long long row_bytes = 2LL * s->hidden;
-    if (ed->capacity)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_backward: the expert-parallel backward runs exact dispatch only "
-                        "(spec key dispatch.mode)");
+    if (!l->bwd_fn[MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST])
+        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_backward: kernel '%s' is missing from the plan's module (compiled "
+                        "by an older moegen?); the expert-parallel backward needs it",
+                        l->bwd[MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST].name);
     moe_ws_region_t svr[MOE_ES_COUNT], bwr[MOE_EB_COUNT];
     moe_ep_saved_layout(ed, pd, T, recompute, svr);
     moe_ep_bwd_ws_layout(ed, pd, T, recompute, bwr);
@@ -88,18 +91,14 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
     c->nx = 0;
     switch (step) {
     case 0: { /* home: dys and dw per (t, k); the dys rows go out as the forward's rows did */
-        int *slot_rows = malloc(sizeof(int) * (size_t)S);
-        if (!slot_rows)
-            return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-        rc = read_sizes(ed, sv[MOE_ES_SEND_COUNTS], sv[MOE_ES_RECV_COUNTS], st, c, slot_rows);
-        if (!rc) { /* the stream is idle (read_sizes synchronized it): a plain copy */
-            CUresult r = moe_cu.cuMemcpyHtoD(bw[MOE_EB_SLOT_ROWS], slot_rows, sizeof(int) * (size_t)S);
-            if (r != CUDA_SUCCESS)
-                rc = moe_fail(MOE_ERR_CUDA, "the slots' row counts: %s", moe_cu_error_string(r));
-        }
-        free(slot_rows);
-        if (rc)
+        if ((rc = read_sizes(ed, sv[MOE_ES_SEND_COUNTS], sv[MOE_ES_RECV_COUNTS], st, c)))
             return rc;
+        { /* each held slot's rows (the kept ones in capacity mode), for the wgrads and bias sums */
+            int sources = P, slots = S;
+            void *args[] = {&sv[MOE_ES_CHUNK_ROWS], &sources, &slots, &bw[MOE_EB_SLOT_ROWS]};
+            if ((rc = moe_launch_kernel(l, MOE_K_BWD_SLOT_ROWS, T, S, st, args, NULL)))
+                return rc;
+        }
         void *args[] = {(void *)&a->dy, &sv[MOE_ES_SEND], &sv[MOE_ES_ROW_OF], &sv[MOE_ES_TOPK_W], (void *)&T,
                         &bw[MOE_EB_HOME], input ? &none : &bw[MOE_EB_DW]};
         if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
@@ -161,6 +160,9 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
         return MOE_OK;
     }
     case 2: { /* home: the router, dx, d router_w and d logit_bias, as on one device */
+        /* the null row: a (t, k) that capacity mode dropped reads zeros (it added nothing to y) */
+        CU_CHECK(moe_cu.cuMemsetD8Async(bw[MOE_EB_HOME] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
+                                        (size_t)row_bytes, st));
         if (input) { /* dw[t, k] = <x[t], dXs[row]> */
             void *args[] = {(void *)&a->x, &bw[MOE_EB_HOME], &sv[MOE_ES_ROW_OF], &sv[MOE_ES_TOPK_W], (void *)&T,
                             &none, &bw[MOE_EB_DW]};

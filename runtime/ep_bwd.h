@@ -4,8 +4,9 @@
  * reversed, three steps:
  *
  *   0  home: dys = R(w·dy) and dw = <dy, O> per (t, k) at its send row;
- *      the dys rows go to the experts' owners (the dispatch's list: the
- *      send layout to the peers' staging buffers)
+ *      each held slot's rows (bwd_slot_rows); the dys rows go to the
+ *      experts' owners (the dispatch's list: the send layout to the peers'
+ *      staging buffers)
  *   1  expert side: the rows slot-major, the backward's grouped GEMMs and
  *      bias sums on the receive layout's tiles (U recomputed first when
  *      asked), dXs back to the staging layout; the dXs rows go home (the
@@ -13,9 +14,10 @@
  *   2  home: the router's gradient, dx (Σ_k of the returned rows + the
  *      router term), d router_w and d logit_bias
  *
- * Exact dispatch only (the spec check refuses capacity mode with
- * training). Step 0 synchronizes the stream once to read the saved counts,
- * as the exact forward's step 1 does. Internal. */
+ * In exact mode step 0 synchronizes the stream once to read the saved
+ * counts, as the exact forward's step 1 does; in capacity mode every pair
+ * moves C rows and nothing synchronizes. A (t, k) that capacity mode
+ * dropped (its forward added nothing to y) gets no gradient. Internal. */
 #ifndef MOEGEN_EP_BWD_H
 #define MOEGEN_EP_BWD_H
 

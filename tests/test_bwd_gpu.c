@@ -43,7 +43,7 @@
  * expert's weight and bias gradients against the sum of the reference's
  * over the EP group's ranks (the tokens that reached it). Ragged and empty
  * experts (ranks of 1 and 5 tokens) and a rank with no tokens (its router
- * gradients zero).
+ * gradients zero), in exact and capacity dispatch.
  *
  * Usage: test_bwd_gpu [SPEC-FILTER...]  ("examples" selects the example
  * specs, "fsdp" the dp x fsdp mesh cases, "ep" the expert-parallel ones)
@@ -1168,6 +1168,11 @@ static void run_ep_mesh(const char *spec, const char *mesh, const int *tokens, i
             break;
     }
     CHECKF(ok, "the training forward and backward did not run");
+    for (int r = 0; r < W && ok; r++) { /* capacity mode: room for every row */
+        long long lost = -1;
+        moe_status st = moe_plan_overflow(L[r].plan, (void *)L[r].ws, NULL, &lost);
+        CHECKF(st == MOE_OK && lost == 0, "rank %d: %lld rows overflowed: %s", r, lost, moe_last_error());
+    }
     /* the reference of each rank's own tokens */
     for (int r = 0; r < W && ok; r++) {
         if (!tokens[r])
@@ -1261,6 +1266,11 @@ static void run_ep(uint64_t seed, const char *tmp, const char *cache) {
                 0, seed + 4, tmp, cache);
     run_ep_mesh("tests/specs/train_input.moe", "{ ep = 4 }", tokens + 2, 0, seed + 5, tmp, cache);
     run_ep_mesh("tests/specs/train_sigmoid_groups.moe", "{ dp = 2, ep = 2 }", tokens + 1, 1, seed + 6, tmp, cache);
+    /* capacity dispatch: every pair moves C rows (room for all: a token sends a peer at most min(top_k, slots)) */
+    run_ep_mesh("tests/specs/train_softmax.moe", "{ ep = 4 }\ndispatch = { mode = 'capacity', capacity = 700 }",
+                tokens, 0, seed + 7, tmp, cache);
+    run_ep_mesh("tests/specs/train_gptoss.moe", "{ ep = 2 }\ndispatch = { mode = 'capacity', capacity = 600 }",
+                tokens + 3, 1, seed + 8, tmp, cache);
 }
 
 int main(int argc, char **argv) {

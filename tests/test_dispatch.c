@@ -10,7 +10,8 @@
  * wrong (t, k) gives a wrong number. Every expected layout is recomputed here
  * by plain loops, independently of tests/support/dispatch.c.
  *
- * In exact mode the same groups then run the backward on those layouts:
+ * The same groups then run the backward on those layouts (every mode that
+ * sends; capacity mode's dropped rows get no gradient):
  * the dys rows leave by the return's transfer list reversed, each receiver
  * runs a linear expert's backward on its slot-major rows (with the rows it
  * kept from the forward), the dXs rows come home by the dispatch's list
@@ -318,8 +319,9 @@ typedef struct {         /* a receiver's layout and the rows it kept (the forwar
     float *xs;
 } recv_t;
 
-/* The forward's moves of an EP group in exact mode: dispatch (ret = 0) or
- * return (ret = 1), chunk by chunk; returns their number. */
+/* The forward's moves of an EP group: dispatch (ret = 0) or return (ret =
+ * 1), chunk by chunk (capacity mode: each source's block at d·C, as its
+ * send offsets say); returns their number. */
 static int forward_moves(int ep, int nh, const src_t *src, const recv_t *rx, int ret, move_t *mv) {
     int n = 0;
     for (int j = 0; j < ep; j++)
@@ -350,7 +352,8 @@ static float m_of(int g, int a, int b) { return (float)((g * 7 + a * 3 + b * 5) 
  * reversed, and dx[t] = Σ_k dXs. Checked against the single-device
  * gradients computed straight from the routing: every rank's dx, dw =
  * <dy, O> from the O that came home, and each expert's gradient found on
- * the EP rank that holds it and nowhere else. */
+ * the EP rank that holds it and nowhere else. A (t, k) that capacity mode
+ * dropped adds nothing anywhere (as it added nothing to y). */
 static void run_backward(const moe_mesh_plan_t *mp, int grp, int K, src_t *src, const recv_t *rx) {
     const int ep = mp->size[MOE_AXIS_EP], nh = mp->nheld, E = mp->experts;
     const int *peers = mp->ep_groups + grp * ep;
@@ -382,6 +385,8 @@ static void run_backward(const moe_mesh_plan_t *mp, int grp, int K, src_t *src, 
         for (int q = 0; q < n; q++) {
             const int t = q / K, g = s->idx[q], r = s->sp[q];
             wb[i][q] = (float)(1 + rnd_below(4));
+            if (r < 0) /* dropped */
+                continue;
             float dw = 0, want = 0;
             for (int h = 0; h < W; h++) {
                 const float d = wb[i][q] * dy[i][t * W + h];
@@ -445,7 +450,8 @@ static void run_backward(const moe_mesh_plan_t *mp, int grp, int K, src_t *src, 
         for (int t = 0; t < s->T; t++)
             for (int b = 0; b < W; b++) {
                 float v = 0;
-                for (int k = 0; k < K; k++) v += home[i][s->sp[t * K + k] * W + b];
+                for (int k = 0; k < K; k++)
+                    if (s->sp[t * K + k] >= 0) v += home[i][s->sp[t * K + k] * W + b];
                 bad += !(v == dx_ref[i][t * W + b]);
             }
         CHECKF(bad == 0, "ep rank %d (rank %d): %lld dx values differ from the single-device backward (seed %llu)", i,
@@ -740,8 +746,7 @@ static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int m
             }
         CHECKF(bad < 0 && (dropped == 0 || mode == M_CAP_DROP), "ep rank %d: %d dropped", i, dropped);
     }
-    if (mode == M_EXACT) /* the backward trains on exact dispatch */
-        run_backward(mp, grp, K, src, rx);
+    run_backward(mp, grp, K, src, rx); /* every mode that sent (capacity: the kept rows) */
 }
 
 typedef struct {
