@@ -29,7 +29,7 @@ GEN_SRC   := gen/spec.c gen/spec_check.c gen/spec_schema.c gen/sandbox.c gen/uti
 TUNING    := tuning/h200.tune
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 SPECS     := $(sort $(wildcard examples/specs/*.moe))
-RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/pack.c runtime/pack_fp8.c runtime/backward.c runtime/fsdp_grad.c
+RT_SRC    := runtime/moe_error.c runtime/bgemm.c runtime/abi.c runtime/moe_plan.c runtime/launch.c runtime/ffn.c runtime/moe_forward.c runtime/cudnn_load.c runtime/cudnn_graph.c runtime/cudnn_policy.c runtime/cudnn_check.c runtime/driver.c runtime/half.c runtime/fp8.c runtime/nccl_dl.c runtime/ep.c runtime/ep_bwd.c runtime/pack.c runtime/pack_fp8.c runtime/backward.c runtime/fsdp_grad.c
 GEN_OBJ   := $(GEN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/templates_embed.o $(BUILD)/tuning_embed.o $(BUILD)/launch_geom_embed.o
 RT_OBJ    := $(RT_SRC:%.c=$(BUILD)/%.o)
 # Test support, not shipped: the CPU reference and the CPU dispatch model,

@@ -442,13 +442,20 @@ static int cmd_plan(const args_t *a) {
             printf("\nbackward kernels (training = true; the backward GEMMs besides):\n");
             for (int i = 0; i < MOE_BK_COUNT; i++)
                 printf("  %-58s threads %4d  smem %6d\n", plan.bwd[i].name, plan.bwd[i].threads, plan.bwd[i].smem);
-            moe_ws_region_t r[(int)MOE_SV_COUNT > (int)MOE_BW_COUNT ? (int)MOE_SV_COUNT : (int)MOE_BW_COUNT];
-            printf("saved region: %zu bytes per token saving U, %zu recomputing it (moe_plan_saved_per_token); "
-                   "%zu and %zu bytes at %d tokens\n", moe_saved_per_token(&plan, 0), moe_saved_per_token(&plan, 1),
-                   moe_saved_layout(&plan, spec.tokens, 0, r), moe_saved_layout(&plan, spec.tokens, 1, r),
-                   spec.tokens);
+            moe_ws_region_t r[32];
+            _Static_assert(MOE_SV_COUNT <= 32 && MOE_BW_COUNT <= 32 && MOE_ES_COUNT <= 32 && MOE_EB_COUNT <= 32, "r");
+            const moe_ep_desc_t *ed = moe_plan_ep_desc(&plan); /* an EP rank keeps its received rows at their bound */
+            const int T = spec.tokens;
+            printf("saved region: %zu bytes per token saving U, %zu recomputing it (moe_plan_saved_per_token%s); "
+                   "%zu and %zu bytes at %d tokens\n",
+                   ed ? moe_ep_saved_per_token(ed, &plan, 0) : moe_saved_per_token(&plan, 0),
+                   ed ? moe_ep_saved_per_token(ed, &plan, 1) : moe_saved_per_token(&plan, 1),
+                   ed ? ", the token side's; the expert side's rows at the receive bound" : "",
+                   ed ? moe_ep_saved_layout(ed, &plan, T, 0, r) : moe_saved_layout(&plan, T, 0, r),
+                   ed ? moe_ep_saved_layout(ed, &plan, T, 1, r) : moe_saved_layout(&plan, T, 1, r), T);
             printf("backward workspace: %zu bytes at %d tokens (%zu recomputing U)\n",
-                   moe_bwd_ws_layout(&plan, spec.tokens, 0, r), spec.tokens, moe_bwd_ws_layout(&plan, spec.tokens, 1, r));
+                   ed ? moe_ep_bwd_ws_layout(ed, &plan, T, 0, r) : moe_bwd_ws_layout(&plan, T, 0, r), T,
+                   ed ? moe_ep_bwd_ws_layout(ed, &plan, T, 1, r) : moe_bwd_ws_layout(&plan, T, 1, r));
         }
     }
     moe_plan_desc_free(&plan);

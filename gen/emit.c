@@ -253,7 +253,7 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         moe_buf_printf(out, "\n");
         if (!rc) {
             static const char *const field[MOE_BK_COUNT] = {NULL, "dys", "router", "dx", "dwr", "colsum", "unpack",
-                                                                  "accum"};
+                                                                  "accum", "slot_rows"};
             moe_plan_push_params(L, pd, s->arch[0], -1);
             for (int i = 1; i < MOE_BK_COUNT; i++) {
                 char key[32];

@@ -100,6 +100,69 @@ long long moe_ep_row_bytes(const moe_spec_t *s, int home) {
     return b;
 }
 
+/* ---- training ------------------------------------------------------------ */
+
+static const int saved_from_ws[MOE_ES_COUNT] = {
+    [MOE_ES_SEND_COUNTS] = MOE_EW_SEND_COUNTS, [MOE_ES_RECV_COUNTS] = MOE_EW_RECV_COUNTS,
+    [MOE_ES_CHUNK_SRC] = MOE_EW_CHUNK_SRC, [MOE_ES_CHUNK_DST] = MOE_EW_CHUNK_DST,
+    [MOE_ES_CHUNK_ROWS] = MOE_EW_CHUNK_ROWS, [MOE_ES_SRC_BASE] = MOE_EW_SRC_BASE, [MOE_ES_SLOT_OFF] = MOE_EW_SLOT_OFF,
+    [MOE_ES_NUM_TILES] = MOE_EW_NUM_TILES, [MOE_ES_TILES] = MOE_EW_TILES, [MOE_ES_XR] = MOE_EW_XR,
+    [MOE_ES_HBUF] = MOE_EW_HBUF, [MOE_ES_U] = -1, [MOE_ES_OR] = -1, [MOE_ES_TOPK_IDX] = MOE_EW_TOPK_IDX,
+    [MOE_ES_TOPK_W] = MOE_EW_TOPK_W, [MOE_ES_ROW_OF] = MOE_EW_ROW_OF, [MOE_ES_LOGITS] = -1,
+    [MOE_ES_SEND] = MOE_EW_SEND,
+};
+
+int moe_ep_saved_of(int ew) {
+    for (int i = 0; i < MOE_ES_COUNT; i++)
+        if (saved_from_ws[i] == ew && ew >= 0)
+            return i;
+    return -1;
+}
+
+size_t moe_ep_saved_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
+                           moe_ws_region_t sv[MOE_ES_COUNT]) {
+    static const char *const names[MOE_ES_COUNT] = {
+        "send_counts", "recv_counts", "chunk_src", "chunk_dst", "chunk_rows", "src_base", "slot_off", "num_tiles",
+        "tiles", "xr", "hbuf", "u", "out", "topk_idx", "topk_w", "row_of", "logits", "send"};
+    const moe_spec_t *s = &pd->spec;
+    moe_ws_region_t wr[MOE_EW_COUNT];
+    moe_ep_ws_layout(ed, pd, tokens, wr);
+    size_t sizes[MOE_ES_COUNT];
+    for (int i = 0; i < MOE_ES_COUNT; i++)
+        sizes[i] = saved_from_ws[i] >= 0 ? wr[saved_from_ws[i]].bytes : 0;
+    sizes[MOE_ES_U] = recompute_u ? 0 : 2 * (size_t)ed->recv_rows * 2 * (size_t)s->ffn;
+    sizes[MOE_ES_OR] = 2 * (size_t)ed->recv_rows * (size_t)s->hidden;
+    sizes[MOE_ES_LOGITS] = 4 * (size_t)tokens * (size_t)s->experts;
+    return moe_ws_layout(sv, names, sizes, MOE_ES_COUNT);
+}
+
+size_t moe_ep_saved_per_token(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int recompute_u) {
+    moe_ws_region_t one[MOE_ES_COUNT], none[MOE_ES_COUNT];
+    moe_ep_saved_layout(ed, pd, 1, recompute_u, one);
+    moe_ep_saved_layout(ed, pd, 0, recompute_u, none);
+    size_t n = 0;
+    for (int i = 0; i < MOE_ES_COUNT; i++)
+        n += one[i].bytes - none[i].bytes;
+    return n;
+}
+
+size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
+                            moe_ws_region_t bw[MOE_EB_COUNT]) {
+    static const char *const names[MOE_EB_COUNT] = {"slot_rows", "stage", "dys", "du", "dxs", "u", "home", "dw",
+                                                    "dlogits"};
+    const moe_spec_t *s = &pd->spec;
+    const size_t R = (size_t)ed->recv_rows, H = (size_t)s->hidden, F = (size_t)s->ffn,
+                 TK = (size_t)tokens * (size_t)s->top_k;
+    size_t sizes[MOE_EB_COUNT] = {
+        [MOE_EB_SLOT_ROWS] = 4 * (size_t)ed->nheld, [MOE_EB_STAGE] = 2 * (size_t)ed->stage_rows * H,
+        [MOE_EB_DYS] = 2 * R * H, [MOE_EB_DU] = 4 * R * F, [MOE_EB_DXS] = 2 * R * H,
+        [MOE_EB_U] = recompute_u ? 4 * R * F : 0,
+        [MOE_EB_HOME] = 2 * (size_t)(moe_ep_send_rows(ed, s, tokens) + 1) * H, [MOE_EB_DW] = 4 * TK,
+        [MOE_EB_DLOGITS] = 4 * (size_t)tokens * (size_t)s->experts,
+    };
+    return moe_ws_layout(bw, names, sizes, MOE_EB_COUNT);
+}
+
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
                  unsigned grid[3]) {
     moe_family_grid(&ed->k[k], &pd->spec, tokens, rows, grid);

@@ -126,6 +126,68 @@ int moe_ep_row_parts(const moe_spec_t *spec, int home, moe_ep_row_part_t parts[M
  * sum of moe_ep_row_parts' parts. */
 long long moe_ep_row_bytes(const moe_spec_t *spec, int home);
 
+/* ---- training (docs/DESIGN.md, "Expert-parallel backward") ------------
+ *
+ * The saved region of an EP training forward: what the home side (the
+ * tokens' owner) and the expert side keep for the backward. Each region
+ * named after a workspace region (moe_ep_saved_of) is that region, moved
+ * out of the workspace into the saved one: the forward writes it there. */
+typedef enum {
+    /* the expert side, at the receive bound whatever the rank's tokens */
+    MOE_ES_SEND_COUNTS = 0,  /* int [P]        rows this rank sent to each peer (the exact backward's sizes) */
+    MOE_ES_RECV_COUNTS,      /* int [P*S]      rows received from (source, my slot) */
+    MOE_ES_CHUNK_SRC,        /* int [P*S]      the receive layout (ep.lua's recv_plan) */
+    MOE_ES_CHUNK_DST,
+    MOE_ES_CHUNK_ROWS,
+    MOE_ES_SRC_BASE,         /* int [P + 1] */
+    MOE_ES_SLOT_OFF,         /* int [S + 1] */
+    MOE_ES_NUM_TILES,        /* int [1] */
+    MOE_ES_TILES,            /* int4 [max_tiles] */
+    MOE_ES_XR,               /* half [recv_rows, H]   received rows, slot-major (the up GEMM's input) */
+    MOE_ES_HBUF,             /* half [recv_rows, F]   A */
+    MOE_ES_U,                /* half [recv_rows, 2F]  U, packed columns; 0 bytes with recompute_u */
+    MOE_ES_OR,               /* half [recv_rows, H]   the down output O, slot-major */
+    /* the home side, by the rank's tokens T */
+    MOE_ES_TOPK_IDX,         /* int [T, k] */
+    MOE_ES_TOPK_W,           /* float [T, k] */
+    MOE_ES_ROW_OF,           /* int [T, k]     send row of (t, k) */
+    MOE_ES_LOGITS,           /* float [T, E]   the router's logits */
+    MOE_ES_SEND,             /* half [send rows + 1, H]  the rows sent, then O as it came home */
+    MOE_ES_COUNT
+} moe_ep_saved_id_t;
+
+/* The saved region kept for workspace region `ew` (MOE_EW_*), or -1 when
+ * ew stays in the workspace. */
+int moe_ep_saved_of(int ew);
+
+/* The EP saved region of a training forward of `tokens` tokens into sv;
+ * returns its bytes. The one home of its layout. */
+size_t moe_ep_saved_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
+                           moe_ws_region_t sv[MOE_ES_COUNT]);
+
+/* The bytes of the EP saved region each of the rank's tokens adds (the
+ * home side's; the expert side's are at the receive bound, the layout at 0
+ * tokens). */
+size_t moe_ep_saved_per_token(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int recompute_u);
+
+/* The EP backward's workspace. */
+typedef enum {
+    MOE_EB_SLOT_ROWS = 0,    /* int [S]        rows per slot (the wgrads' and bias sums' counts; from the host) */
+    MOE_EB_STAGE,            /* half [stage_rows, H]  dys rows as they arrive, then dXs rows as they leave */
+    MOE_EB_DYS,              /* half [recv_rows, H]   dys, slot-major */
+    MOE_EB_DU,               /* half [recv_rows, 2F] */
+    MOE_EB_DXS,              /* half [recv_rows, H]   dXs, slot-major */
+    MOE_EB_U,                /* half [recv_rows, 2F]  the recomputed U (recompute_u; else 0 bytes) */
+    MOE_EB_HOME,             /* half [send rows + 1, H]  home: dys in the send layout, then dXs as it came home */
+    MOE_EB_DW,               /* float [T, k] */
+    MOE_EB_DLOGITS,          /* float [T, E] */
+    MOE_EB_COUNT
+} moe_ep_bwd_id_t;
+
+/* The EP backward's workspace at `tokens` into bw; returns its bytes. */
+size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
+                            moe_ws_region_t bw[MOE_EB_COUNT]);
+
 /* Grid of EP kernel k (rows: stage rows to walk, for MOE_EK_ROWS). */
 void moe_ep_grid(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int k, int tokens, long long rows,
                  unsigned grid[3]);

@@ -3,7 +3,8 @@
  * (templates/bwd_upre.lua: the pre-activation xs . W1p^T (+ b1p) that the
  * backward recomputes when the training forward did not save it, on the
  * sm_80 GEMM's mainloop), and templates/bwd.lua's row and router kernels (docs/DESIGN.md,
- * "Backward") and the fp32 add of moe_reduce_scatter_grads' accumulate. All arch-neutral: the plan builds them once, into
+ * "Backward"), the fp32 add of moe_reduce_scatter_grads' accumulate and an EP rank's rows per held slot
+ * (docs/DESIGN.md, "Expert-parallel backward"). All arch-neutral: the plan builds them once, into
  * moe_plan_desc_t.bwd, and only when spec.training is set. */
 #include "family.h"
 #include "launch_geom.h"
@@ -78,6 +79,11 @@ static void unpack_spell(char *out, size_t n, const moe_family_ctx_t *c, const m
     snprintf(out, n, "%s_bwd_unpack_f%d_h%d", c->spec->name, c->spec->ffn, c->spec->hidden);
 }
 
+static void slot_rows_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    (void)k;
+    snprintf(out, n, "%s_bwd_slot_rows", c->spec->name);
+}
+
 static void accum_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     (void)k;
     snprintf(out, n, "%s_bwd_accum", c->spec->name);
@@ -141,6 +147,9 @@ const moe_family_t moe_family_bwd_colsum = {.id = MOE_K_BWD_COLSUM, .name = "bwd
                                             .grid = colsum_grid};
 const moe_family_t moe_family_bwd_accum = {.id = MOE_K_BWD_ACCUM, .name = "bwd_accum", .variants = block_variants,
                                            .nvariants = 1, .spell = accum_spell, .grid = unpack_grid};
+const moe_family_t moe_family_bwd_slot_rows = {.id = MOE_K_BWD_SLOT_ROWS, .name = "bwd_slot_rows",
+                                               .variants = block_variants, .nvariants = 1, .spell = slot_rows_spell,
+                                               .grid = unpack_grid};
 const moe_family_t moe_family_bwd_unpack = {.id = MOE_K_BWD_UNPACK, .name = "bwd_unpack",
                                             .variants = block_variants, .nvariants = 1, .spell = unpack_spell,
                                             .grid = unpack_grid};

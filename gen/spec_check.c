@@ -400,10 +400,6 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (s->experts % s->mesh.size[MOE_AXIS_EP])
         NAMED_ERROR(c, "experts", "experts (%d) must be divisible by mesh.ep (%d)", s->experts,
                     s->mesh.size[MOE_AXIS_EP]);
-    else if (s->training && s->mesh.size[MOE_AXIS_EP] > 1)
-        NAMED_ERROR(c, "training", "training = true needs mesh.ep = 1 (it is %d): the expert-parallel backward "
-                    "is not built yet (dp and fsdp meshes train; moe_reduce_scatter_grads)",
-                    s->mesh.size[MOE_AXIS_EP]);
 }
 
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after

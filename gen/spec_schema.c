@@ -104,8 +104,7 @@ const moe_key_t moe_spec_keys[] = {
 
     {.name = "training", .type = MOE_KEY_BOOL, .offset = AT(training),
      .help = "the plan also builds the backward kernels (`moe_backward`) and the training forward that saves "
-             "what the backward needs; one device or a `dp` x `fsdp` mesh (`mesh.ep = 1`; "
-             "`moe_reduce_scatter_grads`)"},
+             "what the backward needs; one device or any mesh (`moe_reduce_scatter_grads` over `fsdp`)"},
 
     {.name = "quant.weights", .type = MOE_KEY_ENUM, .offset = AT(quant.weights), .choices = quant_weights,
      .values = quant_weights_ids, .optional = true,

@@ -10,12 +10,16 @@
 
 #include "bgemm.h"
 #include "cudnn.h"
+#include "ep_bwd.h"
 #include "error.h"
 #include "ffn.h"
 #include "spec.h"
 
 #include <stdint.h>
 #include <string.h>
+
+/* Does the plan run on an expert-parallel rank (rows move between EP ranks)? */
+static int ep_rank(const moe_plan *p) { return p->ep && p->ep->dispatch; }
 
 /* What the backward needs of the plan: the training kernels and the
  * identity slot table (slot g holds expert g: the weight gradients are
@@ -25,7 +29,7 @@ static moe_status training_ok(const moe_plan *p, const char *fn) {
     if (!s->training || !p->launcher.bwd)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the plan was made without training = true (spec key training), so "
                         "it has no backward kernels; set training = true in the spec", fn);
-    if (!p->launcher.slot_identity)
+    if (!p->launcher.slot_identity && !ep_rank(p)) /* an EP rank's are by held slot (ep_bwd.c) */
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the routing table is not the identity (moe_plan_set_slot_table); "
                         "the backward indexes its weight gradients by expert", fn);
     return MOE_OK;
@@ -43,19 +47,27 @@ static moe_status set_ctx(const moe_plan *p) {
 size_t moe_plan_saved_size(const moe_plan *p, int tokens, int recompute_u) {
     if (!p || !p->pd.spec.training || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
-    moe_ws_region_t sv[MOE_SV_COUNT];
+    moe_ws_region_t sv[(int)MOE_SV_COUNT > (int)MOE_ES_COUNT ? (int)MOE_SV_COUNT : (int)MOE_ES_COUNT];
+    if (ep_rank(p))
+        return moe_ep_saved_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, sv);
     return moe_saved_layout(&p->pd, tokens, recompute_u != 0, sv);
 }
 
 size_t moe_plan_backward_workspace_size(const moe_plan *p, int tokens, int recompute_u) {
     if (!p || !p->pd.spec.training || tokens < 0 || tokens > p->pd.spec.tokens)
         return 0;
-    moe_ws_region_t bw[MOE_BW_COUNT];
+    moe_ws_region_t bw[(int)MOE_BW_COUNT > (int)MOE_EB_COUNT ? (int)MOE_BW_COUNT : (int)MOE_EB_COUNT];
+    if (ep_rank(p))
+        return moe_ep_bwd_ws_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, bw);
     return moe_bwd_ws_layout(&p->pd, tokens, recompute_u != 0, bw);
 }
 
 size_t moe_plan_saved_per_token(const moe_plan *p, int recompute_u) {
-    return p && p->pd.spec.training ? moe_saved_per_token(&p->pd, recompute_u != 0) : 0;
+    if (!p || !p->pd.spec.training)
+        return 0;
+    if (!ep_rank(p))
+        return moe_saved_per_token(&p->pd, recompute_u != 0);
+    return moe_ep_saved_per_token(p->ep->ed, &p->pd, recompute_u != 0); /* an EP rank's home side */
 }
 
 moe_status moe_plan_saved_region(const moe_plan *p, int backward, int tokens, int recompute_u, const char *name,
@@ -68,10 +80,16 @@ moe_status moe_plan_saved_region(const moe_plan *p, int backward, int tokens, in
     if (tokens < 0 || tokens > p->pd.spec.tokens)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_saved_region: tokens = %d is outside 0..%d", tokens,
                         p->pd.spec.tokens);
-    moe_ws_region_t r[(int)MOE_SV_COUNT > (int)MOE_BW_COUNT ? (int)MOE_SV_COUNT : (int)MOE_BW_COUNT];
-    int n = backward ? MOE_BW_COUNT : MOE_SV_COUNT;
-    if (backward)
+    moe_ws_region_t r[32];
+    _Static_assert(MOE_SV_COUNT <= 32 && MOE_BW_COUNT <= 32 && MOE_ES_COUNT <= 32 && MOE_EB_COUNT <= 32, "r");
+    const int ep = ep_rank(p);
+    int n = backward ? (ep ? MOE_EB_COUNT : MOE_BW_COUNT) : ep ? MOE_ES_COUNT : MOE_SV_COUNT;
+    if (backward && ep)
+        moe_ep_bwd_ws_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, r);
+    else if (backward)
         moe_bwd_ws_layout(&p->pd, tokens, recompute_u != 0, r);
+    else if (ep)
+        moe_ep_saved_layout(p->ep->ed, &p->pd, tokens, recompute_u != 0, r);
     else
         moe_saved_layout(&p->pd, tokens, recompute_u != 0, r);
     for (int i = 0; i < n; i++)
@@ -99,6 +117,8 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
                         "(moe_plan_saved_size bytes)");
     if ((rc = set_ctx(p)))
         return rc;
+    if (ep_rank(p)) /* also with 0 tokens: the peers wait on it */
+        return moe_ep_forward_train(p->ep, &p->launcher, ta, (CUstream)stream);
     const moe_forward_args *a = &ta->fwd;
     int T = a->tokens;
     if (T == 0)
@@ -201,6 +221,8 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
     if (rc || (rc = backward_check(p, a)) || (rc = set_ctx(p)))
         return rc;
     CUstream st = (CUstream)stream;
+    if (ep_rank(p)) /* also with 0 tokens: the peers wait on it */
+        return moe_ep_backward(p->ep, &p->launcher, a, st);
     const int T = a->tokens, beta = a->accumulate, recompute = a->recompute_u;
     if (T == 0)
         return beta ? MOE_OK : zero_grads(p, a, st);
@@ -276,6 +298,35 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
             return rc;
     }
     return MOE_OK;
+}
+
+/* ---- an EP rank's passes step by step (moe_internal.h) ------------------- */
+
+moe_status moe_ep_train_step(const moe_plan *p, const moe_train_forward_args *ta, CUstream st, int step,
+                             moe_ep_call_t *c) {
+    if (!p || !ta)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_train_step: NULL argument");
+    moe_status rc = training_ok(p, "moe_forward_train");
+    if (rc || (step == 0 && (rc = moe_forward_check(p, &ta->fwd, "moe_forward_train"))) || (rc = set_ctx(p)))
+        return rc;
+    if (!ep_rank(p))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_train_step: the plan has no expert-parallel part");
+    if (!ta->saved || (uintptr_t)ta->saved % 256)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward_train: saved is required, 256-byte aligned "
+                        "(moe_plan_saved_size bytes)");
+    const moe_ep_train_t tr = {(CUdeviceptr)(uintptr_t)ta->saved, ta->recompute_u != 0};
+    return moe_ep_run_step_train(p->ep, &p->launcher, NULL, &ta->fwd, &tr, st, step, c);
+}
+
+moe_status moe_ep_bwd_step(const moe_plan *p, const moe_backward_args *a, CUstream st, int step, moe_ep_call_t *c) {
+    if (!p || !a)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_step: NULL argument");
+    moe_status rc = training_ok(p, "moe_backward");
+    if (rc || (rc = backward_check(p, a)) || (rc = set_ctx(p)))
+        return rc;
+    if (!ep_rank(p))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_step: the plan has no expert-parallel part");
+    return moe_ep_bwd_run_step(p->ep, &p->launcher, a, st, step, c);
 }
 
 /* ---- the plain layout of a packed gradient -------------------------------- */

@@ -41,8 +41,8 @@ moe_status moe_bgemm_launch(const moe_launcher_t *l, moe_bgemm_kind kind, const 
     void *dgrad_up[] = {&pa, &pb, &tiles, &nt, &out};
     void *wgrad_args[] = {&pa, &pb, &off, &cnt, &slot_of, &out, &beta};
     void **args = kind == MOE_BGEMM_DGRAD_DOWN ? dgrad_down : kind == MOE_BGEMM_DGRAD_UP ? dgrad_up : wgrad_args;
-    /* the dgrads' row tiles: the caller's grid, or every tile `tokens` can fill */
-    long long n = wgrad ? 0 : a->grid_tiles > 0 ? a->grid_tiles : moe_launcher_tiles(l, a->tokens);
+    /* the dgrads' row tiles (the wgrads': their rows' extent), the caller's, or every tile `tokens` can fill */
+    long long n = a->grid_tiles > 0 ? a->grid_tiles : wgrad ? 0 : moe_launcher_tiles(l, a->tokens);
     if (!wgrad && n <= 0)
         n = 1; /* 0 tokens: one row of CTAs that find no tile */
     return moe_launch_kernel(l, MOE_K_BGEMM_FIRST + (int)kind, a->tokens, n, st, args, NULL);

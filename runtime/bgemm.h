@@ -53,7 +53,8 @@ typedef enum {
 
 typedef struct {
     int tokens;              /* the call's tokens (<= the plan's capacity): sizes the dgrads' grid */
-    long long grid_tiles;    /* dgrads: M tiles of the grid (>= the table's length); 0 = the plan's max at tokens */
+    long long grid_tiles;    /* dgrads: M tiles of the grid (>= the table's length); wgrads: the rows' extent in
+                                M tiles (sm_90a's tensor maps); 0 = the plan's max at tokens */
     CUdeviceptr tiles;       /* dgrads: the forward's tile table (workspace region "tiles") */
     CUdeviceptr num_tiles;   /* dgrads: its length (int, on the device) */
     CUdeviceptr offsets;     /* wgrads: int [slots + 1] each slot's first row (workspace region "offsets") */

@@ -2,6 +2,7 @@
  * FSDP gather (README, "Expert parallelism"). */
 #define _POSIX_C_SOURCE 200809L
 #include "ep.h"
+#include "ep_bwd.h"
 
 #include "error.h"
 #include "ffn.h"
@@ -36,6 +37,7 @@ moe_status moe_ep_create(moe_ep_t **out, const moe_plan_desc_t *pd, int rank, ch
     ep->me = &ep->mp->ranks[rank];
     ep->dispatch = moe_ep_wanted(&pd->spec);
     ep->ed = &pd->ep;
+    ep->training = pd->spec.training;
     *out = ep;
     return MOE_OK;
 }
@@ -45,6 +47,8 @@ void moe_ep_destroy(moe_ep_t *ep) {
         return;
     if (ep->owner_dev)
         moe_cu.cuMemFree(ep->owner_dev);
+    if (ep->ident_dev)
+        moe_cu.cuMemFree(ep->ident_dev);
     if (ep->ep_comm)
         moe_nccl.ncclCommDestroy(ep->ep_comm);
     if (ep->fsdp_comm)
@@ -94,7 +98,7 @@ moe_status moe_ep_load(moe_ep_t *ep) {
     size_t tb = sizeof(int) * (size_t)ep->mp->experts;
     CU_CHECK(moe_cu.cuMemAlloc(&ep->owner_dev, tb));
     CU_CHECK(moe_cu.cuMemcpyHtoD(ep->owner_dev, ep->mp->owner_ep_rank, tb));
-    return MOE_OK;
+    return moe_ep_bwd_load(ep);
 }
 
 static void xfer(moe_ep_call_t *c, int peer, int recv, CUdeviceptr ptr, size_t bytes) {
@@ -128,8 +132,19 @@ moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdevice
     return MOE_OK;
 }
 
+void moe_ep_block_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr out, const long long *out_rows,
+                        CUdeviceptr in, const long long *in_rows) {
+    row_xfers(c, P, row_bytes, out, out_rows, in, in_rows);
+}
+
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                            const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
+    return moe_ep_run_step_train(ep, l, dn, a, NULL, st, step, c);
+}
+
+moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                                 const moe_forward_args *a, const moe_ep_train_t *tr, CUstream st, int step,
+                                 moe_ep_call_t *c) {
     const moe_plan_desc_t *pd = l->pd;
     const moe_ep_desc_t *ed = ep->ed;
     const moe_spec_t *s = &pd->spec;
@@ -138,8 +153,17 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
     moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
     moe_ep_ws_layout(ed, pd, T, wr);
-    for (int i = 0; i < MOE_EW_COUNT; i++)
-        reg[i] = ws + wr[i].offset;
+    moe_ws_region_t sv[MOE_ES_COUNT]; /* training: what the backward reads lives in the saved region */
+    if (tr)
+        moe_ep_saved_layout(ed, pd, T, tr->recompute_u, sv);
+    for (int i = 0; i < MOE_EW_COUNT; i++) {
+        const int k = tr ? moe_ep_saved_of(i) : -1;
+        reg[i] = k >= 0 ? tr->saved + sv[k].offset : ws + wr[i].offset;
+    }
+    /* training: the logits, U (unless recomputed) and the down output (kept apart from the rows) saved */
+    const CUdeviceptr logits = tr ? tr->saved + sv[MOE_ES_LOGITS].offset : 0,
+                      ubuf = tr && !tr->recompute_u ? tr->saved + sv[MOE_ES_U].offset : 0,
+                      out = tr ? tr->saved + sv[MOE_ES_OR].offset : reg[MOE_EW_XR];
     moe_status rc;
     c->nx = 0;
     switch (step) {
@@ -151,7 +175,7 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         moe_route_fuse_args_t nofuse = {0}; /* route only: the send plan is its own kernel */
         void *ra[] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS],
-                      &reg[MOE_EW_ROUTE_PART], &nofuse};
+                      &reg[MOE_EW_ROUTE_PART], &nofuse, (void *)&logits}; /* a training plan's route saves them */
         if ((rc = moe_launch_kernel(l, MOE_K_ROUTE, T, 0, st, ra, NULL)))
             return rc;
         CUdeviceptr owner = ep->owner_dev, slot = l->slot_table;
@@ -219,12 +243,13 @@ moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const mo
         long long tiles = moe_max_tiles(c->recv_total, 1, S, pd->align);
         moe_ffn_args_t f = {.tokens = T, .grid_tiles = tiles > 0 ? tiles : 1, .xs = reg[MOE_EW_XR],
                             .tiles = reg[MOE_EW_TILES], .num_tiles = reg[MOE_EW_NUM_TILES],
-                            .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = reg[MOE_EW_XR],
-                            .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2,
+                            .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = out,
+                            .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2, .ubuf = ubuf,
                             .xsc = reg[MOE_EW_XSC], .hsc = reg[MOE_EW_HSC], .w1s = a->w1s, .w2s = a->w2s};
-        if ((rc = moe_run_ffn(l, dn, &f, st, NULL)))
+        if ((rc = moe_run_ffn(l, tr ? NULL : dn, &f, st, NULL))) /* training: the generated GEMMs (they store U) */
             return rc;
         dir = 1;
+        ra[2] = (void *)&out;
         if ((rc = moe_launch_kernel(l, MOE_K_EP_ROWS, T, c->recv_total, st, ra, NULL)))
             return rc;
         return moe_ep_row_xfers(s, 1, P, reg, c->send_rows, c->recv_rows, c);

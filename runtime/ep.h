@@ -21,9 +21,12 @@ typedef struct moe_ep {
     int rank;                       /* global rank */
     const moe_mesh_rank_t *me;
     int dispatch;                   /* mesh.ep > 1: rows move between EP ranks */
+    int training;                   /* the spec has training = true: the EP backward's table is loaded */
     int unconnected;                /* no communicator: the caller moves the data between ranks (moe_ep_step) */
     const moe_ep_desc_t *ed;        /* the plan's EP part (moe_plan_desc_t.ep); valid when dispatch */
     CUdeviceptr owner_dev;          /* [E] owner_ep_rank */
+    CUdeviceptr ident_dev;          /* training: [S] the identity, the EP backward's slot table (its weight
+                                       gradients are by held slot; runtime/ep_bwd.c) */
     ncclComm_t ep_comm, fsdp_comm;
 } moe_ep_t;
 
@@ -78,6 +81,27 @@ moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdevice
  * the EP group). Exact mode synchronizes st in step 1. */
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                            const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
+
+/* One part's row exchange (the backward's dtype rows; moe_ep_row_xfers lists
+ * the forward's parts through it): peer d gets out_rows[d] rows of `out` (the
+ * peers' blocks back to back) while d's in_rows[d] rows arrive into `in`,
+ * likewise. The dispatch is (send buffer, staging), the return (staging,
+ * send buffer); the backward runs them in the other order (ep_bwd.h). */
+void moe_ep_block_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdeviceptr out, const long long *out_rows,
+                        CUdeviceptr in, const long long *in_rows);
+
+/* A training forward's steps (moe_forward_train on an EP plan): the same
+ * steps, the regions the backward reads (moe_ep_saved_of) in the saved
+ * region instead of the workspace, route saving the logits, the up GEMM
+ * storing U (unless recompute_u), the down output kept apart from the
+ * received rows; the generated GEMMs only. tr NULL: the plain forward. */
+typedef struct {
+    CUdeviceptr saved;              /* moe_ep_saved_layout at the call's tokens, 256-byte aligned */
+    int recompute_u;
+} moe_ep_train_t;
+moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                                 const moe_forward_args *a, const moe_ep_train_t *tr, CUstream st, int step,
+                                 moe_ep_call_t *c);
 
 /* A step's transfers as one NCCL group of sends and receives on st. */
 moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream st);

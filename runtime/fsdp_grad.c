@@ -16,11 +16,8 @@ const char *const moe_grad_tensor_names[MOE_GRAD_TENSORS] = {"dw1p", "db1p", "dw
 
 int moe_fsdp_grad_parts(const moe_mesh_plan_t *mp, const moe_spec_t *s, int rank, moe_grad_part_t parts[4], char *err,
                         size_t errlen) {
-    if (mp->size[MOE_AXIS_EP] > 1) {
-        snprintf(err, errlen, "mesh.ep = %d: the expert-parallel backward is not built yet (dp and fsdp meshes train)",
-                 mp->size[MOE_AXIS_EP]);
-        return -1;
-    }
+    /* with mesh.ep > 1 an EP rank's FSDP peers share its EP coordinate, so they hold the same experts: the
+     * same collectives over the same held layout */
     if (rank < 0 || rank >= mp->world) {
         snprintf(err, errlen, "rank %d is outside the mesh of %d devices", rank, mp->world);
         return -1;

@@ -95,14 +95,20 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
+    /* the wgrads and the bias sums walk the launcher's weight slots: an EP
+     * rank's held experts (the family's moe_spec_slots without EP) */
+    if (k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN)
+        g[2] = (unsigned)l->slots;
+    else if (k == MOE_K_BWD_COLSUM)
+        g[1] = (unsigned)l->slots;
     if ((k == MOE_K_SWIGLU || k == MOE_K_PACK || k == MOE_K_BWD_UNPACK || k == MOE_K_BWD_ACCUM) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
     CUtensorMap ma, mb;
     void *targs[MOE_LAUNCH_MAX_ARGS];
     if (d->tile.consumers > 0) {
-        /* the wgrads' rows: every row `tokens` can fill (at least one) */
+        /* the wgrads' rows: n tiles' (an EP rank's received rows), else every row `tokens` can fill (at least one) */
         const int wgrad = k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN;
-        long long tiles = wgrad ? moe_launcher_tiles(l, tokens) : g[1];
+        long long tiles = wgrad ? (n > 0 ? n : moe_launcher_tiles(l, tokens)) : g[1];
         moe_status rc = gemm_maps(l, d, k, tiles > 0 ? tiles : 1, *(const CUdeviceptr *)args[0],
                                   *(const CUdeviceptr *)args[1], &ma, &mb);
         if (rc)

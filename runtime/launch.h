@@ -74,7 +74,7 @@ typedef struct {
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
  * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
  * activation (MOE_K_SWIGLU, l->swiglu), the weight pack (MOE_K_PACK,
- * l->pack), a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_ACCUM,
+ * l->pack), a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_SLOT_ROWS,
  * l->bwd) or a backward GEMM (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN,
  * l->bgemm; runtime/bgemm.h). n is what the family walks besides tokens: the GEMMs' row
  * tiles (0: the plan's max tiles at `tokens`, for the forward's; the

@@ -27,6 +27,11 @@ struct moe_ep *moe_plan_ep(const moe_plan *plan);
  * (ep.h: moe_ep_run_step, moe_ep_send_recv, moe_ep_gather_local). */
 moe_status moe_ep_step(const moe_plan *plan, const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c);
 moe_status moe_ep_run_xfers(const moe_plan *plan, const moe_ep_call_t *c, CUstream st);
+/* An EP training plan's training forward (MOE_EP_STEPS steps) and backward
+ * (MOE_EP_BWD_STEPS, ep_bwd.h), step by step, likewise. */
+moe_status moe_ep_train_step(const moe_plan *plan, const moe_train_forward_args *ta, CUstream st, int step,
+                             moe_ep_call_t *c);
+moe_status moe_ep_bwd_step(const moe_plan *plan, const moe_backward_args *a, CUstream st, int step, moe_ep_call_t *c);
 moe_status moe_gather_prepare(const moe_plan *plan, const moe_gather_args *g, CUstream st, moe_ep_call_t *c);
 /* moe_gather_weights_fp8's local part: the quantize into place, the biases'
  * copies, and in c the transfers that complete the gather. */

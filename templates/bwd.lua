@@ -1,5 +1,5 @@
 @ -- bwd.lua — the backward's row and router kernels (families bwd_dys,
-@ -- bwd_router, bwd_dx, bwd_dwr, bwd_colsum, bwd_unpack, bwd_accum; gen/family_bwd.c),
+@ -- bwd_router, bwd_dx, bwd_dwr, bwd_colsum, bwd_unpack, bwd_accum, bwd_slot_rows; gen/family_bwd.c),
 @ -- emitted once into a training spec's .cu after the pack kernel (whose
 @ -- gen/pack_geom.h bwd_unpack calls). The math and its rounding points are
 @ -- docs/DESIGN.md's "Backward" (rows r are the forward's expert-major rows,
@@ -18,6 +18,8 @@
 @ --           bias gradients db1p from dU, db2 from dys)
 @ --   unpack  an fp32 packed dW1 / db1 to the plain row order
 @ --   accum   dst[i] += src[i], fp32 (moe_reduce_scatter_grads' accumulate)
+@ --   slot_rows  an EP rank's rows per held slot, from its receive layout's
+@ --           chunk rows (the EP backward's counts; runtime/ep_bwd.c)
 @ -- Every sum runs in a fixed order (no atomics), so results are
 @ -- deterministic.
 @ --
@@ -33,7 +35,7 @@
 @   local function need(ok, what)
 @     if not ok then error(p.dys_kernel .. ": " .. what, 0) end
 @   end
-@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum" }) do
+@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum", "slot_rows" }) do
 @     need(p[k .. "_threads"] >= 32 and p[k .. "_threads"] % 32 == 0, k .. " threads must be a multiple of 32")
 @   end
 @   for _, k in ipairs({ "dys", "router", "dx" }) do
@@ -402,6 +404,21 @@ extern "C" __global__ void __launch_bounds__(${p.accum_threads})
 ${p.accum_kernel}(const float *__restrict__ src, float *__restrict__ dst, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         dst[i] += src[i];
+}
+
+/* An expert-parallel rank's rows per held slot: out[j] = Σ_s chunk_rows[s·S + j]
+ * over the P sources of its receive layout (ep.lua's recv_plan: the rows
+ * each source's chunk for slot j kept), the counts the EP backward's wgrads
+ * and bias sums reduce over. One thread per slot. */
+extern "C" __global__ void __launch_bounds__(${p.slot_rows_threads})
+${p.slot_rows_kernel}(const int *__restrict__ chunk_rows, int sources, int slots, int *__restrict__ out) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= slots)
+        return;
+    int n = 0;
+    for (int s = 0; s < sources; ++s)
+        n += chunk_rows[s * slots + j];
+    out[j] = n;
 }
 @ end
 @

@@ -34,15 +34,28 @@
  * GPU (run_fsdp_mesh): the FSDP groups' summed weight gradients against the
  * reference of each group's tokens together, and moe_reduce_scatter_grads.
  *
+ * Then training on expert-parallel meshes (run_ep_mesh): every rank a plan
+ * of its own on this GPU holding its experts, the training forward and the
+ * backward driven step by step (moe_ep_train_step, moe_ep_bwd_step) with
+ * this harness moving the rows between the ranks exactly as each step's
+ * transfer list says (the lists NCCL executes); every rank's dx, d router_w
+ * and d logit_bias against the reference of its own tokens, and each held
+ * expert's weight and bias gradients against the sum of the reference's
+ * over the EP group's ranks (the tokens that reached it). Ragged and empty
+ * experts (ranks of 1 and 5 tokens) and a rank with no tokens (its router
+ * gradients zero), in exact and capacity dispatch.
+ *
  * Usage: test_bwd_gpu [SPEC-FILTER...]  ("examples" selects the example
- * specs, "fsdp" the mesh cases)
+ * specs, "fsdp" the dp x fsdp mesh cases, "ep" the expert-parallel ones)
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "driver.h"
+#include "ep_bwd.h"
 #include "fsdp_grad.h"
 #include "moe.h"
 #include "moe_impl.h"
+#include "moe_internal.h"
 #include "pack_geom.h"
 #include "plan.h"
 #include "ref.h"
@@ -1032,6 +1045,266 @@ static void run_examples(uint64_t seed, const char *tmp, const char *cache) {
     }
 }
 
+/* ---- training on an expert-parallel mesh, its ranks on one GPU ------------ */
+
+/* Do the transfers every rank listed for one step over its EP group: rank
+ * r's send to its group peer q meets q's receive from r (in list order, as
+ * NCCL matches them); the sizes must agree. 1 when all went. */
+static int play_xfers(const moe_mesh_plan_t *mp, moe_ep_call_t **calls) {
+    int ok = cu_ok(moe_cu.cuCtxSynchronize(), "step");
+    for (int r = 0; r < mp->world && ok; r++) {
+        const int me = mp->ranks[r].ep_rank;
+        for (int i = 0; i < calls[r]->nx && ok; i++) {
+            const moe_xfer_t *x = &calls[r]->x[i];
+            if (x->recv)
+                continue;
+            int q = mp->ranks[r].ep_peers[x->peer], nth = 0;
+            for (int j = 0; j < i; j++)
+                nth += !calls[r]->x[j].recv && calls[r]->x[j].peer == x->peer;
+            const moe_xfer_t *m = NULL;
+            for (int j = 0; j < calls[q]->nx && !m; j++)
+                if (calls[q]->x[j].recv && calls[q]->x[j].peer == me && nth-- == 0)
+                    m = &calls[q]->x[j];
+            CHECKF(m && m->bytes == x->bytes, "rank %d sends %zu bytes to rank %d, which receives %zd", r, x->bytes, q,
+                   m ? (ssize_t)m->bytes : (ssize_t)-1);
+            ok = m && m->bytes == x->bytes &&
+                 (!x->bytes || cu_ok(moe_cu.cuMemcpyDtoDAsync(m->ptr, x->ptr, x->bytes, NULL), "transfer"));
+        }
+    }
+    return ok && cu_ok(moe_cu.cuCtxSynchronize(), "transfers");
+}
+
+/* The training forward and the backward of every rank, step by step. */
+static int run_ep_pair(layer_t *L, const moe_mesh_plan_t *mp, const int *tokens, int recompute,
+                       moe_ep_call_t **calls) {
+    const int W = mp->world;
+    for (int step = 0; step < MOE_EP_STEPS; step++) {
+        for (int r = 0; r < W; r++) {
+            moe_train_forward_args fa = fwd_args(&L[r], tokens[r], recompute);
+            moe_status st = moe_ep_train_step(L[r].plan, &fa, NULL, step, calls[r]);
+            CHECKF(st == MOE_OK, "training forward, step %d, rank %d: %s", step, r, moe_last_error());
+            if (st)
+                return 0;
+        }
+        if (!play_xfers(mp, calls))
+            return 0;
+    }
+    for (int step = 0; step < MOE_EP_BWD_STEPS; step++) {
+        for (int r = 0; r < W; r++) {
+            moe_backward_args ba = bwd_args(&L[r], tokens[r], recompute, 0);
+            moe_status st = moe_ep_bwd_step(L[r].plan, &ba, NULL, step, calls[r]);
+            CHECKF(st == MOE_OK, "backward, step %d, rank %d: %s", step, r, moe_last_error());
+            if (st)
+                return 0;
+        }
+        if (!play_xfers(mp, calls))
+            return 0;
+    }
+    return 1;
+}
+
+/* Every rank of an EP training mesh as a plan of its own on this GPU
+ * (moe_plan_create_unconnected, options.rank = r), holding the packed
+ * weights of the experts the mesh plan lists for it (the gather itself is
+ * test_ep_gpu's), with tokens[r] tokens of its own. See the top. Tokens the
+ * GPU routes otherwise than the reference get dy = 0, and the pair runs
+ * again. */
+static void run_ep_mesh(const char *spec, const char *mesh, const int *tokens, int recompute, uint64_t seed,
+                        const char *tmp, const char *cache) {
+    char path[600], label[300];
+    snprintf(label, sizeof label, "ep: %s, mesh = %s%s", spec, mesh, recompute ? ", recompute_u" : "");
+    CASE(label);
+    if (!mesh_spec(spec, mesh, tmp, path, sizeof path)) {
+        CHECKF(0, "cannot write the mesh spec");
+        return;
+    }
+    enum { MAXR = 8 };
+    layer_t L[MAXR];
+    memset(L, 0, sizeof L);
+    moe_ep_call_t *calls[MAXR] = {0};
+    moe_ref_grads_t rg[MAXR];
+    memset(rg, 0, sizeof rg);
+    moe_diag_t d;
+    if (moe_spec_load(&L[0].s, path, NULL, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    const moe_spec_t *s = &L[0].s;
+    const int W = moe_spec_world(s), E = s->experts, H = s->hidden, F = s->ffn, K = s->top_k;
+    const moe_dtype_t dt = s->dtype;
+    const double tol = dt == MOE_DTYPE_BF16 ? 1.5e-2 : 4e-3;
+    const long long per[MOE_GRAD_TENSORS] = {2LL * F * H, s->ffn_bias ? 2LL * F : 0, (long long)H * F,
+                                             s->ffn_bias ? H : 0};
+    const moe_mesh_plan_t *mp = NULL;
+    int ok = W <= MAXR;
+    CHECKF(ok, "a mesh of %d devices; this case plays at most %d", W, MAXR);
+    for (int r = 0; r < W && ok; r++) {
+        uint64_t wrng = seed; /* the same weights on every rank */
+        uint64_t rng = seed + 1000 + (uint64_t)r;
+        const int T = tokens[r];
+        if (r)
+            L[r].s = L[0].s;
+        moe_options o = {.cache_dir = cache, .rank = r};
+        moe_status st = moe_plan_create_unconnected(&L[r].plan, path, &o);
+        CHECKF(st == MOE_OK, "rank %d: moe_plan_create_unconnected: %s: %s", r, moe_status_string(st), moe_last_error());
+        ok = st == MOE_OK && (calls[r] = malloc(sizeof *calls[r])) != NULL;
+        if (ok && !layer_init(&L[r], &wrng)) {
+            CHECKF(0, "rank %d: cannot set up the layer", r);
+            ok = 0;
+        }
+        if (!ok)
+            break;
+        mp = &moe_plan_desc(L[0].plan)->mesh;
+        /* the held experts' packed weights at slots 0 .. held - 1 (what the gather leaves) */
+        const moe_mesh_rank_t *rk = &mp->ranks[r];
+        const size_t w1e = 2 * (size_t)F * H, w2e = (size_t)H * F, b1e = 2 * (size_t)F, b2e = (size_t)H;
+        for (int j = 0; j < mp->nheld && ok; j++) {
+            const size_t g = (size_t)rk->held[j];
+            ok = up(L[r].dw1p + 2 * j * w1e, L[r].w1p + g * w1e, 2 * w1e) &&
+                 up(L[r].dw2 + 2 * j * w2e, L[r].w2 + g * w2e, 2 * w2e) &&
+                 up(L[r].db1p + 2 * j * b1e, L[r].b1p + g * b1e, 2 * b1e) &&
+                 up(L[r].db2 + 2 * j * b2e, L[r].b2 + g * b2e, 2 * b2e);
+        }
+        fill(L[r].x, (size_t)T * H, 1.0f, &rng, dt);
+        fill(L[r].dy, (size_t)T * H, 1.0f, &rng, dt);
+        ok = ok && (!T || (up(L[r].dx_in, L[r].x, (size_t)T * H * 2) && up(L[r].ddy, L[r].dy, (size_t)T * H * 2)));
+    }
+    /* the pair; tokens routed otherwise than the reference get dy = 0 and it runs again */
+    for (int attempt = 0; ok && attempt < 2; attempt++) {
+        for (int r = 0; r < W && ok; r++)
+            ok = poison(&L[r]);
+        ok = ok && run_ep_pair(L, mp, tokens, recompute, calls);
+        int again = 0;
+        for (int r = 0; r < W && ok && attempt == 0; r++) {
+            const int T = tokens[r];
+            if (!T)
+                continue;
+            moe_ref_inputs_t in = {.x = L[r].x, .wr = L[r].wr, .w1 = L[r].w1, .w2 = L[r].w2, .b1 = L[r].b1,
+                                   .b2 = L[r].b2, .sel_bias = L[r].sel, .logit_bias = L[r].lb, .tokens = T};
+            int *ridx = malloc(sizeof(int) * T * K), *ref_k = malloc(sizeof(int) * T * K);
+            float *rw = malloc(sizeof(float) * T * K);
+            unsigned char *bad = malloc((size_t)T);
+            int *gidx = region(&L[r], 0, T, recompute, "topk_idx");
+            ok = ridx && ref_k && rw && bad && gidx && !moe_ref_route(s, &in, ridx, rw, NULL);
+            int nbad = ok ? route_diff(&L[r], T, gidx, ridx, bad, ref_k) : 0;
+            CHECKF(!ok || nbad * 20 <= T + 20, "rank %d: %d of %d tokens route to other experts than the reference's",
+                   r, nbad, T);
+            for (int t = 0; ok && t < T; t++)
+                if (bad[t])
+                    memset(L[r].dy + (size_t)t * H, 0, (size_t)H * 2);
+            ok = ok && (!nbad || up(L[r].ddy, L[r].dy, (size_t)T * H * 2));
+            again |= nbad > 0;
+            free(ridx), free(ref_k), free(rw), free(bad), free(gidx);
+        }
+        if (!again)
+            break;
+    }
+    CHECKF(ok, "the training forward and backward did not run");
+    for (int r = 0; r < W && ok; r++) { /* capacity mode: room for every row */
+        long long lost = -1;
+        moe_status st = moe_plan_overflow(L[r].plan, (void *)L[r].ws, NULL, &lost);
+        CHECKF(st == MOE_OK && lost == 0, "rank %d: %lld rows overflowed: %s", r, lost, moe_last_error());
+    }
+    /* the reference of each rank's own tokens */
+    for (int r = 0; r < W && ok; r++) {
+        if (!tokens[r])
+            continue;
+        rg[r] = (moe_ref_grads_t){.dx = malloc(4 * (size_t)tokens[r] * H), .dwr = malloc(4 * (size_t)E * H),
+                                  .dlogit_bias = malloc(4 * (size_t)E), .dw1 = malloc(4 * (size_t)E * 2 * F * H),
+                                  .dw2 = malloc(4 * (size_t)E * H * F), .db1 = malloc(4 * (size_t)E * 2 * F),
+                                  .db2 = malloc(4 * (size_t)E * H)};
+        moe_ref_inputs_t in = {.x = L[r].x, .wr = L[r].wr, .w1 = L[r].w1, .w2 = L[r].w2, .b1 = L[r].b1, .b2 = L[r].b2,
+                               .sel_bias = L[r].sel, .logit_bias = L[r].lb, .tokens = tokens[r]};
+        ok = rg[r].dx && rg[r].dwr && rg[r].dlogit_bias && rg[r].dw1 && rg[r].dw2 && rg[r].db1 && rg[r].db2 &&
+             !moe_ref_backward(s, &in, L[r].dy, 0, &rg[r], NULL);
+        CHECKF(ok, "rank %d: the reference's backward", r);
+    }
+    /* every rank: dx, d router_w, d logit_bias of its tokens; its held experts' gradients */
+    for (int r = 0; r < W && ok; r++) {
+        const int T = tokens[r];
+        char what[200];
+        uint16_t *gx = malloc(2 * (size_t)T * H + 2);
+        float *gwr = malloc(4 * (size_t)E * H), *glb = malloc(4 * (size_t)E);
+        if (!gx || !gwr || !glb || !down(gwr, L[r].gdwr, 4 * (size_t)E * H) || !down(glb, L[r].gdlb, 4 * (size_t)E) ||
+            (T && !down(gx, L[r].gdx, 2 * (size_t)T * H))) {
+            CHECKF(0, "rank %d: downloading the gradients", r);
+        } else if (T) {
+            float *fx = halves(gx, (size_t)T * H, dt);
+            snprintf(what, sizeof what, "rank %d (%d tokens): dx", r, T);
+            if (fx)
+                check_close(what, fx, rg[r].dx, (size_t)T * H, tol);
+            free(fx);
+            snprintf(what, sizeof what, "rank %d: d router_w", r);
+            check_close(what, gwr, rg[r].dwr, (size_t)E * H, tol);
+            if (s->router.logit_bias) {
+                snprintf(what, sizeof what, "rank %d: d logit_bias", r);
+                check_close(what, glb, rg[r].dlogit_bias, (size_t)E, tol);
+            }
+        } else { /* no tokens: the router's gradients are zero */
+            size_t nz = 0;
+            for (size_t i = 0; i < (size_t)E * H; i++)
+                nz += gwr[i] != 0.0f;
+            for (int e = 0; s->router.logit_bias && e < E; e++)
+                nz += glb[e] != 0.0f;
+            CHECKF(nz == 0, "rank %d has no tokens but %zu of its router gradients are not zero", r, nz);
+        }
+        free(gx), free(gwr), free(glb);
+        /* held slot j's gradients: the sum of the reference's over the EP group's ranks */
+        const moe_mesh_rank_t *rk = &mp->ranks[r];
+        const CUdeviceptr gd[MOE_GRAD_TENSORS] = {L[r].gdw1p, L[r].gdb1p, L[r].gdw2, L[r].gdb2};
+        for (int i = 0; i < MOE_GRAD_TENSORS; i++) {
+            if (!per[i])
+                continue;
+            const size_t n = (size_t)mp->nheld * (size_t)per[i];
+            float *got = malloc(4 * n), *want = calloc(n, 4);
+            const float *ref[MOE_GRAD_TENSORS];
+            const long long cols = i == 0 ? H : 1;
+            for (int q = 0; got && want && q < mp->size[MOE_AXIS_EP]; q++) {
+                const int p = rk->ep_peers[q];
+                if (!tokens[p])
+                    continue;
+                ref[0] = rg[p].dw1, ref[1] = rg[p].db1, ref[2] = rg[p].dw2, ref[3] = rg[p].db2;
+                for (int j = 0; j < mp->nheld; j++)
+                    for (long long k = 0; k < per[i]; k++) {
+                        const long long dst = i <= 1 ? moe_pack_row((int)(k / cols), F) * cols + k % cols : k;
+                        want[(size_t)j * per[i] + dst] += ref[i][(size_t)rk->held[j] * per[i] + k];
+                    }
+            }
+            snprintf(what, sizeof what, "rank %d (ep rank %d), %s of its %d held experts", r, rk->ep_rank,
+                     moe_grad_tensor_names[i], mp->nheld);
+            if (got && want && down(got, gd[i], 4 * n))
+                check_close(what, got, want, n, tol);
+            else
+                CHECKF(0, "%s: downloading", what);
+            free(got), free(want);
+        }
+    }
+    for (int r = 0; r < W && r < MAXR; r++) {
+        free(rg[r].dx), free(rg[r].dwr), free(rg[r].dlogit_bias), free(rg[r].dw1), free(rg[r].dw2);
+        free(rg[r].db1), free(rg[r].db2), free(calls[r]);
+        if (L[r].plan)
+            layer_free(&L[r]);
+    }
+}
+
+static void run_ep(uint64_t seed, const char *tmp, const char *cache) {
+    static const int tokens[8] = {37, 300, 5, 128, 77, 1, 200, 64};
+    static const int one_empty[4] = {5, 0, 128, 1};
+    run_ep_mesh("tests/specs/train_softmax.moe", "{ ep = 2 }", tokens, 0, seed, tmp, cache);
+    run_ep_mesh("tests/specs/train_softmax.moe", "{ ep = 4 }", one_empty, 0, seed + 1, tmp, cache);
+    run_ep_mesh("tests/specs/train_gptoss.moe", "{ ep = 2 }", tokens + 3, 1, seed + 2, tmp, cache);
+    run_ep_mesh("tests/specs/train_gptoss.moe", "{ ep = 4 }", tokens, 0, seed + 3, tmp, cache);
+    run_ep_mesh("tests/specs/train_gptoss.moe", "{ fsdp = 2, ep = 2, expert_sharding = { 'fsdp', 'ep' } }", tokens,
+                0, seed + 4, tmp, cache);
+    run_ep_mesh("tests/specs/train_input.moe", "{ ep = 4 }", tokens + 2, 0, seed + 5, tmp, cache);
+    run_ep_mesh("tests/specs/train_sigmoid_groups.moe", "{ dp = 2, ep = 2 }", tokens + 1, 1, seed + 6, tmp, cache);
+    /* capacity dispatch: every pair moves C rows (room for all: a token sends a peer at most min(top_k, slots)) */
+    run_ep_mesh("tests/specs/train_softmax.moe", "{ ep = 4 }\ndispatch = { mode = 'capacity', capacity = 700 }",
+                tokens, 0, seed + 7, tmp, cache);
+    run_ep_mesh("tests/specs/train_gptoss.moe", "{ ep = 2 }\ndispatch = { mode = 'capacity', capacity = 600 }",
+                tokens + 3, 1, seed + 8, tmp, cache);
+}
+
 int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     const char *env = getenv("MOEGEN_TEST_SEED");
@@ -1074,6 +1347,11 @@ int main(int argc, char **argv) {
         fsdp |= strcmp(argv[j], "fsdp") == 0;
     if (fsdp)
         run_fsdp(seed ^ 0xf5d9, tmp, cache);
+    int ep = argc < 2;
+    for (int j = 1; j < argc; j++)
+        ep |= strcmp(argv[j], "ep") == 0;
+    if (ep)
+        run_ep(seed ^ 0xe9b7, tmp, cache);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0)

@@ -10,6 +10,15 @@
  * wrong (t, k) gives a wrong number. Every expected layout is recomputed here
  * by plain loops, independently of tests/support/dispatch.c.
  *
+ * The same groups then run the backward on those layouts (every mode that
+ * sends; capacity mode's dropped rows get no gradient):
+ * the dys rows leave by the return's transfer list reversed, each receiver
+ * runs a linear expert's backward on its slot-major rows (with the rows it
+ * kept from the forward), the dXs rows come home by the dispatch's list
+ * reversed, and every rank's dx and each expert's weight gradients (found
+ * on the one EP rank that holds it) must equal the single-device gradients
+ * computed straight from the routing (run_backward).
+ *
  * Then the weight gradients' way back (moe_reduce_scatter_grads, training on
  * dp x fsdp meshes): every rank of a mesh fills the gradients of the experts
  * it holds with its own numbers, the collectives that moe_fsdp_grad_parts
@@ -17,7 +26,8 @@
  * (reduce-scatter: group rank f ends with the sum of every member's chunk f;
  * all-reduce: every member with the sum), and each rank must end with, for
  * each expert it stores, the sum of that expert's gradient over its FSDP
- * peers, found by expert in each peer's held list. The numbers are small
+ * peers, found by expert in each peer's held list (dp x fsdp meshes, and
+ * with ep > 1, where an EP rank's FSDP peers hold the same experts). The numbers are small
  * integers, so the sums are exact.
  *
  * Then the rows' transfer lists of the expert-parallel forward
@@ -306,6 +316,178 @@ static void copy_rows(float *dst, int drow, const float *src, int srow, int n) {
     memcpy(dst + (size_t)drow * W, src + (size_t)srow * W, sizeof(float) * (size_t)n * W);
 }
 
+/* ---- the backward: the forward's transfer lists reversed ------------------
+ *
+ * A row movement of one exchange: `rows` rows from EP rank `from`'s buffer at
+ * row from_row to rank `to`'s at to_row. The forward's dispatch goes from
+ * each source's send layout to the receivers' slot-major layout, its return
+ * back; the backward moves the dys rows by the return's list reversed and
+ * the dXs rows home by the dispatch's list reversed (docs/DESIGN.md,
+ * "Expert-parallel backward"). */
+typedef struct {
+    int from, from_row, to, to_row, rows;
+} move_t;
+
+typedef struct {         /* a receiver's layout and the rows it kept (the forward's xs) */
+    int *rcnt, *csrc, *cdst, *soff;
+    float *xs;
+} recv_t;
+
+/* The forward's moves of an EP group: dispatch (ret = 0) or return (ret =
+ * 1), chunk by chunk (capacity mode: each source's block at d·C, as its
+ * send offsets say); returns their number. */
+static int forward_moves(int ep, int nh, const src_t *src, const recv_t *rx, int ret, move_t *mv) {
+    int n = 0;
+    for (int j = 0; j < ep; j++)
+        for (int s = 0; s < ep; s++)
+            for (int sl = 0; sl < nh; sl++) {
+                const int c = rx[j].rcnt[s * nh + sl];
+                if (!c) continue;
+                const move_t d = {s, src[s].so[j] + rx[j].csrc[s * nh + sl], j, rx[j].cdst[s * nh + sl], c};
+                mv[n++] = ret ? (move_t){d.to, d.to_row, d.from, d.from_row, c} : d;
+            }
+    return n;
+}
+
+static void reverse_moves(move_t *mv, int n) {
+    for (int i = 0; i < n; i++)
+        mv[i] = (move_t){mv[i].to, mv[i].to_row, mv[i].from, mv[i].from_row, mv[i].rows};
+}
+
+/* Expert g's linear map M_g [W, W] (O = M_g·x): small integers, so every
+ * gradient below is exact in fp32 whatever the order of its sums. */
+static float m_of(int g, int a, int b) { return (float)((g * 7 + a * 3 + b * 5) % 5 - 2); }
+
+/* The backward of one EP group after its exact forward: each home rank's
+ * dys = w·dy rows (integer weights) leave by the return's list reversed,
+ * each receiver computes dXs = M_gᵀ·dys on its slot-major rows and the
+ * weight gradients of the experts it holds (dM_g = Σ dys ⊗ xs over the
+ * slot's rows, db_g = Σ dys), the dXs rows come home by the dispatch's list
+ * reversed, and dx[t] = Σ_k dXs. Checked against the single-device
+ * gradients computed straight from the routing: every rank's dx, dw =
+ * <dy, O> from the O that came home, and each expert's gradient found on
+ * the EP rank that holds it and nowhere else. A (t, k) that capacity mode
+ * dropped adds nothing anywhere (as it added nothing to y). */
+static void run_backward(const moe_mesh_plan_t *mp, int grp, int K, src_t *src, const recv_t *rx) {
+    const int ep = mp->size[MOE_AXIS_EP], nh = mp->nheld, E = mp->experts;
+    const int *peers = mp->ep_groups + grp * ep;
+    int nmv = 0;
+    for (int j = 0; j < ep; j++)
+        for (int i = 0; i < ep * nh; i++) nmv += rx[j].rcnt[i] > 0;
+    move_t *disp = talloc(sizeof *disp * (size_t)(nmv + 1)), *out = talloc(sizeof *out * (size_t)(nmv + 1));
+    CHECK(forward_moves(ep, nh, src, rx, 0, disp) == nmv && forward_moves(ep, nh, src, rx, 1, out) == nmv);
+    reverse_moves(out, nmv); /* the return's list reversed: the dys rows' way out */
+    int same = 1;
+    for (int i = 0; i < nmv; i++)
+        same &= !memcmp(&out[i], &disp[i], sizeof *out);
+    CHECKF(same, "the return's list reversed is not the dispatch's (seed %llu)", seed);
+
+    /* home: dys per (t, k) at its send row; the reference from the routing alone */
+    float *dy[8], *wb[8], *home[8], *dx_ref[8];
+    float *dm_ref = falloc((size_t)E * W * W), *db_ref = falloc((size_t)E * W);
+    for (int i = 0; i < E * W * W; i++) dm_ref[i] = 0;
+    for (int i = 0; i < E * W; i++) db_ref[i] = 0;
+    int dw_ok = 1;
+    for (int i = 0; i < ep; i++) {
+        src_t *s = &src[i];
+        const int n = s->T * K;
+        dy[i] = falloc((size_t)s->T * W + 1);
+        wb[i] = falloc((size_t)n + 1);
+        home[i] = falloc((size_t)(s->ret_rows + 4) * W);
+        dx_ref[i] = falloc((size_t)s->T * W + 1);
+        for (int q = 0; q < s->T * W; q++) dy[i][q] = (float)(rnd_below(11) - 5), dx_ref[i][q] = 0;
+        for (int q = 0; q < n; q++) {
+            const int t = q / K, g = s->idx[q], r = s->sp[q];
+            wb[i][q] = (float)(1 + rnd_below(4));
+            if (r < 0) /* dropped */
+                continue;
+            float dw = 0, want = 0;
+            for (int h = 0; h < W; h++) {
+                const float d = wb[i][q] * dy[i][t * W + h];
+                home[i][r * W + h] = d;
+                dw += dy[i][t * W + h] * s->ret[r * W + h];
+                want += dy[i][t * W + h] * (s->x[t * W + h] * 1000.0f + (float)g);
+                db_ref[g * W + h] += d;
+                for (int b = 0; b < W; b++) {
+                    dm_ref[(g * W + h) * W + b] += d * s->x[t * W + b];
+                    dx_ref[i][t * W + b] += m_of(g, h, b) * d;
+                }
+            }
+            dw_ok &= dw == want;
+        }
+    }
+    CHECKF(dw_ok, "dw = <dy, O>: an O row that came home is not its (t, k)'s (seed %llu)", seed);
+
+    /* the dys rows go out; each receiver's dgrad and weight gradients */
+    float *dys[8], *dxs[8], *dm[8], *db[8];
+    for (int j = 0; j < ep; j++) {
+        const int nrows = rx[j].soff[nh];
+        dys[j] = falloc((size_t)nrows * W + 1);
+        dxs[j] = falloc((size_t)nrows * W + 1);
+    }
+    for (int i = 0; i < nmv; i++)
+        copy_rows(dys[out[i].to], out[i].to_row, home[out[i].from], out[i].from_row, out[i].rows);
+    for (int j = 0; j < ep; j++) {
+        const int *held = mp->ranks[peers[j]].held;
+        dm[j] = falloc((size_t)nh * W * W);
+        db[j] = falloc((size_t)nh * W);
+        for (int sl = 0; sl < nh; sl++) {
+            const int g = held[sl];
+            int c = 0;
+            for (int s = 0; s < ep; s++) c += rx[j].rcnt[s * nh + sl];
+            for (int e = 0; e < W * W; e++) dm[j][sl * W * W + e] = 0;
+            for (int h = 0; h < W; h++) db[j][sl * W + h] = 0;
+            for (int r = rx[j].soff[sl]; r < rx[j].soff[sl] + c; r++)
+                for (int h = 0; h < W; h++) {
+                    const float d = dys[j][r * W + h];
+                    db[j][sl * W + h] += d;
+                    for (int b = 0; b < W; b++) dm[j][(sl * W + h) * W + b] += d * rx[j].xs[r * W + b];
+                }
+            for (int r = rx[j].soff[sl]; r < rx[j].soff[sl] + c; r++)
+                for (int b = 0; b < W; b++) {
+                    float v = 0;
+                    for (int h = 0; h < W; h++) v += m_of(g, h, b) * dys[j][r * W + h];
+                    dxs[j][r * W + b] = v;
+                }
+        }
+    }
+    /* the dXs rows come home by the dispatch's list reversed, into the send layout */
+    for (int i = 0; i < ep; i++)
+        for (int q = 0; q < (src[i].ret_rows + 4) * W; q++) home[i][q] = NAN;
+    reverse_moves(disp, nmv);
+    for (int i = 0; i < nmv; i++)
+        copy_rows(home[disp[i].to], disp[i].to_row, dxs[disp[i].from], disp[i].from_row, disp[i].rows);
+    for (int i = 0; i < ep; i++) {
+        src_t *s = &src[i];
+        CHECKF(rows_poisoned(home[i], s->ret_rows, 4), "ep rank %d: dXs written past the send layout", i);
+        long long bad = 0;
+        for (int t = 0; t < s->T; t++)
+            for (int b = 0; b < W; b++) {
+                float v = 0;
+                for (int k = 0; k < K; k++)
+                    if (s->sp[t * K + k] >= 0) v += home[i][s->sp[t * K + k] * W + b];
+                bad += !(v == dx_ref[i][t * W + b]);
+            }
+        CHECKF(bad == 0, "ep rank %d (rank %d): %lld dx values differ from the single-device backward (seed %llu)", i,
+               peers[i], bad, seed);
+    }
+    /* each expert's gradients on the rank that holds it, equal to the reference */
+    long long bad = 0, unheld = 0;
+    for (int g = 0; g < E; g++) {
+        int found = 0;
+        for (int j = 0; j < ep; j++)
+            for (int sl = 0; sl < nh; sl++) {
+                if (mp->ranks[peers[j]].held[sl] != g) continue;
+                found++;
+                for (int e = 0; e < W * W; e++) bad += dm[j][sl * W * W + e] != dm_ref[g * W * W + e];
+                for (int h = 0; h < W; h++) bad += db[j][sl * W + h] != db_ref[g * W + h];
+            }
+        unheld += found != 1;
+    }
+    CHECKF(bad == 0 && unheld == 0, "weight gradients: %lld values differ from the single-device backward, %lld experts "
+           "not held by exactly one EP rank (seed %llu)", bad, unheld, seed);
+}
+
 /* Run one EP group of a plan through dispatch, the experts and combine. */
 static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int mode, int align, const char *plan) {
     const int ep = mp->size[MOE_AXIS_EP], nh = mp->nheld, E = mp->experts;
@@ -437,6 +619,7 @@ static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int m
         s->ret = falloc((size_t)(rows + 4) * W);
     }
     if (mode == M_CAP_TIGHT) return;   /* overflow without the policy: nothing may be sent */
+    recv_t rx[8];
 
     /* ---- each receiver: counts arrive, rows arrive, experts run, results leave */
     for (int j = 0; j < ep; j++) {
@@ -546,6 +729,7 @@ static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int m
             }
         if (capmode)
             for (int s = 0; s < ep; s++) copy_rows(src[s].ret, j * cap, cret, s * cap, cap);
+        rx[j] = (recv_t){rcnt, csrc, cdst, soff, rbuf};
     }
 
     /* ---- combine on each source, against the routing */
@@ -576,6 +760,7 @@ static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int m
             }
         CHECKF(bad < 0 && (dropped == 0 || mode == M_CAP_DROP), "ep rank %d: %d dropped", i, dropped);
     }
+    run_backward(mp, grp, K, src, rx); /* every mode that sent (capacity: the kept rows) */
 }
 
 typedef struct {
@@ -736,18 +921,11 @@ static void test_fsdp_grads(void) {
     fsdp_grad_case(12, 3, 2, 1, order_default, SH_FSDP, 1);
     fsdp_grad_case(8, 2, 2, 1, order_default, SH_EP, 1);          /* fsdp does not shard: all-reduce */
 
-    CASE("fsdp grads: mesh.ep > 1 is refused (the expert-parallel backward is not built)");
-    moe_spec_t s = make_spec(8, 1, 2, 2, order_default, SH_EP_FSDP);
-    moe_mesh_plan_t mp;
-    char err[512] = "";
-    moe_grad_part_t parts[MOE_GRAD_TENSORS];
-    if (moe_mesh_plan_build(&mp, &s, err, sizeof err) != 0) {
-        CHECKF(0, "%s", err);
-        return;
-    }
-    CHECK(moe_fsdp_grad_parts(&mp, &s, 0, parts, err, sizeof err) == -1);
-    CHECK_STREQ(err, "mesh.ep = 2: the expert-parallel backward is not built yet (dp and fsdp meshes train)");
-    moe_mesh_plan_free(&mp);
+    /* with EP: an EP rank's FSDP peers hold the same experts (its own EP coordinate) */
+    fsdp_grad_case(8, 1, 2, 2, order_default, SH_EP_FSDP, 1);     /* reduce-scatter */
+    fsdp_grad_case(16, 2, 2, 2, order_default, SH_FSDP_EP, 1);
+    fsdp_grad_case(16, 1, 2, 4, order_ep_outer, SH_EP, 0);        /* fsdp does not shard: all-reduce */
+    fsdp_grad_case(8, 1, 1, 2, order_default, SH_EP, 1);          /* ep only: a copy */
 }
 
 /* ---- the transfer lists of the rows (moe_ep_row_xfers), bf16 and fp8 -- */

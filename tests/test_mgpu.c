@@ -18,6 +18,9 @@
  * the training forward and the backward on each rank's tokens, then
  * moe_reduce_scatter_grads; each rank's stored experts' weight gradients
  * against the CPU reference of both ranks' tokens together, train_check),
+ * ep2_train and fsdp2_ep2_train (the same over the expert-parallel
+ * backward: each rank's stored experts against the reference of every
+ * token of its dp slice, and its dx against the reference's of its own),
  * and with fp8 weights (quant.weights = "fp8_e4m3", sm_90a) FSDP2,
  * DP2/FSDP2, EP2, EP8, DP2/FSDP2/EP2 and EP4 in capacity mode: each rank
  * quantizes its bf16 shard on the device and gathers the e4m3 weights and
@@ -105,6 +108,12 @@ static const mesh_case_t meshes[] = {
     {"fsdp2_train", "name = 'f2t' experts = 8 top_k = 2 hidden = 256 ffn = 128 tokens = 1024 ffn_bias = true "
                     "router = { logit_bias = true } training = true arch = { 'sm_90a', 'sm_80' }\n"
                     "mesh = { fsdp = 2 }\n"},
+    {"ep2_train", "name = 'e2t' experts = 8 top_k = 2 hidden = 256 ffn = 128 tokens = 1024 ffn_bias = true "
+                  "router = { logit_bias = true } training = true arch = { 'sm_90a', 'sm_80' }\n"
+                  "mesh = { ep = 2 }\n"},
+    {"fsdp2_ep2_train", "name = 'fe2t' experts = 8 top_k = 2 hidden = 256 ffn = 128 tokens = 1024 "
+                        "training = true arch = { 'sm_90a', 'sm_80' }\n"
+                        "mesh = { fsdp = 2, ep = 2 }\n"},
     {"fp8_fsdp2", "name = 'f8f2' " LAYER_FP8 "mesh = { fsdp = 2 }\n"},
     {"fp8_dp2_fsdp2", "name = 'f8df' " LAYER_FP8 "mesh = { dp = 2, fsdp = 2 }\n"},
     {"fp8_ep2", "name = 'f8e2' " LAYER_FP8 "mesh = { ep = 2 }\n"},
@@ -346,27 +355,35 @@ static int bench_layer(const moe_plan *plan, const moe_forward_args *a, const mo
     return 0;
 }
 
-/* A training spec (mesh.ep = 1): the training forward and the backward on
- * this rank's tokens and a random dy (every rank's the same for a seed), on
- * the held weights, then moe_reduce_scatter_grads into poisoned stored
- * buffers. Tokens the GPU routes otherwise than the reference get dy = 0 and
- * the pair runs again; the FSDP group all-gathers which. Each stored
- * expert's dw1p, db1p, dw2, db2 must be the CPU reference's gradient of the
- * FSDP group's tokens together (normalized L2 error <= 1.5e-2). Then the
- * backward again and accumulate = 1 into random priors: prior + the first
- * call's sums (1e-6).
- * Collective over the FSDP group. 0 ok, 1 failed, 3 stopped. */
+/* A training spec: the training forward and the backward on this rank's
+ * tokens and a random dy (every rank's the same for a seed), on the held
+ * weights, then moe_reduce_scatter_grads into poisoned stored buffers.
+ * Tokens the GPU routes otherwise than the reference get dy = 0 and the
+ * pair runs again; every rank learns which (an all-gather over the mesh
+ * communicator `world`). A stored expert's gradients sum the tokens of every
+ * rank of this rank's dp slice (its FSDP peers' EP groups: the FSDP group
+ * with mesh.ep = 1, the EP group with mesh.fsdp = 1): each stored expert's
+ * dw1p, db1p, dw2, db2 must be the CPU reference's gradient of those tokens
+ * together, and dx the reference's of this rank's own (normalized L2 error
+ * <= 1.5e-2). Then the backward again and accumulate = 1 into random
+ * priors: prior + the first call's sums (1e-6).
+ * Collective over the mesh. 0 ok, 1 failed, 3 stopped. */
 static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_mesh_plan_t *mp, int rank, int T,
                        const ep_layer_t *L, const extras_t *X, const moe_forward_args *fa, uint64_t seed,
-                       const char *name) {
-    const int W = mp->world, fs = mp->size[MOE_AXIS_FSDP], K = spec->top_k;
+                       const char *name, ncclComm_t world) {
+    const int W = mp->world, K = spec->top_k;
+    /* the dp slice: the ranks whose tokens reach this rank's stored experts */
+    int slice[MAX_RANKS], fs = 0;
+    for (int r = 0; r < W; r++)
+        if (mp->ranks[r].coord[MOE_AXIS_DP] == mp->ranks[rank].coord[MOE_AXIS_DP])
+            slice[fs++] = r;
     const size_t E = (size_t)spec->experts, H = (size_t)spec->hidden, F = (size_t)spec->ffn;
     const size_t nst = (size_t)mp->nstored, nh = (size_t)mp->nheld;
     const moe_mesh_rank_t *me = &mp->ranks[rank];
     const size_t per[4] = {2 * F * H, spec->ffn_bias ? 2 * F : 0, H * F, spec->ffn_bias ? H : 0};
     static const char *const tname[4] = {"dw1p", "db1p", "dw2", "db2"};
     uint16_t *dy = malloc(2 * (size_t)W * T * H);
-    unsigned char *bad = malloc((size_t)fs * T);
+    unsigned char *bad = malloc((size_t)T);
     int *gidx = malloc(sizeof(int) * (size_t)T * K), *ridx = malloc(sizeof(int) * (size_t)T * K);
     float *rw = malloc(sizeof(float) * (size_t)T * K);
     if (!dy || !bad || !gidx || !ridx || !rw)
@@ -384,7 +401,7 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
     CUX(moe_cu.cuMemAlloc(&gdx, 2 * (size_t)T * H));
     CUX(moe_cu.cuMemAlloc(&gdwr, 4 * E * H));
     CUX(moe_cu.cuMemAlloc(&gdlb, 4 * E));
-    CUX(moe_cu.cuMemAlloc(&dbad, (size_t)fs * T));
+    CUX(moe_cu.cuMemAlloc(&dbad, (size_t)W * T));
     for (int i = 0; i < 4; i++)
         if (per[i]) {
             CUX(moe_cu.cuMemAlloc(&hg[i], 4 * nh * per[i]));
@@ -435,10 +452,9 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
         if (!now || pass == 1)
             break;
     }
-    /* which tokens each FSDP peer zeroed, for the reference */
-    CUX(moe_cu.cuMemcpyHtoD(dbad + (size_t)me->fsdp_rank * T, bad, (size_t)T));
-    NCX(moe_nccl.ncclAllGather(DEV(dbad + (size_t)me->fsdp_rank * T), DEV(dbad), (size_t)T, ncclUint8,
-                               moe_plan_ep(plan)->fsdp_comm, NULL));
+    /* which tokens each rank zeroed, for the reference */
+    CUX(moe_cu.cuMemcpyHtoD(dbad + (size_t)rank * T, bad, (size_t)T));
+    NCX(moe_nccl.ncclAllGather(DEV(dbad + (size_t)rank * T), DEV(dbad), (size_t)T, ncclUint8, world, NULL));
     for (int i = 0; i < 4; i++)
         if (per[i])
             CUX(moe_cu.cuMemsetD8(sg[i], 0xff, 4 * nst * per[i]));
@@ -448,24 +464,27 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
     if (st)
         DIE("moe_reduce_scatter_grads: %s", moe_last_error());
     CUX(moe_cu.cuCtxSynchronize());
-    unsigned char *allbad = malloc((size_t)fs * T);
+    unsigned char *allbad = malloc((size_t)W * T);
     if (!allbad)
         DIE("out of memory");
-    CUX(moe_cu.cuMemcpyDtoH(allbad, dbad, (size_t)fs * T));
+    CUX(moe_cu.cuMemcpyDtoH(allbad, dbad, (size_t)W * T));
 
-    /* the reference of the FSDP group's tokens together */
+    /* the reference of the dp slice's tokens together */
     const int Tg = fs * T;
     uint16_t *xg = malloc(2 * (size_t)Tg * H), *dyg = malloc(2 * (size_t)Tg * H);
     moe_ref_grads_t rg = {.dw1 = malloc(4 * E * 2 * F * H), .db1 = malloc(4 * E * 2 * F), .dw2 = malloc(4 * E * H * F),
-                          .db2 = malloc(4 * E * H)};
-    if (!xg || !dyg || !rg.dw1 || !rg.db1 || !rg.dw2 || !rg.db2)
+                          .db2 = malloc(4 * E * H), .dx = malloc(4 * (size_t)Tg * H)};
+    uint16_t *gx = malloc(2 * (size_t)T * H);
+    if (!xg || !dyg || !rg.dw1 || !rg.db1 || !rg.dw2 || !rg.db2 || !rg.dx || !gx)
         DIE("out of memory");
+    int at = 0; /* this rank's tokens in the slice */
     for (int f = 0; f < fs; f++) {
-        const int p = me->fsdp_peers[f];
+        const int p = slice[f];
+        at = p == rank ? f : at;
         memcpy(xg + (size_t)f * T * H, L->x + (size_t)p * T * H, 2 * (size_t)T * H);
         memcpy(dyg + (size_t)f * T * H, dy + (size_t)p * T * H, 2 * (size_t)T * H);
         for (int t = 0; t < T; t++)
-            if (allbad[(size_t)f * T + t])
+            if (allbad[(size_t)p * T + t])
                 memset(dyg + ((size_t)f * T + t) * H, 0, 2 * H);
     }
     moe_ref_inputs_t in = own;
@@ -474,8 +493,19 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
     if (moe_ref_backward(spec, &in, dyg, 0, &rg, NULL))
         DIE("the reference's backward");
     const float *want[4] = {rg.dw1, rg.db1, rg.dw2, rg.db2};
-    double err[4] = {0, 0, 0, 0};
+    double err[4] = {0, 0, 0, 0}, dxerr = 0;
     int ok = nbad * 20 <= T + 20;
+    { /* dx of this rank's tokens */
+        CUX(moe_cu.cuMemcpyDtoH(gx, gdx, 2 * (size_t)T * H));
+        double num = 0, den = 0;
+        for (size_t k = 0; k < (size_t)T * H; k++) {
+            double w = rg.dx[(size_t)at * T * H + k], dd = moe_half_to_float(gx[k], spec->dtype) - w;
+            num += dd * dd;
+            den += w * w;
+        }
+        dxerr = sqrt(num / (den > 0 ? den : 1));
+        ok &= dxerr <= 1.5e-2;
+    }
     for (int i = 0; i < 4; i++) {
         if (!per[i])
             continue;
@@ -542,17 +572,18 @@ static int train_check(const moe_plan *plan, const moe_spec_t *spec, const moe_m
         }
         ok &= aerr <= 1e-6;
     }
-    printf("  %s rank %d (fsdp rank %d, stores experts %d..%d): training, %d tokens (%d routed otherwise, dy 0), "
-           "reduce-scattered gradients against the FSDP group's reference: %s %.2e, %s %.2e, %s %.2e, %s %.2e; accumulate = 1 %.2e: %s\n",
-           name, rank, me->fsdp_rank, me->stored[0], me->stored[nst - 1], T, nbad, tname[0], err[0], tname[1], err[1],
-           tname[2], err[2], tname[3], err[3], aerr, ok ? "ok" : "FAIL");
+    printf("  %s rank %d (ep rank %d, fsdp rank %d, stores experts %d..%d): training, %d tokens (%d routed otherwise, "
+           "dy 0), dx %.2e, reduce-scattered gradients against the dp slice's reference: %s %.2e, %s %.2e, %s %.2e, "
+           "%s %.2e; accumulate = 1 %.2e: %s\n",
+           name, rank, me->ep_rank, me->fsdp_rank, me->stored[0], me->stored[nst - 1], T, nbad, dxerr, tname[0],
+           err[0], tname[1], err[1], tname[2], err[2], tname[3], err[3], aerr, ok ? "ok" : "FAIL");
     fflush(stdout);
     CUdeviceptr all[] = {ddy, saved, bws, gdx, gdwr, gdlb, dbad, hg[0], hg[1], hg[2], hg[3], sg[0], sg[1], sg[2], sg[3]};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i])
             moe_cu.cuMemFree(all[i]);
     free(dy), free(bad), free(gidx), free(ridx), free(rw), free(allbad), free(xg), free(dyg);
-    free(rg.dw1), free(rg.db1), free(rg.dw2), free(rg.db2);
+    free(rg.dw1), free(rg.db1), free(rg.dw2), free(rg.db2), free(rg.dx), free(gx);
     return ok ? 0 : 1;
 }
 
@@ -734,7 +765,7 @@ static int child(const mesh_case_t *m, int rank, const char *idfile, int T, int 
     }
     fflush(stdout);
     if (check && spec.training) { /* the backward and the gradients' reduce-scatter */
-        int tr = train_check(plan, &spec, &mp, rank, T, &L, &X, &a, seed, m->name);
+        int tr = train_check(plan, &spec, &mp, rank, T, &L, &X, &a, seed, m->name, comm);
         if (tr == 3)
             return 3;
         ok &= tr == 0;

@@ -218,6 +218,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
         {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
+        {"tests/specs/train_ep.moe", 1},       /* training on an EP rank: the dispatch and backward kernels */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 20, "specs[] has room for 20 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {

@@ -257,6 +257,55 @@ static void test_workspace(void) {
     moe_plan_desc_free(&pd);
 }
 
+/* The EP training layouts (moe_ep_saved_layout, moe_ep_bwd_ws_layout): each
+ * saved region that moves out of the forward's workspace has that region's
+ * size; U only when saved; the home side grows with the rank's tokens, the
+ * expert side stays at the receive bound. */
+static void test_ep_training(void) {
+    moe_plan_desc_t pd = {0};
+    CASE("training on an EP rank: the saved region and the backward's workspace");
+    const char *spec = "name = 'et' experts = 16 top_k = 4 hidden = 256 ffn = 136 tokens = 300 training = true "
+                       "mesh = { ep = 4 }";
+    if (plan_of(&pd, spec) != 0) {
+        CHECK(!"the EP training spec plans");
+        return;
+    }
+    const moe_ep_desc_t *ed = moe_plan_ep_desc(&pd);
+    CHECK(ed != NULL && pd.has_bwd == 1);
+    if (!ed) {
+        moe_plan_desc_free(&pd);
+        return;
+    }
+    const long long R = ed->recv_rows, H = 256, F = 136, E = 16, K = 4;
+    moe_ws_region_t ws[MOE_EW_COUNT], sv[MOE_ES_COUNT], sr[MOE_ES_COUNT], bw[MOE_EB_COUNT];
+    size_t prev = 0;
+    for (int T = 0; T <= 300; T += T < 4 ? 1 : 37) {
+        moe_ep_ws_layout(ed, &pd, T, ws);
+        const size_t n = moe_ep_saved_layout(ed, &pd, T, 0, sv), nr = moe_ep_saved_layout(ed, &pd, T, 1, sr);
+        int same = 1;
+        for (int w = 0; w < MOE_EW_COUNT; w++) {
+            const int k = moe_ep_saved_of(w);
+            same &= k < 0 || sv[k].bytes == ws[w].bytes;
+        }
+        CHECKF(same && layout_ok(sv, MOE_ES_COUNT, n) && n >= prev, "T = %d", T);
+        CHECKF(sv[MOE_ES_U].bytes == (size_t)(R * 2 * F * 2) && sr[MOE_ES_U].bytes == 0 && n > nr, "T = %d", T);
+        CHECKF(sv[MOE_ES_OR].bytes == (size_t)(R * H * 2) && sv[MOE_ES_XR].bytes == (size_t)(R * H * 2) &&
+               sv[MOE_ES_LOGITS].bytes == (size_t)(4 * T * E) && sv[MOE_ES_SEND].bytes ==
+               (size_t)(2 * (T * K + 1) * H), "T = %d", T);
+        const size_t b = moe_ep_bwd_ws_layout(ed, &pd, T, 0, bw);
+        CHECKF(layout_ok(bw, MOE_EB_COUNT, b) && bw[MOE_EB_U].bytes == 0 &&
+               bw[MOE_EB_STAGE].bytes == (size_t)(2 * ed->stage_rows * H) &&
+               bw[MOE_EB_HOME].bytes == sv[MOE_ES_SEND].bytes && bw[MOE_EB_DW].bytes == (size_t)(4 * T * K) &&
+               bw[MOE_EB_SLOT_ROWS].bytes == (size_t)(4 * ed->nheld), "T = %d", T);
+        CHECKF(moe_ep_bwd_ws_layout(ed, &pd, T, 1, bw) > b && bw[MOE_EB_U].bytes == (size_t)(R * 2 * F * 2), "T = %d",
+               T);
+        prev = n;
+    }
+    CHECK(moe_ep_saved_of(MOE_EW_STAGE) == -1 && moe_ep_saved_of(MOE_EW_CURSOR) == -1 &&
+          moe_ep_saved_of(MOE_EW_XR) == MOE_ES_XR && moe_ep_saved_of(MOE_EW_SEND) == MOE_ES_SEND);
+    moe_plan_desc_free(&pd);
+}
+
 int main(void) {
     CASE("the family table: one descriptor per id, a variant for every arch, its templates embedded");
     for (int id = 0; id < MOE_FAMILY_COUNT; id++) {
@@ -425,6 +474,7 @@ int main(void) {
     }
     moe_plan_desc_free(&pd);
     test_training();
+    test_ep_training();
     test_workspace();
     test_route_fuse();
     return check_report("test_plan");

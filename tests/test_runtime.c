@@ -6,6 +6,7 @@
 #include "check.h"
 #include "cudnn.h"
 #include "driver.h"
+#include "ep.h"
 #include "ep_plan.h"
 #include "plan.h"
 #include "moe.h"
@@ -415,7 +416,7 @@ static void test_training_api(void) {
     snprintf(text, sizeof text, "%s top_k = 2 training = true router = { logit_bias = true } ffn_bias = true", base);
     moe_plan *tr = paper_plan(text);
     snprintf(text, sizeof text, "%s top_k = 2 training = true shared = { ffn = 64, gate = 'sigmoid' }", base);
-    moe_plan *shared = paper_plan(text);
+    moe_plan *shared = paper_plan(text), *ep = NULL;
     CHECK(plain && tr && shared);
     if (!plain || !tr || !shared)
         goto out;
@@ -514,7 +515,34 @@ static void test_training_api(void) {
     CHECK(moe_plan_saved_region(tr, 1, 100, 0, "dlogits", &off, &bytes) == MOE_OK && bytes == 4 * 100 * 8);
     CHECK(moe_plan_saved_region(tr, 0, 100, 0, "dlogits", &off, &bytes) == MOE_ERR_INVALID_ARG &&
           strstr(moe_last_error(), "no saved region 'dlogits'"));
+
+    CASE("training on an EP rank: the saved region and the backward's workspace are the EP layouts");
+    snprintf(text, sizeof text, "%s top_k = 2 training = true mesh = { ep = 2 }", base);
+    ep = paper_plan(text);
+    char err[256] = "";
+    CHECKF(ep && moe_ep_create(&ep->ep, &ep->pd, 1, err, sizeof err) == MOE_OK, "%s", err);
+    if (ep && ep->ep) {
+        const moe_ep_desc_t *ed = moe_plan_ep_desc(&ep->pd);
+        moe_ws_region_t r[MOE_ES_COUNT], b[MOE_EB_COUNT];
+        const size_t es = moe_ep_saved_layout(ed, &ep->pd, 60, 0, r);
+        CHECK(moe_plan_saved_size(ep, 60, 0) == es && moe_plan_saved_size(ep, 60, 1) < es);
+        CHECK(moe_plan_backward_workspace_size(ep, 60, 1) == moe_ep_bwd_ws_layout(ed, &ep->pd, 60, 1, b));
+        CHECK(moe_plan_saved_region(ep, 0, 60, 0, "xr", &off, &bytes) == MOE_OK && off == r[MOE_ES_XR].offset &&
+              bytes == r[MOE_ES_XR].bytes);
+        CHECK(moe_plan_saved_region(ep, 1, 60, 1, "home", &off, &bytes) == MOE_OK && off == b[MOE_EB_HOME].offset &&
+              bytes == b[MOE_EB_HOME].bytes);
+        CHECK(moe_plan_saved_region(ep, 0, 60, 0, "xs", &off, &bytes) == MOE_ERR_INVALID_ARG);
+        CHECK(moe_plan_saved_per_token(ep, 0) == moe_ep_saved_per_token(ed, &ep->pd, 0) &&
+              moe_plan_saved_per_token(ep, 0) > 0);
+        moe_train_forward_args te = ta;
+        te.fwd.router_logit_bias = NULL;
+        te.saved = (char *)dummy + 8;
+        CHECK(moe_forward_train(ep, &te, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "256-byte"));
+        moe_ep_destroy(ep->ep);
+        ep->ep = NULL;
+    }
 out:
+    paper_free(ep);
     paper_free(plain);
     paper_free(tr);
     paper_free(shared);

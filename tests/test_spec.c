@@ -197,7 +197,7 @@ static const char *const required_bad[] = {
     "mesh_sharding_dp", "lua_syntax", "size_weights_overflow", "nested_line_type", "nested_line_unknown",
     "sandbox_infinite_loop", "sandbox_giant_allocation", "sandbox_os_execute", "sandbox_io_open",
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep", "shared_ffn_not_multiple",
-    "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots", "training_with_ep",
+    "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots",
     "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
     "quant_weights_unknown",
 };
