@@ -158,18 +158,12 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
 }
 
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
     const moe_tuning_entry_t *te = c->tuned;
-    if (te && te->gemv && moe_spec_fp8(c->spec)) {
-        snprintf(err, errlen, "tuning entry (line %d) for %d tokens: grid gemv has no fp8 kernels "
-                 "(quant.weights = \"fp8_e4m3\"); give this shape tile, persist, pingpong or splitkS",
-                 te->line, te->tokens);
-        return 1;
-    }
-    if (moe_spec_fp8(c->spec))
+    if (moe_spec_fp8(c->spec)) /* its one tile; a gemv entry is refused before (gen/plan.c) */
         return sm90_fp8_geometry(k);
     if (te && te->gemv)
         return gemv_geometry(k, c, te);
-    (void)err, (void)errlen;
     if (te) {
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
