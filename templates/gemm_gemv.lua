@@ -27,7 +27,8 @@
 @ -- L2), which is why the grid is for few rows. A chunk's R rows x KC
 @ -- columns of A (xs or hbuf) are staged in shared memory (rows past the
 @ -- tile's zero-filled), once when K <= KC, else once per KC columns and
-@ -- group pass. fp32 accumulators; after the K loop a warp's 4R sums per
+@ -- group pass; each warp issues its first batch of weight loads before the
+@ -- staging barrier, so they are in flight while A is staged. fp32 accumulators; after the K loop a warp's 4R sums per
 @ -- lane are reduced across the lanes by halving (lane l keeps the sums
 @ -- of value l >> (5 - log2 4R)), then the epilogue rounds once as the
 @ -- other kernels do: act(gate + bias, up + bias) to the dtype (training:
@@ -127,6 +128,17 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -136,14 +148,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     __syncthreads();  /* the previous chunk's readers are done with sx */
-    if constexpr (NKC == 1) {
-        stage<R>(a, nrows, 0, sx);
-        __syncthreads();
-    }
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
         const int gi = gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
-        const uint4 *__restrict__ wr[4];
+        const uint4 *wr[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
@@ -152,21 +160,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         for (int i = 0; i < V; ++i)
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
-            if constexpr (NKC > 1) {
-                __syncthreads();
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
                 stage<R>(a, nrows, kc * KC, sx);
                 __syncthreads();
             }
-            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
             if (!live)
                 continue;
             for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                uint4 wv[U][4];
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     if (v0 + 32 * u >= kv)

@@ -869,7 +869,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 264 "templates/gemm_gemv.lua"
+#line 272 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -878,7 +878,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 69 "templates/gemm_gemv.lua"
+#line 70 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -887,9 +887,9 @@ static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they 
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 78 "templates/gemm_gemv.lua"
+#line 79 "templates/gemm_gemv.lua"
     return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
-#line 82 "templates/gemm_gemv.lua"
+#line 83 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -938,6 +938,17 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -947,14 +958,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     __syncthreads();  /* the previous chunk's readers are done with sx */
-    if constexpr (NKC == 1) {
-        stage<R>(a, nrows, 0, sx);
-        __syncthreads();
-    }
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
         const int gi = gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
-        const uint4 *__restrict__ wr[4];
+        const uint4 *wr[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
@@ -963,21 +970,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         for (int i = 0; i < V; ++i)
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
-            if constexpr (NKC > 1) {
-                __syncthreads();
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
                 stage<R>(a, nrows, kc * KC, sx);
                 __syncthreads();
             }
-            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
             if (!live)
                 continue;
             for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                uint4 wv[U][4];
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     if (v0 + 32 * u >= kv)
@@ -1001,30 +1008,30 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 246 "templates/gemm_gemv.lua"
+#line 254 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 253 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 255 "templates/gemm_gemv.lua"
+#line 263 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 262 "templates/gemm_gemv.lua"
+#line 270 "templates/gemm_gemv.lua"
         }
-#line 194 "templates/gemm_gemv.lua"
+#line 202 "templates/gemm_gemv.lua"
     }
 }
-#line 267 "templates/gemm_gemv.lua"
+#line 275 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 200 "templates/gemm_gemv.lua"
+#line 208 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 204 "templates/gemm_gemv.lua"
+#line 212 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 206 "templates/gemm_gemv.lua"
+#line 214 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
@@ -1049,9 +1056,9 @@ small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs
     }
 }
 
-#line 284 "templates/gemm_gemv.lua"
+#line 292 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 69 "templates/gemm_gemv.lua"
+#line 70 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -1060,9 +1067,9 @@ static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they 
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 80 "templates/gemm_gemv.lua"
+#line 81 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 82 "templates/gemm_gemv.lua"
+#line 83 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1111,6 +1118,17 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -1120,14 +1138,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     __syncthreads();  /* the previous chunk's readers are done with sx */
-    if constexpr (NKC == 1) {
-        stage<R>(a, nrows, 0, sx);
-        __syncthreads();
-    }
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
         const int gi = gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
-        const uint4 *__restrict__ wr[4];
+        const uint4 *wr[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
@@ -1136,21 +1150,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         for (int i = 0; i < V; ++i)
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
-            if constexpr (NKC > 1) {
-                __syncthreads();
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
                 stage<R>(a, nrows, kc * KC, sx);
                 __syncthreads();
             }
-            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
             if (!live)
                 continue;
             for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                uint4 wv[U][4];
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     if (v0 + 32 * u >= kv)
@@ -1174,23 +1188,23 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 280 "templates/gemm_gemv.lua"
+#line 288 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 194 "templates/gemm_gemv.lua"
+#line 202 "templates/gemm_gemv.lua"
     }
 }
-#line 286 "templates/gemm_gemv.lua"
+#line 294 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 200 "templates/gemm_gemv.lua"
+#line 208 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 204 "templates/gemm_gemv.lua"
+#line 212 "templates/gemm_gemv.lua"
     (void)b2;
-#line 206 "templates/gemm_gemv.lua"
+#line 214 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
