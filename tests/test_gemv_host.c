@@ -32,9 +32,9 @@ static const host_case_t cases[] = {
      "activation = { kind = 'geglu', limit = 7.0, up_offset = 1 }\n", 1000},
     {"top1: bn 256 (several group passes), a partial last slice",
      "name = 'top1' experts = 16 top_k = 1 hidden = 256 ffn = 264 tokens = 2048\n", 1000},
-    {"odd: bn 128, unroll 2", "name = 'odd' experts = 12 top_k = 3 hidden = 1536 ffn = 640 tokens = 2048\n", 65},
-    {"longk: K in two staging passes with tails, both GEMMs",
-     "name = 'longk' experts = 6 top_k = 2 hidden = 4360 ffn = 4112 tokens = 512\n", 9},
+    {"odd: bn 128, unroll 2", "name = 'odd' experts = 12 top_k = 3 hidden = 1536 ffn = 640 tokens = 2048\n", 17},
+    {"longk: K in two staging passes with tails, both GEMMs, bn 256",
+     "name = 'longk' experts = 6 top_k = 2 hidden = 4360 ffn = 4112 tokens = 512\n", 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -59,6 +59,8 @@ static int cut_kernel(const char *src, const char *name, moe_buf_t *b) {
 
 static void run_case(const host_case_t *c, const moe_tuning_t *table, const char *cxx) {
     CASE(c->label);
+    if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
+        return;
     moe_spec_t s;
     moe_diag_t d;
     char err[512];
