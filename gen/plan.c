@@ -105,7 +105,7 @@ static int plan_variants(moe_plan_desc_t *pd, const moe_tuning_t *table, char *e
         v->bucket = buckets[b];
         v->tuned = buckets[b] ? moe_tuning_find_tokens(table, s, MOE_ARCH_SM90A, buckets[b]) : NULL;
         if (v->tuned && v->tuned->gemv && moe_spec_fp8(s)) { /* the fp8 GEMMs keep their one tile otherwise */
-            snprintf(err, errlen, "%s:%d: error: grid gemv has no fp8 kernels (quant.weights = \"fp8_e4m3\"); "
+            snprintf(err, errlen, "%s:%d: grid gemv has no fp8 kernels (quant.weights = \"fp8_e4m3\"); "
                      "give this shape tile, persist, pingpong or splitkS", table->file, v->tuned->line);
             return 1;
         }

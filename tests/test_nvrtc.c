@@ -35,19 +35,19 @@ typedef struct {
     int splitk, gemv;
 } pingpong_job_t;
 static const pingpong_job_t pingpong_jobs[] = {
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0},  /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0},    /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5}, /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3},   /* biases, N tails; 5 and 3 k tiles */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0}, /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0},   /* biases, N tails; 5 and 3 k tiles */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0},
     {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1},
     {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1},      /* down: K 14336 in 4 staged passes */
     {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1},  /* up: K 7168 in 2 */

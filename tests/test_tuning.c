@@ -240,7 +240,7 @@ int main(void) {
                             NULL, 0, &d) == 0);
         moe_plan_desc_free(&pd);
         CHECK(moe_plan_desc_build(&pd, &s8, &t, err, sizeof err) != 0);
-        CHECK_STREQ(err, "t.tune:1: error: grid gemv has no fp8 kernels (quant.weights = \"fp8_e4m3\"); give this "
+        CHECK_STREQ(err, "t.tune:1: grid gemv has no fp8 kernels (quant.weights = \"fp8_e4m3\"); give this "
                          "shape tile, persist, pingpong or splitkS");
         moe_tuning_free(&t);
     }
@@ -508,6 +508,27 @@ int main(void) {
             int rc = f ? pclose(f) : -1;
             CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
             CHECKF(i < 2 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
+        }
+    }
+
+    CASE("moegen plan under gemv.tune names the gemv GEMMs; an fp8 spec under it exits 2 naming the entry");
+    {
+        char out[8192];
+        static const char *const cmds[2] = {
+            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune 2>&1",
+            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune "
+            "--set quant.weights=fp8_e4m3 --set arch=sm_90a 2>&1"};
+        static const char *const want[2] = {
+            "qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2           threads  256  smem  12288  gemv, 32 weight "
+            "rows per CTA of a 64-row tile, rows in chunks of 8, K unrolled 2",
+            "tests/tune/gemv.tune:22: grid gemv has no fp8 kernels"};
+        for (int i = 0; i < 2; i++) {
+            FILE *f = popen(cmds[i], "r");
+            size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+            out[n] = 0;
+            int rc = f ? pclose(f) : -1;
+            CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
+            CHECKF(i == 0 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
         }
     }
 
