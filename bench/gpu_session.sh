@@ -232,7 +232,7 @@ for what in "$@"; do
             timeout 280 build/moegen tune examples/specs/$s.moe --tokens 1,8,64 --iters 10 >> "$OUT/gemv_tune.log" 2>&1
             echo "tune $s: exit $?" | tee -a "$OUT/gemv_tune.log"
         done
-        grep -E '^== |tokens: |gemv' "$OUT/gemv_tune.log" | grep -vE '^\[' | tail -40
+        grep -E '^== |tokens: |gemv' "$OUT/gemv_tune.log" | tail -40
         ;;
     tunesmall)
         cp "${TUNE_FROM:-tuning/h200.tune}" "$OUT/h200.tune"
