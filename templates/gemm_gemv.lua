@@ -1,5 +1,5 @@
 @ -- gemm_gemv.lua — the grouped expert GEMMs for few rows per expert (the
-@ -- "gemv" grid, docs/DESIGN.md "The GEMM grids"): decode-sized calls,
+@ -- "gemv" grid, docs/DESIGN.md "The GEMM ABI"): decode-sized calls,
 @ -- where the layer is bound by reading the touched experts' weights once.
 @ -- M.up(p) emits the up projection with the activation fused in, M.down(p)
 @ -- the down projection; both keep the semantics of gemm_up_swiglu.lua /
@@ -28,9 +28,10 @@
 @ -- columns of A (xs or hbuf) are staged in shared memory (rows past the
 @ -- tile's zero-filled), once when K <= KC, else once per KC columns and
 @ -- group pass; each warp issues its first batch of weight loads before the
-@ -- staging barrier, so they are in flight while A is staged. fp32 accumulators; after the K loop a warp's 4R sums per
-@ -- lane are reduced across the lanes by halving (lane l keeps the sums
-@ -- of value l >> (5 - log2 4R)), then the epilogue rounds once as the
+@ -- staging barrier, so they are in flight while A is staged. fp32
+@ -- accumulators; after the K loop a warp's 4R sums per lane are reduced
+@ -- across the lanes by halving (lane l keeps the sums of value
+@ -- l >> (5 - log2 4R)), then the epilogue rounds once as the
 @ -- other kernels do: act(gate + bias, up + bias) to the dtype (training:
 @ -- the pre-activation gate + bias and up + bias rounded into ubuf at
 @ -- their packed columns), or acc + bias to the dtype.

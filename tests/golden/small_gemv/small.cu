@@ -869,7 +869,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 272 "templates/gemm_gemv.lua"
+#line 273 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -878,7 +878,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 70 "templates/gemm_gemv.lua"
+#line 71 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -887,9 +887,9 @@ static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they 
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 79 "templates/gemm_gemv.lua"
+#line 80 "templates/gemm_gemv.lua"
     return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
-#line 83 "templates/gemm_gemv.lua"
+#line 84 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1008,30 +1008,30 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 254 "templates/gemm_gemv.lua"
+#line 255 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 261 "templates/gemm_gemv.lua"
+#line 262 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 263 "templates/gemm_gemv.lua"
+#line 264 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 270 "templates/gemm_gemv.lua"
+#line 271 "templates/gemm_gemv.lua"
         }
-#line 202 "templates/gemm_gemv.lua"
+#line 203 "templates/gemm_gemv.lua"
     }
 }
-#line 275 "templates/gemm_gemv.lua"
+#line 276 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 208 "templates/gemm_gemv.lua"
+#line 209 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 212 "templates/gemm_gemv.lua"
+#line 213 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 214 "templates/gemm_gemv.lua"
+#line 215 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
@@ -1056,9 +1056,9 @@ small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs
     }
 }
 
-#line 292 "templates/gemm_gemv.lua"
+#line 293 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 70 "templates/gemm_gemv.lua"
+#line 71 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -1067,9 +1067,9 @@ static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they 
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 81 "templates/gemm_gemv.lua"
+#line 82 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 83 "templates/gemm_gemv.lua"
+#line 84 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1188,23 +1188,23 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 288 "templates/gemm_gemv.lua"
+#line 289 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 202 "templates/gemm_gemv.lua"
+#line 203 "templates/gemm_gemv.lua"
     }
 }
-#line 294 "templates/gemm_gemv.lua"
+#line 295 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 208 "templates/gemm_gemv.lua"
+#line 209 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 212 "templates/gemm_gemv.lua"
+#line 213 "templates/gemm_gemv.lua"
     (void)b2;
-#line 214 "templates/gemm_gemv.lua"
+#line 215 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
