@@ -162,7 +162,7 @@ SPACE := $(EMPTY) $(EMPTY)
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_python test_pack test_install test_nccl_abi
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_gemv_host test_python test_pack test_install test_nccl_abi
 GPU_TESTS := test_gpu test_ep_gpu test_bgemm_gpu test_bwd_gpu test_quant_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
@@ -249,6 +249,18 @@ $(BUILD)/tests/test_vendored_splitk: tests/test_vendored.cu $(VENDORED_SPLITK) $
 	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
 	  tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
+# And over the gemv GEMMs: the spec emitted under tests/tune/gemv.tune (both
+# GEMMs on the gemv grid at every size, launched on the 2D grid).
+VENDORED_GEMV := $(BUILD)/vendored_gemv/$(VENDORED_NAME).cu
+$(VENDORED_GEMV): $(BUILD)/moegen tests/tune/gemv.tune examples/specs/$(VENDORED_SPEC).moe
+	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/gemv.tune -o $(dir $@)
+$(BUILD)/tests/test_vendored_gemv: tests/test_vendored.cu $(VENDORED_GEMV) $(VENDORED_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
+	  -Igen -Iruntime -Itests -Itests/support -I$(BUILD)/vendored_gemv -I$(LUA_INC) \
+	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
+	  tests/test_vendored.cu $(VENDORED_GEMV) $(VENDORED_OBJ) $(LUA_LIB) -o $@
+
 # The vendored fp8 path: an fp8 spec (examples/specs/fp8/, which kernels/
 # does not hold) emitted into build/ and built as test_vendored with
 # VENDORED_FP8: NAME_quantize, NAME_pack_fp8 and the fp8 NAME_forward.
@@ -269,7 +281,8 @@ $(BUILD)/tests/test_vendored_fp8: tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(V
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
-gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_fp8
+gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
+  $(BUILD)/tests/test_vendored_fp8
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -278,6 +291,10 @@ test-vendored: $(BUILD)/tests/test_vendored
 .PHONY: test-vendored-splitk
 test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
 	@$(BUILD)/tests/test_vendored_splitk examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-gemv
+test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
+	@$(BUILD)/tests/test_vendored_gemv examples/specs/$(VENDORED_SPEC).moe
 
 .PHONY: test-vendored-fp8
 test-vendored-fp8: $(BUILD)/tests/test_vendored_fp8

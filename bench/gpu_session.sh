@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|routefuse|verify|verify-grids|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|gemv|gemvtune|routefuse|verify|verify-grids|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -45,6 +45,15 @@
 #            test_vendored_splitk under tests/tune/splitk.tune (every GEMM with 2+ k tiles split), then
 #            moe_bench --graph at 1, 4, 8, 16, 64 tokens under the shipped table and under splitk.tune side by
 #            side for $SPLITK_SPECS, and moegen tune at 1, 8, 64 tokens (the split-K candidates among them)
+#   gemv     issue #16 item 2, the gemv GEMMs (few rows per expert): test_gpu's gemv cases (the filter
+#            gemv.tune: odd, tiny, clamp, geglu, tiny_fp16, top1, wide, longk at 1, 7, 64, 300.. tokens, eager
+#            and graph) and the examples up to 128 tokens under tests/tune/gemv.tune (both GEMMs on the gemv
+#            grid at every size), side by side, and test_vendored_gemv, then moe_bench
+#            --graph at 1, 2, 4, 8, 16, 64 tokens under the shipped table and under gemv.tune side by side for
+#            $GEMV_SPECS (default qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 gpt-oss-20b); ~300 s
+#   gemvtune moegen tune at 1, 8, 64 tokens for $GEMV_TUNE_SPECS (default qwen3-30b-a3b mixtral-8x7b: each
+#            compiles its 25 candidates, up to 280 s a spec) into $OUT/gemv_tune.log (entries printed, not
+#            merged: the gemv candidates' times beside the wgmma grids')
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -197,6 +206,34 @@ for what in "$@"; do
         done
         grep -E '^== |gemms:|gemm_|LAYER' "$OUT/splitk_bench.log"
         ;;
+    gemv)
+        MOEGEN_TUNING=tests/tune/gemv.tune timeout 130 build/tests/test_gpu gemv.tune > "$OUT/test_gpu_gemv.log" 2>&1 &
+        MOEGEN_TUNING=tests/tune/gemv.tune timeout 130 build/tests/test_gpu --tokens-max 128 examples/ \
+            > "$OUT/test_gpu_gemv_examples.log" 2>&1 &
+        wait
+        for f in test_gpu_gemv test_gpu_gemv_examples; do
+            grep -E '(FAIL|^test_gpu: [0-9]+ passed)' "$OUT/$f.log" | tail -6
+        done
+        timeout 40 build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe 2>&1 | tee "$OUT/test_vendored_gemv.log" | tail -3
+        for s in ${GEMV_SPECS:-qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 gpt-oss-20b}; do
+            for t in shipped gemv; do
+                echo "== $t $s" >> "$OUT/gemv_bench.log"
+                if [ $t = shipped ]; then tab=tuning/h200.tune; else tab=tests/tune/gemv.tune; fi
+                MOEGEN_TUNING=$tab timeout 25 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 2 \
+                    --tokens 4 --tokens 8 --tokens 16 --tokens 64 --iters 20 >> "$OUT/gemv_bench.log" 2>&1
+                echo "moe_bench $t $s: exit $?" | tee -a "$OUT/gemv_bench.log"
+            done
+        done
+        grep -E '^== |gemms:|gemm_|LAYER' "$OUT/gemv_bench.log"
+        ;;
+    gemvtune)
+        for s in ${GEMV_TUNE_SPECS:-qwen3-30b-a3b mixtral-8x7b}; do
+            echo "== $s" >> "$OUT/gemv_tune.log"
+            timeout 280 build/moegen tune examples/specs/$s.moe --tokens 1,8,64 --iters 10 >> "$OUT/gemv_tune.log" 2>&1
+            echo "tune $s: exit $?" | tee -a "$OUT/gemv_tune.log"
+        done
+        grep -E '^== |tokens: |gemv' "$OUT/gemv_tune.log" | tail -40
+        ;;
     tunesmall)
         cp "${TUNE_FROM:-tuning/h200.tune}" "$OUT/h200.tune"
         all=$(ls examples/specs/*.moe | grep -v -- -mesh | xargs -n1 basename | sed 's/\.moe$//')
@@ -246,7 +283,7 @@ for what in "$@"; do
         done
         ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, routefuse, verify, verify-grids, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, all)"; exit 2 ;;
     esac
 done
 # the device brings back at most 8 files from $OUT: the logs and notes travel as one archive

@@ -372,7 +372,10 @@ static int cmd_plan(const args_t *a) {
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
             char grid[48];
             snprintf(grid, sizeof grid, "%d CTAs per tile splitting K", k->tile.splitk);
-            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
+            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.gemv)
+                printf("  gemv, %d weight rows per CTA of a %d-row tile, rows in chunks of 8, K unrolled %d", k->tile.bn,
+                       k->tile.bm, k->tile.stages);
+            else if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
                 printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
                        k->tile.bn, k->tile.bk, k->tile.stages,
                        k->tile.pingpong     ? "persistent grid, ping-pong"

@@ -32,7 +32,9 @@ const char *const moe_tune_usage =
     "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m, and the grid: tile = one CTA per\n"
     "output tile, persist = one CTA per SM walking the tiles, pingpong = persist with the two consumer\n"
     "warpgroups on alternate tiles, splitkS = S CTAs per tile each over a share of K: timed at counts\n"
-    "up to 64 alone, and not for an expert-parallel SPEC) for SPEC's shape at each token count\n"
+    "up to 64 alone, and not for an expert-parallel SPEC; gemv = a CTA per bn weight rows of a tile, its\n"
+    "rows 8 at a time, stages the K loop's unroll: timed at counts up to 64 alone) for SPEC's shape at\n"
+    "each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs, median of N iterations, default 20), the date and the GPU. A plan runs a call of T tokens\n"
@@ -45,31 +47,34 @@ const char *const moe_tune_usage =
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
 
 typedef struct {
-    int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk */
+    int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv (stages: the
+                                        * unroll) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
 } cand_t;
 
-/* Split-K candidates run at token counts up to this alone (few rows per
- * expert, where experts x tiles leave most SMs idle); their times above it
- * are not measured (infinite). */
-#define TUNE_SPLITK_TOKENS 64
+/* Split-K and gemv candidates run at token counts up to this alone (few
+ * rows per expert, where experts x tiles leave most SMs idle); their times
+ * above it are not measured (infinite). */
+#define TUNE_SMALL_TOKENS 64
 
 static const cand_t cands[] = {
     {128, 256, 4, 8, 0, 0},  {128, 256, 3, 8, 0, 0},  {128, 256, 4, 16, 0, 0}, {128, 128, 4, 8, 0, 0},
     {128, 128, 6, 8, 0, 0},  {64, 256, 4, 8, 0, 0},   {64, 128, 6, 8, 0, 0},   {128, 256, 4, 8, 1, 0},
     {128, 256, 4, 16, 1, 0}, {128, 256, 3, 8, 1, 0},  {128, 256, 3, 16, 1, 0}, {64, 256, 4, 8, 2, 0},
     {64, 256, 4, 16, 2, 0},  {128, 128, 4, 8, 2, 0},  {64, 128, 6, 8, 3, 2},   {64, 128, 6, 8, 3, 4},
-    {64, 128, 6, 8, 3, 8},   {64, 256, 4, 8, 3, 4},   {64, 256, 4, 8, 3, 8},
+    {64, 128, 6, 8, 3, 8},   {64, 256, 4, 8, 3, 4},   {64, 256, 4, 8, 3, 8},   {64, 32, 2, 1, 4, 0},
+    {64, 64, 2, 1, 4, 0},    {64, 128, 2, 1, 4, 0},   {64, 32, 4, 1, 4, 0},    {64, 64, 4, 1, 4, 0},
+    {64, 32, 1, 1, 4, 0},
 };
 
 /* A candidate's grid as the tuning table and the progress lines spell it, in buf. */
 static const char *grid_name(const cand_t *c, char buf[16]) {
     const moe_tile_cfg_t t = {.persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                              .splitk = c->grid == 3 ? c->splitk : 0};
+                              .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4};
     return moe_gemm_sm90_grid_name(&t, buf);
 }
-/* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles */
-static int cand_consumers(const cand_t *c) { return c->grid == 2 ? 2 : c->bm / 64; }
+/* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 */
+static int cand_consumers(const cand_t *c) { return c->grid == 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64; }
 #define NCAND ((int)(sizeof cands / sizeof *cands))
 
 static int cmp_float(const void *a, const void *b) {
@@ -450,7 +455,8 @@ int moe_tune_command(int argc, char **argv) {
                                 .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
                                 .bk = 64, .stages = cd->stages, .consumers = cand_consumers(cd),
                                 .group_m = cd->group_m, .persistent = cd->grid == 1 || cd->grid == 2,
-                                .pingpong = cd->grid == 2, .splitk = cd->grid == 3 ? cd->splitk : 0};
+                                .pingpong = cd->grid == 2, .splitk = cd->grid == 3 ? cd->splitk : 0,
+                                .gemv = cd->grid == 4};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
         char gname[16];
         fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
@@ -458,15 +464,22 @@ int moe_tune_command(int argc, char **argv) {
         char why[160];
         const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                      .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
-                                     .splitk = e.splitk};
+                                     .splitk = e.splitk, .gemv = e.gemv};
         if (moe_gemm_sm90_tile_check(&tile, why, sizeof why) ||
             (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;
         }
-        if (e.splitk && (a.tok_min > TUNE_SPLITK_TOKENS || s->mesh.size[MOE_AXIS_EP] > 1 || s->training)) {
-            if (a.tok_min > TUNE_SPLITK_TOKENS)
-                fprintf(stderr, "skipped: split-K is timed at counts up to %d alone\n", TUNE_SPLITK_TOKENS);
+        if (e.gemv && (a.tok_min > TUNE_SMALL_TOKENS || moe_spec_fp8(s))) {
+            if (a.tok_min > TUNE_SMALL_TOKENS)
+                fprintf(stderr, "skipped: gemv is timed at counts up to %d alone\n", TUNE_SMALL_TOKENS);
+            else /* the plan refuses it (gen/family_gemm.c) */
+                fprintf(stderr, "skipped: gemv has no fp8 kernels\n");
+            continue;
+        }
+        if (e.splitk && (a.tok_min > TUNE_SMALL_TOKENS || s->mesh.size[MOE_AXIS_EP] > 1 || s->training)) {
+            if (a.tok_min > TUNE_SMALL_TOKENS)
+                fprintf(stderr, "skipped: split-K is timed at counts up to %d alone\n", TUNE_SMALL_TOKENS);
             else /* the plan would run the tile grid (gen/family_gemm.c) */
                 fprintf(stderr, "skipped: split-K runs on one-device inference plans alone\n");
             continue;
@@ -488,7 +501,7 @@ int moe_tune_command(int argc, char **argv) {
             break;
         }
         have_buf = 1;
-        rc = time_plan(plan, &bufs, &a, e.splitk ? TUNE_SPLITK_TOKENS : a.tmax, times[c]);
+        rc = time_plan(plan, &bufs, &a, e.splitk || e.gemv ? TUNE_SMALL_TOKENS : a.tmax, times[c]);
         if (rc && !keep) { /* nothing else holds the context the buffers live in */
             moe_plan_destroy(plan);
             break;

@@ -49,7 +49,8 @@ static void source_templates(char *out, size_t n) {
 /* Push one arch's kernel set for templates/host.lua: a table keyed both by
  * family name and by position (family order), each entry the kernel's
  * name, block size, shared memory, rows per block, and for the GEMMs the
- * tile's bm, bn, grid kind and N tiles (the family's grid). */
+ * tile's bm, bn, grid kind (persistent, splitk, gemv) and N tiles (the
+ * family's grid). */
 static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_kernel_desc_t *ks) {
     lua_newtable(L);
     for (int i = 0; i < MOE_K_COUNT; i++) {
@@ -66,6 +67,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_int(L, "bn", d->tile.bn);
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
             moe_lua_set_int(L, "splitk", d->tile.splitk);
+            moe_lua_set_bool(L, "gemv", d->tile.gemv);
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
             moe_gemm_kn(d->family == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
@@ -510,13 +512,16 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
         for (int i = 0; i < nk; i++) {
             const moe_kernel_desc_t *k = ks[i];
             const moe_family_t *f = moe_family(k->family);
-            const char *tmpl = moe_family_variant(f, s->arch[a])->code;
+            const char *tmpl = k->tile.gemv ? "gemm_gemv" : moe_family_variant(f, s->arch[a])->code;
             moe_buf_printf(b, "      {\"family\": \"%s\", \"name\": \"%s\", \"template\": \"templates/%s.lua\", "
                               "\"threads\": %d, \"smem\": %d",
                            f->name, k->name, tmpl, k->threads, k->smem);
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
-            if (k->tile.bm && k->tile.consumers) {
+            if (k->tile.gemv)
+                moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"unroll\": %d, \"grid\": \"gemv\"}",
+                               k->tile.bm, k->tile.bn, k->tile.stages);
+            else if (k->tile.bm && k->tile.consumers) {
                 char grid[16]; /* as the tuning table spells it */
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",

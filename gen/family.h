@@ -98,6 +98,9 @@ typedef struct {
     int splitk;             /* sm_90a, one CTA per tile: 2..16 CTAs per tile, each over its share of the k
                              * tiles, the last to finish summing the fp32 partials (the "splitkS" grid);
                              * 0 = none */
+    int gemv;               /* sm_90a: 1 = the "gemv" grid (templates/gemm_gemv.lua): a CTA per (bn weight
+                             * rows, M tile), its rows in chunks of <= 8, no tensor cores; consumers 0 (it
+                             * launches as the sm_80 kernels do), stages = the K loop's unroll */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */
@@ -195,12 +198,18 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
 
 /* Non-zero (with the reason in err) when the sm_90a wgmma template cannot
  * run tile t (bm, bn, bk, stages, consumers, group_m, persistent,
- * pingpong, splitk). */
+ * pingpong, splitk), or (tile.gemv) the gemv kernels the tile t. */
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 
 /* The sm_90a grid of tile t as the tuning table spells it ("tile",
- * "persist", "pingpong" or "splitkS"), written into buf; returns buf. */
+ * "persist", "pingpong", "splitkS" or "gemv"), written into buf; returns buf. */
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
+
+/* The gemv kernels' staged activation columns for reduction length K:
+ * min(K, MOE_GEMV_KC) (8 rows x KC halves of shared memory, 64 KB at
+ * most: three CTAs fit an SM; a longer K is staged in KC passes). */
+#define MOE_GEMV_KC 4096
+int moe_gemm_gemv_kc(long long K);
 
 /* The split-K scratch of GEMM k over mtiles M tiles (tile.splitk > 0; 0
  * and 0 otherwise): *partials fp32 values (a bm x bn partial tile per

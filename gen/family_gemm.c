@@ -21,7 +21,29 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
     return ring + (t->pingpong ? 2 : 1) * staging + 16 * t->stages; /* pingpong: one per consumer warpgroup */
 }
 
+/* The gemv grid's checks (templates/gemm_gemv.lua's config holds the same). */
+static const char *gemv_check(const moe_tile_cfg_t *t) {
+    if (t->bm != 64 && t->bm != 128)
+        return "gemv: bm (the tile table's row block) must be 64 or 128";
+    if (t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
+        return "gemv: bn (the weight rows per CTA) must be 32, 64, 128 or 256";
+    if (t->bk != 64)
+        return "gemv: bk must be 64 (unused by the gemv kernels, as the other grids spell it)";
+    if (t->stages != 1 && t->stages != 2 && t->stages != 4)
+        return "gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and lane) must be 1, 2 "
+               "or 4";
+    if (t->consumers != 1 || t->group_m != 1)
+        return "gemv: consumers and group_m must be 1 (no warpgroups, no raster)";
+    return NULL;
+}
+
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
+    if (t->gemv) {
+        const char *why = gemv_check(t);
+        if (why)
+            snprintf(err, errlen, "%s", why);
+        return why != NULL;
+    }
     const int smem = moe_gemm_sm90_smem(t, t->bn); /* bn: the down GEMM's output columns, the wider */
     const char *why = NULL;
     if (t->bm != 64 && t->bm != 128)
@@ -120,11 +142,28 @@ static int sm90_splits(const moe_kernel_desc_t *k, const moe_family_ctx_t *c, in
     return want <= kt ? want : kt >= 2 ? (int)kt : 0;
 }
 
+int moe_gemm_gemv_kc(long long K) { return K < MOE_GEMV_KC ? (int)K : MOE_GEMV_KC; }
+
+/* The gemv grid (templates/gemm_gemv.lua): bn weight rows per CTA, the
+ * entry's stages the K loop's unroll, 256 threads, 8 rows x KC halves of
+ * shared memory. */
+static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const moe_tuning_entry_t *te) {
+    long long K, N;
+    moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
+    k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
+                               .gemv = 1};
+    k->threads = 256;
+    k->smem = 8 * moe_gemm_gemv_kc(K) * 2;
+    return 0;
+}
+
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    if (moe_spec_fp8(c->spec))
-        return sm90_fp8_geometry(k);
     const moe_tuning_entry_t *te = c->tuned;
+    if (moe_spec_fp8(c->spec)) /* its one tile; a gemv entry is refused before (gen/plan.c) */
+        return sm90_fp8_geometry(k);
+    if (te && te->gemv)
+        return gemv_geometry(k, c, te);
     if (te) {
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
@@ -151,7 +190,9 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
 }
 
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]) {
-    if (t->splitk)
+    if (t->gemv)
+        snprintf(buf, 16, "gemv");
+    else if (t->splitk)
         snprintf(buf, 16, "splitk%d", t->splitk);
     else
         snprintf(buf, 16, "%s", t->pingpong ? "pingpong" : t->persistent ? "persist" : "tile");
@@ -164,7 +205,10 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     const moe_spec_t *s = c->spec;
     const moe_tile_cfg_t *t = &k->tile;
     const char *what = k->family == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down";
-    if (t->consumers && moe_spec_fp8(s))
+    if (t->gemv) /* the unroll for the stages; no consumers, no raster */
+        snprintf(out, n, "%s_%s_%s_sm90a_gemv_m%dn%du%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
+                 t->stages);
+    else if (t->consumers && moe_spec_fp8(s))
         snprintf(out, n, "%s_%s_e4m3_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", s->name, what,
                  s->quant.scaling == MOE_SCALING_BLOCK ? "block" : "channel", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m);
@@ -179,9 +223,10 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
 }
 
-/* the tile space, N tiles x M tiles (n: row tiles). The sm_90a kernels run
- * it on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or of
- * min(grid[0] * grid[1], SMs) when tile.persistent (pingpong included). */
+/* the tile space, N tiles x M tiles (n: row tiles). The sm_90a wgmma
+ * kernels run it on a 1D grid of grid[0] * grid[1] CTAs (one per tile), or
+ * of min(grid[0] * grid[1], SMs) when tile.persistent (pingpong included);
+ * the sm_80 and gemv kernels on this 2D grid as it is. */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)tokens;
     long long K, N;
@@ -191,7 +236,7 @@ static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, lo
 }
 
 static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
-    (void)c, (void)set;
+    (void)set;
     lua_newtable(L);
     moe_lua_set_int(L, "bm", k->tile.bm);
     moe_lua_set_int(L, "bn", k->tile.bn);
@@ -204,6 +249,12 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "persistent", k->tile.persistent);
     moe_lua_set_int(L, "pingpong", k->tile.pingpong);
     moe_lua_set_int(L, "splitk", k->tile.splitk);
+    moe_lua_set_int(L, "gemv", k->tile.gemv);
+    if (k->tile.gemv) {
+        long long K, N;
+        moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
+        moe_lua_set_int(L, "kc", moe_gemm_gemv_kc(K));
+    }
     lua_setfield(L, -2, "tile");
 }
 

@@ -87,15 +87,18 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[13] + 6, 2, 16, &e.splitk))
                 return fail(diag, file, line, "grid splitkS: S (the CTAs that split one tile's K) must be an "
                             "integer 2..16", tok[13]);
+        } else if (strcmp(tok[13], "gemv") == 0) {
+            e.gemv = 1;
         } else {
             return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong "
-                        "(one CTA per SM, its consumer warpgroups on alternate tiles) or splitkS (S = 2..16 CTAs "
-                        "per tile, each over a share of K)", tok[13]);
+                        "(one CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs "
+                        "per tile, each over a share of K) or gemv (a CTA per bn weight rows of a tile, for few "
+                        "rows per expert)", tok[13]);
         }
         char why[128];
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,
-                                    .pingpong = e.pingpong, .splitk = e.splitk};
+                                    .pingpong = e.pingpong, .splitk = e.splitk, .gemv = e.gemv};
         if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         if (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))

@@ -19,6 +19,9 @@ typedef struct moe_tuning_entry {
                                           * or "pingpong") */
     int pingpong;                        /* 1: "pingpong", the consumer warpgroups on alternate tiles */
     int splitk;                          /* S of "splitkS" (2..16): S CTAs per tile split K; 0 = none */
+    int gemv;                            /* 1: "gemv", a CTA per bn weight rows of an M tile, for few rows
+                                          * per expert (templates/gemm_gemv.lua); bm the row block, stages
+                                          * the K loop's unroll */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */

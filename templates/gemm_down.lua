@@ -1,5 +1,9 @@
 @ -- gemm_down.lua — grouped down projection:
 @ -- obuf[rows, H] = hbuf[rows, F] . W2[expert]^T (+ b2[expert]), W2 [E, H, F].
+@ if (p.tile.gemv or 0) > 0 then  -- the gemv grid, few rows per expert (templates/gemm_gemv.lua)
+@   import("gemm_gemv").down(p)
+@   return
+@ end
 @ if p.tile.consumers > 0 then   -- sm_90a: the wgmma kernel (templates/gemm_sm90.lua)
 @   import("gemm_sm90").down(p)
 @   return

@@ -8,6 +8,10 @@
 @ -- not NULL the epilogue also stores the pre-activation U [rows, 2F]
 @ -- (bias included, rounded to the dtype, packed columns), which the
 @ -- backward's activation gradient reads (docs/DESIGN.md, "Backward").
+@ if (p.tile.gemv or 0) > 0 then  -- the gemv grid, few rows per expert (templates/gemm_gemv.lua)
+@   import("gemm_gemv").up(p)
+@   return
+@ end
 @ if p.tile.consumers > 0 then   -- sm_90a: the wgmma kernel (templates/gemm_sm90.lua)
 @   import("gemm_sm90").up(p)
 @   return

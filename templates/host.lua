@@ -12,7 +12,7 @@
 @ -- p.ep (the mesh's EP size), p.pack = {name, threads} (the pack kernel), p.slot[e + 1] (expert e's weight slot), p.ws[i] = {name, ctype, offset, bytes},
 @ -- p.counts_bytes, p.sm80 / p.sm90 (the arch's kernel set, nil when the
 @ -- spec lacks the arch): set[family] = {name, threads, smem, per_block,
-@ -- bm, bn, persistent, splitk, K, N, ntiles (a GEMM's reduction length, B rows
+@ -- bm, bn, persistent, splitk, gemv, K, N, ntiles (a GEMM's reduction length, B rows
 @ -- per expert, N tiles)}, p.splitk_tickets_at (the split-K tickets' first int in counts), set[i] the same in family order; p.neutral: the
 @ -- set the arch-neutral kernels come from; p.variants[i]: the GEMM variants
 @ -- by bucket (gen/plan.h), each {bucket, align, sm80, sm90, neutral} (its
@@ -300,6 +300,12 @@ ${ind}        return e;
 @   end
 ${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
+@ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw
+@ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua)
+@ local function grid2d_gemm(kd, a, w, bias, out, ind)
+@   local ub = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
+${ind}    ${kd.name}<<<dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream>>>(${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
+@ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file
 @ local function gemms(vs, ind) -- ind: the lines' extra indent
@@ -308,17 +314,26 @@ ${ind}    if (dev->use90) {
 @   end
 @   if vs.sm90 and (two or not vs.sm80) then
 @     local up, dn = vs.sm90.gemm_up_swiglu, vs.sm90.gemm_down
+@     if not (up.gemv and dn.gemv) then
 ${ind}    moe_tmap_t ma, mb;
-@     sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind, fp8 and {"xsc", "a->w1s", "hsc"})
-@     sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind, fp8 and {"hsc", "a->w2s"})
+@     end
+@     if up.gemv then  -- never fp8 (gen/family_gemm.c refuses it)
+@       grid2d_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", ind)
+@     else
+@       sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind, fp8 and {"xsc", "a->w1s", "hsc"})
+@     end
+@     if dn.gemv then
+@       grid2d_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", ind)
+@     else
+@       sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind, fp8 and {"hsc", "a->w2s"})
+@     end
 @   end
 @   if two then
 ${ind}    } else {
 @   end
 @   if vs.sm80 and (two or not vs.sm90) then
-@     local up, dn = vs.sm80.gemm_up_swiglu, vs.sm80.gemm_down
-${ind}    ${up.name}<<<dim3(${up.ntiles}, (unsigned)tiles_y), ${up.threads}, ${up.smem}, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf${p.spec.training and ", (moe_half_t *)0" or ""});
-${ind}    ${dn.name}<<<dim3(${dn.ntiles}, (unsigned)tiles_y), ${dn.threads}, ${dn.smem}, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+@     grid2d_gemm(vs.sm80.gemm_up_swiglu, "xs", "a->w1p", "a->b1p", "hbuf", ind)
+@     grid2d_gemm(vs.sm80.gemm_down, "hbuf", "a->w2", "a->b2", "xs", ind)
 @   end
 @   if two then
 ${ind}    }

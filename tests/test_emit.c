@@ -30,6 +30,64 @@ static void report_first_diff(const char *name, const char *got, size_t gl, cons
     fprintf(stderr, "  %s: first difference at line %d\n    emitted: %s\n    golden:  %s\n", name, line, g, w);
 }
 
+/* The emitted files fs against the goldens in dir, or (MOEGEN_UPDATE_GOLDENS=1)
+ * written there. */
+static void compare_goldens(const char *dir, const moe_fileset_t *fs) {
+    const char *upd = getenv("MOEGEN_UPDATE_GOLDENS");
+    if (upd && strcmp(upd, "1") == 0) {
+        char err[256];
+        CHECKF(moe_mkdirs(dir, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < fs->nfiles; i++) {
+            char p[600];
+            snprintf(p, sizeof p, "%s/%s", dir, fs->files[i].path);
+            CHECKF(write_bytes(p, fs->files[i].data.data, fs->files[i].data.len) == 0, "cannot write %s", p);
+            fprintf(stderr, "test_emit: MOEGEN_UPDATE_GOLDENS=1: wrote %s\n", p);
+        }
+        return;
+    }
+    for (int i = 0; i < fs->nfiles; i++) {
+        char p[600], label[300];
+        snprintf(p, sizeof p, "%s/%s", dir, fs->files[i].path);
+        snprintf(label, sizeof label, "golden %s", p);
+        CASE(label);
+        size_t wl;
+        char *want = read_bytes(p, &wl);
+        CHECKF(want != NULL, "%s is missing: run MOEGEN_UPDATE_GOLDENS=1 make test-cpu", p);
+        if (!want)
+            continue;
+        const moe_buf_t *b = &fs->files[i].data;
+        int same = wl == b->len && memcmp(want, b->data, wl) == 0;
+        CHECKF(same, "%s differs from the emitted file; if a template changed on purpose, regenerate with "
+                     "MOEGEN_UPDATE_GOLDENS=1 make test-cpu and review the diff", p);
+        if (!same)
+            report_first_diff(p, b->data, b->len, want, wl);
+        free(want);
+    }
+}
+
+/* The small spec (odd's shape) under tests/tune/gemv.tune: both sm_90a
+ * GEMMs on the gemv grid (templates/gemm_gemv.lua) and the vendored
+ * launcher's 2D launch of them, in tests/golden/small_gemv. */
+static void test_golden_gemv(void) {
+    CASE("golden small under tests/tune/gemv.tune");
+    moe_tuning_t t;
+    moe_diag_t d;
+    CHECKF(moe_tuning_load(&t, "tests/tune/gemv.tune", &d) == 0, "%s", d.msg);
+    moe_spec_t s;
+    CHECKF(moe_spec_load(&s, SMALL, NULL, NULL, 0, &d) == 0, "%s", d.msg);
+    moe_plan_desc_t pd;
+    char err[512];
+    CHECKF(moe_plan_desc_build(&pd, &s, &t, err, sizeof err) == 0, "%s", err);
+    CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.gemv &&
+          moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].tile.gemv);
+    moe_fileset_t fs = {0};
+    CHECKF(moe_emit_files(&pd, NULL, &fs, &d) == 0, "%s", d.msg);
+    compare_goldens("tests/golden/small_gemv", &fs);
+    moe_fileset_free(&fs);
+    moe_plan_desc_free(&pd);
+    moe_tuning_free(&t);
+}
+
 static void test_golden_small(void) {
     CASE("golden small");
     if (!have_templates) {
@@ -51,36 +109,7 @@ static void test_golden_small(void) {
     for (int i = 0; i < fs.nfiles && i < 4; i++)
         CHECK_STREQ(fs.files[i].path, want_files[i]);
 
-    const char *upd = getenv("MOEGEN_UPDATE_GOLDENS");
-    if (upd && strcmp(upd, "1") == 0) {
-        char err[256];
-        CHECKF(moe_mkdirs(GOLDEN_DIR, err, sizeof err) == 0, "%s", err);
-        for (int i = 0; i < fs.nfiles; i++) {
-            char p[600];
-            snprintf(p, sizeof p, "%s/%s", GOLDEN_DIR, fs.files[i].path);
-            CHECKF(write_bytes(p, fs.files[i].data.data, fs.files[i].data.len) == 0, "cannot write %s", p);
-            fprintf(stderr, "test_emit: MOEGEN_UPDATE_GOLDENS=1: wrote %s\n", p);
-        }
-    } else {
-        for (int i = 0; i < fs.nfiles; i++) {
-            char p[600], label[300];
-            snprintf(p, sizeof p, "%s/%s", GOLDEN_DIR, fs.files[i].path);
-            snprintf(label, sizeof label, "golden %s", p);
-            CASE(label);
-            size_t wl;
-            char *want = read_bytes(p, &wl);
-            CHECKF(want != NULL, "%s is missing: run MOEGEN_UPDATE_GOLDENS=1 make test-cpu", p);
-            if (!want)
-                continue;
-            const moe_buf_t *b = &fs.files[i].data;
-            int same = wl == b->len && memcmp(want, b->data, wl) == 0;
-            CHECKF(same, "%s differs from the emitted file; if a template changed on purpose, regenerate with "
-                         "MOEGEN_UPDATE_GOLDENS=1 make test-cpu and review the diff", p);
-            if (!same)
-                report_first_diff(p, b->data, b->len, want, wl);
-            free(want);
-        }
-    }
+    compare_goldens(GOLDEN_DIR, &fs);
 
     CASE("golden small: moegen emit writes the same files");
     char out[300], args[700];
@@ -453,6 +482,7 @@ int main(void) {
         return 1;
     double t = now();
     test_golden_small();
+    test_golden_gemv();
     test_vendored_build();
     test_vendored_fp8();
     test_determinism();

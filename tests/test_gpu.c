@@ -98,6 +98,10 @@ typedef struct {
  * GEMM 16 ways and down 10, clamp's 3 and 2 (4 k tiles in 3 uneven
  * shares), tiny_fp16's up 3 (two consumer warpgroups, fp16), top1's 4. */
 #define SPLITK_TUNE "tests/tune/splitk.tune"
+/* Both GEMMs of every test shape on the gemv grid at every size
+ * (templates/gemm_gemv.lua): bn 32..256, unroll 1, 2, 4, bm 64 and 128,
+ * partial last slices, K staged in one pass and (longk) several. */
+#define GEMV_TUNE "tests/tune/gemv.tune"
 
 static const char *const tiny_spec =
     "name = 'tiny' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 4096\n";
@@ -115,6 +119,12 @@ static const char *const clamp_spec =
 static const char *const geglu_spec =
     "name = 'geglu' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512\n"
     "activation = { kind = 'geglu', limit = 7.0, up_offset = 1 }\n";
+
+/* K longer than the gemv kernels' staged columns (MOE_GEMV_KC = 4096) in
+ * both GEMMs, neither a multiple of it nor of 256: two staging passes
+ * with tails (tests/tune/gemv.tune) */
+static const char *const longk_spec =
+    "name = 'longk' experts = 6 top_k = 2 hidden = 4360 ffn = 4112 tokens = 512\n";
 
 static const char *const wide_spec =
     "name = 'wide' experts = 384 top_k = 8 hidden = 64 ffn = 32 tokens = 600\n";
@@ -261,6 +271,19 @@ static const gpu_case_t cases[] = {
     {clamp_spec, MODE_RANDOM, {1, 33, 512}, 3, 0, MOE_CUDNN_DEFAULT, 1, SPLITK_TUNE},
     {tiny_fp16_spec, MODE_SKEW, {1, 100, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, SPLITK_TUNE},
     {top1_spec, MODE_ONE, {1, 129}, 2, 1, MOE_CUDNN_DEFAULT, 0, SPLITK_TUNE},
+    /* gemv GEMMs (docs/DESIGN.md, "The GEMM grids"): 1, 7, 64, 300 tokens, so a tile's rows run in
+     * chunks of 1, 2, 4 and 8 and whole 64- and 128-row tiles loop over 8-row chunks; eager and
+     * replayed from CUDA graphs, skewed routing (empty experts, ragged tiles), one-hot, fp16, the
+     * clamped SwiGLU with biases, GeGLU, K in several staging passes, a compiled folder */
+    {odd_spec, MODE_RANDOM, {1, 7, 64, 300}, 4, 0, MOE_CUDNN_DEFAULT, 1, GEMV_TUNE},
+    {odd_spec, MODE_SKEW, {2, 64, 1500}, 3, 0, MOE_CUDNN_DEFAULT, 0, GEMV_TUNE},
+    {tiny_spec, MODE_RANDOM, {1, 7, 64, 300}, 4, 0, MOE_CUDNN_DEFAULT, 0, GEMV_TUNE},
+    {clamp_spec, MODE_RANDOM, {1, 7, 33, 512}, 4, 0, MOE_CUDNN_DEFAULT, 1, GEMV_TUNE},
+    {geglu_spec, MODE_RANDOM, {1, 7, 64, 300}, 4, 0, MOE_CUDNN_DEFAULT, 0, GEMV_TUNE},
+    {tiny_fp16_spec, MODE_SKEW, {1, 7, 100, 1024}, 4, 0, MOE_CUDNN_DEFAULT, 0, GEMV_TUNE},
+    {top1_spec, MODE_ONE, {1, 7, 129}, 3, 1, MOE_CUDNN_DEFAULT, 0, GEMV_TUNE},
+    {wide_spec, MODE_RANDOM, {1, 7, 64, 600}, 4, 0, MOE_CUDNN_DEFAULT, 1, GEMV_TUNE},
+    {longk_spec, MODE_RANDOM, {1, 7, 64}, 3, 0, MOE_CUDNN_DEFAULT, 1, GEMV_TUNE},
 };
 
 /* The cuDNN path (README, "cuDNN"): run by `test_gpu --cudnn` too, once per
@@ -1545,6 +1568,9 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
     if (c->tuning && strcmp(c->tuning, SPLITK_TUNE) == 0 && plan->launcher.arch == MOE_ARCH_SM90A)
         CHECKF(strstr(plan->launcher.kernels[MOE_K_GEMM_UP].name, "_sm90a_tma_splitk"),
                "%s: the up GEMM is not on the split-K grid", plan->launcher.kernels[MOE_K_GEMM_UP].name);
+    if (c->tuning && strcmp(c->tuning, GEMV_TUNE) == 0 && plan->launcher.arch == MOE_ARCH_SM90A)
+        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
+            CHECKF(plan->launcher.kernels[k].tile.gemv, "%s: not on the gemv grid", plan->launcher.kernels[k].name);
     if (c->tuning && strcmp(c->tuning, VARIANTS_TUNE) == 0) /* the table's buckets for the spec, equal neighbours merged */
         CHECKF(moe_plan_variant_count(plan) >= 3, "%d GEMM variants from %s; 3 or more planned",
                moe_plan_variant_count(plan), c->tuning);

@@ -2,7 +2,7 @@
  * some for sm_90a alone), with training = true where the mesh is one device (the backward
  * GEMMs too), compiles under NVRTC for each arch with no warnings, and each kernel the
  * plan names (and the cuDNN path's swiglu kernel) is in the cubin; and the sm_90a GEMMs on the
- * ping-pong and split-K grids, for specs and tiles listed below (pingpong_jobs). Compiles run in child processes,
+ * ping-pong, split-K and gemv grids, for specs and tiles listed below (pingpong_jobs). Compiles run in child processes,
  * a few at a time. Run from the repository root. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -25,26 +25,36 @@ typedef struct {
  * ones, over bias, clamp, GeGLU, fp16 and N tails (and the U store of a
  * training plan, as every job where the mesh is one device). With splitk
  * S > 0, on the split-K grid instead (bm / 64 consumers, S CTAs per tile:
- * min(S, k tiles) per GEMM), not training (a training plan does not split). */
+ * min(S, k tiles) per GEMM), not training (a training plan does not split).
+ * With gemv, on the gemv grid (templates/gemm_gemv.lua: bm the row block, bn
+ * the weight rows per CTA, stages the unroll), training where it can (the U
+ * store), K staged in one pass and in several (K > MOE_GEMV_KC). */
 typedef struct {
     const char *path, *set; /* set: a spec override, or NULL */
     int bm, bn, stages, group_m;
-    int splitk;
+    int splitk, gemv;
 } pingpong_job_t;
 static const pingpong_job_t pingpong_jobs[] = {
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0},  /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0},    /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5}, /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3},   /* biases, N tails; 5 and 3 k tiles */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0}, /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0},   /* biases, N tails; 5 and 3 k tiles */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1},      /* down: K 14336 in 4 staged passes */
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1},  /* up: K 7168 in 2 */
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 64, 1, 1, 0, 1},     /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1},      /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1},
+    {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1},
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -65,22 +75,23 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
     static moe_tuning_t one;
     e = (moe_tuning_entry_t){.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
                              .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
-                             .bk = 64, .stages = pp->stages, .consumers = pp->splitk ? pp->bm / 64 : 2,
-                             .group_m = pp->group_m, .persistent = !pp->splitk, .pingpong = !pp->splitk,
-                             .splitk = pp->splitk};
+                             .bk = 64, .stages = pp->stages,
+                             .consumers = pp->gemv ? 1 : pp->splitk ? pp->bm / 64 : 2, .group_m = pp->group_m,
+                             .persistent = !pp->splitk && !pp->gemv, .pingpong = !pp->splitk && !pp->gemv,
+                             .splitk = pp->splitk, .gemv = pp->gemv};
     const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                               .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
-                              .splitk = e.splitk};
+                              .splitk = e.splitk, .gemv = e.gemv};
     if (moe_gemm_sm90_tile_check(&t, msg, n))
         return 1;
     one = (moe_tuning_t){.file = "(pingpong job)", .e = &e, .n = 1};
     if (moe_plan_desc_build(pd, &s, &one, msg, n))
         return 1;
-    const char *want = pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
+    const char *want = pp->gemv ? "_sm90a_gemv_" : pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
     for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
         if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, want))
             return snprintf(msg, n, "%s is not a %s kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name,
-                            pp->splitk ? "split-K" : "ping-pong"), 1;
+                            pp->gemv ? "gemv" : pp->splitk ? "split-K" : "ping-pong"), 1;
     return 0;
 }
 
@@ -287,6 +298,8 @@ static void test_nvrtc_all(void) {
             char grid[16] = "pingpong";
             if (pp->splitk)
                 snprintf(grid, sizeof grid, "splitk%d", pp->splitk);
+            else if (pp->gemv)
+                snprintf(grid, sizeof grid, "gemv");
             snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs %s m%dn%dk64s%dg%d", pp->path,
                      pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, pp->stages, pp->group_m);
         }
@@ -304,7 +317,7 @@ static void test_nvrtc_all(void) {
     CASE("NVRTC: the tuned example specs' GEMM variants compiled");
     CHECKF(multi >= 8, "only %d compiles had several GEMM variants", multi); /* 4 tuned one-device specs x 2 arches */
     fprintf(stderr, "test_nvrtc: %d of them with several GEMM variants\n", multi);
-    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong and split-K GEMMs) on %d "
+    fprintf(stderr, "test_nvrtc: NVRTC: %d compiles (%d specs, each arch or sm_90a alone; pingpong, split-K and gemv GEMMs) on %d "
                     "workers in %.1f s\n",
             njobs, ns, workers, now() - t0);
 }

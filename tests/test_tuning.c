@@ -193,6 +193,58 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("gemv: parsed, planned for both GEMMs (training and EP too, fp8 refused), named, its grid and smem");
+    {
+        /* Qwen3-30B-A3B's shape: up K = 2048, N = 1536; down K = 768, N = 2048 */
+        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv  1 2 2026-12-04 NVIDIA H200\n"
+                         "128 8 2048 768 bf16 sm_90a 128 64 256 64 4 2 8 pingpong  1 2 2026-12-04 NVIDIA H200\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 2 && t.e[0].gemv == 1 && !t.e[0].persistent && !t.e[0].splitk && t.e[1].gemv == 0);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(pd.nvariants == 1 && pd.align == 64 && up->tile.gemv && down->tile.gemv && !up->tile.consumers &&
+              up->tile.bn == 32 && up->tile.stages == 2 && up->threads == 256);
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv_m64n32u2");
+        /* 8 rows x min(K, MOE_GEMV_KC) halves */
+        CHECK(up->smem == 8 * 2048 * 2 && down->smem == 8 * 768 * 2 && moe_gemm_gemv_kc(14336) == MOE_GEMV_KC);
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.gemv == 0);
+        char grid[16];
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv");
+        /* the 2D grid of the sm_80 kernels: N slices of bn rows x M tiles; no workspace of its own */
+        unsigned g[3];
+        moe_family_grid(up, &pd.spec, 1, 8, g);
+        CHECK(g[0] == 1536 / 32 && g[1] == 8 && g[2] == 1);
+        moe_family_grid(down, &pd.spec, 1, 8, g);
+        CHECK(g[0] == 2048 / 32 && g[1] == 8);
+        CHECK(pd.ws[MOE_WS_SPLITK].bytes == 0);
+        /* at 200 tokens: the 1-token bucket's gemv, then the 128 bucket's pingpong */
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 200\n",
+                      &t) == 0);
+        CHECK(pd.nvariants == 2 && pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].tile.gemv &&
+              moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.pingpong);
+        /* training (the U store) and expert-parallel plans keep it: it needs no workspace */
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                           "training = true\n", &t) == 0);
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.gemv);
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                           "mesh = { ep = 2 }\n", &t) == 0);
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].tile.gemv);
+        /* fp8 weights: refused, naming the entry */
+        moe_spec_t s8;
+        char err[256] = "";
+        CHECK(moe_spec_load(&s8, "t.moe", "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\n"
+                                          "tokens = 64\narch = 'sm_90a'\nquant = { weights = 'fp8_e4m3' }\n",
+                            NULL, 0, &d) == 0);
+        moe_plan_desc_free(&pd);
+        CHECK(moe_plan_desc_build(&pd, &s8, &t, err, sizeof err) != 0);
+        CHECK_STREQ(err, "t.tune:1: grid gemv has no fp8 kernels (quant.weights = \"fp8_e4m3\"); give this "
+                         "shape tile, persist, pingpong or splitkS");
+        moe_tuning_free(&t);
+    }
+
     CASE("variants per call size: one per bucket, the pick, the capacity's as the plan's");
     {
         const char *three = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-04 NVIDIA H200\n"
@@ -386,19 +438,55 @@ int main(void) {
                         moe_buf_free(&src);
                     }
         CHECKF(accepted >= 20, "only %d tiles accepted", accepted);
+        /* and every gemv tile (bf16 and fp16, the clamped SwiGLU with biases, training's U store; K of 264
+         * and 4360: one staging pass and two) */
+        int gemv = 0;
+        for (int bm = 64; bm <= 128; bm += 64)
+            for (int bn = 16; bn <= 512; bn *= 2)
+                for (int u = 1; u <= 4; u++)
+                    for (int hi = 0; hi < 2; hi++) {
+                        const int H = hi ? 4360 : 264;
+                        moe_tuning_entry_t e = {.experts = 8, .top_k = 2, .hidden = H, .ffn = 200,
+                                                .dtype = hi ? MOE_DTYPE_FP16 : MOE_DTYPE_BF16,
+                                                .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = bm, .bn = bn, .bk = 64,
+                                                .stages = u, .consumers = 1, .group_m = 1, .gemv = 1};
+                        const moe_tile_cfg_t c = {.bm = bm, .bn = bn, .bk = 64, .stages = u, .consumers = 1,
+                                                  .group_m = 1, .gemv = 1};
+                        char why[128];
+                        if (moe_gemm_sm90_tile_check(&c, why, sizeof why))
+                            continue;
+                        gemv++;
+                        moe_tuning_t one = {.file = "(tile)", .e = &e, .n = 1};
+                        moe_buf_t src = {0};
+                        moe_diag_t ed = {{0}};
+                        char spec[256];
+                        snprintf(spec, sizeof spec, "name = 'tl'\nexperts = 8\ntop_k = 2\nhidden = %d\nffn = 200\n"
+                                 "arch = 'sm_90a'\ndtype = '%s'\nffn_bias = true\ntraining = true\n"
+                                 "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", H,
+                                 hi ? "fp16" : "bf16");
+                        int bad = plan_of(&pd, spec, &one);
+                        if (!bad)
+                            bad = moe_emit_source(&pd, NULL, &src, &ed);
+                        CHECKF(!bad, "gemv m%dn%du%d H %d: %s", bm, bn, u, H, ed.msg);
+                        CHECKF(bad || strstr(src.data, "_sm90a_gemv_"), "gemv m%dn%du%d: no gemv kernel", bm, bn, u);
+                        moe_buf_free(&src);
+                    }
+        CHECKF(gemv == 2 * 4 * 3 * 2, "%d gemv tiles accepted; 48 (bm 64, 128 x bn 32..256 x unroll 1, 2, 4 x 2 "
+               "shapes)", gemv);
     }
 
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
-    static const char *const grids[4] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
-                                         "tests/tune/pingpong.tune", "tests/tune/splitk.tune"};
-    for (int g = 0; g < 4; g++) {
+    static const char *const grids[5] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
+                                         "tests/tune/pingpong.tune", "tests/tune/splitk.tune",
+                                         "tests/tune/gemv.tune"};
+    for (int g = 0; g < 5; g++) {
         moe_tuning_t gt;
         moe_diag_t gd;
         CHECKF(moe_tuning_load(&gt, grids[g], &gd) == 0, "%s", gd.msg);
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
             CHECK(gt.e[i].persistent == (g == 1 || g == 2) && gt.e[i].pingpong == (g == 2) &&
-                  (gt.e[i].splitk >= 2) == (g == 3));
+                  (gt.e[i].splitk >= 2) == (g == 3) && gt.e[i].gemv == (g == 4));
         moe_tuning_free(&gt);
     }
 
@@ -420,6 +508,27 @@ int main(void) {
             int rc = f ? pclose(f) : -1;
             CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
             CHECKF(i < 2 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
+        }
+    }
+
+    CASE("moegen plan under gemv.tune names the gemv GEMMs; an fp8 spec under it exits 2 naming the entry");
+    {
+        char out[8192];
+        static const char *const cmds[2] = {
+            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune 2>&1",
+            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune "
+            "--set quant.weights=fp8_e4m3 --set arch=sm_90a 2>&1"};
+        static const char *const want[2] = {
+            "qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2           threads  256  smem  12288  gemv, 32 weight "
+            "rows per CTA of a 64-row tile, rows in chunks of 8, K unrolled 2",
+            "tests/tune/gemv.tune:22: grid gemv has no fp8 kernels"};
+        for (int i = 0; i < 2; i++) {
+            FILE *f = popen(cmds[i], "r");
+            size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+            out[n] = 0;
+            int rc = f ? pclose(f) : -1;
+            CHECKF(strstr(out, want[i]) != NULL, "%s: no '%s' in:\n%s", cmds[i], want[i], out);
+            CHECKF(i == 0 ? rc == 0 : WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d", cmds[i], rc);
         }
     }
 
@@ -461,8 +570,20 @@ int main(void) {
                  "tile");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
-                 "CTA per SM, its consumer warpgroups on alternate tiles) or splitkS (S = 2..16 CTAs per tile, "
-                 "each over a share of K) ('persistent')");
+                 "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
+                 "each over a share of K) or gemv (a CTA per bn weight rows of a tile, for few rows per expert) "
+                 "('persistent')");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 32, 64, 128 or 256");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 32 64 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: bm (the tile table's row block) must be 64 or 128");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 64 64 3 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and "
+                 "lane) must be 1, 2 or 4");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 64 64 2 1 8 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: consumers and group_m must be 1 (no warpgroups, no raster)");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1 64 64 128 2 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: bk must be 64 (unused by the gemv kernels, as the other grids spell it)");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 128 64 4 1 4 splitk1 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: grid splitkS: S (the CTAs that split one tile's K) must be an integer 2..16 "
                  "('splitk1')");

@@ -1,0 +1,300 @@
+@ -- gemm_gemv.lua — the grouped expert GEMMs for few rows per expert (the
+@ -- "gemv" grid, docs/DESIGN.md "The GEMM ABI"): decode-sized calls,
+@ -- where the layer is bound by reading the touched experts' weights once.
+@ -- M.up(p) emits the up projection with the activation fused in, M.down(p)
+@ -- the down projection; both keep the semantics of gemm_up_swiglu.lua /
+@ -- gemm_down.lua (read their headers) and their arguments (raw pointers,
+@ -- as the sm_80 kernels: no tensor maps), so every launcher runs them on
+@ -- the sm_80 kernels' 2D grid: blockIdx.x the N slice (BN weight rows of
+@ -- one expert), blockIdx.y the M tile of the tile table. A CTA whose tile
+@ -- is past *num_tiles, or has no rows, returns.
+@ --
+@ -- Tile (p.tile): bm (the tile table's row block), bn (the weight rows of
+@ -- W1p / W2 a CTA owns: 32, 64, 128 or 256), stages = U (the K loop's
+@ -- unroll: 16-byte loads in flight per weight row and lane: 1, 2 or 4),
+@ -- kc (the activation columns staged at a time, gen/family_gemm.c). 256
+@ -- threads, 8 warps; a warp owns groups of 4 weight rows (group gi =
+@ -- warp, warp + 8, ... < BN / 4) and reads them whole: its 32 lanes
+@ -- stride the rows' K in 16-byte vectors, U vectors of each of the 4 rows
+@ -- in flight per lane. Up: group gi of a 16-row pair block holds gate
+@ -- rows 2q, 2q + 1 and the matching up rows 8 + 2q, 9 + 2q (q = gi % 4,
+@ -- gen/pack_geom.h), so one group yields 2 output columns; down: 4
+@ -- consecutive rows, 4 output columns.
+@ --
+@ -- Rows: the tile's rows run in chunks of at most 8 (R = 1, 2, 4 or 8 by
+@ -- what is left: R rows' accumulators, R x 4 per lane), so any row count
+@ -- is correct; past 8 rows a CTA reads its weights once per chunk (from
+@ -- L2), which is why the grid is for few rows. A chunk's R rows x KC
+@ -- columns of A (xs or hbuf) are staged in shared memory (rows past the
+@ -- tile's zero-filled), once when K <= KC, else once per KC columns and
+@ -- group pass; each warp issues its first batch of weight loads before the
+@ -- staging barrier, so they are in flight while A is staged. fp32
+@ -- accumulators; after the K loop a warp's 4R sums per lane are reduced
+@ -- across the lanes by halving (lane l keeps the sums of value
+@ -- l >> (5 - log2 4R)), then the epilogue rounds once as the
+@ -- other kernels do: act(gate + bias, up + bias) to the dtype (training:
+@ -- the pre-activation gate + bias and up + bias rounded into ubuf at
+@ -- their packed columns), or acc + bias to the dtype.
+@ --
+@ -- Shared memory: exactly 8 * KC halves (p.smem, static_assert).
+@ local M = {}
+@
+@ local THREADS, WARPS, ROWS = 256, 8, 8
+@
+@ -- Check p's tile and derive the kernel's constants for kind "up" or "down".
+@ local function config(p, kind)
+@   local function need(ok, what)
+@     if not ok then error(p.kernel .. ": " .. what, 3) end
+@   end
+@   local t = p.tile
+@   need(type(t) == "table" and (t.gemv or 0) > 0, "p.tile is not a gemv tile")
+@   local c = { bm = t.bm, bn = t.bn, unroll = t.stages, kc = t.kc }
+@   need(c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256, "tile.bn must be 32, 64, 128 or 256")
+@   need(c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
+@   need(p.threads == THREADS, "p.threads must be " .. THREADS)
+@   if kind == "up" then
+@     c.K, c.N, c.nout, c.up = p.H, 2 * p.F, p.F, true
+@     need(p.F % 8 == 0, "F must be a multiple of 8 (the gate/up pairing granule)")
+@   else
+@     c.K, c.N, c.nout = p.F, p.H, p.H
+@     need(p.H % 4 == 0, "H must be a multiple of 4 (whole groups of 4 output columns)")
+@   end
+@   need(c.K % 8 == 0, "K must be a multiple of 8 (16-byte rows)")
+@   need(math.type(c.kc) == "integer" and c.kc > 0 and c.kc % 8 == 0, "tile.kc must be a positive multiple of 8")
+@   return c
+@ end
+@
+@ -- The device code before the kernel: constants, the staging, the
+@ -- reduction and the chunk loop with the epilogue `epilogue` (a function
+@ -- emitting the lines that store value `s` of row r, group row j).
+@ local function device_code(p, c, epilogue_args, epilogue)
+constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${ROWS}, GROUPS = BN / 4;
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(${p.smem} == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
+static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+@ if c.up then
+    return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+@ else
+    return n0 + 4 * gi + j;
+@ end
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx${epilogue_args}) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    __syncthreads();  /* the previous chunk's readers are done with sx */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+        if (!live)
+            continue;
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        const float s = acc[0];
+@ epilogue()
+    }
+}
+@ end
+@
+@ -- The kernel: the tile and slice, then the row chunks.
+@ local function kernel(p, c, args, a, w, bias, call_args)
+extern "C" __global__ void __launch_bounds__(${THREADS})
+${p.kernel}(${args}) {
+    using namespace ${p.kernel}_impl;
+@   if not p.ffn_bias then
+    (void)${bias};
+@   end
+    extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];
+    uint4 *sx = reinterpret_cast<uint4 *>(${p.kernel}_smem);
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const moe_half_t *__restrict__ we = ${w} + (long long)expert * N * K;
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const moe_half_t *__restrict__ ar = ${a} + (long long)(row_start + r0) * K;
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx${call_args});
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx${call_args});
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx${call_args});
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx${call_args});
+    }
+}
+@ end
+@
+@ function M.up(p)
+@   local c = config(p, "up")
+@   local act = import("activation").name(p)
+@   local train = p.spec.training
+@   local args = "const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, " ..
+@                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
+@                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
+@   local eargs = ", const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out"
+@   local cargs = ", " .. (p.ffn_bias and "b1p + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", hbuf"
+@   if train then   -- the pre-activation U for the backward (gemm_up_swiglu.lua's header)
+@     args = args .. ", moe_half_t *__restrict__ ubuf"
+@     eargs = eargs .. ", moe_half_t *__restrict__ ubuf"
+@     cargs = cargs .. ", ubuf"
+@   end
+@   local function epilogue()
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+@     if p.ffn_bias then
+            const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
+@     else
+            const float g = s, u = su;
+@     end
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(${act}(g, u));
+@     if train then
+            if (ubuf) {  /* U: gate and up at their packed columns */
+                ubuf[(orow + r) * N + pr] = moe_from_float(g);
+                ubuf[(orow + r) * N + pr + 8] = moe_from_float(u);
+            }
+@     end
+        }
+@   end
+namespace ${p.kernel}_impl {
+@   import("activation").device(p)
+@   device_code(p, c, eargs, epilogue)
+}  // namespace ${p.kernel}_impl
+
+@   kernel(p, c, args, "xs", "w1p", "b1p", cargs)
+@ end
+@
+@ function M.down(p)
+@   local c = config(p, "down")
+@   local args = "const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, " ..
+@                "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
+@                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
+@   local eargs = ", const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out"
+@   local cargs = ", " .. (p.ffn_bias and "b2 + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", obuf"
+@   local function epilogue()
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s${p.ffn_bias and " + moe_to_float(bias[col])" or ""});
+@   end
+namespace ${p.kernel}_impl {
+@   device_code(p, c, eargs, epilogue)
+}  // namespace ${p.kernel}_impl
+
+@   kernel(p, c, args, "hbuf", "w2", "b2", cargs)
+@ end
+@
+@ return M

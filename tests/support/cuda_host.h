@@ -1,0 +1,164 @@
+/* cuda_host.h — just enough of CUDA to run the emitted gemv kernels
+ * (templates/gemm_gemv.lua) on the CPU, for test_gemv_host: every CUDA
+ * thread of a block is a fiber (ucontext) on the one host thread, run in
+ * turn until it waits at a barrier: __syncthreads is a barrier of the
+ * block's 256, a warp shuffle two barriers of its 32 lanes around a slot
+ * per lane. Blocks run one after the other. The prelude's conversions are
+ * restated here for the host (round to nearest even), with MOE_HOST_FP16
+ * for fp16, bf16 otherwise. */
+#ifndef MOEGEN_CUDA_HOST_H
+#define MOEGEN_CUDA_HOST_H
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <ucontext.h>
+#include <vector>
+
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(x)
+#define __restrict__
+#define __align__(x)
+
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct host_dim3 {
+    unsigned x, y, z;
+};
+static host_dim3 threadIdx, blockIdx;
+
+enum { HOST_THREADS = 256, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024 };
+struct host_barrier {
+    int count, need;
+    unsigned gen;
+};
+static struct {
+    ucontext_t main, fiber[HOST_THREADS];
+    bool done[HOST_THREADS];
+    host_barrier block, warp[HOST_WARPS];
+    float lane_val[HOST_WARPS][32];
+    unsigned char *smem;
+    const std::function<void()> *fn;
+} host;
+
+/* back to the scheduler; it runs the other fibers and comes back */
+static inline void host_yield() { swapcontext(&host.fiber[threadIdx.x], &host.main); }
+static inline void host_wait(host_barrier &b) {
+    const unsigned g = b.gen;
+    if (++b.count == b.need) {
+        b.count = 0;
+        b.gen++;
+        return;
+    }
+    while (b.gen == g)
+        host_yield();
+}
+static inline void __syncthreads() { host_wait(host.block); }
+/* v of lane src (src out of the warp: the caller's own, as __shfl_down_sync) */
+static inline float host_shfl(float v, int src) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    host.lane_val[w][lane] = v;
+    host_wait(host.warp[w]);
+    const float r = src >= 0 && src < 32 ? host.lane_val[w][src] : v;
+    host_wait(host.warp[w]);
+    return r;
+}
+static inline float __shfl_xor_sync(unsigned, float v, int m) { return host_shfl(v, (int)(threadIdx.x & 31) ^ m); }
+static inline float __shfl_down_sync(unsigned, float v, int d) { return host_shfl(v, (int)(threadIdx.x & 31) + d); }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned host_float_bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+typedef unsigned short moe_half_t;
+typedef struct {
+    int expert, row_start, rows, pad;
+} moe_tile_t;
+
+#ifdef MOE_HOST_FP16
+static inline float moe_to_float(moe_half_t h) {
+    const unsigned s = (h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    if (e == 31)
+        return __uint_as_float(s | 0x7f800000u | (m << 13));
+    if (e == 0) /* zero or subnormal: m * 2^-24 */
+        return (s ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+    return __uint_as_float(s | ((e + 112) << 23) | (m << 13));
+}
+static inline moe_half_t moe_from_float(float f) {
+    const unsigned u = host_float_bits(f), s = (u >> 16) & 0x8000u;
+    const float a = fabsf(f);
+    if (std::isnan(f))
+        return (moe_half_t)(s | 0x7e00u);
+    if (a >= 65520.0f)
+        return (moe_half_t)(s | 0x7c00u);
+    if (a < 6.103515625e-05f) /* subnormal half: round m = a * 2^24 to an integer, ties to even */
+        return (moe_half_t)(s | (unsigned)nearbyintf(a * 16777216.0f));
+    const unsigned au = u & 0x7fffffffu, r = au + 0xfffu + ((au >> 13) & 1u); /* round the 13 dropped bits */
+    return (moe_half_t)(s | ((r >> 13) - (112u << 10)));
+}
+#else
+static inline float moe_to_float(moe_half_t h) { return __uint_as_float(((unsigned)h) << 16); }
+static inline moe_half_t moe_from_float(float f) {
+    unsigned u = host_float_bits(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (moe_half_t)(u >> 16);
+}
+#endif
+static inline float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
+static inline float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
+static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* the block's dynamic shared memory (the kernels' extern __shared__ array) */
+static inline unsigned char *host_smem() { return host.smem; }
+
+static void host_fiber_main() {
+    (*host.fn)();
+    host.done[threadIdx.x] = true;
+}
+
+/* Run fn as every thread of a gx x gy grid of 256-thread blocks, one block
+ * at a time, with smem bytes of shared memory (poisoned per block). */
+static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn) {
+    std::vector<unsigned char> sm(smem + 16);
+    std::vector<char> stacks((size_t)HOST_THREADS * HOST_STACK);
+    host.smem = sm.data();
+    host.fn = &fn;
+    for (unsigned by = 0; by < gy; by++)
+        for (unsigned bx = 0; bx < gx; bx++) {
+            memset(sm.data(), 0xcd, smem);
+            blockIdx = {bx, by, 0};
+            host.block = {0, HOST_THREADS, 0};
+            for (auto &w : host.warp)
+                w = {0, 32, 0};
+            for (int t = 0; t < HOST_THREADS; t++) {
+                getcontext(&host.fiber[t]);
+                host.fiber[t].uc_stack.ss_sp = stacks.data() + (size_t)t * HOST_STACK;
+                host.fiber[t].uc_stack.ss_size = HOST_STACK;
+                host.fiber[t].uc_link = &host.main;
+                makecontext(&host.fiber[t], host_fiber_main, 0);
+                host.done[t] = false;
+            }
+            for (int left = HOST_THREADS; left > 0;) { /* round robin until every fiber returned */
+                left = 0;
+                for (int t = 0; t < HOST_THREADS; t++)
+                    if (!host.done[t]) {
+                        threadIdx = {(unsigned)t, 0, 0};
+                        swapcontext(&host.main, &host.fiber[t]);
+                        left += !host.done[t];
+                    }
+            }
+        }
+}
+
+#endif

@@ -1,0 +1,135 @@
+/* test_gemv_host.c — the gemv grid's emitted kernels (templates/gemm_gemv.lua)
+ * run on the CPU: for each case a spec planned under tests/tune/gemv.tune
+ * is emitted, its two gemv kernels are cut out of the source and built with
+ * the host C++ compiler into tests/gemv_host.cc (the CUDA subset they use
+ * emulated by tests/support/cuda_host.h: a fiber per CUDA thread, barriers
+ * for __syncthreads and the warp shuffles), which runs them on a
+ * ragged tile table and checks them against a double-precision reference.
+ * So the kernels' indexing (the gate/up groups, the row chunks, the
+ * staging passes, the spread reduction, the epilogues) is checked where
+ * there is no GPU; test_gpu checks them on one. Skipped without a C++17
+ * compiler with <ucontext.h> (c++, or $CXX). Run from the repository root. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "gen_fixture.h"
+#include "tuning.h"
+
+typedef struct {
+    const char *label, *spec; /* spec text; its shape has an entry in tests/tune/gemv.tune */
+    int max_rows;              /* cap on an expert's rows (the reference's time) */
+} host_case_t;
+
+static const host_case_t cases[] = {
+    {"tiny: bn 32, unroll 1, K under one warp's vectors, training's U",
+     "name = 'tiny' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 4096 training = true\n", 1000},
+    {"tiny_fp16: fp16, bm 128, bn 64",
+     "name = 'tiny_fp16' experts = 8 top_k = 2 hidden = 136 ffn = 56 tokens = 1024 dtype = 'fp16'\n", 1000},
+    {"clamp: biases, the clamped SwiGLU, bn 32 with N tails, unroll 4, training's U",
+     "name = 'clamp' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512 ffn_bias = true training = true\n"
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 1000},
+    {"geglu: GeGLU, clamp, up offset",
+     "name = 'geglu' experts = 6 top_k = 2 hidden = 200 ffn = 88 tokens = 512\n"
+     "activation = { kind = 'geglu', limit = 7.0, up_offset = 1 }\n", 1000},
+    {"top1: bn 256 (several group passes), a partial last slice",
+     "name = 'top1' experts = 16 top_k = 1 hidden = 256 ffn = 264 tokens = 2048\n", 1000},
+    {"odd: bn 128, unroll 2", "name = 'odd' experts = 12 top_k = 3 hidden = 1536 ffn = 640 tokens = 2048\n", 17},
+    {"longk: K in two staging passes with tails, both GEMMs, bn 256",
+     "name = 'longk' experts = 6 top_k = 2 hidden = 4360 ffn = 4112 tokens = 512\n", 2},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+/* The text of kernel `name` (its namespace NAME_impl through the closing
+ * brace of the kernel) out of src, its dynamic shared memory declared as
+ * host_smem(), into b. Returns 0, or 1 when it is not there. */
+static int cut_kernel(const char *src, const char *name, moe_buf_t *b) {
+    char open[200], head[200], shared[240];
+    snprintf(open, sizeof open, "namespace %s_impl {", name);
+    snprintf(head, sizeof head, "\n%s(", name);
+    snprintf(shared, sizeof shared, "extern __shared__ __align__(16) unsigned char %s_smem[];", name);
+    const char *from = strstr(src, open), *k = from ? strstr(from, head) : NULL, *end = k ? strstr(k, "\n}\n") : NULL;
+    const char *sm = k ? strstr(k, shared) : NULL;
+    if (!end || !sm || sm > end)
+        return 1;
+    moe_buf_printf(b, "%.*s", (int)(sm - from), from);
+    moe_buf_printf(b, "unsigned char *%s_smem = host_smem();", name);
+    sm += strlen(shared);
+    moe_buf_printf(b, "%.*s\n", (int)(end + 3 - sm), sm);
+    return 0;
+}
+
+static void run_case(const host_case_t *c, const moe_tuning_t *table, const char *cxx) {
+    CASE(c->label);
+    if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
+        return;
+    moe_spec_t s;
+    moe_diag_t d;
+    char err[512];
+    moe_plan_desc_t pd;
+    moe_override_t arch = {"arch=sm_90a"};
+    if (moe_spec_load(&s, "case.moe", c->spec, &arch, 1, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    if (moe_plan_desc_build(&pd, &s, table, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+    const moe_kernel_desc_t *dn = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+    CHECKF(up->tile.gemv && dn->tile.gemv && up->tile.bn == dn->tile.bn, "%s, %s: not both on the gemv grid",
+           up->name, dn->name);
+    moe_buf_t src = {0}, inc = {0};
+    if (!up->tile.gemv || moe_emit_source(&pd, NULL, &src, &d)) {
+        CHECKF(up->tile.gemv == 0, "%s", d.msg);
+        moe_plan_desc_free(&pd);
+        return;
+    }
+    const int cut = cut_kernel(src.data, up->name, &inc) || cut_kernel(src.data, dn->name, &inc);
+    CHECKF(!cut, "%s or %s not found whole in the emitted source", up->name, dn->name);
+    const int geglu = strstr(inc.data, "float geglu(float gate, float up)") != NULL;
+    char inc_path[400], bin[400], cmd[3000];
+    snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
+    snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
+    CHECKF(!cut && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
+    if (!cut) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
+                 "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
+                 "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d tests/gemv_host.cc -o %s 2>&1",
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
+                 geglu ? "geglu" : "swiglu", s.experts, s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
+                 s.training, up->smem, dn->smem, bin);
+        CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
+        for (int seed = 0; seed < 2; seed++) {
+            snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->max_rows);
+            fflush(NULL);
+            CHECKF(system(cmd) == 0, "%s: the kernels disagree with the reference", cmd);
+        }
+    }
+    moe_buf_free(&inc);
+    moe_buf_free(&src);
+    moe_plan_desc_free(&pd);
+}
+
+int main(void) {
+    if (gen_fixture_setup("test_gemv_host"))
+        return 1;
+    const char *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "c++";
+    char probe[700];
+    snprintf(probe, sizeof probe, "printf '#include <ucontext.h>\\nint main(){ucontext_t c; return getcontext(&c);}\\n' | "
+             "%s -std=c++17 -x c++ - -o %s/probe >/dev/null 2>&1", cxx, tmp_root);
+    moe_tuning_t table;
+    moe_diag_t d;
+    CASE("tests/tune/gemv.tune loads");
+    CHECKF(moe_tuning_load(&table, "tests/tune/gemv.tune", &d) == 0, "%s", d.msg);
+    if (system(probe) != 0) {
+        CASE("the gemv kernels on the host");
+        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
+    } else {
+        for (int i = 0; i < NCASES; i++)
+            run_case(&cases[i], &table, cxx);
+    }
+    moe_tuning_free(&table);
+    rm_rf(tmp_root);
+    return check_report("test_gemv_host");
+}
