@@ -2434,6 +2434,366 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 #line 63 "templates/gemm_down.lua"
 }
 
+#line 273 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
+#line 29 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+#line 36 "templates/activation.lua"
+    return up * gate * moe_sigmoid(gate);
+}
+#line 71 "templates/gemm_gemv.lua"
+constexpr int K = 7168, N = 4096, NOUT = 2048, BN = 64, KC = 4096, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(65536 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
+static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 80 "templates/gemm_gemv.lua"
+    return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+#line 84 "templates/gemm_gemv.lua"
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    __syncthreads();  /* the previous chunk's readers are done with sx */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+        if (!live)
+            continue;
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        const float s = acc[0];
+#line 255 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 262 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 264 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 271 "templates/gemm_gemv.lua"
+        }
+#line 203 "templates/gemm_gemv.lua"
+    }
+}
+#line 276 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
+
+#line 209 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
+#line 213 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 215 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+    }
+}
+
+#line 293 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
+#line 71 "templates/gemm_gemv.lua"
+constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 64, KC = 2048, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(32768 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
+static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 82 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 84 "templates/gemm_gemv.lua"
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    __syncthreads();  /* the previous chunk's readers are done with sx */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+        if (!live)
+            continue;
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        const float s = acc[0];
+#line 289 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 203 "templates/gemm_gemv.lua"
+    }
+}
+#line 295 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
+
+#line 209 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
+#line 213 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 215 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+    }
+}
+
 #line 841 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
@@ -4239,16 +4599,18 @@ __device__ int deepseek_v3_ep8_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_ep8_variant(int tokens) {
 #line 73 "templates/host.lua"
-    if (tokens >= 4096) return 2;
+    if (tokens >= 4096) return 3;
 #line 73 "templates/host.lua"
-    if (tokens >= 512) return 1;
+    if (tokens >= 512) return 2;
+#line 73 "templates/host.lua"
+    if (tokens >= 8) return 1;
 #line 75 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int deepseek_v3_ep8_variant_align[3] = {64, 128, 64};
+static const int deepseek_v3_ep8_variant_align[4] = {64, 64, 128, 64};
 
 static long long deepseek_v3_ep8_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 32, deepseek_v3_ep8_variant_align[v]);
@@ -4328,13 +4690,15 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 177 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
+#line 177 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 177 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
@@ -4426,15 +4790,34 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 273 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
-        deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+        deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 273 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
+        deepseek_v3_ep8_permute_plan_e32_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 273 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         deepseek_v3_ep8_permute_plan_e32_a64<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 280 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 #line 349 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 511 tokens */
+    if (v == 0) { /* calls of 1 .. 7 tokens */
+#line 313 "templates/host.lua"
+        if (dev->use90) {
+#line 307 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2<<<dim3(64, (unsigned)tiles_y), 256, 65536, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 307 "templates/host.lua"
+        deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2<<<dim3(112, (unsigned)tiles_y), 256, 32768, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 332 "templates/host.lua"
+        } else {
+#line 307 "templates/host.lua"
+        deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8<<<dim3(32, (unsigned)tiles_y), 128, 61440, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 307 "templates/host.lua"
+        deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8<<<dim3(56, (unsigned)tiles_y), 128, 61440, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 339 "templates/host.lua"
+        }
+#line 349 "templates/host.lua"
+    } else if (v == 1) { /* calls of 8 .. 511 tokens */
 #line 313 "templates/host.lua"
         if (dev->use90) {
 #line 318 "templates/host.lua"
@@ -4460,7 +4843,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 339 "templates/host.lua"
         }
 #line 349 "templates/host.lua"
-    } else if (v == 1) { /* calls of 512 .. 4095 tokens */
+    } else if (v == 2) { /* calls of 512 .. 4095 tokens */
 #line 313 "templates/host.lua"
         if (dev->use90) {
 #line 318 "templates/host.lua"
@@ -4486,7 +4869,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 339 "templates/host.lua"
         }
 #line 349 "templates/host.lua"
-    } else if (v == 2) { /* calls of 4096 or more tokens */
+    } else if (v == 3) { /* calls of 4096 or more tokens */
 #line 313 "templates/host.lua"
         if (dev->use90) {
 #line 318 "templates/host.lua"

@@ -2391,285 +2391,8 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 63 "templates/gemm_down.lua"
 }
 
-#line 841 "templates/gemm_sm90.lua"
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
-#line 242 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
-constexpr int K = 4096;        /* reduction length */
-constexpr int N = 28672;        /* rows of B per expert */
-constexpr int NOUT = 14336;  /* output row length */
-constexpr int BNO = 64;    /* output columns per tile */
-#line 250 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 252 "templates/gemm_sm90.lua"
-constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
-constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
-constexpr int EPI_COLS = 64;  /* output columns per staging pass */
-constexpr int LDC = 72;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
-constexpr int RING = STAGES * STAGE_BYTES;
-/* the staging tile: its own after the ring on a persistent grid; with one
- * CTA per tile, the ring itself once the main loop is done */
-#line 268 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 271 "templates/gemm_sm90.lua"
-static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
-/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
- * memory exactly (moe_gemm_sm90_smem), the block one producer and
- * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
-constexpr int CTHREADS = 128 * CONSUMERS;
-constexpr bool N_TAIL = false;
-constexpr bool OUT_TAIL = false;
-static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
-              "swizzle atoms");
-static_assert(BNO % EPI_COLS == 0, "staging passes");
-
-static __device__ __forceinline__ void bar_init(unsigned b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void bar_arrive(unsigned b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
-}
-/* Arrive on the mbarrier at b and add bytes to the transaction count its
- * current phase waits for (the TMA copies complete them). */
-static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
-}
-/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
-static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n"
-                 "}\n" :: "r"(b), "r"(parity) : "memory");
-}
-/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
- * rows from row) into smem s; completes its bytes on the mbarrier at b. */
-static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
-}
-static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
-}
-static __device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-static __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
-}
-static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
-}
-/* 16 bytes smem -> global. */
-static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
-    unsigned a, b, c, d;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
-    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-
-/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
- * 1024 bytes apart (the leading offset is unused for this layout). */
-static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-#line 362 "templates/gemm_sm90.lua"
-/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
-static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-                 "%64, %65, p, 1, 1, 0, 0;\n"
-                 "}\n"
-#line 375 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 377 "templates/gemm_sm90.lua"
-                 : "l"(da), "l"(db), "r"(1));
-}
-/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
-static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
-    asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 385 "templates/gemm_sm90.lua"
-                 :: "memory");
-}
-static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-#line 577 "templates/gemm_sm90.lua"
-
-#line 18 "templates/gemm_sm80.lua"
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
- * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
- * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * ntiles). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
-#line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * ntiles);
-    const int first = group * GROUP_M;
-    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * ntiles);
-    mt = first + within % size;
-    nt = within / size;
-#line 36 "templates/gemm_sm80.lua"
-}
-#line 579 "templates/gemm_sm90.lua"
-
-/* The producer (one thread): for every tile of this CTA, every k tile of
- * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
- * mb) into the ring. Stage s is refilled once empty[s] completed the
- * phase of its previous round (the first round passes at once: a fresh
- * barrier counts its phase of parity 1 as complete). */
-static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
-                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
-    int s = 0;
-    unsigned phase = 0;
-    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
-        int mt, nt;
-        tile_of(lin, mtiles, NTILES, mt, nt);
-        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-        if (rows <= 0)
-            continue;
-#line 598 "templates/gemm_sm90.lua"
-        const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
-        for (int kt = 0; kt < KTILES; ++kt) {
-            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
-            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
-            bar_arrive_expect_tx(full, STAGE_BYTES);
-#pragma unroll
-            for (int a = 0; a < KATOMS; ++a) {
-                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
-                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
-            }
-            if (++s == STAGES) {
-                s = 0;
-                phase ^= 1;
-            }
-        }
-    }
-}
-
-/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
- * = A . B^T over all k tiles, from ring position (s, phase), which it
- * advances. The wgmma of k tile kt stay in flight while the warpgroup
- * waits for tile kt + 1; a stage is released once the wgmma that read it
- * retired (wait_group 1 after the next commit; the last one after
- * wait_group 0), so the producer refills it during the epilogue. */
-#line 640 "templates/gemm_sm90.lua"
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 644 "templates/gemm_sm90.lua"
-    const unsigned long long db0 = sdesc(sbase + A_BYTES);
-    int prev = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + s * 8, phase);
-        wgmma_fence();
-        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-#pragma unroll
-            for (int m = 0; m < WM; ++m)
-                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
-                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (kt > 0)
-            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
-        prev = s;
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-#line 669 "templates/gemm_sm90.lua"
-    wgmma_wait<0>();
-    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
-#pragma unroll
-    for (int m = 0; m < WM; ++m)
-        fence_acc(acc[m]);
-}
-
-/* A consumer warpgroup with no rows in the tile: release every stage of
- * the tile without computing, in ring order (waiting for each to fill, so
- * it never arrives twice in one phase). */
-static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + s * 8, phase);
-        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-}
-
-/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
- * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
-static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
-                                                    int ct) {
-    constexpr int OCPR = EPI_COLS / 8;
-    constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
-        const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
-            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
-    }
-}
+#line 273 "templates/gemm_gemv.lua"
+namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
 #line 29 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
@@ -2677,513 +2400,355 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 845 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
-#endif
+#line 71 "templates/gemm_gemv.lua"
+constexpr int K = 4096, N = 28672, NOUT = 14336, BN = 32, KC = 4096, U = 4;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(65536 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
+static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
-    if (sbase & 1023u)
-        __trap();  /* the swizzle atoms need 1024-byte alignment */
-    const int mtiles = *num_tiles;
-    const int tid = (int)threadIdx.x;
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    if (tid == 0) {
-        tma_prefetch_map(&xs_map);
-        tma_prefetch_map(&w1p_map);
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 80 "templates/gemm_gemv.lua"
+    return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+#line 84 "templates/gemm_gemv.lua"
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (wg == 0) {
-#line 874 "templates/gemm_sm90.lua"
-        if (tid == 0)
-            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-    } else {
-#line 883 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 888 "templates/gemm_sm90.lua"
-        int s = 0;
-        unsigned phase = 0;
-#line 891 "templates/gemm_sm90.lua"
-        (void)b1p;
-#line 893 "templates/gemm_sm90.lua"
-        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
-            int mt, nt;
-            tile_of(lin, mtiles, NTILES, mt, nt);
-            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-            if (rows <= 0)
-                continue;
-            const int n0 = nt * BN;
-            (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-            float acc[WM][NACC];
-#pragma unroll
-            for (int m = 0; m < WM; ++m)
-#pragma unroll
-                for (int i = 0; i < NACC; ++i)
-                    acc[m][i] = 0.0f;
-#line 934 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 944 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 953 "templates/gemm_sm90.lua"
-#pragma unroll
-            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
-#line 1059 "templates/gemm_sm90.lua"
-                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
-                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
-                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
-                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1066 "templates/gemm_sm90.lua"
-#pragma unroll
-                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1081 "templates/gemm_sm90.lua"
-#pragma unroll
-                        for (int m = 0; m < WM; ++m)
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
-                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
-                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1096 "templates/gemm_sm90.lua"
-                            }
-                    }
-#line 958 "templates/gemm_sm90.lua"
-                }
-                consumers_sync();
-                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
-                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
             }
-#line 964 "templates/gemm_sm90.lua"
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
         }
-#line 966 "templates/gemm_sm90.lua"
     }
-#else
-#line 969 "templates/gemm_sm90.lua"
-    (void)xs_map;
-#line 969 "templates/gemm_sm90.lua"
-    (void)w1p_map;
-#line 969 "templates/gemm_sm90.lua"
-    (void)b1p;
-#line 969 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
-    (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
-    (void)hbuf;
-    __trap();
-#endif
 }
 
-#line 841 "templates/gemm_sm90.lua"
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
-#line 242 "templates/gemm_sm90.lua"
-constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
-constexpr int K = 14336;        /* reduction length */
-constexpr int N = 4096;        /* rows of B per expert */
-constexpr int NOUT = 4096;  /* output row length */
-constexpr int BNO = 128;    /* output columns per tile */
-#line 250 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 252 "templates/gemm_sm90.lua"
-constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
-constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
-constexpr int EPI_COLS = 128;  /* output columns per staging pass */
-constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
-constexpr int RING = STAGES * STAGE_BYTES;
-/* the staging tile: its own after the ring on a persistent grid; with one
- * CTA per tile, the ring itself once the main loop is done */
-#line 268 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 271 "templates/gemm_sm90.lua"
-static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
-/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
- * memory exactly (moe_gemm_sm90_smem), the block one producer and
- * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
-constexpr int CTHREADS = 128 * CONSUMERS;
-constexpr bool N_TAIL = false;
-constexpr bool OUT_TAIL = false;
-static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
-              "swizzle atoms");
-static_assert(BNO % EPI_COLS == 0, "staging passes");
-
-static __device__ __forceinline__ void bar_init(unsigned b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void bar_arrive(unsigned b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
-}
-/* Arrive on the mbarrier at b and add bytes to the transaction count its
- * current phase waits for (the TMA copies complete them). */
-static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
-}
-/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
-static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n"
-                 "}\n" :: "r"(b), "r"(parity) : "memory");
-}
-/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
- * rows from row) into smem s; completes its bytes on the mbarrier at b. */
-static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
-}
-static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
-}
-static __device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-static __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
-}
-static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
-}
-/* 16 bytes smem -> global. */
-static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
-    unsigned a, b, c, d;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
-    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
 }
 
-/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
- * 1024 bytes apart (the leading offset is unused for this layout). */
-static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 362 "templates/gemm_sm90.lua"
-/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
-static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-                 "%64, %65, p, 1, 1, 0, 0;\n"
-                 "}\n"
-#line 375 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 377 "templates/gemm_sm90.lua"
-                 : "l"(da), "l"(db), "r"(1));
-}
-/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
-static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
-    asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 385 "templates/gemm_sm90.lua"
-                 :: "memory");
-}
-static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-#line 577 "templates/gemm_sm90.lua"
 
-#line 18 "templates/gemm_sm80.lua"
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
- * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
- * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * ntiles). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
-#line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * ntiles);
-    const int first = group * GROUP_M;
-    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * ntiles);
-    mt = first + within % size;
-    nt = within / size;
-#line 36 "templates/gemm_sm80.lua"
-}
-#line 579 "templates/gemm_sm90.lua"
-
-/* The producer (one thread): for every tile of this CTA, every k tile of
- * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
- * mb) into the ring. Stage s is refilled once empty[s] completed the
- * phase of its previous round (the first round passes at once: a fresh
- * barrier counts its phase of parity 1 as complete). */
-static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
-                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
-    int s = 0;
-    unsigned phase = 0;
-    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
-        int mt, nt;
-        tile_of(lin, mtiles, NTILES, mt, nt);
-        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-        if (rows <= 0)
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    __syncthreads();  /* the previous chunk's readers are done with sx */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+        if (!live)
             continue;
-#line 598 "templates/gemm_sm90.lua"
-        const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
-        for (int kt = 0; kt < KTILES; ++kt) {
-            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
-            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
-            bar_arrive_expect_tx(full, STAGE_BYTES);
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        const float s = acc[0];
+#line 255 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 262 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 264 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 271 "templates/gemm_gemv.lua"
+        }
+#line 203 "templates/gemm_gemv.lua"
+    }
+}
+#line 276 "templates/gemm_gemv.lua"
+}  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl
+
+#line 209 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl;
+#line 213 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 215 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem[];
+    uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem);
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+    }
+}
+
+#line 293 "templates/gemm_gemv.lua"
+namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl {
+#line 71 "templates/gemm_gemv.lua"
+constexpr int K = 14336, N = 4096, NOUT = 4096, BN = 32, KC = 4096, U = 4;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(65536 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
+static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 82 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 84 "templates/gemm_gemv.lua"
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
 #pragma unroll
-            for (int a = 0; a < KATOMS; ++a) {
-                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
-                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
             }
-            if (++s == STAGES) {
-                s = 0;
-                phase ^= 1;
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    __syncthreads();  /* the previous chunk's readers are done with sx */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, lane, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
             }
-        }
-    }
-}
-
-/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
- * = A . B^T over all k tiles, from ring position (s, phase), which it
- * advances. The wgmma of k tile kt stay in flight while the warpgroup
- * waits for tile kt + 1; a stage is released once the wgmma that read it
- * retired (wait_group 1 after the next commit; the last one after
- * wait_group 0), so the producer refills it during the epilogue. */
-#line 640 "templates/gemm_sm90.lua"
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 644 "templates/gemm_sm90.lua"
-    const unsigned long long db0 = sdesc(sbase + A_BYTES);
-    int prev = 0;
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + s * 8, phase);
-        wgmma_fence();
-        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-#pragma unroll
-            for (int m = 0; m < WM; ++m)
-                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
-                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (kt > 0)
-            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
-        prev = s;
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-#line 669 "templates/gemm_sm90.lua"
-    wgmma_wait<0>();
-    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
-#pragma unroll
-    for (int m = 0; m < WM; ++m)
-        fence_acc(acc[m]);
-}
-
-/* A consumer warpgroup with no rows in the tile: release every stage of
- * the tile without computing, in ring order (waiting for each to fill, so
- * it never arrives twice in one phase). */
-static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
-    for (int kt = 0; kt < KTILES; ++kt) {
-        bar_wait(sbase + BAR_OFF + s * 8, phase);
-        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-}
-
-/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
- * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
-static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
-                                                    int ct) {
-    constexpr int OCPR = EPI_COLS / 8;
-    constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
-        const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
-            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
-    }
-}
-#line 845 "templates/gemm_sm90.lua"
-}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
-#endif
-
-extern "C" __global__ void __launch_bounds__(256, 1)
-mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
-    extern __shared__ __align__(1024) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
-    const unsigned sbase = moe_smem_addr(mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
-    if (sbase & 1023u)
-        __trap();  /* the swizzle atoms need 1024-byte alignment */
-    const int mtiles = *num_tiles;
-    const int tid = (int)threadIdx.x;
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    if (tid == 0) {
-        tma_prefetch_map(&hbuf_map);
-        tma_prefetch_map(&w2_map);
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (wg == 0) {
-#line 874 "templates/gemm_sm90.lua"
-        if (tid == 0)
-            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-    } else {
-#line 883 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 888 "templates/gemm_sm90.lua"
-        int s = 0;
-        unsigned phase = 0;
-#line 891 "templates/gemm_sm90.lua"
-        (void)b2;
-#line 893 "templates/gemm_sm90.lua"
-        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
-            int mt, nt;
-            tile_of(lin, mtiles, NTILES, mt, nt);
-            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-            if (rows <= 0)
+            if (!live)
                 continue;
-            const int n0 = nt * BN;
-            (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-            float acc[WM][NACC];
+            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+                if (v0 != lane)
+                    load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
 #pragma unroll
-                for (int i = 0; i < NACC; ++i)
-                    acc[m][i] = 0.0f;
-#line 934 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 944 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 953 "templates/gemm_sm90.lua"
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
 #pragma unroll
-            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
-#line 1118 "templates/gemm_sm90.lua"
-                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
-                     * columns 8j + 2q, 8j + 2q + 1. */
-#line 1123 "templates/gemm_sm90.lua"
-#pragma unroll
-                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1143 "templates/gemm_sm90.lua"
-#pragma unroll
-                        for (int m = 0; m < WM; ++m)
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
-                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
-                            }
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
                     }
-#line 958 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
-                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
-                             NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 964 "templates/gemm_sm90.lua"
         }
-#line 966 "templates/gemm_sm90.lua"
+        if (!live)
+            continue;
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        const float s = acc[0];
+#line 289 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 203 "templates/gemm_gemv.lua"
     }
-#else
-#line 969 "templates/gemm_sm90.lua"
-    (void)hbuf_map;
-#line 969 "templates/gemm_sm90.lua"
-    (void)w2_map;
-#line 969 "templates/gemm_sm90.lua"
+}
+#line 295 "templates/gemm_gemv.lua"
+}  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl
+
+#line 209 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    using namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl;
+#line 213 "templates/gemm_gemv.lua"
     (void)b2;
-#line 969 "templates/gemm_sm90.lua"
-    (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
-    (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
-    (void)obuf;
-    __trap();
-#endif
+#line 215 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem[];
+    uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem);
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+    }
 }
 
 #line 841 "templates/gemm_sm90.lua"
@@ -4578,9 +4143,9 @@ static cudaError_t mixtral_8x7b_device_init(mixtral_8x7b_device_t *d, int dev) {
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_route_bf16_e8k2_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 65280)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 177 "templates/host.lua"
@@ -4694,20 +4259,10 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 313 "templates/host.lua"
         if (dev->use90) {
-#line 318 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 288 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 128)) != cudaSuccess)
-            return e;
-#line 301 "templates/host.lua"
-        mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 224, 0, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 288 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 128)) != cudaSuccess)
-            return e;
-#line 301 "templates/host.lua"
-        mixtral_8x7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0), 256, 147552, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 307 "templates/host.lua"
+        mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4<<<dim3(896, (unsigned)tiles_y), 256, 65536, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 307 "templates/host.lua"
+        mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4<<<dim3(128, (unsigned)tiles_y), 256, 65536, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 332 "templates/host.lua"
         } else {
 #line 307 "templates/host.lua"
