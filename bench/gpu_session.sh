@@ -29,7 +29,7 @@
 #            apply = input, 1024 experts, permuted slots), test_vendored on and off, then moe_bench --graph at
 #            1, 4, 5, 8, 64 tokens on and off for those three specs ("LAYER graph" side by side)
 #   verify   the correctness tests side by side on the one GPU (times not meaningful): test_gpu's default cases,
-#            test_ep_gpu, test_vendored (and its split-K and fp8 builds), test_bgemm_gpu, test_bwd_gpu,
+#            test_ep_gpu, test_vendored (and its split-K, fp8 and gemv builds), test_bgemm_gpu, test_bwd_gpu,
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
 #   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune (a call of its own)
@@ -257,7 +257,8 @@ for what in "$@"; do
         v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
         v test_gpu build/tests/test_gpu &
         { v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe
-          v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe; } &
+          v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
+          v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe; } &
         { v test_bwd_gpu build/tests/test_bwd_gpu; v test_bgemm_gpu build/tests/test_bgemm_gpu; } &
         { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
         { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
