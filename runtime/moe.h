@@ -433,8 +433,8 @@ moe_status moe_plan_unpack_grad(const moe_plan *plan, moe_tensor tensor, const f
  * group: every rank of it calls this. */
 moe_status moe_gather_weights(const moe_plan *plan, const moe_gather_args *args, void *stream);
 
-/* The counterpart of moe_gather_weights for training on a dp x fsdp mesh
- * (mesh.ep = 1): after moe_backward has written this rank's weight
+/* The counterpart of moe_gather_weights for training on a mesh with
+ * fsdp (with or without ep): after moe_backward has written this rank's weight
  * gradients of the held experts it ran (fp32, moe_backward's layouts), sum
  * them over the FSDP group and leave each rank with the summed gradients
  * of the experts it stores, in its stored layout (dw1p [stored, 2F, H]
