@@ -1145,6 +1145,13 @@ static void test_command(void) {
         free(out), free(err);
     }
 
+    CASE("command: tune of an fp8 spec exits 2 naming quant.weights (its entries would be its bf16 twin's)");
+    rc = run_moegen("tune examples/specs/fp8/qwen3-30b-a3b-fp8.moe", &out, &err);
+    CHECKF(rc == 2 && strstr(err, "examples/specs/fp8/qwen3-30b-a3b-fp8.moe: error: quant.weights = \"fp8_e4m3\"") &&
+               !strstr(err, "[1/"),
+           "exit %d: %s", rc, err);
+    free(out), free(err);
+
     CASE("command: check and plan of a good spec");
     rc = run_moegen("check " SMALL, &out, &err);
     CHECKF(rc == 0, "exit %d: %s", rc, err);
