@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|gemv|gemvtune|routefuse|verify|verify-grids|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|gemv|gemvtune|routefuse|verify|verify-grids|fp8c2|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -33,6 +33,8 @@
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
 #   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune (a call of its own)
+#   fp8c2    issue #20: the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune): test_quant_gpu under it, then
+#            moe_bench on the fp8 examples at 128, 4096, 16384 tokens under the default tile and under fp8.tune
 # When $OUT holds more than 6 files at the end, its .log and .txt files are packed into $OUT/logs.tar.gz (the
 # device brings back 8 files at most).
 #   tunesmall issue #16 item 4: moegen tune at 1, 8, 64, 128, 512 and 2048 tokens for $TUNE_SPECS (default every
@@ -253,6 +255,23 @@ for what in "$@"; do
         done
         awk '/^== /{b=$2" "$3} /LAYER graph/{print b, $1, $4, $NF}' "$OUT/tunesmall_bench.log"
         ;;
+    fp8c2)
+        # issue #20: the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune, dtype e4m3 entries) — first
+        # the correctness of every fp8 case under that table, then the layer against the default one-consumer
+        # tile at 128, 4096, 16384 tokens for the fp8 examples, each next to torch._scaled_grouped_mm (compare)
+        MOEGEN_TUNING=tests/tune/fp8.tune timeout 200 build/tests/test_quant_gpu > "$OUT/test_quant_gpu_fp8c2.log" 2>&1
+        echo "test_quant_gpu (fp8.tune): exit $?" | tee -a "$OUT/verify_rc.txt"
+        grep -E '^test_quant_gpu: [0-9]+ passed|FAIL' "$OUT/test_quant_gpu_fp8c2.log" | head
+        for s in qwen3-30b-a3b-fp8 mixtral-8x7b-fp8 deepseek-v3-ep8-fp8; do
+            for t in default fp8c2; do
+                echo "== $t $s" >> "$OUT/fp8c2_bench.log"
+                if [ $t = default ]; then tab=tuning/h200.tune; else tab=tests/tune/fp8.tune; fi
+                MOEGEN_TUNING=$tab timeout 60 build/moe_bench examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 \
+                    --tokens 16384 --iters 10 >> "$OUT/fp8c2_bench.log" 2>&1
+            done
+        done
+        grep -E '^== |gemm_up|gemm_down|LAYER' "$OUT/fp8c2_bench.log"
+        ;;
     verify)
         v() { local log=$1; shift; timeout 480 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/verify_rc.txt"; }
         v test_gpu build/tests/test_gpu &
@@ -284,7 +303,7 @@ for what in "$@"; do
         done
         ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, fp8c2, all)"; exit 2 ;;
     esac
 done
 # the device brings back at most 8 files from $OUT: the logs and notes travel as one archive

@@ -200,6 +200,11 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols);
  * run tile t (bm, bn, bk, stages, consumers, group_m, persistent,
  * pingpong, splitk), or (tile.gemv) the gemv kernels the tile t. */
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
+/* The same for an fp8 spec's tile (a tuning entry of dtype e4m3): bk 128 (one
+ * scale block), bn 256 (the up GEMM's 128 output columns are one quantization
+ * block), one or two consumer warpgroups of 64 rows (bm = 64 x consumers),
+ * one CTA per tile, stages >= 2 within 227 KB. */
+int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen);
 
 /* The sm_90a grid of tile t as the tuning table spells it ("tile",
  * "persist", "pingpong", "splitkS" or "gemv"), written into buf; returns buf. */

@@ -80,8 +80,8 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
  * the mean rows per expert. A tuning entry's bm overrides it, since both
  * arches share one tile table (the plan's align). */
 int moe_gemm_row_block(const moe_spec_t *s, const moe_tuning_entry_t *tuned) {
-    if (moe_spec_fp8(s)) /* the fp8 GEMMs' one tile (sm90_fp8_tile) */
-        return 64;
+    if (moe_spec_fp8(s)) /* the fp8 GEMMs' tile (sm90_fp8_geometry): an e4m3 entry's bm, else 64 */
+        return tuned ? tuned->bm : 64;
     if (tuned)
         return tuned->bm == 128 ? 128 : 64;
     double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
@@ -121,10 +121,35 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
  * 128-byte swizzle row of e4m3), 4 stages, one CTA per tile. Its shared
  * memory: stages * (bm + bn) * bk bytes, the down GEMM's bf16 output
  * staged in the ring. */
-static int sm90_fp8_geometry(moe_kernel_desc_t *k) {
-    k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 256, .bk = 128, .stages = 4, .group_m = 8, .consumers = 1};
+static int fp8_smem(const moe_tile_cfg_t *t) { return t->stages * (t->bm + t->bn) * t->bk + 16 * t->stages; }
+
+int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
+    const char *why = NULL;
+    if (t->bk != 128 || t->bn != 256)
+        why = "fp8 (dtype e4m3): bk must be 128 (one scale block) and bn 256 (the up GEMM's 128 output columns, "
+              "one quantization block)";
+    else if ((t->consumers != 1 && t->consumers != 2) || t->bm != 64 * t->consumers)
+        why = "fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x consumers)";
+    else if (t->persistent || t->pingpong || t->splitk || t->gemv)
+        why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile)";
+    else if (t->stages < 2 || fp8_smem(t) > 227 * 1024 || t->bm * (t->bn + 8) * 2 > t->stages * (t->bm + t->bn) * t->bk)
+        why = "fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the down GEMM's output "
+              "tile";
+    else if (t->group_m < 1 || t->group_m > 64)
+        why = "group_m must be 1..64";
+    if (why)
+        snprintf(err, errlen, "%s", why);
+    return why != NULL;
+}
+
+static int sm90_fp8_geometry(moe_kernel_desc_t *k, const moe_tuning_entry_t *te) {
+    if (te) /* an entry of dtype e4m3 (gen/tuning.c checks it with moe_gemm_sm90_fp8_tile_check) */
+        k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
+                                   .group_m = te->group_m, .consumers = te->consumers};
+    else
+        k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 256, .bk = 128, .stages = 4, .group_m = 8, .consumers = 1};
     k->threads = 128 * (k->tile.consumers + 1);
-    k->smem = k->tile.stages * (k->tile.bm + k->tile.bn) * k->tile.bk + 16 * k->tile.stages;
+    k->smem = fp8_smem(&k->tile);
     return 0;
 }
 
@@ -160,8 +185,8 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const moe_tuning_entry_t *te = c->tuned;
-    if (moe_spec_fp8(c->spec)) /* its one tile; a gemv entry is refused before (gen/plan.c) */
-        return sm90_fp8_geometry(k);
+    if (moe_spec_fp8(c->spec)) /* the default fp8 tile or an e4m3 entry's (never a bf16 entry: gen/tuning.c) */
+        return sm90_fp8_geometry(k, te);
     if (te && te->gemv)
         return gemv_geometry(k, c, te);
     if (te) {

@@ -103,9 +103,8 @@ static int plan_variants(moe_plan_desc_t *pd, const moe_tuning_t *table, char *e
         moe_plan_variant_t *v = &pd->variants[pd->nvariants];
         memset(v, 0, sizeof *v);
         v->bucket = buckets[b];
-        /* fp8 specs: the table's entries are the bf16 GEMMs' (its key has dtype, not quant.weights, so an fp8
-         * spec shares its bf16 twin's entries); the fp8 GEMMs run their one tile (sm90_fp8_geometry) */
-        v->tuned = buckets[b] && !moe_spec_fp8(s) ? moe_tuning_find_tokens(table, s, MOE_ARCH_SM90A, buckets[b]) : NULL;
+        /* an fp8 spec takes the entries of dtype e4m3 alone, its bf16 twin's never (gen/tuning.c) */
+        v->tuned = buckets[b] ? moe_tuning_find_tokens(table, s, MOE_ARCH_SM90A, buckets[b]) : NULL;
         v->align = moe_gemm_row_block(s, v->tuned); /* one tile table serves both GEMMs and both arches */
         /* every arch gets every forward family, in its variant for that arch */
         for (int a = 0; a < MOE_FAMILY_ARCHES; a++) {

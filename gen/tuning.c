@@ -67,8 +67,10 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             e.dtype = MOE_DTYPE_BF16;
         else if (strcmp(tok[4], "fp16") == 0)
             e.dtype = MOE_DTYPE_FP16;
+        else if (strcmp(tok[4], "e4m3") == 0) /* fp8 weights: the layer's input and output are bf16 */
+            e.dtype = MOE_DTYPE_BF16, e.fp8 = 1;
         else
-            return fail(diag, file, line, "dtype must be bf16 or fp16", tok[4]);
+            return fail(diag, file, line, "dtype must be bf16, fp16 or e4m3 (an fp8 spec's GEMMs)", tok[4]);
         if (strcmp(tok[5], "sm_90a") == 0)
             e.arch = MOE_ARCH_SM90A;
         else
@@ -99,7 +101,7 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         const moe_tile_cfg_t cfg = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                     .group_m = e.group_m, .persistent = e.persistent,
                                     .pingpong = e.pingpong, .splitk = e.splitk, .gemv = e.gemv};
-        if (moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
+        if (e.fp8 ? moe_gemm_sm90_fp8_tile_check(&cfg, why, sizeof why) : moe_gemm_sm90_tile_check(&cfg, why, sizeof why))
             return fail(diag, file, line, why, NULL);
         if (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))
             return fail(diag, file, line, why, tok[13]);
@@ -124,7 +126,7 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
         for (int i = 0; i < t->n; i++) {
             moe_tuning_entry_t *o = &t->e[i];
             if (o->experts == e.experts && o->top_k == e.top_k && o->hidden == e.hidden && o->ffn == e.ffn &&
-                o->dtype == e.dtype && o->arch == e.arch && o->tokens == e.tokens) {
+                o->dtype == e.dtype && o->fp8 == e.fp8 && o->arch == e.arch && o->tokens == e.tokens) {
                 char m[96];
                 snprintf(m, sizeof m, "a second entry for the same shape and tokens (the first is line %d)",
                          o->line);
@@ -191,7 +193,7 @@ const moe_tuning_entry_t *moe_tuning_find(const moe_tuning_t *t, const moe_spec_
 /* Whether entry e is for s's shape on arch, at a bucket <= tokens. */
 static int applies(const moe_tuning_entry_t *e, const moe_spec_t *s, moe_arch_t arch, int tokens) {
     return e->experts == s->experts && e->top_k == s->top_k && e->hidden == s->hidden && e->ffn == s->ffn &&
-           e->dtype == s->dtype && e->arch == arch && e->tokens <= tokens;
+           e->dtype == s->dtype && e->fp8 == moe_spec_fp8(s) && e->arch == arch && e->tokens <= tokens;
 }
 
 const moe_tuning_entry_t *moe_tuning_find_tokens(const moe_tuning_t *t, const moe_spec_t *s, moe_arch_t arch,

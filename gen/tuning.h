@@ -22,6 +22,9 @@ typedef struct moe_tuning_entry {
     int gemv;                            /* 1: "gemv", a CTA per bn weight rows of an M tile, for few rows
                                           * per expert (templates/gemm_gemv.lua); bm the row block, stages
                                           * the K loop's unroll */
+    int fp8;                             /* 1: dtype "e4m3": an fp8 spec's entry (quant.weights = "fp8_e4m3",
+                                          * the layer's dtype bf16); it applies to fp8 specs alone, and they
+                                          * to no other entry */
     double best_us, runner_up_us;        /* measured up + down GEMM time of the winner and the runner-up */
     char date[16], gpu[64];
     int line;                            /* where it was read */

@@ -28,7 +28,9 @@ typedef struct {
  * min(S, k tiles) per GEMM), not training (a training plan does not split).
  * With gemv, on the gemv grid (templates/gemm_gemv.lua: bm the row block, bn
  * the weight rows per CTA, stages the unroll), training where it can (the U
- * store), K staged in one pass and in several (K > MOE_GEMV_KC). */
+ * store), K staged in one pass and in several (K > MOE_GEMV_KC). An fp8
+ * spec's job plans an entry of dtype e4m3 (bk 128, bm / 64 consumers, one
+ * CTA per tile). */
 typedef struct {
     const char *path, *set; /* set: a spec override, or NULL */
     int bm, bn, stages, group_m;
@@ -55,6 +57,9 @@ static const pingpong_job_t pingpong_jobs[] = {
     {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1},      /* biases, N tails of both GEMMs */
     {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1},
     {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1},
+    /* fp8 specs under an entry of dtype e4m3: two consumer warpgroups of 64 rows (bm 128), bk 128, bn 256 */
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0},   /* block scales */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 128, 256, 3, 8, 0, 0},    /* channel scales */
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -73,25 +78,29 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
         return snprintf(msg, n, "%s", d.msg), 1;
     static moe_tuning_entry_t e; /* the plan keeps a pointer (one job per child process) */
     static moe_tuning_t one;
+    const int fp8 = moe_spec_fp8(&s); /* an e4m3 entry: bm / 64 consumers on one tile, one CTA per tile */
     e = (moe_tuning_entry_t){.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
                              .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
-                             .bk = 64, .stages = pp->stages,
-                             .consumers = pp->gemv ? 1 : pp->splitk ? pp->bm / 64 : 2, .group_m = pp->group_m,
-                             .persistent = !pp->splitk && !pp->gemv, .pingpong = !pp->splitk && !pp->gemv,
-                             .splitk = pp->splitk, .gemv = pp->gemv};
+                             .bk = fp8 ? 128 : 64, .stages = pp->stages,
+                             .consumers = pp->gemv ? 1 : pp->splitk || fp8 ? pp->bm / 64 : 2, .group_m = pp->group_m,
+                             .persistent = !pp->splitk && !pp->gemv && !fp8,
+                             .pingpong = !pp->splitk && !pp->gemv && !fp8, .splitk = pp->splitk, .gemv = pp->gemv,
+                             .fp8 = fp8};
     const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                               .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
                               .splitk = e.splitk, .gemv = e.gemv};
-    if (moe_gemm_sm90_tile_check(&t, msg, n))
+    if (fp8 ? moe_gemm_sm90_fp8_tile_check(&t, msg, n) : moe_gemm_sm90_tile_check(&t, msg, n))
         return 1;
     one = (moe_tuning_t){.file = "(pingpong job)", .e = &e, .n = 1};
     if (moe_plan_desc_build(pd, &s, &one, msg, n))
         return 1;
-    const char *want = pp->gemv ? "_sm90a_gemv_" : pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
+    char c2[32];
+    snprintf(c2, sizeof c2, "k128s%dc%d", pp->stages, pp->bm / 64);
+    const char *want = fp8 ? c2 : pp->gemv ? "_sm90a_gemv_" : pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
     for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
         if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, want))
             return snprintf(msg, n, "%s is not a %s kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name,
-                            pp->gemv ? "gemv" : pp->splitk ? "split-K" : "ping-pong"), 1;
+                            fp8 ? c2 : pp->gemv ? "gemv" : pp->splitk ? "split-K" : "ping-pong"), 1;
     return 0;
 }
 

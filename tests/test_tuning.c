@@ -246,6 +246,33 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("dtype e4m3: an fp8 spec's entries; an fp8 spec takes no other, a bf16 spec none of them");
+    {
+        moe_tuning_t t;
+        moe_diag_t d;
+        moe_plan_desc_t pd = {0};
+        const char *tab = "128 8 2048 768 bf16 sm_90a 1  64 32 64 2 1 1 gemv  1 2 2026-12-04 H200\n"
+                          "128 8 2048 768 e4m3 sm_90a 1  128 256 128 4 2 8 tile  1 2 2026-12-04 H200\n";
+        CHECK(parse(&t, tab, &d) == 0 && t.n == 2 && !t.e[0].fp8 && t.e[1].fp8 && t.e[1].dtype == MOE_DTYPE_BF16);
+        const char *q = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        char q8[400];
+        snprintf(q8, sizeof q8, "%sarch = 'sm_90a'\nquant = { weights = 'fp8_e4m3' }\n", q);
+        CHECK(plan_of(&pd, q8, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        CHECKF(up->tile.bm == 128 && up->tile.consumers == 2 && up->tile.bk == 128 && up->threads == 384 &&
+                   pd.align == 128 && strstr(up->name, "_e4m3_block_sm90a_tma_m128n256k128s4c2g8"),
+               "%s, align %d", up->name, pd.align);
+        CHECK(plan_of(&pd, q, &t) == 0); /* the bf16 twin: its gemv entry, not the e4m3 one */
+        CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.gemv);
+        /* the same key twice is one entry per dtype: bf16 and e4m3 at one bucket are two entries */
+        moe_tuning_free(&t);
+        CHECK(parse(&t, "8 2 4096 12288 e4m3 sm_90a 1 64 256 128 4 1 8 tile 1 2 2026-12-04 H200\n"
+                        "8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 tile 1 2 2026-12-04 H200\n", &d) != 0);
+        CHECK_STREQ(d.msg, "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
+        moe_plan_desc_free(&pd);
+        moe_tuning_free(&t);
+    }
+
     CASE("variants per call size: one per bucket, the pick, the capacity's as the plan's");
     {
         const char *three = "8 2 4096 12288 bf16 sm_90a 128 64 128 64 6 1 8 tile  1 2 2026-12-04 NVIDIA H200\n"
@@ -559,7 +586,18 @@ int main(void) {
                  "t.tune:2: error: an entry has 18 fields or more: E top_k H F dtype arch tokens bm bn bk stages "
                  "consumers group_m grid best_us runner_up_us date gpu");
     expect_error("8 2 4096 12288 bf32 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
-                 "t.tune:1: error: dtype must be bf16 or fp16 ('bf32')");
+                 "t.tune:1: error: dtype must be bf16, fp16 or e4m3 (an fp8 spec's GEMMs) ('bf32')");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 64 4 2 8 tile 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): bk must be 128 (one scale block) and bn 256 (the up GEMM's 128 "
+                 "output columns, one quantization block)");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 1 8 tile 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x "
+                 "consumers)");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 persist 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): the grid must be tile (one CTA per tile)");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 5 2 8 tile 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the "
+                 "down GEMM's output tile");
     expect_error("x 2 4096 12288 bf16 sm_90a 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: E must be an integer 1..65536 ('x')");
     expect_error("8 2 4096 12288 bf16 sm_80 1024 64 128 64 5 1 4 tile 1 2 2026-12-02 H200\n",

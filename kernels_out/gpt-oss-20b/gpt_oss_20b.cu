@@ -889,18 +889,18 @@ gpt_oss_20b_permute_plan_e32_a128(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -910,24 +910,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -986,10 +986,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -997,77 +997,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1075,7 +1075,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1097,7 +1097,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1115,7 +1115,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1132,9 +1132,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1142,9 +1142,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1160,7 +1160,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1169,7 +1169,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1192,9 +1192,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1242,7 +1242,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1269,21 +1269,21 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1308,24 +1308,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 817 "templates/gemm_sm90.lua"
+#line 822 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1059 "templates/gemm_sm90.lua"
+#line 1064 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1064 "templates/gemm_sm90.lua"
+#line 1069 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1066 "templates/gemm_sm90.lua"
+#line 1071 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1071 "templates/gemm_sm90.lua"
+#line 1076 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1335,7 +1335,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1081 "templates/gemm_sm90.lua"
+#line 1086 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1344,10 +1344,10 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1096 "templates/gemm_sm90.lua"
+#line 1101 "templates/gemm_sm90.lua"
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -1357,37 +1357,37 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1397,24 +1397,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -1473,10 +1473,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1484,77 +1484,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1562,7 +1562,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1584,7 +1584,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1602,7 +1602,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1619,9 +1619,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1629,9 +1629,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1647,7 +1647,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1656,7 +1656,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1679,9 +1679,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1719,7 +1719,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1746,21 +1746,21 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1785,29 +1785,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 817 "templates/gemm_sm90.lua"
+#line 822 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1118 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1121 "templates/gemm_sm90.lua"
+#line 1126 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1128 "templates/gemm_sm90.lua"
+#line 1133 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1143 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1817,7 +1817,7 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -1827,20 +1827,20 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b2;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2803,18 +2803,18 @@ gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hb
     }
 }
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -2824,24 +2824,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -2900,10 +2900,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -2911,77 +2911,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -2989,7 +2989,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3011,7 +3011,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3029,7 +3029,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3046,9 +3046,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3056,9 +3056,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3074,7 +3074,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3083,7 +3083,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3106,9 +3106,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3156,7 +3156,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3183,21 +3183,21 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3222,24 +3222,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 817 "templates/gemm_sm90.lua"
+#line 822 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1059 "templates/gemm_sm90.lua"
+#line 1064 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1064 "templates/gemm_sm90.lua"
+#line 1069 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1066 "templates/gemm_sm90.lua"
+#line 1071 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1071 "templates/gemm_sm90.lua"
+#line 1076 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3249,7 +3249,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1081 "templates/gemm_sm90.lua"
+#line 1086 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3258,10 +3258,10 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1096 "templates/gemm_sm90.lua"
+#line 1101 "templates/gemm_sm90.lua"
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -3271,37 +3271,37 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -3311,24 +3311,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -3387,10 +3387,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3398,77 +3398,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3476,7 +3476,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3498,7 +3498,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3516,7 +3516,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3533,9 +3533,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3543,9 +3543,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3561,7 +3561,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3570,7 +3570,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3593,9 +3593,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3633,7 +3633,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3660,21 +3660,21 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3699,29 +3699,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 817 "templates/gemm_sm90.lua"
+#line 822 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1118 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1121 "templates/gemm_sm90.lua"
+#line 1126 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1128 "templates/gemm_sm90.lua"
+#line 1133 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1143 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3731,7 +3731,7 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -3741,37 +3741,37 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b2;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 64;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -3781,24 +3781,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 168000, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -3857,10 +3857,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -3868,45 +3868,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3914,7 +3914,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3936,7 +3936,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3954,7 +3954,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3971,9 +3971,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3981,9 +3981,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3999,7 +3999,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4008,7 +4008,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4031,9 +4031,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4081,7 +4081,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -4108,21 +4108,21 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4147,27 +4147,27 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1059 "templates/gemm_sm90.lua"
+#line 1064 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1064 "templates/gemm_sm90.lua"
+#line 1069 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1066 "templates/gemm_sm90.lua"
+#line 1071 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1071 "templates/gemm_sm90.lua"
+#line 1076 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4177,7 +4177,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1081 "templates/gemm_sm90.lua"
+#line 1086 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4186,10 +4186,10 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1096 "templates/gemm_sm90.lua"
+#line 1101 "templates/gemm_sm90.lua"
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
@@ -4199,37 +4199,37 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 841 "templates/gemm_sm90.lua"
+#line 846 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
-#line 242 "templates/gemm_sm90.lua"
+#line 247 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 248 "templates/gemm_sm90.lua"
+#line 253 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 252 "templates/gemm_sm90.lua"
+#line 257 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -4239,24 +4239,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 262 "templates/gemm_sm90.lua"
+#line 267 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 271 "templates/gemm_sm90.lua"
+#line 276 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 200768, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 283 "templates/gemm_sm90.lua"
+#line 288 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 285 "templates/gemm_sm90.lua"
+#line 290 "templates/gemm_sm90.lua"
 constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
-#line 293 "templates/gemm_sm90.lua"
+#line 298 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -4315,10 +4315,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 362 "templates/gemm_sm90.lua"
+#line 367 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 366 "templates/gemm_sm90.lua"
+#line 371 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -4326,45 +4326,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 375 "templates/gemm_sm90.lua"
+#line 380 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 377 "templates/gemm_sm90.lua"
+#line 382 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 383 "templates/gemm_sm90.lua"
+#line 388 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 385 "templates/gemm_sm90.lua"
+#line 390 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4372,7 +4372,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 555 "templates/gemm_sm90.lua"
+#line 560 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4394,7 +4394,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 577 "templates/gemm_sm90.lua"
+#line 582 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4412,7 +4412,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 579 "templates/gemm_sm90.lua"
+#line 584 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4429,9 +4429,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 598 "templates/gemm_sm90.lua"
+#line 603 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 600 "templates/gemm_sm90.lua"
+#line 605 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4439,9 +4439,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 613 "templates/gemm_sm90.lua"
+#line 618 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 615 "templates/gemm_sm90.lua"
+#line 620 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4457,7 +4457,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 631 "templates/gemm_sm90.lua"
+#line 636 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4466,7 +4466,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 644 "templates/gemm_sm90.lua"
+#line 649 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4489,9 +4489,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 667 "templates/gemm_sm90.lua"
+#line 672 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 669 "templates/gemm_sm90.lua"
+#line 674 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4529,7 +4529,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 845 "templates/gemm_sm90.lua"
+#line 850 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -4556,21 +4556,21 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 872 "templates/gemm_sm90.lua"
+#line 877 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 874 "templates/gemm_sm90.lua"
+#line 879 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 878 "templates/gemm_sm90.lua"
+#line 883 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 779 "templates/gemm_sm90.lua"
+#line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 787 "templates/gemm_sm90.lua"
+#line 792 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4595,32 +4595,32 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 812 "templates/gemm_sm90.lua"
+#line 817 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 819 "templates/gemm_sm90.lua"
+#line 824 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1118 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1121 "templates/gemm_sm90.lua"
+#line 1126 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1128 "templates/gemm_sm90.lua"
+#line 1133 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1143 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4630,7 +4630,7 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 824 "templates/gemm_sm90.lua"
+#line 829 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
@@ -4640,20 +4640,20 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 966 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
     }
 #else
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)b2;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 969 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 971 "templates/gemm_sm90.lua"
+#line 976 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
