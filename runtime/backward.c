@@ -279,25 +279,10 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
             (rc = moe_launch_kernel(l, MOE_K_BWD_COLSUM, T, n2, st, a2, NULL)))
             return rc;
     }
-    if (input) { /* dw[t, k] = <x[t], dXs[row]>: the same kernel on (x, dXs), writing dw only */
-        void *args[] = {(void *)&a->x, &bw[MOE_BW_DXS], &sv[MOE_SV_ROW_OF], &sv[MOE_SV_TOPK_W], (void *)&T, &none,
-                        &bw[MOE_BW_DW]};
-        if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
-            return rc;
-    }
-    { /* step 7: the router: d logits, then dx (rows and router term), d router_w and d logit_bias */
-        void *ar[] = {&sv[MOE_SV_LOGITS], &sv[MOE_SV_TOPK_IDX], &sv[MOE_SV_TOPK_W], &bw[MOE_BW_DW], (void *)&T,
-                      &bw[MOE_BW_DLOGITS]};
-        void *ax[] = {&bw[MOE_BW_DXS], &sv[MOE_SV_ROW_OF], &sv[MOE_SV_TOPK_W], &bw[MOE_BW_DLOGITS],
-                      (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T, (void *)&a->dx};
-        void *aw[] = {&bw[MOE_BW_DLOGITS], (void *)&a->x, (void *)&T, (void *)&beta, (void *)&a->d_router_w,
-                      (void *)&a->d_logit_bias, (void *)&a->d_shared_gate};
-        if ((rc = moe_launch_kernel(l, MOE_K_BWD_ROUTER, T, 0, st, ar, NULL)) ||
-            (rc = moe_launch_kernel(l, MOE_K_BWD_DX, T, 0, st, ax, NULL)) ||
-            (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 0, st, aw, NULL)))
-            return rc;
-    }
-    return MOE_OK;
+    /* with apply = "input", dw from <x, dXs>; step 7: the router: d logits, then dx (rows and router term),
+     * d router_w and d logit_bias */
+    return moe_bwd_router_step(l, a, T, input, bw[MOE_BW_DXS], sv[MOE_SV_ROW_OF], sv[MOE_SV_TOPK_W], sv[MOE_SV_TOPK_IDX],
+                               sv[MOE_SV_LOGITS], bw[MOE_BW_DW], bw[MOE_BW_DLOGITS], st);
 }
 
 /* ---- an EP rank's passes step by step (moe_internal.h) ------------------- */

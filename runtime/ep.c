@@ -137,6 +137,40 @@ void moe_ep_block_xfers(moe_ep_call_t *c, int P, long long row_bytes, CUdevicept
     row_xfers(c, P, row_bytes, out, out_rows, in, in_rows);
 }
 
+moe_status moe_ep_read_sizes(const moe_ep_desc_t *ed, CUdeviceptr send_counts, CUdeviceptr recv_counts, CUstream st,
+                             moe_ep_call_t *c) {
+    const int P = ed->ep, S = ed->nheld;
+    if (ed->capacity) {
+        for (int d = 0; d < P; d++)
+            c->send_rows[d] = c->recv_rows[d] = ed->capacity;
+        c->recv_total = (long long)P * ed->capacity;
+        return MOE_OK;
+    }
+    int *h = malloc(sizeof(int) * (size_t)(P + P * S));
+    if (!h)
+        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
+    CUresult r = moe_cu.cuStreamSynchronize(st);
+    if (r == CUDA_SUCCESS)
+        r = moe_cu.cuMemcpyDtoH(h, send_counts, sizeof(int) * (size_t)P);
+    if (r == CUDA_SUCCESS)
+        r = moe_cu.cuMemcpyDtoH(h + P, recv_counts, sizeof(int) * (size_t)P * S);
+    if (r != CUDA_SUCCESS) {
+        free(h);
+        return moe_fail(MOE_ERR_CUDA, "reading the dispatch counts: %s", moe_cu_error_string(r));
+    }
+    c->recv_total = 0;
+    for (int d = 0; d < P; d++) {
+        c->send_rows[d] = h[d];
+        long long n = 0;
+        for (int j = 0; j < S; j++)
+            n += h[P + d * S + j];
+        c->recv_rows[d] = n;
+        c->recv_total += n;
+    }
+    free(h);
+    return MOE_OK;
+}
+
 moe_status moe_ep_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
                            const moe_forward_args *a, CUstream st, int step, moe_ep_call_t *c) {
     return moe_ep_run_step_train(ep, l, dn, a, NULL, st, step, c);
@@ -149,7 +183,7 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
     const moe_ep_desc_t *ed = ep->ed;
     const moe_spec_t *s = &pd->spec;
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
-    const long long C = ed->capacity, row_bytes = 2LL * s->hidden; /* a bf16 row: the results, as combine reads them */
+    const long long row_bytes = 2LL * s->hidden; /* a bf16 row: the results, as combine reads them */
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
     moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
     moe_ep_ws_layout(ed, pd, T, wr);
@@ -197,34 +231,9 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
         return MOE_OK;
     }
     case 1: { /* the receive layout; rows go out */
-        if (!C) { /* exact mode: the one host synchronization, for the sizes NCCL needs */
-            int *h = malloc(sizeof(int) * (size_t)(P + P * S));
-            if (!h)
-                return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-            CUresult r = moe_cu.cuStreamSynchronize(st);
-            if (r == CUDA_SUCCESS)
-                r = moe_cu.cuMemcpyDtoH(h, reg[MOE_EW_SEND_COUNTS], sizeof(int) * (size_t)P);
-            if (r == CUDA_SUCCESS)
-                r = moe_cu.cuMemcpyDtoH(h + P, reg[MOE_EW_RECV_COUNTS], sizeof(int) * (size_t)P * S);
-            if (r != CUDA_SUCCESS) {
-                free(h);
-                return moe_fail(MOE_ERR_CUDA, "reading the dispatch counts: %s", moe_cu_error_string(r));
-            }
-            c->recv_total = 0;
-            for (int d = 0; d < P; d++) {
-                c->send_rows[d] = h[d];
-                long long n = 0;
-                for (int j = 0; j < S; j++)
-                    n += h[P + d * S + j];
-                c->recv_rows[d] = n;
-                c->recv_total += n;
-            }
-            free(h);
-        } else {
-            c->recv_total = P * C;
-            for (int d = 0; d < P; d++)
-                c->send_rows[d] = c->recv_rows[d] = C;
-        }
+        /* exact mode: the one host synchronization, for the sizes NCCL needs */
+        if ((rc = moe_ep_read_sizes(ed, reg[MOE_EW_SEND_COUNTS], reg[MOE_EW_RECV_COUNTS], st, c)))
+            return rc;
         void *rp[] = {&reg[MOE_EW_RECV_COUNTS], &reg[MOE_EW_CHUNK_SRC], &reg[MOE_EW_CHUNK_DST],
                       &reg[MOE_EW_CHUNK_ROWS], &reg[MOE_EW_SRC_BASE], &reg[MOE_EW_SLOT_OFF], &reg[MOE_EW_TILES],
                       &reg[MOE_EW_NUM_TILES], &reg[MOE_EW_OVERFLOW]};

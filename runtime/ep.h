@@ -75,6 +75,14 @@ moe_status moe_ep_load(moe_ep_t *ep);
 moe_status moe_ep_row_xfers(const moe_spec_t *s, int home, int P, const CUdeviceptr reg[MOE_EW_COUNT],
                             const long long *send_rows, const long long *recv_rows, moe_ep_call_t *c);
 
+/* The rows this rank sends to and receives from each EP peer in a step of
+ * rows, into c (send_rows, recv_rows, recv_total): in exact mode read from
+ * the device's per-peer send counts [P] and per-(source, slot) receive
+ * counts [P, S] (one host synchronization of st), in capacity mode every
+ * pair's C. The forward's step 1 and the backward's first step. */
+moe_status moe_ep_read_sizes(const moe_ep_desc_t *ed, CUdeviceptr send_counts, CUdeviceptr recv_counts, CUstream st,
+                             moe_ep_call_t *c);
+
 /* Step `step` (0 .. MOE_EP_STEPS-1) of an expert-parallel forward: enqueue
  * its kernels on st (each through l, the FFN through l and dn) and
  * list in c the transfers that must complete before the next step (over

@@ -29,40 +29,26 @@ moe_status moe_ep_bwd_load(moe_ep_t *ep) {
     return MOE_OK;
 }
 
-/* The rows this rank sent to and received from each peer in the training
- * forward, into c: in exact mode read from the saved counts (one host
- * synchronization), in capacity mode every pair's C. */
-static moe_status read_sizes(const moe_ep_desc_t *ed, CUdeviceptr send_counts, CUdeviceptr recv_counts, CUstream st,
-                             moe_ep_call_t *c) {
-    const int P = ed->ep, S = ed->nheld;
-    if (ed->capacity) {
-        for (int d = 0; d < P; d++)
-            c->send_rows[d] = c->recv_rows[d] = ed->capacity;
-        c->recv_total = (long long)P * ed->capacity;
-        return MOE_OK;
+moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args *a, int T, int input, CUdeviceptr dxs,
+                               CUdeviceptr row_of, CUdeviceptr topk_w, CUdeviceptr topk_idx, CUdeviceptr logits,
+                               CUdeviceptr dw, CUdeviceptr dlogits, CUstream st) {
+    const int beta = a->accumulate;
+    CUdeviceptr none = 0;
+    moe_status rc;
+    if (input) { /* dw[t, k] = <x[t], dXs[row]>: bwd_dys on (x, dXs), writing dw only */
+        void *args[] = {(void *)&a->x, &dxs, &row_of, &topk_w, (void *)&T, &none, &dw};
+        if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
+            return rc;
     }
-    int *h = malloc(sizeof(int) * (size_t)(P + P * S));
-    if (!h)
-        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
-    CUresult r = moe_cu.cuStreamSynchronize(st);
-    if (r == CUDA_SUCCESS)
-        r = moe_cu.cuMemcpyDtoH(h, send_counts, sizeof(int) * (size_t)P);
-    if (r == CUDA_SUCCESS)
-        r = moe_cu.cuMemcpyDtoH(h + P, recv_counts, sizeof(int) * (size_t)P * S);
-    if (r != CUDA_SUCCESS) {
-        free(h);
-        return moe_fail(MOE_ERR_CUDA, "reading the training forward's dispatch counts: %s", moe_cu_error_string(r));
-    }
-    c->recv_total = 0;
-    for (int d = 0; d < P; d++) {
-        c->send_rows[d] = h[d];
-        long long n = 0;
-        for (int j = 0; j < S; j++)
-            n += h[P + d * S + j];
-        c->recv_rows[d] = n;
-        c->recv_total += n;
-    }
-    free(h);
+    void *ar[] = {&logits, &topk_idx, &topk_w, &dw, (void *)&T, &dlogits};
+    void *ax[] = {&dxs, &row_of, &topk_w, &dlogits, (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T,
+                  (void *)&a->dx};
+    void *aw[] = {&dlogits, (void *)&a->x, (void *)&T, (void *)&beta, (void *)&a->d_router_w, (void *)&a->d_logit_bias,
+                  (void *)&a->d_shared_gate};
+    if ((rc = moe_launch_kernel(l, MOE_K_BWD_ROUTER, T, 0, st, ar, NULL)) ||
+        (rc = moe_launch_kernel(l, MOE_K_BWD_DX, T, 0, st, ax, NULL)) ||
+        (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 0, st, aw, NULL)))
+        return rc;
     return MOE_OK;
 }
 
@@ -91,7 +77,7 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
     c->nx = 0;
     switch (step) {
     case 0: { /* home: dys and dw per (t, k); the dys rows go out as the forward's rows did */
-        if ((rc = read_sizes(ed, sv[MOE_ES_SEND_COUNTS], sv[MOE_ES_RECV_COUNTS], st, c)))
+        if ((rc = moe_ep_read_sizes(ed, sv[MOE_ES_SEND_COUNTS], sv[MOE_ES_RECV_COUNTS], st, c)))
             return rc;
         { /* each held slot's rows (the kept ones in capacity mode), for the wgrads and bias sums */
             int sources = P, slots = S;
@@ -163,23 +149,8 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
         /* the null row: a (t, k) that capacity mode dropped reads zeros (it added nothing to y) */
         CU_CHECK(moe_cu.cuMemsetD8Async(bw[MOE_EB_HOME] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
                                         (size_t)row_bytes, st));
-        if (input) { /* dw[t, k] = <x[t], dXs[row]> */
-            void *args[] = {(void *)&a->x, &bw[MOE_EB_HOME], &sv[MOE_ES_ROW_OF], &sv[MOE_ES_TOPK_W], (void *)&T,
-                            &none, &bw[MOE_EB_DW]};
-            if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
-                return rc;
-        }
-        void *ar[] = {&sv[MOE_ES_LOGITS], &sv[MOE_ES_TOPK_IDX], &sv[MOE_ES_TOPK_W], &bw[MOE_EB_DW], (void *)&T,
-                      &bw[MOE_EB_DLOGITS]};
-        void *ax[] = {&bw[MOE_EB_HOME], &sv[MOE_ES_ROW_OF], &sv[MOE_ES_TOPK_W], &bw[MOE_EB_DLOGITS],
-                      (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T, (void *)&a->dx};
-        void *aw[] = {&bw[MOE_EB_DLOGITS], (void *)&a->x, (void *)&T, (void *)&beta, (void *)&a->d_router_w,
-                      (void *)&a->d_logit_bias, (void *)&a->d_shared_gate};
-        if ((rc = moe_launch_kernel(l, MOE_K_BWD_ROUTER, T, 0, st, ar, NULL)) ||
-            (rc = moe_launch_kernel(l, MOE_K_BWD_DX, T, 0, st, ax, NULL)) ||
-            (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 0, st, aw, NULL)))
-            return rc;
-        return MOE_OK;
+        return moe_bwd_router_step(l, a, T, input, bw[MOE_EB_HOME], sv[MOE_ES_ROW_OF], sv[MOE_ES_TOPK_W],
+                                   sv[MOE_ES_TOPK_IDX], sv[MOE_ES_LOGITS], bw[MOE_EB_DW], bw[MOE_EB_DLOGITS], st);
     }
     }
     return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_run_step: no step %d", step);

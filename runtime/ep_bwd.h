@@ -37,6 +37,17 @@ moe_status moe_ep_bwd_load(moe_ep_t *ep);
 moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, const moe_backward_args *a, CUstream st,
                                int step, moe_ep_call_t *c);
 
+/* The home side's last steps of a backward, one device's or an EP rank's
+ * (docs/DESIGN.md, "Backward", steps 6-7): with router.apply = "input" dw
+ * from <x, dXs> (bwd_dys on x and the dXs rows); then d logits (bwd_router),
+ * dx from the rows and the router term (bwd_dx), d router_w and d
+ * logit_bias (bwd_dwr), as a's pointers and accumulate say. dxs: the dXs
+ * rows that row_of indexes; the rest the saved routing, logits and the
+ * backward's dw / d logits. */
+moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args *a, int T, int input, CUdeviceptr dxs,
+                               CUdeviceptr row_of, CUdeviceptr topk_w, CUdeviceptr topk_idx, CUdeviceptr logits,
+                               CUdeviceptr dw, CUdeviceptr dlogits, CUstream st);
+
 /* The training forward and the backward, the transfers done with NCCL on st. */
 moe_status moe_ep_forward_train(const moe_ep_t *ep, const moe_launcher_t *l, const moe_train_forward_args *ta,
                                 CUstream st);
