@@ -52,6 +52,7 @@
 #include "check.h"
 #include "driver.h"
 #include "ep_bwd.h"
+#include "ep_play.h"
 #include "fsdp_grad.h"
 #include "moe.h"
 #include "moe_impl.h"
@@ -1047,33 +1048,6 @@ static void run_examples(uint64_t seed, const char *tmp, const char *cache) {
 
 /* ---- training on an expert-parallel mesh, its ranks on one GPU ------------ */
 
-/* Do the transfers every rank listed for one step over its EP group: rank
- * r's send to its group peer q meets q's receive from r (in list order, as
- * NCCL matches them); the sizes must agree. 1 when all went. */
-static int play_xfers(const moe_mesh_plan_t *mp, moe_ep_call_t **calls) {
-    int ok = cu_ok(moe_cu.cuCtxSynchronize(), "step");
-    for (int r = 0; r < mp->world && ok; r++) {
-        const int me = mp->ranks[r].ep_rank;
-        for (int i = 0; i < calls[r]->nx && ok; i++) {
-            const moe_xfer_t *x = &calls[r]->x[i];
-            if (x->recv)
-                continue;
-            int q = mp->ranks[r].ep_peers[x->peer], nth = 0;
-            for (int j = 0; j < i; j++)
-                nth += !calls[r]->x[j].recv && calls[r]->x[j].peer == x->peer;
-            const moe_xfer_t *m = NULL;
-            for (int j = 0; j < calls[q]->nx && !m; j++)
-                if (calls[q]->x[j].recv && calls[q]->x[j].peer == me && nth-- == 0)
-                    m = &calls[q]->x[j];
-            CHECKF(m && m->bytes == x->bytes, "rank %d sends %zu bytes to rank %d, which receives %zd", r, x->bytes, q,
-                   m ? (ssize_t)m->bytes : (ssize_t)-1);
-            ok = m && m->bytes == x->bytes &&
-                 (!x->bytes || cu_ok(moe_cu.cuMemcpyDtoDAsync(m->ptr, x->ptr, x->bytes, NULL), "transfer"));
-        }
-    }
-    return ok && cu_ok(moe_cu.cuCtxSynchronize(), "transfers");
-}
-
 /* The training forward and the backward of every rank, step by step. */
 static int run_ep_pair(layer_t *L, const moe_mesh_plan_t *mp, const int *tokens, int recompute,
                        moe_ep_call_t **calls) {
@@ -1086,7 +1060,7 @@ static int run_ep_pair(layer_t *L, const moe_mesh_plan_t *mp, const int *tokens,
             if (st)
                 return 0;
         }
-        if (!play_xfers(mp, calls))
+        if (!cu_ok(moe_cu.cuCtxSynchronize(), "step") || ep_play_xfers(mp, calls, 0))
             return 0;
     }
     for (int step = 0; step < MOE_EP_BWD_STEPS; step++) {
@@ -1097,7 +1071,7 @@ static int run_ep_pair(layer_t *L, const moe_mesh_plan_t *mp, const int *tokens,
             if (st)
                 return 0;
         }
-        if (!play_xfers(mp, calls))
+        if (!cu_ok(moe_cu.cuCtxSynchronize(), "step") || ep_play_xfers(mp, calls, 0))
             return 0;
     }
     return 1;

@@ -49,6 +49,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
 #include "ep_data.h"
+#include "ep_play.h"
 #include "driver.h"
 #include "ep.h"
 #include "mesh.h"
@@ -116,41 +117,37 @@ static void family_case(int f, const char *name) {
             goto done;                                                                               \
     } while (0)
 
-/* Do the transfers every rank listed for one step: rank r's send to its
- * group peer q meets q's receive from r; sizes must agree. group(r, q) gives
- * the global rank of r's group peer q, gidx(r) r's index in its group. */
-typedef int (*peer_fn)(const moe_mesh_plan_t *mp, int r, int q);
-static int ep_peer(const moe_mesh_plan_t *mp, int r, int q) { return mp->ranks[r].ep_peers[q]; }
-static int fsdp_peer(const moe_mesh_plan_t *mp, int r, int q) { return mp->ranks[r].fsdp_peers[q]; }
+/* Guard bytes after each rank's workspace. */
+#define EP_WS_GUARD 4096
 
-static int exchange(const moe_mesh_plan_t *mp, moe_ep_call_t **calls, peer_fn peer, int fsdp) {
-    int bad = 0;
-    for (int r = 0; r < mp->world; r++) {
-        int me = fsdp ? mp->ranks[r].fsdp_rank : mp->ranks[r].ep_rank;
-        for (int i = 0; i < calls[r]->nx; i++) {
-            const moe_xfer_t *s = &calls[r]->x[i];
-            if (s->recv)
-                continue;
-            int q = peer(mp, r, s->peer), nth = 0;
-            for (int j = 0; j < i; j++) /* sends to one peer meet its receives in list order, as in NCCL */
-                nth += !calls[r]->x[j].recv && calls[r]->x[j].peer == s->peer;
-            const moe_xfer_t *m = NULL;
-            for (int j = 0; j < calls[q]->nx && !m; j++)
-                if (calls[q]->x[j].recv && calls[q]->x[j].peer == me && nth-- == 0)
-                    m = &calls[q]->x[j];
-            if (!m || m->bytes != s->bytes) {
-                CHECKF(0, "rank %d sends %zu bytes to rank %d, which receives %zd", r, s->bytes, q,
-                       m ? (ssize_t)m->bytes : (ssize_t)-1);
-                bad = 1;
-                continue;
-            }
-            if (s->bytes && moe_cu.cuMemcpyDtoDAsync(m->ptr, s->ptr, s->bytes, NULL) != CUDA_SUCCESS)
-                bad = 1;
-        }
+/* After a forward of every rank: no rank wrote the guard after its workspace,
+ * and each reports no overflow, or (want_overflow) each reports the
+ * capacity's. Returns 1 when the case goes on to check the outputs, 0 when
+ * it ends here (a CUDA error, or the overflow it wanted). */
+static int ranks_after(moe_plan *const *plan, const CUdeviceptr *ws_at, const CUdeviceptr *dws, size_t wsb,
+                       const moe_forward_args *a, int W, int want_overflow) {
+    int lost = 0;
+    for (int r = 0; r < W; r++) {
+        long long rows = -1;
+        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &rows);
+        uint8_t guard[EP_WS_GUARD];
+        size_t outside = 0;
+        CUresult cr = moe_cu.cuMemcpyDtoH(guard, dws[r] + wsb, EP_WS_GUARD);
+        CHECKF(cr == CUDA_SUCCESS, "reading rank %d's guard: %s", r, moe_cu_error_string(cr));
+        if (cr != CUDA_SUCCESS)
+            return 0;
+        for (int i = 0; i < EP_WS_GUARD; i++)
+            outside += guard[i] != 0xa5;
+        CHECKF(outside == 0, "rank %d (%d tokens) wrote %zu bytes of the guard after its workspace", r, a[r].tokens,
+               outside);
+        if (!want_overflow)
+            CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
+        else
+            lost += st == MOE_ERR_OVERFLOW && rows > 0 && strstr(moe_last_error(), "capacity");
     }
-    if (moe_cu.cuCtxSynchronize() != CUDA_SUCCESS)
-        bad = 1;
-    return bad;
+    if (want_overflow)
+        CHECKF(lost == W, "%d of %d ranks reported the overflow", lost, W);
+    return !want_overflow;
 }
 
 static moe_status negate_pack(void *user, int tensor, const void *src, void *dst, size_t bytes, void *stream) {
@@ -163,9 +160,6 @@ static moe_status negate_pack(void *user, int tensor, const void *src, void *dst
         h[i] ^= 0x8000u;
     return moe_cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, h, bytes) ? MOE_ERR_CUDA : MOE_OK;
 }
-
-/* Guard bytes after each rank's workspace. */
-#define EP_WS_GUARD 4096
 
 static void run_case(const ep_case_t *c, uint64_t seed) {
     CASE(c->name);
@@ -242,7 +236,7 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
             moe_status st = moe_gather_prepare(plan[r], &g, NULL, call[r]);
             CHECKF(st == MOE_OK, "gather, rank %d: %s", r, moe_last_error());
         }
-        CHECK(exchange(&mp, call, fsdp_peer, 1) == 0);
+        CHECK(ep_play_xfers(&mp, call, 1) == 0);
         for (int r = 0; r < W; r++) {
             CU(moe_cu.cuMemcpyDtoH(back, dh1[r], 2 * NH * w1e));
             int ok = 1;
@@ -281,29 +275,11 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
                 goto done;
         }
         CU(moe_cu.cuCtxSynchronize());
-        CHECK(exchange(&mp, call, ep_peer, 0) == 0);
+        CHECK(ep_play_xfers(&mp, call, 0) == 0);
     }
     CU(moe_cu.cuCtxSynchronize());
-    int lost = 0;
-    for (int r = 0; r < W; r++) {
-        long long rows = -1;
-        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &rows);
-        uint8_t guard[EP_WS_GUARD];
-        size_t outside = 0;
-        CU(moe_cu.cuMemcpyDtoH(guard, dws[r] + wsb, EP_WS_GUARD));
-        for (int i = 0; i < EP_WS_GUARD; i++)
-            outside += guard[i] != 0xa5;
-        CHECKF(outside == 0, "rank %d (%d tokens) wrote %zu bytes of the guard after its workspace", r, a[r].tokens,
-               outside);
-        if (!c->want_overflow)
-            CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
-        else
-            lost += st == MOE_ERR_OVERFLOW && rows > 0 && strstr(moe_last_error(), "capacity");
-    }
-    if (c->want_overflow) {
-        CHECKF(lost == W, "%d of %d ranks reported the overflow", lost, W);
+    if (!ranks_after(plan, ws_at, dws, wsb, a, W, c->want_overflow))
         goto done;
-    }
     /* each rank's tokens against the unsharded layer */
     for (int r = 0; r < W; r++) {
         CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
@@ -515,7 +491,7 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
                 goto done;
         }
         CU(moe_cu.cuCtxSynchronize());
-        CHECK(exchange(&mp, call, fsdp_peer, 1) == 0);
+        CHECK(ep_play_xfers(&mp, call, 1) == 0);
         for (int r = 0; r < W; r++) {
             long long bad[4] = {0};
             CU(moe_cu.cuMemcpyDtoH(hq, dq1[r], NH * q1b));
@@ -581,7 +557,7 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
                        rows * 2 * H);
             }
             CU(moe_cu.cuCtxSynchronize());
-            CHECK(exchange(&mp, call, ep_peer, 0) == 0);
+            CHECK(ep_play_xfers(&mp, call, 0) == 0);
         }
     } else {
         for (int r = 0; r < W; r++) {
@@ -592,26 +568,8 @@ static void run_fp8_case(const fp8_case_t *c, uint64_t seed) {
         }
     }
     CU(moe_cu.cuCtxSynchronize());
-    int lost = 0;
-    for (int r = 0; r < W; r++) {
-        long long rows = -1;
-        moe_status st = moe_plan_overflow(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &rows);
-        uint8_t guard[EP_WS_GUARD];
-        size_t outside = 0;
-        CU(moe_cu.cuMemcpyDtoH(guard, dws[r] + wsb, EP_WS_GUARD));
-        for (int i = 0; i < EP_WS_GUARD; i++)
-            outside += guard[i] != 0xa5;
-        CHECKF(outside == 0, "rank %d (%d tokens) wrote %zu bytes of the guard after its workspace", r, a[r].tokens,
-               outside);
-        if (!c->want_overflow)
-            CHECKF(st == MOE_OK && rows == 0, "rank %d: overflow %lld: %s", r, rows, moe_last_error());
-        else
-            lost += st == MOE_ERR_OVERFLOW && rows > 0 && strstr(moe_last_error(), "capacity");
-    }
-    if (c->want_overflow) {
-        CHECKF(lost == W, "%d of %d ranks reported the overflow", lost, W);
+    if (!ranks_after(plan, ws_at, dws, wsb, a, W, c->want_overflow))
         goto done;
-    }
     moe_ref_inputs_t extra = {.fp8 = &f8, .sel_bias = sel};
     for (int r = 0; r < W; r++) {
         CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
