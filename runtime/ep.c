@@ -290,22 +290,27 @@ moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream
     return MOE_OK;
 }
 
-moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
-                          const moe_forward_args *a, CUstream st) {
-    if (ep->unconnected)
-        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: this plan has no communicator (a test plan whose caller "
-                        "moves the data); drive it with moe_ep_step");
+moe_status moe_ep_forward_steps(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                                const moe_forward_args *a, const moe_ep_train_t *tr, CUstream st) {
     moe_ep_call_t *c = malloc(sizeof *c);
     if (!c)
         return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     moe_status rc = MOE_OK;
     for (int step = 0; step < MOE_EP_STEPS && !rc; step++) {
-        rc = moe_ep_run_step(ep, l, dn, a, st, step, c);
+        rc = moe_ep_run_step_train(ep, l, dn, a, tr, st, step, c);
         if (!rc && c->nx)
             rc = moe_ep_send_recv(ep, c, st);
     }
     free(c);
     return rc;
+}
+
+moe_status moe_ep_forward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                          const moe_forward_args *a, CUstream st) {
+    if (ep->unconnected)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward: this plan has no communicator (a test plan whose caller "
+                        "moves the data); drive it with moe_ep_step");
+    return moe_ep_forward_steps(ep, l, dn, a, NULL, st);
 }
 
 /* ---- the FSDP gather ---------------------------------------------------- */

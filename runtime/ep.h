@@ -111,6 +111,13 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
                                  const moe_forward_args *a, const moe_ep_train_t *tr, CUstream st, int step,
                                  moe_ep_call_t *c);
 
+/* Every step of a forward (tr: a training forward's, or NULL) on the plan's
+ * communicator: each step's kernels on st, then its transfers over NCCL.
+ * moe_ep_forward and the EP training forward; the caller has refused an
+ * unconnected plan. */
+moe_status moe_ep_forward_steps(const moe_ep_t *ep, const moe_launcher_t *l, const moe_cudnn_t *dn,
+                                const moe_forward_args *a, const moe_ep_train_t *tr, CUstream st);
+
 /* A step's transfers as one NCCL group of sends and receives on st. */
 moe_status moe_ep_send_recv(const moe_ep_t *ep, const moe_ep_call_t *c, CUstream st);
 

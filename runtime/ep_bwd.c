@@ -161,18 +161,8 @@ moe_status moe_ep_forward_train(const moe_ep_t *ep, const moe_launcher_t *l, con
     if (ep->unconnected)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_forward_train: this plan has no communicator (a test plan whose "
                         "caller moves the data)");
-    moe_ep_call_t *c = malloc(sizeof *c);
-    if (!c)
-        return moe_fail(MOE_ERR_NO_MEMORY, "out of memory");
     const moe_ep_train_t tr = {(CUdeviceptr)(uintptr_t)ta->saved, ta->recompute_u != 0};
-    moe_status rc = MOE_OK;
-    for (int step = 0; step < MOE_EP_STEPS && !rc; step++) {
-        rc = moe_ep_run_step_train(ep, l, NULL, &ta->fwd, &tr, st, step, c);
-        if (!rc && c->nx)
-            rc = moe_ep_send_recv(ep, c, st);
-    }
-    free(c);
-    return rc;
+    return moe_ep_forward_steps(ep, l, NULL, &ta->fwd, &tr, st);
 }
 
 moe_status moe_ep_backward(const moe_ep_t *ep, const moe_launcher_t *l, const moe_backward_args *a, CUstream st) {
