@@ -27,6 +27,7 @@
     X(cuModuleGetFunction, "cuModuleGetFunction")             \
     X(cuFuncSetAttribute, "cuFuncSetAttribute")               \
     X(cuLaunchKernel, "cuLaunchKernel")                       \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx")                   \
     X(cuMemAlloc, "cuMemAlloc_v2")                            \
     X(cuMemFree, "cuMemFree_v2")                              \
     X(cuMemcpyHtoD, "cuMemcpyHtoD_v2")                        \

@@ -132,8 +132,17 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
             g[1] = 1;
         }
     }
-    CUresult r = moe_cu.cuLaunchKernel(fn, g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st,
-                                       args, NULL);
+    CUresult r;
+    if (l->pdl) { /* every kernel's first statement waits for the grids before it (the prelude's moe_pdl_begin) */
+        CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                .value.programmaticStreamSerializationAllowed = 1};
+        const CUlaunchConfig cfg = {.gridDimX = g[0], .gridDimY = g[1], .gridDimZ = g[2],
+                                    .blockDimX = (unsigned)d->threads, .blockDimY = 1, .blockDimZ = 1,
+                                    .sharedMemBytes = (unsigned)d->smem, .hStream = st, .attrs = &at, .numAttrs = 1};
+        r = moe_cu.cuLaunchKernelEx(&cfg, fn, args, NULL);
+    } else {
+        r = moe_cu.cuLaunchKernel(fn, g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st, args, NULL);
+    }
     if (r != CUDA_SUCCESS)
         return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u x %u): %s", d->name, g[0], g[1], moe_cu_error_string(r));
     return MOE_OK;

@@ -40,6 +40,8 @@ typedef struct moe_launcher {
     CUfunction bgemm_fn[MOE_BGEMM_COUNT]; /* bgemm[i] in the module; NULL when the module lacks it */
     int align;                        /* the row block of kernels' tile table: their variant's (gen/plan.h,
                                          moe_plan_variant_t); the capacity's in the plan's own launcher */
+    int pdl;                          /* 1: every launch is a programmatic dependent of the stream's previous
+                                         kernel (MOEGEN_PDL=on on sm_90a; docs/DESIGN.md, "Launch overlap") */
 } moe_launcher_t;
 
 /* The M tiles l's GEMMs walk at most for `tokens` tokens (its row block). */

@@ -505,6 +505,8 @@ typedef struct {
                                      (weights, fp8 scales, biases; 0 when the gather is a local copy) */
     int route_fuse;               /* 1: calls of few tokens fuse the permute plan into route (moe_plan_route_fuse
                                      says which calls); 0: off (MOEGEN_ROUTE_FUSE=off, or mesh.ep > 1) */
+    int pdl;                      /* 1: the plan launches its kernels as programmatic dependents of the stream's
+                                     previous kernel (MOEGEN_PDL=on, sm_90a; docs/DESIGN.md, "Launch overlap") */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

@@ -55,6 +55,8 @@ static moe_status open_device(moe_plan *p, const moe_options *o) {
     if (!listed)
         return moe_fail(MOE_ERR_ARCH, "GPU %d is %s, which the spec's arch list does not name; add \"%s\" to arch",
                         p->device, moe_arch_name(p->launcher.arch), moe_arch_name(p->launcher.arch));
+    if (p->launcher.arch != MOE_ARCH_SM90A) /* griddepcontrol is sm_90's; the sm_80 kernels' moe_pdl_begin is empty */
+        p->launcher.pdl = 0;
     CU_CHECK(moe_cu.cuDevicePrimaryCtxRetain(&p->ctx, dev));
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     return MOE_OK;
@@ -220,6 +222,11 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
         return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_ROUTE_FUSE=%s: expected on or off", fe);
     p->route_fuse = !(fe && !strcmp(fe, "off")) && !p->ep->dispatch;
+    /* launch overlap (docs/DESIGN.md, "Launch overlap"): off unless MOEGEN_PDL=on; sm_90a only (open_device) */
+    const char *pe = getenv("MOEGEN_PDL"); /* empty is unset */
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+        return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_PDL=%s: expected on or off", pe);
+    p->launcher.pdl = pe && !strcmp(pe, "on");
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }
@@ -662,7 +669,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn),
                             .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
-                            .route_fuse = p->route_fuse};
+                            .route_fuse = p->route_fuse, .pdl = p->launcher.pdl};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */

@@ -104,6 +104,7 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
 extern "C" __global__ void __launch_bounds__(${p.dys_threads})
 ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of,
             const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ dys, float *__restrict__ dw) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int PER_BLOCK = ${p.dys_per_block};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -145,6 +146,7 @@ ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict_
 extern "C" __global__ void __launch_bounds__(${p.router_threads})
 ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const float *__restrict__ dw, int tokens, float *__restrict__ dlogits) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int PER_BLOCK = ${p.router_per_block};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -244,6 +246,7 @@ extern "C" __global__ void __launch_bounds__(${p.dx_threads})
 ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             const float *__restrict__ dlogits, const moe_half_t *__restrict__ wr, const moe_half_t *__restrict__ shared_gate,
             int tokens, moe_half_t *__restrict__ dx) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int PER_BLOCK = ${p.dx_per_block};
 @ if not p.shared_gate then
@@ -299,6 +302,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
 extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
 ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
             float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32;
     __shared__ float s_dl[TT][BE];
@@ -361,6 +365,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
 extern "C" __global__ void __launch_bounds__(${p.colsum_threads})
 ${p.colsum_kernel}(const moe_half_t *__restrict__ src, int ncols, const int *__restrict__ offsets,
             const int *__restrict__ counts, int beta, float *__restrict__ out) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int WARPS = ${p.colsum_threads} / 32;
     __shared__ float s_part[WARPS][32];
@@ -388,6 +393,7 @@ ${p.colsum_kernel}(const moe_half_t *__restrict__ src, int ncols, const int *__r
  * grid-stride. */
 extern "C" __global__ void __launch_bounds__(${p.unpack_threads})
 ${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict__ dst, long long count) {
+    moe_pdl_begin();
     using namespace ${ns};
     const long long C = tensor == MOE_PACK_W1 ? H : 1, per = 2LL * F * C, total = count * per;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -402,6 +408,7 @@ ${p.unpack_kernel}(int tensor, const float *__restrict__ src, float *__restrict_
  * element, grid-stride. */
 extern "C" __global__ void __launch_bounds__(${p.accum_threads})
 ${p.accum_kernel}(const float *__restrict__ src, float *__restrict__ dst, long long n) {
+    moe_pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         dst[i] += src[i];
 }
@@ -412,6 +419,7 @@ ${p.accum_kernel}(const float *__restrict__ src, float *__restrict__ dst, long l
  * and bias sums reduce over. One thread per slot. */
 extern "C" __global__ void __launch_bounds__(${p.slot_rows_threads})
 ${p.slot_rows_kernel}(const int *__restrict__ chunk_rows, int sources, int slots, int *__restrict__ out) {
+    moe_pdl_begin();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= slots)
         return;

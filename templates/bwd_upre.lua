@@ -16,6 +16,7 @@ namespace ${p.kernel}_impl {
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ ubuf) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
 @ G.body_start(p, c, "xs", "w1p")
 @ if not p.ffn_bias then

@@ -51,6 +51,7 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
+    moe_pdl_begin();
     using namespace ${ns};
 @ if input then
     (void)topk_w;

@@ -116,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.send_plan}(const int *__restrict__ counts, const int *__restrict__ owner, const int *__restrict__ slot,
             int *__restrict__ slot_counts, int *__restrict__ offsets, int *__restrict__ cursor,
             int *__restrict__ send_counts, int *__restrict__ send_off, int *__restrict__ overflow) {
+    moe_pdl_begin();
     using namespace ${ns};
     __shared__ int s_cnt[N], s_off[N + 1], s_warp[WARPS];
     const int tid = threadIdx.x;
@@ -144,12 +145,14 @@ extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
             unsigned char *__restrict__ send, int *__restrict__ row_of, float *__restrict__ send_sc) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int HB = H / 128;  // scale blocks per row
 @ else
 ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, const int *__restrict__ owner, int tokens,
             moe_half_t *__restrict__ send, int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace ${ns};
 @ end
 @ if not input then
@@ -199,6 +202,7 @@ extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.recv_plan}(const int *__restrict__ recv_counts, int *__restrict__ chunk_src, int *__restrict__ chunk_dst,
             int *__restrict__ chunk_rows, int *__restrict__ src_base, int *__restrict__ slot_off,
             moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles, int *__restrict__ overflow) {
+    moe_pdl_begin();
     using namespace ${ns};
     __shared__ int s_kept[N], s_n[S], s_a[S + 1], s_first[S + 1], s_rows[P + 1], s_warp[WARPS];
     const int tid = threadIdx.x;
@@ -260,11 +264,13 @@ extern "C" __global__ void __launch_bounds__(${p.rows_threads})
 ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, const int *__restrict__ src_base,
             const int *__restrict__ chunk_src, const int *__restrict__ chunk_dst, const int *__restrict__ chunk_rows,
             const float *__restrict__ stage_sc, float *__restrict__ xsc) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int HB = H / 128, HQ = H / 16;  // scales and 16-byte vectors of an e4m3 row
 @ else
 ${p.rows}(int dir, moe_half_t *__restrict__ stage, moe_half_t *__restrict__ xr, const int *__restrict__ src_base,
             const int *__restrict__ chunk_src, const int *__restrict__ chunk_dst, const int *__restrict__ chunk_rows) {
+    moe_pdl_begin();
     using namespace ${ns};
 @ end
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

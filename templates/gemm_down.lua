@@ -17,6 +17,7 @@ namespace ${p.kernel}_impl {
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
 @ G.body_start(p, c, "hbuf", "w2")
 @ if not p.ffn_bias then

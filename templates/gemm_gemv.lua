@@ -208,6 +208,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 @ local function kernel(p, c, args, a, w, bias, call_args)
 extern "C" __global__ void __launch_bounds__(${THREADS})
 ${p.kernel}(${args}) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
 @   if not p.ffn_bias then
     (void)${bias};

@@ -231,6 +231,7 @@ static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigne
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ dys, const moe_half_t *__restrict__ w2, const moe_half_t *u,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *du) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
     const moe_half_t *__restrict__ a = dys;
     const moe_half_t *__restrict__ b = w2;
@@ -238,6 +239,7 @@ ${p.kernel}(const moe_half_t *__restrict__ dys, const moe_half_t *__restrict__ w
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ du, const moe_half_t *__restrict__ w1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ dxs) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
     const moe_half_t *__restrict__ a = du;
     const moe_half_t *__restrict__ b = w1p;
@@ -247,6 +249,7 @@ ${p.kernel}(const moe_half_t *__restrict__ du, const moe_half_t *__restrict__ w1
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, const int *__restrict__ offsets,
             const int *__restrict__ counts, const int *__restrict__ slot_of, float *__restrict__ out, int beta) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
 @ end
     extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];

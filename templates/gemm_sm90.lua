@@ -853,6 +853,7 @@ namespace ${p.kernel}_impl {
 extern "C" __global__ void __launch_bounds__(${p.threads}, 1)
 ${p.kernel}(${args}) {
 ${ARCH_GUARD}
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
     extern __shared__ __align__(1024) unsigned char ${p.kernel}_smem[];
     const unsigned sbase = moe_smem_addr(${p.kernel}_smem);
@@ -1261,6 +1262,7 @@ constexpr int M = ${c.M};  /* output rows (A's columns) */
 extern "C" __global__ void __launch_bounds__(${p.threads}, 1)
 ${p.kernel}(${args}) {
 ${ARCH_GUARD}
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
     extern __shared__ __align__(1024) unsigned char ${p.kernel}_smem[];
     const unsigned sbase = moe_smem_addr(${p.kernel}_smem);

@@ -19,6 +19,7 @@ static_assert(MOE_PAIR_GRANULE == ${p.pair_granule}, "the plan's pairing granule
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(int tensor, unsigned short *__restrict__ dst, const unsigned short *src0, const unsigned short *src1,
             moe_pack_stride_t s0, moe_pack_stride_t s1, long long first, long long count) {
+    moe_pdl_begin();
     long long R, C;
     moe_pack_dims(tensor, ${p.F}, ${p.H}, &R, &C);
     const long long per = R * C, total = count * per;
@@ -41,6 +42,7 @@ ${p.kernel}(int tensor, unsigned short *__restrict__ dst, const unsigned short *
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}_e4m3(int tensor, unsigned char *__restrict__ dst, const unsigned char *src0, const unsigned char *src1,
             moe_pack_stride_t s0, moe_pack_stride_t s1, long long first, long long count) {
+    moe_pdl_begin();
     long long R, C;
     moe_pack_dims(tensor, ${p.F}, ${p.H}, &R, &C);
     const long long per = R * C, total = count * per;
@@ -60,6 +62,7 @@ ${p.kernel}_e4m3(int tensor, unsigned char *__restrict__ dst, const unsigned cha
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}_scales(int tensor, float *__restrict__ dst, const float *src0, const float *src1, moe_pack_stride_t s0,
             moe_pack_stride_t s1, long long first, long long count, long long sr, long long sc) {
+    moe_pdl_begin();
     const long long per = sr * sc, total = count * per;
     dst += first * per;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -79,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}_quantize(int tensor, unsigned char *__restrict__ dst, float *__restrict__ dst_scales,
             const unsigned short *src0, const unsigned short *src1, moe_pack_stride_t s0, moe_pack_stride_t s1,
             long long first, long long count) {
+    moe_pdl_begin();
     __shared__ float red[${p.threads // 32}];
     long long N, K;
     moe_pack_dims(tensor, ${p.F}, ${p.H}, &N, &K);

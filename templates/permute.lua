@@ -53,6 +53,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(${p.plan_threads})
 ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace ${ns};
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -75,6 +76,7 @@ extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, unsigned char *__restrict__ xq,
             float *__restrict__ xsc, int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace ${ns};
     constexpr int HB = H / 128;  // scale blocks per row
 @   if not input then
@@ -111,6 +113,7 @@ extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace ${ns};
 @ if not input then
     (void)topk_w;

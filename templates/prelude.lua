@@ -64,6 +64,20 @@ static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
                       moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
 }
 
+/* Programmatic dependent launch (docs/DESIGN.md, "Launch overlap"): the
+ * first statement of every kernel. griddepcontrol.wait returns once the
+ * grids this one depends on have completed and their writes are visible
+ * (at once when it was not launched as a dependent); only then does the
+ * kernel touch memory. launch_dependents then lets the stream's next
+ * kernel, when it was launched as a dependent, put its blocks on the SMs
+ * as this grid's blocks finish (they wait at their own first statement).
+ * No-op below sm_90. */
+static __device__ __forceinline__ void moe_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }

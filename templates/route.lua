@@ -285,6 +285,7 @@ extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
+    moe_pdl_begin();
     using namespace ${ns};
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;

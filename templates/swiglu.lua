@@ -13,6 +13,7 @@ namespace ${p.kernel}_impl {
 
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__restrict__ offsets, long long cap) {
+    moe_pdl_begin();
     using namespace ${p.kernel}_impl;
     constexpr int PAIR_GRANULE = ${p.pair_granule};  /* gate/up columns interleave in granules of this many */
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");

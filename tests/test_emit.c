@@ -446,6 +446,55 @@ static void test_determinism(void) {
 
 /* ---- kernels_out/ ---------------------------------------------------------------- */
 
+/* Every kernel's first statement is the prelude's moe_pdl_begin() (after an
+ * arch guard's #if line): a plan launched with MOEGEN_PDL=on starts each
+ * kernel before the one ahead of it has finished, and only that wait keeps
+ * it from touching memory early (docs/DESIGN.md, "Launch overlap").
+ * Returns the kernels seen. */
+static int check_pdl_first(const char *fname, const char *data, size_t n) {
+    int kernels = 0;
+    for (const char *p = data; (p = find_bytes(p, n - (size_t)(p - data), "__global__")); p++) {
+        const char *b = memchr(p, '{', n - (size_t)(p - data)); /* signatures hold no braces */
+        if (!b)
+            break;
+        const char *q = b + 1, *end = data + n;
+        for (;;) { /* whitespace, then whole preprocessor lines (the arch guard) */
+            while (q < end && isspace((unsigned char)*q))
+                q++;
+            if (q < end && *q == '#') {
+                const char *e = memchr(q, '\n', (size_t)(end - q));
+                q = e ? e : end;
+                continue;
+            }
+            break;
+        }
+        char name[96]; /* the word before the parameter list: the '(' matching the ')' before the brace */
+        const char *ne = b;
+        while (ne > p && ne[-1] != ')')
+            ne--;
+        for (int depth = 0; ne > p; ne--) {
+            depth += ne[-1] == ')' ? 1 : ne[-1] == '(' ? -1 : 0;
+            if (depth == 0)
+                break;
+        }
+        ne--; /* at the '(' */
+        while (ne > p && isspace((unsigned char)ne[-1]))
+            ne--;
+        const char *ns = ne;
+        while (ns > p && isalnum_c(ns[-1]))
+            ns--;
+        const size_t nl = (size_t)(ne - ns) < sizeof name - 1 ? (size_t)(ne - ns) : sizeof name - 1;
+        memcpy(name, ns, nl);
+        name[nl] = '\0';
+        static const char first[] = "moe_pdl_begin();";
+        CHECKF((size_t)(end - q) >= sizeof first - 1 && !strncmp(q, first, sizeof first - 1),
+               "%s: kernel %s does not start with %s", fname, name, first);
+        kernels++;
+        p = b;
+    }
+    return kernels;
+}
+
 static void test_kernels_out(void) {
     CASE("kernels_out");
     if (!have_templates) {
@@ -477,6 +526,56 @@ static void test_kernels_out(void) {
 }
 
 
+/* check_pdl_first over the sources of every example spec (the fp8 ones
+ * too), the training specs the tests use (the backward's kernels) and the
+ * tuning tables that put the GEMMs on the other grids. */
+static void test_pdl_first(void) {
+    CASE("every emitted kernel starts with moe_pdl_begin()");
+    if (!have_templates) {
+        SKIP("templates/%s.lua is absent", missing_template);
+        return;
+    }
+    static const char *const runs[][2] = {
+        {"examples/specs/qwen3-30b-a3b.moe", NULL},          {"examples/specs/deepseek-v3-ep8-mesh.moe", NULL},
+        {"examples/specs/gpt-oss-20b.moe", NULL},            {"examples/specs/kimi-k2.moe", NULL},
+        {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL},  {"examples/specs/fp8/deepseek-v3-ep8-mesh-fp8.moe", NULL},
+        {"tests/specs/training.moe", NULL},                  {"tests/specs/train_ep.moe", NULL},
+        {"tests/specs/train_gptoss.moe", NULL},              {"tests/specs/train_shared.moe", NULL},
+        {"examples/specs/qwen3-30b-a3b.moe", "tests/tune/pingpong.tune"},
+        {"examples/specs/qwen3-30b-a3b.moe", "tests/tune/splitk.tune"},
+        {"examples/specs/qwen3-30b-a3b.moe", "tests/tune/persist.tune"},
+        {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", "tests/tune/fp8.tune"},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        char out[600], args[1400], label[400], *err;
+        snprintf(label, sizeof label, "moe_pdl_begin() first: %s%s%s", runs[r][0], runs[r][1] ? " under " : "",
+                 runs[r][1] ? runs[r][1] : "");
+        CASE(label);
+        snprintf(out, sizeof out, "%s/pdl%zu", tmp_root, r);
+        snprintf(args, sizeof args, "emit %s%s%s -o %s", runs[r][0], runs[r][1] ? " --tuning " : "",
+                 runs[r][1] ? runs[r][1] : "", out);
+        int rc = run_moegen(args, &err);
+        CHECKF(rc == 0, "exit %d: %s", rc, err);
+        free(err);
+        static char files[16][256];
+        int nf = list_dir(out, files, 16), kernels = 0;
+        for (int f = 0; f < nf; f++) {
+            size_t fl = strlen(files[f]), len;
+            if (fl < 3 || strcmp(files[f] + fl - 3, ".cu"))
+                continue;
+            char path[900];
+            snprintf(path, sizeof path, "%s/%s", out, files[f]);
+            char *src = read_bytes(path, &len);
+            CHECKF(src != NULL, "cannot read %s", path);
+            if (src)
+                kernels += check_pdl_first(files[f], src, len);
+            free(src);
+        }
+        /* route, permute plan and scatter, the GEMMs' variants, combine at least */
+        CHECKF(kernels >= 6, "%s: %d kernels found", out, kernels);
+    }
+}
+
 int main(void) {
     if (gen_fixture_setup("test_emit"))
         return 1;
@@ -488,6 +587,7 @@ int main(void) {
     test_determinism();
     fprintf(stderr, "test_emit: emission cases in %.1f s\n", now() - t);
     test_kernels_out();
+    test_pdl_first();
     rm_rf(tmp_root);
     return check_report("test_emit");
 }

@@ -97,6 +97,20 @@ static void test_route_fuse_switch(void) {
     unsetenv("MOEGEN_ROUTE_FUSE");
 }
 
+/* The launch-overlap switch (MOEGEN_PDL), likewise; on a GPU test_gpu checks
+ * moe_plan_info.pdl under on and off and runs every case under both. */
+static void test_pdl_switch(void) {
+    moe_plan *plan = NULL;
+    CASE("launch overlap: a bad MOEGEN_PDL fails the plan before the driver, naming the value");
+    setenv("MOEGEN_PDL", "1", 1);
+    moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "MOEGEN_PDL=1") &&
+               strstr(moe_last_error(), "on or off"),
+           "got %s: %s", moe_status_string(st), moe_last_error());
+    CHECK(plan == NULL);
+    unsetenv("MOEGEN_PDL");
+}
+
 static void test_tuning_switch(void) {
     moe_plan *plan = NULL;
     const char *spec = "examples/specs/mixtral-8x7b.moe";
@@ -627,6 +641,7 @@ int main(void) {
     }
     test_cudnn_switch();
     test_route_fuse_switch();
+    test_pdl_switch();
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {

@@ -64,6 +64,20 @@ static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
                       moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
 }
 
+/* Programmatic dependent launch (docs/DESIGN.md, "Launch overlap"): the
+ * first statement of every kernel. griddepcontrol.wait returns once the
+ * grids this one depends on have completed and their writes are visible
+ * (at once when it was not launched as a dependent); only then does the
+ * kernel touch memory. launch_dependents then lets the stream's next
+ * kernel, when it was launched as a dependent, put its blocks on the SMs
+ * as this grid's blocks finish (they wait at their own first statement).
+ * No-op below sm_90. */
+static __device__ __forceinline__ void moe_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -90,7 +104,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 94 "templates/prelude.lua"
+#line 108 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -329,13 +343,14 @@ extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_route_bf16_e32k4_t32k128s5_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 293 "templates/route.lua"
+#line 294 "templates/route.lua"
     (void)sel_bias;
-#line 298 "templates/route.lua"
+#line 299 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -412,158 +427,158 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 0) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 385 "templates/route.lua"
+#line 386 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 1) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 2) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 3) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 4) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 5) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 6) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 7) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 398 "templates/route.lua"
+#line 399 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -617,15 +632,15 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 452 "templates/route.lua"
+#line 453 "templates/route.lua"
                 pv[i] = lrow[e] + __ldg(logit_bias + e);
-#line 456 "templates/route.lua"
+#line 457 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 471 "templates/route.lua"
+#line 472 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -640,16 +655,16 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 489 "templates/route.lua"
+#line 490 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 496 "templates/route.lua"
+#line 497 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 498 "templates/route.lua"
+#line 499 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 620 "templates/route.lua"
+#line 621 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -665,31 +680,31 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 636 "templates/route.lua"
+#line 637 "templates/route.lua"
             const float l = lrow[mine] + __ldg(logit_bias + mine);
-#line 641 "templates/route.lua"
+#line 642 "templates/route.lua"
             w = expf(l - m) / z;
-#line 645 "templates/route.lua"
+#line 646 "templates/route.lua"
         }
-#line 647 "templates/route.lua"
+#line 648 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 670 "templates/route.lua"
+#line 671 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 676 "templates/route.lua"
+#line 677 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 685 "templates/route.lua"
+#line 686 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -708,7 +723,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 704 "templates/route.lua"
+#line 705 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -727,12 +742,12 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 727 "templates/route.lua"
+#line 728 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 730 "templates/route.lua"
+#line 731 "templates/route.lua"
         }
-#line 734 "templates/route.lua"
+#line 735 "templates/route.lua"
     }
 }
 
@@ -749,6 +764,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(1024)
 gpt_oss_20b_permute_plan_e32_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_permute_plan_e32_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -757,15 +773,16 @@ gpt_oss_20b_permute_plan_e32_a64(const int *__restrict__ counts, const int *__re
                                     s_tiles);
 }
 
-#line 110 "templates/permute.lua"
+#line 112 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_permute_plan_e32_a64_impl;
-#line 116 "templates/permute.lua"
+#line 119 "templates/permute.lua"
     (void)topk_w;
-#line 118 "templates/permute.lua"
+#line 121 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -773,29 +790,29 @@ gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 136 "templates/permute.lua"
+#line 139 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 141 "templates/permute.lua"
+#line 144 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 147 "templates/permute.lua"
+#line 150 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 156 "templates/permute.lua"
+#line 159 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 159 "templates/permute.lua"
+#line 162 "templates/permute.lua"
         }
     }
 }
@@ -823,8 +840,9 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_combine_bf16_h2880k4_impl;
-#line 58 "templates/combine.lua"
+#line 59 "templates/combine.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -835,9 +853,9 @@ gpt_oss_20b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int 
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
-#line 71 "templates/combine.lua"
+#line 72 "templates/combine.lua"
             my_w = topk_w[(long long)t * K + lane];
-#line 73 "templates/combine.lua"
+#line 74 "templates/combine.lua"
         }
         int rows[K];
         float w[K];
@@ -880,6 +898,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(1024)
 gpt_oss_20b_permute_plan_e32_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_permute_plan_e32_a128_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -1249,6 +1268,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
@@ -1269,13 +1289,13 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -1315,17 +1335,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1069 "templates/gemm_sm90.lua"
+#line 1070 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1077 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1335,7 +1355,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1344,7 +1364,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
 #line 829 "templates/gemm_sm90.lua"
@@ -1357,20 +1377,20 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -1726,6 +1746,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
@@ -1746,13 +1767,13 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -1792,22 +1813,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1126 "templates/gemm_sm90.lua"
+#line 1127 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1133 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1827,20 +1848,20 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2089,6 +2110,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(128)
 gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
@@ -2115,40 +2137,40 @@ gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict_
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 35 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 40 "templates/gemm_up_swiglu.lua"
+#line 41 "templates/gemm_up_swiglu.lua"
     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 42 "templates/gemm_up_swiglu.lua"
+#line 43 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 50 "templates/gemm_up_swiglu.lua"
+#line 51 "templates/gemm_up_swiglu.lua"
         const int pn = wn * WTN + nj * 16 + 2 * t;  /* packed gate column in the tile; up is pn + 8 */
         const unsigned bg = *(const unsigned *)(bias + pn), bu = *(const unsigned *)(bias + pn + 8);
         const float bg0 = moe_lo_float(bg), bg1 = moe_hi_float(bg), bu0 = moe_lo_float(bu), bu1 = moe_hi_float(bu);
-#line 54 "templates/gemm_up_swiglu.lua"
+#line 55 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 61 "templates/gemm_up_swiglu.lua"
+#line 62 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h] + bg0, acc[mi][2 * nj + 1][2 * h] + bu0);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1] + bg1, acc[mi][2 * nj + 1][2 * h + 1] + bu1);
-#line 72 "templates/gemm_up_swiglu.lua"
+#line 73 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 78 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 80 "templates/gemm_up_swiglu.lua"
+#line 81 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 83 "templates/gemm_up_swiglu.lua"
+#line 84 "templates/gemm_up_swiglu.lua"
 }
 
 #line 13 "templates/gemm_down.lua"
@@ -2384,6 +2406,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(128)
 gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
@@ -2410,41 +2433,41 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
              w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 25 "templates/gemm_down.lua"
+#line 26 "templates/gemm_down.lua"
 
     /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 28 "templates/gemm_down.lua"
+#line 29 "templates/gemm_down.lua"
     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 30 "templates/gemm_down.lua"
+#line 31 "templates/gemm_down.lua"
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 34 "templates/gemm_down.lua"
+#line 35 "templates/gemm_down.lua"
         if (n0 + wn * WTN + ni * 8 >= N)
             continue;
-#line 38 "templates/gemm_down.lua"
+#line 39 "templates/gemm_down.lua"
         const unsigned bv = *(const unsigned *)(bias + oc);
         const float b0 = moe_lo_float(bv), b1 = moe_hi_float(bv);
-#line 41 "templates/gemm_down.lua"
+#line 42 "templates/gemm_down.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 47 "templates/gemm_down.lua"
+#line 48 "templates/gemm_down.lua"
                 const unsigned v = moe_pack2(acc[mi][ni][2 * h] + b0, acc[mi][ni][2 * h + 1] + b1);
-#line 52 "templates/gemm_down.lua"
+#line 53 "templates/gemm_down.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 57 "templates/gemm_down.lua"
+#line 58 "templates/gemm_down.lua"
             }
     }
-#line 60 "templates/gemm_down.lua"
+#line 61 "templates/gemm_down.lua"
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 63 "templates/gemm_down.lua"
+#line 64 "templates/gemm_down.lua"
 }
 
-#line 273 "templates/gemm_gemv.lua"
+#line 274 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -2586,28 +2609,29 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 255 "templates/gemm_gemv.lua"
+#line 256 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 260 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
             const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
-#line 264 "templates/gemm_gemv.lua"
+#line 265 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 271 "templates/gemm_gemv.lua"
+#line 272 "templates/gemm_gemv.lua"
         }
 #line 203 "templates/gemm_gemv.lua"
     }
 }
-#line 276 "templates/gemm_gemv.lua"
+#line 277 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
 #line 209 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
-#line 215 "templates/gemm_gemv.lua"
+#line 216 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
@@ -2632,7 +2656,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict
     }
 }
 
-#line 293 "templates/gemm_gemv.lua"
+#line 294 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
 #line 71 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 64, KC = 2880, U = 2;
@@ -2764,21 +2788,22 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
         const float s = acc[0];
-#line 289 "templates/gemm_gemv.lua"
+#line 290 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s + moe_to_float(bias[col]));
 #line 203 "templates/gemm_gemv.lua"
     }
 }
-#line 295 "templates/gemm_gemv.lua"
+#line 296 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
 
 #line 209 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
-#line 215 "templates/gemm_gemv.lua"
+#line 216 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
@@ -3163,6 +3188,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -3183,13 +3209,13 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -3229,17 +3255,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1069 "templates/gemm_sm90.lua"
+#line 1070 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1077 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3249,7 +3275,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3258,7 +3284,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
 #line 829 "templates/gemm_sm90.lua"
@@ -3271,20 +3297,20 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -3640,6 +3666,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -3660,13 +3687,13 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -3706,22 +3733,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1126 "templates/gemm_sm90.lua"
+#line 1127 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1133 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3741,20 +3768,20 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4088,6 +4115,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem);
@@ -4108,13 +4136,13 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4157,17 +4185,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1069 "templates/gemm_sm90.lua"
+#line 1070 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1076 "templates/gemm_sm90.lua"
+#line 1077 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4177,7 +4205,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4186,7 +4214,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
 #line 829 "templates/gemm_sm90.lua"
@@ -4199,20 +4227,20 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -4536,6 +4564,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem);
@@ -4556,13 +4585,13 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4605,22 +4634,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1126 "templates/gemm_sm90.lua"
+#line 1127 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1133 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4640,20 +4669,20 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4902,6 +4931,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
@@ -4928,40 +4958,40 @@ gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 35 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 40 "templates/gemm_up_swiglu.lua"
+#line 41 "templates/gemm_up_swiglu.lua"
     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 42 "templates/gemm_up_swiglu.lua"
+#line 43 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 50 "templates/gemm_up_swiglu.lua"
+#line 51 "templates/gemm_up_swiglu.lua"
         const int pn = wn * WTN + nj * 16 + 2 * t;  /* packed gate column in the tile; up is pn + 8 */
         const unsigned bg = *(const unsigned *)(bias + pn), bu = *(const unsigned *)(bias + pn + 8);
         const float bg0 = moe_lo_float(bg), bg1 = moe_hi_float(bg), bu0 = moe_lo_float(bu), bu1 = moe_hi_float(bu);
-#line 54 "templates/gemm_up_swiglu.lua"
+#line 55 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 61 "templates/gemm_up_swiglu.lua"
+#line 62 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h] + bg0, acc[mi][2 * nj + 1][2 * h] + bu0);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1] + bg1, acc[mi][2 * nj + 1][2 * h + 1] + bu1);
-#line 72 "templates/gemm_up_swiglu.lua"
+#line 73 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 78 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 80 "templates/gemm_up_swiglu.lua"
+#line 81 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 83 "templates/gemm_up_swiglu.lua"
+#line 84 "templates/gemm_up_swiglu.lua"
 }
 
 #line 13 "templates/gemm_down.lua"
@@ -5197,6 +5227,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
@@ -5223,38 +5254,38 @@ gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
              w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 25 "templates/gemm_down.lua"
+#line 26 "templates/gemm_down.lua"
 
     /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 28 "templates/gemm_down.lua"
+#line 29 "templates/gemm_down.lua"
     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 30 "templates/gemm_down.lua"
+#line 31 "templates/gemm_down.lua"
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 34 "templates/gemm_down.lua"
+#line 35 "templates/gemm_down.lua"
         if (n0 + wn * WTN + ni * 8 >= N)
             continue;
-#line 38 "templates/gemm_down.lua"
+#line 39 "templates/gemm_down.lua"
         const unsigned bv = *(const unsigned *)(bias + oc);
         const float b0 = moe_lo_float(bv), b1 = moe_hi_float(bv);
-#line 41 "templates/gemm_down.lua"
+#line 42 "templates/gemm_down.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 47 "templates/gemm_down.lua"
+#line 48 "templates/gemm_down.lua"
                 const unsigned v = moe_pack2(acc[mi][ni][2 * h] + b0, acc[mi][ni][2 * h + 1] + b1);
-#line 52 "templates/gemm_down.lua"
+#line 53 "templates/gemm_down.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 57 "templates/gemm_down.lua"
+#line 58 "templates/gemm_down.lua"
             }
     }
-#line 60 "templates/gemm_down.lua"
+#line 61 "templates/gemm_down.lua"
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 63 "templates/gemm_down.lua"
+#line 64 "templates/gemm_down.lua"
 }
 
 #line 10 "templates/swiglu.lua"
@@ -5274,6 +5305,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_swiglu_bf16_f2880(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__restrict__ offsets, long long cap) {
+    moe_pdl_begin();
     using namespace gpt_oss_20b_swiglu_bf16_f2880_impl;
     constexpr int PAIR_GRANULE = 8;  /* gate/up columns interleave in granules of this many */
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");
@@ -5390,6 +5422,7 @@ static_assert(MOE_PAIR_GRANULE == 8, "the plan's pairing granule is pack_geom.h'
 extern "C" __global__ void __launch_bounds__(256)
 gpt_oss_20b_pack_bf16_f2880_h2880(int tensor, unsigned short *__restrict__ dst, const unsigned short *src0, const unsigned short *src1,
             moe_pack_stride_t s0, moe_pack_stride_t s1, long long first, long long count) {
+    moe_pdl_begin();
     long long R, C;
     moe_pack_dims(tensor, 2880, 2880, &R, &C);
     const long long per = R * C, total = count * per;

@@ -64,6 +64,20 @@ static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
                       moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
 }
 
+/* Programmatic dependent launch (docs/DESIGN.md, "Launch overlap"): the
+ * first statement of every kernel. griddepcontrol.wait returns once the
+ * grids this one depends on have completed and their writes are visible
+ * (at once when it was not launched as a dependent); only then does the
+ * kernel touch memory. launch_dependents then lets the stream's next
+ * kernel, when it was launched as a dependent, put its blocks on the SMs
+ * as this grid's blocks finish (they wait at their own first statement).
+ * No-op below sm_90. */
+static __device__ __forceinline__ void moe_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -90,7 +104,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 94 "templates/prelude.lua"
+#line 108 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -332,13 +346,14 @@ extern "C" __global__ void __launch_bounds__(256)
 kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
+    moe_pdl_begin();
     using namespace kimi_k2_route_bf16_e384k8s1_t32k64s2_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 296 "templates/route.lua"
+#line 297 "templates/route.lua"
     (void)logit_bias;
-#line 298 "templates/route.lua"
+#line 299 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -415,21 +430,21 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 385 "templates/route.lua"
+#line 386 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 398 "templates/route.lua"
+#line 399 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -483,28 +498,28 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 454 "templates/route.lua"
+#line 455 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 456 "templates/route.lua"
+#line 457 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 486 "templates/route.lua"
+#line 487 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 489 "templates/route.lua"
+#line 490 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 493 "templates/route.lua"
+#line 494 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 498 "templates/route.lua"
+#line 499 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 620 "templates/route.lua"
+#line 621 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -520,23 +535,23 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 638 "templates/route.lua"
+#line 639 "templates/route.lua"
             const float l = lrow[mine];
-#line 643 "templates/route.lua"
+#line 644 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 645 "templates/route.lua"
+#line 646 "templates/route.lua"
         }
-#line 647 "templates/route.lua"
+#line 648 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 654 "templates/route.lua"
+#line 655 "templates/route.lua"
         w *= 2.827f;
-#line 657 "templates/route.lua"
+#line 658 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 661 "templates/route.lua"
+#line 662 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -545,16 +560,16 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 676 "templates/route.lua"
+#line 677 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 682 "templates/route.lua"
+#line 683 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 685 "templates/route.lua"
+#line 686 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -573,7 +588,7 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 704 "templates/route.lua"
+#line 705 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -592,12 +607,12 @@ kimi_k2_route_bf16_e384k8s1_t32k64s2(const moe_half_t *__restrict__ x, const moe
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 727 "templates/route.lua"
+#line 728 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 730 "templates/route.lua"
+#line 731 "templates/route.lua"
         }
-#line 734 "templates/route.lua"
+#line 735 "templates/route.lua"
     }
 }
 
@@ -614,6 +629,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(1024)
 kimi_k2_permute_plan_e385_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace kimi_k2_permute_plan_e385_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -622,15 +638,16 @@ kimi_k2_permute_plan_e385_a64(const int *__restrict__ counts, const int *__restr
                                     s_tiles);
 }
 
-#line 110 "templates/permute.lua"
+#line 112 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 kimi_k2_permute_scatter_bf16_h7168k9(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace kimi_k2_permute_plan_e385_a64_impl;
-#line 116 "templates/permute.lua"
+#line 119 "templates/permute.lua"
     (void)topk_w;
-#line 118 "templates/permute.lua"
+#line 121 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -638,29 +655,29 @@ kimi_k2_permute_scatter_bf16_h7168k9(const moe_half_t *__restrict__ x, const int
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 136 "templates/permute.lua"
+#line 139 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 141 "templates/permute.lua"
+#line 144 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 147 "templates/permute.lua"
+#line 150 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 1
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 156 "templates/permute.lua"
+#line 159 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 159 "templates/permute.lua"
+#line 162 "templates/permute.lua"
         }
     }
 }
@@ -688,8 +705,9 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
 extern "C" __global__ void __launch_bounds__(256)
 kimi_k2_combine_bf16_h7168k9(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
+    moe_pdl_begin();
     using namespace kimi_k2_combine_bf16_h7168k9_impl;
-#line 58 "templates/combine.lua"
+#line 59 "templates/combine.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -700,9 +718,9 @@ kimi_k2_combine_bf16_h7168k9(const moe_half_t *__restrict__ obuf, const int *__r
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
-#line 71 "templates/combine.lua"
+#line 72 "templates/combine.lua"
             my_w = topk_w[(long long)t * K + lane];
-#line 73 "templates/combine.lua"
+#line 74 "templates/combine.lua"
         }
         int rows[K];
         float w[K];
@@ -1057,6 +1075,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256, 1)
 kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
@@ -1077,19 +1096,19 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1106,29 +1125,29 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ m
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1137,31 +1156,31 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ m
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -1485,6 +1504,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256, 1)
 kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
@@ -1505,19 +1525,19 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tm
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b2;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1534,27 +1554,27 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tm
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1564,28 +1584,28 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tm
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -1831,6 +1851,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(128)
 kimi_k2_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char kimi_k2_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
@@ -1857,36 +1878,36 @@ kimi_k2_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 32 "templates/gemm_up_swiglu.lua"
+#line 33 "templates/gemm_up_swiglu.lua"
     (void)b1p;
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 35 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 42 "templates/gemm_up_swiglu.lua"
+#line 43 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 54 "templates/gemm_up_swiglu.lua"
+#line 55 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 61 "templates/gemm_up_swiglu.lua"
+#line 62 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
-#line 72 "templates/gemm_up_swiglu.lua"
+#line 73 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 78 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 80 "templates/gemm_up_swiglu.lua"
+#line 81 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 83 "templates/gemm_up_swiglu.lua"
+#line 84 "templates/gemm_up_swiglu.lua"
 }
 
 #line 13 "templates/gemm_down.lua"
@@ -2122,6 +2143,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(128)
 kimi_k2_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char kimi_k2_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
@@ -2148,32 +2170,32 @@ kimi_k2_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, c
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
              w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 23 "templates/gemm_down.lua"
+#line 24 "templates/gemm_down.lua"
     (void)b2;
-#line 25 "templates/gemm_down.lua"
+#line 26 "templates/gemm_down.lua"
 
     /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 30 "templates/gemm_down.lua"
+#line 31 "templates/gemm_down.lua"
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 41 "templates/gemm_down.lua"
+#line 42 "templates/gemm_down.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 49 "templates/gemm_down.lua"
+#line 50 "templates/gemm_down.lua"
                 const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-#line 52 "templates/gemm_down.lua"
+#line 53 "templates/gemm_down.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 57 "templates/gemm_down.lua"
+#line 58 "templates/gemm_down.lua"
             }
     }
-#line 60 "templates/gemm_down.lua"
+#line 61 "templates/gemm_down.lua"
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 63 "templates/gemm_down.lua"
+#line 64 "templates/gemm_down.lua"
 }
 
 #line 846 "templates/gemm_sm90.lua"
@@ -2469,6 +2491,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256, 1)
 kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
@@ -2489,19 +2512,19 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2518,29 +2541,29 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2549,31 +2572,31 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -2865,6 +2888,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256, 1)
 kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
@@ -2885,19 +2909,19 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tm
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b2;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2914,27 +2938,27 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tm
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2944,28 +2968,28 @@ kimi_k2_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tm
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3328,6 +3352,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -3348,13 +3373,13 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -3396,15 +3421,15 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3413,7 +3438,7 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
 #line 829 "templates/gemm_sm90.lua"
@@ -3426,20 +3451,20 @@ kimi_k2_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -3795,6 +3820,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -3815,13 +3841,13 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -3863,13 +3889,13 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3889,20 +3915,20 @@ kimi_k2_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3922,6 +3948,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 
 extern "C" __global__ void __launch_bounds__(256)
 kimi_k2_swiglu_bf16_f2048(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__restrict__ offsets, long long cap) {
+    moe_pdl_begin();
     using namespace kimi_k2_swiglu_bf16_f2048_impl;
     constexpr int PAIR_GRANULE = 8;  /* gate/up columns interleave in granules of this many */
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");
@@ -4038,6 +4065,7 @@ static_assert(MOE_PAIR_GRANULE == 8, "the plan's pairing granule is pack_geom.h'
 extern "C" __global__ void __launch_bounds__(256)
 kimi_k2_pack_bf16_f2048_h7168(int tensor, unsigned short *__restrict__ dst, const unsigned short *src0, const unsigned short *src1,
             moe_pack_stride_t s0, moe_pack_stride_t s1, long long first, long long count) {
+    moe_pdl_begin();
     long long R, C;
     moe_pack_dims(tensor, 2048, 7168, &R, &C);
     const long long per = R * C, total = count * per;

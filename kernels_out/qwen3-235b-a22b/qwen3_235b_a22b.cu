@@ -64,6 +64,20 @@ static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
                       moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
 }
 
+/* Programmatic dependent launch (docs/DESIGN.md, "Launch overlap"): the
+ * first statement of every kernel. griddepcontrol.wait returns once the
+ * grids this one depends on have completed and their writes are visible
+ * (at once when it was not launched as a dependent); only then does the
+ * kernel touch memory. launch_dependents then lets the stream's next
+ * kernel, when it was launched as a dependent, put its blocks on the SMs
+ * as this grid's blocks finish (they wait at their own first statement).
+ * No-op below sm_90. */
+static __device__ __forceinline__ void moe_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -90,7 +104,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 94 "templates/prelude.lua"
+#line 108 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -329,15 +343,16 @@ extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_route_bf16_e128k8_t32k64s4_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 293 "templates/route.lua"
+#line 294 "templates/route.lua"
     (void)sel_bias;
-#line 296 "templates/route.lua"
+#line 297 "templates/route.lua"
     (void)logit_bias;
-#line 298 "templates/route.lua"
+#line 299 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -414,82 +429,82 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 0) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 385 "templates/route.lua"
+#line 386 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 1) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 2) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 376 "templates/route.lua"
+#line 377 "templates/route.lua"
         if (wk == 3) {
-#line 378 "templates/route.lua"
+#line 379 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 388 "templates/route.lua"
+#line 389 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 392 "templates/route.lua"
+#line 393 "templates/route.lua"
             }
-#line 394 "templates/route.lua"
+#line 395 "templates/route.lua"
         }
-#line 396 "templates/route.lua"
+#line 397 "templates/route.lua"
         __syncthreads();
-#line 398 "templates/route.lua"
+#line 399 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -543,15 +558,15 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 454 "templates/route.lua"
+#line 455 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 456 "templates/route.lua"
+#line 457 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 471 "templates/route.lua"
+#line 472 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -566,16 +581,16 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 489 "templates/route.lua"
+#line 490 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 496 "templates/route.lua"
+#line 497 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 498 "templates/route.lua"
+#line 499 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 620 "templates/route.lua"
+#line 621 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -591,31 +606,31 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 638 "templates/route.lua"
+#line 639 "templates/route.lua"
             const float l = lrow[mine];
-#line 641 "templates/route.lua"
+#line 642 "templates/route.lua"
             w = expf(l - m) / z;
-#line 645 "templates/route.lua"
+#line 646 "templates/route.lua"
         }
-#line 647 "templates/route.lua"
+#line 648 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 670 "templates/route.lua"
+#line 671 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 676 "templates/route.lua"
+#line 677 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 685 "templates/route.lua"
+#line 686 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -634,7 +649,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 704 "templates/route.lua"
+#line 705 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -653,12 +668,12 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 727 "templates/route.lua"
+#line 728 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 730 "templates/route.lua"
+#line 731 "templates/route.lua"
         }
-#line 734 "templates/route.lua"
+#line 735 "templates/route.lua"
     }
 }
 
@@ -675,6 +690,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(1024)
 qwen3_235b_a22b_permute_plan_e128_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_permute_plan_e128_a128_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -683,15 +699,16 @@ qwen3_235b_a22b_permute_plan_e128_a128(const int *__restrict__ counts, const int
                                     s_tiles);
 }
 
-#line 110 "templates/permute.lua"
+#line 112 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_permute_scatter_bf16_h4096k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_permute_plan_e128_a128_impl;
-#line 116 "templates/permute.lua"
+#line 119 "templates/permute.lua"
     (void)topk_w;
-#line 118 "templates/permute.lua"
+#line 121 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -699,29 +716,29 @@ qwen3_235b_a22b_permute_scatter_bf16_h4096k8(const moe_half_t *__restrict__ x, c
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
-#line 136 "templates/permute.lua"
+#line 139 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 141 "templates/permute.lua"
+#line 144 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 147 "templates/permute.lua"
+#line 150 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 156 "templates/permute.lua"
+#line 159 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 159 "templates/permute.lua"
+#line 162 "templates/permute.lua"
         }
     }
 }
@@ -749,8 +766,9 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_combine_bf16_h4096k8(const moe_half_t *__restrict__ obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             int tokens, moe_half_t *__restrict__ y) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_combine_bf16_h4096k8_impl;
-#line 58 "templates/combine.lua"
+#line 59 "templates/combine.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int tt = warp; tt < PER_BLOCK; tt += WARPS) {
@@ -761,9 +779,9 @@ qwen3_235b_a22b_combine_bf16_h4096k8(const moe_half_t *__restrict__ obuf, const 
         float my_w = 0.f;
         if (lane < K) {
             my_row = row_of[(long long)t * K + lane];
-#line 71 "templates/combine.lua"
+#line 72 "templates/combine.lua"
             my_w = topk_w[(long long)t * K + lane];
-#line 73 "templates/combine.lua"
+#line 74 "templates/combine.lua"
         }
         int rows[K];
         float w[K];
@@ -806,6 +824,7 @@ constexpr unsigned FULL = 0xffffffffu;
 extern "C" __global__ void __launch_bounds__(1024)
 qwen3_235b_a22b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_permute_plan_e128_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
@@ -1140,6 +1159,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
@@ -1160,23 +1180,23 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1193,25 +1213,25 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1220,31 +1240,31 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -1568,6 +1588,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_smem);
@@ -1588,23 +1609,23 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b2;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1621,23 +1642,23 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1647,28 +1668,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -1914,6 +1935,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
@@ -1940,36 +1962,36 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__rest
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 32 "templates/gemm_up_swiglu.lua"
+#line 33 "templates/gemm_up_swiglu.lua"
     (void)b1p;
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 35 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 42 "templates/gemm_up_swiglu.lua"
+#line 43 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 54 "templates/gemm_up_swiglu.lua"
+#line 55 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 61 "templates/gemm_up_swiglu.lua"
+#line 62 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
-#line 72 "templates/gemm_up_swiglu.lua"
+#line 73 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 78 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 80 "templates/gemm_up_swiglu.lua"
+#line 81 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 83 "templates/gemm_up_swiglu.lua"
+#line 84 "templates/gemm_up_swiglu.lua"
 }
 
 #line 13 "templates/gemm_down.lua"
@@ -2205,6 +2227,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
@@ -2231,32 +2254,32 @@ qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
              w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 23 "templates/gemm_down.lua"
+#line 24 "templates/gemm_down.lua"
     (void)b2;
-#line 25 "templates/gemm_down.lua"
+#line 26 "templates/gemm_down.lua"
 
     /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 30 "templates/gemm_down.lua"
+#line 31 "templates/gemm_down.lua"
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 41 "templates/gemm_down.lua"
+#line 42 "templates/gemm_down.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 49 "templates/gemm_down.lua"
+#line 50 "templates/gemm_down.lua"
                 const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-#line 52 "templates/gemm_down.lua"
+#line 53 "templates/gemm_down.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 57 "templates/gemm_down.lua"
+#line 58 "templates/gemm_down.lua"
             }
     }
-#line 60 "templates/gemm_down.lua"
+#line 61 "templates/gemm_down.lua"
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 63 "templates/gemm_down.lua"
+#line 64 "templates/gemm_down.lua"
 }
 
 #line 846 "templates/gemm_sm90.lua"
@@ -2584,6 +2607,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256, 1)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
@@ -2604,19 +2628,19 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2633,29 +2657,29 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2664,31 +2688,31 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -3012,6 +3036,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256, 1)
 qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_smem);
@@ -3032,19 +3057,19 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b2;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3061,27 +3086,27 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3091,28 +3116,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3358,6 +3383,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(128)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
@@ -3384,36 +3410,36 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restr
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, xs + (long long)row_start * K, rows,
              w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 32 "templates/gemm_up_swiglu.lua"
+#line 33 "templates/gemm_up_swiglu.lua"
     (void)b1p;
-#line 34 "templates/gemm_up_swiglu.lua"
+#line 35 "templates/gemm_up_swiglu.lua"
 
     /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
      * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
      * output columns oc, oc + 1 of rows r, r + 8. */
     const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 42 "templates/gemm_up_swiglu.lua"
+#line 43 "templates/gemm_up_swiglu.lua"
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj) {
         const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 54 "templates/gemm_up_swiglu.lua"
+#line 55 "templates/gemm_up_swiglu.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 61 "templates/gemm_up_swiglu.lua"
+#line 62 "templates/gemm_up_swiglu.lua"
                 const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
                 const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
-#line 72 "templates/gemm_up_swiglu.lua"
+#line 73 "templates/gemm_up_swiglu.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 77 "templates/gemm_up_swiglu.lua"
+#line 78 "templates/gemm_up_swiglu.lua"
             }
     }
-#line 80 "templates/gemm_up_swiglu.lua"
+#line 81 "templates/gemm_up_swiglu.lua"
     __syncthreads();
     store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 83 "templates/gemm_up_swiglu.lua"
+#line 84 "templates/gemm_up_swiglu.lua"
 }
 
 #line 13 "templates/gemm_down.lua"
@@ -3649,6 +3675,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(128)
 qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
 #line 328 "templates/gemm_sm80.lua"
     extern __shared__ __align__(16) unsigned char qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
@@ -3675,32 +3702,32 @@ qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
                 acc[mi][ni][j] = 0.0f;
     mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
              w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 23 "templates/gemm_down.lua"
+#line 24 "templates/gemm_down.lua"
     (void)b2;
-#line 25 "templates/gemm_down.lua"
+#line 26 "templates/gemm_down.lua"
 
     /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 30 "templates/gemm_down.lua"
+#line 31 "templates/gemm_down.lua"
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 41 "templates/gemm_down.lua"
+#line 42 "templates/gemm_down.lua"
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 49 "templates/gemm_down.lua"
+#line 50 "templates/gemm_down.lua"
                 const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-#line 52 "templates/gemm_down.lua"
+#line 53 "templates/gemm_down.lua"
                 st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 57 "templates/gemm_down.lua"
+#line 58 "templates/gemm_down.lua"
             }
     }
-#line 60 "templates/gemm_down.lua"
+#line 61 "templates/gemm_down.lua"
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 63 "templates/gemm_down.lua"
+#line 64 "templates/gemm_down.lua"
 }
 
 #line 846 "templates/gemm_sm90.lua"
@@ -4060,6 +4087,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -4080,13 +4108,13 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4128,15 +4156,15 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4145,7 +4173,7 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
 #line 829 "templates/gemm_sm90.lua"
@@ -4158,20 +4186,20 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -4527,6 +4555,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(384, 1)
 qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
@@ -4547,13 +4576,13 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 877 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 883 "templates/gemm_sm90.lua"
+#line 884 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 784 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
@@ -4595,13 +4624,13 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4621,20 +4650,20 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4933,6 +4962,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 extern "C" __global__ void __launch_bounds__(256, 1)
 qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
@@ -4953,19 +4983,19 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4982,29 +5012,29 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1064 "templates/gemm_sm90.lua"
+#line 1065 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1071 "templates/gemm_sm90.lua"
+#line 1072 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5013,31 +5043,31 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1101 "templates/gemm_sm90.lua"
+#line 1102 "templates/gemm_sm90.lua"
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
@@ -5329,6 +5359,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 extern "C" __global__ void __launch_bounds__(256, 1)
 qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
     extern __shared__ __align__(1024) unsigned char qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
     const unsigned sbase = moe_smem_addr(qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
@@ -5349,19 +5380,19 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
     }
     __syncthreads();
     if (wg == 0) {
-#line 879 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 888 "templates/gemm_sm90.lua"
+#line 889 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 893 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 896 "templates/gemm_sm90.lua"
+#line 897 "templates/gemm_sm90.lua"
         (void)b2;
-#line 898 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5378,27 +5409,27 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 939 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 949 "templates/gemm_sm90.lua"
+#line 950 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1128 "templates/gemm_sm90.lua"
+#line 1129 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1148 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5408,28 +5439,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 963 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 969 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
         }
-#line 971 "templates/gemm_sm90.lua"
+#line 972 "templates/gemm_sm90.lua"
     }
 #else
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)b2;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 976 "templates/gemm_sm90.lua"
+#line 977 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -5449,6 +5480,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_swiglu_bf16_f1536(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__restrict__ offsets, long long cap) {
+    moe_pdl_begin();
     using namespace qwen3_235b_a22b_swiglu_bf16_f1536_impl;
     constexpr int PAIR_GRANULE = 8;  /* gate/up columns interleave in granules of this many */
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");
@@ -5565,6 +5597,7 @@ static_assert(MOE_PAIR_GRANULE == 8, "the plan's pairing granule is pack_geom.h'
 extern "C" __global__ void __launch_bounds__(256)
 qwen3_235b_a22b_pack_bf16_f1536_h4096(int tensor, unsigned short *__restrict__ dst, const unsigned short *src0, const unsigned short *src1,
             moe_pack_stride_t s0, moe_pack_stride_t s1, long long first, long long count) {
+    moe_pdl_begin();
     long long R, C;
     moe_pack_dims(tensor, 1536, 4096, &R, &C);
     const long long per = R * C, total = count * per;

@@ -23,6 +23,10 @@
 #define __restrict__
 #define __align__(x)
 
+/* the prelude's first statement of every kernel: on the host there is no
+ * grid before this one to wait for */
+static inline void moe_pdl_begin() {}
+
 struct uint4 {
     unsigned x, y, z, w;
 };
