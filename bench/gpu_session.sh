@@ -4,7 +4,7 @@
 # with build/ carried (`make gpu-build` here first: plain `make` does not
 # rebuild the test programs) (and build-old/, a previous build's moe_bench, for a
 # same-run comparison against it).
-# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|gemv|gemvtune|routefuse|verify|verify-grids|fp8c2|all]...   (logs under $OUT)
+# usage: bench/gpu_session.sh [tests|grids|tune|bench|compare|decode|train|fp8|house|route|pingpong|tunesmall|splitk|gemv|gemvtune|routefuse|verify|verify-grids|fp8c2|pdl|all]...   (logs under $OUT)
 #   tests    test_gpu, test_vendored, test_ep_gpu, test_mgpu (one GPU: world1)
 #   grids    test_gpu and test_ep_gpu with tests/tune/tile.tune, persist.tune and pingpong.tune
 #   tune     moegen tune for the example specs into $OUT/h200.tune (from tuning/h200.tune)
@@ -33,6 +33,10 @@
 #            test_quant_gpu, test_runtime, moe_example, and the Python ops' GPU tests (the torch op and the JAX
 #            handler built there first); a summary line per log
 #   verify-grids  test_gpu on the examples under tests/tune/pingpong.tune, then under splitk.tune (a call of its own)
+#   pdl      issue #16, launch overlap (MOEGEN_PDL=on: every kernel a programmatic dependent): test_gpu's default
+#            cases, test_ep_gpu and test_bwd_gpu under it (side by side; correctness), then moe_bench --graph at
+#            1, 4, 8, 64, 128, 512 tokens with MOEGEN_PDL off and on for $PDL_SPECS (default qwen3-30b-a3b
+#            mixtral-8x7b gpt-oss-20b deepseek-v3-ep8), "LAYER graph" side by side; ~400 s
 #   fp8c2    issue #20: the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune): test_quant_gpu under it, then
 #            moe_bench on the fp8 examples at 128, 4096, 16384 tokens under the default tile and under fp8.tune
 # When $OUT holds more than 6 files at the end, its .log and .txt files are packed into $OUT/logs.tar.gz (the
@@ -255,6 +259,26 @@ for what in "$@"; do
         done
         awk '/^== /{b=$2" "$3} /LAYER graph/{print b, $1, $4, $NF}' "$OUT/tunesmall_bench.log"
         ;;
+    pdl)
+        { MOEGEN_PDL=on timeout 300 build/tests/test_gpu > "$OUT/test_gpu_pdl.log" 2>&1
+          echo "test_gpu (MOEGEN_PDL=on): exit $?" >> "$OUT/verify_rc.txt"; } &
+        { MOEGEN_PDL=on timeout 300 build/tests/test_ep_gpu > "$OUT/test_ep_gpu_pdl.log" 2>&1
+          echo "test_ep_gpu (MOEGEN_PDL=on): exit $?" >> "$OUT/verify_rc.txt"; } &
+        { MOEGEN_PDL=on timeout 300 build/tests/test_bwd_gpu > "$OUT/test_bwd_gpu_pdl.log" 2>&1
+          echo "test_bwd_gpu (MOEGEN_PDL=on): exit $?" >> "$OUT/verify_rc.txt"; } &
+        wait
+        cat "$OUT/verify_rc.txt"
+        grep -hE '^test_[a-z_]+: [0-9]+ passed' "$OUT"/test_*_pdl.log
+        grep -hE 'FAIL' "$OUT"/test_*_pdl.log | head -20
+        for s in ${PDL_SPECS:-qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8}; do
+            for t in off on; do
+                echo "== $t $s" >> "$OUT/pdl_bench.log"
+                MOEGEN_PDL=$t timeout 60 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 \
+                    --tokens 8 --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
+            done
+        done
+        awk '/^== /{b=$2" "$3} /LAYER graph/{print b, $1, $4, $NF}' "$OUT/pdl_bench.log"
+        ;;
     fp8c2)
         # issue #20: the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune, dtype e4m3 entries) — first
         # the correctness of every fp8 case under that table, then the layer against the default one-consumer
@@ -303,7 +327,7 @@ for what in "$@"; do
         done
         ;;
     tests|grids|tune|bench|decode) ;;
-    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, fp8c2, all)"; exit 2 ;;
+    *) echo "gpu_session.sh: unknown step '$what' (tests, grids, tune, bench, compare, decode, train, fp8, house, route, pingpong, tunesmall, splitk, gemv, gemvtune, routefuse, verify, verify-grids, fp8c2, pdl, all)"; exit 2 ;;
     esac
 done
 # the device brings back at most 8 files from $OUT: the logs and notes travel as one archive

@@ -401,6 +401,7 @@ int main(int argc, char **argv) {
     printf("ceilings: device copy %.0f GB/s; dense bf16 cuBLAS 8192^3 %.0f TFLOP/s%s%s\n", copy_gbs, gemm_tf,
            why[0] ? " — " : "", why);
     printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);
+    printf("launch overlap (MOEGEN_PDL): %s\n", info.pdl ? "on" : "off");
 
     const moe_dtype_t dt = sp->dtype;
     const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;

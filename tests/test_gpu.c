@@ -1202,6 +1202,12 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         if (path >= 0 && path <= 2)
             fprintf(stderr, "  %-40s route: %s\n", label, path_names[path]);
     }
+    { /* launch overlap: on with MOEGEN_PDL=on on sm_90a (every launch then a programmatic dependent) */
+        const char *pe = getenv("MOEGEN_PDL");
+        const int on = pe && !strcmp(pe, "on") && plan->launcher.arch == MOE_ARCH_SM90A;
+        CHECKF(info.pdl == on && plan->launcher.pdl == on, "moe_plan_info.pdl = %d (launcher %d) with MOEGEN_PDL=%s on %s",
+               info.pdl, plan->launcher.pdl, pe ? pe : "(unset)", moe_arch_name(plan->launcher.arch));
+    }
 
     /* poison outputs and the whole workspace; the call's own is exactly
      * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
