@@ -25,8 +25,8 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
 static const char *gemv_check(const moe_tile_cfg_t *t) {
     if (t->bm != 64 && t->bm != 128)
         return "gemv: bm (the tile table's row block) must be 64 or 128";
-    if (t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
-        return "gemv: bn (the weight rows per CTA) must be 32, 64, 128 or 256";
+    if (t->bn != 8 && t->bn != 16 && t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
+        return "gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256";
     if (t->bk != 64)
         return "gemv: bk must be 64 (unused by the gemv kernels, as the other grids spell it)";
     if (t->stages != 1 && t->stages != 2 && t->stages != 4)
@@ -171,14 +171,15 @@ int moe_gemm_gemv_kc(long long K) { return K < MOE_GEMV_KC ? (int)K : MOE_GEMV_K
 
 /* The gemv grid (templates/gemm_gemv.lua): bn weight rows per CTA, the
  * entry's stages the K loop's unroll, 256 threads, 8 rows x KC halves of
- * shared memory. */
+ * shared memory, then with bn 8 or 16 (warps sharing a group's K) the 8
+ * warps' 32 partial sums each (fp32). */
 static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const moe_tuning_entry_t *te) {
     long long K, N;
     moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
     k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
                                .gemv = 1};
     k->threads = 256;
-    k->smem = 8 * moe_gemm_gemv_kc(K) * 2;
+    k->smem = 8 * moe_gemm_gemv_kc(K) * 2 + (te->bn < 32 ? 8 * 32 * 4 : 0);
     return 0;
 }
 

@@ -10,7 +10,7 @@
 @ -- is past *num_tiles, or has no rows, returns.
 @ --
 @ -- Tile (p.tile): bm (the tile table's row block), bn (the weight rows of
-@ -- W1p / W2 a CTA owns: 32, 64, 128 or 256), stages = U (the K loop's
+@ -- W1p / W2 a CTA owns: 8, 16, 32, 64, 128 or 256), stages = U (the K loop's
 @ -- unroll: 16-byte loads in flight per weight row and lane: 1, 2 or 4),
 @ -- kc (the activation columns staged at a time, gen/family_gemm.c). 256
 @ -- threads, 8 warps; a warp owns groups of 4 weight rows (group gi =
@@ -19,7 +19,16 @@
 @ -- in flight per lane. Up: group gi of a 16-row pair block holds gate
 @ -- rows 2q, 2q + 1 and the matching up rows 8 + 2q, 9 + 2q (q = gi % 4,
 @ -- gen/pack_geom.h), so one group yields 2 output columns; down: 4
-@ -- consecutive rows, 4 output columns.
+@ -- consecutive rows, 4 output columns. Groups are numbered across the
+@ -- expert's rows (group g = n0 / 4 + gi), so a CTA of 8 up rows holds half
+@ -- a pair block: gate 2q, 2q + 1 of q = g % 4 and their up rows.
+@ -- With bn 8 or 16 (2 or 4 groups, fewer than the warps) WPG = 8 / groups
+@ -- warps share a group: warp w takes group w % groups and the K loop's
+@ -- batches w / groups, + WPG, ... (each a U x 32-vector batch), so a
+@ -- lane's loads of the CTA's whole slab are in flight in fewer round trips
+@ -- (one at bn 8 with K <= 2048 and U = 2); after the in-warp reduction the
+@ -- warps write their sums to shared memory and the group's first warp adds
+@ -- them in warp order (the same sum on every run) and stores.
 @ --
 @ -- Rows: the tile's rows run in chunks of at most 8 (R = 1, 2, 4 or 8 by
 @ -- what is left: R rows' accumulators, R x 4 per lane), so any row count
@@ -36,7 +45,8 @@
 @ -- the pre-activation gate + bias and up + bias rounded into ubuf at
 @ -- their packed columns), or acc + bias to the dtype.
 @ --
-@ -- Shared memory: exactly 8 * KC halves (p.smem, static_assert).
+@ -- Shared memory: 8 * KC halves, then with WPG > 1 the 8 warps' 32 sums
+@ -- (fp32) (p.smem, gen/family_gemm.c; static_assert).
 @ local M = {}
 @
 @ local THREADS, WARPS, ROWS = 256, 8, 8
@@ -49,7 +59,8 @@
 @   local t = p.tile
 @   need(type(t) == "table" and (t.gemv or 0) > 0, "p.tile is not a gemv tile")
 @   local c = { bm = t.bm, bn = t.bn, unroll = t.stages, kc = t.kc }
-@   need(c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256, "tile.bn must be 32, 64, 128 or 256")
+@   need(c.bn == 8 or c.bn == 16 or c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256,
+@        "tile.bn must be 8, 16, 32, 64, 128 or 256")
 @   need(c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
 @   need(p.threads == THREADS, "p.threads must be " .. THREADS)
 @   if kind == "up" then
@@ -70,14 +81,22 @@
 @ local function device_code(p, c, epilogue_args, epilogue)
 constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
 constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${ROWS}, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(${p.smem} == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
-static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+static_assert(${p.smem} == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 @ if c.up then
-    return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
 @ else
     return n0 + 4 * gi + j;
 @ end
@@ -148,9 +167,11 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                                                 const moe_half_t *__restrict__ w, int n0, uint4 *sx${epilogue_args}) {
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    __syncthreads();  /* the previous chunk's readers are done with sx */
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
-        const int gi = gb + warp;
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
         const uint4 *wr[4];
 #pragma unroll
@@ -162,9 +183,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
             const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
             uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
             if (live)
-                load_batch(wv, wr, kv0, lane, kv);
+                load_batch(wv, wr, kv0, vfirst, kv);
             if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
                 if (NKC > 1)
                     __syncthreads();  /* the last pass's readers are done with sx */
@@ -173,8 +195,8 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             }
             if (!live)
                 continue;
-            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                if (v0 != lane)
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
                     load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -193,12 +215,24 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-        if (!live)
-            continue;
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
         spread_sum<V, 16>(acc, lane);
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        const float s = acc[0];
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
 @ epilogue()
     }
 }
@@ -206,7 +240,11 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 @
 @ -- The kernel: the tile and slice, then the row chunks.
 @ local function kernel(p, c, args, a, w, bias, call_args)
+@ if c.bn < 32 then
+extern "C" __global__ void __launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
+@ else
 extern "C" __global__ void __launch_bounds__(${THREADS})
+@ end
 ${p.kernel}(${args}) {
     moe_pdl_begin();
     using namespace ${p.kernel}_impl;

@@ -887,7 +887,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 274 "templates/gemm_gemv.lua"
+#line 312 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -896,18 +896,26 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 71 "templates/gemm_gemv.lua"
+#line 82 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(24576 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
-static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+static_assert(24576 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 80 "templates/gemm_gemv.lua"
-    return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
-#line 84 "templates/gemm_gemv.lua"
+#line 94 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 103 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -975,9 +983,11 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                                                 const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    __syncthreads();  /* the previous chunk's readers are done with sx */
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
-        const int gi = gb + warp;
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
         const uint4 *wr[4];
 #pragma unroll
@@ -989,9 +999,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
             const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
             uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
             if (live)
-                load_batch(wv, wr, kv0, lane, kv);
+                load_batch(wv, wr, kv0, vfirst, kv);
             if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
                 if (NKC > 1)
                     __syncthreads();  /* the last pass's readers are done with sx */
@@ -1000,8 +1011,8 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             }
             if (!live)
                 continue;
-            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                if (v0 != lane)
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
                     load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1020,37 +1031,50 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-        if (!live)
-            continue;
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
         spread_sum<V, 16>(acc, lane);
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        const float s = acc[0];
-#line 256 "templates/gemm_gemv.lua"
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 294 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 263 "templates/gemm_gemv.lua"
+#line 301 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 265 "templates/gemm_gemv.lua"
+#line 303 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 272 "templates/gemm_gemv.lua"
+#line 310 "templates/gemm_gemv.lua"
         }
-#line 203 "templates/gemm_gemv.lua"
+#line 237 "templates/gemm_gemv.lua"
     }
 }
-#line 277 "templates/gemm_gemv.lua"
+#line 315 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 209 "templates/gemm_gemv.lua"
+#line 246 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
+#line 248 "templates/gemm_gemv.lua"
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 214 "templates/gemm_gemv.lua"
+#line 252 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 216 "templates/gemm_gemv.lua"
+#line 254 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
@@ -1075,20 +1099,23 @@ small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs
     }
 }
 
-#line 294 "templates/gemm_gemv.lua"
+#line 332 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 71 "templates/gemm_gemv.lua"
+#line 82 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(10240 == ROWS * KC * 2, "the plan's shared memory (gen/family_gemm.c) is 8 rows x KC halves");
-static_assert(GROUPS % WARPS == 0, "every warp runs the same group passes (they meet at the staging barriers)");
+static_assert(10240 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 82 "templates/gemm_gemv.lua"
+#line 101 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 84 "templates/gemm_gemv.lua"
+#line 103 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1156,9 +1183,11 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                                                 const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
     constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    __syncthreads();  /* the previous chunk's readers are done with sx */
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
     for (int gb = 0; gb < GROUPS; gb += WARPS) {
-        const int gi = gb + warp;
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
         const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
         const uint4 *wr[4];
 #pragma unroll
@@ -1170,9 +1199,10 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             acc[i] = 0.0f;
         for (int kc = 0; kc < NKC; ++kc) {
             const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
             uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
             if (live)
-                load_batch(wv, wr, kv0, lane, kv);
+                load_batch(wv, wr, kv0, vfirst, kv);
             if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
                 if (NKC > 1)
                     __syncthreads();  /* the last pass's readers are done with sx */
@@ -1181,8 +1211,8 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             }
             if (!live)
                 continue;
-            for (int v0 = lane; v0 < kv; v0 += 32 * U) {
-                if (v0 != lane)
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
                     load_batch(wv, wr, kv0, v0, kv);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1201,30 +1231,43 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-        if (!live)
-            continue;
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
         spread_sum<V, 16>(acc, lane);
         /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
         const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        const float s = acc[0];
-#line 290 "templates/gemm_gemv.lua"
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 328 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 203 "templates/gemm_gemv.lua"
+#line 237 "templates/gemm_gemv.lua"
     }
 }
-#line 296 "templates/gemm_gemv.lua"
+#line 334 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 209 "templates/gemm_gemv.lua"
+#line 246 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
+#line 248 "templates/gemm_gemv.lua"
 small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     moe_pdl_begin();
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 214 "templates/gemm_gemv.lua"
+#line 252 "templates/gemm_gemv.lua"
     (void)b2;
-#line 216 "templates/gemm_gemv.lua"
+#line 254 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
