@@ -99,7 +99,7 @@ typedef struct {
  * shares), tiny_fp16's up 3 (two consumer warpgroups, fp16), top1's 4. */
 #define SPLITK_TUNE "tests/tune/splitk.tune"
 /* Both GEMMs of every test shape on the gemv grid at every size
- * (templates/gemm_gemv.lua): bn 32..256, unroll 1, 2, 4, bm 64 and 128,
+ * (templates/gemm_gemv.lua): bn 8..256 (8 and 16: warps sharing a group's K), unroll 1, 2, 4, bm 64 and 128,
  * partial last slices, K staged in one pass and (longk) several. */
 #define GEMV_TUNE "tests/tune/gemv.tune"
 

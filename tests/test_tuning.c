@@ -470,7 +470,7 @@ int main(void) {
          * and 4360: one staging pass and two) */
         int gemv = 0;
         for (int bm = 64; bm <= 128; bm += 64)
-            for (int bn = 16; bn <= 512; bn *= 2)
+            for (int bn = 4; bn <= 512; bn *= 2)
                 for (int u = 1; u <= 4; u++)
                     for (int hi = 0; hi < 2; hi++) {
                         const int H = hi ? 4360 : 264;
@@ -499,7 +499,7 @@ int main(void) {
                         CHECKF(bad || strstr(src.data, "_sm90a_gemv_"), "gemv m%dn%du%d: no gemv kernel", bm, bn, u);
                         moe_buf_free(&src);
                     }
-        CHECKF(gemv == 2 * 4 * 3 * 2, "%d gemv tiles accepted; 48 (bm 64, 128 x bn 32..256 x unroll 1, 2, 4 x 2 "
+        CHECKF(gemv == 2 * 6 * 3 * 2, "%d gemv tiles accepted; 72 (bm 64, 128 x bn 8..256 x unroll 1, 2, 4 x 2 "
                "shapes)", gemv);
     }
 
@@ -547,7 +547,7 @@ int main(void) {
             "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune "
             "--set quant.weights=fp8_e4m3 --set arch=sm_90a 2>&1"};
         static const char *const want[2] = {
-            "qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2           threads  256  smem  12288  gemv, 32 weight "
+            "qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n16u2           threads  256  smem  13312  gemv, 16 weight "
             "rows per CTA of a 64-row tile, rows in chunks of 8, K unrolled 2",
             "qwen3_30b_a3b_gemm_down_e4m3_block_sm90a_tma_m64n256k128s4c1g8"};
         for (int i = 0; i < 2; i++) {
@@ -613,7 +613,7 @@ int main(void) {
                  "each over a share of K) or gemv (a CTA per bn weight rows of a tile, for few rows per expert) "
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
-                 "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 32, 64, 128 or 256");
+                 "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 32 64 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bm (the tile table's row block) must be 64 or 128");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 64 64 3 1 1 gemv 1 2 2026-12-04 H200\n",
