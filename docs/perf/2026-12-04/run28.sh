@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run 28 (the next session's second device call, after run 27 passed): the timings, one job at a time, ~420 s:
+#   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs
+#   - the gemv grid's bn 16 against the shipped bn 32 for Qwen3 (tests/tune/gemv.tune vs tuning/h200.tune)
+#   - the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune) against the default tile, 128..16384 tokens
+#   - ncu (--clock-control none) of Qwen3's kernels at 1 token (route, the gemv GEMMs, combine)
+set -u
+export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
+. bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
+    for t in off on; do
+        echo "== pdl-$t $s" >> "$OUT/pdl_bench.log"
+        MOEGEN_PDL=$t timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 \
+            --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
+    done
+done
+for t in shipped gemv; do
+    echo "== $t qwen3-30b-a3b" >> "$OUT/gemv_bench.log"
+    if [ $t = shipped ]; then tab=tuning/h200.tune; else tab=tests/tune/gemv.tune; fi
+    MOEGEN_TUNING=$tab timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --tokens 1 --tokens 2 \
+        --tokens 4 --tokens 8 --tokens 16 --tokens 32 --iters 20 >> "$OUT/gemv_bench.log" 2>&1
+done
+for s in qwen3-30b-a3b-fp8 mixtral-8x7b-fp8 deepseek-v3-ep8-fp8; do
+    for t in default fp8c2; do
+        echo "== $t $s" >> "$OUT/fp8c2_bench.log"
+        if [ $t = default ]; then tab=tuning/h200.tune; else tab=tests/tune/fp8.tune; fi
+        MOEGEN_TUNING=$tab timeout 40 build/moe_bench examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 \
+            --tokens 16384 --iters 10 >> "$OUT/fp8c2_bench.log" 2>&1
+    done
+done
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+timeout 60 $NCU --clock-control none --set full -k 'regex:route|gemv|combine' --launch-skip 12 --launch-count 4 \
+    build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$OUT/ncu_qwen3_1tok.log" 2>&1
+echo "ncu: exit $?" >> "$OUT/rc.txt"
+awk '/^== /{b=$2" "$3} /LAYER graph/{print b, $1, $4, $NF}' "$OUT/pdl_bench.log"
+grep -E '^== |gemm_up|gemm_down|LAYER graph' "$OUT/gemv_bench.log"
+grep -E '^== |gemm_up|gemm_down|LAYER' "$OUT/fp8c2_bench.log"
+grep -E '^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size' "$OUT/ncu_qwen3_1tok.log" | head -60
+(cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
