@@ -137,6 +137,8 @@ typedef struct {
     int *slot_of;   /* ${n}_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
+    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
+                       kernels launched as programmatic dependents (${n}_launch) */
 @ if p.sm90 then
     ${n}_encode_fn encode;
 @ end
@@ -155,6 +157,10 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
     if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
+    const char *pe = getenv("MOEGEN_PDL");
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+        return cudaErrorInvalidValue;
+    d->pdl = pe && !strcmp(pe, "on") && major == 9;
 @ if two then
     d->use90 = major == 9;
 @ else
@@ -179,6 +185,31 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 @   end
 @ end
     return cudaSuccess;
+}
+
+/* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
+ * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * kernel's first statement waits for the grids before it: docs/DESIGN.md,
+ * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
+ * error, which the forward returns. */
+template <typename... P, typename... A>
+static void ${n}_launch(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    if (!dev->pdl) {
+        k<<<g, threads, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -261,24 +292,24 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    ${route.name}<<<dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream>>>(
+    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
 @ if nv == 1 then
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        ${plan.name}<<<1, ${plan.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+        ${n}_launch(dev, ${plan.name}, dim3(1), ${plan.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 @ else
 @   for i = 1, nv do
 @     local vp = p.variants[i].neutral.permute_plan
     ${i == 1 and "if" or "else if"} (fz.mode < MOE_ROUTE_FUSE_PLAN && v == ${i - 1})
-        ${vp.name}<<<1, ${vp.threads}, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
+        ${n}_launch(dev, ${vp.name}, dim3(1), ${vp.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 @   end
 @ end
 @ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (never fused into route)
-    ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
+    ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
 @ else
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        ${scatter.name}<<<moe_blocks(T, ${scatter.per_block}), ${scatter.threads}, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+        ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
 @ end
 @ -- one sm_90a GEMM launch: the tensor maps of A (rows of the tile grid) and
 @ -- B (every expert's N rows), then the kernel on its 1D grid (one CTA per
@@ -298,13 +329,13 @@ ${ind}        return e;
 @     tail = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
 @     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
 @   end
-${ind}    ${kd.name}<<<moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"}), ${kd.threads}, ${kd.smem}, stream>>>(ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
+${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw
 @ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua)
 @ local function grid2d_gemm(kd, a, w, bias, out, ind)
 @   local ub = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
-${ind}    ${kd.name}<<<dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream>>>(${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
+${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file
@@ -351,7 +382,7 @@ ${ind}    }
 @   end
     }
 @ end
-    ${combine.name}<<<dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    ${n}_launch(dev, ${combine.name}, dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 

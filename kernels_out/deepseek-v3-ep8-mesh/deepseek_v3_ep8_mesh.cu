@@ -2910,9 +2910,11 @@ typedef struct {
     int *slot_of;   /* deepseek_v3_ep8_mesh_slot_table's address on this device */
     int route_fuse; /* 0 with MOEGEN_ROUTE_FUSE=off (read on the first call): route, permute_plan and
                        permute_scatter always launched apart (moe_route_fuse_mode) */
-#line 141 "templates/host.lua"
-    deepseek_v3_ep8_mesh_encode_fn encode;
+    int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
+                       kernels launched as programmatic dependents (deepseek_v3_ep8_mesh_launch) */
 #line 143 "templates/host.lua"
+    deepseek_v3_ep8_mesh_encode_fn encode;
+#line 145 "templates/host.lua"
 } deepseek_v3_ep8_mesh_device_t;
 static deepseek_v3_ep8_mesh_device_t deepseek_v3_ep8_mesh_devices[deepseek_v3_ep8_mesh_MAX_DEVICES];
 static std::mutex deepseek_v3_ep8_mesh_devices_lock;
@@ -2928,23 +2930,52 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
     if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
         return cudaErrorInvalidValue;
     d->route_fuse = !(fe && !strcmp(fe, "off"));
-#line 159 "templates/host.lua"
+    const char *pe = getenv("MOEGEN_PDL");
+    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
+        return cudaErrorInvalidValue;
+    d->pdl = pe && !strcmp(pe, "on") && major == 9;
+#line 165 "templates/host.lua"
     d->use90 = major == 9;
-#line 164 "templates/host.lua"
+#line 170 "templates/host.lua"
     if (d->use90 && (e = deepseek_v3_ep8_mesh_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 177 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, cudaFuncAttributeMaxDynamicSharedMemorySize, 82944)) != cudaSuccess) return e;
-#line 177 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 177 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147504)) != cudaSuccess) return e;
-#line 177 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 177 "templates/host.lua"
+#line 183 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 181 "templates/host.lua"
+#line 187 "templates/host.lua"
     return cudaSuccess;
+}
+
+/* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
+ * dev->pdl a programmatic dependent of the stream's previous kernel (every
+ * kernel's first statement waits for the grids before it: docs/DESIGN.md,
+ * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
+ * error, which the forward returns. */
+template <typename... P, typename... A>
+static void deepseek_v3_ep8_mesh_launch(const deepseek_v3_ep8_mesh_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    if (!dev->pdl) {
+        k<<<g, threads, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 /* The current device's entry, filled on first use; NULL with *err set. */
@@ -2969,94 +3000,94 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 207 "templates/host.lua"
+#line 238 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 212 "templates/host.lua"
+#line 243 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 219 "templates/host.lua"
+#line 250 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 233 "templates/host.lua"
+#line 264 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3840);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12288);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     float *topk_w = (float *)(ws + 143360);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     int *row_of = (int *)(ws + 274432);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405504);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259584);
-#line 242 "templates/host.lua"
+#line 273 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646464);
-#line 246 "templates/host.lua"
+#line 277 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 253 "templates/host.lua"
+#line 284 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1284, stream);
     if (e != cudaSuccess) return e;
-#line 260 "templates/host.lua"
+#line 291 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 7168, 8, 1);
-    deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2<<<dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream>>>(
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 268 "templates/host.lua"
+#line 299 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        deepseek_v3_ep8_mesh_permute_plan_e256_a128<<<1, 1024, 0, stream>>>(counts, dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 280 "templates/host.lua"
+        deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 311 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8<<<moe_blocks(T, 8), 256, 0, stream>>>((const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 313 "templates/host.lua"
+        deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
+#line 344 "templates/host.lua"
     if (dev->use90) {
-#line 318 "templates/host.lua"
+#line 349 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 288 "templates/host.lua"
+#line 319 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 301 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 288 "templates/host.lua"
+#line 332 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 319 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 301 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8<<<moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0), 384, 147504, stream>>>(ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 332 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 363 "templates/host.lua"
     } else {
-#line 307 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8<<<dim3(32, (unsigned)tiles_y), 256, 81920, stream>>>(xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 307 "templates/host.lua"
-    deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8<<<dim3(56, (unsigned)tiles_y), 256, 81920, stream>>>(hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 339 "templates/host.lua"
+#line 338 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 338 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 370 "templates/host.lua"
     }
-#line 354 "templates/host.lua"
-    deepseek_v3_ep8_mesh_combine_bf16_h7168k8<<<dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream>>>(xs, row_of, topk_w, T, (moe_half_t *)a->y);
+#line 385 "templates/host.lua"
+    deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -3077,7 +3108,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 376 "templates/host.lua"
+#line 407 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3102,5 +3133,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 500 "templates/host.lua"
+#line 531 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -19,7 +19,9 @@ v() { local log=$1; shift; timeout ${T_LIMIT:-330} "$@" > "$OUT/$log.log" 2>&1; 
   v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
   v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe
   v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
-  v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe; } &
+  v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
+  MOEGEN_PDL=on v test_vendored_pdl build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
+  MOEGEN_PDL=on v test_vendored_gemv_pdl build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe; } &
 { MOEGEN_PDL=on v test_gpu_pdl build/tests/test_gpu --tokens-max 200 qwen3-30b-a3b mixtral-8x7b gpt-oss-20b \
       deepseek-v3-ep8 tiny clamp odd shared
   MOEGEN_PDL=on v test_bgemm_gpu_pdl build/tests/test_bgemm_gpu; } &
