@@ -13,7 +13,9 @@ typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
 /* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
  * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
- * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
+ * moe_route_fuse_mode): the permute plan's outputs and the scatter's; the
+ * up weights' L2 prefetch (W1p, its bytes per slot, bytes per entry; 0 =
+ * none: moe_route_prefetch_bytes). */
 typedef struct {
     int mode, align;
     const int *slot_of;
@@ -22,6 +24,8 @@ typedef struct {
     int *num_tiles;
     moe_half_t *xs;
     int *row_of;
+    const unsigned char *w1p;
+    long long slab, prefetch;
 } moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
@@ -34,9 +38,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 34 "templates/prelude.lua"
+#line 38 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 40 "templates/prelude.lua"
+#line 44 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -78,6 +82,19 @@ static __device__ __forceinline__ void moe_pdl_begin() {
 #endif
 }
 
+/* Hint the L2 to fetch bytes [p, p + n) (16-byte aligned, n a multiple of
+ * 16), in 64 KB requests; nothing waits for them. No-op below sm_90. */
+static __device__ __forceinline__ void moe_prefetch_l2(const unsigned char *p, long long n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (long long o = 0; o < n; o += 65536) {
+        const unsigned len = (unsigned)(n - o < 65536 ? n - o : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(p + o), "r"(len) : "memory");
+    }
+#else
+    (void)p, (void)n;
+#endif
+}
+
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -104,7 +121,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 108 "templates/prelude.lua"
+#line 125 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -622,6 +639,13 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
+    /* a fused call's L2 prefetch of the chosen slots' up weights (gen/launch_geom.h,
+     * moe_route_prefetch_bytes): lane l holds the slots of experts l + 32i, loaded
+     * here so that the lookup after the top-k waits for nothing */
+    int pslot[VPL];
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+        pslot[i] = fuse.prefetch > 0 && lane + 32 * i < E ? __ldg(fuse.slot_of + lane + 32 * i) : 0;
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
@@ -634,15 +658,15 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 455 "templates/route.lua"
+#line 462 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 457 "templates/route.lua"
+#line 464 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 472 "templates/route.lua"
+#line 479 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -657,16 +681,16 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 490 "templates/route.lua"
+#line 497 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 497 "templates/route.lua"
+#line 504 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 499 "templates/route.lua"
+#line 506 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 621 "templates/route.lua"
+#line 628 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -678,35 +702,48 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
+        if (fuse.prefetch > 0) {   // warp-uniform: start the up GEMM's weight stream (a hint)
+            int slot = 0;
+#pragma unroll
+            for (int i = 0; i < VPL; ++i) {
+                const int v = __shfl_sync(FULL, pslot[i], mine & 31);
+                if ((mine >> 5) == i)
+                    slot = v;
+            }
+            if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
+                slot = E + lane - K;
+            if (lane < ENTRIES)
+                moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
+        }
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 639 "templates/route.lua"
+#line 659 "templates/route.lua"
             const float l = lrow[mine];
-#line 642 "templates/route.lua"
+#line 662 "templates/route.lua"
             w = expf(l - m) / z;
-#line 646 "templates/route.lua"
+#line 666 "templates/route.lua"
         }
-#line 648 "templates/route.lua"
+#line 668 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 671 "templates/route.lua"
+#line 691 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 677 "templates/route.lua"
+#line 697 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 686 "templates/route.lua"
+#line 706 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -725,7 +762,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 705 "templates/route.lua"
+#line 725 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -744,12 +781,12 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 728 "templates/route.lua"
+#line 748 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 731 "templates/route.lua"
+#line 751 "templates/route.lua"
         }
-#line 735 "templates/route.lua"
+#line 755 "templates/route.lua"
     }
 }
 
@@ -2583,6 +2620,20 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 #define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
 #define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
 #define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
+/* A fused call (mode > 0) also starts the up GEMM's weight stream: once a
+ * token's experts are chosen, route prefetches into L2 the first bytes of
+ * each chosen slot's W1p slab (cp.async.bulk.prefetch.L2, a hint: nothing
+ * waits for it), while its last block plans the permutation and the up
+ * GEMM launches — time the memory system otherwise spends idle. At most
+ * MOE_ROUTE_PREFETCH_BYTES in all (well inside the 50 MB L2), split evenly
+ * over the call's entries, 16-byte multiples, never past a slab; 0 when a
+ * slab is smaller than 16 bytes. */
+#define MOE_ROUTE_PREFETCH_BYTES (16LL << 20)
+static inline long long moe_route_prefetch_bytes(long long tokens, int entries, long long slab_bytes) {
+    const long long n = tokens * entries, b = n > 0 ? MOE_ROUTE_PREFETCH_BYTES / n / 16 * 16 : 0;
+    return b < slab_bytes ? b : slab_bytes / 16 * 16;
+}
+
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;
@@ -2885,43 +2936,47 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     if (e != cudaSuccess) return e;
 #line 291 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
+    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
+                           (const unsigned char *)a->w1p, 3932160LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 3, 1536, 8, 1);
+    if (fz.mode)
+        fz.prefetch = moe_route_prefetch_bytes(T, 3, fz.slab);
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 299 "templates/host.lua"
+#line 303 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 311 "templates/host.lua"
+#line 315 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 344 "templates/host.lua"
+#line 348 "templates/host.lua"
     if (dev->use90) {
-#line 349 "templates/host.lua"
+#line 353 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 319 "templates/host.lua"
+#line 323 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 332 "templates/host.lua"
+#line 336 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 319 "templates/host.lua"
+#line 323 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 332 "templates/host.lua"
+#line 336 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 363 "templates/host.lua"
+#line 367 "templates/host.lua"
     } else {
-#line 338 "templates/host.lua"
+#line 342 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 338 "templates/host.lua"
+#line 342 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 370 "templates/host.lua"
+#line 374 "templates/host.lua"
     }
-#line 385 "templates/host.lua"
+#line 389 "templates/host.lua"
     small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
@@ -2943,7 +2998,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 407 "templates/host.lua"
+#line 411 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2968,5 +3023,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 531 "templates/host.lua"
+#line 535 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
