@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Run 28 (the next session's second device call, after run 27 passed): the timings, one job at a time, ~420 s:
-#   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs
+#   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs, and
+#     build-old/moe_bench (main de82ab5, the build before the fused route's L2 prefetch of the up weights) beside
+#     them: carry ["build", "build-old"] after
+#       git worktree add /tmp/old de82ab5 && make -C /tmp/old -j2 all && mkdir -p build-old && cp /tmp/old/build/moe_bench build-old/
 #   - the gemv grid's bn 16 against the shipped bn 32 for Qwen3 (tests/tune/gemv.tune vs tuning/h200.tune)
 #   - the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune) against the default tile, 128..16384 tokens
 #   - ncu (--clock-control none) of Qwen3's kernels at 1 token (route, the gemv GEMMs, combine)
@@ -9,10 +12,11 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
-    for t in off on; do
+    for t in old off on; do
         echo "== pdl-$t $s" >> "$OUT/pdl_bench.log"
-        MOEGEN_PDL=$t timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 \
-            --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
+        bin=build/moe_bench; [ $t = old ] && bin=build-old/moe_bench
+        [ -x $bin ] && MOEGEN_PDL=${t/old/off} timeout 40 $bin examples/specs/$s.moe --graph --tokens 1 --tokens 4 \
+            --tokens 8 --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
     done
 done
 for t in shipped gemv; do
