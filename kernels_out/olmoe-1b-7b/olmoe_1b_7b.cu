@@ -746,8 +746,8 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         __shared__ int s_last_all, s_wr[NW], s_wt[NW];
         __threadfence();   // this block's entries and counts are visible before its ticket
         __syncthreads();
-        if (tid == 0)
-            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        if (tid == 0)   // one token block is the last without a ticket (a round trip to L2 saved)
+            s_last_all = gridDim.x == 1 || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
         __syncthreads();
         if (!s_last_all)
             return;

@@ -752,8 +752,8 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         __shared__ int s_last_all, s_wr[NW], s_wt[NW];
         __threadfence();   // this block's entries and counts are visible before its ticket
         __syncthreads();
-        if (tid == 0)
-            s_last_all = atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        if (tid == 0)   // one token block is the last without a ticket (a round trip to L2 saved)
+            s_last_all = gridDim.x == 1 || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
         __syncthreads();
         if (!s_last_all)
             return;
