@@ -58,7 +58,7 @@
 #            --graph at 1, 2, 4, 8, 16, 64 tokens under the shipped table and under gemv.tune side by side for
 #            $GEMV_SPECS (default qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 gpt-oss-20b); ~300 s
 #   gemvtune moegen tune at 1, 8, 64 tokens for $GEMV_TUNE_SPECS (default qwen3-30b-a3b mixtral-8x7b: each
-#            compiles its 25 candidates, up to 280 s a spec) into $OUT/gemv_tune.log (entries printed, not
+#            compiles its 28 candidates, up to 300 s a spec) into $OUT/gemv_tune.log (entries printed, not
 #            merged: the gemv candidates' times beside the wgmma grids')
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
