@@ -414,24 +414,38 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         __threadfence();
         /* G lanes per logit (a power of two, G | 32, while the logits leave
          * threads idle): lane p of a group sums splits p, p + G, ..., then
-         * the group adds its lanes in a fixed xor tree: every thread's loads
-         * in flight at once, and the same sum whichever block is last */
+         * the group adds its lanes in a fixed xor tree: the same sum whichever
+         * block is last. A pass takes NB logits a thread (j = base + b *
+         * THREADS + tid) and issues their loads split by split across the NB,
+         * so a block's T * E logits take a few L2 round trips, not one per
+         * THREADS logits (at 32 tokens and 128 experts: 16 of them) */
         const int Y = (int)gridDim.y;
         int G = 1;
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * ${LC});
+        const float *part0 = route_part + (long long)blockIdx.x * (T * ${LC});
+        constexpr int NB = 8;
 #pragma unroll 1
-        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
-            const int j = base + tid, i = j / G;
-            float v = 0.f;
-            if (i < nv) {
-                const float *src = route_part + (long long)blockIdx.x * (T * ${LC}) + i;
-#pragma unroll 4
-                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+        for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
+            float v[NB];
+            int iv[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                v[b] = 0.f;
+                iv[b] = (base + b * THREADS + tid) / G;
             }
-            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            if (i < nv && j % G == 0)
-                lsm[(i / ${LC}) * LDL + i % ${LC}] = v;
+            /* j % G is tid % G for every b: THREADS and base are multiples of G */
+#pragma unroll 2
+            for (int y = tid % G; y < Y; y += G)
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+                    if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
+                if (iv[b] < nv && tid % G == 0)
+                    lsm[(iv[b] / ${LC}) * LDL + iv[b] % ${LC}] = v[b];
+            }
         }
         __syncthreads();
     }

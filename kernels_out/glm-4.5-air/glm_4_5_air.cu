@@ -541,24 +541,38 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         __threadfence();
         /* G lanes per logit (a power of two, G | 32, while the logits leave
          * threads idle): lane p of a group sums splits p, p + G, ..., then
-         * the group adds its lanes in a fixed xor tree: every thread's loads
-         * in flight at once, and the same sum whichever block is last */
+         * the group adds its lanes in a fixed xor tree: the same sum whichever
+         * block is last. A pass takes NB logits a thread (j = base + b *
+         * THREADS + tid) and issues their loads split by split across the NB,
+         * so a block's T * E logits take a few L2 round trips, not one per
+         * THREADS logits (at 32 tokens and 128 experts: 16 of them) */
         const int Y = (int)gridDim.y;
         int G = 1;
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * E);
+        const float *part0 = route_part + (long long)blockIdx.x * (T * E);
+        constexpr int NB = 8;
 #pragma unroll 1
-        for (int base = 0; base < nv * G; base += THREADS) {   // uniform: every lane shuffles
-            const int j = base + tid, i = j / G;
-            float v = 0.f;
-            if (i < nv) {
-                const float *src = route_part + (long long)blockIdx.x * (T * E) + i;
-#pragma unroll 4
-                for (int y = j % G; y < Y; y += G) v += __ldcg(src + y * ystride);
+        for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
+            float v[NB];
+            int iv[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                v[b] = 0.f;
+                iv[b] = (base + b * THREADS + tid) / G;
             }
-            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            if (i < nv && j % G == 0)
-                lsm[(i / E) * LDL + i % E] = v;
+            /* j % G is tid % G for every b: THREADS and base are multiples of G */
+#pragma unroll 2
+            for (int y = tid % G; y < Y; y += G)
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+                    if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
+                if (iv[b] < nv && tid % G == 0)
+                    lsm[(iv[b] / E) * LDL + iv[b] % E] = v[b];
+            }
         }
         __syncthreads();
     }
@@ -583,28 +597,28 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 462 "templates/route.lua"
+#line 476 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 464 "templates/route.lua"
+#line 478 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 494 "templates/route.lua"
+#line 508 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 497 "templates/route.lua"
+#line 511 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 501 "templates/route.lua"
+#line 515 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 506 "templates/route.lua"
+#line 520 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 628 "templates/route.lua"
+#line 642 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -633,21 +647,21 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 659 "templates/route.lua"
+#line 673 "templates/route.lua"
             const float l = lrow[mine];
-#line 664 "templates/route.lua"
+#line 678 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 666 "templates/route.lua"
+#line 680 "templates/route.lua"
         }
-#line 668 "templates/route.lua"
+#line 682 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 678 "templates/route.lua"
+#line 692 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 682 "templates/route.lua"
+#line 696 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -656,16 +670,16 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 697 "templates/route.lua"
+#line 711 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 703 "templates/route.lua"
+#line 717 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 706 "templates/route.lua"
+#line 720 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -684,7 +698,7 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 725 "templates/route.lua"
+#line 739 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -703,12 +717,12 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 748 "templates/route.lua"
+#line 762 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 751 "templates/route.lua"
+#line 765 "templates/route.lua"
         }
-#line 755 "templates/route.lua"
+#line 769 "templates/route.lua"
     }
 }
 
