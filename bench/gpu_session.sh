@@ -58,7 +58,8 @@
 #            --graph at 1, 2, 4, 8, 16, 64 tokens under the shipped table and under gemv.tune side by side for
 #            $GEMV_SPECS (default qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 gpt-oss-20b); ~300 s
 #   gemvtune moegen tune at 1, 8, 64 tokens for $GEMV_TUNE_SPECS (default qwen3-30b-a3b mixtral-8x7b: each
-#            compiles its 28 candidates, up to 300 s a spec) into $OUT/gemv_tune.log (entries printed, not
+#            compiles its 28 candidates, up to 300 s a spec; GEMV_TUNE_GRIDS=gemv,tile passes --grid, fewer) into
+#            $OUT/gemv_tune.log (entries printed, not
 #            merged: the gemv candidates' times beside the wgmma grids')
 set -u
 OUT=${OUT:-/tmp/moegen_out}; mkdir -p "$OUT"
@@ -235,7 +236,8 @@ for what in "$@"; do
     gemvtune)
         for s in ${GEMV_TUNE_SPECS:-qwen3-30b-a3b mixtral-8x7b}; do
             echo "== $s" >> "$OUT/gemv_tune.log"
-            timeout 280 build/moegen tune examples/specs/$s.moe --tokens 1,8,64 --iters 10 >> "$OUT/gemv_tune.log" 2>&1
+            timeout 280 build/moegen tune examples/specs/$s.moe --tokens 1,8,64 --iters 10 ${GEMV_TUNE_GRIDS:+--grid $GEMV_TUNE_GRIDS} \
+                >> "$OUT/gemv_tune.log" 2>&1
             echo "tune $s: exit $?" | tee -a "$OUT/gemv_tune.log"
         done
         grep -E '^== |tokens: |gemv' "$OUT/gemv_tune.log" | tail -40

@@ -29,7 +29,7 @@ static const char *const usage_text =
     "  compile SPEC -o DIR     emit, and also write DIR/NAME.ARCH.cubin and .ptx through NVRTC\n"
     "  plan SPEC [--rank R] [--json]\n"
     "                          print the kernel plan and the mesh tables\n"
-    "  tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE]\n"
+    "  tune SPEC [--tokens a,b,c] [--iters N] [--grid g,h] [-o TABLE]\n"
     "                          time candidate sm_90a GEMM tiles on the GPU; write tuning table entries\n"
     "  help [COMMAND]          print help\n"
     "\n"

@@ -28,7 +28,7 @@
 #define MAX_SETS 64
 
 const char *const moe_tune_usage =
-    "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [-o TABLE] [--set KEY=VALUE]...\n\n"
+    "usage: moegen tune SPEC [--tokens a,b,c] [--iters N] [--grid g,h] [-o TABLE] [--set KEY=VALUE]...\n\n"
     "Time candidate sm_90a GEMM tiles (bm x bn x 64, stages, group_m, and the grid: tile = one CTA per\n"
     "output tile, persist = one CTA per SM walking the tiles, pingpong = persist with the two consumer\n"
     "warpgroups on alternate tiles, splitkS = S CTAs per tile each over a share of K: timed at counts\n"
@@ -42,6 +42,8 @@ const char *const moe_tune_usage =
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
     "measured count up to it.\n"
+    "--grid tile,persist,pingpong,splitk,gemv times only the candidates of those grids (the winner is the\n"
+    "fastest of them).\n"
     "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
     "-o they are printed.\n"
     "Progress goes to stderr. Needs a GPU (exit 1 without one); bad input exits 2.\n";
@@ -158,6 +160,7 @@ static int write_table(const char *path, const moe_spec_t *s, const int *tok, in
 typedef struct {
     const char *spec_path, *out;
     int iters;
+    unsigned grids; /* bit g: candidates of grid g (cand_t.grid) are timed (--grid; default every grid) */
     int tok[MAX_TOK], ntok, tmax, tok_min;
     moe_spec_t spec;
 } tune_args_t;
@@ -170,17 +173,36 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
     int nsets = 0;
     memset(a, 0, sizeof *a);
     a->iters = 20;
+    a->grids = 0x1f;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
             return fputs(moe_tune_usage, stdout), 0;
         if (strcmp(o, "--tokens") == 0 || strcmp(o, "--iters") == 0 || strcmp(o, "-o") == 0 ||
-            strcmp(o, "--set") == 0) {
+            strcmp(o, "--set") == 0 || strcmp(o, "--grid") == 0) {
             if (!v)
                 return fprintf(stderr, "moegen: error: %s needs a value\n(try moegen tune --help)\n", o), 2;
             i++;
             if (o[2] == 't')
                 toklist = v;
+            else if (o[2] == 'g') {
+                static const char *const names[5] = {"tile", "persist", "pingpong", "splitk", "gemv"};
+                a->grids = 0;
+                for (const char *p = v; *p;) {
+                    const size_t n = strcspn(p, ",");
+                    int g = 0;
+                    while (g < 5 && (strlen(names[g]) != n || strncmp(p, names[g], n)))
+                        g++;
+                    if (g == 5)
+                        return fprintf(stderr, "moegen: error: --grid: '%.*s' is not tile, persist, pingpong, splitk "
+                                       "or gemv\n", (int)n, p), 2;
+                    a->grids |= 1u << g;
+                    p += n + (p[n] == ',');
+                }
+                if (!a->grids)
+                    return fprintf(stderr, "moegen: error: --grid needs one or more of tile, persist, pingpong, "
+                                   "splitk, gemv\n"), 2;
+            }
             else if (o[2] == 'i') {
                 char *e;
                 a->iters = (int)strtol(v, &e, 10);
@@ -468,6 +490,10 @@ int moe_tune_command(int argc, char **argv) {
         const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
                                      .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
                                      .splitk = e.splitk, .gemv = e.gemv};
+        if (!(a.grids >> cd->grid & 1u)) {
+            fprintf(stderr, "skipped: not a --grid grid\n");
+            continue;
+        }
         if (moe_gemm_sm90_tile_check(&tile, why, sizeof why) ||
             (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))) {
             fprintf(stderr, "skipped: %s\n", why);

@@ -1152,6 +1152,16 @@ static void test_command(void) {
            "exit %d: %s", rc, err);
     free(out), free(err);
 
+    CASE("command: tune --grid with a name that is no grid exits 2 naming it, before the GPU check");
+    rc = run_moegen("tune " SMALL " --grid gemv,tiles", &out, &err);
+    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tiles' is not tile, persist, pingpong, splitk or gemv") &&
+               !strstr(err, "needs a GPU"),
+           "exit %d: %s", rc, err);
+    free(out), free(err);
+    rc = run_moegen("tune " SMALL " --grid", &out, &err);
+    CHECKF(rc == 2 && strstr(err, "--grid needs a value"), "exit %d: %s", rc, err);
+    free(out), free(err);
+
     CASE("command: check and plan of a good spec");
     rc = run_moegen("check " SMALL, &out, &err);
     CHECKF(rc == 0, "exit %d: %s", rc, err);
