@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run 28 (the next session's second device call, after run 27 passed): the timings, one job at a time, ~420 s:
 #   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs, and
-#     build-old/moe_bench (main de82ab5, the build before the fused route's L2 prefetch of the up weights) beside
-#     them: carry ["build", "build-old"] after
+#     build-old/moe_bench (main de82ab5: the build before the route's three changes — the fused calls' L2 prefetch
+#     of the up weights, the batched split-H sums, no fuse ticket for one token block) beside them: carry
+#     ["build", "build-old"] after
 #       git worktree add /tmp/old de82ab5 && make -C /tmp/old -j2 all && mkdir -p build-old && cp /tmp/old/build/moe_bench build-old/
 #   - the gemv grid's bn 16 against the shipped bn 32 for Qwen3 (tests/tune/gemv.tune vs tuning/h200.tune)
 #   - the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune) against the default tile, 128..16384 tokens
