@@ -198,6 +198,7 @@ static const char *const stub_prelude =
     "@ function M.prelude(p)\n"
     "typedef unsigned short moe_half_t;   /* ${p.dtype} bits */\n"
     "typedef struct { int expert, row_start, rows, pad; } moe_tile_t;\n"
+    "static __device__ __forceinline__ void moe_pdl_begin() {}  /* the real kernels' first statement */\n"
     "@ end\n"
     "@ return M\n";
 static const char *const stub_route =
