@@ -107,8 +107,9 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
                                       .tiles = reg[MOE_WS_TILES], .num_tiles = reg[MOE_WS_NUM_TILES],
                                       .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF],
                                       .w1p = (CUdeviceptr)(uintptr_t)a->w1p, .slab = slab,
-                                      .prefetch = fuse ? moe_route_prefetch_bytes(T, moe_spec_entries(&p->pd.spec),
-                                                                                  slab) : 0};
+                                      .prefetch = fuse && (uintptr_t)a->w1p % 16 == 0 /* the bulk prefetch's rule */
+                                                      ? moe_route_prefetch_bytes(T, moe_spec_entries(&p->pd.spec), slab)
+                                                      : 0};
     if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
                                reg[MOE_WS_ROUTE_PART], 0, &fa, st, ev)))
         return rc;

@@ -294,7 +294,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
                            (const unsigned char *)a->w1p, ${2 * p.F * p.H * (fp8 and 1 or 2)}LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, ${p.entries}, fz.slab);
     ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -3992,7 +3992,7 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
                            (const unsigned char *)a->w1p, 11534336LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 2048, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 8, fz.slab);
     deepseek_v2_lite_launch(dev, deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

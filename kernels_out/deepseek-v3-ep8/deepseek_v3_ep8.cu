@@ -4954,7 +4954,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
                            (const unsigned char *)a->w1p, 58720256LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 7168, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 8, fz.slab);
     deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 87040, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -6125,7 +6125,7 @@ extern "C" cudaError_t glm_4_5_air_forward(const glm_4_5_air_args_t *a, cudaStre
                            (const unsigned char *)a->w1p, 23068672LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 9, 4096, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 9, fz.slab);
     glm_4_5_air_launch(dev, glm_4_5_air_route_bf16_e128k8s1_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -5354,7 +5354,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
                            (const unsigned char *)a->w1p, 33177600LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 4, 2880, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 4, fz.slab);
     gpt_oss_120b_launch(dev, gpt_oss_120b_route_bf16_e128k4_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -4597,7 +4597,7 @@ extern "C" cudaError_t kimi_k2_forward(const kimi_k2_args_t *a, cudaStream_t str
                            (const unsigned char *)a->w1p, 58720256LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 9, 7168, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 9, fz.slab);
     kimi_k2_launch(dev, kimi_k2_route_bf16_e384k8s1_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 119808, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -5325,7 +5325,7 @@ extern "C" cudaError_t llama_4_scout_forward(const llama_4_scout_args_t *a, cuda
                            (const unsigned char *)a->w1p, 167772160LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 2, 5120, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 2, fz.slab);
     llama_4_scout_launch(dev, llama_4_scout_route_bf16_e16k1s1_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 5120)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

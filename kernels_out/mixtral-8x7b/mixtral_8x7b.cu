@@ -4400,7 +4400,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
                            (const unsigned char *)a->w1p, 234881024LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 2, 4096, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 2, fz.slab);
     mixtral_8x7b_launch(dev, mixtral_8x7b_route_bf16_e8k2_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 65280, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -6286,7 +6286,7 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
                            (const unsigned char *)a->w1p, 8388608LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 2048, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 8, fz.slab);
     olmoe_1b_7b_launch(dev, olmoe_1b_7b_route_bf16_e64k8_t32k128s3, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

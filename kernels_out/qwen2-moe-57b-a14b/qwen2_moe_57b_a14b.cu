@@ -6276,7 +6276,7 @@ extern "C" cudaError_t qwen2_moe_57b_a14b_forward(const qwen2_moe_57b_a14b_args_
                            (const unsigned char *)a->w1p, 36700160LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 16, 3584, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 16, fz.slab);
     qwen2_moe_57b_a14b_launch(dev, qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 3584)), 256, 96768, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -6122,7 +6122,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
                            (const unsigned char *)a->w1p, 25165824LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 4096, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 8, fz.slab);
     qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_route_bf16_e128k8_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,

@@ -2487,7 +2487,7 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
                            (const unsigned char *)a->w1p, 3932160LL, 0};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 3, 1536, 8, 1);
-    if (fz.mode)
+    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
         fz.prefetch = moe_route_prefetch_bytes(T, 3, fz.slab);
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
