@@ -407,10 +407,11 @@ test-sanitize: layers
 
 # ---- fuzzing (not part of make test) -------------------------------------
 # `make fuzz` builds libFuzzer harnesses (clang, ASan + UBSan, every UBSan
-# finding fatal) over the spec loader + planner and the tuning parser, and
-# runs each for FUZZ_SECONDS (default 60) from a seed corpus of the
-# repository's specs and tables; findings land in build/fuzz/. The harness
-# sources are tests/fuzz/*.c.
+# finding fatal) over the spec loader + planner (under the embedded tuning
+# table or one of tests/tune/'s, picked by the input's first byte) and the
+# tuning parser, and runs each for FUZZ_SECONDS (default 60) from a seed
+# corpus of the repository's specs and tables; findings land in build/fuzz/.
+# The harness sources are tests/fuzz/*.c.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -419,13 +420,15 @@ FUZZ_GEN     := $(filter-out gen/emit.c gen/compile.c gen/cache.c gen/template.c
 fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(wildcard gen/*.h) | deps
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) $< $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c \
-	  $(BUILD)/launch_geom_embed.c $(LUA_LIB) -lm -ldl -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_GEN) \
+	  $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(LUA_LIB) -lm -ldl -o $@
 fuzz: fuzz-build
 	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/tuning_corpus
-	@for f in examples/specs/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
 	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
 	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7; do \
+	    { printf "\\$$(printf %o $$((2 * i)))"; cat $$f; } > $(BUILD)/fuzz/spec_corpus/tune$${i}_$$(basename $$f); done; done
 	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/
 	cd $(BUILD)/fuzz && ./fuzz_spec -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=8192 \
 	  -print_final_stats=1 spec_corpus

@@ -2,8 +2,11 @@
  * (`make fuzz`; docs/DESIGN.md, "Tests"). One input is a spec and its
  * overrides: the bytes up to the first "\n--set\n" line are the spec,
  * every later line is one KEY=VALUE override. Its first byte picks how the
- * spec is read: even, as text (NUL-terminated: what a program passes);
- * odd, from a file (every byte, NULs included: what `moegen check` reads).
+ * spec is read: bit 0 clear, as text (NUL-terminated: what a program
+ * passes); set, from a file (every byte, NULs included: what `moegen check`
+ * reads); and bits 1-3 the tuning table it is planned under: 0 the embedded
+ * one, 1-7 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to it),
+ * so the variant, split-K, gemv and fp8 planning paths are reached too.
  *
  * What it asserts besides "no crash, no leak, no undefined behaviour" (the
  * sanitizers): an error has the FILE:LINE: error: form; an accepted spec's
@@ -22,6 +25,31 @@
 
 #define MAX_OVR 8
 
+#ifndef FUZZ_TUNE_DIR
+#define FUZZ_TUNE_DIR "tests/tune"
+#endif
+static const char *const tune_names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants"};
+#define NTUNE ((int)(sizeof tune_names / sizeof *tune_names))
+static moe_tuning_t tunes[NTUNE];
+static int tune_ok[NTUNE], tunes_loaded;
+
+/* Table i (0: the embedded one); a table that does not load falls back to
+ * the embedded one, said once on stderr. */
+static const moe_tuning_t *tuning_of(int i) {
+    if (!tunes_loaded) {
+        tunes_loaded = 1;
+        for (int k = 0; k < NTUNE; k++) {
+            char path[512];
+            moe_diag_t d;
+            snprintf(path, sizeof path, "%s/%s.tune", FUZZ_TUNE_DIR, tune_names[k]);
+            tune_ok[k] = moe_tuning_load(&tunes[k], path, &d) == 0;
+            if (!tune_ok[k])
+                fprintf(stderr, "fuzz_spec: %s (planning under the embedded table instead)\n", d.msg);
+        }
+    }
+    return i >= 1 && i <= NTUNE && tune_ok[i - 1] ? &tunes[i - 1] : moe_tuning_default();
+}
+
 static void require(int ok, const char *what, const char *detail) {
     if (!ok) {
         fprintf(stderr, "fuzz_spec: %s\n%s\n", what, detail ? detail : "");
@@ -37,6 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > (1 << 16))
         return 0;
     int from_file = data[0] & 1;
+    const moe_tuning_t *table = tuning_of((data[0] >> 1) & 7);
     data++, size--;
     char *buf = malloc(size + 1);
     if (!buf)
@@ -107,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the planner: plans, or says why */
     moe_plan_desc_t pd;
     char err[512] = "";
-    if (moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) != 0)
+    if (moe_plan_desc_build(&pd, &s, table, err, sizeof err) != 0)
         require(err[0] != 0, "the planner refused without a reason", NULL);
     moe_plan_desc_free(&pd);
     free(buf);
