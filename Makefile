@@ -414,29 +414,41 @@ test-sanitize: layers
 # ---- fuzzing (not part of make test) -------------------------------------
 # `make fuzz` builds libFuzzer harnesses (clang, ASan + UBSan, every UBSan
 # finding fatal) over the spec loader + planner (under the embedded tuning
-# table or one of tests/tune/'s, picked by the input's first byte) and the
-# tuning parser, and runs each for FUZZ_SECONDS (default 60) from a seed
-# corpus of the repository's specs and tables; findings land in build/fuzz/.
-# The harness sources are tests/fuzz/*.c.
+# table or one of tests/tune/'s, picked by the input's first byte), over
+# emission (a planned spec must emit, every planned kernel defined) and
+# over the tuning parser, and runs each for FUZZ_SECONDS (default 60) from a
+# seed corpus of the repository's specs and tables; findings land in
+# build/fuzz/. The harness sources are tests/fuzz/*.c.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_GEN     := $(filter-out gen/emit.c gen/compile.c gen/cache.c gen/template.c,$(GEN_SRC))
+# fuzz_emit runs the templates too (emission's sources, NVRTC's left out)
+FUZZ_EMIT_GEN := $(filter-out gen/compile.c gen/cache.c,$(GEN_SRC))
+FUZZ_EMBED   := $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c
 .PHONY: fuzz fuzz-build
-fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(wildcard gen/*.h) | deps
+fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_emit $(BUILD)/fuzz/fuzz_tuning
+$(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning: $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_input.h $(FUZZ_GEN) $(FUZZ_EMBED) \
+  $(wildcard gen/*.h) | deps
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_GEN) \
-	  $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(LUA_LIB) -lm -ldl -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_GEN) $(FUZZ_EMBED) \
+	  $(LUA_LIB) -lm -ldl -o $@
+$(BUILD)/fuzz/fuzz_emit: tests/fuzz/fuzz_emit.c tests/fuzz/fuzz_input.h $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) $(wildcard gen/*.h) | deps
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) \
+	  $(LUA_LIB) -lm -ldl -o $@
 fuzz: fuzz-build
-	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/tuning_corpus
+	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/emit_corpus $(BUILD)/fuzz/tuning_corpus
 	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
 	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
 	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
 	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7; do \
 	    { printf "\\$$(printf %o $$((2 * i)))"; cat $$f; } > $(BUILD)/fuzz/spec_corpus/tune$${i}_$$(basename $$f); done; done
+	@cp $(BUILD)/fuzz/spec_corpus/t_* $(BUILD)/fuzz/spec_corpus/tune* $(BUILD)/fuzz/emit_corpus/
 	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/
 	cd $(BUILD)/fuzz && ./fuzz_spec -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=8192 \
 	  -print_final_stats=1 spec_corpus
+	cd $(BUILD)/fuzz && ./fuzz_emit -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -max_len=8192 \
+	  -print_final_stats=1 emit_corpus
 	cd $(BUILD)/fuzz && ./fuzz_tuning -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
 	  -print_final_stats=1 tuning_corpus
