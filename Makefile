@@ -383,7 +383,8 @@ $(BUILD)/moegen.pc: Makefile gen/version.h
 # `make test-sanitize` builds the command, the library, the examples and the
 # CPU test programs into build-san/ (never mixed with build/'s objects) under
 # AddressSanitizer + UndefinedBehaviorSanitizer (every UBSan finding fatal)
-# with LeakSanitizer on, and runs them as test-cpu does. The tests run
+# with LeakSanitizer on, and runs them as test-cpu does (build-san/flags
+# records the flags: other flags build it afresh). The tests run
 # build-san/moegen (tests/check.h's MOEGEN_BUILD), so the command is checked
 # too. Every report of every process, the commands the tests start included
 # (whose stderr a test may swallow), goes to build-san/sanitizer/report.PID;
@@ -395,14 +396,19 @@ $(BUILD)/moegen.pc: Makefile gen/version.h
 # (`make install` of build/ and a cc build against it: packaging, no code of
 # ours under the sanitizers).
 SAN_BUILD := build-san
-SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+# (gcc's `undefined` leaves out float-cast-overflow, a float converted to an
+# integer type that cannot hold it, which is undefined in C: asked for by name)
+SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow \
+             -fno-omit-frame-pointer -g -O1
 SAN_TESTS := $(filter-out test_install,$(CPU_TESTS))
 SAN_LOG    = $(abspath $(SAN_BUILD))/sanitizer
-SAN_ENV    = ASAN_OPTIONS=log_path=$(SAN_LOG)/report:detect_leaks=1:check_initialization_order=1:detect_stack_use_after_return=1 \
+SAN_ENV    = ASAN_OPTIONS=log_path=$(SAN_LOG)/report:detect_leaks=1:detect_stack_use_after_return=1 \
              UBSAN_OPTIONS=log_path=$(SAN_LOG)/report:print_stacktrace=1:halt_on_error=1 \
              LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp
 .PHONY: test-sanitize
 test-sanitize: layers
+	@if [ "$$(cat $(SAN_BUILD)/flags 2>/dev/null)" != "$(SAN_FLAGS)" ]; then \
+	    rm -rf $(SAN_BUILD) && mkdir -p $(SAN_BUILD) && echo "$(SAN_FLAGS)" > $(SAN_BUILD)/flags; fi
 	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS='$(SAN_FLAGS)' $(SAN_BUILD)/moegen $(SAN_BUILD)/moe_ep_example \
 	  $(addprefix $(SAN_BUILD)/tests/,$(SAN_TESTS))
 	@rm -rf $(SAN_LOG) && mkdir -p $(SAN_LOG)
