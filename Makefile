@@ -442,7 +442,7 @@ $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning: $(BUILD)/fuzz/%: tests/fuzz/%
 $(BUILD)/fuzz/fuzz_emit: tests/fuzz/fuzz_emit.c tests/fuzz/fuzz_input.h $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) $(wildcard gen/*.h) | deps
 	@mkdir -p $(BUILD)/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) \
-	  $(LUA_LIB) -lm -ldl -o $@
+	  $(LUA_LIB) $(JANSSON_LIB) -lm -ldl -o $@
 fuzz: fuzz-build
 	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/emit_corpus $(BUILD)/fuzz/tuning_corpus
 	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \

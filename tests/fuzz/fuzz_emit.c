@@ -7,11 +7,17 @@
  *
  * What it asserts besides "no crash, no leak, no undefined behaviour": a
  * planned spec emits its four files (a refusal this late would reach the
- * user after the planner said yes); the emitted source defines every kernel the plan names for each of
- * the spec's arches, every GEMM variant's included, under its name. */
+ * user after the planner said yes); the emitted source defines every kernel
+ * the plan names for each of the spec's arches, every GEMM variant's
+ * included, under its name; manifest.json is JSON that jansson reads as the
+ * runtime does (moe_plan_create_from_dir) with the spec's name and hash; and
+ * the mesh tables' JSON (moegen plan --json) is JSON. */
 #include "fuzz_input.h"
 #include "emit.h"
+#include "mesh.h"
 #include "plan.h"
+
+#include <jansson.h>
 
 static void require(int ok, const char *what, const char *detail) {
     if (!ok) {
@@ -70,6 +76,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 require(defines(cu, pd.variants[v].kernels[arch][k].name), "the source lacks a GEMM variant's kernel",
                         pd.variants[v].kernels[arch][k].name);
     }
+    /* manifest.json, read as moe_plan_create_from_dir reads it */
+    const moe_buf_t *man = &fs.files[2].data;
+    require(strcmp(fs.files[2].path, "manifest.json") == 0, "the third file is not manifest.json", fs.files[2].path);
+    json_error_t je;
+    json_t *root = json_loadb(man->data, man->len, JSON_REJECT_DUPLICATES, &je);
+    char why[512];
+    snprintf(why, sizeof why, "%d:%d: %s", je.line, je.column, je.text);
+    require(root != NULL, "manifest.json is not JSON", why);
+    const char *name = json_string_value(json_object_get(root, "name"));
+    const char *hash = json_string_value(json_object_get(root, "hash"));
+    require(name && strcmp(name, pd.spec.name) == 0, "manifest.json's name is not the spec's", name);
+    require(hash && strcmp(hash, pd.spec.hash) == 0, "manifest.json's hash is not the spec's", hash);
+    json_decref(root);
+    /* the mesh tables as moegen plan --json prints them */
+    char *mesh = moe_mesh_plan_json(&pd.mesh, -1);
+    require(mesh != NULL, "moe_mesh_plan_json returned NULL", NULL);
+    root = json_loads(mesh, JSON_REJECT_DUPLICATES, &je);
+    snprintf(why, sizeof why, "%d:%d: %s", je.line, je.column, je.text);
+    require(root != NULL, "the mesh plan's JSON is not JSON", why);
+    json_decref(root);
+    free(mesh);
     moe_fileset_free(&fs);
     moe_plan_desc_free(&pd);
     fuzz_input_free(&in);
