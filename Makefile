@@ -1,6 +1,7 @@
 # moegen — the one build. `make` builds build/moegen and build/libmoegen.a;
 # `make run` emits and compiles the default example; `make test` runs the
-# CPU tests (and the GPU tests, which skip without a GPU).
+# CPU tests (and the GPU tests, which skip without a GPU); `make
+# test-sanitize` the CPU tests under ASan + UBSan (build-san/).
 
 # ---- settings ------------------------------------------------------------
 CUDA_HOME ?= /usr/local/cuda
@@ -168,9 +169,14 @@ TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 
 # The Python package's CPU tests (python/tests/run.py) against this build's
 # libmoegen.so, as a program run.sh runs; skipped when there is no python3.
+# A sanitized build (make test-sanitize) preloads libasan into the
+# interpreter, which is not built with it, with leak checks off: Python
+# leaves objects unfreed at exit, and the C tests hold the library's leaks.
+TEST_PYTHON_ENV = $(if $(filter -fsanitize=%,$(CFLAGS)),LD_PRELOAD=$(shell $(CC) -print-file-name=libasan.so) \
+                  ASAN_OPTIONS=$${ASAN_OPTIONS}:detect_leaks=0)
 $(BUILD)/tests/test_python: python/tests/run.py $(BUILD)/libmoegen.so
 	@mkdir -p $(dir $@)
-	@printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "test_python: 0 passed, 0 failed, 1 skipped"; exit 0; }\nMOEGEN_LIBRARY=%s exec python3 python/tests/run.py\n' "$(abspath $(BUILD))/libmoegen.so" > $@
+	@printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "test_python: 0 passed, 0 failed, 1 skipped"; exit 0; }\nMOEGEN_LIBRARY=%s %s exec python3 python/tests/run.py\n' "$(abspath $(BUILD))/libmoegen.so" '$(TEST_PYTHON_ENV)' > $@
 	@chmod +x $@
 
 # `make install` into a temporary DESTDIR, used as a program would use it
@@ -201,7 +207,8 @@ $(BUILD)/tests/test_tuning: $(BUILD)/cli/tune.o cli/tune.h
 
 $(BUILD)/tests/%: tests/%.c tests/check.h tests/mesh_fixture.h tests/ep_data.h tests/gen_fixture.h $(wildcard gen/*.h runtime/*.h tests/support/*.h) $(TEST_LIB) $(BUILD)/libmoegen.a
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support -Icli $< $(TEST_EXTRA_$(notdir $@)) $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -Itests/support -Icli -DMOEGEN_BUILD='"$(BUILD)"' $< $(TEST_EXTRA_$(notdir $@)) \
+	  $(TEST_LIB) $(BUILD)/libmoegen.a $(LDLIBS) -o $@
 
 .PHONY: test test-cpu test-gpu test-mgpu layers
 test: layers $(TEST_BINS) $(BUILD)/moegen
@@ -372,29 +379,82 @@ $(BUILD)/moegen.pc: Makefile gen/version.h
 	@printf 'prefix=%s\nName: moegen\nDescription: MoE layer code generator and runtime\nVersion: $(VERSION)\nCflags: -I$${prefix}/runtime\nLibs: $${prefix}/$(BUILD)/libmoegen.a $(LDLIBS)\n' "$(CURDIR)" > $@
 
 
+# ---- the CPU tests under sanitizers (not part of make test) ---------------
+# `make test-sanitize` builds the command, the library, the examples and the
+# CPU test programs into build-san/ (never mixed with build/'s objects) under
+# AddressSanitizer + UndefinedBehaviorSanitizer (every UBSan finding fatal)
+# with LeakSanitizer on, and runs them as test-cpu does (build-san/flags
+# records the flags: other flags build it afresh). The tests run
+# build-san/moegen (tests/check.h's MOEGEN_BUILD), so the command is checked
+# too. Every report of every process, the commands the tests start included
+# (whose stderr a test may swallow), goes to build-san/sanitizer/report.PID;
+# any report fails the target and is printed. Leaks count: the tests free
+# what they make, so a leak is a destroy or an error path of the library that
+# forgot something. tests/sanitize.supp names the third-party leaks ignored
+# (each with its reason). test_python runs with libasan preloaded into the
+# interpreter, leak checks off (its rule says why). Left out: test_install
+# (`make install` of build/ and a cc build against it: packaging, no code of
+# ours under the sanitizers).
+SAN_BUILD := build-san
+# (gcc's `undefined` leaves out float-cast-overflow, a float converted to an
+# integer type that cannot hold it, which is undefined in C: asked for by name)
+SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow \
+             -fno-omit-frame-pointer -g -O1
+SAN_TESTS := $(filter-out test_install,$(CPU_TESTS))
+SAN_LOG    = $(abspath $(SAN_BUILD))/sanitizer
+SAN_ENV    = ASAN_OPTIONS=log_path=$(SAN_LOG)/report:detect_leaks=1:detect_stack_use_after_return=1 \
+             UBSAN_OPTIONS=log_path=$(SAN_LOG)/report:print_stacktrace=1:halt_on_error=1 \
+             LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp
+.PHONY: test-sanitize
+test-sanitize: layers
+	@if [ "$$(cat $(SAN_BUILD)/flags 2>/dev/null)" != "$(SAN_FLAGS)" ]; then \
+	    rm -rf $(SAN_BUILD) && mkdir -p $(SAN_BUILD) && echo "$(SAN_FLAGS)" > $(SAN_BUILD)/flags; fi
+	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS='$(SAN_FLAGS)' $(SAN_BUILD)/moegen $(SAN_BUILD)/moe_ep_example \
+	  $(addprefix $(SAN_BUILD)/tests/,$(SAN_TESTS))
+	@rm -rf $(SAN_LOG) && mkdir -p $(SAN_LOG)
+	@status=0; $(SAN_ENV) bash tests/run.sh $(SAN_BUILD) $(SAN_TESTS) || status=1; \
+	if [ -n "$$(ls $(SAN_LOG))" ]; then cat $(SAN_LOG)/*; \
+	    echo "test-sanitize: $$(ls $(SAN_LOG) | wc -l) sanitizer report(s) in $(SAN_LOG)" >&2; status=1; fi; \
+	exit $$status
+
 # ---- fuzzing (not part of make test) -------------------------------------
 # `make fuzz` builds libFuzzer harnesses (clang, ASan + UBSan, every UBSan
-# finding fatal) over the spec loader + planner and the tuning parser, and
-# runs each for FUZZ_SECONDS (default 60) from a seed corpus of the
-# repository's specs and tables; findings land in build/fuzz/. The harness
-# sources are tests/fuzz/*.c.
+# finding fatal) over the spec loader + planner (under the embedded tuning
+# table or one of tests/tune/'s, picked by the input's first byte), over
+# emission (a planned spec must emit, every planned kernel defined) and
+# over the tuning parser, and runs each for FUZZ_SECONDS (default 60) from a
+# seed corpus of the repository's specs and tables; findings land in
+# build/fuzz/. The harness sources are tests/fuzz/*.c.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_GEN     := $(filter-out gen/emit.c gen/compile.c gen/cache.c gen/template.c,$(GEN_SRC))
+# fuzz_emit runs the templates too (emission's sources, NVRTC's left out)
+FUZZ_EMIT_GEN := $(filter-out gen/compile.c gen/cache.c,$(GEN_SRC))
+FUZZ_EMBED   := $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c
 .PHONY: fuzz fuzz-build
-fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c $(BUILD)/launch_geom_embed.c $(wildcard gen/*.h) | deps
+fuzz-build: $(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_emit $(BUILD)/fuzz/fuzz_tuning
+$(BUILD)/fuzz/fuzz_spec $(BUILD)/fuzz/fuzz_tuning: $(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_input.h $(FUZZ_GEN) $(FUZZ_EMBED) \
+  $(wildcard gen/*.h) | deps
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) $< $(FUZZ_GEN) $(BUILD)/tuning_embed.c $(BUILD)/templates_embed.c \
-	  $(BUILD)/launch_geom_embed.c $(LUA_LIB) -lm -ldl -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_GEN) $(FUZZ_EMBED) \
+	  $(LUA_LIB) -lm -ldl -o $@
+$(BUILD)/fuzz/fuzz_emit: tests/fuzz/fuzz_emit.c tests/fuzz/fuzz_input.h $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) $(wildcard gen/*.h) | deps
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) \
+	  $(LUA_LIB) $(JANSSON_LIB) -lm -ldl -o $@
 fuzz: fuzz-build
-	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/tuning_corpus
-	@for f in examples/specs/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
+	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/emit_corpus $(BUILD)/fuzz/tuning_corpus
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
 	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
 	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7; do \
+	    { printf "\\$$(printf %o $$((2 * i)))"; cat $$f; } > $(BUILD)/fuzz/spec_corpus/tune$${i}_$$(basename $$f); done; done
+	@cp $(BUILD)/fuzz/spec_corpus/t_* $(BUILD)/fuzz/spec_corpus/tune* $(BUILD)/fuzz/emit_corpus/
 	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/
 	cd $(BUILD)/fuzz && ./fuzz_spec -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=8192 \
 	  -print_final_stats=1 spec_corpus
+	cd $(BUILD)/fuzz && ./fuzz_emit -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -max_len=8192 \
+	  -print_final_stats=1 emit_corpus
 	cd $(BUILD)/fuzz && ./fuzz_tuning -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
 	  -print_final_stats=1 tuning_corpus

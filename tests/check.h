@@ -18,6 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The build folder whose programs (moegen, the examples) the tests run: the
+ * Makefile passes -DMOEGEN_BUILD='"$(BUILD)"' (build-san under `make
+ * test-sanitize`), so a sanitized test runs the sanitized command. */
+#ifndef MOEGEN_BUILD
+#define MOEGEN_BUILD "build"
+#endif
+
 static int check_passed, check_failed, check_skipped;
 static const char *check_case = "";
 static int check_kept = -1, check_matched;   /* this case's checks count (-1: before any case); a case matched */

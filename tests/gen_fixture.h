@@ -28,7 +28,7 @@
 #include "plan.h"
 #include "spec.h"
 
-#define MOEGEN "build/moegen"
+#define MOEGEN MOEGEN_BUILD "/moegen"
 #define SMALL "tests/specs/small.moe"
 #define GOLDEN_DIR "tests/golden/small"
 

@@ -210,6 +210,7 @@ static void cache_behaviour(const char *what, const char *tdir) {
     CHECK(hit == 0 && same_buf(&b, &first));
     moe_buf_free(&first);
     moe_buf_free(&b);
+    moe_plan_desc_free(&pd);
 }
 
 /* The cache folder is private and its entries are bound to their keys:
@@ -330,6 +331,8 @@ static void test_cache(void) {
     CHECK(put_template(t0, "zz_test_helper", "@ return { n = 2 }\n") == 0);
     CHECK(moe_cache_key(&pd, t0, MOE_ARCH_SM90A, k4, &d) == 0);
     CHECKF(strcmp(k3, k4) != 0, "changing an imported helper in the --templates folder kept the cache key");
+    moe_plan_desc_free(&pd);
+    moe_plan_desc_free(&pd2);
 
     CASE("cache with the embedded templates");
     if (!have_templates) {

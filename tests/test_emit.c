@@ -102,6 +102,7 @@ static void test_golden_small(void) {
     CHECKF(rc == 0, "%s", d.msg);
     if (rc) {
         moe_fileset_free(&fs);
+        moe_plan_desc_free(&pd);
         return;
     }
     static const char *const want_files[] = {"small.cu", "small.h", "manifest.json", "small.moe"};
@@ -142,6 +143,7 @@ static void test_golden_small(void) {
     }
     CHECK(strstr(cu, "#line 1 \"/") == NULL && strstr(cu, " \"/") == NULL);
     moe_fileset_free(&fs);
+    moe_plan_desc_free(&pd);
 }
 
 /* ---- determinism and the stamp ---------------------------------------------- */
@@ -348,6 +350,8 @@ static void test_vendored_fp8(void) {
         moe_diag_t d;
         if (moe_emit_files(&pd, NULL, &fs, &d)) {
             CHECKF(0, "%s", d.msg);
+            moe_fileset_free(&fs);
+            moe_plan_desc_free(&pd);
             continue;
         }
         const char *h = NULL, *cu = NULL;
@@ -385,6 +389,7 @@ static void test_vendored_fp8(void) {
                 CHECKF(strstr(cu, "moe_tmap_geom8(rows, k, box_rows)") != NULL, "%s: no one-byte tensor maps", specs[si]);
         }
         moe_fileset_free(&fs);
+        moe_plan_desc_free(&pd);
     }
 }
 
@@ -427,6 +432,7 @@ static void test_determinism(void) {
         }
         moe_fileset_free(&a);
         moe_fileset_free(&b);
+        moe_plan_desc_free(&pd);
     }
 
     CASE("determinism: two runs of moegen emit");

@@ -129,6 +129,7 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
         r->rc = 1;
         snprintf(r->msg, sizeof r->msg, "%s", d.msg);
         moe_buf_free(&src);
+        moe_plan_desc_free(&pd);
         return;
     }
     char name[128];
@@ -185,6 +186,7 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);
+    moe_plan_desc_free(&pd);
 }
 
 static void test_nvrtc_all(void) {

@@ -138,7 +138,7 @@ static void test_tuning_switch(void) {
     char dir[] = "/tmp/moegen-test-dir-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "build/moegen emit %s -o %s/out --tuning tests/tune/tile.tune", spec, dir);
+    snprintf(cmd, sizeof cmd, MOEGEN_BUILD "/moegen emit %s -o %s/out --tuning tests/tune/tile.tune", spec, dir);
     unsetenv("MOEGEN_TUNING");
     CHECK(system(cmd) == 0);
     snprintf(cmd, sizeof cmd, "%s/out", dir);
@@ -248,7 +248,7 @@ static void test_compiled_folder(void) {
     CHECK(mkdtemp(dir) != NULL);
     const char *spec = "tests/specs/small.moe";
     CASE("compiled folder: as compile wrote it, it passes every file check");
-    CHECK(sh("build/moegen compile %s -o %s/ok", spec, dir) == 0);
+    CHECK(sh(MOEGEN_BUILD "/moegen compile %s -o %s/ok", spec, dir) == 0);
     from_dir_case(dir, "ok", 0, NULL);
     CASE("compiled folder: its GEMM variants must be the ones this runtime plans");
     {
@@ -258,7 +258,7 @@ static void test_compiled_folder(void) {
         snprintf(tune, sizeof tune, "%s/variants.tune", dir);
         CHECK(sh("printf '12 3 1536 640 bf16 sm_90a 1 64 128 64 6 1 8 tile 1 2 2026-12-04 none\n"
                  "12 3 1536 640 bf16 sm_90a 256 128 256 64 4 2 8 tile 1 2 2026-12-04 none\n' > %s", tune) == 0);
-        CHECK(sh("build/moegen compile %s -o %s/variants --tuning %s", spec, dir, tune) == 0);
+        CHECK(sh(MOEGEN_BUILD "/moegen compile %s -o %s/variants --tuning %s", spec, dir, tune) == 0);
         CHECK(sh("grep -q '\"variants\": \\[' %s/variants/manifest.json && "
                  "grep -q 'small_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8' %s/variants/manifest.json",
                  dir, dir) == 0);
@@ -345,8 +345,8 @@ static void test_compiled_folder(void) {
         pclose(ls);
     CHECK(nman >= 10);
     CASE("compiled folder: emit with router.score = sigmoid over it leaves the softmax cubins unlisted");
-    CHECK(sh("cp -r %s/ok %s/sigmoid && build/moegen emit %s --set router.score=sigmoid -o %s/sigmoid", dir, dir,
-             spec, dir) == 0);
+    CHECK(sh("cp -r %s/ok %s/sigmoid && " MOEGEN_BUILD "/moegen emit %s --set router.score=sigmoid -o %s/sigmoid",
+             dir, dir, spec, dir) == 0);
     from_dir_case(dir, "sigmoid", 1, "lists no compiled cubin for sm_90a");
     CASE("compiled folder: NAME.moe edited (ffn) is refused, naming both files");
     CHECK(sh("cp -r %s/ok %s/edited && sed -i 's/^ffn = 640$/ffn = 512/' %s/edited/small.moe && "
@@ -354,7 +354,8 @@ static void test_compiled_folder(void) {
     from_dir_case(dir, "edited", 1, "edited/small.moe: the spec (hash");
     CHECK(strstr(moe_last_error(), "manifest.json records") != NULL);
     CASE("compiled folder: NAME.moe and the manifest's spec hash edited together: the cubin holds the old spec");
-    CHECK(sh("cp -r %s/edited %s/both && h=$(build/moegen check %s/both/small.moe | sed -n 's/^-- hash //p') && "
+    CHECK(sh("cp -r %s/edited %s/both && "
+             "h=$(" MOEGEN_BUILD "/moegen check %s/both/small.moe | sed -n 's/^-- hash //p') && "
              "sed -i \"s/\\\"hash\\\": \\\"[0-9a-f]*\\\"/\\\"hash\\\": \\\"$h\\\"/\" %s/both/manifest.json && "
              "grep -q \"$h\" %s/both/manifest.json", dir, dir, dir, dir, dir) == 0);
     from_dir_case(dir, "both", 1, "both/small.sm_90a.cubin: the cubin was not compiled from this spec");
@@ -627,10 +628,10 @@ int main(void) {
     CASE("moe_ep_example without a driver says so once (it printed 'cuInit not found: (null)' per rank)");
     if (moe_cu_load(why, sizeof why) == 0) {
         SKIP("this machine has a CUDA driver");
-    } else if (access("build/moe_ep_example", X_OK) != 0) {
-        SKIP("build/moe_ep_example is not built (make)");
+    } else if (access(MOEGEN_BUILD "/moe_ep_example", X_OK) != 0) {
+        SKIP(MOEGEN_BUILD "/moe_ep_example is not built (make)");
     } else {
-        FILE *ex = popen("build/moe_ep_example 2>&1", "r");
+        FILE *ex = popen(MOEGEN_BUILD "/moe_ep_example 2>&1", "r");
         char out[2048] = "";
         size_t got = ex ? fread(out, 1, sizeof out - 1, ex) : 0;
         out[got] = '\0';

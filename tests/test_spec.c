@@ -29,7 +29,7 @@
 #include "spec.h"
 #include "spec_schema.h"
 
-#define MOEGEN "build/moegen"
+#define MOEGEN MOEGEN_BUILD "/moegen"
 #define BAD_DIR "tests/specs/bad"
 #define ERR_DIR "tests/golden/errors"
 #define PWNED "/tmp/moegen_pwned"

@@ -522,10 +522,10 @@ int main(void) {
     {
         char out[8192];
         static const char *const cmds[3] = {
-            "MOEGEN_TUNING=tests/tune/persist.tune build/moegen plan examples/specs/mixtral-8x7b.moe 2>&1",
-            "MOEGEN_TUNING=tests/tune/persist.tune build/moegen plan examples/specs/mixtral-8x7b.moe "
+            "MOEGEN_TUNING=tests/tune/persist.tune " MOEGEN_BUILD "/moegen plan examples/specs/mixtral-8x7b.moe 2>&1",
+            "MOEGEN_TUNING=tests/tune/persist.tune " MOEGEN_BUILD "/moegen plan examples/specs/mixtral-8x7b.moe "
             "--tuning tests/tune/tile.tune 2>&1",
-            "MOEGEN_TUNING=/nonexistent.tune build/moegen plan examples/specs/mixtral-8x7b.moe 2>&1"};
+            "MOEGEN_TUNING=/nonexistent.tune " MOEGEN_BUILD "/moegen plan examples/specs/mixtral-8x7b.moe 2>&1"};
         static const char *const want[3] = {"mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
                                             "mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8",
                                             "/nonexistent.tune: error: "};
@@ -543,8 +543,8 @@ int main(void) {
     {
         char out[8192];
         static const char *const cmds[2] = {
-            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune 2>&1",
-            "build/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune "
+            MOEGEN_BUILD "/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune 2>&1",
+            MOEGEN_BUILD "/moegen plan examples/specs/qwen3-30b-a3b.moe --tuning tests/tune/gemv.tune "
             "--set quant.weights=fp8_e4m3 --set arch=sm_90a 2>&1"};
         static const char *const want[2] = {
             "qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n16u2           threads  256  smem  13312  gemv, 16 weight "

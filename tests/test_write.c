@@ -83,6 +83,7 @@ static void test_all_or_nothing(void) {
         snprintf(l1, sizeof l1, "%s\n", d.msg);
         CHECK_STREQ(l1, want);
         moe_fileset_free(&fs);
+        moe_plan_desc_free(&pd);
     }
     CHECKF(!exists("/tmp/moegen_pwned"), "a template created /tmp/moegen_pwned");
 
@@ -137,6 +138,7 @@ static void test_all_or_nothing(void) {
     moe_buf_free(&src);
     moe_buf_free(&cubin);
     moe_buf_free(&log);
+    moe_plan_desc_free(&pd);
 
     /* re-running emit leaves unchanged files alone */
     CASE("emit: unchanged files keep their mtime");

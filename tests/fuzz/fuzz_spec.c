@@ -1,26 +1,19 @@
 /* fuzz_spec.c — libFuzzer harness over the spec loader and the planner
  * (`make fuzz`; docs/DESIGN.md, "Tests"). One input is a spec and its
- * overrides: the bytes up to the first "\n--set\n" line are the spec,
- * every later line is one KEY=VALUE override. Its first byte picks how the
- * spec is read: even, as text (NUL-terminated: what a program passes);
- * odd, from a file (every byte, NULs included: what `moegen check` reads).
+ * overrides (tests/fuzz/fuzz_input.h: the bytes up to the first "\n--set\n"
+ * line are the spec, every later line is one KEY=VALUE override). Its first
+ * byte picks how the spec is read: bit 0 clear, as text (NUL-terminated:
+ * what a program passes); set, from a file (every byte, NULs included: what
+ * `moegen check` reads); bits 1-3 the tuning table it is planned under.
  *
  * What it asserts besides "no crash, no leak, no undefined behaviour" (the
  * sanitizers): an error has the FILE:LINE: error: form; an accepted spec's
  * canonical text loads again to the same hash and is a fixed point; the
  * planner either plans it or says why (it never returns an empty reason). */
-#define _GNU_SOURCE /* memmem */
+#include "fuzz_input.h"
 #include "plan.h"
-#include "spec.h"
-#include "tuning.h"
 
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
-
-#define MAX_OVR 8
 
 static void require(int ok, const char *what, const char *detail) {
     if (!ok) {
@@ -34,62 +27,35 @@ static int is_diag(const char *m) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size < 1 || size > (1 << 16))
+    fuzz_input_t in;
+    if (fuzz_input_split(&in, data, size))
         return 0;
-    int from_file = data[0] & 1;
-    data++, size--;
-    char *buf = malloc(size + 1);
-    if (!buf)
-        return 0;
-    memcpy(buf, data, size);
-    buf[size] = 0;
-
-    /* split off the overrides (they are C strings: a NUL ends one early) */
-    moe_override_t ovr[MAX_OVR];
-    int novr = 0;
-    size_t spec_len = size;
-    char *mark = memmem(buf, size, "\n--set\n", 7);
-    if (mark) {
-        spec_len = (size_t)(mark - buf) + 1;
-        char *line = mark + 7;
-        *mark = 0;
-        while (novr < MAX_OVR && line < buf + size) {
-            char *nl = memchr(line, '\n', (size_t)(buf + size - line));
-            if (nl)
-                *nl = 0;
-            ovr[novr++].text = line;
-            if (!nl)
-                break;
-            line = nl + 1;
-        }
-    }
-
     moe_spec_t s;
     moe_diag_t d;
     int rc;
-    if (from_file) {
+    if (in.from_file) {
         char path[] = "/tmp/fuzz_spec.XXXXXX";
         int fd = mkstemp(path);
         if (fd < 0) {
-            free(buf);
+            fuzz_input_free(&in);
             return 0;
         }
         size_t off = 0;
-        while (off < spec_len) {
-            ssize_t n = write(fd, buf + off, spec_len - off);
+        while (off < in.spec_len) {
+            ssize_t n = write(fd, in.buf + off, in.spec_len - off);
             if (n <= 0)
                 break;
             off += (size_t)n;
         }
         close(fd);
-        rc = moe_spec_load(&s, path, NULL, ovr, novr, &d);
+        rc = moe_spec_load(&s, path, NULL, in.ovr, in.novr, &d);
         unlink(path);
     } else {
-        rc = moe_spec_load(&s, "fuzz.moe", buf, ovr, novr, &d);
+        rc = moe_spec_load(&s, "fuzz.moe", in.spec, in.ovr, in.novr, &d);
     }
     if (rc) {
         require(is_diag(d.msg), "an error without FILE:LINE: error:", d.msg);
-        free(buf);
+        fuzz_input_free(&in);
         return 0;
     }
 
@@ -107,9 +73,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the planner: plans, or says why */
     moe_plan_desc_t pd;
     char err[512] = "";
-    if (moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) != 0)
+    if (moe_plan_desc_build(&pd, &s, fuzz_tuning_of(in.table), err, sizeof err) != 0)
         require(err[0] != 0, "the planner refused without a reason", NULL);
     moe_plan_desc_free(&pd);
-    free(buf);
+    fuzz_input_free(&in);
     return 0;
 }
