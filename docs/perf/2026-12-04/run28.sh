@@ -3,7 +3,8 @@
 #   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs, and
 #     build-old/moe_bench (main de82ab5: the build before the route's three changes — the fused calls' L2 prefetch
 #     of the up weights, the batched split-H sums, no fuse ticket for one token block) beside them: carry
-#     ["build", "build-old"] after
+#     ["build", "build-old"]; build-old/moe_bench was built at de82ab5 in the sixth session (ignored, kept in the
+#     checkout); if it is gone:
 #       git worktree add /tmp/old de82ab5 && make -C /tmp/old -j2 all && mkdir -p build-old && cp /tmp/old/build/moe_bench build-old/
 #   - the gemv grid's bn 16 against the shipped bn 32 for Qwen3 (tests/tune/gemv.tune vs tuning/h200.tune)
 #   - the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune) against the default tile, 128..16384 tokens
