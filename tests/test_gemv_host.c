@@ -29,6 +29,9 @@ static const host_case_t cases[] = {
     /* bn 16 and 8: two and four warps share a group's K, their sums added in shared memory */
     {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows", "name = 'q16' experts = 2 top_k = 1 hidden = 2048 ffn = 768 tokens = 64\n", 9},
     {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3},
+    {"bn 16 on gpt-oss-20b's H and F: K 2880's 360 vectors split unevenly between the two warps, clamp and biases",
+     "name = 'g16' experts = 3 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2},
     {"bn 8, unroll 1, fp16: the clamped SwiGLU with biases, K shorter than a batch's warps", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 9},
 };
