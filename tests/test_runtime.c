@@ -82,33 +82,21 @@ static void test_cudnn_switch(void) {
  * too many tiles or positions are refused with the reason. */
 /* MOEGEN_TUNING / moe_options.tuning_path: another tuning table for the
  * JIT, read before any driver use; its errors name the file and line. */
-/* The fused-route switch: a value other than on or off fails the plan
+/* An on/off switch read when a plan is created (MOEGEN_ROUTE_FUSE: the
+ * fused route; MOEGEN_PDL: launch overlap): any other value fails the plan
  * before any driver use, naming the value (on a GPU test_gpu checks
- * moe_plan_info.route_fuse and each call's path under on and off). */
-static void test_route_fuse_switch(void) {
+ * moe_plan_info.route_fuse / .pdl and runs the cases under on and off). */
+static void test_switch_refused(const char *label, const char *var, const char *value) {
     moe_plan *plan = NULL;
-    CASE("route fuse: a bad MOEGEN_ROUTE_FUSE fails the plan before the driver, naming the value");
-    setenv("MOEGEN_ROUTE_FUSE", "sometimes", 1);
+    char want[96];
+    CASE(label);
+    snprintf(want, sizeof want, "%s=%s", var, value);
+    setenv(var, value, 1);
     moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
-    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "MOEGEN_ROUTE_FUSE=sometimes") &&
-               strstr(moe_last_error(), "on or off"),
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), want) && strstr(moe_last_error(), "on or off"),
            "got %s: %s", moe_status_string(st), moe_last_error());
     CHECK(plan == NULL);
-    unsetenv("MOEGEN_ROUTE_FUSE");
-}
-
-/* The launch-overlap switch (MOEGEN_PDL), likewise; on a GPU test_gpu checks
- * moe_plan_info.pdl under on and off and runs every case under both. */
-static void test_pdl_switch(void) {
-    moe_plan *plan = NULL;
-    CASE("launch overlap: a bad MOEGEN_PDL fails the plan before the driver, naming the value");
-    setenv("MOEGEN_PDL", "1", 1);
-    moe_status st = moe_plan_create(&plan, "examples/specs/mixtral-8x7b.moe", NULL);
-    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "MOEGEN_PDL=1") &&
-               strstr(moe_last_error(), "on or off"),
-           "got %s: %s", moe_status_string(st), moe_last_error());
-    CHECK(plan == NULL);
-    unsetenv("MOEGEN_PDL");
+    unsetenv(var);
 }
 
 static void test_tuning_switch(void) {
@@ -641,8 +629,10 @@ int main(void) {
                "status %d: %s", est, out);
     }
     test_cudnn_switch();
-    test_route_fuse_switch();
-    test_pdl_switch();
+    test_switch_refused("route fuse: a bad MOEGEN_ROUTE_FUSE fails the plan before the driver, naming the value",
+                        "MOEGEN_ROUTE_FUSE", "sometimes");
+    test_switch_refused("launch overlap: a bad MOEGEN_PDL fails the plan before the driver, naming the value",
+                        "MOEGEN_PDL", "1");
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {
