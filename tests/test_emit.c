@@ -474,27 +474,9 @@ static int check_pdl_first(const char *fname, const char *data, size_t n) {
             }
             break;
         }
-        char name[96]; /* the word before the parameter list: the '(' matching the ')' before the brace */
-        const char *ne = b;
-        while (ne > p && ne[-1] != ')')
-            ne--;
-        for (int depth = 0; ne > p; ne--) {
-            depth += ne[-1] == ')' ? 1 : ne[-1] == '(' ? -1 : 0;
-            if (depth == 0)
-                break;
-        }
-        ne--; /* at the '(' */
-        while (ne > p && isspace((unsigned char)ne[-1]))
-            ne--;
-        const char *ns = ne;
-        while (ns > p && isalnum_c(ns[-1]))
-            ns--;
-        const size_t nl = (size_t)(ne - ns) < sizeof name - 1 ? (size_t)(ne - ns) : sizeof name - 1;
-        memcpy(name, ns, nl);
-        name[nl] = '\0';
         static const char first[] = "moe_pdl_begin();";
         CHECKF((size_t)(end - q) >= sizeof first - 1 && !strncmp(q, first, sizeof first - 1),
-               "%s: kernel %s does not start with %s", fname, name, first);
+               "%s: the kernel at '%.100s' does not start with %s", fname, p, first);
         kernels++;
         p = b;
     }
