@@ -235,42 +235,24 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         rc = moe_tmpl_expand(t, pk->tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }
-    if (!rc && pd->has_bwd) { /* the backward's own kernels (spec.training), arch-neutral */
+    if (!rc && pd->has_bwd) { /* the backward's own kernels (spec.training), arch-neutral: one template */
+        static const char *const field[MOE_BK_COUNT] = {"dys", "router", "dx", "dwr", "colsum", "unpack", "accum",
+                                                        "slot_rows"};
         lua_State *L = moe_tmpl_lua(t);
-        const moe_kernel_desc_t *up = &pd->bwd[MOE_K_BWD_UPRE - MOE_K_BWD_FIRST];
         moe_plan_push_params(L, pd, s->arch[0], -1);
-        moe_lua_set_str(L, "kernel", up->name);
-        moe_lua_set_int(L, "threads", up->threads);
-        moe_lua_set_int(L, "smem", up->smem);
-        lua_newtable(L);
-        moe_lua_set_int(L, "bm", up->tile.bm);
-        moe_lua_set_int(L, "bn", up->tile.bn);
-        moe_lua_set_int(L, "bk", up->tile.bk);
-        moe_lua_set_int(L, "stages", up->tile.stages);
-        moe_lua_set_int(L, "warps_m", up->tile.warps_m);
-        moe_lua_set_int(L, "warps_n", up->tile.warps_n);
-        moe_lua_set_int(L, "group_m", up->tile.group_m);
-        lua_setfield(L, -2, "tile");
-        rc = moe_tmpl_expand(t, up->tmpl, NULL, out, diag);
-        moe_buf_printf(out, "\n");
-        if (!rc) {
-            static const char *const field[MOE_BK_COUNT] = {NULL, "dys", "router", "dx", "dwr", "colsum", "unpack",
-                                                                  "accum", "slot_rows"};
-            moe_plan_push_params(L, pd, s->arch[0], -1);
-            for (int i = 1; i < MOE_BK_COUNT; i++) {
-                char key[32];
-                snprintf(key, sizeof key, "%s_kernel", field[i]);
-                moe_lua_set_str(L, key, pd->bwd[i].name);
-                snprintf(key, sizeof key, "%s_threads", field[i]);
-                moe_lua_set_int(L, key, pd->bwd[i].threads);
-                snprintf(key, sizeof key, "%s_per_block", field[i]);
-                moe_lua_set_int(L, key, pd->bwd[i].per_block);
-            }
-            moe_lua_set_int(L, "dwr_cols", MOE_BWD_DWR_COLS);
-            moe_lua_set_int(L, "dwr_experts", MOE_BWD_DWR_EXPERTS);
-            rc = moe_tmpl_expand(t, pd->bwd[1].tmpl, NULL, out, diag);
-            moe_buf_printf(out, "\n");
+        for (int i = 0; i < MOE_BK_COUNT; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "%s_kernel", field[i]);
+            moe_lua_set_str(L, key, pd->bwd[i].name);
+            snprintf(key, sizeof key, "%s_threads", field[i]);
+            moe_lua_set_int(L, key, pd->bwd[i].threads);
+            snprintf(key, sizeof key, "%s_per_block", field[i]);
+            moe_lua_set_int(L, key, pd->bwd[i].per_block);
         }
+        moe_lua_set_int(L, "dwr_cols", MOE_BWD_DWR_COLS);
+        moe_lua_set_int(L, "dwr_experts", MOE_BWD_DWR_EXPERTS);
+        rc = moe_tmpl_expand(t, pd->bwd[0].tmpl, NULL, out, diag);
+        moe_buf_printf(out, "\n");
     }
     /* the backward GEMMs (spec.training), after the pack kernel (dgrad_down
      * calls gen/pack_geom.h's moe_pack_row), each distinct name once */

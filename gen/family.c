@@ -8,8 +8,8 @@
 /* one descriptor per family, each in its own file */
 extern const moe_family_t moe_family_route, moe_family_permute_plan, moe_family_permute_scatter,
     moe_family_gemm_up, moe_family_gemm_down, moe_family_combine, moe_family_ep_send_plan, moe_family_ep_scatter,
-    moe_family_ep_recv_plan, moe_family_ep_rows, moe_family_swiglu, moe_family_pack, moe_family_bwd_upre,
-    moe_family_bwd_dys, moe_family_bwd_router, moe_family_bwd_dx, moe_family_bwd_dwr, moe_family_bwd_colsum,
+    moe_family_ep_recv_plan, moe_family_ep_rows, moe_family_swiglu, moe_family_pack, moe_family_bwd_dys,
+    moe_family_bwd_router, moe_family_bwd_dx, moe_family_bwd_dwr, moe_family_bwd_colsum,
     moe_family_bwd_unpack, moe_family_bwd_accum, moe_family_bwd_slot_rows, moe_family_dgrad_down, moe_family_dgrad_up, moe_family_wgrad_up,
     moe_family_wgrad_down;
 
@@ -26,7 +26,6 @@ static const moe_family_t *const table[MOE_FAMILY_COUNT] = {
     [MOE_K_EP_ROWS] = &moe_family_ep_rows,
     [MOE_K_SWIGLU] = &moe_family_swiglu,
     [MOE_K_PACK] = &moe_family_pack,
-    [MOE_K_BWD_UPRE] = &moe_family_bwd_upre,
     [MOE_K_BWD_DYS] = &moe_family_bwd_dys,
     [MOE_K_BWD_ROUTER] = &moe_family_bwd_router,
     [MOE_K_BWD_DX] = &moe_family_bwd_dx,

@@ -46,10 +46,10 @@ typedef enum {
     /* the device-side weight pack: a checkpoint tensor (strided sources)
      * into slots of w1p, b1p, w2 or b2 (moe_plan_pack_async) */
     MOE_K_PACK,
-    /* the backward's own kernels (templates/bwd.lua, bwd_upre.lua; planned
-     * only when spec.training; the backward's grouped GEMMs are bgemm's),
-     * in the order of the plan's backward set (moe_plan_desc_t.bwd) */
-    MOE_K_BWD_UPRE,         /* U = xs . W1p^T (+ b1p), the pre-activation [rows, 2F] */
+    /* the backward's own kernels (templates/bwd.lua; planned only when
+     * spec.training; the backward's grouped GEMMs are bgemm's, and U, when
+     * it is recomputed, the forward's up GEMM's), in the order of the plan's
+     * backward set (moe_plan_desc_t.bwd) */
     MOE_K_BWD_DYS,          /* dys[row] = w . dy[t], dw[t, k] = <dy[t], O[row]> */
     MOE_K_BWD_ROUTER,       /* dw -> dlogits [T, E] (renormalize, scale, softmax / sigmoid) */
     MOE_K_BWD_DX,           /* dx[t] = sum_k dXs[row(t, k)] + dlogits[t] . Wr */
@@ -74,7 +74,7 @@ typedef enum {
 /* The first EP family: EP set index i is family MOE_K_EP_FIRST + i. */
 #define MOE_K_EP_FIRST MOE_K_EP_SEND_PLAN
 /* The backward's own kernels: backward set index i is family MOE_K_BWD_FIRST + i. */
-#define MOE_K_BWD_FIRST MOE_K_BWD_UPRE
+#define MOE_K_BWD_FIRST MOE_K_BWD_DYS
 #define MOE_BK_COUNT (MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST + 1)
 /* The d router_w kernel's block tile (templates/bwd.lua reads them as
  * p.dwr_cols, p.dwr_experts): hidden columns x experts. */

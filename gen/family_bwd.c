@@ -1,8 +1,7 @@
 /* family_bwd.c — the backward's own kernels (everything of the backward
- * but its four grouped GEMMs, which are bgemm's): the U GEMM
- * (templates/bwd_upre.lua: the pre-activation xs . W1p^T (+ b1p) that the
- * backward recomputes when the training forward did not save it, on the
- * sm_80 GEMM's mainloop), and templates/bwd.lua's row and router kernels (docs/DESIGN.md,
+ * but its four grouped GEMMs, which are bgemm's, and the U it recomputes
+ * when the training forward did not save it, which is the forward's up
+ * GEMM's): templates/bwd.lua's row and router kernels (docs/DESIGN.md,
  * "Backward"), the fp32 add of moe_reduce_scatter_grads' accumulate and an EP rank's rows per held slot
  * (docs/DESIGN.md, "Expert-parallel backward"). All arch-neutral: the plan builds them once, into
  * moe_plan_desc_t.bwd, and only when spec.training is set. */
@@ -10,26 +9,6 @@
 #include "launch_geom.h"
 
 #include <stdio.h>
-
-/* ---- upre: [rows, H] x [H, 2F] (+ b1p) -> U [rows, 2F], packed columns -- */
-
-static int upre_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
-    return moe_gemm_sm80_geometry(k, c, err, errlen); /* bm = the plan's row block, as the tile table needs */
-}
-
-static void upre_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
-    const moe_spec_t *s = c->spec;
-    const moe_tile_cfg_t *t = &k->tile;
-    snprintf(out, n, "%s_bwd_upre_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, moe_dtype_name(s->dtype), t->bm, t->bn, t->bk,
-             t->stages, t->warps_m, t->warps_n, t->group_m);
-}
-
-/* N tiles x M tiles (n: the row tiles), as the sm_80 forward GEMMs */
-static void upre_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
-    (void)tokens;
-    g[0] = moe_blocks(2LL * s->ffn, k->tile.bn);
-    g[1] = (unsigned)n;
-}
 
 /* ---- the row and router kernels: a warp per row or token ---------------- */
 
@@ -122,9 +101,6 @@ static void unpack_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tok
     g[0] = moe_blocks(n, k->threads);
 }
 
-static const moe_family_variant_t upre_variants[] = {
-    {.archs = MOE_ALL_ARCHES, .tmpl = "bwd_upre", .code = "gemm_sm80", .geometry = upre_geometry},
-};
 static const moe_family_variant_t warp_variants[] = {
     {.archs = MOE_ALL_ARCHES, .tmpl = "bwd", .code = "bwd", .geometry = warp_geometry},
 };
@@ -132,8 +108,6 @@ static const moe_family_variant_t block_variants[] = {
     {.archs = MOE_ALL_ARCHES, .tmpl = "bwd", .code = "bwd", .geometry = block_geometry},
 };
 
-const moe_family_t moe_family_bwd_upre = {.id = MOE_K_BWD_UPRE, .name = "bwd_upre", .variants = upre_variants,
-                                          .nvariants = 1, .spell = upre_spell, .grid = upre_grid};
 const moe_family_t moe_family_bwd_dys = {.id = MOE_K_BWD_DYS, .name = "bwd_dys", .variants = warp_variants,
                                          .nvariants = 1, .spell = dys_spell, .grid = dys_grid};
 const moe_family_t moe_family_bwd_router = {.id = MOE_K_BWD_ROUTER, .name = "bwd_router", .variants = warp_variants,

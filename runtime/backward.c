@@ -4,7 +4,7 @@
  * input but the selection), the saved region's queries and the unpack of
  * a packed W1 gradient. docs/DESIGN.md, "Backward", has the data flow;
  * the grouped GEMMs are runtime/bgemm.h's, the other kernels the plan's
- * backward set (gen/family_bwd.c, templates/bwd.lua, bwd_upre.lua). */
+ * backward set (gen/family_bwd.c, templates/bwd.lua); a recomputed U is the forward's up GEMM's. */
 #define _POSIX_C_SOURCE 200809L
 #include "moe_impl.h"
 
@@ -238,9 +238,15 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
         bw[i] = (CUdeviceptr)(uintptr_t)a->workspace + bwr[i].offset;
     const long long nt = moe_launcher_tiles(&p->launcher, T); /* the training forward ran its row block */
     CUdeviceptr u = recompute ? bw[MOE_BW_U] : sv[MOE_SV_U];
-    if (recompute) { /* U again, from the saved rows (activation checkpointing) */
-        void *args[] = {&sv[MOE_SV_XS], (void *)&a->w1p, (void *)&a->b1p, &sv[MOE_SV_TILES], &sv[MOE_SV_NUM_TILES], &u};
-        if ((rc = moe_launch_kernel(l, MOE_K_BWD_UPRE, T, nt, st, args, NULL)))
+    if (recompute) { /* U again, from the saved rows (activation checkpointing): the training forward's own
+                      * up GEMM (its variant for T), so U is the bits it would have saved; its activation
+                      * output goes to dU's region, which dgrad_down writes afterwards */
+        moe_launcher_t lv;
+        moe_plan_launcher_for(p, T, 1, &lv);
+        CUdeviceptr scratch = bw[MOE_BW_DU];
+        void *args[] = {&sv[MOE_SV_XS], (void *)&a->w1p, (void *)&a->b1p, &sv[MOE_SV_TILES], &sv[MOE_SV_NUM_TILES],
+                        &scratch, &u};
+        if ((rc = moe_launch_kernel(&lv, MOE_K_GEMM_UP, T, 0, st, args, NULL)))
             return rc;
     }
     const int input = s->router.apply == MOE_APPLY_INPUT; /* the weight scaled the expert's input */

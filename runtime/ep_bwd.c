@@ -102,10 +102,12 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
         if (nt < 1)
             nt = 1;
         CUdeviceptr u = recompute ? bw[MOE_EB_U] : sv[MOE_ES_U];
-        if (recompute) { /* U again, from the saved received rows */
+        if (recompute) { /* U again, from the saved received rows: the training forward's up GEMM, as it ran
+                          * (runtime/ep.c), its activation output into dU's region (dgrad_down's, next) */
+            CUdeviceptr scratch = bw[MOE_EB_DU];
             void *args[] = {&sv[MOE_ES_XR], (void *)&a->w1p, (void *)&a->b1p, &sv[MOE_ES_TILES],
-                            &sv[MOE_ES_NUM_TILES], &u};
-            if ((rc = moe_launch_kernel(l, MOE_K_BWD_UPRE, T, nt, st, args, NULL)))
+                            &sv[MOE_ES_NUM_TILES], &scratch, &u};
+            if ((rc = moe_launch_kernel(l, MOE_K_GEMM_UP, T, nt, st, args, NULL)))
                 return rc;
         }
         /* the weight gradients by held slot j: the receive layout's slots, through the identity table */

@@ -76,14 +76,14 @@ typedef struct {
  * (MOE_K_ROUTE .. MOE_K_COMBINE, l->kernels), an EP dispatch kernel
  * (MOE_K_EP_SEND_PLAN .. MOE_K_EP_ROWS, l->ep_kernels), the cuDNN path's
  * activation (MOE_K_SWIGLU, l->swiglu), the weight pack (MOE_K_PACK,
- * l->pack), a backward kernel (MOE_K_BWD_UPRE .. MOE_K_BWD_SLOT_ROWS,
+ * l->pack), a backward kernel (MOE_K_BWD_DYS .. MOE_K_BWD_SLOT_ROWS,
  * l->bwd) or a backward GEMM (MOE_K_DGRAD_DOWN .. MOE_K_WGRAD_DOWN,
  * l->bgemm; runtime/bgemm.h). n is what the family walks besides tokens: the GEMMs' row
  * tiles (0: the plan's max tiles at `tokens`, for the forward's; the
  * expert-parallel path
  * sizes them from the receive side), ep_rows' staging rows, swiglu's rows
- * (0 is 0 rows: one block), pack's, bwd_unpack's and bwd_accum's elements, bwd_upre's
- * row tiles (never 0 there), bwd_colsum's columns; the other families ignore
+ * (0 is 0 rows: one block), pack's, bwd_unpack's and bwd_accum's elements,
+ * bwd_colsum's columns; the other families ignore
  * it. The grid-stride grids (swiglu, pack, bwd_unpack, bwd_accum) are capped at 32
  * blocks per SM.
  * With tokens = 0 the kernels over the caller's tokens (route,

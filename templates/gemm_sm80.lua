@@ -47,15 +47,12 @@ static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
 @
 @ -- Check p's tile for a GEMM of this kind and derive the kernel's
 @ -- constants. kind = "up": B is the packed [2F, H] W1 and the output is
-@ -- [rows, F]; "pre": the same B, the output [rows, 2F] (no activation);
-@ -- kind = "down": B is [H, F] W2 and the output is [rows, H].
+@ -- [rows, F]; kind = "down": B is [H, F] W2 and the output is [rows, H].
 @ function M.config(p, kind)
 @   local t = p.tile
 @   local c = { bm = t.bm, bn = t.bn, bk = t.bk, stages = t.stages, wm = t.warps_m, wn = t.warps_n }
 @   if kind == "up" then
 @     c.K, c.N, c.bno, c.nout = p.H, 2 * p.F, t.bn // 2, p.F
-@   elseif kind == "pre" then   -- the up projection without its activation: U [rows, 2F] (bwd_upre.lua)
-@     c.K, c.N, c.bno, c.nout = p.H, 2 * p.F, t.bn, 2 * p.F
 @   else
 @     c.K, c.N, c.bno, c.nout = p.F, p.H, t.bn, p.H
 @   end

@@ -398,6 +398,63 @@ static void check_rows(const char *what, const layer_t *L, int T, const int *row
 
 /* ---- one (case, tokens) ----------------------------------------------------- */
 
+/* A save case's pair has just run (accumulate 0): its saved region holds U.
+ * The backward again with recompute_u = 1 on the same saved region (U is its
+ * last region, so every other region sits where recompute's layout puts it;
+ * the mismatch with the forward's choice is deliberate) recomputes U with
+ * the forward's own up GEMM on the same rows: the recomputed U must be the
+ * saved one bit for bit, and so must every gradient (the backward has no
+ * atomics: docs/DESIGN.md, "Backward"). */
+static void check_recompute_same(const layer_t *L, int T, const char *label) {
+    const moe_spec_t *s = &L->s;
+    const size_t E = L->E, S = L->S, H = L->H, F = L->F, KE = L->KE;
+    char name[300];
+    snprintf(name, sizeof name, "backward: %s/T%d, recompute_u = 1 on the saved rows: the same bits", label, T);
+    CASE(name);
+    struct {
+        CUdeviceptr d;
+        size_t bytes;
+        const char *what;
+    } gr[] = {{L->gdx, (size_t)T * H * 2, "dx"}, {L->gdwr, E * H * 4, "d router_w"},
+              {L->gdw1p, S * 2 * F * H * 4, "dw1p"}, {L->gdw2, S * H * F * 4, "dw2"},
+              {s->router.logit_bias ? L->gdlb : 0, E * 4, "d logit_bias"},
+              {s->ffn_bias ? L->gdb1p : 0, E * 2 * F * 4, "db1p"}, {s->ffn_bias ? L->gdb2 : 0, E * H * 4, "db2"},
+              {moe_spec_router_columns(s) > (int)E ? L->gdsg : 0, H * 4, "d w_gate"}};
+    enum { NG = sizeof gr / sizeof *gr };
+    unsigned char *first[NG] = {0}, *again = NULL;
+    int good = 1;
+    for (int i = 0; i < NG && good; i++)
+        if (gr[i].d)
+            good = (first[i] = malloc(gr[i].bytes)) && down(first[i], gr[i].d, gr[i].bytes) &&
+                   cu_ok(moe_cu.cuMemsetD8(gr[i].d, 0xff, gr[i].bytes), "poison");
+    good = good && cu_ok(moe_cu.cuMemsetD8(L->bws, 0xff, L->bws_bytes), "poison");
+    moe_backward_args ba = bwd_args(L, T, 1, 0);
+    moe_status rc = good ? moe_backward(L->plan, &ba, NULL) : MOE_ERR_CUDA;
+    CHECKF(good && rc == MOE_OK, "moe_backward (recompute_u = 1): %s: %s", moe_status_string(rc), moe_last_error());
+    if (good && rc == MOE_OK && cu_ok(moe_cu.cuCtxSynchronize(), "recompute")) {
+        int *row_of = region(L, 0, T, 0, "row_of");
+        uint16_t *saved_u = region(L, 0, T, 0, "u"), *re_u = region(L, 1, T, 1, "u");
+        CHECKF(row_of && saved_u && re_u, "reading U back");
+        size_t diff = 0, n = 0;
+        for (size_t i = 0; row_of && saved_u && re_u && i < (size_t)T * KE; i++, n++)
+            diff += memcmp(saved_u + (size_t)row_of[i] * 2 * F, re_u + (size_t)row_of[i] * 2 * F, 4 * F) != 0;
+        CHECKF(diff == 0, "U: %zu of %zu rows differ between the saved and the recomputed", diff, n);
+        free(row_of);
+        free(saved_u);
+        free(re_u);
+        for (int i = 0; i < NG; i++) {
+            if (!gr[i].d)
+                continue;
+            again = malloc(gr[i].bytes);
+            CHECKF(again && down(again, gr[i].d, gr[i].bytes) && memcmp(again, first[i], gr[i].bytes) == 0,
+                   "%s differs between recompute_u = 0 and 1", gr[i].what);
+            free(again);
+        }
+    }
+    for (int i = 0; i < NG; i++)
+        free(first[i]);
+}
+
 static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, const char *label) {
     const moe_spec_t *s = &L->s;
     const int E = L->E, K = L->K, KE = L->KE, S = L->S, H = L->H, F = L->F, FS = L->FS;
@@ -614,6 +671,9 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
         }
         free(row_of); free(u); free(a); free(o); free(dys); free(du); free(dxs); free(dw); free(dl);
     }
+
+    if (!c->recompute)
+        check_recompute_same(L, T, label);
 
     /* accumulate = 1: the weight gradients add into random priors; dx is written */
     if (c->accumulate) {

@@ -235,7 +235,7 @@ static void test_nvrtc_all(void) {
         {"examples/specs/fp8/mixtral-8x7b-fp8.moe", 0},    /* fp8 GEMMs, channel scales */
         {"examples/specs/fp8/deepseek-v3-ep8-mesh-fp8.moe", 0}, /* fp8 over EP8: the quantizing EP scatter */
         {"tests/specs/fp8_ep_input.moe", 0},   /* fp8 over EP4, capacity, router.apply = "input", biases */
-        {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels (bwd_upre is a GEMM) */
+        {"tests/specs/train_softmax.moe", 1},  /* training: the backward's kernels and GEMMs */
         {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */

@@ -6,6 +6,9 @@
 #     tokens under tests/tune/gemv.tune (tiny, clamp, geglu on bn 8; wide and Qwen3 on bn 16), test_vendored_gemv
 #   - launch overlap: test_gpu on the four decode specs and the gemv/route cases up to 200 tokens, test_ep_gpu and
 #     test_bwd_gpu, all with MOEGEN_PDL=on
+#   - the backward's recompute_u = 1 on the forward's up GEMM (seventh session; bwd_upre removed): test_bwd_gpu
+#     with PDL off too (its save cases now also run the backward with recompute_u = 1 on the saved rows and
+#     require the same bits: U and every gradient)
 #   - the verify suites but test_gpu's default list (test_bgemm_gpu, test_quant_gpu, the vendored builds,
 #     test_runtime, the example, the Python ops) and test_quant_gpu under tests/tune/fp8.tune (two-consumer fp8)
 set -u
@@ -28,6 +31,7 @@ v() { local log=$1; shift; timeout ${T_LIMIT:-330} "$@" > "$OUT/$log.log" 2>&1; 
 { MOEGEN_PDL=on v test_ep_gpu_pdl build/tests/test_ep_gpu; v test_runtime build/tests/test_runtime
   v example build/moe_example examples/specs/qwen3-30b-a3b.moe 1000; } &
 { MOEGEN_PDL=on v test_bwd_gpu_pdl build/tests/test_bwd_gpu; } &
+{ v test_bwd_gpu build/tests/test_bwd_gpu; } &
 { v test_quant_gpu build/tests/test_quant_gpu
   MOEGEN_TUNING=tests/tune/fp8.tune v test_quant_gpu_fp8c2 build/tests/test_quant_gpu; } &
 { mkdir -p /tmp/verify_torch_op
