@@ -10,12 +10,12 @@
 
 #include <stdio.h>
 
-/* ---- the row and router kernels: a warp per row or token ---------------- */
+/* ---- the row and router kernels: a warp per row or token (dx: 8 tokens a block, a thread per 8 columns) -- */
 
 static int warp_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)c, (void)err, (void)errlen;
     k->threads = 256;
-    k->per_block = 8; /* one warp each */
+    k->per_block = 8; /* one warp each; dx's block of tokens */
     return 0;
 }
 
@@ -80,6 +80,13 @@ static void token_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int toke
     g[0] = moe_blocks(tokens, k->per_block);
 }
 
+/* per_block tokens x `threads` 8-column vectors of H a block (templates/bwd.lua's dx) */
+static void dx_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)n;
+    g[0] = moe_blocks(tokens, k->per_block);
+    g[1] = moe_blocks(s->hidden / 8, k->threads);
+}
+
 /* MOE_BWD_DWR_COLS hidden columns (and, with router.logit_bias, the ones
  * column H that gives d logit_bias) x MOE_BWD_DWR_EXPERTS experts per block */
 static void dwr_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
@@ -113,7 +120,7 @@ const moe_family_t moe_family_bwd_dys = {.id = MOE_K_BWD_DYS, .name = "bwd_dys",
 const moe_family_t moe_family_bwd_router = {.id = MOE_K_BWD_ROUTER, .name = "bwd_router", .variants = warp_variants,
                                             .nvariants = 1, .spell = router_spell, .grid = token_grid};
 const moe_family_t moe_family_bwd_dx = {.id = MOE_K_BWD_DX, .name = "bwd_dx", .variants = warp_variants,
-                                        .nvariants = 1, .spell = dx_spell, .grid = token_grid};
+                                        .nvariants = 1, .spell = dx_spell, .grid = dx_grid};
 const moe_family_t moe_family_bwd_dwr = {.id = MOE_K_BWD_DWR, .name = "bwd_dwr", .variants = block_variants,
                                          .nvariants = 1, .spell = dwr_spell, .grid = dwr_grid};
 const moe_family_t moe_family_bwd_colsum = {.id = MOE_K_BWD_COLSUM, .name = "bwd_colsum",

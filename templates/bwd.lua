@@ -11,7 +11,8 @@
 @ --           softmax over all E or sigmoid, from the saved logits
 @ --   dx      dx[t] = round(Σ_k dXs[row_of[t,k]] + Σ_e dlogits[t,e]·Wr[e]),
 @ --           fp32, k in increasing order, then e (router.apply = "input":
-@ --           each dXs row times round(w[t,k]))
+@ --           each dXs row times round(w[t,k])); a block of tokens shares
+@ --           each Wr vector it reads
 @ --   dwr     d router_w[e] (+)= Σ_t dlogits[t,e]·x[t] and, with
 @ --           router.logit_bias, d logit_bias[e] (+)= Σ_t dlogits[t,e]
 @ --   colsum  out[slot, c] (+)= Σ over the slot's rows of src[row, c] (the
@@ -38,15 +39,17 @@
 @   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum", "slot_rows" }) do
 @     need(p[k .. "_threads"] >= 32 and p[k .. "_threads"] % 32 == 0, k .. " threads must be a multiple of 32")
 @   end
-@   for _, k in ipairs({ "dys", "router", "dx" }) do
+@   for _, k in ipairs({ "dys", "router" }) do
 @     need(p[k .. "_per_block"] * 32 == p[k .. "_threads"], k .. ": one warp per row or token")
 @   end
+@   need(p.dx_per_block >= 1 and p.dx_per_block <= 16, "dx: 1..16 tokens a block (a thread's accumulators)")
 @   need(p.dwr_threads == 256 and p.dwr_cols == 64 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 64 tile")
 @   need(p.colsum_threads == 256, "colsum: 8 warps of 32 columns")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
 @   need(p.entries >= 1 and p.entries <= 32, "top_k + shared slots must be 1..32")
 @   need(p.E <= 1024, "at most 1024 experts")
-@   need(p.dx_per_block * p.E * 4 <= 32 * 1024, "dx: the block's d logits must fit 32 KB of shared memory")
+@   need(p.dx_per_block * (p.router_columns + 2 * p.entries) * 4 <= 32 * 1024,
+@        "dx: the block's d logits, rows and factors must fit 32 KB of shared memory")
 @   return {}
 @ end
 @
@@ -239,57 +242,77 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     }
 }
 
-/* dx[t] = round(Σ_k ${input and "round(w[t, k]) · " or ""}dXs[row_of[t, k]] + Σ_e dlogits[t, e] · Wr[e]): a warp
- * per token, 8 columns per lane at a time, the sums in fp32, k then e in
- * increasing order. */
+/* dx[t] = round(Σ_k ${input and "round(w[t, k]) · " or ""}dXs[row_of[t, k]] + Σ_e dlogits[t, e] · Wr[e]${p.shared_gate and " + dz[t] · w_gate" or ""}): block
+ * (bx, by) owns tokens TB·bx .. +TB (TB = dx_per_block) and the 8-column
+ * vectors VB·by .. +VB of H (VB = dx_threads), a thread one vector for all
+ * TB tokens, so a vector of Wr is read once per TB tokens; for every
+ * (t, column) the sums run in fp32 in one order, k increasing, then e,
+ * rounded once. */
 extern "C" __global__ void __launch_bounds__(${p.dx_threads})
 ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             const float *__restrict__ dlogits, const moe_half_t *__restrict__ wr, const moe_half_t *__restrict__ shared_gate,
             int tokens, moe_half_t *__restrict__ dx) {
     moe_pdl_begin();
     using namespace ${ns};
-    constexpr int PER_BLOCK = ${p.dx_per_block};
+    constexpr int TB = ${p.dx_per_block}, VB = ${p.dx_threads};
 @ if not p.shared_gate then
     (void)shared_gate;
 @ end
-    __shared__ float s_dl[PER_BLOCK][EL];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int t = blockIdx.x * PER_BLOCK + warp;
-    if (t >= tokens)
-        return;
-    for (int e = lane; e < EL; e += 32) s_dl[warp][e] = dlogits[(long long)t * EL + e];
-    int rows[K];
-    float wk[K];   /* each row's factor: 1, or with router.apply = "input" round(w) */
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        rows[k] = row_of[(long long)t * K + k];
+    __shared__ __align__(16) float s_dl[EL][TB];   /* the block's tokens' d logits, expert-major */
+    __shared__ int s_row[TB][K];
+    __shared__ float s_wk[TB][K];                 /* each row's factor: 1, or with router.apply = "input" round(w) */
+    const int t0 = blockIdx.x * TB, v = blockIdx.y * VB + threadIdx.x;
+    const int nt = tokens - t0 < TB ? tokens - t0 : TB;
+    for (int i = threadIdx.x; i < TB * EL; i += VB) {
+        const int tt = i / EL, e = i % EL;
+        s_dl[e][tt] = tt < nt ? dlogits[(long long)(t0 + tt) * EL + e] : 0.f;
+    }
+    for (int i = threadIdx.x; i < TB * K; i += VB) {
+        const int tt = i / K, k = i % K;
+        s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
 @ if input then
-        wk[k] = moe_to_float(moe_from_float(topk_w[(long long)t * K + k]));
+        s_wk[tt][k] = tt < nt ? moe_to_float(moe_from_float(topk_w[(long long)t0 * K + i])) : 0.f;
 @ else
-        wk[k] = 1.f;
+        s_wk[tt][k] = 1.f;
 @ end
     }
 @ if not input then
     (void)topk_w;
 @ end
-    __syncwarp();
-    const uint4 *__restrict__ wr4 = reinterpret_cast<const uint4 *>(wr);
-    uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(dx + (long long)t * H);
-#pragma unroll 1
-    for (int v = lane; v < HV; v += 32) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    __syncthreads();
+    if (v >= HV)
+        return;
+    float acc[TB][8];
 #pragma unroll
-        for (int k = 0; k < K; ++k)
-            axpy8(acc, wk[k], __ldg(reinterpret_cast<const uint4 *>(dxs + (long long)rows[k] * H) + v));
-#pragma unroll 4
-        for (int e = 0; e < E; ++e)
-            axpy8(acc, s_dl[warp][e], __ldg(wr4 + (long long)e * HV + v));
-@ if p.shared_gate then
-        axpy8(acc, s_dl[warp][E], __ldg(reinterpret_cast<const uint4 *>(shared_gate) + v));   /* dz · w_gate */
-@ end
-        dst[v] = make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
-                            moe_pack2(acc[6], acc[7]));
+    for (int tt = 0; tt < TB; ++tt) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[tt][j] = 0.f;
+        if (tt < nt) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                axpy8(acc[tt], s_wk[tt][k], __ldg(reinterpret_cast<const uint4 *>(dxs + (long long)s_row[tt][k] * H) + v));
+        }
     }
+    const uint4 *__restrict__ wr4 = reinterpret_cast<const uint4 *>(wr);
+#pragma unroll 2
+    for (int e = 0; e < E; ++e) {
+        const uint4 w = __ldg(wr4 + (long long)e * HV + v);
+#pragma unroll
+        for (int tt = 0; tt < TB; ++tt) axpy8(acc[tt], s_dl[e][tt], w);
+    }
+@ if p.shared_gate then
+    {   /* dz · w_gate */
+        const uint4 w = __ldg(reinterpret_cast<const uint4 *>(shared_gate) + v);
+#pragma unroll
+        for (int tt = 0; tt < TB; ++tt) axpy8(acc[tt], s_dl[E][tt], w);
+    }
+@ end
+#pragma unroll
+    for (int tt = 0; tt < TB; ++tt)
+        if (tt < nt)
+            reinterpret_cast<uint4 *>(dx + (long long)(t0 + tt) * H)[v] =
+                make_uint4(moe_pack2(acc[tt][0], acc[tt][1]), moe_pack2(acc[tt][2], acc[tt][3]),
+                           moe_pack2(acc[tt][4], acc[tt][5]), moe_pack2(acc[tt][6], acc[tt][7]));
 }
 
 /* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated

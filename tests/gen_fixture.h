@@ -306,4 +306,16 @@ static inline int gen_fixture_setup(const char *prog) {
     return 0;
 }
 
+/* The host C++ compiler that builds emitted kernels against
+ * tests/support/cuda_host.h (test_gemv_host, test_bwd_host): $CXX, else c++;
+ * 1 when it compiles C++17 with <ucontext.h> (the fibers), else 0. Call
+ * after gen_fixture_setup. */
+static inline int host_cxx(const char **cxx) {
+    *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "c++";
+    char probe[700];
+    snprintf(probe, sizeof probe, "printf '#include <ucontext.h>\\nint main(){ucontext_t c; return getcontext(&c);}\\n' | "
+             "%s -std=c++17 -x c++ - -o %s/probe >/dev/null 2>&1", *cxx, tmp_root);
+    return system(probe) == 0;
+}
+
 #endif

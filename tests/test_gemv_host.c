@@ -113,15 +113,13 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
 int main(void) {
     if (gen_fixture_setup("test_gemv_host"))
         return 1;
-    const char *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "c++";
-    char probe[700];
-    snprintf(probe, sizeof probe, "printf '#include <ucontext.h>\\nint main(){ucontext_t c; return getcontext(&c);}\\n' | "
-             "%s -std=c++17 -x c++ - -o %s/probe >/dev/null 2>&1", cxx, tmp_root);
+    const char *cxx;
+    const int have_cxx = host_cxx(&cxx);
     moe_tuning_t table;
     moe_diag_t d;
     CASE("tests/tune/gemv.tune loads");
     CHECKF(moe_tuning_load(&table, "tests/tune/gemv.tune", &d) == 0, "%s", d.msg);
-    if (system(probe) != 0) {
+    if (!have_cxx) {
         CASE("the gemv kernels on the host");
         SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
     } else {

@@ -115,8 +115,12 @@ static void test_training(void) {
     unsigned g[3];
     moe_family_grid(&pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], &pd.spec, 5, 0, g); /* 10 rows, a warp each */
     CHECK(g[0] == 2 && g[1] == 1);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 8 tokens x 256 vectors a block */
+    CHECK(g[0] == 3 && g[1] == 1);
+    pd.spec.hidden = 2056; /* 257 vectors: a second block column */
     moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g);
-    CHECK(g[0] == 3);
+    CHECK(g[0] == 3 && g[1] == 2);
+    pd.spec.hidden = 264;
     moe_family_grid(&pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 264 + the ones column */
     CHECK(g[0] == (264 + 1 + MOE_BWD_DWR_COLS - 1) / MOE_BWD_DWR_COLS && g[1] == 1);
     moe_family_grid(&pd.bwd[MOE_K_BWD_COLSUM - MOE_K_BWD_FIRST], &pd.spec, 17, 272, g);

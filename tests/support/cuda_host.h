@@ -1,5 +1,6 @@
 /* cuda_host.h — just enough of CUDA to run the emitted gemv kernels
- * (templates/gemm_gemv.lua) on the CPU, for test_gemv_host: every CUDA
+ * (templates/gemm_gemv.lua) and the backward's dx (templates/bwd.lua) on the
+ * CPU, for test_gemv_host and test_bwd_host: every CUDA
  * thread of a block is a fiber (ucontext) on the one host thread, run in
  * turn until it waits at a barrier: __syncthreads is a barrier of the
  * block's 256, a warp shuffle two barriers of its 32 lanes around a slot
@@ -22,6 +23,9 @@
 #define __launch_bounds__(...)
 #define __restrict__
 #define __align__(x)
+/* a block's static shared arrays: one copy that all its fibers see (blocks
+ * run one after the other) */
+#define __shared__ static
 
 /* the prelude's first statement of every kernel: on the host there is no
  * grid before this one to wait for */
@@ -120,6 +124,7 @@ static inline moe_half_t moe_from_float(float f) {
     return (moe_half_t)(u >> 16);
 }
 #endif
+static inline unsigned moe_pack2(float lo, float hi) { return moe_from_float(lo) | ((unsigned)moe_from_float(hi) << 16); }
 static inline float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static inline float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
 static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
