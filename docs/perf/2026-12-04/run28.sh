@@ -9,8 +9,6 @@
 #   - the gemv grid's bn 16 against the shipped bn 32 for Qwen3 (tests/tune/gemv.tune vs tuning/h200.tune)
 #   - the fp8 GEMMs on two consumer warpgroups (tests/tune/fp8.tune) against the default tile, 128..16384 tokens
 #   - ncu (--clock-control none) of Qwen3's kernels at 1 token (route, the gemv GEMMs, combine)
-#   - the backward at 4096 tokens, recompute_u 0 / 1 (U recomputed by the forward's up GEMM since the seventh
-#     session: 19.29 / 12.23 ms for Mixtral in run 5, the sm_80 recompute twice the up GEMM it repeats)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -37,11 +35,6 @@ for s in qwen3-30b-a3b-fp8 mixtral-8x7b-fp8 deepseek-v3-ep8-fp8; do
             --tokens 16384 --iters 10 >> "$OUT/fp8c2_bench.log" 2>&1
     done
 done
-for s in mixtral-8x7b qwen3-30b-a3b; do
-    { cat examples/specs/$s.moe; echo "training = true"; } > "$OUT/train_$s.moe"
-    timeout 60 build/moe_bench "$OUT/train_$s.moe" --backward --tokens 4096 --iters 10 >> "$OUT/backward.log" 2>&1
-    rm -f "$OUT/train_$s.moe"
-done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 timeout 60 $NCU --clock-control none --set full -k 'regex:route|gemv|combine' --launch-skip 12 --launch-count 4 \
     build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$OUT/ncu_qwen3_1tok.log" 2>&1
@@ -55,5 +48,4 @@ grep -E '^== |gemm_up|gemm_down|LAYER graph' "$OUT/gemv_bench.log"
 grep -E '^== |gemm_up|gemm_down|LAYER' "$OUT/fp8c2_bench.log"
 grep -E '^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size' "$OUT/ncu_qwen3_1tok.log" | head -60
 grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Grid Size|Warp Cycles Per Issued|Stall' "$OUT/ncu_qwen3_route64.log" | head -30
-grep -vE '^(plan|gemms)' "$OUT/backward.log" | head -40
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
