@@ -49,8 +49,8 @@ long long moe_ep_send_rows(const moe_ep_desc_t *ed, const moe_spec_t *s, int tok
     return ed->capacity ? (long long)ed->ep * ed->capacity : (long long)tokens * s->top_k;
 }
 
-size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
-                        moe_ws_region_t ws[MOE_EW_COUNT]) {
+static void ep_ws_sizes(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                        size_t sizes_out[MOE_EW_COUNT]) {
     const moe_spec_t *s = &pd->spec;
     long long P = ed->ep, S = ed->nheld, E = s->experts, PS = P * S, H = s->hidden, F = s->ffn;
     long long TK = (long long)tokens * s->top_k, send = moe_ep_send_rows(ed, s, tokens);
@@ -73,11 +73,29 @@ size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
         [MOE_EW_TOPK_IDX] = 4 * TK, [MOE_EW_TOPK_W] = 4 * TK, [MOE_EW_ROW_OF] = 4 * TK,
         [MOE_EW_SEND] = 2 * (size_t)(send + 1) * H,
     };
-    static const char *const names[MOE_EW_COUNT] = {
-        "counts", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
-        "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow", "num_tiles", "route_part", "tiles", "stage",
-        "xr", "hbuf", "stage_sc", "xsc", "hsc", "topk_idx", "topk_w", "row_of", "send", "send_sc"};
-    return moe_ws_layout(ws, names, sizes, MOE_EW_COUNT);
+    memcpy(sizes_out, sizes, sizeof sizes);
+}
+
+static const char *const ep_ws_names[MOE_EW_COUNT] = {
+    "counts", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
+    "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow", "num_tiles", "route_part", "tiles", "stage",
+    "xr", "hbuf", "stage_sc", "xsc", "hsc", "topk_idx", "topk_w", "row_of", "send", "send_sc"};
+
+size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                        moe_ws_region_t ws[MOE_EW_COUNT]) {
+    size_t sizes[MOE_EW_COUNT];
+    ep_ws_sizes(ed, pd, tokens, sizes);
+    return moe_ws_layout(ws, ep_ws_names, sizes, MOE_EW_COUNT);
+}
+
+size_t moe_ep_train_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                              moe_ws_region_t ws[MOE_EW_COUNT]) {
+    size_t sizes[MOE_EW_COUNT];
+    ep_ws_sizes(ed, pd, tokens, sizes);
+    for (int i = 0; i < MOE_EW_COUNT; i++)
+        if (moe_ep_saved_of(i) >= 0)
+            sizes[i] = 0;
+    return moe_ws_layout(ws, ep_ws_names, sizes, MOE_EW_COUNT);
 }
 
 int moe_ep_row_parts(const moe_spec_t *s, int home, moe_ep_row_part_t parts[MOE_EP_ROW_PARTS]) {

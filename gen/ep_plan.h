@@ -102,6 +102,12 @@ long long moe_ep_send_rows(const moe_ep_desc_t *ed, const moe_spec_t *spec, int 
 size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
                         moe_ws_region_t ws[MOE_EW_COUNT]);
 
+/* The workspace of an EP rank's training forward: moe_ep_ws_layout's
+ * regions, but those that live in the saved region (moe_ep_saved_of) take
+ * no bytes. */
+size_t moe_ep_train_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,
+                              moe_ws_region_t ws[MOE_EW_COUNT]);
+
 /* One part of the rows a dispatch step moves: rows of region `from` on the
  * sender land in region `to` on the receiver, `row_bytes` each, one
  * transfer per peer (runtime/ep.c lists them; docs/DESIGN.md,

@@ -168,7 +168,11 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuni
     return rc;
 }
 
-size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]) {
+static const char *const fwd_ws_names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
+                                                       "topk_idx", "topk_w", "row_of", "xs", "hbuf",
+                                                       "route_part", "xsc", "hsc", "splitk"};
+
+static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, size_t sizes_out[MOE_WS_COUNT]) {
     /* counts, offsets and cursors per weight slot, and top_k + m entries per
      * token (the shared expert's m slots included: spec.h) */
     const moe_spec_t *s = &pd->spec;
@@ -197,10 +201,22 @@ size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, m
         [MOE_WS_HSC] = fp8 ? 4 * (size_t)R * (s->ffn / MOE_FP8_BLOCK) : 0,
         [MOE_WS_SPLITK] = 4 * (size_t)sk_partials,
     };
-    static const char *const names[MOE_WS_COUNT] = {"counts", "offsets", "cursor",     "num_tiles", "tiles",
-                                                    "topk_idx", "topk_w", "row_of",    "xs",        "hbuf",
-                                                    "route_part", "xsc", "hsc", "splitk"};
-    return moe_ws_layout(ws, names, sizes, MOE_WS_COUNT);
+    memcpy(sizes_out, sizes, sizeof sizes);
+}
+
+size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]) {
+    size_t sizes[MOE_WS_COUNT];
+    fwd_ws_sizes(pd, tokens, full_rows, sizes);
+    return moe_ws_layout(ws, fwd_ws_names, sizes, MOE_WS_COUNT);
+}
+
+size_t moe_train_ws_layout(const moe_plan_desc_t *pd, int tokens, moe_ws_region_t ws[MOE_WS_COUNT]) {
+    size_t sizes[MOE_WS_COUNT];
+    fwd_ws_sizes(pd, tokens, 0, sizes);
+    for (int i = 0; i < MOE_WS_COUNT; i++)
+        if (i != MOE_WS_CURSOR && i != MOE_WS_ROUTE_PART)
+            sizes[i] = 0;
+    return moe_ws_layout(ws, fwd_ws_names, sizes, MOE_WS_COUNT);
 }
 
 /* the saved region's sizes for T tokens, R rows and nt tiles */

@@ -140,6 +140,12 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *spec, const moe_t
  * and the vendored launcher at the capacity. */
 size_t moe_fwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int full_rows, moe_ws_region_t ws[MOE_WS_COUNT]);
 
+/* The workspace of a training forward (moe_forward_train) of `tokens`
+ * tokens: the forward's regions in the same order, but only the cursors and
+ * route's split scratch take bytes; everything else it writes lives in the
+ * saved region (moe_saved_layout). */
+size_t moe_train_ws_layout(const moe_plan_desc_t *pd, int tokens, moe_ws_region_t ws[MOE_WS_COUNT]);
+
 /* The saved region of a training forward of `tokens` tokens (0 .. the
  * spec's tokens) into sv (names "counts", "offsets", ..., each on a
  * 256-byte boundary); U takes 0 bytes when recompute_u. Returns the total

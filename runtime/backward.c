@@ -62,6 +62,15 @@ size_t moe_plan_backward_workspace_size(const moe_plan *p, int tokens, int recom
     return moe_bwd_ws_layout(&p->pd, tokens, recompute_u != 0, bw);
 }
 
+size_t moe_plan_train_workspace_size(const moe_plan *p, int tokens) {
+    if (!p || !p->pd.spec.training || tokens < 0 || tokens > p->pd.spec.tokens)
+        return 0;
+    moe_ws_region_t r[(int)MOE_WS_COUNT > (int)MOE_EW_COUNT ? (int)MOE_WS_COUNT : (int)MOE_EW_COUNT];
+    if (ep_rank(p))
+        return moe_ep_train_ws_layout(p->ep->ed, &p->pd, tokens, r);
+    return moe_train_ws_layout(&p->pd, tokens, r);
+}
+
 size_t moe_plan_saved_per_token(const moe_plan *p, int recompute_u) {
     if (!p || !p->pd.spec.training)
         return 0;
@@ -131,8 +140,8 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
     for (int i = 0; i < MOE_SV_COUNT; i++)
         sv[i] = base + svr[i].offset;
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
-    moe_ws_region_t wr[MOE_WS_COUNT]; /* the forward's workspace for this call (moe_plan_workspace_size) */
-    moe_fwd_ws_layout(&p->pd, T, moe_cudnn_workspace(p->cudnn) > 0, wr);
+    moe_ws_region_t wr[MOE_WS_COUNT]; /* the training forward's workspace (moe_plan_train_workspace_size) */
+    moe_train_ws_layout(&p->pd, T, wr);
     CUdeviceptr cursor = ws + wr[MOE_WS_CURSOR].offset, route_part = ws + wr[MOE_WS_ROUTE_PART].offset;
     CU_CHECK(moe_cu.cuMemsetD32Async(sv[MOE_SV_COUNTS], 0, svr[MOE_SV_COUNTS].bytes / 4, st)); /* and the tickets */
     if ((rc = moe_route_launch(p, a, sv[MOE_SV_TOPK_IDX], sv[MOE_SV_TOPK_W], sv[MOE_SV_COUNTS], route_part,

@@ -185,8 +185,12 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
     const int P = ed->ep, S = ed->nheld, T = a->tokens;
     const long long row_bytes = 2LL * s->hidden; /* a bf16 row: the results, as combine reads them */
     CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace, reg[MOE_EW_COUNT];
-    moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size) */
-    moe_ep_ws_layout(ed, pd, T, wr);
+    moe_ws_region_t wr[MOE_EW_COUNT]; /* laid out for this call's tokens (moe_plan_workspace_size; training:
+                                       * moe_plan_train_workspace_size, the regions kept in `saved` empty) */
+    if (tr)
+        moe_ep_train_ws_layout(ed, pd, T, wr);
+    else
+        moe_ep_ws_layout(ed, pd, T, wr);
     moe_ws_region_t sv[MOE_ES_COUNT]; /* training: what the backward reads lives in the saved region */
     if (tr)
         moe_ep_saved_layout(ed, pd, T, tr->recompute_u, sv);

@@ -345,9 +345,12 @@ moe_status moe_forward(const moe_plan *plan, const moe_forward_args *args, void 
  * forward and backward pair can be captured in a CUDA graph. A plan whose
  * spec lacks training = true refuses both with MOE_ERR_UNSUPPORTED. */
 
-/* Arguments of a training forward: the forward's (fwd; fwd.workspace as
- * moe_forward's) and the region it saves into, kept untouched until the
- * matching moe_backward has run. */
+/* Arguments of a training forward: the forward's (fwd; fwd.workspace
+ * moe_plan_train_workspace_size(plan, fwd.tokens) bytes, 256-byte aligned:
+ * what the training forward writes lives in `saved`, so its workspace is
+ * only the routing scratch; moe_forward's workspace serves too) and the
+ * region it saves into, kept untouched until the matching moe_backward has
+ * run. */
 typedef struct {
     moe_forward_args fwd;
     void *saved;                  /* moe_plan_saved_size(plan, fwd.tokens, recompute_u) bytes, 256-byte aligned */
@@ -394,6 +397,13 @@ typedef struct {
  * of 0 .. the spec's tokens. */
 size_t moe_plan_saved_size(const moe_plan *plan, int tokens, int recompute_u);
 size_t moe_plan_backward_workspace_size(const moe_plan *plan, int tokens, int recompute_u);
+
+/* Bytes of a training forward's workspace (moe_train_forward_args.fwd.workspace)
+ * of `tokens` tokens: the routing scratch (on an expert-parallel rank also the
+ * dispatch's buffers that are not kept for the backward), far less than
+ * moe_plan_workspace_size's; 0 for a plan without training, or tokens out
+ * of 0 .. the spec's tokens. */
+size_t moe_plan_train_workspace_size(const moe_plan *plan, int tokens);
 
 /* Bytes of the saved region each token adds (its k' rows of xs, A, O and,
  * unless recompute_u, U; its routing entries; its logits). The rest of

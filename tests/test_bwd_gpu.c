@@ -244,7 +244,7 @@ static int layer_init(layer_t *L, uint64_t *r) {
         if (!(L->dwsg = dalloc(H * 2)) || !(L->gdsg = dalloc(H * 4)) || !up(L->dwsg, L->wsg, H * 2))
             return 0;
     }
-    L->ws_bytes = moe_plan_workspace_size(L->plan, (int)T);
+    L->ws_bytes = moe_plan_train_workspace_size(L->plan, (int)T); /* exactly the training forward's own (poisoned) */
     L->saved_bytes = moe_plan_saved_size(L->plan, (int)T, 0); /* the larger of the two choices */
     L->bws_bytes = moe_plan_backward_workspace_size(L->plan, (int)T, 1);
     CUdeviceptr *all[] = {&L->dx_in, &L->dwr, &L->dw1p, &L->dw2, &L->db1p, &L->db2, &L->dsel, &L->dlb, &L->ddy,

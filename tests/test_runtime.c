@@ -408,6 +408,7 @@ static void test_training_api(void) {
     CHECK(moe_forward_train(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
     CHECK(moe_backward(NULL, NULL, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "NULL"));
     CHECK(moe_plan_saved_size(NULL, 1, 0) == 0 && moe_plan_backward_workspace_size(NULL, 1, 0) == 0);
+    CHECK(moe_plan_train_workspace_size(NULL, 1) == 0);
     CHECK(moe_plan_saved_per_token(NULL, 0) == 0);
     CHECK(moe_plan_unpack_grad(NULL, MOE_TENSOR_W1, NULL, NULL, 1, NULL) == MOE_ERR_INVALID_ARG);
     CHECK(moe_plan_saved_region(NULL, 0, 1, 0, "xs", NULL, NULL) == MOE_ERR_INVALID_ARG);
@@ -511,6 +512,18 @@ static void test_training_api(void) {
     CHECK(save > rec && rec > 0 && moe_plan_saved_size(tr, 101, 0) == 0 && moe_plan_saved_size(tr, -1, 0) == 0);
     CHECK(moe_plan_saved_per_token(tr, 0) - moe_plan_saved_per_token(tr, 1) == (size_t)(2 * 4 * 32));
     CHECK(moe_plan_backward_workspace_size(tr, 100, 1) > moe_plan_backward_workspace_size(tr, 100, 0));
+    CASE("training: the training forward's workspace is the routing scratch alone");
+    {
+        moe_ws_region_t w[MOE_WS_COUNT], f[MOE_WS_COUNT];
+        const size_t tw = moe_plan_train_workspace_size(tr, 100), fw = moe_fwd_ws_layout(&tr->pd, 100, 0, f);
+        CHECK(tw == moe_train_ws_layout(&tr->pd, 100, w) && tw > 0 && tw < fw);
+        CHECK(w[MOE_WS_CURSOR].bytes == f[MOE_WS_CURSOR].bytes && w[MOE_WS_ROUTE_PART].bytes == f[MOE_WS_ROUTE_PART].bytes);
+        CHECK(w[MOE_WS_XS].bytes == 0 && w[MOE_WS_HBUF].bytes == 0 && w[MOE_WS_TILES].bytes == 0);
+        CHECK(w[MOE_WS_ROUTE_PART].offset + w[MOE_WS_ROUTE_PART].bytes <= tw && w[MOE_WS_ROUTE_PART].offset % 256 == 0);
+        CHECK(moe_plan_train_workspace_size(tr, 101) == 0 && moe_plan_train_workspace_size(tr, -1) == 0);
+        CHECK(moe_plan_train_workspace_size(plain, 100) == 0);
+        CHECK(moe_plan_train_workspace_size(tr, 1) <= tw);
+    }
     size_t off = 1, bytes = 1;
     CHECK(moe_plan_saved_region(tr, 0, 100, 1, "u", &off, &bytes) == MOE_OK && bytes == 0);
     CHECK(moe_plan_saved_region(tr, 0, 100, 0, "u", &off, &bytes) == MOE_OK && bytes > 0 && off % 256 == 0 &&
@@ -530,6 +543,12 @@ static void test_training_api(void) {
         const size_t es = moe_ep_saved_layout(ed, &ep->pd, 60, 0, r);
         CHECK(moe_plan_saved_size(ep, 60, 0) == es && moe_plan_saved_size(ep, 60, 1) < es);
         CHECK(moe_plan_backward_workspace_size(ep, 60, 1) == moe_ep_bwd_ws_layout(ed, &ep->pd, 60, 1, b));
+        moe_ws_region_t wt[MOE_EW_COUNT], wf[MOE_EW_COUNT];
+        const size_t et = moe_ep_train_ws_layout(ed, &ep->pd, 60, wt), ef = moe_ep_ws_layout(ed, &ep->pd, 60, wf);
+        CHECK(moe_plan_train_workspace_size(ep, 60) == et && et < ef);
+        for (int i = 0; i < MOE_EW_COUNT; i++) /* what the saved region holds takes no bytes; the rest as before */
+            CHECKF(wt[i].bytes == (moe_ep_saved_of(i) >= 0 ? 0 : wf[i].bytes), "region %s: %zu bytes", wt[i].name,
+                   wt[i].bytes);
         CHECK(moe_plan_saved_region(ep, 0, 60, 0, "xr", &off, &bytes) == MOE_OK && off == r[MOE_ES_XR].offset &&
               bytes == r[MOE_ES_XR].bytes);
         CHECK(moe_plan_saved_region(ep, 1, 60, 1, "home", &off, &bytes) == MOE_OK && off == b[MOE_EB_HOME].offset &&

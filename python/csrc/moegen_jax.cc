@@ -267,7 +267,8 @@ ffi::Error train_impl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
     const moe_plan *p = c.b->plan;
     const int T = (int)c.tokens;
     void *ws, *sv;
-    if (ffi::Error e = aligned("the workspace", *workspace, moe_plan_workspace_size(p, T), c.tokens, &ws); e.failure())
+    if (ffi::Error e = aligned("the workspace", *workspace, moe_plan_train_workspace_size(p, T), c.tokens, &ws);
+        e.failure())
         return e;
     if (ffi::Error e = aligned("the saved region", *saved, moe_plan_saved_size(p, T, recompute_u), c.tokens, &sv);
         e.failure())

@@ -243,7 +243,7 @@ std::tuple<Tensor, Tensor> train_cuda(const Tensor &x, const Tensor &router_w, c
     Tensor saved = bytes(x, moe_plan_saved_size(e.plan, tokens, e.recompute_u));
     if (tokens == 0)
         return {y, saved};
-    Tensor ws = bytes(x, moe_plan_workspace_size(e.plan, tokens));
+    Tensor ws = bytes(x, moe_plan_train_workspace_size(e.plan, tokens));   // the routing scratch alone
     moe_train_forward_args a{};
     a.fwd = forward_args(tokens, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, y, ws);
     a.saved = saved.data_ptr();

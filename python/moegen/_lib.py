@@ -139,6 +139,7 @@ _SIGNATURES = {
     "moe_backward": (c_int, [c_void_p, ctypes.POINTER(BackwardArgs), c_void_p]),
     "moe_plan_saved_size": (c_size_t, [c_void_p, c_int, c_int]),
     "moe_plan_backward_workspace_size": (c_size_t, [c_void_p, c_int, c_int]),
+    "moe_plan_train_workspace_size": (c_size_t, [c_void_p, c_int]),
     "moe_plan_unpack_grad": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_int, c_void_p]),
     "moe_status_string": (c_char_p, [c_int]),
     "moe_last_error": (c_char_p, []),

@@ -141,12 +141,15 @@ class Binding:
     dtype name) or None, moe_plan_tensor's; x's first dimension is the most
     tokens) and its workspace bytes per token count."""
 
-    def __init__(self, pid, expect, workspace_size, saved_size=None, backward_workspace_size=None):
+    def __init__(self, pid, expect, workspace_size, saved_size=None, backward_workspace_size=None,
+                 train_workspace_size=None):
         self.id, self.expect, self.workspace_size = pid, expect, workspace_size
         self.capacity, self.hidden = expect["x"][0]
         self._ws = {}
-        # a training plan's sizes: (tokens, recompute_u) -> bytes (moe_plan_saved_size, _backward_workspace_size)
+        # a training plan's sizes: (tokens, recompute_u) -> bytes (moe_plan_saved_size, _backward_workspace_size),
+        # tokens -> bytes (moe_plan_train_workspace_size: the training forward's workspace; the forward's without it)
         self.saved_size, self.backward_workspace_size = saved_size, backward_workspace_size
+        self.train_workspace_size = train_workspace_size or workspace_size
         self.training = saved_size is not None and saved_size(1, 0) > 0
 
     def workspace(self, tokens):
@@ -178,7 +181,8 @@ def bind(plan):
         lib, handle = plan._lib, plan.handle
         b = Binding(pid.value, expect, plan.workspace_size,
                     lambda t, r: lib.moe_plan_saved_size(handle, t, r),
-                    lambda t, r: lib.moe_plan_backward_workspace_size(handle, t, r))
+                    lambda t, r: lib.moe_plan_backward_workspace_size(handle, t, r),
+                    lambda t: lib.moe_plan_train_workspace_size(handle, t))
         _bound[b.id] = plan
         plan._jax_binding = b
         plan.on_close(lambda: unbind(plan))
@@ -254,7 +258,7 @@ def _train(b, recompute_u, x2, ts):
     call = jax.ffi.ffi_call(TRAIN_TARGET, (
         jax.ShapeDtypeStruct(x2.shape, x2.dtype),
         jax.ShapeDtypeStruct((b.saved_size(T, recompute_u) + WORKSPACE_ALIGN,), np.uint8),
-        jax.ShapeDtypeStruct((b.workspace(T),), np.uint8)))
+        jax.ShapeDtypeStruct((b.train_workspace_size(T) + WORKSPACE_ALIGN,), np.uint8)))
     y, saved, _ = call(x2, *(t for t in ts if t is not None), plan=np.uint64(b.id), present=np.int32(present),
                        recompute_u=np.int32(recompute_u))
     return y, saved

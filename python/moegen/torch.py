@@ -356,7 +356,7 @@ def _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, s
     saved = torch.empty(e.saved_size(tokens), dtype=torch.uint8, device=e.device)
     if tokens == 0:
         return y, saved
-    ws = torch.empty(e.lib.moe_plan_workspace_size(e.handle, tokens), dtype=torch.uint8, device=e.device)
+    ws = torch.empty(e.lib.moe_plan_train_workspace_size(e.handle, tokens), dtype=torch.uint8, device=e.device)
     a = _lib.TrainForwardArgs(fwd=_lib.ForwardArgs(
         tokens, _addr(x), _addr(router_w), _addr(router_bias), _addr(router_logit_bias), _addr(w1p), _addr(b1p),
         _addr(w2), _addr(b2), _addr(y), _addr(ws), _addr(shared_gate)), saved=_addr(saved), recompute_u=e.recompute_u)

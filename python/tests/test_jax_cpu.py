@@ -283,7 +283,8 @@ class TrainingTracing(unittest.TestCase):
     def setUp(self):
         self.b = mj.Binding(11, expect(True), lambda t: 4096 + 1000 * t,
                             saved_size=lambda t, r: 700 * t + (0 if r else 5000) + 3,
-                            backward_workspace_size=lambda t, r: 300 * t + 1)
+                            backward_workspace_size=lambda t, r: 300 * t + 1,
+                            train_workspace_size=lambda t: 40 * t + 9)
         bf, f32 = jnp.bfloat16, jnp.float32
         self.args = [jax.ShapeDtypeStruct((5, H), bf), jax.ShapeDtypeStruct((E, H), bf),
                      jax.ShapeDtypeStruct((S, 2 * F, H), bf), jax.ShapeDtypeStruct((S, H, F), bf),
@@ -319,6 +320,8 @@ class TrainingTracing(unittest.TestCase):
                 saved = 700 * 5 + (0 if recompute_u else 5000) + 3 + mj.WORKSPACE_ALIGN
                 self.assertIn("tensor<%dxui8>" % saved, text)                          # the saved region
                 self.assertIn("tensor<%dxui8>" % (300 * 5 + 1 + mj.WORKSPACE_ALIGN), text)   # backward workspace
+                self.assertIn("tensor<%dxui8>" % (40 * 5 + 9 + mj.WORKSPACE_ALIGN), text)    # the training forward's
+                self.assertNotIn("tensor<%dxui8>" % (4096 + 5000 + mj.WORKSPACE_ALIGN), text)  # not the forward's
                 self.assertIn("tensor<%dx%dx%dxf32>" % (S, 2 * F, H), text)              # dw1p in fp32
                 self.assertIn("tensor<0xf32>", text)                                    # d_logit_bias: none
 
