@@ -125,6 +125,9 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     lua_setfield(L, -2, "ws");
     moe_lua_set_int(L, "counts_bytes", (long long)pd->ws[MOE_WS_COUNTS].bytes);
     moe_lua_set_int(L, "splitk_tickets_at", moe_splitk_tickets_at(moe_spec_slots(&pd->spec)));
+    /* the folded combine's tickets: the counts region's last ints (a plan with a gemv down GEMM reserves them) */
+    moe_lua_set_int(L, "combine_tickets_at",
+                    (long long)pd->ws[MOE_WS_COUNTS].bytes / 4 - moe_combine_tickets(pd->spec.hidden));
     push_arch_sets(L, pd, pd->kernels);
     lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
     for (int v = 0; v < pd->nvariants; v++) {

@@ -196,4 +196,21 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
+ * the call's down GEMM runs on the gemv grid, on one device (not an
+ * expert-parallel rank, whose combine runs after the rows came home; not
+ * a training forward) and the call has at most MOE_COMBINE_FUSE_TOKENS
+ * tokens, each column slice's last CTA writes y and the combine kernel is
+ * not launched; unless MOEGEN_COMBINE_FUSE=off. Its tickets, one per
+ * column slice (bn >= 8 columns: at most hidden / 8), are the last
+ * moe_combine_tickets(hidden) ints of the counts region, zeroed with it,
+ * in a plan with a gemv down GEMM in some variant. */
+#define MOE_COMBINE_FUSE_TOKENS 64
+static inline int moe_combine_fuse_tokens(long long tokens) {
+    return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
+}
+static inline long long moe_combine_tickets(long long hidden) {
+    return hidden / 8;
+}
+
 #endif

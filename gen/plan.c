@@ -172,6 +172,16 @@ static const char *const fwd_ws_names[MOE_WS_COUNT] = {"counts", "offsets", "cur
                                                        "topk_idx", "topk_w", "row_of", "xs", "hbuf",
                                                        "route_part", "xsc", "hsc", "splitk"};
 
+/* Whether some variant's down GEMM runs on the gemv grid (its combine's
+ * tickets then end the counts region: moe_combine_tickets). */
+static int has_gemv_down(const moe_plan_desc_t *pd) {
+    for (int v = 0; v < pd->nvariants; v++)
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
+            if (pd->variants[v].kernels[a][MOE_K_GEMM_DOWN].tile.gemv)
+                return 1;
+    return 0;
+}
+
 static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, size_t sizes_out[MOE_WS_COUNT]) {
     /* counts, offsets and cursors per weight slot, and top_k + m entries per
      * token (the shared expert's m slots included: spec.h) */
@@ -190,7 +200,9 @@ static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, s
     long long sk_partials, sk_tickets;
     splitk_space(pd, tokens, full_rows, &sk_partials, &sk_tickets);
     size_t sizes[MOE_WS_COUNT] = {
-        [MOE_WS_COUNTS] = 4 * (size_t)(moe_splitk_tickets_at((int)E) + sk_tickets), [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
+        [MOE_WS_COUNTS] = 4 * (size_t)(moe_splitk_tickets_at((int)E) + sk_tickets +
+                                       (has_gemv_down(pd) ? moe_combine_tickets(s->hidden) : 0)),
+        [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)tiles,
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
         [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,

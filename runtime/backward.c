@@ -170,7 +170,7 @@ moe_status moe_forward_train(const moe_plan *p, const moe_train_forward_args *ta
                         .num_tiles = sv[MOE_SV_NUM_TILES], .offsets = sv[MOE_SV_OFFSETS], .hbuf = sv[MOE_SV_HBUF],
                         .out = sv[MOE_SV_OUT], .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2,
                         .ubuf = recompute ? 0 : sv[MOE_SV_U]};
-    if ((rc = moe_run_ffn(l, NULL, &f, st, NULL)))
+    if ((rc = moe_run_ffn(l, NULL, &f, st, NULL, NULL))) /* no y: the combine below reads the saved O */
         return rc;
     void *args[] = {&sv[MOE_SV_OUT], &sv[MOE_SV_ROW_OF], &sv[MOE_SV_TOPK_W], &T, (void *)&a->y};
     return moe_launch_kernel(l, MOE_K_COMBINE, T, 0, st, args, NULL);

@@ -185,7 +185,10 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     if (cand[MOE_STAGE_DOWN]) {
         /* down: both from the generated up output, weights refilled as [E, H, F] */
         CUdeviceptr nul = 0;
-        void *args[] = {&b[HG], &b[W], &nul, &b[TILES], &b[NT], &b[OG], &b[SKP], &b[SKT]}; /* split-K: the last 2 */
+        int none = 0;
+        void *args[11] = {&b[HG], &b[W], &nul, &b[TILES], &b[NT], &b[OG], &b[SKP], &b[SKT]}; /* split-K: the last 2 */
+        if (c->l->kernels[MOE_K_GEMM_DOWN].tile.gemv) /* the gemv grid's: the folded combine's five, y NULL (off) */
+            args[6] = &nul, args[7] = &nul, args[8] = &none, args[9] = &nul, args[10] = &nul;
         moe_cu.cuMemsetD8(b[OC], 0xff, bytes[OC]);
         if (!moe_cudnn_fill(c, b[W], (unsigned long long)(E * H * F), 3, 2.0f / sqrtf((float)F))) {
             rc = moe_fail(MOE_ERR_CUDA, "the cuDNN self-check's down weights");

@@ -259,7 +259,8 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
                             .offsets = reg[MOE_EW_SLOT_OFF], .hbuf = reg[MOE_EW_HBUF], .out = out,
                             .w1p = a->w1p, .b1p = a->b1p, .w2 = a->w2, .b2 = a->b2, .ubuf = ubuf,
                             .xsc = reg[MOE_EW_XSC], .hsc = reg[MOE_EW_HSC], .w1s = a->w1s, .w2s = a->w2s};
-        if ((rc = moe_run_ffn(l, tr ? NULL : dn, &f, st, NULL))) /* training: the generated GEMMs (they store U) */
+        /* training: the generated GEMMs (they store U); the combine runs at home, after the rows return */
+        if ((rc = moe_run_ffn(l, tr ? NULL : dn, &f, st, NULL, NULL)))
             return rc;
         dir = 1;
         ra[2] = (void *)&out;

@@ -12,8 +12,10 @@ static int use_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, 
 }
 
 moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
-                       CUevent *ev) {
+                       CUevent *ev, int *combined) {
     moe_status rc;
+    if (combined)
+        *combined = 0;
     CUdeviceptr xs = f->xs, tiles = f->tiles, nt = f->num_tiles, hbuf = f->hbuf, out = f->out, ubuf = f->ubuf;
     static const int kernel_of[MOE_STAGE_COUNT] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
     for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
@@ -26,7 +28,15 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
             continue;
         }
         void *up[8] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
-        void *down[8] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        void *down[11] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        /* the gemv grid's down GEMM: the combine's five after the output (y 0: not folded in) */
+        CUdeviceptr y = f->y, row_of = f->row_of, topk_w = f->topk_w, ctk = f->combine_tickets;
+        int tokens = f->tokens;
+        if (stage == MOE_STAGE_DOWN && l->kernels[k].tile.gemv) {
+            down[6] = &row_of, down[7] = &topk_w, down[8] = &tokens, down[9] = &y, down[10] = &ctk;
+            if (combined)
+                *combined = y != 0;
+        }
         CUdeviceptr skp = f->splitk, skt = f->splitk_tickets;
         if (l->kernels[k].tile.splitk) { /* split-K (no training plan's: gen/family_gemm.c): after the output */
             if (!skp || !skt)

@@ -9,8 +9,9 @@
 
 /* Enqueue both stages of f on st. dn: the plan's cuDNN part (NULL = the
  * generated kernels only). ev (may be NULL): events[k] recorded before each
- * stage's kernel k. */
+ * stage's kernel k. *combined (may be NULL): 1 when f->y was given and the
+ * down GEMM wrote y itself (the gemv grid's folded combine), else 0. */
 moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
-                       CUevent *ev);
+                       CUevent *ev, int *combined);
 
 #endif

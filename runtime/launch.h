@@ -69,6 +69,10 @@ typedef struct {
     /* the split-K GEMMs' (tile.splitk > 0) partial tiles (MOE_WS_SPLITK) and zeroed tickets
      * (moe_splitk_tickets_at in the counts region); unread by the other grids */
     CUdeviceptr splitk, splitk_tickets;
+    /* the combine folded into a gemv-grid down GEMM (gen/launch_geom.h, moe_combine_fuse_tokens): y non-0 asks
+     * for it, with the routing's row_of and topk_w and the column slices' zeroed tickets (the counts region's
+     * last moe_combine_tickets ints); the other grids ignore them */
+    CUdeviceptr row_of, topk_w, y, combine_tickets;
 } moe_ffn_args_t;
 
 /* Launch the plan's kernel of family k on st with its family's grid

@@ -31,6 +31,8 @@ struct moe_plan {
     CUfunction vfn[MOE_PLAN_MAX_VARIANTS][MOE_K_COUNT]; /* pd.variants[v]'s kernels of the device's arch */
     int route_fuse;         /* calls of few tokens fold the permute plan (and scatter) into route: not with
                                MOEGEN_ROUTE_FUSE=off (read at creation) or expert parallelism (moe_plan_route_fuse) */
+    int combine_fuse;       /* calls of few tokens on a gemv-grid down GEMM fold the combine into it: not with
+                               MOEGEN_COMBINE_FUSE=off (read at creation) or expert parallelism (launch_geom.h) */
 };
 
 /* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,

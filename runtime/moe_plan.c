@@ -170,6 +170,16 @@ int moe_slots_identity(const int *slot, int n) {
     return 1;
 }
 
+/* An on/off switch from the environment (empty or unset: dflt) into *on;
+ * anything else fails the plan, naming the variable. */
+static moe_status env_switch(const char *var, int dflt, int *on) {
+    const char *v = getenv(var);
+    if (v && *v && strcmp(v, "on") && strcmp(v, "off"))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s=%s: expected on or off", var, v);
+    *on = v && *v ? !strcmp(v, "on") : dflt;
+    return MOE_OK;
+}
+
 /* Spec -> plan tables, refusing what this runtime cannot run yet. The
  * GEMM tiles come from `table` when given, else from the option's table
  * file, else $MOEGEN_TUNING's, else the embedded one. */
@@ -217,16 +227,15 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     for (int e = spec.experts; e < moe_spec_slots(&spec); e++)
         p->slot_host[e] = e;
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
-    /* the fused route (moe_plan_route_fuse): on unless MOEGEN_ROUTE_FUSE=off; never with a dispatch between ranks */
-    const char *fe = getenv("MOEGEN_ROUTE_FUSE"); /* empty is unset */
-    if (fe && *fe && strcmp(fe, "on") && strcmp(fe, "off"))
-        return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_ROUTE_FUSE=%s: expected on or off", fe);
-    p->route_fuse = !(fe && !strcmp(fe, "off")) && !p->ep->dispatch;
-    /* launch overlap (docs/DESIGN.md, "Launch overlap"): off unless MOEGEN_PDL=on; sm_90a only (open_device) */
-    const char *pe = getenv("MOEGEN_PDL"); /* empty is unset */
-    if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
-        return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_PDL=%s: expected on or off", pe);
-    p->launcher.pdl = pe && !strcmp(pe, "on");
+    /* the fused route (moe_plan_route_fuse) and the combine folded into a gemv down GEMM: on unless
+     * MOEGEN_ROUTE_FUSE / MOEGEN_COMBINE_FUSE=off, never with a dispatch between ranks; launch overlap
+     * (docs/DESIGN.md, "Launch overlap"): off unless MOEGEN_PDL=on, sm_90a only (open_device) */
+    if ((rc = env_switch("MOEGEN_ROUTE_FUSE", 1, &p->route_fuse)) ||
+        (rc = env_switch("MOEGEN_COMBINE_FUSE", 1, &p->combine_fuse)) ||
+        (rc = env_switch("MOEGEN_PDL", 0, &p->launcher.pdl)))
+        return rc;
+    p->route_fuse &= !p->ep->dispatch;
+    p->combine_fuse &= !p->ep->dispatch;
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }

@@ -47,6 +47,18 @@
 @ --
 @ -- Shared memory: 8 * KC halves, then with WPG > 1 the 8 warps' 32 sums
 @ -- (fp32) (p.smem, gen/family_gemm.c; static_assert).
+@ --
+@ -- The combine, folded into the down GEMM (gen/launch_geom.h,
+@ -- moe_combine_fuse: one device, calls of at most MOE_COMBINE_FUSE_TOKENS
+@ -- tokens): given y, every CTA of a tile below *num_tiles (empty tiles
+@ -- too) takes its column slice's ticket (combine_tickets[blockIdx.x],
+@ -- zeroed with the counts) once its output rows are stored; the slice's
+@ -- last CTA resets the ticket and writes y over the slice's columns for
+@ -- every token: Σ_k topk_w[t, k] · obuf[row_of[t, k]] (weight 1 with
+@ -- router.apply = "input"), fp32 in increasing k, rounded once —
+@ -- combine.lua's sum, so y is the bits the combine kernel writes. With y
+@ -- NULL (an expert-parallel or training path, larger calls,
+@ -- MOEGEN_COMBINE_FUSE=off) the kernel is the plain down GEMM.
 @ local M = {}
 @
 @ local THREADS, WARPS, ROWS = 256, 8, 8
@@ -238,8 +250,9 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 }
 @ end
 @
-@ -- The kernel: the tile and slice, then the row chunks.
-@ local function kernel(p, c, args, a, w, bias, call_args)
+@ -- The kernel: the tile and slice, then the row chunks (and, down, the
+@ -- combine of the slice when it is the slice's last CTA).
+@ local function kernel(p, c, args, a, w, bias, call_args, combine)
 @ if c.bn < 32 then
 extern "C" __global__ void __launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
 @ else
@@ -257,8 +270,6 @@ ${p.kernel}(${args}) {
     if (mt >= *num_tiles)
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
     const moe_half_t *__restrict__ we = ${w} + (long long)expert * N * K;
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -273,6 +284,10 @@ ${p.kernel}(${args}) {
         else
             run_rows<8>(ar, nr, orow, we, n0, sx${call_args});
     }
+@ if combine then
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
+@ end
 }
 @ end
 @
@@ -319,9 +334,11 @@ namespace ${p.kernel}_impl {
 @
 @ function M.down(p)
 @   local c = config(p, "down")
+@   -- the combine's (y NULL: not folded in): obuf is read back by other CTAs, so not __restrict__
 @   local args = "const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, " ..
 @                "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
-@                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf"
+@                "const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, " ..
+@                "const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets"
 @   local eargs = ", const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out"
 @   local cargs = ", " .. (p.ffn_bias and "b2 + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", obuf"
 @   local function epilogue()
@@ -331,9 +348,55 @@ namespace ${p.kernel}_impl {
 @   end
 namespace ${p.kernel}_impl {
 @   device_code(p, c, eargs, epilogue)
+
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0) {
+    constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + blockIdx.x, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + blockIdx.x, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+@   if p.spec.router.apply == "input" then
+            const float w = 1.f;  /* the weight went into the expert's input */
+@   else
+            const float w = topk_w[(long long)t * KE + k];
+@   end
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
 }  // namespace ${p.kernel}_impl
 
-@   kernel(p, c, args, "hbuf", "w2", "b2", cargs)
+@   kernel(p, c, args, "hbuf", "w2", "b2", cargs, true)
 @ end
 @
 @ return M

@@ -139,6 +139,8 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (${n}_launch) */
+    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
+                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
 @ if p.sm90 then
     ${n}_encode_fn encode;
 @ end
@@ -161,6 +163,10 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
     if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
         return cudaErrorInvalidValue;
     d->pdl = pe && !strcmp(pe, "on") && major == 9;
+    const char *ce = getenv("MOEGEN_COMBINE_FUSE");
+    if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
+        return cudaErrorInvalidValue;
+    d->combine_fuse = !(ce && !strcmp(ce, "off"));
 @ if two then
     d->use90 = major == 9;
 @ else
@@ -336,9 +342,15 @@ ${ind}        return e;
 ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end
 @ -- one GEMM on the 2D grid of the sm_80 kernels (N tiles x M tiles), raw
-@ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua)
+@ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua;
+@ -- its down GEMM takes the folded combine's five after the output, y when
+@ -- the call folds it: moe_combine_fuse_tokens)
 @ local function grid2d_gemm(kd, a, w, bias, out, ind)
 @   local ub = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
+@   if kd.gemv and out == "xs" then
+@     ub = ", row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + " .. p.combine_tickets_at
+${ind}    combined = cfuse;
+@   end
 ${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
@@ -374,6 +386,10 @@ ${ind}    } else {
 ${ind}    }
 @   end
 @ end
+    /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
+    const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
+    int combined = 0;
+    (void)cfuse;
 @ if nv == 1 then
 @   gemms(p.variants[1], "")
 @ else
@@ -386,7 +402,8 @@ ${ind}    }
 @   end
     }
 @ end
-    ${n}_launch(dev, ${combine.name}, dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    if (!combined)
+        ${n}_launch(dev, ${combine.name}, dim3(moe_blocks(T, ${combine.per_block}), moe_combine_split(T, ${p.H})), ${combine.threads}, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 

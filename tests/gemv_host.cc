@@ -5,14 +5,20 @@
  *   GV_UP, GV_DOWN  the kernels;  GV_ACT  the activation (in GV_UP's namespace)
  *   GV_E, GV_H, GV_F, GV_BM, GV_BN, GV_BIAS (0/1), GV_TRAIN (0/1: the up kernel's U store)
  *   GV_SMEM_UP, GV_SMEM_DN  their shared memory (the plan's)
+ *   GV_KE (entries per token), GV_INPUT (router.apply = "input": the combine's weight is 1)
  * usage: gemv_host SEED MAXROWS — the experts' row counts come from a list
  * (0, 1, 2, 3, 7, 8, 9, 16, 33, 64, 65, 129: chunks of 1, 2, 4 and 8 rows,
  * tiles of several chunks, several tiles, empty experts) capped at MAXROWS,
  * rotated by SEED; the tile table holds 3 entries past its count (tiles the
- * grid covers but the kernels must skip). Prints one line; exit 0 when the
+ * grid covers but the kernels must skip). The down kernel runs with the
+ * combine folded in: T = real rows / GV_KE tokens, each with GV_KE of the
+ * real rows (shuffled) and random weights. Prints one line; exit 0 when the
  * hbuf, U and down outputs are within 5e-3 normalized error of the
- * reference (the dtype's rounding is ~1.7e-3) and no padding row was
- * written. */
+ * reference (the dtype's rounding is ~1.7e-3), no padding row was
+ * written, y is bit for bit the combine's sum (fp32 in k order, one
+ * rounding) of the kernel's own down output, the row past T is untouched
+ * and every slice's ticket is back at 0. */
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -60,8 +66,22 @@ int main(int argc, char **argv) {
 #endif
         );
     });
-    host_launch((unsigned)((GV_H + GV_BN - 1) / GV_BN), (unsigned)cap, GV_SMEM_DN,
-                [&] { GV_DOWN(hb.data(), w2.data(), b2.data(), tiles.data(), &nt, ob.data()); });
+    /* the combine's tokens: each takes GV_KE distinct real rows */
+    std::vector<int> real;
+    for (int e = 0; e < GV_E; e++)
+        for (int r = 0; r < cnt[e]; r++)
+            real.push_back(off[e] + r);
+    std::shuffle(real.begin(), real.end(), rng);
+    const int T = (int)real.size() / GV_KE, nslices = (GV_H + GV_BN - 1) / GV_BN;
+    std::vector<int> row_of(real.begin(), real.begin() + (size_t)T * GV_KE), tickets(nslices, 0);
+    std::vector<float> topk_w((size_t)T * GV_KE + 1);
+    for (auto &v : topk_w)
+        v = 0.5f + 0.5f * u(rng);
+    std::vector<moe_half_t> y((size_t)(T + 1) * GV_H, poison);
+    host_launch((unsigned)nslices, (unsigned)cap, GV_SMEM_DN, [&] {
+        GV_DOWN(hb.data(), w2.data(), b2.data(), tiles.data(), &nt, ob.data(), row_of.data(), topk_w.data(), T,
+                y.data(), tickets.data());
+    });
     double e1 = 0, n1 = 0, e2 = 0, n2 = 0, eu = 0, nu = 0;
     long padding = 0, real_rows = 0;
     for (int e = 0; e < GV_E; e++)
@@ -100,9 +120,24 @@ int main(int argc, char **argv) {
                 n2 += s * s;
             }
         }
+    long ybad = 0, ypast = 0, tleft = 0;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < GV_H; c++) {
+            float acc = 0.f;
+            for (int k = 0; k < GV_KE; k++)
+                acc = fmaf(GV_INPUT ? 1.f : topk_w[(size_t)t * GV_KE + k],
+                           moe_to_float(ob[(size_t)row_of[(size_t)t * GV_KE + k] * GV_H + c]), acc);
+            ybad += y[(size_t)t * GV_H + c] != moe_from_float(acc);
+        }
+    for (int c = 0; c < GV_H; c++)
+        ypast += y[(size_t)T * GV_H + c] != poison;
+    for (int i = 0; i < nslices; i++)
+        tleft += tickets[i] != 0;
     const double up = sqrt(e1 / (n1 + 1e-30)), down = sqrt(e2 / (n2 + 1e-30)), ue = GV_TRAIN ? sqrt(eu / (nu + 1e-30)) : 0;
-    const int ok = up < 5e-3 && down < 5e-3 && ue < 5e-3 && padding == 0 && real_rows > 0;
-    printf("%s: %ld rows in %d tiles: up %.2e, U %.2e, down %.2e normalized error; %ld padding elements written: %s\n",
-           argv[0], real_rows, nt, up, ue, down, padding, ok ? "ok" : "FAIL");
+    const int ok = up < 5e-3 && down < 5e-3 && ue < 5e-3 && padding == 0 && real_rows > 0 && ybad == 0 &&
+                   ypast == 0 && tleft == 0;
+    printf("%s: %ld rows in %d tiles: up %.2e, U %.2e, down %.2e normalized error; %ld padding elements written; "
+           "combine of %d tokens: %ld elements off, %ld past T, %ld tickets left: %s\n",
+           argv[0], real_rows, nt, up, ue, down, padding, T, ybad, ypast, tleft, ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }

@@ -27,13 +27,16 @@ static const host_case_t cases[] = {
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 9},
     {"the DeepSeek-V3 EP8 rank's: K 7168 in two passes, bn 64", "name = 'e8' experts = 2 top_k = 1 hidden = 7168 ffn = 2048 tokens = 64\n", 2},
     /* bn 16 and 8: two and four warps share a group's K, their sums added in shared memory */
-    {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows", "name = 'q16' experts = 2 top_k = 1 hidden = 2048 ffn = 768 tokens = 64\n", 9},
+    {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows; top-2 (the combine's k order)",
+     "name = 'q16' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
     {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3},
     {"bn 16 on gpt-oss-20b's H and F: K 2880's 360 vectors split unevenly between the two warps, clamp and biases",
      "name = 'g16' experts = 3 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2},
-    {"bn 8, unroll 1, fp16: the clamped SwiGLU with biases, K shorter than a batch's warps", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
-     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 9},
+    {"bn 8, unroll 1, fp16: the clamped SwiGLU with biases, K shorter than a batch's warps; router.apply = "
+     "\"input\" (the combine's weight 1)", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 "
+     "dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n"
+     "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -94,10 +97,11 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
-                 "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d tests/gemv_host.cc -o %s 2>&1",
+                 "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
+                 "tests/gemv_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  geglu ? "geglu" : "swiglu", s.experts, s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
-                 s.training, up->smem, dn->smem, bin);
+                 s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         for (int seed = 0; seed < 2; seed++) {
             snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->max_rows);

@@ -83,7 +83,8 @@ static void test_cudnn_switch(void) {
 /* MOEGEN_TUNING / moe_options.tuning_path: another tuning table for the
  * JIT, read before any driver use; its errors name the file and line. */
 /* An on/off switch read when a plan is created (MOEGEN_ROUTE_FUSE: the
- * fused route; MOEGEN_PDL: launch overlap): any other value fails the plan
+ * fused route; MOEGEN_PDL: launch overlap; MOEGEN_COMBINE_FUSE: the combine
+ * folded into a gemv down GEMM): any other value fails the plan
  * before any driver use, naming the value (on a GPU test_gpu checks
  * moe_plan_info.route_fuse / .pdl and runs the cases under on and off). */
 static void test_switch_refused(const char *label, const char *var, const char *value) {
@@ -652,11 +653,13 @@ int main(void) {
                         "MOEGEN_ROUTE_FUSE", "sometimes");
     test_switch_refused("launch overlap: a bad MOEGEN_PDL fails the plan before the driver, naming the value",
                         "MOEGEN_PDL", "1");
+    test_switch_refused("folded combine: a bad MOEGEN_COMBINE_FUSE fails the plan before the driver, naming the value",
+                        "MOEGEN_COMBINE_FUSE", "maybe");
     test_tuning_switch();
     CASE("README's table of switches and the code's getenv calls name the same variables");
     {
         /* both lists, sorted and unique, as one line each */
-        FILE *code = popen("grep -rhoE 'getenv\\(\"MOEGEN_[A-Z_]+' gen runtime tests bench examples "
+        FILE *code = popen("grep -rhoE '(getenv|env_switch)\\(\"MOEGEN_[A-Z_]+' gen runtime templates tests bench examples "
                            "| sed 's/.*\"//' | sort -u | tr '\\n' ' '", "r");
         FILE *doc = popen("grep -oE '^\\| `MOEGEN_[A-Z_]+`' README.md | sed 's/[|` ]//g' | sort -u | tr '\\n' ' '",
                           "r");

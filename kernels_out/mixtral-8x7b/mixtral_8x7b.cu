@@ -2464,7 +2464,7 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 312 "templates/gemm_gemv.lua"
+#line 327 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
 #line 29 "templates/activation.lua"
 
@@ -2473,7 +2473,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 82 "templates/gemm_gemv.lua"
+#line 94 "templates/gemm_gemv.lua"
 constexpr int K = 4096, N = 28672, NOUT = 14336, BN = 32, KC = 4096, U = 4;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2485,14 +2485,14 @@ static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 94 "templates/gemm_gemv.lua"
+#line 106 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 103 "templates/gemm_gemv.lua"
+#line 115 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -2626,40 +2626,38 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 294 "templates/gemm_gemv.lua"
+#line 309 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 301 "templates/gemm_gemv.lua"
+#line 316 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 303 "templates/gemm_gemv.lua"
+#line 318 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 310 "templates/gemm_gemv.lua"
+#line 325 "templates/gemm_gemv.lua"
         }
-#line 237 "templates/gemm_gemv.lua"
+#line 249 "templates/gemm_gemv.lua"
     }
 }
-#line 315 "templates/gemm_gemv.lua"
+#line 330 "templates/gemm_gemv.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 246 "templates/gemm_gemv.lua"
+#line 259 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 248 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
 mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl;
-#line 252 "templates/gemm_gemv.lua"
+#line 265 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 254 "templates/gemm_gemv.lua"
+#line 267 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -2674,11 +2672,12 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restric
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
     }
+#line 291 "templates/gemm_gemv.lua"
 }
 
-#line 332 "templates/gemm_gemv.lua"
+#line 349 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl {
-#line 82 "templates/gemm_gemv.lua"
+#line 94 "templates/gemm_gemv.lua"
 constexpr int K = 14336, N = 4096, NOUT = 4096, BN = 32, KC = 4096, U = 4;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2690,9 +2689,9 @@ static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 101 "templates/gemm_gemv.lua"
+#line 113 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 103 "templates/gemm_gemv.lua"
+#line 115 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -2826,33 +2825,75 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 328 "templates/gemm_gemv.lua"
+#line 345 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 237 "templates/gemm_gemv.lua"
+#line 249 "templates/gemm_gemv.lua"
     }
 }
-#line 334 "templates/gemm_gemv.lua"
+#line 351 "templates/gemm_gemv.lua"
+
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0) {
+    constexpr int KE = 2;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + blockIdx.x, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + blockIdx.x, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 384 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 386 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 246 "templates/gemm_gemv.lua"
+#line 259 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 248 "templates/gemm_gemv.lua"
-mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#line 261 "templates/gemm_gemv.lua"
+mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl;
-#line 252 "templates/gemm_gemv.lua"
+#line 265 "templates/gemm_gemv.lua"
     (void)b2;
-#line 254 "templates/gemm_gemv.lua"
+#line 267 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -2867,6 +2908,10 @@ mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ h
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
     }
+#line 288 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
+#line 291 "templates/gemm_gemv.lua"
 }
 
 #line 846 "templates/gemm_sm90.lua"
@@ -4170,6 +4215,23 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
+ * the call's down GEMM runs on the gemv grid, on one device (not an
+ * expert-parallel rank, whose combine runs after the rows came home; not
+ * a training forward) and the call has at most MOE_COMBINE_FUSE_TOKENS
+ * tokens, each column slice's last CTA writes y and the combine kernel is
+ * not launched; unless MOEGEN_COMBINE_FUSE=off. Its tickets, one per
+ * column slice (bn >= 8 columns: at most hidden / 8), are the last
+ * moe_combine_tickets(hidden) ints of the counts region, zeroed with it,
+ * in a plan with a gemv down GEMM in some variant. */
+#define MOE_COMBINE_FUSE_TOKENS 64
+static inline int moe_combine_fuse_tokens(long long tokens) {
+    return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
+}
+static inline long long moe_combine_tickets(long long hidden) {
+    return hidden / 8;
+}
+
 #endif
 
 #line 54 "templates/host.lua"
@@ -4255,9 +4317,11 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (mixtral_8x7b_launch) */
-#line 143 "templates/host.lua"
-    mixtral_8x7b_encode_fn encode;
+    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
+                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
 #line 145 "templates/host.lua"
+    mixtral_8x7b_encode_fn encode;
+#line 147 "templates/host.lua"
 } mixtral_8x7b_device_t;
 static mixtral_8x7b_device_t mixtral_8x7b_devices[mixtral_8x7b_MAX_DEVICES];
 static std::mutex mixtral_8x7b_devices_lock;
@@ -4277,30 +4341,34 @@ static cudaError_t mixtral_8x7b_device_init(mixtral_8x7b_device_t *d, int dev) {
     if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
         return cudaErrorInvalidValue;
     d->pdl = pe && !strcmp(pe, "on") && major == 9;
-#line 165 "templates/host.lua"
+    const char *ce = getenv("MOEGEN_COMBINE_FUSE");
+    if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
+        return cudaErrorInvalidValue;
+    d->combine_fuse = !(ce && !strcmp(ce, "off"));
+#line 171 "templates/host.lua"
     d->use90 = major == 9;
-#line 170 "templates/host.lua"
+#line 176 "templates/host.lua"
     if (d->use90 && (e = mixtral_8x7b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_route_bf16_e8k2_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 65280)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 187 "templates/host.lua"
+#line 193 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -4351,49 +4419,49 @@ static mixtral_8x7b_device_t *mixtral_8x7b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaStream_t stream) {
-#line 243 "templates/host.lua"
+#line 249 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > mixtral_8x7b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 264 "templates/host.lua"
+#line 270 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 273 "templates/host.lua"
-    int *counts = (int *)(ws + 0);
-#line 273 "templates/host.lua"
-    int *offsets = (int *)(ws + 512);
-#line 273 "templates/host.lua"
-    int *cursor = (int *)(ws + 768);
-#line 273 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 1024);
-#line 273 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 273 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 9728);
-#line 273 "templates/host.lua"
-    float *topk_w = (float *)(ws + 140800);
-#line 273 "templates/host.lua"
-    int *row_of = (int *)(ws + 271872);
-#line 273 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 402944);
-#line 273 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 272967168);
-#line 273 "templates/host.lua"
-    float *route_part = (float *)(ws + 1226941952);
 #line 279 "templates/host.lua"
+    int *counts = (int *)(ws + 0);
+#line 279 "templates/host.lua"
+    int *offsets = (int *)(ws + 2560);
+#line 279 "templates/host.lua"
+    int *cursor = (int *)(ws + 2816);
+#line 279 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 3072);
+#line 279 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 3328);
+#line 279 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 11776);
+#line 279 "templates/host.lua"
+    float *topk_w = (float *)(ws + 142848);
+#line 279 "templates/host.lua"
+    int *row_of = (int *)(ws + 273920);
+#line 279 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 404992);
+#line 279 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 272969216);
+#line 279 "templates/host.lua"
+    float *route_part = (float *)(ws + 1226944000);
+#line 285 "templates/host.lua"
     const int v = mixtral_8x7b_variant(T);
     const long long tiles_y = mixtral_8x7b_max_tiles(T, v);
-#line 284 "templates/host.lua"
+#line 290 "templates/host.lua"
     cudaError_t e;
     const mixtral_8x7b_device_t *dev = mixtral_8x7b_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 292, stream);
+    e = cudaMemsetAsync(counts, 0, 2340, stream);
     if (e != cudaSuccess) return e;
-#line 291 "templates/host.lua"
+#line 297 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, mixtral_8x7b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -4405,177 +4473,185 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     mixtral_8x7b_launch(dev, mixtral_8x7b_route_bf16_e8k2_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 65280, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 5)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 315 "templates/host.lua"
+#line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_scatter_bf16_h4096k2, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 384 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, dim3(896, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 65536, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 384 "templates/host.lua"
-    } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 353 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 384 "templates/host.lua"
-    } else if (v == 2) { /* calls of 64 .. 127 tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 353 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 384 "templates/host.lua"
-    } else if (v == 3) { /* calls of 128 .. 2047 tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 353 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 384 "templates/host.lua"
-    } else if (v == 4) { /* calls of 2048 .. 4095 tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 353 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 384 "templates/host.lua"
-    } else if (v == 5) { /* calls of 4096 or more tokens */
-#line 348 "templates/host.lua"
-        if (dev->use90) {
-#line 353 "templates/host.lua"
-        moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
-        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
-            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
-            return e;
-#line 336 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-        } else {
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-        }
-#line 387 "templates/host.lua"
-    }
 #line 389 "templates/host.lua"
-    mixtral_8x7b_launch(dev, mixtral_8x7b_combine_bf16_h4096k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
+    const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
+    int combined = 0;
+    (void)cfuse;
+#line 400 "templates/host.lua"
+    if (v == 0) { /* calls of 1 .. 7 tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, dim3(896, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 352 "templates/host.lua"
+        combined = cfuse;
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 65536, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 73);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 400 "templates/host.lua"
+    } else if (v == 1) { /* calls of 8 .. 63 tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 365 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 400 "templates/host.lua"
+    } else if (v == 2) { /* calls of 64 .. 127 tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 365 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 400 "templates/host.lua"
+    } else if (v == 3) { /* calls of 128 .. 2047 tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 365 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 400 "templates/host.lua"
+    } else if (v == 4) { /* calls of 2048 .. 4095 tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 365 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 400 "templates/host.lua"
+    } else if (v == 5) { /* calls of 4096 or more tokens */
+#line 360 "templates/host.lua"
+        if (dev->use90) {
+#line 365 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 329 "templates/host.lua"
+        if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
+            (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
+            return e;
+#line 342 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 379 "templates/host.lua"
+        } else {
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+        mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+        }
+#line 403 "templates/host.lua"
+    }
+#line 405 "templates/host.lua"
+    if (!combined)
+        mixtral_8x7b_launch(dev, mixtral_8x7b_combine_bf16_h4096k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -4596,7 +4672,7 @@ extern "C" void mixtral_8x7b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 411 "templates/host.lua"
+#line 428 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4621,5 +4697,5 @@ extern "C" cudaError_t mixtral_8x7b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 535 "templates/host.lua"
+#line 552 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

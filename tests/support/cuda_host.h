@@ -79,6 +79,20 @@ static inline float host_shfl(float v, int src) {
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return host_shfl(v, (int)(threadIdx.x & 31) ^ m); }
 static inline float __shfl_down_sync(unsigned, float v, int d) { return host_shfl(v, (int)(threadIdx.x & 31) + d); }
 template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+/* one fiber runs at a time and blocks run one after the other: plain
+ * read-modify-writes, and nothing to fence */
+static inline int atomicAdd(int *p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+static inline int atomicExch(int *p, int v) {
+    const int old = *p;
+    *p = v;
+    return old;
+}
+static inline void __threadfence() {}
 static inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);

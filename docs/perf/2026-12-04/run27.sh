@@ -9,6 +9,8 @@
 #   - the backward's recompute_u = 1 on the forward's up GEMM (seventh session; bwd_upre removed): test_bwd_gpu
 #     with PDL off too (its save cases now also run the backward with recompute_u = 1 on the saved rows and
 #     require the same bits: U and every gradient)
+#   - the combine folded into the gemv down GEMM (seventh session): on by default, so every gemv case above up to
+#     64 tokens runs it; test_gpu's gemv cases once more with MOEGEN_COMBINE_FUSE=off (the separate combine)
 #   - the verify suites but test_gpu's default list (test_bgemm_gpu, test_quant_gpu, the vendored builds,
 #     test_runtime, the example, the Python ops) and test_quant_gpu under tests/tune/fp8.tune (two-consumer fp8)
 set -u
@@ -17,7 +19,8 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 v() { local log=$1; shift; timeout ${T_LIMIT:-330} "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
 { v test_gpu_small build/tests/test_gpu --tokens-max 48 qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8
-  MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv build/tests/test_gpu gemv.tune; } &
+  MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv build/tests/test_gpu gemv.tune
+  MOEGEN_COMBINE_FUSE=off MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv_nofuse build/tests/test_gpu gemv.tune; } &
 { MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv_examples build/tests/test_gpu --tokens-max 128 examples/
   v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
   v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe

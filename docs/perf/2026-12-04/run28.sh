@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run 28 (the next session's second device call, after run 27 passed): the timings, one job at a time, ~420 s:
-#   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on, for the four decode specs, and
+#   - launch overlap: moe_bench --graph at 1..512 tokens, MOEGEN_PDL off and on (and, the seventh session's, the
+#     combine not folded into the gemv down GEMM: MOEGEN_COMBINE_FUSE=off), for the four decode specs, and
 #     build-old/moe_bench (main de82ab5: the build before the route's three changes — the fused calls' L2 prefetch
 #     of the up weights, the batched split-H sums, no fuse ticket for one token block) beside them: carry
 #     ["build", "build-old"]; build-old/moe_bench was built at de82ab5 in the sixth session (ignored, kept in the
@@ -14,11 +15,13 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
-    for t in old off on; do
+    for t in old off on nocf; do  # nocf: PDL off and the combine not folded into the gemv down GEMM
         echo "== pdl-$t $s" >> "$OUT/pdl_bench.log"
         bin=build/moe_bench; [ $t = old ] && bin=build-old/moe_bench
-        [ -x $bin ] && MOEGEN_PDL=${t/old/off} timeout 40 $bin examples/specs/$s.moe --graph --tokens 1 --tokens 4 \
-            --tokens 8 --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
+        pdl=off; [ $t = on ] && pdl=on
+        cf=on; [ $t = nocf ] && cf=off
+        [ -x $bin ] && MOEGEN_PDL=$pdl MOEGEN_COMBINE_FUSE=$cf timeout 40 $bin examples/specs/$s.moe --graph \
+            --tokens 1 --tokens 4 --tokens 8 --tokens 64 --tokens 128 --tokens 512 --iters 20 >> "$OUT/pdl_bench.log" 2>&1
     done
 done
 for t in shipped gemv; do

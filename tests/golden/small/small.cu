@@ -2756,6 +2756,23 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
+ * the call's down GEMM runs on the gemv grid, on one device (not an
+ * expert-parallel rank, whose combine runs after the rows came home; not
+ * a training forward) and the call has at most MOE_COMBINE_FUSE_TOKENS
+ * tokens, each column slice's last CTA writes y and the combine kernel is
+ * not launched; unless MOEGEN_COMBINE_FUSE=off. Its tickets, one per
+ * column slice (bn >= 8 columns: at most hidden / 8), are the last
+ * moe_combine_tickets(hidden) ints of the counts region, zeroed with it,
+ * in a plan with a gemv down GEMM in some variant. */
+#define MOE_COMBINE_FUSE_TOKENS 64
+static inline int moe_combine_fuse_tokens(long long tokens) {
+    return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
+}
+static inline long long moe_combine_tickets(long long hidden) {
+    return hidden / 8;
+}
+
 #endif
 
 #line 54 "templates/host.lua"
@@ -2819,9 +2836,11 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (small_launch) */
-#line 143 "templates/host.lua"
-    small_encode_fn encode;
+    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
+                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
 #line 145 "templates/host.lua"
+    small_encode_fn encode;
+#line 147 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2841,22 +2860,26 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
         return cudaErrorInvalidValue;
     d->pdl = pe && !strcmp(pe, "on") && major == 9;
-#line 165 "templates/host.lua"
+    const char *ce = getenv("MOEGEN_COMBINE_FUSE");
+    if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
+        return cudaErrorInvalidValue;
+    d->combine_fuse = !(ce && !strcmp(ce, "off"));
+#line 171 "templates/host.lua"
     d->use90 = major == 9;
-#line 170 "templates/host.lua"
+#line 176 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 187 "templates/host.lua"
+#line 193 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2907,48 +2930,48 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 243 "templates/host.lua"
+#line 249 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 264 "templates/host.lua"
+#line 270 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 277 "templates/host.lua"
+#line 283 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 284 "templates/host.lua"
+#line 290 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 308, stream);
     if (e != cudaSuccess) return e;
-#line 291 "templates/host.lua"
+#line 297 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -2960,38 +2983,44 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 303 "templates/host.lua"
+#line 309 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 315 "templates/host.lua"
+#line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 348 "templates/host.lua"
+#line 389 "templates/host.lua"
+    /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
+    const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
+    int combined = 0;
+    (void)cfuse;
+#line 360 "templates/host.lua"
     if (dev->use90) {
-#line 353 "templates/host.lua"
+#line 365 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 323 "templates/host.lua"
+#line 329 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 323 "templates/host.lua"
+#line 329 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
+#line 379 "templates/host.lua"
     } else {
-#line 342 "templates/host.lua"
+#line 354 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
+#line 354 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
+#line 386 "templates/host.lua"
     }
-#line 389 "templates/host.lua"
-    small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+#line 405 "templates/host.lua"
+    if (!combined)
+        small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -3012,7 +3041,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 411 "templates/host.lua"
+#line 428 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3037,5 +3066,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 535 "templates/host.lua"
+#line 552 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -938,7 +938,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 312 "templates/gemm_gemv.lua"
+#line 327 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -947,7 +947,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 82 "templates/gemm_gemv.lua"
+#line 94 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -959,14 +959,14 @@ static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 94 "templates/gemm_gemv.lua"
+#line 106 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 103 "templates/gemm_gemv.lua"
+#line 115 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1100,40 +1100,38 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 294 "templates/gemm_gemv.lua"
+#line 309 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 301 "templates/gemm_gemv.lua"
+#line 316 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 303 "templates/gemm_gemv.lua"
+#line 318 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 310 "templates/gemm_gemv.lua"
+#line 325 "templates/gemm_gemv.lua"
         }
-#line 237 "templates/gemm_gemv.lua"
+#line 249 "templates/gemm_gemv.lua"
     }
 }
-#line 315 "templates/gemm_gemv.lua"
+#line 330 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 246 "templates/gemm_gemv.lua"
+#line 259 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 248 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 252 "templates/gemm_gemv.lua"
+#line 265 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 254 "templates/gemm_gemv.lua"
+#line 267 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -1148,11 +1146,12 @@ small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
     }
+#line 291 "templates/gemm_gemv.lua"
 }
 
-#line 332 "templates/gemm_gemv.lua"
+#line 349 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 82 "templates/gemm_gemv.lua"
+#line 94 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -1164,9 +1163,9 @@ static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
 
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 101 "templates/gemm_gemv.lua"
+#line 113 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 103 "templates/gemm_gemv.lua"
+#line 115 "templates/gemm_gemv.lua"
 }
 
 /* acc += the 8 products of w's and x's halves, in fp32. */
@@ -1300,33 +1299,75 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 328 "templates/gemm_gemv.lua"
+#line 345 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 237 "templates/gemm_gemv.lua"
+#line 249 "templates/gemm_gemv.lua"
     }
 }
-#line 334 "templates/gemm_gemv.lua"
+#line 351 "templates/gemm_gemv.lua"
+
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0) {
+    constexpr int KE = 3;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + blockIdx.x, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + blockIdx.x, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 384 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 386 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 246 "templates/gemm_gemv.lua"
+#line 259 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 248 "templates/gemm_gemv.lua"
-small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#line 261 "templates/gemm_gemv.lua"
+small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 252 "templates/gemm_gemv.lua"
+#line 265 "templates/gemm_gemv.lua"
     (void)b2;
-#line 254 "templates/gemm_gemv.lua"
+#line 267 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
@@ -1341,6 +1382,10 @@ small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, c
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
     }
+#line 288 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
+#line 291 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
@@ -2292,6 +2337,23 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
+ * the call's down GEMM runs on the gemv grid, on one device (not an
+ * expert-parallel rank, whose combine runs after the rows came home; not
+ * a training forward) and the call has at most MOE_COMBINE_FUSE_TOKENS
+ * tokens, each column slice's last CTA writes y and the combine kernel is
+ * not launched; unless MOEGEN_COMBINE_FUSE=off. Its tickets, one per
+ * column slice (bn >= 8 columns: at most hidden / 8), are the last
+ * moe_combine_tickets(hidden) ints of the counts region, zeroed with it,
+ * in a plan with a gemv down GEMM in some variant. */
+#define MOE_COMBINE_FUSE_TOKENS 64
+static inline int moe_combine_fuse_tokens(long long tokens) {
+    return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
+}
+static inline long long moe_combine_tickets(long long hidden) {
+    return hidden / 8;
+}
+
 #endif
 
 #line 54 "templates/host.lua"
@@ -2355,9 +2417,11 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (small_launch) */
-#line 143 "templates/host.lua"
-    small_encode_fn encode;
+    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
+                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
 #line 145 "templates/host.lua"
+    small_encode_fn encode;
+#line 147 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2377,18 +2441,22 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (pe && *pe && strcmp(pe, "on") && strcmp(pe, "off"))
         return cudaErrorInvalidValue;
     d->pdl = pe && !strcmp(pe, "on") && major == 9;
-#line 165 "templates/host.lua"
+    const char *ce = getenv("MOEGEN_COMBINE_FUSE");
+    if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
+        return cudaErrorInvalidValue;
+    d->combine_fuse = !(ce && !strcmp(ce, "off"));
+#line 171 "templates/host.lua"
     d->use90 = major == 9;
-#line 170 "templates/host.lua"
+#line 176 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 183 "templates/host.lua"
+#line 189 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 187 "templates/host.lua"
+#line 193 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2439,48 +2507,48 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 243 "templates/host.lua"
+#line 249 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 264 "templates/host.lua"
+#line 270 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 273 "templates/host.lua"
-    int *offsets = (int *)(ws + 512);
-#line 273 "templates/host.lua"
-    int *cursor = (int *)(ws + 768);
-#line 273 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 1024);
-#line 273 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 273 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 2048);
-#line 273 "templates/host.lua"
-    float *topk_w = (float *)(ws + 8192);
-#line 273 "templates/host.lua"
-    int *row_of = (int *)(ws + 14336);
-#line 273 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 20480);
-#line 273 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 7061504);
-#line 273 "templates/host.lua"
-    float *route_part = (float *)(ws + 9995264);
-#line 277 "templates/host.lua"
+#line 279 "templates/host.lua"
+    int *offsets = (int *)(ws + 1280);
+#line 279 "templates/host.lua"
+    int *cursor = (int *)(ws + 1536);
+#line 279 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 1792);
+#line 279 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 2048);
+#line 279 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 2816);
+#line 279 "templates/host.lua"
+    float *topk_w = (float *)(ws + 8960);
+#line 279 "templates/host.lua"
+    int *row_of = (int *)(ws + 15104);
+#line 279 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 21248);
+#line 279 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 7062272);
+#line 279 "templates/host.lua"
+    float *route_part = (float *)(ws + 9996032);
+#line 283 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 284 "templates/host.lua"
+#line 290 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 308, stream);
+    e = cudaMemsetAsync(counts, 0, 1076, stream);
     if (e != cudaSuccess) return e;
-#line 291 "templates/host.lua"
+#line 297 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, 64, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -2492,28 +2560,36 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 303 "templates/host.lua"
+#line 309 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 315 "templates/host.lua"
+#line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 348 "templates/host.lua"
-    if (dev->use90) {
-#line 342 "templates/host.lua"
-    small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-    small_launch(dev, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 367 "templates/host.lua"
-    } else {
-#line 342 "templates/host.lua"
-    small_launch(dev, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-    small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 374 "templates/host.lua"
-    }
 #line 389 "templates/host.lua"
-    small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
+    /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
+    const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
+    int combined = 0;
+    (void)cfuse;
+#line 360 "templates/host.lua"
+    if (dev->use90) {
+#line 354 "templates/host.lua"
+    small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 352 "templates/host.lua"
+    combined = cfuse;
+#line 354 "templates/host.lua"
+    small_launch(dev, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 77);
+#line 379 "templates/host.lua"
+    } else {
+#line 354 "templates/host.lua"
+    small_launch(dev, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 354 "templates/host.lua"
+    small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 386 "templates/host.lua"
+    }
+#line 405 "templates/host.lua"
+    if (!combined)
+        small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
 }
 
@@ -2534,7 +2610,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 411 "templates/host.lua"
+#line 428 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2559,5 +2635,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 535 "templates/host.lua"
+#line 552 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
