@@ -5,9 +5,15 @@
  * Each candidate is a one-entry tuning table given to the runtime's plan
  * (moe_plan_create_tuned: JIT-compiled, cached) and timed with the events
  * of moe_forward_timed: the entry's time is the median over --iters of the
- * two GEMMs (gemm_up_swiglu + gemm_down). Weights are a constant byte
- * pattern (their values do not move a GEMM's time); x and the router are
- * random so routing spreads the tokens as a real layer does. */
+ * two GEMMs and the combine (gemm_up_swiglu, gemm_down and combine: the
+ * same combine kernel for every candidate, except that a gemv-grid down
+ * GEMM folds it in at small calls, launch_geom.h's moe_combine_fuse_tokens).
+ * Weights are a constant byte pattern (their values do not move a GEMM's
+ * time; with fp8 weights an e4m3 pattern and constant scales); x and the
+ * router are random so routing spreads the tokens as a real layer does.
+ * An fp8 spec (quant.weights = "fp8_e4m3") times the fp8 GEMMs' tiles
+ * (bk 128, bn 256, one or two consumer warpgroups of 64 rows) and writes
+ * entries of dtype e4m3, which fp8 specs alone take. */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "family.h"
@@ -37,7 +43,9 @@ const char *const moe_tune_usage =
     "each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
-    "GEMMs, median of N iterations, default 20), the date and the GPU. A plan runs a call of T tokens\n"
+    "GEMMs and the combine, median of N iterations, default 20), the date and the GPU. An fp8 SPEC\n"
+    "(quant.weights = \"fp8_e4m3\") times the fp8 GEMMs' tiles (64 or 128 x 256 x 128: one or two consumer\n"
+    "warpgroups, the tile grid) and writes entries of dtype e4m3. A plan runs a call of T tokens\n"
     "on the entry with the largest count <= T (its GEMM variants), so an entry's winner is the fastest\n"
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
@@ -52,6 +60,7 @@ typedef struct {
     int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv (stages: the
                                         * unroll) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
+    int bk;                            /* 0: 64 (bf16, fp16); the fp8 tiles' 128 */
 } cand_t;
 
 /* Split-K and gemv candidates run at token counts up to this alone (few
@@ -60,24 +69,62 @@ typedef struct {
 #define TUNE_SMALL_TOKENS 64
 
 static const cand_t cands[] = {
-    {128, 256, 4, 8, 0, 0},  {128, 256, 3, 8, 0, 0},  {128, 256, 4, 16, 0, 0}, {128, 128, 4, 8, 0, 0},
-    {128, 128, 6, 8, 0, 0},  {64, 256, 4, 8, 0, 0},   {64, 128, 6, 8, 0, 0},   {128, 256, 4, 8, 1, 0},
-    {128, 256, 4, 16, 1, 0}, {128, 256, 3, 8, 1, 0},  {128, 256, 3, 16, 1, 0}, {64, 256, 4, 8, 2, 0},
-    {64, 256, 4, 16, 2, 0},  {128, 128, 4, 8, 2, 0},  {64, 128, 6, 8, 3, 2},   {64, 128, 6, 8, 3, 4},
-    {64, 128, 6, 8, 3, 8},   {64, 256, 4, 8, 3, 4},   {64, 256, 4, 8, 3, 8},   {64, 32, 2, 1, 4, 0},
-    {64, 64, 2, 1, 4, 0},    {64, 128, 2, 1, 4, 0},   {64, 32, 4, 1, 4, 0},    {64, 64, 4, 1, 4, 0},
-    {64, 32, 1, 1, 4, 0},    {64, 16, 2, 1, 4, 0},    {64, 8, 2, 1, 4, 0},     {64, 8, 4, 1, 4, 0},
+    {128, 256, 4, 8, 0, 0, 0},  {128, 256, 3, 8, 0, 0, 0},  {128, 256, 4, 16, 0, 0, 0}, {128, 128, 4, 8, 0, 0, 0},
+    {128, 128, 6, 8, 0, 0, 0},  {64, 256, 4, 8, 0, 0, 0},   {64, 128, 6, 8, 0, 0, 0},   {128, 256, 4, 8, 1, 0, 0},
+    {128, 256, 4, 16, 1, 0, 0}, {128, 256, 3, 8, 1, 0, 0},  {128, 256, 3, 16, 1, 0, 0}, {64, 256, 4, 8, 2, 0, 0},
+    {64, 256, 4, 16, 2, 0, 0},  {128, 128, 4, 8, 2, 0, 0},  {64, 128, 6, 8, 3, 2, 0},   {64, 128, 6, 8, 3, 4, 0},
+    {64, 128, 6, 8, 3, 8, 0},   {64, 256, 4, 8, 3, 4, 0},   {64, 256, 4, 8, 3, 8, 0},   {64, 32, 2, 1, 4, 0, 0},
+    {64, 64, 2, 1, 4, 0, 0},    {64, 128, 2, 1, 4, 0, 0},   {64, 32, 4, 1, 4, 0, 0},    {64, 64, 4, 1, 4, 0, 0},
+    {64, 32, 1, 1, 4, 0, 0},    {64, 16, 2, 1, 4, 0, 0},    {64, 8, 2, 1, 4, 0, 0},     {64, 8, 4, 1, 4, 0, 0},
 };
+/* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
+static const cand_t fp8_cands[] = {
+    {64, 256, 4, 8, 0, 0, 128},  {64, 256, 3, 8, 0, 0, 128},  {64, 256, 4, 16, 0, 0, 128}, {64, 256, 2, 8, 0, 0, 128},
+    {128, 256, 4, 8, 0, 0, 128}, {128, 256, 3, 8, 0, 0, 128}, {128, 256, 4, 16, 0, 0, 128}, {128, 256, 2, 8, 0, 0, 128},
+};
+
+/* A candidate's tile as a tuning entry gives it (fp8: the e4m3 checks). */
+static moe_tile_cfg_t cand_tile(const cand_t *c);
+
+int moe_tune_check_candidates(char *why, size_t n) {
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        const int nc = fp8 ? (int)(sizeof fp8_cands / sizeof *fp8_cands) : (int)(sizeof cands / sizeof *cands);
+        for (int i = 0; i < nc; i++) {
+            const cand_t *c = fp8 ? &fp8_cands[i] : &cands[i];
+            const moe_tile_cfg_t t = cand_tile(c);
+            char w[160];
+            if (fp8 ? moe_gemm_sm90_fp8_tile_check(&t, w, sizeof w) : moe_gemm_sm90_tile_check(&t, w, sizeof w)) {
+                snprintf(why, n, "%s candidate %d (m%dn%dk%ds%d): %s", fp8 ? "fp8" : "bf16", i, t.bm, t.bn, t.bk,
+                         t.stages, w);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
 
 /* A candidate's grid as the tuning table and the progress lines spell it, in buf. */
 static const char *grid_name(const cand_t *c, char buf[16]) {
-    const moe_tile_cfg_t t = {.persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                              .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4};
+    const moe_tile_cfg_t t = cand_tile(c);
     return moe_gemm_sm90_grid_name(&t, buf);
 }
+static int cand_consumers(const cand_t *c) { return cand_tile(c).consumers; }
 /* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 */
-static int cand_consumers(const cand_t *c) { return c->grid == 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64; }
-#define NCAND ((int)(sizeof cands / sizeof *cands))
+static moe_tile_cfg_t cand_tile(const cand_t *c) {
+    return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
+                            .consumers = c->grid == 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
+                            .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
+                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4};
+}
+#define NCAND_BF16 ((int)(sizeof cands / sizeof *cands))
+#define NCAND_FP8 ((int)(sizeof fp8_cands / sizeof *fp8_cands))
+#define NCAND (NCAND_BF16 > NCAND_FP8 ? NCAND_BF16 : NCAND_FP8)
+static int cand_bk(const cand_t *c) { return cand_tile(c).bk; }
+/* The spec's candidates (fp8 weights: fp8_cands) and their count. */
+static const cand_t *spec_cands(const moe_spec_t *s, int *n) {
+    *n = moe_spec_fp8(s) ? NCAND_FP8 : NCAND_BF16;
+    return moe_spec_fp8(s) ? fp8_cands : cands;
+}
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -102,8 +149,8 @@ static int upload_random(CUdeviceptr *d, size_t n, float scale, moe_dtype_t dt) 
 }
 
 static void entry_key(char *out, size_t n, const moe_spec_t *s, int tokens) {
-    snprintf(out, n, "%d %d %d %d %s sm_90a %d ", s->experts, s->top_k, s->hidden, s->ffn, moe_dtype_name(s->dtype),
-             tokens);
+    snprintf(out, n, "%d %d %d %d %s sm_90a %d ", s->experts, s->top_k, s->hidden, s->ffn,
+             moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype), tokens);
 }
 
 /* Merge lines into TABLE: keep its lines except entries with the same key. */
@@ -228,9 +275,6 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
     moe_diag_t d;
     if (moe_spec_load(s, a->spec_path, NULL, sets, nsets, &d))
         return fprintf(stderr, "%s\n", d.msg), 2;
-    if (moe_spec_fp8(s)) /* its entries would be keyed as its bf16 twin's and change that spec's GEMMs */
-        return fprintf(stderr, "%s: error: quant.weights = \"fp8_e4m3\": moegen tune times the bf16/fp16 GEMM "
-                       "tiles; the fp8 GEMMs run one fixed tile and take no tuning entry\n", a->spec_path), 2;
     if (toklist) {
         for (const char *p = toklist; *p && a->ntok < MAX_TOK;) {
             char *e;
@@ -278,6 +322,7 @@ static int write_temp_spec(const moe_spec_t *s, char *path) {
  * context. */
 typedef struct {
     CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y, gate; /* w1p, w2: every weight slot (a shared expert's too) */
+    CUdeviceptr w1s, w2s; /* fp8 weights: their scales (as many as channel or block scaling needs), else 0 */
     CUstream st;
     CUevent ev[MOE_K_COUNT + 1];
     char gpu[128];
@@ -298,9 +343,18 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
     bad |= moe_cu.cuMemAlloc(&b->w1p, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemAlloc(&b->w2, ES * H * F * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS;
+    /* 0x3c: bf16 ~0.011 a pair of bytes, e4m3 1.5 a byte (scaled by 1/64 below) */
     bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemsetD8(b->w2, 0x3c, ES * H * F * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS;
+    if (!bad && moe_spec_fp8(s)) { /* per-channel scales take one a row, block scales one per 128 x 128: the more */
+        const size_t n1 = ES * 2 * F, n2 = ES * H;
+        const unsigned one64 = 0x3c800000u; /* 1/64 */
+        bad |= moe_cu.cuMemAlloc(&b->w1s, n1 * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->w2s, n2 * 4) != CUDA_SUCCESS;
+        bad |= bad || moe_cu.cuMemsetD32Async(b->w1s, one64, n1, NULL) != CUDA_SUCCESS ||
+               moe_cu.cuMemsetD32Async(b->w2s, one64, n2, NULL) != CUDA_SUCCESS ||
+               moe_cu.cuCtxSynchronize() != CUDA_SUCCESS;
+    }
     bad |= moe_cu.cuStreamCreate(&b->st, 0) != CUDA_SUCCESS;
     for (int i = 0; i <= MOE_K_COUNT; i++)
         bad |= moe_cu.cuEventCreate(&b->ev[i], 0) != CUDA_SUCCESS;
@@ -310,8 +364,9 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
 }
 
 /* Time plan at each of a's token counts up to max_tokens: times[ti] = the
- * median over a->iters (after 3 warm-up runs) of the up + down GEMMs, in
- * us; INFINITY above max_tokens. Returns 0, or 1 after printing the error. */
+ * median over a->iters (after 3 warm-up runs) of the up + down GEMMs and
+ * the combine, in us; INFINITY above max_tokens. Returns 0, or 1 after
+ * printing the error. */
 static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a, int max_tokens, float *times) {
     CUdeviceptr ws;
     if (moe_cu.cuMemAlloc(&ws, moe_plan_workspace_size(plan, a->tmax)) != CUDA_SUCCESS) {
@@ -335,9 +390,10 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                                .router_bias = (float *)b->bias, .router_logit_bias = (float *)b->bias,
                                .w1p = (void *)b->w1p, .b1p = (void *)b->b1p, .w2 = (void *)b->w2,
                                .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws,
-                               .shared_gate = (void *)b->gate};
+                               .shared_gate = (void *)b->gate, .w1s = (const float *)b->w1s,
+                               .w2s = (const float *)b->w2s};
         for (int it = -3; it < a->iters && !rc; it++) {
-            float up, down;
+            float up, down; /* down: from the down GEMM's start to the combine's end (folded in or not) */
             if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||
                 moe_cu.cuStreamSynchronize(b->st) != CUDA_SUCCESS) {
                 fprintf(stderr, "\nmoegen: error: forward: %s\n", moe_last_error());
@@ -347,7 +403,7 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
             if (it < 0)
                 continue;
             moe_cu.cuEventElapsedTime(&up, b->ev[MOE_K_GEMM_UP], b->ev[MOE_K_GEMM_UP + 1]);
-            moe_cu.cuEventElapsedTime(&down, b->ev[MOE_K_GEMM_DOWN], b->ev[MOE_K_GEMM_DOWN + 1]);
+            moe_cu.cuEventElapsedTime(&down, b->ev[MOE_K_GEMM_DOWN], b->ev[MOE_K_COUNT]);
             t[it] = (up + down) * 1000.0f;
         }
         if (rc)
@@ -400,25 +456,27 @@ int moe_tune_winner(int ncand, int ntok, const float *times, int stride, const i
  * candidates ran): a bucket's winner and runner-up. Returns how many. */
 static int choose_entries(const tune_args_t *a, float times[][MAX_TOK], const int *ok, const char *gpu,
                           char lines[][256]) {
+    int ncand;
+    const cand_t *cl = spec_cands(&a->spec, &ncand);
     char date[16];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     int nwin = 0;
     for (int ti = 0; ti < a->ntok; ti++) {
         int second = -1;
-        int best = moe_tune_winner(NCAND, a->ntok, &times[0][0], MAX_TOK, ok, a->tok, ti, a->spec.mesh.size[MOE_AXIS_EP] > 1,
+        int best = moe_tune_winner(ncand, a->ntok, &times[0][0], MAX_TOK, ok, a->tok, ti, a->spec.mesh.size[MOE_AXIS_EP] > 1,
                                    &second);
         lines[ti][0] = 0;
         if (best < 0 || second < 0)
             continue;
-        const cand_t *w = &cands[best], *r = &cands[second];
+        const cand_t *w = &cl[best], *r = &cl[second];
         char key[128], wg[16], rg[16];
         entry_key(key, sizeof key, &a->spec, a->tok[ti]);
-        snprintf(lines[ti], 256, "%s %d %d 64 %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn, w->stages,
+        snprintf(lines[ti], 256, "%s %d %d %d %d %d %d %s  %.1f %.1f %s %s", key, w->bm, w->bn, cand_bk(w), w->stages,
                  cand_consumers(w), w->group_m, grid_name(w, wg), times[best][ti], times[second][ti], date, gpu);
-        fprintf(stderr, "%d tokens: m%dn%dk64s%dg%d %s %.1f us (runner-up m%dn%dk64s%dg%d %s %.1f us)\n",
-                a->tok[ti], w->bm, w->bn, w->stages, w->group_m, wg, times[best][ti], r->bm, r->bn,
-                r->stages, r->group_m, grid_name(r, rg), times[second][ti]);
+        fprintf(stderr, "%d tokens: m%dn%dk%ds%dg%d %s %.1f us (runner-up m%dn%dk%ds%dg%d %s %.1f us)\n",
+                a->tok[ti], w->bm, w->bn, cand_bk(w), w->stages, w->group_m, wg, times[best][ti], r->bm, r->bn,
+                cand_bk(r), r->stages, r->group_m, grid_name(r, rg), times[second][ti]);
         nwin++;
     }
     return nwin;
@@ -472,29 +530,30 @@ int moe_tune_command(int argc, char **argv) {
     int have_buf = 0;
     rc = 0;
     moe_plan *keep = NULL; /* the first plan, alive to the end: the buffers live in its context */
+    int ncand;
+    const cand_t *cl = spec_cands(s, &ncand);
     fprintf(stderr, "tune %s: E=%d top_k=%d H=%d F=%d %s, %d candidates x %d token counts, %d iterations\n",
-            s->name, s->experts, s->top_k, s->hidden, s->ffn, moe_dtype_name(s->dtype), NCAND, a.ntok, a.iters);
-    for (int c = 0; c < NCAND && !rc; c++) {
-        const cand_t *cd = &cands[c];
+            s->name, s->experts, s->top_k, s->hidden, s->ffn, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+            ncand, a.ntok, a.iters);
+    for (int c = 0; c < ncand && !rc; c++) {
+        const cand_t *cd = &cl[c];
         moe_tuning_entry_t e = {.experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
                                 .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
-                                .bk = 64, .stages = cd->stages, .consumers = cand_consumers(cd),
+                                .bk = cand_bk(cd), .stages = cd->stages, .consumers = cand_consumers(cd),
                                 .group_m = cd->group_m, .persistent = cd->grid == 1 || cd->grid == 2,
                                 .pingpong = cd->grid == 2, .splitk = cd->grid == 3 ? cd->splitk : 0,
-                                .gemv = cd->grid == 4};
+                                .gemv = cd->grid == 4, .fp8 = moe_spec_fp8(s)};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
         char gname[16];
-        fprintf(stderr, "[%d/%d] m%dn%dk64s%dg%d %s: ", c + 1, NCAND, cd->bm, cd->bn, cd->stages, cd->group_m,
-                grid_name(cd, gname));
+        fprintf(stderr, "[%d/%d] m%dn%dk%ds%dg%d %s: ", c + 1, ncand, cd->bm, cd->bn, cand_bk(cd), cd->stages,
+                cd->group_m, grid_name(cd, gname));
         char why[160];
-        const moe_tile_cfg_t tile = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
-                                     .group_m = e.group_m, .persistent = e.persistent, .pingpong = e.pingpong,
-                                     .splitk = e.splitk, .gemv = e.gemv};
+        const moe_tile_cfg_t tile = cand_tile(cd);
         if (!(a.grids >> cd->grid & 1u)) {
             fprintf(stderr, "skipped: not a --grid grid\n");
             continue;
         }
-        if (moe_gemm_sm90_tile_check(&tile, why, sizeof why) ||
+        if ((e.fp8 ? moe_gemm_sm90_fp8_tile_check(&tile, why, sizeof why) : moe_gemm_sm90_tile_check(&tile, why, sizeof why)) ||
             (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;

@@ -2,6 +2,8 @@
 #ifndef MOEGEN_TUNE_H
 #define MOEGEN_TUNE_H
 
+#include <stddef.h>
+
 /* argv[0] is "tune". Returns the exit status: 0, 1 (no GPU, I/O), 2 (bad input). */
 int moe_tune_command(int argc, char **argv);
 
@@ -13,6 +15,12 @@ int moe_tune_command(int argc, char **argv);
  * ok[c]: c ran. */
 int moe_tune_winner(int ncand, int ntok, const float *times, int stride, const int *ok, const int *tok, int ti,
                     int cumulative, int *second);
+
+/* Every candidate tile of either list (bf16/fp16, fp8) passes the tile
+ * checks a tuning table's entry must pass (a candidate that could never
+ * be planned would be silently skipped): 0, or 1 with the first that does
+ * not and why in why. */
+int moe_tune_check_candidates(char *why, size_t n);
 
 /* Its --help text. */
 extern const char *const moe_tune_usage;

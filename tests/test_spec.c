@@ -1145,11 +1145,9 @@ static void test_command(void) {
         free(out), free(err);
     }
 
-    CASE("command: tune of an fp8 spec exits 2 naming quant.weights (its entries would be its bf16 twin's)");
-    rc = run_moegen("tune examples/specs/fp8/qwen3-30b-a3b-fp8.moe", &out, &err);
-    CHECKF(rc == 2 && strstr(err, "examples/specs/fp8/qwen3-30b-a3b-fp8.moe: error: quant.weights = \"fp8_e4m3\"") &&
-               !strstr(err, "[1/"),
-           "exit %d: %s", rc, err);
+    CASE("command: tune of an fp8 spec gets as far as the GPU check (its e4m3 candidates need the GPU)");
+    rc = run_moegen("tune examples/specs/fp8/qwen3-30b-a3b-fp8.moe --tokens 1,64", &out, &err);
+    CHECKF((rc == 1 && strstr(err, "tune needs a GPU")) || rc == 0, "exit %d: %s", rc, err);
     free(out), free(err);
 
     CASE("command: tune --grid with a name that is no grid exits 2 naming it, before the GPU check");

@@ -560,6 +560,12 @@ int main(void) {
         }
     }
 
+    CASE("moegen tune's candidates, bf16 and fp8, all pass a tuning entry's tile checks");
+    {
+        char why[256] = "";
+        CHECKF(moe_tune_check_candidates(why, sizeof why) == 0, "%s", why);
+    }
+
     CASE("moegen tune's winner: the bucket's own count with variants, every count up to it without");
     {
         /* three candidates at 128, 512, 2048 tokens (times[c][t]): A wins at
