@@ -12,8 +12,9 @@
  * time; with fp8 weights an e4m3 pattern and constant scales); x and the
  * router are random so routing spreads the tokens as a real layer does.
  * An fp8 spec (quant.weights = "fp8_e4m3") times the fp8 GEMMs' tiles
- * (bk 128, bn 256, one or two consumer warpgroups of 64 rows) and writes
- * entries of dtype e4m3, which fp8 specs alone take. */
+ * (bk 128, bn 256, one or two consumer warpgroups of 64 rows, the tile or
+ * the persistent grid) and writes entries of dtype e4m3, which fp8 specs
+ * alone take. */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "family.h"
@@ -45,7 +46,7 @@ const char *const moe_tune_usage =
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs and the combine, median of N iterations, default 20), the date and the GPU. An fp8 SPEC\n"
     "(quant.weights = \"fp8_e4m3\") times the fp8 GEMMs' tiles (64 or 128 x 256 x 128: one or two consumer\n"
-    "warpgroups, the tile grid) and writes entries of dtype e4m3. A plan runs a call of T tokens\n"
+    "warpgroups, the tile and persist grids) and writes entries of dtype e4m3. A plan runs a call of T tokens\n"
     "on the entry with the largest count <= T (its GEMM variants), so an entry's winner is the fastest\n"
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
@@ -81,6 +82,7 @@ static const cand_t cands[] = {
 static const cand_t fp8_cands[] = {
     {64, 256, 4, 8, 0, 0, 128},  {64, 256, 3, 8, 0, 0, 128},  {64, 256, 4, 16, 0, 0, 128}, {64, 256, 2, 8, 0, 0, 128},
     {128, 256, 4, 8, 0, 0, 128}, {128, 256, 3, 8, 0, 0, 128}, {128, 256, 4, 16, 0, 0, 128}, {128, 256, 2, 8, 0, 0, 128},
+    {64, 256, 4, 8, 1, 0, 128},  {128, 256, 4, 8, 1, 0, 128}, {128, 256, 3, 8, 1, 0, 128},
 };
 
 /* A candidate's tile as a tuning entry gives it (fp8: the e4m3 checks). */

@@ -115,13 +115,18 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
 /* one producer and bm/64 consumer warpgroups, 128x256x64 tiles for bm 128,
  * one CTA per tile, unless the tuning table has an entry for this shape and
  * token count (which may choose the persistent or the pingpong grid) */
-/* The fp8 GEMMs' tile (issue #20: a first correct version, not tuned):
- * one consumer warpgroup of 64 rows, 256 B rows (the up GEMM's 128 output
- * columns are one h quantization block), bk 128 (one scale block, one
- * 128-byte swizzle row of e4m3), 4 stages, one CTA per tile. Its shared
- * memory: stages * (bm + bn) * bk bytes, the down GEMM's bf16 output
- * staged in the ring. */
-static int fp8_smem(const moe_tile_cfg_t *t) { return t->stages * (t->bm + t->bn) * t->bk + 16 * t->stages; }
+/* The fp8 GEMMs' tile (issue #20): by default one consumer warpgroup of
+ * 64 rows, 256 B rows (the up GEMM's 128 output columns are one h
+ * quantization block), bk 128 (one scale block, one 128-byte swizzle row of
+ * e4m3), 4 stages, one CTA per tile; an e4m3 entry may give two consumers
+ * and the persistent grid. Its shared memory: stages * (bm + bn) * bk
+ * bytes, the down GEMM's bf16 output staged in the ring; on the persistent
+ * grid a staging tile of bm x (128 + 8) halves after the ring (the
+ * template's EPI_COLS = 128 output columns a pass for both GEMMs), as the
+ * bf16 kernels' (moe_gemm_sm90_smem). */
+static int fp8_smem(const moe_tile_cfg_t *t) {
+    return t->stages * (t->bm + t->bn) * t->bk + (t->persistent ? t->bm * (128 + 8) * 2 : 0) + 16 * t->stages;
+}
 
 int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     const char *why = NULL;
@@ -130,8 +135,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
               "one quantization block)";
     else if ((t->consumers != 1 && t->consumers != 2) || t->bm != 64 * t->consumers)
         why = "fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x consumers)";
-    else if (t->persistent || t->pingpong || t->splitk || t->gemv)
-        why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile)";
+    else if (t->pingpong || t->splitk || t->gemv)
+        why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile) or persist (one CTA per SM)";
     else if (t->stages < 2 || fp8_smem(t) > 227 * 1024 || t->bm * (t->bn + 8) * 2 > t->stages * (t->bm + t->bn) * t->bk)
         why = "fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the down GEMM's output "
               "tile";
@@ -145,7 +150,7 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
 static int sm90_fp8_geometry(moe_kernel_desc_t *k, const moe_tuning_entry_t *te) {
     if (te) /* an entry of dtype e4m3 (gen/tuning.c checks it with moe_gemm_sm90_fp8_tile_check) */
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
-                                   .group_m = te->group_m, .consumers = te->consumers};
+                                   .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent};
     else
         k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 256, .bk = 128, .stages = 4, .group_m = 8, .consumers = 1};
     k->threads = 128 * (k->tile.consumers + 1);
@@ -234,14 +239,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     if (t->gemv) /* the unroll for the stages; no consumers, no raster */
         snprintf(out, n, "%s_%s_%s_sm90a_gemv_m%dn%du%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->stages);
-    else if (t->consumers && moe_spec_fp8(s))
-        snprintf(out, n, "%s_%s_e4m3_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", s->name, what,
-                 s->quant.scaling == MOE_SCALING_BLOCK ? "block" : "channel", t->bm, t->bn, t->bk, t->stages,
-                 t->consumers, t->group_m);
     else if (t->consumers) {
         char grid[16]; /* the grid, named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, moe_dtype_name(s->dtype),
+        const char *dt = !moe_spec_fp8(s) ? moe_dtype_name(s->dtype)
+                         : s->quant.scaling == MOE_SCALING_BLOCK ? "e4m3_block" : "e4m3_channel";
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, dt,
                  plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m);
     } else

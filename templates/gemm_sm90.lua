@@ -101,7 +101,11 @@
 @ -- (the tile's 128 output columns) into e4m3 + one fp32 scale; the down
 @ -- GEMM's writes bf16. "channel" scales multiply in the epilogue. Tile:
 @ -- 64 x 256 x 128 per consumer, one consumer (the default) or two (a tuning
-@ -- entry of dtype e4m3), one CTA per tile (gen/family_gemm.c).
+@ -- entry of dtype e4m3), one CTA per tile or (an entry's persist grid) on
+@ -- the persistent grid, where the producer loads the next tile while the
+@ -- consumers quantize or stage this one's output (the down GEMM through its
+@ -- own staging tile after the ring, as the bf16 kernels; the up GEMM's
+@ -- epilogue stores from registers) (gen/family_gemm.c).
 @ --
 @ -- The kernel body exists only in the sm_90a pass; other targets get a body
 @ -- that traps (the launcher calls this kernel only on compute capability 9).
@@ -170,7 +174,8 @@
 @   c.atom_elems = 128 // c.esize                        -- elements per 128-byte swizzle row
 @   if c.fp8 then
 @     need(c.bk == 128 and c.bn == 256 and (c.consumers == 1 or c.consumers == 2) and c.bm == 64 * c.consumers
-@          and t.persistent ~= 1, "the fp8 GEMM runs 64 x 256 x 128 tiles per consumer (one or two), one CTA per tile")
+@          and t.pingpong ~= 1, "the fp8 GEMM runs 64 x 256 x 128 tiles per consumer (one or two), one CTA per tile "
+@          .. "or on the persistent grid")
 @     need(c.K % 128 == 0 and c.N % 128 == 0, "fp8: K and N must be multiples of 128 (the scale blocks)")
 @     c.block = p.spec.quant.scaling == "block"
 @     c.ptx_type = "e4m3"

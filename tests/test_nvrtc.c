@@ -30,36 +30,40 @@ typedef struct {
  * the weight rows per CTA, stages the unroll), training where it can (the U
  * store), K staged in one pass and in several (K > MOE_GEMV_KC). An fp8
  * spec's job plans an entry of dtype e4m3 (bk 128, bm / 64 consumers, one
- * CTA per tile). */
+ * CTA per tile, or with persist the persistent grid). */
 typedef struct {
     const char *path, *set; /* set: a spec override, or NULL */
     int bm, bn, stages, group_m;
     int splitk, gemv;
+    int persist;            /* an fp8 job: the persistent grid instead of one CTA per tile */
 } pingpong_job_t;
 static const pingpong_job_t pingpong_jobs[] = {
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0},
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0},  /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0},    /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0},
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0}, /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0},   /* biases, N tails; 5 and 3 k tiles */
-    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0},
-    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0},
-    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1},
-    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1},      /* down: K 14336 in 4 staged passes */
-    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1},  /* up: K 7168 in 2 */
-    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 64, 1, 1, 0, 1},     /* biases, clamped SwiGLU, N tails */
-    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1},      /* biases, N tails of both GEMMs */
-    {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1},
-    {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 0, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 128, 128, 4, 16, 0, 0, 0},
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 256, 4, 8, 0, 0, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 0, 0, 0},  /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 0, 0, 0},    /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 0, 0, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 0, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 128, 6, 8, 16, 0, 0},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 256, 4, 8, 8, 0, 0},
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 128, 4, 8, 5, 0, 0}, /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 3, 4, 3, 0, 0},   /* biases, N tails; 5 and 3 k tiles */
+    {"tests/specs/geglu.moe", NULL, 128, 64, 6, 8, 2, 0, 0},
+    {SMALL, "dtype=fp16", 64, 128, 6, 8, 4, 0, 0},
+    {"examples/specs/qwen3-30b-a3b.moe", NULL, 64, 32, 2, 1, 0, 1, 0},
+    {"examples/specs/mixtral-8x7b.moe", NULL, 64, 64, 2, 1, 0, 1, 0},      /* down: K 14336 in 4 staged passes */
+    {"examples/specs/deepseek-v3-ep8.moe", NULL, 64, 128, 4, 1, 0, 1, 0},  /* up: K 7168 in 2 */
+    {"examples/specs/gpt-oss-120b.moe", NULL, 128, 64, 1, 1, 0, 1, 0},     /* biases, clamped SwiGLU, N tails */
+    {"tests/specs/apply_input_k2.moe", NULL, 64, 256, 4, 1, 0, 1, 0},      /* biases, N tails of both GEMMs */
+    {"tests/specs/geglu.moe", NULL, 64, 32, 1, 1, 0, 1, 0},
+    {SMALL, "dtype=fp16", 128, 64, 2, 1, 0, 1, 0},
     /* fp8 specs under an entry of dtype e4m3: two consumer warpgroups of 64 rows (bm 128), bk 128, bn 256 */
-    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0},   /* block scales */
-    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 128, 256, 3, 8, 0, 0},    /* channel scales */
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 0},   /* block scales */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 128, 256, 3, 8, 0, 0, 0},    /* channel scales */
+    /* and on the persistent grid: one consumer, two */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 256, 4, 8, 0, 0, 1},
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 1},
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -83,7 +87,7 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
                              .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
                              .bk = fp8 ? 128 : 64, .stages = pp->stages,
                              .consumers = pp->gemv ? 1 : pp->splitk || fp8 ? pp->bm / 64 : 2, .group_m = pp->group_m,
-                             .persistent = !pp->splitk && !pp->gemv && !fp8,
+                             .persistent = fp8 ? pp->persist : !pp->splitk && !pp->gemv,
                              .pingpong = !pp->splitk && !pp->gemv && !fp8, .splitk = pp->splitk, .gemv = pp->gemv,
                              .fp8 = fp8};
     const moe_tile_cfg_t t = {.bm = e.bm, .bn = e.bn, .bk = e.bk, .stages = e.stages, .consumers = e.consumers,
@@ -307,12 +311,16 @@ static void test_nvrtc_all(void) {
         } else {
             const pingpong_job_t *pp = &pingpong_jobs[job_pp[j]];
             char grid[16] = "pingpong";
+            const int fp8 = strstr(pp->path, "fp8") != NULL; /* examples/specs/fp8/: an e4m3 entry (job_plan) */
             if (pp->splitk)
                 snprintf(grid, sizeof grid, "splitk%d", pp->splitk);
             else if (pp->gemv)
                 snprintf(grid, sizeof grid, "gemv");
-            snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs %s m%dn%dk64s%dg%d", pp->path,
-                     pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, pp->stages, pp->group_m);
+            else if (fp8)
+                snprintf(grid, sizeof grid, "%s", pp->persist ? "persist" : "tile");
+            snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs %s m%dn%dk%ds%dg%d", pp->path,
+                     pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, fp8 ? 128 : 64, pp->stages,
+                     pp->group_m);
         }
         CASE(label);
         CHECKF(got == sizeof r && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the compile process failed (status %d)",

@@ -269,6 +269,16 @@ int main(void) {
         CHECK(parse(&t, "8 2 4096 12288 e4m3 sm_90a 1 64 256 128 4 1 8 tile 1 2 2026-12-04 H200\n"
                         "8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 tile 1 2 2026-12-04 H200\n", &d) != 0);
         CHECK_STREQ(d.msg, "t.tune:2: error: a second entry for the same shape and tokens (the first is line 1)");
+        moe_tuning_free(&t);
+        /* the persistent grid: one CTA per SM, a staging tile of bm x 136 halves after the ring */
+        CHECK(parse(&t, "128 8 2048 768 e4m3 sm_90a 1  128 256 128 4 2 8 persist  1 2 2026-12-04 H200\n", &d) == 0);
+        CHECK(plan_of(&pd, q8, &t) == 0);
+        for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++) {
+            const moe_kernel_desc_t *g = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[k];
+            CHECKF(g->tile.persistent && !g->tile.pingpong && g->tile.consumers == 2 &&
+                       g->smem == 4 * (128 + 256) * 128 + 128 * 136 * 2 + 16 * 4 && strstr(g->name, "_tma_persist_m128n256k128s4c2g8"),
+                   "%s: smem %d", g->name, g->smem);
+        }
         moe_plan_desc_free(&pd);
         moe_tuning_free(&t);
     }
@@ -518,6 +528,17 @@ int main(void) {
         moe_tuning_free(&gt);
     }
 
+    CASE("the fp8 GPU tests' tables parse: e4m3 entries on the tile grid (fp8.tune) and the persistent one (fp8p.tune)");
+    for (int g = 0; g < 2; g++) {
+        moe_tuning_t gt;
+        moe_diag_t gd;
+        CHECKF(moe_tuning_load(&gt, g ? "tests/tune/fp8p.tune" : "tests/tune/fp8.tune", &gd) == 0, "%s", gd.msg);
+        CHECK(gt.n >= 10);
+        for (int i = 0; i < gt.n; i++)
+            CHECK(gt.e[i].fp8 && gt.e[i].persistent == g && !gt.e[i].pingpong && gt.e[i].bk == 128);
+        moe_tuning_free(&gt);
+    }
+
     CASE("moegen reads MOEGEN_TUNING; --tuning overrides it; a bad one exits 2 naming it");
     {
         char out[8192];
@@ -599,8 +620,9 @@ int main(void) {
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 1 8 tile 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x "
                  "consumers)");
-    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 persist 1 2 2026-12-04 H200\n",
-                 "t.tune:1: error: fp8 (dtype e4m3): the grid must be tile (one CTA per tile)");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 pingpong 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3): the grid must be tile (one CTA per tile) or persist (one CTA "
+                 "per SM)");
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 5 2 8 tile 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the "
                  "down GEMM's output tile");
