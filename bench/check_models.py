@@ -79,9 +79,50 @@ FLIPS_FP32 = lambda T: max(1, T // 256)
 # library's moe_plan_pack_shared fills from the unsplit weights.
 
 class Family:
-    def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note=""):
+    """A model family. Where its block names its parts otherwise than the
+    DeepSeek/Qwen convention (block.gate(x) -> (logits, weights, indices),
+    block.gate.weight, block.gate.e_score_correction_bias,
+    block.shared_experts.{gate,up,down}_proj), `route`, `router` and
+    `shared_of` say where they are (see the defaults below); `keep` names
+    the buffers the model class keeps in fp32 (_keep_in_fp32_modules_strict);
+    `sel_bias_std` the spread of the random selection bias (near the
+    scores' own spread, so that both decide the selection)."""
+
+    def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
+                 route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
+        self.route = route or gate_route
+        self.router = router or gate_router
+        self.shared_of = shared_of or (lambda b: mlp_parts(b.shared_experts))
+        self.keep, self.sel_bias_std = keep, sel_bias_std
+
+
+def gate_route(block, x):
+    """(weights [T, K], indices [T, K]) from block.gate(x) -> (logits, weights, indices)."""
+    _, w, idx = block.gate(x)
+    return w, idx
+
+
+def gate_route_bias(block, x, bias):
+    """gate_route for a gate that takes the block's selection bias as an argument."""
+    _, w, idx = block.gate(x, bias)
+    return w, idx
+
+
+def gate_router(block):
+    """The router's tensors: block.gate.weight, and the selection bias where
+    the gate holds one (e_score_correction_bias)."""
+    r = {"wr": block.gate.weight}
+    if hasattr(block.gate, "e_score_correction_bias"):
+        r["sel_bias"] = block.gate.e_score_correction_bias.float()
+    return r
+
+
+def mlp_parts(mlp, gate_vec=None):
+    """(gate [F_s, H], up [F_s, H], down [H, F_s], the shared gate's [H] row or
+    None) of a SwiGLU MLP with gate_proj, up_proj, down_proj Linears."""
+    return mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, gate_vec
 
 
 def tf_import(module, *names):
@@ -141,6 +182,11 @@ def mk_gpt_oss():
     cfg = eager(tf.GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=16,
                                 num_experts_per_tok=4))
     return Block(cfg), cfg
+
+
+def gpt_oss_route(block, x):
+    _, w, idx = block.router(x)
+    return w, idx
 
 
 def mk_deepseek_v3(kimi=False):
@@ -221,6 +267,187 @@ def mk_llama4():
     return Block(cfg), cfg
 
 
+def mk_qwen3_next(cls_module="qwen3_next.modeling_qwen3_next", block="Qwen3NextSparseMoeBlock",
+                  config="Qwen3NextConfig"):
+    # Qwen3NextSparseMoeBlock: Qwen3's router (bf16 logits, fp32 softmax,
+    # top-k, renormalized iff norm_topk_prob, true in Qwen3-Next-80B-A3B;
+    # weights cast to bf16) + sigmoid(x·w_g)·shared_expert(x) as Qwen2-MoE,
+    # shared intermediate shared_expert_intermediate_size (= F in the
+    # released checkpoint: m = 1).
+    # Qwen3_5MoeSparseMoeBlock (Qwen3.5-MoE) is this block line for line,
+    # except that it renormalizes always (it has no norm_topk_prob).
+    import transformers as tf
+    Block, = tf_import(cls_module, block)
+    kw = dict(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+              shared_expert_intermediate_size=128)
+    if config == "Qwen3NextConfig":
+        kw["norm_topk_prob"] = True
+    cfg = eager(getattr(tf, config)(**kw))
+    return Block(cfg), cfg
+
+
+def mk_qwen3_vl():
+    # Qwen3VLMoeTextSparseMoeBlock (Qwen3-VL-30B-A3B / 235B-A22B, the text
+    # model): Qwen3-MoE's block with the renormalization always on; no
+    # shared expert.
+    import transformers as tf
+    Block, = tf_import("qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextSparseMoeBlock")
+    cfg = eager(tf.Qwen3VLMoeTextConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32,
+                                        num_experts_per_tok=8))
+    return Block(cfg), cfg
+
+
+def mk_minimax_m2():
+    # MiniMaxM2SparseMoeBlock: logits = x·Wrᵀ (bf16), s = sigmoid(logits.float()),
+    # selection on s + e_score_correction_bias (a buffer of the block, not of
+    # the gate; the class keeps nothing in fp32, so in a bf16 model it is
+    # bf16), top-k, no groups; weight = s / Σ_k s (always), fp32; no
+    # scaling, no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("minimax_m2.modeling_minimax_m2", "MiniMaxM2SparseMoeBlock")
+    cfg = eager(tf.MiniMaxM2Config(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                   num_experts_per_tok=8, router_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_ernie45():
+    # Ernie4_5_MoeSparseMoeBlock: logits in fp32 (x and the router weight,
+    # which the class keeps in fp32), p = softmax(logits); selection on p +
+    # e_score_correction_bias (moe_statics, fp32 [1, E]), top-k; weight = p
+    # (no bias) / max(Σ_k p, moe_norm_min = 1e-12), cast to bf16; no scaling;
+    # + shared_experts(x), ungated, intermediate moe_intermediate_size ·
+    # moe_num_shared_experts (ERNIE-4.5-21B-A3B: 64 experts, k = 6, 2 shared).
+    import transformers as tf
+    Block, = tf_import("ernie4_5_moe.modeling_ernie4_5_moe", "Ernie4_5_MoeSparseMoeBlock")
+    cfg = eager(tf.Ernie4_5_MoeConfig(hidden_size=256, moe_intermediate_size=128, moe_num_experts=64, moe_k=6,
+                                      moe_num_shared_experts=2, use_bias=False))
+    return Block(cfg), cfg
+
+
+def mk_hunyuan():
+    # HunYuanMoEV1Moe (Hunyuan-A13B): logits = x·Wgᵀ with the gate's wg built
+    # in fp32 (x cast to fp32 when wg is fp32; bf16 logits in a model cast
+    # whole to bf16, as here), p = softmax(logits) in fp32, top-k,
+    # renormalized always, cast to the logits' dtype; + shared_mlp(x),
+    # ungated, of intermediate intermediate_size = the experts' F (m = 1).
+    import transformers as tf
+    Block, = tf_import("hunyuan_v1_moe.modeling_hunyuan_v1_moe", "HunYuanMoEV1Moe")
+    cfg = eager(tf.HunYuanMoEV1Config(hidden_size=256, intermediate_size=128, num_experts=32, moe_topk=8))
+    return Block(cfg, layer_idx=0), cfg
+
+
+def mk_deepseek_like(module, block, config, **kw):
+    # DeepSeek-V3's router and shared expert, line for line (Dots1MoE,
+    # DeepseekV32MoE, Glm4MoeLiteMoE, ExaoneMoeSparseMoEBlock): fp32 logits,
+    # sigmoid, selection on s + e_score_correction_bias (kept fp32), groups
+    # scoring their top 2, s / (Σ + 1e-20) iff norm_topk_prob, ×
+    # routed_scaling_factor; + shared_experts(x), ungated.
+    import transformers as tf
+    Block, = tf_import(module, block)
+    cfg = eager(getattr(tf, config)(hidden_size=256, moe_intermediate_size=128, **kw))
+    return Block(cfg), cfg
+
+
+def mk_granite():
+    # GraniteMoeMoE (Granite-3.x MoE): logits = x·Wrᵀ (bf16) then .float(),
+    # top-k of the logits, weight = softmax over the k selected logits in
+    # fp32 (= softmax then renormalize), cast to bf16; no shared expert;
+    # experts as Mixtral. (The decoder layer's residual_multiplier is
+    # outside the block.)
+    import transformers as tf
+    Block, = tf_import("granitemoe.modeling_granitemoe", "GraniteMoeMoE")
+    cfg = eager(tf.GraniteMoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                    num_experts_per_tok=8))
+    return Block(cfg), cfg
+
+
+def mk_granite_shared():
+    # GraniteMoeSharedMoE is GraniteMoeMoE; its shared expert is not in the
+    # block but in the decoder layer: out = block_sparse_moe(h) +
+    # shared_mlp(h), shared_mlp a SwiGLU MLP, ungated, whose input_linear
+    # [2F_s, H] holds the gate rows then the up rows (chunk(2)) and
+    # output_linear [H, F_s]; F_s = shared_intermediate_size. The two are
+    # put together here as the layer does.
+    import torch
+    import transformers as tf
+    Moe, Mlp = tf_import("granitemoeshared.modeling_granitemoeshared", "GraniteMoeSharedMoE",
+                         "GraniteMoeSharedMLP")
+    cfg = eager(tf.GraniteMoeSharedConfig(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                          num_experts_per_tok=8, shared_intermediate_size=256))
+
+    class MoeAndShared(torch.nn.Module):  # GraniteMoeSharedDecoderLayer's two lines
+        def __init__(self):
+            super().__init__()
+            self.block_sparse_moe, self.shared_mlp = Moe(cfg), Mlp(cfg)
+            self.router, self.experts = self.block_sparse_moe.router, self.block_sparse_moe.experts
+
+        def forward(self, h):
+            return self.block_sparse_moe(h) + self.shared_mlp(h)
+
+    return MoeAndShared(), cfg
+
+
+def granite_route(block, x):
+    idx, w, _ = block.router(x)
+    return w, idx
+
+
+def granite_shared(block):
+    w = block.shared_mlp.input_linear.weight
+    fs = w.shape[0] // 2
+    return w[:fs], w[fs:], block.shared_mlp.output_linear.weight, None
+
+
+def mk_jamba():
+    # JambaSparseMoeBlock: logits = router(x) (bf16 Linear), p = softmax in
+    # fp32, top-k (Jamba: 16 experts, k = 2), NOT renormalized, cast to bf16;
+    # no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("jamba.modeling_jamba", "JambaSparseMoeBlock")
+    cfg = eager(tf.JambaConfig(hidden_size=256, intermediate_size=128, num_experts=16, num_experts_per_tok=2))
+    return Block(cfg), cfg
+
+
+def jamba_route(block, x):
+    idx, w = block.route_tokens_to_experts(x, block.router(x))
+    return w, idx
+
+
+def mk_mistral4():
+    # Mistral4MoE: logits = x·Wrᵀ (bf16), p = softmax(logits) IN BF16 (no
+    # dtype argument); groups: a group scores the sum of its top 2 p, keep
+    # topk_group groups (the others' p set to 0), top-k; weight = p /
+    # (Σ + 1e-20) iff norm_topk_prob, × routed_scaling_factor, in bf16; +
+    # shared_experts(x), ungated. The config's defaults have one group
+    # (n_group = topk_group = 1); 4 groups keeping 2 here, to check the
+    # group rule on a softmax score.
+    import transformers as tf
+    Block, = tf_import("mistral4.modeling_mistral4", "Mistral4MoE")
+    cfg = eager(tf.Mistral4Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                  num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+                                  routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_lfm2():
+    # Lfm2MoeSparseMoeBlock (LFM2-8B-A1B): logits = x·Wrᵀ (bf16), s =
+    # sigmoid(logits) IN BF16; selection on s + expert_bias (a buffer of the
+    # block, created fp32), top-k; weight = s / (Σ_k s + 1e-6) iff
+    # norm_topk_prob, × routed_scaling_factor, in bf16; no shared expert.
+    import transformers as tf
+    Block, = tf_import("lfm2_moe.modeling_lfm2_moe", "Lfm2MoeSparseMoeBlock")
+    cfg = eager(tf.Lfm2MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=4,
+                                 use_expert_bias=True, routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def llama4_route(block, x):
+    import torch
+    scores, logits = block.router(x)
+    idx = torch.topk(logits, block.top_k, dim=1)[1]
+    return scores.gather(1, idx), idx
+
+
 FAMILIES = [
     Family("mixtral", "Mixtral-8x7B", mk_mixtral, 'router = { score = "softmax", renormalize = true }',
            "fused"),
@@ -229,7 +456,8 @@ FAMILIES = [
     Family("olmoe", "OLMoE-1B-7B", mk_olmoe, 'router = { score = "softmax", renormalize = false }', "fused"),
     Family("gpt-oss", "gpt-oss-20b / 120b", mk_gpt_oss,
            'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
-           'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t"),
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t",
+           route=gpt_oss_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
     Family("deepseek-v3", "DeepSeek-V3 / R1", lambda: mk_deepseek_v3(False),
            'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
            'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
@@ -243,16 +471,77 @@ FAMILIES = [
            'router = { score = "softmax", groups = 8, topk_groups = 3, group_topk = 1, '
            'renormalize = false, scale = 16.0 }', "fused", shared=256, shared_gate="none"),
     Family("qwen2-moe", "Qwen2-57B-A14B / Qwen1.5-MoE", mk_qwen2,
-           'router = { score = "softmax", renormalize = false }', "fused", shared=512, shared_gate="sigmoid"),
+           'router = { score = "softmax", renormalize = false }', "fused", shared=512, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
     Family("llama4", "Llama-4-Scout / Maverick", mk_llama4,
            'router = { score = "sigmoid", renormalize = false, apply = "input" }', "concat_t",
+           shared=256, shared_gate="none", route=llama4_route, router=lambda b: {"wr": b.router.weight},
+           shared_of=lambda b: mlp_parts(b.shared_expert)),
+    Family("qwen3-next", "Qwen3-Next-80B-A3B", mk_qwen3_next, 'router = { score = "softmax", renormalize = true }',
+           "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("qwen3.5-moe", "Qwen3.5-MoE", lambda: mk_qwen3_next("qwen3_5_moe.modeling_qwen3_5_moe",
+                                                               "Qwen3_5MoeSparseMoeBlock", "Qwen3_5MoeTextConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("qwen3-vl-moe", "Qwen3-VL-30B-A3B / 235B-A22B", mk_qwen3_vl,
+           'router = { score = "softmax", renormalize = true }', "fused"),
+    Family("minimax-m2", "MiniMax-M2", mk_minimax_m2,
+           'router = { score = "sigmoid", bias = true, renormalize = true }', "fused",
+           route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.e_score_correction_bias.float()}, keep=()),
+    Family("ernie4.5-moe", "ERNIE-4.5-21B-A3B / 300B-A47B", mk_ernie45,
+           'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
+           router=lambda b: {"wr": b.gate.weight,
+                             "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
+           sel_bias_std=0.005),
+    Family("hunyuan-moe", "Hunyuan-A13B", mk_hunyuan, 'router = { score = "softmax", renormalize = true }', "fused",
+           shared=128, shared_gate="none", router=lambda b: {"wr": b.gate.wg.weight},
+           shared_of=lambda b: mlp_parts(b.shared_mlp)),
+    Family("dots1", "dots.llm1", lambda: mk_deepseek_like(
+               "dots1.modeling_dots1", "Dots1MoE", "Dots1Config", n_routed_experts=32, num_experts_per_tok=6,
+               n_group=1, topk_group=1, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
            shared=256, shared_gate="none"),
+    Family("deepseek-v3.2", "DeepSeek-V3.2", lambda: mk_deepseek_like(
+               "deepseek_v32.modeling_deepseek_v32", "DeepseekV32MoE", "DeepseekV32Config", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
+           'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
+    Family("glm4-moe-lite", "GLM-4.7-Flash (Glm4MoeLite)", lambda: mk_deepseek_like(
+               "glm4_moe_lite.modeling_glm4_moe_lite", "Glm4MoeLiteMoE", "Glm4MoeLiteConfig", n_routed_experts=64,
+               num_experts_per_tok=4, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.8,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.8 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("exaone-moe", "K-EXAONE (ExaoneMoe)", lambda: mk_deepseek_like(
+               "exaone_moe.modeling_exaone_moe", "ExaoneMoeSparseMoEBlock", "ExaoneMoeConfig", num_experts=64,
+               num_experts_per_tok=8, n_group=1, topk_group=1, num_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("mistral4", "Mistral 4 (Mistral4MoE)", mk_mistral4,
+           'router = { score = "softmax", groups = 4, topk_groups = 2, group_topk = 2, renormalize = true, '
+           'scale = 1.0 }', "fused", shared=128, shared_gate="none"),
+    Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
+           'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
+           router=lambda b: {"wr": b.router.weight}),
+    Family("granitemoeshared", "Granite MoE with a shared expert", mk_granite_shared,
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    Family("jamba", "Jamba (v0.1, 1.5 Mini / Large)", mk_jamba, 'router = { score = "softmax", renormalize = false }',
+           "fused", route=jamba_route, router=lambda b: {"wr": b.router.weight}),
+    Family("lfm2-moe", "LFM2-8B-A1B", mk_lfm2,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           route=lambda b, x: gate_route_bias(b, x, b.expert_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.expert_bias.float()}, keep=("expert_bias",)),
 ]
 
 
 # ---- the block's side ----------------------------------------------------------
 
-def init_params(block, H, seed):
+def init_params(block, H, seed, sel_bias_std=0.05):
     """Fill every parameter and float buffer with seeded random values (never
     zeros: HF initializes some routers to zero and the experts to garbage).
     Weights are uniform(-1, 1)·2/sqrt(fan_in); the router's rows make logits
@@ -263,8 +552,8 @@ def init_params(block, H, seed):
     for name, p in named:
         shape = tuple(p.shape)
         with torch.no_grad():
-            if name.endswith("e_score_correction_bias"):
-                v = torch.randn(shape, generator=g) * 0.05
+            if name.endswith("e_score_correction_bias") or name == "expert_bias":
+                v = torch.randn(shape, generator=g) * sel_bias_std
             elif len(shape) == 1 or name.endswith("bias"):
                 v = torch.randn(shape, generator=g) * (0.5 if "router" in name else 0.1)
             else:
@@ -299,23 +588,7 @@ def block_routed(fam, block, x):
 
 def block_route(fam, block, x):
     """(weights [T, K], expert indices [T, K]) from the block's own router."""
-    import torch
-    if fam.name == "gpt-oss":
-        _, w, idx = block.router(x)
-    elif fam.name == "llama4":
-        scores, logits = block.router(x)
-        K = block.top_k
-        idx = torch.topk(logits, K, dim=1)[1]
-        w = scores.gather(1, idx)
-    else:
-        _, w, idx = block.gate(x)
-    return w, idx
-
-
-def shared_mlp(fam, block):
-    if fam.name in ("qwen2-moe", "llama4"):
-        return block.shared_expert
-    return block.shared_experts
+    return fam.route(block, x)
 
 
 # ---- conversion into moegen's layout ---------------------------------------------
@@ -327,16 +600,7 @@ def convert(fam, block, E, H, F):
     Half tensors in the block's dtype, contiguous. The shared expert:
     convert_shared."""
     import torch
-    t = {}
-    if fam.name == "gpt-oss":
-        t["wr"] = block.router.weight
-        t["logit_bias"] = block.router.bias.float()
-    elif fam.name == "llama4":
-        t["wr"] = block.router.weight
-    else:
-        t["wr"] = block.gate.weight
-        if hasattr(block.gate, "e_score_correction_bias"):
-            t["sel_bias"] = block.gate.e_score_correction_bias.float()
+    t = dict(fam.router(block))
     ex = block.experts
     if fam.layout == "fused":            # [E, 2F, H] gate then up; down [E, H, F]
         w1, w2 = ex.gate_up_proj, ex.down_proj
@@ -373,13 +637,12 @@ def convert_shared(fam, block, t):
     shared_expert_gate). The library splits it into the m = F_s / F
     always-on slots E .. E+m-1 itself."""
     import torch
-    mlp = shared_mlp(fam, block)
-    gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight  # [Fs,H] [Fs,H] [H,Fs]
+    gate, up, down, gate_vec = fam.shared_of(block)  # [Fs,H] [Fs,H] [H,Fs] [H]
     assert gate.shape[0] == fam.shared, (gate.shape, fam.shared)
     t["ws1"] = torch.cat([gate, up]).detach().contiguous()
     t["ws2"] = down.detach().contiguous()
     if fam.shared_gate == "sigmoid":
-        t["wsg"] = block.shared_expert_gate.weight.detach().reshape(-1).contiguous()
+        t["wsg"] = gate_vec.detach().reshape(-1).contiguous()
     return t
 
 
@@ -614,16 +877,19 @@ def check_family(fam, be, opt, workdir, log):
     F = block.experts.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
     tokens = max(opt.tokens)
     seed = opt.seed + zlib.crc32(fam.name.encode())
-    init_params(block, H, seed)
+    init_params(block, H, seed, fam.sel_bias_std)
     # The model dtype is bf16, except what the model class keeps in fp32 as
     # loaded checkpoints do (DeepSeek-V3's and GLM's e_score_correction_bias,
-    # _keep_in_fp32_modules_strict).
-    keep = ["e_score_correction_bias"]
-    kept = {n: b.detach().clone() for n, b in block.named_buffers() if n.split(".")[-1] in keep}
+    # _keep_in_fp32_modules_strict; ERNIE's is a parameter, not a buffer).
+    named = list(block.named_buffers()) + list(block.named_parameters())
+    kept = {n: b.detach().clone() for n, b in named if n.split(".")[-1] in fam.keep}
     b16 = block.to(torch.bfloat16)
     for n, v in kept.items():
         mod = b16.get_submodule(n.rsplit(".", 1)[0]) if "." in n else b16
-        setattr(mod, n.split(".")[-1], v)
+        leaf = n.split(".")[-1]
+        if isinstance(getattr(mod, leaf), torch.nn.Parameter):
+            v = torch.nn.Parameter(v, requires_grad=False)
+        setattr(mod, leaf, v)
     b32 = copy.deepcopy(b16).float()   # the same bf16 values, computed in fp32
     name = "hf_" + re.sub(r"\W", "_", fam.name)
     spec_path = os.path.join(workdir, name + ".moe")
@@ -751,9 +1017,9 @@ def main():
     log("rel = max error / RMS(block), rms = RMS(error) / RMS(block); tolerance: against the fp32 copy "
         "rel <= %g, rms <= %g, flips <= max(1, T/256); against the bf16 block rel <= %g (its flips are "
         "bf16 near-ties: reported, not gated)" % (TOL_FP32, TOL_RMS_FP32, TOL_BF16))
-    log("%-12s %5s | %-33s | %-24s | %-14s |" % ("family", "T", "moegen vs fp32 copy", "moegen vs bf16 block",
+    log("%-16s %5s | %-33s | %-24s | %-14s |" % ("family", "T", "moegen vs fp32 copy", "moegen vs bf16 block",
                                                  "bf16 blk vs fp32"))
-    log("%-12s %5s | %8s %8s %8s %5s | %8s %8s %5s | %8s %5s |" % ("", "", "abs", "rel", "rms", "flips", "abs", "rel",
+    log("%-16s %5s | %8s %8s %8s %5s | %8s %8s %5s | %8s %5s |" % ("", "", "abs", "rel", "rms", "flips", "abs", "rel",
                                                                 "flips", "rel", "flips"))
     failed = 0
     with tempfile.TemporaryDirectory(prefix="check_models.") as workdir:
@@ -765,15 +1031,15 @@ def main():
                 r = {"status": "FAIL", "why": "%s: %s" % (type(e).__name__, e)}
                 logf.write(traceback.format_exc())
             if "results" not in r:
-                log("%-12s %s: %s" % (fam.name, r["status"], r["why"]))
+                log("%-16s %s: %s" % (fam.name, r["status"], r["why"]))
                 failed += r["status"] == "FAIL"
                 continue
             for T, e32, e16, eb, ok in r["results"]:
-                log("%-12s %5d | %8.2e %8.2e %8.2e %5d | %8.2e %8.2e %5d | %8.2e %5d | %s" % (
+                log("%-16s %5d | %8.2e %8.2e %8.2e %5d | %8.2e %8.2e %5d | %8.2e %5d | %s" % (
                     fam.name, T, e32[0], e32[1], e32[3], e32[2], e16[0], e16[1], e16[2], eb[1], eb[2],
                     "ok" if ok else "FAIL"))
             if r["why"]:
-                log("%-12s   (%s)" % ("", r["why"]))
+                log("%-16s   (%s)" % ("", r["why"]))
             failed += r["status"] == "FAIL"
     log("check_models: %d of %d families failed; log %s" % (failed, len(fams), log_path))
     return 1 if failed else 0
