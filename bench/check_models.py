@@ -361,19 +361,20 @@ def mk_granite():
     return Block(cfg), cfg
 
 
-def mk_granite_shared():
+def mk_granite_shared(module="granitemoeshared.modeling_granitemoeshared", moe="GraniteMoeSharedMoE",
+                      mlp="GraniteMoeSharedMLP", config="GraniteMoeSharedConfig"):
     # GraniteMoeSharedMoE is GraniteMoeMoE; its shared expert is not in the
     # block but in the decoder layer: out = block_sparse_moe(h) +
     # shared_mlp(h), shared_mlp a SwiGLU MLP, ungated, whose input_linear
     # [2F_s, H] holds the gate rows then the up rows (chunk(2)) and
     # output_linear [H, F_s]; F_s = shared_intermediate_size. The two are
-    # put together here as the layer does.
+    # put together here as the layer does. Granite 4.0
+    # (GraniteMoeHybridMoE, GraniteMoeHybridMLP) is the same pair.
     import torch
     import transformers as tf
-    Moe, Mlp = tf_import("granitemoeshared.modeling_granitemoeshared", "GraniteMoeSharedMoE",
-                         "GraniteMoeSharedMLP")
-    cfg = eager(tf.GraniteMoeSharedConfig(hidden_size=256, intermediate_size=128, num_local_experts=32,
-                                          num_experts_per_tok=8, shared_intermediate_size=256))
+    Moe, Mlp = tf_import(module, moe, mlp)
+    cfg = eager(getattr(tf, config)(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                    num_experts_per_tok=8, shared_intermediate_size=256))
 
     class MoeAndShared(torch.nn.Module):  # GraniteMoeSharedDecoderLayer's two lines
         def __init__(self):
@@ -408,6 +409,11 @@ def mk_jamba():
     return Block(cfg), cfg
 
 
+def afmoe_route(block, x):
+    _, w, idx = block.router(x.unsqueeze(0), block.expert_bias)
+    return w, idx
+
+
 def jamba_route(block, x):
     idx, w = block.route_tokens_to_experts(x, block.router(x))
     return w, idx
@@ -438,6 +444,94 @@ def mk_lfm2():
     Block, = tf_import("lfm2_moe.modeling_lfm2_moe", "Lfm2MoeSparseMoeBlock")
     cfg = eager(tf.Lfm2MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=4,
                                  use_expert_bias=True, routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_minimax():
+    # MiniMaxSparseMoeBlock (MiniMax-Text-01, MiniMax-M1): Mixtral's router:
+    # bf16 logits, p = softmax(logits.float()), top-k, renormalized always,
+    # fp32 weights; no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("minimax.modeling_minimax", "MiniMaxSparseMoeBlock")
+    cfg = eager(tf.MiniMaxConfig(hidden_size=256, intermediate_size=128, num_local_experts=32, num_experts_per_tok=2,
+                                 router_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_afmoe():
+    # AfmoeSparseMoeBlock (Arcee Trinity): logits = x·Wrᵀ (bf16) then
+    # .float(), s = sigmoid; selection on s + expert_bias (a parameter of the
+    # block, kept fp32 by the class), top-k; weight = s / (Σ_k s + 1e-20)
+    # (always), × route_scale, fp32; + shared_experts(x), ungated,
+    # intermediate moe_intermediate_size · num_shared_experts. The router
+    # wants x as [B, S, H].
+    import transformers as tf
+    Block, = tf_import("afmoe.modeling_afmoe", "AfmoeSparseMoeBlock")
+    cfg = eager(tf.AfmoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=6,
+                               num_shared_experts=1, route_scale=2.0))
+    return Block(cfg), cfg
+
+
+def mk_flex_olmo():
+    # FlexOlmoSparseMoeBlock (FlexOlmo-7x7B): OLMoE's router (bf16 logits,
+    # fp32 softmax, top-k, renormalized iff norm_topk_prob, false by
+    # default; weights cast to bf16); no shared expert.
+    import transformers as tf
+    Block, = tf_import("flex_olmo.modeling_flex_olmo", "FlexOlmoSparseMoeBlock")
+    cfg = eager(tf.FlexOlmoConfig(hidden_size=256, intermediate_size=128, num_experts=8, num_experts_per_tok=5,
+                                  norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_cohere2():
+    # Cohere2MoeSparseMoeBlock: logits = x·Wrᵀ (bf16), top-k of the logits;
+    # expert_selection_fn "softmax" (the default): weight = softmax over
+    # the k selected logits in fp32 (= softmax then renormalize), cast to
+    # bf16; + shared_experts(x), ungated, intermediate intermediate_size ·
+    # num_shared_experts, combined by shared_expert_combination_strategy:
+    # "average" (the default) y = (routed + shared) / 2, "sum" y = routed +
+    # shared. "average" is router.scale = 0.5 and the shared down_proj
+    # times 0.5 (a power of two: exact in bf16) — a conversion, not a key.
+    import transformers as tf
+    Block, = tf_import("cohere2_moe.modeling_cohere2_moe", "Cohere2MoeSparseMoeBlock")
+    cfg = eager(tf.Cohere2MoeConfig(hidden_size=256, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                                    num_shared_experts=1, shared_expert_combination_strategy="average",
+                                    expert_selection_fn="softmax"))
+    return Block(cfg), cfg
+
+
+def cohere2_shared(block):
+    g, u, d, _ = mlp_parts(block.shared_experts)
+    return g, u, d * 0.5, None  # "average": (routed + shared) / 2, the shared half folded into its down_proj
+
+
+def mk_step3p7():
+    # Step3p7SparseMoeBlock (Step-3.7-Flash): logits = x·Wrᵀ (bf16), s =
+    # sigmoid(logits.float()); selection on s + e_score_correction_bias,
+    # top-k; weight = s / Σ_k s (always), fp32; the routed SUM is then
+    # multiplied by moe_router_scaling_factor (in bf16, after the experts
+    # were added: moegen scales the weights, the same up to rounding); +
+    # shared_experts(x), ungated, intermediate share_expert_dim. Layers
+    # listed in swiglu_limits / swiglu_limits_shared clamp silu(gate) (after
+    # the activation) and up: not expressible (docs/models.md); the layer
+    # built here has no clamp.
+    Block, = tf_import("step3p7.modeling_step3p7", "Step3p7SparseMoeBlock")
+    Cfg, = tf_import("step3p7.configuration_step3p7", "Step3p7TextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
+                    share_expert_dim=128, moe_router_scaling_factor=2.0, swiglu_limits=None,
+                    swiglu_limits_shared=None))
+    return Block(cfg, 0), cfg
+
+
+def mk_qwen3_omni_talker():
+    # Qwen3OmniMoeTalkerTextSparseMoeBlock (Qwen3-Omni's talker): Qwen2-MoE's
+    # block: norm_topk_prob false by default, sigmoid-gated shared expert of
+    # intermediate shared_expert_intermediate_size. (The thinker's block is
+    # Qwen3-MoE's with norm_topk_prob true.)
+    Block, = tf_import("qwen3_omni_moe.modeling_qwen3_omni_moe", "Qwen3OmniMoeTalkerTextSparseMoeBlock")
+    Cfg, = tf_import("qwen3_omni_moe.configuration_qwen3_omni_moe", "Qwen3OmniMoeTalkerTextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                    shared_expert_intermediate_size=256, norm_topk_prob=False))
     return Block(cfg), cfg
 
 
@@ -536,6 +630,43 @@ FAMILIES = [
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
            route=lambda b, x: gate_route_bias(b, x, b.expert_bias),
            router=lambda b: {"wr": b.gate.weight, "sel_bias": b.expert_bias.float()}, keep=("expert_bias",)),
+    Family("granite4", "Granite 4.0 (GraniteMoeHybrid)", lambda: mk_granite_shared(
+               "granitemoehybrid.modeling_granitemoehybrid", "GraniteMoeHybridMoE", "GraniteMoeHybridMLP",
+               "GraniteMoeHybridConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    Family("minimax", "MiniMax-Text-01 / M1", mk_minimax, 'router = { score = "softmax", renormalize = true }',
+           "fused"),
+    Family("mimo-v2-flash", "MiMo-V2-Flash", lambda: mk_deepseek_like(
+               "mimo_v2_flash.modeling_mimo_v2_flash", "MiMoV2FlashMoE", "MiMoV2FlashConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused"),
+    Family("solar-open", "Solar Open", lambda: mk_deepseek_like(
+               "solar_open.modeling_solar_open", "SolarOpenMoE", "SolarOpenConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("glm4v-moe", "GLM-4.5V (Glm4vMoeText)", lambda: mk_deepseek_like(
+               "glm4v_moe.modeling_glm4v_moe", "Glm4vMoeTextMoE", "Glm4vMoeTextConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("afmoe", "Arcee Trinity (Afmoe)", mk_afmoe,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none", route=lambda b, x: afmoe_route(b, x),
+           router=lambda b: {"wr": b.router.gate.weight, "sel_bias": b.expert_bias.float()}, keep=("expert_bias",)),
+    Family("flex-olmo", "FlexOlmo-7x7B", mk_flex_olmo, 'router = { score = "softmax", renormalize = false }', "fused"),
+    Family("cohere2-moe", "Cohere2-MoE (average)", mk_cohere2,
+           'router = { score = "softmax", renormalize = true, scale = 0.5 }', "fused", shared=128,
+           shared_gate="none", shared_of=cohere2_shared),
+    Family("step3.7", "Step-3.7-Flash (an unclamped layer)", mk_step3p7,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
+           'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
 ]
 
 
