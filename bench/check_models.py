@@ -86,16 +86,19 @@ class Family:
     `shared_of` say where they are (see the defaults below); `keep` names
     the buffers the model class keeps in fp32 (_keep_in_fp32_modules_strict);
     `sel_bias_std` the spread of the random selection bias (near the
-    scores' own spread, so that both decide the selection)."""
+    scores' own spread, so that both decide the selection); `top_k` reads
+    k from the config where it is not num_experts_per_tok."""
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
-                 route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05):
+                 route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
+                 top_k=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or gate_route
         self.router = router or gate_router
         self.shared_of = shared_of or (lambda b: mlp_parts(b.shared_experts))
         self.keep, self.sel_bias_std = keep, sel_bias_std
+        self.top_k = top_k or (lambda cfg: cfg.num_experts_per_tok)
 
 
 def gate_route(block, x):
@@ -535,6 +538,25 @@ def mk_qwen3_omni_talker():
     return Block(cfg), cfg
 
 
+def mk_dbrx():
+    # DbrxFFN (DBRX): logits = router.layer(x) (bf16), p = softmax(logits)
+    # IN BF16 (dtype = the logits' dtype), top-k (DBRX: 16 experts, k = 4);
+    # weight = p / ‖p_topk‖_q with q = moe_normalize_expert_weights (1 in
+    # DBRX: the sum, i.e. renormalize; None: no normalization), bf16; no
+    # shared expert. Experts stored flat and separate: mlp.w1 (gate) and
+    # mlp.v1 (up) [E·F, H], mlp.w2 [E·F, H] = each expert's down_proj
+    # transposed (out = (silu(x·w1ᵀ) · x·v1ᵀ)·w2).
+    import transformers as tf
+    Block, = tf_import("dbrx.modeling_dbrx", "DbrxFFN")
+    cfg = tf.DbrxConfig(d_model=256, ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 16, "moe_top_k": 4,
+                                                 "moe_normalize_expert_weights": 1.0})
+    return Block(cfg), cfg
+
+
+def dbrx_route(block, x):
+    return block.route_tokens_to_experts(block.router(x))
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -667,6 +689,9 @@ FAMILIES = [
     Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
            'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
            shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("dbrx", "DBRX", mk_dbrx, 'router = { score = "softmax", renormalize = true }', "separate_flat",
+           route=dbrx_route, router=lambda b: {"wr": b.router.layer.weight},
+           top_k=lambda cfg: cfg.ffn_config.moe_top_k),
 ]
 
 
@@ -724,6 +749,14 @@ def block_route(fam, block, x):
 
 # ---- conversion into moegen's layout ---------------------------------------------
 
+def expert_ffn(fam, block):
+    """The experts' intermediate size F, from the stored expert weights."""
+    ex = block.experts
+    if fam.layout == "separate_flat":
+        return ex.ffn_hidden_size
+    return ex.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
+
+
 def convert(fam, block, E, H, F):
     """The block's parameters in moegen's layout (ref.h, "Data conventions";
     README, "Tensors"): wr [E, H]; sel_bias / logit_bias fp32 [E]; w1 [S, 2F, H]
@@ -737,6 +770,9 @@ def convert(fam, block, E, H, F):
         w1, w2 = ex.gate_up_proj, ex.down_proj
     elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
+    elif fam.layout == "separate_flat":  # DBRX: w1 (gate), v1 (up) [E·F, H]; w2 [E·F, H] = down transposed
+        gate, up, down_t = (getattr(ex.mlp, n).view(E, F, H) for n in ("w1", "v1", "w2"))
+        w1, w2 = torch.cat([gate, up], dim=1), down_t.transpose(1, 2)
     elif fam.layout == "interleaved_t":  # [E, H, 2F] gate/up interleaved by column
         wt = ex.gate_up_proj.transpose(1, 2)
         w1 = torch.cat([wt[:, 0::2], wt[:, 1::2]], dim=1)
@@ -751,6 +787,10 @@ def convert(fam, block, E, H, F):
     t = {k: v.detach().contiguous() for k, v in t.items()}
     # The same tensors as the checkpoint stores them, with moe_layout's name
     # for each (runtime/moe.h), for the library's own packing where it has it.
+    if fam.layout == "separate_flat":
+        t["stored"] = [("W1_SEPARATE", gate.detach().contiguous(), up.detach().contiguous()),
+                       ("W2_T", down_t.detach().contiguous())]
+        return t
     stored = {"fused": [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)],
               "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)],
               "interleaved_t": [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias)
@@ -927,14 +967,16 @@ class GpuBackend:
             return
         dst_of = {"W1": "w1p", "B1": "b1p", "W2": "w2", "B2": "b2"}
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        for layout, src in t["stored"]:
+        for layout, src, *up in t["stored"]:  # (name, tensor) or, for the _SEPARATE layouts, (name, gate, up)
             key = dst_of[layout.split("_")[0]]
             src_d = src.cuda()
+            up_d = up[0].cuda() if up else None
             dst = d[key].clone()
             dst[:E] = float("nan")  # the routed slots poisoned; shared slots kept
             a = self.PackArgs()
             if self.lib.moe_plan_pack_layout(self.plan, self.LAYOUTS.index(layout), ctypes.c_void_p(src_d.data_ptr()),
-                                             None, 0, E, ctypes.byref(a)):
+                                             ctypes.c_void_p(up_d.data_ptr()) if up else None, 0, E,
+                                             ctypes.byref(a)):
                 raise RuntimeError("moe_plan_pack_layout(%s): %s" % (layout, self.last_error()))
             if self.lib.moe_plan_pack_async(self.plan, ctypes.byref(a), ctypes.c_void_p(dst.data_ptr()), stream):
                 raise RuntimeError("moe_plan_pack_async(%s): %s" % (layout, self.last_error()))
@@ -1004,8 +1046,8 @@ def check_family(fam, be, opt, workdir, log):
     block.eval()
     H = cfg.hidden_size
     E = getattr(block.experts, "num_experts")
-    K = cfg.num_experts_per_tok
-    F = block.experts.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
+    K = fam.top_k(cfg)
+    F = expert_ffn(fam, block)
     tokens = max(opt.tokens)
     seed = opt.seed + zlib.crc32(fam.name.encode())
     init_params(block, H, seed, fam.sel_bias_std)
