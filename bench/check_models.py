@@ -557,6 +557,21 @@ def dbrx_route(block, x):
     return block.route_tokens_to_experts(block.router(x))
 
 
+def mk_hy_v3():
+    # HYV3MoE: logits in fp32 (x and Wr cast), s = sigmoid; selection on
+    # s + e_score_correction_bias (a buffer of the block, passed to the gate;
+    # kept fp32), top-k, no groups; weight = s / (Σ_k s + 1e-20) (always) ×
+    # router_scaling_factor, fp32; + shared_experts(x), ungated, intermediate
+    # moe_intermediate_size · num_shared_experts; with
+    # enable_moe_fp32_combine (the default) routed + shared are added in
+    # fp32 and rounded once.
+    Block, = tf_import("hy_v3.modeling_hy_v3", "HYV3MoE")
+    Cfg, = tf_import("hy_v3.configuration_hy_v3", "HYV3Config")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
+                    num_shared_experts=1, router_scaling_factor=2.826))
+    return Block(cfg), cfg
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -692,6 +707,31 @@ FAMILIES = [
     Family("dbrx", "DBRX", mk_dbrx, 'router = { score = "softmax", renormalize = true }', "separate_flat",
            route=dbrx_route, router=lambda b: {"wr": b.router.layer.weight},
            top_k=lambda cfg: cfg.ffn_config.moe_top_k),
+    Family("kimi-linear", "Kimi Linear (KimiLinearMoE)", lambda: mk_deepseek_like(
+               "kimi_linear.modeling_kimi_linear", "KimiLinearMoE", "KimiLinearConfig", num_local_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.446,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.446 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("glm-moe-dsa", "GLM-5 (GlmMoeDsaMoE)", lambda: mk_deepseek_like(
+               "glm_moe_dsa.modeling_glm_moe_dsa", "GlmMoeDsaMoE", "GlmMoeDsaConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
+           shared=128, shared_gate="none"),
+    # Glm5NextTextMoE: DeepSeek-V3's block whose experts AND shared expert
+    # clamp gate <= swiglu_limit and up to ±swiglu_limit before silu(gate)·up
+    # (10 by default; 1.5 here, so that the clamp bites on these inputs).
+    Family("glm5-next", "GLM-5-Next (Glm5NextTextMoE), limit 1.5", lambda: mk_deepseek_like(
+               "glm5_next.modeling_glm5_next", "Glm5NextTextMoE", "Glm5NextTextConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True, swiglu_limit=1.5),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
+           'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none"),
+    Family("hy-v3", "HY-V3 (HYV3MoE)", mk_hy_v3,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",
+           shared=128, shared_gate="none", route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.e_score_correction_bias.float()}),
 ]
 
 
