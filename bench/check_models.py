@@ -283,7 +283,7 @@ def mk_qwen3_next(cls_module="qwen3_next.modeling_qwen3_next", block="Qwen3NextS
     Block, = tf_import(cls_module, block)
     kw = dict(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
               shared_expert_intermediate_size=128)
-    if config == "Qwen3NextConfig":
+    if config in ("Qwen3NextConfig", "Qwen4ExpTextConfig"):
         kw["norm_topk_prob"] = True
     cfg = eager(getattr(tf, config)(**kw))
     return Block(cfg), cfg
@@ -572,6 +572,31 @@ def mk_hy_v3():
     return Block(cfg), cfg
 
 
+def mk_minimax_m3():
+    # MiniMaxM3VLSparseMoeBlock (MiniMax-M3-VL's text model): MiniMax-M2's
+    # router (bf16 logits, s = sigmoid(logits.float()), selection on s +
+    # the gate's e_score_correction_bias, s / Σ_k s, fp32; the class keeps
+    # nothing in fp32); the routed SUM × routed_scaling_factor (as
+    # Step-3.7); + shared_experts(x), ungated, intermediate
+    # shared_intermediate_size, its gate_up_proj a [2F_s, H] Linear (gate
+    # rows then up rows). Experts and shared expert alike: gpt-oss's unit
+    # without the interleaving, gate = min(gate, L), up = clamp(up, ±L),
+    # (up + 1)·gate·σ(1.702·gate); L = swiglu_limit (7; 1.5 here, so that
+    # the clamp bites on these inputs).
+    Block, = tf_import("minimax_m3_vl.modeling_minimax_m3_vl", "MiniMaxM3VLSparseMoeBlock")
+    Cfg, = tf_import("minimax_m3_vl.configuration_minimax_m3_vl", "MiniMaxM3VLTextConfig")
+    cfg = eager(Cfg(hidden_size=256, intermediate_size=128, num_local_experts=32, num_experts_per_tok=4,
+                    shared_intermediate_size=128, routed_scaling_factor=2.0, swiglu_alpha=1.702, swiglu_limit=1.5))
+    return Block(cfg), cfg
+
+
+def fused_shared(mlp):
+    """mlp_parts of a shared MLP whose gate_up_proj Linear is [2F_s, H], gate rows then up rows."""
+    w = mlp.gate_up_proj.weight
+    fs = w.shape[0] // 2
+    return w[:fs], w[fs:], mlp.down_proj.weight, None
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -732,6 +757,14 @@ FAMILIES = [
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",
            shared=128, shared_gate="none", route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
            router=lambda b: {"wr": b.gate.weight, "sel_bias": b.e_score_correction_bias.float()}),
+    Family("qwen4-exp", "Qwen4-Exp (Qwen4ExpTextSparseMoeBlock)", lambda: mk_qwen3_next(
+               "qwen4_exp.modeling_qwen4_exp", "Qwen4ExpTextSparseMoeBlock", "Qwen4ExpTextConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("minimax-m3-vl", "MiniMax-M3-VL (text), limit 1.5", mk_minimax_m3,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "fused",
+           shared=128, shared_gate="none", shared_of=lambda b: fused_shared(b.shared_experts), keep=()),
 ]
 
 
