@@ -597,6 +597,15 @@ def fused_shared(mlp):
     return w[:fs], w[fs:], mlp.down_proj.weight, None
 
 
+def mk_qwen3_like(module, block, config):
+    # A block that is Qwen3-MoE's line for line under another name.
+    import transformers as tf
+    Block, = tf_import(module, block)
+    cfg = eager(getattr(tf, config)(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                                    norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -765,6 +774,18 @@ FAMILIES = [
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
            'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "fused",
            shared=128, shared_gate="none", shared_of=lambda b: fused_shared(b.shared_experts), keep=()),
+    # MellumSparseMoeBlock: Qwen3-MoE's block (norm_topk_prob true by default).
+    Family("mellum", "Mellum (MellumSparseMoeBlock)", lambda: mk_qwen3_like(
+               "mellum.modeling_mellum", "MellumSparseMoeBlock", "MellumConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused"),
+    # AXK2MoE: DeepSeek-V3's block, except that the groups left out get
+    # selection score 0 (masked_fill 0.0), not -inf; the same selection while
+    # the kept groups' s + bias stay positive (sigmoid + a small bias).
+    Family("axk2", "A.X K2 (AXK2MoE)", lambda: mk_deepseek_like(
+               "axk2.modeling_axk2", "AXK2MoE", "AXK2Config", n_routed_experts=32, num_experts_per_tok=8,
+               n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
+           'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
 ]
 
 
