@@ -1237,7 +1237,7 @@ def main():
     opt = ap.parse_args()
     if opt.list:
         for f in FAMILIES:
-            print("%-12s %s" % (f.name, f.model))
+            print("%-16s %s" % (f.name, f.model))
         return 0
     try:
         opt.tokens = [int(v) for v in opt.tokens.split(",") if v]
