@@ -606,6 +606,30 @@ def mk_qwen3_like(module, block, config):
     return Block(cfg), cfg
 
 
+def mk_privacy_filter():
+    # OpenAIPrivacyFilterMLP (OpenAI's privacy filter, an encoder): logits =
+    # x·Wrᵀ + b_r in fp32 (x, Wr, b_r cast), top-k of the logits, weight =
+    # softmax over the k (fp32) / top_k, and the block's output × top_k
+    # again (net: softmax then renormalize); experts computed in fp32 from
+    # the bf16 weights, summed in fp32 and rounded once: gate_up_proj [E, H,
+    # 2F] transposed, gate columns then up (concatenated, not interleaved),
+    # gate_up_proj_bias [E, 2F] likewise, down_proj [E, F, H] transposed,
+    # down_proj_bias [E, H]; gpt-oss's unit, alpha 1.702, limit 7 (a
+    # constant of the class; set to 1.5 here, so that the clamp bites).
+    Block, = tf_import("openai_privacy_filter.modeling_openai_privacy_filter", "OpenAIPrivacyFilterMLP")
+    Cfg, = tf_import("openai_privacy_filter.configuration_openai_privacy_filter", "OpenAIPrivacyFilterConfig")
+    cfg = eager(Cfg(hidden_size=256, intermediate_size=128, num_local_experts=16, num_experts_per_tok=4))
+    block = Block(cfg)
+    block.experts.limit = 1.5
+    return block, cfg
+
+
+def router_route(block, x):
+    """gate_route for a router at block.router returning (logits, weights, indices)."""
+    _, w, idx = block.router(x)
+    return w, idx
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -786,6 +810,23 @@ FAMILIES = [
                n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True),
            'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
            'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
+    Family("granitemoe-swa", "Granite MoE SWA (GraniteMoeSWA)", lambda: mk_granite_shared(
+               "granitemoe_swa.modeling_granitemoe_swa", "GraniteMoeSWAMoE", "GraniteMoeSWAMLP",
+               "GraniteMoeSWAConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=router_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    # DeepseekOcr2TextMoe (DeepSeek-OCR 2's language model): DeepSeek-V2's
+    # block (softmax, "greedy" or "group_limited_greedy", never renormalized).
+    Family("deepseek-ocr2", "DeepSeek-OCR 2 (text)", lambda: mk_deepseek_like(
+               "deepseek_ocr2.modeling_deepseek_ocr2", "DeepseekOcr2TextMoe", "DeepseekOcr2TextConfig",
+               n_routed_experts=32, num_experts_per_tok=6, n_group=8, topk_group=3, n_shared_experts=2,
+               topk_method="group_limited_greedy", routed_scaling_factor=16.0),
+           'router = { score = "softmax", groups = 8, topk_groups = 3, group_topk = 1, '
+           'renormalize = false, scale = 16.0 }', "fused", shared=256, shared_gate="none"),
+    Family("privacy-filter", "OpenAI privacy filter, limit 1.5", mk_privacy_filter,
+           'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "concat_t",
+           route=router_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
 ]
 
 
@@ -864,6 +905,8 @@ def convert(fam, block, E, H, F):
         w1, w2 = ex.gate_up_proj, ex.down_proj
     elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
+        if getattr(ex, "gate_up_proj_bias", None) is not None:  # [E, 2F] gate then up, [E, H]
+            t["b1"], t["b2"] = ex.gate_up_proj_bias, ex.down_proj_bias
     elif fam.layout == "separate_flat":  # DBRX: w1 (gate), v1 (up) [E·F, H]; w2 [E·F, H] = down transposed
         gate, up, down_t = (getattr(ex.mlp, n).view(E, F, H) for n in ("w1", "v1", "w2"))
         w1, w2 = torch.cat([gate, up], dim=1), down_t.transpose(1, 2)
@@ -886,7 +929,8 @@ def convert(fam, block, E, H, F):
                        ("W2_T", down_t.detach().contiguous())]
         return t
     stored = {"fused": [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)],
-              "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)],
+              "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)]
+              + ([("B1_FUSED", ex.gate_up_proj_bias), ("B2", ex.down_proj_bias)] if "b1" in t else []),
               "interleaved_t": [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias)
                                 if fam.layout == "interleaved_t" else None, ("W2_T", ex.down_proj),
                                 ("B2", ex.down_proj_bias) if fam.layout == "interleaved_t" else None]}[fam.layout]
