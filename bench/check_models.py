@@ -630,6 +630,26 @@ def router_route(block, x):
     return w, idx
 
 
+def mk_aria():
+    # AriaTextMoELayer (Aria): logits = router(x) (bf16), top-k of the
+    # logits, weight = softmax over the k IN BF16 (no dtype), so softmax
+    # then renormalize; the k outputs weighted and summed at once in bf16;
+    # + shared_experts(x), ungated, intermediate intermediate_size ·
+    # moe_num_shared_experts. Experts: fc1.weight [E, H, 2F] (transposed),
+    # the first F columns through silu, the last F the linear half; fc2.weight
+    # [E, F, H] (transposed).
+    import transformers as tf
+    Block, = tf_import("aria.modeling_aria", "AriaTextMoELayer")
+    cfg = tf.AriaTextConfig(hidden_size=256, intermediate_size=128, moe_num_experts=16, moe_topk=4,
+                            moe_num_shared_experts=1)
+    return Block(cfg), cfg
+
+
+def aria_route(block, x):
+    idx, w = block.experts.route_tokens_to_experts(block.router(x))
+    return w, idx
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -827,6 +847,9 @@ FAMILIES = [
            'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
            'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "concat_t",
            route=router_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
+    Family("aria", "Aria (AriaTextMoELayer)", mk_aria, 'router = { score = "softmax", renormalize = true }',
+           "concat_t_fc", shared=128, shared_gate="none", route=aria_route, router=lambda b: {"wr": b.router.weight},
+           top_k=lambda cfg: cfg.moe_topk),
 ]
 
 
@@ -889,6 +912,8 @@ def expert_ffn(fam, block):
     ex = block.experts
     if fam.layout == "separate_flat":
         return ex.ffn_hidden_size
+    if fam.layout == "concat_t_fc":
+        return ex.fc2.weight.shape[1]
     return ex.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
 
 
@@ -907,6 +932,8 @@ def convert(fam, block, E, H, F):
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
         if getattr(ex, "gate_up_proj_bias", None) is not None:  # [E, 2F] gate then up, [E, H]
             t["b1"], t["b2"] = ex.gate_up_proj_bias, ex.down_proj_bias
+    elif fam.layout == "concat_t_fc":    # Aria: fc1.weight [E, H, 2F] silu'd half then the other; fc2 [E, F, H]
+        w1, w2 = ex.fc1.weight.transpose(1, 2), ex.fc2.weight.transpose(1, 2)
     elif fam.layout == "separate_flat":  # DBRX: w1 (gate), v1 (up) [E·F, H]; w2 [E·F, H] = down transposed
         gate, up, down_t = (getattr(ex.mlp, n).view(E, F, H) for n in ("w1", "v1", "w2"))
         w1, w2 = torch.cat([gate, up], dim=1), down_t.transpose(1, 2)
@@ -925,16 +952,19 @@ def convert(fam, block, E, H, F):
     # The same tensors as the checkpoint stores them, with moe_layout's name
     # for each (runtime/moe.h), for the library's own packing where it has it.
     if fam.layout == "separate_flat":
-        t["stored"] = [("W1_SEPARATE", gate.detach().contiguous(), up.detach().contiguous()),
-                       ("W2_T", down_t.detach().contiguous())]
-        return t
-    stored = {"fused": [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)],
-              "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)]
-              + ([("B1_FUSED", ex.gate_up_proj_bias), ("B2", ex.down_proj_bias)] if "b1" in t else []),
-              "interleaved_t": [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias)
-                                if fam.layout == "interleaved_t" else None, ("W2_T", ex.down_proj),
-                                ("B2", ex.down_proj_bias) if fam.layout == "interleaved_t" else None]}[fam.layout]
-    t["stored"] = [(n, v.detach().contiguous()) for n, v in (x for x in stored if x)]
+        stored = [("W1_SEPARATE", gate, up), ("W2_T", down_t)]
+    elif fam.layout == "fused":
+        stored = [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)]
+    elif fam.layout == "concat_t_fc":
+        stored = [("W1_FUSED_T", ex.fc1.weight), ("W2_T", ex.fc2.weight)]
+    elif fam.layout == "concat_t":
+        stored = [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)]
+        if "b1" in t:
+            stored += [("B1_FUSED", ex.gate_up_proj_bias), ("B2", ex.down_proj_bias)]
+    else:  # interleaved_t
+        stored = [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias),
+                  ("W2_T", ex.down_proj), ("B2", ex.down_proj_bias)]
+    t["stored"] = [(n,) + tuple(v.detach().contiguous() for v in vs) for n, *vs in stored]
     return t
 
 
@@ -1183,7 +1213,7 @@ def check_family(fam, be, opt, workdir, log):
     block, cfg = fam.make()
     block.eval()
     H = cfg.hidden_size
-    E = getattr(block.experts, "num_experts")
+    E = block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts
     K = fam.top_k(cfg)
     F = expert_ffn(fam, block)
     tokens = max(opt.tokens)
