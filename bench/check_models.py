@@ -650,6 +650,22 @@ def aria_route(block, x):
     return w, idx
 
 
+def mk_laguna():
+    # LagunaSparseMoeBlock with moe_router_logit_softcapping = 0 (the
+    # default; a softcap is not expressible, docs/models.md): bf16 logits,
+    # .float(), s = sigmoid, selection on s + the gate's
+    # e_score_correction_bias (a parameter the class keeps in the model
+    # dtype), top-k; weight = s / Σ_k s, cast to bf16; the routed sum ×
+    # moe_routed_scaling_factor; + shared_experts(x), ungated, intermediate
+    # shared_expert_intermediate_size.
+    Block, = tf_import("laguna.modeling_laguna", "LagunaSparseMoeBlock")
+    Cfg, = tf_import("laguna.configuration_laguna", "LagunaConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                    shared_expert_intermediate_size=128, moe_routed_scaling_factor=2.0,
+                    moe_router_logit_softcapping=0.0))
+    return Block(cfg), cfg
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -850,6 +866,9 @@ FAMILIES = [
     Family("aria", "Aria (AriaTextMoELayer)", mk_aria, 'router = { score = "softmax", renormalize = true }',
            "concat_t_fc", shared=128, shared_gate="none", route=aria_route, router=lambda b: {"wr": b.router.weight},
            top_k=lambda cfg: cfg.moe_topk),
+    Family("laguna", "Laguna (no logit softcap)", mk_laguna,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none", keep=()),
 ]
 
 
