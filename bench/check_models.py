@@ -84,7 +84,8 @@ class Family:
     block.gate.weight, block.gate.e_score_correction_bias,
     block.shared_experts.{gate,up,down}_proj), `route`, `router` and
     `shared_of` say where they are (see the defaults below); `keep` names
-    the buffers the model class keeps in fp32 (_keep_in_fp32_modules_strict);
+    the buffers and parameters the model class keeps in fp32
+    (_keep_in_fp32_modules_strict);
     `sel_bias_std` the spread of the random selection bias (near the
     scores' own spread, so that both decide the selection); `top_k` reads
     k from the config where it is not num_experts_per_tok."""
@@ -185,11 +186,6 @@ def mk_gpt_oss():
     cfg = eager(tf.GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=16,
                                 num_experts_per_tok=4))
     return Block(cfg), cfg
-
-
-def gpt_oss_route(block, x):
-    _, w, idx = block.router(x)
-    return w, idx
 
 
 def mk_deepseek_v3(kimi=False):
@@ -682,7 +678,7 @@ FAMILIES = [
     Family("gpt-oss", "gpt-oss-20b / 120b", mk_gpt_oss,
            'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
            'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t",
-           route=gpt_oss_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
+           route=router_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
     Family("deepseek-v3", "DeepSeek-V3 / R1", lambda: mk_deepseek_v3(False),
            'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
            'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
