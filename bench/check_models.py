@@ -662,6 +662,33 @@ def mk_laguna():
     return Block(cfg), cfg
 
 
+def mk_ernie45_vl():
+    # Ernie4_5_VLMoeMoeBlock (ERNIE-4.5-VL) on text tokens (no
+    # moe_mm_token_type_ids): its text_moe, ERNIE 4.5's router and experts
+    # (F = moe_intermediate_size[0]), + shared_experts(x), ungated,
+    # moe_intermediate_size[0] · moe_num_shared_experts. Vision tokens go
+    # to vision_moe instead: a second layer (docs/models.md, "Not
+    # expressible yet"). The wrapper names the text path's parts as the
+    # check reads them.
+    import torch
+    Block, = tf_import("ernie4_5_vl_moe.modeling_ernie4_5_vl_moe", "Ernie4_5_VLMoeMoeBlock")
+    Cfg, = tf_import("ernie4_5_vl_moe.configuration_ernie4_5_vl_moe", "Ernie4_5_VLMoeTextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=[128, 64], moe_num_experts=64, moe_k=6,
+                    moe_num_shared_experts=2))
+
+    class TextTokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block(cfg)
+            self.gate, self.experts = self.block.text_moe.gate, self.block.text_moe.experts
+            self.shared_experts = self.block.shared_experts
+
+        def forward(self, h):
+            return self.block(h)[0]
+
+    return TextTokens(), cfg
+
+
 def llama4_route(block, x):
     import torch
     scores, logits = block.router(x)
@@ -865,6 +892,11 @@ FAMILIES = [
     Family("laguna", "Laguna (no logit softcap)", mk_laguna,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
            shared=128, shared_gate="none", keep=()),
+    Family("ernie4.5-vl", "ERNIE-4.5-VL (text tokens)", mk_ernie45_vl,
+           'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
+           router=lambda b: {"wr": b.gate.weight,
+                             "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
+           sel_bias_std=0.005),
 ]
 
 
