@@ -79,9 +79,54 @@ FLIPS_FP32 = lambda T: max(1, T // 256)
 # library's moe_plan_pack_shared fills from the unsplit weights.
 
 class Family:
-    def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note=""):
+    """A model family. Where its block names its parts otherwise than the
+    DeepSeek/Qwen convention (block.gate(x) -> (logits, weights, indices),
+    block.gate.weight, block.gate.e_score_correction_bias,
+    block.shared_experts.{gate,up,down}_proj), `route`, `router` and
+    `shared_of` say where they are (see the defaults below); `keep` names
+    the buffers and parameters the model class keeps in fp32
+    (_keep_in_fp32_modules_strict);
+    `sel_bias_std` the spread of the random selection bias (near the
+    scores' own spread, so that both decide the selection); `top_k` reads
+    k from the config where it is not num_experts_per_tok."""
+
+    def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
+                 route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
+                 top_k=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
+        self.route = route or gate_route
+        self.router = router or gate_router
+        self.shared_of = shared_of or (lambda b: mlp_parts(b.shared_experts))
+        self.keep, self.sel_bias_std = keep, sel_bias_std
+        self.top_k = top_k or (lambda cfg: cfg.num_experts_per_tok)
+
+
+def gate_route(block, x):
+    """(weights [T, K], indices [T, K]) from block.gate(x) -> (logits, weights, indices)."""
+    _, w, idx = block.gate(x)
+    return w, idx
+
+
+def gate_route_bias(block, x, bias):
+    """gate_route for a gate that takes the block's selection bias as an argument."""
+    _, w, idx = block.gate(x, bias)
+    return w, idx
+
+
+def gate_router(block):
+    """The router's tensors: block.gate.weight, and the selection bias where
+    the gate holds one (e_score_correction_bias)."""
+    r = {"wr": block.gate.weight}
+    if hasattr(block.gate, "e_score_correction_bias"):
+        r["sel_bias"] = block.gate.e_score_correction_bias.float()
+    return r
+
+
+def mlp_parts(mlp, gate_vec=None):
+    """(gate [F_s, H], up [F_s, H], down [H, F_s], the shared gate's [H] row or
+    None) of a SwiGLU MLP with gate_proj, up_proj, down_proj Linears."""
+    return mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, gate_vec
 
 
 def tf_import(module, *names):
@@ -221,6 +266,436 @@ def mk_llama4():
     return Block(cfg), cfg
 
 
+def mk_qwen3_next(cls_module="qwen3_next.modeling_qwen3_next", block="Qwen3NextSparseMoeBlock",
+                  config="Qwen3NextConfig"):
+    # Qwen3NextSparseMoeBlock: Qwen3's router (bf16 logits, fp32 softmax,
+    # top-k, renormalized iff norm_topk_prob, true in Qwen3-Next-80B-A3B;
+    # weights cast to bf16) + sigmoid(x·w_g)·shared_expert(x) as Qwen2-MoE,
+    # shared intermediate shared_expert_intermediate_size (= F in the
+    # released checkpoint: m = 1).
+    # Qwen3_5MoeSparseMoeBlock (Qwen3.5-MoE) is this block line for line,
+    # except that it renormalizes always (it has no norm_topk_prob).
+    import transformers as tf
+    Block, = tf_import(cls_module, block)
+    kw = dict(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+              shared_expert_intermediate_size=128)
+    if config in ("Qwen3NextConfig", "Qwen4ExpTextConfig"):
+        kw["norm_topk_prob"] = True
+    cfg = eager(getattr(tf, config)(**kw))
+    return Block(cfg), cfg
+
+
+def mk_qwen3_vl():
+    # Qwen3VLMoeTextSparseMoeBlock (Qwen3-VL-30B-A3B / 235B-A22B, the text
+    # model): Qwen3-MoE's block with the renormalization always on; no
+    # shared expert.
+    import transformers as tf
+    Block, = tf_import("qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextSparseMoeBlock")
+    cfg = eager(tf.Qwen3VLMoeTextConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32,
+                                        num_experts_per_tok=8))
+    return Block(cfg), cfg
+
+
+def mk_minimax_m2():
+    # MiniMaxM2SparseMoeBlock: logits = x·Wrᵀ (bf16), s = sigmoid(logits.float()),
+    # selection on s + e_score_correction_bias (a buffer of the block, not of
+    # the gate; the class keeps nothing in fp32, so in a bf16 model it is
+    # bf16), top-k, no groups; weight = s / Σ_k s (always), fp32; no
+    # scaling, no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("minimax_m2.modeling_minimax_m2", "MiniMaxM2SparseMoeBlock")
+    cfg = eager(tf.MiniMaxM2Config(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                   num_experts_per_tok=8, router_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_ernie45():
+    # Ernie4_5_MoeSparseMoeBlock: logits in fp32 (x and the router weight,
+    # which the class keeps in fp32), p = softmax(logits); selection on p +
+    # e_score_correction_bias (moe_statics, fp32 [1, E]), top-k; weight = p
+    # (no bias) / max(Σ_k p, moe_norm_min = 1e-12), cast to bf16; no scaling;
+    # + shared_experts(x), ungated, intermediate moe_intermediate_size ·
+    # moe_num_shared_experts (ERNIE-4.5-21B-A3B: 64 experts, k = 6, 2 shared).
+    import transformers as tf
+    Block, = tf_import("ernie4_5_moe.modeling_ernie4_5_moe", "Ernie4_5_MoeSparseMoeBlock")
+    cfg = eager(tf.Ernie4_5_MoeConfig(hidden_size=256, moe_intermediate_size=128, moe_num_experts=64, moe_k=6,
+                                      moe_num_shared_experts=2, use_bias=False))
+    return Block(cfg), cfg
+
+
+def mk_hunyuan():
+    # HunYuanMoEV1Moe (Hunyuan-A13B): logits = x·Wgᵀ with the gate's wg built
+    # in fp32 (x cast to fp32 when wg is fp32; bf16 logits in a model cast
+    # whole to bf16, as here), p = softmax(logits) in fp32, top-k,
+    # renormalized always, cast to the logits' dtype; + shared_mlp(x),
+    # ungated, of intermediate intermediate_size = the experts' F (m = 1).
+    import transformers as tf
+    Block, = tf_import("hunyuan_v1_moe.modeling_hunyuan_v1_moe", "HunYuanMoEV1Moe")
+    cfg = eager(tf.HunYuanMoEV1Config(hidden_size=256, intermediate_size=128, num_experts=32, moe_topk=8))
+    return Block(cfg, layer_idx=0), cfg
+
+
+def mk_deepseek_like(module, block, config, **kw):
+    # DeepSeek-V3's router and shared expert, line for line (Dots1MoE,
+    # DeepseekV32MoE, Glm4MoeLiteMoE, ExaoneMoeSparseMoEBlock): fp32 logits,
+    # sigmoid, selection on s + e_score_correction_bias (kept fp32), groups
+    # scoring their top 2, s / (Σ + 1e-20) iff norm_topk_prob, ×
+    # routed_scaling_factor; + shared_experts(x), ungated.
+    import transformers as tf
+    Block, = tf_import(module, block)
+    cfg = eager(getattr(tf, config)(hidden_size=256, moe_intermediate_size=128, **kw))
+    return Block(cfg), cfg
+
+
+def mk_granite():
+    # GraniteMoeMoE (Granite-3.x MoE): logits = x·Wrᵀ (bf16) then .float(),
+    # top-k of the logits, weight = softmax over the k selected logits in
+    # fp32 (= softmax then renormalize), cast to bf16; no shared expert;
+    # experts as Mixtral. (The decoder layer's residual_multiplier is
+    # outside the block.)
+    import transformers as tf
+    Block, = tf_import("granitemoe.modeling_granitemoe", "GraniteMoeMoE")
+    cfg = eager(tf.GraniteMoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                    num_experts_per_tok=8))
+    return Block(cfg), cfg
+
+
+def mk_granite_shared(module="granitemoeshared.modeling_granitemoeshared", moe="GraniteMoeSharedMoE",
+                      mlp="GraniteMoeSharedMLP", config="GraniteMoeSharedConfig"):
+    # GraniteMoeSharedMoE is GraniteMoeMoE; its shared expert is not in the
+    # block but in the decoder layer: out = block_sparse_moe(h) +
+    # shared_mlp(h), shared_mlp a SwiGLU MLP, ungated, whose input_linear
+    # [2F_s, H] holds the gate rows then the up rows (chunk(2)) and
+    # output_linear [H, F_s]; F_s = shared_intermediate_size. The two are
+    # put together here as the layer does. Granite 4.0
+    # (GraniteMoeHybridMoE, GraniteMoeHybridMLP) is the same pair.
+    import torch
+    import transformers as tf
+    Moe, Mlp = tf_import(module, moe, mlp)
+    cfg = eager(getattr(tf, config)(hidden_size=256, intermediate_size=128, num_local_experts=32,
+                                    num_experts_per_tok=8, shared_intermediate_size=256))
+
+    class MoeAndShared(torch.nn.Module):  # GraniteMoeSharedDecoderLayer's two lines
+        def __init__(self):
+            super().__init__()
+            self.block_sparse_moe, self.shared_mlp = Moe(cfg), Mlp(cfg)
+            self.router, self.experts = self.block_sparse_moe.router, self.block_sparse_moe.experts
+
+        def forward(self, h):
+            return self.block_sparse_moe(h) + self.shared_mlp(h)
+
+    return MoeAndShared(), cfg
+
+
+def granite_route(block, x):
+    idx, w, _ = block.router(x)
+    return w, idx
+
+
+def granite_shared(block):
+    w = block.shared_mlp.input_linear.weight
+    fs = w.shape[0] // 2
+    return w[:fs], w[fs:], block.shared_mlp.output_linear.weight, None
+
+
+def mk_jamba():
+    # JambaSparseMoeBlock: logits = router(x) (bf16 Linear), p = softmax in
+    # fp32, top-k (Jamba: 16 experts, k = 2), NOT renormalized, cast to bf16;
+    # no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("jamba.modeling_jamba", "JambaSparseMoeBlock")
+    cfg = eager(tf.JambaConfig(hidden_size=256, intermediate_size=128, num_experts=16, num_experts_per_tok=2))
+    return Block(cfg), cfg
+
+
+def afmoe_route(block, x):
+    _, w, idx = block.router(x.unsqueeze(0), block.expert_bias)
+    return w, idx
+
+
+def jamba_route(block, x):
+    idx, w = block.route_tokens_to_experts(x, block.router(x))
+    return w, idx
+
+
+def mk_mistral4():
+    # Mistral4MoE: logits = x·Wrᵀ (bf16), p = softmax(logits) IN BF16 (no
+    # dtype argument); groups: a group scores the sum of its top 2 p, keep
+    # topk_group groups (the others' p set to 0), top-k; weight = p /
+    # (Σ + 1e-20) iff norm_topk_prob, × routed_scaling_factor, in bf16; +
+    # shared_experts(x), ungated. The config's defaults have one group
+    # (n_group = topk_group = 1); 4 groups keeping 2 here, to check the
+    # group rule on a softmax score.
+    import transformers as tf
+    Block, = tf_import("mistral4.modeling_mistral4", "Mistral4MoE")
+    cfg = eager(tf.Mistral4Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                  num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+                                  routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_lfm2():
+    # Lfm2MoeSparseMoeBlock (LFM2-8B-A1B): logits = x·Wrᵀ (bf16), s =
+    # sigmoid(logits) IN BF16; selection on s + expert_bias (a buffer of the
+    # block, created fp32), top-k; weight = s / (Σ_k s + 1e-6) iff
+    # norm_topk_prob, × routed_scaling_factor, in bf16; no shared expert.
+    import transformers as tf
+    Block, = tf_import("lfm2_moe.modeling_lfm2_moe", "Lfm2MoeSparseMoeBlock")
+    cfg = eager(tf.Lfm2MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=4,
+                                 use_expert_bias=True, routed_scaling_factor=1.0, norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_minimax():
+    # MiniMaxSparseMoeBlock (MiniMax-Text-01, MiniMax-M1): Mixtral's router:
+    # bf16 logits, p = softmax(logits.float()), top-k, renormalized always,
+    # fp32 weights; no shared expert; experts as Mixtral.
+    import transformers as tf
+    Block, = tf_import("minimax.modeling_minimax", "MiniMaxSparseMoeBlock")
+    cfg = eager(tf.MiniMaxConfig(hidden_size=256, intermediate_size=128, num_local_experts=32, num_experts_per_tok=2,
+                                 router_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_afmoe():
+    # AfmoeSparseMoeBlock (Arcee Trinity): logits = x·Wrᵀ (bf16) then
+    # .float(), s = sigmoid; selection on s + expert_bias (a parameter of the
+    # block, kept fp32 by the class), top-k; weight = s / (Σ_k s + 1e-20)
+    # (always), × route_scale, fp32; + shared_experts(x), ungated,
+    # intermediate moe_intermediate_size · num_shared_experts. The router
+    # wants x as [B, S, H].
+    import transformers as tf
+    Block, = tf_import("afmoe.modeling_afmoe", "AfmoeSparseMoeBlock")
+    cfg = eager(tf.AfmoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=6,
+                               num_shared_experts=1, route_scale=2.0))
+    return Block(cfg), cfg
+
+
+def mk_flex_olmo():
+    # FlexOlmoSparseMoeBlock (FlexOlmo-7x7B): OLMoE's router (bf16 logits,
+    # fp32 softmax, top-k, renormalized iff norm_topk_prob, false by
+    # default; weights cast to bf16); no shared expert.
+    import transformers as tf
+    Block, = tf_import("flex_olmo.modeling_flex_olmo", "FlexOlmoSparseMoeBlock")
+    cfg = eager(tf.FlexOlmoConfig(hidden_size=256, intermediate_size=128, num_experts=8, num_experts_per_tok=5,
+                                  norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_cohere2():
+    # Cohere2MoeSparseMoeBlock: logits = x·Wrᵀ (bf16), top-k of the logits;
+    # expert_selection_fn "softmax" (the default): weight = softmax over
+    # the k selected logits in fp32 (= softmax then renormalize), cast to
+    # bf16; + shared_experts(x), ungated, intermediate intermediate_size ·
+    # num_shared_experts, combined by shared_expert_combination_strategy:
+    # "average" (the default) y = (routed + shared) / 2, "sum" y = routed +
+    # shared. "average" is router.scale = 0.5 and the shared down_proj
+    # times 0.5 (a power of two: exact in bf16) — a conversion, not a key.
+    import transformers as tf
+    Block, = tf_import("cohere2_moe.modeling_cohere2_moe", "Cohere2MoeSparseMoeBlock")
+    cfg = eager(tf.Cohere2MoeConfig(hidden_size=256, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                                    num_shared_experts=1, shared_expert_combination_strategy="average",
+                                    expert_selection_fn="softmax"))
+    return Block(cfg), cfg
+
+
+def cohere2_shared(block):
+    g, u, d, _ = mlp_parts(block.shared_experts)
+    return g, u, d * 0.5, None  # "average": (routed + shared) / 2, the shared half folded into its down_proj
+
+
+def mk_step3p7():
+    # Step3p7SparseMoeBlock (Step-3.7-Flash): logits = x·Wrᵀ (bf16), s =
+    # sigmoid(logits.float()); selection on s + e_score_correction_bias,
+    # top-k; weight = s / Σ_k s (always), fp32; the routed SUM is then
+    # multiplied by moe_router_scaling_factor (in bf16, after the experts
+    # were added: moegen scales the weights, the same up to rounding); +
+    # shared_experts(x), ungated, intermediate share_expert_dim. Layers
+    # listed in swiglu_limits / swiglu_limits_shared clamp silu(gate) (after
+    # the activation) and up: not expressible (docs/models.md); the layer
+    # built here has no clamp.
+    Block, = tf_import("step3p7.modeling_step3p7", "Step3p7SparseMoeBlock")
+    Cfg, = tf_import("step3p7.configuration_step3p7", "Step3p7TextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
+                    share_expert_dim=128, moe_router_scaling_factor=2.0, swiglu_limits=None,
+                    swiglu_limits_shared=None))
+    return Block(cfg, 0), cfg
+
+
+def mk_qwen3_omni_talker():
+    # Qwen3OmniMoeTalkerTextSparseMoeBlock (Qwen3-Omni's talker): Qwen2-MoE's
+    # block: norm_topk_prob false by default, sigmoid-gated shared expert of
+    # intermediate shared_expert_intermediate_size. (The thinker's block is
+    # Qwen3-MoE's with norm_topk_prob true.)
+    Block, = tf_import("qwen3_omni_moe.modeling_qwen3_omni_moe", "Qwen3OmniMoeTalkerTextSparseMoeBlock")
+    Cfg, = tf_import("qwen3_omni_moe.configuration_qwen3_omni_moe", "Qwen3OmniMoeTalkerTextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                    shared_expert_intermediate_size=256, norm_topk_prob=False))
+    return Block(cfg), cfg
+
+
+def mk_dbrx():
+    # DbrxFFN (DBRX): logits = router.layer(x) (bf16), p = softmax(logits)
+    # IN BF16 (dtype = the logits' dtype), top-k (DBRX: 16 experts, k = 4);
+    # weight = p / ‖p_topk‖_q with q = moe_normalize_expert_weights (1 in
+    # DBRX: the sum, i.e. renormalize; None: no normalization), bf16; no
+    # shared expert. Experts stored flat and separate: mlp.w1 (gate) and
+    # mlp.v1 (up) [E·F, H], mlp.w2 [E·F, H] = each expert's down_proj
+    # transposed (out = (silu(x·w1ᵀ) · x·v1ᵀ)·w2).
+    import transformers as tf
+    Block, = tf_import("dbrx.modeling_dbrx", "DbrxFFN")
+    cfg = tf.DbrxConfig(d_model=256, ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 16, "moe_top_k": 4,
+                                                 "moe_normalize_expert_weights": 1.0})
+    return Block(cfg), cfg
+
+
+def dbrx_route(block, x):
+    return block.route_tokens_to_experts(block.router(x))
+
+
+def mk_hy_v3():
+    # HYV3MoE: logits in fp32 (x and Wr cast), s = sigmoid; selection on
+    # s + e_score_correction_bias (a buffer of the block, passed to the gate;
+    # kept fp32), top-k, no groups; weight = s / (Σ_k s + 1e-20) (always) ×
+    # router_scaling_factor, fp32; + shared_experts(x), ungated, intermediate
+    # moe_intermediate_size · num_shared_experts; with
+    # enable_moe_fp32_combine (the default) routed + shared are added in
+    # fp32 and rounded once.
+    Block, = tf_import("hy_v3.modeling_hy_v3", "HYV3MoE")
+    Cfg, = tf_import("hy_v3.configuration_hy_v3", "HYV3Config")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
+                    num_shared_experts=1, router_scaling_factor=2.826))
+    return Block(cfg), cfg
+
+
+def mk_minimax_m3():
+    # MiniMaxM3VLSparseMoeBlock (MiniMax-M3-VL's text model): MiniMax-M2's
+    # router (bf16 logits, s = sigmoid(logits.float()), selection on s +
+    # the gate's e_score_correction_bias, s / Σ_k s, fp32; the class keeps
+    # nothing in fp32); the routed SUM × routed_scaling_factor (as
+    # Step-3.7); + shared_experts(x), ungated, intermediate
+    # shared_intermediate_size, its gate_up_proj a [2F_s, H] Linear (gate
+    # rows then up rows). Experts and shared expert alike: gpt-oss's unit
+    # without the interleaving, gate = min(gate, L), up = clamp(up, ±L),
+    # (up + 1)·gate·σ(1.702·gate); L = swiglu_limit (7; 1.5 here, so that
+    # the clamp bites on these inputs).
+    Block, = tf_import("minimax_m3_vl.modeling_minimax_m3_vl", "MiniMaxM3VLSparseMoeBlock")
+    Cfg, = tf_import("minimax_m3_vl.configuration_minimax_m3_vl", "MiniMaxM3VLTextConfig")
+    cfg = eager(Cfg(hidden_size=256, intermediate_size=128, num_local_experts=32, num_experts_per_tok=4,
+                    shared_intermediate_size=128, routed_scaling_factor=2.0, swiglu_alpha=1.702, swiglu_limit=1.5))
+    return Block(cfg), cfg
+
+
+def fused_shared(mlp):
+    """mlp_parts of a shared MLP whose gate_up_proj Linear is [2F_s, H], gate rows then up rows."""
+    w = mlp.gate_up_proj.weight
+    fs = w.shape[0] // 2
+    return w[:fs], w[fs:], mlp.down_proj.weight, None
+
+
+def mk_qwen3_like(module, block, config):
+    # A block that is Qwen3-MoE's line for line under another name.
+    import transformers as tf
+    Block, = tf_import(module, block)
+    cfg = eager(getattr(tf, config)(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                                    norm_topk_prob=True))
+    return Block(cfg), cfg
+
+
+def mk_privacy_filter():
+    # OpenAIPrivacyFilterMLP (OpenAI's privacy filter, an encoder): logits =
+    # x·Wrᵀ + b_r in fp32 (x, Wr, b_r cast), top-k of the logits, weight =
+    # softmax over the k (fp32) / top_k, and the block's output × top_k
+    # again (net: softmax then renormalize); experts computed in fp32 from
+    # the bf16 weights, summed in fp32 and rounded once: gate_up_proj [E, H,
+    # 2F] transposed, gate columns then up (concatenated, not interleaved),
+    # gate_up_proj_bias [E, 2F] likewise, down_proj [E, F, H] transposed,
+    # down_proj_bias [E, H]; gpt-oss's unit, alpha 1.702, limit 7 (a
+    # constant of the class; set to 1.5 here, so that the clamp bites).
+    Block, = tf_import("openai_privacy_filter.modeling_openai_privacy_filter", "OpenAIPrivacyFilterMLP")
+    Cfg, = tf_import("openai_privacy_filter.configuration_openai_privacy_filter", "OpenAIPrivacyFilterConfig")
+    cfg = eager(Cfg(hidden_size=256, intermediate_size=128, num_local_experts=16, num_experts_per_tok=4))
+    block = Block(cfg)
+    block.experts.limit = 1.5
+    return block, cfg
+
+
+def router_route(block, x):
+    """gate_route for a router at block.router returning (logits, weights, indices)."""
+    _, w, idx = block.router(x)
+    return w, idx
+
+
+def mk_aria():
+    # AriaTextMoELayer (Aria): logits = router(x) (bf16), top-k of the
+    # logits, weight = softmax over the k IN BF16 (no dtype), so softmax
+    # then renormalize; the k outputs weighted and summed at once in bf16;
+    # + shared_experts(x), ungated, intermediate intermediate_size ·
+    # moe_num_shared_experts. Experts: fc1.weight [E, H, 2F] (transposed),
+    # the first F columns through silu, the last F the linear half; fc2.weight
+    # [E, F, H] (transposed).
+    import transformers as tf
+    Block, = tf_import("aria.modeling_aria", "AriaTextMoELayer")
+    cfg = tf.AriaTextConfig(hidden_size=256, intermediate_size=128, moe_num_experts=16, moe_topk=4,
+                            moe_num_shared_experts=1)
+    return Block(cfg), cfg
+
+
+def aria_route(block, x):
+    idx, w = block.experts.route_tokens_to_experts(block.router(x))
+    return w, idx
+
+
+def mk_laguna():
+    # LagunaSparseMoeBlock with moe_router_logit_softcapping = 0 (the
+    # default; a softcap is not expressible, docs/models.md): bf16 logits,
+    # .float(), s = sigmoid, selection on s + the gate's
+    # e_score_correction_bias (a parameter the class keeps in the model
+    # dtype), top-k; weight = s / Σ_k s, cast to bf16; the routed sum ×
+    # moe_routed_scaling_factor; + shared_experts(x), ungated, intermediate
+    # shared_expert_intermediate_size.
+    Block, = tf_import("laguna.modeling_laguna", "LagunaSparseMoeBlock")
+    Cfg, = tf_import("laguna.configuration_laguna", "LagunaConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
+                    shared_expert_intermediate_size=128, moe_routed_scaling_factor=2.0,
+                    moe_router_logit_softcapping=0.0))
+    return Block(cfg), cfg
+
+
+def mk_ernie45_vl():
+    # Ernie4_5_VLMoeMoeBlock (ERNIE-4.5-VL) on text tokens (no
+    # moe_mm_token_type_ids): its text_moe, ERNIE 4.5's router and experts
+    # (F = moe_intermediate_size[0]), + shared_experts(x), ungated,
+    # moe_intermediate_size[0] · moe_num_shared_experts. Vision tokens go
+    # to vision_moe instead: a second layer (docs/models.md, "Not
+    # expressible yet"). The wrapper names the text path's parts as the
+    # check reads them.
+    import torch
+    Block, = tf_import("ernie4_5_vl_moe.modeling_ernie4_5_vl_moe", "Ernie4_5_VLMoeMoeBlock")
+    Cfg, = tf_import("ernie4_5_vl_moe.configuration_ernie4_5_vl_moe", "Ernie4_5_VLMoeTextConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=[128, 64], moe_num_experts=64, moe_k=6,
+                    moe_num_shared_experts=2))
+
+    class TextTokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block(cfg)
+            self.gate, self.experts = self.block.text_moe.gate, self.block.text_moe.experts
+            self.shared_experts = self.block.shared_experts
+
+        def forward(self, h):
+            return self.block(h)[0]
+
+    return TextTokens(), cfg
+
+
+def llama4_route(block, x):
+    import torch
+    scores, logits = block.router(x)
+    idx = torch.topk(logits, block.top_k, dim=1)[1]
+    return scores.gather(1, idx), idx
+
+
 FAMILIES = [
     Family("mixtral", "Mixtral-8x7B", mk_mixtral, 'router = { score = "softmax", renormalize = true }',
            "fused"),
@@ -229,7 +704,8 @@ FAMILIES = [
     Family("olmoe", "OLMoE-1B-7B", mk_olmoe, 'router = { score = "softmax", renormalize = false }', "fused"),
     Family("gpt-oss", "gpt-oss-20b / 120b", mk_gpt_oss,
            'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
-           'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t"),
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 7.0, up_offset = 1 }', "interleaved_t",
+           route=router_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
     Family("deepseek-v3", "DeepSeek-V3 / R1", lambda: mk_deepseek_v3(False),
            'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
            'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
@@ -243,16 +719,190 @@ FAMILIES = [
            'router = { score = "softmax", groups = 8, topk_groups = 3, group_topk = 1, '
            'renormalize = false, scale = 16.0 }', "fused", shared=256, shared_gate="none"),
     Family("qwen2-moe", "Qwen2-57B-A14B / Qwen1.5-MoE", mk_qwen2,
-           'router = { score = "softmax", renormalize = false }', "fused", shared=512, shared_gate="sigmoid"),
+           'router = { score = "softmax", renormalize = false }', "fused", shared=512, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
     Family("llama4", "Llama-4-Scout / Maverick", mk_llama4,
            'router = { score = "sigmoid", renormalize = false, apply = "input" }', "concat_t",
+           shared=256, shared_gate="none", route=llama4_route, router=lambda b: {"wr": b.router.weight},
+           shared_of=lambda b: mlp_parts(b.shared_expert)),
+    Family("qwen3-next", "Qwen3-Next-80B-A3B", mk_qwen3_next, 'router = { score = "softmax", renormalize = true }',
+           "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("qwen3.5-moe", "Qwen3.5-MoE", lambda: mk_qwen3_next("qwen3_5_moe.modeling_qwen3_5_moe",
+                                                               "Qwen3_5MoeSparseMoeBlock", "Qwen3_5MoeTextConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("qwen3-vl-moe", "Qwen3-VL-30B-A3B / 235B-A22B", mk_qwen3_vl,
+           'router = { score = "softmax", renormalize = true }', "fused"),
+    Family("minimax-m2", "MiniMax-M2", mk_minimax_m2,
+           'router = { score = "sigmoid", bias = true, renormalize = true }', "fused",
+           route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.e_score_correction_bias.float()}, keep=()),
+    Family("ernie4.5-moe", "ERNIE-4.5-21B-A3B / 300B-A47B", mk_ernie45,
+           'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
+           router=lambda b: {"wr": b.gate.weight,
+                             "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
+           sel_bias_std=0.005),
+    Family("hunyuan-moe", "Hunyuan-A13B", mk_hunyuan, 'router = { score = "softmax", renormalize = true }', "fused",
+           shared=128, shared_gate="none", router=lambda b: {"wr": b.gate.wg.weight},
+           shared_of=lambda b: mlp_parts(b.shared_mlp)),
+    Family("dots1", "dots.llm1", lambda: mk_deepseek_like(
+               "dots1.modeling_dots1", "Dots1MoE", "Dots1Config", n_routed_experts=32, num_experts_per_tok=6,
+               n_group=1, topk_group=1, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
            shared=256, shared_gate="none"),
+    Family("deepseek-v3.2", "DeepSeek-V3.2", lambda: mk_deepseek_like(
+               "deepseek_v32.modeling_deepseek_v32", "DeepseekV32MoE", "DeepseekV32Config", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
+           'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
+    Family("glm4-moe-lite", "GLM-4.7-Flash (Glm4MoeLite)", lambda: mk_deepseek_like(
+               "glm4_moe_lite.modeling_glm4_moe_lite", "Glm4MoeLiteMoE", "Glm4MoeLiteConfig", n_routed_experts=64,
+               num_experts_per_tok=4, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.8,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.8 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("exaone-moe", "K-EXAONE (ExaoneMoe)", lambda: mk_deepseek_like(
+               "exaone_moe.modeling_exaone_moe", "ExaoneMoeSparseMoEBlock", "ExaoneMoeConfig", num_experts=64,
+               num_experts_per_tok=8, n_group=1, topk_group=1, num_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("mistral4", "Mistral 4 (Mistral4MoE)", mk_mistral4,
+           'router = { score = "softmax", groups = 4, topk_groups = 2, group_topk = 2, renormalize = true, '
+           'scale = 1.0 }', "fused", shared=128, shared_gate="none"),
+    Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
+           'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
+           router=lambda b: {"wr": b.router.weight}),
+    Family("granitemoeshared", "Granite MoE with a shared expert", mk_granite_shared,
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    Family("jamba", "Jamba (v0.1, 1.5 Mini / Large)", mk_jamba, 'router = { score = "softmax", renormalize = false }',
+           "fused", route=jamba_route, router=lambda b: {"wr": b.router.weight}),
+    Family("lfm2-moe", "LFM2-8B-A1B", mk_lfm2,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           route=lambda b, x: gate_route_bias(b, x, b.expert_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.expert_bias.float()}, keep=("expert_bias",)),
+    Family("granite4", "Granite 4.0 (GraniteMoeHybrid)", lambda: mk_granite_shared(
+               "granitemoehybrid.modeling_granitemoehybrid", "GraniteMoeHybridMoE", "GraniteMoeHybridMLP",
+               "GraniteMoeHybridConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    Family("minimax", "MiniMax-Text-01 / M1", mk_minimax, 'router = { score = "softmax", renormalize = true }',
+           "fused"),
+    Family("mimo-v2-flash", "MiMo-V2-Flash", lambda: mk_deepseek_like(
+               "mimo_v2_flash.modeling_mimo_v2_flash", "MiMoV2FlashMoE", "MiMoV2FlashConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused"),
+    Family("solar-open", "Solar Open", lambda: mk_deepseek_like(
+               "solar_open.modeling_solar_open", "SolarOpenMoE", "SolarOpenConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("glm4v-moe", "GLM-4.5V (Glm4vMoeText)", lambda: mk_deepseek_like(
+               "glm4v_moe.modeling_glm4v_moe", "Glm4vMoeTextMoE", "Glm4vMoeTextConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 1.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("afmoe", "Arcee Trinity (Afmoe)", mk_afmoe,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none", route=lambda b, x: afmoe_route(b, x),
+           router=lambda b: {"wr": b.router.gate.weight, "sel_bias": b.expert_bias.float()}, keep=("expert_bias",)),
+    Family("flex-olmo", "FlexOlmo-7x7B", mk_flex_olmo, 'router = { score = "softmax", renormalize = false }', "fused"),
+    Family("cohere2-moe", "Cohere2-MoE (average)", mk_cohere2,
+           'router = { score = "softmax", renormalize = true, scale = 0.5 }', "fused", shared=128,
+           shared_gate="none", shared_of=cohere2_shared),
+    Family("step3.7", "Step-3.7-Flash (an unclamped layer)", mk_step3p7,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
+           'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("dbrx", "DBRX", mk_dbrx, 'router = { score = "softmax", renormalize = true }', "separate_flat",
+           route=dbrx_route, router=lambda b: {"wr": b.router.layer.weight},
+           top_k=lambda cfg: cfg.ffn_config.moe_top_k),
+    Family("kimi-linear", "Kimi Linear (KimiLinearMoE)", lambda: mk_deepseek_like(
+               "kimi_linear.modeling_kimi_linear", "KimiLinearMoE", "KimiLinearConfig", num_local_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.446,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.446 }', "fused",
+           shared=128, shared_gate="none"),
+    Family("glm-moe-dsa", "GLM-5 (GlmMoeDsaMoE)", lambda: mk_deepseek_like(
+               "glm_moe_dsa.modeling_glm_moe_dsa", "GlmMoeDsaMoE", "GlmMoeDsaConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }', "fused",
+           shared=128, shared_gate="none"),
+    # Glm5NextTextMoE: DeepSeek-V3's block whose experts AND shared expert
+    # clamp gate <= swiglu_limit and up to ±swiglu_limit before silu(gate)·up
+    # (10 by default; 1.5 here, so that the clamp bites on these inputs).
+    Family("glm5-next", "GLM-5-Next (Glm5NextTextMoE), limit 1.5", lambda: mk_deepseek_like(
+               "glm5_next.modeling_glm5_next", "Glm5NextTextMoE", "Glm5NextTextConfig", n_routed_experts=32,
+               num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+               norm_topk_prob=True, swiglu_limit=1.5),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
+           'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none"),
+    Family("hy-v3", "HY-V3 (HYV3MoE)", mk_hy_v3,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",
+           shared=128, shared_gate="none", route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
+           router=lambda b: {"wr": b.gate.weight, "sel_bias": b.e_score_correction_bias.float()}),
+    Family("qwen4-exp", "Qwen4-Exp (Qwen4ExpTextSparseMoeBlock)", lambda: mk_qwen3_next(
+               "qwen4_exp.modeling_qwen4_exp", "Qwen4ExpTextSparseMoeBlock", "Qwen4ExpTextConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=128, shared_gate="sigmoid",
+           shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
+    Family("minimax-m3-vl", "MiniMax-M3-VL (text), limit 1.5", mk_minimax_m3,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "fused",
+           shared=128, shared_gate="none", shared_of=lambda b: fused_shared(b.shared_experts), keep=()),
+    # MellumSparseMoeBlock: Qwen3-MoE's block (norm_topk_prob true by default).
+    Family("mellum", "Mellum (MellumSparseMoeBlock)", lambda: mk_qwen3_like(
+               "mellum.modeling_mellum", "MellumSparseMoeBlock", "MellumConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused"),
+    # AXK2MoE: DeepSeek-V3's block, except that the groups left out get
+    # selection score 0 (masked_fill 0.0), not -inf; the same selection while
+    # the kept groups' s + bias stay positive (sigmoid + a small bias).
+    Family("axk2", "A.X K2 (AXK2MoE)", lambda: mk_deepseek_like(
+               "axk2.modeling_axk2", "AXK2MoE", "AXK2Config", n_routed_experts=32, num_experts_per_tok=8,
+               n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True),
+           'router = { score = "sigmoid", bias = true, groups = 8, topk_groups = 4, group_topk = 2, '
+           'renormalize = true, scale = 2.5 }', "fused", shared=128, shared_gate="none"),
+    Family("granitemoe-swa", "Granite MoE SWA (GraniteMoeSWA)", lambda: mk_granite_shared(
+               "granitemoe_swa.modeling_granitemoe_swa", "GraniteMoeSWAMoE", "GraniteMoeSWAMLP",
+               "GraniteMoeSWAConfig"),
+           'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
+           route=router_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
+    # DeepseekOcr2TextMoe (DeepSeek-OCR 2's language model): DeepSeek-V2's
+    # block (softmax, "greedy" or "group_limited_greedy", never renormalized).
+    Family("deepseek-ocr2", "DeepSeek-OCR 2 (text)", lambda: mk_deepseek_like(
+               "deepseek_ocr2.modeling_deepseek_ocr2", "DeepseekOcr2TextMoe", "DeepseekOcr2TextConfig",
+               n_routed_experts=32, num_experts_per_tok=6, n_group=8, topk_group=3, n_shared_experts=2,
+               topk_method="group_limited_greedy", routed_scaling_factor=16.0),
+           'router = { score = "softmax", groups = 8, topk_groups = 3, group_topk = 1, '
+           'renormalize = false, scale = 16.0 }', "fused", shared=256, shared_gate="none"),
+    Family("privacy-filter", "OpenAI privacy filter, limit 1.5", mk_privacy_filter,
+           'router = { score = "softmax", renormalize = true, logit_bias = true }\nffn_bias = true\n'
+           'activation = { kind = "swiglu", alpha = 1.702, limit = 1.5, up_offset = 1 }', "concat_t",
+           route=router_route, router=lambda b: {"wr": b.router.weight, "logit_bias": b.router.bias.float()}),
+    Family("aria", "Aria (AriaTextMoELayer)", mk_aria, 'router = { score = "softmax", renormalize = true }',
+           "concat_t_fc", shared=128, shared_gate="none", route=aria_route, router=lambda b: {"wr": b.router.weight},
+           top_k=lambda cfg: cfg.moe_topk),
+    Family("laguna", "Laguna (no logit softcap)", mk_laguna,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
+           shared=128, shared_gate="none", keep=()),
+    Family("ernie4.5-vl", "ERNIE-4.5-VL (text tokens)", mk_ernie45_vl,
+           'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
+           router=lambda b: {"wr": b.gate.weight,
+                             "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
+           sel_bias_std=0.005),
 ]
 
 
 # ---- the block's side ----------------------------------------------------------
 
-def init_params(block, H, seed):
+def init_params(block, H, seed, sel_bias_std=0.05):
     """Fill every parameter and float buffer with seeded random values (never
     zeros: HF initializes some routers to zero and the experts to garbage).
     Weights are uniform(-1, 1)·2/sqrt(fan_in); the router's rows make logits
@@ -263,8 +913,8 @@ def init_params(block, H, seed):
     for name, p in named:
         shape = tuple(p.shape)
         with torch.no_grad():
-            if name.endswith("e_score_correction_bias"):
-                v = torch.randn(shape, generator=g) * 0.05
+            if name.endswith("e_score_correction_bias") or name == "expert_bias":
+                v = torch.randn(shape, generator=g) * sel_bias_std
             elif len(shape) == 1 or name.endswith("bias"):
                 v = torch.randn(shape, generator=g) * (0.5 if "router" in name else 0.1)
             else:
@@ -299,26 +949,20 @@ def block_routed(fam, block, x):
 
 def block_route(fam, block, x):
     """(weights [T, K], expert indices [T, K]) from the block's own router."""
-    import torch
-    if fam.name == "gpt-oss":
-        _, w, idx = block.router(x)
-    elif fam.name == "llama4":
-        scores, logits = block.router(x)
-        K = block.top_k
-        idx = torch.topk(logits, K, dim=1)[1]
-        w = scores.gather(1, idx)
-    else:
-        _, w, idx = block.gate(x)
-    return w, idx
-
-
-def shared_mlp(fam, block):
-    if fam.name in ("qwen2-moe", "llama4"):
-        return block.shared_expert
-    return block.shared_experts
+    return fam.route(block, x)
 
 
 # ---- conversion into moegen's layout ---------------------------------------------
+
+def expert_ffn(fam, block):
+    """The experts' intermediate size F, from the stored expert weights."""
+    ex = block.experts
+    if fam.layout == "separate_flat":
+        return ex.ffn_hidden_size
+    if fam.layout == "concat_t_fc":
+        return ex.fc2.weight.shape[1]
+    return ex.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
+
 
 def convert(fam, block, E, H, F):
     """The block's parameters in moegen's layout (ref.h, "Data conventions";
@@ -327,21 +971,19 @@ def convert(fam, block, E, H, F):
     Half tensors in the block's dtype, contiguous. The shared expert:
     convert_shared."""
     import torch
-    t = {}
-    if fam.name == "gpt-oss":
-        t["wr"] = block.router.weight
-        t["logit_bias"] = block.router.bias.float()
-    elif fam.name == "llama4":
-        t["wr"] = block.router.weight
-    else:
-        t["wr"] = block.gate.weight
-        if hasattr(block.gate, "e_score_correction_bias"):
-            t["sel_bias"] = block.gate.e_score_correction_bias.float()
+    t = dict(fam.router(block))
     ex = block.experts
     if fam.layout == "fused":            # [E, 2F, H] gate then up; down [E, H, F]
         w1, w2 = ex.gate_up_proj, ex.down_proj
     elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
+        if getattr(ex, "gate_up_proj_bias", None) is not None:  # [E, 2F] gate then up, [E, H]
+            t["b1"], t["b2"] = ex.gate_up_proj_bias, ex.down_proj_bias
+    elif fam.layout == "concat_t_fc":    # Aria: fc1.weight [E, H, 2F] silu'd half then the other; fc2 [E, F, H]
+        w1, w2 = ex.fc1.weight.transpose(1, 2), ex.fc2.weight.transpose(1, 2)
+    elif fam.layout == "separate_flat":  # DBRX: w1 (gate), v1 (up) [E·F, H]; w2 [E·F, H] = down transposed
+        gate, up, down_t = (getattr(ex.mlp, n).view(E, F, H) for n in ("w1", "v1", "w2"))
+        w1, w2 = torch.cat([gate, up], dim=1), down_t.transpose(1, 2)
     elif fam.layout == "interleaved_t":  # [E, H, 2F] gate/up interleaved by column
         wt = ex.gate_up_proj.transpose(1, 2)
         w1 = torch.cat([wt[:, 0::2], wt[:, 1::2]], dim=1)
@@ -356,12 +998,20 @@ def convert(fam, block, E, H, F):
     t = {k: v.detach().contiguous() for k, v in t.items()}
     # The same tensors as the checkpoint stores them, with moe_layout's name
     # for each (runtime/moe.h), for the library's own packing where it has it.
-    stored = {"fused": [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)],
-              "concat_t": [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)],
-              "interleaved_t": [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias)
-                                if fam.layout == "interleaved_t" else None, ("W2_T", ex.down_proj),
-                                ("B2", ex.down_proj_bias) if fam.layout == "interleaved_t" else None]}[fam.layout]
-    t["stored"] = [(n, v.detach().contiguous()) for n, v in (x for x in stored if x)]
+    if fam.layout == "separate_flat":
+        stored = [("W1_SEPARATE", gate, up), ("W2_T", down_t)]
+    elif fam.layout == "fused":
+        stored = [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)]
+    elif fam.layout == "concat_t_fc":
+        stored = [("W1_FUSED_T", ex.fc1.weight), ("W2_T", ex.fc2.weight)]
+    elif fam.layout == "concat_t":
+        stored = [("W1_FUSED_T", ex.gate_up_proj), ("W2_T", ex.down_proj)]
+        if "b1" in t:
+            stored += [("B1_FUSED", ex.gate_up_proj_bias), ("B2", ex.down_proj_bias)]
+    else:  # interleaved_t
+        stored = [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias),
+                  ("W2_T", ex.down_proj), ("B2", ex.down_proj_bias)]
+    t["stored"] = [(n,) + tuple(v.detach().contiguous() for v in vs) for n, *vs in stored]
     return t
 
 
@@ -373,13 +1023,12 @@ def convert_shared(fam, block, t):
     shared_expert_gate). The library splits it into the m = F_s / F
     always-on slots E .. E+m-1 itself."""
     import torch
-    mlp = shared_mlp(fam, block)
-    gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight  # [Fs,H] [Fs,H] [H,Fs]
+    gate, up, down, gate_vec = fam.shared_of(block)  # [Fs,H] [Fs,H] [H,Fs] [H]
     assert gate.shape[0] == fam.shared, (gate.shape, fam.shared)
     t["ws1"] = torch.cat([gate, up]).detach().contiguous()
     t["ws2"] = down.detach().contiguous()
     if fam.shared_gate == "sigmoid":
-        t["wsg"] = block.shared_expert_gate.weight.detach().reshape(-1).contiguous()
+        t["wsg"] = gate_vec.detach().reshape(-1).contiguous()
     return t
 
 
@@ -533,14 +1182,16 @@ class GpuBackend:
             return
         dst_of = {"W1": "w1p", "B1": "b1p", "W2": "w2", "B2": "b2"}
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        for layout, src in t["stored"]:
+        for layout, src, *up in t["stored"]:  # (name, tensor) or, for the _SEPARATE layouts, (name, gate, up)
             key = dst_of[layout.split("_")[0]]
             src_d = src.cuda()
+            up_d = up[0].cuda() if up else None
             dst = d[key].clone()
             dst[:E] = float("nan")  # the routed slots poisoned; shared slots kept
             a = self.PackArgs()
             if self.lib.moe_plan_pack_layout(self.plan, self.LAYOUTS.index(layout), ctypes.c_void_p(src_d.data_ptr()),
-                                             None, 0, E, ctypes.byref(a)):
+                                             ctypes.c_void_p(up_d.data_ptr()) if up else None, 0, E,
+                                             ctypes.byref(a)):
                 raise RuntimeError("moe_plan_pack_layout(%s): %s" % (layout, self.last_error()))
             if self.lib.moe_plan_pack_async(self.plan, ctypes.byref(a), ctypes.c_void_p(dst.data_ptr()), stream):
                 raise RuntimeError("moe_plan_pack_async(%s): %s" % (layout, self.last_error()))
@@ -609,21 +1260,24 @@ def check_family(fam, be, opt, workdir, log):
     block, cfg = fam.make()
     block.eval()
     H = cfg.hidden_size
-    E = getattr(block.experts, "num_experts")
-    K = cfg.num_experts_per_tok
-    F = block.experts.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
+    E = block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts
+    K = fam.top_k(cfg)
+    F = expert_ffn(fam, block)
     tokens = max(opt.tokens)
     seed = opt.seed + zlib.crc32(fam.name.encode())
-    init_params(block, H, seed)
+    init_params(block, H, seed, fam.sel_bias_std)
     # The model dtype is bf16, except what the model class keeps in fp32 as
     # loaded checkpoints do (DeepSeek-V3's and GLM's e_score_correction_bias,
-    # _keep_in_fp32_modules_strict).
-    keep = ["e_score_correction_bias"]
-    kept = {n: b.detach().clone() for n, b in block.named_buffers() if n.split(".")[-1] in keep}
+    # _keep_in_fp32_modules_strict; ERNIE's is a parameter, not a buffer).
+    named = list(block.named_buffers()) + list(block.named_parameters())
+    kept = {n: b.detach().clone() for n, b in named if n.split(".")[-1] in fam.keep}
     b16 = block.to(torch.bfloat16)
     for n, v in kept.items():
         mod = b16.get_submodule(n.rsplit(".", 1)[0]) if "." in n else b16
-        setattr(mod, n.split(".")[-1], v)
+        leaf = n.split(".")[-1]
+        if isinstance(getattr(mod, leaf), torch.nn.Parameter):
+            v = torch.nn.Parameter(v, requires_grad=False)
+        setattr(mod, leaf, v)
     b32 = copy.deepcopy(b16).float()   # the same bf16 values, computed in fp32
     name = "hf_" + re.sub(r"\W", "_", fam.name)
     spec_path = os.path.join(workdir, name + ".moe")
@@ -704,7 +1358,7 @@ def main():
     opt = ap.parse_args()
     if opt.list:
         for f in FAMILIES:
-            print("%-12s %s" % (f.name, f.model))
+            print("%-16s %s" % (f.name, f.model))
         return 0
     try:
         opt.tokens = [int(v) for v in opt.tokens.split(",") if v]
@@ -751,9 +1405,9 @@ def main():
     log("rel = max error / RMS(block), rms = RMS(error) / RMS(block); tolerance: against the fp32 copy "
         "rel <= %g, rms <= %g, flips <= max(1, T/256); against the bf16 block rel <= %g (its flips are "
         "bf16 near-ties: reported, not gated)" % (TOL_FP32, TOL_RMS_FP32, TOL_BF16))
-    log("%-12s %5s | %-33s | %-24s | %-14s |" % ("family", "T", "moegen vs fp32 copy", "moegen vs bf16 block",
+    log("%-16s %5s | %-33s | %-24s | %-14s |" % ("family", "T", "moegen vs fp32 copy", "moegen vs bf16 block",
                                                  "bf16 blk vs fp32"))
-    log("%-12s %5s | %8s %8s %8s %5s | %8s %8s %5s | %8s %5s |" % ("", "", "abs", "rel", "rms", "flips", "abs", "rel",
+    log("%-16s %5s | %8s %8s %8s %5s | %8s %8s %5s | %8s %5s |" % ("", "", "abs", "rel", "rms", "flips", "abs", "rel",
                                                                 "flips", "rel", "flips"))
     failed = 0
     with tempfile.TemporaryDirectory(prefix="check_models.") as workdir:
@@ -765,15 +1419,15 @@ def main():
                 r = {"status": "FAIL", "why": "%s: %s" % (type(e).__name__, e)}
                 logf.write(traceback.format_exc())
             if "results" not in r:
-                log("%-12s %s: %s" % (fam.name, r["status"], r["why"]))
+                log("%-16s %s: %s" % (fam.name, r["status"], r["why"]))
                 failed += r["status"] == "FAIL"
                 continue
             for T, e32, e16, eb, ok in r["results"]:
-                log("%-12s %5d | %8.2e %8.2e %8.2e %5d | %8.2e %8.2e %5d | %8.2e %5d | %s" % (
+                log("%-16s %5d | %8.2e %8.2e %8.2e %5d | %8.2e %8.2e %5d | %8.2e %5d | %s" % (
                     fam.name, T, e32[0], e32[1], e32[3], e32[2], e16[0], e16[1], e16[2], eb[1], eb[2],
                     "ok" if ok else "FAIL"))
             if r["why"]:
-                log("%-12s   (%s)" % ("", r["why"]))
+                log("%-16s   (%s)" % ("", r["why"]))
             failed += r["status"] == "FAIL"
     log("check_models: %d of %d families failed; log %s" % (failed, len(fams), log_path))
     return 1 if failed else 0
