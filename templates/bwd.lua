@@ -321,7 +321,8 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
  * same product (x's column H taken as 1). Block (bx, by): columns
  * 64 bx .. +64 of [x | 1], experts 32 by .. +32; thread: one column, 8
  * experts; tokens in chunks of 32 through shared memory, summed in token
- * order. beta 1 adds to what the outputs hold. */
+ * order, each chunk's values loaded into registers while the one before
+ * is summed. beta 1 adds to what the outputs hold. */
 extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
 ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
             float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg) {
@@ -338,23 +339,38 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
 @ if not p.shared_gate then
     (void)dsg;
 @ end
+    constexpr int NDL = TT * BE / ${p.dwr_threads}, NX = TT * BC / ${p.dwr_threads};
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float pdl[NDL], px[NX];   /* a chunk's d logits and x (the ones column H), in registers */
+    auto load = [&](int t0) {
+#pragma unroll
+        for (int j = 0; j < NDL; ++j) {
+            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
+            pdl[j] = t0 + tt < tokens && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < NX; ++j) {
+            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
+            px[j] = t0 + tt < tokens ? (cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f))
+                                     : 0.f;
+        }
+    };
+    load(0);
 #pragma unroll 1
     for (int t0 = 0; t0 < tokens; t0 += TT) {
 #pragma unroll
-        for (int j = 0; j < TT * BE / ${p.dwr_threads}; ++j) {
-            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
-            s_dl[tt][ee] = t0 + tt < tokens && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+        for (int j = 0; j < NDL; ++j) {
+            const int idx = tid + j * ${p.dwr_threads};
+            s_dl[idx / BE][idx % BE] = pdl[j];
         }
 #pragma unroll
-        for (int j = 0; j < TT * BC / ${p.dwr_threads}; ++j) {
-            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
-            float v = 0.f;
-            if (t0 + tt < tokens)
-                v = cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f);
-            s_x[tt][idx % BC] = v;
+        for (int j = 0; j < NX; ++j) {
+            const int idx = tid + j * ${p.dwr_threads};
+            s_x[idx / BC][idx % BC] = px[j];
         }
         __syncthreads();
+        if (t0 + TT < tokens)
+            load(t0 + TT);   /* the next chunk's loads in flight while this one is summed */
 #pragma unroll 8
         for (int tt = 0; tt < TT; ++tt) {
             const float xv = s_x[tt][c];

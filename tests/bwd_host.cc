@@ -1,15 +1,19 @@
-/* bwd_host.cc — one training spec's emitted dx kernel (templates/bwd.lua's
- * bwd_dx) run on the CPU through tests/support/cuda_host.h, against its
- * documented sum order. test_bwd_host builds it per case: the backward's
- * helper namespace and the kernel (cut from the emitted source) are
- * force-included, and -D gives the shape and the name:
- *   BX_DX  the kernel;  BX_E, BX_EL (d logits columns), BX_K (entries a token), BX_H
- *   BX_TB, BX_VB  tokens and 8-column vectors a block (the plan's per_block, threads)
- *   BX_INPUT (router.apply = "input": rows weighted by round(w)), BX_SG (a sigmoid shared gate)
+/* bwd_host.cc — one training spec's emitted dx and d router_w kernels
+ * (templates/bwd.lua's bwd_dx, bwd_dwr) run on the CPU through
+ * tests/support/cuda_host.h, against their documented sum orders.
+ * test_bwd_host builds it per case: the backward's helper namespace and
+ * the kernels (cut from the emitted source) are force-included, and -D
+ * gives the shape and the names:
+ *   BX_DX, BX_DWR  the kernels;  BX_E, BX_EL (d logits columns), BX_K (entries a token), BX_H
+ *   BX_TB, BX_VB  dx's tokens and 8-column vectors a block (the plan's per_block, threads)
+ *   BX_INPUT (router.apply = "input": rows weighted by round(w)), BX_SG (a sigmoid shared gate),
+ *   BX_LB (router.logit_bias: d logit_bias as d router_w's column H), BX_DWR_COLS, BX_DWR_EXPERTS (its block tile)
  * usage: bwd_host SEED T — T tokens, their rows a shuffle of T·K + 5 rows.
  * Prints one line; exit 0 when every dx element is, bit for bit, the fp32
  * sum in the order docs/DESIGN.md states (k increasing, then e, then the
- * shared gate's term, one rounding) and the row past T was not written. */
+ * shared gate's term, one rounding) and the row past T was not written,
+ * and every d router_w (d logit_bias, d w_gate) element is the fp32 sum
+ * over the tokens in order, written (beta 0) and added to a prior (beta 1). */
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -63,8 +67,38 @@ int main(int argc, char **argv) {
         }
     for (int c = 0; c < BX_H; c++)
         written += dx[(size_t)T * BX_H + c] != poison;
-    const int ok = bad == 0 && written == 0;
-    printf("%s: T %d: %ld of %ld elements differ from the ordered sum (worst %.3g), %ld past T written: %s\n",
-           argv[0], T, bad, (long)T * BX_H, worst, written, ok ? "ok" : "FAIL");
+
+    /* d router_w = dlogits^T . x over the tokens (column H: the ones, d logit_bias; row E: d w_gate) */
+    std::vector<moe_half_t> x((size_t)T * BX_H);
+    for (auto &v : x)
+        v = moe_from_float(u(rng));
+    std::vector<float> dwr((size_t)BX_E * BX_H), dlb(BX_E), dsg(BX_H);
+    long wbad = 0;
+    for (int beta = 0; beta < 2; beta++) {
+        std::vector<float> prior_w(dwr.size()), prior_b(dlb.size()), prior_g(dsg.size());
+        for (size_t i = 0; i < dwr.size(); i++)
+            dwr[i] = prior_w[i] = beta ? u(rng) : NAN;
+        for (size_t i = 0; i < dlb.size(); i++)
+            dlb[i] = prior_b[i] = beta ? u(rng) : NAN;
+        for (size_t i = 0; i < dsg.size(); i++)
+            dsg[i] = prior_g[i] = beta ? u(rng) : NAN;
+        host_launch((unsigned)((BX_H + BX_LB + BX_DWR_COLS - 1) / BX_DWR_COLS),
+                    (unsigned)((BX_EL + BX_DWR_EXPERTS - 1) / BX_DWR_EXPERTS), 0,
+                    [&] { BX_DWR(dl.data(), x.data(), T, beta, dwr.data(), dlb.data(), dsg.data()); });
+        for (int e = 0; e < BX_EL; e++)
+            for (int h = 0; h < BX_H + BX_LB; h++) {
+                float acc = 0.f;
+                for (int t = 0; t < T; t++)
+                    acc = fmaf(dl[(size_t)t * BX_EL + e], h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, acc);
+                const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;
+                const float prior = h < BX_H ? (e < BX_E ? prior_w[(size_t)e * BX_H + h] : prior_g[h]) : e < BX_E ? prior_b[e] : 0.f;
+                if (got && memcmp(got, beta ? &(const float &)(prior + acc) : &acc, 4) != 0)
+                    wbad++;
+            }
+    }
+    const int ok = bad == 0 && written == 0 && wbad == 0;
+    printf("%s: T %d: dx: %ld of %ld elements differ from the ordered sum (worst %.3g), %ld past T written; "
+           "d router_w: %ld elements differ: %s\n",
+           argv[0], T, bad, (long)T * BX_H, worst, written, wbad, ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }

@@ -1,13 +1,15 @@
-/* test_bwd_host.c — the backward's dx kernel (templates/bwd.lua's bwd_dx)
- * run on the CPU: for each case a training spec is planned and emitted, the
- * backward's helper namespace and the dx kernel are cut out of the source
- * and built with the host C++ compiler into tests/bwd_host.cc (the CUDA
- * subset they use emulated by tests/support/cuda_host.h), which runs the
- * kernel on random rows, d logits and router weights and requires every dx
- * element to be the fp32 sum in the documented order, bit for bit. So the
- * block's token and column tiling, the shared-memory tables and the
- * shared gate's and router.apply = "input"'s terms are checked where there
- * is no GPU; test_bwd_gpu checks the whole backward on one. Skipped without
+/* test_bwd_host.c — the backward's dx and d router_w kernels
+ * (templates/bwd.lua's bwd_dx, bwd_dwr) run on the CPU: for each case a
+ * training spec is planned and emitted, the backward's helper namespace and
+ * the two kernels are cut out of the source and built with the host C++
+ * compiler into tests/bwd_host.cc (the CUDA subset they use emulated by
+ * tests/support/cuda_host.h), which runs them on random rows, d logits, x
+ * and router weights and requires every element to be the fp32 sum in the
+ * documented order, bit for bit. So dx's token and column tiling, the
+ * shared-memory tables, the shared gate's and router.apply = "input"'s
+ * terms, and d router_w's chunks (loaded a chunk ahead), its d logit_bias
+ * column and d w_gate row and its beta are checked where there is no GPU;
+ * test_bwd_gpu checks the whole backward on one. Skipped without
  * a C++17 compiler with <ucontext.h> (c++, or $CXX). Run from the
  * repository root. */
 #define _POSIX_C_SOURCE 200809L
@@ -22,7 +24,8 @@ typedef struct {
 static const host_case_t cases[] = {
     {"softmax top-2, H 264 (33 vectors: one partial block column), a token, a partial and two whole token blocks",
      "tests/specs/train_softmax.moe", {1, 13, 16}, 3},
-    {"fp16, a sigmoid-gated shared expert (d logits column E, dz · w_gate)", "tests/specs/train_shared.moe", {9}, 1},
+    {"fp16, a sigmoid-gated shared expert (d logits column E, dz · w_gate)", "tests/specs/train_shared.moe", {9, 70}, 2},
+    {"fp16, logit_bias (d router_w's ones column), top-4", "tests/specs/train_gptoss.moe", {33}, 1},
     {"router.apply = \"input\": each row weighted by round(w)", "tests/specs/train_input.moe", {8}, 1},
     {"40 experts, top-6, H 2064 (258 vectors: two block columns, the second of 2)",
      "name = 'wide' experts = 40 top_k = 6 hidden = 2064 ffn = 64 tokens = 64 training = true\n", {19}, 1},
@@ -56,19 +59,22 @@ static void run_case(const host_case_t *c, const char *cxx) {
         CHECKF(0, "%s", err);
         return;
     }
-    const moe_kernel_desc_t *dys = &pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], *dx = &pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST];
+    const moe_kernel_desc_t *dys = &pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], *dx = &pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST],
+                            *dwr = &pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST];
     moe_buf_t src = {0}, inc = {0};
     if (moe_emit_source(&pd, NULL, &src, &d)) {
         CHECKF(0, "%s", d.msg);
         moe_plan_desc_free(&pd);
         return;
     }
-    char ns_open[200], ns_close[200], head[200];
+    char ns_open[200], ns_close[200], head[200], head2[200];
     snprintf(ns_open, sizeof ns_open, "namespace %s_impl {", dys->name);
     snprintf(ns_close, sizeof ns_close, "}  // namespace %s_impl", dys->name);
     snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dx->threads, dx->name);
-    const int cut = cut_span(src.data, ns_open, ns_close, &inc) || cut_span(src.data, head, "\n}\n", &inc);
-    CHECKF(!cut, "%s's namespace or %s not found whole in the emitted source", dys->name, dx->name);
+    snprintf(head2, sizeof head2, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dwr->threads, dwr->name);
+    const int cut = cut_span(src.data, ns_open, ns_close, &inc) || cut_span(src.data, head, "\n}\n", &inc) ||
+                    cut_span(src.data, head2, "\n}\n", &inc);
+    CHECKF(!cut, "%s's namespace, %s or %s not found whole in the emitted source", dys->name, dx->name, dwr->name);
     char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
@@ -76,12 +82,13 @@ static void run_case(const host_case_t *c, const char *cxx) {
     if (!cut) {
         const int shared_gate = s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID;
         snprintf(cmd, sizeof cmd,
-                 "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DBX_DX=%s -DBX_E=%d "
-                 "-DBX_EL=%d -DBX_K=%d -DBX_H=%d -DBX_TB=%d -DBX_VB=%d -DBX_INPUT=%d -DBX_SG=%d tests/bwd_host.cc "
-                 "-o %s 2>&1",
-                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", dx->name, s.experts,
+                 "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DBX_DX=%s -DBX_DWR=%s "
+                 "-DBX_E=%d -DBX_EL=%d -DBX_K=%d -DBX_H=%d -DBX_TB=%d -DBX_VB=%d -DBX_INPUT=%d -DBX_SG=%d -DBX_LB=%d "
+                 "-DBX_DWR_COLS=%d -DBX_DWR_EXPERTS=%d tests/bwd_host.cc -o %s 2>&1",
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", dx->name, dwr->name, s.experts,
                  moe_spec_router_columns(&s), moe_spec_entries(&s), s.hidden, dx->per_block, dx->threads,
-                 s.router.apply == MOE_APPLY_INPUT, shared_gate, bin);
+                 s.router.apply == MOE_APPLY_INPUT, shared_gate, s.router.logit_bias, MOE_BWD_DWR_COLS,
+                 MOE_BWD_DWR_EXPERTS, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         for (int i = 0; i < c->ntokens; i++)
             for (int seed = 0; seed < 2; seed++) {
