@@ -11,7 +11,7 @@ gradients of L = sum(dy * y) twice:
     rounding, double) and its rounded mode (the GPU backward's rounding
     points);
   * torch autograd of an eager layer written here from the semantics in
-    docs/DESIGN.md ("Routing, exactly", "Shared experts"): softmax or sigmoid
+    docs/DESIGN.md ("Routing, exactly", "Shared experts"): softmax, sigmoid or sqrt(softplus)
     scores, selection bias, group-limited top-k, renormalize, scale, logit
     bias, expert biases, SwiGLU/GeGLU with the clamp, router.apply = "input",
     the shared expert with or without its sigmoid gate — on the same values
@@ -74,6 +74,10 @@ CASES = [
      'activation = { alpha = 1.702, limit = 0.8, up_offset = 1 }\nffn_bias = true', dict(E=6, K=2)),
     ("qwen2-shared-gated", 'router = { score = "softmax", renormalize = false }',
      dict(E=8, K=2, shared=2, gate="sigmoid")),
+    ("deepseek-v4-sqrtsoftplus", 'router = { score = "sqrtsoftplus", bias = true, renormalize = true, scale = 1.5 }\n'
+     'activation = { kind = "swiglu", limit = 10.0 }', dict(E=12, K=3, shared=1)),
+    ("sqrtsoftplus-no-renorm", 'router = { score = "sqrtsoftplus", renormalize = false, logit_bias = true }',
+     dict(E=8, K=2)),
 ]
 SIZES = {"tiny": dict(H=16, F=8, T=5), "small": dict(H=64, F=32, T=48)}
 
@@ -225,7 +229,8 @@ def torch_backward(c, t, dt):
     logits = x @ P["wr"].T
     if c.logit_bias:
         logits = logits + P["logit_bias"]
-    p = torch.softmax(logits, -1) if c.score == "softmax" else torch.sigmoid(logits)
+    p = (torch.softmax(logits, -1) if c.score == "softmax" else
+         torch.sqrt(torch.nn.functional.softplus(logits)) if c.score == "sqrtsoftplus" else torch.sigmoid(logits))
     sel = p.detach().float()  # moegen selects on fp32 scores
     if c.sel_bias:
         sel = sel + P["sel_bias"].detach().float()

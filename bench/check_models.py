@@ -347,6 +347,24 @@ def mk_deepseek_like(module, block, config, **kw):
     return Block(cfg), cfg
 
 
+def mk_deepseek_v4():
+    # DeepseekV4SparseMoeBlock, a "moe" layer (not the first hash_moe ones,
+    # whose experts come from the token id): logits = x·Wrᵀ (bf16), s =
+    # sqrt(softplus(logits)) (scoring_func "sqrtsoftplus", in bf16), selection
+    # on s + e_score_correction_bias, top-k; weight s / (Σ_k s + 1e-20) ×
+    # routed_scaling_factor; experts and the shared expert (DeepseekV4MLP,
+    # intermediate moe_intermediate_size, ungated) clamp gate <= L, up in
+    # [-L, L] before silu(gate) · up (L = swiglu_limit, 10; 1.5 here so that
+    # it bites).
+    import transformers as tf
+    Block, = tf_import("deepseek_v4.modeling_deepseek_v4", "DeepseekV4SparseMoeBlock")
+    cfg = eager(tf.DeepseekV4Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
+                                    num_experts_per_tok=6, num_hidden_layers=4, routed_scaling_factor=1.5,
+                                    swiglu_limit=1.5))
+    assert cfg.mlp_layer_types[3] == "moe", cfg.mlp_layer_types
+    return Block(cfg, layer_idx=3), cfg
+
+
 def mk_granite():
     # GraniteMoeMoE (Granite-3.x MoE): logits = x·Wrᵀ (bf16) then .float(),
     # top-k of the logits, weight = softmax over the k selected logits in
@@ -844,6 +862,9 @@ FAMILIES = [
                num_experts_per_tok=8, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
                norm_topk_prob=True, swiglu_limit=1.5),
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
+           'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none"),
+    Family("deepseek-v4", "DeepSeek-V4 (DeepseekV4SparseMoeBlock, a moe layer), limit 1.5", mk_deepseek_v4,
+           'router = { score = "sqrtsoftplus", bias = true, renormalize = true, scale = 1.5 }\n'
            'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none"),
     Family("hy-v3", "HY-V3 (HYV3MoE)", mk_hy_v3,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",

@@ -302,7 +302,10 @@ def main():
     lib.moe_plan_get_info(plan, ctypes.byref(info))
     text = open(opt.spec).read()
     E, K, H, F, T_max = info.experts, info.top_k, info.hidden, info.ffn, info.tokens
-    sigmoid = spec_value(text, "score", "softmax") == "sigmoid"
+    score = spec_value(text, "score", "softmax")
+    if score not in ("softmax", "sigmoid"):  # the peers' routing below knows these two
+        sys.exit("compare_torch: router.score = %s: the peer layers here route by softmax or sigmoid" % score)
+    sigmoid = score == "sigmoid"
     if re.search(r"\bshared\s*=", text):  # its weights would be E + m slots, and no peer has it
         sys.exit("compare_torch: %s has a shared expert, which the peers here do not reproduce" % opt.spec)
     grouped = int(spec_value(text, "groups", "1")) > 1

@@ -307,7 +307,9 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_int(L, "H", s->hidden);
     moe_lua_set_int(L, "F", s->ffn);
     moe_lua_set_int(L, "tokens", s->tokens);
-    moe_lua_set_str(L, "score", s->router.score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    static const char *const score_name[] = {[MOE_SCORE_SOFTMAX] = "softmax", [MOE_SCORE_SIGMOID] = "sigmoid",
+                                             [MOE_SCORE_SQRTSOFTPLUS] = "sqrtsoftplus"};
+    moe_lua_set_str(L, "score", score_name[s->router.score]);
     moe_lua_set_bool(L, "renormalize", s->router.renormalize);
     moe_lua_set_int(L, "groups", s->router.groups);
     moe_lua_set_int(L, "topk_groups", s->router.topk_groups);

@@ -15,7 +15,7 @@
 #define MOE_ARCH_MAX 4
 
 typedef enum { MOE_DTYPE_BF16 = 0, MOE_DTYPE_FP16 = 1 } moe_dtype_t;
-typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_t;
+typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1, MOE_SCORE_SQRTSOFTPLUS = 2 } moe_score_t;
 /* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;

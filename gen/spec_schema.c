@@ -21,7 +21,7 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
 #define AT(field) offsetof(moe_spec_t, field)
 
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
-static const char *const scores[] = {"softmax", "sigmoid", NULL};
+static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -55,7 +55,8 @@ const moe_key_t moe_spec_keys[] = {
      .help = "type of the activations and weights"},
 
     {.name = "router.score", .type = MOE_KEY_ENUM, .offset = AT(router.score), .choices = scores,
-     .help = "how the logits become scores"},
+     .help = "how the logits become scores: softmax over the experts, sigmoid, or sqrtsoftplus = sqrt(softplus(l)) "
+             "(DeepSeek-V4)"},
     {.name = "router.renormalize", .type = MOE_KEY_BOOL, .offset = AT(router.renormalize), .def = 1,
      .help = "divide the selected weights by their sum"},
     {.name = "router.groups", .type = MOE_KEY_INT, .offset = AT(router.groups), .def = 1, .lo = 1,

@@ -8,7 +8,7 @@
 @ --           with router.apply = "input" dys[r] = dy[t], and the same kernel,
 @ --           launched again on (x, dXs), gives dw[t,k] = Σ_h x[t,h]·dXs[r,h]
 @ --   router  dw -> d logits [T, E] (fp32) through scale, renormalization and
-@ --           softmax over all E or sigmoid, from the saved logits
+@ --           softmax over all E, sigmoid or sqrt(softplus), from the saved logits
 @ --   dx      dx[t] = round(Σ_k dXs[row_of[t,k]] + Σ_e dlogits[t,e]·Wr[e]),
 @ --           fp32, k in increasing order, then e (router.apply = "input":
 @ --           each dXs row times round(w[t,k])); a block of tokens shares
@@ -57,6 +57,7 @@
 @ M.config(p)
 @ local ns = p.dys_kernel .. "_impl"
 @ local softmax = p.score == "softmax"
+@ local sqrtsp = p.score == "sqrtsoftplus"   -- s = sqrt(softplus(l)): ds/dl = sigmoid(l) / (2 s)
 @ local input = p.spec.router.apply == "input"
 namespace ${ns} {
 constexpr int K = ${p.entries};    /* entries per token */
@@ -142,10 +143,10 @@ ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict_
 }
 
 /* d logits[t, :] from dw[t, 0..KR) and the saved logits (logit_bias
- * included): p = ${softmax and "softmax(l) over all E" or "sigmoid(l)"}; selected
+ * included): p = ${softmax and "softmax(l) over all E" or sqrtsp and "sqrt(softplus(l))" or "sigmoid(l)"}; selected
  * weight w_k = scale · p_k${p.renormalize and " / Z, Z = Σ_selected p" or ""}, so
  * dp_j = ${p.renormalize and "scale / Z · (dw_j − Σ_k dw_k p_k / Z)" or "scale · dw_j"} at the selected experts (0 elsewhere),
- * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32. */
+ * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or sqrtsp and "dp ⊙ sigmoid(l) / (2p)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32. */
 extern "C" __global__ void __launch_bounds__(${p.router_threads})
 ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const float *__restrict__ dw, int tokens, float *__restrict__ dlogits) {
@@ -176,6 +177,12 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     z = warp_sum(z);
 #pragma unroll
     for (int i = 0; i < VPL; ++i) pv[i] /= z;
+@ elseif sqrtsp then
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {   /* ds/dl, which is all the scores' part needs */
+        const int e = lane + 32 * i;
+        pv[i] = e < E ? moe_sqrt_softplus_grad(l[e]) : 0.f;
+    }
 @ else
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
@@ -187,13 +194,15 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     int idx = -1;
     float dwk = 0.f;
 @ if softmax or p.renormalize then
-    float pk = 0.f;   /* (sigmoid without renormalize: dp needs no p of the selected) */
+    float pk = 0.f;   /* (sigmoid, sqrt(softplus) without renormalize: dp needs no p of the selected) */
 @ end
     if (lane < KR) {
         idx = topk_idx[(long long)t * K + lane];
         dwk = dw[(long long)t * K + lane];
 @ if softmax then
         pk = expf(l[idx] - m) / z;
+@ elseif p.renormalize and sqrtsp then
+        pk = moe_sqrt_softplus(l[idx]);
 @ elseif p.renormalize then
         pk = 1.f / (1.f + expf(-l[idx]));
 @ end
@@ -236,6 +245,8 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
         const int e = lane + 32 * i;
 @ if softmax then
         if (e < E) out[e] = pv[i] * (dpe[i] - c2);
+@ elseif sqrtsp then
+        if (e < E) out[e] = dpe[i] * pv[i];
 @ else
         if (e < E) out[e] = dpe[i] * pv[i] * (1.f - pv[i]);
 @ end

@@ -129,6 +129,15 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 }
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+/* router.score = "sqrtsoftplus" (DeepSeek-V4): sqrt(softplus(l)), softplus as max(l, 0) + log1p(exp(-|l|))
+ * (no overflow), and its derivative sigmoid(l) / (2 s) (0 where s underflows to 0) */
+static __device__ __forceinline__ float moe_sqrt_softplus(float l) {
+    return sqrtf(fmaxf(l, 0.0f) + log1pf(expf(-fabsf(l))));
+}
+static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {
+    const float s = moe_sqrt_softplus(l);
+    return s > 0.0f ? 1.0f / (1.0f + expf(-l)) / (2.0f * s) : 0.0f;
+}
 
 /* The permute plan, by one block of THREADS threads (the permute_plan
  * kernel, and the route kernel's fused tail): the counts of N weight slots

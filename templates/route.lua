@@ -1,5 +1,5 @@
-@ -- route.lua — the router: logits x·Wrᵀ on tensor cores, scores (softmax or
-@ -- sigmoid, fp32), optional selection bias and group-limited top-k, the
+@ -- route.lua — the router: logits x·Wrᵀ on tensor cores, scores (softmax,
+@ -- sigmoid or sqrt(softplus), fp32), optional selection bias and group-limited top-k, the
 @ -- top-k, weights (renormalized, scaled) and per-expert counts
 @ -- (docs/DESIGN.md, "Routing, exactly").
 @ --
@@ -113,7 +113,7 @@
 @   need(p.smem == c.smem, string.format("the plan gives %d bytes of shared memory; the tiling needs %d", p.smem, c.smem))
 @   -- routing
 @   c.softmax = p.score == "softmax"
-@   need(c.softmax or p.score == "sigmoid", "unknown router score " .. tostring(p.score))
+@   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus", "unknown router score " .. tostring(p.score))
 @   c.VPL = cdiv(c.E, 32)                  -- experts per lane
 @   c.G = (p.groups or 1) > 1 and p.groups or 1
 @   if c.G > 1 then
@@ -504,9 +504,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-@ else
+@ elseif p.score == "sigmoid" then
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
+@ else
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? moe_sqrt_softplus(pv[i]) : 0.f;
 @ end
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
@@ -674,8 +677,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ end
 @ if c.softmax then
             w = expf(l - m) / z;
-@ else
+@ elseif p.score == "sigmoid" then
             w = 1.0f / (1.0f + expf(-l));
+@ else
+            w = moe_sqrt_softplus(l);
 @ end
         }
 @ if p.renormalize then

@@ -1098,6 +1098,15 @@ static int bwd_cases(bwd_case_t *c) {
     s.ffn_bias = true; s.activation.limit = 0.9; s.activation.up_offset = 1;
     s.shared.ffn = 32; s.shared.gate = MOE_SHARED_GATE_SIGMOID;
     c[n++] = (bwd_case_t){ "larger: groups, both biases, clamp, gated shared", s, 5, 809u };
+
+    s = mkspec(8, 3, 16, 8);   /* DeepSeek-V4's router: sqrt(softplus), bias, renormalize, scale */
+    s.router.score = MOE_SCORE_SQRTSOFTPLUS; s.router.bias = true; s.router.renormalize = true;
+    s.router.scale = 1.5; s.shared.ffn = 8;
+    c[n++] = (bwd_case_t){ "sqrtsoftplus, bias, renormalize, scale, shared", s, 4, 910u };
+
+    s = mkspec(6, 2, 16, 8);
+    s.router.score = MOE_SCORE_SQRTSOFTPLUS; s.router.logit_bias = true;
+    c[n++] = (bwd_case_t){ "sqrtsoftplus, no renormalize, logit_bias", s, 4, 1011u };
     return n;
 }
 

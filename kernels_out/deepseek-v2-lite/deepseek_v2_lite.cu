@@ -129,6 +129,15 @@ static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a
 }
 
 static __device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+/* router.score = "sqrtsoftplus" (DeepSeek-V4): sqrt(softplus(l)), softplus as max(l, 0) + log1p(exp(-|l|))
+ * (no overflow), and its derivative sigmoid(l) / (2 s) (0 where s underflows to 0) */
+static __device__ __forceinline__ float moe_sqrt_softplus(float l) {
+    return sqrtf(fmaxf(l, 0.0f) + log1pf(expf(-fabsf(l))));
+}
+static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {
+    const float s = moe_sqrt_softplus(l);
+    return s > 0.0f ? 1.0f / (1.0f + expf(-l)) / (2.0f * s) : 0.0f;
+}
 
 /* The permute plan, by one block of THREADS threads (the permute_plan
  * kernel, and the route kernel's fused tail): the counts of N weight slots
@@ -698,16 +707,16 @@ deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3(const moe_half_t *__restrict__ x, 
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 511 "templates/route.lua"
+#line 514 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 518 "templates/route.lua"
+#line 521 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 520 "templates/route.lua"
+#line 523 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 642 "templates/route.lua"
+#line 645 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -736,15 +745,15 @@ deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3(const moe_half_t *__restrict__ x, 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
         if (lane < K) {
-#line 673 "templates/route.lua"
-            const float l = lrow[mine];
 #line 676 "templates/route.lua"
+            const float l = lrow[mine];
+#line 679 "templates/route.lua"
             w = expf(l - m) / z;
-#line 680 "templates/route.lua"
+#line 685 "templates/route.lua"
         }
-#line 692 "templates/route.lua"
+#line 697 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 696 "templates/route.lua"
+#line 701 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -753,16 +762,16 @@ deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3(const moe_half_t *__restrict__ x, 
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 711 "templates/route.lua"
+#line 716 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 717 "templates/route.lua"
+#line 722 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 720 "templates/route.lua"
+#line 725 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -781,7 +790,7 @@ deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3(const moe_half_t *__restrict__ x, 
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 739 "templates/route.lua"
+#line 744 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -800,12 +809,12 @@ deepseek_v2_lite_route_bf16_e64k6s2_t32k128s3(const moe_half_t *__restrict__ x, 
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 762 "templates/route.lua"
+#line 767 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 765 "templates/route.lua"
+#line 770 "templates/route.lua"
         }
-#line 769 "templates/route.lua"
+#line 774 "templates/route.lua"
     }
 }
 

@@ -28,6 +28,22 @@ static int ref_thread(void) { return 0; }
 /* Weight rows converted to float at a time, per thread. */
 #define REF_ROW_BLOCK 16
 
+/* The router's scores of one token's logits p[0..E), in place, in double:
+ * softmax over the experts, sigmoid, or sqrt(softplus(l)) with softplus as
+ * max(l, 0) + log1p(exp(-|l|)) (docs/DESIGN.md, "Routing, exactly"). */
+static void ref_scores(moe_score_t score, double *p, int E) {
+    if (score == MOE_SCORE_SOFTMAX) {
+        double m = p[0], sum = 0;
+        for (int e = 1; e < E; e++) if (p[e] > m) m = p[e];
+        for (int e = 0; e < E; e++) { p[e] = exp(p[e] - m); sum += p[e]; }
+        for (int e = 0; e < E; e++) p[e] /= sum;
+    } else if (score == MOE_SCORE_SQRTSOFTPLUS) {
+        for (int e = 0; e < E; e++) p[e] = sqrt(fmax(p[e], 0.0) + log1p(exp(-fabs(p[e]))));
+    } else {
+        for (int e = 0; e < E; e++) p[e] = 1.0 / (1.0 + exp(-p[e]));
+    }
+}
+
 /* ---- checks ------------------------------------------------------------ */
 
 static int spec_ok(const moe_spec_t *s) {
@@ -104,14 +120,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
             for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)w[h];
             p[e] = acc + (logit_bias ? (double)logit_bias[e] : 0.0);
         }
-        if (s->router.score == MOE_SCORE_SOFTMAX) {
-            double m = p[0], sum = 0;
-            for (int e = 1; e < E; e++) if (p[e] > m) m = p[e];
-            for (int e = 0; e < E; e++) { p[e] = exp(p[e] - m); sum += p[e]; }
-            for (int e = 0; e < E; e++) p[e] /= sum;
-        } else {
-            for (int e = 0; e < E; e++) p[e] = 1.0 / (1.0 + exp(-p[e]));
-        }
+        ref_scores(s->router.score, p, E);
         for (int e = 0; e < E; e++) {
             sv[e] = (float)(p[e] + (sel_bias ? (double)sel_bias[e] : 0.0));
             cand[e] = 1;
@@ -889,14 +898,7 @@ static int layer(const layer_t *L) {
         double *pt = p + (size_t)t * E;
         for (int e = 0; e < E; e++)
             pt[e] = dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0);
-        if (s->router.score == MOE_SCORE_SOFTMAX) {
-            double m = pt[0], sum = 0;
-            for (int e = 1; e < E; e++) if (pt[e] > m) m = pt[e];
-            for (int e = 0; e < E; e++) { pt[e] = exp(pt[e] - m); sum += pt[e]; }
-            for (int e = 0; e < E; e++) pt[e] /= sum;
-        } else {
-            for (int e = 0; e < E; e++) pt[e] = 1.0 / (1.0 + exp(-pt[e]));
-        }
+        ref_scores(s->router.score, pt, E);
         double S = 0;
         for (int k = 0; k < K; k++) S += pt[L->idx[(size_t)t * K + k]];
         for (int k = 0; k < K; k++) {
@@ -997,6 +999,10 @@ static int layer(const layer_t *L) {
             if (s->router.score == MOE_SCORE_SOFTMAX) {
                 const double d = dot(pt, dp, E);
                 for (int e = 0; e < E; e++) dl[e] = r32(L, pt[e] * (dp[e] - d));
+            } else if (s->router.score == MOE_SCORE_SQRTSOFTPLUS) {
+                /* s = sqrt(softplus(l)): ds/dl = sigmoid(l) / (2 s), and sigmoid(l) = 1 - exp(-s^2) */
+                for (int e = 0; e < E; e++)
+                    dl[e] = r32(L, pt[e] > 0 ? dp[e] * -expm1(-pt[e] * pt[e]) / (2 * pt[e]) : 0.0);
             } else {
                 for (int e = 0; e < E; e++) dl[e] = r32(L, dp[e] * pt[e] * (1.0 - pt[e]));
             }
