@@ -88,11 +88,14 @@ class Family:
     (_keep_in_fp32_modules_strict);
     `sel_bias_std` the spread of the random selection bias (near the
     scores' own spread, so that both decide the selection); `top_k` reads
-    k from the config where it is not num_experts_per_tok."""
+    k from the config where it is not num_experts_per_tok; `in_dtype`: the
+    spec's routing follows the model in its dtype (Phi-3.5-MoE's
+    sparsemixer: bf16 logits and band arithmetic), so the bf16 block is held
+    to the fp32 copy's gates and the fp32 copy is reported, not gated."""
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None):
+                 top_k=None, in_dtype=False):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or gate_route
@@ -100,6 +103,7 @@ class Family:
         self.shared_of = shared_of or (lambda b: mlp_parts(b.shared_experts))
         self.keep, self.sel_bias_std = keep, sel_bias_std
         self.top_k = top_k or (lambda cfg: cfg.num_experts_per_tok)
+        self.in_dtype = in_dtype
 
 
 def gate_route(block, x):
@@ -363,6 +367,20 @@ def mk_deepseek_v4():
                                     swiglu_limit=1.5))
     assert cfg.mlp_layer_types[3] == "moe", cfg.mlp_layer_types
     return Block(cfg, layer_idx=3), cfg
+
+
+def mk_phimoe():
+    # PhimoeSparseMoeBlock (Phi-3.5-MoE) in eval: logits = router(x) (bf16),
+    # sparsemixer with eps = router_jitter_noise (0.01): e1 = argmax l, its
+    # weight the softmax at l1 over the logits l_j with (l1 - l_j) /
+    # max(|l_j|, l1) <= 2 eps; e2 = argmax of l without e1, its weight the
+    # same band's softmax at l2 without e1; no renormalization, weights in
+    # bf16; experts as Mixtral (gate_up_proj [E, 2F, H]); no shared expert.
+    import transformers as tf
+    Block, = tf_import("phimoe.modeling_phimoe", "PhimoeSparseMoeBlock")
+    cfg = eager(tf.PhimoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=16,
+                                num_experts_per_tok=2, router_jitter_noise=0.01, input_jitter_noise=0.0))
+    return Block(cfg), cfg
 
 
 def mk_granite():
@@ -790,6 +808,9 @@ FAMILIES = [
     Family("mistral4", "Mistral 4 (Mistral4MoE)", mk_mistral4,
            'router = { score = "softmax", groups = 4, topk_groups = 2, group_topk = 2, renormalize = true, '
            'scale = 1.0 }', "fused", shared=128, shared_gate="none"),
+    Family("phimoe", "Phi-3.5-MoE (PhimoeSparseMoeBlock, sparsemixer)", mk_phimoe,
+           'router = { score = "sparsemixer", renormalize = false, jitter_eps = 0.01 }', "fused",
+           route=router_route, router=lambda b: {"wr": b.router.weight}, in_dtype=True),
     Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
            'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
            router=lambda b: {"wr": b.router.weight}),
@@ -1324,6 +1345,9 @@ def check_family(fam, be, opt, workdir, log):
         else:
             drop.append(key)
     notes = []
+    if fam.in_dtype:
+        notes.append("routes in the model's dtype: the bf16 block held to the fp32 copy's gates, the fp32 copy "
+                     "reported, not gated")
     if "router.group_topk" in missing:
         gk = int(re.search(r"group_topk = (\d+)", fam.spec).group(1))
         tg = int(re.search(r"topk_groups = (\d+)", fam.spec).group(1))
@@ -1356,8 +1380,11 @@ def check_family(fam, be, opt, workdir, log):
                 e16 = compare(y, idx, r16, i16)
                 # the block's own bf16 rounding, for scale: bf16 block against its fp32 copy
                 eb = compare(r16, i16, r32, i32)
-                ok = (e32[1] <= TOL_FP32 and e32[3] <= TOL_RMS_FP32 and e32[2] <= FLIPS_FP32(T)
-                      and e16[1] <= TOL_BF16)
+                if fam.in_dtype:  # routed as the model runs in bf16: the bf16 block is the one to match
+                    ok = e16[1] <= TOL_FP32 and e16[3] <= TOL_RMS_FP32 and e16[2] <= FLIPS_FP32(T)
+                else:
+                    ok = (e32[1] <= TOL_FP32 and e32[3] <= TOL_RMS_FP32 and e32[2] <= FLIPS_FP32(T)
+                          and e16[1] <= TOL_BF16)
                 results.append((T, e32, e16, eb, ok))
     finally:
         be.close()

@@ -308,7 +308,8 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_int(L, "F", s->ffn);
     moe_lua_set_int(L, "tokens", s->tokens);
     static const char *const score_name[] = {[MOE_SCORE_SOFTMAX] = "softmax", [MOE_SCORE_SIGMOID] = "sigmoid",
-                                             [MOE_SCORE_SQRTSOFTPLUS] = "sqrtsoftplus"};
+                                             [MOE_SCORE_SQRTSOFTPLUS] = "sqrtsoftplus",
+                                             [MOE_SCORE_SPARSEMIXER] = "sparsemixer"};
     moe_lua_set_str(L, "score", score_name[s->router.score]);
     moe_lua_set_bool(L, "renormalize", s->router.renormalize);
     moe_lua_set_int(L, "groups", s->router.groups);
@@ -317,6 +318,7 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_bool(L, "bias", s->router.bias);
     moe_lua_set_bool(L, "logit_bias", s->router.logit_bias);
     moe_lua_set_num(L, "scale", s->router.scale);
+    moe_lua_set_num(L, "jitter_eps", s->router.jitter_eps); /* score "sparsemixer" */
     moe_lua_set_num(L, "alpha", s->activation.alpha);
     if (s->activation.limit > 0)
         moe_lua_set_num(L, "limit", s->activation.limit);

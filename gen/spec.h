@@ -15,7 +15,12 @@
 #define MOE_ARCH_MAX 4
 
 typedef enum { MOE_DTYPE_BF16 = 0, MOE_DTYPE_FP16 = 1 } moe_dtype_t;
-typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1, MOE_SCORE_SQRTSOFTPLUS = 2 } moe_score_t;
+typedef enum {
+    MOE_SCORE_SOFTMAX = 0,
+    MOE_SCORE_SIGMOID = 1,
+    MOE_SCORE_SQRTSOFTPLUS = 2,
+    MOE_SCORE_SPARSEMIXER = 3
+} moe_score_t;
 /* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
@@ -49,6 +54,7 @@ typedef struct {
     bool logit_bias;  /* per-expert bias added to the logits (fp32 [E]) */
     double scale;     /* routed weights are multiplied by this */
     moe_apply_t apply;  /* where the weights multiply: the expert's output or its input */
+    double jitter_eps;  /* score "sparsemixer": the relative band 2·jitter_eps of a slot's softmax */
 } moe_router_t;
 
 /* The gated unit applied between the expert GEMMs, on (gate, up) after the

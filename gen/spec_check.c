@@ -402,6 +402,34 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     s->mesh.size[MOE_AXIS_EP]);
 }
 
+/* router.score = "sparsemixer" (Phi-3.5-MoE; docs/DESIGN.md, "Routing,
+ * exactly"): its weights are its own rule over the logits, for the two
+ * slots transformers defines, at inference (the model trains with Gumbel
+ * sampling and its own gradient estimate, which the backward does not
+ * reproduce). */
+static void check_sparsemixer(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const moe_router_t *r = &s->router;
+    if (r->score != MOE_SCORE_SPARSEMIXER)
+        return;
+    static const char why[] = "with router.score = \"sparsemixer\" (Phi-3.5-MoE's rule)";
+    if (s->top_k != 2)
+        NAMED_ERROR(c, "top_k", "top_k = %d %s: the rule is defined for top-2", s->top_k, why);
+    else if (r->renormalize)
+        NAMED_ERROR(c, "router.renormalize", "router.renormalize = true %s: its weights are not renormalized; set "
+                    "router.renormalize = false", why);
+    else if (r->bias || r->logit_bias)
+        NAMED_ERROR(c, r->bias ? "router.bias" : "router.logit_bias", "%s %s: the rule reads the plain logits",
+                    r->bias ? "router.bias" : "router.logit_bias", why);
+    else if (r->groups > 1)
+        NAMED_ERROR(c, "router.groups", "router.groups = %d %s: the selection is the top-2 of all logits", r->groups,
+                    why);
+    else if (r->apply == MOE_APPLY_INPUT)
+        NAMED_ERROR(c, "router.apply", "router.apply = \"input\" %s is not supported", why);
+    else if (s->training)
+        NAMED_ERROR(c, "training", "training = true %s is not supported: the model trains with sampled experts "
+                    "and its own gradient estimate", why);
+}
+
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after
  * check_relations, on a spec whose keys all read. */
 static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
@@ -514,6 +542,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
     }
     if (!c->failed)
         check_relations(c, s);
+    if (!c->failed)
+        check_sparsemixer(c, s);
     if (!c->failed)
         check_shared(c, s);
     if (!c->failed)

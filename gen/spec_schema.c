@@ -21,7 +21,7 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
 #define AT(field) offsetof(moe_spec_t, field)
 
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
-static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", NULL};
+static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "sparsemixer", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -55,8 +55,13 @@ const moe_key_t moe_spec_keys[] = {
      .help = "type of the activations and weights"},
 
     {.name = "router.score", .type = MOE_KEY_ENUM, .offset = AT(router.score), .choices = scores,
-     .help = "how the logits become scores: softmax over the experts, sigmoid, or sqrtsoftplus = sqrt(softplus(l)) "
-             "(DeepSeek-V4)"},
+     .help = "how the logits become scores: softmax over the experts, sigmoid, sqrtsoftplus = sqrt(softplus(l)) "
+             "(DeepSeek-V4), or sparsemixer (Phi-3.5-MoE: top-2 of the logits, each weight a softmax over the logits "
+             "within a relative 2·`router.jitter_eps` of its own)"},
+    {.name = "router.jitter_eps", .type = MOE_KEY_NUM, .offset = AT(router.jitter_eps), .def = 0.01, .lo = 1e-6,
+     .hi = 1, .when = "router.score", .when_is = "sparsemixer",
+     .help = "sparsemixer's band: slot k's softmax takes the logits l with (l_k - l) / max(abs(l), l_k) not above "
+             "2·jitter_eps, in the dtype's arithmetic (Phi-3.5-MoE's router_jitter_noise)"},
     {.name = "router.renormalize", .type = MOE_KEY_BOOL, .offset = AT(router.renormalize), .def = 1,
      .help = "divide the selected weights by their sum"},
     {.name = "router.groups", .type = MOE_KEY_INT, .offset = AT(router.groups), .def = 1, .lo = 1,

@@ -113,7 +113,11 @@
 @   need(p.smem == c.smem, string.format("the plan gives %d bytes of shared memory; the tiling needs %d", p.smem, c.smem))
 @   -- routing
 @   c.softmax = p.score == "softmax"
-@   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus", "unknown router score " .. tostring(p.score))
+@   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus" or p.score == "sparsemixer",
+@        "unknown router score " .. tostring(p.score))
+@   c.sparsemixer = p.score == "sparsemixer"
+@   need(not c.sparsemixer or (p.K == 2 and not p.renormalize and not p.bias and not p.logit_bias),
+@        "sparsemixer: top-2 of the plain logits, not renormalized (gen/spec_check.c)")
 @   c.VPL = cdiv(c.E, 32)                  -- experts per lane
 @   c.G = (p.groups or 1) > 1 and p.groups or 1
 @   if c.G > 1 then
@@ -507,9 +511,14 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ elseif p.score == "sigmoid" then
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-@ else
+@ elseif p.score == "sqrtsoftplus" then
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? moe_sqrt_softplus(pv[i]) : 0.f;
+@ else
+        /* sparsemixer: the selection is the top-2 of the logits themselves, in the dtype (the model's) */
+#pragma unroll
+        for (int i = 0; i < VPL; ++i)
+            pv[i] = ((valid >> i) & 1u) ? moe_to_float(moe_from_float(pv[i])) : -__int_as_float(0x7f800000);
 @ end
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
@@ -669,6 +678,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
+@ if c.sparsemixer then
+        const int first = __shfl_sync(FULL, mine, 0);   /* slot 1's softmax leaves slot 0's expert out */
+@ end
         if (lane < K) {
 @ if p.logit_bias then
             const float l = lrow[mine] + __ldg(logit_bias + mine);
@@ -679,8 +691,23 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             w = expf(l - m) / z;
 @ elseif p.score == "sigmoid" then
             w = 1.0f / (1.0f + expf(-l));
-@ else
+@ elseif p.score == "sqrtsoftplus" then
             w = moe_sqrt_softplus(l);
+@ else
+            /* sparsemixer, in the dtype's arithmetic as the model runs it (R: rounded to the dtype): the
+             * softmax at the slot's logit t over the logits l_j with R(R(t - l_j) / max(|l_j|, t)) not
+             * above R(2 jitter_eps) (a 0/0 is kept, as torch keeps it), slot 1's without slot 0's expert;
+             * the weight rounded to the dtype */
+            const float t = moe_to_float(moe_from_float(l)), band = moe_to_float(moe_from_float(${f32(2 * p.jitter_eps)}));
+            float z = 0.f;
+            for (int j = 0; j < E; ++j) {
+                const float lj = moe_to_float(moe_from_float(lrow[j]));
+                if ((lane == 1 && j == first) ||
+                    moe_to_float(moe_from_float(moe_to_float(moe_from_float(t - lj)) / fmaxf(fabsf(lj), t))) > band)
+                    continue;
+                z += expf(lj - t);
+            }
+            w = moe_to_float(moe_from_float(1.0f / z));
 @ end
         }
 @ if p.renormalize then

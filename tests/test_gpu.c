@@ -213,6 +213,7 @@ static const gpu_case_t cases[] = {
     {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* router.apply = "input": the weight scales the expert's input (scatter), combine sums with weight 1 */
     {"tests/specs/sqrtsoftplus.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL}, /* DeepSeek-V4 */
+    {"tests/specs/sparsemixer.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},  /* Phi-3.5-MoE */
     {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -695,18 +696,31 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     for (int i = 0; i < ns; i++)
         memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * KE, sizeof(int) * (size_t)K);
     int bad = -1;
-    int agree = moe_ref_route_agree(s, ridx, gidx, sc, ns, 2e-4f, &bad);
+    /* sparsemixer routes on the logits rounded to the dtype (bf16: 8 bits), and an fp32 logit within its
+     * accumulation error of a rounding boundary may round either way on the GPU and in the reference (double
+     * sums): its selection ties are a bf16 step wide, its weights a step of the dtype apart, and a logit that
+     * rounds the other way at the band's edge moves a weight by more (a few tokens) */
+    const int in_dtype = s->router.score == MOE_SCORE_SPARSEMIXER;
+    int agree = moe_ref_route_agree(s, ridx, gidx, sc, ns, in_dtype ? 4e-2f : 2e-4f, &bad);
     CHECKF(agree, "route: token %d selects different experts than the reference", bad >= 0 ? sample[bad] : -1);
     double werr = 0;
-    for (int i = 0; i < ns; i++)
+    int wild = 0; /* in_dtype: tokens whose weights differ by more than a dtype step */
+    for (int i = 0; i < ns; i++) {
+        int off = 0;
         for (int k = 0; k < K; k++)
             for (int j = 0; j < K; j++)
                 if (gidx[(size_t)i * K + j] == ridx[(size_t)i * K + k]) {
                     double d = fabs(w[(size_t)sample[i] * KE + j] - rw[(size_t)i * K + k]);
-                    if (d > werr)
+                    if (in_dtype && d > 8e-3)
+                        off = 1;
+                    else if (d > werr)
                         werr = d;
                 }
-    CHECKF(werr <= 1e-4 * s->router.scale + 1e-4, "route weights differ by %g", werr);
+        wild += off;
+    }
+    CHECKF(werr <= (in_dtype ? 8e-3 : 1e-4 * s->router.scale + 1e-4), "route weights differ by %g", werr);
+    CHECKF(wild <= (ns + 127) / 128, "route: %d of %d tokens' sparsemixer weights differ by more than a bf16 step "
+           "(a logit rounded across the band's edge)", wild, ns);
     if (KE > K) { /* the shared expert's entries: slots E.. in order, weight g(x) (1, or the sigmoid gate) */
         moe_ref_inputs_t sin = {.x = xs, .ws1 = L->ws1, .ws2 = L->ws2, .wsg = L->wsg, .tokens = ns};
         int sh_ok = 1;

@@ -243,6 +243,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/sqrtsoftplus.moe", 1},   /* training, sqrt(softplus) scores, bias, clamp, shared */
+        {"tests/specs/sparsemixer.moe", 0},    /* Phi-3.5-MoE's routing weights */
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
         {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
         {"tests/specs/train_ep.moe", 1},       /* training on an EP rank: the dispatch and backward kernels */

@@ -179,6 +179,32 @@ static void test_route_softmax(void) {
     }
 }
 
+static void test_route_sparsemixer(void) {
+    CASE("sparsemixer (Phi-3.5-MoE): each slot's softmax over the logits within a relative 2 eps, in bf16");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.router.score = MOE_SCORE_SPARSEMIXER;
+    s.router.jitter_eps = 0.01;   /* the band R(0.02) = 0.020019531 in bf16 */
+    /* l = {2, 1.96875, 1, -0.5} (bf16 values). Slot 0, t = 2: expert 1 is within the band ((2 - 1.96875) / 2 =
+     * 0.015625), 2 and 3 are not (0.5, 1.25): w0 = R(1 / (1 + exp(-0.03125))) = R(0.5078118) = 0.5078125.
+     * Slot 1, t = 1.96875, expert 0 left out: 2 is outside ((1.96875 - 1) / 1.96875 = 0.49), so w1 = 1.
+     * Not renormalized: the two sum to 1.51. A band of eps 0.005 (R(0.01) = 0.010009766) leaves expert 1 out
+     * of slot 0's softmax too: w0 = 1. */
+    const float l[4] = {2, 1.96875f, 1, -0.5f};
+    int idx[2]; float w[2], sc[4];
+    CHECK(route_logits(&s, 1, l, NULL, NULL, idx, w, sc) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 1 && w[0] == 0.5078125f && w[1] == 1.0f, "idx %d %d, w = %.9g %.9g", idx[0],
+           idx[1], w[0], w[1]);
+    s.router.jitter_eps = 0.005;
+    CHECK(route_logits(&s, 1, l, NULL, NULL, idx, w, sc) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 1 && w[0] == 1.0f && w[1] == 1.0f, "w = %.9g %.9g", w[0], w[1]);
+    /* all logits equal and zero: (0 - 0) / max(0, 0) is 0/0, kept (torch keeps it): each slot's softmax spreads
+     * over what is left, 1/4 and 1/3 */
+    const float z[4] = {0, 0, 0, 0};
+    s.router.jitter_eps = 0.01;
+    CHECK(route_logits(&s, 1, z, NULL, NULL, idx, w, sc) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 1 && w[0] == 0.25f && NEAR(w[1], 1.0 / 3, 2e-3), "w = %.9g %.9g", w[0], w[1]);
+}
+
 static void test_route_biases(void) {
     CASE("sigmoid + selection bias changes selection, not weights");
     moe_spec_t s = mkspec(4, 2, 8, 8);
@@ -1378,6 +1404,7 @@ int main(void) {
     test_conversions();
     test_route_softmax();
     test_route_biases();
+    test_route_sparsemixer();
     test_route_groups();
     test_route_random();
     test_route_agree();

@@ -30,8 +30,11 @@ static int ref_thread(void) { return 0; }
 
 /* The router's scores of one token's logits p[0..E), in place, in double:
  * softmax over the experts, sigmoid, or sqrt(softplus(l)) with softplus as
- * max(l, 0) + log1p(exp(-|l|)) (docs/DESIGN.md, "Routing, exactly"). */
-static void ref_scores(moe_score_t score, double *p, int E) {
+ * max(l, 0) + log1p(exp(-|l|)); sparsemixer's are the logits themselves
+ * (docs/DESIGN.md, "Routing, exactly"). */
+static float ref_round(double v, moe_dtype_t dt) { return moe_half_to_float(moe_float_to_half((float)v, dt), dt); }
+
+static void ref_scores(moe_score_t score, double *p, int E, moe_dtype_t dt) {
     if (score == MOE_SCORE_SOFTMAX) {
         double m = p[0], sum = 0;
         for (int e = 1; e < E; e++) if (p[e] > m) m = p[e];
@@ -39,6 +42,8 @@ static void ref_scores(moe_score_t score, double *p, int E) {
         for (int e = 0; e < E; e++) p[e] /= sum;
     } else if (score == MOE_SCORE_SQRTSOFTPLUS) {
         for (int e = 0; e < E; e++) p[e] = sqrt(fmax(p[e], 0.0) + log1p(exp(-fabs(p[e]))));
+    } else if (score == MOE_SCORE_SPARSEMIXER) { /* the logits in the dtype, as the model computes them */
+        for (int e = 0; e < E; e++) p[e] = ref_round(p[e], dt);
     } else {
         for (int e = 0; e < E; e++) p[e] = 1.0 / (1.0 + exp(-p[e]));
     }
@@ -120,7 +125,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
             for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)w[h];
             p[e] = acc + (logit_bias ? (double)logit_bias[e] : 0.0);
         }
-        ref_scores(s->router.score, p, E);
+        ref_scores(s->router.score, p, E, dt);
         for (int e = 0; e < E; e++) {
             sv[e] = (float)(p[e] + (sel_bias ? (double)sel_bias[e] : 0.0));
             cand[e] = 1;
@@ -161,6 +166,22 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
         }
         for (int j = 0; j < K; j++) {
             double w = p[idx[j]];
+            if (s->router.score == MOE_SCORE_SPARSEMIXER) {
+                /* slot j's weight, in the dtype's arithmetic as the model runs it: the softmax at its logit l
+                 * over the logits l_e with R(R(l - l_e) / max(|l_e|, l)) not above R(2 jitter_eps) (R: rounded
+                 * to the dtype; a 0/0 kept), without the experts of the slots before it; rounded to the dtype */
+                const float l = (float)p[idx[j]], band = ref_round(2 * s->router.jitter_eps, dt);
+                double z = 0;
+                for (int e = 0; e < E; e++) {
+                    int before = 0;
+                    for (int q = 0; q < j; q++) before |= idx[q] == e;
+                    const float le = (float)p[e];
+                    if (before || ref_round(ref_round(l - le, dt) / fmaxf(fabsf(le), l), dt) > band)
+                        continue;
+                    z += exp((double)le - l);
+                }
+                w = ref_round(1.0 / z, dt);
+            }
             if (s->router.renormalize && wsum > 0) w /= wsum;
             wout[j] = (float)(w * s->router.scale);
         }
@@ -898,7 +919,7 @@ static int layer(const layer_t *L) {
         double *pt = p + (size_t)t * E;
         for (int e = 0; e < E; e++)
             pt[e] = dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0);
-        ref_scores(s->router.score, pt, E);
+        ref_scores(s->router.score, pt, E, s->dtype);
         double S = 0;
         for (int k = 0; k < K; k++) S += pt[L->idx[(size_t)t * K + k]];
         for (int k = 0; k < K; k++) {
@@ -1067,6 +1088,7 @@ static int inputs_present(const layer_t *L) {
 int moe_ref_backward(const moe_spec_t *s, const moe_ref_inputs_t *in, const uint16_t *dy, int flags,
                      const moe_ref_grads_t *g, const moe_ref_bwd_stages_t *st) {
     if (!spec_usable(s) || !in || in->tokens < 0 || !g || (flags & ~MOE_REF_EXACT)) return 1;
+    if (s->router.score == MOE_SCORE_SPARSEMIXER) return 1;   /* inference only (gen/spec_check.c) */
     const int T = in->tokens, K = s->top_k, H = s->hidden;
     if (T > 0 && !dy) return 1;
     layer_t L = { .s = s, .T = T, .rounded = !(flags & MOE_REF_EXACT),
