@@ -5,7 +5,8 @@
 #     the up GEMM it repeats), and bwd_dx reads Wr once per 8 tokens since b4f6531
 #   - ncu of every kernel of Qwen3's backward at 4096 tokens (2.59 ms in run 5, 3.35x its forward): where it goes
 #   - the fp8 GEMMs on the persistent grid (new that session): test_quant_gpu under tests/tune/fp8p.tune, and
-#     moe_bench of the fp8 Mixtral and EP8 specs under it against the default tile and fp8.tune
+#     moe_bench of the fp8 Mixtral, EP8 and Qwen3 specs under it against the default tile and fp8.tune (two
+#     consumer warpgroups, the sixth session's; moved here from run28.sh)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -17,7 +18,7 @@ for s in mixtral-8x7b qwen3-30b-a3b; do
 done
 MOEGEN_TUNING=tests/tune/fp8p.tune timeout 200 build/tests/test_quant_gpu > "$OUT/test_quant_gpu_fp8p.log" 2>&1
 echo "test_quant_gpu fp8p: exit $?" >> "$OUT/rc.txt"
-for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8; do
+for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8 qwen3-30b-a3b-fp8; do
     for tab in tuning/h200.tune tests/tune/fp8.tune tests/tune/fp8p.tune; do
         echo "== $tab $s" >> "$OUT/fp8_grids.log"
         MOEGEN_TUNING=$tab timeout 40 build/moe_bench examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 \
