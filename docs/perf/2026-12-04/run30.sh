@@ -4,9 +4,6 @@
 #     training forward's own up GEMM since 477b0b1 (run 5: Mixtral 12.23 / 19.29 ms, the old sm_80 recompute twice
 #     the up GEMM it repeats), and bwd_dx reads Wr once per 8 tokens since b4f6531
 #   - ncu of every kernel of Qwen3's backward at 4096 tokens (2.59 ms in run 5, 3.35x its forward): where it goes
-#   - the fp8 GEMMs on the persistent grid (new that session): test_quant_gpu under tests/tune/fp8p.tune, and
-#     moe_bench of the fp8 Mixtral, EP8 and Qwen3 specs under it against the default tile and fp8.tune (two
-#     consumer warpgroups, the sixth session's; moved here from run28.sh)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -16,23 +13,12 @@ for s in mixtral-8x7b qwen3-30b-a3b; do
     timeout 60 build/moe_bench "$OUT/train_$s.moe" --backward --tokens 4096 --iters 10 >> "$OUT/backward.log" 2>&1
     echo "bench $s: exit $?" >> "$OUT/rc.txt"
 done
-MOEGEN_TUNING=tests/tune/fp8p.tune timeout 200 build/tests/test_quant_gpu > "$OUT/test_quant_gpu_fp8p.log" 2>&1
-echo "test_quant_gpu fp8p: exit $?" >> "$OUT/rc.txt"
-for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8 qwen3-30b-a3b-fp8; do
-    for tab in tuning/h200.tune tests/tune/fp8.tune tests/tune/fp8p.tune; do
-        echo "== $tab $s" >> "$OUT/fp8_grids.log"
-        MOEGEN_TUNING=$tab timeout 40 build/moe_bench examples/specs/fp8/$s.moe --tokens 128 --tokens 4096 \
-            --tokens 16384 --iters 10 >> "$OUT/fp8_grids.log" 2>&1
-    done
-done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 timeout 150 $NCU --clock-control none --metrics gpu__time_duration.sum --csv -k regex:qwen3_30b_a3b \
     build/moe_bench "$OUT/train_qwen3-30b-a3b.moe" --backward --tokens 4096 --iters 1 > "$OUT/ncu_qwen3_bwd.csv" 2>&1
 echo "ncu qwen3 backward: exit $?" >> "$OUT/rc.txt"
 rm -f "$OUT"/train_*.moe
 cat "$OUT/rc.txt"
-tail -2 "$OUT/test_quant_gpu_fp8p.log"
-grep -E '^== |gemm_up|gemm_down|LAYER' "$OUT/fp8_grids.log"
 grep -vE '^(plan|gemms)' "$OUT/backward.log"
 python3 - "$OUT/ncu_qwen3_bwd.csv" <<'PY' || true
 import csv, sys, collections
