@@ -11,6 +11,8 @@
 #     require the same bits: U and every gradient)
 #   - the combine folded into the gemv down GEMM (seventh session): on by default, so every gemv case above up to
 #     64 tokens runs it; test_gpu's gemv cases once more with MOEGEN_COMBINE_FUSE=off (the separate combine)
+#   - the new router scores (seventh session): test_gpu's sqrtsoftplus (DeepSeek-V4) and sparsemixer (Phi-3.5-MoE)
+#     specs; test_bwd_gpu (above) has sqrtsoftplus's backward; the examples run takes deepseek-v4
 #   - the verify suites but test_gpu's default list (test_bgemm_gpu, test_quant_gpu, the vendored builds,
 #     test_runtime, the example, the Python ops) and test_quant_gpu under tests/tune/fp8.tune (two-consumer fp8)
 set -u
@@ -32,6 +34,7 @@ v() { local log=$1; shift; timeout ${T_LIMIT:-330} "$@" > "$OUT/$log.log" 2>&1; 
       deepseek-v3-ep8 tiny clamp odd shared
   MOEGEN_PDL=on v test_bgemm_gpu_pdl build/tests/test_bgemm_gpu; } &
 { MOEGEN_PDL=on v test_ep_gpu_pdl build/tests/test_ep_gpu; v test_runtime build/tests/test_runtime
+  v test_gpu_scores build/tests/test_gpu tests/specs/sqrtsoftplus.moe tests/specs/sparsemixer.moe
   v example build/moe_example examples/specs/qwen3-30b-a3b.moe 1000; } &
 { MOEGEN_PDL=on v test_bwd_gpu_pdl build/tests/test_bwd_gpu; } &
 { v test_bwd_gpu build/tests/test_bwd_gpu; } &
