@@ -85,17 +85,27 @@ static const cand_t fp8_cands[] = {
     {64, 256, 4, 8, 1, 0, 128},  {128, 256, 4, 8, 1, 0, 128}, {128, 256, 3, 8, 1, 0, 128},
 };
 
-/* A candidate's tile as a tuning entry gives it (fp8: the e4m3 checks). */
-static moe_tile_cfg_t cand_tile(const cand_t *c);
+/* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /
+ * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1. */
+static moe_tile_cfg_t cand_tile(const cand_t *c) {
+    return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
+                            .consumers = c->grid == 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
+                            .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
+                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4};
+}
+
+/* The checks a tuning entry's tile must pass (gen/tuning.c): the e4m3 ones for an fp8 spec's. */
+static int tile_check(const moe_tile_cfg_t *t, int fp8, char *why, size_t n) {
+    return fp8 ? moe_gemm_sm90_fp8_tile_check(t, why, n) : moe_gemm_sm90_tile_check(t, why, n);
+}
 
 int moe_tune_check_candidates(char *why, size_t n) {
     for (int fp8 = 0; fp8 < 2; fp8++) {
         const int nc = fp8 ? (int)(sizeof fp8_cands / sizeof *fp8_cands) : (int)(sizeof cands / sizeof *cands);
         for (int i = 0; i < nc; i++) {
-            const cand_t *c = fp8 ? &fp8_cands[i] : &cands[i];
-            const moe_tile_cfg_t t = cand_tile(c);
+            const moe_tile_cfg_t t = cand_tile(fp8 ? &fp8_cands[i] : &cands[i]);
             char w[160];
-            if (fp8 ? moe_gemm_sm90_fp8_tile_check(&t, w, sizeof w) : moe_gemm_sm90_tile_check(&t, w, sizeof w)) {
+            if (tile_check(&t, fp8, w, sizeof w)) {
                 snprintf(why, n, "%s candidate %d (m%dn%dk%ds%d): %s", fp8 ? "fp8" : "bf16", i, t.bm, t.bn, t.bk,
                          t.stages, w);
                 return 1;
@@ -111,13 +121,6 @@ static const char *grid_name(const cand_t *c, char buf[16]) {
     return moe_gemm_sm90_grid_name(&t, buf);
 }
 static int cand_consumers(const cand_t *c) { return cand_tile(c).consumers; }
-/* consumer warpgroups: bm / 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 */
-static moe_tile_cfg_t cand_tile(const cand_t *c) {
-    return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
-                            .consumers = c->grid == 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
-                            .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4};
-}
 #define NCAND_BF16 ((int)(sizeof cands / sizeof *cands))
 #define NCAND_FP8 ((int)(sizeof fp8_cands / sizeof *fp8_cands))
 #define NCAND (NCAND_BF16 > NCAND_FP8 ? NCAND_BF16 : NCAND_FP8)
@@ -539,23 +542,22 @@ int moe_tune_command(int argc, char **argv) {
             ncand, a.ntok, a.iters);
     for (int c = 0; c < ncand && !rc; c++) {
         const cand_t *cd = &cl[c];
+        const moe_tile_cfg_t tile = cand_tile(cd);
         moe_tuning_entry_t e = {.experts = s->experts, .top_k = s->top_k, .hidden = s->hidden, .ffn = s->ffn,
-                                .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = cd->bm, .bn = cd->bn,
-                                .bk = cand_bk(cd), .stages = cd->stages, .consumers = cand_consumers(cd),
-                                .group_m = cd->group_m, .persistent = cd->grid == 1 || cd->grid == 2,
-                                .pingpong = cd->grid == 2, .splitk = cd->grid == 3 ? cd->splitk : 0,
-                                .gemv = cd->grid == 4, .fp8 = moe_spec_fp8(s)};
+                                .dtype = s->dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = tile.bm, .bn = tile.bn,
+                                .bk = tile.bk, .stages = tile.stages, .consumers = tile.consumers,
+                                .group_m = tile.group_m, .persistent = tile.persistent, .pingpong = tile.pingpong,
+                                .splitk = tile.splitk, .gemv = tile.gemv, .fp8 = moe_spec_fp8(s)};
         moe_tuning_t one = {.file = "(tune candidate)", .e = &e, .n = 1};
         char gname[16];
         fprintf(stderr, "[%d/%d] m%dn%dk%ds%dg%d %s: ", c + 1, ncand, cd->bm, cd->bn, cand_bk(cd), cd->stages,
                 cd->group_m, grid_name(cd, gname));
         char why[160];
-        const moe_tile_cfg_t tile = cand_tile(cd);
         if (!(a.grids >> cd->grid & 1u)) {
             fprintf(stderr, "skipped: not a --grid grid\n");
             continue;
         }
-        if ((e.fp8 ? moe_gemm_sm90_fp8_tile_check(&tile, why, sizeof why) : moe_gemm_sm90_tile_check(&tile, why, sizeof why)) ||
+        if (tile_check(&tile, e.fp8, why, sizeof why) ||
             (e.splitk && moe_tuning_splitk_check(e.splitk, e.hidden, e.ffn, e.bk, why, sizeof why))) {
             fprintf(stderr, "skipped: %s\n", why);
             continue;

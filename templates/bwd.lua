@@ -282,7 +282,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
         const int tt = i / K, k = i % K;
         s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
 @ if input then
-        s_wk[tt][k] = tt < nt ? moe_to_float(moe_from_float(topk_w[(long long)t0 * K + i])) : 0.f;
+        s_wk[tt][k] = tt < nt ? moe_round(topk_w[(long long)t0 * K + i]) : 0.f;
 @ else
         s_wk[tt][k] = 1.f;
 @ end

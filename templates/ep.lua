@@ -179,7 +179,7 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (i / K) * H);
 @ if fp8 then
 @   if input then
-        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+        const float w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
 @   else
         const float w = 1.0f;   // not read
 @   end
@@ -187,7 +187,7 @@ ${p.scatter}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx,
 @ else
         uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(send + (long long)row * H);
 @ if input then
-        const float w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+        const float w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
 @ else

@@ -100,7 +100,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
         for (int k = 0; k < K; ++k) {   // each of the token's rows, quantized on its own
             const int row = __shfl_sync(FULL, my_row, k);
 @   if input then
-            const float w = moe_to_float(moe_from_float(__ldg(topk_w + (long long)t * K + k)));   // the weight in the dtype
+            const float w = moe_round(__ldg(topk_w + (long long)t * K + k));   // the weight in the dtype
 @   else
             const float w = 1.0f;   // not read
 @   end
@@ -134,7 +134,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
 @ if input then
-            my_w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+            my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
 @ end
         }
         uint4 *__restrict__ dst[K];

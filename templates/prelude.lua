@@ -58,6 +58,8 @@ static __device__ __forceinline__ unsigned moe_pack2(float lo, float hi) {
 
 static __device__ __forceinline__ float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static __device__ __forceinline__ float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
+/* x rounded to the dtype (round to nearest even), back as a float */
+static __device__ __forceinline__ float moe_round(float x) { return moe_to_float(moe_from_float(x)); }
 
 /* The 8 halves of v times w, each product rounded to the dtype: the expert
  * input round(x·w) of router.apply = "input" (w already in the dtype). */

@@ -518,7 +518,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         /* sparsemixer: the selection is the top-2 of the logits themselves, in the dtype (the model's) */
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
-            pv[i] = ((valid >> i) & 1u) ? moe_to_float(moe_from_float(pv[i])) : -__int_as_float(0x7f800000);
+            pv[i] = ((valid >> i) & 1u) ? moe_round(pv[i]) : -__int_as_float(0x7f800000);
 @ end
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
@@ -698,16 +698,16 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
              * softmax at the slot's logit t over the logits l_j with R(R(t - l_j) / max(|l_j|, t)) not
              * above R(2 jitter_eps) (a 0/0 is kept, as torch keeps it), slot 1's without slot 0's expert;
              * the weight rounded to the dtype */
-            const float t = moe_to_float(moe_from_float(l)), band = moe_to_float(moe_from_float(${f32(2 * p.jitter_eps)}));
+            const float t = moe_round(l), band = moe_round(${f32(2 * p.jitter_eps)});
             float z = 0.f;
             for (int j = 0; j < E; ++j) {
-                const float lj = moe_to_float(moe_from_float(lrow[j]));
+                const float lj = moe_round(lrow[j]);
                 if ((lane == 1 && j == first) ||
-                    moe_to_float(moe_from_float(moe_to_float(moe_from_float(t - lj)) / fmaxf(fabsf(lj), t))) > band)
+                    moe_round(moe_round(t - lj) / fmaxf(fabsf(lj), t)) > band)
                     continue;
                 z += expf(lj - t);
             }
-            w = moe_to_float(moe_from_float(1.0f / z));
+            w = moe_round(1.0f / z);
 @ end
         }
 @ if p.renormalize then
@@ -787,7 +787,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
 @   if input then
-            const float w = moe_to_float(moe_from_float(__ldcg(topk_w + i)));   // the weight in the dtype
+            const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
 @   else

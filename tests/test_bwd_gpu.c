@@ -399,6 +399,24 @@ static void check_rows(const char *what, const layer_t *L, int T, const int *row
 
 /* ---- one (case, tokens) ----------------------------------------------------- */
 
+/* The backward's fp32 weight gradients of layer L (d 0 where the spec has
+ * none), n floats each: what accumulate = 1 adds into. */
+typedef struct {
+    CUdeviceptr d;
+    size_t n;
+    const char *what;
+} grad_buf_t;
+enum { NWGRADS = 7 };
+static void weight_grads(const layer_t *L, grad_buf_t g[NWGRADS]) {
+    const moe_spec_t *s = &L->s;
+    const size_t E = L->E, S = L->S, H = L->H, F = L->F;
+    const grad_buf_t all[NWGRADS] = {
+        {L->gdwr, E * H, "d router_w"}, {L->gdw1p, S * 2 * F * H, "dw1p"}, {L->gdw2, S * H * F, "dw2"},
+        {s->router.logit_bias ? L->gdlb : 0, E, "d logit_bias"}, {s->ffn_bias ? L->gdb1p : 0, E * 2 * F, "db1p"},
+        {s->ffn_bias ? L->gdb2 : 0, E * H, "db2"}, {moe_spec_router_columns(s) > (int)E ? L->gdsg : 0, H, "d w_gate"}};
+    memcpy(g, all, sizeof all);
+}
+
 /* A save case's pair has just run (accumulate 0): its saved region holds U.
  * The backward again with recompute_u = 1 on the same saved region (U is its
  * last region, so every other region sits where recompute's layout puts it;
@@ -407,27 +425,20 @@ static void check_rows(const char *what, const layer_t *L, int T, const int *row
  * saved one bit for bit, and so must every gradient (the backward has no
  * atomics: docs/DESIGN.md, "Backward"). */
 static void check_recompute_same(const layer_t *L, int T, const char *label) {
-    const moe_spec_t *s = &L->s;
-    const size_t E = L->E, S = L->S, H = L->H, F = L->F, KE = L->KE;
+    const size_t H = L->H, F = L->F, KE = L->KE;
     char name[300];
     snprintf(name, sizeof name, "backward: %s/T%d, recompute_u = 1 on the saved rows: the same bits", label, T);
     CASE(name);
-    struct {
-        CUdeviceptr d;
-        size_t bytes;
-        const char *what;
-    } gr[] = {{L->gdx, (size_t)T * H * 2, "dx"}, {L->gdwr, E * H * 4, "d router_w"},
-              {L->gdw1p, S * 2 * F * H * 4, "dw1p"}, {L->gdw2, S * H * F * 4, "dw2"},
-              {s->router.logit_bias ? L->gdlb : 0, E * 4, "d logit_bias"},
-              {s->ffn_bias ? L->gdb1p : 0, E * 2 * F * 4, "db1p"}, {s->ffn_bias ? L->gdb2 : 0, E * H * 4, "db2"},
-              {moe_spec_router_columns(s) > (int)E ? L->gdsg : 0, H * 4, "d w_gate"}};
-    enum { NG = sizeof gr / sizeof *gr };
+    /* dx (2-byte elements: n counts fp32 words), then the weight gradients */
+    grad_buf_t gr[1 + NWGRADS] = {{L->gdx, (size_t)T * H / 2, "dx"}};
+    weight_grads(L, gr + 1);
+    enum { NG = 1 + NWGRADS };
     unsigned char *first[NG] = {0}, *again = NULL;
     int good = 1;
     for (int i = 0; i < NG && good; i++)
         if (gr[i].d)
-            good = (first[i] = malloc(gr[i].bytes)) && down(first[i], gr[i].d, gr[i].bytes) &&
-                   cu_ok(moe_cu.cuMemsetD8(gr[i].d, 0xff, gr[i].bytes), "poison");
+            good = (first[i] = malloc(4 * gr[i].n)) && down(first[i], gr[i].d, 4 * gr[i].n) &&
+                   cu_ok(moe_cu.cuMemsetD8(gr[i].d, 0xff, 4 * gr[i].n), "poison");
     good = good && cu_ok(moe_cu.cuMemsetD8(L->bws, 0xff, L->bws_bytes), "poison");
     moe_backward_args ba = bwd_args(L, T, 1, 0);
     moe_status rc = good ? moe_backward(L->plan, &ba, NULL) : MOE_ERR_CUDA;
@@ -446,8 +457,8 @@ static void check_recompute_same(const layer_t *L, int T, const char *label) {
         for (int i = 0; i < NG; i++) {
             if (!gr[i].d)
                 continue;
-            again = malloc(gr[i].bytes);
-            CHECKF(again && down(again, gr[i].d, gr[i].bytes) && memcmp(again, first[i], gr[i].bytes) == 0,
+            again = malloc(4 * gr[i].n);
+            CHECKF(again && down(again, gr[i].d, 4 * gr[i].n) && memcmp(again, first[i], 4 * gr[i].n) == 0,
                    "%s differs between recompute_u = 0 and 1", gr[i].what);
             free(again);
         }
@@ -680,15 +691,9 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
     if (c->accumulate) {
         snprintf(name, sizeof name, "backward accumulate: %s/T%d", label, T);
         CASE(name);
-        struct {
-            CUdeviceptr d;
-            size_t n;
-            const char *what;
-        } gr[] = {{L->gdwr, (size_t)E * H, "d router_w"}, {L->gdw1p, (size_t)S * 2 * F * H, "dw1p"},
-                  {L->gdw2, (size_t)S * H * F, "dw2"}, {s->router.logit_bias ? L->gdlb : 0, (size_t)E, "d logit_bias"},
-                  {s->ffn_bias ? L->gdb1p : 0, (size_t)E * 2 * F, "db1p"}, {s->ffn_bias ? L->gdb2 : 0, (size_t)E * H, "db2"},
-                  {EL > E ? L->gdsg : 0, (size_t)H, "d w_gate"}};
-        enum { NG = sizeof gr / sizeof *gr };
+        grad_buf_t gr[NWGRADS];
+        weight_grads(L, gr);
+        enum { NG = NWGRADS };
         float *first[NG] = {0}, *prior[NG] = {0};
         uint16_t *dx0 = malloc((size_t)T * H * 2), *dx1 = malloc((size_t)T * H * 2);
         int good = dx0 && dx1 && down(dx0, L->gdx, (size_t)T * H * 2);

@@ -58,6 +58,8 @@ static __device__ __forceinline__ unsigned moe_pack2(float lo, float hi) {
 
 static __device__ __forceinline__ float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static __device__ __forceinline__ float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
+/* x rounded to the dtype (round to nearest even), back as a float */
+static __device__ __forceinline__ float moe_round(float x) { return moe_to_float(moe_from_float(x)); }
 
 /* The 8 halves of v times w, each product rounded to the dtype: the expert
  * input round(x·w) of router.apply = "input" (w already in the dtype). */
@@ -121,7 +123,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 125 "templates/prelude.lua"
+#line 127 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -58,6 +58,8 @@ static __device__ __forceinline__ unsigned moe_pack2(float lo, float hi) {
 
 static __device__ __forceinline__ float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static __device__ __forceinline__ float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
+/* x rounded to the dtype (round to nearest even), back as a float */
+static __device__ __forceinline__ float moe_round(float x) { return moe_to_float(moe_from_float(x)); }
 
 /* The 8 halves of v times w, each product rounded to the dtype: the expert
  * input round(x·w) of router.apply = "input" (w already in the dtype). */
@@ -121,7 +123,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 125 "templates/prelude.lua"
+#line 127 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -799,7 +801,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
 #line 790 "templates/route.lua"
-            const float w = moe_to_float(moe_from_float(__ldcg(topk_w + i)));   // the weight in the dtype
+            const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
 #line 797 "templates/route.lua"
@@ -854,7 +856,7 @@ llama_4_scout_permute_scatter_bf16_h5120k2(const moe_half_t *__restrict__ x, con
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
             row_of[i] = my_row;
 #line 137 "templates/permute.lua"
-            my_w = moe_to_float(moe_from_float(__ldg(topk_w + i)));   // the weight in the dtype
+            my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
 #line 139 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];

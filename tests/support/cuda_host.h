@@ -139,6 +139,7 @@ static inline moe_half_t moe_from_float(float f) {
 }
 #endif
 static inline unsigned moe_pack2(float lo, float hi) { return moe_from_float(lo) | ((unsigned)moe_from_float(hi) << 16); }
+static inline float moe_round(float x) { return moe_to_float(moe_from_float(x)); }
 static inline float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static inline float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
 static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
