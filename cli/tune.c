@@ -13,8 +13,8 @@
  * router are random so routing spreads the tokens as a real layer does.
  * An fp8 spec (quant.weights = "fp8_e4m3") times the fp8 GEMMs' tiles
  * (bk 128, bn 256, one or two consumer warpgroups of 64 rows, the tile or
- * the persistent grid) and writes entries of dtype e4m3, which fp8 specs
- * alone take. */
+ * the persistent grid; and the gemv grid's fp8 code at small counts) and
+ * writes entries of dtype e4m3, which fp8 specs alone take. */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "family.h"
@@ -46,7 +46,8 @@ const char *const moe_tune_usage =
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
     "GEMMs and the combine, median of N iterations, default 20), the date and the GPU. An fp8 SPEC\n"
     "(quant.weights = \"fp8_e4m3\") times the fp8 GEMMs' tiles (64 or 128 x 256 x 128: one or two consumer\n"
-    "warpgroups, the tile and persist grids) and writes entries of dtype e4m3. A plan runs a call of T tokens\n"
+    "warpgroups, the tile and persist grids; gemv with bn 32..256) and writes entries of dtype e4m3. A plan\n"
+    "runs a call of T tokens\n"
     "on the entry with the largest count <= T (its GEMM variants), so an entry's winner is the fastest\n"
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
@@ -83,6 +84,9 @@ static const cand_t fp8_cands[] = {
     {64, 256, 4, 8, 0, 0, 128},  {64, 256, 3, 8, 0, 0, 128},  {64, 256, 4, 16, 0, 0, 128}, {64, 256, 2, 8, 0, 0, 128},
     {128, 256, 4, 8, 0, 0, 128}, {128, 256, 3, 8, 0, 0, 128}, {128, 256, 4, 16, 0, 0, 128}, {128, 256, 2, 8, 0, 0, 128},
     {64, 256, 4, 8, 1, 0, 128},  {128, 256, 4, 8, 1, 0, 128}, {128, 256, 3, 8, 1, 0, 128},
+    /* the gemv grid's fp8 code (bn >= 32: the up GEMM's clusters of 256 / bn CTAs), at small counts */
+    {64, 32, 2, 1, 4, 0, 0},     {64, 64, 2, 1, 4, 0, 0},     {64, 128, 2, 1, 4, 0, 0},    {64, 32, 4, 1, 4, 0, 0},
+    {64, 256, 1, 1, 4, 0, 0},
 };
 
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /

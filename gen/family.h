@@ -212,9 +212,10 @@ const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
 
 /* The gemv kernels' staged activation columns for reduction length K:
  * min(K, MOE_GEMV_KC) (8 rows x KC halves of shared memory, 64 KB at
- * most: three CTAs fit an SM; a longer K is staged in KC passes). */
+ * most: three CTAs fit an SM; a longer K is staged in KC passes); with
+ * fp8 weights (e4m3 rows, one byte an element) min(K, 2 MOE_GEMV_KC). */
 #define MOE_GEMV_KC 4096
-int moe_gemm_gemv_kc(long long K);
+int moe_gemm_gemv_kc(long long K, int fp8);
 
 /* The split-K scratch of GEMM k over mtiles M tiles (tile.splitk > 0; 0
  * and 0 otherwise): *partials fp32 values (a bm x bn partial tile per

@@ -130,13 +130,18 @@ static int fp8_smem(const moe_tile_cfg_t *t) {
 
 int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     const char *why = NULL;
-    if (t->bk != 128 || t->bn != 256)
+    if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
+        why = gemv_check(t);
+        if (!why && t->bn < 32)
+            why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
+                  "CTAs, at most 8)";
+    } else if (t->bk != 128 || t->bn != 256)
         why = "fp8 (dtype e4m3): bk must be 128 (one scale block) and bn 256 (the up GEMM's 128 output columns, "
               "one quantization block)";
     else if ((t->consumers != 1 && t->consumers != 2) || t->bm != 64 * t->consumers)
         why = "fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x consumers)";
-    else if (t->pingpong || t->splitk || t->gemv)
-        why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile) or persist (one CTA per SM)";
+    else if (t->pingpong || t->splitk)
+        why = "fp8 (dtype e4m3): the grid must be tile (one CTA per tile), persist (one CTA per SM) or gemv";
     else if (t->stages < 2 || fp8_smem(t) > 227 * 1024 || t->bm * (t->bn + 8) * 2 > t->stages * (t->bm + t->bn) * t->bk)
         why = "fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the down GEMM's output "
               "tile";
@@ -172,26 +177,35 @@ static int sm90_splits(const moe_kernel_desc_t *k, const moe_family_ctx_t *c, in
     return want <= kt ? want : kt >= 2 ? (int)kt : 0;
 }
 
-int moe_gemm_gemv_kc(long long K) { return K < MOE_GEMV_KC ? (int)K : MOE_GEMV_KC; }
+int moe_gemm_gemv_kc(long long K, int fp8) {
+    const long long kc = fp8 ? 2 * MOE_GEMV_KC : MOE_GEMV_KC; /* e4m3: the same 64 KB, one byte an element */
+    return K < kc ? (int)K : (int)kc;
+}
 
 /* The gemv grid (templates/gemm_gemv.lua): bn weight rows per CTA, the
  * entry's stages the K loop's unroll, 256 threads, 8 rows x KC halves of
  * shared memory, then with bn 8 or 16 (warps sharing a group's K) the 8
- * warps' 32 partial sums each (fp32). */
+ * warps' 32 partial sums each (fp32). With fp8 weights (its device_code8,
+ * rows in chunks of 4): 4 rows x KC e4m3 bytes and their KC / 128 scales
+ * (fp32), the up GEMM's 4 rows x bn / 2 activations and 4 amaxes (fp32),
+ * then the warps' sums. */
 static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const moe_tuning_entry_t *te) {
     long long K, N;
-    moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
+    const int fp8 = moe_spec_fp8(c->spec), up = k->family == MOE_K_GEMM_UP;
+    moe_gemm_kn(up, c->spec->hidden, c->spec->ffn, &K, &N);
     k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
                                .gemv = 1};
     k->threads = 256;
-    k->smem = 8 * moe_gemm_gemv_kc(K) * 2 + (te->bn < 32 ? 8 * 32 * 4 : 0);
+    const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0;
+    k->smem = fp8 ? 4 * kc + 4 * (kc / 128) * 4 + (up ? 4 * (te->bn / 2) * 4 + 4 * 4 : 0) + sums : 8 * kc * 2 + sums;
     return 0;
 }
 
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const moe_tuning_entry_t *te = c->tuned;
-    if (moe_spec_fp8(c->spec)) /* the default fp8 tile or an e4m3 entry's (never a bf16 entry: gen/tuning.c) */
+    if (moe_spec_fp8(c->spec) && !(te && te->gemv)) /* the default fp8 tile or an e4m3 entry's (never a bf16
+                                                          * entry: gen/tuning.c) */
         return sm90_fp8_geometry(k, te);
     if (te && te->gemv)
         return gemv_geometry(k, c, te);
@@ -236,14 +250,13 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     const moe_spec_t *s = c->spec;
     const moe_tile_cfg_t *t = &k->tile;
     const char *what = k->family == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down";
+    const char *dt = !moe_spec_fp8(s) ? moe_dtype_name(s->dtype)
+                     : s->quant.scaling == MOE_SCALING_BLOCK ? "e4m3_block" : "e4m3_channel";
     if (t->gemv) /* the unroll for the stages; no consumers, no raster */
-        snprintf(out, n, "%s_%s_%s_sm90a_gemv_m%dn%du%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
-                 t->stages);
+        snprintf(out, n, "%s_%s_%s_sm90a_gemv_m%dn%du%d", s->name, what, dt, t->bm, t->bn, t->stages);
     else if (t->consumers) {
         char grid[16]; /* the grid, named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;
-        const char *dt = !moe_spec_fp8(s) ? moe_dtype_name(s->dtype)
-                         : s->quant.scaling == MOE_SCALING_BLOCK ? "e4m3_block" : "e4m3_channel";
         snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, dt,
                  plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,
                  t->consumers, t->group_m);
@@ -282,7 +295,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     if (k->tile.gemv) {
         long long K, N;
         moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
-        moe_lua_set_int(L, "kc", moe_gemm_gemv_kc(K));
+        moe_lua_set_int(L, "kc", moe_gemm_gemv_kc(K, moe_spec_fp8(c->spec)));
     }
     lua_setfield(L, -2, "tile");
 }

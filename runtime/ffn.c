@@ -29,11 +29,18 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
         }
         void *up[8] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
         void *down[11] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
+        /* fp8 (templates/gemm_sm90.lua, gemm_gemv.lua): the A and B scales after the A and B operands, and
+         * the up GEMM's output scales */
+        CUdeviceptr xsc = f->xsc, hsc = f->hsc;
+        void *up8[] = {&xs, (void *)&f->w1p, &xsc, (void *)&f->w1s, (void *)&f->b1p, &tiles, &nt, &hbuf, &hsc};
+        void *down8[13] = {&hbuf, (void *)&f->w2, &hsc, (void *)&f->w2s, (void *)&f->b2, &tiles, &nt, &out};
+        const int fp8 = moe_spec_fp8(&l->pd->spec);
         /* the gemv grid's down GEMM: the combine's five after the output (y 0: not folded in) */
         CUdeviceptr y = f->y, row_of = f->row_of, topk_w = f->topk_w, ctk = f->combine_tickets;
         int tokens = f->tokens;
         if (stage == MOE_STAGE_DOWN && l->kernels[k].tile.gemv) {
-            down[6] = &row_of, down[7] = &topk_w, down[8] = &tokens, down[9] = &y, down[10] = &ctk;
+            void **c = fp8 ? down8 + 8 : down + 6;
+            c[0] = &row_of, c[1] = &topk_w, c[2] = &tokens, c[3] = &y, c[4] = &ctk;
             if (combined)
                 *combined = y != 0;
         }
@@ -46,11 +53,6 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
             a[6] = &skp;
             a[7] = &skt;
         }
-        /* fp8 (templates/gemm_sm90.lua): the A and B scales after the maps, and the up GEMM's output scales */
-        CUdeviceptr xsc = f->xsc, hsc = f->hsc;
-        void *up8[] = {&xs, (void *)&f->w1p, &xsc, (void *)&f->w1s, (void *)&f->b1p, &tiles, &nt, &hbuf, &hsc};
-        void *down8[] = {&hbuf, (void *)&f->w2, &hsc, (void *)&f->w2s, (void *)&f->b2, &tiles, &nt, &out};
-        const int fp8 = moe_spec_fp8(&l->pd->spec);
         void **args = stage == MOE_STAGE_UP ? (fp8 ? up8 : up) : (fp8 ? down8 : down);
         if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, args, ev)))
             return rc;

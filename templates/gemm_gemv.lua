@@ -84,22 +84,22 @@
 @   end
 @   need(c.K % 8 == 0, "K must be a multiple of 8 (16-byte rows)")
 @   need(math.type(c.kc) == "integer" and c.kc > 0 and c.kc % 8 == 0, "tile.kc must be a positive multiple of 8")
+@   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
+@   c.rows = ROWS
+@   if c.fp8 then   -- e4m3 operands: 16 of them a vector, scale blocks of 128 along K
+@     c.rows = 4    -- rows a chunk: within 128 registers (two CTAs an SM) without spills
+@     c.block = p.spec.quant.scaling == "block"
+@     need(c.K % 128 == 0 and c.kc % 128 == 0, "fp8: K and tile.kc must be multiples of 128 (the scale block)")
+@     -- the up GEMM's output is quantized per 128 columns (256 packed rows): a cluster of 256 / bn CTAs
+@     c.cluster = kind == "up" and 256 // c.bn or 1
+@     need(kind ~= "up" or c.bn >= 32, "fp8: the up GEMM's tile.bn must be 32 .. 256 (a cluster of at most 8 CTAs)")
+@   end
 @   return c
 @ end
 @
-@ -- The device code before the kernel: constants, the staging, the
-@ -- reduction and the chunk loop with the epilogue `epilogue` (a function
-@ -- emitting the lines that store value `s` of row r, group row j).
-@ local function device_code(p, c, epilogue_args, epilogue)
-constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
-constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${ROWS}, GROUPS = BN / 4;
-constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
-constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(${p.smem} == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
-static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
-              "every warp runs the same group passes (they meet at the staging barriers)");
-
+@ -- The pieces both element types share: a group's weight rows, the
+@ -- warp's spread sum, a batch of weight loads (16-byte vectors).
+@ local function group_row_code(c)
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 @ if c.up then
@@ -113,19 +113,9 @@ static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
     return n0 + 4 * gi + j;
 @ end
 }
-
-/* acc += the 8 products of w's and x's halves, in fp32. */
-static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
-    acc = fmaf(moe_lo_float(w.x), x[0], acc);
-    acc = fmaf(moe_hi_float(w.x), x[1], acc);
-    acc = fmaf(moe_lo_float(w.y), x[2], acc);
-    acc = fmaf(moe_hi_float(w.y), x[3], acc);
-    acc = fmaf(moe_lo_float(w.z), x[4], acc);
-    acc = fmaf(moe_hi_float(w.z), x[5], acc);
-    acc = fmaf(moe_lo_float(w.w), x[6], acc);
-    return fmaf(moe_hi_float(w.w), x[7], acc);
-}
-
+@ end
+@
+@ local function spread_sum_code()
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -147,7 +137,48 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
+@ end
+@
+@ local function load_batch_code()
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+@ end
+@
+@ -- The device code before the kernel: constants, the staging, the
+@ -- reduction and the chunk loop with the epilogue `epilogue` (a function
+@ -- emitting the lines that store value `s` of row r, group row j).
+@ local function device_code(p, c, epilogue_args, epilogue)
+constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${ROWS}, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(${p.smem} == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
 
+@ group_row_code(c)
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+
+@ spread_sum_code()
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -160,17 +191,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
- * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
-static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
-                                                  int kv) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
-}
-
+@ load_batch_code()
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -250,13 +271,214 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 }
 @ end
 @
+@ -- The fp8 device code (quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"):
+@ -- A is e4m3 rows with an fp32 scale per 128 columns (xs / xsc for up,
+@ -- hbuf / hsc for down), W e4m3 with w1s / w2s ("block": one per 128 x 128
+@ -- block, [slot, N / 128, K / 128], plain row order, gate blocks then up;
+@ -- "channel": one per row, [slot, N], applied in the epilogue). A vector is
+@ -- 16 e4m3 of one scale block (8 vectors a block): a lane's partial sum of
+@ -- its 16 products, in fp32 from the exact values, enters the accumulator
+@ -- times the A row's scale and the weight block's, so no sum longer than
+@ -- 16 products runs at the blocks' mixed scales (the recipe's per-block
+@ -- promotion, at a finer grain). The chunk's R rows x KC columns of A are
+@ -- staged as e4m3 bytes (KC up to 8192: every example's K in one pass)
+@ -- with their KC / 128 scales per row. The up GEMM's epilogue keeps
+@ -- act(gate, up) in fp32 in shared memory; once every group is done, the
+@ -- row's amax over the quantization block (128 output columns = 256
+@ -- packed rows = the cluster's 256 / bn CTAs, whose amaxes each CTA reads
+@ -- through distributed shared memory) gives scale amax / 448, and each CTA
+@ -- stores its columns as e4m3(v * (448 / amax)) (the tile kernel's rule);
+@ -- the cluster's rank 0 the scale. Two cluster barriers a chunk: the
+@ -- amaxes written, then read (before they are overwritten or the CTA
+@ -- exits). The down GEMM's epilogue stores bf16 as the 16-bit kernel.
+@ -- Rows run in chunks of at most 4 (R = 1, 2 or 4: within 128 registers,
+@ -- so two CTAs an SM, without spills). Shared memory (bytes): 4 x KC
+@ -- e4m3, 4 x KC / 128 scales (fp32), then up: 4 x bn / 2 activations and
+@ -- 4 amaxes (fp32); with WPG > 1 the warps' sums (p.smem,
+@ -- gen/family_gemm.c; static_assert).
+@ local function device_code8(p, c, epilogue_args, epilogue, after)
+constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${c.rows}, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+constexpr int KB = K / 128, KBC = KC / 128, KV16 = KC / 16;  /* scale blocks of K and of a chunk; its vectors */
+constexpr int CLUSTER = ${c.cluster};  /* CTAs sharing the up GEMM's 128-column quantization blocks */
+constexpr int OFF_SA = ROWS * KC, OFF_ACT = OFF_SA + ROWS * KBC * 4;  /* byte offsets in shared memory */
+constexpr int OFF_AMAX = OFF_ACT + ${c.up and "ROWS * (BN / 2) * 4" or "0"}, OFF_RED = OFF_AMAX + ${c.up and "ROWS * 4" or "0"};
+static_assert(${p.smem} == OFF_RED + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): 4 rows x KC e4m3 and their scales, then (up) the "
+              "activations and amaxes, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+static_assert(K % 128 == 0 && KC % 128 == 0 && CLUSTER * BN == ${c.up and "256" or "BN"}, "whole scale blocks");
+
+@ group_row_code(c)
+@ spread_sum_code()
+/* The 16 e4m3 of v as floats (exact): e4m3 pairs to f16 pairs, then fp32. */
+static __device__ __forceinline__ void e4m3x16(const uint4 &v, float (&f)[16]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        unsigned lo, hi;
+        moe_e4m3x4_h2(w[i], lo, hi);
+        f[4 * i] = moe_h2_lo(lo);
+        f[4 * i + 1] = moe_h2_hi(lo);
+        f[4 * i + 2] = moe_h2_lo(hi);
+        f[4 * i + 3] = moe_h2_hi(hi);
+    }
+}
+
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), e4m3 into sm (row r at r * KC bytes), and
+ * their scales (row r's KBC at OFF_SA + r * KBC * 4; 0 past the rows). */
+template <int R>
+static __device__ __forceinline__ void stage(const unsigned char *__restrict__ a, const float *__restrict__ asc,
+                                             int nrows, int k0, unsigned char *sm) {
+    uint4 *sx = reinterpret_cast<uint4 *>(sm);
+    float *ssa = reinterpret_cast<float *>(sm + OFF_SA);
+    for (int i = (int)threadIdx.x; i < R * KV16; i += THREADS) {
+        const int r = i / KV16, k = k0 + (i - r * KV16) * 16;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+    for (int i = (int)threadIdx.x; i < R * KBC; i += THREADS) {
+        const int r = i / KBC, kb = k0 / 128 + (i - r * KBC);
+        ssa[i] = r < nrows && kb < KB ? __ldg(asc + (long long)r * KB + kb) : 0.0f;
+    }
+}
+
+@ load_batch_code()
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A (e4m3), asc
+ * that row's scales, nrows <= R of them real, orow the first one's row in
+ * the output; w the expert's e4m3 weights [N, K], ws its scales, n0 the
+ * CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const unsigned char *__restrict__ a, const float *__restrict__ asc,
+                                                int nrows, long long orow, const unsigned char *__restrict__ w,
+                                                const float *__restrict__ ws, int n0, unsigned char *sm${epilogue_args}) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    const uint4 *sx = reinterpret_cast<const uint4 *>(sm);
+    const float *ssa = reinterpret_cast<const float *>(sm + OFF_SA);
+    __syncthreads();  /* the previous chunk's readers are done with sm (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+@ if c.block and c.up then
+        /* the group's gate rows' scale block (a pairing block's 8 gate rows are plain rows 8 (pr >> 4) ..,
+         * so packed row pr's is pr >> 8) and its up rows' (N / 256 blocks further) */
+        const float *__restrict__ sbg = ws + (long long)(group_row(n0, gi, 0) >> 8) * KB;
+        const float *__restrict__ sbu = sbg + (long long)(N / 256) * KB;
+@ elseif c.block then
+        const float *__restrict__ sbd = ws + (long long)(group_row(n0, gi, 0) >> 7) * KB;  /* the 4 rows' block */
+@ end
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 16, kv0 = kc * KV16;
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sm */
+                stage<R>(a, asc, nrows, kc * KC, sm);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int v = v0 + 32 * u;  /* the vector in the chunk; its scale block v / 8 */
+                    if (v >= kv)
+                        break;
+@ if c.block and c.up then
+                    const float bg = __ldg(sbg + kc * KBC + (v >> 3)), bu = __ldg(sbu + kc * KBC + (v >> 3));
+@ elseif c.block then
+                    const float bd = __ldg(sbd + kc * KBC + (v >> 3));
+@ end
+                    unsigned wh[4][8];  /* the 4 rows' 16 weights as f16 pairs (exact), widened at each use */
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const unsigned wj[4] = {wv[u][j].x, wv[u][j].y, wv[u][j].z, wv[u][j].w};
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            moe_e4m3x4_h2(wj[i], wh[j][2 * i], wh[j][2 * i + 1]);
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float x[16];
+                        e4m3x16(sx[r * KV16 + v], x);
+                        const float sa = ssa[r * KBC + (v >> 3)];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            float part = moe_h2_lo(wh[j][0]) * x[0];
+                            part = fmaf(moe_h2_hi(wh[j][0]), x[1], part);
+#pragma unroll
+                            for (int e = 1; e < 8; ++e) {
+                                part = fmaf(moe_h2_lo(wh[j][e]), x[2 * e], part);
+                                part = fmaf(moe_h2_hi(wh[j][e]), x[2 * e + 1], part);
+                            }
+@ if c.block and c.up then
+                            acc[4 * r + j] = fmaf(part, sa * (j < 2 ? bg : bu), acc[4 * r + j]);
+@ elseif c.block then
+                            acc[4 * r + j] = fmaf(part, sa * bd, acc[4 * r + j]);
+@ else
+                            acc[4 * r + j] = fmaf(part, sa, acc[4 * r + j]);  /* the row's scale: the epilogue's */
+@ end
+                        }
+                    }
+                }
+            }
+        }
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sm + OFF_RED);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+@ epilogue()
+    }
+@ if after then
+@   after()
+@ end
+}
+@ end
+@
 @ -- The kernel: the tile and slice, then the row chunks (and, down, the
 @ -- combine of the slice when it is the slice's last CTA).
-@ local function kernel(p, c, args, a, w, bias, call_args, combine)
-@ if c.bn < 32 then
-extern "C" __global__ void __launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
+@ local function kernel(p, c, args, a, w, bias, call_args, combine, asc, ws)
+@ -- fp8's up GEMM: its cluster of CTAs (consecutive N slices of one tile) shares a quantization block
+@ local cl = (c.cluster or 1) > 1 and ("__cluster_dims__(" .. c.cluster .. ", 1, 1) ") or ""
+@ -- fp8 with unroll 4: its 16 loads in flight a lane take 64 registers, so one CTA an SM
+@ if c.bn < 32 or (c.fp8 and c.unroll <= 2) then
+extern "C" __global__ void ${cl}__launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
 @ else
-extern "C" __global__ void __launch_bounds__(${THREADS})
+extern "C" __global__ void ${cl}__launch_bounds__(${THREADS})
 @ end
 ${p.kernel}(${args}) {
     moe_pdl_begin();
@@ -265,24 +487,45 @@ ${p.kernel}(${args}) {
     (void)${bias};
 @   end
     extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];
+@ if c.fp8 then
+    unsigned char *sm = ${p.kernel}_smem;
+@ else
     uint4 *sx = reinterpret_cast<uint4 *>(${p.kernel}_smem);
+@ end
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+@ local head = "ar, nr, orow, we, n0, sx"
+@ if c.fp8 then
+@   head = "ar, asr, nr, orow, we, wse, n0, sm"
+    const unsigned char *__restrict__ we = ${w} + (long long)expert * N * K;
+    const float *__restrict__ wse = ${ws} + (long long)expert * ${c.block and "(N / 128) * KB" or "N"};
+@ else
     const moe_half_t *__restrict__ we = ${w} + (long long)expert * N * K;
+@ end
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+@ if c.fp8 then
+        const unsigned char *__restrict__ ar = ${a} + (long long)(row_start + r0) * K;
+        const float *__restrict__ asr = ${asc} + (long long)(row_start + r0) * KB;
+@ else
         const moe_half_t *__restrict__ ar = ${a} + (long long)(row_start + r0) * K;
+@ end
         const long long orow = row_start + r0;
         if (nr == 1)
-            run_rows<1>(ar, nr, orow, we, n0, sx${call_args});
+            run_rows<1>(${head}${call_args});
         else if (nr == 2)
-            run_rows<2>(ar, nr, orow, we, n0, sx${call_args});
+            run_rows<2>(${head}${call_args});
+@ if c.rows == 8 then
         else if (nr <= 4)
-            run_rows<4>(ar, nr, orow, we, n0, sx${call_args});
+            run_rows<4>(${head}${call_args});
         else
-            run_rows<8>(ar, nr, orow, we, n0, sx${call_args});
+            run_rows<8>(${head}${call_args});
+@ else
+        else  /* nr <= ROWS = 4 */
+            run_rows<4>(${head}${call_args});
+@ end
     }
 @ if combine then
     if (y)
@@ -305,6 +548,69 @@ ${p.kernel}(${args}) {
 @     eargs = eargs .. ", moe_half_t *__restrict__ ubuf"
 @     cargs = cargs .. ", ubuf"
 @   end
+@   if c.fp8 then   -- e4m3 in, e4m3 out with a scale per 128 columns (device_code8's header); never training
+@     args = "const unsigned char *__restrict__ xs, const unsigned char *__restrict__ w1p, " ..
+@            "const float *__restrict__ xsc, const float *__restrict__ w1s, " ..
+@            "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
+@            "const int *__restrict__ num_tiles, unsigned char *__restrict__ hq, float *__restrict__ hsc"
+@     eargs = ", const moe_half_t *__restrict__ bias, unsigned char *__restrict__ out, float *__restrict__ osc"
+@     cargs = ", " .. (p.ffn_bias and "b1p + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", hq, hsc"
+@   end
+@   local function epilogue8()
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further; the
+         * activation waits in shared memory for its block's amax (after8) */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+            const int f = (pr >> 4) * 8 + (pr & 7);  /* the output column; plain rows gate f, up NOUT + f */
+@     local cg, cu = "", ""
+@     if not c.block then cg, cu = " * ws[f]", " * ws[NOUT + f]" end
+@     if p.ffn_bias then
+            const float g = s${cg} + moe_to_float(bias[pr]), u = su${cu} + moe_to_float(bias[pr + 8]);
+@     else
+            const float g = s${cg}, u = su${cu};
+@     end
+            reinterpret_cast<float *>(sm + OFF_ACT)[r * (BN / 2) + f - n0 / 2] = ${act}(g, u);
+        }
+@   end
+@   local function after8()
+    /* the chunk's activations are all in shared memory: each row's amax over the CTA's BN / 2 columns,
+     * then over the cluster's (the quantization block of 128), and the codes of this CTA's columns */
+    const float *act_s = reinterpret_cast<const float *>(sm + OFF_ACT);
+    float *amax_s = reinterpret_cast<float *>(sm + OFF_AMAX);
+    __syncthreads();
+    if (warp < nrows) {  /* warp r: row r */
+        float m = 0.0f;
+        for (int i = lane; i < BN / 2; i += 32)
+            m = fmaxf(m, fabsf(act_s[warp * (BN / 2) + i]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0)
+            amax_s[warp] = m;
+    }
+    if constexpr (CLUSTER > 1)
+        moe_cluster_sync();  /* every CTA's amaxes written and visible to the cluster */
+    else
+        __syncthreads();
+    if (warp < nrows) {
+        float m = amax_s[warp];
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int q = 0; q < CLUSTER; ++q)
+                m = fmaxf(m, moe_cluster_ld(amax_s + warp, q));
+        }
+        m = fmaxf(m, 1e-4f);
+        const float mul = 448.0f / m;
+        if (lane == 0 && (CLUSTER == 1 || moe_cluster_rank() == 0))
+            osc[(orow + warp) * (NOUT / 128) + n0 / 256] = m / 448.0f;
+        for (int i = 2 * lane; i < BN / 2; i += 64)
+            *reinterpret_cast<unsigned short *>(out + (orow + warp) * NOUT + n0 / 2 + i) =
+                moe_e4m3x2(act_s[warp * (BN / 2) + i] * mul, act_s[warp * (BN / 2) + i + 1] * mul);
+    }
+    if constexpr (CLUSTER > 1)
+        moe_cluster_sync();  /* the peers have read this CTA's amaxes: it may overwrite them, or exit */
+@   end
 @   local function epilogue()
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
@@ -326,10 +632,14 @@ ${p.kernel}(${args}) {
 @   end
 namespace ${p.kernel}_impl {
 @   import("activation").device(p)
-@   device_code(p, c, eargs, epilogue)
+@   if c.fp8 then
+@     device_code8(p, c, eargs, epilogue8, after8)
+@   else
+@     device_code(p, c, eargs, epilogue)
+@   end
 }  // namespace ${p.kernel}_impl
 
-@   kernel(p, c, args, "xs", "w1p", "b1p", cargs)
+@   kernel(p, c, args, "xs", "w1p", "b1p", cargs, false, "xsc", "w1s")
 @ end
 @
 @ function M.down(p)
@@ -341,13 +651,24 @@ namespace ${p.kernel}_impl {
 @                "const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets"
 @   local eargs = ", const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out"
 @   local cargs = ", " .. (p.ffn_bias and "b2 + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", obuf"
+@   if c.fp8 then   -- e4m3 A (hbuf) with its scales, e4m3 W2 with w2s; bf16 out as the 16-bit kernel
+@     args = "const unsigned char *__restrict__ hbuf, const unsigned char *__restrict__ w2, " ..
+@            "const float *__restrict__ hsc, const float *__restrict__ w2s, " ..
+@            "const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, " ..
+@            "const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, " ..
+@            "const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets"
+@   end
 @   local function epilogue()
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
-            out[(orow + r) * NOUT + col] = moe_from_float(s${p.ffn_bias and " + moe_to_float(bias[col])" or ""});
+            out[(orow + r) * NOUT + col] = moe_from_float(s${c.fp8 and not c.block and " * ws[col]" or ""}${p.ffn_bias and " + moe_to_float(bias[col])" or ""});
 @   end
 namespace ${p.kernel}_impl {
-@   device_code(p, c, eargs, epilogue)
+@   if c.fp8 then
+@     device_code8(p, c, eargs, epilogue)
+@   else
+@     device_code(p, c, eargs, epilogue)
+@   end
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -396,7 +717,7 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 }
 }  // namespace ${p.kernel}_impl
 
-@   kernel(p, c, args, "hbuf", "w2", "b2", cargs, true)
+@   kernel(p, c, args, "hbuf", "w2", "b2", cargs, true, "hsc", "w2s")
 @ end
 @
 @ return M

@@ -345,13 +345,18 @@ ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)ti
 @ -- pointers: the sm_80 kernels and the sm_90a gemv grid's (gemm_gemv.lua;
 @ -- its down GEMM takes the folded combine's five after the output, y when
 @ -- the call folds it: moe_combine_fuse_tokens)
-@ local function grid2d_gemm(kd, a, w, bias, out, ind)
+@ -- (fp8, the gemv grid only: scales as sm90_gemm's, after the e4m3 A and B)
+@ local function grid2d_gemm(kd, a, w, bias, out, ind, scales)
 @   local ub = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
 @   if kd.gemv and out == "xs" then
 @     ub = ", row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + " .. p.combine_tickets_at
 ${ind}    combined = cfuse;
 @   end
+@   if scales then
+${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
+@   else
 ${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
+@   end
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x
 @ -- when the spec has both arches and they differ; otherwise the one in the file
@@ -364,13 +369,13 @@ ${ind}    if (dev->use90) {
 @     if not (up.gemv and dn.gemv) then
 ${ind}    moe_tmap_t ma, mb;
 @     end
-@     if up.gemv then  -- never fp8 (gen/family_gemm.c refuses it)
-@       grid2d_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", ind)
+@     if up.gemv then
+@       grid2d_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", ind, fp8 and {"xsc", "a->w1s", "hsc"})
 @     else
 @       sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind, fp8 and {"xsc", "a->w1s", "hsc"})
 @     end
 @     if dn.gemv then
-@       grid2d_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", ind)
+@       grid2d_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", ind, fp8 and {"hsc", "a->w2s"})
 @     else
 @       sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind, fp8 and {"hsc", "a->w2s"})
 @     end

@@ -101,6 +101,53 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+@ if p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3" then
+/* fp8 (docs/DESIGN.md, "FP8"; sm_90a only, as fp8 specs are). The 4 e4m3
+ * of v as two f16 pairs, exactly (lo: bytes 0, 1; hi: bytes 2, 3; the
+ * lower byte in the lower half), and an f16 of a pair as a float. */
+static __device__ __forceinline__ void moe_e4m3x4_h2(unsigned v, unsigned &lo, unsigned &hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi) : "r"(v));
+}
+static __device__ __forceinline__ float moe_h2_lo(unsigned h2) {
+    float f;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(f) : "r"(h2));
+    return f;
+}
+static __device__ __forceinline__ float moe_h2_hi(unsigned h2) {
+    float f;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.f32.f16 %0, h;\n\t}" : "=f"(f) : "r"(h2));
+    return f;
+}
+/* Two floats to two e4m3 (lo in the low byte): round to nearest even,
+ * saturating at +-448 (runtime/fp8.c's moe_float_to_e4m3 on the host). */
+static __device__ __forceinline__ unsigned short moe_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+/* Thread block clusters (the fp8 gemv up GEMM's, templates/gemm_gemv.lua):
+ * a barrier of every thread of the cluster (release, then acquire: the
+ * shared-memory writes before it are visible to the cluster after it),
+ * this CTA's rank in its cluster, and the float at p (this CTA's shared
+ * memory) in CTA `rank`'s shared memory. */
+static __device__ __forceinline__ void moe_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ unsigned moe_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ float moe_cluster_ld(const float *p, unsigned rank) {
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(moe_smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+@ end
+
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
 static __device__ __forceinline__ void moe_cp_async16(void *smem, const void *gmem, int bytes) {

@@ -1,5 +1,7 @@
 /* test_gemv_host.c — the gemv grid's emitted kernels (templates/gemm_gemv.lua)
  * run on the CPU: for each case a spec planned under tests/tune/gemv.tune
+ * (fp8 specs: tests/tune/gemv8.tune, the fp8 device code with its
+ * clusters, linked with runtime/fp8.c for the reference's e4m3 rules)
  * is emitted, its two gemv kernels are cut out of the source and built with
  * the host C++ compiler into tests/gemv_host.cc (the CUDA subset they use
  * emulated by tests/support/cuda_host.h: a fiber per CUDA thread, barriers
@@ -37,6 +39,19 @@ static const host_case_t cases[] = {
      "\"input\" (the combine's weight 1)", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 "
      "dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n"
      "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9},
+    /* fp8 (tests/tune/gemv8.tune): e4m3 operands, the up GEMM's clusters sharing a quantization block */
+    {"fp8 block scales on Qwen3's H and F, bn 32: clusters of 8 CTAs; top-2, chunks of 8 + 1 rows",
+     "name = 'f32' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n"
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9},
+    {"fp8 channel scales, biases, bn 64 (clusters of 4), unroll 1: K 640, 5 scale blocks; H 640 in 2.5 slices",
+     "name = 'f64' experts = 2 top_k = 1 hidden = 640 ffn = 256 tokens = 64 ffn_bias = true\n"
+     "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\n", 3},
+    {"fp8 block, bn 128 (clusters of 2), unroll 4: K 7168 staged in one pass",
+     "name = 'f128' experts = 2 top_k = 1 hidden = 7168 ffn = 256 tokens = 64\n"
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 2},
+    {"fp8 block, bn 256 (no cluster), bm 128: K 9216 in two staging passes, chunks of 8 + 1 rows",
+     "name = 'f256' experts = 2 top_k = 1 hidden = 9216 ffn = 128 tokens = 64\n"
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -57,6 +72,22 @@ static int cut_kernel(const char *src, const char *name, moe_buf_t *b) {
     sm += strlen(shared);
     moe_buf_printf(b, "%.*s\n", (int)(end + 3 - sm), sm);
     return 0;
+}
+
+/* runtime/fp8.c and half.c (fp8.c's dependency) as objects for the fp8
+ * cases' reference, built once into tmp_root; the link arguments, or NULL. */
+static const char *fp8_objects(void) {
+    static char objs[900];
+    static int state; /* 0 not built, 1 built, -1 failed */
+    if (state == 0) {
+        char cmd[2000];
+        snprintf(cmd, sizeof cmd,
+                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/fp8.c -o %s/fp8.o && "
+                 "cc -std=c11 -O2 -Iruntime -Igen -c runtime/half.c -o %s/half.o", tmp_root, tmp_root);
+        snprintf(objs, sizeof objs, "%s/fp8.o %s/half.o", tmp_root, tmp_root);
+        state = system(cmd) == 0 ? 1 : -1;
+    }
+    return state == 1 ? objs : NULL;
 }
 
 static void run_case(const host_case_t *c, const moe_tuning_t *table, const char *cxx) {
@@ -93,15 +124,19 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
     CHECKF(!cut && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
-    if (!cut) {
+    const int fp8 = moe_spec_fp8(&s);
+    const char *objs = fp8 ? fp8_objects() : "";
+    CHECKF(objs != NULL, "cannot build runtime/fp8.c and half.c for the reference");
+    if (!cut && objs) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "tests/gemv_host.cc -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d tests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  geglu ? "geglu" : "swiglu", s.experts, s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
-                 s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, bin);
+                 s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
+                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, objs, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         for (int seed = 0; seed < 2; seed++) {
             snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->max_rows);
@@ -119,18 +154,20 @@ int main(void) {
         return 1;
     const char *cxx;
     const int have_cxx = host_cxx(&cxx);
-    moe_tuning_t table;
+    moe_tuning_t table, table8;
     moe_diag_t d;
-    CASE("tests/tune/gemv.tune loads");
+    CASE("tests/tune/gemv.tune and gemv8.tune load");
     CHECKF(moe_tuning_load(&table, "tests/tune/gemv.tune", &d) == 0, "%s", d.msg);
+    CHECKF(moe_tuning_load(&table8, "tests/tune/gemv8.tune", &d) == 0, "%s", d.msg);
     if (!have_cxx) {
         CASE("the gemv kernels on the host");
         SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
     } else {
         for (int i = 0; i < NCASES; i++)
-            run_case(&cases[i], &table, cxx);
+            run_case(&cases[i], strstr(cases[i].spec, "fp8_e4m3") ? &table8 : &table, cxx);
     }
     moe_tuning_free(&table);
+    moe_tuning_free(&table8);
     rm_rf(tmp_root);
     return check_report("test_gemv_host");
 }

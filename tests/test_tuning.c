@@ -209,7 +209,7 @@ int main(void) {
         CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2");
         CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv_m64n32u2");
         /* 8 rows x min(K, MOE_GEMV_KC) halves */
-        CHECK(up->smem == 8 * 2048 * 2 && down->smem == 8 * 768 * 2 && moe_gemm_gemv_kc(14336) == MOE_GEMV_KC);
+        CHECK(up->smem == 8 * 2048 * 2 && down->smem == 8 * 768 * 2 && moe_gemm_gemv_kc(14336, 0) == MOE_GEMV_KC);
         CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.gemv == 0);
         char grid[16];
         CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv");
@@ -539,6 +539,36 @@ int main(void) {
         moe_tuning_free(&gt);
     }
 
+    CASE("tests/tune/gemv8.tune: e4m3 gemv entries; an fp8 spec plans both GEMMs on the gemv grid, its up GEMM's "
+         "cluster and shared memory as documented");
+    {
+        moe_tuning_t gt;
+        moe_diag_t gd;
+        CHECKF(moe_tuning_load(&gt, "tests/tune/gemv8.tune", &gd) == 0, "%s", gd.msg);
+        CHECK(gt.n >= 10);
+        for (int i = 0; i < gt.n; i++)
+            CHECK(gt.e[i].fp8 && gt.e[i].gemv && gt.e[i].bn >= 32);
+        moe_spec_t s8;
+        moe_diag_t d8;
+        moe_plan_desc_t pd8;
+        char err[256];
+        CHECKF(moe_spec_load(&s8, "q.moe", "name = 'q' experts = 128 top_k = 8 hidden = 2048 ffn = 768 tokens = 64 "
+                             "arch = 'sm_90a' quant = { weights = 'fp8_e4m3' }\n", NULL, 0, &d8) == 0, "%s", d8.msg);
+        if (moe_plan_desc_build(&pd8, &s8, &gt, err, sizeof err) == 0) {
+            const moe_kernel_desc_t *up = &moe_plan_kernels(&pd8, MOE_ARCH_SM90A)[MOE_K_GEMM_UP],
+                                    *dn = &moe_plan_kernels(&pd8, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+            CHECKF(up->tile.gemv && dn->tile.gemv && strstr(up->name, "_e4m3_block_sm90a_gemv_m64n32u2"), "%s", up->name);
+            /* 4 rows x KC (2048) e4m3, their 16 scales, 4 x 16 activations and 4 amaxes; down: K 768 */
+            CHECKF(up->smem == 4 * 2048 + 4 * 16 * 4 + 4 * 16 * 4 + 4 * 4, "up smem %d", up->smem);
+            CHECKF(dn->smem == 4 * 768 + 4 * 6 * 4, "down smem %d", dn->smem);
+            CHECK(moe_gemm_gemv_kc(7168, 1) == 7168 && moe_gemm_gemv_kc(9216, 1) == 2 * MOE_GEMV_KC);
+            moe_plan_desc_free(&pd8);
+        } else {
+            CHECKF(0, "%s", err);
+        }
+        moe_tuning_free(&gt);
+    }
+
     CASE("moegen reads MOEGEN_TUNING; --tuning overrides it; a bad one exits 2 naming it");
     {
         char out[8192];
@@ -621,8 +651,17 @@ int main(void) {
                  "t.tune:1: error: fp8 (dtype e4m3): one or two consumer warpgroups of 64 rows each (bm = 64 x "
                  "consumers)");
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 4 2 8 pingpong 1 2 2026-12-04 H200\n",
-                 "t.tune:1: error: fp8 (dtype e4m3): the grid must be tile (one CTA per tile) or persist (one CTA "
-                 "per SM)");
+                 "t.tune:1: error: fp8 (dtype e4m3): the grid must be tile (one CTA per tile), persist (one CTA "
+                 "per SM) or gemv");
+    /* the fp8 gemv grid: the gemv checks, and bn at least 32 (the up GEMM's cluster of 256 / bn CTAs) */
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 16 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of "
+                 "256 / bn CTAs, at most 8)");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
+    expect_error("8 2 4096 12288 e4m3 sm_90a 1 64 32 64 3 1 1 gemv 1 2 2026-12-04 H200\n",
+                 "t.tune:1: error: gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and "
+                 "lane) must be 1, 2 or 4");
     expect_error("8 2 4096 12288 e4m3 sm_90a 1 128 256 128 5 2 8 tile 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: fp8 (dtype e4m3): stages must be >= 2, fit 227 KB of shared memory and hold the "
                  "down GEMM's output tile");

@@ -101,6 +101,8 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+#line 150 "templates/prelude.lua"
+
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
 static __device__ __forceinline__ void moe_cp_async16(void *smem, const void *gmem, int bytes) {
@@ -123,7 +125,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 127 "templates/prelude.lua"
+#line 174 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -3166,14 +3168,14 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
 #line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 394 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 360 "templates/host.lua"
-    if (dev->use90) {
 #line 365 "templates/host.lua"
+    if (dev->use90) {
+#line 370 "templates/host.lua"
     moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
@@ -3187,15 +3189,15 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
         return e;
 #line 342 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
     } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 410 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3218,7 +3220,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 433 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3243,5 +3245,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 552 "templates/host.lua"
+#line 557 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

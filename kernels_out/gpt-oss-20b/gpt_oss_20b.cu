@@ -101,6 +101,8 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+#line 150 "templates/prelude.lua"
+
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
 static __device__ __forceinline__ void moe_cp_async16(void *smem, const void *gmem, int bytes) {
@@ -123,7 +125,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 127 "templates/prelude.lua"
+#line 174 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -2530,7 +2532,7 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 327 "templates/gemm_gemv.lua"
+#line 633 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -2542,7 +2544,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 94 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 5760, NOUT = 2880, BN = 64, KC = 2880, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2552,6 +2554,7 @@ static_assert(46080 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
+#line 103 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 #line 106 "templates/gemm_gemv.lua"
@@ -2563,7 +2566,7 @@ static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
     }
 #line 115 "templates/gemm_gemv.lua"
 }
-
+#line 169 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2576,6 +2579,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
+#line 119 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2597,7 +2601,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-
+#line 182 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2610,6 +2614,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+#line 143 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2620,7 +2625,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-
+#line 195 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2695,56 +2700,64 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 309 "templates/gemm_gemv.lua"
+#line 615 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 314 "templates/gemm_gemv.lua"
+#line 620 "templates/gemm_gemv.lua"
             const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
-#line 318 "templates/gemm_gemv.lua"
+#line 624 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 325 "templates/gemm_gemv.lua"
+#line 631 "templates/gemm_gemv.lua"
         }
-#line 249 "templates/gemm_gemv.lua"
+#line 270 "templates/gemm_gemv.lua"
     }
 }
-#line 330 "templates/gemm_gemv.lua"
+#line 640 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 259 "templates/gemm_gemv.lua"
+#line 481 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 261 "templates/gemm_gemv.lua"
+#line 483 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
-#line 267 "templates/gemm_gemv.lua"
+#line 489 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
+#line 493 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
+#line 495 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 505 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 507 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 513 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 515 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
+#line 521 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
+#line 529 "templates/gemm_gemv.lua"
     }
-#line 291 "templates/gemm_gemv.lua"
+#line 534 "templates/gemm_gemv.lua"
 }
 
-#line 349 "templates/gemm_gemv.lua"
+#line 666 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
-#line 94 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 64, KC = 2880, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2754,13 +2767,14 @@ static_assert(46080 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
+#line 103 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 #line 113 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
 #line 115 "templates/gemm_gemv.lua"
 }
-
+#line 169 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2773,6 +2787,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
+#line 119 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2794,7 +2809,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-
+#line 182 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2807,6 +2822,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+#line 143 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2817,7 +2833,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-
+#line 195 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2892,14 +2908,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 345 "templates/gemm_gemv.lua"
+#line 662 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s + moe_to_float(bias[col]));
-#line 249 "templates/gemm_gemv.lua"
+#line 270 "templates/gemm_gemv.lua"
     }
 }
-#line 351 "templates/gemm_gemv.lua"
+#line 672 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2930,9 +2946,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 384 "templates/gemm_gemv.lua"
+#line 705 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 386 "templates/gemm_gemv.lua"
+#line 707 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2946,37 +2962,45 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 }
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 259 "templates/gemm_gemv.lua"
+#line 481 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 261 "templates/gemm_gemv.lua"
+#line 483 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
-#line 267 "templates/gemm_gemv.lua"
+#line 489 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
+#line 493 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
+#line 495 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 505 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 507 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 513 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 515 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
+#line 521 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
+#line 529 "templates/gemm_gemv.lua"
     }
-#line 288 "templates/gemm_gemv.lua"
+#line 531 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
-#line 291 "templates/gemm_gemv.lua"
+#line 534 "templates/gemm_gemv.lua"
 }
 
 #line 851 "templates/gemm_sm90.lua"
@@ -6082,34 +6106,34 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
 #line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_scatter_bf16_h2880k4, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 394 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 400 "templates/host.lua"
+#line 405 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
-#line 354 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(90, (unsigned)tiles_y), 256, 46080, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 352 "templates/host.lua"
-        combined = cfuse;
-#line 354 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(45, (unsigned)tiles_y), 256, 46080, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 97);
-#line 379 "templates/host.lua"
-        } else {
-#line 354 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
-        }
-#line 400 "templates/host.lua"
-    } else if (v == 1) { /* calls of 8 .. 511 tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
 #line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 358 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(90, (unsigned)tiles_y), 256, 46080, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 353 "templates/host.lua"
+        combined = cfuse;
+#line 358 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(45, (unsigned)tiles_y), 256, 46080, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 97);
+#line 384 "templates/host.lua"
+        } else {
+#line 358 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 358 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 391 "templates/host.lua"
+        }
+#line 405 "templates/host.lua"
+    } else if (v == 1) { /* calls of 8 .. 511 tokens */
+#line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 370 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
@@ -6123,19 +6147,19 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
             return e;
 #line 342 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 405 "templates/host.lua"
     } else if (v == 2) { /* calls of 512 .. 4095 tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
 #line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 370 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
@@ -6149,19 +6173,19 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
             return e;
 #line 342 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(45, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 405 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
 #line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 370 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
@@ -6175,17 +6199,17 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
             return e;
 #line 342 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
         }
-#line 403 "templates/host.lua"
+#line 408 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 410 "templates/host.lua"
     if (!combined)
         gpt_oss_20b_launch(dev, gpt_oss_20b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6208,7 +6232,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 433 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6233,5 +6257,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 552 "templates/host.lua"
+#line 557 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -101,6 +101,8 @@ static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+#line 150 "templates/prelude.lua"
+
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
 static __device__ __forceinline__ void moe_cp_async16(void *smem, const void *gmem, int bytes) {
@@ -123,7 +125,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 127 "templates/prelude.lua"
+#line 174 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -2345,7 +2347,7 @@ qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 327 "templates/gemm_gemv.lua"
+#line 633 "templates/gemm_gemv.lua"
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -2354,7 +2356,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 94 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 1536, NOUT = 768, BN = 32, KC = 2048, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2364,6 +2366,7 @@ static_assert(32768 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
+#line 103 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 #line 106 "templates/gemm_gemv.lua"
@@ -2375,7 +2378,7 @@ static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
     }
 #line 115 "templates/gemm_gemv.lua"
 }
-
+#line 169 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2388,6 +2391,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
+#line 119 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2409,7 +2413,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-
+#line 182 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2422,6 +2426,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+#line 143 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2432,7 +2437,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-
+#line 195 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2507,58 +2512,66 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 309 "templates/gemm_gemv.lua"
+#line 615 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 316 "templates/gemm_gemv.lua"
+#line 622 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 318 "templates/gemm_gemv.lua"
+#line 624 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 325 "templates/gemm_gemv.lua"
+#line 631 "templates/gemm_gemv.lua"
         }
-#line 249 "templates/gemm_gemv.lua"
+#line 270 "templates/gemm_gemv.lua"
     }
 }
-#line 330 "templates/gemm_gemv.lua"
+#line 640 "templates/gemm_gemv.lua"
 }  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 259 "templates/gemm_gemv.lua"
+#line 481 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 261 "templates/gemm_gemv.lua"
+#line 483 "templates/gemm_gemv.lua"
 qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
-#line 265 "templates/gemm_gemv.lua"
+#line 487 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 267 "templates/gemm_gemv.lua"
+#line 489 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 493 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
+#line 495 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 505 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 507 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 513 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 515 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 521 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 529 "templates/gemm_gemv.lua"
     }
-#line 291 "templates/gemm_gemv.lua"
+#line 534 "templates/gemm_gemv.lua"
 }
 
-#line 349 "templates/gemm_gemv.lua"
+#line 666 "templates/gemm_gemv.lua"
 namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
-#line 94 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 constexpr int K = 768, N = 2048, NOUT = 2048, BN = 32, KC = 768, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2568,13 +2581,14 @@ static_assert(12288 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
+#line 103 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
 #line 113 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
 #line 115 "templates/gemm_gemv.lua"
 }
-
+#line 169 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2587,6 +2601,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
+#line 119 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2608,7 +2623,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-
+#line 182 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2621,6 +2636,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
+#line 143 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2631,7 +2647,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-
+#line 195 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2706,14 +2722,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 345 "templates/gemm_gemv.lua"
+#line 662 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 249 "templates/gemm_gemv.lua"
+#line 270 "templates/gemm_gemv.lua"
     }
 }
-#line 351 "templates/gemm_gemv.lua"
+#line 672 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2744,9 +2760,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 384 "templates/gemm_gemv.lua"
+#line 705 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 386 "templates/gemm_gemv.lua"
+#line 707 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2760,39 +2776,47 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 }
 }  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 259 "templates/gemm_gemv.lua"
+#line 481 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 261 "templates/gemm_gemv.lua"
+#line 483 "templates/gemm_gemv.lua"
 qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
-#line 265 "templates/gemm_gemv.lua"
+#line 487 "templates/gemm_gemv.lua"
     (void)b2;
-#line 267 "templates/gemm_gemv.lua"
+#line 489 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 493 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
+#line 495 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 505 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 507 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 513 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 515 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 521 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 529 "templates/gemm_gemv.lua"
     }
-#line 288 "templates/gemm_gemv.lua"
+#line 531 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
-#line 291 "templates/gemm_gemv.lua"
+#line 534 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
@@ -4954,34 +4978,34 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 321 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_scatter_bf16_h2048k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 394 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 400 "templates/host.lua"
+#line 405 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 47 tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
-#line 354 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 32768, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 352 "templates/host.lua"
-        combined = cfuse;
-#line 354 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 12288, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 193);
-#line 379 "templates/host.lua"
-        } else {
-#line 354 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
-        }
-#line 400 "templates/host.lua"
-    } else if (v == 1) { /* calls of 48 .. 4095 tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
 #line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 358 "templates/host.lua"
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 32768, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 353 "templates/host.lua"
+        combined = cfuse;
+#line 358 "templates/host.lua"
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 12288, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 193);
+#line 384 "templates/host.lua"
+        } else {
+#line 358 "templates/host.lua"
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 358 "templates/host.lua"
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 391 "templates/host.lua"
+        }
+#line 405 "templates/host.lua"
+    } else if (v == 1) { /* calls of 48 .. 4095 tokens */
+#line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 370 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -4995,19 +5019,19 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
             return e;
 #line 342 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 405 "templates/host.lua"
     } else if (v == 2) { /* calls of 4096 or more tokens */
-#line 360 "templates/host.lua"
-        if (dev->use90) {
 #line 365 "templates/host.lua"
+        if (dev->use90) {
+#line 370 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 329 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
@@ -5021,17 +5045,17 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
             return e;
 #line 342 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 231488, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 384 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 358 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 391 "templates/host.lua"
         }
-#line 403 "templates/host.lua"
+#line 408 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 410 "templates/host.lua"
     if (!combined)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5054,7 +5078,7 @@ extern "C" void qwen3_30b_a3b_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 433 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5079,5 +5103,5 @@ extern "C" cudaError_t qwen3_30b_a3b_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 552 "templates/host.lua"
+#line 557 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

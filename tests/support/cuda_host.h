@@ -4,16 +4,23 @@
  * thread of a block is a fiber (ucontext) on the one host thread, run in
  * turn until it waits at a barrier: __syncthreads is a barrier of the
  * block's 256, a warp shuffle two barriers of its 32 lanes around a slot
- * per lane. Blocks run one after the other. The prelude's conversions are
- * restated here for the host (round to nearest even), with MOE_HOST_FP16
- * for fp16, bf16 otherwise. */
+ * per lane. Blocks run one after the other, or a cluster's blocks together
+ * (host_launch's cluster argument: the fp8 gemv up GEMM's __cluster_dims__;
+ * a cluster barrier of all their threads, each block's shared memory its
+ * own; static __shared__ arrays are one copy, so kernels with those run
+ * with clusters of 1). The prelude's conversions are restated here for the
+ * host (round to nearest even), with MOE_HOST_FP16 for fp16, bf16
+ * otherwise, and the fp8 ones (e4m3 <-> f16 pairs, float -> e4m3). */
 #ifndef MOEGEN_CUDA_HOST_H
 #define MOEGEN_CUDA_HOST_H
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <ucontext.h>
 #include <vector>
 
@@ -23,6 +30,7 @@
 #define __launch_bounds__(...)
 #define __restrict__
 #define __align__(x)
+#define __cluster_dims__(...)
 /* a block's static shared arrays: one copy that all its fibers see (blocks
  * run one after the other) */
 #define __shared__ static
@@ -40,22 +48,25 @@ struct host_dim3 {
 };
 static host_dim3 threadIdx, blockIdx;
 
-enum { HOST_THREADS = 256, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024 };
+enum { HOST_THREADS = 256, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024, HOST_MAX_CLUSTER = 8,
+       HOST_FIBERS = HOST_THREADS * HOST_MAX_CLUSTER };
 struct host_barrier {
     int count, need;
     unsigned gen;
 };
 static struct {
-    ucontext_t main, fiber[HOST_THREADS];
-    bool done[HOST_THREADS];
-    host_barrier block, warp[HOST_WARPS];
-    float lane_val[HOST_WARPS][32];
-    unsigned char *smem;
+    ucontext_t main, fiber[HOST_FIBERS];
+    bool done[HOST_FIBERS];
+    int cur, cta, cluster;           /* the running fiber, its block in the cluster, the cluster's blocks */
+    host_barrier block[HOST_MAX_CLUSTER], warp[HOST_MAX_CLUSTER][HOST_WARPS], clusterb;
+    float lane_val[HOST_MAX_CLUSTER][HOST_WARPS][32];
+    unsigned char *smem;             /* block b's shared memory at smem + b * smem_stride */
+    size_t smem_stride;
     const std::function<void()> *fn;
 } host;
 
 /* back to the scheduler; it runs the other fibers and comes back */
-static inline void host_yield() { swapcontext(&host.fiber[threadIdx.x], &host.main); }
+static inline void host_yield() { swapcontext(&host.fiber[host.cur], &host.main); }
 static inline void host_wait(host_barrier &b) {
     const unsigned g = b.gen;
     if (++b.count == b.need) {
@@ -66,14 +77,14 @@ static inline void host_wait(host_barrier &b) {
     while (b.gen == g)
         host_yield();
 }
-static inline void __syncthreads() { host_wait(host.block); }
+static inline void __syncthreads() { host_wait(host.block[host.cta]); }
 /* v of lane src (src out of the warp: the caller's own, as __shfl_down_sync) */
 static inline float host_shfl(float v, int src) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    host.lane_val[w][lane] = v;
-    host_wait(host.warp[w]);
-    const float r = src >= 0 && src < 32 ? host.lane_val[w][src] : v;
-    host_wait(host.warp[w]);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
+    host.lane_val[b][w][lane] = v;
+    host_wait(host.warp[b][w]);
+    const float r = src >= 0 && src < 32 ? host.lane_val[b][w][src] : v;
+    host_wait(host.warp[b][w]);
     return r;
 }
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return host_shfl(v, (int)(threadIdx.x & 31) ^ m); }
@@ -144,40 +155,121 @@ static inline float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(
 static inline float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
 static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* the block's dynamic shared memory (the kernels' extern __shared__ array) */
-static inline unsigned char *host_smem() { return host.smem; }
+static inline unsigned char *host_smem() { return host.smem + (size_t)host.cta * host.smem_stride; }
+
+/* The prelude's cluster helpers (fp8 specs): the cluster barrier, the
+ * block's rank, and the float at p of this block's shared memory in block
+ * `rank`'s. */
+static inline void moe_cluster_sync() { host_wait(host.clusterb); }
+static inline unsigned moe_cluster_rank() { return (unsigned)host.cta; }
+static inline float moe_cluster_ld(const float *p, unsigned rank) {
+    const unsigned char *q = reinterpret_cast<const unsigned char *>(p);
+    float v;
+    memcpy(&v, q - (size_t)host.cta * host.smem_stride + (size_t)rank * host.smem_stride, 4);
+    return v;
+}
+
+/* The prelude's fp8 conversions: e4m3 (OCP e4m3fn: bias 7, 0x7f / 0xff NaN)
+ * to float exactly, float to e4m3 (round to nearest even, saturating at
+ * +-448, NaN to 0x7f: cvt.rn.satfinite), and f16 pairs. */
+static inline float host_e4m3_float(unsigned b) {
+    const float sg = b & 0x80u ? -1.0f : 1.0f;
+    const unsigned e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15 && m == 7)
+        return NAN;
+    return e == 0 ? sg * ldexpf((float)m, -9) : sg * ldexpf((float)(8 + m), (int)e - 10);
+}
+static inline unsigned host_float_e4m3(float f) {
+    const unsigned s = host_float_bits(f) >> 31 << 7;
+    if (std::isnan(f))
+        return 0x7fu | s;
+    const float a = fabsf(f);
+    if (a >= 448.0f)
+        return 0x7eu | s;
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (8 steps = the smallest normal, code 8) */
+        return s | (unsigned)nearbyintf(a * 512.0f);
+    int e;
+    const float fr = frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1): the code's exponent e - 1 */
+    unsigned m = (unsigned)nearbyintf((fr * 2.0f - 1.0f) * 8.0f);
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    const unsigned code = ((unsigned)(e - 1 + 7) << 3) | m; /* <= 0x7e: a < 448 rounds to at most 448 */
+    return s | code;
+}
+/* a float that is an e4m3 value, as f16 bits (exact: e4m3's are f16 normals) */
+static inline unsigned host_f16_bits(float f) {
+    if (f == 0.0f)
+        return host_float_bits(f) >> 16 & 0x8000u;
+    const unsigned u = host_float_bits(f);
+    return (u >> 16 & 0x8000u) | ((((u >> 23) & 255u) - 112u) << 10) | ((u >> 13) & 1023u);
+}
+static inline float host_f16_float(unsigned h) {
+    const unsigned s = (h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    if (e == 0) /* zero or subnormal: m * 2^-24 */
+        return (s ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+    return __uint_as_float(s | ((e + 112) << 23) | (m << 13));
+}
+static inline void moe_e4m3x4_h2(unsigned v, unsigned &lo, unsigned &hi) {
+    unsigned h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = host_f16_bits(host_e4m3_float(v >> (8 * i) & 255u));
+    lo = h[0] | h[1] << 16;
+    hi = h[2] | h[3] << 16;
+}
+static inline float moe_h2_lo(unsigned h2) { return host_f16_float(h2 & 0xffffu); }
+static inline float moe_h2_hi(unsigned h2) { return host_f16_float(h2 >> 16); }
+static inline unsigned short moe_e4m3x2(float lo, float hi) {
+    return (unsigned short)(host_float_e4m3(lo) | host_float_e4m3(hi) << 8);
+}
 
 static void host_fiber_main() {
     (*host.fn)();
-    host.done[threadIdx.x] = true;
+    host.done[host.cur] = true;
 }
 
 /* Run fn as every thread of a gx x gy grid of 256-thread blocks, one block
- * at a time, with smem bytes of shared memory (poisoned per block). */
-static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn) {
-    std::vector<unsigned char> sm(smem + 16);
-    std::vector<char> stacks((size_t)HOST_THREADS * HOST_STACK);
+ * at a time (or `cluster` consecutive blocks along x at a time, together:
+ * a cluster), with smem bytes of shared memory per block (poisoned). */
+static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn,
+                               unsigned cluster = 1) {
+    if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster) {
+        fprintf(stderr, "host_launch: a cluster of %u blocks over a grid of %u\n", cluster, gx);
+        abort();
+    }
+    host.smem_stride = (smem + 16 + 15) / 16 * 16;
+    std::vector<unsigned char> sm(host.smem_stride * cluster);
+    const int nf = HOST_THREADS * (int)cluster;
+    std::unique_ptr<char[]> stacks(new char[(size_t)nf * HOST_STACK]); /* untouched pages stay unmapped */
     host.smem = sm.data();
     host.fn = &fn;
+    host.cluster = (int)cluster;
     for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx++) {
-            memset(sm.data(), 0xcd, smem);
-            blockIdx = {bx, by, 0};
-            host.block = {0, HOST_THREADS, 0};
-            for (auto &w : host.warp)
-                w = {0, 32, 0};
-            for (int t = 0; t < HOST_THREADS; t++) {
+        for (unsigned bx = 0; bx < gx; bx += cluster) {
+            memset(sm.data(), 0xcd, sm.size());
+            for (unsigned b = 0; b < cluster; b++) {
+                host.block[b] = {0, HOST_THREADS, 0};
+                for (auto &w : host.warp[b])
+                    w = {0, 32, 0};
+            }
+            host.clusterb = {0, nf, 0};
+            for (int t = 0; t < nf; t++) {
                 getcontext(&host.fiber[t]);
-                host.fiber[t].uc_stack.ss_sp = stacks.data() + (size_t)t * HOST_STACK;
+                host.fiber[t].uc_stack.ss_sp = stacks.get() + (size_t)t * HOST_STACK;
                 host.fiber[t].uc_stack.ss_size = HOST_STACK;
                 host.fiber[t].uc_link = &host.main;
                 makecontext(&host.fiber[t], host_fiber_main, 0);
                 host.done[t] = false;
             }
-            for (int left = HOST_THREADS; left > 0;) { /* round robin until every fiber returned */
+            for (int left = nf; left > 0;) { /* round robin until every fiber returned */
                 left = 0;
-                for (int t = 0; t < HOST_THREADS; t++)
+                for (int t = 0; t < nf; t++)
                     if (!host.done[t]) {
-                        threadIdx = {(unsigned)t, 0, 0};
+                        host.cur = t;
+                        host.cta = t / HOST_THREADS;
+                        threadIdx = {(unsigned)(t % HOST_THREADS), 0, 0};
+                        blockIdx = {bx + (unsigned)host.cta, by, 0};
                         swapcontext(&host.main, &host.fiber[t]);
                         left += !host.done[t];
                     }
