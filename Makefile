@@ -283,13 +283,25 @@ $(BUILD)/tests/test_vendored_fp8: tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(V
 	  -DVENDORED_NAME=$(VENDORED_FP8_NAME) -DVENDORED_HEADER=$(VENDORED_FP8_NAME).h -DVENDORED_FP8 \
 	  tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu \
 	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
+# And the fp8 spec's GEMMs on the gemv grid (tests/tune/gemv8.tune: its fp8
+# code, the up GEMM's clusters, the folded combine at small calls).
+VENDORED_FP8G_DIR := $(BUILD)/vendored_gemv8/$(VENDORED_FP8_SPEC)
+$(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu: examples/specs/fp8/$(VENDORED_FP8_SPEC).moe $(BUILD)/moegen tests/tune/gemv8.tune
+	$(BUILD)/moegen emit $< --tuning tests/tune/gemv8.tune -o $(VENDORED_FP8G_DIR)
+$(BUILD)/tests/test_vendored_fp8_gemv: tests/test_vendored.cu $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu $(VENDORED_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+	  -Igen -Iruntime -Itests -Itests/support -I$(VENDORED_FP8G_DIR) -I$(LUA_INC) \
+	  -DVENDORED_NAME=$(VENDORED_FP8_NAME) -DVENDORED_HEADER=$(VENDORED_FP8_NAME).h -DVENDORED_FP8 \
+	  tests/test_vendored.cu $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu \
+	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
 
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
 gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
-  $(BUILD)/tests/test_vendored_fp8
+  $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -306,6 +318,10 @@ test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
 .PHONY: test-vendored-fp8
 test-vendored-fp8: $(BUILD)/tests/test_vendored_fp8
 	@$(BUILD)/tests/test_vendored_fp8 examples/specs/fp8/$(VENDORED_FP8_SPEC).moe
+
+.PHONY: test-vendored-fp8-gemv
+test-vendored-fp8-gemv: $(BUILD)/tests/test_vendored_fp8_gemv
+	@$(BUILD)/tests/test_vendored_fp8_gemv examples/specs/fp8/$(VENDORED_FP8_SPEC).moe
 
 # ---- benchmark and example programs -------------------------------------
 $(BUILD)/moe_bench: bench/moe_bench.c $(TEST_LIB) $(BUILD)/libmoegen.a
