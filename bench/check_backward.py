@@ -78,6 +78,10 @@ CASES = [
      'activation = { kind = "swiglu", limit = 10.0 }', dict(E=12, K=3, shared=1)),
     ("sqrtsoftplus-no-renorm", 'router = { score = "sqrtsoftplus", renormalize = false, logit_bias = true }',
      dict(E=8, K=2)),
+    ("laguna-softcap", 'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0, '
+     'logit_softcap = 0.5 }', dict(E=8, K=2, shared=1)),
+    ("softmax-softcap-logit-bias", 'router = { score = "softmax", renormalize = true, logit_bias = true, '
+     'logit_softcap = 0.4 }', dict(E=6, K=2, dtype="fp16")),
 ]
 SIZES = {"tiny": dict(H=16, F=8, T=5), "small": dict(H=64, F=32, T=48)}
 
@@ -131,6 +135,7 @@ class Case:
         self.scale = float(key("scale", "1"))
         self.sel_bias = key("bias", "false") == "true"
         self.logit_bias = key("logit_bias", "false") == "true"
+        self.softcap = float(key("logit_softcap", "0"))
         self.groups = int(key("groups", "1"))
         self.topk_groups = int(key("topk_groups", "1"))
         self.group_topk = int(key("group_topk", "2"))
@@ -229,6 +234,8 @@ def torch_backward(c, t, dt):
     logits = x @ P["wr"].T
     if c.logit_bias:
         logits = logits + P["logit_bias"]
+    if c.softcap > 0:  # Laguna's moe_router_logit_softcapping
+        logits = torch.tanh(logits / c.softcap) * c.softcap
     p = (torch.softmax(logits, -1) if c.score == "softmax" else
          torch.sqrt(torch.nn.functional.softplus(logits)) if c.score == "sqrtsoftplus" else torch.sigmoid(logits))
     sel = p.detach().float()  # moegen selects on fp32 scores

@@ -732,9 +732,10 @@ def aria_route(block, x):
     return w, idx
 
 
-def mk_laguna():
+def mk_laguna(softcap=0.0):
     # LagunaSparseMoeBlock with moe_router_logit_softcapping = 0 (the
-    # default; a softcap is not expressible, docs/models.md): bf16 logits,
+    # default), or c > 0: the fp32 logits become c·tanh(l / c) first
+    # (router.logit_softcap): bf16 logits,
     # .float(), s = sigmoid, selection on s + the gate's
     # e_score_correction_bias (a parameter the class keeps in the model
     # dtype), top-k; weight = s / Σ_k s, cast to bf16; the routed sum ×
@@ -744,7 +745,7 @@ def mk_laguna():
     Cfg, = tf_import("laguna.configuration_laguna", "LagunaConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
                     shared_expert_intermediate_size=128, moe_routed_scaling_factor=2.0,
-                    moe_router_logit_softcapping=0.0))
+                    moe_router_logit_softcapping=softcap))
     return Block(cfg), cfg
 
 
@@ -987,6 +988,9 @@ FAMILIES = [
     Family("laguna", "Laguna (no logit softcap)", mk_laguna,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
            shared=128, shared_gate="none", keep=()),
+    Family("laguna-softcap", "Laguna (moe_router_logit_softcapping = 0.5)", lambda: mk_laguna(0.5),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0, logit_softcap = 0.5 }',
+           "fused", shared=128, shared_gate="none", keep=()),
     Family("ernie4.5-vl", "ERNIE-4.5-VL (text tokens)", mk_ernie45_vl,
            'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
            router=lambda b: {"wr": b.gate.weight,

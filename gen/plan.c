@@ -319,6 +319,8 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_bool(L, "logit_bias", s->router.logit_bias);
     moe_lua_set_num(L, "scale", s->router.scale);
     moe_lua_set_num(L, "jitter_eps", s->router.jitter_eps); /* score "sparsemixer" */
+    if (s->router.logit_softcap > 0)
+        moe_lua_set_num(L, "softcap", s->router.logit_softcap);
     moe_lua_set_num(L, "alpha", s->activation.alpha);
     if (s->activation.limit > 0)
         moe_lua_set_num(L, "limit", s->activation.limit);

@@ -55,6 +55,8 @@ typedef struct {
     double scale;     /* routed weights are multiplied by this */
     moe_apply_t apply;  /* where the weights multiply: the expert's output or its input */
     double jitter_eps;  /* score "sparsemixer": the relative band 2·jitter_eps of a slot's softmax */
+    double logit_softcap; /* > 0: each logit (logit_bias included) becomes c·tanh(l / c) before the score
+                           * (Laguna's moe_router_logit_softcapping); 0 = off */
 } moe_router_t;
 
 /* The gated unit applied between the expert GEMMs, on (gate, up) after the

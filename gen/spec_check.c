@@ -417,9 +417,10 @@ static void check_sparsemixer(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (r->renormalize)
         NAMED_ERROR(c, "router.renormalize", "router.renormalize = true %s: its weights are not renormalized; set "
                     "router.renormalize = false", why);
-    else if (r->bias || r->logit_bias)
-        NAMED_ERROR(c, r->bias ? "router.bias" : "router.logit_bias", "%s %s: the rule reads the plain logits",
-                    r->bias ? "router.bias" : "router.logit_bias", why);
+    else if (r->bias || r->logit_bias || r->logit_softcap > 0)
+        NAMED_ERROR(c, r->bias ? "router.bias" : r->logit_bias ? "router.logit_bias" : "router.logit_softcap",
+                    "%s %s: the rule reads the plain logits",
+                    r->bias ? "router.bias" : r->logit_bias ? "router.logit_bias" : "router.logit_softcap", why);
     else if (r->groups > 1)
         NAMED_ERROR(c, "router.groups", "router.groups = %d %s: the selection is the top-2 of all logits", r->groups,
                     why);

@@ -79,6 +79,10 @@ const moe_key_t moe_spec_keys[] = {
      .help = "a per-expert fp32 bias added to the scores for selection only"},
     {.name = "router.logit_bias", .type = MOE_KEY_BOOL, .offset = AT(router.logit_bias),
      .help = "a per-expert fp32 bias added to the logits (moves the weights too)"},
+    {.name = "router.logit_softcap", .type = MOE_KEY_NUM, .offset = AT(router.logit_softcap), .optional = true,
+     .lo = 1e-3, .hi = 1e6,
+     .help = "each logit (`logit_bias` included) becomes `c·tanh(l / c)` before the score, c this value (Laguna's "
+             "`moe_router_logit_softcapping`); absent: no cap"},
     {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
      .help = "the weights are multiplied by this"},
     {.name = "router.apply", .type = MOE_KEY_ENUM, .offset = AT(router.apply), .choices = applies,

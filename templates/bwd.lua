@@ -59,6 +59,8 @@
 @ local softmax = p.score == "softmax"
 @ local sqrtsp = p.score == "sqrtsoftplus"   -- s = sqrt(softplus(l)): ds/dl = sigmoid(l) / (2 s)
 @ local input = p.spec.router.apply == "input"
+@ -- router.logit_softcap = c: the saved logits are capped (L = c·tanh(l / c)); dL/dl = 1 − (L / c)²
+@ local capd = p.softcap and (" * (1.f - (l[e] / " .. f32(p.softcap) .. ") * (l[e] / " .. f32(p.softcap) .. "))") or ""
 namespace ${ns} {
 constexpr int K = ${p.entries};    /* entries per token */
 constexpr int KR = ${p.K};         /* the routed ones (top_k): the router's gradient */
@@ -143,7 +145,7 @@ ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict_
 }
 
 /* d logits[t, :] from dw[t, 0..KR) and the saved logits (logit_bias
- * included): p = ${softmax and "softmax(l) over all E" or sqrtsp and "sqrt(softplus(l))" or "sigmoid(l)"}; selected
+ * included${p.softcap and ", capped: the result times 1 − (l / c)², the cap's derivative" or ""}): p = ${softmax and "softmax(l) over all E" or sqrtsp and "sqrt(softplus(l))" or "sigmoid(l)"}; selected
  * weight w_k = scale · p_k${p.renormalize and " / Z, Z = Σ_selected p" or ""}, so
  * dp_j = ${p.renormalize and "scale / Z · (dw_j − Σ_k dw_k p_k / Z)" or "scale · dw_j"} at the selected experts (0 elsewhere),
  * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or sqrtsp and "dp ⊙ sigmoid(l) / (2p)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32. */
@@ -244,11 +246,11 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     for (int i = 0; i < VPL; ++i) {
         const int e = lane + 32 * i;
 @ if softmax then
-        if (e < E) out[e] = pv[i] * (dpe[i] - c2);
+        if (e < E) out[e] = pv[i] * (dpe[i] - c2)${capd};
 @ elseif sqrtsp then
-        if (e < E) out[e] = dpe[i] * pv[i];
+        if (e < E) out[e] = dpe[i] * pv[i]${capd};
 @ else
-        if (e < E) out[e] = dpe[i] * pv[i] * (1.f - pv[i]);
+        if (e < E) out[e] = dpe[i] * pv[i] * (1.f - pv[i])${capd};
 @ end
     }
 }

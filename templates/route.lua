@@ -61,8 +61,9 @@
 @ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
-@ -- logits there (logit_bias included), which the backward's router
-@ -- gradient reads (templates/bwd.lua).
+@ -- logits there (logit_bias included, and capped where
+@ -- router.logit_softcap = c: c·tanh(l / c), the logit every score reads),
+@ -- which the backward's router gradient reads (templates/bwd.lua).
 @ local M = {}
 @
 @ local function cdiv(a, b) return (a + b - 1) // b end
@@ -148,6 +149,11 @@
 @ local LC = c.gate and "EL" or "E"    -- logit columns (the gate's included)
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 @ local input = p.spec.router.apply == "input"
+@ -- router.logit_softcap = c: a logit (logit_bias included) becomes c·tanh(l / c), in fp32
+@ local function cap(l)
+@   if not p.softcap then return l end
+@   return "tanhf((" .. l .. ") / " .. f32(p.softcap) .. ") * " .. f32(p.softcap)
+@ end
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
 constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
@@ -475,9 +481,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             const int e = lane + 32 * i;
             if (e < E) {
 @ if p.logit_bias then
-                pv[i] = lrow[e] + __ldg(logit_bias + e);
+                pv[i] = ${cap("lrow[e] + __ldg(logit_bias + e)")};
 @ else
-                pv[i] = lrow[e];
+                pv[i] = ${cap("lrow[e]")};
 @ end
                 valid |= 1u << i;
             } else {
@@ -485,7 +491,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             }
         }
 @ if p.spec.training then
-        /* a training forward keeps the logits (logit_bias included) for the
+        /* a training forward keeps the logits (logit_bias included, capped) for the
          * router's gradient (templates/bwd.lua); NULL in a plain forward */
         if (logits_out) {
 #pragma unroll
@@ -683,9 +689,9 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ end
         if (lane < K) {
 @ if p.logit_bias then
-            const float l = lrow[mine] + __ldg(logit_bias + mine);
+            const float l = ${cap("lrow[mine] + __ldg(logit_bias + mine)")};
 @ else
-            const float l = lrow[mine];
+            const float l = ${cap("lrow[mine]")};
 @ end
 @ if c.softmax then
             w = expf(l - m) / z;

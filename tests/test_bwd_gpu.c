@@ -94,6 +94,7 @@ static const bwd_case_t cases[] = {
     {"tests/specs/train_sigmoid_groups.moe", {5, 513}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_sigmoid_groups.moe", {513}, 1, 1, 0, 0, NULL},
     {"tests/specs/sqrtsoftplus.moe", {3, 600}, 2, 0, 0, 1, NULL},   /* DeepSeek-V4's sqrt(softplus) router */
+    {"tests/specs/softcap.moe", {3, 600}, 2, 0, 0, 1, NULL},        /* Laguna's logit cap, through the backward */
     {"tests/specs/train_input.moe", {2, 400}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0, NULL},
     {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1, NULL},

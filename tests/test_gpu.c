@@ -213,6 +213,7 @@ static const gpu_case_t cases[] = {
     {"tests/specs/group_12e.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* router.apply = "input": the weight scales the expert's input (scatter), combine sums with weight 1 */
     {"tests/specs/sqrtsoftplus.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL}, /* DeepSeek-V4 */
+    {"tests/specs/softcap.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},      /* Laguna's cap */
     {"tests/specs/sparsemixer.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},  /* Phi-3.5-MoE */
     {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},

@@ -238,6 +238,26 @@ static void test_route_biases(void) {
     CHECK(idx[0] == 0 && idx[1] == 2);
     CHECKF(NEAR(w[0], 0.5, 1e-6) && NEAR(w[1], 0.5, 1e-6), "w = %.7f %.7f", w[0], w[1]);
     CHECK(NEAR(sc[0], 0.3994863, 1e-6) && NEAR(sc[3], 0.0540646, 1e-6));
+
+    CASE("router.logit_softcap bends the logits before the score (Laguna): the selection changes");
+    moe_spec_t q = mkspec(4, 2, 8, 8);
+    q.router.score = MOE_SCORE_SIGMOID;
+    q.router.bias = true;
+    q.router.renormalize = true;
+    q.router.logit_softcap = 1.0;
+    /* l = {1, 0, 2, -1} -> tanh(l) = {0.7615942, 0, 0.9640276, -0.7615942};
+     * p = σ = {0.6816997, 0.5, 0.7239275, 0.3183003}; with bias {0, 0.2, 0, 0}
+     * the scores are {0.6816997, 0.7, 0.7239275, 0.3183003}: top-2 = [2, 1],
+     * w = {0.7239275, 0.5} / 1.2239275 = {0.5914791, 0.4085209}. Uncapped,
+     * σ(l) = {0.7310586, 0.5, 0.8807971, 0.2689414} picks [2, 0]. */
+    const float b2[4] = {0, 0.2f, 0, 0};
+    CHECK(route_logits(&q, 1, l, b2, NULL, idx, w, sc) == 0);
+    CHECKF(idx[0] == 2 && idx[1] == 1, "idx %d %d", idx[0], idx[1]);
+    CHECKF(NEAR(w[0], 0.5914791, 1e-6) && NEAR(w[1], 0.4085209, 1e-6), "w = %.7f %.7f", w[0], w[1]);
+    CHECK(NEAR(sc[0], 0.6816997, 1e-6) && NEAR(sc[3], 0.3183003, 1e-6));
+    q.router.logit_softcap = 0;
+    CHECK(route_logits(&q, 1, l, b2, NULL, idx, w, sc) == 0);
+    CHECK(idx[0] == 2 && idx[1] == 0);
 }
 
 static void test_route_groups(void) {
@@ -1133,6 +1153,15 @@ static int bwd_cases(bwd_case_t *c) {
     s = mkspec(6, 2, 16, 8);
     s.router.score = MOE_SCORE_SQRTSOFTPLUS; s.router.logit_bias = true;
     c[n++] = (bwd_case_t){ "sqrtsoftplus, no renormalize, logit_bias", s, 4, 1011u };
+
+    s = mkspec(8, 2, 16, 8);   /* Laguna's router with its logit cap (c small enough that tanh bends) */
+    s.router.score = MOE_SCORE_SIGMOID; s.router.bias = true; s.router.renormalize = true;
+    s.router.scale = 2.0; s.router.logit_softcap = 0.8;
+    c[n++] = (bwd_case_t){ "sigmoid, bias, renormalize, logit_softcap", s, 4, 1113u };
+
+    s = mkspec(6, 2, 16, 8);
+    s.router.renormalize = true; s.router.logit_bias = true; s.router.logit_softcap = 0.3;
+    c[n++] = (bwd_case_t){ "softmax, logit_bias, logit_softcap", s, 4, 1213u };
     return n;
 }
 

@@ -239,7 +239,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 151 "templates/route.lua"
+#line 157 "templates/route.lua"
 namespace deepseek_v3_ep8_route_bf16_e32k8_t32k128s5_impl {
 constexpr int E = 32, K = 8, H = 7168;
 constexpr int T = 32, THREADS = 256, NW = 8;
@@ -268,9 +268,9 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 180 "templates/route.lua"
-constexpr int G = 8, KG = 4, PG = 4, TAKE = 2;
 #line 186 "templates/route.lua"
+constexpr int G = 8, KG = 4, PG = 4, TAKE = 2;
+#line 192 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -304,9 +304,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 222 "templates/route.lua"
+#line 228 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 224 "templates/route.lua"
+#line 230 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -380,9 +380,9 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 301 "templates/route.lua"
+#line 307 "templates/route.lua"
     (void)logit_bias;
-#line 303 "templates/route.lua"
+#line 309 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -459,158 +459,158 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 381 "templates/route.lua"
+#line 387 "templates/route.lua"
         if (wk == 0) {
-#line 383 "templates/route.lua"
+#line 389 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 390 "templates/route.lua"
+#line 396 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 1) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 2) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 3) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 4) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 5) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 6) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
-#line 381 "templates/route.lua"
-        if (wk == 7) {
-#line 383 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
-            }
-#line 399 "templates/route.lua"
-        }
-#line 401 "templates/route.lua"
-        __syncthreads();
 #line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 1) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 2) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 3) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 4) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 5) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 6) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 387 "templates/route.lua"
+        if (wk == 7) {
+#line 389 "templates/route.lua"
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                float2 *p1 = p0 + 4 * LDL;   // row + 8
+#line 399 "templates/route.lua"
+                const float2 v0 = *p0, v1 = *p1;
+                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+#line 403 "templates/route.lua"
+            }
+#line 405 "templates/route.lua"
+        }
+#line 407 "templates/route.lua"
+        __syncthreads();
+#line 409 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -685,28 +685,28 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 480 "templates/route.lua"
+#line 486 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 482 "templates/route.lua"
+#line 488 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 512 "templates/route.lua"
+#line 518 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 523 "templates/route.lua"
+#line 529 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 527 "templates/route.lua"
+#line 533 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 532 "templates/route.lua"
+#line 538 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 575 "templates/route.lua"
+#line 581 "templates/route.lua"
         /* Group-limited, groups of PG = 4 experts: in each slot a group
          * is an aligned segment of PG lanes. */
         {
@@ -736,7 +736,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
             }
             cand &= kept;
         }
-#line 654 "templates/route.lua"
+#line 660 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -764,35 +764,35 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 684 "templates/route.lua"
+#line 690 "templates/route.lua"
         if (lane < K) {
-#line 688 "templates/route.lua"
+#line 694 "templates/route.lua"
             const float l = lrow[mine];
-#line 693 "templates/route.lua"
+#line 699 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 712 "templates/route.lua"
+#line 718 "templates/route.lua"
         }
-#line 714 "templates/route.lua"
+#line 720 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 721 "templates/route.lua"
+#line 727 "templates/route.lua"
         w *= 2.5f;
-#line 737 "templates/route.lua"
+#line 743 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 743 "templates/route.lua"
+#line 749 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 752 "templates/route.lua"
+#line 758 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -811,7 +811,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 771 "templates/route.lua"
+#line 777 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -830,12 +830,12 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         for (int i = warp; i < n; i += NW) {
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 794 "templates/route.lua"
+#line 800 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 797 "templates/route.lua"
+#line 803 "templates/route.lua"
         }
-#line 801 "templates/route.lua"
+#line 807 "templates/route.lua"
     }
 }
 

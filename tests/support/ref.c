@@ -34,6 +34,20 @@ static int ref_thread(void) { return 0; }
  * (docs/DESIGN.md, "Routing, exactly"). */
 static float ref_round(double v, moe_dtype_t dt) { return moe_half_to_float(moe_float_to_half((float)v, dt), dt); }
 
+/* router.logit_softcap = c > 0: the logit l becomes c·tanh(l / c) before
+ * the score (Laguna); *d (if non-NULL) gets the derivative 1 − tanh²(l / c),
+ * 1 without a cap. */
+static double ref_cap(const moe_spec_t *s, double l, double *d) {
+    const double c = s->router.logit_softcap;
+    if (!(c > 0)) {
+        if (d) *d = 1.0;
+        return l;
+    }
+    const double u = tanh(l / c);
+    if (d) *d = 1.0 - u * u;
+    return c * u;
+}
+
 static void ref_scores(moe_score_t score, double *p, int E, moe_dtype_t dt) {
     if (score == MOE_SCORE_SOFTMAX) {
         double m = p[0], sum = 0;
@@ -123,7 +137,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
             const float *w = wrf + (size_t)e * H;
             double acc = 0;
             for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)w[h];
-            p[e] = acc + (logit_bias ? (double)logit_bias[e] : 0.0);
+            p[e] = ref_cap(s, acc + (logit_bias ? (double)logit_bias[e] : 0.0), NULL);
         }
         ref_scores(s->router.score, p, E, dt);
         for (int e = 0; e < E; e++) {
@@ -895,10 +909,12 @@ static int layer(const layer_t *L) {
     int *cnt = calloc((size_t)E + 1, sizeof(int)), *tok = malloc((size_t)NM * sizeof(int));
     int *slot = malloc((size_t)NM * K * sizeof(int)), *all = malloc((size_t)NM * sizeof(int));
     double *wt = malloc((size_t)NM * K * sizeof(double));
+    double *capd = malloc((size_t)NM * E * sizeof(double)); /* the logit cap's derivative (1 without one) */
     int *fill = malloc((size_t)E * sizeof(int));
     scratch_t sc = {0};
     if (!X || !Wr || !p || !w || !dw || !dx || !W1 || !W2 || !b1 || !b2 || !dW1 || !dW2 || !db1 || !db2 ||
-        !gs || !dg || !dga || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt || !fill)
+        !gs || !dg || !dga || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt ||
+        !capd || !fill)
         goto done;
 
     /* Rows per expert, and the largest pass. */
@@ -918,7 +934,8 @@ static int layer(const layer_t *L) {
     for (int t = 0; t < T; t++) {
         double *pt = p + (size_t)t * E;
         for (int e = 0; e < E; e++)
-            pt[e] = dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0);
+            pt[e] = ref_cap(s, dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0),
+                            capd + (size_t)t * E + e);
         ref_scores(s->router.score, pt, E, s->dtype);
         double S = 0;
         for (int k = 0; k < K; k++) S += pt[L->idx[(size_t)t * K + k]];
@@ -1017,15 +1034,16 @@ static int layer(const layer_t *L) {
             } else {
                 for (int k = 0; k < K; k++) dp[ix[k]] = sc_ * wk[k];
             }
+            const double *cd = capd + (size_t)t * E; /* through the logit cap, if any */
             if (s->router.score == MOE_SCORE_SOFTMAX) {
                 const double d = dot(pt, dp, E);
-                for (int e = 0; e < E; e++) dl[e] = r32(L, pt[e] * (dp[e] - d));
+                for (int e = 0; e < E; e++) dl[e] = r32(L, pt[e] * (dp[e] - d) * cd[e]);
             } else if (s->router.score == MOE_SCORE_SQRTSOFTPLUS) {
                 /* s = sqrt(softplus(l)): ds/dl = sigmoid(l) / (2 s), and sigmoid(l) = 1 - exp(-s^2) */
                 for (int e = 0; e < E; e++)
-                    dl[e] = r32(L, pt[e] > 0 ? dp[e] * -expm1(-pt[e] * pt[e]) / (2 * pt[e]) : 0.0);
+                    dl[e] = r32(L, pt[e] > 0 ? dp[e] * -expm1(-pt[e] * pt[e]) / (2 * pt[e]) * cd[e] : 0.0);
             } else {
-                for (int e = 0; e < E; e++) dl[e] = r32(L, dp[e] * pt[e] * (1.0 - pt[e]));
+                for (int e = 0; e < E; e++) dl[e] = r32(L, dp[e] * pt[e] * (1.0 - pt[e]) * cd[e]);
             }
             const double *xt = X + (size_t)t * H;
             double *dxt = dx + (size_t)t * H;
@@ -1050,7 +1068,7 @@ done:
     scratch_free(&sc);
     free(X); free(Wr); free(p); free(w); free(dw); free(dx); free(W1); free(W2); free(b1); free(b2);
     free(dW1); free(dW2); free(db1); free(db2); free(gs); free(dg); free(dga); free(dWr); free(dlb); free(dl);
-    free(dp); free(wsg); free(dwsg); free(cnt); free(tok); free(slot); free(all); free(wt); free(fill);
+    free(dp); free(wsg); free(dwsg); free(cnt); free(tok); free(slot); free(all); free(wt); free(capd); free(fill);
     return rc;
 }
 

@@ -191,11 +191,13 @@ int moe_ref_route_agree(const moe_spec_t *s, const int *idx_a, const int *idx_b,
  *   dW1[e] = Σ dUᵀ·xs, db1[e] = Σ dU, dW2[e] = Σ dysᵀ·A, db2[e] = Σ dys
  *                                         over e's rows, fp32
  *   router: p = softmax / sigmoid of the logits l = x·Wrᵀ (+ logit_bias),
- *   in double; w = scale·p_e (/ Σ_selected p with renormalize), so
+ *   capped (router.logit_softcap = c: l ← c·tanh(l / c)), in double;
+ *   w = scale·p_e (/ Σ_selected p with renormalize), so
  *     dp_e = scale·dw_k (no renormalize), or
  *     dp_e = (scale/S)·(dw_k − Σ_j dw_j·p_j/S), S = Σ_selected p
  *     (zero for unselected experts), then
  *     dlogits = p ⊙ (dp − ⟨p, dp⟩) (softmax) or dp ⊙ p(1−p) (sigmoid)   fp32
+ *     (times 1 − tanh²(l / c) under a logit cap)
  *   dlogit_bias = Σ_t dlogits[t], dWr = dlogitsᵀ·x        fp32
  *   shared expert (one FFN of size F_s on the unsplit weights, the input x,
  *   weight g): the same chain with dys_s = R(g·dy), giving dWs1, dWs2 and
