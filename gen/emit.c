@@ -313,6 +313,14 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                        moe_spec_shared_slots(s), n, moe_spec_slots(s), n, s->experts, moe_spec_slots(s) - 1,
                        s->shared.gate == MOE_SHARED_GATE_SIGMOID ? " shared_gate: half [H], w_gate." : "", n,
                        s->shared.ffn, n, moe_spec_slots(s));
+    if (s->zero_experts)
+        moe_buf_printf(b,
+                       "/* Zero-computation experts (zero_experts = %d): the router scores %s_SCORED = %d experts,\n"
+                       " * so router_w is [%d, H] and the router's biases [%d] (E below: the routed experts'\n"
+                       " * weights); a selected index >= %d adds w * x. */\n"
+                       "#define %s_ZERO_EXPERTS %d\n#define %s_SCORED %d\n\n",
+                       s->zero_experts, n, moe_spec_scored(s), moe_spec_scored(s), moe_spec_scored(s), s->experts, n,
+                       s->zero_experts, n, moe_spec_scored(s));
     moe_buf_printf(b,
                    "/* Tensors (row-major; half = %s bits in unsigned short):\n"
                    " *   x            half  [tokens, H]\n"

@@ -177,12 +177,12 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
                         memcpy(d, v_, sizeof v_); } while (0)
     if (!strcmp(name, "x") || !strcmp(name, "y"))
         SHAPE(T, H);
-    else if (!strcmp(name, "router_w"))
-        SHAPE(E, H);
+    else if (!strcmp(name, "router_w"))   /* the scored experts: the zero experts' rows too */
+        SHAPE(moe_spec_scored(s), H);
     else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
         dt = "fp32";
         if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)
-            SHAPE(E);
+            SHAPE(moe_spec_scored(s));
     } else if (!strcmp(name, "w1p") || !strcmp(name, "w2")) {
         if (name[1] == '1')
             SHAPE(S, 2 * F, H);
