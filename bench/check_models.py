@@ -91,11 +91,15 @@ class Family:
     k from the config where it is not num_experts_per_tok; `in_dtype`: the
     spec's routing follows the model in its dtype (Phi-3.5-MoE's
     sparsemixer: bf16 logits and band arithmetic), so the bf16 block is held
-    to the fp32 copy's gates and the fp32 copy is reported, not gated."""
+    to the fp32 copy's gates and the fp32 copy is reported, not gated;
+    `zero` the zero-computation experts the router also scores (LongCat-Flash:
+    spec zero_experts; the block's indices >= E are the identity) and
+    `experts` the routed experts E of a block whose experts module does not
+    call them num_experts."""
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None, in_dtype=False):
+                 top_k=None, in_dtype=False, zero=0, experts=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or gate_route
@@ -104,6 +108,8 @@ class Family:
         self.keep, self.sel_bias_std = keep, sel_bias_std
         self.top_k = top_k or (lambda cfg: cfg.num_experts_per_tok)
         self.in_dtype = in_dtype
+        self.zero = zero
+        self.experts = experts
 
 
 def gate_route(block, x):
@@ -380,6 +386,24 @@ def mk_phimoe():
     Block, = tf_import("phimoe.modeling_phimoe", "PhimoeSparseMoeBlock")
     cfg = eager(tf.PhimoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=16,
                                 num_experts_per_tok=2, router_jitter_noise=0.01, input_jitter_noise=0.0))
+    return Block(cfg), cfg
+
+
+def mk_longcat():
+    # LongcatFlashMoE (LongCat-Flash): the router scores E + Z experts
+    # (Z = zero_expert_num), logits = F.linear(x.float(), W.float()) in
+    # fp32, p = softmax over all E + Z, selection on p +
+    # e_score_correction_bias (a buffer, bf16 in a bf16 model), top-k,
+    # weight = p · routed_scaling_factor, not renormalized, kept fp32; an
+    # index >= E is nn.Identity: x · w (bf16 x times the fp32 weight, in
+    # fp32) rounded to bf16 and index_add'ed into the bf16 output, as each
+    # real expert's output is. experts.gate_up_proj is [E + Z, 2F, H] (the
+    # zero experts' rows unused), down_proj [E, H, F]; no shared expert
+    # (the layer's dense MLPs sit beside the block, outside it).
+    Block, = tf_import("longcat_flash.modeling_longcat_flash", "LongcatFlashMoE")
+    Cfg, = tf_import("longcat_flash.configuration_longcat_flash", "LongcatFlashConfig")
+    cfg = eager(Cfg(hidden_size=256, expert_ffn_hidden_size=128, n_routed_experts=32, zero_expert_num=16,
+                    moe_topk=6, routed_scaling_factor=6.0))
     return Block(cfg), cfg
 
 
@@ -811,6 +835,11 @@ FAMILIES = [
     Family("phimoe", "Phi-3.5-MoE (PhimoeSparseMoeBlock, sparsemixer)", mk_phimoe,
            'router = { score = "sparsemixer", renormalize = false, jitter_eps = 0.01 }', "fused",
            route=router_route, router=lambda b: {"wr": b.router.weight}, in_dtype=True),
+    Family("longcat", "LongCat-Flash (LongcatFlashMoE, zero experts)", mk_longcat,
+           'router = { score = "softmax", bias = true, renormalize = false, scale = 6.0 }', "fused",
+           route=lambda b, x: b.router(x),
+           router=lambda b: {"wr": b.router.classifier.weight, "sel_bias": b.router.e_score_correction_bias.float()},
+           keep=(), sel_bias_std=0.01, zero=16, experts=lambda b: b.experts.num_routed_experts),
     Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
            'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
            router=lambda b: {"wr": b.router.weight}),
@@ -1015,8 +1044,10 @@ def convert(fam, block, E, H, F):
     import torch
     t = dict(fam.router(block))
     ex = block.experts
+    # zero experts (LongCat-Flash): gate_up_proj holds E + Z experts, the zero experts' never read
+    gate_up = ex.gate_up_proj[:E] if fam.zero else getattr(ex, "gate_up_proj", None)
     if fam.layout == "fused":            # [E, 2F, H] gate then up; down [E, H, F]
-        w1, w2 = ex.gate_up_proj, ex.down_proj
+        w1, w2 = gate_up, ex.down_proj
     elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
         if getattr(ex, "gate_up_proj_bias", None) is not None:  # [E, 2F] gate then up, [E, H]
@@ -1043,7 +1074,7 @@ def convert(fam, block, E, H, F):
     if fam.layout == "separate_flat":
         stored = [("W1_SEPARATE", gate, up), ("W2_T", down_t)]
     elif fam.layout == "fused":
-        stored = [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)]
+        stored = [("W1_FUSED", gate_up), ("W2", ex.down_proj)]
     elif fam.layout == "concat_t_fc":
         stored = [("W1_FUSED_T", ex.fc1.weight), ("W2_T", ex.fc2.weight)]
     elif fam.layout == "concat_t":
@@ -1083,6 +1114,8 @@ def spec_text(fam, name, E, K, H, F, tokens, with_shared, drop=()):
          % (fam.name, fam.model, name, E, K, H, F, tokens, keys))
     if with_shared and fam.shared:
         s += 'shared = { ffn = %d, gate = "%s" }\n' % (fam.shared, fam.shared_gate)
+    if fam.zero and "zero_experts" not in drop:  # a build without the key: skipped ("needs zero_experts")
+        s += 'zero_experts = %d\n' % fam.zero
     return s
 
 
@@ -1302,7 +1335,8 @@ def check_family(fam, be, opt, workdir, log):
     block, cfg = fam.make()
     block.eval()
     H = cfg.hidden_size
-    E = block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts
+    E = (fam.experts(block) if fam.experts else
+         block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts)
     K = fam.top_k(cfg)
     F = expert_ffn(fam, block)
     tokens = max(opt.tokens)

@@ -214,6 +214,9 @@ static const gpu_case_t cases[] = {
     /* router.apply = "input": the weight scales the expert's input (scatter), combine sums with weight 1 */
     {"tests/specs/sqrtsoftplus.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL}, /* DeepSeek-V4 */
     {"tests/specs/sparsemixer.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},  /* Phi-3.5-MoE */
+    /* LongCat-Flash's zero experts: fused scatter (1, 5), fused plan (40), separate (333, 2048), skewed */
+    {"tests/specs/zero_experts.moe", MODE_RANDOM, {1, 5, 40, 333, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/zero_experts.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -457,27 +460,28 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     const moe_spec_t *s = &L->s;
     size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens;
     size_t ES = (size_t)moe_spec_slots(s), FS = (size_t)s->shared.ffn;
+    size_t NS = (size_t)moe_spec_scored(s); /* router rows and biases: the zero experts' too */
     moe_dtype_t dt = s->dtype;
     L->x = malloc(T * H * 2);
-    L->wr = malloc(E * H * 2);
+    L->wr = malloc(NS * H * 2);
     L->w1 = malloc(E * 2 * F * H * 2);
     L->w1p = malloc(ES * 2 * F * H * 2);
     L->w2 = malloc(ES * H * F * 2);
-    L->sel_bias = malloc(E * 4);
-    L->logit_bias = malloc(E * 4);
+    L->sel_bias = malloc(NS * 4);
+    L->logit_bias = malloc(NS * 4);
     L->b1 = malloc(E * 2 * F * 2);
     L->b1p = malloc(E * 2 * F * 2);
     L->b2 = malloc(E * H * 2);
     if (!L->x || !L->wr || !L->w1 || !L->w1p || !L->w2 || !L->b1 || !L->b1p || !L->b2)
         return 0;
     fill_random(L->x, T * H, 1.0f, seed + 1, dt);
-    fill_random(L->wr, E * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
+    fill_random(L->wr, NS * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
     fill_random(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), seed + 3, dt);
     fill_random(L->w2, E * H * F, 2.0f / sqrtf((float)F), seed + 4, dt);
     fill_random(L->b1, E * 2 * F, 0.5f, seed + 5, dt);
     fill_random(L->b2, E * H, 0.5f, seed + 6, dt);
     uint64_t r = seed + 7;
-    for (size_t e = 0; e < E; e++) {
+    for (size_t e = 0; e < NS; e++) {
         L->sel_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 0.2f;
         L->logit_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 2.0f;
     }
@@ -513,13 +517,13 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     }
     L->ws_bytes = moe_plan_workspace_size(plan, (int)T);
     L->dx = dev_upload(L->x, T * H * 2);
-    L->dwr = dev_upload(L->wr, E * H * 2);
+    L->dwr = dev_upload(L->wr, NS * H * 2);
     L->dw1p = dev_upload(L->w1p, ES * 2 * F * H * 2);
     L->dw2 = dev_upload(L->w2, ES * H * F * 2);
     L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
     L->db2 = dev_upload(L->b2, E * H * 2);
-    L->dsel = dev_upload(L->sel_bias, E * 4);
-    L->dlogit = dev_upload(L->logit_bias, E * 4);
+    L->dsel = dev_upload(L->sel_bias, NS * 4);
+    L->dlogit = dev_upload(L->logit_bias, NS * 4);
     L->dy = dev_upload(NULL, T * H * 2);
     L->dws = dev_upload(NULL, L->ws_bytes + WS_GUARD);
     L->ws_at = 0, L->ws_call = L->ws_bytes;
@@ -680,10 +684,11 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     const moe_spec_t *s = &L->s;
     const int E = s->experts, K = s->top_k, H = s->hidden;
     const int KE = moe_spec_entries(s), ES = moe_spec_slots(s); /* GPU: [T, KE] entries over ES slots */
+    const int NS = moe_spec_scored(s), NI = ES + s->zero_experts; /* scored experts; index bound (zero experts) */
     uint16_t *xs = malloc((size_t)ns * H * 2);
     int *ridx = malloc(sizeof(int) * (size_t)ns * K), *gidx = malloc(sizeof(int) * (size_t)ns * K);
-    float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * E);
-    int *hist = calloc((size_t)ES, sizeof(int));
+    float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * NS);
+    int *hist = calloc((size_t)NI, sizeof(int));
     float *gref = malloc(sizeof(float) * (size_t)ns);
     CHECK(xs && ridx && gidx && rw && sc && hist && gref);
     if (!xs || !ridx || !gidx || !rw || !sc || !hist || !gref)
@@ -739,7 +744,7 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     for (long i = 0; i < (long)T * KE; i++) /* indices are in range: checked before any family */
         hist[idx[i]]++;
     int cnt_ok = 1;
-    for (int e = 0; e < ES; e++)
+    for (int e = 0; e < ES; e++) /* the slots' counts; a zero expert (index >= ES) counts in none */
         cnt_ok &= hist[e] == counts[e];
     CHECKF(cnt_ok, "counts differ from the histogram of topk_idx");
 done:
@@ -776,23 +781,36 @@ static void check_permute_plan(const layer_t *L, int align_m, const int *counts,
 }
 
 /* permute_scatter: row_of maps the slots (t, k) one to one into each
- * expert's rows. */
+ * expert's rows; a zero expert's entries (index >= slots) to row
+ * offsets[slots] + t, which holds x[t] bit for bit (obuf: the xs region
+ * after the down GEMM, which leaves that row alone). */
 static void check_permute_scatter(const layer_t *L, int T, int align_m, const int *idx, const int *counts,
-                                  const int *offsets, const int *row_of) {
+                                  const int *offsets, const int *row_of, const uint16_t *obuf, size_t obuf_bytes) {
     const int E = moe_spec_slots(&L->s), K = moe_spec_entries(&L->s); /* the shared expert's slots included */
+    const int H = L->s.hidden;
     long long total = 0; /* the rows permute_plan lays out */
     for (int e = 0; e < E && align_m > 0; e++)
         total += (counts[e] + align_m - 1) / align_m * align_m;
     char *used = calloc((size_t)(total > 0 ? total : 1), 1);
-    int map_ok = used != NULL;
+    int map_ok = used != NULL, zero_ok = 1, zeros = 0;
     for (long i = 0; i < (long)T * K && map_ok; i++) {
         int e = idx[i], r = row_of[i];
+        if (e >= E) { /* a zero expert: x[t]'s row past every slot's */
+            const long t = i / K;
+            zeros++;
+            zero_ok &= r == offsets[E] + t && (size_t)(r + 1) * H * 2 <= obuf_bytes &&
+                       !memcmp(obuf + (size_t)r * H, L->x + (size_t)t * H, (size_t)H * 2);
+            continue;
+        }
         if (r < 0 || r >= total || r < offsets[e] || r >= offsets[e] + counts[e] || used[r])
             map_ok = 0;
         else
             used[r] = 1;
     }
     CHECKF(map_ok, "row_of is not a bijection into each expert's rows");
+    CHECKF(zero_ok, "a zero expert's entry is not at row offsets[slots] + t holding x[t] (%d zero entries)", zeros);
+    if (L->s.zero_experts)
+        fprintf(stderr, "  permute_scatter: %d of %ld entries chose a zero expert\n", zeros, (long)T * K);
     free(used);
 }
 
@@ -1273,8 +1291,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     {
         family_case(fcase[FAM_ROUTE], sizeof fcase[FAM_ROUTE], FAM_ROUTE, label);
         int valid = 1;
-        for (long i = 0; i < (long)T * KE; i++)
-            if (idx[i] < 0 || idx[i] >= ES) {
+        for (long i = 0; i < (long)T * KE; i++) /* a zero expert's index follows the slots */
+            if (idx[i] < 0 || idx[i] >= ES + s->zero_experts) {
                 valid = 0;
                 break;
             }
@@ -1343,7 +1361,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     if (family_on(FAM_PERMUTE_SCATTER)) {
         family_case(fcase[FAM_PERMUTE_SCATTER], sizeof fcase[FAM_PERMUTE_SCATTER], FAM_PERMUTE_SCATTER, label);
-        check_permute_scatter(L, T, align, idx, counts, offsets, row_of);
+        check_permute_scatter(L, T, align, idx, counts, offsets, row_of, obuf, obuf_bytes);
     }
     if (family_on(FAM_COMBINE)) {
         family_case(fcase[FAM_COMBINE], sizeof fcase[FAM_COMBINE], FAM_COMBINE, label);
@@ -1398,6 +1416,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
             }
             for (int k = 0; k < K; k++) {
                 long long slot = (long long)tt * K + k, row = row_of[(long long)tt * KE + k];
+                if (idx[(long long)tt * KE + k] >= ES) /* a zero expert: no GEMM rows (its x row: permute_scatter) */
+                    continue;
                 for (int f = 0; f < F; f++) {
                     double g = moe_half_to_float(hbuf[row * F + f], dt), r = moe_half_to_float(href[slot * F + f], dt);
                     hn += (g - r) * (g - r);

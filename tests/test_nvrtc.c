@@ -205,8 +205,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 20) + NPINGPONG };
-    static char specs[64 + 20 + NPINGPONG][300];
+    enum { MAXJOBS = 2 * (64 + 24) + NPINGPONG };
+    static char specs[64 + 24 + NPINGPONG][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
     for (int i = 0; i < MAXJOBS; i++)
         job_pp[i] = -1;
@@ -246,11 +246,12 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/sqrtsoftplus.moe", 1},   /* training, sqrt(softplus) scores, bias, clamp, shared */
         {"tests/specs/sparsemixer.moe", 0},    /* Phi-3.5-MoE's routing weights */
+        {"tests/specs/zero_experts.moe", 0},   /* LongCat-Flash's zero experts: E + Z scored, x rows for them */
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
         {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
         {"tests/specs/train_ep.moe", 1},       /* training on an EP rank: the dispatch and backward kernels */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 20, "specs[] has room for 20 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 24, "specs[] has room for 24 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

@@ -237,9 +237,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 151 "templates/route.lua"
+#line 164 "templates/route.lua"
 namespace deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2_impl {
 constexpr int E = 256, K = 8, H = 7168;
+#line 169 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 4, WK = 2;     // warps along the pass's columns, along each stage's k16 steps
@@ -256,7 +257,7 @@ constexpr int LDL = 264;        // logits smem row stride, floats
 constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 82944;
 constexpr int NCH = (H + BK - 1) / BK;
-constexpr int LCOLS = 256;       // logit columns: the experts (and the shared gate)
+constexpr int LCOLS = 256;       // logit columns: the scored experts (and the shared gate)
 constexpr int VPL = 8;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = 256, ENTRIES = 8;   // weight slots (counts), entries per token
@@ -266,9 +267,9 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 180 "templates/route.lua"
+#line 196 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 32, TAKE = 2;
-#line 186 "templates/route.lua"
+#line 202 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -302,9 +303,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 222 "templates/route.lua"
+#line 238 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 224 "templates/route.lua"
+#line 240 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -378,9 +379,9 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 301 "templates/route.lua"
+#line 317 "templates/route.lua"
     (void)logit_bias;
-#line 303 "templates/route.lua"
+#line 319 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -457,44 +458,44 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 381 "templates/route.lua"
+#line 397 "templates/route.lua"
         if (wk == 0) {
-#line 383 "templates/route.lua"
+#line 399 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 390 "templates/route.lua"
+#line 406 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 397 "templates/route.lua"
+#line 413 "templates/route.lua"
             }
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
         }
-#line 401 "templates/route.lua"
+#line 417 "templates/route.lua"
         __syncthreads();
-#line 381 "templates/route.lua"
+#line 397 "templates/route.lua"
         if (wk == 1) {
-#line 383 "templates/route.lua"
+#line 399 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 393 "templates/route.lua"
+#line 409 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 397 "templates/route.lua"
+#line 413 "templates/route.lua"
             }
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
         }
-#line 401 "templates/route.lua"
+#line 417 "templates/route.lua"
         __syncthreads();
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -569,28 +570,28 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 480 "templates/route.lua"
+#line 496 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 482 "templates/route.lua"
+#line 498 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 512 "templates/route.lua"
+#line 528 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 523 "templates/route.lua"
+#line 539 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 527 "templates/route.lua"
+#line 543 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 532 "templates/route.lua"
+#line 548 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 535 "templates/route.lua"
+#line 551 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -630,7 +631,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 654 "templates/route.lua"
+#line 670 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -652,41 +653,43 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             }
             if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
                 slot = E + lane - K;
+#line 694 "templates/route.lua"
             if (lane < ENTRIES)
+#line 696 "templates/route.lua"
                 moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
         }
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 684 "templates/route.lua"
+#line 704 "templates/route.lua"
         if (lane < K) {
-#line 688 "templates/route.lua"
+#line 708 "templates/route.lua"
             const float l = lrow[mine];
-#line 693 "templates/route.lua"
+#line 713 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 712 "templates/route.lua"
+#line 732 "templates/route.lua"
         }
-#line 714 "templates/route.lua"
+#line 734 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 721 "templates/route.lua"
+#line 741 "templates/route.lua"
         w *= 2.5f;
-#line 737 "templates/route.lua"
+#line 764 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 743 "templates/route.lua"
+#line 770 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 752 "templates/route.lua"
+#line 779 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -705,7 +708,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 771 "templates/route.lua"
+#line 798 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -714,26 +717,29 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
+#line 813 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
+#line 818 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
+#line 830 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 794 "templates/route.lua"
+#line 837 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 797 "templates/route.lua"
+#line 840 "templates/route.lua"
         }
-#line 801 "templates/route.lua"
+#line 844 "templates/route.lua"
     }
 }
 
-#line 44 "templates/permute.lua"
+#line 53 "templates/permute.lua"
 namespace deepseek_v3_ep8_mesh_permute_plan_e256_a128_impl {
 constexpr int E = 256, K = 8, H = 7168, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -755,16 +761,16 @@ deepseek_v3_ep8_mesh_permute_plan_e256_a128(const int *__restrict__ counts, cons
                                     s_tiles);
 }
 
-#line 112 "templates/permute.lua"
+#line 121 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace deepseek_v3_ep8_mesh_permute_plan_e256_a128_impl;
-#line 119 "templates/permute.lua"
+#line 128 "templates/permute.lua"
     (void)topk_w;
-#line 121 "templates/permute.lua"
+#line 130 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -772,29 +778,31 @@ deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8(const moe_half_t *__restrict__
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 131 "templates/permute.lua"
+#line 143 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
+#line 150 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
+#line 152 "templates/permute.lua"
             row_of[i] = my_row;
-#line 139 "templates/permute.lua"
+#line 156 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 144 "templates/permute.lua"
+#line 165 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 150 "templates/permute.lua"
+#line 171 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 159 "templates/permute.lua"
+#line 184 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 162 "templates/permute.lua"
+#line 187 "templates/permute.lua"
         }
     }
 }
