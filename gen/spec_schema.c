@@ -46,7 +46,7 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "zero_experts", .type = MOE_KEY_INT, .offset = AT(zero_experts), .optional = true, .lo = 0,
      .hi = MOE_LIMIT_EXPERTS,
      .help = "zero-computation experts Z (LongCat-Flash's `zero_expert_num`): the router scores `experts + "
-             "zero_experts` experts (`router_weight` [E + Z, H], `router_bias` [E + Z]), and a selected index ≥ "
+             "zero_experts` experts (`router_w` [E + Z, H], `router_bias` [E + Z]), and a selected index ≥ "
              "`experts` adds `w·x` (the layer's input row), no GEMM; inference on one device, `router.apply = "
              "\"output\"`, no groups, shared expert or fp8 weights"},
     {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,

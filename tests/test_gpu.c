@@ -1235,6 +1235,16 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         if (path >= 0 && path <= 2)
             fprintf(stderr, "  %-40s route: %s\n", label, path_names[path]);
     }
+    if (s->zero_experts) { /* the router's tensors span the zero experts too (moe.h; runtime/abi.c) */
+        int rank = 0, brank = 0;
+        int64_t d[4] = {0}, bd[4] = {0};
+        CHECK(moe_plan_tensor(plan, "router_w", &rank, d, NULL) == MOE_OK &&
+              moe_plan_tensor(plan, "router_bias", &brank, bd, NULL) == MOE_OK);
+        CHECKF(rank == 2 && d[0] == moe_spec_scored(s) && d[1] == H && brank == (s->router.bias ? 1 : 0) &&
+                   (!s->router.bias || bd[0] == moe_spec_scored(s)),
+               "moe_plan_tensor: router_w rank %d [%lld, %lld], router_bias rank %d [%lld]; want [%d, %d], [%d]", rank,
+               (long long)d[0], (long long)d[1], brank, (long long)bd[0], moe_spec_scored(s), H, moe_spec_scored(s));
+    }
     { /* launch overlap: on with MOEGEN_PDL=on on sm_90a (every launch then a programmatic dependent) */
         const char *pe = getenv("MOEGEN_PDL");
         const int on = pe && !strcmp(pe, "on") && plan->launcher.arch == MOE_ARCH_SM90A;

@@ -22,17 +22,17 @@
 #define longcat_flash_PAIR_GRANULE 8
 #define longcat_flash_WORKSPACE_BYTES 4502887424ULL /* at longcat_flash_MAX_TOKENS */
 
-/* Zero-computation experts (zero_experts = 256): the router scores longcat_flash_SCORED = 768 experts,
- * so router_w is [768, H] and the router's biases [768] (E below: the routed experts'
- * weights); a selected index >= 512 adds w * x. */
+/* Zero-computation experts (zero_experts = 256): the router scores longcat_flash_SCORED = 768 experts
+ * (E + Z below: router_w and the router's biases); a selected index >= 512 adds w * x,
+ * no weights (the expert tensors hold the E routed experts). */
 #define longcat_flash_ZERO_EXPERTS 256
 #define longcat_flash_SCORED 768
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]
- *   router_w     half  [E, H]
- *   router_bias  float [E]   selection-only bias (router.bias)
- *   router_logit_bias float [E]  added to the logits (router.logit_bias) — unused
+ *   router_w     half  [E + Z, H]
+ *   router_bias  float [E + Z]   selection-only bias (router.bias)
+ *   router_logit_bias float [E + Z]  added to the logits (router.logit_bias) — unused
  *   w1p          half  [E, 2F, H]  W1 packed: gate/up rows interleaved in blocks of 8;
  *                      longcat_flash_pack_w1 converts from [E, 2F, H] with gate rows first, then up rows
  *   b1p          half  [E, 2F]  packed like W1 (longcat_flash_pack_b1) — unused
