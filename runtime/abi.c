@@ -169,7 +169,7 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
     if (!p || !name || !rank || !dims)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_tensor: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    int64_t T = s->tokens, E = s->experts, H = s->hidden, F = s->ffn, S = p->launcher.slots;
+    int64_t T = s->tokens, H = s->hidden, F = s->ffn, S = p->launcher.slots;
     const char *dt = moe_dtype_name(s->dtype);
     int n = 0;
     int64_t d[4] = {0};
