@@ -217,6 +217,8 @@ static const gpu_case_t cases[] = {
     /* LongCat-Flash's zero experts: fused scatter (1, 5), fused plan (40), separate (333, 2048), skewed */
     {"tests/specs/zero_experts.moe", MODE_RANDOM, {1, 5, 40, 333, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/zero_experts.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    /* every entry a zero expert: no routed row, no tile; y = Σ_k w·x (the fused scatter at 1 and 5) */
+    {"tests/specs/zero_experts.moe", MODE_ONE, {1, 5, 40, 333}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -439,6 +441,7 @@ typedef struct {
     size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
     int device_packed; /* the device weights were packed on the device (the pack case) */
+    int all_zero;      /* every entry routed to a zero expert (MODE_ONE with zero experts): no tile */
 } layer_t;
 
 static void layer_free(layer_t *L) {
@@ -485,7 +488,19 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
         L->sel_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 0.2f;
         L->logit_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 2.0f;
     }
-    if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
+    if (mode == MODE_ONE && s->zero_experts && H >= 8) {
+        /* every entry a zero expert: the routed experts' rows dead and their selection bias -1, so no
+         * token has a routed row and the call no tile (the FFN's GEMMs run empty, combine sums x rows) */
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < 8; h++)
+                L->x[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(L->x[t * H + h], dt), dt);
+        L->all_zero = 1;
+        for (size_t e = 0; e < E; e++) {
+            L->sel_bias[e] = -1.0f;
+            for (size_t h = 0; h < 8; h++)
+                L->wr[e * H + h] = moe_float_to_half(-3.0f, dt);
+        }
+    } else if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
         size_t hot = splitmix(&r) % E;
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
@@ -809,6 +824,8 @@ static void check_permute_scatter(const layer_t *L, int T, int align_m, const in
     }
     CHECKF(map_ok, "row_of is not a bijection into each expert's rows");
     CHECKF(zero_ok, "a zero expert's entry is not at row offsets[slots] + t holding x[t] (%d zero entries)", zeros);
+    CHECKF(!L->all_zero || (zeros == T * K && offsets[E] == 0), "%d of %d entries to zero experts, offsets[slots] %d: "
+           "this case routes every entry to one", zeros, T * K, offsets[E]);
     if (L->s.zero_experts)
         fprintf(stderr, "  permute_scatter: %d of %ld entries chose a zero expert\n", zeros, (long)T * K);
     free(used);

@@ -6035,38 +6035,38 @@ static cudaError_t glm_4_5_air_device_init(glm_4_5_air_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
-#line 171 "templates/host.lua"
+#line 174 "templates/host.lua"
     d->use90 = major == 9;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     if (d->use90 && (e = glm_4_5_air_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_route_bf16_e128k8s1_t32k64s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 163904)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(glm_4_5_air_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 193 "templates/host.lua"
+#line 196 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -6117,51 +6117,51 @@ static glm_4_5_air_device_t *glm_4_5_air_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t glm_4_5_air_forward(const glm_4_5_air_args_t *a, cudaStream_t stream) {
-#line 249 "templates/host.lua"
+#line 252 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > glm_4_5_air_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 256 "templates/host.lua"
+#line 259 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 273 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *offsets = (int *)(ws + 1024);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *cursor = (int *)(ws + 1792);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *num_tiles = (int *)(ws + 2560);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2816);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *topk_idx = (int *)(ws + 41728);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *topk_w = (float *)(ws + 631552);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *row_of = (int *)(ws + 1221376);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1811200);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 1343980288);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *route_part = (float *)(ws + 1805350912);
-#line 285 "templates/host.lua"
+#line 288 "templates/host.lua"
     const int v = glm_4_5_air_variant(T);
     const long long tiles_y = glm_4_5_air_max_tiles(T, v);
-#line 290 "templates/host.lua"
+#line 293 "templates/host.lua"
     cudaError_t e;
     const glm_4_5_air_device_t *dev = glm_4_5_air_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 776, stream);
     if (e != cudaSuccess) return e;
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, glm_4_5_air_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -6173,191 +6173,191 @@ extern "C" cudaError_t glm_4_5_air_forward(const glm_4_5_air_args_t *a, cudaStre
     glm_4_5_air_launch(dev, glm_4_5_air_route_bf16_e128k8s1_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 5)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_plan_e129_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         glm_4_5_air_launch(dev, glm_4_5_air_permute_scatter_bf16_h4096k9, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 392 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 63 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1408, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 1) { /* calls of 64 .. 127 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 22, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1408, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 2) { /* calls of 128 .. 511 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1408, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 3) { /* calls of 512 .. 2047 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1408, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 4) { /* calls of 2048 .. 4095 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1408, 64)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 5) { /* calls of 4096 or more tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, xs, tiles_y * 128, 4096, 128)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w1p, 363264LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = glm_4_5_air_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1408, 128)) != cudaSuccess ||
             (e = glm_4_5_air_tmap(dev->encode, &mb, a->w2, 528384LL, 1408, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(22, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         glm_4_5_air_launch(dev, glm_4_5_air_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 403 "templates/host.lua"
+#line 406 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     if (!combined)
         glm_4_5_air_launch(dev, glm_4_5_air_combine_bf16_h4096k9, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6380,7 +6380,7 @@ extern "C" void glm_4_5_air_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 431 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6405,7 +6405,7 @@ extern "C" cudaError_t glm_4_5_air_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 532 "templates/host.lua"
+#line 535 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like glm_4_5_air_pack_w1),
@@ -6425,5 +6425,5 @@ extern "C" void glm_4_5_air_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 552 "templates/host.lua"
+#line 555 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

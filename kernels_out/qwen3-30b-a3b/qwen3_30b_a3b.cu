@@ -4822,30 +4822,30 @@ static cudaError_t qwen3_30b_a3b_device_init(qwen3_30b_a3b_device_t *d, int dev)
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
-#line 171 "templates/host.lua"
+#line 174 "templates/host.lua"
     d->use90 = major == 9;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     if (d->use90 && (e = qwen3_30b_a3b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_route_bf16_e128k8_t32k64s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 193 "templates/host.lua"
+#line 196 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -4896,49 +4896,49 @@ static qwen3_30b_a3b_device_t *qwen3_30b_a3b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cudaStream_t stream) {
-#line 249 "templates/host.lua"
+#line 252 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > qwen3_30b_a3b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 273 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3328);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3584);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *topk_idx = (int *)(ws + 38400);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *topk_w = (float *)(ws + 562688);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *row_of = (int *)(ws + 1086976);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1611264);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 605066752);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *route_part = (float *)(ws + 831362560);
-#line 285 "templates/host.lua"
+#line 288 "templates/host.lua"
     const int v = qwen3_30b_a3b_variant(T);
     const long long tiles_y = qwen3_30b_a3b_max_tiles(T, v);
-#line 290 "templates/host.lua"
+#line 293 "templates/host.lua"
     cudaError_t e;
     const qwen3_30b_a3b_device_t *dev = qwen3_30b_a3b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1796, stream);
     if (e != cudaSuccess) return e;
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, qwen3_30b_a3b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -4950,96 +4950,96 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
     qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_route_bf16_e128k8_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_scatter_bf16_h2048k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 392 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 47 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(48, (unsigned)tiles_y), 256, 32768, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 352 "templates/host.lua"
+#line 355 "templates/host.lua"
         combined = cfuse;
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(64, (unsigned)tiles_y), 256, 12288, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 193);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 1) { /* calls of 48 .. 4095 tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 400 "templates/host.lua"
+#line 403 "templates/host.lua"
     } else if (v == 2) { /* calls of 4096 or more tokens */
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
         if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 231488, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 768, 128)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 231488, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
         } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
         }
-#line 403 "templates/host.lua"
+#line 406 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     if (!combined)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5062,7 +5062,7 @@ extern "C" void qwen3_30b_a3b_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 431 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5087,5 +5087,5 @@ extern "C" cudaError_t qwen3_30b_a3b_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 552 "templates/host.lua"
+#line 555 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
