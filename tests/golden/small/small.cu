@@ -2884,22 +2884,22 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
-#line 171 "templates/host.lua"
+#line 174 "templates/host.lua"
     d->use90 = major == 9;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 193 "templates/host.lua"
+#line 196 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2950,48 +2950,48 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 249 "templates/host.lua"
+#line 252 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 273 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 283 "templates/host.lua"
+#line 286 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 290 "templates/host.lua"
+#line 293 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 308, stream);
     if (e != cudaSuccess) return e;
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -3003,42 +3003,42 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 309 "templates/host.lua"
+#line 312 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 389 "templates/host.lua"
+#line 392 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
     if (dev->use90) {
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 379 "templates/host.lua"
+#line 382 "templates/host.lua"
     } else {
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 354 "templates/host.lua"
+#line 357 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 386 "templates/host.lua"
+#line 389 "templates/host.lua"
     }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3061,7 +3061,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 428 "templates/host.lua"
+#line 431 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3086,5 +3086,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 552 "templates/host.lua"
+#line 555 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
