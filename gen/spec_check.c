@@ -496,7 +496,7 @@ static void check_quant(moe_spec_ctx_t *c, const moe_spec_t *s) {
 
 /* Zero-computation experts (zero_experts > 0; docs/DESIGN.md, "Zero
  * experts"): entries of indices >= experts take no weight slot and no
- * expert row; what carries them is the one-device forward. Run after
+ * expert row; what carries them is the forward without a dispatch. Run after
  * check_quant, on a spec whose keys all read. */
 static void check_zero_experts(moe_spec_ctx_t *c, const moe_spec_t *s) {
     const int z = s->zero_experts;

@@ -47,7 +47,7 @@ const moe_key_t moe_spec_keys[] = {
      .hi = MOE_LIMIT_EXPERTS,
      .help = "zero-computation experts Z (LongCat-Flash's `zero_expert_num`): the router scores `experts + "
              "zero_experts` experts (`router_w` [E + Z, H], `router_bias` [E + Z]), and a selected index ≥ "
-             "`experts` adds `w·x` (the layer's input row), no GEMM; inference on one device, `router.apply = "
+             "`experts` adds `w·x` (the layer's input row), no GEMM; inference without expert parallelism (`mesh.ep` = 1), `router.apply = "
              "\"output\"`, no groups, shared expert or fp8 weights"},
     {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,
      .at_most = "experts", .help = "experts each token is routed to"},
