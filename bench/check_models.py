@@ -91,11 +91,15 @@ class Family:
     k from the config where it is not num_experts_per_tok; `in_dtype`: the
     spec's routing follows the model in its dtype (Phi-3.5-MoE's
     sparsemixer: bf16 logits and band arithmetic), so the bf16 block is held
-    to the fp32 copy's gates and the fp32 copy is reported, not gated."""
+    to the fp32 copy's gates and the fp32 copy is reported, not gated;
+    `zero` the zero-computation experts the router also scores (LongCat-Flash:
+    spec zero_experts; the block's indices >= E are the identity) and
+    `experts` the routed experts E of a block whose experts module does not
+    call them num_experts."""
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None, in_dtype=False, ffn_bias_of=None):
+                 top_k=None, in_dtype=False, zero=0, experts=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or gate_route
@@ -104,8 +108,8 @@ class Family:
         self.keep, self.sel_bias_std = keep, sel_bias_std
         self.top_k = top_k or (lambda cfg: cfg.num_experts_per_tok)
         self.in_dtype = in_dtype
-        self.ffn_bias_of = ffn_bias_of  # (block, E, F) -> (b1 [E, 2F], b2 [E, H]) where the block's biases
-                                        # are not the experts' own (JetMoE's one output bias)
+        self.zero = zero
+        self.experts = experts
 
 
 def gate_route(block, x):
@@ -385,6 +389,24 @@ def mk_phimoe():
     return Block(cfg), cfg
 
 
+def mk_longcat():
+    # LongcatFlashMoE (LongCat-Flash): the router scores E + Z experts
+    # (Z = zero_expert_num), logits = F.linear(x.float(), W.float()) in
+    # fp32, p = softmax over all E + Z, selection on p +
+    # e_score_correction_bias (a buffer, bf16 in a bf16 model), top-k,
+    # weight = p · routed_scaling_factor, not renormalized, kept fp32; an
+    # index >= E is nn.Identity: x · w (bf16 x times the fp32 weight, in
+    # fp32) rounded to bf16 and index_add'ed into the bf16 output, as each
+    # real expert's output is. experts.gate_up_proj is [E + Z, 2F, H] (the
+    # zero experts' rows unused), down_proj [E, H, F]; no shared expert
+    # (the layer's dense MLPs sit beside the block, outside it).
+    Block, = tf_import("longcat_flash.modeling_longcat_flash", "LongcatFlashMoE")
+    Cfg, = tf_import("longcat_flash.configuration_longcat_flash", "LongcatFlashConfig")
+    cfg = eager(Cfg(hidden_size=256, expert_ffn_hidden_size=128, n_routed_experts=32, zero_expert_num=16,
+                    moe_topk=6, routed_scaling_factor=6.0))
+    return Block(cfg), cfg
+
+
 def mk_granite():
     # GraniteMoeMoE (Granite-3.x MoE): logits = x·Wrᵀ (bf16) then .float(),
     # top-k of the logits, weight = softmax over the k selected logits in
@@ -434,54 +456,6 @@ def granite_shared(block):
     w = block.shared_mlp.input_linear.weight
     fs = w.shape[0] // 2
     return w[:fs], w[fs:], block.shared_mlp.output_linear.weight, None
-
-
-def mk_jetmoe():
-    # JetMoeMoE (JetMoE-8B): logits = router.layer(x) (a bf16 Linear) then
-    # .float(), top-k of the logits, weight = softmax over the k (fp32, =
-    # softmax then renormalize), cast to bf16 (Granite's rule); experts
-    # input_linear [E, 2F, H] (chunk(2): the activated half, then the linear
-    # one) and output_linear [E, H, F], SwiGLU (activation_function "silu");
-    # the weighted outputs index_add'ed in bf16, then ONE bias [H] added to
-    # the sum. moegen says it with ffn_bias: b1 = 0 and every expert's b2 =
-    # that bias, since Σ_k w_k (o_k + b) = Σ_k w_k o_k + b when the weights
-    # sum to 1 (up to each expert's output being rounded with b in it).
-    # The wrapper names the parts as the checks expect (router, experts).
-    import torch
-    import transformers as tf
-    Block, = tf_import("jetmoe.modeling_jetmoe", "JetMoeMoE")
-    cfg = tf.JetMoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
-
-    class Experts:  # the stored tensors under the names convert() reads
-        def __init__(self, b):
-            self.gate_up_proj, self.down_proj = b.input_linear.weight, b.output_linear.weight
-            self.num_experts = b.input_linear.num_experts
-
-    class JetMoe(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.block = Block(cfg)
-            self.router, self.experts = self.block.router, Experts(self.block)
-
-        def forward(self, h):
-            return self.block(h)
-
-    return JetMoe(), cfg
-
-
-def jetmoe_route(block, x):
-    """JetMoeTopKGating's choice, as its forward computes it (that returns
-    it sorted by expert): top-k of the fp32 logits, softmax over the k."""
-    import torch
-    top, idx = block.router.layer(x).float().topk(block.router.top_k, dim=1)
-    return torch.softmax(top, dim=1).to(x.dtype), idx
-
-
-def jetmoe_bias(block, E, F):
-    """JetMoE's one output bias as moegen's ffn biases: b1 = 0, each expert's b2 = the bias."""
-    import torch
-    b = block.block.bias.detach()
-    return torch.zeros(E, 2 * F, dtype=b.dtype), b.reshape(1, -1).repeat(E, 1)
 
 
 def mk_jamba():
@@ -732,10 +706,9 @@ def aria_route(block, x):
     return w, idx
 
 
-def mk_laguna(softcap=0.0):
+def mk_laguna():
     # LagunaSparseMoeBlock with moe_router_logit_softcapping = 0 (the
-    # default), or c > 0: the fp32 logits become c·tanh(l / c) first
-    # (router.logit_softcap): bf16 logits,
+    # default; a softcap is not expressible, docs/models.md): bf16 logits,
     # .float(), s = sigmoid, selection on s + the gate's
     # e_score_correction_bias (a parameter the class keeps in the model
     # dtype), top-k; weight = s / Σ_k s, cast to bf16; the routed sum ×
@@ -745,7 +718,7 @@ def mk_laguna(softcap=0.0):
     Cfg, = tf_import("laguna.configuration_laguna", "LagunaConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
                     shared_expert_intermediate_size=128, moe_routed_scaling_factor=2.0,
-                    moe_router_logit_softcapping=softcap))
+                    moe_router_logit_softcapping=0.0))
     return Block(cfg), cfg
 
 
@@ -862,12 +835,14 @@ FAMILIES = [
     Family("phimoe", "Phi-3.5-MoE (PhimoeSparseMoeBlock, sparsemixer)", mk_phimoe,
            'router = { score = "sparsemixer", renormalize = false, jitter_eps = 0.01 }', "fused",
            route=router_route, router=lambda b: {"wr": b.router.weight}, in_dtype=True),
+    Family("longcat", "LongCat-Flash (LongcatFlashMoE, zero experts)", mk_longcat,
+           'router = { score = "softmax", bias = true, renormalize = false, scale = 6.0 }', "fused",
+           route=lambda b, x: b.router(x),
+           router=lambda b: {"wr": b.router.classifier.weight, "sel_bias": b.router.e_score_correction_bias.float()},
+           keep=(), sel_bias_std=0.01, zero=16, experts=lambda b: b.experts.num_routed_experts),
     Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
            'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
            router=lambda b: {"wr": b.router.weight}),
-    Family("jetmoe", "JetMoE-8B (one output bias)", mk_jetmoe,
-           'router = { score = "softmax", renormalize = true }\nffn_bias = true', "fused", route=jetmoe_route,
-           router=lambda b: {"wr": b.router.layer.weight}, ffn_bias_of=jetmoe_bias),
     Family("granitemoeshared", "Granite MoE with a shared expert", mk_granite_shared,
            'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
            route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
@@ -988,9 +963,6 @@ FAMILIES = [
     Family("laguna", "Laguna (no logit softcap)", mk_laguna,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
            shared=128, shared_gate="none", keep=()),
-    Family("laguna-softcap", "Laguna (moe_router_logit_softcapping = 0.5)", lambda: mk_laguna(0.5),
-           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0, logit_softcap = 0.5 }',
-           "fused", shared=128, shared_gate="none", keep=()),
     Family("ernie4.5-vl", "ERNIE-4.5-VL (text tokens)", mk_ernie45_vl,
            'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
            router=lambda b: {"wr": b.gate.weight,
@@ -1072,8 +1044,10 @@ def convert(fam, block, E, H, F):
     import torch
     t = dict(fam.router(block))
     ex = block.experts
+    # zero experts (LongCat-Flash): gate_up_proj holds E + Z experts, the zero experts' never read
+    gate_up = ex.gate_up_proj[:E] if fam.zero else getattr(ex, "gate_up_proj", None)
     if fam.layout == "fused":            # [E, 2F, H] gate then up; down [E, H, F]
-        w1, w2 = ex.gate_up_proj, ex.down_proj
+        w1, w2 = gate_up, ex.down_proj
     elif fam.layout == "concat_t":       # [E, H, 2F] gate columns then up; down [E, F, H]
         w1, w2 = ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2)
         if getattr(ex, "gate_up_proj_bias", None) is not None:  # [E, 2F] gate then up, [E, H]
@@ -1094,15 +1068,13 @@ def convert(fam, block, E, H, F):
         raise ValueError(fam.layout)
     assert tuple(w1.shape) == (E, 2 * F, H) and tuple(w2.shape) == (E, H, F), (w1.shape, w2.shape)
     t["w1"], t["w2"] = w1, w2
-    if fam.ffn_bias_of:
-        t["b1"], t["b2"] = fam.ffn_bias_of(block, E, F)
     t = {k: v.detach().contiguous() for k, v in t.items()}
     # The same tensors as the checkpoint stores them, with moe_layout's name
     # for each (runtime/moe.h), for the library's own packing where it has it.
     if fam.layout == "separate_flat":
         stored = [("W1_SEPARATE", gate, up), ("W2_T", down_t)]
     elif fam.layout == "fused":
-        stored = [("W1_FUSED", ex.gate_up_proj), ("W2", ex.down_proj)]
+        stored = [("W1_FUSED", gate_up), ("W2", ex.down_proj)]
     elif fam.layout == "concat_t_fc":
         stored = [("W1_FUSED_T", ex.fc1.weight), ("W2_T", ex.fc2.weight)]
     elif fam.layout == "concat_t":
@@ -1112,8 +1084,6 @@ def convert(fam, block, E, H, F):
     else:  # interleaved_t
         stored = [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias),
                   ("W2_T", ex.down_proj), ("B2", ex.down_proj_bias)]
-    if fam.ffn_bias_of:
-        stored += [("B1_FUSED", t["b1"]), ("B2", t["b2"])]
     t["stored"] = [(n,) + tuple(v.detach().contiguous() for v in vs) for n, *vs in stored]
     return t
 
@@ -1144,6 +1114,8 @@ def spec_text(fam, name, E, K, H, F, tokens, with_shared, drop=()):
          % (fam.name, fam.model, name, E, K, H, F, tokens, keys))
     if with_shared and fam.shared:
         s += 'shared = { ffn = %d, gate = "%s" }\n' % (fam.shared, fam.shared_gate)
+    if fam.zero and "zero_experts" not in drop:  # a build without the key: skipped ("needs zero_experts")
+        s += 'zero_experts = %d\n' % fam.zero
     return s
 
 
@@ -1363,7 +1335,8 @@ def check_family(fam, be, opt, workdir, log):
     block, cfg = fam.make()
     block.eval()
     H = cfg.hidden_size
-    E = block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts
+    E = (fam.experts(block) if fam.experts else
+         block.experts.fc1.weight.shape[0] if fam.layout == "concat_t_fc" else block.experts.num_experts)
     K = fam.top_k(cfg)
     F = expert_ffn(fam, block)
     tokens = max(opt.tokens)

@@ -362,10 +362,13 @@ static int cmd_plan(const args_t *a) {
     }
     char *text = a->json ? moe_mesh_plan_json(mesh, a->rank) : moe_mesh_plan_table(mesh, a->rank);
     if (!a->json) {
-        printf("plan %s (hash %s), %s%s%s, E=%d top_k=%d H=%d F=%d, up to %d tokens\n\n", spec.name, spec.hash,
+        char zero[48] = ""; /* zero experts: scored by the router beside the E, no weights */
+        if (spec.zero_experts)
+            snprintf(zero, sizeof zero, " (+%d zero experts)", spec.zero_experts);
+        printf("plan %s (hash %s), %s%s%s, E=%d%s top_k=%d H=%d F=%d, up to %d tokens\n\n", spec.name, spec.hash,
                moe_dtype_name(spec.dtype), moe_spec_fp8(&spec) ? ", fp8 e4m3 expert weights with scales per " : "",
                !moe_spec_fp8(&spec) ? "" : spec.quant.scaling == MOE_SCALING_BLOCK ? "128x128 block" : "row",
-               spec.experts, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
+               spec.experts, zero, spec.top_k, spec.hidden, spec.ffn, spec.tokens);
         printf("kernels (sm_90a; sm_80 runs the same but mma.sync GEMMs, see manifest.json):\n");
         for (int i = 0; i < MOE_K_COUNT; i++) {
             const moe_kernel_desc_t *k = &moe_plan_kernels(&plan, MOE_ARCH_SM90A)[i];

@@ -313,12 +313,20 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                        moe_spec_shared_slots(s), n, moe_spec_slots(s), n, s->experts, moe_spec_slots(s) - 1,
                        s->shared.gate == MOE_SHARED_GATE_SIGMOID ? " shared_gate: half [H], w_gate." : "", n,
                        s->shared.ffn, n, moe_spec_slots(s));
+    if (s->zero_experts)
+        moe_buf_printf(b,
+                       "/* Zero-computation experts (zero_experts = %d): the router scores %s_SCORED = %d experts\n"
+                       " * (E + Z below: router_w and the router's biases); a selected index >= %d adds w * x,\n"
+                       " * no weights (the expert tensors hold the E routed experts). */\n"
+                       "#define %s_ZERO_EXPERTS %d\n#define %s_SCORED %d\n\n",
+                       s->zero_experts, n, moe_spec_scored(s), s->experts, n, s->zero_experts, n, moe_spec_scored(s));
+    const char *re = s->zero_experts ? "E + Z" : "E"; /* the router's rows: the scored experts */
     moe_buf_printf(b,
                    "/* Tensors (row-major; half = %s bits in unsigned short):\n"
                    " *   x            half  [tokens, H]\n"
-                   " *   router_w     half  [E, H]\n"
-                   " *   router_bias  float [E]   selection-only bias (router.bias)%s\n"
-                   " *   router_logit_bias float [E]  added to the logits (router.logit_bias)%s\n"
+                   " *   router_w     half  [%s, H]\n"
+                   " *   router_bias  float [%s]   selection-only bias (router.bias)%s\n"
+                   " *   router_logit_bias float [%s]  added to the logits (router.logit_bias)%s\n"
                    " *   w1p          half  [E, 2F, H]  W1 packed: gate/up rows interleaved in blocks of %d;\n"
                    " *                      %s_pack_w1 converts from [E, 2F, H] with gate rows first, then up rows\n"
                    " *   b1p          half  [E, 2F]  packed like W1 (%s_pack_b1)%s\n"
@@ -326,7 +334,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    " *   b2           half  [E, H]%s\n"
                    " *   y            half  [tokens, H]\n"
                    " *   workspace    %s_WORKSPACE_BYTES bytes of device memory, 256-byte aligned\n */\n",
-                   moe_dtype_name(s->dtype), s->router.bias ? "" : " — unused by this spec",
+                   moe_dtype_name(s->dtype), re, re, s->router.bias ? "" : " — unused by this spec", re,
                    s->router.logit_bias ? "" : " — unused", pd->pair_granule, n, n, s->ffn_bias ? "" : " — unused",
                    s->ffn_bias ? "" : " — unused", n);
     const int fp8 = moe_spec_fp8(s), block = fp8 && s->quant.scaling == MOE_SCALING_BLOCK;

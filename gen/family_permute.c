@@ -29,9 +29,14 @@ static int scatter_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, cha
 static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_spec_t *s = c->spec;
     (void)k;
-    /* with fp8 weights the rows are written quantized (e4m3 + a scale per 128 columns) */
-    snprintf(out, n, "%s_permute_scatter_%s_h%dk%d", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
-             s->hidden, moe_spec_entries(s));
+    /* with fp8 weights the rows are written quantized (e4m3 + a scale per 128 columns); with zero experts
+     * (entries of index >= experts: x to the token's row after the slots' rows) e and z, the experts and the
+     * zero experts */
+    char z[32] = "";
+    if (s->zero_experts)
+        snprintf(z, sizeof z, "_e%dz%d", s->experts, s->zero_experts);
+    snprintf(out, n, "%s_permute_scatter_%s_h%dk%d%s", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+             s->hidden, moe_spec_entries(s), z);
 }
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {

@@ -71,14 +71,18 @@ static route_tiling_t route_tiling(int L, int per_block, int threads) {
 }
 
 static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
-    const int E = c->spec->experts;
-    if (E > 1024) {
-        snprintf(err, errlen, "experts (%d): the route kernel handles at most 1024 experts", E);
+    const int E = c->spec->experts, Z = c->spec->zero_experts;
+    if (E + Z > 1024) {
+        if (Z)
+            snprintf(err, errlen, "zero_experts (%d): experts + zero_experts (%d) exceeds the 1024 experts the route "
+                     "kernel scores", Z, E + Z);
+        else
+            snprintf(err, errlen, "experts (%d): the route kernel handles at most 1024 experts", E);
         return 1;
     }
     k->threads = ROUTE_THREADS;
     k->per_block = ROUTE_TOKENS;
-    /* logit columns: one per expert, and the shared expert's gate logit */
+    /* logit columns: one per scored expert (the zero experts' too), and the shared expert's gate logit */
     const route_tiling_t t = route_tiling(moe_spec_router_columns(c->spec), k->per_block, k->threads);
     if (!t.smem) {
         snprintf(err, errlen, "experts (%d): the route kernel's logits do not fit its shared memory", E);
@@ -95,8 +99,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     char sh[24] = "";
     if (s->shared.ffn)
         snprintf(sh, sizeof sh, "s%d%s", moe_spec_shared_slots(s), s->shared.gate == MOE_SHARED_GATE_SIGMOID ? "g" : "");
-    snprintf(out, n, "%s_route_%s_e%dk%d%s_t%dk%ds%d", s->name, moe_dtype_name(s->dtype), s->experts, s->top_k, sh,
-             k->per_block, t.bk, t.stages);
+    /* zero experts: z and their count after the experts' */
+    char z[16] = "";
+    if (s->zero_experts)
+        snprintf(z, sizeof z, "z%d", s->zero_experts);
+    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d", s->name, moe_dtype_name(s->dtype), s->experts, z, s->top_k,
+             sh, k->per_block, t.bk, t.stages);
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens

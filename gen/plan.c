@@ -197,6 +197,9 @@ static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, s
      * per 128 columns; xs keeps two bytes per element, since the down GEMM
      * writes its bf16 output there */
     const int fp8 = moe_spec_fp8(s);
+    /* zero experts (docs/DESIGN.md, "Zero experts"): the scatter copies x[t] of a token that selects one into
+     * row offsets[E'] + t of xs, past the routed rows, where combine reads it as that entry's output */
+    const long long zero_rows = s->zero_experts ? tokens : 0;
     long long sk_partials, sk_tickets;
     splitk_space(pd, tokens, full_rows, &sk_partials, &sk_tickets);
     size_t sizes[MOE_WS_COUNT] = {
@@ -205,7 +208,7 @@ static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, s
         [MOE_WS_OFFSETS] = 4 * (E + 1), [MOE_WS_CURSOR] = 4 * E,
         [MOE_WS_NUM_TILES] = 4, [MOE_WS_TILES] = 16 * (size_t)tiles,
         [MOE_WS_TOPK_IDX] = 4 * TK, [MOE_WS_TOPK_W] = 4 * TK, [MOE_WS_ROW_OF] = 4 * TK,
-        [MOE_WS_XS] = 2 * R * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
+        [MOE_WS_XS] = 2 * (R + zero_rows) * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
         [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
                                                               moe_spec_router_columns(s),
                                                               s->hidden),

@@ -33,7 +33,9 @@ typedef enum {
     MOE_WS_ROW_OF,          /* int [T, k']  row of (t, k) in expert-major order */
     MOE_WS_XS,              /* half [max_rows, H]  gathered rows; reused for the down output. With fp8
                                            weights the gathered rows are e4m3 [max_rows, H] (its first half),
-                                           and the down output (bf16) still fills all of it */
+                                           and the down output (bf16) still fills all of it. With zero
+                                           experts T more rows: x[t] at row offsets[E'] + t for a token
+                                           that selects one (the zero entries' output) */
     MOE_WS_HBUF,            /* half [max_rows, F]  SwiGLU output; with fp8 weights e4m3 [max_rows, F] */
     MOE_WS_ROUTE_PART,      /* float        route's split partial logits (moe_route_scratch_bytes) */
     MOE_WS_XSC,             /* float [max_rows, H/128]  with fp8 weights, the gathered rows' scales (else 0 bytes) */

@@ -100,6 +100,7 @@ typedef struct {
 typedef struct {
     char name[MOE_NAME_MAX];      /* C identifier */
     int experts;                  /* E: routed experts (global) */
+    int zero_experts;             /* Z: zero-computation experts the router also scores (0: none) */
     int top_k;
     int hidden;                   /* H */
     int ffn;                      /* F: per-expert intermediate size */
@@ -179,9 +180,16 @@ void moe_spec_push_lua(struct lua_State *L, const moe_spec_t *s);
 static inline int moe_spec_shared_slots(const moe_spec_t *s) { return s->ffn ? s->shared.ffn / s->ffn : 0; }
 static inline int moe_spec_entries(const moe_spec_t *s) { return s->top_k + moe_spec_shared_slots(s); }
 static inline int moe_spec_slots(const moe_spec_t *s) { return s->experts + moe_spec_shared_slots(s); }
-/* The router's logit columns: the experts, and the sigmoid gate's column E. */
+/* Zero-computation experts (LongCat-Flash; docs/DESIGN.md, "Zero
+ * experts"): the router scores scored() = experts + zero_experts experts
+ * (router_w [scored, H], the router's biases [scored]); a selected index
+ * >= experts is the identity, an entry with no weight slot and no expert
+ * row, whose output is the token's x. */
+static inline int moe_spec_scored(const moe_spec_t *s) { return s->experts + s->zero_experts; }
+/* The router's logit columns: the scored experts, and the sigmoid gate's
+ * column E (a spec has one or the other, never both). */
 static inline int moe_spec_router_columns(const moe_spec_t *s) {
-    return s->experts + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
+    return moe_spec_scored(s) + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
 }
 
 /* Are the expert weights fp8 (quant.weights = "fp8_e4m3")? */

@@ -495,6 +495,41 @@ static void check_quant(moe_spec_ctx_t *c, const moe_spec_t *s) {
      * (moe_gather_weights), the EP dispatch moves e4m3 rows and scales */
 }
 
+/* Zero-computation experts (zero_experts > 0; docs/DESIGN.md, "Zero
+ * experts"): entries of indices >= experts take no weight slot and no
+ * expert row; what carries them is the forward without a dispatch. Run after
+ * check_quant, on a spec whose keys all read. */
+static void check_zero_experts(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const int z = s->zero_experts;
+    if (!z)
+        return;
+    static const char why[] = "with zero_experts";
+    if (s->training)
+        NAMED_ERROR(c, "training", "training = true %s (%d) is not supported: the backward has no zero-expert "
+                    "entries (LongCat-Flash's zero experts are inference here)", why, z);
+    else if (s->mesh.size[MOE_AXIS_EP] > 1)
+        NAMED_ERROR(c, "mesh.ep", "mesh.ep = %d %s (%d) is not supported: the expert-parallel dispatch sends every "
+                    "entry to a rank's slot, and a zero expert has none", s->mesh.size[MOE_AXIS_EP], why, z);
+    else if (s->router.apply == MOE_APPLY_INPUT)
+        NAMED_ERROR(c, "router.apply", "router.apply = \"input\" %s (%d) is not supported: a zero expert adds w·x, "
+                    "the weight on its output", why, z);
+    else if (s->router.score == MOE_SCORE_SPARSEMIXER)
+        NAMED_ERROR(c, "router.score", "router.score = \"sparsemixer\" %s (%d) is not supported (Phi-3.5-MoE has "
+                    "none)", why, z);
+    else if (s->router.groups > 1)
+        NAMED_ERROR(c, "router.groups", "router.groups = %d %s (%d) is not supported: the groups split the routed "
+                    "experts, and the zero experts are in none", s->router.groups, why, z);
+    else if (s->shared.ffn)
+        NAMED_ERROR(c, "shared.ffn", "shared.ffn %s (%d) is not supported: the shared expert's slots sit at the "
+                    "indices after the routed experts, where the zero experts are scored", why, z);
+    else if (moe_spec_fp8(s))
+        NAMED_ERROR(c, "quant.weights", "quant.weights = \"fp8_e4m3\" %s (%d) is not supported: the fp8 scatter "
+                    "writes quantized rows, and a zero expert's output is the bf16 x", why, z);
+    else if (moe_spec_scored(s) > MOE_LIMIT_EXPERTS)
+        NAMED_ERROR(c, "zero_experts", "experts + zero_experts (%d) exceeds the limit of %d scored experts",
+                    moe_spec_scored(s), MOE_LIMIT_EXPERTS);
+}
+
 /* Fill s from the spec's table at the stack top: defaults, then every row
  * of the schema (type, range, choices), then each row's own relations, then
  * the relations between keys; keys not in effect go back to their defaults. */
@@ -549,6 +584,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
         check_shared(c, s);
     if (!c->failed)
         check_quant(c, s);
+    if (!c->failed)
+        check_zero_experts(c, s);
     if (!c->failed)
         moe_spec_reset_unused(s);
 }

@@ -43,6 +43,12 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "experts", .type = MOE_KEY_INT, .offset = AT(experts), .required = true, .lo = 1,
      .hi = MOE_LIMIT_EXPERTS, .help = "routed experts E (over the whole mesh); the route kernel plans at most "
                                       "1024, more is refused at plan time (`moegen check` included)"},
+    {.name = "zero_experts", .type = MOE_KEY_INT, .offset = AT(zero_experts), .optional = true, .lo = 0,
+     .hi = MOE_LIMIT_EXPERTS,
+     .help = "zero-computation experts Z (LongCat-Flash's `zero_expert_num`): the router scores `experts + "
+             "zero_experts` experts (`router_w` [E + Z, H], `router_bias` [E + Z]), and a selected index ≥ "
+             "`experts` adds `w·x` (the layer's input row), no GEMM; inference without expert parallelism (`mesh.ep` = 1), `router.apply = "
+             "\"output\"`, no groups, shared expert or fp8 weights"},
     {.name = "top_k", .type = MOE_KEY_INT, .offset = AT(top_k), .required = true, .lo = 1, .hi = MOE_LIMIT_TOP_K,
      .at_most = "experts", .help = "experts each token is routed to"},
     {.name = "hidden", .type = MOE_KEY_INT, .offset = AT(hidden), .required = true, .lo = 8, .hi = MOE_LIMIT_DIM,
@@ -312,10 +318,12 @@ char *moe_spec_canonical(const moe_spec_t *s) {
     for (int i = 0; i < n;) {
         const char *name = rows[i]->name;
         size_t tl = top_len(name);
-        if (!name[tl]) { /* a top-level key */
-            moe_buf_printf(&b, "%s = ", name);
-            put_value(&b, rows[i], s);
-            moe_buf_printf(&b, "\n");
+        if (!name[tl]) { /* a top-level key (an optional one only when set: zero_experts) */
+            if (written(rows[i], s)) {
+                moe_buf_printf(&b, "%s = ", name);
+                put_value(&b, rows[i], s);
+                moe_buf_printf(&b, "\n");
+            }
             i++;
             continue;
         }

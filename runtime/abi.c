@@ -169,7 +169,7 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
     if (!p || !name || !rank || !dims)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_tensor: NULL argument");
     const moe_spec_t *s = &p->pd.spec;
-    int64_t T = s->tokens, E = s->experts, H = s->hidden, F = s->ffn, S = p->launcher.slots;
+    int64_t T = s->tokens, H = s->hidden, F = s->ffn, S = p->launcher.slots;
     const char *dt = moe_dtype_name(s->dtype);
     int n = 0;
     int64_t d[4] = {0};
@@ -177,12 +177,12 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
                         memcpy(d, v_, sizeof v_); } while (0)
     if (!strcmp(name, "x") || !strcmp(name, "y"))
         SHAPE(T, H);
-    else if (!strcmp(name, "router_w"))
-        SHAPE(E, H);
+    else if (!strcmp(name, "router_w"))   /* the scored experts: the zero experts' rows too */
+        SHAPE(moe_spec_scored(s), H);
     else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
         dt = "fp32";
         if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)
-            SHAPE(E);
+            SHAPE(moe_spec_scored(s));
     } else if (!strcmp(name, "w1p") || !strcmp(name, "w2")) {
         if (name[1] == '1')
             SHAPE(S, 2 * F, H);

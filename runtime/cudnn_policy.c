@@ -141,6 +141,11 @@ int moe_cudnn_spec_fits(const moe_spec_t *s, int world, int stage, char *why, si
                  "experts), so the generated kernels run");
         return 0;
     }
+    if (s->zero_experts) {
+        snprintf(why, n, "zero_experts: the zero experts' x rows sit in the down output after the routed rows, "
+                 "where the cuDNN graphs (built for the capacity's rows) may write, so the generated kernels run");
+        return 0;
+    }
     if (moe_spec_fp8(s)) {
         snprintf(why, n, "quant.weights = \"fp8_e4m3\": the cuDNN graphs here are bf16/fp16 grouped matmuls, so the "
                  "generated fp8 kernels run");

@@ -115,6 +115,9 @@ typedef struct moe_plan moe_plan;
  * the routed experts, then the shared expert split into m slots of size F
  * (moe_plan_pack_shared writes them); shared_gate is its w_gate [H]
  * (dtype), required iff shared.gate = "sigmoid".
+ * With zero-computation experts (spec zero_experts = Z) the router scores
+ * E + Z experts: router_w is [E + Z, H] and router_bias / router_logit_bias
+ * [E + Z]; w1p and w2 stay the E routed experts'.
  * With fp8 expert weights (spec quant.weights = "fp8_e4m3") w1p and w2 are
  * the e4m3 tensors w1q and w2q, and w1s and w2s their fp32 scales, as
  * moe_plan_pack_fp8 and moe_plan_pack_quantize write them (below, "fp8

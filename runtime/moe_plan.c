@@ -235,7 +235,9 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
         (rc = env_switch("MOEGEN_PDL", 0, &p->launcher.pdl)))
         return rc;
     p->route_fuse &= !p->ep->dispatch;
-    p->combine_fuse &= !p->ep->dispatch;
+    /* nor with zero experts: a call whose entries all chose one has no tile, and the folded combine runs in
+     * the CTAs of the tiles (docs/DESIGN.md, "Zero experts") */
+    p->combine_fuse &= !p->ep->dispatch && !spec.zero_experts;
     int cudnn_mode; /* checked here, before any device work; decided in moe_cudnn_setup */
     return moe_cudnn_resolve_mode(o, &cudnn_mode, NULL, 0);
 }

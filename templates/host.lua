@@ -167,6 +167,9 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
+@ if (p.spec.zero_experts or 0) > 0 then
+    d->combine_fuse = 0; /* zero experts: a call may have no tile, and the folded combine runs in the tiles' CTAs */
+@ end
 @ if two then
     d->use90 = major == 9;
 @ else

@@ -18,6 +18,11 @@
 @ --   router.apply = "input", x·w rounded to the dtype, w = topk_w[t, k]
 @ --   rounded first; topk_w is not read otherwise). The order of rows within
 @ --   an expert is whatever the atomics give; nothing downstream depends on it.
+@ --   Zero experts (p.spec.zero_experts > 0, docs/DESIGN.md, "Zero experts"):
+@ --   an entry of index >= p.slots has no slot; its row is offsets[slots] + t,
+@ --   past every slot's rows, and the token's first such entry stores x[t]
+@ --   there (the workspace's xs has the T rows, gen/plan.c), so combine reads
+@ --   x[t] as the entry's output; its later ones share the row.
 @ local M = {}
 @
 @ function M.config(p)
@@ -41,6 +46,10 @@
 @ local c = M.config(p)
 @ local ns = p.plan_kernel .. "_impl"
 @ local input = p.spec.router.apply == "input"
+@ local zero = (p.spec.zero_experts or 0) > 0
+@ if zero and (input or (p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3")) then
+@   error(p.kernel .. ": zero experts with router.apply = \"input\" or fp8 weights (gen/spec_check.c)", 0)
+@ end
 namespace ${ns} {
 constexpr int E = ${p.slots}, K = ${p.entries}, H = ${p.H}, ALIGN = ${p.align};
 constexpr int PLAN_THREADS = ${p.plan_threads}, PLAN_WARPS = PLAN_THREADS / 32;
@@ -128,10 +137,18 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 @ if input then
         float my_w = 0.f;
 @ end
+@ if zero then
+        bool my_zero = false;
+@ end
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
+@ if zero then
+            my_zero = e >= E;   // a zero expert: x[t] at row offsets[E] + t, no slot
+            my_row = my_zero ? offsets[E] + t : offsets[e] + atomicAdd(cursor + e, 1);
+@ else
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
+@ end
             row_of[i] = my_row;
 @ if input then
             my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
@@ -140,6 +157,10 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
         uint4 *__restrict__ dst[K];
 @ if input then
         float w[K];
+@ end
+@ if zero then
+        /* the token's zero entries after its first share that row: stored once */
+        const unsigned zm = __ballot_sync(FULL, my_zero), dup = zm & (zm - 1u);
 @ end
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -155,6 +176,10 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 @ if input then
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = moe_scale8(val, w[k]);
+@ elseif zero then
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                if (!((dup >> k) & 1u)) dst[k][v] = val;
 @ else
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;

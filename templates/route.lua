@@ -59,6 +59,14 @@
 @ -- are quantized by permute_scatter). permute_plan (and permute_scatter)
 @ -- are then not launched.
 @ --
+@ -- Zero-computation experts (p.spec.zero_experts = Z > 0, docs/DESIGN.md,
+@ -- "Zero experts"): the router scores NS = E + Z experts (logit columns,
+@ -- router rows, biases and selection over all NS); a selected index >= E
+@ -- is written to topk_idx as it is, with its weight, and counts no slot.
+@ -- The fused scatter gives such an entry the row offsets[SLOTS] + t and
+@ -- copies x[t] there once per token (permute_scatter's rule), which
+@ -- combine reads as the entry's output.
+@ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
 @ -- logits there (logit_bias included, and capped where
@@ -77,10 +85,12 @@
 @   end
 @   local c = {}
 @   c.E, c.K, c.H = p.E, p.K, p.H
+@   c.Z = p.spec.zero_experts or 0         -- zero experts: scored as E .. NS-1, no weight slot
+@   c.NS = c.E + c.Z                       -- scored experts
 @   c.T, c.threads = p.per_block, p.threads
 @   need(c.T >= 16 and c.T % 16 == 0, "per_block must be a multiple of 16 (m16 tiles)")
 @   need(c.threads >= 32 and c.threads % 32 == 0, "threads must be a multiple of 32")
-@   need(c.E >= 1 and c.E <= 1024, "routing supports 1 to 1024 experts")
+@   need(c.E >= 1 and c.NS <= 1024, "routing supports 1 to 1024 experts (the zero experts included)")
 @   need(c.K >= 1 and c.K <= 32 and c.K <= c.E, "top_k must be 1..32 and at most experts")
 @   need(c.H >= 8 and c.H % 8 == 0, "hidden must be a multiple of 8")
 @   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
@@ -90,8 +100,10 @@
 @   c.gate = p.shared_gate and true or false -- its gate logit: column E
 @   c.KE = c.K + c.M                       -- entries per token
 @   need(c.KE <= 32, "top_k + shared slots must be at most 32 (a lane each)")
-@   c.EL = p.router_columns                -- logit columns: E, and the shared gate's
-@   need(c.EL == c.E + (c.gate and 1 or 0), "router_columns must be the experts and the shared gate")
+@   c.EL = p.router_columns                -- logit columns: the scored experts, and the shared gate's
+@   need(c.EL == c.NS + (c.gate and 1 or 0), "router_columns must be the scored experts and the shared gate")
+@   need(c.Z == 0 or (c.M == 0 and not p.spec.training and p.spec.router.apply ~= "input"),
+@        "zero experts: no shared expert, training or apply = input (gen/spec_check.c)")
 @   -- the tiling (gen/family_route.c, route_tiling)
 @   c.WN, c.NT, c.NPASS, c.BK, c.S, c.LDL = p.wn, p.nt, p.npass, p.bk, p.stages, p.ldl
 @   need(c.WN and c.NT and c.NPASS and c.BK and c.S and c.LDL, "the plan gives no route tiling")
@@ -119,7 +131,7 @@
 @   c.sparsemixer = p.score == "sparsemixer"
 @   need(not c.sparsemixer or (p.K == 2 and not p.renormalize and not p.bias and not p.logit_bias),
 @        "sparsemixer: top-2 of the plain logits, not renormalized (gen/spec_check.c)")
-@   c.VPL = cdiv(c.E, 32)                  -- experts per lane
+@   c.VPL = cdiv(c.NS, 32)                 -- scored experts per lane
 @   c.G = (p.groups or 1) > 1 and p.groups or 1
 @   if c.G > 1 then
 @     c.KG = p.topk_groups
@@ -146,7 +158,8 @@
 @ function M.emit(p)
 @ local c = M.config(p)
 @ local ns = p.kernel .. "_impl"
-@ local LC = c.gate and "EL" or "E"    -- logit columns (the gate's included)
+@ local SE = c.Z > 0 and "NS" or "E"  -- scored experts (the zero experts' included)
+@ local LC = c.gate and "EL" or SE     -- logit columns (the gate's included)
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 @ local input = p.spec.router.apply == "input"
 @ -- router.logit_softcap = c: a logit (logit_bias included) becomes c·tanh(l / c), in fp32
@@ -156,6 +169,9 @@
 @ end
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
+@ if c.Z > 0 then
+constexpr int NS = ${c.NS};          // scored experts: E routed, then ${c.Z} zero experts (no weight slot)
+@ end
 constexpr int T = ${c.T}, THREADS = ${c.threads}, NW = ${c.NW};
 constexpr int MT = ${c.MT};          // m16 tiles: every warp covers all T tokens
 constexpr int WN = ${c.WN}, WK = ${c.WK};     // warps along the pass's columns, along each stage's k16 steps
@@ -172,7 +188,7 @@ constexpr int LDL = ${c.LDL};        // logits smem row stride, floats
 constexpr int LOFF = ${c.loff};      // logits offset in smem, bytes
 constexpr int SMEM = ${c.smem};
 constexpr int NCH = (H + BK - 1) / BK;
-constexpr int LCOLS = ${c.EL};       // logit columns: the experts (and the shared gate)
+constexpr int LCOLS = ${c.EL};       // logit columns: the scored experts (and the shared gate)
 constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = ${c.slots}, ENTRIES = ${c.entries};   // weight slots (counts), entries per token
@@ -479,7 +495,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
-            if (e < E) {
+            if (e < ${SE}) {
 @ if p.logit_bias then
                 pv[i] = ${cap("lrow[e] + __ldg(logit_bias + e)")};
 @ else
@@ -678,7 +694,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             }
             if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
                 slot = E + lane - K;
+@ if c.Z > 0 then
+            if (lane < ENTRIES && mine < E)   // a zero expert has no weights
+@ else
             if (lane < ENTRIES)
+@ end
                 moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
         }
 
@@ -739,6 +759,13 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = ${c.gate and "gsh" or "1.0f"};
         }
+@ elseif c.Z > 0 then
+        if (lane < K) {   // a zero expert (mine >= E) takes no slot: it is counted nowhere
+            topk_idx[(long long)tok * K + lane] = mine;
+            topk_w[(long long)tok * K + lane] = w;
+            if (mine < E)
+                atomicAdd(s_count + mine, 1);
+        }
 @ else
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
@@ -782,14 +809,30 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
+@   if c.Z > 0 then
+        const int zrow = fuse.offsets[SLOTS];   // x[t] of a token with a zero expert: row zrow + t (the plan wrote it)
+        for (int i = tid; i < n; i += THREADS) {
+            const int e = __ldcg(topk_idx + i);
+            fuse.row_of[i] = e >= SLOTS ? zrow + i / ENTRIES : s_off[e] + atomicAdd(s_cur + e, 1);
+        }
+@   else
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
+@   end
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
+@   if c.Z > 0 then
+            if (__ldcg(topk_idx + i) >= SLOTS) {   // warp-uniform: a zero entry; the token's first one copies x
+                bool first = true;
+                for (int j = i - i % ENTRIES; j < i; ++j) first = first && __ldcg(topk_idx + j) < SLOTS;
+                if (!first)
+                    continue;
+            }
+@   end
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
 @   if input then

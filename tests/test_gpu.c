@@ -215,6 +215,11 @@ static const gpu_case_t cases[] = {
     {"tests/specs/sqrtsoftplus.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL}, /* DeepSeek-V4 */
     {"tests/specs/softcap.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},      /* Laguna's cap */
     {"tests/specs/sparsemixer.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},  /* Phi-3.5-MoE */
+    /* LongCat-Flash's zero experts: fused scatter (1, 5), fused plan (40), separate (333, 2048), skewed */
+    {"tests/specs/zero_experts.moe", MODE_RANDOM, {1, 5, 40, 333, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/zero_experts.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    /* every entry a zero expert: no routed row, no tile; y = Σ_k w·x (the fused scatter at 1 and 5) */
+    {"tests/specs/zero_experts.moe", MODE_ONE, {1, 5, 40, 333}, 4, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_RANDOM, {1, 333, 2048}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
@@ -437,6 +442,7 @@ typedef struct {
     size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
     int device_packed; /* the device weights were packed on the device (the pack case) */
+    int all_zero;      /* every entry routed to a zero expert (MODE_ONE with zero experts): no tile */
 } layer_t;
 
 static void layer_free(layer_t *L) {
@@ -458,31 +464,44 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     const moe_spec_t *s = &L->s;
     size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens;
     size_t ES = (size_t)moe_spec_slots(s), FS = (size_t)s->shared.ffn;
+    size_t NS = (size_t)moe_spec_scored(s); /* router rows and biases: the zero experts' too */
     moe_dtype_t dt = s->dtype;
     L->x = malloc(T * H * 2);
-    L->wr = malloc(E * H * 2);
+    L->wr = malloc(NS * H * 2);
     L->w1 = malloc(E * 2 * F * H * 2);
     L->w1p = malloc(ES * 2 * F * H * 2);
     L->w2 = malloc(ES * H * F * 2);
-    L->sel_bias = malloc(E * 4);
-    L->logit_bias = malloc(E * 4);
+    L->sel_bias = malloc(NS * 4);
+    L->logit_bias = malloc(NS * 4);
     L->b1 = malloc(E * 2 * F * 2);
     L->b1p = malloc(E * 2 * F * 2);
     L->b2 = malloc(E * H * 2);
     if (!L->x || !L->wr || !L->w1 || !L->w1p || !L->w2 || !L->b1 || !L->b1p || !L->b2)
         return 0;
     fill_random(L->x, T * H, 1.0f, seed + 1, dt);
-    fill_random(L->wr, E * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
+    fill_random(L->wr, NS * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
     fill_random(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), seed + 3, dt);
     fill_random(L->w2, E * H * F, 2.0f / sqrtf((float)F), seed + 4, dt);
     fill_random(L->b1, E * 2 * F, 0.5f, seed + 5, dt);
     fill_random(L->b2, E * H, 0.5f, seed + 6, dt);
     uint64_t r = seed + 7;
-    for (size_t e = 0; e < E; e++) {
+    for (size_t e = 0; e < NS; e++) {
         L->sel_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 0.2f;
         L->logit_bias[e] = (float)((splitmix(&r) >> 40) / 16777216.0 - 0.5) * 2.0f;
     }
-    if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
+    if (mode == MODE_ONE && s->zero_experts && H >= 8) {
+        /* every entry a zero expert: the routed experts' rows dead and their selection bias -1, so no
+         * token has a routed row and the call no tile (the FFN's GEMMs run empty, combine sums x rows) */
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < 8; h++)
+                L->x[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(L->x[t * H + h], dt), dt);
+        L->all_zero = 1;
+        for (size_t e = 0; e < E; e++) {
+            L->sel_bias[e] = -1.0f;
+            for (size_t h = 0; h < 8; h++)
+                L->wr[e * H + h] = moe_float_to_half(-3.0f, dt);
+        }
+    } else if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
         size_t hot = splitmix(&r) % E;
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
@@ -514,13 +533,13 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     }
     L->ws_bytes = moe_plan_workspace_size(plan, (int)T);
     L->dx = dev_upload(L->x, T * H * 2);
-    L->dwr = dev_upload(L->wr, E * H * 2);
+    L->dwr = dev_upload(L->wr, NS * H * 2);
     L->dw1p = dev_upload(L->w1p, ES * 2 * F * H * 2);
     L->dw2 = dev_upload(L->w2, ES * H * F * 2);
     L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
     L->db2 = dev_upload(L->b2, E * H * 2);
-    L->dsel = dev_upload(L->sel_bias, E * 4);
-    L->dlogit = dev_upload(L->logit_bias, E * 4);
+    L->dsel = dev_upload(L->sel_bias, NS * 4);
+    L->dlogit = dev_upload(L->logit_bias, NS * 4);
     L->dy = dev_upload(NULL, T * H * 2);
     L->dws = dev_upload(NULL, L->ws_bytes + WS_GUARD);
     L->ws_at = 0, L->ws_call = L->ws_bytes;
@@ -681,10 +700,11 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     const moe_spec_t *s = &L->s;
     const int E = s->experts, K = s->top_k, H = s->hidden;
     const int KE = moe_spec_entries(s), ES = moe_spec_slots(s); /* GPU: [T, KE] entries over ES slots */
+    const int NS = moe_spec_scored(s), NI = ES + s->zero_experts; /* scored experts; index bound (zero experts) */
     uint16_t *xs = malloc((size_t)ns * H * 2);
     int *ridx = malloc(sizeof(int) * (size_t)ns * K), *gidx = malloc(sizeof(int) * (size_t)ns * K);
-    float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * E);
-    int *hist = calloc((size_t)ES, sizeof(int));
+    float *rw = malloc(sizeof(float) * (size_t)ns * K), *sc = malloc(sizeof(float) * (size_t)ns * NS);
+    int *hist = calloc((size_t)NI, sizeof(int));
     float *gref = malloc(sizeof(float) * (size_t)ns);
     CHECK(xs && ridx && gidx && rw && sc && hist && gref);
     if (!xs || !ridx || !gidx || !rw || !sc || !hist || !gref)
@@ -740,7 +760,7 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     for (long i = 0; i < (long)T * KE; i++) /* indices are in range: checked before any family */
         hist[idx[i]]++;
     int cnt_ok = 1;
-    for (int e = 0; e < ES; e++)
+    for (int e = 0; e < ES; e++) /* the slots' counts; a zero expert (index >= ES) counts in none */
         cnt_ok &= hist[e] == counts[e];
     CHECKF(cnt_ok, "counts differ from the histogram of topk_idx");
 done:
@@ -777,23 +797,38 @@ static void check_permute_plan(const layer_t *L, int align_m, const int *counts,
 }
 
 /* permute_scatter: row_of maps the slots (t, k) one to one into each
- * expert's rows. */
+ * expert's rows; a zero expert's entries (index >= slots) to row
+ * offsets[slots] + t, which holds x[t] bit for bit (obuf: the xs region
+ * after the down GEMM, which leaves that row alone). */
 static void check_permute_scatter(const layer_t *L, int T, int align_m, const int *idx, const int *counts,
-                                  const int *offsets, const int *row_of) {
+                                  const int *offsets, const int *row_of, const uint16_t *obuf, size_t obuf_bytes) {
     const int E = moe_spec_slots(&L->s), K = moe_spec_entries(&L->s); /* the shared expert's slots included */
+    const int H = L->s.hidden;
     long long total = 0; /* the rows permute_plan lays out */
     for (int e = 0; e < E && align_m > 0; e++)
         total += (counts[e] + align_m - 1) / align_m * align_m;
     char *used = calloc((size_t)(total > 0 ? total : 1), 1);
-    int map_ok = used != NULL;
+    int map_ok = used != NULL, zero_ok = 1, zeros = 0;
     for (long i = 0; i < (long)T * K && map_ok; i++) {
         int e = idx[i], r = row_of[i];
+        if (e >= E) { /* a zero expert: x[t]'s row past every slot's */
+            const long t = i / K;
+            zeros++;
+            zero_ok &= r == offsets[E] + t && (size_t)(r + 1) * H * 2 <= obuf_bytes &&
+                       !memcmp(obuf + (size_t)r * H, L->x + (size_t)t * H, (size_t)H * 2);
+            continue;
+        }
         if (r < 0 || r >= total || r < offsets[e] || r >= offsets[e] + counts[e] || used[r])
             map_ok = 0;
         else
             used[r] = 1;
     }
     CHECKF(map_ok, "row_of is not a bijection into each expert's rows");
+    CHECKF(zero_ok, "a zero expert's entry is not at row offsets[slots] + t holding x[t] (%d zero entries)", zeros);
+    CHECKF(!L->all_zero || (zeros == T * K && offsets[E] == 0), "%d of %d entries to zero experts, offsets[slots] %d: "
+           "this case routes every entry to one", zeros, T * K, offsets[E]);
+    if (L->s.zero_experts)
+        fprintf(stderr, "  permute_scatter: %d of %ld entries chose a zero expert\n", zeros, (long)T * K);
     free(used);
 }
 
@@ -1218,6 +1253,16 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         if (path >= 0 && path <= 2)
             fprintf(stderr, "  %-40s route: %s\n", label, path_names[path]);
     }
+    if (s->zero_experts) { /* the router's tensors span the zero experts too (moe.h; runtime/abi.c) */
+        int rank = 0, brank = 0;
+        int64_t d[4] = {0}, bd[4] = {0};
+        CHECK(moe_plan_tensor(plan, "router_w", &rank, d, NULL) == MOE_OK &&
+              moe_plan_tensor(plan, "router_bias", &brank, bd, NULL) == MOE_OK);
+        CHECKF(rank == 2 && d[0] == moe_spec_scored(s) && d[1] == H && brank == (s->router.bias ? 1 : 0) &&
+                   (!s->router.bias || bd[0] == moe_spec_scored(s)),
+               "moe_plan_tensor: router_w rank %d [%lld, %lld], router_bias rank %d [%lld]; want [%d, %d], [%d]", rank,
+               (long long)d[0], (long long)d[1], brank, (long long)bd[0], moe_spec_scored(s), H, moe_spec_scored(s));
+    }
     { /* launch overlap: on with MOEGEN_PDL=on on sm_90a (every launch then a programmatic dependent) */
         const char *pe = getenv("MOEGEN_PDL");
         const int on = pe && !strcmp(pe, "on") && plan->launcher.arch == MOE_ARCH_SM90A;
@@ -1274,8 +1319,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     {
         family_case(fcase[FAM_ROUTE], sizeof fcase[FAM_ROUTE], FAM_ROUTE, label);
         int valid = 1;
-        for (long i = 0; i < (long)T * KE; i++)
-            if (idx[i] < 0 || idx[i] >= ES) {
+        for (long i = 0; i < (long)T * KE; i++) /* a zero expert's index follows the slots */
+            if (idx[i] < 0 || idx[i] >= ES + s->zero_experts) {
                 valid = 0;
                 break;
             }
@@ -1344,7 +1389,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     if (family_on(FAM_PERMUTE_SCATTER)) {
         family_case(fcase[FAM_PERMUTE_SCATTER], sizeof fcase[FAM_PERMUTE_SCATTER], FAM_PERMUTE_SCATTER, label);
-        check_permute_scatter(L, T, align, idx, counts, offsets, row_of);
+        check_permute_scatter(L, T, align, idx, counts, offsets, row_of, obuf, obuf_bytes);
     }
     if (family_on(FAM_COMBINE)) {
         family_case(fcase[FAM_COMBINE], sizeof fcase[FAM_COMBINE], FAM_COMBINE, label);
@@ -1399,6 +1444,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
             }
             for (int k = 0; k < K; k++) {
                 long long slot = (long long)tt * K + k, row = row_of[(long long)tt * KE + k];
+                if (idx[(long long)tt * KE + k] >= ES) /* a zero expert: no GEMM rows (its x row: permute_scatter) */
+                    continue;
                 for (int f = 0; f < F; f++) {
                     double g = moe_half_to_float(hbuf[row * F + f], dt), r = moe_half_to_float(href[slot * F + f], dt);
                     hn += (g - r) * (g - r);

@@ -187,6 +187,9 @@ static void test_workspace(void) {
         "name = 'sh' experts = 12 top_k = 3 hidden = 264 ffn = 136 tokens = 700 shared = { ffn = 136, gate = "
         "'sigmoid' }\n",
         "name = 'ds' experts = 256 top_k = 8 hidden = 7168 ffn = 2048 tokens = 4096\n",
+        /* zero experts: xs has T rows more, x[t] of a token that selects one (docs/DESIGN.md, "Zero experts") */
+        "name = 'z' experts = 48 zero_experts = 24 top_k = 6 hidden = 264 ffn = 96 tokens = 700 "
+        "router = { bias = true, renormalize = false, scale = 6 }\n",
     };
     moe_plan_desc_t pd = {0};
     for (size_t c = 0; c < sizeof specs / sizeof *specs; c++) {
@@ -204,15 +207,16 @@ static void test_workspace(void) {
             const int T = Ts[i];
             const size_t n = moe_fwd_ws_layout(&pd, T, 0, ws), nf = moe_fwd_ws_layout(&pd, T, 1, full);
             const long long R = moe_plan_max_rows(&pd, T), Rc = moe_plan_max_rows(&pd, cap);
+            const long long Z = s->zero_experts ? T : 0; /* the zero experts' x rows, one per token */
             CHECKF(layout_ok(ws, MOE_WS_COUNT, n) && layout_ok(full, MOE_WS_COUNT, nf) && n % 256 == 0,
                    "%s at %d", s->name, T);
-            CHECKF(ws[MOE_WS_XS].bytes == (size_t)(2 * R * s->hidden) &&
+            CHECKF(ws[MOE_WS_XS].bytes == (size_t)(2 * (R + Z) * s->hidden) &&
                    ws[MOE_WS_HBUF].bytes == (size_t)(2 * R * s->ffn) &&
                    ws[MOE_WS_TILES].bytes == (size_t)(16 * moe_plan_max_tiles(&pd, T)) &&
                    ws[MOE_WS_TOPK_IDX].bytes == (size_t)(4LL * T * KE) &&
                    ws[MOE_WS_ROW_OF].bytes == (size_t)(4LL * T * KE), "%s at %d", s->name, T);
             /* full rows: xs and hbuf span the capacity's rows, the rest by T */
-            CHECKF(full[MOE_WS_XS].bytes == (size_t)(2 * Rc * s->hidden) &&
+            CHECKF(full[MOE_WS_XS].bytes == (size_t)(2 * (Rc + Z) * s->hidden) &&
                    full[MOE_WS_HBUF].bytes == (size_t)(2 * Rc * s->ffn) &&
                    full[MOE_WS_TOPK_W].bytes == ws[MOE_WS_TOPK_W].bytes && nf >= n, "%s at %d", s->name, T);
             CHECKF(n >= prev && nf >= prev_full, "%s: %zu bytes at %d tokens, fewer than %zu before", s->name, n, T,
@@ -220,6 +224,11 @@ static void test_workspace(void) {
             prev = n, prev_full = nf;
         }
         CHECK(moe_fwd_ws_layout(&pd, cap, 0, ws) == pd.ws_bytes && ws[MOE_WS_XS].offset == pd.ws[MOE_WS_XS].offset);
+        if (s->zero_experts) { /* the names spell them: route scores E + Z, the scatter knows where they start */
+            const moe_kernel_desc_t *k = moe_plan_kernels(&pd, MOE_ARCH_SM90A);
+            CHECKF(strstr(k[MOE_K_ROUTE].name, "_e48z24k6_") && strstr(k[MOE_K_PERMUTE_SCATTER].name, "_e48z24"),
+                   "%s, %s", k[MOE_K_ROUTE].name, k[MOE_K_PERMUTE_SCATTER].name);
+        }
         /* one token: its k' rows and each slot's row padding, not the capacity's rows */
         const size_t one = moe_fwd_ws_layout(&pd, 1, 0, ws);
         CHECKF(one * 8 < pd.ws_bytes, "%s: %zu bytes at 1 token, %zu at %d", s->name, one, pd.ws_bytes, cap);

@@ -37,11 +37,12 @@ static void to_half(const float *src, uint16_t *dst, size_t n, moe_dtype_t dt) {
 }
 
 /* Route tokens whose logits are given directly: token t has x = unit vector
- * on column t, and wr[e][t] = logits[t][e], so l[t][e] = logits[t][e]. */
+ * on column t, and wr[e][t] = logits[t][e], so l[t][e] = logits[t][e] (e over
+ * the scored experts: the zero experts' too). */
 static int route_logits(const moe_spec_t *s, int T, const float *logits,
                         const float *sel_bias, const float *logit_bias,
                         int *idx, float *w, float *scores) {
-    const int E = s->experts, H = s->hidden;
+    const int E = moe_spec_scored(s), H = s->hidden;
     float *x = calloc((size_t)T * H, sizeof(float)), *wr = calloc((size_t)E * H, sizeof(float));
     uint16_t *xh = malloc((size_t)T * H * 2), *wrh = malloc((size_t)E * H * 2);
     for (int t = 0; t < T; t++) {
@@ -203,6 +204,59 @@ static void test_route_sparsemixer(void) {
     s.router.jitter_eps = 0.01;
     CHECK(route_logits(&s, 1, z, NULL, NULL, idx, w, sc) == 0);
     CHECKF(idx[0] == 0 && idx[1] == 1 && w[0] == 0.25f && NEAR(w[1], 1.0 / 3, 2e-3), "w = %.9g %.9g", w[0], w[1]);
+}
+
+static void test_route_zero_experts(void) {
+    CASE("zero experts (LongCat-Flash): softmax over E + Z, selection with the bias, weight p·scale");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.zero_experts = 2;   /* scored experts 0..5: 0..3 routed, 4 and 5 zero */
+    s.router.bias = true;
+    s.router.scale = 6.0;
+    /* Token 0, l = {2, 1, 0, -1, 1.5, 0.5}: p = softmax over all six = {0.419698532, 0.154398461, 0.056800020,
+     *   0.020895559, 0.254560027, 0.093647401}; no bias: top-2 = {0, 4 (a zero expert)}, w = 6p =
+     *   {2.518191190, 1.527360164} (not renormalized).
+     *   The selection bias, +0.1 on zero expert 5, leaves it behind expert 4 here (s5 = 0.193647401).
+     * Token 1, l = {0.5, 1, 0, 0, -1, 0.25}: p = {0.205604214, 0.338984042, 0.124705260, 0.124705260,
+     *   0.045876501, 0.160124723}; s = p + b: expert 1 (0.338984042), then zero expert 5 (0.260124723) where
+     *   without the bias expert 0 (0.205604214) would be second: w = 6p = {2.033904250, 0.960748339} (the bias
+     *   moves the selection, never the weight). */
+    const float l[2][6] = {{2, 1, 0, -1, 1.5f, 0.5f}, {0.5f, 1, 0, 0, -1, 0.25f}};
+    const float bias[6] = {0, 0, 0, 0, 0, 0.1f};
+    int idx[4];
+    float w[4], sc[12];
+    CHECK(route_logits(&s, 2, &l[0][0], bias, NULL, idx, w, sc) == 0);
+    CHECKF(idx[0] == 0 && idx[1] == 4 && idx[2] == 1 && idx[3] == 5, "idx %d %d %d %d", idx[0], idx[1], idx[2], idx[3]);
+    CHECKF(NEAR(w[0], 2.518191190, 2e-6) && NEAR(w[1], 1.527360164, 2e-6) && NEAR(w[2], 2.033904250, 2e-6) &&
+           NEAR(w[3], 0.960748339, 2e-6), "w = %.9g %.9g %.9g %.9g", w[0], w[1], w[2], w[3]);
+    CHECKF(NEAR(sc[6 + 5], 0.260124723, 1e-6) && NEAR(sc[4], 0.254560027, 1e-6), "scores [T, E + Z]: %.9g %.9g",
+           sc[11], sc[4]);
+    /* without zero experts the same logits' first four route among themselves: a different selection */
+    moe_spec_t s0 = s;
+    s0.zero_experts = 0;
+    const float l0[4] = {2, 1, 0, -1};
+    int idx0[2];
+    float w0[2];
+    CHECK(route_logits(&s0, 1, l0, bias, NULL, idx0, w0, NULL) == 0 && idx0[0] == 0 && idx0[1] == 1);
+
+    CASE("zero experts: counts leave them out; route_agree takes them as experts");
+    int counts[4];
+    CHECK(moe_ref_counts(&s, idx, 2, counts) == 0);
+    CHECKF(counts[0] == 1 && counts[1] == 1 && counts[2] == 0 && counts[3] == 0, "counts %d %d %d %d", counts[0],
+           counts[1], counts[2], counts[3]);
+    int other[4] = {4, 0, 5, 1}, far[4] = {0, 4, 1, 2};
+    CHECK(moe_ref_route_agree(&s, idx, other, sc, 2, 1e-6f, NULL) == 1);   /* the same sets, another order */
+    int bad = -2;
+    CHECK(moe_ref_route_agree(&s, idx, far, sc, 2, 1e-6f, &bad) == 0 && bad == 1);   /* 2 (0.1247) for zero expert 5 */
+    int out[4] = {0, 6, 5, 1};   /* 6 is past the scored experts */
+    CHECK(moe_ref_counts(&s, out, 2, counts) != 0);
+
+    CASE("zero experts: what the spec check refuses, the reference refuses");
+    moe_spec_t sg = s;
+    sg.router.groups = 2; sg.router.topk_groups = 1;
+    CHECK(route_logits(&sg, 2, &l[0][0], bias, NULL, idx, w, NULL) != 0);
+    moe_spec_t si = s;
+    si.router.apply = MOE_APPLY_INPUT;
+    CHECK(route_logits(&si, 2, &l[0][0], bias, NULL, idx, w, NULL) != 0);
 }
 
 static void test_route_biases(void) {
@@ -480,6 +534,44 @@ static void test_ffn_plain(void) {
         CHECK(iok);
         CHECK(moe_half_to_float(hi[1], si.dtype) == 0.2333984375f);   /* slot 0, f = 1 */
         CHECK(moe_half_to_float(hi[8 + 3], si.dtype) == 0.62109375f); /* slot 1, f = 3 */
+    }
+
+    CASE("zero experts: an entry of index >= E adds w·x[t], no rows; a token may have no routed entry");
+    {
+        moe_spec_t sz = s;
+        sz.zero_experts = 2;   /* indices 4 and 5 are zero experts */
+        moe_ref_inputs_t iz = in;
+        iz.tokens = 2;
+        /* token 0 -> expert 1 (w 0.75) and zero expert 4 (w 0.25); token 1 -> zero experts 5 (0.5) and 4 (1.5) */
+        const int zidx[4] = {1, 4, 5, 4};
+        const float ztw[4] = {0.75f, 0.25f, 0.5f, 1.5f};
+        float yz[32];
+        uint16_t hz[4 * 8], oz[4 * 16];
+        for (int i = 0; i < 4 * 8; i++) hz[i] = 0x7777;
+        for (int i = 0; i < 4 * 16; i++) oz[i] = 0x7777;
+        CHECK(moe_ref_ffn(&sz, &iz, zidx, ztw, NULL, 0, yz, hz, oz) == 0);
+        /* Token 0: 0.75·o(expert 1) (above: {0.87890625, 0.98046875, -0.23828125, 0}, negated at h 8..11) +
+         *   0.25·x0 (x0 = {1, 2, -1, 0, 0.., 1, 0.5, 2, 3, 0..}):
+         *   h 0..3 {0.9091796875, 1.2353515625, -0.4287109375, 0}, h 8..11 {-0.4091796875, -0.6103515625,
+         *   0.6787109375, 0.75}, the rest 0.
+         * Token 1: (0.5 + 1.5)·x1 = 2·x1 = {1, -4, 8, 2, 0.., 4, 2, -2, 1, 0..} (no expert runs for it). */
+        const float want0[16] = {0.9091796875f, 1.2353515625f, -0.4287109375f, 0, 0, 0, 0, 0,
+                                 -0.4091796875f, -0.6103515625f, 0.6787109375f, 0.75f, 0, 0, 0, 0};
+        const float want1[16] = {1, -4, 8, 2, 0, 0, 0, 0, 4, 2, -2, 1, 0, 0, 0, 0};
+        int zok = 1;
+        for (int h = 0; h < 16; h++)
+            if (!NEAR(yz[h], want0[h], 1e-6) || !NEAR(yz[16 + h], want1[h], 1e-6)) {
+                zok = 0;
+                fprintf(stderr, "  h=%d: y0 %.9g (want %.9g), y1 %.9g (want %.9g)\n", h, yz[h], want0[h], yz[16 + h],
+                        want1[h]);
+            }
+        CHECK(zok);
+        /* slot (0,0) ran (expert 1); the zero slots' h and o rows are left as they were */
+        CHECK(moe_half_to_float(hz[0], sz.dtype) == 1.7578125f && oz[0] != 0x7777);
+        CHECK(hz[8] == 0x7777 && oz[16] == 0x7777 && hz[2 * 8] == 0x7777 && oz[3 * 16 + 5] == 0x7777);
+        /* an index past the scored experts is refused */
+        const int zbad[4] = {1, 6, 5, 4};
+        CHECK(moe_ref_ffn(&sz, &iz, zbad, ztw, NULL, 0, yz, NULL, NULL) != 0);
     }
 
     CASE("token_list writes only the listed rows");
@@ -1434,6 +1526,7 @@ int main(void) {
     test_route_softmax();
     test_route_biases();
     test_route_sparsemixer();
+    test_route_zero_experts();
     test_route_groups();
     test_route_random();
     test_route_agree();

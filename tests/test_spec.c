@@ -199,7 +199,8 @@ static const char *const required_bad[] = {
     "sandbox_require", "sandbox_load", "sandbox_dofile", "sandbox_string_rep", "shared_ffn_not_multiple",
     "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots",
     "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
-    "quant_weights_unknown",
+    "quant_weights_unknown", "zero_experts_training", "zero_experts_ep", "zero_experts_apply_input",
+    "zero_experts_negative", "zero_experts_over_route",
 };
 
 static void test_golden_errors(void) {
@@ -670,6 +671,41 @@ static void test_canonical(void) {
     free(canon);
 }
 
+/* zero_experts (LongCat-Flash): absent and 0 are the same spec; a count is
+ * written, hashed, read back, and widens the router (spec.h, moe_spec_scored). */
+static void test_zero_experts(void) {
+    moe_spec_t s, t, u;
+    moe_diag_t d;
+    CASE("zero_experts: absent and 0 are one spec, left out of the canonical form");
+    CHECKF(load_file(&s, MINIMAL, &d) == 0, "%s", d.msg);
+    CHECKF(load_text(&t, "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 zero_experts = 0", &d) == 0,
+           "%s", d.msg);
+    CHECK(s.zero_experts == 0 && t.zero_experts == 0 && strcmp(s.hash, t.hash) == 0);
+    char *canon = moe_spec_canonical(&t);
+    CHECK(canon && !strstr(canon, "zero_experts"));
+    free(canon);
+    CHECK(moe_spec_scored(&s) == 8 && moe_spec_router_columns(&s) == 8 && moe_spec_slots(&s) == 8 &&
+          moe_spec_entries(&s) == 2);
+
+    CASE("zero_experts: a count is written and hashed; the router scores E + Z, the slots stay E");
+    CHECKF(load_text(&u, "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 zero_experts = 4 "
+                         "router = { bias = true, renormalize = false, scale = 6 }", &d) == 0, "%s", d.msg);
+    CHECK(u.zero_experts == 4 && strcmp(u.hash, s.hash) != 0);
+    canon = moe_spec_canonical(&u);
+    CHECK(canon && strstr(canon, "\nzero_experts = 4\n"));
+    free(canon);
+    CHECK(moe_spec_scored(&u) == 12 && moe_spec_router_columns(&u) == 12 && moe_spec_slots(&u) == 8 &&
+          moe_spec_entries(&u) == 2);
+    check_roundtrip("canonical round trip: zero_experts", &u);
+
+    CASE("zero_experts: --set and the top_k bound (at most the routed experts)");
+    const char *o[] = {"zero_experts=256"};
+    CHECKF(load_with(&t, SMALL, o, 1, &d) == 0, "%s", d.msg);
+    CHECK(t.zero_experts == 256);
+    CHECK(load_text(&t, "name = \"z\" experts = 4 zero_experts = 8 top_k = 6 hidden = 64 ffn = 64", &d) != 0 &&
+          strstr(d.msg, "top_k (6) must not exceed experts (4)"));
+}
+
 /* ---- the schema ------------------------------------------------------------ */
 
 static int key_top_len(const char *name) { return (int)strcspn(name, "."); }
@@ -703,8 +739,8 @@ static void test_schema_rows(void) {
             CHECK(k->lo <= k->hi);
             if (!k->required && !k->optional)
                 CHECKF(k->def >= k->lo && k->def <= k->hi, "default %g outside [%g, %g]", k->def, k->lo, k->hi);
-            if (k->optional) /* 0 means absent */
-                CHECK(k->lo > 0 || k->hi < 0);
+            if (k->optional) /* 0 means absent: out of range, or the value that means none (zero_experts = 0) */
+                CHECK(k->lo > 0 || k->hi < 0 || (k->type == MOE_KEY_INT && k->lo == 0));
         }
         if (k->type == MOE_KEY_INT)
             CHECK(k->lo == (int)k->lo && k->hi == (int)k->hi);
@@ -1215,6 +1251,7 @@ int main(int argc, char **argv) {
     test_sandbox();
     test_overrides();
     test_canonical();
+    test_zero_experts();
     test_schema_rows();
     test_schema_loader();
     test_schema_readme();

@@ -239,9 +239,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 157 "templates/route.lua"
+#line 170 "templates/route.lua"
 namespace llama_4_scout_route_bf16_e16k1s1_t32k128s6_impl {
 constexpr int E = 16, K = 1, H = 5120;
+#line 175 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -258,7 +259,7 @@ constexpr int LDL = 40;        // logits smem row stride, floats
 constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 78336;
 constexpr int NCH = (H + BK - 1) / BK;
-constexpr int LCOLS = 16;       // logit columns: the experts (and the shared gate)
+constexpr int LCOLS = 16;       // logit columns: the scored experts (and the shared gate)
 constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = 17, ENTRIES = 2;   // weight slots (counts), entries per token
@@ -268,10 +269,10 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 189 "templates/route.lua"
+#line 205 "templates/route.lua"
 constexpr int M = 1, KE = 2;   // shared expert slots E .. E+M-1; entries per token
 constexpr int ES = E + M, EL = 16;   // weight slots (counts); logit columns (column E: the gate, if any)
-#line 192 "templates/route.lua"
+#line 208 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -305,9 +306,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 228 "templates/route.lua"
+#line 244 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 230 "templates/route.lua"
+#line 246 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -381,11 +382,11 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 304 "templates/route.lua"
+#line 320 "templates/route.lua"
     (void)sel_bias;
-#line 307 "templates/route.lua"
+#line 323 "templates/route.lua"
     (void)logit_bias;
-#line 309 "templates/route.lua"
+#line 325 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -462,158 +463,158 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 0) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 396 "templates/route.lua"
+#line 412 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 1) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 2) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 3) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 4) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 5) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 6) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 7) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 409 "templates/route.lua"
+#line 425 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -688,27 +689,27 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 486 "templates/route.lua"
+#line 502 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 488 "templates/route.lua"
+#line 504 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 518 "templates/route.lua"
+#line 534 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 529 "templates/route.lua"
+#line 545 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 536 "templates/route.lua"
+#line 552 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 538 "templates/route.lua"
+#line 554 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 660 "templates/route.lua"
+#line 676 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -730,23 +731,25 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             }
             if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
                 slot = E + lane - K;
+#line 700 "templates/route.lua"
             if (lane < ENTRIES)
+#line 702 "templates/route.lua"
                 moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
         }
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 690 "templates/route.lua"
+#line 710 "templates/route.lua"
         if (lane < K) {
-#line 694 "templates/route.lua"
+#line 714 "templates/route.lua"
             const float l = lrow[mine];
-#line 699 "templates/route.lua"
+#line 719 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 718 "templates/route.lua"
+#line 738 "templates/route.lua"
         }
-#line 730 "templates/route.lua"
+#line 750 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 734 "templates/route.lua"
+#line 754 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -755,16 +758,16 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 749 "templates/route.lua"
+#line 776 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 755 "templates/route.lua"
+#line 782 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 758 "templates/route.lua"
+#line 785 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -783,7 +786,7 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 777 "templates/route.lua"
+#line 804 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -792,27 +795,30 @@ llama_4_scout_route_bf16_e16k1s1_t32k128s6(const moe_half_t *__restrict__ x, con
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
+#line 819 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
+#line 824 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
+#line 836 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 796 "templates/route.lua"
+#line 839 "templates/route.lua"
             const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
-#line 803 "templates/route.lua"
+#line 846 "templates/route.lua"
         }
-#line 807 "templates/route.lua"
+#line 850 "templates/route.lua"
     }
 }
 
-#line 44 "templates/permute.lua"
+#line 53 "templates/permute.lua"
 namespace llama_4_scout_permute_plan_e17_a128_impl {
 constexpr int E = 17, K = 2, H = 5120, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -834,14 +840,14 @@ llama_4_scout_permute_plan_e17_a128(const int *__restrict__ counts, const int *_
                                     s_tiles);
 }
 
-#line 112 "templates/permute.lua"
+#line 121 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 llama_4_scout_permute_scatter_bf16_h5120k2(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace llama_4_scout_permute_plan_e17_a128_impl;
-#line 121 "templates/permute.lua"
+#line 130 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -849,37 +855,39 @@ llama_4_scout_permute_scatter_bf16_h5120k2(const moe_half_t *__restrict__ x, con
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 129 "templates/permute.lua"
+#line 138 "templates/permute.lua"
         float my_w = 0.f;
-#line 131 "templates/permute.lua"
+#line 143 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
+#line 150 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
+#line 152 "templates/permute.lua"
             row_of[i] = my_row;
-#line 137 "templates/permute.lua"
+#line 154 "templates/permute.lua"
             my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
-#line 139 "templates/permute.lua"
+#line 156 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 142 "templates/permute.lua"
+#line 159 "templates/permute.lua"
         float w[K];
-#line 144 "templates/permute.lua"
+#line 165 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 148 "templates/permute.lua"
+#line 169 "templates/permute.lua"
             w[k] = __shfl_sync(FULL, my_w, k);
-#line 150 "templates/permute.lua"
+#line 171 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 156 "templates/permute.lua"
+#line 177 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = moe_scale8(val, w[k]);
-#line 162 "templates/permute.lua"
+#line 187 "templates/permute.lua"
         }
     }
 }
@@ -954,7 +962,7 @@ llama_4_scout_combine_bf16_h5120k2(const moe_half_t *__restrict__ obuf, const in
     }
 }
 
-#line 44 "templates/permute.lua"
+#line 53 "templates/permute.lua"
 namespace llama_4_scout_permute_plan_e17_a64_impl {
 constexpr int E = 17, K = 2, H = 5120, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -5235,34 +5243,34 @@ static cudaError_t llama_4_scout_device_init(llama_4_scout_device_t *d, int dev)
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
-#line 171 "templates/host.lua"
+#line 174 "templates/host.lua"
     d->use90 = major == 9;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     if (d->use90 && (e = llama_4_scout_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_route_bf16_e16k1s1_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(llama_4_scout_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 193 "templates/host.lua"
+#line 196 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -5313,49 +5321,49 @@ static llama_4_scout_device_t *llama_4_scout_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t llama_4_scout_forward(const llama_4_scout_args_t *a, cudaStream_t stream) {
-#line 249 "templates/host.lua"
+#line 252 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > llama_4_scout_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 273 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *topk_idx = (int *)(ws + 9728);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *topk_w = (float *)(ws + 140800);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *row_of = (int *)(ws + 271872);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 402944);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 358055424);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *route_part = (float *)(ws + 930299392);
-#line 285 "templates/host.lua"
+#line 288 "templates/host.lua"
     const int v = llama_4_scout_variant(T);
     const long long tiles_y = llama_4_scout_max_tiles(T, v);
-#line 290 "templates/host.lua"
+#line 293 "templates/host.lua"
     cudaError_t e;
     const llama_4_scout_device_t *dev = llama_4_scout_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 328, stream);
     if (e != cudaSuccess) return e;
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, llama_4_scout_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -5367,104 +5375,104 @@ extern "C" cudaError_t llama_4_scout_forward(const llama_4_scout_args_t *a, cuda
     llama_4_scout_launch(dev, llama_4_scout_route_bf16_e16k1s1_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 5120)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         llama_4_scout_launch(dev, llama_4_scout_permute_plan_e17_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         llama_4_scout_launch(dev, llama_4_scout_permute_plan_e17_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         llama_4_scout_launch(dev, llama_4_scout_permute_plan_e17_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         llama_4_scout_launch(dev, llama_4_scout_permute_scatter_bf16_h5120k2, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 394 "templates/host.lua"
+#line 397 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 63 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 64, 5120, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 128, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 8192, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 40, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(128, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(40, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 1) { /* calls of 64 .. 2047 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 64, 5120, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 64, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 8192, 64)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 20, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(128, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(40, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 2) { /* calls of 2048 or more tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, xs, tiles_y * 128, 5120, 128)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w1p, 278528LL, 5120, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 64, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = llama_4_scout_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 8192, 128)) != cudaSuccess ||
             (e = llama_4_scout_tmap(dev->encode, &mb, a->w2, 87040LL, 8192, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 20, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(128, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         llama_4_scout_launch(dev, llama_4_scout_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(40, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 408 "templates/host.lua"
+#line 411 "templates/host.lua"
     }
-#line 410 "templates/host.lua"
+#line 413 "templates/host.lua"
     if (!combined)
         llama_4_scout_launch(dev, llama_4_scout_combine_bf16_h5120k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 5120)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5487,7 +5495,7 @@ extern "C" void llama_4_scout_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 433 "templates/host.lua"
+#line 436 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5512,7 +5520,7 @@ extern "C" cudaError_t llama_4_scout_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 537 "templates/host.lua"
+#line 540 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like llama_4_scout_pack_w1),
@@ -5532,5 +5540,5 @@ extern "C" void llama_4_scout_pack_shared(const unsigned short *w1s, const unsig
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 557 "templates/host.lua"
+#line 560 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -239,9 +239,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 157 "templates/route.lua"
+#line 170 "templates/route.lua"
 namespace olmoe_1b_7b_route_bf16_e64k8_t32k128s3_impl {
 constexpr int E = 64, K = 8, H = 2048;
+#line 175 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -258,7 +259,7 @@ constexpr int LDL = 72;        // logits smem row stride, floats
 constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 78336;
 constexpr int NCH = (H + BK - 1) / BK;
-constexpr int LCOLS = 64;       // logit columns: the experts (and the shared gate)
+constexpr int LCOLS = 64;       // logit columns: the scored experts (and the shared gate)
 constexpr int VPL = 2;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = 64, ENTRIES = 8;   // weight slots (counts), entries per token
@@ -268,7 +269,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 192 "templates/route.lua"
+#line 208 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -302,9 +303,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 228 "templates/route.lua"
+#line 244 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 230 "templates/route.lua"
+#line 246 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -378,11 +379,11 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 304 "templates/route.lua"
+#line 320 "templates/route.lua"
     (void)sel_bias;
-#line 307 "templates/route.lua"
+#line 323 "templates/route.lua"
     (void)logit_bias;
-#line 309 "templates/route.lua"
+#line 325 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -459,158 +460,158 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 0) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 396 "templates/route.lua"
+#line 412 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 1) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 2) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 3) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 4) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 5) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 6) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 387 "templates/route.lua"
+#line 403 "templates/route.lua"
         if (wk == 7) {
-#line 389 "templates/route.lua"
+#line 405 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 399 "templates/route.lua"
+#line 415 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 403 "templates/route.lua"
+#line 419 "templates/route.lua"
             }
-#line 405 "templates/route.lua"
+#line 421 "templates/route.lua"
         }
-#line 407 "templates/route.lua"
+#line 423 "templates/route.lua"
         __syncthreads();
-#line 409 "templates/route.lua"
+#line 425 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -685,15 +686,15 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 486 "templates/route.lua"
+#line 502 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 488 "templates/route.lua"
+#line 504 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 503 "templates/route.lua"
+#line 519 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -708,16 +709,16 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 529 "templates/route.lua"
+#line 545 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 536 "templates/route.lua"
+#line 552 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 538 "templates/route.lua"
+#line 554 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 660 "templates/route.lua"
+#line 676 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -739,33 +740,35 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
             }
             if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
                 slot = E + lane - K;
+#line 700 "templates/route.lua"
             if (lane < ENTRIES)
+#line 702 "templates/route.lua"
                 moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
         }
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 690 "templates/route.lua"
+#line 710 "templates/route.lua"
         if (lane < K) {
-#line 694 "templates/route.lua"
+#line 714 "templates/route.lua"
             const float l = lrow[mine];
-#line 697 "templates/route.lua"
+#line 717 "templates/route.lua"
             w = expf(l - m) / z;
-#line 718 "templates/route.lua"
+#line 738 "templates/route.lua"
         }
-#line 743 "templates/route.lua"
+#line 770 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 749 "templates/route.lua"
+#line 776 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 758 "templates/route.lua"
+#line 785 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -784,7 +787,7 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 777 "templates/route.lua"
+#line 804 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -793,26 +796,29 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
+#line 819 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
+#line 824 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
+#line 836 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 800 "templates/route.lua"
+#line 843 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 803 "templates/route.lua"
+#line 846 "templates/route.lua"
         }
-#line 807 "templates/route.lua"
+#line 850 "templates/route.lua"
     }
 }
 
-#line 44 "templates/permute.lua"
+#line 53 "templates/permute.lua"
 namespace olmoe_1b_7b_permute_plan_e64_a64_impl {
 constexpr int E = 64, K = 8, H = 2048, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -834,16 +840,16 @@ olmoe_1b_7b_permute_plan_e64_a64(const int *__restrict__ counts, const int *__re
                                     s_tiles);
 }
 
-#line 112 "templates/permute.lua"
+#line 121 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
 olmoe_1b_7b_permute_scatter_bf16_h2048k8(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
     using namespace olmoe_1b_7b_permute_plan_e64_a64_impl;
-#line 119 "templates/permute.lua"
+#line 128 "templates/permute.lua"
     (void)topk_w;
-#line 121 "templates/permute.lua"
+#line 130 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -851,29 +857,31 @@ olmoe_1b_7b_permute_scatter_bf16_h2048k8(const moe_half_t *__restrict__ x, const
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 131 "templates/permute.lua"
+#line 143 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
+#line 150 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
+#line 152 "templates/permute.lua"
             row_of[i] = my_row;
-#line 139 "templates/permute.lua"
+#line 156 "templates/permute.lua"
         }
         uint4 *__restrict__ dst[K];
-#line 144 "templates/permute.lua"
+#line 165 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 150 "templates/permute.lua"
+#line 171 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 159 "templates/permute.lua"
+#line 184 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 162 "templates/permute.lua"
+#line 187 "templates/permute.lua"
         }
     }
 }
@@ -946,7 +954,7 @@ olmoe_1b_7b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const int 
     }
 }
 
-#line 44 "templates/permute.lua"
+#line 53 "templates/permute.lua"
 namespace olmoe_1b_7b_permute_plan_e64_a128_impl {
 constexpr int E = 64, K = 8, H = 2048, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -6192,38 +6200,38 @@ static cudaError_t olmoe_1b_7b_device_init(olmoe_1b_7b_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = !(ce && !strcmp(ce, "off"));
-#line 171 "templates/host.lua"
+#line 174 "templates/host.lua"
     d->use90 = major == 9;
-#line 176 "templates/host.lua"
+#line 179 "templates/host.lua"
     if (d->use90 && (e = olmoe_1b_7b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_route_bf16_e64k8_t32k128s3, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 168000)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 200768)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 189 "templates/host.lua"
+#line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(olmoe_1b_7b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 193 "templates/host.lua"
+#line 196 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -6274,49 +6282,49 @@ static olmoe_1b_7b_device_t *olmoe_1b_7b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStream_t stream) {
-#line 249 "templates/host.lua"
+#line 252 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > olmoe_1b_7b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 273 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *offsets = (int *)(ws + 768);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *cursor = (int *)(ws + 1280);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1536);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1792);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *topk_idx = (int *)(ws + 35584);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *topk_w = (float *)(ws + 559872);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     int *row_of = (int *)(ws + 1084160);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1608448);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 571771648);
-#line 279 "templates/host.lua"
+#line 282 "templates/host.lua"
     float *route_part = (float *)(ws + 856853248);
-#line 285 "templates/host.lua"
+#line 288 "templates/host.lua"
     const int v = olmoe_1b_7b_variant(T);
     const long long tiles_y = olmoe_1b_7b_max_tiles(T, v);
-#line 290 "templates/host.lua"
+#line 293 "templates/host.lua"
     cudaError_t e;
     const olmoe_1b_7b_device_t *dev = olmoe_1b_7b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 516, stream);
     if (e != cudaSuccess) return e;
-#line 297 "templates/host.lua"
+#line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
     moe_route_fuse_t fz = {0, olmoe_1b_7b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
@@ -6328,162 +6336,162 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
     olmoe_1b_7b_launch(dev, olmoe_1b_7b_route_bf16_e64k8_t32k128s3, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2048)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_plan_e64_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_plan_e64_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_plan_e64_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_plan_e64_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 314 "templates/host.lua"
+#line 317 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_plan_e64_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 324 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_scatter_bf16_h2048k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 394 "templates/host.lua"
+#line 397 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1024, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1024, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 511 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1024, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 3) { /* calls of 512 .. 2047 tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 168000, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 1024, 128)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 128)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 405 "templates/host.lua"
+#line 408 "templates/host.lua"
     } else if (v == 4) { /* calls of 2048 or more tokens */
-#line 365 "templates/host.lua"
+#line 368 "templates/host.lua"
         if (dev->use90) {
-#line 370 "templates/host.lua"
+#line 373 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w1p, 131072LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 329 "templates/host.lua"
+#line 332 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 1024, 64)) != cudaSuccess ||
             (e = olmoe_1b_7b_tmap(dev->encode, &mb, a->w2, 131072LL, 1024, 256)) != cudaSuccess)
             return e;
-#line 342 "templates/host.lua"
+#line 345 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 384 "templates/host.lua"
+#line 387 "templates/host.lua"
         } else {
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 358 "templates/host.lua"
+#line 361 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 394 "templates/host.lua"
         }
-#line 408 "templates/host.lua"
+#line 411 "templates/host.lua"
     }
-#line 410 "templates/host.lua"
+#line 413 "templates/host.lua"
     if (!combined)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6506,7 +6514,7 @@ extern "C" void olmoe_1b_7b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 433 "templates/host.lua"
+#line 436 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6531,5 +6539,5 @@ extern "C" cudaError_t olmoe_1b_7b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 557 "templates/host.lua"
+#line 560 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

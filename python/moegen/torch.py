@@ -667,7 +667,8 @@ class MoE(torch.nn.Module):
         """Set the parameters from the plain layouts, packing on the GPU:
         w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
         each; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias;
-        router_w [E, H]; the router biases fp32 [E]; with a shared expert
+        router_w [E + Z, H]; the router biases fp32 [E + Z] (Z = the spec's
+        zero_experts, 0 mostly: the router scores them too); with a shared expert
         (spec shared.ffn = F_s = m·F) shared_w1 [2F_s, H] (gate rows, then
         up), shared_w2 [H, F_s], and shared_gate [H] where shared.gate =
         "sigmoid", split into the m weight slots after the routed experts as

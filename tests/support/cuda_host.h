@@ -1,6 +1,7 @@
 /* cuda_host.h — just enough of CUDA to run the emitted gemv kernels
- * (templates/gemm_gemv.lua) and the backward's dx (templates/bwd.lua) on the
- * CPU, for test_gemv_host and test_bwd_host: every CUDA
+ * (templates/gemm_gemv.lua), the backward's dx (templates/bwd.lua) and the
+ * permute scatter (templates/permute.lua) on the CPU, for test_gemv_host,
+ * test_bwd_host and test_scatter_host: every CUDA
  * thread of a block is a fiber (ucontext) on the one host thread, run in
  * turn until it waits at a barrier: __syncthreads is a barrier of the
  * block's 256, a warp shuffle two barriers of its 32 lanes around a slot
@@ -89,6 +90,23 @@ static inline float host_shfl(float v, int src) {
 }
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return host_shfl(v, (int)(threadIdx.x & 31) ^ m); }
 static inline float __shfl_down_sync(unsigned, float v, int d) { return host_shfl(v, (int)(threadIdx.x & 31) + d); }
+/* any 4-byte value of lane src (the permute scatter's rows and flags), and a
+ * warp's vote, one shuffle per lane */
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
+    static_assert(sizeof(T) == 4, "a 4-byte value");
+    float f, g;
+    memcpy(&f, &v, 4);
+    g = host_shfl(f, src & 31);
+    T r;
+    memcpy(&r, &g, 4);
+    return r;
+}
+static inline unsigned __ballot_sync(unsigned, bool p) {
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++)
+        m |= (unsigned)__shfl_sync(0u, (int)p, l) << l;
+    return m;
+}
 template <class T> static inline T __ldg(const T *p) { return *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 /* one fiber runs at a time and blocks run one after the other: plain

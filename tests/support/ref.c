@@ -65,8 +65,16 @@ static void ref_scores(moe_score_t score, double *p, int E, moe_dtype_t dt) {
 
 /* ---- checks ------------------------------------------------------------ */
 
+/* Zero experts (spec.h, moe_spec_scored): what the spec check allows with
+ * them (no groups, shared expert, apply = input, sparsemixer or fp8). */
+static int zero_ok(const moe_spec_t *s) {
+    return s->zero_experts == 0 ||
+           (s->zero_experts > 0 && s->router.groups <= 1 && s->shared.ffn == 0 &&
+            s->router.apply == MOE_APPLY_OUTPUT && s->router.score != MOE_SCORE_SPARSEMIXER && !moe_spec_fp8(s));
+}
+
 static int spec_ok(const moe_spec_t *s) {
-    return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts &&
+    return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && zero_ok(s) &&
            s->hidden >= 1 && s->ffn >= 1 &&
            (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }
@@ -102,7 +110,8 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     if (s->router.bias && !in->sel_bias) return 1;
     if (s->router.logit_bias && !in->logit_bias) return 1;
 
-    const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
+    /* E here: the scored experts, the zero experts' included (index >= s->experts: the identity) */
+    const int E = moe_spec_scored(s), K = s->top_k, H = s->hidden, T = in->tokens;
     const int G = s->router.groups > 1 ? s->router.groups : 1;
     const int KG = G > 1 ? s->router.topk_groups : 1;
     const int per_group = E / G, take = G > 1 ? s->router.group_topk : 0;
@@ -206,13 +215,14 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
 }
 
 int moe_ref_counts(const moe_spec_t *s, const int *topk_idx, int tokens, int *counts) {
-    if (!s || s->experts < 1 || s->top_k < 1 || tokens < 0 || !counts) return 1;
+    if (!s || s->experts < 1 || s->top_k < 1 || s->zero_experts < 0 || tokens < 0 || !counts) return 1;
     if (tokens > 0 && !topk_idx) return 1;
     const size_t n = (size_t)tokens * s->top_k;
     for (size_t i = 0; i < n; i++)
-        if (topk_idx[i] < 0 || topk_idx[i] >= s->experts) return 1;
+        if (topk_idx[i] < 0 || topk_idx[i] >= moe_spec_scored(s)) return 1;
     memset(counts, 0, (size_t)s->experts * sizeof(int));
-    for (size_t i = 0; i < n; i++) counts[topk_idx[i]]++;
+    for (size_t i = 0; i < n; i++)   /* a zero expert (index >= experts) has no slot to count */
+        if (topk_idx[i] < s->experts) counts[topk_idx[i]]++;
     return 0;
 }
 
@@ -456,8 +466,8 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
         if (seen) { if (seen[t]) goto done; seen[t] = 1; }
         for (int k = 0; k < K; k++) {
             int e = topk_idx[(size_t)t * K + k];
-            if (e < 0 || e >= E) goto done;
-            cnt[e + 1]++;
+            if (e < 0 || e >= moe_spec_scored(s)) goto done;
+            if (e < E) cnt[e + 1]++;   /* a zero expert: no rows (below, after the routed sum) */
         }
     }
     int maxp = 0;
@@ -474,7 +484,7 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
             int t = token_list ? token_list[i] : i;
             for (int k = 0; k < K; k++) {
                 size_t sl = (size_t)t * K + k;
-                slot[fill[topk_idx[sl]]++] = (int)sl;
+                if (topk_idx[sl] < E) slot[fill[topk_idx[sl]]++] = (int)sl;
             }
         }
         free(fill);
@@ -563,6 +573,15 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
             }
         }
     }
+    if (s->zero_experts > 0) /* zero experts, after the routed sum: y[t] += w · x[t] (x in the dtype, exact in fp32) */
+        for (int i = 0; i < n; i++) {
+            const int t = token_list ? token_list[i] : i;
+            for (int k = 0; k < K; k++) {
+                if (topk_idx[(size_t)t * K + k] < E) continue;
+                const float w = topk_w[(size_t)t * K + k];
+                for (int h = 0; h < H; h++) y[(size_t)t * H + h] += w * moe_half_to_float(in->x[(size_t)t * H + h], dt);
+            }
+        }
     if (s->shared.ffn > 0) { /* y[t] += g(t) * os(t), after the routed sum */
         int *toks = malloc((size_t)n * sizeof(int));
         float *g = malloc((size_t)n * sizeof(float));
@@ -603,9 +622,9 @@ int moe_ref_route_agree(const moe_spec_t *s, const int *idx_a, const int *idx_b,
                         const float *scores_ref, int tokens, float tie_eps,
                         int *bad_token) {
     if (bad_token) *bad_token = -1;
-    if (!s || s->experts < 1 || s->top_k < 1 || s->top_k > s->experts || tokens < 0) return 0;
+    if (!s || s->experts < 1 || s->top_k < 1 || s->top_k > s->experts || s->zero_experts < 0 || tokens < 0) return 0;
     if (tokens > 0 && (!idx_a || !idx_b || !scores_ref)) return 0;
-    const int E = s->experts, K = s->top_k;
+    const int E = moe_spec_scored(s), K = s->top_k;   /* the zero experts are selected as any other */
     for (int t = 0; t < tokens; t++) {
         const int *a = idx_a + (size_t)t * K, *b = idx_b + (size_t)t * K;
         const float *sc = scores_ref + (size_t)t * E;
@@ -1074,8 +1093,10 @@ done:
 
 /* ---- entry points -------------------------------------------------------- */
 
+/* The backward and the exact forward: no zero experts (inference only, gen/spec_check.c). */
 static int spec_usable(const moe_spec_t *s) {
-    return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->hidden >= 1 && s->ffn >= 1 &&
+    return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->zero_experts == 0 &&
+           s->hidden >= 1 && s->ffn >= 1 &&
            s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }
 

@@ -10,13 +10,14 @@
  * Data conventions (the project's ABI):
  *   half values    uint16_t bit patterns of spec->dtype (bf16 or fp16)
  *   x              [T, H]
- *   wr             [E, H]            router weight
- *   sel_bias       fp32 [E]          selection only; read iff spec->router.bias
- *   logit_bias     fp32 [E]          added to logits; read iff spec->router.logit_bias
+ *   wr             [E + Z, H]        router weight (Z = spec->zero_experts, 0 mostly)
+ *   sel_bias       fp32 [E + Z]      selection only; read iff spec->router.bias
+ *   logit_bias     fp32 [E + Z]      added to logits; read iff spec->router.logit_bias
  *   w1             [E, 2F, H]        plain layout: rows 0..F-1 gate, F..2F-1 up
  *   w2             [E, H, F]
  *   b1, b2         [E, 2F], [E, H]   read iff spec->ffn_bias
- *   topk_idx/w     [T, top_k]        slot (t, k) is row t*top_k + k
+ *   topk_idx/w     [T, top_k]        slot (t, k) is row t*top_k + k; an index >= E is a
+ *                                    zero expert: it adds w·x[t] (docs/DESIGN.md, "Zero experts")
  *   ws1            [2F_s, H]         the shared expert's W1, unsplit (gate rows, then up rows);
  *                                    read iff spec->shared.ffn (F_s = shared.ffn)
  *   ws2            [H, F_s]          the shared expert's W2, unsplit
@@ -65,7 +66,9 @@ typedef struct {
  * taken among their experts only.
  * Writes topk_idx [T, k], topk_w [T, k] (p at the selected experts,
  * renormalized if asked, times scale) and, if scores is non-NULL, the
- * selection scores s [T, E] (for softmax-only routing: the probabilities). */
+ * selection scores s [T, E + Z] (for softmax-only routing: the
+ * probabilities). With zero experts (Z > 0) the router scores E + Z experts,
+ * every step as above over all of them. */
 int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
                   int *topk_idx, float *topk_w, float *scores);
 
@@ -80,6 +83,8 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
  *   o = round(h·W2[e]ᵀ (+ b2[e]))         fp32 accumulation
  *   y[t] = Σ_k topk_w[t,k] * o(t,k)       fp32, summed in ascending expert order
  *                                         (weight 1 with router.apply = "input")
+ *        + Σ_k topk_w[t,k] * x[t]         over the zero experts' slots (e >= E, spec
+ *                                         zero_experts), after the routed experts; no rows
  *        + g(t) * os(t)                   with a shared expert (spec shared.ffn), added last
  *                                         in fp32: moe_ref_shared's g and os (the shared
  *                                         expert's input is x, whatever router.apply)
@@ -149,11 +154,12 @@ void moe_ref_fp8_free(moe_ref_fp8_t *f);
 float moe_ref_activation(const moe_spec_t *s, float gate, float up);
 
 /* Tokens per expert: counts[e] = number of slots (t, k) with topk_idx == e,
- * over `tokens` tokens. Non-zero if an index is out of [0, E). */
+ * over `tokens` tokens, counts [E]; a zero expert's slot (E <= e < E + Z)
+ * counts nowhere. Non-zero if an index is out of [0, E + Z). */
 int moe_ref_counts(const moe_spec_t *s, const int *topk_idx, int tokens, int *counts);
 
 /* Whether two selections agree up to near-ties. idx_a is the reference
- * selection and scores_ref [T, E] its selection scores (as moe_ref_route
+ * selection and scores_ref [T, E + Z] its selection scores (as moe_ref_route
  * writes them). Per token, the two index sets (order ignored) must be equal,
  * or every expert in one set but not the other must have a reference score
  * within tie_eps (absolute) of the k-th selected score, min over idx_a of

@@ -19,9 +19,9 @@
 typedef struct {
     int tokens;
     const uint16_t *x;           /* [T, H] */
-    const uint16_t *wr;          /* [E, H] */
-    const float *sel_bias;       /* [E], router.bias */
-    const float *logit_bias;     /* [E], router.logit_bias */
+    const uint16_t *wr;          /* [E + Z, H], Z = zero_experts */
+    const float *sel_bias;       /* [E + Z], router.bias */
+    const float *logit_bias;     /* [E + Z], router.logit_bias */
     const uint16_t *w1, *w2;     /* [E, 2F, H] plain, [E, H, F] */
     const uint16_t *b1, *b2;     /* [E, 2F] plain, [E, H]; ffn_bias */
     const uint16_t *ws1, *ws2;   /* the shared expert, unsplit: [2F_s, H] (gate rows, then up), [H, F_s]; shared.ffn */
@@ -33,8 +33,8 @@ static void put_err(char *err, int errlen, const char *msg) {
 }
 
 /* Load and validate the spec at `path`; on success write its shape to
- * shape[0..5] = experts, top_k, hidden, ffn, tokens, dtype (0 bf16, 1 fp16)
- * and return 0. On failure return 2 with the loader's "FILE:LINE: error:"
+ * shape[0..6] = experts, top_k, hidden, ffn, tokens, dtype (0 bf16, 1 fp16),
+ * zero_experts (the router scores experts + zero_experts) and return 0. On failure return 2 with the loader's "FILE:LINE: error:"
  * message in err. */
 int moe_reflib_shape(const char *path, int *shape, char *err, int errlen) {
     moe_spec_t s;
@@ -42,14 +42,14 @@ int moe_reflib_shape(const char *path, int *shape, char *err, int errlen) {
     if (!path || !shape) { put_err(err, errlen, "moe_reflib_shape: NULL argument"); return 1; }
     if (moe_spec_load(&s, path, NULL, NULL, 0, &d)) { put_err(err, errlen, d.msg); return 2; }
     shape[0] = s.experts; shape[1] = s.top_k; shape[2] = s.hidden;
-    shape[3] = s.ffn; shape[4] = s.tokens; shape[5] = (int)s.dtype;
+    shape[3] = s.ffn; shape[4] = s.tokens; shape[5] = (int)s.dtype; shape[6] = s.zero_experts;
     return 0;
 }
 
 /* The whole layer on the CPU for the spec at `path`: moe_ref_route, then
  * moe_ref_ffn over all tokens. Writes y [T, H] (fp32, the reference's
  * accumulation before any final rounding), topk_idx and topk_w [T, top_k],
- * and scores [T, E] (the selection scores) when non-NULL. Returns 0; 2 when
+ * and scores [T, E + zero_experts] (the selection scores) when non-NULL. Returns 0; 2 when
  * the spec does not load, 1 when the reference refuses the inputs, with a
  * message in err. */
 int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,

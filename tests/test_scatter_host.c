@@ -1,0 +1,109 @@
+/* test_scatter_host.c — the permute_scatter kernel (templates/permute.lua)
+ * run on the CPU: for each case a spec is planned and emitted, the plan
+ * kernel's namespace (the scatter's constants) and the scatter kernel are
+ * cut out of the source and built with the host C++ compiler into
+ * tests/scatter_host.cc (the CUDA subset they use emulated by
+ * tests/support/cuda_host.h), which runs it on random routing and checks
+ * the row map and the rows. So the zero experts' path (docs/DESIGN.md, "Zero
+ * experts": a zero entry's row offsets[E] + t holding x[t], stored once per
+ * token) is checked where there is no GPU, beside the plain scatter;
+ * test_gpu checks both on one. Skipped without a C++17 compiler with
+ * <ucontext.h> (c++, or $CXX). Run from the repository root. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "gen_fixture.h"
+
+typedef struct {
+    const char *label, *spec; /* a spec file, or a spec's text */
+    int tokens[3], ntokens;
+} host_case_t;
+
+static const host_case_t cases[] = {
+    {"zero experts: 48 routed + 24 zero, top-6, H 264 (33 vectors a row); a token, a partial and whole blocks",
+     "tests/specs/zero_experts.moe", {1, 7, 40}, 3},
+    {"zero experts as LongCat-Flash's share: 64 + 32, top-12, fp16",
+     "name = 'lc' experts = 64 zero_experts = 32 top_k = 12 hidden = 128 ffn = 64 tokens = 64 dtype = 'fp16' "
+     "router = { bias = true, renormalize = false, scale = 6 }\n", {3, 33}, 2},
+    {"no zero experts: the plain scatter, top-2", "name = 'plain' experts = 8 top_k = 2 hidden = 72 ffn = 40 "
+     "tokens = 64\n", {1, 17}, 2},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+/* The text from `from` through the end of `to` (both in src, in order) into
+ * b; 1 when either is not there. */
+static int cut_span(const char *src, const char *from, const char *to, moe_buf_t *b) {
+    const char *a = strstr(src, from), *z = a ? strstr(a, to) : NULL;
+    if (!z)
+        return 1;
+    moe_buf_printf(b, "%.*s\n", (int)(z + strlen(to) - a), a);
+    return 0;
+}
+
+static void run_case(const host_case_t *c, const char *cxx) {
+    CASE(c->label);
+    if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
+        return;
+    moe_spec_t s;
+    moe_diag_t d;
+    char err[512];
+    moe_plan_desc_t pd;
+    const int file = strchr(c->spec, '\n') == NULL;
+    if (moe_spec_load(&s, file ? c->spec : "case.moe", file ? NULL : c->spec, NULL, 0, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return;
+    }
+    if (moe_plan_desc_build(&pd, &s, NULL, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    const moe_kernel_desc_t *plan = &moe_plan_kernels(&pd, s.arch[0])[MOE_K_PERMUTE_PLAN],
+                            *sc = &moe_plan_kernels(&pd, s.arch[0])[MOE_K_PERMUTE_SCATTER];
+    moe_buf_t src = {0}, inc = {0};
+    if (moe_emit_source(&pd, NULL, &src, &d)) {
+        CHECKF(0, "%s", d.msg);
+        moe_plan_desc_free(&pd);
+        return;
+    }
+    char ns_open[200], ns_close[200], head[200];
+    snprintf(ns_open, sizeof ns_open, "namespace %s_impl {", plan->name);
+    snprintf(ns_close, sizeof ns_close, "}  // namespace %s_impl", plan->name);
+    snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", sc->threads, sc->name);
+    const int cut = cut_span(src.data, ns_open, ns_close, &inc) || cut_span(src.data, head, "\n}\n", &inc);
+    CHECKF(!cut, "%s's namespace or %s not found whole in the emitted source", plan->name, sc->name);
+    char inc_path[400], bin[400], cmd[3000];
+    snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
+    snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
+    CHECKF(!cut && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
+    if (!cut) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DSH_SCATTER=%s -DSH_E=%d "
+                 "-DSH_Z=%d -DSH_K=%d -DSH_H=%d -DSH_ROWS=%d tests/scatter_host.cc -o %s 2>&1",
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", sc->name, moe_spec_slots(&s),
+                 s.zero_experts, moe_spec_entries(&s), s.hidden, sc->per_block, bin);
+        CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
+        for (int i = 0; i < c->ntokens; i++)
+            for (int seed = 0; seed < 2; seed++) {
+                snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->tokens[i]);
+                fflush(NULL);
+                CHECKF(system(cmd) == 0, "%s: the scatter's rows or row map are wrong", cmd);
+            }
+    }
+    moe_buf_free(&inc);
+    moe_buf_free(&src);
+    moe_plan_desc_free(&pd);
+}
+
+int main(void) {
+    if (gen_fixture_setup("test_scatter_host"))
+        return 1;
+    const char *cxx;
+    if (!host_cxx(&cxx)) {
+        CASE("the scatter kernel on the host");
+        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
+    } else {
+        for (int i = 0; i < NCASES; i++)
+            run_case(&cases[i], cxx);
+    }
+    rm_rf(tmp_root);
+    return check_report("test_scatter_host");
+}
