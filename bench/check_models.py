@@ -99,7 +99,7 @@ class Family:
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None, in_dtype=False, zero=0, experts=None):
+                 top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or gate_route
@@ -110,6 +110,8 @@ class Family:
         self.in_dtype = in_dtype
         self.zero = zero
         self.experts = experts
+        self.ffn_bias_of = ffn_bias_of  # (block, E, F) -> (b1 [E, 2F], b2 [E, H]) where the block's biases
+                                        # are not the experts' own (JetMoE's one output bias)
 
 
 def gate_route(block, x):
@@ -458,6 +460,54 @@ def granite_shared(block):
     return w[:fs], w[fs:], block.shared_mlp.output_linear.weight, None
 
 
+def mk_jetmoe():
+    # JetMoeMoE (JetMoE-8B): logits = router.layer(x) (a bf16 Linear) then
+    # .float(), top-k of the logits, weight = softmax over the k (fp32, =
+    # softmax then renormalize), cast to bf16 (Granite's rule); experts
+    # input_linear [E, 2F, H] (chunk(2): the activated half, then the linear
+    # one) and output_linear [E, H, F], SwiGLU (activation_function "silu");
+    # the weighted outputs index_add'ed in bf16, then ONE bias [H] added to
+    # the sum. moegen says it with ffn_bias: b1 = 0 and every expert's b2 =
+    # that bias, since Σ_k w_k (o_k + b) = Σ_k w_k o_k + b when the weights
+    # sum to 1 (up to each expert's output being rounded with b in it).
+    # The wrapper names the parts as the checks expect (router, experts).
+    import torch
+    import transformers as tf
+    Block, = tf_import("jetmoe.modeling_jetmoe", "JetMoeMoE")
+    cfg = tf.JetMoeConfig(hidden_size=256, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
+
+    class Experts:  # the stored tensors under the names convert() reads
+        def __init__(self, b):
+            self.gate_up_proj, self.down_proj = b.input_linear.weight, b.output_linear.weight
+            self.num_experts = b.input_linear.num_experts
+
+    class JetMoe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block(cfg)
+            self.router, self.experts = self.block.router, Experts(self.block)
+
+        def forward(self, h):
+            return self.block(h)
+
+    return JetMoe(), cfg
+
+
+def jetmoe_route(block, x):
+    """JetMoeTopKGating's choice, as its forward computes it (that returns
+    it sorted by expert): top-k of the fp32 logits, softmax over the k."""
+    import torch
+    top, idx = block.router.layer(x).float().topk(block.router.top_k, dim=1)
+    return torch.softmax(top, dim=1).to(x.dtype), idx
+
+
+def jetmoe_bias(block, E, F):
+    """JetMoE's one output bias as moegen's ffn biases: b1 = 0, each expert's b2 = the bias."""
+    import torch
+    b = block.block.bias.detach()
+    return torch.zeros(E, 2 * F, dtype=b.dtype), b.reshape(1, -1).repeat(E, 1)
+
+
 def mk_jamba():
     # JambaSparseMoeBlock: logits = router(x) (bf16 Linear), p = softmax in
     # fp32, top-k (Jamba: 16 experts, k = 2), NOT renormalized, cast to bf16;
@@ -706,9 +756,10 @@ def aria_route(block, x):
     return w, idx
 
 
-def mk_laguna():
+def mk_laguna(softcap=0.0):
     # LagunaSparseMoeBlock with moe_router_logit_softcapping = 0 (the
-    # default; a softcap is not expressible, docs/models.md): bf16 logits,
+    # default), or c > 0: the fp32 logits become c·tanh(l / c) first
+    # (router.logit_softcap): bf16 logits,
     # .float(), s = sigmoid, selection on s + the gate's
     # e_score_correction_bias (a parameter the class keeps in the model
     # dtype), top-k; weight = s / Σ_k s, cast to bf16; the routed sum ×
@@ -718,7 +769,7 @@ def mk_laguna():
     Cfg, = tf_import("laguna.configuration_laguna", "LagunaConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_experts=32, num_experts_per_tok=8,
                     shared_expert_intermediate_size=128, moe_routed_scaling_factor=2.0,
-                    moe_router_logit_softcapping=0.0))
+                    moe_router_logit_softcapping=softcap))
     return Block(cfg), cfg
 
 
@@ -843,6 +894,9 @@ FAMILIES = [
     Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
            'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
            router=lambda b: {"wr": b.router.weight}),
+    Family("jetmoe", "JetMoE-8B (one output bias)", mk_jetmoe,
+           'router = { score = "softmax", renormalize = true }\nffn_bias = true', "fused", route=jetmoe_route,
+           router=lambda b: {"wr": b.router.layer.weight}, ffn_bias_of=jetmoe_bias),
     Family("granitemoeshared", "Granite MoE with a shared expert", mk_granite_shared,
            'router = { score = "softmax", renormalize = true }', "fused", shared=256, shared_gate="none",
            route=granite_route, router=lambda b: {"wr": b.router.weight}, shared_of=granite_shared),
@@ -963,6 +1017,9 @@ FAMILIES = [
     Family("laguna", "Laguna (no logit softcap)", mk_laguna,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
            shared=128, shared_gate="none", keep=()),
+    Family("laguna-softcap", "Laguna (moe_router_logit_softcapping = 0.5)", lambda: mk_laguna(0.5),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0, logit_softcap = 0.5 }',
+           "fused", shared=128, shared_gate="none", keep=()),
     Family("ernie4.5-vl", "ERNIE-4.5-VL (text tokens)", mk_ernie45_vl,
            'router = { score = "softmax", bias = true, renormalize = true }', "fused", shared=256, shared_gate="none",
            router=lambda b: {"wr": b.gate.weight,
@@ -1068,6 +1125,8 @@ def convert(fam, block, E, H, F):
         raise ValueError(fam.layout)
     assert tuple(w1.shape) == (E, 2 * F, H) and tuple(w2.shape) == (E, H, F), (w1.shape, w2.shape)
     t["w1"], t["w2"] = w1, w2
+    if fam.ffn_bias_of:
+        t["b1"], t["b2"] = fam.ffn_bias_of(block, E, F)
     t = {k: v.detach().contiguous() for k, v in t.items()}
     # The same tensors as the checkpoint stores them, with moe_layout's name
     # for each (runtime/moe.h), for the library's own packing where it has it.
@@ -1084,6 +1143,8 @@ def convert(fam, block, E, H, F):
     else:  # interleaved_t
         stored = [("W1_INTERLEAVED_T", ex.gate_up_proj), ("B1_INTERLEAVED", ex.gate_up_proj_bias),
                   ("W2_T", ex.down_proj), ("B2", ex.down_proj_bias)]
+    if fam.ffn_bias_of:
+        stored += [("B1_FUSED", t["b1"]), ("B2", t["b2"])]
     t["stored"] = [(n,) + tuple(v.detach().contiguous() for v in vs) for n, *vs in stored]
     return t
 

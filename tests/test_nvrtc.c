@@ -64,6 +64,10 @@ static const pingpong_job_t pingpong_jobs[] = {
     /* and on the persistent grid: one consumer, two */
     {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 256, 4, 8, 0, 0, 1},
     {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 128, 256, 4, 8, 0, 0, 1},
+    /* and on the gemv grid (its fp8 device code): the up GEMM's clusters of 8, 4 and 1 CTAs */
+    {"examples/specs/fp8/qwen3-30b-a3b-fp8.moe", NULL, 64, 32, 2, 1, 0, 1, 0},     /* block scales */
+    {"examples/specs/fp8/mixtral-8x7b-fp8.moe", NULL, 64, 64, 4, 1, 0, 1, 0},      /* channel; down K in 2 passes */
+    {"examples/specs/fp8/deepseek-v3-ep8-fp8.moe", NULL, 128, 256, 1, 1, 0, 1, 0}, /* bn 256: no cluster */
 };
 #define NPINGPONG ((int)(sizeof pingpong_jobs / sizeof *pingpong_jobs))
 
@@ -85,7 +89,7 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
     const int fp8 = moe_spec_fp8(&s); /* an e4m3 entry: bm / 64 consumers on one tile, one CTA per tile */
     e = (moe_tuning_entry_t){.experts = s.experts, .top_k = s.top_k, .hidden = s.hidden, .ffn = s.ffn,
                              .dtype = s.dtype, .arch = MOE_ARCH_SM90A, .tokens = 1, .bm = pp->bm, .bn = pp->bn,
-                             .bk = fp8 ? 128 : 64, .stages = pp->stages,
+                             .bk = fp8 && !pp->gemv ? 128 : 64, .stages = pp->stages,
                              .consumers = pp->gemv ? 1 : pp->splitk || fp8 ? pp->bm / 64 : 2, .group_m = pp->group_m,
                              .persistent = fp8 ? pp->persist : !pp->splitk && !pp->gemv,
                              .pingpong = !pp->splitk && !pp->gemv && !fp8, .splitk = pp->splitk, .gemv = pp->gemv,
@@ -100,11 +104,11 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
         return 1;
     char c2[32];
     snprintf(c2, sizeof c2, "k128s%dc%d", pp->stages, pp->bm / 64);
-    const char *want = fp8 ? c2 : pp->gemv ? "_sm90a_gemv_" : pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
+    const char *want = pp->gemv ? "_sm90a_gemv_" : fp8 ? c2 : pp->splitk ? "_sm90a_tma_splitk" : "_sm90a_tma_pingpong_";
     for (int k = MOE_K_GEMM_UP; k <= MOE_K_GEMM_DOWN; k++)
         if (!strstr(moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name, want))
             return snprintf(msg, n, "%s is not a %s kernel", moe_plan_kernels(pd, MOE_ARCH_SM90A)[k].name,
-                            fp8 ? c2 : pp->gemv ? "gemv" : pp->splitk ? "split-K" : "ping-pong"), 1;
+                            pp->gemv ? "gemv" : fp8 ? c2 : pp->splitk ? "split-K" : "ping-pong"), 1;
     return 0;
 }
 
@@ -245,6 +249,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_gptoss.moe", 1},   /* training, fp16, logit_bias, ffn_bias, clamped SwiGLU */
         {"tests/specs/train_sigmoid_groups.moe", 0}, /* training, sigmoid, groups, scale */
         {"tests/specs/sqrtsoftplus.moe", 1},   /* training, sqrt(softplus) scores, bias, clamp, shared */
+        {"tests/specs/softcap.moe", 1},        /* training, the logit cap (route and the router's backward) */
         {"tests/specs/sparsemixer.moe", 0},    /* Phi-3.5-MoE's routing weights */
         {"tests/specs/zero_experts.moe", 0},   /* LongCat-Flash's zero experts: E + Z scored, x rows for them */
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
@@ -324,7 +329,7 @@ static void test_nvrtc_all(void) {
             else if (fp8)
                 snprintf(grid, sizeof grid, "%s", pp->persist ? "persist" : "tile");
             snprintf(label, sizeof label, "NVRTC %s%s%s sm_90a, GEMMs %s m%dn%dk%ds%dg%d", pp->path,
-                     pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, fp8 ? 128 : 64, pp->stages,
+                     pp->set ? " " : "", pp->set ? pp->set : "", grid, pp->bm, pp->bn, fp8 && !pp->gemv ? 128 : 64, pp->stages,
                      pp->group_m);
         }
         CASE(label);

@@ -6,6 +6,8 @@
 #     clusters of 8 .. 1), then again with MOEGEN_PDL=on
 #   - the vendored fp8 build on the gemv grid (test_vendored_fp8_gemv: the folded combine at small calls)
 #   - compute-sanitizer memcheck of test_quant_gpu's Qwen3 case on the gemv grid
+#   - the new routing rules (2026-12-05): test_gpu's softcap (router.logit_softcap) and zero_experts (LongCat's
+#     zero-computation experts) specs; test_bwd_gpu of the softcap spec's backward runs in run27's full list
 #   - moe_bench --graph of the fp8 Mixtral, EP8 and Qwen3 specs at 1, 8, 64 and 128 tokens under the default
 #     tile (tuning/h200.tune: no e4m3 entry) and tests/tune/gemv8.tune; the bf16 twins under tuning/h200.tune
 #     (their shipped gemv entries) for the bytes-streamed comparison
@@ -21,6 +23,8 @@ echo "test_quant_gpu gemv8 pdl: exit $?" >> "$OUT/rc.txt"
 timeout 60 build/tests/test_vendored_fp8_gemv examples/specs/fp8/qwen3-30b-a3b-fp8.moe \
     > "$OUT/test_vendored_fp8_gemv.log" 2>&1
 echo "test_vendored_fp8_gemv: exit $?" >> "$OUT/rc.txt"
+timeout 120 build/tests/test_gpu tests/specs/softcap.moe tests/specs/zero_experts.moe > "$OUT/test_gpu_rules.log" 2>&1
+echo "test_gpu softcap zero_experts: exit $?" >> "$OUT/rc.txt"
 MOEGEN_TUNING=tests/tune/gemv8.tune MOEGEN_TEST_CASE="Qwen3" timeout 120 compute-sanitizer --tool memcheck \
     --error-exitcode 9 build/tests/test_quant_gpu > "$OUT/memcheck_gemv8.log" 2>&1
 echo "memcheck test_quant_gpu gemv8 Qwen3: exit $?" >> "$OUT/rc.txt"
