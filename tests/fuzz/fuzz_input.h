@@ -2,9 +2,10 @@
  * first byte, then the spec's bytes up to the first "\n--set\n" line, then
  * one KEY=VALUE override per line (at most FUZZ_MAX_OVR). The first byte's
  * bit 0 is fuzz_spec's read mode (clear: as text, set: from a file) and
- * bits 1-3 the tuning table the spec is planned under: 0 the embedded one,
- * 1-7 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to them), so
- * the variant, split-K, gemv and fp8 planning paths are reached too. */
+ * bits 1-4 the tuning table the spec is planned under: 0 the embedded one,
+ * 1-9 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to them;
+ * 10-15 the embedded one too), so the variant, split-K, gemv and fp8
+ * planning paths (fp8's tile, persistent and gemv grids) are reached too. */
 #ifndef MOEGEN_FUZZ_INPUT_H
 #define MOEGEN_FUZZ_INPUT_H
 
@@ -28,7 +29,7 @@ typedef struct {
     const char *spec; /* = buf: the spec text (the overrides cut off by a NUL) */
     size_t spec_len; /* the spec's bytes (NULs included), its closing newline kept */
     int from_file;   /* bit 0 */
-    int table;       /* bits 1-3 */
+    int table;       /* bits 1-4 */
     moe_override_t ovr[FUZZ_MAX_OVR];
     int novr;
 } fuzz_input_t;
@@ -39,7 +40,7 @@ static inline int fuzz_input_split(fuzz_input_t *in, const uint8_t *data, size_t
     if (size < 1 || size > (1 << 16))
         return 1;
     in->from_file = data[0] & 1;
-    in->table = (data[0] >> 1) & 7;
+    in->table = (data[0] >> 1) & 15;
     data++, size--;
     in->buf = malloc(size + 1);
     if (!in->buf)
@@ -73,10 +74,11 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
     in->buf = NULL;
 }
 
-/* Table i (0: the embedded one; 1-7 tests/tune's, loaded once); a table that
+/* Table i (0: the embedded one; 1-9 tests/tune's, loaded once); a table that
  * does not load falls back to the embedded one, said once on stderr. */
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
-    static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants"};
+    static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
+                                        "gemv8"};
     enum { N = sizeof names / sizeof *names };
     static moe_tuning_t tables[N];
     static int ok[N], loaded;
