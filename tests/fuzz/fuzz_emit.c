@@ -28,7 +28,9 @@ static void require(int ok, const char *what, const char *detail) {
 
 /* Whether src defines kernel name: `NAME(` with "__global__" before it on
  * its line or the line above (`extern "C" __global__ void
- * __launch_bounds__(...)` stands on a line of its own). */
+ * __launch_bounds__(...)` stands on a line of its own), `#line` directives
+ * between them not counted (the templates emit one before the name when
+ * the attribute line came out of a template branch). */
 static int defines(const char *src, const char *name) {
     size_t n = strlen(name);
     for (const char *p = strstr(src, name); p; p = strstr(p + 1, name)) {
@@ -36,7 +38,7 @@ static int defines(const char *src, const char *name) {
             continue;
         const char *from = p;
         for (int lines = 0; from > src && lines < 2; from--)
-            if (from[-1] == '\n' && ++lines == 2)
+            if (from[-1] == '\n' && strncmp(from, "#line ", 6) != 0 && ++lines == 2)
                 break;
         char head[1024];
         snprintf(head, sizeof head, "%.*s", (int)(p - from), from);
