@@ -236,13 +236,17 @@ VENDORED_NAME := qwen3_30b_a3b
 # a spec with a shared expert: test_vendored packs it (NAME_pack_shared)
 VENDORED_DEFS := $(shell grep -q '^shared' examples/specs/$(VENDORED_SPEC).moe 2>/dev/null && echo -DVENDORED_SHARED)
 VENDORED_OBJ := $(BUILD)/tests/support/ref.o $(BUILD)/runtime/half.o $(BUILD)/runtime/fp8.o $(BUILD)/gen/spec.o $(BUILD)/gen/spec_check.o $(BUILD)/gen/spec_schema.o $(BUILD)/gen/sandbox.o $(BUILD)/gen/util.o
+VENDORED_SM90 := -gencode=arch=compute_90a,code=sm_90a
+VENDORED_BOTH := $(VENDORED_SM90) -gencode=arch=compute_80,code=sm_80
+# test_vendored.cu built against one emitted spec by plain nvcc:
+# $(call vendored_build,GENCODES,EMITTED_CU,NAME,DEFINES)
+define vendored_build
+mkdir -p $(dir $@)
+$(NVCC) -O2 -std=c++17 $(1) -Igen -Iruntime -Itests -Itests/support -I$(dir $(2)) -I$(LUA_INC) \
+  -DVENDORED_NAME=$(3) -DVENDORED_HEADER=$(3).h $(4) tests/test_vendored.cu $(2) $(VENDORED_OBJ) $(LUA_LIB) -o $@
+endef
 $(BUILD)/tests/test_vendored: tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu $(VENDORED_OBJ)
-	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-	  -Igen -Iruntime -Itests -Itests/support -Ikernels_out/$(VENDORED_SPEC) -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
-	  tests/test_vendored.cu kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu \
-	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
+	$(call vendored_build,$(VENDORED_BOTH),kernels_out/$(VENDORED_SPEC)/$(VENDORED_NAME).cu,$(VENDORED_NAME),$(VENDORED_DEFS))
 
 # The same test over the split-K GEMMs: the spec emitted under tests/tune/splitk.tune
 # (its GEMMs on the splitkS grid at every size) into build/, built the same way.
@@ -250,11 +254,7 @@ VENDORED_SPLITK := $(BUILD)/vendored_splitk/$(VENDORED_NAME).cu
 $(VENDORED_SPLITK): $(BUILD)/moegen tests/tune/splitk.tune examples/specs/$(VENDORED_SPEC).moe
 	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/splitk.tune -o $(dir $@)
 $(BUILD)/tests/test_vendored_splitk: tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ)
-	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-	  -Igen -Iruntime -Itests -Itests/support -I$(BUILD)/vendored_splitk -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
-	  tests/test_vendored.cu $(VENDORED_SPLITK) $(VENDORED_OBJ) $(LUA_LIB) -o $@
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_SPLITK),$(VENDORED_NAME),$(VENDORED_DEFS))
 
 # And over the gemv GEMMs: the spec emitted under tests/tune/gemv.tune (both
 # GEMMs on the gemv grid at every size, launched on the 2D grid).
@@ -262,11 +262,7 @@ VENDORED_GEMV := $(BUILD)/vendored_gemv/$(VENDORED_NAME).cu
 $(VENDORED_GEMV): $(BUILD)/moegen tests/tune/gemv.tune examples/specs/$(VENDORED_SPEC).moe
 	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/gemv.tune -o $(dir $@)
 $(BUILD)/tests/test_vendored_gemv: tests/test_vendored.cu $(VENDORED_GEMV) $(VENDORED_OBJ)
-	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-	  -Igen -Iruntime -Itests -Itests/support -I$(BUILD)/vendored_gemv -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_NAME) -DVENDORED_HEADER=$(VENDORED_NAME).h $(VENDORED_DEFS) \
-	  tests/test_vendored.cu $(VENDORED_GEMV) $(VENDORED_OBJ) $(LUA_LIB) -o $@
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_GEMV),$(VENDORED_NAME),$(VENDORED_DEFS))
 
 # The vendored fp8 path: an fp8 spec (examples/specs/fp8/, which kernels/
 # does not hold) emitted into build/ and built as test_vendored with
@@ -277,24 +273,14 @@ VENDORED_FP8_DIR := $(BUILD)/vendored/$(VENDORED_FP8_SPEC)
 $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu: examples/specs/fp8/$(VENDORED_FP8_SPEC).moe $(BUILD)/moegen
 	$(BUILD)/moegen emit $< -o $(VENDORED_FP8_DIR)
 $(BUILD)/tests/test_vendored_fp8: tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu $(VENDORED_OBJ)
-	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
-	  -Igen -Iruntime -Itests -Itests/support -I$(VENDORED_FP8_DIR) -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_FP8_NAME) -DVENDORED_HEADER=$(VENDORED_FP8_NAME).h -DVENDORED_FP8 \
-	  tests/test_vendored.cu $(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu \
-	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
+	$(call vendored_build,$(VENDORED_SM90),$(VENDORED_FP8_DIR)/$(VENDORED_FP8_NAME).cu,$(VENDORED_FP8_NAME),-DVENDORED_FP8)
 # And the fp8 spec's GEMMs on the gemv grid (tests/tune/gemv8.tune: its fp8
 # code, the up GEMM's clusters, the folded combine at small calls).
 VENDORED_FP8G_DIR := $(BUILD)/vendored_gemv8/$(VENDORED_FP8_SPEC)
 $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu: examples/specs/fp8/$(VENDORED_FP8_SPEC).moe $(BUILD)/moegen tests/tune/gemv8.tune
 	$(BUILD)/moegen emit $< --tuning tests/tune/gemv8.tune -o $(VENDORED_FP8G_DIR)
 $(BUILD)/tests/test_vendored_fp8_gemv: tests/test_vendored.cu $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu $(VENDORED_OBJ)
-	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
-	  -Igen -Iruntime -Itests -Itests/support -I$(VENDORED_FP8G_DIR) -I$(LUA_INC) \
-	  -DVENDORED_NAME=$(VENDORED_FP8_NAME) -DVENDORED_HEADER=$(VENDORED_FP8_NAME).h -DVENDORED_FP8 \
-	  tests/test_vendored.cu $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu \
-	  $(VENDORED_OBJ) $(LUA_LIB) -o $@
+	$(call vendored_build,$(VENDORED_SM90),$(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu,$(VENDORED_FP8_NAME),-DVENDORED_FP8)
 
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
