@@ -152,6 +152,31 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
 }
 @ end
 @
+@ -- After a group pass's K loop (inside run_rows' group loop): the warp's
+@ -- 4R sums spread over its lanes, then with WPG > 1 the group's warps'
+@ -- sums added in shared memory at `red` (an expression) by its first warp;
+@ -- leaves s, r, j for the epilogue (or continues past a dead group).
+@ local function reduce_code(red)
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(${red});
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+@ end
+@
 @ -- The device code before the kernel: constants, the staging, the
 @ -- reduction and the chunk loop with the epilogue `epilogue` (a function
 @ -- emitting the lines that store value `s` of row r, group row j).
@@ -248,24 +273,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-        if constexpr (WPG == 1) {
-            if (!live)
-                continue;
-        }
-        spread_sum<V, 16>(acc, lane);
-        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
-        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        float s = acc[0];
-        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
-            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
-            red[warp * 32 + lane] = s;
-            __syncthreads();
-            if (kp != 0 || !live)
-                continue;
-#pragma unroll
-            for (int w = 1; w < WPG; ++w)
-                s += red[(warp + w * GROUPS) * 32 + lane];
-        }
+@ reduce_code("sx + ROWS * KC / 8")
 @ epilogue()
     }
 }
@@ -443,24 +451,7 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
                 }
             }
         }
-        if constexpr (WPG == 1) {
-            if (!live)
-                continue;
-        }
-        spread_sum<V, 16>(acc, lane);
-        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
-        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        float s = acc[0];
-        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
-            float *red = reinterpret_cast<float *>(sm + OFF_RED);
-            red[warp * 32 + lane] = s;
-            __syncthreads();
-            if (kp != 0 || !live)
-                continue;
-#pragma unroll
-            for (int w = 1; w < WPG; ++w)
-                s += red[(warp + w * GROUPS) * 32 + lane];
-        }
+@ reduce_code("sm + OFF_RED")
 @ epilogue()
     }
 @ if after then

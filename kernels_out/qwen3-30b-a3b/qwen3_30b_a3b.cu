@@ -2355,7 +2355,7 @@ qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 633 "templates/gemm_gemv.lua"
+#line 624 "templates/gemm_gemv.lua"
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
 #line 29 "templates/activation.lua"
 
@@ -2364,7 +2364,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
 #line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
-#line 159 "templates/gemm_gemv.lua"
+#line 184 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 1536, NOUT = 768, BN = 32, KC = 2048, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2386,7 +2386,7 @@ static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
     }
 #line 115 "templates/gemm_gemv.lua"
 }
-#line 169 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2421,7 +2421,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 182 "templates/gemm_gemv.lua"
+#line 207 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2445,7 +2445,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 195 "templates/gemm_gemv.lua"
+#line 220 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2502,6 +2502,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
+#line 160 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2520,66 +2521,66 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 615 "templates/gemm_gemv.lua"
+#line 606 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 622 "templates/gemm_gemv.lua"
+#line 613 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 624 "templates/gemm_gemv.lua"
+#line 615 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 631 "templates/gemm_gemv.lua"
+#line 622 "templates/gemm_gemv.lua"
         }
-#line 270 "templates/gemm_gemv.lua"
+#line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 640 "templates/gemm_gemv.lua"
+#line 631 "templates/gemm_gemv.lua"
 }  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 481 "templates/gemm_gemv.lua"
+#line 472 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 483 "templates/gemm_gemv.lua"
+#line 474 "templates/gemm_gemv.lua"
 qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
-#line 487 "templates/gemm_gemv.lua"
+#line 478 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 489 "templates/gemm_gemv.lua"
+#line 480 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 493 "templates/gemm_gemv.lua"
+#line 484 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
-#line 495 "templates/gemm_gemv.lua"
+#line 486 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 505 "templates/gemm_gemv.lua"
+#line 496 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 507 "templates/gemm_gemv.lua"
+#line 498 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 513 "templates/gemm_gemv.lua"
+#line 504 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 515 "templates/gemm_gemv.lua"
+#line 506 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 521 "templates/gemm_gemv.lua"
+#line 512 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 529 "templates/gemm_gemv.lua"
+#line 520 "templates/gemm_gemv.lua"
     }
-#line 534 "templates/gemm_gemv.lua"
+#line 525 "templates/gemm_gemv.lua"
 }
 
-#line 666 "templates/gemm_gemv.lua"
+#line 657 "templates/gemm_gemv.lua"
 namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
-#line 159 "templates/gemm_gemv.lua"
+#line 184 "templates/gemm_gemv.lua"
 constexpr int K = 768, N = 2048, NOUT = 2048, BN = 32, KC = 768, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2596,7 +2597,7 @@ static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
     return n0 + 4 * gi + j;
 #line 115 "templates/gemm_gemv.lua"
 }
-#line 169 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2631,7 +2632,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 182 "templates/gemm_gemv.lua"
+#line 207 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2655,7 +2656,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 195 "templates/gemm_gemv.lua"
+#line 220 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2712,6 +2713,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
+#line 160 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2730,14 +2732,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 662 "templates/gemm_gemv.lua"
+#line 653 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 270 "templates/gemm_gemv.lua"
+#line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 672 "templates/gemm_gemv.lua"
+#line 663 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2768,9 +2770,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 705 "templates/gemm_gemv.lua"
+#line 696 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 707 "templates/gemm_gemv.lua"
+#line 698 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2784,47 +2786,47 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 }
 }  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 481 "templates/gemm_gemv.lua"
+#line 472 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 483 "templates/gemm_gemv.lua"
+#line 474 "templates/gemm_gemv.lua"
 qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
-#line 487 "templates/gemm_gemv.lua"
+#line 478 "templates/gemm_gemv.lua"
     (void)b2;
-#line 489 "templates/gemm_gemv.lua"
+#line 480 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 493 "templates/gemm_gemv.lua"
+#line 484 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
-#line 495 "templates/gemm_gemv.lua"
+#line 486 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 505 "templates/gemm_gemv.lua"
+#line 496 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 507 "templates/gemm_gemv.lua"
+#line 498 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 513 "templates/gemm_gemv.lua"
+#line 504 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 515 "templates/gemm_gemv.lua"
+#line 506 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 521 "templates/gemm_gemv.lua"
+#line 512 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 529 "templates/gemm_gemv.lua"
+#line 520 "templates/gemm_gemv.lua"
     }
-#line 531 "templates/gemm_gemv.lua"
+#line 522 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
-#line 534 "templates/gemm_gemv.lua"
+#line 525 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
