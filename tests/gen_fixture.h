@@ -318,4 +318,34 @@ static inline int host_cxx(const char **cxx) {
     return system(probe) == 0;
 }
 
+/* A host test's case planned: spec is a path when it has no newline, else
+ * the spec's text (named case.moe), with overrides o[0..no), under table
+ * (NULL: none). 0, or 1 after a failed check saying why. */
+static inline int host_case_plan(const char *spec, const moe_override_t *o, int no, const moe_tuning_t *table,
+                                 moe_spec_t *s, moe_plan_desc_t *pd) {
+    moe_diag_t d;
+    const int file = strchr(spec, '\n') == NULL;
+    if (moe_spec_load(s, file ? spec : "case.moe", file ? NULL : spec, o, no, &d)) {
+        CHECKF(0, "%s", d.msg);
+        return 1;
+    }
+    char err[512];
+    if (moe_plan_desc_build(pd, s, table, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* The text from `from` through the end of `to` (both in src, in order)
+ * into b, for a host test's force-included kernels; 1 when either is not
+ * there. */
+static inline int host_cut_span(const char *src, const char *from, const char *to, moe_buf_t *b) {
+    const char *a = strstr(src, from), *z = a ? strstr(a, to) : NULL;
+    if (!z)
+        return 1;
+    moe_buf_printf(b, "%.*s\n", (int)(z + strlen(to) - a), a);
+    return 0;
+}
+
 #endif

@@ -32,33 +32,15 @@ static const host_case_t cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* The text from `from` through the end of `to` (both in src, in order) into
- * b; 1 when either is not there. */
-static int cut_span(const char *src, const char *from, const char *to, moe_buf_t *b) {
-    const char *a = strstr(src, from), *z = a ? strstr(a, to) : NULL;
-    if (!z)
-        return 1;
-    moe_buf_printf(b, "%.*s\n", (int)(z + strlen(to) - a), a);
-    return 0;
-}
-
 static void run_case(const host_case_t *c, const char *cxx) {
     CASE(c->label);
     if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
         return;
     moe_spec_t s;
     moe_diag_t d;
-    char err[512];
     moe_plan_desc_t pd;
-    const int file = strchr(c->spec, '\n') == NULL;
-    if (moe_spec_load(&s, file ? c->spec : "case.moe", file ? NULL : c->spec, NULL, 0, &d)) {
-        CHECKF(0, "%s", d.msg);
+    if (host_case_plan(c->spec, NULL, 0, NULL, &s, &pd))
         return;
-    }
-    if (moe_plan_desc_build(&pd, &s, NULL, err, sizeof err)) {
-        CHECKF(0, "%s", err);
-        return;
-    }
     const moe_kernel_desc_t *dys = &pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], *dx = &pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST],
                             *dwr = &pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST];
     moe_buf_t src = {0}, inc = {0};
@@ -72,8 +54,8 @@ static void run_case(const host_case_t *c, const char *cxx) {
     snprintf(ns_close, sizeof ns_close, "}  // namespace %s_impl", dys->name);
     snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dx->threads, dx->name);
     snprintf(head2, sizeof head2, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dwr->threads, dwr->name);
-    const int cut = cut_span(src.data, ns_open, ns_close, &inc) || cut_span(src.data, head, "\n}\n", &inc) ||
-                    cut_span(src.data, head2, "\n}\n", &inc);
+    const int cut = host_cut_span(src.data, ns_open, ns_close, &inc) || host_cut_span(src.data, head, "\n}\n", &inc) ||
+                    host_cut_span(src.data, head2, "\n}\n", &inc);
     CHECKF(!cut, "%s's namespace, %s or %s not found whole in the emitted source", dys->name, dx->name, dwr->name);
     char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);

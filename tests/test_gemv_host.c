@@ -96,17 +96,10 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
         return;
     moe_spec_t s;
     moe_diag_t d;
-    char err[512];
     moe_plan_desc_t pd;
     moe_override_t arch = {"arch=sm_90a"};
-    if (moe_spec_load(&s, "case.moe", c->spec, &arch, 1, &d)) {
-        CHECKF(0, "%s", d.msg);
+    if (host_case_plan(c->spec, &arch, 1, table, &s, &pd))
         return;
-    }
-    if (moe_plan_desc_build(&pd, &s, table, err, sizeof err)) {
-        CHECKF(0, "%s", err);
-        return;
-    }
     const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
     const moe_kernel_desc_t *dn = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
     CHECKF(up->tile.gemv && dn->tile.gemv && up->tile.bn == dn->tile.bn, "%s, %s: not both on the gemv grid",
