@@ -337,6 +337,18 @@ static inline int host_case_plan(const char *spec, const moe_override_t *o, int 
     return 0;
 }
 
+/* Run a host test's built program bin as `bin SEED ARG` for seeds 0 and 1
+ * and each of args[0..nargs), each run a check (what: its failure). */
+static inline void host_run_seeds(const char *bin, const int *args, int nargs, const char *what) {
+    char cmd[600];
+    for (int i = 0; i < nargs; i++)
+        for (int seed = 0; seed < 2; seed++) {
+            snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, args[i]);
+            fflush(NULL);
+            CHECKF(system(cmd) == 0, "%s: %s", cmd, what);
+        }
+}
+
 /* The text from `from` through the end of `to` (both in src, in order)
  * into b, for a host test's force-included kernels; 1 when either is not
  * there. */

@@ -72,12 +72,7 @@ static void run_case(const host_case_t *c, const char *cxx) {
                  s.router.apply == MOE_APPLY_INPUT, shared_gate, s.router.logit_bias, MOE_BWD_DWR_COLS,
                  MOE_BWD_DWR_EXPERTS, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
-        for (int i = 0; i < c->ntokens; i++)
-            for (int seed = 0; seed < 2; seed++) {
-                snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->tokens[i]);
-                fflush(NULL);
-                CHECKF(system(cmd) == 0, "%s: the kernel disagrees with the ordered sum", cmd);
-            }
+        host_run_seeds(bin, c->tokens, c->ntokens, "the kernel disagrees with the ordered sum");
     }
     moe_buf_free(&inc);
     moe_buf_free(&src);

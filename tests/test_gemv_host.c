@@ -131,11 +131,7 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
                  s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, objs, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
-        for (int seed = 0; seed < 2; seed++) {
-            snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->max_rows);
-            fflush(NULL);
-            CHECKF(system(cmd) == 0, "%s: the kernels disagree with the reference", cmd);
-        }
+        host_run_seeds(bin, &c->max_rows, 1, "the kernels disagree with the reference");
     }
     moe_buf_free(&inc);
     moe_buf_free(&src);

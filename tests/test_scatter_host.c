@@ -63,12 +63,7 @@ static void run_case(const host_case_t *c, const char *cxx) {
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", sc->name, moe_spec_slots(&s),
                  s.zero_experts, moe_spec_entries(&s), s.hidden, sc->per_block, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
-        for (int i = 0; i < c->ntokens; i++)
-            for (int seed = 0; seed < 2; seed++) {
-                snprintf(cmd, sizeof cmd, "%s %d %d", bin, seed, c->tokens[i]);
-                fflush(NULL);
-                CHECKF(system(cmd) == 0, "%s: the scatter's rows or row map are wrong", cmd);
-            }
+        host_run_seeds(bin, c->tokens, c->ntokens, "the scatter's rows or row map are wrong");
     }
     moe_buf_free(&inc);
     moe_buf_free(&src);
