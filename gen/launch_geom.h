@@ -74,20 +74,6 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 #define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
 #define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
 #define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
-/* A fused call (mode > 0) also starts the up GEMM's weight stream: once a
- * token's experts are chosen, route prefetches into L2 the first bytes of
- * each chosen slot's W1p slab (cp.async.bulk.prefetch.L2, a hint: nothing
- * waits for it), while its last block plans the permutation and the up
- * GEMM launches — time the memory system otherwise spends idle. At most
- * MOE_ROUTE_PREFETCH_BYTES in all (well inside the 50 MB L2), split evenly
- * over the call's entries, 16-byte multiples, never past a slab; 0 when a
- * slab is smaller than 16 bytes. */
-#define MOE_ROUTE_PREFETCH_BYTES (16LL << 20)
-static inline long long moe_route_prefetch_bytes(long long tokens, int entries, long long slab_bytes) {
-    const long long n = tokens * entries, b = n > 0 ? MOE_ROUTE_PREFETCH_BYTES / n / 16 * 16 : 0;
-    return b < slab_bytes ? b : slab_bytes / 16 * 16;
-}
-
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;

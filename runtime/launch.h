@@ -103,14 +103,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
 /* The route kernel's fused tail (templates/route.lua, "Fused"), as the
  * kernel takes it by value (the prelude's moe_route_fuse_t): mode
  * MOE_ROUTE_FUSE_* (gen/launch_geom.h); the permute plan's outputs and,
- * with mode 2, the scatter's; the up weights' L2 prefetch (w1p, its bytes
- * per slot, the bytes per entry: moe_route_prefetch_bytes; 0 = none). All
- * zero: the kernel routes only. */
+ * with mode 2, the scatter's. All zero: the kernel routes only. */
 typedef struct {
     int mode, align;
     CUdeviceptr slot_of, offsets, cursor, tiles, num_tiles, xs, row_of;
-    CUdeviceptr w1p;
-    long long slab, prefetch;
 } moe_route_fuse_args_t;
 
 #endif

@@ -100,16 +100,10 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     moe_plan_launcher_for(p, T, 0, &l);
     /* calls of few tokens: the permute plan (and the scatter) in route's last block, by T alone (capturable) */
     const int fuse = moe_plan_route_fuse(p, T);
-    /* a fused call also prefetches the chosen slots' up weights into L2 (e4m3: a byte an element) */
-    const long long slab = 2LL * p->pd.spec.ffn * p->pd.spec.hidden * (moe_spec_fp8(&p->pd.spec) ? 1 : 2);
     const moe_route_fuse_args_t fa = {.mode = fuse, .align = l.align, .slot_of = l.slot_table,
                                       .offsets = reg[MOE_WS_OFFSETS], .cursor = reg[MOE_WS_CURSOR],
                                       .tiles = reg[MOE_WS_TILES], .num_tiles = reg[MOE_WS_NUM_TILES],
-                                      .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF],
-                                      .w1p = (CUdeviceptr)(uintptr_t)a->w1p, .slab = slab,
-                                      .prefetch = fuse && (uintptr_t)a->w1p % 16 == 0 /* the bulk prefetch's rule */
-                                                      ? moe_route_prefetch_bytes(T, moe_spec_entries(&p->pd.spec), slab)
-                                                      : 0};
+                                      .xs = reg[MOE_WS_XS], .row_of = reg[MOE_WS_ROW_OF]};
     if ((rc = moe_route_launch(p, a, reg[MOE_WS_TOPK_IDX], reg[MOE_WS_TOPK_W], reg[MOE_WS_COUNTS],
                                reg[MOE_WS_ROUTE_PART], 0, &fa, st, ev)))
         return rc;

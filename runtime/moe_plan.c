@@ -227,11 +227,12 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
     for (int e = spec.experts; e < moe_spec_slots(&spec); e++)
         p->slot_host[e] = e;
     p->launcher.slot_identity = moe_slots_identity(p->slot_host, spec.experts);
-    /* the fused route (moe_plan_route_fuse) and the combine folded into a gemv down GEMM: on unless
-     * MOEGEN_ROUTE_FUSE / MOEGEN_COMBINE_FUSE=off, never with a dispatch between ranks; launch overlap
-     * (docs/DESIGN.md, "Launch overlap"): off unless MOEGEN_PDL=on, sm_90a only (open_device) */
+    /* the fused route (moe_plan_route_fuse): on unless MOEGEN_ROUTE_FUSE=off; the combine folded into a gemv
+     * down GEMM: off unless MOEGEN_COMBINE_FUSE=on (slower on the H200 at every size timed: docs/PERF.md);
+     * neither with a dispatch between ranks; launch overlap (docs/DESIGN.md, "Launch overlap"): off unless
+     * MOEGEN_PDL=on, sm_90a only (open_device) */
     if ((rc = env_switch("MOEGEN_ROUTE_FUSE", 1, &p->route_fuse)) ||
-        (rc = env_switch("MOEGEN_COMBINE_FUSE", 1, &p->combine_fuse)) ||
+        (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)) ||
         (rc = env_switch("MOEGEN_PDL", 0, &p->launcher.pdl)))
         return rc;
     p->route_fuse &= !p->ep->dispatch;

@@ -139,8 +139,8 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (${n}_launch) */
-    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
-                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
+    int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
+                         down GEMM (moe_combine_fuse_tokens); else its own kernel */
 @ if p.sm90 then
     ${n}_encode_fn encode;
 @ end
@@ -166,7 +166,7 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
-    d->combine_fuse = !(ce && !strcmp(ce, "off"));
+    d->combine_fuse = ce && !strcmp(ce, "on");
 @ if (p.spec.zero_experts or 0) > 0 then
     d->combine_fuse = 0; /* zero experts: a call may have no tile, and the folded combine runs in the tiles' CTAs */
 @ end
@@ -298,13 +298,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
 @ local route, plan, scatter, combine = k.route, k.permute_plan, k.permute_scatter, k.combine
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
-    moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
-                           (const unsigned char *)a->w1p, ${2 * p.F * p.H * (fp8 and 1 or 2)}LL, 0};
+    moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
-        fz.prefetch = moe_route_prefetch_bytes(T, ${p.entries}, fz.slab);
     ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});

@@ -9,9 +9,7 @@ typedef unsigned short moe_half_t;   /* ${p.dtype} bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
 /* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
  * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
- * moe_route_fuse_mode): the permute plan's outputs and the scatter's; the
- * up weights' L2 prefetch (W1p, its bytes per slot, bytes per entry; 0 =
- * none: moe_route_prefetch_bytes). */
+ * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
 typedef struct {
     int mode, align;
     const int *slot_of;
@@ -20,8 +18,6 @@ typedef struct {
     int *num_tiles;
     moe_half_t *xs;
     int *row_of;
-    const unsigned char *w1p;
-    long long slab, prefetch;
 } moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
@@ -81,19 +77,6 @@ static __device__ __forceinline__ uint4 moe_scale8(const uint4 &v, float w) {
 static __device__ __forceinline__ void moe_pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-/* Hint the L2 to fetch bytes [p, p + n) (16-byte aligned, n a multiple of
- * 16), in 64 KB requests; nothing waits for them. No-op below sm_90. */
-static __device__ __forceinline__ void moe_prefetch_l2(const unsigned char *p, long long n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (long long o = 0; o < n; o += 65536) {
-        const unsigned len = (unsigned)(n - o < 65536 ? n - o : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(p + o), "r"(len) : "memory");
-    }
-#else
-    (void)p, (void)n;
 #endif
 }
 

@@ -477,13 +477,6 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
-    /* a fused call's L2 prefetch of the chosen slots' up weights (gen/launch_geom.h,
-     * moe_route_prefetch_bytes): lane l holds the slots of experts l + 32i, loaded
-     * here so that the lookup after the top-k waits for nothing */
-    int pslot[VPL];
-#pragma unroll
-    for (int i = 0; i < VPL; ++i)
-        pslot[i] = fuse.prefetch > 0 && lane + 32 * i < E ? __ldg(fuse.slot_of + lane + 32 * i) : 0;
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
@@ -683,23 +676,6 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
                 mine = e;
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
-        }
-        if (fuse.prefetch > 0) {   // warp-uniform: start the up GEMM's weight stream (a hint)
-            int slot = 0;
-#pragma unroll
-            for (int i = 0; i < VPL; ++i) {
-                const int v = __shfl_sync(FULL, pslot[i], mine & 31);
-                if ((mine >> 5) == i)
-                    slot = v;
-            }
-            if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
-                slot = E + lane - K;
-@ if c.Z > 0 then
-            if (lane < ENTRIES && mine < E)   // a zero expert has no weights
-@ else
-            if (lane < ENTRIES)
-@ end
-                moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
         }
 
         /* weights: p at the selected experts (never the selection bias) */

@@ -61,20 +61,6 @@ static void test_route_fuse(void) {
     CHECK(moe_route_fuse_mode(2, 8, 7168, 8, 1) == MOE_ROUTE_FUSE_PLAN);
     /* fp8 rows are quantized by permute_scatter: the plan only */
     CHECK(moe_route_fuse_mode(1, 8, 2048, 8, 0) == MOE_ROUTE_FUSE_PLAN);
-    CASE("the fused calls' L2 prefetch: 16 MB split over the entries, 16-byte multiples, within a slab");
-    {
-        const long long qwen3 = 2LL * 768 * 2048 * 2; /* Qwen3-30B-A3B's W1p bytes a slot, 6 MB */
-        CHECK(moe_route_prefetch_bytes(1, 8, qwen3) == (16LL << 20) / 8);
-        CHECK(moe_route_prefetch_bytes(64, 8, qwen3) == (16LL << 20) / 512);
-        CHECK(moe_route_prefetch_bytes(3, 9, qwen3) == (16LL << 20) / 27 / 16 * 16);
-        CHECK(moe_route_prefetch_bytes(1, 2, 1000) == 992);       /* a small slab: all of it, 16-byte multiples */
-        CHECK(moe_route_prefetch_bytes(1, 1, 8) == 0);
-        CHECK(moe_route_prefetch_bytes(0, 8, qwen3) == 0);
-        for (long long t = 1; t <= 64; t++) {
-            const long long b = moe_route_prefetch_bytes(t, 8, qwen3);
-            CHECKF(b % 16 == 0 && b > 0 && b * t * 8 <= (16LL << 20), "T = %lld: %lld bytes an entry", t, b);
-        }
-    }
     /* route's kernels have the warps the rule assumes, and the counts hold every ticket */
     moe_plan_desc_t pd = {0};
     if (plan_of(&pd, mixtral)) {

@@ -13,9 +13,7 @@ typedef unsigned short moe_half_t;   /* bf16 bits */
 typedef struct { int expert, row_start, rows, pad; } moe_tile_t;
 /* The route kernel's fused tail (templates/route.lua, "Fused"; mode: 0 off,
  * 1 the permute plan, 2 the plan and the row scatter; gen/launch_geom.h,
- * moe_route_fuse_mode): the permute plan's outputs and the scatter's; the
- * up weights' L2 prefetch (W1p, its bytes per slot, bytes per entry; 0 =
- * none: moe_route_prefetch_bytes). */
+ * moe_route_fuse_mode): the permute plan's outputs and the scatter's. */
 typedef struct {
     int mode, align;
     const int *slot_of;
@@ -24,8 +22,6 @@ typedef struct {
     int *num_tiles;
     moe_half_t *xs;
     int *row_of;
-    const unsigned char *w1p;
-    long long slab, prefetch;
 } moe_route_fuse_t;
 /* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte
  * aligned), passed by value to the sm_90a GEMMs as __grid_constant__. */
@@ -38,9 +34,9 @@ typedef long long int64_t;
 #endif
 
 static __device__ __forceinline__ float moe_to_float(moe_half_t h) {
-#line 38 "templates/prelude.lua"
+#line 34 "templates/prelude.lua"
     return __uint_as_float(((unsigned)h) << 16);
-#line 44 "templates/prelude.lua"
+#line 40 "templates/prelude.lua"
 }
 
 static __device__ __forceinline__ moe_half_t moe_from_float(float f) {
@@ -84,24 +80,11 @@ static __device__ __forceinline__ void moe_pdl_begin() {
 #endif
 }
 
-/* Hint the L2 to fetch bytes [p, p + n) (16-byte aligned, n a multiple of
- * 16), in 64 KB requests; nothing waits for them. No-op below sm_90. */
-static __device__ __forceinline__ void moe_prefetch_l2(const unsigned char *p, long long n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (long long o = 0; o < n; o += 65536) {
-        const unsigned len = (unsigned)(n - o < 65536 ? n - o : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(p + o), "r"(len) : "memory");
-    }
-#else
-    (void)p, (void)n;
-#endif
-}
-
 static __device__ __forceinline__ unsigned moe_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-#line 150 "templates/prelude.lua"
+#line 133 "templates/prelude.lua"
 
 /* 16-byte async copy global -> shared; bytes < 16 zero-fills the rest
  * (bytes = 0 writes zeros and reads nothing). */
@@ -125,7 +108,7 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 174 "templates/prelude.lua"
+#line 157 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -553,13 +536,6 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
     }
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
-    /* a fused call's L2 prefetch of the chosen slots' up weights (gen/launch_geom.h,
-     * moe_route_prefetch_bytes): lane l holds the slots of experts l + 32i, loaded
-     * here so that the lookup after the top-k waits for nothing */
-    int pslot[VPL];
-#pragma unroll
-    for (int i = 0; i < VPL; ++i)
-        pslot[i] = fuse.prefetch > 0 && lane + 32 * i < E ? __ldg(fuse.slot_of + lane + 32 * i) : 0;
 #pragma unroll 1
     for (int tt = warp; tt < T; tt += NW) {
         const int tok = tok0 + tt;
@@ -572,28 +548,28 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 502 "templates/route.lua"
+#line 495 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 504 "templates/route.lua"
+#line 497 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 534 "templates/route.lua"
+#line 527 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 545 "templates/route.lua"
+#line 538 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 549 "templates/route.lua"
+#line 542 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 554 "templates/route.lua"
+#line 547 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 557 "templates/route.lua"
+#line 550 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -633,7 +609,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 676 "templates/route.lua"
+#line 669 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -645,53 +621,38 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-        if (fuse.prefetch > 0) {   // warp-uniform: start the up GEMM's weight stream (a hint)
-            int slot = 0;
-#pragma unroll
-            for (int i = 0; i < VPL; ++i) {
-                const int v = __shfl_sync(FULL, pslot[i], mine & 31);
-                if ((mine >> 5) == i)
-                    slot = v;
-            }
-            if (lane >= K)   // the shared expert's slots E .. E+M-1 sit at their own index
-                slot = E + lane - K;
-#line 700 "templates/route.lua"
-            if (lane < ENTRIES)
-#line 702 "templates/route.lua"
-                moe_prefetch_l2(fuse.w1p + (long long)slot * fuse.slab, fuse.prefetch);
-        }
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 710 "templates/route.lua"
+#line 686 "templates/route.lua"
         if (lane < K) {
-#line 714 "templates/route.lua"
+#line 690 "templates/route.lua"
             const float l = lrow[mine];
-#line 719 "templates/route.lua"
+#line 695 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 738 "templates/route.lua"
+#line 714 "templates/route.lua"
         }
-#line 740 "templates/route.lua"
+#line 716 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 747 "templates/route.lua"
+#line 723 "templates/route.lua"
         w *= 2.5f;
-#line 770 "templates/route.lua"
+#line 746 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 776 "templates/route.lua"
+#line 752 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 785 "templates/route.lua"
+#line 761 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -710,7 +671,7 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 804 "templates/route.lua"
+#line 780 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -719,25 +680,25 @@ deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2(const moe_half_t *__restrict__ x
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 819 "templates/route.lua"
+#line 795 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 824 "templates/route.lua"
+#line 800 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 836 "templates/route.lua"
+#line 812 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 843 "templates/route.lua"
+#line 819 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 846 "templates/route.lua"
+#line 822 "templates/route.lua"
         }
-#line 850 "templates/route.lua"
+#line 826 "templates/route.lua"
     }
 }
 
@@ -2799,20 +2760,6 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 #define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
 #define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
 #define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
-/* A fused call (mode > 0) also starts the up GEMM's weight stream: once a
- * token's experts are chosen, route prefetches into L2 the first bytes of
- * each chosen slot's W1p slab (cp.async.bulk.prefetch.L2, a hint: nothing
- * waits for it), while its last block plans the permutation and the up
- * GEMM launches — time the memory system otherwise spends idle. At most
- * MOE_ROUTE_PREFETCH_BYTES in all (well inside the 50 MB L2), split evenly
- * over the call's entries, 16-byte multiples, never past a slab; 0 when a
- * slab is smaller than 16 bytes. */
-#define MOE_ROUTE_PREFETCH_BYTES (16LL << 20)
-static inline long long moe_route_prefetch_bytes(long long tokens, int entries, long long slab_bytes) {
-    const long long n = tokens * entries, b = n > 0 ? MOE_ROUTE_PREFETCH_BYTES / n / 16 * 16 : 0;
-    return b < slab_bytes ? b : slab_bytes / 16 * 16;
-}
-
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;
@@ -3016,8 +2963,8 @@ typedef struct {
                        permute_scatter always launched apart (moe_route_fuse_mode) */
     int pdl;        /* 1 with MOEGEN_PDL=on (read on the first call) on compute capability 9.x: the forward's
                        kernels launched as programmatic dependents (deepseek_v3_ep8_mesh_launch) */
-    int combine_fuse; /* 0 with MOEGEN_COMBINE_FUSE=off (read on the first call): the combine always its own
-                         kernel, not folded into a gemv down GEMM (moe_combine_fuse_tokens) */
+    int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
+                         down GEMM (moe_combine_fuse_tokens); else its own kernel */
 #line 145 "templates/host.lua"
     deepseek_v3_ep8_mesh_encode_fn encode;
 #line 147 "templates/host.lua"
@@ -3043,7 +2990,7 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
     const char *ce = getenv("MOEGEN_COMBINE_FUSE");
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
-    d->combine_fuse = !(ce && !strcmp(ce, "off"));
+    d->combine_fuse = ce && !strcmp(ce, "on");
 #line 174 "templates/host.lua"
     d->use90 = major == 9;
 #line 179 "templates/host.lua"
@@ -3160,52 +3107,48 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     if (e != cudaSuccess) return e;
 #line 300 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    /* and the chosen slots' up weights prefetched into L2 (moe_route_prefetch_bytes) */
-    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of,
-                           (const unsigned char *)a->w1p, 58720256LL, 0};
+    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 7168, 8, 1);
-    if (fz.mode && (uintptr_t)a->w1p % 16 == 0)   /* the bulk prefetch needs 16-byte aligned addresses */
-        fz.prefetch = moe_route_prefetch_bytes(T, 8, fz.slab);
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 312 "templates/host.lua"
+#line 308 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 324 "templates/host.lua"
+#line 320 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 397 "templates/host.lua"
+#line 393 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 368 "templates/host.lua"
+#line 364 "templates/host.lua"
     if (dev->use90) {
-#line 373 "templates/host.lua"
+#line 369 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 332 "templates/host.lua"
+#line 328 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 345 "templates/host.lua"
+#line 341 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 332 "templates/host.lua"
+#line 328 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 345 "templates/host.lua"
+#line 341 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 387 "templates/host.lua"
+#line 383 "templates/host.lua"
     } else {
-#line 361 "templates/host.lua"
+#line 357 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 361 "templates/host.lua"
+#line 357 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 394 "templates/host.lua"
+#line 390 "templates/host.lua"
     }
-#line 413 "templates/host.lua"
+#line 409 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3228,7 +3171,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 436 "templates/host.lua"
+#line 432 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3253,5 +3196,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 560 "templates/host.lua"
+#line 556 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
