@@ -77,8 +77,8 @@ static void ep_ws_sizes(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
 }
 
 static const char *const ep_ws_names[MOE_EW_COUNT] = {
-    "counts", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
-    "chunk_dst", "chunk_rows", "src_base", "slot_off", "overflow", "num_tiles", "route_part", "tiles", "stage",
+    "counts", "overflow", "offsets", "cursor", "slot_counts", "recv_counts", "send_counts", "send_off", "chunk_src",
+    "chunk_dst", "chunk_rows", "src_base", "slot_off", "num_tiles", "route_part", "tiles", "stage",
     "xr", "hbuf", "stage_sc", "xsc", "hsc", "topk_idx", "topk_w", "row_of", "send", "send_sc"};
 
 size_t moe_ep_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens,

@@ -24,10 +24,13 @@ typedef enum {
 
 typedef enum {
     /* first the regions of fixed size (their offsets the same for every call:
-     * moe_plan_overflow reads MOE_EW_OVERFLOW without the call's tokens),
-     * then those that grow with the call's tokens T (moe_ep_ws_layout) */
+     * moe_plan_overflow reads MOE_EW_OVERFLOW without the call's tokens, and
+     * second, after a region no training forward moves to its saved region,
+     * at the same offset in moe_ep_train_ws_layout), then those that grow
+     * with the call's tokens T (moe_ep_ws_layout) */
     MOE_EW_COUNTS = 0,      /* int [E]       routed rows per global expert, then the route tickets
                                              (MOE_ROUTE_SPLIT_BLOCKS ints); all zeroed before route */
+    MOE_EW_OVERFLOW,        /* int [1]       capacity mode: rows past capacity, this call */
     MOE_EW_OFFSETS,         /* int [E]       first send row of each expert */
     MOE_EW_CURSOR,          /* int [E] */
     MOE_EW_SLOT_COUNTS,     /* int [P*S]     rows this rank sends to (peer, peer's slot) */
@@ -39,7 +42,6 @@ typedef enum {
     MOE_EW_CHUNK_ROWS,      /* int [P*S] */
     MOE_EW_SRC_BASE,        /* int [P + 1]   each source's first staging row */
     MOE_EW_SLOT_OFF,        /* int [S + 1]   each slot's first row (aligned) */
-    MOE_EW_OVERFLOW,        /* int [1]       capacity mode: rows past capacity, this call */
     MOE_EW_NUM_TILES,       /* int [1] */
     MOE_EW_ROUTE_PART,      /* float         route's split partial logits (moe_route_scratch_bytes) */
     /* the receive side: what the peers send, whatever this rank's T */

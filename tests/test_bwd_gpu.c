@@ -1059,6 +1059,10 @@ static int shrink_example(const char *name, const char *dir, char *out, size_t n
         snprintf(why, nwhy, "a mesh of %d devices (training = true is one device)", world);
         return 0;
     }
+    if (s.zero_experts) { /* refused with training (tests/golden/errors has the message) */
+        snprintf(why, nwhy, "zero_experts = %d: inference only", s.zero_experts);
+        return 0;
+    }
     char shared[64];
     snprintf(shared, sizeof shared, "shared.ffn=%d", slots * 128);
     const moe_override_t ovr[] = {{"training=true"}, {"hidden=256"}, {"ffn=128"}, {"tokens=512"}, {shared}};

@@ -550,6 +550,11 @@ static void test_training_api(void) {
         for (int i = 0; i < MOE_EW_COUNT; i++) /* what the saved region holds takes no bytes; the rest as before */
             CHECKF(wt[i].bytes == (moe_ep_saved_of(i) >= 0 ? 0 : wf[i].bytes), "region %s: %zu bytes", wt[i].name,
                    wt[i].bytes);
+        /* moe_plan_overflow reads the count at the plan's forward layout (ed->ws) whichever forward wrote it */
+        CHECKF(wt[MOE_EW_OVERFLOW].offset == ed->ws[MOE_EW_OVERFLOW].offset &&
+                   wf[MOE_EW_OVERFLOW].offset == ed->ws[MOE_EW_OVERFLOW].offset,
+               "overflow count at %zu (training), %zu (forward at 60 tokens), %zu (the plan's)", wt[MOE_EW_OVERFLOW].offset,
+               wf[MOE_EW_OVERFLOW].offset, ed->ws[MOE_EW_OVERFLOW].offset);
         CHECK(moe_plan_saved_region(ep, 0, 60, 0, "xr", &off, &bytes) == MOE_OK && off == r[MOE_ES_XR].offset &&
               bytes == r[MOE_ES_XR].bytes);
         CHECK(moe_plan_saved_region(ep, 1, 60, 1, "home", &off, &bytes) == MOE_OK && off == b[MOE_EB_HOME].offset &&
