@@ -1001,9 +1001,15 @@ static void test_examples_fp8(void) {
         moe_plan_desc_t pd;
         char err[512];
         CHECKF(moe_plan_desc_build(&pd, &s, moe_tuning_default(), err, sizeof err) == 0, "%s", err);
-        CHECKF(strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "_e4m3_") &&
-                   strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].name, "_e4m3_") && pd.align == 64,
-               "%s: the GEMMs are not the fp8 ones", path);
+        /* every variant (tuning/h200.tune's e4m3 buckets) runs fp8 GEMMs, 64 rows a consumer warpgroup */
+        for (int v = 0; v < pd.nvariants; v++) {
+            const moe_plan_variant_t *pv = &pd.variants[v];
+            CHECKF(strstr(pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].name, "_e4m3_") &&
+                       strstr(pv->kernels[MOE_ARCH_SM90A][MOE_K_GEMM_DOWN].name, "_e4m3_") &&
+                       (pv->align == 64 || pv->align == 128),
+                   "%s: variant %d (bucket %d): the GEMMs are not the fp8 ones", path, v, pv->bucket);
+        }
+        CHECKF(pd.align == pd.variants[pd.nvariants - 1].align, "%s: align %d", path, pd.align);
         moe_plan_desc_free(&pd);
         check_roundtrip(label, &s);
         CASE(label);
