@@ -33,7 +33,9 @@
  * and for recompute_u 0 and 1, moe_forward, moe_forward_train and
  * moe_backward (each after the flush; the backward after an untimed
  * training forward), the backward's ratio to the forward and its GEMM
- * TFLOP/s (twice the forward's GEMM FLOPs) against the dense rate. */
+ * TFLOP/s (twice the forward's GEMM FLOPs) against the dense rate, then the
+ * median of each backward stage (moe_backward_timed: recomputed U, dys, the
+ * four grouped GEMMs, bias gradients, the router's step). */
 #define _POSIX_C_SOURCE 200809L
 #include "driver.h"
 #include "moe.h"
@@ -259,6 +261,36 @@ out:
     return ms;
 }
 
+/* Median ms of each backward stage (moe_backward_timed) over `iters` runs,
+ * each after an untimed training forward and an L2 flush, into ms[]; 0, or
+ * -1 when a call fails. */
+static int time_bwd_stages(const moe_plan *plan, train_step_t *ts, CUstream st, CUdeviceptr flush,
+                           size_t flush_bytes, int iters, float ms[MOE_BWD_STAGES]) {
+    CUevent ev[MOE_BWD_STAGES + 1];
+    float *t = malloc(sizeof(float) * (size_t)iters * MOE_BWD_STAGES);
+    for (int i = 0; i <= MOE_BWD_STAGES; i++)
+        CK(moe_cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
+    int rc = -1;
+    for (int it = -1; it < iters; it++) {
+        if (moe_forward_train(plan, &ts->tf, st) != MOE_OK)
+            goto out;
+        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+        if (moe_backward_timed(plan, &ts->b, st, ev) != MOE_OK)
+            goto out;
+        CK(moe_cu.cuStreamSynchronize(st));
+        for (int k = 0; it >= 0 && k < MOE_BWD_STAGES; k++)
+            CK(moe_cu.cuEventElapsedTime(&t[k * iters + it], ev[k], ev[k + 1]));
+    }
+    for (int k = 0; k < MOE_BWD_STAGES; k++)
+        ms[k] = median(t + k * iters, iters);
+    rc = 0;
+out:
+    for (int i = 0; i <= MOE_BWD_STAGES; i++)
+        moe_cu.cuEventDestroy(ev[i]);
+    free(t);
+    return rc;
+}
+
 /* The forward, the training forward and the backward at each token count,
  * with recompute_u 0 and 1; FLOPs of the backward's GEMMs are twice the
  * forward's (dgrad and wgrad of each projection). Returns the exit status. */
@@ -302,6 +334,7 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
         const int T = tokens[i];
         if (T < 1 || (size_t)T > Tmax)
             continue;
+        float stage_ms[2][MOE_BWD_STAGES];
         for (int rc = 0; rc < 2; rc++) {
             train_step_t ts = {.tf = {.fwd = *base, .saved = (void *)saved, .recompute_u = rc}};
             ts.tf.fwd.tokens = T;
@@ -324,7 +357,16 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
             const double tf = flop / (ms[2] * 1e-3) / 1e12;
             printf("%-7d %-9d %9.4f %9.4f %9.4f %9.2f %9.1f %9.2f\n", T, rc, ms[0], ms[1], ms[2], ms[2] / ms[0], tf,
                    gemm_tf > 0 ? tf / gemm_tf : 0);
+            if (time_bwd_stages(plan, &ts, st, flush, flush_bytes, iters, stage_ms[rc]) != 0) {
+                fprintf(stderr, "moe_bench: --backward stages, %d tokens: %s\n", T, moe_last_error());
+                return 1;
+            }
         }
+        /* where the backward's time goes: each stage's median (events between stages) */
+        printf("%-7s %-12s %9s %9s   (stage ms, recompute_u 0 / 1; a GEMM's share of FLOPs is a quarter)\n", "", "stage",
+               "ms", "ms");
+        for (int k = 0; k < MOE_BWD_STAGES; k++)
+            printf("%-7d %-12s %9.4f %9.4f\n", T, moe_bwd_stage_names[k], stage_ms[0][k], stage_ms[1][k]);
     }
     CUdeviceptr all[] = {saved, bws, dy, dx, drw, dlb, dw1, db1, dw2, db2, dsg};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

@@ -13,6 +13,7 @@
 #include "ep_bwd.h"
 #include "error.h"
 #include "ffn.h"
+#include "moe_internal.h"
 #include "spec.h"
 
 #include <stdint.h>
@@ -223,18 +224,41 @@ static moe_status zero_grads(const moe_plan *p, const moe_backward_args *a, CUst
     return MOE_OK;
 }
 
+_Static_assert(MOE_BGEMM_KINDS == 4, "the backward's stages 2 .. 5 are the four grouped GEMMs in kind order");
+const char *const moe_bwd_stage_names[MOE_BWD_STAGES] = {"recompute_u", "dys", "dgrad_down", "dgrad_up",
+                                                          "wgrad_up", "wgrad_down", "bias_grads", "router"};
+
+/* Record ev[i] (moe_backward_timed's stage marks; none without events). */
+static moe_status mark(CUevent *ev, int i, CUstream st) {
+    if (ev && moe_cu.cuEventRecord(ev[i], st) != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+    return MOE_OK;
+}
+
 moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *stream) {
+    return moe_backward_timed(p, a, stream, NULL);
+}
+
+moe_status moe_backward_timed(const moe_plan *p, const moe_backward_args *a, void *stream,
+                              CUevent ev[MOE_BWD_STAGES + 1]) {
     if (!p || !a)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: NULL argument");
     moe_status rc = training_ok(p, "moe_backward");
     if (rc || (rc = backward_check(p, a)) || (rc = set_ctx(p)))
         return rc;
     CUstream st = (CUstream)stream;
-    if (ep_rank(p)) /* also with 0 tokens: the peers wait on it */
+    if (ep_rank(p)) { /* also with 0 tokens: the peers wait on it */
+        if (ev)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "per-stage timing is for single-rank plans");
         return moe_ep_backward(p->ep, &p->launcher, a, st);
+    }
     const int T = a->tokens, beta = a->accumulate, recompute = a->recompute_u;
-    if (T == 0)
+    if (T == 0) { /* the events still mark the (empty) stages */
+        for (int i = 0; i <= MOE_BWD_STAGES; i++)
+            if ((rc = mark(ev, i, st)))
+                return rc;
         return beta ? MOE_OK : zero_grads(p, a, st);
+    }
     const moe_spec_t *s = &p->pd.spec;
     const moe_launcher_t *l = &p->launcher;
     moe_ws_region_t svr[MOE_SV_COUNT], bwr[MOE_BW_COUNT];
@@ -247,6 +271,8 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
         bw[i] = (CUdeviceptr)(uintptr_t)a->workspace + bwr[i].offset;
     const long long nt = moe_launcher_tiles(&p->launcher, T); /* the training forward ran its row block */
     CUdeviceptr u = recompute ? bw[MOE_BW_U] : sv[MOE_SV_U];
+    if ((rc = mark(ev, 0, st)))
+        return rc;
     if (recompute) { /* U again, from the saved rows (activation checkpointing): the training forward's own
                       * up GEMM (its variant for T), so U is the bits it would have saved; its activation
                       * output goes to dU's region, which dgrad_down writes afterwards */
@@ -260,6 +286,8 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
     }
     const int input = s->router.apply == MOE_APPLY_INPUT; /* the weight scaled the expert's input */
     CUdeviceptr none = 0;
+    if ((rc = mark(ev, 1, st)))
+        return rc;
     { /* step 1: dys = w · dy per row (apply = "input": dy), dw = <dy, O> (apply = "input": after the GEMMs) */
         void *args[] = {(void *)&a->dy, &sv[MOE_SV_OUT], &sv[MOE_SV_ROW_OF], &sv[MOE_SV_TOPK_W], (void *)&T,
                         &bw[MOE_BW_DYS], input ? &none : &bw[MOE_BW_DW]};
@@ -281,10 +309,12 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
         g[MOE_BGEMM_WGRAD_UP].out = (CUdeviceptr)(uintptr_t)a->dw1p, g[MOE_BGEMM_WGRAD_UP].beta = beta;
         g[MOE_BGEMM_WGRAD_DOWN].a = bw[MOE_BW_DYS], g[MOE_BGEMM_WGRAD_DOWN].b = sv[MOE_SV_HBUF];
         g[MOE_BGEMM_WGRAD_DOWN].out = (CUdeviceptr)(uintptr_t)a->dw2, g[MOE_BGEMM_WGRAD_DOWN].beta = beta;
-        for (int i = 0; i < MOE_BGEMM_KINDS; i++)
-            if ((rc = moe_bgemm_launch(l, (moe_bgemm_kind)i, &g[i], st)))
+        for (int i = 0; i < MOE_BGEMM_KINDS; i++) /* stages 2 .. 5 in kind order */
+            if ((rc = mark(ev, 2 + i, st)) || (rc = moe_bgemm_launch(l, (moe_bgemm_kind)i, &g[i], st)))
                 return rc;
     }
+    if ((rc = mark(ev, 6, st)))
+        return rc;
     if (s->ffn_bias) { /* the bias gradients: each slot's column sums of dU and dys */
         int n1 = 2 * s->ffn, n2 = s->hidden;
         CUdeviceptr db1 = (CUdeviceptr)(uintptr_t)a->db1p, db2 = (CUdeviceptr)(uintptr_t)a->db2;
@@ -296,8 +326,11 @@ moe_status moe_backward(const moe_plan *p, const moe_backward_args *a, void *str
     }
     /* with apply = "input", dw from <x, dXs>; step 7: the router: d logits, then dx (rows and router term),
      * d router_w and d logit_bias */
-    return moe_bwd_router_step(l, a, T, input, bw[MOE_BW_DXS], sv[MOE_SV_ROW_OF], sv[MOE_SV_TOPK_W], sv[MOE_SV_TOPK_IDX],
-                               sv[MOE_SV_LOGITS], bw[MOE_BW_DW], bw[MOE_BW_DLOGITS], st);
+    if ((rc = mark(ev, 7, st)) ||
+        (rc = moe_bwd_router_step(l, a, T, input, bw[MOE_BW_DXS], sv[MOE_SV_ROW_OF], sv[MOE_SV_TOPK_W],
+                                  sv[MOE_SV_TOPK_IDX], sv[MOE_SV_LOGITS], bw[MOE_BW_DW], bw[MOE_BW_DLOGITS], st)))
+        return rc;
+    return mark(ev, MOE_BWD_STAGES, st);
 }
 
 /* ---- an EP rank's passes step by step (moe_internal.h) ------------------- */

@@ -14,6 +14,19 @@
  * events[6] after the last. */
 moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args, void *stream, CUevent events[7]);
 
+/* The backward's stages in launch order, for moe_backward_timed: U
+ * recomputed (recompute_u), dys and dw, the four grouped GEMMs (dgrad down
+ * with the activation's backward, dgrad up, wgrad up, wgrad down), the bias
+ * gradients (ffn_bias), the router's step (d logits, dx, d router_w). A
+ * stage the call does not run is empty. */
+enum { MOE_BWD_STAGES = 8 };
+extern const char *const moe_bwd_stage_names[MOE_BWD_STAGES];
+
+/* As moe_backward (one device), recording events[i] before stage i and
+ * events[MOE_BWD_STAGES] after the last. */
+moe_status moe_backward_timed(const moe_plan *plan, const moe_backward_args *args, void *stream,
+                              CUevent events[MOE_BWD_STAGES + 1]);
+
 /* Replace the routing table's slots (slot_of[g]: where expert g's weights
  * sit in w1p/w2/b1p/b2) with a permutation of 0..E-1, so tests can prove
  * that the kernels read weights through the table. Synchronous. */
