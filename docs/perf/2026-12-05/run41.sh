@@ -7,6 +7,7 @@
 #     where the 4096 bucket should start (129 .. 4095 unmeasured)
 #   - compare_torch of the fp8 specs at 4096 and 16384 tokens (the peer: torch._scaled_grouped_mm)
 #   - test_bwd_gpu alone (run 37's copy ran out of time beside the other tests)
+#   - moe_bench --backward at 4096 tokens, Mixtral and Qwen3: the per-stage breakdown (d88008c)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -22,10 +23,16 @@ for s in mixtral-8x7b-fp8 deepseek-v3-ep8-fp8 qwen3-30b-a3b-fp8; do
     timeout 90 python3 bench/compare_torch.py examples/specs/fp8/$s.moe --tokens 4096 --tokens 16384 --iters 10 \
         >> "$OUT/fp8_compare.log" 2>&1
 done
+for s in mixtral-8x7b qwen3-30b-a3b; do
+    { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
+    timeout 60 build/moe_bench /tmp/train_$s.moe --backward --tokens 4096 --iters 10 >> "$OUT/backward.log" 2>&1
+    echo "bench backward $s: exit $?" >> "$OUT/rc.txt"
+done
 timeout 250 build/tests/test_bwd_gpu > "$OUT/test_bwd_gpu.log" 2>&1; echo "test_bwd_gpu: exit $?" >> "$OUT/rc.txt"
 cat "$OUT/rc.txt"
 tail -1 "$OUT/test_quant_gpu.log"; grep FAIL "$OUT/test_quant_gpu.log" | head
 tail -1 "$OUT/test_bwd_gpu.log"; grep FAIL "$OUT/test_bwd_gpu.log" | head
+grep -vE '^(plan|gemms)' "$OUT/backward.log"
 grep -E '^== |LAYER' "$OUT/fp8_buckets.log"
 grep -vE '^plan' "$OUT/fp8_compare.log" | head -60
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
