@@ -303,7 +303,11 @@ for what in "$@"; do
         v test_gpu build/tests/test_gpu &
         { v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe
           v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
-          v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe; } &
+          v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
+          v test_vendored_fp8_gemv build/tests/test_vendored_fp8_gemv examples/specs/fp8/qwen3-30b-a3b-fp8.moe
+          # the opt-in folded combine (off by default since 2026-12-05), on the gemv cases
+          MOEGEN_COMBINE_FUSE=on MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv_fold build/tests/test_gpu gemv.tune
+          MOEGEN_TUNING=tests/tune/gemv8.tune v test_quant_gpu_gemv8 build/tests/test_quant_gpu; } &
         { v test_bwd_gpu build/tests/test_bwd_gpu; v test_bgemm_gpu build/tests/test_bgemm_gpu; } &
         { v test_quant_gpu build/tests/test_quant_gpu; v test_runtime build/tests/test_runtime; } &
         { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored build/tests/test_vendored examples/specs/qwen3-30b-a3b.moe
