@@ -163,7 +163,7 @@ SPACE := $(EMPTY) $(EMPTY)
 # ---- tests ---------------------------------------------------------------
 # Each tests/test_*.c is its own program printing "N passed, N failed";
 # tests/run.sh runs them and prints the total as the closing line.
-CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_gemv_host test_bwd_host test_scatter_host test_python test_pack test_install test_nccl_abi
+CPU_TESTS := test_spec test_abi test_mesh test_plan test_ref test_quant test_emit test_write test_sandbox test_cache test_nvrtc test_runtime test_dispatch test_tuning test_gemv_host test_bwd_host test_scatter_host test_route_host test_python test_pack test_install test_nccl_abi
 GPU_TESTS := test_gpu test_ep_gpu test_bgemm_gpu test_bwd_gpu test_quant_gpu
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(CPU_TESTS) $(GPU_TESTS) test_mgpu)
 

@@ -47,7 +47,7 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 struct host_dim3 {
     unsigned x, y, z;
 };
-static host_dim3 threadIdx, blockIdx;
+static host_dim3 threadIdx, blockIdx, gridDim;
 
 enum { HOST_THREADS = 256, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024, HOST_MAX_CLUSTER = 8,
        HOST_FIBERS = HOST_THREADS * HOST_MAX_CLUSTER };
@@ -61,6 +61,8 @@ static struct {
     int cur, cta, cluster;           /* the running fiber, its block in the cluster, the cluster's blocks */
     host_barrier block[HOST_MAX_CLUSTER], warp[HOST_MAX_CLUSTER][HOST_WARPS], clusterb;
     float lane_val[HOST_MAX_CLUSTER][HOST_WARPS][32];
+    const void *lane_ptr[HOST_MAX_CLUSTER][HOST_WARPS][32]; /* ldmatrix's row addresses */
+    unsigned lane_frag[HOST_MAX_CLUSTER][HOST_WARPS][32][6]; /* mma's A and B fragments */
     unsigned char *smem;             /* block b's shared memory at smem + b * smem_stride */
     size_t smem_stride;
     const std::function<void()> *fn;
@@ -101,6 +103,18 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
     memcpy(&r, &g, 4);
     return r;
 }
+/* any other 4- or 8-byte value of lane lane ^ m (the route's 64-bit
+ * selection keys): its 4-byte words shuffled one by one */
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 4- or 8-byte value");
+    float f[2] = {0.0f, 0.0f}, g[2];
+    memcpy(f, &v, sizeof(T));
+    for (size_t i = 0; i < sizeof(T) / 4; i++)
+        g[i] = host_shfl(f[i], (int)(threadIdx.x & 31) ^ m);
+    T r;
+    memcpy(&r, g, sizeof(T));
+    return r;
+}
 static inline unsigned __ballot_sync(unsigned, bool p) {
     unsigned m = 0;
     for (int l = 0; l < 32; l++)
@@ -122,6 +136,41 @@ static inline int atomicExch(int *p, int v) {
     return old;
 }
 static inline void __threadfence() {}
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* v of lane (lane - d); lanes below d keep their own (the route's and the
+ * permute plan's scans) */
+template <class T> static inline T __shfl_up_sync(unsigned m, T v, int d) {
+    const int lane = (int)(threadIdx.x & 31);
+    return __shfl_sync(m, v, lane - d >= 0 ? lane - d : lane);
+}
+/* redux.sync.max over the warp, one shuffle per lane */
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) {
+        const unsigned o = __shfl_sync(0u, v, l);
+        m = o > m ? o : m;
+    }
+    return m;
+}
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+struct int4 {
+    int x, y, z, w;
+};
+static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 static inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);
@@ -242,6 +291,67 @@ static inline unsigned short moe_e4m3x2(float lo, float hi) {
     return (unsigned short)(host_float_e4m3(lo) | host_float_e4m3(hi) << 8);
 }
 
+/* The prelude's cp.async (the route's stage ring): a copy of `bytes` (0 or
+ * 16) and zeros to 16, done at once, so the commits and waits are empty. */
+static inline void moe_cp_async16(void *smem, const void *gmem, int bytes) {
+    memcpy(smem, gmem, (size_t)bytes);
+    memset((char *)smem + bytes, 0, (size_t)(16 - bytes));
+}
+static inline void moe_cp_async_commit() {}
+template <int N> static inline void moe_cp_async_wait() {}
+
+/* ldmatrix.sync.aligned.m8n8.xN.shared.b16: matrix j's 8 rows are at the
+ * addresses lanes 8j .. 8j+7 give; lane i gets, of each matrix, the 32-bit
+ * word at row i / 4, columns 2 (i % 4) and + 1 (the lower column in the low
+ * half). */
+template <int N> static inline void host_ldmatrix(unsigned *r, const void *addr) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
+    host.lane_ptr[b][w][lane] = addr;
+    host_wait(host.warp[b][w]);
+    for (int j = 0; j < N; j++)
+        memcpy(&r[j], (const unsigned char *)host.lane_ptr[b][w][8 * j + lane / 4] + 4 * (lane % 4), 4);
+    host_wait(host.warp[b][w]);
+}
+static inline void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *smem) {
+    unsigned r[4];
+    host_ldmatrix<4>(r, smem);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+static inline void moe_ldmatrix_x2(unsigned &r0, unsigned &r1, const void *smem) {
+    unsigned r[2];
+    host_ldmatrix<2>(r, smem);
+    r0 = r[0], r1 = r[1];
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32 (bf16, or fp16 with MOE_HOST_FP16)
+ * D = A B + D: A 16 x 16 (row g: a0 columns 2t, 2t+1 and a2 columns +8;
+ * row g + 8: a1, a3), B 16 x 8 (column g: b0 rows 2t, 2t+1, b1 rows +8),
+ * D rows g, g + 8, columns 2t, 2t + 1 (d0 d1, d2 d3), g = lane / 4,
+ * t = lane % 4. Each output's 16 products (exact in fp32) are summed in k
+ * order and added to d: the tensor cores' order and rounding differ, so a
+ * test allows for that. */
+static inline void host_mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&bf)[2]) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta, g = lane / 4, t = lane % 4;
+    unsigned *mine = host.lane_frag[b][w][lane];
+    for (int i = 0; i < 4; i++)
+        mine[i] = a[i];
+    mine[4] = bf[0], mine[5] = bf[1];
+    host_wait(host.warp[b][w]);
+    auto elem = [](unsigned v, int k) { return k & 1 ? moe_hi_float(v) : moe_lo_float(v); };
+    auto A = [&](int r, int k) { /* row r, column k */
+        return elem(host.lane_frag[b][w][(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k);
+    };
+    auto B = [&](int k, int n) { return elem(host.lane_frag[b][w][n * 4 + (k % 8) / 2][4 + (k >= 8)], k); };
+    for (int i = 0; i < 4; i++) {
+        const int r = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++)
+            sum += A(r, k) * B(k, n);
+        d[i] += sum;
+    }
+    host_wait(host.warp[b][w]);
+}
+
 static void host_fiber_main() {
     (*host.fn)();
     host.done[host.cur] = true;
@@ -263,6 +373,7 @@ static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std:
     host.smem = sm.data();
     host.fn = &fn;
     host.cluster = (int)cluster;
+    gridDim = {gx, gy, 1};
     for (unsigned by = 0; by < gy; by++)
         for (unsigned bx = 0; bx < gx; bx += cluster) {
             memset(sm.data(), 0xcd, sm.size());

@@ -1,0 +1,268 @@
+/* test_route_host.c — the route kernel (templates/route.lua) run on the
+ * CPU: for each case a spec is planned and emitted, the route's namespace
+ * and kernel and the prelude pieces they use are cut out of the source and
+ * built with the host C++ compiler into tests/route_host.cc (cp.async,
+ * ldmatrix, mma.sync and the warp reductions emulated by
+ * tests/support/cuda_host.h; the namespace's inline-asm mma swapped for the
+ * host one), which routes random tokens; the selection, the weights, the
+ * counts and (training specs) the saved logits are compared with the C
+ * reference (tests/support/ref.c) as test_gpu compares the GPU's. So a
+ * change to the route's logit tiling, its H split across blocks and their
+ * ticket, or its top-k can be checked where there is no GPU; test_gpu runs
+ * the same checks on one. Unfused calls (fuse mode 0) only; a spec whose
+ * shared expert has a sigmoid gate is not a case here. Skipped without a
+ * C++17 compiler with <ucontext.h> (c++, or $CXX). Run from the repository
+ * root. */
+#define _POSIX_C_SOURCE 200809L
+#include "gen_fixture.h"
+#include "launch_geom.h"
+#include "ref.h"
+
+#include <math.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *label, *spec; /* a spec file, or a spec's text */
+    int tokens[3], ntokens;
+} host_case_t;
+
+static const host_case_t cases[] = {
+    {"softmax top-4 of 32, a shared expert, logit softcap, training (the saved logits); H 264: one block or two",
+     "tests/specs/softcap.moe", {1, 13, 40}, 3},
+    {"softmax top-8 of 128 (Qwen3's), H 1024: split across 4 blocks at few tokens",
+     "name = 'q' experts = 128 top_k = 8 hidden = 1024 ffn = 64 tokens = 256\n"
+     "router = { score = 'softmax', renormalize = true }\n", {1, 7, 70}, 3},
+    {"sigmoid with a selection bias, 8 groups keep 4 (DeepSeek-V3's), scale 2.5, fp16",
+     "name = 'g' experts = 64 top_k = 6 hidden = 512 ffn = 64 tokens = 128 dtype = 'fp16'\n"
+     "router = { score = 'sigmoid', bias = true, groups = 8, topk_groups = 4, group_topk = 2, renormalize = true, "
+     "scale = 2.5 }\n", {3, 50}, 2},
+    {"sqrt(softplus) with a selection bias (DeepSeek-V4's)", "tests/specs/sqrtsoftplus.moe", {2, 33}, 2},
+    {"sparsemixer top-2 (Phi-3.5-MoE's)", "tests/specs/sparsemixer.moe", {5, 40}, 2},
+    {"logit_bias, top-4 (gpt-oss's)", "tests/specs/train_gptoss.moe", {9}, 1},
+    {"zero experts: 48 routed + 24 zero scored together", "tests/specs/zero_experts.moe", {1, 30}, 2},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+/* The route's pieces into b: the prelude's fuse struct, plan block and
+ * sqrt(softplus) (when emitted), the namespace with the host mma, the
+ * kernel with its dynamic shared memory at host_smem(). 0, or 1. */
+static int cut_route(const char *src, const char *name, int threads, moe_buf_t *b) {
+    static const char *const prelude[] = {"typedef struct {\n    int mode, align;",
+                                          "template <int THREADS, int N>\nstatic __device__ __forceinline__ void "
+                                          "moe_plan_block(",
+                                          "static __device__ __forceinline__ float moe_sqrt_softplus(float l) {",
+                                          "static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {"};
+    for (int i = 0; i < 4; i++) /* the fuse struct and the plan block always; sqrt(softplus) when emitted */
+        if ((i < 2 || strstr(src, prelude[i])) && host_cut_span(src, prelude[i], i ? "\n}\n" : "} moe_route_fuse_t;", b))
+            return 1;
+    char open[200], close[200], head[300];
+    snprintf(open, sizeof open, "namespace %s_impl {", name);
+    snprintf(close, sizeof close, "}  // namespace %s_impl", name);
+    moe_buf_t ns = {0};
+    if (host_cut_span(src, open, close, &ns)) {
+        moe_buf_free(&ns);
+        return 1;
+    }
+    const char *mma = "static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], "
+                      "const unsigned (&b)[2]) {";
+    char *m = strstr(ns.data, mma), *e = m ? strstr(m, "\n}\n") : NULL;
+    if (!e) {
+        moe_buf_free(&ns);
+        return 1;
+    }
+    moe_buf_printf(b, "%.*s", (int)(m - ns.data), ns.data);
+    moe_buf_printf(b, "static inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) "
+                      "{ host_mma_16816(d, a, b); }\n");
+    moe_buf_printf(b, "%s", e + 3);
+    moe_buf_free(&ns);
+    snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", threads, name);
+    const char *shared = "extern __shared__ __align__(16) unsigned char moe_route_smem[];";
+    const char *k = strstr(src, head), *z = k ? strstr(k, "\n}\n") : NULL, *sm = k ? strstr(k, shared) : NULL;
+    if (!z || !sm || sm > z)
+        return 1;
+    moe_buf_printf(b, "%.*s", (int)(sm - k), k);
+    moe_buf_printf(b, "unsigned char *moe_route_smem = host_smem();");
+    sm += strlen(shared);
+    moe_buf_printf(b, "%.*s\n", (int)(z + 3 - sm), sm);
+    return 0;
+}
+
+static uint64_t rng_state;
+static float urand(void) { /* [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+static uint16_t half_bits(float f, moe_dtype_t dt) { return moe_float_to_half(f, dt); }
+static float half_val(uint16_t h, moe_dtype_t dt) { return moe_half_to_float(h, dt); }
+
+/* One run of the built program on T random tokens: write the inputs, run,
+ * read the outputs, compare with the reference. */
+static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
+    const int H = s->hidden, NS = moe_spec_scored(s), K = s->top_k, KE = moe_spec_entries(s), ES = moe_spec_slots(s);
+    const int E = s->experts, NI = ES + s->zero_experts;
+    const moe_dtype_t dt = s->dtype;
+    rng_state = 0x9e3779b97f4a7c15ULL * (uint64_t)(seed + 1) + (uint64_t)T;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *wr = malloc(sizeof(uint16_t) * (size_t)NS * H);
+    float *sel = malloc(sizeof(float) * (size_t)NS), *lb = malloc(sizeof(float) * (size_t)NS);
+    const size_t nout = (size_t)T * KE;
+    int *idx = malloc(sizeof(int) * nout), *counts = malloc(sizeof(int) * (size_t)ES);
+    float *w = malloc(sizeof(float) * nout), *logits = malloc(sizeof(float) * (size_t)T * NS);
+    int *ridx = malloc(sizeof(int) * (size_t)T * K), *gidx = malloc(sizeof(int) * (size_t)T * K);
+    float *rw = malloc(sizeof(float) * (size_t)T * K), *sc = malloc(sizeof(float) * (size_t)T * NS);
+    int *hist = calloc((size_t)NI + 1, sizeof(int));
+    CHECK(x && wr && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist);
+    if (!(x && wr && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist))
+        goto done;
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        x[i] = half_bits(urand(), dt);
+    for (size_t i = 0; i < (size_t)NS * H; i++) /* logits of a few units: softmax and sigmoid both spread */
+        wr[i] = half_bits(urand() * 3.0f / sqrtf((float)H), dt);
+    for (int e = 0; e < NS; e++)
+        sel[e] = s->router.bias ? 0.1f * urand() : 0.0f, lb[e] = s->router.logit_bias ? 0.5f * urand() : 0.0f;
+    char in_path[400], out_path[400], cmd[1200];
+    snprintf(in_path, sizeof in_path, "%s/%s_%d_%d.in", tmp_root, s->name, T, seed);
+    snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
+    FILE *f = fopen(in_path, "wb");
+    int ok = f && fwrite(&T, sizeof T, 1, f) == 1 && fwrite(x, 2, (size_t)T * H, f) == (size_t)T * H &&
+             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H && fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
+             fwrite(lb, 4, (size_t)NS, f) == (size_t)NS;
+    ok = f && fclose(f) == 0 && ok;
+    CHECKF(ok, "cannot write %s", in_path);
+    snprintf(cmd, sizeof cmd, "timeout 120 %s %s %s", bin, in_path, out_path);
+    fflush(NULL);
+    ok = ok && system(cmd) == 0;
+    CHECKF(ok, "%s failed", cmd);
+    f = ok ? fopen(out_path, "rb") : NULL;
+    ok = f && fread(idx, sizeof(int), nout, f) == nout && fread(w, 4, nout, f) == nout &&
+         fread(counts, sizeof(int), (size_t)ES, f) == (size_t)ES &&
+         (!s->training || fread(logits, 4, (size_t)T * NS, f) == (size_t)T * NS);
+    if (f)
+        fclose(f);
+    CHECKF(ok, "cannot read %s", out_path);
+    if (!ok)
+        goto done;
+    /* every index in range: routed and shared slots, zero experts past them */
+    int in_range = 1;
+    for (size_t i = 0; i < nout; i++)
+        in_range &= idx[i] >= 0 && idx[i] < NI;
+    CHECKF(in_range, "%s, %d tokens: an index out of range (or never written)", s->name, T);
+    if (!in_range)
+        goto done;
+    moe_ref_inputs_t in = {.x = x, .wr = wr, .sel_bias = sel, .logit_bias = lb, .tokens = T};
+    CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
+    for (int t = 0; t < T; t++)
+        memcpy(gidx + (size_t)t * K, idx + (size_t)t * KE, sizeof(int) * (size_t)K);
+    /* as test_gpu: sparsemixer works on logits rounded to the dtype, its ties a dtype step wide */
+    const int in_dtype = s->router.score == MOE_SCORE_SPARSEMIXER;
+    int bad = -1;
+    const int agree = moe_ref_route_agree(s, ridx, gidx, sc, T, in_dtype ? 4e-2f : 2e-4f, &bad);
+    CHECKF(agree, "%s, %d tokens: token %d selects other experts than the reference", s->name, T, bad);
+    double werr = 0;
+    int wild = 0;
+    for (int t = 0; t < T; t++) {
+        int off = 0;
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < K; j++)
+                if (gidx[(size_t)t * K + j] == ridx[(size_t)t * K + k]) {
+                    const double d = fabs(w[(size_t)t * KE + j] - rw[(size_t)t * K + k]);
+                    if (in_dtype && d > 8e-3)
+                        off = 1;
+                    else if (d > werr)
+                        werr = d;
+                }
+        wild += off;
+    }
+    CHECKF(werr <= (in_dtype ? 8e-3 : 1e-4 * s->router.scale + 1e-4), "%s, %d tokens: weights differ by %g", s->name,
+           T, werr);
+    CHECKF(wild <= (T + 127) / 128, "%s, %d tokens: %d sparsemixer weights off by more than a step", s->name, T, wild);
+    int shared_ok = 1; /* the shared expert's entries: slots E.. in order, weight 1 (no gate here) */
+    for (int t = 0; t < T; t++)
+        for (int j = K; j < KE; j++)
+            shared_ok &= idx[(size_t)t * KE + j] == E + j - K && w[(size_t)t * KE + j] == 1.0f;
+    CHECKF(shared_ok, "%s, %d tokens: the shared expert's entries are not slots %d.. with weight 1", s->name, T, E);
+    for (size_t i = 0; i < nout; i++)
+        hist[idx[i]]++;
+    int cnt_ok = 1;
+    for (int e = 0; e < ES; e++)
+        cnt_ok &= hist[e] == counts[e];
+    CHECKF(cnt_ok, "%s, %d tokens: counts differ from the histogram of topk_idx", s->name, T);
+    if (s->training) { /* the saved logits: x . wr (+ logit_bias), capped, against double sums */
+        double lerr = 0;
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < NS; e++) {
+                double l = 0, mag = 0;
+                for (int h = 0; h < H; h++) {
+                    const double p = (double)half_val(x[(size_t)t * H + h], dt) * half_val(wr[(size_t)e * H + h], dt);
+                    l += p, mag += fabs(p);
+                }
+                l += lb[e];
+                if (s->router.logit_softcap > 0)
+                    l = s->router.logit_softcap * tanh(l / s->router.logit_softcap);
+                const double d = fabs(logits[(size_t)t * NS + e] - l) / (mag + 1e-3);
+                lerr = d > lerr ? d : lerr;
+            }
+        CHECKF(lerr <= 1e-5, "%s, %d tokens: saved logits off by %g of their magnitude", s->name, T, lerr);
+    }
+    printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g\n", s->name, T, seed, werr);
+done:
+    free(x), free(wr), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
+    free(ridx), free(gidx), free(rw), free(sc), free(hist);
+}
+
+static void run_case(const host_case_t *c, const char *cxx) {
+    CASE(c->label);
+    if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
+        return;
+    moe_spec_t s;
+    moe_diag_t d;
+    moe_plan_desc_t pd;
+    if (host_case_plan(c->spec, NULL, 0, NULL, &s, &pd))
+        return;
+    CHECKF(!(s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID), "%s: a sigmoid-gated shared expert is not a "
+           "case here", s.name);
+    const moe_kernel_desc_t *r = &moe_plan_kernels(&pd, s.arch[0])[MOE_K_ROUTE];
+    moe_buf_t src = {0}, inc = {0};
+    if (moe_emit_source(&pd, NULL, &src, &d)) {
+        CHECKF(0, "%s", d.msg);
+        moe_plan_desc_free(&pd);
+        return;
+    }
+    const int bad = cut_route(src.data, r->name, r->threads, &inc);
+    CHECKF(!bad, "%s's pieces not found whole in the emitted source", r->name);
+    CHECKF(r->threads == 256, "%s: %d threads (the host emulation runs 256)", r->name, r->threads);
+    char inc_path[400], bin[400], cmd[3000];
+    snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
+    snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
+    CHECKF(!bad && write_bytes(inc_path, inc.data, inc.len) == 0, "cannot write %s", inc_path);
+    if (!bad && r->threads == 256) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
+                 "-DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
+                 "-DRH_SMEM=%d tests/route_host.cc -o %s 2>&1",
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name, s.training, s.hidden,
+                 moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, bin);
+        const int built = system(cmd) == 0;
+        CHECKF(built, "the host build failed: %s", cmd);
+        for (int i = 0; built && i < c->ntokens; i++)
+            for (int seed = 0; seed < 2; seed++)
+                run_tokens(&s, bin, c->tokens[i], seed);
+    }
+    moe_buf_free(&inc);
+    moe_buf_free(&src);
+    moe_plan_desc_free(&pd);
+}
+
+int main(void) {
+    if (gen_fixture_setup("test_route_host"))
+        return 1;
+    const char *cxx;
+    if (!host_cxx(&cxx)) {
+        CASE("the route kernel on the host");
+        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
+    } else {
+        for (int i = 0; i < NCASES; i++)
+            run_case(&cases[i], cxx);
+    }
+    rm_rf(tmp_root);
+    return check_report("test_route_host");
+}
