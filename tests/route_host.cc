@@ -6,20 +6,25 @@
  * are force-included, and -D gives the shape and name:
  *   RH_ROUTE  the kernel;  RH_TRAIN  1: it takes logits_out (a training spec)
  *   RH_H  hidden;  RH_NS  router columns (scored experts);  RH_KE  entries per token;
- *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory
- * usage: route_host IN OUT — IN (written by test_route_host): T, then x
+ *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
+ *   RH_ALIGN  the plan's row block (the fused permute plan's align)
+ * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, H] (dtype bits), sel_bias and logit_bias [NS]
  * (fp32) (no sigmoid-gated shared expert: its kernel takes one more
- * input); the kernel runs unfused (mode 0) on a grid of ceil(T /
- * per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
+ * input); the kernel runs unfused (mode 0), or with "fused" in the mode
+ * the runtime picks for T (the permute plan, and the scatter for the
+ * fewest tokens, in its last block: checked here, check_fused), on a grid
+ * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
  * poisoned first, the counts and tickets zeroed as the runtime zeroes
  * them; OUT gets topk_idx [T, KE], topk_w [T, KE], counts
  * [SLOTS] and (RH_TRAIN) the logits [T, NS]. test_route_host compares
- * them with the C reference. Exit 1 when a file cannot be read or written. */
+ * them with the C reference. Exit 1 when a file cannot be read or written
+ * or the fused tail is wrong. */
 #include "launch_geom.h"
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 template <class T> static bool get(FILE *f, std::vector<T> &v, size_t n) {
@@ -30,8 +35,57 @@ template <class T> static bool put(FILE *f, const std::vector<T> &v) {
     return fwrite(v.data(), sizeof(T), v.size(), f) == v.size();
 }
 
+/* The fused tail's outputs against what permute_plan and permute_scatter
+ * would leave: offsets the counts rounded up to align, summed; the tile
+ * table slot by slot at slot_of[e]; with the scatter (mode 2) every routed
+ * entry mapped one to one into its slot's rows, each such row x[t] bit for
+ * bit, a zero expert's entry at row offsets[SLOTS] + t, the cursors at the
+ * counts; with the plan alone the cursors 0. Prints what is off; returns
+ * the number of wrong values. */
+static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const std::vector<int> &idx,
+                        const std::vector<int> &counts, const std::vector<int> &slot_of, int align,
+                        const std::vector<int> &offsets, const std::vector<int> &cursor, const std::vector<int> &tiles,
+                        int num_tiles, const std::vector<moe_half_t> &xs, const std::vector<int> &row_of) {
+    const int H = RH_H, KE = RH_KE, SLOTS = RH_SLOTS;
+    long bad_off = 0, bad_tiles = 0, bad_map = 0, bad_rows = 0, bad_cursor = 0;
+    int nt = 0;
+    for (int e = 0; e < SLOTS; e++) {
+        bad_off += offsets[e + 1] != offsets[e] + (counts[e] + align - 1) / align * align;
+        for (int j = 0; j * align < counts[e]; j++, nt++) {
+            const int *t4 = &tiles[4 * (size_t)nt];
+            const int rows = counts[e] - j * align < align ? counts[e] - j * align : align;
+            bad_tiles += nt >= num_tiles || t4[0] != slot_of[e] || t4[1] != offsets[e] + j * align || t4[2] != rows;
+        }
+    }
+    bad_off += offsets[0] != 0;
+    bad_tiles += nt != num_tiles;
+    if (mode == MOE_ROUTE_FUSE_SCATTER) {
+        std::vector<char> used(xs.size() / H, 0);
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < KE; k++) {
+                const int e = idx[(size_t)t * KE + k], r = row_of[(size_t)t * KE + k];
+                const bool ok = e < SLOTS ? r >= offsets[e] && r < offsets[e] + counts[e] && !used[r]
+                                          : r == offsets[SLOTS] + t;
+                if (!ok) {
+                    bad_map++;
+                    continue;
+                }
+                used[r] = 1;
+                bad_rows += memcmp(&xs[(size_t)r * H], &x[(size_t)t * H], (size_t)H * 2) != 0;
+            }
+        for (int e = 0; e < SLOTS; e++)
+            bad_cursor += cursor[e] != counts[e];
+    } else {
+        for (int e = 0; e < SLOTS; e++)
+            bad_cursor += cursor[e] != 0;
+    }
+    printf("  route_host fused (mode %d): %d tiles; offsets %ld, tiles %ld, row map %ld, rows %ld, cursors %ld off\n",
+           mode, num_tiles, bad_off, bad_tiles, bad_map, bad_rows, bad_cursor);
+    return bad_off + bad_tiles + bad_map + bad_rows + bad_cursor;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3)
+    if (argc != 3 && !(argc == 4 && !strcmp(argv[3], "fused")))
         return 1;
     FILE *in = fopen(argv[1], "rb");
     int T = 0;
@@ -44,11 +98,26 @@ int main(int argc, char **argv) {
         fclose(in);
     if (!ok)
         return 1;
-    std::vector<int> idx((size_t)T * KE, -7), counts((size_t)SLOTS + MOE_ROUTE_SPLIT_BLOCKS + 64 + 1, 0);
+    std::vector<int> idx((size_t)T * KE, -7), counts((size_t)SLOTS + MOE_ROUTE_TICKETS, 0);
     std::vector<float> w((size_t)T * KE, -7.0f), logits((size_t)T * NS, -7.0f);
     const long long part = moe_route_scratch_bytes(RH_PER_BLOCK, NS, H);
     std::vector<float> route_part((size_t)(part > 0 ? part / 4 : 1), -7.0f);
-    const moe_route_fuse_t fuse = {};
+    /* the fused tail (argv[3] "fused": the mode the runtime picks for T, no fp8 here): its outputs poisoned,
+     * the slots at a permutation (the tiles must carry slot_of[e]) */
+    const int mode = argc == 4 ? moe_route_fuse_mode(T, KE, H, 256 / 32, 1) : MOE_ROUTE_FUSE_OFF;
+    const int align = RH_ALIGN;
+    const long long rows = moe_max_rows(T, KE, SLOTS, align) + T + 1, ntiles = moe_max_tiles(T, KE, SLOTS, align);
+    std::vector<int> slot_of(SLOTS), offsets((size_t)SLOTS + 1, -7), cursor(SLOTS, -7), tiles(4 * (size_t)ntiles, -7),
+        num_tiles(1, -7), row_of((size_t)T * KE, -7);
+    std::vector<moe_half_t> xs((size_t)rows * H, 0xffff);
+    for (int e = 0; e < SLOTS; e++)
+        slot_of[e] = SLOTS - 1 - e;
+    moe_route_fuse_t fuse = {};
+    if (mode) {
+        fuse.mode = mode, fuse.align = align, fuse.slot_of = slot_of.data(), fuse.offsets = offsets.data();
+        fuse.cursor = cursor.data(), fuse.tiles = reinterpret_cast<moe_tile_t *>(tiles.data());
+        fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data();
+    }
     const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, H);
     host_launch(gx, gy, RH_SMEM, [&] {
         RH_ROUTE(x.data(), wr.data(), sel.data(), lb.data(), T, idx.data(), w.data(), counts.data(),
@@ -59,10 +128,13 @@ int main(int argc, char **argv) {
         );
     });
     counts.resize((size_t)SLOTS);
+    const long fused_bad = mode ? check_fused(mode, T, x, idx, counts, slot_of, align, offsets, cursor, tiles,
+                                              num_tiles[0], xs, row_of)
+                                : 0;
     FILE *out = fopen(argv[2], "wb");
     ok = out && put(out, idx) && put(out, w) && put(out, counts) && (!RH_TRAIN || put(out, logits));
     if (out)
         ok = fclose(out) == 0 && ok;
-    printf("  route_host: %d tokens, %u x %u blocks\n", T, gx, gy);
-    return ok ? 0 : 1;
+    printf("  route_host: %d tokens, %u x %u blocks, fuse mode %d\n", T, gx, gy, mode);
+    return ok && !fused_bad ? 0 : 1;
 }

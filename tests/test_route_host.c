@@ -9,8 +9,12 @@
  * reference (tests/support/ref.c) as test_gpu compares the GPU's. So a
  * change to the route's logit tiling, its H split across blocks and their
  * ticket, or its top-k can be checked where there is no GPU; test_gpu runs
- * the same checks on one. Unfused calls (fuse mode 0) only; a spec whose
- * shared expert has a sigmoid gate is not a case here. Skipped without a
+ * the same checks on one. Calls of up to 64 tokens also run fused (the
+ * mode the runtime picks: the permute plan, and for the fewest tokens the
+ * scatter, in the last block), which route_host.cc checks against the
+ * plan's and the scatter's rules, and whose routing must be the unfused
+ * call's bit for bit. A spec whose shared expert has a sigmoid gate is
+ * not a case here. Skipped without a
  * C++17 compiler with <ucontext.h> (c++, or $CXX). Run from the repository
  * root. */
 #define _POSIX_C_SOURCE 200809L
@@ -132,6 +136,18 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     fflush(NULL);
     ok = ok && system(cmd) == 0;
     CHECKF(ok, "%s failed", cmd);
+    if (ok && T <= MOE_ROUTE_FUSE_TOKENS) { /* the fused tail: checked by the program; the same routing, bit for bit */
+        char fused_out[420], fcmd[1300];
+        snprintf(fused_out, sizeof fused_out, "%s.fused", out_path);
+        snprintf(fcmd, sizeof fcmd, "timeout 120 %s %s %s fused", bin, in_path, fused_out);
+        fflush(NULL);
+        CHECKF(system(fcmd) == 0, "%s: the fused tail is wrong (its line above says where)", fcmd);
+        size_t na = 0, nb = 0;
+        char *a = read_bytes(out_path, &na), *b = read_bytes(fused_out, &nb);
+        CHECKF(a && b && na == nb && memcmp(a, b, na) == 0, "%s, %d tokens: the fused call routes otherwise than "
+               "the unfused one", s->name, T);
+        free(a), free(b);
+    }
     f = ok ? fopen(out_path, "rb") : NULL;
     ok = f && fread(idx, sizeof(int), nout, f) == nout && fread(w, 4, nout, f) == nout &&
          fread(counts, sizeof(int), (size_t)ES, f) == (size_t)ES &&
@@ -238,9 +254,9 @@ static void run_case(const host_case_t *c, const char *cxx) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
-                 "-DRH_SMEM=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_SMEM=%d -DRH_ALIGN=%d tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name, s.training, s.hidden,
-                 moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, bin);
+                 moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align, bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)
