@@ -4,14 +4,13 @@
  * namespace and kernel and the prelude pieces they use (cut from the
  * emitted source, the namespace's inline-asm mma replaced by the host one)
  * are force-included, and -D gives the shape and name:
- *   RH_ROUTE  the kernel;  RH_TRAIN  1: it takes logits_out (a training spec)
+ *   RH_ROUTE  the kernel;  RH_GATE  1: it takes shared_gate;  RH_TRAIN  1: it takes logits_out
  *   RH_H  hidden;  RH_NS  router columns (scored experts);  RH_KE  entries per token;
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
  *   RH_ALIGN  the plan's row block (the fused permute plan's align)
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
- * [T, H] and wr [NS, H] (dtype bits), sel_bias and logit_bias [NS]
- * (fp32) (no sigmoid-gated shared expert: its kernel takes one more
- * input); the kernel runs unfused (mode 0), or with "fused" in the mode
+ * [T, H] and wr [NS, H] (dtype bits), the shared expert's w_gate [H]
+ * (RH_GATE), sel_bias and logit_bias [NS] (fp32); the kernel runs unfused (mode 0), or with "fused" in the mode
  * the runtime picks for T (the permute plan, and the scatter for the
  * fewest tokens, in its last block: checked here, check_fused), on a grid
  * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
@@ -89,11 +88,12 @@ int main(int argc, char **argv) {
         return 1;
     FILE *in = fopen(argv[1], "rb");
     int T = 0;
-    std::vector<moe_half_t> x, wr;
+    std::vector<moe_half_t> x, wr, wg;
     std::vector<float> sel, lb;
     const int H = RH_H, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS;
     bool ok = in && fread(&T, sizeof T, 1, in) == 1 && T > 0 && get(in, x, (size_t)T * H) &&
-              get(in, wr, (size_t)NS * H) && get(in, sel, (size_t)NS) && get(in, lb, (size_t)NS);
+              get(in, wr, (size_t)NS * H) && (!RH_GATE || get(in, wg, (size_t)H)) && get(in, sel, (size_t)NS) &&
+              get(in, lb, (size_t)NS);
     if (in)
         fclose(in);
     if (!ok)
@@ -122,6 +122,9 @@ int main(int argc, char **argv) {
     host_launch(gx, gy, RH_SMEM, [&] {
         RH_ROUTE(x.data(), wr.data(), sel.data(), lb.data(), T, idx.data(), w.data(), counts.data(),
                  route_part.data(), fuse
+#if RH_GATE
+                 , wg.data()
+#endif
 #if RH_TRAIN
                  , logits.data()
 #endif

@@ -13,8 +13,7 @@
  * mode the runtime picks: the permute plan, and for the fewest tokens the
  * scatter, in the last block), which route_host.cc checks against the
  * plan's and the scatter's rules, and whose routing must be the unfused
- * call's bit for bit. A spec whose shared expert has a sigmoid gate is
- * not a case here. Skipped without a
+ * call's bit for bit. Skipped without a
  * C++17 compiler with <ucontext.h> (c++, or $CXX). Run from the repository
  * root. */
 #define _POSIX_C_SOURCE 200809L
@@ -43,6 +42,8 @@ static const host_case_t cases[] = {
     {"sqrt(softplus) with a selection bias (DeepSeek-V4's)", "tests/specs/sqrtsoftplus.moe", {2, 33}, 2},
     {"sparsemixer top-2 (Phi-3.5-MoE's)", "tests/specs/sparsemixer.moe", {5, 40}, 2},
     {"logit_bias, top-4 (gpt-oss's)", "tests/specs/train_gptoss.moe", {9}, 1},
+    {"a sigmoid-gated shared expert of two slots (Qwen2-MoE's gate: logit column E), fp16",
+     "tests/specs/train_shared.moe", {4, 37}, 2},
     {"zero experts: 48 routed + 24 zero scored together", "tests/specs/zero_experts.moe", {1, 30}, 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
@@ -106,7 +107,10 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     const int E = s->experts, NI = ES + s->zero_experts;
     const moe_dtype_t dt = s->dtype;
     rng_state = 0x9e3779b97f4a7c15ULL * (uint64_t)(seed + 1) + (uint64_t)T;
+    const int gated = s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID;
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *wr = malloc(sizeof(uint16_t) * (size_t)NS * H);
+    uint16_t *wg = malloc(sizeof(uint16_t) * (size_t)H);
+    float *gref = malloc(sizeof(float) * (size_t)T);
     float *sel = malloc(sizeof(float) * (size_t)NS), *lb = malloc(sizeof(float) * (size_t)NS);
     const size_t nout = (size_t)T * KE;
     int *idx = malloc(sizeof(int) * nout), *counts = malloc(sizeof(int) * (size_t)ES);
@@ -114,13 +118,15 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     int *ridx = malloc(sizeof(int) * (size_t)T * K), *gidx = malloc(sizeof(int) * (size_t)T * K);
     float *rw = malloc(sizeof(float) * (size_t)T * K), *sc = malloc(sizeof(float) * (size_t)T * NS);
     int *hist = calloc((size_t)NI + 1, sizeof(int));
-    CHECK(x && wr && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist);
-    if (!(x && wr && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist))
+    CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist);
+    if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
         x[i] = half_bits(urand(), dt);
     for (size_t i = 0; i < (size_t)NS * H; i++) /* logits of a few units: softmax and sigmoid both spread */
         wr[i] = half_bits(urand() * 3.0f / sqrtf((float)H), dt);
+    for (int h = 0; h < H; h++)
+        wg[h] = half_bits(urand() * 2.0f / sqrtf((float)H), dt);
     for (int e = 0; e < NS; e++)
         sel[e] = s->router.bias ? 0.1f * urand() : 0.0f, lb[e] = s->router.logit_bias ? 0.5f * urand() : 0.0f;
     char in_path[400], out_path[400], cmd[1200];
@@ -128,7 +134,8 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
     FILE *f = fopen(in_path, "wb");
     int ok = f && fwrite(&T, sizeof T, 1, f) == 1 && fwrite(x, 2, (size_t)T * H, f) == (size_t)T * H &&
-             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H && fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
+             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H && (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
+             fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
              fwrite(lb, 4, (size_t)NS, f) == (size_t)NS;
     ok = f && fclose(f) == 0 && ok;
     CHECKF(ok, "cannot write %s", in_path);
@@ -191,11 +198,19 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     CHECKF(werr <= (in_dtype ? 8e-3 : 1e-4 * s->router.scale + 1e-4), "%s, %d tokens: weights differ by %g", s->name,
            T, werr);
     CHECKF(wild <= (T + 127) / 128, "%s, %d tokens: %d sparsemixer weights off by more than a step", s->name, T, wild);
-    int shared_ok = 1; /* the shared expert's entries: slots E.. in order, weight 1 (no gate here) */
+    /* the shared expert's entries: slots E.. in order, weight g(x): 1, or sigmoid(x . w_gate) */
+    moe_ref_inputs_t sin = {.x = x, .wsg = wg, .tokens = T};
+    CHECK(KE == K || moe_ref_shared(s, &sin, NULL, 0, gref, NULL, NULL) == 0);
+    int shared_ok = 1;
+    double gerr = 0;
     for (int t = 0; t < T; t++)
-        for (int j = K; j < KE; j++)
-            shared_ok &= idx[(size_t)t * KE + j] == E + j - K && w[(size_t)t * KE + j] == 1.0f;
-    CHECKF(shared_ok, "%s, %d tokens: the shared expert's entries are not slots %d.. with weight 1", s->name, T, E);
+        for (int j = K; j < KE; j++) {
+            shared_ok &= idx[(size_t)t * KE + j] == E + j - K;
+            const double d = fabs(w[(size_t)t * KE + j] - gref[t]);
+            gerr = d > gerr ? d : gerr;
+        }
+    CHECKF(shared_ok, "%s, %d tokens: the shared expert's entries are not slots %d.. in order", s->name, T, E);
+    CHECKF(gerr <= 1e-4, "%s, %d tokens: the shared expert's weights differ from g(x) by %g", s->name, T, gerr);
     for (size_t i = 0; i < nout; i++)
         hist[idx[i]]++;
     int cnt_ok = 1;
@@ -221,7 +236,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     }
     printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g\n", s->name, T, seed, werr);
 done:
-    free(x), free(wr), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
+    free(x), free(wr), free(wg), free(gref), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
     free(ridx), free(gidx), free(rw), free(sc), free(hist);
 }
 
@@ -234,8 +249,6 @@ static void run_case(const host_case_t *c, const char *cxx) {
     moe_plan_desc_t pd;
     if (host_case_plan(c->spec, NULL, 0, NULL, &s, &pd))
         return;
-    CHECKF(!(s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID), "%s: a sigmoid-gated shared expert is not a "
-           "case here", s.name);
     const moe_kernel_desc_t *r = &moe_plan_kernels(&pd, s.arch[0])[MOE_K_ROUTE];
     moe_buf_t src = {0}, inc = {0};
     if (moe_emit_source(&pd, NULL, &src, &d)) {
@@ -253,9 +266,10 @@ static void run_case(const host_case_t *c, const char *cxx) {
     if (!bad && r->threads == 256) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
-                 "-DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
+                 "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
                  "-DRH_SMEM=%d -DRH_ALIGN=%d tests/route_host.cc -o %s 2>&1",
-                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name, s.training, s.hidden,
+                 cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
+                 s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align, bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
