@@ -7,7 +7,7 @@
  *   RH_ROUTE  the kernel;  RH_GATE  1: it takes shared_gate;  RH_TRAIN  1: it takes logits_out
  *   RH_H  hidden;  RH_NS  router columns (scored experts);  RH_KE  entries per token;
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
- *   RH_ALIGN  the plan's row block (the fused permute plan's align)
+ *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input"
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, H] (dtype bits), the shared expert's w_gate [H]
  * (RH_GATE), sel_bias and logit_bias [NS] (fp32); the kernel runs unfused (mode 0), or with "fused" in the mode
@@ -38,10 +38,11 @@ template <class T> static bool put(FILE *f, const std::vector<T> &v) {
  * would leave: offsets the counts rounded up to align, summed; the tile
  * table slot by slot at slot_of[e]; with the scatter (mode 2) every routed
  * entry mapped one to one into its slot's rows, each such row x[t] bit for
- * bit, a zero expert's entry at row offsets[SLOTS] + t, the cursors at the
+ * bit (RH_INPUT, router.apply = "input": round(x[t] . round(w))), a zero expert's entry at row offsets[SLOTS] + t, the cursors at the
  * counts; with the plan alone the cursors 0. Prints what is off; returns
  * the number of wrong values. */
 static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const std::vector<int> &idx,
+                        const std::vector<float> &w,
                         const std::vector<int> &counts, const std::vector<int> &slot_of, int align,
                         const std::vector<int> &offsets, const std::vector<int> &cursor, const std::vector<int> &tiles,
                         int num_tiles, const std::vector<moe_half_t> &xs, const std::vector<int> &row_of) {
@@ -70,7 +71,13 @@ static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const
                     continue;
                 }
                 used[r] = 1;
+#if RH_INPUT /* router.apply = "input": the row is round(x . round(w)) */
+                const float wk = moe_round(w[(size_t)t * KE + k]);
+                for (int h = 0; h < H; h++)
+                    bad_rows += xs[(size_t)r * H + h] != moe_from_float(moe_to_float(x[(size_t)t * H + h]) * wk);
+#else
                 bad_rows += memcmp(&xs[(size_t)r * H], &x[(size_t)t * H], (size_t)H * 2) != 0;
+#endif
             }
         for (int e = 0; e < SLOTS; e++)
             bad_cursor += cursor[e] != counts[e];
@@ -131,7 +138,7 @@ int main(int argc, char **argv) {
         );
     });
     counts.resize((size_t)SLOTS);
-    const long fused_bad = mode ? check_fused(mode, T, x, idx, counts, slot_of, align, offsets, cursor, tiles,
+    const long fused_bad = mode ? check_fused(mode, T, x, idx, w, counts, slot_of, align, offsets, cursor, tiles,
                                               num_tiles[0], xs, row_of)
                                 : 0;
     FILE *out = fopen(argv[2], "wb");

@@ -147,13 +147,18 @@ template <class T> static inline T __shfl_up_sync(unsigned m, T v, int d) {
     const int lane = (int)(threadIdx.x & 31);
     return __shfl_sync(m, v, lane - d >= 0 ? lane - d : lane);
 }
-/* redux.sync.max over the warp, one shuffle per lane */
+/* redux.sync.max over the warp: every lane's value posted at once */
 static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
+    memcpy(&host.lane_val[b][w][lane], &v, 4);
+    host_wait(host.warp[b][w]);
     unsigned m = 0;
     for (int l = 0; l < 32; l++) {
-        const unsigned o = __shfl_sync(0u, v, l);
+        unsigned o;
+        memcpy(&o, &host.lane_val[b][w][l], 4);
         m = o > m ? o : m;
     }
+    host_wait(host.warp[b][w]);
     return m;
 }
 struct float2 {
@@ -221,6 +226,13 @@ static inline float moe_round(float x) { return moe_to_float(moe_from_float(x));
 static inline float moe_lo_float(unsigned v) { return moe_to_float((moe_half_t)(v & 0xffffu)); }
 static inline float moe_hi_float(unsigned v) { return moe_to_float((moe_half_t)(v >> 16)); }
 static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* the prelude's expert input of router.apply = "input": each of the 8 halves times w, rounded */
+static inline uint4 moe_scale8(const uint4 &v, float w) {
+    return make_uint4(moe_pack2(moe_lo_float(v.x) * w, moe_hi_float(v.x) * w),
+                      moe_pack2(moe_lo_float(v.y) * w, moe_hi_float(v.y) * w),
+                      moe_pack2(moe_lo_float(v.z) * w, moe_hi_float(v.z) * w),
+                      moe_pack2(moe_lo_float(v.w) * w, moe_hi_float(v.w) * w));
+}
 /* the block's dynamic shared memory (the kernels' extern __shared__ array) */
 static inline unsigned char *host_smem() { return host.smem + (size_t)host.cta * host.smem_stride; }
 
