@@ -7,7 +7,8 @@
  *   RH_ROUTE  the kernel;  RH_GATE  1: it takes shared_gate;  RH_TRAIN  1: it takes logits_out
  *   RH_H  hidden;  RH_NS  router columns (scored experts);  RH_KE  entries per token;
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
- *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input"
+ *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input";
+ *   RH_SCATTER  0: the scatter is never fused (fp8 rows, quantized by their own kernel)
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, H] (dtype bits), the shared expert's w_gate [H]
  * (RH_GATE), sel_bias and logit_bias [NS] (fp32); the kernel runs unfused (mode 0), or with "fused" in the mode
@@ -109,9 +110,9 @@ int main(int argc, char **argv) {
     std::vector<float> w((size_t)T * KE, -7.0f), logits((size_t)T * NS, -7.0f);
     const long long part = moe_route_scratch_bytes(RH_PER_BLOCK, NS, H);
     std::vector<float> route_part((size_t)(part > 0 ? part / 4 : 1), -7.0f);
-    /* the fused tail (argv[3] "fused": the mode the runtime picks for T, no fp8 here): its outputs poisoned,
+    /* the fused tail (argv[3] "fused": the mode the runtime picks for T): its outputs poisoned,
      * the slots at a permutation (the tiles must carry slot_of[e]) */
-    const int mode = argc == 4 ? moe_route_fuse_mode(T, KE, H, 256 / 32, 1) : MOE_ROUTE_FUSE_OFF;
+    const int mode = argc == 4 ? moe_route_fuse_mode(T, KE, H, 256 / 32, RH_SCATTER) : MOE_ROUTE_FUSE_OFF;
     const int align = RH_ALIGN;
     const long long rows = moe_max_rows(T, KE, SLOTS, align) + T + 1, ntiles = moe_max_tiles(T, KE, SLOTS, align);
     std::vector<int> slot_of(SLOTS), offsets((size_t)SLOTS + 1, -7), cursor(SLOTS, -7), tiles(4 * (size_t)ntiles, -7),

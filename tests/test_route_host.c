@@ -45,6 +45,8 @@ static const host_case_t cases[] = {
     {"a sigmoid-gated shared expert of two slots (Qwen2-MoE's gate: logit column E), fp16",
      "tests/specs/train_shared.moe", {4, 37}, 2},
     {"zero experts: 48 routed + 24 zero scored together", "tests/specs/zero_experts.moe", {1, 30}, 2},
+    {"fp8 weights (Qwen3's fp8 spec): the route as bf16's, fused with the plan alone (fp8 rows are quantized apart)",
+     "examples/specs/fp8/qwen3-30b-a3b-fp8.moe", {1, 9}, 2},
     {"router.apply = \"input\", sigmoid top-1 (Llama 4's): the fused scatter writes round(x . round(w))",
      "tests/specs/apply_input.moe", {1, 5, 64}, 3},
     {"DeepSeek-V3's whole router: 256 experts (8 a lane), top-8 of 8 groups keep 4; 64 tokens fused, 65 not",
@@ -273,11 +275,11 @@ static void run_case(const host_case_t *c, const char *cxx) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
-                 "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
-                 s.router.apply == MOE_APPLY_INPUT, bin);
+                 s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)
