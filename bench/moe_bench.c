@@ -236,10 +236,15 @@ typedef struct {
 
 /* Median ms of `iters` runs of what `which` names (0: moe_forward, 1:
  * moe_forward_train, 2: moe_backward after an untimed training forward),
- * each after an L2 flush; negative when a call fails. */
+ * each after an L2 flush; negative when a call fails. With stage_ms (which
+ * 2) the backward runs as moe_backward_timed and stage_ms[k] gets the
+ * median of its stage k in the same runs. */
 static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstream st, CUevent ea, CUevent eb,
-                        CUdeviceptr flush, size_t flush_bytes, int iters) {
-    float *t = malloc(sizeof(float) * (size_t)iters), ms = -1;
+                        CUdeviceptr flush, size_t flush_bytes, int iters, float stage_ms[MOE_BWD_STAGES]) {
+    float *t = malloc(sizeof(float) * (size_t)iters * (MOE_BWD_STAGES + 1)), ms = -1;
+    CUevent ev[MOE_BWD_STAGES + 1];
+    for (int i = 0; stage_ms && i <= MOE_BWD_STAGES; i++)
+        CK(moe_cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
     for (int it = -3; it < iters; it++) {
         if (which == 2 && moe_forward_train(plan, &ts->tf, st) != MOE_OK)
             goto out;
@@ -247,48 +252,24 @@ static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstr
         CK(moe_cu.cuEventRecord(ea, st));
         moe_status s = which == 0 ? moe_forward(plan, &ts->tf.fwd, st)
                        : which == 1 ? moe_forward_train(plan, &ts->tf, st)
-                                    : moe_backward(plan, &ts->b, st);
+                                    : moe_backward_timed(plan, &ts->b, st, stage_ms ? ev : NULL);
         if (s != MOE_OK)
             goto out;
         CK(moe_cu.cuEventRecord(eb, st));
         CK(moe_cu.cuStreamSynchronize(st));
         if (it >= 0)
             CK(moe_cu.cuEventElapsedTime(&t[it], ea, eb));
+        for (int k = 0; stage_ms && it >= 0 && k < MOE_BWD_STAGES; k++)
+            CK(moe_cu.cuEventElapsedTime(&t[(k + 1) * iters + it], ev[k], ev[k + 1]));
     }
     ms = median(t, iters);
+    for (int k = 0; stage_ms && k < MOE_BWD_STAGES; k++)
+        stage_ms[k] = median(t + (k + 1) * iters, iters);
 out:
-    free(t);
-    return ms;
-}
-
-/* Median ms of each backward stage (moe_backward_timed) over `iters` runs,
- * each after an untimed training forward and an L2 flush, into ms[]; 0, or
- * -1 when a call fails. */
-static int time_bwd_stages(const moe_plan *plan, train_step_t *ts, CUstream st, CUdeviceptr flush,
-                           size_t flush_bytes, int iters, float ms[MOE_BWD_STAGES]) {
-    CUevent ev[MOE_BWD_STAGES + 1];
-    float *t = malloc(sizeof(float) * (size_t)iters * MOE_BWD_STAGES);
-    for (int i = 0; i <= MOE_BWD_STAGES; i++)
-        CK(moe_cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
-    int rc = -1;
-    for (int it = -1; it < iters; it++) {
-        if (moe_forward_train(plan, &ts->tf, st) != MOE_OK)
-            goto out;
-        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
-        if (moe_backward_timed(plan, &ts->b, st, ev) != MOE_OK)
-            goto out;
-        CK(moe_cu.cuStreamSynchronize(st));
-        for (int k = 0; it >= 0 && k < MOE_BWD_STAGES; k++)
-            CK(moe_cu.cuEventElapsedTime(&t[k * iters + it], ev[k], ev[k + 1]));
-    }
-    for (int k = 0; k < MOE_BWD_STAGES; k++)
-        ms[k] = median(t + k * iters, iters);
-    rc = 0;
-out:
-    for (int i = 0; i <= MOE_BWD_STAGES; i++)
+    for (int i = 0; stage_ms && i <= MOE_BWD_STAGES; i++)
         moe_cu.cuEventDestroy(ev[i]);
     free(t);
-    return rc;
+    return ms;
 }
 
 /* The forward, the training forward and the backward at each token count,
@@ -349,7 +330,8 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
                                        .d_shared_gate = gated ? (float *)dsg : NULL};
             float ms[3];
             for (int w = 0; w < 3; w++)
-                if ((ms[w] = time_train(plan, &ts, w, st, ea, eb, flush, flush_bytes, iters)) < 0) {
+                if ((ms[w] = time_train(plan, &ts, w, st, ea, eb, flush, flush_bytes, iters,
+                                        w == 2 ? stage_ms[rc] : NULL)) < 0) {
                     fprintf(stderr, "moe_bench: --backward, %d tokens: %s\n", T, moe_last_error());
                     return 1;
                 }
@@ -357,10 +339,6 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
             const double tf = flop / (ms[2] * 1e-3) / 1e12;
             printf("%-7d %-9d %9.4f %9.4f %9.4f %9.2f %9.1f %9.2f\n", T, rc, ms[0], ms[1], ms[2], ms[2] / ms[0], tf,
                    gemm_tf > 0 ? tf / gemm_tf : 0);
-            if (time_bwd_stages(plan, &ts, st, flush, flush_bytes, iters, stage_ms[rc]) != 0) {
-                fprintf(stderr, "moe_bench: --backward stages, %d tokens: %s\n", T, moe_last_error());
-                return 1;
-            }
         }
         /* where the backward's time goes: each stage's median (events between stages) */
         printf("%-7s %-12s %9s %9s   (stage ms, recompute_u 0 / 1; a GEMM's share of FLOPs is a quarter)\n", "", "stage",

@@ -318,6 +318,51 @@ static inline int host_cxx(const char **cxx) {
     return system(probe) == 0;
 }
 
+/* A host test's case (test_scatter_host, test_bwd_host, test_route_host):
+ * a spec and the token counts its built program runs. */
+typedef struct {
+    const char *label, *spec; /* a spec file, or a spec's text */
+    int tokens[3], ntokens;
+} host_case_t;
+
+/* A host test's whole main: the fixture, then run(case, cxx) for each of
+ * cases[0..n), or one skip (`what`) without a C++17 compiler with
+ * <ucontext.h>; the report under prog's name. */
+static inline int host_main(const char *prog, const char *what, const host_case_t *cases, int n,
+                            void (*run)(const host_case_t *, const char *)) {
+    if (gen_fixture_setup(prog))
+        return 1;
+    const char *cxx;
+    if (!host_cxx(&cxx)) {
+        CASE(what);
+        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
+    } else {
+        for (int i = 0; i < n; i++)
+            run(&cases[i], cxx);
+    }
+    rm_rf(tmp_root);
+    return check_report(prog);
+}
+
+/* Kernel `name` out of src into b: its namespace NAME_impl through the
+ * kernel's closing brace, the dynamic shared memory array `smem` declared
+ * as host_smem() instead. 0, or 1 when it is not there whole. */
+static inline int host_cut_kernel(const char *src, const char *name, const char *smem, moe_buf_t *b) {
+    char open[200], head[200], shared[240];
+    snprintf(open, sizeof open, "namespace %s_impl {", name);
+    snprintf(head, sizeof head, "\n%s(", name);
+    snprintf(shared, sizeof shared, "extern __shared__ __align__(16) unsigned char %s[];", smem);
+    const char *from = strstr(src, open), *k = from ? strstr(from, head) : NULL, *end = k ? strstr(k, "\n}\n") : NULL;
+    const char *sm = k ? strstr(k, shared) : NULL;
+    if (!end || !sm || sm > end)
+        return 1;
+    moe_buf_printf(b, "%.*s", (int)(sm - from), from);
+    moe_buf_printf(b, "unsigned char *%s = host_smem();", smem);
+    sm += strlen(shared);
+    moe_buf_printf(b, "%.*s\n", (int)(end + 3 - sm), sm);
+    return 0;
+}
+
 /* A host test's case planned: spec is a path when it has no newline, else
  * the spec's text (named case.moe), with overrides o[0..no), under table
  * (NULL: none). 0, or 1 after a failed check saying why. */

@@ -39,8 +39,9 @@ template <class T> static bool put(FILE *f, const std::vector<T> &v) {
  * would leave: offsets the counts rounded up to align, summed; the tile
  * table slot by slot at slot_of[e]; with the scatter (mode 2) every routed
  * entry mapped one to one into its slot's rows, each such row x[t] bit for
- * bit (RH_INPUT, router.apply = "input": round(x[t] . round(w))), a zero expert's entry at row offsets[SLOTS] + t, the cursors at the
- * counts; with the plan alone the cursors 0. Prints what is off; returns
+ * bit (RH_INPUT, router.apply = "input": round(x[t] . round(w))), a zero
+ * expert's entry at row offsets[SLOTS] + t, the cursors at the counts;
+ * with the plan alone the cursors 0. Prints what is off; returns
  * the number of wrong values. */
 static long check_fused(int mode, int T, const std::vector<moe_half_t> &x, const std::vector<int> &idx,
                         const std::vector<float> &w,

@@ -16,10 +16,6 @@
 
 #include "gen_fixture.h"
 
-typedef struct {
-    const char *label, *spec; /* a spec file, or a spec's text */
-    int tokens[3], ntokens;
-} host_case_t;
 
 static const host_case_t cases[] = {
     {"softmax top-2, H 264 (33 vectors: one partial block column), a token, a partial and two whole token blocks",
@@ -79,17 +75,4 @@ static void run_case(const host_case_t *c, const char *cxx) {
     moe_plan_desc_free(&pd);
 }
 
-int main(void) {
-    if (gen_fixture_setup("test_bwd_host"))
-        return 1;
-    const char *cxx;
-    if (!host_cxx(&cxx)) {
-        CASE("the dx kernel on the host");
-        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
-    } else {
-        for (int i = 0; i < NCASES; i++)
-            run_case(&cases[i], cxx);
-    }
-    rm_rf(tmp_root);
-    return check_report("test_bwd_host");
-}
+int main(void) { return host_main("test_bwd_host", "the dx kernel on the host", cases, NCASES, run_case); }

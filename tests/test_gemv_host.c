@@ -19,9 +19,9 @@
 typedef struct {
     const char *label, *spec; /* spec text; its shape has an entry in tests/tune/gemv.tune */
     int max_rows;              /* cap on an expert's rows (the reference's time) */
-} host_case_t;
+} gemv_case_t;
 
-static const host_case_t cases[] = {
+static const gemv_case_t cases[] = {
     /* tuning/h200.tune's gemv tiles on their specs' H and F (two experts: the kernels' code is the same) */
     {"Mixtral's shipped gemv tile: K 4096 and 14336 in staging passes, bn 32, unroll 4",
      "name = 'mx' experts = 2 top_k = 1 hidden = 4096 ffn = 14336 tokens = 64\n", 2},
@@ -55,25 +55,6 @@ static const host_case_t cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* The text of kernel `name` (its namespace NAME_impl through the closing
- * brace of the kernel) out of src, its dynamic shared memory declared as
- * host_smem(), into b. Returns 0, or 1 when it is not there. */
-static int cut_kernel(const char *src, const char *name, moe_buf_t *b) {
-    char open[200], head[200], shared[240];
-    snprintf(open, sizeof open, "namespace %s_impl {", name);
-    snprintf(head, sizeof head, "\n%s(", name);
-    snprintf(shared, sizeof shared, "extern __shared__ __align__(16) unsigned char %s_smem[];", name);
-    const char *from = strstr(src, open), *k = from ? strstr(from, head) : NULL, *end = k ? strstr(k, "\n}\n") : NULL;
-    const char *sm = k ? strstr(k, shared) : NULL;
-    if (!end || !sm || sm > end)
-        return 1;
-    moe_buf_printf(b, "%.*s", (int)(sm - from), from);
-    moe_buf_printf(b, "unsigned char *%s_smem = host_smem();", name);
-    sm += strlen(shared);
-    moe_buf_printf(b, "%.*s\n", (int)(end + 3 - sm), sm);
-    return 0;
-}
-
 /* runtime/fp8.c and half.c (fp8.c's dependency) as objects for the fp8
  * cases' reference, built once into tmp_root; the link arguments, or NULL. */
 static const char *fp8_objects(void) {
@@ -90,7 +71,7 @@ static const char *fp8_objects(void) {
     return state == 1 ? objs : NULL;
 }
 
-static void run_case(const host_case_t *c, const moe_tuning_t *table, const char *cxx) {
+static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char *cxx) {
     CASE(c->label);
     if (!check_counts()) /* left out by MOEGEN_TEST_CASE: not built or run */
         return;
@@ -110,7 +91,11 @@ static void run_case(const host_case_t *c, const moe_tuning_t *table, const char
         moe_plan_desc_free(&pd);
         return;
     }
-    const int cut = cut_kernel(src.data, up->name, &inc) || cut_kernel(src.data, dn->name, &inc);
+    char up_smem[200], dn_smem[200];
+    snprintf(up_smem, sizeof up_smem, "%s_smem", up->name);
+    snprintf(dn_smem, sizeof dn_smem, "%s_smem", dn->name);
+    const int cut =
+        host_cut_kernel(src.data, up->name, up_smem, &inc) || host_cut_kernel(src.data, dn->name, dn_smem, &inc);
     CHECKF(!cut, "%s or %s not found whole in the emitted source", up->name, dn->name);
     const int geglu = strstr(inc.data, "float geglu(float gate, float up)") != NULL;
     char inc_path[400], bin[400], cmd[3000];

@@ -24,10 +24,6 @@
 #include <math.h>
 #include <stdint.h>
 
-typedef struct {
-    const char *label, *spec; /* a spec file, or a spec's text */
-    int tokens[3], ntokens;
-} host_case_t;
 
 static const host_case_t cases[] = {
     {"softmax top-4 of 32, a shared expert, logit softcap, training (the saved logits); H 264: one block or two",
@@ -59,45 +55,29 @@ static const host_case_t cases[] = {
 /* The route's pieces into b: the prelude's fuse struct, plan block and
  * sqrt(softplus) (when emitted), the namespace with the host mma, the
  * kernel with its dynamic shared memory at host_smem(). 0, or 1. */
-static int cut_route(const char *src, const char *name, int threads, moe_buf_t *b) {
+static int cut_route(const char *src, const char *name, moe_buf_t *b) {
     static const char *const prelude[] = {"typedef struct {\n    int mode, align;",
                                           "template <int THREADS, int N>\nstatic __device__ __forceinline__ void "
                                           "moe_plan_block(",
                                           "static __device__ __forceinline__ float moe_sqrt_softplus(float l) {",
                                           "static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {"};
-    for (int i = 0; i < 4; i++) /* the fuse struct and the plan block always; sqrt(softplus) when emitted */
-        if ((i < 2 || strstr(src, prelude[i])) && host_cut_span(src, prelude[i], i ? "\n}\n" : "} moe_route_fuse_t;", b))
+    for (int i = 0; i < 4; i++) { /* the fuse struct and the plan block always; sqrt(softplus) when emitted */
+        const char *to = i ? "\n}\n" : "} moe_route_fuse_t;";
+        if ((i < 2 || strstr(src, prelude[i])) && host_cut_span(src, prelude[i], to, b))
             return 1;
-    char open[200], close[200], head[300];
-    snprintf(open, sizeof open, "namespace %s_impl {", name);
-    snprintf(close, sizeof close, "}  // namespace %s_impl", name);
-    moe_buf_t ns = {0};
-    if (host_cut_span(src, open, close, &ns)) {
-        moe_buf_free(&ns);
-        return 1;
     }
+    moe_buf_t k = {0};
     const char *mma = "static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], "
                       "const unsigned (&b)[2]) {";
-    char *m = strstr(ns.data, mma), *e = m ? strstr(m, "\n}\n") : NULL;
-    if (!e) {
-        moe_buf_free(&ns);
-        return 1;
+    char *m = host_cut_kernel(src, name, "moe_route_smem", &k) ? NULL : strstr(k.data, mma);
+    char *e = m ? strstr(m, "\n}\n") : NULL;
+    if (e) { /* the namespace's inline-asm mma swapped for the host one */
+        moe_buf_printf(b, "%.*s", (int)(m - k.data), k.data);
+        moe_buf_printf(b, "static inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) "
+                          "{ host_mma_16816(d, a, b); }\n%s", e + 3);
     }
-    moe_buf_printf(b, "%.*s", (int)(m - ns.data), ns.data);
-    moe_buf_printf(b, "static inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) "
-                      "{ host_mma_16816(d, a, b); }\n");
-    moe_buf_printf(b, "%s", e + 3);
-    moe_buf_free(&ns);
-    snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", threads, name);
-    const char *shared = "extern __shared__ __align__(16) unsigned char moe_route_smem[];";
-    const char *k = strstr(src, head), *z = k ? strstr(k, "\n}\n") : NULL, *sm = k ? strstr(k, shared) : NULL;
-    if (!z || !sm || sm > z)
-        return 1;
-    moe_buf_printf(b, "%.*s", (int)(sm - k), k);
-    moe_buf_printf(b, "unsigned char *moe_route_smem = host_smem();");
-    sm += strlen(shared);
-    moe_buf_printf(b, "%.*s\n", (int)(z + 3 - sm), sm);
-    return 0;
+    moe_buf_free(&k);
+    return e == NULL;
 }
 
 static uint64_t rng_state;
@@ -105,8 +85,6 @@ static float urand(void) { /* [-1, 1) */
     rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
     return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
-static uint16_t half_bits(float f, moe_dtype_t dt) { return moe_float_to_half(f, dt); }
-static float half_val(uint16_t h, moe_dtype_t dt) { return moe_half_to_float(h, dt); }
 
 /* One run of the built program on T random tokens: write the inputs, run,
  * read the outputs, compare with the reference. */
@@ -130,11 +108,11 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
-        x[i] = half_bits(urand(), dt);
+        x[i] = moe_float_to_half(urand(), dt);
     for (size_t i = 0; i < (size_t)NS * H; i++) /* logits of a few units: softmax and sigmoid both spread */
-        wr[i] = half_bits(urand() * 3.0f / sqrtf((float)H), dt);
+        wr[i] = moe_float_to_half(urand() * 3.0f / sqrtf((float)H), dt);
     for (int h = 0; h < H; h++)
-        wg[h] = half_bits(urand() * 2.0f / sqrtf((float)H), dt);
+        wg[h] = moe_float_to_half(urand() * 2.0f / sqrtf((float)H), dt);
     for (int e = 0; e < NS; e++)
         sel[e] = s->router.bias ? 0.1f * urand() : 0.0f, lb[e] = s->router.logit_bias ? 0.5f * urand() : 0.0f;
     char in_path[400], out_path[400], cmd[1200];
@@ -142,7 +120,8 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
     FILE *f = fopen(in_path, "wb");
     int ok = f && fwrite(&T, sizeof T, 1, f) == 1 && fwrite(x, 2, (size_t)T * H, f) == (size_t)T * H &&
-             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H && (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
+             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H &&
+             (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
              fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
              fwrite(lb, 4, (size_t)NS, f) == (size_t)NS;
     ok = f && fclose(f) == 0 && ok;
@@ -231,7 +210,8 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
             for (int e = 0; e < NS; e++) {
                 double l = 0, mag = 0;
                 for (int h = 0; h < H; h++) {
-                    const double p = (double)half_val(x[(size_t)t * H + h], dt) * half_val(wr[(size_t)e * H + h], dt);
+                    const double p = (double)moe_half_to_float(x[(size_t)t * H + h], dt) *
+                                     moe_half_to_float(wr[(size_t)e * H + h], dt);
                     l += p, mag += fabs(p);
                 }
                 l += lb[e];
@@ -264,7 +244,7 @@ static void run_case(const host_case_t *c, const char *cxx) {
         moe_plan_desc_free(&pd);
         return;
     }
-    const int bad = cut_route(src.data, r->name, r->threads, &inc);
+    const int bad = cut_route(src.data, r->name, &inc);
     CHECKF(!bad, "%s's pieces not found whole in the emitted source", r->name);
     CHECKF(r->threads == 256, "%s: %d threads (the host emulation runs 256)", r->name, r->threads);
     char inc_path[400], bin[400], cmd[3000];
@@ -291,17 +271,4 @@ static void run_case(const host_case_t *c, const char *cxx) {
     moe_plan_desc_free(&pd);
 }
 
-int main(void) {
-    if (gen_fixture_setup("test_route_host"))
-        return 1;
-    const char *cxx;
-    if (!host_cxx(&cxx)) {
-        CASE("the route kernel on the host");
-        SKIP("no C++17 compiler with <ucontext.h> (%s; set CXX)", cxx);
-    } else {
-        for (int i = 0; i < NCASES; i++)
-            run_case(&cases[i], cxx);
-    }
-    rm_rf(tmp_root);
-    return check_report("test_route_host");
-}
+int main(void) { return host_main("test_route_host", "the route kernel on the host", cases, NCASES, run_case); }
