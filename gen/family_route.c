@@ -103,16 +103,19 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     char z[16] = "";
     if (s->zero_experts)
         snprintf(z, sizeof z, "z%d", s->zero_experts);
-    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d", s->name, moe_dtype_name(s->dtype), s->experts, z, s->top_k,
-             sh, k->per_block, t.bk, t.stages);
+    /* given routing: the caller's ids (i), and its weights too (w) */
+    const char *given = s->router.select != MOE_SELECT_GIVEN ? "" : s->router.score == MOE_SCORE_GIVEN ? "_iw" : "_i";
+    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d%s", s->name, moe_dtype_name(s->dtype), s->experts, z,
+             s->top_k, sh, k->per_block, t.bk, t.stages, given);
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens
- * (moe_route_split; the kernel reads gridDim.y). */
+ * (moe_route_split; the kernel reads gridDim.y), none when the weights are
+ * the caller's (router.score = "given": no logits). */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
     g[0] = moe_blocks(tokens, k->per_block);
-    g[1] = moe_route_split(tokens, k->per_block, s->hidden);
+    g[1] = moe_route_split(tokens, k->per_block, s->router.score == MOE_SCORE_GIVEN ? 0 : s->hidden);
 }
 
 /* the tiling, for the template (which checks k->smem against it) */
@@ -126,6 +129,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "stages", t.stages);
     moe_lua_set_int(L, "ldl", t.ldl);
     moe_lua_set_int(L, "fuse_ticket", MOE_ROUTE_FUSE_TICKET); /* after the slots' counts (launch_geom.h) */
+    moe_lua_set_int(L, "bad_ids", MOE_ROUTE_BAD_IDS);         /* given routing: the dropped ids' count */
 }
 
 static const moe_family_variant_t variants[] = {

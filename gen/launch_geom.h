@@ -47,8 +47,9 @@ static inline unsigned moe_route_split(long long tokens, int per_block, long lon
 
 /* Bytes of the route scratch (the split partial logits): enough for any
  * call, since only calls of few tokens split; 0 when H never splits. The
- * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (and the
- * fused calls' one: MOE_ROUTE_TICKETS in all). */
+ * tickets are MOE_ROUTE_SPLIT_BLOCKS ints after the E counts (then the
+ * fused calls' one and the given ids' error count: MOE_ROUTE_TICKETS in
+ * all). */
 static inline long long moe_route_scratch_bytes(int per_block, int experts, long long hidden) {
     return hidden / 256 >= 2 ? (long long)MOE_ROUTE_SPLIT_CTAS * per_block * experts * 4 : 0;
 }
@@ -73,7 +74,11 @@ static inline long long moe_route_scratch_bytes(int per_block, int experts, long
 #define MOE_ROUTE_FUSE_TOKENS 64
 #define MOE_ROUTE_FUSE_SCATTER_BYTES (128 * 1024)
 #define MOE_ROUTE_FUSE_TICKET MOE_ROUTE_SPLIT_BLOCKS
-#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 1)
+/* With given routing (router.select = "given") the route counts the
+ * caller's ids outside 0..E-1 (dropped entries) in the int after the fused
+ * ticket, zeroed with the counts; moe_plan_routing_errors reads it. */
+#define MOE_ROUTE_BAD_IDS (MOE_ROUTE_SPLIT_BLOCKS + 1)
+#define MOE_ROUTE_TICKETS (MOE_ROUTE_SPLIT_BLOCKS + 2)
 static inline int moe_route_fuse_mode(long long tokens, int entries, long long hidden, int route_warps, int scatter) {
     if (tokens < 1 || tokens > MOE_ROUTE_FUSE_TOKENS)
         return MOE_ROUTE_FUSE_OFF;

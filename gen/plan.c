@@ -312,8 +312,9 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_int(L, "tokens", s->tokens);
     static const char *const score_name[] = {[MOE_SCORE_SOFTMAX] = "softmax", [MOE_SCORE_SIGMOID] = "sigmoid",
                                              [MOE_SCORE_SQRTSOFTPLUS] = "sqrtsoftplus",
-                                             [MOE_SCORE_SPARSEMIXER] = "sparsemixer"};
+                                             [MOE_SCORE_SPARSEMIXER] = "sparsemixer", [MOE_SCORE_GIVEN] = "given"};
     moe_lua_set_str(L, "score", score_name[s->router.score]);
+    moe_lua_set_bool(L, "given", s->router.select == MOE_SELECT_GIVEN); /* the caller's ids pick the experts */
     moe_lua_set_bool(L, "renormalize", s->router.renormalize);
     moe_lua_set_int(L, "groups", s->router.groups);
     moe_lua_set_int(L, "topk_groups", s->router.topk_groups);

@@ -19,8 +19,13 @@ typedef enum {
     MOE_SCORE_SOFTMAX = 0,
     MOE_SCORE_SIGMOID = 1,
     MOE_SCORE_SQRTSOFTPLUS = 2,
-    MOE_SCORE_SPARSEMIXER = 3
+    MOE_SCORE_SPARSEMIXER = 3,
+    MOE_SCORE_GIVEN = 4      /* the caller's topk_weights (router.select = "given"); no router weight */
 } moe_score_t;
+/* Who picks each token's experts: the router's top-k, or the caller
+ * (topk_ids, int32 [T, top_k]: DeepSeek-V4's hash layers, a server's own
+ * router); docs/DESIGN.md, "Given routing". */
+typedef enum { MOE_SELECT_TOPK = 0, MOE_SELECT_GIVEN = 1 } moe_select_t;
 /* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
@@ -46,6 +51,7 @@ typedef enum { MOE_AXIS_DP = 0, MOE_AXIS_FSDP = 1, MOE_AXIS_EP = 2, MOE_AXIS_COU
 
 typedef struct {
     moe_score_t score;
+    moe_select_t select;
     bool renormalize;
     int groups;       /* expert groups for group-limited routing; 1 = off */
     int topk_groups;  /* groups kept; 1 when groups == 1 */

@@ -431,6 +431,49 @@ static void check_sparsemixer(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "and its own gradient estimate", why);
 }
 
+/* Given routing (router.select = "given", docs/DESIGN.md "Given
+ * routing"): the caller's ids pick the experts, so nothing that only moves
+ * the selection applies; what carries them is the one-device inference
+ * forward. router.score = "given" (the caller's weights too) reads no
+ * logits. Run after check_sparsemixer, on a spec whose keys all read. */
+static void check_given(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const moe_router_t *r = &s->router;
+    if (r->select != MOE_SELECT_GIVEN) {
+        if (r->score == MOE_SCORE_GIVEN)
+            NAMED_ERROR(c, "router.score", "router.score = \"given\" (the caller's weights) needs router.select = "
+                        "\"given\" (the caller's ids as well)");
+        return;
+    }
+    static const char why[] = "with router.select = \"given\"";
+    if (r->bias)
+        NAMED_ERROR(c, "router.bias", "router.bias %s: the selection bias moves only the selection, which the "
+                    "caller makes; set router.bias = false", why);
+    else if (r->groups > 1)
+        NAMED_ERROR(c, "router.groups", "router.groups = %d %s: groups limit the router's selection, which the "
+                    "caller makes; leave router.groups out", r->groups, why);
+    else if (r->score == MOE_SCORE_SPARSEMIXER)
+        NAMED_ERROR(c, "router.score", "router.score = \"sparsemixer\" %s is not supported: its weights are "
+                    "defined for its own top-2", why);
+    else if (r->score == MOE_SCORE_GIVEN && (r->logit_bias || r->logit_softcap > 0))
+        NAMED_ERROR(c, r->logit_bias ? "router.logit_bias" : "router.logit_softcap", "%s with router.score = "
+                    "\"given\": the weights are the caller's, no logits are computed",
+                    r->logit_bias ? "router.logit_bias" : "router.logit_softcap");
+    else if (r->score == MOE_SCORE_GIVEN && s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+        NAMED_ERROR(c, "shared.gate", "shared.gate = \"sigmoid\" with router.score = \"given\" is not supported: "
+                    "the gate is a router logit, and no logits are computed");
+    else if (r->apply == MOE_APPLY_INPUT)
+        NAMED_ERROR(c, "router.apply", "router.apply = \"input\" %s is not supported: a dropped entry (an id "
+                    "out of range) must add nothing, and with \"input\" its expert would still run on zeros", why);
+    else if (s->zero_experts)
+        NAMED_ERROR(c, "zero_experts", "zero_experts %s is not supported: the ids name routed experts only", why);
+    else if (s->training)
+        NAMED_ERROR(c, "training", "training = true %s is not supported: the backward is built for the router's "
+                    "own selection", why);
+    else if (s->mesh.size[MOE_AXIS_EP] > 1)
+        NAMED_ERROR(c, "mesh.ep", "mesh.ep = %d %s is not supported: the expert-parallel steps do not carry the "
+                    "caller's ids yet", s->mesh.size[MOE_AXIS_EP], why);
+}
+
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after
  * check_relations, on a spec whose keys all read. */
 static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
@@ -580,6 +623,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
         check_relations(c, s);
     if (!c->failed)
         check_sparsemixer(c, s);
+    if (!c->failed)
+        check_given(c, s);
     if (!c->failed)
         check_shared(c, s);
     if (!c->failed)

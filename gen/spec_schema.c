@@ -12,7 +12,7 @@
 
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
-                   sizeof(moe_score_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
+                   sizeof(moe_score_t) == sizeof(int) && sizeof(moe_select_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
                    sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
                    sizeof(moe_quant_scaling_t) == sizeof(int),
@@ -21,7 +21,8 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
 #define AT(field) offsetof(moe_spec_t, field)
 
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
-static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "sparsemixer", NULL};
+static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "sparsemixer", "given", NULL};
+static const char *const selects[] = {"topk", "given", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -63,7 +64,15 @@ const moe_key_t moe_spec_keys[] = {
     {.name = "router.score", .type = MOE_KEY_ENUM, .offset = AT(router.score), .choices = scores,
      .help = "how the logits become scores: softmax over the experts, sigmoid, sqrtsoftplus = sqrt(softplus(l)) "
              "(DeepSeek-V4), or sparsemixer (Phi-3.5-MoE: top-2 of the logits, each weight a softmax over the logits "
-             "within a relative 2·`router.jitter_eps` of its own)"},
+             "within a relative 2·`router.jitter_eps` of its own), or given: the caller's `topk_weights` (fp32 "
+             "[T, `top_k`], with `router.select = \"given\"`; no router weight, no logits)"},
+    {.name = "router.select", .type = MOE_KEY_ENUM, .offset = AT(router.select), .choices = selects, .optional = true,
+     .help = "who picks each token's experts: `\"topk\"`, the router (the best `top_k` selection scores); "
+             "`\"given\"`, the caller: `topk_ids` (int32 [T, `top_k`]; DeepSeek-V4's hash layers, "
+             "`tid2eid[input_ids]`, or a server's own router), weighted by the score at each id (or the given "
+             "weights); an id outside 0..`experts`-1 drops its entry and is counted (`moe_plan_routing_errors`). "
+             "One device, inference, `router.apply = \"output\"`, no selection bias or groups; README, \"Given "
+             "routing\""},
     {.name = "router.jitter_eps", .type = MOE_KEY_NUM, .offset = AT(router.jitter_eps), .def = 0.01, .lo = 1e-6,
      .hi = 1, .when = "router.score", .when_is = "sparsemixer",
      .help = "sparsemixer's band: slot k's softmax takes the logits l with (l_k - l) / max(abs(l), l_k) not above "

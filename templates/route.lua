@@ -67,6 +67,17 @@
 @ -- copies x[t] there once per token (permute_scatter's rule), which
 @ -- combine reads as the entry's output.
 @ --
+@ -- Given routing (p.given: router.select = "given", docs/DESIGN.md "Given
+@ -- routing"): the kernel takes given_ids (int32 [T, K], the caller's) after
+@ -- its other parameters, and phase 2 reads lane r's expert from there in
+@ -- place of the selection; an id outside 0..E-1 is dropped: the entry goes
+@ -- to expert 0 with weight 0 (renormalization sums the others), and the
+@ -- warp adds the number of such ids to counts[SLOTS + p.bad_ids]. The
+@ -- weight is the score at the id, as for a selected expert; with score
+@ -- "given" the kernel also takes given_w (fp32 [T, K]) and the weight is
+@ -- its value (then renormalized, scaled), and phase 1 and the H split are
+@ -- not emitted: no logits, router_w never read (the grid has no split).
+@ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
 @ -- logits there (logit_bias included, and capped where
@@ -126,8 +137,18 @@
 @   need(p.smem == c.smem, string.format("the plan gives %d bytes of shared memory; the tiling needs %d", p.smem, c.smem))
 @   -- routing
 @   c.softmax = p.score == "softmax"
-@   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus" or p.score == "sparsemixer",
-@        "unknown router score " .. tostring(p.score))
+@   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus" or p.score == "sparsemixer" or
+@        p.score == "given", "unknown router score " .. tostring(p.score))
+@   -- given routing: the caller's ids (p.given), and with score "given" its weights (no logits)
+@   c.given, c.given_w = p.given and true or false, p.score == "given"
+@   need(c.given or not c.given_w, "score \"given\" needs the caller's ids (router.select = \"given\")")
+@   need(not c.given or (not p.bias and (p.groups or 1) <= 1 and p.score ~= "sparsemixer" and c.Z == 0 and
+@                        not p.spec.training and p.spec.router.apply ~= "input"),
+@        "given routing: no selection bias, groups, sparsemixer, zero experts, training or apply = input (gen/spec_check.c)")
+@   need(not c.given_w or (not c.gate and not p.logit_bias and not p.softcap),
+@        "given weights: no logits (no shared gate, logit_bias or softcap; gen/spec_check.c)")
+@   c.bad_ids = p.bad_ids
+@   need(not c.given or c.bad_ids, "the plan gives no place for the dropped ids' count")
 @   c.sparsemixer = p.score == "sparsemixer"
 @   need(not c.sparsemixer or (p.K == 2 and not p.renormalize and not p.bias and not p.logit_bias),
 @        "sparsemixer: top-2 of the plain logits, not renormalized (gen/spec_check.c)")
@@ -310,7 +331,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}) {
+            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}${c.given and ", const int *__restrict__ given_ids" or ""}${c.given_w and ", const float *__restrict__ given_w" or ""}) {
     moe_pdl_begin();
     using namespace ${ns};
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
@@ -328,6 +349,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
+@ if c.given_w then
+    for (int e = tid; e < E; e += THREADS) s_count[e] = 0;
+    __syncthreads();
+    (void)wr, (void)route_part, (void)ring, (void)lsm;   // the caller's weights: no logits (no phase 1, no split)
+@ else
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -475,6 +501,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         }
         __syncthreads();
     }
+@ end
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -482,6 +509,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
+@ if not c.given_w then
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -535,6 +563,23 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         for (int i = 0; i < VPL; ++i)
             pv[i] = ((valid >> i) & 1u) ? moe_round(pv[i]) : -__int_as_float(0x7f800000);
 @ end
+@ end
+@ if c.given then
+        /* the caller's ids: lane r < K holds entry r's; one outside 0..E-1 is dropped (expert 0, weight 0)
+         * and counted */
+        int mine = 0;
+        bool drop = false;
+        if (lane < K) {
+            const int id = __ldg(given_ids + (long long)tok * K + lane);
+            drop = id < 0 || id >= E;
+            mine = drop ? 0 : id;
+        }
+        {
+            const unsigned nd = __popc(__ballot_sync(FULL, drop));
+            if (lane == 0 && nd)
+                atomicAdd(counts + ${TKT} + ${c.bad_ids}, (int)nd);
+        }
+@ else
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
@@ -677,13 +722,17 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
+@ end
 
-        /* weights: p at the selected experts (never the selection bias) */
+        /* weights: p at the ${c.given and "given" or "selected"} experts (never the selection bias)${c.given_w and "; here the caller's" or ""} */
         float w = 0.f;
 @ if c.sparsemixer then
         const int first = __shfl_sync(FULL, mine, 0);   /* slot 1's softmax leaves slot 0's expert out */
 @ end
         if (lane < K) {
+@ if c.given_w then
+            w = drop ? 0.f : __ldg(given_w + (long long)tok * K + lane);
+@ else
 @ if p.logit_bias then
             const float l = ${cap("lrow[mine] + __ldg(logit_bias + mine)")};
 @ else
@@ -710,6 +759,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
                 z += expf(lj - t);
             }
             w = moe_round(1.0f / z);
+@ end
+@ if c.given then
+            if (drop)
+                w = 0.f;
+@ end
 @ end
         }
 @ if p.renormalize then

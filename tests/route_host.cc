@@ -9,15 +9,17 @@
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
  *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input";
  *   RH_SCATTER  0: the scatter is never fused (fp8 rows, quantized by their own kernel)
+ *   RH_K  top_k;  RH_GIVEN  1: router.select = "given" (it takes given_ids);  RH_GIVEN_W  1: and given_w
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, H] (dtype bits), the shared expert's w_gate [H]
- * (RH_GATE), sel_bias and logit_bias [NS] (fp32); the kernel runs unfused (mode 0), or with "fused" in the mode
+ * (RH_GATE), sel_bias and logit_bias [NS] (fp32), the caller's ids [T, K] (int32, RH_GIVEN) and weights
+ * [T, K] (fp32, RH_GIVEN_W); the kernel runs unfused (mode 0), or with "fused" in the mode
  * the runtime picks for T (the permute plan, and the scatter for the
  * fewest tokens, in its last block: checked here, check_fused), on a grid
  * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
  * poisoned first, the counts and tickets zeroed as the runtime zeroes
  * them; OUT gets topk_idx [T, KE], topk_w [T, KE], counts
- * [SLOTS] and (RH_TRAIN) the logits [T, NS]. test_route_host compares
+ * [SLOTS], (RH_TRAIN) the logits [T, NS] and (RH_GIVEN) the dropped ids' count. test_route_host compares
  * them with the C reference. Exit 1 when a file cannot be read or written
  * or the fused tail is wrong. */
 #include "launch_geom.h"
@@ -98,11 +100,13 @@ int main(int argc, char **argv) {
     FILE *in = fopen(argv[1], "rb");
     int T = 0;
     std::vector<moe_half_t> x, wr, wg;
-    std::vector<float> sel, lb;
-    const int H = RH_H, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS;
+    std::vector<float> sel, lb, gw;
+    std::vector<int> gids;
+    const int H = RH_H, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS, K = RH_K;
     bool ok = in && fread(&T, sizeof T, 1, in) == 1 && T > 0 && get(in, x, (size_t)T * H) &&
               get(in, wr, (size_t)NS * H) && (!RH_GATE || get(in, wg, (size_t)H)) && get(in, sel, (size_t)NS) &&
-              get(in, lb, (size_t)NS);
+              get(in, lb, (size_t)NS) && (!RH_GIVEN || get(in, gids, (size_t)T * K)) &&
+              (!RH_GIVEN_W || get(in, gw, (size_t)T * K));
     if (in)
         fclose(in);
     if (!ok)
@@ -127,7 +131,7 @@ int main(int argc, char **argv) {
         fuse.cursor = cursor.data(), fuse.tiles = reinterpret_cast<moe_tile_t *>(tiles.data());
         fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data();
     }
-    const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, H);
+    const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, RH_GIVEN_W ? 0 : H);
     host_launch(gx, gy, RH_SMEM, [&] {
         RH_ROUTE(x.data(), wr.data(), sel.data(), lb.data(), T, idx.data(), w.data(), counts.data(),
                  route_part.data(), fuse
@@ -137,14 +141,22 @@ int main(int argc, char **argv) {
 #if RH_TRAIN
                  , logits.data()
 #endif
+#if RH_GIVEN
+                 , gids.data()
+#endif
+#if RH_GIVEN_W
+                 , gw.data()
+#endif
         );
     });
+    const std::vector<int> dropped(1, counts[(size_t)SLOTS + MOE_ROUTE_BAD_IDS]);
     counts.resize((size_t)SLOTS);
     const long fused_bad = mode ? check_fused(mode, T, x, idx, w, counts, slot_of, align, offsets, cursor, tiles,
                                               num_tiles[0], xs, row_of)
                                 : 0;
     FILE *out = fopen(argv[2], "wb");
-    ok = out && put(out, idx) && put(out, w) && put(out, counts) && (!RH_TRAIN || put(out, logits));
+    ok = out && put(out, idx) && put(out, w) && put(out, counts) && (!RH_TRAIN || put(out, logits)) &&
+         (!RH_GIVEN || put(out, dropped));
     if (out)
         ok = fclose(out) == 0 && ok;
     printf("  route_host: %d tokens, %u x %u blocks, fuse mode %d\n", T, gx, gy, mode);

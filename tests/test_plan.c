@@ -68,7 +68,8 @@ static void test_route_fuse(void) {
         return;
     }
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_ROUTE].threads == 256);
-    CHECK(MOE_ROUTE_FUSE_TICKET == MOE_ROUTE_SPLIT_BLOCKS && MOE_ROUTE_TICKETS == MOE_ROUTE_SPLIT_BLOCKS + 1);
+    CHECK(MOE_ROUTE_FUSE_TICKET == MOE_ROUTE_SPLIT_BLOCKS && MOE_ROUTE_BAD_IDS == MOE_ROUTE_SPLIT_BLOCKS + 1 &&
+          MOE_ROUTE_TICKETS == MOE_ROUTE_SPLIT_BLOCKS + 2);
     CHECK(pd.ws[MOE_WS_COUNTS].bytes == 4 * (size_t)(8 + MOE_ROUTE_TICKETS));
     moe_plan_desc_free(&pd);
 }

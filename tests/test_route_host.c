@@ -49,6 +49,12 @@ static const host_case_t cases[] = {
      "name = 'v3' experts = 256 top_k = 8 hidden = 512 ffn = 64 tokens = 256\n"
      "router = { score = 'sigmoid', bias = true, groups = 8, topk_groups = 4, group_topk = 2, renormalize = true, "
      "scale = 2.5 }\n", {1, 64, 65}, 3},
+    {"given ids (DeepSeek-V4's hash layers): sqrt(softplus) at the caller's experts, renormalized, scaled; "
+     "repeats, and ids out of range dropped and counted", "tests/specs/given_ids.moe", {1, 64, 70}, 3},
+    {"given ids and weights (a server's own router): no logits, no split; a sigmoid-free shared expert after them",
+     "name = 'gw' experts = 64 top_k = 6 hidden = 1024 ffn = 64 tokens = 128\n"
+     "router = { select = 'given', score = 'given', renormalize = false }\nshared = { ffn = 128 }\n",
+     {1, 9, 64}, 3},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -104,8 +110,13 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     int *ridx = malloc(sizeof(int) * (size_t)T * K), *gidx = malloc(sizeof(int) * (size_t)T * K);
     float *rw = malloc(sizeof(float) * (size_t)T * K), *sc = malloc(sizeof(float) * (size_t)T * NS);
     int *hist = calloc((size_t)NI + 1, sizeof(int));
-    CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist);
-    if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist))
+    const int given = s->router.select == MOE_SELECT_GIVEN, given_w = s->router.score == MOE_SCORE_GIVEN;
+    int *gids = malloc(sizeof(int) * (size_t)T * K), ndrop = 0, dropped = -1;
+    float *gw = malloc(sizeof(float) * (size_t)T * K);
+    CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
+          gids && gw);
+    if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
+          gids && gw))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
         x[i] = moe_float_to_half(urand(), dt);
@@ -115,6 +126,15 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
         wg[h] = moe_float_to_half(urand() * 2.0f / sqrtf((float)H), dt);
     for (int e = 0; e < NS; e++)
         sel[e] = s->router.bias ? 0.1f * urand() : 0.0f, lb[e] = s->router.logit_bias ? 0.5f * urand() : 0.0f;
+    /* given routing: ids over the experts, repeats within a token allowed, about one in 16 out of range
+     * (-1, E, a large one: dropped and counted); weights in (0, 1] */
+    for (int i = 0; i < T * K; i++) {
+        const float u = urand();
+        const int r = (int)((urand() + 1.0f) * 0.5f * (float)E) % E;
+        gids[i] = u < -0.875f ? (i % 3 == 0 ? -1 : i % 3 == 1 ? E : 1 << 30) : r;
+        ndrop += gids[i] < 0 || gids[i] >= E;
+        gw[i] = 0.5f * (urand() + 1.0f) + 1e-3f;
+    }
     char in_path[400], out_path[400], cmd[1200];
     snprintf(in_path, sizeof in_path, "%s/%s_%d_%d.in", tmp_root, s->name, T, seed);
     snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
@@ -123,7 +143,9 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
              fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H &&
              (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
              fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
-             fwrite(lb, 4, (size_t)NS, f) == (size_t)NS;
+             fwrite(lb, 4, (size_t)NS, f) == (size_t)NS &&
+             (!given || fwrite(gids, 4, (size_t)T * K, f) == (size_t)T * K) &&
+             (!given_w || fwrite(gw, 4, (size_t)T * K, f) == (size_t)T * K);
     ok = f && fclose(f) == 0 && ok;
     CHECKF(ok, "cannot write %s", in_path);
     snprintf(cmd, sizeof cmd, "timeout 120 %s %s %s", bin, in_path, out_path);
@@ -145,7 +167,8 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     f = ok ? fopen(out_path, "rb") : NULL;
     ok = f && fread(idx, sizeof(int), nout, f) == nout && fread(w, 4, nout, f) == nout &&
          fread(counts, sizeof(int), (size_t)ES, f) == (size_t)ES &&
-         (!s->training || fread(logits, 4, (size_t)T * NS, f) == (size_t)T * NS);
+         (!s->training || fread(logits, 4, (size_t)T * NS, f) == (size_t)T * NS) &&
+         (!given || fread(&dropped, sizeof(int), 1, f) == 1);
     if (f)
         fclose(f);
     CHECKF(ok, "cannot read %s", out_path);
@@ -158,18 +181,32 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     CHECKF(in_range, "%s, %d tokens: an index out of range (or never written)", s->name, T);
     if (!in_range)
         goto done;
-    moe_ref_inputs_t in = {.x = x, .wr = wr, .sel_bias = sel, .logit_bias = lb, .tokens = T};
+    moe_ref_inputs_t in = {.x = x, .wr = wr, .sel_bias = sel, .logit_bias = lb, .tokens = T, .given_ids = gids,
+                           .given_w = gw};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int t = 0; t < T; t++)
         memcpy(gidx + (size_t)t * K, idx + (size_t)t * KE, sizeof(int) * (size_t)K);
+    double werr = 0;
+    if (given) { /* the caller's ids: entry for entry (a dropped one at expert 0, weight 0), and the drops counted */
+        int same = 1;
+        double gerr = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++) {
+                same &= gidx[(size_t)t * K + k] == ridx[(size_t)t * K + k];
+                const double d = fabs(w[(size_t)t * KE + k] - rw[(size_t)t * K + k]);
+                gerr = d > gerr ? d : gerr;
+            }
+        CHECKF(same, "%s, %d tokens: the entries' experts are not the caller's ids", s->name, T);
+        werr = gerr; /* checked below with the others' */
+        CHECKF(dropped == ndrop, "%s, %d tokens: %d ids out of range counted, %d given", s->name, T, dropped, ndrop);
+    }
     /* as test_gpu: sparsemixer works on logits rounded to the dtype, its ties a dtype step wide */
     const int in_dtype = s->router.score == MOE_SCORE_SPARSEMIXER;
     int bad = -1;
-    const int agree = moe_ref_route_agree(s, ridx, gidx, sc, T, in_dtype ? 4e-2f : 2e-4f, &bad);
+    const int agree = given || moe_ref_route_agree(s, ridx, gidx, sc, T, in_dtype ? 4e-2f : 2e-4f, &bad);
     CHECKF(agree, "%s, %d tokens: token %d selects other experts than the reference", s->name, T, bad);
-    double werr = 0;
     int wild = 0;
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T && !given; t++) {
         int off = 0;
         for (int k = 0; k < K; k++)
             for (int j = 0; j < K; j++)
@@ -222,8 +259,10 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
             }
         CHECKF(lerr <= 1e-5, "%s, %d tokens: saved logits off by %g of their magnitude", s->name, T, lerr);
     }
-    printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g\n", s->name, T, seed, werr);
+    printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g%s\n", s->name, T, seed, werr,
+           given ? " (given ids; the drops counted)" : "");
 done:
+    free(gids), free(gw);
     free(x), free(wr), free(wg), free(gref), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
     free(ridx), free(gidx), free(rw), free(sc), free(hist);
 }
@@ -255,11 +294,13 @@ static void run_case(const host_case_t *c, const char *cxx) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
-                 "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d -DRH_K=%d -DRH_GIVEN=%d -DRH_GIVEN_W=%d "
+                 "tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
-                 s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), bin);
+                 s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), s.top_k, s.router.select == MOE_SELECT_GIVEN,
+                 s.router.score == MOE_SCORE_GIVEN, bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)

@@ -115,6 +115,7 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
     memcpy(&r, g, sizeof(T));
     return r;
 }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline unsigned __ballot_sync(unsigned, bool p) {
     unsigned m = 0;
     for (int l = 0; l < 32; l++)

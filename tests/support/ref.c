@@ -101,11 +101,54 @@ static int argmax_f(const float *v, const unsigned char *mask, int lo, int hi) {
     return best;
 }
 
+/* Given routing (ref.h, moe_ref_route): the caller's ids, each weighted by
+ * the score at it or by the caller's weight; out-of-range ids dropped. */
+static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *topk_idx, float *topk_w,
+                       float *scores) {
+    const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
+    const int given_w = s->router.score == MOE_SCORE_GIVEN;
+    if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!in->x || !in->wr)) ||
+        K > 32 || s->router.bias || s->router.groups > 1 || s->router.score == MOE_SCORE_SPARSEMIXER || s->zero_experts)
+        return 1;
+    if (s->router.logit_bias && !in->logit_bias) return 1;
+    double *p = malloc((size_t)E * sizeof(double));
+    float *xr = malloc((size_t)H * sizeof(float)), *wrow = malloc((size_t)H * sizeof(float));
+    if (!p || !xr || !wrow) { free(p); free(xr); free(wrow); return 1; }
+    for (int t = 0; t < T; t++) {
+        if (!given_w) { /* the router's scores, as moe_ref_route computes them */
+            moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, s->dtype);
+            for (int e = 0; e < E; e++) {
+                moe_half_row_to_float(in->wr + (size_t)e * H, wrow, (size_t)H, s->dtype);
+                double acc = 0;
+                for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)wrow[h];
+                p[e] = ref_cap(s, acc + (s->router.logit_bias ? (double)in->logit_bias[e] : 0.0), NULL);
+            }
+            ref_scores(s->router.score, p, E, s->dtype);
+        }
+        if (scores)
+            for (int e = 0; e < E; e++) scores[(size_t)t * E + e] = given_w ? 0.0f : (float)p[e];
+        int *idx = topk_idx + (size_t)t * K;
+        float *wout = topk_w + (size_t)t * K;
+        double w[32], wsum = 0; /* top_k <= 32 (spec_schema.h, MOE_LIMIT_TOP_K) */
+        for (int k = 0; k < K; k++) {
+            const int id = in->given_ids[(size_t)t * K + k], drop = id < 0 || id >= E;
+            idx[k] = drop ? 0 : id;
+            w[k] = drop ? 0.0 : given_w ? (double)in->given_w[(size_t)t * K + k] : p[id];
+            wsum += w[k];
+        }
+        for (int k = 0; k < K; k++)
+            wout[k] = (float)((s->router.renormalize && wsum > 0 ? w[k] / wsum : w[k]) * s->router.scale);
+    }
+    free(p); free(xr); free(wrow);
+    return 0;
+}
+
 int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
                   int *topk_idx, float *topk_w, float *scores) {
     if (!spec_ok(s) || !in || in->tokens < 0 || !topk_idx || !topk_w) return 1;
     if (groups_ok(s)) return 1;
     if (in->tokens == 0) return 0;
+    if (s->router.select == MOE_SELECT_GIVEN) return route_given(s, in, topk_idx, topk_w, scores);
     if (!in->x || !in->wr) return 1;
     if (s->router.bias && !in->sel_bias) return 1;
     if (s->router.logit_bias && !in->logit_bias) return 1;

@@ -53,6 +53,8 @@ typedef struct {
     int tokens;                        /* T: rows of x */
     const uint16_t *ws1, *ws2, *wsg;   /* the shared expert (spec shared.ffn), see above */
     const moe_ref_fp8_t *fp8;          /* the expert weights with quant.weights = "fp8_e4m3" (w1, w2 unread) */
+    const int *given_ids;              /* router.select = "given": the caller's ids [T, top_k] */
+    const float *given_w;              /* router.score = "given": the caller's weights [T, top_k] */
 } moe_ref_inputs_t;
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.
@@ -68,7 +70,13 @@ typedef struct {
  * renormalized if asked, times scale) and, if scores is non-NULL, the
  * selection scores s [T, E + Z] (for softmax-only routing: the
  * probabilities). With zero experts (Z > 0) the router scores E + Z experts,
- * every step as above over all of them. */
+ * every step as above over all of them.
+ * Given routing (router.select = "given"): entry (t, k)'s expert is
+ * in->given_ids[t, k], or, for an id outside 0..E-1, expert 0 with weight 0
+ * (dropped); the weight is p at it (router.score = "given": in->given_w[t,
+ * k], and x and wr are not read), then renormalized over the token's
+ * entries if asked, times scale. scores, if asked, are the plain scores p
+ * (zeros with "given" weights). */
 int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
                   int *topk_idx, float *topk_w, float *scores);
 
