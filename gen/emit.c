@@ -355,9 +355,21 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    "    const void *x;\n    const void *router_w;\n    const float *router_bias;\n"
                    "    const float *router_logit_bias;\n    const void *w1p;\n    const void *b1p;\n"
                    "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n"
-                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n%s} %s_args_t;\n\n",
+                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n%s%s%s} %s_args_t;\n\n",
                    n, fp8 ? "    const float *w1s;           /* fp8: the scales of w1p */\n"
-                            "    const float *w2s;           /* fp8: the scales of w2 */\n" : "", n);
+                            "    const float *w2s;           /* fp8: the scales of w2 */\n" : "",
+                   s->router.select == MOE_SELECT_GIVEN ? "    const int *topk_ids;        /* int32 [tokens, K]: the caller's experts */\n" : "",
+                   s->router.score == MOE_SCORE_GIVEN ? "    const float *topk_weights;  /* fp32 [tokens, K]: their weights */\n" : "",
+                   n);
+    if (s->router.select == MOE_SELECT_GIVEN)
+        moe_buf_printf(b,
+                       "/* Given routing (router.select = \"given\"%s): topk_ids picks each token's\n"
+                       " * experts; an id outside 0..E-1 drops its entry (weight 0) and is counted in the int at\n"
+                       " * byte %s_BAD_IDS_AT of the workspace (zeroed by each forward; read it after the stream).%s */\n"
+                       "#define %s_BAD_IDS_AT %zu\n\n",
+                       s->router.score == MOE_SCORE_GIVEN ? ", score \"given\": topk_weights are the weights" : "",
+                       n, s->router.score == MOE_SCORE_GIVEN ? " router_w\n * is not read (may be NULL)." : "", n,
+                       pd->ws[MOE_WS_COUNTS].offset + 4 * ((size_t)moe_spec_slots(s) + MOE_ROUTE_BAD_IDS));
     moe_buf_printf(b, "#ifdef __cplusplus\nextern \"C\" {\n#endif\n");
     moe_buf_printf(b, "/* The whole layer on `stream` (the current device's), no host synchronization\n"
                       " * inside; callable from C and C++ host files, from several threads and devices. */\n"

@@ -33,7 +33,8 @@ static const abi_field forward_fields[] = {
     FIELD(moe_forward_args, b1p),         FIELD(moe_forward_args, w2),
     FIELD(moe_forward_args, b2),          FIELD(moe_forward_args, y),
     FIELD(moe_forward_args, workspace),   FIELD(moe_forward_args, shared_gate),
-    FIELD(moe_forward_args, w1s),         FIELD(moe_forward_args, w2s), {0}};
+    FIELD(moe_forward_args, w1s),         FIELD(moe_forward_args, w2s),
+    FIELD(moe_forward_args, topk_ids),    FIELD(moe_forward_args, topk_weights), {0}};
 
 static const abi_field weights_fields[] = {
     FIELD(moe_weights, w1p), FIELD(moe_weights, b1p), FIELD(moe_weights, w2), FIELD(moe_weights, b2), {0}};
@@ -177,8 +178,14 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
                         memcpy(d, v_, sizeof v_); } while (0)
     if (!strcmp(name, "x") || !strcmp(name, "y"))
         SHAPE(T, H);
-    else if (!strcmp(name, "router_w"))   /* the scored experts: the zero experts' rows too */
-        SHAPE(moe_spec_scored(s), H);
+    else if (!strcmp(name, "router_w")) { /* the scored experts: the zero experts' rows too */
+        if (s->router.score != MOE_SCORE_GIVEN) /* the caller's weights: no router */
+            SHAPE(moe_spec_scored(s), H);
+    } else if (!strcmp(name, "topk_ids") || !strcmp(name, "topk_weights")) { /* given routing */
+        dt = name[5] == 'i' ? "int32" : "fp32";
+        if (name[5] == 'i' ? s->router.select == MOE_SELECT_GIVEN : s->router.score == MOE_SCORE_GIVEN)
+            SHAPE(T, s->top_k);
+    }
     else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
         dt = "fp32";
         if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)

@@ -122,7 +122,13 @@ typedef struct moe_plan moe_plan;
  * the e4m3 tensors w1q and w2q, and w1s and w2s their fp32 scales, as
  * moe_plan_pack_fp8 and moe_plan_pack_quantize write them (below, "fp8
  * weights"); x, y and the biases stay bf16. Without fp8 weights w1s and w2s
- * are ignored. */
+ * are ignored.
+ * With given routing (spec router.select = "given", README "Given
+ * routing") topk_ids is the caller's choice of experts, int32 [tokens,
+ * top_k] (an id outside 0..E-1 drops its entry: moe_plan_routing_errors
+ * counts them); with router.score = "given" also topk_weights, fp32
+ * [tokens, top_k], and router_w may be NULL (no logits). Otherwise both are
+ * ignored. */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
     const void *x;                /* x and y may be NULL when tokens = 0 */
@@ -135,6 +141,8 @@ typedef struct {
     void *workspace;              /* moe_plan_workspace_size(plan, tokens) bytes, 256-byte aligned */
     const void *shared_gate;      /* spec shared.gate = "sigmoid": w_gate [H] */
     const float *w1s, *w2s;       /* spec quant.weights = "fp8_e4m3": the scales of w1p and w2 */
+    const int *topk_ids;          /* spec router.select = "given": int32 [tokens, top_k] */
+    const float *topk_weights;    /* spec router.score = "given": fp32 [tokens, top_k] */
 } moe_forward_args;
 
 /* One rank's expert weights, device pointers (b1p and b2 only with ffn_bias). */
@@ -497,6 +505,14 @@ moe_status moe_gather_weights_fp8(const moe_plan *plan, const moe_pack_args *w1,
  * left out: that forward's y is wrong and must not be used. rows may be NULL. */
 moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *stream, long long *rows);
 
+/* Given routing (router.select = "given"): synchronize with stream and read
+ * how many of the caller's topk_ids the last forward that used `workspace`
+ * found outside 0..E-1. Such an entry is dropped (weight 0; renormalization
+ * sums the others); MOE_OK when none (and always without given routing),
+ * MOE_ERR_INVALID_ARG (the count in *entries, and a message) when some were:
+ * that forward left them out of y. entries may be NULL. */
+moe_status moe_plan_routing_errors(const moe_plan *plan, const void *workspace, void *stream, long long *entries);
+
 /* What the plan is: spec name, hash, the arch its kernels were built for,
  * whether they came from the cache, and each kernel's name (align and the
  * kernels: those of the GEMM variant a call of the spec's tokens runs;
@@ -568,10 +584,11 @@ moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const
 
 /* The shape and element type the plan expects of forward tensor `name`
  * ("x", "y", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p",
- * "w2", "b2", "shared_gate", "w1s", "w2s"; moe_forward_args' names): *rank dims in
+ * "w2", "b2", "shared_gate", "w1s", "w2s", "topk_ids", "topk_weights";
+ * moe_forward_args' names): *rank dims in
  * dims[0..rank-1] (x and y: the spec's tokens, the most a forward takes;
  * w1p and w2: every weight slot, a shared expert's included), *dtype "bf16", "fp16",
- * "fp32" or, for w1p and w2 with fp8 weights, "fp8_e4m3" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
+ * "fp32", "int32" (topk_ids) or, for w1p and w2 with fp8 weights, "fp8_e4m3" (may be NULL). *rank = 0 when this spec takes no such tensor (pass
  * NULL). MOE_ERR_INVALID_ARG for another name. */
 moe_status moe_plan_tensor(const moe_plan *plan, const char *name, int *rank, int64_t dims[4], const char **dtype);
 

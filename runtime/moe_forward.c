@@ -32,8 +32,14 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
                         a->tokens, s->tokens);
     if (a->tokens > 0 && (!a->x || !a->y))
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: x and y are required (tokens = %d)", fn, a->tokens);
-    if (!a->router_w || !a->w1p || !a->w2 || !a->workspace)
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: router_w, w1p, w2 and workspace are required", fn);
+    const int given_w = s->router.score == MOE_SCORE_GIVEN;
+    if ((!given_w && !a->router_w) || !a->w1p || !a->w2 || !a->workspace)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: %sw1p, w2 and workspace are required", fn,
+                        given_w ? "" : "router_w, ");
+    if (s->router.select == MOE_SELECT_GIVEN && a->tokens > 0 && (!a->topk_ids || (given_w && !a->topk_weights)))
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.select = \"given\"%s; topk_ids (int32 [tokens, "
+                        "top_k])%s required", fn, given_w ? " and router.score = \"given\"" : "",
+                        given_w ? " and topk_weights (fp32 [tokens, top_k]) are" : " is");
     if (s->router.bias && !a->router_bias)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.bias; router_bias is required", fn);
     if (s->router.logit_bias && !a->router_logit_bias)
@@ -56,7 +62,7 @@ moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdevi
     /* the fused tail's struct, by value; the gated shared expert's route
      * kernel takes shared_gate, a training plan's takes logits_out after it
      * (templates/route.lua); the driver reads no more than the kernel takes */
-    void *args[12] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+    void *args[14] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       &T, &topk_idx, &topk_w, &counts, &route_part, fuse ? (void *)fuse : (void *)&none};
     int n = 10;
     const moe_spec_t *s = &p->pd.spec;
@@ -64,6 +70,10 @@ moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdevi
         args[n++] = (void *)&a->shared_gate;
     if (s->training)
         args[n++] = &logits;
+    if (s->router.select == MOE_SELECT_GIVEN) /* the caller's ids (and weights) */
+        args[n++] = (void *)&a->topk_ids;
+    if (s->router.score == MOE_SCORE_GIVEN)
+        args[n++] = (void *)&a->topk_weights;
     return moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev);
 }
 
@@ -237,6 +247,28 @@ moe_status moe_plan_overflow(const moe_plan *p, const void *workspace, void *str
         return moe_fail(MOE_ERR_OVERFLOW, "dispatch capacity exceeded: %d rows did not fit dispatch.capacity = %d rows "
                         "per peer (raise it, or use dispatch.mode = \"exact\"); this forward's output is wrong", n,
                         p->ep->ed->capacity);
+    return MOE_OK;
+}
+
+moe_status moe_plan_routing_errors(const moe_plan *p, const void *workspace, void *stream, long long *entries) {
+    if (entries)
+        *entries = 0;
+    if (!p || !workspace)
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_routing_errors: NULL argument");
+    const moe_spec_t *s = &p->pd.spec;
+    if (s->router.select != MOE_SELECT_GIVEN)
+        return MOE_OK;
+    CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
+    CU_CHECK(moe_cu.cuStreamSynchronize((CUstream)stream));
+    int n = 0; /* after the slots' counts and the fused ticket (gen/launch_geom.h, MOE_ROUTE_BAD_IDS) */
+    const size_t at = p->pd.ws[MOE_WS_COUNTS].offset + 4 * ((size_t)moe_spec_slots(s) + MOE_ROUTE_BAD_IDS);
+    CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + at, sizeof n));
+    if (entries)
+        *entries = n;
+    if (n > 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "router.select = \"given\": %d of the last forward's topk_ids were "
+                        "outside 0..%d; those entries were dropped (weight 0), so its y leaves them out", n,
+                        s->experts - 1);
     return MOE_OK;
 }
 

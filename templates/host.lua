@@ -253,8 +253,16 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
+@ if p.score == "given" then -- the caller's weights: no router
+    if (!a->x || !a->w1p || !a->w2 || !a->y || !a->workspace || !a->topk_ids || !a->topk_weights)
+        return cudaErrorInvalidValue;
+@ else
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
+@ end
+@ if p.given and p.score ~= "given" then
+    if (!a->topk_ids) return cudaErrorInvalidValue; /* the caller's experts */
+@ end
 @ if p.bias then
     if (!a->router_bias) return cudaErrorInvalidValue;
 @ end
@@ -301,9 +309,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.H})), ${route.threads}, ${route.smem}, stream,
+    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.H})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
-        counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""});
+        counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""}${p.given and ", a->topk_ids" or ""}${p.score == "given" and ", a->topk_weights" or ""});
 @ if nv == 1 then
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         ${n}_launch(dev, ${plan.name}, dim3(1), ${plan.threads}, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);

@@ -343,8 +343,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ if not p.logit_bias then
     (void)logit_bias;
 @ end
+@ if not c.given_w then
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
+@ end
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
@@ -352,7 +354,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ if c.given_w then
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;
     __syncthreads();
-    (void)wr, (void)route_part, (void)ring, (void)lsm;   // the caller's weights: no logits (no phase 1, no split)
+    (void)wr, (void)route_part;   // the caller's weights: no logits (no phase 1, no split)
 @ else
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 

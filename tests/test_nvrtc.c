@@ -255,6 +255,8 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_input.moe", 0},    /* training, router.apply = "input", biases, clamp */
         {"tests/specs/train_shared.moe", 0},   /* training, a sigmoid-gated shared expert, fp16 */
         {"tests/specs/train_ep.moe", 1},       /* training on an EP rank: the dispatch and backward kernels */
+        {"tests/specs/given_ids.moe", 0},      /* the caller's expert ids (DeepSeek-V4's hash layers) */
+        {"tests/specs/given_weights.moe", 1},  /* the caller's ids and weights: a route without logits, fp16 */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 24, "specs[] has room for 24 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
