@@ -200,7 +200,9 @@ static const char *const required_bad[] = {
     "shared_gate_unknown", "shared_gate_without_ffn", "shared_with_ffn_bias", "shared_with_ep", "shared_too_many_slots",
     "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
     "quant_weights_unknown", "zero_experts_training", "zero_experts_ep", "zero_experts_apply_input",
-    "zero_experts_negative", "zero_experts_over_route",
+    "zero_experts_negative", "zero_experts_over_route", "enum_router_select", "given_bias", "given_groups",
+    "given_training", "given_ep", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
+    "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer",
 };
 
 static void test_golden_errors(void) {
@@ -671,6 +673,39 @@ static void test_canonical(void) {
     free(canon);
 }
 
+/* router.select (given routing): "topk" is the default and left out of the
+ * canonical form (every spec before the key hashes as it did); "given" and
+ * score "given" are written, hashed and read back. */
+static void test_given_routing(void) {
+    moe_spec_t s, t, u, v;
+    moe_diag_t d;
+    CASE("router.select: absent and \"topk\" are one spec, left out of the canonical form");
+    CHECKF(load_file(&s, MINIMAL, &d) == 0, "%s", d.msg);
+    CHECKF(load_text(&t, "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 "
+                         "router = { select = \"topk\" }", &d) == 0, "%s", d.msg);
+    CHECK(s.router.select == MOE_SELECT_TOPK && t.router.select == MOE_SELECT_TOPK && strcmp(s.hash, t.hash) == 0);
+    char *canon = moe_spec_canonical(&t);
+    CHECK(canon && !strstr(canon, "select"));
+    free(canon);
+
+    CASE("router.select = \"given\", with the router's scores or the caller's weights: written and hashed");
+    CHECKF(load_text(&u, "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 "
+                         "router = { select = \"given\", score = \"sqrtsoftplus\", scale = 1.5 }", &d) == 0,
+           "%s", d.msg);
+    CHECKF(load_text(&v, "name = \"minimal\" experts = 8 top_k = 2 hidden = 1024 ffn = 2048 "
+                         "router = { select = \"given\", score = \"given\", renormalize = false }", &d) == 0,
+           "%s", d.msg);
+    CHECK(u.router.select == MOE_SELECT_GIVEN && u.router.score == MOE_SCORE_SQRTSOFTPLUS);
+    CHECK(v.router.select == MOE_SELECT_GIVEN && v.router.score == MOE_SCORE_GIVEN);
+    CHECK(strcmp(u.hash, s.hash) != 0 && strcmp(v.hash, u.hash) != 0);
+    canon = moe_spec_canonical(&v);
+    CHECK(canon && strstr(canon, "select = \"given\"") && strstr(canon, "score = \"given\""));
+    moe_spec_t w;
+    CHECKF(canon && load_text(&w, canon, &d) == 0, "the canonical form reads back: %s", d.msg);
+    CHECK(canon && strcmp(w.hash, v.hash) == 0);
+    free(canon);
+}
+
 /* zero_experts (LongCat-Flash): absent and 0 are the same spec; a count is
  * written, hashed, read back, and widens the router (spec.h, moe_spec_scored). */
 static void test_zero_experts(void) {
@@ -748,7 +783,7 @@ static void test_schema_rows(void) {
             CHECK(k->hi >= 1 && k->hi < MOE_NAME_MAX);
         if (k->type == MOE_KEY_ENUM || k->type == MOE_KEY_LIST) {
             int n = moe_key_nchoices(k);
-            CHECK(n >= 1 && n <= MOE_KEY_LIST_MAX);
+            CHECK(n >= 1 && (k->type == MOE_KEY_ENUM || n <= MOE_KEY_LIST_MAX)); /* a list's choices fit def_list */
             if (k->type == MOE_KEY_ENUM)
                 CHECK(k->def >= 0 && k->def < n);
             else
@@ -1258,6 +1293,7 @@ int main(int argc, char **argv) {
     test_overrides();
     test_canonical();
     test_zero_experts();
+    test_given_routing();
     test_schema_rows();
     test_schema_loader();
     test_schema_readme();

@@ -46,7 +46,7 @@ class ForwardArgs(ctypes.Structure):
     _fields_ = [("tokens", c_int), ("x", c_void_p), ("router_w", c_void_p), ("router_bias", c_void_p),
                 ("router_logit_bias", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p),
                 ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p),
-                ("w1s", c_void_p), ("w2s", c_void_p)]
+                ("w1s", c_void_p), ("w2s", c_void_p), ("topk_ids", c_void_p), ("topk_weights", c_void_p)]
 
 
 class TrainForwardArgs(ctypes.Structure):
@@ -127,6 +127,7 @@ _SIGNATURES = {
                                  ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p)]),
     "moe_plan_variant_for": (c_int, [c_void_p, c_int]),
     "moe_plan_route_fuse": (c_int, [c_void_p, c_int]),
+    "moe_plan_routing_errors": (c_int, [c_void_p, c_void_p, c_void_p, ctypes.POINTER(ctypes.c_longlong)]),
     "moe_plan_tensor": (c_int, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(c_char_p)]),
     "moe_plan_pack_b1": (c_int, [c_void_p, c_void_p, c_void_p]),

@@ -210,6 +210,15 @@ class Plan:
         if st != 0:
             raise _lib.fail(self._lib, st, "moe_forward")
 
+    def routing_errors(self, workspace, stream):
+        """moe_plan_routing_errors: synchronize with stream and return how
+        many of the last forward's topk_ids (router.select = "given") were
+        outside 0..E-1 and dropped (0 for other plans). Raises nothing: a
+        count above 0 means that forward's y left those entries out."""
+        n = ctypes.c_longlong(0)
+        self._lib.moe_plan_routing_errors(self.handle, workspace, stream, ctypes.byref(n))
+        return n.value
+
     def close(self):
         """Destroy the plan (also on garbage collection), after running the
         callables given to on_close."""

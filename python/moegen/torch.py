@@ -281,7 +281,7 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
          0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
          ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0 if w1s is None else w1s.data_ptr(),
-         0 if w2s is None else w2s.data_ptr())
+         0 if w2s is None else w2s.data_ptr(), 0, 0)   # topk_ids, topk_weights: given routing is not in the op
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
