@@ -99,10 +99,10 @@ class Family:
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None):
+                 top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None, hash=False):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
-        self.route = route or gate_route
+        self.route = route or (hash_route(self) if hash else gate_route)
         self.router = router or gate_router
         self.shared_of = shared_of or (lambda b: mlp_parts(b.shared_experts))
         self.keep, self.sel_bias_std = keep, sel_bias_std
@@ -112,12 +112,25 @@ class Family:
         self.experts = experts
         self.ffn_bias_of = ffn_bias_of  # (block, E, F) -> (b1 [E, 2F], b2 [E, H]) where the block's biases
                                         # are not the experts' own (JetMoE's one output bias)
+        # hash: the block's experts come from the token ids (DeepSeek-V4's hash_moe layers: gate.tid2eid
+        # [vocab, K]); check_family draws the table and the ids, passes input_ids to the block and
+        # tid2eid[input_ids] to moegen as the caller's ids (spec router.select = "given")
+        self.hash = hash
+        self.ids = None
 
 
 def gate_route(block, x):
     """(weights [T, K], indices [T, K]) from block.gate(x) -> (logits, weights, indices)."""
     _, w, idx = block.gate(x)
     return w, idx
+
+
+def hash_route(fam):
+    """gate_route for a hash layer's gate, which takes the token ids too (fam.ids, drawn by check_family)."""
+    def route(block, x):
+        _, w, idx = block.gate(x, fam.ids[:x.shape[0]])
+        return w, idx
+    return route
 
 
 def gate_route_bias(block, x, bias):
@@ -359,7 +372,7 @@ def mk_deepseek_like(module, block, config, **kw):
     return Block(cfg), cfg
 
 
-def mk_deepseek_v4():
+def mk_deepseek_v4(layer=3):
     # DeepseekV4SparseMoeBlock, a "moe" layer (not the first hash_moe ones,
     # whose experts come from the token id): logits = x·Wrᵀ (bf16), s =
     # sqrt(softplus(logits)) (scoring_func "sqrtsoftplus", in bf16), selection
@@ -373,8 +386,8 @@ def mk_deepseek_v4():
     cfg = eager(tf.DeepseekV4Config(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32,
                                     num_experts_per_tok=6, num_hidden_layers=4, routed_scaling_factor=1.5,
                                     swiglu_limit=1.5))
-    assert cfg.mlp_layer_types[3] == "moe", cfg.mlp_layer_types
-    return Block(cfg, layer_idx=3), cfg
+    assert cfg.mlp_layer_types[layer] == ("moe" if layer == 3 else "hash_moe"), cfg.mlp_layer_types
+    return Block(cfg, layer_idx=layer), cfg
 
 
 def mk_phimoe():
@@ -970,6 +983,12 @@ FAMILIES = [
     Family("deepseek-v4", "DeepSeek-V4 (DeepseekV4SparseMoeBlock, a moe layer), limit 1.5", mk_deepseek_v4,
            'router = { score = "sqrtsoftplus", bias = true, renormalize = true, scale = 1.5 }\n'
            'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none"),
+    # DeepSeek-V4's first layers (mlp_layer_types "hash_moe"): the experts tid2eid[input_ids], each
+    # weighted by sqrt(softplus(logit)) at it, renormalized, x routed_scaling_factor; no selection bias.
+    Family("deepseek-v4-hash", "DeepSeek-V4 (DeepseekV4SparseMoeBlock, a hash_moe layer), limit 1.5",
+           lambda: mk_deepseek_v4(layer=0),
+           'router = { select = "given", score = "sqrtsoftplus", renormalize = true, scale = 1.5 }\n'
+           'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none", hash=True),
     Family("hy-v3", "HY-V3 (HYV3MoE)", mk_hy_v3,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",
            shared=128, shared_gate="none", route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
@@ -1058,7 +1077,7 @@ def init_params(block, H, seed, sel_bias_std=0.05):
 def block_forward(fam, block, x):
     """The block's output [T, H] for x [T, H]; the routed part alone when
     the shared expert is left out (routed_only)."""
-    out = block(x.unsqueeze(0))
+    out = block(x.unsqueeze(0), input_ids=fam.ids[:x.shape[0]].unsqueeze(0)) if fam.hash else block(x.unsqueeze(0))
     if isinstance(out, tuple):
         out = out[0]
     return out.reshape(x.shape[0], -1)
@@ -1196,7 +1215,7 @@ class CpuBackend:
                     ("sel_bias", ctypes.c_void_p), ("logit_bias", ctypes.c_void_p),
                     ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
                     ("b2", ctypes.c_void_p), ("ws1", ctypes.c_void_p), ("ws2", ctypes.c_void_p),
-                    ("wsg", ctypes.c_void_p)]
+                    ("wsg", ctypes.c_void_p), ("given_ids", ctypes.c_void_p), ("given_w", ctypes.c_void_p)]
 
     def __init__(self, opt):
         path = os.path.join(ROOT, "build", "libmoegen_ref.so")
@@ -1220,14 +1239,16 @@ class CpuBackend:
     def close(self):
         pass
 
-    def run(self, x, E, K):
-        """(y [T, H] bf16, topk_idx [T, K]) for x [T, H] bf16."""
+    def run(self, x, E, K, given=None):
+        """(y [T, H] bf16, topk_idx [T, K]) for x [T, H] bf16; given: the
+        caller's expert ids [T, K] (int32, router.select = "given")."""
         import torch
         T, H = x.shape
         t = self.t
         ptr = lambda k: t[k].data_ptr() if k in t else None
         a = self.Inputs(T, x.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"),
-                        ptr("w2"), ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"))
+                        ptr("w2"), ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"),
+                        None if given is None else given.data_ptr(), None)
         y = torch.empty(T, H, dtype=torch.float32)
         idx = torch.empty(T, K, dtype=torch.int32)
         w = torch.empty(T, K, dtype=torch.float32)
@@ -1344,7 +1365,7 @@ class GpuBackend:
             self.lib.moe_plan_destroy(self.plan)
             self.plan = None
 
-    def run(self, x, E, K):
+    def run(self, x, E, K, given=None):
         import torch
         T, H = x.shape
         d = self.d
@@ -1356,6 +1377,9 @@ class GpuBackend:
             raise RuntimeError("moe_plan_workspace_size: %s" % self.last_error())
         a = self.Args(T, xd.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1p"), ptr("b1p"),
                       ptr("w2"), ptr("b2"), y.data_ptr(), ws.data_ptr(), ptr("wsg"))
+        if given is not None:  # router.select = "given": the caller's ids
+            gd = given.cuda()
+            a.topk_ids = gd.data_ptr()
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if self.lib.moe_forward(self.plan, ctypes.byref(a), stream) != 0:
             raise RuntimeError("moe_forward: %s" % self.last_error())
@@ -1403,6 +1427,11 @@ def check_family(fam, be, opt, workdir, log):
     tokens = max(opt.tokens)
     seed = opt.seed + zlib.crc32(fam.name.encode())
     init_params(block, H, seed, fam.sel_bias_std)
+    if fam.hash:  # the frozen token -> experts table (repeats within a row allowed) and the tokens' ids
+        gh = torch.Generator().manual_seed(seed + 2)
+        tid2eid = block.gate.tid2eid
+        tid2eid.copy_(torch.randint(0, E, tuple(tid2eid.shape), generator=gh))
+        fam.ids = torch.randint(0, tid2eid.shape[0], (tokens,), generator=gh)
     # The model dtype is bf16, except what the model class keeps in fp32 as
     # loaded checkpoints do (DeepSeek-V3's and GLM's e_score_correction_bias,
     # _keep_in_fp32_modules_strict; ERNIE's is a parameter, not a buffer).
@@ -1470,7 +1499,8 @@ def check_family(fam, be, opt, workdir, log):
                 fwd = block_forward if with_shared else block_routed
                 r16, r32 = fwd(fam, b16, x), fwd(fam, b32, x.float())
                 i16, i32 = block_route(fam, b16, x)[1], block_route(fam, b32, x.float())[1]
-                y, idx = be.run(x, E, K)
+                given = block.gate.tid2eid[fam.ids[:T]].to(torch.int32).contiguous() if fam.hash else None
+                y, idx = be.run(x, E, K, given) if fam.hash else be.run(x, E, K)
                 e32 = compare(y, idx, r32, i32)
                 e16 = compare(y, idx, r16, i16)
                 # the block's own bf16 rounding, for scale: bf16 block against its fp32 copy

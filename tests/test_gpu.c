@@ -224,6 +224,12 @@ static const gpu_case_t cases[] = {
     {"tests/specs/apply_input.moe", MODE_SKEW, {500}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_RANDOM, {1, 129, 1024}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/apply_input_k2.moe", MODE_PERM, {700}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    /* given routing: DeepSeek-V4's hash layers (the caller's ids, the scores' weights) and a server's own
+     * router (ids and weights), fused (1, 5: scatter; 40: plan) and not, skewed, replayed from a graph */
+    {"tests/specs/given_ids.moe", MODE_RANDOM, {1, 5, 40, 333, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/given_ids.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    {"tests/specs/given_weights.moe", MODE_RANDOM, {1, 5, 40, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/given_weights.moe", MODE_SKEW, {1, 64}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
@@ -437,7 +443,9 @@ typedef struct {
     uint16_t *x, *wr, *w1, *w2, *b1, *b2, *w1p, *b1p;
     uint16_t *ws1, *ws2, *wsg;   /* the shared expert, unsplit (spec shared.ffn): [2F_s, H], [H, F_s], [H] */
     float *sel_bias, *logit_bias;
-    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg;
+    int *gids;      /* router.select = "given": the caller's ids [T, K] (some out of range: dropped) */
+    float *gw;      /* router.score = "given": the caller's weights [T, K] */
+    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg, dgids, dgw;
     size_t ws_bytes;   /* dws: moe_plan_workspace_size at the capacity, then WS_GUARD guard bytes */
     size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
@@ -448,8 +456,9 @@ typedef struct {
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
     free(L->ws1); free(L->ws2); free(L->wsg);
-    free(L->sel_bias); free(L->logit_bias); free(L->slot);
-    CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws, L->dwsg};
+    free(L->sel_bias); free(L->logit_bias); free(L->slot); free(L->gids); free(L->gw);
+    CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws, L->dwsg,
+                       L->dgids, L->dgw};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             moe_cu.cuMemFree(d[i]);
@@ -513,6 +522,27 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
                 for (size_t h = 0; h < 8; h++)
                     L->wr[e * H + h] = moe_float_to_half(v, dt);
         }
+    }
+    if (s->router.select == MOE_SELECT_GIVEN) {
+        /* the caller's ids: uniform over the experts (repeats within a token allowed; SKEW: every fourth
+         * token's all on one expert), about one in 16 out of range (-1, E, 2^30: dropped, counted); its
+         * weights (score "given") in (0, 1] */
+        const size_t K = (size_t)s->top_k;
+        L->gids = malloc(T * K * sizeof(int));
+        L->gw = malloc(T * K * sizeof(float));
+        if (!L->gids || !L->gw)
+            return 0;
+        const size_t hot = splitmix(&r) % E;
+        for (size_t i = 0; i < T * K; i++) {
+            const uint64_t u = splitmix(&r);
+            L->gids[i] = (u & 15) == 0 ? ((u >> 4) % 3 == 0 ? -1 : (u >> 4) % 3 == 1 ? (int)E : 1 << 30)
+                         : mode != MODE_RANDOM && (i / K) % 4 == 0 ? (int)hot : (int)((u >> 8) % E);
+            L->gw[i] = (float)((splitmix(&r) >> 40) / 16777216.0) + 1e-3f;
+        }
+        L->dgids = dev_upload(L->gids, T * K * sizeof(int));
+        L->dgw = dev_upload(L->gw, T * K * sizeof(float));
+        if (!L->dgids || !L->dgw)
+            return 0;
     }
     if (moe_plan_pack_w1(plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(plan, L->b1, L->b1p) != MOE_OK)
         return 0;
@@ -711,22 +741,42 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
         goto done;
     for (int i = 0; i < ns; i++)
         memcpy(xs + (size_t)i * H, L->x + (size_t)sample[i] * H, (size_t)H * 2);
+    const int given = s->router.select == MOE_SELECT_GIVEN;
+    int *sids = given ? malloc(sizeof(int) * (size_t)ns * K) : NULL;   /* the caller's ids (and weights) */
+    float *sw = given ? malloc(sizeof(float) * (size_t)ns * K) : NULL;  /* of the sampled tokens */
+    for (int i = 0; given && sids && sw && i < ns; i++) {
+        memcpy(sids + (size_t)i * K, L->gids + (size_t)sample[i] * K, sizeof(int) * (size_t)K);
+        memcpy(sw + (size_t)i * K, L->gw + (size_t)sample[i] * K, sizeof(float) * (size_t)K);
+    }
+    CHECK(!given || (sids && sw));
     moe_ref_inputs_t in = {.x = xs, .wr = L->wr, .sel_bias = L->sel_bias, .logit_bias = L->logit_bias,
-                           .tokens = ns};
+                           .tokens = ns, .given_ids = sids, .given_w = sw};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int i = 0; i < ns; i++)
         memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * KE, sizeof(int) * (size_t)K);
+    if (given) { /* entry for entry: the caller's id (a dropped one at expert 0), its weight */
+        int same = 1;
+        double gerr = 0;
+        for (long i = 0; i < (long)ns * K; i++) {
+            same &= gidx[i] == ridx[i];
+            const double d = fabs(w[(size_t)sample[i / K] * KE + i % K] - rw[i]);
+            gerr = d > gerr ? d : gerr;
+        }
+        CHECKF(same, "route: the entries' experts are not the caller's ids");
+        CHECKF(gerr <= 1e-4 * s->router.scale + 1e-4, "route: given-routing weights differ by %g", gerr);
+    }
+    free(sids), free(sw);
     int bad = -1;
     /* sparsemixer routes on the logits rounded to the dtype (bf16: 8 bits), and an fp32 logit within its
      * accumulation error of a rounding boundary may round either way on the GPU and in the reference (double
      * sums): its selection ties are a bf16 step wide, its weights a step of the dtype apart, and a logit that
      * rounds the other way at the band's edge moves a weight by more (a few tokens) */
     const int in_dtype = s->router.score == MOE_SCORE_SPARSEMIXER;
-    int agree = moe_ref_route_agree(s, ridx, gidx, sc, ns, in_dtype ? 4e-2f : 2e-4f, &bad);
+    int agree = given || moe_ref_route_agree(s, ridx, gidx, sc, ns, in_dtype ? 4e-2f : 2e-4f, &bad);
     CHECKF(agree, "route: token %d selects different experts than the reference", bad >= 0 ? sample[bad] : -1);
     double werr = 0;
     int wild = 0; /* in_dtype: tokens whose weights differ by more than a dtype step */
-    for (int i = 0; i < ns; i++) {
+    for (int i = 0; i < ns && !given; i++) { /* given routing: checked entry for entry above */
         int off = 0;
         for (int k = 0; k < K; k++)
             for (int j = 0; j < K; j++)
@@ -1276,7 +1326,9 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         return;
     CHECK(cu_ok(moe_cu.cuMemsetD8(L->dy, 0xff, (size_t)s->tokens * H * 2), "poison y"));
     CHECK(ws_poison(L));
-    moe_forward_args a = {.tokens = T, .x = (void *)L->dx, .router_w = (void *)L->dwr,
+    moe_forward_args a = {.tokens = T, .x = (void *)L->dx,
+                          .router_w = s->router.score == MOE_SCORE_GIVEN ? NULL : (void *)L->dwr,
+                          .topk_ids = (const int *)L->dgids, .topk_weights = (const float *)L->dgw,
                           .router_bias = s->router.bias ? (float *)L->dsel : NULL,
                           .router_logit_bias = s->router.logit_bias ? (float *)L->dlogit : NULL,
                           .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
@@ -1289,6 +1341,14 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     CHECKF(sr == CUDA_SUCCESS, "kernel fault: %s", moe_cu_error_string(sr));
     if (st != MOE_OK || sr != CUDA_SUCCESS)
         return;
+    if (s->router.select == MOE_SELECT_GIVEN && family_on(FAM_ROUTE)) { /* the dropped ids, counted */
+        long long want = 0, got = -1;
+        for (long long i = 0; i < (long long)T * s->top_k; i++)
+            want += L->gids[i] < 0 || L->gids[i] >= s->experts;
+        const moe_status re = moe_plan_routing_errors(plan, a.workspace, NULL, &got);
+        CHECKF(got == want && (re == MOE_OK) == (want == 0), "moe_plan_routing_errors: %lld dropped ids, %lld given "
+               "(status %s)", got, want, moe_status_string(re));
+    }
     if (family_on(FAM_LAYER)) {
         char wc[240];
         family_case(wc, sizeof wc, FAM_LAYER, label);
@@ -1681,6 +1741,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         /* capacity: one token more than the spec allows is refused */
         const moe_spec_t *s = &L.s;
         moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
+                              .topk_ids = (const int *)L.dgids, .topk_weights = (const float *)L.dgw,
                               .router_bias = s->router.bias ? (float *)L.dsel : NULL,
                               .router_logit_bias = s->router.logit_bias ? (float *)L.dlogit : NULL,
                               .w1p = (void *)L.dw1p, .b1p = s->ffn_bias ? (void *)L.db1p : NULL,

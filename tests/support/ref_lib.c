@@ -26,6 +26,8 @@ typedef struct {
     const uint16_t *b1, *b2;     /* [E, 2F] plain, [E, H]; ffn_bias */
     const uint16_t *ws1, *ws2;   /* the shared expert, unsplit: [2F_s, H] (gate rows, then up), [H, F_s]; shared.ffn */
     const uint16_t *wsg;         /* [H] w_gate; shared.gate = "sigmoid" */
+    const int *given_ids;        /* [T, top_k] the caller's experts; router.select = "given" */
+    const float *given_w;        /* [T, top_k] the caller's weights; router.score = "given" */
 } moe_reflib_inputs_t;
 
 static void put_err(char *err, int errlen, const char *msg) {
@@ -64,7 +66,8 @@ int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
     }
     moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
-                            .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg };
+                            .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
+                            .given_ids = a->given_ids, .given_w = a->given_w };
     if (moe_ref_route(&s, &in, topk_idx, topk_w, scores)) {
         put_err(err, errlen, "moe_ref_route refused the inputs (a NULL tensor the spec needs?)");
         return 1;
