@@ -101,12 +101,12 @@ class Layout(unittest.TestCase):
             _lib.check_layout(moegen.library(), {"moe_forward_args": bad})
 
     def test_a_field_missing_at_the_end(self):
-        self.check_refused(_lib.ForwardArgs._fields_[:-1], r"moe_forward_args field 13: the package has missing, "
-                                                          r"the library w2s")
+        self.check_refused(_lib.ForwardArgs._fields_[:-1], r"moe_forward_args field 15: the package has missing, "
+                                                          r"the library topk_weights")
 
     def test_a_field_too_many(self):
         self.check_refused(_lib.ForwardArgs._fields_ + [("extra", ctypes.c_void_p)],
-                           r"field 14: the package has extra at offset 112, 8 bytes, the library missing")
+                           r"field 16: the package has extra at offset 128, 8 bytes, the library missing")
 
     def test_two_fields_swapped(self):
         f = list(_lib.ForwardArgs._fields_)
