@@ -108,9 +108,10 @@ MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_in
            "moe_backward_args": BackwardArgs}
 
 # The forward's tensors, moe_forward_args' names, in its order (w1s, w2s: the
-# fp8 weights' scales, absent from other plans).
+# fp8 weights' scales, absent from other plans; topk_ids, topk_weights: given
+# routing's, likewise).
 TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate", "w1s",
-           "w2s")
+           "w2s", "topk_ids", "topk_weights")
 
 # ---- the functions used, with their C types -------------------------------
 _SIGNATURES = {

@@ -42,7 +42,7 @@ BACKWARD_TARGET = "moegen_moe_backward"
 # (w1s, w2s: the fp8 weights' scales, bits 5 and 6 of the attribute present)
 ORDER = ("router_w", "w1p", "w2", "router_bias", "router_logit_bias", "b1p", "b2", "shared_gate", "w1s", "w2s")
 OPTIONAL = ORDER[3:]
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "float8_e4m3fn"}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "float8_e4m3fn", "int32": "int32"}
 WORKSPACE_ALIGN = 256   # moe_forward's workspace alignment; the handler aligns XLA's buffer up to it
 
 _lock = threading.Lock()

@@ -41,7 +41,7 @@ from . import _lib
 from .plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-           "fp8_e4m3": torch.float8_e4m3fn}
+           "fp8_e4m3": torch.float8_e4m3fn, "int32": torch.int32}
 # the op's optional tensors, in its argument order
 _OPTIONAL = ("router_bias", "router_logit_bias", "b1p", "b2", "shared_gate")
 # the fp8 weights' scales, the op's trailing arguments (after plan)
@@ -281,7 +281,7 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
          0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
          ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0 if w1s is None else w1s.data_ptr(),
-         0 if w2s is None else w2s.data_ptr(), 0, 0)   # topk_ids, topk_weights: given routing is not in the op
+         0 if w2s is None else w2s.data_ptr(), 0, 0)   # topk_ids, topk_weights: moegen::moe_given's
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
@@ -503,6 +503,89 @@ for _name, _fake in (("moe", _moe_fake), ("moe_train", _train_fake), ("moe_backw
 moe = torch.ops.moegen.moe
 
 
+# ---- given routing (router.select = "given"): moegen::moe_given ------------------
+# The caller's experts (topk_ids, int32 [tokens, top_k]) and, with router.score
+# = "given", their weights (topk_weights, fp32 [tokens, top_k]; router_w then
+# None). A Python op in either mode (the C++ library does not define it), with
+# the fake for torch.compile; the plans it runs are inference-only.
+_GIVEN_SCHEMA = ("moe_given(Tensor x, Tensor? router_w, Tensor w1p, Tensor w2, Tensor? router_bias, "
+                 "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan, Tensor topk_ids, "
+                 "Tensor? topk_weights=None, Tensor? w1s=None, Tensor? w2s=None) -> Tensor")
+_lib_def.define(_GIVEN_SCHEMA)
+
+
+def check_given(e, x, topk_ids, topk_weights):
+    """Raise unless the plan routes by the caller's ids and topk_ids (and
+    topk_weights, where its score is "given") are [tokens, top_k] of x's
+    tokens, int32 (float32), contiguous on the plan's device."""
+    if e.expect.get("topk_ids") is None:
+        raise ValueError("moegen: the plan picks its own experts (spec router.select = \"topk\"): call moegen::moe, "
+                         "without topk_ids")
+    K = e.expect["topk_ids"][0][1]
+    for name, t, dt, needed in (("topk_ids", topk_ids, torch.int32, True),
+                                ("topk_weights", topk_weights, torch.float32, e.expect.get("topk_weights") is not None)):
+        if t is None:
+            if needed:
+                raise ValueError("moegen: the spec has router.score = \"given\": topk_weights float32 [tokens, %d] "
+                                 "is required" % K)
+            continue
+        if not needed:
+            raise ValueError("moegen: the spec weights the given experts by its router (router.score is not "
+                             "\"given\"): pass topk_weights=None")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+        if t.dtype != dt:
+            raise TypeError("moegen: %s must be %s, not %s" % (name, dt, t.dtype))
+        if t.dim() != 2 or t.shape[0] != x.shape[0] or t.shape[1] != K:
+            raise ValueError("moegen: %s must be [tokens, %d] = %s, not %s" % (name, K, [x.shape[0], K],
+                                                                             list(t.shape)))
+        if t.device != e.device:
+            raise ValueError("moegen: %s is on %s; the plan runs on %s" % (name, t.device, e.device))
+        if not t.is_contiguous():
+            raise ValueError("moegen: %s must be contiguous" % name)
+
+
+def _given_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids,
+                topk_weights=None, w1s=None, w2s=None):
+    e = _plans.get(plan) or _entry(plan)
+    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
+    if not _fits(e, x, ts):
+        check_args(e.expect, e.capacity, e.device, x, dict(zip(ORDER, ts)))
+    check_given(e, x, topk_ids, topk_weights)
+    tokens = x.shape[0]
+    ws_bytes = e.ws.get(tokens)
+    if ws_bytes is None:
+        ws_bytes = e.ws[tokens] = e.lib.moe_plan_workspace_size(e.handle, tokens)
+    y = torch.empty_like(x)
+    if tokens == 0:
+        return y
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=e.device)
+    a, pack = _forward_args()
+    p = lambda t: 0 if t is None else t.data_ptr()
+    pack(tokens, x.data_ptr(), p(router_w), p(router_bias), p(router_logit_bias), w1p.data_ptr(), p(b1p),
+         w2.data_ptr(), p(b2), y.data_ptr(), ws.data_ptr(), p(shared_gate), p(w1s), p(w2s), topk_ids.data_ptr(),
+         p(topk_weights))
+    with torch.cuda.device(e.index):
+        st = e.lib.moe_forward(e.handle, a, _raw_stream(e.index))
+    if st != 0:
+        raise _lib.fail(e.lib, st, "moe_forward")
+    return y
+
+
+def _given_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids,
+                topk_weights=None, w1s=None, w2s=None):
+    return _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)
+
+
+_lib_def.impl("moe_given", _given_cuda, "CUDA")
+_lib_def.impl("moe_given", lambda x, *args, **kw: _not_cuda(x), "CPU")
+_lib_def.impl("moe_given", autograd_kernel(torch.ops.moegen.moe_given.default, torch._C.DispatchKey.CUDA,
+                                           _given_cuda, lambda below, *args: _NoBackward.apply(below, *args)),
+              "Autograd", with_keyset=True)
+torch.library.register_fake("moegen::moe_given", _given_fake, lib=_lib_def)
+moe_given = torch.ops.moegen.moe_given
+
+
 def _cuda_index(device):
     d = torch.device(device if device is not None else "cuda")
     if d.type != "cuda":
@@ -620,6 +703,7 @@ class MoE(torch.nn.Module):
                 torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=self.trains and name != "router_bias")
             self.register_parameter(name, param)
         self._w1_order = None
+        self._given = self.plan.tensors["topk_ids"] is not None   # router.select = "given": moegen::moe_given
 
     def unpack_grad(self, g, name="w1p"):
         """The plain layout of a packed fp32 gradient g of w1p [S, 2F, H]
@@ -645,14 +729,25 @@ class MoE(torch.nn.Module):
         return "%s: E=%d, top_k=%d, H=%d, F=%d, tokens<=%d, %s" % (i.name, i.experts, i.top_k, i.hidden, i.ffn,
                                                                    i.tokens, i.arch)
 
-    def forward(self, x):
+    def forward(self, x, topk_ids=None, topk_weights=None):
+        """y for x [..., H]; with given routing (spec router.select =
+        "given") topk_ids [..., top_k] int32 are the experts of each token,
+        and with router.score = "given" topk_weights [..., top_k] float32
+        their weights (moegen::moe_given)."""
         H = self.plan.info.hidden
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
-        y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p.get("w1s"), p.get("w2s"))
+        if topk_ids is not None or topk_weights is not None or getattr(self, "_given", False):
+            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
+            y = moe_given(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
+                          p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),
+                          r(topk_weights), p.get("w1s"), p.get("w2s"))
+        else:
+            y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
+                    p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p.get("w1s"),
+                    p.get("w2s"))
         return y.reshape(x.shape) if flat else y
 
     def w1_order(self):

@@ -471,6 +471,71 @@ class Autograd(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class Given(unittest.TestCase):
+    """moegen::moe_given (router.select = "given"): its schema, its fake under
+    tracing, the checks of topk_ids / topk_weights, CPU tensors refused."""
+    K = 2
+
+    def entry(self, weights=False):
+        from types import SimpleNamespace
+        exp = dict(expect(), topk_ids=(torch.Size([CAP, self.K]), torch.int32),
+                   topk_weights=(torch.Size([CAP, self.K]), torch.float32) if weights else None)
+        return SimpleNamespace(expect=exp, device=torch.device("meta"))
+
+    def test_schema(self):
+        from moegen import torch as mt
+        self.assertEqual(str(torch.ops.moegen.moe_given.default._schema), "moegen::" + mt._GIVEN_SCHEMA)
+
+    def test_checks(self):
+        from moegen import torch as mt
+        x = torch.empty(4, H, dtype=torch.bfloat16, device="meta")
+        ids = torch.empty(4, self.K, dtype=torch.int32, device="meta")
+        w = torch.empty(4, self.K, dtype=torch.float32, device="meta")
+        mt.check_given(self.entry(), x, ids, None)
+        mt.check_given(self.entry(True), x, ids, w)
+        for e, i, ww, err, msg in (
+                (self.entry(), ids, w, ValueError, "pass topk_weights=None"),
+                (self.entry(True), ids, None, ValueError, "topk_weights float32 \\[tokens, 2\\] is required"),
+                (self.entry(), ids.long(), None, TypeError, "topk_ids must be torch.int32, not torch.int64"),
+                (self.entry(), ids[:3], None, ValueError, "topk_ids must be \\[tokens, 2\\] = \\[4, 2\\], not \\[3, 2\\]"),
+                (self.entry(True), ids, w.half(), TypeError, "topk_weights must be torch.float32"),
+                (self.entry(), torch.empty(2, 4, dtype=torch.int32, device="meta").t(), None, ValueError,
+                 "topk_ids must be contiguous"),
+                (self.entry(), torch.empty(4, self.K, dtype=torch.int32), None, ValueError, "topk_ids is on cpu")):
+            with self.assertRaisesRegex(err, msg):
+                mt.check_given(e, x, i, ww)
+        from types import SimpleNamespace
+        with self.assertRaisesRegex(ValueError, "picks its own experts"):
+            mt.check_given(SimpleNamespace(expect=expect(), device=torch.device("meta")), x, ids, None)
+
+    def test_fake_traced(self):
+        from moegen import torch as mt
+        import torch._dynamo.testing as dt
+        bf, meta = torch.bfloat16, "meta"
+        a = (torch.empty(5, H, dtype=bf, device=meta), None, torch.empty(S, 2 * F, H, dtype=bf, device=meta),
+             torch.empty(S, H, F, dtype=bf, device=meta))
+        ids = torch.empty(5, self.K, dtype=torch.int32, device=meta)
+        w = torch.empty(5, self.K, dtype=torch.float32, device=meta)
+        y = mt.moe_given(*a, None, None, None, None, None, 999, ids, w)
+        self.assertEqual((y.shape, y.dtype), (torch.Size([5, H]), bf))
+        cnt = dt.CompileCounter()
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def layer(x, w1p, w2, ids, w):
+            return mt.moe_given(x, None, w1p, w2, None, None, None, None, None, 999, ids, topk_weights=w).float().sum()
+
+        layer(a[0], a[2], a[3], ids, w)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_cpu_tensors_are_refused(self):
+        from moegen import torch as mt
+        bf = torch.bfloat16
+        with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
+            mt.moe_given(torch.randn(3, H).to(bf), None, torch.randn(S, 2 * F, H).to(bf), torch.randn(S, H, F).to(bf),
+                         None, None, None, None, None, 999, torch.zeros(3, self.K, dtype=torch.int32))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class Ops(unittest.TestCase):
     """Which ops are loaded, and that they are the ones moegen.torch means."""
 

@@ -169,25 +169,34 @@ def weights(keys):
     return w
 
 
-def reference(keys, w, x):
+def reference(keys, w, x, ids=None, gw=None):
     """The layer in eager PyTorch from the plain weights: routing in float64
     (selection scores rounded to fp32), FFN in fp32 with the intermediate and
     each expert's output rounded to bf16 where the kernels store them; a
     shared expert as its m slots of ffn columns, each rounded likewise,
-    weighted by 1 or sigmoid(x·w_gate)."""
+    weighted by 1 or sigmoid(x·w_gate). Given routing: ids [T, K] are the
+    experts (those outside 0..E-1 dropped: expert 0, weight 0), weighted by
+    the score at them or by gw [T, K] (router.score = "given")."""
     r = keys.get("router", {})
     K, F = keys["top_k"], keys["ffn"]
-    logits = x.double() @ w["router_w"].double().t()
-    if "router_logit_bias" in w:
-        logits = logits + w["router_logit_bias"].double()
-    score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
-    sel = score.float()
-    if "router_bias" in w:
-        sel = sel + w["router_bias"]
-    idx = sel.topk(K, dim=-1).indices
-    wt = score.gather(1, idx)
-    if r.get("renormalize"):
-        wt = wt / wt.sum(-1, keepdim=True)
+    if gw is None:
+        logits = x.double() @ w["router_w"].double().t()
+        if "router_logit_bias" in w:
+            logits = logits + w["router_logit_bias"].double()
+        score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
+    if ids is not None:
+        drop = (ids < 0) | (ids >= keys["experts"])
+        idx = torch.where(drop, 0, ids).long()
+        wt = (gw.double() if gw is not None else score.gather(1, idx)).masked_fill(drop, 0.0)
+    else:
+        sel = score.float()
+        if "router_bias" in w:
+            sel = sel + w["router_bias"]
+        idx = sel.topk(K, dim=-1).indices
+        wt = score.gather(1, idx)
+    if r.get("renormalize"):   # a token whose every id was dropped keeps its zeros
+        total = wt.sum(-1, keepdim=True)
+        wt = torch.where(total > 0, wt / total, wt)
     y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in idx.unique().tolist():
@@ -824,6 +833,69 @@ def overhead(moe, iters):
     return res
 
 
+def check_given(name, keys):
+    """Given routing through moegen::moe_given (MoE.forward's topk_ids /
+    topk_weights): the caller's ids with some out of range (dropped, and
+    counted: Plan.routing_errors on a direct call), against the reference,
+    y poisoned first; eager and replayed from a CUDA graph."""
+    moe = MoE(keys, device="cuda")
+    w = weights(keys)
+    given_w = keys["router"].get("score") == "given"
+    if given_w:   # no router: the caller's weights
+        w.pop("router_w")
+        moe.load_plain(router_w=None, **w)
+    else:
+        moe.load_plain(**w)
+    E, K, H = keys["experts"], keys["top_k"], keys["hidden"]
+    for T in (1, 7, 300):
+        x = rand(T, H)
+        ids = torch.randint(0, E, (T, K), device="cuda", dtype=torch.int32)
+        ids[torch.rand(T, K, device="cuda") < 0.08] = E    # out of range: dropped
+        ids.view(-1)[0] = -1
+        gw = torch.rand(T, K, device="cuda", dtype=torch.float32) + 1e-3 if given_w else None
+        poison(x)
+        with torch.no_grad():
+            y = moe(x, topk_ids=ids, topk_weights=gw)
+        ref = reference(keys, w, x, ids, gw)
+        e = nerr(y, ref)
+        report(e < 2e-2, "%s: moe_given, %d tokens (%d ids dropped): normalized error %.2e" % (
+            name, T, int(((ids < 0) | (ids >= E)).sum()), e))
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            moe(x, topk_ids=ids, topk_weights=gw)   # warm
+            with torch.cuda.graph(g):
+                yg = moe(x, topk_ids=ids, topk_weights=gw)
+        g.replay()
+        torch.cuda.synchronize()
+        report(torch.equal(yg, y), "%s: moe_given, %d tokens, replayed from a CUDA graph: the eager bits" % (name, T))
+    # the dropped ids, counted (Plan.forward on raw pointers, then Plan.routing_errors)
+    plan, T = moe.plan, 9
+    x, y = rand(T, H), torch.empty(T, H, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, E, (T, K), device="cuda", dtype=torch.int32)
+    ids[0, 0], ids[3, K - 1] = -5, E + 2
+    gw = torch.rand(T, K, device="cuda", dtype=torch.float32) if given_w else None
+    ws = torch.empty(plan.workspace_size(T) + 256, dtype=torch.uint8, device="cuda")
+    wsp = (ws.data_ptr() + 255) // 256 * 256
+    ptrs = dict(x=x.data_ptr(), y=y.data_ptr(), w1p=moe.w1p.data_ptr(), w2=moe.w2.data_ptr(), topk_ids=ids.data_ptr())
+    if not given_w:
+        ptrs["router_w"] = moe.router_w.data_ptr()
+    else:
+        ptrs["topk_weights"] = gw.data_ptr()
+    if moe.b1p is not None:
+        ptrs.update(b1p=moe.b1p.data_ptr(), b2=moe.b2.data_ptr())
+    stream = torch.cuda.current_stream().cuda_stream
+    plan.forward(T, ptrs, wsp, stream)
+    report(plan.routing_errors(wsp, stream) == 2, "%s: Plan.routing_errors counts the 2 dropped ids" % name)
+
+
+GIVEN_SPECS = {
+    "given_ids": dict(name="given_ids", experts=16, top_k=4, hidden=256, ffn=128, tokens=512,
+                      router=dict(select="given", score="softmax", renormalize=True)),
+    "given_weights": dict(name="given_weights", experts=16, top_k=4, hidden=256, ffn=128, tokens=512, ffn_bias=True,
+                          router=dict(select="given", score="given", renormalize=False)),
+}
+
+
 def main():
     faulthandler.enable()  # a crash in a native call prints the Python stack
     ap = argparse.ArgumentParser()
@@ -857,6 +929,12 @@ def main():
         except Exception as e:
             traceback.print_exc()
             report(False, "%s: training steps: %s: %s" % (name, type(e).__name__, e))
+    for name, keys in GIVEN_SPECS.items():
+        try:
+            check_given(name, keys)
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (name, type(e).__name__, e))
     for name, keys in FP8_SPECS.items():
         try:
             check_fp8(name, keys)
