@@ -59,7 +59,7 @@ static void ep_ws_sizes(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
     const int fp8 = moe_spec_fp8(s);
     const size_t hsc = fp8 ? 4 * (size_t)(H / MOE_FP8_BLOCK) : 0, fsc = fp8 ? 4 * (size_t)(F / MOE_FP8_BLOCK) : 0;
     size_t sizes[MOE_EW_COUNT] = {
-        [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_SPLIT_BLOCKS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E,
+        [MOE_EW_COUNTS] = 4 * (E + MOE_ROUTE_TICKETS), [MOE_EW_OFFSETS] = 4 * E, [MOE_EW_CURSOR] = 4 * E,
         [MOE_EW_SLOT_COUNTS] = 4 * PS, [MOE_EW_RECV_COUNTS] = 4 * PS, [MOE_EW_SEND_COUNTS] = 4 * P,
         [MOE_EW_SEND_OFF] = 4 * (P + 1), [MOE_EW_CHUNK_SRC] = 4 * PS, [MOE_EW_CHUNK_DST] = 4 * PS,
         [MOE_EW_CHUNK_ROWS] = 4 * PS, [MOE_EW_SRC_BASE] = 4 * (P + 1), [MOE_EW_SLOT_OFF] = 4 * (S + 1),

@@ -469,9 +469,6 @@ static void check_given(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (s->training)
         NAMED_ERROR(c, "training", "training = true %s is not supported: the backward is built for the router's "
                     "own selection", why);
-    else if (s->mesh.size[MOE_AXIS_EP] > 1)
-        NAMED_ERROR(c, "mesh.ep", "mesh.ep = %d %s is not supported: the expert-parallel steps do not carry the "
-                    "caller's ids yet", s->mesh.size[MOE_AXIS_EP], why);
 }
 
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after

@@ -261,7 +261,8 @@ moe_status moe_plan_routing_errors(const moe_plan *p, const void *workspace, voi
     CU_CHECK(moe_cu.cuCtxSetCurrent(p->ctx));
     CU_CHECK(moe_cu.cuStreamSynchronize((CUstream)stream));
     int n = 0; /* after the slots' counts and the fused ticket (gen/launch_geom.h, MOE_ROUTE_BAD_IDS) */
-    const size_t at = p->pd.ws[MOE_WS_COUNTS].offset + 4 * ((size_t)moe_spec_slots(s) + MOE_ROUTE_BAD_IDS);
+    const size_t counts = p->ep->dispatch ? p->ep->ed->ws[MOE_EW_COUNTS].offset : p->pd.ws[MOE_WS_COUNTS].offset;
+    const size_t at = counts + 4 * ((size_t)moe_spec_slots(s) + MOE_ROUTE_BAD_IDS);
     CU_CHECK(moe_cu.cuMemcpyDtoH(&n, (CUdeviceptr)(uintptr_t)workspace + at, sizeof n));
     if (entries)
         *entries = n;

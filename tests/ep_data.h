@@ -23,13 +23,19 @@ static void ep_fill(uint16_t *d, size_t n, float scale, uint64_t *s) {
         d[i] = moe_float_to_half(((float)(ep_rng(s) >> 40) / (float)(1 << 24) * 2.f - 1.f) * scale, MOE_DTYPE_BF16);
 }
 
-/* The whole layer: x for `world` ranks of T tokens, router, plain W1, W2. */
+/* The whole layer: x for `world` ranks of T tokens, router, plain W1, W2;
+ * with given routing (router.select = "given") the caller's ids for every
+ * rank's tokens, [world * T, top_k], one in 16 out of range (dropped), and
+ * with router.score = "given" their weights. */
 typedef struct {
     uint16_t *x, *wr, *w1, *w2;
+    int *ids;
+    float *gw;
 } ep_layer_t;
 
 static int ep_layer_make(ep_layer_t *l, const moe_spec_t *s, int world, int T, uint64_t seed) {
     size_t H = (size_t)s->hidden, F = (size_t)s->ffn, E = (size_t)s->experts;
+    l->ids = NULL, l->gw = NULL;
     l->x = malloc(2 * (size_t)world * T * H);
     l->wr = malloc(2 * E * H);
     l->w1 = malloc(2 * E * 2 * F * H);
@@ -40,10 +46,32 @@ static int ep_layer_make(ep_layer_t *l, const moe_spec_t *s, int world, int T, u
     ep_fill(l->wr, E * H, 0.2f, &seed);
     ep_fill(l->w1, E * 2 * F * H, 0.08f, &seed);
     ep_fill(l->w2, E * H * F, 0.1f, &seed);
+    if (s->router.select == MOE_SELECT_GIVEN) {
+        const size_t n = (size_t)world * T * s->top_k;
+        l->ids = malloc(sizeof(int) * n);
+        l->gw = malloc(sizeof(float) * n);
+        if (!l->ids || !l->gw)
+            return -1;
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t u = ep_rng(&seed);
+            l->ids[i] = (u & 15) == 0 ? ((u >> 4) & 1 ? -1 : (int)E) : (int)((u >> 8) % E);
+            l->gw[i] = (float)(ep_rng(&seed) >> 40) / (float)(1 << 24) + 1e-3f;
+        }
+    }
     return 0;
 }
 
-static void ep_layer_free(ep_layer_t *l) { free(l->x), free(l->wr), free(l->w1), free(l->w2); }
+/* The ids out of range among rank r's (given routing). */
+static inline long long ep_layer_dropped(const ep_layer_t *l, const moe_spec_t *s, int r, int T) {
+    long long n = 0;
+    for (size_t i = 0; l->ids && i < (size_t)T * s->top_k; i++) {
+        const int id = l->ids[(size_t)r * T * s->top_k + i];
+        n += id < 0 || id >= s->experts;
+    }
+    return n;
+}
+
+static void ep_layer_free(ep_layer_t *l) { free(l->x), free(l->wr), free(l->w1), free(l->w2), free(l->ids), free(l->gw); }
 
 /* Normalized L2 error of rank r's y [T, H] against the reference on its
  * tokens; *unwritten counts NaNs (the poison). bias (may be NULL): the
@@ -55,7 +83,9 @@ static double ep_layer_error(const ep_layer_t *l, const moe_spec_t *s, int r, in
     float *yref = malloc(sizeof(float) * T * H), *tw = malloc(sizeof(float) * T * K);
     int *ti = malloc(sizeof(int) * T * K);
     double e = -1;
-    moe_ref_inputs_t in = {.x = l->x + (size_t)r * T * H, .wr = l->wr, .w1 = l->w1, .w2 = l->w2, .tokens = T};
+    moe_ref_inputs_t in = {.x = l->x + (size_t)r * T * H, .wr = l->wr, .w1 = l->w1, .w2 = l->w2, .tokens = T,
+                           .given_ids = l->ids ? l->ids + (size_t)r * T * K : NULL,
+                           .given_w = l->gw ? l->gw + (size_t)r * T * K : NULL};
     if (bias) {
         in.b1 = bias->b1;
         in.b2 = bias->b2;

@@ -273,10 +273,10 @@ static void test_combine_order(void) {
 
 enum { W = 3 };   /* row: value, source ep rank, token */
 
-enum { R_RANDOM, R_SPARSE, R_ONE, R_TO_RANK0, R_EMPTY_SENDER, R_T1, R_COUNT };
+enum { R_RANDOM, R_SPARSE, R_ONE, R_TO_RANK0, R_EMPTY_SENDER, R_T1, R_REPEATS, R_COUNT };
 static const char *r_name[R_COUNT] = {"random", "some experts empty", "all tokens to one expert set",
                                       "all to ep rank 0 (others receive nothing)", "one rank sends nothing",
-                                      "T = 1"};
+                                      "T = 1", "experts repeated within a token (given routing's ids)"};
 enum { M_EXACT, M_CAP_AMPLE, M_CAP_TIGHT, M_CAP_DROP, M_COUNT };
 static const char *m_name[M_COUNT] = {"exact", "capacity (fits)", "capacity (too small, policy off)",
                                       "capacity (too small, drop)"};
@@ -524,6 +524,8 @@ static void run_group(const moe_mesh_plan_t *mp, int grp, int K, int kind, int m
         for (int t = 0; t < s->T; t++) {
             if (kind == R_ONE)
                 memcpy(s->idx + t * K, one, sizeof(int) * (size_t)K);
+            else if (kind == R_REPEATS) /* any expert per entry, repeats allowed (router.select = "given") */
+                for (int k = 0; k < K; k++) s->idx[t * K + k] = pool[rnd_below(npool)];
             else
                 pick(pool, npool, K, s->idx + t * K);
             for (int k = 0; k < K; k++) s->w[t * K + k] = rnd_unit();

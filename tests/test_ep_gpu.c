@@ -96,6 +96,13 @@ static const ep_case_t cases[] = {
     {"ep4_capacity_rank_empty",
      "name = 'ep4cz' " BASE "mesh = { ep = 4 }\ndispatch = { mode = 'capacity', capacity = 600 }\n", 300, 0, 1 + 0},
     {"dp2_fsdp2_ep2_rank_empty", "name = 'dfez' " BASE "mesh = { dp = 2, fsdp = 2, ep = 2 }\n", 129, 0, 1 + 3},
+    /* given routing: each rank's own tokens' ids (some dropped, counted per rank), weighted by the scores or
+     * given with them */
+    {"ep4_given_ids", "name = 'ep4g' " BASE "mesh = { ep = 4 }\nrouter = { select = 'given', score = 'sigmoid' }\n",
+     257, 0, 0},
+    {"ep2_given_weights_capacity",
+     "name = 'ep2gw' " BASE "mesh = { ep = 2 }\nrouter = { select = 'given', score = 'given', renormalize = false }\n"
+     "dispatch = { mode = 'capacity', capacity = 900 }\n", 300, 0, 1 + 1},
 };
 
 enum { FAM_GATHER, FAM_EP, FAM_COUNT };
@@ -186,7 +193,7 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     moe_plan *plan[16] = {0};
     moe_ep_call_t *call[16] = {0};
     CUdeviceptr dx[16] = {0}, dy[16] = {0}, dws[16] = {0}, dst1[16] = {0}, dst2[16] = {0}, dh1[16] = {0},
-                dh2[16] = {0}, dwr = 0;
+                dh2[16] = {0}, dwr = 0, dids[16] = {0}, dgw[16] = {0};
     ep_layer_t L;
     if (ep_layer_make(&L, &spec, W, T, seed)) {
         CHECKF(0, "out of memory");
@@ -225,6 +232,13 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
         CHECK(rk->stored[NS - 1] == rk->stored[0] + NS - 1); /* a rank stores consecutive experts */
         CU(moe_cu.cuMemcpyHtoD(dst1[r], w1p + (size_t)rk->stored[0] * w1e, 2 * NS * w1e));
         CU(moe_cu.cuMemcpyHtoD(dst2[r], w2 + (size_t)rk->stored[0] * w2e, 2 * NS * w2e));
+        if (L.ids) { /* given routing: rank r's tokens' ids and weights */
+            const size_t nk = (size_t)T * spec.top_k;
+            CU(moe_cu.cuMemAlloc(&dids[r], sizeof(int) * nk));
+            CU(moe_cu.cuMemcpyHtoD(dids[r], L.ids + (size_t)r * nk, sizeof(int) * nk));
+            CU(moe_cu.cuMemAlloc(&dgw[r], sizeof(float) * nk));
+            CU(moe_cu.cuMemcpyHtoD(dgw[r], L.gw + (size_t)r * nk, sizeof(float) * nk));
+        }
     }
     /* the gather: w2 through the pack hook (negated), then again plainly */
     family_case(FAM_GATHER, c->name);
@@ -265,7 +279,9 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
         a[r] = (moe_forward_args){.tokens = Tr, .x = (void *)(uintptr_t)dx[r],
                                   .router_w = (void *)(uintptr_t)dwr,
                                   .w1p = (void *)(uintptr_t)dh1[r], .w2 = (void *)(uintptr_t)dh2[r],
-                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)ws_at[r]};
+                                  .y = (void *)(uintptr_t)dy[r], .workspace = (void *)(uintptr_t)ws_at[r],
+                                  .topk_ids = (const int *)(uintptr_t)dids[r],
+                                  .topk_weights = (const float *)(uintptr_t)dgw[r]};
     }
     for (int step = 0; step < MOE_EP_STEPS; step++) {
         for (int r = 0; r < W; r++) {
@@ -280,6 +296,13 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     CU(moe_cu.cuCtxSynchronize());
     if (!ranks_after(plan, ws_at, dws, wsb, a, W, c->want_overflow))
         goto done;
+    for (int r = 0; L.ids && r < W; r++) { /* given routing: each rank counts its own dropped ids */
+        long long got = -1;
+        const long long want = r == c->empty - 1 ? 0 : ep_layer_dropped(&L, &spec, r, T);
+        const moe_status st = moe_plan_routing_errors(plan[r], (void *)(uintptr_t)ws_at[r], NULL, &got);
+        CHECKF(got == want && (st == MOE_OK) == (want == 0), "rank %d: moe_plan_routing_errors %lld, %lld dropped",
+               r, got, want);
+    }
     /* each rank's tokens against the unsharded layer */
     for (int r = 0; r < W; r++) {
         CU(moe_cu.cuMemcpyDtoH(y, dy[r], 2 * (size_t)T * H));
@@ -298,7 +321,7 @@ static void run_case(const ep_case_t *c, uint64_t seed) {
     }
 done:
     for (int r = 0; r < W; r++) {
-        CUdeviceptr all[] = {dx[r], dy[r], dws[r], dst1[r], dst2[r], dh1[r], dh2[r]};
+        CUdeviceptr all[] = {dx[r], dy[r], dws[r], dst1[r], dst2[r], dh1[r], dh2[r], dids[r], dgw[r]};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             if (all[i])
                 moe_cu.cuMemFree(all[i]);

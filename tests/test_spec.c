@@ -201,7 +201,7 @@ static const char *const required_bad[] = {
     "quant_fp16", "quant_hidden_not_128", "quant_ffn_not_128", "quant_sm80", "quant_training", "quant_scaling_unknown",
     "quant_weights_unknown", "zero_experts_training", "zero_experts_ep", "zero_experts_apply_input",
     "zero_experts_negative", "zero_experts_over_route", "enum_router_select", "given_bias", "given_groups",
-    "given_training", "given_ep", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
+    "given_training", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
     "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer",
 };
 
