@@ -282,12 +282,20 @@ $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu: examples/specs/fp8/$(VENDORED_FP8_
 $(BUILD)/tests/test_vendored_fp8_gemv: tests/test_vendored.cu $(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu $(VENDORED_OBJ)
 	$(call vendored_build,$(VENDORED_SM90),$(VENDORED_FP8G_DIR)/$(VENDORED_FP8_NAME).cu,$(VENDORED_FP8_NAME),-DVENDORED_FP8)
 
+# The vendored path with given routing: the caller's ids and weights
+# (tests/specs/given_weights.moe, fp16, biases), NAME_BAD_IDS_AT's count.
+VENDORED_GIVEN_DIR := $(BUILD)/vendored_given
+$(VENDORED_GIVEN_DIR)/given_weights.cu: tests/specs/given_weights.moe $(BUILD)/moegen
+	$(BUILD)/moegen emit $< -o $(VENDORED_GIVEN_DIR)
+$(BUILD)/tests/test_vendored_given: tests/test_vendored.cu $(VENDORED_GIVEN_DIR)/given_weights.cu $(VENDORED_OBJ)
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_GIVEN_DIR)/given_weights.cu,given_weights,-DVENDORED_GIVEN -DVENDORED_GIVEN_W)
+
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
 gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
-  $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv
+  $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv $(BUILD)/tests/test_vendored_given
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -300,6 +308,10 @@ test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
 .PHONY: test-vendored-gemv
 test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
 	@$(BUILD)/tests/test_vendored_gemv examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-given
+test-vendored-given: $(BUILD)/tests/test_vendored_given
+	@$(BUILD)/tests/test_vendored_given tests/specs/given_weights.moe
 
 .PHONY: test-vendored-fp8
 test-vendored-fp8: $(BUILD)/tests/test_vendored_fp8

@@ -305,6 +305,7 @@ for what in "$@"; do
           v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
           v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
           v test_vendored_fp8_gemv build/tests/test_vendored_fp8_gemv examples/specs/fp8/qwen3-30b-a3b-fp8.moe
+          v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
           # the opt-in folded combine (off by default since 2026-12-05), on the gemv cases
           MOEGEN_COMBINE_FUSE=on MOEGEN_TUNING=tests/tune/gemv.tune v test_gpu_gemv_fold build/tests/test_gpu gemv.tune
           MOEGEN_TUNING=tests/tune/gemv8.tune v test_quant_gpu_gemv8 build/tests/test_quant_gpu; } &

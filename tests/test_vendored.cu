@@ -11,7 +11,11 @@
  * device by NAME_quantize and held to the host quantizer byte for byte,
  * NAME_pack_fp8 packs those e4m3 weights and scales as a checkpoint ships
  * them to the same bytes, and the forward (with w1s, w2s) is checked
- * against the CPU reference of the quantized math (tests/support/ref.h). */
+ * against the CPU reference of the quantized math (tests/support/ref.h).
+ * With VENDORED_GIVEN (`make test-vendored-given`: tests/specs/given_weights.moe,
+ * router.select and router.score = "given") the forward takes the caller's
+ * topk_ids and (VENDORED_GIVEN_W) topk_weights, about one id in 16 out of
+ * range, and the int at NAME_BAD_IDS_AT of the workspace must count those. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -110,6 +114,28 @@ int main(int argc, char **argv) {
     cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
     N(_args_t) a = {T, dx, dwr, (const float *)dsb, (const float *)dlb, dw1p, db1p, dw2, db2, dy, dws, dwsg};
     moe_ref_inputs_t in = {x, wr, w1, w2, b1, b2, sb, lb, T, ws1, ws2, wsg};
+#ifdef VENDORED_GIVEN
+    /* the caller's experts (repeats allowed, one in 16 out of range: dropped and counted) and weights */
+    int *gid = (int *)malloc(T * K * 4), ndrop = 0;
+    float *gwt = (float *)malloc(T * K * 4);
+    for (size_t i = 0; i < T * K; i++) {
+        const float u = urand();
+        gid[i] = u < -0.875f ? (i % 2 ? -1 : (int)E) : (int)((urand() + 1.0f) * 0.5f * (float)E) % (int)E;
+        gwt[i] = (urand() + 1.0f) * 0.5f + 1e-3f;
+        ndrop += gid[i] < 0 || gid[i] >= (int)E;
+    }
+    void *dgid, *dgwt;
+    CHECK(cudaMalloc(&dgid, T * K * 4) == cudaSuccess && cudaMalloc(&dgwt, T * K * 4) == cudaSuccess);
+    cudaMemcpy(dgid, gid, T * K * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dgwt, gwt, T * K * 4, cudaMemcpyHostToDevice);
+    a.topk_ids = (const int *)dgid;
+    in.given_ids = gid;
+#ifdef VENDORED_GIVEN_W
+    a.topk_weights = (const float *)dgwt;
+    a.router_w = NULL;   /* the caller's weights: no router */
+    in.given_w = gwt;
+#endif
+#endif
 #ifdef VENDORED_FP8
     CASE("vendored fp8: NAME_quantize on the device is the host quantizer, NAME_pack_fp8 packs a checkpoint's e4m3");
     /* the host's: moe_fp8_quantize_weight per expert (runtime/fp8.c), plain rows */
@@ -222,6 +248,11 @@ int main(int argc, char **argv) {
     CHECKF(e == cudaSuccess, "kernel fault: %s", cudaGetErrorString(e));
     uint16_t *y = (uint16_t *)malloc(T * H * 2);
     cudaMemcpy(y, dy, T * H * 2, cudaMemcpyDeviceToHost);
+#ifdef VENDORED_GIVEN
+    int dropped = -1;
+    cudaMemcpy(&dropped, (char *)dws + N(_BAD_IDS_AT), sizeof dropped, cudaMemcpyDeviceToHost);
+    CHECKF(dropped == ndrop, "NAME_BAD_IDS_AT counts %d dropped ids, %d given", dropped, ndrop);
+#endif
     int *idx = (int *)malloc(T * K * 4);
     float *w = (float *)malloc(T * K * 4), *yref = (float *)malloc(T * H * 4);
     CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
