@@ -463,7 +463,29 @@ int main(int argc, char **argv) {
     /* bytes per weight element, and per element of the rows into the GEMMs and of the activation (e4m3 with fp8;
      * the fp32 scales, 1/128 of those bytes, are not counted) */
     const double wb = fp8 ? 1 : 2, ab = fp8 ? 1 : 2, mm_tf = fp8 ? 2 * gemm_tf : gemm_tf;
-    CUdeviceptr bias, y, ws, flush;
+    CUdeviceptr bias, y, ws, flush, gids = 0, gwts = 0;
+    if (sp->router.select == MOE_SELECT_GIVEN) { /* given routing: ids uniform over the experts, weights 1/k */
+        const size_t n = Tmax * (size_t)sp->top_k;
+        int *hi = malloc(n * sizeof(int));
+        float *hw = malloc(n * sizeof(float));
+        if (!hi || !hw) {
+            fprintf(stderr, "moe_bench: out of memory\n");
+            return 1;
+        }
+        uint64_t r = 0x9e3779b97f4a7c15ull;
+        for (size_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            hi[i] = (int)((r >> 33) % (uint64_t)sp->experts);
+            hw[i] = 1.0f / (float)sp->top_k;
+        }
+        CK(moe_cu.cuMemAlloc(&gids, n * sizeof(int)));
+        CK(moe_cu.cuMemAlloc(&gwts, n * sizeof(float)));
+        CK(moe_cu.cuMemcpyHtoD(gids, hi, n * sizeof(int)));
+        CK(moe_cu.cuMemcpyHtoD(gwts, hw, n * sizeof(float)));
+        free(hi), free(hw);
+        printf("given routing: the caller's ids uniform over the experts%s\n",
+               sp->router.score == MOE_SCORE_GIVEN ? ", weights 1/top_k (no router)" : "");
+    }
     CK(moe_cu.cuMemAlloc(&bias, E * 4));
     CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
     CK(moe_cu.cuMemAlloc(&y, Tmax * H * 2));
@@ -522,7 +544,8 @@ int main(int argc, char **argv) {
         moe_forward_args a = {.tokens = T, .x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
-                              .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s};
+                              .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s,
+                              .topk_ids = (const int *)gids, .topk_weights = (const float *)gwts};
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);

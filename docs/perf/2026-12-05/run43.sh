@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run 43 (written 2026-12-05, third session, which had no GPU lent: NOT run yet): given routing
+# (router.select = "given", router.score = "given"; README "Given routing") on the GPU, ~300 s:
+#   - test_gpu on the two given specs (tests/specs/given_ids.moe, given_weights.moe: random, skewed, replayed
+#     from a graph; the dropped ids against moe_plan_routing_errors)
+#   - test_ep_gpu whole (its ep4_given_ids and ep2_given_weights_capacity cases are new)
+#   - test_vendored_given (the vendored launcher with the caller's ids and weights, NAME_BAD_IDS_AT)
+#   - test_torch_gpu (check_given: torch.ops.moegen.moe_given against the eager reference, graph replay,
+#     Plan.routing_errors), on the Python ops and the C++ ones
+#   - check_models --backend gpu: deepseek-v4-hash (DeepSeek-V4's hash_moe layer against transformers) and
+#     deepseek-v4
+#   - moe_bench of both given specs at 1 / 64 / 512 tokens, graph-replayed, against the router's own
+#     (given_ids with router.select removed): the route without the selection, or without logits at all
+set -u
+export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
+. bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+v() { local log=$1; shift; timeout 240 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
+v test_gpu_given build/tests/test_gpu given &
+{ v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe; } &
+{ mkdir -p /tmp/r43_torch
+  v build_torch python3 python/build_torch.py --out /tmp/r43_torch/libmoegen_torch.so
+  MOEGEN_TORCH_LIBRARY=/tmp/r43_torch/libmoegen_torch.so MOEGEN_LIBRARY=$PWD/build/libmoegen.so \
+      v test_torch_gpu python3 python/tests/test_torch_gpu.py
+  MOEGEN_TORCH_LIBRARY=none MOEGEN_LIBRARY=$PWD/build/libmoegen.so v test_torch_gpu_pyops python3 python/tests/test_torch_gpu.py
+} &
+wait
+MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
+    --families deepseek-v4-hash,deepseek-v4
+sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
+for s in tests/specs/given_ids.moe /tmp/topk_ids.moe tests/specs/given_weights.moe; do
+    echo "== $s" >> "$OUT/bench.log"
+    timeout 60 build/moe_bench $s --graph --tokens 1 --tokens 64 --tokens 512 --iters 20 >> "$OUT/bench.log" 2>&1
+done
+cat "$OUT/rc.txt"
+for f in "$OUT"/*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+|check_models): ' $f | tail -1)"; done
+grep -h FAIL "$OUT"/*.log | head -20
+grep -E '^== |LAYER|route' "$OUT/bench.log"
+(cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
