@@ -466,9 +466,9 @@ static void check_given(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "out of range) must add nothing, and with \"input\" its expert would still run on zeros", why);
     else if (s->zero_experts)
         NAMED_ERROR(c, "zero_experts", "zero_experts %s is not supported: the ids name routed experts only", why);
-    else if (s->training)
-        NAMED_ERROR(c, "training", "training = true %s is not supported: the backward is built for the router's "
-                    "own selection", why);
+    else if (s->training && r->score == MOE_SCORE_GIVEN)
+        NAMED_ERROR(c, "training", "training = true with router.score = \"given\" is not supported: the caller's "
+                    "weights would need their gradient back (moe_backward returns the router's)");
 }
 
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after

@@ -71,7 +71,8 @@ const moe_key_t moe_spec_keys[] = {
              "`\"given\"`, the caller: `topk_ids` (int32 [T, `top_k`]; DeepSeek-V4's hash layers, "
              "`tid2eid[input_ids]`, or a server's own router), weighted by the score at each id (or the given "
              "weights); an id outside 0..`experts`-1 drops its entry and is counted (`moe_plan_routing_errors`). "
-             "Inference, `router.apply = \"output\"`, no selection bias or groups; README, \"Given routing\""},
+             "`router.apply = \"output\"`, no selection bias or groups; training with given ids, not given weights; "
+             "README, \"Given routing\""},
     {.name = "router.jitter_eps", .type = MOE_KEY_NUM, .offset = AT(router.jitter_eps), .def = 0.01, .lo = 1e-6,
      .hi = 1, .when = "router.score", .when_is = "sparsemixer",
      .help = "sparsemixer's band: slot k's softmax takes the logits l with (l_k - l) / max(abs(l), l_k) not above "

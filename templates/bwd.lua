@@ -148,7 +148,7 @@ ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict_
  * included${p.softcap and ", capped: the result times 1 − (l / c)², the cap's derivative" or ""}): p = ${softmax and "softmax(l) over all E" or sqrtsp and "sqrt(softplus(l))" or "sigmoid(l)"}; selected
  * weight w_k = scale · p_k${p.renormalize and " / Z, Z = Σ_selected p" or ""}, so
  * dp_j = ${p.renormalize and "scale / Z · (dw_j − Σ_k dw_k p_k / Z)" or "scale · dw_j"} at the selected experts (0 elsewhere),
- * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or sqrtsp and "dp ⊙ sigmoid(l) / (2p)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32. */
+ * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or sqrtsp and "dp ⊙ sigmoid(l) / (2p)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32.${p.given and " Given routing: an entry of saved weight 0 (a dropped id) takes no part." or ""} */
 extern "C" __global__ void __launch_bounds__(${p.router_threads})
 ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const float *__restrict__ dw, int tokens, float *__restrict__ dlogits) {
@@ -209,11 +209,24 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
         pk = 1.f / (1.f + expf(-l[idx]));
 @ end
     }
+@ local live = "lane < KR"
+@ if p.given then
+    /* given routing: a dropped id's entry (weight 0, not p: templates/route.lua) takes no part; a weight
+     * that is 0 otherwise has p = 0 and no gradient either way */
+    const bool live = lane < KR && topk_w[(long long)t * K + lane] != 0.f;
+    if (!live) {
+        dwk = 0.f;
+@   if softmax or p.renormalize then
+        pk = 0.f;
+@   end
+    }
+@   live = "live"
+@ end
 @ if p.renormalize then
     const float zs = warp_sum(pk), c1 = warp_sum(dwk * pk);
-    const float dp = lane < KR ? ${f32(p.scale)} / zs * (dwk - c1 / zs) : 0.f;
+    const float dp = ${live} ? ${f32(p.scale)} / zs * (dwk - c1 / zs) : 0.f;
 @ else
-    const float dp = lane < KR ? ${f32(p.scale)} * dwk : 0.f;
+    const float dp = ${live} ? ${f32(p.scale)} * dwk : 0.f;
 @ end
 
     float dpe[VPL];

@@ -143,10 +143,10 @@
 @   c.given, c.given_w = p.given and true or false, p.score == "given"
 @   need(c.given or not c.given_w, "score \"given\" needs the caller's ids (router.select = \"given\")")
 @   need(not c.given or (not p.bias and (p.groups or 1) <= 1 and p.score ~= "sparsemixer" and c.Z == 0 and
-@                        not p.spec.training and p.spec.router.apply ~= "input"),
-@        "given routing: no selection bias, groups, sparsemixer, zero experts, training or apply = input (gen/spec_check.c)")
-@   need(not c.given_w or (not c.gate and not p.logit_bias and not p.softcap),
-@        "given weights: no logits (no shared gate, logit_bias or softcap; gen/spec_check.c)")
+@                        p.spec.router.apply ~= "input"),
+@        "given routing: no selection bias, groups, sparsemixer, zero experts or apply = input (gen/spec_check.c)")
+@   need(not c.given_w or (not c.gate and not p.logit_bias and not p.softcap and not p.spec.training),
+@        "given weights: no logits (no shared gate, logit_bias, softcap or training; gen/spec_check.c)")
 @   c.bad_ids = p.bad_ids
 @   need(not c.given or c.bad_ids, "the plan gives no place for the dropped ids' count")
 @   c.sparsemixer = p.score == "sparsemixer"

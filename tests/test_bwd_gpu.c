@@ -99,6 +99,8 @@ static const bwd_case_t cases[] = {
     {"tests/specs/train_input.moe", {400}, 1, 1, 1, 0, NULL},
     {"tests/specs/train_shared.moe", {3, 300}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0, NULL},
+    {"tests/specs/train_given.moe", {3, 500}, 2, 0, 0, 1, NULL},   /* the caller's ids: repeats, drops */
+    {"tests/specs/train_given.moe", {500}, 1, 1, 1, 0, NULL},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -179,6 +181,9 @@ typedef struct {
     uint16_t *ws1, *ws2, *wsg;       /* the shared expert, unsplit: [2F_s, H], [H, F_s], [H] */
     CUdeviceptr dwsg, gdsg;
     float *sel, *lb;
+    int *gids;                       /* router.select = "given": the caller's ids [cap, K] (repeats; 1 in 16
+                                      * out of range: dropped, no gradient) */
+    CUdeviceptr dgids;
     /* device: inputs, y, the three buffers, the gradients, the unpacked ones */
     CUdeviceptr dx_in, dwr, dw1p, dw2, db1p, db2, dsel, dlb, ddy, dy_out, ws, saved, bws;
     CUdeviceptr gdx, gdwr, gdlb, gdw1p, gdb1p, gdw2, gdb2, pw1, pb1;
@@ -187,7 +192,9 @@ typedef struct {
 
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w1p); free(L->w2); free(L->b1); free(L->b1p); free(L->b2);
-    free(L->dy); free(L->sel); free(L->lb); free(L->ws1); free(L->ws2); free(L->wsg);
+    free(L->dy); free(L->sel); free(L->lb); free(L->ws1); free(L->ws2); free(L->wsg); free(L->gids);
+    if (L->dgids)
+        moe_cu.cuMemFree(L->dgids);
     if (L->dwsg)
         moe_cu.cuMemFree(L->dwsg);
     if (L->gdsg)
@@ -232,6 +239,17 @@ static int layer_init(layer_t *L, uint64_t *r) {
     }
     if (moe_plan_pack_w1(L->plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(L->plan, L->b1, L->b1p) != MOE_OK)
         return 0;
+    if (s->router.select == MOE_SELECT_GIVEN) {
+        const size_t n = T * (size_t)s->top_k;
+        if (!(L->gids = malloc(n * sizeof(int))) || !(L->dgids = dalloc(n * sizeof(int))))
+            return 0;
+        for (size_t i = 0; i < n; i++) {
+            const float u = unif(r);   /* [-1, 1) */
+            L->gids[i] = u < -0.875f ? (i % 2 ? -1 : (int)E) : (int)((unif(r) + 1.0f) * 0.5f * (float)E) % (int)E;
+        }
+        if (!up(L->dgids, L->gids, n * sizeof(int)))
+            return 0;
+    }
     if (FS) { /* the shared expert into slots E.. of w1p and w2 */
         L->ws1 = malloc(2 * FS * H * 2);
         L->ws2 = malloc(H * FS * 2);
@@ -270,7 +288,7 @@ static moe_train_forward_args fwd_args(const layer_t *L, int T, int recompute) {
                 .router_logit_bias = L->s.router.logit_bias ? (float *)L->dlb : NULL, .w1p = (void *)L->dw1p,
                 .b1p = L->s.ffn_bias ? (void *)L->db1p : NULL, .w2 = (void *)L->dw2,
                 .b2 = L->s.ffn_bias ? (void *)L->db2 : NULL, .y = (void *)L->dy_out, .workspace = (void *)L->ws,
-                .shared_gate = (void *)L->dwsg},
+                .shared_gate = (void *)L->dwsg, .topk_ids = (const int *)L->dgids},
         .saved = (void *)L->saved,
         .recompute_u = recompute};
 }
@@ -362,7 +380,11 @@ static int route_diff(const layer_t *L, int T, const int *gidx, const int *ridx,
     int n = 0;
     for (int t = 0; t < T; t++) {
         bad[t] = 0;
-        for (int k = 0; k < K; k++) {
+        for (int k = 0; k < K && L->gids; k++) { /* given routing: entry for entry (repeats, drops at 0) */
+            ref_k[t * K + k] = k;
+            bad[t] |= ridx[t * K + k] != gidx[t * KE + k];
+        }
+        for (int k = 0; k < K && !L->gids; k++) {
             int m = -1;
             for (int j = 0; j < K; j++)
                 if (ridx[t * K + j] == gidx[t * KE + k])
@@ -502,7 +524,7 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
     /* the reference's routing; tokens that differ get dy = 0 and the pair runs again */
     moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
                            .sel_bias = L->sel, .logit_bias = L->lb, .tokens = T, .ws1 = L->ws1, .ws2 = L->ws2,
-                           .wsg = L->wsg};
+                           .wsg = L->wsg, .given_ids = L->gids};
     int *ridx = malloc(sizeof(int) * T * K), *ref_k = malloc(sizeof(int) * T * K);
     float *rw = malloc(sizeof(float) * T * K);
     unsigned char *bad = malloc((size_t)T);

@@ -115,7 +115,7 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
 static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
     /* with training = true where the spec allows it (one device, not fp8,
-     * not sparsemixer's inference-only routing, zero experts nor given routing), so the
+     * not sparsemixer's inference-only routing, zero experts nor given weights), so the
      * same compile also covers the backward GEMMs (the forward's kernels are
      * the same either way) */
     moe_plan_desc_t pd;
@@ -127,7 +127,7 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
     }
     if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec) && !(pp && pp->splitk) &&
         pd.spec.router.score != MOE_SCORE_SPARSEMIXER && !pd.spec.zero_experts &&
-        pd.spec.router.select != MOE_SELECT_GIVEN) {
+        pd.spec.router.score != MOE_SCORE_GIVEN) {
         moe_plan_desc_free(&pd);
         if (job_plan(spec, pp, o, nset + 1, &pd, r->msg, sizeof r->msg)) {
             r->rc = 1;
@@ -210,8 +210,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 24) + NPINGPONG };
-    static char specs[64 + 24 + NPINGPONG][300];
+    enum { MAXJOBS = 2 * (64 + 28) + NPINGPONG };
+    static char specs[64 + 28 + NPINGPONG][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
     for (int i = 0; i < MAXJOBS; i++)
         job_pp[i] = -1;
@@ -258,8 +258,9 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_ep.moe", 1},       /* training on an EP rank: the dispatch and backward kernels */
         {"tests/specs/given_ids.moe", 0},      /* the caller's expert ids (DeepSeek-V4's hash layers) */
         {"tests/specs/given_weights.moe", 1},  /* the caller's ids and weights: a route without logits, fp16 */
+        {"tests/specs/train_given.moe", 0},    /* training with the caller's ids: the router's backward skips drops */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 24, "specs[] has room for 24 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 28, "specs[] has room for 28 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

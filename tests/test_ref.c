@@ -1047,6 +1047,7 @@ typedef struct {
     size_t n[BN];
     float sel_bias[64], logit_bias[64];
     double logit_bias_d[64];
+    int given[64];   /* router.select = "given": the caller's ids [T, K] (a repeat and two dropped among them) */
 } bwd_data_t;
 
 /* Scales keep logits, U and O near 1 whatever the sizes. */
@@ -1074,6 +1075,14 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
         D->logit_bias[e] = (float)(0.5 * urand(&st));
         D->logit_bias_d[e] = D->logit_bias[e];
     }
+    const int TK = T * s->top_k;
+    for (int i = 0; i < TK && i < 64; i++)
+        D->given[i] = (int)((urand(&st) + 1.0) * 0.5 * E) % E;
+    if (TK >= 4 && TK <= 64 && s->top_k >= 2) {
+        D->given[1] = D->given[0];   /* token 0's expert twice */
+        D->given[s->top_k] = -1;     /* dropped: token 1's first entry, the last one */
+        D->given[TK - 1] = E;
+    }
 }
 
 static void bwd_data_free(bwd_data_t *D) {
@@ -1084,7 +1093,7 @@ static moe_ref_inputs_t bwd_inputs(bwd_data_t *D) {
     moe_ref_inputs_t in = {0};
     in.x = D->h[BX]; in.wr = D->h[BWR]; in.w1 = D->h[BW1]; in.w2 = D->h[BW2];
     in.b1 = D->h[BB1]; in.b2 = D->h[BB2]; in.ws1 = D->h[BWS1]; in.ws2 = D->h[BWS2]; in.wsg = D->h[BWSG];
-    in.sel_bias = D->sel_bias; in.logit_bias = D->logit_bias; in.tokens = D->T;
+    in.sel_bias = D->sel_bias; in.logit_bias = D->logit_bias; in.tokens = D->T; in.given_ids = D->given;
     return in;
 }
 
@@ -1128,7 +1137,8 @@ static moe_ref_grads_t bwd_grads_ptrs(bwd_grads_t *G) {
 static double bwd_loss(const moe_spec_t *s, bwd_data_t *D, const int *idx, double *y) {
     moe_ref_inputs_f64_t in = { .x = D->d[BX], .wr = D->d[BWR], .w1 = D->d[BW1], .w2 = D->d[BW2],
                                 .b1 = D->d[BB1], .b2 = D->d[BB2], .logit_bias = D->logit_bias_d,
-                                .tokens = D->T, .ws1 = D->d[BWS1], .ws2 = D->d[BWS2], .wsg = D->d[BWSG] };
+                                .tokens = D->T, .ws1 = D->d[BWS1], .ws2 = D->d[BWS2], .wsg = D->d[BWSG],
+                                .given_ids = D->given };
     if (moe_ref_forward_exact(s, &in, idx, y)) return NAN;
     double L = 0;
     for (size_t i = 0; i < D->n[BDY]; i++) L += D->d[BDY][i] * y[i];
@@ -1254,6 +1264,16 @@ static int bwd_cases(bwd_case_t *c) {
     s = mkspec(6, 2, 16, 8);
     s.router.renormalize = true; s.router.logit_bias = true; s.router.logit_softcap = 0.3;
     c[n++] = (bwd_case_t){ "softmax, logit_bias, logit_softcap", s, 4, 1213u };
+
+    s = mkspec(8, 3, 16, 8);   /* DeepSeek-V4's hash layers: the caller's ids, sqrt(softplus) at them */
+    s.router.select = MOE_SELECT_GIVEN; s.router.score = MOE_SCORE_SQRTSOFTPLUS; s.router.renormalize = true;
+    s.router.scale = 1.5; s.shared.ffn = 8;
+    c[n++] = (bwd_case_t){ "given ids (a repeat, two dropped): sqrtsoftplus, renormalize, scale, shared", s, 4,
+                           1314u };
+
+    s = mkspec(6, 2, 16, 8);
+    s.router.select = MOE_SELECT_GIVEN; s.router.logit_bias = true;
+    c[n++] = (bwd_case_t){ "given ids (a repeat, two dropped): softmax, no renormalize, logit_bias", s, 4, 1415u };
     return n;
 }
 

@@ -55,6 +55,8 @@ static const host_case_t cases[] = {
      "name = 'gw' experts = 64 top_k = 6 hidden = 1024 ffn = 64 tokens = 128\n"
      "router = { select = 'given', score = 'given', renormalize = false }\nshared = { ffn = 128 }\n",
      {1, 9, 64}, 3},
+    {"given ids in a training spec: the saved logits (logit_bias included) beside the caller's experts",
+     "tests/specs/train_given.moe", {2, 70}, 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 

@@ -719,12 +719,19 @@ typedef struct {
     const moe_spec_t *s;
     int T, rounded;
     src_t x, wr, lb, w1, w2, b1, b2, ws1, ws2, wsg;
-    const int *idx;                   /* [T, K], distinct experts per token */
+    const int *idx;                   /* [T, K], distinct experts per token (given routing: any) */
+    const int *given;                 /* router.select = "given": the caller's ids [T, K] (its out-of-range
+                                       * ones dropped: weight 0, no gradient), else NULL */
     const double *dy;                 /* [T, H]; NULL: forward only */
     double *y;                        /* [T, H] or NULL */
     const moe_ref_grads_t *g;         /* NULL: forward only */
     const moe_ref_bwd_stages_t *st;   /* may be NULL */
 } layer_t;
+
+/* Whether entry i is dropped: given routing's id outside 0..E-1. */
+static int dropped(const layer_t *L, size_t i) {
+    return L->given && (L->given[i] < 0 || L->given[i] >= L->s->experts);
+}
 
 /* R(): to the dtype through fp32, as the GPU rounds an fp32 value. */
 static double rnd(const layer_t *L, double v) {
@@ -1000,9 +1007,10 @@ static int layer(const layer_t *L) {
                             capd + (size_t)t * E + e);
         ref_scores(s->router.score, pt, E, s->dtype);
         double S = 0;
-        for (int k = 0; k < K; k++) S += pt[L->idx[(size_t)t * K + k]];
+        for (int k = 0; k < K; k++)
+            if (!dropped(L, (size_t)t * K + k)) S += pt[L->idx[(size_t)t * K + k]];
         for (int k = 0; k < K; k++) {
-            double v = pt[L->idx[(size_t)t * K + k]];
+            double v = dropped(L, (size_t)t * K + k) ? 0.0 : pt[L->idx[(size_t)t * K + k]];
             if (s->router.renormalize && S > 0) v /= S;
             w[(size_t)t * K + k] = r32(L, v * s->router.scale);
         }
@@ -1088,13 +1096,15 @@ static int layer(const layer_t *L) {
             const int *ix = L->idx + (size_t)t * K;
             const double sc_ = s->router.scale;
             for (int e = 0; e < E; e++) dp[e] = 0;
+            /* an expert given twice gets both entries' terms; a dropped entry (weight 0, not p) none */
+            const size_t t0 = (size_t)t * K;
             if (s->router.renormalize) {
                 double S = 0, c = 0;
-                for (int k = 0; k < K; k++) S += pt[ix[k]];
-                for (int k = 0; k < K; k++) c += wk[k] * pt[ix[k]] / S;
-                for (int k = 0; k < K; k++) dp[ix[k]] = sc_ / S * (wk[k] - c);
+                for (int k = 0; k < K; k++) if (!dropped(L, t0 + k)) S += pt[ix[k]];
+                for (int k = 0; k < K; k++) if (!dropped(L, t0 + k)) c += wk[k] * pt[ix[k]] / S;
+                for (int k = 0; k < K; k++) if (!dropped(L, t0 + k)) dp[ix[k]] += sc_ / S * (wk[k] - c);
             } else {
-                for (int k = 0; k < K; k++) dp[ix[k]] = sc_ * wk[k];
+                for (int k = 0; k < K; k++) if (!dropped(L, t0 + k)) dp[ix[k]] += sc_ * wk[k];
             }
             const double *cd = capd + (size_t)t * E; /* through the logit cap, if any */
             if (s->router.score == MOE_SCORE_SOFTMAX) {
@@ -1143,14 +1153,15 @@ static int spec_usable(const moe_spec_t *s) {
            s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }
 
-/* Every index in [0, E) and distinct within its token. */
-static int selection_ok(const moe_spec_t *s, const int *idx, int T) {
+/* Every index in [0, E) and distinct within its token (given routing:
+ * repeats allowed). */
+static int selection_ok(const moe_spec_t *s, const int *idx, int T, int repeats) {
     const int E = s->experts, K = s->top_k;
     for (int t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             const int e = idx[(size_t)t * K + k];
             if (e < 0 || e >= E) return 0;
-            for (int j = 0; j < k; j++) if (idx[(size_t)t * K + j] == e) return 0;
+            for (int j = 0; j < k && !repeats; j++) if (idx[(size_t)t * K + j] == e) return 0;
         }
     return 1;
 }
@@ -1187,6 +1198,7 @@ int moe_ref_backward(const moe_spec_t *s, const moe_ref_inputs_t *in, const uint
     if (T > 0 && moe_ref_route(s, in, idx, w32, NULL)) goto done;
     for (size_t i = 0; i < (size_t)T * H; i++) dyd[i] = moe_half_to_float(dy[i], s->dtype);
     L.idx = idx;
+    L.given = s->router.select == MOE_SELECT_GIVEN ? in->given_ids : NULL;
     L.dy = dyd;
     rc = layer(&L);
 done:
@@ -1198,11 +1210,13 @@ int moe_ref_forward_exact(const moe_spec_t *s, const moe_ref_inputs_f64_t *in, c
                           double *y) {
     if (!spec_usable(s) || !in || in->tokens < 0) return 1;
     if (in->tokens == 0) return 0;
-    if (!topk_idx || !y || !selection_ok(s, topk_idx, in->tokens)) return 1;
+    const int given = s->router.select == MOE_SELECT_GIVEN;
+    if (!topk_idx || !y || !selection_ok(s, topk_idx, in->tokens, given) || (given && !in->given_ids)) return 1;
     layer_t L = { .s = s, .T = in->tokens, .rounded = 0, .x = { .d = in->x }, .wr = { .d = in->wr },
                   .lb = { .d = in->logit_bias }, .w1 = { .d = in->w1 }, .w2 = { .d = in->w2 },
                   .b1 = { .d = in->b1 }, .b2 = { .d = in->b2 }, .ws1 = { .d = in->ws1 },
-                  .ws2 = { .d = in->ws2 }, .wsg = { .d = in->wsg }, .idx = topk_idx, .y = y };
+                  .ws2 = { .d = in->ws2 }, .wsg = { .d = in->wsg }, .idx = topk_idx, .y = y,
+                  .given = given ? in->given_ids : NULL };
     if (!inputs_present(&L)) return 1;
     return layer(&L);
 }

@@ -281,11 +281,14 @@ typedef struct {
     const double *logit_bias;
     int tokens;
     const double *ws1, *ws2, *wsg;
+    const int *given_ids;              /* router.select = "given": the caller's ids [T, top_k] (topk_idx is
+                                        * them with the dropped ones at expert 0) */
 } moe_ref_inputs_f64_t;
 
 /* The layer's output y [T, H] in double with no rounding anywhere (the
  * forward MOE_REF_EXACT differentiates), for the given selection topk_idx
- * [T, top_k] (a constant: finite differences keep it fixed). Router
+ * [T, top_k] (a constant: finite differences keep it fixed; with given
+ * routing in->given_ids too, whose out-of-range ids are dropped). Router
  * weights, activation and shared gate as moe_ref_ffn's, in double.
  * Returns 0, or non-zero on bad arguments or when out of memory. */
 int moe_ref_forward_exact(const moe_spec_t *s, const moe_ref_inputs_f64_t *in, const int *topk_idx,
