@@ -82,6 +82,11 @@ CASES = [
      'logit_softcap = 0.5 }', dict(E=8, K=2, shared=1)),
     ("softmax-softcap-logit-bias", 'router = { score = "softmax", renormalize = true, logit_bias = true, '
      'logit_softcap = 0.4 }', dict(E=6, K=2, dtype="fp16")),
+    # given routing (DeepSeek-V4's hash layers): the caller's ids, a repeat and two out of range (dropped)
+    ("deepseek-v4-hash", 'router = { select = "given", score = "sqrtsoftplus", renormalize = true, scale = 1.5 }\n'
+     'activation = { kind = "swiglu", limit = 10.0 }', dict(E=12, K=3, shared=1)),
+    ("given-softmax-logit-bias", 'router = { select = "given", score = "softmax", renormalize = false, '
+     'logit_bias = true }', dict(E=8, K=2, dtype="fp16")),
 ]
 SIZES = {"tiny": dict(H=16, F=8, T=5), "small": dict(H=64, F=32, T=48)}
 
@@ -145,6 +150,7 @@ class Case:
         self.limit = float(key("limit", "0"))
         self.up_offset = float(key("up_offset", "0"))
         self.ffn_bias = key("ffn_bias", "false") == "true"
+        self.given = key("select", "topk") == "given"
 
 
 def make_inputs(c, seed):
@@ -170,6 +176,10 @@ def make_inputs(c, seed):
         t["ws1"], t["ws2"] = half((2 * FS, H), 2 * sh), half((H, FS), 1.5 * (FS ** -0.5))
         if c.gate == "sigmoid":
             t["wsg"] = half((H,), 2 * sh)
+    if c.given:  # the caller's ids: token 0's first expert twice, two out of range (dropped, no gradient)
+        ids = torch.randint(0, E, (T, c.K), generator=g, dtype=torch.int32)
+        ids[0, 1], ids[1, 0], ids[T - 1, c.K - 1] = ids[0, 0], -1, E
+        t["given_ids"] = ids.contiguous()
     return t
 
 
@@ -191,7 +201,7 @@ def ref_backward(lib, c, t, exact):
     """moe_ref_backward's gradients (fp32 tensors) and selection."""
     ptr = lambda k: t[k].data_ptr() if k in t else None
     a = Inputs(c.T, ptr("x"), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"), ptr("w2"),
-               ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"))
+               ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"), ptr("given_ids"), None)
     out = {k: torch.full(s, float("nan"), dtype=torch.float32) for k, s in grad_shapes(c).items()}
     gr = Grads(*[out[k].data_ptr() if k in out else None for k in GRADS])
     idx = torch.empty(c.T, c.K, dtype=torch.int32)
@@ -228,7 +238,7 @@ def select(c, scores):
 
 def torch_backward(c, t, dt):
     """Autograd of the eager layer in dtype dt on the same values."""
-    P = {k: t[k].to(dt).clone().requires_grad_(k != "sel_bias") for k in t if k != "dy"}
+    P = {k: t[k].to(dt).clone().requires_grad_(k != "sel_bias") for k in t if k not in ("dy", "given_ids")}
     x, dy = P["x"], t["dy"].to(dt)
     E, K, F, T = c.E, c.K, c.F, c.T
     logits = x @ P["wr"].T
@@ -241,8 +251,14 @@ def torch_backward(c, t, dt):
     sel = p.detach().float()  # moegen selects on fp32 scores
     if c.sel_bias:
         sel = sel + P["sel_bias"].detach().float()
-    idx = select(c, sel)
-    w = p.gather(1, idx)
+    if c.given:  # the caller's ids; one out of range is dropped: expert 0, weight 0 (not p), no gradient
+        ids = t["given_ids"].long()
+        drop = (ids < 0) | (ids >= E)
+        idx = torch.where(drop, torch.zeros_like(ids), ids)
+        w = p.gather(1, idx).masked_fill(drop, 0.0)
+    else:
+        idx = select(c, sel)
+        w = p.gather(1, idx)
     if c.renorm:
         w = w / w.sum(-1, keepdim=True)
     w = w * c.scale

@@ -108,7 +108,8 @@ int moe_reflib_backward(const char *path, const char *text, const moe_reflib_inp
     }
     moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
-                            .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg };
+                            .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
+                            .given_ids = a->given_ids, .given_w = a->given_w };
     moe_ref_grads_t gr = { .dx = g->dx, .dwr = g->dwr, .dw1 = g->dw1, .db1 = g->db1, .dw2 = g->dw2,
                            .db2 = g->db2, .dlogit_bias = g->dlogit_bias, .dws1 = g->dws1, .dws2 = g->dws2,
                            .dwsg = g->dwsg };
