@@ -507,7 +507,9 @@ moe_status moe_plan_overflow(const moe_plan *plan, const void *workspace, void *
 
 /* Given routing (router.select = "given"): synchronize with stream and read
  * how many of the caller's topk_ids the last forward that used `workspace`
- * found outside 0..E-1. Such an entry is dropped (weight 0; renormalization
+ * found outside 0..E-1 (after a one-device moe_forward_train pass its
+ * `saved` region as `workspace`: the count sits there, at the same place;
+ * on an expert-parallel rank the training forward's workspace). Such an entry is dropped (weight 0; renormalization
  * sums the others); MOE_OK when none (and always without given routing),
  * MOE_ERR_INVALID_ARG (the count in *entries, and a message) when some were:
  * that forward left them out of y. entries may be NULL. */

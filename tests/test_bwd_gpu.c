@@ -521,6 +521,14 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
         graph_free(&G);
         return;
     }
+    if (L->gids) { /* given routing: the training forward counted its dropped ids in saved's counts */
+        long long want = 0, got = -1;
+        for (long long i = 0; i < (long long)T * K; i++)
+            want += L->gids[i] < 0 || L->gids[i] >= L->E;
+        const moe_status re = moe_plan_routing_errors(L->plan, (void *)L->saved, NULL, &got);
+        CHECKF(got == want && (re == MOE_OK) == (want == 0), "moe_plan_routing_errors(saved): %lld, %lld dropped",
+               got, want);
+    }
     /* the reference's routing; tokens that differ get dy = 0 and the pair runs again */
     moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
                            .sel_bias = L->sel, .logit_bias = L->lb, .tokens = T, .ws1 = L->ws1, .ws2 = L->ws2,
