@@ -9,6 +9,8 @@
 #     Plan.routing_errors), on the Python ops and the C++ ones
 #   - check_models --backend gpu: deepseek-v4-hash (DeepSeek-V4's hash_moe layer against transformers) and
 #     deepseek-v4
+#   - test_bwd_gpu's train_given (training with given ids: the saved dropped-ids count, the router's backward),
+#     and compute-sanitizer memcheck of the given forward and training pair
 #   - moe_bench of both given specs at 1 / 64 / 512 tokens, graph-replayed, against the router's own
 #     (given_ids with router.select removed): the route without the selection, or without logits at all
 set -u
@@ -25,6 +27,11 @@ v test_gpu_given build/tests/test_gpu given &
   MOEGEN_TORCH_LIBRARY=none MOEGEN_LIBRARY=$PWD/build/libmoegen.so v test_torch_gpu_pyops python3 python/tests/test_torch_gpu.py
 } &
 wait
+# the given ids through training (saved counts, the router's backward skipping drops), then memcheck of the
+# given specs' forward and training pair (the dropped-ids count is one int past the tickets)
+v test_bwd_gpu_given build/tests/test_bwd_gpu given
+v memcheck_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu given_weights
+v memcheck_bwd_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_given
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
     --families deepseek-v4-hash,deepseek-v4
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
