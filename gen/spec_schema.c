@@ -455,7 +455,7 @@ static void put_md_default(moe_buf_t *b, const moe_key_t *k) {
         moe_buf_printf(b, "required");
         return;
     }
-    if (k->optional) {
+    if (k->optional && k->type != MOE_KEY_ENUM) { /* absent; an optional choice's absence is its default */
         moe_buf_printf(b, "none");
         return;
     }
