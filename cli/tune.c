@@ -332,6 +332,7 @@ static int write_temp_spec(const moe_spec_t *s, char *path) {
 typedef struct {
     CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y, gate; /* w1p, w2: every weight slot (a shared expert's too) */
     CUdeviceptr w1s, w2s; /* fp8 weights: their scales (as many as channel or block scaling needs), else 0 */
+    CUdeviceptr ids, gw;  /* given routing: the caller's ids, uniform over the experts, and weights 1/k; else 0 */
     CUstream st;
     CUevent ev[MOE_K_COUNT + 1];
     char gpu[128];
@@ -363,6 +364,22 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
         bad |= bad || moe_cu.cuMemsetD32Async(b->w1s, one64, n1, NULL) != CUDA_SUCCESS ||
                moe_cu.cuMemsetD32Async(b->w2s, one64, n2, NULL) != CUDA_SUCCESS ||
                moe_cu.cuCtxSynchronize() != CUDA_SUCCESS;
+    }
+    if (!bad && s->router.select == MOE_SELECT_GIVEN) {
+        const size_t n = T * (size_t)s->top_k;
+        int *hi = malloc(n * sizeof(int));
+        float *hw = malloc(n * sizeof(float));
+        uint64_t r = 0x9e3779b97f4a7c15ull;
+        for (size_t i = 0; hi && hw && i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            hi[i] = (int)((r >> 33) % (uint64_t)s->experts);
+            hw[i] = 1.0f / (float)s->top_k;
+        }
+        bad |= !hi || !hw || moe_cu.cuMemAlloc(&b->ids, n * sizeof(int)) != CUDA_SUCCESS ||
+               moe_cu.cuMemAlloc(&b->gw, n * sizeof(float)) != CUDA_SUCCESS ||
+               moe_cu.cuMemcpyHtoD(b->ids, hi, n * sizeof(int)) != CUDA_SUCCESS ||
+               moe_cu.cuMemcpyHtoD(b->gw, hw, n * sizeof(float)) != CUDA_SUCCESS;
+        free(hi), free(hw);
     }
     bad |= moe_cu.cuStreamCreate(&b->st, 0) != CUDA_SUCCESS;
     for (int i = 0; i <= MOE_K_COUNT; i++)
@@ -400,7 +417,8 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                                .w1p = (void *)b->w1p, .b1p = (void *)b->b1p, .w2 = (void *)b->w2,
                                .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws,
                                .shared_gate = (void *)b->gate, .w1s = (const float *)b->w1s,
-                               .w2s = (const float *)b->w2s};
+                               .w2s = (const float *)b->w2s, .topk_ids = (const int *)b->ids,
+                               .topk_weights = (const float *)b->gw};
         for (int it = -3; it < a->iters && !rc; it++) {
             float up, down; /* down: from the down GEMM's start to the combine's end (folded in or not) */
             if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||
