@@ -576,8 +576,64 @@ out:
     paper_free(shared);
 }
 
+/* Given routing's argument checks and tensors, before any driver use. */
+static void test_given_api(void) {
+    const char *base = "name = 't' experts = 8 top_k = 2 hidden = 64 ffn = 32 tokens = 100 ";
+    char text[512];
+    snprintf(text, sizeof text, "%s router = { select = 'given', score = 'sigmoid' }", base);
+    moe_plan *ids = paper_plan(text);
+    snprintf(text, sizeof text, "%s router = { select = 'given', score = 'given', renormalize = false }", base);
+    moe_plan *both = paper_plan(text);
+    moe_plan *plain = paper_plan(base);
+    CHECK(ids && both && plain);
+    if (!ids || !both || !plain)
+        goto out;
+    int dummy[64] __attribute__((aligned(256)));
+    const moe_forward_args a = {.tokens = 10, .x = dummy, .router_w = dummy, .w1p = dummy, .w2 = dummy, .y = dummy,
+                                .workspace = dummy};
+    CASE("given routing: the caller's ids are required, naming the spec key and the tensor");
+    moe_status st = moe_forward(ids, &a, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router.select = \"given\"") &&
+               strstr(moe_last_error(), "topk_ids (int32 [tokens, top_k]) is required"), "%s: %s",
+           moe_status_string(st), moe_last_error());
+    CASE("given weights: topk_weights too, and router_w may be NULL");
+    moe_forward_args b = a;
+    b.router_w = NULL;
+    b.topk_ids = dummy;
+    st = moe_forward(both, &b, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "topk_weights (fp32 [tokens, top_k])") &&
+               !strstr(moe_last_error(), "router_w"), "%s: %s", moe_status_string(st), moe_last_error());
+    CASE("the router's own selection still needs router_w");
+    b = a;
+    b.router_w = NULL;
+    st = moe_forward(plain, &b, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router_w, w1p, w2 and workspace are required"),
+           "%s: %s", moe_status_string(st), moe_last_error());
+    CASE("given routing: the tensors the plan names (moe_plan_tensor)");
+    int rank = -1;
+    int64_t dims[4];
+    const char *dt = NULL;
+    CHECK(moe_plan_tensor(ids, "topk_ids", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[0] == 100 &&
+          dims[1] == 2 && !strcmp(dt, "int32"));
+    CHECK(moe_plan_tensor(ids, "topk_weights", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CHECK(moe_plan_tensor(ids, "router_w", &rank, dims, &dt) == MOE_OK && rank == 2);
+    CHECK(moe_plan_tensor(both, "topk_weights", &rank, dims, &dt) == MOE_OK && rank == 2 && !strcmp(dt, "fp32"));
+    CHECK(moe_plan_tensor(both, "router_w", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CHECK(moe_plan_tensor(plain, "topk_ids", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CASE("moe_plan_routing_errors: nothing to read without given routing; NULL refused");
+    long long n = -1;
+    CHECK(moe_plan_routing_errors(plain, dummy, NULL, &n) == MOE_OK && n == 0);
+    CHECK(moe_plan_routing_errors(NULL, dummy, NULL, &n) == MOE_ERR_INVALID_ARG && n == 0);
+    CHECK(moe_plan_routing_errors(ids, NULL, NULL, NULL) == MOE_ERR_INVALID_ARG);
+out:
+    paper_free(ids);
+    paper_free(both);
+    paper_free(plain);
+}
+
 int main(void) {
     test_compiled_folder();
+    test_given_api();
     test_training_api();
     test_ep_plan();
     CASE("status strings");
