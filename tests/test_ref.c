@@ -1047,7 +1047,7 @@ typedef struct {
     size_t n[BN];
     float sel_bias[64], logit_bias[64];
     double logit_bias_d[64];
-    int given[64];   /* router.select = "given": the caller's ids [T, K] (a repeat and two dropped among them) */
+    int *given;      /* router.select = "given": the caller's ids [T, K] (a repeat and two dropped among them) */
 } bwd_data_t;
 
 /* Scales keep logits, U and O near 1 whatever the sizes. */
@@ -1076,9 +1076,10 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
         D->logit_bias_d[e] = D->logit_bias[e];
     }
     const int TK = T * s->top_k;
-    for (int i = 0; i < TK && i < 64; i++)
+    D->given = malloc((size_t)(TK > 0 ? TK : 1) * sizeof(int));
+    for (int i = 0; D->given && i < TK; i++)
         D->given[i] = (int)((urand(&st) + 1.0) * 0.5 * E) % E;
-    if (TK >= 4 && TK <= 64 && s->top_k >= 2) {
+    if (D->given && TK >= 4 && s->top_k >= 2) {
         D->given[1] = D->given[0];   /* token 0's expert twice */
         D->given[s->top_k] = -1;     /* dropped: token 1's first entry, the last one */
         D->given[TK - 1] = E;
@@ -1087,6 +1088,7 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
 
 static void bwd_data_free(bwd_data_t *D) {
     for (int i = 0; i < BN; i++) { free(D->h[i]); free(D->d[i]); }
+    free(D->given);
 }
 
 static moe_ref_inputs_t bwd_inputs(bwd_data_t *D) {
