@@ -211,16 +211,10 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
         CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
                                         (size_t)row_bytes, st)); /* the null row */
         moe_route_fuse_args_t nofuse = {0}; /* route only: the send plan is its own kernel */
-        void *ra[13] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+        void *ra[14] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                         (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS],
                         &reg[MOE_EW_ROUTE_PART], &nofuse};
-        int nra = 10;
-        if (s->training) /* a training plan's route saves them */
-            ra[nra++] = (void *)&logits;
-        if (s->router.select == MOE_SELECT_GIVEN) /* the caller's ids (and weights; templates/route.lua) */
-            ra[nra++] = (void *)&a->topk_ids;
-        if (s->router.score == MOE_SCORE_GIVEN)
-            ra[nra++] = (void *)&a->topk_weights;
+        moe_route_tail_args(s, a, &logits, ra, 10); /* a training plan's logits; given routing's ids */
         if ((rc = moe_launch_kernel(l, MOE_K_ROUTE, T, 0, st, ra, NULL)))
             return rc;
         CUdeviceptr owner = ep->owner_dev, slot = l->slot_table;

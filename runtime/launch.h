@@ -109,4 +109,23 @@ typedef struct {
     CUdeviceptr slot_of, offsets, cursor, tiles, num_tiles, xs, row_of;
 } moe_route_fuse_args_t;
 
+/* The route kernel's parameters after its ten fixed ones, in its order
+ * (templates/route.lua): a sigmoid-gated shared expert's shared_gate, a
+ * training plan's logits_out (*logits), given routing's topk_ids and, with
+ * router.score = "given", topk_weights. Appends them to args from n on
+ * (room for 4) and returns the new count; the driver reads no more than
+ * the kernel takes. */
+static inline int moe_route_tail_args(const moe_spec_t *s, const moe_forward_args *a, const CUdeviceptr *logits,
+                                      void **args, int n) {
+    if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+        args[n++] = (void *)&a->shared_gate;
+    if (s->training)
+        args[n++] = (void *)logits;
+    if (s->router.select == MOE_SELECT_GIVEN)
+        args[n++] = (void *)&a->topk_ids;
+    if (s->router.score == MOE_SCORE_GIVEN)
+        args[n++] = (void *)&a->topk_weights;
+    return n;
+}
+
 #endif

@@ -59,21 +59,10 @@ moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdevi
                             const moe_route_fuse_args_t *fuse, CUstream st, CUevent *ev) {
     int T = a->tokens;
     moe_route_fuse_args_t none = {0};
-    /* the fused tail's struct, by value; the gated shared expert's route
-     * kernel takes shared_gate, a training plan's takes logits_out after it
-     * (templates/route.lua); the driver reads no more than the kernel takes */
+    /* the fused tail's struct, by value, then the spec's own parameters (moe_route_tail_args) */
     void *args[14] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       &T, &topk_idx, &topk_w, &counts, &route_part, fuse ? (void *)fuse : (void *)&none};
-    int n = 10;
-    const moe_spec_t *s = &p->pd.spec;
-    if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
-        args[n++] = (void *)&a->shared_gate;
-    if (s->training)
-        args[n++] = &logits;
-    if (s->router.select == MOE_SELECT_GIVEN) /* the caller's ids (and weights) */
-        args[n++] = (void *)&a->topk_ids;
-    if (s->router.score == MOE_SCORE_GIVEN)
-        args[n++] = (void *)&a->topk_weights;
+    moe_route_tail_args(&p->pd.spec, a, &logits, args, 10);
     return moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev);
 }
 

@@ -263,7 +263,10 @@ def _forward_args():
         return _args.v
 
 
-def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s=None, w2s=None):
+def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s=None, w2s=None,
+              topk_ids=None, topk_weights=None):
+    """moegen::moe's CUDA kernel; also moegen::moe_given's (topk_ids, topk_weights: given routing's, checked
+    there by check_given)."""
     e = _plans.get(plan) or _entry(plan)
     ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
     if not _fits(e, x, ts):
@@ -277,11 +280,13 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
         return y
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=e.device)  # caching allocator: 512-byte aligned
     a, pack = _forward_args()
-    pack(tokens, x.data_ptr(), router_w.data_ptr(), 0 if router_bias is None else router_bias.data_ptr(),
+    pack(tokens, x.data_ptr(), 0 if router_w is None else router_w.data_ptr(),
+         0 if router_bias is None else router_bias.data_ptr(),
          0 if router_logit_bias is None else router_logit_bias.data_ptr(), w1p.data_ptr(),
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
          ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0 if w1s is None else w1s.data_ptr(),
-         0 if w2s is None else w2s.data_ptr(), 0, 0)   # topk_ids, topk_weights: moegen::moe_given's
+         0 if w2s is None else w2s.data_ptr(), 0 if topk_ids is None else topk_ids.data_ptr(),
+         0 if topk_weights is None else topk_weights.data_ptr())
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
@@ -547,29 +552,9 @@ def check_given(e, x, topk_ids, topk_weights):
 
 def _given_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids,
                 topk_weights=None, w1s=None, w2s=None):
-    e = _plans.get(plan) or _entry(plan)
-    ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
-    if not _fits(e, x, ts):
-        check_args(e.expect, e.capacity, e.device, x, dict(zip(ORDER, ts)))
-    check_given(e, x, topk_ids, topk_weights)
-    tokens = x.shape[0]
-    ws_bytes = e.ws.get(tokens)
-    if ws_bytes is None:
-        ws_bytes = e.ws[tokens] = e.lib.moe_plan_workspace_size(e.handle, tokens)
-    y = torch.empty_like(x)
-    if tokens == 0:
-        return y
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=e.device)
-    a, pack = _forward_args()
-    p = lambda t: 0 if t is None else t.data_ptr()
-    pack(tokens, x.data_ptr(), p(router_w), p(router_bias), p(router_logit_bias), w1p.data_ptr(), p(b1p),
-         w2.data_ptr(), p(b2), y.data_ptr(), ws.data_ptr(), p(shared_gate), p(w1s), p(w2s), topk_ids.data_ptr(),
-         p(topk_weights))
-    with torch.cuda.device(e.index):
-        st = e.lib.moe_forward(e.handle, a, _raw_stream(e.index))
-    if st != 0:
-        raise _lib.fail(e.lib, st, "moe_forward")
-    return y
+    check_given(_plans.get(plan) or _entry(plan), x, topk_ids, topk_weights)
+    return _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s, w2s,
+                     topk_ids, topk_weights)
 
 
 def _given_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids,

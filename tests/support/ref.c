@@ -101,6 +101,20 @@ static int argmax_f(const float *v, const unsigned char *mask, int lo, int hi) {
     return best;
 }
 
+/* One token's router scores p [E] in double: its logits x·Wrᵀ from the
+ * rows as floats (wrf [E, H], xr [H]), plus logit_bias (may be NULL),
+ * capped, then the spec's score. */
+static void token_scores(const moe_spec_t *s, const float *wrf, const float *xr, const float *logit_bias, int E,
+                         int H, double *p) {
+    for (int e = 0; e < E; e++) {
+        const float *w = wrf + (size_t)e * H;
+        double acc = 0;
+        for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)w[h];
+        p[e] = ref_cap(s, acc + (logit_bias ? (double)logit_bias[e] : 0.0), NULL);
+    }
+    ref_scores(s->router.score, p, E, s->dtype);
+}
+
 /* Given routing (ref.h, moe_ref_route): the caller's ids, each weighted by
  * the score at it or by the caller's weight; out-of-range ids dropped. */
 static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *topk_idx, float *topk_w,
@@ -112,18 +126,14 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
         return 1;
     if (s->router.logit_bias && !in->logit_bias) return 1;
     double *p = malloc((size_t)E * sizeof(double));
-    float *xr = malloc((size_t)H * sizeof(float)), *wrow = malloc((size_t)H * sizeof(float));
-    if (!p || !xr || !wrow) { free(p); free(xr); free(wrow); return 1; }
+    float *xr = malloc((size_t)H * sizeof(float));
+    float *wrf = given_w ? NULL : malloc((size_t)E * H * sizeof(float));
+    if (!p || !xr || (!given_w && !wrf)) { free(p); free(xr); free(wrf); return 1; }
+    if (!given_w) moe_half_row_to_float(in->wr, wrf, (size_t)E * H, s->dtype);
     for (int t = 0; t < T; t++) {
         if (!given_w) { /* the router's scores, as moe_ref_route computes them */
             moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, s->dtype);
-            for (int e = 0; e < E; e++) {
-                moe_half_row_to_float(in->wr + (size_t)e * H, wrow, (size_t)H, s->dtype);
-                double acc = 0;
-                for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)wrow[h];
-                p[e] = ref_cap(s, acc + (s->router.logit_bias ? (double)in->logit_bias[e] : 0.0), NULL);
-            }
-            ref_scores(s->router.score, p, E, s->dtype);
+            token_scores(s, wrf, xr, s->router.logit_bias ? in->logit_bias : NULL, E, H, p);
         }
         if (scores)
             for (int e = 0; e < E; e++) scores[(size_t)t * E + e] = given_w ? 0.0f : (float)p[e];
@@ -139,7 +149,7 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
         for (int k = 0; k < K; k++)
             wout[k] = (float)((s->router.renormalize && wsum > 0 ? w[k] / wsum : w[k]) * s->router.scale);
     }
-    free(p); free(xr); free(wrow);
+    free(p); free(xr); free(wrf);
     return 0;
 }
 
@@ -185,13 +195,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
         unsigned char *gkeep = cand + E;
 
         moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, dt);
-        for (int e = 0; e < E; e++) {
-            const float *w = wrf + (size_t)e * H;
-            double acc = 0;
-            for (int h = 0; h < H; h++) acc += (double)xr[h] * (double)w[h];
-            p[e] = ref_cap(s, acc + (logit_bias ? (double)logit_bias[e] : 0.0), NULL);
-        }
-        ref_scores(s->router.score, p, E, dt);
+        token_scores(s, wrf, xr, logit_bias, E, H, p);
         for (int e = 0; e < E; e++) {
             sv[e] = (float)(p[e] + (sel_bias ? (double)sel_bias[e] : 0.0));
             cand[e] = 1;
