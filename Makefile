@@ -290,12 +290,21 @@ $(VENDORED_GIVEN_DIR)/given_weights.cu: tests/specs/given_weights.moe $(BUILD)/m
 $(BUILD)/tests/test_vendored_given: tests/test_vendored.cu $(VENDORED_GIVEN_DIR)/given_weights.cu $(VENDORED_OBJ)
 	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_GIVEN_DIR)/given_weights.cu,given_weights,-DVENDORED_GIVEN -DVENDORED_GIVEN_W)
 
+# The vendored path with the router's own input and per-expert scales
+# (tests/specs/router_own_input.moe: Gemma 4's router; GeGLU experts).
+VENDORED_OWN_DIR := $(BUILD)/vendored_own
+$(VENDORED_OWN_DIR)/router_own_input.cu: tests/specs/router_own_input.moe $(BUILD)/moegen
+	$(BUILD)/moegen emit $< -o $(VENDORED_OWN_DIR)
+$(BUILD)/tests/test_vendored_own: tests/test_vendored.cu $(VENDORED_OWN_DIR)/router_own_input.cu $(VENDORED_OBJ)
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_OWN_DIR)/router_own_input.cu,router_own_input,-DVENDORED_OWN -DVENDORED_ESCALE)
+
 # Everything a GPU machine runs, built here to be carried there (build/):
 # `make` alone leaves the test programs as they were, and a stale
 # build/tests/test_gpu once ran a device call on the previous commit's tests.
 .PHONY: gpu-build
 gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
-  $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv $(BUILD)/tests/test_vendored_given
+  $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv $(BUILD)/tests/test_vendored_given \
+  $(BUILD)/tests/test_vendored_own
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -312,6 +321,10 @@ test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
 .PHONY: test-vendored-given
 test-vendored-given: $(BUILD)/tests/test_vendored_given
 	@$(BUILD)/tests/test_vendored_given tests/specs/given_weights.moe
+
+.PHONY: test-vendored-own
+test-vendored-own: $(BUILD)/tests/test_vendored_own
+	@$(BUILD)/tests/test_vendored_own tests/specs/router_own_input.moe
 
 .PHONY: test-vendored-fp8
 test-vendored-fp8: $(BUILD)/tests/test_vendored_fp8

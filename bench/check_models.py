@@ -99,7 +99,8 @@ class Family:
 
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
-                 top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None, hash=False):
+                 top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None, hash=False, inputs=None,
+                 post_init=None, copy32=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or (hash_route(self) if hash else gate_route)
@@ -117,6 +118,16 @@ class Family:
         # tid2eid[input_ids] to moegen as the caller's ids (spec router.select = "given")
         self.hash = hash
         self.ids = None
+        # inputs: (block, r) -> (x, router_x) for a block whose router reads another tensor than its experts
+        # (Gemma 4: the residual r, normalized and scaled, vs pre_feedforward_layernorm_2(r)); the block is
+        # called with r, moegen with x and router_x (spec router.input = "separate")
+        self.inputs = inputs
+        # post_init: (block, generator) -> None, after init_params: magnitudes the generic fill gets wrong
+        # (Gemma 4's norm weights and router scale multiply directly, and ~0.1 would leave the logits flat)
+        self.post_init = post_init
+        # copy32: (fp32 copy) -> None: where the bf16 model hands a rounded intermediate to a part moegen is
+        # given (Gemma 4's router input), the fp32 copy reads it rounded alike
+        self.copy32 = copy32
 
 
 def gate_route(block, x):
@@ -370,6 +381,76 @@ def mk_deepseek_like(module, block, config, **kw):
     Block, = tf_import(module, block)
     cfg = eager(getattr(tf, config)(hidden_size=256, moe_intermediate_size=128, **kw))
     return Block(cfg), cfg
+
+
+def mk_gemma4():
+    # Gemma 4's MoE branch (Gemma4TextDecoderLayer with enable_moe_block):
+    # Gemma4TextRouter reads the residual r: logits = proj(rmsnorm(r) ⊙ scale
+    # · H^-½) (rmsnorm without a weight, in fp32, cast back; the products in
+    # the model dtype), p = softmax (fp32), top-k, renormalized, × the
+    # model-dtype per_expert_scale[e]; Gemma4TextExperts runs on
+    # pre_feedforward_layernorm_2(r), GeGLU with the tanh gelu
+    # (gelu_pytorch_tanh), y += (w · expert(x)).to(bf16) one expert at a time.
+    # The wrapper is the decoder layer's three lines (its dense MLP and the
+    # post-feedforward norms stay outside the branch); inputs() gives moegen
+    # the experts' x and the router's input as the block computes them.
+    import torch
+    import transformers as tf
+    Router, Experts, Norm = tf_import("gemma4.modeling_gemma4", "Gemma4TextRouter", "Gemma4TextExperts",
+                                      "Gemma4RMSNorm")
+    cfg = eager(tf.Gemma4TextConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                                    num_experts=32, top_k_experts=4, enable_moe_block=True, num_hidden_layers=1))
+
+    class Gemma4Moe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router, self.experts = Router(cfg), Experts(cfg)
+            self.pre_feedforward_layernorm_2 = Norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+        def forward(self, r):
+            shape = r.shape
+            r = r.reshape(-1, shape[-1])
+            _, w, idx = self.router(r)
+            return self.experts(self.pre_feedforward_layernorm_2(r), idx, w).reshape(shape)
+
+    return Gemma4Moe(), cfg
+
+
+def gemma4_init(block, g):
+    """Gemma 4's multiplicative parameters near their working sizes: the
+    norm weight and the router's scale multiply directly (1 + noise, and
+    sqrt(H) for the scale, which the router divides back out, so its input
+    has unit-size entries and the logits the spread init_params aims at),
+    per_expert_scale positive around 1."""
+    import torch
+    H = block.router.scale.shape[0]
+    with torch.no_grad():
+        ln = block.pre_feedforward_layernorm_2.weight
+        ln.copy_(1 + 0.1 * torch.randn(ln.shape, generator=g))
+        sc = block.router.scale
+        sc.copy_(H ** 0.5 * (1 + 0.25 * torch.randn(sc.shape, generator=g)))
+        pe = block.router.per_expert_scale
+        pe.copy_(0.5 + torch.rand(pe.shape, generator=g))
+
+
+def gemma4_copy32(b32):
+    """The fp32 copy's router input made as the bf16 branch makes it: the
+    norm's output cast to bf16, times the bf16 scale and H^-½ in bf16 (each
+    product rounded), then read by the fp32 proj. That tensor is the
+    router_x moegen is given; computed in fp32 instead, a quarter of its
+    entries land a bf16 step away and the fp32 copy flips near-ties that
+    neither the model nor moegen has."""
+    import torch
+    r = b32.router
+    r.norm.register_forward_hook(lambda m, a, out: out.to(torch.bfloat16))
+    r.scale = torch.nn.Parameter(r.scale.detach().to(torch.bfloat16), requires_grad=False)
+    r.proj.register_forward_pre_hook(lambda m, a: (a[0].float(),))
+
+
+def gemma4_inputs(block, r):
+    """(x, router_x): the experts' input and the router's, as the branch computes them from r."""
+    rt = block.router
+    return block.pre_feedforward_layernorm_2(r), rt.norm(r) * rt.scale * rt.scalar_root_size
 
 
 def mk_deepseek_v4(layer=3):
@@ -1044,6 +1125,12 @@ FAMILIES = [
            router=lambda b: {"wr": b.gate.weight,
                              "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
            sel_bias_std=0.005),
+    Family("gemma4", "Gemma 4 (Gemma4TextRouter, Gemma4TextExperts)", mk_gemma4,
+           'router = { score = "softmax", renormalize = true, input = "separate", expert_scale = true }\n'
+           'activation = { kind = "geglu" }', "fused", route=lambda b, r: b.router(r)[1:],
+           router=lambda b: {"wr": b.router.proj.weight, "expert_scale": b.router.per_expert_scale.float()},
+           inputs=gemma4_inputs, keep=(), top_k=lambda cfg: cfg.top_k_experts, post_init=gemma4_init,
+           copy32=gemma4_copy32),
 ]
 
 
@@ -1215,7 +1302,8 @@ class CpuBackend:
                     ("sel_bias", ctypes.c_void_p), ("logit_bias", ctypes.c_void_p),
                     ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
                     ("b2", ctypes.c_void_p), ("ws1", ctypes.c_void_p), ("ws2", ctypes.c_void_p),
-                    ("wsg", ctypes.c_void_p), ("given_ids", ctypes.c_void_p), ("given_w", ctypes.c_void_p)]
+                    ("wsg", ctypes.c_void_p), ("given_ids", ctypes.c_void_p), ("given_w", ctypes.c_void_p),
+                    ("router_x", ctypes.c_void_p), ("expert_scale", ctypes.c_void_p)]
 
     def __init__(self, opt):
         path = os.path.join(ROOT, "build", "libmoegen_ref.so")
@@ -1239,16 +1327,18 @@ class CpuBackend:
     def close(self):
         pass
 
-    def run(self, x, E, K, given=None):
+    def run(self, x, E, K, given=None, router_x=None):
         """(y [T, H] bf16, topk_idx [T, K]) for x [T, H] bf16; given: the
-        caller's expert ids [T, K] (int32, router.select = "given")."""
+        caller's expert ids [T, K] (int32, router.select = "given");
+        router_x: the router's own input [T, H] (router.input = "separate")."""
         import torch
         T, H = x.shape
         t = self.t
         ptr = lambda k: t[k].data_ptr() if k in t else None
         a = self.Inputs(T, x.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"),
                         ptr("w2"), ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"),
-                        None if given is None else given.data_ptr(), None)
+                        None if given is None else given.data_ptr(), None,
+                        None if router_x is None else router_x.data_ptr(), ptr("expert_scale"))
         y = torch.empty(T, H, dtype=torch.float32)
         idx = torch.empty(T, K, dtype=torch.int32)
         w = torch.empty(T, K, dtype=torch.float32)
@@ -1319,7 +1409,7 @@ class GpuBackend:
                                              ctypes.c_void_p(t["ws2"].data_ptr()),
                                              ctypes.c_void_p(w1p.data_ptr()), ctypes.c_void_p(w2s.data_ptr())):
                 raise RuntimeError("moe_plan_pack_shared: %s" % self.last_error())
-        d = {k: t[k].cuda() for k in ("wr", "sel_bias", "logit_bias", "b2", "wsg") if k in t}
+        d = {k: t[k].cuda() for k in ("wr", "sel_bias", "logit_bias", "b2", "wsg", "expert_scale") if k in t}
         d["w1p"], d["w2"] = w1p.cuda(), w2s.cuda()
         if "b1" in t:
             d["b1p"] = b1p.cuda()
@@ -1365,7 +1455,7 @@ class GpuBackend:
             self.lib.moe_plan_destroy(self.plan)
             self.plan = None
 
-    def run(self, x, E, K, given=None):
+    def run(self, x, E, K, given=None, router_x=None):
         import torch
         T, H = x.shape
         d = self.d
@@ -1380,6 +1470,11 @@ class GpuBackend:
         if given is not None:  # router.select = "given": the caller's ids
             gd = given.cuda()
             a.topk_ids = gd.data_ptr()
+        if router_x is not None:  # router.input = "separate": the router's own input
+            rxd = router_x.contiguous().cuda()
+            a.router_x = rxd.data_ptr()
+        if "expert_scale" in d:  # router.expert_scale
+            a.router_expert_scale = d["expert_scale"].data_ptr()
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if self.lib.moe_forward(self.plan, ctypes.byref(a), stream) != 0:
             raise RuntimeError("moe_forward: %s" % self.last_error())
@@ -1427,6 +1522,8 @@ def check_family(fam, be, opt, workdir, log):
     tokens = max(opt.tokens)
     seed = opt.seed + zlib.crc32(fam.name.encode())
     init_params(block, H, seed, fam.sel_bias_std)
+    if fam.post_init:
+        fam.post_init(block, torch.Generator().manual_seed(seed + 3))
     if fam.hash:  # the frozen token -> experts table (repeats within a row allowed) and the tokens' ids
         gh = torch.Generator().manual_seed(seed + 2)
         tid2eid = block.gate.tid2eid
@@ -1445,6 +1542,8 @@ def check_family(fam, be, opt, workdir, log):
             v = torch.nn.Parameter(v, requires_grad=False)
         setattr(mod, leaf, v)
     b32 = copy.deepcopy(b16).float()   # the same bf16 values, computed in fp32
+    if fam.copy32:
+        fam.copy32(b32)
     name = "hf_" + re.sub(r"\W", "_", fam.name)
     spec_path = os.path.join(workdir, name + ".moe")
 
@@ -1500,7 +1599,11 @@ def check_family(fam, be, opt, workdir, log):
                 r16, r32 = fwd(fam, b16, x), fwd(fam, b32, x.float())
                 i16, i32 = block_route(fam, b16, x)[1], block_route(fam, b32, x.float())[1]
                 given = block.gate.tid2eid[fam.ids[:T]].to(torch.int32).contiguous() if fam.hash else None
-                y, idx = be.run(x, E, K, given) if fam.hash else be.run(x, E, K)
+                if fam.inputs:  # the experts' x and the router's own input, from r = x as the bf16 block makes them
+                    xm, rx = (v.contiguous() for v in fam.inputs(b16, x))
+                    y, idx = be.run(xm, E, K, router_x=rx)
+                else:
+                    y, idx = be.run(x, E, K, given) if fam.hash else be.run(x, E, K)
                 e32 = compare(y, idx, r32, i32)
                 e16 = compare(y, idx, r16, i16)
                 # the block's own bf16 rounding, for scale: bf16 block against its fp32 copy

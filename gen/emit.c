@@ -355,11 +355,15 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    "    const void *x;\n    const void *router_w;\n    const float *router_bias;\n"
                    "    const float *router_logit_bias;\n    const void *w1p;\n    const void *b1p;\n"
                    "    const void *w2;\n    const void *b2;\n    void *y;\n    void *workspace;\n"
-                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n%s%s%s} %s_args_t;\n\n",
+                   "    const void *shared_gate;    /* [H]: shared.gate = \"sigmoid\" only */\n%s%s%s%s%s} %s_args_t;\n\n",
                    n, fp8 ? "    const float *w1s;           /* fp8: the scales of w1p */\n"
                             "    const float *w2s;           /* fp8: the scales of w2 */\n" : "",
                    s->router.select == MOE_SELECT_GIVEN ? "    const int *topk_ids;        /* int32 [tokens, K]: the caller's experts */\n" : "",
                    s->router.score == MOE_SCORE_GIVEN ? "    const float *topk_weights;  /* fp32 [tokens, K]: their weights */\n" : "",
+                   s->router.input == MOE_ROUTER_INPUT_SEPARATE
+                       ? "    const void *router_x;       /* [tokens, H]: the router's own input (router.input) */\n" : "",
+                   s->router.expert_scale ? "    const float *router_expert_scale; /* fp32 [E]: each expert's weight "
+                                            "scale */\n" : "",
                    n);
     if (s->router.select == MOE_SELECT_GIVEN)
         moe_buf_printf(b,

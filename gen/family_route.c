@@ -105,8 +105,11 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
         snprintf(z, sizeof z, "z%d", s->zero_experts);
     /* given routing: the caller's ids (i), and its weights too (w) */
     const char *given = s->router.select != MOE_SELECT_GIVEN ? "" : s->router.score == MOE_SCORE_GIVEN ? "_iw" : "_i";
-    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d%s", s->name, moe_dtype_name(s->dtype), s->experts, z,
-             s->top_k, sh, k->per_block, t.bk, t.stages, given);
+    /* the router's own input (r), a per-expert weight scale (x) */
+    const char *extra = s->router.input == MOE_ROUTER_INPUT_SEPARATE ? (s->router.expert_scale ? "_rx" : "_r")
+                                                                     : (s->router.expert_scale ? "_x" : "");
+    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d%s%s", s->name, moe_dtype_name(s->dtype), s->experts, z,
+             s->top_k, sh, k->per_block, t.bk, t.stages, given, extra);
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens

@@ -26,6 +26,11 @@ typedef enum {
  * (topk_ids, int32 [T, top_k]: DeepSeek-V4's hash layers, a server's own
  * router); docs/DESIGN.md, "Given routing". */
 typedef enum { MOE_SELECT_TOPK = 0, MOE_SELECT_GIVEN = 1 } moe_select_t;
+/* What the router's logits read: the experts' input x, or a tensor of its
+ * own (router_x [T, H], the dtype; Gemma 4's router reads the residual
+ * stream, normalized and scaled, while its experts read another norm of
+ * it); docs/DESIGN.md, "The router's own input". */
+typedef enum { MOE_ROUTER_INPUT_X = 0, MOE_ROUTER_INPUT_SEPARATE = 1 } moe_router_input_t;
 /* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
@@ -63,6 +68,9 @@ typedef struct {
     double jitter_eps;  /* score "sparsemixer": the relative band 2·jitter_eps of a slot's softmax */
     double logit_softcap; /* > 0: each logit (logit_bias included) becomes c·tanh(l / c) before the score
                            * (Laguna's moe_router_logit_softcapping); 0 = off */
+    moe_router_input_t input; /* the logits' input: x, or the caller's router_x */
+    bool expert_scale;  /* the final weights × a per-expert fp32 [E] (router_expert_scale; Gemma 4's
+                         * per_expert_scale), after renormalization and scale */
 } moe_router_t;
 
 /* The gated unit applied between the expert GEMMs, on (gate, up) after the

@@ -471,6 +471,28 @@ static void check_given(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "weights would need their gradient back (moe_backward returns the router's)");
 }
 
+/* The router's own input and per-expert scale (router.input = "separate",
+ * router.expert_scale; Gemma 4): run after check_given. */
+static void check_router_extras(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    const moe_router_t *r = &s->router;
+    const int own = r->input == MOE_ROUTER_INPUT_SEPARATE;
+    if (own && r->score == MOE_SCORE_GIVEN)
+        NAMED_ERROR(c, "router.input", "router.input = \"separate\" with router.score = \"given\": no logits are "
+                    "computed, so nothing reads the router's input; leave router.input out");
+    else if (own && s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+        NAMED_ERROR(c, "shared.gate", "shared.gate = \"sigmoid\" with router.input = \"separate\" is not "
+                    "supported: the gate is a router logit and would read router_x, not x");
+    else if (r->expert_scale && r->score == MOE_SCORE_GIVEN)
+        NAMED_ERROR(c, "router.expert_scale", "router.expert_scale with router.score = \"given\": the weights "
+                    "are the caller's; scale them before the call");
+    else if (r->expert_scale && s->zero_experts)
+        NAMED_ERROR(c, "router.expert_scale", "router.expert_scale with zero_experts is not supported");
+    else if (s->training && (own || r->expert_scale))
+        NAMED_ERROR(c, own ? "router.input" : "router.expert_scale", "training = true with %s is not supported "
+                    "yet: the backward has no gradient for %s", own ? "router.input = \"separate\"" :
+                    "router.expert_scale", own ? "router_x" : "router_expert_scale");
+}
+
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after
  * check_relations, on a spec whose keys all read. */
 static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
@@ -622,6 +644,8 @@ void moe_spec_read(moe_spec_ctx_t *c, moe_spec_t *s) {
         check_sparsemixer(c, s);
     if (!c->failed)
         check_given(c, s);
+    if (!c->failed)
+        check_router_extras(c, s);
     if (!c->failed)
         check_shared(c, s);
     if (!c->failed)

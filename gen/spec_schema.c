@@ -12,7 +12,8 @@
 
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
-                   sizeof(moe_score_t) == sizeof(int) && sizeof(moe_select_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
+                   sizeof(moe_score_t) == sizeof(int) && sizeof(moe_select_t) == sizeof(int) &&
+                   sizeof(moe_router_input_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
                    sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
                    sizeof(moe_quant_scaling_t) == sizeof(int),
@@ -23,6 +24,7 @@ _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeo
 static const char *const dtypes[] = {"bf16", "fp16", NULL};
 static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "sparsemixer", "given", NULL};
 static const char *const selects[] = {"topk", "given", NULL};
+static const char *const router_inputs[] = {"x", "separate", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -98,6 +100,16 @@ const moe_key_t moe_spec_keys[] = {
      .lo = 1e-3, .hi = 1e6,
      .help = "each logit (`logit_bias` included) becomes `c·tanh(l / c)` before the score, c this value (Laguna's "
              "`moe_router_logit_softcapping`); absent: no cap"},
+    {.name = "router.input", .type = MOE_KEY_ENUM, .offset = AT(router.input), .choices = router_inputs,
+     .optional = true,
+     .help = "what the router's logits read: `\"x\"`, the experts' input; `\"separate\"`, the caller's "
+             "`router_x` ([T, `hidden`], `dtype`; Gemma 4's router reads the normalized, scaled residual stream, "
+             "its experts another norm of it); not with `router.score = \"given\"` (no logits) or a sigmoid "
+             "`shared.gate`; inference only; README, \"The router's own input\""},
+    {.name = "router.expert_scale", .type = MOE_KEY_BOOL, .offset = AT(router.expert_scale), .optional = true,
+     .help = "the final weights are multiplied by a per-expert fp32 `router_expert_scale` [E], after "
+             "renormalization and `router.scale` (Gemma 4's `per_expert_scale`); not with `router.score = "
+             "\"given\"` or zero experts; inference only"},
     {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
      .help = "the weights are multiplied by this"},
     {.name = "router.apply", .type = MOE_KEY_ENUM, .offset = AT(router.apply), .choices = applies,
@@ -300,7 +312,7 @@ static bool written(const moe_key_t *k, const moe_spec_t *s) {
     if (!k->optional)
         return true;
     const char *p = (const char *)s + k->offset;
-    return k->type == MOE_KEY_NUM ? *(const double *)p != 0 : *(const int *)p != 0;
+    return k->type == MOE_KEY_NUM ? *(const double *)p != 0 : k->type == MOE_KEY_BOOL ? *(const bool *)p : *(const int *)p != 0;
 }
 
 /* ---- the canonical form -------------------------------------------------- */
@@ -455,7 +467,8 @@ static void put_md_default(moe_buf_t *b, const moe_key_t *k) {
         moe_buf_printf(b, "required");
         return;
     }
-    if (k->optional && k->type != MOE_KEY_ENUM) { /* absent; an optional choice's absence is its default */
+    if (k->optional && k->type != MOE_KEY_ENUM && k->type != MOE_KEY_BOOL) { /* absent; an optional choice's
+                                                                                * absence is its default */
         moe_buf_printf(b, "none");
         return;
     }

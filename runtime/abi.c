@@ -34,7 +34,8 @@ static const abi_field forward_fields[] = {
     FIELD(moe_forward_args, b2),          FIELD(moe_forward_args, y),
     FIELD(moe_forward_args, workspace),   FIELD(moe_forward_args, shared_gate),
     FIELD(moe_forward_args, w1s),         FIELD(moe_forward_args, w2s),
-    FIELD(moe_forward_args, topk_ids),    FIELD(moe_forward_args, topk_weights), {0}};
+    FIELD(moe_forward_args, topk_ids),    FIELD(moe_forward_args, topk_weights),
+    FIELD(moe_forward_args, router_x),    FIELD(moe_forward_args, router_expert_scale), {0}};
 
 static const abi_field weights_fields[] = {
     FIELD(moe_weights, w1p), FIELD(moe_weights, b1p), FIELD(moe_weights, w2), FIELD(moe_weights, b2), {0}};
@@ -185,8 +186,14 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
         dt = name[5] == 'i' ? "int32" : "fp32";
         if (name[5] == 'i' ? s->router.select == MOE_SELECT_GIVEN : s->router.score == MOE_SCORE_GIVEN)
             SHAPE(T, s->top_k);
-    }
-    else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
+    } else if (!strcmp(name, "router_x")) { /* router.input = "separate": the logits' own input */
+        if (s->router.input == MOE_ROUTER_INPUT_SEPARATE)
+            SHAPE(T, H);
+    } else if (!strcmp(name, "router_expert_scale")) {
+        dt = "fp32";
+        if (s->router.expert_scale)
+            SHAPE(s->experts);
+    } else if (!strcmp(name, "router_bias") || !strcmp(name, "router_logit_bias")) {
         dt = "fp32";
         if (name[7] == 'b' ? s->router.bias : s->router.logit_bias)
             SHAPE(moe_spec_scored(s));

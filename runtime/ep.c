@@ -211,7 +211,7 @@ moe_status moe_ep_run_step_train(const moe_ep_t *ep, const moe_launcher_t *l, co
         CU_CHECK(moe_cu.cuMemsetD8Async(reg[MOE_EW_SEND] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
                                         (size_t)row_bytes, st)); /* the null row */
         moe_route_fuse_args_t nofuse = {0}; /* route only: the send plan is its own kernel */
-        void *ra[14] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+        void *ra[16] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                         (void *)&T, &reg[MOE_EW_TOPK_IDX], &reg[MOE_EW_TOPK_W], &reg[MOE_EW_COUNTS],
                         &reg[MOE_EW_ROUTE_PART], &nofuse};
         moe_route_tail_args(s, a, &logits, ra, 10); /* a training plan's logits; given routing's ids */

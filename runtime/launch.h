@@ -112,9 +112,10 @@ typedef struct {
 /* The route kernel's parameters after its ten fixed ones, in its order
  * (templates/route.lua): a sigmoid-gated shared expert's shared_gate, a
  * training plan's logits_out (*logits), given routing's topk_ids and, with
- * router.score = "given", topk_weights. Appends them to args from n on
- * (room for 4) and returns the new count; the driver reads no more than
- * the kernel takes. */
+ * router.score = "given", topk_weights; router.input = "separate"'s
+ * router_x; router.expert_scale's router_expert_scale. Appends them to args
+ * from n on (room for 6: args holds 16) and returns the new count; the driver reads no more
+ * than the kernel takes. */
 static inline int moe_route_tail_args(const moe_spec_t *s, const moe_forward_args *a, const CUdeviceptr *logits,
                                       void **args, int n) {
     if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
@@ -125,6 +126,10 @@ static inline int moe_route_tail_args(const moe_spec_t *s, const moe_forward_arg
         args[n++] = (void *)&a->topk_ids;
     if (s->router.score == MOE_SCORE_GIVEN)
         args[n++] = (void *)&a->topk_weights;
+    if (s->router.input == MOE_ROUTER_INPUT_SEPARATE)
+        args[n++] = (void *)&a->router_x;
+    if (s->router.expert_scale)
+        args[n++] = (void *)&a->router_expert_scale;
     return n;
 }
 

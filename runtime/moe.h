@@ -128,7 +128,11 @@ typedef struct moe_plan moe_plan;
  * top_k] (an id outside 0..E-1 drops its entry: moe_plan_routing_errors
  * counts them); with router.score = "given" also topk_weights, fp32
  * [tokens, top_k], and router_w may be NULL (no logits). Otherwise both are
- * ignored. */
+ * ignored.
+ * With router.input = "separate" (README, "The router's own input") the
+ * logits read router_x [tokens, H] (dtype) instead of x; with
+ * router.expert_scale each routed weight is multiplied by
+ * router_expert_scale[e] (fp32 [E]) last. Otherwise both are ignored. */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
     const void *x;                /* x and y may be NULL when tokens = 0 */
@@ -143,6 +147,8 @@ typedef struct {
     const float *w1s, *w2s;       /* spec quant.weights = "fp8_e4m3": the scales of w1p and w2 */
     const int *topk_ids;          /* spec router.select = "given": int32 [tokens, top_k] */
     const float *topk_weights;    /* spec router.score = "given": fp32 [tokens, top_k] */
+    const void *router_x;         /* spec router.input = "separate": [tokens, H], the logits' input */
+    const float *router_expert_scale; /* spec router.expert_scale: fp32 [E] */
 } moe_forward_args;
 
 /* One rank's expert weights, device pointers (b1p and b2 only with ffn_bias). */
@@ -586,7 +592,7 @@ moe_status moe_plan_stage_path(const moe_plan *plan, int stage, int *path, const
 
 /* The shape and element type the plan expects of forward tensor `name`
  * ("x", "y", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p",
- * "w2", "b2", "shared_gate", "w1s", "w2s", "topk_ids", "topk_weights";
+ * "w2", "b2", "shared_gate", "w1s", "w2s", "topk_ids", "topk_weights", "router_x", "router_expert_scale";
  * moe_forward_args' names): *rank dims in
  * dims[0..rank-1] (x and y: the spec's tokens, the most a forward takes;
  * w1p and w2: every weight slot, a shared expert's included), *dtype "bf16", "fp16",

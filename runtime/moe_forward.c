@@ -40,6 +40,12 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.select = \"given\"%s; topk_ids (int32 [tokens, "
                         "top_k])%s required", fn, given_w ? " and router.score = \"given\"" : "",
                         given_w ? " and topk_weights (fp32 [tokens, top_k]) are" : " is");
+    if (s->router.input == MOE_ROUTER_INPUT_SEPARATE && a->tokens > 0 && !a->router_x)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.input = \"separate\"; router_x ([tokens, H], "
+                        "the router's input) is required", fn);
+    if (s->router.expert_scale && !a->router_expert_scale)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.expert_scale; router_expert_scale (fp32 [E]) "
+                        "is required", fn);
     if (s->router.bias && !a->router_bias)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.bias; router_bias is required", fn);
     if (s->router.logit_bias && !a->router_logit_bias)
@@ -60,7 +66,7 @@ moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdevi
     int T = a->tokens;
     moe_route_fuse_args_t none = {0};
     /* the fused tail's struct, by value, then the spec's own parameters (moe_route_tail_args) */
-    void *args[14] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
+    void *args[16] = {(void *)&a->x, (void *)&a->router_w, (void *)&a->router_bias, (void *)&a->router_logit_bias,
                       &T, &topk_idx, &topk_w, &counts, &route_part, fuse ? (void *)fuse : (void *)&none};
     moe_route_tail_args(&p->pd.spec, a, &logits, args, 10);
     return moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev);

@@ -78,6 +78,13 @@
 @ -- its value (then renormalized, scaled), and phase 1 and the H split are
 @ -- not emitted: no logits, router_w never read (the grid has no split).
 @ --
+@ -- The router's own input (router.input = "separate", docs/DESIGN.md "The
+@ -- router's own input"): the kernel takes router_x (the dtype, [T, H]) after
+@ -- the parameters above, and phase 1 reads it in place of x (the fused
+@ -- scatter still copies x). A per-expert scale (router.expert_scale): it
+@ -- takes expert_scale (fp32 [E]) after that, and each routed entry's final
+@ -- weight (renormalized, scaled) is multiplied by expert_scale[expert].
+@ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
 @ -- logits there (logit_bias included, and capped where
@@ -147,6 +154,11 @@
 @        "given routing: no selection bias, groups, sparsemixer, zero experts or apply = input (gen/spec_check.c)")
 @   need(not c.given_w or (not c.gate and not p.logit_bias and not p.softcap and not p.spec.training),
 @        "given weights: no logits (no shared gate, logit_bias, softcap or training; gen/spec_check.c)")
+@   -- the router's own input and the per-expert scale (Gemma 4)
+@   c.own_input, c.escale = p.spec.router.input == "separate", p.spec.router.expert_scale and true or false
+@   need(not c.own_input or not c.given_w, "router.input = separate needs logits (not score \"given\")")
+@   need(not c.escale or (not c.given_w and c.Z == 0), "expert_scale: not with given weights or zero experts")
+@   need(not (c.own_input or c.escale) or not p.spec.training, "router.input / expert_scale: inference only")
 @   c.bad_ids = p.bad_ids
 @   need(not c.given or c.bad_ids, "the plan gives no place for the dropped ids' count")
 @   c.sparsemixer = p.score == "sparsemixer"
@@ -331,7 +343,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(${c.threads})
 ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
-            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}${c.given and ", const int *__restrict__ given_ids" or ""}${c.given_w and ", const float *__restrict__ given_w" or ""}) {
+            int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}${c.given and ", const int *__restrict__ given_ids" or ""}${c.given_w and ", const float *__restrict__ given_w" or ""}${c.own_input and ", const moe_half_t *__restrict__ router_x" or ""}${c.escale and ", const float *__restrict__ expert_scale" or ""}) {
     moe_pdl_begin();
     using namespace ${ns};
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
@@ -381,7 +393,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 #pragma unroll
         for (int s = 0; s < S - 1; ++s) {
             if (c0 + s < c1)
-                load_stage(ring + s * STAGE, x, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, c0 + s, nbase, tid);
+                load_stage(ring + s * STAGE, ${c.own_input and "router_x" or "x"}, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, c0 + s, nbase, tid);
             moe_cp_async_commit();
         }
 #pragma unroll 1
@@ -391,7 +403,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
             {
                 const int cn = c + S - 1;
                 if (cn < c1)
-                    load_stage(ring + ((cn - c0) % S) * STAGE, x, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, cn, nbase, tid);
+                    load_stage(ring + ((cn - c0) % S) * STAGE, ${c.own_input and "router_x" or "x"}, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens, cn, nbase, tid);
                 moe_cp_async_commit();
             }
             const moe_half_t *st = ring + ((c - c0) % S) * STAGE;
@@ -777,6 +789,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
 @ end
 @ if c.scale ~= 1 then
         w *= ${f32(c.scale)};
+@ end
+@ if c.escale then
+        if (lane < K)
+            w *= __ldg(expert_scale + mine);   /* router.expert_scale: the final weight × its expert's scale */
 @ end
 @ if c.M > 0 then
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */

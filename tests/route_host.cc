@@ -10,10 +10,11 @@
  *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input";
  *   RH_SCATTER  0: the scatter is never fused (fp8 rows, quantized by their own kernel)
  *   RH_K  top_k;  RH_GIVEN  1: router.select = "given" (it takes given_ids);  RH_GIVEN_W  1: and given_w
+ *   RH_OWN  1: router.input = "separate" (it takes router_x);  RH_ESCALE  1: router.expert_scale (expert_scale)
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
  * [T, H] and wr [NS, H] (dtype bits), the shared expert's w_gate [H]
  * (RH_GATE), sel_bias and logit_bias [NS] (fp32), the caller's ids [T, K] (int32, RH_GIVEN) and weights
- * [T, K] (fp32, RH_GIVEN_W); the kernel runs unfused (mode 0), or with "fused" in the mode
+ * [T, K] (fp32, RH_GIVEN_W), router_x [T, H] (dtype bits, RH_OWN), expert_scale [NS] (fp32, RH_ESCALE); the kernel runs unfused (mode 0), or with "fused" in the mode
  * the runtime picks for T (the permute plan, and the scatter for the
  * fewest tokens, in its last block: checked here, check_fused), on a grid
  * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
@@ -99,14 +100,15 @@ int main(int argc, char **argv) {
         return 1;
     FILE *in = fopen(argv[1], "rb");
     int T = 0;
-    std::vector<moe_half_t> x, wr, wg;
-    std::vector<float> sel, lb, gw;
+    std::vector<moe_half_t> x, wr, wg, rx;
+    std::vector<float> sel, lb, gw, es;
     std::vector<int> gids;
     const int H = RH_H, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS, K = RH_K;
     bool ok = in && fread(&T, sizeof T, 1, in) == 1 && T > 0 && get(in, x, (size_t)T * H) &&
               get(in, wr, (size_t)NS * H) && (!RH_GATE || get(in, wg, (size_t)H)) && get(in, sel, (size_t)NS) &&
               get(in, lb, (size_t)NS) && (!RH_GIVEN || get(in, gids, (size_t)T * K)) &&
-              (!RH_GIVEN_W || get(in, gw, (size_t)T * K));
+              (!RH_GIVEN_W || get(in, gw, (size_t)T * K)) && (!RH_OWN || get(in, rx, (size_t)T * H)) &&
+              (!RH_ESCALE || get(in, es, (size_t)NS));
     if (in)
         fclose(in);
     if (!ok)
@@ -146,6 +148,12 @@ int main(int argc, char **argv) {
 #endif
 #if RH_GIVEN_W
                  , gw.data()
+#endif
+#if RH_OWN
+                 , rx.data()
+#endif
+#if RH_ESCALE
+                 , es.data()
 #endif
         );
     });

@@ -230,6 +230,9 @@ static const gpu_case_t cases[] = {
     {"tests/specs/given_ids.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {"tests/specs/given_weights.moe", MODE_RANDOM, {1, 5, 40, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/given_weights.moe", MODE_SKEW, {1, 64}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* Gemma 4's router: its own input (router_x, steered in SKEW) and per-expert scales; GeGLU experts */
+    {"tests/specs/router_own_input.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/router_own_input.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
@@ -445,7 +448,9 @@ typedef struct {
     float *sel_bias, *logit_bias;
     int *gids;      /* router.select = "given": the caller's ids [T, K] (some out of range: dropped) */
     float *gw;      /* router.score = "given": the caller's weights [T, K] */
-    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg, dgids, dgw;
+    uint16_t *rx;   /* router.input = "separate": the router's own input [T, H] */
+    float *es;      /* router.expert_scale: fp32 [E] */
+    CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg, dgids, dgw, drx, des;
     size_t ws_bytes;   /* dws: moe_plan_workspace_size at the capacity, then WS_GUARD guard bytes */
     size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
     int *slot;      /* the plan's slot of each expert (MODE_PERM), NULL = identity */
@@ -456,9 +461,9 @@ typedef struct {
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
     free(L->ws1); free(L->ws2); free(L->wsg);
-    free(L->sel_bias); free(L->logit_bias); free(L->slot); free(L->gids); free(L->gw);
+    free(L->sel_bias); free(L->logit_bias); free(L->slot); free(L->gids); free(L->gw); free(L->rx); free(L->es);
     CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws, L->dwsg,
-                       L->dgids, L->dgw};
+                       L->dgids, L->dgw, L->drx, L->des};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             moe_cu.cuMemFree(d[i]);
@@ -488,6 +493,13 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     if (!L->x || !L->wr || !L->w1 || !L->w1p || !L->w2 || !L->b1 || !L->b1p || !L->b2)
         return 0;
     fill_random(L->x, T * H, 1.0f, seed + 1, dt);
+    /* the router's own input (router.input = "separate"): rows of its own, steered as x is below */
+    const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE;
+    if (own && !(L->rx = malloc(T * H * 2)))
+        return 0;
+    if (own)
+        fill_random(L->rx, T * H, 1.0f, seed + 11, dt);
+    uint16_t *steer = own ? L->rx : L->x;   /* the rows the logits read */
     fill_random(L->wr, NS * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
     fill_random(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), seed + 3, dt);
     fill_random(L->w2, E * H * F, 2.0f / sqrtf((float)F), seed + 4, dt);
@@ -503,7 +515,7 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
          * token has a routed row and the call no tile (the FFN's GEMMs run empty, combine sums x rows) */
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
-                L->x[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(L->x[t * H + h], dt), dt);
+                steer[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * H + h], dt), dt);
         L->all_zero = 1;
         for (size_t e = 0; e < E; e++) {
             L->sel_bias[e] = -1.0f;
@@ -514,7 +526,7 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
         size_t hot = splitmix(&r) % E;
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
-                L->x[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(L->x[t * H + h], dt), dt);
+                steer[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * H + h], dt), dt);
         for (size_t e = 0; e < E; e++) {
             int dead = mode == MODE_ONE ? e != hot : (e % 4 == 3 && e != hot);
             float v = e == hot ? 3.0f : dead ? -3.0f : 0.0f;
@@ -544,6 +556,16 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
         if (!L->dgids || !L->dgw)
             return 0;
     }
+    if (s->router.expert_scale) { /* Gemma 4's per_expert_scale: in [0.25, 1.75) */
+        if (!(L->es = malloc(E * sizeof(float))))
+            return 0;
+        for (size_t e = 0; e < E; e++)
+            L->es[e] = 0.25f + 1.5f * (float)((splitmix(&r) >> 40) / 16777216.0);
+        if (!(L->des = dev_upload(L->es, E * sizeof(float))))
+            return 0;
+    }
+    if (own && !(L->drx = dev_upload(L->rx, T * H * 2)))
+        return 0;
     if (moe_plan_pack_w1(plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(plan, L->b1, L->b1p) != MOE_OK)
         return 0;
     if (FS) {
@@ -741,6 +763,10 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
         goto done;
     for (int i = 0; i < ns; i++)
         memcpy(xs + (size_t)i * H, L->x + (size_t)sample[i] * H, (size_t)H * 2);
+    uint16_t *srx = L->rx ? malloc((size_t)ns * H * 2) : NULL;   /* the router's own input, sampled */
+    CHECK(!L->rx || srx);
+    for (int i = 0; srx && i < ns; i++)
+        memcpy(srx + (size_t)i * H, L->rx + (size_t)sample[i] * H, (size_t)H * 2);
     const int given = s->router.select == MOE_SELECT_GIVEN;
     int *sids = given ? malloc(sizeof(int) * (size_t)ns * K) : NULL;   /* the caller's ids (and weights) */
     float *sw = given ? malloc(sizeof(float) * (size_t)ns * K) : NULL;  /* of the sampled tokens */
@@ -750,7 +776,7 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     }
     CHECK(!given || (sids && sw));
     moe_ref_inputs_t in = {.x = xs, .wr = L->wr, .sel_bias = L->sel_bias, .logit_bias = L->logit_bias,
-                           .tokens = ns, .given_ids = sids, .given_w = sw};
+                           .tokens = ns, .given_ids = sids, .given_w = sw, .router_x = srx, .expert_scale = L->es};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int i = 0; i < ns; i++)
         memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * KE, sizeof(int) * (size_t)K);
@@ -765,7 +791,7 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
         CHECKF(same, "route: the entries' experts are not the caller's ids");
         CHECKF(gerr <= 1e-4 * s->router.scale + 1e-4, "route: given-routing weights differ by %g", gerr);
     }
-    free(sids), free(sw);
+    free(sids), free(sw), free(srx);
     int bad = -1;
     /* sparsemixer routes on the logits rounded to the dtype (bf16: 8 bits), and an fp32 logit within its
      * accumulation error of a rounding boundary may round either way on the GPU and in the reference (double
@@ -1329,6 +1355,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     moe_forward_args a = {.tokens = T, .x = (void *)L->dx,
                           .router_w = s->router.score == MOE_SCORE_GIVEN ? NULL : (void *)L->dwr,
                           .topk_ids = (const int *)L->dgids, .topk_weights = (const float *)L->dgw,
+                          .router_x = (const void *)L->drx, .router_expert_scale = (const float *)L->des,
                           .router_bias = s->router.bias ? (float *)L->dsel : NULL,
                           .router_logit_bias = s->router.logit_bias ? (float *)L->dlogit : NULL,
                           .w1p = (void *)L->dw1p, .b1p = s->ffn_bias ? (void *)L->db1p : NULL,
@@ -1742,6 +1769,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         const moe_spec_t *s = &L.s;
         moe_forward_args a = {.tokens = L.s.tokens + 1, .x = (void *)L.dx, .router_w = (void *)L.dwr,
                               .topk_ids = (const int *)L.dgids, .topk_weights = (const float *)L.dgw,
+                              .router_x = (const void *)L.drx, .router_expert_scale = (const float *)L.des,
                               .router_bias = s->router.bias ? (float *)L.dsel : NULL,
                               .router_logit_bias = s->router.logit_bias ? (float *)L.dlogit : NULL,
                               .w1p = (void *)L.dw1p, .b1p = s->ffn_bias ? (void *)L.db1p : NULL,

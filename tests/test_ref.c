@@ -180,6 +180,56 @@ static void test_route_softmax(void) {
     }
 }
 
+/* Gemma 4's router (router.input = "separate", router.expert_scale): the
+ * logits read router_x, not x; the final weights × expert_scale[e]. */
+static void test_route_own_input(void) {
+    CASE("router.input = \"separate\": the logits read router_x; x is not read");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.router.renormalize = true;
+    s.router.input = MOE_ROUTER_INPUT_SEPARATE;
+    /* router_x as test_route_softmax's token 0 (top-2 = [2, 0], w = 0.7310586, 0.2689414); x the reverse choice */
+    float rx[8] = {1, 0.5f, 0.25f, 0, 0, 0, 0, 0}, x[8] = {-1, -0.5f, -0.25f, 0, 0, 0, 0, 0};
+    float wr[4][8] = {{1, 0, 0, 0, 0, 0, 0, 0}, {0.5f, -1, 0, 0, 0, 0, 0, 0}, {1, 1, 2, 0, 0, 0, 0, 0},
+                      {-1, 0, 0, 0, 0, 0, 0, 0}};
+    uint16_t rxh[8], xh[8], wrh[32];
+    to_half(rx, rxh, 8, s.dtype);
+    to_half(x, xh, 8, s.dtype);
+    to_half(&wr[0][0], wrh, 32, s.dtype);
+    moe_ref_inputs_t in = {0};
+    in.x = xh; in.router_x = rxh; in.wr = wrh; in.tokens = 1;
+    int idx[2]; float w[2];
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    CHECKF(idx[0] == 2 && idx[1] == 0 && NEAR(w[0], 0.7310586, 1e-6) && NEAR(w[1], 0.2689414, 1e-6),
+           "idx %d %d, w = %.7f %.7f", idx[0], idx[1], w[0], w[1]);
+    in.router_x = NULL;   /* required */
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) != 0);
+    in.router_x = rxh;
+    in.x = NULL;          /* the route never reads x */
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0 && idx[0] == 2);
+
+    CASE("router.expert_scale: after renormalization and scale, per expert");
+    s.router.expert_scale = true;
+    s.router.scale = 2.0;
+    const float es[4] = {0.5f, 9.0f, 1.5f, 9.0f};
+    in.expert_scale = es;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    /* 2 · 1.5 · 0.7310586 = 2.1931758; 2 · 0.5 · 0.2689414 = 0.2689414 (the scale does not enter the sum) */
+    CHECKF(idx[0] == 2 && idx[1] == 0 && NEAR(w[0], 2.1931758, 1e-6) && NEAR(w[1], 0.2689414, 1e-6),
+           "w = %.7f %.7f", w[0], w[1]);
+    in.expert_scale = NULL;   /* required */
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) != 0);
+
+    CASE("router.expert_scale with given ids: a dropped entry stays 0");
+    s.router.select = MOE_SELECT_GIVEN;
+    const int ids[2] = {3, 7};   /* 7: out of range, dropped */
+    in.given_ids = ids;
+    in.expert_scale = es;
+    CHECK(moe_ref_route(&s, &in, idx, w, NULL) == 0);
+    /* renormalized over the kept entry: weight 1, × 2 × es[3] = 18 */
+    CHECKF(idx[0] == 3 && idx[1] == 0 && NEAR(w[0], 18.0, 1e-5) && w[1] == 0.0f, "idx %d %d, w = %.7f %.7f", idx[0],
+           idx[1], w[0], w[1]);
+}
+
 static void test_route_sparsemixer(void) {
     CASE("sparsemixer (Phi-3.5-MoE): each slot's softmax over the logits within a relative 2 eps, in bf16");
     moe_spec_t s = mkspec(4, 2, 8, 8);
@@ -1546,6 +1596,7 @@ static void test_backward_bad_args(void) {
 int main(void) {
     test_conversions();
     test_route_softmax();
+    test_route_own_input();
     test_route_biases();
     test_route_sparsemixer();
     test_route_zero_experts();

@@ -57,6 +57,12 @@ static const host_case_t cases[] = {
      {1, 9, 64}, 3},
     {"given ids in a training spec: the saved logits (logit_bias included) beside the caller's experts",
      "tests/specs/train_given.moe", {2, 70}, 2},
+    {"the router's own input and per-expert scales (Gemma 4's): softmax top-8 of 128 on router_x, renormalized, "
+     "× expert_scale; H 704: split at few tokens", "tests/specs/router_own_input.moe", {1, 9, 70}, 3},
+    {"given ids weighted by the router's softmax on its own input, per-expert scales, an ungated shared expert, fp16",
+     "name = 'gx' experts = 40 top_k = 3 hidden = 256 ffn = 64 tokens = 128 dtype = 'fp16'\n"
+     "router = { select = 'given', score = 'softmax', renormalize = true, scale = 2.0, input = 'separate', "
+     "expert_scale = true }\nshared = { ffn = 64 }\n", {1, 33}, 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -115,13 +121,19 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     const int given = s->router.select == MOE_SELECT_GIVEN, given_w = s->router.score == MOE_SCORE_GIVEN;
     int *gids = malloc(sizeof(int) * (size_t)T * K), ndrop = 0, dropped = -1;
     float *gw = malloc(sizeof(float) * (size_t)T * K);
+    /* the router's own input (router.input = "separate"): other rows than x; per-expert scales (expert_scale) */
+    const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE, escale = s->router.expert_scale;
+    uint16_t *rx = malloc(sizeof(uint16_t) * (size_t)T * H);
+    float *es = malloc(sizeof(float) * (size_t)NS);
     CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
-          gids && gw);
+          gids && gw && rx && es);
     if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
-          gids && gw))
+          gids && gw && rx && es))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
-        x[i] = moe_float_to_half(urand(), dt);
+        x[i] = moe_float_to_half(urand(), dt), rx[i] = moe_float_to_half(urand(), dt);
+    for (int e = 0; e < NS; e++) /* Gemma 4's per_expert_scale: around 1, some below */
+        es[e] = 0.25f + 1.5f * (urand() + 1.0f) * 0.5f;
     for (size_t i = 0; i < (size_t)NS * H; i++) /* logits of a few units: softmax and sigmoid both spread */
         wr[i] = moe_float_to_half(urand() * 3.0f / sqrtf((float)H), dt);
     for (int h = 0; h < H; h++)
@@ -147,7 +159,9 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
              fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
              fwrite(lb, 4, (size_t)NS, f) == (size_t)NS &&
              (!given || fwrite(gids, 4, (size_t)T * K, f) == (size_t)T * K) &&
-             (!given_w || fwrite(gw, 4, (size_t)T * K, f) == (size_t)T * K);
+             (!given_w || fwrite(gw, 4, (size_t)T * K, f) == (size_t)T * K) &&
+             (!own || fwrite(rx, 2, (size_t)T * H, f) == (size_t)T * H) &&
+             (!escale || fwrite(es, 4, (size_t)NS, f) == (size_t)NS);
     ok = f && fclose(f) == 0 && ok;
     CHECKF(ok, "cannot write %s", in_path);
     snprintf(cmd, sizeof cmd, "timeout 120 %s %s %s", bin, in_path, out_path);
@@ -184,7 +198,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     if (!in_range)
         goto done;
     moe_ref_inputs_t in = {.x = x, .wr = wr, .sel_bias = sel, .logit_bias = lb, .tokens = T, .given_ids = gids,
-                           .given_w = gw};
+                           .given_w = gw, .router_x = rx, .expert_scale = es};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int t = 0; t < T; t++)
         memcpy(gidx + (size_t)t * K, idx + (size_t)t * KE, sizeof(int) * (size_t)K);
@@ -264,7 +278,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g%s\n", s->name, T, seed, werr,
            given ? " (given ids; the drops counted)" : "");
 done:
-    free(gids), free(gw);
+    free(gids), free(gw), free(rx), free(es);
     free(x), free(wr), free(wg), free(gref), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
     free(ridx), free(gidx), free(rw), free(sc), free(hist);
 }
@@ -297,12 +311,13 @@ static void run_case(const host_case_t *c, const char *cxx) {
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
                  "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d -DRH_K=%d -DRH_GIVEN=%d -DRH_GIVEN_W=%d "
-                 "tests/route_host.cc -o %s 2>&1",
+                 "-DRH_OWN=%d -DRH_ESCALE=%d tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
                  s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), s.top_k, s.router.select == MOE_SELECT_GIVEN,
-                 s.router.score == MOE_SCORE_GIVEN, bin);
+                 s.router.score == MOE_SCORE_GIVEN, s.router.input == MOE_ROUTER_INPUT_SEPARATE,
+                 s.router.expert_scale, bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)

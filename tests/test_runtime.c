@@ -631,9 +631,57 @@ out:
     paper_free(plain);
 }
 
+/* The router's own input and per-expert scales (router.input, router.expert_scale): argument checks and
+ * tensors, before any driver use. */
+static void test_router_extras_api(void) {
+    const char *base = "name = 't' experts = 8 top_k = 2 hidden = 64 ffn = 32 tokens = 100 ";
+    char text[512];
+    snprintf(text, sizeof text, "%s router = { score = 'softmax', input = 'separate' }", base);
+    moe_plan *own = paper_plan(text);
+    snprintf(text, sizeof text, "%s router = { score = 'softmax', expert_scale = true }", base);
+    moe_plan *es = paper_plan(text);
+    moe_plan *plain = paper_plan(base);
+    CHECK(own && es && plain);
+    if (!own || !es || !plain)
+        goto out;
+    int dummy[64] __attribute__((aligned(256)));
+    const moe_forward_args a = {.tokens = 10, .x = dummy, .router_w = dummy, .w1p = dummy, .w2 = dummy, .y = dummy,
+                                .workspace = dummy};
+    CASE("router.input = \"separate\": router_x is required, naming the key and the tensor");
+    moe_status st = moe_forward(own, &a, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router.input = \"separate\"") &&
+               strstr(moe_last_error(), "router_x ([tokens, H]"), "%s: %s", moe_status_string(st), moe_last_error());
+    CASE("router.expert_scale: router_expert_scale is required");
+    st = moe_forward(es, &a, NULL);
+    CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router_expert_scale (fp32 [E]) is required"),
+           "%s: %s", moe_status_string(st), moe_last_error());
+    CASE("router_x is not needed for an empty batch; router_expert_scale is (a weight, as router_w)");
+    moe_forward_args z = a;
+    z.tokens = 0;
+    z.x = NULL, z.y = NULL;
+    st = moe_forward(es, &z, NULL);
+    CHECK(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router_expert_scale"));
+    CASE("the router's own input and scales: the tensors the plan names (moe_plan_tensor)");
+    int rank = -1;
+    int64_t dims[4];
+    const char *dt = NULL;
+    CHECK(moe_plan_tensor(own, "router_x", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[0] == 100 &&
+          dims[1] == 64 && !strcmp(dt, "bf16"));
+    CHECK(moe_plan_tensor(own, "router_expert_scale", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CHECK(moe_plan_tensor(es, "router_expert_scale", &rank, dims, &dt) == MOE_OK && rank == 1 && dims[0] == 8 &&
+          !strcmp(dt, "fp32"));
+    CHECK(moe_plan_tensor(es, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CHECK(moe_plan_tensor(plain, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
+out:
+    paper_free(own);
+    paper_free(es);
+    paper_free(plain);
+}
+
 int main(void) {
     test_compiled_folder();
     test_given_api();
+    test_router_extras_api();
     test_training_api();
     test_ep_plan();
     CASE("status strings");

@@ -202,7 +202,9 @@ static const char *const required_bad[] = {
     "quant_weights_unknown", "zero_experts_training", "zero_experts_ep", "zero_experts_apply_input",
     "zero_experts_negative", "zero_experts_over_route", "enum_router_select", "given_bias", "given_groups",
     "given_training", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
-    "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer",
+    "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer", "router_input_given_weights",
+    "router_input_shared_gate", "router_input_training", "enum_router_input", "expert_scale_given_weights",
+    "expert_scale_zero_experts", "expert_scale_training", "expert_scale_number",
 };
 
 static void test_golden_errors(void) {
@@ -767,8 +769,10 @@ static void test_schema_rows(void) {
                            strncmp(moe_spec_keys[i - 1].name, k->name, tl) == 0,
                        "the keys of %.*s are not consecutive", tl, k->name);
         CHECK(!(k->required && k->optional));
-        /* optional: 0 means absent; an ENUM's default choice is that 0 ("none", left out of the canonical form) */
+        /* optional: 0 means absent; an ENUM's default choice is that 0 ("none", left out of the canonical form),
+         * a BOOL's false */
         CHECK(!k->optional || k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM ||
+              (k->type == MOE_KEY_BOOL && k->def == 0) ||
               (k->type == MOE_KEY_ENUM && k->def == 0 && (!k->values || k->values[0] == 0)));
         if (k->type == MOE_KEY_INT || k->type == MOE_KEY_NUM) {
             CHECK(k->lo <= k->hi);

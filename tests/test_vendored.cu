@@ -15,7 +15,10 @@
  * With VENDORED_GIVEN (`make test-vendored-given`: tests/specs/given_weights.moe,
  * router.select and router.score = "given") the forward takes the caller's
  * topk_ids and (VENDORED_GIVEN_W) topk_weights, about one id in 16 out of
- * range, and the int at NAME_BAD_IDS_AT of the workspace must count those. */
+ * range, and the int at NAME_BAD_IDS_AT of the workspace must count those.
+ * With VENDORED_OWN (`make test-vendored-own`: tests/specs/router_own_input.moe,
+ * Gemma 4's router) the forward takes router_x (rows of their own, what the
+ * logits read) and, with VENDORED_ESCALE, router_expert_scale [E]. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -135,6 +138,25 @@ int main(int argc, char **argv) {
     a.router_w = NULL;   /* the caller's weights: no router */
     in.given_w = gwt;
 #endif
+#endif
+#ifdef VENDORED_OWN
+    /* the router's own input: other rows than x (the layer is wrong if the logits read x) */
+    uint16_t *rx = (uint16_t *)malloc(T * H * 2);
+    for (size_t i = 0; i < T * H; i++) rx[i] = moe_float_to_half(urand(), dt);
+    void *drx;
+    CHECK(cudaMalloc(&drx, T * H * 2) == cudaSuccess);
+    cudaMemcpy(drx, rx, T * H * 2, cudaMemcpyHostToDevice);
+    a.router_x = drx;
+    in.router_x = rx;
+#endif
+#ifdef VENDORED_ESCALE
+    float *es = (float *)malloc(E * 4);   /* Gemma 4's per_expert_scale, in [0.25, 1.75) */
+    for (size_t i = 0; i < E; i++) es[i] = 1.0f + 0.75f * urand();
+    void *des;
+    CHECK(cudaMalloc(&des, E * 4) == cudaSuccess);
+    cudaMemcpy(des, es, E * 4, cudaMemcpyHostToDevice);
+    a.router_expert_scale = (const float *)des;
+    in.expert_scale = es;
 #endif
 #ifdef VENDORED_FP8
     CASE("vendored fp8: NAME_quantize on the device is the host quantizer, NAME_pack_fp8 packs a checkpoint's e4m3");
@@ -294,6 +316,9 @@ int main(int argc, char **argv) {
             cudaMemset(dws, 0xff, N(_WORKSPACE_BYTES));
             N(_args_t) an = a;
             an.tokens = Tn, an.x = dxn, an.y = dyn;
+#ifdef VENDORED_OWN
+            an.router_x = dxn;   /* Tn rows: x itself serves as the router's input here */
+#endif
             e = N(_forward)(&an, 0);
             CHECKF(e == cudaSuccess, "forward at T=%d: %s", Tn, cudaGetErrorString(e));
             e = cudaDeviceSynchronize();

@@ -222,10 +222,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 191 "templates/route.lua"
+#line 203 "templates/route.lua"
 namespace deepseek_v3_route_bf16_e256k8s1_t32k64s2_impl {
 constexpr int E = 256, K = 8, H = 7168;
-#line 196 "templates/route.lua"
+#line 208 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 4, WK = 2;     // warps along the pass's columns, along each stage's k16 steps
@@ -252,12 +252,12 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 223 "templates/route.lua"
+#line 235 "templates/route.lua"
 constexpr int G = 8, KG = 4, PG = 32, TAKE = 2;
-#line 226 "templates/route.lua"
+#line 238 "templates/route.lua"
 constexpr int M = 1, KE = 9;   // shared expert slots E .. E+M-1; entries per token
 constexpr int ES = E + M, EL = 256;   // weight slots (counts); logit columns (column E: the gate, if any)
-#line 229 "templates/route.lua"
+#line 241 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -291,9 +291,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 265 "templates/route.lua"
+#line 277 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 267 "templates/route.lua"
+#line 279 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -367,17 +367,17 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 344 "templates/route.lua"
+#line 356 "templates/route.lua"
     (void)logit_bias;
-#line 347 "templates/route.lua"
+#line 359 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 350 "templates/route.lua"
+#line 362 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 359 "templates/route.lua"
+#line 371 "templates/route.lua"
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -448,44 +448,44 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 0) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 440 "templates/route.lua"
+#line 452 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 1) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 443 "templates/route.lua"
+#line 455 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 453 "templates/route.lua"
+#line 465 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -539,7 +539,7 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         }
         __syncthreads();
     }
-#line 507 "templates/route.lua"
+#line 519 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -547,7 +547,7 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 515 "templates/route.lua"
+#line 527 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -555,28 +555,28 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 525 "templates/route.lua"
+#line 537 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 527 "templates/route.lua"
+#line 539 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 557 "templates/route.lua"
+#line 569 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 585 "templates/route.lua"
+#line 597 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 589 "templates/route.lua"
+#line 601 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 594 "templates/route.lua"
+#line 606 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 597 "templates/route.lua"
+#line 609 "templates/route.lua"
         /* Group-limited, groups of PG = 32 experts: group q is slots
          * [q*SG, (q+1)*SG) of every lane. */
         {
@@ -616,7 +616,7 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
             for (int i = 0; i < VPL; ++i)
                 if (!((kept >> (i / SG)) & 1u)) cand &= ~(1u << i);
         }
-#line 716 "templates/route.lua"
+#line 728 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -628,29 +628,29 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 728 "templates/route.lua"
+#line 740 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 734 "templates/route.lua"
-        if (lane < K) {
-#line 741 "templates/route.lua"
-            const float l = lrow[mine];
 #line 746 "templates/route.lua"
+        if (lane < K) {
+#line 753 "templates/route.lua"
+            const float l = lrow[mine];
+#line 758 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 770 "templates/route.lua"
+#line 782 "templates/route.lua"
         }
-#line 772 "templates/route.lua"
+#line 784 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 779 "templates/route.lua"
+#line 791 "templates/route.lua"
         w *= 2.5f;
-#line 782 "templates/route.lua"
+#line 798 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 786 "templates/route.lua"
+#line 802 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -659,16 +659,16 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 808 "templates/route.lua"
+#line 824 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 814 "templates/route.lua"
+#line 830 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 817 "templates/route.lua"
+#line 833 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -687,7 +687,7 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 836 "templates/route.lua"
+#line 852 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -696,25 +696,25 @@ deepseek_v3_route_bf16_e256k8s1_t32k64s2(const moe_half_t *__restrict__ x, const
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 851 "templates/route.lua"
+#line 867 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 856 "templates/route.lua"
+#line 872 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 868 "templates/route.lua"
+#line 884 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 875 "templates/route.lua"
+#line 891 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 878 "templates/route.lua"
+#line 894 "templates/route.lua"
         }
-#line 882 "templates/route.lua"
+#line 898 "templates/route.lua"
     }
 }
 
@@ -6102,44 +6102,44 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
 #line 260 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 267 "templates/host.lua"
+#line 273 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 281 "templates/host.lua"
+#line 287 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 290 "templates/host.lua"
-    int *counts = (int *)(ws + 0);
-#line 290 "templates/host.lua"
-    int *offsets = (int *)(ws + 1536);
-#line 290 "templates/host.lua"
-    int *cursor = (int *)(ws + 2816);
-#line 290 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 4096);
-#line 290 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
-#line 290 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 45312);
-#line 290 "templates/host.lua"
-    float *topk_w = (float *)(ws + 635136);
-#line 290 "templates/host.lua"
-    int *row_of = (int *)(ws + 1224960);
-#line 290 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1814784);
-#line 290 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 2583656704);
-#line 290 "templates/host.lua"
-    float *route_part = (float *)(ws + 3321325824);
 #line 296 "templates/host.lua"
+    int *counts = (int *)(ws + 0);
+#line 296 "templates/host.lua"
+    int *offsets = (int *)(ws + 1536);
+#line 296 "templates/host.lua"
+    int *cursor = (int *)(ws + 2816);
+#line 296 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 4096);
+#line 296 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
+#line 296 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 45312);
+#line 296 "templates/host.lua"
+    float *topk_w = (float *)(ws + 635136);
+#line 296 "templates/host.lua"
+    int *row_of = (int *)(ws + 1224960);
+#line 296 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 1814784);
+#line 296 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 2583656704);
+#line 296 "templates/host.lua"
+    float *route_part = (float *)(ws + 3321325824);
+#line 302 "templates/host.lua"
     const int v = deepseek_v3_variant(T);
     const long long tiles_y = deepseek_v3_max_tiles(T, v);
-#line 301 "templates/host.lua"
+#line 307 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_device_t *dev = deepseek_v3_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1292, stream);
     if (e != cudaSuccess) return e;
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, deepseek_v3_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -6147,133 +6147,133 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     deepseek_v3_launch(dev, deepseek_v3_route_bf16_e256k8s1_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 328 "templates/host.lua"
+#line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_launch(dev, deepseek_v3_permute_scatter_bf16_h7168k9, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 401 "templates/host.lua"
+#line 407 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 56, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 4095 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 415 "templates/host.lua"
+#line 421 "templates/host.lua"
     }
-#line 417 "templates/host.lua"
+#line 423 "templates/host.lua"
     if (!combined)
         deepseek_v3_launch(dev, deepseek_v3_combine_bf16_h7168k9, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6296,7 +6296,7 @@ extern "C" void deepseek_v3_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 440 "templates/host.lua"
+#line 446 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6321,7 +6321,7 @@ extern "C" cudaError_t deepseek_v3_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 544 "templates/host.lua"
+#line 550 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v3_pack_w1),
@@ -6341,5 +6341,5 @@ extern "C" void deepseek_v3_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 564 "templates/host.lua"
+#line 570 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -222,10 +222,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 191 "templates/route.lua"
+#line 203 "templates/route.lua"
 namespace gpt_oss_120b_route_bf16_e128k4_t32k64s4_impl {
 constexpr int E = 128, K = 4, H = 2880;
-#line 196 "templates/route.lua"
+#line 208 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -252,7 +252,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 229 "templates/route.lua"
+#line 241 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -286,9 +286,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 265 "templates/route.lua"
+#line 277 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 267 "templates/route.lua"
+#line 279 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -362,17 +362,17 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 341 "templates/route.lua"
+#line 353 "templates/route.lua"
     (void)sel_bias;
-#line 347 "templates/route.lua"
+#line 359 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 350 "templates/route.lua"
+#line 362 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 359 "templates/route.lua"
+#line 371 "templates/route.lua"
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -443,82 +443,82 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 0) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 440 "templates/route.lua"
+#line 452 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 1) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 443 "templates/route.lua"
+#line 455 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 2) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 443 "templates/route.lua"
+#line 455 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 431 "templates/route.lua"
+#line 443 "templates/route.lua"
         if (wk == 3) {
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 443 "templates/route.lua"
+#line 455 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 449 "templates/route.lua"
+#line 461 "templates/route.lua"
         }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 453 "templates/route.lua"
+#line 465 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -572,7 +572,7 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         }
         __syncthreads();
     }
-#line 507 "templates/route.lua"
+#line 519 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -580,7 +580,7 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 515 "templates/route.lua"
+#line 527 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -588,15 +588,15 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 523 "templates/route.lua"
+#line 535 "templates/route.lua"
                 pv[i] = lrow[e] + __ldg(logit_bias + e);
-#line 527 "templates/route.lua"
+#line 539 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 542 "templates/route.lua"
+#line 554 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -611,16 +611,16 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 585 "templates/route.lua"
+#line 597 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 592 "templates/route.lua"
+#line 604 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 594 "templates/route.lua"
+#line 606 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 716 "templates/route.lua"
+#line 728 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -632,37 +632,37 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 728 "templates/route.lua"
+#line 740 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 734 "templates/route.lua"
+#line 746 "templates/route.lua"
         if (lane < K) {
-#line 739 "templates/route.lua"
+#line 751 "templates/route.lua"
             const float l = lrow[mine] + __ldg(logit_bias + mine);
-#line 744 "templates/route.lua"
+#line 756 "templates/route.lua"
             w = expf(l - m) / z;
-#line 770 "templates/route.lua"
+#line 782 "templates/route.lua"
         }
-#line 772 "templates/route.lua"
+#line 784 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 802 "templates/route.lua"
+#line 818 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 808 "templates/route.lua"
+#line 824 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 817 "templates/route.lua"
+#line 833 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -681,7 +681,7 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 836 "templates/route.lua"
+#line 852 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -690,25 +690,25 @@ gpt_oss_120b_route_bf16_e128k4_t32k64s4(const moe_half_t *__restrict__ x, const 
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 851 "templates/route.lua"
+#line 867 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 856 "templates/route.lua"
+#line 872 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 868 "templates/route.lua"
+#line 884 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 875 "templates/route.lua"
+#line 891 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 878 "templates/route.lua"
+#line 894 "templates/route.lua"
         }
-#line 882 "templates/route.lua"
+#line 898 "templates/route.lua"
     }
 }
 
@@ -5311,46 +5311,46 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
 #line 260 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 270 "templates/host.lua"
+#line 276 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 273 "templates/host.lua"
+#line 279 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 281 "templates/host.lua"
+#line 287 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 290 "templates/host.lua"
-    int *counts = (int *)(ws + 0);
-#line 290 "templates/host.lua"
-    int *offsets = (int *)(ws + 1024);
-#line 290 "templates/host.lua"
-    int *cursor = (int *)(ws + 1792);
-#line 290 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 2304);
-#line 290 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 2560);
-#line 290 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 20992);
-#line 290 "templates/host.lua"
-    float *topk_w = (float *)(ws + 283136);
-#line 290 "templates/host.lua"
-    int *row_of = (int *)(ws + 545280);
-#line 290 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 807424);
-#line 290 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 471929344);
-#line 290 "templates/host.lua"
-    float *route_part = (float *)(ws + 943051264);
 #line 296 "templates/host.lua"
+    int *counts = (int *)(ws + 0);
+#line 296 "templates/host.lua"
+    int *offsets = (int *)(ws + 1024);
+#line 296 "templates/host.lua"
+    int *cursor = (int *)(ws + 1792);
+#line 296 "templates/host.lua"
+    int *num_tiles = (int *)(ws + 2304);
+#line 296 "templates/host.lua"
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 2560);
+#line 296 "templates/host.lua"
+    int *topk_idx = (int *)(ws + 20992);
+#line 296 "templates/host.lua"
+    float *topk_w = (float *)(ws + 283136);
+#line 296 "templates/host.lua"
+    int *row_of = (int *)(ws + 545280);
+#line 296 "templates/host.lua"
+    moe_half_t *xs = (moe_half_t *)(ws + 807424);
+#line 296 "templates/host.lua"
+    moe_half_t *hbuf = (moe_half_t *)(ws + 471929344);
+#line 296 "templates/host.lua"
+    float *route_part = (float *)(ws + 943051264);
+#line 302 "templates/host.lua"
     const int v = gpt_oss_120b_variant(T);
     const long long tiles_y = gpt_oss_120b_max_tiles(T, v);
-#line 301 "templates/host.lua"
+#line 307 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_120b_device_t *dev = gpt_oss_120b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 776, stream);
     if (e != cudaSuccess) return e;
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, gpt_oss_120b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -5358,133 +5358,133 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     gpt_oss_120b_launch(dev, gpt_oss_120b_route_bf16_e128k4_t32k64s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         gpt_oss_120b_launch(dev, gpt_oss_120b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         gpt_oss_120b_launch(dev, gpt_oss_120b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         gpt_oss_120b_launch(dev, gpt_oss_120b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 321 "templates/host.lua"
+#line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         gpt_oss_120b_launch(dev, gpt_oss_120b_permute_plan_e128_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 328 "templates/host.lua"
+#line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gpt_oss_120b_launch(dev, gpt_oss_120b_permute_scatter_bf16_h2880k4, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 401 "templates/host.lua"
+#line 407 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 4095 tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 412 "templates/host.lua"
+#line 418 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
         if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w1p, 737280LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
         if ((e = gpt_oss_120b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_120b_tmap(dev->encode, &mb, a->w2, 368640LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
         } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(45, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
         }
-#line 415 "templates/host.lua"
+#line 421 "templates/host.lua"
     }
-#line 417 "templates/host.lua"
+#line 423 "templates/host.lua"
     if (!combined)
         gpt_oss_120b_launch(dev, gpt_oss_120b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5507,7 +5507,7 @@ extern "C" void gpt_oss_120b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 440 "templates/host.lua"
+#line 446 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5532,5 +5532,5 @@ extern "C" cudaError_t gpt_oss_120b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 564 "templates/host.lua"
+#line 570 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

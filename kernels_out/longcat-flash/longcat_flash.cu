@@ -222,12 +222,12 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 191 "templates/route.lua"
+#line 203 "templates/route.lua"
 namespace longcat_flash_route_bf16_e512z256k12_t32k32s4_impl {
 constexpr int E = 512, K = 12, H = 6144;
-#line 194 "templates/route.lua"
+#line 206 "templates/route.lua"
 constexpr int NS = 768;          // scored experts: E routed, then 256 zero experts (no weight slot)
-#line 196 "templates/route.lua"
+#line 208 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 8, WK = 1;     // warps along the pass's columns, along each stage's k16 steps
@@ -254,7 +254,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "til
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 229 "templates/route.lua"
+#line 241 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -288,9 +288,9 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             } else {
                 const int col = nbase + r - T;
                 ok = col < LCOLS && k < H;
-#line 265 "templates/route.lua"
+#line 277 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 267 "templates/route.lua"
+#line 279 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -364,17 +364,17 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 344 "templates/route.lua"
+#line 356 "templates/route.lua"
     (void)logit_bias;
-#line 347 "templates/route.lua"
+#line 359 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 350 "templates/route.lua"
+#line 362 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 359 "templates/route.lua"
+#line 371 "templates/route.lua"
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -445,21 +445,21 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 433 "templates/route.lua"
+#line 445 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 440 "templates/route.lua"
+#line 452 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 447 "templates/route.lua"
+#line 459 "templates/route.lua"
             }
-#line 451 "templates/route.lua"
+#line 463 "templates/route.lua"
         __syncthreads();
-#line 453 "templates/route.lua"
+#line 465 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -513,7 +513,7 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         }
         __syncthreads();
     }
-#line 507 "templates/route.lua"
+#line 519 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -521,7 +521,7 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 515 "templates/route.lua"
+#line 527 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -529,15 +529,15 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < NS) {
-#line 525 "templates/route.lua"
+#line 537 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 527 "templates/route.lua"
+#line 539 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 542 "templates/route.lua"
+#line 554 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -552,17 +552,17 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 585 "templates/route.lua"
+#line 597 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 589 "templates/route.lua"
+#line 601 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 594 "templates/route.lua"
+#line 606 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 716 "templates/route.lua"
+#line 728 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -574,34 +574,34 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 728 "templates/route.lua"
+#line 740 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 734 "templates/route.lua"
+#line 746 "templates/route.lua"
         if (lane < K) {
-#line 741 "templates/route.lua"
+#line 753 "templates/route.lua"
             const float l = lrow[mine];
-#line 744 "templates/route.lua"
+#line 756 "templates/route.lua"
             w = expf(l - m) / z;
-#line 770 "templates/route.lua"
+#line 782 "templates/route.lua"
         }
-#line 779 "templates/route.lua"
+#line 791 "templates/route.lua"
         w *= 6.0f;
-#line 795 "templates/route.lua"
+#line 811 "templates/route.lua"
         if (lane < K) {   // a zero expert (mine >= E) takes no slot: it is counted nowhere
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             if (mine < E)
                 atomicAdd(s_count + mine, 1);
         }
-#line 808 "templates/route.lua"
+#line 824 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 817 "templates/route.lua"
+#line 833 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -620,7 +620,7 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 836 "templates/route.lua"
+#line 852 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -629,33 +629,33 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 845 "templates/route.lua"
+#line 861 "templates/route.lua"
         const int zrow = fuse.offsets[SLOTS];   // x[t] of a token with a zero expert: row zrow + t (the plan wrote it)
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = e >= SLOTS ? zrow + i / ENTRIES : s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 856 "templates/route.lua"
+#line 872 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 861 "templates/route.lua"
+#line 877 "templates/route.lua"
             if (__ldcg(topk_idx + i) >= SLOTS) {   // warp-uniform: a zero entry; the token's first one copies x
                 bool first = true;
                 for (int j = i - i % ENTRIES; j < i; ++j) first = first && __ldcg(topk_idx + j) < SLOTS;
                 if (!first)
                     continue;
             }
-#line 868 "templates/route.lua"
+#line 884 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 875 "templates/route.lua"
+#line 891 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 878 "templates/route.lua"
+#line 894 "templates/route.lua"
         }
-#line 882 "templates/route.lua"
+#line 898 "templates/route.lua"
     }
 }
 
@@ -2826,43 +2826,43 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
 #line 260 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 267 "templates/host.lua"
+#line 273 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 281 "templates/host.lua"
+#line 287 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *offsets = (int *)(ws + 2560);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *cursor = (int *)(ws + 4864);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *num_tiles = (int *)(ws + 6912);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 7168);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *topk_idx = (int *)(ws + 39936);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     float *topk_w = (float *)(ws + 826368);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     int *row_of = (int *)(ws + 1612800);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 2399232);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 3418659840);
-#line 290 "templates/host.lua"
+#line 296 "templates/host.lua"
     float *route_part = (float *)(ws + 4490304512);
-#line 294 "templates/host.lua"
+#line 300 "templates/host.lua"
     const long long tiles_y = longcat_flash_max_tiles(T);
-#line 301 "templates/host.lua"
+#line 307 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 2312, stream);
     if (e != cudaSuccess) return e;
-#line 308 "templates/host.lua"
+#line 314 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2870,42 +2870,42 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     longcat_flash_launch(dev, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 316 "templates/host.lua"
+#line 322 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 328 "templates/host.lua"
+#line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         longcat_flash_launch(dev, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 401 "templates/host.lua"
+#line 407 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 372 "templates/host.lua"
+#line 378 "templates/host.lua"
     if (dev->use90) {
-#line 377 "templates/host.lua"
+#line 383 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
     if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 128, 6144, 128)) != cudaSuccess ||
         (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 256)) != cudaSuccess)
         return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
     longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 336 "templates/host.lua"
+#line 342 "templates/host.lua"
     if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 349 "templates/host.lua"
+#line 355 "templates/host.lua"
     longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 24, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 391 "templates/host.lua"
+#line 397 "templates/host.lua"
     } else {
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
     longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 365 "templates/host.lua"
+#line 371 "templates/host.lua"
     longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(48, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 404 "templates/host.lua"
     }
-#line 417 "templates/host.lua"
+#line 423 "templates/host.lua"
     if (!combined)
         longcat_flash_launch(dev, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2928,7 +2928,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 440 "templates/host.lua"
+#line 446 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2953,5 +2953,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 564 "templates/host.lua"
+#line 570 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -46,7 +46,8 @@ class ForwardArgs(ctypes.Structure):
     _fields_ = [("tokens", c_int), ("x", c_void_p), ("router_w", c_void_p), ("router_bias", c_void_p),
                 ("router_logit_bias", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p),
                 ("b2", c_void_p), ("y", c_void_p), ("workspace", c_void_p), ("shared_gate", c_void_p),
-                ("w1s", c_void_p), ("w2s", c_void_p), ("topk_ids", c_void_p), ("topk_weights", c_void_p)]
+                ("w1s", c_void_p), ("w2s", c_void_p), ("topk_ids", c_void_p), ("topk_weights", c_void_p),
+                ("router_x", c_void_p), ("router_expert_scale", c_void_p)]
 
 
 class TrainForwardArgs(ctypes.Structure):
@@ -109,9 +110,10 @@ MIRRORS = {"moe_options": Options, "moe_forward_args": ForwardArgs, "moe_plan_in
 
 # The forward's tensors, moe_forward_args' names, in its order (w1s, w2s: the
 # fp8 weights' scales, absent from other plans; topk_ids, topk_weights: given
-# routing's, likewise).
+# routing's, likewise; router_x, router_expert_scale: router.input =
+# "separate"'s and router.expert_scale's).
 TENSORS = ("x", "router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "y", "shared_gate", "w1s",
-           "w2s", "topk_ids", "topk_weights")
+           "w2s", "topk_ids", "topk_weights", "router_x", "router_expert_scale")
 
 # ---- the functions used, with their C types -------------------------------
 _SIGNATURES = {

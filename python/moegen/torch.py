@@ -264,9 +264,9 @@ def _forward_args():
 
 
 def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s=None, w2s=None,
-              topk_ids=None, topk_weights=None):
-    """moegen::moe's CUDA kernel; also moegen::moe_given's (topk_ids, topk_weights: given routing's, checked
-    there by check_given)."""
+              topk_ids=None, topk_weights=None, router_x=None, router_expert_scale=None):
+    """moegen::moe's CUDA kernel; also moegen::moe_given's and moegen::moe_ext's (topk_ids, topk_weights: given
+    routing's, checked there by check_given; router_x, router_expert_scale: checked by check_ext)."""
     e = _plans.get(plan) or _entry(plan)
     ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, w1s, w2s)
     if not _fits(e, x, ts):
@@ -286,7 +286,8 @@ def _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, sha
          0 if b1p is None else b1p.data_ptr(), w2.data_ptr(), 0 if b2 is None else b2.data_ptr(), y.data_ptr(),
          ws.data_ptr(), 0 if shared_gate is None else shared_gate.data_ptr(), 0 if w1s is None else w1s.data_ptr(),
          0 if w2s is None else w2s.data_ptr(), 0 if topk_ids is None else topk_ids.data_ptr(),
-         0 if topk_weights is None else topk_weights.data_ptr())
+         0 if topk_weights is None else topk_weights.data_ptr(), 0 if router_x is None else router_x.data_ptr(),
+         0 if router_expert_scale is None else router_expert_scale.data_ptr())
     index = e.index
     if _current_device() == index:
         st = e.lib.moe_forward(e.handle, a, _raw_stream(index))
@@ -571,6 +572,70 @@ torch.library.register_fake("moegen::moe_given", _given_fake, lib=_lib_def)
 moe_given = torch.ops.moegen.moe_given
 
 
+# ---- the router's own input and per-expert scales: moegen::moe_ext ----------------
+# router.input = "separate" (router_x [tokens, H], x's dtype: what the logits
+# read) and router.expert_scale (router_expert_scale float32 [E], the final
+# weights' per-expert factor): Gemma 4's router. moe_ext takes every optional
+# input of the forward, given routing's too; a Python op in either mode, with
+# the fake for torch.compile; the plans it runs are inference-only.
+_EXT_SCHEMA = ("moe_ext(Tensor x, Tensor? router_w, Tensor w1p, Tensor w2, Tensor? router_bias, "
+               "Tensor? router_logit_bias, Tensor? b1p, Tensor? b2, Tensor? shared_gate, int plan, "
+               "Tensor? topk_ids=None, Tensor? topk_weights=None, Tensor? router_x=None, "
+               "Tensor? router_expert_scale=None, Tensor? w1s=None, Tensor? w2s=None) -> Tensor")
+_lib_def.define(_EXT_SCHEMA)
+
+
+def check_ext(e, x, router_x, router_expert_scale):
+    """Raise unless router_x (x's dtype and shape) and router_expert_scale
+    (float32 [E]) are given exactly where the plan's spec takes them,
+    contiguous on the plan's device."""
+    for name, t, key in (("router_x", router_x, "router.input = \"separate\""),
+                         ("router_expert_scale", router_expert_scale, "router.expert_scale")):
+        want = e.expect.get(name)
+        if t is None:
+            if want is not None:
+                raise ValueError("moegen: the spec has %s: %s %s is required" % (
+                    key, name, "[tokens, %d]" % want[0][1] if name == "router_x" else list(want[0])))
+            continue
+        if want is None:
+            raise ValueError("moegen: the spec takes no %s (it has no %s); pass None" % (name, key))
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
+        if t.dtype != want[1]:
+            raise TypeError("moegen: %s must be %s, not %s" % (name, want[1], t.dtype))
+        shape = list(x.shape) if name == "router_x" else list(want[0])
+        if list(t.shape) != shape:
+            raise ValueError("moegen: %s must be %s, not %s" % (name, shape, list(t.shape)))
+        if t.device != e.device:
+            raise ValueError("moegen: %s is on %s; the plan runs on %s" % (name, t.device, e.device))
+        if not t.is_contiguous():
+            raise ValueError("moegen: %s must be contiguous" % name)
+
+
+def _ext_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids=None,
+              topk_weights=None, router_x=None, router_expert_scale=None, w1s=None, w2s=None):
+    e = _plans.get(plan) or _entry(plan)
+    if e.expect.get("topk_ids") is not None or topk_ids is not None or topk_weights is not None:
+        check_given(e, x, topk_ids, topk_weights)
+    check_ext(e, x, router_x, router_expert_scale)
+    return _moe_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, w1s, w2s,
+                     topk_ids, topk_weights, router_x, router_expert_scale)
+
+
+def _ext_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, topk_ids=None,
+              topk_weights=None, router_x=None, router_expert_scale=None, w1s=None, w2s=None):
+    return _moe_fake(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan)
+
+
+_lib_def.impl("moe_ext", _ext_cuda, "CUDA")
+_lib_def.impl("moe_ext", lambda x, *args, **kw: _not_cuda(x), "CPU")
+_lib_def.impl("moe_ext", autograd_kernel(torch.ops.moegen.moe_ext.default, torch._C.DispatchKey.CUDA,
+                                         _ext_cuda, lambda below, *args: _NoBackward.apply(below, *args)),
+              "Autograd", with_keyset=True)
+torch.library.register_fake("moegen::moe_ext", _ext_fake, lib=_lib_def)
+moe_ext = torch.ops.moegen.moe_ext
+
+
 def _cuda_index(device):
     d = torch.device(device if device is not None else "cuda")
     if d.type != "cuda":
@@ -682,13 +747,15 @@ class MoE(torch.nn.Module):
         self.trains = _plans[self.plan_id].training
         dev = torch.device("cuda", index)
         for name in ("router_w", "router_bias", "router_logit_bias", "w1p", "b1p", "w2", "b2", "shared_gate", "w1s",
-                     "w2s"):
+                     "w2s", "router_expert_scale"):
             t = self.plan.tensors[name]
             param = None if t is None else torch.nn.Parameter(
                 torch.empty(t[0], dtype=_DTYPES[t[1]], device=dev), requires_grad=self.trains and name != "router_bias")
             self.register_parameter(name, param)
         self._w1_order = None
         self._given = self.plan.tensors["topk_ids"] is not None   # router.select = "given": moegen::moe_given
+        # the router's own input or per-expert scales (Gemma 4): moegen::moe_ext
+        self._ext = self.plan.tensors["router_x"] is not None or self.plan.tensors["router_expert_scale"] is not None
 
     def unpack_grad(self, g, name="w1p"):
         """The plain layout of a packed fp32 gradient g of w1p [S, 2F, H]
@@ -714,17 +781,24 @@ class MoE(torch.nn.Module):
         return "%s: E=%d, top_k=%d, H=%d, F=%d, tokens<=%d, %s" % (i.name, i.experts, i.top_k, i.hidden, i.ffn,
                                                                    i.tokens, i.arch)
 
-    def forward(self, x, topk_ids=None, topk_weights=None):
+    def forward(self, x, topk_ids=None, topk_weights=None, router_x=None):
         """y for x [..., H]; with given routing (spec router.select =
         "given") topk_ids [..., top_k] int32 are the experts of each token,
         and with router.score = "given" topk_weights [..., top_k] float32
-        their weights (moegen::moe_given)."""
+        their weights (moegen::moe_given); with router.input = "separate"
+        router_x [..., H] (x's dtype) is what the router's logits read
+        (moegen::moe_ext, as for router.expert_scale)."""
         H = self.plan.info.hidden
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
-        if topk_ids is not None or topk_weights is not None or getattr(self, "_given", False):
+        if router_x is not None or getattr(self, "_ext", False):
+            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
+            y = moe_ext(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
+                        p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),
+                        r(topk_weights), r(router_x), p.get("router_expert_scale"), p.get("w1s"), p.get("w2s"))
+        elif topk_ids is not None or topk_weights is not None or getattr(self, "_given", False):
             r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
             y = moe_given(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
                           p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),
@@ -743,7 +817,7 @@ class MoE(torch.nn.Module):
 
     @torch.no_grad()
     def load_plain(self, router_w, w1=None, w2=None, gate=None, up=None, b1=None, b2=None, router_bias=None,
-                   router_logit_bias=None, shared_w1=None, shared_w2=None, shared_gate=None):
+                   router_logit_bias=None, shared_w1=None, shared_w2=None, shared_gate=None, router_expert_scale=None):
         """Set the parameters from the plain layouts, packing on the GPU:
         w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
         each; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias;
@@ -752,7 +826,8 @@ class MoE(torch.nn.Module):
         (spec shared.ffn = F_s = m·F) shared_w1 [2F_s, H] (gate rows, then
         up), shared_w2 [H, F_s], and shared_gate [H] where shared.gate =
         "sigmoid", split into the m weight slots after the routed experts as
-        moe_plan_pack_shared splits them. Any strides (a transposed
+        moe_plan_pack_shared splits them; router_expert_scale float32 [E]
+        with router.expert_scale (Gemma 4's per_expert_scale). Any strides (a transposed
         checkpoint tensor is a view, not a copy): the library's device pack
         (moe_plan_pack_async) reads them as they are, on torch's current
         stream. Tensors may be on any device (they are moved to the layer's);
@@ -786,7 +861,8 @@ class MoE(torch.nn.Module):
         else:
             _refuse(b1=b1, b2=b2)
         for name, t in (("router_w", router_w), ("router_bias", router_bias),
-                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
+                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate),
+                        ("router_expert_scale", router_expert_scale)):
             p = getattr(self, name)
             if p is None:
                 _refuse(**{name: t})
@@ -813,7 +889,8 @@ class MoE(torch.nn.Module):
     @torch.no_grad()
     def load_fp8(self, router_w, w1=None, w1_scale=None, w2=None, w2_scale=None, gate=None, gate_scale=None, up=None,
                  up_scale=None, b1=None, b2=None, router_bias=None, router_logit_bias=None, shared_w1=None,
-                 shared_w1_scale=None, shared_w2=None, shared_w2_scale=None, shared_gate=None):
+                 shared_w1_scale=None, shared_w2=None, shared_w2_scale=None, shared_gate=None,
+                 router_expert_scale=None):
         """Set the parameters of an fp8 plan from fp8 weights as checkpoints
         ship them (DeepSeek-V3, Qwen3-FP8: torch.float8_e4m3fn weights and
         float32 weight_scale_inv, w = e4m3 * scale), packing on the GPU
@@ -826,7 +903,7 @@ class MoE(torch.nn.Module):
         "channel": one per output row, w1_scale [E, 2F], gate_scale and
         up_scale [E, F], w2_scale [E, H], shared_w1_scale [2F_s],
         shared_w2_scale [H]. Biases, router and shared_gate as load_plain's
-        (bf16 / float32). Any strides; tensors may be on any device."""
+        (bf16 / float32), router_expert_scale as load_plain's. Any strides; tensors may be on any device."""
         info = self.plan.info
         if self.w1s is None:
             raise ValueError("moegen: load_fp8 takes the weights of an fp8 plan (spec quant.weights = \"fp8_e4m3\"); "
@@ -872,7 +949,8 @@ class MoE(torch.nn.Module):
         else:
             _refuse(b1=b1, b2=b2)
         for name, t in (("router_w", router_w), ("router_bias", router_bias),
-                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate)):
+                        ("router_logit_bias", router_logit_bias), ("shared_gate", shared_gate),
+                        ("router_expert_scale", router_expert_scale)):
             p = getattr(self, name)
             if p is None:
                 _refuse(**{name: t})

@@ -536,6 +536,77 @@ class Given(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class Ext(unittest.TestCase):
+    """moegen::moe_ext (router.input = "separate", router.expert_scale: Gemma
+    4's router): its schema, its fake under tracing, the checks of router_x
+    and router_expert_scale, CPU tensors refused."""
+
+    def entry(self, own=True, scale=True):
+        from types import SimpleNamespace
+        exp = dict(expect(), router_x=(torch.Size([CAP, H]), torch.bfloat16) if own else None,
+                   router_expert_scale=(torch.Size([E]), torch.float32) if scale else None)
+        return SimpleNamespace(expect=exp, device=torch.device("meta"))
+
+    def test_schema(self):
+        from moegen import torch as mt
+        self.assertEqual(str(torch.ops.moegen.moe_ext.default._schema), "moegen::" + mt._EXT_SCHEMA)
+
+    def test_checks(self):
+        from moegen import torch as mt
+        meta = "meta"
+        x = torch.empty(4, H, dtype=torch.bfloat16, device=meta)
+        rx = torch.empty(4, H, dtype=torch.bfloat16, device=meta)
+        es = torch.empty(E, dtype=torch.float32, device=meta)
+        mt.check_ext(self.entry(), x, rx, es)
+        mt.check_ext(self.entry(own=False), x, None, es)
+        mt.check_ext(self.entry(scale=False), x, rx, None)
+        for e, r, sc, err, msg in (
+                (self.entry(), None, es, ValueError, "router.input = \"separate\": router_x \\[tokens, %d\\] is "
+                 "required" % H),
+                (self.entry(), rx, None, ValueError, "router.expert_scale: router_expert_scale \\[%d\\] is required"
+                 % E),
+                (self.entry(own=False), rx, es, ValueError, "takes no router_x"),
+                (self.entry(scale=False), rx, es, ValueError, "takes no router_expert_scale"),
+                (self.entry(), rx.half(), es, TypeError, "router_x must be torch.bfloat16"),
+                (self.entry(), rx[:3], es, ValueError, "router_x must be \\[4, %d\\], not \\[3, %d\\]" % (H, H)),
+                (self.entry(), rx, es.double(), TypeError, "router_expert_scale must be torch.float32"),
+                (self.entry(), rx, es[:-1], ValueError, "router_expert_scale must be \\[%d\\]" % E),
+                (self.entry(), torch.empty(H, 4, dtype=torch.bfloat16, device=meta).t(), es, ValueError,
+                 "router_x must be contiguous"),
+                (self.entry(), torch.empty(4, H, dtype=torch.bfloat16), es, ValueError, "router_x is on cpu")):
+            with self.assertRaisesRegex(err, msg):
+                mt.check_ext(e, x, r, sc)
+
+    def test_fake_traced(self):
+        from moegen import torch as mt
+        import torch._dynamo.testing as dt
+        bf, meta = torch.bfloat16, "meta"
+        x, rx = (torch.empty(5, H, dtype=bf, device=meta) for _ in range(2))
+        wr = torch.empty(E, H, dtype=bf, device=meta)
+        w1p, w2 = torch.empty(S, 2 * F, H, dtype=bf, device=meta), torch.empty(S, H, F, dtype=bf, device=meta)
+        es = torch.empty(E, dtype=torch.float32, device=meta)
+        y = mt.moe_ext(x, wr, w1p, w2, None, None, None, None, None, 999, None, None, rx, es)
+        self.assertEqual((y.shape, y.dtype), (torch.Size([5, H]), bf))
+        cnt = dt.CompileCounter()
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def layer(x, rx, wr, w1p, w2, es):
+            return mt.moe_ext(x, wr, w1p, w2, None, None, None, None, None, 999, router_x=rx,
+                              router_expert_scale=es).float().sum()
+
+        layer(x, rx, wr, w1p, w2, es)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_cpu_tensors_are_refused(self):
+        from moegen import torch as mt
+        bf = torch.bfloat16
+        with self.assertRaisesRegex(ValueError, "runs on CUDA tensors; x is on cpu"):
+            mt.moe_ext(torch.randn(3, H).to(bf), torch.randn(E, H).to(bf), torch.randn(S, 2 * F, H).to(bf),
+                       torch.randn(S, H, F).to(bf), None, None, None, None, None, 999,
+                       router_x=torch.randn(3, H).to(bf), router_expert_scale=torch.ones(E))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class Ops(unittest.TestCase):
     """Which ops are loaded, and that they are the ones moegen.torch means."""
 

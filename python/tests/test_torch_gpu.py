@@ -169,18 +169,20 @@ def weights(keys):
     return w
 
 
-def reference(keys, w, x, ids=None, gw=None):
+def reference(keys, w, x, ids=None, gw=None, rx=None):
     """The layer in eager PyTorch from the plain weights: routing in float64
     (selection scores rounded to fp32), FFN in fp32 with the intermediate and
     each expert's output rounded to bf16 where the kernels store them; a
     shared expert as its m slots of ffn columns, each rounded likewise,
     weighted by 1 or sigmoid(x·w_gate). Given routing: ids [T, K] are the
     experts (those outside 0..E-1 dropped: expert 0, weight 0), weighted by
-    the score at them or by gw [T, K] (router.score = "given")."""
+    the score at them or by gw [T, K] (router.score = "given"). rx: the
+    router's own input (router.input = "separate"), the logits' rows in
+    place of x; w["router_expert_scale"] multiplies the final weights."""
     r = keys.get("router", {})
     K, F = keys["top_k"], keys["ffn"]
     if gw is None:
-        logits = x.double() @ w["router_w"].double().t()
+        logits = (x if rx is None else rx).double() @ w["router_w"].double().t()
         if "router_logit_bias" in w:
             logits = logits + w["router_logit_bias"].double()
         score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
@@ -197,6 +199,8 @@ def reference(keys, w, x, ids=None, gw=None):
     if r.get("renormalize"):   # a token whose every id was dropped keeps its zeros
         total = wt.sum(-1, keepdim=True)
         wt = torch.where(total > 0, wt / total, wt)
+    if "router_expert_scale" in w:
+        wt = wt * w["router_expert_scale"].double()[idx]
     y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in idx.unique().tolist():
@@ -888,6 +892,47 @@ def check_given(name, keys):
     report(plan.routing_errors(wsp, stream) == 2, "%s: Plan.routing_errors counts the 2 dropped ids" % name)
 
 
+def check_router_extras(name, keys):
+    """The router's own input and per-expert scales (router.input =
+    "separate", router.expert_scale: Gemma 4's router) through moegen::moe_ext
+    (MoE.forward's router_x): against the reference, y poisoned first; eager
+    and replayed from a CUDA graph; router_x required."""
+    moe = MoE(keys, device="cuda")
+    w = weights(keys)
+    E, H = keys["experts"], keys["hidden"]
+    w["router_expert_scale"] = torch.rand(E, device="cuda", dtype=torch.float32) * 1.5 + 0.25
+    moe.load_plain(**w)
+    for T in (1, 7, 300):
+        x, rx = rand(T, H), rand(T, H)
+        poison(x)
+        with torch.no_grad():
+            y = moe(x, router_x=rx)
+        ref = reference(keys, w, x, rx=rx)
+        e = nerr(y, ref)
+        report(e < 2e-2, "%s: moe_ext, %d tokens: normalized error %.2e" % (name, T, e))
+        wrong = nerr(y, reference(keys, w, x))   # the logits of x instead: another layer
+        report(wrong > 1e-1, "%s: moe_ext, %d tokens: routed on x instead, the error would be %.2e" % (name, T, wrong))
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            moe(x, router_x=rx)   # warm
+            with torch.cuda.graph(g):
+                yg = moe(x, router_x=rx)
+        g.replay()
+        torch.cuda.synchronize()
+        report(torch.equal(yg, y), "%s: moe_ext, %d tokens, replayed from a CUDA graph: the eager bits" % (name, T))
+    try:
+        moe(rand(3, H))
+        report(False, "%s: a call without router_x is refused" % name)
+    except ValueError as ex:
+        report("router_x" in str(ex), "%s: a call without router_x is refused: %s" % (name, ex))
+
+
+EXT_SPECS = {
+    "router_own_input": dict(name="router_own_input", experts=32, top_k=4, hidden=256, ffn=128, tokens=512,
+                             router=dict(score="softmax", renormalize=True, input="separate", expert_scale=True)),
+}
+
+
 GIVEN_SPECS = {
     "given_ids": dict(name="given_ids", experts=16, top_k=4, hidden=256, ffn=128, tokens=512,
                       router=dict(select="given", score="softmax", renormalize=True)),
@@ -932,6 +977,12 @@ def main():
     for name, keys in GIVEN_SPECS.items():
         try:
             check_given(name, keys)
+        except Exception as e:
+            traceback.print_exc()
+            report(False, "%s: %s: %s" % (name, type(e).__name__, e))
+    for name, keys in EXT_SPECS.items():
+        try:
+            check_router_extras(name, keys)
         except Exception as e:
             traceback.print_exc()
             report(False, "%s: %s: %s" % (name, type(e).__name__, e))

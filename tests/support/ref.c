@@ -115,16 +115,26 @@ static void token_scores(const moe_spec_t *s, const float *wrf, const float *xr,
     ref_scores(s->router.score, p, E, s->dtype);
 }
 
+/* The rows the logits read: router_x with router.input = "separate", else x. */
+static const uint16_t *router_input(const moe_spec_t *s, const moe_ref_inputs_t *in) {
+    return s->router.input == MOE_ROUTER_INPUT_SEPARATE ? in->router_x : in->x;
+}
+
+/* Entry weight w of expert e, final: × the expert's scale (router.expert_scale). */
+static float expert_scaled(const moe_spec_t *s, const moe_ref_inputs_t *in, int e, double w) {
+    return (float)(s->router.expert_scale ? (float)w * in->expert_scale[e] : w);
+}
+
 /* Given routing (ref.h, moe_ref_route): the caller's ids, each weighted by
  * the score at it or by the caller's weight; out-of-range ids dropped. */
 static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *topk_idx, float *topk_w,
                        float *scores) {
     const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
     const int given_w = s->router.score == MOE_SCORE_GIVEN;
-    if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!in->x || !in->wr)) ||
+    if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!router_input(s, in) || !in->wr)) ||
         K > 32 || s->router.bias || s->router.groups > 1 || s->router.score == MOE_SCORE_SPARSEMIXER || s->zero_experts)
         return 1;
-    if (s->router.logit_bias && !in->logit_bias) return 1;
+    if ((s->router.logit_bias && !in->logit_bias) || (s->router.expert_scale && !in->expert_scale)) return 1;
     double *p = malloc((size_t)E * sizeof(double));
     float *xr = malloc((size_t)H * sizeof(float));
     float *wrf = given_w ? NULL : malloc((size_t)E * H * sizeof(float));
@@ -132,7 +142,7 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
     if (!given_w) moe_half_row_to_float(in->wr, wrf, (size_t)E * H, s->dtype);
     for (int t = 0; t < T; t++) {
         if (!given_w) { /* the router's scores, as moe_ref_route computes them */
-            moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, s->dtype);
+            moe_half_row_to_float(router_input(s, in) + (size_t)t * H, xr, (size_t)H, s->dtype);
             token_scores(s, wrf, xr, s->router.logit_bias ? in->logit_bias : NULL, E, H, p);
         }
         if (scores)
@@ -147,7 +157,8 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
             wsum += w[k];
         }
         for (int k = 0; k < K; k++)
-            wout[k] = (float)((s->router.renormalize && wsum > 0 ? w[k] / wsum : w[k]) * s->router.scale);
+            wout[k] = expert_scaled(s, in, idx[k],
+                                    (float)((s->router.renormalize && wsum > 0 ? w[k] / wsum : w[k]) * s->router.scale));
     }
     free(p); free(xr); free(wrf);
     return 0;
@@ -159,7 +170,8 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     if (groups_ok(s)) return 1;
     if (in->tokens == 0) return 0;
     if (s->router.select == MOE_SELECT_GIVEN) return route_given(s, in, topk_idx, topk_w, scores);
-    if (!in->x || !in->wr) return 1;
+    if (!router_input(s, in) || !in->wr) return 1;
+    if (s->router.expert_scale && (!in->expert_scale || s->zero_experts)) return 1;
     if (s->router.bias && !in->sel_bias) return 1;
     if (s->router.logit_bias && !in->logit_bias) return 1;
 
@@ -194,7 +206,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
         unsigned char *cand = (unsigned char *)(sv + E);
         unsigned char *gkeep = cand + E;
 
-        moe_half_row_to_float(in->x + (size_t)t * H, xr, (size_t)H, dt);
+        moe_half_row_to_float(router_input(s, in) + (size_t)t * H, xr, (size_t)H, dt);
         token_scores(s, wrf, xr, logit_bias, E, H, p);
         for (int e = 0; e < E; e++) {
             sv[e] = (float)(p[e] + (sel_bias ? (double)sel_bias[e] : 0.0));
@@ -253,7 +265,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
                 w = ref_round(1.0 / z, dt);
             }
             if (s->router.renormalize && wsum > 0) w /= wsum;
-            wout[j] = (float)(w * s->router.scale);
+            wout[j] = expert_scaled(s, in, idx[j], (float)(w * s->router.scale));
         }
     }
     free(tmp);
@@ -1151,8 +1163,9 @@ done:
 /* ---- entry points -------------------------------------------------------- */
 
 /* The backward and the exact forward: no zero experts (inference only, gen/spec_check.c). */
-static int spec_usable(const moe_spec_t *s) {
+static int spec_usable(const moe_spec_t *s) {   /* the router's own input and expert scale: inference only */
     return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->zero_experts == 0 &&
+           s->router.input == MOE_ROUTER_INPUT_X && !s->router.expert_scale &&
            s->hidden >= 1 && s->ffn >= 1 &&
            s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }

@@ -55,6 +55,8 @@ typedef struct {
     const moe_ref_fp8_t *fp8;          /* the expert weights with quant.weights = "fp8_e4m3" (w1, w2 unread) */
     const int *given_ids;              /* router.select = "given": the caller's ids [T, top_k] */
     const float *given_w;              /* router.score = "given": the caller's weights [T, top_k] */
+    const uint16_t *router_x;          /* router.input = "separate": the logits' input [T, H] (x otherwise) */
+    const float *expert_scale;         /* router.expert_scale: fp32 [E], the final weights' factor */
 } moe_ref_inputs_t;
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.
@@ -76,7 +78,10 @@ typedef struct {
  * (dropped); the weight is p at it (router.score = "given": in->given_w[t,
  * k], and x and wr are not read), then renormalized over the token's
  * entries if asked, times scale. scores, if asked, are the plain scores p
- * (zeros with "given" weights). */
+ * (zeros with "given" weights).
+ * With router.input = "separate" the logits read in->router_x in place of
+ * in->x; with router.expert_scale every weight above is multiplied by
+ * in->expert_scale[its expert] last (a dropped entry stays 0). */
 int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
                   int *topk_idx, float *topk_w, float *scores);
 

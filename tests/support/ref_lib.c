@@ -28,6 +28,8 @@ typedef struct {
     const uint16_t *wsg;         /* [H] w_gate; shared.gate = "sigmoid" */
     const int *given_ids;        /* [T, top_k] the caller's experts; router.select = "given" */
     const float *given_w;        /* [T, top_k] the caller's weights; router.score = "given" */
+    const uint16_t *router_x;    /* [T, H] the logits' input; router.input = "separate" */
+    const float *expert_scale;   /* [E] the weights' per-expert factor; router.expert_scale */
 } moe_reflib_inputs_t;
 
 static void put_err(char *err, int errlen, const char *msg) {
@@ -67,7 +69,8 @@ int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
     moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
                             .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
-                            .given_ids = a->given_ids, .given_w = a->given_w };
+                            .given_ids = a->given_ids, .given_w = a->given_w, .router_x = a->router_x,
+                            .expert_scale = a->expert_scale };
     if (moe_ref_route(&s, &in, topk_idx, topk_w, scores)) {
         put_err(err, errlen, "moe_ref_route refused the inputs (a NULL tensor the spec needs?)");
         return 1;
@@ -109,7 +112,8 @@ int moe_reflib_backward(const char *path, const char *text, const moe_reflib_inp
     moe_ref_inputs_t in = { .x = a->x, .wr = a->wr, .w1 = a->w1, .w2 = a->w2, .b1 = a->b1,
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
                             .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
-                            .given_ids = a->given_ids, .given_w = a->given_w };
+                            .given_ids = a->given_ids, .given_w = a->given_w, .router_x = a->router_x,
+                            .expert_scale = a->expert_scale };
     moe_ref_grads_t gr = { .dx = g->dx, .dwr = g->dwr, .dw1 = g->dw1, .db1 = g->db1, .dw2 = g->dw2,
                            .db2 = g->db2, .dlogit_bias = g->dlogit_bias, .dws1 = g->dws1, .dws2 = g->dws2,
                            .dwsg = g->dwsg };
