@@ -87,10 +87,15 @@ CASES = [
      'activation = { kind = "swiglu", limit = 10.0 }', dict(E=12, K=3, shared=1)),
     ("given-softmax-logit-bias", 'router = { select = "given", score = "softmax", renormalize = false, '
      'logit_bias = true }', dict(E=8, K=2, dtype="fp16")),
+    # Gemma 4's router: its own input (router_x) and per-expert scales; GeGLU experts
+    ("gemma4", 'router = { score = "softmax", renormalize = true, input = "separate", expert_scale = true }\n'
+     'activation = { kind = "geglu" }', dict(E=8, K=2)),
+    ("given-own-input-scales", 'router = { select = "given", score = "sigmoid", renormalize = false, scale = 1.5, '
+     'input = "separate", expert_scale = true }', dict(E=8, K=3, shared=1, dtype="fp16")),
 ]
 SIZES = {"tiny": dict(H=16, F=8, T=5), "small": dict(H=64, F=32, T=48)}
 
-GRADS = ["dx", "dwr", "dw1", "db1", "dw2", "db2", "dlogit_bias", "dws1", "dws2", "dwsg"]
+GRADS = ["dx", "dwr", "dw1", "db1", "dw2", "db2", "dlogit_bias", "dws1", "dws2", "dwsg", "drouter_x", "dexpert_scale"]
 
 
 class Inputs(ctypes.Structure):  # moe_reflib_inputs_t (tests/support/ref_lib.c)
@@ -152,6 +157,8 @@ class Case:
         self.up_offset = float(key("up_offset", "0"))
         self.ffn_bias = key("ffn_bias", "false") == "true"
         self.given = key("select", "topk") == "given"
+        self.own = key("input", "x") == "separate"           # the router's own input, router_x
+        self.escale = key("expert_scale", "false") == "true"   # per-expert weight scales
 
 
 def make_inputs(c, seed):
@@ -181,6 +188,10 @@ def make_inputs(c, seed):
         ids = torch.randint(0, E, (T, c.K), generator=g, dtype=torch.int32)
         ids[0, 1], ids[1, 0], ids[T - 1, c.K - 1] = ids[0, 0], -1, E
         t["given_ids"] = ids.contiguous()
+    if c.own:
+        t["router_x"] = half((T, H), 1)
+    if c.escale:
+        t["expert_scale"] = (0.5 + torch.rand(E, generator=g)).float()
     return t
 
 
@@ -195,6 +206,10 @@ def grad_shapes(c):
         s["dws1"], s["dws2"] = (2 * FS, H), (H, FS)
         if c.gate == "sigmoid":
             s["dwsg"] = (H,)
+    if c.own:
+        s["drouter_x"] = (T, H)
+    if c.escale:
+        s["dexpert_scale"] = (E,)
     return s
 
 
@@ -202,7 +217,8 @@ def ref_backward(lib, c, t, exact):
     """moe_ref_backward's gradients (fp32 tensors) and selection."""
     ptr = lambda k: t[k].data_ptr() if k in t else None
     a = Inputs(c.T, ptr("x"), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"), ptr("w2"),
-               ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"), ptr("given_ids"), None)
+               ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"), ptr("given_ids"), None,
+               ptr("router_x"), ptr("expert_scale"))
     out = {k: torch.full(s, float("nan"), dtype=torch.float32) for k, s in grad_shapes(c).items()}
     gr = Grads(*[out[k].data_ptr() if k in out else None for k in GRADS])
     idx = torch.empty(c.T, c.K, dtype=torch.int32)
@@ -242,7 +258,7 @@ def torch_backward(c, t, dt):
     P = {k: t[k].to(dt).clone().requires_grad_(k != "sel_bias") for k in t if k not in ("dy", "given_ids")}
     x, dy = P["x"], t["dy"].to(dt)
     E, K, F, T = c.E, c.K, c.F, c.T
-    logits = x @ P["wr"].T
+    logits = (P["router_x"] if c.own else x) @ P["wr"].T
     if c.logit_bias:
         logits = logits + P["logit_bias"]
     if c.softcap > 0:  # Laguna's moe_router_logit_softcapping
@@ -263,6 +279,8 @@ def torch_backward(c, t, dt):
     if c.renorm:
         w = w / w.sum(-1, keepdim=True)
     w = w * c.scale
+    if c.escale:   # Gemma 4's per_expert_scale, after the renormalization
+        w = w * P["expert_scale"][idx]
     y = torch.zeros_like(x)
     stats = [0, 0]  # clamped values, all values (routed experts)
     for e in range(E):
@@ -291,7 +309,8 @@ def torch_backward(c, t, dt):
         y = y + Os
     (y * dy).sum().backward()
     name = {"dx": "x", "dwr": "wr", "dw1": "w1", "db1": "b1", "dw2": "w2", "db2": "b2",
-            "dlogit_bias": "logit_bias", "dws1": "ws1", "dws2": "ws2", "dwsg": "wsg"}
+            "dlogit_bias": "logit_bias", "dws1": "ws1", "dws2": "ws2", "dwsg": "wsg", "drouter_x": "router_x",
+            "dexpert_scale": "expert_scale"}
     return {g: P[name[g]].grad.double() for g in grad_shapes(c)}, idx, stats
 
 

@@ -463,7 +463,7 @@ int main(int argc, char **argv) {
     /* bytes per weight element, and per element of the rows into the GEMMs and of the activation (e4m3 with fp8;
      * the fp32 scales, 1/128 of those bytes, are not counted) */
     const double wb = fp8 ? 1 : 2, ab = fp8 ? 1 : 2, mm_tf = fp8 ? 2 * gemm_tf : gemm_tf;
-    CUdeviceptr bias, y, ws, flush, gids = 0, gwts = 0;
+    CUdeviceptr bias, escale, y, ws, flush, gids = 0, gwts = 0;
     if (sp->router.select == MOE_SELECT_GIVEN) { /* given routing: ids uniform over the experts, weights 1/k */
         const size_t n = Tmax * (size_t)sp->top_k;
         int *hi = malloc(n * sizeof(int));
@@ -488,6 +488,9 @@ int main(int argc, char **argv) {
     }
     CK(moe_cu.cuMemAlloc(&bias, E * 4));
     CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
+    CK(moe_cu.cuMemAlloc(&escale, E * 4));
+    CK(moe_cu.cuMemsetD32Async(escale, 0x3f800000u, E, NULL)); /* router.expert_scale: ones; router.input = "separate": x */
+    CK(moe_cu.cuCtxSynchronize());
     CK(moe_cu.cuMemAlloc(&y, Tmax * H * 2));
     size_t ws_bytes = 0;
     for (int pi = 0; pi < nplans; pi++) {
@@ -545,7 +548,8 @@ int main(int argc, char **argv) {
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
                               .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s,
-                              .topk_ids = (const int *)gids, .topk_weights = (const float *)gwts};
+                              .topk_ids = (const int *)gids, .topk_weights = (const float *)gwts,
+                              .router_x = (void *)x, .router_expert_scale = (const float *)escale};
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);

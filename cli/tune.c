@@ -333,6 +333,7 @@ typedef struct {
     CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y, gate; /* w1p, w2: every weight slot (a shared expert's too) */
     CUdeviceptr w1s, w2s; /* fp8 weights: their scales (as many as channel or block scaling needs), else 0 */
     CUdeviceptr ids, gw;  /* given routing: the caller's ids, uniform over the experts, and weights 1/k; else 0 */
+    CUdeviceptr escale;   /* router.expert_scale: ones (the router's own input, router.input = "separate": x) */
     CUstream st;
     CUevent ev[MOE_K_COUNT + 1];
     char gpu[128];
@@ -352,11 +353,14 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
               upload_random(&b->gate, H, 2.0f / sqrtf((float)H), s->dtype);
     bad |= moe_cu.cuMemAlloc(&b->w1p, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemAlloc(&b->w2, ES * H * F * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS;
+           moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemAlloc(&b->escale, E * 4) != CUDA_SUCCESS;
     /* 0x3c: bf16 ~0.011 a pair of bytes, e4m3 1.5 a byte (scaled by 1/64 below) */
     bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemsetD8(b->w2, 0x3c, ES * H * F * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS;
+           moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS ||
+           moe_cu.cuMemsetD32Async(b->escale, 0x3f800000u, E, NULL) != CUDA_SUCCESS || /* 1.0f */
+           moe_cu.cuCtxSynchronize() != CUDA_SUCCESS;
     if (!bad && moe_spec_fp8(s)) { /* per-channel scales take one a row, block scales one per 128 x 128: the more */
         const size_t n1 = ES * 2 * F, n2 = ES * H;
         const unsigned one64 = 0x3c800000u; /* 1/64 */
@@ -418,7 +422,8 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                                .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws,
                                .shared_gate = (void *)b->gate, .w1s = (const float *)b->w1s,
                                .w2s = (const float *)b->w2s, .topk_ids = (const int *)b->ids,
-                               .topk_weights = (const float *)b->gw};
+                               .topk_weights = (const float *)b->gw, .router_x = (void *)b->x,
+                               .router_expert_scale = (const float *)b->escale};
         for (int it = -3; it < a->iters && !rc; it++) {
             float up, down; /* down: from the down GEMM's start to the combine's end (folded in or not) */
             if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||

@@ -1089,7 +1089,7 @@ static double urand(uint32_t *st) {
 
 /* One layer's inputs in half precision and as doubles (the same values),
  * plus dy; filled by bwd_data for a spec, a token count and a seed. */
-enum { BX, BWR, BW1, BW2, BB1, BB2, BWS1, BWS2, BWSG, BDY, BN };
+enum { BX, BWR, BW1, BW2, BB1, BB2, BWS1, BWS2, BWSG, BDY, BRX, BN };   /* BRX: router.input's router_x */
 typedef struct {
     int T;
     uint16_t *h[BN];
@@ -1097,6 +1097,8 @@ typedef struct {
     size_t n[BN];
     float sel_bias[64], logit_bias[64];
     double logit_bias_d[64];
+    float expert_scale[64];   /* router.expert_scale: around 1 */
+    double expert_scale_d[64];
     int *given;      /* router.select = "given": the caller's ids [T, K] (a repeat and two dropped among them) */
 } bwd_data_t;
 
@@ -1106,9 +1108,9 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
     const double sh = 1.0 / sqrt((double)H), sf = 1.0 / sqrt((double)F);
     const size_t n[BN] = { (size_t)T * H, (size_t)E * H, (size_t)E * 2 * F * H, (size_t)E * H * F,
                            (size_t)E * 2 * F, (size_t)E * H, (size_t)2 * FS * H, (size_t)H * FS, (size_t)H,
-                           (size_t)T * H };
-    const double scale[BN] = { 1, 2 * sh, 2 * sh, 1.5 * sf, 0.5, 0.3, 2 * sh, 1.5 * sf, 2 * sh, 1 };
-    uint32_t st = seed;
+                           (size_t)T * H, (size_t)T * H };
+    const double scale[BN] = { 1, 2 * sh, 2 * sh, 1.5 * sf, 0.5, 0.3, 2 * sh, 1.5 * sf, 2 * sh, 1, 1 };
+    uint32_t st = seed, st2 = seed * 2654435761u + 7u;   /* st2: router_x's own stream (the others as before) */
     memset(D, 0, sizeof *D);
     D->T = T;
     for (int i = 0; i < BN; i++) {
@@ -1116,7 +1118,7 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
         D->h[i] = malloc((n[i] ? n[i] : 1) * 2);
         D->d[i] = malloc((n[i] ? n[i] : 1) * sizeof(double));
         for (size_t j = 0; j < n[i]; j++) {
-            D->h[i][j] = moe_float_to_half((float)(scale[i] * urand(&st)), s->dtype);
+            D->h[i][j] = moe_float_to_half((float)(scale[i] * urand(i == BRX ? &st2 : &st)), s->dtype);
             D->d[i][j] = moe_half_to_float(D->h[i][j], s->dtype);
         }
     }
@@ -1134,6 +1136,10 @@ static void bwd_data(bwd_data_t *D, const moe_spec_t *s, int T, uint32_t seed) {
         D->given[s->top_k] = -1;     /* dropped: token 1's first entry, the last one */
         D->given[TK - 1] = E;
     }
+    for (int e = 0; e < E && e < 64; e++) {
+        D->expert_scale[e] = (float)(1.0 + 0.5 * urand(&st2));
+        D->expert_scale_d[e] = D->expert_scale[e];
+    }
 }
 
 static void bwd_data_free(bwd_data_t *D) {
@@ -1146,13 +1152,14 @@ static moe_ref_inputs_t bwd_inputs(bwd_data_t *D) {
     in.x = D->h[BX]; in.wr = D->h[BWR]; in.w1 = D->h[BW1]; in.w2 = D->h[BW2];
     in.b1 = D->h[BB1]; in.b2 = D->h[BB2]; in.ws1 = D->h[BWS1]; in.ws2 = D->h[BWS2]; in.wsg = D->h[BWSG];
     in.sel_bias = D->sel_bias; in.logit_bias = D->logit_bias; in.tokens = D->T; in.given_ids = D->given;
+    in.router_x = D->h[BRX]; in.expert_scale = D->expert_scale;
     return in;
 }
 
 /* The gradients of one run, one float array per differentiable input. */
-enum { GX, GWR, GW1, GB1, GW2, GB2, GLB, GWS1, GWS2, GWSG, GN };
+enum { GX, GWR, GW1, GB1, GW2, GB2, GLB, GWS1, GWS2, GWSG, GRX, GES, GN };
 static const char *const grad_name[GN] = { "dx", "drouter_w", "dw1", "db1", "dw2", "db2", "dlogit_bias",
-                                           "dws1", "dws2", "dw_gate" };
+                                           "dws1", "dws2", "dw_gate", "drouter_x", "dexpert_scale" };
 typedef struct {
     float *v[GN];
     size_t n[GN];
@@ -1163,9 +1170,10 @@ static void bwd_grads_alloc(bwd_grads_t *G, const moe_spec_t *s, int T) {
     const int E = s->experts, H = s->hidden, F = s->ffn, FS = s->shared.ffn;
     const size_t n[GN] = { (size_t)T * H, (size_t)E * H, (size_t)E * 2 * F * H, (size_t)E * 2 * F,
                            (size_t)E * H * F, (size_t)E * H, (size_t)E, (size_t)2 * FS * H, (size_t)H * FS,
-                           (size_t)H };
+                           (size_t)H, (size_t)T * H, (size_t)E };
     const int used[GN] = { 1, 1, 1, s->ffn_bias, 1, s->ffn_bias, s->router.logit_bias, FS > 0, FS > 0,
-                           FS > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID };
+                           FS > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID,
+                           s->router.input == MOE_ROUTER_INPUT_SEPARATE, s->router.expert_scale };
     for (int i = 0; i < GN; i++) {
         G->n[i] = n[i];
         G->used[i] = used[i];
@@ -1181,7 +1189,8 @@ static void bwd_grads_free(bwd_grads_t *G) {
 static moe_ref_grads_t bwd_grads_ptrs(bwd_grads_t *G) {
     moe_ref_grads_t g = { .dx = G->v[GX], .dwr = G->v[GWR], .dw1 = G->v[GW1], .db1 = G->v[GB1],
                           .dw2 = G->v[GW2], .db2 = G->v[GB2], .dlogit_bias = G->v[GLB],
-                          .dws1 = G->v[GWS1], .dws2 = G->v[GWS2], .dwsg = G->v[GWSG] };
+                          .dws1 = G->v[GWS1], .dws2 = G->v[GWS2], .dwsg = G->v[GWSG],
+                          .d_router_x = G->v[GRX], .d_expert_scale = G->v[GES] };
     return g;
 }
 
@@ -1190,7 +1199,7 @@ static double bwd_loss(const moe_spec_t *s, bwd_data_t *D, const int *idx, doubl
     moe_ref_inputs_f64_t in = { .x = D->d[BX], .wr = D->d[BWR], .w1 = D->d[BW1], .w2 = D->d[BW2],
                                 .b1 = D->d[BB1], .b2 = D->d[BB2], .logit_bias = D->logit_bias_d,
                                 .tokens = D->T, .ws1 = D->d[BWS1], .ws2 = D->d[BWS2], .wsg = D->d[BWSG],
-                                .given_ids = D->given };
+                                .given_ids = D->given, .router_x = D->d[BRX], .expert_scale = D->expert_scale_d };
     if (moe_ref_forward_exact(s, &in, idx, y)) return NAN;
     double L = 0;
     for (size_t i = 0; i < D->n[BDY]; i++) L += D->d[BDY][i] * y[i];
@@ -1199,8 +1208,8 @@ static double bwd_loss(const moe_spec_t *s, bwd_data_t *D, const int *idx, doubl
 
 /* The double array behind gradient gi. */
 static double *bwd_param(bwd_data_t *D, int gi) {
-    static const int of[GN] = { BX, BWR, BW1, BB1, BW2, BB2, -1, BWS1, BWS2, BWSG };
-    return gi == GLB ? D->logit_bias_d : D->d[of[gi]];
+    static const int of[GN] = { BX, BWR, BW1, BB1, BW2, BB2, -1, BWS1, BWS2, BWSG, BRX, -1 };
+    return gi == GLB ? D->logit_bias_d : gi == GES ? D->expert_scale_d : D->d[of[gi]];
 }
 
 /* Finite differences: central, step FD_H, on the exact forward (double).
@@ -1326,13 +1335,25 @@ static int bwd_cases(bwd_case_t *c) {
     s = mkspec(6, 2, 16, 8);
     s.router.select = MOE_SELECT_GIVEN; s.router.logit_bias = true;
     c[n++] = (bwd_case_t){ "given ids (a repeat, two dropped): softmax, no renormalize, logit_bias", s, 4, 1415u };
+
+    s = mkspec(6, 2, 16, 8);   /* Gemma 4's router: its own input, per-expert scales; GeGLU experts */
+    s.router.renormalize = true; s.router.input = MOE_ROUTER_INPUT_SEPARATE; s.router.expert_scale = true;
+    s.activation.kind = MOE_ACT_GEGLU;
+    c[n++] = (bwd_case_t){ "the router's own input and per-expert scales, softmax + renormalize, geglu", s, 4,
+                           1516u };
+
+    s = mkspec(8, 3, 16, 8);
+    s.router.select = MOE_SELECT_GIVEN; s.router.score = MOE_SCORE_SIGMOID; s.router.scale = 1.5;
+    s.router.input = MOE_ROUTER_INPUT_SEPARATE; s.router.expert_scale = true; s.shared.ffn = 8;
+    c[n++] = (bwd_case_t){ "given ids (two dropped), own input, expert scales: sigmoid, scale, shared", s, 4,
+                           1617u };
     return n;
 }
 
 /* Exact-mode gradients against central finite differences of the exact
  * forward, every gradient of every case. */
 static void test_backward_fd(void) {
-    bwd_case_t cases[16];
+    bwd_case_t cases[24];
     const int nc = bwd_cases(cases);
     for (int ci = 0; ci < nc; ci++) {
         const bwd_case_t *C = &cases[ci];
@@ -1419,7 +1440,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 #define BWD_ROUNDED_TOL_FP16 2e-3
 
 static void test_backward_rounded(moe_dtype_t dt) {
-    bwd_case_t cases[16];
+    bwd_case_t cases[24];
     const int nc = bwd_cases(cases);
     double worst_all = 0;
     for (int ci = 0; ci < nc; ci++) {
@@ -1505,7 +1526,9 @@ static void test_backward_rounded(moe_dtype_t dt) {
         for (int e = 0; e < E; e++)
             for (int h = 0; h < H; h++) {
                 double sum = 0;
-                for (int t = 0; t < T; t++) sum += (double)dl[t * E + e] * D.d[BX][(size_t)t * H + h];
+                for (int t = 0; t < T; t++)   /* the logits' rows: router_x with router.input = "separate" */
+                    sum += (double)dl[t * E + e] *
+                           D.d[s->router.input == MOE_ROUTER_INPUT_SEPARATE ? BRX : BX][(size_t)t * H + h];
                 err = fmax(err, fabs(sum - R.v[GWR][(size_t)e * H + h]) / (1e-6 + fabs(sum)));
             }
         CHECKF(err <= 1e-5, "stages vs gradients: relative error %.3g", err);

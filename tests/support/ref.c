@@ -735,6 +735,7 @@ typedef struct {
     const moe_spec_t *s;
     int T, rounded;
     src_t x, wr, lb, w1, w2, b1, b2, ws1, ws2, wsg;
+    src_t rx, es;                     /* router.input = "separate": the logits' input; router.expert_scale */
     const int *idx;                   /* [T, K], distinct experts per token (given routing: any) */
     const int *given;                 /* router.select = "given": the caller's ids [T, K] (its out-of-range
                                        * ones dropped: weight 0, no gradient), else NULL */
@@ -996,10 +997,17 @@ static int layer(const layer_t *L) {
     double *wt = malloc((size_t)NM * K * sizeof(double));
     double *capd = malloc((size_t)NM * E * sizeof(double)); /* the logit cap's derivative (1 without one) */
     int *fill = malloc((size_t)E * sizeof(int));
+    /* router.input = "separate": the logits' rows RX (X otherwise) and the router's term of the input gradient
+     * drx; router.expert_scale: the scales c, the weights before them w' and d c */
+    const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE, escale = s->router.expert_scale;
+    double *RX = own ? malloc((size_t)NM * H * sizeof(double)) : X;
+    double *drx = own ? calloc((size_t)NM * H, sizeof(double)) : dx;
+    double *es = escale ? malloc((size_t)E * sizeof(double)) : NULL, *des = calloc((size_t)E, sizeof(double));
+    double *wpre = malloc((size_t)NM * K * sizeof(double));
     scratch_t sc = {0};
     if (!X || !Wr || !p || !w || !dw || !dx || !W1 || !W2 || !b1 || !b2 || !dW1 || !dW2 || !db1 || !db2 ||
         !gs || !dg || !dga || !dWr || !dlb || !dl || !dp || !wsg || !dwsg || !cnt || !tok || !slot || !all || !wt ||
-        !capd || !fill)
+        !capd || !fill || !RX || !drx || (escale && !es) || !des || !wpre)
         goto done;
 
     /* Rows per expert, and the largest pass. */
@@ -1013,13 +1021,15 @@ static int layer(const layer_t *L) {
 
     /* The router: logits and probabilities in double, the weights. */
     load(L->x, 0, (size_t)T * H, dt, X);
+    if (own) load(L->rx, 0, (size_t)T * H, dt, RX);
+    if (escale) load(L->es, 0, (size_t)E, dt, es);
     load(L->wr, 0, (size_t)E * H, dt, Wr);
     double *lb = dl;   /* scratch until the backward */
     if (s->router.logit_bias) load(L->lb, 0, (size_t)E, dt, lb);
     for (int t = 0; t < T; t++) {
         double *pt = p + (size_t)t * E;
         for (int e = 0; e < E; e++)
-            pt[e] = ref_cap(s, dot(X + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0),
+            pt[e] = ref_cap(s, dot(RX + (size_t)t * H, Wr + (size_t)e * H, H) + (s->router.logit_bias ? lb[e] : 0.0),
                             capd + (size_t)t * E + e);
         ref_scores(s->router.score, pt, E, s->dtype);
         double S = 0;
@@ -1028,7 +1038,9 @@ static int layer(const layer_t *L) {
         for (int k = 0; k < K; k++) {
             double v = dropped(L, (size_t)t * K + k) ? 0.0 : pt[L->idx[(size_t)t * K + k]];
             if (s->router.renormalize && S > 0) v /= S;
-            w[(size_t)t * K + k] = r32(L, v * s->router.scale);
+            wpre[(size_t)t * K + k] = r32(L, v * s->router.scale);
+            w[(size_t)t * K + k] = escale ? r32(L, wpre[(size_t)t * K + k] * es[L->idx[(size_t)t * K + k]])
+                                          : wpre[(size_t)t * K + k];
         }
     }
     if (gated) load(L->wsg, 0, (size_t)H, dt, wsg);
@@ -1108,8 +1120,14 @@ static int layer(const layer_t *L) {
     /* The router's backward: dw -> dp -> dlogits, per token. */
     if (L->dy) {
         for (int t = 0; t < T; t++) {
-            const double *pt = p + (size_t)t * E, *wk = dw + (size_t)t * K;
+            const double *pt = p + (size_t)t * E;
             const int *ix = L->idx + (size_t)t * K;
+            double wk[32];   /* dw at the weights before the expert scales (top_k <= 32) */
+            for (int k = 0; k < K; k++) {
+                const size_t i = (size_t)t * K + k;
+                if (escale && !dropped(L, i)) des[ix[k]] += dw[i] * wpre[i];
+                wk[k] = escale ? dw[i] * es[ix[k]] : dw[i];
+            }
             const double sc_ = s->router.scale;
             for (int e = 0; e < E; e++) dp[e] = 0;
             /* an expert given twice gets both entries' terms; a dropped entry (weight 0, not p) none */
@@ -1133,8 +1151,8 @@ static int layer(const layer_t *L) {
             } else {
                 for (int e = 0; e < E; e++) dl[e] = r32(L, dp[e] * pt[e] * (1.0 - pt[e]) * cd[e]);
             }
-            const double *xt = X + (size_t)t * H;
-            double *dxt = dx + (size_t)t * H;
+            const double *xt = RX + (size_t)t * H;
+            double *dxt = drx + (size_t)t * H;
             for (int e = 0; e < E; e++) {
                 const double *wr = Wr + (size_t)e * H;
                 double *dwr = dWr + (size_t)e * H;
@@ -1146,6 +1164,14 @@ static int layer(const layer_t *L) {
         if (st && st->dw) put(st->dw, 0, dw, (size_t)T * K);
         for (size_t i = 0; i < (size_t)T * H; i++) dx[i] = rnd(L, dx[i]);
         put(G->dx, 0, dx, (size_t)T * H);
+        if (own) {
+            for (size_t i = 0; i < (size_t)T * H; i++) drx[i] = rnd(L, drx[i]);
+            put(G->d_router_x, 0, drx, (size_t)T * H);
+        }
+        if (escale) {
+            for (int e = 0; e < E; e++) des[e] = r32(L, des[e]);
+            put(G->d_expert_scale, 0, des, (size_t)E);
+        }
         put(G->dwr, 0, dWr, (size_t)E * H);
         if (s->router.logit_bias) put(G->dlogit_bias, 0, dlb, (size_t)E);
     }
@@ -1157,15 +1183,19 @@ done:
     free(X); free(Wr); free(p); free(w); free(dw); free(dx); free(W1); free(W2); free(b1); free(b2);
     free(dW1); free(dW2); free(db1); free(db2); free(gs); free(dg); free(dga); free(dWr); free(dlb); free(dl);
     free(dp); free(wsg); free(dwsg); free(cnt); free(tok); free(slot); free(all); free(wt); free(capd); free(fill);
+    if (own) {
+        free(RX);
+        free(drx);
+    }
+    free(es); free(des); free(wpre);
     return rc;
 }
 
 /* ---- entry points -------------------------------------------------------- */
 
 /* The backward and the exact forward: no zero experts (inference only, gen/spec_check.c). */
-static int spec_usable(const moe_spec_t *s) {   /* the router's own input and expert scale: inference only */
+static int spec_usable(const moe_spec_t *s) {
     return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->zero_experts == 0 &&
-           s->router.input == MOE_ROUTER_INPUT_X && !s->router.expert_scale &&
            s->hidden >= 1 && s->ffn >= 1 &&
            s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }
@@ -1192,6 +1222,8 @@ static int inputs_present(const layer_t *L) {
     if (s->router.logit_bias && !present(L->lb)) return 0;
     if (s->shared.ffn > 0 && (!present(L->ws1) || !present(L->ws2))) return 0;
     if (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID && !present(L->wsg)) return 0;
+    if (s->router.input == MOE_ROUTER_INPUT_SEPARATE && !present(L->rx)) return 0;
+    if (s->router.expert_scale && !present(L->es)) return 0;
     return 1;
 }
 
@@ -1204,7 +1236,8 @@ int moe_ref_backward(const moe_spec_t *s, const moe_ref_inputs_t *in, const uint
     layer_t L = { .s = s, .T = T, .rounded = !(flags & MOE_REF_EXACT),
                   .x = { .h = in->x }, .wr = { .h = in->wr }, .lb = { .f = in->logit_bias },
                   .w1 = { .h = in->w1 }, .w2 = { .h = in->w2 }, .b1 = { .h = in->b1 }, .b2 = { .h = in->b2 },
-                  .ws1 = { .h = in->ws1 }, .ws2 = { .h = in->ws2 }, .wsg = { .h = in->wsg }, .g = g, .st = st };
+                  .ws1 = { .h = in->ws1 }, .ws2 = { .h = in->ws2 }, .wsg = { .h = in->wsg }, .g = g, .st = st,
+                  .rx = { .h = in->router_x }, .es = { .f = in->expert_scale } };
     if (!inputs_present(&L)) return 1;
     const size_t NM = T > 1 ? (size_t)T : 1;
     int *idx = malloc(NM * K * sizeof(int));
@@ -1233,7 +1266,8 @@ int moe_ref_forward_exact(const moe_spec_t *s, const moe_ref_inputs_f64_t *in, c
                   .lb = { .d = in->logit_bias }, .w1 = { .d = in->w1 }, .w2 = { .d = in->w2 },
                   .b1 = { .d = in->b1 }, .b2 = { .d = in->b2 }, .ws1 = { .d = in->ws1 },
                   .ws2 = { .d = in->ws2 }, .wsg = { .d = in->wsg }, .idx = topk_idx, .y = y,
-                  .given = given ? in->given_ids : NULL };
+                  .given = given ? in->given_ids : NULL, .rx = { .d = in->router_x },
+                  .es = { .d = in->expert_scale } };
     if (!inputs_present(&L)) return 1;
     return layer(&L);
 }

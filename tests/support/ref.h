@@ -224,6 +224,11 @@ int moe_ref_route_agree(const moe_spec_t *s, const int *idx_a, const int *idx_b,
  *   dwsg = Σ_t dz·x[t]
  *   dx[t] = R(Σ_k dXs (apply = "input": ·R(w)) + dXs_s + Σ_e dlogits·Wr[e]
  *             + dz·wsg)                   summed in double, rounded once
+ *   router.input = "separate": the logits read rx = router_x, so dWr =
+ *   dlogitsᵀ·rx and the router's term goes to d_router_x[t] =
+ *   R(Σ_e dlogits·Wr[e]) instead of dx;
+ *   router.expert_scale: the weight is w = w'·c_e (w' as above, fp32; c the
+ *   scales), so d c_e = Σ_{(t,k): e} dw_k·w'_k (fp32) and w' gets dw_k·c_e
  * The selection (topk_idx) is moe_ref_route's and a constant of the
  * backward; router.bias moves only the selection and gets no gradient.
  * Exact mode (MOE_REF_EXACT): the same chain with no rounding at all (every
@@ -244,6 +249,9 @@ typedef struct {
     float *dws1;          /* [2F_s, H]; written iff shared.ffn     */
     float *dws2;          /* [H, F_s]; written iff shared.ffn      */
     float *dwsg;          /* [H]; written iff shared.gate = "sigmoid" */
+    float *d_router_x;    /* [T, H]; written iff router.input = "separate" (rounded mode: dtype values);
+                           * dx then has no router term */
+    float *d_expert_scale; /* [E]; written iff router.expert_scale */
 } moe_ref_grads_t;
 
 /* The intermediates of moe_ref_backward, for checking a GPU backward stage
@@ -288,6 +296,8 @@ typedef struct {
     const double *ws1, *ws2, *wsg;
     const int *given_ids;              /* router.select = "given": the caller's ids [T, top_k] (topk_idx is
                                         * them with the dropped ones at expert 0) */
+    const double *router_x;            /* router.input = "separate": [T, H] */
+    const double *expert_scale;        /* router.expert_scale: [E] */
 } moe_ref_inputs_f64_t;
 
 /* The layer's output y [T, H] in double with no rounding anywhere (the

@@ -85,9 +85,10 @@ int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
 /* Where moe_reflib_backward writes; each may be NULL (not wanted). fp32,
  * the plain layouts of ref.h: dx [T, H], dwr [E, H], dw1 [E, 2F, H],
  * db1 [E, 2F], dw2 [E, H, F], db2 [E, H], dlogit_bias [E], dws1 [2F_s, H],
- * dws2 [H, F_s], dwsg [H]. */
+ * dws2 [H, F_s], dwsg [H], d_router_x [T, H] (router.input = "separate"), d_expert_scale [E]
+ * (router.expert_scale). */
 typedef struct {
-    float *dx, *dwr, *dw1, *db1, *dw2, *db2, *dlogit_bias, *dws1, *dws2, *dwsg;
+    float *dx, *dwr, *dw1, *db1, *dw2, *db2, *dlogit_bias, *dws1, *dws2, *dwsg, *d_router_x, *d_expert_scale;
 } moe_reflib_grads_t;
 
 /* The layer's backward on the CPU (moe_ref_backward, docs/DESIGN.md,
@@ -116,7 +117,7 @@ int moe_reflib_backward(const char *path, const char *text, const moe_reflib_inp
                             .expert_scale = a->expert_scale };
     moe_ref_grads_t gr = { .dx = g->dx, .dwr = g->dwr, .dw1 = g->dw1, .db1 = g->db1, .dw2 = g->dw2,
                            .db2 = g->db2, .dlogit_bias = g->dlogit_bias, .dws1 = g->dws1, .dws2 = g->dws2,
-                           .dwsg = g->dwsg };
+                           .dwsg = g->dwsg, .d_router_x = g->d_router_x, .d_expert_scale = g->d_expert_scale };
     moe_ref_bwd_stages_t st = { .topk_idx = topk_idx, .topk_w = topk_w };
     if (moe_ref_backward(&s, &in, dy, exact ? MOE_REF_EXACT : 0, &gr, &st)) {
         put_err(err, errlen, "moe_ref_backward refused the inputs (a NULL tensor the spec needs?)");

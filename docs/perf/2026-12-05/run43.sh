@@ -13,13 +13,18 @@
 #     and compute-sanitizer memcheck of the given forward and training pair
 #   - moe_bench of both given specs at 1 / 64 / 512 tokens, graph-replayed, against the router's own
 #     (given_ids with router.select removed): the route without the selection, or without logits at all
+# Added in the fourth session (2026-12-05, no GPU either): Gemma 4's router (router.input = "separate",
+# router.expert_scale; README "The router's own input"): test_gpu on tests/specs/router_own_input.moe,
+# test_vendored_own, test_torch_gpu's check_router_extras (moe_ext), check_models' gemma4 family, memcheck of
+# the own-input forward, moe_bench of examples/specs/gemma4-26b-a4b.moe against the same spec without the keys
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 v() { local log=$1; shift; timeout 240 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
-v test_gpu_given build/tests/test_gpu given &
-{ v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe; } &
+{ v test_gpu_given build/tests/test_gpu given; v test_gpu_own build/tests/test_gpu router_own_input; } &
+{ v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
+  v test_vendored_own build/tests/test_vendored_own tests/specs/router_own_input.moe; } &
 { mkdir -p /tmp/r43_torch
   v build_torch python3 python/build_torch.py --out /tmp/r43_torch/libmoegen_torch.so
   MOEGEN_TORCH_LIBRARY=/tmp/r43_torch/libmoegen_torch.so MOEGEN_LIBRARY=$PWD/build/libmoegen.so \
@@ -32,10 +37,13 @@ wait
 v test_bwd_gpu_given build/tests/test_bwd_gpu given
 v memcheck_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu given_weights
 v memcheck_bwd_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_given
+v memcheck_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu router_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
-    --families deepseek-v4-hash,deepseek-v4
+    --families deepseek-v4-hash,deepseek-v4,gemma4
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
-for s in tests/specs/given_ids.moe /tmp/topk_ids.moe tests/specs/given_weights.moe; do
+sed 's/, input = "separate", expert_scale = true//' examples/specs/gemma4-26b-a4b.moe > /tmp/gemma4_plain.moe
+for s in tests/specs/given_ids.moe /tmp/topk_ids.moe tests/specs/given_weights.moe examples/specs/gemma4-26b-a4b.moe \
+         /tmp/gemma4_plain.moe; do
     echo "== $s" >> "$OUT/bench.log"
     timeout 60 build/moe_bench $s --graph --tokens 1 --tokens 64 --tokens 512 --iters 20 >> "$OUT/bench.log" 2>&1
 done
