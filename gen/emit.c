@@ -240,7 +240,7 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
     }
     if (!rc && pd->has_bwd) { /* the backward's own kernels (spec.training), arch-neutral: one template */
         static const char *const field[MOE_BK_COUNT] = {"dys", "router", "dx", "dwr", "colsum", "unpack", "accum",
-                                                        "slot_rows"};
+                                                        "slot_rows", "escale"};
         lua_State *L = moe_tmpl_lua(t);
         moe_plan_push_params(L, pd, s->arch[0], -1);
         for (int i = 0; i < MOE_BK_COUNT; i++) {

@@ -58,6 +58,7 @@ typedef enum {
     MOE_K_BWD_UNPACK,       /* an fp32 packed W1 / b1 gradient -> the plain layout */
     MOE_K_BWD_ACCUM,        /* dst += src, fp32 (moe_reduce_scatter_grads' accumulate) */
     MOE_K_BWD_SLOT_ROWS,    /* an EP rank's rows per held slot from its receive layout's chunk rows */
+    MOE_K_BWD_ESCALE,       /* d expert_scale[e] = sum of dw . w' over e's entries (router.expert_scale) */
     /* the backward GEMMs (family_bgemm.c, templates/gemm_grad.lua), planned
      * when the spec has training = true, in the order of the plan's
      * backward GEMM set (moe_plan_desc_t.bgemm, MOE_K_BGEMM_FIRST + i) and
@@ -75,7 +76,7 @@ typedef enum {
 #define MOE_K_EP_FIRST MOE_K_EP_SEND_PLAN
 /* The backward's own kernels: backward set index i is family MOE_K_BWD_FIRST + i. */
 #define MOE_K_BWD_FIRST MOE_K_BWD_DYS
-#define MOE_BK_COUNT (MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST + 1)
+#define MOE_BK_COUNT (MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST + 1)
 /* The d router_w kernel's block tile (templates/bwd.lua reads them as
  * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
 #define MOE_BWD_DWR_COLS 64

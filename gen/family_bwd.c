@@ -63,6 +63,11 @@ static void slot_rows_spell(char *out, size_t n, const moe_family_ctx_t *c, cons
     snprintf(out, n, "%s_bwd_slot_rows", c->spec->name);
 }
 
+static void escale_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
+    (void)k;
+    snprintf(out, n, "%s_bwd_escale_e%dk%d", c->spec->name, c->spec->experts, moe_spec_entries(c->spec));
+}
+
 static void accum_spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     (void)k;
     snprintf(out, n, "%s_bwd_accum", c->spec->name);
@@ -102,6 +107,12 @@ static void colsum_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tok
     g[1] = (unsigned)moe_spec_slots(s);
 }
 
+/* a block per routed expert */
+static void expert_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
+    (void)k, (void)tokens, (void)n;
+    g[0] = (unsigned)s->experts;
+}
+
 /* n elements, one per thread, grid-stride (the runtime caps it) */
 static void unpack_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)s, (void)tokens;
@@ -131,6 +142,9 @@ const moe_family_t moe_family_bwd_accum = {.id = MOE_K_BWD_ACCUM, .name = "bwd_a
 const moe_family_t moe_family_bwd_slot_rows = {.id = MOE_K_BWD_SLOT_ROWS, .name = "bwd_slot_rows",
                                                .variants = block_variants, .nvariants = 1, .spell = slot_rows_spell,
                                                .grid = unpack_grid};
+const moe_family_t moe_family_bwd_escale = {.id = MOE_K_BWD_ESCALE, .name = "bwd_escale",
+                                            .variants = block_variants, .nvariants = 1, .spell = escale_spell,
+                                            .grid = expert_grid};
 const moe_family_t moe_family_bwd_unpack = {.id = MOE_K_BWD_UNPACK, .name = "bwd_unpack",
                                             .variants = block_variants, .nvariants = 1, .spell = unpack_spell,
                                             .grid = unpack_grid};

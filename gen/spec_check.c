@@ -487,10 +487,10 @@ static void check_router_extras(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "are the caller's; scale them before the call");
     else if (r->expert_scale && s->zero_experts)
         NAMED_ERROR(c, "router.expert_scale", "router.expert_scale with zero_experts is not supported");
-    else if (s->training && (own || r->expert_scale))
-        NAMED_ERROR(c, own ? "router.input" : "router.expert_scale", "training = true with %s is not supported "
-                    "yet: the backward has no gradient for %s", own ? "router.input = \"separate\"" :
-                    "router.expert_scale", own ? "router_x" : "router_expert_scale");
+    else if (s->training && r->expert_scale && r->select == MOE_SELECT_GIVEN)
+        NAMED_ERROR(c, "router.expert_scale", "training = true with router.expert_scale and router.select = "
+                    "\"given\" is not supported: the backward tells a dropped id by its saved weight 0, which an "
+                    "entry whose scale is 0 also has");
 }
 
 /* The shared expert's relations (spec.h, moe_spec_shared_slots): run after

@@ -105,11 +105,11 @@ const moe_key_t moe_spec_keys[] = {
      .help = "what the router's logits read: `\"x\"`, the experts' input; `\"separate\"`, the caller's "
              "`router_x` ([T, `hidden`], `dtype`; Gemma 4's router reads the normalized, scaled residual stream, "
              "its experts another norm of it); not with `router.score = \"given\"` (no logits) or a sigmoid "
-             "`shared.gate`; inference only; README, \"The router's own input\""},
+             "`shared.gate`; training returns `d_router_x`; README, \"The router's own input\""},
     {.name = "router.expert_scale", .type = MOE_KEY_BOOL, .offset = AT(router.expert_scale), .optional = true,
      .help = "the final weights are multiplied by a per-expert fp32 `router_expert_scale` [E], after "
              "renormalization and `router.scale` (Gemma 4's `per_expert_scale`); not with `router.score = "
-             "\"given\"` or zero experts; inference only"},
+             "\"given\"` or zero experts; training returns `d_expert_scale` (not with given ids)"},
     {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
      .help = "the weights are multiplied by this"},
     {.name = "router.apply", .type = MOE_KEY_ENUM, .offset = AT(router.apply), .choices = applies,

@@ -203,6 +203,16 @@ static moe_status backward_check(const moe_plan *p, const moe_backward_args *a) 
     if (s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID && (!a->shared_gate || !a->d_shared_gate))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: the spec has shared.gate = \"sigmoid\"; shared_gate and "
                         "d_shared_gate are required");
+    if (s->router.input == MOE_ROUTER_INPUT_SEPARATE && a->tokens > 0 && (!a->router_x || !a->d_router_x))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: the spec has router.input = \"separate\"; router_x (the "
+                        "training forward's) and d_router_x are required");
+    if (s->router.expert_scale && (!a->router_expert_scale || !a->d_expert_scale))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: the spec has router.expert_scale; router_expert_scale (the "
+                        "training forward's) and d_expert_scale are required");
+    if (s->router.expert_scale && !p->launcher.bwd_fn[MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST])
+        return moe_fail(MOE_ERR_UNSUPPORTED, "moe_backward: kernel '%s' is missing from the plan's module (compiled by "
+                        "an older moegen?); the scales' gradient needs it",
+                        p->launcher.bwd[MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST].name);
     if ((uintptr_t)a->saved % 256 || (uintptr_t)a->workspace % 256)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_backward: saved and workspace must be 256-byte aligned");
     return MOE_OK;
@@ -217,7 +227,8 @@ static moe_status zero_grads(const moe_plan *p, const moe_backward_args *a, CUst
         size_t n;
     } g[] = {{a->d_router_w, E * H}, {s->router.logit_bias ? a->d_logit_bias : NULL, E}, {a->dw1p, S * 2 * F * H},
              {a->dw2, S * H * F}, {s->ffn_bias ? a->db1p : NULL, S * 2 * F}, {s->ffn_bias ? a->db2 : NULL, S * H},
-             {s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID ? a->d_shared_gate : NULL, H}};
+             {s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID ? a->d_shared_gate : NULL, H},
+             {s->router.expert_scale ? a->d_expert_scale : NULL, E}};
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (g[i].ptr)
             CU_CHECK(moe_cu.cuMemsetD32Async((CUdeviceptr)(uintptr_t)g[i].ptr, 0, g[i].n, st));

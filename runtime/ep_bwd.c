@@ -40,12 +40,19 @@ moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args 
         if ((rc = moe_launch_kernel(l, MOE_K_BWD_DYS, T, 0, st, args, NULL)))
             return rc;
     }
-    void *ar[] = {&logits, &topk_idx, &topk_w, &dw, (void *)&T, &dlogits};
+    /* the router's own input (router.input = "separate"): d router_w from router_x, its term of the input
+     * gradient into d_router_x (the dx kernel's second output); per-expert scales (router.expert_scale): the
+     * router kernel reads them and leaves dw·w' in dw's routed entries, which escale sums per expert */
+    const moe_spec_t *s = &l->pd->spec;
+    const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE, escale = s->router.expert_scale;
+    void *ar[] = {&logits, &topk_idx, &topk_w, &dw, (void *)&T, &dlogits, (void *)&a->router_expert_scale};
     void *ax[] = {&dxs, &row_of, &topk_w, &dlogits, (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T,
-                  (void *)&a->dx};
-    void *aw[] = {&dlogits, (void *)&a->x, (void *)&T, (void *)&beta, (void *)&a->d_router_w, (void *)&a->d_logit_bias,
-                  (void *)&a->d_shared_gate};
+                  (void *)&a->dx, (void *)&a->d_router_x};
+    void *aw[] = {&dlogits, own ? (void *)&a->router_x : (void *)&a->x, (void *)&T, (void *)&beta,
+                  (void *)&a->d_router_w, (void *)&a->d_logit_bias, (void *)&a->d_shared_gate};
+    void *ae[] = {&dw, &topk_idx, (void *)&T, (void *)&beta, (void *)&a->d_expert_scale};
     if ((rc = moe_launch_kernel(l, MOE_K_BWD_ROUTER, T, 0, st, ar, NULL)) ||
+        (escale && (rc = moe_launch_kernel(l, MOE_K_BWD_ESCALE, T, 0, st, ae, NULL))) ||
         (rc = moe_launch_kernel(l, MOE_K_BWD_DX, T, 0, st, ax, NULL)) ||
         (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 0, st, aw, NULL)))
         return rc;

@@ -386,13 +386,19 @@ typedef struct {
  *   dw2          fp32 [S, H, F]
  *   db2          fp32 [S, H]       spec ffn_bias (else NULL)
  *   d_shared_gate fp32 [H]         spec shared.gate = "sigmoid" (else NULL)
+ *   d_router_x   [tokens, H] dtype spec router.input = "separate" (else NULL): the
+ *                                  router's term of the input gradient, which dx
+ *                                  then leaves out; written
+ *   d_expert_scale fp32 [E]        spec router.expert_scale (else NULL)
  * (S = every weight slot, moe_plan_tensor's w1p dims; a shared expert's
  * gradients are its m slots E .. E+m-1 of dw1p and dw2, split as
  * moe_plan_pack_shared splits the weights). The weight
  * gradients (all but dx) are written (accumulate = 0) or added into what
  * the buffers hold (accumulate = 1: gradient accumulation); a slot no token
  * chose gets zeros, or is left as it was. The routing choice is a constant
- * (no gradient through the top-k selection; router.bias gets none). */
+ * (no gradient through the top-k selection; router.bias gets none).
+ * router_x and router_expert_scale are the training forward's (spec
+ * router.input = "separate", router.expert_scale; else ignored). */
 typedef struct {
     int tokens;                   /* the training forward's fwd.tokens */
     int recompute_u;              /* the training forward's recompute_u */
@@ -407,6 +413,10 @@ typedef struct {
     float *dw1p, *db1p, *dw2, *db2;
     const void *shared_gate;      /* spec shared.gate = "sigmoid": the training forward's w_gate [H] */
     float *d_shared_gate;
+    const void *router_x;         /* spec router.input = "separate": the training forward's [tokens, H] */
+    const float *router_expert_scale; /* spec router.expert_scale: the training forward's fp32 [E] */
+    void *d_router_x;             /* spec router.input = "separate": [tokens, H] dtype, written */
+    float *d_expert_scale;        /* spec router.expert_scale: fp32 [E] */
 } moe_backward_args;
 
 /* Bytes of the saved region of a training forward of `tokens` tokens, and

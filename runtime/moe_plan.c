@@ -125,7 +125,8 @@ static moe_status load_module(moe_plan *p, const moe_buf_t *cubin) {
     /* the backward's own kernels, planned and emitted only for a training spec */
     l->bwd = p->pd.has_bwd ? p->pd.bwd : NULL;
     for (int i = 0; l->bwd && i < MOE_BK_COUNT; i++) {
-        if (i == MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST && /* a folder compiled before it: the EP backward refuses */
+        if ((i == MOE_K_BWD_SLOT_ROWS - MOE_K_BWD_FIRST || i == MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST) &&
+            /* a folder compiled before it: the EP backward, or a backward with expert scales, refuses */
             moe_cu.cuModuleGetFunction(&l->bwd_fn[i], p->module, l->bwd[i].name) != CUDA_SUCCESS) {
             l->bwd_fn[i] = NULL;
             continue;

@@ -21,6 +21,16 @@
 @ --   accum   dst[i] += src[i], fp32 (moe_reduce_scatter_grads' accumulate)
 @ --   slot_rows  an EP rank's rows per held slot, from its receive layout's
 @ --           chunk rows (the EP backward's counts; runtime/ep_bwd.c)
+@ --   escale  d expert_scale[e] (+)= Σ over the routed entries of expert e of
+@ --           dw·w' (router.expert_scale: the router kernel leaves dw·w' in
+@ --           dw's routed entries, w' the weight before the scale)
+@ --
+@ -- The router's own input (router.input = "separate"): the logits read
+@ -- router_x, so dwr runs on router_x (the runtime passes it for x) and the
+@ -- router's term of the input gradient, Σ_e dlogits·Wr, goes to d router_x
+@ -- (dx's second output), not dx. Per-expert scales (router.expert_scale):
+@ -- the final weight is w = w'·c_e, so the router kernel takes dw·c_e into
+@ -- the chain of w' and leaves dw·w' for escale.
 @ -- Every sum runs in a fixed order (no atomics), so results are
 @ -- deterministic.
 @ --
@@ -36,7 +46,7 @@
 @   local function need(ok, what)
 @     if not ok then error(p.dys_kernel .. ": " .. what, 0) end
 @   end
-@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum", "slot_rows" }) do
+@   for _, k in ipairs({ "dys", "router", "dx", "dwr", "colsum", "unpack", "accum", "slot_rows", "escale" }) do
 @     need(p[k .. "_threads"] >= 32 and p[k .. "_threads"] % 32 == 0, k .. " threads must be a multiple of 32")
 @   end
 @   for _, k in ipairs({ "dys", "router" }) do
@@ -45,6 +55,7 @@
 @   need(p.dx_per_block >= 1 and p.dx_per_block <= 16, "dx: 1..16 tokens a block (a thread's accumulators)")
 @   need(p.dwr_threads == 256 and p.dwr_cols == 64 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 64 tile")
 @   need(p.colsum_threads == 256, "colsum: 8 warps of 32 columns")
+@   need(p.escale_threads == 256, "escale: 256 threads (a power of two for its tree)")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
 @   need(p.entries >= 1 and p.entries <= 32, "top_k + shared slots must be 1..32")
 @   need(p.E <= 1024, "at most 1024 experts")
@@ -59,6 +70,8 @@
 @ local softmax = p.score == "softmax"
 @ local sqrtsp = p.score == "sqrtsoftplus"   -- s = sqrt(softplus(l)): ds/dl = sigmoid(l) / (2 s)
 @ local input = p.spec.router.apply == "input"
+@ local own = p.spec.router.input == "separate"       -- the router's own input: dx's router term to d router_x
+@ local escale = p.spec.router.expert_scale and true or false   -- per-expert scales: w = w'·c
 @ -- router.logit_softcap = c: the saved logits are capped (L = c·tanh(l / c)); dL/dl = 1 − (L / c)²
 @ local capd = p.softcap and (" * (1.f - (l[e] / " .. f32(p.softcap) .. ") * (l[e] / " .. f32(p.softcap) .. "))") or ""
 namespace ${ns} {
@@ -151,7 +164,7 @@ ${p.dys_kernel}(const moe_half_t *__restrict__ dy, const moe_half_t *__restrict_
  * then dl = ${softmax and "p ⊙ (dp − Σ_j p_j dp_j)" or sqrtsp and "dp ⊙ sigmoid(l) / (2p)" or "dp ⊙ p(1 − p)"}. A warp per token, all in fp32.${p.given and " Given routing: an entry of saved weight 0 (a dropped id) takes no part." or ""} */
 extern "C" __global__ void __launch_bounds__(${p.router_threads})
 ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
-            const float *__restrict__ dw, int tokens, float *__restrict__ dlogits) {
+            ${escale and "float" or "const float"} *__restrict__ dw, int tokens, float *__restrict__ dlogits${escale and ", const float *__restrict__ expert_scale" or ""}) {
     moe_pdl_begin();
     using namespace ${ns};
     constexpr int PER_BLOCK = ${p.router_per_block};
@@ -195,18 +208,25 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     /* lane k < KR: the k-th selected expert, its dw and p */
     int idx = -1;
     float dwk = 0.f;
-@ if softmax or p.renormalize then
-    float pk = 0.f;   /* (sigmoid, sqrt(softplus) without renormalize: dp needs no p of the selected) */
+@ local needp = softmax or p.renormalize or escale
+@ if needp then
+    float pk = 0.f;   /* (sigmoid, sqrt(softplus) without renormalize or scales: dp needs no p of the selected) */
+@ end
+@ if escale then
+    float ck = 0.f;   /* the entry's expert scale */
 @ end
     if (lane < KR) {
         idx = topk_idx[(long long)t * K + lane];
         dwk = dw[(long long)t * K + lane];
 @ if softmax then
         pk = expf(l[idx] - m) / z;
-@ elseif p.renormalize and sqrtsp then
+@ elseif needp and sqrtsp then
         pk = moe_sqrt_softplus(l[idx]);
-@ elseif p.renormalize then
+@ elseif needp then
         pk = 1.f / (1.f + expf(-l[idx]));
+@ end
+@ if escale then
+        ck = __ldg(expert_scale + idx);
 @ end
     }
 @ local live = "lane < KR"
@@ -216,11 +236,24 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     const bool live = lane < KR && topk_w[(long long)t * K + lane] != 0.f;
     if (!live) {
         dwk = 0.f;
-@   if softmax or p.renormalize then
+@   if needp then
         pk = 0.f;
 @   end
     }
 @   live = "live"
+@ end
+@ if escale then
+    {   /* w = w'·c: d c gets dw·w' (left in dw for escale), w' gets dw·c; w' as the route makes it */
+@   if p.renormalize then
+        const float zw = warp_sum(pk);
+        const float wpre = zw > 0.f ? pk / zw * ${f32(p.scale)} : 0.f;
+@   else
+        const float wpre = pk * ${f32(p.scale)};
+@   end
+        if (lane < KR)
+            dw[(long long)t * K + lane] = ${live} ? dwk * wpre : 0.f;
+        dwk *= ck;
+    }
 @ end
 @ if p.renormalize then
     const float zs = warp_sum(pk), c1 = warp_sum(dwk * pk);
@@ -277,7 +310,7 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
 extern "C" __global__ void __launch_bounds__(${p.dx_threads})
 ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_of, const float *__restrict__ topk_w,
             const float *__restrict__ dlogits, const moe_half_t *__restrict__ wr, const moe_half_t *__restrict__ shared_gate,
-            int tokens, moe_half_t *__restrict__ dx) {
+            int tokens, moe_half_t *__restrict__ dx${own and ", moe_half_t *__restrict__ drx" or ""}) {
     moe_pdl_begin();
     using namespace ${ns};
     constexpr int TB = ${p.dx_per_block}, VB = ${p.dx_threads};
@@ -319,6 +352,21 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
                 axpy8(acc[tt], s_wk[tt][k], __ldg(reinterpret_cast<const uint4 *>(dxs + (long long)s_row[tt][k] * H) + v));
         }
     }
+    auto store = [&](moe_half_t *__restrict__ dst) {
+#pragma unroll
+        for (int tt = 0; tt < TB; ++tt)
+            if (tt < nt)
+                reinterpret_cast<uint4 *>(dst + (long long)(t0 + tt) * H)[v] =
+                    make_uint4(moe_pack2(acc[tt][0], acc[tt][1]), moe_pack2(acc[tt][2], acc[tt][3]),
+                               moe_pack2(acc[tt][4], acc[tt][5]), moe_pack2(acc[tt][6], acc[tt][7]));
+    };
+@ if own then
+    store(dx);   /* the router read router_x: its term is d router_x's */
+#pragma unroll
+    for (int tt = 0; tt < TB; ++tt)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[tt][j] = 0.f;
+@ end
     const uint4 *__restrict__ wr4 = reinterpret_cast<const uint4 *>(wr);
 #pragma unroll 2
     for (int e = 0; e < E; ++e) {
@@ -333,12 +381,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
         for (int tt = 0; tt < TB; ++tt) axpy8(acc[tt], s_dl[E][tt], w);
     }
 @ end
-#pragma unroll
-    for (int tt = 0; tt < TB; ++tt)
-        if (tt < nt)
-            reinterpret_cast<uint4 *>(dx + (long long)(t0 + tt) * H)[v] =
-                make_uint4(moe_pack2(acc[tt][0], acc[tt][1]), moe_pack2(acc[tt][2], acc[tt][3]),
-                           moe_pack2(acc[tt][4], acc[tt][5]), moe_pack2(acc[tt][6], acc[tt][7]));
+    store(${own and "drx" or "dx"});
 }
 
 /* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated
@@ -450,6 +493,38 @@ ${p.colsum_kernel}(const moe_half_t *__restrict__ src, int ncols, const int *__r
         float *o = out + (long long)slot * ncols + c;
         *o = beta ? *o + s : s;
     }
+}
+
+/* d expert_scale[e] (+)= Σ part[t, k] over the routed entries (k < KR) with
+ * topk_idx[t, k] = e (part: dw·w', left in dw by the router kernel with
+ * router.expert_scale; 0 for a dropped given id). Block e, thread j sums
+ * entries j, j + THREADS, ... in order, then a fixed tree: the same sum on
+ * every run. Emitted for every training spec; launched with the scales. */
+extern "C" __global__ void __launch_bounds__(${p.escale_threads})
+${p.escale_kernel}(const float *__restrict__ part, const int *__restrict__ topk_idx, int tokens, int beta,
+            float *__restrict__ des) {
+    moe_pdl_begin();
+    using namespace ${ns};
+    constexpr int THREADS = ${p.escale_threads};
+    __shared__ float s_sum[THREADS];
+    const int e = blockIdx.x, tid = threadIdx.x;
+    const long long n = (long long)tokens * KR;
+    float acc = 0.f;
+    for (long long i = tid; i < n; i += THREADS) {
+        const long long t = i / KR, at = t * K + (i - t * KR);
+        if (topk_idx[at] == e)
+            acc += part[at];
+    }
+    s_sum[tid] = acc;
+    __syncthreads();
+#pragma unroll
+    for (int o = THREADS / 2; o > 0; o >>= 1) {
+        if (tid < o)
+            s_sum[tid] += s_sum[tid + o];
+        __syncthreads();
+    }
+    if (tid == 0)
+        des[e] = beta ? des[e] + s_sum[0] : s_sum[0];
 }
 
 /* The plain layout of an fp32 packed W1 (tensor MOE_PACK_W1: [count, 2F, H])

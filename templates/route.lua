@@ -158,7 +158,7 @@
 @   c.own_input, c.escale = p.spec.router.input == "separate", p.spec.router.expert_scale and true or false
 @   need(not c.own_input or not c.given_w, "router.input = separate needs logits (not score \"given\")")
 @   need(not c.escale or (not c.given_w and c.Z == 0), "expert_scale: not with given weights or zero experts")
-@   need(not (c.own_input or c.escale) or not p.spec.training, "router.input / expert_scale: inference only")
+@   need(not (c.escale and c.given and p.spec.training), "expert_scale with given ids: inference only")
 @   c.bad_ids = p.bad_ids
 @   need(not c.given or c.bad_ids, "the plan gives no place for the dropped ids' count")
 @   c.sparsemixer = p.score == "sparsemixer"

@@ -8,12 +8,16 @@
  *   BX_TB, BX_VB  dx's tokens and 8-column vectors a block (the plan's per_block, threads)
  *   BX_INPUT (router.apply = "input": rows weighted by round(w)), BX_SG (a sigmoid shared gate),
  *   BX_LB (router.logit_bias: d logit_bias as d router_w's column H), BX_DWR_COLS, BX_DWR_EXPERTS (its block tile)
+ *   BX_OWN (router.input = "separate": dx takes the rows alone, d router_x the router's term),
+ *   BX_ESCALE (the escale kernel, run when BX_ES: d expert_scale's per-expert sums), BX_KR (top_k)
  * usage: bwd_host SEED T — T tokens, their rows a shuffle of T·K + 5 rows.
  * Prints one line; exit 0 when every dx element is, bit for bit, the fp32
  * sum in the order docs/DESIGN.md states (k increasing, then e, then the
  * shared gate's term, one rounding) and the row past T was not written,
  * and every d router_w (d logit_bias, d w_gate) element is the fp32 sum
- * over the tokens in order, written (beta 0) and added to a prior (beta 1). */
+ * over the tokens in order, written (beta 0) and added to a prior (beta 1);
+ * with BX_ES, every d expert_scale element the escale kernel's documented
+ * order (thread j: entries j, j + 256, ...; then the halving tree). */
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -43,30 +47,37 @@ int main(int argc, char **argv) {
     for (auto &v : dl)
         v = u(rng) * 0.25f;
     const moe_half_t poison = 0xffff;
-    std::vector<moe_half_t> dx((size_t)(T + 1) * BX_H, poison);
+    std::vector<moe_half_t> dx((size_t)(T + 1) * BX_H, poison), drx((size_t)(T + 1) * BX_H, poison);
     host_launch((unsigned)((T + BX_TB - 1) / BX_TB), (unsigned)((BX_H / 8 + BX_VB - 1) / BX_VB), 0,
-                [&] { BX_DX(dxs.data(), row_of.data(), topk_w.data(), dl.data(), wr.data(), sg.data(), T, dx.data()); });
+                [&] { BX_DX(dxs.data(), row_of.data(), topk_w.data(), dl.data(), wr.data(), sg.data(), T, dx.data()
+#if BX_OWN
+                            , drx.data()
+#endif
+                            ); });
     long bad = 0, written = 0;
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int c = 0; c < BX_H; c++) {
-            float acc = 0.f;
+            float acc = 0.f, racc = 0.f;   /* racc: the router's term, d router_x's with BX_OWN */
             for (int k = 0; k < BX_K; k++) {
                 const float wk = BX_INPUT ? moe_to_float(moe_from_float(topk_w[(size_t)t * BX_K + k])) : 1.f;
                 acc = fmaf(wk, moe_to_float(dxs[(size_t)row_of[(size_t)t * BX_K + k] * BX_H + c]), acc);
             }
+            float &ra = BX_OWN ? racc : acc;
             for (int e = 0; e < BX_E; e++)
-                acc = fmaf(dl[(size_t)t * BX_EL + e], moe_to_float(wr[(size_t)e * BX_H + c]), acc);
+                ra = fmaf(dl[(size_t)t * BX_EL + e], moe_to_float(wr[(size_t)e * BX_H + c]), ra);
             if (BX_SG)
-                acc = fmaf(dl[(size_t)t * BX_EL + BX_E], moe_to_float(sg[c]), acc);
-            const moe_half_t want = moe_from_float(acc), got = dx[(size_t)t * BX_H + c];
-            if (got != want) {
-                bad++;
-                worst = std::max(worst, (double)fabsf(moe_to_float(got) - moe_to_float(want)));
+                ra = fmaf(dl[(size_t)t * BX_EL + BX_E], moe_to_float(sg[c]), ra);
+            for (int o = 0; o < 1 + BX_OWN; o++) {
+                const moe_half_t want = moe_from_float(o ? racc : acc), got = (o ? drx : dx)[(size_t)t * BX_H + c];
+                if (got != want) {
+                    bad++;
+                    worst = std::max(worst, (double)fabsf(moe_to_float(got) - moe_to_float(want)));
+                }
             }
         }
     for (int c = 0; c < BX_H; c++)
-        written += dx[(size_t)T * BX_H + c] != poison;
+        written += dx[(size_t)T * BX_H + c] != poison || drx[(size_t)T * BX_H + c] != poison;
 
     /* d router_w = dlogits^T . x over the tokens (column H: the ones, d logit_bias; row E: d w_gate) */
     std::vector<moe_half_t> x((size_t)T * BX_H);
@@ -96,9 +107,46 @@ int main(int argc, char **argv) {
                     wbad++;
             }
     }
-    const int ok = bad == 0 && written == 0 && wbad == 0;
-    printf("%s: T %d: dx: %ld of %ld elements differ from the ordered sum (worst %.3g), %ld past T written; "
-           "d router_w: %ld elements differ: %s\n",
-           argv[0], T, bad, (long)T * BX_H, worst, written, wbad, ok ? "ok" : "FAIL");
+    /* d expert_scale: block e sums part over the routed entries of expert e, thread j entries j, j + 256, ...
+     * in order, then the halving tree; written (beta 0), added (beta 1) */
+    long ebad = 0;
+#if BX_ES
+    {
+        std::vector<int> idx((size_t)T * BX_K);
+        std::vector<float> part((size_t)T * BX_K), des(BX_E);
+        for (auto &v : idx)
+            v = (int)(rng() % BX_E);
+        for (auto &v : part)
+            v = u(rng);
+        for (int beta = 0; beta < 2; beta++) {
+            std::vector<float> prior(BX_E);
+            for (int e = 0; e < BX_E; e++)
+                des[e] = prior[e] = beta ? u(rng) : NAN;
+            host_launch((unsigned)BX_E, 1, 0, [&] { BX_ESCALE(part.data(), idx.data(), T, beta, des.data()); });
+            for (int e = 0; e < BX_E; e++) {
+                float s[256];
+                const long long n = (long long)T * BX_KR;
+                for (int j = 0; j < 256; j++) {
+                    s[j] = 0.f;
+                    for (long long i = j; i < n; i += 256) {
+                        const long long t = i / BX_KR, at = t * BX_K + (i - t * BX_KR);
+                        if (idx[(size_t)at] == e)
+                            s[j] += part[(size_t)at];
+                    }
+                }
+                for (int o = 128; o > 0; o >>= 1)
+                    for (int j = 0; j < o; j++)
+                        s[j] += s[j + o];
+                const float want = beta ? prior[e] + s[0] : s[0];
+                ebad += memcmp(&want, &des[e], 4) != 0;
+            }
+        }
+    }
+#endif
+    const int ok = bad == 0 && written == 0 && wbad == 0 && ebad == 0;
+    printf("%s: T %d: dx%s: %ld of %ld elements differ from the ordered sum (worst %.3g), %ld past T written; "
+           "d router_w: %ld elements differ; d expert_scale: %ld differ: %s\n",
+           argv[0], T, BX_OWN ? " and d router_x" : "", bad, (long)T * BX_H * (1 + BX_OWN), worst, written, wbad, ebad,
+           ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }

@@ -101,6 +101,9 @@ static const bwd_case_t cases[] = {
     {"tests/specs/train_shared.moe", {300}, 1, 1, 1, 0, NULL},
     {"tests/specs/train_given.moe", {3, 500}, 2, 0, 0, 1, NULL},   /* the caller's ids: repeats, drops */
     {"tests/specs/train_given.moe", {500}, 1, 1, 1, 0, NULL},
+    /* Gemma 4's router: d router_x apart from dx, d expert_scale (the router kernel's dw·w', escale's sums) */
+    {"tests/specs/train_own_input.moe", {3, 500}, 2, 0, 0, 1, NULL},
+    {"tests/specs/train_own_input.moe", {500}, 1, 1, 1, 0, NULL},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -184,6 +187,9 @@ typedef struct {
     int *gids;                       /* router.select = "given": the caller's ids [cap, K] (repeats; 1 in 16
                                       * out of range: dropped, no gradient) */
     CUdeviceptr dgids;
+    uint16_t *rx;                    /* router.input = "separate": the router's own input [cap, H] */
+    float *es;                       /* router.expert_scale: [E] */
+    CUdeviceptr drx, des, gdrx, gdes; /* them on the device, and their gradients */
     /* device: inputs, y, the three buffers, the gradients, the unpacked ones */
     CUdeviceptr dx_in, dwr, dw1p, dw2, db1p, db2, dsel, dlb, ddy, dy_out, ws, saved, bws;
     CUdeviceptr gdx, gdwr, gdlb, gdw1p, gdb1p, gdw2, gdb2, pw1, pb1;
@@ -193,8 +199,11 @@ typedef struct {
 static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w1p); free(L->w2); free(L->b1); free(L->b1p); free(L->b2);
     free(L->dy); free(L->sel); free(L->lb); free(L->ws1); free(L->ws2); free(L->wsg); free(L->gids);
-    if (L->dgids)
-        moe_cu.cuMemFree(L->dgids);
+    free(L->rx); free(L->es);
+    CUdeviceptr ext[] = {L->dgids, L->drx, L->des, L->gdrx, L->gdes};
+    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
+        if (ext[i])
+            moe_cu.cuMemFree(ext[i]);
     if (L->dwsg)
         moe_cu.cuMemFree(L->dwsg);
     if (L->gdsg)
@@ -250,6 +259,21 @@ static int layer_init(layer_t *L, uint64_t *r) {
         if (!up(L->dgids, L->gids, n * sizeof(int)))
             return 0;
     }
+    if (s->router.input == MOE_ROUTER_INPUT_SEPARATE) { /* rows of their own, and d router_x's buffer */
+        if (!(L->rx = malloc(T * H * 2)) || !(L->drx = dalloc(T * H * 2)) || !(L->gdrx = dalloc(T * H * 2)))
+            return 0;
+        fill(L->rx, T * H, 1.0f, r, dt);
+        if (!up(L->drx, L->rx, T * H * 2))
+            return 0;
+    }
+    if (s->router.expert_scale) { /* Gemma 4's per_expert_scale: in [0.5, 1.5) */
+        if (!(L->es = malloc(E * 4)) || !(L->des = dalloc(E * 4)) || !(L->gdes = dalloc(E * 4)))
+            return 0;
+        for (size_t e = 0; e < E; e++)
+            L->es[e] = 1.0f + 0.5f * unif(r);
+        if (!up(L->des, L->es, E * 4))
+            return 0;
+    }
     if (FS) { /* the shared expert into slots E.. of w1p and w2 */
         L->ws1 = malloc(2 * FS * H * 2);
         L->ws2 = malloc(H * FS * 2);
@@ -288,7 +312,8 @@ static moe_train_forward_args fwd_args(const layer_t *L, int T, int recompute) {
                 .router_logit_bias = L->s.router.logit_bias ? (float *)L->dlb : NULL, .w1p = (void *)L->dw1p,
                 .b1p = L->s.ffn_bias ? (void *)L->db1p : NULL, .w2 = (void *)L->dw2,
                 .b2 = L->s.ffn_bias ? (void *)L->db2 : NULL, .y = (void *)L->dy_out, .workspace = (void *)L->ws,
-                .shared_gate = (void *)L->dwsg, .topk_ids = (const int *)L->dgids},
+                .shared_gate = (void *)L->dwsg, .topk_ids = (const int *)L->dgids, .router_x = (void *)L->drx,
+                .router_expert_scale = (const float *)L->des},
         .saved = (void *)L->saved,
         .recompute_u = recompute};
 }
@@ -302,16 +327,18 @@ static moe_backward_args bwd_args(const layer_t *L, int T, int recompute, int ac
         .d_logit_bias = L->s.router.logit_bias ? (float *)L->gdlb : NULL, .dw1p = (float *)L->gdw1p,
         .db1p = L->s.ffn_bias ? (float *)L->gdb1p : NULL, .dw2 = (float *)L->gdw2,
         .db2 = L->s.ffn_bias ? (float *)L->gdb2 : NULL, .shared_gate = (void *)L->dwsg,
-        .d_shared_gate = (float *)L->gdsg};
+        .d_shared_gate = (float *)L->gdsg, .router_x = (void *)L->drx, .router_expert_scale = (const float *)L->des,
+        .d_router_x = (void *)L->gdrx, .d_expert_scale = (float *)L->gdes};
 }
 
 /* Poison what the pair writes: y, the three buffers, every gradient. */
 static int poison(const layer_t *L) {
     const size_t E = L->E, S = L->S, H = L->H, F = L->F, T = L->cap;
     CUdeviceptr d[] = {L->dy_out, L->ws, L->saved, L->bws, L->gdx, L->gdwr, L->gdlb, L->gdw1p, L->gdb1p, L->gdw2,
-                       L->gdb2, L->pw1, L->pb1, L->gdsg};
+                       L->gdb2, L->pw1, L->pb1, L->gdsg, L->gdrx, L->gdes};
     size_t n[] = {T * H * 2, L->ws_bytes, L->saved_bytes, L->bws_bytes, T * H * 2, E * H * 4, E * 4,
-                  S * 2 * F * H * 4, E * 2 * F * 4, S * H * F * 4, E * H * 4, S * 2 * F * H * 4, E * 2 * F * 4, H * 4};
+                  S * 2 * F * H * 4, E * 2 * F * 4, S * H * F * 4, E * H * 4, S * 2 * F * H * 4, E * 2 * F * 4, H * 4,
+                  T * H * 2, E * 4};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i] && !cu_ok(moe_cu.cuMemsetD8(d[i], 0xff, n[i]), "poison"))
             return 0;
@@ -532,7 +559,7 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
     /* the reference's routing; tokens that differ get dy = 0 and the pair runs again */
     moe_ref_inputs_t in = {.x = L->x, .wr = L->wr, .w1 = L->w1, .w2 = L->w2, .b1 = L->b1, .b2 = L->b2,
                            .sel_bias = L->sel, .logit_bias = L->lb, .tokens = T, .ws1 = L->ws1, .ws2 = L->ws2,
-                           .wsg = L->wsg, .given_ids = L->gids};
+                           .wsg = L->wsg, .given_ids = L->gids, .router_x = L->rx, .expert_scale = L->es};
     int *ridx = malloc(sizeof(int) * T * K), *ref_k = malloc(sizeof(int) * T * K);
     float *rw = malloc(sizeof(float) * T * K);
     unsigned char *bad = malloc((size_t)T);
@@ -571,7 +598,8 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
                         rs.du = malloc(4 * TK * 2 * F), rs.dxs = malloc(4 * TK * H), rs.dw = malloc(4 * TK),
                         rs.dlogits = malloc(4 * (size_t)T * E), rs.shared_g = malloc(4 * (size_t)T + 4),
                         rs.shared_dg = malloc(4 * (size_t)T + 4), rs.shared_dg_abs = malloc(4 * (size_t)T + 4), rg.dws1 = malloc(4 * (size_t)2 * FS * H + 4),
-                        rg.dws2 = malloc(4 * (size_t)H * FS + 4), rg.dwsg = malloc(4 * (size_t)H)};
+                        rg.dws2 = malloc(4 * (size_t)H * FS + 4), rg.dwsg = malloc(4 * (size_t)H),
+                        rg.d_router_x = malloc(4 * (size_t)T * H), rg.d_expert_scale = malloc(4 * (size_t)E)};
     int have = 1;
     for (size_t i = 0; i < sizeof ref_buf / sizeof *ref_buf; i++)
         have &= ref_buf[i] != NULL;
@@ -595,6 +623,15 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
             free(fdx);
             if (down(g, L->gdwr, 4 * (size_t)E * H))
                 check_close("d router_w", g, rg.dwr, (size_t)E * H, tol);
+            if (L->rx) { /* the router's term of the input gradient, apart from dx */
+                float *frx = down(hdx, L->gdrx, (size_t)T * H * 2) ? halves(hdx, (size_t)T * H, dt) : NULL;
+                CHECKF(frx != NULL, "reading d router_x back");
+                if (frx)
+                    check_close("d router_x", frx, rg.d_router_x, (size_t)T * H, tol);
+                free(frx);
+            }
+            if (L->es && down(g, L->gdes, 4 * (size_t)E))
+                check_close("d expert_scale", g, rg.d_expert_scale, E, tol);
             if (s->router.logit_bias && down(g, L->gdlb, 4 * (size_t)E))
                 check_close("d logit_bias", g, rg.dlogit_bias, E, tol);
             moe_status us = moe_plan_unpack_grad(L->plan, MOE_TENSOR_W1, (float *)L->gdw1p, (float *)L->pw1, S, NULL);
@@ -671,8 +708,9 @@ static void run_tokens(layer_t *L, const bwd_case_t *c, int T, uint64_t *rng, co
             size_t n = 0;
             for (int t = 0; g && w && t < T; t++)
                 for (int k = 0; !bad[t] && k < K; k++) {
-                    g[n] = dw[t * KE + k];
-                    w[n++] = rs.dw[t * K + ref_k[t * K + k]];
+                    const int j = t * K + ref_k[t * K + k];
+                    g[n] = dw[t * KE + k];   /* with expert scales the router kernel left dw·w' there */
+                    w[n++] = L->es ? rs.dw[j] * (rw[j] / L->es[ridx[j]]) : rs.dw[j];
                 }
             if (g && w)
                 check_close("dw", g, w, n, tol);

@@ -25,6 +25,8 @@ static const host_case_t cases[] = {
     {"router.apply = \"input\": each row weighted by round(w)", "tests/specs/train_input.moe", {8}, 1},
     {"40 experts, top-6, H 2064 (258 vectors: two block columns, the second of 2)",
      "name = 'wide' experts = 40 top_k = 6 hidden = 2064 ffn = 64 tokens = 64 training = true\n", {19}, 1},
+    {"Gemma 4's router: dx the rows alone, d router_x the router's term; d expert_scale's per-expert sums",
+     "tests/specs/train_own_input.moe", {1, 13, 70}, 3},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -38,20 +40,22 @@ static void run_case(const host_case_t *c, const char *cxx) {
     if (host_case_plan(c->spec, NULL, 0, NULL, &s, &pd))
         return;
     const moe_kernel_desc_t *dys = &pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], *dx = &pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST],
-                            *dwr = &pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST];
+                            *dwr = &pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST],
+                            *esc = &pd.bwd[MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST];
     moe_buf_t src = {0}, inc = {0};
     if (moe_emit_source(&pd, NULL, &src, &d)) {
         CHECKF(0, "%s", d.msg);
         moe_plan_desc_free(&pd);
         return;
     }
-    char ns_open[200], ns_close[200], head[200], head2[200];
+    char ns_open[200], ns_close[200], head[200], head2[200], head3[200];
     snprintf(ns_open, sizeof ns_open, "namespace %s_impl {", dys->name);
     snprintf(ns_close, sizeof ns_close, "}  // namespace %s_impl", dys->name);
     snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dx->threads, dx->name);
     snprintf(head2, sizeof head2, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", dwr->threads, dwr->name);
+    snprintf(head3, sizeof head3, "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(", esc->threads, esc->name);
     const int cut = host_cut_span(src.data, ns_open, ns_close, &inc) || host_cut_span(src.data, head, "\n}\n", &inc) ||
-                    host_cut_span(src.data, head2, "\n}\n", &inc);
+                    host_cut_span(src.data, head2, "\n}\n", &inc) || host_cut_span(src.data, head3, "\n}\n", &inc);
     CHECKF(!cut, "%s's namespace, %s or %s not found whole in the emitted source", dys->name, dx->name, dwr->name);
     char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
@@ -62,11 +66,13 @@ static void run_case(const host_case_t *c, const char *cxx) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DBX_DX=%s -DBX_DWR=%s "
                  "-DBX_E=%d -DBX_EL=%d -DBX_K=%d -DBX_H=%d -DBX_TB=%d -DBX_VB=%d -DBX_INPUT=%d -DBX_SG=%d -DBX_LB=%d "
-                 "-DBX_DWR_COLS=%d -DBX_DWR_EXPERTS=%d tests/bwd_host.cc -o %s 2>&1",
+                 "-DBX_DWR_COLS=%d -DBX_DWR_EXPERTS=%d -DBX_OWN=%d -DBX_ESCALE=%s -DBX_ES=%d -DBX_KR=%d "
+                 "tests/bwd_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", dx->name, dwr->name, s.experts,
                  moe_spec_router_columns(&s), moe_spec_entries(&s), s.hidden, dx->per_block, dx->threads,
                  s.router.apply == MOE_APPLY_INPUT, shared_gate, s.router.logit_bias, MOE_BWD_DWR_COLS,
-                 MOE_BWD_DWR_EXPERTS, bin);
+                 MOE_BWD_DWR_EXPERTS, s.router.input == MOE_ROUTER_INPUT_SEPARATE, esc->name, s.router.expert_scale,
+                 s.top_k, bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         host_run_seeds(bin, c->tokens, c->ntokens, "the kernel disagrees with the ordered sum");
     }

@@ -458,6 +458,31 @@ static void test_training_api(void) {
     st = moe_forward_train(shared, &ta, NULL);
     CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "shared_gate is required"), "%s", moe_last_error());
 
+    CASE("training: the router's own input and per-expert scales need router_x / the scales and their gradients");
+    {
+        snprintf(text, sizeof text, "%s top_k = 2 training = true router = { input = 'separate', expert_scale = true }",
+                 base);
+        moe_plan *own = paper_plan(text);
+        CHECK(own != NULL);
+        if (own) {
+            moe_backward_args bo = ba;
+            bo.d_logit_bias = bo.db1p = bo.db2 = NULL;
+            st = moe_backward(own, &bo, NULL);
+            CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router.input = \"separate\"") &&
+                       strstr(moe_last_error(), "d_router_x are required"), "%s", moe_last_error());
+            bo.router_x = dummy, bo.d_router_x = dummy;
+            st = moe_backward(own, &bo, NULL);
+            CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router.expert_scale") &&
+                       strstr(moe_last_error(), "d_expert_scale are required"), "%s", moe_last_error());
+            moe_train_forward_args to = ta;
+            to.fwd.router_logit_bias = NULL, to.fwd.b1p = to.fwd.b2 = NULL;
+            st = moe_forward_train(own, &to, NULL);
+            CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router_x ([tokens, H]"), "%s",
+                   moe_last_error());
+            paper_free(own);
+        }
+    }
+
     CASE("training: the training forward's checks");
     moe_train_forward_args t2 = ta;
     t2.saved = NULL;

@@ -203,8 +203,8 @@ static const char *const required_bad[] = {
     "zero_experts_negative", "zero_experts_over_route", "enum_router_select", "given_bias", "given_groups",
     "given_training", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
     "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer", "router_input_given_weights",
-    "router_input_shared_gate", "router_input_training", "enum_router_input", "expert_scale_given_weights",
-    "expert_scale_zero_experts", "expert_scale_training", "expert_scale_number",
+    "router_input_shared_gate", "enum_router_input", "expert_scale_given_weights",
+    "expert_scale_zero_experts", "expert_scale_given_training", "expert_scale_number",
 };
 
 static void test_golden_errors(void) {

@@ -59,7 +59,9 @@ class BackwardArgs(ctypes.Structure):
                 ("router_w", c_void_p), ("w1p", c_void_p), ("b1p", c_void_p), ("w2", c_void_p), ("b2", c_void_p),
                 ("dy", c_void_p), ("workspace", c_void_p), ("accumulate", c_int), ("dx", c_void_p),
                 ("d_router_w", c_void_p), ("d_logit_bias", c_void_p), ("dw1p", c_void_p), ("db1p", c_void_p),
-                ("dw2", c_void_p), ("db2", c_void_p), ("shared_gate", c_void_p), ("d_shared_gate", c_void_p)]
+                ("dw2", c_void_p), ("db2", c_void_p), ("shared_gate", c_void_p), ("d_shared_gate", c_void_p),
+                ("router_x", c_void_p), ("router_expert_scale", c_void_p), ("d_router_x", c_void_p),
+                ("d_expert_scale", c_void_p)]
 
 
 class PlanInfo(ctypes.Structure):

@@ -352,7 +352,10 @@ def _addr(t):
     return None if t is None else t.data_ptr()
 
 
-def _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+def _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan, router_x=None,
+                router_expert_scale=None):
+    """moegen::moe_train's CUDA kernel; router_x, router_expert_scale: router.input = "separate"'s and
+    router.expert_scale's (_TrainExt, checked there by check_ext)."""
     ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
     e = _checked(x, ts, plan)
     if not e.training:
@@ -365,14 +368,18 @@ def _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, s
     ws = torch.empty(e.lib.moe_plan_train_workspace_size(e.handle, tokens), dtype=torch.uint8, device=e.device)
     a = _lib.TrainForwardArgs(fwd=_lib.ForwardArgs(
         tokens, _addr(x), _addr(router_w), _addr(router_bias), _addr(router_logit_bias), _addr(w1p), _addr(b1p),
-        _addr(w2), _addr(b2), _addr(y), _addr(ws), _addr(shared_gate)), saved=_addr(saved), recompute_u=e.recompute_u)
+        _addr(w2), _addr(b2), _addr(y), _addr(ws), _addr(shared_gate), router_x=_addr(router_x),
+        router_expert_scale=_addr(router_expert_scale)), saved=_addr(saved), recompute_u=e.recompute_u)
     st = _on_device(e, lambda s: e.lib.moe_forward_train(e.handle, ctypes.byref(a), s))
     if st != 0:
         raise _lib.fail(e.lib, st, "moe_forward_train")
     return y, saved
 
 
-def _backward_cuda(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan):
+def _backward_cuda(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan,
+                   router_x=None, router_expert_scale=None):
+    """moegen::moe_backward's CUDA kernel: its eight gradients; given router_x or router_expert_scale
+    (_TrainExt) two more, d router_x (x's dtype and shape, or None) and d router_expert_scale (or None)."""
     ts = (router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate)
     e = _checked(x, ts, plan)
     if not e.training:
@@ -386,20 +393,27 @@ def _backward_cuda(dy, saved, x, router_w, w1p, w2, router_bias, router_logit_bi
             or not saved.is_contiguous()):
         raise ValueError("moegen: saved must be moe_train's uint8 [%d] for %d tokens" % (need, tokens))
     g = _grads_like(x, router_w, w1p, w2, router_logit_bias, b1p, b2, shared_gate)
+    ext = router_x is not None or router_expert_scale is not None
+    drx = None if router_x is None else torch.empty_like(router_x)
+    des = None if router_expert_scale is None else torch.empty_like(router_expert_scale)
+    if ext:
+        g = tuple(g) + (drx, des)
     if tokens == 0:  # nothing enqueued: the gradients of an empty batch are zeros
         for t in g[1:]:
-            t.zero_()
+            if t is not None:
+                t.zero_()
         return g
     ws = torch.empty(e.lib.moe_plan_backward_workspace_size(e.handle, tokens, e.recompute_u), dtype=torch.uint8,
                      device=e.device)
-    dx, d_router_w, d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate = g
+    dx, d_router_w, d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate = g[:8]
     opt = lambda t, present: t.data_ptr() if present is not None else None
     a = _lib.BackwardArgs(
         tokens=tokens, recompute_u=e.recompute_u, saved=_addr(saved), x=_addr(x), router_w=_addr(router_w),
         w1p=_addr(w1p), b1p=_addr(b1p), w2=_addr(w2), b2=_addr(b2), dy=_addr(dy), workspace=_addr(ws), accumulate=0,
         dx=_addr(dx), d_router_w=_addr(d_router_w), d_logit_bias=opt(d_logit_bias, router_logit_bias),
         dw1p=_addr(dw1p), db1p=opt(db1p, b1p), dw2=_addr(dw2), db2=opt(db2, b2), shared_gate=_addr(shared_gate),
-        d_shared_gate=opt(d_shared_gate, shared_gate))
+        d_shared_gate=opt(d_shared_gate, shared_gate), router_x=_addr(router_x),
+        router_expert_scale=_addr(router_expert_scale), d_router_x=_addr(drx), d_expert_scale=_addr(des))
     st = _on_device(e, lambda s: e.lib.moe_backward(e.handle, ctypes.byref(a), s))
     if st != 0:
         raise _lib.fail(e.lib, st, "moe_backward")
@@ -485,6 +499,38 @@ class _Train(torch.autograd.Function):
         as_ = lambda g, like: None if like is None else g.to(like.dtype)
         return (dx, as_(d_router_w, router_w), as_(dw1p, w1p), as_(dw2, w2), None, as_(d_logit_bias, router_logit_bias),
                 as_(db1p, b1p), as_(db2, b2), as_(d_shared_gate, shared_gate), None)
+
+
+class _TrainExt(torch.autograd.Function):
+    """_Train for a plan with the router's own input or per-expert scales
+    (router.input = "separate", router.expert_scale: Gemma 4's router),
+    which the fixed-schema training ops do not carry: the same training
+    forward and backward through libmoegen, called from Python directly
+    (eager; not an op torch.compile traces), with router_x's and the
+    scales' gradients too."""
+
+    @staticmethod
+    def forward(ctx, x, router_x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate,
+                router_expert_scale, plan):
+        e = _plans.get(plan) or _entry(plan)
+        check_ext(e, x, router_x, router_expert_scale)
+        y, saved = _train_cuda(x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, plan,
+                               router_x, router_expert_scale)
+        ctx.save_for_backward(saved, x, router_x, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2,
+                              shared_gate, router_expert_scale)
+        ctx.plan = plan
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved, x, rx, router_w, w1p, w2, router_bias, router_logit_bias, b1p, b2, shared_gate, es = ctx.saved_tensors
+        g = _backward_cuda(dy.to(x.dtype).contiguous(), saved, x, router_w, w1p, w2, router_bias, router_logit_bias,
+                           b1p, b2, shared_gate, ctx.plan, rx, es)
+        dx, d_router_w, d_logit_bias, dw1p, db1p, dw2, db2, d_shared_gate, drx, des = g
+        as_ = lambda g, like: None if like is None else g.to(like.dtype)
+        return (dx, drx, as_(d_router_w, router_w), as_(dw1p, w1p), as_(dw2, w2), None,
+                as_(d_logit_bias, router_logit_bias), as_(db1p, b1p), as_(db2, b2), as_(d_shared_gate, shared_gate),
+                as_(des, es), None)
 
 
 def _with_grad(below, *args):
@@ -793,7 +839,15 @@ class MoE(torch.nn.Module):
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
-        if router_x is not None or getattr(self, "_ext", False):
+        if getattr(self, "_ext", False) and getattr(self, "trains", False) and torch.is_grad_enabled():
+            if topk_ids is not None or topk_weights is not None:
+                raise NotImplementedError("moegen: training with given ids and the router's own input or scales "
+                                          "runs through the C API (moe_forward_train), not MoE.forward")
+            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
+            y = _TrainExt.apply(x.reshape(-1, H) if flat else x, r(router_x), p["router_w"], p["w1p"], p["w2"],
+                                p["router_bias"], p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"],
+                                p.get("router_expert_scale"), self.plan_id)
+        elif router_x is not None or getattr(self, "_ext", False):
             r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
             y = moe_ext(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
                         p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),

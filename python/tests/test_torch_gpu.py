@@ -567,28 +567,33 @@ def check_fp8(name, keys):
                 report(True, "%s: %s refused: %s" % (name, what, e))
 
 
-def reference_layer(keys, leaf, xf, router_bias=None):
+def reference_layer(keys, leaf, xf, router_bias=None, rxf=None):
     """The eager layer in fp32, differentiable, from fp32 weights in the
     plain layouts (names as weights() gives them) and x: the top-k choice
     made in float64 from the same values, as reference() makes it (a
-    constant); router_bias only shifts the choice."""
+    constant); router_bias only shifts the choice. rxf: the router's own
+    input (router.input = "separate"); leaf["router_expert_scale"]
+    multiplies the final weights."""
+    rin = xf if rxf is None else rxf
     r = keys.get("router", {})
     K, F = keys["top_k"], keys["ffn"]
     with torch.no_grad():
-        ld = xf.double() @ leaf["router_w"].double().t()
+        ld = rin.double() @ leaf["router_w"].double().t()
         if "router_logit_bias" in leaf:
             ld = ld + leaf["router_logit_bias"].double()
         sel = (ld.sigmoid() if r.get("score") == "sigmoid" else ld.softmax(-1)).float()
         if router_bias is not None:
             sel = sel + router_bias
         idx = sel.topk(K, dim=-1).indices
-    logits = xf @ leaf["router_w"].t()
+    logits = rin @ leaf["router_w"].t()
     if "router_logit_bias" in leaf:
         logits = logits + leaf["router_logit_bias"]
     score = logits.sigmoid() if r.get("score") == "sigmoid" else logits.softmax(-1)
     wt = score.gather(1, idx)
     if r.get("renormalize"):
         wt = wt / wt.sum(-1, keepdim=True)
+    if "router_expert_scale" in leaf:
+        wt = wt * leaf["router_expert_scale"][idx]
     y = torch.zeros_like(xf)
     silu = torch.nn.functional.silu
     for e in idx.unique().tolist():
@@ -609,15 +614,16 @@ def reference_layer(keys, leaf, xf, router_bias=None):
     return y
 
 
-def reference_grads(keys, w, x, dy):
+def reference_grads(keys, w, x, dy, rx=None):
     """torch autograd of the eager layer in fp32 from the same values: the
     gradients of sum(y * dy) for x and every weight (plain layouts; names
     as weights() gives them, dx as "x"). router_bias gets no gradient."""
     leaf = {k: v.detach().float().requires_grad_() for k, v in w.items() if k != "router_bias"}
     xf = x.detach().float().requires_grad_()
-    y = reference_layer(keys, leaf, xf, w.get("router_bias"))
-    names = ["x"] + list(leaf)
-    grads = torch.autograd.grad((y * dy.float()).sum(), [xf] + list(leaf.values()))
+    rxf = None if rx is None else rx.detach().float().requires_grad_()
+    y = reference_layer(keys, leaf, xf, w.get("router_bias"), rxf)
+    names = ["x"] + (["router_x"] if rx is not None else []) + list(leaf)
+    grads = torch.autograd.grad((y * dy.float()).sum(), [xf] + ([rxf] if rx is not None else []) + list(leaf.values()))
     return dict(zip(names, grads))
 
 
@@ -927,6 +933,34 @@ def check_router_extras(name, keys):
         report("router_x" in str(ex), "%s: a call without router_x is refused: %s" % (name, ex))
 
 
+def check_training_ext(name, keys):
+    """Training with the router's own input and per-expert scales through
+    MoE.forward(x, router_x=) under autograd (_TrainExt: moe_forward_train,
+    moe_backward): every gradient, router_x's and the scales' included,
+    against torch autograd of the eager layer."""
+    moe = MoE(keys, device="cuda")
+    w = weights(keys)
+    E, H = keys["experts"], keys["hidden"]
+    w["router_expert_scale"] = torch.rand(E, device="cuda", dtype=torch.float32) * 1.5 + 0.25
+    moe.load_plain(**w)
+    T = min(keys["tokens"], 97)
+    x, rx, dy = rand(T, H), rand(T, H), rand(T, H)
+    ref = reference_grads(keys, w, x, dy, rx)
+    xg, rxg = x.clone().requires_grad_(), rx.clone().requires_grad_()
+    y = moe(xg, router_x=rxg)
+    y.backward(dy)
+    torch.cuda.synchronize()
+    got = {"x": xg.grad, "router_x": rxg.grad, "router_w": moe.router_w.grad,
+           "router_expert_scale": moe.router_expert_scale.grad}
+    got.update(joined_grads(moe, keys, moe.unpack_grad(moe.w1p.grad.float().contiguous()), moe.w2.grad.float()))
+    for g in sorted(ref):
+        if got.get(g) is None:
+            report(False, "%s: training: no gradient for %s" % (name, g))
+            continue
+        err = nerr(got[g], ref[g])
+        report(err <= TOL_GRAD, "%s: training: d%s error %.2e (tolerance %.1e)" % (name, g, err, TOL_GRAD))
+
+
 EXT_SPECS = {
     "router_own_input": dict(name="router_own_input", experts=32, top_k=4, hidden=256, ffn=128, tokens=512,
                              router=dict(score="softmax", renormalize=True, input="separate", expert_scale=True)),
@@ -980,6 +1014,11 @@ def main():
         except Exception as e:
             traceback.print_exc()
             report(False, "%s: %s: %s" % (name, type(e).__name__, e))
+    try:
+        check_training_ext("train_own_input", dict(EXT_SPECS["router_own_input"], name="train_own_input", training=True))
+    except Exception as e:
+        traceback.print_exc()
+        report(False, "train_own_input: %s: %s" % (type(e).__name__, e))
     for name, keys in EXT_SPECS.items():
         try:
             check_router_extras(name, keys)
