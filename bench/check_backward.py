@@ -104,7 +104,7 @@ class Inputs(ctypes.Structure):  # moe_reflib_inputs_t (tests/support/ref_lib.c)
                 ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
                 ("b2", ctypes.c_void_p), ("ws1", ctypes.c_void_p), ("ws2", ctypes.c_void_p),
                 ("wsg", ctypes.c_void_p), ("given_ids", ctypes.c_void_p), ("given_w", ctypes.c_void_p),
-                ("router_x", ctypes.c_void_p), ("expert_scale", ctypes.c_void_p)]
+                ("router_x", ctypes.c_void_p), ("expert_scale", ctypes.c_void_p), ("wr32", ctypes.c_void_p)]
 
 
 class Grads(ctypes.Structure):  # moe_reflib_grads_t

@@ -948,6 +948,14 @@ FAMILIES = [
            router=lambda b: {"wr": b.gate.weight,
                              "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
            sel_bias_std=0.005),
+    # ERNIE 4.5 as checkpoints ship it: gate.weight in fp32 (_keep_in_fp32_modules_strict) with values a
+    # bf16 cannot hold; moegen takes it as it is (router.weight_dtype = "fp32")
+    Family("ernie4.5-fp32router", "ERNIE-4.5 (gate.weight fp32, full precision)", mk_ernie45,
+           'router = { score = "softmax", bias = true, renormalize = true, weight_dtype = "fp32" }', "fused",
+           shared=256, shared_gate="none",
+           router=lambda b: {"wr32": b.gate.weight.float(),
+                             "sel_bias": b.gate.moe_statics.e_score_correction_bias.reshape(-1).float()},
+           sel_bias_std=0.005, keep=("e_score_correction_bias", "gate.weight")),
     Family("hunyuan-moe", "Hunyuan-A13B", mk_hunyuan, 'router = { score = "softmax", renormalize = true }', "fused",
            shared=128, shared_gate="none", router=lambda b: {"wr": b.gate.wg.weight},
            shared_of=lambda b: mlp_parts(b.shared_mlp)),
@@ -985,6 +993,14 @@ FAMILIES = [
            route=lambda b, x: b.router(x),
            router=lambda b: {"wr": b.router.classifier.weight, "sel_bias": b.router.e_score_correction_bias.float()},
            keep=(), sel_bias_std=0.01, zero=16, experts=lambda b: b.experts.num_routed_experts),
+    # LongCat-Flash as it ships: the classifier kept in fp32 (_keep_in_fp32_modules), full precision
+    Family("longcat-fp32router", "LongCat-Flash (classifier fp32, full precision)", mk_longcat,
+           'router = { score = "softmax", bias = true, renormalize = false, scale = 6.0, weight_dtype = "fp32" }',
+           "fused", route=lambda b, x: b.router(x),
+           router=lambda b: {"wr32": b.router.classifier.weight.float(),
+                             "sel_bias": b.router.e_score_correction_bias.float()},
+           keep=("router.classifier.weight",), sel_bias_std=0.01, zero=16,
+           experts=lambda b: b.experts.num_routed_experts),
     Family("granitemoe", "Granite-3.x MoE (1B-A400M, 3B-A800M)", mk_granite,
            'router = { score = "softmax", renormalize = true }', "fused", route=granite_route,
            router=lambda b: {"wr": b.router.weight}),
@@ -1303,7 +1319,7 @@ class CpuBackend:
                     ("w1", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("b1", ctypes.c_void_p),
                     ("b2", ctypes.c_void_p), ("ws1", ctypes.c_void_p), ("ws2", ctypes.c_void_p),
                     ("wsg", ctypes.c_void_p), ("given_ids", ctypes.c_void_p), ("given_w", ctypes.c_void_p),
-                    ("router_x", ctypes.c_void_p), ("expert_scale", ctypes.c_void_p)]
+                    ("router_x", ctypes.c_void_p), ("expert_scale", ctypes.c_void_p), ("wr32", ctypes.c_void_p)]
 
     def __init__(self, opt):
         path = os.path.join(ROOT, "build", "libmoegen_ref.so")
@@ -1338,7 +1354,7 @@ class CpuBackend:
         a = self.Inputs(T, x.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1"),
                         ptr("w2"), ptr("b1"), ptr("b2"), ptr("ws1"), ptr("ws2"), ptr("wsg"),
                         None if given is None else given.data_ptr(), None,
-                        None if router_x is None else router_x.data_ptr(), ptr("expert_scale"))
+                        None if router_x is None else router_x.data_ptr(), ptr("expert_scale"), ptr("wr32"))
         y = torch.empty(T, H, dtype=torch.float32)
         idx = torch.empty(T, K, dtype=torch.int32)
         w = torch.empty(T, K, dtype=torch.float32)
@@ -1409,7 +1425,7 @@ class GpuBackend:
                                              ctypes.c_void_p(t["ws2"].data_ptr()),
                                              ctypes.c_void_p(w1p.data_ptr()), ctypes.c_void_p(w2s.data_ptr())):
                 raise RuntimeError("moe_plan_pack_shared: %s" % self.last_error())
-        d = {k: t[k].cuda() for k in ("wr", "sel_bias", "logit_bias", "b2", "wsg", "expert_scale") if k in t}
+        d = {k: t[k].cuda() for k in ("wr", "wr32", "sel_bias", "logit_bias", "b2", "wsg", "expert_scale") if k in t}
         d["w1p"], d["w2"] = w1p.cuda(), w2s.cuda()
         if "b1" in t:
             d["b1p"] = b1p.cuda()
@@ -1465,7 +1481,7 @@ class GpuBackend:
         ws = torch.empty(self.lib.moe_plan_workspace_size(self.plan, T), dtype=torch.uint8, device="cuda")
         if ws.numel() == 0:
             raise RuntimeError("moe_plan_workspace_size: %s" % self.last_error())
-        a = self.Args(T, xd.data_ptr(), ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1p"), ptr("b1p"),
+        a = self.Args(T, xd.data_ptr(), ptr("wr32") or ptr("wr"), ptr("sel_bias"), ptr("logit_bias"), ptr("w1p"), ptr("b1p"),
                       ptr("w2"), ptr("b2"), y.data_ptr(), ws.data_ptr(), ptr("wsg"))
         if given is not None:  # router.select = "given": the caller's ids
             gd = given.cuda()
@@ -1533,7 +1549,8 @@ def check_family(fam, be, opt, workdir, log):
     # loaded checkpoints do (DeepSeek-V3's and GLM's e_score_correction_bias,
     # _keep_in_fp32_modules_strict; ERNIE's is a parameter, not a buffer).
     named = list(block.named_buffers()) + list(block.named_parameters())
-    kept = {n: b.detach().clone() for n, b in named if n.split(".")[-1] in fam.keep}
+    # (a keep entry with a dot names one tensor: "gate.weight", the fp32 router weight of the fp32 families)
+    kept = {n: b.detach().clone() for n, b in named if n.split(".")[-1] in fam.keep or n in fam.keep}
     b16 = block.to(torch.bfloat16)
     for n, v in kept.items():
         mod = b16.get_submodule(n.rsplit(".", 1)[0]) if "." in n else b16

@@ -65,7 +65,7 @@ static void ep_ws_sizes(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int 
         [MOE_EW_CHUNK_ROWS] = 4 * PS, [MOE_EW_SRC_BASE] = 4 * (P + 1), [MOE_EW_SLOT_OFF] = 4 * (S + 1),
         [MOE_EW_OVERFLOW] = 4, [MOE_EW_NUM_TILES] = 4,
         [MOE_EW_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
-                                                              moe_spec_router_columns(s), H),
+                                                              moe_spec_route_mma_columns(s), H),
         [MOE_EW_TILES] = 16 * (size_t)ed->max_tiles, [MOE_EW_STAGE] = 2 * (size_t)ed->stage_rows * H,
         [MOE_EW_XR] = 2 * (size_t)ed->recv_rows * H, [MOE_EW_HBUF] = (fp8 ? 1 : 2) * (size_t)ed->recv_rows * F,
         [MOE_EW_STAGE_SC] = hsc * (size_t)ed->stage_rows, [MOE_EW_XSC] = hsc * (size_t)ed->recv_rows,

@@ -83,7 +83,7 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
     k->threads = ROUTE_THREADS;
     k->per_block = ROUTE_TOKENS;
     /* logit columns: one per scored expert (the zero experts' too), and the shared expert's gate logit */
-    const route_tiling_t t = route_tiling(moe_spec_router_columns(c->spec), k->per_block, k->threads);
+    const route_tiling_t t = route_tiling(moe_spec_route_mma_columns(c->spec), k->per_block, k->threads);
     if (!t.smem) {
         snprintf(err, errlen, "experts (%d): the route kernel's logits do not fit its shared memory", E);
         return 1;
@@ -94,7 +94,7 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
 
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_spec_t *s = c->spec;
-    const route_tiling_t t = route_tiling(moe_spec_router_columns(s), k->per_block, k->threads);
+    const route_tiling_t t = route_tiling(moe_spec_route_mma_columns(s), k->per_block, k->threads);
     /* a shared expert adds its slots (s) and, gated, its gate (g) */
     char sh[24] = "";
     if (s->shared.ffn)
@@ -108,8 +108,10 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     /* the router's own input (r), a per-expert weight scale (x) */
     const char *extra = s->router.input == MOE_ROUTER_INPUT_SEPARATE ? (s->router.expert_scale ? "_rx" : "_r")
                                                                      : (s->router.expert_scale ? "_x" : "");
-    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d%s%s", s->name, moe_dtype_name(s->dtype), s->experts, z,
-             s->top_k, sh, k->per_block, t.bk, t.stages, given, extra);
+    /* fp32 router weights (w32) */
+    const char *w32 = s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32 ? "_w32" : "";
+    snprintf(out, n, "%s_route_%s_e%d%sk%d%s_t%dk%ds%d%s%s%s", s->name, moe_dtype_name(s->dtype), s->experts, z,
+             s->top_k, sh, k->per_block, t.bk, t.stages, given, extra, w32);
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens
@@ -124,7 +126,7 @@ static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, lo
 /* the tiling, for the template (which checks k->smem against it) */
 static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
     (void)set;
-    const route_tiling_t t = route_tiling(moe_spec_router_columns(c->spec), k->per_block, k->threads);
+    const route_tiling_t t = route_tiling(moe_spec_route_mma_columns(c->spec), k->per_block, k->threads);
     moe_lua_set_int(L, "wn", t.wn);
     moe_lua_set_int(L, "nt", t.nt);
     moe_lua_set_int(L, "npass", t.npass);
@@ -133,6 +135,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "ldl", t.ldl);
     moe_lua_set_int(L, "fuse_ticket", MOE_ROUTE_FUSE_TICKET); /* after the slots' counts (launch_geom.h) */
     moe_lua_set_int(L, "bad_ids", MOE_ROUTE_BAD_IDS);         /* given routing: the dropped ids' count */
+    moe_lua_set_int(L, "mma_columns", moe_spec_route_mma_columns(c->spec)); /* x3 with fp32 router weights */
 }
 
 static const moe_family_variant_t variants[] = {

@@ -31,6 +31,10 @@ typedef enum { MOE_SELECT_TOPK = 0, MOE_SELECT_GIVEN = 1 } moe_select_t;
  * stream, normalized and scaled, while its experts read another norm of
  * it); docs/DESIGN.md, "The router's own input". */
 typedef enum { MOE_ROUTER_INPUT_X = 0, MOE_ROUTER_INPUT_SEPARATE = 1 } moe_router_input_t;
+/* The router weight's type: the spec's dtype, or fp32 (ERNIE 4.5,
+ * Hunyuan-A13B and LongCat-Flash keep their router in fp32); docs/DESIGN.md,
+ * "fp32 router weights". */
+typedef enum { MOE_ROUTER_WEIGHT_DTYPE = 0, MOE_ROUTER_WEIGHT_FP32 = 1 } moe_router_weight_t;
 /* Where the routing weight multiplies: the expert's output (y = Σ w·E(x)),
  * or its input (y = Σ E(round(x·round(w))), Llama 4). */
 typedef enum { MOE_APPLY_OUTPUT = 0, MOE_APPLY_INPUT = 1 } moe_apply_t;
@@ -71,6 +75,7 @@ typedef struct {
     moe_router_input_t input; /* the logits' input: x, or the caller's router_x */
     bool expert_scale;  /* the final weights × a per-expert fp32 [E] (router_expert_scale; Gemma 4's
                          * per_expert_scale), after renormalization and scale */
+    moe_router_weight_t weight_dtype; /* router_w in the spec's dtype, or fp32 */
 } moe_router_t;
 
 /* The gated unit applied between the expert GEMMs, on (gate, up) after the
@@ -204,6 +209,12 @@ static inline int moe_spec_scored(const moe_spec_t *s) { return s->experts + s->
  * column E (a spec has one or the other, never both). */
 static inline int moe_spec_router_columns(const moe_spec_t *s) {
     return moe_spec_scored(s) + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
+}
+/* The route kernel's mma columns: the logit columns, three times over with
+ * fp32 router weights (each weight the sum of three dtype parts, hi, mid
+ * and lo, each part's logits in its own block of columns). */
+static inline int moe_spec_route_mma_columns(const moe_spec_t *s) {
+    return moe_spec_router_columns(s) * (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32 ? 3 : 1);
 }
 
 /* Are the expert weights fp8 (quant.weights = "fp8_e4m3")? */

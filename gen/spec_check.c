@@ -485,6 +485,15 @@ static void check_router_extras(moe_spec_ctx_t *c, const moe_spec_t *s) {
     else if (r->expert_scale && r->score == MOE_SCORE_GIVEN)
         NAMED_ERROR(c, "router.expert_scale", "router.expert_scale with router.score = \"given\": the weights "
                     "are the caller's; scale them before the call");
+    else if (r->weight_dtype == MOE_ROUTER_WEIGHT_FP32 && r->score == MOE_SCORE_GIVEN)
+        NAMED_ERROR(c, "router.weight_dtype", "router.weight_dtype = \"fp32\" with router.score = \"given\": there "
+                    "is no router weight; leave router.weight_dtype out");
+    else if (r->weight_dtype == MOE_ROUTER_WEIGHT_FP32 && s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
+        NAMED_ERROR(c, "shared.gate", "shared.gate = \"sigmoid\" with router.weight_dtype = \"fp32\" is not "
+                    "supported: the gate's logit column reads w_gate in the dtype beside the fp32 router rows");
+    else if (r->weight_dtype == MOE_ROUTER_WEIGHT_FP32 && s->training)
+        NAMED_ERROR(c, "router.weight_dtype", "training = true with router.weight_dtype = \"fp32\" is not supported "
+                    "yet: the backward reads the router weight in the dtype");
     else if (r->expert_scale && s->zero_experts)
         NAMED_ERROR(c, "router.expert_scale", "router.expert_scale with zero_experts is not supported");
     else if (s->training && r->expert_scale && r->select == MOE_SELECT_GIVEN)

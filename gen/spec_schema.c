@@ -13,7 +13,7 @@
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
                    sizeof(moe_score_t) == sizeof(int) && sizeof(moe_select_t) == sizeof(int) &&
-                   sizeof(moe_router_input_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
+                   sizeof(moe_router_input_t) == sizeof(int) && sizeof(moe_router_weight_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
                    sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
                    sizeof(moe_quant_scaling_t) == sizeof(int),
@@ -25,6 +25,7 @@ static const char *const dtypes[] = {"bf16", "fp16", NULL};
 static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "sparsemixer", "given", NULL};
 static const char *const selects[] = {"topk", "given", NULL};
 static const char *const router_inputs[] = {"x", "separate", NULL};
+static const char *const router_weights[] = {"dtype", "fp32", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -110,6 +111,12 @@ const moe_key_t moe_spec_keys[] = {
      .help = "the final weights are multiplied by a per-expert fp32 `router_expert_scale` [E], after "
              "renormalization and `router.scale` (Gemma 4's `per_expert_scale`); not with `router.score = "
              "\"given\"` or zero experts; training returns `d_expert_scale` (not with given ids)"},
+    {.name = "router.weight_dtype", .type = MOE_KEY_ENUM, .offset = AT(router.weight_dtype), .choices = router_weights,
+     .optional = true,
+     .help = "the router weight's type: `\"dtype\"` (the spec's), or `\"fp32\"` (ERNIE 4.5, Hunyuan-A13B, "
+             "LongCat-Flash keep theirs in fp32): `router_w` fp32, the logits as exact as an fp32 product; not with "
+             "`router.score = \"given\"` (no router) or a sigmoid `shared.gate`; inference only; README, "
+             "\"fp32 router weights\""},
     {.name = "router.scale", .type = MOE_KEY_NUM, .offset = AT(router.scale), .def = 1, .lo = 1e-6, .hi = 1e6,
      .help = "the weights are multiplied by this"},
     {.name = "router.apply", .type = MOE_KEY_ENUM, .offset = AT(router.apply), .choices = applies,

@@ -182,6 +182,8 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
     if (!strcmp(name, "x") || !strcmp(name, "y"))
         SHAPE(T, H);
     else if (!strcmp(name, "router_w")) { /* the scored experts: the zero experts' rows too */
+        if (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32)
+            dt = "fp32";
         if (s->router.score != MOE_SCORE_GIVEN) /* the caller's weights: no router */
             SHAPE(moe_spec_scored(s), H);
     } else if (!strcmp(name, "topk_ids") || !strcmp(name, "topk_weights")) { /* given routing */

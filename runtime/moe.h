@@ -132,7 +132,9 @@ typedef struct moe_plan moe_plan;
  * With router.input = "separate" (README, "The router's own input") the
  * logits read router_x [tokens, H] (dtype) instead of x; with
  * router.expert_scale each routed weight is multiplied by
- * router_expert_scale[e] (fp32 [E]) last. Otherwise both are ignored. */
+ * router_expert_scale[e] (fp32 [E]) last. Otherwise both are ignored.
+ * With router.weight_dtype = "fp32" router_w is fp32 (README, "fp32 router
+ * weights"). */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
     const void *x;                /* x and y may be NULL when tokens = 0 */

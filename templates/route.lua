@@ -85,6 +85,16 @@
 @ -- takes expert_scale (fp32 [E]) after that, and each routed entry's final
 @ -- weight (renormalized, scaled) is multiplied by expert_scale[expert].
 @ --
+@ -- fp32 router weights (router.weight_dtype = "fp32", docs/DESIGN.md "fp32
+@ -- router weights"): wr is fp32, and each weight is split when its stage
+@ -- is loaded into three dtype parts, hi = R(w), mid = R(w - hi), lo =
+@ -- R(w - hi - mid) (R: rounded to the dtype), whose sum is w (bf16: 8 bits
+@ -- each, the fp32 mantissa's 24); the mma runs over MC = 3·EL columns,
+@ -- part j of logit column e in column j·EL + e, every product x·part exact
+@ -- and summed in fp32, and the three columns are added (hi + mid, then lo)
+@ -- before phase 2. The router rows are loaded through registers (the split
+@ -- needs them); the x rows still by cp.async.
+@ --
 @ -- A training spec (p.spec.training) takes one more parameter, logits_out
 @ -- (fp32 [T, E], NULL in a plain forward): phase 2 stores each token's
 @ -- logits there (logit_bias included, and capped where
@@ -119,6 +129,10 @@
 @   c.KE = c.K + c.M                       -- entries per token
 @   need(c.KE <= 32, "top_k + shared slots must be at most 32 (a lane each)")
 @   c.EL = p.router_columns                -- logit columns: the scored experts, and the shared gate's
+@   c.fp32w = p.spec.router.weight_dtype == "fp32"   -- fp32 router weights: three dtype parts a weight
+@   c.MC = p.mma_columns                   -- the mma's columns: EL, or 3·EL with fp32 router weights
+@   need(c.MC == c.EL * (c.fp32w and 3 or 1), "mma_columns must be the logit columns (x3 with fp32 weights)")
+@   need(not c.fp32w or (not c.gate and not p.spec.training), "fp32 router weights: no shared gate, no training")
 @   need(c.EL == c.NS + (c.gate and 1 or 0), "router_columns must be the scored experts and the shared gate")
 @   need(c.Z == 0 or (c.M == 0 and not p.spec.training and p.spec.router.apply ~= "input"),
 @        "zero experts: no shared expert, training or apply = input (gen/spec_check.c)")
@@ -130,7 +144,7 @@
 @   need(c.BK % 16 == 0 and (c.BK // 16) % c.WK == 0, "bk must be k16 steps the warps split evenly")
 @   need(c.S >= 2, "stages must be at least 2")
 @   c.EP = c.WN * c.NT * 8                 -- logit columns per pass
-@   need(c.NPASS * c.EP >= c.EL, "the passes must cover every logit column")
+@   need(c.NPASS * c.EP >= c.MC, "the passes must cover every mma column")
 @   need(c.LDL >= c.NPASS * c.EP and c.LDL % 4 == 0, "ldl must hold every pass's columns")
 @   c.STR = c.BK + 8                       -- smem row stride, halves
 @   c.stage = (c.T + c.EP) * c.STR * 2     -- bytes
@@ -192,7 +206,7 @@
 @ local c = M.config(p)
 @ local ns = p.kernel .. "_impl"
 @ local SE = c.Z > 0 and "NS" or "E"  -- scored experts (the zero experts' included)
-@ local LC = c.gate and "EL" or SE     -- logit columns (the gate's included)
+@ local LC = c.fp32w and "MC" or c.gate and "EL" or SE  -- columns of the partial logits (the gate's, the parts')
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 @ local input = p.spec.router.apply == "input"
 @ -- router.logit_softcap = c: a logit (logit_bias included) becomes c·tanh(l / c), in fp32
@@ -222,12 +236,13 @@ constexpr int LOFF = ${c.loff};      // logits offset in smem, bytes
 constexpr int SMEM = ${c.smem};
 constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = ${c.EL};       // logit columns: the scored experts (and the shared gate)
+constexpr int MC = ${c.MC};          // mma columns: LCOLS${c.fp32w and ", three times: fp32 router weights' hi, mid, lo parts" or ""}
 constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = ${c.slots}, ENTRIES = ${c.entries};   // weight slots (counts), entries per token
 constexpr int FUSE_TICKET = SLOTS + ${c.fuse_ticket};      // the fused calls' ticket in counts[]
 static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
-static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
+static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
@@ -252,7 +267,7 @@ static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4]
  * router rows, ${c.gate and "w_gate for column E, " or ""}zeros past the last column); x rows past
  * `tokens` and columns past H are zero-filled and read nothing. */
 static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_half_t *__restrict__ x,
-                                                  const moe_half_t *__restrict__ wr,
+                                                  const ${c.fp32w and "float" or "moe_half_t"} *__restrict__ wr,
                                                   ${c.gate and "const moe_half_t *__restrict__ wg, " or ""}int tok0, int tokens,
                                                   int chunk, int nbase, int tid) {
     constexpr int VR = BK / 8, NV = RS * VR;
@@ -270,11 +285,32 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
-                ok = col < LCOLS && k < H;
-@ if c.gate then
-                src = (col < E ? wr + (long long)col * H : wg) + k;
+@ if c.fp32w then
+                /* fp32 weights: part col / LCOLS of router row col % LCOLS, split here (8 floats -> 8 halves) */
+                uint4 h = make_uint4(0u, 0u, 0u, 0u);
+                if (col < MC && k < H) {
+                    const int part = col / LCOLS;
+                    const float4 *w4 = reinterpret_cast<const float4 *>(wr + (long long)(col % LCOLS) * H + k);
+                    const float4 a = __ldg(w4), b = __ldg(w4 + 1);
+                    const float w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    float p[8];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const float hi = moe_round(w[j]), mid = moe_round(w[j] - hi);
+                        p[j] = part == 0 ? hi : part == 1 ? mid : moe_round(w[j] - hi - mid);
+                    }
+                    h = make_uint4(moe_pack2(p[0], p[1]), moe_pack2(p[2], p[3]), moe_pack2(p[4], p[5]),
+                                   moe_pack2(p[6], p[7]));
+                }
+                *reinterpret_cast<uint4 *>(dst + r * STR + q * 8) = h;
+                continue;
 @ else
+                ok = col < LCOLS && k < H;
+@   if c.gate then
+                src = (col < E ? wr + (long long)col * H : wg) + k;
+@   else
                 src = wr + (long long)col * H + k;
+@   end
 @ end
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
@@ -341,7 +377,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 }  // namespace ${ns}
 
 extern "C" __global__ void __launch_bounds__(${c.threads})
-${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr, const float *__restrict__ sel_bias,
+${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "moe_half_t"} *__restrict__ wr, const float *__restrict__ sel_bias,
             const float *__restrict__ logit_bias, int tokens, int *__restrict__ topk_idx, float *__restrict__ topk_w,
             int *__restrict__ counts, float *__restrict__ route_part, const moe_route_fuse_t fuse${c.gate and ", const moe_half_t *__restrict__ shared_gate" or ""}${p.spec.training and ", float *__restrict__ logits_out" or ""}${c.given and ", const int *__restrict__ given_ids" or ""}${c.given_w and ", const float *__restrict__ given_w" or ""}${c.own_input and ", const moe_half_t *__restrict__ router_x" or ""}${c.escale and ", const float *__restrict__ expert_scale" or ""}) {
     moe_pdl_begin();
@@ -515,6 +551,16 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const moe_half_t *__restrict__ wr,
         }
         __syncthreads();
     }
+@   if c.fp32w then
+    /* fp32 router weights: a logit is its three parts' columns added, hi + mid, then lo (each thread one
+     * (token, column): it reads its own column of the first block and writes only that) */
+    for (int i = tid; i < T * LCOLS; i += THREADS) {
+        float *row = lsm + (i / LCOLS) * LDL;
+        const int e = i % LCOLS;
+        row[e] = (row[e] + row[LCOLS + e]) + row[2 * LCOLS + e];
+    }
+    __syncthreads();
+@   end
 @ end
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */

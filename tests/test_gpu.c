@@ -233,6 +233,9 @@ static const gpu_case_t cases[] = {
     /* Gemma 4's router: its own input (router_x, steered in SKEW) and per-expert scales; GeGLU experts */
     {"tests/specs/router_own_input.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/router_own_input.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* fp32 router weights (ERNIE 4.5's, LongCat-Flash's): router_w fp32, split into three parts in the route */
+    {"tests/specs/router_fp32.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/router_fp32.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
@@ -450,6 +453,7 @@ typedef struct {
     float *gw;      /* router.score = "given": the caller's weights [T, K] */
     uint16_t *rx;   /* router.input = "separate": the router's own input [T, H] */
     float *es;      /* router.expert_scale: fp32 [E] */
+    float *wr32;    /* router.weight_dtype = "fp32": the router weight [NS, H], wr's values moved off the dtype's grid */
     CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg, dgids, dgw, drx, des;
     size_t ws_bytes;   /* dws: moe_plan_workspace_size at the capacity, then WS_GUARD guard bytes */
     size_t ws_at, ws_call; /* this call's workspace: its exact size, ending where ws_bytes ends */
@@ -462,6 +466,7 @@ static void layer_free(layer_t *L) {
     free(L->x); free(L->wr); free(L->w1); free(L->w2); free(L->b1); free(L->b2); free(L->w1p); free(L->b1p);
     free(L->ws1); free(L->ws2); free(L->wsg);
     free(L->sel_bias); free(L->logit_bias); free(L->slot); free(L->gids); free(L->gw); free(L->rx); free(L->es);
+    free(L->wr32);
     CUdeviceptr d[] = {L->dx, L->dwr, L->dw1p, L->dw2, L->db1p, L->db2, L->dsel, L->dlogit, L->dy, L->dws, L->dwsg,
                        L->dgids, L->dgw, L->drx, L->des};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
@@ -585,7 +590,16 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     }
     L->ws_bytes = moe_plan_workspace_size(plan, (int)T);
     L->dx = dev_upload(L->x, T * H * 2);
-    L->dwr = dev_upload(L->wr, NS * H * 2);
+    if (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32) { /* each weight 1 + u·2^-10 times the half: the parts
+                                                              * past the dtype's carry it */
+        if (!(L->wr32 = malloc(NS * H * 4)))
+            return 0;
+        uint64_t q = seed + 12;
+        for (size_t i = 0; i < NS * H; i++)
+            L->wr32[i] = moe_half_to_float(L->wr[i], dt) *
+                         (1.0f + (float)((splitmix(&q) >> 40) / 16777216.0 - 0.5) * 0x1p-9f);
+    }
+    L->dwr = L->wr32 ? dev_upload(L->wr32, NS * H * 4) : dev_upload(L->wr, NS * H * 2);
     L->dw1p = dev_upload(L->w1p, ES * 2 * F * H * 2);
     L->dw2 = dev_upload(L->w2, ES * H * F * 2);
     L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
@@ -776,7 +790,8 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
     }
     CHECK(!given || (sids && sw));
     moe_ref_inputs_t in = {.x = xs, .wr = L->wr, .sel_bias = L->sel_bias, .logit_bias = L->logit_bias,
-                           .tokens = ns, .given_ids = sids, .given_w = sw, .router_x = srx, .expert_scale = L->es};
+                           .tokens = ns, .given_ids = sids, .given_w = sw, .router_x = srx, .expert_scale = L->es,
+                           .wr32 = L->wr32};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int i = 0; i < ns; i++)
         memcpy(gidx + (size_t)i * K, idx + (size_t)sample[i] * KE, sizeof(int) * (size_t)K);

@@ -261,6 +261,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/train_given.moe", 0},    /* training with the caller's ids: the router's backward skips drops */
         {"tests/specs/router_own_input.moe", 0}, /* Gemma 4's router: its own input, per-expert scales; GeGLU */
         {"tests/specs/train_own_input.moe", 0},  /* its training: d router_x from dx's kernel, escale's sums */
+        {"tests/specs/router_fp32.moe", 1},      /* fp32 router weights: the route splits them into three parts */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 28, "specs[] has room for 28 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {

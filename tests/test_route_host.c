@@ -59,6 +59,12 @@ static const host_case_t cases[] = {
      "tests/specs/train_given.moe", {2, 70}, 2},
     {"the router's own input and per-expert scales (Gemma 4's): softmax top-8 of 128 on router_x, renormalized, "
      "× expert_scale; H 704: split at few tokens", "tests/specs/router_own_input.moe", {1, 9, 70}, 3},
+    {"fp32 router weights (ERNIE 4.5's): softmax with a selection bias over 64 experts, H 1024 split at few tokens; "
+     "the weights' three parts", "tests/specs/router_fp32.moe", {1, 9, 70}, 3},
+    {"fp32 router weights with zero experts (LongCat-Flash's classifier), fp16",
+     "name = 'lz' experts = 40 zero_experts = 8 top_k = 4 hidden = 256 ffn = 64 tokens = 128 dtype = 'fp16'\n"
+     "router = { score = 'softmax', bias = true, renormalize = false, scale = 1.5, weight_dtype = 'fp32' }\n",
+     {1, 33}, 2},
     {"given ids weighted by the router's softmax on its own input, per-expert scales, an ungated shared expert, fp16",
      "name = 'gx' experts = 40 top_k = 3 hidden = 256 ffn = 64 tokens = 128 dtype = 'fp16'\n"
      "router = { select = 'given', score = 'softmax', renormalize = true, scale = 2.0, input = 'separate', "
@@ -125,17 +131,22 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE, escale = s->router.expert_scale;
     uint16_t *rx = malloc(sizeof(uint16_t) * (size_t)T * H);
     float *es = malloc(sizeof(float) * (size_t)NS);
+    /* fp32 router weights (router.weight_dtype = "fp32"): values a dtype cannot hold, the halves beside them */
+    const int w32 = s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32;
+    float *wr32 = malloc(sizeof(float) * (size_t)NS * H);
     CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
-          gids && gw && rx && es);
+          gids && gw && rx && es && wr32);
     if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
-          gids && gw && rx && es))
+          gids && gw && rx && es && wr32))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
         x[i] = moe_float_to_half(urand(), dt), rx[i] = moe_float_to_half(urand(), dt);
     for (int e = 0; e < NS; e++) /* Gemma 4's per_expert_scale: around 1, some below */
         es[e] = 0.25f + 1.5f * (urand() + 1.0f) * 0.5f;
-    for (size_t i = 0; i < (size_t)NS * H; i++) /* logits of a few units: softmax and sigmoid both spread */
-        wr[i] = moe_float_to_half(urand() * 3.0f / sqrtf((float)H), dt);
+    for (size_t i = 0; i < (size_t)NS * H; i++) { /* logits of a few units: softmax and sigmoid both spread */
+        wr32[i] = urand() * 3.0f / sqrtf((float)H);
+        wr[i] = moe_float_to_half(wr32[i], dt);
+    }
     for (int h = 0; h < H; h++)
         wg[h] = moe_float_to_half(urand() * 2.0f / sqrtf((float)H), dt);
     for (int e = 0; e < NS; e++)
@@ -154,7 +165,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
     FILE *f = fopen(in_path, "wb");
     int ok = f && fwrite(&T, sizeof T, 1, f) == 1 && fwrite(x, 2, (size_t)T * H, f) == (size_t)T * H &&
-             fwrite(wr, 2, (size_t)NS * H, f) == (size_t)NS * H &&
+             (w32 ? fwrite(wr32, 4, (size_t)NS * H, f) : fwrite(wr, 2, (size_t)NS * H, f)) == (size_t)NS * H &&
              (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
              fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
              fwrite(lb, 4, (size_t)NS, f) == (size_t)NS &&
@@ -198,7 +209,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     if (!in_range)
         goto done;
     moe_ref_inputs_t in = {.x = x, .wr = wr, .sel_bias = sel, .logit_bias = lb, .tokens = T, .given_ids = gids,
-                           .given_w = gw, .router_x = rx, .expert_scale = es};
+                           .given_w = gw, .router_x = rx, .expert_scale = es, .wr32 = wr32};
     CHECK(moe_ref_route(s, &in, ridx, rw, sc) == 0);
     for (int t = 0; t < T; t++)
         memcpy(gidx + (size_t)t * K, idx + (size_t)t * KE, sizeof(int) * (size_t)K);
@@ -235,8 +246,10 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
                 }
         wild += off;
     }
-    CHECKF(werr <= (in_dtype ? 8e-3 : 1e-4 * s->router.scale + 1e-4), "%s, %d tokens: weights differ by %g", s->name,
-           T, werr);
+    /* fp32 router weights: the logits as an fp32 product's, so the weights too (a missing lo part, the weight's
+     * last 8 bits, moves them by 1e-6 here) */
+    const double wtol = in_dtype ? 8e-3 : w32 ? 4e-7 * s->router.scale + 2e-7 : 1e-4 * s->router.scale + 1e-4;
+    CHECKF(werr <= wtol, "%s, %d tokens: weights differ by %g (tolerance %g)", s->name, T, werr, wtol);
     CHECKF(wild <= (T + 127) / 128, "%s, %d tokens: %d sparsemixer weights off by more than a step", s->name, T, wild);
     /* the shared expert's entries: slots E.. in order, weight g(x): 1, or sigmoid(x . w_gate) */
     moe_ref_inputs_t sin = {.x = x, .wsg = wg, .tokens = T};
@@ -278,7 +291,7 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     printf("  %s, %d tokens (seed %d): the reference's experts, weights within %.2g%s\n", s->name, T, seed, werr,
            given ? " (given ids; the drops counted)" : "");
 done:
-    free(gids), free(gw), free(rx), free(es);
+    free(gids), free(gw), free(rx), free(es), free(wr32);
     free(x), free(wr), free(wg), free(gref), free(sel), free(lb), free(idx), free(counts), free(w), free(logits);
     free(ridx), free(gidx), free(rw), free(sc), free(hist);
 }
@@ -311,13 +324,14 @@ static void run_case(const host_case_t *c, const char *cxx) {
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
                  "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d -DRH_K=%d -DRH_GIVEN=%d -DRH_GIVEN_W=%d "
-                 "-DRH_OWN=%d -DRH_ESCALE=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_OWN=%d -DRH_ESCALE=%d -DRH_W32=%d -DRH_MC=%d tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
                  s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), s.top_k, s.router.select == MOE_SELECT_GIVEN,
                  s.router.score == MOE_SCORE_GIVEN, s.router.input == MOE_ROUTER_INPUT_SEPARATE,
-                 s.router.expert_scale, bin);
+                 s.router.expert_scale, s.router.weight_dtype == MOE_ROUTER_WEIGHT_FP32, moe_spec_route_mma_columns(&s),
+                 bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)

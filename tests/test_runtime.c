@@ -697,6 +697,16 @@ static void test_router_extras_api(void) {
           !strcmp(dt, "fp32"));
     CHECK(moe_plan_tensor(es, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
     CHECK(moe_plan_tensor(plain, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CASE("router.weight_dtype = \"fp32\": router_w is fp32");
+    {
+        snprintf(text, sizeof text, "%s router = { score = 'softmax', weight_dtype = 'fp32' }", base);
+        moe_plan *w32 = paper_plan(text);
+        CHECK(w32 != NULL);
+        CHECK(w32 && moe_plan_tensor(w32, "router_w", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[0] == 8 &&
+              dims[1] == 64 && !strcmp(dt, "fp32"));
+        CHECK(moe_plan_tensor(plain, "router_w", &rank, dims, &dt) == MOE_OK && !strcmp(dt, "bf16"));
+        paper_free(w32);
+    }
 out:
     paper_free(own);
     paper_free(es);

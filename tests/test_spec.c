@@ -204,7 +204,8 @@ static const char *const required_bad[] = {
     "given_training", "given_apply_input", "given_weights_without_select", "given_weights_logit_bias",
     "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer", "router_input_given_weights",
     "router_input_shared_gate", "enum_router_input", "expert_scale_given_weights",
-    "expert_scale_zero_experts", "expert_scale_given_training", "expert_scale_number",
+    "expert_scale_zero_experts", "expert_scale_given_training", "expert_scale_number", "router_fp32_given_weights",
+    "router_fp32_shared_gate", "router_fp32_training", "enum_router_weight_dtype",
 };
 
 static void test_golden_errors(void) {

@@ -222,10 +222,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 203 "templates/route.lua"
+#line 217 "templates/route.lua"
 namespace deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i_impl {
 constexpr int E = 256, K = 6, H = 4096;
-#line 208 "templates/route.lua"
+#line 222 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 4, WK = 2;     // warps along the pass's columns, along each stage's k16 steps
@@ -243,19 +243,20 @@ constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 82944;
 constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = 256;       // logit columns: the scored experts (and the shared gate)
+constexpr int MC = 256;          // mma columns: LCOLS
 constexpr int VPL = 8;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = 257, ENTRIES = 7;   // weight slots (counts), entries per token
 constexpr int FUSE_TICKET = SLOTS + 64;      // the fused calls' ticket in counts[]
 static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
-static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
+static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 238 "templates/route.lua"
+#line 253 "templates/route.lua"
 constexpr int M = 1, KE = 7;   // shared expert slots E .. E+M-1; entries per token
 constexpr int ES = E + M, EL = 256;   // weight slots (counts); logit columns (column E: the gate, if any)
-#line 241 "templates/route.lua"
+#line 256 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -288,10 +289,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
+#line 308 "templates/route.lua"
                 ok = col < LCOLS && k < H;
-#line 277 "templates/route.lua"
+#line 312 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 279 "templates/route.lua"
+#line 315 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -365,19 +367,19 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 353 "templates/route.lua"
+#line 389 "templates/route.lua"
     (void)sel_bias;
-#line 356 "templates/route.lua"
+#line 392 "templates/route.lua"
     (void)logit_bias;
-#line 359 "templates/route.lua"
+#line 395 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 362 "templates/route.lua"
+#line 398 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 371 "templates/route.lua"
+#line 407 "templates/route.lua"
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -448,44 +450,44 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 0) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 452 "templates/route.lua"
+#line 488 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 1) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 465 "templates/route.lua"
+#line 501 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -539,7 +541,7 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         }
         __syncthreads();
     }
-#line 519 "templates/route.lua"
+#line 565 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -547,7 +549,7 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 527 "templates/route.lua"
+#line 573 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -555,18 +557,18 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 537 "templates/route.lua"
+#line 583 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 539 "templates/route.lua"
+#line 585 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 572 "templates/route.lua"
+#line 618 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? moe_sqrt_softplus(pv[i]) : 0.f;
-#line 582 "templates/route.lua"
+#line 628 "templates/route.lua"
         /* the caller's ids: lane r < K holds entry r's; one outside 0..E-1 is dropped (expert 0, weight 0)
          * and counted */
         int mine = 0;
@@ -581,32 +583,32 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
             if (lane == 0 && nd)
                 atomicAdd(counts + ES + 65, (int)nd);
         }
-#line 740 "templates/route.lua"
+#line 786 "templates/route.lua"
 
         /* weights: p at the given experts (never the selection bias) */
         float w = 0.f;
-#line 746 "templates/route.lua"
+#line 792 "templates/route.lua"
         if (lane < K) {
-#line 753 "templates/route.lua"
+#line 799 "templates/route.lua"
             const float l = lrow[mine];
-#line 760 "templates/route.lua"
+#line 806 "templates/route.lua"
             w = moe_sqrt_softplus(l);
-#line 778 "templates/route.lua"
+#line 824 "templates/route.lua"
             if (drop)
                 w = 0.f;
-#line 782 "templates/route.lua"
+#line 828 "templates/route.lua"
         }
-#line 784 "templates/route.lua"
+#line 830 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 791 "templates/route.lua"
+#line 837 "templates/route.lua"
         w *= 1.5f;
-#line 798 "templates/route.lua"
+#line 844 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 802 "templates/route.lua"
+#line 848 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -615,16 +617,16 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 824 "templates/route.lua"
+#line 870 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 830 "templates/route.lua"
+#line 876 "templates/route.lua"
     if (tid < M)   // every token of the block visits each shared slot
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
-#line 833 "templates/route.lua"
+#line 879 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -643,7 +645,7 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 852 "templates/route.lua"
+#line 898 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -652,25 +654,25 @@ deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i(const moe_half_t *__restrict__ x
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 867 "templates/route.lua"
+#line 913 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 872 "templates/route.lua"
+#line 918 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 884 "templates/route.lua"
+#line 930 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 891 "templates/route.lua"
+#line 937 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 894 "templates/route.lua"
+#line 940 "templates/route.lua"
         }
-#line 898 "templates/route.lua"
+#line 944 "templates/route.lua"
     }
 }
 

@@ -222,10 +222,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 203 "templates/route.lua"
+#line 217 "templates/route.lua"
 namespace gpt_oss_20b_route_bf16_e32k4_t32k128s5_impl {
 constexpr int E = 32, K = 4, H = 2880;
-#line 208 "templates/route.lua"
+#line 222 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -243,16 +243,17 @@ constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 87040;
 constexpr int NCH = (H + BK - 1) / BK;
 constexpr int LCOLS = 32;       // logit columns: the scored experts (and the shared gate)
+constexpr int MC = 32;          // mma columns: LCOLS
 constexpr int VPL = 1;        // experts per lane in the top-k phase
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SLOTS = 32, ENTRIES = 4;   // weight slots (counts), entries per token
 constexpr int FUSE_TICKET = SLOTS + 64;      // the fused calls' ticket in counts[]
 static_assert(SMEM >= (3 * SLOTS + 1) * 4, "the fused plan's s_off, s_first, s_cur in the dynamic smem");
-static_assert(KSTEPS % WK == 0 && NPASS * EP >= LCOLS && LDL >= NPASS * EP, "tiling");
+static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling");
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 241 "templates/route.lua"
+#line 256 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -285,10 +286,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
+#line 308 "templates/route.lua"
                 ok = col < LCOLS && k < H;
-#line 277 "templates/route.lua"
+#line 312 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 279 "templates/route.lua"
+#line 315 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -362,17 +364,17 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[E];   // this block's selections per expert
-#line 353 "templates/route.lua"
+#line 389 "templates/route.lua"
     (void)sel_bias;
-#line 359 "templates/route.lua"
+#line 395 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 362 "templates/route.lua"
+#line 398 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 371 "templates/route.lua"
+#line 407 "templates/route.lua"
     for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -443,158 +445,158 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         __syncthreads();   // the ring is free (it may hold the logits)
 
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 0) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 452 "templates/route.lua"
+#line 488 "templates/route.lua"
                 *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
                 *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 1) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 2) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 3) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 4) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 5) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 6) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 443 "templates/route.lua"
+#line 479 "templates/route.lua"
         if (wk == 7) {
-#line 445 "templates/route.lua"
+#line 481 "templates/route.lua"
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                 float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 455 "templates/route.lua"
+#line 491 "templates/route.lua"
                 const float2 v0 = *p0, v1 = *p1;
                 *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
                 *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 459 "templates/route.lua"
+#line 495 "templates/route.lua"
             }
-#line 461 "templates/route.lua"
+#line 497 "templates/route.lua"
         }
-#line 463 "templates/route.lua"
+#line 499 "templates/route.lua"
         __syncthreads();
-#line 465 "templates/route.lua"
+#line 501 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -648,7 +650,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         }
         __syncthreads();
     }
-#line 519 "templates/route.lua"
+#line 565 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -656,7 +658,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 527 "templates/route.lua"
+#line 573 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -664,15 +666,15 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 535 "templates/route.lua"
+#line 581 "templates/route.lua"
                 pv[i] = lrow[e] + __ldg(logit_bias + e);
-#line 539 "templates/route.lua"
+#line 585 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 554 "templates/route.lua"
+#line 600 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -687,16 +689,16 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 597 "templates/route.lua"
+#line 643 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 604 "templates/route.lua"
+#line 650 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 606 "templates/route.lua"
+#line 652 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 728 "templates/route.lua"
+#line 774 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -708,37 +710,37 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 740 "templates/route.lua"
+#line 786 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 746 "templates/route.lua"
+#line 792 "templates/route.lua"
         if (lane < K) {
-#line 751 "templates/route.lua"
+#line 797 "templates/route.lua"
             const float l = lrow[mine] + __ldg(logit_bias + mine);
-#line 756 "templates/route.lua"
+#line 802 "templates/route.lua"
             w = expf(l - m) / z;
-#line 782 "templates/route.lua"
+#line 828 "templates/route.lua"
         }
-#line 784 "templates/route.lua"
+#line 830 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 818 "templates/route.lua"
+#line 864 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 824 "templates/route.lua"
+#line 870 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 833 "templates/route.lua"
+#line 879 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -757,7 +759,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 852 "templates/route.lua"
+#line 898 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -766,25 +768,25 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 867 "templates/route.lua"
+#line 913 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = __ldcg(topk_idx + i);
             fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
         }
-#line 872 "templates/route.lua"
+#line 918 "templates/route.lua"
         __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 884 "templates/route.lua"
+#line 930 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 891 "templates/route.lua"
+#line 937 "templates/route.lua"
 #pragma unroll 4
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 894 "templates/route.lua"
+#line 940 "templates/route.lua"
         }
-#line 898 "templates/route.lua"
+#line 944 "templates/route.lua"
     }
 }
 

@@ -166,6 +166,9 @@ struct float2 {
     float x, y;
 };
 static inline float2 make_float2(float a, float b) { return {a, b}; }
+struct float4 {
+    float x, y, z, w;
+};
 static inline float __int_as_float(int i) {
     float f;
     memcpy(&f, &i, 4);

@@ -120,6 +120,17 @@ static const uint16_t *router_input(const moe_spec_t *s, const moe_ref_inputs_t 
     return s->router.input == MOE_ROUTER_INPUT_SEPARATE ? in->router_x : in->x;
 }
 
+/* The router weight [n rows, H] as floats: router.weight_dtype = "fp32"'s wr32 as it is, else wr's halves. */
+static void router_weight(const moe_spec_t *s, const moe_ref_inputs_t *in, float *wrf, size_t n) {
+    if (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32) memcpy(wrf, in->wr32, n * sizeof(float));
+    else moe_half_row_to_float(in->wr, wrf, n, s->dtype);
+}
+
+/* Whether the router weight the spec reads is there. */
+static int router_weight_present(const moe_spec_t *s, const moe_ref_inputs_t *in) {
+    return s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32 ? in->wr32 != NULL : in->wr != NULL;
+}
+
 /* Entry weight w of expert e, final: × the expert's scale (router.expert_scale). */
 static float expert_scaled(const moe_spec_t *s, const moe_ref_inputs_t *in, int e, double w) {
     return (float)(s->router.expert_scale ? (float)w * in->expert_scale[e] : w);
@@ -131,7 +142,7 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
                        float *scores) {
     const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
     const int given_w = s->router.score == MOE_SCORE_GIVEN;
-    if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!router_input(s, in) || !in->wr)) ||
+    if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!router_input(s, in) || !router_weight_present(s, in))) ||
         K > 32 || s->router.bias || s->router.groups > 1 || s->router.score == MOE_SCORE_SPARSEMIXER || s->zero_experts)
         return 1;
     if ((s->router.logit_bias && !in->logit_bias) || (s->router.expert_scale && !in->expert_scale)) return 1;
@@ -139,7 +150,7 @@ static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *top
     float *xr = malloc((size_t)H * sizeof(float));
     float *wrf = given_w ? NULL : malloc((size_t)E * H * sizeof(float));
     if (!p || !xr || (!given_w && !wrf)) { free(p); free(xr); free(wrf); return 1; }
-    if (!given_w) moe_half_row_to_float(in->wr, wrf, (size_t)E * H, s->dtype);
+    if (!given_w) router_weight(s, in, wrf, (size_t)E * H);
     for (int t = 0; t < T; t++) {
         if (!given_w) { /* the router's scores, as moe_ref_route computes them */
             moe_half_row_to_float(router_input(s, in) + (size_t)t * H, xr, (size_t)H, s->dtype);
@@ -170,7 +181,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     if (groups_ok(s)) return 1;
     if (in->tokens == 0) return 0;
     if (s->router.select == MOE_SELECT_GIVEN) return route_given(s, in, topk_idx, topk_w, scores);
-    if (!router_input(s, in) || !in->wr) return 1;
+    if (!router_input(s, in) || !router_weight_present(s, in)) return 1;
     if (s->router.expert_scale && (!in->expert_scale || s->zero_experts)) return 1;
     if (s->router.bias && !in->sel_bias) return 1;
     if (s->router.logit_bias && !in->logit_bias) return 1;
@@ -194,7 +205,7 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     float *wrf = malloc((size_t)E * H * sizeof(float));
     unsigned char *tmp = malloc(stride * (size_t)nth);
     if (!wrf || !tmp) { free(wrf); free(tmp); return 1; }
-    moe_half_row_to_float(in->wr, wrf, (size_t)E * H, dt);
+    router_weight(s, in, wrf, (size_t)E * H);
 
     REF_OMP(omp parallel for schedule(static))
     for (int t = 0; t < T; t++) {
@@ -1194,8 +1205,9 @@ done:
 /* ---- entry points -------------------------------------------------------- */
 
 /* The backward and the exact forward: no zero experts (inference only, gen/spec_check.c). */
-static int spec_usable(const moe_spec_t *s) {
+static int spec_usable(const moe_spec_t *s) {   /* fp32 router weights: inference only */
     return s && s->experts >= 1 && s->top_k >= 1 && s->top_k <= s->experts && s->zero_experts == 0 &&
+           s->router.weight_dtype == MOE_ROUTER_WEIGHT_DTYPE &&
            s->hidden >= 1 && s->ffn >= 1 &&
            s->shared.ffn >= 0 && (s->dtype == MOE_DTYPE_BF16 || s->dtype == MOE_DTYPE_FP16);
 }

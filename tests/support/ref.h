@@ -57,6 +57,7 @@ typedef struct {
     const float *given_w;              /* router.score = "given": the caller's weights [T, top_k] */
     const uint16_t *router_x;          /* router.input = "separate": the logits' input [T, H] (x otherwise) */
     const float *expert_scale;         /* router.expert_scale: fp32 [E], the final weights' factor */
+    const float *wr32;                 /* router.weight_dtype = "fp32": the router weight [E + Z, H] (wr unread) */
 } moe_ref_inputs_t;
 
 /* Route in->tokens tokens: logits, scores, (group-limited) top-k, weights.

@@ -30,6 +30,7 @@ typedef struct {
     const float *given_w;        /* [T, top_k] the caller's weights; router.score = "given" */
     const uint16_t *router_x;    /* [T, H] the logits' input; router.input = "separate" */
     const float *expert_scale;   /* [E] the weights' per-expert factor; router.expert_scale */
+    const float *wr32;           /* [E + Z, H] the router weight in fp32; router.weight_dtype = "fp32" */
 } moe_reflib_inputs_t;
 
 static void put_err(char *err, int errlen, const char *msg) {
@@ -70,7 +71,7 @@ int moe_reflib_forward(const char *path, const moe_reflib_inputs_t *a, float *y,
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
                             .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
                             .given_ids = a->given_ids, .given_w = a->given_w, .router_x = a->router_x,
-                            .expert_scale = a->expert_scale };
+                            .expert_scale = a->expert_scale, .wr32 = a->wr32 };
     if (moe_ref_route(&s, &in, topk_idx, topk_w, scores)) {
         put_err(err, errlen, "moe_ref_route refused the inputs (a NULL tensor the spec needs?)");
         return 1;
@@ -114,7 +115,7 @@ int moe_reflib_backward(const char *path, const char *text, const moe_reflib_inp
                             .b2 = a->b2, .sel_bias = a->sel_bias, .logit_bias = a->logit_bias,
                             .tokens = a->tokens, .ws1 = a->ws1, .ws2 = a->ws2, .wsg = a->wsg,
                             .given_ids = a->given_ids, .given_w = a->given_w, .router_x = a->router_x,
-                            .expert_scale = a->expert_scale };
+                            .expert_scale = a->expert_scale, .wr32 = a->wr32 };
     moe_ref_grads_t gr = { .dx = g->dx, .dwr = g->dwr, .dw1 = g->dw1, .db1 = g->db1, .dw2 = g->dw2,
                            .db2 = g->db2, .dlogit_bias = g->dlogit_bias, .dws1 = g->dws1, .dws2 = g->dws2,
                            .dwsg = g->dwsg, .d_router_x = g->d_router_x, .d_expert_scale = g->d_expert_scale };

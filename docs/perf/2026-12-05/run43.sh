@@ -16,7 +16,9 @@
 # Added in the fourth session (2026-12-05, no GPU either): Gemma 4's router (router.input = "separate",
 # router.expert_scale; README "The router's own input"): test_gpu on tests/specs/router_own_input.moe,
 # test_vendored_own, test_torch_gpu's check_router_extras (moe_ext), check_models' gemma4 family, memcheck of
-# the own-input forward, moe_bench of examples/specs/gemma4-26b-a4b.moe against the same spec without the keys
+# the own-input forward, moe_bench of examples/specs/gemma4-26b-a4b.moe against the same spec without the keys;
+# and its training: test_bwd_gpu on tests/specs/train_own_input.moe (d router_x, d expert_scale, the dw·w'
+# parts) with memcheck, test_torch_gpu's check_training_ext (_TrainExt against torch autograd)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -38,6 +40,8 @@ v test_bwd_gpu_given build/tests/test_bwd_gpu given
 v memcheck_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu given_weights
 v memcheck_bwd_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_given
 v memcheck_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu router_own_input
+v test_bwd_gpu_own build/tests/test_bwd_gpu train_own_input
+v memcheck_bwd_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
     --families deepseek-v4-hash,deepseek-v4,gemma4
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
