@@ -108,6 +108,9 @@ SPECS = {
     # Qwen2-MoE-shaped: a shared expert of 2·ffn behind sigmoid(x·w_gate)
     "shared_small": dict(name="shared_small", experts=16, top_k=4, hidden=512, ffn=256, tokens=128,
                          router=dict(score="softmax", renormalize=False), shared=dict(ffn=512, gate="sigmoid")),
+    # ERNIE 4.5-shaped: fp32 router weights (router.weight_dtype = "fp32"), a selection bias
+    "fp32_router_small": dict(name="fp32_router_small", experts=64, top_k=6, hidden=512, ffn=256, tokens=128,
+                              router=dict(score="softmax", renormalize=True, bias=True, weight_dtype="fp32")),
 }
 
 TRAIN_SPECS = {
@@ -152,7 +155,9 @@ def rand(*shape, scale=1.0, dtype=torch.bfloat16):
 def weights(keys):
     E, H, F = keys["experts"], keys["hidden"], keys["ffn"]
     r = keys.get("router", {})
-    w = dict(router_w=rand(E, H, scale=4 / H ** 0.5), w1=rand(E, 2 * F, H, scale=2 / H ** 0.5),
+    w32 = r.get("weight_dtype") == "fp32"   # fp32 router weights: values a bf16 cannot hold
+    w = dict(router_w=rand(E, H, scale=4 / H ** 0.5, dtype=torch.float32 if w32 else torch.bfloat16),
+             w1=rand(E, 2 * F, H, scale=2 / H ** 0.5),
              w2=rand(E, H, F, scale=2 / F ** 0.5))
     if keys.get("ffn_bias"):
         w.update(b1=rand(E, 2 * F, scale=0.1), b2=rand(E, H, scale=0.1))
