@@ -87,6 +87,11 @@ CASES = [
      'activation = { kind = "swiglu", limit = 10.0 }', dict(E=12, K=3, shared=1)),
     ("given-softmax-logit-bias", 'router = { select = "given", score = "softmax", renormalize = false, '
      'logit_bias = true }', dict(E=8, K=2, dtype="fp16")),
+    # Step-3.7-Flash's clamped layers: min(silu(gate), L), up in [-L, L] (a limit that bites)
+    ("step3.7-clamp-after", 'router = { score = "sigmoid", renormalize = true, scale = 2.0 }\n'
+     'activation = { kind = "swiglu", limit = 0.5, clamp = "after" }', dict(E=8, K=2, shared=1)),
+    ("geglu-clamp-after", 'router = { score = "softmax", renormalize = true }\n'
+     'activation = { kind = "geglu", limit = 0.4, clamp = "after", up_offset = 0.5 }', dict(E=4, K=2, dtype="fp16")),
     # Gemma 4's router: its own input (router_x) and per-expert scales; GeGLU experts
     ("gemma4", 'router = { score = "softmax", renormalize = true, input = "separate", expert_scale = true }\n'
      'activation = { kind = "geglu" }', dict(E=8, K=2)),
@@ -155,6 +160,7 @@ class Case:
         self.alpha = float(key("alpha", "1"))
         self.limit = float(key("limit", "0"))
         self.up_offset = float(key("up_offset", "0"))
+        self.clamp_after = key("clamp", "before") == "after"   # min(act(gate), limit): Step-3.7-Flash
         self.ffn_bias = key("ffn_bias", "false") == "true"
         self.given = key("select", "topk") == "given"
         self.own = key("input", "x") == "separate"           # the router's own input, router_x
@@ -233,11 +239,13 @@ def ref_backward(lib, c, t, exact):
 
 def act(c, g, u):
     if c.limit > 0:
-        g = g.clamp(max=c.limit)
+        if not c.clamp_after:
+            g = g.clamp(max=c.limit)
         u = u.clamp(-c.limit, c.limit)
-    if c.act == "geglu":
-        return (u + c.up_offset) * Fn.gelu(g, approximate="tanh")
-    return (u + c.up_offset) * g * torch.sigmoid(c.alpha * g)
+    v = Fn.gelu(g, approximate="tanh") if c.act == "geglu" else g * torch.sigmoid(c.alpha * g)
+    if c.limit > 0 and c.clamp_after:
+        v = v.clamp(max=c.limit)
+    return (u + c.up_offset) * v
 
 
 def select(c, scores):

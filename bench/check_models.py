@@ -708,7 +708,7 @@ def cohere2_shared(block):
     return g, u, d * 0.5, None  # "average": (routed + shared) / 2, the shared half folded into its down_proj
 
 
-def mk_step3p7():
+def mk_step3p7(limit=None):
     # Step3p7SparseMoeBlock (Step-3.7-Flash): logits = x·Wrᵀ (bf16), s =
     # sigmoid(logits.float()); selection on s + e_score_correction_bias,
     # top-k; weight = s / Σ_k s (always), fp32; the routed SUM is then
@@ -716,13 +716,16 @@ def mk_step3p7():
     # were added: moegen scales the weights, the same up to rounding); +
     # shared_experts(x), ungated, intermediate share_expert_dim. Layers
     # listed in swiglu_limits / swiglu_limits_shared clamp silu(gate) (after
-    # the activation) and up: not expressible (docs/models.md); the layer
-    # built here has no clamp.
+    # the activation) and up: activation.clamp = "after"; with limit the
+    # layer built here is such a layer, its routed and shared limits equal
+    # (the checkpoint's are 7 and 16: a shared limit of its own is not
+    # expressible yet, docs/models.md); without, it has no clamp.
     Block, = tf_import("step3p7.modeling_step3p7", "Step3p7SparseMoeBlock")
     Cfg, = tf_import("step3p7.configuration_step3p7", "Step3p7TextConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
-                    share_expert_dim=128, moe_router_scaling_factor=2.0, swiglu_limits=None,
-                    swiglu_limits_shared=None))
+                    share_expert_dim=128, moe_router_scaling_factor=2.0,
+                    swiglu_limits=None if limit is None else [limit],
+                    swiglu_limits_shared=None if limit is None else [limit]))
     return Block(cfg, 0), cfg
 
 
@@ -1050,6 +1053,11 @@ FAMILIES = [
     Family("step3.7", "Step-3.7-Flash (an unclamped layer)", mk_step3p7,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }', "fused",
            shared=128, shared_gate="none"),
+    # its clamped layers (43-44 of Step-3.7-Flash): min(silu(gate), L) · clamp(up, ±L), L small enough to bite
+    Family("step3.7-clamped", "Step-3.7-Flash (a clamped layer, routed and shared limit 0.6)",
+           lambda: mk_step3p7(limit=0.6),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
+           'activation = { kind = "swiglu", limit = 0.6, clamp = "after" }', "fused", shared=128, shared_gate="none"),
     Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
            'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
            shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),

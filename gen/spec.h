@@ -85,12 +85,18 @@ typedef struct {
  *           (PyTorch's gelu(approximate='tanh')):
  *           0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) */
 typedef enum { MOE_ACT_SWIGLU = 0, MOE_ACT_GEGLU = 1 } moe_act_kind_t;
+/* Where activation.limit clamps the gate: before the unit (gate = min(gate,
+ * limit), then act(gate): gpt-oss, DeepSeek-V4) or after it (min(act(gate),
+ * limit): Step-3.7-Flash's clamped layers); up is clamped to [-limit,
+ * limit] either way. */
+typedef enum { MOE_CLAMP_BEFORE = 0, MOE_CLAMP_AFTER = 1 } moe_act_clamp_t;
 
 typedef struct {
     moe_act_kind_t kind;
     double alpha;     /* swiglu only (see above) */
     double limit;     /* gate = min(gate, limit), up = clamp(up, -limit, limit); 0 = no limit */
     double up_offset;
+    moe_act_clamp_t clamp; /* with a limit: the gate's clamp before the unit or on its output */
 } moe_activation_t;
 
 /* The shared expert: y = routed(x) + g(x) * FFN_shared(x), an FFN of

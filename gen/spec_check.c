@@ -366,6 +366,11 @@ static void known_keys(const char *parent, char names[][32], const char **out) {
 /* Relations between keys that belong to no single key; each names the key
  * its error is reported on. Run once every key has been read. */
 static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
+    if (s->activation.clamp == MOE_CLAMP_AFTER && !(s->activation.limit > 0)) {
+        NAMED_ERROR(c, "activation.clamp", "activation.clamp = \"after\" clamps the unit's output at "
+                    "activation.limit: set activation.limit");
+        return;
+    }
     const moe_router_t *r = &s->router;
     const moe_dispatch_t *d = &s->dispatch;
     long long rows = (long long)s->tokens * s->top_k;

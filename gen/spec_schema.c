@@ -13,7 +13,8 @@
 /* List and enum values are stored through int pointers. */
 _Static_assert(sizeof(moe_arch_t) == sizeof(int) && sizeof(moe_dtype_t) == sizeof(int) &&
                    sizeof(moe_score_t) == sizeof(int) && sizeof(moe_select_t) == sizeof(int) &&
-                   sizeof(moe_router_input_t) == sizeof(int) && sizeof(moe_router_weight_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
+                   sizeof(moe_router_input_t) == sizeof(int) && sizeof(moe_router_weight_t) == sizeof(int) &&
+                   sizeof(moe_act_clamp_t) == sizeof(int) && sizeof(moe_act_kind_t) == sizeof(int) &&
                    sizeof(moe_dispatch_mode_t) == sizeof(int) && sizeof(moe_apply_t) == sizeof(int) &&
                    sizeof(moe_shared_gate_t) == sizeof(int) && sizeof(moe_quant_weights_t) == sizeof(int) &&
                    sizeof(moe_quant_scaling_t) == sizeof(int),
@@ -26,6 +27,7 @@ static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus", "spar
 static const char *const selects[] = {"topk", "given", NULL};
 static const char *const router_inputs[] = {"x", "separate", NULL};
 static const char *const router_weights[] = {"dtype", "fp32", NULL};
+static const char *const act_clamps[] = {"before", "after", NULL};
 static const char *const applies[] = {"output", "input", NULL};
 static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
@@ -132,6 +134,11 @@ const moe_key_t moe_spec_keys[] = {
      .hi = 1e6, .when = "activation.kind", .when_is = "swiglu", .help = "the slope inside swiglu's sigmoid"},
     {.name = "activation.limit", .type = MOE_KEY_NUM, .offset = AT(activation.limit), .optional = true,
      .lo = 1e-6, .hi = 1e6, .help = "`gate = min(gate, limit)`, `up = clamp(up, -limit, limit)` before the unit"},
+    {.name = "activation.clamp", .type = MOE_KEY_ENUM, .offset = AT(activation.clamp), .choices = act_clamps,
+     .optional = true,
+     .help = "where `limit` clamps the gate: `\"before\"` the unit (`gate = min(gate, limit)`; gpt-oss, "
+             "DeepSeek-V4), or `\"after\"` it (`min(act(gate), limit)`: Step-3.7-Flash's clamped layers); `up` is "
+             "clamped to [-limit, limit] either way; needs `activation.limit`"},
     {.name = "activation.up_offset", .type = MOE_KEY_NUM, .offset = AT(activation.up_offset), .lo = -1e6,
      .hi = 1e6, .help = "added to `up` before the product"},
     {.name = "ffn_bias", .type = MOE_KEY_BOOL, .offset = AT(ffn_bias),

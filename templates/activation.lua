@@ -7,8 +7,29 @@
 @ --
 @ -- p.spec.activation.kind picks the activation (the spec schema's row,
 @ -- gen/spec_schema.c); p.alpha, p.limit (absent: no clamp) and
-@ -- p.up_offset are its parameters.
+@ -- p.up_offset are its parameters; p.spec.activation.clamp = "after" moves
+@ -- the gate's clamp to the unit's output (min(act(gate), limit),
+@ -- Step-3.7-Flash), up's clamp unchanged.
 @ local M = {}
+@
+@ -- Is the gate clamped after the unit (activation.clamp = "after", with a limit)?
+@ local function after(p)
+@   return p.limit and p.spec and p.spec.activation and p.spec.activation.clamp == "after"
+@ end
+@
+@ -- The clamps of the pair before the unit: up always, the gate unless it is clamped after.
+@ local function clamps(p)
+@   if not p.limit then return "" end
+@   local up = "    up = fminf(fmaxf(up, " .. f32(-p.limit) .. "), " .. f32(p.limit) .. ");\n"
+@   if after(p) then return up end
+@   return "    gate = fminf(gate, " .. f32(p.limit) .. ");\n" .. up
+@ end
+@
+@ -- The unit's value v, clamped at the limit when the clamp comes after.
+@ local function out(p, v)
+@   if after(p) then return "fminf(" .. v .. ", " .. f32(p.limit) .. ")" end
+@   return v
+@ end
 @
 @ -- The name of the __device__ function M.device(p) defines: the kind's.
 @ function M.name(p)
@@ -27,13 +48,9 @@
 @   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair${after(p) and " (the gate's unit clamped after)" or ""}. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-@   if p.limit then
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
-@   end
-    return ${up_term} * gate * moe_sigmoid(${gate_arg});
+${clamps(p)}    return ${up_term} * ${after(p) and out(p, "gate * moe_sigmoid(" .. gate_arg .. ")") or "gate * moe_sigmoid(" .. gate_arg .. ")"};
 }
 @   return "swiglu"
 @ end
@@ -48,12 +65,8 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
  * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
  * negative x (a few percent off at x = -6), the sigmoid does not. */
 static __device__ __forceinline__ float geglu(float gate, float up) {
-@   if p.limit then
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
-@   end
-    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-    return ${up_term} * (gate * moe_sigmoid(2.0f * inner));
+${clamps(p)}    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return ${up_term} * ${out(p, "(gate * moe_sigmoid(2.0f * inner))")};
 }
 @   return "geglu"
 @ end
@@ -72,9 +85,13 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
 /* d ${name}(gate, up) / d gate and / d up, times d. */
 static __device__ __forceinline__ void ${name}_bwd(float gate, float up, float d, float &dgate, float &dup) {
 @   if p.limit then
+@     if after(p) then
+    const bool up_in = up >= ${f32(-p.limit)} && up <= ${f32(p.limit)};   /* the gate's clamp: on act, below */
+@     else
     const bool gate_in = gate <= ${f32(p.limit)}, up_in = up >= ${f32(-p.limit)} && up <= ${f32(p.limit)};
-    gate = fminf(gate, ${f32(p.limit)});
-    up = fminf(fmaxf(up, ${f32(-p.limit)}), ${f32(p.limit)});
+@     end
+@     local cl = clamps(p)
+${cl}
 @   end
 @   if name == "geglu" then
     /* with s = sigmoid(2 z) = (1 + tanh z) / 2 (see geglu): act = gate s,
@@ -91,7 +108,12 @@ static __device__ __forceinline__ void ${name}_bwd(float gate, float up, float d
     const float act = gate * s;
     const float dact = s + ${a}gate * s * (1.0f - s);
 @   end
-@   if p.limit then
+@   if after(p) then
+    /* min(act, limit): act's gradient passes where act <= limit, as torch.clamp's */
+    const bool gate_in = act <= ${f32(p.limit)};
+    dgate = gate_in ? d * ${up_term} * dact : 0.0f;
+    dup = up_in ? d * fminf(act, ${f32(p.limit)}) : 0.0f;
+@   elseif p.limit then
     dgate = gate_in ? d * ${up_term} * dact : 0.0f;
     dup = up_in ? d * act : 0.0f;
 @   else

@@ -25,7 +25,13 @@
  * amax / 448 (the reference's fp32 activation, its amax floored at 1e-4),
  * every code within half an e4m3 step (plus 1%) of the reference's value
  * over that scale, so the rounding is to nearest; the down output is
- * checked from the kernel's own e4m3 activation, as the 16-bit one. */
+ * checked from the kernel's own e4m3 activation, as the 16-bit one.
+ * usage: gemv_host act SCALE — the emitted activation GV_ACT on a 81 x 81 grid
+ * of (gate, up) in [-SCALE, SCALE]^2, printed as "gate up value" lines (hex
+ * floats) for test_gemv_host to hold to the C reference's (its kernel
+ * checks above take GV_ACT as given); with GV_ACT_BWD (a training spec: the
+ * backward's activation gradient, cut from the emitted source) each line
+ * also has its d gate and d up for d = 1. */
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +59,21 @@ typedef moe_half_t wt_t;
 #endif
 
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "act")) {
+        const float scale = strtof(argv[2], NULL);
+        for (int i = 0; i <= 80; i++)
+            for (int j = 0; j <= 80; j++) {
+                const float g = scale * (float)(i - 40) / 40.0f, u = scale * (float)(j - 40) / 40.0f;
+#ifdef GV_ACT_BWD
+                float dg = 0.f, du = 0.f;
+                GV_ACT_BWD(g, u, 1.0f, dg, du);
+                printf("%a %a %a %a %a\n", g, u, GV_ACT(g, u), dg, du);
+#else
+                printf("%a %a %a\n", g, u, GV_ACT(g, u));
+#endif
+            }
+        return 0;
+    }
     const int seed = argc > 1 ? atoi(argv[1]) : 0, cmax = argc > 2 ? atoi(argv[2]) : 1000;
     const long long N1 = 2LL * GV_F;
     static const int pattern[] = {0, 1, 7, 64, 129, 2, 8, 9, 3, 0, 65, 16, 33, 1};

@@ -14,12 +14,50 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "gen_fixture.h"
+#include "ref.h"
 #include "tuning.h"
+
+#include <math.h>
 
 typedef struct {
     const char *label, *spec; /* spec text; its shape has an entry in tests/tune/gemv.tune */
     int max_rows;              /* cap on an expert's rows (the reference's time) */
 } gemv_case_t;
+
+/* The emitted activation (the kernels' GV_ACT, which their own checks take
+ * as given) against the C reference's moe_ref_activation on a grid of
+ * (gate, up) over twice the limit (or 8), in fp32 against double: within
+ * 2e-6 of the value's size plus 1e-6 of the grid's. */
+static void check_activation(const moe_spec_t *s, const char *bin) {
+    const double lim = s->activation.limit;
+    const double scale = lim > 0 ? 2.0173 * lim : 8;   /* no grid point on the limits (fp32 vs double there) */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "%s act %.9g", bin, scale);
+    fflush(NULL);
+    FILE *f = popen(cmd, "r");
+    int n = 0, bad = 0, first = -1;
+    char first_line[200] = "";
+    float g, u, v, dg = 0.f, du = 0.f;
+    const int nf = s->training ? 5 : 3;   /* training: the backward's d gate and d up too */
+    while (f && (nf == 5 ? fscanf(f, "%a %a %a %a %a", &g, &u, &v, &dg, &du) : fscanf(f, "%a %a %a", &g, &u, &v)) == nf) {
+        const double want = moe_ref_activation(s, g, u);
+        double wg = 0, wu = 0;
+        moe_ref_activation_grad(s, g, u, &wg, &wu);
+        const int grads_ok = nf == 3 || (fabs(dg - wg) <= 2e-6 * fabs(wg) + 1e-6 && fabs(du - wu) <= 2e-6 * fabs(wu) + 1e-6 * scale);
+        if (!(fabs(v - want) <= 2e-6 * fabs(want) + 1e-6 * scale) || !grads_ok) {
+            if (first < 0) {
+                first = n;
+                snprintf(first_line, sizeof first_line, "act(%g, %g) = %g d %g %g, want %g d %g %g", g, u, v, dg, du,
+                         want, wg, wu);
+            }
+            bad++;
+        }
+        n++;
+    }
+    const int rc = f ? pclose(f) : -1;
+    CHECKF(rc == 0 && n == 81 * 81 && bad == 0, "%s: the emitted activation differs from the reference at %d of %d "
+           "points (the first: %d: %s)", bin, bad, n, first, first_line);
+}
 
 static const gemv_case_t cases[] = {
     /* tuning/h200.tune's gemv tiles on their specs' H and F (two experts: the kernels' code is the same) */
@@ -32,6 +70,15 @@ static const gemv_case_t cases[] = {
     {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows; top-2 (the combine's k order)",
      "name = 'q16' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
     {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3},
+    {"bn 8, unroll 4, the gate's clamp after its unit (Step-3.7-Flash's clamped layers), a limit the values pass",
+     "name = 'ca' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n"
+     "activation = { limit = 0.3, clamp = 'after' }\ntraining = true\n", 3},
+    {"bn 8, geglu clamped after its unit, up_offset, training (the backward's activation gradient checked too)",
+     "name = 'cg' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
+     "activation = { kind = 'geglu', limit = 0.3, clamp = 'after', up_offset = 0.5 }\n", 3},
+    {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient",
+     "name = 'cb' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
+     "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\n", 3},
     {"bn 16 on gpt-oss-20b's H and F: K 2880's 360 vectors split unevenly between the two warps, clamp and biases",
      "name = 'g16' experts = 3 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2},
@@ -98,6 +145,11 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
         host_cut_kernel(src.data, up->name, up_smem, &inc) || host_cut_kernel(src.data, dn->name, dn_smem, &inc);
     CHECKF(!cut, "%s or %s not found whole in the emitted source", up->name, dn->name);
     const int geglu = strstr(inc.data, "float geglu(float gate, float up)") != NULL;
+    /* a training spec: the backward's activation gradient too (check_activation) */
+    char bwd_head[120];
+    snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd(", geglu ? "geglu" : "swiglu");
+    const int cut_bwd = s.training && !cut && host_cut_span(src.data, bwd_head, "\n}\n", &inc) == 0;
+    CHECKF(!s.training || cut_bwd, "%s not found whole in the emitted source", bwd_head);
     char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
@@ -110,13 +162,17 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d tests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s tests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  geglu ? "geglu" : "swiglu", s.experts, s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
-                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, objs, bin);
-        CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
+                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1,
+                 cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? (geglu ? "geglu_bwd" : "swiglu_bwd") : "", objs, bin);
+        const int built = system(cmd) == 0;
+        CHECKF(built, "the host build failed: %s", cmd);
         host_run_seeds(bin, &c->max_rows, 1, "the kernels disagree with the reference");
+        if (built)
+            check_activation(&s, bin);
     }
     moe_buf_free(&inc);
     moe_buf_free(&src);

@@ -210,8 +210,8 @@ static void test_nvrtc_all(void) {
     int n = list_dir("examples/specs", names, 64);
     /* the jobs: (spec, arch) pairs; every example spec on both arches */
     static const moe_arch_t arches[] = {MOE_ARCH_SM90A, MOE_ARCH_SM80};
-    enum { MAXJOBS = 2 * (64 + 28) + NPINGPONG };
-    static char specs[64 + 28 + NPINGPONG][300];
+    enum { MAXJOBS = 2 * (64 + 32) + NPINGPONG };
+    static char specs[64 + 32 + NPINGPONG][300];
     int job_spec[MAXJOBS], job_arch[MAXJOBS], job_pp[MAXJOBS]; /* job_pp: a pingpong_jobs index, or -1 */
     for (int i = 0; i < MAXJOBS; i++)
         job_pp[i] = -1;
@@ -262,8 +262,9 @@ static void test_nvrtc_all(void) {
         {"tests/specs/router_own_input.moe", 0}, /* Gemma 4's router: its own input, per-expert scales; GeGLU */
         {"tests/specs/train_own_input.moe", 0},  /* its training: d router_x from dx's kernel, escale's sums */
         {"tests/specs/router_fp32.moe", 1},      /* fp32 router weights: the route splits them into three parts */
+        {"tests/specs/train_clamp_after.moe", 0}, /* the gate's clamp after its unit (forward and backward) */
     };
-    _Static_assert(sizeof test_specs / sizeof *test_specs <= 28, "specs[] has room for 28 test specs");
+    _Static_assert(sizeof test_specs / sizeof *test_specs <= 32, "specs[] has room for 32 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {
         snprintf(specs[ns], sizeof specs[0], "%s", test_specs[i].path);
         for (int a = 0; a < (test_specs[i].both_arches ? 2 : 1); a++)

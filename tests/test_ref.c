@@ -907,6 +907,33 @@ static void test_activation_geglu(void) {
     }
 }
 
+/* activation.clamp = "after" (Step-3.7-Flash): min(act(gate), limit), up clamped as before. */
+static void test_activation_clamp_after(void) {
+    CASE("activation: the gate's clamp after the unit");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.activation.limit = 7;
+    static const struct {
+        int geglu, after;
+        float gate, up;
+        double up_offset, want;
+    } v[] = {
+        {0, 1, 8.0f, 2.0f, 0, 14.0},                /* silu(8) = 7.997 cut to 7 */
+        {0, 0, 8.0f, 2.0f, 0, 13.987245283278392},  /* before: silu(min(8, 7)) */
+        {0, 1, 3.0f, 9.0f, 0, 20.004056663271097},  /* silu(3) under the limit; up cut to 7 */
+        {0, 1, -2.0f, -7.0f, 1, 1.4304350642654104}, /* a negative unit passes; up + 1 */
+        {1, 1, 7.5f, 3.0f, 0, 21.0},                /* gelu(7.5) cut to 7 */
+        {1, 1, 6.9f, -8.0f, 0, -48.29999999999995}, /* gelu(6.9) = 6.9: not cut; up cut to -7 */
+    };
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        s.activation.kind = v[i].geglu ? MOE_ACT_GEGLU : MOE_ACT_SWIGLU;
+        s.activation.clamp = v[i].after ? MOE_CLAMP_AFTER : MOE_CLAMP_BEFORE;
+        s.activation.up_offset = v[i].up_offset;
+        double got = moe_ref_activation(&s, v[i].gate, v[i].up);
+        CHECKF(fabs(got - v[i].want) <= 1e-6 * fabs(v[i].want), "case %zu: act(%g, %g) = %.9g, want %.9g", i,
+               v[i].gate, v[i].up, got, v[i].want);
+    }
+}
+
 static void naive_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int *idx,
                       const float *tw, int t, double *y) {
     const int H = s->hidden, F = s->ffn, K = s->top_k;
@@ -1336,6 +1363,10 @@ static int bwd_cases(bwd_case_t *c) {
     s.router.select = MOE_SELECT_GIVEN; s.router.logit_bias = true;
     c[n++] = (bwd_case_t){ "given ids (a repeat, two dropped): softmax, no renormalize, logit_bias", s, 4, 1415u };
 
+    s = mkspec(4, 2, 16, 8);   /* Step-3.7-Flash's clamped layers: min(silu(gate), L), up in [-L, L] */
+    s.router.renormalize = true; s.activation.limit = 0.25; s.activation.clamp = MOE_CLAMP_AFTER;
+    c[n++] = (bwd_case_t){ "swiglu clamped after the unit", s, 5, 1722u };
+
     s = mkspec(6, 2, 16, 8);   /* Gemma 4's router: its own input, per-expert scales; GeGLU experts */
     s.router.renormalize = true; s.router.input = MOE_ROUTER_INPUT_SEPARATE; s.router.expert_scale = true;
     s.activation.kind = MOE_ACT_GEGLU;
@@ -1382,7 +1413,12 @@ static void test_backward_fd(void) {
             int near = 0, cut_g = 0, cut_u = 0;
             for (int r = 0; r < T * K; r++)
                 for (int f = 0; f < F; f++) {
-                    const double g = u[(size_t)r * 2 * F + f], v = u[(size_t)r * 2 * F + F + f];
+                    double g = u[(size_t)r * 2 * F + f];
+                    const double v = u[(size_t)r * 2 * F + F + f];
+                    if (s->activation.clamp == MOE_CLAMP_AFTER)   /* the gate's kink: where its unit meets the limit */
+                        g = s->activation.kind == MOE_ACT_GEGLU
+                                ? 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                                : g / (1.0 + exp(-s->activation.alpha * g));
                     near += fabs(g - lim) < 1e-3 || fabs(fabs(v) - lim) < 1e-3;
                     cut_g += g > lim;
                     cut_u += fabs(v) > lim;
@@ -1620,6 +1656,7 @@ int main(void) {
     test_conversions();
     test_route_softmax();
     test_route_own_input();
+    test_activation_clamp_after();
     test_route_biases();
     test_route_sparsemixer();
     test_route_zero_experts();

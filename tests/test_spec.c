@@ -205,7 +205,8 @@ static const char *const required_bad[] = {
     "given_weights_shared_gate", "given_zero_experts", "given_sparsemixer", "router_input_given_weights",
     "router_input_shared_gate", "enum_router_input", "expert_scale_given_weights",
     "expert_scale_zero_experts", "expert_scale_given_training", "expert_scale_number", "router_fp32_given_weights",
-    "router_fp32_shared_gate", "router_fp32_training", "enum_router_weight_dtype",
+    "router_fp32_shared_gate", "router_fp32_training", "enum_router_weight_dtype", "activation_clamp_without_limit",
+    "enum_activation_clamp",
 };
 
 static void test_golden_errors(void) {

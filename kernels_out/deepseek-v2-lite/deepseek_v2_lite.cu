@@ -1276,11 +1276,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -2099,11 +2098,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2802,11 +2800,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -3400,11 +3397,10 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
 
 #line 10 "templates/swiglu.lua"
 namespace deepseek_v2_lite_swiglu_bf16_f1408_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -1315,11 +1315,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -2138,11 +2137,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2500,11 +2498,10 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 
 #line 624 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 184 "templates/gemm_gemv.lua"
@@ -3283,11 +3280,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -4060,11 +4056,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -4422,11 +4417,10 @@ deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
 
 #line 10 "templates/swiglu.lua"
 namespace deepseek_v3_ep8_swiglu_bf16_f2048_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -1166,14 +1166,13 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 45 "templates/activation.lua"
+#line 62 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
  * negative x (a few percent off at x = -6), the sigmoid does not. */
 static __device__ __forceinline__ float geglu(float gate, float up) {
-#line 55 "templates/activation.lua"
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
@@ -1955,14 +1954,13 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 45 "templates/activation.lua"
+#line 62 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
  * negative x (a few percent off at x = -6), the sigmoid does not. */
 static __device__ __forceinline__ float geglu(float gate, float up) {
-#line 55 "templates/activation.lua"
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
@@ -2321,14 +2319,13 @@ gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__
 
 #line 10 "templates/swiglu.lua"
 namespace gemma4_26b_a4b_swiglu_bf16_f704_impl {
-#line 45 "templates/activation.lua"
+#line 62 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
  * negative x (a few percent off at x = -6), the sigmoid does not. */
 static __device__ __forceinline__ float geglu(float gate, float up) {
-#line 55 "templates/activation.lua"
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return up * (gate * moe_sigmoid(2.0f * inner));
 }

@@ -1184,14 +1184,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -1989,14 +1987,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2641,14 +2637,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -3406,14 +3400,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -4122,14 +4114,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -4740,14 +4730,12 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
 
 #line 10 "templates/swiglu.lua"
 namespace gpt_oss_120b_swiglu_bf16_f2880_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -1292,14 +1292,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -2135,14 +2133,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2510,14 +2506,12 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 
 #line 624 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 184 "templates/gemm_gemv.lua"
@@ -3324,14 +3318,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -4251,14 +4243,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -5068,14 +5058,12 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -5443,14 +5431,12 @@ gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 
 #line 10 "templates/swiglu.lua"
 namespace gpt_oss_20b_swiglu_bf16_f2880_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 33 "templates/activation.lua"
     gate = fminf(gate, 7.0f);
     up = fminf(fmaxf(up, -7.0f), 7.0f);
-#line 36 "templates/activation.lua"
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -1264,11 +1264,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -2041,11 +2040,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2680,11 +2678,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -3425,11 +3422,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -4128,11 +4124,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -4726,11 +4721,10 @@ llama_4_scout_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
 
 #line 10 "templates/swiglu.lua"
 namespace llama_4_scout_swiglu_bf16_f8192_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -1271,11 +1271,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -2094,11 +2093,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2456,11 +2454,10 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 
 #line 624 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 184 "templates/gemm_gemv.lua"
@@ -3271,11 +3268,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -3869,11 +3865,10 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
 
 #line 10 "templates/swiglu.lua"
 namespace mixtral_8x7b_swiglu_bf16_f14336_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

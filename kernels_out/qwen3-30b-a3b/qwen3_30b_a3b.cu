@@ -1186,11 +1186,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -1963,11 +1962,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -2325,11 +2323,10 @@ qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
 
 #line 624 "templates/gemm_gemv.lua"
 namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 184 "templates/gemm_gemv.lua"
@@ -3024,11 +3021,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 24 "templates/gemm_up_swiglu.lua"
@@ -3727,11 +3723,10 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 855 "templates/gemm_sm90.lua"
@@ -4325,11 +4320,10 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
 
 #line 10 "templates/swiglu.lua"
 namespace qwen3_30b_a3b_swiglu_bf16_f768_impl {
-#line 29 "templates/activation.lua"
+#line 50 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-#line 36 "templates/activation.lua"
     return up * gate * moe_sigmoid(gate);
 }
 #line 12 "templates/swiglu.lua"

@@ -328,18 +328,30 @@ static void gemm_nt(const uint16_t *W, int N, int Kd, moe_dtype_t dt,
     }
 }
 
-/* activation.kind on the clamped pair (spec.h): swiglu, or geglu with the
- * tanh approximation of gelu (PyTorch's gelu(approximate='tanh')). */
-static float activation(const moe_activation_t *act, float gate, float up) {
-    double g = gate, u = up;
-    if (act->limit > 0) {
-        if (g > act->limit) g = act->limit;
-        if (u > act->limit) u = act->limit;
-        if (u < -act->limit) u = -act->limit;
+/* The gate's unit in double: swiglu's g·sigmoid(alpha·g), or geglu's gelu
+ * with the tanh approximation (PyTorch's gelu(approximate='tanh')). */
+static double act_unit(const moe_activation_t *a, double g) {
+    if (a->kind == MOE_ACT_GEGLU) return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+    return g / (1.0 + exp(-a->alpha * g));
+}
+
+/* activation.kind on the clamped pair (spec.h), in double: up clamped to
+ * [-limit, limit], the gate clamped at limit before the unit, or the unit's
+ * value after it (activation.clamp = "after"). */
+static double act_value(const moe_activation_t *a, double g, double u) {
+    const int lim = a->limit > 0, after = lim && a->clamp == MOE_CLAMP_AFTER;
+    if (lim) {
+        if (!after && g > a->limit) g = a->limit;
+        if (u > a->limit) u = a->limit;
+        if (u < -a->limit) u = -a->limit;
     }
-    if (act->kind == MOE_ACT_GEGLU)
-        return (float)((u + act->up_offset) * 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))));
-    return (float)((u + act->up_offset) * g / (1.0 + exp(-act->alpha * g)));
+    double v = act_unit(a, g);
+    if (after && v > a->limit) v = a->limit;
+    return (u + a->up_offset) * v;
+}
+
+static float activation(const moe_activation_t *act, float gate, float up) {
+    return (float)act_value(act, gate, up);
 }
 
 float moe_ref_activation(const moe_spec_t *s, float gate, float up) { return activation(&s->activation, gate, up); }
@@ -784,41 +796,39 @@ static void axpy(double *restrict y, const double *restrict x, double a, int n) 
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-/* The activation on the clamped pair, in double (activation() above). */
-static double act(const moe_activation_t *a, double g, double u) {
-    if (a->limit > 0) {
-        if (g > a->limit) g = a->limit;
-        if (u > a->limit) u = a->limit;
-        if (u < -a->limit) u = -a->limit;
-    }
-    if (a->kind == MOE_ACT_GEGLU)
-        return (u + a->up_offset) * 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-    return (u + a->up_offset) * g / (1.0 + exp(-a->alpha * g));
-}
+/* The activation on the clamped pair, in double (act_value above). */
+static double act(const moe_activation_t *a, double g, double u) { return act_value(a, g, u); }
 
 /* Its partial derivatives in gate and up at (g, u), before the clamp: zero
  * where the clamp cut the value (g > limit; u > limit or u < -limit); at
  * equality the derivative passes, as torch.clamp's does. */
 static void act_grad(const moe_activation_t *a, double g, double u, double *dg, double *du) {
     int gcut = 0, ucut = 0;
+    const int after = a->limit > 0 && a->clamp == MOE_CLAMP_AFTER;
     if (a->limit > 0) {
-        if (g > a->limit) { g = a->limit; gcut = 1; }
+        if (!after && g > a->limit) { g = a->limit; gcut = 1; }
         if (u > a->limit) { u = a->limit; ucut = 1; }
         if (u < -a->limit) { u = -a->limit; ucut = 1; }
     }
     const double up = u + a->up_offset;
+    double v, dv;   /* the unit and its derivative at g */
     if (a->kind == MOE_ACT_GEGLU) {
         const double k = 0.7978845608028654, c = 0.044715;
         const double th = tanh(k * (g + c * g * g * g));
-        const double gelu = 0.5 * g * (1.0 + th);
-        const double dgelu = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * k * (1.0 + 3.0 * c * g * g);
-        *dg = gcut ? 0.0 : up * dgelu;
-        *du = ucut ? 0.0 : gelu;
-        return;
+        v = 0.5 * g * (1.0 + th);
+        dv = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * k * (1.0 + 3.0 * c * g * g);
+    } else {
+        const double sg = 1.0 / (1.0 + exp(-a->alpha * g));
+        v = g * sg;
+        dv = sg + a->alpha * g * sg * (1.0 - sg);
     }
-    const double sg = 1.0 / (1.0 + exp(-a->alpha * g));
-    *dg = gcut ? 0.0 : up * (sg + a->alpha * g * sg * (1.0 - sg));
-    *du = ucut ? 0.0 : g * sg;
+    if (after && v > a->limit) { v = a->limit; gcut = 1; }   /* min(unit, limit): cut above, passes at equality */
+    *dg = gcut ? 0.0 : up * dv;
+    *du = ucut ? 0.0 : v;
+}
+
+void moe_ref_activation_grad(const moe_spec_t *s, double gate, double up, double *dgate, double *dup) {
+    act_grad(&s->activation, gate, up, dgate, dup);
 }
 
 /* ---- one expert's rows ------------------------------------------------- */

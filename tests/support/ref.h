@@ -165,6 +165,9 @@ void moe_ref_fp8_free(moe_ref_fp8_t *f);
 
 /* The spec's FFN activation of one (gate, up) pair, as moe_ref_ffn applies
  * it before rounding: computed in double, returned as float. */
+/* d act / d gate and d act / d up at (gate, up) before the clamps, in
+ * double (the backward's act'): zero where a clamp cut the value. */
+void moe_ref_activation_grad(const moe_spec_t *s, double gate, double up, double *dgate, double *dup);
 float moe_ref_activation(const moe_spec_t *s, float gate, float up);
 
 /* Tokens per expert: counts[e] = number of slots (t, k) with topk_idx == e,
