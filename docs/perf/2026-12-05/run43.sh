@@ -21,14 +21,16 @@
 # parts) with memcheck, test_torch_gpu's check_training_ext (_TrainExt against torch autograd); and fp32 router
 # weights (router.weight_dtype = "fp32"): test_gpu on tests/specs/router_fp32.moe, test_torch_gpu's
 # fp32_router_small, check_models' ernie4.5-fp32router and longcat-fp32router on the GPU, moe_bench of
-# router_fp32.moe against the same spec in bf16 (the route's cost of the three parts)
+# router_fp32.moe against the same spec in bf16 (the route's cost of the three parts); and the activation's clamp
+# after its unit (Step-3.7-Flash): test_gpu and test_bwd_gpu on tests/specs/train_clamp_after.moe, check_models'
+# step3.7-clamped on the GPU
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 v() { local log=$1; shift; timeout 240 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
 { v test_gpu_given build/tests/test_gpu given; v test_gpu_own build/tests/test_gpu router_own_input
-  v test_gpu_fp32router build/tests/test_gpu router_fp32; } &
+  v test_gpu_fp32router build/tests/test_gpu router_fp32; v test_gpu_clamp_after build/tests/test_gpu clamp_after; } &
 { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
   v test_vendored_own build/tests/test_vendored_own tests/specs/router_own_input.moe; } &
 { mkdir -p /tmp/r43_torch
@@ -45,9 +47,11 @@ v memcheck_given compute-sanitizer --tool memcheck --error-exitcode 3 build/test
 v memcheck_bwd_given compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_given
 v memcheck_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu router_own_input
 v test_bwd_gpu_own build/tests/test_bwd_gpu train_own_input
+v test_bwd_gpu_clamp_after build/tests/test_bwd_gpu train_clamp_after
 v memcheck_bwd_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
-    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router --tokens 1,37,512,4096
+    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped \
+    --tokens 1,37,512,4096
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
 sed 's/, input = "separate", expert_scale = true//' examples/specs/gemma4-26b-a4b.moe > /tmp/gemma4_plain.moe
 sed 's/, weight_dtype = "fp32"//' tests/specs/router_fp32.moe > /tmp/router_bf16.moe
