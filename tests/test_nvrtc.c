@@ -115,7 +115,7 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
 static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
     /* with training = true where the spec allows it (one device, not fp8,
-     * not sparsemixer's inference-only routing, zero experts nor given weights), so the
+     * not sparsemixer's inference-only routing, zero experts, given weights nor fp32 router weights), so the
      * same compile also covers the backward GEMMs (the forward's kernels are
      * the same either way) */
     moe_plan_desc_t pd;
@@ -127,7 +127,7 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
     }
     if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec) && !(pp && pp->splitk) &&
         pd.spec.router.score != MOE_SCORE_SPARSEMIXER && !pd.spec.zero_experts &&
-        pd.spec.router.score != MOE_SCORE_GIVEN) {
+        pd.spec.router.score != MOE_SCORE_GIVEN && pd.spec.router.weight_dtype != MOE_ROUTER_WEIGHT_FP32) {
         moe_plan_desc_free(&pd);
         if (job_plan(spec, pp, o, nset + 1, &pd, r->msg, sizeof r->msg)) {
             r->rc = 1;
