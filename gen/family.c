@@ -10,8 +10,8 @@ extern const moe_family_t moe_family_route, moe_family_permute_plan, moe_family_
     moe_family_gemm_up, moe_family_gemm_down, moe_family_combine, moe_family_ep_send_plan, moe_family_ep_scatter,
     moe_family_ep_recv_plan, moe_family_ep_rows, moe_family_swiglu, moe_family_pack, moe_family_bwd_dys,
     moe_family_bwd_router, moe_family_bwd_dx, moe_family_bwd_dwr, moe_family_bwd_colsum,
-    moe_family_bwd_unpack, moe_family_bwd_accum, moe_family_bwd_slot_rows, moe_family_bwd_escale, moe_family_dgrad_down, moe_family_dgrad_up, moe_family_wgrad_up,
-    moe_family_wgrad_down;
+    moe_family_bwd_unpack, moe_family_bwd_accum, moe_family_bwd_slot_rows, moe_family_bwd_escale,
+    moe_family_dgrad_down, moe_family_dgrad_up, moe_family_wgrad_up, moe_family_wgrad_down;
 
 static const moe_family_t *const table[MOE_FAMILY_COUNT] = {
     [MOE_K_ROUTE] = &moe_family_route,

@@ -240,7 +240,8 @@ static void saved_sizes(const moe_plan_desc_t *pd, long long T, long long R, lon
     const moe_spec_t *s = &pd->spec;
     long long E = moe_spec_slots(s), TK = T * moe_spec_entries(s);
     size_t z[MOE_SV_COUNT] = {
-        [MOE_SV_COUNTS] = 4 * (E + MOE_ROUTE_TICKETS),   /* the given ids' dropped count too */ [MOE_SV_OFFSETS] = 4 * (E + 1), [MOE_SV_NUM_TILES] = 4,
+        [MOE_SV_COUNTS] = 4 * (E + MOE_ROUTE_TICKETS), /* the given ids' dropped count too */
+        [MOE_SV_OFFSETS] = 4 * (E + 1), [MOE_SV_NUM_TILES] = 4,
         [MOE_SV_TILES] = 16 * (size_t)nt, [MOE_SV_TOPK_IDX] = 4 * TK, [MOE_SV_TOPK_W] = 4 * TK,
         [MOE_SV_ROW_OF] = 4 * TK, [MOE_SV_LOGITS] = 4 * (size_t)T * s->experts, [MOE_SV_XS] = 2 * R * s->hidden,
         [MOE_SV_HBUF] = 2 * R * s->ffn, [MOE_SV_OUT] = 2 * R * s->hidden,

@@ -326,7 +326,9 @@ static bool written(const moe_key_t *k, const moe_spec_t *s) {
     if (!k->optional)
         return true;
     const char *p = (const char *)s + k->offset;
-    return k->type == MOE_KEY_NUM ? *(const double *)p != 0 : k->type == MOE_KEY_BOOL ? *(const bool *)p : *(const int *)p != 0;
+    if (k->type == MOE_KEY_NUM)
+        return *(const double *)p != 0;
+    return k->type == MOE_KEY_BOOL ? *(const bool *)p : *(const int *)p != 0;
 }
 
 /* ---- the canonical form -------------------------------------------------- */

@@ -76,7 +76,6 @@ static const abi_field backward_fields[] = {
     FIELD(moe_backward_args, dx),         FIELD(moe_backward_args, d_router_w),  FIELD(moe_backward_args, d_logit_bias),
     FIELD(moe_backward_args, dw1p),       FIELD(moe_backward_args, db1p),        FIELD(moe_backward_args, dw2),
     FIELD(moe_backward_args, db2),        FIELD(moe_backward_args, shared_gate), FIELD(moe_backward_args, d_shared_gate),
-    
     FIELD(moe_backward_args, router_x),   FIELD(moe_backward_args, router_expert_scale),
     FIELD(moe_backward_args, d_router_x), FIELD(moe_backward_args, d_expert_scale), {0}};
 

@@ -50,7 +50,7 @@
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair${after(p) and " (the gate's unit clamped after)" or ""}. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
-${clamps(p)}    return ${up_term} * ${after(p) and out(p, "gate * moe_sigmoid(" .. gate_arg .. ")") or "gate * moe_sigmoid(" .. gate_arg .. ")"};
+${clamps(p)}    return ${up_term} * ${out(p, "gate * moe_sigmoid(" .. gate_arg .. ")")};
 }
 @   return "swiglu"
 @ end

@@ -750,6 +750,11 @@ def _take(name, t, shape, dtype, dev):
     return t.to(dev)
 
 
+def _rows(t, flat):
+    """A per-token tensor of MoE.forward ([..., n]) as the op's rows [tokens, n] (None stays None)."""
+    return t.reshape(-1, t.shape[-1]) if flat and t is not None else t
+
+
 def _refuse(**given):
     """Arguments of MoE.load_plain / load_fp8 the spec has no place for."""
     for name, t in given.items():
@@ -839,28 +844,25 @@ class MoE(torch.nn.Module):
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
         flat = x.dim() != 2   # x [tokens, H] goes in as it is: no reshape either way
         p = self._parameters  # one dict, not Module.__getattr__ per parameter
+        xs = x.reshape(-1, H) if flat else x
         if getattr(self, "_ext", False) and getattr(self, "trains", False) and torch.is_grad_enabled():
             if topk_ids is not None or topk_weights is not None:
                 raise NotImplementedError("moegen: training with given ids and the router's own input or scales "
                                           "runs through the C API (moe_forward_train), not MoE.forward")
-            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
-            y = _TrainExt.apply(x.reshape(-1, H) if flat else x, r(router_x), p["router_w"], p["w1p"], p["w2"],
-                                p["router_bias"], p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"],
+            y = _TrainExt.apply(xs, _rows(router_x, flat), p["router_w"], p["w1p"], p["w2"], p["router_bias"],
+                                p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"],
                                 p.get("router_expert_scale"), self.plan_id)
         elif router_x is not None or getattr(self, "_ext", False):
-            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
-            y = moe_ext(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                        p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),
-                        r(topk_weights), r(router_x), p.get("router_expert_scale"), p.get("w1s"), p.get("w2s"))
+            y = moe_ext(xs, p["router_w"], p["w1p"], p["w2"], p["router_bias"], p["router_logit_bias"], p["b1p"],
+                        p["b2"], p["shared_gate"], self.plan_id, _rows(topk_ids, flat), _rows(topk_weights, flat),
+                        _rows(router_x, flat), p.get("router_expert_scale"), p.get("w1s"), p.get("w2s"))
         elif topk_ids is not None or topk_weights is not None or getattr(self, "_given", False):
-            r = lambda t: t.reshape(-1, t.shape[-1]) if flat and t is not None else t
-            y = moe_given(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                          p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, r(topk_ids),
-                          r(topk_weights), p.get("w1s"), p.get("w2s"))
+            y = moe_given(xs, p["router_w"], p["w1p"], p["w2"], p["router_bias"], p["router_logit_bias"], p["b1p"],
+                          p["b2"], p["shared_gate"], self.plan_id, _rows(topk_ids, flat), _rows(topk_weights, flat),
+                          p.get("w1s"), p.get("w2s"))
         else:
-            y = moe(x.reshape(-1, H) if flat else x, p["router_w"], p["w1p"], p["w2"], p["router_bias"],
-                    p["router_logit_bias"], p["b1p"], p["b2"], p["shared_gate"], self.plan_id, p.get("w1s"),
-                    p.get("w2s"))
+            y = moe(xs, p["router_w"], p["w1p"], p["w2"], p["router_bias"], p["router_logit_bias"], p["b1p"], p["b2"],
+                    p["shared_gate"], self.plan_id, p.get("w1s"), p.get("w2s"))
         return y.reshape(x.shape) if flat else y
 
     def w1_order(self):
