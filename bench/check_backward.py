@@ -90,6 +90,12 @@ CASES = [
     # Step-3.7-Flash's clamped layers: min(silu(gate), L), up in [-L, L] (a limit that bites)
     ("step3.7-clamp-after", 'router = { score = "sigmoid", renormalize = true, scale = 2.0 }\n'
      'activation = { kind = "swiglu", limit = 0.5, clamp = "after" }', dict(E=8, K=2, shared=1)),
+    # and the shared expert's own limit (Step-3.7's 16 against 7), or none (HY-V4)
+    ("step3.7-shared-limit", 'router = { score = "sigmoid", renormalize = true, scale = 2.0 }\n'
+     'activation = { kind = "swiglu", limit = 0.5, clamp = "after" }', dict(E=8, K=2, shared=1, shared_limit=1.1)),
+    ("hy-v4-shared-unclamped", 'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5, '
+     'groups = 4, topk_groups = 2, group_topk = 2 }\n'
+     'activation = { kind = "swiglu", limit = 0.5 }', dict(E=16, K=4, shared=2, shared_limit=0)),
     ("geglu-clamp-after", 'router = { score = "softmax", renormalize = true }\n'
      'activation = { kind = "geglu", limit = 0.4, clamp = "after", up_offset = 0.5 }', dict(E=4, K=2, dtype="fp16")),
     # Gemma 4's router: its own input (router_x) and per-expert scales; GeGLU experts
@@ -139,8 +145,15 @@ class Case:
         self.spec = ('name = "check_backward"\nexperts = %d\ntop_k = %d\nhidden = %d\nffn = %d\n'
                      'tokens = %d\ndtype = "%s"\n%s\n' % (self.E, self.K, self.H, self.F, self.T,
                                                          self.dtype, keys))
+        # the shared expert's own limit (shared.limit), or none (shared.unclamped)
+        self.shared_limit = opt.get("shared_limit")
+        shared_keys = ""
+        if self.shared_limit == 0:
+            shared_keys = ", unclamped = true"
+        elif self.shared_limit:
+            shared_keys = ", limit = %g" % self.shared_limit
         if self.FS:
-            self.spec += 'shared = { ffn = %d, gate = "%s" }\n' % (self.FS, self.gate)
+            self.spec += 'shared = { ffn = %d, gate = "%s"%s }\n' % (self.FS, self.gate, shared_keys)
         # The semantics the eager layer needs, read back from the keys.
         def key(k, default=None):
             import re
@@ -237,14 +250,16 @@ def ref_backward(lib, c, t, exact):
     return out, idx.long()
 
 
-def act(c, g, u):
-    if c.limit > 0:
+def act(c, g, u, limit=None):
+    """The activation at the routed experts' limit, or at `limit` (the shared expert's; 0: none)."""
+    lim = c.limit if limit is None else limit
+    if lim > 0:
         if not c.clamp_after:
-            g = g.clamp(max=c.limit)
-        u = u.clamp(-c.limit, c.limit)
+            g = g.clamp(max=lim)
+        u = u.clamp(-lim, lim)
     v = Fn.gelu(g, approximate="tanh") if c.act == "geglu" else g * torch.sigmoid(c.alpha * g)
-    if c.limit > 0 and c.clamp_after:
-        v = v.clamp(max=c.limit)
+    if lim > 0 and c.clamp_after:
+        v = v.clamp(max=lim)
     return (u + c.up_offset) * v
 
 
@@ -311,7 +326,7 @@ def torch_backward(c, t, dt):
             O = O * w[tok, kk].unsqueeze(1)
         y = y.index_add(0, tok, O)
     if c.FS:
-        Os = act(c, x @ P["ws1"][:c.FS].T, x @ P["ws1"][c.FS:].T) @ P["ws2"].T
+        Os = act(c, x @ P["ws1"][:c.FS].T, x @ P["ws1"][c.FS:].T, c.shared_limit) @ P["ws2"].T
         if c.gate == "sigmoid":
             Os = Os * torch.sigmoid(x @ P["wsg"]).unsqueeze(1)
         y = y + Os

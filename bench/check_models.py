@@ -100,7 +100,7 @@ class Family:
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
                  top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None, hash=False, inputs=None,
-                 post_init=None, copy32=None):
+                 post_init=None, copy32=None, shared_keys=""):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or (hash_route(self) if hash else gate_route)
@@ -128,6 +128,8 @@ class Family:
         # copy32: (fp32 copy) -> None: where the bf16 model hands a rounded intermediate to a part moegen is
         # given (Gemma 4's router input), the fp32 copy reads it rounded alike
         self.copy32 = copy32
+        # shared_keys: more keys of the spec's shared table (`limit = 1.2`: the shared expert's own clamp)
+        self.shared_keys = shared_keys
 
 
 def gate_route(block, x):
@@ -708,7 +710,7 @@ def cohere2_shared(block):
     return g, u, d * 0.5, None  # "average": (routed + shared) / 2, the shared half folded into its down_proj
 
 
-def mk_step3p7(limit=None):
+def mk_step3p7(limit=None, shared_limit=None):
     # Step3p7SparseMoeBlock (Step-3.7-Flash): logits = x·Wrᵀ (bf16), s =
     # sigmoid(logits.float()); selection on s + e_score_correction_bias,
     # top-k; weight = s / Σ_k s (always), fp32; the routed SUM is then
@@ -717,15 +719,15 @@ def mk_step3p7(limit=None):
     # shared_experts(x), ungated, intermediate share_expert_dim. Layers
     # listed in swiglu_limits / swiglu_limits_shared clamp silu(gate) (after
     # the activation) and up: activation.clamp = "after"; with limit the
-    # layer built here is such a layer, its routed and shared limits equal
-    # (the checkpoint's are 7 and 16: a shared limit of its own is not
-    # expressible yet, docs/models.md); without, it has no clamp.
+    # layer built here is such a layer, its shared limit `shared_limit` (the
+    # checkpoint's are 7 and 16: spec shared.limit) or the routed one;
+    # without, it has no clamp.
     Block, = tf_import("step3p7.modeling_step3p7", "Step3p7SparseMoeBlock")
     Cfg, = tf_import("step3p7.configuration_step3p7", "Step3p7TextConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, num_local_experts=32, num_experts_per_tok=8,
                     share_expert_dim=128, moe_router_scaling_factor=2.0,
                     swiglu_limits=None if limit is None else [limit],
-                    swiglu_limits_shared=None if limit is None else [limit]))
+                    swiglu_limits_shared=None if limit is None else [shared_limit or limit]))
     return Block(cfg, 0), cfg
 
 
@@ -1058,6 +1060,12 @@ FAMILIES = [
            lambda: mk_step3p7(limit=0.6),
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
            'activation = { kind = "swiglu", limit = 0.6, clamp = "after" }', "fused", shared=128, shared_gate="none"),
+    # and its own limit for the shared expert (the checkpoint's 16 against 7): spec shared.limit
+    Family("step3.7-shared-limit", "Step-3.7-Flash (a clamped layer, routed limit 0.6, shared 1.4)",
+           lambda: mk_step3p7(limit=0.6, shared_limit=1.4),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
+           'activation = { kind = "swiglu", limit = 0.6, clamp = "after" }', "fused", shared=128, shared_gate="none",
+           shared_keys="limit = 1.4"),
     Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
            'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
            shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
@@ -1094,6 +1102,16 @@ FAMILIES = [
            lambda: mk_deepseek_v4(layer=0),
            'router = { select = "given", score = "sqrtsoftplus", renormalize = true, scale = 1.5 }\n'
            'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none", hash=True),
+    # HYV4MoE: DeepSeek-V3's block (fp32 router, groups), its experts clamped as GLM-5-Next's
+    # (swiglu_limit 10; 1.5 here, so that the clamp bites), its shared expert (HYV4MLP) not: shared.unclamped
+    Family("hy-v4", "HY-V4 (HYV4MoE), routed limit 1.5, shared unclamped", lambda: mk_deepseek_like(
+               "hy_v4.modeling_hy_v4", "HYV4MoE", "HYV4Config", n_routed_experts=32, num_experts_per_tok=8,
+               n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.827, norm_topk_prob=True,
+               swiglu_limit=1.5),
+           'router = { score = "sigmoid", bias = true, groups = 4, topk_groups = 2, group_topk = 2, '
+           'renormalize = true, scale = 2.827 }\n'
+           'activation = { kind = "swiglu", limit = 1.5 }', "fused", shared=128, shared_gate="none",
+           shared_keys="unclamped = true"),
     Family("hy-v3", "HY-V3 (HYV3MoE)", mk_hy_v3,
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.826 }', "fused",
            shared=128, shared_gate="none", route=lambda b, x: gate_route_bias(b, x, b.e_score_correction_bias),
@@ -1304,7 +1322,8 @@ def spec_text(fam, name, E, K, H, F, tokens, with_shared, drop=()):
          'name = "%s"\nexperts = %d\ntop_k = %d\nhidden = %d\nffn = %d\ntokens = %d\ndtype = "bf16"\n%s\n'
          % (fam.name, fam.model, name, E, K, H, F, tokens, keys))
     if with_shared and fam.shared:
-        s += 'shared = { ffn = %d, gate = "%s" }\n' % (fam.shared, fam.shared_gate)
+        s += 'shared = { ffn = %d, gate = "%s"%s }\n' % (fam.shared, fam.shared_gate,
+                                                         ", " + fam.shared_keys if fam.shared_keys else "")
     if fam.zero and "zero_experts" not in drop:  # a build without the key: skipped ("needs zero_experts")
         s += 'zero_experts = %d\n' % fam.zero
     return s

@@ -106,6 +106,8 @@ typedef struct {
 typedef struct {
     int ffn;                      /* F_s; 0 = no shared expert */
     moe_shared_gate_t gate;
+    double limit;                 /* its own activation limit (Step-3.7-Flash); 0 = activation.limit's */
+    bool unclamped;               /* no limit at all (HY-V4's shared expert) */
 } moe_shared_t;
 
 typedef struct {
@@ -205,6 +207,22 @@ void moe_spec_push_lua(struct lua_State *L, const moe_spec_t *s);
 static inline int moe_spec_shared_slots(const moe_spec_t *s) { return s->ffn ? s->shared.ffn / s->ffn : 0; }
 static inline int moe_spec_entries(const moe_spec_t *s) { return s->top_k + moe_spec_shared_slots(s); }
 static inline int moe_spec_slots(const moe_spec_t *s) { return s->experts + moe_spec_shared_slots(s); }
+/* The shared expert's activation: the spec's, at shared.limit when it has
+ * its own (Step-3.7-Flash: 16 against the routed experts' 7) or with no
+ * limit when shared.unclamped (HY-V4); the clamp's place stays
+ * activation.clamp's. Its slots (experts .. slots() - 1) run it. */
+static inline moe_activation_t moe_spec_shared_activation(const moe_spec_t *s) {
+    moe_activation_t a = s->activation;
+    if (s->shared.unclamped)
+        a.limit = 0;
+    else if (s->shared.limit > 0)
+        a.limit = s->shared.limit;
+    return a;
+}
+/* Does the shared expert's activation differ from the routed experts'? */
+static inline bool moe_spec_shared_act_differs(const moe_spec_t *s) {
+    return s->shared.ffn > 0 && moe_spec_shared_activation(s).limit != s->activation.limit;
+}
 /* Zero-computation experts (LongCat-Flash; docs/DESIGN.md, "Zero
  * experts"): the router scores scored() = experts + zero_experts experts
  * (router_w [scored, H], the router's biases [scored]); a selected index

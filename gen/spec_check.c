@@ -515,6 +515,20 @@ static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
         if (sh->gate != MOE_SHARED_GATE_NONE)
             NAMED_ERROR(c, "shared.gate", "shared.gate applies to a shared expert: set shared.ffn, its intermediate "
                         "size");
+        else if (sh->limit > 0 || sh->unclamped)
+            NAMED_ERROR(c, sh->limit > 0 ? "shared.limit" : "shared.unclamped", "%s applies to a shared expert: set "
+                        "shared.ffn, its intermediate size", sh->limit > 0 ? "shared.limit" : "shared.unclamped");
+        return;
+    }
+    if (sh->limit > 0 && sh->unclamped) {
+        NAMED_ERROR(c, "shared.unclamped", "shared.unclamped = true with shared.limit: the shared expert has a limit "
+                    "or none; keep one of them");
+        return;
+    }
+    if ((sh->limit > 0 || sh->unclamped) && !(s->activation.limit > 0)) {
+        NAMED_ERROR(c, sh->limit > 0 ? "shared.limit" : "shared.unclamped", "%s needs activation.limit: it sets the "
+                    "shared expert's clamp apart from the routed experts' limit (set activation.limit)",
+                    sh->limit > 0 ? "shared.limit" : "shared.unclamped = true");
         return;
     }
     long long m = sh->ffn / s->ffn, rows = (long long)s->tokens * (s->top_k + m);

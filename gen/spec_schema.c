@@ -152,6 +152,13 @@ const moe_key_t moe_spec_keys[] = {
      .when = "shared.ffn",
      .help = "the shared expert's weight `g(x)`: `\"none\"`: 1 (DeepSeek, Kimi K2, GLM-4.5, Llama 4); "
              "`\"sigmoid\"`: `sigmoid(x·w_gate)` with a learned `[H]` vector `w_gate` (Qwen2-MoE)"},
+    {.name = "shared.limit", .type = MOE_KEY_NUM, .offset = AT(shared.limit), .optional = true, .lo = 1e-6,
+     .hi = 1e6,
+     .help = "the shared expert's own `activation.limit` (Step-3.7-Flash's clamped layers: 16 against the routed "
+             "experts' 7), clamping where `activation.clamp` says; needs `activation.limit`"},
+    {.name = "shared.unclamped", .type = MOE_KEY_BOOL, .offset = AT(shared.unclamped), .optional = true,
+     .help = "the shared expert's activation has no limit while the routed experts' has `activation.limit` "
+             "(HY-V4)"},
 
     {.name = "training", .type = MOE_KEY_BOOL, .offset = AT(training),
      .help = "the plan also builds the backward kernels (`moe_backward`) and the training forward that saves "

@@ -10,7 +10,37 @@
 @ -- p.up_offset are its parameters; p.spec.activation.clamp = "after" moves
 @ -- the gate's clamp to the unit's output (min(act(gate), limit),
 @ -- Step-3.7-Flash), up's clamp unchanged.
+@ --
+@ -- A shared expert with a limit of its own (p.shared_act: shared.limit,
+@ -- p.shared_limit, or shared.unclamped, no p.shared_limit) gets a second
+@ -- function, the name with "_shared", which its slots (E .. slots - 1)
+@ -- run: call sites call M.call(p, name, shared, args), which picks by
+@ -- `shared` (true on those slots' rows) and is the plain call when the
+@ -- two are one.
 @ local M = {}
+@ local emit_device, geglu, emit_backward  -- defined below
+@
+@ -- The shared expert's parameters: p with its limit (nil: unclamped).
+@ local function shared_params(p)
+@   local q = {}
+@   for k, v in pairs(p) do q[k] = v end
+@   q.limit = p.shared_limit
+@   return q
+@ end
+@
+@ -- The call of the activation function fn (M.name's, M.backward's) on the
+@ -- argument text args, where `shared` (C text, true for rows of the shared
+@ -- expert's slots; M.shared_slot) picks the shared expert's variant.
+@ function M.call(p, fn, shared, args)
+@   if not p.shared_act then return fn .. "(" .. args .. ")" end
+@   if not shared then error(fn .. ": the shared expert has its own activation, and this call site cannot tell its rows", 2) end
+@   return "((" .. shared .. ") ? " .. fn .. "_shared(" .. args .. ") : " .. fn .. "(" .. args .. "))"
+@ end
+@
+@ -- Is weight slot `slot` (C text) one of the shared expert's?
+@ function M.shared_slot(p, slot)
+@   return "(" .. slot .. ") >= " .. p.E
+@ end
 @
 @ -- Is the gate clamped after the unit (activation.clamp = "after", with a limit)?
 @ local function after(p)
@@ -44,31 +74,37 @@
 @ -- up) in fp32 and return its name (M.name(p)); callers call it by that
 @ -- name, so a new kind needs no change outside this file.
 @ function M.device(p)
-@   if M.name(p) == "geglu" then return M.geglu(p) end
+@   local name = M.name(p)
+@   emit_device(p, name)
+@   if p.shared_act then emit_device(shared_params(p), name .. "_shared") end
+@   return name
+@ end
+@
+@ -- The forward function of p's activation, named fn.
+@ function emit_device(p, fn)
+@   if M.name(p) == "geglu" then return geglu(p, fn) end
 @   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair${after(p) and " (the gate's unit clamped after)" or ""}. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
+static __device__ __forceinline__ float ${fn}(float gate, float up) {
 ${clamps(p)}    return ${up_term} * ${out(p, "gate * moe_sigmoid(" .. gate_arg .. ")")};
 }
-@   return "swiglu"
 @ end
 @
 @ -- geglu: gelu is the tanh approximation, as PyTorch's
 @ -- gelu(approximate='tanh'); limit and up_offset as for swiglu.
-@ function M.geglu(p)
+@ function geglu(p, fn)
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
  * negative x (a few percent off at x = -6), the sigmoid does not. */
-static __device__ __forceinline__ float geglu(float gate, float up) {
+static __device__ __forceinline__ float ${fn}(float gate, float up) {
 ${clamps(p)}    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return ${up_term} * ${out(p, "(gate * moe_sigmoid(2.0f * inner))")};
 }
-@   return "geglu"
 @ end
 @
 @ -- The activation's backward, for the backward GEMM's epilogue
@@ -79,11 +115,19 @@ ${clamps(p)}    const float inner = 0.7978845608028654f * (gate + 0.044715f * ga
 @ -- inside the clamp's range, bounds included (gate <= limit, -limit <= up
 @ -- <= limit), as torch.clamp's backward, and is 0 where the clamp cut it.
 @ function M.backward(p)
+@   local fn = M.name(p) .. "_bwd"
+@   emit_backward(p, fn)
+@   if p.shared_act then emit_backward(shared_params(p), fn .. "_shared") end
+@   return fn
+@ end
+@
+@ -- The backward function of p's activation, named fn.
+@ function emit_backward(p, fn)
 @   local name = M.name(p)
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
 /* d ${name}(gate, up) / d gate and / d up, times d. */
-static __device__ __forceinline__ void ${name}_bwd(float gate, float up, float d, float &dgate, float &dup) {
+static __device__ __forceinline__ void ${fn}(float gate, float up, float d, float &dgate, float &dup) {
 @   if p.limit then
 @     if after(p) then
     const bool up_in = up >= ${f32(-p.limit)} && up <= ${f32(p.limit)};   /* the gate's clamp: on act, below */
@@ -121,7 +165,6 @@ ${cl}
     dup = d * act;
 @   end
 }
-@   return name .. "_bwd"
 @ end
 @
 @ return M

@@ -547,6 +547,12 @@ ${p.kernel}(${args}) {
 @     eargs = ", const moe_half_t *__restrict__ bias, unsigned char *__restrict__ out, float *__restrict__ osc"
 @     cargs = ", " .. (p.ffn_bias and "b1p + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", hq, hsc"
 @   end
+@   local A = import("activation")
+@   local shared = nil   -- the rows' slot, for a shared expert with its own activation (activation.lua, M.call)
+@   if p.shared_act then
+@     eargs, cargs, shared = eargs .. ", const int slot", cargs .. ", expert", A.shared_slot(p, "slot")
+@   end
+@   local function call(args) return A.call(p, act, shared, args) end
 @   local function epilogue8()
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further; the
          * activation waits in shared memory for its block's amax (after8) */
@@ -561,7 +567,7 @@ ${p.kernel}(${args}) {
 @     else
             const float g = s${cg}, u = su${cu};
 @     end
-            reinterpret_cast<float *>(sm + OFF_ACT)[r * (BN / 2) + f - n0 / 2] = ${act}(g, u);
+            reinterpret_cast<float *>(sm + OFF_ACT)[r * (BN / 2) + f - n0 / 2] = ${call("g, u")};
         }
 @   end
 @   local function after8()
@@ -612,7 +618,7 @@ ${p.kernel}(${args}) {
 @     else
             const float g = s, u = su;
 @     end
-            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(${act}(g, u));
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(${call("g, u")});
 @     if train then
             if (ubuf) {  /* U: gate and up at their packed columns */
                 ubuf[(orow + r) * N + pr] = moe_from_float(g);

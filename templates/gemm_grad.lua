@@ -338,8 +338,10 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
                 const long long row = (long long)(row_start + r) * F2;
                 const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
                 float dg0, du0, dg1, du1;
-                ${act}(moe_lo_float(ug), moe_lo_float(uu), acc[mi][ni][2 * h], dg0, du0);
-                ${act}(moe_hi_float(ug), moe_hi_float(uu), acc[mi][ni][2 * h + 1], dg1, du1);
+@   local A = import("activation")
+@   local function call(args) return A.call(p, act, A.shared_slot(p, "slot"), args) end
+                ${call("moe_lo_float(ug), moe_lo_float(uu), acc[mi][ni][2 * h], dg0, du0")};
+                ${call("moe_hi_float(ug), moe_hi_float(uu), acc[mi][ni][2 * h + 1], dg1, du1")};
                 *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
                 *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
             }

@@ -985,8 +985,18 @@ ${ARCH_GUARD}
 }
 @ end
 @
+@ -- The call of the activation function fn on args in an epilogue, which
+@ -- has its tile's weight slot as `expert` (templates/activation.lua,
+@ -- M.call: the shared expert's slots may run their own).
+@ local function act_call(p, fn, args)
+@   local A = import("activation")
+@   return A.call(p, fn, A.shared_slot(p, "expert"), args)
+@ end
+@
 @ function M.up(p)
 @   local c = config(p, "up")
+@   local function call(fn, args) return act_call(p, fn, args) end
+@   local A = import("activation")
 @   local args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
@@ -1049,8 +1059,8 @@ ${ARCH_GUARD}
                         (void)f;
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            const float o0 = ${act}(acc[0][8 * j + 2 * h]${sg0}${bg0}, acc[0][8 * j + 4 + 2 * h]${su0}${bu0});
-                            const float o1 = ${act}(acc[0][8 * j + 2 * h + 1]${sg1}${bg1}, acc[0][8 * j + 5 + 2 * h]${su1}${bu1});
+                            const float o0 = ${call(act, "acc[0][8 * j + 2 * h]" .. sg0 .. bg0 .. ", acc[0][8 * j + 4 + 2 * h]" .. su0 .. bu0)};
+                            const float o1 = ${call(act, "acc[0][8 * j + 2 * h + 1]" .. sg1 .. bg1 .. ", acc[0][8 * j + 5 + 2 * h]" .. su1 .. bu1)};
                             if (it == 0) {
                                 amax[h] = fmaxf(amax[h], fmaxf(fabsf(o0), fabsf(o1)));
                             } else {
@@ -1094,8 +1104,8 @@ ${ARCH_GUARD}
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
-                                const float o0 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h]${bg0}, acc[m][8 * j + 4 + 2 * h]${bu0});
-                                const float o1 = ${import("activation").name(p)}(acc[m][8 * j + 2 * h + 1]${bg1}, acc[m][8 * j + 5 + 2 * h]${bu1});
+                                const float o0 = ${call(A.name(p), "acc[m][8 * j + 2 * h]" .. bg0 .. ", acc[m][8 * j + 4 + 2 * h]" .. bu0)};
+                                const float o1 = ${call(A.name(p), "acc[m][8 * j + 2 * h + 1]" .. bg1 .. ", acc[m][8 * j + 5 + 2 * h]" .. bu1)};
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 @     if p.spec.training then
                                 if (ubuf && r < rows && (!N_TAIL || n0 + j * 16 < N)) {  /* U, packed columns */
@@ -1178,6 +1188,7 @@ ${ARCH_GUARD}
 @ --               there (du may be u: each element is read, then written,
 @ --               by one thread)
 @ function M.dgrad(p)
+@   local function call(fn, args) return act_call(p, fn, args) end
 @   local c = config(p, p.kind)
 @   if p.kind == "dgrad_up" then
 @     local args = "const __grid_constant__ moe_tmap_t du_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
@@ -1230,8 +1241,8 @@ ${ARCH_GUARD}
                             const long long row = (long long)(row_start + r) * (2 * N);
                             const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
                             float dg0, du0, dg1, du1;
-                            ${act}(moe_lo_float(ug), moe_lo_float(uu), acc[m][4 * j + 2 * h], dg0, du0);
-                            ${act}(moe_hi_float(ug), moe_hi_float(uu), acc[m][4 * j + 2 * h + 1], dg1, du1);
+                            ${call(act, "moe_lo_float(ug), moe_lo_float(uu), acc[m][4 * j + 2 * h], dg0, du0")};
+                            ${call(act, "moe_hi_float(ug), moe_hi_float(uu), acc[m][4 * j + 2 * h + 1], dg1, du1")};
                             *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
                             *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
                         }

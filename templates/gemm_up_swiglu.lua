@@ -20,7 +20,9 @@
 @ local c = G.config(p, "up")
 namespace ${p.kernel}_impl {
 @ G.device_code(p, c)
-@ local act = import("activation").device(p)
+@ local A = import("activation")
+@ local act = A.device(p)
+@ local function call(args) return A.call(p, act, A.shared_slot(p, "expert"), args) end
 }  // namespace ${p.kernel}_impl
 
 extern "C" __global__ void __launch_bounds__(${p.threads})
@@ -59,8 +61,8 @@ ${p.kernel}(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1
                 const int r = wm * WTM + mi * 16 + g + 8 * h;
 @ local bg0, bg1, bu0, bu1 = "", "", "", ""
 @ if p.ffn_bias then bg0, bg1, bu0, bu1 = " + bg0", " + bg1", " + bu0", " + bu1" end
-                const float o0 = ${act}(acc[mi][2 * nj][2 * h]${bg0}, acc[mi][2 * nj + 1][2 * h]${bu0});
-                const float o1 = ${act}(acc[mi][2 * nj][2 * h + 1]${bg1}, acc[mi][2 * nj + 1][2 * h + 1]${bu1});
+                const float o0 = ${call("acc[mi][2 * nj][2 * h]" .. bg0 .. ", acc[mi][2 * nj + 1][2 * h]" .. bu0)};
+                const float o1 = ${call("acc[mi][2 * nj][2 * h + 1]" .. bg1 .. ", acc[mi][2 * nj + 1][2 * h + 1]" .. bu1)};
 @ if p.spec.training then
                 if (ubuf && r < rows) {  /* U: gate columns at the packed column, up 8 further */
                     moe_half_t *__restrict__ ur =

@@ -19,6 +19,9 @@ ${p.kernel}(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__res
     static_assert(PAIR_GRANULE == 8, "one 16-byte load of gate and one of up per thread");
     constexpr long long G = ${p.F // 8};  /* 8-column groups per output row */
     long long rows = offsets[${p.slots}];
+@ if p.shared_act then
+    const long long shared_row0 = offsets[${p.E}];  /* the shared expert's slots' rows, from here on */
+@ end
     rows = rows < cap ? rows : cap;
     const long long total = rows * G;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -30,7 +33,7 @@ ${p.kernel}(const uint4 *__restrict__ u, uint4 *__restrict__ h, const int *__res
         uint4 o4;
         moe_half_t *op = (moe_half_t *)&o4;
 #pragma unroll
-        for (int k = 0; k < 8; k++) op[k] = moe_from_float(${act}(moe_to_float(gp[k]), moe_to_float(upp[k])));
+        for (int k = 0; k < 8; k++) op[k] = moe_from_float(${A.call(p, act, "r >= shared_row0", "moe_to_float(gp[k]), moe_to_float(upp[k])")});
         h[i] = o4;
     }
 }

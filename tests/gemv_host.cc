@@ -4,6 +4,8 @@
  * the emitted source) is force-included, and -D gives the shape and names:
  *   GV_UP, GV_DOWN  the kernels;  GV_ACT  the activation (in GV_UP's namespace)
  *   GV_E, GV_H, GV_F, GV_BM, GV_BN, GV_BIAS (0/1), GV_TRAIN (0/1: the up kernel's U store)
+ *   GV_SHARED0, GV_ACT_SHARED, GV_ACT_BWD_SHARED: a shared expert with an activation of its own
+ *   (shared.limit, shared.unclamped): slots from GV_SHARED0 on (of GV_E) run GV_ACT_SHARED
  *   GV_SMEM_UP, GV_SMEM_DN  their shared memory (the plan's)
  *   GV_KE (entries per token), GV_INPUT (router.apply = "input": the combine's weight is 1)
  *   GV_FP8 (fp8 weights: e4m3 operands with scales, docs/DESIGN.md "FP8"), GV_BLOCK (1: 128 x 128
@@ -31,11 +33,20 @@
  * floats) for test_gemv_host to hold to the C reference's (its kernel
  * checks above take GV_ACT as given); with GV_ACT_BWD (a training spec: the
  * backward's activation gradient, cut from the emitted source) each line
- * also has its d gate and d up for d = 1. */
+ * also has its d gate and d up for d = 1; gemv_host act_shared SCALE the
+ * same of GV_ACT_SHARED (and GV_ACT_BWD_SHARED). */
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+
+#ifndef GV_SHARED0   /* no shared expert with its own activation: every slot runs GV_ACT */
+#define GV_SHARED0 GV_E
+#define GV_ACT_SHARED GV_ACT
+#ifdef GV_ACT_BWD
+#define GV_ACT_BWD_SHARED GV_ACT_BWD
+#endif
+#endif
 
 #if GV_FP8
 extern "C" float moe_e4m3_to_float(uint8_t v);
@@ -59,17 +70,22 @@ typedef moe_half_t wt_t;
 #endif
 
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "act")) {
+    if (argc == 3 && (!strcmp(argv[1], "act") || !strcmp(argv[1], "act_shared"))) {
+        const bool sh = !strcmp(argv[1], "act_shared");
         const float scale = strtof(argv[2], NULL);
         for (int i = 0; i <= 80; i++)
             for (int j = 0; j <= 80; j++) {
                 const float g = scale * (float)(i - 40) / 40.0f, u = scale * (float)(j - 40) / 40.0f;
+                const float v = sh ? GV_ACT_SHARED(g, u) : GV_ACT(g, u);
 #ifdef GV_ACT_BWD
                 float dg = 0.f, du = 0.f;
-                GV_ACT_BWD(g, u, 1.0f, dg, du);
-                printf("%a %a %a %a %a\n", g, u, GV_ACT(g, u), dg, du);
+                if (sh)
+                    GV_ACT_BWD_SHARED(g, u, 1.0f, dg, du);
+                else
+                    GV_ACT_BWD(g, u, 1.0f, dg, du);
+                printf("%a %a %a %a %a\n", g, u, v, dg, du);
 #else
-                printf("%a %a %a\n", g, u, GV_ACT(g, u));
+                printf("%a %a %a\n", g, u, v);
 #endif
             }
         return 0;
@@ -215,7 +231,7 @@ int main(int argc, char **argv) {
                     g += moe_to_float(b1[e * N1 + pg]);
                     v += moe_to_float(b1[e * N1 + pu]);
                 }
-                act[f] = GV_ACT((float)g, (float)v);
+                act[f] = e >= GV_SHARED0 ? GV_ACT_SHARED((float)g, (float)v) : GV_ACT((float)g, (float)v);
 #if !GV_FP8
                 const double ref = act[f], got = moe_to_float(hb[(size_t)r * GV_F + f]);
                 e1 += (got - ref) * (got - ref);

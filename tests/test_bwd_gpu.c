@@ -104,7 +104,8 @@ static const bwd_case_t cases[] = {
     /* Gemma 4's router: d router_x apart from dx, d expert_scale (the router kernel's dw·w', escale's sums) */
     {"tests/specs/train_own_input.moe", {3, 500}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_own_input.moe", {500}, 1, 1, 1, 0, NULL},
-    /* the gate's clamp after its unit: dgrad_down's activation gradient cut where silu(gate) > L */
+    /* the gate's clamp after its unit: dgrad_down's activation gradient cut where silu(gate) > L (the shared
+     * expert's slots at their own L) */
     {"tests/specs/train_clamp_after.moe", {3, 600}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_clamp_after.moe", {600}, 1, 1, 1, 0, NULL},
 };

@@ -27,12 +27,19 @@ typedef struct {
 /* The emitted activation (the kernels' GV_ACT, which their own checks take
  * as given) against the C reference's moe_ref_activation on a grid of
  * (gate, up) over twice the limit (or 8), in fp32 against double: within
- * 2e-6 of the value's size plus 1e-6 of the grid's. */
-static void check_activation(const moe_spec_t *s, const char *bin) {
-    const double lim = s->activation.limit;
+ * 2e-6 of the value's size plus 1e-6 of the grid's. mode "act": the routed
+ * experts'; "act_shared": the shared expert's own (GV_ACT_SHARED), held to
+ * the reference of s with the shared expert's activation. */
+static void check_activation(const moe_spec_t *spec, const char *bin, const char *mode) {
+    moe_spec_t sh = *spec;
+    const int shared = !strcmp(mode, "act_shared");
+    if (shared)
+        sh.activation = moe_spec_shared_activation(spec);
+    const moe_spec_t *s = &sh;
+    const double lim = s->activation.limit > 0 ? s->activation.limit : spec->activation.limit;
     const double scale = lim > 0 ? 2.0173 * lim : 8;   /* no grid point on the limits (fp32 vs double there) */
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "%s act %.9g", bin, scale);
+    snprintf(cmd, sizeof cmd, "%s %s %.9g", bin, mode, scale);
     fflush(NULL);
     FILE *f = popen(cmd, "r");
     int n = 0, bad = 0, first = -1;
@@ -55,8 +62,8 @@ static void check_activation(const moe_spec_t *s, const char *bin) {
         n++;
     }
     const int rc = f ? pclose(f) : -1;
-    CHECKF(rc == 0 && n == 81 * 81 && bad == 0, "%s: the emitted activation differs from the reference at %d of %d "
-           "points (the first: %d: %s)", bin, bad, n, first, first_line);
+    CHECKF(rc == 0 && n == 81 * 81 && bad == 0, "%s %s: the emitted activation differs from the reference at %d of "
+           "%d points (the first: %d: %s)", bin, mode, bad, n, first, first_line);
 }
 
 static const gemv_case_t cases[] = {
@@ -76,6 +83,13 @@ static const gemv_case_t cases[] = {
     {"bn 8, geglu clamped after its unit, up_offset, training (the backward's activation gradient checked too)",
      "name = 'cg' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { kind = 'geglu', limit = 0.3, clamp = 'after', up_offset = 0.5 }\n", 3},
+    {"bn 8, Step-3.7-Flash's clamped layer: the gate's clamp after its unit, a shared expert with a limit of its "
+     "own (slots 2 and 3 run it), training (both activations' gradients)",
+     "name = 'sl' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
+     "activation = { limit = 0.3, clamp = 'after' }\nshared = { ffn = 592, limit = 0.9 }\n", 3},
+    {"bn 8, HY-V4's layer: geglu clamped before its unit, the shared expert unclamped (slot 2)",
+     "name = 'su' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n"
+     "activation = { kind = 'geglu', limit = 0.3 }\nshared = { ffn = 296, unclamped = true }\n", 3},
     {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient",
      "name = 'cb' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\n", 3},
@@ -150,6 +164,20 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
     snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd(", geglu ? "geglu" : "swiglu");
     const int cut_bwd = s.training && !cut && host_cut_span(src.data, bwd_head, "\n}\n", &inc) == 0;
     CHECKF(!s.training || cut_bwd, "%s not found whole in the emitted source", bwd_head);
+    /* a shared expert with its own activation: its slots (E on) run NAME_shared, its gradient NAME_bwd_shared */
+    const int own = moe_spec_shared_act_differs(&s);
+    char shared_defs[300] = "";
+    if (own) {
+        const char *an = geglu ? "geglu" : "swiglu";
+        snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd_shared(", an);
+        const int cut_sb = s.training && !cut && host_cut_span(src.data, bwd_head, "\n}\n", &inc) == 0;
+        CHECKF(!s.training || cut_sb, "%s not found whole in the emitted source", bwd_head);
+        CHECKF(strstr(inc.data, geglu ? "float geglu_shared(float gate" : "float swiglu_shared(float gate") != NULL,
+               "the shared expert's activation is not in the up kernel's code");
+        snprintf(shared_defs, sizeof shared_defs, "-DGV_SHARED0=%d -DGV_ACT_SHARED=%s_impl::%s_shared %s%s%s ",
+                 s.experts, up->name, an, cut_sb ? "-DGV_ACT_BWD_SHARED=" : "", cut_sb ? an : "",
+                 cut_sb ? "_bwd_shared" : "");
+    }
     char inc_path[400], bin[400], cmd[3000];
     snprintf(inc_path, sizeof inc_path, "%s/%s.inc", tmp_root, s.name);
     snprintf(bin, sizeof bin, "%s/%s_host", tmp_root, s.name);
@@ -162,17 +190,20 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s tests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s %stests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
-                 geglu ? "geglu" : "swiglu", s.experts, s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
+                 geglu ? "geglu" : "swiglu", moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
                  s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1,
-                 cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? (geglu ? "geglu_bwd" : "swiglu_bwd") : "", objs, bin);
+                 cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? (geglu ? "geglu_bwd" : "swiglu_bwd") : "", shared_defs, objs,
+                 bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         host_run_seeds(bin, &c->max_rows, 1, "the kernels disagree with the reference");
         if (built)
-            check_activation(&s, bin);
+            check_activation(&s, bin, "act");
+        if (built && own)
+            check_activation(&s, bin, "act_shared");
     }
     moe_buf_free(&inc);
     moe_buf_free(&src);

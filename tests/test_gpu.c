@@ -236,8 +236,11 @@ static const gpu_case_t cases[] = {
     /* fp32 router weights (ERNIE 4.5's, LongCat-Flash's): router_w fp32, split into three parts in the route */
     {"tests/specs/router_fp32.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/router_fp32.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
-    /* Step-3.7-Flash's clamped layers: min(silu(gate), L) in every GEMM epilogue (a training plan's forward) */
+    /* Step-3.7-Flash's clamped layers: min(silu(gate), L) in every GEMM epilogue (a training plan's forward),
+     * the shared expert's slots at their own L; HY-V4's: the shared expert unclamped */
     {"tests/specs/train_clamp_after.moe", MODE_RANDOM, {1, 7, 64, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/shared_unclamped.moe", MODE_RANDOM, {1, 7, 64, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/shared_unclamped.moe", MODE_RANDOM, {1, 64}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},

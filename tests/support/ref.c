@@ -444,6 +444,7 @@ static int shared_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int
     const int H = s->hidden, FS = s->shared.ffn, C = REF_SHARED_CHUNK;
     const moe_dtype_t dt = s->dtype;
     const int gated = s->shared.gate == MOE_SHARED_GATE_SIGMOID;
+    const moe_activation_t sact = moe_spec_shared_activation(s); /* shared.limit, shared.unclamped */
     if ((hs || os) && (!in->ws1 || !in->ws2)) return 1;
     if (gated && !in->wsg) return 1;
     const int kmax = H > FS ? H : FS;
@@ -470,7 +471,7 @@ static int shared_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in, const int
         for (int p = 0; p < P; p++)
             for (int f = 0; f < FS; f++) {
                 const float *ar = a + (size_t)p * 2 * FS;
-                uint16_t hq = moe_float_to_half(activation(&s->activation, ar[f], ar[FS + f]), dt);
+                uint16_t hq = moe_float_to_half(activation(&sact, ar[f], ar[FS + f]), dt);
                 if (hs) hs[(size_t)(c0 + p) * FS + f] = hq;
                 hf[(size_t)p * FS + f] = moe_half_to_float(hq, dt);
             }
@@ -843,6 +844,7 @@ void moe_ref_activation_grad(const moe_spec_t *s, double gate, double up, double
  * and dW1, db1, dW2, db2 (overwritten). */
 typedef struct {
     int F, n, scaled_input;
+    const moe_activation_t *ac; /* the pass's activation (the shared expert's may be its own); NULL: the spec's */
     const double *W1, *W2, *b1, *b2;
     const int *tok, *slot;
     const double *wt;
@@ -880,7 +882,7 @@ static void put(float *dst, size_t off, const double *src, size_t n) {
 
 static void run_pass(const layer_t *L, const pass_t *P, const double *X, double *dx, const scratch_t *sc) {
     const int H = L->s->hidden, F = P->F, F2 = 2 * F, n = P->n;
-    const moe_activation_t *ac = &L->s->activation;
+    const moe_activation_t *ac = P->ac ? P->ac : &L->s->activation;
     const moe_ref_bwd_stages_t *st = P->slot ? L->st : NULL;
 
     /* Rows are independent, and the tokens of one pass distinct, so the
@@ -1116,8 +1118,9 @@ static int layer(const layer_t *L) {
     if (FS > 0) {
         load(L->ws1, 0, (size_t)2 * FS * H, dt, W1);
         load(L->ws2, 0, (size_t)H * FS, dt, W2);
-        pass_t P = { .F = FS, .n = T, .W1 = W1, .W2 = W2, .tok = all, .wt = gs, .dwt = dg, .dwt_abs = dga,
-                     .dW1 = dW1, .db1 = db1, .dW2 = dW2, .db2 = db2 };
+        const moe_activation_t sact = moe_spec_shared_activation(s);
+        pass_t P = { .F = FS, .n = T, .ac = &sact, .W1 = W1, .W2 = W2, .tok = all, .wt = gs, .dwt = dg,
+                     .dwt_abs = dga, .dW1 = dW1, .db1 = db1, .dW2 = dW2, .db2 = db2 };
         if (T > 0) run_pass(L, &P, X, dx, &sc);
         else if (G) { memset(dW1, 0, (size_t)2 * FS * H * sizeof(double)); memset(dW2, 0, (size_t)H * FS * sizeof(double)); }
         if (G) {

@@ -118,7 +118,8 @@ int moe_ref_ffn(const moe_spec_t *s, const moe_ref_inputs_t *in,
  *   g(t)  = 1, or sigmoid(x[t]·w_gate) (shared.gate = "sigmoid"), the dot
  *           product and sigmoid in double, returned as float
  *   a     = x[t]·Ws1ᵀ                    fp32 accumulation, 2F_s values
- *   hs(t) = round(act(a[0..F_s), a[F_s..2F_s)))
+ *   hs(t) = round(act(a[0..F_s), a[F_s..2F_s)))   act the shared expert's
+ *                                    (moe_spec_shared_activation: shared.limit, shared.unclamped)
  *   os(t) = round(hs(t)·Ws2ᵀ)            fp32 accumulation, rounded once
  * Writes the listed rows of g_out [T], hs_out [T, F_s] and os_out [T, H]
  * (each may be NULL; with hs_out and os_out NULL only g is computed, and

@@ -23,14 +23,17 @@
 # fp32_router_small, check_models' ernie4.5-fp32router and longcat-fp32router on the GPU, moe_bench of
 # router_fp32.moe against the same spec in bf16 (the route's cost of the three parts); and the activation's clamp
 # after its unit (Step-3.7-Flash): test_gpu and test_bwd_gpu on tests/specs/train_clamp_after.moe, check_models'
-# step3.7-clamped on the GPU
+# step3.7-clamped on the GPU. Added in the fifth session (2026-12-05): the shared expert's own limit
+# (shared.limit: train_clamp_after.moe now has it, so its test_gpu / test_bwd_gpu lines cover it) and none
+# (shared.unclamped: test_gpu on tests/specs/shared_unclamped.moe), check_models' step3.7-shared-limit and hy-v4
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 v() { local log=$1; shift; timeout 240 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
 { v test_gpu_given build/tests/test_gpu given; v test_gpu_own build/tests/test_gpu router_own_input
-  v test_gpu_fp32router build/tests/test_gpu router_fp32; v test_gpu_clamp_after build/tests/test_gpu clamp_after; } &
+  v test_gpu_fp32router build/tests/test_gpu router_fp32; v test_gpu_clamp_after build/tests/test_gpu clamp_after
+  v test_gpu_shared_unclamped build/tests/test_gpu shared_unclamped; } &
 { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
   v test_vendored_own build/tests/test_vendored_own tests/specs/router_own_input.moe; } &
 { mkdir -p /tmp/r43_torch
@@ -50,7 +53,7 @@ v test_bwd_gpu_own build/tests/test_bwd_gpu train_own_input
 v test_bwd_gpu_clamp_after build/tests/test_bwd_gpu train_clamp_after
 v memcheck_bwd_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
-    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped \
+    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped,step3.7-shared-limit,hy-v4 \
     --tokens 1,37,512,4096
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
 sed 's/, input = "separate", expert_scale = true//' examples/specs/gemma4-26b-a4b.moe > /tmp/gemma4_plain.moe
