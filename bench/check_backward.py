@@ -96,6 +96,9 @@ CASES = [
     ("hy-v4-shared-unclamped", 'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5, '
      'groups = 4, topk_groups = 2, group_topk = 2 }\n'
      'activation = { kind = "swiglu", limit = 0.5 }', dict(E=16, K=4, shared=2, shared_limit=0)),
+    # NemotronH's non-gated experts: relu(gate)^2 (the up rows' gradient 0), its relu2 shared expert
+    ("nemotron-h-relu2", 'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
+     'activation = { kind = "relu2" }', dict(E=8, K=3, shared=2)),
     ("geglu-clamp-after", 'router = { score = "softmax", renormalize = true }\n'
      'activation = { kind = "geglu", limit = 0.4, clamp = "after", up_offset = 0.5 }', dict(E=4, K=2, dtype="fp16")),
     # Gemma 4's router: its own input (router_x) and per-expert scales; GeGLU experts
@@ -253,6 +256,8 @@ def ref_backward(lib, c, t, exact):
 def act(c, g, u, limit=None):
     """The activation at the routed experts' limit, or at `limit` (the shared expert's; 0: none)."""
     lim = c.limit if limit is None else limit
+    if c.act == "relu2":   # NemotronH's relu(gate)^2, up unused (no limit: the spec refuses one)
+        return torch.relu(g) ** 2
     if lim > 0:
         if not c.clamp_after:
             g = g.clamp(max=lim)

@@ -731,6 +731,29 @@ def mk_step3p7(limit=None, shared_limit=None):
     return Block(cfg, 0), cfg
 
 
+def mk_nemotron_h():
+    # NemotronHMoE (the MoE layers of NemotronH: Nemotron 3 Nano): DeepSeek-V3's
+    # router line for line (fp32 logits, sigmoid, selection on s +
+    # e_score_correction_bias, groups, s / (Σ + 1e-20) iff norm_topk_prob, ×
+    # routed_scaling_factor); NON-GATED experts down(relu(up(x))²)
+    # (mlp_hidden_act "relu2", up_proj [E, F, H]), the routed sum in fp32
+    # (the weights' dtype), then + shared_experts(x) (NemotronHMLP: up_proj,
+    # down_proj, relu2) in bf16. No latent projection (moe_latent_size None,
+    # as Nemotron 3 Nano). moegen: activation.kind = "relu2" with up_proj as
+    # the gate rows (and again as the unused up rows).
+    Block, = tf_import("nemotron_h.modeling_nemotron_h", "NemotronHMoE")
+    Cfg, = tf_import("nemotron_h.configuration_nemotron_h", "NemotronHConfig")
+    cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, moe_shared_expert_intermediate_size=256,
+                    n_routed_experts=32, num_experts_per_tok=6, routed_scaling_factor=2.5, n_group=1, topk_group=1,
+                    norm_topk_prob=True, mlp_hidden_act="relu2"))
+    return Block(cfg, 0), cfg
+
+
+def nongated_shared(block):
+    m = block.shared_experts   # relu2's gate rows are its up_proj; the up rows unused (given the same)
+    return m.up_proj.weight, m.up_proj.weight, m.down_proj.weight, None
+
+
 def mk_qwen3_omni_talker():
     # Qwen3OmniMoeTalkerTextSparseMoeBlock (Qwen3-Omni's talker): Qwen2-MoE's
     # block: norm_topk_prob false by default, sigmoid-gated shared expert of
@@ -1066,6 +1089,11 @@ FAMILIES = [
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.0 }\n'
            'activation = { kind = "swiglu", limit = 0.6, clamp = "after" }', "fused", shared=128, shared_gate="none",
            shared_keys="limit = 1.4"),
+    # NemotronH (Nemotron 3 Nano): non-gated relu2 experts and shared expert, DeepSeek-V3's router
+    Family("nemotron-h", "NemotronH (NemotronHMoE), relu2 experts", mk_nemotron_h,
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
+           'activation = { kind = "relu2" }', "nongated", shared=256, shared_gate="none",
+           shared_of=nongated_shared),
     Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
            'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
            shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
@@ -1237,6 +1265,8 @@ def expert_ffn(fam, block):
         return ex.ffn_hidden_size
     if fam.layout == "concat_t_fc":
         return ex.fc2.weight.shape[1]
+    if fam.layout == "nongated":
+        return ex.up_proj.shape[1]
     return ex.gate_up_proj.shape[1 if fam.layout == "fused" else 2] // 2
 
 
@@ -1262,6 +1292,8 @@ def convert(fam, block, E, H, F):
     elif fam.layout == "separate_flat":  # DBRX: w1 (gate), v1 (up) [E·F, H]; w2 [E·F, H] = down transposed
         gate, up, down_t = (getattr(ex.mlp, n).view(E, F, H) for n in ("w1", "v1", "w2"))
         w1, w2 = torch.cat([gate, up], dim=1), down_t.transpose(1, 2)
+    elif fam.layout == "nongated":       # NemotronH: up_proj [E, F, H] (no gate), down [E, H, F]: relu2's gate
+        w1, w2 = torch.cat([ex.up_proj, ex.up_proj], dim=1), ex.down_proj   # rows are up_proj, its up rows unused
     elif fam.layout == "interleaved_t":  # [E, H, 2F] gate/up interleaved by column
         wt = ex.gate_up_proj.transpose(1, 2)
         w1 = torch.cat([wt[:, 0::2], wt[:, 1::2]], dim=1)
@@ -1282,6 +1314,8 @@ def convert(fam, block, E, H, F):
         stored = [("W1_SEPARATE", gate, up), ("W2_T", down_t)]
     elif fam.layout == "fused":
         stored = [("W1_FUSED", gate_up), ("W2", ex.down_proj)]
+    elif fam.layout == "nongated":       # up_proj as both the gate and the up source
+        stored = [("W1_SEPARATE", ex.up_proj, ex.up_proj), ("W2", ex.down_proj)]
     elif fam.layout == "concat_t_fc":
         stored = [("W1_FUSED_T", ex.fc1.weight), ("W2_T", ex.fc2.weight)]
     elif fam.layout == "concat_t":

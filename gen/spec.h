@@ -84,7 +84,10 @@ typedef struct {
  *   geglu:  out = (up + up_offset) * gelu(gate), gelu the tanh approximation
  *           (PyTorch's gelu(approximate='tanh')):
  *           0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) */
-typedef enum { MOE_ACT_SWIGLU = 0, MOE_ACT_GEGLU = 1 } moe_act_kind_t;
+/*   relu2:  out = relu(gate)^2, up unused: NemotronH's non-gated experts
+ *           down(relu(up_proj(x))^2), run as a gated pair whose gate rows are
+ *           up_proj (README, "Non-gated relu2 experts") */
+typedef enum { MOE_ACT_SWIGLU = 0, MOE_ACT_GEGLU = 1, MOE_ACT_RELU2 = 2 } moe_act_kind_t;
 /* Where activation.limit clamps the gate: before the unit (gate = min(gate,
  * limit), then act(gate): gpt-oss, DeepSeek-V4) or after it (min(act(gate),
  * limit): Step-3.7-Flash's clamped layers); up is clamped to [-limit,

@@ -371,6 +371,13 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "activation.limit: set activation.limit");
         return;
     }
+    if (s->activation.kind == MOE_ACT_RELU2 && (s->activation.limit > 0 || s->activation.up_offset != 0)) {
+        NAMED_ERROR(c, s->activation.limit > 0 ? "activation.limit" : "activation.up_offset",
+                    "%s with activation.kind = \"relu2\" is not supported: relu2's unit reads the gate alone "
+                    "(NemotronH's experts have no clamp)", s->activation.limit > 0 ? "activation.limit" :
+                    "activation.up_offset");
+        return;
+    }
     const moe_router_t *r = &s->router;
     const moe_dispatch_t *d = &s->dispatch;
     long long rows = (long long)s->tokens * s->top_k;

@@ -29,7 +29,7 @@ static const char *const router_inputs[] = {"x", "separate", NULL};
 static const char *const router_weights[] = {"dtype", "fp32", NULL};
 static const char *const act_clamps[] = {"before", "after", NULL};
 static const char *const applies[] = {"output", "input", NULL};
-static const char *const act_kinds[] = {"swiglu", "geglu", NULL};
+static const char *const act_kinds[] = {"swiglu", "geglu", "relu2", NULL};
 static const char *const shared_gates[] = {"none", "sigmoid", NULL};
 static const char *const quant_weights[] = {"none", "fp8_e4m3", NULL};
 static const int quant_weights_ids[] = {MOE_QUANT_NONE, MOE_QUANT_FP8_E4M3};
@@ -129,7 +129,8 @@ const moe_key_t moe_spec_keys[] = {
      .help = "the gated unit between the expert GEMMs; `\"swiglu\"`: "
              "`out = (up + up_offset) · gate · sigmoid(alpha · gate)`; `\"geglu\"`: "
              "`out = (up + up_offset) · gelu(gate)`, gelu the tanh approximation (PyTorch's "
-             "`gelu(approximate='tanh')`)"},
+             "`gelu(approximate='tanh')`); `\"relu2\"`: `out = relu(gate)²`, `up` unused (NemotronH's "
+             "non-gated experts, their `up_proj` given as the gate rows; README, \"Non-gated relu2 experts\")"},
     {.name = "activation.alpha", .type = MOE_KEY_NUM, .offset = AT(activation.alpha), .def = 1, .lo = 1e-6,
      .hi = 1e6, .when = "activation.kind", .when_is = "swiglu", .help = "the slope inside swiglu's sigmoid"},
     {.name = "activation.limit", .type = MOE_KEY_NUM, .offset = AT(activation.limit), .optional = true,

@@ -64,7 +64,7 @@
 @ -- The name of the __device__ function M.device(p) defines: the kind's.
 @ function M.name(p)
 @   local kind = p.spec and p.spec.activation and p.spec.activation.kind or "swiglu"
-@   if kind ~= "swiglu" and kind ~= "geglu" then
+@   if kind ~= "swiglu" and kind ~= "geglu" and kind ~= "relu2" then
 @     error("activation.kind = \"" .. tostring(kind) .. "\" has no device math in templates/activation.lua", 2)
 @   end
 @   return kind
@@ -83,6 +83,17 @@
 @ -- The forward function of p's activation, named fn.
 @ function emit_device(p, fn)
 @   if M.name(p) == "geglu" then return geglu(p, fn) end
+@   if M.name(p) == "relu2" then
+@     if p.limit or p.up_offset ~= 0 then error("relu2 takes no limit and no up_offset (gen/spec_check.c)", 2) end
+
+/* relu(gate)^2: NemotronH's non-gated experts, their up_proj given as the gate rows; up unused. */
+static __device__ __forceinline__ float ${fn}(float gate, float up) {
+    (void)up;
+    const float r = fmaxf(gate, 0.0f);
+    return r * r;
+}
+@     return
+@   end
 @   local gate_arg = p.alpha == 1 and "gate" or f32(p.alpha) .. " * gate"
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
 
@@ -125,6 +136,16 @@ ${clamps(p)}    const float inner = 0.7978845608028654f * (gate + 0.044715f * ga
 @ function emit_backward(p, fn)
 @   local name = M.name(p)
 @   local up_term = p.up_offset == 0 and "up" or "(up + " .. f32(p.up_offset) .. ")"
+@   if name == "relu2" then
+
+/* d relu(gate)^2 / d gate = 2 relu(gate), times d; up unused: its gradient 0. */
+static __device__ __forceinline__ void ${fn}(float gate, float up, float d, float &dgate, float &dup) {
+    (void)up;
+    dgate = d * 2.0f * fmaxf(gate, 0.0f);
+    dup = 0.0f;
+}
+@     return
+@   end
 
 /* d ${name}(gate, up) / d gate and / d up, times d. */
 static __device__ __forceinline__ void ${fn}(float gate, float up, float d, float &dgate, float &dup) {

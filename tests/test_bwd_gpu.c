@@ -108,6 +108,9 @@ static const bwd_case_t cases[] = {
      * expert's slots at their own L) */
     {"tests/specs/train_clamp_after.moe", {3, 600}, 2, 0, 0, 1, NULL},
     {"tests/specs/train_clamp_after.moe", {600}, 1, 1, 1, 0, NULL},
+    /* relu2: dgrad_down's gradient 2 relu(gate) on the gate columns, 0 on the unused up columns */
+    {"tests/specs/train_relu2.moe", {3, 600}, 2, 0, 0, 1, NULL},
+    {"tests/specs/train_relu2.moe", {600}, 1, 1, 1, 0, NULL},
 };
 
 /* ---- helpers ---------------------------------------------------------------- */

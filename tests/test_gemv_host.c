@@ -90,6 +90,9 @@ static const gemv_case_t cases[] = {
     {"bn 8, HY-V4's layer: geglu clamped before its unit, the shared expert unclamped (slot 2)",
      "name = 'su' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n"
      "activation = { kind = 'geglu', limit = 0.3 }\nshared = { ffn = 296, unclamped = true }\n", 3},
+    {"bn 8, NemotronH's relu2 experts (relu(gate)^2, up unused) and its relu2 shared expert, training",
+     "name = 'r2' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
+     "activation = { kind = 'relu2' }\nshared = { ffn = 296 }\n", 3},
     {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient",
      "name = 'cb' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\n", 3},
@@ -158,22 +161,25 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
     const int cut =
         host_cut_kernel(src.data, up->name, up_smem, &inc) || host_cut_kernel(src.data, dn->name, dn_smem, &inc);
     CHECKF(!cut, "%s or %s not found whole in the emitted source", up->name, dn->name);
-    const int geglu = strstr(inc.data, "float geglu(float gate, float up)") != NULL;
+    /* the activation's function, named by its kind (templates/activation.lua, M.name) */
+    const char *an = s.activation.kind == MOE_ACT_GEGLU ? "geglu" : s.activation.kind == MOE_ACT_RELU2 ? "relu2" : "swiglu";
+    char head[120];
+    snprintf(head, sizeof head, "float %s(float gate, float up)", an);
+    CHECKF(strstr(inc.data, head) != NULL, "%s is not in the up kernel's code", head);
     /* a training spec: the backward's activation gradient too (check_activation) */
     char bwd_head[120];
-    snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd(", geglu ? "geglu" : "swiglu");
+    snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd(", an);
     const int cut_bwd = s.training && !cut && host_cut_span(src.data, bwd_head, "\n}\n", &inc) == 0;
     CHECKF(!s.training || cut_bwd, "%s not found whole in the emitted source", bwd_head);
     /* a shared expert with its own activation: its slots (E on) run NAME_shared, its gradient NAME_bwd_shared */
     const int own = moe_spec_shared_act_differs(&s);
     char shared_defs[300] = "";
     if (own) {
-        const char *an = geglu ? "geglu" : "swiglu";
         snprintf(bwd_head, sizeof bwd_head, "static __device__ __forceinline__ void %s_bwd_shared(", an);
         const int cut_sb = s.training && !cut && host_cut_span(src.data, bwd_head, "\n}\n", &inc) == 0;
         CHECKF(!s.training || cut_sb, "%s not found whole in the emitted source", bwd_head);
-        CHECKF(strstr(inc.data, geglu ? "float geglu_shared(float gate" : "float swiglu_shared(float gate") != NULL,
-               "the shared expert's activation is not in the up kernel's code");
+        snprintf(head, sizeof head, "float %s_shared(float gate, float up)", an);
+        CHECKF(strstr(inc.data, head) != NULL, "the shared expert's activation is not in the up kernel's code");
         snprintf(shared_defs, sizeof shared_defs, "-DGV_SHARED0=%d -DGV_ACT_SHARED=%s_impl::%s_shared %s%s%s ",
                  s.experts, up->name, an, cut_sb ? "-DGV_ACT_BWD_SHARED=" : "", cut_sb ? an : "",
                  cut_sb ? "_bwd_shared" : "");
@@ -190,12 +196,12 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s %stests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
-                 geglu ? "geglu" : "swiglu", moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
+                 an, moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
                  s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1,
-                 cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? (geglu ? "geglu_bwd" : "swiglu_bwd") : "", shared_defs, objs,
+                 cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? an : "", cut_bwd ? "_bwd" : "", shared_defs, objs,
                  bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);

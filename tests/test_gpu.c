@@ -241,6 +241,9 @@ static const gpu_case_t cases[] = {
     {"tests/specs/train_clamp_after.moe", MODE_RANDOM, {1, 7, 64, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/shared_unclamped.moe", MODE_RANDOM, {1, 7, 64, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/shared_unclamped.moe", MODE_RANDOM, {1, 64}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* NemotronH's non-gated relu2 experts (up_proj as the gate rows) and its relu2 shared expert */
+    {"tests/specs/train_relu2.moe", MODE_RANDOM, {1, 7, 64, 333, 1024}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/nemotron-3-nano-30b-a3b.moe", MODE_RANDOM, {1, 128, 1000}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* captured and replayed as servers run decode steps */
     {tiny_spec, MODE_RANDOM, {1, 7, 64, 500, 4096}, 5, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     {odd_spec, MODE_SKEW, {3, 300}, 2, 0, MOE_CUDNN_DEFAULT, 1, NULL},

@@ -264,6 +264,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/router_fp32.moe", 1},      /* fp32 router weights: the route splits them into three parts */
         {"tests/specs/train_clamp_after.moe", 0}, /* the gate's clamp after its unit, the shared expert's own limit */
         {"tests/specs/shared_unclamped.moe", 0},  /* HY-V4: clamped routed experts, an unclamped shared expert */
+        {"tests/specs/train_relu2.moe", 0},       /* NemotronH's relu2 experts, training (the example: both arches) */
     };
     _Static_assert(sizeof test_specs / sizeof *test_specs <= 32, "specs[] has room for 32 test specs");
     for (size_t i = 0; i < sizeof test_specs / sizeof *test_specs; i++) {

@@ -207,7 +207,7 @@ static const char *const required_bad[] = {
     "expert_scale_zero_experts", "expert_scale_given_training", "expert_scale_number", "router_fp32_given_weights",
     "router_fp32_shared_gate", "router_fp32_training", "enum_router_weight_dtype", "activation_clamp_without_limit",
     "enum_activation_clamp", "shared_limit_without_ffn", "shared_limit_without_limit",
-    "shared_unclamped_without_limit", "shared_limit_and_unclamped", "shared_limit_zero",
+    "shared_unclamped_without_limit", "shared_limit_and_unclamped", "shared_limit_zero", "relu2_limit",
 };
 
 static void test_golden_errors(void) {

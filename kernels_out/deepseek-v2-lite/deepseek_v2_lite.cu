@@ -1276,7 +1276,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2098,7 +2098,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2800,7 +2800,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3397,7 +3397,7 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
 
 #line 10 "templates/swiglu.lua"
 namespace deepseek_v2_lite_swiglu_bf16_f1408_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

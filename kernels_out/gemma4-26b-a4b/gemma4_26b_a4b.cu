@@ -1166,7 +1166,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 110 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
@@ -1954,7 +1954,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 110 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
@@ -2319,7 +2319,7 @@ gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__
 
 #line 10 "templates/swiglu.lua"
 namespace gemma4_26b_a4b_swiglu_bf16_f704_impl {
-#line 99 "templates/activation.lua"
+#line 110 "templates/activation.lua"
 
 /* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
  * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as

@@ -1184,7 +1184,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1960,7 +1960,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2662,7 +2662,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3484,7 +3484,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4122,7 +4122,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4950,7 +4950,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -5501,7 +5501,7 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
 
 #line 10 "templates/swiglu.lua"
 namespace glm_4_5_air_swiglu_bf16_f1408_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

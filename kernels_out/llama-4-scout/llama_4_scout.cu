@@ -1264,7 +1264,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2040,7 +2040,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2678,7 +2678,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3422,7 +3422,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4124,7 +4124,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4721,7 +4721,7 @@ llama_4_scout_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_co
 
 #line 10 "templates/swiglu.lua"
 namespace llama_4_scout_swiglu_bf16_f8192_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

@@ -1288,7 +1288,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2110,7 +2110,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2748,7 +2748,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3608,7 +3608,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4514,7 +4514,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -5310,7 +5310,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -5671,7 +5671,7 @@ olmoe_1b_7b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 
 #line 10 "templates/swiglu.lua"
 namespace olmoe_1b_7b_swiglu_bf16_f1024_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

@@ -331,6 +331,7 @@ static void gemm_nt(const uint16_t *W, int N, int Kd, moe_dtype_t dt,
 /* The gate's unit in double: swiglu's g·sigmoid(alpha·g), or geglu's gelu
  * with the tanh approximation (PyTorch's gelu(approximate='tanh')). */
 static double act_unit(const moe_activation_t *a, double g) {
+    if (a->kind == MOE_ACT_RELU2) return g > 0 ? g * g : 0.0;
     if (a->kind == MOE_ACT_GEGLU) return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
     return g / (1.0 + exp(-a->alpha * g));
 }
@@ -347,6 +348,7 @@ static double act_value(const moe_activation_t *a, double g, double u) {
     }
     double v = act_unit(a, g);
     if (after && v > a->limit) v = a->limit;
+    if (a->kind == MOE_ACT_RELU2) return v;   /* relu(gate)^2: up unused */
     return (u + a->up_offset) * v;
 }
 
@@ -813,6 +815,11 @@ static void act_grad(const moe_activation_t *a, double g, double u, double *dg, 
     }
     const double up = u + a->up_offset;
     double v, dv;   /* the unit and its derivative at g */
+    if (a->kind == MOE_ACT_RELU2) {   /* relu(g)^2, up unused (spec check: no limit, no up_offset) */
+        *dg = g > 0 ? 2.0 * g : 0.0;
+        *du = 0.0;
+        return;
+    }
     if (a->kind == MOE_ACT_GEGLU) {
         const double k = 0.7978845608028654, c = 0.044715;
         const double th = tanh(k * (g + c * g * g * g));

@@ -25,7 +25,9 @@
 # after its unit (Step-3.7-Flash): test_gpu and test_bwd_gpu on tests/specs/train_clamp_after.moe, check_models'
 # step3.7-clamped on the GPU. Added in the fifth session (2026-12-05): the shared expert's own limit
 # (shared.limit: train_clamp_after.moe now has it, so its test_gpu / test_bwd_gpu lines cover it) and none
-# (shared.unclamped: test_gpu on tests/specs/shared_unclamped.moe), check_models' step3.7-shared-limit and hy-v4
+# (shared.unclamped: test_gpu on tests/specs/shared_unclamped.moe), check_models' step3.7-shared-limit and hy-v4;
+# NemotronH's relu2 experts (activation.kind = "relu2"): test_gpu on tests/specs/train_relu2.moe and the
+# nemotron-3-nano example, test_bwd_gpu train_relu2, check_models' nemotron-h, moe_bench of the example
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -33,7 +35,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt
 v() { local log=$1; shift; timeout 240 "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
 { v test_gpu_given build/tests/test_gpu given; v test_gpu_own build/tests/test_gpu router_own_input
   v test_gpu_fp32router build/tests/test_gpu router_fp32; v test_gpu_clamp_after build/tests/test_gpu clamp_after
-  v test_gpu_shared_unclamped build/tests/test_gpu shared_unclamped; } &
+  v test_gpu_shared_unclamped build/tests/test_gpu shared_unclamped; v test_gpu_relu2 build/tests/test_gpu relu2
+  v test_gpu_nemotron build/tests/test_gpu nemotron; } &
 { v test_ep_gpu build/tests/test_ep_gpu; v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
   v test_vendored_own build/tests/test_vendored_own tests/specs/router_own_input.moe; } &
 { mkdir -p /tmp/r43_torch
@@ -51,14 +54,15 @@ v memcheck_bwd_given compute-sanitizer --tool memcheck --error-exitcode 3 build/
 v memcheck_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_gpu router_own_input
 v test_bwd_gpu_own build/tests/test_bwd_gpu train_own_input
 v test_bwd_gpu_clamp_after build/tests/test_bwd_gpu train_clamp_after
+v test_bwd_gpu_relu2 build/tests/test_bwd_gpu train_relu2
 v memcheck_bwd_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
-    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped,step3.7-shared-limit,hy-v4 \
+    --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped,step3.7-shared-limit,hy-v4,nemotron-h \
     --tokens 1,37,512,4096
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
 sed 's/, input = "separate", expert_scale = true//' examples/specs/gemma4-26b-a4b.moe > /tmp/gemma4_plain.moe
 sed 's/, weight_dtype = "fp32"//' tests/specs/router_fp32.moe > /tmp/router_bf16.moe
-for s in tests/specs/given_ids.moe /tmp/topk_ids.moe tests/specs/given_weights.moe examples/specs/gemma4-26b-a4b.moe \
+for s in examples/specs/nemotron-3-nano-30b-a3b.moe tests/specs/given_ids.moe /tmp/topk_ids.moe tests/specs/given_weights.moe examples/specs/gemma4-26b-a4b.moe \
          /tmp/gemma4_plain.moe tests/specs/router_fp32.moe /tmp/router_bf16.moe; do
     echo "== $s" >> "$OUT/bench.log"
     timeout 60 build/moe_bench $s --graph --tokens 1 --tokens 64 --tokens 512 --iters 20 >> "$OUT/bench.log" 2>&1

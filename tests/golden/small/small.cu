@@ -1239,7 +1239,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2023,7 +2023,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2384,7 +2384,7 @@ small_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, co
 
 #line 10 "templates/swiglu.lua"
 namespace small_swiglu_bf16_f640_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

@@ -930,7 +930,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
 
 #line 630 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1628,7 +1628,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1989,7 +1989,7 @@ small_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, con
 
 #line 10 "templates/swiglu.lua"
 namespace small_swiglu_bf16_f640_impl {
-#line 88 "templates/activation.lua"
+#line 99 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
