@@ -77,25 +77,20 @@ static const gemv_case_t cases[] = {
     {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows; top-2 (the combine's k order)",
      "name = 'q16' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
     {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3},
-    {"bn 8, unroll 4, the gate's clamp after its unit (Step-3.7-Flash's clamped layers), a limit the values pass",
-     "name = 'ca' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n"
-     "activation = { limit = 0.3, clamp = 'after' }\ntraining = true\n", 3},
     {"bn 8, geglu clamped after its unit, up_offset, training (the backward's activation gradient checked too)",
      "name = 'cg' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { kind = 'geglu', limit = 0.3, clamp = 'after', up_offset = 0.5 }\n", 3},
-    {"bn 8, Step-3.7-Flash's clamped layer: the gate's clamp after its unit, a shared expert with a limit of its "
-     "own (slots 2 and 3 run it), training (both activations' gradients)",
+    {"bn 8, unroll 4, Step-3.7-Flash's clamped layer: the gate's clamp after its unit at a limit the values pass, "
+     "a shared expert with a limit of its own (slots 2 and 3 run it), training (both activations' gradients)",
      "name = 'sl' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { limit = 0.3, clamp = 'after' }\nshared = { ffn = 592, limit = 0.9 }\n", 3},
-    {"bn 8, HY-V4's layer: geglu clamped before its unit, the shared expert unclamped (slot 2)",
-     "name = 'su' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n"
-     "activation = { kind = 'geglu', limit = 0.3 }\nshared = { ffn = 296, unclamped = true }\n", 3},
     {"bn 8, NemotronH's relu2 experts (relu(gate)^2, up unused) and its relu2 shared expert, training",
      "name = 'r2' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
      "activation = { kind = 'relu2' }\nshared = { ffn = 296 }\n", 3},
-    {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient",
+    {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient; a "
+     "shared expert unclamped (HY-V4's: slot 2)",
      "name = 'cb' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
-     "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\n", 3},
+     "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\nshared = { ffn = 296, unclamped = true }\n", 3},
     {"bn 16 on gpt-oss-20b's H and F: K 2880's 360 vectors split unevenly between the two warps, clamp and biases",
      "name = 'g16' experts = 3 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2},

@@ -58,7 +58,7 @@ v test_bwd_gpu_relu2 build/tests/test_bwd_gpu train_relu2
 v memcheck_bwd_own compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bwd_gpu train_own_input
 MOEGEN_LIBRARY=$PWD/build/libmoegen.so v check_models python3 bench/check_models.py --backend gpu \
     --families deepseek-v4-hash,deepseek-v4,gemma4,ernie4.5-fp32router,longcat-fp32router,step3.7-clamped,step3.7-shared-limit,hy-v4,nemotron-h \
-    --tokens 1,37,512,4096
+    --tokens 1,37,512
 sed 's/select = "given", //' tests/specs/given_ids.moe > /tmp/topk_ids.moe
 sed 's/, input = "separate", expert_scale = true//' examples/specs/gemma4-26b-a4b.moe > /tmp/gemma4_plain.moe
 sed 's/, weight_dtype = "fp32"//' tests/specs/router_fp32.moe > /tmp/router_bf16.moe
