@@ -907,6 +907,25 @@ static void test_activation_geglu(void) {
     }
 }
 
+/* activation.kind = "relu2" (NemotronH): relu(gate)^2, up unused; its
+ * gradient 2 relu(gate) in gate, 0 in up. */
+static void test_activation_relu2(void) {
+    CASE("activation: relu2");
+    moe_spec_t s = mkspec(4, 2, 8, 8);
+    s.activation.kind = MOE_ACT_RELU2;
+    static const struct {
+        float gate, up;
+        double want, dg;
+    } v[] = {{1.5f, -3.0f, 2.25, 3.0}, {-0.5f, 7.0f, 0.0, 0.0}, {0.0f, 1.0f, 0.0, 0.0}, {3.0f, 0.0f, 9.0, 6.0}};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        const double got = moe_ref_activation(&s, v[i].gate, v[i].up);
+        double dg = -1, du = -1;
+        moe_ref_activation_grad(&s, v[i].gate, v[i].up, &dg, &du);
+        CHECKF(got == v[i].want && dg == v[i].dg && du == 0.0, "relu2(%g, %g) = %g d %g %g, want %g d %g 0",
+               v[i].gate, v[i].up, got, dg, du, v[i].want, v[i].dg);
+    }
+}
+
 /* activation.clamp = "after" (Step-3.7-Flash): min(act(gate), limit), up clamped as before. */
 static void test_activation_clamp_after(void) {
     CASE("activation: the gate's clamp after the unit");
@@ -1367,6 +1386,21 @@ static int bwd_cases(bwd_case_t *c) {
     s.router.renormalize = true; s.activation.limit = 0.25; s.activation.clamp = MOE_CLAMP_AFTER;
     c[n++] = (bwd_case_t){ "swiglu clamped after the unit", s, 5, 1722u };
 
+    s = mkspec(4, 2, 16, 8);   /* Step-3.7-Flash's shared limit of its own (its slots at 1.2, the routed at 0.6) */
+    s.router.renormalize = true; s.activation.limit = 0.6; s.activation.clamp = MOE_CLAMP_AFTER;
+    s.shared.ffn = 16; s.shared.limit = 1.2;
+    c[n++] = (bwd_case_t){ "swiglu clamped after the unit, shared.limit", s, 5, 1823u };
+
+    s = mkspec(6, 2, 16, 8);   /* HY-V4: the routed experts clamped, the shared expert not */
+    s.router.score = MOE_SCORE_SIGMOID; s.router.bias = true; s.router.renormalize = true;
+    s.activation.limit = 0.6; s.shared.ffn = 8; s.shared.unclamped = true;
+    c[n++] = (bwd_case_t){ "clamped swiglu, shared.unclamped", s, 4, 1925u };
+
+    s = mkspec(6, 3, 16, 8);   /* NemotronH: relu(gate)^2, up unused; a relu2 shared expert */
+    s.router.score = MOE_SCORE_SIGMOID; s.router.bias = true; s.router.renormalize = true; s.router.scale = 2.5;
+    s.activation.kind = MOE_ACT_RELU2; s.shared.ffn = 16;
+    c[n++] = (bwd_case_t){ "relu2 experts and shared expert, sigmoid, bias, scale", s, 4, 2025u };
+
     s = mkspec(6, 2, 16, 8);   /* Gemma 4's router: its own input, per-expert scales; GeGLU experts */
     s.router.renormalize = true; s.router.input = MOE_ROUTER_INPUT_SEPARATE; s.router.expert_scale = true;
     s.activation.kind = MOE_ACT_GEGLU;
@@ -1384,7 +1418,7 @@ static int bwd_cases(bwd_case_t *c) {
 /* Exact-mode gradients against central finite differences of the exact
  * forward, every gradient of every case. */
 static void test_backward_fd(void) {
-    bwd_case_t cases[24];
+    bwd_case_t cases[32];
     const int nc = bwd_cases(cases);
     for (int ci = 0; ci < nc; ci++) {
         const bwd_case_t *C = &cases[ci];
@@ -1476,7 +1510,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 #define BWD_ROUNDED_TOL_FP16 2e-3
 
 static void test_backward_rounded(moe_dtype_t dt) {
-    bwd_case_t cases[24];
+    bwd_case_t cases[32];
     const int nc = bwd_cases(cases);
     double worst_all = 0;
     for (int ci = 0; ci < nc; ci++) {
@@ -1669,6 +1703,7 @@ int main(void) {
     test_ffn_shared_split();
     test_ffn_gpt_oss();
     test_activation_geglu();
+    test_activation_relu2();
     test_ffn_random(MOE_DTYPE_BF16);
     test_ffn_random(MOE_DTYPE_FP16);
     test_backward_fd();
