@@ -980,7 +980,8 @@ static void check_combine(const layer_t *L, int T, const float *w, const int *ro
  * on random packed rows u [cap, 2F] (gate and up in granules of 8) against
  * the reference's activation, rounded; rows = min(offsets[E], cap), so
  * once with offsets[E] below cap (the rows past it must stay poisoned) and
- * once above. */
+ * once above. The second half of the rows belongs to the last routed slot,
+ * or to the shared expert's first (its own activation, if it has one). */
 static void check_swiglu(const moe_plan *plan, const layer_t *L, uint64_t seed) {
     const moe_spec_t *s = &L->s;
     const moe_launcher_t *l = &plan->launcher;
@@ -1006,9 +1007,15 @@ static void check_swiglu(const moe_plan *plan, const layer_t *L, uint64_t seed) 
     if (!du || !dh || !doff)
         goto done;
     const int routed[2] = {29, 100}; /* offsets[E]: below cap, then above */
+    /* the rows' slots: the first half slot 0's, the rest the last routed expert's, or with a shared expert
+     * its first slot's, whose rows run its own activation where it has one (shared.limit, shared.unclamped) */
+    const int Er = s->experts;
+    moe_spec_t shared_spec = *s;
+    shared_spec.activation = moe_spec_shared_activation(s);
     for (int pass = 0; pass < 2; pass++) {
         for (int e = 0; e <= E; e++)
-            offsets[e] = e == E ? routed[pass] : 0;
+            offsets[e] = e == 0 ? 0 : e == E ? routed[pass] : e <= Er ? routed[pass] / 2 : routed[pass];
+        const long long shared_row0 = E > Er ? offsets[Er] : cap;
         const long long rows = routed[pass] < cap ? routed[pass] : cap;
         CHECK(cu_ok(moe_cu.cuMemcpyHtoD(doff, offsets, sizeof(int) * (size_t)(E + 1)), "offsets"));
         CHECK(cu_ok(moe_cu.cuMemsetD8(dh, 0xff, hn * 2), "poison h"));
@@ -1035,7 +1042,8 @@ static void check_swiglu(const moe_plan *plan, const layer_t *L, uint64_t seed) 
                     }
                     const float gate = moe_half_to_float(u[(size_t)row * 2 * F + 16 * j + k], dt);
                     const float up = moe_half_to_float(u[(size_t)row * 2 * F + 16 * j + 8 + k], dt);
-                    double want = moe_half_to_float(moe_float_to_half(moe_ref_activation(s, gate, up), dt), dt);
+                    const moe_spec_t *as = row >= shared_row0 ? &shared_spec : s;
+                    double want = moe_half_to_float(moe_float_to_half(moe_ref_activation(as, gate, up), dt), dt);
                     double have = moe_half_to_float(got, dt);
                     finite &= isfinite(have);
                     num += (have - want) * (have - want);

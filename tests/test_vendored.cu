@@ -328,6 +328,9 @@ int main(int argc, char **argv) {
             float *wn = (float *)malloc((size_t)Tn * K * 4), *yrn = (float *)malloc((size_t)Tn * H * 4);
             moe_ref_inputs_t inn = in;
             inn.x = xn, inn.tokens = Tn;
+#ifdef VENDORED_OWN
+            inn.router_x = xn;   /* as the forward's */
+#endif
             CHECK(moe_ref_route(&s, &inn, idn, wn, NULL) == 0);
             int sn[32], nsn = 0;
             for (int t = 0; t < Tn && nsn < 32; t += Tn / 32 + 1) sn[nsn++] = t;
