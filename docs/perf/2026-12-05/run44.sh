@@ -2,7 +2,7 @@
 # Run 44 (2026-12-05, fifth session): run 43's three failures again after their test fixes (test_gpu's swiglu
 # case gave every row the shared slot's activation; test_vendored_own's size loop routed its reference on the
 # first call's router_x), then run 41's backward breakdown (moe_bench --backward at 4096 tokens, Mixtral and
-# Qwen3) and the fp8 layer against torch._scaled_grouped_mm at 4096 tokens (Mixtral). ~300 s.
+# Qwen3). ~200 s (the fp8 comparison of run 41 left out: 437 s of device time were left).
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -16,11 +16,8 @@ for s in mixtral-8x7b qwen3-30b-a3b; do
     timeout 60 build/moe_bench /tmp/train_$s.moe --backward --tokens 4096 --iters 10 >> "$OUT/backward.log" 2>&1
     echo "bench backward $s: exit $?" >> "$OUT/rc.txt"
 done
-timeout 90 python3 bench/compare_torch.py examples/specs/fp8/mixtral-8x7b-fp8.moe --tokens 4096 --iters 10 \
-    > "$OUT/fp8_compare.log" 2>&1; echo "fp8 compare: exit $?" >> "$OUT/rc.txt"
 cat "$OUT/rc.txt"
 for f in "$OUT"/test_*.log; do echo "== $(basename $f): $(grep -E '^(total|test_[a-z_]+): ' $f | tail -1)"; done
 grep -h FAIL "$OUT"/test_*.log | head -10
 grep -vE '^(plan|gemms)' "$OUT/backward.log"
-grep -vE '^plan' "$OUT/fp8_compare.log" | head -40
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
