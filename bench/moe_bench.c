@@ -1,7 +1,11 @@
 /* moe_bench.c — time every kernel and the whole layer on the GPU.
  *
  * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward]
+ *                  [--templates DIR]
  *
+ * --templates DIR expands the kernels from DIR's templates instead of the
+ * embedded ones (moe_options.templates_dir): a template change timed
+ * against the build's own in one call, before it lands.
  * --cudnn sets moe_options.cudnn (default: $MOEGEN_CUDNN, else auto); both
  * times a plan with cuDNN off and one with it on, side by side on the same
  * inputs in this process (README, "cuDNN").
@@ -180,7 +184,8 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
 /* ---- the layer ---------------------------------------------------------- */
 
 static const char usage[] =
-    "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward]\n";
+    "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward] "
+    "[--templates DIR]\n";
 
 /* Median time of `iters` runs of the layer, ms, each after an L2 flush:
  * eager moe_forward calls, or launches of the instantiated graph `ge` when
@@ -356,6 +361,7 @@ int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
     int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0;
+    const char *templates_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--graph") == 0)
             graph = 1;
@@ -365,6 +371,8 @@ int main(int argc, char **argv) {
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--templates") == 0 && i + 1 < argc)
+            templates_dir = argv[++i];
         else if (strcmp(argv[i], "--cudnn") == 0 && i + 1 < argc) {
             const char *m = argv[++i];
             if (strcmp(m, "both") == 0) {
@@ -388,7 +396,7 @@ int main(int argc, char **argv) {
     }
     moe_plan *plans[2] = {NULL, NULL};
     for (int pi = 0; pi < nplans; pi++) {
-        moe_options o = {.cudnn = modes[pi]};
+        moe_options o = {.cudnn = modes[pi], .templates_dir = templates_dir};
         moe_status s = moe_plan_create(&plans[pi], spec_path, &o);
         if (s != MOE_OK) {
             fprintf(stderr, "moe_bench: %s: %s\n", moe_status_string(s), moe_last_error());
@@ -418,6 +426,8 @@ int main(int argc, char **argv) {
     if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
         moe_cu.cuDeviceGetName(devname, sizeof devname, dev);
     printf("moe_bench %s (hash %s) on %s, kernels for %s\n", sp->name, sp->hash, devname, info.arch);
+    if (templates_dir)
+        printf("templates: %s (not the embedded ones)\n", templates_dir);
     printf("ceilings: device copy %.0f GB/s; dense bf16 cuBLAS 8192^3 %.0f TFLOP/s%s%s\n", copy_gbs, gemm_tf,
            why[0] ? " — " : "", why);
     printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);

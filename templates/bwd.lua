@@ -389,17 +389,15 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
  * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
  * same product (x's column H taken as 1). Block (bx, by): columns
  * 64 bx .. +64 of [x | 1], experts 32 by .. +32; thread: one column, 8
- * experts; tokens in chunks of 128 through shared memory, summed in token
+ * experts; tokens in chunks of 32 through shared memory, summed in token
  * order, each chunk's values loaded into registers while the one before
- * is summed (the chunks are the kernel's serial chain: 32 tokens a chunk
- * took 0.2-0.3 ms at 4096 tokens, by the backward's router stage). beta 1
- * adds to what the outputs hold. */
+ * is summed. beta 1 adds to what the outputs hold. */
 extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
 ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
             float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg) {
     moe_pdl_begin();
     using namespace ${ns};
-    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 128;   /* 48 KB of chunk: 32 chunks at 4096 tokens */
+    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32;
     __shared__ float s_dl[TT][BE];
     __shared__ float s_x[TT][BC];
     const int tid = threadIdx.x, c = tid % BC, eg = tid / BC;   /* eg: experts 8 eg .. 8 eg + 7 of the tile */
