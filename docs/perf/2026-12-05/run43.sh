@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 43 (written 2026-12-05, third session, which had no GPU lent: NOT run yet): given routing
+# Run 43 (written 2026-12-05, third and fourth sessions; run in the fifth, on an H100: README.md here): given routing
 # (router.select = "given", router.score = "given"; README "Given routing") on the GPU, ~300 s:
 #   - test_gpu on the two given specs (tests/specs/given_ids.moe, given_weights.moe: random, skewed, replayed
 #     from a graph; the dropped ids against moe_plan_routing_errors)

@@ -2,7 +2,7 @@
 # Run 44 (2026-12-05, fifth session): run 43's three failures again after their test fixes (test_gpu's swiglu
 # case gave every row the shared slot's activation; test_vendored_own's size loop routed its reference on the
 # first call's router_x), then run 41's backward breakdown (moe_bench --backward at 4096 tokens, Mixtral and
-# Qwen3). ~200 s (the fp8 comparison of run 41 left out: 437 s of device time were left).
+# Qwen3). ~200 s (the fp8 comparison of run 41 left out: 437 s of device time were left). Ran: README.md here.
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
