@@ -330,9 +330,10 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     if (s->activation.limit > 0)
         moe_lua_set_num(L, "limit", s->activation.limit);
     if (moe_spec_shared_act_differs(s)) { /* slots E .. slots - 1 run the shared expert's (templates/activation.lua) */
+        const double shared_limit = moe_spec_shared_activation(s).limit;
         moe_lua_set_bool(L, "shared_act", true);
-        if (moe_spec_shared_activation(s).limit > 0)
-            moe_lua_set_num(L, "shared_limit", moe_spec_shared_activation(s).limit);
+        if (shared_limit > 0)
+            moe_lua_set_num(L, "shared_limit", shared_limit);
     }
     moe_lua_set_num(L, "up_offset", s->activation.up_offset);
     moe_lua_set_bool(L, "ffn_bias", s->ffn_bias);

@@ -372,10 +372,9 @@ static void check_relations(moe_spec_ctx_t *c, const moe_spec_t *s) {
         return;
     }
     if (s->activation.kind == MOE_ACT_RELU2 && (s->activation.limit > 0 || s->activation.up_offset != 0)) {
-        NAMED_ERROR(c, s->activation.limit > 0 ? "activation.limit" : "activation.up_offset",
-                    "%s with activation.kind = \"relu2\" is not supported: relu2's unit reads the gate alone "
-                    "(NemotronH's experts have no clamp)", s->activation.limit > 0 ? "activation.limit" :
-                    "activation.up_offset");
+        const char *key = s->activation.limit > 0 ? "activation.limit" : "activation.up_offset";
+        NAMED_ERROR(c, key, "%s with activation.kind = \"relu2\" is not supported: relu2's unit reads the gate "
+                    "alone (NemotronH's experts have no clamp)", key);
         return;
     }
     const moe_router_t *r = &s->router;
@@ -518,13 +517,14 @@ static void check_router_extras(moe_spec_ctx_t *c, const moe_spec_t *s) {
  * check_relations, on a spec whose keys all read. */
 static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
     const moe_shared_t *sh = &s->shared;
+    /* the key that gives the shared expert a clamp of its own, if one does */
+    const char *own = sh->limit > 0 ? "shared.limit" : sh->unclamped ? "shared.unclamped" : NULL;
     if (!sh->ffn) {
         if (sh->gate != MOE_SHARED_GATE_NONE)
             NAMED_ERROR(c, "shared.gate", "shared.gate applies to a shared expert: set shared.ffn, its intermediate "
                         "size");
-        else if (sh->limit > 0 || sh->unclamped)
-            NAMED_ERROR(c, sh->limit > 0 ? "shared.limit" : "shared.unclamped", "%s applies to a shared expert: set "
-                        "shared.ffn, its intermediate size", sh->limit > 0 ? "shared.limit" : "shared.unclamped");
+        else if (own)
+            NAMED_ERROR(c, own, "%s applies to a shared expert: set shared.ffn, its intermediate size", own);
         return;
     }
     if (sh->limit > 0 && sh->unclamped) {
@@ -532,10 +532,9 @@ static void check_shared(moe_spec_ctx_t *c, const moe_spec_t *s) {
                     "or none; keep one of them");
         return;
     }
-    if ((sh->limit > 0 || sh->unclamped) && !(s->activation.limit > 0)) {
-        NAMED_ERROR(c, sh->limit > 0 ? "shared.limit" : "shared.unclamped", "%s needs activation.limit: it sets the "
-                    "shared expert's clamp apart from the routed experts' limit (set activation.limit)",
-                    sh->limit > 0 ? "shared.limit" : "shared.unclamped = true");
+    if (own && !(s->activation.limit > 0)) {
+        NAMED_ERROR(c, own, "%s%s needs activation.limit: it sets the shared expert's clamp apart from the routed "
+                    "experts' limit (set activation.limit)", own, sh->unclamped ? " = true" : "");
         return;
     }
     long long m = sh->ffn / s->ffn, rows = (long long)s->tokens * (s->top_k + m);

@@ -15,8 +15,8 @@
 @ -- p.shared_limit, or shared.unclamped, no p.shared_limit) gets a second
 @ -- function, the name with "_shared", which its slots (E .. slots - 1)
 @ -- run: call sites call M.call(p, name, shared, args), which picks by
-@ -- `shared` (true on those slots' rows) and is the plain call when the
-@ -- two are one.
+@ -- `shared` (true on those slots' rows), or M.call_slot with the rows'
+@ -- weight slot; either is the plain call when the two are one.
 @ local M = {}
 @ local emit_device, geglu, emit_backward  -- defined below
 @
@@ -40,6 +40,11 @@
 @ -- Is weight slot `slot` (C text) one of the shared expert's?
 @ function M.shared_slot(p, slot)
 @   return "(" .. slot .. ") >= " .. p.E
+@ end
+@
+@ -- M.call for rows of weight slot `slot` (C text: a GEMM epilogue's tile slot).
+@ function M.call_slot(p, fn, slot, args)
+@   return M.call(p, fn, M.shared_slot(p, slot), args)
 @ end
 @
 @ -- Is the gate clamped after the unit (activation.clamp = "after", with a limit)?

@@ -547,12 +547,10 @@ ${p.kernel}(${args}) {
 @     eargs = ", const moe_half_t *__restrict__ bias, unsigned char *__restrict__ out, float *__restrict__ osc"
 @     cargs = ", " .. (p.ffn_bias and "b1p + (long long)expert * N" or "(const moe_half_t *)nullptr") .. ", hq, hsc"
 @   end
-@   local A = import("activation")
-@   local shared = nil   -- the rows' slot, for a shared expert with its own activation (activation.lua, M.call)
-@   if p.shared_act then
-@     eargs, cargs, shared = eargs .. ", const int slot", cargs .. ", expert", A.shared_slot(p, "slot")
+@   if p.shared_act then   -- the rows' slot: a shared expert with its own activation (activation.lua, M.call_slot)
+@     eargs, cargs = eargs .. ", const int slot", cargs .. ", expert"
 @   end
-@   local function call(args) return A.call(p, act, shared, args) end
+@   local function call(args) return import("activation").call_slot(p, act, "slot", args) end
 @   local function epilogue8()
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further; the
          * activation waits in shared memory for its block's amax (after8) */

@@ -339,7 +339,7 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
                 const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
                 float dg0, du0, dg1, du1;
 @   local A = import("activation")
-@   local function call(args) return A.call(p, act, A.shared_slot(p, "slot"), args) end
+@   local function call(args) return A.call_slot(p, act, "slot", args) end
                 ${call("moe_lo_float(ug), moe_lo_float(uu), acc[mi][ni][2 * h], dg0, du0")};
                 ${call("moe_hi_float(ug), moe_hi_float(uu), acc[mi][ni][2 * h + 1], dg1, du1")};
                 *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);

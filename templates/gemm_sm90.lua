@@ -987,16 +987,14 @@ ${ARCH_GUARD}
 @
 @ -- The call of the activation function fn on args in an epilogue, which
 @ -- has its tile's weight slot as `expert` (templates/activation.lua,
-@ -- M.call: the shared expert's slots may run their own).
+@ -- M.call_slot: the shared expert's slots may run their own).
 @ local function act_call(p, fn, args)
-@   local A = import("activation")
-@   return A.call(p, fn, A.shared_slot(p, "expert"), args)
+@   return import("activation").call_slot(p, fn, "expert", args)
 @ end
 @
 @ function M.up(p)
 @   local c = config(p, "up")
 @   local function call(fn, args) return act_call(p, fn, args) end
-@   local A = import("activation")
 @   local args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
@@ -1104,8 +1102,8 @@ ${ARCH_GUARD}
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
-                                const float o0 = ${call(A.name(p), "acc[m][8 * j + 2 * h]" .. bg0 .. ", acc[m][8 * j + 4 + 2 * h]" .. bu0)};
-                                const float o1 = ${call(A.name(p), "acc[m][8 * j + 2 * h + 1]" .. bg1 .. ", acc[m][8 * j + 5 + 2 * h]" .. bu1)};
+                                const float o0 = ${call(import("activation").name(p), "acc[m][8 * j + 2 * h]" .. bg0 .. ", acc[m][8 * j + 4 + 2 * h]" .. bu0)};
+                                const float o1 = ${call(import("activation").name(p), "acc[m][8 * j + 2 * h + 1]" .. bg1 .. ", acc[m][8 * j + 5 + 2 * h]" .. bu1)};
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 @     if p.spec.training then
                                 if (ubuf && r < rows && (!N_TAIL || n0 + j * 16 < N)) {  /* U, packed columns */

@@ -22,7 +22,7 @@ namespace ${p.kernel}_impl {
 @ G.device_code(p, c)
 @ local A = import("activation")
 @ local act = A.device(p)
-@ local function call(args) return A.call(p, act, A.shared_slot(p, "expert"), args) end
+@ local function call(args) return A.call_slot(p, act, "expert", args) end
 }  // namespace ${p.kernel}_impl
 
 extern "C" __global__ void __launch_bounds__(${p.threads})

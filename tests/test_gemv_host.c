@@ -15,6 +15,7 @@
 
 #include "gen_fixture.h"
 #include "ref.h"
+#include "spec_schema.h"
 #include "tuning.h"
 
 #include <math.h>
@@ -156,8 +157,8 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
     const int cut =
         host_cut_kernel(src.data, up->name, up_smem, &inc) || host_cut_kernel(src.data, dn->name, dn_smem, &inc);
     CHECKF(!cut, "%s or %s not found whole in the emitted source", up->name, dn->name);
-    /* the activation's function, named by its kind (templates/activation.lua, M.name) */
-    const char *an = s.activation.kind == MOE_ACT_GEGLU ? "geglu" : s.activation.kind == MOE_ACT_RELU2 ? "relu2" : "swiglu";
+    /* the activation's function, named by its kind (templates/activation.lua, M.name: the schema's choice) */
+    const char *an = moe_spec_key("activation.kind")->choices[s.activation.kind];
     char head[120];
     snprintf(head, sizeof head, "float %s(float gate, float up)", an);
     CHECKF(strstr(inc.data, head) != NULL, "%s is not in the up kernel's code", head);

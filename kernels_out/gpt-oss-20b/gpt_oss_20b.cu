@@ -1292,7 +1292,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1374,17 +1374,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1080 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1083 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1087 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1092 "templates/gemm_sm90.lua"
+#line 1090 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1394,7 +1394,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1102 "templates/gemm_sm90.lua"
+#line 1100 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1403,7 +1403,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1117 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                             }
                     }
 #line 834 "templates/gemm_sm90.lua"
@@ -1852,22 +1852,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1139 "templates/gemm_sm90.lua"
+#line 1137 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1144 "templates/gemm_sm90.lua"
+#line 1142 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1149 "templates/gemm_sm90.lua"
+#line 1147 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1164 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2133,7 +2133,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2504,9 +2504,9 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 630 "templates/gemm_gemv.lua"
+#line 628 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2671,21 +2671,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 612 "templates/gemm_gemv.lua"
+#line 610 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 617 "templates/gemm_gemv.lua"
+#line 615 "templates/gemm_gemv.lua"
             const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
-#line 621 "templates/gemm_gemv.lua"
+#line 619 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 628 "templates/gemm_gemv.lua"
+#line 626 "templates/gemm_gemv.lua"
         }
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 637 "templates/gemm_gemv.lua"
+#line 635 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
 #line 472 "templates/gemm_gemv.lua"
@@ -2726,7 +2726,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict
 #line 525 "templates/gemm_gemv.lua"
 }
 
-#line 663 "templates/gemm_gemv.lua"
+#line 661 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
 #line 184 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 64, KC = 2880, U = 2;
@@ -2880,14 +2880,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 659 "templates/gemm_gemv.lua"
+#line 657 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s + moe_to_float(bias[col]));
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 669 "templates/gemm_gemv.lua"
+#line 667 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2918,9 +2918,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 702 "templates/gemm_gemv.lua"
+#line 700 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 704 "templates/gemm_gemv.lua"
+#line 702 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3318,7 +3318,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3400,17 +3400,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1080 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1083 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1087 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1092 "templates/gemm_sm90.lua"
+#line 1090 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3420,7 +3420,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1102 "templates/gemm_sm90.lua"
+#line 1100 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3429,7 +3429,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1117 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                             }
                     }
 #line 834 "templates/gemm_sm90.lua"
@@ -3878,22 +3878,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1139 "templates/gemm_sm90.lua"
+#line 1137 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1144 "templates/gemm_sm90.lua"
+#line 1142 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1149 "templates/gemm_sm90.lua"
+#line 1147 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1164 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4243,7 +4243,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -4328,17 +4328,17 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1080 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1083 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1087 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1092 "templates/gemm_sm90.lua"
+#line 1090 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4348,7 +4348,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1102 "templates/gemm_sm90.lua"
+#line 1100 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4357,7 +4357,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1117 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                             }
                     }
 #line 834 "templates/gemm_sm90.lua"
@@ -4777,22 +4777,22 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1139 "templates/gemm_sm90.lua"
+#line 1137 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1140 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1144 "templates/gemm_sm90.lua"
+#line 1142 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1149 "templates/gemm_sm90.lua"
+#line 1147 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1164 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5058,7 +5058,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -5431,7 +5431,7 @@ gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 
 #line 10 "templates/swiglu.lua"
 namespace gpt_oss_20b_swiglu_bf16_f2880_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

@@ -1271,7 +1271,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1353,15 +1353,15 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1080 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1087 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1102 "templates/gemm_sm90.lua"
+#line 1100 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1370,7 +1370,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1117 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                             }
                     }
 #line 834 "templates/gemm_sm90.lua"
@@ -1821,13 +1821,13 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1139 "templates/gemm_sm90.lua"
+#line 1137 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1144 "templates/gemm_sm90.lua"
+#line 1142 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1164 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2093,7 +2093,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2452,9 +2452,9 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 630 "templates/gemm_gemv.lua"
+#line 628 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -2617,21 +2617,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 612 "templates/gemm_gemv.lua"
+#line 610 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 619 "templates/gemm_gemv.lua"
+#line 617 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 621 "templates/gemm_gemv.lua"
+#line 619 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 628 "templates/gemm_gemv.lua"
+#line 626 "templates/gemm_gemv.lua"
         }
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 637 "templates/gemm_gemv.lua"
+#line 635 "templates/gemm_gemv.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl
 
 #line 472 "templates/gemm_gemv.lua"
@@ -2674,7 +2674,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restric
 #line 525 "templates/gemm_gemv.lua"
 }
 
-#line 663 "templates/gemm_gemv.lua"
+#line 661 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl {
 #line 184 "templates/gemm_gemv.lua"
 constexpr int K = 14336, N = 4096, NOUT = 4096, BN = 32, KC = 4096, U = 4;
@@ -2828,14 +2828,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 659 "templates/gemm_gemv.lua"
+#line 657 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 669 "templates/gemm_gemv.lua"
+#line 667 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2866,9 +2866,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 702 "templates/gemm_gemv.lua"
+#line 700 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 704 "templates/gemm_gemv.lua"
+#line 702 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3268,7 +3268,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -3350,15 +3350,15 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1080 "templates/gemm_sm90.lua"
+#line 1078 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1087 "templates/gemm_sm90.lua"
+#line 1085 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1102 "templates/gemm_sm90.lua"
+#line 1100 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3367,7 +3367,7 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gr
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1117 "templates/gemm_sm90.lua"
+#line 1115 "templates/gemm_sm90.lua"
                             }
                     }
 #line 834 "templates/gemm_sm90.lua"
@@ -3818,13 +3818,13 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1139 "templates/gemm_sm90.lua"
+#line 1137 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1144 "templates/gemm_sm90.lua"
+#line 1142 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1164 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3865,7 +3865,7 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
 
 #line 10 "templates/swiglu.lua"
 namespace mixtral_8x7b_swiglu_bf16_f14336_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {

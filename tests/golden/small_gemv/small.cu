@@ -928,9 +928,9 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 630 "templates/gemm_gemv.lua"
+#line 628 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1093,21 +1093,21 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 612 "templates/gemm_gemv.lua"
+#line 610 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 619 "templates/gemm_gemv.lua"
+#line 617 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 621 "templates/gemm_gemv.lua"
+#line 619 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 628 "templates/gemm_gemv.lua"
+#line 626 "templates/gemm_gemv.lua"
         }
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 637 "templates/gemm_gemv.lua"
+#line 635 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
 #line 472 "templates/gemm_gemv.lua"
@@ -1150,7 +1150,7 @@ small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs
 #line 525 "templates/gemm_gemv.lua"
 }
 
-#line 663 "templates/gemm_gemv.lua"
+#line 661 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
 #line 184 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
@@ -1304,14 +1304,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 659 "templates/gemm_gemv.lua"
+#line 657 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 278 "templates/gemm_gemv.lua"
     }
 }
-#line 669 "templates/gemm_gemv.lua"
+#line 667 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -1342,9 +1342,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 702 "templates/gemm_gemv.lua"
+#line 700 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 704 "templates/gemm_gemv.lua"
+#line 702 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -1628,7 +1628,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -1989,7 +1989,7 @@ small_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, con
 
 #line 10 "templates/swiglu.lua"
 namespace small_swiglu_bf16_f640_impl {
-#line 99 "templates/activation.lua"
+#line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
 static __device__ __forceinline__ float swiglu(float gate, float up) {
