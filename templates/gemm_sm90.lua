@@ -1222,28 +1222,55 @@ ${ARCH_GUARD}
 @   local function epilogue()
                 /* dA, accumulator block j (registers 4j..4j+3): rows 16w + g + 8h, columns
                  * f = n0 + 8j + 2q, f + 1 of F; their gate and up columns in the packed order
-                 * (gen/pack_geom.h) are pairs too, since f is even and the granule is. */
+                 * (gen/pack_geom.h) are pairs too, since f is even and the granule is. The
+                 * blocks go in chunks of DJ: the chunk's U loads are all issued before its
+                 * first dU store (du may alias u, so the compiler may not move a load above a
+                 * store; one load-then-store chain per block left every load's latency
+                 * exposed, 2 x BN / 8 x WM round trips a tile). Each element is still read,
+                 * then written, by the one thread. */
+                constexpr int DJ = 8;
+                static_assert((BN / 8) % DJ == 0, "dgrad_down epilogue chunks");
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-                    const int f = n0 + 8 * j + 2 * q;
-                    if (N_TAIL && f >= N)  /* F % 8 == 0: the whole n8 block is in or out */
-                        continue;
-                    const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
+                for (int j0 = 0; j0 < BN / 8; j0 += DJ) {
+                    unsigned ug[DJ][WM][2], uu[DJ][WM][2];
 #pragma unroll
-                    for (int m = 0; m < WM; ++m)
+                    for (int jj = 0; jj < DJ; ++jj) {
+                        const int f = n0 + 8 * (j0 + jj) + 2 * q;
+                        const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
-                            if (r >= rows)
-                                continue;
-                            const long long row = (long long)(row_start + r) * (2 * N);
-                            const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
-                            float dg0, du0, dg1, du1;
-                            ${call(act, "moe_lo_float(ug), moe_lo_float(uu), acc[m][4 * j + 2 * h], dg0, du0")};
-                            ${call(act, "moe_hi_float(ug), moe_hi_float(uu), acc[m][4 * j + 2 * h + 1], dg1, du1")};
-                            *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
-                            *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
-                        }
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
+                                /* F % 8 == 0: an n8 block is wholly in or out of N */
+                                const bool in = r < rows && !(N_TAIL && f >= N);
+                                const long long row = (long long)(row_start + r) * (2 * N);
+                                ug[jj][m][h] = in ? *(const unsigned *)(u + row + pg) : 0u;
+                                uu[jj][m][h] = in ? *(const unsigned *)(u + row + pu) : 0u;
+                            }
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < DJ; ++jj) {
+                        const int j = j0 + jj, f = n0 + 8 * j + 2 * q;
+                        if (N_TAIL && f >= N)
+                            continue;
+                        const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
+                                if (r >= rows)
+                                    continue;
+                                const long long row = (long long)(row_start + r) * (2 * N);
+                                const unsigned vg = ug[jj][m][h], vu = uu[jj][m][h];
+                                float dg0, du0, dg1, du1;
+                                ${call(act, "moe_lo_float(vg), moe_lo_float(vu), acc[m][4 * j + 2 * h], dg0, du0")};
+                                ${call(act, "moe_hi_float(vg), moe_hi_float(vu), acc[m][4 * j + 2 * h + 1], dg1, du1")};
+                                *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
+                                *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
+                            }
+                    }
                 }
 @   end
 @   kernel(p, c, args, "dys_map", "w2_map", "du", nil, "n0", preamble, epilogue)
