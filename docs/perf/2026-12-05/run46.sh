@@ -2,9 +2,11 @@
 # Run 46 (2026-12-05, sixth session). The sm_90a dgrad_down epilogue issued each U load right before the dU
 # store that follows it (du may alias u, so nothing could be hoisted): 64 serialized global round trips per
 # thread per tile, the likely cause of dgrad_down's 253 TFLOP/s (run 44, H100) against dgrad_up's 555. The
-# build's templates issue a chunk of 8 n8 blocks' loads before the chunk's stores. In one call:
+# build's templates issue a chunk of 8 n8 blocks' loads before the chunk's stores; and the wgrads walk their
+# tiles with the smaller of M and N fastest (Mixtral's wgrad_down: 397 TFLOP/s against wgrad_up's 535 walked
+# N = F fastest, its CTAs in flight sharing all 29 MB of A's k tiles). In one call:
 #   - moe_bench --backward at 4096 tokens, Mixtral and Qwen3, three template sets: the build's (new epilogue),
-#     build/tpl_old (HEAD before it: the old epilogue), and the build's with bwd_dwr's chunk at 128 tokens
+#     build/tpl_old (2479786, before both), and the build's with bwd_dwr's chunk at 128 tokens
 #     (run 45's A/B: TT = 128, the same sums in the same order)
 #   - test_bgemm_gpu and test_bwd_gpu (whole) on the build: the new epilogue against the CPU reference
 #   - Nsight Compute of the router stage's kernels (run 45's), shortened
