@@ -320,31 +320,54 @@ ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, 
     /* The activation backward: fragment (mi, ni) holds dA at rows r, r + 8
      * and columns f, f + 1 (of F); their gate and up columns in the packed
      * order (gen/pack_geom.h) are pairs too, since f is even and the
-     * granule is. */
+     * granule is. Fragments go in chunks of DN: the chunk's U loads are all
+     * issued before its first dU store (du may alias u, so no load may move
+     * above a store; each element is read, then written, by one thread). */
     const long long F2 = 2LL * N;
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-        const int f = n0 + wn * WTN + ni * 8 + 2 * t;
-        if (f >= N)
-            continue;
-        const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = wm * WTM + mi * 16 + g + 8 * h;
-                if (r >= rows)
-                    continue;
-                const long long row = (long long)(row_start + r) * F2;
-                const unsigned ug = *(const unsigned *)(u + row + pg), uu = *(const unsigned *)(u + row + pu);
-                float dg0, du0, dg1, du1;
+    constexpr int DN = NI < 2 ? NI : 2;
+    static_assert(NI % DN == 0, "dgrad_down epilogue chunks");
 @   local A = import("activation")
 @   local function call(args) return A.call_slot(p, act, "slot", args) end
-                ${call("moe_lo_float(ug), moe_lo_float(uu), acc[mi][ni][2 * h], dg0, du0")};
-                ${call("moe_hi_float(ug), moe_hi_float(uu), acc[mi][ni][2 * h + 1], dg1, du1")};
-                *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
-                *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
-            }
+#pragma unroll
+    for (int n0c = 0; n0c < NI; n0c += DN) {
+        unsigned ug[DN][MI][2], uu[DN][MI][2];
+#pragma unroll
+        for (int nn = 0; nn < DN; ++nn) {
+            const int f = n0 + wn * WTN + (n0c + nn) * 8 + 2 * t;
+            const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = wm * WTM + mi * 16 + g + 8 * h;
+                    const bool in = f < N && r < rows;
+                    const long long row = (long long)(row_start + r) * F2;
+                    ug[nn][mi][h] = in ? *(const unsigned *)(u + row + pg) : 0u;
+                    uu[nn][mi][h] = in ? *(const unsigned *)(u + row + pu) : 0u;
+                }
+        }
+#pragma unroll
+        for (int nn = 0; nn < DN; ++nn) {
+            const int ni = n0c + nn, f = n0 + wn * WTN + ni * 8 + 2 * t;
+            if (f >= N)
+                continue;
+            const long long pg = moe_pack_row(f, N), pu = moe_pack_row(N + f, N);
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = wm * WTM + mi * 16 + g + 8 * h;
+                    if (r >= rows)
+                        continue;
+                    const long long row = (long long)(row_start + r) * F2;
+                    const unsigned vg = ug[nn][mi][h], vu = uu[nn][mi][h];
+                    float dg0, du0, dg1, du1;
+                    ${call("moe_lo_float(vg), moe_lo_float(vu), acc[mi][ni][2 * h], dg0, du0")};
+                    ${call("moe_hi_float(vg), moe_hi_float(vu), acc[mi][ni][2 * h + 1], dg1, du1")};
+                    *(unsigned *)(du + row + pg) = moe_pack2(dg0, dg1);
+                    *(unsigned *)(du + row + pu) = moe_pack2(du0, du1);
+                }
+        }
     }
 }
 @   else
