@@ -1282,8 +1282,7 @@ ${ARCH_GUARD}
 @ -- [rows, N] are both M/N-major along the rows: tensor maps over the rows
 @ -- with boxes of 64 columns x bk rows (moe_wgrad_mn, runtime/launch.c),
 @ -- read by wgmma with both transpose bits. The grid is the family's 3D
-@ -- one (N tiles, M tiles, slots), one tile per CTA, walked with the
-@ -- smaller of M and N's tiles fastest. Rows of the last k
+@ -- one (N tiles, M tiles, slots), one tile per CTA. Rows of the last k
 @ -- tile past the slot's rows are zeroed in shared memory before its wgmma,
 @ -- so pad rows never contribute; columns past M or N arrive as zeros and
 @ -- are not stored. Stored from registers: beta 0 writes, beta 1 adds; a
@@ -1314,16 +1313,7 @@ ${ARCH_GUARD}
     if (rows <= 0 && beta)
         return;  /* the whole CTA: nothing to add */
     const int ktiles = rows > 0 ? (rows + BK - 1) / BK : 0, tail = rows % BK;
-@   if c.M < c.N then
-    /* the grid is (N tiles, M tiles, slots); CTAs start in linear order, so the
-     * smaller dimension's tiles vary fastest: the CTAs in flight then share all of
-     * the smaller operand's k tiles and a few of the larger's, not the reverse
-     * (wgrad_down: dys's, not A's, a working set 3.5 x smaller for Mixtral) */
-    const int lin = (int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x;
-    const int m0 = lin % (int)gridDim.y * BM, n0 = lin / (int)gridDim.y * BN;
-@   else
-    const int m0 = (int)blockIdx.y * BM, n0 = (int)blockIdx.x * BN;  /* N tiles vary fastest (N <= M) */
-@   end
+    const int m0 = (int)blockIdx.y * BM, n0 = (int)blockIdx.x * BN;
     const int tid = (int)threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (tid == 0) {

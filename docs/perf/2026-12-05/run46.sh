@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 46 (2026-12-05, sixth session). The sm_90a dgrad_down epilogue issued each U load right before the dU
+# Run 46 (2026-12-05, sixth session; ran on an H200, build of 3a6ff30, logs in run46/). The sm_90a dgrad_down epilogue issued each U load right before the dU
 # store that follows it (du may alias u, so nothing could be hoisted): 64 serialized global round trips per
 # thread per tile, the likely cause of dgrad_down's 253 TFLOP/s (run 44, H100) against dgrad_up's 555. The
 # build's templates issue a chunk of 8 n8 blocks' loads before the chunk's stores; and the wgrads walk their
