@@ -52,11 +52,21 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
  * 128 for the wgrads; one consumer warpgroup per 64 rows, 256 output
  * columns, bk 64, 4 stages, one CTA per tile); its shared memory is the
  * forward GEMM's (moe_gemm_sm90_smem: dgrad_up stages its output tile in
- * the ring, the others store from registers) */
+ * the ring, the others store from registers). dgrad_down, whose epilogue
+ * reads U and writes dU (as many bytes as its main loop's operands for
+ * K = H), runs on the persistent grid so that it overlaps the next tile:
+ * with 64-row blocks the ping-pong (each of two consumer warpgroups a whole
+ * tile, one's epilogue under the other's main loop), with 128-row blocks
+ * the producer loading the next tile meanwhile. */
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const int bm = is_wgrad(k->family) ? 128 : c->align;
     k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 256, .bk = 64, .stages = 4, .group_m = 8, .consumers = bm / 64};
+    if (k->family == MOE_K_DGRAD_DOWN) {
+        k->tile.persistent = 1;
+        if (bm == 64)
+            k->tile.consumers = 2, k->tile.pingpong = 1;
+    }
     k->threads = 128 * (k->tile.consumers + 1);
     k->smem = moe_gemm_sm90_smem(&k->tile, k->tile.bn);
     return 0;
@@ -69,8 +79,9 @@ static const char *kind_name(moe_kfamily_t f) {
 static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kernel_desc_t *k) {
     const moe_tile_cfg_t *t = &k->tile;
     if (t->consumers)
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_m%dn%dk%ds%dc%dg%d", c->spec->name, kind_name(k->family),
-                 moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->consumers, t->group_m);
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%sm%dn%dk%ds%dc%dg%d", c->spec->name, kind_name(k->family),
+                 moe_dtype_name(c->spec->dtype), t->pingpong ? "pingpong_" : t->persistent ? "persist_" : "", t->bm,
+                 t->bn, t->bk, t->stages, t->consumers, t->group_m);
     else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", c->spec->name, kind_name(k->family),
                  moe_dtype_name(c->spec->dtype), t->bm, t->bn, t->bk, t->stages, t->warps_m, t->warps_n,

@@ -789,6 +789,9 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+@   if c.direct then
+        (void)sst;  /* stored from registers, no staging */
+@   end
         int s = 0, jt = 0;
         unsigned phase = 0;
 @   if bias_arg and not p.ffn_bias then
@@ -826,6 +829,11 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
 @   else
             consume<${c.wm}>(acc, sbase, cw, s, phase);
 @   end
+@   if c.direct then
+            {  /* stored from registers (dgrad_down): under the other warpgroup's main loop */
+@     epilogue()
+            }
+@   else
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
@@ -836,6 +844,7 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
                 store_staged(${out} + ((long long)row_start * NOUT + ${oc0} + pass * EPI_COLS), sst, rows,
                              NOUT - ${oc0} - pass * EPI_COLS, ct);
             }
+@   end
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)

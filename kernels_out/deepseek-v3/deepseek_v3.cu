@@ -879,7 +879,7 @@ deepseek_v3_permute_plan_e257_a64(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1196,7 +1196,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
@@ -1224,23 +1224,23 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constan
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1257,29 +1257,29 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constan
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1288,37 +1288,37 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constan
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1629,7 +1629,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl
 #endif
 
@@ -1657,23 +1657,23 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b2;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1690,27 +1690,27 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ m
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1720,28 +1720,28 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ m
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2333,7 +2333,7 @@ deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2618,7 +2618,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -2646,19 +2646,19 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2675,29 +2675,29 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2706,37 +2706,37 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3015,7 +3015,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3043,19 +3043,19 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b2;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3072,27 +3072,27 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3102,28 +3102,28 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3715,7 +3715,7 @@ deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4064,7 +4064,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4092,23 +4092,24 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4133,22 +4134,22 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4157,39 +4158,40 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4532,7 +4534,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4560,23 +4562,24 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b2;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4601,20 +4604,20 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4624,36 +4627,37 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4970,7 +4974,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -4998,19 +5002,19 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5027,29 +5031,29 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5058,37 +5062,37 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -5399,7 +5403,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -5427,19 +5431,19 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b2;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5456,27 +5460,27 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5486,28 +5490,28 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -873,7 +873,7 @@ gpt_oss_120b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__
 }
 
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1192,7 +1192,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1220,21 +1220,21 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1251,31 +1251,31 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1083 "templates/gemm_sm90.lua"
+#line 1092 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1090 "templates/gemm_sm90.lua"
+#line 1099 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1285,7 +1285,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1294,37 +1294,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1635,7 +1635,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1663,21 +1663,21 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1694,36 +1694,36 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1140 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1147 "templates/gemm_sm90.lua"
+#line 1156 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1733,28 +1733,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2358,7 +2358,7 @@ gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2645,7 +2645,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -2673,17 +2673,17 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2700,31 +2700,31 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1083 "templates/gemm_sm90.lua"
+#line 1092 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1090 "templates/gemm_sm90.lua"
+#line 1099 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -2734,7 +2734,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2743,37 +2743,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3052,7 +3052,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3080,17 +3080,17 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3107,36 +3107,36 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1140 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1147 "templates/gemm_sm90.lua"
+#line 1156 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3146,28 +3146,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3771,7 +3771,7 @@ gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4122,7 +4122,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4150,21 +4150,22 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4189,24 +4190,24 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1083 "templates/gemm_sm90.lua"
+#line 1092 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1090 "templates/gemm_sm90.lua"
+#line 1099 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4216,7 +4217,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4225,39 +4226,40 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4600,7 +4602,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4628,21 +4630,22 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4667,29 +4670,29 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1140 "templates/gemm_sm90.lua"
+#line 1149 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1147 "templates/gemm_sm90.lua"
+#line 1156 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4699,30 +4702,31 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -945,7 +945,7 @@ olmoe_1b_7b_permute_plan_e64_a128(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1294,7 +1294,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1322,23 +1322,24 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1363,22 +1364,22 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1387,39 +1388,40 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1762,7 +1764,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1790,23 +1792,24 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b2;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1831,20 +1834,20 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1854,30 +1857,31 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2469,7 +2473,7 @@ olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2754,7 +2758,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -2782,19 +2786,19 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2811,29 +2815,29 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2842,37 +2846,37 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3151,7 +3155,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3179,19 +3183,19 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 894 "templates/gemm_sm90.lua"
+#line 903 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 899 "templates/gemm_sm90.lua"
+#line 908 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 902 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         (void)b2;
-#line 904 "templates/gemm_sm90.lua"
+#line 913 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3208,27 +3212,27 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 945 "templates/gemm_sm90.lua"
+#line 954 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 955 "templates/gemm_sm90.lua"
+#line 964 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 964 "templates/gemm_sm90.lua"
+#line 973 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3238,34 +3242,34 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 969 "templates/gemm_sm90.lua"
+#line 978 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 975 "templates/gemm_sm90.lua"
+#line 984 "templates/gemm_sm90.lua"
         }
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3614,7 +3618,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3642,23 +3646,24 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3683,22 +3688,22 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3707,39 +3712,40 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4082,7 +4088,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4110,23 +4116,24 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b2;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4151,20 +4158,20 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 827 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4174,36 +4181,37 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4520,7 +4528,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -4548,23 +4556,24 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4589,25 +4598,25 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 822 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1078 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1085 "templates/gemm_sm90.lua"
+#line 1094 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1100 "templates/gemm_sm90.lua"
+#line 1109 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4616,39 +4625,40 @@ olmoe_1b_7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1115 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 851 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4959,7 +4969,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 855 "templates/gemm_sm90.lua"
+#line 864 "templates/gemm_sm90.lua"
 }  // namespace olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -4987,23 +4997,24 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 883 "templates/gemm_sm90.lua"
+#line 892 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 885 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 889 "templates/gemm_sm90.lua"
+#line 898 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 789 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 795 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 795 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
         (void)b2;
-#line 797 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5028,23 +5039,23 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 822 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 829 "templates/gemm_sm90.lua"
+#line 837 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1137 "templates/gemm_sm90.lua"
+#line 1146 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1142 "templates/gemm_sm90.lua"
+#line 1151 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1171 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5054,30 +5065,31 @@ olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 834 "templates/gemm_sm90.lua"
+#line 842 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
+#line 848 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 977 "templates/gemm_sm90.lua"
+#line 986 "templates/gemm_sm90.lua"
     }
 #else
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)b2;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 980 "templates/gemm_sm90.lua"
+#line 989 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 982 "templates/gemm_sm90.lua"
+#line 991 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
