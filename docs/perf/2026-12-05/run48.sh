@@ -3,7 +3,7 @@
 # persist for 128-row blocks: Qwen3), against the build before it (build/old/moe_bench, c483900: one CTA per
 # tile, run 46's load-before-store epilogue), ~420 s:
 #   - moe_bench --backward at 4096 tokens, Mixtral and Qwen3, old and new binaries, in turn
-#   - test_bgemm_gpu (64-row and 128-row blocks, in place, clamp, geglu fp16 shared) and its memcheck
+#   - test_bgemm_gpu (64-row and 128-row blocks, in place, clamp, geglu fp16 shared)
 #   - test_bwd_gpu on the train_* specs, softcap and sqrtsoftplus, then its EP cases
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -19,11 +19,10 @@ for s in mixtral-8x7b qwen3-30b-a3b; do
 done
 v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; echo "$log: exit $?" >> "$OUT/rc.txt"; }
 v test_bgemm_gpu 60 build/tests/test_bgemm_gpu
-v memcheck_bgemm 90 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_bgemm_gpu
 v test_bwd_gpu_train 170 build/tests/test_bwd_gpu train_ softcap sqrtsoftplus
 v test_bwd_gpu_ep 60 build/tests/test_bwd_gpu ep
 cat "$OUT/rc.txt"
-for f in test_bgemm_gpu memcheck_bgemm test_bwd_gpu_train test_bwd_gpu_ep; do
+for f in test_bgemm_gpu test_bwd_gpu_train test_bwd_gpu_ep; do
     echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep -E "FAIL|ERROR SUMMARY" "$OUT/$f.log" | head -5
 done
 grep -E '^== |^4096' "$OUT/backward.log"
