@@ -397,12 +397,15 @@ int main(void) {
                 const int wgrad = i >= 2, tma = a == MOE_ARCH_SM90A; /* sm_90a: TMA + wgmma */
                 CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0 &&
                        strstr(d->name, "_m128n"), "%s", d->name);
-                CHECKF(!tma == !strstr(d->name, "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
+                /* dgrad_down (its epilogue reads U and writes dU) on the persistent grid: a 128-row block here */
+                const int persist = i == 0;
+                CHECKF(!tma == !strstr(d->name, persist ? "_sm90a_tma_persist_m128n256k64s4c2g8"
+                                                        : "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
                 if (tma) {
                     CHECK(d->threads == 128 * 3 && d->tile.bm == 128 && d->tile.consumers == 2 && d->tile.bn == 256 &&
-                          !d->tile.persistent);
+                          d->tile.persistent == persist && !d->tile.pingpong);
                     CHECK(d->smem == moe_gemm_sm90_smem(&d->tile, d->tile.bn) &&
-                          d->smem == 4 * (128 + 256) * 64 * 2 + 16 * 4);
+                          d->smem == 4 * (128 + 256) * 64 * 2 + (persist ? 128 * (128 + 8) * 2 : 0) + 16 * 4);
                     continue;
                 }
                 CHECK(d->threads == 32 * d->tile.warps_m * d->tile.warps_n && d->tile.bm == 128 && d->tile.consumers == 0);
@@ -435,6 +438,15 @@ int main(void) {
         CHECK(moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.bm == 64 && moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].tile.consumers == 1 &&
               moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[1].threads == 256 &&
               moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].tile.bm == 128 && moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[2].threads == 384);
+        { /* dgrad_down with a 64-row block: the ping-pong, two warpgroups a tile each, two staging tiles' room */
+            const moe_kernel_desc_t *d = &moe_plan_bgemm(&tp, MOE_ARCH_SM90A)[0];
+            CHECKF(d->tile.bm == 64 && d->tile.consumers == 2 && d->tile.persistent && d->tile.pingpong &&
+                   d->threads == 384 && strstr(d->name, "_sm90a_tma_pingpong_m64n256k64s4c2g8") &&
+                   d->smem == 4 * (64 + 256) * 64 * 2 + 2 * 64 * (128 + 8) * 2 + 16 * 4, "%s", d->name);
+            unsigned g[3];
+            moe_family_grid(d, &tp.spec, 512, 40, g); /* the tile grid; the launcher caps it at the SMs */
+            CHECK(g[0] == 1 && g[1] == 40 && g[2] == 1);
+        }
         moe_plan_desc_free(&tp);
     }
 
