@@ -93,11 +93,13 @@ static void dx_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens,
 }
 
 /* MOE_BWD_DWR_COLS hidden columns (and, with router.logit_bias, the ones
- * column H that gives d logit_bias) x MOE_BWD_DWR_EXPERTS experts per block */
+ * column H that gives d logit_bias) x MOE_BWD_DWR_EXPERTS experts per block
+ * x n token splits (moe_dwr_splits; 1 for the splits' sum) */
 static void dwr_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
-    (void)k, (void)tokens, (void)n;
+    (void)k, (void)tokens;
     g[0] = moe_blocks(s->hidden + (s->router.logit_bias ? 1 : 0), MOE_BWD_DWR_COLS);
     g[1] = moe_blocks(moe_spec_router_columns(s), MOE_BWD_DWR_EXPERTS); /* and the shared gate's row */
+    g[2] = n > 1 ? (unsigned)n : 1;
 }
 
 /* n columns, 32 per block, x one block row per weight slot */

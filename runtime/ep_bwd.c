@@ -31,7 +31,8 @@ moe_status moe_ep_bwd_load(moe_ep_t *ep) {
 
 moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args *a, int T, int input, CUdeviceptr dxs,
                                CUdeviceptr row_of, CUdeviceptr topk_w, CUdeviceptr topk_idx, CUdeviceptr logits,
-                               CUdeviceptr dw, CUdeviceptr dlogits, CUstream st) {
+                               CUdeviceptr dw, CUdeviceptr dlogits, CUdeviceptr scratch, size_t scratch_bytes,
+                               CUstream st) {
     const int beta = a->accumulate;
     CUdeviceptr none = 0;
     moe_status rc;
@@ -48,14 +49,24 @@ moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args 
     void *ar[] = {&logits, &topk_idx, &topk_w, &dw, (void *)&T, &dlogits, (void *)&a->router_expert_scale};
     void *ax[] = {&dxs, &row_of, &topk_w, &dlogits, (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T,
                   (void *)&a->dx, (void *)&a->d_router_x};
+    /* d router_w over token splits (their partial sums in scratch), then the splits summed in order */
+    int splits = moe_dwr_splits(T, moe_spec_router_columns(s), s->hidden + (s->router.logit_bias ? 1 : 0),
+                                scratch_bytes),
+        phase = 0;
     void *aw[] = {&dlogits, own ? (void *)&a->router_x : (void *)&a->x, (void *)&T, (void *)&beta,
-                  (void *)&a->d_router_w, (void *)&a->d_logit_bias, (void *)&a->d_shared_gate};
+                  (void *)&a->d_router_w, (void *)&a->d_logit_bias, (void *)&a->d_shared_gate, &scratch, &splits,
+                  &phase};
     void *ae[] = {&dw, &topk_idx, (void *)&T, (void *)&beta, (void *)&a->d_expert_scale};
     if ((rc = moe_launch_kernel(l, MOE_K_BWD_ROUTER, T, 0, st, ar, NULL)) ||
         (escale && (rc = moe_launch_kernel(l, MOE_K_BWD_ESCALE, T, 0, st, ae, NULL))) ||
         (rc = moe_launch_kernel(l, MOE_K_BWD_DX, T, 0, st, ax, NULL)) ||
-        (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 0, st, aw, NULL)))
+        (rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, splits, st, aw, NULL)))
         return rc;
+    if (splits > 1) {
+        phase = 1;
+        if ((rc = moe_launch_kernel(l, MOE_K_BWD_DWR, T, 1, st, aw, NULL)))
+            return rc;
+    }
     return MOE_OK;
 }
 
@@ -159,7 +170,8 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
         CU_CHECK(moe_cu.cuMemsetD8Async(bw[MOE_EB_HOME] + (size_t)(moe_ep_send_rows(ed, s, T) * row_bytes), 0,
                                         (size_t)row_bytes, st));
         return moe_bwd_router_step(l, a, T, input, bw[MOE_EB_HOME], sv[MOE_ES_ROW_OF], sv[MOE_ES_TOPK_W],
-                                   sv[MOE_ES_TOPK_IDX], sv[MOE_ES_LOGITS], bw[MOE_EB_DW], bw[MOE_EB_DLOGITS], st);
+                                   sv[MOE_ES_TOPK_IDX], sv[MOE_ES_LOGITS], bw[MOE_EB_DW], bw[MOE_EB_DLOGITS],
+                                   bw[MOE_EB_DU], bwr[MOE_EB_DU].bytes, st);
     }
     }
     return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_run_step: no step %d", step);

@@ -387,17 +387,29 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
 /* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated
  * shared expert, d logits column E gives d w_gate [H] the same way), and (with
  * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
- * same product (x's column H taken as 1). Block (bx, by): columns
- * 64 bx .. +64 of [x | 1], experts 32 by .. +32; thread: one column, 8
- * experts; tokens in chunks of 32 through shared memory, summed in token
- * order, each chunk's values loaded into registers while the one before
- * is summed. beta 1 adds to what the outputs hold. */
+ * same product (x's column H taken as 1). Block (bx, by, bz): columns
+ * 64 bx .. +64 of [x | 1], experts 32 by .. +32, the tokens of split bz;
+ * thread: one column, 8 experts; tokens in chunks of 32 through shared
+ * memory, summed in token order, each chunk's values loaded into registers
+ * while the one before is summed.
+ *
+ * The tokens are cut into `splits` ranges of PER tokens (PER: the tokens
+ * over splits, rounded up to whole chunks; gen/launch_geom.h's
+ * moe_dwr_splits picks splits so that none is empty), so that the grid has
+ * enough blocks to fill the GPU (one range was a serial chain over every
+ * token on 32-128 blocks). phase 0 sums split bz's tokens: with one split
+ * into the outputs, else into part [splits, EL, HL] (HL = H + the ones
+ * column). phase 1 (a grid of one split) sums part over the splits in order
+ * into the outputs. Either way the output is (0 + s_0) + s_1 + ..., each s_z
+ * its tokens in order, then added to what the output holds when beta is 1. */
 extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
 ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
-            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg) {
+            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg, float *__restrict__ part,
+            int splits, int phase) {
     moe_pdl_begin();
     using namespace ${ns};
     constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32;
+    constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
     __shared__ float s_dl[TT][BE];
     __shared__ float s_x[TT][BC];
     const int tid = threadIdx.x, c = tid % BC, eg = tid / BC;   /* eg: experts 8 eg .. 8 eg + 7 of the tile */
@@ -408,45 +420,66 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
 @ if not p.shared_gate then
     (void)dsg;
 @ end
-    constexpr int NDL = TT * BE / ${p.dwr_threads}, NX = TT * BC / ${p.dwr_threads};
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    float pdl[NDL], px[NX];   /* a chunk's d logits and x (the ones column H), in registers */
-    auto load = [&](int t0) {
+    if (phase == 1) {   /* the splits' partial sums, in split order */
+        for (int z = 0; z < splits; ++z)
 #pragma unroll
-        for (int j = 0; j < NDL; ++j) {
-            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
-            pdl[j] = t0 + tt < tokens && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
-        }
+            for (int j = 0; j < 8; ++j) {
+                const int e = e0 + 8 * eg + j;
+                if (e < EL && h < HL)
+                    acc[j] += part[((long long)z * EL + e) * HL + h];
+            }
+    } else {
+        const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
+        const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
+        constexpr int NDL = TT * BE / ${p.dwr_threads}, NX = TT * BC / ${p.dwr_threads};
+        float pdl[NDL], px[NX];   /* a chunk's d logits and x (the ones column H), in registers */
+        auto load = [&](int t0) {
 #pragma unroll
-        for (int j = 0; j < NX; ++j) {
-            const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
-            px[j] = t0 + tt < tokens ? (cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f))
+            for (int j = 0; j < NDL; ++j) {
+                const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
+                pdl[j] = t0 + tt < te && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < NX; ++j) {
+                const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
+                px[j] = t0 + tt < te ? (cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f))
                                      : 0.f;
-        }
-    };
-    load(0);
+            }
+        };
+        load(tb);
 #pragma unroll 1
-    for (int t0 = 0; t0 < tokens; t0 += TT) {
+        for (int t0 = tb; t0 < te; t0 += TT) {
 #pragma unroll
-        for (int j = 0; j < NDL; ++j) {
-            const int idx = tid + j * ${p.dwr_threads};
-            s_dl[idx / BE][idx % BE] = pdl[j];
-        }
+            for (int j = 0; j < NDL; ++j) {
+                const int idx = tid + j * ${p.dwr_threads};
+                s_dl[idx / BE][idx % BE] = pdl[j];
+            }
 #pragma unroll
-        for (int j = 0; j < NX; ++j) {
-            const int idx = tid + j * ${p.dwr_threads};
-            s_x[idx / BC][idx % BC] = px[j];
-        }
-        __syncthreads();
-        if (t0 + TT < tokens)
-            load(t0 + TT);   /* the next chunk's loads in flight while this one is summed */
+            for (int j = 0; j < NX; ++j) {
+                const int idx = tid + j * ${p.dwr_threads};
+                s_x[idx / BC][idx % BC] = px[j];
+            }
+            __syncthreads();
+            if (t0 + TT < te)
+                load(t0 + TT);   /* the next chunk's loads in flight while this one is summed */
 #pragma unroll 8
-        for (int tt = 0; tt < TT; ++tt) {
-            const float xv = s_x[tt][c];
+            for (int tt = 0; tt < TT; ++tt) {
+                const float xv = s_x[tt][c];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[j] = fmaf(s_dl[tt][8 * eg + j], xv, acc[j]);
+                for (int j = 0; j < 8; ++j) acc[j] = fmaf(s_dl[tt][8 * eg + j], xv, acc[j]);
+            }
+            __syncthreads();
         }
-        __syncthreads();
+        if (splits > 1) {   /* this split's sums, for phase 1 */
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int e = e0 + 8 * eg + j;
+                if (e < EL && h < HL)
+                    part[((long long)blockIdx.z * EL + e) * HL + h] = acc[j];
+            }
+            return;
+        }
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

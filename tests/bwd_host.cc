@@ -15,7 +15,9 @@
  * sum in the order docs/DESIGN.md states (k increasing, then e, then the
  * shared gate's term, one rounding) and the row past T was not written,
  * and every d router_w (d logit_bias, d w_gate) element is the fp32 sum
- * over the tokens in order, written (beta 0) and added to a prior (beta 1);
+ * over the tokens in order, or with the tokens in 2, 3 or 16 splits each
+ * split's sum in order, then the splits' in order (templates/bwd.lua's
+ * phases 0 and 1), written (beta 0) and added to a prior (beta 1);
  * with BX_ES, every d expert_scale element the escale kernel's documented
  * order (thread j: entries j, j + 256, ...; then the halving tree). */
 #include <algorithm>
@@ -85,27 +87,40 @@ int main(int argc, char **argv) {
         v = moe_from_float(u(rng));
     std::vector<float> dwr((size_t)BX_E * BX_H), dlb(BX_E), dsg(BX_H);
     long wbad = 0;
-    for (int beta = 0; beta < 2; beta++) {
-        std::vector<float> prior_w(dwr.size()), prior_b(dlb.size()), prior_g(dsg.size());
-        for (size_t i = 0; i < dwr.size(); i++)
-            dwr[i] = prior_w[i] = beta ? u(rng) : NAN;
-        for (size_t i = 0; i < dlb.size(); i++)
-            dlb[i] = prior_b[i] = beta ? u(rng) : NAN;
-        for (size_t i = 0; i < dsg.size(); i++)
-            dsg[i] = prior_g[i] = beta ? u(rng) : NAN;
-        host_launch((unsigned)((BX_H + BX_LB + BX_DWR_COLS - 1) / BX_DWR_COLS),
-                    (unsigned)((BX_EL + BX_DWR_EXPERTS - 1) / BX_DWR_EXPERTS), 0,
-                    [&] { BX_DWR(dl.data(), x.data(), T, beta, dwr.data(), dlb.data(), dsg.data()); });
-        for (int e = 0; e < BX_EL; e++)
-            for (int h = 0; h < BX_H + BX_LB; h++) {
-                float acc = 0.f;
-                for (int t = 0; t < T; t++)
-                    acc = fmaf(dl[(size_t)t * BX_EL + e], h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, acc);
-                const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;
-                const float prior = h < BX_H ? (e < BX_E ? prior_w[(size_t)e * BX_H + h] : prior_g[h]) : e < BX_E ? prior_b[e] : 0.f;
-                if (got && memcmp(got, beta ? &(const float &)(prior + acc) : &acc, 4) != 0)
-                    wbad++;
-            }
+    const int HL = BX_H + BX_LB;
+    const unsigned gx = (unsigned)((HL + BX_DWR_COLS - 1) / BX_DWR_COLS),
+                   gy = (unsigned)((BX_EL + BX_DWR_EXPERTS - 1) / BX_DWR_EXPERTS);
+    /* token splits: one range; two and three (the last one short); 16 (with few tokens, empty ranges) */
+    for (const int splits : {1, 2, 3, 16}) {
+        std::vector<float> part((size_t)splits * BX_EL * HL, NAN);
+        const int per = ((T + splits - 1) / splits + 31) / 32 * 32;
+        for (int beta = 0; beta < 2; beta++) {
+            std::vector<float> prior_w(dwr.size()), prior_b(dlb.size()), prior_g(dsg.size());
+            for (size_t i = 0; i < dwr.size(); i++)
+                dwr[i] = prior_w[i] = beta ? u(rng) : NAN;
+            for (size_t i = 0; i < dlb.size(); i++)
+                dlb[i] = prior_b[i] = beta ? u(rng) : NAN;
+            for (size_t i = 0; i < dsg.size(); i++)
+                dsg[i] = prior_g[i] = beta ? u(rng) : NAN;
+            for (int phase = 0; phase < (splits > 1 ? 2 : 1); phase++)
+                host_launch3(gx, gy, phase ? 1u : (unsigned)splits, 0, [&] {
+                    BX_DWR(dl.data(), x.data(), T, beta, dwr.data(), dlb.data(), dsg.data(), part.data(), splits, phase);
+                });
+            for (int e = 0; e < BX_EL; e++)
+                for (int h = 0; h < HL; h++) {
+                    float acc = 0.f;   /* (0 + s_0) + s_1 + ..., s_z: split z's tokens in order */
+                    for (int z = 0; z < splits; z++) {
+                        float sz = 0.f;
+                        for (int t = z * per; t < std::min(T, (z + 1) * per); t++)
+                            sz = fmaf(dl[(size_t)t * BX_EL + e], h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, sz);
+                        acc = splits > 1 ? acc + sz : sz;
+                    }
+                    const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;
+                    const float prior = h < BX_H ? (e < BX_E ? prior_w[(size_t)e * BX_H + h] : prior_g[h]) : e < BX_E ? prior_b[e] : 0.f;
+                    if (got && memcmp(got, beta ? &(const float &)(prior + acc) : &acc, 4) != 0)
+                        wbad++;
+                }
+        }
     }
     /* d expert_scale: block e sums part over the routed entries of expert e, thread j entries j, j + 256, ...
      * in order, then the halving tree; written (beta 0), added (beta 1) */

@@ -373,11 +373,12 @@ static void host_fiber_main() {
     host.done[host.cur] = true;
 }
 
-/* Run fn as every thread of a gx x gy grid of 256-thread blocks, one block
- * at a time (or `cluster` consecutive blocks along x at a time, together:
- * a cluster), with smem bytes of shared memory per block (poisoned). */
-static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn,
-                               unsigned cluster = 1) {
+/* Run fn as every thread of a gx x gy x gz grid of 256-thread blocks, one
+ * block at a time (or `cluster` consecutive blocks along x at a time,
+ * together: a cluster), with smem bytes of shared memory per block
+ * (poisoned). */
+static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t smem, const std::function<void()> &fn,
+                                unsigned cluster = 1) {
     if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster) {
         fprintf(stderr, "host_launch: a cluster of %u blocks over a grid of %u\n", cluster, gx);
         abort();
@@ -389,9 +390,9 @@ static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std:
     host.smem = sm.data();
     host.fn = &fn;
     host.cluster = (int)cluster;
-    gridDim = {gx, gy, 1};
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx += cluster) {
+    gridDim = {gx, gy, gz};
+    for (unsigned byz = 0; byz < gy * gz; byz++) /* y, then z */
+        for (unsigned bx = 0, by = byz % gy, bz = byz / gy; bx < gx; bx += cluster) {
             memset(sm.data(), 0xcd, sm.size());
             for (unsigned b = 0; b < cluster; b++) {
                 host.block[b] = {0, HOST_THREADS, 0};
@@ -414,12 +415,18 @@ static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std:
                         host.cur = t;
                         host.cta = t / HOST_THREADS;
                         threadIdx = {(unsigned)(t % HOST_THREADS), 0, 0};
-                        blockIdx = {bx + (unsigned)host.cta, by, 0};
+                        blockIdx = {bx + (unsigned)host.cta, by, bz};
                         swapcontext(&host.main, &host.fiber[t]);
                         left += !host.done[t];
                     }
             }
         }
+}
+
+/* host_launch3 over one z layer: a gx x gy grid. */
+static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn,
+                               unsigned cluster = 1) {
+    host_launch3(gx, gy, 1, smem, fn, cluster);
 }
 
 #endif
