@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Run 48 (2026-12-05, sixth session): dgrad_down on the persistent grid (ping-pong for 64-row blocks: Mixtral;
-# persist for 128-row blocks: Qwen3), against the build before it (build/old/moe_bench, c483900: one CTA per
-# tile, run 46's load-before-store epilogue), ~420 s:
+# Run 48 (2026-12-05, sixth session; build of 00acb73): dgrad_down on the persistent grid (ping-pong for 64-row
+# blocks: Mixtral; persist for 128-row blocks: Qwen3) and bwd_dwr over token splits (run 46's ncu: 273 us of
+# Qwen3's 391 us router stage, 128 blocks each over all 4096 tokens), against the build before both
+# (build/old/moe_bench, c483900: one CTA per tile, run 46's load-before-store epilogue, one token range), ~380 s:
 #   - moe_bench --backward at 4096 tokens, Mixtral and Qwen3, old and new binaries, in turn
 #   - test_bgemm_gpu (64-row and 128-row blocks, in place, clamp, geglu fp16 shared)
-#   - test_bwd_gpu on the train_* specs, softcap and sqrtsoftplus, then its EP cases
+#   - test_bwd_gpu on the train_* specs, softcap and sqrtsoftplus, then its EP cases (the router step's dU scratch)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
