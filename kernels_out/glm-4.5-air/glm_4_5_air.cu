@@ -5767,6 +5767,19 @@ static inline unsigned moe_combine_split(long long tokens, long long hidden) {
     return (unsigned)(split > 1 ? split : 1);
 }
 
+/* bwd_dwr's token splits (templates/bwd.lua): one per 256 tokens, at most
+ * 16, and no more than whose partial sums ([splits, el, hl] fp32) fit `room`
+ * bytes (the backward lends it dU's region, dead by then); 1: no partials. */
+static inline int moe_dwr_splits(long long tokens, int el, long long hl, unsigned long long room) {
+    long long z = (tokens + 255) / 256;
+    const unsigned long long one = 4ull * (unsigned long long)el * (unsigned long long)hl;
+    if (z > 16)
+        z = 16;
+    if (one > 0 && (unsigned long long)z > room / one)
+        z = (long long)(room / one);
+    return z < 1 ? 1 : (int)z;
+}
+
 /* Routed rows of `tokens` tokens: one per (token, k) pair. */
 static inline long long moe_routed_rows(long long tokens, int top_k) {
     return tokens * top_k;
