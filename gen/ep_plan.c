@@ -167,7 +167,7 @@ size_t moe_ep_saved_per_token(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd
 size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, int tokens, int recompute_u,
                             moe_ws_region_t bw[MOE_EB_COUNT]) {
     static const char *const names[MOE_EB_COUNT] = {"slot_rows", "stage", "dys", "du", "dxs", "u", "home", "dw",
-                                                    "dlogits"};
+                                                    "dlogits", "dwr_part"};
     const moe_spec_t *s = &pd->spec;
     const size_t R = (size_t)ed->recv_rows, H = (size_t)s->hidden, F = (size_t)s->ffn,
                  TK = (size_t)tokens * (size_t)s->top_k;
@@ -177,6 +177,8 @@ size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, 
         [MOE_EB_U] = recompute_u ? 4 * R * F : 0,
         [MOE_EB_HOME] = 2 * (size_t)(moe_ep_send_rows(ed, s, tokens) + 1) * H, [MOE_EB_DW] = 4 * TK,
         [MOE_EB_DLOGITS] = 4 * (size_t)tokens * (size_t)s->experts,
+        [MOE_EB_DWR_PART] = moe_dwr_part_bytes(tokens, moe_spec_router_columns(s),
+                                               s->hidden + (s->router.logit_bias ? 1 : 0), s->hidden),
     };
     return moe_ws_layout(bw, names, sizes, MOE_EB_COUNT);
 }

@@ -189,6 +189,7 @@ typedef enum {
     MOE_EB_HOME,             /* half [send rows + 1, H]  home: dys in the send layout, then dXs as it came home */
     MOE_EB_DW,               /* float [T, k] */
     MOE_EB_DLOGITS,          /* float [T, E] */
+    MOE_EB_DWR_PART,         /* float [splits, E, H (+1)]  bwd_dwr's token splits' sums (moe_dwr_part_bytes) */
     MOE_EB_COUNT
 } moe_ep_bwd_id_t;
 

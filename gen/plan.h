@@ -75,6 +75,7 @@ typedef enum {
     MOE_BW_U,               /* half [R, 2F]  U recomputed; 0 bytes when the forward saved it */
     MOE_BW_DW,              /* float [TK]    d w[t, k] */
     MOE_BW_DLOGITS,         /* float [T, EL]  EL = moe_spec_router_columns: a sigmoid shared gate's dz in column E */
+    MOE_BW_DWR_PART,        /* float [splits, EL, H (+1)]  bwd_dwr's token splits' sums (moe_dwr_part_bytes) */
     MOE_BW_COUNT
 } moe_bwd_region_id_t;
 

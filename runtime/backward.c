@@ -340,7 +340,7 @@ moe_status moe_backward_timed(const moe_plan *p, const moe_backward_args *a, voi
     if ((rc = mark(ev, 7, st)) ||
         (rc = moe_bwd_router_step(l, a, T, input, bw[MOE_BW_DXS], sv[MOE_SV_ROW_OF], sv[MOE_SV_TOPK_W],
                                   sv[MOE_SV_TOPK_IDX], sv[MOE_SV_LOGITS], bw[MOE_BW_DW], bw[MOE_BW_DLOGITS],
-                                  bw[MOE_BW_DU], bwr[MOE_BW_DU].bytes, st)))
+                                  bw[MOE_BW_DWR_PART], bwr[MOE_BW_DWR_PART].bytes, st)))
         return rc;
     return mark(ev, MOE_BWD_STAGES, st);
 }

@@ -171,7 +171,7 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
                                         (size_t)row_bytes, st));
         return moe_bwd_router_step(l, a, T, input, bw[MOE_EB_HOME], sv[MOE_ES_ROW_OF], sv[MOE_ES_TOPK_W],
                                    sv[MOE_ES_TOPK_IDX], sv[MOE_ES_LOGITS], bw[MOE_EB_DW], bw[MOE_EB_DLOGITS],
-                                   bw[MOE_EB_DU], bwr[MOE_EB_DU].bytes, st);
+                                   bw[MOE_EB_DWR_PART], bwr[MOE_EB_DWR_PART].bytes, st);
     }
     }
     return moe_fail(MOE_ERR_INVALID_ARG, "moe_ep_bwd_run_step: no step %d", step);

@@ -43,9 +43,9 @@ moe_status moe_ep_bwd_run_step(const moe_ep_t *ep, const moe_launcher_t *l, cons
  * dx from the rows and the router term (bwd_dx), d router_w and d
  * logit_bias (bwd_dwr), as a's pointers and accumulate say. dxs: the dXs
  * rows that row_of indexes; the rest the saved routing, logits and the
- * backward's dw / d logits; scratch / scratch_bytes: workspace the step may
- * overwrite (dU's region, dead by then), where bwd_dwr keeps its token
- * splits' partial sums (gen/launch_geom.h, moe_dwr_splits). */
+ * backward's dw / d logits; scratch / scratch_bytes: the workspace's
+ * dwr_part region, where bwd_dwr keeps its token splits' partial sums
+ * (gen/launch_geom.h, moe_dwr_splits). */
 moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args *a, int T, int input, CUdeviceptr dxs,
                                CUdeviceptr row_of, CUdeviceptr topk_w, CUdeviceptr topk_idx, CUdeviceptr logits,
                                CUdeviceptr dw, CUdeviceptr dlogits, CUdeviceptr scratch, size_t scratch_bytes,

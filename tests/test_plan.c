@@ -151,6 +151,15 @@ static void test_training(void) {
     CHECK(bw[MOE_BW_U].bytes == 0 && bw[MOE_BW_DU].bytes == (size_t)(R * 2 * 136 * 2));
     CHECK(bw[MOE_BW_DLOGITS].bytes == (size_t)(4 * T * 12) && bw[MOE_BW_DW].bytes == (size_t)(4 * TK));
     CHECK(moe_bwd_ws_layout(&pd, T, 1, bw) > wb && bw[MOE_BW_U].bytes == (size_t)(R * 2 * 136 * 2));
+    /* bwd_dwr's token splits: one per 256 tokens, at most 16, within 4 * T * H bytes; none below 257 tokens
+     * (H + 1 columns: logit_bias's ones column) */
+    moe_bwd_ws_layout(&pd, 256, 0, bw);
+    CHECK(bw[MOE_BW_DWR_PART].bytes == 0 && moe_dwr_splits(256, 12, 264, 1u << 30) == 1);
+    moe_bwd_ws_layout(&pd, 700, 0, bw);
+    CHECK(bw[MOE_BW_DWR_PART].bytes == (size_t)(4 * 3 * 12 * 265) && moe_dwr_splits(700, 12, 264, 1u << 30) == 3);
+    moe_bwd_ws_layout(&pd, 8192, 0, bw);
+    CHECK(bw[MOE_BW_DWR_PART].bytes == (size_t)(4 * 16 * 12 * 265));
+    CHECK(moe_dwr_splits(8192, 12, 264, 4 * 5 * 12 * 264 + 7) == 5 && moe_dwr_splits(8192, 12, 264, 100) == 1);
     moe_plan_desc_free(&pd);
 }
 
@@ -397,15 +406,12 @@ int main(void) {
                 const int wgrad = i >= 2, tma = a == MOE_ARCH_SM90A; /* sm_90a: TMA + wgmma */
                 CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0 &&
                        strstr(d->name, "_m128n"), "%s", d->name);
-                /* dgrad_down (its epilogue reads U and writes dU) on the persistent grid: a 128-row block here */
-                const int persist = i == 0;
-                CHECKF(!tma == !strstr(d->name, persist ? "_sm90a_tma_persist_m128n256k64s4c2g8"
-                                                        : "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
-                if (tma) {
+                CHECKF(!tma == !strstr(d->name, "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
+                if (tma) { /* a 128-row block: one CTA per tile (dgrad_down's ping-pong needs 64-row blocks) */
                     CHECK(d->threads == 128 * 3 && d->tile.bm == 128 && d->tile.consumers == 2 && d->tile.bn == 256 &&
-                          d->tile.persistent == persist && !d->tile.pingpong);
+                          !d->tile.persistent && !d->tile.pingpong);
                     CHECK(d->smem == moe_gemm_sm90_smem(&d->tile, d->tile.bn) &&
-                          d->smem == 4 * (128 + 256) * 64 * 2 + (persist ? 128 * (128 + 8) * 2 : 0) + 16 * 4);
+                          d->smem == 4 * (128 + 256) * 64 * 2 + 16 * 4);
                     continue;
                 }
                 CHECK(d->threads == 32 * d->tile.warps_m * d->tile.warps_n && d->tile.bm == 128 && d->tile.consumers == 0);

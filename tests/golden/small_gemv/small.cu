@@ -2253,7 +2253,8 @@ static inline unsigned moe_combine_split(long long tokens, long long hidden) {
 
 /* bwd_dwr's token splits (templates/bwd.lua): one per 256 tokens, at most
  * 16, and no more than whose partial sums ([splits, el, hl] fp32) fit `room`
- * bytes (the backward lends it dU's region, dead by then); 1: no partials. */
+ * bytes (the backward's dwr_part region, moe_dwr_part_bytes); 1: no
+ * partials. */
 static inline int moe_dwr_splits(long long tokens, int el, long long hl, unsigned long long room) {
     long long z = (tokens + 255) / 256;
     const unsigned long long one = 4ull * (unsigned long long)el * (unsigned long long)hl;
@@ -2262,6 +2263,14 @@ static inline int moe_dwr_splits(long long tokens, int el, long long hl, unsigne
     if (one > 0 && (unsigned long long)z > room / one)
         z = (long long)(room / one);
     return z < 1 ? 1 : (int)z;
+}
+
+/* The backward's dwr_part region: the partial sums of moe_dwr_splits'
+ * splits within an fp32 copy of x's size (4 · tokens · hidden bytes). */
+static inline unsigned long long moe_dwr_part_bytes(long long tokens, int el, long long hl, long long hidden) {
+    const int z = moe_dwr_splits(tokens, el, hl, 4ull * (unsigned long long)(tokens > 0 ? tokens : 0) *
+                                                     (unsigned long long)hidden);
+    return z > 1 ? 4ull * (unsigned long long)z * (unsigned long long)el * (unsigned long long)hl : 0;
 }
 
 /* Routed rows of `tokens` tokens: one per (token, k) pair. */
