@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 45 (written 2026-12-05, fifth session, after its device time ran out: NOT run). Run 44's backward breakdown
+# Run 45 (written 2026-12-05, fifth session, after its device time ran out; its A/B and ncu ran inside run 46). Run 44's backward breakdown
 # (H100, 4096 tokens) puts 0.38-0.40 ms in the "router" stage for both Mixtral (E 8) and Qwen3 (E 128), 14 % of
 # Qwen3's backward; its likely cost is bwd_dwr's serial chain of 32-token chunks (64 and 128 blocks, each over all
 # 4096 tokens). The A/B: the same backward with the kernel's chunk at 128 tokens (TT = 128: the same sums in the

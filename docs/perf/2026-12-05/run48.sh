@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 48 (2026-12-05, sixth session; build of 00acb73): dgrad_down on the persistent grid (ping-pong for 64-row
+# Run 48 (2026-12-05, sixth session; ran on an H100, build of 00acb73, logs in run48/): dgrad_down on the persistent grid (ping-pong for 64-row
 # blocks: Mixtral; persist for 128-row blocks: Qwen3) and bwd_dwr over token splits (run 46's ncu: 273 us of
 # Qwen3's 391 us router stage, 128 blocks each over all 4096 tokens), against the build before both
 # (build/old/moe_bench, c483900: one CTA per tile, run 46's load-before-store epilogue, one token range), ~380 s:

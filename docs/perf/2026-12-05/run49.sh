@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 49 (2026-12-05, sixth session; build of the commit after run 48's fix): the backward checked again after
+# Run 49 (2026-12-05, sixth session; NOT run: no device time left): the backward checked again after
 # run 48's two changes (bwd_dwr's partials in their own dwr_part region, so test_bwd_gpu's dU read-back is dU;
 # dgrad_down with 128-row blocks back on the tile grid), and timed against build/old/moe_bench (c483900), ~200 s
 set -u
