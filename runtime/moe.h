@@ -443,7 +443,8 @@ size_t moe_plan_saved_per_token(const moe_plan *plan, int recompute_u);
 /* Byte offset and size of a region of the saved region ("counts",
  * "offsets", "num_tiles", "tiles", "topk_idx", "topk_w", "row_of",
  * "logits", "xs", "hbuf", "out", "u") or, with backward = 1, of the
- * backward's workspace ("dys", "du", "dxs", "u", "dw", "dlogits"), at
+ * backward's workspace ("dys", "du", "dxs", "u", "dw", "dlogits",
+ * "dwr_part": d router_w's token-split sums, 0 bytes below 257 tokens), at
  * `tokens`: for tests and tools that inspect the stages. */
 moe_status moe_plan_saved_region(const moe_plan *plan, int backward, int tokens, int recompute_u, const char *name,
                                  size_t *offset, size_t *bytes);

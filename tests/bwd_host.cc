@@ -104,7 +104,8 @@ int main(int argc, char **argv) {
                 dsg[i] = prior_g[i] = beta ? u(rng) : NAN;
             for (int phase = 0; phase < (splits > 1 ? 2 : 1); phase++)
                 host_launch3(gx, gy, phase ? 1u : (unsigned)splits, 0, [&] {
-                    BX_DWR(dl.data(), x.data(), T, beta, dwr.data(), dlb.data(), dsg.data(), part.data(), splits, phase);
+                    BX_DWR(dl.data(), x.data(), T, beta, dwr.data(), dlb.data(), dsg.data(), part.data(), splits,
+                           phase);
                 });
             for (int e = 0; e < BX_EL; e++)
                 for (int h = 0; h < HL; h++) {
@@ -112,7 +113,8 @@ int main(int argc, char **argv) {
                     for (int z = 0; z < splits; z++) {
                         float sz = 0.f;
                         for (int t = z * per; t < std::min(T, (z + 1) * per); t++)
-                            sz = fmaf(dl[(size_t)t * BX_EL + e], h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, sz);
+                            sz = fmaf(dl[(size_t)t * BX_EL + e],
+                                      h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, sz);
                         acc = splits > 1 ? acc + sz : sz;
                     }
                     const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;

@@ -10,7 +10,11 @@
  * work either way) but are neither counted nor printed, and a TEXT that no
  * case matches fails the program, so a misspelt filter is never green. The
  * GPU programs' own arguments (test_gpu --family, the spec filters) skip the
- * work as well. */
+ * work as well.
+ *
+ * MOEGEN_TEST_PROGRESS=1 prints each case's name to stderr as it starts
+ * (with the counts so far), so a program killed by a time limit still says
+ * how far it got and that nothing before failed (bench/gpu_env.sh sets it). */
 #ifndef MOEGEN_CHECK_H
 #define MOEGEN_CHECK_H
 
@@ -35,9 +39,11 @@ static inline const char *check_filter(void) {
 }
 /* The case now running; its checks count unless MOEGEN_TEST_CASE leaves it out. */
 static inline const char *check_select(const char *name) {
-    const char *only = check_filter();
+    const char *only = check_filter(), *progress = getenv("MOEGEN_TEST_PROGRESS");
     check_kept = !only || strstr(name, only) != NULL;
     check_matched |= check_kept;
+    if (check_kept && progress && *progress && strcmp(progress, "0") != 0)
+        fprintf(stderr, "case [%s] (so far %d passed, %d failed)\n", name, check_passed, check_failed);
     return check_case = name;
 }
 /* Whether a check counts: checks before the first CASE count only without a filter. */

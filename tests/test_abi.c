@@ -136,6 +136,23 @@ static int rerun(const char *self, const char *filter, char *line, size_t len) {
     return pclose(f);
 }
 
+/* Whether `MOEGEN_TEST_PROGRESS=progress MOEGEN_TEST_CASE=filter self`
+ * writes `want` on a line of its standard error. */
+static int rerun_stderr_has(const char *self, const char *progress, const char *filter, const char *want) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "MOEGEN_TEST_PROGRESS='%s' MOEGEN_TEST_CASE='%s' '%s' 2>&1 >/dev/null", progress, filter,
+             self);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    int found = 0;
+    char buf[512];
+    while (fgets(buf, sizeof buf, f))
+        found |= strstr(buf, want) != NULL;
+    pclose(f);
+    return found;
+}
+
 static void test_case_filter(const char *self) {
     if (getenv("MOEGEN_TEST_CASE") || strchr(self, '\''))
         return;   /* the run below, or a path the shell command cannot quote */
@@ -146,6 +163,13 @@ static void test_case_filter(const char *self) {
     st = rerun(self, "no case is named this", line, sizeof line);
     CHECKF(st != 0 && strstr(line, "0 passed, 1 failed (MOEGEN_TEST_CASE=\"no case is named this\" matches no case)"),
            "status %d, %s", st, line);
+    CASE("MOEGEN_TEST_PROGRESS: each kept case's name on stderr as it starts, with the counts so far; 0: none");
+    const char *want =
+        "case [growable structs: through moe_plan_create, before the spec is read] (so far 0 passed, 0 failed)";
+    CHECK(rerun_stderr_has(self, "1", "growable structs: through moe_plan_create", want) == 1);
+    CHECK(rerun_stderr_has(self, "0", "growable structs: through moe_plan_create", "case [") == 0);
+    /* a case the filter leaves out is not printed */
+    CHECK(rerun_stderr_has(self, "1", "growable structs: through moe_plan_create", "case [version]") == 0);
 }
 
 int main(int argc, char **argv) {
