@@ -177,8 +177,7 @@ size_t moe_ep_bwd_ws_layout(const moe_ep_desc_t *ed, const moe_plan_desc_t *pd, 
         [MOE_EB_U] = recompute_u ? 4 * R * F : 0,
         [MOE_EB_HOME] = 2 * (size_t)(moe_ep_send_rows(ed, s, tokens) + 1) * H, [MOE_EB_DW] = 4 * TK,
         [MOE_EB_DLOGITS] = 4 * (size_t)tokens * (size_t)s->experts,
-        [MOE_EB_DWR_PART] = moe_dwr_part_bytes(tokens, moe_spec_router_columns(s),
-                                               s->hidden + (s->router.logit_bias ? 1 : 0), s->hidden),
+        [MOE_EB_DWR_PART] = moe_dwr_part_bytes(tokens, moe_spec_router_columns(s), moe_spec_dwr_columns(s), s->hidden),
     };
     return moe_ws_layout(bw, names, sizes, MOE_EB_COUNT);
 }

@@ -97,7 +97,7 @@ static void dx_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens,
  * x n token splits (moe_dwr_splits; 1 for the splits' sum) */
 static void dwr_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)k, (void)tokens;
-    g[0] = moe_blocks(s->hidden + (s->router.logit_bias ? 1 : 0), MOE_BWD_DWR_COLS);
+    g[0] = moe_blocks(moe_spec_dwr_columns(s), MOE_BWD_DWR_COLS);
     g[1] = moe_blocks(moe_spec_router_columns(s), MOE_BWD_DWR_EXPERTS); /* and the shared gate's row */
     g[2] = n > 1 ? (unsigned)n : 1;
 }

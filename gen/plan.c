@@ -275,8 +275,7 @@ size_t moe_bwd_ws_layout(const moe_plan_desc_t *pd, int tokens, int recompute_u,
         [MOE_BW_DYS] = 2 * R * s->hidden, [MOE_BW_DU] = 4 * R * s->ffn, [MOE_BW_DXS] = 2 * R * s->hidden,
         [MOE_BW_U] = recompute_u ? 4 * R * s->ffn : 0, [MOE_BW_DW] = 4 * TK,
         [MOE_BW_DLOGITS] = 4 * (size_t)tokens * moe_spec_router_columns(s), /* the shared gate's column too */
-        [MOE_BW_DWR_PART] = moe_dwr_part_bytes(tokens, moe_spec_router_columns(s),
-                                               s->hidden + (s->router.logit_bias ? 1 : 0), s->hidden),
+        [MOE_BW_DWR_PART] = moe_dwr_part_bytes(tokens, moe_spec_router_columns(s), moe_spec_dwr_columns(s), s->hidden),
     };
     return moe_ws_layout(bw, names, sizes, MOE_BW_COUNT);
 }

@@ -237,6 +237,9 @@ static inline int moe_spec_scored(const moe_spec_t *s) { return s->experts + s->
 static inline int moe_spec_router_columns(const moe_spec_t *s) {
     return moe_spec_scored(s) + (s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
 }
+/* d router_w's columns in the backward (bwd_dwr): x's H, and with
+ * router.logit_bias the ones column that gives d logit_bias. */
+static inline int moe_spec_dwr_columns(const moe_spec_t *s) { return s->hidden + (s->router.logit_bias ? 1 : 0); }
 /* The route kernel's mma columns: the logit columns, three times over with
  * fp32 router weights (each weight the sum of three dtype parts, hi, mid
  * and lo, each part's logits in its own block of columns). */

@@ -50,9 +50,7 @@ moe_status moe_bwd_router_step(const moe_launcher_t *l, const moe_backward_args 
     void *ax[] = {&dxs, &row_of, &topk_w, &dlogits, (void *)&a->router_w, (void *)&a->shared_gate, (void *)&T,
                   (void *)&a->dx, (void *)&a->d_router_x};
     /* d router_w over token splits (their partial sums in scratch), then the splits summed in order */
-    int splits = moe_dwr_splits(T, moe_spec_router_columns(s), s->hidden + (s->router.logit_bias ? 1 : 0),
-                                scratch_bytes),
-        phase = 0;
+    int splits = moe_dwr_splits(T, moe_spec_router_columns(s), moe_spec_dwr_columns(s), scratch_bytes), phase = 0;
     void *aw[] = {&dlogits, own ? (void *)&a->router_x : (void *)&a->x, (void *)&T, (void *)&beta,
                   (void *)&a->d_router_w, (void *)&a->d_logit_bias, (void *)&a->d_shared_gate, &scratch, &splits,
                   &phase};

@@ -1004,6 +1004,7 @@ ${ARCH_GUARD}
 @ function M.up(p)
 @   local c = config(p, "up")
 @   local function call(fn, args) return act_call(p, fn, args) end
+@   local act = import("activation").name(p)  -- the activation's function (its shared twin: act_call)
 @   local args = "const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, " ..
 @                "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @                "const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf"
@@ -1022,7 +1023,6 @@ ${ARCH_GUARD}
 @            "const float *__restrict__ xsc, const float *__restrict__ w1s, " ..
 @            "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @            "const int *__restrict__ num_tiles, unsigned char *__restrict__ hq, float *__restrict__ hsc"
-@     local act = import("activation").name(p)
 @     local function epilogue_fp8()
                 /* The activation of gate and up (packed columns 16j + r, r < 8 gate: accumulator
                  * registers 8j..8j+3 gate, 8j+4..8j+7 up; 2h, 2h + 1: row 16w + g + 8h, columns
@@ -1111,8 +1111,8 @@ ${ARCH_GUARD}
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const int r = ${c.row0}m * 64 + w * 16 + g + 8 * h;
-                                const float o0 = ${call(import("activation").name(p), "acc[m][8 * j + 2 * h]" .. bg0 .. ", acc[m][8 * j + 4 + 2 * h]" .. bu0)};
-                                const float o1 = ${call(import("activation").name(p), "acc[m][8 * j + 2 * h + 1]" .. bg1 .. ", acc[m][8 * j + 5 + 2 * h]" .. bu1)};
+                                const float o0 = ${call(act, "acc[m][8 * j + 2 * h]" .. bg0 .. ", acc[m][8 * j + 4 + 2 * h]" .. bu0)};
+                                const float o1 = ${call(act, "acc[m][8 * j + 2 * h + 1]" .. bg1 .. ", acc[m][8 * j + 5 + 2 * h]" .. bu1)};
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 @     if p.spec.training then
                                 if (ubuf && r < rows && (!N_TAIL || n0 + j * 16 < N)) {  /* U, packed columns */

@@ -19,7 +19,7 @@
 
 static const host_case_t cases[] = {
     {"softmax top-2, H 264 (33 vectors: one partial block column), a token, a partial token block, 300 tokens "
-     "(d router_w: two whole chunks of 128 and a partial)",
+     "(d router_w in 1, 2, 3 and 16 token splits: the last split short, some empty)",
      "tests/specs/train_softmax.moe", {1, 13, 300}, 3},
     {"fp16, a sigmoid-gated shared expert (d logits column E, dz · w_gate)", "tests/specs/train_shared.moe", {9, 70}, 2},
     {"fp16, logit_bias (d router_w's ones column), top-4", "tests/specs/train_gptoss.moe", {33}, 1},
