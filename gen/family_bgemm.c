@@ -59,7 +59,19 @@ static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, 
  * loop): run 48 (H100) measured Mixtral's 2.80 -> 1.91 ms; with 128-row
  * blocks the persistent grid (the producer loading the next tile during the
  * epilogue) was slower than one CTA per tile (Qwen3 0.395 against 0.360 ms),
- * so those keep the tile grid. */
+ * so those keep the tile grid. The wgrads (128 x 256 tiles of the fp32
+ * gradient) run on a persistent grid with 3 stages, their output tile
+ * staged in shared memory half a tile at a time and stored by TMA, the
+ * second half under the next tile's main loop (templates/gemm_sm90.lua,
+ * M.wgrad; the launcher flattens their 3D grid onto the SMs): run 56 (H100)
+ * measured Mixtral's wgrad_down 2.47 -> 1.98 ms and Qwen3's wgrad_up 0.866
+ * -> 0.757 against one CTA per tile storing from registers. */
+/* The sm_90a wgrad's shared memory: the ring, half the fp32 output tile
+ * (TMA's staging, two passes), the mbarriers. */
+static int wgrad_sm90_smem(const moe_tile_cfg_t *t) {
+    return t->stages * (t->bm + t->bn) * t->bk * 2 + t->bm * (t->bn / 2) * 4 + 16 * t->stages;
+}
+
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const int bm = is_wgrad(k->family) ? 128 : c->align;
@@ -68,6 +80,10 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
         k->tile.consumers = 2, k->tile.persistent = 1, k->tile.pingpong = 1;
     k->threads = 128 * (k->tile.consumers + 1);
     k->smem = moe_gemm_sm90_smem(&k->tile, k->tile.bn);
+    if (is_wgrad(k->family)) {
+        k->tile.persistent = 1, k->tile.stages = 3;
+        k->smem = wgrad_sm90_smem(&k->tile);
+    }
     return 0;
 }
 

@@ -27,6 +27,9 @@ moe_status moe_bgemm_launch(const moe_launcher_t *l, moe_bgemm_kind kind, const 
                         : !wgrad && !a->tiles ? "tiles" : !wgrad && !a->num_tiles ? "num_tiles" : NULL;
     if (missing)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_bgemm_launch(%s): %s is NULL", what, missing);
+    if (wgrad && (a->out & 15u))
+        return moe_fail(MOE_ERR_INVALID_ARG, "moe_bgemm_launch(%s): out (%p) is not 16-byte aligned (the sm_90a "
+                        "kernel stores it through a TMA tensor map)", what, (void *)(uintptr_t)a->out);
     if (a->beta != 0 && (wgrad ? a->beta != 1 : 1))
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_bgemm_launch(%s): beta is %d; %s", what, a->beta,
                         wgrad ? "0 (write) or 1 (accumulate)" : "the dgrads write (beta 0)");
@@ -36,10 +39,10 @@ moe_status moe_bgemm_launch(const moe_launcher_t *l, moe_bgemm_kind kind, const 
                         l->pd->spec.tokens);
     CUdeviceptr pa = a->a, pb = a->b, pu = a->u, tiles = a->tiles, nt = a->num_tiles, off = a->offsets,
                 cnt = a->counts, out = a->out, slot_of = l->slot_table;
-    int beta = a->beta;
+    int beta = a->beta, nslots = l->slots; /* the wgrads' slots (an EP rank's held experts) */
     void *dgrad_down[] = {&pa, &pb, &pu, &tiles, &nt, &out};
     void *dgrad_up[] = {&pa, &pb, &tiles, &nt, &out};
-    void *wgrad_args[] = {&pa, &pb, &off, &cnt, &slot_of, &out, &beta};
+    void *wgrad_args[] = {&pa, &pb, &off, &cnt, &slot_of, &out, &beta, &nslots};
     void **args = kind == MOE_BGEMM_DGRAD_DOWN ? dgrad_down : kind == MOE_BGEMM_DGRAD_UP ? dgrad_up : wgrad_args;
     /* the dgrads' row tiles (the wgrads': their rows' extent), the caller's, or every tile `tokens` can fill */
     long long n = a->grid_tiles > 0 ? a->grid_tiles : wgrad ? 0 : moe_launcher_tiles(l, a->tokens);

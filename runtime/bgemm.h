@@ -61,14 +61,14 @@ typedef struct {
     CUdeviceptr counts;      /* wgrads: int [slots] each slot's rows (workspace region "counts") */
     CUdeviceptr a, b;        /* the operands of the table above */
     CUdeviceptr u;           /* DGRAD_DOWN: Ur; 0 for the others */
-    CUdeviceptr out;         /* the output of the table above */
+    CUdeviceptr out;         /* the output of the table above (wgrads: 16-byte aligned) */
     int beta;                /* wgrads: 0 = write, 1 = accumulate into out; dgrads: must be 0 */
 } moe_bgemm_args;
 
 /* Enqueue the backward GEMM `kind` with arguments a on st. Returns MOE_OK,
  * MOE_ERR_UNSUPPORTED when the plan has no backward kernels (the spec has
  * no training = true, or a module compiled without them), or
- * MOE_ERR_INVALID_ARG for a missing pointer or a bad beta (the last error
+ * MOE_ERR_INVALID_ARG for a missing pointer, a wgrad's misaligned out or a bad beta (the last error
  * says which). No host synchronization; capturable in a CUDA graph. */
 moe_status moe_bgemm_launch(const moe_launcher_t *l, moe_bgemm_kind kind, const moe_bgemm_args *a, CUstream st);
 

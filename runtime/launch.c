@@ -9,8 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Arguments of the largest kernel launched with tensor maps (the fp8 up GEMM's). */
-#define MOE_LAUNCH_MAX_ARGS 9
+/* Arguments of the largest kernel launched with tensor maps (the fp8 up GEMM's
+ * 9; one more than any, so the split-K count below never looks past it). */
+#define MOE_LAUNCH_MAX_ARGS 10
 
 /* The TMA tensor maps of sm_90a GEMM d of family k (templates/gemm_sm90.lua):
  * A over [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
@@ -48,6 +49,28 @@ static moe_status gemm_maps(const moe_launcher_t *l, const moe_kernel_desc_t *d,
             return moe_fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s %s, %lld x %lld at %p; 16-byte aligned?): %s",
                             d->name, i ? "B" : "A", rows[i], len[i], base[i], moe_cu_error_string(r));
     }
+    return MOE_OK;
+}
+
+/* The sm_90a wgrad's output: a 3D tensor map over out [slots][M][N] fp32
+ * (moe_bgemm_mn's M and N; slots = the launcher's), boxes of 32 columns x bm
+ * rows of one slot in the 128-byte swizzle, which the kernel stores from
+ * shared memory (TMA clips rows past M and columns past N). */
+static moe_status wgrad_out_map(const moe_launcher_t *l, const moe_kernel_desc_t *d, int k, CUdeviceptr out,
+                                CUtensorMap *mo) {
+    long long M, N;
+    moe_bgemm_mn((moe_kfamily_t)k, l->pd->spec.hidden, l->pd->spec.ffn, &M, &N);
+    const cuuint64_t dim[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)(l->slots > 0 ? l->slots : 1)};
+    const cuuint64_t stride[2] = {(cuuint64_t)N * 4, (cuuint64_t)(M * N) * 4};
+    const cuuint32_t box[3] = {32, (cuuint32_t)d->tile.bm, 1}, estride[3] = {1, 1, 1};
+    CUresult r = moe_cu.cuTensorMapEncodeTiled(mo, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)out, dim,
+                                               stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return moe_fail(MOE_ERR_CUDA, "cuTensorMapEncodeTiled (%s out, %lld slots of %lld x %lld fp32 at %p; "
+                        "16-byte aligned?): %s", d->name, (long long)dim[2], M, N, (void *)(uintptr_t)out,
+                        moe_cu_error_string(r));
     return MOE_OK;
 }
 
@@ -103,7 +126,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         g[1] = (unsigned)l->slots;
     if ((k == MOE_K_SWIGLU || k == MOE_K_PACK || k == MOE_K_BWD_UNPACK || k == MOE_K_BWD_ACCUM) && l->sms > 0 && g[0] > (unsigned)l->sms * 32) /* grid-stride loops */
         g[0] = (unsigned)l->sms * 32;
-    CUtensorMap ma, mb;
+    CUtensorMap ma, mb, mo;
     void *targs[MOE_LAUNCH_MAX_ARGS];
     if (d->tile.consumers > 0) {
         /* the wgrads' rows: n tiles' (an EP rank's received rows), else every row `tokens` can fill (at least one) */
@@ -115,9 +138,9 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
             return rc;
         /* the GEMMs' arguments (templates/gemm_sm90.lua): 6; with fp8 the two scale pointers more, and the
          * up GEMM's output scales; a training plan's up GEMM has a seventh, ubuf (fp8 plans never train);
-         * the backward's GEMMs: dgrad_down 6, dgrad_up 5, the wgrads 7 (runtime/bgemm.c); split-K 2 more */
+         * the backward's GEMMs: dgrad_down 6, dgrad_up 5, the wgrads 8 (runtime/bgemm.c); split-K 2 more */
         int nargs = k == MOE_K_DGRAD_UP ? 5
-                    : wgrad ? 7
+                    : wgrad ? 8
                     : k >= MOE_K_BGEMM_FIRST ? 6
                     : moe_spec_fp8(&l->pd->spec) ? (k == MOE_K_GEMM_UP ? 9 : 8)
                     : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
@@ -127,9 +150,16 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         targs[0] = &ma;
         targs[1] = &mb;
         args = targs;
-        if (!wgrad) { /* the wgrads keep their 3D grid: one CTA per (N tile, M tile, slot) */
+        if (!wgrad) {
             g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1], d->tile.persistent, d->tile.splitk, l->sms);
             g[1] = 1;
+        } else { /* persistent: the wgrads walk (N tile, M tile, slot) themselves; the output a tensor map */
+            g[0] = moe_sm90_ctas((unsigned long long)g[0] * g[1] * g[2], 1, 0, l->sms);
+            g[1] = g[2] = 1;
+            rc = wgrad_out_map(l, d, k, *(const CUdeviceptr *)args[5], &mo);
+            if (rc)
+                return rc;
+            targs[5] = &mo;
         }
     }
     CUresult r;

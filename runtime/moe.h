@@ -392,7 +392,8 @@ typedef struct {
  *                                  router's term of the input gradient, which dx
  *                                  then leaves out; written
  *   d_expert_scale fp32 [E]        spec router.expert_scale (else NULL)
- * (S = every weight slot, moe_plan_tensor's w1p dims; a shared expert's
+ * (S = every weight slot, moe_plan_tensor's w1p dims; dw1p and dw2 16-byte
+ * aligned, as cudaMalloc's are; a shared expert's
  * gradients are its m slots E .. E+m-1 of dw1p and dw2, split as
  * moe_plan_pack_shared splits the weights). The weight
  * gradients (all but dx) are written (accumulate = 0) or added into what

@@ -248,9 +248,11 @@ ${p.kernel}(const moe_half_t *__restrict__ du, const moe_half_t *__restrict__ w1
  * its out). */
 extern "C" __global__ void __launch_bounds__(${p.threads})
 ${p.kernel}(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ b, const int *__restrict__ offsets,
-            const int *__restrict__ counts, const int *__restrict__ slot_of, float *__restrict__ out, int beta) {
+            const int *__restrict__ counts, const int *__restrict__ slot_of, float *__restrict__ out, int beta,
+            int nslots) {
     moe_pdl_begin();
     using namespace ${p.kernel}_impl;
+    (void)nslots;  /* the grid's z (the sm_90a kernel's persistent grid walks the slots itself) */
 @ end
     extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];
     const unsigned sbase = moe_smem_addr(${p.kernel}_smem);

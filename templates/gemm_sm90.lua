@@ -274,6 +274,16 @@ constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
+@ elseif c.wgrad then
+/* the wgrad's fp32 output tile, staged in EPI_PASSES passes of PASS_COLS
+ * columns: PASS_COLS / 32 boxes of BM rows x 32 columns in the 128-byte
+ * swizzle, which TMA stores (the last pass while the next tile's main loop
+ * runs) */
+constexpr int EPI_PASSES = 2, PASS_COLS = BN / EPI_PASSES;
+constexpr int OUT_BOX = BM * 128;
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + PASS_COLS / 32 * OUT_BOX;  /* full[STAGES], then empty[STAGES] */
+static_assert(PASS_COLS % 32 == 0 && EPI_PASSES == 2, "whole 32-column boxes per pass; the epilogue stages passes 0 and 1");
 @ else
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
@@ -479,14 +489,13 @@ static __device__ __forceinline__ void consume_fp8(float (&acc)[WM][NACC], unsig
 @ end
 @ if c.wgrad then
 
-/* The weight gradient's producer (one thread): the CTA's one tile, k tiles
- * kt = 0 .. ktiles - 1 of slot rows first + kt * BK ..: A's BM / 64 boxes
- * (64 columns of M from m0, BK rows) and B's BN / 64 (64 columns of N from
- * n0), both N-major in the 128-byte swizzle. */
+/* The weight gradient's producer (one thread): one tile, k tiles kt = 0
+ * .. ktiles - 1 of slot rows first + kt * BK ..: A's BM / 64 boxes (64
+ * columns of M from m0, BK rows) and B's BN / 64 (64 columns of N from n0),
+ * both N-major in the 128-byte swizzle, from ring position (s, phase),
+ * which it advances (the CTA's tiles follow each other in the ring). */
 static __device__ __forceinline__ void produce_rows(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
-                                                    int first, int ktiles, int m0, int n0) {
-    int s = 0;
-    unsigned phase = 0;
+                                                    int first, int ktiles, int m0, int n0, int &s, unsigned &phase) {
     for (int kt = 0; kt < ktiles; ++kt) {
         const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
         bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -505,20 +514,19 @@ static __device__ __forceinline__ void produce_rows(unsigned sbase, const moe_tm
 }
 
 /* The weight gradient's consumer warpgroup cw: acc (its WG_ROWS x BN fp32
- * tile) = A^T . B over ktiles k tiles of the slot's rows, stages released
- * as in consume. The last k tile, when the slot's rows end inside it
- * (tail > 0 rows of it are the slot's), runs once every earlier wgmma
- * retired: rows tail .. BK - 1 of each of its boxes (pad rows or the next
- * slot's, whatever they hold) are zeroed by the CTHREADS consumer threads
- * (ct), made visible to wgmma (fence.proxy.async) and waited for by both
- * warpgroups before its wgmma. */
+ * tile) = A^T . B over ktiles k tiles of the slot's rows from ring position
+ * (s, phase), which it advances, stages released as in consume. The last k
+ * tile, when the slot's rows end inside it (tail > 0 rows of it are the
+ * slot's), runs once every earlier wgmma retired: rows tail .. BK - 1 of
+ * each of its boxes (pad rows or the next slot's, whatever they hold) are
+ * zeroed by the CTHREADS consumer threads (ct), made visible to wgmma
+ * (fence.proxy.async) and waited for by both warpgroups before its wgmma. */
 static __device__ __forceinline__ void consume_rows(float (&acc)[WM][NACC], unsigned sbase, int cw, int ct,
-                                                    int ktiles, int tail) {
+                                                    int ktiles, int tail, int &s, unsigned &phase) {
     const unsigned long long da0 = sdesc_mn(sbase + (unsigned)cw * (WG_ROWS * BK * 2));
     const unsigned long long db0 = sdesc_mn(sbase + A_BYTES);
     const int full_tiles = tail > 0 ? ktiles - 1 : ktiles;  /* k tiles of BK rows of the slot */
-    int s = 0, prev = 0;
-    unsigned phase = 0;
+    int prev = 0;
     for (int kt = 0; kt < ktiles; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
         if (kt == full_tiles) {  /* the tail tile */
@@ -1290,22 +1298,79 @@ ${ARCH_GUARD}
 @ -- rows (offsets[g], counts[g], read on the device). A [rows, M] and B
 @ -- [rows, N] are both M/N-major along the rows: tensor maps over the rows
 @ -- with boxes of 64 columns x bk rows (moe_wgrad_mn, runtime/launch.c),
-@ -- read by wgmma with both transpose bits. The grid is the family's 3D
-@ -- one (N tiles, M tiles, slots), one tile per CTA. Rows of the last k
-@ -- tile past the slot's rows are zeroed in shared memory before its wgmma,
-@ -- so pad rows never contribute; columns past M or N arrive as zeros and
-@ -- are not stored. Stored from registers: beta 0 writes, beta 1 adds; a
-@ -- slot with no rows writes zeros (beta 0) or returns at once (beta 1).
+@ -- read by wgmma with both transpose bits. A persistent grid (the launcher
+@ -- puts about one CTA on each SM) walks the tiles, N fastest, then M, then
+@ -- the nslots slots; both consumer warpgroups work on each tile (WG_ROWS
+@ -- rows each), the producer loading the next tile's k tiles into the ring
+@ -- while they store this one. Rows of the last k tile past the slot's rows
+@ -- are zeroed in shared memory before its wgmma, so pad rows never
+@ -- contribute; columns past M or N arrive as zeros. The fp32 tile leaves
+@ -- through shared memory in two passes of BN / 2 columns, each stored by
+@ -- TMA (out_map: a 3D tensor map over [slots][M][N], which clips rows past
+@ -- M and columns past N) as one bulk group: beta 0 writes, beta 1 adds
+@ -- (TMA's fp32 reduce-add); the second pass's stores run under the next
+@ -- tile's main loop. A slot with no rows writes zeros (beta 0) or is
+@ -- skipped (beta 1). Stored from registers, the fp32 tiles had kept the
+@ -- tensor cores idle and L2 busy with 32-byte writes (run 55's Nsight
+@ -- Compute: L2 at 90 % for Qwen3's wgrad_up, tensor pipes 27 %).
 @ function M.wgrad(p)
 @   local c = config(p, p.kind)
-@   if c.persistent or c.pingpong then error(p.kernel .. ": the wgrads run one CTA per tile", 2) end
+@   if not c.persistent or c.pingpong then error(p.kernel .. ": the wgrads run on the persistent grid", 2) end
 @   local args = "const __grid_constant__ moe_tmap_t a_map, const __grid_constant__ moe_tmap_t b_map, " ..
 @                "const int *__restrict__ offsets, const int *__restrict__ counts, const int *__restrict__ slot_of, " ..
-@                "float *__restrict__ out, int beta"
+@                "const __grid_constant__ moe_tmap_t out_map, int beta, int nslots"
 ${ARCH_GUARD}
 namespace ${p.kernel}_impl {
 @   device_code(p, c)
 constexpr int M = ${c.M};  /* output rows (A's columns) */
+constexpr int MT = (M + BM - 1) / BM, NT = (N + BN - 1) / BN;  /* tiles of a slot: N fastest, then M */
+/* Tile lin of the walk: slot gi, rows m0 of M, columns n0 of N. */
+static __device__ __forceinline__ void wgrad_tile(int lin, int &gi, int &m0, int &n0) {
+    gi = lin / (MT * NT);
+    m0 = lin % (MT * NT) / NT * BM;
+    n0 = lin % NT * BN;
+}
+/* Stage pass P of consumer warpgroup cw's accumulators (rows cw * WG_ROWS
+ * + m * 64 + 16w + g + 8h, columns 8j + 2q, + 1 of the tile, j the pass's
+ * n8 blocks) in the output boxes at EPI_OFF: box (j % JP) / 4, row r, the
+ * 16-byte chunk 2 (j % 4) + q / 2 at chunk position ^ (r % 8) (the
+ * 128-byte swizzle TMA reads). */
+template <int P>
+static __device__ __forceinline__ void stage_out(const float (&acc)[WM][NACC], unsigned sbase, int cw, int w, int g,
+                                                 int q) {
+    constexpr int JP = PASS_COLS / 8;  /* n8 blocks per pass */
+#pragma unroll
+    for (int j = P * JP; j < (P + 1) * JP; ++j)
+#pragma unroll
+        for (int m = 0; m < WM; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                const unsigned a = sbase + EPI_OFF + (unsigned)(((j % JP) >> 2) * OUT_BOX + r * 128 +
+                                                                (((2 * (j & 3) + (q >> 1)) ^ (r & 7)) << 4) + (q & 1) * 8);
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                             :: "r"(a), "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1]) : "memory");
+            }
+}
+/* One thread: the staged pass to slot `slot`'s rows m0.., columns n0.. of
+ * the output (TMA clips what lies past M or N), written (beta 0) or added
+ * (beta 1), as one bulk group. */
+static __device__ __forceinline__ void store_out(const moe_tmap_t *map, unsigned sbase, int slot, int m0, int n0,
+                                                 int beta) {
+#pragma unroll
+    for (int b = 0; b < PASS_COLS / 32; ++b) {
+        if (N_TAIL && n0 + 32 * b >= N)
+            break;
+        const unsigned src = sbase + EPI_OFF + (unsigned)(b * OUT_BOX);
+        if (beta)
+            asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                         :: "l"((unsigned long long)map), "r"(n0 + 32 * b), "r"(m0), "r"(slot), "r"(src) : "memory");
+        else
+            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                         :: "l"((unsigned long long)map), "r"(n0 + 32 * b), "r"(m0), "r"(slot), "r"(src) : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 }  // namespace ${p.kernel}_impl
 #endif
 
@@ -1318,16 +1383,13 @@ ${ARCH_GUARD}
     const unsigned sbase = moe_smem_addr(${p.kernel}_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
-    const int gi = (int)blockIdx.z, rows = counts[gi], first = offsets[gi];
-    if (rows <= 0 && beta)
-        return;  /* the whole CTA: nothing to add */
-    const int ktiles = rows > 0 ? (rows + BK - 1) / BK : 0, tail = rows % BK;
-    const int m0 = (int)blockIdx.y * BM, n0 = (int)blockIdx.x * BN;
+    const int total = nslots * MT * NT;
     const int tid = (int)threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (tid == 0) {
         tma_prefetch_map(&a_map);
         tma_prefetch_map(&b_map);
+        tma_prefetch_map(&out_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
@@ -1336,49 +1398,61 @@ ${ARCH_GUARD}
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    int s = 0;  /* ring position, carried from tile to tile */
+    unsigned phase = 0;
     if (wg == 0) {
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
 @   end
         if (tid == 0)
-            produce_rows(sbase, &a_map, &b_map, first, ktiles, m0, n0);
+            for (int lin = (int)blockIdx.x; lin < total; lin += (int)gridDim.x) {
+                int gi, m0, n0;
+                wgrad_tile(lin, gi, m0, n0);
+                const int rows = counts[gi];
+                if (rows > 0)  /* a slot without rows has no stages (its consumers write zeros or skip it) */
+                    produce_rows(sbase, &a_map, &b_map, offsets[gi], (rows + BK - 1) / BK, m0, n0, s, phase);
+            }
     } else {
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.inc.sync.aligned.u32 ${c.consumer_regs};\n" ::: "memory");
 @   end
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        float acc[WM][NACC];
-#pragma unroll
-        for (int m = 0; m < WM; ++m)
-#pragma unroll
-            for (int i = 0; i < NACC; ++i)
-                acc[m][i] = 0.0f;
-        consume_rows(acc, sbase, cw, ct, ktiles, tail);
-        /* accumulator block j (registers 4j..4j+3): rows 16w + g + 8h of the
-         * warpgroup's, columns 8j + 2q, 8j + 2q + 1 */
-        float *__restrict__ o = out + (long long)slot_of[gi] * ((long long)M * N);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int n = n0 + 8 * j + 2 * q;
-            if (N_TAIL && n >= N)  /* N % 8 == 0: the whole n8 block is in or out */
-                continue;
+        for (int lin = (int)blockIdx.x; lin < total; lin += (int)gridDim.x) {
+            int gi, m0, n0;
+            wgrad_tile(lin, gi, m0, n0);
+            const int rows = counts[gi];
+            if (rows <= 0 && beta)
+                continue;  /* nothing to add: every role skips it */
+            const int ktiles = rows > 0 ? (rows + BK - 1) / BK : 0, tail = rows > 0 ? rows % BK : 0;
+            float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = m0 + cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
-                    if (r >= M)
-                        continue;
-                    float2 *pp = (float2 *)(o + ((long long)r * N + n));
-                    float2 v = make_float2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
-                    if (beta) {
-                        const float2 old = *pp;
-                        v.x += old.x;
-                        v.y += old.y;
-                    }
-                    *pp = v;
-                }
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            consume_rows(acc, sbase, cw, ct, ktiles, tail, s, phase);
+            const int slot = slot_of[gi];
+#pragma unroll
+            for (int pass = 0; pass < EPI_PASSES; ++pass) {
+                /* the stores before (the previous pass's, or the previous tile's last) have read the staging boxes */
+                if (ct == 0)
+                    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                consumers_sync();
+                if (pass == 0)
+                    stage_out<0>(acc, sbase, cw, w, g, q);
+                else
+                    stage_out<1>(acc, sbase, cw, w, g, q);
+                fence_proxy_async();  /* this thread's staging writes, before TMA reads them */
+                consumers_sync();
+                if (ct == 0)
+                    store_out(&out_map, sbase, slot, m0, n0 + pass * PASS_COLS, beta);
+            }
         }
+        if (ct == 0)
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  /* every store done before the CTA ends */
     }
 #else
 @   for v in args:gmatch("([%w_]+),") do

@@ -512,7 +512,7 @@ static void run_case(const bcase_t *bc, uint64_t seed, const char *cache, int pe
             fprintf(stderr, "  %s: worst error %.3f of the tolerance\n", label, worst);
         }
 
-    /* refusals: beta 1 on a dgrad, a missing operand */
+    /* refusals: beta 1 on a dgrad, a missing operand, a wgrad's misaligned output */
     snprintf(label, sizeof label, "refusals: %s", bc->name);
     CASE(label);
     {
@@ -522,6 +522,9 @@ static void run_case(const bcase_t *bc, uint64_t seed, const char *cache, int pe
         a.beta = 0, a.u = 0;
         CHECK(moe_bgemm_launch(l, MOE_BGEMM_DGRAD_DOWN, &a, NULL) == MOE_ERR_INVALID_ARG);
         CHECK(strstr(moe_last_error(), "u is NULL") != NULL);
+        a.a = g_du, a.b = g_xs, a.u = 0, a.out = g_out + 8; /* a wgrad's out off its 16-byte alignment */
+        CHECK(moe_bgemm_launch(l, MOE_BGEMM_WGRAD_UP, &a, NULL) == MOE_ERR_INVALID_ARG);
+        CHECK(strstr(moe_last_error(), "16-byte aligned") != NULL);
     }
 
     if (perf) { /* each kind's time and TFLOP/s (2 x rows x the output's N x K) */

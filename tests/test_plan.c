@@ -406,7 +406,14 @@ int main(void) {
                 const int wgrad = i >= 2, tma = a == MOE_ARCH_SM90A; /* sm_90a: TMA + wgmma */
                 CHECKF((int)d->family == MOE_K_BGEMM_FIRST + i && strncmp(d->name, names[i], strlen(names[i])) == 0 &&
                        strstr(d->name, "_m128n"), "%s", d->name);
-                CHECKF(!tma == !strstr(d->name, "_sm90a_tma_m128n256k64s4c2g8"), "%s", d->name);
+                CHECKF(!tma == !strstr(d->name, wgrad ? "_sm90a_tma_persist_m128n256k64s3c2g8" : "_sm90a_tma_m128n256k64s4c2g8"),
+                       "%s", d->name);
+                if (tma && wgrad) { /* persistent, 3 stages, half the fp32 output tile staged for TMA's stores */
+                    CHECK(d->threads == 128 * 3 && d->tile.bm == 128 && d->tile.consumers == 2 && d->tile.bn == 256 &&
+                          d->tile.persistent && !d->tile.pingpong && d->tile.stages == 3);
+                    CHECK(d->smem == 3 * (128 + 256) * 64 * 2 + 128 * 128 * 4 + 16 * 3);
+                    continue;
+                }
                 if (tma) { /* a 128-row block: one CTA per tile (dgrad_down's ping-pong needs 64-row blocks) */
                     CHECK(d->threads == 128 * 3 && d->tile.bm == 128 && d->tile.consumers == 2 && d->tile.bn == 256 &&
                           !d->tile.persistent && !d->tile.pingpong);
