@@ -347,6 +347,24 @@ static void print_stage_paths(const char *path, const moe_spec_t *spec, const mo
     moe_plan_destroy(plan);
 }
 
+/* A GEMM's tile, engine and grid, as `moegen plan` prints them. */
+static void print_gemm_tile(const moe_kernel_desc_t *k) {
+    const moe_tile_cfg_t *t = &k->tile;
+    char grid[48];
+    snprintf(grid, sizeof grid, "%d CTAs per tile splitting K", t->splitk);
+    if (t->gemv)
+        printf("  gemv, %d weight rows per CTA of a %d-row tile, rows in chunks of 8, K unrolled %d", t->bn, t->bm,
+               t->stages);
+    else if (t->consumers)
+        printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroup%s", t->bm, t->bn, t->bk, t->stages,
+               t->pingpong ? "persistent grid, ping-pong" : t->persistent ? "persistent grid" : t->splitk ? grid
+                                                                                              : "one CTA per tile",
+               t->consumers, t->consumers == 1 ? "" : "s");
+    else
+        printf("  tile %dx%dx%d, %d stages, %dx%d warps, mma.sync", t->bm, t->bn, t->bk, t->stages, t->warps_m,
+               t->warps_n);
+}
+
 static int cmd_plan(const args_t *a) {
     moe_spec_t spec;
     moe_plan_desc_t plan;
@@ -373,31 +391,18 @@ static int cmd_plan(const args_t *a) {
         for (int i = 0; i < MOE_K_COUNT; i++) {
             const moe_kernel_desc_t *k = &moe_plan_kernels(&plan, MOE_ARCH_SM90A)[i];
             printf("  %-58s threads %4d  smem %6d", k->name, k->threads, k->smem);
-            char grid[48];
-            snprintf(grid, sizeof grid, "%d CTAs per tile splitting K", k->tile.splitk);
-            if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.gemv)
-                printf("  gemv, %d weight rows per CTA of a %d-row tile, rows in chunks of 8, K unrolled %d", k->tile.bn,
-                       k->tile.bm, k->tile.stages);
-            else if ((i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN) && k->tile.consumers)
-                printf("  tile %dx%dx%d, %d stages, wgmma + TMA, %s, %d consumer warpgroups", k->tile.bm,
-                       k->tile.bn, k->tile.bk, k->tile.stages,
-                       k->tile.pingpong     ? "persistent grid, ping-pong"
-                       : k->tile.persistent ? "persistent grid"
-                       : k->tile.splitk     ? grid
-                                            : "one CTA per tile",
-                       k->tile.consumers);
-            else if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
-                printf("  tile %dx%dx%d, %d stages, %dx%d warps", k->tile.bm, k->tile.bn, k->tile.bk,
-                       k->tile.stages, k->tile.warps_m, k->tile.warps_n);
+            if (i == MOE_K_GEMM_UP || i == MOE_K_GEMM_DOWN)
+                print_gemm_tile(k);
             printf("\n");
         }
         const moe_kernel_desc_t *bg = moe_plan_bgemm(&plan, MOE_ARCH_SM90A);
         if (bg) {
-            printf("backward GEMMs (training = true; the same kernels on sm_80):\n");
-            for (int i = 0; i < MOE_BGEMM_COUNT; i++)
-                printf("  %-58s threads %4d  smem %6d  tile %dx%dx%d, %d stages, %dx%d warps, mma.sync\n", bg[i].name,
-                       bg[i].threads, bg[i].smem, bg[i].tile.bm, bg[i].tile.bn, bg[i].tile.bk, bg[i].tile.stages,
-                       bg[i].tile.warps_m, bg[i].tile.warps_n);
+            printf("backward GEMMs (training = true; sm_90a; sm_80's are mma.sync ones, see manifest.json):\n");
+            for (int i = 0; i < MOE_BGEMM_COUNT; i++) {
+                printf("  %-58s threads %4d  smem %6d", bg[i].name, bg[i].threads, bg[i].smem);
+                print_gemm_tile(&bg[i]);
+                printf("\n");
+            }
         }
         const moe_tuning_entry_t *te = plan.tuned;
         if (te)

@@ -1013,6 +1013,11 @@ static void test_examples(void) {
     CHECKF(rc == 0 && out && strstr(out, "train_softmax_bwd_dys_bf16_h264k2") &&
                strstr(out, "saved region: 3816 bytes per token saving U, 2728 recomputing it"),
            "exit %d: %s%s", rc, out ? out : "", e ? e : "");
+    /* the backward GEMMs described as what they are on sm_90a (they once read "0x0 warps, mma.sync") */
+    CHECKF(out && strstr(out, "train_softmax_wgrad_up_bf16_sm90a_tma_persist_m128n256k64s3c2g8") &&
+               strstr(out, "tile 128x256x64, 3 stages, wgmma + TMA, persistent grid, 2 consumer warpgroups") &&
+               !strstr(out, "0x0 warps"),
+           "%s", out ? out : "");
     free(out);
     free(e);
     rc = run_moegen("plan examples/specs/mixtral-8x7b.moe", &out, &e);
