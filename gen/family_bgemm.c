@@ -78,12 +78,10 @@ static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *
     k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 256, .bk = 64, .stages = 4, .group_m = 8, .consumers = bm / 64};
     if (k->family == MOE_K_DGRAD_DOWN && bm == 64)
         k->tile.consumers = 2, k->tile.persistent = 1, k->tile.pingpong = 1;
-    k->threads = 128 * (k->tile.consumers + 1);
-    k->smem = moe_gemm_sm90_smem(&k->tile, k->tile.bn);
-    if (is_wgrad(k->family)) {
+    if (is_wgrad(k->family))
         k->tile.persistent = 1, k->tile.stages = 3;
-        k->smem = wgrad_sm90_smem(&k->tile);
-    }
+    k->threads = 128 * (k->tile.consumers + 1);
+    k->smem = is_wgrad(k->family) ? wgrad_sm90_smem(&k->tile) : moe_gemm_sm90_smem(&k->tile, k->tile.bn);
     return 0;
 }
 

@@ -68,8 +68,9 @@ typedef struct {
 /* Enqueue the backward GEMM `kind` with arguments a on st. Returns MOE_OK,
  * MOE_ERR_UNSUPPORTED when the plan has no backward kernels (the spec has
  * no training = true, or a module compiled without them), or
- * MOE_ERR_INVALID_ARG for a missing pointer, a wgrad's misaligned out or a bad beta (the last error
- * says which). No host synchronization; capturable in a CUDA graph. */
+ * MOE_ERR_INVALID_ARG for a missing pointer, a wgrad's misaligned out or a
+ * bad beta (the last error says which). No host synchronization;
+ * capturable in a CUDA graph. */
 moe_status moe_bgemm_launch(const moe_launcher_t *l, moe_bgemm_kind kind, const moe_bgemm_args *a, CUstream st);
 
 #endif
