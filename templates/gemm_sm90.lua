@@ -1035,7 +1035,9 @@ ${ARCH_GUARD}
                 /* The activation of gate and up (packed columns 16j + r, r < 8 gate: accumulator
                  * registers 8j..8j+3 gate, 8j+4..8j+7 up; 2h, 2h + 1: row 16w + g + 8h, columns
                  * 2q, 2q + 1), quantized per row over the tile's 128 output columns: the quad
-                 * (q = 0..3) holds a row's 128 values. Computed twice (amax, then codes). */
+                 * (q = 0..3) holds a row's 128 values. Two passes: the first computes each
+                 * value once, keeps it in its gate register (8j + 2h, + 1) and takes the row's
+                 * amax; the second quantizes them. */
 @       if p.ffn_bias then
                 const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
 @       end
@@ -1074,9 +1076,10 @@ ${ARCH_GUARD}
                         (void)f;
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            const float o0 = ${call(act, "acc[0][8 * j + 2 * h]" .. sg0 .. bg0 .. ", acc[0][8 * j + 4 + 2 * h]" .. su0 .. bu0)};
-                            const float o1 = ${call(act, "acc[0][8 * j + 2 * h + 1]" .. sg1 .. bg1 .. ", acc[0][8 * j + 5 + 2 * h]" .. su1 .. bu1)};
+                            float &o0 = acc[0][8 * j + 2 * h], &o1 = acc[0][8 * j + 2 * h + 1];
                             if (it == 0) {
+                                o0 = ${call(act, "acc[0][8 * j + 2 * h]" .. sg0 .. bg0 .. ", acc[0][8 * j + 4 + 2 * h]" .. su0 .. bu0)};
+                                o1 = ${call(act, "acc[0][8 * j + 2 * h + 1]" .. sg1 .. bg1 .. ", acc[0][8 * j + 5 + 2 * h]" .. su1 .. bu1)};
                                 amax[h] = fmaxf(amax[h], fmaxf(fabsf(o0), fabsf(o1)));
                             } else {
                                 const int r = cw * WG_ROWS + w * 16 + g + 8 * h;

@@ -1251,15 +1251,15 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1095 "templates/gemm_sm90.lua"
+#line 1098 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1102 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1117 "templates/gemm_sm90.lua"
+#line 1120 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1268,7 +1268,7 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
                                 const float o0 = geglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = geglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1132 "templates/gemm_sm90.lua"
+#line 1135 "templates/gemm_sm90.lua"
                             }
                     }
 #line 986 "templates/gemm_sm90.lua"
@@ -1684,13 +1684,13 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant_
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1154 "templates/gemm_sm90.lua"
+#line 1157 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1159 "templates/gemm_sm90.lua"
+#line 1162 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1179 "templates/gemm_sm90.lua"
+#line 1182 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
