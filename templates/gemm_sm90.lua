@@ -443,6 +443,28 @@ static __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) {
     return r;
 }
 
+@   if c.cs_smem then
+/* The up GEMM's "channel" scales on the persistent grid: each consumer
+ * warpgroup copies a tile's 256 (gate, then up) into its 1 KB at CS_OFF
+ * + cw * 1024, in the staging tile's room (the up GEMM stores from
+ * registers), while the tile's main loop runs; its epilogue reads them
+ * there instead of from global memory. */
+constexpr int CS_OFF = EPI_OFF;
+static_assert(PERSISTENT && CONSUMERS * 1024 <= BAR_OFF - EPI_OFF, "the scale buffers fit the staging tile's room");
+static __device__ __forceinline__ void cp_async4(unsigned dst, const float *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
+}
+static __device__ __forceinline__ float2 ld_shared_f2(unsigned a) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+}
+/* Consumer warpgroup cw's 128 threads (named barrier 2 + cw). */
+static __device__ __forceinline__ void cs_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(2 + cw) : "memory");
+}
+@   end
+
 /* The fp8 consumer on one tile: for every k tile (one scale block), each
  * 128-column half of B: part = A . B_half^T over the block's 4 k32 steps,
  * then acc += part * (a scale of the row * b scale of the half's gate or
@@ -928,6 +950,9 @@ ${ARCH_GUARD}
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+@   if c.cs_smem then
+            const unsigned csb = sbase + CS_OFF + (unsigned)cw * 1024;  /* this warpgroup's tile scales: 256 fp32 */
+@   end
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
@@ -954,6 +979,18 @@ ${ARCH_GUARD}
                         ? ${c.bsc} + ((long long)expert * SB_ROWS + (n0 + hh * 128) / 128) * KTILES : nullptr;
 @     end
                 }
+@     if c.cs_smem then
+                /* the tile's channel scales of W1 (gate columns n0 / 2 .. + 127, then up) into this warpgroup's
+                 * buffer by cp.async, landing during the main loop; the barrier first: every thread of the
+                 * warpgroup is done reading the last tile's */
+                cs_sync(cw);
+                {
+                    const float *__restrict__ src = w1s + (long long)expert * N + n0 / 2 + (ct & 127);
+                    cp_async4(csb + (ct & 127) * 4, src);
+                    cp_async4(csb + (128 + (ct & 127)) * 4, src + NOUT);
+                    moe_cp_async_commit();
+                }
+@     end
                 consume_fp8(acc, sbase, cw, s, phase, sa0, sa1, sbg, sbu);
             } else {
                 skip_tile(sbase, s, phase);
@@ -1031,64 +1068,77 @@ ${ARCH_GUARD}
 @            "const float *__restrict__ xsc, const float *__restrict__ w1s, " ..
 @            "const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, " ..
 @            "const int *__restrict__ num_tiles, unsigned char *__restrict__ hq, float *__restrict__ hsc"
+@     -- "channel" scales on the persistent grid: staged in shared memory per tile (kernel's cs_smem)
+@     c.cs_smem = not c.block and c.persistent
 @     local function epilogue_fp8()
                 /* The activation of gate and up (packed columns 16j + r, r < 8 gate: accumulator
                  * registers 8j..8j+3 gate, 8j+4..8j+7 up; 2h, 2h + 1: row 16w + g + 8h, columns
                  * 2q, 2q + 1), quantized per row over the tile's 128 output columns: the quad
-                 * (q = 0..3) holds a row's 128 values. Two passes: the first computes each
-                 * value once, keeps it in its gate register (8j + 2h, + 1) and takes the row's
-                 * amax; the second quantizes them. */
+                 * (q = 0..3) holds a row's 128 values. The first pass computes each value once,
+                 * keeps it in its gate register (8j + 2h, + 1) and takes the row's amax; the
+                 * second quantizes them, lanes q and q ^ 1 trading halves so that each stores 4
+                 * codes of one row (q even: row g, columns 2q .. 2q + 3; q odd: row g + 8,
+                 * columns 2q - 2 .. 2q + 1). */
 @       if p.ffn_bias then
                 const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
 @       end
-@       if not c.block then
-                const float *__restrict__ cs = w1s + (long long)expert * N;  /* plain rows: gate f, up F + f */
+@       if c.cs_smem then
+                moe_cp_async_wait<0>();
+                cs_sync(cw);  /* every thread's copies of the tile's scales landed */
+@       elseif not c.block then
+                const float *__restrict__ cg = w1s + (long long)expert * N + n0 / 2;  /* plain rows: gate f, up F + f */
+                const float *__restrict__ cu = cg + NOUT;
 @       end
                 float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-                for (int it = 0; it < 2; ++it) {
-                    float mul[2];
-                    if (it == 1)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            float m = amax[h];
-                            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                            m = fmaxf(m, 1e-4f);
-                            mul[h] = 448.0f / m;
-                            const int r = cw * WG_ROWS + w * 16 + g + 8 * h;
-                            if (q == 0 && r < rows)
-                                hsc[(long long)(row_start + r) * (NOUT / 128) + n0 / 256] = m / 448.0f;
-                        }
-#pragma unroll
-                    for (int j = 0; j < BNO / 8; ++j) {
-                        const int f = n0 / 2 + 8 * j + 2 * q;  /* the output (gate/up) column of register 2h */
+                for (int j = 0; j < BNO / 8; ++j) {
+                    const int lf = 8 * j + 2 * q;  /* the tile's output column of registers 2h */
 @       local sg0, sg1, su0, su1 = "", "", "", ""
-@       if not c.block then
-@         sg0, sg1, su0, su1 = " * cs[f]", " * cs[f + 1]", " * cs[NOUT + f]", " * cs[NOUT + f + 1]"
+@       if c.cs_smem then
+@         sg0, sg1, su0, su1 = " * sg.x", " * sg.y", " * su.x", " * su.y"
+                    const float2 sg = ld_shared_f2(csb + lf * 4), su = ld_shared_f2(csb + (128 + lf) * 4);
+@       elseif not c.block then
+@         sg0, sg1, su0, su1 = " * cg[lf]", " * cg[lf + 1]", " * cu[lf]", " * cu[lf + 1]"
 @       end
 @       local bg0, bg1, bu0, bu1 = "", "", "", ""
 @       if p.ffn_bias then
 @         bg0, bg1, bu0, bu1 = " + moe_lo_float(bgv)", " + moe_hi_float(bgv)", " + moe_lo_float(buv)", " + moe_hi_float(buv)"
-                        const unsigned bgv = *(const unsigned *)(bias + j * 16 + 2 * q);
-                        const unsigned buv = *(const unsigned *)(bias + j * 16 + 8 + 2 * q);
+                    const unsigned bgv = *(const unsigned *)(bias + j * 16 + 2 * q);
+                    const unsigned buv = *(const unsigned *)(bias + j * 16 + 8 + 2 * q);
 @       end
-                        (void)f;
+@       if c.block then
+                    (void)lf;
+@       end
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            float &o0 = acc[0][8 * j + 2 * h], &o1 = acc[0][8 * j + 2 * h + 1];
-                            if (it == 0) {
-                                o0 = ${call(act, "acc[0][8 * j + 2 * h]" .. sg0 .. bg0 .. ", acc[0][8 * j + 4 + 2 * h]" .. su0 .. bu0)};
-                                o1 = ${call(act, "acc[0][8 * j + 2 * h + 1]" .. sg1 .. bg1 .. ", acc[0][8 * j + 5 + 2 * h]" .. su1 .. bu1)};
-                                amax[h] = fmaxf(amax[h], fmaxf(fabsf(o0), fabsf(o1)));
-                            } else {
-                                const int r = cw * WG_ROWS + w * 16 + g + 8 * h;
-                                if (r < rows)
-                                    *(unsigned short *)(hq + (long long)(row_start + r) * NOUT + f) =
-                                        e4m3x2(o0 * mul[h], o1 * mul[h]);
-                            }
-                        }
+                    for (int h = 0; h < 2; ++h) {
+                        float &o0 = acc[0][8 * j + 2 * h], &o1 = acc[0][8 * j + 2 * h + 1];
+                        o0 = ${call(act, "acc[0][8 * j + 2 * h]" .. sg0 .. bg0 .. ", acc[0][8 * j + 4 + 2 * h]" .. su0 .. bu0)};
+                        o1 = ${call(act, "acc[0][8 * j + 2 * h + 1]" .. sg1 .. bg1 .. ", acc[0][8 * j + 5 + 2 * h]" .. su1 .. bu1)};
+                        amax[h] = fmaxf(amax[h], fmaxf(fabsf(o0), fabsf(o1)));
                     }
+                }
+                float mul[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float m = amax[h];
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    m = fmaxf(m, 1e-4f);
+                    mul[h] = 448.0f / m;
+                    const int r = cw * WG_ROWS + w * 16 + g + 8 * h;
+                    if (q == 0 && r < rows)
+                        hsc[(long long)(row_start + r) * (NOUT / 128) + n0 / 256] = m / 448.0f;
+                }
+                const int hs = q & 1;  /* the row this lane stores: g + 8 hs */
+                const int rs = cw * WG_ROWS + w * 16 + g + 8 * hs;
+                unsigned char *__restrict__ dst = hq + (long long)(row_start + rs) * NOUT + n0 / 2 + 2 * q - 2 * hs;
+#pragma unroll
+                for (int j = 0; j < BNO / 8; ++j) {
+                    const unsigned c0 = e4m3x2(acc[0][8 * j] * mul[0], acc[0][8 * j + 1] * mul[0]);
+                    const unsigned c1 = e4m3x2(acc[0][8 * j + 2] * mul[1], acc[0][8 * j + 3] * mul[1]);
+                    const unsigned got = __shfl_xor_sync(0xffffffffu, hs ? c0 : c1, 1);
+                    if (rs < rows)
+                        *(unsigned *)(dst + 8 * j) = hs ? got | c1 << 16 : c0 | got << 16;
                 }
 @     end
 @     kernel(p, c, args, "xs_map", "w1p_map", "hq", "b1p", "n0 / 2", preamble, epilogue_fp8)

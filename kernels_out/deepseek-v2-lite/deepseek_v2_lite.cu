@@ -933,7 +933,7 @@ deepseek_v2_lite_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const
     }
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1119,7 +1119,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1141,7 +1141,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1159,7 +1159,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1176,9 +1176,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1186,9 +1186,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1204,7 +1204,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1213,7 +1213,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1236,9 +1236,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1282,7 +1282,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1310,24 +1310,24 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const 
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1352,22 +1352,22 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const 
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1376,40 +1376,40 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const 
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1595,7 +1595,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1617,7 +1617,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1635,7 +1635,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1652,9 +1652,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1662,9 +1662,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1680,7 +1680,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1689,7 +1689,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1712,9 +1712,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1752,7 +1752,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1780,24 +1780,24 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b2;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1822,20 +1822,20 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1845,31 +1845,31 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2461,7 +2461,7 @@ deepseek_v2_lite_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict_
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2647,7 +2647,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -2669,7 +2669,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2687,7 +2687,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2704,9 +2704,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2714,9 +2714,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2732,7 +2732,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -2741,7 +2741,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -2764,9 +2764,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2810,7 +2810,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -2838,24 +2838,24 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const _
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2880,22 +2880,22 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const _
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2904,40 +2904,40 @@ deepseek_v2_lite_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const _
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3123,7 +3123,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3145,7 +3145,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3163,7 +3163,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3180,9 +3180,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3190,9 +3190,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3208,7 +3208,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3217,7 +3217,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3240,9 +3240,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3280,7 +3280,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3308,24 +3308,24 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b2;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3350,20 +3350,20 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3373,31 +3373,31 @@ deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -873,7 +873,7 @@ gpt_oss_120b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__
 }
 
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1056,7 +1056,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1074,7 +1074,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1091,9 +1091,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1101,9 +1101,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1119,11 +1119,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1146,7 +1146,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1192,7 +1192,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1220,21 +1220,21 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1245,37 +1245,38 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1103 "templates/gemm_sm90.lua"
+#line 1153 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1110 "templates/gemm_sm90.lua"
+#line 1160 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1285,7 +1286,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1294,37 +1295,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_consta
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1507,7 +1508,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1525,7 +1526,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1542,9 +1543,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1552,9 +1553,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1570,11 +1571,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1597,7 +1598,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1635,7 +1636,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1663,21 +1664,21 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1688,42 +1689,43 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1160 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1167 "templates/gemm_sm90.lua"
+#line 1217 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1733,28 +1735,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ 
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2358,7 +2360,7 @@ gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ h
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2509,7 +2511,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2527,7 +2529,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2544,9 +2546,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2554,9 +2556,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2572,11 +2574,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -2599,7 +2601,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2645,7 +2647,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -2673,17 +2675,17 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2694,37 +2696,38 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1103 "templates/gemm_sm90.lua"
+#line 1153 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1110 "templates/gemm_sm90.lua"
+#line 1160 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -2734,7 +2737,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2743,37 +2746,37 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constan
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2924,7 +2927,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2942,7 +2945,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2959,9 +2962,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2969,9 +2972,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2987,11 +2990,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3014,7 +3017,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3052,7 +3055,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3080,17 +3083,17 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3101,42 +3104,43 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1160 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1167 "templates/gemm_sm90.lua"
+#line 1217 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3146,28 +3150,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3771,7 +3775,7 @@ gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3957,7 +3961,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3979,7 +3983,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3997,7 +4001,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4014,9 +4018,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4024,9 +4028,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4042,7 +4046,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4051,7 +4055,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4074,9 +4078,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4122,7 +4126,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4150,22 +4154,22 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4190,24 +4194,24 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1103 "templates/gemm_sm90.lua"
+#line 1153 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1110 "templates/gemm_sm90.lua"
+#line 1160 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4217,7 +4221,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4226,40 +4230,40 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4445,7 +4449,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4467,7 +4471,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4485,7 +4489,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4502,9 +4506,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4512,9 +4516,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4530,7 +4534,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4539,7 +4543,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4562,9 +4566,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4602,7 +4606,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4630,22 +4634,22 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4670,29 +4674,29 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1160 "templates/gemm_sm90.lua"
+#line 1210 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1167 "templates/gemm_sm90.lua"
+#line 1217 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4702,31 +4706,31 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -882,7 +882,7 @@ qwen2_moe_57b_a14b_permute_plan_e72_a128(const int *__restrict__ counts, const i
 }
 
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1068,7 +1068,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1090,7 +1090,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1108,7 +1108,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1125,9 +1125,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1135,9 +1135,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1153,7 +1153,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1162,7 +1162,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1185,9 +1185,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1231,7 +1231,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1259,24 +1259,24 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1301,22 +1301,22 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1325,40 +1325,40 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1544,7 +1544,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1566,7 +1566,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1584,7 +1584,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1601,9 +1601,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1611,9 +1611,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1629,7 +1629,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1638,7 +1638,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1661,9 +1661,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1701,7 +1701,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1729,24 +1729,24 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __g
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b2;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1771,20 +1771,20 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __g
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1794,31 +1794,31 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __g
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2410,7 +2410,7 @@ qwen2_moe_57b_a14b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restric
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2596,7 +2596,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -2618,7 +2618,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2636,7 +2636,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2653,9 +2653,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2663,9 +2663,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2681,7 +2681,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -2690,7 +2690,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -2713,9 +2713,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2759,7 +2759,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -2787,24 +2787,24 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2829,22 +2829,22 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2853,40 +2853,40 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3072,7 +3072,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3094,7 +3094,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3112,7 +3112,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3129,9 +3129,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3139,9 +3139,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3157,7 +3157,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3166,7 +3166,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3189,9 +3189,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3229,7 +3229,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3257,24 +3257,24 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gr
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b2;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3299,20 +3299,20 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gr
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3322,37 +3322,37 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __gr
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3535,7 +3535,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3553,7 +3553,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3570,9 +3570,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3580,9 +3580,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3598,11 +3598,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3625,7 +3625,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3669,7 +3669,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -3697,23 +3697,23 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3724,35 +3724,36 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3761,37 +3762,37 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3974,7 +3975,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3992,7 +3993,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4009,9 +4010,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4019,9 +4020,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4037,11 +4038,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4064,7 +4065,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4102,7 +4103,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -4130,23 +4131,23 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b2;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4157,33 +4158,34 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4193,28 +4195,28 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_const
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4806,7 +4808,7 @@ qwen2_moe_57b_a14b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restri
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4989,7 +4991,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -5007,7 +5009,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -5024,9 +5026,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -5034,9 +5036,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -5052,11 +5054,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -5079,7 +5081,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5123,7 +5125,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -5151,23 +5153,23 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5178,31 +5180,32 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5211,37 +5214,37 @@ qwen2_moe_57b_a14b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -5424,7 +5427,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -5442,7 +5445,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -5459,9 +5462,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -5469,9 +5472,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -5487,11 +5490,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -5514,7 +5517,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5552,7 +5555,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -5580,23 +5583,23 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __gr
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b2;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5607,29 +5610,30 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __gr
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5639,28 +5643,28 @@ qwen2_moe_57b_a14b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __gr
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -875,7 +875,7 @@ qwen3_235b_a22b_permute_plan_e128_a64(const int *__restrict__ counts, const int 
 }
 
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1058,7 +1058,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1076,7 +1076,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1093,9 +1093,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1103,9 +1103,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1121,11 +1121,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1148,7 +1148,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1192,7 +1192,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -1220,23 +1220,23 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1247,31 +1247,32 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1280,37 +1281,37 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -1493,7 +1494,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1511,7 +1512,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1528,9 +1529,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1538,9 +1539,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1556,11 +1557,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -1583,7 +1584,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1621,7 +1622,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -1649,23 +1650,23 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b2;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1676,29 +1677,30 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1708,28 +1710,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2321,7 +2323,7 @@ qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict_
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2504,7 +2506,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2522,7 +2524,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2539,9 +2541,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2549,9 +2551,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -2567,11 +2569,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -2594,7 +2596,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2638,7 +2640,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -2666,19 +2668,19 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2689,35 +2691,36 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2726,37 +2729,37 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -2939,7 +2942,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -2957,7 +2960,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -2974,9 +2977,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -2984,9 +2987,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3002,11 +3005,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -3029,7 +3032,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3067,7 +3070,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -3095,19 +3098,19 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b2;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3118,33 +3121,34 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3154,28 +3158,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3767,7 +3771,7 @@ qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -3953,7 +3957,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3975,7 +3979,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3993,7 +3997,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4010,9 +4014,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4020,9 +4024,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4038,7 +4042,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4047,7 +4051,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4070,9 +4074,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4116,7 +4120,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4144,24 +4148,24 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4186,22 +4190,22 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4210,40 +4214,40 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4429,7 +4433,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 573 "templates/gemm_sm90.lua"
+#line 595 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4451,7 +4455,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4469,7 +4473,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4486,9 +4490,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4496,9 +4500,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4514,7 +4518,7 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 649 "templates/gemm_sm90.lua"
+#line 671 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4523,7 +4527,7 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4546,9 +4550,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 685 "templates/gemm_sm90.lua"
+#line 707 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4586,7 +4590,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4614,24 +4618,24 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
     }
     __syncthreads();
     if (wg == 0) {
-#line 900 "templates/gemm_sm90.lua"
+#line 922 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 906 "templates/gemm_sm90.lua"
+#line 928 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 797 "templates/gemm_sm90.lua"
+#line 819 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 803 "templates/gemm_sm90.lua"
+#line 825 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 806 "templates/gemm_sm90.lua"
+#line 828 "templates/gemm_sm90.lua"
         (void)b2;
-#line 808 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4656,20 +4660,20 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 838 "templates/gemm_sm90.lua"
+#line 860 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 845 "templates/gemm_sm90.lua"
+#line 867 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4679,37 +4683,37 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 850 "templates/gemm_sm90.lua"
+#line 872 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 856 "templates/gemm_sm90.lua"
+#line 878 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -4860,7 +4864,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4878,7 +4882,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4895,9 +4899,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4905,9 +4909,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4923,11 +4927,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -4950,7 +4954,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4994,7 +4998,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -5022,19 +5026,19 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5045,35 +5049,36 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1098 "templates/gemm_sm90.lua"
+#line 1148 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1105 "templates/gemm_sm90.lua"
+#line 1155 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1120 "templates/gemm_sm90.lua"
+#line 1170 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5082,37 +5087,37 @@ qwen3_235b_a22b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1135 "templates/gemm_sm90.lua"
+#line 1185 "templates/gemm_sm90.lua"
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)hbuf;
     __trap();
 #endif
 }
 
-#line 868 "templates/gemm_sm90.lua"
+#line 890 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 252 "templates/gemm_sm90.lua"
@@ -5263,7 +5268,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 595 "templates/gemm_sm90.lua"
+#line 617 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -5281,7 +5286,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 619 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -5298,9 +5303,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 616 "templates/gemm_sm90.lua"
+#line 638 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 618 "templates/gemm_sm90.lua"
+#line 640 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -5308,9 +5313,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 631 "templates/gemm_sm90.lua"
+#line 653 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 633 "templates/gemm_sm90.lua"
+#line 655 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -5326,11 +5331,11 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 658 "templates/gemm_sm90.lua"
+#line 680 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 662 "templates/gemm_sm90.lua"
+#line 684 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
@@ -5353,7 +5358,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 687 "templates/gemm_sm90.lua"
+#line 709 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5391,7 +5396,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 872 "templates/gemm_sm90.lua"
+#line 894 "templates/gemm_sm90.lua"
 }  // namespace qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -5419,19 +5424,19 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
     }
     __syncthreads();
     if (wg == 0) {
-#line 902 "templates/gemm_sm90.lua"
+#line 924 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 911 "templates/gemm_sm90.lua"
+#line 933 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 916 "templates/gemm_sm90.lua"
+#line 938 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 919 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
         (void)b2;
-#line 921 "templates/gemm_sm90.lua"
+#line 943 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5442,33 +5447,34 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 956 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 962 "templates/gemm_sm90.lua"
+#line 999 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 972 "templates/gemm_sm90.lua"
+#line 1009 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 981 "templates/gemm_sm90.lua"
+#line 1018 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1157 "templates/gemm_sm90.lua"
+#line 1207 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1162 "templates/gemm_sm90.lua"
+#line 1212 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1182 "templates/gemm_sm90.lua"
+#line 1232 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5478,28 +5484,28 @@ qwen3_235b_a22b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant_
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 986 "templates/gemm_sm90.lua"
+#line 1023 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 992 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         }
-#line 994 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
     }
 #else
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)b2;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 997 "templates/gemm_sm90.lua"
+#line 1034 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 999 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
