@@ -123,7 +123,8 @@ int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char
  * bytes, the down GEMM's bf16 output staged in the ring; on the persistent
  * grid a staging tile of bm x (128 + 8) halves after the ring (the
  * template's EPI_COLS = 128 output columns a pass for both GEMMs), as the
- * bf16 kernels' (moe_gemm_sm90_smem). */
+ * bf16 kernels' (moe_gemm_sm90_smem); the up GEMM, storing from registers,
+ * uses that room for its tile's "channel" scales (1 KB per consumer). */
 static int fp8_smem(const moe_tile_cfg_t *t) {
     return t->stages * (t->bm + t->bn) * t->bk + (t->persistent ? t->bm * (128 + 8) * 2 : 0) + 16 * t->stages;
 }

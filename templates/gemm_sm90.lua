@@ -99,7 +99,9 @@
 @ -- precision, so nothing longer than 128 K stays in it). The up GEMM's
 @ -- epilogue quantizes the activation's output per row per 128 columns
 @ -- (the tile's 128 output columns) into e4m3 + one fp32 scale; the down
-@ -- GEMM's writes bf16. "channel" scales multiply in the epilogue. Tile:
+@ -- GEMM's writes bf16. "channel" scales multiply in the epilogue (the up
+@ -- GEMM's, on the persistent grid, copied into shared memory while the
+@ -- main loop runs: cs_smem). Tile:
 @ -- 64 x 256 x 128 per consumer, one consumer (the default) or two (a tuning
 @ -- entry of dtype e4m3), one CTA per tile or (an entry's persist grid) on
 @ -- the persistent grid, where the producer loads the next tile while the
