@@ -387,6 +387,16 @@ static void test_vendored_fp8(void) {
             }
             if (fp8)
                 CHECKF(strstr(cu, "moe_tmap_geom8(rows, k, box_rows)") != NULL, "%s: no one-byte tensor maps", specs[si]);
+            /* "channel" scales on the persistent grid (the Mixtral spec's 4096-token bucket): the up GEMM
+             * copies its tile's scales into shared memory (templates/gemm_sm90.lua's cs_smem); the block-scaled
+             * Qwen3 spec's kernels never do */
+            const char *persist_up = strstr(cu, "_gemm_up_swiglu_e4m3_channel_sm90a_tma_persist_");
+            const int channel = fp8 && pd.spec.quant.scaling == MOE_SCALING_CHANNEL;
+            CHECKF((persist_up != NULL) == channel, "%s: a persistent channel-scaled up GEMM %s", specs[si],
+                   channel ? "missing" : "emitted");
+            CHECKF((strstr(cu, "cp_async4(csb + (ct & 127) * 4, src);") != NULL) == channel,
+                   "%s: the up GEMM's channel scales %s staged in shared memory", specs[si],
+                   channel ? "not" : "unexpectedly");
         }
         moe_fileset_free(&fs);
         moe_plan_desc_free(&pd);
