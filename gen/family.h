@@ -79,7 +79,7 @@ typedef enum {
 #define MOE_BK_COUNT (MOE_K_BWD_ESCALE - MOE_K_BWD_FIRST + 1)
 /* The d router_w kernel's block tile (templates/bwd.lua reads them as
  * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
-#define MOE_BWD_DWR_COLS 64
+#define MOE_BWD_DWR_COLS 256
 #define MOE_BWD_DWR_EXPERTS 32
 /* The backward GEMMs: set index i is family MOE_K_BGEMM_FIRST + i. */
 #define MOE_K_BGEMM_FIRST MOE_K_DGRAD_DOWN

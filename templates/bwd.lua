@@ -53,7 +53,7 @@
 @     need(p[k .. "_per_block"] * 32 == p[k .. "_threads"], k .. ": one warp per row or token")
 @   end
 @   need(p.dx_per_block >= 1 and p.dx_per_block <= 16, "dx: 1..16 tokens a block (a thread's accumulators)")
-@   need(p.dwr_threads == 256 and p.dwr_cols == 64 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 64 tile")
+@   need(p.dwr_threads == 256 and p.dwr_cols == 256 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 256 tile")
 @   need(p.colsum_threads == 256, "colsum: 8 warps of 32 columns")
 @   need(p.escale_threads == 256, "escale: 256 threads (a power of two for its tree)")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
@@ -388,10 +388,13 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
  * shared expert, d logits column E gives d w_gate [H] the same way), and (with
  * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
  * same product (x's column H taken as 1). Block (bx, by, bz): columns
- * 64 bx .. +64 of [x | 1], experts 32 by .. +32, the tokens of split bz;
- * thread: one column, 8 experts; tokens in chunks of 32 through shared
- * memory, summed in token order, each chunk's values loaded into registers
- * while the one before is summed.
+ * BC bx .. +BC of [x | 1] (BC = 256), experts BE by .. +BE (BE = 32), the
+ * tokens of split bz; thread: 8 experts x 4 columns (experts 8 (tid / 64) ..,
+ * columns 4 (tid % 64) ..), so each token's step is 32 FMAs on one 16-byte
+ * shared load of x (4 columns) and two of d logits (8 experts, the same for
+ * the warp). Tokens in chunks of 32 through shared memory (x widened to
+ * fp32 as it is stored), summed in token order, each chunk's values loaded
+ * into registers (16-byte vectors of x) while the one before is summed.
  *
  * The tokens are cut into `splits` ranges of PER tokens (PER: the tokens
  * over splits, rounded up to whole chunks; gen/launch_geom.h's
@@ -408,43 +411,51 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
             int splits, int phase) {
     moe_pdl_begin();
     using namespace ${ns};
-    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32;
+    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32, NT = ${p.dwr_threads};
     constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
-    __shared__ float s_dl[TT][BE];
-    __shared__ float s_x[TT][BC];
-    const int tid = threadIdx.x, c = tid % BC, eg = tid / BC;   /* eg: experts 8 eg .. 8 eg + 7 of the tile */
-    const int h = blockIdx.x * BC + c, e0 = blockIdx.y * BE;
+    constexpr int CG = BC / 4;                          /* threads along the columns */
+    static_assert(CG * (BE / 8) == NT, "8 experts x 4 columns a thread");
+    __shared__ __align__(16) float s_dl[TT][BE];
+    __shared__ __align__(16) float s_x[TT][BC];
+    const int tid = threadIdx.x, cg = tid % CG, eg = tid / CG;   /* columns 4 cg .., experts 8 eg .. of the tile */
+    const int hb = blockIdx.x * BC + 4 * cg, e0 = blockIdx.y * BE + 8 * eg;
 @ if not p.logit_bias then
     (void)dlb;
 @ end
 @ if not p.shared_gate then
     (void)dsg;
 @ end
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
     if (phase == 1) {   /* the splits' partial sums, in split order */
         for (int z = 0; z < splits; ++z)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int e = e0 + 8 * eg + j;
-                if (e < EL && h < HL)
-                    acc[j] += part[((long long)z * EL + e) * HL + h];
-            }
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (e0 + j < EL && hb + i < HL)
+                        acc[j][i] += part[((long long)z * EL + e0 + j) * HL + hb + i];
     } else {
         const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
         const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
-        constexpr int NDL = TT * BE / ${p.dwr_threads}, NX = TT * BC / ${p.dwr_threads};
-        float pdl[NDL], px[NX];   /* a chunk's d logits and x (the ones column H), in registers */
+        constexpr int NDL = TT * BE / NT, NX = TT * (BC / 8) / NT;
+        float pdl[NDL];   /* a chunk's d logits and x (8-column vectors; the ones column H), in registers */
+        uint4 px[NX];
         auto load = [&](int t0) {
 #pragma unroll
             for (int j = 0; j < NDL; ++j) {
-                const int idx = tid + j * ${p.dwr_threads}, tt = idx / BE, ee = idx % BE;
-                pdl[j] = t0 + tt < te && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+                const int idx = tid + j * NT, tt = idx / BE, ee = idx % BE;
+                pdl[j] = t0 + tt < te && blockIdx.y * BE + ee < EL ? dlogits[(long long)(t0 + tt) * EL + blockIdx.y * BE + ee] : 0.f;
             }
 #pragma unroll
             for (int j = 0; j < NX; ++j) {
-                const int idx = tid + j * ${p.dwr_threads}, tt = idx / BC, cc = blockIdx.x * BC + idx % BC;
-                px[j] = t0 + tt < te ? (cc < H ? moe_to_float(x[(long long)(t0 + tt) * H + cc]) : (cc == H ? 1.f : 0.f))
-                                     : 0.f;
+                const int idx = tid + j * NT, tt = idx / (BC / 8), cc = blockIdx.x * BC + 8 * (idx % (BC / 8));
+                /* H % 8 == 0: a vector is all of x's columns or all past them (the first of those the ones) */
+                px[j] = t0 + tt < te && cc < H ? __ldg(reinterpret_cast<const uint4 *>(x + (long long)(t0 + tt) * H + cc))
+                        : make_uint4(t0 + tt < te && cc == H && HL > H ? moe_pack2(1.f, 0.f) : 0u, 0u, 0u, 0u);
             }
         };
         load(tb);
@@ -452,49 +463,60 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
         for (int t0 = tb; t0 < te; t0 += TT) {
 #pragma unroll
             for (int j = 0; j < NDL; ++j) {
-                const int idx = tid + j * ${p.dwr_threads};
+                const int idx = tid + j * NT;
                 s_dl[idx / BE][idx % BE] = pdl[j];
             }
 #pragma unroll
             for (int j = 0; j < NX; ++j) {
-                const int idx = tid + j * ${p.dwr_threads};
-                s_x[idx / BC][idx % BC] = px[j];
+                const int idx = tid + j * NT;
+                float4 *d = reinterpret_cast<float4 *>(&s_x[idx / (BC / 8)][8 * (idx % (BC / 8))]);
+                d[0] = make_float4(moe_lo_float(px[j].x), moe_hi_float(px[j].x), moe_lo_float(px[j].y), moe_hi_float(px[j].y));
+                d[1] = make_float4(moe_lo_float(px[j].z), moe_hi_float(px[j].z), moe_lo_float(px[j].w), moe_hi_float(px[j].w));
             }
             __syncthreads();
             if (t0 + TT < te)
                 load(t0 + TT);   /* the next chunk's loads in flight while this one is summed */
-#pragma unroll 8
+#pragma unroll 2
             for (int tt = 0; tt < TT; ++tt) {
-                const float xv = s_x[tt][c];
+                const float4 xv = *reinterpret_cast<const float4 *>(&s_x[tt][4 * cg]);
+                const float4 d0 = *reinterpret_cast<const float4 *>(&s_dl[tt][8 * eg]);
+                const float4 d1 = *reinterpret_cast<const float4 *>(&s_dl[tt][8 * eg + 4]);
+                const float xs[4] = {xv.x, xv.y, xv.z, xv.w}, ds[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
 #pragma unroll
-                for (int j = 0; j < 8; ++j) acc[j] = fmaf(s_dl[tt][8 * eg + j], xv, acc[j]);
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[j][i] = fmaf(ds[j], xs[i], acc[j][i]);
             }
             __syncthreads();
         }
         if (splits > 1) {   /* this split's sums, for phase 1 */
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int e = e0 + 8 * eg + j;
-                if (e < EL && h < HL)
-                    part[((long long)blockIdx.z * EL + e) * HL + h] = acc[j];
-            }
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (e0 + j < EL && hb + i < HL)
+                        part[((long long)blockIdx.z * EL + e0 + j) * HL + hb + i] = acc[j][i];
             return;
         }
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const int e = e0 + 8 * eg + j;
+        const int e = e0 + j;
         if (e >= EL)
             break;
-        if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
-            float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
-            *o = beta ? *o + acc[j] : acc[j];
-        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int h = hb + i;
+            if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
+                float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
+                *o = beta ? *o + acc[j][i] : acc[j][i];
+            }
 @ if p.logit_bias then
-        else if (h == H && e < E) {
-            dlb[e] = beta ? dlb[e] + acc[j] : acc[j];
-        }
+            else if (h == H && e < E) {
+                dlb[e] = beta ? dlb[e] + acc[j][i] : acc[j][i];
+            }
 @ end
+        }
     }
 }
 

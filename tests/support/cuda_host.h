@@ -169,6 +169,7 @@ static inline float2 make_float2(float a, float b) { return {a, b}; }
 struct float4 {
     float x, y, z, w;
 };
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 static inline float __int_as_float(int i) {
     float f;
     memcpy(&f, &i, 4);
