@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Run 70 (ninth session): Nsight Compute of Qwen3's backward router-stage kernels (bwd_router, bwd_dx, bwd_dwr) and
-# bwd_dys at 16384 tokens, main's build (build/moe_bench, 27cfea5). What bounds each? ~150 s.
+# Run 70 (ninth session). Builds carried: build/moe_bench + build/tests/test_bwd_gpu (main 5e531f2: bwd_dwr with
+# 8 x 4 thread tiles), build/old/moe_bench (main 27cfea5, before it). ~300 s.
+# What it asks:
+#   - the new bwd_dwr on a GPU: test_bwd_gpu's four train specs and its dp x fsdp cases (bit-for-bit checks of
+#     d router_w against the CPU reference's order are in test_bwd_host; here: the whole backward vs the reference)
+#   - faster? moe_bench --backward of Qwen3 and Mixtral at 4096 / 16384 tokens, old and new in this call
+#   - what bounds the router stage now: Nsight Compute of bwd_router / bwd_dx / bwd_dwr (Qwen3, 16384 tokens, new)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; local rc=$?; echo "$log: exit $rc" >> "$OUT/rc.txt"; return $rc; }
+v test_bwd_gpu_train 100 build/tests/test_bwd_gpu train_softmax train_gptoss train_shared train_relu2
+v test_bwd_gpu_fsdp 60 build/tests/test_bwd_gpu fsdp
+for s in qwen3-30b-a3b mixtral-8x7b; do
+    { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
+    for b in build/old/moe_bench build/moe_bench; do
+        echo "== $s $b" >> "$OUT/backward.log"
+        timeout 60 $b /tmp/train_$s.moe --backward --tokens 4096 --tokens 16384 --iters 10 >> "$OUT/backward.log" 2>&1
+        echo "bench backward $s $b: exit $?" >> "$OUT/rc.txt"
+    done
+done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-{ cat examples/specs/qwen3-30b-a3b.moe; echo "training = true"; } > /tmp/train_qwen3.moe
-timeout 150 $NCU --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis \
-    -k 'regex:bwd_(router|dx|dwr|dys)' --launch-count 6 \
-    build/moe_bench /tmp/train_qwen3.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd.log" 2>&1
-echo "ncu: exit $?"
-grep -E '^  [a-z].*\(|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Grid Size|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc A' \
-    "$OUT/ncu_qwen3_bwd.log" | head -90
+timeout 120 $NCU --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+    -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 \
+    build/moe_bench /tmp/train_qwen3-30b-a3b.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd.log" 2>&1
+echo "ncu: exit $?" >> "$OUT/rc.txt"
+cat "$OUT/rc.txt"
+for f in test_bwd_gpu_train test_bwd_gpu_fsdp; do echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" | head -5; done
+grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log"
+grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Grid Size|Registers Per|Achieved Occupancy|Stall' \
+    "$OUT/ncu_qwen3_bwd.log" | head -60
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
