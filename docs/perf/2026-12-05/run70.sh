@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run 70 (ninth session). Builds carried: build/moe_bench + build/tests/test_bwd_gpu (main 5e531f2: bwd_dwr with
-# 8 x 4 thread tiles), build/old/moe_bench (main 27cfea5, before it). ~300 s.
+# 8 x 4 thread tiles), build/old/moe_bench (main 27cfea5, before it), build/var/moe_bench (branch gemv-occ: bf16 gemv
+# in 2-row chunks, three CTAs an SM). ~330 s.
 # What it asks:
 #   - the new bwd_dwr on a GPU: test_bwd_gpu's four train specs and its dp x fsdp cases (bit-for-bit checks of
 #     d router_w against the CPU reference's order are in test_bwd_host; here: the whole backward vs the reference)
 #   - faster? moe_bench --backward of Qwen3 and Mixtral at 4096 / 16384 tokens, old and new in this call
+#   - decode: the gemv grid with three CTAs an SM (branch gemv-occ) against main, A B A B, Qwen3 and gpt-oss-20b
 #   - what bounds the router stage now: Nsight Compute of bwd_router / bwd_dx / bwd_dwr (Qwen3, 16384 tokens, new)
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
@@ -21,6 +23,13 @@ for s in qwen3-30b-a3b mixtral-8x7b; do
         echo "bench backward $s $b: exit $?" >> "$OUT/rc.txt"
     done
 done
+for s in qwen3-30b-a3b gpt-oss-20b; do
+    for b in build/moe_bench build/var/moe_bench build/moe_bench build/var/moe_bench; do
+        echo "== $s $b" >> "$OUT/decode.log"
+        timeout 30 $b examples/specs/$s.moe --graph --tokens 1 --tokens 2 --tokens 4 --tokens 8 --iters 20 >> "$OUT/decode.log" 2>&1
+        echo "decode $s $b: exit $?" >> "$OUT/rc.txt"
+    done
+done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 timeout 120 $NCU --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
     -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 \
@@ -29,6 +38,7 @@ echo "ncu: exit $?" >> "$OUT/rc.txt"
 cat "$OUT/rc.txt"
 for f in test_bwd_gpu_train test_bwd_gpu_fsdp; do echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" | head -5; done
 grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log"
+grep -E '^== |gemm_|LAYER graph' "$OUT/decode.log"
 grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Grid Size|Registers Per|Achieved Occupancy|Stall' \
     "$OUT/ncu_qwen3_bwd.log" | head -60
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt)$'))
