@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 70 (ninth session). Builds carried: build/moe_bench + build/tests/test_bwd_gpu (main 5e531f2: bwd_dwr with
+# Run 70 (ninth session; NOT run: the device was not lent again after run 69 — run71.sh supersedes it). Builds carried: build/moe_bench + build/tests/test_bwd_gpu (main 5e531f2: bwd_dwr with
 # 8 x 4 thread tiles), build/old/moe_bench (main 27cfea5, before it), build/var/moe_bench (branch gemv-occ: bf16 gemv
 # in 2-row chunks, three CTAs an SM). ~330 s.
 # What it asks:
