@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Supersedes run70.sh
-# (same checks, plus where the 1-token route's time goes). ~420 s. Builds to carry (strip --strip-debug each):
+# (same checks, plus where the 1-token route's time goes). Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
+# `bash run71.sh 2` (items 3-5, ~330 s). Builds to carry (strip --strip-debug each):
 #   build/moe_bench, build/tests/test_bwd_gpu   main (5e531f2 or later: bwd_dwr with 8 x 4 thread tiles)
 #   build/old/moe_bench                          main 27cfea5 (before it; git worktree at 27cfea5, make build/moe_bench)
 #   build/var/moe_bench                          branch gemv-occ (bf16 gemv in 2-row chunks, three CTAs an SM)
+#   build/dx/{moe_bench,test_bwd_gpu}            branch dx-t16 (d6373c4: bwd_dx 16 tokens x 4 columns, on main's dwr)
 # What it asks:
 #   1. the new bwd_dwr on a GPU: test_bwd_gpu's four train specs and its dp x fsdp cases (test_bwd_host already
 #      checks the kernel's source bit for bit against the ordered sum on the CPU; this is the whole backward on a GPU)
-#   2. faster? moe_bench --backward of Qwen3, Mixtral and the EP8 rank at 4096 / 16384 tokens, old and new in this
-#      call (the "router" stage is bwd_router + bwd_dx + bwd_dwr's two phases)
+#   2. faster? moe_bench --backward of Qwen3, Mixtral and the EP8 rank at 4096 / 16384 tokens, old, new and the
+#      dx-t16 branch in this call (the "router" stage is bwd_router + bwd_dx + bwd_dwr's two phases); the branch's
+#      test_bwd_gpu train specs too
 #   3. decode: branch gemv-occ against main, A B A B, Qwen3 and gpt-oss-20b at 1 / 2 / 4 / 8 tokens (graph)
 #   4. what bounds the router stage: Nsight Compute of bwd_router / bwd_dx / bwd_dwr (Qwen3, 16384 tokens, new)
 #   5. where Qwen3's 1-token route spends its 17.5 us (run 69: 8 CTAs, 8.5 cycles a warp instruction): the
@@ -18,16 +21,21 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; local rc=$?; echo "$log: exit $rc" >> "$OUT/rc.txt"; return $rc; }
+part=${1:-1}
+if [ "$part" = 1 ]; then
 v test_bwd_gpu_train 100 build/tests/test_bwd_gpu train_softmax train_gptoss train_shared train_relu2
 v test_bwd_gpu_fsdp 60 build/tests/test_bwd_gpu fsdp
+v dx_test_bwd_gpu_train 100 build/dx/test_bwd_gpu train_softmax train_gptoss train_shared train_relu2
 for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
     { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
-    for b in build/old/moe_bench build/moe_bench; do
+    for b in build/old/moe_bench build/moe_bench build/dx/moe_bench; do
         echo "== $s $b" >> "$OUT/backward.log"
         timeout 60 $b /tmp/train_$s.moe --backward --tokens 4096 --tokens 16384 --iters 10 >> "$OUT/backward.log" 2>&1
         echo "bench backward $s $b: exit $?" >> "$OUT/rc.txt"
     done
 done
+fi
+if [ "$part" = 2 ]; then
 for s in qwen3-30b-a3b gpt-oss-20b; do
     for b in build/moe_bench build/var/moe_bench build/moe_bench build/var/moe_bench; do
         echo "== $s $b" >> "$OUT/decode.log"
@@ -36,6 +44,7 @@ for s in qwen3-30b-a3b gpt-oss-20b; do
     done
 done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+{ cat examples/specs/qwen3-30b-a3b.moe; echo "training = true"; } > /tmp/train_qwen3-30b-a3b.moe
 timeout 120 $NCU --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
     -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 \
     build/moe_bench /tmp/train_qwen3-30b-a3b.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd.log" 2>&1
@@ -46,10 +55,11 @@ echo "ncu route: exit $?" >> "$OUT/rc.txt"
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_route1_sass.csv" 2>&1
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
 rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv"
+fi
 cat "$OUT/rc.txt"
-for f in test_bwd_gpu_train test_bwd_gpu_fsdp; do echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" | head -5; done
-grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log"
-grep -E '^== |gemm_|LAYER graph' "$OUT/decode.log"
+for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
+grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log" 2>/dev/null
+grep -E '^== |gemm_|LAYER graph' "$OUT/decode.log" 2>/dev/null
 grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Grid Size|Registers Per|Achieved Occupancy' \
-    "$OUT/ncu_qwen3_bwd.log" | head -60
+    "$OUT/ncu_qwen3_bwd.log" 2>/dev/null | head -60
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt|gz)$' | grep -v logs.tar.gz))
