@@ -78,7 +78,19 @@ int moe_nvrtc_load(char *why, size_t n) {
     return 0;
 }
 
-const char *moe_nvrtc_options(void) { return NVRTC_FIXED_OPTIONS; }
+/* $MOEGEN_LINEINFO: "on" compiles with -lineinfo (line tables only, the
+ * code is the same: a profiler's source view then maps each instruction
+ * through the emitted #line directives to its template line); unset,
+ * empty or "off": without. -1 for any other value (moe_nvrtc_compile
+ * refuses it). */
+static int lineinfo(void) {
+    const char *v = getenv("MOEGEN_LINEINFO");
+    if (!v || !*v || !strcmp(v, "off"))
+        return 0;
+    return strcmp(v, "on") ? -1 : 1;
+}
+
+const char *moe_nvrtc_options(void) { return lineinfo() == 1 ? NVRTC_FIXED_OPTIONS " -lineinfo" : NVRTC_FIXED_OPTIONS; }
 
 void moe_nvrtc_version(char *out, size_t n) {
     int maj = 0, min = 0;
@@ -126,6 +138,12 @@ int moe_nvrtc_compile(const char *src, const char *name, moe_arch_t arch, moe_bu
                  "libnvrtc)", name, why);
         return 1;
     }
+    const int li = lineinfo();
+    if (li < 0) {
+        snprintf(diag->msg, sizeof diag->msg, "%s:1: error: MOEGEN_LINEINFO=%.200s: expected on or off", name,
+                 getenv("MOEGEN_LINEINFO"));
+        return 1;
+    }
     nvrtcProgram prog;
     nvrtcResult r = nv.CreateProgram(&prog, src, name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS) {
@@ -134,8 +152,8 @@ int moe_nvrtc_compile(const char *src, const char *name, moe_arch_t arch, moe_bu
     }
     char archopt[64];
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", moe_arch_name(arch));
-    const char *opts[] = {archopt, "-std=c++17", "--fmad=true"}; /* = NVRTC_FIXED_OPTIONS */
-    r = nv.CompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
+    const char *opts[] = {archopt, "-std=c++17", "--fmad=true", "-lineinfo"}; /* = moe_nvrtc_options() */
+    r = nv.CompileProgram(prog, 3 + li, opts);
     size_t loglen = 0;
     nv.GetProgramLogSize(prog, &loglen);
     moe_buf_t text = {0};

@@ -9,6 +9,8 @@
 #include "compile.h"
 #include "gen_fixture.h"
 
+#include <stdint.h>
+
 /* ---- NVRTC: every kernel of every example spec, each arch ------------------- */
 
 typedef struct {
@@ -362,9 +364,102 @@ static void test_nvrtc_all(void) {
 }
 
 
+/* ---- MOEGEN_LINEINFO: line tables, the same code ------------------------------ */
+
+/* The sections of an ELF64 image (a cubin): name -> (offset, size) of the
+ * i-th one; 0 when i is past them or the image is not one. */
+static int elf_section(const moe_buf_t *b, int i, const char **name, size_t *off, size_t *size) {
+    const unsigned char *p = (const unsigned char *)b->data;
+    if (b->len < 64 || memcmp(p, "\177ELF", 4) || p[4] != 2)
+        return 0;
+    uint64_t shoff;
+    uint16_t shentsize, shnum, shstrndx;
+    memcpy(&shoff, p + 0x28, 8), memcpy(&shentsize, p + 0x3a, 2), memcpy(&shnum, p + 0x3c, 2), memcpy(&shstrndx, p + 0x3e, 2);
+    if (i >= shnum || shstrndx >= shnum || shentsize < 64 || shoff + (uint64_t)shnum * shentsize > b->len)
+        return 0;
+    uint32_t nm, type;
+    uint64_t o, sz, stro;
+    memcpy(&nm, p + shoff + (uint64_t)i * shentsize, 4), memcpy(&type, p + shoff + (uint64_t)i * shentsize + 4, 4);
+    memcpy(&o, p + shoff + (uint64_t)i * shentsize + 0x18, 8), memcpy(&sz, p + shoff + (uint64_t)i * shentsize + 0x20, 8);
+    memcpy(&stro, p + shoff + (uint64_t)shstrndx * shentsize + 0x18, 8);
+    if (stro + nm >= b->len || (type != 8 && o + sz > b->len)) /* 8: SHT_NOBITS, no bytes in the file */
+        return 0;
+    *name = (const char *)p + stro + nm, *off = (size_t)o, *size = type == 8 ? 0 : (size_t)sz;
+    return 1;
+}
+
+static int elf_find(const moe_buf_t *b, const char *want, size_t *off, size_t *size) {
+    const char *name;
+    for (int i = 0; elf_section(b, i, &name, off, size); i++)
+        if (strcmp(name, want) == 0)
+            return 1;
+    return 0;
+}
+
+/* MOEGEN_LINEINFO=on compiles with line tables (the profiler's source
+ * view through the #line directives) and the same code: every kernel's
+ * .text section is the same bytes as without; unset and "off" add none;
+ * any other value is refused, naming the variable. */
+static void test_lineinfo(void) {
+    CASE("NVRTC: MOEGEN_LINEINFO=on adds line tables and changes no kernel's code; other values refused");
+    if (!have_templates) {
+        SKIP("templates/%s.lua is absent", missing_template);
+        return;
+    }
+    moe_plan_desc_t pd;
+    if (load_plan("tests/specs/minimal.moe", NULL, 0, &pd)) {
+        CHECKF(0, "tests/specs/minimal.moe does not plan");
+        return;
+    }
+    moe_buf_t src = {0}, cubin[2] = {{0}}, log = {0};
+    moe_diag_t d;
+    int ok = !moe_emit_source(&pd, NULL, &src, &d);
+    CHECKF(ok, "%s", d.msg);
+    const char *saved = getenv("MOEGEN_LINEINFO");
+    char keep[64] = "";
+    if (saved)
+        snprintf(keep, sizeof keep, "%s", saved);
+    for (int on = 0; ok && on < 2; on++) {
+        setenv("MOEGEN_LINEINFO", on ? "on" : "off", 1);
+        CHECKF(moe_nvrtc_compile(src.data, "minimal.cu", MOE_ARCH_SM90A, &cubin[on], NULL, &log, &d) == 0, "%s", d.msg);
+        CHECKF((strstr(moe_nvrtc_options(), "-lineinfo") != NULL) == on, "options \"%s\" with MOEGEN_LINEINFO=%s",
+               moe_nvrtc_options(), on ? "on" : "off");
+        size_t o, n;
+        CHECKF(elf_find(&cubin[on], ".debug_line", &o, &n) == on && elf_find(&cubin[on], ".nv_debug_line_sass", &o, &n) == on,
+               "line tables %s with MOEGEN_LINEINFO=%s", on ? "missing" : "present", on ? "on" : "off");
+    }
+    int texts = 0;
+    const char *name;
+    size_t o0, n0, o1, n1;
+    for (int i = 0; ok && elf_section(&cubin[0], i, &name, &o0, &n0); i++) {
+        if (strncmp(name, ".text.", 6))
+            continue;
+        texts++;
+        CHECKF(elf_find(&cubin[1], name, &o1, &n1) && n1 == n0 && memcmp(cubin[0].data + o0, cubin[1].data + o1, n0) == 0,
+               "%s differs with MOEGEN_LINEINFO=on", name);
+    }
+    CHECKF(!ok || texts >= 5, "only %d kernel sections found in the cubin", texts);
+    setenv("MOEGEN_LINEINFO", "yes", 1);
+    moe_buf_t none = {0};
+    CHECKF(moe_nvrtc_compile(src.data, "minimal.cu", MOE_ARCH_SM90A, &none, NULL, &log, &d) != 0 && none.len == 0 &&
+               strstr(d.msg, "minimal.cu:1: error: MOEGEN_LINEINFO=yes: expected on or off"),
+           "MOEGEN_LINEINFO=yes: %s", d.msg);
+    if (saved)
+        setenv("MOEGEN_LINEINFO", keep, 1);
+    else
+        unsetenv("MOEGEN_LINEINFO");
+    moe_buf_free(&none);
+    moe_buf_free(&cubin[0]);
+    moe_buf_free(&cubin[1]);
+    moe_buf_free(&log);
+    moe_buf_free(&src);
+    moe_plan_desc_free(&pd);
+}
+
 int main(void) {
     if (gen_fixture_setup("test_nvrtc"))
         return 1;
+    test_lineinfo();
     test_nvrtc_all();
     rm_rf(tmp_root);
     return check_report("test_nvrtc");

@@ -15,7 +15,8 @@
 #   3. decode: branch gemv-occ against main, A B A B, Qwen3 and gpt-oss-20b at 1 / 2 / 4 / 8 tokens (graph)
 #   4. what bounds the router stage: Nsight Compute of bwd_router / bwd_dx / bwd_dwr (Qwen3, 16384 tokens, new)
 #   5. where Qwen3's 1-token route spends its 17.5 us (run 69: 8 CTAs, 8.5 cycles a warp instruction): the
-#      source page with per-instruction samples and executed counts (csv), for a by-phase breakdown
+#      source page with per-instruction samples and executed counts (csv), SASS and, compiled with
+#      MOEGEN_LINEINFO=on (main from the commit that added it), per line of templates/route.lua
 set -u
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 . bench/gpu_env.sh
@@ -49,12 +50,13 @@ timeout 120 $NCU --section SpeedOfLight --section WarpStateStats --section Launc
     -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 \
     build/moe_bench /tmp/train_qwen3-30b-a3b.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd.log" 2>&1
 echo "ncu bwd: exit $?" >> "$OUT/rc.txt"
-timeout 90 $NCU --set full --import-source yes -k 'regex:_route_' --launch-count 1 -o "$OUT/route1" \
-    build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$OUT/ncu_route1_run.log" 2>&1
+MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
+    -k 'regex:_route_' --launch-count 1 -o "$OUT/route1" build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$OUT/ncu_route1_run.log" 2>&1
 echo "ncu route: exit $?" >> "$OUT/rc.txt"
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_route1_sass.csv" 2>&1
+timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_cuda.csv" 2>&1
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
-rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv"
+rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
 fi
 cat "$OUT/rc.txt"
 for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
