@@ -286,7 +286,8 @@ static int cmd_emit(const args_t *a, int compile) {
             moe_buf_t *ptx = moe_fileset_add(&fs, path);
             moe_buf_t log = {0};
             if (moe_nvrtc_compile(src->data, cuname, spec.arch[i], cubin, ptx, &log, &d)) {
-                fprintf(stderr, "%s", d.msg);
+                const size_t len = strlen(d.msg);
+                fprintf(stderr, "%s%s", d.msg, len && d.msg[len - 1] == '\n' ? "" : "\n");
                 moe_buf_free(&log);
                 moe_plan_desc_free(&plan);
                 moe_fileset_free(&fs);
@@ -529,6 +530,11 @@ int main(int argc, char **argv) {
     } else if (!a.table) {
         fprintf(stderr, "moegen: error: the embedded tuning table does not parse (a build error)\n");
         return 1;
+    }
+    char why[300];
+    if (strcmp(a.cmd, "compile") == 0 && moe_nvrtc_env_check(why, sizeof why)) { /* bad input: nothing compiled */
+        fprintf(stderr, "moegen: error: %s\n", why);
+        return 2;
     }
     if (strcmp(a.cmd, "check") == 0)
         return cmd_check(&a);

@@ -90,6 +90,13 @@ static int lineinfo(void) {
     return strcmp(v, "on") ? -1 : 1;
 }
 
+int moe_nvrtc_env_check(char *why, size_t n) {
+    if (lineinfo() >= 0)
+        return 0;
+    snprintf(why, n, "MOEGEN_LINEINFO=%.200s: expected on or off", getenv("MOEGEN_LINEINFO"));
+    return 1;
+}
+
 const char *moe_nvrtc_options(void) { return lineinfo() == 1 ? NVRTC_FIXED_OPTIONS " -lineinfo" : NVRTC_FIXED_OPTIONS; }
 
 void moe_nvrtc_version(char *out, size_t n) {
@@ -140,8 +147,8 @@ int moe_nvrtc_compile(const char *src, const char *name, moe_arch_t arch, moe_bu
     }
     const int li = lineinfo();
     if (li < 0) {
-        snprintf(diag->msg, sizeof diag->msg, "%s:1: error: MOEGEN_LINEINFO=%.200s: expected on or off", name,
-                 getenv("MOEGEN_LINEINFO"));
+        moe_nvrtc_env_check(why, sizeof why);
+        snprintf(diag->msg, sizeof diag->msg, "%s:1: error: %s", name, why);
         return 1;
     }
     nvrtcProgram prog;

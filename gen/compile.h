@@ -21,6 +21,10 @@ int moe_nvrtc_load(char *why, size_t n);
 /* NVRTC's version, e.g. "13.0"; "0.0" when NVRTC does not load. */
 void moe_nvrtc_version(char *out, size_t n);
 
+/* 0 when the environment's compile options are valid (MOEGEN_LINEINFO: on,
+ * off, empty or unset), else 1 and why (moe_nvrtc_compile refuses them). */
+int moe_nvrtc_env_check(char *why, size_t n);
+
 /* The options every compile uses, space-separated (part of the cache key):
  * with MOEGEN_LINEINFO=on, -lineinfo too. */
 const char *moe_nvrtc_options(void);

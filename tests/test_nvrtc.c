@@ -448,6 +448,19 @@ static void test_lineinfo(void) {
         setenv("MOEGEN_LINEINFO", keep, 1);
     else
         unsetenv("MOEGEN_LINEINFO");
+    /* moegen compile: bad input, exit 2, nothing written */
+    char cmd[1200], out[2048], dir[600];
+    snprintf(dir, sizeof dir, "%s/lineinfo_out", tmp_root);
+    snprintf(cmd, sizeof cmd, "MOEGEN_LINEINFO=maybe %s/moegen compile tests/specs/minimal.moe -o '%s' 2>&1", MOEGEN_BUILD,
+             dir);
+    FILE *f = popen(cmd, "r");
+    size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[got] = 0;
+    const int st = f ? pclose(f) : -1;
+    struct stat sb;
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(out, "moegen: error: MOEGEN_LINEINFO=maybe: expected on or off") &&
+               stat(dir, &sb) != 0,
+           "%s: status %d, output:\n%s", cmd, st, out);
     moe_buf_free(&none);
     moe_buf_free(&cubin[0]);
     moe_buf_free(&cubin[1]);
