@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Supersedes run70.sh
 # (same checks, plus where the 1-token route's time goes). Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
-# `bash run71.sh 2` (items 3-5, ~330 s). Builds to carry (strip --strip-debug each):
+# `bash run71.sh 2` (items 3-5, ~400 s). Builds to carry (strip --strip-debug each):
 #   build/moe_bench, build/tests/test_bwd_gpu   main (5e531f2 or later: bwd_dwr with 8 x 4 thread tiles)
 #   build/old/moe_bench                          main 27cfea5 (before it; git worktree at 27cfea5, make build/moe_bench)
 #   build/var/moe_bench                          branch gemv-occ (bf16 gemv in 2-row chunks, three CTAs an SM)
@@ -13,7 +13,8 @@
 #      dx-t16 branch in this call (the "router" stage is bwd_router + bwd_dx + bwd_dwr's two phases); the branch's
 #      test_bwd_gpu train specs too
 #   3. decode: branch gemv-occ against main, A B A B, Qwen3 and gpt-oss-20b at 1 / 2 / 4 / 8 tokens (graph)
-#   4. what bounds the router stage: Nsight Compute of bwd_router / bwd_dx / bwd_dwr (Qwen3, 16384 tokens, new)
+#   4. what bounds the router stage: Nsight Compute (full set, per template line) of bwd_router / bwd_dx /
+#      bwd_dwr (Qwen3, 16384 tokens, new), and of the 1-token gemv GEMMs (stalls per line of gemm_gemv.lua)
 #   5. where Qwen3's 1-token route spends its 17.5 us (run 69: 8 CTAs, 8.5 cycles a warp instruction): the
 #      source page with per-instruction samples and executed counts (csv), SASS and, compiled with
 #      MOEGEN_LINEINFO=on (main from the commit that added it), per line of templates/route.lua
@@ -46,10 +47,20 @@ for s in qwen3-30b-a3b gpt-oss-20b; do
 done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 { cat examples/specs/qwen3-30b-a3b.moe; echo "training = true"; } > /tmp/train_qwen3-30b-a3b.moe
-timeout 120 $NCU --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
-    -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 \
-    build/moe_bench /tmp/train_qwen3-30b-a3b.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd.log" 2>&1
+MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 150 $NCU --set full --import-source yes \
+    -k 'regex:bwd_(router|dx|dwr)' --launch-count 4 -o "$OUT/bwd" \
+    build/moe_bench /tmp/train_qwen3-30b-a3b.moe --backward --tokens 16384 --iters 1 > "$OUT/ncu_qwen3_bwd_run.log" 2>&1
 echo "ncu bwd: exit $?" >> "$OUT/rc.txt"
+timeout 60 $NCU --import "$OUT/bwd.ncu-rep" --print-details all > "$OUT/ncu_qwen3_bwd.log" 2>&1
+timeout 60 $NCU --import "$OUT/bwd.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_qwen3_bwd_cuda.csv" 2>&1
+rm -f "$OUT/bwd.ncu-rep"; gzip -9 "$OUT/ncu_qwen3_bwd_cuda.csv"
+MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
+    -k 'regex:gemv' --launch-count 2 -o "$OUT/gemv1" build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
+    > "$OUT/ncu_gemv1_run.log" 2>&1
+echo "ncu gemv: exit $?" >> "$OUT/rc.txt"
+timeout 60 $NCU --import "$OUT/gemv1.ncu-rep" --print-details all > "$OUT/ncu_gemv1.log" 2>&1
+timeout 60 $NCU --import "$OUT/gemv1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_gemv1_cuda.csv" 2>&1
+rm -f "$OUT/gemv1.ncu-rep"; gzip -9 "$OUT/ncu_gemv1_cuda.csv"
 MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
     -k 'regex:_route_' --launch-count 1 -o "$OUT/route1" build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$OUT/ncu_route1_run.log" 2>&1
 echo "ncu route: exit $?" >> "$OUT/rc.txt"
