@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Supersedes run70.sh
 # (same checks, plus where the 1-token route's time goes). Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
-# `bash run71.sh 2` (items 3-5, ~400 s). Builds to carry (strip --strip-debug each):
+# `bash run71.sh 2` (items 3-5, ~400 s); `bash run71.sh 3` (optional, ~560 s): the whole test_bwd_gpu on main. Builds to carry (strip --strip-debug each):
 #   build/moe_bench, build/tests/test_bwd_gpu   main (5e531f2 or later: bwd_dwr with 8 x 4 thread tiles)
 #   build/old/moe_bench                          main 27cfea5 (before it; git worktree at 27cfea5, make build/moe_bench)
 #   build/var/moe_bench                          branch gemv-occ (bf16 gemv in 2-row chunks, three CTAs an SM)
@@ -69,8 +69,12 @@ timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-sourc
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
 rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
 fi
+if [ "$part" = 3 ]; then   # optional: the whole test_bwd_gpu (every example spec as a training spec, the EP meshes
+                          # one GPU hosts, dp x fsdp) on main's build: #19's "checked on the H200" for this build
+v test_bwd_gpu_all 560 build/tests/test_bwd_gpu
+fi
 cat "$OUT/rc.txt"
-for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
+for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train test_bwd_gpu_all; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
 grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log" 2>/dev/null
 grep -E '^== |gemm_|LAYER graph' "$OUT/decode.log" 2>/dev/null
 grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Grid Size|Registers Per|Achieved Occupancy' \
