@@ -6,6 +6,8 @@
 #   build/old/moe_bench                          main 27cfea5 (before it; git worktree at 27cfea5, make build/moe_bench)
 #   build/var/moe_bench                          branch gemv-occ (bf16 gemv in 2-row chunks, three CTAs an SM)
 #   build/dx/{moe_bench,test_bwd_gpu}            branch dx-t16 (d6373c4: bwd_dx 16 tokens x 4 columns, on main's dwr)
+# The ninth session left these built and stripped in /work/main/build (if it survives; else rebuild as above):
+#   carry = ["build/moe_bench", "build/tests/test_bwd_gpu", "build/old", "build/var", "build/dx"] (5.9 MB)
 # What it asks:
 #   1. the new bwd_dwr on a GPU: test_bwd_gpu's four train specs and its dp x fsdp cases (test_bwd_host already
 #      checks the kernel's source bit for bit against the ordered sum on the CPU; this is the whole backward on a GPU)
