@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Supersedes run70.sh
-# (same checks, plus where the 1-token route's time goes). Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
+# Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Its part 1 is the
+# refused run 70's checks (plus the dx-t16 build); part 2 adds where the 1-token route's time goes. Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
 # `bash run71.sh 2` (items 3-5, ~400 s); `bash run71.sh 3` (optional, ~560 s): the whole test_bwd_gpu on main. Builds to carry (strip --strip-debug each):
 #   build/moe_bench, build/tests/test_bwd_gpu   main (f243d83 or later: bwd_dwr with 8 x 4 thread tiles; MOEGEN_LINEINFO)
 #   build/old/moe_bench                          main 27cfea5 (before it; git worktree at 27cfea5, make build/moe_bench)
