@@ -28,6 +28,10 @@
  * same L2 flush before each run. The graph's output is checked bit for bit
  * against the eager forward's (exit status 1 if they differ).
  *
+ * --no-flush drops the L2 flush before each run (l2_flush): what stays in
+ * L2 between runs (the router weights, the kernels' code, the tables)
+ * shows as the difference from the flushed figures.
+ *
  * An fp8 spec (quant.weights = "fp8_e4m3") runs on random bf16 weights
  * quantized by moe_plan_pack_quantize_async; its GEMM floors take the fp8
  * rate as twice the measured bf16 rate (said in the output), and its bytes
@@ -188,7 +192,17 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
 
 static const char usage[] =
     "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward] "
-    "[--templates DIR]\n";
+    "[--templates DIR] [--no-flush]\n";
+
+/* The L2 flush before each timed run (a write of flush_bytes); none with
+ * --no-flush (flush_bytes 0): the router weights, the kernels' code and the
+ * small tables stay in L2 between runs, as they may between a server's
+ * layers, while the experts' weights still stream from DRAM when they do
+ * not fit. */
+static void l2_flush(CUdeviceptr flush, size_t flush_bytes, int it, CUstream st) {
+    if (flush_bytes)
+        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+}
 
 /* Median time of `iters` runs of the layer, ms, each after an L2 flush:
  * eager moe_forward calls, or launches of the instantiated graph `ge` when
@@ -197,7 +211,7 @@ static float time_layer(const moe_plan *plan, const moe_forward_args *a, CUgraph
                         CUevent eb, CUdeviceptr flush, size_t flush_bytes, int iters) {
     float *t = malloc(sizeof(float) * (size_t)iters), ms;
     for (int it = -5; it < iters; it++) {
-        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+        l2_flush(flush, flush_bytes, it, st);
         CK(moe_cu.cuEventRecord(ea, st));
         if (ge)
             CK(moe_cu.cuGraphLaunch(ge, st));
@@ -256,7 +270,7 @@ static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstr
     for (int it = -3; it < iters; it++) {
         if (which == 2 && moe_forward_train(plan, &ts->tf, st) != MOE_OK)
             goto out;
-        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+        l2_flush(flush, flush_bytes, it, st);
         CK(moe_cu.cuEventRecord(ea, st));
         moe_status s = which == 0 ? moe_forward(plan, &ts->tf.fwd, st)
                        : which == 1 ? moe_forward_train(plan, &ts->tf, st)
@@ -367,13 +381,15 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
 int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
-    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0;
+    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0, no_flush = 0;
     const char *templates_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--graph") == 0)
             graph = 1;
         else if (strcmp(argv[i], "--backward") == 0)
             backward = 1;
+        else if (strcmp(argv[i], "--no-flush") == 0)
+            no_flush = 1;
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
@@ -524,8 +540,10 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
-    const size_t flush_bytes = (size_t)512 << 20;
-    CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
+    const size_t flush_bytes = no_flush ? 0 : (size_t)512 << 20;
+    CK(moe_cu.cuMemAlloc(&flush, (size_t)512 << 20));
+    if (no_flush)
+        printf("no L2 flush between runs (--no-flush)\n");
     if (backward) {
         moe_forward_args a = {.x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
@@ -571,7 +589,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);
         for (int it = -5; it < iters; it++) {
-            CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
+            l2_flush(flush, flush_bytes, it, st);
             if (moe_forward_timed(plan, &a, st, ev) != MOE_OK) {
                 fprintf(stderr, "moe_bench: forward: %s\n", moe_last_error());
                 return 1;

@@ -70,6 +70,15 @@ timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-sourc
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_cuda.csv" 2>&1
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
 rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
+# (added in the tenth session) the same route with the caches left warm (no flush between ncu's passes), and the
+# layer without moe_bench's L2 flush (--no-flush): how much of the 1-token route is cold code and tables
+timeout 60 $NCU --cache-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+    -k 'regex:_route_' --launch-count 3 build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
+    > "$OUT/ncu_route1_warm.log" 2>&1
+echo "ncu route warm: exit $?" >> "$OUT/rc.txt"
+timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
+    > "$OUT/decode_noflush.log" 2>&1
+echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
 fi
 if [ "$part" = 3 ]; then   # optional: the whole test_bwd_gpu (every example spec as a training spec, the EP meshes
                           # one GPU hosts, dp x fsdp) on main's build: #19's "checked on the H200" for this build
