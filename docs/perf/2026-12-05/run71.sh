@@ -80,14 +80,49 @@ timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush -
     > "$OUT/decode_noflush.log" 2>&1
 echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
 fi
+if [ "$part" = 4 ]; then   # (tenth session) branch route-tail: the fused tail of one token block without fences or L2
+    # round trips (build/rt: its test_gpu and its templates, for moe_bench --templates; main's moe_bench otherwise)
+v rt_test_gpu 330 build/rt/test_gpu --tokens-max 64 qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 zero_experts given_ \
+    apply_input router_own shared1
+for s in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b; do
+    for t in main rt main rt; do
+        echo "== $s $t" >> "$OUT/rt_decode.log"
+        if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
+        timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 --iters 20 $a \
+            >> "$OUT/rt_decode.log" 2>&1
+        echo "rt decode $s $t: exit $?" >> "$OUT/rc.txt"
+    done
+done
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for t in main rt; do
+    if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
+    MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
+        -k 'regex:_route_' --launch-count 1 -o "$OUT/route1_$t" build/moe_bench examples/specs/qwen3-30b-a3b.moe \
+        --tokens 1 --iters 1 $a > "$OUT/ncu_route1_${t}_run.log" 2>&1
+    echo "ncu route $t: exit $?" >> "$OUT/rc.txt"
+    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_route1_${t}_sass.csv" 2>&1
+    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_${t}_cuda.csv" 2>&1
+    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --print-details all > "$OUT/ncu_route1_$t.log" 2>&1
+    rm -f "$OUT/route1_$t.ncu-rep"; gzip -9 "$OUT/ncu_route1_${t}_sass.csv" "$OUT/ncu_route1_${t}_cuda.csv"
+done
+timeout 60 $NCU --cache-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+    -k 'regex:_route_' --launch-count 3 build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
+    > "$OUT/ncu_route1_warm.log" 2>&1
+echo "ncu route warm: exit $?" >> "$OUT/rc.txt"
+timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
+    > "$OUT/decode_noflush.log" 2>&1
+echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
+fi
 if [ "$part" = 3 ]; then   # optional: the whole test_bwd_gpu (every example spec as a training spec, the EP meshes
                           # one GPU hosts, dp x fsdp) on main's build: #19's "checked on the H200" for this build
 v test_bwd_gpu_all 560 build/tests/test_bwd_gpu
 fi
 cat "$OUT/rc.txt"
-for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train test_bwd_gpu_all; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
+for f in test_bwd_gpu_train test_bwd_gpu_fsdp dx_test_bwd_gpu_train test_bwd_gpu_all rt_test_gpu; do [ -f "$OUT/$f.log" ] && echo "-- $f: $(tail -n 1 $OUT/$f.log)"; grep FAIL "$OUT/$f.log" 2>/dev/null | head -5; done
 grep -E '^== |^(4096|16384) |router|dys  ' "$OUT/backward.log" 2>/dev/null
 grep -E '^== |gemm_|LAYER graph' "$OUT/decode.log" 2>/dev/null
+grep -E '^== |^[0-9]+ +(route|LAYER graph)' "$OUT/rt_decode.log" 2>/dev/null
+grep -E 'Duration|SM Active Cycles|Elapsed Cycles' "$OUT"/ncu_route1_*.log 2>/dev/null
 grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Grid Size|Registers Per|Achieved Occupancy' \
     "$OUT/ncu_qwen3_bwd.log" 2>/dev/null | head -60
 (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls | grep -E '\.(log|txt|gz)$' | grep -v logs.tar.gz))
