@@ -113,6 +113,46 @@ timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush -
     > "$OUT/decode_noflush.log" 2>&1
 echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
 fi
+if [ "$part" = 5 ]; then   # (tenth session, after five refused starts) the essentials of parts 1 and 4 in one call, most
+    # important first (a call cut at its limit still returns what $OUT holds)
+v test_bwd_gpu_train 100 build/tests/test_bwd_gpu train_softmax train_gptoss train_shared train_relu2
+v test_bwd_gpu_fsdp 60 build/tests/test_bwd_gpu fsdp
+timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
+    > "$OUT/decode_noflush.log" 2>&1
+echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
+for s in qwen3-30b-a3b gpt-oss-20b; do
+    for t in main rt main rt; do
+        echo "== $s $t" >> "$OUT/rt_decode.log"
+        if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
+        timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 --iters 20 $a \
+            >> "$OUT/rt_decode.log" 2>&1
+        echo "rt decode $s $t: exit $?" >> "$OUT/rc.txt"
+    done
+done
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+timeout 60 $NCU --cache-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+    -k 'regex:_route_' --launch-count 3 build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
+    > "$OUT/ncu_route1_warm.log" 2>&1
+echo "ncu route warm: exit $?" >> "$OUT/rc.txt"
+MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
+    -k 'regex:_route_' --launch-count 1 -o "$OUT/route1" build/moe_bench examples/specs/qwen3-30b-a3b.moe \
+    --tokens 1 --iters 1 > "$OUT/ncu_route1_run.log" 2>&1
+echo "ncu route: exit $?" >> "$OUT/rc.txt"
+timeout 40 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_route1_sass.csv" 2>&1
+timeout 40 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_cuda.csv" 2>&1
+timeout 40 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
+rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
+v rt_test_gpu 150 build/rt/test_gpu --tokens-max 64 qwen3-30b-a3b zero_experts given_ apply_input shared1
+for s in qwen3-30b-a3b mixtral-8x7b; do
+    { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
+    for b in build/old/moe_bench build/moe_bench build/dx/moe_bench; do
+        echo "== $s $b" >> "$OUT/backward.log"
+        timeout 40 $b /tmp/train_$s.moe --backward --tokens 16384 --iters 5 >> "$OUT/backward.log" 2>&1
+        echo "bench backward $s $b: exit $?" >> "$OUT/rc.txt"
+    done
+done
+v dx_test_bwd_gpu_train 60 build/dx/test_bwd_gpu train_softmax train_shared
+fi
 if [ "$part" = 3 ]; then   # optional: the whole test_bwd_gpu (every example spec as a training spec, the EP meshes
                           # one GPU hosts, dp x fsdp) on main's build: #19's "checked on the H200" for this build
 v test_bwd_gpu_all 560 build/tests/test_bwd_gpu
