@@ -120,11 +120,14 @@ v test_bwd_gpu_fsdp 60 build/tests/test_bwd_gpu fsdp
 timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
     > "$OUT/decode_noflush.log" 2>&1
 echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
-for s in qwen3-30b-a3b gpt-oss-20b; do
-    for t in main rt main rt; do
+# main, route-tail's first commit (rt: the fused tail without fences or L2 round trips) and its second (rt2: less
+# code on the few-token path), through moe_bench --templates
+for s in qwen3-30b-a3b qwen3-30b-a3b gpt-oss-20b; do
+    for t in main rt rt2; do
+        [ $s = gpt-oss-20b ] && [ $t = rt ] && continue
         echo "== $s $t" >> "$OUT/rt_decode.log"
-        if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
-        timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 --iters 20 $a \
+        if [ $t != main ]; then a="--templates build/$t/templates"; else a=""; fi
+        timeout 60 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 --iters 20 $a \
             >> "$OUT/rt_decode.log" 2>&1
         echo "rt decode $s $t: exit $?" >> "$OUT/rc.txt"
     done
@@ -142,7 +145,7 @@ timeout 40 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-sourc
 timeout 40 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_cuda.csv" 2>&1
 timeout 40 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
 rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
-v rt_test_gpu 150 build/rt/test_gpu --tokens-max 64 qwen3-30b-a3b zero_experts given_ apply_input shared1
+v rt_test_gpu 150 build/rt/test_gpu --tokens-max 64 qwen3-30b-a3b zero_experts given_ apply_input shared1   # rt2's build
 for s in qwen3-30b-a3b mixtral-8x7b; do
     { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
     for b in build/old/moe_bench build/moe_bench build/dx/moe_bench; do
