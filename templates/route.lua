@@ -476,31 +476,25 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-@ for kk = 0, c.WK - 1 do
-@   if c.WK > 1 then
-        if (wk == ${kk}) {
-@   end
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
+         * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
+         * fragments to -0, which leaves every value as it is, -0 included) */
+#pragma unroll 1
+        for (int kk = 0; kk < WK; ++kk) {
+            if (wk == kk) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-@   if kk == 0 then
-                *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
-                *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-@   else
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-@   end
+                    for (int j = 0; j < NT; ++j) {
+                        float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                        float2 *p1 = p0 + 4 * LDL;   // row + 8
+                        const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
+                        *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                        *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+                    }
             }
-@   if c.WK > 1 then
+            __syncthreads();
         }
-@   end
-        __syncthreads();
-@ end
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -529,6 +523,18 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * ${LC});
         const float *part0 = route_part + (long long)blockIdx.x * (T * ${LC});
+        if (nv * G <= THREADS) {   // (the few-token calls) a logit a group, as the first pass below: the same sums, less code
+            const int j = tid / G;
+            float v = 0.f;
+            if (j < nv) {
+#pragma unroll 4
+                for (int y = tid % G; y < Y; y += G) v += __ldcg(part0 + j + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (j < nv && tid % G == 0)
+                lsm[(j / ${LC}) * LDL + j % ${LC}] = v;
+            __syncthreads();
+        } else {
         constexpr int NB = 8;
 #pragma unroll 1
         for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
@@ -553,6 +559,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             }
         }
         __syncthreads();
+        }
     }
 @   if c.fp32w then
     /* fp32 router weights: a logit is its three parts' columns added, hi + mid, then lo (each thread one
