@@ -177,10 +177,13 @@ static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {
  * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
  * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
  * slot in slot order, its length in *num_tiles. counts are read from L2
- * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
- * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
+ * (other blocks' atomics), or from s_counts when it is not null (shared
+ * memory: the counts of a launch whose only block made them, no round
+ * trip to L2). Shared memory: s_off[N], s_first[N + 1], s_wr and s_wt
+ * [THREADS / 32]; s_off holds each slot's first row after. */
 template <int THREADS, int N>
-static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
+static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *s_counts,
+                                                      const int *__restrict__ slot_of, int align,
                                                       int *__restrict__ offsets, int *__restrict__ cursor,
                                                       moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
                                                       int *s_off, int *s_first, int *s_wr, int *s_wt) {
@@ -191,7 +194,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
 #pragma unroll
     for (int i = 0; i < IPT; ++i) {
         const int e = tid * IPT + i;
-        cnt[i] = e < N ? __ldcg(counts + e) : 0;
+        cnt[i] = e >= N ? 0 : s_counts ? s_counts[e] : __ldcg(counts + e);
         rows += (cnt[i] + align - 1) / align * align;
         nt += (cnt[i] + align - 1) / align;
     }
@@ -259,7 +262,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
                 hi = mid;
         }
         const int j = i - s_first[lo];
-        const int left = __ldcg(counts + lo) - j * align;
+        const int left = (s_counts ? s_counts[lo] : __ldcg(counts + lo)) - j * align;
         /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
          * says where each expert's weights are, nothing assumes slot == lo */
         reinterpret_cast<int4 *>(tiles)[i] =

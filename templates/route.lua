@@ -384,7 +384,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     using namespace ${ns};
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
-    __shared__ int s_count[E];   // this block's selections per expert
+    __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
+@ if c.fuse_scatter then
+    __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
+@ end
 @ if not p.bias then
     (void)sel_bias;
 @ end
@@ -400,11 +403,11 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
     if (tok0 >= tokens)
         return;
 @ if c.given_w then
-    for (int e = tid; e < E; e += THREADS) s_count[e] = 0;
+    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;
     __syncthreads();
     (void)wr, (void)route_part;   // the caller's weights: no logits (no phase 1, no split)
 @ else
-    for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
+    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
     const int g = lane >> 2, tq = lane & 3;
@@ -473,31 +476,25 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-@ for kk = 0, c.WK - 1 do
-@   if c.WK > 1 then
-        if (wk == ${kk}) {
-@   end
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
+         * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
+         * fragments to -0, which leaves every value as it is, -0 included) */
+#pragma unroll 1
+        for (int kk = 0; kk < WK; ++kk) {
+            if (wk == kk) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-@   if kk == 0 then
-                *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
-                *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-@   else
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-@   end
+                    for (int j = 0; j < NT; ++j) {
+                        float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                        float2 *p1 = p0 + 4 * LDL;   // row + 8
+                        const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
+                        *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                        *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+                    }
             }
-@   if c.WK > 1 then
+            __syncthreads();
         }
-@   end
-        __syncthreads();
-@ end
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -526,6 +523,18 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * ${LC});
         const float *part0 = route_part + (long long)blockIdx.x * (T * ${LC});
+        if (nv * G <= THREADS) {   // (the few-token calls) a logit a group, as the first pass below: the same sums, less code
+            const int j = tid / G;
+            float v = 0.f;
+            if (j < nv) {
+#pragma unroll 4
+                for (int y = tid % G; y < Y; y += G) v += __ldcg(part0 + j + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (j < nv && tid % G == 0)
+                lsm[(j / ${LC}) * LDL + j % ${LC}] = v;
+            __syncthreads();
+        } else {
         constexpr int NB = 8;
 #pragma unroll 1
         for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
@@ -550,6 +559,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             }
         }
         __syncthreads();
+        }
     }
 @   if c.fp32w then
     /* fp32 router weights: a logit is its three parts' columns added, hi + mid, then lo (each thread one
@@ -867,14 +877,20 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             atomicAdd(s_count + mine, 1);
         }
 @ end
+@ if c.fuse_scatter then
+        if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
+            s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
+@ end
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
 @ if c.M > 0 then
-    if (tid < M)   // every token of the block visits each shared slot
+    if (tid < M) {   // every token of the block visits each shared slot
+        s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
+    }
 @ end
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
@@ -882,17 +898,22 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         return;
     {
         __shared__ int s_last_all, s_wr[NW], s_wt[NW];
-        __threadfence();   // this block's entries and counts are visible before its ticket
+        /* one token block (gridDim.x 1) is the last without a ticket or fences, and plans from its own counts in
+         * s_count: no round trip to L2 (its threads' global stores are ordered by the block's barriers) */
+        const bool one = gridDim.x == 1;
+        if (!one)
+            __threadfence();   // this block's entries and counts are visible before its ticket
         __syncthreads();
-        if (tid == 0)   // one token block is the last without a ticket (a round trip to L2 saved)
-            s_last_all = gridDim.x == 1 || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        if (tid == 0)
+            s_last_all = one || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
         __syncthreads();
         if (!s_last_all)
             return;
-        __threadfence();
+        if (!one)
+            __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
+        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
 @ if c.fuse_scatter then
         if (fuse.mode != 2)
@@ -903,38 +924,47 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
+        /* entry i's id and row from shared memory where this block made them (one token block, its first NW
+         * tokens: every call mode 2 is given), else from L2 */
+        const int nk = one ? min(n, NW * ENTRIES) : 0;
 @   if c.Z > 0 then
         const int zrow = fuse.offsets[SLOTS];   // x[t] of a token with a zero expert: row zrow + t (the plan wrote it)
         for (int i = tid; i < n; i += THREADS) {
-            const int e = __ldcg(topk_idx + i);
-            fuse.row_of[i] = e >= SLOTS ? zrow + i / ENTRIES : s_off[e] + atomicAdd(s_cur + e, 1);
+            const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
+            const int r = e >= SLOTS ? zrow + i / ENTRIES : s_off[e] + atomicAdd(s_cur + e, 1);
+            fuse.row_of[i] = r;
+            if (i < nk)
+                s_row[i] = r;
         }
 @   else
         for (int i = tid; i < n; i += THREADS) {
-            const int e = __ldcg(topk_idx + i);
-            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
+            const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
+            const int r = s_off[e] + atomicAdd(s_cur + e, 1);
+            fuse.row_of[i] = r;
+            if (i < nk)
+                s_row[i] = r;
         }
 @   end
-        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
+        __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
 @   if c.Z > 0 then
-            if (__ldcg(topk_idx + i) >= SLOTS) {   // warp-uniform: a zero entry; the token's first one copies x
+            if ((i < nk ? s_ent[i] : __ldcg(topk_idx + i)) >= SLOTS) {   // warp-uniform: a zero entry; the token's first one copies x
                 bool first = true;
-                for (int j = i - i % ENTRIES; j < i; ++j) first = first && __ldcg(topk_idx + j) < SLOTS;
+                for (int j = i - i % ENTRIES; j < i; ++j) first = first && (j < nk ? s_ent[j] : __ldcg(topk_idx + j)) < SLOTS;
                 if (!first)
                     continue;
             }
 @   end
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)(i < nk ? s_row[i] : __ldcg(fuse.row_of + i)) * H);
 @   if input then
             const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
-#pragma unroll 4
+#pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = moe_scale8(__ldg(src + v), w);
 @   else
-#pragma unroll 4
+#pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
 @   end
         }

@@ -132,10 +132,13 @@ static __device__ __forceinline__ float moe_sqrt_softplus_grad(float l) {
  * exclusive scan of the counts rounded up), cursor[] = 0, and the tile
  * table {slot_of[e], row_start, rows, 0}, one entry per align rows of each
  * slot in slot order, its length in *num_tiles. counts are read from L2
- * (other blocks' atomics). Shared memory: s_off[N], s_first[N + 1],
- * s_wr and s_wt [THREADS / 32]; s_off holds each slot's first row after. */
+ * (other blocks' atomics), or from s_counts when it is not null (shared
+ * memory: the counts of a launch whose only block made them, no round
+ * trip to L2). Shared memory: s_off[N], s_first[N + 1], s_wr and s_wt
+ * [THREADS / 32]; s_off holds each slot's first row after. */
 template <int THREADS, int N>
-static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *__restrict__ slot_of, int align,
+static __device__ __forceinline__ void moe_plan_block(const int *counts, const int *s_counts,
+                                                      const int *__restrict__ slot_of, int align,
                                                       int *__restrict__ offsets, int *__restrict__ cursor,
                                                       moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles,
                                                       int *s_off, int *s_first, int *s_wr, int *s_wt) {
@@ -146,7 +149,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
 #pragma unroll
     for (int i = 0; i < IPT; ++i) {
         const int e = tid * IPT + i;
-        cnt[i] = e < N ? __ldcg(counts + e) : 0;
+        cnt[i] = e >= N ? 0 : s_counts ? s_counts[e] : __ldcg(counts + e);
         rows += (cnt[i] + align - 1) / align * align;
         nt += (cnt[i] + align - 1) / align;
     }
@@ -214,7 +217,7 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
                 hi = mid;
         }
         const int j = i - s_first[lo];
-        const int left = __ldcg(counts + lo) - j * align;
+        const int left = (s_counts ? s_counts[lo] : __ldcg(counts + lo)) - j * align;
         /* the GEMMs read slot lo's weights at slot_of[lo]: the routing table
          * says where each expert's weights are, nothing assumes slot == lo */
         reinterpret_cast<int4 *>(tiles)[i] =
@@ -363,21 +366,23 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     using namespace small_route_bf16_e12k3_t32k128s6_impl;
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
-    __shared__ int s_count[E];   // this block's selections per expert
+    __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
 #line 389 "templates/route.lua"
-    (void)sel_bias;
+    __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
 #line 392 "templates/route.lua"
-    (void)logit_bias;
+    (void)sel_bias;
 #line 395 "templates/route.lua"
+    (void)logit_bias;
+#line 398 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 398 "templates/route.lua"
+#line 401 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 407 "templates/route.lua"
-    for (int e = tid; e < E; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
+#line 410 "templates/route.lua"
+    for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
     const int g = lane >> 2, tq = lane & 3;
@@ -446,159 +451,25 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1) */
-#line 479 "templates/route.lua"
-        if (wk == 0) {
-#line 481 "templates/route.lua"
+        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
+         * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
+         * fragments to -0, which leaves every value as it is, -0 included) */
+#pragma unroll 1
+        for (int kk = 0; kk < WK; ++kk) {
+            if (wk == kk) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 488 "templates/route.lua"
-                *p0 = make_float2(acc[mt][j][0], acc[mt][j][1]);
-                *p1 = make_float2(acc[mt][j][2], acc[mt][j][3]);
-#line 495 "templates/route.lua"
+                    for (int j = 0; j < NT; ++j) {
+                        float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                        float2 *p1 = p0 + 4 * LDL;   // row + 8
+                        const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
+                        *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
+                        *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
+                    }
             }
-#line 497 "templates/route.lua"
+            __syncthreads();
         }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 1) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 2) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 3) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 4) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 5) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 6) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 479 "templates/route.lua"
-        if (wk == 7) {
-#line 481 "templates/route.lua"
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                float2 *p1 = p0 + 4 * LDL;   // row + 8
-#line 491 "templates/route.lua"
-                const float2 v0 = *p0, v1 = *p1;
-                *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-#line 495 "templates/route.lua"
-            }
-#line 497 "templates/route.lua"
-        }
-#line 499 "templates/route.lua"
-        __syncthreads();
-#line 501 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -627,6 +498,18 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * E);
         const float *part0 = route_part + (long long)blockIdx.x * (T * E);
+        if (nv * G <= THREADS) {   // (the few-token calls) a logit a group, as the first pass below: the same sums, less code
+            const int j = tid / G;
+            float v = 0.f;
+            if (j < nv) {
+#pragma unroll 4
+                for (int y = tid % G; y < Y; y += G) v += __ldcg(part0 + j + y * ystride);
+            }
+            for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (j < nv && tid % G == 0)
+                lsm[(j / E) * LDL + j % E] = v;
+            __syncthreads();
+        } else {
         constexpr int NB = 8;
 #pragma unroll 1
         for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
@@ -651,8 +534,9 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             }
         }
         __syncthreads();
+        }
     }
-#line 565 "templates/route.lua"
+#line 575 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -660,7 +544,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 573 "templates/route.lua"
+#line 583 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -668,15 +552,15 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 583 "templates/route.lua"
+#line 593 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 585 "templates/route.lua"
+#line 595 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 600 "templates/route.lua"
+#line 610 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -691,16 +575,16 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 643 "templates/route.lua"
+#line 653 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 650 "templates/route.lua"
+#line 660 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 652 "templates/route.lua"
+#line 662 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 774 "templates/route.lua"
+#line 784 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -712,56 +596,64 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 786 "templates/route.lua"
+#line 796 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 792 "templates/route.lua"
-        if (lane < K) {
-#line 799 "templates/route.lua"
-            const float l = lrow[mine];
 #line 802 "templates/route.lua"
+        if (lane < K) {
+#line 809 "templates/route.lua"
+            const float l = lrow[mine];
+#line 812 "templates/route.lua"
             w = expf(l - m) / z;
-#line 828 "templates/route.lua"
+#line 838 "templates/route.lua"
         }
-#line 830 "templates/route.lua"
+#line 840 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 864 "templates/route.lua"
+#line 874 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 870 "templates/route.lua"
+#line 881 "templates/route.lua"
+        if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
+            s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
+#line 884 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 879 "templates/route.lua"
+#line 895 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
         return;
     {
         __shared__ int s_last_all, s_wr[NW], s_wt[NW];
-        __threadfence();   // this block's entries and counts are visible before its ticket
+        /* one token block (gridDim.x 1) is the last without a ticket or fences, and plans from its own counts in
+         * s_count: no round trip to L2 (its threads' global stores are ordered by the block's barriers) */
+        const bool one = gridDim.x == 1;
+        if (!one)
+            __threadfence();   // this block's entries and counts are visible before its ticket
         __syncthreads();
-        if (tid == 0)   // one token block is the last without a ticket (a round trip to L2 saved)
-            s_last_all = gridDim.x == 1 || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
+        if (tid == 0)
+            s_last_all = one || atomicAdd(counts + FUSE_TICKET, 1) == (int)gridDim.x - 1;
         __syncthreads();
         if (!s_last_all)
             return;
-        __threadfence();
+        if (!one)
+            __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
+        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
                                        fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 898 "templates/route.lua"
+#line 919 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -770,25 +662,31 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int e = tid; e < SLOTS; e += THREADS) s_cur[e] = 0;
         __syncthreads();
         const int n = tokens * ENTRIES;
-#line 913 "templates/route.lua"
+        /* entry i's id and row from shared memory where this block made them (one token block, its first NW
+         * tokens: every call mode 2 is given), else from L2 */
+        const int nk = one ? min(n, NW * ENTRIES) : 0;
+#line 940 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
-            const int e = __ldcg(topk_idx + i);
-            fuse.row_of[i] = s_off[e] + atomicAdd(s_cur + e, 1);
+            const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
+            const int r = s_off[e] + atomicAdd(s_cur + e, 1);
+            fuse.row_of[i] = r;
+            if (i < nk)
+                s_row[i] = r;
         }
-#line 918 "templates/route.lua"
-        __syncthreads();   // row_of (global) and s_cur are complete, for the whole block
+#line 948 "templates/route.lua"
+        __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 930 "templates/route.lua"
+#line 960 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)__ldcg(fuse.row_of + i) * H);
-#line 937 "templates/route.lua"
-#pragma unroll 4
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)(i < nk ? s_row[i] : __ldcg(fuse.row_of + i)) * H);
+#line 967 "templates/route.lua"
+#pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 940 "templates/route.lua"
+#line 970 "templates/route.lua"
         }
-#line 944 "templates/route.lua"
+#line 974 "templates/route.lua"
     }
 }
 
@@ -810,7 +708,7 @@ small_permute_plan_e12_a64(const int *__restrict__ counts, const int *__restrict
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
+    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
                                     s_tiles);
 }
 
