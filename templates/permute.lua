@@ -67,8 +67,8 @@ ${p.plan_kernel}(const int *__restrict__ counts, const int *__restrict__ slot_of
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first,
+                                    s_rows, s_tiles);
 }
 
 @ if not p.plan_only then -- p.plan_only: another GEMM variant's row block, the plan kernel alone

@@ -486,7 +486,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int j = 0; j < NT; ++j) {
-                        float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                        float2 *p0 =
+                            reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                         float2 *p1 = p0 + 4 * LDL;   // row + 8
                         const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
                         *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
@@ -523,7 +524,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * ${LC});
         const float *part0 = route_part + (long long)blockIdx.x * (T * ${LC});
-        if (nv * G <= THREADS) {   // (the few-token calls) a logit a group, as the first pass below: the same sums, less code
+        if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
             if (j < nv) {
@@ -535,30 +536,30 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                 lsm[(j / ${LC}) * LDL + j % ${LC}] = v;
             __syncthreads();
         } else {
-        constexpr int NB = 8;
+            constexpr int NB = 8;
 #pragma unroll 1
-        for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
-            float v[NB];
-            int iv[NB];
+            for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
+                float v[NB];
+                int iv[NB];
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                v[b] = 0.f;
-                iv[b] = (base + b * THREADS + tid) / G;
-            }
-            /* j % G is tid % G for every b: THREADS and base are multiples of G */
+                for (int b = 0; b < NB; ++b) {
+                    v[b] = 0.f;
+                    iv[b] = (base + b * THREADS + tid) / G;
+                }
+                /* j % G is tid % G for every b: THREADS and base are multiples of G */
 #pragma unroll 2
-            for (int y = tid % G; y < Y; y += G)
+                for (int y = tid % G; y < Y; y += G)
 #pragma unroll
-                for (int b = 0; b < NB; ++b)
-                    if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
+                    for (int b = 0; b < NB; ++b)
+                        if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
-                if (iv[b] < nv && tid % G == 0)
-                    lsm[(iv[b] / ${LC}) * LDL + iv[b] % ${LC}] = v[b];
+                for (int b = 0; b < NB; ++b) {
+                    for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
+                    if (iv[b] < nv && tid % G == 0)
+                        lsm[(iv[b] / ${LC}) * LDL + iv[b] % ${LC}] = v[b];
+                }
             }
-        }
-        __syncthreads();
+            __syncthreads();
         }
     }
 @   if c.fp32w then
@@ -913,8 +914,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
-                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
+        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
+                                       fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
 @ if c.fuse_scatter then
         if (fuse.mode != 2)
             return;
@@ -950,15 +951,18 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
 @   if c.Z > 0 then
-            if ((i < nk ? s_ent[i] : __ldcg(topk_idx + i)) >= SLOTS) {   // warp-uniform: a zero entry; the token's first one copies x
+            /* warp-uniform: a zero entry; the token's first one copies x */
+            if ((i < nk ? s_ent[i] : __ldcg(topk_idx + i)) >= SLOTS) {
                 bool first = true;
-                for (int j = i - i % ENTRIES; j < i; ++j) first = first && (j < nk ? s_ent[j] : __ldcg(topk_idx + j)) < SLOTS;
+                for (int j = i - i % ENTRIES; j < i; ++j)
+                    first = first && (j < nk ? s_ent[j] : __ldcg(topk_idx + j)) < SLOTS;
                 if (!first)
                     continue;
             }
 @   end
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)(i < nk ? s_row[i] : __ldcg(fuse.row_of + i)) * H);
+            const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
 @   if input then
             const float w = moe_round(__ldcg(topk_w + i));   // the weight in the dtype
 #pragma unroll 8

@@ -462,7 +462,8 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int j = 0; j < NT; ++j) {
-                        float2 *p0 = reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
+                        float2 *p0 =
+                            reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
                         float2 *p1 = p0 + 4 * LDL;   // row + 8
                         const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
                         *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
@@ -499,7 +500,7 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         while (G < 32 && G < Y && 2 * G * nv <= THREADS) G *= 2;
         const long long ystride = (long long)gridDim.x * (T * E);
         const float *part0 = route_part + (long long)blockIdx.x * (T * E);
-        if (nv * G <= THREADS) {   // (the few-token calls) a logit a group, as the first pass below: the same sums, less code
+        if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
             if (j < nv) {
@@ -511,33 +512,33 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {
-        constexpr int NB = 8;
+            constexpr int NB = 8;
 #pragma unroll 1
-        for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
-            float v[NB];
-            int iv[NB];
+            for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
+                float v[NB];
+                int iv[NB];
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                v[b] = 0.f;
-                iv[b] = (base + b * THREADS + tid) / G;
-            }
-            /* j % G is tid % G for every b: THREADS and base are multiples of G */
+                for (int b = 0; b < NB; ++b) {
+                    v[b] = 0.f;
+                    iv[b] = (base + b * THREADS + tid) / G;
+                }
+                /* j % G is tid % G for every b: THREADS and base are multiples of G */
 #pragma unroll 2
-            for (int y = tid % G; y < Y; y += G)
+                for (int y = tid % G; y < Y; y += G)
 #pragma unroll
-                for (int b = 0; b < NB; ++b)
-                    if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
+                    for (int b = 0; b < NB; ++b)
+                        if (iv[b] < nv) v[b] += __ldcg(part0 + iv[b] + y * ystride);
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
-                if (iv[b] < nv && tid % G == 0)
-                    lsm[(iv[b] / E) * LDL + iv[b] % E] = v[b];
+                for (int b = 0; b < NB; ++b) {
+                    for (int o = G / 2; o > 0; o >>= 1) v[b] += __shfl_xor_sync(FULL, v[b], o);
+                    if (iv[b] < nv && tid % G == 0)
+                        lsm[(iv[b] / E) * LDL + iv[b] % E] = v[b];
+                }
             }
-        }
-        __syncthreads();
+            __syncthreads();
         }
     }
-#line 575 "templates/route.lua"
+#line 576 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -545,7 +546,7 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 583 "templates/route.lua"
+#line 584 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -553,28 +554,28 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 593 "templates/route.lua"
+#line 594 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 595 "templates/route.lua"
+#line 596 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 625 "templates/route.lua"
+#line 626 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 653 "templates/route.lua"
+#line 654 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 657 "templates/route.lua"
+#line 658 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 662 "templates/route.lua"
+#line 663 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 784 "templates/route.lua"
+#line 785 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -586,27 +587,27 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 796 "templates/route.lua"
+#line 797 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 802 "templates/route.lua"
+#line 803 "templates/route.lua"
         if (lane < K) {
-#line 809 "templates/route.lua"
+#line 810 "templates/route.lua"
             const float l = lrow[mine];
-#line 814 "templates/route.lua"
+#line 815 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 838 "templates/route.lua"
+#line 839 "templates/route.lua"
         }
-#line 840 "templates/route.lua"
+#line 841 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 854 "templates/route.lua"
+#line 855 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 858 "templates/route.lua"
+#line 859 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -615,21 +616,21 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 881 "templates/route.lua"
+#line 882 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 884 "templates/route.lua"
+#line 885 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 890 "templates/route.lua"
+#line 891 "templates/route.lua"
     if (tid < M) {   // every token of the block visits each shared slot
         s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
     }
-#line 895 "templates/route.lua"
+#line 896 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -651,9 +652,9 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
             __threadfence();
         /* the dynamic smem is free: phase 2 is done with the logits */
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
-        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets, fuse.cursor, fuse.tiles,
-                                       fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 919 "templates/route.lua"
+        moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
+                                       fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
+#line 920 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -665,7 +666,7 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 940 "templates/route.lua"
+#line 941 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -673,20 +674,21 @@ glm_4_5_air_route_bf16_e128k8s1_t32k64s4(const moe_half_t *__restrict__ x, const
             if (i < nk)
                 s_row[i] = r;
         }
-#line 948 "templates/route.lua"
+#line 949 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 960 "templates/route.lua"
+#line 963 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
-            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)(i < nk ? s_row[i] : __ldcg(fuse.row_of + i)) * H);
-#line 967 "templates/route.lua"
+            const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
+            uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
+#line 971 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 970 "templates/route.lua"
-        }
 #line 974 "templates/route.lua"
+        }
+#line 978 "templates/route.lua"
     }
 }
 
@@ -708,8 +710,8 @@ glm_4_5_air_permute_plan_e129_a128(const int *__restrict__ counts, const int *__
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first,
+                                    s_rows, s_tiles);
 }
 
 #line 121 "templates/permute.lua"
@@ -844,8 +846,8 @@ glm_4_5_air_permute_plan_e129_a64(const int *__restrict__ counts, const int *__r
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first, s_rows,
-                                    s_tiles);
+    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first,
+                                    s_rows, s_tiles);
 }
 
 
