@@ -541,8 +541,10 @@ int main(int argc, char **argv) {
     }
     CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
     const size_t flush_bytes = no_flush ? 0 : (size_t)512 << 20;
-    CK(moe_cu.cuMemAlloc(&flush, (size_t)512 << 20));
-    if (no_flush)
+    flush = 0;
+    if (flush_bytes)
+        CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
+    else
         printf("no L2 flush between runs (--no-flush)\n");
     if (backward) {
         moe_forward_args a = {.x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 71 (written in the ninth session, 2026-12-05, NOT run: no device was lent after run 69). Its part 1 is the
+# Run 71 (written in the ninth session, 2026-12-05; only part 5, added in the tenth session, ran: run71/ and its
+# README. Parts 1-3 are the ninth session's plan as written, never run). Its part 1 is the
 # refused run 70's checks (plus the dx-t16 build); part 2 adds where the 1-token route's time goes. Two calls: `bash run71.sh 1` (items 1-2, ~450 s), then
 # `bash run71.sh 2` (items 3-5, ~400 s); `bash run71.sh 3` (optional, ~560 s): the whole test_bwd_gpu on main. Builds to carry (strip --strip-debug each):
 #   build/moe_bench, build/tests/test_bwd_gpu   main (f243d83 or later: bwd_dwr with 8 x 4 thread tiles; MOEGEN_LINEINFO)
@@ -70,50 +71,8 @@ timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-sourc
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_cuda.csv" 2>&1
 timeout 60 $NCU --import "$OUT/route1.ncu-rep" --print-details all > "$OUT/ncu_route1.log" 2>&1
 rm -f "$OUT/route1.ncu-rep"; gzip -9 "$OUT/ncu_route1_sass.csv" "$OUT/ncu_route1_cuda.csv"
-# (added in the tenth session) the same route with the caches left warm (no flush between ncu's passes), and the
-# layer without moe_bench's L2 flush (--no-flush): how much of the 1-token route is cold code and tables
-timeout 60 $NCU --cache-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
-    -k 'regex:_route_' --launch-count 3 build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
-    > "$OUT/ncu_route1_warm.log" 2>&1
-echo "ncu route warm: exit $?" >> "$OUT/rc.txt"
-timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
-    > "$OUT/decode_noflush.log" 2>&1
-echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
 fi
-if [ "$part" = 4 ]; then   # (tenth session) branch route-tail: the fused tail of one token block without fences or L2
-    # round trips (build/rt: its test_gpu and its templates, for moe_bench --templates; main's moe_bench otherwise)
-v rt_test_gpu 330 build/rt/test_gpu --tokens-max 64 qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 zero_experts given_ \
-    apply_input router_own shared1
-for s in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b; do
-    for t in main rt main rt; do
-        echo "== $s $t" >> "$OUT/rt_decode.log"
-        if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
-        timeout 40 build/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 4 --tokens 8 --iters 20 $a \
-            >> "$OUT/rt_decode.log" 2>&1
-        echo "rt decode $s $t: exit $?" >> "$OUT/rc.txt"
-    done
-done
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-for t in main rt; do
-    if [ $t = rt ]; then a="--templates build/rt/templates"; else a=""; fi
-    MOEGEN_LINEINFO=on MOEGEN_CACHE_DIR=/tmp/moegen_cache_li timeout 90 $NCU --set full --import-source yes \
-        -k 'regex:_route_' --launch-count 1 -o "$OUT/route1_$t" build/moe_bench examples/specs/qwen3-30b-a3b.moe \
-        --tokens 1 --iters 1 $a > "$OUT/ncu_route1_${t}_run.log" 2>&1
-    echo "ncu route $t: exit $?" >> "$OUT/rc.txt"
-    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_route1_${t}_sass.csv" 2>&1
-    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_route1_${t}_cuda.csv" 2>&1
-    timeout 60 $NCU --import "$OUT/route1_$t.ncu-rep" --print-details all > "$OUT/ncu_route1_$t.log" 2>&1
-    rm -f "$OUT/route1_$t.ncu-rep"; gzip -9 "$OUT/ncu_route1_${t}_sass.csv" "$OUT/ncu_route1_${t}_cuda.csv"
-done
-timeout 60 $NCU --cache-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
-    -k 'regex:_route_' --launch-count 3 build/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
-    > "$OUT/ncu_route1_warm.log" 2>&1
-echo "ncu route warm: exit $?" >> "$OUT/rc.txt"
-timeout 30 build/moe_bench examples/specs/qwen3-30b-a3b.moe --graph --no-flush --tokens 1 --tokens 8 --iters 20 \
-    > "$OUT/decode_noflush.log" 2>&1
-echo "decode no-flush: exit $?" >> "$OUT/rc.txt"
-fi
-if [ "$part" = 5 ]; then   # (tenth session, after five refused starts) the essentials of parts 1 and 4 in one call, most
+if [ "$part" = 5 ]; then   # (tenth session, after five refused starts) part 1's checks and branch route-tail's in one call, most
     # important first (a call cut at its limit still returns what $OUT holds)
 v test_bwd_gpu_train 100 build/tests/test_bwd_gpu train_softmax train_gptoss train_shared train_relu2
 v test_bwd_gpu_fsdp 60 build/tests/test_bwd_gpu fsdp
