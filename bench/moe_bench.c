@@ -496,7 +496,7 @@ int main(int argc, char **argv) {
     /* bytes per weight element, and per element of the rows into the GEMMs and of the activation (e4m3 with fp8;
      * the fp32 scales, 1/128 of those bytes, are not counted) */
     const double wb = fp8 ? 1 : 2, ab = fp8 ? 1 : 2, mm_tf = fp8 ? 2 * gemm_tf : gemm_tf;
-    CUdeviceptr bias, escale, y, ws, flush, gids = 0, gwts = 0;
+    CUdeviceptr bias, escale, y, ws, flush = 0, gids = 0, gwts = 0;
     if (sp->router.select == MOE_SELECT_GIVEN) { /* given routing: ids uniform over the experts, weights 1/k */
         const size_t n = Tmax * (size_t)sp->top_k;
         int *hi = malloc(n * sizeof(int));
@@ -541,7 +541,6 @@ int main(int argc, char **argv) {
     }
     CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
     const size_t flush_bytes = no_flush ? 0 : (size_t)512 << 20;
-    flush = 0;
     if (flush_bytes)
         CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
     else
