@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Run 73 (eleventh session, 2026-12-06). One call.
+# Carry: ["build/cur", "build/pf"]
+#   build/cur/moe_bench                      main f890bce (stripped)
+#   build/pf/{moe_bench,test_gpu,moegen}     branch gemv-pf (each gemv CTA bulk-prefetches its weight slab into L2)
+# Parts (argument: which to run, default "1 2 3"):
+#   1. decode A B A B, main against gemv-pf, layer replayed from a graph, 1/2/4/8 tokens, the four specs whose
+#      tuning table picks the gemv grid there (decode.log)
+#   2. test_gpu of gemv-pf at <= 64 tokens on those specs (pf_test_gpu.log)
+#   3. run72's profile of main's 1-token route per template line (route1_sass.csv.gz + the JIT cubin)
+set -u
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$OUT/gpu.txt"
+parts=${1:-"1 2 3"}
+v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; local rc=$?; echo "$log: exit $rc" >> "$OUT/rc.txt"; return $rc; }
+for part in $parts; do
+if [ "$part" = 1 ]; then
+for s in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8; do
+    for b in cur pf cur pf; do
+        echo "== $s $b" >> "$OUT/decode.log"
+        timeout 40 build/$b/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 2 --tokens 4 --tokens 8 \
+            --iters 20 >> "$OUT/decode.log" 2>&1
+        echo "decode $s $b: exit $?" >> "$OUT/rc.txt"
+    done
+done
+fi
+if [ "$part" = 2 ]; then
+cp build/pf/moegen build/moegen   # test_gpu's from-folder case runs build/moegen
+v pf_test_gpu 200 build/pf/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
+tail -n 1 "$OUT/pf_test_gpu.log"; grep FAIL "$OUT/pf_test_gpu.log" | head -5
+fi
+if [ "$part" = 3 ]; then
+mkdir -p /tmp/mc_li && chmod 700 /tmp/mc_li
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+MOEGEN_CACHE_DIR=/tmp/mc_li MOEGEN_LINEINFO=on timeout 120 $NCU --set full --import-source yes --sampling-interval 0 \
+    -k 'regex:_route_' --launch-count 3 -o "$OUT/r" build/cur/moe_bench examples/specs/qwen3-30b-a3b.moe \
+    --tokens 1 --iters 1 > "$OUT/ncu_run.log" 2>&1
+echo "ncu: exit $?" >> "$OUT/rc.txt"
+timeout 40 $NCU --import "$OUT/r.ncu-rep" --page source --csv --print-source sass > "$OUT/route1_sass.csv" 2>&1
+timeout 40 $NCU --import "$OUT/r.ncu-rep" --print-details all > "$OUT/route1_details.log" 2>&1
+rm -f "$OUT/r.ncu-rep"
+cp /tmp/mc_li/*.cubin "$OUT/" 2>/dev/null
+gzip -9 "$OUT/route1_sass.csv" "$OUT/route1_details.log" "$OUT"/*.cubin 2>/dev/null
+fi
+done
+cat "$OUT/rc.txt"
+grep -E "^== |LAYER graph" "$OUT/decode.log" 2>/dev/null | head -80
