@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Run 73 (eleventh session, 2026-12-06). One call.
-# Carry: ["build/cur", "build/pf"]
+# Carry: ["build/cur", "build/pf", "build/rb"]
 #   build/cur/moe_bench                      main f890bce (stripped)
 #   build/pf/{moe_bench,test_gpu,moegen}     branch gemv-pf (each gemv CTA bulk-prefetches its weight slab into L2)
+#   build/rb/{moe_bench,test_bwd_gpu}        branch router-tc 43ac4bd (the router's backward products on mma.sync)
 # Parts (argument: which to run, default "1 2 3"):
 #   1. decode A B A B, main against gemv-pf, layer replayed from a graph, 1/2/4/8 tokens, the four specs whose
 #      tuning table picks the gemv grid there (decode.log)
 #   2. test_gpu of gemv-pf at <= 64 tokens on those specs (pf_test_gpu.log)
 #   3. run72's profile of main's 1-token route per template line (route1_sass.csv.gz + the JIT cubin)
+#   4. router-tc: test_bwd_gpu (train specs, ep, fsdp), backward A B at 4096 and 16384 tokens (backward.log)
 set -u
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
@@ -42,6 +44,22 @@ timeout 40 $NCU --import "$OUT/r.ncu-rep" --print-details all > "$OUT/route1_det
 rm -f "$OUT/r.ncu-rep"
 cp /tmp/mc_li/*.cubin "$OUT/" 2>/dev/null
 gzip -9 "$OUT/route1_sass.csv" "$OUT/route1_details.log" "$OUT"/*.cubin 2>/dev/null
+fi
+if [ "$part" = 4 ]; then
+v rb_test_bwd_gpu 200 build/rb/test_bwd_gpu
+v rb_test_bwd_gpu_ep 60 build/rb/test_bwd_gpu ep
+v rb_test_bwd_gpu_fsdp 60 build/rb/test_bwd_gpu fsdp
+for f in rb_test_bwd_gpu rb_test_bwd_gpu_ep rb_test_bwd_gpu_fsdp; do tail -n 1 "$OUT/$f.log"; grep FAIL "$OUT/$f.log" | head -3; done
+for s in qwen3-30b-a3b mixtral-8x7b; do
+    { cat examples/specs/$s.moe; echo "training = true"; } > /tmp/train_$s.moe
+    for b in cur rb; do
+        echo "== $s $b" >> "$OUT/backward.log"
+        timeout 60 build/$b/moe_bench /tmp/train_$s.moe --backward --tokens 4096 --tokens 16384 --iters 10 \
+            >> "$OUT/backward.log" 2>&1
+        echo "bench backward $s $b: exit $?" >> "$OUT/rc.txt"
+    done
+done
+grep -E "^== |router|bwd|BACKWARD|backward" "$OUT/backward.log" | head -60
 fi
 done
 cat "$OUT/rc.txt"
