@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Run 73 (eleventh session, 2026-12-06). One call.
-# Carry: ["build/cur", "build/pf", "build/rb"]
+# Carry: ["build/cur", "build/pf", "build/rb", "build/g3"]
 #   build/cur/moe_bench                      main f890bce (stripped)
 #   build/pf/{moe_bench,test_gpu,moegen}     branch gemv-pf (each gemv CTA bulk-prefetches its weight slab into L2)
 #   build/rb/{moe_bench,test_bwd_gpu}        branch router-tc 43ac4bd (the router's backward products on mma.sync)
+#   build/g3/{moe_bench,test_gpu,moegen,gemv3.tune}  branch gemv3 (gemv-pf + the gemv3 grid); run under
+#                                            MOEGEN_TUNING=build/g3/gemv3.tune (gemv3 at 1 .. 7 tokens)
 # Parts (argument: which to run, default "1 2 3"):
 #   1. decode A B A B, main against gemv-pf, layer replayed from a graph, 1/2/4/8 tokens, the four specs whose
 #      tuning table picks the gemv grid there (decode.log)
@@ -19,18 +21,24 @@ v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; local 
 for part in $parts; do
 if [ "$part" = 1 ]; then
 for s in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8; do
-    for b in cur pf cur pf; do
+    for b in cur pf g3 cur pf g3; do
         echo "== $s $b" >> "$OUT/decode.log"
+        [ $b = g3 ] && export MOEGEN_TUNING=build/g3/gemv3.tune || unset MOEGEN_TUNING
         timeout 40 build/$b/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 2 --tokens 4 --tokens 8 \
             --iters 20 >> "$OUT/decode.log" 2>&1
         echo "decode $s $b: exit $?" >> "$OUT/rc.txt"
     done
 done
+unset MOEGEN_TUNING
 fi
 if [ "$part" = 2 ]; then
 cp build/pf/moegen build/moegen   # test_gpu's from-folder case runs build/moegen
 v pf_test_gpu 200 build/pf/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
 tail -n 1 "$OUT/pf_test_gpu.log"; grep FAIL "$OUT/pf_test_gpu.log" | head -5
+cp build/g3/moegen build/moegen
+MOEGEN_TUNING=build/g3/gemv3.tune v g3_test_gpu 200 build/g3/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b \
+    mixtral-8x7b deepseek-v3-ep8
+tail -n 1 "$OUT/g3_test_gpu.log"; grep FAIL "$OUT/g3_test_gpu.log" | head -5
 fi
 if [ "$part" = 3 ]; then
 mkdir -p /tmp/mc_li && chmod 700 /tmp/mc_li
@@ -63,4 +71,4 @@ grep -E "^== |router|bwd|BACKWARD|backward" "$OUT/backward.log" | head -60
 fi
 done
 cat "$OUT/rc.txt"
-grep -E "^== |LAYER graph" "$OUT/decode.log" 2>/dev/null | head -80
+[ -f "$OUT/decode.log" ] && python3 docs/perf/2026-12-06/ab.py "$OUT/decode.log" "LAYER graph" gemm_up_swiglu gemm_down
