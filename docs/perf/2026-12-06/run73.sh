@@ -9,7 +9,8 @@
 # Parts (argument: which to run, default "1 2 3"):
 #   1. decode A B A B, main against gemv-pf, layer replayed from a graph, 1/2/4/8 tokens, the four specs whose
 #      tuning table picks the gemv grid there (decode.log)
-#   2. test_gpu of gemv-pf at <= 64 tokens on those specs (pf_test_gpu.log)
+#   2. test_gpu at <= 64 tokens on those specs: g3's build under the shipped table (the prefetching gemv:
+#      pf_test_gpu.log) and under gemv3.tune (g3_test_gpu.log)
 #   3. run72's profile of main's 1-token route per template line (route1_sass.csv.gz + the JIT cubin)
 #   4. router-tc: test_bwd_gpu (train specs, ep, fsdp), backward A B at 4096 and 16384 tokens (backward.log)
 set -u
@@ -21,7 +22,8 @@ v() { local log=$1 t=$2; shift 2; timeout $t "$@" > "$OUT/$log.log" 2>&1; local 
 for part in $parts; do
 if [ "$part" = 1 ]; then
 for s in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8; do
-    for b in cur pf g3 cur pf g3; do
+    case $s in qwen3*|gpt*) builds="cur pf g3 cur pf g3" ;; *) builds="cur pf g3" ;; esac
+    for b in $builds; do
         echo "== $s $b" >> "$OUT/decode.log"
         [ $b = g3 ] && export MOEGEN_TUNING=build/g3/gemv3.tune || unset MOEGEN_TUNING
         timeout 40 build/$b/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 2 --tokens 4 --tokens 8 \
@@ -32,13 +34,12 @@ done
 unset MOEGEN_TUNING
 fi
 if [ "$part" = 2 ]; then
-cp build/pf/moegen build/moegen   # test_gpu's from-folder case runs build/moegen
-v pf_test_gpu 200 build/pf/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
-tail -n 1 "$OUT/pf_test_gpu.log"; grep FAIL "$OUT/pf_test_gpu.log" | head -5
-cp build/g3/moegen build/moegen
-MOEGEN_TUNING=build/g3/gemv3.tune v g3_test_gpu 200 build/g3/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b \
+# g3 holds gemv-pf's kernels: under the shipped table it runs the prefetching gemv, under gemv3.tune gemv3 at 1..7
+cp build/g3/moegen build/moegen   # test_gpu's from-folder case runs build/moegen
+v pf_test_gpu 130 build/g3/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
+MOEGEN_TUNING=build/g3/gemv3.tune v g3_test_gpu 130 build/g3/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b \
     mixtral-8x7b deepseek-v3-ep8
-tail -n 1 "$OUT/g3_test_gpu.log"; grep FAIL "$OUT/g3_test_gpu.log" | head -5
+for f in pf_test_gpu g3_test_gpu; do tail -n 1 "$OUT/$f.log"; grep FAIL "$OUT/$f.log" | head -5; done
 fi
 if [ "$part" = 3 ]; then
 mkdir -p /tmp/mc_li && chmod 700 /tmp/mc_li
