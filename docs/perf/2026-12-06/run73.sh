@@ -4,7 +4,8 @@
 #   build/cur/moe_bench                      main f890bce (stripped)
 #   build/pf/{moe_bench,test_gpu,moegen}     branch gemv-pf (each gemv CTA bulk-prefetches its weight slab into L2)
 #   build/rb/{moe_bench,test_bwd_gpu}        branch router-tc 43ac4bd (the router's backward products on mma.sync)
-#   build/g3/{moe_bench,test_gpu,moegen,gemv3.tune}  branch gemv3 (gemv-pf + the gemv3 grid); run under
+#   build/g3/{moe_bench,test_gpu,moegen,gemv3.tune}  branch gemv3 (gemv-pf + the gemv3 grid; test_gpu and moegen
+#                                            from g3s = gemv3 + rsplit at 64 columns); run under
 #                                            MOEGEN_TUNING=build/g3/gemv3.tune (gemv3 at 1 .. 7 tokens)
 #   build/s64/moe_bench, build/s128/moe_bench  branch rsplit (gemv-pf + the route's few-token H split at 64 / 128
 #                                            columns a block instead of 256)
