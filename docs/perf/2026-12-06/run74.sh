@@ -25,8 +25,8 @@ unset MOEGEN_TUNING
 [ $SECONDS -lt $((B * 58 / 100)) ] && v rb_test_bwd_gpu $((B * 17 / 100)) build/rb/test_bwd_gpu
 # 3. the forward's tests of gemv3 (gemv3.tune: 1..7 tokens) + the prefetching gemv (8..64) + the route split 64
 cp build/g3/moegen build/moegen
-[ $SECONDS -lt $((B * 75 / 100)) ] && MOEGEN_TUNING=build/g3/gemv3.tune v g3_test_gpu $((B * 14 / 100)) build/g3/test_gpu --tokens-max 64 \
-    qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
+[ $SECONDS -lt $((B * 75 / 100)) ] && MOEGEN_TUNING=build/g3/gemv3.tune v g3_test_gpu $((B * 14 / 100)) \
+    build/g3/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8
 # 4. the backward A/B, Qwen3 at 16384 tokens
 { cat examples/specs/qwen3-30b-a3b.moe; echo "training = true"; } > /tmp/train_q.moe
 for b in cur rb; do
