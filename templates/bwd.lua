@@ -171,7 +171,7 @@ static __device__ __forceinline__ void mma_chunk(float (&acc)[2][4][4], const mo
 #pragma unroll
         for (int j = 0; j < 4; j += 2)
             moe_ldmatrix_x4_trans(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1],
-                                  &s_b[ks + (lane & 7) + 8 * ((lane >> 3) & 1)][n0 + 8 * j + 8 * (lane >> 4)]);
+                                  &s_b[ks + (lane & 7) + 8 * (lane >> 3 & 1)][n0 + 8 * j + 8 * (lane >> 4)]);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -179,7 +179,7 @@ static __device__ __forceinline__ void mma_chunk(float (&acc)[2][4][4], const mo
                 unsigned a[4];
                 if (TRANS_A)
                     moe_ldmatrix_x4_trans(a[0], a[1], a[2], a[3],
-                                          &s_a[part][ks + (lane & 7) + 8 * (lane >> 4)][16 * mt + 8 * ((lane >> 3) & 1)]);
+                                          &s_a[part][ks + (lane & 7) + 8 * (lane >> 4)][16 * mt + 8 * (lane >> 3 & 1)]);
                 else
                     moe_ldmatrix_x4(a[0], a[1], a[2], a[3], &s_a[part][16 * mt + (lane & 15)][ks + 8 * (lane >> 4)]);
 #pragma unroll
@@ -499,13 +499,15 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
 @ if own then
         /* the router read router_x: R is d router_x's */
         reinterpret_cast<uint4 *>(drx + (long long)(t0 + tt) * H + c)[0] =
-            make_uint4(moe_pack2(r8[0], r8[1]), moe_pack2(r8[2], r8[3]), moe_pack2(r8[4], r8[5]), moe_pack2(r8[6], r8[7]));
+            make_uint4(moe_pack2(r8[0], r8[1]), moe_pack2(r8[2], r8[3]), moe_pack2(r8[4], r8[5]),
+                       moe_pack2(r8[6], r8[7]));
 @ else
 #pragma unroll
         for (int j = 0; j < 8; ++j) a8[j] += r8[j];
 @ end
         reinterpret_cast<uint4 *>(dx + (long long)(t0 + tt) * H + c)[0] =
-            make_uint4(moe_pack2(a8[0], a8[1]), moe_pack2(a8[2], a8[3]), moe_pack2(a8[4], a8[5]), moe_pack2(a8[6], a8[7]));
+            make_uint4(moe_pack2(a8[0], a8[1]), moe_pack2(a8[2], a8[3]), moe_pack2(a8[4], a8[5]),
+                       moe_pack2(a8[6], a8[7]));
     }
 }
 @ else

@@ -85,7 +85,8 @@ int main(int argc, char **argv) {
             /* the router term exactly, and its terms' magnitudes; the kernel's is within TOL of their sum */
             double r = 0, mag = 0;
             for (int e = 0; e < BX_EL; e++) {
-                const double p = (double)dl[(size_t)t * BX_EL + e] * moe_to_float(e < BX_E ? wr[(size_t)e * BX_H + c] : sg[c]);
+                const moe_half_t w = e < BX_E ? wr[(size_t)e * BX_H + c] : sg[c];   /* row E: the gate's */
+                const double p = (double)dl[(size_t)t * BX_EL + e] * moe_to_float(w);
                 r += p;
                 mag += fabs(p);
             }
@@ -153,7 +154,8 @@ int main(int argc, char **argv) {
 #if BX_MMA
                     double r = 0, mag = 0;   /* the exact sum over every token, and its terms' magnitudes */
                     for (int t = 0; t < T; t++) {
-                        const double p = (double)dl[(size_t)t * BX_EL + e] * (h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f);
+                        const float xv = h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f;   /* H: the ones */
+                        const double p = (double)dl[(size_t)t * BX_EL + e] * xv;
                         r += p;
                         mag += fabs(p);
                     }
