@@ -254,6 +254,8 @@ int moe_emit_source(const moe_plan_desc_t *pd, const char *templates_dir, moe_bu
         }
         moe_lua_set_int(L, "dwr_cols", MOE_BWD_DWR_COLS);
         moe_lua_set_int(L, "dwr_experts", MOE_BWD_DWR_EXPERTS);
+        moe_lua_set_int(L, "dx_cols", moe_bwd_dx_cols(s, &pd->bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST]));
+        moe_lua_set_bool(L, "router_mma", moe_bwd_router_mma(s));
         rc = moe_tmpl_expand(t, pd->bwd[0].tmpl, NULL, out, diag);
         moe_buf_printf(out, "\n");
     }

@@ -81,6 +81,15 @@ typedef enum {
  * p.dwr_cols, p.dwr_experts): hidden columns x experts. */
 #define MOE_BWD_DWR_COLS 256
 #define MOE_BWD_DWR_EXPERTS 32
+/* The backward's two router products (dx's Σ_e dlogits·Wr, d router_w's
+ * dlogitsᵀ·x) run on tensor cores for bf16 specs (mma.sync on the three
+ * bf16 parts of each fp32 d logit), on CUDA cores for fp16 ones
+ * (templates/bwd.lua, p.router_mma). The dx kernel's block is then
+ * MOE_BWD_DX_MMA_TOKENS tokens x MOE_BWD_DX_MMA_COLS columns; on CUDA cores
+ * per_block tokens x 8 columns a thread (moe_bwd_dx_cols). */
+#define MOE_BWD_DX_MMA_TOKENS 32
+#define MOE_BWD_DX_MMA_COLS 256
+static inline int moe_bwd_router_mma(const moe_spec_t *s) { return s->dtype == MOE_DTYPE_BF16; }
 /* The backward GEMMs: set index i is family MOE_K_BGEMM_FIRST + i. */
 #define MOE_K_BGEMM_FIRST MOE_K_DGRAD_DOWN
 #define MOE_BGEMM_COUNT 4
@@ -114,6 +123,11 @@ typedef struct {
     int per_block;          /* route/combine: tokens per block; scatters and ep_rows: rows per block */
     moe_tile_cfg_t tile;    /* GEMMs only */
 } moe_kernel_desc_t;
+
+/* The hidden columns a bwd_dx block owns (k: the planned dx kernel). */
+static inline int moe_bwd_dx_cols(const moe_spec_t *s, const moe_kernel_desc_t *k) {
+    return moe_bwd_router_mma(s) ? MOE_BWD_DX_MMA_COLS : 8 * k->threads;
+}
 
 /* A named region of a workspace. */
 typedef struct {

@@ -10,12 +10,20 @@
 
 #include <stdio.h>
 
-/* ---- the row and router kernels: a warp per row or token (dx: 8 tokens a block, a thread per 8 columns) -- */
+/* ---- the row and router kernels: a warp per row or token (dx: a block of tokens x columns) -------------- */
 
 static int warp_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)c, (void)err, (void)errlen;
     k->threads = 256;
-    k->per_block = 8; /* one warp each; dx's block of tokens */
+    k->per_block = 8; /* one warp each */
+    return 0;
+}
+
+/* dx: a block of tokens x columns (moe_bwd_dx_cols): 32 x 256 on tensor cores, else 8 tokens x 8 columns a thread */
+static int dx_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    k->threads = 256;
+    k->per_block = moe_bwd_router_mma(c->spec) ? MOE_BWD_DX_MMA_TOKENS : 8;
     return 0;
 }
 
@@ -85,11 +93,11 @@ static void token_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int toke
     g[0] = moe_blocks(tokens, k->per_block);
 }
 
-/* per_block tokens x `threads` 8-column vectors of H a block (templates/bwd.lua's dx) */
+/* per_block tokens x moe_bwd_dx_cols columns of H a block (templates/bwd.lua's dx) */
 static void dx_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
     g[0] = moe_blocks(tokens, k->per_block);
-    g[1] = moe_blocks(s->hidden / 8, k->threads);
+    g[1] = moe_blocks(s->hidden, moe_bwd_dx_cols(s, k));
 }
 
 /* MOE_BWD_DWR_COLS hidden columns (and, with router.logit_bias, the ones
@@ -124,6 +132,9 @@ static void unpack_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tok
 static const moe_family_variant_t warp_variants[] = {
     {.archs = MOE_ALL_ARCHES, .tmpl = "bwd", .code = "bwd", .geometry = warp_geometry},
 };
+static const moe_family_variant_t dx_variants[] = {
+    {.archs = MOE_ALL_ARCHES, .tmpl = "bwd", .code = "bwd", .geometry = dx_geometry},
+};
 static const moe_family_variant_t block_variants[] = {
     {.archs = MOE_ALL_ARCHES, .tmpl = "bwd", .code = "bwd", .geometry = block_geometry},
 };
@@ -132,7 +143,7 @@ const moe_family_t moe_family_bwd_dys = {.id = MOE_K_BWD_DYS, .name = "bwd_dys",
                                          .nvariants = 1, .spell = dys_spell, .grid = dys_grid};
 const moe_family_t moe_family_bwd_router = {.id = MOE_K_BWD_ROUTER, .name = "bwd_router", .variants = warp_variants,
                                             .nvariants = 1, .spell = router_spell, .grid = token_grid};
-const moe_family_t moe_family_bwd_dx = {.id = MOE_K_BWD_DX, .name = "bwd_dx", .variants = warp_variants,
+const moe_family_t moe_family_bwd_dx = {.id = MOE_K_BWD_DX, .name = "bwd_dx", .variants = dx_variants,
                                         .nvariants = 1, .spell = dx_spell, .grid = dx_grid};
 const moe_family_t moe_family_bwd_dwr = {.id = MOE_K_BWD_DWR, .name = "bwd_dwr", .variants = block_variants,
                                          .nvariants = 1, .spell = dwr_spell, .grid = dwr_grid};

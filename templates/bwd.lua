@@ -10,9 +10,9 @@
 @ --   router  dw -> d logits [T, E] (fp32) through scale, renormalization and
 @ --           softmax over all E, sigmoid or sqrt(softplus), from the saved logits
 @ --   dx      dx[t] = round(Σ_k dXs[row_of[t,k]] + Σ_e dlogits[t,e]·Wr[e]),
-@ --           fp32, k in increasing order, then e (router.apply = "input":
-@ --           each dXs row times round(w[t,k])); a block of tokens shares
-@ --           each Wr vector it reads
+@ --           fp32, k in increasing order, then the router term
+@ --           (router.apply = "input": each dXs row times round(w[t,k]));
+@ --           a block of tokens shares each Wr vector it reads
 @ --   dwr     d router_w[e] (+)= Σ_t dlogits[t,e]·x[t] and, with
 @ --           router.logit_bias, d logit_bias[e] (+)= Σ_t dlogits[t,e]
 @ --   colsum  out[slot, c] (+)= Σ over the slot's rows of src[row, c] (the
@@ -34,6 +34,22 @@
 @ -- Every sum runs in a fixed order (no atomics), so results are
 @ -- deterministic.
 @ --
+@ -- The two router products (dx's Σ_e dlogits·Wr, T x EL times EL x H, and
+@ -- dwr's dlogitsᵀ·x, EL x T times T x H) run on tensor cores for bf16
+@ -- specs (p.router_mma, gen/family.h's moe_bwd_router_mma): mma.sync
+@ -- m16n8k16, bf16 operands, fp32 accumulation. d logits is fp32, so each
+@ -- value d is split as it is staged into three bf16 parts, hi = R(d),
+@ -- mid = R(d − hi), lo = R(d − hi − mid) (R: round to bf16), whose sum is d
+@ -- (8 + 8 + 8 bits, as route.lua's fp32 router weights); every product of a
+@ -- part and a bf16 value (Wr, x) is exact in fp32, and each k16 step adds
+@ -- its lo part's products, then mid's, then hi's, to one fp32 accumulator.
+@ -- The result is the fp32 product up to the accumulation's rounding (the
+@ -- tensor cores' order, not the CUDA-core loops' bit for bit). fp16 specs
+@ -- keep the CUDA-core loops (fp16 parts of a small d logit would fall
+@ -- below fp16's range; no scaling is done), the sums in the order stated
+@ -- at each kernel. The host tests (tests/bwd_host.cc) run the same code,
+@ -- ldmatrix and mma emulated by tests/support/cuda_host.h.
+@ --
 @ -- A shared expert (p.shared_slots = M > 0) adds entries K..K+M-1 per token
 @ -- (weight g) that the row kernels treat as any other; with a sigmoid gate
 @ -- (p.shared_gate) g = sigmoid(x·w_gate) is logit column E: the router
@@ -52,15 +68,22 @@
 @   for _, k in ipairs({ "dys", "router" }) do
 @     need(p[k .. "_per_block"] * 32 == p[k .. "_threads"], k .. ": one warp per row or token")
 @   end
-@   need(p.dx_per_block >= 1 and p.dx_per_block <= 16, "dx: 1..16 tokens a block (a thread's accumulators)")
+@   if p.router_mma then
+@     need(p.dtype == "bf16", "the router products on tensor cores take bf16")
+@     need(p.dx_threads == 256 and p.dx_per_block == 32 and p.dx_cols == 256,
+@          "dx on tensor cores: 256 threads over 32 tokens x 256 columns")
+@   else
+@     need(p.dx_per_block >= 1 and p.dx_per_block <= 16, "dx: 1..16 tokens a block (a thread's accumulators)")
+@     need(p.dx_cols == 8 * p.dx_threads, "dx on CUDA cores: 8 columns a thread")
+@     need(p.dx_per_block * (p.router_columns + 2 * p.entries) * 4 <= 32 * 1024,
+@          "dx: the block's d logits, rows and factors must fit 32 KB of shared memory")
+@   end
 @   need(p.dwr_threads == 256 and p.dwr_cols == 256 and p.dwr_experts == 32, "dwr: 256 threads over a 32 x 256 tile")
 @   need(p.colsum_threads == 256, "colsum: 8 warps of 32 columns")
 @   need(p.escale_threads == 256, "escale: 256 threads (a power of two for its tree)")
 @   need(p.H % 8 == 0, "hidden must be a multiple of 8")
 @   need(p.entries >= 1 and p.entries <= 32, "top_k + shared slots must be 1..32")
 @   need(p.E <= 1024, "at most 1024 experts")
-@   need(p.dx_per_block * (p.router_columns + 2 * p.entries) * 4 <= 32 * 1024,
-@        "dx: the block's d logits, rows and factors must fit 32 KB of shared memory")
 @   return {}
 @ end
 @
@@ -115,6 +138,56 @@ static __device__ __forceinline__ void axpy8(float (&acc)[8], float w, const uin
     acc[6] = fmaf(w, moe_lo_float(v.w), acc[6]);
     acc[7] = fmaf(w, moe_hi_float(v.w), acc[7]);
 }
+@ if p.router_mma then
+/* The router products' staging (dx, dwr): a 32 x 32 tile of d logits
+ * [token][expert] as its three bf16 parts (s_a[0] hi, [1] mid, [2] lo), and
+ * a 32 x 256 tile of the bf16 operand [k][column] (Wr's rows, or x's
+ * tokens); rows padded by 8 halves, so the eight 16-byte rows of an
+ * ldmatrix fall in distinct banks. */
+constexpr int LDA = 32 + 8, LDB = 256 + 8;
+/* d = hi + mid + lo: hi = R(d), mid = R(d - hi), lo = R(d - hi - mid), R rounding to bf16 (each difference
+ * exact in fp32), stored at s_a[0..2][tt][ee] */
+static __device__ __forceinline__ void split3(float d, moe_half_t (*s_a)[32][LDA], int tt, int ee) {
+    const moe_half_t hi = moe_from_float(d);
+    const float r = d - moe_to_float(hi);
+    const moe_half_t mid = moe_from_float(r);
+    s_a[0][tt][ee] = hi;
+    s_a[1][tt][ee] = mid;
+    s_a[2][tt][ee] = moe_from_float(r - moe_to_float(mid));
+}
+/* A warp's 32 x 32 output tile over one staged chunk of 32 k: acc[mt][j] is
+ * m16 tile mt (rows 16 mt ..) by n8 tile j (columns n0 + 8 j ..), fragment
+ * layout (d0 d1: row g, columns 2q, 2q + 1; d2 d3: row g + 8; g = lane / 4,
+ * q = lane % 4). B = s_b [k][n], loaded transposed. A = the d logits parts:
+ * TRANS_A (dwr: m = expert, k = token) from [k][m] transposed, else (dx:
+ * m = token, k = expert) from [m][k]. Each k16 step adds, per (mt, j), the
+ * lo part's products, then mid's, then hi's. */
+template <bool TRANS_A>
+static __device__ __forceinline__ void mma_chunk(float (&acc)[2][4][4], const moe_half_t (*s_a)[32][LDA],
+                                                 const moe_half_t (*s_b)[LDB], int n0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < 32; ks += 16) {
+        unsigned b[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j += 2)
+            moe_ldmatrix_x4_trans(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1],
+                                  &s_b[ks + (lane & 7) + 8 * (lane >> 3 & 1)][n0 + 8 * j + 8 * (lane >> 4)]);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int part = 2; part >= 0; --part) {
+                unsigned a[4];
+                if (TRANS_A)
+                    moe_ldmatrix_x4_trans(a[0], a[1], a[2], a[3],
+                                          &s_a[part][ks + (lane & 7) + 8 * (lane >> 4)][16 * mt + 8 * (lane >> 3 & 1)]);
+                else
+                    moe_ldmatrix_x4(a[0], a[1], a[2], a[3], &s_a[part][16 * mt + (lane & 15)][ks + 8 * (lane >> 4)]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) moe_mma_16816(acc[mt][j], a, b[j]);
+            }
+    }
+}
+@ end
 }  // namespace ${ns}
 
 /* For each (t, k), row = row_of[t, k]: dys[row] = ${input and "dy[t] (the weight is in the expert's input)" or "round(w · dy[t])"} when
@@ -301,6 +374,143 @@ ${p.router_kernel}(const float *__restrict__ logits, const int *__restrict__ top
     }
 }
 
+@ if p.router_mma then
+/* dx[t] = round(Σ_k ${input and "round(w[t, k]) · " or ""}dXs[row_of[t, k]] + R[t]), R[t] = Σ_e dlogits[t, e] · Wr[e]${p.shared_gate and " (e = E: the shared gate's dz[t] · w_gate)" or ""}${own and ";\n * the router read router_x, so dx[t] = round(Σ_k dXs[row_of[t, k]]) and d router_x[t] = round(R[t])" or ""}:
+ * block (bx, by) owns tokens TB·bx .. +TB (TB = 32) and columns
+ * BN·by .. +BN (BN = 256). R on tensor cores: the EL router rows in chunks
+ * of 32 (Wr's rows, row E the gate's, zeros past EL), each chunk's rows and
+ * the tokens' d logits (split into bf16 parts, zeros past the tokens)
+ * staged in shared memory, loaded a chunk ahead into registers; warp w
+ * owns columns 32 w .. +32 for all 32 tokens (namespace mma_chunk). R goes
+ * to shared memory in fp32; then a warp per token (8 at a time), a lane
+ * per 8 columns, sums the rows in fp32, k increasing, adds R (one fp32
+ * add) and rounds once. */
+extern "C" __global__ void __launch_bounds__(${p.dx_threads})
+${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_of, const float *__restrict__ topk_w,
+            const float *__restrict__ dlogits, const moe_half_t *__restrict__ wr, const moe_half_t *__restrict__ shared_gate,
+            int tokens, moe_half_t *__restrict__ dx${own and ", moe_half_t *__restrict__ drx" or ""}) {
+    moe_pdl_begin();
+    using namespace ${ns};
+    constexpr int TB = ${p.dx_per_block}, BN = ${p.dx_cols}, NT = ${p.dx_threads}, LDR = BN + 8;
+    constexpr int NCH = (EL + 31) / 32;                      /* chunks of 32 router rows */
+    constexpr int NDL = TB * 32 / NT, NW = 32 * (BN / 8) / NT; /* a thread's d logits and 16-byte Wr vectors */
+    static_assert(TB == 32 && BN == 256 && NT == 256, "8 warps over 32 tokens x 256 columns");
+@ if not p.shared_gate then
+    (void)shared_gate;
+@ end
+    __shared__ __align__(16) union {
+        struct {
+            moe_half_t a[3][32][LDA];   /* the chunk's d logits [token][router row]: hi, mid, lo */
+            moe_half_t b[32][LDB];      /* the chunk's router rows [row][column] */
+        } in;
+        float r[TB][LDR];               /* R, fp32 [token][column] */
+    } s;
+    __shared__ int s_row[TB][K];
+    __shared__ float s_wk[TB][K];       /* each row's factor: 1, or with router.apply = "input" round(w) */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t0 = blockIdx.x * TB, c0 = blockIdx.y * BN;
+    const int nt = tokens - t0 < TB ? tokens - t0 : TB;
+    for (int i = tid; i < TB * K; i += NT) {
+        const int tt = i / K, k = i % K;
+        s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
+@ if input then
+        s_wk[tt][k] = tt < nt ? moe_round(topk_w[(long long)t0 * K + i]) : 0.f;
+@ else
+        s_wk[tt][k] = 1.f;
+@ end
+    }
+@ if not input then
+    (void)topk_w;
+@ end
+    float pdl[NDL];   /* a chunk's d logits (element tid + j NT of [32 tokens][32 rows]) and router rows */
+    uint4 pw[NW];     /* (16-byte vector tid + j NT of [32 rows][BN / 8]), in registers */
+    auto load = [&](int e0) {
+#pragma unroll
+        for (int j = 0; j < NDL; ++j) {
+            const int idx = tid + j * NT, tt = idx / 32, e = e0 + idx % 32;
+            pdl[j] = tt < nt && e < EL ? dlogits[(long long)(t0 + tt) * EL + e] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int idx = tid + j * NT, e = e0 + idx / (BN / 8), c = c0 + 8 * (idx % (BN / 8));
+@ if p.shared_gate then
+            const moe_half_t *src = e < E ? wr + (long long)e * H : shared_gate;   /* row E: w_gate */
+@ else
+            const moe_half_t *src = wr + (long long)e * H;
+@ end
+            pw[j] = e < EL && c < H ? __ldg(reinterpret_cast<const uint4 *>(src + c)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
+    load(0);
+#pragma unroll 1
+    for (int ch = 0; ch < NCH; ++ch) {
+#pragma unroll
+        for (int j = 0; j < NDL; ++j) {
+            const int idx = tid + j * NT;
+            split3(pdl[j], s.in.a, idx / 32, idx % 32);
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int idx = tid + j * NT;
+            *reinterpret_cast<uint4 *>(&s.in.b[idx / (BN / 8)][8 * (idx % (BN / 8))]) = pw[j];
+        }
+        __syncthreads();
+        if (ch + 1 < NCH)
+            load(32 * (ch + 1));   /* the next chunk's loads in flight while this one is multiplied */
+        mma_chunk<false>(acc, s.in.a, s.in.b, 32 * warp, lane);
+        __syncthreads();
+    }
+    {   /* R to shared memory: fragment (mt, j) holds tokens 16 mt + g (+ 8), columns 32 warp + 8 j + 2 q (+ 1) */
+        const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *reinterpret_cast<float2 *>(&s.r[16 * mt + g + 8 * h][32 * warp + 8 * j + 2 * q]) =
+                        make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+    }
+    __syncthreads();
+    const int c = c0 + 8 * lane;   /* this lane's 8 columns */
+    if (c >= H)
+        return;
+#pragma unroll
+    for (int i = 0; i < TB / 8; ++i) {
+        const int tt = warp + 8 * i;
+        if (tt >= nt)
+            break;
+        float a8[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a8[j] = 0.f;
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            axpy8(a8, s_wk[tt][k], __ldg(reinterpret_cast<const uint4 *>(dxs + (long long)s_row[tt][k] * H + c)));
+        const float4 r0 = *reinterpret_cast<const float4 *>(&s.r[tt][8 * lane]);
+        const float4 r1 = *reinterpret_cast<const float4 *>(&s.r[tt][8 * lane + 4]);
+        const float r8[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+@ if own then
+        /* the router read router_x: R is d router_x's */
+        reinterpret_cast<uint4 *>(drx + (long long)(t0 + tt) * H + c)[0] =
+            make_uint4(moe_pack2(r8[0], r8[1]), moe_pack2(r8[2], r8[3]), moe_pack2(r8[4], r8[5]),
+                       moe_pack2(r8[6], r8[7]));
+@ else
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a8[j] += r8[j];
+@ end
+        reinterpret_cast<uint4 *>(dx + (long long)(t0 + tt) * H + c)[0] =
+            make_uint4(moe_pack2(a8[0], a8[1]), moe_pack2(a8[2], a8[3]), moe_pack2(a8[4], a8[5]),
+                       moe_pack2(a8[6], a8[7]));
+    }
+}
+@ else
 /* dx[t] = round(Σ_k ${input and "round(w[t, k]) · " or ""}dXs[row_of[t, k]] + Σ_e dlogits[t, e] · Wr[e]${p.shared_gate and " + dz[t] · w_gate" or ""}): block
  * (bx, by) owns tokens TB·bx .. +TB (TB = dx_per_block) and the 8-column
  * vectors VB·by .. +VB of H (VB = dx_threads), a thread one vector for all
@@ -383,7 +593,141 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
 @ end
     store(${own and "drx" or "dx"});
 }
+@ end
 
+@ if p.router_mma then
+/* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated
+ * shared expert, d logits column E gives d w_gate [H] the same way), and (with
+ * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
+ * same product (x's column H taken as 1). Block (bx, by, bz): columns
+ * BC bx .. +BC of [x | 1] (BC = 256), experts BE by .. +BE (BE = 32), the
+ * tokens of split bz, on tensor cores: tokens in chunks of 32, each chunk's
+ * d logits (split into bf16 parts) and x rows staged in shared memory,
+ * loaded a chunk ahead into registers; warp w owns columns 32 w .. +32 for
+ * all 32 experts (namespace mma_chunk: m the experts, k the tokens).
+ *
+ * The tokens are cut into `splits` ranges of PER tokens (PER: the tokens
+ * over splits, rounded up to whole chunks; gen/launch_geom.h's
+ * moe_dwr_splits picks splits so that none is empty), so that the grid has
+ * enough blocks to fill the GPU. phase 0 sums split bz's tokens: with one
+ * split into the outputs, else into part [splits, EL, HL] (HL = H + the
+ * ones column). phase 1 (a grid of one split) sums part over the splits in
+ * order into the outputs. Either way the output is (0 + s_0) + s_1 + ...,
+ * each s_z its tokens' product, then added to what the output holds when
+ * beta is 1. */
+extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
+${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
+            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg, float *__restrict__ part,
+            int splits, int phase) {
+    moe_pdl_begin();
+    using namespace ${ns};
+    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32, NT = ${p.dwr_threads};
+    constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
+    static_assert(BC == 256 && BE == 32 && NT == 256, "8 warps over 32 experts x 256 columns");
+    __shared__ __align__(16) moe_half_t s_dl[3][TT][LDA];   /* the chunk's d logits [token][expert]: hi, mid, lo */
+    __shared__ __align__(16) moe_half_t s_x[TT][LDB];       /* the chunk's [x | 1] [token][column] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int c0 = blockIdx.x * BC, e0 = blockIdx.y * BE;
+@ if not p.logit_bias then
+    (void)dlb;
+@ end
+@ if not p.shared_gate then
+    (void)dsg;
+@ end
+    /* fragment (mt, j) element i: expert e0 + 16 mt + g + 8 (i / 2), column c0 + 32 warp + 8 j + 2 q + i % 2 */
+    float acc[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
+    if (phase == 1) {   /* the splits' partial sums, in split order */
+        for (int z = 0; z < splits; ++z)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int e = e0 + 16 * mt + g + 8 * (i >> 1), h = c0 + 32 * warp + 8 * j + 2 * q + (i & 1);
+                        if (e < EL && h < HL)
+                            acc[mt][j][i] += part[((long long)z * EL + e) * HL + h];
+                    }
+    } else {
+        const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
+        const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
+        constexpr int NDL = TT * BE / NT, NX = TT * (BC / 8) / NT;
+        float pdl[NDL];   /* a chunk's d logits and x (8-column vectors; the ones column H), in registers */
+        uint4 px[NX];
+        auto load = [&](int t0) {
+#pragma unroll
+            for (int j = 0; j < NDL; ++j) {
+                const int idx = tid + j * NT, tt = idx / BE, ee = idx % BE;
+                pdl[j] = t0 + tt < te && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < NX; ++j) {
+                const int idx = tid + j * NT, tt = idx / (BC / 8), cc = c0 + 8 * (idx % (BC / 8));
+                /* H % 8 == 0: a vector is all of x's columns or all past them (the first of those the ones) */
+                px[j] = t0 + tt < te && cc < H ? __ldg(reinterpret_cast<const uint4 *>(x + (long long)(t0 + tt) * H + cc))
+                        : make_uint4(t0 + tt < te && cc == H && HL > H ? moe_pack2(1.f, 0.f) : 0u, 0u, 0u, 0u);
+            }
+        };
+        load(tb);
+#pragma unroll 1
+        for (int t0 = tb; t0 < te; t0 += TT) {
+#pragma unroll
+            for (int j = 0; j < NDL; ++j) {
+                const int idx = tid + j * NT;
+                split3(pdl[j], s_dl, idx / BE, idx % BE);
+            }
+#pragma unroll
+            for (int j = 0; j < NX; ++j) {
+                const int idx = tid + j * NT;
+                *reinterpret_cast<uint4 *>(&s_x[idx / (BC / 8)][8 * (idx % (BC / 8))]) = px[j];
+            }
+            __syncthreads();
+            if (t0 + TT < te)
+                load(t0 + TT);   /* the next chunk's loads in flight while this one is multiplied */
+            mma_chunk<true>(acc, s_dl, s_x, 32 * warp, lane);
+            __syncthreads();
+        }
+        if (splits > 1) {   /* this split's sums, for phase 1 */
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int e = e0 + 16 * mt + g + 8 * (i >> 1), h = c0 + 32 * warp + 8 * j + 2 * q + (i & 1);
+                        if (e < EL && h < HL)
+                            part[((long long)blockIdx.z * EL + e) * HL + h] = acc[mt][j][i];
+                    }
+            return;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = e0 + 16 * mt + g + 8 * (i >> 1), h = c0 + 32 * warp + 8 * j + 2 * q + (i & 1);
+                if (e >= EL)
+                    continue;
+                if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
+                    float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
+                    *o = beta ? *o + acc[mt][j][i] : acc[mt][j][i];
+                }
+@ if p.logit_bias then
+                else if (h == H && e < E) {
+                    dlb[e] = beta ? dlb[e] + acc[mt][j][i] : acc[mt][j][i];
+                }
+@ end
+            }
+}
+@ else
 /* d router_w [E, H] (+)= dlogits^T · x over the tokens (with a sigmoid-gated
  * shared expert, d logits column E gives d w_gate [H] the same way), and (with
  * router.logit_bias) d logit_bias [E] (+)= Σ_t dlogits as column H of the
@@ -519,6 +863,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
         }
     }
 }
+@ end
 
 /* out[slot, c] (+)= Σ_r src[r, c] over the slot's rows offsets[slot] ..
  * + counts[slot] (src [rows, ncols] in the dtype, out fp32 [slots, ncols]):

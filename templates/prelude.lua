@@ -150,6 +150,17 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
+@ if p.spec.training then
+/* ldmatrix .trans (the backward's router products, templates/bwd.lua): each
+ * 8x8 matrix transposed, so lane i gets its rows 2 (i % 4) and + 1 of
+ * column i / 4 (the lower row in the low half): a row-major [k][n] tile as
+ * mma's B (col) fragment, or a [k][m] one as its A (row) fragment. */
+static __device__ __forceinline__ void moe_ldmatrix_x4_trans(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
+                                                             const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(moe_smem_addr(smem)));
+}
+@ end
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {

@@ -5,25 +5,41 @@
  * the kernels (cut from the emitted source) are force-included, and -D
  * gives the shape and the names:
  *   BX_DX, BX_DWR  the kernels;  BX_E, BX_EL (d logits columns), BX_K (entries a token), BX_H
- *   BX_TB, BX_VB  dx's tokens and 8-column vectors a block (the plan's per_block, threads)
+ *   BX_TB, BX_DXC  dx's tokens and columns a block (the plan's per_block, gen/family.h's moe_bwd_dx_cols)
+ *   BX_MMA  the router products on tensor cores (bf16: gen/family.h's moe_bwd_router_mma)
  *   BX_INPUT (router.apply = "input": rows weighted by round(w)), BX_SG (a sigmoid shared gate),
  *   BX_LB (router.logit_bias: d logit_bias as d router_w's column H), BX_DWR_COLS, BX_DWR_EXPERTS (its block tile)
  *   BX_OWN (router.input = "separate": dx takes the rows alone, d router_x the router's term),
  *   BX_ESCALE (the escale kernel, run when BX_ES: d expert_scale's per-expert sums), BX_KR (top_k)
  * usage: bwd_host SEED T — T tokens, their rows a shuffle of T·K + 5 rows.
- * Prints one line; exit 0 when every dx element is, bit for bit, the fp32
- * sum in the order docs/DESIGN.md states (k increasing, then e, then the
- * shared gate's term, one rounding) and the row past T was not written,
- * and every d router_w (d logit_bias, d w_gate) element is the fp32 sum
- * over the tokens in order, or with the tokens in 2, 3 or 16 splits each
- * split's sum in order, then the splits' in order (templates/bwd.lua's
- * phases 0 and 1), written (beta 0) and added to a prior (beta 1);
- * with BX_ES, every d expert_scale element the escale kernel's documented
- * order (thread j: entries j, j + 256, ...; then the halving tree). */
+ * Prints one line; exit 0 when the row past T was not written and, on CUDA
+ * cores (fp16), every dx element is, bit for bit, the fp32 sum in the order
+ * docs/DESIGN.md states (k increasing, then e, then the shared gate's term,
+ * one rounding) and every d router_w (d logit_bias, d w_gate) element is
+ * the fp32 sum over the tokens in order, or with the tokens in 2, 3 or 16
+ * splits each split's sum in order, then the splits' in order
+ * (templates/bwd.lua's phases 0 and 1), written (beta 0) and added to a
+ * prior (beta 1). With BX_MMA the router products run through the host's
+ * ldmatrix and mma (tests/support/cuda_host.h: each mma's 16 products
+ * summed in fp32 in k order), whose order the test does not restate: dx
+ * must be the rows' fp32 sum in k order plus a router term within
+ * TOL · Σ_e |dlogits · Wr| of the exact one, rounded once (with BX_OWN
+ * dx the rows' sum bit for bit, d router_x the router term so), and each
+ * d router_w element within TOL · Σ_t |dlogits · x| (+ the fp32 rounding
+ * of the prior's add) of the exact sum, for every split count and beta;
+ * the worst error over Σ |terms| is printed. With BX_ES, every d
+ * expert_scale element the escale kernel's documented order (thread j:
+ * entries j, j + 256, ...; then the halving tree). */
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+
+/* the tensor-core products' tolerance, over the sum of the terms' magnitudes: fp32's accumulation error, with
+ * room (a missing mid part of d logits is ~2^-9 off) */
+static const double TOL = 1.0 / (1 << 20);
+/* v rounded to the dtype as a float */
+static float host_round(double v) { return moe_to_float(moe_from_float((float)v)); }
 
 int main(int argc, char **argv) {
     const int seed = argc > 1 ? atoi(argv[1]) : 0, T = argc > 2 ? atoi(argv[2]) : 1;
@@ -50,7 +66,7 @@ int main(int argc, char **argv) {
         v = u(rng) * 0.25f;
     const moe_half_t poison = 0xffff;
     std::vector<moe_half_t> dx((size_t)(T + 1) * BX_H, poison), drx((size_t)(T + 1) * BX_H, poison);
-    host_launch((unsigned)((T + BX_TB - 1) / BX_TB), (unsigned)((BX_H / 8 + BX_VB - 1) / BX_VB), 0,
+    host_launch((unsigned)((T + BX_TB - 1) / BX_TB), (unsigned)((BX_H + BX_DXC - 1) / BX_DXC), 0,
                 [&] { BX_DX(dxs.data(), row_of.data(), topk_w.data(), dl.data(), wr.data(), sg.data(), T, dx.data()
 #if BX_OWN
                             , drx.data()
@@ -65,6 +81,28 @@ int main(int argc, char **argv) {
                 const float wk = BX_INPUT ? moe_to_float(moe_from_float(topk_w[(size_t)t * BX_K + k])) : 1.f;
                 acc = fmaf(wk, moe_to_float(dxs[(size_t)row_of[(size_t)t * BX_K + k] * BX_H + c]), acc);
             }
+#if BX_MMA
+            /* the router term exactly, and its terms' magnitudes; the kernel's is within TOL of their sum */
+            double r = 0, mag = 0;
+            for (int e = 0; e < BX_EL; e++) {
+                const moe_half_t w = e < BX_E ? wr[(size_t)e * BX_H + c] : sg[c];   /* row E: the gate's */
+                const double p = (double)dl[(size_t)t * BX_EL + e] * moe_to_float(w);
+                r += p;
+                mag += fabs(p);
+            }
+            for (int o = 0; o < 1 + BX_OWN; o++) {
+                /* dx: (the rows' fp32 sum + the router term) in fp32, or with BX_OWN the rows' sum alone (exact) and
+                 * d router_x the router term, rounded once: between the roundings of the interval's ends */
+                const double v = o ? r : BX_OWN ? (double)acc : (double)acc + r;
+                const double tol = o || !BX_OWN ? TOL * mag + fabs(v) / (1 << 23) : 0.0;
+                const float got = moe_to_float((o ? drx : dx)[(size_t)t * BX_H + c]);
+                if (!(got >= host_round(v - tol) && got <= host_round(v + tol))) {
+                    bad++;
+                    worst = std::max(worst, fabs(got - v));
+                }
+            }
+            (void)racc;
+#else
             float &ra = BX_OWN ? racc : acc;
             for (int e = 0; e < BX_E; e++)
                 ra = fmaf(dl[(size_t)t * BX_EL + e], moe_to_float(wr[(size_t)e * BX_H + c]), ra);
@@ -77,6 +115,7 @@ int main(int argc, char **argv) {
                     worst = std::max(worst, (double)fabsf(moe_to_float(got) - moe_to_float(want)));
                 }
             }
+#endif
         }
     for (int c = 0; c < BX_H; c++)
         written += dx[(size_t)T * BX_H + c] != poison || drx[(size_t)T * BX_H + c] != poison;
@@ -87,6 +126,7 @@ int main(int argc, char **argv) {
         v = moe_from_float(u(rng));
     std::vector<float> dwr((size_t)BX_E * BX_H), dlb(BX_E), dsg(BX_H);
     long wbad = 0;
+    double wworst = 0;   /* BX_MMA: the worst |error| / Σ |terms| when written (beta 0) */
     const int HL = BX_H + BX_LB;
     const unsigned gx = (unsigned)((HL + BX_DWR_COLS - 1) / BX_DWR_COLS),
                    gy = (unsigned)((BX_EL + BX_DWR_EXPERTS - 1) / BX_DWR_EXPERTS);
@@ -109,6 +149,23 @@ int main(int argc, char **argv) {
                 });
             for (int e = 0; e < BX_EL; e++)
                 for (int h = 0; h < HL; h++) {
+                    const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;
+                    const float prior = h < BX_H ? (e < BX_E ? prior_w[(size_t)e * BX_H + h] : prior_g[h]) : e < BX_E ? prior_b[e] : 0.f;
+#if BX_MMA
+                    double r = 0, mag = 0;   /* the exact sum over every token, and its terms' magnitudes */
+                    for (int t = 0; t < T; t++) {
+                        const float xv = h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f;   /* H: the ones */
+                        const double p = (double)dl[(size_t)t * BX_EL + e] * xv;
+                        r += p;
+                        mag += fabs(p);
+                    }
+                    const double want = beta ? prior + r : r, err = got ? fabs(*got - want) : 0.0;
+                    if (got && !(err <= TOL * mag + fabs(want) / (1 << 23)))
+                        wbad++;
+                    if (got && mag > 0 && !beta)   /* (with a prior, its add's rounding would count) */
+                        wworst = std::max(wworst, err / mag);
+                    (void)per;
+#else
                     float acc = 0.f;   /* (0 + s_0) + s_1 + ..., s_z: split z's tokens in order */
                     for (int z = 0; z < splits; z++) {
                         float sz = 0.f;
@@ -117,10 +174,9 @@ int main(int argc, char **argv) {
                                       h < BX_H ? moe_to_float(x[(size_t)t * BX_H + h]) : 1.f, sz);
                         acc = splits > 1 ? acc + sz : sz;
                     }
-                    const float *got = h < BX_H ? (e < BX_E ? &dwr[(size_t)e * BX_H + h] : &dsg[h]) : e < BX_E ? &dlb[e] : nullptr;
-                    const float prior = h < BX_H ? (e < BX_E ? prior_w[(size_t)e * BX_H + h] : prior_g[h]) : e < BX_E ? prior_b[e] : 0.f;
                     if (got && memcmp(got, beta ? &(const float &)(prior + acc) : &acc, 4) != 0)
                         wbad++;
+#endif
                 }
         }
     }
@@ -161,9 +217,12 @@ int main(int argc, char **argv) {
     }
 #endif
     const int ok = bad == 0 && written == 0 && wbad == 0 && ebad == 0;
-    printf("%s: T %d: dx%s: %ld of %ld elements differ from the ordered sum (worst %.3g), %ld past T written; "
-           "d router_w: %ld elements differ; d expert_scale: %ld differ: %s\n",
-           argv[0], T, BX_OWN ? " and d router_x" : "", bad, (long)T * BX_H * (1 + BX_OWN), worst, written, wbad, ebad,
-           ok ? "ok" : "FAIL");
+    char wmsg[80] = "";
+    if (BX_MMA)
+        snprintf(wmsg, sizeof wmsg, " beyond the tolerance (worst error / Σ|terms| %.3g)", wworst);
+    printf("%s: T %d: dx%s: %ld of %ld elements differ from the %s (worst %.3g), %ld past T written; "
+           "d router_w: %ld elements differ%s; d expert_scale: %ld differ: %s\n",
+           argv[0], T, BX_OWN ? " and d router_x" : "", bad, (long)T * BX_H * (1 + BX_OWN),
+           BX_MMA ? "sum within the tolerance" : "ordered sum", worst, written, wbad, wmsg, ebad, ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }

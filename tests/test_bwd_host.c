@@ -5,10 +5,14 @@
  * compiler into tests/bwd_host.cc (the CUDA subset they use emulated by
  * tests/support/cuda_host.h), which runs them on random rows, d logits, x
  * and router weights and requires every element to be the fp32 sum in the
- * documented order, bit for bit. So dx's token and column tiling, the
- * shared-memory tables, the shared gate's and router.apply = "input"'s
- * terms, and d router_w's chunks (loaded a chunk ahead), its d logit_bias
- * column and d w_gate row and its beta are checked where there is no GPU;
+ * documented order, bit for bit (fp16: the CUDA-core loops), or, where the
+ * router products run on tensor cores (bf16; the host's mma and ldmatrix
+ * emulate their fragments), the rows' sum bit for bit and the products
+ * within tests/bwd_host.cc's tolerance of the exact ones. So dx's token and
+ * column tiling, the shared-memory tables, the shared gate's and
+ * router.apply = "input"'s terms, and d router_w's chunks (loaded a chunk
+ * ahead), its d logit_bias column and d w_gate row and its beta are
+ * checked where there is no GPU;
  * test_bwd_gpu checks the whole backward on one. Skipped without
  * a C++17 compiler with <ucontext.h> (c++, or $CXX). Run from the
  * repository root. */
@@ -28,6 +32,13 @@ static const host_case_t cases[] = {
      "name = 'wide' experts = 40 top_k = 6 hidden = 2064 ffn = 64 tokens = 64 training = true\n", {19}, 1},
     {"Gemma 4's router: dx the rows alone, d router_x the router's term; d expert_scale's per-expert sums",
      "tests/specs/train_own_input.moe", {1, 13, 70}, 3},
+    {"bf16, a sigmoid-gated shared expert: the gate's row E of dx's router rows and d w_gate on tensor cores",
+     "name = 'shared_bf16' experts = 8 top_k = 2 hidden = 136 ffn = 40 tokens = 1024\n"
+     "router = { score = 'softmax', renormalize = false } shared = { ffn = 80, gate = 'sigmoid' } training = true\n",
+     {9, 70}, 2},
+    {"bf16, logit_bias: d router_w's ones column on tensor cores (H 256: a block of the ones column alone)",
+     "name = 'bias_bf16' experts = 8 top_k = 4 hidden = 256 ffn = 128 tokens = 1024\n"
+     "router = { score = 'softmax', renormalize = true, logit_bias = true } training = true\n", {33, 300}, 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -66,11 +77,12 @@ static void run_case(const host_case_t *c, const char *cxx) {
         const int shared_gate = s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID;
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DBX_DX=%s -DBX_DWR=%s "
-                 "-DBX_E=%d -DBX_EL=%d -DBX_K=%d -DBX_H=%d -DBX_TB=%d -DBX_VB=%d -DBX_INPUT=%d -DBX_SG=%d -DBX_LB=%d "
-                 "-DBX_DWR_COLS=%d -DBX_DWR_EXPERTS=%d -DBX_OWN=%d -DBX_ESCALE=%s -DBX_ES=%d -DBX_KR=%d "
+                 "-DBX_E=%d -DBX_EL=%d -DBX_K=%d -DBX_H=%d -DBX_TB=%d -DBX_DXC=%d -DBX_MMA=%d -DBX_INPUT=%d -DBX_SG=%d "
+                 "-DBX_LB=%d -DBX_DWR_COLS=%d -DBX_DWR_EXPERTS=%d -DBX_OWN=%d -DBX_ESCALE=%s -DBX_ES=%d -DBX_KR=%d "
                  "tests/bwd_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", dx->name, dwr->name, s.experts,
-                 moe_spec_router_columns(&s), moe_spec_entries(&s), s.hidden, dx->per_block, dx->threads,
+                 moe_spec_router_columns(&s), moe_spec_entries(&s), s.hidden, dx->per_block, moe_bwd_dx_cols(&s, dx),
+                 moe_bwd_router_mma(&s),
                  s.router.apply == MOE_APPLY_INPUT, shared_gate, s.router.logit_bias, MOE_BWD_DWR_COLS,
                  MOE_BWD_DWR_EXPERTS, s.router.input == MOE_ROUTER_INPUT_SEPARATE, esc->name, s.router.expert_scale,
                  s.top_k, bin);

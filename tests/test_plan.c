@@ -102,11 +102,20 @@ static void test_training(void) {
     unsigned g[3];
     moe_family_grid(&pd.bwd[MOE_K_BWD_DYS - MOE_K_BWD_FIRST], &pd.spec, 5, 0, g); /* 10 rows, a warp each */
     CHECK(g[0] == 2 && g[1] == 1);
-    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 8 tokens x 256 vectors a block */
-    CHECK(g[0] == 3 && g[1] == 1);
-    pd.spec.hidden = 2056; /* 257 vectors: a second block column */
+    /* bf16: the router products on tensor cores, 32 tokens x 256 columns a block */
+    CHECK(moe_bwd_router_mma(&pd.spec) && pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST].per_block == MOE_BWD_DX_MMA_TOKENS);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 264 columns: two blocks */
+    CHECK(g[0] == 1 && g[1] == 2);
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 65, 0, g);
+    CHECK(g[0] == 3 && g[1] == 2);
+    pd.spec.hidden = 2056; /* 2056 columns: a ninth block column */
+    moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g);
+    CHECK(g[0] == 1 && g[1] == 9);
+    pd.spec.dtype = MOE_DTYPE_FP16; /* fp16: CUDA cores, 8 tokens x 256 8-column vectors (per_block as fp16 plans it) */
+    pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST].per_block = 8;
     moe_family_grid(&pd.bwd[MOE_K_BWD_DX - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g);
     CHECK(g[0] == 3 && g[1] == 2);
+    pd.spec.dtype = MOE_DTYPE_BF16;
     pd.spec.hidden = 264;
     moe_family_grid(&pd.bwd[MOE_K_BWD_DWR - MOE_K_BWD_FIRST], &pd.spec, 17, 0, g); /* 264 + the ones column */
     CHECK(g[0] == (264 + 1 + MOE_BWD_DWR_COLS - 1) / MOE_BWD_DWR_COLS && g[1] == 1);

@@ -1,5 +1,6 @@
 /* cuda_host.h — just enough of CUDA to run the emitted gemv kernels
- * (templates/gemm_gemv.lua), the backward's dx (templates/bwd.lua) and the
+ * (templates/gemm_gemv.lua), the backward's dx and d router_w
+ * (templates/bwd.lua, their mma.sync and ldmatrix included) and the
  * permute scatter (templates/permute.lua) on the CPU, for test_gemv_host,
  * test_bwd_host and test_scatter_host: every CUDA
  * thread of a block is a fiber (ucontext) on the one host thread, run in
@@ -339,6 +340,23 @@ static inline void moe_ldmatrix_x2(unsigned &r0, unsigned &r1, const void *smem)
     host_ldmatrix<2>(r, smem);
     r0 = r[0], r1 = r[1];
 }
+/* ldmatrix .trans (the prelude's moe_ldmatrix_x4_trans): lane i gets, of
+ * each matrix, rows 2 (i % 4) and + 1 of column i / 4 (the lower row in the
+ * low half). */
+static inline void moe_ldmatrix_x4_trans(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *smem) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
+    host.lane_ptr[b][w][lane] = smem;
+    host_wait(host.warp[b][w]);
+    unsigned r[4];
+    for (int j = 0; j < 4; j++) {
+        unsigned short lo, hi;
+        memcpy(&lo, (const unsigned char *)host.lane_ptr[b][w][8 * j + 2 * (lane % 4)] + 2 * (lane / 4), 2);
+        memcpy(&hi, (const unsigned char *)host.lane_ptr[b][w][8 * j + 2 * (lane % 4) + 1] + 2 * (lane / 4), 2);
+        r[j] = lo | (unsigned)hi << 16;
+    }
+    host_wait(host.warp[b][w]);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
 
 /* mma.sync.aligned.m16n8k16.row.col.f32 (bf16, or fp16 with MOE_HOST_FP16)
  * D = A B + D: A 16 x 16 (row g: a0 columns 2t, 2t+1 and a2 columns +8;
@@ -367,6 +385,12 @@ static inline void host_mma_16816(float (&d)[4], const unsigned (&a)[4], const u
         d[i] += sum;
     }
     host_wait(host.warp[b][w]);
+}
+
+/* the prelude's moe_mma_16816 (fragments as pointers) */
+static inline void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
+    host_mma_16816(*reinterpret_cast<float(*)[4]>(d), *reinterpret_cast<const unsigned(*)[4]>(a),
+                   *reinterpret_cast<const unsigned(*)[2]>(b));
 }
 
 static void host_fiber_main() {
