@@ -530,8 +530,8 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
             if (k->tile.gemv)
-                moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"unroll\": %d, \"grid\": \"gemv\"}",
-                               k->tile.bm, k->tile.bn, k->tile.stages);
+                moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"unroll\": %d, \"grid\": \"%s\"}",
+                               k->tile.bm, k->tile.bn, k->tile.stages, k->tile.gemv == 3 ? "gemv3" : "gemv");
             else if (k->tile.bm && k->tile.consumers) {
                 char grid[16]; /* as the tuning table spells it */
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "

@@ -109,8 +109,10 @@ typedef struct {
                              * tiles, the last to finish summing the fp32 partials (the "splitkS" grid);
                              * 0 = none */
     int gemv;               /* sm_90a: 1 = the "gemv" grid (templates/gemm_gemv.lua): a CTA per (bn weight
-                             * rows, M tile), its rows in chunks of <= 8, no tensor cores; consumers 0 (it
-                             * launches as the sm_80 kernels do), stages = the K loop's unroll */
+                             * rows, M tile), its rows in chunks of <= 8, two CTAs an SM, no tensor cores;
+                             * consumers 0 (it launches as the sm_80 kernels do), stages = the K loop's
+                             * unroll; 3 = "gemv3": rows in chunks of <= 2, three CTAs an SM (bf16 and fp16,
+                             * bn >= 32, unroll <= 2) */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */

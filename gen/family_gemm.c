@@ -34,6 +34,8 @@ static const char *gemv_check(const moe_tile_cfg_t *t) {
                "or 4";
     if (t->consumers != 1 || t->group_m != 1)
         return "gemv: consumers and group_m must be 1 (no warpgroups, no raster)";
+    if (t->gemv == 3 && (t->bn < 32 || t->stages > 2))
+        return "gemv3: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (three CTAs an SM: at most 80 registers)";
     return NULL;
 }
 
@@ -133,6 +135,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
     const char *why = NULL;
     if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
         why = gemv_check(t);
+        if (!why && t->gemv == 3)
+            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3 (its rows run in chunks of 4)";
         if (!why && t->bn < 32)
             why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
                   "CTAs, at most 8)";
@@ -185,7 +189,7 @@ int moe_gemm_gemv_kc(long long K, int fp8) {
 
 /* The gemv grid (templates/gemm_gemv.lua): bn weight rows per CTA, the
  * entry's stages the K loop's unroll, 256 threads, 8 rows x KC halves of
- * shared memory, then with bn 8 or 16 (warps sharing a group's K) the 8
+ * shared memory (gemv3: 2 rows), then with bn 8 or 16 (warps sharing a group's K) the 8
  * warps' 32 partial sums each (fp32). With fp8 weights (its device_code8,
  * rows in chunks of 4): 4 rows x KC e4m3 bytes and their KC / 128 scales
  * (fp32), the up GEMM's 4 rows x bn / 2 activations and 4 amaxes (fp32),
@@ -195,10 +199,11 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
     const int fp8 = moe_spec_fp8(c->spec), up = k->family == MOE_K_GEMM_UP;
     moe_gemm_kn(up, c->spec->hidden, c->spec->ffn, &K, &N);
     k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
-                               .gemv = 1};
+                               .gemv = te->gemv};
     k->threads = 256;
-    const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0;
-    k->smem = fp8 ? 4 * kc + 4 * (kc / 128) * 4 + (up ? 4 * (te->bn / 2) * 4 + 4 * 4 : 0) + sums : 8 * kc * 2 + sums;
+    const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0, rows = te->gemv == 3 ? 2 : 8;
+    k->smem = fp8 ? 4 * kc + 4 * (kc / 128) * 4 + (up ? 4 * (te->bn / 2) * 4 + 4 * 4 : 0) + sums
+                  : rows * kc * 2 + sums;
     return 0;
 }
 
@@ -237,7 +242,7 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
 
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]) {
     if (t->gemv)
-        snprintf(buf, 16, "gemv");
+        snprintf(buf, 16, t->gemv == 3 ? "gemv3" : "gemv");
     else if (t->splitk)
         snprintf(buf, 16, "splitk%d", t->splitk);
     else
@@ -254,7 +259,8 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     const char *dt = !moe_spec_fp8(s) ? moe_dtype_name(s->dtype)
                      : s->quant.scaling == MOE_SCALING_BLOCK ? "e4m3_block" : "e4m3_channel";
     if (t->gemv) /* the unroll for the stages; no consumers, no raster */
-        snprintf(out, n, "%s_%s_%s_sm90a_gemv_m%dn%du%d", s->name, what, dt, t->bm, t->bn, t->stages);
+        snprintf(out, n, "%s_%s_%s_sm90a_%s_m%dn%du%d", s->name, what, dt, t->gemv == 3 ? "gemv3" : "gemv", t->bm,
+                 t->bn, t->stages);
     else if (t->consumers) {
         char grid[16]; /* the grid, named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;

@@ -33,7 +33,12 @@
 @ -- Rows: the tile's rows run in chunks of at most 8 (R = 1, 2, 4 or 8 by
 @ -- what is left: R rows' accumulators, R x 4 per lane), so any row count
 @ -- is correct; past 8 rows a CTA reads its weights once per chunk (from
-@ -- L2), which is why the grid is for few rows. A chunk's R rows x KC
+@ -- L2), which is why the grid is for few rows. "gemv3" (p.tile.gemv = 3,
+@ -- bf16 / fp16, bn >= 32, unroll <= 2): chunks of at most 2 rows (R = 1
+@ -- or 2) under __launch_bounds__(256, 3), so three CTAs share an SM and a
+@ -- grid of up to 3 x 132 CTAs is one wave (more weight streams in flight
+@ -- an SM; a third of the registers left for rows, so 3 or more rows read
+@ -- the weights again from L2). A chunk's R rows x KC
 @ -- columns of A (xs or hbuf) are staged in shared memory (rows past the
 @ -- tile's zero-filled), once when K <= KC, else once per KC columns and
 @ -- group pass; each warp issues its first batch of weight loads before the
@@ -45,7 +50,7 @@
 @ -- the pre-activation gate + bias and up + bias rounded into ubuf at
 @ -- their packed columns), or acc + bias to the dtype.
 @ --
-@ -- Shared memory: 8 * KC halves, then with WPG > 1 the 8 warps' 32 sums
+@ -- Shared memory: 8 * KC halves (gemv3: 2 * KC), then with WPG > 1 the 8 warps' 32 sums
 @ -- (fp32) (p.smem, gen/family_gemm.c; static_assert).
 @ --
 @ -- The combine, folded into the down GEMM (gen/launch_geom.h,
@@ -86,6 +91,12 @@
 @   need(math.type(c.kc) == "integer" and c.kc > 0 and c.kc % 8 == 0, "tile.kc must be a positive multiple of 8")
 @   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @   c.rows = ROWS
+@   c.occ = 2      -- CTAs an SM (__launch_bounds__'s second argument where it is given)
+@   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)
+@     need(c.bn >= 32 and c.unroll <= 2, "gemv3: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
+@     need(not (p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"), "gemv3: bf16 and fp16 weights only")
+@     c.rows, c.occ = 2, 3
+@   end
 @   if c.fp8 then   -- e4m3 operands: 16 of them a vector, scale blocks of 128 along K
 @     c.rows = 4    -- rows a chunk: within 128 registers (two CTAs an SM) without spills
 @     c.block = p.spec.quant.scaling == "block"
@@ -182,11 +193,11 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
 @ -- emitting the lines that store value `s` of row r, group row j).
 @ local function device_code(p, c, epilogue_args, epilogue)
 constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = ${c.bn}, KC = ${c.kc}, U = ${c.unroll};
-constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${ROWS}, GROUPS = BN / 4;
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, ROWS = ${c.rows}, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
 static_assert(${p.smem} == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
@@ -466,7 +477,9 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 @ -- fp8's up GEMM: its cluster of CTAs (consecutive N slices of one tile) shares a quantization block
 @ local cl = (c.cluster or 1) > 1 and ("__cluster_dims__(" .. c.cluster .. ", 1, 1) ") or ""
 @ -- fp8 with unroll 4: its 16 loads in flight a lane take 64 registers, so one CTA an SM
-@ if c.bn < 32 or (c.fp8 and c.unroll <= 2) then
+@ if c.occ == 3 then
+extern "C" __global__ void __launch_bounds__(${THREADS}, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+@ elseif c.bn < 32 or (c.fp8 and c.unroll <= 2) then
 extern "C" __global__ void ${cl}__launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
 @ else
 extern "C" __global__ void ${cl}__launch_bounds__(${THREADS})
@@ -513,7 +526,7 @@ ${p.kernel}(${args}) {
             run_rows<4>(${head}${call_args});
         else
             run_rows<8>(${head}${call_args});
-@ else
+@ elseif c.rows == 4 then
         else  /* nr <= ROWS = 4 */
             run_rows<4>(${head}${call_args});
 @ end
