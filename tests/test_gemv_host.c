@@ -99,6 +99,12 @@ static const gemv_case_t cases[] = {
      "\"input\" (the combine's weight 1)", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 "
      "dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n"
      "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9},
+    /* gemv3: three CTAs an SM, rows in chunks of 2 (R = 1, 2) */
+    {"gemv3 on Qwen3's H and F, bn 32, unroll 2: top-2, chunks of 2 + 2 + 2 + 2 + 1 rows",
+     "name = 'q3' experts = 4 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
+    {"gemv3, fp16, bm 128, bn 64, unroll 1: K 2880 with a tail, the clamped SwiGLU with biases, chunks of 2 + 1",
+     "name = 'g3' experts = 4 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 3},
     /* fp8 (tests/tune/gemv8.tune): e4m3 operands, the up GEMM's clusters sharing a quantization block */
     {"fp8 block scales on Qwen3's H and F, bn 32: clusters of 8 CTAs; top-2, chunks of 8 + 1 rows",
      "name = 'f32' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n"

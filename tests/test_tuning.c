@@ -246,6 +246,36 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("gemv3: parsed, planned with 2-row chunks' shared memory, named; bn < 32, unroll 4 and fp8 refused");
+    {
+        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 NVIDIA H200\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 1 && t.e[0].gemv == 3 && !t.e[0].persistent && !t.e[0].splitk);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(up->tile.gemv == 3 && down->tile.gemv == 3 && up->tile.bn == 32 && up->threads == 256);
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv3_m64n32u2");
+        CHECK(up->smem == 2 * 2048 * 2 && down->smem == 2 * 768 * 2); /* 2 rows x min(K, MOE_GEMV_KC) halves */
+        char grid[16];
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv3");
+        moe_tuning_free(&t);
+        static const char *const bad[] = {
+            "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* bn 16 */
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 gemv3  1 2 2026-12-06 x\n", /* unroll 4 */
+            "128 8 2048 768 e4m3 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* fp8 */
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* no such grid */
+        };
+        for (int i = 0; i < 4; i++) {
+            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:"), "entry %d accepted: %s", i, d.msg);
+            if (i < 3)
+                CHECKF(strstr(d.msg, "gemv3"), "entry %d: the message does not name gemv3: %s", i, d.msg);
+            moe_tuning_free(&t);
+        }
+    }
+
     CASE("dtype e4m3: an fp8 spec's entries; an fp8 spec takes no other, a bf16 spec none of them");
     {
         moe_tuning_t t;
@@ -524,7 +554,7 @@ int main(void) {
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
             CHECK(gt.e[i].persistent == (g == 1 || g == 2) && gt.e[i].pingpong == (g == 2) &&
-                  (gt.e[i].splitk >= 2) == (g == 3) && gt.e[i].gemv == (g == 4));
+                  (gt.e[i].splitk >= 2) == (g == 3) && (gt.e[i].gemv != 0) == (g == 4));
         moe_tuning_free(&gt);
     }
 
@@ -677,8 +707,8 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
                  "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
-                 "each over a share of K) or gemv (a CTA per bn weight rows of a tile, for few rows per expert) "
-                 "('persistent')");
+                 "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert) "
+                 "or gemv3 (gemv, three CTAs an SM) ('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 32 64 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
