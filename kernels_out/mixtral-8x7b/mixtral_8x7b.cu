@@ -2357,7 +2357,7 @@ mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 628 "templates/gemm_gemv.lua"
+#line 641 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
 #line 104 "templates/activation.lua"
 
@@ -2365,29 +2365,29 @@ namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 184 "templates/gemm_gemv.lua"
+#line 195 "templates/gemm_gemv.lua"
 constexpr int K = 4096, N = 28672, NOUT = 14336, BN = 32, KC = 4096, U = 4;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
 static_assert(65536 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 103 "templates/gemm_gemv.lua"
+#line 114 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 106 "templates/gemm_gemv.lua"
+#line 117 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 115 "templates/gemm_gemv.lua"
+#line 126 "templates/gemm_gemv.lua"
 }
-#line 194 "templates/gemm_gemv.lua"
+#line 205 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2400,7 +2400,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
-#line 119 "templates/gemm_gemv.lua"
+#line 130 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2422,7 +2422,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 207 "templates/gemm_gemv.lua"
+#line 218 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2435,7 +2435,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 143 "templates/gemm_gemv.lua"
+#line 154 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2446,7 +2446,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 220 "templates/gemm_gemv.lua"
+#line 231 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2503,7 +2503,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 160 "templates/gemm_gemv.lua"
+#line 171 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2522,83 +2522,83 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 610 "templates/gemm_gemv.lua"
+#line 623 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 617 "templates/gemm_gemv.lua"
+#line 630 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 619 "templates/gemm_gemv.lua"
+#line 632 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 626 "templates/gemm_gemv.lua"
+#line 639 "templates/gemm_gemv.lua"
         }
-#line 278 "templates/gemm_gemv.lua"
+#line 289 "templates/gemm_gemv.lua"
     }
 }
-#line 635 "templates/gemm_gemv.lua"
+#line 648 "templates/gemm_gemv.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 472 "templates/gemm_gemv.lua"
+#line 485 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 474 "templates/gemm_gemv.lua"
+#line 487 "templates/gemm_gemv.lua"
 mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl;
-#line 478 "templates/gemm_gemv.lua"
+#line 491 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 480 "templates/gemm_gemv.lua"
+#line 493 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem[];
-#line 484 "templates/gemm_gemv.lua"
+#line 497 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem);
-#line 486 "templates/gemm_gemv.lua"
+#line 499 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 496 "templates/gemm_gemv.lua"
+#line 509 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 498 "templates/gemm_gemv.lua"
+#line 511 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 504 "templates/gemm_gemv.lua"
+#line 517 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 506 "templates/gemm_gemv.lua"
+#line 519 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 512 "templates/gemm_gemv.lua"
+#line 525 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 520 "templates/gemm_gemv.lua"
+#line 533 "templates/gemm_gemv.lua"
     }
-#line 525 "templates/gemm_gemv.lua"
+#line 538 "templates/gemm_gemv.lua"
 }
 
-#line 661 "templates/gemm_gemv.lua"
+#line 674 "templates/gemm_gemv.lua"
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl {
-#line 184 "templates/gemm_gemv.lua"
+#line 195 "templates/gemm_gemv.lua"
 constexpr int K = 14336, N = 4096, NOUT = 4096, BN = 32, KC = 4096, U = 4;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
 static_assert(65536 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): 8 rows x KC halves, then the warps' sums");
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 103 "templates/gemm_gemv.lua"
+#line 114 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 113 "templates/gemm_gemv.lua"
+#line 124 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 115 "templates/gemm_gemv.lua"
+#line 126 "templates/gemm_gemv.lua"
 }
-#line 194 "templates/gemm_gemv.lua"
+#line 205 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2611,7 +2611,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
-#line 119 "templates/gemm_gemv.lua"
+#line 130 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2633,7 +2633,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 207 "templates/gemm_gemv.lua"
+#line 218 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2646,7 +2646,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 143 "templates/gemm_gemv.lua"
+#line 154 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2657,7 +2657,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 220 "templates/gemm_gemv.lua"
+#line 231 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2714,7 +2714,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 160 "templates/gemm_gemv.lua"
+#line 171 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2733,14 +2733,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 657 "templates/gemm_gemv.lua"
+#line 670 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 278 "templates/gemm_gemv.lua"
+#line 289 "templates/gemm_gemv.lua"
     }
 }
-#line 667 "templates/gemm_gemv.lua"
+#line 680 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -2771,9 +2771,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 700 "templates/gemm_gemv.lua"
+#line 713 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 702 "templates/gemm_gemv.lua"
+#line 715 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2787,47 +2787,47 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 }
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 472 "templates/gemm_gemv.lua"
+#line 485 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 474 "templates/gemm_gemv.lua"
+#line 487 "templates/gemm_gemv.lua"
 mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_impl;
-#line 478 "templates/gemm_gemv.lua"
+#line 491 "templates/gemm_gemv.lua"
     (void)b2;
-#line 480 "templates/gemm_gemv.lua"
+#line 493 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem[];
-#line 484 "templates/gemm_gemv.lua"
+#line 497 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4_smem);
-#line 486 "templates/gemm_gemv.lua"
+#line 499 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 496 "templates/gemm_gemv.lua"
+#line 509 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 498 "templates/gemm_gemv.lua"
+#line 511 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 504 "templates/gemm_gemv.lua"
+#line 517 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 506 "templates/gemm_gemv.lua"
+#line 519 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 512 "templates/gemm_gemv.lua"
+#line 525 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 520 "templates/gemm_gemv.lua"
+#line 533 "templates/gemm_gemv.lua"
     }
-#line 522 "templates/gemm_gemv.lua"
+#line 535 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
-#line 525 "templates/gemm_gemv.lua"
+#line 538 "templates/gemm_gemv.lua"
 }
 
 #line 892 "templates/gemm_sm90.lua"
