@@ -97,6 +97,22 @@
 @ local escale = p.spec.router.expert_scale and true or false   -- per-expert scales: w = w'·c
 @ -- router.logit_softcap = c: the saved logits are capped (L = c·tanh(l / c)); dL/dl = 1 − (L / c)²
 @ local capd = p.softcap and (" * (1.f - (l[e] / " .. f32(p.softcap) .. ") * (l[e] / " .. f32(p.softcap) .. "))") or ""
+@ -- dx's staging of its block's rows and factors (both dx kernels): the
+@ -- threads from `first` on, `step` apart, fill s_row[TB][K] and s_wk[TB][K]
+@ local function stage_rows(first, step)
+    for (int i = ${first}; i < TB * K; i += ${step}) {
+        const int tt = i / K, k = i % K;
+        s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
+@   if input then
+        s_wk[tt][k] = tt < nt ? moe_round(topk_w[(long long)t0 * K + i]) : 0.f;
+@   else
+        s_wk[tt][k] = 1.f;
+@   end
+    }
+@   if not input then
+    (void)topk_w;
+@   end
+@ end
 namespace ${ns} {
 constexpr int K = ${p.entries};    /* entries per token */
 constexpr int KR = ${p.K};         /* the routed ones (top_k): the router's gradient */
@@ -410,18 +426,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t0 = blockIdx.x * TB, c0 = blockIdx.y * BN;
     const int nt = tokens - t0 < TB ? tokens - t0 : TB;
-    for (int i = tid; i < TB * K; i += NT) {
-        const int tt = i / K, k = i % K;
-        s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
-@ if input then
-        s_wk[tt][k] = tt < nt ? moe_round(topk_w[(long long)t0 * K + i]) : 0.f;
-@ else
-        s_wk[tt][k] = 1.f;
-@ end
-    }
-@ if not input then
-    (void)topk_w;
-@ end
+@ stage_rows("tid", "NT")
     float pdl[NDL];   /* a chunk's d logits (element tid + j NT of [32 tokens][32 rows]) and router rows */
     uint4 pw[NW];     /* (16-byte vector tid + j NT of [32 rows][BN / 8]), in registers */
     auto load = [&](int e0) {
@@ -536,18 +541,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
         const int tt = i / EL, e = i % EL;
         s_dl[e][tt] = tt < nt ? dlogits[(long long)(t0 + tt) * EL + e] : 0.f;
     }
-    for (int i = threadIdx.x; i < TB * K; i += VB) {
-        const int tt = i / K, k = i % K;
-        s_row[tt][k] = tt < nt ? row_of[(long long)t0 * K + i] : 0;
-@ if input then
-        s_wk[tt][k] = tt < nt ? moe_round(topk_w[(long long)t0 * K + i]) : 0.f;
-@ else
-        s_wk[tt][k] = 1.f;
-@ end
-    }
-@ if not input then
-    (void)topk_w;
-@ end
+@ stage_rows("threadIdx.x", "VB")
     __syncthreads();
     if (v >= HV)
         return;
