@@ -97,6 +97,34 @@
 @ local escale = p.spec.router.expert_scale and true or false   -- per-expert scales: w = w'·c
 @ -- router.logit_softcap = c: the saved logits are capped (L = c·tanh(l / c)); dL/dl = 1 − (L / c)²
 @ local capd = p.softcap and (" * (1.f - (l[e] / " .. f32(p.softcap) .. ") * (l[e] / " .. f32(p.softcap) .. "))") or ""
+@ -- bwd_dwr's phase 0 (both kernels): split blockIdx.z's token range
+@ -- [tb, te), and `load(t0)`, which brings the d logits of experts `e0` ..
+@ -- +BE and the x vectors of columns `c0` .. +BC of tokens t0 .. +TT into
+@ -- registers (zeros past them; x's column H, the ones column, as 1), then
+@ -- the first chunk's loads
+@ local function dwr_loads(e0, c0)
+    } else {
+        const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
+        const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
+        constexpr int NDL = TT * BE / NT, NX = TT * (BC / 8) / NT;
+        float pdl[NDL];   /* a chunk's d logits and x (8-column vectors; the ones column H), in registers */
+        uint4 px[NX];
+        auto load = [&](int t0) {
+#pragma unroll
+            for (int j = 0; j < NDL; ++j) {
+                const int idx = tid + j * NT, tt = idx / BE, ee = idx % BE;
+                pdl[j] = t0 + tt < te && ${e0} + ee < EL ? dlogits[(long long)(t0 + tt) * EL + ${e0} + ee] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < NX; ++j) {
+                const int idx = tid + j * NT, tt = idx / (BC / 8), cc = ${c0} + 8 * (idx % (BC / 8));
+                /* H % 8 == 0: a vector is all of x's columns or all past them (the first of those the ones) */
+                px[j] = t0 + tt < te && cc < H ? __ldg(reinterpret_cast<const uint4 *>(x + (long long)(t0 + tt) * H + cc))
+                        : make_uint4(t0 + tt < te && cc == H && HL > H ? moe_pack2(1.f, 0.f) : 0u, 0u, 0u, 0u);
+            }
+        };
+        load(tb);
+@ end
 @ -- dx's staging of its block's rows and factors (both dx kernels): the
 @ -- threads from `first` on, `step` apart, fill s_row[TB][K] and s_wk[TB][K]
 @ local function stage_rows(first, step)
@@ -648,27 +676,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
                         if (e < EL && h < HL)
                             acc[mt][j][i] += part[((long long)z * EL + e) * HL + h];
                     }
-    } else {
-        const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
-        const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
-        constexpr int NDL = TT * BE / NT, NX = TT * (BC / 8) / NT;
-        float pdl[NDL];   /* a chunk's d logits and x (8-column vectors; the ones column H), in registers */
-        uint4 px[NX];
-        auto load = [&](int t0) {
-#pragma unroll
-            for (int j = 0; j < NDL; ++j) {
-                const int idx = tid + j * NT, tt = idx / BE, ee = idx % BE;
-                pdl[j] = t0 + tt < te && e0 + ee < EL ? dlogits[(long long)(t0 + tt) * EL + e0 + ee] : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < NX; ++j) {
-                const int idx = tid + j * NT, tt = idx / (BC / 8), cc = c0 + 8 * (idx % (BC / 8));
-                /* H % 8 == 0: a vector is all of x's columns or all past them (the first of those the ones) */
-                px[j] = t0 + tt < te && cc < H ? __ldg(reinterpret_cast<const uint4 *>(x + (long long)(t0 + tt) * H + cc))
-                        : make_uint4(t0 + tt < te && cc == H && HL > H ? moe_pack2(1.f, 0.f) : 0u, 0u, 0u, 0u);
-            }
-        };
-        load(tb);
+@ dwr_loads("e0", "c0")
 #pragma unroll 1
         for (int t0 = tb; t0 < te; t0 += TT) {
 #pragma unroll
@@ -776,27 +784,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
                 for (int i = 0; i < 4; ++i)
                     if (e0 + j < EL && hb + i < HL)
                         acc[j][i] += part[((long long)z * EL + e0 + j) * HL + hb + i];
-    } else {
-        const int per = ((tokens + splits - 1) / splits + TT - 1) / TT * TT;
-        const int tb = (int)blockIdx.z * per, te = tb + per < tokens ? tb + per : tokens;
-        constexpr int NDL = TT * BE / NT, NX = TT * (BC / 8) / NT;
-        float pdl[NDL];   /* a chunk's d logits and x (8-column vectors; the ones column H), in registers */
-        uint4 px[NX];
-        auto load = [&](int t0) {
-#pragma unroll
-            for (int j = 0; j < NDL; ++j) {
-                const int idx = tid + j * NT, tt = idx / BE, ee = idx % BE;
-                pdl[j] = t0 + tt < te && blockIdx.y * BE + ee < EL ? dlogits[(long long)(t0 + tt) * EL + blockIdx.y * BE + ee] : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < NX; ++j) {
-                const int idx = tid + j * NT, tt = idx / (BC / 8), cc = blockIdx.x * BC + 8 * (idx % (BC / 8));
-                /* H % 8 == 0: a vector is all of x's columns or all past them (the first of those the ones) */
-                px[j] = t0 + tt < te && cc < H ? __ldg(reinterpret_cast<const uint4 *>(x + (long long)(t0 + tt) * H + cc))
-                        : make_uint4(t0 + tt < te && cc == H && HL > H ? moe_pack2(1.f, 0.f) : 0u, 0u, 0u, 0u);
-            }
-        };
-        load(tb);
+@ dwr_loads("blockIdx.y * BE", "blockIdx.x * BC")
 #pragma unroll 1
         for (int t0 = tb; t0 < te; t0 += TT) {
 #pragma unroll
