@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run 74 (eleventh session, 2026-12-06): run73.sh's essentials in one call of at most ~520 s, for a session whose
-# device time went mostly to refused starts. Builds and carry as run73.sh (build/s128 unused).
+# Run 74 (eleventh session, 2026-12-06): decode and backward A/B and GPU tests in one call of at most ~520 s, for a session whose
+# device time went mostly to refused starts. Builds (docs/PERF.md, 2026-12-06): build/{cur,pf,rb,g3,s64}, carried.
 # Each step is skipped once the call has run past its start budget, so the logs that come back are whole.
 set -u
 B=${1:-520}   # the call's budget in seconds: each step's start limit is a share of it
