@@ -529,11 +529,11 @@ static void emit_manifest(moe_buf_t *b, const moe_plan_desc_t *pd, const char *t
                            f->name, k->name, tmpl, k->threads, k->smem);
             if (k->per_block)
                 moe_buf_printf(b, ", \"per_block\": %d", k->per_block);
+            char grid[16]; /* as the tuning table spells it */
             if (k->tile.gemv)
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"unroll\": %d, \"grid\": \"%s\"}",
-                               k->tile.bm, k->tile.bn, k->tile.stages, k->tile.gemv == 3 ? "gemv3" : "gemv");
+                               k->tile.bm, k->tile.bn, k->tile.stages, moe_gemm_sm90_grid_name(&k->tile, grid));
             else if (k->tile.bm && k->tile.consumers) {
-                char grid[16]; /* as the tuning table spells it */
                 moe_buf_printf(b, ", \"tile\": {\"bm\": %d, \"bn\": %d, \"bk\": %d, \"stages\": %d, "
                                   "\"consumers\": %d, \"group_m\": %d, \"grid\": \"%s\"}",
                                k->tile.bm, k->tile.bn, k->tile.bk, k->tile.stages, k->tile.consumers, k->tile.group_m,

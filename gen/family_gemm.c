@@ -258,11 +258,11 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
     const char *what = k->family == MOE_K_GEMM_UP ? "gemm_up_swiglu" : "gemm_down";
     const char *dt = !moe_spec_fp8(s) ? moe_dtype_name(s->dtype)
                      : s->quant.scaling == MOE_SCALING_BLOCK ? "e4m3_block" : "e4m3_channel";
-    if (t->gemv) /* the unroll for the stages; no consumers, no raster */
-        snprintf(out, n, "%s_%s_%s_sm90a_%s_m%dn%du%d", s->name, what, dt, t->gemv == 3 ? "gemv3" : "gemv", t->bm,
+    char grid[16]; /* the grid as the tuning table spells it */
+    if (t->gemv)   /* the unroll for the stages; no consumers, no raster */
+        snprintf(out, n, "%s_%s_%s_sm90a_%s_m%dn%du%d", s->name, what, dt, moe_gemm_sm90_grid_name(t, grid), t->bm,
                  t->bn, t->stages);
-    else if (t->consumers) {
-        char grid[16]; /* the grid, named unless one CTA per tile */
+    else if (t->consumers) {  /* the grid named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;
         snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, dt,
                  plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,

@@ -97,6 +97,31 @@
 @ local escale = p.spec.router.expert_scale and true or false   -- per-expert scales: w = w'·c
 @ -- router.logit_softcap = c: the saved logits are capped (L = c·tanh(l / c)); dL/dl = 1 − (L / c)²
 @ local capd = p.softcap and (" * (1.f - (l[e] / " .. f32(p.softcap) .. ") * (l[e] / " .. f32(p.softcap) .. "))") or ""
+@ -- bwd_dwr's signature and constants (both kernels)
+@ local function dwr_head()
+extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
+${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
+            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg, float *__restrict__ part,
+            int splits, int phase) {
+    moe_pdl_begin();
+    using namespace ${ns};
+    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32, NT = ${p.dwr_threads};
+    constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
+@ end
+@ -- bwd_dwr's output of value `v` at expert e, column h (both kernels):
+@ -- d router_w's row e (the shared gate's d w_gate: row E), or with
+@ -- router.logit_bias d logit_bias[e] at the ones column h = H
+@ local function dwr_store(v)
+                if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
+                    float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
+                    *o = beta ? *o + ${v} : ${v};
+                }
+@   if p.logit_bias then
+                else if (h == H && e < E) {
+                    dlb[e] = beta ? dlb[e] + ${v} : ${v};
+                }
+@   end
+@ end
 @ -- bwd_dwr's phase 0 (both kernels): split blockIdx.z's token range
 @ -- [tb, te), and `load(t0)`, which brings the d logits of experts `e0` ..
 @ -- +BE and the x vectors of columns `c0` .. +BC of tokens t0 .. +TT into
@@ -637,14 +662,7 @@ ${p.dx_kernel}(const moe_half_t *__restrict__ dxs, const int *__restrict__ row_o
  * order into the outputs. Either way the output is (0 + s_0) + s_1 + ...,
  * each s_z its tokens' product, then added to what the output holds when
  * beta is 1. */
-extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
-${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
-            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg, float *__restrict__ part,
-            int splits, int phase) {
-    moe_pdl_begin();
-    using namespace ${ns};
-    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32, NT = ${p.dwr_threads};
-    constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
+@ dwr_head()
     static_assert(BC == 256 && BE == 32 && NT == 256, "8 warps over 32 experts x 256 columns");
     __shared__ __align__(16) moe_half_t s_dl[3][TT][LDA];   /* the chunk's d logits [token][expert]: hi, mid, lo */
     __shared__ __align__(16) moe_half_t s_x[TT][LDB];       /* the chunk's [x | 1] [token][column] */
@@ -718,15 +736,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
                 const int e = e0 + 16 * mt + g + 8 * (i >> 1), h = c0 + 32 * warp + 8 * j + 2 * q + (i & 1);
                 if (e >= EL)
                     continue;
-                if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
-                    float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
-                    *o = beta ? *o + acc[mt][j][i] : acc[mt][j][i];
-                }
-@ if p.logit_bias then
-                else if (h == H && e < E) {
-                    dlb[e] = beta ? dlb[e] + acc[mt][j][i] : acc[mt][j][i];
-                }
-@ end
+@ dwr_store("acc[mt][j][i]")
             }
 }
 @ else
@@ -751,14 +761,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
  * column). phase 1 (a grid of one split) sums part over the splits in order
  * into the outputs. Either way the output is (0 + s_0) + s_1 + ..., each s_z
  * its tokens in order, then added to what the output holds when beta is 1. */
-extern "C" __global__ void __launch_bounds__(${p.dwr_threads})
-${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict__ x, int tokens, int beta,
-            float *__restrict__ dwr, float *__restrict__ dlb, float *__restrict__ dsg, float *__restrict__ part,
-            int splits, int phase) {
-    moe_pdl_begin();
-    using namespace ${ns};
-    constexpr int BC = ${p.dwr_cols}, BE = ${p.dwr_experts}, TT = 32, NT = ${p.dwr_threads};
-    constexpr int HL = H + ${p.logit_bias and 1 or 0};   /* part's columns: x's, and the ones column */
+@ dwr_head()
     constexpr int CG = BC / 4;                          /* threads along the columns */
     static_assert(CG * (BE / 8) == NT, "8 experts x 4 columns a thread");
     __shared__ __align__(16) float s_dl[TT][BE];
@@ -833,15 +836,7 @@ ${p.dwr_kernel}(const float *__restrict__ dlogits, const moe_half_t *__restrict_
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int h = hb + i;
-            if (h < H) {   /* row e of d router_w, or the shared gate's d w_gate (row E) */
-                float *o = e < E ? dwr + (long long)e * H + h : dsg + h;
-                *o = beta ? *o + acc[j][i] : acc[j][i];
-            }
-@ if p.logit_bias then
-            else if (h == H && e < E) {
-                dlb[e] = beta ? dlb[e] + acc[j][i] : acc[j][i];
-            }
-@ end
+@ dwr_store("acc[j][i]")
         }
     }
 }

@@ -94,7 +94,7 @@
 @   c.occ = 2      -- CTAs an SM (__launch_bounds__'s second argument where it is given)
 @   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)
 @     need(c.bn >= 32 and c.unroll <= 2, "gemv3: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
-@     need(not (p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"), "gemv3: bf16 and fp16 weights only")
+@     need(not c.fp8, "gemv3: bf16 and fp16 weights only")
 @     c.rows, c.occ = 2, 3
 @   end
 @   if c.fp8 then   -- e4m3 operands: 16 of them a vector, scale blocks of 128 along K

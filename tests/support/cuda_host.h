@@ -321,13 +321,22 @@ template <int N> static inline void moe_cp_async_wait() {}
 /* ldmatrix.sync.aligned.m8n8.xN.shared.b16: matrix j's 8 rows are at the
  * addresses lanes 8j .. 8j+7 give; lane i gets, of each matrix, the 32-bit
  * word at row i / 4, columns 2 (i % 4) and + 1 (the lower column in the low
- * half). */
-template <int N> static inline void host_ldmatrix(unsigned *r, const void *addr) {
+ * half); with TRANS (.trans) each matrix is read transposed. */
+template <int N, bool TRANS = false> static inline void host_ldmatrix(unsigned *r, const void *addr) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
+    const void *const *row = host.lane_ptr[b][w];
     host.lane_ptr[b][w][lane] = addr;
     host_wait(host.warp[b][w]);
-    for (int j = 0; j < N; j++)
-        memcpy(&r[j], (const unsigned char *)host.lane_ptr[b][w][8 * j + lane / 4] + 4 * (lane % 4), 4);
+    for (int j = 0; j < N; j++) {
+        if (TRANS) { /* .trans: rows 2 (i % 4) and + 1 of column i / 4, the lower row in the low half */
+            unsigned short lo, hi;
+            memcpy(&lo, (const unsigned char *)row[8 * j + 2 * (lane % 4)] + 2 * (lane / 4), 2);
+            memcpy(&hi, (const unsigned char *)row[8 * j + 2 * (lane % 4) + 1] + 2 * (lane / 4), 2);
+            r[j] = lo | (unsigned)hi << 16;
+        } else {
+            memcpy(&r[j], (const unsigned char *)row[8 * j + lane / 4] + 4 * (lane % 4), 4);
+        }
+    }
     host_wait(host.warp[b][w]);
 }
 static inline void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *smem) {
@@ -344,17 +353,8 @@ static inline void moe_ldmatrix_x2(unsigned &r0, unsigned &r1, const void *smem)
  * each matrix, rows 2 (i % 4) and + 1 of column i / 4 (the lower row in the
  * low half). */
 static inline void moe_ldmatrix_x4_trans(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *smem) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
-    host.lane_ptr[b][w][lane] = smem;
-    host_wait(host.warp[b][w]);
     unsigned r[4];
-    for (int j = 0; j < 4; j++) {
-        unsigned short lo, hi;
-        memcpy(&lo, (const unsigned char *)host.lane_ptr[b][w][8 * j + 2 * (lane % 4)] + 2 * (lane / 4), 2);
-        memcpy(&hi, (const unsigned char *)host.lane_ptr[b][w][8 * j + 2 * (lane % 4) + 1] + 2 * (lane / 4), 2);
-        r[j] = lo | (unsigned)hi << 16;
-    }
-    host_wait(host.warp[b][w]);
+    host_ldmatrix<4, true>(r, smem);
     r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
 }
 
