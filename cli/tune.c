@@ -40,8 +40,9 @@ const char *const moe_tune_usage =
     "output tile, persist = one CTA per SM walking the tiles, pingpong = persist with the two consumer\n"
     "warpgroups on alternate tiles, splitkS = S CTAs per tile each over a share of K: timed at counts\n"
     "up to 64 alone, and not for an expert-parallel SPEC; gemv = a CTA per bn weight rows of a tile, its\n"
-    "rows 8 at a time, stages the K loop's unroll, and gemv3 = gemv with three CTAs an SM, rows 2 at a\n"
-    "time: timed at counts up to 64 alone) for SPEC's shape at\n"
+    "rows 8 at a time, stages the K loop's unroll, gemv3 = gemv with three CTAs an SM, rows 2 at a\n"
+    "time, and stream = a CTA an SM streaming 16-row blocks of the weights through a ring of `stages`\n"
+    "stages: timed at counts up to 64 alone) for SPEC's shape at\n"
     "each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
@@ -53,7 +54,7 @@ const char *const moe_tune_usage =
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
     "measured count up to it.\n"
-    "--grid tile,persist,pingpong,splitk,gemv,gemv3 times only the candidates of those grids (the winner is the\n"
+    "--grid tile,persist,pingpong,splitk,gemv,gemv3,stream times only the candidates of those grids (the winner is the\n"
     "fastest of them).\n"
     "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
     "-o they are printed.\n"
@@ -61,7 +62,7 @@ const char *const moe_tune_usage =
 
 typedef struct {
     int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv, 5 gemv3
-                                        * (stages: the unroll) */
+                                        * (stages: the unroll), 6 stream (stages: the ring's) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
     int bk;                            /* 0: 64 (bf16, fp16); the fp8 tiles' 128 */
 } cand_t;
@@ -80,6 +81,7 @@ static const cand_t cands[] = {
     {64, 64, 2, 1, 4, 0, 0},    {64, 128, 2, 1, 4, 0, 0},   {64, 32, 4, 1, 4, 0, 0},    {64, 64, 4, 1, 4, 0, 0},
     {64, 32, 1, 1, 4, 0, 0},    {64, 16, 2, 1, 4, 0, 0},    {64, 8, 2, 1, 4, 0, 0},     {64, 8, 4, 1, 4, 0, 0},
     {64, 32, 2, 1, 5, 0, 0},    {64, 64, 2, 1, 5, 0, 0},    {64, 32, 1, 1, 5, 0, 0},
+    {64, 16, 3, 1, 6, 0, 0},    {64, 16, 4, 1, 6, 0, 0},    {64, 16, 6, 1, 6, 0, 0},
 };
 /* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
 static const cand_t fp8_cands[] = {
@@ -92,12 +94,12 @@ static const cand_t fp8_cands[] = {
 };
 
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /
- * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3). */
+ * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3, stream's 4). */
 static moe_tile_cfg_t cand_tile(const cand_t *c) {
     return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
                             .consumers = c->grid >= 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
                             .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4 ? 1 : c->grid == 5 ? 3 : 0};
+                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4 ? 1 : c->grid == 5 ? 3 : c->grid == 6 ? 4 : 0};
 }
 
 /* The checks a tuning entry's tile must pass (gen/tuning.c): the e4m3 ones for an fp8 spec's. */
@@ -231,7 +233,7 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
     int nsets = 0;
     memset(a, 0, sizeof *a);
     a->iters = 20;
-    a->grids = 0x3f;
+    a->grids = 0x7f;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
@@ -244,22 +246,23 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
             if (o[2] == 't')
                 toklist = v;
             else if (o[2] == 'g') {
-                static const char *const names[6] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3"};
+                static const char *const names[7] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3",
+                                                     "stream"};
                 a->grids = 0;
                 for (const char *p = v; *p;) {
                     const size_t n = strcspn(p, ",");
                     int g = 0;
-                    while (g < 6 && (strlen(names[g]) != n || strncmp(p, names[g], n)))
+                    while (g < 7 && (strlen(names[g]) != n || strncmp(p, names[g], n)))
                         g++;
-                    if (g == 6)
+                    if (g == 7)
                         return fprintf(stderr, "moegen: error: --grid: '%.*s' is not tile, persist, pingpong, splitk, "
-                                       "gemv or gemv3\n", (int)n, p), 2;
+                                       "gemv, gemv3 or stream\n", (int)n, p), 2;
                     a->grids |= 1u << g;
                     p += n + (p[n] == ',');
                 }
                 if (!a->grids)
                     return fprintf(stderr, "moegen: error: --grid needs one or more of tile, persist, pingpong, "
-                                   "splitk, gemv, gemv3\n"), 2;
+                                   "splitk, gemv, gemv3, stream\n"), 2;
             }
             else if (o[2] == 'i') {
                 char *e;

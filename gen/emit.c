@@ -68,6 +68,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
             moe_lua_set_int(L, "splitk", d->tile.splitk);
             moe_lua_set_bool(L, "gemv", d->tile.gemv);
+            moe_lua_set_bool(L, "stream", d->tile.gemv == 4);
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
             moe_gemm_kn(d->family == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);

@@ -112,7 +112,10 @@ typedef struct {
                              * rows, M tile), its rows in chunks of <= 8, two CTAs an SM, no tensor cores;
                              * consumers 0 (it launches as the sm_80 kernels do), stages = the K loop's
                              * unroll; 3 = "gemv3": rows in chunks of <= 2, three CTAs an SM (bf16 and fp16,
-                             * bn >= 32, unroll <= 2) */
+                             * bn >= 32, unroll <= 2); 4 = "stream": a persistent grid (a CTA an SM, or a few:
+                             * moe_gemv_stream_ctas) whose CTAs split the (tile, 16-row block) items evenly,
+                             * the weights streamed by bulk copies through a ring of `stages` stages (bf16
+                             * and fp16, bn 16) */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */
@@ -233,6 +236,10 @@ const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
  * fp8 weights (e4m3 rows, one byte an element) min(K, 2 MOE_GEMV_KC). */
 #define MOE_GEMV_KC 4096
 int moe_gemm_gemv_kc(long long K, int fp8);
+/* The stream grid's K chunk (templates/gemm_gemv.lua, stream_code): a ring
+ * stage is 16 weight rows x min(K, MOE_STREAM_KC) halves. */
+#define MOE_STREAM_KC 1024
+int moe_gemm_stream_kc(long long K);
 
 /* The split-K scratch of GEMM k over mtiles M tiles (tile.splitk > 0; 0
  * and 0 otherwise): *partials fp32 values (a bm x bn partial tile per

@@ -39,9 +39,25 @@ static const char *gemv_check(const moe_tile_cfg_t *t) {
     return NULL;
 }
 
+/* The stream grid's checks (gemm_gemv.lua's config holds the same): blocks
+ * of 16 weight rows, a ring of 2 .. 8 stages. */
+static const char *stream_check(const moe_tile_cfg_t *t) {
+    if (t->bm != 64 && t->bm != 128)
+        return "stream: bm (the tile table's row block) must be 64 or 128";
+    if (t->bn != 16)
+        return "stream: bn (the weight rows of a work item) must be 16";
+    if (t->bk != 64)
+        return "stream: bk must be 64 (unused by the stream kernels, as the other grids spell it)";
+    if (t->stages < 2 || t->stages > 8)
+        return "stream: stages (the ring's stages of 16 rows x up to 1024 columns) must be 2 .. 8";
+    if (t->consumers != 1 || t->group_m != 1)
+        return "stream: consumers and group_m must be 1 (no warpgroups, no raster)";
+    return NULL;
+}
+
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     if (t->gemv) {
-        const char *why = gemv_check(t);
+        const char *why = t->gemv == 4 ? stream_check(t) : gemv_check(t);
         if (why)
             snprintf(err, errlen, "%s", why);
         return why != NULL;
@@ -135,8 +151,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
     const char *why = NULL;
     if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
         why = gemv_check(t);
-        if (!why && t->gemv == 3)
-            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3 (its rows run in chunks of 4)";
+        if (!why && (t->gemv == 3 || t->gemv == 4))
+            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3 or stream (bf16 and fp16 weights only)";
         if (!why && t->bn < 32)
             why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
                   "CTAs, at most 8)";
@@ -194,13 +210,27 @@ int moe_gemm_gemv_kc(long long K, int fp8) {
  * rows in chunks of 4): 4 rows x KC e4m3 bytes and their KC / 128 scales
  * (fp32), the up GEMM's 4 rows x bn / 2 activations and 4 amaxes (fp32),
  * then the warps' sums. */
-static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const moe_tuning_entry_t *te) {
+/* The stream grid's K chunk: a stage is 16 rows x min(K, MOE_STREAM_KC)
+ * halves (32 KB at most). */
+int moe_gemm_stream_kc(long long K) {
+    return K < MOE_STREAM_KC ? (int)K : MOE_STREAM_KC;
+}
+
+static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const moe_tuning_entry_t *te, char *err,
+                         size_t errlen) {
     long long K, N;
     const int fp8 = moe_spec_fp8(c->spec), up = k->family == MOE_K_GEMM_UP;
     moe_gemm_kn(up, c->spec->hidden, c->spec->ffn, &K, &N);
     k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
                                .gemv = te->gemv};
     k->threads = 256;
+    if (te->gemv == 4) { /* stream: S stages of 16 rows x KC halves, 2 S mbarriers, 16 bytes */
+        if (N % 16)
+            return snprintf(err, errlen, "the stream grid needs the %s GEMM's %lld weight rows a multiple of 16",
+                            up ? "up" : "down", N), -1;
+        k->smem = te->stages * 16 * moe_gemm_stream_kc(K) * 2 + 2 * te->stages * 8 + 16;
+        return 0;
+    }
     const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0, rows = te->gemv == 3 ? 2 : 8;
     k->smem = fp8 ? 4 * kc + 4 * (kc / 128) * 4 + (up ? 4 * (te->bn / 2) * 4 + 4 * 4 : 0) + sums
                   : rows * kc * 2 + sums;
@@ -208,13 +238,12 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
 }
 
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
-    (void)err, (void)errlen;
     const moe_tuning_entry_t *te = c->tuned;
     if (moe_spec_fp8(c->spec) && !(te && te->gemv)) /* the default fp8 tile or an e4m3 entry's (never a bf16
                                                           * entry: gen/tuning.c) */
         return sm90_fp8_geometry(k, te);
     if (te && te->gemv)
-        return gemv_geometry(k, c, te);
+        return gemv_geometry(k, c, te, err, errlen);
     if (te) {
         k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages,
                                    .group_m = te->group_m, .consumers = te->consumers, .persistent = te->persistent,
@@ -242,7 +271,7 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
 
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]) {
     if (t->gemv)
-        snprintf(buf, 16, t->gemv == 3 ? "gemv3" : "gemv");
+        snprintf(buf, 16, t->gemv == 4 ? "stream" : t->gemv == 3 ? "gemv3" : "gemv");
     else if (t->splitk)
         snprintf(buf, 16, "splitk%d", t->splitk);
     else
@@ -302,7 +331,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     if (k->tile.gemv) {
         long long K, N;
         moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
-        moe_lua_set_int(L, "kc", moe_gemm_gemv_kc(K, moe_spec_fp8(c->spec)));
+        moe_lua_set_int(L, "kc", k->tile.gemv == 4 ? moe_gemm_stream_kc(K) : moe_gemm_gemv_kc(K, moe_spec_fp8(c->spec)));
     }
     lua_setfield(L, -2, "tile");
 }

@@ -209,6 +209,16 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
+ * as many as fit on every SM at smem bytes of shared memory each (of the
+ * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 4 an SM
+ * (256 threads of up to 64 registers); 132 SMs when the count is unknown. */
+static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
+    int per = (227 * 1024) / (smem + 1024);
+    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    return (unsigned)((sms > 0 ? sms : 132) * per);
+}
+
 /* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
  * the call's down GEMM runs on the gemv grid, on one device (not an
  * expert-parallel rank, whose combine runs after the rows came home; not

@@ -117,6 +117,10 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
+    if (d->tile.gemv == 4) { /* the stream grid: persistent, its CTAs split the items themselves */
+        g[0] = moe_gemv_stream_ctas(l->sms, d->smem);
+        g[1] = g[2] = 1;
+    }
     /* the wgrads and the bias sums walk the launcher's weight slots: an EP
      * rank's held experts (the family's moe_spec_slots without EP) */
     if (k == MOE_K_WGRAD_UP || k == MOE_K_WGRAD_DOWN)

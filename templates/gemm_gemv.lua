@@ -78,7 +78,7 @@
 @   local c = { bm = t.bm, bn = t.bn, unroll = t.stages, kc = t.kc }
 @   need(c.bn == 8 or c.bn == 16 or c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256,
 @        "tile.bn must be 8, 16, 32, 64, 128 or 256")
-@   need(c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
+@   need(t.gemv == 4 or c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
 @   need(p.threads == THREADS, "p.threads must be " .. THREADS)
 @   if kind == "up" then
 @     c.K, c.N, c.nout, c.up = p.H, 2 * p.F, p.F, true
@@ -92,6 +92,14 @@
 @   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @   c.rows = ROWS
 @   c.occ = 2      -- CTAs an SM (__launch_bounds__'s second argument where it is given)
+@   if t.gemv == 4 then   -- "stream": a persistent grid, the weights streamed by bulk copies (stream_code)
+@     need(c.bn == 16, "stream: tile.bn must be 16 (a work item: one pairing block of the up GEMM)")
+@     need(t.stages >= 2 and t.stages <= 8, "stream: tile.stages (the ring's stages) must be 2 .. 8")
+@     need(c.N % 16 == 0, "stream: the weight rows (2F up, H down) must be a multiple of 16")
+@     need(p.spec.quant == nil or p.spec.quant.weights ~= "fp8_e4m3", "stream: bf16 and fp16 weights only")
+@     c.stream, c.stages, c.unroll = true, t.stages, 1
+@     return c
+@   end
 @   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)
 @     need(c.bn >= 32 and c.unroll <= 2, "gemv3: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
 @     need(not c.fp8, "gemv3: bf16 and fp16 weights only")
@@ -471,6 +479,193 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 }
 @ end
 @
+@ -- The "stream" grid (p.tile.gemv = 4, bf16 / fp16): a persistent grid
+@ -- (gen/launch_geom.h, moe_gemv_stream_ctas: a few CTAs an SM) whose
+@ -- CTAs split the call's work items evenly: item i = tile i / NB, block
+@ -- i % NB of 16 weight rows (up: one pairing block, gate rows 0..7 and
+@ -- their up rows 8..15, so 8 output columns; down: 16 output columns);
+@ -- CTA c takes items [c n / G, (c + 1) n / G) of n = *num_tiles x NB, so
+@ -- its weights are a few long runs of consecutive rows. Thread 0 streams
+@ -- them into a ring of S stages (16 rows x KC columns, one bulk copy a
+@ -- row, or one for all 16 when KC = K) that completes on the stage's
+@ -- `full` mbarrier, and refills a stage once the 8 warps have arrived on
+@ -- its `empty` one; it runs ahead of the consumers by S stages across
+@ -- items, tiles and passes, so the weight stream never waits on an
+@ -- epilogue. Warp w owns rows w and w + 8 of the block (up: gate and up
+@ -- of column 8 b + w; down: columns 16 b + w, + 8): its lanes stride
+@ -- the stage's 16-byte vectors and multiply them with A's rows (xs or
+@ -- hbuf, read from L1 / L2), a tile's rows in passes of XR = 8 (a pass
+@ -- reads the block's weights again: the grid is for few rows), with 2 x 8
+@ -- fp32 sums a lane. After a pass's last stage the sums are added across
+@ -- the warp (xor butterfly) and lane r stores row r's outputs, rounded
+@ -- once as the other kernels do. Tiles without rows take no stage (their
+@ -- items still take the combine's ticket). The combine, folded in as
+@ -- the gemv grid's (y non-NULL), runs per block: ticket b after the item
+@ -- of every tile, its last CTA writing y's 16 columns.
+@ -- Shared memory: S stages of 16 x KC halves, then the 2 S mbarriers and
+@ -- 16 bytes (the combine's flag is static) (p.smem, gen/family_gemm.c).
+@ local function stream_code(p, c)
+constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = 16, KC = ${c.kc}, S = ${c.stages};
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* rows of A a pass */
+constexpr int NKC = (K + KC - 1) / KC, NB = N / BN, KCV = KC / 8;  /* stages a pass; items a tile; a row's vectors */
+constexpr int STAGE = BN * KC * 2, BAR_OFF = S * STAGE;  /* bytes */
+static_assert(${p.smem} == BAR_OFF + 2 * S * 8 + 16,
+              "the plan's shared memory (gen/family_gemm.c): S stages of 16 rows x KC, then the mbarriers");
+static_assert(N % BN == 0 && KC % 8 == 0 && STAGE % 128 == 0, "whole blocks of 16 rows, 16-byte vectors");
+
+/* Where the weight stream is: item, pass (of XR rows) and K chunk, with the item's tile. */
+struct cursor_t {
+    int item, pass, kc, t, expert, rows;
+};
+/* Move c to the first stage at or after it (tiles without rows have none); false past `end`. */
+static __device__ __forceinline__ bool settle(cursor_t &c, int end, const moe_tile_t *__restrict__ tiles) {
+    for (; c.item < end; ++c.item, c.pass = 0, c.kc = 0) {
+        if (c.item / NB != c.t) {
+            c.t = c.item / NB;
+            c.expert = tiles[c.t].expert;
+            c.rows = tiles[c.t].rows;
+        }
+        if (c.pass * XR < c.rows)
+            return true;
+    }
+    return false;
+}
+/* Bulk-copy stage j (c's) of the expert's weights w into its slot and step c past it. */
+static __device__ __forceinline__ void produce(cursor_t &c, int j, const moe_half_t *__restrict__ w, unsigned char *sm) {
+    void *full = sm + BAR_OFF + (j % S) * 8;
+    const int k0 = c.kc * KC, kb = (K - k0 < KC ? K - k0 : KC) * 2;
+    const moe_half_t *src = w + ((long long)c.expert * N + (long long)(c.item % NB) * BN) * K + k0;
+    unsigned char *dst = sm + (j % S) * STAGE;
+    moe_mbar_expect_tx(full, (unsigned)(BN * kb));
+    if constexpr (KC == K) {
+        moe_bulk_g2s(dst, src, (unsigned)(BN * kb), full);  /* the block's rows are one run */
+    } else {
+#pragma unroll 1
+        for (int r = 0; r < BN; ++r)
+            moe_bulk_g2s(dst + r * (KC * 2), src + (long long)r * K, (unsigned)kb, full);
+    }
+    if (++c.kc == NKC) {
+        c.kc = 0;
+        ++c.pass;
+    }
+}
+
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The CTA's items: A (xs or hbuf) rows, the weights w (every slot's N x K); the
+ * epilogue stores lane r's row (s0, s1: rows warp and warp + 8 of block b). */
+template <class Epi>
+static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ w,
+                                                    const moe_tile_t *__restrict__ tiles, int ntiles, unsigned char *sm,
+                                                    Epi epi) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = ntiles * NB;
+    const int begin = (int)((long long)blockIdx.x * n / gridDim.x), end = (int)((long long)(blockIdx.x + 1) * n / gridDim.x);
+    if (tid == 0) {
+#pragma unroll 1
+        for (int s = 0; s < S; ++s) {
+            moe_mbar_init(sm + BAR_OFF + s * 8, 1);             /* full: the producer's arrival and the bytes */
+            moe_mbar_init(sm + BAR_OFF + (S + s) * 8, WARPS);   /* empty: every warp done with the stage */
+        }
+    }
+    __syncthreads();
+    cursor_t pc = {begin, 0, 0, -1, 0, 0};  /* thread 0's: the next stage to stream */
+    int jp = 0;                             /* stages streamed */
+    if (tid == 0) {
+#pragma unroll 1
+        for (; jp < S && settle(pc, end, tiles); ++jp)
+            produce(pc, jp, w, sm);
+    }
+    int j = 0;  /* stages consumed */
+#pragma unroll 1
+    for (int item = begin; item < end; ++item) {
+        const int t = item / NB, b = item - t * NB;
+        const int expert = tiles[t].expert, row_start = tiles[t].row_start, rows = tiles[t].rows;
+#pragma unroll 1
+        for (int r0 = 0; r0 < rows; r0 += XR) {
+            const int nr = rows - r0 < XR ? rows - r0 : XR;
+            const moe_half_t *__restrict__ ar = a + (long long)(row_start + r0) * K;
+            float a0[XR], a1[XR];
+#pragma unroll
+            for (int r = 0; r < XR; ++r)
+                a0[r] = a1[r] = 0.0f;
+#pragma unroll 1
+            for (int kc = 0; kc < NKC; ++kc, ++j) {
+                moe_mbar_wait(sm + BAR_OFF + (j % S) * 8, (unsigned)(j / S) & 1u);
+                const uint4 *sw = reinterpret_cast<const uint4 *>(sm + (j % S) * STAGE);
+                const int k0 = kc * KC, kv = (K - k0 < KC ? K - k0 : KC) / 8;
+#pragma unroll 2
+                for (int v = lane; v < kv; v += 32) {
+                    const uint4 w0 = sw[warp * KCV + v], w1 = sw[(warp + 8) * KCV + v];
+#pragma unroll
+                    for (int r = 0; r < XR; ++r) {
+                        if (r < nr) {
+                            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(ar + (long long)r * K + k0) + v);
+                            const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                                moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                                moe_lo_float(xv.w), moe_hi_float(xv.w)};
+                            a0[r] = dot8(w0, x, a0[r]);
+                            a1[r] = dot8(w1, x, a1[r]);
+                        }
+                    }
+                }
+                __syncwarp();
+                if (lane == 0)
+                    moe_mbar_arrive(sm + BAR_OFF + (S + j % S) * 8);
+                if (tid == 0 && settle(pc, end, tiles)) {  /* stage jp = j + S refills the slot just read */
+                    moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
+                    produce(pc, jp, w, sm);
+                    ++jp;
+                }
+            }
+            /* the warp's sums on every lane; lane r < nr keeps row r's */
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int r = 0; r < XR; ++r) {
+                if (r < nr) {
+                    const float t0 = warp_sum(a0[r]), t1 = warp_sum(a1[r]);
+                    if (lane == r) {
+                        s0 = t0;
+                        s1 = t1;
+                    }
+                }
+            }
+            if (lane < nr)
+                epi(expert, b, (long long)(row_start + r0 + lane), s0, s1);
+        }
+        epi.item_done(b);
+    }
+}
+@ end
+@
+@ -- The stream grid's kernel (stream_code): its epilogue functor `epi`
+@ -- (an expression of the kernel's arguments) over the CTA's items.
+@ local function stream_kernel(p, c, args, a, w, epi)
+extern "C" __global__ void __launch_bounds__(${THREADS}, 1)
+${p.kernel}(${args}) {
+    moe_pdl_begin();
+    using namespace ${p.kernel}_impl;
+    extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];  /* 16 bytes: the bulk copies' unit */
+    stream_items(${a}, ${w}, tiles, *num_tiles, ${p.kernel}_smem, ${epi});
+}
+@ end
+@
 @ -- The kernel: the tile and slice, then the row chunks (and, down, the
 @ -- combine of the slice when it is the slice's last CTA).
 @ local function kernel(p, c, args, a, w, bias, call_args, combine, asc, ws)
@@ -533,7 +728,7 @@ ${p.kernel}(${args}) {
     }
 @ if combine then
     if (y)
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
 @ end
 }
 @ end
@@ -638,6 +833,39 @@ ${p.kernel}(${args}) {
 @     end
         }
 @   end
+@   if c.stream then
+namespace ${p.kernel}_impl {
+@     import("activation").device(p)
+@     stream_code(p, c)
+/* The up epilogue of the stream grid: lane r's row of block b, gate s0 and up s1 of column 8 b + warp. */
+struct up_epi {
+    const moe_half_t *__restrict__ bias;  /* b1p: every slot's N */
+    moe_half_t *__restrict__ out;
+@     if train then
+    moe_half_t *__restrict__ ubuf;
+@     end
+    __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
+        const int pr = b * BN + (int)(threadIdx.x >> 5);  /* the packed gate row; its up row is pr + 8 */
+@     if p.ffn_bias then
+        const float g = s0 + moe_to_float(bias[(long long)slot * N + pr]), u = s1 + moe_to_float(bias[(long long)slot * N + pr + 8]);
+@     else
+        const float g = s0, u = s1;
+@     end
+        out[orow * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(${call("g, u")});
+@     if train then
+        if (ubuf) {  /* U: gate and up at their packed columns */
+            ubuf[orow * N + pr] = moe_from_float(g);
+            ubuf[orow * N + pr + 8] = moe_from_float(u);
+        }
+@     end
+    }
+    __device__ __forceinline__ void item_done(int) const {}
+};
+}  // namespace ${p.kernel}_impl
+
+@     stream_kernel(p, c, args, "xs", "w1p", "up_epi{b1p, hbuf" .. (train and ", ubuf" or "") .. "}")
+@     return
+@   end
 namespace ${p.kernel}_impl {
 @   import("activation").device(p)
 @   if c.fp8 then
@@ -672,7 +900,9 @@ namespace ${p.kernel}_impl {
             out[(orow + r) * NOUT + col] = moe_from_float(s${c.fp8 and not c.block and " * ws[col]" or ""}${p.ffn_bias and " + moe_to_float(bias[col])" or ""});
 @   end
 namespace ${p.kernel}_impl {
-@   if c.fp8 then
+@   if c.stream then
+@     stream_code(p, c)
+@   elseif c.fp8 then
 @     device_code8(p, c, eargs, epilogue)
 @   else
 @     device_code(p, c, eargs, epilogue)
@@ -684,16 +914,17 @@ namespace ${p.kernel}_impl {
  * token (written by the slice's other CTAs) from L2. */
 static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
                                                      const float *__restrict__ topk_w, int tokens,
-                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0) {
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
     constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
     __shared__ int s_last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        const int last = atomicAdd(tickets + blockIdx.x, 1) == ntiles - 1;
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
         if (last)
-            atomicExch(tickets + blockIdx.x, 0);  /* zero again for the next call */
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
         __threadfence();
         s_last = last;
     }
@@ -723,8 +954,40 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
+@   if c.stream then
+/* The down epilogue of the stream grid: lane r's row of block b, columns 16 b + warp (s0) and + 8 (s1);
+ * once an item is done on every tile, its block's combine (y non-NULL). */
+struct down_epi {
+    const moe_half_t *__restrict__ bias;  /* b2: every slot's N */
+    moe_half_t *out;
+    const int *__restrict__ row_of;
+    const float *__restrict__ topk_w;
+    int tokens;
+    moe_half_t *__restrict__ y;
+    int *tickets, ntiles;
+    __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
+        const int col = b * BN + (int)(threadIdx.x >> 5);
+@     if p.ffn_bias then
+        out[orow * NOUT + col] = moe_from_float(s0 + moe_to_float(bias[(long long)slot * N + col]));
+        out[orow * NOUT + col + 8] = moe_from_float(s1 + moe_to_float(bias[(long long)slot * N + col + 8]));
+@     else
+        (void)slot;
+        out[orow * NOUT + col] = moe_from_float(s0);
+        out[orow * NOUT + col + 8] = moe_from_float(s1);
+@     end
+    }
+    __device__ __forceinline__ void item_done(int b) const {
+        if (y)
+            combine_slice(out, row_of, topk_w, tokens, y, tickets, ntiles, b * BN, b);
+    }
+};
+@   end
 }  // namespace ${p.kernel}_impl
 
+@   if c.stream then
+@     stream_kernel(p, c, args, "hbuf", "w2", "down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles}")
+@     return
+@   end
 @   kernel(p, c, args, "hbuf", "w2", "b2", cargs, true, "hsc", "w2s")
 @ end
 @

@@ -365,10 +365,11 @@ ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)ti
 @     ub = ", row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + " .. p.combine_tickets_at
 ${ind}    combined = cfuse;
 @   end
+@   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
 @   if scales then
-${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
+${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
 @   else
-${ind}    ${n}_launch(dev, ${kd.name}, dim3(${kd.ntiles}, (unsigned)tiles_y), ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
+${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
 @   end
 @ end
 @ -- both GEMMs of variant vs: the sm_90a kernels on compute capability 9.x

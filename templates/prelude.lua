@@ -141,6 +141,44 @@ template <int N> static __device__ __forceinline__ void moe_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+/* mbarriers and 1D bulk copies (sm_90; the gemv "stream" grid, templates/
+ * gemm_gemv.lua): an mbarrier of `count` arrivals at shared address bar;
+ * arrive; arrive and expect `bytes` more of transactions; wait until the
+ * phase of parity `parity` has completed; and a bulk copy of `bytes` (a
+ * multiple of 16, both addresses 16-byte aligned) from global src to
+ * shared dst that completes its bytes on bar. No-ops below sm_90. */
+static __device__ __forceinline__ void moe_mbar_init(void *bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_arrive(void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_expect_tx(void *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(moe_smem_addr(dst)), "l"(src), "r"(bytes), "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
                                                        const void *smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

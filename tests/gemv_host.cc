@@ -8,6 +8,7 @@
  *   (shared.limit, shared.unclamped): slots from GV_SHARED0 on (of GV_E) run GV_ACT_SHARED
  *   GV_SMEM_UP, GV_SMEM_DN  their shared memory (the plan's)
  *   GV_KE (entries per token), GV_INPUT (router.apply = "input": the combine's weight is 1)
+ *   GV_STREAM: the stream grid's CTAs (a 1D grid; its kernels split the items themselves), 0 otherwise
  *   GV_FP8 (fp8 weights: e4m3 operands with scales, docs/DESIGN.md "FP8"), GV_BLOCK (1: 128 x 128
  *   block scales, 0: per row), GV_CLUSTER (the up kernel's cluster of blocks); linked with
  *   runtime/fp8.c, the host's e4m3 rules, for the reference
@@ -171,7 +172,7 @@ int main(int argc, char **argv) {
     auto w2v = [&](int e, int c, int k) { return (double)moe_to_float(w2[((size_t)e * GV_H + c) * GV_F + k]); };
     auto xv = [&](int r, int k) { return (double)moe_to_float(xs[(size_t)r * GV_H + k]); };
     std::vector<moe_half_t> hb((size_t)rows * GV_F + 8, 0xffff), ub((size_t)rows * N1 + 8, 0xffff);
-    host_launch((unsigned)((N1 + GV_BN - 1) / GV_BN), (unsigned)cap, GV_SMEM_UP, [&] {
+    host_launch(GV_STREAM ? GV_STREAM : (unsigned)((N1 + GV_BN - 1) / GV_BN), GV_STREAM ? 1u : (unsigned)cap, GV_SMEM_UP, [&] {
         GV_UP(xs.data(), w1.data(), b1.data(), tiles.data(), &nt, hb.data()
 #if GV_TRAIN
            , ub.data()
@@ -194,7 +195,7 @@ int main(int argc, char **argv) {
     for (auto &v : topk_w)
         v = 0.5f + 0.5f * u(rng);
     std::vector<moe_half_t> y((size_t)(T + 1) * GV_H, poison);
-    host_launch((unsigned)nslices, (unsigned)cap, GV_SMEM_DN, [&] {
+    host_launch(GV_STREAM ? GV_STREAM : (unsigned)nslices, GV_STREAM ? 1u : (unsigned)cap, GV_SMEM_DN, [&] {
 #if GV_FP8
         GV_DOWN(hb.data(), w2.data(), hsc.data(), w2s.data(), b2.data(), tiles.data(), &nt, ob.data(), row_of.data(),
                 topk_w.data(), T, y.data(), tickets.data());

@@ -23,6 +23,7 @@
 typedef struct {
     const char *label, *spec; /* spec text; its shape has an entry in tests/tune/gemv.tune */
     int max_rows;              /* cap on an expert's rows (the reference's time) */
+    int ctas;                  /* the stream grid's CTAs (its kernels split the items among them); 0 otherwise */
 } gemv_case_t;
 
 /* The emitted activation (the kernels' GV_ACT, which their own checks take
@@ -70,54 +71,68 @@ static void check_activation(const moe_spec_t *spec, const char *bin, const char
 static const gemv_case_t cases[] = {
     /* tuning/h200.tune's gemv tiles on their specs' H and F (two experts: the kernels' code is the same) */
     {"Mixtral's shipped gemv tile: K 4096 and 14336 in staging passes, bn 32, unroll 4",
-     "name = 'mx' experts = 2 top_k = 1 hidden = 4096 ffn = 14336 tokens = 64\n", 2},
+     "name = 'mx' experts = 2 top_k = 1 hidden = 4096 ffn = 14336 tokens = 64\n", 2, 0},
     {"gpt-oss-20b's: K 2880 with a tail, the clamped SwiGLU with biases, bn 64, chunks of 8 + 1 rows", "name = 'go' experts = 2 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
-     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 9},
-    {"the DeepSeek-V3 EP8 rank's: K 7168 in two passes, bn 64", "name = 'e8' experts = 2 top_k = 1 hidden = 7168 ffn = 2048 tokens = 64\n", 2},
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 9, 0},
+    {"the DeepSeek-V3 EP8 rank's: K 7168 in two passes, bn 64", "name = 'e8' experts = 2 top_k = 1 hidden = 7168 ffn = 2048 tokens = 64\n", 2, 0},
     /* bn 16 and 8: two and four warps share a group's K, their sums added in shared memory */
     {"bn 16 on Qwen3's H and F: two warps a group, chunks of 8 + 1 rows; top-2 (the combine's k order)",
-     "name = 'q16' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
-    {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3},
+     "name = 'q16' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9, 0},
+    {"bn 8, unroll 4: K 4360 in two staging passes with tails, half pairing blocks", "name = 'b8' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64\n", 3, 0},
     {"bn 8, geglu clamped after its unit, up_offset, training (the backward's activation gradient checked too)",
      "name = 'cg' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
-     "activation = { kind = 'geglu', limit = 0.3, clamp = 'after', up_offset = 0.5 }\n", 3},
+     "activation = { kind = 'geglu', limit = 0.3, clamp = 'after', up_offset = 0.5 }\n", 3, 0},
     {"bn 8, unroll 4, Step-3.7-Flash's clamped layer: the gate's clamp after its unit at a limit the values pass, "
      "a shared expert with a limit of its own (slots 2 and 3 run it), training (both activations' gradients)",
      "name = 'sl' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
-     "activation = { limit = 0.3, clamp = 'after' }\nshared = { ffn = 592, limit = 0.9 }\n", 3},
+     "activation = { limit = 0.3, clamp = 'after' }\nshared = { ffn = 592, limit = 0.9 }\n", 3, 0},
     {"bn 8, NemotronH's relu2 experts (relu(gate)^2, up unused) and its relu2 shared expert, training",
      "name = 'r2' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
-     "activation = { kind = 'relu2' }\nshared = { ffn = 296 }\n", 3},
+     "activation = { kind = 'relu2' }\nshared = { ffn = 296 }\n", 3, 0},
     {"bn 8, the clamped SwiGLU before its unit (gpt-oss's), training: the backward's activation gradient; a "
      "shared expert unclamped (HY-V4's: slot 2)",
      "name = 'cb' experts = 2 top_k = 1 hidden = 4360 ffn = 296 tokens = 64 training = true\n"
-     "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\nshared = { ffn = 296, unclamped = true }\n", 3},
+     "activation = { alpha = 1.702, limit = 0.3, up_offset = 1 }\nshared = { ffn = 296, unclamped = true }\n", 3, 0},
     {"bn 16 on gpt-oss-20b's H and F: K 2880's 360 vectors split unevenly between the two warps, clamp and biases",
      "name = 'g16' experts = 3 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 ffn_bias = true\n"
-     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2},
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 2, 0},
     {"bn 8, unroll 1, fp16: the clamped SwiGLU with biases, K shorter than a batch's warps; router.apply = "
      "\"input\" (the combine's weight 1)", "name = 'h8' experts = 2 top_k = 1 hidden = 200 ffn = 88 tokens = 64 "
      "dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n"
-     "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9},
+     "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9, 0},
     /* gemv3: three CTAs an SM, rows in chunks of 2 (R = 1, 2) */
     {"gemv3 on Qwen3's H and F, bn 32, unroll 2: top-2, chunks of 2 + 2 + 2 + 2 + 1 rows",
-     "name = 'q3' experts = 4 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9},
+     "name = 'q3' experts = 4 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9, 0},
     {"gemv3, fp16, bm 128, bn 64, unroll 1: K 2880 with a tail, the clamped SwiGLU with biases, chunks of 2 + 1",
      "name = 'g3' experts = 4 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
-     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 3},
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 3, 0},
+    /* the stream grid: a persistent grid of `ctas` CTAs splitting the (tile, 16-row block) items, a ring of
+     * bulk copies (the host's mbarriers and copies: tests/support/cuda_host.h) */
+    {"stream on Qwen3's H and F, 3 stages, 5 CTAs: top-2, up in two K chunks, down's 16 rows in one copy, "
+     "passes of 8 + 1 rows", "name = 'qs' experts = 5 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9, 5},
+    {"stream, fp16, bm 128, 2 stages, 3 CTAs: K 2880 in chunks of 1024 + 1024 + 832, the clamped SwiGLU with "
+     "biases, passes of 8 + 8 + 1 rows", "name = 'gs' experts = 5 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 "
+     "dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 17, 3},
+    {"stream, 4 stages, 7 CTAs: training (U stored), the gate's clamp after its unit, a shared expert with a "
+     "limit of its own (slots 3 and 4 run it)", "name = 'ss' experts = 3 top_k = 1 hidden = 4368 ffn = 296 "
+     "tokens = 64 training = true\nactivation = { limit = 0.3, clamp = 'after' }\nshared = { ffn = 592, limit = 0.9 }\n",
+     3, 7},
+    {"stream, fp16, 2 stages, 2 CTAs: K 208 and 88 (fewer vectors than lanes), router.apply = \"input\"",
+     "name = 'hs' experts = 2 top_k = 1 hidden = 208 ffn = 88 tokens = 64 dtype = 'fp16'\n"
+     "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9, 2},
     /* fp8 (tests/tune/gemv8.tune): e4m3 operands, the up GEMM's clusters sharing a quantization block */
     {"fp8 block scales on Qwen3's H and F, bn 32: clusters of 8 CTAs; top-2, chunks of 8 + 1 rows",
      "name = 'f32' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n"
-     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9},
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9, 0},
     {"fp8 channel scales, biases, bn 64 (clusters of 4), unroll 1: K 640, 5 scale blocks; H 640 in 2.5 slices",
      "name = 'f64' experts = 2 top_k = 1 hidden = 640 ffn = 256 tokens = 64 ffn_bias = true\n"
-     "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\n", 3},
+     "quant = { weights = 'fp8_e4m3', scaling = 'channel' }\n", 3, 0},
     {"fp8 block, bn 128 (clusters of 2), unroll 4: K 7168 staged in one pass",
      "name = 'f128' experts = 2 top_k = 1 hidden = 7168 ffn = 256 tokens = 64\n"
-     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 2},
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 2, 0},
     {"fp8 block, bn 256 (no cluster), bm 128: K 9216 in two staging passes, chunks of 8 + 1 rows",
      "name = 'f256' experts = 2 top_k = 1 hidden = 9216 ffn = 128 tokens = 64\n"
-     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9},
+     "quant = { weights = 'fp8_e4m3', scaling = 'block' }\n", 9, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -198,11 +213,11 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d -DGV_STREAM=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  an, moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
-                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1,
+                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, up->tile.gemv == 4 ? c->ctas : 0,
                  cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? an : "", cut_bwd ? "_bwd" : "", shared_defs, objs,
                  bin);
         const int built = system(cmd) == 0;

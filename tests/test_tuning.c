@@ -276,6 +276,50 @@ int main(void) {
         }
     }
 
+    CASE("stream: parsed, planned with the ring's shared memory, named, its grid's CTAs; bn, stages, fp8 and a "
+         "hidden size not a multiple of 16 refused");
+    {
+        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 16 64 4 1 1 stream  1 2 2026-12-06 NVIDIA H200\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 1 && t.e[0].gemv == 4 && !t.e[0].persistent && !t.e[0].splitk);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(up->tile.gemv == 4 && down->tile.gemv == 4 && up->tile.bn == 16 && up->threads == 256);
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_stream_m64n16u4");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_stream_m64n16u4");
+        /* 4 stages of 16 rows x min(K, MOE_STREAM_KC) halves, 8 mbarriers, 16 bytes */
+        CHECK(up->smem == 4 * 16 * 1024 * 2 + 64 + 16 && down->smem == 4 * 16 * 768 * 2 + 64 + 16);
+        char grid[16];
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "stream");
+        /* as many CTAs an SM as fit 227 KB (1 KB more each), 1 .. 4; 132 SMs when unknown */
+        CHECK(moe_gemv_stream_ctas(132, up->smem) == 132 && moe_gemv_stream_ctas(132, 64 * 1024) == 396 &&
+              moe_gemv_stream_ctas(0, 2048) == 4 * 132 && moe_gemv_stream_ctas(114, 300 * 1024) == 114);
+        moe_plan_desc_free(&pd);
+        moe_tuning_free(&t);
+        static const char *const bad[] = {
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 stream  1 2 2026-12-06 x\n", /* bn 32 */
+            "128 8 2048 768 bf16 sm_90a 1 64 16 64 1 1 1 stream  1 2 2026-12-06 x\n", /* 1 stage */
+            "128 8 2048 768 bf16 sm_90a 1 64 16 64 9 1 1 stream  1 2 2026-12-06 x\n", /* 9 stages */
+            "128 8 2048 768 e4m3 sm_90a 1 64 16 64 4 1 1 stream  1 2 2026-12-06 x\n", /* fp8 */
+        };
+        for (int i = 0; i < 4; i++) {
+            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:") && strstr(d.msg, "stream"),
+                   "entry %d accepted, or its message does not name stream: %s", i, d.msg);
+            moe_tuning_free(&t);
+        }
+        /* a hidden size of 8 mod 16: the down GEMM's 16-row blocks do not tile H; the plan says so */
+        CHECKF(parse(&t, "4 2 2056 768 bf16 sm_90a 1 64 16 64 4 1 1 stream  1 2 2026-12-06 x\n", &d) == 0, "%s", d.msg);
+        const char *odd = "name = 'od'\nexperts = 4\ntop_k = 2\nhidden = 2056\nffn = 768\ntokens = 64\n";
+        moe_spec_t s;
+        char err[512] = "";
+        CHECK(moe_spec_load(&s, "od.moe", odd, NULL, 0, &d) == 0);
+        CHECKF(moe_plan_desc_build(&pd, &s, &t, err, sizeof err) != 0 && strstr(err, "stream") &&
+               strstr(err, "multiple of 16"), "planned, or the error does not say why: %s", err);
+        moe_tuning_free(&t);
+    }
+
     CASE("dtype e4m3: an fp8 spec's entries; an fp8 spec takes no other, a bf16 spec none of them");
     {
         moe_tuning_t t;
@@ -707,8 +751,9 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 persistent 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
                  "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
-                 "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert) "
-                 "or gemv3 (gemv, three CTAs an SM) ('persistent')");
+                 "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert), "
+                 "gemv3 (gemv, three CTAs an SM) or stream (a CTA per SM streaming the weights through a ring) "
+                 "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 32 64 64 2 1 1 gemv 1 2 2026-12-04 H200\n",

@@ -96,6 +96,44 @@ template <int N> static __device__ __forceinline__ void moe_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+/* mbarriers and 1D bulk copies (sm_90; the gemv "stream" grid, templates/
+ * gemm_gemv.lua): an mbarrier of `count` arrivals at shared address bar;
+ * arrive; arrive and expect `bytes` more of transactions; wait until the
+ * phase of parity `parity` has completed; and a bulk copy of `bytes` (a
+ * multiple of 16, both addresses 16-byte aligned) from global src to
+ * shared dst that completes its bytes on bar. No-ops below sm_90. */
+static __device__ __forceinline__ void moe_mbar_init(void *bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_arrive(void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_expect_tx(void *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(moe_smem_addr(dst)), "l"(src), "r"(bytes), "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
                                                        const void *smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -105,11 +143,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 164 "templates/prelude.lua"
+#line 202 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 168 "templates/prelude.lua"
+#line 206 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -3681,6 +3719,16 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
+ * as many as fit on every SM at smem bytes of shared memory each (of the
+ * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 4 an SM
+ * (256 threads of up to 64 registers); 132 SMs when the count is unknown. */
+static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
+    int per = (227 * 1024) / (smem + 1024);
+    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    return (unsigned)((sms > 0 ? sms : 132) * per);
+}
+
 /* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
  * the call's down GEMM runs on the gemv grid, on one device (not an
  * expert-parallel rank, whose combine runs after the rows came home; not
@@ -3937,16 +3985,16 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_permute_scatter_bf16_h2048k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 407 "templates/host.lua"
+#line 408 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 418 "templates/host.lua"
+#line 419 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 4095 tokens */
-#line 378 "templates/host.lua"
+#line 379 "templates/host.lua"
         if (dev->use90) {
-#line 383 "templates/host.lua"
+#line 384 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 342 "templates/host.lua"
         if ((e = deepseek_v2_lite_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -3960,19 +4008,19 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
             return e;
 #line 355 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 397 "templates/host.lua"
+#line 398 "templates/host.lua"
         } else {
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 404 "templates/host.lua"
+#line 405 "templates/host.lua"
         }
-#line 418 "templates/host.lua"
+#line 419 "templates/host.lua"
     } else if (v == 1) { /* calls of 4096 or more tokens */
-#line 378 "templates/host.lua"
+#line 379 "templates/host.lua"
         if (dev->use90) {
-#line 383 "templates/host.lua"
+#line 384 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 342 "templates/host.lua"
         if ((e = deepseek_v2_lite_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -3986,17 +4034,17 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
             return e;
 #line 355 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 397 "templates/host.lua"
+#line 398 "templates/host.lua"
         } else {
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 404 "templates/host.lua"
+#line 405 "templates/host.lua"
         }
-#line 421 "templates/host.lua"
+#line 422 "templates/host.lua"
     }
-#line 423 "templates/host.lua"
+#line 424 "templates/host.lua"
     if (!combined)
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -4019,7 +4067,7 @@ extern "C" void deepseek_v2_lite_pack_b1(const unsigned short *b1, unsigned shor
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 446 "templates/host.lua"
+#line 447 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4044,7 +4092,7 @@ extern "C" cudaError_t deepseek_v2_lite_pack(int tensor, void *dst, const void *
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 550 "templates/host.lua"
+#line 551 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 2): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v2_lite_pack_w1),
@@ -4064,5 +4112,5 @@ extern "C" void deepseek_v2_lite_pack_shared(const unsigned short *w1s, const un
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 570 "templates/host.lua"
+#line 571 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -193,6 +193,61 @@ static inline unsigned host_float_bits(float f) {
     return u;
 }
 
+/* __syncwarp: a barrier of the warp's 32 lanes. */
+static inline void __syncwarp(unsigned = 0xffffffffu) { host_wait(host.warp[host.cta][threadIdx.x >> 5]); }
+
+/* The prelude's mbarriers and bulk copies (the gemv stream grid): a
+ * barrier's state lives beside its 8 bytes of shared memory (keyed by
+ * their address); a phase completes when its arrivals and expected bytes
+ * are both done; a bulk copy is done at once, its bytes completing on the
+ * barrier; a wait yields to the other fibers until the phase of its
+ * parity has completed. */
+struct host_mbar {
+    int expected, pending;
+    long long tx;
+    unsigned phase;
+};
+static inline host_mbar &host_mbar_of(void *bar) {
+    static std::vector<std::pair<void *, host_mbar>> bars;
+    for (auto &b : bars)
+        if (b.first == bar)
+            return b.second;
+    bars.push_back({bar, host_mbar{}});
+    return bars.back().second;
+}
+static inline void host_mbar_check(host_mbar &m) {
+    if (m.pending == 0 && m.tx == 0) {
+        m.phase++;
+        m.pending = m.expected;
+    }
+}
+static inline void moe_mbar_init(void *bar, int count) { host_mbar_of(bar) = host_mbar{count, count, 0, 0}; }
+static inline void moe_mbar_arrive(void *bar) {
+    host_mbar &m = host_mbar_of(bar);
+    m.pending--;
+    host_mbar_check(m);
+}
+static inline void moe_mbar_expect_tx(void *bar, unsigned bytes) {
+    host_mbar &m = host_mbar_of(bar);
+    m.tx += bytes;
+    m.pending--;
+    host_mbar_check(m);
+}
+static inline void moe_mbar_wait(void *bar, unsigned parity) {
+    while ((host_mbar_of(bar).phase & 1u) == parity)
+        host_yield();
+}
+static inline void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
+    if (bytes % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) {
+        fprintf(stderr, "moe_bulk_g2s: %u bytes from %p to %p: not 16-byte units\n", bytes, src, dst);
+        abort();
+    }
+    memcpy(dst, src, bytes);
+    host_mbar &m = host_mbar_of(bar);
+    m.tx -= bytes;
+    host_mbar_check(m);
+}
+
 typedef unsigned short moe_half_t;
 typedef struct {
     int expert, row_start, rows, pad;

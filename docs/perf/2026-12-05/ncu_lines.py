@@ -22,10 +22,14 @@ def num(x):
 
 csv_path, cubin_path, kernel = sys.argv[1:4]
 rows = list(csv.reader(io.StringIO(read(csv_path))))
-hdr, data = rows[1], rows[2:]
+# the csv may hold several kernels' sections ("Kernel Name" rows): take the first of KERNEL
+first = next(i for i, r in enumerate(rows) if r[:1] == ["Kernel Name"] and r[1] == sys.argv[3])
+stop = next((i for i in range(first + 1, len(rows)) if rows[i][:1] == ["Kernel Name"]), len(rows))
+hdr, data = rows[first + 1], rows[first + 2:stop]
 ia, isamp, iex = hdr.index("Address"), hdr.index("Warp Stall Sampling (All Samples)"), hdr.index("Instructions Executed")
 with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-    f.write(read(cubin_path, "rb"))
+    blob = read(cubin_path, "rb")
+    f.write(blob[blob.find(b"\x7fELF"):])   # the JIT cache's entries start with their own header
 sass = subprocess.run(["nvdisasm", "-g", "-c", f.name], capture_output=True, text=True).stdout
 os.unlink(f.name)
 lines = sass.splitlines()

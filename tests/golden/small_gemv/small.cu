@@ -96,6 +96,44 @@ template <int N> static __device__ __forceinline__ void moe_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+/* mbarriers and 1D bulk copies (sm_90; the gemv "stream" grid, templates/
+ * gemm_gemv.lua): an mbarrier of `count` arrivals at shared address bar;
+ * arrive; arrive and expect `bytes` more of transactions; wait until the
+ * phase of parity `parity` has completed; and a bulk copy of `bytes` (a
+ * multiple of 16, both addresses 16-byte aligned) from global src to
+ * shared dst that completes its bytes on bar. No-ops below sm_90. */
+static __device__ __forceinline__ void moe_mbar_init(void *bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_arrive(void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_expect_tx(void *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(moe_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(moe_smem_addr(dst)), "l"(src), "r"(bytes), "r"(moe_smem_addr(bar)) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ void moe_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
                                                        const void *smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -105,11 +143,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 164 "templates/prelude.lua"
+#line 202 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 168 "templates/prelude.lua"
+#line 206 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -829,7 +867,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 641 "templates/gemm_gemv.lua"
+#line 869 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -837,7 +875,7 @@ namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 195 "templates/gemm_gemv.lua"
+#line 203 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -847,19 +885,19 @@ static_assert(24576 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 114 "templates/gemm_gemv.lua"
+#line 122 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 117 "templates/gemm_gemv.lua"
+#line 125 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 126 "templates/gemm_gemv.lua"
+#line 134 "templates/gemm_gemv.lua"
 }
-#line 205 "templates/gemm_gemv.lua"
+#line 213 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -872,7 +910,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
-#line 130 "templates/gemm_gemv.lua"
+#line 138 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -894,7 +932,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 218 "templates/gemm_gemv.lua"
+#line 226 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -907,7 +945,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 154 "templates/gemm_gemv.lua"
+#line 162 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -918,7 +956,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 231 "templates/gemm_gemv.lua"
+#line 239 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -975,7 +1013,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 171 "templates/gemm_gemv.lua"
+#line 179 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -994,66 +1032,66 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 623 "templates/gemm_gemv.lua"
+#line 818 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 630 "templates/gemm_gemv.lua"
+#line 825 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 632 "templates/gemm_gemv.lua"
+#line 827 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 639 "templates/gemm_gemv.lua"
+#line 834 "templates/gemm_gemv.lua"
         }
-#line 289 "templates/gemm_gemv.lua"
+#line 297 "templates/gemm_gemv.lua"
     }
 }
-#line 648 "templates/gemm_gemv.lua"
+#line 876 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 485 "templates/gemm_gemv.lua"
+#line 680 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 487 "templates/gemm_gemv.lua"
+#line 682 "templates/gemm_gemv.lua"
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 491 "templates/gemm_gemv.lua"
+#line 686 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 493 "templates/gemm_gemv.lua"
+#line 688 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
-#line 497 "templates/gemm_gemv.lua"
+#line 692 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
-#line 499 "templates/gemm_gemv.lua"
+#line 694 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 509 "templates/gemm_gemv.lua"
+#line 704 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 511 "templates/gemm_gemv.lua"
+#line 706 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 517 "templates/gemm_gemv.lua"
+#line 712 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 519 "templates/gemm_gemv.lua"
+#line 714 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 525 "templates/gemm_gemv.lua"
+#line 720 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 533 "templates/gemm_gemv.lua"
+#line 728 "templates/gemm_gemv.lua"
     }
-#line 538 "templates/gemm_gemv.lua"
+#line 733 "templates/gemm_gemv.lua"
 }
 
-#line 674 "templates/gemm_gemv.lua"
+#line 902 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 195 "templates/gemm_gemv.lua"
+#line 203 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -1063,14 +1101,14 @@ static_assert(10240 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 114 "templates/gemm_gemv.lua"
+#line 122 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 124 "templates/gemm_gemv.lua"
+#line 132 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 126 "templates/gemm_gemv.lua"
+#line 134 "templates/gemm_gemv.lua"
 }
-#line 205 "templates/gemm_gemv.lua"
+#line 213 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -1083,7 +1121,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
 
-#line 130 "templates/gemm_gemv.lua"
+#line 138 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -1105,7 +1143,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 218 "templates/gemm_gemv.lua"
+#line 226 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -1118,7 +1156,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 154 "templates/gemm_gemv.lua"
+#line 162 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -1129,7 +1167,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 231 "templates/gemm_gemv.lua"
+#line 239 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -1186,7 +1224,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 171 "templates/gemm_gemv.lua"
+#line 179 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -1205,14 +1243,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 670 "templates/gemm_gemv.lua"
+#line 898 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 289 "templates/gemm_gemv.lua"
+#line 297 "templates/gemm_gemv.lua"
     }
 }
-#line 680 "templates/gemm_gemv.lua"
+#line 910 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -1220,16 +1258,17 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
  * token (written by the slice's other CTAs) from L2. */
 static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
                                                      const float *__restrict__ topk_w, int tokens,
-                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0) {
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
     constexpr int KE = 3;   /* entries per token: top_k, then the shared expert's slots */
     __shared__ int s_last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        const int last = atomicAdd(tickets + blockIdx.x, 1) == ntiles - 1;
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
         if (last)
-            atomicExch(tickets + blockIdx.x, 0);  /* zero again for the next call */
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
         __threadfence();
         s_last = last;
     }
@@ -1243,9 +1282,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 713 "templates/gemm_gemv.lua"
+#line 944 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 715 "templates/gemm_gemv.lua"
+#line 946 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -1257,49 +1296,50 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
+#line 985 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 485 "templates/gemm_gemv.lua"
+#line 680 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 487 "templates/gemm_gemv.lua"
+#line 682 "templates/gemm_gemv.lua"
 small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 491 "templates/gemm_gemv.lua"
+#line 686 "templates/gemm_gemv.lua"
     (void)b2;
-#line 493 "templates/gemm_gemv.lua"
+#line 688 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
-#line 497 "templates/gemm_gemv.lua"
+#line 692 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
-#line 499 "templates/gemm_gemv.lua"
+#line 694 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 509 "templates/gemm_gemv.lua"
+#line 704 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 511 "templates/gemm_gemv.lua"
+#line 706 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 517 "templates/gemm_gemv.lua"
+#line 712 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 519 "templates/gemm_gemv.lua"
+#line 714 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 525 "templates/gemm_gemv.lua"
+#line 720 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 533 "templates/gemm_gemv.lua"
+#line 728 "templates/gemm_gemv.lua"
     }
-#line 535 "templates/gemm_gemv.lua"
+#line 730 "templates/gemm_gemv.lua"
     if (y)
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0);
-#line 538 "templates/gemm_gemv.lua"
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+#line 733 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
@@ -2263,6 +2303,16 @@ static inline long long moe_splitk_tickets_at(int slots) {
     return (long long)slots + MOE_ROUTE_TICKETS;
 }
 
+/* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
+ * as many as fit on every SM at smem bytes of shared memory each (of the
+ * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 4 an SM
+ * (256 threads of up to 64 registers); 132 SMs when the count is unknown. */
+static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
+    int per = (227 * 1024) / (smem + 1024);
+    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    return (unsigned)((sms > 0 ? sms : 132) * per);
+}
+
 /* The combine folded into the down GEMM (templates/gemm_gemv.lua): when
  * the call's down GEMM runs on the gemv grid, on one device (not an
  * expert-parallel rank, whose combine runs after the rows came home; not
@@ -2489,28 +2539,28 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 407 "templates/host.lua"
+#line 408 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 378 "templates/host.lua"
+#line 379 "templates/host.lua"
     if (dev->use90) {
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 366 "templates/host.lua"
     combined = cfuse;
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 78);
-#line 397 "templates/host.lua"
+#line 398 "templates/host.lua"
     } else {
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 371 "templates/host.lua"
+#line 372 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 404 "templates/host.lua"
+#line 405 "templates/host.lua"
     }
-#line 423 "templates/host.lua"
+#line 424 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2533,7 +2583,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 446 "templates/host.lua"
+#line 447 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2558,5 +2608,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 570 "templates/host.lua"
+#line 571 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
