@@ -508,6 +508,7 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = 16, KC = ${c.kc}, S = ${c.stages};
 constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* rows of A a pass */
 constexpr int NKC = (K + KC - 1) / KC, NB = N / BN, KCV = KC / 8;  /* stages a pass; items a tile; a row's vectors */
+constexpr int NI = (KCV + 31) / 32;  /* a lane's vectors of a stage row */
 constexpr int STAGE = BN * KC * 2, BAR_OFF = S * STAGE;  /* bytes */
 static_assert(${p.smem} == BAR_OFF + 2 * S * 8 + 16,
               "the plan's shared memory (gen/family_gemm.c): S stages of 16 rows x KC, then the mbarriers");
@@ -610,18 +611,29 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
                 moe_mbar_wait(sm + BAR_OFF + (j % S) * 8, (unsigned)(j / S) & 1u);
                 const uint4 *sw = reinterpret_cast<const uint4 *>(sm + (j % S) * STAGE);
                 const int k0 = kc * KC, kv = (K - k0 < KC ? K - k0 : KC) / 8;
-#pragma unroll 2
-                for (int v = lane; v < kv; v += 32) {
-                    const uint4 w0 = sw[warp * KCV + v], w1 = sw[(warp + 8) * KCV + v];
+                /* a lane's NI vectors of the stage's two rows, loaded together (zeros past kv) */
+                uint4 w0[NI], w1[NI];
 #pragma unroll
-                    for (int r = 0; r < XR; ++r) {
-                        if (r < nr) {
-                            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(ar + (long long)r * K + k0) + v);
-                            const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
-                                                moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
-                                                moe_lo_float(xv.w), moe_hi_float(xv.w)};
-                            a0[r] = dot8(w0, x, a0[r]);
-                            a1[r] = dot8(w1, x, a1[r]);
+                for (int i = 0; i < NI; ++i) {
+                    const int v = lane + 32 * i;
+                    w0[i] = v < kv ? sw[warp * KCV + v] : make_uint4(0u, 0u, 0u, 0u);
+                    w1[i] = v < kv ? sw[(warp + 8) * KCV + v] : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+                for (int r = 0; r < XR; ++r) {
+                    if (r < nr) {
+                        const uint4 *xr = reinterpret_cast<const uint4 *>(ar + (long long)r * K + k0);
+                        uint4 xv[NI];
+#pragma unroll
+                        for (int i = 0; i < NI; ++i)
+                            xv[i] = lane + 32 * i < kv ? __ldg(xr + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                        for (int i = 0; i < NI; ++i) {
+                            const float x[8] = {moe_lo_float(xv[i].x), moe_hi_float(xv[i].x), moe_lo_float(xv[i].y),
+                                                moe_hi_float(xv[i].y), moe_lo_float(xv[i].z), moe_hi_float(xv[i].z),
+                                                moe_lo_float(xv[i].w), moe_hi_float(xv[i].w)};
+                            a0[r] = dot8(w0[i], x, a0[r]);
+                            a1[r] = dot8(w1[i], x, a1[r]);
                         }
                     }
                 }
@@ -657,7 +669,7 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
 @ -- The stream grid's kernel (stream_code): its epilogue functor `epi`
 @ -- (an expression of the kernel's arguments) over the CTA's items.
 @ local function stream_kernel(p, c, args, a, w, epi)
-extern "C" __global__ void __launch_bounds__(${THREADS}, 1)
+extern "C" __global__ void __launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
 ${p.kernel}(${args}) {
     moe_pdl_begin();
     using namespace ${p.kernel}_impl;
