@@ -116,6 +116,21 @@
 @   return c
 @ end
 @
+@ -- acc += w's 8 halves times x's 8 floats (the gemv and stream kernels' multiply).
+@ local function dot8_code()
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+@ end
+@
 @ -- The pieces both element types share: a group's weight rows, the
 @ -- warp's spread sum, a batch of weight loads (16-byte vectors).
 @ local function group_row_code(c)
@@ -210,17 +225,7 @@ static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
 @ group_row_code(c)
-/* acc += the 8 products of w's and x's halves, in fp32. */
-static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
-    acc = fmaf(moe_lo_float(w.x), x[0], acc);
-    acc = fmaf(moe_hi_float(w.x), x[1], acc);
-    acc = fmaf(moe_lo_float(w.y), x[2], acc);
-    acc = fmaf(moe_hi_float(w.y), x[3], acc);
-    acc = fmaf(moe_lo_float(w.z), x[4], acc);
-    acc = fmaf(moe_hi_float(w.z), x[5], acc);
-    acc = fmaf(moe_lo_float(w.w), x[6], acc);
-    return fmaf(moe_hi_float(w.w), x[7], acc);
-}
+@ dot8_code()
 
 @ spread_sum_code()
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
@@ -551,17 +556,7 @@ static __device__ __forceinline__ void produce(cursor_t &c, int j, const moe_hal
     }
 }
 
-/* acc += the 8 products of w's and x's halves, in fp32. */
-static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
-    acc = fmaf(moe_lo_float(w.x), x[0], acc);
-    acc = fmaf(moe_hi_float(w.x), x[1], acc);
-    acc = fmaf(moe_lo_float(w.y), x[2], acc);
-    acc = fmaf(moe_hi_float(w.y), x[3], acc);
-    acc = fmaf(moe_lo_float(w.z), x[4], acc);
-    acc = fmaf(moe_hi_float(w.z), x[5], acc);
-    acc = fmaf(moe_lo_float(w.w), x[6], acc);
-    return fmaf(moe_hi_float(w.w), x[7], acc);
-}
+@ dot8_code()
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
