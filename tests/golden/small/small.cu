@@ -2700,11 +2700,12 @@ static inline long long moe_splitk_tickets_at(int slots) {
 
 /* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
  * as many as fit on every SM at smem bytes of shared memory each (of the
- * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 4 an SM
- * (256 threads of up to 64 registers); 132 SMs when the count is unknown. */
+ * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 2 an SM
+ * (its __launch_bounds__: 256 threads of up to 128 registers); 132 SMs
+ * when the count is unknown. */
 static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
     int per = (227 * 1024) / (smem + 1024);
-    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    per = per < 1 ? 1 : per > 2 ? 2 : per;
     return (unsigned)((sms > 0 ? sms : 132) * per);
 }
 

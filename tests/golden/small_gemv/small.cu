@@ -867,7 +867,7 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 869 "templates/gemm_gemv.lua"
+#line 876 "templates/gemm_gemv.lua"
 namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -875,7 +875,7 @@ namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl {
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 203 "templates/gemm_gemv.lua"
+#line 218 "templates/gemm_gemv.lua"
 constexpr int K = 1536, N = 1280, NOUT = 640, BN = 128, KC = 1536, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -885,19 +885,19 @@ static_assert(24576 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 122 "templates/gemm_gemv.lua"
+#line 137 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 125 "templates/gemm_gemv.lua"
+#line 140 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 134 "templates/gemm_gemv.lua"
+#line 149 "templates/gemm_gemv.lua"
 }
-#line 213 "templates/gemm_gemv.lua"
+#line 121 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -909,8 +909,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
+#line 229 "templates/gemm_gemv.lua"
 
-#line 138 "templates/gemm_gemv.lua"
+#line 153 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -932,7 +933,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 226 "templates/gemm_gemv.lua"
+#line 231 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -945,7 +946,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 162 "templates/gemm_gemv.lua"
+#line 177 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -956,7 +957,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 239 "templates/gemm_gemv.lua"
+#line 244 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -1013,7 +1014,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 179 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -1032,66 +1033,66 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 818 "templates/gemm_gemv.lua"
+#line 825 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 825 "templates/gemm_gemv.lua"
+#line 832 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 827 "templates/gemm_gemv.lua"
-            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
 #line 834 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 841 "templates/gemm_gemv.lua"
         }
-#line 297 "templates/gemm_gemv.lua"
+#line 302 "templates/gemm_gemv.lua"
     }
 }
-#line 876 "templates/gemm_gemv.lua"
+#line 883 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 680 "templates/gemm_gemv.lua"
+#line 687 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 682 "templates/gemm_gemv.lua"
+#line 689 "templates/gemm_gemv.lua"
 small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_impl;
-#line 686 "templates/gemm_gemv.lua"
+#line 693 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 688 "templates/gemm_gemv.lua"
+#line 695 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem[];
-#line 692 "templates/gemm_gemv.lua"
+#line 699 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2_smem);
-#line 694 "templates/gemm_gemv.lua"
+#line 701 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 704 "templates/gemm_gemv.lua"
+#line 711 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 706 "templates/gemm_gemv.lua"
+#line 713 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 712 "templates/gemm_gemv.lua"
+#line 719 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 714 "templates/gemm_gemv.lua"
+#line 721 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 720 "templates/gemm_gemv.lua"
+#line 727 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 728 "templates/gemm_gemv.lua"
+#line 735 "templates/gemm_gemv.lua"
     }
-#line 733 "templates/gemm_gemv.lua"
+#line 740 "templates/gemm_gemv.lua"
 }
 
-#line 902 "templates/gemm_gemv.lua"
+#line 909 "templates/gemm_gemv.lua"
 namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl {
-#line 203 "templates/gemm_gemv.lua"
+#line 218 "templates/gemm_gemv.lua"
 constexpr int K = 640, N = 1536, NOUT = 1536, BN = 128, KC = 640, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -1101,14 +1102,14 @@ static_assert(10240 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 122 "templates/gemm_gemv.lua"
+#line 137 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 132 "templates/gemm_gemv.lua"
+#line 147 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 134 "templates/gemm_gemv.lua"
+#line 149 "templates/gemm_gemv.lua"
 }
-#line 213 "templates/gemm_gemv.lua"
+#line 121 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -1120,8 +1121,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
+#line 229 "templates/gemm_gemv.lua"
 
-#line 138 "templates/gemm_gemv.lua"
+#line 153 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -1143,7 +1145,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 226 "templates/gemm_gemv.lua"
+#line 231 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -1156,7 +1158,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 162 "templates/gemm_gemv.lua"
+#line 177 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -1167,7 +1169,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 239 "templates/gemm_gemv.lua"
+#line 244 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -1224,7 +1226,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 179 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -1243,14 +1245,14 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 898 "templates/gemm_gemv.lua"
+#line 905 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 297 "templates/gemm_gemv.lua"
+#line 302 "templates/gemm_gemv.lua"
     }
 }
-#line 910 "templates/gemm_gemv.lua"
+#line 917 "templates/gemm_gemv.lua"
 
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
@@ -1282,9 +1284,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 944 "templates/gemm_gemv.lua"
+#line 951 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 946 "templates/gemm_gemv.lua"
+#line 953 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -1296,50 +1298,50 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 985 "templates/gemm_gemv.lua"
+#line 992 "templates/gemm_gemv.lua"
 }  // namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl
 
-#line 680 "templates/gemm_gemv.lua"
+#line 687 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 682 "templates/gemm_gemv.lua"
+#line 689 "templates/gemm_gemv.lua"
 small_gemm_down_bf16_sm90a_gemv_m64n128u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace small_gemm_down_bf16_sm90a_gemv_m64n128u2_impl;
-#line 686 "templates/gemm_gemv.lua"
+#line 693 "templates/gemm_gemv.lua"
     (void)b2;
-#line 688 "templates/gemm_gemv.lua"
+#line 695 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem[];
-#line 692 "templates/gemm_gemv.lua"
+#line 699 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(small_gemm_down_bf16_sm90a_gemv_m64n128u2_smem);
-#line 694 "templates/gemm_gemv.lua"
+#line 701 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 704 "templates/gemm_gemv.lua"
+#line 711 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 706 "templates/gemm_gemv.lua"
+#line 713 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 712 "templates/gemm_gemv.lua"
+#line 719 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 714 "templates/gemm_gemv.lua"
+#line 721 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 720 "templates/gemm_gemv.lua"
+#line 727 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 728 "templates/gemm_gemv.lua"
+#line 735 "templates/gemm_gemv.lua"
     }
-#line 730 "templates/gemm_gemv.lua"
+#line 737 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
-#line 733 "templates/gemm_gemv.lua"
+#line 740 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
@@ -2305,11 +2307,12 @@ static inline long long moe_splitk_tickets_at(int slots) {
 
 /* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
  * as many as fit on every SM at smem bytes of shared memory each (of the
- * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 4 an SM
- * (256 threads of up to 64 registers); 132 SMs when the count is unknown. */
+ * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 2 an SM
+ * (its __launch_bounds__: 256 threads of up to 128 registers); 132 SMs
+ * when the count is unknown. */
 static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
     int per = (227 * 1024) / (smem + 1024);
-    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    per = per < 1 ? 1 : per > 2 ? 2 : per;
     return (unsigned)((sms > 0 ? sms : 132) * per);
 }
 
