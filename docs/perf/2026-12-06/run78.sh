@@ -43,7 +43,7 @@ prof() {  # prof NAME KERNEL-REGEX [env...]: source-level profile of moe_bench q
 [ $SECONDS -lt $((B * 55 / 100)) ] && prof stream2 _stream_ MOEGEN_TUNING=build/st/stream2.tune
 [ $SECONDS -lt $((B * 65 / 100)) ] && prof route1 _route_
 cp /tmp/mc_li/*.cubin "$OUT/" 2>/dev/null && gzip -9 "$OUT"/*.cubin
-[ $SECONDS -lt $((B * 75 / 100)) ] && { MOEGEN_TUNING=build/st/stream2.tune timeout $((B - SECONDS - 10)) stdbuf -oL -eL \
+[ $SECONDS -lt $((B * 75 / 100)) ] && { MOEGEN_TEST_PROGRESS=1 MOEGEN_TUNING=build/st/stream2.tune timeout $((B - SECONDS - 10)) stdbuf -oL -eL \
     build/st/test_gpu --tokens-max 64 qwen3-30b-a3b deepseek-v3-ep8 gpt-oss-20b > "$OUT/test_gpu_s2.log" 2>&1;
     echo "test_gpu s2: exit $? ($SECONDS s)" >> "$OUT/rc.txt"; }
 cat "$OUT/rc.txt"; tail -n 1 "$OUT/test_gpu_s2.log" 2>/dev/null; grep -m5 FAIL "$OUT/test_gpu_s2.log" 2>/dev/null
