@@ -229,6 +229,7 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
             return snprintf(err, errlen, "the stream grid needs the %s GEMM's %lld weight rows a multiple of 16",
                             up ? "up" : "down", N), -1;
         k->smem = te->stages * 16 * moe_gemm_stream_kc(K) * 2 + 2 * te->stages * 8 + 16;
+        k->threads = 288; /* 8 consumer warps and the producer warp */
         return 0;
     }
     const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0, rows = te->gemv == 3 ? 2 : 8;

@@ -212,7 +212,7 @@ static inline long long moe_splitk_tickets_at(int slots) {
 /* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
  * as many as fit on every SM at smem bytes of shared memory each (of the
  * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 2 an SM
- * (its __launch_bounds__: 256 threads of up to 128 registers); 132 SMs
+ * (its __launch_bounds__: 288 threads of up to 112 registers); 132 SMs
  * when the count is unknown. */
 static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
     int per = (227 * 1024) / (smem + 1024);

@@ -79,7 +79,7 @@
 @   need(c.bn == 8 or c.bn == 16 or c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256,
 @        "tile.bn must be 8, 16, 32, 64, 128 or 256")
 @   need(t.gemv == 4 or c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
-@   need(p.threads == THREADS, "p.threads must be " .. THREADS)
+@   need(p.threads == (t.gemv == 4 and THREADS + 32 or THREADS), "p.threads must be " .. THREADS .. " (stream: " .. THREADS + 32 .. ")")
 @   if kind == "up" then
 @     c.K, c.N, c.nout, c.up = p.H, 2 * p.F, p.F, true
 @     need(p.F % 8 == 0, "F must be a multiple of 8 (the gate/up pairing granule)")
@@ -490,13 +490,15 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 @ -- i % NB of 16 weight rows (up: one pairing block, gate rows 0..7 and
 @ -- their up rows 8..15, so 8 output columns; down: 16 output columns);
 @ -- CTA c takes items [c n / G, (c + 1) n / G) of n = *num_tiles x NB, so
-@ -- its weights are a few long runs of consecutive rows. Thread 0 streams
-@ -- them into a ring of S stages (16 rows x KC columns, one bulk copy a
-@ -- row, or one for all 16 when KC = K) that completes on the stage's
-@ -- `full` mbarrier, and refills a stage once the 8 warps have arrived on
-@ -- its `empty` one; it runs ahead of the consumers by S stages across
-@ -- items, tiles and passes, so the weight stream never waits on an
-@ -- epilogue. Warp w owns rows w and w + 8 of the block (up: gate and up
+@ -- its weights are a few long runs of consecutive rows. A ninth warp
+@ -- (its lane 0; 288 threads) streams them into a ring of S stages (16
+@ -- rows x KC columns, one bulk copy a row, or one for all 16 when KC = K)
+@ -- that completes on the stage's `full` mbarrier, and refills a stage
+@ -- once the 8 consumer warps have arrived on its `empty` one; it runs
+@ -- ahead of them by S stages across items, tiles and passes, so the weight
+@ -- stream never waits on their math or epilogues (in run 76's first form
+@ -- thread 0 of warp 0 did both, and each refill waited on its own
+@ -- warp's math). Warp w < 8 owns rows w and w + 8 of the block (up: gate and up
 @ -- of column 8 b + w; down: columns 16 b + w, + 8): its lanes stride
 @ -- the stage's 16-byte vectors and multiply them with A's rows (xs or
 @ -- hbuf, read from L1 / L2), a tile's rows in passes of XR = 8 (a pass
@@ -506,12 +508,13 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 @ -- once as the other kernels do. Tiles without rows take no stage (their
 @ -- items still take the combine's ticket). The combine, folded in as
 @ -- the gemv grid's (y non-NULL), runs per block: ticket b after the item
-@ -- of every tile, its last CTA writing y's 16 columns.
+@ -- of every tile, its last CTA writing y's 16 columns (the consumer warps
+@ -- meet at named barrier 1, without the producer warp, which has exited).
 @ -- Shared memory: S stages of 16 x KC halves, then the 2 S mbarriers and
 @ -- 16 bytes (the combine's flag is static) (p.smem, gen/family_gemm.c).
 @ local function stream_code(p, c)
 constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = 16, KC = ${c.kc}, S = ${c.stages};
-constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* rows of A a pass */
+constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* the consumers (warp WARPS streams); rows of A a pass */
 constexpr int NKC = (K + KC - 1) / KC, NB = N / BN, KCV = KC / 8;  /* stages a pass; items a tile; a row's vectors */
 constexpr int NI = (KCV + 31) / 32;  /* a lane's vectors of a stage row */
 constexpr int STAGE = BN * KC * 2, BAR_OFF = S * STAGE;  /* bytes */
@@ -581,12 +584,17 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
         }
     }
     __syncthreads();
-    cursor_t pc = {begin, 0, 0, -1, 0, 0};  /* thread 0's: the next stage to stream */
-    int jp = 0;                             /* stages streamed */
-    if (tid == 0) {
+    if (warp == WARPS) {  /* the producer warp: its lane 0 streams every stage of the CTA, S ahead */
+        if (lane == 0) {
+            cursor_t pc = {begin, 0, 0, -1, 0, 0};
 #pragma unroll 1
-        for (; jp < S && settle(pc, end, tiles); ++jp)
-            produce(pc, jp, w, sm);
+            for (int jp = 0; settle(pc, end, tiles); ++jp) {
+                if (jp >= S)  /* the stage S earlier in this slot has been read by every consumer warp */
+                    moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
+                produce(pc, jp, w, sm);
+            }
+        }
+        return;
     }
     int j = 0;  /* stages consumed */
 #pragma unroll 1
@@ -635,11 +643,6 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
                 __syncwarp();
                 if (lane == 0)
                     moe_mbar_arrive(sm + BAR_OFF + (S + j % S) * 8);
-                if (tid == 0 && settle(pc, end, tiles)) {  /* stage jp = j + S refills the slot just read */
-                    moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
-                    produce(pc, jp, w, sm);
-                    ++jp;
-                }
             }
             /* the warp's sums on every lane; lane r < nr keeps row r's */
             float s0 = 0.0f, s1 = 0.0f;
@@ -664,7 +667,7 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
 @ -- The stream grid's kernel (stream_code): its epilogue functor `epi`
 @ -- (an expression of the kernel's arguments) over the CTA's items.
 @ local function stream_kernel(p, c, args, a, w, epi)
-extern "C" __global__ void __launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
+extern "C" __global__ void __launch_bounds__(${THREADS + 32}, 2)  /* <= 112 registers: two CTAs an SM */
 ${p.kernel}(${args}) {
     moe_pdl_begin();
     using namespace ${p.kernel}_impl;
@@ -915,6 +918,8 @@ namespace ${p.kernel}_impl {
 @     device_code(p, c, eargs, epilogue)
 @   end
 
+@   -- the CTA's THREADS threads meet: all of them, or the stream grid's consumer warps (its producer has exited)
+@   local sync = c.stream and "moe_bar_sync(1, THREADS);" or "__syncthreads();"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -926,7 +931,7 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
     constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
     __shared__ int s_last;
     __threadfence();
-    __syncthreads();
+    ${sync}
     if (threadIdx.x == 0) {
         __threadfence();
         const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
@@ -935,7 +940,7 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
         __threadfence();
         s_last = last;
     }
-    __syncthreads();
+    ${sync}
     if (!s_last)
         return;
     const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */

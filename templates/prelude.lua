@@ -172,6 +172,11 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
                  "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
 #endif
 }
+/* bar.sync id, count: `count` threads (whole warps) of the block meet at named barrier id (the stream grid's
+ * consumer warps, without its producer warp). */
+static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"

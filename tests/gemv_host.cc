@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
            , ub.data()
 #endif
         );
-    });
+    }, 1, GV_STREAM ? 288 : 256);  /* the stream grid's 8 warps and its producer warp */
     auto hv = [&](int r, int k) { return (double)moe_to_float(hb[(size_t)r * GV_F + k]); };
 #endif
     const moe_half_t poison = 0xffff;
@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
         GV_DOWN(hb.data(), w2.data(), b2.data(), tiles.data(), &nt, ob.data(), row_of.data(), topk_w.data(), T,
                 y.data(), tickets.data());
 #endif
-    });
+    }, 1, GV_STREAM ? 288 : 256);
     double e1 = 0, n1 = 0, e2 = 0, n2 = 0, eu = 0, nu = 0;
     long padding = 0, real_rows = 0, codes_off = 0, scales_off = 0;
     std::vector<float> act(GV_F);

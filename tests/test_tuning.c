@@ -286,7 +286,8 @@ int main(void) {
         CHECK(plan_of(&pd, qwen, &t) == 0);
         const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
         const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
-        CHECK(up->tile.gemv == 4 && down->tile.gemv == 4 && up->tile.bn == 16 && up->threads == 256);
+        CHECK(up->tile.gemv == 4 && down->tile.gemv == 4 && up->tile.bn == 16 && up->threads == 288 &&
+              down->threads == 288);
         CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_stream_m64n16u4");
         CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_stream_m64n16u4");
         /* 4 stages of 16 rows x min(K, MOE_STREAM_KC) halves, 8 mbarriers, 16 bytes */

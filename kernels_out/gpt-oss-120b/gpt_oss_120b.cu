@@ -127,6 +127,11 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
                  "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
 #endif
 }
+/* bar.sync id, count: `count` threads (whole warps) of the block meet at named barrier id (the stream grid's
+ * consumer warps, without its producer warp). */
+static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
@@ -143,11 +148,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 202 "templates/prelude.lua"
+#line 207 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 206 "templates/prelude.lua"
+#line 211 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -5131,7 +5136,7 @@ static inline long long moe_splitk_tickets_at(int slots) {
 /* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
  * as many as fit on every SM at smem bytes of shared memory each (of the
  * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 2 an SM
- * (its __launch_bounds__: 256 threads of up to 128 registers); 132 SMs
+ * (its __launch_bounds__: 288 threads of up to 112 registers); 132 SMs
  * when the count is unknown. */
 static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
     int per = (227 * 1024) / (smem + 1024);

@@ -127,6 +127,11 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
                  "@!done bra WAIT_%=;\n}\n" :: "r"(moe_smem_addr(bar)), "r"(parity) : "memory");
 #endif
 }
+/* bar.sync id, count: `count` threads (whole warps) of the block meet at named barrier id (the stream grid's
+ * consumer warps, without its producer warp). */
+static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
@@ -143,11 +148,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 202 "templates/prelude.lua"
+#line 207 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 206 "templates/prelude.lua"
+#line 211 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -2447,7 +2452,7 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 876 "templates/gemm_gemv.lua"
+#line 879 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2615,62 +2620,62 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 825 "templates/gemm_gemv.lua"
+#line 828 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 830 "templates/gemm_gemv.lua"
+#line 833 "templates/gemm_gemv.lua"
             const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
-#line 834 "templates/gemm_gemv.lua"
+#line 837 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 841 "templates/gemm_gemv.lua"
+#line 844 "templates/gemm_gemv.lua"
         }
 #line 302 "templates/gemm_gemv.lua"
     }
 }
-#line 883 "templates/gemm_gemv.lua"
+#line 886 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 687 "templates/gemm_gemv.lua"
+#line 690 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 689 "templates/gemm_gemv.lua"
+#line 692 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
-#line 695 "templates/gemm_gemv.lua"
+#line 698 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
-#line 699 "templates/gemm_gemv.lua"
+#line 702 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
-#line 701 "templates/gemm_gemv.lua"
+#line 704 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 711 "templates/gemm_gemv.lua"
+#line 714 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 713 "templates/gemm_gemv.lua"
+#line 716 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 719 "templates/gemm_gemv.lua"
+#line 722 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 721 "templates/gemm_gemv.lua"
+#line 724 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-#line 727 "templates/gemm_gemv.lua"
+#line 730 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-#line 735 "templates/gemm_gemv.lua"
+#line 738 "templates/gemm_gemv.lua"
     }
-#line 740 "templates/gemm_gemv.lua"
+#line 743 "templates/gemm_gemv.lua"
 }
 
-#line 909 "templates/gemm_gemv.lua"
+#line 912 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
 #line 218 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 64, KC = 2880, U = 2;
@@ -2825,15 +2830,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 905 "templates/gemm_gemv.lua"
+#line 908 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s + moe_to_float(bias[col]));
 #line 302 "templates/gemm_gemv.lua"
     }
 }
-#line 917 "templates/gemm_gemv.lua"
+#line 920 "templates/gemm_gemv.lua"
 
+#line 923 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -2864,9 +2870,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 951 "templates/gemm_gemv.lua"
+#line 956 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 953 "templates/gemm_gemv.lua"
+#line 958 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2878,48 +2884,48 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 992 "templates/gemm_gemv.lua"
+#line 997 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 687 "templates/gemm_gemv.lua"
+#line 690 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 689 "templates/gemm_gemv.lua"
+#line 692 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
-#line 695 "templates/gemm_gemv.lua"
+#line 698 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
-#line 699 "templates/gemm_gemv.lua"
+#line 702 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
-#line 701 "templates/gemm_gemv.lua"
+#line 704 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 711 "templates/gemm_gemv.lua"
+#line 714 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 713 "templates/gemm_gemv.lua"
+#line 716 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 719 "templates/gemm_gemv.lua"
+#line 722 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 721 "templates/gemm_gemv.lua"
+#line 724 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-#line 727 "templates/gemm_gemv.lua"
+#line 730 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-#line 735 "templates/gemm_gemv.lua"
+#line 738 "templates/gemm_gemv.lua"
     }
-#line 737 "templates/gemm_gemv.lua"
+#line 740 "templates/gemm_gemv.lua"
     if (y)
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
-#line 740 "templates/gemm_gemv.lua"
+#line 743 "templates/gemm_gemv.lua"
 }
 
 #line 892 "templates/gemm_sm90.lua"
@@ -5764,7 +5770,7 @@ static inline long long moe_splitk_tickets_at(int slots) {
 /* CTAs of the gemv "stream" grid (templates/gemm_gemv.lua, stream_code):
  * as many as fit on every SM at smem bytes of shared memory each (of the
  * 227 KB an SM gives a CTA, 1 KB more per CTA reserved), at most 2 an SM
- * (its __launch_bounds__: 256 threads of up to 128 registers); 132 SMs
+ * (its __launch_bounds__: 288 threads of up to 112 registers); 132 SMs
  * when the count is unknown. */
 static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
     int per = (227 * 1024) / (smem + 1024);

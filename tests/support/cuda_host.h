@@ -50,8 +50,9 @@ struct host_dim3 {
 };
 static host_dim3 threadIdx, blockIdx, gridDim;
 
-enum { HOST_THREADS = 256, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024, HOST_MAX_CLUSTER = 8,
-       HOST_FIBERS = HOST_THREADS * HOST_MAX_CLUSTER };
+/* blocks of 256 threads (host_launch3's `threads`: up to 288, the stream grid's 8 warps and its producer warp) */
+enum { HOST_THREADS = 288, HOST_WARPS = HOST_THREADS / 32, HOST_STACK = 128 * 1024, HOST_MAX_CLUSTER = 8,
+       HOST_FIBERS = HOST_THREADS * HOST_MAX_CLUSTER, HOST_NAMED = 4 };
 struct host_barrier {
     int count, need;
     unsigned gen;
@@ -61,6 +62,8 @@ static struct {
     bool done[HOST_FIBERS];
     int cur, cta, cluster;           /* the running fiber, its block in the cluster, the cluster's blocks */
     host_barrier block[HOST_MAX_CLUSTER], warp[HOST_MAX_CLUSTER][HOST_WARPS], clusterb;
+    host_barrier named[HOST_MAX_CLUSTER][HOST_NAMED]; /* bar.sync id, count (moe_bar_sync) */
+    int threads;                     /* a block's threads (host_launch3) */
     float lane_val[HOST_MAX_CLUSTER][HOST_WARPS][32];
     const void *lane_ptr[HOST_MAX_CLUSTER][HOST_WARPS][32]; /* ldmatrix's row addresses */
     unsigned lane_frag[HOST_MAX_CLUSTER][HOST_WARPS][32][6]; /* mma's A and B fragments */
@@ -82,6 +85,12 @@ static inline void host_wait(host_barrier &b) {
         host_yield();
 }
 static inline void __syncthreads() { host_wait(host.block[host.cta]); }
+/* the prelude's named barrier: `count` threads of the block meet at barrier id (1 .. 3) */
+static inline void moe_bar_sync(int id, int count) {
+    host_barrier &b = host.named[host.cta][id];
+    b.need = count;
+    host_wait(b);
+}
 /* v of lane src (src out of the warp: the caller's own, as __shfl_down_sync) */
 static inline float host_shfl(float v, int src) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, b = host.cta;
@@ -456,16 +465,19 @@ static void host_fiber_main() {
 /* Run fn as every thread of a gx x gy x gz grid of 256-thread blocks, one
  * block at a time (or `cluster` consecutive blocks along x at a time,
  * together: a cluster), with smem bytes of shared memory per block
- * (poisoned). */
+ * (poisoned); blocks of `threads` threads (a multiple of 32, at most
+ * HOST_THREADS). */
 static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t smem, const std::function<void()> &fn,
-                                unsigned cluster = 1) {
-    if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster) {
-        fprintf(stderr, "host_launch: a cluster of %u blocks over a grid of %u\n", cluster, gx);
+                                unsigned cluster = 1, int threads = 256) {
+    if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster || threads % 32 || threads < 32 ||
+        threads > HOST_THREADS || (cluster > 1 && threads != 256)) {
+        fprintf(stderr, "host_launch: a cluster of %u blocks of %d threads over a grid of %u\n", cluster, threads, gx);
         abort();
     }
+    host.threads = threads;
     host.smem_stride = (smem + 16 + 15) / 16 * 16;
     std::vector<unsigned char> sm(host.smem_stride * cluster);
-    const int nf = HOST_THREADS * (int)cluster;
+    const int nf = threads * (int)cluster;
     std::unique_ptr<char[]> stacks(new char[(size_t)nf * HOST_STACK]); /* untouched pages stay unmapped */
     host.smem = sm.data();
     host.fn = &fn;
@@ -475,7 +487,9 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
         for (unsigned bx = 0, by = byz % gy, bz = byz / gy; bx < gx; bx += cluster) {
             memset(sm.data(), 0xcd, sm.size());
             for (unsigned b = 0; b < cluster; b++) {
-                host.block[b] = {0, HOST_THREADS, 0};
+                host.block[b] = {0, threads, 0};
+                for (auto &n : host.named[b])
+                    n = {0, 0, 0};
                 for (auto &w : host.warp[b])
                     w = {0, 32, 0};
             }
@@ -493,8 +507,8 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
                 for (int t = 0; t < nf; t++)
                     if (!host.done[t]) {
                         host.cur = t;
-                        host.cta = t / HOST_THREADS;
-                        threadIdx = {(unsigned)(t % HOST_THREADS), 0, 0};
+                        host.cta = t / threads;
+                        threadIdx = {(unsigned)(t % threads), 0, 0};
                         blockIdx = {bx + (unsigned)host.cta, by, bz};
                         swapcontext(&host.main, &host.fiber[t]);
                         left += !host.done[t];
@@ -505,8 +519,8 @@ static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t sm
 
 /* host_launch3 over one z layer: a gx x gy grid. */
 static inline void host_launch(unsigned gx, unsigned gy, size_t smem, const std::function<void()> &fn,
-                               unsigned cluster = 1) {
-    host_launch3(gx, gy, 1, smem, fn, cluster);
+                               unsigned cluster = 1, int threads = 256) {
+    host_launch3(gx, gy, 1, smem, fn, cluster, threads);
 }
 
 #endif
