@@ -93,13 +93,17 @@ static const cand_t fp8_cands[] = {
     {64, 256, 1, 1, 4, 0, 0},
 };
 
+/* The grids by cand_t.grid, as --grid and the tuning table spell them. */
+static const char *const grid_names[] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3", "stream"};
+#define NGRIDS ((int)(sizeof grid_names / sizeof *grid_names))
+
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /
  * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3, stream's 4). */
 static moe_tile_cfg_t cand_tile(const cand_t *c) {
     return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
                             .consumers = c->grid >= 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
                             .persistent = c->grid == 1 || c->grid == 2, .pingpong = c->grid == 2,
-                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = c->grid == 4 ? 1 : c->grid == 5 ? 3 : c->grid == 6 ? 4 : 0};
+                            .splitk = c->grid == 3 ? c->splitk : 0, .gemv = moe_gemm_gemv_grid(grid_names[c->grid])};
 }
 
 /* The checks a tuning entry's tile must pass (gen/tuning.c): the e4m3 ones for an fp8 spec's. */
@@ -233,7 +237,7 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
     int nsets = 0;
     memset(a, 0, sizeof *a);
     a->iters = 20;
-    a->grids = 0x7f;
+    a->grids = (1u << NGRIDS) - 1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
@@ -246,15 +250,13 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
             if (o[2] == 't')
                 toklist = v;
             else if (o[2] == 'g') {
-                static const char *const names[7] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3",
-                                                     "stream"};
                 a->grids = 0;
                 for (const char *p = v; *p;) {
                     const size_t n = strcspn(p, ",");
                     int g = 0;
-                    while (g < 7 && (strlen(names[g]) != n || strncmp(p, names[g], n)))
+                    while (g < NGRIDS && (strlen(grid_names[g]) != n || strncmp(p, grid_names[g], n)))
                         g++;
-                    if (g == 7)
+                    if (g == NGRIDS)
                         return fprintf(stderr, "moegen: error: --grid: '%.*s' is not tile, persist, pingpong, splitk, "
                                        "gemv, gemv3 or stream\n", (int)n, p), 2;
                     a->grids |= 1u << g;

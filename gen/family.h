@@ -229,6 +229,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
 /* The sm_90a grid of tile t as the tuning table spells it ("tile",
  * "persist", "pingpong", "splitkS" or "gemv"), written into buf; returns buf. */
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
+/* tile.gemv of a gemv-family grid's name ("gemv" 1, "gemv3" 3, "stream" 4), 0 for any other name. */
+int moe_gemm_gemv_grid(const char *name);
 
 /* The gemv kernels' staged activation columns for reduction length K:
  * min(K, MOE_GEMV_KC) (8 rows x KC halves of shared memory, 64 KB at

@@ -9,6 +9,7 @@
 #include "tuning.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* ---- sm_90a: shared memory and what the template can run -------------- */
 
@@ -21,47 +22,39 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
     return ring + (t->pingpong ? 2 : 1) * staging + 16 * t->stages; /* pingpong: one per consumer warpgroup */
 }
 
-/* The gemv grid's checks (templates/gemm_gemv.lua's config holds the same). */
-static const char *gemv_check(const moe_tile_cfg_t *t) {
+/* The gemv-family grids' checks (templates/gemm_gemv.lua's config holds
+ * the same): gemv and gemv3 (bn rows a CTA, stages the K loop's unroll),
+ * stream (items of 16 rows, a ring of 2 .. 8 stages). Nonzero with the
+ * reason in err, named by the grid ("gemv" for gemv3's common fields). */
+static int gemv_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
+    const int stream = t->gemv == 4;
+    const char *g = stream ? "stream" : "gemv";
     if (t->bm != 64 && t->bm != 128)
-        return "gemv: bm (the tile table's row block) must be 64 or 128";
-    if (t->bn != 8 && t->bn != 16 && t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
-        return "gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256";
+        return snprintf(err, errlen, "%s: bm (the tile table's row block) must be 64 or 128", g), 1;
+    if (stream && t->bn != 16)
+        return snprintf(err, errlen, "stream: bn (the weight rows of a work item) must be 16"), 1;
+    if (!stream && t->bn != 8 && t->bn != 16 && t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
+        return snprintf(err, errlen, "gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256"), 1;
     if (t->bk != 64)
-        return "gemv: bk must be 64 (unused by the gemv kernels, as the other grids spell it)";
-    if (t->stages != 1 && t->stages != 2 && t->stages != 4)
-        return "gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and lane) must be 1, 2 "
-               "or 4";
+        return snprintf(err, errlen, "%s: bk must be 64 (unused by the %s kernels, as the other grids spell it)", g,
+                        g), 1;
+    if (stream && (t->stages < 2 || t->stages > 8))
+        return snprintf(err, errlen, "stream: stages (the ring's stages of 16 rows x up to 1024 columns) must be "
+                        "2 .. 8"), 1;
+    if (!stream && t->stages != 1 && t->stages != 2 && t->stages != 4)
+        return snprintf(err, errlen, "gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and "
+                        "lane) must be 1, 2 or 4"), 1;
     if (t->consumers != 1 || t->group_m != 1)
-        return "gemv: consumers and group_m must be 1 (no warpgroups, no raster)";
+        return snprintf(err, errlen, "%s: consumers and group_m must be 1 (no warpgroups, no raster)", g), 1;
     if (t->gemv == 3 && (t->bn < 32 || t->stages > 2))
-        return "gemv3: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (three CTAs an SM: at most 80 registers)";
-    return NULL;
-}
-
-/* The stream grid's checks (gemm_gemv.lua's config holds the same): blocks
- * of 16 weight rows, a ring of 2 .. 8 stages. */
-static const char *stream_check(const moe_tile_cfg_t *t) {
-    if (t->bm != 64 && t->bm != 128)
-        return "stream: bm (the tile table's row block) must be 64 or 128";
-    if (t->bn != 16)
-        return "stream: bn (the weight rows of a work item) must be 16";
-    if (t->bk != 64)
-        return "stream: bk must be 64 (unused by the stream kernels, as the other grids spell it)";
-    if (t->stages < 2 || t->stages > 8)
-        return "stream: stages (the ring's stages of 16 rows x up to 1024 columns) must be 2 .. 8";
-    if (t->consumers != 1 || t->group_m != 1)
-        return "stream: consumers and group_m must be 1 (no warpgroups, no raster)";
-    return NULL;
+        return snprintf(err, errlen, "gemv3: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (three CTAs an "
+                        "SM: at most 80 registers)"), 1;
+    return 0;
 }
 
 int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
-    if (t->gemv) {
-        const char *why = t->gemv == 4 ? stream_check(t) : gemv_check(t);
-        if (why)
-            snprintf(err, errlen, "%s", why);
-        return why != NULL;
-    }
+    if (t->gemv)
+        return gemv_check(t, err, errlen);
     const int smem = moe_gemm_sm90_smem(t, t->bn); /* bn: the down GEMM's output columns, the wider */
     const char *why = NULL;
     if (t->bm != 64 && t->bm != 128)
@@ -150,10 +143,11 @@ static int fp8_smem(const moe_tile_cfg_t *t) {
 int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     const char *why = NULL;
     if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
-        why = gemv_check(t);
-        if (!why && (t->gemv == 3 || t->gemv == 4))
+        if (gemv_check(t, err, errlen))
+            return 1;
+        if (t->gemv == 3 || t->gemv == 4)
             why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3 or stream (bf16 and fp16 weights only)";
-        if (!why && t->bn < 32)
+        else if (t->bn < 32)
             why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
                   "CTAs, at most 8)";
     } else if (t->bk != 128 || t->bn != 256)
@@ -270,10 +264,27 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
     *partials = *tickets * k->tile.splitk * k->tile.bm * k->tile.bn;
 }
 
+/* The gemv-family grids' names (the tuning table's grid column, the
+ * kernel names) by tile.gemv. */
+static const struct {
+    int gemv;
+    const char *name;
+} gemv_grids[] = {{1, "gemv"}, {3, "gemv3"}, {4, "stream"}};
+
+int moe_gemm_gemv_grid(const char *name) {
+    for (size_t i = 0; i < sizeof gemv_grids / sizeof *gemv_grids; i++)
+        if (strcmp(name, gemv_grids[i].name) == 0)
+            return gemv_grids[i].gemv;
+    return 0;
+}
+
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]) {
-    if (t->gemv)
-        snprintf(buf, 16, t->gemv == 4 ? "stream" : t->gemv == 3 ? "gemv3" : "gemv");
-    else if (t->splitk)
+    if (t->gemv) {
+        size_t i = 0;
+        while (i + 1 < sizeof gemv_grids / sizeof *gemv_grids && gemv_grids[i].gemv != t->gemv)
+            i++;
+        snprintf(buf, 16, "%s", gemv_grids[i].name);
+    } else if (t->splitk)
         snprintf(buf, 16, "splitk%d", t->splitk);
     else
         snprintf(buf, 16, "%s", t->pingpong ? "pingpong" : t->persistent ? "persist" : "tile");

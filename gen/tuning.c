@@ -89,9 +89,7 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[13] + 6, 2, 16, &e.splitk))
                 return fail(diag, file, line, "grid splitkS: S (the CTAs that split one tile's K) must be an "
                             "integer 2..16", tok[13]);
-        } else if (strcmp(tok[13], "gemv") == 0 || strcmp(tok[13], "gemv3") == 0 || strcmp(tok[13], "stream") == 0) {
-            e.gemv = tok[13][0] == 's' ? 4 : tok[13][4] == '3' ? 3 : 1;
-        } else {
+        } else if ((e.gemv = moe_gemm_gemv_grid(tok[13])) == 0) { /* gemv, gemv3 or stream, else none */
             return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong "
                         "(one CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs "
                         "per tile, each over a share of K), gemv (a CTA per bn weight rows of a tile, for few "

@@ -97,7 +97,7 @@
 @     need(t.stages >= 2 and t.stages <= 8, "stream: tile.stages (the ring's stages) must be 2 .. 8")
 @     need(c.N % 16 == 0, "stream: the weight rows (2F up, H down) must be a multiple of 16")
 @     need(p.spec.quant == nil or p.spec.quant.weights ~= "fp8_e4m3", "stream: bf16 and fp16 weights only")
-@     c.stream, c.stages, c.unroll = true, t.stages, 1
+@     c.stream, c.stages = true, t.stages
 @     return c
 @   end
 @   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)

@@ -8,7 +8,8 @@
  *   (shared.limit, shared.unclamped): slots from GV_SHARED0 on (of GV_E) run GV_ACT_SHARED
  *   GV_SMEM_UP, GV_SMEM_DN  their shared memory (the plan's)
  *   GV_KE (entries per token), GV_INPUT (router.apply = "input": the combine's weight is 1)
- *   GV_STREAM: the stream grid's CTAs (a 1D grid; its kernels split the items themselves), 0 otherwise
+ *   GV_STREAM: the stream grid's CTAs (a 1D grid; its kernels split the items themselves), 0 otherwise;
+ *   GV_THREADS the kernels' block (the plan's: 256, the stream grid's 288)
  *   GV_FP8 (fp8 weights: e4m3 operands with scales, docs/DESIGN.md "FP8"), GV_BLOCK (1: 128 x 128
  *   block scales, 0: per row), GV_CLUSTER (the up kernel's cluster of blocks); linked with
  *   runtime/fp8.c, the host's e4m3 rules, for the reference
@@ -178,7 +179,7 @@ int main(int argc, char **argv) {
            , ub.data()
 #endif
         );
-    }, 1, GV_STREAM ? 288 : 256);  /* the stream grid's 8 warps and its producer warp */
+    }, 1, GV_THREADS);
     auto hv = [&](int r, int k) { return (double)moe_to_float(hb[(size_t)r * GV_F + k]); };
 #endif
     const moe_half_t poison = 0xffff;
@@ -203,7 +204,7 @@ int main(int argc, char **argv) {
         GV_DOWN(hb.data(), w2.data(), b2.data(), tiles.data(), &nt, ob.data(), row_of.data(), topk_w.data(), T,
                 y.data(), tickets.data());
 #endif
-    }, 1, GV_STREAM ? 288 : 256);
+    }, 1, GV_THREADS);
     double e1 = 0, n1 = 0, e2 = 0, n2 = 0, eu = 0, nu = 0;
     long padding = 0, real_rows = 0, codes_off = 0, scales_off = 0;
     std::vector<float> act(GV_F);

@@ -164,7 +164,7 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
         return;
     const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
     const moe_kernel_desc_t *dn = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
-    CHECKF(up->tile.gemv && dn->tile.gemv && up->tile.bn == dn->tile.bn, "%s, %s: not both on the gemv grid",
+    CHECKF(up->tile.gemv && dn->tile.gemv && up->tile.bn == dn->tile.bn && up->threads == dn->threads, "%s, %s: not both on the gemv grid",
            up->name, dn->name);
     moe_buf_t src = {0}, inc = {0};
     if (!up->tile.gemv || moe_emit_source(&pd, NULL, &src, &d)) {
@@ -213,11 +213,11 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d -DGV_STREAM=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d -DGV_STREAM=%d -DGV_THREADS=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  an, moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
-                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, up->tile.gemv == 4 ? c->ctas : 0,
+                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, up->tile.gemv == 4 ? c->ctas : 0, up->threads,
                  cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? an : "", cut_bwd ? "_bwd" : "", shared_defs, objs,
                  bin);
         const int built = system(cmd) == 0;
