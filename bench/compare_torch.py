@@ -2,6 +2,7 @@
 """compare_torch.py — moegen against PyTorch on the same inputs, in one process.
 
 usage: python3 bench/compare_torch.py SPEC [--tokens N]... [--iters N] [--graph] [--backward]
+                                     [--flush write|clean|none]
 
 For each token count:
   * moegen: the whole layer through libmoegen (build/libmoegen.so, via ctypes
@@ -13,11 +14,12 @@ For each token count:
   * the peer layer: an eager PyTorch MoE layer (router matmul, softmax or
     sigmoid top-k, sort, grouped GEMMs, SiLU*mul, weighted scatter-add);
   * ceilings: dense bf16 torch.matmul 8192^3 and a device copy.
-Each time is the median of --iters runs after warm-up, with a 512 MiB write
-between runs to evict L2. Inputs are random (never zeros). Prints a table of
-times and ratios; only PyTorch-supported router kinds are reproduced in the
-eager peer (softmax/sigmoid top-k, no groups: group-limited specs are timed
-with plain top-k in the peer, which is cheaper, and marked so).
+Each time is the median of --iters runs after warm-up, with an L2 flush
+before each run (--flush, below). Inputs are random (never zeros). Prints
+a table of times and ratios; only PyTorch-supported router kinds are
+reproduced in the eager peer (softmax/sigmoid top-k, no groups:
+group-limited specs are timed with plain top-k in the peer, which is
+cheaper, and marked so).
 
 --graph adds, per token count, the layers replayed from CUDA graphs as
 servers run decode steps: moegen's moe_forward captured on torch's stream,
@@ -38,6 +40,13 @@ bf16 weights quantized by moe_plan_pack_quantize_async. Both layers'
 errors are printed against a bf16 layer in fp32 (torch, h and the down
 output rounded to bf16 as moegen's bf16 layer does) on moegen's own
 routing (read from its workspace), so routing ties do not count.
+
+--flush picks the L2 flush before each timed run, as moe_bench's does:
+clean (the default) writes 256 MiB, then reads another 256 MiB
+(torch.sum), so the write's dirty lines are written back during the flush
+and L2 ends holding clean lines, as a decode step leaves it; write writes
+512 MiB (the only flush before --flush: L2 left full of dirty lines,
+whose write-backs the next kernel's first reads pay for); none drops it.
 
 --backward adds, per token count, torch autograd of the eager peer layer
 (x, router weights, w1 and w2 requiring grad): its forward under autograd
@@ -68,13 +77,34 @@ def spec_value(text, key, default=None):
     return m.group(1).strip().strip('"\'') if m else default
 
 
+def make_flush(mode, dev):
+    """The L2 flush before each timed run (--flush), as a function of no
+    arguments: write fills 512 MiB; clean fills the first 256 MiB of that
+    buffer, then sums the second 256 MiB as int32 (a read-only pass: the
+    dirty lines are written back here, and L2 ends holding clean lines);
+    none does nothing."""
+    if mode == "none":
+        return lambda: None
+    buf = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    written, read = buf[:256 << 20], buf[256 << 20:].view(torch.int32)
+
+    def flush():
+        if mode == "write":
+            buf.fill_(1)
+        else:
+            written.fill_(1)
+            torch.sum(read)
+    return flush
+
+
 def timed(fn, iters, flush):
-    """Median milliseconds of fn() over iters runs, L2 evicted before each."""
+    """Median milliseconds of fn() over iters runs, L2 flushed (flush())
+    before each."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(iters):
-        flush.fill_(1)
+        flush()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -147,7 +177,7 @@ def autograd_rows(T, x, wr, w1, w2, K, sigmoid, up_fn, iters, flush, dense_tf):
         for t in leaves:
             t.grad = None
         out = layer()
-        flush.fill_(1)
+        flush()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         out.backward(dy)
@@ -290,6 +320,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--flush", choices=("write", "clean", "none"), default="clean")
     opt = ap.parse_args()
     lib = _lib.load(os.path.join(ROOT, "build", "libmoegen.so"))   # version and struct layouts checked
     plan = ctypes.c_void_p()
@@ -333,7 +364,7 @@ def main():
         peer_w = fp8_peer_weights(w1, w2)
     ws = torch.empty(lib.moe_plan_workspace_size(plan, T_max), dtype=torch.uint8, device=dev)
     y = torch.empty(T_max, H, device=dev, dtype=dt)
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    flush = make_flush(opt.flush, dev)
     mm = torch.randn(8192, 8192, device=dev).to(dt)
     dense_ms = timed(lambda: mm @ mm, 10, flush)
     dense_tf = 2 * 8192 ** 3 / dense_ms / 1e9
@@ -345,6 +376,10 @@ def main():
     print("compare_torch %s on %s (moegen kernels for %s, torch %s)" % (
         info.name.decode(), torch.cuda.get_device_name(), info.arch.decode(), torch.__version__))
     print("ceilings: dense bf16 matmul 8192^3 %.0f TFLOP/s, device copy %.0f GB/s" % (dense_tf, copy_gbs))
+    print("L2 flush before each run: %s" % {
+        "write": "write (write 512 MiB: L2 left with dirty lines)",
+        "clean": "clean (write 256 MiB, then read 256 MiB: L2 left with clean lines)",
+        "none": "none (--flush none)"}[opt.flush])
     print("%-6s %-22s %9s %9s %9s" % ("tokens", "stage", "moegen ms", "torch ms", "speedup"))
     up_fn = lambda h: torch.nn.functional.silu(h[:, :F]) * h[:, F:]
     events = (ctypes.c_void_p * 7)()
@@ -362,7 +397,7 @@ def main():
             events[i] = e.cuda_event  # the CUevent handle behind torch's event
         per = [[] for _ in range(7)]
         for it in range(3 + opt.iters):
-            flush.fill_(1)
+            flush()
             if lib.moe_forward_timed(plan, ctypes.byref(a), stream, events) != 0:
                 sys.exit("moe_forward: %s" % lib.moe_last_error().decode())
             torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 /* moe_bench.c — time every kernel and the whole layer on the GPU.
  *
  * usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward]
- *                  [--templates DIR]
+ *                  [--templates DIR] [--flush write|clean|none]
  *
  * --templates DIR expands the kernels from DIR's templates instead of the
  * embedded ones (moe_options.templates_dir): a template change timed
@@ -12,7 +12,8 @@
  *
  * Random inputs (never zeros); CUDA events around each kernel of a forward;
  * 5 warm-up forwards, then --iters timed ones (default 30), each preceded by
- * a 512 MiB device write that evicts the 60 MB L2; the median is reported.
+ * an L2 flush (--flush, below) that evicts the 50-60 MB L2; the median is
+ * reported.
  * Ceilings are measured in the same run: a 2 GiB device-to-device copy
  * (bytes read + written) and a dense 8192^3 bf16 cuBLAS GEMM (cuBLAS is
  * loaded with dlopen by this program only). The floor of a kernel is
@@ -28,9 +29,32 @@
  * same L2 flush before each run. The graph's output is checked bit for bit
  * against the eager forward's (exit status 1 if they differ).
  *
- * --no-flush drops the L2 flush before each run (l2_flush): what stays in
- * L2 between runs (the router weights, the kernels' code, the tables)
- * shows as the difference from the flushed figures.
+ * --flush picks the L2 flush before each timed run (l2_flush; the flush
+ * buffer is 768 MiB):
+ *   clean (the default): a 256 MiB write of [0, 256 MiB), then the read
+ *     kernel (read_ptx) over [256, 512 MiB): the write's dirty lines are
+ *     written back during the untimed flush, and L2 ends full of clean
+ *     lines, as a decode step leaves it (attention reads the KV cache and
+ *     weights and writes little);
+ *   write: a 512 MiB write of [0, 512 MiB), the only flush before --flush:
+ *     L2 ends full of dirty lines, and the first ~50 MB the timed kernels
+ *     read pay for their write-backs (on an H100 a 50 MB read-only kernel
+ *     took 26.9 us after it against 20.3 us after clean;
+ *     docs/perf/2026-12-06/readramp.cu), which dominates decode-sized
+ *     layers;
+ *   none (also --no-flush): no flush: what stays in L2 between runs (the
+ *     router weights, the kernels' code, the tables) shows as the
+ *     difference from the flushed figures.
+ *
+ * After the LAYER rows of each token count, a "weights read" row: the read
+ * kernel alone over the layer floor's bytes (rounded up to 16), read from
+ * [512, 768 MiB) of the flush buffer after the same flush as the layer,
+ * CUDA events around its one launch, the median of --iters runs. It is
+ * the device-copy ceiling at the layer's own size: what a kernel that only
+ * streams the layer's bytes once takes from the flushed L2 (launch, DRAM
+ * ramp and tail included), against the same floor (bytes at the copy
+ * rate; its TFLOP/s is 0). Skipped when those bytes exceed 256 MiB; with
+ * --cudnn both, printed once, after the second plan's rows.
  *
  * An fp8 spec (quant.weights = "fp8_e4m3") runs on random bf16 weights
  * quantized by moe_plan_pack_quantize_async; its GEMM floors take the fp8
@@ -188,30 +212,176 @@ static double measure_gemm_tflops(CUstream st, CUevent a, CUevent b, char *why, 
     return 2.0 * n * n * (double)n / (median(t, 10) * 1e-3) / 1e12;
 }
 
+/* ---- the L2 flush and the read kernel ----------------------------------- */
+
+/* The read kernel: n16 16-byte vectors from src, grid-stride, four loads
+ * in flight per thread (i, i+s, i+2s, i+3s), then a tail; every word is
+ * xor-folded into one register, stored to out only when the fold equals
+ * 0x9e3779b9, so the loads stay. PTX for sm_70 up, JIT-compiled by the
+ * driver (cuModuleLoadData). */
+static const char read_ptx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry moe_bench_read(.param .u64 src, .param .u64 n16, .param .u64 out)\n"
+    "{\n"
+    "    .reg .pred %p<4>;\n"
+    "    .reg .b32 %r<24>;\n"
+    "    .reg .b64 %rd<16>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [src];\n"
+    "    ld.param.u64 %rd2, [n16];\n"
+    "    cvta.to.global.u64 %rd1, %rd1;\n"
+    "    mov.u32 %r1, %ctaid.x;\n"
+    "    mov.u32 %r2, %ntid.x;\n"
+    "    mov.u32 %r3, %tid.x;\n"
+    "    mov.u32 %r4, %nctaid.x;\n"
+    "    mul.wide.u32 %rd3, %r1, %r2;\n"    /* i = block * blockDim + thread */
+    "    cvt.u64.u32 %rd4, %r3;\n"
+    "    add.u64 %rd3, %rd3, %rd4;\n"
+    "    mul.wide.u32 %rd4, %r4, %r2;\n"    /* s, the grid stride in vectors */
+    "    shl.b64 %rd5, %rd4, 4;\n"          /* s in bytes */
+    "    mul.lo.u64 %rd6, %rd4, 3;\n"       /* 3s */
+    "    shl.b64 %rd7, %rd4, 2;\n"          /* 4s */
+    "    mov.b32 %r5, 0;\n"                 /* the fold */
+    "LOOP4:\n"
+    "    add.u64 %rd8, %rd3, %rd6;\n"
+    "    setp.ge.u64 %p1, %rd8, %rd2;\n"    /* i + 3s >= n16: to the tail */
+    "    @%p1 bra TAIL;\n"
+    "    shl.b64 %rd9, %rd3, 4;\n"
+    "    add.u64 %rd9, %rd1, %rd9;\n"
+    "    add.u64 %rd10, %rd9, %rd5;\n"
+    "    add.u64 %rd11, %rd10, %rd5;\n"
+    "    add.u64 %rd12, %rd11, %rd5;\n"
+    "    ld.global.nc.v4.u32 {%r6, %r7, %r8, %r9}, [%rd9];\n"
+    "    ld.global.nc.v4.u32 {%r10, %r11, %r12, %r13}, [%rd10];\n"
+    "    ld.global.nc.v4.u32 {%r14, %r15, %r16, %r17}, [%rd11];\n"
+    "    ld.global.nc.v4.u32 {%r18, %r19, %r20, %r21}, [%rd12];\n"
+    "    xor.b32 %r5, %r5, %r6;\n"
+    "    xor.b32 %r5, %r5, %r7;\n"
+    "    xor.b32 %r5, %r5, %r8;\n"
+    "    xor.b32 %r5, %r5, %r9;\n"
+    "    xor.b32 %r5, %r5, %r10;\n"
+    "    xor.b32 %r5, %r5, %r11;\n"
+    "    xor.b32 %r5, %r5, %r12;\n"
+    "    xor.b32 %r5, %r5, %r13;\n"
+    "    xor.b32 %r5, %r5, %r14;\n"
+    "    xor.b32 %r5, %r5, %r15;\n"
+    "    xor.b32 %r5, %r5, %r16;\n"
+    "    xor.b32 %r5, %r5, %r17;\n"
+    "    xor.b32 %r5, %r5, %r18;\n"
+    "    xor.b32 %r5, %r5, %r19;\n"
+    "    xor.b32 %r5, %r5, %r20;\n"
+    "    xor.b32 %r5, %r5, %r21;\n"
+    "    add.u64 %rd3, %rd3, %rd7;\n"
+    "    bra.uni LOOP4;\n"
+    "TAIL:\n"
+    "    setp.ge.u64 %p2, %rd3, %rd2;\n"
+    "    @%p2 bra DONE;\n"
+    "    shl.b64 %rd9, %rd3, 4;\n"
+    "    add.u64 %rd9, %rd1, %rd9;\n"
+    "    ld.global.nc.v4.u32 {%r6, %r7, %r8, %r9}, [%rd9];\n"
+    "    xor.b32 %r5, %r5, %r6;\n"
+    "    xor.b32 %r5, %r5, %r7;\n"
+    "    xor.b32 %r5, %r5, %r8;\n"
+    "    xor.b32 %r5, %r5, %r9;\n"
+    "    add.u64 %rd3, %rd3, %rd4;\n"
+    "    bra.uni TAIL;\n"
+    "DONE:\n"
+    "    setp.ne.u32 %p3, %r5, 0x9e3779b9;\n"
+    "    @%p3 bra END;\n"
+    "    ld.param.u64 %rd13, [out];\n"
+    "    cvta.to.global.u64 %rd13, %rd13;\n"
+    "    st.global.u32 [%rd13], %r5;\n"
+    "END:\n"
+    "    ret;\n"
+    "}\n";
+
+#define FLUSH_REGION ((size_t)256 << 20)
+
+typedef enum { FLUSH_NONE, FLUSH_WRITE, FLUSH_CLEAN } flush_mode_t;
+static const char *const flush_modes[] = {"none", "write", "clean"};
+
+/* The flush buffer, 3 regions of FLUSH_REGION: [0, 1) written by clean
+ * ([0, 2) by write), [1, 2) read by clean, [2, 3) read by the "weights
+ * read" row; and the read kernel, launched with `grid` blocks of 512. */
+typedef struct {
+    flush_mode_t mode;
+    CUdeviceptr buf;
+    CUfunction read;
+    unsigned grid;
+} flush_t;
+
+/* Allocates the buffer (set to 0x5a) and loads the read kernel, in the
+ * current context; exits when the driver refuses. */
+static void flush_init(flush_t *fl, flush_mode_t mode, CUdevice dev) {
+    CUmodule mod; /* kept for the process's life */
+    int sms = 0;
+    fl->mode = mode;
+    CK(moe_cu.cuModuleLoadData(&mod, read_ptx));
+    CK(moe_cu.cuModuleGetFunction(&fl->read, mod, "moe_bench_read"));
+    if (moe_cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms < 1)
+        sms = 132;
+    fl->grid = 4 * (unsigned)sms;
+    CK(moe_cu.cuMemAlloc(&fl->buf, 3 * FLUSH_REGION));
+    CK(moe_cu.cuMemsetD8(fl->buf, 0x5a, 3 * FLUSH_REGION));
+}
+
+/* The read kernel over n16 16-byte vectors at src, on st; its out word is
+ * the buffer's first (written only if the fold hits the constant). */
+static void read_launch(const flush_t *fl, CUdeviceptr src, uint64_t n16, CUstream st) {
+    CUdeviceptr out = fl->buf;
+    void *params[] = {&src, &n16, &out};
+    CK(moe_cu.cuLaunchKernel(fl->read, fl->grid, 1, 1, 512, 1, 1, 0, st, params, NULL));
+}
+
+/* The L2 flush before each timed run (--flush; the header says what each
+ * mode does), on st; `it` varies the written value. With none the router
+ * weights, the kernels' code and the small tables stay in L2 between runs,
+ * as they may between a server's layers, while the experts' weights still
+ * stream from DRAM when they do not fit. */
+static void l2_flush(const flush_t *fl, int it, CUstream st) {
+    if (fl->mode == FLUSH_NONE)
+        return;
+    CK(moe_cu.cuMemsetD8Async(fl->buf, (unsigned char)it, (fl->mode == FLUSH_WRITE ? 2 : 1) * FLUSH_REGION, st));
+    if (fl->mode == FLUSH_CLEAN)
+        read_launch(fl, fl->buf + FLUSH_REGION, FLUSH_REGION / 16, st);
+}
+
+/* Median ms of `iters` launches of the read kernel over `bytes` (rounded
+ * up to 16) of the buffer's third region, each after the L2 flush. */
+static float time_read(const flush_t *fl, double bytes, CUstream st, CUevent ea, CUevent eb, int iters) {
+    float *t = malloc(sizeof(float) * (size_t)iters), ms;
+    const uint64_t n16 = (uint64_t)ceil(bytes / 16);
+    for (int it = -5; it < iters; it++) {
+        l2_flush(fl, it, st);
+        CK(moe_cu.cuEventRecord(ea, st));
+        read_launch(fl, fl->buf + 2 * FLUSH_REGION, n16, st);
+        CK(moe_cu.cuEventRecord(eb, st));
+        CK(moe_cu.cuStreamSynchronize(st));
+        if (it >= 0)
+            CK(moe_cu.cuEventElapsedTime(&t[it], ea, eb));
+    }
+    ms = median(t, iters);
+    free(t);
+    return ms;
+}
+
 /* ---- the layer ---------------------------------------------------------- */
 
 static const char usage[] =
     "usage: moe_bench SPEC [--tokens N]... [--iters N] [--cudnn auto|on|off|both] [--graph] [--backward] "
-    "[--templates DIR] [--no-flush]\n";
-
-/* The L2 flush before each timed run (a write of flush_bytes); none with
- * --no-flush (flush_bytes 0): the router weights, the kernels' code and the
- * small tables stay in L2 between runs, as they may between a server's
- * layers, while the experts' weights still stream from DRAM when they do
- * not fit. */
-static void l2_flush(CUdeviceptr flush, size_t flush_bytes, int it, CUstream st) {
-    if (flush_bytes)
-        CK(moe_cu.cuMemsetD8Async(flush, (unsigned char)it, flush_bytes, st));
-}
+    "[--templates DIR] [--flush write|clean|none] [--no-flush]\n";
 
 /* Median time of `iters` runs of the layer, ms, each after an L2 flush:
  * eager moe_forward calls, or launches of the instantiated graph `ge` when
  * it is non-NULL. Returns a negative value when a forward fails. */
 static float time_layer(const moe_plan *plan, const moe_forward_args *a, CUgraphExec ge, CUstream st, CUevent ea,
-                        CUevent eb, CUdeviceptr flush, size_t flush_bytes, int iters) {
+                        CUevent eb, const flush_t *fl, int iters) {
     float *t = malloc(sizeof(float) * (size_t)iters), ms;
     for (int it = -5; it < iters; it++) {
-        l2_flush(flush, flush_bytes, it, st);
+        l2_flush(fl, it, st);
         CK(moe_cu.cuEventRecord(ea, st));
         if (ge)
             CK(moe_cu.cuGraphLaunch(ge, st));
@@ -262,7 +432,7 @@ typedef struct {
  * 2) the backward runs as moe_backward_timed and stage_ms[k] gets the
  * median of its stage k in the same runs. */
 static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstream st, CUevent ea, CUevent eb,
-                        CUdeviceptr flush, size_t flush_bytes, int iters, float stage_ms[MOE_BWD_STAGES]) {
+                        const flush_t *fl, int iters, float stage_ms[MOE_BWD_STAGES]) {
     float *t = malloc(sizeof(float) * (size_t)iters * (MOE_BWD_STAGES + 1)), ms = -1;
     CUevent ev[MOE_BWD_STAGES + 1];
     for (int i = 0; stage_ms && i <= MOE_BWD_STAGES; i++)
@@ -270,7 +440,7 @@ static float time_train(const moe_plan *plan, train_step_t *ts, int which, CUstr
     for (int it = -3; it < iters; it++) {
         if (which == 2 && moe_forward_train(plan, &ts->tf, st) != MOE_OK)
             goto out;
-        l2_flush(flush, flush_bytes, it, st);
+        l2_flush(fl, it, st);
         CK(moe_cu.cuEventRecord(ea, st));
         moe_status s = which == 0 ? moe_forward(plan, &ts->tf.fwd, st)
                        : which == 1 ? moe_forward_train(plan, &ts->tf, st)
@@ -298,8 +468,7 @@ out:
  * with recompute_u 0 and 1; FLOPs of the backward's GEMMs are twice the
  * forward's (dgrad and wgrad of each projection). Returns the exit status. */
 static int bench_backward(const moe_plan *plan, const moe_forward_args *base, const int *tokens, int ntok,
-                          CUstream st, CUevent ea, CUevent eb, CUdeviceptr flush, size_t flush_bytes, int iters,
-                          double gemm_tf) {
+                          CUstream st, CUevent ea, CUevent eb, const flush_t *fl, int iters, double gemm_tf) {
     const moe_spec_t *sp = &moe_plan_desc(plan)->spec;
     const moe_dtype_t dt = sp->dtype;
     const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens, S = (size_t)moe_spec_slots(sp);
@@ -353,7 +522,7 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
             float ms[3];
             for (int w = rc ? 1 : 0; w < 3; w++)   /* the forward: twice on the first row, the second kept */
                 for (int rep = 0; rep < (w == 0 ? 2 : 1); rep++)
-                    if ((ms[w] = time_train(plan, &ts, w, st, ea, eb, flush, flush_bytes, iters,
+                    if ((ms[w] = time_train(plan, &ts, w, st, ea, eb, fl, iters,
                                             w == 2 ? stage_ms[rc] : NULL)) < 0) {
                         fprintf(stderr, "moe_bench: --backward, %d tokens: %s\n", T, moe_last_error());
                         return 1;
@@ -381,7 +550,8 @@ static int bench_backward(const moe_plan *plan, const moe_forward_args *base, co
 int main(int argc, char **argv) {
     const char *spec_path = NULL;
     int tokens[16], ntok = 0, iters = 30;
-    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0, no_flush = 0;
+    int modes[2] = {MOE_CUDNN_DEFAULT}, nplans = 1, graph = 0, backward = 0;
+    flush_mode_t flush_mode = FLUSH_CLEAN;
     const char *templates_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--graph") == 0)
@@ -389,7 +559,18 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--backward") == 0)
             backward = 1;
         else if (strcmp(argv[i], "--no-flush") == 0)
-            no_flush = 1;
+            flush_mode = FLUSH_NONE;
+        else if (strcmp(argv[i], "--flush") == 0 && i + 1 < argc) {
+            const char *m = argv[++i];
+            int f = 0;
+            while (f < 3 && strcmp(m, flush_modes[f]) != 0)
+                f++;
+            if (f == 3) {
+                fprintf(stderr, "moe_bench: --flush %s: expected write, clean or none\n%s", m, usage);
+                return 2;
+            }
+            flush_mode = (flush_mode_t)f;
+        }
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && ntok < 16)
             tokens[ntok++] = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
@@ -445,7 +626,7 @@ int main(int argc, char **argv) {
     moe_plan_info info = MOE_PLAN_INFO_INIT;
     moe_plan_get_info(plan, &info);
     char devname[128] = "?";
-    CUdevice dev;
+    CUdevice dev = 0;
     if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
         moe_cu.cuDeviceGetName(devname, sizeof devname, dev);
     printf("moe_bench %s (hash %s) on %s, kernels for %s\n", sp->name, sp->hash, devname, info.arch);
@@ -496,7 +677,7 @@ int main(int argc, char **argv) {
     /* bytes per weight element, and per element of the rows into the GEMMs and of the activation (e4m3 with fp8;
      * the fp32 scales, 1/128 of those bytes, are not counted) */
     const double wb = fp8 ? 1 : 2, ab = fp8 ? 1 : 2, mm_tf = fp8 ? 2 * gemm_tf : gemm_tf;
-    CUdeviceptr bias, escale, y, ws, flush = 0, gids = 0, gwts = 0;
+    CUdeviceptr bias, escale, y, ws, gids = 0, gwts = 0;
     if (sp->router.select == MOE_SELECT_GIVEN) { /* given routing: ids uniform over the experts, weights 1/k */
         const size_t n = Tmax * (size_t)sp->top_k;
         int *hi = malloc(n * sizeof(int));
@@ -540,17 +721,17 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     CK(moe_cu.cuMemAlloc(&ws, ws_bytes));
-    const size_t flush_bytes = no_flush ? 0 : (size_t)512 << 20;
-    if (flush_bytes)
-        CK(moe_cu.cuMemAlloc(&flush, flush_bytes));
-    else
-        printf("no L2 flush between runs (--no-flush)\n");
+    flush_t fl;
+    flush_init(&fl, flush_mode, dev);
+    static const char *const flush_says[] = {"none (--flush none)", "write (write 512 MiB: L2 left with dirty lines)",
+                                             "clean (write 256 MiB, then read 256 MiB: L2 left with clean lines)"};
+    printf("L2 flush before each run: %s\n", flush_says[flush_mode]);
     if (backward) {
         moe_forward_args a = {.x = (void *)x, .router_w = (void *)wr, .router_bias = (float *)bias,
                               .router_logit_bias = (float *)bias, .w1p = (void *)w1p, .b1p = (void *)b1p,
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
                               .shared_gate = (void *)wg};
-        int rc = bench_backward(plan, &a, tokens, ntok, st, ea, eb, flush, flush_bytes, iters, gemm_tf);
+        int rc = bench_backward(plan, &a, tokens, ntok, st, ea, eb, &fl, iters, gemm_tf);
         for (int pi = 0; pi < nplans; pi++)
             moe_plan_destroy(plans[pi]);
         return rc;
@@ -590,7 +771,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);
         for (int it = -5; it < iters; it++) {
-            l2_flush(flush, flush_bytes, it, st);
+            l2_flush(&fl, it, st);
             if (moe_forward_timed(plan, &a, st, ev) != MOE_OK) {
                 fprintf(stderr, "moe_bench: forward: %s\n", moe_last_error());
                 return 1;
@@ -626,7 +807,7 @@ int main(int argc, char **argv) {
         if (graph) {
             size_t ybytes = (size_t)T * H * 2;
             uint16_t *ye = malloc(ybytes), *yg = malloc(ybytes);
-            graph_ms[0] = time_layer(plan, &a, NULL, st, ea, eb, flush, flush_bytes, iters);
+            graph_ms[0] = time_layer(plan, &a, NULL, st, ea, eb, &fl, iters);
             CK(moe_cu.cuMemcpyDtoH(ye, y, ybytes));
             CK(moe_cu.cuMemsetD8(y, 0xff, ybytes)); /* poisoned: the replay must write every value */
             CUgraphExec ge = capture_layer(plan, &a, st);
@@ -634,7 +815,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "moe_bench: forward: %s\n", moe_last_error());
                 return 1;
             }
-            graph_ms[1] = time_layer(plan, &a, ge, st, ea, eb, flush, flush_bytes, iters);
+            graph_ms[1] = time_layer(plan, &a, ge, st, ea, eb, &fl, iters);
             CK(moe_cu.cuMemcpyDtoH(yg, y, ybytes));
             CK(moe_cu.cuGraphExecDestroy(ge));
             if (memcmp(ye, yg, ybytes) != 0) {
@@ -661,6 +842,13 @@ int main(int argc, char **argv) {
             printf("\n");
             if (k <= MOE_K_COUNT)
                 free(t[k]);
+        }
+        if (pi == nplans - 1 && bytes[MOE_K_COUNT] <= (double)FLUSH_REGION) {
+            /* the device-copy ceiling at the layer's size: the read kernel alone over the layer floor's bytes */
+            const double rb = bytes[MOE_K_COUNT], ms = time_read(&fl, rb, st, ea, eb, iters);
+            const double floor_ms = 1e3 * rb / (copy_gbs * 1e9);
+            printf("%-7d %-16s %9.4f %9.1f %9.0f %9.4f %7.2f\n", T, "weights read", ms, 0.0, rb / (ms * 1e-3) / 1e9,
+                   floor_ms, ms / floor_ms);
         }
     }
     for (int pi = 0; pi < nplans; pi++)
