@@ -207,6 +207,8 @@
 @ local ns = p.kernel .. "_impl"
 @ local SE = c.Z > 0 and "NS" or "E"  -- scored experts (the zero experts' included)
 @ local LC = c.fp32w and "MC" or c.gate and "EL" or SE  -- columns of the partial logits (the gate's, the parts')
+@ local LCN = c.fp32w and c.MC or c.gate and c.EL or c.NS  -- their number
+@ local V4 = LCN % 4 == 0                -- the partials move as float4s (four logits of one token)
 @ local TKT = c.M > 0 and "ES" or "E" -- the counts of every weight slot come before the tickets
 @ local input = p.spec.router.apply == "input"
 @ -- router.logit_softcap = c: a logit (logit_bias included) becomes c·tanh(l / c), in fp32
@@ -503,7 +505,12 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * ${LC};   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * ${LC});
+@ if V4 then
+        for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and ${LC} multiples of 4: a float4 of one token's row
+            *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / ${LC}) * LDL + i % ${LC});
+@ else
         for (int i = tid; i < nv; i += THREADS) part[i] = lsm[(i / ${LC}) * LDL + i % ${LC}];
+@ end
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -535,7 +542,38 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             if (j < nv && tid % G == 0)
                 lsm[(j / ${LC}) * LDL + j % ${LC}] = v;
             __syncthreads();
-        } else {
+        } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
+@ if V4 then
+            /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
+             * (the sum over y in split order from 0, as above: the same bits) */
+            constexpr int NB = 4;
+            const int n4 = nv / 4;
+#pragma unroll 1
+            for (int base = 0; base < n4; base += NB * THREADS) {
+                float4 v[NB];
+#pragma unroll
+                for (int b = 0; b < NB; ++b) v[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+                for (int y = 0; y < Y; ++y) {
+                    const float4 *py = reinterpret_cast<const float4 *>(part0 + y * ystride);
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) {
+                        const int j = base + b * THREADS + tid;
+                        if (j < n4) {
+                            const float4 q = __ldcg(py + j);
+                            v[b].x += q.x, v[b].y += q.y, v[b].z += q.z, v[b].w += q.w;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const int i = 4 * (base + b * THREADS + tid);
+                    if (i < nv)
+                        *reinterpret_cast<float4 *>(lsm + (i / ${LC}) * LDL + i % ${LC}) = v[b];
+                }
+            }
+            __syncthreads();
+@ else
             constexpr int NB = 8;
 #pragma unroll 1
             for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
@@ -560,6 +598,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
                 }
             }
             __syncthreads();
+@ end
         }
     }
 @   if c.fp32w then
