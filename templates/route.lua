@@ -25,7 +25,11 @@
 @ -- count, zeroed with them); the last block of the token block sums the
 @ -- partials, G threads per logit when the logits alone would leave threads
 @ -- idle, in a fixed order (the same sum whichever block is last), and goes
-@ -- on to phase 2 alone.
+@ -- on to phase 2 alone. With more logits than threads and the columns a
+@ -- multiple of 4, partials move as float4s (four logits of one token): the
+@ -- split blocks write them 16 bytes at a time, and the last block's
+@ -- threads issue four splits' loads of their float4s together (the sum per
+@ -- logit still over the splits in order from 0).
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over

@@ -271,6 +271,12 @@ static const gpu_case_t cases[] = {
     {"examples/specs/qwen2-moe-57b-a14b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"examples/specs/glm-4.5-air.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"examples/specs/kimi-k2.moe", MODE_RANDOM, {1, 512}, 2, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    /* the example specs whose rules the tests/specs cases above hold apart (sqrt(softplus), hash routing's given
+     * ids, the router's own input with per-expert scales, zero experts), whole */
+    {"examples/specs/deepseek-v4.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/deepseek-v4-hash.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/gemma4-26b-a4b.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"examples/specs/longcat-flash.moe", MODE_RANDOM, {1, 37, 512}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     /* large token counts and odd shapes (above) */
     {big_e8k1_spec, MODE_RANDOM, {16384, 16381, 33}, 3, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {big_e8k1_spec, MODE_SKEW, {16384}, 1, 0, MOE_CUDNN_DEFAULT, 0, NULL},

@@ -269,10 +269,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 219 "templates/route.lua"
+#line 223 "templates/route.lua"
 namespace olmoe_1b_7b_route_bf16_e64k8_t32k128s3_impl {
 constexpr int E = 64, K = 8, H = 2048;
-#line 224 "templates/route.lua"
+#line 228 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -300,7 +300,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 258 "templates/route.lua"
+#line 262 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -333,11 +333,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
-#line 310 "templates/route.lua"
-                ok = col < LCOLS && k < H;
 #line 314 "templates/route.lua"
+                ok = col < LCOLS && k < H;
+#line 318 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 317 "templates/route.lua"
+#line 321 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -411,21 +411,21 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 391 "templates/route.lua"
+#line 395 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 394 "templates/route.lua"
+#line 398 "templates/route.lua"
     (void)sel_bias;
-#line 397 "templates/route.lua"
+#line 401 "templates/route.lua"
     (void)logit_bias;
-#line 400 "templates/route.lua"
+#line 404 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 403 "templates/route.lua"
+#line 407 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 412 "templates/route.lua"
+#line 416 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -522,10 +522,10 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 509 "templates/route.lua"
+#line 513 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 514 "templates/route.lua"
+#line 518 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -558,7 +558,7 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 547 "templates/route.lua"
+#line 551 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -588,10 +588,10 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
                 }
             }
             __syncthreads();
-#line 602 "templates/route.lua"
+#line 606 "templates/route.lua"
         }
     }
-#line 615 "templates/route.lua"
+#line 619 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -599,7 +599,7 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 623 "templates/route.lua"
+#line 627 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -607,15 +607,15 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 633 "templates/route.lua"
+#line 637 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 635 "templates/route.lua"
+#line 639 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 650 "templates/route.lua"
+#line 654 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -630,16 +630,16 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 693 "templates/route.lua"
+#line 697 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 700 "templates/route.lua"
+#line 704 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 702 "templates/route.lua"
+#line 706 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 824 "templates/route.lua"
+#line 828 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -651,34 +651,34 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 836 "templates/route.lua"
+#line 840 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 842 "templates/route.lua"
+#line 846 "templates/route.lua"
         if (lane < K) {
-#line 849 "templates/route.lua"
+#line 853 "templates/route.lua"
             const float l = lrow[mine];
-#line 852 "templates/route.lua"
+#line 856 "templates/route.lua"
             w = expf(l - m) / z;
-#line 878 "templates/route.lua"
+#line 882 "templates/route.lua"
         }
-#line 914 "templates/route.lua"
+#line 918 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 921 "templates/route.lua"
+#line 925 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 924 "templates/route.lua"
+#line 928 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 935 "templates/route.lua"
+#line 939 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -702,7 +702,7 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 959 "templates/route.lua"
+#line 963 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -714,7 +714,7 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 980 "templates/route.lua"
+#line 984 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -722,21 +722,21 @@ olmoe_1b_7b_route_bf16_e64k8_t32k128s3(const moe_half_t *__restrict__ x, const m
             if (i < nk)
                 s_row[i] = r;
         }
-#line 988 "templates/route.lua"
+#line 992 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1002 "templates/route.lua"
+#line 1006 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1010 "templates/route.lua"
+#line 1014 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1013 "templates/route.lua"
-        }
 #line 1017 "templates/route.lua"
+        }
+#line 1021 "templates/route.lua"
     }
 }
 
