@@ -4,12 +4,15 @@
 # patch, rebuild, and put moe_bench + moegen + test_gpu into build/wk (strip them; regenerate goldens and kernels
 # only if the patch is kept). (2) test_gpu on the four example specs test_gpu.c lists since 2026-12-06's thirteenth
 # session (deepseek-v4, deepseek-v4-hash, gemma4-26b-a4b, longcat-flash), never yet run on a GPU, and the Qwen3
-# and Mixtral few-token cases under the patch. carry ["build/rc", "build/wk"].
+# and Mixtral few-token cases under the patch. (3) fusedramp (build/wk/fusedramp: nvcc -O3 -arch=sm_90a
+# docs/perf/2026-12-06/fusedramp.cu): one persistent kernel for up and down against two. carry ["build/rc", "build/wk"].
 set -u
 B=${1:-330}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+for ab in "50 25" "100 50" "25 12"; do timeout 60 build/wk/fusedramp $ab >> "$OUT/fusedramp.log" 2>&1; done
+cat "$OUT/fusedramp.log"
 for s in qwen3-30b-a3b gpt-oss-20b deepseek-v3-ep8 mixtral-8x7b; do
     for b in rc wk; do
         cp build/$b/moegen build/moegen
