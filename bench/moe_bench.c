@@ -638,15 +638,17 @@ int main(int argc, char **argv) {
     printf("launch overlap (MOEGEN_PDL): %s\n", info.pdl ? "on" : "off");
 
     const moe_dtype_t dt = sp->dtype;
-    const size_t E = sp->experts, H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;
+    const size_t H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;
     /* the weight slots and entries per token, the shared expert's included */
     const size_t ES = (size_t)moe_spec_slots(sp), KE = (size_t)moe_spec_entries(sp);
+    /* the router's rows, biases and scales: every scored expert (zero experts included, docs/DESIGN.md) */
+    const size_t NS = (size_t)moe_spec_scored(sp);
     const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
-    CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(E * H, 4.0f / sqrtf((float)H), dt);
+    CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(NS * H, 4.0f / sqrtf((float)H), dt);
     CUdeviceptr wg = gated ? upload_random(H, 2.0f / sqrtf((float)H), dt) : 0;
     CUdeviceptr w1p = upload_random(ES * 2 * F * H, 2.0f / sqrtf((float)H), dt);
     CUdeviceptr w2 = upload_random(ES * H * F, 2.0f / sqrtf((float)F), dt);
-    CUdeviceptr b1p = upload_random(E * 2 * F, 0.5f, dt), b2 = upload_random(E * H, 0.5f, dt);
+    CUdeviceptr b1p = upload_random(ES * 2 * F, 0.5f, dt), b2 = upload_random(ES * H, 0.5f, dt);
     /* fp8 weights (quant.weights = "fp8_e4m3"): the random bf16 weights quantized by the device pack into e4m3
      * and their scales, which the forward takes as w1p, w2, w1s and w2s */
     const int fp8 = moe_spec_fp8(sp);
@@ -700,10 +702,10 @@ int main(int argc, char **argv) {
         printf("given routing: the caller's ids uniform over the experts%s\n",
                sp->router.score == MOE_SCORE_GIVEN ? ", weights 1/top_k (no router)" : "");
     }
-    CK(moe_cu.cuMemAlloc(&bias, E * 4));
-    CK(moe_cu.cuMemsetD8(bias, 0, E * 4)); /* fp32 zeros: a neutral bias */
-    CK(moe_cu.cuMemAlloc(&escale, E * 4));
-    CK(moe_cu.cuMemsetD32Async(escale, 0x3f800000u, E, NULL)); /* router.expert_scale: ones; router.input = "separate": x */
+    CK(moe_cu.cuMemAlloc(&bias, NS * 4));
+    CK(moe_cu.cuMemsetD8(bias, 0, NS * 4)); /* fp32 zeros: a neutral bias */
+    CK(moe_cu.cuMemAlloc(&escale, NS * 4));
+    CK(moe_cu.cuMemsetD32Async(escale, 0x3f800000u, NS, NULL)); /* router.expert_scale: ones; router.input = "separate": x */
     CK(moe_cu.cuCtxSynchronize());
     CK(moe_cu.cuMemAlloc(&y, Tmax * H * 2));
     size_t ws_bytes = 0;
@@ -787,18 +789,19 @@ int main(int argc, char **argv) {
          * T, read the counts back */
         int *counts = malloc(ES * sizeof(int));
         CK(moe_cu.cuMemcpyDtoH(counts, ws + pd->ws[MOE_WS_COUNTS].offset, ES * sizeof(int)));
-        double active = 0; /* the shared expert's slots always are */
+        double active = 0, routed = 0; /* the shared expert's slots always are */
         for (size_t e = 0; e < ES; e++)
-            active += counts[e] > 0;
+            active += counts[e] > 0, routed += counts[e];
         free(counts);
         double rows = (double)T * KE, EL = moe_spec_router_columns(sp); /* router columns: experts and the shared gate */
-        double flop[MOE_K_COUNT + 1] = {2.0 * T * H * EL, 0, 0, 2.0 * rows * H * 2 * F, 2.0 * rows * F * H, 2.0 * rows * H};
+        const double gr = sp->zero_experts ? routed : rows; /* the GEMMs' rows: a zero expert's entries take none */
+        double flop[MOE_K_COUNT + 1] = {2.0 * T * H * EL, 0, 0, 2.0 * gr * H * 2 * F, 2.0 * gr * F * H, 2.0 * rows * H};
         double bytes[MOE_K_COUNT + 1] = {
             2.0 * T * H + 2.0 * EL * H + 8.0 * rows,         /* x, router weights (and w_gate), topk out */
             8.0 * ES,                                       /* counts in, offsets out */
             2.0 * T * H + ab * rows * H + 8.0 * rows,       /* x in, gathered rows out */
-            ab * rows * H + active * 2 * F * H * wb + ab * rows * F,
-            ab * rows * F + active * H * F * wb + 2.0 * rows * H,
+            ab * gr * H + active * 2 * F * H * wb + ab * gr * F,
+            ab * gr * F + active * H * F * wb + 2.0 * gr * H,
             2.0 * rows * H + 2.0 * T * H + 8.0 * rows};
         flop[MOE_K_COUNT] = flop[0] + flop[3] + flop[4] + flop[5];
         /* the layer's floor: x, all active weights and y, each once */

@@ -349,24 +349,25 @@ typedef struct {
 /* Make the inputs for spec s at tmax tokens. Returns 0, or 1 after
  * printing the error. */
 static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
-    const size_t E = s->experts, H = s->hidden, F = s->ffn, T = (size_t)tmax, ES = (size_t)moe_spec_slots(s);
+    const size_t H = s->hidden, F = s->ffn, T = (size_t)tmax, ES = (size_t)moe_spec_slots(s);
+    const size_t NS = (size_t)moe_spec_scored(s); /* the router's rows and biases: zero experts included */
     CUdevice dev;
     snprintf(b->gpu, sizeof b->gpu, "?");
     if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
         moe_cu.cuDeviceGetName(b->gpu, sizeof b->gpu, dev);
     int bad = upload_random(&b->x, T * H, 1.0f, s->dtype) ||
-              upload_random(&b->wr, E * H, 4.0f / sqrtf((float)H), s->dtype) ||
-              upload_random(&b->b1p, E * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, E * H, 0.5f, s->dtype) ||
+              upload_random(&b->wr, NS * H, 4.0f / sqrtf((float)H), s->dtype) ||
+              upload_random(&b->b1p, ES * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, ES * H, 0.5f, s->dtype) ||
               upload_random(&b->gate, H, 2.0f / sqrtf((float)H), s->dtype);
     bad |= moe_cu.cuMemAlloc(&b->w1p, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemAlloc(&b->w2, ES * H * F * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemAlloc(&b->bias, E * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemAlloc(&b->escale, E * 4) != CUDA_SUCCESS;
+           moe_cu.cuMemAlloc(&b->bias, NS * 4) != CUDA_SUCCESS || moe_cu.cuMemAlloc(&b->y, T * H * 2) != CUDA_SUCCESS ||
+           moe_cu.cuMemAlloc(&b->escale, NS * 4) != CUDA_SUCCESS;
     /* 0x3c: bf16 ~0.011 a pair of bytes, e4m3 1.5 a byte (scaled by 1/64 below) */
     bad |= moe_cu.cuMemsetD8(b->w1p, 0x3c, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
            moe_cu.cuMemsetD8(b->w2, 0x3c, ES * H * F * 2) != CUDA_SUCCESS ||
-           moe_cu.cuMemsetD8(b->bias, 0, E * 4) != CUDA_SUCCESS ||
-           moe_cu.cuMemsetD32Async(b->escale, 0x3f800000u, E, NULL) != CUDA_SUCCESS || /* 1.0f */
+           moe_cu.cuMemsetD8(b->bias, 0, NS * 4) != CUDA_SUCCESS ||
+           moe_cu.cuMemsetD32Async(b->escale, 0x3f800000u, NS, NULL) != CUDA_SUCCESS || /* 1.0f */
            moe_cu.cuCtxSynchronize() != CUDA_SUCCESS;
     if (!bad && moe_spec_fp8(s)) { /* per-channel scales take one a row, block scales one per 128 x 128: the more */
         const size_t n1 = ES * 2 * F, n2 = ES * H;
@@ -433,9 +434,14 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                                .router_expert_scale = (const float *)b->escale};
         for (int it = -3; it < a->iters && !rc; it++) {
             float up, down; /* down: from the down GEMM's start to the combine's end (folded in or not) */
-            if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK ||
-                moe_cu.cuStreamSynchronize(b->st) != CUDA_SUCCESS) {
+            if (moe_forward_timed(plan, &fa, b->st, (CUevent *)b->ev) != MOE_OK) {
                 fprintf(stderr, "\nmoegen: error: forward: %s\n", moe_last_error());
+                rc = 1;
+                break;
+            }
+            CUresult r = moe_cu.cuStreamSynchronize(b->st); /* a kernel's fault shows here, not in the launch */
+            if (r != CUDA_SUCCESS) {
+                fprintf(stderr, "\nmoegen: error: forward at %d tokens: %s\n", a->tok[ti], moe_cu_error_string(r));
                 rc = 1;
                 break;
             }

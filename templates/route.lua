@@ -160,6 +160,11 @@
 @     c.loff, c.smem = c.ring, c.ring + c.lbytes
 @   end
 @   need(p.smem == c.smem, string.format("the plan gives %d bytes of shared memory; the tiling needs %d", p.smem, c.smem))
+@   -- the k-split warps' fragments summed in one step (WK > 1): slices 1..WK-1 of [T][EP] floats past the
+@   -- logits (one pass) or at the ring's start (more passes: the ring is free by then), where they fit
+@   c.WKS = c.WK > 1 and (c.NPASS == 1 and c.lbytes + (c.WK - 1) * c.T * c.EP * 4 <= c.smem or
+@                         c.NPASS > 1 and (c.WK - 1) * c.T * c.EP * 4 <= c.ring)
+@   c.soff = c.NPASS == 1 and c.lbytes or 0
 @   -- routing
 @   c.softmax = p.score == "softmax"
 @   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus" or p.score == "sparsemixer" or
@@ -482,6 +487,40 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
+@ if c.WKS then
+        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass; the k-split
+         * warps' sums added in wk order: */
+        /* warp wk's fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
+         * smem + ${c.soff} + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
+         * (slice 0 + slice 1 + ...: the order of the turn-by-turn sum, -0 + slice 0 being slice 0 itself) */
+        {
+            constexpr int SOFF = ${c.soff};
+            float *scr = reinterpret_cast<float *>(smem + SOFF);
+            float *slice = wk == 0 ? lsm + nbase : scr + (wk - 1) * (T * EP);
+            const int ld = wk == 0 ? LDL : EP;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    float2 *p0 = reinterpret_cast<float2 *>(slice + (mt * 16 + g) * ld + (wn * NT + j) * 8 + 2 * tq);
+                    p0[0] = make_float2(acc[mt][j][0], acc[mt][j][1]);
+                    *reinterpret_cast<float2 *>(reinterpret_cast<float *>(p0) + 8 * ld) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+                }
+            __syncthreads();
+            static_assert(EP % 4 == 0 && LDL % 4 == 0 && SOFF % 16 == 0, "float4 slices");
+            for (int i = 4 * tid; i < T * EP; i += 4 * THREADS) {
+                float4 *dst = reinterpret_cast<float4 *>(lsm + (i / EP) * LDL + nbase + i % EP);
+                float4 v = *dst;
+#pragma unroll
+                for (int s = 1; s < WK; ++s) {
+                    const float4 q = *reinterpret_cast<const float4 *>(scr + (s - 1) * (T * EP) + i);
+                    v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+                }
+                *dst = v;
+            }
+            __syncthreads();
+        }
+@ else
         /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
          * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
          * fragments to -0, which leaves every value as it is, -0 included) */
@@ -502,6 +541,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             }
             __syncthreads();
         }
+@ end
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */

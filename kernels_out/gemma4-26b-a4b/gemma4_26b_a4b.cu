@@ -269,10 +269,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 223 "templates/route.lua"
+#line 228 "templates/route.lua"
 namespace gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx_impl {
 constexpr int E = 128, K = 8, H = 2816;
-#line 228 "templates/route.lua"
+#line 233 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -300,7 +300,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 262 "templates/route.lua"
+#line 267 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -333,11 +333,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
-#line 314 "templates/route.lua"
+#line 319 "templates/route.lua"
                 ok = col < LCOLS && k < H;
-#line 318 "templates/route.lua"
+#line 323 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 321 "templates/route.lua"
+#line 326 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -411,21 +411,21 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 395 "templates/route.lua"
+#line 400 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 398 "templates/route.lua"
+#line 403 "templates/route.lua"
     (void)sel_bias;
-#line 401 "templates/route.lua"
+#line 406 "templates/route.lua"
     (void)logit_bias;
-#line 404 "templates/route.lua"
+#line 409 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 407 "templates/route.lua"
+#line 412 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 416 "templates/route.lua"
+#line 421 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -495,26 +495,40 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
-         * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
-         * fragments to -0, which leaves every value as it is, -0 included) */
-#pragma unroll 1
-        for (int kk = 0; kk < WK; ++kk) {
-            if (wk == kk) {
+#line 491 "templates/route.lua"
+        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass; the k-split
+         * warps' sums added in wk order: */
+        /* warp wk's fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
+         * smem + 17408 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
+         * (slice 0 + slice 1 + ...: the order of the turn-by-turn sum, -0 + slice 0 being slice 0 itself) */
+        {
+            constexpr int SOFF = 17408;
+            float *scr = reinterpret_cast<float *>(smem + SOFF);
+            float *slice = wk == 0 ? lsm + nbase : scr + (wk - 1) * (T * EP);
+            const int ld = wk == 0 ? LDL : EP;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        float2 *p0 =
-                            reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                        float2 *p1 = p0 + 4 * LDL;   // row + 8
-                        const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
-                        *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                        *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-                    }
+                for (int j = 0; j < NT; ++j) {
+                    float2 *p0 = reinterpret_cast<float2 *>(slice + (mt * 16 + g) * ld + (wn * NT + j) * 8 + 2 * tq);
+                    p0[0] = make_float2(acc[mt][j][0], acc[mt][j][1]);
+                    *reinterpret_cast<float2 *>(reinterpret_cast<float *>(p0) + 8 * ld) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+                }
+            __syncthreads();
+            static_assert(EP % 4 == 0 && LDL % 4 == 0 && SOFF % 16 == 0, "float4 slices");
+            for (int i = 4 * tid; i < T * EP; i += 4 * THREADS) {
+                float4 *dst = reinterpret_cast<float4 *>(lsm + (i / EP) * LDL + nbase + i % EP);
+                float4 v = *dst;
+#pragma unroll
+                for (int s = 1; s < WK; ++s) {
+                    const float4 q = *reinterpret_cast<const float4 *>(scr + (s - 1) * (T * EP) + i);
+                    v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+                }
+                *dst = v;
             }
             __syncthreads();
         }
+#line 545 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -522,10 +536,10 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 513 "templates/route.lua"
+#line 553 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 518 "templates/route.lua"
+#line 558 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -558,7 +572,7 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 551 "templates/route.lua"
+#line 591 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -588,10 +602,10 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
                 }
             }
             __syncthreads();
-#line 606 "templates/route.lua"
+#line 646 "templates/route.lua"
         }
     }
-#line 619 "templates/route.lua"
+#line 659 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -599,7 +613,7 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 627 "templates/route.lua"
+#line 667 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -607,15 +621,15 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 637 "templates/route.lua"
+#line 677 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 639 "templates/route.lua"
+#line 679 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 654 "templates/route.lua"
+#line 694 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -630,16 +644,16 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 697 "templates/route.lua"
+#line 737 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 704 "templates/route.lua"
+#line 744 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 706 "templates/route.lua"
+#line 746 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 828 "templates/route.lua"
+#line 868 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -651,43 +665,43 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 840 "templates/route.lua"
+#line 880 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 846 "templates/route.lua"
+#line 886 "templates/route.lua"
         if (lane < K) {
-#line 853 "templates/route.lua"
+#line 893 "templates/route.lua"
             const float l = lrow[mine];
-#line 856 "templates/route.lua"
+#line 896 "templates/route.lua"
             w = expf(l - m) / z;
-#line 882 "templates/route.lua"
+#line 922 "templates/route.lua"
         }
-#line 884 "templates/route.lua"
+#line 924 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 894 "templates/route.lua"
+#line 934 "templates/route.lua"
         if (lane < K)
             w *= __ldg(expert_scale + mine);   /* router.expert_scale: the final weight × its expert's scale */
-#line 918 "templates/route.lua"
+#line 958 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 925 "templates/route.lua"
+#line 965 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 928 "templates/route.lua"
+#line 968 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 939 "templates/route.lua"
+#line 979 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -711,7 +725,7 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 963 "templates/route.lua"
+#line 1003 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -723,7 +737,7 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 984 "templates/route.lua"
+#line 1024 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -731,39 +745,39 @@ gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx(const moe_half_t *__restrict__ x, c
             if (i < nk)
                 s_row[i] = r;
         }
-#line 992 "templates/route.lua"
+#line 1032 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1006 "templates/route.lua"
+#line 1046 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1014 "templates/route.lua"
+#line 1054 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1017 "templates/route.lua"
+#line 1057 "templates/route.lua"
         }
-#line 1021 "templates/route.lua"
+#line 1061 "templates/route.lua"
     }
 }
 
 #line 53 "templates/permute.lua"
-namespace gemma4_26b_a4b_permute_plan_e128_a128_impl {
-constexpr int E = 128, K = 8, H = 2816, ALIGN = 128;
+namespace gemma4_26b_a4b_permute_plan_e128_a64_impl {
+constexpr int E = 128, K = 8, H = 2816, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
-}  // namespace gemma4_26b_a4b_permute_plan_e128_a128_impl
+}  // namespace gemma4_26b_a4b_permute_plan_e128_a64_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-gemma4_26b_a4b_permute_plan_e128_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+gemma4_26b_a4b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_permute_plan_e128_a128_impl;
+    using namespace gemma4_26b_a4b_permute_plan_e128_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
@@ -777,7 +791,7 @@ gemma4_26b_a4b_permute_scatter_bf16_h2816k8(const moe_half_t *__restrict__ x, co
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_permute_plan_e128_a128_impl;
+    using namespace gemma4_26b_a4b_permute_plan_e128_a64_impl;
 #line 128 "templates/permute.lua"
     (void)topk_w;
 #line 130 "templates/permute.lua"
@@ -887,34 +901,37 @@ gemma4_26b_a4b_combine_bf16_h2816k8(const moe_half_t *__restrict__ obuf, const i
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2816;        /* reduction length */
 constexpr int N = 1408;        /* rows of B per expert */
 constexpr int NOUT = 704;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 260 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 293 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1068,6 +1085,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 597 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 619 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -1131,10 +1170,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 673 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 686 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -1145,7 +1189,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -1158,6 +1202,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 709 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 711 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -1182,17 +1228,17 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
@@ -1207,16 +1253,16 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1228,7 +1274,7 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1242,46 +1288,47 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
     } else {
 #line 930 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 821 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 827 "templates/gemm_sm90.lua"
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 945 "templates/gemm_sm90.lua"
+#line 832 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 862 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 869 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 1150 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
@@ -1295,21 +1342,24 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 const float o0 = geglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = geglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 #line 1187 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 1033 "templates/gemm_sm90.lua"
     }
 #else
@@ -1331,34 +1381,37 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_cons
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 704;        /* reduction length */
 constexpr int N = 2816;        /* rows of B per expert */
 constexpr int NOUT = 2816;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 260 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 293 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1512,6 +1565,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 597 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 619 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -1575,10 +1650,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 673 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 686 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -1589,7 +1669,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -1602,6 +1682,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 709 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 711 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -1626,31 +1708,31 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1662,7 +1744,7 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant_
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1676,46 +1758,47 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant_
     } else {
 #line 930 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 821 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 827 "templates/gemm_sm90.lua"
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         (void)b2;
-#line 945 "templates/gemm_sm90.lua"
+#line 832 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
-#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 862 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 869 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 1209 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
@@ -1727,19 +1810,22 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant_
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 1033 "templates/gemm_sm90.lua"
     }
 #else
@@ -1760,10 +1846,10 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant_
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
-namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
+namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl {
 #line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
 constexpr int K = 2816;        /* reduction length */
 constexpr int N = 1408;        /* rows of B */
 constexpr int NOUT = 704;  /* output row length */
@@ -1771,8 +1857,8 @@ constexpr int BNO = 64;    /* output columns per CTA */
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;
 constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
 constexpr int LDC = 72;                     /* staged output row stride, halves */
 constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
 constexpr int KTILES = (K + BK - 1) / BK;
@@ -1783,7 +1869,7 @@ constexpr bool OUT_TAIL = false;
 /* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
  * pipeline is its shared memory */
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -1997,15 +2083,15 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
 #line 26 "templates/gemm_up_swiglu.lua"
-}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl
+}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl
 
-extern "C" __global__ void __launch_bounds__(256)
-gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+extern "C" __global__ void __launch_bounds__(128)
+gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
+    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
 #line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -2014,7 +2100,7 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restr
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem);
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int g = lane >> 2, t = lane & 3;
@@ -2062,10 +2148,10 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restr
 }
 
 #line 13 "templates/gemm_down.lua"
-namespace gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
+namespace gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8_impl {
 #line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
 constexpr int K = 704;        /* reduction length */
 constexpr int N = 2816;        /* rows of B */
 constexpr int NOUT = 2816;  /* output row length */
@@ -2073,8 +2159,8 @@ constexpr int BNO = 128;    /* output columns per CTA */
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;
 constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
 constexpr int LDC = 136;                     /* staged output row stride, halves */
 constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
 constexpr int KTILES = (K + BK - 1) / BK;
@@ -2085,7 +2171,7 @@ constexpr bool OUT_TAIL = false;
 /* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
  * pipeline is its shared memory */
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -2289,15 +2375,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 15 "templates/gemm_down.lua"
-}  // namespace gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8_impl
+}  // namespace gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8_impl
 
-extern "C" __global__ void __launch_bounds__(256)
-gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
+extern "C" __global__ void __launch_bounds__(128)
+gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     moe_pdl_begin();
-    using namespace gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
+    using namespace gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
 #line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -2306,7 +2392,7 @@ gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8_smem);
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8_smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int g = lane >> 2, t = lane & 3;
@@ -2347,6 +2433,1752 @@ gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
 #line 64 "templates/gemm_down.lua"
+}
+
+#line 879 "templates/gemm_gemv.lua"
+namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1_impl {
+#line 115 "templates/activation.lua"
+
+/* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
+ * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
+ * negative x (a few percent off at x = -6), the sigmoid does not. */
+static __device__ __forceinline__ float geglu(float gate, float up) {
+    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return up * (gate * moe_sigmoid(2.0f * inner));
+}
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 2816, N = 1408, NOUT = 704, BN = 32, KC = 2816, U = 1;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(11264 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 140 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 828 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 835 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 837 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(geglu(g, u));
+#line 844 "templates/gemm_gemv.lua"
+        }
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 886 "templates/gemm_gemv.lua"
+}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1_impl
+
+#line 686 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 692 "templates/gemm_gemv.lua"
+gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 912 "templates/gemm_gemv.lua"
+namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1_impl {
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 704, N = 2816, NOUT = 2816, BN = 32, KC = 704, U = 1;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(2816 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 147 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 908 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 920 "templates/gemm_gemv.lua"
+
+#line 923 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
+    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 956 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 958 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 997 "templates/gemm_gemv.lua"
+}  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1_impl
+
+#line 686 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 692 "templates/gemm_gemv.lua"
+gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 740 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 879 "templates/gemm_gemv.lua"
+namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl {
+#line 115 "templates/activation.lua"
+
+/* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
+ * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
+ * negative x (a few percent off at x = -6), the sigmoid does not. */
+static __device__ __forceinline__ float geglu(float gate, float up) {
+    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return up * (gate * moe_sigmoid(2.0f * inner));
+}
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 2816, N = 1408, NOUT = 704, BN = 32, KC = 2816, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(11264 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 140 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 828 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 835 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 837 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(geglu(g, u));
+#line 844 "templates/gemm_gemv.lua"
+        }
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 886 "templates/gemm_gemv.lua"
+}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl
+
+#line 686 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 692 "templates/gemm_gemv.lua"
+gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 912 "templates/gemm_gemv.lua"
+namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl {
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 704, N = 2816, NOUT = 2816, BN = 32, KC = 704, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(2816 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 147 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 908 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 920 "templates/gemm_gemv.lua"
+
+#line 923 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
+    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 956 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 958 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 997 "templates/gemm_gemv.lua"
+}  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl
+
+#line 686 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 692 "templates/gemm_gemv.lua"
+gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 740 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 892 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
+#line 254 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
+constexpr int K = 2816;        /* reduction length */
+constexpr int N = 1408;        /* rows of B per expert */
+constexpr int NOUT = 704;  /* output row length */
+constexpr int BNO = 64;    /* output columns per tile */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 264 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 64;  /* output columns per staging pass */
+constexpr int LDC = 72;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 290 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 293 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 305 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 307 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 315 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 384 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 388 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 397 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 399 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 405 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 407 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 619 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 621 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 640 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 642 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 655 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 657 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 682 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 686 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 711 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 115 "templates/activation.lua"
+
+/* (up + up_offset) * gelu(gate), on the clamped pair; gelu(x) =
+ * 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x sigmoid(2 z) (the same function): 1 + tanh(z) cancels in fp32 for very
+ * negative x (a few percent off at x = -6), the sigmoid does not. */
+static __device__ __forceinline__ float geglu(float gate, float up) {
+    const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+    return up * (gate * moe_sigmoid(2.0f * inner));
+}
+#line 896 "templates/gemm_sm90.lua"
+}  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 926 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+    } else {
+#line 935 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 940 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 943 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 945 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 958 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1001 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 1011 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1150 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1157 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1172 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = geglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = geglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1187 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 1025 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+#line 1031 "templates/gemm_sm90.lua"
+        }
+#line 1033 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1036 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1038 "templates/gemm_sm90.lua"
+    (void)hbuf;
+    __trap();
+#endif
+}
+
+#line 892 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
+#line 254 "templates/gemm_sm90.lua"
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
+constexpr int K = 704;        /* reduction length */
+constexpr int N = 2816;        /* rows of B per expert */
+constexpr int NOUT = 2816;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 264 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 290 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 293 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 305 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 307 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 315 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 384 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 388 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 397 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 399 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 405 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 407 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 619 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 621 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 640 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 642 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 655 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 657 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 682 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 686 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 711 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 896 "templates/gemm_sm90.lua"
+}  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 926 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+    } else {
+#line 935 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 940 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 943 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 945 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 958 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1001 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 1011 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1209 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1214 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1234 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 1025 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+#line 1031 "templates/gemm_sm90.lua"
+        }
+#line 1033 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1036 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1038 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
 }
 
 #line 10 "templates/swiglu.lua"
@@ -2771,9 +4603,27 @@ __device__ int gemma4_26b_a4b_slot_table[128] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1
     96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111,
     112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
 
-#line 64 "templates/host.lua"
-static long long gemma4_26b_a4b_max_tiles(int tokens) {
-    return moe_max_tiles(tokens, 8, 128, 128);
+#line 68 "templates/host.lua"
+/* The GEMM variant a call of `tokens` tokens runs (manifest.json,
+ * "variants"): the largest bucket <= tokens, or the first. A host value,
+ * so a CUDA graph captured at T replays T's variant. */
+static int gemma4_26b_a4b_variant(int tokens) {
+#line 73 "templates/host.lua"
+    if (tokens >= 2048) return 3;
+#line 73 "templates/host.lua"
+    if (tokens >= 64) return 2;
+#line 73 "templates/host.lua"
+    if (tokens >= 8) return 1;
+#line 75 "templates/host.lua"
+    return 0;
+}
+
+/* The row block (GEMM bm) of each variant, and the M tiles of a call. */
+#line 81 "templates/host.lua"
+static const int gemma4_26b_a4b_variant_align[4] = {64, 64, 64, 64};
+
+static long long gemma4_26b_a4b_max_tiles(int tokens, int v) {
+    return moe_max_tiles(tokens, 8, 128, gemma4_26b_a4b_variant_align[v]);
 }
 #line 87 "templates/host.lua"
 
@@ -2862,13 +4712,17 @@ static cudaError_t gemma4_26b_a4b_device_init(gemma4_26b_a4b_device_t *d, int de
 #line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx, cudaFuncAttributeMaxDynamicSharedMemorySize, 92160)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+#line 192 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 192 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 196 "templates/host.lua"
     return cudaSuccess;
 }
@@ -2938,45 +4792,55 @@ extern "C" cudaError_t gemma4_26b_a4b_forward(const gemma4_26b_a4b_args_t *a, cu
 #line 296 "templates/host.lua"
     int *counts = (int *)(ws + 0);
 #line 296 "templates/host.lua"
-    int *offsets = (int *)(ws + 1024);
+    int *offsets = (int *)(ws + 2304);
 #line 296 "templates/host.lua"
-    int *cursor = (int *)(ws + 1792);
+    int *cursor = (int *)(ws + 3072);
 #line 296 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 2304);
+    int *num_tiles = (int *)(ws + 3584);
 #line 296 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 2560);
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 3840);
 #line 296 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 20992);
+    int *topk_idx = (int *)(ws + 38656);
 #line 296 "templates/host.lua"
-    float *topk_w = (float *)(ws + 545280);
+    float *topk_w = (float *)(ws + 562944);
 #line 296 "templates/host.lua"
-    int *row_of = (int *)(ws + 1069568);
+    int *row_of = (int *)(ws + 1087232);
 #line 296 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 1593856);
+    moe_half_t *xs = (moe_half_t *)(ws + 1611520);
 #line 296 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 831345152);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 785225472);
 #line 296 "templates/host.lua"
-    float *route_part = (float *)(ws + 1038782976);
-#line 300 "templates/host.lua"
-    const long long tiles_y = gemma4_26b_a4b_max_tiles(T);
+    float *route_part = (float *)(ws + 981128960);
+#line 302 "templates/host.lua"
+    const int v = gemma4_26b_a4b_variant(T);
+    const long long tiles_y = gemma4_26b_a4b_max_tiles(T, v);
 #line 307 "templates/host.lua"
     cudaError_t e;
     const gemma4_26b_a4b_device_t *dev = gemma4_26b_a4b_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 776, stream);
+    e = cudaMemsetAsync(counts, 0, 2184, stream);
     if (e != cudaSuccess) return e;
 #line 314 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    moe_route_fuse_t fz = {0, gemma4_26b_a4b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 8, 2816, 8, 1);
     gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2816)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz, (const moe_half_t *)a->router_x, a->router_expert_scale);
-#line 322 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_scatter_bf16_h2816k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -2985,29 +4849,95 @@ extern "C" cudaError_t gemma4_26b_a4b_forward(const gemma4_26b_a4b_args_t *a, cu
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
+#line 419 "templates/host.lua"
+    if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 379 "templates/host.lua"
-    if (dev->use90) {
-#line 384 "templates/host.lua"
-    moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
-    if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2816, 128)) != cudaSuccess ||
-        (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w1p, 180224LL, 2816, 256)) != cudaSuccess)
-        return e;
-#line 355 "templates/host.lua"
-    gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-    if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 704, 128)) != cudaSuccess ||
-        (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w2, 360448LL, 704, 256)) != cudaSuccess)
-        return e;
-#line 355 "templates/host.lua"
-    gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        if (dev->use90) {
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1, dim3(44, (unsigned)tiles_y), 256, 11264, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 366 "templates/host.lua"
+        combined = cfuse;
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1, dim3(88, (unsigned)tiles_y), 256, 2816, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
 #line 398 "templates/host.lua"
-    } else {
+        } else {
 #line 372 "templates/host.lua"
-    gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(11, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 372 "templates/host.lua"
-    gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(22, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 405 "templates/host.lua"
+        }
+#line 419 "templates/host.lua"
+    } else if (v == 1) { /* calls of 8 .. 63 tokens */
+#line 379 "templates/host.lua"
+        if (dev->use90) {
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(44, (unsigned)tiles_y), 256, 11264, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 366 "templates/host.lua"
+        combined = cfuse;
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(88, (unsigned)tiles_y), 256, 2816, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
+#line 398 "templates/host.lua"
+        } else {
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 405 "templates/host.lua"
+        }
+#line 419 "templates/host.lua"
+    } else if (v == 2) { /* calls of 64 .. 2047 tokens */
+#line 379 "templates/host.lua"
+        if (dev->use90) {
+#line 384 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 342 "templates/host.lua"
+        if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2816, 64)) != cudaSuccess ||
+            (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w1p, 180224LL, 2816, 128)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 342 "templates/host.lua"
+        if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 704, 64)) != cudaSuccess ||
+            (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w2, 360448LL, 704, 128)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 22, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 398 "templates/host.lua"
+        } else {
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 405 "templates/host.lua"
+        }
+#line 419 "templates/host.lua"
+    } else if (v == 3) { /* calls of 2048 or more tokens */
+#line 379 "templates/host.lua"
+        if (dev->use90) {
+#line 384 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 342 "templates/host.lua"
+        if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2816, 64)) != cudaSuccess ||
+            (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w1p, 180224LL, 2816, 256)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 342 "templates/host.lua"
+        if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 704, 64)) != cudaSuccess ||
+            (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w2, 360448LL, 704, 256)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 398 "templates/host.lua"
+        } else {
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 372 "templates/host.lua"
+        gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 405 "templates/host.lua"
+        }
+#line 422 "templates/host.lua"
     }
 #line 424 "templates/host.lua"
     if (!combined)

@@ -269,10 +269,10 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 223 "templates/route.lua"
+#line 228 "templates/route.lua"
 namespace qwen3_235b_a22b_route_bf16_e128k8_t32k64s4_impl {
 constexpr int E = 128, K = 8, H = 4096;
-#line 228 "templates/route.lua"
+#line 233 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -300,7 +300,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 262 "templates/route.lua"
+#line 267 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -333,11 +333,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * H + k;
             } else {
                 const int col = nbase + r - T;
-#line 314 "templates/route.lua"
+#line 319 "templates/route.lua"
                 ok = col < LCOLS && k < H;
-#line 318 "templates/route.lua"
+#line 323 "templates/route.lua"
                 src = wr + (long long)col * H + k;
-#line 321 "templates/route.lua"
+#line 326 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -411,21 +411,21 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 395 "templates/route.lua"
+#line 400 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 398 "templates/route.lua"
+#line 403 "templates/route.lua"
     (void)sel_bias;
-#line 401 "templates/route.lua"
+#line 406 "templates/route.lua"
     (void)logit_bias;
-#line 404 "templates/route.lua"
+#line 409 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 407 "templates/route.lua"
+#line 412 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 416 "templates/route.lua"
+#line 421 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
@@ -495,26 +495,40 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-        /* fragment (mt, j): rows mt*16 + g (+8), columns nbase + wn*NT*8 + j*8 + 2tq (+1); the k-split warps
-         * add theirs in wk order, one at a time (one copy of the code: warp wk == kk's turn; the first adds its
-         * fragments to -0, which leaves every value as it is, -0 included) */
-#pragma unroll 1
-        for (int kk = 0; kk < WK; ++kk) {
-            if (wk == kk) {
+#line 491 "templates/route.lua"
+        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass; the k-split
+         * warps' sums added in wk order: */
+        /* warp wk's fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
+         * smem + 17408 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
+         * (slice 0 + slice 1 + ...: the order of the turn-by-turn sum, -0 + slice 0 being slice 0 itself) */
+        {
+            constexpr int SOFF = 17408;
+            float *scr = reinterpret_cast<float *>(smem + SOFF);
+            float *slice = wk == 0 ? lsm + nbase : scr + (wk - 1) * (T * EP);
+            const int ld = wk == 0 ? LDL : EP;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        float2 *p0 =
-                            reinterpret_cast<float2 *>(lsm + (mt * 16 + g) * LDL + nbase + (wn * NT + j) * 8 + 2 * tq);
-                        float2 *p1 = p0 + 4 * LDL;   // row + 8
-                        const float2 v0 = kk ? *p0 : make_float2(-0.f, -0.f), v1 = kk ? *p1 : make_float2(-0.f, -0.f);
-                        *p0 = make_float2(v0.x + acc[mt][j][0], v0.y + acc[mt][j][1]);
-                        *p1 = make_float2(v1.x + acc[mt][j][2], v1.y + acc[mt][j][3]);
-                    }
+                for (int j = 0; j < NT; ++j) {
+                    float2 *p0 = reinterpret_cast<float2 *>(slice + (mt * 16 + g) * ld + (wn * NT + j) * 8 + 2 * tq);
+                    p0[0] = make_float2(acc[mt][j][0], acc[mt][j][1]);
+                    *reinterpret_cast<float2 *>(reinterpret_cast<float *>(p0) + 8 * ld) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+                }
+            __syncthreads();
+            static_assert(EP % 4 == 0 && LDL % 4 == 0 && SOFF % 16 == 0, "float4 slices");
+            for (int i = 4 * tid; i < T * EP; i += 4 * THREADS) {
+                float4 *dst = reinterpret_cast<float4 *>(lsm + (i / EP) * LDL + nbase + i % EP);
+                float4 v = *dst;
+#pragma unroll
+                for (int s = 1; s < WK; ++s) {
+                    const float4 q = *reinterpret_cast<const float4 *>(scr + (s - 1) * (T * EP) + i);
+                    v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+                }
+                *dst = v;
             }
             __syncthreads();
         }
+#line 545 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -522,10 +536,10 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 513 "templates/route.lua"
+#line 553 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 518 "templates/route.lua"
+#line 558 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -558,7 +572,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 551 "templates/route.lua"
+#line 591 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -588,10 +602,10 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
                 }
             }
             __syncthreads();
-#line 606 "templates/route.lua"
+#line 646 "templates/route.lua"
         }
     }
-#line 619 "templates/route.lua"
+#line 659 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -599,7 +613,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 627 "templates/route.lua"
+#line 667 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -607,15 +621,15 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 637 "templates/route.lua"
+#line 677 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 639 "templates/route.lua"
+#line 679 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 654 "templates/route.lua"
+#line 694 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -630,16 +644,16 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 697 "templates/route.lua"
+#line 737 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 704 "templates/route.lua"
+#line 744 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 706 "templates/route.lua"
+#line 746 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 828 "templates/route.lua"
+#line 868 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -651,40 +665,40 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 840 "templates/route.lua"
+#line 880 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 846 "templates/route.lua"
+#line 886 "templates/route.lua"
         if (lane < K) {
-#line 853 "templates/route.lua"
+#line 893 "templates/route.lua"
             const float l = lrow[mine];
-#line 856 "templates/route.lua"
+#line 896 "templates/route.lua"
             w = expf(l - m) / z;
-#line 882 "templates/route.lua"
+#line 922 "templates/route.lua"
         }
-#line 884 "templates/route.lua"
+#line 924 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 918 "templates/route.lua"
+#line 958 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 925 "templates/route.lua"
+#line 965 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 928 "templates/route.lua"
+#line 968 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 939 "templates/route.lua"
+#line 979 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -708,7 +722,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 963 "templates/route.lua"
+#line 1003 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -720,7 +734,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 984 "templates/route.lua"
+#line 1024 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -728,21 +742,21 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
             if (i < nk)
                 s_row[i] = r;
         }
-#line 992 "templates/route.lua"
+#line 1032 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1006 "templates/route.lua"
+#line 1046 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1014 "templates/route.lua"
+#line 1054 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1017 "templates/route.lua"
+#line 1057 "templates/route.lua"
         }
-#line 1021 "templates/route.lua"
+#line 1061 "templates/route.lua"
     }
 }
 
