@@ -757,20 +757,20 @@ longcat_flash_route_bf16_e512z256k12_t32k32s4(const moe_half_t *__restrict__ x, 
 }
 
 #line 53 "templates/permute.lua"
-namespace longcat_flash_permute_plan_e512_a128_impl {
-constexpr int E = 512, K = 12, H = 6144, ALIGN = 128;
+namespace longcat_flash_permute_plan_e512_a64_impl {
+constexpr int E = 512, K = 12, H = 6144, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
-}  // namespace longcat_flash_permute_plan_e512_a128_impl
+}  // namespace longcat_flash_permute_plan_e512_a64_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-longcat_flash_permute_plan_e512_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+longcat_flash_permute_plan_e512_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     moe_pdl_begin();
-    using namespace longcat_flash_permute_plan_e512_a128_impl;
+    using namespace longcat_flash_permute_plan_e512_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
@@ -784,7 +784,7 @@ longcat_flash_permute_scatter_bf16_h6144k12_e512z256(const moe_half_t *__restric
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
-    using namespace longcat_flash_permute_plan_e512_a128_impl;
+    using namespace longcat_flash_permute_plan_e512_a64_impl;
 #line 128 "templates/permute.lua"
     (void)topk_w;
 #line 130 "templates/permute.lua"
@@ -901,21 +901,21 @@ longcat_flash_combine_bf16_h6144k12(const moe_half_t *__restrict__ obuf, const i
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
 constexpr int K = 6144;        /* reduction length */
 constexpr int N = 4096;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
-constexpr int BNO = 128;    /* output columns per tile */
+constexpr int BNO = 64;    /* output columns per tile */
 #line 262 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_COLS = 128;  /* output columns per staging pass */
-constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 64;  /* output columns per staging pass */
+constexpr int LDC = 72;            /* staged output row stride, halves */
 constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
@@ -928,8 +928,8 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 307 "templates/gemm_sm90.lua"
@@ -999,10 +999,10 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
 #line 388 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
-                 "setp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
-                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
 #line 397 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
@@ -1019,23 +1019,7 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
 #line 397 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
 #line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #line 399 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
@@ -1057,23 +1041,7 @@ static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
 #line 405 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
 #line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #line 407 "templates/gemm_sm90.lua"
                  :: "memory");
 }
@@ -1217,16 +1185,16 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+extern "C" __global__ void __launch_bounds__(256, 1)
+longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1244,14 +1212,10 @@ longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 926 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
     } else {
-#line 930 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 935 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
@@ -1341,21 +1305,21 @@ longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_const
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
+namespace longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 128, BK = 64, STAGES = 6, CONSUMERS = 1;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 6144;        /* rows of B per expert */
 constexpr int NOUT = 6144;  /* output row length */
-constexpr int BNO = 256;    /* output columns per tile */
+constexpr int BNO = 128;    /* output columns per tile */
 #line 262 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
+constexpr int A_BYTES = 8192, STAGE_BYTES = 24576;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
 constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
@@ -1368,8 +1332,8 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
-static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+static_assert(BAR_OFF + 16 * STAGES == 147552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(256 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
 #line 307 "templates/gemm_sm90.lua"
@@ -1439,10 +1403,10 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
 #line 388 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
-                 "setp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
-                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
 #line 397 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
@@ -1459,23 +1423,7 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
 #line 397 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
 #line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #line 399 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
@@ -1497,23 +1445,7 @@ static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
 #line 405 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
 #line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #line 407 "templates/gemm_sm90.lua"
                  :: "memory");
 }
@@ -1651,16 +1583,16 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+}  // namespace longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+extern "C" __global__ void __launch_bounds__(256, 1)
+longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl;
+    extern __shared__ __align__(1024) unsigned char longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem[];
+    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1678,14 +1610,10 @@ longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
 #line 926 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
     } else {
-#line 930 "templates/gemm_sm90.lua"
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
 #line 935 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
@@ -1770,10 +1698,10 @@ longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
-namespace longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
+namespace longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl {
 #line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
 constexpr int K = 6144;        /* reduction length */
 constexpr int N = 4096;        /* rows of B */
 constexpr int NOUT = 2048;  /* output row length */
@@ -1781,8 +1709,8 @@ constexpr int BNO = 64;    /* output columns per CTA */
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;
 constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
 constexpr int LDC = 72;                     /* staged output row stride, halves */
 constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
 constexpr int KTILES = (K + BK - 1) / BK;
@@ -1793,7 +1721,7 @@ constexpr bool OUT_TAIL = false;
 /* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
  * pipeline is its shared memory */
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -2003,15 +1931,15 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 26 "templates/gemm_up_swiglu.lua"
-}  // namespace longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl
+}  // namespace longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl
 
-extern "C" __global__ void __launch_bounds__(256)
-longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+extern "C" __global__ void __launch_bounds__(128)
+longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
-    using namespace longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
+    using namespace longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_impl;
 #line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
+    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -2020,7 +1948,7 @@ longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restri
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem);
+    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8_smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int g = lane >> 2, t = lane & 3;
@@ -2068,10 +1996,10 @@ longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restri
 }
 
 #line 13 "templates/gemm_down.lua"
-namespace longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
+namespace longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8_impl {
 #line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
+constexpr int BM = 64, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 2, WARPS_N = 2, THREADS = 128;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 6144;        /* rows of B */
 constexpr int NOUT = 6144;  /* output row length */
@@ -2079,8 +2007,8 @@ constexpr int BNO = 128;    /* output columns per CTA */
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;
 constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
+constexpr int A_BYTES = 5120;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 15360;
 constexpr int LDC = 136;                     /* staged output row stride, halves */
 constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
 constexpr int KTILES = (K + BK - 1) / BK;
@@ -2091,7 +2019,7 @@ constexpr bool OUT_TAIL = false;
 /* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
  * pipeline is its shared memory */
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
+static_assert(STAGES * STAGE_BYTES == 61440, "the cp.async pipeline is the plan's shared memory");
 
 static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
@@ -2295,15 +2223,15 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 15 "templates/gemm_down.lua"
-}  // namespace longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8_impl
+}  // namespace longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8_impl
 
-extern "C" __global__ void __launch_bounds__(256)
-longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
+extern "C" __global__ void __launch_bounds__(128)
+longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
             const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
     moe_pdl_begin();
-    using namespace longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
+    using namespace longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8_impl;
 #line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
+    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8_smem[];
     int mt, nt;
     tile_coords(mt, nt);
     if (mt >= *num_tiles)
@@ -2312,7 +2240,7 @@ longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
     if (rows <= 0)
         return;
     const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8_smem);
+    const unsigned sbase = moe_smem_addr(longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8_smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     const int g = lane >> 2, t = lane & 3;
@@ -2353,6 +2281,484 @@ longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ 
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
 #line 64 "templates/gemm_down.lua"
+}
+
+#line 879 "templates/gemm_gemv.lua"
+namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 6144, N = 4096, NOUT = 2048, BN = 32, KC = 4096, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(65536 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 140 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 828 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 835 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 837 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 844 "templates/gemm_gemv.lua"
+        }
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 886 "templates/gemm_gemv.lua"
+}  // namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
+
+#line 690 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+#line 692 "templates/gemm_gemv.lua"
+longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 730 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 912 "templates/gemm_gemv.lua"
+namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 2048, N = 6144, NOUT = 6144, BN = 32, KC = 2048, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(32768 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 147 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 908 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 920 "templates/gemm_gemv.lua"
+
+#line 923 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
+    constexpr int KE = 12;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 956 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 958 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 997 "templates/gemm_gemv.lua"
+}  // namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
+
+#line 690 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+#line 692 "templates/gemm_gemv.lua"
+longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 730 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 740 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+#line 743 "templates/gemm_gemv.lua"
 }
 
 #line 10 "templates/swiglu.lua"
@@ -2797,9 +3203,23 @@ __device__ int longcat_flash_slot_table[512] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
     480, 481, 482, 483, 484, 485, 486, 487, 488, 489, 490, 491, 492, 493, 494, 495,
     496, 497, 498, 499, 500, 501, 502, 503, 504, 505, 506, 507, 508, 509, 510, 511};
 
-#line 64 "templates/host.lua"
-static long long longcat_flash_max_tiles(int tokens) {
-    return moe_max_tiles(tokens, 12, 512, 128);
+#line 68 "templates/host.lua"
+/* The GEMM variant a call of `tokens` tokens runs (manifest.json,
+ * "variants"): the largest bucket <= tokens, or the first. A host value,
+ * so a CUDA graph captured at T replays T's variant. */
+static int longcat_flash_variant(int tokens) {
+#line 73 "templates/host.lua"
+    if (tokens >= 128) return 1;
+#line 75 "templates/host.lua"
+    return 0;
+}
+
+/* The row block (GEMM bm) of each variant, and the M tiles of a call. */
+#line 81 "templates/host.lua"
+static const int longcat_flash_variant_align[2] = {64, 64};
+
+static long long longcat_flash_max_tiles(int tokens, int v) {
+    return moe_max_tiles(tokens, 12, 512, longcat_flash_variant_align[v]);
 }
 #line 87 "templates/host.lua"
 
@@ -2890,13 +3310,15 @@ static cudaError_t longcat_flash_device_init(longcat_flash_device_t *d, int dev)
 #line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(longcat_flash_route_bf16_e512z256k12_t32k32s4, cudaFuncAttributeMaxDynamicSharedMemorySize, 150528)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
+#line 192 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 147552)) != cudaSuccess) return e;
 #line 196 "templates/host.lua"
     return cudaSuccess;
 }
@@ -2964,45 +3386,49 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
 #line 296 "templates/host.lua"
     int *counts = (int *)(ws + 0);
 #line 296 "templates/host.lua"
-    int *offsets = (int *)(ws + 2560);
+    int *offsets = (int *)(ws + 5632);
 #line 296 "templates/host.lua"
-    int *cursor = (int *)(ws + 4864);
+    int *cursor = (int *)(ws + 7936);
 #line 296 "templates/host.lua"
-    int *num_tiles = (int *)(ws + 6912);
+    int *num_tiles = (int *)(ws + 9984);
 #line 296 "templates/host.lua"
-    moe_tile_t *tiles = (moe_tile_t *)(ws + 7168);
+    moe_tile_t *tiles = (moe_tile_t *)(ws + 10240);
 #line 296 "templates/host.lua"
-    int *topk_idx = (int *)(ws + 39936);
+    int *topk_idx = (int *)(ws + 67584);
 #line 296 "templates/host.lua"
-    float *topk_w = (float *)(ws + 826368);
+    float *topk_w = (float *)(ws + 854016);
 #line 296 "templates/host.lua"
-    int *row_of = (int *)(ws + 1612800);
+    int *row_of = (int *)(ws + 1640448);
 #line 296 "templates/host.lua"
-    moe_half_t *xs = (moe_half_t *)(ws + 2399232);
+    moe_half_t *xs = (moe_half_t *)(ws + 2426880);
 #line 296 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 3418659840);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 3016034304);
 #line 296 "templates/host.lua"
-    float *route_part = (float *)(ws + 4490304512);
-#line 300 "templates/host.lua"
-    const long long tiles_y = longcat_flash_max_tiles(T);
+    float *route_part = (float *)(ws + 3953461248);
+#line 302 "templates/host.lua"
+    const int v = longcat_flash_variant(T);
+    const long long tiles_y = longcat_flash_max_tiles(T, v);
 #line 307 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
         return e;
-    e = cudaMemsetAsync(counts, 0, 2312, stream);
+    e = cudaMemsetAsync(counts, 0, 5384, stream);
     if (e != cudaSuccess) return e;
 #line 314 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
-    moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
+    moe_route_fuse_t fz = {0, longcat_flash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, 12, 6144, 8, 1);
     longcat_flash_launch(dev, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 322 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_PLAN)
-        longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
+        longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
+        longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         longcat_flash_launch(dev, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -3011,29 +3437,51 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
+#line 419 "templates/host.lua"
+    if (v == 0) { /* calls of 1 .. 127 tokens */
 #line 379 "templates/host.lua"
-    if (dev->use90) {
-#line 384 "templates/host.lua"
-    moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
-    if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 128, 6144, 128)) != cudaSuccess ||
-        (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 256)) != cudaSuccess)
-        return e;
-#line 355 "templates/host.lua"
-    longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
-    if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
-        (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 256)) != cudaSuccess)
-        return e;
-#line 355 "templates/host.lua"
-    longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 24, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        if (dev->use90) {
+#line 372 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 366 "templates/host.lua"
+        combined = cfuse;
+#line 372 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
 #line 398 "templates/host.lua"
-    } else {
+        } else {
 #line 372 "templates/host.lua"
-    longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 372 "templates/host.lua"
-    longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(48, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 405 "templates/host.lua"
+        }
+#line 419 "templates/host.lua"
+    } else if (v == 1) { /* calls of 128 or more tokens */
+#line 379 "templates/host.lua"
+        if (dev->use90) {
+#line 384 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 342 "templates/host.lua"
+        if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 64, 6144, 64)) != cudaSuccess ||
+            (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 128)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 342 "templates/host.lua"
+        if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
+            (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 128)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 398 "templates/host.lua"
+        } else {
+#line 372 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 372 "templates/host.lua"
+        longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 405 "templates/host.lua"
+        }
+#line 422 "templates/host.lua"
     }
 #line 424 "templates/host.lua"
     if (!combined)

@@ -20,7 +20,7 @@
 #define longcat_flash_MAX_TOKENS 16384
 #define longcat_flash_DTYPE "bf16"
 #define longcat_flash_PAIR_GRANULE 8
-#define longcat_flash_WORKSPACE_BYTES 4502887424ULL /* at longcat_flash_MAX_TOKENS */
+#define longcat_flash_WORKSPACE_BYTES 3966044160ULL /* at longcat_flash_MAX_TOKENS */
 
 /* Zero-computation experts (zero_experts = 256): the router scores longcat_flash_SCORED = 768 experts
  * (E + Z below: router_w and the router's biases); a selected index >= 512 adds w * x,
