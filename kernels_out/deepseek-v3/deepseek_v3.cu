@@ -965,7 +965,7 @@ deepseek_v3_permute_plan_e257_a64(const int *__restrict__ counts, const int *__r
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
+namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl {
 #line 254 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 7168;        /* reduction length */
@@ -980,7 +980,7 @@ constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
@@ -992,7 +992,7 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1155,7 +1155,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1281,16 +1281,16 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl
+}  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
+    using namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1347,10 +1347,6 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constan
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
 #line 1020 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
@@ -1405,7 +1401,7 @@ deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constan
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
+namespace deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl {
 #line 254 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
@@ -1418,9 +1414,9 @@ constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
-constexpr int EPI_COLS = 256;  /* output columns per staging pass */
-constexpr int LDC = 264;            /* staged output row stride, halves */
-constexpr bool PERSISTENT = false;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
@@ -1432,7 +1428,7 @@ static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC hal
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 182320, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1595,7 +1591,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1715,16 +1711,16 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
     }
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl
+}  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
+    using namespace deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1781,10 +1777,6 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ m
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
-            /* the output is staged in the ring: order this warpgroup's wgmma
-             * reads of it (async proxy) before the stores below */
-            fence_proxy_async();
 #line 1020 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
@@ -5607,6 +5599,876 @@ deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
 #endif
 }
 
+#line 892 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
+#line 254 "templates/gemm_sm90.lua"
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
+constexpr int K = 7168;        /* reduction length */
+constexpr int N = 4096;        /* rows of B per expert */
+constexpr int NOUT = 2048;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 264 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 290 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 293 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 305 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 307 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 315 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 384 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 388 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 397 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 399 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 405 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 407 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 619 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 621 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 640 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 642 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 655 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 657 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 682 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 686 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 711 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 896 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 924 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 926 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+    } else {
+#line 930 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 935 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 940 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 943 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 945 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 958 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1001 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 1011 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1150 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1157 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1172 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1187 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 1025 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+#line 1031 "templates/gemm_sm90.lua"
+        }
+#line 1033 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1036 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1038 "templates/gemm_sm90.lua"
+    (void)hbuf;
+    __trap();
+#endif
+}
+
+#line 892 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl {
+#line 254 "templates/gemm_sm90.lua"
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3, CONSUMERS = 2;
+constexpr int K = 2048;        /* reduction length */
+constexpr int N = 7168;        /* rows of B per expert */
+constexpr int NOUT = 7168;  /* output row length */
+constexpr int BNO = 256;    /* output columns per tile */
+#line 262 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 264 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int EPI_COLS = 256;  /* output columns per staging pass */
+constexpr int LDC = 264;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = false;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 290 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 293 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 147504, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 305 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 307 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 315 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 384 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 388 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+                 "%128, %129, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 397 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 397 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 399 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 405 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#line 405 "templates/gemm_sm90.lua"
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#line 407 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 619 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 621 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 640 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 642 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 655 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 657 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 682 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 686 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 711 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 896 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 924 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 926 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+    } else {
+#line 930 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+#line 935 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 940 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 943 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 945 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 958 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1001 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 1011 "templates/gemm_sm90.lua"
+            /* the output is staged in the ring: order this warpgroup's wgmma
+             * reads of it (async proxy) before the stores below */
+            fence_proxy_async();
+#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1209 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1214 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1234 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 1025 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+#line 1031 "templates/gemm_sm90.lua"
+        }
+#line 1033 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1036 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1036 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1038 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
+}
+
 #line 10 "templates/swiglu.lua"
 namespace deepseek_v3_swiglu_bf16_f2048_impl {
 #line 104 "templates/activation.lua"
@@ -6040,6 +6902,8 @@ __device__ int deepseek_v3_slot_table[257] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_variant(int tokens) {
 #line 73 "templates/host.lua"
+    if (tokens >= 16384) return 4;
+#line 73 "templates/host.lua"
     if (tokens >= 4096) return 3;
 #line 73 "templates/host.lua"
     if (tokens >= 64) return 2;
@@ -6051,7 +6915,7 @@ static int deepseek_v3_variant(int tokens) {
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int deepseek_v3_variant_align[4] = {64, 64, 64, 128};
+static const int deepseek_v3_variant_align[5] = {64, 64, 64, 128, 128};
 
 static long long deepseek_v3_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 9, 257, deepseek_v3_variant_align[v]);
@@ -6166,6 +7030,10 @@ static cudaError_t deepseek_v3_device_init(deepseek_v3_device_t *d, int dev) {
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+#line 192 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
+#line 192 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
 #line 196 "templates/host.lua"
     return cudaSuccess;
 }
@@ -6282,6 +7150,9 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
 #line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 327 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
+        deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_launch(dev, deepseek_v3_permute_scatter_bf16_h7168k9, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -6369,7 +7240,7 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
 #line 405 "templates/host.lua"
         }
 #line 419 "templates/host.lua"
-    } else if (v == 3) { /* calls of 4096 or more tokens */
+    } else if (v == 3) { /* calls of 4096 .. 16383 tokens */
 #line 379 "templates/host.lua"
         if (dev->use90) {
 #line 384 "templates/host.lua"
@@ -6386,6 +7257,32 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
             return e;
 #line 355 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 398 "templates/host.lua"
+        } else {
+#line 372 "templates/host.lua"
+        deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 372 "templates/host.lua"
+        deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 405 "templates/host.lua"
+        }
+#line 419 "templates/host.lua"
+    } else if (v == 4) { /* calls of 16384 or more tokens */
+#line 379 "templates/host.lua"
+        if (dev->use90) {
+#line 384 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 342 "templates/host.lua"
+        if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
+            (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 342 "templates/host.lua"
+        if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
+            (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
+            return e;
+#line 355 "templates/host.lua"
+        deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 398 "templates/host.lua"
         } else {
 #line 372 "templates/host.lua"

@@ -761,20 +761,20 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
 }
 
 #line 53 "templates/permute.lua"
-namespace qwen3_30b_a3b_permute_plan_e128_a128_impl {
-constexpr int E = 128, K = 8, H = 2048, ALIGN = 128;
+namespace qwen3_30b_a3b_permute_plan_e128_a64_impl {
+constexpr int E = 128, K = 8, H = 2048, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
 constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
 constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
 constexpr int HV = H / 8;   // 16-byte vectors per row
 constexpr unsigned FULL = 0xffffffffu;
-}  // namespace qwen3_30b_a3b_permute_plan_e128_a128_impl
+}  // namespace qwen3_30b_a3b_permute_plan_e128_a64_impl
 
 extern "C" __global__ void __launch_bounds__(1024)
-qwen3_30b_a3b_permute_plan_e128_a128(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+qwen3_30b_a3b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
             int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
     moe_pdl_begin();
-    using namespace qwen3_30b_a3b_permute_plan_e128_a128_impl;
+    using namespace qwen3_30b_a3b_permute_plan_e128_a64_impl;
     __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
     __shared__ int s_off[E];        // first row of each expert
     __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
@@ -788,7 +788,7 @@ qwen3_30b_a3b_permute_scatter_bf16_h2048k8(const moe_half_t *__restrict__ x, con
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
             int *__restrict__ row_of) {
     moe_pdl_begin();
-    using namespace qwen3_30b_a3b_permute_plan_e128_a128_impl;
+    using namespace qwen3_30b_a3b_permute_plan_e128_a64_impl;
 #line 128 "templates/permute.lua"
     (void)topk_w;
 #line 130 "templates/permute.lua"
@@ -896,59 +896,39 @@ qwen3_30b_a3b_combine_bf16_h2048k8(const moe_half_t *__restrict__ obuf, const in
     }
 }
 
-#line 53 "templates/permute.lua"
-namespace qwen3_30b_a3b_permute_plan_e128_a64_impl {
-constexpr int E = 128, K = 8, H = 2048, ALIGN = 64;
-constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
-constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
-constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
-constexpr int HV = H / 8;   // 16-byte vectors per row
-constexpr unsigned FULL = 0xffffffffu;
-}  // namespace qwen3_30b_a3b_permute_plan_e128_a64_impl
-
-extern "C" __global__ void __launch_bounds__(1024)
-qwen3_30b_a3b_permute_plan_e128_a64(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
-            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
-    moe_pdl_begin();
-    using namespace qwen3_30b_a3b_permute_plan_e128_a64_impl;
-    __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
-    __shared__ int s_off[E];        // first row of each expert
-    __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
-    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first,
-                                    s_rows, s_tiles);
-}
-
-
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
+namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2048;        /* reduction length */
 constexpr int N = 1536;        /* rows of B per expert */
 constexpr int NOUT = 768;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 260 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
 constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 293 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 231488, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1102,6 +1082,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 597 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 619 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -1111,7 +1113,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1165,10 +1167,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 673 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 686 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -1179,7 +1186,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -1192,6 +1199,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 709 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 711 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -1216,17 +1225,17 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
@@ -1237,16 +1246,16 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
+}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
+    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1258,7 +1267,7 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __gr
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1272,42 +1281,47 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __gr
     } else {
 #line 930 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 821 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 827 "templates/gemm_sm90.lua"
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 945 "templates/gemm_sm90.lua"
+#line 832 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 862 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 869 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 1150 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
@@ -1321,21 +1335,24 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __gr
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
 #line 1187 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 1033 "templates/gemm_sm90.lua"
     }
 #else
@@ -1357,34 +1374,37 @@ qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __gr
 
 #line 892 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl {
+namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 254 "templates/gemm_sm90.lua"
-constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
+constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 768;        /* reduction length */
 constexpr int N = 2048;        /* rows of B per expert */
 constexpr int NOUT = 2048;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
-constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 260 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
 #line 264 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
-constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
+constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
 constexpr int EPI_COLS = 128;  /* output columns per staging pass */
 constexpr int LDC = 136;            /* staged output row stride, halves */
 constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
-constexpr int EPI_OFF = PERSISTENT ? RING : 0;
-constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
+constexpr int EPI_OFF = RING;
+constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
+constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
+constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
 #line 293 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
-static_assert(BAR_OFF + 16 * STAGES == 231488, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
 #line 305 "templates/gemm_sm90.lua"
 constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
@@ -1538,6 +1558,28 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
+#line 597 "templates/gemm_sm90.lua"
+
+/* The ping-pong order: consumer warpgroup cw waits until the other one
+ * arrived (having issued the main loop of the tile before cw's), and
+ * arrives for the other once it has issued its own; 128 threads each side. */
+static __device__ __forceinline__ void order_wait(int cw) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(ORDER_BAR + cw) : "memory");
+}
+static __device__ __forceinline__ void order_arrive(int cw) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(ORDER_BAR + 1 - cw) : "memory");
+}
+/* Consumer warpgroup cw alone (its staging tile's passes). */
+static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(EPI_BAR + cw) : "memory");
+}
+/* Step ring position (s, phase) over one tile's KTILES stages: the tile
+ * the other warpgroup runs. */
+static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
+    const int p = s + KTILES;
+    s = p % STAGES;
+    phase ^= (unsigned)(p / STAGES) & 1u;
+}
 #line 619 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
@@ -1547,7 +1589,7 @@ template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
  * those come from L2. A bijection on [0, mtiles * ntiles). */
 static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
 #line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
+    constexpr int GROUP_M = 16;
     const int group = lin / (GROUP_M * ntiles);
     const int first = group * GROUP_M;
     const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
@@ -1601,10 +1643,15 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 673 "templates/gemm_sm90.lua"
+/* Ping-pong: the warpgroup's rows are the whole tile, of which the first
+ * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
+ * count, since a branch among the wgmma makes ptxas wait on them), and it
+ * arrives for the other warpgroup once its last stage's wgmma are issued. */
+template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+    const unsigned long long da0 = sdesc(sbase);
 #line 686 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
@@ -1615,7 +1662,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < WM; ++m)
+            for (int m = 0; m < ACT; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
         wgmma_commit();
@@ -1628,6 +1675,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
+#line 709 "templates/gemm_sm90.lua"
+    order_arrive(cw);
 #line 711 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
@@ -1652,31 +1701,31 @@ static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigne
 
 /* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
  * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
- * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..128-1. */
 static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
                                                     int ct) {
     constexpr int OCPR = EPI_COLS / 8;
     constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+    constexpr int ITERS = (CHUNKS + 128 - 1) / 128;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-        const int idx = ct + i * CTHREADS;
+        const int idx = ct + i * 128;
         const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+        if ((CHUNKS % 128 == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
 #line 896 "templates/gemm_sm90.lua"
-}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl
+}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8_smem);
+    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
+    extern __shared__ __align__(1024) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
+    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1688,7 +1737,7 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_co
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             bar_init(sbase + BAR_OFF + s * 8, 1);
-            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1702,42 +1751,47 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_co
     } else {
 #line 930 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
-        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
-        const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
-        int s = 0;
+#line 821 "templates/gemm_sm90.lua"
+        /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
+        const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
+#line 827 "templates/gemm_sm90.lua"
+        int s = 0, jt = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 830 "templates/gemm_sm90.lua"
         (void)b2;
-#line 945 "templates/gemm_sm90.lua"
+#line 832 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
             const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
             if (rows <= 0)
                 continue;
+            if ((jt++ & 1) != cw) {  /* the other warpgroup's tile: step over its stages */
+                ring_skip(s, phase);
+                continue;
+            }
+            if (jt > 1)
+                order_wait(cw);  /* the other warpgroup issued the main loop of tile jt - 2 */
             const int n0 = nt * BN;
             (void)expert;
-            /* consumer warpgroups with rows of the tile; the others only release the stages */
-            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
-                skip_tile(sbase, s, phase);
-#line 1020 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
+            /* consume arrives for the other warpgroup once its main loop is issued */
+#line 862 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase);
+#line 869 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
-                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
-                if (cw < n_active) {
+                wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
+                {
 #line 1209 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
@@ -1749,19 +1803,22 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_co
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const int r = m * 64 + w * 16 + g + 8 * h;
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 874 "templates/gemm_sm90.lua"
                 }
-                consumers_sync();
+                wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 880 "templates/gemm_sm90.lua"
         }
+        /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
+        if (jt > 0 && (jt & 1) == cw)
+            order_wait(cw);
 #line 1033 "templates/gemm_sm90.lua"
     }
 #else
@@ -1779,1070 +1836,6 @@ qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8(const __grid_co
     (void)obuf;
     __trap();
 #endif
-}
-
-#line 21 "templates/gemm_up_swiglu.lua"
-namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl {
-#line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
-constexpr int K = 2048;        /* reduction length */
-constexpr int N = 1536;        /* rows of B */
-constexpr int NOUT = 768;  /* output row length */
-constexpr int BNO = 64;    /* output columns per CTA */
-constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
-constexpr int MI = WTM / 16, NI = WTN / 8;
-constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
-constexpr int LDC = 72;                     /* staged output row stride, halves */
-constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
-constexpr int KTILES = (K + BK - 1) / BK;
-constexpr int KSTEPS = BK / 16;
-constexpr bool N_TAIL = false;
-constexpr bool K_TAIL = false;
-constexpr bool OUT_TAIL = false;
-/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
- * pipeline is its shared memory */
-static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
-
-static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
-}
-/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
- * array references, so fragments stay in registers). */
-static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
-}
-/* 16 bytes smem -> global. */
-static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
-    unsigned a, b, c, d;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
-    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-
-#line 18 "templates/gemm_sm80.lua"
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
- * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
- * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * ntiles). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
-#line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * ntiles);
-    const int first = group * GROUP_M;
-    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * ntiles);
-    mt = first + within % size;
-    nt = within / size;
-#line 36 "templates/gemm_sm80.lua"
-}
-#line 41 "templates/gemm_sm80.lua"
-
-/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
-}
-#line 144 "templates/gemm_sm80.lua"
-
-/* The cp.async copies of one k tile (BK halves from k0) of a K-major
- * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
- * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
- * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
- * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 151 "templates/gemm_sm80.lua"
-/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
- * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
-constexpr int RSTEP = THREADS / CPR;
-template <int ROWS, bool ROW_TAIL>
-static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
-                                                 int nrows, int k0) {
-#pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; ++i) {
-        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
-        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
-    }
-}
-#line 186 "templates/gemm_sm80.lua"
-
-/* One k tile of A and B into the stage at smem offset so; see load_rows. */
-static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
-                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
-                                                  int ch0, int k0) {
-    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
-    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
-}
-
-/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
- * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
- * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
- * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
- * address in the stage, at the k step. */
-static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
-#pragma unroll
-    for (int nj = 0; nj < NI / 2; ++nj)
-        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
-}
-static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
-}
-
-/* One k16 step of mma on (af, bf), fetching the next step's fragments
- * from (a, b) as it goes: all of B first, then each A fragment as soon as
- * its last mma has issued, so only one A set is live. */
-static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
-                                                unsigned a, unsigned b) {
-    unsigned bn[NI][2];
-    load_b(bn, b);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-            mma16816(acc[mi][ni], af[mi], bf[ni]);
-        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
-    }
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-        bf[ni][0] = bn[ni][0];
-        bf[ni][1] = bn[ni][1];
-    }
-}
-
-/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
- * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
- * rows all lie past a_rows (active = false) only help load. Ends with the
- * smem free for reuse.
- *
- * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
- * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
- * (every warp finished reading it before the barrier of the previous
- * iteration's last k step), then runs its k steps; the last step waits for
- * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
- * mma of the current step run (see mma_step). */
-static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
-                                                const moe_half_t *__restrict__ ga, int a_rows,
-                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
-    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
-    const unsigned b_lane =
-        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 253 "templates/gemm_sm80.lua"
-    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
-    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
-    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
-    ga += r0 * K + ch0 * 8;
-    gb += r0 * K + ch0 * 8;
-#line 262 "templates/gemm_sm80.lua"
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KTILES)
-            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
-        moe_cp_async_commit();
-    }
-
-    unsigned af[MI][4], bf[NI][2];
-    moe_cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (active) {
-        load_a(af, a_lane);
-        load_b(bf, b_lane);
-    }
-
-    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
-    for (int kt = 0; kt < KTILES; ++kt) {
-        if (kt + STAGES - 1 < KTILES)
-            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
-                       ch0, (kt + STAGES - 1) * BK);
-        moe_cp_async_commit();
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            if (ks == KSTEPS - 1) {
-                moe_cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
-            }
-            /* the last step fetches step 0 of k tile kt + 1 (after the last
-             * tile, a harmless read of a stale stage) */
-            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
-            if (active)
-                mma_step(acc, af, bf, a_lane + next, b_lane + next);
-        }
-    }
-    moe_cp_async_wait<0>();
-    __syncthreads();
-}
-
-/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
- * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
- * rows < rows, columns < cols. */
-static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
-    constexpr int OCPR = BNO / 8;
-    constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
-    const int tid = (int)threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int idx = tid + i * THREADS;
-        const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
-            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
-    }
-}
-#line 104 "templates/activation.lua"
-
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
-    return up * gate * moe_sigmoid(gate);
-}
-#line 26 "templates/gemm_up_swiglu.lua"
-}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl
-
-extern "C" __global__ void __launch_bounds__(256)
-qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
-            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
-    moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_impl;
-#line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem[];
-    int mt, nt;
-    tile_coords(mt, nt);
-    if (mt >= *num_tiles)
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
-    const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8_smem);
-    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    const int g = lane >> 2, t = lane & 3;
-
-    float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                acc[mi][ni][j] = 0.0f;
-    mainloop(acc, sbase, xs + (long long)row_start * K, rows,
-             w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 35 "templates/gemm_up_swiglu.lua"
-    (void)b1p;
-#line 37 "templates/gemm_up_swiglu.lua"
-
-    /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
-     * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
-     * output columns oc, oc + 1 of rows r, r + 8. */
-    const int oc0 = n0 / 2;  /* first output column of the CTA */
-#line 45 "templates/gemm_up_swiglu.lua"
-#pragma unroll
-    for (int nj = 0; nj < NI / 2; ++nj) {
-        const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
-#line 57 "templates/gemm_up_swiglu.lua"
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 64 "templates/gemm_up_swiglu.lua"
-                const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
-                const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
-#line 75 "templates/gemm_up_swiglu.lua"
-                st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
-#line 80 "templates/gemm_up_swiglu.lua"
-            }
-    }
-#line 83 "templates/gemm_up_swiglu.lua"
-    __syncthreads();
-    store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
-#line 86 "templates/gemm_up_swiglu.lua"
-}
-
-#line 13 "templates/gemm_down.lua"
-namespace qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_impl {
-#line 91 "templates/gemm_sm80.lua"
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 4;
-constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 256;
-constexpr int K = 768;        /* reduction length */
-constexpr int N = 2048;        /* rows of B */
-constexpr int NOUT = 2048;  /* output row length */
-constexpr int BNO = 128;    /* output columns per CTA */
-constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
-constexpr int MI = WTM / 16, NI = WTN / 8;
-constexpr int LDS = 40;                     /* smem row stride, halves */
-constexpr int A_BYTES = 10240;            /* one stage: A tile, then B tile */
-constexpr int STAGE_BYTES = 20480;
-constexpr int LDC = 136;                     /* staged output row stride, halves */
-constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
-constexpr int KTILES = (K + BK - 1) / BK;
-constexpr int KSTEPS = BK / 16;
-constexpr bool N_TAIL = false;
-constexpr bool K_TAIL = false;
-constexpr bool OUT_TAIL = false;
-/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
- * pipeline is its shared memory */
-static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
-static_assert(STAGES * STAGE_BYTES == 81920, "the cp.async pipeline is the plan's shared memory");
-
-static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
-}
-/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
- * array references, so fragments stay in registers). */
-static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
-}
-/* 16 bytes smem -> global. */
-static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
-    unsigned a, b, c, d;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
-    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-
-#line 18 "templates/gemm_sm80.lua"
-/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
- * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
- * the CTAs working at the same time read the same B (weight) tiles and
- * those come from L2. A bijection on [0, mtiles * ntiles). */
-static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
-#line 28 "templates/gemm_sm80.lua"
-    constexpr int GROUP_M = 8;
-    const int group = lin / (GROUP_M * ntiles);
-    const int first = group * GROUP_M;
-    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
-    const int within = lin - group * (GROUP_M * ntiles);
-    mt = first + within % size;
-    nt = within / size;
-#line 36 "templates/gemm_sm80.lua"
-}
-#line 41 "templates/gemm_sm80.lua"
-
-/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
-static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
-    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
-}
-#line 144 "templates/gemm_sm80.lua"
-
-/* The cp.async copies of one k tile (BK halves from k0) of a K-major
- * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
- * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
- * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
- * past K are zero-filled: src-size 0 reads nothing at its address. */
-#line 151 "templates/gemm_sm80.lua"
-/* Every thread copies the same column ch0 of rows r0 + i * RSTEP; s and g
- * arrive offset to this thread's chunk 0 (row r0, k ch0 * 8). */
-constexpr int RSTEP = THREADS / CPR;
-template <int ROWS, bool ROW_TAIL>
-static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
-                                                 int nrows, int k0) {
-#pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; ++i) {
-        const bool ok = (!ROW_TAIL || r0 + i * RSTEP < nrows) && (!K_TAIL || k0 + ch0 * 8 < K);
-        cp_async16(s + i * RSTEP * LDS * 2, g + (i * RSTEP * K + k0), ok ? 16 : 0);
-    }
-}
-#line 186 "templates/gemm_sm80.lua"
-
-/* One k tile of A and B into the stage at smem offset so; see load_rows. */
-static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
-                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
-                                                  int ch0, int k0) {
-    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
-    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
-}
-
-/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
- * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
- * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
- * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
- * address in the stage, at the k step. */
-static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
-#pragma unroll
-    for (int nj = 0; nj < NI / 2; ++nj)
-        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
-}
-static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
-}
-
-/* One k16 step of mma on (af, bf), fetching the next step's fragments
- * from (a, b) as it goes: all of B first, then each A fragment as soon as
- * its last mma has issued, so only one A set is live. */
-static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
-                                                unsigned a, unsigned b) {
-    unsigned bn[NI][2];
-    load_b(bn, b);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-            mma16816(acc[mi][ni], af[mi], bf[ni]);
-        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
-    }
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-        bf[ni][0] = bn[ni][0];
-        bf[ni][1] = bn[ni][1];
-    }
-}
-
-/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
- * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
- * rows all lie past a_rows (active = false) only help load. Ends with the
- * smem free for reuse.
- *
- * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
- * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
- * (every warp finished reading it before the barrier of the previous
- * iteration's last k step), then runs its k steps; the last step waits for
- * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
- * mma of the current step run (see mma_step). */
-static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
-                                                const moe_half_t *__restrict__ ga, int a_rows,
-                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
-    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
-    const unsigned b_lane =
-        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-#line 253 "templates/gemm_sm80.lua"
-    /* this thread's first copy chunk: row r0, 16-byte column ch0 */
-    const int r0 = (tid / (8 * CPR)) * 8 + tid % 8, ch0 = (tid / 8) % CPR;
-    const unsigned scopy = sbase + (r0 * LDS + ch0 * 8) * 2;
-    ga += r0 * K + ch0 * 8;
-    gb += r0 * K + ch0 * 8;
-#line 262 "templates/gemm_sm80.lua"
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KTILES)
-            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
-        moe_cp_async_commit();
-    }
-
-    unsigned af[MI][4], bf[NI][2];
-    moe_cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (active) {
-        load_a(af, a_lane);
-        load_b(bf, b_lane);
-    }
-
-    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
-    for (int kt = 0; kt < KTILES; ++kt) {
-        if (kt + STAGES - 1 < KTILES)
-            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
-                       ch0, (kt + STAGES - 1) * BK);
-        moe_cp_async_commit();
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            if (ks == KSTEPS - 1) {
-                moe_cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
-            }
-            /* the last step fetches step 0 of k tile kt + 1 (after the last
-             * tile, a harmless read of a stale stage) */
-            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
-            if (active)
-                mma_step(acc, af, bf, a_lane + next, b_lane + next);
-        }
-    }
-    moe_cp_async_wait<0>();
-    __syncthreads();
-}
-
-/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
- * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
- * rows < rows, columns < cols. */
-static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
-    constexpr int OCPR = BNO / 8;
-    constexpr int CHUNKS = BM * OCPR;
-    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
-    const int tid = (int)threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int idx = tid + i * THREADS;
-        const int r = idx / OCPR, ch = idx % OCPR;
-        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
-            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
-    }
-}
-#line 15 "templates/gemm_down.lua"
-}  // namespace qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_impl
-
-extern "C" __global__ void __launch_bounds__(256)
-qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
-            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
-    moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_impl;
-#line 325 "templates/gemm_sm80.lua"
-    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_smem[];
-    int mt, nt;
-    tile_coords(mt, nt);
-    if (mt >= *num_tiles)
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-    if (rows <= 0)
-        return;
-    const int n0 = nt * BN;
-    const unsigned sbase = moe_smem_addr(qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8_smem);
-    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    const int g = lane >> 2, t = lane & 3;
-
-    float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                acc[mi][ni][j] = 0.0f;
-    mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
-             w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
-#line 24 "templates/gemm_down.lua"
-    (void)b2;
-#line 26 "templates/gemm_down.lua"
-
-    /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
-#line 31 "templates/gemm_down.lua"
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-        const int oc = wn * WTN + ni * 8 + 2 * t;
-#line 42 "templates/gemm_down.lua"
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = wm * WTM + mi * 16 + g + 8 * h;
-#line 50 "templates/gemm_down.lua"
-                const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-#line 53 "templates/gemm_down.lua"
-                st_shared_u32(sbase + (r * LDC + oc) * 2, v);
-#line 58 "templates/gemm_down.lua"
-            }
-    }
-#line 61 "templates/gemm_down.lua"
-    __syncthreads();
-    store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
-#line 64 "templates/gemm_down.lua"
-}
-
-#line 879 "templates/gemm_gemv.lua"
-namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
-#line 104 "templates/activation.lua"
-
-/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
-static __device__ __forceinline__ float swiglu(float gate, float up) {
-    return up * gate * moe_sigmoid(gate);
-}
-#line 218 "templates/gemm_gemv.lua"
-constexpr int K = 2048, N = 1536, NOUT = 768, BN = 32, KC = 2048, U = 2;
-constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
-constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
-constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(32768 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
-static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
-              "every warp runs the same group passes (they meet at the staging barriers)");
-
-#line 137 "templates/gemm_gemv.lua"
-/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
-static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 140 "templates/gemm_gemv.lua"
-    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
-        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
-    } else {
-        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
-        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
-    }
-#line 149 "templates/gemm_gemv.lua"
-}
-#line 121 "templates/gemm_gemv.lua"
-/* acc += the 8 products of w's and x's halves, in fp32. */
-static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
-    acc = fmaf(moe_lo_float(w.x), x[0], acc);
-    acc = fmaf(moe_hi_float(w.x), x[1], acc);
-    acc = fmaf(moe_lo_float(w.y), x[2], acc);
-    acc = fmaf(moe_hi_float(w.y), x[3], acc);
-    acc = fmaf(moe_lo_float(w.z), x[4], acc);
-    acc = fmaf(moe_hi_float(w.z), x[5], acc);
-    acc = fmaf(moe_lo_float(w.w), x[6], acc);
-    return fmaf(moe_hi_float(w.w), x[7], acc);
-}
-#line 229 "templates/gemm_gemv.lua"
-
-#line 153 "templates/gemm_gemv.lua"
-/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
- * the values (the lane with bit OFF set keeps the upper half), then the
- * last value is summed across the remaining lane bits. Afterwards v[0] of
- * lane l is the warp's sum of value l >> (5 - log2 V). */
-template <int V, int OFF, int SZ>
-static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
-    if constexpr (OFF > 0) {
-        if constexpr (V > 1) {
-            const bool hi = (lane & OFF) != 0;
-#pragma unroll
-            for (int i = 0; i < V / 2; ++i) {
-                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
-                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-            }
-            spread_sum<V / 2, OFF / 2>(v, lane);
-        } else {
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
-            spread_sum<1, OFF / 2>(v, lane);
-        }
-    }
-}
-#line 231 "templates/gemm_gemv.lua"
-/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
- * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
-template <int R>
-static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
-    constexpr int KV = KC / 8;
-    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
-        const int r = i / KV, k = k0 + (i - r * KV) * 8;
-        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
-                                   : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-
-#line 177 "templates/gemm_gemv.lua"
-/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
- * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
-static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
-                                                  int kv) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
-}
-#line 244 "templates/gemm_gemv.lua"
-/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
- * of them real, orow the first one's row in the output; w the expert's
- * weights [N, K], n0 the CTA's first weight row. */
-template <int R>
-static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
-                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
-    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
-    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
-    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
-    for (int gb = 0; gb < GROUPS; gb += WARPS) {
-        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
-        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
-        const uint4 *wr[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
-        float acc[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-            acc[i] = 0.0f;
-        for (int kc = 0; kc < NKC; ++kc) {
-            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
-            const int vfirst = lane + kp * 32 * U;
-            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
-            if (live)
-                load_batch(wv, wr, kv0, vfirst, kv);
-            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
-                if (NKC > 1)
-                    __syncthreads();  /* the last pass's readers are done with sx */
-                stage<R>(a, nrows, kc * KC, sx);
-                __syncthreads();
-            }
-            if (!live)
-                continue;
-            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
-                if (v0 != vfirst)
-                    load_batch(wv, wr, kv0, v0, kv);
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    if (v0 + 32 * u >= kv)
-                        break;
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
-                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
-                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
-                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
-#pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
-                    }
-                }
-            }
-        }
-#line 194 "templates/gemm_gemv.lua"
-        if constexpr (WPG == 1) {
-            if (!live)
-                continue;
-        }
-        spread_sum<V, 16>(acc, lane);
-        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
-        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        float s = acc[0];
-        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
-            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
-            red[warp * 32 + lane] = s;
-            __syncthreads();
-            if (kp != 0 || !live)
-                continue;
-#pragma unroll
-            for (int w = 1; w < WPG; ++w)
-                s += red[(warp + w * GROUPS) * 32 + lane];
-        }
-#line 828 "templates/gemm_gemv.lua"
-        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
-        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
-        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
-        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 835 "templates/gemm_gemv.lua"
-            const float g = s, u = su;
-#line 837 "templates/gemm_gemv.lua"
-            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 844 "templates/gemm_gemv.lua"
-        }
-#line 302 "templates/gemm_gemv.lua"
-    }
-}
-#line 886 "templates/gemm_gemv.lua"
-}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
-
-#line 690 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256)
-#line 692 "templates/gemm_gemv.lua"
-qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
-    moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
-#line 696 "templates/gemm_gemv.lua"
-    (void)b1p;
-#line 698 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 702 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
-#line 704 "templates/gemm_gemv.lua"
-    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 714 "templates/gemm_gemv.lua"
-    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 716 "templates/gemm_gemv.lua"
-    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
-        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 722 "templates/gemm_gemv.lua"
-        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 724 "templates/gemm_gemv.lua"
-        const long long orow = row_start + r0;
-        if (nr == 1)
-            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-        else if (nr == 2)
-            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 730 "templates/gemm_gemv.lua"
-        else if (nr <= 4)
-            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-        else
-            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 738 "templates/gemm_gemv.lua"
-    }
-#line 743 "templates/gemm_gemv.lua"
-}
-
-#line 912 "templates/gemm_gemv.lua"
-namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
-#line 218 "templates/gemm_gemv.lua"
-constexpr int K = 768, N = 2048, NOUT = 2048, BN = 32, KC = 768, U = 2;
-constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
-constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
-constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(12288 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
-              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
-static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
-              "every warp runs the same group passes (they meet at the staging barriers)");
-
-#line 137 "templates/gemm_gemv.lua"
-/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
-static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 147 "templates/gemm_gemv.lua"
-    return n0 + 4 * gi + j;
-#line 149 "templates/gemm_gemv.lua"
-}
-#line 121 "templates/gemm_gemv.lua"
-/* acc += the 8 products of w's and x's halves, in fp32. */
-static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
-    acc = fmaf(moe_lo_float(w.x), x[0], acc);
-    acc = fmaf(moe_hi_float(w.x), x[1], acc);
-    acc = fmaf(moe_lo_float(w.y), x[2], acc);
-    acc = fmaf(moe_hi_float(w.y), x[3], acc);
-    acc = fmaf(moe_lo_float(w.z), x[4], acc);
-    acc = fmaf(moe_hi_float(w.z), x[5], acc);
-    acc = fmaf(moe_lo_float(w.w), x[6], acc);
-    return fmaf(moe_hi_float(w.w), x[7], acc);
-}
-#line 229 "templates/gemm_gemv.lua"
-
-#line 153 "templates/gemm_gemv.lua"
-/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
- * the values (the lane with bit OFF set keeps the upper half), then the
- * last value is summed across the remaining lane bits. Afterwards v[0] of
- * lane l is the warp's sum of value l >> (5 - log2 V). */
-template <int V, int OFF, int SZ>
-static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
-    if constexpr (OFF > 0) {
-        if constexpr (V > 1) {
-            const bool hi = (lane & OFF) != 0;
-#pragma unroll
-            for (int i = 0; i < V / 2; ++i) {
-                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
-                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-            }
-            spread_sum<V / 2, OFF / 2>(v, lane);
-        } else {
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
-            spread_sum<1, OFF / 2>(v, lane);
-        }
-    }
-}
-#line 231 "templates/gemm_gemv.lua"
-/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
- * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
-template <int R>
-static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
-    constexpr int KV = KC / 8;
-    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
-        const int r = i / KV, k = k0 + (i - r * KV) * 8;
-        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
-                                   : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-
-#line 177 "templates/gemm_gemv.lua"
-/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
- * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
-static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
-                                                  int kv) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
-}
-#line 244 "templates/gemm_gemv.lua"
-/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
- * of them real, orow the first one's row in the output; w the expert's
- * weights [N, K], n0 the CTA's first weight row. */
-template <int R>
-static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
-                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
-    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
-    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
-    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
-    for (int gb = 0; gb < GROUPS; gb += WARPS) {
-        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
-        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
-        const uint4 *wr[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
-        float acc[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-            acc[i] = 0.0f;
-        for (int kc = 0; kc < NKC; ++kc) {
-            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
-            const int vfirst = lane + kp * 32 * U;
-            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
-            if (live)
-                load_batch(wv, wr, kv0, vfirst, kv);
-            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
-                if (NKC > 1)
-                    __syncthreads();  /* the last pass's readers are done with sx */
-                stage<R>(a, nrows, kc * KC, sx);
-                __syncthreads();
-            }
-            if (!live)
-                continue;
-            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
-                if (v0 != vfirst)
-                    load_batch(wv, wr, kv0, v0, kv);
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    if (v0 + 32 * u >= kv)
-                        break;
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
-                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
-                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
-                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
-#pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
-                    }
-                }
-            }
-        }
-#line 194 "templates/gemm_gemv.lua"
-        if constexpr (WPG == 1) {
-            if (!live)
-                continue;
-        }
-        spread_sum<V, 16>(acc, lane);
-        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
-        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
-        float s = acc[0];
-        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
-            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
-            red[warp * 32 + lane] = s;
-            __syncthreads();
-            if (kp != 0 || !live)
-                continue;
-#pragma unroll
-            for (int w = 1; w < WPG; ++w)
-                s += red[(warp + w * GROUPS) * 32 + lane];
-        }
-#line 908 "templates/gemm_gemv.lua"
-        const int col = group_row(n0, gi, j);
-        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
-            out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 302 "templates/gemm_gemv.lua"
-    }
-}
-#line 920 "templates/gemm_gemv.lua"
-
-#line 923 "templates/gemm_gemv.lua"
-/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
- * slice's last CTA (the header's "combine"): all of this CTA's stores are
- * made visible before its ticket; the last one reads the rows of every
- * token (written by the slice's other CTAs) from L2. */
-static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
-                                                     const float *__restrict__ topk_w, int tokens,
-                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
-                                                     int slice) {
-    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
-        if (last)
-            atomicExch(tickets + slice, 0);  /* zero again for the next call */
-        __threadfence();
-        s_last = last;
-    }
-    __syncthreads();
-    if (!s_last)
-        return;
-    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
-    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
-        const int t = i / nv, v = v0 + (i - t * nv);
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int k = 0; k < KE; ++k) {
-            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 956 "templates/gemm_gemv.lua"
-            const float w = topk_w[(long long)t * KE + k];
-#line 958 "templates/gemm_gemv.lua"
-            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
-                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                acc[j] = fmaf(w, xo[j], acc[j]);
-        }
-        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
-            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
-                       moe_pack2(acc[6], acc[7]));
-    }
-}
-#line 997 "templates/gemm_gemv.lua"
-}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
-
-#line 690 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256)
-#line 692 "templates/gemm_gemv.lua"
-qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
-    moe_pdl_begin();
-    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
-#line 696 "templates/gemm_gemv.lua"
-    (void)b2;
-#line 698 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 702 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
-#line 704 "templates/gemm_gemv.lua"
-    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
-    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
-        return;
-    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 714 "templates/gemm_gemv.lua"
-    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 716 "templates/gemm_gemv.lua"
-    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
-        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 722 "templates/gemm_gemv.lua"
-        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 724 "templates/gemm_gemv.lua"
-        const long long orow = row_start + r0;
-        if (nr == 1)
-            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-        else if (nr == 2)
-            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 730 "templates/gemm_gemv.lua"
-        else if (nr <= 4)
-            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-        else
-            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 738 "templates/gemm_gemv.lua"
-    }
-#line 740 "templates/gemm_gemv.lua"
-    if (y)
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
-#line 743 "templates/gemm_gemv.lua"
 }
 
 #line 21 "templates/gemm_up_swiglu.lua"
@@ -3429,6 +2422,484 @@ qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ h
     __syncthreads();
     store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
 #line 64 "templates/gemm_down.lua"
+}
+
+#line 879 "templates/gemm_gemv.lua"
+namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 2048, N = 1536, NOUT = 768, BN = 32, KC = 2048, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(32768 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 140 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 828 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 835 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 837 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 844 "templates/gemm_gemv.lua"
+        }
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 886 "templates/gemm_gemv.lua"
+}  // namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
+
+#line 690 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+#line 692 "templates/gemm_gemv.lua"
+qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 730 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 743 "templates/gemm_gemv.lua"
+}
+
+#line 912 "templates/gemm_gemv.lua"
+namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
+#line 218 "templates/gemm_gemv.lua"
+constexpr int K = 768, N = 2048, NOUT = 2048, BN = 32, KC = 768, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(12288 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 137 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 147 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 149 "templates/gemm_gemv.lua"
+}
+#line 121 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 229 "templates/gemm_gemv.lua"
+
+#line 153 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 231 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 177 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 244 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 194 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 908 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 302 "templates/gemm_gemv.lua"
+    }
+}
+#line 920 "templates/gemm_gemv.lua"
+
+#line 923 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice) {
+    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 956 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 958 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 997 "templates/gemm_gemv.lua"
+}  // namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
+
+#line 690 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256)
+#line 692 "templates/gemm_gemv.lua"
+qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
+#line 696 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 698 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
+#line 702 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(qwen3_30b_a3b_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
+#line 704 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 714 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 716 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 722 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 724 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 730 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 738 "templates/gemm_gemv.lua"
+    }
+#line 740 "templates/gemm_gemv.lua"
+    if (y)
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+#line 743 "templates/gemm_gemv.lua"
 }
 
 #line 892 "templates/gemm_sm90.lua"
@@ -4806,7 +4277,7 @@ static int qwen3_30b_a3b_variant(int tokens) {
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int qwen3_30b_a3b_variant_align[3] = {64, 64, 128};
+static const int qwen3_30b_a3b_variant_align[3] = {64, 64, 64};
 
 static long long qwen3_30b_a3b_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 128, qwen3_30b_a3b_variant_align[v]);
@@ -4906,13 +4377,9 @@ static cudaError_t qwen3_30b_a3b_device_init(qwen3_30b_a3b_device_t *d, int dev)
 #line 192 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 231488)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 196 "templates/host.lua"
     return cudaSuccess;
 }
@@ -4994,9 +4461,9 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 296 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1611264);
 #line 296 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 605066752);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 571512320);
 #line 296 "templates/host.lua"
-    float *route_part = (float *)(ws + 831362560);
+    float *route_part = (float *)(ws + 785225216);
 #line 302 "templates/host.lua"
     const int v = qwen3_30b_a3b_variant(T);
     const long long tiles_y = qwen3_30b_a3b_max_tiles(T, v);
@@ -5023,7 +4490,7 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 327 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 334 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_permute_scatter_bf16_h2048k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -5083,23 +4550,23 @@ extern "C" cudaError_t qwen3_30b_a3b_forward(const qwen3_30b_a3b_args_t *a, cuda
 #line 384 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 342 "templates/host.lua"
-        if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
+        if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w1p, 196608LL, 2048, 256)) != cudaSuccess)
             return e;
 #line 355 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 231488, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 342 "templates/host.lua"
-        if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 768, 128)) != cudaSuccess ||
+        if ((e = qwen3_30b_a3b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 768, 64)) != cudaSuccess ||
             (e = qwen3_30b_a3b_tmap(dev->encode, &mb, a->w2, 262144LL, 768, 256)) != cudaSuccess)
             return e;
 #line 355 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 231488, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 398 "templates/host.lua"
         } else {
 #line 372 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 372 "templates/host.lua"
-        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+        qwen3_30b_a3b_launch(dev, qwen3_30b_a3b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 405 "templates/host.lua"
         }
 #line 422 "templates/host.lua"
