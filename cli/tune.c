@@ -411,7 +411,7 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
         fprintf(stderr, "\nmoegen: error: cannot allocate the workspace\n");
         return 1;
     }
-    float *t = malloc(sizeof(float) * (size_t)a->iters);
+    float *t = malloc(sizeof(float) * 3 * (size_t)a->iters); /* up + down, then up, then down, per iteration */
     if (!t) {
         fprintf(stderr, "\nmoegen: error: out of memory\n");
         moe_cu.cuMemFree(ws);
@@ -449,13 +449,15 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                 continue;
             moe_cu.cuEventElapsedTime(&up, b->ev[MOE_K_GEMM_UP], b->ev[MOE_K_GEMM_UP + 1]);
             moe_cu.cuEventElapsedTime(&down, b->ev[MOE_K_GEMM_DOWN], b->ev[MOE_K_COUNT]);
-            t[it] = (up + down) * 1000.0f;
+            t[it] = (up + down) * 1000.0f, t[a->iters + it] = up * 1000.0f, t[2 * a->iters + it] = down * 1000.0f;
         }
         if (rc)
             break;
-        qsort(t, (size_t)a->iters, sizeof *t, cmp_float);
+        for (int j = 0; j < 3; j++) /* each its own median: up and down apart say which GEMM a tile suits */
+            qsort(t + j * a->iters, (size_t)a->iters, sizeof *t, cmp_float);
         times[ti] = t[a->iters / 2];
-        fprintf(stderr, "%s%d tok %.1f us", ti ? ", " : "", a->tok[ti], times[ti]);
+        fprintf(stderr, "%s%d tok %.1f us (up %.1f, down %.1f)", ti ? ", " : "", a->tok[ti], times[ti],
+                t[a->iters + a->iters / 2], t[2 * a->iters + a->iters / 2]);
     }
     free(t);
     fprintf(stderr, "\n");
