@@ -23,6 +23,7 @@
 #include "tune.h"
 #include "tuning.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,11 +171,16 @@ static void entry_key(char *out, size_t n, const moe_spec_t *s, int tokens) {
              moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype), tokens);
 }
 
-/* Merge lines into TABLE: keep its lines except entries with the same key. */
-static int write_table(const char *path, const moe_spec_t *s, const int *tok, int ntok, char lines[][256]) {
+/* Merge lines into TABLE: keep its lines except entries with the same key
+ * (cli/tune.h, moe_tune_write_table). */
+int moe_tune_write_table(const char *path, const moe_spec_t *s, const int *tok, int ntok, char lines[][256]) {
     size_t len = 0;
     char err[256];
-    char *old = access(path, F_OK) == 0 ? moe_read_file(path, 1 << 24, &len, err, sizeof err) : NULL;
+    char *old = NULL;
+    if (access(path, F_OK) == 0 && !(old = moe_read_file(path, 1 << 24, &len, err, sizeof err))) {
+        fprintf(stderr, "moegen: error: %s\n", err);
+        return 1;
+    }
     if (old) {
         moe_tuning_t t;
         moe_diag_t d;
@@ -205,16 +211,19 @@ static int write_table(const char *path, const moe_spec_t *s, const int *tok, in
         if (lines[i][0])
             moe_buf_printf(&b, "%s\n", lines[i]);
     free(old);
+    /* a new file beside the table (O_EXCL | O_NOFOLLOW, a name no one can plant), then renamed over it */
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = b.failed ? NULL : fopen(tmp, "w");
+    FILE *f = b.failed ? NULL : moe_create_temp(path, tmp, sizeof tmp, 0644);
     int rc = !f || fwrite(b.data, 1, b.len, f) != b.len;
-    if (f)
+    if (f) {
         rc |= fclose(f) != 0;
-    if (!rc)
-        rc = rename(tmp, path) != 0;
+        if (!rc)
+            rc = rename(tmp, path) != 0;
+        if (rc)
+            unlink(tmp);
+    }
     if (rc)
-        fprintf(stderr, "moegen: error: cannot write %s\n", path);
+        fprintf(stderr, "moegen: error: cannot write %s: %s\n", path, b.failed ? "out of memory" : strerror(errno));
     moe_buf_free(&b);
     return rc;
 }
@@ -652,7 +661,7 @@ int moe_tune_command(int argc, char **argv) {
     if (!choose_entries(&a, times, ok, bufs.gpu, lines))
         return fprintf(stderr, "moegen: error: fewer than two candidates ran; no entries\n"), 1;
     if (a.out)
-        return write_table(a.out, s, a.tok, a.ntok, lines);
+        return moe_tune_write_table(a.out, s, a.tok, a.ntok, lines);
     for (int ti = 0; ti < a.ntok; ti++)
         if (lines[ti][0])
             printf("%s\n", lines[ti]);

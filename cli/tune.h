@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "spec.h"
+
 /* argv[0] is "tune". Returns the exit status: 0, 1 (no GPU, I/O), 2 (bad input). */
 int moe_tune_command(int argc, char **argv);
 
@@ -21,6 +23,14 @@ int moe_tune_winner(int ncand, int ntok, const float *times, int stride, const i
  * be planned would be silently skipped): 0, or 1 with the first that does
  * not and why in why. */
 int moe_tune_check_candidates(char *why, size_t n);
+
+/* Merge one spec's entries (lines[i]: the entry of bucket tok[i], "" for
+ * none) into the table at path, created when missing: its lines are kept
+ * but for entries of the same shape and bucket, then the new ones follow.
+ * The result goes to a new file beside it (moe_create_temp: never a
+ * planted name or link) renamed over path. Returns 0, 1 (I/O; the table
+ * untouched) or 2 (the table does not parse). */
+int moe_tune_write_table(const char *path, const moe_spec_t *s, const int *tok, int ntok, char lines[][256]);
 
 /* Its --help text. */
 extern const char *const moe_tune_usage;

@@ -12,9 +12,13 @@
 #include "tuning.h"
 #include "tune.h"
 
+#include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const mixtral = "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\n"
                                    "tokens = 4096\n";
@@ -711,6 +715,79 @@ int main(void) {
         const int one[3] = {0, 1, 0}, none[3] = {0, 0, 0};
         CHECK(moe_tune_winner(3, 3, &t[0][0], 3, one, tok, 1, 0, &second) == 1 && second == -1);
         CHECK(moe_tune_winner(3, 3, &t[0][0], 3, none, tok, 1, 0, &second) == -1 && second == -1);
+    }
+
+    CASE("moegen tune -o: entries of the same shape and bucket replaced, the rest kept, never through a planted link");
+    {
+        char dir[] = "/tmp/moegen_tune_write.XXXXXX", path[256], link[300], victim[300], buf[4096];
+        CHECK(mkdtemp(dir) != NULL);
+        snprintf(path, sizeof path, "%s/t.tune", dir);
+        snprintf(link, sizeof link, "%s.tmp", path); /* the name the old writer opened (fopen "w": followed) */
+        snprintf(victim, sizeof victim, "%s/victim", dir);
+        const char *old_table = "# a comment\n"
+                                "8 2 4096 14336 bf16 sm_90a 1  64 32 64 4 1 1 gemv  188.4 195.9 2026-12-04 NVIDIA H200\n"
+                                "8 2 4096 14336 bf16 sm_90a 512  64 256 64 4 2 8 pingpong  892.8 903.6 2026-12-04 NVIDIA H200\n"
+                                "32 8 7168 2048 bf16 sm_90a 1  64 64 64 2 1 1 gemv  185.3 192.4 2026-12-04 NVIDIA H200\n";
+        FILE *f = fopen(path, "w");
+        CHECK(f && fputs(old_table, f) >= 0 && fclose(f) == 0);
+        f = fopen(victim, "w");
+        CHECK(f && fputs("victim\n", f) >= 0 && fclose(f) == 0);
+        CHECK(symlink(victim, link) == 0);
+        moe_spec_t sp;
+        memset(&sp, 0, sizeof sp);
+        sp.experts = 8, sp.top_k = 2, sp.hidden = 4096, sp.ffn = 14336, sp.dtype = MOE_DTYPE_BF16;
+        const int tok[2] = {1, 128};
+        char lines[2][256] = {"8 2 4096 14336 bf16 sm_90a 1  64 64 64 2 1 1 gemv  150.0 151.0 2026-12-06 GPU",
+                              "8 2 4096 14336 bf16 sm_90a 128  64 256 64 4 2 8 pingpong  689.5 689.7 2026-12-06 GPU"};
+        CHECK(moe_tune_write_table(path, &sp, tok, 2, lines) == 0);
+        f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f)
+            fclose(f);
+        CHECKF(strcmp(buf, "# a comment\n"
+                           "8 2 4096 14336 bf16 sm_90a 512  64 256 64 4 2 8 pingpong  892.8 903.6 2026-12-04 NVIDIA H200\n"
+                           "32 8 7168 2048 bf16 sm_90a 1  64 64 64 2 1 1 gemv  185.3 192.4 2026-12-04 NVIDIA H200\n"
+                           "8 2 4096 14336 bf16 sm_90a 1  64 64 64 2 1 1 gemv  150.0 151.0 2026-12-06 GPU\n"
+                           "8 2 4096 14336 bf16 sm_90a 128  64 256 64 4 2 8 pingpong  689.5 689.7 2026-12-06 GPU\n") == 0,
+               "the merged table:\n%s", buf);
+        moe_tuning_t t;
+        moe_diag_t d;
+        CHECKF(moe_tuning_parse(&t, path, buf, n, &d) == 0, "%s", d.msg);
+        moe_tuning_free(&t);
+        f = fopen(victim, "r");
+        n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f)
+            fclose(f);
+        CHECKF(strcmp(buf, "victim\n") == 0, "the planted link's target was written: %s", buf);
+        struct stat st;
+        CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode)); /* the planted link itself left alone */
+        CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+        /* no temporary file left beside the table */
+        DIR *dd = opendir(dir);
+        int others = 0;
+        for (struct dirent *e; dd && (e = readdir(dd));)
+            others += strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "t.tune") &&
+                      strcmp(e->d_name, "t.tune.tmp") && strcmp(e->d_name, "victim");
+        if (dd)
+            closedir(dd);
+        CHECK(others == 0);
+        /* a table that does not parse: 2, and it is left as it was */
+        f = fopen(path, "w");
+        CHECK(f && fputs("8 2 4096 14336 bf16 sm_90a 1 64\n", f) >= 0 && fclose(f) == 0);
+        CHECK(moe_tune_write_table(path, &sp, tok, 2, lines) == 2);
+        f = fopen(path, "r");
+        n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f)
+            fclose(f);
+        CHECK(strcmp(buf, "8 2 4096 14336 bf16 sm_90a 1 64\n") == 0);
+        /* a folder that does not exist: 1, no crash */
+        char missing[300];
+        snprintf(missing, sizeof missing, "%s/no/such/t.tune", dir);
+        CHECK(moe_tune_write_table(missing, &sp, tok, 2, lines) == 1);
+        unlink(path), unlink(link), unlink(victim), rmdir(dir);
     }
 
     CASE("errors name the file and line");
