@@ -6,7 +6,9 @@
 # up to 128 token blocks / 256 CTAs (patches/route_split256.diff: calls of 2049..4096 tokens split H in two, 1025..2048
 # in four) against main: build main's moe_bench + moegen into build/rc, apply the patch in a worktree and put its
 # moe_bench, moegen, test_gpu into build/rs (strip them), then the layer at 1..8192 tokens side by side and test_gpu
-# on Qwen3 and Mixtral (their 4096-token cases split now). carry ["build/rc", "build/rs"].
+# on Qwen3 and Mixtral (their 4096-token cases split now). carry ["build/rc", "build/rs"]. Prebuilt in the fourteenth
+# session (this machine keeps build/): build/rc = main bccfe11's moegen + moe_bench + gatherramp, build/rs = bccfe11 +
+# the patch (moegen, moe_bench, test_gpu), all stripped; rebuild both if main's kernels changed since.
 set -u
 mkdir -p "$OUT" build
 export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
