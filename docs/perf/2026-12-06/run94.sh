@@ -3,8 +3,8 @@
 # nvcc -O3 -arch=sm_90a docs/perf/2026-12-06/gatherramp.cu): can the up GEMM's producer gather A through the row map
 # (per-row TMA boxes, or cp.async with the swizzle by hand) at the ring's pace, and do the bytes land where a box
 # puts them? It decides how issue #17 item 2 (the scatter folded into the up GEMM) is built. (2) The route's H split
-# up to 128 token blocks / 256 CTAs (patches/route_split256.diff: calls of 2049..4096 tokens split H in two, 1025..2048
-# in four) against main: build main's moe_bench + moegen into build/rc, apply the patch in a worktree and put its
+# up to 128 token blocks / 256 CTAs (patches/route_split256.diff: min(H / 256, 256 / blocks) shares, so Qwen3's calls
+# of 2049..4096 tokens split H in two and 2048 in four) against main: build main's moe_bench + moegen into build/rc, apply the patch in a worktree and put its
 # moe_bench, moegen, test_gpu into build/rs (strip them), then the layer at 1..8192 tokens side by side and test_gpu
 # on Qwen3 and Mixtral (their 4096-token cases split now). carry ["build/rc", "build/rs"]. Prebuilt in the fourteenth
 # session (this machine keeps build/): build/rc = main bccfe11's moegen + moe_bench + gatherramp, build/rs = bccfe11 +
