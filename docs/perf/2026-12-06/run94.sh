@@ -7,7 +7,8 @@
 # of 2049..4096 tokens split H in two and 2048 in four) against main: build main's moe_bench + moegen into build/rc, apply the patch in a worktree and put its
 # moe_bench, moegen, test_gpu into build/rs (strip them), then the layer at 1..8192 tokens side by side and test_gpu
 # on Qwen3 and Mixtral (their 4096-token cases split now). carry ["build/rc", "build/rs"]. Prebuilt in the fourteenth
-# session (this machine keeps build/): build/rc = main bccfe11's moegen + moe_bench + gatherramp, build/rs = bccfe11 +
+# session (this machine keeps build/): build/rc = main bccfe11's moegen + moe_bench + test_ep_gpu + test_bwd_gpu +
+# gatherramp, build/rs = bccfe11 +
 # the patch (moegen, moe_bench, test_gpu), all stripped; rebuild both if main's kernels changed since.
 set -u
 mkdir -p "$OUT" build
@@ -25,6 +26,12 @@ for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
         echo "$s $b: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
     done
 done
+# the run-92 entries under the two tests run 93 did not reach: the EP mesh spec's largest bucket and Qwen3's training
+# forward at >= 4096 tokens (build/rc's test_ep_gpu and test_bwd_gpu, main bccfe11)
+cp build/rc/moegen build/moegen
+timeout 100 build/rc/test_ep_gpu > "$OUT/test_ep_gpu.log" 2>&1; echo "test_ep_gpu: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
+timeout 120 build/rc/test_bwd_gpu > "$OUT/test_bwd_gpu.log" 2>&1; echo "test_bwd_gpu: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
+tail -n 1 "$OUT/test_ep_gpu.log" "$OUT/test_bwd_gpu.log"; gzip -9 "$OUT/test_ep_gpu.log" "$OUT/test_bwd_gpu.log"
 cp build/rs/moegen build/moegen
 timeout $((560 - SECONDS)) stdbuf -oL -eL build/rs/test_gpu qwen3-30b-a3b mixtral-8x7b > "$OUT/test_gpu.log" 2>&1
 echo "test_gpu (rs): exit $? ($SECONDS s)" >> "$OUT/rc.txt"
