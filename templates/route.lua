@@ -488,9 +488,8 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         __syncthreads();   // the ring is free (it may hold the logits)
 
 @ if c.WKS then
-        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass; the k-split
-         * warps' sums added in wk order: */
-        /* warp wk's fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
+        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
+         * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + ${c.soff} + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
          * (slice 0 + slice 1 + ...: the order of the turn-by-turn sum, -0 + slice 0 being slice 0 itself) */
         {

@@ -497,9 +497,8 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         __syncthreads();   // the ring is free (it may hold the logits)
 
 #line 491 "templates/route.lua"
-        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass; the k-split
-         * warps' sums added in wk order: */
-        /* warp wk's fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
+        /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
+         * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 33792 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
          * (slice 0 + slice 1 + ...: the order of the turn-by-turn sum, -0 + slice 0 being slice 0 itself) */
         {
@@ -529,7 +528,7 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
             }
             __syncthreads();
         }
-#line 545 "templates/route.lua"
+#line 544 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -537,10 +536,10 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 553 "templates/route.lua"
+#line 552 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 558 "templates/route.lua"
+#line 557 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -573,7 +572,7 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 591 "templates/route.lua"
+#line 590 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -603,10 +602,10 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
                 }
             }
             __syncthreads();
-#line 646 "templates/route.lua"
+#line 645 "templates/route.lua"
         }
     }
-#line 659 "templates/route.lua"
+#line 658 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -614,7 +613,7 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 667 "templates/route.lua"
+#line 666 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -622,28 +621,28 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 677 "templates/route.lua"
+#line 676 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 679 "templates/route.lua"
+#line 678 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 712 "templates/route.lua"
+#line 711 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? moe_sqrt_softplus(pv[i]) : 0.f;
-#line 737 "templates/route.lua"
+#line 736 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 741 "templates/route.lua"
+#line 740 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 746 "templates/route.lua"
+#line 745 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 868 "templates/route.lua"
+#line 867 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -655,29 +654,29 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 880 "templates/route.lua"
+#line 879 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 886 "templates/route.lua"
+#line 885 "templates/route.lua"
         if (lane < K) {
-#line 893 "templates/route.lua"
+#line 892 "templates/route.lua"
             const float l = lrow[mine];
-#line 900 "templates/route.lua"
+#line 899 "templates/route.lua"
             w = moe_sqrt_softplus(l);
-#line 922 "templates/route.lua"
+#line 921 "templates/route.lua"
         }
-#line 924 "templates/route.lua"
+#line 923 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 931 "templates/route.lua"
+#line 930 "templates/route.lua"
         w *= 1.5f;
-#line 938 "templates/route.lua"
+#line 937 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 942 "templates/route.lua"
+#line 941 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -686,21 +685,21 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = 1.0f;
         }
-#line 965 "templates/route.lua"
+#line 964 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 968 "templates/route.lua"
+#line 967 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 974 "templates/route.lua"
+#line 973 "templates/route.lua"
     if (tid < M) {   // every token of the block visits each shared slot
         s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
     }
-#line 979 "templates/route.lua"
+#line 978 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -724,7 +723,7 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1003 "templates/route.lua"
+#line 1002 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -736,7 +735,7 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1024 "templates/route.lua"
+#line 1023 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -744,21 +743,21 @@ deepseek_v4_route_bf16_e256k6s1_t32k64s2(const moe_half_t *__restrict__ x, const
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1032 "templates/route.lua"
+#line 1031 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1046 "templates/route.lua"
+#line 1045 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1054 "templates/route.lua"
+#line 1053 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1057 "templates/route.lua"
+#line 1056 "templates/route.lua"
         }
-#line 1061 "templates/route.lua"
+#line 1060 "templates/route.lua"
     }
 }
 
