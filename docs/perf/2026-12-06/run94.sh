@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 94 (written in the fourteenth session, NOT run: its device time was spent). (1) gatherramp (build/rc/gatherramp:
+# Run 94 (written in the fourteenth session, run in the fifteenth). (1) gatherramp (build/rc/gatherramp:
 # nvcc -O3 -arch=sm_90a docs/perf/2026-12-06/gatherramp.cu): can the up GEMM's producer gather A through the row map
 # (per-row TMA boxes, or cp.async with the swizzle by hand) at the ring's pace, and do the bytes land where a box
 # puts them? It decides how issue #17 item 2 (the scatter folded into the up GEMM) is built. (2) The route's H split
@@ -32,6 +32,9 @@ cp build/rc/moegen build/moegen
 timeout 100 build/rc/test_ep_gpu > "$OUT/test_ep_gpu.log" 2>&1; echo "test_ep_gpu: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 timeout 120 build/rc/test_bwd_gpu > "$OUT/test_bwd_gpu.log" 2>&1; echo "test_bwd_gpu: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 tail -n 1 "$OUT/test_ep_gpu.log" "$OUT/test_bwd_gpu.log"; gzip -9 "$OUT/test_ep_gpu.log" "$OUT/test_bwd_gpu.log"
+# moegen tune's per-GEMM columns (693a39d, first run on a GPU): one small size, written to a scratch table
+timeout 60 build/rc/moegen tune examples/specs/qwen3-30b-a3b.moe --tokens 8 --grid gemv,tile -o "$OUT/tune8.json" \
+    > "$OUT/tune8.log" 2>&1; echo "tune 8: exit $? ($SECONDS s)" >> "$OUT/rc.txt"; tail -n 12 "$OUT/tune8.log"
 cp build/rs/moegen build/moegen
 timeout $((560 - SECONDS)) stdbuf -oL -eL build/rs/test_gpu qwen3-30b-a3b mixtral-8x7b > "$OUT/test_gpu.log" 2>&1
 echo "test_gpu (rs): exit $? ($SECONDS s)" >> "$OUT/rc.txt"
