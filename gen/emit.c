@@ -69,6 +69,7 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_int(L, "splitk", d->tile.splitk);
             moe_lua_set_bool(L, "gemv", d->tile.gemv);
             moe_lua_set_bool(L, "stream", d->tile.gemv == 4);
+            moe_lua_set_bool(L, "gather", moe_gemm_gathers(&pd->spec, d)); /* x and src_of after the rest */
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
             moe_gemm_kn(d->family == MOE_K_GEMM_UP, pd->spec.hidden, pd->spec.ffn, &K, &N);
@@ -100,6 +101,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     const moe_spec_t *s = &pd->spec;
     moe_plan_push_params(L, pd, s->arch[0], -1);
     moe_lua_set_int(L, "ep", s->mesh.size[MOE_AXIS_EP]);
+    moe_lua_set_bool(L, "gather", moe_spec_gather(s)); /* the scatter takes src_of (templates/permute.lua) */
     lua_createtable(L, s->experts, 0);
     for (int e = 0; e < s->experts; e++) {
         lua_pushinteger(L, slot_of[e]);
@@ -113,7 +115,7 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     static const char *const ctypes[MOE_WS_COUNT] = {"int",   "int",        "int",        "int",   "moe_tile_t",
                                                      "int",   "float",      "int",        "moe_half_t",
                                                      "moe_half_t", "float", "float",      "float",
-                                                     "float"};
+                                                     "float", "int"};
     lua_createtable(L, MOE_WS_COUNT, 0);
     for (int i = 0; i < MOE_WS_COUNT; i++) {
         lua_newtable(L);

@@ -129,6 +129,14 @@ typedef struct {
     moe_tile_cfg_t tile;    /* GEMMs only */
 } moe_kernel_desc_t;
 
+/* Does planned kernel k, an up GEMM, gather its A rows from x through the
+ * scatter's src map (moe_spec_gather; the sm_90a TMA grids only: tile,
+ * persist, pingpong, splitk)? It then takes x and src_of after its other
+ * arguments (templates/gemm_sm90.lua). */
+static inline int moe_gemm_gathers(const moe_spec_t *s, const moe_kernel_desc_t *k) {
+    return k->family == MOE_K_GEMM_UP && k->tile.consumers > 0 && !k->tile.gemv && moe_spec_gather(s);
+}
+
 /* The hidden columns a bwd_dx block owns (k: the planned dx kernel). */
 static inline int moe_bwd_dx_cols(const moe_spec_t *s, const moe_kernel_desc_t *k) {
     return moe_bwd_router_mma(s) ? MOE_BWD_DX_MMA_COLS : 8 * k->threads;

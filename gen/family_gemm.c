@@ -305,9 +305,9 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
                  t->bn, t->stages);
     else if (t->consumers) {  /* the grid named unless one CTA per tile */
         const int plain = !t->pingpong && !t->persistent && !t->splitk;
-        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d", s->name, what, dt,
+        snprintf(out, n, "%s_%s_%s_sm90a_tma_%s%sm%dn%dk%ds%dc%dg%d%s", s->name, what, dt,
                  plain ? "" : moe_gemm_sm90_grid_name(t, grid), plain ? "" : "_", t->bm, t->bn, t->bk, t->stages,
-                 t->consumers, t->group_m);
+                 t->consumers, t->group_m, moe_gemm_gathers(s, k) ? "_gx" : "");  /* gx: x and src_of too */
     } else
         snprintf(out, n, "%s_%s_%s_m%dn%dk%ds%dw%dx%dg%d", s->name, what, moe_dtype_name(s->dtype), t->bm, t->bn,
                  t->bk, t->stages, t->warps_m, t->warps_n, t->group_m);
@@ -340,6 +340,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "pingpong", k->tile.pingpong);
     moe_lua_set_int(L, "splitk", k->tile.splitk);
     moe_lua_set_int(L, "gemv", k->tile.gemv);
+    moe_lua_set_int(L, "gather", moe_gemm_gathers(c->spec, k));
     if (k->tile.gemv) {
         long long K, N;
         moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);

@@ -35,8 +35,9 @@ static void scatter_spell(char *out, size_t n, const moe_family_ctx_t *c, const 
     char z[32] = "";
     if (s->zero_experts)
         snprintf(z, sizeof z, "_e%dz%d", s->experts, s->zero_experts);
-    snprintf(out, n, "%s_permute_scatter_%s_h%dk%d%s", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
-             s->hidden, moe_spec_entries(s), z);
+    /* gx: with the gathered up GEMM (moe_spec_gather) it takes src_of and, given one, writes the maps alone */
+    snprintf(out, n, "%s_permute_scatter_%s_h%dk%d%s%s", s->name, moe_spec_fp8(s) ? "e4m3" : moe_dtype_name(s->dtype),
+             s->hidden, moe_spec_entries(s), z, moe_spec_gather(s) ? "_gx" : "");
 }
 
 static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
@@ -47,12 +48,13 @@ static void scatter_grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int to
 
 /* the template emits both kernels: each expansion gets both names */
 static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_t *k, const moe_kernel_desc_t *set) {
-    (void)c, (void)k;
+    (void)k;
     moe_lua_set_str(L, "plan_kernel", set[MOE_K_PERMUTE_PLAN].name);
     moe_lua_set_int(L, "plan_threads", set[MOE_K_PERMUTE_PLAN].threads);
     moe_lua_set_str(L, "scatter_kernel", set[MOE_K_PERMUTE_SCATTER].name);
     moe_lua_set_int(L, "scatter_threads", set[MOE_K_PERMUTE_SCATTER].threads);
     moe_lua_set_int(L, "scatter_rows", set[MOE_K_PERMUTE_SCATTER].per_block);
+    moe_lua_set_int(L, "gather", moe_spec_gather(c->spec));
 }
 
 static const moe_family_variant_t plan_variants[] = {

@@ -170,7 +170,7 @@ int moe_plan_desc_build(moe_plan_desc_t *pd, const moe_spec_t *s, const moe_tuni
 
 static const char *const fwd_ws_names[MOE_WS_COUNT] = {"counts", "offsets", "cursor", "num_tiles", "tiles",
                                                        "topk_idx", "topk_w", "row_of", "xs", "hbuf",
-                                                       "route_part", "xsc", "hsc", "splitk"};
+                                                       "route_part", "xsc", "hsc", "splitk", "src_of"};
 
 /* Whether some variant's down GEMM runs on the gemv grid (its combine's
  * tickets then end the counts region: moe_combine_tickets). */
@@ -215,6 +215,7 @@ static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, s
         [MOE_WS_XSC] = fp8 ? 4 * (size_t)R * (s->hidden / MOE_FP8_BLOCK) : 0,
         [MOE_WS_HSC] = fp8 ? 4 * (size_t)R * (s->ffn / MOE_FP8_BLOCK) : 0,
         [MOE_WS_SPLITK] = 4 * (size_t)sk_partials,
+        [MOE_WS_SRC_OF] = moe_spec_gather(s) ? 4 * (size_t)R : 0,
     };
     memcpy(sizes_out, sizes, sizeof sizes);
 }

@@ -43,6 +43,8 @@ typedef enum {
     MOE_WS_SPLITK,          /* float        the split-K GEMMs' partial tiles (moe_gemm_splitk_space), the most any
                                             variant a call may run needs; 0 bytes without split-K. Their
                                             tickets extend MOE_WS_COUNTS (moe_splitk_tickets_at) */
+    MOE_WS_SRC_OF,          /* int [max_rows]  the token of each row, for the gathered up GEMM (moe_spec_gather;
+                                            else 0 bytes): written by the scatter in calls that gather */
     MOE_WS_COUNT
 } moe_ws_region_id_t;
 

@@ -256,6 +256,18 @@ static inline long long moe_spec_fp8_scales(const moe_spec_t *s, int w2) {
     return s->quant.scaling == MOE_SCALING_BLOCK ? (N / MOE_FP8_BLOCK) * (K / MOE_FP8_BLOCK) : N;
 }
 
+/* Does the up GEMM gather its rows from x through the row map (docs/DESIGN.md,
+ * "The gathered up GEMM")? The scatter then writes only the maps, not the
+ * permuted copy xs. Not with fp8 weights (the scatter quantizes the rows),
+ * router.apply = "input" (it scales them), zero experts (combine reads x[t]
+ * from xs), training (the backward reads xs) or expert parallelism (the up
+ * GEMM's rows arrive from the peers); only the sm_90a TMA GEMMs gather
+ * (moe_gemm_gathers), and only calls whose scatter runs apart. */
+static inline int moe_spec_gather(const moe_spec_t *s) {
+    return !moe_spec_fp8(s) && s->router.apply != MOE_APPLY_INPUT && !s->zero_experts && !s->training &&
+           s->mesh.size[MOE_AXIS_EP] <= 1;
+}
+
 /* World size: dp * fsdp * ep. */
 int moe_spec_world(const moe_spec_t *spec);
 

@@ -156,10 +156,11 @@ moe_status moe_cudnn_self_check(moe_cudnn_t *c, const int cand[MOE_STAGE_COUNT],
     /* up: the generated kernel, and cuDNN + SwiGLU into poisoned buffers */
     {
         CUdeviceptr nul = 0;
-        /* a training plan's ubuf: none; split-K's partials and tickets after it (never with ubuf) */
-        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG], &nul, &b[SKT]};
+        /* a training plan's ubuf: none; split-K's partials and tickets after it (never with ubuf); a gathering
+         * up GEMM's x and src_of last, NULL: its rows from XS as the other kernels' (runtime/ffn.c) */
+        void *args[] = {&b[XS], &b[W], &nul, &b[TILES], &b[NT], &b[HG], &nul, &nul, &nul, &nul};
         if (c->l->kernels[MOE_K_GEMM_UP].tile.splitk)
-            args[6] = &b[SKP];
+            args[6] = &b[SKP], args[7] = &b[SKT];
         if ((rc = moe_launch_kernel(c->l, MOE_K_GEMM_UP, s->tokens, 0, NULL, args, NULL)))
             goto done;
     }

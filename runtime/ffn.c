@@ -4,11 +4,9 @@
 
 #include "error.h"
 
-/* Whether stage takes cuDNN in this call: the plan decided so, and the
- * weights sit at their experts' own slots (cuDNN reads first_token_offset
- * in expert order, where the generated kernels read slots from the tiles). */
-static int use_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, const moe_ffn_args_t *f) {
-    return l->slot_identity && !moe_spec_fp8(&l->pd->spec) && moe_cudnn_applies(dn, stage, f); /* bf16 graphs */
+int moe_ffn_cudnn(const moe_launcher_t *l, const moe_cudnn_t *dn, int stage, const moe_ffn_args_t *f) {
+    return l->slot_identity && !moe_spec_fp8(&l->pd->spec) && moe_cudnn_applies(dn, stage, f) && /* bf16 graphs */
+           !(stage == MOE_STAGE_UP && f->ubuf);                                                 /* cuDNN stores no U */
 }
 
 moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe_ffn_args_t *f, CUstream st,
@@ -20,14 +18,14 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
     static const int kernel_of[MOE_STAGE_COUNT] = {MOE_K_GEMM_UP, MOE_K_GEMM_DOWN};
     for (int stage = 0; stage < MOE_STAGE_COUNT; stage++) {
         const int k = kernel_of[stage];
-        if (use_cudnn(l, dn, stage, f) && !(stage == MOE_STAGE_UP && ubuf)) { /* cuDNN stores no U */
+        if (moe_ffn_cudnn(l, dn, stage, f)) {
             if (ev && moe_cu.cuEventRecord(ev[k], st) != CUDA_SUCCESS)
                 return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
             if ((rc = moe_cudnn_run(dn, stage, f, st)))
                 return rc;
             continue;
         }
-        void *up[8] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
+        void *up[10] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
         void *down[11] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
         /* fp8 (templates/gemm_sm90.lua, gemm_gemv.lua): the A and B scales after the A and B operands, and
          * the up GEMM's output scales */
@@ -52,6 +50,12 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
             void **a = stage == MOE_STAGE_UP ? up : down;
             a[6] = &skp;
             a[7] = &skt;
+        }
+        CUdeviceptr gx = f->x, src_of = f->src_of;
+        if (stage == MOE_STAGE_UP && moe_gemm_gathers(&l->pd->spec, &l->kernels[k])) { /* last: x, src_of */
+            const int at = l->kernels[k].tile.splitk ? 8 : 6; /* no ubuf: no training plan gathers */
+            up[at] = &gx;
+            up[at + 1] = &src_of;
         }
         void **args = stage == MOE_STAGE_UP ? (fp8 ? up8 : up) : (fp8 ? down8 : down);
         if ((rc = moe_launch_kernel(l, k, f->tokens, f->grid_tiles, st, args, ev)))

@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Arguments of the largest kernel launched with tensor maps (the fp8 up GEMM's). */
-#define MOE_LAUNCH_MAX_ARGS 9
+/* Arguments of the largest kernel launched with tensor maps (the gathering split-K up GEMM's: 6 + 2 + 2). */
+#define MOE_LAUNCH_MAX_ARGS 10
 
 /* The TMA tensor maps of sm_90a GEMM d of family k (templates/gemm_sm90.lua):
  * A over [tiles * align, K] at a (every row a tile grid of `tiles` M tiles
@@ -149,6 +149,8 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
                     : k == MOE_K_GEMM_UP && l->pd->spec.training ? 7 : 6;
         if (d->tile.splitk && !wgrad) /* the partials and tickets after the output (the forward's bf16 GEMMs
                                           * only, never with ubuf: family_gemm.c) */
+            nargs += 2;
+        if (moe_gemm_gathers(&l->pd->spec, d)) /* x and src_of last (docs/DESIGN.md, "The gathered up GEMM") */
             nargs += 2;
         memcpy(targs, args, sizeof(void *) * (size_t)nargs);
         targs[0] = &ma;

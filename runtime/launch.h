@@ -73,6 +73,9 @@ typedef struct {
      * for it, with the routing's row_of and topk_w and the column slices' zeroed tickets (the counts region's
      * last moe_combine_tickets ints); the other grids ignore them */
     CUdeviceptr row_of, topk_w, y, combine_tickets;
+    /* the gathered up GEMM (gen/family.h, moe_gemm_gathers): x and the row tokens the scatter wrote instead of
+     * xs (src_of 0: the call's scatter copied the rows, the kernel reads xs) */
+    CUdeviceptr x, src_of;
 } moe_ffn_args_t;
 
 /* Launch the plan's kernel of family k on st with its family's grid

@@ -72,6 +72,27 @@ moe_status moe_route_launch(const moe_plan *p, const moe_forward_args *a, CUdevi
     return moe_launch_kernel(&p->launcher, MOE_K_ROUTE, T, 0, st, args, ev);
 }
 
+/* Does a call with launcher l and route fuse mode `fuse` run the gathered
+ * up GEMM (docs/DESIGN.md, "The gathered up GEMM")? MOEGEN_GATHER not off,
+ * its up GEMM one that gathers (moe_gemm_gathers), the scatter apart
+ * (route's fused scatter writes xs), under auto the call's size by
+ * moe_gather_tokens, and cuDNN not taking the up stage. */
+static int gathers(const moe_plan *p, const moe_launcher_t *l, int fuse, const moe_ffn_args_t *f) {
+    const moe_spec_t *s = &p->pd.spec;
+    return p->gather && fuse < MOE_ROUTE_FUSED_SCATTER && moe_gemm_gathers(s, &l->kernels[MOE_K_GEMM_UP]) &&
+           (p->gather == 1 || moe_gather_tokens(f->tokens, moe_spec_entries(s), moe_spec_slots(s), s->ffn)) &&
+           !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
+}
+
+int moe_forward_gathers(const moe_plan *p, const moe_forward_args *a) {
+    if (!p || !a || a->tokens <= 0 || p->ep->dispatch)
+        return 0;
+    moe_launcher_t l;
+    moe_plan_launcher_for(p, a->tokens, 0, &l);
+    const moe_ffn_args_t f = {.tokens = a->tokens, .w1p = a->w1p, .scratch = moe_cudnn_workspace(p->cudnn) ? 1 : 0};
+    return gathers(p, &l, moe_plan_route_fuse(p, a->tokens), &f);
+}
+
 moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void *stream, CUevent ev[7]) {
     moe_status rc = moe_forward_check(p, a, "moe_forward");
     if (rc)
@@ -123,25 +144,30 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
         if ((rc = moe_launch_kernel(&l, MOE_K_PERMUTE_PLAN, T, 0, st, args, ev)))
             return rc;
     }
+    moe_ffn_args_t f = {.tokens = T, .xs = reg[MOE_WS_XS], .tiles = reg[MOE_WS_TILES],
+                        .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
+                        .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
+                        .w2 = a->w2, .b2 = a->b2,
+                        .scratch = moe_cudnn_workspace(p->cudnn) ? ws + ws_bytes : 0,
+                        .xsc = reg[MOE_WS_XSC], .hsc = reg[MOE_WS_HSC], .w1s = a->w1s, .w2s = a->w2s,
+                        .splitk = reg[MOE_WS_SPLITK],
+                        .splitk_tickets = reg[MOE_WS_COUNTS] + 4 * moe_splitk_tickets_at(moe_spec_slots(&p->pd.spec))};
+    if (gathers(p, &l, fuse, &f)) /* the up GEMM reads x through src_of; the scatter writes no rows */
+        f.x = (CUdeviceptr)(uintptr_t)a->x, f.src_of = reg[MOE_WS_SRC_OF];
     if (fuse < MOE_ROUTE_FUSED_SCATTER) {
-        /* with fp8 weights the scatter quantizes: e4m3 rows into xs, their scales into xsc (templates/permute.lua) */
+        /* with fp8 weights the scatter quantizes: e4m3 rows into xs, their scales into xsc (templates/permute.lua);
+         * with moe_spec_gather it takes src_of last (0: copy the rows) */
         void *args[] = {(void *)&a->x, &reg[MOE_WS_TOPK_IDX], &reg[MOE_WS_TOPK_W], &reg[MOE_WS_OFFSETS],
                         &reg[MOE_WS_CURSOR], &T, &reg[MOE_WS_XS], &reg[MOE_WS_ROW_OF], NULL};
         if (moe_spec_fp8(&p->pd.spec))
             args[7] = &reg[MOE_WS_XSC], args[8] = &reg[MOE_WS_ROW_OF];
+        else if (moe_spec_gather(&p->pd.spec))
+            args[8] = &f.src_of;
         if ((rc = moe_launch_kernel(&l, MOE_K_PERMUTE_SCATTER, T, 0, st, args, ev)))
             return rc;
     }
     int combined = 0;
     {
-        moe_ffn_args_t f = {.tokens = T, .xs = reg[MOE_WS_XS], .tiles = reg[MOE_WS_TILES],
-                            .num_tiles = reg[MOE_WS_NUM_TILES], .offsets = reg[MOE_WS_OFFSETS],
-                            .hbuf = reg[MOE_WS_HBUF], .out = reg[MOE_WS_XS], .w1p = a->w1p, .b1p = a->b1p,
-                            .w2 = a->w2, .b2 = a->b2,
-                            .scratch = moe_cudnn_workspace(p->cudnn) ? ws + ws_bytes : 0,
-                            .xsc = reg[MOE_WS_XSC], .hsc = reg[MOE_WS_HSC], .w1s = a->w1s, .w2s = a->w2s,
-                            .splitk = reg[MOE_WS_SPLITK],
-                            .splitk_tickets = reg[MOE_WS_COUNTS] + 4 * moe_splitk_tickets_at(moe_spec_slots(&p->pd.spec))};
         /* few tokens: a gemv-grid down GEMM writes y itself (gen/launch_geom.h, moe_combine_fuse_tokens) */
         if (p->combine_fuse && moe_combine_fuse_tokens(T)) {
             f.row_of = reg[MOE_WS_ROW_OF], f.topk_w = reg[MOE_WS_TOPK_W], f.y = (CUdeviceptr)(uintptr_t)a->y;

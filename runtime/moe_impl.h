@@ -33,6 +33,9 @@ struct moe_plan {
                                MOEGEN_ROUTE_FUSE=off (read at creation) or expert parallelism (moe_plan_route_fuse) */
     int combine_fuse;       /* calls of few tokens on a gemv-grid down GEMM fold the combine into it: not with
                                MOEGEN_COMBINE_FUSE=off (read at creation) or expert parallelism (launch_geom.h) */
+    int gather;             /* the gathered up GEMM (docs/DESIGN.md), MOEGEN_GATHER read at creation: 0 off, 1 on
+                               (every call its kernels allow), 2 auto (the default: launch_geom.h's
+                               moe_gather_tokens too) */
 };
 
 /* The launcher a forward of `tokens` tokens runs (docs/DESIGN.md,

@@ -14,6 +14,11 @@
  * events[6] after the last. */
 moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args, void *stream, CUevent events[7]);
 
+/* Whether moe_forward of args runs the gathered up GEMM (docs/DESIGN.md,
+ * "The gathered up GEMM": the scatter writes the workspace's "src_of", not
+ * the rows of "xs"), for tests that read the stages' outputs. */
+int moe_forward_gathers(const moe_plan *plan, const moe_forward_args *args);
+
 /* The backward's stages in launch order, for moe_backward_timed: U
  * recomputed (recompute_u), dys and dw, the four grouped GEMMs (dgrad down
  * with the activation's backward, dgrad up, wgrad up, wgrad down), the bias

@@ -236,6 +236,12 @@ static moe_status plan_tables(moe_plan *p, const char *path, const char *text, c
         (rc = env_switch("MOEGEN_COMBINE_FUSE", 0, &p->combine_fuse)) ||
         (rc = env_switch("MOEGEN_PDL", 0, &p->launcher.pdl)))
         return rc;
+    { /* the gathered up GEMM (runtime/moe_forward.c): MOEGEN_GATHER=off, on or auto (unset: auto) */
+        const char *g = getenv("MOEGEN_GATHER");
+        if (g && *g && strcmp(g, "on") && strcmp(g, "off") && strcmp(g, "auto"))
+            return moe_fail(MOE_ERR_INVALID_ARG, "MOEGEN_GATHER=%s: expected on, off or auto", g);
+        p->gather = !g || !*g || !strcmp(g, "auto") ? 2 : !strcmp(g, "on");
+    }
     p->route_fuse &= !p->ep->dispatch;
     /* nor with zero experts: a call whose entries all chose one has no tile, and the folded combine runs in
      * the CTAs of the tiles (docs/DESIGN.md, "Zero experts") */

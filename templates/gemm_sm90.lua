@@ -89,6 +89,13 @@
 @ -- retired (a warpgroup with no rows in the tile arrives without
 @ -- computing, so the count is always 128 * CONSUMERS).
 @ --
+@ -- Gather (p.tile.gather, the up GEMM of a spec with gen/spec.h's
+@ -- moe_spec_gather; docs/DESIGN.md, "The gathered up GEMM"): the kernel takes
+@ -- x and src_of last. Given src_of, the whole producer warpgroup loads A
+@ -- from x through it by cp.async (produce_gather) and B by TMA, the full
+@ -- barriers count 1 + 128 arrivals, and the consumers fence the async
+@ -- proxy after each full wait; given NULL it runs as without.
+@ --
 @ -- fp8 (p.spec.quant.weights = "fp8_e4m3", docs/DESIGN.md "FP8"): A and B
 @ -- are e4m3 (one byte each, TMA boxes of 128 elements, the same 128-byte
 @ -- swizzle rows), wgmma m64n128k32.f32.e4m3.e4m3 (K-major both, as fp8
@@ -198,6 +205,9 @@
 @   c.a_bytes, c.b_bytes = c.bm * c.bk * c.esize, c.bn * c.bk * c.esize
 @   c.stage_bytes = c.a_bytes + c.b_bytes
 @   c.persistent = t.persistent == 1
+@   -- the gathered up GEMM (gen/family.h, moe_gemm_gathers): A's rows from x through src_of, by cp.async
+@   c.gather = t.gather == 1
+@   need(not c.gather or (kind == "up" and not c.fp8), "tile.gather: the bf16/fp16 up GEMM only")
 @   need(t.persistent == nil or t.persistent == 0 or t.persistent == 1, "tile.persistent must be 0 or 1")
 @   -- split-K (tile.splitk = S > 0): S CTAs per tile, CTA b the split b % S of
 @   -- tile b / S, over k tiles [split_kt(split), split_kt(split + 1))
@@ -663,6 +673,71 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+@ if c.gather then
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = ${c.lin0}; lin < mtiles * NTILES; lin += ${c.lstep}) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * ${c.atom_elems}, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+@ end
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
@@ -687,6 +762,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+@ if c.gather then
+        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+@ end
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -913,7 +991,7 @@ ${ARCH_GUARD}
         tma_prefetch_map(&${mb});
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + s * 8, ${c.gather and "src_of ? 1 + 128 : 1" or "1"});
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, ${c.releasers});
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -923,8 +1001,15 @@ ${ARCH_GUARD}
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
 @   end
+@   if c.gather then
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &${mb}, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
+            produce(sbase, &${ma}, &${mb}, tiles, mtiles);
+@   else
         if (tid == 0)
             produce(sbase, &${ma}, &${mb}, tiles, mtiles);
+@   end
     } else {
 @   if c.consumer_regs then
         asm volatile("setmaxnreg.inc.sync.aligned.u32 ${c.consumer_regs};\n" ::: "memory");
@@ -1060,6 +1145,9 @@ ${ARCH_GUARD}
 @   end
 @   if c.splitk > 0 then
 @     args = args .. SPLITK_ARGS
+@   end
+@   if c.gather then   -- last: x and the rows' tokens (NULL: A from xs_map, as without)
+@     args = args .. ", const moe_half_t *__restrict__ gx, const int *__restrict__ src_of"
 @   end
 @   local function preamble()
 @     import("activation").device(p)

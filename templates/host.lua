@@ -141,6 +141,8 @@ typedef struct {
                        kernels launched as programmatic dependents (${n}_launch) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
+    int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
+                       gathers its rows from x (moe_gather_tokens under auto) */
 @ if p.sm90 then
     ${n}_encode_fn encode;
 @ end
@@ -167,6 +169,10 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = ce && !strcmp(ce, "on");
+    const char *ge = getenv("MOEGEN_GATHER");
+    if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
+        return cudaErrorInvalidValue;
+    d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
 @ if (p.spec.zero_experts or 0) > 0 then
     d->combine_fuse = 0; /* zero experts: a call may have no tile, and the folded combine runs in the tiles' CTAs */
 @ end
@@ -292,7 +298,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @   -- the split-K partials only where a GEMM splits
 @   if fp8 and r.name == "hbuf" then
     unsigned char *hbuf = (unsigned char *)(ws + ${r.offset});
-@   elseif (fp8 or (r.name ~= "xsc" and r.name ~= "hsc")) and not (r.name == "splitk" and r.bytes == 0) then
+@   elseif (fp8 or (r.name ~= "xsc" and r.name ~= "hsc")) and not ((r.name == "splitk" or r.name == "src_of") and r.bytes == 0) then
     ${r.ctype} *${r.name} = (${r.ctype} *)(ws + ${r.offset});
 @   end
 @ end
@@ -330,6 +336,26 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
 @ end
 @ if fp8 then -- the scatter quantizes: e4m3 rows into xs, their scales into xsc (never fused into route)
     ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, (unsigned char *)xs, xsc, row_of);
+@ elseif p.gather then
+    /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
+     * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
+     * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
+    int *gsrc = (int *)0;
+    (void)src_of;
+@   local gv = {}
+@   for i = 1, nv do
+@     local vs = p.variants[i]
+@     if vs.sm90 and vs.sm90.gemm_up_swiglu.gather then gv[#gv + 1] = i - 1 end
+@   end
+@   if #gv > 0 then
+@     local cond = {}
+@     for _, i in ipairs(gv) do cond[#cond + 1] = nv == 1 and "1" or ("v == " .. i) end
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (${table.concat(cond, " || ")}) &&
+        (dev->gather == 1 || moe_gather_tokens(T, ${p.entries}, ${p.slots}, ${p.F})))
+        gsrc = src_of;
+@   end
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
+        ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
 @ else
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         ${n}_launch(dev, ${scatter.name}, dim3(moe_blocks(T, ${scatter.per_block})), ${scatter.threads}, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
@@ -351,6 +377,7 @@ ${ind}        return e;
 @   else
 @     tail = (p.spec.training and out == "hbuf") and ", (moe_half_t *)0" or ""
 @     if (kd.splitk or 0) > 0 then tail = tail .. ", splitk, counts + " .. p.splitk_tickets_at end
+@     if kd.gather then tail = tail .. ", (const moe_half_t *)a->x, (const int *)gsrc" end
 @   end
 ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)tiles_y * ${kd.ntiles}, ${kd.persistent and "1" or "0"}, ${kd.splitk or 0}, ${kd.persistent and "dev->sms" or "0"})), ${kd.threads}, ${kd.smem}, stream, ma, mb, ${mid}(const moe_half_t *)${bias}, tiles, num_tiles, ${out}${tail});
 @ end

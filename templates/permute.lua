@@ -18,6 +18,9 @@
 @ --   router.apply = "input", x·w rounded to the dtype, w = topk_w[t, k]
 @ --   rounded first; topk_w is not read otherwise). The order of rows within
 @ --   an expert is whatever the atomics give; nothing downstream depends on it.
+@ --   With p.gather (gen/spec.h, moe_spec_gather) it takes src_of last; given
+@ --   one (the call's up GEMM gathers: runtime/moe_forward.c), each lane
+@ --   writes src_of[row] = t instead, and nothing is copied.
 @ --   Zero experts (p.spec.zero_experts > 0, docs/DESIGN.md, "Zero experts"):
 @ --   an entry of index >= p.slots has no slot; its row is offsets[slots] + t,
 @ --   past every slot's rows, and the token's first such entry stores x[t]
@@ -121,7 +124,7 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
 extern "C" __global__ void __launch_bounds__(${p.scatter_threads})
 ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
-            int *__restrict__ row_of) {
+            int *__restrict__ row_of${p.gather == 1 and ", int *__restrict__ src_of" or ""}) {
     moe_pdl_begin();
     using namespace ${ns};
 @ if not input then
@@ -150,10 +153,18 @@ ${p.scatter_kernel}(const moe_half_t *__restrict__ x, const int *__restrict__ to
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
 @ end
             row_of[i] = my_row;
+@ if p.gather == 1 then
+            if (src_of)
+                src_of[my_row] = t;   // the gathered up GEMM reads x[t] for the row itself
+@ end
 @ if input then
             my_w = moe_round(__ldg(topk_w + i));   // the weight in the dtype
 @ end
         }
+@ if p.gather == 1 then
+        if (src_of)
+            continue;   // no copy: xs is not read (moe_spec_gather)
+@ end
         uint4 *__restrict__ dst[K];
 @ if input then
         float w[K];

@@ -61,6 +61,7 @@
 #include "check.h"
 #include "cudnn.h"
 #include "driver.h"
+#include "launch_geom.h"
 #include "moe.h"
 #include "moe_impl.h" /* white box: the plan's launcher, for the families run alone */
 #include "moe_internal.h"
@@ -906,14 +907,15 @@ static void check_permute_plan(const layer_t *L, int align_m, const int *counts,
  * offsets[slots] + t, which holds x[t] bit for bit (obuf: the xs region
  * after the down GEMM, which leaves that row alone). */
 static void check_permute_scatter(const layer_t *L, int T, int align_m, const int *idx, const int *counts,
-                                  const int *offsets, const int *row_of, const uint16_t *obuf, size_t obuf_bytes) {
+                                  const int *offsets, const int *row_of, const uint16_t *obuf, size_t obuf_bytes,
+                                  const int *src_of) {
     const int E = moe_spec_slots(&L->s), K = moe_spec_entries(&L->s); /* the shared expert's slots included */
     const int H = L->s.hidden;
     long long total = 0; /* the rows permute_plan lays out */
     for (int e = 0; e < E && align_m > 0; e++)
         total += (counts[e] + align_m - 1) / align_m * align_m;
     char *used = calloc((size_t)(total > 0 ? total : 1), 1);
-    int map_ok = used != NULL, zero_ok = 1, zeros = 0;
+    int map_ok = used != NULL, zero_ok = 1, zeros = 0, src_ok = 1;
     for (long i = 0; i < (long)T * K && map_ok; i++) {
         int e = idx[i], r = row_of[i];
         if (e >= E) { /* a zero expert: x[t]'s row past every slot's */
@@ -927,8 +929,11 @@ static void check_permute_scatter(const layer_t *L, int T, int align_m, const in
             map_ok = 0;
         else
             used[r] = 1;
+        if (src_of && map_ok && src_of[r] != i / K) /* the gathered up GEMM's token of the row */
+            src_ok = 0;
     }
     CHECKF(map_ok, "row_of is not a bijection into each expert's rows");
+    CHECKF(src_ok, "src_of[row_of[t, k]] is not t (the gathered up GEMM's row tokens)");
     CHECKF(zero_ok, "a zero expert's entry is not at row offsets[slots] + t holding x[t] (%d zero entries)", zeros);
     CHECKF(!L->all_zero || (zeros == T * K && offsets[E] == 0), "%d of %d entries to zero experts, offsets[slots] %d: "
            "this case routes every entry to one", zeros, T * K, offsets[E]);
@@ -1399,6 +1404,24 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
                           .w2 = (void *)L->dw2, .b2 = s->ffn_bias ? (void *)L->db2 : NULL,
                           .y = (void *)L->dy, .workspace = (void *)(L->dws + L->ws_at),
                           .shared_gate = s->shared.gate == MOE_SHARED_GATE_SIGMOID ? (void *)L->dwsg : NULL};
+    /* the gathered up GEMM (docs/DESIGN.md): MOEGEN_GATHER not off, a spec that allows it, a scatter apart from
+     * route (the plan may be fused), an sm_90a TMA up GEMM (its name spells it "_gx"), under auto a size that
+     * launch_geom.h's rule allows, not cuDNN's */
+    const int gathered = moe_forward_gathers(plan, &a);
+    {
+        const char *up = vup; /* the variant's up GEMM */
+        const size_t n = strlen(up);
+        const int want = plan->gather && moe_spec_gather(s) && moe_plan_route_fuse(plan, T) < MOE_ROUTE_FUSED_SCATTER &&
+                         n > 3 && !strcmp(up + n - 3, "_gx") &&
+                         (plan->gather == 1 || moe_gather_tokens(T, KE, ES, F)); /* MOEGEN_GATHER=on, or auto */
+        if (!moe_cudnn_workspace(plan->cudnn)) /* with cuDNN on, its policy decides the up stage */
+            CHECKF(gathered == want, "T = %d: moe_forward_gathers %d, expected %d (up GEMM %s)", T, gathered, want,
+                   up);
+        else
+            CHECKF(!gathered || want, "T = %d: moe_forward_gathers %d (up GEMM %s)", T, gathered, up);
+        if (gathered)
+            fprintf(stderr, "  %-40s up GEMM gathers x (scatter: maps only)\n", label);
+    }
     moe_status st = graph ? forward_replayed(plan, L, &a, T) : moe_forward(plan, &a, NULL);
     CHECKF(st == MOE_OK, "forward%s: %s: %s", graph ? " (CUDA graph)" : "", moe_status_string(st), moe_last_error());
     CUresult sr = moe_cu.cuCtxSynchronize();
@@ -1432,11 +1455,13 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     uint16_t *hbuf = region(plan, L, T, "hbuf", NULL);
     size_t obuf_bytes = 0;
     uint16_t *obuf = region(plan, L, T, "xs", &obuf_bytes);
+    int *src_of = gathered ? region(plan, L, T, "src_of", NULL) : NULL; /* what the scatter wrote instead of xs */
     uint16_t *y = malloc((size_t)T * H * 2);
     int *sample = NULL;
     char *picked = NULL;
     CHECK(y && cu_ok(moe_cu.cuMemcpyDtoH(y, L->dy, (size_t)T * H * 2), "y"));
-    if (!idx || !w || !counts || !offsets || !ntiles || !tiles || !row_of || !hbuf || !obuf || !y)
+    if (!idx || !w || !counts || !offsets || !ntiles || !tiles || !row_of || !hbuf || !obuf || !y ||
+        (gathered && !src_of))
         goto done;
 
     /* what every family reads: route's expert indices, in range */
@@ -1513,7 +1538,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
     if (family_on(FAM_PERMUTE_SCATTER)) {
         family_case(fcase[FAM_PERMUTE_SCATTER], sizeof fcase[FAM_PERMUTE_SCATTER], FAM_PERMUTE_SCATTER, label);
-        check_permute_scatter(L, T, align, idx, counts, offsets, row_of, obuf, obuf_bytes);
+        check_permute_scatter(L, T, align, idx, counts, offsets, row_of, obuf, obuf_bytes, src_of);
     }
     if (family_on(FAM_COMBINE)) {
         family_case(fcase[FAM_COMBINE], sizeof fcase[FAM_COMBINE], FAM_COMBINE, label);
@@ -1620,7 +1645,7 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     }
 done:
     free(sample); free(picked);
-    free(idx); free(w); free(counts); free(offsets); free(ntiles); free(tiles); free(row_of); free(hbuf); free(obuf);
+    free(idx); free(w); free(counts); free(offsets); free(ntiles); free(tiles); free(row_of); free(hbuf); free(obuf); free(src_of);
     free(y);
 }
 

@@ -20,8 +20,10 @@ static const host_case_t cases[] = {
     {"zero experts as LongCat-Flash's share: 64 + 32, top-12, fp16",
      "name = 'lc' experts = 64 zero_experts = 32 top_k = 12 hidden = 128 ffn = 64 tokens = 64 dtype = 'fp16' "
      "router = { bias = true, renormalize = false, scale = 6 }\n", {3, 33}, 2},
-    {"no zero experts: the plain scatter, top-2", "name = 'plain' experts = 8 top_k = 2 hidden = 72 ffn = 40 "
-     "tokens = 64\n", {1, 17}, 2},
+    {"no zero experts: the plain scatter, top-2; and maps only (the gathered up GEMM's: moe_spec_gather)",
+     "name = 'plain' experts = 8 top_k = 2 hidden = 72 ffn = 40 tokens = 64\n", {1, 17}, 2},
+    {"router.apply = \"input\": the rows scaled, no maps-only mode", "name = 'inp' experts = 8 top_k = 2 hidden = 72 "
+     "ffn = 40 tokens = 64 router = { apply = 'input' }\n", {1, 17}, 2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -55,9 +57,9 @@ static void run_case(const host_case_t *c, const char *cxx) {
     if (!cut) {
         snprintf(cmd, sizeof cmd,
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s -DSH_SCATTER=%s -DSH_E=%d "
-                 "-DSH_Z=%d -DSH_K=%d -DSH_H=%d -DSH_ROWS=%d tests/scatter_host.cc -o %s 2>&1",
+                 "-DSH_Z=%d -DSH_K=%d -DSH_H=%d -DSH_ROWS=%d -DSH_GATHER=%d tests/scatter_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", sc->name, moe_spec_slots(&s),
-                 s.zero_experts, moe_spec_entries(&s), s.hidden, sc->per_block, bin);
+                 s.zero_experts, moe_spec_entries(&s), s.hidden, sc->per_block, moe_spec_gather(&s), bin);
         CHECKF(system(cmd) == 0, "the host build failed: %s", cmd);
         host_run_seeds(bin, c->tokens, c->ntokens, "the scatter's rows or row map are wrong");
     }

@@ -20,7 +20,7 @@
 #define deepseek_v2_lite_MAX_TOKENS 16384
 #define deepseek_v2_lite_DTYPE "bf16"
 #define deepseek_v2_lite_PAIR_GRANULE 8
-#define deepseek_v2_lite_WORKSPACE_BYTES 937367040ULL /* at deepseek_v2_lite_MAX_TOKENS */
+#define deepseek_v2_lite_WORKSPACE_BYTES 937907968ULL /* at deepseek_v2_lite_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 2816, gate none): 2 always-on weight slots after the routed
  * experts, so w1p and w2 hold deepseek_v2_lite_SLOTS = 66 slots; deepseek_v2_lite_pack_shared writes slots 64..65

@@ -20,7 +20,7 @@
 #define deepseek_v3_MAX_TOKENS 16384
 #define deepseek_v3_DTYPE "bf16"
 #define deepseek_v3_PAIR_GRANULE 8
-#define deepseek_v3_WORKSPACE_BYTES 3325520128ULL /* at deepseek_v3_MAX_TOKENS */
+#define deepseek_v3_WORKSPACE_BYTES 3326240512ULL /* at deepseek_v3_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 2048, gate none): 1 always-on weight slots after the routed
  * experts, so w1p and w2 hold deepseek_v3_SLOTS = 257 slots; deepseek_v3_pack_shared writes slots 256..256

@@ -20,7 +20,7 @@
 #define deepseek_v4_hash_MAX_TOKENS 16384
 #define deepseek_v4_hash_DTYPE "bf16"
 #define deepseek_v4_hash_PAIR_GRANULE 8
-#define deepseek_v4_hash_WORKSPACE_BYTES 1613850880ULL /* at deepseek_v4_hash_MAX_TOKENS */
+#define deepseek_v4_hash_WORKSPACE_BYTES 1614374400ULL /* at deepseek_v4_hash_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 2048, gate none): 1 always-on weight slots after the routed
  * experts, so w1p and w2 hold deepseek_v4_hash_SLOTS = 257 slots; deepseek_v4_hash_pack_shared writes slots 256..256

@@ -20,7 +20,7 @@
 #define gemma4_26b_a4b_MAX_TOKENS 16384
 #define gemma4_26b_a4b_DTYPE "bf16"
 #define gemma4_26b_a4b_PAIR_GRANULE 8
-#define gemma4_26b_a4b_WORKSPACE_BYTES 983226112ULL /* at gemma4_26b_a4b_MAX_TOKENS */
+#define gemma4_26b_a4b_WORKSPACE_BYTES 983782656ULL /* at gemma4_26b_a4b_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

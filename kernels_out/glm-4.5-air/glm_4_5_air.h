@@ -20,7 +20,7 @@
 #define glm_4_5_air_MAX_TOKENS 16384
 #define glm_4_5_air_DTYPE "bf16"
 #define glm_4_5_air_PAIR_GRANULE 8
-#define glm_4_5_air_WORKSPACE_BYTES 1807448064ULL /* at glm_4_5_air_MAX_TOKENS */
+#define glm_4_5_air_WORKSPACE_BYTES 1808103424ULL /* at glm_4_5_air_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 1408, gate none): 1 always-on weight slots after the routed
  * experts, so w1p and w2 hold glm_4_5_air_SLOTS = 129 slots; glm_4_5_air_pack_shared writes slots 128..128

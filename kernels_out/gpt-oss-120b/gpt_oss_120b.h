@@ -20,7 +20,7 @@
 #define gpt_oss_120b_MAX_TOKENS 16384
 #define gpt_oss_120b_DTYPE "bf16"
 #define gpt_oss_120b_PAIR_GRANULE 8
-#define gpt_oss_120b_WORKSPACE_BYTES 945148416ULL /* at gpt_oss_120b_MAX_TOKENS */
+#define gpt_oss_120b_WORKSPACE_BYTES 945475584ULL /* at gpt_oss_120b_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

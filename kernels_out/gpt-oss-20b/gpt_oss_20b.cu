@@ -757,7 +757,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
     }
 }
 
-#line 53 "templates/permute.lua"
+#line 56 "templates/permute.lua"
 namespace gpt_oss_20b_permute_plan_e32_a64_impl {
 constexpr int E = 32, K = 4, H = 2880, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -779,16 +779,16 @@ gpt_oss_20b_permute_plan_e32_a64(const int *__restrict__ counts, const int *__re
                                     s_rows, s_tiles);
 }
 
-#line 121 "templates/permute.lua"
+#line 124 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
-gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+gpt_oss_20b_permute_scatter_bf16_h2880k4_gx(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
-            int *__restrict__ row_of) {
+            int *__restrict__ row_of, int *__restrict__ src_of) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_permute_plan_e32_a64_impl;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
     (void)topk_w;
-#line 130 "templates/permute.lua"
+#line 133 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -796,31 +796,38 @@ gpt_oss_20b_permute_scatter_bf16_h2880k4(const moe_half_t *__restrict__ x, const
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 143 "templates/permute.lua"
+#line 146 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 150 "templates/permute.lua"
+#line 153 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
-#line 152 "templates/permute.lua"
+#line 155 "templates/permute.lua"
             row_of[i] = my_row;
-#line 156 "templates/permute.lua"
+#line 157 "templates/permute.lua"
+            if (src_of)
+                src_of[my_row] = t;   // the gathered up GEMM reads x[t] for the row itself
+#line 163 "templates/permute.lua"
         }
-        uint4 *__restrict__ dst[K];
 #line 165 "templates/permute.lua"
+        if (src_of)
+            continue;   // no copy: xs is not read (moe_spec_gather)
+#line 168 "templates/permute.lua"
+        uint4 *__restrict__ dst[K];
+#line 176 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 171 "templates/permute.lua"
+#line 182 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 184 "templates/permute.lua"
+#line 195 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 187 "templates/permute.lua"
+#line 198 "templates/permute.lua"
         }
     }
 }
@@ -893,7 +900,7 @@ gpt_oss_20b_combine_bf16_h2880k4(const moe_half_t *__restrict__ obuf, const int 
     }
 }
 
-#line 53 "templates/permute.lua"
+#line 56 "templates/permute.lua"
 namespace gpt_oss_20b_permute_plan_e32_a128_impl {
 constexpr int E = 32, K = 4, H = 2880, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -916,18 +923,18 @@ gpt_oss_20b_permute_plan_e32_a128(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
-#line 254 "templates/gemm_sm90.lua"
+namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl {
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -937,24 +944,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -1013,10 +1020,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1024,77 +1031,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1102,7 +1109,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1124,7 +1131,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1142,7 +1149,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1159,9 +1166,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1169,9 +1176,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1181,13 +1188,78 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 677 "templates/gemm_sm90.lua"
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1196,11 +1268,14 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 766 "templates/gemm_sm90.lua"
+        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1219,9 +1294,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1267,17 +1342,17 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 896 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
+#line 974 "templates/gemm_sm90.lua"
+}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ gx, const int *__restrict__ src_of) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem[];
-    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_smem);
+    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_smem[];
+    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1288,29 +1363,32 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
         tma_prefetch_map(&w1p_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
-        if (tid == 0)
+#line 1005 "templates/gemm_sm90.lua"
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1335,24 +1413,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 862 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1150 "templates/gemm_sm90.lua"
+#line 1238 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1155 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1157 "templates/gemm_sm90.lua"
+#line 1245 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1250 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1362,7 +1440,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1260 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1371,51 +1449,55 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1187 "templates/gemm_sm90.lua"
+#line 1275 "templates/gemm_sm90.lua"
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf;
+#line 1121 "templates/gemm_sm90.lua"
+    (void)gx;
+#line 1123 "templates/gemm_sm90.lua"
+    (void)src_of;
     __trap();
 #endif
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
-#line 254 "templates/gemm_sm90.lua"
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -1425,24 +1507,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -1501,10 +1583,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1512,77 +1594,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1590,7 +1672,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -1612,7 +1694,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1630,7 +1712,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1647,9 +1729,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1657,9 +1739,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1669,13 +1751,14 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -1684,11 +1767,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1707,9 +1791,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1747,7 +1831,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 896 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1775,22 +1859,23 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
+#line 1010 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1815,29 +1900,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 862 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1209 "templates/gemm_sm90.lua"
+#line 1297 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1212 "templates/gemm_sm90.lua"
+#line 1300 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1214 "templates/gemm_sm90.lua"
+#line 1302 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1219 "templates/gemm_sm90.lua"
+#line 1307 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1234 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1847,31 +1932,31 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2951,18 +3036,18 @@ gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hb
 #line 743 "templates/gemm_gemv.lua"
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -2972,24 +3057,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -3048,10 +3133,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3059,77 +3144,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3137,7 +3222,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3159,7 +3244,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3177,7 +3262,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3194,9 +3279,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3204,9 +3289,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3216,13 +3301,78 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 677 "templates/gemm_sm90.lua"
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3231,11 +3381,14 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 766 "templates/gemm_sm90.lua"
+        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3254,9 +3407,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3302,17 +3455,17 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 896 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
+#line 974 "templates/gemm_sm90.lua"
+}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ gx, const int *__restrict__ src_of) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_smem);
+    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_smem[];
+    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -3323,29 +3476,32 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
         tma_prefetch_map(&w1p_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
-        if (tid == 0)
+#line 1005 "templates/gemm_sm90.lua"
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3370,24 +3526,24 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 862 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1150 "templates/gemm_sm90.lua"
+#line 1238 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1155 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1157 "templates/gemm_sm90.lua"
+#line 1245 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1250 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3397,7 +3553,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1260 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3406,51 +3562,55 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1187 "templates/gemm_sm90.lua"
+#line 1275 "templates/gemm_sm90.lua"
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf;
+#line 1121 "templates/gemm_sm90.lua"
+    (void)gx;
+#line 1123 "templates/gemm_sm90.lua"
+    (void)src_of;
     __trap();
 #endif
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 64, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 8192, STAGE_BYTES = 40960;
@@ -3460,24 +3620,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 198720, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -3536,10 +3696,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -3547,77 +3707,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -3625,7 +3785,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -3647,7 +3807,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -3665,7 +3825,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -3682,9 +3842,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -3692,9 +3852,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -3704,13 +3864,14 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -3719,11 +3880,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3742,9 +3904,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3782,7 +3944,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 896 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3810,22 +3972,23 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
+#line 1010 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3850,29 +4013,29 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 862 "templates/gemm_sm90.lua"
+#line 940 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1209 "templates/gemm_sm90.lua"
+#line 1297 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1212 "templates/gemm_sm90.lua"
+#line 1300 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1214 "templates/gemm_sm90.lua"
+#line 1302 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1219 "templates/gemm_sm90.lua"
+#line 1307 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1234 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3882,48 +4045,48 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_impl {
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 5760;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 64;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -3933,24 +4096,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 168000, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -4009,10 +4172,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -4020,45 +4183,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4066,7 +4229,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4088,7 +4251,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4106,7 +4269,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4123,9 +4286,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4133,9 +4296,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4145,13 +4308,78 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 677 "templates/gemm_sm90.lua"
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4160,11 +4388,14 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 766 "templates/gemm_sm90.lua"
+        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4183,9 +4414,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4231,17 +4462,17 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 896 "templates/gemm_sm90.lua"
-}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
+#line 974 "templates/gemm_sm90.lua"
+}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ gx, const int *__restrict__ src_of) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_smem);
+    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_impl;
+    extern __shared__ __align__(1024) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_smem[];
+    const unsigned sbase = moe_smem_addr(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -4252,29 +4483,32 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
         tma_prefetch_map(&w1p_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
-        if (tid == 0)
+#line 1005 "templates/gemm_sm90.lua"
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4299,27 +4533,27 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 857 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1150 "templates/gemm_sm90.lua"
+#line 1238 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1155 "templates/gemm_sm90.lua"
+#line 1243 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1157 "templates/gemm_sm90.lua"
+#line 1245 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1162 "templates/gemm_sm90.lua"
+#line 1250 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4329,7 +4563,7 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1172 "templates/gemm_sm90.lua"
+#line 1260 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4338,51 +4572,55 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __gri
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1187 "templates/gemm_sm90.lua"
+#line 1275 "templates/gemm_sm90.lua"
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf;
+#line 1121 "templates/gemm_sm90.lua"
+    (void)gx;
+#line 1123 "templates/gemm_sm90.lua"
+    (void)src_of;
     __trap();
 #endif
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 2880;        /* reduction length */
 constexpr int N = 2880;        /* rows of B per expert */
 constexpr int NOUT = 2880;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 260 "templates/gemm_sm90.lua"
+#line 270 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM;              /* rows per consumer warpgroup: the whole tile (ping-pong) */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 32768;
@@ -4392,24 +4630,24 @@ constexpr bool PERSISTENT = true;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 274 "templates/gemm_sm90.lua"
+#line 284 "templates/gemm_sm90.lua"
 constexpr int EPI_BYTES = (BM * LDC * 2 + 15) / 16 * 16;  /* one staging tile; consumer warpgroup w's at EPI_OFF + w * EPI_BYTES */
 constexpr int EPI_OFF = RING;
 constexpr int BAR_OFF = RING + 2 * EPI_BYTES;  /* full[STAGES], then empty[STAGES] */
 constexpr int ORDER_BAR = 2;  /* named barriers ORDER_BAR + w: warpgroup w may start its next main loop */
 constexpr int EPI_BAR = 4;    /* named barriers EPI_BAR + w: warpgroup w's own (its staging passes) */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 200768, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = true;
 constexpr bool OUT_TAIL = true;
@@ -4468,10 +4706,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
@@ -4479,45 +4717,45 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
                  "%64, %65, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -4525,7 +4763,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 597 "templates/gemm_sm90.lua"
+#line 607 "templates/gemm_sm90.lua"
 
 /* The ping-pong order: consumer warpgroup cw waits until the other one
  * arrived (having issued the main loop of the tile before cw's), and
@@ -4547,7 +4785,7 @@ static __device__ __forceinline__ void ring_skip(int &s, unsigned &phase) {
     s = p % STAGES;
     phase ^= (unsigned)(p / STAGES) & 1u;
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -4565,7 +4803,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -4582,9 +4820,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -4592,9 +4830,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -4604,13 +4842,14 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 673 "templates/gemm_sm90.lua"
+#line 748 "templates/gemm_sm90.lua"
 /* Ping-pong: the warpgroup's rows are the whole tile, of which the first
  * ACT m64 blocks are computed (a short tile's others stay 0: a compile-time
  * count, since a branch among the wgmma makes ptxas wait on them), and it
@@ -4619,11 +4858,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4642,9 +4882,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 709 "templates/gemm_sm90.lua"
+#line 787 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4682,7 +4922,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 896 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_impl
 #endif
 
@@ -4710,22 +4950,23 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
+#line 1010 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 821 "templates/gemm_sm90.lua"
+#line 899 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 827 "templates/gemm_sm90.lua"
+#line 905 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 832 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4750,32 +4991,32 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 857 "templates/gemm_sm90.lua"
+#line 935 "templates/gemm_sm90.lua"
             if (rows > 64)
                 consume<2>(acc, sbase, cw, s, phase);
             else  /* a short tile (an expert's last): the m64 block with rows alone */
                 consume<1>(acc, sbase, cw, s, phase);
-#line 869 "templates/gemm_sm90.lua"
+#line 947 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1209 "templates/gemm_sm90.lua"
+#line 1297 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1212 "templates/gemm_sm90.lua"
+#line 1300 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1214 "templates/gemm_sm90.lua"
+#line 1302 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1219 "templates/gemm_sm90.lua"
+#line 1307 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1234 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4785,31 +5026,31 @@ gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 874 "templates/gemm_sm90.lua"
+#line 952 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 880 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -5814,6 +6055,20 @@ static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
 static inline int moe_combine_fuse_tokens(long long tokens) {
     return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
 }
+/* Does a call of `tokens` tokens run the gathered up GEMM where its kernels
+ * can (docs/DESIGN.md, "The gathered up GEMM"; MOEGEN_GATHER=auto, the
+ * default, and the vendored launcher)? The rule the measurements support
+ * (docs/PERF.md, "The gathered up GEMM"): gathering saves the
+ * scatter's copy of x (T·k' rows written and read back) but loads A more
+ * slowly than TMA reads the copy, a cost paid again for each of the up
+ * GEMM's N tiles and that shows where the GEMM is compute-bound; so at most
+ * 128 rows per weight slot on average (T·k' <= 128·E') and at most 4096
+ * packed up-projection columns (2F: 16 N tiles of 256). */
+#define MOE_GATHER_ROWS_PER_SLOT 128
+#define MOE_GATHER_MAX_UP_COLS 4096
+static inline int moe_gather_tokens(long long tokens, long long entries, long long slots, long long ffn) {
+    return tokens * entries <= MOE_GATHER_ROWS_PER_SLOT * slots && 2 * ffn <= MOE_GATHER_MAX_UP_COLS;
+}
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
 }
@@ -5902,9 +6157,11 @@ typedef struct {
                        kernels launched as programmatic dependents (gpt_oss_20b_launch) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
-#line 145 "templates/host.lua"
-    gpt_oss_20b_encode_fn encode;
+    int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
+                       gathers its rows from x (moe_gather_tokens under auto) */
 #line 147 "templates/host.lua"
+    gpt_oss_20b_encode_fn encode;
+#line 149 "templates/host.lua"
 } gpt_oss_20b_device_t;
 static gpt_oss_20b_device_t gpt_oss_20b_devices[gpt_oss_20b_MAX_DEVICES];
 static std::mutex gpt_oss_20b_devices_lock;
@@ -5928,34 +6185,38 @@ static cudaError_t gpt_oss_20b_device_init(gpt_oss_20b_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = ce && !strcmp(ce, "on");
-#line 174 "templates/host.lua"
+    const char *ge = getenv("MOEGEN_GATHER");
+    if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
+        return cudaErrorInvalidValue;
+    d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
+#line 180 "templates/host.lua"
     d->use90 = major == 9;
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     if (d->use90 && (e = gpt_oss_20b_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_route_bf16_e32k4_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 168000)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 168000)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 200768)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
-#line 196 "templates/host.lua"
+#line 202 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -6006,54 +6267,56 @@ static gpt_oss_20b_device_t *gpt_oss_20b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStream_t stream) {
-#line 252 "templates/host.lua"
+#line 258 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > gpt_oss_20b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 260 "templates/host.lua"
+#line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 276 "templates/host.lua"
+#line 282 "templates/host.lua"
     if (!a->router_logit_bias) return cudaErrorInvalidValue;
-#line 279 "templates/host.lua"
+#line 285 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 287 "templates/host.lua"
+#line 293 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *cursor = (int *)(ws + 2304);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *num_tiles = (int *)(ws + 2560);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2816);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *topk_idx = (int *)(ws + 19712);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *topk_w = (float *)(ws + 281856);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *row_of = (int *)(ws + 544000);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 806144);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401702144);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *route_part = (float *)(ws + 802598144);
 #line 302 "templates/host.lua"
+    int *src_of = (int *)(ws + 803122432);
+#line 308 "templates/host.lua"
     const int v = gpt_oss_20b_variant(T);
     const long long tiles_y = gpt_oss_20b_max_tiles(T, v);
-#line 307 "templates/host.lua"
+#line 313 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1832, stream);
     if (e != cudaSuccess) return e;
-#line 314 "templates/host.lua"
+#line 320 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, gpt_oss_20b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -6061,125 +6324,135 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
     gpt_oss_20b_launch(dev, gpt_oss_20b_route_bf16_e32k4_t32k128s5, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 87040, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 327 "templates/host.lua"
+#line 333 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 327 "templates/host.lua"
+#line 333 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 327 "templates/host.lua"
+#line 333 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 327 "templates/host.lua"
+#line 333 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 334 "templates/host.lua"
+#line 340 "templates/host.lua"
+    /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
+     * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
+     * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
+    int *gsrc = (int *)0;
+    (void)src_of;
+#line 353 "templates/host.lua"
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 1 || v == 2 || v == 3) &&
+        (dev->gather == 1 || moe_gather_tokens(T, 4, 32, 2880)))
+        gsrc = src_of;
+#line 357 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        gpt_oss_20b_launch(dev, gpt_oss_20b_permute_scatter_bf16_h2880k4, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 408 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_permute_scatter_bf16_h2880k4_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
+#line 435 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 419 "templates/host.lua"
+#line 446 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
         if (dev->use90) {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(90, (unsigned)tiles_y), 256, 46080, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 366 "templates/host.lua"
+#line 393 "templates/host.lua"
         combined = cfuse;
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(45, (unsigned)tiles_y), 256, 46080, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
         } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
         }
-#line 419 "templates/host.lua"
+#line 446 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 511 tokens */
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
         if (dev->use90) {
-#line 384 "templates/host.lua"
+#line 411 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
+#line 382 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
+#line 382 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
         } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
         }
-#line 419 "templates/host.lua"
+#line 446 "templates/host.lua"
     } else if (v == 2) { /* calls of 512 .. 4095 tokens */
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
         if (dev->use90) {
-#line 384 "templates/host.lua"
+#line 411 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 1, 0, dev->sms)), 384, 168000, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
+#line 382 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 1, 0, dev->sms)), 384, 168000, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
+#line 382 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
         } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(45, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
         }
-#line 419 "templates/host.lua"
+#line 446 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
         if (dev->use90) {
-#line 384 "templates/host.lua"
+#line 411 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
+#line 382 "templates/host.lua"
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 368 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 355 "templates/host.lua"
+#line 382 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
         } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
         }
-#line 422 "templates/host.lua"
+#line 449 "templates/host.lua"
     }
-#line 424 "templates/host.lua"
+#line 451 "templates/host.lua"
     if (!combined)
         gpt_oss_20b_launch(dev, gpt_oss_20b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6202,7 +6475,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 447 "templates/host.lua"
+#line 474 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6227,5 +6500,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 571 "templates/host.lua"
+#line 598 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

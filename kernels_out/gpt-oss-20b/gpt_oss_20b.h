@@ -20,7 +20,7 @@
 #define gpt_oss_20b_MAX_TOKENS 16384
 #define gpt_oss_20b_DTYPE "bf16"
 #define gpt_oss_20b_PAIR_GRANULE 8
-#define gpt_oss_20b_WORKSPACE_BYTES 803122432ULL /* at gpt_oss_20b_MAX_TOKENS */
+#define gpt_oss_20b_WORKSPACE_BYTES 803400960ULL /* at gpt_oss_20b_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

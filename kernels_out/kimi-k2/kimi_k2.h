@@ -20,7 +20,7 @@
 #define kimi_k2_MAX_TOKENS 16384
 #define kimi_k2_DTYPE "bf16"
 #define kimi_k2_PAIR_GRANULE 8
-#define kimi_k2_WORKSPACE_BYTES 3173086976ULL /* at kimi_k2_MAX_TOKENS */
+#define kimi_k2_WORKSPACE_BYTES 3173773824ULL /* at kimi_k2_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 2048, gate none): 1 always-on weight slots after the routed
  * experts, so w1p and w2 hold kimi_k2_SLOTS = 385 slots; kimi_k2_pack_shared writes slots 384..384

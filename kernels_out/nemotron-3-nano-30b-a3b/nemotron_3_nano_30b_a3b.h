@@ -20,7 +20,7 @@
 #define nemotron_3_nano_30b_a3b_MAX_TOKENS 16384
 #define nemotron_3_nano_30b_a3b_DTYPE "bf16"
 #define nemotron_3_nano_30b_a3b_PAIR_GRANULE 8
-#define nemotron_3_nano_30b_a3b_WORKSPACE_BYTES 1344934144ULL /* at nemotron_3_nano_30b_a3b_MAX_TOKENS */
+#define nemotron_3_nano_30b_a3b_WORKSPACE_BYTES 1345524480ULL /* at nemotron_3_nano_30b_a3b_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 3712, gate none): 2 always-on weight slots after the routed
  * experts, so w1p and w2 hold nemotron_3_nano_30b_a3b_SLOTS = 130 slots; nemotron_3_nano_30b_a3b_pack_shared writes slots 128..129

@@ -20,7 +20,7 @@
 #define qwen2_moe_57b_a14b_MAX_TOKENS 16384
 #define qwen2_moe_57b_a14b_DTYPE "bf16"
 #define qwen2_moe_57b_a14b_PAIR_GRANULE 8
-#define qwen2_moe_57b_a14b_WORKSPACE_BYTES 3337866496ULL /* at qwen2_moe_57b_a14b_MAX_TOKENS */
+#define qwen2_moe_57b_a14b_WORKSPACE_BYTES 3338951680ULL /* at qwen2_moe_57b_a14b_MAX_TOKENS */
 
 /* The shared expert (shared.ffn = 20480, gate sigmoid): 8 always-on weight slots after the routed
  * experts, so w1p and w2 hold qwen2_moe_57b_a14b_SLOTS = 72 slots; qwen2_moe_57b_a14b_pack_shared writes slots 64..71

@@ -20,7 +20,7 @@
 #define qwen3_30b_a3b_MAX_TOKENS 16384
 #define qwen3_30b_a3b_DTYPE "bf16"
 #define qwen3_30b_a3b_PAIR_GRANULE 8
-#define qwen3_30b_a3b_WORKSPACE_BYTES 787322368ULL /* at qwen3_30b_a3b_MAX_TOKENS */
+#define qwen3_30b_a3b_WORKSPACE_BYTES 787878912ULL /* at qwen3_30b_a3b_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H]

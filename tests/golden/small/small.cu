@@ -759,7 +759,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     }
 }
 
-#line 53 "templates/permute.lua"
+#line 56 "templates/permute.lua"
 namespace small_permute_plan_e12_a128_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -781,16 +781,16 @@ small_permute_plan_e12_a128(const int *__restrict__ counts, const int *__restric
                                     s_rows, s_tiles);
 }
 
-#line 121 "templates/permute.lua"
+#line 124 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
-small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+small_permute_scatter_bf16_h1536k3_gx(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
-            int *__restrict__ row_of) {
+            int *__restrict__ row_of, int *__restrict__ src_of) {
     moe_pdl_begin();
     using namespace small_permute_plan_e12_a128_impl;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
     (void)topk_w;
-#line 130 "templates/permute.lua"
+#line 133 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -798,31 +798,38 @@ small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 143 "templates/permute.lua"
+#line 146 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 150 "templates/permute.lua"
+#line 153 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
-#line 152 "templates/permute.lua"
+#line 155 "templates/permute.lua"
             row_of[i] = my_row;
-#line 156 "templates/permute.lua"
+#line 157 "templates/permute.lua"
+            if (src_of)
+                src_of[my_row] = t;   // the gathered up GEMM reads x[t] for the row itself
+#line 163 "templates/permute.lua"
         }
-        uint4 *__restrict__ dst[K];
 #line 165 "templates/permute.lua"
+        if (src_of)
+            continue;   // no copy: xs is not read (moe_spec_gather)
+#line 168 "templates/permute.lua"
+        uint4 *__restrict__ dst[K];
+#line 176 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 171 "templates/permute.lua"
+#line 182 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 184 "templates/permute.lua"
+#line 195 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 187 "templates/permute.lua"
+#line 198 "templates/permute.lua"
         }
     }
 }
@@ -895,18 +902,18 @@ small_combine_bf16_h1536k3(const moe_half_t *__restrict__ obuf, const int *__res
     }
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx_impl {
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 1536;        /* reduction length */
 constexpr int N = 1280;        /* rows of B per expert */
 constexpr int NOUT = 640;  /* output row length */
 constexpr int BNO = 128;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
+#line 272 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
@@ -916,21 +923,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
+#line 300 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -989,10 +996,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1000,77 +1007,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1078,7 +1085,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1096,7 +1103,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1113,9 +1120,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1123,9 +1130,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1135,21 +1142,89 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 677 "templates/gemm_sm90.lua"
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 766 "templates/gemm_sm90.lua"
+        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1168,7 +1243,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1212,17 +1287,17 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 896 "templates/gemm_sm90.lua"
-}  // namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl
+#line 974 "templates/gemm_sm90.lua"
+}  // namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx_impl
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ gx, const int *__restrict__ src_of) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     moe_pdl_begin();
-    using namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_impl;
-    extern __shared__ __align__(1024) unsigned char small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem[];
-    const unsigned sbase = moe_smem_addr(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_smem);
+    using namespace small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx_impl;
+    extern __shared__ __align__(1024) unsigned char small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx_smem[];
+    const unsigned sbase = moe_smem_addr(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx_smem);
     if (sbase & 1023u)
         __trap();  /* the swizzle atoms need 1024-byte alignment */
     const int mtiles = *num_tiles;
@@ -1233,30 +1308,33 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
         tma_prefetch_map(&w1p_map);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
             bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
-        if (tid == 0)
+#line 1005 "templates/gemm_sm90.lua"
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
+#line 1020 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
+#line 1025 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 1028 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 945 "templates/gemm_sm90.lua"
+#line 1030 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1267,36 +1345,36 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
+#line 1043 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
+#line 1086 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
+#line 1096 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1020 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1150 "templates/gemm_sm90.lua"
+#line 1238 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1157 "templates/gemm_sm90.lua"
+#line 1245 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1172 "templates/gemm_sm90.lua"
+#line 1260 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1305,48 +1383,52 @@ small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ mo
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1187 "templates/gemm_sm90.lua"
+#line 1275 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 1110 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 1116 "templates/gemm_sm90.lua"
         }
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf;
+#line 1121 "templates/gemm_sm90.lua"
+    (void)gx;
+#line 1123 "templates/gemm_sm90.lua"
+    (void)src_of;
     __trap();
 #endif
 }
 
-#line 892 "templates/gemm_sm90.lua"
+#line 970 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl {
-#line 254 "templates/gemm_sm90.lua"
+#line 264 "templates/gemm_sm90.lua"
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, CONSUMERS = 2;
 constexpr int K = 640;        /* reduction length */
 constexpr int N = 1536;        /* rows of B per expert */
 constexpr int NOUT = 1536;  /* output row length */
 constexpr int BNO = 256;    /* output columns per tile */
-#line 262 "templates/gemm_sm90.lua"
+#line 272 "templates/gemm_sm90.lua"
 constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
-#line 264 "templates/gemm_sm90.lua"
+#line 274 "templates/gemm_sm90.lua"
 constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
 constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
 constexpr int A_BYTES = 16384, STAGE_BYTES = 49152;
@@ -1356,21 +1438,21 @@ constexpr bool PERSISTENT = false;
 constexpr int RING = STAGES * STAGE_BYTES;
 /* the staging tile: its own after the ring on a persistent grid; with one
  * CTA per tile, the ring itself once the main loop is done */
-#line 290 "templates/gemm_sm90.lua"
+#line 300 "templates/gemm_sm90.lua"
 constexpr int EPI_OFF = PERSISTENT ? RING : 0;
 constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
-#line 293 "templates/gemm_sm90.lua"
+#line 303 "templates/gemm_sm90.lua"
 static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
 /* the plan's numbers (gen/family_gemm.c): this layout must be its shared
  * memory exactly (moe_gemm_sm90_smem), the block one producer and
  * CONSUMERS consumer warpgroups */
 static_assert(BAR_OFF + 16 * STAGES == 196672, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
 static_assert(384 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
-#line 305 "templates/gemm_sm90.lua"
-constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
-#line 307 "templates/gemm_sm90.lua"
-constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
 #line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
 constexpr int CTHREADS = 128 * CONSUMERS;
 constexpr bool N_TAIL = false;
 constexpr bool OUT_TAIL = false;
@@ -1429,10 +1511,10 @@ static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
 static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-#line 384 "templates/gemm_sm90.lua"
+#line 394 "templates/gemm_sm90.lua"
 /* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
 static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
-#line 388 "templates/gemm_sm90.lua"
+#line 398 "templates/gemm_sm90.lua"
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %130, 0;\n"
@@ -1440,77 +1522,77 @@ static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long lon
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
                  "%128, %129, p, 1, 1, 0, 0;\n"
                  "}\n"
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 397 "templates/gemm_sm90.lua"
+#line 407 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 399 "templates/gemm_sm90.lua"
+#line 409 "templates/gemm_sm90.lua"
                  : "l"(da), "l"(db), "r"(1));
 }
 /* Keep the compiler from moving accumulator accesses across a wgmma wait. */
 static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
     asm volatile(""
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-#line 405 "templates/gemm_sm90.lua"
+#line 415 "templates/gemm_sm90.lua"
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#line 407 "templates/gemm_sm90.lua"
+#line 417 "templates/gemm_sm90.lua"
                  :: "memory");
 }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1518,7 +1600,7 @@ static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.comm
 template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-#line 619 "templates/gemm_sm90.lua"
+#line 629 "templates/gemm_sm90.lua"
 
 #line 18 "templates/gemm_sm80.lua"
 /* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
@@ -1536,7 +1618,7 @@ static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, 
     nt = within / size;
 #line 36 "templates/gemm_sm80.lua"
 }
-#line 621 "templates/gemm_sm90.lua"
+#line 631 "templates/gemm_sm90.lua"
 
 /* The producer (one thread): for every tile of this CTA, every k tile of
  * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
@@ -1553,9 +1635,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
         const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
         if (rows <= 0)
             continue;
-#line 640 "templates/gemm_sm90.lua"
+#line 650 "templates/gemm_sm90.lua"
         const int brow = expert * N + nt * BN;
-#line 642 "templates/gemm_sm90.lua"
+#line 652 "templates/gemm_sm90.lua"
         for (int kt = 0; kt < KTILES; ++kt) {
             const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
             bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
@@ -1563,9 +1645,9 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
 #pragma unroll
             for (int a = 0; a < KATOMS; ++a) {
                 tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
-#line 655 "templates/gemm_sm90.lua"
+#line 665 "templates/gemm_sm90.lua"
                 tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
-#line 657 "templates/gemm_sm90.lua"
+#line 667 "templates/gemm_sm90.lua"
             }
             if (++s == STAGES) {
                 s = 0;
@@ -1575,21 +1657,23 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
     }
 }
 
+#line 741 "templates/gemm_sm90.lua"
 /* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
  * = A . B^T over all k tiles, from ring position (s, phase), which it
  * advances. The wgmma of k tile kt stay in flight while the warpgroup
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 682 "templates/gemm_sm90.lua"
+#line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 686 "templates/gemm_sm90.lua"
+#line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 768 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1608,7 +1692,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 711 "templates/gemm_sm90.lua"
+#line 789 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1646,7 +1730,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 896 "templates/gemm_sm90.lua"
+#line 974 "templates/gemm_sm90.lua"
 }  // namespace small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8_impl
 #endif
 
@@ -1674,23 +1758,24 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
     }
     __syncthreads();
     if (wg == 0) {
-#line 924 "templates/gemm_sm90.lua"
+#line 1002 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 926 "templates/gemm_sm90.lua"
+#line 1010 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+#line 1013 "templates/gemm_sm90.lua"
     } else {
-#line 930 "templates/gemm_sm90.lua"
+#line 1015 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 935 "templates/gemm_sm90.lua"
+#line 1020 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 940 "templates/gemm_sm90.lua"
+#line 1025 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 943 "templates/gemm_sm90.lua"
+#line 1028 "templates/gemm_sm90.lua"
         (void)b2;
-#line 945 "templates/gemm_sm90.lua"
+#line 1030 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1701,34 +1786,34 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 958 "templates/gemm_sm90.lua"
+#line 1043 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1001 "templates/gemm_sm90.lua"
+#line 1086 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1011 "templates/gemm_sm90.lua"
+#line 1096 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1020 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1209 "templates/gemm_sm90.lua"
+#line 1297 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1214 "templates/gemm_sm90.lua"
+#line 1302 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1234 "templates/gemm_sm90.lua"
+#line 1322 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1738,28 +1823,28 @@ small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8(const __grid_constant__ moe_tma
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1025 "templates/gemm_sm90.lua"
+#line 1110 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1031 "templates/gemm_sm90.lua"
+#line 1116 "templates/gemm_sm90.lua"
         }
-#line 1033 "templates/gemm_sm90.lua"
+#line 1118 "templates/gemm_sm90.lua"
     }
 #else
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1036 "templates/gemm_sm90.lua"
+#line 1121 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2750,6 +2835,20 @@ static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
 static inline int moe_combine_fuse_tokens(long long tokens) {
     return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
 }
+/* Does a call of `tokens` tokens run the gathered up GEMM where its kernels
+ * can (docs/DESIGN.md, "The gathered up GEMM"; MOEGEN_GATHER=auto, the
+ * default, and the vendored launcher)? The rule the measurements support
+ * (docs/PERF.md, "The gathered up GEMM"): gathering saves the
+ * scatter's copy of x (T·k' rows written and read back) but loads A more
+ * slowly than TMA reads the copy, a cost paid again for each of the up
+ * GEMM's N tiles and that shows where the GEMM is compute-bound; so at most
+ * 128 rows per weight slot on average (T·k' <= 128·E') and at most 4096
+ * packed up-projection columns (2F: 16 N tiles of 256). */
+#define MOE_GATHER_ROWS_PER_SLOT 128
+#define MOE_GATHER_MAX_UP_COLS 4096
+static inline int moe_gather_tokens(long long tokens, long long entries, long long slots, long long ffn) {
+    return tokens * entries <= MOE_GATHER_ROWS_PER_SLOT * slots && 2 * ffn <= MOE_GATHER_MAX_UP_COLS;
+}
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
 }
@@ -2819,9 +2918,11 @@ typedef struct {
                        kernels launched as programmatic dependents (small_launch) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
-#line 145 "templates/host.lua"
-    small_encode_fn encode;
+    int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
+                       gathers its rows from x (moe_gather_tokens under auto) */
 #line 147 "templates/host.lua"
+    small_encode_fn encode;
+#line 149 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2845,22 +2946,26 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = ce && !strcmp(ce, "on");
-#line 174 "templates/host.lua"
+    const char *ge = getenv("MOEGEN_GATHER");
+    if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
+        return cudaErrorInvalidValue;
+    d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
+#line 180 "templates/host.lua"
     d->use90 = major == 9;
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 196672)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m128n128k32s4w2x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 81920)) != cudaSuccess) return e;
-#line 196 "templates/host.lua"
+#line 202 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2911,49 +3016,51 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 252 "templates/host.lua"
+#line 258 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 260 "templates/host.lua"
+#line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 287 "templates/host.lua"
+#line 293 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *offsets = (int *)(ws + 512);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *cursor = (int *)(ws + 768);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1024);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 1280);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *topk_idx = (int *)(ws + 1792);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *topk_w = (float *)(ws + 7936);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *row_of = (int *)(ws + 14080);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 20224);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 9420544);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *route_part = (float *)(ws + 13337344);
-#line 300 "templates/host.lua"
+#line 302 "templates/host.lua"
+    int *src_of = (int *)(ws + 13533952);
+#line 306 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 307 "templates/host.lua"
+#line 313 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 312, stream);
     if (e != cudaSuccess) return e;
-#line 314 "templates/host.lua"
+#line 320 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2961,42 +3068,52 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 322 "templates/host.lua"
+#line 328 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 334 "templates/host.lua"
+#line 340 "templates/host.lua"
+    /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
+     * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
+     * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
+    int *gsrc = (int *)0;
+    (void)src_of;
+#line 353 "templates/host.lua"
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (1) &&
+        (dev->gather == 1 || moe_gather_tokens(T, 3, 12, 640)))
+        gsrc = src_of;
+#line 357 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 408 "templates/host.lua"
+        small_launch(dev, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
+#line 435 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
     if (dev->use90) {
-#line 384 "templates/host.lua"
+#line 411 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 342 "templates/host.lua"
+#line 368 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, xs, tiles_y * 128, 1536, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w1p, 15360LL, 1536, 256)) != cudaSuccess)
         return e;
-#line 355 "templates/host.lua"
-    small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 342 "templates/host.lua"
+#line 382 "templates/host.lua"
+    small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 5, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 368 "templates/host.lua"
     if ((e = small_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 640, 128)) != cudaSuccess ||
         (e = small_tmap(dev->encode, &mb, a->w2, 18432LL, 640, 256)) != cudaSuccess)
         return e;
-#line 355 "templates/host.lua"
+#line 382 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_tma_m128n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 0, 0, 0)), 384, 196672, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
     } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(10, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(12, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
     }
-#line 424 "templates/host.lua"
+#line 451 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3019,7 +3136,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 447 "templates/host.lua"
+#line 474 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3044,5 +3161,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 571 "templates/host.lua"
+#line 598 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

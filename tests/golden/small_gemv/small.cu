@@ -759,7 +759,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     }
 }
 
-#line 53 "templates/permute.lua"
+#line 56 "templates/permute.lua"
 namespace small_permute_plan_e12_a64_impl {
 constexpr int E = 12, K = 3, H = 1536, ALIGN = 64;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -781,16 +781,16 @@ small_permute_plan_e12_a64(const int *__restrict__ counts, const int *__restrict
                                     s_rows, s_tiles);
 }
 
-#line 121 "templates/permute.lua"
+#line 124 "templates/permute.lua"
 extern "C" __global__ void __launch_bounds__(256)
-small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
+small_permute_scatter_bf16_h1536k3_gx(const moe_half_t *__restrict__ x, const int *__restrict__ topk_idx, const float *__restrict__ topk_w,
             const int *__restrict__ offsets, int *__restrict__ cursor, int tokens, moe_half_t *__restrict__ xs,
-            int *__restrict__ row_of) {
+            int *__restrict__ row_of, int *__restrict__ src_of) {
     moe_pdl_begin();
     using namespace small_permute_plan_e12_a64_impl;
-#line 128 "templates/permute.lua"
+#line 131 "templates/permute.lua"
     (void)topk_w;
-#line 130 "templates/permute.lua"
+#line 133 "templates/permute.lua"
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll 1
     for (int r = warp; r < SCATTER_ROWS; r += SCATTER_WARPS) {
@@ -798,31 +798,38 @@ small_permute_scatter_bf16_h1536k3(const moe_half_t *__restrict__ x, const int *
         if (t >= tokens)
             return;
         int my_row = 0;
-#line 143 "templates/permute.lua"
+#line 146 "templates/permute.lua"
         if (lane < K) {
             const long long i = (long long)t * K + lane;
             const int e = topk_idx[i];
-#line 150 "templates/permute.lua"
+#line 153 "templates/permute.lua"
             my_row = offsets[e] + atomicAdd(cursor + e, 1);
-#line 152 "templates/permute.lua"
+#line 155 "templates/permute.lua"
             row_of[i] = my_row;
-#line 156 "templates/permute.lua"
+#line 157 "templates/permute.lua"
+            if (src_of)
+                src_of[my_row] = t;   // the gathered up GEMM reads x[t] for the row itself
+#line 163 "templates/permute.lua"
         }
-        uint4 *__restrict__ dst[K];
 #line 165 "templates/permute.lua"
+        if (src_of)
+            continue;   // no copy: xs is not read (moe_spec_gather)
+#line 168 "templates/permute.lua"
+        uint4 *__restrict__ dst[K];
+#line 176 "templates/permute.lua"
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             dst[k] = reinterpret_cast<uint4 *>(xs + (long long)__shfl_sync(FULL, my_row, k) * H);
-#line 171 "templates/permute.lua"
+#line 182 "templates/permute.lua"
         }
         const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
 #pragma unroll 4
         for (int v = lane; v < HV; v += 32) {
             const uint4 val = __ldg(src + v);
-#line 184 "templates/permute.lua"
+#line 195 "templates/permute.lua"
 #pragma unroll
             for (int k = 0; k < K; ++k) dst[k][v] = val;
-#line 187 "templates/permute.lua"
+#line 198 "templates/permute.lua"
         }
     }
 }
@@ -2358,6 +2365,20 @@ static inline unsigned moe_gemv_stream_ctas(int sms, int smem) {
 static inline int moe_combine_fuse_tokens(long long tokens) {
     return tokens >= 1 && tokens <= MOE_COMBINE_FUSE_TOKENS;
 }
+/* Does a call of `tokens` tokens run the gathered up GEMM where its kernels
+ * can (docs/DESIGN.md, "The gathered up GEMM"; MOEGEN_GATHER=auto, the
+ * default, and the vendored launcher)? The rule the measurements support
+ * (docs/PERF.md, "The gathered up GEMM"): gathering saves the
+ * scatter's copy of x (T·k' rows written and read back) but loads A more
+ * slowly than TMA reads the copy, a cost paid again for each of the up
+ * GEMM's N tiles and that shows where the GEMM is compute-bound; so at most
+ * 128 rows per weight slot on average (T·k' <= 128·E') and at most 4096
+ * packed up-projection columns (2F: 16 N tiles of 256). */
+#define MOE_GATHER_ROWS_PER_SLOT 128
+#define MOE_GATHER_MAX_UP_COLS 4096
+static inline int moe_gather_tokens(long long tokens, long long entries, long long slots, long long ffn) {
+    return tokens * entries <= MOE_GATHER_ROWS_PER_SLOT * slots && 2 * ffn <= MOE_GATHER_MAX_UP_COLS;
+}
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
 }
@@ -2427,9 +2448,11 @@ typedef struct {
                        kernels launched as programmatic dependents (small_launch) */
     int combine_fuse; /* 1 with MOEGEN_COMBINE_FUSE=on (read on the first call): the combine folded into a gemv
                          down GEMM (moe_combine_fuse_tokens); else its own kernel */
-#line 145 "templates/host.lua"
-    small_encode_fn encode;
+    int gather;     /* MOEGEN_GATHER (read on the first call): 0 off, 1 on, 2 auto (unset): where the sm_90a up GEMM
+                       gathers its rows from x (moe_gather_tokens under auto) */
 #line 147 "templates/host.lua"
+    small_encode_fn encode;
+#line 149 "templates/host.lua"
 } small_device_t;
 static small_device_t small_devices[small_MAX_DEVICES];
 static std::mutex small_devices_lock;
@@ -2453,18 +2476,22 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
     if (ce && *ce && strcmp(ce, "on") && strcmp(ce, "off"))
         return cudaErrorInvalidValue;
     d->combine_fuse = ce && !strcmp(ce, "on");
-#line 174 "templates/host.lua"
+    const char *ge = getenv("MOEGEN_GATHER");
+    if (ge && *ge && strcmp(ge, "on") && strcmp(ge, "off") && strcmp(ge, "auto"))
+        return cudaErrorInvalidValue;
+    d->gather = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
+#line 180 "templates/host.lua"
     d->use90 = major == 9;
-#line 179 "templates/host.lua"
+#line 185 "templates/host.lua"
     if (d->use90 && (e = small_encoder(&d->encode)) != cudaSuccess)
         return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_route_bf16_e12k3_t32k128s6, cudaFuncAttributeMaxDynamicSharedMemorySize, 78336)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 192 "templates/host.lua"
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(small_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
-#line 196 "templates/host.lua"
+#line 202 "templates/host.lua"
     return cudaSuccess;
 }
 
@@ -2515,49 +2542,51 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 252 "templates/host.lua"
+#line 258 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 260 "templates/host.lua"
+#line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 287 "templates/host.lua"
+#line 293 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *offsets = (int *)(ws + 1280);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *cursor = (int *)(ws + 1536);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1792);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2048);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *topk_idx = (int *)(ws + 2816);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *topk_w = (float *)(ws + 8960);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     int *row_of = (int *)(ws + 15104);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 21248);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 7062272);
-#line 296 "templates/host.lua"
+#line 302 "templates/host.lua"
     float *route_part = (float *)(ws + 9996032);
-#line 300 "templates/host.lua"
+#line 302 "templates/host.lua"
+    int *src_of = (int *)(ws + 10192640);
+#line 306 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 307 "templates/host.lua"
+#line 313 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1080, stream);
     if (e != cudaSuccess) return e;
-#line 314 "templates/host.lua"
+#line 320 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 64, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2565,34 +2594,40 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 322 "templates/host.lua"
+#line 328 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 334 "templates/host.lua"
+#line 340 "templates/host.lua"
+    /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
+     * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
+     * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
+    int *gsrc = (int *)0;
+    (void)src_of;
+#line 357 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
-        small_launch(dev, small_permute_scatter_bf16_h1536k3, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 408 "templates/host.lua"
+        small_launch(dev, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
+#line 435 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 379 "templates/host.lua"
+#line 406 "templates/host.lua"
     if (dev->use90) {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 366 "templates/host.lua"
+#line 393 "templates/host.lua"
     combined = cfuse;
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 78);
-#line 398 "templates/host.lua"
+#line 425 "templates/host.lua"
     } else {
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 372 "templates/host.lua"
+#line 399 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 405 "templates/host.lua"
+#line 432 "templates/host.lua"
     }
-#line 424 "templates/host.lua"
+#line 451 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2615,7 +2650,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 447 "templates/host.lua"
+#line 474 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2640,5 +2675,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 571 "templates/host.lua"
+#line 598 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
