@@ -204,7 +204,9 @@ size_t moe_plan_workspace_size(const moe_plan *plan, int tokens);
  * "topk_w", "counts", "offsets", "num_tiles", "tiles", "row_of", "xs",
  * "hbuf", "route_part", and with fp8 weights "xsc" and "hsc", the e4m3
  * rows' scales, 0 bytes otherwise; "splitk", the split-K GEMMs' partial
- * tiles, 0 bytes without them; an expert-parallel plan's own names), in the layout
+ * tiles, 0 bytes without them; "src_of", each row's token for the gathered
+ * up GEMM, 0 bytes where the spec does not allow it, written only by calls
+ * that gather; an expert-parallel plan's own names), in the layout
  * of a call of `tokens` tokens, for tests and tools that inspect
  * intermediate results. MOE_ERR_INVALID_ARG for an unknown name or tokens
  * out of range. */

@@ -751,11 +751,11 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase${c.gather and ", bool gathered" or ""}) {
     const unsigned long long da0 = sdesc(sbase);
 @ else
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase${c.gather and ", bool gathered" or ""}) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 @ end
     const unsigned long long db0 = ${c.bdesc}(sbase + A_BYTES);
@@ -763,7 +763,8 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = ${c.kt_lo}; kt < ${c.kt_hi}; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 @ if c.gather then
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
 @ end
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
@@ -933,11 +934,11 @@ static __device__ __forceinline__ bool splitk_reduce(float (&acc)[WM][NACC], flo
             /* consume arrives for the other warpgroup once its main loop is issued */
 @   if c.wm == 2 then
             if (rows > 64)
-                consume<2>(acc, sbase, cw, s, phase);
+                consume<2>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
             else  /* a short tile (an expert's last): the m64 block with rows alone */
-                consume<1>(acc, sbase, cw, s, phase);
+                consume<1>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
 @   else
-            consume<${c.wm}>(acc, sbase, cw, s, phase);
+            consume<${c.wm}>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
 @   end
 @   if c.direct then
             {  /* stored from registers (dgrad_down): under the other warpgroup's main loop */
@@ -1084,7 +1085,7 @@ ${ARCH_GUARD}
             }
 @   else
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
             else
                 skip_tile(sbase, s, phase);
 @   end

@@ -925,7 +925,7 @@ glm_4_5_air_permute_plan_e129_a64(const int *__restrict__ counts, const int *__r
 }
 
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1238,7 +1238,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * wait_group 0), so the producer refills it during the epilogue. */
 #line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -1246,8 +1246,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1266,7 +1267,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1310,7 +1311,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx_impl
 #endif
 
@@ -1338,26 +1339,26 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx(const __g
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1368,32 +1369,32 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx(const __g
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
             else
                 skip_tile(sbase, s, phase);
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1402,41 +1403,41 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx(const __g
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1692,7 +1693,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1711,7 +1712,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1749,7 +1750,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8_impl
 #endif
 
@@ -1777,24 +1778,24 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1805,30 +1806,30 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_cons
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1838,28 +1839,28 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2451,7 +2452,7 @@ glm_4_5_air_gemm_down_bf16_m128n128k32s4w2x4g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -2794,7 +2795,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -2802,8 +2803,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -2822,9 +2824,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2868,7 +2870,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -2896,27 +2898,27 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2941,22 +2943,22 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -2965,44 +2967,44 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __g
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -3288,7 +3290,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3307,9 +3309,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3347,7 +3349,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -3375,25 +3377,25 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b2;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3418,20 +3420,20 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3441,31 +3443,31 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_cons
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -4057,7 +4059,7 @@ glm_4_5_air_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -4338,7 +4340,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * wait_group 0), so the producer refills it during the epilogue. */
 #line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -4346,8 +4348,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4366,7 +4369,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4410,7 +4413,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl
 #endif
 
@@ -4438,22 +4441,22 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4464,36 +4467,36 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4502,41 +4505,41 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -4760,7 +4763,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4779,7 +4782,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4817,7 +4820,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -4845,20 +4848,20 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4869,34 +4872,34 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4906,34 +4909,34 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -5246,7 +5249,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * wait_group 0), so the producer refills it during the epilogue. */
 #line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -5254,8 +5257,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -5274,7 +5278,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5318,7 +5322,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl
 #endif
 
@@ -5346,22 +5350,22 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5372,36 +5376,36 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5410,41 +5414,41 @@ glm_4_5_air_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -5700,7 +5704,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -5719,7 +5723,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5757,7 +5761,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -5785,20 +5789,20 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1028 "templates/gemm_sm90.lua"
+#line 1029 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5809,34 +5813,34 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5846,28 +5850,28 @@ glm_4_5_air_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

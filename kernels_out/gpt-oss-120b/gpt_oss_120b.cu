@@ -923,7 +923,7 @@ gpt_oss_120b_permute_plan_e128_a128(const int *__restrict__ counts, const int *_
 }
 
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1266,7 +1266,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -1274,8 +1274,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1294,9 +1295,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1342,7 +1343,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl
 #endif
 
@@ -1370,25 +1371,25 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1413,24 +1414,24 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1243 "templates/gemm_sm90.lua"
+#line 1244 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1250 "templates/gemm_sm90.lua"
+#line 1251 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -1440,7 +1441,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1449,44 +1450,44 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1772,7 +1773,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1791,9 +1792,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1831,7 +1832,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -1859,23 +1860,23 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1900,29 +1901,29 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1307 "templates/gemm_sm90.lua"
+#line 1308 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1932,31 +1933,31 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2560,7 +2561,7 @@ gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hb
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -2841,7 +2842,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * wait_group 0), so the producer refills it during the epilogue. */
 #line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -2849,8 +2850,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -2869,7 +2871,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -2915,7 +2917,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl
 #endif
 
@@ -2943,20 +2945,20 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_cons
     }
     __syncthreads();
     if (wg == 0) {
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -2967,38 +2969,38 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_cons
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1243 "templates/gemm_sm90.lua"
+#line 1244 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1250 "templates/gemm_sm90.lua"
+#line 1251 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3008,7 +3010,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_cons
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3017,41 +3019,41 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_cons
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -3275,7 +3277,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3294,7 +3296,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3332,7 +3334,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -3360,18 +3362,18 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
     }
     __syncthreads();
     if (wg == 0) {
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3382,43 +3384,43 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1307 "templates/gemm_sm90.lua"
+#line 1308 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3428,34 +3430,34 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ m
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -3798,7 +3800,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -3806,8 +3808,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3826,9 +3829,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3874,7 +3877,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -3902,25 +3905,25 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3945,24 +3948,24 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1243 "templates/gemm_sm90.lua"
+#line 1244 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1250 "templates/gemm_sm90.lua"
+#line 1251 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -3972,7 +3975,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3981,44 +3984,44 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -4304,7 +4307,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4323,9 +4326,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4363,7 +4366,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -4391,23 +4394,23 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4432,29 +4435,29 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1307 "templates/gemm_sm90.lua"
+#line 1308 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4464,37 +4467,37 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -4775,7 +4778,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * wait_group 0), so the producer refills it during the epilogue. */
 #line 757 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -4783,8 +4786,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4803,7 +4807,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4849,7 +4853,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx_impl
 #endif
 
@@ -4877,24 +4881,24 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4905,38 +4909,38 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx(const __grid_con
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1243 "templates/gemm_sm90.lua"
+#line 1244 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b1p + (long long)expert * N + n0;
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1250 "templates/gemm_sm90.lua"
+#line 1251 "templates/gemm_sm90.lua"
                         float bg0 = 0.0f, bg1 = 0.0f, bu0 = 0.0f, bu1 = 0.0f;
                         if (!N_TAIL || n0 + j * 16 < N) {
                             const unsigned bg = *(const unsigned *)(bias + j * 16 + 2 * q);
@@ -4946,7 +4950,7 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx(const __grid_con
                             bu0 = moe_lo_float(bu);
                             bu1 = moe_hi_float(bu);
                         }
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4955,41 +4959,41 @@ gpt_oss_120b_gemm_up_swiglu_bf16_sm90a_tma_m128n128k64s6c2g8_gx(const __grid_con
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h] + bg0, acc[m][8 * j + 4 + 2 * h] + bu0);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1] + bg1, acc[m][8 * j + 5 + 2 * h] + bu1);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n128k64s6c2g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -5213,7 +5217,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -5232,7 +5236,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -5270,7 +5274,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n128k64s6c2g8_impl
 #endif
 
@@ -5298,22 +5302,22 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n128k64s6c2g8(const __grid_constant__ 
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 1020 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1025 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1030 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -5324,43 +5328,43 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n128k64s6c2g8(const __grid_constant__ 
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1044 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1086 "templates/gemm_sm90.lua"
+#line 1087 "templates/gemm_sm90.lua"
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase);
             else
                 skip_tile(sbase, s, phase);
-#line 1096 "templates/gemm_sm90.lua"
+#line 1097 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1105 "templates/gemm_sm90.lua"
+#line 1106 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1300 "templates/gemm_sm90.lua"
+#line 1301 "templates/gemm_sm90.lua"
                     const moe_half_t *__restrict__ bias = b2 + (long long)expert * N + n0;
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1307 "templates/gemm_sm90.lua"
+#line 1308 "templates/gemm_sm90.lua"
                         float b0 = 0.0f, b1 = 0.0f;
                         if (!N_TAIL || n0 + j * 8 < N) {
                             const unsigned bv = *(const unsigned *)(bias + j * 8 + 2 * q);
                             b0 = moe_lo_float(bv);
                             b1 = moe_hi_float(bv);
                         }
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -5370,28 +5374,28 @@ gpt_oss_120b_gemm_down_bf16_sm90a_tma_m128n128k64s6c2g8(const __grid_constant__ 
                                               moe_pack2(acc[m][4 * j + 2 * h] + b0, acc[m][4 * j + 2 * h + 1] + b1));
                             }
                     }
-#line 1110 "templates/gemm_sm90.lua"
+#line 1111 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1116 "templates/gemm_sm90.lua"
+#line 1117 "templates/gemm_sm90.lua"
         }
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

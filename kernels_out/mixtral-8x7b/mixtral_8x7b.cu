@@ -902,7 +902,7 @@ mixtral_8x7b_combine_bf16_h4096k2(const moe_half_t *__restrict__ obuf, const int
     }
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1245,7 +1245,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -1253,8 +1253,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1273,9 +1274,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1319,7 +1320,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -1347,27 +1348,27 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1392,22 +1393,22 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1416,44 +1417,44 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const __
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -1739,7 +1740,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1758,9 +1759,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1798,7 +1799,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1826,25 +1827,25 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b2;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1869,20 +1870,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1892,31 +1893,31 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_con
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -2986,7 +2987,7 @@ mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ h
 #line 743 "templates/gemm_gemv.lua"
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -3329,7 +3330,7 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * arrives for the other warpgroup once its last stage's wgmma are issued. */
 template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase) {
+                                               unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
 #line 761 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
@@ -3337,8 +3338,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
 #line 766 "templates/gemm_sm90.lua"
-        fence_proxy_async();  /* A may have come by cp.async (generic proxy); wgmma reads by the async proxy */
-#line 768 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3357,9 +3359,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3403,7 +3405,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx_impl
 #endif
 
@@ -3431,27 +3433,27 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1005 "templates/gemm_sm90.lua"
+#line 1006 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3476,22 +3478,22 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
-            consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
+            consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1238 "templates/gemm_sm90.lua"
+#line 1239 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1245 "templates/gemm_sm90.lua"
+#line 1246 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1260 "templates/gemm_sm90.lua"
+#line 1261 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3500,44 +3502,44 @@ mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx(const _
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1275 "templates/gemm_sm90.lua"
+#line 1276 "templates/gemm_sm90.lua"
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 970 "templates/gemm_sm90.lua"
+#line 971 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl {
 #line 264 "templates/gemm_sm90.lua"
@@ -3823,7 +3825,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 768 "templates/gemm_sm90.lua"
+#line 769 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3842,9 +3844,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 787 "templates/gemm_sm90.lua"
+#line 788 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 789 "templates/gemm_sm90.lua"
+#line 790 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3882,7 +3884,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 974 "templates/gemm_sm90.lua"
+#line 975 "templates/gemm_sm90.lua"
 }  // namespace mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_impl
 #endif
 
@@ -3910,25 +3912,25 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
     }
     __syncthreads();
     if (wg == 0) {
-#line 1002 "templates/gemm_sm90.lua"
+#line 1003 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1010 "templates/gemm_sm90.lua"
+#line 1011 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1013 "templates/gemm_sm90.lua"
+#line 1014 "templates/gemm_sm90.lua"
     } else {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 899 "templates/gemm_sm90.lua"
+#line 900 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 905 "templates/gemm_sm90.lua"
+#line 906 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 908 "templates/gemm_sm90.lua"
+#line 909 "templates/gemm_sm90.lua"
         (void)b2;
-#line 910 "templates/gemm_sm90.lua"
+#line 911 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3953,20 +3955,20 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 940 "templates/gemm_sm90.lua"
+#line 941 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 947 "templates/gemm_sm90.lua"
+#line 948 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1297 "templates/gemm_sm90.lua"
+#line 1298 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1302 "templates/gemm_sm90.lua"
+#line 1303 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1322 "templates/gemm_sm90.lua"
+#line 1323 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3976,31 +3978,31 @@ mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16(const __grid_co
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 952 "templates/gemm_sm90.lua"
+#line 953 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 958 "templates/gemm_sm90.lua"
+#line 959 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1118 "templates/gemm_sm90.lua"
+#line 1119 "templates/gemm_sm90.lua"
     }
 #else
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1121 "templates/gemm_sm90.lua"
+#line 1122 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1123 "templates/gemm_sm90.lua"
+#line 1124 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
