@@ -71,7 +71,7 @@ int main(void) {
     moe_plan_desc_t pd = {0};
     CHECK(plan_of(&pd, mixtral, embedded) == 0);
     CHECK(pd.tuned == NULL);
-    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx");
     /* one CTA per tile: the output is staged in the ring, no staging tile of its own */
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].smem == 4 * (128 + 256) * 64 * 2 + 16 * 4 && !moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.persistent);
     char key_heur[33], key_tuned[33], key_small[33];
@@ -81,7 +81,7 @@ int main(void) {
     CASE("an entry: the largest bucket <= tokens chooses the sm_90a tiles");
     CHECK(plan_of(&pd, mixtral, &t) == 0);
     CHECK(pd.tuned == &t.e[1]);
-    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_gx");
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.persistent == 1);
     CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].name, "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16");
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].smem == 3 * (128 + 256) * 64 * 2 + 128 * (128 + 8) * 2 + 16 * 3);
@@ -91,7 +91,7 @@ int main(void) {
     CASE("a smaller bucket sets bm (align) for both arches");
     CHECK(plan_of(&pd, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\ntokens = 2000\n", &t) == 0);
     CHECK(pd.tuned == &t.e[0] && pd.align == 64);
-    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4");
+    CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s5c1g4_gx");
     CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.bm == 64 && moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].threads == 256);
     CHECK(moe_cache_key(&pd, NULL, MOE_ARCH_SM90A, key_small, &cd) == 0);
     CHECK(strcmp(key_small, key_tuned) != 0);
@@ -105,7 +105,7 @@ int main(void) {
     CHECK(plan_of(&pd, mixtral, NULL) == 0);
     CHECK(pd.tuned == NULL);
     CHECK_STREQ(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name,
-                "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8");
+                "mx_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s4c2g8_gx");
     moe_tuning_free(&t);
 
     CASE("pingpong: parsed, planned (both GEMMs, persistent, 2 consumers), named, its shared memory");
@@ -119,7 +119,7 @@ int main(void) {
         const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
         const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
         CHECK(pd.align == 64 && up->threads == 384 && up->tile.pingpong && up->tile.persistent);
-        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8");
+        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx");
         CHECK_STREQ(down->name, "mx_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8");
         /* the ring, then a staging tile (bm x (min(out cols, 128) + 8) halves) per consumer warpgroup */
         CHECK(up->smem == 4 * (64 + 256) * 64 * 2 + 2 * 64 * (128 + 8) * 2 + 16 * 4);
@@ -128,7 +128,7 @@ int main(void) {
         up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
         down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
         CHECK(pd.align == 128 && up->tile.pingpong && down->tile.pingpong);
-        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g16");
+        CHECK_STREQ(up->name, "mx_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g16_gx");
         CHECK(up->smem == 4 * (128 + 128) * 64 * 2 + 2 * 128 * (64 + 8) * 2 + 16 * 4);
         CHECK(down->smem == 4 * (128 + 128) * 64 * 2 + 2 * 128 * (128 + 8) * 2 + 16 * 4);
         /* the sm_80 GEMMs know nothing of it */
@@ -148,7 +148,7 @@ int main(void) {
         const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
         const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
         CHECK(pd.nvariants == 1 && up->tile.splitk == 16 && down->tile.splitk == 12 && !up->tile.persistent);
-        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_tma_splitk16_m64n128k64s6c1g8");
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_tma_splitk16_m64n128k64s6c1g8_gx");
         CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_tma_splitk12_m64n128k64s6c1g8");
         CHECK(up->smem == 6 * (64 + 128) * 64 * 2 + 16 * 6); /* the tile grid's: the output staged in the ring */
         CHECK(moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP].tile.splitk == 0);
@@ -185,6 +185,9 @@ int main(void) {
         CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
                            "mesh = { ep = 2 }\n", &t) == 0);
         CHECK(!moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN].tile.splitk);
+        /* nor do they gather (moe_spec_gather: the backward reads xs; an EP rank's rows arrive from its peers) */
+        CHECK(!moe_gemm_gathers(&pd.spec, &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP]) &&
+              !strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "_gx"));
         /* a GEMM of one k tile stays on the tile grid: F = 40 */
         moe_tuning_free(&t);
         CHECKF(parse(&t, "8 2 72 40 bf16 sm_90a 1 64 128 64 4 1 4 splitk2  1 2 2026-12-04 none\n", &d) == 0, "%s",
@@ -373,9 +376,9 @@ int main(void) {
         CHECK(plan_of(&pd, big, &t) == 0);
         CHECK(pd.nvariants == 3); /* the 32768 bucket is past the spec's tokens */
         static const int bucket[3] = {128, 4096, 16384}, align[3] = {64, 128, 128};
-        static const char *const up90[3] = {"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8",
-                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
-                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8"};
+        static const char *const up90[3] = {"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx",
+                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s4c2g8_gx",
+                                            "mx_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx"};
         static const char *const down90[3] = {"mx_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8",
                                               "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s4c2g8",
                                               "mx_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8"};
@@ -437,7 +440,7 @@ int main(void) {
         CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
         const char *text = src.data ? src.data : "";
         const char *names[] = {up90[0], up90[1], up90[2], down90[0], down90[1], down90[2], plan_k[0], plan_k[1],
-                               "mx_permute_scatter_bf16_h4096k2"}; /* arch = sm_90a: no sm_80 kernels */
+                               "mx_permute_scatter_bf16_h4096k2_gx"}; /* arch = sm_90a: no sm_80 kernels */
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
             char def[200];
             snprintf(def, sizeof def, "\n%s(", names[i]); /* a kernel's definition: its name opens a line */
@@ -457,7 +460,7 @@ int main(void) {
             if (strcmp(fs.files[i].path, "manifest.json") == 0)
                 man = fs.files[i].data.data;
         CHECK(man && strstr(man, "{\"bucket\": 128, \"from_tokens\": 1, \"align\": 64, \"kernels\": {\"sm_90a\": "
-                                 "[\"mx_permute_plan_e8_a64\", \"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8\""));
+                                 "[\"mx_permute_plan_e8_a64\", \"mx_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx\""));
         CHECK(man && strstr(man, "{\"bucket\": 16384, \"from_tokens\": 16384, \"align\": 128"));
         moe_fileset_free(&fs);
 
