@@ -174,7 +174,11 @@ int main(void) {
         CHECK(pd.nvariants == 2 && pd.variants[0].kernels[MOE_ARCH_SM90A][MOE_K_GEMM_UP].tile.splitk == 16 &&
               !moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].tile.splitk);
         CHECK(pd.ws[MOE_WS_SPLITK].bytes > 0);
+        /* the gathered up GEMM's src_of: an int per row (moe_spec_gather), in the call's layout too */
+        CHECK_STREQ(pd.ws[MOE_WS_SRC_OF].name, "src_of");
+        CHECK(pd.ws[MOE_WS_SRC_OF].bytes == 4 * (size_t)moe_plan_max_rows(&pd, 200));
         moe_fwd_ws_layout(&pd, 127, 0, one);
+        CHECK(one[MOE_WS_SRC_OF].bytes == 4 * (size_t)moe_plan_max_rows(&pd, 127));
         CHECK(one[MOE_WS_SPLITK].bytes == 4 * (size_t)(moe_plan_variant_tiles(&pd, 0, 127) * 16 * 12 * 64 * 128));
         /* training and expert-parallel plans run the entry's tile on the tile grid */
         CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
@@ -188,6 +192,11 @@ int main(void) {
         /* nor do they gather (moe_spec_gather: the backward reads xs; an EP rank's rows arrive from its peers) */
         CHECK(!moe_gemm_gathers(&pd.spec, &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP]) &&
               !strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "_gx"));
+        /* router.apply = "input" (the scatter scales the rows) neither; and no src_of region then */
+        CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
+                           "router = { apply = 'input' }\n", &t) == 0);
+        CHECK(!moe_gemm_gathers(&pd.spec, &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP]) &&
+              pd.ws[MOE_WS_SRC_OF].bytes == 0);
         /* a GEMM of one k tile stays on the tile grid: F = 40 */
         moe_tuning_free(&t);
         CHECKF(parse(&t, "8 2 72 40 bf16 sm_90a 1 64 128 64 4 1 4 splitk2  1 2 2026-12-04 none\n", &d) == 0, "%s",
