@@ -137,7 +137,8 @@ typedef struct moe_plan moe_plan;
  * weights"). */
 typedef struct {
     int tokens;                   /* 0 .. the spec's tokens (0: an empty batch) */
-    const void *x;                /* x and y may be NULL when tokens = 0 */
+    const void *x;                /* x and y may be NULL when tokens = 0; x, y and router_x 16-byte aligned (the
+                                   * kernels move their rows 16 bytes at a time) */
     const void *router_w;
     const float *router_bias;     /* spec router.bias */
     const float *router_logit_bias; /* spec router.logit_bias */

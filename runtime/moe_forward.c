@@ -57,6 +57,14 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
                         fn);
     if ((uintptr_t)a->workspace % 256)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: workspace must be 256-byte aligned", fn);
+    /* the kernels read and write rows 16 bytes at a time (route and the scatter, or the gathered up GEMM's
+     * cp.async, x; combine y): a misaligned pointer would fault on the device */
+    const void *rows[3] = {a->x, a->y, s->router.input == MOE_ROUTER_INPUT_SEPARATE ? a->router_x : NULL};
+    static const char *const row_names[3] = {"x", "y", "router_x"};
+    for (int i = 0; i < 3 && a->tokens > 0; i++)
+        if ((uintptr_t)rows[i] % 16)
+            return moe_fail(MOE_ERR_INVALID_ARG, "%s: %s must be 16-byte aligned (it is at %p)", fn, row_names[i],
+                            rows[i]);
     return MOE_OK;
 }
 

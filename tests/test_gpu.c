@@ -1865,6 +1865,15 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             free(yh);
             z.tokens = -1;
             CHECK(moe_forward(plan, &z, NULL) == MOE_ERR_INVALID_ARG);
+            /* rows the kernels move 16 bytes at a time: a misaligned x or y is refused, nothing enqueued */
+            z = a;
+            z.tokens = 1;
+            z.x = (const char *)a.x + 2;
+            CHECK(moe_forward(plan, &z, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "x must be 16-byte"));
+            z = a;
+            z.tokens = 1;
+            z.y = (char *)a.y + 8;
+            CHECK(moe_forward(plan, &z, NULL) == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "y must be 16-byte"));
             CASE(label);
         }
     }
