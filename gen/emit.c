@@ -328,7 +328,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
     const char *re = s->zero_experts ? "E + Z" : "E"; /* the router's rows: the scored experts */
     moe_buf_printf(b,
                    "/* Tensors (row-major; half = %s bits in unsigned short):\n"
-                   " *   x            half  [tokens, H]\n"
+                   " *   x            half  [tokens, H], 16-byte aligned (as y)\n"
                    " *   router_w     half  [%s, H]\n"
                    " *   router_bias  float [%s]   selection-only bias (router.bias)%s\n"
                    " *   router_logit_bias float [%s]  added to the logits (router.logit_bias)%s\n"
@@ -337,7 +337,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    " *   b1p          half  [E, 2F]  packed like W1 (%s_pack_b1)%s\n"
                    " *   w2           half  [E, H, F]\n"
                    " *   b2           half  [E, H]%s\n"
-                   " *   y            half  [tokens, H]\n"
+                   " *   y            half  [tokens, H], 16-byte aligned\n"
                    " *   workspace    %s_WORKSPACE_BYTES bytes of device memory, 256-byte aligned\n */\n",
                    moe_dtype_name(s->dtype), re, re, s->router.bias ? "" : " — unused by this spec", re,
                    s->router.logit_bias ? "" : " — unused", pd->pair_granule, n, n, s->ffn_bias ? "" : " — unused",

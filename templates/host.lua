@@ -266,6 +266,9 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
 @ end
+    /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
+    if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
+        return cudaErrorInvalidValue;
 @ if p.given and p.score ~= "given" then
     if (!a->topk_ids) return cudaErrorInvalidValue; /* the caller's experts */
 @ end

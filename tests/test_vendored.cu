@@ -247,6 +247,16 @@ int main(int argc, char **argv) {
     CHECK(N(_forward)(&z, 0) == cudaSuccess);
     z.tokens = -1;
     CHECK(N(_forward)(&z, 0) == cudaErrorInvalidValue);
+    /* rows moved 16 bytes at a time: a misaligned x or y, or a workspace off 256, is refused */
+    z = a;
+    z.x = (const char *)a.x + 2;
+    CHECK(N(_forward)(&z, 0) == cudaErrorInvalidValue);
+    z = a;
+    z.y = (char *)a.y + 8;
+    CHECK(N(_forward)(&z, 0) == cudaErrorInvalidValue);
+    z = a;
+    z.workspace = (char *)a.workspace + 16;
+    CHECK(N(_forward)(&z, 0) == cudaErrorInvalidValue);
     /* the first calls from several threads at once (the per-device state is
      * filled once, under a lock): each must succeed; their outputs race on
      * the shared workspace, so only the checked call below is compared */

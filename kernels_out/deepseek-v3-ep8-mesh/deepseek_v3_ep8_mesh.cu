@@ -3223,43 +3223,47 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
 #line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 279 "templates/host.lua"
+#line 269 "templates/host.lua"
+    /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
+    if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
+        return cudaErrorInvalidValue;
+#line 282 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 293 "templates/host.lua"
+#line 296 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3840);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12288);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *topk_w = (float *)(ws + 143360);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *row_of = (int *)(ws + 274432);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405504);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259584);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646464);
-#line 306 "templates/host.lua"
+#line 309 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 313 "templates/host.lua"
+#line 316 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1288, stream);
     if (e != cudaSuccess) return e;
-#line 320 "templates/host.lua"
+#line 323 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3267,42 +3271,42 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 328 "templates/host.lua"
+#line 331 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 360 "templates/host.lua"
+#line 363 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 435 "templates/host.lua"
+#line 438 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
     if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
     } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
     }
-#line 451 "templates/host.lua"
+#line 454 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3325,7 +3329,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 474 "templates/host.lua"
+#line 477 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3350,5 +3354,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 598 "templates/host.lua"
+#line 601 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

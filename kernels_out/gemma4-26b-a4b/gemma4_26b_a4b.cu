@@ -4966,48 +4966,52 @@ extern "C" cudaError_t gemma4_26b_a4b_forward(const gemma4_26b_a4b_args_t *a, cu
 #line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 273 "templates/host.lua"
-    if (!a->router_x) return cudaErrorInvalidValue; /* the router's own input */
+#line 269 "templates/host.lua"
+    /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
+    if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
+        return cudaErrorInvalidValue;
 #line 276 "templates/host.lua"
+    if (!a->router_x) return cudaErrorInvalidValue; /* the router's own input */
+#line 279 "templates/host.lua"
     if (!a->router_expert_scale) return cudaErrorInvalidValue;
-#line 293 "templates/host.lua"
+#line 296 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *offsets = (int *)(ws + 2304);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *cursor = (int *)(ws + 3072);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3584);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3840);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *topk_idx = (int *)(ws + 38656);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *topk_w = (float *)(ws + 562944);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *row_of = (int *)(ws + 1087232);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1611520);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 785225472);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *route_part = (float *)(ws + 981128960);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *src_of = (int *)(ws + 983226112);
-#line 308 "templates/host.lua"
+#line 311 "templates/host.lua"
     const int v = gemma4_26b_a4b_variant(T);
     const long long tiles_y = gemma4_26b_a4b_max_tiles(T, v);
-#line 313 "templates/host.lua"
+#line 316 "templates/host.lua"
     cudaError_t e;
     const gemma4_26b_a4b_device_t *dev = gemma4_26b_a4b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 2184, stream);
     if (e != cudaSuccess) return e;
-#line 320 "templates/host.lua"
+#line 323 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, gemma4_26b_a4b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -5015,127 +5019,127 @@ extern "C" cudaError_t gemma4_26b_a4b_forward(const gemma4_26b_a4b_args_t *a, cu
     gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_route_bf16_e128k8_t32k64s4_rx, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2816)), 256, 92160, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz, (const moe_half_t *)a->router_x, a->router_expert_scale);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_plan_e128_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 340 "templates/host.lua"
+#line 343 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 353 "templates/host.lua"
+#line 356 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 128, 704)))
         gsrc = src_of;
-#line 357 "templates/host.lua"
+#line 360 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_permute_scatter_bf16_h2816k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 435 "templates/host.lua"
+#line 438 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u1, dim3(44, (unsigned)tiles_y), 256, 11264, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 393 "templates/host.lua"
+#line 396 "templates/host.lua"
         combined = cfuse;
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u1, dim3(88, (unsigned)tiles_y), 256, 2816, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(44, (unsigned)tiles_y), 256, 11264, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 393 "templates/host.lua"
+#line 396 "templates/host.lua"
         combined = cfuse;
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(88, (unsigned)tiles_y), 256, 2816, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 194);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 2047 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2816, 64)) != cudaSuccess ||
             (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w1p, 180224LL, 2816, 128)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 704, 64)) != cudaSuccess ||
             (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w2, 360448LL, 704, 128)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 22, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 3) { /* calls of 2048 or more tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2816, 64)) != cudaSuccess ||
             (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w1p, 180224LL, 2816, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 6, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gemma4_26b_a4b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 704, 64)) != cudaSuccess ||
             (e = gemma4_26b_a4b_tmap(dev->encode, &mb, a->w2, 360448LL, 704, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 11, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(11, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(22, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 452 "templates/host.lua"
     }
-#line 451 "templates/host.lua"
+#line 454 "templates/host.lua"
     if (!combined)
         gemma4_26b_a4b_launch(dev, gemma4_26b_a4b_combine_bf16_h2816k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2816)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5158,7 +5162,7 @@ extern "C" void gemma4_26b_a4b_pack_b1(const unsigned short *b1, unsigned short 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 474 "templates/host.lua"
+#line 477 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5183,5 +5187,5 @@ extern "C" cudaError_t gemma4_26b_a4b_pack(int tensor, void *dst, const void *sr
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 598 "templates/host.lua"
+#line 601 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -6278,48 +6278,52 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
 #line 266 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 282 "templates/host.lua"
-    if (!a->router_logit_bias) return cudaErrorInvalidValue;
+#line 269 "templates/host.lua"
+    /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
+    if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
+        return cudaErrorInvalidValue;
 #line 285 "templates/host.lua"
+    if (!a->router_logit_bias) return cudaErrorInvalidValue;
+#line 288 "templates/host.lua"
     if (!a->b1p || !a->b2) return cudaErrorInvalidValue;
-#line 293 "templates/host.lua"
+#line 296 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *offsets = (int *)(ws + 2048);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *cursor = (int *)(ws + 2304);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *num_tiles = (int *)(ws + 2560);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2816);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *topk_idx = (int *)(ws + 19712);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *topk_w = (float *)(ws + 281856);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *row_of = (int *)(ws + 544000);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 806144);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 401702144);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     float *route_part = (float *)(ws + 802598144);
-#line 302 "templates/host.lua"
+#line 305 "templates/host.lua"
     int *src_of = (int *)(ws + 803122432);
-#line 308 "templates/host.lua"
+#line 311 "templates/host.lua"
     const int v = gpt_oss_20b_variant(T);
     const long long tiles_y = gpt_oss_20b_max_tiles(T, v);
-#line 313 "templates/host.lua"
+#line 316 "templates/host.lua"
     cudaError_t e;
     const gpt_oss_20b_device_t *dev = gpt_oss_20b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1832, stream);
     if (e != cudaSuccess) return e;
-#line 320 "templates/host.lua"
+#line 323 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, gpt_oss_20b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -6327,135 +6331,135 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
     gpt_oss_20b_launch(dev, gpt_oss_20b_route_bf16_e32k4_t32k128s5, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 2880)), 256, 87040, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 333 "templates/host.lua"
+#line 336 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 340 "templates/host.lua"
+#line 343 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 353 "templates/host.lua"
+#line 356 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 1 || v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 4, 32, 2880)))
         gsrc = src_of;
-#line 357 "templates/host.lua"
+#line 360 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         gpt_oss_20b_launch(dev, gpt_oss_20b_permute_scatter_bf16_h2880k4_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 435 "templates/host.lua"
+#line 438 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(90, (unsigned)tiles_y), 256, 46080, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 393 "templates/host.lua"
+#line 396 "templates/host.lua"
         combined = cfuse;
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(45, (unsigned)tiles_y), 256, 46080, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 511 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 2) { /* calls of 512 .. 4095 tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 45, 1, 0, dev->sms)), 384, 168000, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2880, 128)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 128)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(45, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 446 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 406 "templates/host.lua"
+#line 409 "templates/host.lua"
         if (dev->use90) {
-#line 411 "templates/host.lua"
+#line 414 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w1p, 184320LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 23, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 368 "templates/host.lua"
+#line 371 "templates/host.lua"
         if ((e = gpt_oss_20b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2880, 64)) != cudaSuccess ||
             (e = gpt_oss_20b_tmap(dev->encode, &mb, a->w2, 92160LL, 2880, 256)) != cudaSuccess)
             return e;
-#line 382 "templates/host.lua"
+#line 385 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 12, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 425 "templates/host.lua"
+#line 428 "templates/host.lua"
         } else {
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(45, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 399 "templates/host.lua"
+#line 402 "templates/host.lua"
         gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 432 "templates/host.lua"
+#line 435 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 452 "templates/host.lua"
     }
-#line 451 "templates/host.lua"
+#line 454 "templates/host.lua"
     if (!combined)
         gpt_oss_20b_launch(dev, gpt_oss_20b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6478,7 +6482,7 @@ extern "C" void gpt_oss_20b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 474 "templates/host.lua"
+#line 477 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6503,5 +6507,5 @@ extern "C" cudaError_t gpt_oss_20b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 598 "templates/host.lua"
+#line 601 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -29,7 +29,7 @@
 #define longcat_flash_SCORED 768
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
- *   x            half  [tokens, H]
+ *   x            half  [tokens, H], 16-byte aligned (as y)
  *   router_w     half  [E + Z, H]
  *   router_bias  float [E + Z]   selection-only bias (router.bias)
  *   router_logit_bias float [E + Z]  added to the logits (router.logit_bias) — unused
@@ -38,7 +38,7 @@
  *   b1p          half  [E, 2F]  packed like W1 (longcat_flash_pack_b1) — unused
  *   w2           half  [E, H, F]
  *   b2           half  [E, H] — unused
- *   y            half  [tokens, H]
+ *   y            half  [tokens, H], 16-byte aligned
  *   workspace    longcat_flash_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {

@@ -29,7 +29,7 @@
 #define qwen2_moe_57b_a14b_SLOTS 72
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
- *   x            half  [tokens, H]
+ *   x            half  [tokens, H], 16-byte aligned (as y)
  *   router_w     half  [E, H]
  *   router_bias  float [E]   selection-only bias (router.bias) — unused by this spec
  *   router_logit_bias float [E]  added to the logits (router.logit_bias) — unused
@@ -38,7 +38,7 @@
  *   b1p          half  [E, 2F]  packed like W1 (qwen2_moe_57b_a14b_pack_b1) — unused
  *   w2           half  [E, H, F]
  *   b2           half  [E, H] — unused
- *   y            half  [tokens, H]
+ *   y            half  [tokens, H], 16-byte aligned
  *   workspace    qwen2_moe_57b_a14b_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {

@@ -23,7 +23,7 @@
 #define qwen3_30b_a3b_WORKSPACE_BYTES 787878912ULL /* at qwen3_30b_a3b_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
- *   x            half  [tokens, H]
+ *   x            half  [tokens, H], 16-byte aligned (as y)
  *   router_w     half  [E, H]
  *   router_bias  float [E]   selection-only bias (router.bias) — unused by this spec
  *   router_logit_bias float [E]  added to the logits (router.logit_bias) — unused
@@ -32,7 +32,7 @@
  *   b1p          half  [E, 2F]  packed like W1 (qwen3_30b_a3b_pack_b1) — unused
  *   w2           half  [E, H, F]
  *   b2           half  [E, H] — unused
- *   y            half  [tokens, H]
+ *   y            half  [tokens, H], 16-byte aligned
  *   workspace    qwen3_30b_a3b_WORKSPACE_BYTES bytes of device memory, 256-byte aligned
  */
 typedef struct {
