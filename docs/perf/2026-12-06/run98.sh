@@ -6,7 +6,7 @@
 # gather costs inside the up GEMM: moe_bench --graph at 128..16384 tokens, off / auto / on (build r98) and on with
 # the fence dropped (build nf = r98 + patches/gather_nofence.diff: an experiment, not correct by the memory model),
 # interleaved per spec; (3) Nsight Compute of Mixtral's up GEMM at 4096 tokens gathering and not (stall reasons).
-# carry ["build/r98", "build/nf"]: r98 = main's moegen, moe_bench, test_gpu, test_vendored; nf = moegen, moe_bench
+# carry ["build/r98", "build/nf"]: r98 = main's (prebuilt at 4b22296) moegen, moe_bench, test_gpu, test_vendored; nf = moegen, moe_bench (prebuilt at 15273a5)
 # with the patch (all stripped; rebuild both if main's kernels changed since).
 set -u
 mkdir -p "$OUT" build
