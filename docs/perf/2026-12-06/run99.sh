@@ -3,7 +3,7 @@
 # tests: moe_bench --graph at 512..16384 tokens, MOEGEN_GATHER off / auto / on (build r98, main `4b22296`), on with
 # the consumers' fence dropped (build nf = `15273a5` + patches/gather_nofence.diff: an experiment, not correct by
 # the memory model — it says what the fence costs), and on with one thread per warpgroup fencing and a named
-# barrier (build f1 = `e7f2060` + patches/gather_fence1.diff), and on with the copying threads fencing a lag of
+# barrier (build f1 = `d7ad37a` + patches/gather_fence1.diff), and on with the copying threads fencing a lag of
 # STAGES - 2 stages behind their copies (build lg = `153a202` + patches/gather_lag.diff: the
 # writer-side order the memory model states plainly, without form 2's serialization), interleaved per spec; then
 # Nsight Compute of Mixtral's up GEMM at 4096 tokens gathering and not (stall reasons).
