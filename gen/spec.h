@@ -262,7 +262,8 @@ static inline long long moe_spec_fp8_scales(const moe_spec_t *s, int w2) {
  * router.apply = "input" (it scales them), zero experts (combine reads x[t]
  * from xs), training (the backward reads xs) or expert parallelism (the up
  * GEMM's rows arrive from the peers); only the sm_90a TMA GEMMs gather
- * (moe_gemm_gathers), and only calls whose scatter runs apart. */
+ * (moe_gemm_gathers), and only calls whose scatter runs apart, as
+ * MOEGEN_GATHER and its size rule allow (runtime/moe_forward.c). */
 static inline int moe_spec_gather(const moe_spec_t *s) {
     return !moe_spec_fp8(s) && s->router.apply != MOE_APPLY_INPUT && !s->zero_experts && !s->training &&
            s->mesh.size[MOE_AXIS_EP] <= 1;

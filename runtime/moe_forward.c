@@ -97,6 +97,8 @@ int moe_forward_gathers(const moe_plan *p, const moe_forward_args *a) {
         return 0;
     moe_launcher_t l;
     moe_plan_launcher_for(p, a->tokens, 0, &l);
+    /* what gathers() reads of the call's stage arguments: cuDNN's decision looks at w1p and whether the
+     * workspace has its scratch (any non-zero address stands for the forward's) */
     const moe_ffn_args_t f = {.tokens = a->tokens, .w1p = a->w1p, .scratch = moe_cudnn_workspace(p->cudnn) ? 1 : 0};
     return gathers(p, &l, moe_plan_route_fuse(p, a->tokens), &f);
 }
