@@ -192,6 +192,12 @@ int main(void) {
         /* nor do they gather (moe_spec_gather: the backward reads xs; an EP rank's rows arrive from its peers) */
         CHECK(!moe_gemm_gathers(&pd.spec, &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP]) &&
               !strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "_gx"));
+        /* MOEGEN_GATHER=auto's size rule at the measured calls (docs/PERF.md, sixteenth session, run 100):
+         * gathering where it ran faster, not where it ran slower */
+        CHECK(moe_gather_tokens(4096, 8, 128, 768) && !moe_gather_tokens(16384, 8, 128, 768));     /* Qwen3 */
+        CHECK(moe_gather_tokens(512, 8, 32, 2048) && !moe_gather_tokens(2048, 8, 32, 2048));       /* EP8 rank */
+        CHECK(moe_gather_tokens(2048, 4, 128, 2880) && !moe_gather_tokens(4096, 4, 128, 2880));    /* gpt-oss-120b */
+        CHECK(!moe_gather_tokens(2048, 2, 8, 14336));                                               /* Mixtral */
         /* router.apply = "input" (the scatter scales the rows) neither; and no src_of region then */
         CHECK(plan_of(&pd, "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n"
                            "router = { apply = 'input' }\n", &t) == 0);

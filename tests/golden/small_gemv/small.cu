@@ -2368,16 +2368,16 @@ static inline int moe_combine_fuse_tokens(long long tokens) {
 /* Does a call of `tokens` tokens run the gathered up GEMM where its kernels
  * can (docs/DESIGN.md, "The gathered up GEMM"; MOEGEN_GATHER=auto, the
  * default, and the vendored launcher)? The rule the measurements support
- * (docs/PERF.md, "The gathered up GEMM"): gathering saves the
- * scatter's copy of x (T·k' rows written and read back) but loads A more
- * slowly than TMA reads the copy, a cost paid again for each of the up
- * GEMM's N tiles and that shows where the GEMM is compute-bound; so at most
- * 128 rows per weight slot on average (T·k' <= 128·E') and at most 4096
- * packed up-projection columns (2F: 16 N tiles of 256). */
-#define MOE_GATHER_ROWS_PER_SLOT 128
-#define MOE_GATHER_MAX_UP_COLS 4096
+ * (docs/PERF.md, "The gathered up GEMM" and its sixteenth-session
+ * follow-up): gathering saves the scatter's copy of x (T·k' rows written
+ * and read back) but its A loads cost more than TMA's reads of the copy, a
+ * cost paid again for each of the up GEMM's tiles of a slot and that shows
+ * where the GEMM is compute-bound; so at most 2^19 rows × packed
+ * up-projection columns per weight slot on average (T·k'·2F <= 2^19·E':
+ * 32 tiles of 64 × 256 a slot). */
+#define MOE_GATHER_ROW_COLS_PER_SLOT (1LL << 19)
 static inline int moe_gather_tokens(long long tokens, long long entries, long long slots, long long ffn) {
-    return tokens * entries <= MOE_GATHER_ROWS_PER_SLOT * slots && 2 * ffn <= MOE_GATHER_MAX_UP_COLS;
+    return tokens * entries * 2 * ffn <= MOE_GATHER_ROW_COLS_PER_SLOT * slots;
 }
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
