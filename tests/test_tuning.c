@@ -192,7 +192,7 @@ int main(void) {
         /* nor do they gather (moe_spec_gather: the backward reads xs; an EP rank's rows arrive from its peers) */
         CHECK(!moe_gemm_gathers(&pd.spec, &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP]) &&
               !strstr(moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP].name, "_gx"));
-        /* MOEGEN_GATHER=auto's size rule at the measured calls (docs/PERF.md, sixteenth session, run 100):
+        /* MOEGEN_GATHER=auto's size rule at the measured calls (docs/PERF.md, sixteenth session, runs 100-101):
          * gathering where it ran faster, not where it ran slower */
         CHECK(moe_gather_tokens(4096, 8, 128, 768) && !moe_gather_tokens(16384, 8, 128, 768));     /* Qwen3 */
         CHECK(moe_gather_tokens(512, 8, 32, 2048) && !moe_gather_tokens(2048, 8, 32, 2048));       /* EP8 rank */
