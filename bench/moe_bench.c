@@ -636,6 +636,8 @@ int main(int argc, char **argv) {
            why[0] ? " — " : "", why);
     printf("gemms: %s, %s\n", info.kernels[MOE_K_GEMM_UP], info.kernels[MOE_K_GEMM_DOWN]);
     printf("launch overlap (MOEGEN_PDL): %s\n", info.pdl ? "on" : "off");
+    printf("gathered up GEMM (MOEGEN_GATHER): %s\n",
+           info.gather == 2 ? "auto" : info.gather ? "on" : "off (by MOEGEN_GATHER, or not this spec or device)");
 
     const moe_dtype_t dt = sp->dtype;
     const size_t H = sp->hidden, F = sp->ffn, Tmax = sp->tokens;
@@ -769,6 +771,8 @@ int main(int argc, char **argv) {
                               .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s,
                               .topk_ids = (const int *)gids, .topk_weights = (const float *)gwts,
                               .router_x = (void *)x, .router_expert_scale = (const float *)escale};
+        if (moe_forward_gathers(plan, &a)) /* the gathered up GEMM (docs/DESIGN.md): no copy of x by the scatter */
+            printf("up GEMM at %d tokens gathers x (permute_scatter writes the row maps only)\n", T);
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);

@@ -561,6 +561,11 @@ typedef struct {
                                      says which calls); 0: off (MOEGEN_ROUTE_FUSE=off, or mesh.ep > 1) */
     int pdl;                      /* 1: the plan launches its kernels as programmatic dependents of the stream's
                                      previous kernel (MOEGEN_PDL=on, sm_90a; docs/DESIGN.md, "Launch overlap") */
+    int gather;                   /* the gathered up GEMM (docs/DESIGN.md, "The gathered up GEMM"): 2 auto (the
+                                     calls moe_gather_tokens admits), 1 on (every call its kernels allow), as
+                                     MOEGEN_GATHER says; 0 off, or no call can (the spec: fp8 weights, training,
+                                     router.apply = "input", zero experts, mesh.ep > 1; or an sm_80 device). Calls
+                                     whose route fuses the scatter, or whose up stage cuDNN takes, never gather */
 } moe_plan_info;
 #ifdef __cplusplus
 #define MOE_PLAN_INFO_INIT {sizeof(moe_plan_info)}

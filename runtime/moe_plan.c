@@ -675,6 +675,17 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
     return MOE_OK;
 }
 
+/* moe_plan_info.gather: MOEGEN_GATHER's mode (2 auto, 1 on) where some variant's up GEMM on this device
+ * gathers (moe_gemm_gathers) and no dispatch brings the rows; else 0. */
+static int gather_mode(const moe_plan *p) {
+    if (!p->gather || p->ep->dispatch)
+        return 0;
+    int any = moe_gemm_gathers(&p->pd.spec, &p->launcher.kernels[MOE_K_GEMM_UP]);
+    for (int v = 0; v < p->pd.nvariants; v++)
+        any |= moe_gemm_gathers(&p->pd.spec, &p->pd.variants[v].kernels[p->launcher.arch][MOE_K_GEMM_UP]);
+    return any ? p->gather : 0;
+}
+
 moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
     if (!p || !info)
         return moe_fail(MOE_ERR_INVALID_ARG, "moe_plan_get_info: NULL argument");
@@ -688,7 +699,7 @@ moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {
                             .held = p->ep->mp->nheld, .dispatch_capacity = p->ep->ed->capacity,
                             .cudnn_version = moe_cudnn_version(p->cudnn),
                             .gather_bytes = (long long)moe_ep_gather_bytes(p->ep->mp, s),
-                            .route_fuse = p->route_fuse, .pdl = p->launcher.pdl};
+                            .route_fuse = p->route_fuse, .pdl = p->launcher.pdl, .gather = gather_mode(p)};
     for (int i = 0; i < MOE_K_COUNT; i++)
         full.kernels[i] = p->launcher.kernels[i].name;
     /* only the bytes the caller's moe.h declares */

@@ -1387,6 +1387,21 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
         CHECKF(info.pdl == on && plan->launcher.pdl == on, "moe_plan_info.pdl = %d (launcher %d) with MOEGEN_PDL=%s on %s",
                info.pdl, plan->launcher.pdl, pe ? pe : "(unset)", moe_arch_name(plan->launcher.arch));
     }
+    { /* moe_plan_info.gather: MOEGEN_GATHER's mode (2 auto, 1 on, 0 off) where some variant's up GEMM on this
+       * device is a gathering one (its name ends "_gx"), else 0 */
+        const char *ge = getenv("MOEGEN_GATHER");
+        const int mode = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
+        int gx = 0;
+        for (int v = 0; v <= plan->pd.nvariants; v++) {
+            const char *nm = v < plan->pd.nvariants
+                                 ? plan->pd.variants[v].kernels[plan->launcher.arch][MOE_K_GEMM_UP].name
+                                 : plan->launcher.kernels[MOE_K_GEMM_UP].name;
+            const size_t n = strlen(nm);
+            gx |= n > 3 && !strcmp(nm + n - 3, "_gx");
+        }
+        CHECKF(info.gather == (gx ? mode : 0), "moe_plan_info.gather = %d with MOEGEN_GATHER=%s (a gathering up GEMM: %d)",
+               info.gather, ge ? ge : "(unset)", gx);
+    }
 
     /* poison outputs and the whole workspace; the call's own is exactly
      * moe_plan_workspace_size(plan, T) bytes, at the end of the capacity's */
