@@ -51,6 +51,11 @@ static float urand() {
     rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
     return (float)((rng_state >> 40) / 16777216.0) * 2.0f - 1.0f;
 }
+/* n values urand() * scale, rounded to the vendored dtype (a count, not a loop bound the compiler folds: FS may be
+ * 0) */
+static void fill(uint16_t *p, size_t n, float scale, moe_dtype_t dt) {
+    for (size_t i = 0; i < n; i++) p[i] = moe_float_to_half(urand() * scale, dt);
+}
 
 int main(int argc, char **argv) {
     const char *spec_path = argc > 1 ? argv[1] : NULL;
@@ -83,16 +88,16 @@ int main(int argc, char **argv) {
     uint16_t *wsg = (uint16_t *)malloc(H * 2);
     uint16_t *b1p = (uint16_t *)malloc(E * 2 * F * 2), *b2 = (uint16_t *)malloc(E * H * 2);
     float *sb = (float *)malloc(E * 4), *lb = (float *)malloc(E * 4);
-    for (size_t i = 0; i < T * H; i++) x[i] = moe_float_to_half(urand(), dt);
-    for (size_t i = 0; i < E * H; i++) wr[i] = moe_float_to_half(urand() * 4 / sqrtf((float)H), dt);
-    for (size_t i = 0; i < E * 2 * F * H; i++) w1[i] = moe_float_to_half(urand() * 2 / sqrtf((float)H), dt);
-    for (size_t i = 0; i < E * H * F; i++) w2[i] = moe_float_to_half(urand() * 2 / sqrtf((float)F), dt);
-    for (size_t i = 0; i < E * 2 * F; i++) b1[i] = moe_float_to_half(urand() * 0.5f, dt);
-    for (size_t i = 0; i < E * H; i++) b2[i] = moe_float_to_half(urand() * 0.5f, dt);
+    fill(x, T * H, 1, dt);
+    fill(wr, E * H, 4 / sqrtf((float)H), dt);
+    fill(w1, E * 2 * F * H, 2 / sqrtf((float)H), dt);
+    fill(w2, E * H * F, 2 / sqrtf((float)F), dt);
+    fill(b1, E * 2 * F, 0.5f, dt);
+    fill(b2, E * H, 0.5f, dt);
     for (size_t i = 0; i < E; i++) { sb[i] = urand() * 0.1f; lb[i] = urand(); }
-    for (size_t i = 0; i < 2 * FS * H; i++) ws1[i] = moe_float_to_half(urand() * 2 / sqrtf((float)H), dt);
-    for (size_t i = 0; i < H * FS; i++) ws2[i] = moe_float_to_half(urand() * 2 / sqrtf((float)FS), dt);
-    for (size_t i = 0; i < H; i++) wsg[i] = moe_float_to_half(urand() * 2 / sqrtf((float)H), dt);
+    fill(ws1, 2 * FS * H, 2 / sqrtf((float)H), dt);   /* FS = 0 without a shared expert: nothing */
+    fill(ws2, H * FS, FS ? 2 / sqrtf((float)FS) : 0, dt);
+    fill(wsg, H, 2 / sqrtf((float)H), dt);
     N(_pack_w1)(w1, w1p);
     N(_pack_b1)(b1, b1p);
 #ifdef VENDORED_SHARED
