@@ -8,6 +8,8 @@
 # gathering up GEMM at 4096 (=on, with the .L2::256B copies: its DRAM bytes against run 99's 1.78x).
 # Questions: DRAM bytes against the weights' bytes (is B read from DRAM more than once?), the stall reasons of the
 # producer and consumer warps, the tensor pipe's and L2's utilization, the SM clock.
+# Last, boxramp.cu (build/r104/boxramp: nvcc -O3 -std=c++17 -arch=sm_90a ... -lcuda): the weights streamed through
+# the GEMMs' ring as TMA boxes of 256 rows x 64 k against contiguous bulk copies and a plain read, on four shapes.
 # First, test_gpu on Qwen3 and the EP8 rank under the default auto and under =off: moe_plan_info.gather (5219c2d, not
 # yet run on a GPU) and the gathering calls.
 # carry ["build/r104"] (main be8eda8's moegen, moe_bench, test_gpu, test_vendored, stripped; rebuild if main's
@@ -33,7 +35,12 @@ for job in "mixtral-8x7b 512 gemm_up" "mixtral-8x7b 512 gemm_down" "deepseek-v3-
         build/r104/moe_bench examples/specs/$1.moe --tokens $2 --iters 1 > "$OUT/ncu_$1_$2_$3${4:+_$4}.log" 2>&1
     echo "ncu $job: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 done
+for shape in "8 28672 4096" "8 4096 14336" "32 4096 7168" "128 1536 2048"; do   # Mixtral up, down; EP8 up; Qwen3 up
+    timeout 60 build/r104/boxramp $shape >> "$OUT/boxramp.log" 2>&1
+    echo "boxramp $shape: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
+done
 cat "$OUT/rc.txt"
+cat "$OUT/boxramp.log"
 grep -h "^test_gpu:" "$OUT"/test_gpu_*.log; grep -h -m3 FAIL "$OUT"/test_gpu_*.log
 for f in "$OUT"/ncu_*.log; do
     echo "== $(basename "$f")"
