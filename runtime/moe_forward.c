@@ -93,7 +93,7 @@ static int gathers(const moe_plan *p, const moe_launcher_t *l, int fuse, const m
 }
 
 int moe_forward_gathers(const moe_plan *p, const moe_forward_args *a) {
-    if (!p || !a || a->tokens <= 0 || p->ep->dispatch)
+    if (!p || !a || a->tokens <= 0) /* an expert-parallel plan's up GEMM never gathers (moe_spec_gather) */
         return 0;
     moe_launcher_t l;
     moe_plan_launcher_for(p, a->tokens, 0, &l);

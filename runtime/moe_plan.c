@@ -676,14 +676,13 @@ moe_status moe_plan_set_slot_table(moe_plan *p, const int *slot_of) {
 }
 
 /* moe_plan_info.gather: MOEGEN_GATHER's mode (2 auto, 1 on) where some variant's up GEMM on this device
- * gathers (moe_gemm_gathers) and no dispatch brings the rows; else 0. */
+ * gathers (moe_gemm_gathers: not on an expert-parallel plan's, whose rows come from the peers; the last
+ * variant's kernels are the launcher's), else 0. */
 static int gather_mode(const moe_plan *p) {
-    if (!p->gather || p->ep->dispatch)
-        return 0;
-    int any = moe_gemm_gathers(&p->pd.spec, &p->launcher.kernels[MOE_K_GEMM_UP]);
     for (int v = 0; v < p->pd.nvariants; v++)
-        any |= moe_gemm_gathers(&p->pd.spec, &p->pd.variants[v].kernels[p->launcher.arch][MOE_K_GEMM_UP]);
-    return any ? p->gather : 0;
+        if (moe_gemm_gathers(&p->pd.spec, &p->pd.variants[v].kernels[p->launcher.arch][MOE_K_GEMM_UP]))
+            return p->gather;
+    return 0;
 }
 
 moe_status moe_plan_get_info(const moe_plan *p, moe_plan_info *info) {

@@ -1324,6 +1324,12 @@ out:
     return st;
 }
 
+/* Whether a planned up GEMM is a gathering one: its name ends "_gx" (gen/family_gemm.c spells it). */
+static int gathering_name(const char *name) {
+    const size_t n = strlen(name);
+    return n > 3 && !strcmp(name + n - 3, "_gx");
+}
+
 /* One forward at T tokens (replayed from a CUDA graph when graph is set),
  * then every selected family's checks. */
 static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, const char *label, int graph) {
@@ -1391,14 +1397,9 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
        * device is a gathering one (its name ends "_gx"), else 0 */
         const char *ge = getenv("MOEGEN_GATHER");
         const int mode = !ge || !*ge || !strcmp(ge, "auto") ? 2 : !strcmp(ge, "on");
-        int gx = 0;
-        for (int v = 0; v <= plan->pd.nvariants; v++) {
-            const char *nm = v < plan->pd.nvariants
-                                 ? plan->pd.variants[v].kernels[plan->launcher.arch][MOE_K_GEMM_UP].name
-                                 : plan->launcher.kernels[MOE_K_GEMM_UP].name;
-            const size_t n = strlen(nm);
-            gx |= n > 3 && !strcmp(nm + n - 3, "_gx");
-        }
+        int gx = 0; /* the last variant's kernels are the launcher's */
+        for (int v = 0; v < plan->pd.nvariants; v++)
+            gx |= gathering_name(plan->pd.variants[v].kernels[plan->launcher.arch][MOE_K_GEMM_UP].name);
         CHECKF(info.gather == (gx ? mode : 0), "moe_plan_info.gather = %d with MOEGEN_GATHER=%s (a gathering up GEMM: %d)",
                info.gather, ge ? ge : "(unset)", gx);
     }
@@ -1425,9 +1426,8 @@ static void run_tokens(const moe_plan *plan, layer_t *L, int T, uint64_t *rng, c
     const int gathered = moe_forward_gathers(plan, &a);
     {
         const char *up = vup; /* the variant's up GEMM */
-        const size_t n = strlen(up);
         const int want = plan->gather && moe_spec_gather(s) && moe_plan_route_fuse(plan, T) < MOE_ROUTE_FUSED_SCATTER &&
-                         n > 3 && !strcmp(up + n - 3, "_gx") &&
+                         gathering_name(up) &&
                          (plan->gather == 1 || moe_gather_tokens(T, KE, ES, F)); /* MOEGEN_GATHER=on, or auto */
         if (!moe_cudnn_workspace(plan->cudnn)) /* with cuDNN on, its policy decides the up stage */
             CHECKF(gathered == want, "T = %d: moe_forward_gathers %d, expected %d (up GEMM %s)", T, gathered, want,
