@@ -12,7 +12,7 @@
 # the GEMMs' ring as TMA boxes of 256 rows x 64 k against contiguous bulk copies and a plain read, on four shapes.
 # First, test_gpu on Qwen3 and the EP8 rank under the default auto and under =off: moe_plan_info.gather (5219c2d, not
 # yet run on a GPU) and the gathering calls.
-# carry ["build/r104"] (main be8eda8's moegen, moe_bench, test_gpu, test_vendored, stripped; rebuild if main's
+# carry ["build/r104"] (main 2cbc973's moegen, moe_bench, test_gpu, test_vendored, stripped; rebuild if main's
 # kernels or runtime change)
 set -u
 mkdir -p "$OUT" build
