@@ -68,7 +68,8 @@ static void push_kernel_set(lua_State *L, const moe_plan_desc_t *pd, const moe_k
             moe_lua_set_bool(L, "persistent", d->tile.persistent);
             moe_lua_set_int(L, "splitk", d->tile.splitk);
             moe_lua_set_bool(L, "gemv", d->tile.gemv);
-            moe_lua_set_bool(L, "stream", d->tile.gemv == 4);
+            moe_lua_set_bool(L, "stream", moe_tile_stream(&d->tile));
+            moe_lua_set_bool(L, "chain", moe_gemm_chains(&pd->spec, d)); /* w2 .. chain_done after the rest */
             moe_lua_set_bool(L, "gather", moe_gemm_gathers(&pd->spec, d)); /* x and src_of after the rest */
             moe_lua_set_int(L, "ntiles", g[0]);
             long long K, N;
@@ -131,6 +132,11 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     /* the folded combine's tickets: the counts region's last ints (a plan with a gemv down GEMM reserves them) */
     moe_lua_set_int(L, "combine_tickets_at",
                     (long long)pd->ws[MOE_WS_COUNTS].bytes / 4 - moe_combine_tickets(pd->spec.hidden));
+    int chain = 0; /* some variant's up GEMM is the chain's (the launcher's cooperative launch) */
+    for (int v = 0; v < pd->nvariants; v++)
+        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
+            chain |= moe_gemm_chains(&pd->spec, &pd->variants[v].kernels[a][MOE_K_GEMM_UP]);
+    moe_lua_set_bool(L, "chain", chain);
     push_arch_sets(L, pd, pd->kernels);
     lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
     for (int v = 0; v < pd->nvariants; v++) {

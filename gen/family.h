@@ -137,6 +137,19 @@ static inline int moe_gemm_gathers(const moe_spec_t *s, const moe_kernel_desc_t 
     return k->family == MOE_K_GEMM_UP && k->tile.consumers > 0 && !k->tile.gemv && moe_spec_gather(s);
 }
 
+/* Is tile t on a stream grid: "stream" (tile.gemv 4), or "chain" (5: stream, whose up kernel can run the
+ * down GEMM and the combine after it in the same grid, moe_gemm_chains)? */
+static inline int moe_tile_stream(const moe_tile_cfg_t *t) { return t->gemv == 4 || t->gemv == 5; }
+
+/* Does planned kernel k, an up GEMM on the "chain" grid, carry the down
+ * GEMM and the combine (templates/gemm_gemv.lua, "The chain")? Not in a
+ * training plan (whose forward keeps U and combines apart). It then takes
+ * w2, b2, obuf, row_of, topk_w, tokens, y, combine_tickets and chain_done
+ * after its own arguments, and chains a call whose y is non-NULL. */
+static inline int moe_gemm_chains(const moe_spec_t *s, const moe_kernel_desc_t *k) {
+    return k->family == MOE_K_GEMM_UP && k->tile.gemv == 5 && !s->training;
+}
+
 /* The hidden columns a bwd_dx block owns (k: the planned dx kernel). */
 static inline int moe_bwd_dx_cols(const moe_spec_t *s, const moe_kernel_desc_t *k) {
     return moe_bwd_router_mma(s) ? MOE_BWD_DX_MMA_COLS : 8 * k->threads;
@@ -237,7 +250,7 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
 /* The sm_90a grid of tile t as the tuning table spells it ("tile",
  * "persist", "pingpong", "splitkS" or "gemv"), written into buf; returns buf. */
 const char *moe_gemm_sm90_grid_name(const moe_tile_cfg_t *t, char buf[16]);
-/* tile.gemv of a gemv-family grid's name ("gemv" 1, "gemv3" 3, "stream" 4), 0 for any other name. */
+/* tile.gemv of a gemv-family grid's name ("gemv" 1, "gemv3" 3, "stream" 4, "chain" 5), 0 for any other name. */
 int moe_gemm_gemv_grid(const char *name);
 
 /* The gemv kernels' staged activation columns for reduction length K:

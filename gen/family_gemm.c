@@ -27,20 +27,20 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
  * stream (items of 16 rows, a ring of 2 .. 8 stages). Nonzero with the
  * reason in err, named by the grid ("gemv" for gemv3's common fields). */
 static int gemv_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
-    const int stream = t->gemv == 4;
-    const char *g = stream ? "stream" : "gemv";
+    const int stream = moe_tile_stream(t);
+    const char *g = stream ? (t->gemv == 5 ? "chain" : "stream") : "gemv";
     if (t->bm != 64 && t->bm != 128)
         return snprintf(err, errlen, "%s: bm (the tile table's row block) must be 64 or 128", g), 1;
     if (stream && t->bn != 16)
-        return snprintf(err, errlen, "stream: bn (the weight rows of a work item) must be 16"), 1;
+        return snprintf(err, errlen, "%s: bn (the weight rows of a work item) must be 16", g), 1;
     if (!stream && t->bn != 8 && t->bn != 16 && t->bn != 32 && t->bn != 64 && t->bn != 128 && t->bn != 256)
         return snprintf(err, errlen, "gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256"), 1;
     if (t->bk != 64)
         return snprintf(err, errlen, "%s: bk must be 64 (unused by the %s kernels, as the other grids spell it)", g,
                         g), 1;
     if (stream && (t->stages < 2 || t->stages > 8))
-        return snprintf(err, errlen, "stream: stages (the ring's stages of 16 rows x up to 1024 columns) must be "
-                        "2 .. 8"), 1;
+        return snprintf(err, errlen, "%s: stages (the ring's stages of 16 rows x up to 1024 columns) must be "
+                        "2 .. 8", g), 1;
     if (!stream && t->stages != 1 && t->stages != 2 && t->stages != 4)
         return snprintf(err, errlen, "gemv: stages (the K loop's unroll: 16-byte loads in flight per weight row and "
                         "lane) must be 1, 2 or 4"), 1;
@@ -145,8 +145,8 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
     if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
         if (gemv_check(t, err, errlen))
             return 1;
-        if (t->gemv == 3 || t->gemv == 4)
-            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3 or stream (bf16 and fp16 weights only)";
+        if (t->gemv == 3 || moe_tile_stream(t))
+            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3, stream or chain (bf16 and fp16 weights only)";
         else if (t->bn < 32)
             why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
                   "CTAs, at most 8)";
@@ -218,11 +218,16 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
     k->tile = (moe_tile_cfg_t){.bm = te->bm, .bn = te->bn, .bk = te->bk, .stages = te->stages, .group_m = 1,
                                .gemv = te->gemv};
     k->threads = 256;
-    if (te->gemv == 4) { /* stream: S stages of 16 rows x KC halves, 2 S mbarriers, 16 bytes */
-        if (N % 16)
-            return snprintf(err, errlen, "the stream grid needs the %s GEMM's %lld weight rows a multiple of 16",
-                            up ? "up" : "down", N), -1;
-        k->smem = te->stages * 16 * moe_gemm_stream_kc(K) * 2 + 2 * te->stages * 8 + 16;
+    if (moe_tile_stream(&k->tile)) { /* stream: S stages of 16 rows x KC halves, 2 S mbarriers, 16 bytes */
+        if (N % 16 || (te->gemv == 5 && c->spec->hidden % 16))
+            return snprintf(err, errlen, "the %s grid needs the %s GEMM's %lld weight rows a multiple of 16%s",
+                            te->gemv == 5 ? "chain" : "stream", up ? "up" : "down", N,
+                            te->gemv == 5 ? " and hidden a multiple of 16" : ""), -1;
+        /* the chain's up kernel: a ring slot holds a stage of either GEMM (16 rows x its KC) */
+        long long kc = moe_gemm_stream_kc(K);
+        if (moe_gemm_chains(c->spec, k) && moe_gemm_stream_kc(c->spec->ffn) > kc)
+            kc = moe_gemm_stream_kc(c->spec->ffn);
+        k->smem = te->stages * 16 * (int)kc * 2 + 2 * te->stages * 8 + 16;
         k->threads = 288; /* 8 consumer warps and the producer warp */
         return 0;
     }
@@ -269,7 +274,7 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
 static const struct {
     int gemv;
     const char *name;
-} gemv_grids[] = {{1, "gemv"}, {3, "gemv3"}, {4, "stream"}};
+} gemv_grids[] = {{1, "gemv"}, {3, "gemv3"}, {4, "stream"}, {5, "chain"}};
 
 int moe_gemm_gemv_grid(const char *name) {
     for (size_t i = 0; i < sizeof gemv_grids / sizeof *gemv_grids; i++)
@@ -344,7 +349,9 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     if (k->tile.gemv) {
         long long K, N;
         moe_gemm_kn(k->family == MOE_K_GEMM_UP, c->spec->hidden, c->spec->ffn, &K, &N);
-        moe_lua_set_int(L, "kc", k->tile.gemv == 4 ? moe_gemm_stream_kc(K) : moe_gemm_gemv_kc(K, moe_spec_fp8(c->spec)));
+        moe_lua_set_int(L, "kc", moe_tile_stream(&k->tile) ? moe_gemm_stream_kc(K) : moe_gemm_gemv_kc(K, moe_spec_fp8(c->spec)));
+        moe_lua_set_int(L, "chain", moe_gemm_chains(c->spec, k)); /* and the down GEMM's stage width */
+        moe_lua_set_int(L, "kc_down", moe_gemm_chains(c->spec, k) ? moe_gemm_stream_kc(c->spec->ffn) : 0);
     }
     lua_setfield(L, -2, "tile");
 }

@@ -25,7 +25,7 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
                 return rc;
             continue;
         }
-        void *up[10] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
+        void *up[16] = {&xs, (void *)&f->w1p, (void *)&f->b1p, &tiles, &nt, &hbuf, &ubuf}; /* ubuf: training plans' */
         void *down[11] = {&hbuf, (void *)&f->w2, (void *)&f->b2, &tiles, &nt, &out};
         /* fp8 (templates/gemm_sm90.lua, gemm_gemv.lua): the A and B scales after the A and B operands, and
          * the up GEMM's output scales */
@@ -34,8 +34,23 @@ moe_status moe_run_ffn(const moe_launcher_t *l, const moe_cudnn_t *dn, const moe
         void *down8[13] = {&hbuf, (void *)&f->w2, &hsc, (void *)&f->w2s, (void *)&f->b2, &tiles, &nt, &out};
         const int fp8 = moe_spec_fp8(&l->pd->spec);
         /* the gemv grid's down GEMM: the combine's five after the output (y 0: not folded in) */
-        CUdeviceptr y = f->y, row_of = f->row_of, topk_w = f->topk_w, ctk = f->combine_tickets;
+        CUdeviceptr y = f->y, row_of = f->row_of, topk_w = f->topk_w, ctk = f->combine_tickets, cdone = f->chain_done;
+        CUdeviceptr ychain = cdone ? y : 0; /* the chain's y: non-0 chains the call */
         int tokens = f->tokens;
+        const int chains = stage == MOE_STAGE_UP && moe_gemm_chains(&l->pd->spec, &l->kernels[k]);
+        if (chains) { /* the chain's up GEMM (never training: no ubuf): the down GEMM's and the combine's after it */
+            up[6] = (void *)&f->w2, up[7] = (void *)&f->b2, up[8] = &out, up[9] = &row_of, up[10] = &topk_w;
+            up[11] = &tokens, up[12] = &ychain, up[13] = &ctk, up[14] = &cdone;
+            if (ychain) { /* chained: one cooperative grid runs the layer's rest; no down GEMM, no combine after it */
+                if (combined)
+                    *combined = 1;
+                if ((rc = moe_launch_kernel_coop(l, k, f->tokens, f->grid_tiles, st, up, ev)))
+                    return rc;
+                if (ev && moe_cu.cuEventRecord(ev[MOE_K_GEMM_DOWN], st) != CUDA_SUCCESS) /* the (empty) stage */
+                    return moe_fail(MOE_ERR_CUDA, "cuEventRecord failed");
+                return MOE_OK;
+            }
+        }
         if (stage == MOE_STAGE_DOWN && l->kernels[k].tile.gemv) {
             void **c = fp8 ? down8 + 8 : down + 6;
             c[0] = &row_of, c[1] = &topk_w, c[2] = &tokens, c[3] = &y, c[4] = &ctk;

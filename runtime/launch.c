@@ -77,8 +77,8 @@ long long moe_launcher_tiles(const moe_launcher_t *l, int tokens) {
     return moe_max_tiles(tokens, moe_spec_entries(&l->pd->spec), moe_spec_slots(&l->pd->spec), l->align);
 }
 
-moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
-                             CUevent *ev) {
+static moe_status launch(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
+                         CUevent *ev, int coop) {
     const moe_kernel_desc_t *d;
     CUfunction fn;
     if (k >= 0 && k < MOE_K_COUNT) {
@@ -117,7 +117,7 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         return MOE_OK;
     unsigned g[3];
     moe_family_grid(d, &l->pd->spec, tokens, n, g);
-    if (d->tile.gemv == 4) { /* the stream grid: persistent, its CTAs split the items themselves */
+    if (moe_tile_stream(&d->tile)) { /* the stream grids: persistent, their CTAs split the items themselves */
         g[0] = moe_gemv_stream_ctas(l->sms, d->smem);
         g[1] = g[2] = 1;
     }
@@ -169,17 +169,34 @@ moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long lo
         }
     }
     CUresult r;
-    if (l->pdl) { /* every kernel's first statement waits for the grids before it (the prelude's moe_pdl_begin) */
-        CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                                .value.programmaticStreamSerializationAllowed = 1};
+    if (l->pdl || coop) { /* with pdl every kernel's first statement waits for the grids before it (the
+                           * prelude's moe_pdl_begin) */
+        CUlaunchAttribute at[2];
+        unsigned na = 0;
+        if (l->pdl)
+            at[na++] = (CUlaunchAttribute){.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                           .value.programmaticStreamSerializationAllowed = 1};
+        if (coop)
+            at[na++] = (CUlaunchAttribute){.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE, .value.cooperative = 1};
         const CUlaunchConfig cfg = {.gridDimX = g[0], .gridDimY = g[1], .gridDimZ = g[2],
                                     .blockDimX = (unsigned)d->threads, .blockDimY = 1, .blockDimZ = 1,
-                                    .sharedMemBytes = (unsigned)d->smem, .hStream = st, .attrs = &at, .numAttrs = 1};
+                                    .sharedMemBytes = (unsigned)d->smem, .hStream = st, .attrs = at, .numAttrs = na};
         r = moe_cu.cuLaunchKernelEx(&cfg, fn, args, NULL);
     } else {
         r = moe_cu.cuLaunchKernel(fn, g[0], g[1], g[2], (unsigned)d->threads, 1, 1, (unsigned)d->smem, st, args, NULL);
     }
     if (r != CUDA_SUCCESS)
-        return moe_fail(MOE_ERR_CUDA, "launching %s (grid %u x %u): %s", d->name, g[0], g[1], moe_cu_error_string(r));
+        return moe_fail(MOE_ERR_CUDA, "launching %s%s (grid %u x %u): %s", d->name, coop ? " cooperatively" : "", g[0],
+                        g[1], moe_cu_error_string(r));
     return MOE_OK;
+}
+
+moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
+                             CUevent *ev) {
+    return launch(l, k, tokens, n, st, args, ev, 0);
+}
+
+moe_status moe_launch_kernel_coop(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
+                                  CUevent *ev) {
+    return launch(l, k, tokens, n, st, args, ev, 1);
 }

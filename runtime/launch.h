@@ -73,6 +73,10 @@ typedef struct {
      * for it, with the routing's row_of and topk_w and the column slices' zeroed tickets (the counts region's
      * last moe_combine_tickets ints); the other grids ignore them */
     CUdeviceptr row_of, topk_w, y, combine_tickets;
+    /* the chain (gen/family.h, moe_gemm_chains: an up GEMM on the "chain" grid): with y non-0 its one grid runs
+     * the down GEMM and the combine too, chain_done its zeroed per-tile counters (moe_chain_done_at); with y 0
+     * it is the stream grid's up GEMM */
+    CUdeviceptr chain_done;
     /* the gathered up GEMM (gen/family.h, moe_gemm_gathers): x and the row tokens the scatter wrote instead of
      * xs (src_of 0: the call's scatter copied the rows, the kernel reads xs) */
     CUdeviceptr x, src_of;
@@ -102,6 +106,10 @@ typedef struct {
  * CTA per tile, or at most one CTA per SM when the tile is persistent. */
 moe_status moe_launch_kernel(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
                              CUevent *ev);
+/* moe_launch_kernel as a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE: every CTA of the grid resident
+ * at once, or the launch fails): the chained up GEMM, whose CTAs wait for each other's items. */
+moe_status moe_launch_kernel_coop(const moe_launcher_t *l, int k, int tokens, long long n, CUstream st, void **args,
+                                  CUevent *ev);
 
 /* The route kernel's fused tail (templates/route.lua, "Fused"), as the
  * kernel takes it by value (the prelude's moe_route_fuse_t): mode

@@ -178,11 +178,18 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     }
     int combined = 0;
     {
+        /* the chain (gen/family.h, moe_gemm_chains): its up GEMM's grid runs the down GEMM and the combine too,
+         * where its counters fit the call's tiles (gen/launch_geom.h, moe_chain_fits) and cuDNN does not take
+         * the up stage */
+        const long long H = p->pd.spec.hidden;
+        const int chain = moe_gemm_chains(&p->pd.spec, &l.kernels[MOE_K_GEMM_UP]) &&
+                          moe_chain_fits(moe_launcher_tiles(&l, T), H) && !moe_ffn_cudnn(&l, p->cudnn, MOE_STAGE_UP, &f);
         /* few tokens: a gemv-grid down GEMM writes y itself (gen/launch_geom.h, moe_combine_fuse_tokens) */
-        if (p->combine_fuse && moe_combine_fuse_tokens(T)) {
+        if ((p->combine_fuse && moe_combine_fuse_tokens(T)) || chain) {
             f.row_of = reg[MOE_WS_ROW_OF], f.topk_w = reg[MOE_WS_TOPK_W], f.y = (CUdeviceptr)(uintptr_t)a->y;
-            f.combine_tickets = reg[MOE_WS_COUNTS] + wr[MOE_WS_COUNTS].bytes -
-                                4 * (size_t)moe_combine_tickets(p->pd.spec.hidden);
+            f.combine_tickets = reg[MOE_WS_COUNTS] + wr[MOE_WS_COUNTS].bytes - 4 * (size_t)moe_combine_tickets(H);
+            if (chain)
+                f.chain_done = f.combine_tickets + 4 * (size_t)moe_chain_done_at(H);
         }
         if ((rc = moe_run_ffn(&l, p->cudnn, &f, st, ev, &combined)))
             return rc;

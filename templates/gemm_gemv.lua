@@ -78,8 +78,9 @@
 @   local c = { bm = t.bm, bn = t.bn, unroll = t.stages, kc = t.kc }
 @   need(c.bn == 8 or c.bn == 16 or c.bn == 32 or c.bn == 64 or c.bn == 128 or c.bn == 256,
 @        "tile.bn must be 8, 16, 32, 64, 128 or 256")
-@   need(t.gemv == 4 or c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
-@   need(p.threads == (t.gemv == 4 and THREADS + 32 or THREADS), "p.threads must be " .. THREADS .. " (stream: " .. THREADS + 32 .. ")")
+@   local stream = t.gemv == 4 or t.gemv == 5   -- "stream", or "chain" (stream, the up kernel chaining the down's)
+@   need(stream or c.unroll == 1 or c.unroll == 2 or c.unroll == 4, "tile.stages (the unroll) must be 1, 2 or 4")
+@   need(p.threads == (stream and THREADS + 32 or THREADS), "p.threads must be " .. THREADS .. " (stream: " .. THREADS + 32 .. ")")
 @   if kind == "up" then
 @     c.K, c.N, c.nout, c.up = p.H, 2 * p.F, p.F, true
 @     need(p.F % 8 == 0, "F must be a multiple of 8 (the gate/up pairing granule)")
@@ -92,12 +93,21 @@
 @   c.fp8 = p.spec.quant ~= nil and p.spec.quant.weights == "fp8_e4m3"
 @   c.rows = ROWS
 @   c.occ = 2      -- CTAs an SM (__launch_bounds__'s second argument where it is given)
-@   if t.gemv == 4 then   -- "stream": a persistent grid, the weights streamed by bulk copies (stream_code)
+@   if stream then   -- "stream": a persistent grid, the weights streamed by bulk copies (stream_code)
 @     need(c.bn == 16, "stream: tile.bn must be 16 (a work item: one pairing block of the up GEMM)")
 @     need(t.stages >= 2 and t.stages <= 8, "stream: tile.stages (the ring's stages) must be 2 .. 8")
 @     need(c.N % 16 == 0, "stream: the weight rows (2F up, H down) must be a multiple of 16")
 @     need(p.spec.quant == nil or p.spec.quant.weights ~= "fp8_e4m3", "stream: bf16 and fp16 weights only")
 @     c.stream, c.stages = true, t.stages
+@     c.slot = 16 * c.kc * 2   -- a ring slot: 16 rows x KC halves
+@     -- "chain" (gen/family_gemm.c, moe_gemm_chains): the up kernel runs the down GEMM and the combine after
+@     -- it in the same grid; its ring slots hold either GEMM's stage (tile.kc_down: the down GEMM's KC)
+@     c.chain = kind == "up" and t.chain == 1
+@     if c.chain then
+@       need(math.type(t.kc_down) == "integer" and t.kc_down > 0 and t.kc_down % 8 == 0, "chain: tile.kc_down must be a positive multiple of 8")
+@       need(p.H % 16 == 0, "chain: H (the down GEMM's weight rows) must be a multiple of 16")
+@       c.slot = 16 * math.max(c.kc, t.kc_down) * 2
+@     end
 @     return c
 @   end
 @   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)
@@ -517,10 +527,11 @@ constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = 16, KC = ${c.kc}, S
 constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* the consumers (warp WARPS streams); rows of A a pass */
 constexpr int NKC = (K + KC - 1) / KC, NB = N / BN, KCV = KC / 8;  /* stages a pass; items a tile; a row's vectors */
 constexpr int NI = (KCV + 31) / 32;  /* a lane's vectors of a stage row */
-constexpr int STAGE = BN * KC * 2, BAR_OFF = S * STAGE;  /* bytes */
+constexpr int SLOT = ${c.slot}, BAR_OFF = S * SLOT;  /* a ring slot's bytes (16 rows x KC halves, or the chain's wider) */
 static_assert(${p.smem} == BAR_OFF + 2 * S * 8 + 16,
-              "the plan's shared memory (gen/family_gemm.c): S stages of 16 rows x KC, then the mbarriers");
-static_assert(N % BN == 0 && KC % 8 == 0 && STAGE % 128 == 0, "whole blocks of 16 rows, 16-byte vectors");
+              "the plan's shared memory (gen/family_gemm.c): S slots of 16 rows x KC, then the mbarriers");
+static_assert(N % BN == 0 && KC % 8 == 0 && SLOT % 128 == 0 && SLOT >= BN * KC * 2,
+              "whole blocks of 16 rows, 16-byte vectors");
 
 /* Where the weight stream is: item, pass (of XR rows) and K chunk, with the item's tile. */
 struct cursor_t {
@@ -544,7 +555,7 @@ static __device__ __forceinline__ void produce(cursor_t &c, int j, const moe_hal
     void *full = sm + BAR_OFF + (j % S) * 8;
     const int k0 = c.kc * KC, kb = (K - k0 < KC ? K - k0 : KC) * 2;
     const moe_half_t *src = w + ((long long)c.expert * N + (long long)(c.item % NB) * BN) * K + k0;
-    unsigned char *dst = sm + (j % S) * STAGE;
+    unsigned char *dst = sm + (j % S) * SLOT;
     moe_mbar_expect_tx(full, (unsigned)(BN * kb));
     if constexpr (KC == K) {
         moe_bulk_g2s(dst, src, (unsigned)(BN * kb), full);  /* the block's rows are one run */
@@ -567,40 +578,38 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* The CTA's items: A (xs or hbuf) rows, the weights w (every slot's N x K); the
- * epilogue stores lane r's row (s0, s1: rows warp and warp + 8 of block b). */
-template <class Epi>
-static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ w,
-                                                    const moe_tile_t *__restrict__ tiles, int ntiles, unsigned char *sm,
-                                                    Epi epi) {
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n = ntiles * NB;
-    const int begin = (int)((long long)blockIdx.x * n / gridDim.x), end = (int)((long long)(blockIdx.x + 1) * n / gridDim.x);
-    if (tid == 0) {
+/* The producer (lane 0 of warp WARPS): every stage of items [begin, end) of the weights w into the ring,
+ * S ahead of the consumers, numbered from jp; returns the next stage's number. */
+static __device__ __forceinline__ int stream_produce(const moe_half_t *__restrict__ w,
+                                                     const moe_tile_t *__restrict__ tiles, int begin, int end,
+                                                     int jp, unsigned char *sm) {
+    cursor_t pc = {begin, 0, 0, -1, 0, 0};
 #pragma unroll 1
-        for (int s = 0; s < S; ++s) {
-            moe_mbar_init(sm + BAR_OFF + s * 8, 1);             /* full: the producer's arrival and the bytes */
-            moe_mbar_init(sm + BAR_OFF + (S + s) * 8, WARPS);   /* empty: every warp done with the stage */
-        }
+    for (; settle(pc, end, tiles); ++jp) {
+        if (jp >= S)  /* the stage S earlier in this slot has been read by every consumer warp */
+            moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
+        produce(pc, jp, w, sm);
     }
-    __syncthreads();
-    if (warp == WARPS) {  /* the producer warp: its lane 0 streams every stage of the CTA, S ahead */
-        if (lane == 0) {
-            cursor_t pc = {begin, 0, 0, -1, 0, 0};
-#pragma unroll 1
-            for (int jp = 0; settle(pc, end, tiles); ++jp) {
-                if (jp >= S)  /* the stage S earlier in this slot has been read by every consumer warp */
-                    moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
-                produce(pc, jp, w, sm);
-            }
-        }
-        return;
-    }
-    int j = 0;  /* stages consumed */
+    return jp;
+}
+
+/* A consumer warp over items [begin, end), its stages numbered from j (returned past them): A (xs or hbuf)
+ * rows, the epilogue storing lane r's row (s0, s1: rows warp and warp + 8 of block b). CHAINED: A was
+ * written by this grid (the chain's hbuf): the warp waits for the item's tile (epi.wait) and reads A
+ * through L2. */
+template <bool CHAINED, class Epi>
+static __device__ __forceinline__ int stream_consume(const moe_half_t *__restrict__ a,
+                                                     const moe_tile_t *__restrict__ tiles, int begin, int end, int j,
+                                                     unsigned char *sm, Epi epi) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
 #pragma unroll 1
     for (int item = begin; item < end; ++item) {
         const int t = item / NB, b = item - t * NB;
         const int expert = tiles[t].expert, row_start = tiles[t].row_start, rows = tiles[t].rows;
+        if constexpr (CHAINED) {
+            if (rows > 0)
+                epi.wait(t);
+        }
 #pragma unroll 1
         for (int r0 = 0; r0 < rows; r0 += XR) {
             const int nr = rows - r0 < XR ? rows - r0 : XR;
@@ -612,7 +621,7 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
 #pragma unroll 1
             for (int kc = 0; kc < NKC; ++kc, ++j) {
                 moe_mbar_wait(sm + BAR_OFF + (j % S) * 8, (unsigned)(j / S) & 1u);
-                const uint4 *sw = reinterpret_cast<const uint4 *>(sm + (j % S) * STAGE);
+                const uint4 *sw = reinterpret_cast<const uint4 *>(sm + (j % S) * SLOT);
                 const int k0 = kc * KC, kv = (K - k0 < KC ? K - k0 : KC) / 8;
                 /* a lane's NI vectors of the stage's two rows, loaded together (zeros past kv) */
                 uint4 w0[NI], w1[NI];
@@ -628,8 +637,13 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
                         const uint4 *xr = reinterpret_cast<const uint4 *>(ar + (long long)r * K + k0);
                         uint4 xv[NI];
 #pragma unroll
-                        for (int i = 0; i < NI; ++i)
-                            xv[i] = lane + 32 * i < kv ? __ldg(xr + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+                        for (int i = 0; i < NI; ++i) {
+                            const bool in = lane + 32 * i < kv;
+                            if constexpr (CHAINED)
+                                xv[i] = in ? __ldcg(xr + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+                            else
+                                xv[i] = in ? __ldg(xr + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+                        }
 #pragma unroll
                         for (int i = 0; i < NI; ++i) {
                             const float x[8] = {moe_lo_float(xv[i].x), moe_hi_float(xv[i].x), moe_lo_float(xv[i].y),
@@ -659,8 +673,44 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
             if (lane < nr)
                 epi(expert, b, (long long)(row_start + r0 + lane), s0, s1);
         }
-        epi.item_done(b);
+        epi.item_done(t, b);
     }
+    return j;
+}
+
+/* The ring's mbarriers: full (the producer's arrival and the bytes), empty (every consumer warp done). */
+static __device__ __forceinline__ void stream_init(unsigned char *sm) {
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+        for (int s = 0; s < S; ++s) {
+            moe_mbar_init(sm + BAR_OFF + s * 8, 1);
+            moe_mbar_init(sm + BAR_OFF + (S + s) * 8, WARPS);
+        }
+    }
+    __syncthreads();
+}
+
+/* The CTA's share of n items: [begin, end). */
+static __device__ __forceinline__ void stream_share(int n, int &begin, int &end) {
+    begin = (int)((long long)blockIdx.x * n / gridDim.x);
+    end = (int)((long long)(blockIdx.x + 1) * n / gridDim.x);
+}
+
+/* The CTA's items: A (xs or hbuf) rows, the weights w (every slot's N x K); the
+ * epilogue stores lane r's row (s0, s1: rows warp and warp + 8 of block b). */
+template <class Epi>
+static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict__ a, const moe_half_t *__restrict__ w,
+                                                    const moe_tile_t *__restrict__ tiles, int ntiles, unsigned char *sm,
+                                                    Epi epi) {
+    int begin, end;
+    stream_share(ntiles * NB, begin, end);
+    stream_init(sm);
+    if ((int)threadIdx.x >= WARPS * 32) {  /* the producer warp: its lane 0 streams every stage of the CTA */
+        if (threadIdx.x == WARPS * 32)
+            stream_produce(w, tiles, begin, end, 0, sm);
+        return;
+    }
+    stream_consume<false>(a, tiles, begin, end, 0, sm, epi);
 }
 @ end
 @
@@ -737,10 +787,104 @@ ${p.kernel}(${args}) {
 @ end
     }
 @ if combine then
-    if (y)
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
+    if (y) {
+        __shared__ int s_last;
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last);
+    }
 @ end
 }
+@ end
+@
+@ -- After the down GEMM's device code (in its namespace): the combine over a
+@ -- column slice (the folded combine's) and, on the stream grids, the down
+@ -- epilogue functor (c.chain_wait: the chain's, which waits for its tiles'
+@ -- up items, gemm_gemv.lua's header).
+@ local function down_tail_code(p, c)
+@   -- the CTA's THREADS threads meet: all of them, or the stream grid's consumer warps (its producer has exited)
+@   local sync = c.stream and "moe_bar_sync(1, THREADS);" or "__syncthreads();"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice, int *s_last) {
+    constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
+    __threadfence();
+    ${sync}
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        *s_last = last;
+    }
+    ${sync}
+    if (!*s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+@   if p.spec.router.apply == "input" then
+            const float w = 1.f;  /* the weight went into the expert's input */
+@   else
+            const float w = topk_w[(long long)t * KE + k];
+@   end
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+@   if c.stream then
+/* The down epilogue of the stream grid: lane r's row of block b, columns 16 b + warp (s0) and + 8 (s1);
+ * once an item is done on every tile, its block's combine (y non-NULL). */
+struct down_epi {
+    const moe_half_t *__restrict__ bias;  /* b2: every slot's N */
+    moe_half_t *out;
+    const int *__restrict__ row_of;
+    const float *__restrict__ topk_w;
+    int tokens;
+    moe_half_t *__restrict__ y;
+    int *tickets, ntiles;
+    int *flag;  /* the combine's "last CTA" flag: the 16 bytes after the mbarriers */
+    __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
+        const int col = b * BN + (int)(threadIdx.x >> 5);
+@     if p.ffn_bias then
+        out[orow * NOUT + col] = moe_from_float(s0 + moe_to_float(bias[(long long)slot * N + col]));
+        out[orow * NOUT + col + 8] = moe_from_float(s1 + moe_to_float(bias[(long long)slot * N + col + 8]));
+@     else
+        (void)slot;
+        out[orow * NOUT + col] = moe_from_float(s0);
+        out[orow * NOUT + col + 8] = moe_from_float(s1);
+@     end
+    }
+@     if c.chain_wait then
+    const int *done;  /* the chain's up items done, per tile (WARPS signals an item) */
+    /* A consumer warp, before reading tile t's rows of hbuf: every up item of the tile has stored them */
+    __device__ __forceinline__ void wait(int t) const {
+        if ((threadIdx.x & 31) == 0)
+            moe_wait_geq(done + t, UP_SIGNALS);
+        __syncwarp();
+    }
+@     end
+    __device__ __forceinline__ void item_done(int, int b) const {
+        if (y)
+            combine_slice(out, row_of, topk_w, tokens, y, tickets, ntiles, b * BN, b, flag);
+    }
+};
+@   end
 @ end
 @
 @ function M.up(p)
@@ -843,16 +987,16 @@ ${p.kernel}(${args}) {
 @     end
         }
 @   end
-@   if c.stream then
-namespace ${p.kernel}_impl {
-@     import("activation").device(p)
-@     stream_code(p, c)
+@   local function up_epi_code()
 /* The up epilogue of the stream grid: lane r's row of block b, gate s0 and up s1 of column 8 b + warp. */
 struct up_epi {
     const moe_half_t *__restrict__ bias;  /* b1p: every slot's N */
     moe_half_t *__restrict__ out;
 @     if train then
     moe_half_t *__restrict__ ubuf;
+@     end
+@     if c.chain then
+    int *done;  /* chained: the up items done per tile (each consumer warp signals each item), else NULL */
 @     end
     __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
         const int pr = b * BN + (int)(threadIdx.x >> 5);  /* the packed gate row; its up row is pr + 8 */
@@ -869,8 +1013,73 @@ struct up_epi {
         }
 @     end
     }
-    __device__ __forceinline__ void item_done(int) const {}
+@     if c.chain then
+    /* the warp's stores of item (t, b) are visible at GPU scope before its signal */
+    __device__ __forceinline__ void item_done(int t, int) const {
+        if (done) {
+            __threadfence();
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0)
+                moe_signal_add(done + t, 1);
+        }
+    }
+@     else
+    __device__ __forceinline__ void item_done(int, int) const {}
+@     end
 };
+@   end
+@   if c.chain then
+@     -- the down GEMM's stream constants and epilogue in namespace sd, the up GEMM's in su (one ring)
+@     local cd = config(p, "down")
+@     cd.kc, cd.slot, cd.chain_wait = p.tile.kc_down, c.slot, true
+namespace ${p.kernel}_impl {
+@     import("activation").device(p)
+namespace su {
+@     stream_code(p, c)
+@     up_epi_code()
+}  // namespace su
+namespace sd {
+constexpr int UP_SIGNALS = ${2 * p.F // 16} * ${WARPS};  /* a tile's up items x the consumer warps: its up rows stored */
+@     stream_code(p, cd)
+@     down_tail_code(p, cd)
+}  // namespace sd
+}  // namespace ${p.kernel}_impl
+
+/* The chain (gemm_gemv.lua's header): the up GEMM's items, then, with y non-NULL, the down GEMM's and the
+ * combine, in one grid (a cooperative launch: every CTA resident, so a wait for another CTA's items ends). */
+extern "C" __global__ void __launch_bounds__(${THREADS + 32}, 2)  /* <= 112 registers: two CTAs an SM */
+${p.kernel}(const moe_half_t *xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+        const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *hbuf,
+        const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, moe_half_t *obuf,
+        const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y,
+        int *combine_tickets, int *chain_done) {
+    moe_pdl_begin();
+    using namespace ${p.kernel}_impl;
+    extern __shared__ __align__(16) unsigned char ${p.kernel}_smem[];  /* 16 bytes: the bulk copies' unit */
+    unsigned char *sm = ${p.kernel}_smem;
+    const int ntiles = *num_tiles;
+    int ub, ue, db = 0, de = 0;
+    su::stream_share(ntiles * su::NB, ub, ue);
+    if (y)  /* chained: this CTA's share of the down GEMM's items too */
+        su::stream_share(ntiles * sd::NB, db, de);
+    su::stream_init(sm);
+    if ((int)threadIdx.x >= su::WARPS * 32) {  /* the producer warp: the up stages, then the down ones, one ring */
+        if (threadIdx.x == su::WARPS * 32)
+            sd::stream_produce(w2, tiles, db, de, su::stream_produce(w1p, tiles, ub, ue, 0, sm), sm);
+        return;
+    }
+    const int j = su::stream_consume<false>(xs, tiles, ub, ue, 0, sm, su::up_epi{b1p, hbuf, y ? chain_done : nullptr});
+    sd::stream_consume<true>(hbuf, tiles, db, de, j, sm,
+                             sd::down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, ntiles,
+                                          reinterpret_cast<int *>(sm + sd::BAR_OFF + 2 * sd::S * 8), chain_done});
+}
+@     return
+@   end
+@   if c.stream then
+namespace ${p.kernel}_impl {
+@     import("activation").device(p)
+@     stream_code(p, c)
+@     up_epi_code()
 }  // namespace ${p.kernel}_impl
 
 @     stream_kernel(p, c, args, "xs", "w1p", "up_epi{b1p, hbuf" .. (train and ", ubuf" or "") .. "}")
@@ -918,86 +1127,12 @@ namespace ${p.kernel}_impl {
 @     device_code(p, c, eargs, epilogue)
 @   end
 
-@   -- the CTA's THREADS threads meet: all of them, or the stream grid's consumer warps (its producer has exited)
-@   local sync = c.stream and "moe_bar_sync(1, THREADS);" or "__syncthreads();"
-/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
- * slice's last CTA (the header's "combine"): all of this CTA's stores are
- * made visible before its ticket; the last one reads the rows of every
- * token (written by the slice's other CTAs) from L2. */
-static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
-                                                     const float *__restrict__ topk_w, int tokens,
-                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
-                                                     int slice) {
-    constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
-    __shared__ int s_last;
-    __threadfence();
-    ${sync}
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
-        if (last)
-            atomicExch(tickets + slice, 0);  /* zero again for the next call */
-        __threadfence();
-        s_last = last;
-    }
-    ${sync}
-    if (!s_last)
-        return;
-    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
-    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
-        const int t = i / nv, v = v0 + (i - t * nv);
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int k = 0; k < KE; ++k) {
-            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-@   if p.spec.router.apply == "input" then
-            const float w = 1.f;  /* the weight went into the expert's input */
-@   else
-            const float w = topk_w[(long long)t * KE + k];
-@   end
-            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
-                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                acc[j] = fmaf(w, xo[j], acc[j]);
-        }
-        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
-            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
-                       moe_pack2(acc[6], acc[7]));
-    }
-}
-@   if c.stream then
-/* The down epilogue of the stream grid: lane r's row of block b, columns 16 b + warp (s0) and + 8 (s1);
- * once an item is done on every tile, its block's combine (y non-NULL). */
-struct down_epi {
-    const moe_half_t *__restrict__ bias;  /* b2: every slot's N */
-    moe_half_t *out;
-    const int *__restrict__ row_of;
-    const float *__restrict__ topk_w;
-    int tokens;
-    moe_half_t *__restrict__ y;
-    int *tickets, ntiles;
-    __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
-        const int col = b * BN + (int)(threadIdx.x >> 5);
-@     if p.ffn_bias then
-        out[orow * NOUT + col] = moe_from_float(s0 + moe_to_float(bias[(long long)slot * N + col]));
-        out[orow * NOUT + col + 8] = moe_from_float(s1 + moe_to_float(bias[(long long)slot * N + col + 8]));
-@     else
-        (void)slot;
-        out[orow * NOUT + col] = moe_from_float(s0);
-        out[orow * NOUT + col + 8] = moe_from_float(s1);
-@     end
-    }
-    __device__ __forceinline__ void item_done(int b) const {
-        if (y)
-            combine_slice(out, row_of, topk_w, tokens, y, tickets, ntiles, b * BN, b);
-    }
-};
-@   end
+@   down_tail_code(p, c)
 }  // namespace ${p.kernel}_impl
 
 @   if c.stream then
-@     stream_kernel(p, c, args, "hbuf", "w2", "down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles}")
+@     stream_kernel(p, c, args, "hbuf", "w2", "down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, " ..
+@                   "reinterpret_cast<int *>(" .. p.kernel .. "_smem + BAR_OFF + 2 * S * 8)}")
 @     return
 @   end
 @   kernel(p, c, args, "hbuf", "w2", "b2", cargs, true, "hsc", "w2s")

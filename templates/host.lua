@@ -227,6 +227,31 @@ static void ${n}_launch(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsig
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 
+@ if p.chain then
+/* ${n}_launch as a cooperative launch (every CTA resident at once, or the launch fails): the chain's up GEMM
+ * (templates/gemm_gemv.lua, "The chain"), whose CTAs wait for each other's items. */
+template <typename... P, typename... A>
+static void ${n}_launch_coop(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                             cudaStream_t s, A... args) {
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    at[na].id = cudaLaunchAttributeCooperative;
+    at[na++].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    (void)cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+@ end
 /* The current device's entry, filled on first use; NULL with *err set. */
 static ${n}_device_t *${n}_device(cudaError_t *err) {
     int dev = 0;
@@ -396,7 +421,14 @@ ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)ti
 ${ind}    combined = cfuse;
 @   end
 @   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
-@   if scales then
+@   if kd.chain then -- the chain's up GEMM: chained when its counters fit the call's tiles (moe_chain_fits)
+${ind}    chained = moe_chain_fits(tiles_y, ${p.H});
+${ind}    if (chained)
+${ind}        ${n}_launch_coop(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
+${ind}    else
+${ind}        ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)0, counts + ${p.combine_tickets_at}, (int *)0);
+${ind}    combined = chained;
+@   elseif scales then
 ${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
 @   else
 ${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${ub});
@@ -418,7 +450,11 @@ ${ind}    moe_tmap_t ma, mb;
 @     else
 @       sm90_gemm(up, "xs", "a->w1p", "a->b1p", "hbuf", vs.align, ind, fp8 and {"xsc", "a->w1s", "hsc"})
 @     end
-@     if dn.gemv then
+@     if up.chain then
+${ind}    if (!chained) {
+@       grid2d_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", ind .. "    ", nil)
+${ind}    }
+@     elseif dn.gemv then
 @       grid2d_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", ind, fp8 and {"hsc", "a->w2s"})
 @     else
 @       sm90_gemm(dn, "hbuf", "a->w2", "a->b2", "xs", vs.align, ind, fp8 and {"hsc", "a->w2s"})
@@ -437,8 +473,8 @@ ${ind}    }
 @ end
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
-    int combined = 0;
-    (void)cfuse;
+    int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
+    (void)cfuse, (void)chained;
 @ if nv == 1 then
 @   gemms(p.variants[1], "")
 @ else

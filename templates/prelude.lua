@@ -177,6 +177,21 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
 static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+/* The gemv "chain" grid's signals between CTAs (templates/gemm_gemv.lua): add v to *p, ordered after this
+ * thread's earlier writes at GPU scope (release); wait until *p >= v, the writes released before the adds
+ * that got it there then visible to this thread (acquire). */
+static __device__ __forceinline__ void moe_signal_add(int *p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void moe_wait_geq(const int *p, int v) {
+    for (;;) {
+        int cur;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(cur) : "l"(p) : "memory");
+        if (cur >= v)
+            return;
+        __nanosleep(64);
+    }
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"

@@ -120,6 +120,16 @@ static const gemv_case_t cases[] = {
     {"stream, fp16, 2 stages, 2 CTAs: K 208 and 88 (fewer vectors than lanes), router.apply = \"input\"",
      "name = 'hs' experts = 2 top_k = 1 hidden = 208 ffn = 88 tokens = 64 dtype = 'fp16'\n"
      "router = { score = 'sigmoid', renormalize = false, apply = 'input' }\n", 9, 2},
+    /* the chain: the stream grid's up GEMM running the down GEMM and the combine in its grid, every block
+     * together (they wait for each other's up items) */
+    {"chain on Qwen3's H and F, 3 stages, 5 CTAs: top-2, up stages of 1024 columns and down stages of 768 in "
+     "one ring, passes of 8 + 1 rows", "name = 'qc' experts = 6 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9, 5},
+    {"chain, fp16, 2 stages, 3 CTAs: K 2880 in chunks of 1024 + 1024 + 832 (down 1024 + 1024 + 832), the clamped "
+     "SwiGLU with biases, passes of 8 + 8 + 1 rows", "name = 'gc' experts = 6 top_k = 1 hidden = 2880 ffn = 2880 "
+     "tokens = 64 dtype = 'fp16' ffn_bias = true\nactivation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 17, 3},
+    {"chain, 2 stages, 7 CTAs: H 208 and F 88 (fewer vectors than lanes, down's stages narrower than up's), "
+     "router.apply = \"input\", a shared expert (slot 2)", "name = 'hc' experts = 2 top_k = 1 hidden = 208 ffn = 88 "
+     "tokens = 64\nrouter = { score = 'sigmoid', renormalize = false, apply = 'input' }\nshared = { ffn = 88 }\n", 9, 7},
     /* fp8 (tests/tune/gemv8.tune): e4m3 operands, the up GEMM's clusters sharing a quantization block */
     {"fp8 block scales on Qwen3's H and F, bn 32: clusters of 8 CTAs; top-2, chunks of 8 + 1 rows",
      "name = 'f32' experts = 3 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n"
@@ -213,11 +223,12 @@ static void run_case(const gemv_case_t *c, const moe_tuning_t *table, const char
                  "%s -std=c++17 -O2 -w -Itests/support -include cuda_host.h -include %s %s "
                  "-DGV_UP=%s -DGV_DOWN=%s -DGV_ACT=%s_impl::%s -DGV_E=%d -DGV_H=%d -DGV_F=%d -DGV_BM=%d -DGV_BN=%d "
                  "-DGV_BIAS=%d -DGV_TRAIN=%d -DGV_SMEM_UP=%d -DGV_SMEM_DN=%d -DGV_KE=%d -DGV_INPUT=%d "
-                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d -DGV_STREAM=%d -DGV_THREADS=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
+                 "-DGV_FP8=%d -DGV_BLOCK=%d -DGV_CLUSTER=%d -DGV_STREAM=%d -DGV_CHAIN=%d -DGV_THREADS=%d %s%s%s %stests/gemv_host.cc %s -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", up->name, dn->name, up->name,
                  an, moe_spec_slots(&s), s.hidden, s.ffn, up->tile.bm, up->tile.bn, s.ffn_bias,
                  s.training, up->smem, dn->smem, moe_spec_entries(&s), s.router.apply == MOE_APPLY_INPUT, fp8,
-                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, up->tile.gemv == 4 ? c->ctas : 0, up->threads,
+                 s.quant.scaling == MOE_SCALING_BLOCK, fp8 ? 256 / up->tile.bn : 1, moe_tile_stream(&up->tile) ? c->ctas : 0,
+                 moe_gemm_chains(&s, up), up->threads,
                  cut_bwd ? "-DGV_ACT_BWD=" : "", cut_bwd ? an : "", cut_bwd ? "_bwd" : "", shared_defs, objs,
                  bin);
         const int built = system(cmd) == 0;

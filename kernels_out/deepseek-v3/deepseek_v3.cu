@@ -132,6 +132,21 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
 static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+/* The gemv "chain" grid's signals between CTAs (templates/gemm_gemv.lua): add v to *p, ordered after this
+ * thread's earlier writes at GPU scope (release); wait until *p >= v, the writes released before the adds
+ * that got it there then visible to this thread (acquire). */
+static __device__ __forceinline__ void moe_signal_add(int *p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void moe_wait_geq(const int *p, int v) {
+    for (;;) {
+        int cur;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(cur) : "l"(p) : "memory");
+        if (cur >= v)
+            return;
+        __nanosleep(64);
+    }
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
@@ -148,11 +163,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 207 "templates/prelude.lua"
+#line 222 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 211 "templates/prelude.lua"
+#line 226 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -7301,6 +7316,19 @@ static inline int moe_gather_tokens(long long tokens, long long entries, long lo
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
 }
+/* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
+ * combine takes the stream grids' hidden / 16 column blocks' tickets, the
+ * first half of moe_combine_tickets; its per-tile counters of up items done
+ * are the second half, from int moe_chain_done_at(hidden) of the tickets
+ * on. So it chains a call on one device (not an expert-parallel rank's, not
+ * a training forward's) whose tile table has at most hidden / 16 tiles;
+ * another runs its up GEMM alone, then the down GEMM and the combine. */
+static inline long long moe_chain_done_at(long long hidden) {
+    return hidden / 16;
+}
+static inline int moe_chain_fits(long long tiles, long long hidden) {
+    return tiles >= 0 && tiles <= hidden / 16;
+}
 
 #endif
 
@@ -7499,6 +7527,7 @@ static void deepseek_v3_launch(const deepseek_v3_device_t *dev, void (*k)(P...),
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 
+#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static deepseek_v3_device_t *deepseek_v3_device(cudaError_t *err) {
     int dev = 0;
@@ -7521,58 +7550,58 @@ static deepseek_v3_device_t *deepseek_v3_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStream_t stream) {
-#line 258 "templates/host.lua"
+#line 283 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 266 "templates/host.lua"
+#line 291 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 269 "templates/host.lua"
+#line 294 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 282 "templates/host.lua"
+#line 307 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 296 "templates/host.lua"
+#line 321 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *num_tiles = (int *)(ws + 4096);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4352);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *topk_idx = (int *)(ws + 45312);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     float *topk_w = (float *)(ws + 635136);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *row_of = (int *)(ws + 1224960);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1814784);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 2583656704);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     float *route_part = (float *)(ws + 3321325824);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *src_of = (int *)(ws + 3325520128);
-#line 311 "templates/host.lua"
+#line 336 "templates/host.lua"
     const int v = deepseek_v3_variant(T);
     const long long tiles_y = deepseek_v3_max_tiles(T, v);
-#line 316 "templates/host.lua"
+#line 341 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_device_t *dev = deepseek_v3_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1292, stream);
     if (e != cudaSuccess) return e;
-#line 323 "templates/host.lua"
+#line 348 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, deepseek_v3_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -7580,172 +7609,172 @@ extern "C" cudaError_t deepseek_v3_forward(const deepseek_v3_args_t *a, cudaStre
     deepseek_v3_launch(dev, deepseek_v3_route_bf16_e256k8s1_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         deepseek_v3_launch(dev, deepseek_v3_permute_plan_e257_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 343 "templates/host.lua"
+#line 368 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 356 "templates/host.lua"
+#line 381 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 0 || v == 1 || v == 2 || v == 3 || v == 4) &&
         (dev->gather == 1 || moe_gather_tokens(T, 9, 257, 2048)))
         gsrc = src_of;
-#line 360 "templates/host.lua"
+#line 385 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_launch(dev, deepseek_v3_permute_scatter_bf16_h7168k9_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 438 "templates/host.lua"
+#line 474 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
-    int combined = 0;
-    (void)cfuse;
-#line 449 "templates/host.lua"
+    int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
+    (void)cfuse, (void)chained;
+#line 485 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 128)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 56, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 485 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 485 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 4095 tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 485 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 .. 16383 tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 485 "templates/host.lua"
     } else if (v == 4) { /* calls of 16384 or more tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w1p, 1052672LL, 7168, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = deepseek_v3_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
             (e = deepseek_v3_tmap(dev->encode, &mb, a->w2, 1842176LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         deepseek_v3_launch(dev, deepseek_v3_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 452 "templates/host.lua"
+#line 488 "templates/host.lua"
     }
-#line 454 "templates/host.lua"
+#line 490 "templates/host.lua"
     if (!combined)
         deepseek_v3_launch(dev, deepseek_v3_combine_bf16_h7168k9, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -7768,7 +7797,7 @@ extern "C" void deepseek_v3_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 477 "templates/host.lua"
+#line 513 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -7793,7 +7822,7 @@ extern "C" cudaError_t deepseek_v3_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 581 "templates/host.lua"
+#line 617 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v3_pack_w1),
@@ -7813,5 +7842,5 @@ extern "C" void deepseek_v3_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 601 "templates/host.lua"
+#line 637 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

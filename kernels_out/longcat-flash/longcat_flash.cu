@@ -132,6 +132,21 @@ static __device__ __forceinline__ void moe_mbar_wait(void *bar, unsigned parity)
 static __device__ __forceinline__ void moe_bar_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+/* The gemv "chain" grid's signals between CTAs (templates/gemm_gemv.lua): add v to *p, ordered after this
+ * thread's earlier writes at GPU scope (release); wait until *p >= v, the writes released before the adds
+ * that got it there then visible to this thread (acquire). */
+static __device__ __forceinline__ void moe_signal_add(int *p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void moe_wait_geq(const int *p, int v) {
+    for (;;) {
+        int cur;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(cur) : "l"(p) : "memory");
+        if (cur >= v)
+            return;
+        __nanosleep(64);
+    }
+}
 static __device__ __forceinline__ void moe_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
@@ -148,11 +163,11 @@ static __device__ __forceinline__ void moe_ldmatrix_x2(unsigned &r0, unsigned &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1) : "r"(moe_smem_addr(smem)));
 }
-#line 207 "templates/prelude.lua"
+#line 222 "templates/prelude.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void moe_mma_16816(float *d, const unsigned *a, const unsigned *b) {
-#line 211 "templates/prelude.lua"
+#line 226 "templates/prelude.lua"
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -2290,7 +2305,7 @@ longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ h
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 879 "templates/gemm_gemv.lua"
+#line 1088 "templates/gemm_gemv.lua"
 namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2298,7 +2313,7 @@ namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
 static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
-#line 218 "templates/gemm_gemv.lua"
+#line 228 "templates/gemm_gemv.lua"
 constexpr int K = 6144, N = 4096, NOUT = 2048, BN = 32, KC = 4096, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2308,19 +2323,19 @@ static_assert(65536 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 137 "templates/gemm_gemv.lua"
+#line 147 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 140 "templates/gemm_gemv.lua"
+#line 150 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 149 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 }
-#line 121 "templates/gemm_gemv.lua"
+#line 131 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2332,9 +2347,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
-#line 229 "templates/gemm_gemv.lua"
+#line 239 "templates/gemm_gemv.lua"
 
-#line 153 "templates/gemm_gemv.lua"
+#line 163 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2356,7 +2371,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 231 "templates/gemm_gemv.lua"
+#line 241 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2369,7 +2384,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 177 "templates/gemm_gemv.lua"
+#line 187 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2380,7 +2395,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 244 "templates/gemm_gemv.lua"
+#line 254 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2437,7 +2452,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 194 "templates/gemm_gemv.lua"
+#line 204 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2456,66 +2471,66 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 828 "templates/gemm_gemv.lua"
+#line 972 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 835 "templates/gemm_gemv.lua"
+#line 979 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 837 "templates/gemm_gemv.lua"
+#line 981 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 844 "templates/gemm_gemv.lua"
+#line 988 "templates/gemm_gemv.lua"
         }
-#line 302 "templates/gemm_gemv.lua"
+#line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 886 "templates/gemm_gemv.lua"
+#line 1095 "templates/gemm_gemv.lua"
 }  // namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 690 "templates/gemm_gemv.lua"
+#line 740 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 692 "templates/gemm_gemv.lua"
+#line 742 "templates/gemm_gemv.lua"
 longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
-#line 696 "templates/gemm_gemv.lua"
+#line 746 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 698 "templates/gemm_gemv.lua"
+#line 748 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 702 "templates/gemm_gemv.lua"
+#line 752 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
-#line 704 "templates/gemm_gemv.lua"
+#line 754 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 714 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 716 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 722 "templates/gemm_gemv.lua"
+#line 772 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 724 "templates/gemm_gemv.lua"
+#line 774 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 730 "templates/gemm_gemv.lua"
+#line 780 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 738 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     }
-#line 743 "templates/gemm_gemv.lua"
+#line 795 "templates/gemm_gemv.lua"
 }
 
-#line 912 "templates/gemm_gemv.lua"
+#line 1121 "templates/gemm_gemv.lua"
 namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
-#line 218 "templates/gemm_gemv.lua"
+#line 228 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 6144, NOUT = 6144, BN = 32, KC = 2048, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2525,14 +2540,14 @@ static_assert(32768 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 137 "templates/gemm_gemv.lua"
+#line 147 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 147 "templates/gemm_gemv.lua"
+#line 157 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 149 "templates/gemm_gemv.lua"
+#line 159 "templates/gemm_gemv.lua"
 }
-#line 121 "templates/gemm_gemv.lua"
+#line 131 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2544,9 +2559,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
-#line 229 "templates/gemm_gemv.lua"
+#line 239 "templates/gemm_gemv.lua"
 
-#line 153 "templates/gemm_gemv.lua"
+#line 163 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2568,7 +2583,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 231 "templates/gemm_gemv.lua"
+#line 241 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2581,7 +2596,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 177 "templates/gemm_gemv.lua"
+#line 187 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2592,7 +2607,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 244 "templates/gemm_gemv.lua"
+#line 254 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2649,7 +2664,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 194 "templates/gemm_gemv.lua"
+#line 204 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2668,16 +2683,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 908 "templates/gemm_gemv.lua"
+#line 1117 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
-#line 302 "templates/gemm_gemv.lua"
+#line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 920 "templates/gemm_gemv.lua"
+#line 1129 "templates/gemm_gemv.lua"
 
-#line 923 "templates/gemm_gemv.lua"
+#line 805 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -2685,9 +2700,8 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
                                                      const float *__restrict__ topk_w, int tokens,
                                                      moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
-                                                     int slice) {
+                                                     int slice, int *s_last) {
     constexpr int KE = 12;   /* entries per token: top_k, then the shared expert's slots */
-    __shared__ int s_last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -2696,10 +2710,10 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
         if (last)
             atomicExch(tickets + slice, 0);  /* zero again for the next call */
         __threadfence();
-        s_last = last;
+        *s_last = last;
     }
     __syncthreads();
-    if (!s_last)
+    if (!*s_last)
         return;
     const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
     for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
@@ -2708,9 +2722,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 956 "templates/gemm_gemv.lua"
+#line 837 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 958 "templates/gemm_gemv.lua"
+#line 839 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2722,50 +2736,52 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 997 "templates/gemm_gemv.lua"
+#line 1131 "templates/gemm_gemv.lua"
 }  // namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
 
-#line 690 "templates/gemm_gemv.lua"
+#line 740 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 692 "templates/gemm_gemv.lua"
+#line 742 "templates/gemm_gemv.lua"
 longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
-#line 696 "templates/gemm_gemv.lua"
+#line 746 "templates/gemm_gemv.lua"
     (void)b2;
-#line 698 "templates/gemm_gemv.lua"
+#line 748 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
-#line 702 "templates/gemm_gemv.lua"
+#line 752 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
-#line 704 "templates/gemm_gemv.lua"
+#line 754 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 714 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 716 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 722 "templates/gemm_gemv.lua"
+#line 772 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 724 "templates/gemm_gemv.lua"
+#line 774 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 730 "templates/gemm_gemv.lua"
+#line 780 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 738 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     }
-#line 740 "templates/gemm_gemv.lua"
-    if (y)
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x);
-#line 743 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
+    if (y) {
+        __shared__ int s_last;
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last);
+    }
+#line 795 "templates/gemm_gemv.lua"
 }
 
 #line 10 "templates/swiglu.lua"
@@ -3184,6 +3200,19 @@ static inline int moe_gather_tokens(long long tokens, long long entries, long lo
 static inline long long moe_combine_tickets(long long hidden) {
     return hidden / 8;
 }
+/* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
+ * combine takes the stream grids' hidden / 16 column blocks' tickets, the
+ * first half of moe_combine_tickets; its per-tile counters of up items done
+ * are the second half, from int moe_chain_done_at(hidden) of the tickets
+ * on. So it chains a call on one device (not an expert-parallel rank's, not
+ * a training forward's) whose tile table has at most hidden / 16 tiles;
+ * another runs its up GEMM alone, then the down GEMM and the combine. */
+static inline long long moe_chain_done_at(long long hidden) {
+    return hidden / 16;
+}
+static inline int moe_chain_fits(long long tiles, long long hidden) {
+    return tiles >= 0 && tiles <= hidden / 16;
+}
 
 #endif
 
@@ -3375,6 +3404,7 @@ static void longcat_flash_launch(const longcat_flash_device_t *dev, void (*k)(P.
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
 
+#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
     int dev = 0;
@@ -3397,56 +3427,56 @@ static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cudaStream_t stream) {
-#line 258 "templates/host.lua"
+#line 283 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > longcat_flash_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 266 "templates/host.lua"
+#line 291 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 269 "templates/host.lua"
+#line 294 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 282 "templates/host.lua"
+#line 307 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 296 "templates/host.lua"
+#line 321 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *offsets = (int *)(ws + 5632);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *cursor = (int *)(ws + 7936);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *num_tiles = (int *)(ws + 9984);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 10240);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *topk_idx = (int *)(ws + 67584);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     float *topk_w = (float *)(ws + 854016);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     int *row_of = (int *)(ws + 1640448);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 2426880);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 3016034304);
-#line 305 "templates/host.lua"
+#line 330 "templates/host.lua"
     float *route_part = (float *)(ws + 3953461248);
-#line 311 "templates/host.lua"
+#line 336 "templates/host.lua"
     const int v = longcat_flash_variant(T);
     const long long tiles_y = longcat_flash_max_tiles(T, v);
-#line 316 "templates/host.lua"
+#line 341 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 5384, stream);
     if (e != cudaSuccess) return e;
-#line 323 "templates/host.lua"
+#line 348 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, longcat_flash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3454,67 +3484,67 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     longcat_flash_launch(dev, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 336 "templates/host.lua"
+#line 361 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 363 "templates/host.lua"
+#line 388 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         longcat_flash_launch(dev, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 438 "templates/host.lua"
+#line 474 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
-    int combined = 0;
-    (void)cfuse;
-#line 449 "templates/host.lua"
+    int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
+    (void)cfuse, (void)chained;
+#line 485 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 127 tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 396 "templates/host.lua"
+#line 421 "templates/host.lua"
         combined = cfuse;
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 449 "templates/host.lua"
+#line 485 "templates/host.lua"
     } else if (v == 1) { /* calls of 128 or more tokens */
-#line 409 "templates/host.lua"
+#line 441 "templates/host.lua"
         if (dev->use90) {
-#line 414 "templates/host.lua"
+#line 446 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 64, 6144, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 128)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 371 "templates/host.lua"
+#line 396 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 385 "templates/host.lua"
+#line 410 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 428 "templates/host.lua"
+#line 464 "templates/host.lua"
         } else {
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 402 "templates/host.lua"
+#line 434 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 435 "templates/host.lua"
+#line 471 "templates/host.lua"
         }
-#line 452 "templates/host.lua"
+#line 488 "templates/host.lua"
     }
-#line 454 "templates/host.lua"
+#line 490 "templates/host.lua"
     if (!combined)
         longcat_flash_launch(dev, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3537,7 +3567,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 477 "templates/host.lua"
+#line 513 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3562,5 +3592,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 601 "templates/host.lua"
+#line 637 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

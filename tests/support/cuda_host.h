@@ -202,6 +202,14 @@ static inline unsigned host_float_bits(float f) {
     return u;
 }
 
+/* The chain's signals between blocks (the prelude's moe_signal_add, moe_wait_geq): a plain add, and a wait
+ * that lets the other fibers run (the chain's blocks run together: host_launch's cluster of the whole grid). */
+static inline void moe_signal_add(int *p, int v) { *p += v; }
+static inline void moe_wait_geq(const int *p, int v) {
+    while (*p < v)
+        host_yield();
+}
+
 /* __syncwarp: a barrier of the warp's 32 lanes. */
 static inline void __syncwarp(unsigned = 0xffffffffu) { host_wait(host.warp[host.cta][threadIdx.x >> 5]); }
 
@@ -470,7 +478,7 @@ static void host_fiber_main() {
 static inline void host_launch3(unsigned gx, unsigned gy, unsigned gz, size_t smem, const std::function<void()> &fn,
                                 unsigned cluster = 1, int threads = 256) {
     if (cluster < 1 || cluster > HOST_MAX_CLUSTER || gx % cluster || threads % 32 || threads < 32 ||
-        threads > HOST_THREADS || (cluster > 1 && threads != 256)) {
+        threads > HOST_THREADS) {
         fprintf(stderr, "host_launch: a cluster of %u blocks of %d threads over a grid of %u\n", cluster, threads, gx);
         abort();
     }
