@@ -264,6 +264,14 @@ $(VENDORED_GEMV): $(BUILD)/moegen tests/tune/gemv.tune examples/specs/$(VENDORED
 $(BUILD)/tests/test_vendored_gemv: tests/test_vendored.cu $(VENDORED_GEMV) $(VENDORED_OBJ)
 	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_GEMV),$(VENDORED_NAME),$(VENDORED_DEFS))
 
+# And over the chain (tests/tune/chain.tune: the up GEMM's grid runs the down
+# GEMM and the combine at 1..47 tokens, a cooperative launch; past them ping-pong).
+VENDORED_CHAIN := $(BUILD)/vendored_chain/$(VENDORED_NAME).cu
+$(VENDORED_CHAIN): $(BUILD)/moegen tests/tune/chain.tune examples/specs/$(VENDORED_SPEC).moe
+	$(BUILD)/moegen emit examples/specs/$(VENDORED_SPEC).moe --tuning tests/tune/chain.tune -o $(dir $@)
+$(BUILD)/tests/test_vendored_chain: tests/test_vendored.cu $(VENDORED_CHAIN) $(VENDORED_OBJ)
+	$(call vendored_build,$(VENDORED_BOTH),$(VENDORED_CHAIN),$(VENDORED_NAME),$(VENDORED_DEFS))
+
 # The vendored fp8 path: an fp8 spec (examples/specs/fp8/, which kernels/
 # does not hold) emitted into build/ and built as test_vendored with
 # VENDORED_FP8: NAME_quantize, NAME_pack_fp8 and the fp8 NAME_forward.
@@ -304,7 +312,7 @@ $(BUILD)/tests/test_vendored_own: tests/test_vendored.cu $(VENDORED_OWN_DIR)/rou
 .PHONY: gpu-build
 gpu-build: all $(TEST_BINS) $(BUILD)/tests/test_vendored $(BUILD)/tests/test_vendored_splitk $(BUILD)/tests/test_vendored_gemv \
   $(BUILD)/tests/test_vendored_fp8 $(BUILD)/tests/test_vendored_fp8_gemv $(BUILD)/tests/test_vendored_given \
-  $(BUILD)/tests/test_vendored_own
+  $(BUILD)/tests/test_vendored_own $(BUILD)/tests/test_vendored_chain
 
 .PHONY: test-vendored
 test-vendored: $(BUILD)/tests/test_vendored
@@ -317,6 +325,10 @@ test-vendored-splitk: $(BUILD)/tests/test_vendored_splitk
 .PHONY: test-vendored-gemv
 test-vendored-gemv: $(BUILD)/tests/test_vendored_gemv
 	@$(BUILD)/tests/test_vendored_gemv examples/specs/$(VENDORED_SPEC).moe
+
+.PHONY: test-vendored-chain
+test-vendored-chain: $(BUILD)/tests/test_vendored_chain
+	@$(BUILD)/tests/test_vendored_chain examples/specs/$(VENDORED_SPEC).moe
 
 .PHONY: test-vendored-given
 test-vendored-given: $(BUILD)/tests/test_vendored_given

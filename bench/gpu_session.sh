@@ -304,6 +304,8 @@ for what in "$@"; do
         { v test_vendored_splitk build/tests/test_vendored_splitk examples/specs/qwen3-30b-a3b.moe
           v test_vendored_fp8 build/tests/test_vendored_fp8 examples/specs/fp8/qwen3-30b-a3b-fp8.moe
           v test_vendored_gemv build/tests/test_vendored_gemv examples/specs/qwen3-30b-a3b.moe
+          v test_vendored_chain build/tests/test_vendored_chain examples/specs/qwen3-30b-a3b.moe
+          MOEGEN_TUNING=tests/tune/chain.tune v test_gpu_chain build/tests/test_gpu
           v test_vendored_fp8_gemv build/tests/test_vendored_fp8_gemv examples/specs/fp8/qwen3-30b-a3b-fp8.moe
           v test_vendored_given build/tests/test_vendored_given tests/specs/given_weights.moe
           # the opt-in folded combine (off by default since 2026-12-05), on the gemv cases

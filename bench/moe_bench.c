@@ -773,6 +773,8 @@ int main(int argc, char **argv) {
                               .router_x = (void *)x, .router_expert_scale = (const float *)escale};
         if (moe_forward_gathers(plan, &a)) /* the gathered up GEMM (docs/DESIGN.md): no copy of x by the scatter */
             printf("up GEMM at %d tokens gathers x (permute_scatter writes the row maps only)\n", T);
+        if (moe_forward_chains(plan, &a)) /* the chain (docs/DESIGN.md): gemm_up_swiglu's time is the three stages' */
+            printf("the chain at %d tokens: the up GEMM's grid runs the down GEMM and the combine (their rows 0)\n", T);
         float *t[MOE_K_COUNT + 1];
         for (int k = 0; k <= MOE_K_COUNT; k++)
             t[k] = malloc(sizeof(float) * (size_t)iters);

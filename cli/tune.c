@@ -63,7 +63,7 @@ const char *const moe_tune_usage =
 
 typedef struct {
     int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv, 5 gemv3
-                                        * (stages: the unroll), 6 stream (stages: the ring's) */
+                                        * (stages: the unroll), 6 stream, 7 chain (stages: the ring's) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
     int bk;                            /* 0: 64 (bf16, fp16); the fp8 tiles' 128 */
 } cand_t;
@@ -82,7 +82,8 @@ static const cand_t cands[] = {
     {64, 64, 2, 1, 4, 0, 0},    {64, 128, 2, 1, 4, 0, 0},   {64, 32, 4, 1, 4, 0, 0},    {64, 64, 4, 1, 4, 0, 0},
     {64, 32, 1, 1, 4, 0, 0},    {64, 16, 2, 1, 4, 0, 0},    {64, 8, 2, 1, 4, 0, 0},     {64, 8, 4, 1, 4, 0, 0},
     {64, 32, 2, 1, 5, 0, 0},    {64, 64, 2, 1, 5, 0, 0},    {64, 32, 1, 1, 5, 0, 0},
-    {64, 16, 2, 1, 6, 0, 0},    {64, 16, 3, 1, 6, 0, 0},    {64, 16, 4, 1, 6, 0, 0},
+    {64, 16, 2, 1, 6, 0, 0},    {64, 16, 3, 1, 6, 0, 0},    {64, 16, 4, 1, 6, 0, 0},    {64, 16, 2, 1, 7, 0, 0},
+    {64, 16, 3, 1, 7, 0, 0},
 };
 /* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
 static const cand_t fp8_cands[] = {
@@ -95,7 +96,8 @@ static const cand_t fp8_cands[] = {
 };
 
 /* The grids by cand_t.grid, as --grid and the tuning table spell them. */
-static const char *const grid_names[] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3", "stream"};
+static const char *const grid_names[] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3", "stream",
+                                         "chain"};
 #define NGRIDS ((int)(sizeof grid_names / sizeof *grid_names))
 
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /

@@ -115,7 +115,8 @@ typedef struct {
                              * bn >= 32, unroll <= 2); 4 = "stream": a persistent grid (a CTA an SM, or a few:
                              * moe_gemv_stream_ctas) whose CTAs split the (tile, 16-row block) items evenly,
                              * the weights streamed by bulk copies through a ring of `stages` stages (bf16
-                             * and fp16, bn 16) */
+                             * and fp16, bn 16); 5 = "chain": stream, its up kernel running the down GEMM and
+                             * the combine in the same grid (moe_gemm_chains) */
 } moe_tile_cfg_t;
 
 /* One planned kernel: what its family built for one spec and arch. */

@@ -23,7 +23,9 @@ typedef struct moe_tuning_entry {
                                           * per expert (templates/gemm_gemv.lua); bm the row block, stages
                                           * the K loop's unroll; 3: "gemv3", the same with three CTAs an SM
                                           * (rows in chunks of 2); 4: "stream", a persistent grid streaming
-                                          * the weights through a ring of `stages` stages (bn 16) */
+                                          * the weights through a ring of `stages` stages (bn 16); 5:
+                                          * "chain", stream whose up GEMM's grid runs the down GEMM and the
+                                          * combine too (moe_gemm_chains) */
     int fp8;                             /* 1: dtype "e4m3": an fp8 spec's entry (quant.weights = "fp8_e4m3",
                                           * the layer's dtype bf16); it applies to fp8 specs alone, and they
                                           * to no other entry */

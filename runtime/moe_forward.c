@@ -92,6 +92,22 @@ static int gathers(const moe_plan *p, const moe_launcher_t *l, int fuse, const m
            !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
 }
 
+/* Does a call of T tokens with launcher l chain (gen/family.h, moe_gemm_chains)? Its up GEMM the chain's,
+ * its counters fitting the call's tiles (gen/launch_geom.h, moe_chain_fits), cuDNN not taking the up stage. */
+static int chains(const moe_plan *p, const moe_launcher_t *l, int T, const moe_ffn_args_t *f) {
+    return moe_gemm_chains(&p->pd.spec, &l->kernels[MOE_K_GEMM_UP]) &&
+           moe_chain_fits(moe_launcher_tiles(l, T), p->pd.spec.hidden) && !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
+}
+
+int moe_forward_chains(const moe_plan *p, const moe_forward_args *a) {
+    if (!p || !a || a->tokens <= 0 || p->ep->dispatch) /* an expert-parallel forward never chains */
+        return 0;
+    moe_launcher_t l;
+    moe_plan_launcher_for(p, a->tokens, 0, &l);
+    const moe_ffn_args_t f = {.tokens = a->tokens, .w1p = a->w1p, .scratch = moe_cudnn_workspace(p->cudnn) ? 1 : 0};
+    return chains(p, &l, a->tokens, &f);
+}
+
 int moe_forward_gathers(const moe_plan *p, const moe_forward_args *a) {
     if (!p || !a || a->tokens <= 0) /* an expert-parallel plan's up GEMM never gathers (moe_spec_gather) */
         return 0;
@@ -178,12 +194,9 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     }
     int combined = 0;
     {
-        /* the chain (gen/family.h, moe_gemm_chains): its up GEMM's grid runs the down GEMM and the combine too,
-         * where its counters fit the call's tiles (gen/launch_geom.h, moe_chain_fits) and cuDNN does not take
-         * the up stage */
+        /* the chain (chains()): its up GEMM's grid runs the down GEMM and the combine too */
         const long long H = p->pd.spec.hidden;
-        const int chain = moe_gemm_chains(&p->pd.spec, &l.kernels[MOE_K_GEMM_UP]) &&
-                          moe_chain_fits(moe_launcher_tiles(&l, T), H) && !moe_ffn_cudnn(&l, p->cudnn, MOE_STAGE_UP, &f);
+        const int chain = chains(p, &l, T, &f);
         /* few tokens: a gemv-grid down GEMM writes y itself (gen/launch_geom.h, moe_combine_fuse_tokens) */
         if ((p->combine_fuse && moe_combine_fuse_tokens(T)) || chain) {
             f.row_of = reg[MOE_WS_ROW_OF], f.topk_w = reg[MOE_WS_TOPK_W], f.y = (CUdeviceptr)(uintptr_t)a->y;

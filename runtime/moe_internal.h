@@ -18,6 +18,10 @@ moe_status moe_forward_timed(const moe_plan *plan, const moe_forward_args *args,
  * "The gathered up GEMM": the scatter writes the workspace's "src_of", not
  * the rows of "xs"), for tests that read the stages' outputs. */
 int moe_forward_gathers(const moe_plan *plan, const moe_forward_args *args);
+/* Whether moe_forward of args chains (docs/DESIGN.md, "The chain": its up
+ * GEMM's grid runs the down GEMM and the combine; no down or combine launch,
+ * the down output still in "xs"), for tests and benchmarks to say so. */
+int moe_forward_chains(const moe_plan *plan, const moe_forward_args *args);
 
 /* The backward's stages in launch order, for moe_backward_timed: U
  * recomputed (recompute_u), dys and dw, the four grouped GEMMs (dgrad down

@@ -520,8 +520,21 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 @ -- the gemv grid's (y non-NULL), runs per block: ticket b after the item
 @ -- of every tile, its last CTA writing y's 16 columns (the consumer warps
 @ -- meet at named barrier 1, without the producer warp, which has exited).
-@ -- Shared memory: S stages of 16 x KC halves, then the 2 S mbarriers and
-@ -- 16 bytes (the combine's flag is static) (p.smem, gen/family_gemm.c).
+@ -- Shared memory: S slots of 16 x KC halves, then the 2 S mbarriers and
+@ -- 16 bytes (the combine's "last CTA" flag) (p.smem, gen/family_gemm.c).
+@ --
+@ -- The chain (p.tile.gemv = 5, c.chain: the up kernel of a plan that is
+@ -- not a training one; docs/DESIGN.md "The chain"): the up kernel carries
+@ -- the down GEMM and the combine. Its namespace holds the stream code twice,
+@ -- su (the up GEMM's constants) and sd (the down GEMM's), over one ring
+@ -- whose slots hold 16 rows x the wider KC; the producer streams the CTA's
+@ -- up stages, then its down stages (stage numbers running on); the
+@ -- consumers run the up items (each warp signalling its item's tile
+@ -- counter once its rows are stored), then, with y non-NULL, the down
+@ -- items (each tile's first waiting for its counter to reach the tile's
+@ -- up items x 8 warps, hbuf then read through L2) and the folded combine.
+@ -- With y NULL it is the stream up kernel (the down and combine kernels run
+@ -- after it). Every CTA must be resident: a cooperative launch.
 @ local function stream_code(p, c)
 constexpr int K = ${c.K}, N = ${c.N}, NOUT = ${c.nout}, BN = 16, KC = ${c.kc}, S = ${c.stages};
 constexpr int THREADS = ${THREADS}, WARPS = ${WARPS}, XR = 8;  /* the consumers (warp WARPS streams); rows of A a pass */
