@@ -550,11 +550,15 @@ static_assert(N % BN == 0 && KC % 8 == 0 && SLOT % 128 == 0 && SLOT >= BN * KC *
 struct cursor_t {
     int item, pass, kc, t, expert, rows;
 };
+/* Item i's tile: i / NB, or with bmt > 0 tiles (the chain's block-major down items) i % bmt; its block
+ * i % NB, or i / bmt. */
+static __device__ __forceinline__ int item_tile(int i, int bmt) { return bmt ? i % bmt : i / NB; }
+static __device__ __forceinline__ int item_block(int i, int bmt) { return bmt ? i / bmt : i % NB; }
 /* Move c to the first stage at or after it (tiles without rows have none); false past `end`. */
-static __device__ __forceinline__ bool settle(cursor_t &c, int end, const moe_tile_t *__restrict__ tiles) {
+static __device__ __forceinline__ bool settle(cursor_t &c, int end, const moe_tile_t *__restrict__ tiles, int bmt) {
     for (; c.item < end; ++c.item, c.pass = 0, c.kc = 0) {
-        if (c.item / NB != c.t) {
-            c.t = c.item / NB;
+        if (item_tile(c.item, bmt) != c.t) {
+            c.t = item_tile(c.item, bmt);
             c.expert = tiles[c.t].expert;
             c.rows = tiles[c.t].rows;
         }
@@ -564,10 +568,11 @@ static __device__ __forceinline__ bool settle(cursor_t &c, int end, const moe_ti
     return false;
 }
 /* Bulk-copy stage j (c's) of the expert's weights w into its slot and step c past it. */
-static __device__ __forceinline__ void produce(cursor_t &c, int j, const moe_half_t *__restrict__ w, unsigned char *sm) {
+static __device__ __forceinline__ void produce(cursor_t &c, int j, const moe_half_t *__restrict__ w, unsigned char *sm,
+                                               int bmt) {
     void *full = sm + BAR_OFF + (j % S) * 8;
     const int k0 = c.kc * KC, kb = (K - k0 < KC ? K - k0 : KC) * 2;
-    const moe_half_t *src = w + ((long long)c.expert * N + (long long)(c.item % NB) * BN) * K + k0;
+    const moe_half_t *src = w + ((long long)c.expert * N + (long long)item_block(c.item, bmt) * BN) * K + k0;
     unsigned char *dst = sm + (j % S) * SLOT;
     moe_mbar_expect_tx(full, (unsigned)(BN * kb));
     if constexpr (KC == K) {
@@ -592,16 +597,16 @@ static __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* The producer (lane 0 of warp WARPS): every stage of items [begin, end) of the weights w into the ring,
- * S ahead of the consumers, numbered from jp; returns the next stage's number. */
+ * S ahead of the consumers, numbered from jp; returns the next stage's number. bmt: item_tile's. */
 static __device__ __forceinline__ int stream_produce(const moe_half_t *__restrict__ w,
                                                      const moe_tile_t *__restrict__ tiles, int begin, int end,
-                                                     int jp, unsigned char *sm) {
+                                                     int jp, unsigned char *sm, int bmt) {
     cursor_t pc = {begin, 0, 0, -1, 0, 0};
 #pragma unroll 1
-    for (; settle(pc, end, tiles); ++jp) {
+    for (; settle(pc, end, tiles, bmt); ++jp) {
         if (jp >= S)  /* the stage S earlier in this slot has been read by every consumer warp */
             moe_mbar_wait(sm + BAR_OFF + (S + jp % S) * 8, (unsigned)(jp / S + 1) & 1u);
-        produce(pc, jp, w, sm);
+        produce(pc, jp, w, sm, bmt);
     }
     return jp;
 }
@@ -609,15 +614,16 @@ static __device__ __forceinline__ int stream_produce(const moe_half_t *__restric
 /* A consumer warp over items [begin, end), its stages numbered from j (returned past them): A (xs or hbuf)
  * rows, the epilogue storing lane r's row (s0, s1: rows warp and warp + 8 of block b). CHAINED: A was
  * written by this grid (the chain's hbuf): the warp waits for the item's tile (epi.wait) and reads A
- * through L2. */
+ * through L2. bmt: item_tile's. After each item epi.item_done(t, b, n): n the CTA's items of block b
+ * just completed, at its last item of the block (with bmt 0 every item is its block's last), else 0. */
 template <bool CHAINED, class Epi>
 static __device__ __forceinline__ int stream_consume(const moe_half_t *__restrict__ a,
                                                      const moe_tile_t *__restrict__ tiles, int begin, int end, int j,
-                                                     unsigned char *sm, Epi epi) {
+                                                     unsigned char *sm, Epi epi, int bmt) {
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
 #pragma unroll 1
     for (int item = begin; item < end; ++item) {
-        const int t = item / NB, b = item - t * NB;
+        const int t = item_tile(item, bmt), b = item_block(item, bmt);
         const int expert = tiles[t].expert, row_start = tiles[t].row_start, rows = tiles[t].rows;
         if constexpr (CHAINED) {
             if (rows > 0)
@@ -686,7 +692,8 @@ static __device__ __forceinline__ int stream_consume(const moe_half_t *__restric
             if (lane < nr)
                 epi(expert, b, (long long)(row_start + r0 + lane), s0, s1);
         }
-        epi.item_done(t, b);
+        const int first = b * bmt > begin ? b * bmt : begin;  /* with bmt: the CTA's first item of block b */
+        epi.item_done(t, b, !bmt ? 1 : item + 1 == end || item_block(item + 1, bmt) != b ? item - first + 1 : 0);
     }
     return j;
 }
@@ -720,10 +727,10 @@ static __device__ __forceinline__ void stream_items(const moe_half_t *__restrict
     stream_init(sm);
     if ((int)threadIdx.x >= WARPS * 32) {  /* the producer warp: its lane 0 streams every stage of the CTA */
         if (threadIdx.x == WARPS * 32)
-            stream_produce(w, tiles, begin, end, 0, sm);
+            stream_produce(w, tiles, begin, end, 0, sm, 0);
         return;
     }
-    stream_consume<false>(a, tiles, begin, end, 0, sm, epi);
+    stream_consume<false>(a, tiles, begin, end, 0, sm, epi, 0);
 }
 @ end
 @
@@ -802,7 +809,7 @@ ${p.kernel}(${args}) {
 @ if combine then
     if (y) {
         __shared__ int s_last;
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last);
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
 @ end
 }
@@ -822,13 +829,13 @@ ${p.kernel}(${args}) {
 static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
                                                      const float *__restrict__ topk_w, int tokens,
                                                      moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
-                                                     int slice, int *s_last) {
+                                                     int slice, int *s_last, int n) {
     constexpr int KE = ${p.entries};   /* entries per token: top_k, then the shared expert's slots */
     __threadfence();
     ${sync}
     if (threadIdx.x == 0) {
         __threadfence();
-        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        const int last = atomicAdd(tickets + slice, n) == ntiles - n;  /* n: this CTA's items of the slice */
         if (last)
             atomicExch(tickets + slice, 0);  /* zero again for the next call */
         __threadfence();
@@ -892,9 +899,9 @@ struct down_epi {
         __syncwarp();
     }
 @     end
-    __device__ __forceinline__ void item_done(int, int b) const {
-        if (y)
-            combine_slice(out, row_of, topk_w, tokens, y, tickets, ntiles, b * BN, b, flag);
+    __device__ __forceinline__ void item_done(int, int b, int n) const {
+        if (y && n)  /* block-uniform: every consumer warp takes the same branch */
+            combine_slice(out, row_of, topk_w, tokens, y, tickets, ntiles, b * BN, b, flag, n);
     }
 };
 @   end
@@ -1027,17 +1034,17 @@ struct up_epi {
 @     end
     }
 @     if c.chain then
-    /* the warp's stores of item (t, b) are visible at GPU scope before its signal */
-    __device__ __forceinline__ void item_done(int t, int) const {
+    /* the warp's stores of item (t, b) are ordered before its signal: the warp's lanes meet, then lane 0's
+     * add is a release at GPU scope (cumulative over what the barrier ordered before it) */
+    __device__ __forceinline__ void item_done(int t, int, int) const {
         if (done) {
-            __threadfence();
             __syncwarp();
             if ((threadIdx.x & 31) == 0)
                 moe_signal_add(done + t, 1);
         }
     }
 @     else
-    __device__ __forceinline__ void item_done(int, int) const {}
+    __device__ __forceinline__ void item_done(int, int, int) const {}
 @     end
 };
 @   end
@@ -1073,18 +1080,20 @@ ${p.kernel}(const moe_half_t *xs, const moe_half_t *__restrict__ w1p, const moe_
     const int ntiles = *num_tiles;
     int ub, ue, db = 0, de = 0;
     su::stream_share(ntiles * su::NB, ub, ue);
-    if (y)  /* chained: this CTA's share of the down GEMM's items too */
+    if (y)  /* chained: this CTA's share of the down GEMM's items too, block-major (a CTA's items of a column
+             * block take its combine ticket once) */
         su::stream_share(ntiles * sd::NB, db, de);
     su::stream_init(sm);
     if ((int)threadIdx.x >= su::WARPS * 32) {  /* the producer warp: the up stages, then the down ones, one ring */
         if (threadIdx.x == su::WARPS * 32)
-            sd::stream_produce(w2, tiles, db, de, su::stream_produce(w1p, tiles, ub, ue, 0, sm), sm);
+            sd::stream_produce(w2, tiles, db, de, su::stream_produce(w1p, tiles, ub, ue, 0, sm, 0), sm, ntiles);
         return;
     }
-    const int j = su::stream_consume<false>(xs, tiles, ub, ue, 0, sm, su::up_epi{b1p, hbuf, y ? chain_done : nullptr});
+    const int j = su::stream_consume<false>(xs, tiles, ub, ue, 0, sm, su::up_epi{b1p, hbuf, y ? chain_done : nullptr}, 0);
     sd::stream_consume<true>(hbuf, tiles, db, de, j, sm,
                              sd::down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, ntiles,
-                                          reinterpret_cast<int *>(sm + sd::BAR_OFF + 2 * sd::S * 8), chain_done});
+                                          reinterpret_cast<int *>(sm + sd::BAR_OFF + 2 * sd::S * 8), chain_done},
+                             ntiles);
 }
 @     return
 @   end

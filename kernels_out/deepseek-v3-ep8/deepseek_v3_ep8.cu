@@ -2571,7 +2571,7 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 1088 "templates/gemm_gemv.lua"
+#line 1110 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2737,64 +2737,64 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 972 "templates/gemm_gemv.lua"
+#line 992 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 979 "templates/gemm_gemv.lua"
+#line 999 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 981 "templates/gemm_gemv.lua"
+#line 1001 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 988 "templates/gemm_gemv.lua"
+#line 1008 "templates/gemm_gemv.lua"
         }
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1095 "templates/gemm_gemv.lua"
+#line 1117 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 740 "templates/gemm_gemv.lua"
+#line 760 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 742 "templates/gemm_gemv.lua"
+#line 762 "templates/gemm_gemv.lua"
 deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
-#line 746 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 748 "templates/gemm_gemv.lua"
+#line 768 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
-#line 752 "templates/gemm_gemv.lua"
+#line 772 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
-#line 754 "templates/gemm_gemv.lua"
+#line 774 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 764 "templates/gemm_gemv.lua"
+#line 784 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 766 "templates/gemm_gemv.lua"
+#line 786 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 772 "templates/gemm_gemv.lua"
+#line 792 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 774 "templates/gemm_gemv.lua"
+#line 794 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 780 "templates/gemm_gemv.lua"
+#line 800 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 788 "templates/gemm_gemv.lua"
+#line 808 "templates/gemm_gemv.lua"
     }
-#line 795 "templates/gemm_gemv.lua"
+#line 815 "templates/gemm_gemv.lua"
 }
 
-#line 1121 "templates/gemm_gemv.lua"
+#line 1143 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
 #line 228 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 64, KC = 2048, U = 2;
@@ -2949,16 +2949,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1117 "templates/gemm_gemv.lua"
+#line 1139 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1129 "templates/gemm_gemv.lua"
+#line 1151 "templates/gemm_gemv.lua"
 
-#line 805 "templates/gemm_gemv.lua"
+#line 825 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -2966,13 +2966,13 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
 static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
                                                      const float *__restrict__ topk_w, int tokens,
                                                      moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
-                                                     int slice, int *s_last) {
+                                                     int slice, int *s_last, int n) {
     constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        const int last = atomicAdd(tickets + slice, 1) == ntiles - 1;
+        const int last = atomicAdd(tickets + slice, n) == ntiles - n;  /* n: this CTA's items of the slice */
         if (last)
             atomicExch(tickets + slice, 0);  /* zero again for the next call */
         __threadfence();
@@ -2988,9 +2988,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 837 "templates/gemm_gemv.lua"
+#line 857 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 839 "templates/gemm_gemv.lua"
+#line 859 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3002,52 +3002,52 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 1131 "templates/gemm_gemv.lua"
+#line 1153 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 740 "templates/gemm_gemv.lua"
+#line 760 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 742 "templates/gemm_gemv.lua"
+#line 762 "templates/gemm_gemv.lua"
 deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
-#line 746 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
     (void)b2;
-#line 748 "templates/gemm_gemv.lua"
+#line 768 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
-#line 752 "templates/gemm_gemv.lua"
+#line 772 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
-#line 754 "templates/gemm_gemv.lua"
+#line 774 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 764 "templates/gemm_gemv.lua"
+#line 784 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 766 "templates/gemm_gemv.lua"
+#line 786 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 772 "templates/gemm_gemv.lua"
+#line 792 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 774 "templates/gemm_gemv.lua"
+#line 794 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 780 "templates/gemm_gemv.lua"
+#line 800 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 788 "templates/gemm_gemv.lua"
+#line 808 "templates/gemm_gemv.lua"
     }
-#line 790 "templates/gemm_gemv.lua"
+#line 810 "templates/gemm_gemv.lua"
     if (y) {
         __shared__ int s_last;
-        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last);
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
-#line 795 "templates/gemm_gemv.lua"
+#line 815 "templates/gemm_gemv.lua"
 }
 
 #line 974 "templates/gemm_sm90.lua"
