@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Run 106 (seventeenth session): the chain grid on a GPU (templates/gemm_gemv.lua, "The chain"; main 15f040c + the
-# chain tune/vendored rules). First correctness: test_gpu under tests/tune/chain.tune (calls of at most 64 tokens on
+# Run 106 (seventeenth session): the chain grid on a GPU (templates/gemm_gemv.lua, "The chain"; main d022a00). First correctness: test_gpu under tests/tune/chain.tune (calls of at most 64 tokens on
 # Qwen3, gpt-oss-20b, Mixtral, the EP8 rank, gpt-oss-120b: the chained calls are Qwen3's 1..47 and the others'
 # 1..7), the vendored chain (test_vendored_chain: NAME_forward's cooperative launch) and the shipped vendored
-# build. Then moe_bench --graph at 1..32 tokens, per spec: the shipped table, chain.tune (chain, 2 stages) and
-# stream2 (chain.tune with the plain stream grid: the same kernels' up and down in two launches, and the combine).
+# build. Then moe_bench --graph at 1..32 tokens, per spec: the shipped table, chain.tune (chain, 2 stages), chain3
+# (3 stages) and stream2 (chain.tune with the plain stream grid: the same kernels' up and down in two launches, and
+# the combine).
 # carry ["build/r106"] (stripped moegen, moe_bench, test_gpu, test_vendored, test_vendored_chain)
 set -u
 mkdir -p "$OUT" build
@@ -13,6 +13,7 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"
 cp build/r106/moegen build/moegen
 sed 's/ chain / stream /' tests/tune/chain.tune > /tmp/stream2.tune
+sed 's/ 2 1 1 chain / 3 1 1 chain /' tests/tune/chain.tune > /tmp/chain3.tune
 MOEGEN_TUNING=tests/tune/chain.tune timeout 150 stdbuf -oL -eL build/r106/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b \
     mixtral-8x7b deepseek-v3-ep8 gpt-oss-120b > "$OUT/test_gpu_chain.log" 2>&1
 echo "test_gpu chain: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
@@ -21,9 +22,9 @@ echo "test_vendored_chain: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 timeout 60 build/r106/test_vendored examples/specs/qwen3-30b-a3b.moe > "$OUT/vendored.log" 2>&1
 echo "test_vendored: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 for s in ${SPECS:-qwen3-30b-a3b gpt-oss-20b}; do
-    for b in shipped chain stream2; do
+    for b in shipped chain chain3 stream2; do
         case $b in shipped) unset MOEGEN_TUNING ;; chain) export MOEGEN_TUNING=tests/tune/chain.tune ;;
-                   stream2) export MOEGEN_TUNING=/tmp/stream2.tune ;; esac
+                   chain3) export MOEGEN_TUNING=/tmp/chain3.tune ;; stream2) export MOEGEN_TUNING=/tmp/stream2.tune ;; esac
         echo "== $s $b" >> "$OUT/bench.log"
         timeout 60 build/r106/moe_bench examples/specs/$s.moe --graph --tokens 1 --tokens 2 --tokens 4 --tokens 8 \
             --tokens 32 --iters 20 >> "$OUT/bench.log" 2>&1
@@ -33,7 +34,7 @@ done
 unset MOEGEN_TUNING
 cat "$OUT/rc.txt"
 grep -h "^test_gpu:\|passed" "$OUT/test_gpu_chain.log" | tail -2; grep -m5 FAIL "$OUT/test_gpu_chain.log"
-tail -2 "$OUT/vendored_chain.log" "$OUT/vendored.log"; grep -m3 FAIL "$OUT"/vendored*.log
+tail -n 2 "$OUT/vendored_chain.log" "$OUT/vendored.log"; grep -m3 FAIL "$OUT"/vendored*.log
 python3 docs/perf/2026-12-06/ab.py "$OUT/bench.log" "LAYER graph" gemm_up_swiglu gemm_down combine
 grep -E "^== |floor" "$OUT/bench.log" | head -40
 gzip -9 "$OUT"/*.log
