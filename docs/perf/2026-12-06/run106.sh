@@ -5,6 +5,7 @@
 # build. Then moe_bench --graph at 1..32 tokens, per spec: the shipped table, chain.tune (chain, 2 stages), chain3
 # (3 stages) and stream2 (chain.tune with the plain stream grid: the same kernels' up and down in two launches, and
 # the combine).
+# Env: TGPU_SPECS, TGPU_S (test_gpu's specs and limit), SPECS, BUILDS (the A/B's) to run less.
 # carry ["build/r106"] (stripped moegen, moe_bench, test_gpu, test_vendored, test_vendored_chain)
 set -u
 mkdir -p "$OUT" build
@@ -14,15 +15,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
 cp build/r106/moegen build/moegen
 sed 's/ chain / stream /' tests/tune/chain.tune > /tmp/stream2.tune
 sed 's/ 2 1 1 chain / 3 1 1 chain /' tests/tune/chain.tune > /tmp/chain3.tune
-MOEGEN_TUNING=tests/tune/chain.tune timeout 150 stdbuf -oL -eL build/r106/test_gpu --tokens-max 64 qwen3-30b-a3b gpt-oss-20b \
-    mixtral-8x7b deepseek-v3-ep8 gpt-oss-120b > "$OUT/test_gpu_chain.log" 2>&1
+MOEGEN_TUNING=tests/tune/chain.tune timeout ${TGPU_S:-150} stdbuf -oL -eL build/r106/test_gpu --tokens-max 64 \
+    ${TGPU_SPECS:-qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8 gpt-oss-120b} > "$OUT/test_gpu_chain.log" 2>&1
 echo "test_gpu chain: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 timeout 60 build/r106/test_vendored_chain examples/specs/qwen3-30b-a3b.moe > "$OUT/vendored_chain.log" 2>&1
 echo "test_vendored_chain: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 timeout 60 build/r106/test_vendored examples/specs/qwen3-30b-a3b.moe > "$OUT/vendored.log" 2>&1
 echo "test_vendored: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 for s in ${SPECS:-qwen3-30b-a3b gpt-oss-20b}; do
-    for b in shipped chain chain3 stream2; do
+    for b in ${BUILDS:-shipped chain chain3 stream2}; do
         case $b in shipped) unset MOEGEN_TUNING ;; chain) export MOEGEN_TUNING=tests/tune/chain.tune ;;
                    chain3) export MOEGEN_TUNING=/tmp/chain3.tune ;; stream2) export MOEGEN_TUNING=/tmp/stream2.tune ;; esac
         echo "== $s $b" >> "$OUT/bench.log"
