@@ -343,6 +343,44 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("chain: parsed, its up kernel chains (the ring's slots the wider GEMM's stage), its down kernel the stream "
+         "grid's; not in a training plan; fp8 and bn refused; the counters fit hidden / 16 tiles");
+    {
+        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 chain  1 2 2026-12-06 NVIDIA H200\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 1 && t.e[0].gemv == 5);
+        moe_spec_t s;
+        CHECK(moe_spec_load(&s, "qw.moe", qwen, NULL, 0, &d) == 0);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_chain_m64n16u2");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_chain_m64n16u2");
+        CHECK(moe_tile_stream(&up->tile) && moe_gemm_chains(&s, up) && !moe_gemm_chains(&s, down));
+        /* 2 slots of 16 rows x max(min(H, 1024), min(F, 1024)) halves, 4 mbarriers, 16 bytes; down: its own */
+        CHECK(up->smem == 2 * 16 * 1024 * 2 + 32 + 16 && down->smem == 2 * 16 * 768 * 2 + 32 + 16);
+        char grid[16];
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "chain");
+        /* the counters: hidden / 16 from the tickets' half on; 128 tiles fit H 2048, 129 do not */
+        CHECK(moe_chain_done_at(2048) == 128 && moe_chain_fits(128, 2048) && !moe_chain_fits(129, 2048) &&
+              moe_combine_tickets(2048) - moe_chain_done_at(2048) >= 128);
+        /* a training plan's up kernel is the stream grid's (it keeps U; its forward combines apart) */
+        s.training = 1;
+        CHECK(!moe_gemm_chains(&s, up));
+        moe_plan_desc_free(&pd);
+        moe_tuning_free(&t);
+        static const char *const bad[] = {
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 chain  1 2 2026-12-06 x\n", /* bn 32 */
+            "128 8 2048 768 e4m3 sm_90a 1 64 16 64 2 1 1 chain  1 2 2026-12-06 x\n", /* fp8 */
+        };
+        for (int i = 0; i < 2; i++) {
+            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:") && strstr(d.msg, "chain"),
+                   "entry %d accepted, or its message does not name chain: %s", i, d.msg);
+            moe_tuning_free(&t);
+        }
+    }
+
     CASE("dtype e4m3: an fp8 spec's entries; an fp8 spec takes no other, a bf16 spec none of them");
     {
         moe_tuning_t t;
@@ -848,7 +886,8 @@ int main(void) {
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
                  "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
                  "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert), "
-                 "gemv3 (gemv, three CTAs an SM) or stream (a CTA per SM streaming the weights through a ring) "
+                 "gemv3 (gemv, three CTAs an SM), stream (a CTA per SM streaming the weights through a ring) or "
+                 "chain (stream, the up GEMM's grid running the down GEMM and the combine too) "
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
                  "t.tune:1: error: gemv: bn (the weight rows per CTA) must be 8, 16, 32, 64, 128 or 256");
