@@ -252,16 +252,10 @@ static inline long long moe_combine_tickets(long long hidden) {
 }
 /* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
  * combine takes the stream grids' hidden / 16 column blocks' tickets, the
- * first half of moe_combine_tickets; its per-tile counters of up items done
- * are the second half, from int moe_chain_done_at(hidden) of the tickets
- * on. So it chains a call on one device (not an expert-parallel rank's, not
- * a training forward's) whose tile table has at most hidden / 16 tiles;
- * another runs its up GEMM alone, then the down GEMM and the combine. */
+ * first half of moe_combine_tickets; its counter of CTAs done with their up
+ * items is the int after them, moe_chain_done_at(hidden) of the tickets. */
 static inline long long moe_chain_done_at(long long hidden) {
     return hidden / 16;
-}
-static inline int moe_chain_fits(long long tiles, long long hidden) {
-    return tiles >= 0 && tiles <= hidden / 16;
 }
 
 #endif

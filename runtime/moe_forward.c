@@ -92,11 +92,10 @@ static int gathers(const moe_plan *p, const moe_launcher_t *l, int fuse, const m
            !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
 }
 
-/* Does a call of T tokens with launcher l chain (gen/family.h, moe_gemm_chains)? Its up GEMM the chain's,
- * its counters fitting the call's tiles (gen/launch_geom.h, moe_chain_fits), cuDNN not taking the up stage. */
-static int chains(const moe_plan *p, const moe_launcher_t *l, int T, const moe_ffn_args_t *f) {
-    return moe_gemm_chains(&p->pd.spec, &l->kernels[MOE_K_GEMM_UP]) &&
-           moe_chain_fits(moe_launcher_tiles(l, T), p->pd.spec.hidden) && !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
+/* Does a call with launcher l chain (gen/family.h, moe_gemm_chains)? Its up GEMM the chain's, cuDNN not
+ * taking the up stage (on one device: the expert-parallel forward runs apart). */
+static int chains(const moe_plan *p, const moe_launcher_t *l, const moe_ffn_args_t *f) {
+    return moe_gemm_chains(&p->pd.spec, &l->kernels[MOE_K_GEMM_UP]) && !moe_ffn_cudnn(l, p->cudnn, MOE_STAGE_UP, f);
 }
 
 int moe_forward_chains(const moe_plan *p, const moe_forward_args *a) {
@@ -105,7 +104,7 @@ int moe_forward_chains(const moe_plan *p, const moe_forward_args *a) {
     moe_launcher_t l;
     moe_plan_launcher_for(p, a->tokens, 0, &l);
     const moe_ffn_args_t f = {.tokens = a->tokens, .w1p = a->w1p, .scratch = moe_cudnn_workspace(p->cudnn) ? 1 : 0};
-    return chains(p, &l, a->tokens, &f);
+    return chains(p, &l, &f);
 }
 
 int moe_forward_gathers(const moe_plan *p, const moe_forward_args *a) {
@@ -196,7 +195,7 @@ moe_status moe_forward_timed(const moe_plan *p, const moe_forward_args *a, void 
     {
         /* the chain (chains()): its up GEMM's grid runs the down GEMM and the combine too */
         const long long H = p->pd.spec.hidden;
-        const int chain = chains(p, &l, T, &f);
+        const int chain = chains(p, &l, &f);
         /* few tokens: a gemv-grid down GEMM writes y itself (gen/launch_geom.h, moe_combine_fuse_tokens) */
         if ((p->combine_fuse && moe_combine_fuse_tokens(T)) || chain) {
             f.row_of = reg[MOE_WS_ROW_OF], f.topk_w = reg[MOE_WS_TOPK_W], f.y = (CUdeviceptr)(uintptr_t)a->y;

@@ -529,10 +529,11 @@ static __device__ __forceinline__ void run_rows(const unsigned char *__restrict_
 @ -- su (the up GEMM's constants) and sd (the down GEMM's), over one ring
 @ -- whose slots hold 16 rows x the wider KC; the producer streams the CTA's
 @ -- up stages, then its down stages (stage numbers running on); the
-@ -- consumers run the up items (each warp signalling its item's tile
-@ -- counter once its rows are stored), then, with y non-NULL, the down
-@ -- items (each tile's first waiting for its counter to reach the tile's
-@ -- up items x 8 warps, hbuf then read through L2) and the folded combine.
+@ -- consumers run the up items, then, with y non-NULL, meet and count the
+@ -- CTA done (one release), and run the down items block-major (each warp
+@ -- first waiting for every CTA's count, hbuf then read through L2) with
+@ -- the folded combine, a CTA's items of a column block taking its ticket
+@ -- once.
 @ -- With y NULL it is the stream up kernel (the down and combine kernels run
 @ -- after it). Every CTA must be resident: a cooperative launch.
 @ local function stream_code(p, c)
@@ -613,21 +614,24 @@ static __device__ __forceinline__ int stream_produce(const moe_half_t *__restric
 
 /* A consumer warp over items [begin, end), its stages numbered from j (returned past them): A (xs or hbuf)
  * rows, the epilogue storing lane r's row (s0, s1: rows warp and warp + 8 of block b). CHAINED: A was
- * written by this grid (the chain's hbuf): the warp waits for the item's tile (epi.wait) and reads A
- * through L2. bmt: item_tile's. After each item epi.item_done(t, b, n): n the CTA's items of block b
+ * written by this grid (the chain's hbuf): before its first item with rows the warp waits for every
+ * CTA's up items (epi.wait) and it reads A through L2. bmt: item_tile's. After each item epi.item_done(t, b, n): n the CTA's items of block b
  * just completed, at its last item of the block (with bmt 0 every item is its block's last), else 0. */
 template <bool CHAINED, class Epi>
 static __device__ __forceinline__ int stream_consume(const moe_half_t *__restrict__ a,
                                                      const moe_tile_t *__restrict__ tiles, int begin, int end, int j,
                                                      unsigned char *sm, Epi epi, int bmt) {
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    bool waited = false;  /* CHAINED: hbuf is complete */
 #pragma unroll 1
     for (int item = begin; item < end; ++item) {
         const int t = item_tile(item, bmt), b = item_block(item, bmt);
         const int expert = tiles[t].expert, row_start = tiles[t].row_start, rows = tiles[t].rows;
         if constexpr (CHAINED) {
-            if (rows > 0)
-                epi.wait(t);
+            if (rows > 0 && !waited) {
+                epi.wait();
+                waited = true;
+            }
         }
 #pragma unroll 1
         for (int r0 = 0; r0 < rows; r0 += XR) {
@@ -891,11 +895,11 @@ struct down_epi {
 @     end
     }
 @     if c.chain_wait then
-    const int *done;  /* the chain's up items done, per tile (WARPS signals an item) */
-    /* A consumer warp, before reading tile t's rows of hbuf: every up item of the tile has stored them */
-    __device__ __forceinline__ void wait(int t) const {
+    const int *done;  /* the chain's counter of CTAs done with their up items */
+    /* A consumer warp, before its first rows of hbuf: every CTA has stored its up items' rows */
+    __device__ __forceinline__ void wait() const {
         if ((threadIdx.x & 31) == 0)
-            moe_wait_geq(done + t, UP_SIGNALS);
+            moe_wait_geq(done, (int)gridDim.x);
         __syncwarp();
     }
 @     end
@@ -1015,9 +1019,6 @@ struct up_epi {
 @     if train then
     moe_half_t *__restrict__ ubuf;
 @     end
-@     if c.chain then
-    int *done;  /* chained: the up items done per tile (each consumer warp signals each item), else NULL */
-@     end
     __device__ __forceinline__ void operator()(int slot, int b, long long orow, float s0, float s1) const {
         const int pr = b * BN + (int)(threadIdx.x >> 5);  /* the packed gate row; its up row is pr + 8 */
 @     if p.ffn_bias then
@@ -1033,19 +1034,7 @@ struct up_epi {
         }
 @     end
     }
-@     if c.chain then
-    /* the warp's stores of item (t, b) are ordered before its signal: the warp's lanes meet, then lane 0's
-     * add is a release at GPU scope (cumulative over what the barrier ordered before it) */
-    __device__ __forceinline__ void item_done(int t, int, int) const {
-        if (done) {
-            __syncwarp();
-            if ((threadIdx.x & 31) == 0)
-                moe_signal_add(done + t, 1);
-        }
-    }
-@     else
     __device__ __forceinline__ void item_done(int, int, int) const {}
-@     end
 };
 @   end
 @   if c.chain then
@@ -1059,7 +1048,6 @@ namespace su {
 @     up_epi_code()
 }  // namespace su
 namespace sd {
-constexpr int UP_SIGNALS = ${2 * p.F // 16} * ${WARPS};  /* a tile's up items x the consumer warps: its up rows stored */
 @     stream_code(p, cd)
 @     down_tail_code(p, cd)
 }  // namespace sd
@@ -1089,7 +1077,14 @@ ${p.kernel}(const moe_half_t *xs, const moe_half_t *__restrict__ w1p, const moe_
             sd::stream_produce(w2, tiles, db, de, su::stream_produce(w1p, tiles, ub, ue, 0, sm, 0), sm, ntiles);
         return;
     }
-    const int j = su::stream_consume<false>(xs, tiles, ub, ue, 0, sm, su::up_epi{b1p, hbuf, y ? chain_done : nullptr}, 0);
+    const int j = su::stream_consume<false>(xs, tiles, ub, ue, 0, sm, su::up_epi{b1p, hbuf}, 0);
+    if (!y)
+        return;
+    /* this CTA's up rows are stored: its consumers meet, then one release at GPU scope (cumulative over what
+     * the barrier ordered before it) counts the CTA done */
+    moe_bar_sync(2, su::WARPS * 32);
+    if (threadIdx.x == 0)
+        moe_signal_add(chain_done, 1);
     sd::stream_consume<true>(hbuf, tiles, db, de, j, sm,
                              sd::down_epi{b2, obuf, row_of, topk_w, tokens, y, combine_tickets, ntiles,
                                           reinterpret_cast<int *>(sm + sd::BAR_OFF + 2 * sd::S * 8), chain_done},

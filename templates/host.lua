@@ -421,13 +421,9 @@ ${ind}    ${n}_launch(dev, ${kd.name}, dim3(moe_sm90_ctas((unsigned long long)ti
 ${ind}    combined = cfuse;
 @   end
 @   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
-@   if kd.chain then -- the chain's up GEMM: chained when its counters fit the call's tiles (moe_chain_fits)
-${ind}    chained = moe_chain_fits(tiles_y, ${p.H});
-${ind}    if (chained)
-${ind}        ${n}_launch_coop(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
-${ind}    else
-${ind}        ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)0, counts + ${p.combine_tickets_at}, (int *)0);
-${ind}    combined = chained;
+@   if kd.chain then -- the chain's up GEMM: its grid runs the down GEMM and the combine too
+${ind}    ${n}_launch_coop(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
+${ind}    combined = chained = 1;
 @   elseif scales then
 ${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});
 @   else

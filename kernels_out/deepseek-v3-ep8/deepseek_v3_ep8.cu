@@ -2571,7 +2571,7 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 1110 "templates/gemm_gemv.lua"
+#line 1105 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2737,64 +2737,64 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 992 "templates/gemm_gemv.lua"
+#line 996 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 999 "templates/gemm_gemv.lua"
+#line 1003 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 1001 "templates/gemm_gemv.lua"
+#line 1005 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 1008 "templates/gemm_gemv.lua"
+#line 1012 "templates/gemm_gemv.lua"
         }
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1117 "templates/gemm_gemv.lua"
+#line 1112 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 760 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 762 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
-#line 1143 "templates/gemm_gemv.lua"
+#line 1138 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
 #line 228 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 64, KC = 2048, U = 2;
@@ -2949,16 +2949,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1139 "templates/gemm_gemv.lua"
+#line 1134 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1151 "templates/gemm_gemv.lua"
+#line 1146 "templates/gemm_gemv.lua"
 
-#line 825 "templates/gemm_gemv.lua"
+#line 829 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -2988,9 +2988,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 857 "templates/gemm_gemv.lua"
+#line 861 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 859 "templates/gemm_gemv.lua"
+#line 863 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3002,52 +3002,52 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 1153 "templates/gemm_gemv.lua"
+#line 1148 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
 
-#line 760 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 762 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b2;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 810 "templates/gemm_gemv.lua"
+#line 814 "templates/gemm_gemv.lua"
     if (y) {
         __shared__ int s_last;
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
 #line 974 "templates/gemm_sm90.lua"
@@ -4998,16 +4998,10 @@ static inline long long moe_combine_tickets(long long hidden) {
 }
 /* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
  * combine takes the stream grids' hidden / 16 column blocks' tickets, the
- * first half of moe_combine_tickets; its per-tile counters of up items done
- * are the second half, from int moe_chain_done_at(hidden) of the tickets
- * on. So it chains a call on one device (not an expert-parallel rank's, not
- * a training forward's) whose tile table has at most hidden / 16 tiles;
- * another runs its up GEMM alone, then the down GEMM and the combine. */
+ * first half of moe_combine_tickets; its counter of CTAs done with their up
+ * items is the int after them, moe_chain_done_at(hidden) of the tickets. */
 static inline long long moe_chain_done_at(long long hidden) {
     return hidden / 16;
-}
-static inline int moe_chain_fits(long long tiles, long long hidden) {
-    return tiles >= 0 && tiles <= hidden / 16;
 }
 
 #endif
@@ -5287,34 +5281,34 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 385 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_scatter_bf16_h7168k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 474 "templates/host.lua"
+#line 470 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(64, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 421 "templates/host.lua"
         combined = cfuse;
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(112, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 511 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
@@ -5328,19 +5322,19 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
             return e;
 #line 410 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 2) { /* calls of 512 .. 4095 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
@@ -5354,19 +5348,19 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
             return e;
 #line 410 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 182320, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 or more tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 64, 7168, 64)) != cudaSuccess ||
@@ -5380,17 +5374,17 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
             return e;
 #line 410 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 488 "templates/host.lua"
+#line 484 "templates/host.lua"
     }
-#line 490 "templates/host.lua"
+#line 486 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5413,7 +5407,7 @@ extern "C" void deepseek_v3_ep8_pack_b1(const unsigned short *b1, unsigned short
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 513 "templates/host.lua"
+#line 509 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5438,5 +5432,5 @@ extern "C" cudaError_t deepseek_v3_ep8_pack(int tensor, void *dst, const void *s
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 637 "templates/host.lua"
+#line 633 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

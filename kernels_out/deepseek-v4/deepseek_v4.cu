@@ -2453,7 +2453,7 @@ deepseek_v4_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 1110 "templates/gemm_gemv.lua"
+#line 1105 "templates/gemm_gemv.lua"
 namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2621,64 +2621,64 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 992 "templates/gemm_gemv.lua"
+#line 996 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 999 "templates/gemm_gemv.lua"
+#line 1003 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 1001 "templates/gemm_gemv.lua"
+#line 1005 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 1008 "templates/gemm_gemv.lua"
+#line 1012 "templates/gemm_gemv.lua"
         }
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1117 "templates/gemm_gemv.lua"
+#line 1112 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl
 
-#line 758 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
 #line 762 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
-#line 1143 "templates/gemm_gemv.lua"
+#line 1138 "templates/gemm_gemv.lua"
 namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_impl {
 #line 228 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 4096, NOUT = 4096, BN = 8, KC = 2048, U = 2;
@@ -2833,16 +2833,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1139 "templates/gemm_gemv.lua"
+#line 1134 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1151 "templates/gemm_gemv.lua"
+#line 1146 "templates/gemm_gemv.lua"
 
-#line 825 "templates/gemm_gemv.lua"
+#line 829 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -2872,9 +2872,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 857 "templates/gemm_gemv.lua"
+#line 861 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 859 "templates/gemm_gemv.lua"
+#line 863 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -2886,55 +2886,55 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 1153 "templates/gemm_gemv.lua"
+#line 1148 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_impl
 
-#line 758 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
 #line 762 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b2;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 810 "templates/gemm_gemv.lua"
+#line 814 "templates/gemm_gemv.lua"
     if (y) {
         __shared__ int s_last;
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
-#line 1110 "templates/gemm_gemv.lua"
+#line 1105 "templates/gemm_gemv.lua"
 namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl {
 #line 104 "templates/activation.lua"
 
@@ -3102,64 +3102,64 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 992 "templates/gemm_gemv.lua"
+#line 996 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 999 "templates/gemm_gemv.lua"
+#line 1003 "templates/gemm_gemv.lua"
             const float g = s, u = su;
-#line 1001 "templates/gemm_gemv.lua"
+#line 1005 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 1008 "templates/gemm_gemv.lua"
+#line 1012 "templates/gemm_gemv.lua"
         }
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1117 "templates/gemm_gemv.lua"
+#line 1112 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 760 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 762 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b1p;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
-#line 1143 "templates/gemm_gemv.lua"
+#line 1138 "templates/gemm_gemv.lua"
 namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_impl {
 #line 228 "templates/gemm_gemv.lua"
 constexpr int K = 2048, N = 4096, NOUT = 4096, BN = 32, KC = 2048, U = 4;
@@ -3314,16 +3314,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1139 "templates/gemm_gemv.lua"
+#line 1134 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s);
 #line 312 "templates/gemm_gemv.lua"
     }
 }
-#line 1151 "templates/gemm_gemv.lua"
+#line 1146 "templates/gemm_gemv.lua"
 
-#line 825 "templates/gemm_gemv.lua"
+#line 829 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -3353,9 +3353,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 857 "templates/gemm_gemv.lua"
+#line 861 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 859 "templates/gemm_gemv.lua"
+#line 863 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3367,52 +3367,52 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 1153 "templates/gemm_gemv.lua"
+#line 1148 "templates/gemm_gemv.lua"
 }  // namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_impl
 
-#line 760 "templates/gemm_gemv.lua"
+#line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
-#line 762 "templates/gemm_gemv.lua"
+#line 766 "templates/gemm_gemv.lua"
 deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_impl;
-#line 766 "templates/gemm_gemv.lua"
+#line 770 "templates/gemm_gemv.lua"
     (void)b2;
-#line 768 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_smem[];
 #line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_smem[];
+#line 776 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4_smem);
-#line 774 "templates/gemm_gemv.lua"
+#line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 784 "templates/gemm_gemv.lua"
+#line 788 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 786 "templates/gemm_gemv.lua"
+#line 790 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 792 "templates/gemm_gemv.lua"
+#line 796 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 794 "templates/gemm_gemv.lua"
+#line 798 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 800 "templates/gemm_gemv.lua"
+#line 804 "templates/gemm_gemv.lua"
         else if (nr <= 4)
             run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
         else
             run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
-#line 808 "templates/gemm_gemv.lua"
+#line 812 "templates/gemm_gemv.lua"
     }
-#line 810 "templates/gemm_gemv.lua"
+#line 814 "templates/gemm_gemv.lua"
     if (y) {
         __shared__ int s_last;
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
-#line 815 "templates/gemm_gemv.lua"
+#line 819 "templates/gemm_gemv.lua"
 }
 
 #line 974 "templates/gemm_sm90.lua"
@@ -4717,16 +4717,10 @@ static inline long long moe_combine_tickets(long long hidden) {
 }
 /* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
  * combine takes the stream grids' hidden / 16 column blocks' tickets, the
- * first half of moe_combine_tickets; its per-tile counters of up items done
- * are the second half, from int moe_chain_done_at(hidden) of the tickets
- * on. So it chains a call on one device (not an expert-parallel rank's, not
- * a training forward's) whose tile table has at most hidden / 16 tiles;
- * another runs its up GEMM alone, then the down GEMM and the combine. */
+ * first half of moe_combine_tickets; its counter of CTAs done with their up
+ * items is the int after them, moe_chain_done_at(hidden) of the tickets. */
 static inline long long moe_chain_done_at(long long hidden) {
     return hidden / 16;
-}
-static inline int moe_chain_fits(long long tiles, long long hidden) {
-    return tiles >= 0 && tiles <= hidden / 16;
 }
 
 #endif
@@ -5019,52 +5013,52 @@ extern "C" cudaError_t deepseek_v4_forward(const deepseek_v4_args_t *a, cudaStre
 #line 385 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v4_launch(dev, deepseek_v4_permute_scatter_bf16_h4096k7_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 474 "templates/host.lua"
+#line 470 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2, dim3(512, (unsigned)tiles_y), 256, 66560, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 421 "templates/host.lua"
         combined = cfuse;
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n8u2, dim3(512, (unsigned)tiles_y), 256, 33792, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 323);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 421 "templates/host.lua"
         combined = cfuse;
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 323);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 2047 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = deepseek_v4_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
@@ -5078,19 +5072,19 @@ extern "C" cudaError_t deepseek_v4_forward(const deepseek_v4_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 3) { /* calls of 2048 or more tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = deepseek_v4_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
@@ -5104,17 +5098,17 @@ extern "C" cudaError_t deepseek_v4_forward(const deepseek_v4_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         deepseek_v4_launch(dev, deepseek_v4_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 488 "templates/host.lua"
+#line 484 "templates/host.lua"
     }
-#line 490 "templates/host.lua"
+#line 486 "templates/host.lua"
     if (!combined)
         deepseek_v4_launch(dev, deepseek_v4_combine_bf16_h4096k7, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5137,7 +5131,7 @@ extern "C" void deepseek_v4_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 513 "templates/host.lua"
+#line 509 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5162,7 +5156,7 @@ extern "C" cudaError_t deepseek_v4_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 617 "templates/host.lua"
+#line 613 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v4_pack_w1),
@@ -5182,5 +5176,5 @@ extern "C" void deepseek_v4_pack_shared(const unsigned short *w1s, const unsigne
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 637 "templates/host.lua"
+#line 633 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -6418,16 +6418,10 @@ static inline long long moe_combine_tickets(long long hidden) {
 }
 /* The chain (gen/family.h, moe_gemm_chains; templates/gemm_gemv.lua): its
  * combine takes the stream grids' hidden / 16 column blocks' tickets, the
- * first half of moe_combine_tickets; its per-tile counters of up items done
- * are the second half, from int moe_chain_done_at(hidden) of the tickets
- * on. So it chains a call on one device (not an expert-parallel rank's, not
- * a training forward's) whose tile table has at most hidden / 16 tiles;
- * another runs its up GEMM alone, then the down GEMM and the combine. */
+ * first half of moe_combine_tickets; its counter of CTAs done with their up
+ * items is the int after them, moe_chain_done_at(hidden) of the tickets. */
 static inline long long moe_chain_done_at(long long hidden) {
     return hidden / 16;
-}
-static inline int moe_chain_fits(long long tiles, long long hidden) {
-    return tiles >= 0 && tiles <= hidden / 16;
 }
 
 #endif
@@ -6718,16 +6712,16 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
 #line 385 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_permute_scatter_bf16_h2048k8_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 474 "templates/host.lua"
+#line 470 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -6741,19 +6735,19 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -6767,19 +6761,19 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 511 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -6793,19 +6787,19 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 3) { /* calls of 512 .. 2047 tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 128, 2048, 128)) != cudaSuccess ||
@@ -6819,19 +6813,19 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m128n128k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 200768, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(16, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 485 "templates/host.lua"
+#line 481 "templates/host.lua"
     } else if (v == 4) { /* calls of 2048 or more tokens */
-#line 441 "templates/host.lua"
+#line 437 "templates/host.lua"
         if (dev->use90) {
-#line 446 "templates/host.lua"
+#line 442 "templates/host.lua"
         moe_tmap_t ma, mb;
 #line 396 "templates/host.lua"
         if ((e = olmoe_1b_7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 2048, 64)) != cudaSuccess ||
@@ -6845,17 +6839,17 @@ extern "C" cudaError_t olmoe_1b_7b_forward(const olmoe_1b_7b_args_t *a, cudaStre
             return e;
 #line 410 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 8, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 464 "templates/host.lua"
+#line 460 "templates/host.lua"
         } else {
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 434 "templates/host.lua"
+#line 430 "templates/host.lua"
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 471 "templates/host.lua"
+#line 467 "templates/host.lua"
         }
-#line 488 "templates/host.lua"
+#line 484 "templates/host.lua"
     }
-#line 490 "templates/host.lua"
+#line 486 "templates/host.lua"
     if (!combined)
         olmoe_1b_7b_launch(dev, olmoe_1b_7b_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6878,7 +6872,7 @@ extern "C" void olmoe_1b_7b_pack_b1(const unsigned short *b1, unsigned short *b1
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 513 "templates/host.lua"
+#line 509 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6903,5 +6897,5 @@ extern "C" cudaError_t olmoe_1b_7b_pack(int tensor, void *dst, const void *src0,
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 637 "templates/host.lua"
+#line 633 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
