@@ -5,7 +5,8 @@
 # build. Then moe_bench --graph at 1..32 tokens, per spec: the shipped table, chain.tune (chain, 2 stages), chain3
 # (3 stages) and stream2 (chain.tune with the plain stream grid: the same kernels' up and down in two launches, and
 # the combine).
-# Env: TGPU_SPECS, TGPU_S (test_gpu's specs and limit), SPECS, BUILDS (the A/B's) to run less.
+# Env: TGPU_SPECS, TGPU_S (test_gpu's specs and limit), SPECS, BUILDS (the A/B's) to run less; NCU=0 skips the
+# last step (Nsight Compute of the chained kernel at 1 Qwen3 token).
 # carry ["build/r107"] (stripped moegen, moe_bench, test_gpu, test_vendored, test_vendored_chain)
 set -u
 mkdir -p "$OUT" build
@@ -33,9 +34,18 @@ for s in ${SPECS:-qwen3-30b-a3b gpt-oss-20b}; do
     done
 done
 unset MOEGEN_TUNING
+# Nsight Compute of the chained kernel at 1 Qwen3 token (where its time goes: DRAM throughput, stall reasons)
+if [ "${NCU:-1}" = 1 ]; then
+    NCUB=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    MOEGEN_TUNING=tests/tune/chain.tune timeout 90 $NCUB --clock-control none --set full -k regex:chain \
+        --launch-skip 2 --launch-count 1 build/r107/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 \
+        > "$OUT/ncu_chain.log" 2>&1
+    echo "ncu chain: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
+fi
 cat "$OUT/rc.txt"
 grep -h "^test_gpu:\|passed" "$OUT/test_gpu_chain.log" | tail -2; grep -m5 FAIL "$OUT/test_gpu_chain.log"
 tail -n 2 "$OUT/vendored_chain.log" "$OUT/vendored.log"; grep -m3 FAIL "$OUT"/vendored*.log
 python3 docs/perf/2026-12-06/ab.py "$OUT/bench.log" "LAYER graph" gemm_up_swiglu gemm_down combine
 grep -E "^== |floor" "$OUT/bench.log" | head -40
+[ -f "$OUT/ncu_chain.log" ] && grep -E 'Duration|DRAM Throughput|Memory Throughput|SM Frequency|Achieved Occupancy|No Eligible|Warp Cycles Per Issued' "$OUT/ncu_chain.log" | head -12
 gzip -9 "$OUT"/*.log
