@@ -132,11 +132,6 @@ static void push_host_params(lua_State *L, const moe_plan_desc_t *pd, const int 
     /* the folded combine's tickets: the counts region's last ints (a plan with a gemv down GEMM reserves them) */
     moe_lua_set_int(L, "combine_tickets_at",
                     (long long)pd->ws[MOE_WS_COUNTS].bytes / 4 - moe_combine_tickets(pd->spec.hidden));
-    int chain = 0; /* some variant's up GEMM is the chain's (the launcher's cooperative launch) */
-    for (int v = 0; v < pd->nvariants; v++)
-        for (int a = 0; a < MOE_FAMILY_ARCHES; a++)
-            chain |= moe_gemm_chains(&pd->spec, &pd->variants[v].kernels[a][MOE_K_GEMM_UP]);
-    moe_lua_set_bool(L, "chain", chain);
     push_arch_sets(L, pd, pd->kernels);
     lua_createtable(L, pd->nvariants, 0); /* the GEMM variants (gen/plan.h), by bucket */
     for (int v = 0; v < pd->nvariants; v++) {

@@ -28,7 +28,8 @@ int moe_gemm_sm90_smem(const moe_tile_cfg_t *t, int out_cols) {
  * reason in err, named by the grid ("gemv" for gemv3's common fields). */
 static int gemv_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     const int stream = moe_tile_stream(t);
-    const char *g = stream ? (t->gemv == 5 ? "chain" : "stream") : "gemv";
+    char name[16];
+    const char *g = stream ? moe_gemm_sm90_grid_name(t, name) : "gemv";
     if (t->bm != 64 && t->bm != 128)
         return snprintf(err, errlen, "%s: bm (the tile table's row block) must be 64 or 128", g), 1;
     if (stream && t->bn != 16)
@@ -219,9 +220,10 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
                                .gemv = te->gemv};
     k->threads = 256;
     if (moe_tile_stream(&k->tile)) { /* stream: S stages of 16 rows x KC halves, 2 S mbarriers, 16 bytes */
+        char name[16];
         if (N % 16 || (te->gemv == 5 && c->spec->hidden % 16))
             return snprintf(err, errlen, "the %s grid needs the %s GEMM's %lld weight rows a multiple of 16%s",
-                            te->gemv == 5 ? "chain" : "stream", up ? "up" : "down", N,
+                            moe_gemm_sm90_grid_name(&k->tile, name), up ? "up" : "down", N,
                             te->gemv == 5 ? " and hidden a multiple of 16" : ""), -1;
         /* the chain's up kernel: a ring slot holds a stage of either GEMM (16 rows x its KC) */
         long long kc = moe_gemm_stream_kc(K);

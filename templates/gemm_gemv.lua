@@ -821,8 +821,8 @@ ${p.kernel}(${args}) {
 @
 @ -- After the down GEMM's device code (in its namespace): the combine over a
 @ -- column slice (the folded combine's) and, on the stream grids, the down
-@ -- epilogue functor (c.chain_wait: the chain's, which waits for its tiles'
-@ -- up items, gemm_gemv.lua's header).
+@ -- epilogue functor (c.chain_wait: the chain's, which waits for every
+@ -- CTA's up items, gemm_gemv.lua's header).
 @ local function down_tail_code(p, c)
 @   -- the CTA's THREADS threads meet: all of them, or the stream grid's consumer warps (its producer has exited)
 @   local sync = c.stream and "moe_bar_sync(1, THREADS);" or "__syncthreads();"

@@ -205,42 +205,27 @@ static cudaError_t ${n}_device_init(${n}_device_t *d, int dev) {
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void ${n}_launch(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void ${n}_launch_as(const ${n}_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = g;
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    (void)cudaLaunchKernelEx(&cfg, k, args...);
-}
-
-@ if p.chain then
-/* ${n}_launch as a cooperative launch (every CTA resident at once, or the launch fails): the chain's up GEMM
- * (templates/gemm_gemv.lua, "The chain"), whose CTAs wait for each other's items. */
-template <typename... P, typename... A>
-static void ${n}_launch_coop(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                             cudaStream_t s, A... args) {
     cudaLaunchAttribute at[2];
     unsigned na = 0;
     if (dev->pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
-    at[na].id = cudaLaunchAttributeCooperative;
-    at[na++].val.cooperative = 1;
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
@@ -250,8 +235,12 @@ static void ${n}_launch_coop(const ${n}_device_t *dev, void (*k)(P...), dim3 g, 
     cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void ${n}_launch(const ${n}_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    ${n}_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-@ end
 /* The current device's entry, filled on first use; NULL with *err set. */
 static ${n}_device_t *${n}_device(cudaError_t *err) {
     int dev = 0;
@@ -422,7 +411,7 @@ ${ind}    combined = cfuse;
 @   end
 @   local grid = kd.stream and ("dim3(moe_gemv_stream_ctas(dev->sms, " .. kd.smem .. "))") or ("dim3(" .. kd.ntiles .. ", (unsigned)tiles_y)")
 @   if kd.chain then -- the chain's up GEMM: its grid runs the down GEMM and the combine too
-${ind}    ${n}_launch_coop(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
+${ind}    ${n}_launch_as(dev, true, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, ${a}, (const moe_half_t *)${w}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, xs, row_of, topk_w, T, (moe_half_t *)a->y, counts + ${p.combine_tickets_at}, counts + ${p.combine_tickets_at} + moe_chain_done_at(${p.H}));
 ${ind}    combined = chained = 1;
 @   elseif scales then
 ${ind}    ${n}_launch(dev, ${kd.name}, ${grid}, ${kd.threads}, ${kd.smem}, stream, (const unsigned char *)${a}, (const unsigned char *)${w}, ${scales[1]}, ${scales[2]}, (const moe_half_t *)${bias}, tiles, num_tiles, ${out}${scales[3] and (", " .. scales[3]) or ""}${ub});

@@ -3188,29 +3188,42 @@ static cudaError_t deepseek_v3_ep8_mesh_device_init(deepseek_v3_ep8_mesh_device_
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void deepseek_v3_ep8_mesh_launch(const deepseek_v3_ep8_mesh_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void deepseek_v3_ep8_mesh_launch_as(const deepseek_v3_ep8_mesh_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void deepseek_v3_ep8_mesh_launch(const deepseek_v3_ep8_mesh_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    deepseek_v3_ep8_mesh_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *err) {
     int dev = 0;
@@ -3233,60 +3246,60 @@ static deepseek_v3_ep8_mesh_device_t *deepseek_v3_ep8_mesh_device(cudaError_t *e
 }
 
 extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_args_t *a, cudaStream_t stream) {
-#line 278 "templates/host.lua"
+#line 267 "templates/host.lua"
     /* mesh.ep = 8: the expert-parallel forward runs through libmoegen (moe_forward
      * with a NCCL communicator); this single-device launcher refuses it. */
     (void)a, (void)stream;
     return cudaErrorNotSupported;
-#line 283 "templates/host.lua"
+#line 272 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v3_ep8_mesh_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 291 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 294 "templates/host.lua"
+#line 283 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 307 "templates/host.lua"
+#line 296 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 321 "templates/host.lua"
+#line 310 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *offsets = (int *)(ws + 1536);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3840);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 4096);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *topk_idx = (int *)(ws + 12288);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *topk_w = (float *)(ws + 143360);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *row_of = (int *)(ws + 274432);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 405504);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 936259584);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *route_part = (float *)(ws + 1203646464);
-#line 334 "templates/host.lua"
+#line 323 "templates/host.lua"
     const long long tiles_y = deepseek_v3_ep8_mesh_max_tiles(T);
-#line 341 "templates/host.lua"
+#line 330 "templates/host.lua"
     cudaError_t e;
     const deepseek_v3_ep8_mesh_device_t *dev = deepseek_v3_ep8_mesh_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1288, stream);
     if (e != cudaSuccess) return e;
-#line 348 "templates/host.lua"
+#line 337 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 128, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3294,42 +3307,42 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_route_bf16_e256k8_t32k64s2, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 7168)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 356 "templates/host.lua"
+#line 345 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_plan_e256_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 388 "templates/host.lua"
+#line 377 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_permute_scatter_bf16_h7168k8, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 470 "templates/host.lua"
+#line 459 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
     if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
     moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, xs, tiles_y * 128, 7168, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w1p, 1048576LL, 7168, 256)) != cudaSuccess)
         return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
     if ((e = deepseek_v3_ep8_mesh_tmap(dev->encode, &ma, hbuf, tiles_y * 128, 2048, 128)) != cudaSuccess ||
         (e = deepseek_v3_ep8_mesh_tmap(dev->encode, &mb, a->w2, 1835008LL, 2048, 256)) != cudaSuccess)
         return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_sm90a_tma_m128n256k64s3c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 28, 0, 0, 0)), 384, 147504, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_up_swiglu_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
     }
-#line 486 "templates/host.lua"
+#line 475 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3352,7 +3365,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 509 "templates/host.lua"
+#line 498 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3377,5 +3390,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 633 "templates/host.lua"
+#line 622 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

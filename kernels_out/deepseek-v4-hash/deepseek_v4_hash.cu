@@ -4882,29 +4882,42 @@ static cudaError_t deepseek_v4_hash_device_init(deepseek_v4_hash_device_t *d, in
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void deepseek_v4_hash_launch(const deepseek_v4_hash_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void deepseek_v4_hash_launch_as(const deepseek_v4_hash_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void deepseek_v4_hash_launch(const deepseek_v4_hash_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    deepseek_v4_hash_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static deepseek_v4_hash_device_t *deepseek_v4_hash_device(cudaError_t *err) {
     int dev = 0;
@@ -4927,58 +4940,58 @@ static deepseek_v4_hash_device_t *deepseek_v4_hash_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t deepseek_v4_hash_forward(const deepseek_v4_hash_args_t *a, cudaStream_t stream) {
-#line 283 "templates/host.lua"
+#line 272 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > deepseek_v4_hash_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 291 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 294 "templates/host.lua"
+#line 283 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 298 "templates/host.lua"
+#line 287 "templates/host.lua"
     if (!a->topk_ids) return cudaErrorInvalidValue; /* the caller's experts */
-#line 321 "templates/host.lua"
+#line 310 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *offsets = (int *)(ws + 3584);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *cursor = (int *)(ws + 4864);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *num_tiles = (int *)(ws + 6144);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 6400);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *topk_idx = (int *)(ws + 39168);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *topk_w = (float *)(ws + 497920);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *row_of = (int *)(ws + 956672);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1415424);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 1073576192);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *route_part = (float *)(ws + 1609656576);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *src_of = (int *)(ws + 1613850880);
-#line 336 "templates/host.lua"
+#line 325 "templates/host.lua"
     const int v = deepseek_v4_hash_variant(T);
     const long long tiles_y = deepseek_v4_hash_max_tiles(T, v);
-#line 341 "templates/host.lua"
+#line 330 "templates/host.lua"
     cudaError_t e;
     const deepseek_v4_hash_device_t *dev = deepseek_v4_hash_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 3340, stream);
     if (e != cudaSuccess) return e;
-#line 348 "templates/host.lua"
+#line 337 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, deepseek_v4_hash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -4986,127 +4999,127 @@ extern "C" cudaError_t deepseek_v4_hash_forward(const deepseek_v4_hash_args_t *a
     deepseek_v4_hash_launch(dev, deepseek_v4_hash_route_bf16_e256k6s1_t32k64s2_i, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 82944, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz, a->topk_ids);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_permute_plan_e257_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 368 "templates/host.lua"
+#line 357 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 381 "templates/host.lua"
+#line 370 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3) &&
         (dev->gather == 1 || moe_gather_tokens(T, 7, 257, 2048)))
         gsrc = src_of;
-#line 385 "templates/host.lua"
+#line 374 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_permute_scatter_bf16_h4096k7_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 470 "templates/host.lua"
+#line 459 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2, dim3(512, (unsigned)tiles_y), 256, 66560, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 421 "templates/host.lua"
+#line 410 "templates/host.lua"
         combined = cfuse;
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_sm90a_gemv_m64n8u2, dim3(512, (unsigned)tiles_y), 256, 33792, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 323);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 421 "templates/host.lua"
+#line 410 "templates/host.lua"
         combined = cfuse;
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 323);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 2047 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = deepseek_v4_hash_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = deepseek_v4_hash_tmap(dev->encode, &mb, a->w1p, 1052672LL, 4096, 128)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = deepseek_v4_hash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v4_hash_tmap(dev->encode, &mb, a->w2, 1052672LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 3) { /* calls of 2048 or more tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = deepseek_v4_hash_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = deepseek_v4_hash_tmap(dev->encode, &mb, a->w1p, 1052672LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = deepseek_v4_hash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = deepseek_v4_hash_tmap(dev->encode, &mb, a->w2, 1052672LL, 2048, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 0, 0, 0)), 256, 163904, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 473 "templates/host.lua"
     }
-#line 486 "templates/host.lua"
+#line 475 "templates/host.lua"
     if (!combined)
         deepseek_v4_hash_launch(dev, deepseek_v4_hash_combine_bf16_h4096k7, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -5129,7 +5142,7 @@ extern "C" void deepseek_v4_hash_pack_b1(const unsigned short *b1, unsigned shor
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 509 "templates/host.lua"
+#line 498 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -5154,7 +5167,7 @@ extern "C" cudaError_t deepseek_v4_hash_pack(int tensor, void *dst, const void *
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 613 "templates/host.lua"
+#line 602 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 1): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v4_hash_pack_w1),
@@ -5174,5 +5187,5 @@ extern "C" void deepseek_v4_hash_pack_shared(const unsigned short *w1s, const un
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 633 "templates/host.lua"
+#line 622 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

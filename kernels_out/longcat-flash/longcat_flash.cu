@@ -3376,29 +3376,42 @@ static cudaError_t longcat_flash_device_init(longcat_flash_device_t *d, int dev)
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void longcat_flash_launch(const longcat_flash_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void longcat_flash_launch_as(const longcat_flash_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void longcat_flash_launch(const longcat_flash_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    longcat_flash_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
     int dev = 0;
@@ -3421,56 +3434,56 @@ static longcat_flash_device_t *longcat_flash_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cudaStream_t stream) {
-#line 283 "templates/host.lua"
+#line 272 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > longcat_flash_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 291 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 294 "templates/host.lua"
+#line 283 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 307 "templates/host.lua"
+#line 296 "templates/host.lua"
     if (!a->router_bias) return cudaErrorInvalidValue;
-#line 321 "templates/host.lua"
+#line 310 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *offsets = (int *)(ws + 5632);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *cursor = (int *)(ws + 7936);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *num_tiles = (int *)(ws + 9984);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 10240);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *topk_idx = (int *)(ws + 67584);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *topk_w = (float *)(ws + 854016);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *row_of = (int *)(ws + 1640448);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 2426880);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 3016034304);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *route_part = (float *)(ws + 3953461248);
-#line 336 "templates/host.lua"
+#line 325 "templates/host.lua"
     const int v = longcat_flash_variant(T);
     const long long tiles_y = longcat_flash_max_tiles(T, v);
-#line 341 "templates/host.lua"
+#line 330 "templates/host.lua"
     cudaError_t e;
     const longcat_flash_device_t *dev = longcat_flash_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 5384, stream);
     if (e != cudaSuccess) return e;
-#line 348 "templates/host.lua"
+#line 337 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, longcat_flash_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -3478,67 +3491,67 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     longcat_flash_launch(dev, longcat_flash_route_bf16_e512z256k12_t32k32s4, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 6144)), 256, 150528, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         longcat_flash_launch(dev, longcat_flash_permute_plan_e512_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 388 "templates/host.lua"
+#line 377 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         longcat_flash_launch(dev, longcat_flash_permute_scatter_bf16_h6144k12_e512z256, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of);
-#line 470 "templates/host.lua"
+#line 459 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 127 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 421 "templates/host.lua"
+#line 410 "templates/host.lua"
         combined = cfuse;
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(192, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 578);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 1) { /* calls of 128 or more tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, xs, tiles_y * 64, 6144, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w1p, 2097152LL, 6144, 128)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = longcat_flash_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 2048, 64)) != cudaSuccess ||
             (e = longcat_flash_tmap(dev->encode, &mb, a->w2, 3145728LL, 2048, 128)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 48, 0, 0, 0)), 256, 147552, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 473 "templates/host.lua"
     }
-#line 486 "templates/host.lua"
+#line 475 "templates/host.lua"
     if (!combined)
         longcat_flash_launch(dev, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3561,7 +3574,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 509 "templates/host.lua"
+#line 498 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3586,5 +3599,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 633 "templates/host.lua"
+#line 622 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

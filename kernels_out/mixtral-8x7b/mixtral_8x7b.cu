@@ -4603,29 +4603,42 @@ static cudaError_t mixtral_8x7b_device_init(mixtral_8x7b_device_t *d, int dev) {
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void mixtral_8x7b_launch(const mixtral_8x7b_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void mixtral_8x7b_launch_as(const mixtral_8x7b_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void mixtral_8x7b_launch(const mixtral_8x7b_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    mixtral_8x7b_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static mixtral_8x7b_device_t *mixtral_8x7b_device(cudaError_t *err) {
     int dev = 0;
@@ -4648,56 +4661,56 @@ static mixtral_8x7b_device_t *mixtral_8x7b_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaStream_t stream) {
-#line 283 "templates/host.lua"
+#line 272 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > mixtral_8x7b_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 291 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 294 "templates/host.lua"
+#line 283 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 321 "templates/host.lua"
+#line 310 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *offsets = (int *)(ws + 2560);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *cursor = (int *)(ws + 2816);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *num_tiles = (int *)(ws + 3072);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 3328);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *topk_idx = (int *)(ws + 11776);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *topk_w = (float *)(ws + 142848);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *row_of = (int *)(ws + 273920);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 404992);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 272969216);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *route_part = (float *)(ws + 1226944000);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *src_of = (int *)(ws + 1227075072);
-#line 336 "templates/host.lua"
+#line 325 "templates/host.lua"
     const int v = mixtral_8x7b_variant(T);
     const long long tiles_y = mixtral_8x7b_max_tiles(T, v);
-#line 341 "templates/host.lua"
+#line 330 "templates/host.lua"
     cudaError_t e;
     const mixtral_8x7b_device_t *dev = mixtral_8x7b_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 2344, stream);
     if (e != cudaSuccess) return e;
-#line 348 "templates/host.lua"
+#line 337 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, mixtral_8x7b_variant_align[v], dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -4705,193 +4718,193 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     mixtral_8x7b_launch(dev, mixtral_8x7b_route_bf16_e8k2_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 4096)), 256, 65280, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 0)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 1)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 361 "templates/host.lua"
+#line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 5)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_plan_e8_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 368 "templates/host.lua"
+#line 357 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 381 "templates/host.lua"
+#line 370 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 1 || v == 2 || v == 3 || v == 4 || v == 5) &&
         (dev->gather == 1 || moe_gather_tokens(T, 2, 8, 14336)))
         gsrc = src_of;
-#line 385 "templates/host.lua"
+#line 374 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         mixtral_8x7b_launch(dev, mixtral_8x7b_permute_scatter_bf16_h4096k2_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 470 "templates/host.lua"
+#line 459 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u4, dim3(896, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 421 "templates/host.lua"
+#line 410 "templates/host.lua"
         combined = cfuse;
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_gemv_m64n32u4, dim3(128, (unsigned)tiles_y), 256, 65536, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 74);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 127 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 3) { /* calls of 128 .. 2047 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 4) { /* calls of 2048 .. 4095 tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g16, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 481 "templates/host.lua"
+#line 470 "templates/host.lua"
     } else if (v == 5) { /* calls of 4096 or more tokens */
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
         if (dev->use90) {
-#line 442 "templates/host.lua"
+#line 431 "templates/host.lua"
         moe_tmap_t ma, mb;
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, xs, tiles_y * 64, 4096, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w1p, 229376LL, 4096, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 112, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
-#line 396 "templates/host.lua"
+#line 385 "templates/host.lua"
         if ((e = mixtral_8x7b_tmap(dev->encode, &ma, hbuf, tiles_y * 64, 14336, 64)) != cudaSuccess ||
             (e = mixtral_8x7b_tmap(dev->encode, &mb, a->w2, 32768LL, 14336, 256)) != cudaSuccess)
             return e;
-#line 410 "templates/host.lua"
+#line 399 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 16, 1, 0, dev->sms)), 384, 198720, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
         } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(224, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
         }
-#line 484 "templates/host.lua"
+#line 473 "templates/host.lua"
     }
-#line 486 "templates/host.lua"
+#line 475 "templates/host.lua"
     if (!combined)
         mixtral_8x7b_launch(dev, mixtral_8x7b_combine_bf16_h4096k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -4914,7 +4927,7 @@ extern "C" void mixtral_8x7b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 509 "templates/host.lua"
+#line 498 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4939,5 +4952,5 @@ extern "C" cudaError_t mixtral_8x7b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 633 "templates/host.lua"
+#line 622 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

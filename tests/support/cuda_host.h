@@ -7,7 +7,8 @@
  * turn until it waits at a barrier: __syncthreads is a barrier of the
  * block's 256, a warp shuffle two barriers of its 32 lanes around a slot
  * per lane. Blocks run one after the other, or a cluster's blocks together
- * (host_launch's cluster argument: the fp8 gemv up GEMM's __cluster_dims__;
+ * (host_launch's cluster argument: the fp8 gemv up GEMM's __cluster_dims__,
+ * or the chain's whole grid, whose blocks wait for each other;
  * a cluster barrier of all their threads, each block's shared memory its
  * own; static __shared__ arrays are one copy, so kernels with those run
  * with clusters of 1). The prelude's conversions are restated here for the

@@ -2521,29 +2521,42 @@ static cudaError_t small_device_init(small_device_t *d, int dev) {
 /* Launch kernel k on s as the JIT runtime's moe_launch_kernel does: with
  * dev->pdl a programmatic dependent of the stream's previous kernel (every
  * kernel's first statement waits for the grids before it: docs/DESIGN.md,
- * "Launch overlap"), else <<<>>>. A failed launch is the thread's last
- * error, which the forward returns. */
+ * "Launch overlap"), with coop a cooperative launch (every CTA resident at
+ * once, or the launch fails: the chain's up GEMM, templates/gemm_gemv.lua,
+ * whose CTAs wait for each other's items), else <<<>>>. A failed launch is
+ * the thread's last error, which the forward returns. */
 template <typename... P, typename... A>
-static void small_launch(const small_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
-                        cudaStream_t s, A... args) {
-    if (!dev->pdl) {
+static void small_launch_as(const small_device_t *dev, bool coop, void (*k)(P...), dim3 g, unsigned threads,
+                           size_t smem, cudaStream_t s, A... args) {
+    if (!dev->pdl && !coop) {
         k<<<g, threads, smem, s>>>(args...);
         return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (dev->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, args...);
 }
+template <typename... P, typename... A>
+static void small_launch(const small_device_t *dev, void (*k)(P...), dim3 g, unsigned threads, size_t smem,
+                        cudaStream_t s, A... args) {
+    small_launch_as(dev, false, k, g, threads, smem, s, args...);
+}
 
-#line 255 "templates/host.lua"
 /* The current device's entry, filled on first use; NULL with *err set. */
 static small_device_t *small_device(cudaError_t *err) {
     int dev = 0;
@@ -2566,55 +2579,55 @@ static small_device_t *small_device(cudaError_t *err) {
 }
 
 extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream) {
-#line 283 "templates/host.lua"
+#line 272 "templates/host.lua"
     if (!a || a->tokens < 0 || a->tokens > small_MAX_TOKENS)
         return cudaErrorInvalidValue;
     if (a->tokens == 0) /* an empty batch: nothing to enqueue, y untouched */
         return cudaSuccess;
-#line 291 "templates/host.lua"
+#line 280 "templates/host.lua"
     if (!a->x || !a->router_w || !a->w1p || !a->w2 || !a->y || !a->workspace)
         return cudaErrorInvalidValue;
-#line 294 "templates/host.lua"
+#line 283 "templates/host.lua"
     /* rows moved 16 bytes at a time: x and y 16-byte aligned, the workspace 256 (as moe_forward checks) */
     if ((uintptr_t)a->x % 16 || (uintptr_t)a->y % 16 || (uintptr_t)a->workspace % 256)
         return cudaErrorInvalidValue;
-#line 321 "templates/host.lua"
+#line 310 "templates/host.lua"
     const int T = a->tokens;
     char *ws = (char *)a->workspace;
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *counts = (int *)(ws + 0);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *offsets = (int *)(ws + 1280);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *cursor = (int *)(ws + 1536);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *num_tiles = (int *)(ws + 1792);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_tile_t *tiles = (moe_tile_t *)(ws + 2048);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *topk_idx = (int *)(ws + 2816);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *topk_w = (float *)(ws + 8960);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *row_of = (int *)(ws + 15104);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 21248);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     moe_half_t *hbuf = (moe_half_t *)(ws + 7062272);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     float *route_part = (float *)(ws + 9996032);
-#line 330 "templates/host.lua"
+#line 319 "templates/host.lua"
     int *src_of = (int *)(ws + 10192640);
-#line 334 "templates/host.lua"
+#line 323 "templates/host.lua"
     const long long tiles_y = small_max_tiles(T);
-#line 341 "templates/host.lua"
+#line 330 "templates/host.lua"
     cudaError_t e;
     const small_device_t *dev = small_device(&e);
     if (!dev)
         return e;
     e = cudaMemsetAsync(counts, 0, 1080, stream);
     if (e != cudaSuccess) return e;
-#line 348 "templates/host.lua"
+#line 337 "templates/host.lua"
     /* calls of few tokens: the permute plan (and the scatter) in route's last block (moe_route_fuse_mode) */
     moe_route_fuse_t fz = {0, 64, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
@@ -2622,40 +2635,40 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_route_bf16_e12k3_t32k128s6, dim3(moe_blocks(T, 32), moe_route_split(T, 32, 1536)), 256, 78336, stream,
         (const moe_half_t *)a->x, (const moe_half_t *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz);
-#line 356 "templates/host.lua"
+#line 345 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_PLAN)
         small_launch(dev, small_permute_plan_e12_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
-#line 368 "templates/host.lua"
+#line 357 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
      * writes src_of and no rows; not when route scatters, nor for a gemv-grid (or sm_80) up GEMM; MOEGEN_GATHER as
      * libmoegen reads it (auto: at the sizes moe_gather_tokens allows) */
     int *gsrc = (int *)0;
     (void)src_of;
-#line 385 "templates/host.lua"
+#line 374 "templates/host.lua"
     if (fz.mode < MOE_ROUTE_FUSE_SCATTER)
         small_launch(dev, small_permute_scatter_bf16_h1536k3_gx, dim3(moe_blocks(T, 8)), 256, 0, stream, (const moe_half_t *)a->x, topk_idx, topk_w, offsets, cursor, T, xs, row_of, gsrc);
-#line 470 "templates/host.lua"
+#line 459 "templates/host.lua"
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
-#line 437 "templates/host.lua"
+#line 426 "templates/host.lua"
     if (dev->use90) {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_sm90a_gemv_m64n128u2, dim3(10, (unsigned)tiles_y), 256, 24576, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 421 "templates/host.lua"
+#line 410 "templates/host.lua"
     combined = cfuse;
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_sm90a_gemv_m64n128u2, dim3(12, (unsigned)tiles_y), 256, 10240, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 78);
-#line 460 "templates/host.lua"
+#line 449 "templates/host.lua"
     } else {
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     small_launch(dev, small_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(10, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
-#line 430 "templates/host.lua"
+#line 419 "templates/host.lua"
     small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
-#line 467 "templates/host.lua"
+#line 456 "templates/host.lua"
     }
-#line 486 "templates/host.lua"
+#line 475 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2678,7 +2691,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 509 "templates/host.lua"
+#line 498 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2703,5 +2716,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 633 "templates/host.lua"
+#line 622 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
