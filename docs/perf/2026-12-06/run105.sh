@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 cp build/bk/moegen build/moegen
 T=docs/perf/2026-12-06/bk128.tune
-MOEGEN_TUNING=$T timeout 150 stdbuf -oL -eL build/bk/test_gpu mixtral-8x7b deepseek-v3-ep8 > "$OUT/test_gpu_bk128.log" 2>&1
+MOEGEN_TUNING=$T timeout ${TGPU_S:-150} stdbuf -oL -eL build/bk/test_gpu mixtral-8x7b deepseek-v3-ep8 > "$OUT/test_gpu_bk128.log" 2>&1
 echo "test_gpu bk128: exit $? ($SECONDS s)" >> "$OUT/rc.txt"
 for s in mixtral-8x7b deepseek-v3-ep8; do
     for b in shipped bk128; do
