@@ -16,5 +16,12 @@ timeout 100 $NCUB --clock-control none --set full -k regex:sm90a_gemv --launch-s
 echo "ncu gemv: exit $? ($SECONDS s)" >> "$O/r107/rc.txt"
 grep -E '^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|No Eligible|Warp Cycles Per Issued' \
     "$O/r107/ncu_gemv.log" | head -16
+# the route kernel at 1 Qwen3 token, instruction by instruction (SASS with its warp-stall samples: where the
+# last block's ~14 k cycles of tail go), then its usual sections
+timeout 60 $NCUB --clock-control none --section SourceCounters --section WarpStateStats -k regex:route \
+    --launch-skip 2 --launch-count 1 --page source --print-source sass --csv \
+    build/r107/moe_bench examples/specs/qwen3-30b-a3b.moe --tokens 1 --iters 1 > "$O/r107/ncu_route_sass.log" 2>&1
+echo "ncu route sass: exit $? ($SECONDS s)" >> "$O/r107/rc.txt"
+head -c 600 "$O/r107/ncu_route_sass.log"; echo
 OUT=$O/r105 TGPU_S=100 bash docs/perf/2026-12-06/run105.sh
 cd "$O" && tar czf r107.tgz r107 && tar czf r105.tgz r105 && rm -rf r107 r105
