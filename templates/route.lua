@@ -578,8 +578,19 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
             const int j = tid / G;
             float v = 0.f;
             if (j < nv) {
-#pragma unroll 4
-                for (int y = tid % G; y < Y; y += G) v += __ldcg(part0 + j + y * ystride);
+                /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
+                 * in split order */
+#pragma unroll 1
+                for (int y0 = tid % G; y0 < Y; y0 += 8 * G) {
+                    float q[8];
+#pragma unroll
+                    for (int b = 0; b < 8; ++b)
+                        q[b] = y0 + b * G < Y ? __ldcg(part0 + j + (y0 + b * G) * ystride) : 0.f;
+#pragma unroll
+                    for (int b = 0; b < 8; ++b)
+                        if (y0 + b * G < Y)
+                            v += q[b];
+                }
             }
             for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
             if (j < nv && tid % G == 0)

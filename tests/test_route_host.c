@@ -49,6 +49,11 @@ static const host_case_t cases[] = {
      "name = 'v3' experts = 256 top_k = 8 hidden = 512 ffn = 64 tokens = 256\n"
      "router = { score = 'sigmoid', bias = true, groups = 8, topk_groups = 4, group_topk = 2, renormalize = true, "
      "scale = 2.5 }\n", {1, 64, 65}, 3},
+    {"DeepSeek-V3's router at H 4096: one token's 256 logits summed over 16 split blocks (two batches of eight "
+     "splits' loads)",
+     "name = 'v3h' experts = 256 top_k = 8 hidden = 4096 ffn = 64 tokens = 64\n"
+     "router = { score = 'sigmoid', bias = true, groups = 8, topk_groups = 4, group_topk = 2, renormalize = true, "
+     "scale = 2.5 }\n", {1, 3}, 2},
     {"given ids (DeepSeek-V4's hash layers): sqrt(softplus) at the caller's experts, renormalized, scaled; "
      "repeats, and ids out of range dropped and counted", "tests/specs/given_ids.moe", {1, 64, 70}, 3},
     {"given ids and weights (a server's own router): no logits, no split; a sigmoid-free shared expert after them",
