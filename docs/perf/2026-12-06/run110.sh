@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
 B=build/r107
 cp $B/moegen build/moegen
 cp tuning/h200.tune /tmp/new.tune
-SPECS="qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8 gpt-oss-120b"
+SPECS=${SPECS:-"qwen3-30b-a3b gpt-oss-20b mixtral-8x7b deepseek-v3-ep8 gpt-oss-120b"}
 for s in $SPECS; do
     g=gemv,gemv3; [ $s = gpt-oss-120b ] && g=gemv,gemv3,tile
     timeout 60 $B/moegen tune examples/specs/$s.moe --tokens 1,2,4 --grid $g --iters 20 -o /tmp/new.tune \
@@ -37,7 +37,7 @@ unset MOEGEN_TUNING
 MOEGEN_TUNING=/tmp/new.tune timeout 70 stdbuf -oL -eL $B/test_gpu --tokens-max 8 $SPECS > "$OUT/n/test_gpu_new.log" 2>&1
 echo "test_gpu new: exit $? ($SECONDS s)" >> "$OUT/n/rc.txt"
 cp build/r111/moegen build/moegen
-timeout 60 stdbuf -oL -eL build/r111/test_gpu --tokens-max 8 qwen3-30b-a3b deepseek-v3 deepseek-v3-ep8 gpt-oss-20b \
+timeout 45 stdbuf -oL -eL build/r111/test_gpu --tokens-max 8 qwen3-30b-a3b deepseek-v3 deepseek-v3-ep8 gpt-oss-20b \
     > "$OUT/n/test_gpu_r111.log" 2>&1
 echo "test_gpu r111: exit $? ($SECONDS s)" >> "$OUT/n/rc.txt"
 cat "$OUT/n/rc.txt"
