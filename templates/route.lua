@@ -577,7 +577,10 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
         if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
-            if (j < nv) {
+            if (j < nv && Y <= G) {   // at most one split a lane (few logits: Mixtral's 8 over 16 splits)
+                if (tid % G < Y)
+                    v += __ldcg(part0 + j + (tid % G) * ystride);
+            } else if (j < nv) {
                 /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
                  * in split order */
 #pragma unroll 1

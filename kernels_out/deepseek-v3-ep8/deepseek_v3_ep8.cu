@@ -577,7 +577,10 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
-            if (j < nv) {
+            if (j < nv && Y <= G) {   // at most one split a lane (few logits: Mixtral's 8 over 16 splits)
+                if (tid % G < Y)
+                    v += __ldcg(part0 + j + (tid % G) * ystride);
+            } else if (j < nv) {
                 /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
                  * in split order */
 #pragma unroll 1
@@ -597,7 +600,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 601 "templates/route.lua"
+#line 604 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -627,10 +630,10 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
                 }
             }
             __syncthreads();
-#line 656 "templates/route.lua"
+#line 659 "templates/route.lua"
         }
     }
-#line 669 "templates/route.lua"
+#line 672 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -638,7 +641,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 677 "templates/route.lua"
+#line 680 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -646,28 +649,28 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 687 "templates/route.lua"
+#line 690 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 689 "templates/route.lua"
+#line 692 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 719 "templates/route.lua"
+#line 722 "templates/route.lua"
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = ((valid >> i) & 1u) ? 1.0f / (1.0f + expf(-pv[i])) : 0.f;
-#line 747 "templates/route.lua"
+#line 750 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 751 "templates/route.lua"
+#line 754 "templates/route.lua"
             const int e = lane + 32 * i;
             ord[i] = ord_of(((valid >> i) & 1u) ? pv[i] + __ldg(sel_bias + e) : 0.f);
-#line 756 "templates/route.lua"
+#line 759 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 799 "templates/route.lua"
+#line 802 "templates/route.lua"
         /* Group-limited, groups of PG = 4 experts: in each slot a group
          * is an aligned segment of PG lanes. */
         {
@@ -697,7 +700,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
             }
             cand &= kept;
         }
-#line 878 "templates/route.lua"
+#line 881 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -709,42 +712,42 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 890 "templates/route.lua"
+#line 893 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 896 "templates/route.lua"
+#line 899 "templates/route.lua"
         if (lane < K) {
-#line 903 "templates/route.lua"
+#line 906 "templates/route.lua"
             const float l = lrow[mine];
-#line 908 "templates/route.lua"
+#line 911 "templates/route.lua"
             w = 1.0f / (1.0f + expf(-l));
-#line 932 "templates/route.lua"
+#line 935 "templates/route.lua"
         }
-#line 934 "templates/route.lua"
+#line 937 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 941 "templates/route.lua"
+#line 944 "templates/route.lua"
         w *= 2.5f;
-#line 968 "templates/route.lua"
+#line 971 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 975 "templates/route.lua"
+#line 978 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 978 "templates/route.lua"
+#line 981 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 989 "templates/route.lua"
+#line 992 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -768,7 +771,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1013 "templates/route.lua"
+#line 1016 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -780,7 +783,7 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1034 "templates/route.lua"
+#line 1037 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -788,21 +791,21 @@ deepseek_v3_ep8_route_bf16_e32k8_t32k128s5(const moe_half_t *__restrict__ x, con
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1042 "templates/route.lua"
+#line 1045 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1056 "templates/route.lua"
+#line 1059 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1064 "templates/route.lua"
+#line 1067 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1067 "templates/route.lua"
+#line 1070 "templates/route.lua"
         }
-#line 1071 "templates/route.lua"
+#line 1074 "templates/route.lua"
     }
 }
 

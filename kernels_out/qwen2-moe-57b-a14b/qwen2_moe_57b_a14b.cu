@@ -579,7 +579,10 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         if (nv * G <= THREADS) {   // few tokens: a logit a group, as the first pass below: the same sums, less code
             const int j = tid / G;
             float v = 0.f;
-            if (j < nv) {
+            if (j < nv && Y <= G) {   // at most one split a lane (few logits: Mixtral's 8 over 16 splits)
+                if (tid % G < Y)
+                    v += __ldcg(part0 + j + (tid % G) * ystride);
+            } else if (j < nv) {
                 /* eight splits' loads issued before their adds (one L2 round trip, not one a split), the adds
                  * in split order */
 #pragma unroll 1
@@ -599,7 +602,7 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
                 lsm[(j / EL) * LDL + j % EL] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 631 "templates/route.lua"
+#line 634 "templates/route.lua"
             constexpr int NB = 8;
 #pragma unroll 1
             for (int base = 0; base < nv * G; base += NB * THREADS) {   // uniform: every lane shuffles
@@ -624,10 +627,10 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
                 }
             }
             __syncthreads();
-#line 656 "templates/route.lua"
+#line 659 "templates/route.lua"
         }
     }
-#line 669 "templates/route.lua"
+#line 672 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -635,7 +638,7 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 677 "templates/route.lua"
+#line 680 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -643,15 +646,15 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 687 "templates/route.lua"
+#line 690 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 689 "templates/route.lua"
+#line 692 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 704 "templates/route.lua"
+#line 707 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -666,16 +669,16 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 747 "templates/route.lua"
+#line 750 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 754 "templates/route.lua"
+#line 757 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 756 "templates/route.lua"
+#line 759 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 878 "templates/route.lua"
+#line 881 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -687,23 +690,23 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 890 "templates/route.lua"
+#line 893 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 896 "templates/route.lua"
+#line 899 "templates/route.lua"
         if (lane < K) {
-#line 903 "templates/route.lua"
-            const float l = lrow[mine];
 #line 906 "templates/route.lua"
+            const float l = lrow[mine];
+#line 909 "templates/route.lua"
             w = expf(l - m) / z;
-#line 932 "templates/route.lua"
+#line 935 "templates/route.lua"
         }
-#line 948 "templates/route.lua"
+#line 951 "templates/route.lua"
         /* entries K .. KE-1: the shared expert's slots E .. E+M-1, weight g(x) */
-#line 950 "templates/route.lua"
+#line 953 "templates/route.lua"
         const float gsh = 1.0f / (1.0f + expf(-lrow[E]));   // sigmoid(x . w_gate), never renormalized or scaled
-#line 952 "templates/route.lua"
+#line 955 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * KE + lane] = mine;
             topk_w[(long long)tok * KE + lane] = w;
@@ -712,21 +715,21 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
             topk_idx[(long long)tok * KE + lane] = E + lane - K;
             topk_w[(long long)tok * KE + lane] = gsh;
         }
-#line 975 "templates/route.lua"
+#line 978 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 978 "templates/route.lua"
+#line 981 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 984 "templates/route.lua"
+#line 987 "templates/route.lua"
     if (tid < M) {   // every token of the block visits each shared slot
         s_count[E + tid] = min(T, tokens - tok0);
         atomicAdd(counts + E + tid, min(T, tokens - tok0));
     }
-#line 989 "templates/route.lua"
+#line 992 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -750,7 +753,7 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1013 "templates/route.lua"
+#line 1016 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -762,7 +765,7 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1034 "templates/route.lua"
+#line 1037 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -770,21 +773,21 @@ qwen2_moe_57b_a14b_route_bf16_e64k8s8g_t32k64s6(const moe_half_t *__restrict__ x
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1042 "templates/route.lua"
+#line 1045 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1056 "templates/route.lua"
+#line 1059 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1064 "templates/route.lua"
+#line 1067 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1067 "templates/route.lua"
+#line 1070 "templates/route.lua"
         }
-#line 1071 "templates/route.lua"
+#line 1074 "templates/route.lua"
     }
 }
 
