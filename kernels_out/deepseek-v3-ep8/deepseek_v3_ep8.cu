@@ -2586,7 +2586,7 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 }
 
 #line 1105 "templates/gemm_gemv.lua"
-namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl {
 #line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
@@ -2594,7 +2594,476 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return up * gate * moe_sigmoid(gate);
 }
 #line 228 "templates/gemm_gemv.lua"
-constexpr int K = 7168, N = 4096, NOUT = 2048, BN = 64, KC = 4096, U = 2;
+constexpr int K = 7168, N = 4096, NOUT = 2048, BN = 32, KC = 4096, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(16384 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 147 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 150 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 159 "templates/gemm_gemv.lua"
+}
+#line 131 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 239 "templates/gemm_gemv.lua"
+
+#line 163 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 241 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 187 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 254 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 204 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 996 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 1003 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 1005 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 1012 "templates/gemm_gemv.lua"
+        }
+#line 312 "templates/gemm_gemv.lua"
+    }
+}
+#line 1112 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl
+
+#line 760 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 766 "templates/gemm_gemv.lua"
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl;
+#line 770 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem);
+#line 778 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 788 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 790 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 796 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 798 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 812 "templates/gemm_gemv.lua"
+    }
+#line 819 "templates/gemm_gemv.lua"
+}
+
+#line 1138 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl {
+#line 228 "templates/gemm_gemv.lua"
+constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 32, KC = 2048, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(8192 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 147 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 157 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 159 "templates/gemm_gemv.lua"
+}
+#line 131 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 239 "templates/gemm_gemv.lua"
+
+#line 163 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 241 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 187 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 254 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 204 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 1134 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 312 "templates/gemm_gemv.lua"
+    }
+}
+#line 1146 "templates/gemm_gemv.lua"
+
+#line 829 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice, int *s_last, int n) {
+    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, n) == ntiles - n;  /* n: this CTA's items of the slice */
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        *s_last = last;
+    }
+    __syncthreads();
+    if (!*s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 861 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 863 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 1148 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl
+
+#line 760 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+#line 766 "templates/gemm_gemv.lua"
+deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl;
+#line 770 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 772 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem[];
+#line 776 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem);
+#line 778 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 788 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 790 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 796 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 798 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 812 "templates/gemm_gemv.lua"
+    }
+#line 814 "templates/gemm_gemv.lua"
+    if (y) {
+        __shared__ int s_last;
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
+    }
+#line 819 "templates/gemm_gemv.lua"
+}
+
+#line 1105 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl {
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 228 "templates/gemm_gemv.lua"
+constexpr int K = 7168, N = 4096, NOUT = 2048, BN = 32, KC = 4096, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -2766,20 +3235,20 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
     }
 }
 #line 1112 "templates/gemm_gemv.lua"
-}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl
 
 #line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 #line 766 "templates/gemm_gemv.lua"
-deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
-    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_impl;
 #line 770 "templates/gemm_gemv.lua"
     (void)b1p;
 #line 772 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem[];
 #line 776 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2_smem);
 #line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
@@ -2809,9 +3278,9 @@ deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__rest
 }
 
 #line 1138 "templates/gemm_gemv.lua"
-namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2_impl {
 #line 228 "templates/gemm_gemv.lua"
-constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 64, KC = 2048, U = 2;
+constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 32, KC = 2048, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
@@ -3017,20 +3486,20 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
     }
 }
 #line 1148 "templates/gemm_gemv.lua"
-}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2_impl
 
 #line 764 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256)
 #line 766 "templates/gemm_gemv.lua"
-deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
-    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2_impl;
 #line 770 "templates/gemm_gemv.lua"
     (void)b2;
 #line 772 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2_smem[];
 #line 776 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2_smem);
 #line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
@@ -5033,18 +5502,20 @@ __device__ int deepseek_v3_ep8_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_ep8_variant(int tokens) {
 #line 73 "templates/host.lua"
-    if (tokens >= 4096) return 3;
+    if (tokens >= 4096) return 4;
 #line 73 "templates/host.lua"
-    if (tokens >= 512) return 2;
+    if (tokens >= 512) return 3;
 #line 73 "templates/host.lua"
-    if (tokens >= 8) return 1;
+    if (tokens >= 8) return 2;
+#line 73 "templates/host.lua"
+    if (tokens >= 4) return 1;
 #line 75 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int deepseek_v3_ep8_variant_align[4] = {64, 64, 128, 64};
+static const int deepseek_v3_ep8_variant_align[5] = {64, 64, 64, 128, 64};
 
 static long long deepseek_v3_ep8_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 32, deepseek_v3_ep8_variant_align[v]);
@@ -5142,11 +5613,11 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
-    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
-#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
@@ -5291,9 +5762,12 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 2)
-        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 350 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 357 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
@@ -5302,7 +5776,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     int *gsrc = (int *)0;
     (void)src_of;
 #line 370 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 1 || v == 2 || v == 3) &&
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3 || v == 4) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 32, 2048)))
         gsrc = src_of;
 #line 374 "templates/host.lua"
@@ -5314,15 +5788,15 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
 #line 470 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 7 tokens */
+    if (v == 0) { /* calls of 1 .. 3 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 419 "templates/host.lua"
-        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(64, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 16384, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 410 "templates/host.lua"
         combined = cfuse;
 #line 419 "templates/host.lua"
-        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(112, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(224, (unsigned)tiles_y), 256, 8192, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
 #line 449 "templates/host.lua"
         } else {
 #line 419 "templates/host.lua"
@@ -5332,7 +5806,25 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 1) { /* calls of 8 .. 511 tokens */
+    } else if (v == 1) { /* calls of 4 .. 7 tokens */
+#line 426 "templates/host.lua"
+        if (dev->use90) {
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n32u2, dim3(128, (unsigned)tiles_y), 256, 65536, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 410 "templates/host.lua"
+        combined = cfuse;
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2, dim3(224, (unsigned)tiles_y), 256, 32768, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
+#line 449 "templates/host.lua"
+        } else {
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 456 "templates/host.lua"
+        }
+#line 470 "templates/host.lua"
+    } else if (v == 2) { /* calls of 8 .. 511 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"
@@ -5358,7 +5850,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 2) { /* calls of 512 .. 4095 tokens */
+    } else if (v == 3) { /* calls of 512 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"
@@ -5384,7 +5876,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 3) { /* calls of 4096 or more tokens */
+    } else if (v == 4) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"

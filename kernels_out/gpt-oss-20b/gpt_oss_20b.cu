@@ -2594,7 +2594,7 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 }
 
 #line 1105 "templates/gemm_gemv.lua"
-namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl {
+namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl {
 #line 104 "templates/activation.lua"
 
 /* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
@@ -2604,11 +2604,11 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
 #line 228 "templates/gemm_gemv.lua"
-constexpr int K = 2880, N = 5760, NOUT = 2880, BN = 64, KC = 2880, U = 2;
-constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int K = 2880, N = 5760, NOUT = 2880, BN = 32, KC = 2880, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(46080 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+static_assert(11520 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
               "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
@@ -2776,18 +2776,18 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
     }
 }
 #line 1112 "templates/gemm_gemv.lua"
-}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl
+}  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl
 
-#line 764 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256)
+#line 760 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
 #line 766 "templates/gemm_gemv.lua"
-gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
-    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_impl;
+    using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl;
 #line 772 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem[];
+    extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem[];
 #line 776 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2_smem);
+    uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem);
 #line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
@@ -2806,24 +2806,19 @@ gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict
             run_rows<1>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-#line 804 "templates/gemm_gemv.lua"
-        else if (nr <= 4)
-            run_rows<4>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-        else
-            run_rows<8>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
 #line 812 "templates/gemm_gemv.lua"
     }
 #line 819 "templates/gemm_gemv.lua"
 }
 
 #line 1138 "templates/gemm_gemv.lua"
-namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl {
+namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl {
 #line 228 "templates/gemm_gemv.lua"
-constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 64, KC = 2880, U = 2;
-constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 32, KC = 2880, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
 constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
-static_assert(46080 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+static_assert(11520 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
               "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
@@ -3025,18 +3020,18 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
     }
 }
 #line 1148 "templates/gemm_gemv.lua"
-}  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl
+}  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl
 
-#line 764 "templates/gemm_gemv.lua"
-extern "C" __global__ void __launch_bounds__(256)
+#line 760 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
 #line 766 "templates/gemm_gemv.lua"
-gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
-    using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_impl;
+    using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl;
 #line 772 "templates/gemm_gemv.lua"
-    extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem[];
+    extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem[];
 #line 776 "templates/gemm_gemv.lua"
-    uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2_smem);
+    uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem);
 #line 778 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
@@ -3055,11 +3050,6 @@ gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2(const moe_half_t *__restrict__ hb
             run_rows<1>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-#line 804 "templates/gemm_gemv.lua"
-        else if (nr <= 4)
-            run_rows<4>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-        else
-            run_rows<8>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
 #line 812 "templates/gemm_gemv.lua"
     }
 #line 814 "templates/gemm_gemv.lua"
@@ -6426,11 +6416,11 @@ extern "C" cudaError_t gpt_oss_20b_forward(const gpt_oss_20b_args_t *a, cudaStre
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 419 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv_m64n64u2, dim3(90, (unsigned)tiles_y), 256, 46080, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2, dim3(180, (unsigned)tiles_y), 256, 11520, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
 #line 410 "templates/host.lua"
         combined = cfuse;
 #line 419 "templates/host.lua"
-        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv_m64n64u2, dim3(45, (unsigned)tiles_y), 256, 46080, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
+        gpt_oss_20b_launch(dev, gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2, dim3(90, (unsigned)tiles_y), 256, 11520, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
 #line 449 "templates/host.lua"
         } else {
 #line 419 "templates/host.lua"
