@@ -42,8 +42,9 @@ const char *const moe_tune_usage =
     "warpgroups on alternate tiles, splitkS = S CTAs per tile each over a share of K: timed at counts\n"
     "up to 64 alone, and not for an expert-parallel SPEC; gemv = a CTA per bn weight rows of a tile, its\n"
     "rows 8 at a time, stages the K loop's unroll, gemv3 = gemv with three CTAs an SM, rows 2 at a\n"
-    "time, and stream = a CTA an SM streaming 16-row blocks of the weights through a ring of `stages`\n"
-    "stages: timed at counts up to 64 alone) for SPEC's shape at\n"
+    "time, gemv4 = gemv with four CTAs an SM, rows one at a time, stream = a CTA an SM streaming 16-row\n"
+    "blocks of the weights through a ring of `stages` stages, and chain = stream whose up GEMM's grid\n"
+    "runs the down GEMM and the combine too: timed at counts up to 64 alone) for SPEC's shape at\n"
     "each token count\n"
     "(default: 256, 4096 and the spec's tokens, at most the spec's tokens) on GPU 0,\n"
     "and write one entry per token count: the winner, with its time and the runner-up's (up + down\n"
@@ -55,7 +56,7 @@ const char *const moe_tune_usage =
     "at its own count; for an expert-parallel SPEC (mesh.ep > 1), whose plan runs its capacity's entry\n"
     "at every size, the candidate with the lowest sum of time ratios to the fastest over every\n"
     "measured count up to it.\n"
-    "--grid tile,persist,pingpong,splitk,gemv,gemv3,stream times only the candidates of those grids (the winner is the\n"
+    "--grid tile,persist,pingpong,splitk,gemv,gemv3,gemv4,stream,chain times only the candidates of those grids (the winner is the\n"
     "fastest of them).\n"
     "-o TABLE merges the entries into TABLE (replacing entries of the same shape and tokens); without\n"
     "-o they are printed.\n"
@@ -63,7 +64,8 @@ const char *const moe_tune_usage =
 
 typedef struct {
     int bm, bn, stages, group_m, grid; /* grid: 0 tile, 1 persist, 2 pingpong, 3 splitk, 4 gemv, 5 gemv3
-                                        * (stages: the unroll), 6 stream, 7 chain (stages: the ring's) */
+                                        * (stages: the unroll), 6 stream, 7 chain (stages: the ring's), 8
+                                        * gemv4 (the unroll) */
     int splitk;                        /* grid 3: S, the CTAs per tile */
     int bk;                            /* 0: 64 (bf16, fp16); the fp8 tiles' 128 */
 } cand_t;
@@ -83,7 +85,7 @@ static const cand_t cands[] = {
     {64, 32, 1, 1, 4, 0, 0},    {64, 16, 2, 1, 4, 0, 0},    {64, 8, 2, 1, 4, 0, 0},     {64, 8, 4, 1, 4, 0, 0},
     {64, 32, 2, 1, 5, 0, 0},    {64, 64, 2, 1, 5, 0, 0},    {64, 32, 1, 1, 5, 0, 0},
     {64, 16, 2, 1, 6, 0, 0},    {64, 16, 3, 1, 6, 0, 0},    {64, 16, 4, 1, 6, 0, 0},    {64, 16, 2, 1, 7, 0, 0},
-    {64, 16, 3, 1, 7, 0, 0},
+    {64, 16, 3, 1, 7, 0, 0},    {64, 32, 2, 1, 8, 0, 0},    {64, 64, 2, 1, 8, 0, 0},    {64, 32, 1, 1, 8, 0, 0},
 };
 /* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
 static const cand_t fp8_cands[] = {
@@ -97,11 +99,11 @@ static const cand_t fp8_cands[] = {
 
 /* The grids by cand_t.grid, as --grid and the tuning table spell them. */
 static const char *const grid_names[] = {"tile", "persist", "pingpong", "splitk", "gemv", "gemv3", "stream",
-                                         "chain"};
+                                         "chain", "gemv4"};
 #define NGRIDS ((int)(sizeof grid_names / sizeof *grid_names))
 
 /* A candidate's tile as a tuning entry gives it; consumer warpgroups: bm /
- * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3, stream's 4). */
+ * 64 share a tile, or the pingpong's 2 on alternate tiles; gemv's field is 1 (gemv3's 3, stream's 4, chain's 5, gemv4's 6). */
 static moe_tile_cfg_t cand_tile(const cand_t *c) {
     return (moe_tile_cfg_t){.bm = c->bm, .bn = c->bn, .bk = c->bk ? c->bk : 64, .stages = c->stages,
                             .consumers = c->grid >= 4 ? 1 : c->grid == 2 ? 2 : c->bm / 64, .group_m = c->group_m,
@@ -269,13 +271,13 @@ static int parse_args(int argc, char **argv, tune_args_t *a) {
                         g++;
                     if (g == NGRIDS)
                         return fprintf(stderr, "moegen: error: --grid: '%.*s' is not tile, persist, pingpong, splitk, "
-                                       "gemv, gemv3 or stream\n", (int)n, p), 2;
+                                       "gemv, gemv3, gemv4, stream or chain\n", (int)n, p), 2;
                     a->grids |= 1u << g;
                     p += n + (p[n] == ',');
                 }
                 if (!a->grids)
                     return fprintf(stderr, "moegen: error: --grid needs one or more of tile, persist, pingpong, "
-                                   "splitk, gemv, gemv3, stream\n"), 2;
+                                   "splitk, gemv, gemv3, gemv4, stream, chain\n"), 2;
             }
             else if (o[2] == 'i') {
                 char *e;

@@ -112,7 +112,8 @@ typedef struct {
                              * rows, M tile), its rows in chunks of <= 8, two CTAs an SM, no tensor cores;
                              * consumers 0 (it launches as the sm_80 kernels do), stages = the K loop's
                              * unroll; 3 = "gemv3": rows in chunks of <= 2, three CTAs an SM (bf16 and fp16,
-                             * bn >= 32, unroll <= 2); 4 = "stream": a persistent grid (a CTA an SM, or a few:
+                             * bn >= 32, unroll <= 2); 6 = "gemv4": rows one at a time, four CTAs an SM
+                             * (bf16 and fp16, bn >= 32, unroll <= 2); 4 = "stream": a persistent grid (a CTA an SM, or a few:
                              * moe_gemv_stream_ctas) whose CTAs split the (tile, 16-row block) items evenly,
                              * the weights streamed by bulk copies through a ring of `stages` stages (bf16
                              * and fp16, bn 16); 5 = "chain": stream, its up kernel running the down GEMM and
@@ -140,6 +141,8 @@ static inline int moe_gemm_gathers(const moe_spec_t *s, const moe_kernel_desc_t 
 
 /* Is tile t on a stream grid: "stream" (tile.gemv 4), or "chain" (5: stream, whose up kernel can run the
  * down GEMM and the combine after it in the same grid, moe_gemm_chains)? */
+/* The gemv-family kernel's rows a chunk by tile.gemv (templates/gemm_gemv.lua, c.rows): gemv 8, gemv3 2, gemv4 1. */
+static inline int moe_gemm_gemv_rows(int gemv) { return gemv == 3 ? 2 : gemv == 6 ? 1 : 8; }
 static inline int moe_tile_stream(const moe_tile_cfg_t *t) { return t->gemv == 4 || t->gemv == 5; }
 
 /* Does planned kernel k, an up GEMM on the "chain" grid, carry the down

@@ -50,6 +50,9 @@ static int gemv_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
     if (t->gemv == 3 && (t->bn < 32 || t->stages > 2))
         return snprintf(err, errlen, "gemv3: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (three CTAs an "
                         "SM: at most 80 registers)"), 1;
+    if (t->gemv == 6 && (t->bn < 32 || t->stages > 2))
+        return snprintf(err, errlen, "gemv4: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (four CTAs an "
+                        "SM: at most 64 registers)"), 1;
     return 0;
 }
 
@@ -146,8 +149,9 @@ int moe_gemm_sm90_fp8_tile_check(const moe_tile_cfg_t *t, char *err, size_t errl
     if (t->gemv) { /* the gemv grid's checks; the up GEMM's cluster (256 / bn CTAs) at most 8 */
         if (gemv_check(t, err, errlen))
             return 1;
-        if (t->gemv == 3 || moe_tile_stream(t))
-            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3, stream or chain (bf16 and fp16 weights only)";
+        if (t->gemv == 3 || t->gemv == 6 || moe_tile_stream(t))
+            why = "fp8 (dtype e4m3): the grid must be gemv, not gemv3, gemv4, stream or chain (bf16 and fp16 weights "
+                  "only)";
         else if (t->bn < 32)
             why = "fp8 (dtype e4m3) gemv: bn must be 32, 64, 128 or 256 (the up GEMM's clusters of 256 / bn "
                   "CTAs, at most 8)";
@@ -233,7 +237,7 @@ static int gemv_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, const 
         k->threads = 288; /* 8 consumer warps and the producer warp */
         return 0;
     }
-    const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0, rows = te->gemv == 3 ? 2 : 8;
+    const int kc = moe_gemm_gemv_kc(K, fp8), sums = te->bn < 32 ? 8 * 32 * 4 : 0, rows = moe_gemm_gemv_rows(te->gemv);
     k->smem = fp8 ? 4 * kc + 4 * (kc / 128) * 4 + (up ? 4 * (te->bn / 2) * 4 + 4 * 4 : 0) + sums
                   : rows * kc * 2 + sums;
     return 0;
@@ -276,7 +280,7 @@ void moe_gemm_splitk_space(const moe_kernel_desc_t *k, const moe_spec_t *s, long
 static const struct {
     int gemv;
     const char *name;
-} gemv_grids[] = {{1, "gemv"}, {3, "gemv3"}, {4, "stream"}, {5, "chain"}};
+} gemv_grids[] = {{1, "gemv"}, {3, "gemv3"}, {6, "gemv4"}, {4, "stream"}, {5, "chain"}};
 
 int moe_gemm_gemv_grid(const char *name) {
     for (size_t i = 0; i < sizeof gemv_grids / sizeof *gemv_grids; i++)

@@ -89,11 +89,11 @@ int moe_tuning_parse(moe_tuning_t *t, const char *file, const char *text, size_t
             if (parse_int(tok[13] + 6, 2, 16, &e.splitk))
                 return fail(diag, file, line, "grid splitkS: S (the CTAs that split one tile's K) must be an "
                             "integer 2..16", tok[13]);
-        } else if ((e.gemv = moe_gemm_gemv_grid(tok[13])) == 0) { /* gemv, gemv3, stream or chain, else none */
+        } else if ((e.gemv = moe_gemm_gemv_grid(tok[13])) == 0) { /* gemv, gemv3, gemv4, stream or chain, else none */
             return fail(diag, file, line, "grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong "
                         "(one CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs "
                         "per tile, each over a share of K), gemv (a CTA per bn weight rows of a tile, for few "
-                        "rows per expert), gemv3 (gemv, three CTAs an SM), stream (a CTA per SM streaming the "
+                        "rows per expert), gemv3 (gemv, three CTAs an SM), gemv4 (gemv, four CTAs an SM), stream (a CTA per SM streaming the "
                         "weights through a ring) or chain (stream, the up GEMM's grid running the down GEMM and "
                         "the combine too)", tok[13]);
         }

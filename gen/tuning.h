@@ -22,7 +22,8 @@ typedef struct moe_tuning_entry {
     int gemv;                            /* 1: "gemv", a CTA per bn weight rows of an M tile, for few rows
                                           * per expert (templates/gemm_gemv.lua); bm the row block, stages
                                           * the K loop's unroll; 3: "gemv3", the same with three CTAs an SM
-                                          * (rows in chunks of 2); 4: "stream", a persistent grid streaming
+                                          * (rows in chunks of 2); 6: "gemv4", four CTAs an SM (rows one at
+                                          * a time); 4: "stream", a persistent grid streaming
                                           * the weights through a ring of `stages` stages (bn 16); 5:
                                           * "chain", stream whose up GEMM's grid runs the down GEMM and the
                                           * combine too (moe_gemm_chains) */

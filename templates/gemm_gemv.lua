@@ -38,7 +38,11 @@
 @ -- or 2) under __launch_bounds__(256, 3), so three CTAs share an SM and a
 @ -- grid of up to 3 x 132 CTAs is one wave (more weight streams in flight
 @ -- an SM; a third of the registers left for rows, so 3 or more rows read
-@ -- the weights again from L2). A chunk's R rows x KC
+@ -- the weights again from L2). "gemv4" (p.tile.gemv = 6, the same
+@ -- limits): rows one at a time (R = 1) under __launch_bounds__(256, 4),
+@ -- four CTAs an SM (64 registers: unroll 2 fits without spilling), a
+@ -- grid of up to 4 x 132 CTAs one wave; every further row of a tile reads
+@ -- the CTA's weights again from L2. A chunk's R rows x KC
 @ -- columns of A (xs or hbuf) are staged in shared memory (rows past the
 @ -- tile's zero-filled), once when K <= KC, else once per KC columns and
 @ -- group pass; each warp issues its first batch of weight loads before the
@@ -50,7 +54,7 @@
 @ -- the pre-activation gate + bias and up + bias rounded into ubuf at
 @ -- their packed columns), or acc + bias to the dtype.
 @ --
-@ -- Shared memory: 8 * KC halves (gemv3: 2 * KC), then with WPG > 1 the 8 warps' 32 sums
+@ -- Shared memory: 8 * KC halves (gemv3: 2 * KC, gemv4: KC), then with WPG > 1 the 8 warps' 32 sums
 @ -- (fp32) (p.smem, gen/family_gemm.c; static_assert).
 @ --
 @ -- The combine, folded into the down GEMM (gen/launch_geom.h,
@@ -114,6 +118,11 @@
 @     need(c.bn >= 32 and c.unroll <= 2, "gemv3: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
 @     need(not c.fp8, "gemv3: bf16 and fp16 weights only")
 @     c.rows, c.occ = 2, 3
+@   end
+@   if t.gemv == 6 then   -- "gemv4": rows one at a time, four CTAs an SM (64 registers)
+@     need(c.bn >= 32 and c.unroll <= 2, "gemv4: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
+@     need(not c.fp8, "gemv4: bf16 and fp16 weights only")
+@     c.rows, c.occ = 1, 4
 @   end
 @   if c.fp8 then   -- e4m3 operands: 16 of them a vector, scale blocks of 128 along K
 @     c.rows = 4    -- rows a chunk: within 128 registers (two CTAs an SM) without spills
@@ -756,7 +765,9 @@ ${p.kernel}(${args}) {
 @ -- fp8's up GEMM: its cluster of CTAs (consecutive N slices of one tile) shares a quantization block
 @ local cl = (c.cluster or 1) > 1 and ("__cluster_dims__(" .. c.cluster .. ", 1, 1) ") or ""
 @ -- fp8 with unroll 4: its 16 loads in flight a lane take 64 registers, so one CTA an SM
-@ if c.occ == 3 then
+@ if c.occ == 4 then
+extern "C" __global__ void __launch_bounds__(${THREADS}, 4)  /* <= 64 registers: four CTAs an SM (gemv4) */
+@ elseif c.occ == 3 then
 extern "C" __global__ void __launch_bounds__(${THREADS}, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
 @ elseif c.bn < 32 or (c.fp8 and c.unroll <= 2) then
 extern "C" __global__ void ${cl}__launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
@@ -798,8 +809,10 @@ ${p.kernel}(${args}) {
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(${head}${call_args});
+@ if c.rows >= 2 then
         else if (nr == 2)
             run_rows<2>(${head}${call_args});
+@ end
 @ if c.rows == 8 then
         else if (nr <= 4)
             run_rows<4>(${head}${call_args});

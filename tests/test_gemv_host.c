@@ -106,6 +106,12 @@ static const gemv_case_t cases[] = {
     {"gemv3, fp16, bm 128, bn 64, unroll 1: K 2880 with a tail, the clamped SwiGLU with biases, chunks of 2 + 1",
      "name = 'g3' experts = 4 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
      "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 3, 0},
+    /* gemv4: four CTAs an SM, rows one at a time (R = 1: a tile's every row reads the weights again) */
+    {"gemv4 on Qwen3's H and F, bn 32, unroll 2: top-2, rows one at a time (up to 5 a tile)",
+     "name = 'q4' experts = 7 top_k = 2 hidden = 2048 ffn = 768 tokens = 64\n", 9, 0},
+    {"gemv4, fp16, bm 128, bn 64, unroll 1: K 2880 with a tail, the clamped SwiGLU with biases",
+     "name = 'g4' experts = 7 top_k = 1 hidden = 2880 ffn = 2880 tokens = 64 dtype = 'fp16' ffn_bias = true\n"
+     "activation = { alpha = 1.702, limit = 7.0, up_offset = 1 }\n", 3, 0},
     /* the stream grid: a persistent grid of `ctas` CTAs splitting the (tile, 16-row block) items, a ring of
      * bulk copies (the host's mbarriers and copies: tests/support/cuda_host.h) */
     {"stream on Qwen3's H and F, 3 stages, 5 CTAs: top-2, up in two K chunks, down's 16 rows in one copy, "

@@ -1241,7 +1241,7 @@ static void test_command(void) {
 
     CASE("command: tune --grid with a name that is no grid exits 2 naming it, before the GPU check");
     rc = run_moegen("tune " SMALL " --grid gemv,tiles", &out, &err);
-    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tiles' is not tile, persist, pingpong, splitk, gemv, gemv3 or stream") &&
+    CHECKF(rc == 2 && strstr(err, "moegen: error: --grid: 'tiles' is not tile, persist, pingpong, splitk, gemv, gemv3, gemv4, stream or chain") &&
                !strstr(err, "needs a GPU"),
            "exit %d: %s", rc, err);
     free(out), free(err);

@@ -288,12 +288,47 @@ int main(void) {
             "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* bn 16 */
             "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 gemv3  1 2 2026-12-06 x\n", /* unroll 4 */
             "128 8 2048 768 e4m3 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* fp8 */
-            "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* no such grid */
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv5  1 2 2026-12-06 x\n", /* no such grid */
         };
         for (int i = 0; i < 4; i++) {
             CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:"), "entry %d accepted: %s", i, d.msg);
             if (i < 3)
                 CHECKF(strstr(d.msg, "gemv3"), "entry %d: the message does not name gemv3: %s", i, d.msg);
+            moe_tuning_free(&t);
+        }
+    }
+
+    CASE("gemv4: parsed, planned with one row's shared memory, named, four CTAs an SM in its source; bn < 32, "
+         "unroll 4 and fp8 refused");
+    {
+        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 64 64 1 1 1 gemv4  1 2 2026-12-06 NVIDIA H100\n";
+        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
+        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 1 && t.e[0].gemv == 6 && !t.e[0].persistent && !t.e[0].splitk);
+        CHECK(plan_of(&pd, qwen, &t) == 0);
+        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECK(up->tile.gemv == 6 && down->tile.gemv == 6 && up->tile.bn == 64 && up->threads == 256);
+        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv4_m64n64u1");
+        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv4_m64n64u1");
+        CHECK(up->smem == 2048 * 2 && down->smem == 768 * 2); /* one row x min(K, MOE_GEMV_KC) halves */
+        char grid[16];
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv4");
+        moe_buf_t src = {0};
+        moe_diag_t ed;
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        CHECKF(src.data && strstr(src.data, "__launch_bounds__(256, 4)  /* <= 64 registers: four CTAs an SM (gemv4)"),
+               "the gemv4 kernels' launch bounds are not in the source");
+        moe_buf_free(&src);
+        moe_tuning_free(&t);
+        static const char *const bad[] = {
+            "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* bn 16 */
+            "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 gemv4  1 2 2026-12-06 x\n", /* unroll 4 */
+            "128 8 2048 768 e4m3 sm_90a 1 64 32 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* fp8 */
+        };
+        for (int i = 0; i < 3; i++) {
+            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:") && strstr(d.msg, "gemv4"),
+                   "entry %d accepted, or its message does not name gemv4: %s", i, d.msg);
             moe_tuning_free(&t);
         }
     }
@@ -886,7 +921,7 @@ int main(void) {
                  "t.tune:1: error: grid must be tile (one CTA per tile), persist (one CTA per SM), pingpong (one "
                  "CTA per SM, its consumer warpgroups on alternate tiles), splitkS (S = 2..16 CTAs per tile, "
                  "each over a share of K), gemv (a CTA per bn weight rows of a tile, for few rows per expert), "
-                 "gemv3 (gemv, three CTAs an SM), stream (a CTA per SM streaming the weights through a ring) or "
+                 "gemv3 (gemv, three CTAs an SM), gemv4 (gemv, four CTAs an SM), stream (a CTA per SM streaming the weights through a ring) or "
                  "chain (stream, the up GEMM's grid running the down GEMM and the combine too) "
                  "('persistent')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1 64 48 64 2 1 1 gemv 1 2 2026-12-04 H200\n",
