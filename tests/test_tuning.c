@@ -698,6 +698,18 @@ int main(void) {
         moe_tuning_free(&gt);
     }
 
+    CASE("the A/B tables gemv3.tune and gemv4.tune parse, four entries on their grid each");
+    for (int g = 0; g < 2; g++) {
+        moe_tuning_t gt;
+        moe_diag_t gd;
+        CHECKF(moe_tuning_load(&gt, g ? "tests/tune/gemv4.tune" : "tests/tune/gemv3.tune", &gd) == 0, "%s", gd.msg);
+        int on = 0;
+        for (int i = 0; i < gt.n; i++)
+            on += gt.e[i].gemv == (g ? 6 : 3);
+        CHECKF(on == 4, "%s: %d entries on its grid", g ? "gemv4.tune" : "gemv3.tune", on);
+        moe_tuning_free(&gt);
+    }
+
     CASE("the fp8 GPU tests' tables parse: e4m3 entries on the tile grid (fp8.tune) and the persistent one (fp8p.tune)");
     for (int g = 0; g < 2; g++) {
         moe_tuning_t gt;
