@@ -139,10 +139,10 @@ static inline int moe_gemm_gathers(const moe_spec_t *s, const moe_kernel_desc_t 
     return k->family == MOE_K_GEMM_UP && k->tile.consumers > 0 && !k->tile.gemv && moe_spec_gather(s);
 }
 
-/* Is tile t on a stream grid: "stream" (tile.gemv 4), or "chain" (5: stream, whose up kernel can run the
- * down GEMM and the combine after it in the same grid, moe_gemm_chains)? */
 /* The gemv-family kernel's rows a chunk by tile.gemv (templates/gemm_gemv.lua, c.rows): gemv 8, gemv3 2, gemv4 1. */
 static inline int moe_gemm_gemv_rows(int gemv) { return gemv == 3 ? 2 : gemv == 6 ? 1 : 8; }
+/* Is tile t on a stream grid: "stream" (tile.gemv 4), or "chain" (5: stream, whose up kernel can run the
+ * down GEMM and the combine after it in the same grid, moe_gemm_chains)? */
 static inline int moe_tile_stream(const moe_tile_cfg_t *t) { return t->gemv == 4 || t->gemv == 5; }
 
 /* Does planned kernel k, an up GEMM on the "chain" grid, carry the down

@@ -47,12 +47,11 @@ static int gemv_check(const moe_tile_cfg_t *t, char *err, size_t errlen) {
                         "lane) must be 1, 2 or 4"), 1;
     if (t->consumers != 1 || t->group_m != 1)
         return snprintf(err, errlen, "%s: consumers and group_m must be 1 (no warpgroups, no raster)", g), 1;
-    if (t->gemv == 3 && (t->bn < 32 || t->stages > 2))
-        return snprintf(err, errlen, "gemv3: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (three CTAs an "
-                        "SM: at most 80 registers)"), 1;
-    if (t->gemv == 6 && (t->bn < 32 || t->stages > 2))
-        return snprintf(err, errlen, "gemv4: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (four CTAs an "
-                        "SM: at most 64 registers)"), 1;
+    if ((t->gemv == 3 || t->gemv == 6) && (t->bn < 32 || t->stages > 2)) { /* gemv3, gemv4: 3 or 4 CTAs an SM */
+        const int three = t->gemv == 3;
+        return snprintf(err, errlen, "%s: bn must be 32 .. 256 and stages (the unroll) 1 or 2 (%s CTAs an SM: at "
+                        "most %d registers)", three ? "gemv3" : "gemv4", three ? "three" : "four", three ? 80 : 64), 1;
+    }
     return 0;
 }
 

@@ -114,15 +114,13 @@
 @     end
 @     return c
 @   end
-@   if t.gemv == 3 then   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers)
-@     need(c.bn >= 32 and c.unroll <= 2, "gemv3: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
-@     need(not c.fp8, "gemv3: bf16 and fp16 weights only")
-@     c.rows, c.occ = 2, 3
-@   end
-@   if t.gemv == 6 then   -- "gemv4": rows one at a time, four CTAs an SM (64 registers)
-@     need(c.bn >= 32 and c.unroll <= 2, "gemv4: tile.bn must be 32 .. 256 and tile.stages 1 or 2")
-@     need(not c.fp8, "gemv4: bf16 and fp16 weights only")
-@     c.rows, c.occ = 1, 4
+@   -- "gemv3": rows in chunks of 2, three CTAs an SM (80 registers); "gemv4": rows one at a time, four (64)
+@   local few = ({ [3] = { "gemv3", 2, 3, 80, "three" }, [6] = { "gemv4", 1, 4, 64, "four" } })[t.gemv]
+@   if few then
+@     need(c.bn >= 32 and c.unroll <= 2, few[1] .. ": tile.bn must be 32 .. 256 and tile.stages 1 or 2")
+@     need(not c.fp8, few[1] .. ": bf16 and fp16 weights only")
+@     c.rows, c.occ = few[2], few[3]
+@     c.bounds = string.format("<= %d registers: %s CTAs an SM (%s)", few[4], few[5], few[1])
 @   end
 @   if c.fp8 then   -- e4m3 operands: 16 of them a vector, scale blocks of 128 along K
 @     c.rows = 4    -- rows a chunk: within 128 registers (two CTAs an SM) without spills
@@ -765,10 +763,8 @@ ${p.kernel}(${args}) {
 @ -- fp8's up GEMM: its cluster of CTAs (consecutive N slices of one tile) shares a quantization block
 @ local cl = (c.cluster or 1) > 1 and ("__cluster_dims__(" .. c.cluster .. ", 1, 1) ") or ""
 @ -- fp8 with unroll 4: its 16 loads in flight a lane take 64 registers, so one CTA an SM
-@ if c.occ == 4 then
-extern "C" __global__ void __launch_bounds__(${THREADS}, 4)  /* <= 64 registers: four CTAs an SM (gemv4) */
-@ elseif c.occ == 3 then
-extern "C" __global__ void __launch_bounds__(${THREADS}, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
+@ if c.bounds then
+extern "C" __global__ void __launch_bounds__(${THREADS}, ${c.occ})  /* ${c.bounds} */
 @ elseif c.bn < 32 or (c.fp8 and c.unroll <= 2) then
 extern "C" __global__ void ${cl}__launch_bounds__(${THREADS}, 2)  /* <= 128 registers: two CTAs an SM */
 @ else

@@ -268,70 +268,55 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
-    CASE("gemv3: parsed, planned with 2-row chunks' shared memory, named; bn < 32, unroll 4 and fp8 refused");
-    {
-        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 NVIDIA H200\n";
+    /* gemv3 (three CTAs an SM, rows in chunks of 2) and gemv4 (four, rows one at a time): parsed, planned with
+     * their chunks' shared memory, named, their launch bounds in the source; bn < 32, unroll 4 and fp8 refused */
+    static const struct {
+        const char *grid, *entry, *up, *down, *bounds;
+        int gemv, bn, rows;
+    } few[] = {
+        {"gemv3", "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 NVIDIA H200\n",
+         "qw_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2", "qw_gemm_down_bf16_sm90a_gemv3_m64n32u2",
+         "__launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */", 3, 32, 2},
+        {"gemv4", "128 8 2048 768 bf16 sm_90a 1 64 64 64 1 1 1 gemv4  1 2 2026-12-06 NVIDIA H100\n",
+         "qw_gemm_up_swiglu_bf16_sm90a_gemv4_m64n64u1", "qw_gemm_down_bf16_sm90a_gemv4_m64n64u1",
+         "__launch_bounds__(256, 4)  /* <= 64 registers: four CTAs an SM (gemv4) */", 6, 64, 1},
+    };
+    for (int g = 0; g < 2; g++) {
+        CASE(few[g].grid);
         const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
-        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
-        CHECK(t.n == 1 && t.e[0].gemv == 3 && !t.e[0].persistent && !t.e[0].splitk);
+        CHECKF(parse(&t, few[g].entry, &d) == 0, "%s", d.msg);
+        CHECK(t.n == 1 && t.e[0].gemv == few[g].gemv && !t.e[0].persistent && !t.e[0].splitk);
         CHECK(plan_of(&pd, qwen, &t) == 0);
         const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
         const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
-        CHECK(up->tile.gemv == 3 && down->tile.gemv == 3 && up->tile.bn == 32 && up->threads == 256);
-        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2");
-        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv3_m64n32u2");
-        CHECK(up->smem == 2 * 2048 * 2 && down->smem == 2 * 768 * 2); /* 2 rows x min(K, MOE_GEMV_KC) halves */
+        CHECK(up->tile.gemv == few[g].gemv && down->tile.gemv == few[g].gemv && up->tile.bn == few[g].bn &&
+              up->threads == 256);
+        CHECK_STREQ(up->name, few[g].up);
+        CHECK_STREQ(down->name, few[g].down);
+        /* the chunk's rows x min(K, MOE_GEMV_KC) halves */
+        CHECK(up->smem == few[g].rows * 2048 * 2 && down->smem == few[g].rows * 768 * 2);
         char grid[16];
-        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv3");
-        moe_tuning_free(&t);
-        static const char *const bad[] = {
-            "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* bn 16 */
-            "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 gemv3  1 2 2026-12-06 x\n", /* unroll 4 */
-            "128 8 2048 768 e4m3 sm_90a 1 64 32 64 2 1 1 gemv3  1 2 2026-12-06 x\n", /* fp8 */
-            "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv5  1 2 2026-12-06 x\n", /* no such grid */
-        };
-        for (int i = 0; i < 4; i++) {
-            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:"), "entry %d accepted: %s", i, d.msg);
-            if (i < 3)
-                CHECKF(strstr(d.msg, "gemv3"), "entry %d: the message does not name gemv3: %s", i, d.msg);
-            moe_tuning_free(&t);
-        }
-    }
-
-    CASE("gemv4: parsed, planned with one row's shared memory, named, four CTAs an SM in its source; bn < 32, "
-         "unroll 4 and fp8 refused");
-    {
-        const char *gv = "128 8 2048 768 bf16 sm_90a 1 64 64 64 1 1 1 gemv4  1 2 2026-12-06 NVIDIA H100\n";
-        const char *qwen = "name = 'qw'\nexperts = 128\ntop_k = 8\nhidden = 2048\nffn = 768\ntokens = 64\n";
-        CHECKF(parse(&t, gv, &d) == 0, "%s", d.msg);
-        CHECK(t.n == 1 && t.e[0].gemv == 6 && !t.e[0].persistent && !t.e[0].splitk);
-        CHECK(plan_of(&pd, qwen, &t) == 0);
-        const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
-        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
-        CHECK(up->tile.gemv == 6 && down->tile.gemv == 6 && up->tile.bn == 64 && up->threads == 256);
-        CHECK_STREQ(up->name, "qw_gemm_up_swiglu_bf16_sm90a_gemv4_m64n64u1");
-        CHECK_STREQ(down->name, "qw_gemm_down_bf16_sm90a_gemv4_m64n64u1");
-        CHECK(up->smem == 2048 * 2 && down->smem == 768 * 2); /* one row x min(K, MOE_GEMV_KC) halves */
-        char grid[16];
-        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), "gemv4");
+        CHECK_STREQ(moe_gemm_sm90_grid_name(&up->tile, grid), few[g].grid);
         moe_buf_t src = {0};
         moe_diag_t ed;
         CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
-        CHECKF(src.data && strstr(src.data, "__launch_bounds__(256, 4)  /* <= 64 registers: four CTAs an SM (gemv4)"),
-               "the gemv4 kernels' launch bounds are not in the source");
+        CHECKF(src.data && strstr(src.data, few[g].bounds), "%s: its launch bounds are not in the source",
+               few[g].grid);
         moe_buf_free(&src);
         moe_tuning_free(&t);
-        static const char *const bad[] = {
-            "128 8 2048 768 bf16 sm_90a 1 64 16 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* bn 16 */
-            "128 8 2048 768 bf16 sm_90a 1 64 32 64 4 1 1 gemv4  1 2 2026-12-06 x\n", /* unroll 4 */
-            "128 8 2048 768 e4m3 sm_90a 1 64 32 64 2 1 1 gemv4  1 2 2026-12-06 x\n", /* fp8 */
-        };
-        for (int i = 0; i < 3; i++) {
-            CHECKF(parse(&t, bad[i], &d) != 0 && strstr(d.msg, ":1: error:") && strstr(d.msg, "gemv4"),
-                   "entry %d accepted, or its message does not name gemv4: %s", i, d.msg);
+        for (int i = 0; i < 3; i++) {   /* bn 16, unroll 4, fp8 */
+            char bad[160];
+            snprintf(bad, sizeof bad, "128 8 2048 768 %s sm_90a 1 64 %d 64 %d 1 1 1 %s  1 2 2026-12-06 x\n",
+                     i == 2 ? "e4m3" : "bf16", i == 0 ? 16 : 32, i == 1 ? 4 : 2, few[g].grid);
+            CHECKF(parse(&t, bad, &d) != 0 && strstr(d.msg, ":1: error:") && strstr(d.msg, few[g].grid),
+                   "%s entry %d accepted, or its message does not name the grid: %s", few[g].grid, i, d.msg);
             moe_tuning_free(&t);
         }
     }
+    CASE("a grid named like gemv3 that is none (gemv5) refused");
+    CHECKF(parse(&t, "128 8 2048 768 bf16 sm_90a 1 64 32 64 2 1 1 gemv5  1 2 2026-12-06 x\n", &d) != 0 &&
+               strstr(d.msg, ":1: error:"), "accepted: %s", d.msg);
+    moe_tuning_free(&t);
 
     CASE("stream: parsed, planned with the ring's shared memory, named, its grid's CTAs; bn, stages, fp8 and a "
          "hidden size not a multiple of 16 refused");

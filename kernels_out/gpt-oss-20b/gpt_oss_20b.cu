@@ -2593,7 +2593,7 @@ gpt_oss_20b_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__ hbu
 #line 64 "templates/gemm_down.lua"
 }
 
-#line 1118 "templates/gemm_gemv.lua"
+#line 1114 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -2603,7 +2603,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -7.0f), 7.0f);
     return (up + 1.0f) * gate * moe_sigmoid(1.702f * gate);
 }
-#line 237 "templates/gemm_gemv.lua"
+#line 235 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 5760, NOUT = 2880, BN = 32, KC = 2880, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2613,19 +2613,19 @@ static_assert(11520 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 156 "templates/gemm_gemv.lua"
+#line 154 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 159 "templates/gemm_gemv.lua"
+#line 157 "templates/gemm_gemv.lua"
     if constexpr (BN >= 16) {  /* n0 starts a pairing block */
         return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
     } else {
         const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
         return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
     }
-#line 168 "templates/gemm_gemv.lua"
+#line 166 "templates/gemm_gemv.lua"
 }
-#line 140 "templates/gemm_gemv.lua"
+#line 138 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2637,9 +2637,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
-#line 248 "templates/gemm_gemv.lua"
+#line 246 "templates/gemm_gemv.lua"
 
-#line 172 "templates/gemm_gemv.lua"
+#line 170 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2661,7 +2661,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 250 "templates/gemm_gemv.lua"
+#line 248 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2674,7 +2674,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 196 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2685,7 +2685,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 263 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2742,7 +2742,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 213 "templates/gemm_gemv.lua"
+#line 211 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2761,60 +2761,60 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1009 "templates/gemm_gemv.lua"
+#line 1005 "templates/gemm_gemv.lua"
         /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
         const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
         const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
-#line 1014 "templates/gemm_gemv.lua"
+#line 1010 "templates/gemm_gemv.lua"
             const float g = s + moe_to_float(bias[pr]), u = su + moe_to_float(bias[pr + 8]);
-#line 1018 "templates/gemm_gemv.lua"
+#line 1014 "templates/gemm_gemv.lua"
             out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
-#line 1025 "templates/gemm_gemv.lua"
+#line 1021 "templates/gemm_gemv.lua"
         }
-#line 321 "templates/gemm_gemv.lua"
+#line 319 "templates/gemm_gemv.lua"
     }
 }
-#line 1125 "templates/gemm_gemv.lua"
+#line 1121 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl
 
-#line 771 "templates/gemm_gemv.lua"
+#line 767 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
-#line 777 "templates/gemm_gemv.lua"
+#line 773 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl;
-#line 783 "templates/gemm_gemv.lua"
+#line 779 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem[];
-#line 787 "templates/gemm_gemv.lua"
+#line 783 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_smem);
-#line 789 "templates/gemm_gemv.lua"
+#line 785 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 799 "templates/gemm_gemv.lua"
+#line 795 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
-#line 801 "templates/gemm_gemv.lua"
+#line 797 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 807 "templates/gemm_gemv.lua"
+#line 803 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
-#line 809 "templates/gemm_gemv.lua"
+#line 805 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-#line 813 "templates/gemm_gemv.lua"
+#line 809 "templates/gemm_gemv.lua"
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b1p + (long long)expert * N, hbuf);
-#line 825 "templates/gemm_gemv.lua"
+#line 821 "templates/gemm_gemv.lua"
     }
-#line 832 "templates/gemm_gemv.lua"
+#line 828 "templates/gemm_gemv.lua"
 }
 
-#line 1151 "templates/gemm_gemv.lua"
+#line 1147 "templates/gemm_gemv.lua"
 namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl {
-#line 237 "templates/gemm_gemv.lua"
+#line 235 "templates/gemm_gemv.lua"
 constexpr int K = 2880, N = 2880, NOUT = 2880, BN = 32, KC = 2880, U = 2;
 constexpr int THREADS = 256, WARPS = 8, ROWS = 2, GROUPS = BN / 4;
 constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
@@ -2824,14 +2824,14 @@ static_assert(11520 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
 static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
               "every warp runs the same group passes (they meet at the staging barriers)");
 
-#line 156 "templates/gemm_gemv.lua"
+#line 154 "templates/gemm_gemv.lua"
 /* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
 static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
-#line 166 "templates/gemm_gemv.lua"
+#line 164 "templates/gemm_gemv.lua"
     return n0 + 4 * gi + j;
-#line 168 "templates/gemm_gemv.lua"
+#line 166 "templates/gemm_gemv.lua"
 }
-#line 140 "templates/gemm_gemv.lua"
+#line 138 "templates/gemm_gemv.lua"
 /* acc += the 8 products of w's and x's halves, in fp32. */
 static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
     acc = fmaf(moe_lo_float(w.x), x[0], acc);
@@ -2843,9 +2843,9 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8]
     acc = fmaf(moe_lo_float(w.w), x[6], acc);
     return fmaf(moe_hi_float(w.w), x[7], acc);
 }
-#line 248 "templates/gemm_gemv.lua"
+#line 246 "templates/gemm_gemv.lua"
 
-#line 172 "templates/gemm_gemv.lua"
+#line 170 "templates/gemm_gemv.lua"
 /* Sum each of v[0..V) over the warp, spread: halving steps exchange half
  * the values (the lane with bit OFF set keeps the upper half), then the
  * last value is summed across the remaining lane bits. Afterwards v[0] of
@@ -2867,7 +2867,7 @@ static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
         }
     }
 }
-#line 250 "templates/gemm_gemv.lua"
+#line 248 "templates/gemm_gemv.lua"
 /* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
  * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
 template <int R>
@@ -2880,7 +2880,7 @@ static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, i
     }
 }
 
-#line 196 "templates/gemm_gemv.lua"
+#line 194 "templates/gemm_gemv.lua"
 /* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
  * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
 static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
@@ -2891,7 +2891,7 @@ static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4
         for (int j = 0; j < 4; ++j)
             wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
 }
-#line 263 "templates/gemm_gemv.lua"
+#line 261 "templates/gemm_gemv.lua"
 /* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
  * of them real, orow the first one's row in the output; w the expert's
  * weights [N, K], n0 the CTA's first weight row. */
@@ -2948,7 +2948,7 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
                 }
             }
         }
-#line 213 "templates/gemm_gemv.lua"
+#line 211 "templates/gemm_gemv.lua"
         if constexpr (WPG == 1) {
             if (!live)
                 continue;
@@ -2967,16 +2967,16 @@ static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a
             for (int w = 1; w < WPG; ++w)
                 s += red[(warp + w * GROUPS) * 32 + lane];
         }
-#line 1147 "templates/gemm_gemv.lua"
+#line 1143 "templates/gemm_gemv.lua"
         const int col = group_row(n0, gi, j);
         if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
             out[(orow + r) * NOUT + col] = moe_from_float(s + moe_to_float(bias[col]));
-#line 321 "templates/gemm_gemv.lua"
+#line 319 "templates/gemm_gemv.lua"
     }
 }
-#line 1159 "templates/gemm_gemv.lua"
+#line 1155 "templates/gemm_gemv.lua"
 
-#line 842 "templates/gemm_gemv.lua"
+#line 838 "templates/gemm_gemv.lua"
 /* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
  * slice's last CTA (the header's "combine"): all of this CTA's stores are
  * made visible before its ticket; the last one reads the rows of every
@@ -3006,9 +3006,9 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
 #pragma unroll 4
         for (int k = 0; k < KE; ++k) {
             const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
-#line 874 "templates/gemm_gemv.lua"
+#line 870 "templates/gemm_gemv.lua"
             const float w = topk_w[(long long)t * KE + k];
-#line 876 "templates/gemm_gemv.lua"
+#line 872 "templates/gemm_gemv.lua"
             const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
                                  moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
 #pragma unroll
@@ -3020,46 +3020,46 @@ static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, con
                        moe_pack2(acc[6], acc[7]));
     }
 }
-#line 1161 "templates/gemm_gemv.lua"
+#line 1157 "templates/gemm_gemv.lua"
 }  // namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl
 
-#line 771 "templates/gemm_gemv.lua"
+#line 767 "templates/gemm_gemv.lua"
 extern "C" __global__ void __launch_bounds__(256, 3)  /* <= 80 registers: three CTAs an SM (gemv3) */
-#line 777 "templates/gemm_gemv.lua"
+#line 773 "templates/gemm_gemv.lua"
 gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
     moe_pdl_begin();
     using namespace gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_impl;
-#line 783 "templates/gemm_gemv.lua"
+#line 779 "templates/gemm_gemv.lua"
     extern __shared__ __align__(16) unsigned char gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem[];
-#line 787 "templates/gemm_gemv.lua"
+#line 783 "templates/gemm_gemv.lua"
     uint4 *sx = reinterpret_cast<uint4 *>(gpt_oss_20b_gemm_down_bf16_sm90a_gemv3_m64n32u2_smem);
-#line 789 "templates/gemm_gemv.lua"
+#line 785 "templates/gemm_gemv.lua"
     const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
     if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
         return;
     const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
-#line 799 "templates/gemm_gemv.lua"
+#line 795 "templates/gemm_gemv.lua"
     const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
-#line 801 "templates/gemm_gemv.lua"
+#line 797 "templates/gemm_gemv.lua"
     for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
         const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
-#line 807 "templates/gemm_gemv.lua"
+#line 803 "templates/gemm_gemv.lua"
         const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
-#line 809 "templates/gemm_gemv.lua"
+#line 805 "templates/gemm_gemv.lua"
         const long long orow = row_start + r0;
         if (nr == 1)
             run_rows<1>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-#line 813 "templates/gemm_gemv.lua"
+#line 809 "templates/gemm_gemv.lua"
         else if (nr == 2)
             run_rows<2>(ar, nr, orow, we, n0, sx, b2 + (long long)expert * N, obuf);
-#line 825 "templates/gemm_gemv.lua"
+#line 821 "templates/gemm_gemv.lua"
     }
-#line 827 "templates/gemm_gemv.lua"
+#line 823 "templates/gemm_gemv.lua"
     if (y) {
         __shared__ int s_last;
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
-#line 832 "templates/gemm_gemv.lua"
+#line 828 "templates/gemm_gemv.lua"
 }
 
 #line 974 "templates/gemm_sm90.lua"
