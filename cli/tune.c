@@ -86,6 +86,9 @@ static const cand_t cands[] = {
     {64, 32, 2, 1, 5, 0, 0},    {64, 64, 2, 1, 5, 0, 0},    {64, 32, 1, 1, 5, 0, 0},
     {64, 16, 2, 1, 6, 0, 0},    {64, 16, 3, 1, 6, 0, 0},    {64, 16, 4, 1, 6, 0, 0},    {64, 16, 2, 1, 7, 0, 0},
     {64, 16, 3, 1, 7, 0, 0},    {64, 32, 2, 1, 8, 0, 0},    {64, 64, 2, 1, 8, 0, 0},    {64, 32, 1, 1, 8, 0, 0},
+    /* row blocks of 192 and 256 (three and four consumer warpgroups): an expert of up to that many rows is one M
+     * tile, so its weights are read once (with 64- or 128-row tiles, 100-250 rows an expert re-read them) */
+    {192, 128, 4, 8, 0, 0, 0},  {192, 128, 4, 8, 1, 0, 0},  {256, 64, 4, 8, 0, 0, 0},   {256, 64, 4, 8, 1, 0, 0},
 };
 /* an fp8 spec's: 64 x 256 x 128 per consumer warpgroup (gen/family_gemm.c, moe_gemm_sm90_fp8_tile_check) */
 static const cand_t fp8_cands[] = {

@@ -37,8 +37,8 @@ void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M
 static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const int bm = is_wgrad(k->family) ? 128 : c->align;
-    if (bm == 128)
-        k->tile = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4,
+    if (bm >= 128) /* 128, or a tuned sm_90a tile's 192 or 256: warps of 64 x 32 */
+        k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 128, .bk = 32, .stages = 4, .warps_m = bm / 64, .warps_n = 4,
                                    .group_m = 8};
     else
         k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
@@ -78,7 +78,10 @@ static int wgrad_sm90_smem(const moe_tile_cfg_t *t) {
 static int sm90_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
     const int bm = is_wgrad(k->family) ? 128 : c->align;
-    k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 256, .bk = 64, .stages = 4, .group_m = 8, .consumers = bm / 64};
+    /* a row block of 192 or 256 (a tuned sm_90a tile's) has 3 or 4 consumer warpgroups: bn 128 or 64 keeps their
+     * accumulators in the register cap (moe_gemm_sm90_tile_check) */
+    const int bn = bm <= 128 ? 256 : bm == 192 ? 128 : 64;
+    k->tile = (moe_tile_cfg_t){.bm = bm, .bn = bn, .bk = 64, .stages = 4, .group_m = 8, .consumers = bm / 64};
     if ((k->family == MOE_K_DGRAD_DOWN || k->family == MOE_K_DGRAD_UP) && bm == 64)
         k->tile.consumers = 2, k->tile.persistent = 1, k->tile.pingpong = 1;
     if (is_wgrad(k->family))

@@ -60,10 +60,15 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
         return gemv_check(t, err, errlen);
     const int smem = moe_gemm_sm90_smem(t, t->bn); /* bn: the down GEMM's output columns, the wider */
     const char *why = NULL;
-    if (t->bm != 64 && t->bm != 128)
-        why = "bm must be 64 or 128";
+    if (t->bm != 64 && t->bm != 128 && t->bm != 192 && t->bm != 256)
+        why = "bm must be 64, 128, 192 or 256";
     else if (!t->pingpong && t->consumers != t->bm / 64)
         why = "consumers must be bm / 64";
+    else if (t->pingpong && t->bm > 128)
+        why = "pingpong: bm must be 64 or 128 (one warpgroup holds a whole tile)";
+    else if (t->bm > 128 && t->bn > (t->bm == 192 ? 128 : 64))
+        why = t->bm == 192 ? "bm 192 (three consumer warpgroups, 512 threads: at most 128 registers) takes bn 64 or 128"
+                           : "bm 256 (four consumer warpgroups, 640 threads: at most 96 registers) takes bn 64";
     else if (t->pingpong && (t->consumers != 2 || !t->persistent))
         why = "pingpong: consumers must be 2 (the warpgroups taking alternate tiles), on a persistent grid";
     else if (t->bk != 64)
@@ -96,8 +101,8 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
 int moe_gemm_row_block(const moe_spec_t *s, const moe_tuning_entry_t *tuned) {
     if (moe_spec_fp8(s)) /* the fp8 GEMMs' tile (sm90_fp8_geometry): an e4m3 entry's bm, else 64 */
         return tuned ? tuned->bm : 64;
-    if (tuned)
-        return tuned->bm == 128 ? 128 : 64;
+    if (tuned) /* the sm_90a tiles' 64 .. 256 rows (moe_gemm_sm90_tile_check); gemv entries' 64 or 128 */
+        return tuned->bm;
     double rows_per_expert = (double)s->tokens * s->top_k / s->experts;
     return rows_per_expert >= 96 ? 128 : 64;
 }
@@ -112,9 +117,9 @@ static int out_cols(const moe_kernel_desc_t *k) {
 /* a configuration that keeps the mma.sync pipeline fed; bm is the plan's */
 int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    if (c->align == 128)
-        k->tile = (moe_tile_cfg_t){.bm = 128, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 4,
-                                   .group_m = 8};
+    if (c->align >= 128) /* 128, or a tuned sm_90a tile's 192 or 256: warps of 64 x 32 */
+        k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 128, .bk = 32, .stages = 4, .warps_m = c->align / 64,
+                                   .warps_n = 4, .group_m = 8};
     else
         k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
                                    .group_m = 8};

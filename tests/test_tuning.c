@@ -136,6 +136,58 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("row blocks of 192 and 256: parsed, the plan's align and tile table, 3 or 4 consumer warpgroups (no "
+         "setmaxnreg at 4), the sm_80 GEMMs and the backward's dgrads on the same row block, emitted");
+    {
+        const char *rb = "8 2 4096 12288 bf16 sm_90a 256 192 128 64 4 3 8 tile  1 2 2026-12-06 NVIDIA H200\n"
+                         "8 2 4096 12288 bf16 sm_90a 2048 256 64 64 4 4 8 persist  1 2 2026-12-06 NVIDIA H200\n";
+        CHECKF(parse(&t, rb, &d) == 0, "%s", d.msg);
+        static const int toks[2] = {1000, 4096}, bms[2] = {192, 256}, bns[2] = {128, 64};
+        for (int i = 0; i < 2; i++) {
+            char spec[256];
+            snprintf(spec, sizeof spec, "name = 'mx'\nexperts = 8\ntop_k = 2\nhidden = 4096\nffn = 12288\n"
+                     "tokens = %d\ntraining = true\n", toks[i]);
+            CHECK(plan_of(&pd, spec, &t) == 0);
+            const int bm = bms[i];
+            const moe_kernel_desc_t *up = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_UP];
+            const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+            CHECKF(pd.align == bm && up->tile.bm == bm && up->tile.consumers == bm / 64 &&
+                   up->threads == 128 * (bm / 64 + 1) && down->tile.bn == bns[i], "bm %d: align %d, up %s",
+                   bm, pd.align, up->name);
+            /* the tile table holds the most tiles of any variant: at 4096 tokens the 192-row one's */
+            CHECKF(pd.max_tiles == moe_max_tiles(toks[i], 2, 8, 192) && pd.nvariants == i + 1, "bm %d: max_tiles %lld, nvariants %d", bm,
+                   (long long)pd.max_tiles, pd.nvariants);
+            /* the sm_80 GEMMs read the same tile table: bm rows, warps of 64 rows */
+            const moe_kernel_desc_t *up80 = &moe_plan_kernels(&pd, MOE_ARCH_SM80)[MOE_K_GEMM_UP];
+            CHECK(up80->tile.bm == bm && up80->tile.warps_m == bm / 64 && up80->threads == 32 * 4 * (bm / 64));
+            /* the dgrads too, with bn 128 (bm 192) or 64 (bm 256); the wgrads keep their 128 x 256 */
+            const moe_kernel_desc_t *bg = moe_plan_bgemm(&pd, MOE_ARCH_SM90A);
+            CHECK(bg != NULL);
+            if (bg)
+                CHECKF(bg[0].tile.bm == bm && bg[0].tile.bn == bns[i] && bg[0].tile.consumers == bm / 64 &&
+                       bg[2].tile.bm == 128, "dgrad %s, wgrad %s", bg[0].name, bg[2].name);
+            moe_buf_t src = {0};
+            moe_diag_t ed = {{0}};
+            CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+            if (src.data) {
+                CHECK(strstr(src.data, i ? "_sm90a_tma_persist_m256n64k64s4c4g8" : "_sm90a_tma_m192n128k64s4c3g8"));
+                /* three consumers take registers from the producer; four have none to take */
+                char *k = strstr(src.data, i ? "\nmx_gemm_down_bf16_sm90a_tma_persist_m256n64k64s4c4g8("
+                                             : "\nmx_gemm_down_bf16_sm90a_tma_m192n128k64s4c3g8(");
+                char *end = k ? strstr(k, "\n}\n") : NULL;
+                if (k && end) {
+                    *end = 0;
+                    CHECKF((strstr(k, "setmaxnreg") != NULL) == (i == 0), "bm %d: setmaxnreg %s", bm,
+                           strstr(k, "setmaxnreg") ? "present" : "absent");
+                    *end = '\n';
+                }
+                CHECK(k && end);
+            }
+            moe_buf_free(&src);
+        }
+        moe_tuning_free(&t);
+    }
+
     CASE("splitkS: parsed, planned per GEMM (min(S, k tiles); off for training and EP), named, its workspace");
     {
         /* Qwen3-30B-A3B's shape: up K = 2048 (32 k tiles), down K = 768 (12) */
@@ -602,7 +654,7 @@ int main(void) {
     CASE("every sm_90a tile the check accepts, the template emits (both GEMMs, each grid, N tails)");
     {
         int accepted = 0;
-        for (int bm = 64; bm <= 128; bm += 64)
+        for (int bm = 64; bm <= 256; bm += 64)
             for (int bn = 64; bn <= 256; bn += 64)
                 for (int stages = 2; stages <= 8; stages += 3)
                     for (int grid = 0; grid < 4; grid++) { /* tile, persist, pingpong, splitk3 */
@@ -669,17 +721,18 @@ int main(void) {
     }
 
     CASE("the GPU tests' tables (tests/tune) parse, every entry on their grid");
-    static const char *const grids[5] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
+    static const char *const grids[6] = {"tests/tune/tile.tune", "tests/tune/persist.tune",
                                          "tests/tune/pingpong.tune", "tests/tune/splitk.tune",
-                                         "tests/tune/gemv.tune"};
-    for (int g = 0; g < 5; g++) {
+                                         "tests/tune/gemv.tune", "tests/tune/rowblock.tune"};
+    for (int g = 0; g < 6; g++) {
         moe_tuning_t gt;
         moe_diag_t gd;
         CHECKF(moe_tuning_load(&gt, grids[g], &gd) == 0, "%s", gd.msg);
         CHECK(gt.n >= 10);
         for (int i = 0; i < gt.n; i++)
-            CHECK(gt.e[i].persistent == (g == 1 || g == 2) && gt.e[i].pingpong == (g == 2) &&
-                  (gt.e[i].splitk >= 2) == (g == 3) && (gt.e[i].gemv != 0) == (g == 4));
+            CHECK(g == 5 ? gt.e[i].bm >= 192 && !gt.e[i].pingpong && !gt.e[i].gemv
+                         : gt.e[i].persistent == (g == 1 || g == 2) && gt.e[i].pingpong == (g == 2) &&
+                               (gt.e[i].splitk >= 2) == (g == 3) && (gt.e[i].gemv != 0) == (g == 4));
         moe_tuning_free(&gt);
     }
 
@@ -957,6 +1010,18 @@ int main(void) {
                  "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: consumers must be bm / 64");
+    /* row blocks of 192 and 256: bm / 64 consumers, bn within their register cap, never the ping-pong */
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 320 64 64 4 5 4 tile 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: bm must be 64, 128, 192 or 256");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 192 128 64 4 2 4 tile 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: consumers must be bm / 64");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 192 256 64 3 3 4 tile 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: bm 192 (three consumer warpgroups, 512 threads: at most 128 registers) takes bn "
+                 "64 or 128");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 256 128 64 3 4 4 persist 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: bm 256 (four consumer warpgroups, 640 threads: at most 96 registers) takes bn 64");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 192 64 64 4 2 4 pingpong 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: pingpong: bm must be 64 or 128 (one warpgroup holds a whole tile)");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 0 2 2026-12-02 H200\n",
                  "t.tune:1: error: best_us and runner_up_us are positive numbers ('0')");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 128 64 4 1 4 tile 1 2 2026-12 H200\n",
