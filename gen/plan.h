@@ -83,7 +83,7 @@ typedef enum {
 
 /* The most GEMM variants a plan holds (the buckets of a shape past this
  * many, the smallest first, are left out: their calls run the next). */
-#define MOE_PLAN_MAX_VARIANTS 8
+#define MOE_PLAN_MAX_VARIANTS 16
 
 /* One GEMM configuration of a plan, for a token regime (docs/DESIGN.md,
  * "Variants per call size"): the kernels whose code depends on the GEMM

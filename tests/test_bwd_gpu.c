@@ -87,6 +87,9 @@ static const bwd_case_t cases[] = {
      * (100 tokens), else the capacity's (1, 63), and the backward reads its tile table */
     {"tests/specs/train_softmax.moe", {1, 63, 100, 511, 1024}, 5, 0, 0, 1, "tests/tune/variants.tune"},
     {"tests/specs/train_softmax.moe", {2, 100}, 2, 1, 1, 0, "tests/tune/variants.tune"},
+    /* row blocks of 192 (below 512 tokens) and 256 (from 512, the capacity's: the dgrads' row block) on 3 and 4
+     * consumer warpgroups (tests/tune/rowblock.tune) */
+    {"tests/specs/train_softmax.moe", {1, 37, 700}, 3, 0, 0, 1, "tests/tune/rowblock.tune"},
     {"tests/specs/train_softmax.moe", {700}, 1, 1, 0, 0, NULL},
     {"tests/specs/train_softmax.moe", {256}, 1, 0, 1, 0, NULL},
     {"tests/specs/train_gptoss.moe", {333}, 1, 0, 0, 1, NULL},

@@ -51,6 +51,31 @@ int main(void) {
     const moe_tuning_t *embedded = moe_tuning_default();
     CHECK(embedded != NULL && embedded == moe_tuning_default());
 
+    CASE("the embedded table: every example spec's plan keeps every bucket of its shape (none dropped past "
+         "MOE_PLAN_MAX_VARIANTS)");
+    {
+        DIR *dd = opendir("examples/specs");
+        CHECK(dd != NULL);
+        int specs = 0;
+        for (struct dirent *de; dd && (de = readdir(dd));) {
+            const size_t len = strlen(de->d_name);
+            if (len < 5 || strcmp(de->d_name + len - 4, ".moe"))
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "examples/specs/%s", de->d_name);
+            moe_spec_t s;
+            moe_diag_t sd;
+            CHECKF(moe_spec_load(&s, path, NULL, NULL, 0, &sd) == 0, "%s", sd.msg);
+            int all[64];
+            const int n = moe_tuning_buckets(embedded, &s, MOE_ARCH_SM90A, all, 64);
+            CHECKF(n <= MOE_PLAN_MAX_VARIANTS, "%s: %d buckets, a plan holds %d", path, n, MOE_PLAN_MAX_VARIANTS);
+            specs++;
+        }
+        if (dd)
+            closedir(dd);
+        CHECKF(specs >= 10, "%d example specs", specs);
+    }
+
     CASE("parse: comments, blank lines, entries, gpu name with spaces");
     moe_tuning_t t;
     moe_diag_t d;

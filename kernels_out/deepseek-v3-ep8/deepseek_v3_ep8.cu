@@ -953,6 +953,29 @@ deepseek_v3_ep8_combine_bf16_h7168k8(const moe_half_t *__restrict__ obuf, const 
 }
 
 #line 56 "templates/permute.lua"
+namespace deepseek_v3_ep8_permute_plan_e32_a192_impl {
+constexpr int E = 32, K = 8, H = 7168, ALIGN = 192;
+constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
+constexpr int SCATTER_THREADS = 256, SCATTER_WARPS = SCATTER_THREADS / 32;
+constexpr int SCATTER_ROWS = 8;   // tokens per scatter block
+constexpr int HV = H / 8;   // 16-byte vectors per row
+constexpr unsigned FULL = 0xffffffffu;
+}  // namespace deepseek_v3_ep8_permute_plan_e32_a192_impl
+
+extern "C" __global__ void __launch_bounds__(1024)
+deepseek_v3_ep8_permute_plan_e32_a192(const int *__restrict__ counts, const int *__restrict__ slot_of, int *__restrict__ offsets,
+            int *__restrict__ cursor, moe_tile_t *__restrict__ tiles, int *__restrict__ num_tiles) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_permute_plan_e32_a192_impl;
+    __shared__ int s_rows[PLAN_WARPS], s_tiles[PLAN_WARPS];   // per-warp sums, then their inclusive scan
+    __shared__ int s_off[E];        // first row of each expert
+    __shared__ int s_first[E + 1];  // first tile of each expert; [E] = the tile count
+    moe_plan_block<PLAN_THREADS, E>(counts, nullptr, slot_of, ALIGN, offsets, cursor, tiles, num_tiles, s_off, s_first,
+                                    s_rows, s_tiles);
+}
+
+
+#line 56 "templates/permute.lua"
 namespace deepseek_v3_ep8_permute_plan_e32_a128_impl {
 constexpr int E = 32, K = 8, H = 7168, ALIGN = 128;
 constexpr int PLAN_THREADS = 1024, PLAN_WARPS = PLAN_THREADS / 32;
@@ -2586,6 +2609,487 @@ deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8(const moe_half_t *__restrict__
 }
 
 #line 1114 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl {
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 235 "templates/gemm_gemv.lua"
+constexpr int K = 7168, N = 4096, NOUT = 2048, BN = 8, KC = 4096, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(66560 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 154 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 157 "templates/gemm_gemv.lua"
+    if constexpr (BN >= 16) {  /* n0 starts a pairing block */
+        return n0 + (gi >> 2) * 16 + (j >> 1) * 8 + 2 * (gi & 3) + (j & 1);  /* gate 2q, 2q+1; up 8+2q, 9+2q */
+    } else {
+        const int g = (n0 >> 2) + gi;  /* the expert's group: pairing block g / 4, q = g % 4 */
+        return (g >> 2) * 16 + (j >> 1) * 8 + 2 * (g & 3) + (j & 1);
+    }
+#line 166 "templates/gemm_gemv.lua"
+}
+#line 138 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 246 "templates/gemm_gemv.lua"
+
+#line 170 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 248 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 194 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 261 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 211 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 1005 "templates/gemm_gemv.lua"
+        /* lanes of j = 0, 1 (gate columns 2q, 2q + 1) take the up sum of j + 2, two values further */
+        const float su = __shfl_down_sync(0xffffffffu, s, 2 << SHIFT);
+        const int pr = group_row(n0, gi, j);  /* the packed gate row (j < 2); its up row is pr + 8 */
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows && j < 2) {
+#line 1012 "templates/gemm_gemv.lua"
+            const float g = s, u = su;
+#line 1014 "templates/gemm_gemv.lua"
+            out[(orow + r) * NOUT + (pr >> 4) * 8 + (pr & 7)] = moe_from_float(swiglu(g, u));
+#line 1021 "templates/gemm_gemv.lua"
+        }
+#line 319 "templates/gemm_gemv.lua"
+    }
+}
+#line 1121 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl
+
+#line 769 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
+#line 773 "templates/gemm_gemv.lua"
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_impl;
+#line 777 "templates/gemm_gemv.lua"
+    (void)b1p;
+#line 779 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_smem[];
+#line 783 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2_smem);
+#line 785 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 795 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w1p + (long long)expert * N * K;
+#line 797 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 803 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = xs + (long long)(row_start + r0) * K;
+#line 805 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 809 "templates/gemm_gemv.lua"
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 813 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, hbuf);
+#line 821 "templates/gemm_gemv.lua"
+    }
+#line 828 "templates/gemm_gemv.lua"
+}
+
+#line 1147 "templates/gemm_gemv.lua"
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2_impl {
+#line 235 "templates/gemm_gemv.lua"
+constexpr int K = 2048, N = 7168, NOUT = 7168, BN = 8, KC = 2048, U = 2;
+constexpr int THREADS = 256, WARPS = 8, ROWS = 8, GROUPS = BN / 4;
+constexpr int WPG = GROUPS < WARPS ? WARPS / GROUPS : 1;  /* warps sharing a group's K (bn 8, 16) */
+constexpr int NKC = (K + KC - 1) / KC;  /* staged column chunks */
+static_assert(33792 == ROWS * KC * 2 + (WPG > 1 ? WARPS * 32 * 4 : 0),
+              "the plan's shared memory (gen/family_gemm.c): ROWS rows x KC halves, then the warps' sums");
+static_assert(GROUPS % WARPS == 0 || WARPS % GROUPS == 0,
+              "every warp runs the same group passes (they meet at the staging barriers)");
+
+#line 154 "templates/gemm_gemv.lua"
+/* Row j (0..3) of group gi: the expert's weight row, in the slice from n0. */
+static __device__ __forceinline__ int group_row(int n0, int gi, int j) {
+#line 164 "templates/gemm_gemv.lua"
+    return n0 + 4 * gi + j;
+#line 166 "templates/gemm_gemv.lua"
+}
+#line 138 "templates/gemm_gemv.lua"
+/* acc += the 8 products of w's and x's halves, in fp32. */
+static __device__ __forceinline__ float dot8(const uint4 &w, const float (&x)[8], float acc) {
+    acc = fmaf(moe_lo_float(w.x), x[0], acc);
+    acc = fmaf(moe_hi_float(w.x), x[1], acc);
+    acc = fmaf(moe_lo_float(w.y), x[2], acc);
+    acc = fmaf(moe_hi_float(w.y), x[3], acc);
+    acc = fmaf(moe_lo_float(w.z), x[4], acc);
+    acc = fmaf(moe_hi_float(w.z), x[5], acc);
+    acc = fmaf(moe_lo_float(w.w), x[6], acc);
+    return fmaf(moe_hi_float(w.w), x[7], acc);
+}
+#line 246 "templates/gemm_gemv.lua"
+
+#line 170 "templates/gemm_gemv.lua"
+/* Sum each of v[0..V) over the warp, spread: halving steps exchange half
+ * the values (the lane with bit OFF set keeps the upper half), then the
+ * last value is summed across the remaining lane bits. Afterwards v[0] of
+ * lane l is the warp's sum of value l >> (5 - log2 V). */
+template <int V, int OFF, int SZ>
+static __device__ __forceinline__ void spread_sum(float (&v)[SZ], int lane) {
+    if constexpr (OFF > 0) {
+        if constexpr (V > 1) {
+            const bool hi = (lane & OFF) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                const float send = hi ? v[i] : v[i + V / 2], keep = hi ? v[i + V / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+            }
+            spread_sum<V / 2, OFF / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+            spread_sum<1, OFF / 2>(v, lane);
+        }
+    }
+}
+#line 248 "templates/gemm_gemv.lua"
+/* Stage A's rows [0, R) of the chunk (nrows real, the rest zeros), columns
+ * [k0, k0 + KC) (past K: zeros), into sx: row r at sx + r * KC / 8. */
+template <int R>
+static __device__ __forceinline__ void stage(const moe_half_t *__restrict__ a, int nrows, int k0, uint4 *sx) {
+    constexpr int KV = KC / 8;
+    for (int i = (int)threadIdx.x; i < R * KV; i += THREADS) {
+        const int r = i / KV, k = k0 + (i - r * KV) * 8;
+        sx[i] = r < nrows && k < K ? __ldg(reinterpret_cast<const uint4 *>(a + (long long)r * K + k))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+#line 194 "templates/gemm_gemv.lua"
+/* The U vectors v0, v0 + 32, ... (those below kv; zeros past it) of the 4
+ * weight rows wr, from vector kv0 on: U x 4 16-byte loads in flight. */
+static __device__ __forceinline__ void load_batch(uint4 (&wv)[U][4], const uint4 *const (&wr)[4], int kv0, int v0,
+                                                  int kv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wv[u][j] = v0 + 32 * u < kv ? __ldg(wr[j] + kv0 + v0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+}
+#line 261 "templates/gemm_gemv.lua"
+/* One chunk of R (1, 2, 4 or 8) rows: a is its first row of A, nrows <= R
+ * of them real, orow the first one's row in the output; w the expert's
+ * weights [N, K], n0 the CTA's first weight row. */
+template <int R>
+static __device__ __forceinline__ void run_rows(const moe_half_t *__restrict__ a, int nrows, long long orow,
+                                                const moe_half_t *__restrict__ w, int n0, uint4 *sx, const moe_half_t *__restrict__ bias, moe_half_t *__restrict__ out) {
+    constexpr int V = 4 * R, SHIFT = R == 1 ? 3 : R == 2 ? 2 : R == 4 ? 1 : 0;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int kp = WPG > 1 ? warp / GROUPS : 0;  /* this warp's share of the group's K batches */
+    constexpr int VSTEP = 32 * U * WPG;   /* vectors between a lane's batches */
+    __syncthreads();  /* the previous chunk's readers are done with sx (and with the warps' sums) */
+    for (int gb = 0; gb < GROUPS; gb += WARPS) {
+        const int gi = WPG > 1 ? warp % GROUPS : gb + warp;
+        const bool live = group_row(n0, gi, 0) < N;  /* whole groups: N's granule holds them */
+        const uint4 *wr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wr[j] = reinterpret_cast<const uint4 *>(w + (long long)(live ? group_row(n0, gi, j) : 0) * K);
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+            acc[i] = 0.0f;
+        for (int kc = 0; kc < NKC; ++kc) {
+            const int kv = ((K - kc * KC) < KC ? (K - kc * KC) : KC) / 8, kv0 = kc * (KC / 8);
+            const int vfirst = lane + kp * 32 * U;
+            uint4 wv[U][4];  /* the first batch of weight vectors: in flight while A is staged */
+            if (live)
+                load_batch(wv, wr, kv0, vfirst, kv);
+            if (NKC > 1 || gb == 0) {  /* block-uniform; with one pass, staged once per chunk */
+                if (NKC > 1)
+                    __syncthreads();  /* the last pass's readers are done with sx */
+                stage<R>(a, nrows, kc * KC, sx);
+                __syncthreads();
+            }
+            if (!live)
+                continue;
+            for (int v0 = vfirst; v0 < kv; v0 += VSTEP) {
+                if (v0 != vfirst)
+                    load_batch(wv, wr, kv0, v0, kv);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (v0 + 32 * u >= kv)
+                        break;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 xv = sx[r * (KC / 8) + v0 + 32 * u];
+                        const float x[8] = {moe_lo_float(xv.x), moe_hi_float(xv.x), moe_lo_float(xv.y),
+                                            moe_hi_float(xv.y), moe_lo_float(xv.z), moe_hi_float(xv.z),
+                                            moe_lo_float(xv.w), moe_hi_float(xv.w)};
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            acc[4 * r + j] = dot8(wv[u][j], x, acc[4 * r + j]);
+                    }
+                }
+            }
+        }
+#line 211 "templates/gemm_gemv.lua"
+        if constexpr (WPG == 1) {
+            if (!live)
+                continue;
+        }
+        spread_sum<V, 16>(acc, lane);
+        /* this lane's sum: value idx = 4 r + j (all lanes of one idx hold it; the first stores) */
+        const int idx = lane >> SHIFT, r = idx >> 2, j = idx & 3;
+        float s = acc[0];
+        if constexpr (WPG > 1) {  /* the group's warps' sums, added by its first warp in warp order */
+            float *red = reinterpret_cast<float *>(sx + ROWS * KC / 8);
+            red[warp * 32 + lane] = s;
+            __syncthreads();
+            if (kp != 0 || !live)
+                continue;
+#pragma unroll
+            for (int w = 1; w < WPG; ++w)
+                s += red[(warp + w * GROUPS) * 32 + lane];
+        }
+#line 1143 "templates/gemm_gemv.lua"
+        const int col = group_row(n0, gi, j);
+        if ((lane & ((1 << SHIFT) - 1)) == 0 && r < nrows)
+            out[(orow + r) * NOUT + col] = moe_from_float(s);
+#line 319 "templates/gemm_gemv.lua"
+    }
+}
+#line 1155 "templates/gemm_gemv.lua"
+
+#line 838 "templates/gemm_gemv.lua"
+/* The combine over this CTA's column slice [n0, n0 + BN) of y, by the
+ * slice's last CTA (the header's "combine"): all of this CTA's stores are
+ * made visible before its ticket; the last one reads the rows of every
+ * token (written by the slice's other CTAs) from L2. */
+static __device__ __forceinline__ void combine_slice(const moe_half_t *obuf, const int *__restrict__ row_of,
+                                                     const float *__restrict__ topk_w, int tokens,
+                                                     moe_half_t *__restrict__ y, int *tickets, int ntiles, int n0,
+                                                     int slice, int *s_last, int n) {
+    constexpr int KE = 8;   /* entries per token: top_k, then the shared expert's slots */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(tickets + slice, n) == ntiles - n;  /* n: this CTA's items of the slice */
+        if (last)
+            atomicExch(tickets + slice, 0);  /* zero again for the next call */
+        __threadfence();
+        *s_last = last;
+    }
+    __syncthreads();
+    if (!*s_last)
+        return;
+    const int nv = ((n0 + BN < NOUT ? n0 + BN : NOUT) - n0) / 8, v0 = n0 / 8;  /* the slice's 16-byte vectors */
+    for (int i = (int)threadIdx.x; i < tokens * nv; i += THREADS) {
+        const int t = i / nv, v = v0 + (i - t * nv);
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k = 0; k < KE; ++k) {
+            const uint4 o = __ldcg(reinterpret_cast<const uint4 *>(obuf + (long long)row_of[(long long)t * KE + k] * NOUT) + v);
+#line 870 "templates/gemm_gemv.lua"
+            const float w = topk_w[(long long)t * KE + k];
+#line 872 "templates/gemm_gemv.lua"
+            const float xo[8] = {moe_lo_float(o.x), moe_hi_float(o.x), moe_lo_float(o.y), moe_hi_float(o.y),
+                                 moe_lo_float(o.z), moe_hi_float(o.z), moe_lo_float(o.w), moe_hi_float(o.w)};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = fmaf(w, xo[j], acc[j]);
+        }
+        reinterpret_cast<uint4 *>(y + (long long)t * NOUT)[v] =
+            make_uint4(moe_pack2(acc[0], acc[1]), moe_pack2(acc[2], acc[3]), moe_pack2(acc[4], acc[5]),
+                       moe_pack2(acc[6], acc[7]));
+    }
+}
+#line 1157 "templates/gemm_gemv.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2_impl
+
+#line 769 "templates/gemm_gemv.lua"
+extern "C" __global__ void __launch_bounds__(256, 2)  /* <= 128 registers: two CTAs an SM */
+#line 773 "templates/gemm_gemv.lua"
+deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *obuf, const int *__restrict__ row_of, const float *__restrict__ topk_w, int tokens, moe_half_t *__restrict__ y, int *combine_tickets) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2_impl;
+#line 777 "templates/gemm_gemv.lua"
+    (void)b2;
+#line 779 "templates/gemm_gemv.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2_smem[];
+#line 783 "templates/gemm_gemv.lua"
+    uint4 *sx = reinterpret_cast<uint4 *>(deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2_smem);
+#line 785 "templates/gemm_gemv.lua"
+    const int mt = (int)blockIdx.y, n0 = (int)blockIdx.x * BN;
+    if (mt >= *num_tiles)  /* a cluster's CTAs share the tile: all of them return */
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+#line 795 "templates/gemm_gemv.lua"
+    const moe_half_t *__restrict__ we = w2 + (long long)expert * N * K;
+#line 797 "templates/gemm_gemv.lua"
+    for (int r0 = 0; r0 < rows; r0 += ROWS) {  /* block-uniform: every thread takes the same branch */
+        const int nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+#line 803 "templates/gemm_gemv.lua"
+        const moe_half_t *__restrict__ ar = hbuf + (long long)(row_start + r0) * K;
+#line 805 "templates/gemm_gemv.lua"
+        const long long orow = row_start + r0;
+        if (nr == 1)
+            run_rows<1>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 809 "templates/gemm_gemv.lua"
+        else if (nr == 2)
+            run_rows<2>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 813 "templates/gemm_gemv.lua"
+        else if (nr <= 4)
+            run_rows<4>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+        else
+            run_rows<8>(ar, nr, orow, we, n0, sx, (const moe_half_t *)nullptr, obuf);
+#line 821 "templates/gemm_gemv.lua"
+    }
+#line 823 "templates/gemm_gemv.lua"
+    if (y) {
+        __shared__ int s_last;
+        combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
+    }
+#line 828 "templates/gemm_gemv.lua"
+}
+
+#line 1114 "templates/gemm_gemv.lua"
 namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv3_m64n32u2_impl {
 #line 104 "templates/activation.lua"
 
@@ -3535,6 +4039,1484 @@ deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n32u2(const moe_half_t *__restrict_
         combine_slice(obuf, row_of, topk_w, tokens, y, combine_tickets, *num_tiles, n0, blockIdx.x, &s_last, 1);
     }
 #line 828 "templates/gemm_gemv.lua"
+}
+
+#line 974 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx_impl {
+#line 264 "templates/gemm_sm90.lua"
+constexpr int BM = 192, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 3;
+constexpr int K = 7168;        /* reduction length */
+constexpr int N = 4096;        /* rows of B per expert */
+constexpr int NOUT = 2048;  /* output row length */
+constexpr int BNO = 64;    /* output columns per tile */
+#line 272 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 24576, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 64;  /* output columns per staging pass */
+constexpr int LDC = 72;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 300 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 303 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 191552, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(512 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 394 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 398 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 407 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 409 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 415 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 417 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 629 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 631 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 650 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 652 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 665 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 667 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+#line 677 "templates/gemm_sm90.lua"
+/* The gathering producer (the call's src_of given; docs/DESIGN.md, "The
+ * gathered up GEMM"): the 128 threads of warpgroup 0. Row i of a tile's A
+ * is x[src_of[row_start + i]]; thread pt copies 16-byte chunk j = pt % 8 of
+ * rows pt / 8 + 16 m by cp.async to where TMA's 128-byte swizzle puts it
+ * (chunk j of row r at r * 128 + ((j ^ (r % 8)) << 4) of each 64-column
+ * atom; r % 8 = pt / 8 % 8 for all of a thread's rows); rows past the
+ * tile's and columns past K arrive as zeros (a copy of 0 source bytes), as
+ * TMA's would. Each copy asks L2 to fetch 256 bytes (.L2::256B: this
+ * chunk's sector and the row's next stages'; without it Mixtral's up GEMM
+ * read 1.8x the DRAM bytes of the TMA-fed one and ran up to 1.6x slower,
+ * with 128 bytes no better). Each thread's copies complete on full[s] by
+ * cp.async.mbarrier.arrive.noinc (full then counts 1 + 128 arrivals), so
+ * no thread waits for its own loads; the consumers fence the async proxy
+ * after each full wait (consume). Thread 0 also arms full[s] with B's bytes
+ * and loads B by TMA as produce does. */
+static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_tmap_t *mb,
+                                                      const moe_tile_t *__restrict__ tiles, int mtiles,
+                                                      const moe_half_t *__restrict__ gx,
+                                                      const int *__restrict__ src_of, int pt) {
+    constexpr int RPT = BM / 16;  /* rows per thread */
+    const int j = pt & 7, r0 = pt >> 3;
+    const unsigned my = (unsigned)r0 * 128u + ((unsigned)(j ^ (r0 & 7)) << 4);  /* in a stage's A atom */
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+        const int brow = expert * N + nt * BN;
+        int tok[RPT];  /* the token of each of this thread's rows; -1 past the tile's rows */
+#pragma unroll
+        for (int m = 0; m < RPT; ++m)
+            tok[m] = r0 + 16 * m < rows ? src_of[row_start + r0 + 16 * m] : -1;
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            if (pt == 0) {
+                bar_arrive_expect_tx(full, STAGE_BYTES - A_BYTES);
+#pragma unroll
+                for (int a = 0; a < KATOMS; ++a)
+                    tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+            }
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                const int col = kt * BK + a * 64 + j * 8;
+#pragma unroll
+                for (int m = 0; m < RPT; ++m) {
+                    const bool on = tok[m] >= 0 && col < K;
+                    const moe_half_t *src = on ? gx + ((long long)tok[m] * K + col) : gx;
+                    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+                                 :: "r"(so + a * (BM * 128) + my + m * (16 * 128)), "l"(src), "r"(on ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(full) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+#line 744 "templates/gemm_sm90.lua"
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 760 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase, bool gathered) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 764 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 769 "templates/gemm_sm90.lua"
+        if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
+            fence_proxy_async();
+#line 772 "templates/gemm_sm90.lua"
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 793 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 978 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx(const __grid_constant__ moe_tmap_t xs_map, const __grid_constant__ moe_tmap_t w1p_map, const moe_half_t *__restrict__ b1p, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ gx, const int *__restrict__ src_of) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&xs_map);
+        tma_prefetch_map(&w1p_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, src_of ? 1 + 128 : 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 1006 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 1009 "templates/gemm_sm90.lua"
+        if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
+            produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
+        else if (tid == 0)
+            produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
+#line 1017 "templates/gemm_sm90.lua"
+    } else {
+#line 1019 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 144;\n" ::: "memory");
+#line 1024 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 1029 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 1032 "templates/gemm_sm90.lua"
+        (void)b1p;
+#line 1034 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 1047 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1090 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
+            else
+                skip_tile(sbase, s, phase);
+#line 1109 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1242 "templates/gemm_sm90.lua"
+                    /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
+                     * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
+                     * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
+                     * are row 16w + g + 8h, columns 2q, 2q + 1. */
+#line 1249 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1264 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
+                                const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
+#line 1279 "templates/gemm_sm90.lua"
+                            }
+                    }
+#line 1114 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 / 2 - pass * EPI_COLS, ct);
+            }
+#line 1120 "templates/gemm_sm90.lua"
+        }
+#line 1122 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1125 "templates/gemm_sm90.lua"
+    (void)xs_map;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)w1p_map;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)b1p;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)hbuf;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)gx;
+#line 1127 "templates/gemm_sm90.lua"
+    (void)src_of;
+    __trap();
+#endif
+}
+
+#line 974 "templates/gemm_sm90.lua"
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8_impl {
+#line 264 "templates/gemm_sm90.lua"
+constexpr int BM = 192, BN = 128, BK = 64, STAGES = 4, CONSUMERS = 3;
+constexpr int K = 2048;        /* reduction length */
+constexpr int N = 7168;        /* rows of B per expert */
+constexpr int NOUT = 7168;  /* output row length */
+constexpr int BNO = 128;    /* output columns per tile */
+#line 272 "templates/gemm_sm90.lua"
+constexpr int WG_ROWS = BM / CONSUMERS;  /* rows per consumer warpgroup */
+#line 274 "templates/gemm_sm90.lua"
+constexpr int WM = WG_ROWS / 64;         /* m64 wgmma blocks per consumer */
+constexpr int NACC = BN / 2;             /* fp32 accumulators per thread and m64 block */
+constexpr int A_BYTES = 24576, STAGE_BYTES = 40960;
+constexpr int EPI_COLS = 128;  /* output columns per staging pass */
+constexpr int LDC = 136;            /* staged output row stride, halves */
+constexpr bool PERSISTENT = true;
+constexpr int RING = STAGES * STAGE_BYTES;
+/* the staging tile: its own after the ring on a persistent grid; with one
+ * CTA per tile, the ring itself once the main loop is done */
+#line 300 "templates/gemm_sm90.lua"
+constexpr int EPI_OFF = PERSISTENT ? RING : 0;
+constexpr int BAR_OFF = PERSISTENT ? RING + (BM * LDC * 2 + 15) / 16 * 16 : RING;  /* full[STAGES], then empty[STAGES] */
+#line 303 "templates/gemm_sm90.lua"
+static_assert(PERSISTENT || BM * LDC * 2 <= RING, "the output tile (BM x LDC halves) fits in the stages");
+/* the plan's numbers (gen/family_gemm.c): this layout must be its shared
+ * memory exactly (moe_gemm_sm90_smem), the block one producer and
+ * CONSUMERS consumer warpgroups */
+static_assert(BAR_OFF + 16 * STAGES == 216128, "the shared-memory layout is the plan's (moe_gemm_sm90_smem)");
+static_assert(512 == 128 * (CONSUMERS + 1), "threads: one producer and CONSUMERS consumer warpgroups");
+#line 315 "templates/gemm_sm90.lua"
+constexpr int KTILES = (K + BK - 1) / BK, KSTEPS = BK / 16, KATOMS = BK / 64;
+#line 317 "templates/gemm_sm90.lua"
+constexpr int NTILES = (N + BN - 1) / BN;  /* N tiles per M tile */
+#line 325 "templates/gemm_sm90.lua"
+constexpr int CTHREADS = 128 * CONSUMERS;
+constexpr bool N_TAIL = false;
+constexpr bool OUT_TAIL = false;
+static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0 && (WG_ROWS * 128) % 1024 == 0 && (BN * 128) % 1024 == 0,
+              "swizzle atoms");
+static_assert(BNO % EPI_COLS == 0, "staging passes");
+
+static __device__ __forceinline__ void bar_init(unsigned b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive(unsigned b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(b) : "memory");
+}
+/* Arrive on the mbarrier at b and add bytes to the transaction count its
+ * current phase waits for (the TMA copies complete them). */
+static __device__ __forceinline__ void bar_arrive_expect_tx(unsigned b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(b), "r"(bytes) : "memory");
+}
+/* Wait until the phase of parity `parity` of the mbarrier at b completed. */
+static __device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n"
+                 "}\n" :: "r"(b), "r"(parity) : "memory");
+}
+/* One TMA box of the 2D tensor map at map (64 halves of k from k0, its box
+ * rows from row) into smem s; completes its bytes on the mbarrier at b. */
+static __device__ __forceinline__ void tma_load(unsigned s, const moe_tmap_t *map, int k0, int row, unsigned b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(s), "l"((unsigned long long)map), "r"(k0), "r"(row), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void tma_prefetch_map(const moe_tmap_t *map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)map) : "memory");
+}
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CTHREADS) : "memory");
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* wgmma smem matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+ * 1024 bytes apart (the leading offset is unused for this layout). */
+static __device__ __forceinline__ unsigned long long sdesc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#line 394 "templates/gemm_sm90.lua"
+/* d (64 x BN fp32, this thread's part) += A(64 x 16) . B(BN x 16)^T. */
+static __device__ __forceinline__ void wgmma(float (&d)[NACC], unsigned long long da, unsigned long long db) {
+#line 398 "templates/gemm_sm90.lua"
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+#line 407 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 407 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 409 "templates/gemm_sm90.lua"
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* Keep the compiler from moving accumulator accesses across a wgmma wait. */
+static __device__ __forceinline__ void fence_acc(float (&d)[NACC]) {
+    asm volatile(""
+#line 415 "templates/gemm_sm90.lua"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+#line 415 "templates/gemm_sm90.lua"
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#line 417 "templates/gemm_sm90.lua"
+                 :: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+#line 629 "templates/gemm_sm90.lua"
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 631 "templates/gemm_sm90.lua"
+
+/* The producer (one thread): for every tile of this CTA, every k tile of
+ * A (rows from row_start, map ma) and B (rows from expert * N + n0, map
+ * mb) into the ring. Stage s is refilled once empty[s] completed the
+ * phase of its previous round (the first round passes at once: a fresh
+ * barrier counts its phase of parity 1 as complete). */
+static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t *ma, const moe_tmap_t *mb,
+                                               const moe_tile_t *__restrict__ tiles, int mtiles) {
+    int s = 0;
+    unsigned phase = 0;
+    for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+        int mt, nt;
+        tile_of(lin, mtiles, NTILES, mt, nt);
+        const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+        if (rows <= 0)
+            continue;
+#line 650 "templates/gemm_sm90.lua"
+        const int brow = expert * N + nt * BN;
+#line 652 "templates/gemm_sm90.lua"
+        for (int kt = 0; kt < KTILES; ++kt) {
+            const unsigned full = sbase + BAR_OFF + s * 8, so = sbase + (unsigned)s * STAGE_BYTES;
+            bar_wait(sbase + BAR_OFF + (STAGES + s) * 8, phase ^ 1);
+            bar_arrive_expect_tx(full, STAGE_BYTES);
+#pragma unroll
+            for (int a = 0; a < KATOMS; ++a) {
+                tma_load(so + a * (BM * 128), ma, kt * BK + a * 64, row_start, full);
+#line 665 "templates/gemm_sm90.lua"
+                tma_load(so + A_BYTES + a * (BN * 128), mb, kt * BK + a * 64, brow, full);
+#line 667 "templates/gemm_sm90.lua"
+            }
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+#line 744 "templates/gemm_sm90.lua"
+/* A consumer warpgroup (cw) on one tile: acc (its WG_ROWS x BN fp32 tile)
+ * = A . B^T over all k tiles, from ring position (s, phase), which it
+ * advances. The wgmma of k tile kt stay in flight while the warpgroup
+ * waits for tile kt + 1; a stage is released once the wgmma that read it
+ * retired (wait_group 1 after the next commit; the last one after
+ * wait_group 0), so the producer refills it during the epilogue. */
+#line 760 "templates/gemm_sm90.lua"
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
+#line 764 "templates/gemm_sm90.lua"
+    const unsigned long long db0 = sdesc(sbase + A_BYTES);
+    int prev = 0;
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+#line 772 "templates/gemm_sm90.lua"
+        wgmma_fence();
+        const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+                wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
+                      db0 + so + (unsigned)(((ks / 4) * (BN * 128) + (ks % 4) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+        prev = s;
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#line 793 "templates/gemm_sm90.lua"
+    wgmma_wait<0>();
+    bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
+#pragma unroll
+    for (int m = 0; m < WM; ++m)
+        fence_acc(acc[m]);
+}
+
+/* A consumer warpgroup with no rows in the tile: release every stage of
+ * the tile without computing, in ring order (waiting for each to fill, so
+ * it never arrives twice in one phase). */
+static __device__ __forceinline__ void skip_tile(unsigned sbase, int &s, unsigned &phase) {
+    for (int kt = 0; kt < KTILES; ++kt) {
+        bar_wait(sbase + BAR_OFF + s * 8, phase);
+        bar_arrive(sbase + BAR_OFF + (STAGES + s) * 8);
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+/* Copy the staged output (BM x EPI_COLS halves at smem sc, row stride
+ * LDC) to out (row 0, column 0 of the pass; row stride NOUT) in 16-byte
+ * pieces: rows < rows, columns < cols. ct: consumer thread 0..CTHREADS-1. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols,
+                                                    int ct) {
+    constexpr int OCPR = EPI_COLS / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + CTHREADS - 1) / CTHREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = ct + i * CTHREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % CTHREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 978 "templates/gemm_sm90.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8_impl
+#endif
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8(const __grid_constant__ moe_tmap_t hbuf_map, const __grid_constant__ moe_tmap_t w2_map, const moe_half_t *__restrict__ b2, const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8_impl;
+    extern __shared__ __align__(1024) unsigned char deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8_smem[];
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8_smem);
+    if (sbase & 1023u)
+        __trap();  /* the swizzle atoms need 1024-byte alignment */
+    const int mtiles = *num_tiles;
+    const int tid = (int)threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (tid == 0) {
+        tma_prefetch_map(&hbuf_map);
+        tma_prefetch_map(&w2_map);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(sbase + BAR_OFF + s * 8, 1);
+            bar_init(sbase + BAR_OFF + (STAGES + s) * 8, CTHREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+#line 1006 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+#line 1014 "templates/gemm_sm90.lua"
+        if (tid == 0)
+            produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
+#line 1017 "templates/gemm_sm90.lua"
+    } else {
+#line 1019 "templates/gemm_sm90.lua"
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 144;\n" ::: "memory");
+#line 1024 "templates/gemm_sm90.lua"
+        const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
+        const unsigned sst = sbase + EPI_OFF;
+#line 1029 "templates/gemm_sm90.lua"
+        int s = 0;
+        unsigned phase = 0;
+#line 1032 "templates/gemm_sm90.lua"
+        (void)b2;
+#line 1034 "templates/gemm_sm90.lua"
+        for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
+            int mt, nt;
+            tile_of(lin, mtiles, NTILES, mt, nt);
+            const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+            if (rows <= 0)
+                continue;
+            const int n0 = nt * BN;
+            (void)expert;
+            /* consumer warpgroups with rows of the tile; the others only release the stages */
+            const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
+#line 1047 "templates/gemm_sm90.lua"
+            float acc[WM][NACC];
+#pragma unroll
+            for (int m = 0; m < WM; ++m)
+#pragma unroll
+                for (int i = 0; i < NACC; ++i)
+                    acc[m][i] = 0.0f;
+#line 1090 "templates/gemm_sm90.lua"
+            if (cw < n_active)
+                consume(acc, sbase, cw, s, phase);
+            else
+                skip_tile(sbase, s, phase);
+#line 1109 "templates/gemm_sm90.lua"
+#pragma unroll
+            for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
+                consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
+                if (cw < n_active) {
+#line 1301 "templates/gemm_sm90.lua"
+                    /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
+                     * columns 8j + 2q, 8j + 2q + 1. */
+#line 1306 "templates/gemm_sm90.lua"
+#pragma unroll
+                    for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
+#line 1326 "templates/gemm_sm90.lua"
+#pragma unroll
+                        for (int m = 0; m < WM; ++m)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int r = cw * WG_ROWS + m * 64 + w * 16 + g + 8 * h;
+                                st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2,
+                                              moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+                            }
+                    }
+#line 1114 "templates/gemm_sm90.lua"
+                }
+                consumers_sync();
+                store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
+                             NOUT - n0 - pass * EPI_COLS, ct);
+            }
+#line 1120 "templates/gemm_sm90.lua"
+        }
+#line 1122 "templates/gemm_sm90.lua"
+    }
+#else
+#line 1125 "templates/gemm_sm90.lua"
+    (void)hbuf_map;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)w2_map;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)b2;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)tiles;
+#line 1125 "templates/gemm_sm90.lua"
+    (void)num_tiles;
+#line 1127 "templates/gemm_sm90.lua"
+    (void)obuf;
+    __trap();
+#endif
+}
+
+#line 21 "templates/gemm_up_swiglu.lua"
+namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8_impl {
+#line 91 "templates/gemm_sm80.lua"
+constexpr int BM = 192, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 3, WARPS_N = 4, THREADS = 384;
+constexpr int K = 7168;        /* reduction length */
+constexpr int N = 4096;        /* rows of B */
+constexpr int NOUT = 2048;  /* output row length */
+constexpr int BNO = 64;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 15360;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 25600;
+constexpr int LDC = 72;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 102400, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 144 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 164 "templates/gemm_sm80.lua"
+/* Chunks are spread over the threads one index at a time (r0, ch0 unused;
+ * s and g arrive at row 0, k 0). */
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+    constexpr int CHUNKS = ROWS * CPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+    (void)r0;
+    (void)ch0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        if (CHUNKS % THREADS == 0 || idx < CHUNKS) {
+            const int r = (idx / (8 * CPR)) * 8 + idx % 8;
+            const int ch = (idx / 8) % CPR;
+            const bool ok = (!ROW_TAIL || r < nrows) && (!K_TAIL || k0 + ch * 8 < K);
+            cp_async16(s + (r * LDS + ch * 8) * 2, g + (r * K + ch * 8 + k0), ok ? 16 : 0);
+        }
+    }
+}
+#line 186 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 259 "templates/gemm_sm80.lua"
+    const int r0 = 0, ch0 = 0;
+    const unsigned scopy = sbase;
+#line 262 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 104 "templates/activation.lua"
+
+/* (up + up_offset) * gate * sigmoid(alpha * gate), on the clamped pair. */
+static __device__ __forceinline__ float swiglu(float gate, float up) {
+    return up * gate * moe_sigmoid(gate);
+}
+#line 26 "templates/gemm_up_swiglu.lua"
+}  // namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8_impl
+
+extern "C" __global__ void __launch_bounds__(384)
+deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8(const moe_half_t *__restrict__ xs, const moe_half_t *__restrict__ w1p, const moe_half_t *__restrict__ b1p,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ hbuf) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8_impl;
+#line 325 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, xs + (long long)row_start * K, rows,
+             w1p + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 35 "templates/gemm_up_swiglu.lua"
+    (void)b1p;
+#line 37 "templates/gemm_up_swiglu.lua"
+
+    /* Epilogue. Packed column 16j + r is gate (r < 8) or up (r >= 8) of
+     * output column 8j + r % 8: fragment 2 nj (gate) and 2 nj + 1 (up) give
+     * output columns oc, oc + 1 of rows r, r + 8. */
+    const int oc0 = n0 / 2;  /* first output column of the CTA */
+#line 45 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj) {
+        const int oc = (wn * WTN) / 2 + nj * 8 + 2 * t;
+#line 57 "templates/gemm_up_swiglu.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 64 "templates/gemm_up_swiglu.lua"
+                const float o0 = swiglu(acc[mi][2 * nj][2 * h], acc[mi][2 * nj + 1][2 * h]);
+                const float o1 = swiglu(acc[mi][2 * nj][2 * h + 1], acc[mi][2 * nj + 1][2 * h + 1]);
+#line 75 "templates/gemm_up_swiglu.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, moe_pack2(o0, o1));
+#line 80 "templates/gemm_up_swiglu.lua"
+            }
+    }
+#line 83 "templates/gemm_up_swiglu.lua"
+    __syncthreads();
+    store_staged(hbuf + ((long long)row_start * NOUT + oc0), sbase, rows, NOUT - oc0);
+#line 86 "templates/gemm_up_swiglu.lua"
+}
+
+#line 13 "templates/gemm_down.lua"
+namespace deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8_impl {
+#line 91 "templates/gemm_sm80.lua"
+constexpr int BM = 192, BN = 128, BK = 32, STAGES = 4;
+constexpr int WARPS_M = 3, WARPS_N = 4, THREADS = 384;
+constexpr int K = 2048;        /* reduction length */
+constexpr int N = 7168;        /* rows of B */
+constexpr int NOUT = 7168;  /* output row length */
+constexpr int BNO = 128;    /* output columns per CTA */
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;
+constexpr int LDS = 40;                     /* smem row stride, halves */
+constexpr int A_BYTES = 15360;            /* one stage: A tile, then B tile */
+constexpr int STAGE_BYTES = 25600;
+constexpr int LDC = 136;                     /* staged output row stride, halves */
+constexpr int CPR = BK / 8;                       /* 16-byte chunks per smem row */
+constexpr int KTILES = (K + BK - 1) / BK;
+constexpr int KSTEPS = BK / 16;
+constexpr bool N_TAIL = false;
+constexpr bool K_TAIL = false;
+constexpr bool OUT_TAIL = false;
+/* the plan's numbers (gen/family_gemm.c): the block is the warp grid, the
+ * pipeline is its shared memory */
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "threads: one warp per warp tile");
+static_assert(STAGES * STAGE_BYTES == 102400, "the cp.async pipeline is the plan's shared memory");
+
+static __device__ __forceinline__ void cp_async16(unsigned s, const void *g, int bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+/* D += A(16x16, row) . B(16x8, col), fp32 accumulate (moe_mma_16816 on
+ * array references, so fragments stay in registers). */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void st_shared_u32(unsigned s, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(s), "r"(v) : "memory");
+}
+/* 16 bytes smem -> global. */
+static __device__ __forceinline__ void copy16_s2g(void *g, unsigned s) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(s) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" :: "l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+#line 18 "templates/gemm_sm80.lua"
+/* Linear tile id lin -> (M tile mt, N tile nt) over mtiles x ntiles. M
+ * tiles are rastered in groups of GROUP_M, M fastest inside a group, so
+ * the CTAs working at the same time read the same B (weight) tiles and
+ * those come from L2. A bijection on [0, mtiles * ntiles). */
+static __device__ __forceinline__ void tile_of(int lin, int mtiles, int ntiles, int &mt, int &nt) {
+#line 28 "templates/gemm_sm80.lua"
+    constexpr int GROUP_M = 8;
+    const int group = lin / (GROUP_M * ntiles);
+    const int first = group * GROUP_M;
+    const int size = mtiles - first < GROUP_M ? mtiles - first : GROUP_M;
+    const int within = lin - group * (GROUP_M * ntiles);
+    mt = first + within % size;
+    nt = within / size;
+#line 36 "templates/gemm_sm80.lua"
+}
+#line 41 "templates/gemm_sm80.lua"
+
+/* This CTA's (M tile, N tile) on a grid of N tiles x M tiles. */
+static __device__ __forceinline__ void tile_coords(int &mt, int &nt) {
+    tile_of((int)blockIdx.y * (int)gridDim.x + (int)blockIdx.x, (int)gridDim.y, (int)gridDim.x, mt, nt);
+}
+#line 144 "templates/gemm_sm80.lua"
+
+/* The cp.async copies of one k tile (BK halves from k0) of a K-major
+ * operand of ROWS rows into one smem stage at s, from g (row 0, k 0).
+ * Lanes 8j..8j+7 take one 16-byte column of 8 consecutive rows, so the
+ * smem writes are conflict-free. Rows >= nrows (when ROW_TAIL) and chunks
+ * past K are zero-filled: src-size 0 reads nothing at its address. */
+#line 164 "templates/gemm_sm80.lua"
+/* Chunks are spread over the threads one index at a time (r0, ch0 unused;
+ * s and g arrive at row 0, k 0). */
+template <int ROWS, bool ROW_TAIL>
+static __device__ __forceinline__ void load_rows(unsigned s, const moe_half_t *__restrict__ g, int r0, int ch0,
+                                                 int nrows, int k0) {
+    constexpr int CHUNKS = ROWS * CPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+    (void)r0;
+    (void)ch0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        if (CHUNKS % THREADS == 0 || idx < CHUNKS) {
+            const int r = (idx / (8 * CPR)) * 8 + idx % 8;
+            const int ch = (idx / 8) % CPR;
+            const bool ok = (!ROW_TAIL || r < nrows) && (!K_TAIL || k0 + ch * 8 < K);
+            cp_async16(s + (r * LDS + ch * 8) * 2, g + (r * K + ch * 8 + k0), ok ? 16 : 0);
+        }
+    }
+}
+#line 186 "templates/gemm_sm80.lua"
+
+/* One k tile of A and B into the stage at smem offset so; see load_rows. */
+static __device__ __forceinline__ void load_stage(unsigned s, unsigned so, const moe_half_t *__restrict__ ga,
+                                                  int a_rows, const moe_half_t *__restrict__ gb, int b_rows, int r0,
+                                                  int ch0, int k0) {
+    load_rows<BM, true>(s + so, ga, r0, ch0, a_rows, k0);
+    load_rows<BN, N_TAIL>(s + so + A_BYTES, gb, r0, ch0, b_rows, k0);
+}
+
+/* ldmatrix sources. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+ * (rows 0-7, k 8-15), (rows 8-15, k 8-15) = a0..a3 of one m16 fragment.
+ * B (n-major rows): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+ * (n 8-15, k 8-15) = b0, b1 of two n8 fragments. a/b: this lane's row
+ * address in the stage, at the k step. */
+static __device__ __forceinline__ void load_b(unsigned (&bf)[NI][2], unsigned b) {
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj)
+        ldsm_x4(bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1], b + nj * 16 * LDS * 2);
+}
+static __device__ __forceinline__ void load_a(unsigned (&af)[MI][4], unsigned a) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+}
+
+/* One k16 step of mma on (af, bf), fetching the next step's fragments
+ * from (a, b) as it goes: all of B first, then each A fragment as soon as
+ * its last mma has issued, so only one A set is live. */
+static __device__ __forceinline__ void mma_step(float (&acc)[MI][NI][4], unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
+                                                unsigned a, unsigned b) {
+    unsigned bn[NI][2];
+    load_b(bn, b);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+        ldsm_x4(af[mi], a + mi * 16 * LDS * 2);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = bn[ni][0];
+        bf[ni][1] = bn[ni][1];
+    }
+}
+
+/* acc (this warp's WTM x WTN fp32 tile) = A[0:a_rows, :K] . B[0:b_rows, :K]^T
+ * over the CTA tile. ga/gb point at row 0, k 0 of the tile. Warps whose
+ * rows all lie past a_rows (active = false) only help load. Ends with the
+ * smem free for reuse.
+ *
+ * Pipeline: k tile kt sits in stage kt % STAGES. Iteration kt first issues
+ * the copy of k tile kt + STAGES - 1 into the stage k tile kt - 1 used
+ * (every warp finished reading it before the barrier of the previous
+ * iteration's last k step), then runs its k steps; the last step waits for
+ * k tile kt + 1, syncs, and fetches that tile's step-0 fragments while the
+ * mma of the current step run (see mma_step). */
+static __device__ __forceinline__ void mainloop(float (&acc)[MI][NI][4], unsigned sbase,
+                                                const moe_half_t *__restrict__ ga, int a_rows,
+                                                const moe_half_t *__restrict__ gb, int b_rows, bool active) {
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    /* this lane's ldmatrix row addresses in stage 0, k step 0 */
+    const unsigned a_lane = sbase + ((wm * WTM + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned b_lane =
+        sbase + A_BYTES + ((wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+#line 259 "templates/gemm_sm80.lua"
+    const int r0 = 0, ch0 = 0;
+    const unsigned scopy = sbase;
+#line 262 "templates/gemm_sm80.lua"
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KTILES)
+            load_stage(scopy, s * STAGE_BYTES, ga, a_rows, gb, b_rows, r0, ch0, s * BK);
+        moe_cp_async_commit();
+    }
+
+    unsigned af[MI][4], bf[NI][2];
+    moe_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (active) {
+        load_a(af, a_lane);
+        load_b(bf, b_lane);
+    }
+
+    unsigned rd = 0;  /* smem offset of the stage being read (k tile kt) */
+    for (int kt = 0; kt < KTILES; ++kt) {
+        if (kt + STAGES - 1 < KTILES)
+            load_stage(scopy, rd == 0 ? (STAGES - 1) * STAGE_BYTES : rd - STAGE_BYTES, ga, a_rows, gb, b_rows, r0,
+                       ch0, (kt + STAGES - 1) * BK);
+        moe_cp_async_commit();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (ks == KSTEPS - 1) {
+                moe_cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                rd = rd == (STAGES - 1) * STAGE_BYTES ? 0 : rd + STAGE_BYTES;
+            }
+            /* the last step fetches step 0 of k tile kt + 1 (after the last
+             * tile, a harmless read of a stale stage) */
+            const unsigned next = ks < KSTEPS - 1 ? rd + (ks + 1) * 32 : rd;
+            if (active)
+                mma_step(acc, af, bf, a_lane + next, b_lane + next);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* Copy the staged output tile (BM x BNO halves at smem sc, row stride LDC)
+ * to out (row 0, column 0 of the tile; row stride NOUT) in 16-byte pieces:
+ * rows < rows, columns < cols. */
+static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out, unsigned sc, int rows, int cols) {
+    constexpr int OCPR = BNO / 8;
+    constexpr int CHUNKS = BM * OCPR;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / OCPR, ch = idx % OCPR;
+        if ((CHUNKS % THREADS == 0 || idx < CHUNKS) && r < rows && (!OUT_TAIL || ch * 8 < cols))
+            copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
+    }
+}
+#line 15 "templates/gemm_down.lua"
+}  // namespace deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8_impl
+
+extern "C" __global__ void __launch_bounds__(384)
+deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8(const moe_half_t *__restrict__ hbuf, const moe_half_t *__restrict__ w2, const moe_half_t *__restrict__ b2,
+            const moe_tile_t *__restrict__ tiles, const int *__restrict__ num_tiles, moe_half_t *__restrict__ obuf) {
+    moe_pdl_begin();
+    using namespace deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8_impl;
+#line 325 "templates/gemm_sm80.lua"
+    extern __shared__ __align__(16) unsigned char deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8_smem[];
+    int mt, nt;
+    tile_coords(mt, nt);
+    if (mt >= *num_tiles)
+        return;
+    const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;
+    if (rows <= 0)
+        return;
+    const int n0 = nt * BN;
+    const unsigned sbase = moe_smem_addr(deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8_smem);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, t = lane & 3;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][ni][j] = 0.0f;
+    mainloop(acc, sbase, hbuf + (long long)row_start * K, rows,
+             w2 + (long long)expert * ((long long)N * K) + (long long)n0 * K, N - n0, wm * WTM < rows);
+#line 24 "templates/gemm_down.lua"
+    (void)b2;
+#line 26 "templates/gemm_down.lua"
+
+    /* Epilogue: fragment (mi, ni) holds rows r, r + 8 and columns oc, oc + 1. */
+#line 31 "templates/gemm_down.lua"
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        const int oc = wn * WTN + ni * 8 + 2 * t;
+#line 42 "templates/gemm_down.lua"
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + mi * 16 + g + 8 * h;
+#line 50 "templates/gemm_down.lua"
+                const unsigned v = moe_pack2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+#line 53 "templates/gemm_down.lua"
+                st_shared_u32(sbase + (r * LDC + oc) * 2, v);
+#line 58 "templates/gemm_down.lua"
+            }
+    }
+#line 61 "templates/gemm_down.lua"
+    __syncthreads();
+    store_staged(obuf + ((long long)row_start * NOUT + n0), sbase, rows, NOUT - n0);
+#line 64 "templates/gemm_down.lua"
 }
 
 #line 974 "templates/gemm_sm90.lua"
@@ -5506,20 +7488,24 @@ __device__ int deepseek_v3_ep8_slot_table[32] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1
  * so a CUDA graph captured at T replays T's variant. */
 static int deepseek_v3_ep8_variant(int tokens) {
 #line 73 "templates/host.lua"
-    if (tokens >= 4096) return 4;
+    if (tokens >= 4096) return 6;
 #line 73 "templates/host.lua"
-    if (tokens >= 512) return 3;
+    if (tokens >= 768) return 5;
 #line 73 "templates/host.lua"
-    if (tokens >= 8) return 2;
+    if (tokens >= 512) return 4;
 #line 73 "templates/host.lua"
-    if (tokens >= 4) return 1;
+    if (tokens >= 8) return 3;
+#line 73 "templates/host.lua"
+    if (tokens >= 4) return 2;
+#line 73 "templates/host.lua"
+    if (tokens >= 2) return 1;
 #line 75 "templates/host.lua"
     return 0;
 }
 
 /* The row block (GEMM bm) of each variant, and the M tiles of a call. */
 #line 81 "templates/host.lua"
-static const int deepseek_v3_ep8_variant_align[5] = {64, 64, 64, 128, 64};
+static const int deepseek_v3_ep8_variant_align[7] = {64, 64, 64, 64, 192, 128, 64};
 
 static long long deepseek_v3_ep8_max_tiles(int tokens, int v) {
     return moe_max_tiles(tokens, 8, 32, deepseek_v3_ep8_variant_align[v]);
@@ -5617,6 +7603,8 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_route_bf16_e32k8_t32k128s5, cudaFuncAttributeMaxDynamicSharedMemorySize, 87040)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2, cudaFuncAttributeMaxDynamicSharedMemorySize, 66560)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 61440)) != cudaSuccess) return e;
@@ -5626,6 +7614,14 @@ static cudaError_t deepseek_v3_ep8_device_init(deepseek_v3_ep8_device_t *d, int 
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 198720)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 191552)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 216128)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 102400)) != cudaSuccess) return e;
+#line 198 "templates/host.lua"
+    if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8, cudaFuncAttributeMaxDynamicSharedMemorySize, 102400)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
     if ((e = cudaFuncSetAttribute(deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m128n256k64s3c2g8_gx, cudaFuncAttributeMaxDynamicSharedMemorySize, 182320)) != cudaSuccess) return e;
 #line 198 "templates/host.lua"
@@ -5735,11 +7731,11 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 319 "templates/host.lua"
     moe_half_t *xs = (moe_half_t *)(ws + 1611008);
 #line 319 "templates/host.lua"
-    moe_half_t *hbuf = (moe_half_t *)(ws + 1938920704);
+    moe_half_t *hbuf = (moe_half_t *)(ws + 1968280832);
 #line 319 "templates/host.lua"
-    float *route_part = (float *)(ws + 2492437760);
+    float *route_part = (float *)(ws + 2530186496);
 #line 319 "templates/host.lua"
-    int *src_of = (int *)(ws + 2492962048);
+    int *src_of = (int *)(ws + 2530710784);
 #line 325 "templates/host.lua"
     const int v = deepseek_v3_ep8_variant(T);
     const long long tiles_y = deepseek_v3_ep8_max_tiles(T, v);
@@ -5769,9 +7765,15 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 3)
-        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 350 "templates/host.lua"
     else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 4)
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a192, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 350 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 5)
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a128, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
+#line 350 "templates/host.lua"
+    else if (fz.mode < MOE_ROUTE_FUSE_PLAN && v == 6)
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_permute_plan_e32_a64, dim3(1), 1024, 0, stream, counts, (const int *)dev->slot_of, offsets, cursor, tiles, num_tiles);
 #line 357 "templates/host.lua"
     /* the sm_90a TMA up GEMMs gather their rows from x (docs/DESIGN.md, "The gathered up GEMM"): then the scatter
@@ -5780,7 +7782,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     int *gsrc = (int *)0;
     (void)src_of;
 #line 370 "templates/host.lua"
-    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 2 || v == 3 || v == 4) &&
+    if (fz.mode < MOE_ROUTE_FUSE_SCATTER && dev->use90 && dev->gather && (v == 3 || v == 4 || v == 5 || v == 6) &&
         (dev->gather == 1 || moe_gather_tokens(T, 8, 32, 2048)))
         gsrc = src_of;
 #line 374 "templates/host.lua"
@@ -5792,7 +7794,25 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
     (void)cfuse, (void)chained;
 #line 470 "templates/host.lua"
-    if (v == 0) { /* calls of 1 .. 3 tokens */
+    if (v == 0) { /* calls of 1 .. 1 tokens */
+#line 426 "templates/host.lua"
+        if (dev->use90) {
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_gemv_m64n8u2, dim3(512, (unsigned)tiles_y), 256, 66560, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 410 "templates/host.lua"
+        combined = cfuse;
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_gemv_m64n8u2, dim3(896, (unsigned)tiles_y), 256, 33792, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs, row_of, topk_w, T, cfuse ? (moe_half_t *)a->y : (moe_half_t *)0, counts + 98);
+#line 449 "templates/host.lua"
+        } else {
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 456 "templates/host.lua"
+        }
+#line 470 "templates/host.lua"
+    } else if (v == 1) { /* calls of 2 .. 3 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 419 "templates/host.lua"
@@ -5810,7 +7830,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 1) { /* calls of 4 .. 7 tokens */
+    } else if (v == 2) { /* calls of 4 .. 7 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 419 "templates/host.lua"
@@ -5828,7 +7848,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 2) { /* calls of 8 .. 511 tokens */
+    } else if (v == 3) { /* calls of 8 .. 511 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"
@@ -5854,7 +7874,33 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 3) { /* calls of 512 .. 4095 tokens */
+    } else if (v == 4) { /* calls of 512 .. 767 tokens */
+#line 426 "templates/host.lua"
+        if (dev->use90) {
+#line 431 "templates/host.lua"
+        moe_tmap_t ma, mb;
+#line 385 "templates/host.lua"
+        if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, xs, tiles_y * 192, 7168, 192)) != cudaSuccess ||
+            (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w1p, 131072LL, 7168, 128)) != cudaSuccess)
+            return e;
+#line 399 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_sm90a_tma_persist_m192n128k64s4c3g8_gx, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 32, 1, 0, dev->sms)), 512, 191552, stream, ma, mb, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf, (const moe_half_t *)a->x, (const int *)gsrc);
+#line 385 "templates/host.lua"
+        if ((e = deepseek_v3_ep8_tmap(dev->encode, &ma, hbuf, tiles_y * 192, 2048, 192)) != cudaSuccess ||
+            (e = deepseek_v3_ep8_tmap(dev->encode, &mb, a->w2, 229376LL, 2048, 128)) != cudaSuccess)
+            return e;
+#line 399 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_sm90a_tma_persist_m192n128k64s4c3g8, dim3(moe_sm90_ctas((unsigned long long)tiles_y * 56, 1, 0, dev->sms)), 512, 216128, stream, ma, mb, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 449 "templates/host.lua"
+        } else {
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_up_swiglu_bf16_m192n128k32s4w3x4g8, dim3(32, (unsigned)tiles_y), 384, 102400, stream, xs, (const moe_half_t *)a->w1p, (const moe_half_t *)a->b1p, tiles, num_tiles, hbuf);
+#line 419 "templates/host.lua"
+        deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8, dim3(56, (unsigned)tiles_y), 384, 102400, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
+#line 456 "templates/host.lua"
+        }
+#line 470 "templates/host.lua"
+    } else if (v == 5) { /* calls of 768 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"
@@ -5880,7 +7926,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
 #line 456 "templates/host.lua"
         }
 #line 470 "templates/host.lua"
-    } else if (v == 4) { /* calls of 4096 or more tokens */
+    } else if (v == 6) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
 #line 431 "templates/host.lua"

@@ -20,7 +20,7 @@
 #define deepseek_v3_ep8_MAX_TOKENS 16384
 #define deepseek_v3_ep8_DTYPE "bf16"
 #define deepseek_v3_ep8_PAIR_GRANULE 8
-#define deepseek_v3_ep8_WORKSPACE_BYTES 2493502720ULL /* at deepseek_v3_ep8_MAX_TOKENS */
+#define deepseek_v3_ep8_WORKSPACE_BYTES 2531259648ULL /* at deepseek_v3_ep8_MAX_TOKENS */
 
 /* Tensors (row-major; half = bf16 bits in unsigned short):
  *   x            half  [tokens, H], 16-byte aligned (as y)
