@@ -62,13 +62,16 @@ int moe_gemm_sm90_tile_check(const moe_tile_cfg_t *t, char *err, size_t errlen) 
     const char *why = NULL;
     if (t->bm != 64 && t->bm != 128 && t->bm != 192 && t->bm != 256)
         why = "bm must be 64, 128, 192 or 256";
-    else if (!t->pingpong && t->consumers != t->bm / 64)
-        why = "consumers must be bm / 64";
+    else if (!t->pingpong && t->consumers != t->bm / 64 && !(t->bm == 256 && t->consumers == 2))
+        why = "consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)";
     else if (t->pingpong && t->bm > 128)
         why = "pingpong: bm must be 64 or 128 (one warpgroup holds a whole tile)";
-    else if (t->bm > 128 && t->bn > (t->bm == 192 ? 128 : 64))
-        why = t->bm == 192 ? "bm 192 (three consumer warpgroups, 512 threads: at most 128 registers) takes bn 64 or 128"
-                           : "bm 256 (four consumer warpgroups, 640 threads: at most 96 registers) takes bn 64";
+    else if (t->bm > 128 && t->bn > (t->bm == 192 || t->consumers == 2 ? 128 : 64))
+        why = t->bm == 192         ? "bm 192 (three consumer warpgroups, 512 threads: at most 128 registers) takes bn 64 "
+                                     "or 128"
+              : t->consumers == 2 ? "bm 256 on two consumer warpgroups (two m64 blocks each, 384 threads: at most 168 "
+                                    "registers) takes bn 64 or 128"
+                                  : "bm 256 (four consumer warpgroups, 640 threads: at most 96 registers) takes bn 64";
     else if (t->pingpong && (t->consumers != 2 || !t->persistent))
         why = "pingpong: consumers must be 2 (the warpgroups taking alternate tiles), on a persistent grid";
     else if (t->bk != 64)

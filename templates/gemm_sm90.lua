@@ -169,6 +169,7 @@
 @     need(c.bm % 64 == 0, "bm must be a multiple of 64 (m64 wgmma blocks)")
 @   else
 @     need(c.bm % (64 * c.consumers) == 0, "bm must be a multiple of 64 * consumers (m64 wgmma blocks per consumer)")
+@     need(c.bm // c.consumers <= 128, "at most two m64 blocks a consumer warpgroup")
 @   end
 @   need(c.bm <= 256, "bm must be at most 256 (one TMA box of rows)")
 @   need(c.bn % 8 == 0 and c.bn <= 256, "bn must be a multiple of 8, at most 256 (one wgmma n, one TMA box)")
@@ -756,6 +757,13 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase${c.gather and ", bool gathered" or ""}) {
     const unsigned long long da0 = sdesc(sbase);
+@ elseif c.wm > 1 then
+/* Two m64 blocks a consumer warpgroup (bm 256 on two consumers): the
+ * first ACT are computed, as on the ping-pong (a compile-time count) */
+template <int ACT>
+static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
+                                               unsigned &phase${c.gather and ", bool gathered" or ""}) {
+    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
 @ else
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase${c.gather and ", bool gathered" or ""}) {
@@ -774,7 +782,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-            for (int m = 0; m < ${c.pingpong and "ACT" or "WM"}; ++m)
+            for (int m = 0; m < ${(c.pingpong or c.wm > 1) and "ACT" or "WM"}; ++m)
                 wgmma(acc[m], da0 + so + (unsigned)(((ks / 4) * (BM * 128) + m * (64 * 128) + (ks % 4) * 32) >> 4),
                       db0 + so + (unsigned)((${c.b_koff}) >> 4));
         wgmma_commit();
@@ -1087,10 +1095,21 @@ ${ARCH_GUARD}
                 skip_tile(sbase, s, phase);
             }
 @   else
+@     if c.wm > 1 then
+            if (cw < n_active) {
+                if (rows - cw * WG_ROWS > 64)
+                    consume<2>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
+                else  /* the warpgroup's first m64 block alone has rows */
+                    consume<1>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
+            } else {
+                skip_tile(sbase, s, phase);
+            }
+@     else
             if (cw < n_active)
                 consume(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
             else
                 skip_tile(sbase, s, phase);
+@     end
 @   end
 @   if c.splitk > 0 then
             if (!splitk_reduce(acc, splitk_part, splitk_tickets, lin, ct, rows))

@@ -213,6 +213,31 @@ int main(void) {
         moe_tuning_free(&t);
     }
 
+    CASE("bm 256 on two consumer warpgroups: planned (384 threads, setmaxnreg), each warpgroup's second m64 block "
+         "computed only when it has rows (consume<2> / consume<1>)");
+    {
+        CHECKF(parse(&t, "8 2 4096 12288 bf16 sm_90a 1 256 128 64 4 2 8 tile  1 2 2026-12-06 NVIDIA H200\n", &d) == 0,
+               "%s", d.msg);
+        CHECK(plan_of(&pd, mixtral, &t) == 0);
+        const moe_kernel_desc_t *down = &moe_plan_kernels(&pd, MOE_ARCH_SM90A)[MOE_K_GEMM_DOWN];
+        CHECKF(pd.align == 256 && down->threads == 384 && down->tile.consumers == 2 &&
+               strcmp(down->name, "mx_gemm_down_bf16_sm90a_tma_m256n128k64s4c2g8") == 0, "%s", down->name);
+        moe_buf_t src = {0};
+        moe_diag_t ed = {{0}};
+        CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
+        char *k = src.data ? strstr(src.data, "\nmx_gemm_down_bf16_sm90a_tma_m256n128k64s4c2g8(") : NULL;
+        char *end = k ? strstr(k, "\n}\n") : NULL;
+        CHECK(k && end);
+        if (k && end) {
+            *end = 0;
+            CHECK(strstr(k, "consume<2>(") && strstr(k, "consume<1>(") && strstr(k, "rows - cw * WG_ROWS > 64") &&
+                  strstr(k, "setmaxnreg.inc"));
+            *end = '\n';
+        }
+        moe_buf_free(&src);
+        moe_tuning_free(&t);
+    }
+
     CASE("splitkS: parsed, planned per GEMM (min(S, k tiles); off for training and EP), named, its workspace");
     {
         /* Qwen3-30B-A3B's shape: up K = 2048 (32 k tiles), down K = 768 (12) */
@@ -682,13 +707,16 @@ int main(void) {
         for (int bm = 64; bm <= 256; bm += 64)
             for (int bn = 64; bn <= 256; bn += 64)
                 for (int stages = 2; stages <= 8; stages += 3)
-                    for (int grid = 0; grid < 4; grid++) { /* tile, persist, pingpong, splitk3 */
+                    for (int grid = 0; grid < 6; grid++) { /* tile, persist, pingpong, splitk3; bm 256 on two
+                                                              * consumers: tile, persist */
+                        if (grid >= 4 && bm != 256)
+                            continue;
                         moe_tuning_entry_t e = {.experts = 8, .top_k = 2, .hidden = 264, .ffn = 200,
                                                 .dtype = MOE_DTYPE_BF16, .arch = MOE_ARCH_SM90A, .tokens = 1,
                                                 .bm = bm, .bn = bn, .bk = 64, .stages = stages,
-                                                .consumers = grid == 2 ? 2 : bm / 64, .group_m = 8,
-                                                .persistent = grid == 1 || grid == 2, .pingpong = grid == 2,
-                                                .splitk = grid == 3 ? 3 : 0};
+                                                .consumers = grid == 2 || grid >= 4 ? 2 : bm / 64, .group_m = 8,
+                                                .persistent = grid == 1 || grid == 2 || grid == 5,
+                                                .pingpong = grid == 2, .splitk = grid == 3 ? 3 : 0};
                         const moe_tile_cfg_t c = {.bm = bm, .bn = bn, .bk = 64, .stages = stages,
                                                   .consumers = e.consumers, .group_m = 8, .persistent = e.persistent,
                                                   .pingpong = e.pingpong, .splitk = e.splitk};
@@ -704,7 +732,8 @@ int main(void) {
                         if (!bad)
                             bad = moe_emit_source(&pd, NULL, &src, &ed);
                         CHECKF(!bad, "m%dn%ds%d %s: %s", bm, bn, stages,
-                               (const char *[]){"tile", "persist", "pingpong", "splitk3"}[grid], ed.msg);
+                               (const char *[]){"tile", "persist", "pingpong", "splitk3", "tile c2", "persist c2"}[grid],
+                               ed.msg);
                         moe_buf_free(&src);
                     }
         CHECKF(accepted >= 20, "only %d tiles accepted", accepted);
@@ -1034,12 +1063,17 @@ int main(void) {
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 64 256 64 5 2 4 pingpong 1 2 2026-12-02 H200\n",
                  "t.tune:1: error: stages must be >= 2 and fit 227 KB of shared memory with the two staging tiles");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 128 256 64 4 1 4 tile 1 2 2026-12-02 H200\n",
-                 "t.tune:1: error: consumers must be bm / 64");
+                 "t.tune:1: error: consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)");
     /* row blocks of 192 and 256: bm / 64 consumers, bn within their register cap, never the ping-pong */
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 320 64 64 4 5 4 tile 1 2 2026-12-06 H200\n",
                  "t.tune:1: error: bm must be 64, 128, 192 or 256");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 192 128 64 4 2 4 tile 1 2 2026-12-06 H200\n",
-                 "t.tune:1: error: consumers must be bm / 64");
+                 "t.tune:1: error: consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 256 256 64 3 2 4 tile 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: bm 256 on two consumer warpgroups (two m64 blocks each, 384 threads: at most 168 "
+                 "registers) takes bn 64 or 128");
+    expect_error("8 2 4096 12288 bf16 sm_90a 1024 256 128 64 4 3 4 tile 1 2 2026-12-06 H200\n",
+                 "t.tune:1: error: consumers must be bm / 64 (or 2 with bm 256: two m64 blocks each)");
     expect_error("8 2 4096 12288 bf16 sm_90a 1024 192 256 64 3 3 4 tile 1 2 2026-12-06 H200\n",
                  "t.tune:1: error: bm 192 (three consumer warpgroups, 512 threads: at most 128 registers) takes bn "
                  "64 or 128");
