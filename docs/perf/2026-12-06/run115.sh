@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Run 115 (written in the nineteenth session, NOT run: its device time was spent). Build the binaries at the commit
+# this script came with (`make gpu-build`; strip moegen, moe_bench, tests/test_gpu, tests/test_bwd_gpu into
+# build/r115) and carry ["build/r115"]. Checks what runs 112-114 left unchecked, then times bm 256 on two consumers:
+#  1. test_gpu under the shipped table (Mixtral, the EP8 rank at <= 1024 tokens: the 192 x 128 persist entries at
+#     512-767 against the reference);
+#  2. test_gpu under tests/tune/rowblock.tune (256 x 128 on two consumers: clamp, wide, the EP8 rank, gpt-oss-120b);
+#  3. test_bwd_gpu train_softmax (its row-block case: the dgrads on 256-row blocks);
+#  4. the layer at 768, 1024, 1536 tokens (Mixtral, the EP8 rank) and 4096 (Qwen3) under the shipped table and
+#     tables putting the 768 (Qwen3: 4096) bucket on 256 x 128 c2 tile / persist, interleaved twice.
+set -u
+mkdir -p "$OUT/w" build
+export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
+. bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
+B=build/r115
+cp $B/moegen build/moegen
+timeout 120 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
+echo "test_gpu shipped: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+MOEGEN_TUNING=tests/tune/rowblock.tune timeout 120 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
+    deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
+echo "test_gpu rowblock: exit $? ($SECONDS s), $(grep -c m256n128 "$OUT/w/test_gpu_rowblock.log") lines naming m256n128" \
+    >> "$OUT/w/rc.txt"
+timeout 90 stdbuf -oL -eL $B/test_bwd_gpu train_softmax > "$OUT/w/test_bwd_gpu.log" 2>&1
+echo "test_bwd_gpu train_softmax: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+python3 - <<'PY'
+rep = {("8 2 4096 14336", "768"), ("32 8 7168 2048", "768"), ("128 8 2048 768", "4096")}
+tiles = {"c2t": "256 128 64 4 2 8 tile", "c2p": "256 128 64 3 2 8 persist"}
+src = open("tuning/h200.tune").read().splitlines()
+for name, tile in tiles.items():
+    out = []
+    for l in src:
+        f = l.split()
+        if not l.startswith("#") and len(f) > 14 and f[4] == "bf16" and (" ".join(f[:4]), f[6]) in rep:
+            l = " ".join(f[:7]) + "  " + tile + "  " + " ".join(f[14:])
+        out.append(l)
+    open("/tmp/%s.tune" % name, "w").write("\n".join(out) + "\n")
+PY
+for s in mixtral-8x7b deepseek-v3-ep8 qwen3-30b-a3b; do
+    case $s in qwen3*) T="--tokens 4096" ;; *) T="--tokens 768 --tokens 1024 --tokens 1536" ;; esac
+    for b in shipped c2t c2p shipped c2t c2p; do
+        if [ $b = shipped ]; then unset MOEGEN_TUNING; else export MOEGEN_TUNING=/tmp/$b.tune; fi
+        echo "== $s $b" >> "$OUT/w/bench.log"
+        timeout 40 $B/moe_bench examples/specs/$s.moe --graph $T --iters 20 >> "$OUT/w/bench.log" 2>&1
+        echo "$s $b: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+    done
+done
+unset MOEGEN_TUNING
+cat "$OUT/w/rc.txt"
+for f in "$OUT"/w/test_*.log; do echo "$f: $(grep -hE "^test_[a-z_]*: [0-9]+ passed" "$f" | tail -1) $(tail -1 "$f")"; grep -h -m3 FAIL "$f"; done
+python3 docs/perf/2026-12-06/ab.py "$OUT/w/bench.log" "LAYER graph" gemm_up_swiglu gemm_down
+python3 docs/perf/2026-12-06/xfloor.py "$OUT/w/bench.log"
