@@ -3,7 +3,7 @@
  * one KEY=VALUE override per line (at most FUZZ_MAX_OVR). The first byte's
  * bit 0 is fuzz_spec's read mode (clear: as text, set: from a file) and
  * bits 1-4 the tuning table the spec is planned under: 0 the embedded one,
- * 1-12 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to them;
+ * 1-13 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to them;
  * 13-15 the embedded one too), so the variant, split-K, gemv, gemv4, stream, chain
  * and fp8 planning paths (fp8's tile, persistent and gemv grids) are
  * reached too. */
@@ -75,11 +75,11 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
     in->buf = NULL;
 }
 
-/* Table i (0: the embedded one; 1-12 tests/tune's, loaded once); a table that
+/* Table i (0: the embedded one; 1-13 tests/tune's, loaded once); a table that
  * does not load falls back to the embedded one, said once on stderr. */
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
     static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
-                                        "gemv8", "stream", "chain", "gemv4"};
+                                        "gemv8", "stream", "chain", "gemv4", "rowblock"};
     enum { N = sizeof names / sizeof *names };
     static moe_tuning_t tables[N];
     static int ok[N], loaded;
