@@ -240,7 +240,8 @@
 @   c.out_tail = c.nout % c.bno ~= 0
 @   -- registers: the launch cap, then the producer gives all but PRODUCER_REGS to the consumers
 @   if c.consumers >= 2 then
-@     c.consumer_regs = math.min(240, ((c.reg_cap * p.threads - 128 * PRODUCER_REGS) // (128 * c.consumers)) // 8 * 8)
+@     c.producer_regs = (c.gather and c.bm >= 256) and 88 or PRODUCER_REGS  -- 16 gathered rows a thread: 72 spill
+@     c.consumer_regs = math.min(240, ((c.reg_cap * p.threads - 128 * c.producer_regs) // (128 * c.consumers)) // 8 * 8)
 @     if c.consumer_regs <= c.reg_cap then c.consumer_regs = nil end  -- 4 consumers (640 threads): none to move
 @   end
 @   return c
@@ -1011,7 +1012,7 @@ ${ARCH_GUARD}
     __syncthreads();
     if (wg == 0) {
 @   if c.consumer_regs then
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 ${c.producer_regs};\n" ::: "memory");
 @   end
 @   if c.gather then
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
@@ -1568,7 +1569,7 @@ ${ARCH_GUARD}
     unsigned phase = 0;
     if (wg == 0) {
 @   if c.consumer_regs then
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 ${PRODUCER_REGS};\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 ${c.producer_regs};\n" ::: "memory");
 @   end
         if (tid == 0)
             for (int lin = (int)blockIdx.x; lin < total; lin += (int)gridDim.x) {
