@@ -487,7 +487,7 @@ fuzz: fuzz-build
 	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
 	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
 	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
-	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7 8 9 10 11; do \
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7 8 9 10 11 12 13; do \
 	    { printf "\\$$(printf %o $$((2 * i)))"; cat $$f; } > $(BUILD)/fuzz/spec_corpus/tune$${i}_$$(basename $$f); done; done
 	@cp $(BUILD)/fuzz/spec_corpus/t_* $(BUILD)/fuzz/spec_corpus/tune* $(BUILD)/fuzz/emit_corpus/
 	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/
