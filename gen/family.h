@@ -232,6 +232,9 @@ void moe_family_grid(const moe_kernel_desc_t *k, const moe_spec_t *s, int tokens
  * block, the cp.async pipeline's shared memory. The forward's GEMMs and
  * the backward's U GEMM (family_bwd.c) share it. */
 int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen);
+/* The sm_80 mma.sync tile of a bm-row block (64: 2 x 2 warps; 128, 192, 256: bm / 64 x 4 warps of 64 x 32),
+ * 128 x 32 x 4 stages; the forward GEMMs' and the backward GEMMs' alike. */
+moe_tile_cfg_t moe_gemm_sm80_tile(int bm);
 
 /* Dynamic shared memory of an sm_90a GEMM (templates/gemm_sm90.lua) with
  * tile t and out_cols output columns per tile (bn / 2 for the up

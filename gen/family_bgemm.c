@@ -32,17 +32,11 @@ void moe_bgemm_mn(moe_kfamily_t f, long long hidden, long long ffn, long long *M
     }
 }
 
-/* 128 x 128 x 32 tiles, 4 stages, 8 warps (2 x 4) for a 128-row block; the
- * dgrads' bm follows the plan's row block (64: 2 x 2 warps) */
+/* the forward's sm_80 tile (moe_gemm_sm80_tile): the wgrads' of a 128-row
+ * block, the dgrads' of the plan's row block */
 static int geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    const int bm = is_wgrad(k->family) ? 128 : c->align;
-    if (bm >= 128) /* 128, or a tuned sm_90a tile's 192 or 256: warps of 64 x 32 */
-        k->tile = (moe_tile_cfg_t){.bm = bm, .bn = 128, .bk = 32, .stages = 4, .warps_m = bm / 64, .warps_n = 4,
-                                   .group_m = 8};
-    else
-        k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
-                                   .group_m = 8};
+    k->tile = moe_gemm_sm80_tile(is_wgrad(k->family) ? 128 : c->align);
     k->threads = 32 * k->tile.warps_m * k->tile.warps_n;
     k->smem = moe_bgemm_smem(&k->tile, is_wgrad(k->family));
     return 0;

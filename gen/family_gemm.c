@@ -117,15 +117,17 @@ static int out_cols(const moe_kernel_desc_t *k) {
 
 /* ---- sm_80: mma.sync + cp.async ----------------------------------------- */
 
+moe_tile_cfg_t moe_gemm_sm80_tile(int bm) {
+    if (bm >= 128) /* 128, or a tuned sm_90a tile's 192 or 256: warps of 64 x 32 */
+        return (moe_tile_cfg_t){.bm = bm, .bn = 128, .bk = 32, .stages = 4, .warps_m = bm / 64, .warps_n = 4,
+                                .group_m = 8};
+    return (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2, .group_m = 8};
+}
+
 /* a configuration that keeps the mma.sync pipeline fed; bm is the plan's */
 int moe_gemm_sm80_geometry(moe_kernel_desc_t *k, const moe_family_ctx_t *c, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    if (c->align >= 128) /* 128, or a tuned sm_90a tile's 192 or 256: warps of 64 x 32 */
-        k->tile = (moe_tile_cfg_t){.bm = c->align, .bn = 128, .bk = 32, .stages = 4, .warps_m = c->align / 64,
-                                   .warps_n = 4, .group_m = 8};
-    else
-        k->tile = (moe_tile_cfg_t){.bm = 64, .bn = 128, .bk = 32, .stages = 4, .warps_m = 2, .warps_n = 2,
-                                   .group_m = 8};
+    k->tile = moe_gemm_sm80_tile(c->align);
     k->threads = 32 * k->tile.warps_m * k->tile.warps_n;
     /* rows padded by 8 elements against bank conflicts */
     k->smem = k->tile.stages * (k->tile.bm + k->tile.bn) * (k->tile.bk + 8) * 2;

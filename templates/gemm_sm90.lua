@@ -758,14 +758,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase${c.gather and ", bool gathered" or ""}) {
     const unsigned long long da0 = sdesc(sbase);
-@ elseif c.wm > 1 then
+@ else
+@   if c.wm > 1 then
 /* Two m64 blocks a consumer warpgroup (bm 256 on two consumers): the
  * first ACT are computed, as on the ping-pong (a compile-time count) */
 template <int ACT>
-static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
-                                               unsigned &phase${c.gather and ", bool gathered" or ""}) {
-    const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-@ else
+@   end
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase${c.gather and ", bool gathered" or ""}) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
@@ -1096,20 +1094,16 @@ ${ARCH_GUARD}
                 skip_tile(sbase, s, phase);
             }
 @   else
+            if (cw >= n_active)
+                skip_tile(sbase, s, phase);
 @     if c.wm > 1 then
-            if (cw < n_active) {
-                if (rows - cw * WG_ROWS > 64)
-                    consume<2>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
-                else  /* the warpgroup's first m64 block alone has rows */
-                    consume<1>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
-            } else {
-                skip_tile(sbase, s, phase);
-            }
+            else if (rows - cw * WG_ROWS > 64)
+                consume<2>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
+            else  /* the warpgroup's first m64 block alone has rows */
+                consume<1>(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
 @     else
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
             else
-                skip_tile(sbase, s, phase);
+                consume(acc, sbase, cw, s, phase${c.gather and ", src_of != nullptr" or ""});
 @     end
 @   end
 @   if c.splitk > 0 then

@@ -38,6 +38,18 @@ static int parse(moe_tuning_t *t, const char *text, moe_diag_t *d) {
     return moe_tuning_parse(t, "t.tune", text, strlen(text), d);
 }
 
+/* Whether the body of kernel `name` in src (from "\nNAME(" to its closing "\n}\n") holds text: 1 or 0; -1 when
+ * the kernel is not in src. */
+static int kernel_has(const char *src, const char *name, const char *text) {
+    char head[256];
+    snprintf(head, sizeof head, "\n%s(", name);
+    const char *k = src ? strstr(src, head) : NULL, *end = k ? strstr(k, "\n}\n") : NULL;
+    if (!end)
+        return -1;
+    const char *hit = strstr(k, text);
+    return hit && hit < end;
+}
+
 static void expect_error(const char *text, const char *msg) {
     moe_tuning_t t;
     moe_diag_t d = {{0}};
@@ -194,20 +206,10 @@ int main(void) {
             moe_buf_t src = {0};
             moe_diag_t ed = {{0}};
             CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
-            if (src.data) {
-                CHECK(strstr(src.data, i ? "_sm90a_tma_persist_m256n64k64s4c4g8" : "_sm90a_tma_m192n128k64s4c3g8"));
-                /* three consumers take registers from the producer; four have none to take */
-                char *k = strstr(src.data, i ? "\nmx_gemm_down_bf16_sm90a_tma_persist_m256n64k64s4c4g8("
-                                             : "\nmx_gemm_down_bf16_sm90a_tma_m192n128k64s4c3g8(");
-                char *end = k ? strstr(k, "\n}\n") : NULL;
-                if (k && end) {
-                    *end = 0;
-                    CHECKF((strstr(k, "setmaxnreg") != NULL) == (i == 0), "bm %d: setmaxnreg %s", bm,
-                           strstr(k, "setmaxnreg") ? "present" : "absent");
-                    *end = '\n';
-                }
-                CHECK(k && end);
-            }
+            /* three consumers take registers from the producer; four have none to take */
+            const int has = kernel_has(src.data, i ? "mx_gemm_down_bf16_sm90a_tma_persist_m256n64k64s4c4g8"
+                                                   : "mx_gemm_down_bf16_sm90a_tma_m192n128k64s4c3g8", "setmaxnreg");
+            CHECKF(has == (i == 0), "bm %d: setmaxnreg %s", bm, has < 0 ? "(no kernel)" : has ? "present" : "absent");
             moe_buf_free(&src);
         }
         moe_tuning_free(&t);
@@ -225,24 +227,17 @@ int main(void) {
         moe_buf_t src = {0};
         moe_diag_t ed = {{0}};
         CHECKF(moe_emit_source(&pd, NULL, &src, &ed) == 0, "%s", ed.msg);
-        char *k = src.data ? strstr(src.data, "\nmx_gemm_down_bf16_sm90a_tma_m256n128k64s4c2g8(") : NULL;
-        char *end = k ? strstr(k, "\n}\n") : NULL;
-        CHECK(k && end);
-        if (k && end) {
-            *end = 0;
-            CHECK(strstr(k, "consume<2>(") && strstr(k, "consume<1>(") && strstr(k, "rows - cw * WG_ROWS > 64") &&
-                  strstr(k, "setmaxnreg.dec.sync.aligned.u32 72;") && strstr(k, "setmaxnreg.inc.sync.aligned.u32 216;"));
-            *end = '\n';
-        }
+        static const char *const down_has[] = {"consume<2>(", "consume<1>(", "rows - cw * WG_ROWS > 64",
+                                               "setmaxnreg.dec.sync.aligned.u32 72;",
+                                               "setmaxnreg.inc.sync.aligned.u32 216;"};
+        for (int i = 0; i < 5; i++)
+            CHECKF(kernel_has(src.data, "mx_gemm_down_bf16_sm90a_tma_m256n128k64s4c2g8", down_has[i]) == 1,
+                   "down: no %s", down_has[i]);
         /* the gathered up GEMM's producer keeps 88 registers (16 rows a thread; at 72 ptxas spilled) */
-        k = src.data ? strstr(src.data, "\nmx_gemm_up_swiglu_bf16_sm90a_tma_m256n128k64s4c2g8_gx(") : NULL;
-        end = k ? strstr(k, "\n}\n") : NULL;
-        CHECK(k && end);
-        if (k && end) {
-            *end = 0;
-            CHECK(strstr(k, "setmaxnreg.dec.sync.aligned.u32 88;") && strstr(k, "setmaxnreg.inc.sync.aligned.u32 208;"));
-            *end = '\n';
-        }
+        CHECK(kernel_has(src.data, "mx_gemm_up_swiglu_bf16_sm90a_tma_m256n128k64s4c2g8_gx",
+                         "setmaxnreg.dec.sync.aligned.u32 88;") == 1 &&
+              kernel_has(src.data, "mx_gemm_up_swiglu_bf16_sm90a_tma_m256n128k64s4c2g8_gx",
+                         "setmaxnreg.inc.sync.aligned.u32 208;") == 1);
         moe_buf_free(&src);
         moe_tuning_free(&t);
     }

@@ -933,7 +933,7 @@ deepseek_v4_combine_bf16_h4096k7(const moe_half_t *__restrict__ obuf, const int 
     }
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -1247,19 +1247,19 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 778 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1278,7 +1278,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1324,7 +1324,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -1e+01f), 1e+01f);
     return up * gate * moe_sigmoid(gate);
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx_impl
 #endif
 
@@ -1352,22 +1352,22 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 1018 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1378,36 +1378,37 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase, src_of != nullptr);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1262 "templates/gemm_sm90.lua"
+#line 1256 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1269 "templates/gemm_sm90.lua"
+#line 1263 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1284 "templates/gemm_sm90.lua"
+#line 1278 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1416,41 +1417,41 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n256k64s4c1g8_gx(const __grid_const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1299 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -1697,16 +1698,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1725,7 +1726,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1763,7 +1764,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8_impl
 #endif
 
@@ -1791,20 +1792,20 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 1023 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1815,34 +1816,35 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1321 "templates/gemm_sm90.lua"
+#line 1315 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1326 "templates/gemm_sm90.lua"
+#line 1320 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1346 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1852,28 +1854,28 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n256k64s4c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3433,7 +3435,7 @@ deepseek_v4_gemm_down_bf16_sm90a_gemv_m64n32u4(const moe_half_t *__restrict__ hb
 #line 828 "templates/gemm_gemv.lua"
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -3715,19 +3717,19 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 778 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3746,7 +3748,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3792,7 +3794,7 @@ static __device__ __forceinline__ float swiglu(float gate, float up) {
     up = fminf(fmaxf(up, -1e+01f), 1e+01f);
     return up * gate * moe_sigmoid(gate);
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl
 #endif
 
@@ -3820,22 +3822,22 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
     }
     __syncthreads();
     if (wg == 0) {
-#line 1018 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3846,36 +3848,37 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase, src_of != nullptr);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1262 "templates/gemm_sm90.lua"
+#line 1256 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1269 "templates/gemm_sm90.lua"
+#line 1263 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1284 "templates/gemm_sm90.lua"
+#line 1278 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3884,41 +3887,41 @@ deepseek_v4_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_const
                                 const float o0 = swiglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = swiglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1299 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -4133,16 +4136,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4161,7 +4164,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4199,7 +4202,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -4227,20 +4230,20 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
     }
     __syncthreads();
     if (wg == 0) {
-#line 1023 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4251,34 +4254,35 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1321 "templates/gemm_sm90.lua"
+#line 1315 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1326 "templates/gemm_sm90.lua"
+#line 1320 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1346 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4288,28 +4292,28 @@ deepseek_v4_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__ mo
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif

@@ -934,7 +934,7 @@ gemma4_26b_a4b_combine_bf16_h2816k8(const moe_half_t *__restrict__ obuf, const i
     }
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -1282,15 +1282,15 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase);
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 778 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1309,9 +1309,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 800 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1359,7 +1359,7 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx_impl
 #endif
 
@@ -1387,27 +1387,27 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const 
     }
     __syncthreads();
     if (wg == 0) {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1013 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1018 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1028 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 912 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 918 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 919 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 923 "templates/gemm_sm90.lua"
+#line 921 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1432,22 +1432,22 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const 
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 953 "templates/gemm_sm90.lua"
+#line 951 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase, src_of != nullptr);
-#line 960 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1262 "templates/gemm_sm90.lua"
+#line 1256 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1269 "templates/gemm_sm90.lua"
+#line 1263 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1284 "templates/gemm_sm90.lua"
+#line 1278 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1456,44 +1456,44 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_gx(const 
                                 const float o0 = geglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = geglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1299 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
                             }
                     }
-#line 965 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 971 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -1774,12 +1774,12 @@ template <int ACT>
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase);
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -1798,9 +1798,9 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 800 "templates/gemm_sm90.lua"
+#line 798 "templates/gemm_sm90.lua"
     order_arrive(cw);
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -1838,7 +1838,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8_impl
 #endif
 
@@ -1866,25 +1866,25 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_c
     }
     __syncthreads();
     if (wg == 0) {
-#line 1015 "templates/gemm_sm90.lua"
+#line 1013 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-#line 1023 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1028 "templates/gemm_sm90.lua"
+#line 1026 "templates/gemm_sm90.lua"
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#line 912 "templates/gemm_sm90.lua"
+#line 910 "templates/gemm_sm90.lua"
         /* tile jt (counting this CTA's tiles with rows) is warpgroup jt % 2's */
         const int cw = wg - 1, ct = tid & 127, w = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF + (unsigned)cw * EPI_BYTES;
-#line 918 "templates/gemm_sm90.lua"
+#line 916 "templates/gemm_sm90.lua"
         int s = 0, jt = 0;
         unsigned phase = 0;
-#line 921 "templates/gemm_sm90.lua"
+#line 919 "templates/gemm_sm90.lua"
         (void)b2;
-#line 923 "templates/gemm_sm90.lua"
+#line 921 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -1909,20 +1909,20 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_c
             for (int m = 0; m < WM; ++m)
                 fence_acc(acc[m]);  /* the zeros are written before the main loop's wgmma.fence */
             /* consume arrives for the other warpgroup once its main loop is issued */
-#line 953 "templates/gemm_sm90.lua"
+#line 951 "templates/gemm_sm90.lua"
             consume<1>(acc, sbase, cw, s, phase);
-#line 960 "templates/gemm_sm90.lua"
+#line 958 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 wg_sync(cw);  /* this warpgroup's staging tile: its last pass (or tile) is stored */
                 {
-#line 1321 "templates/gemm_sm90.lua"
+#line 1315 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1326 "templates/gemm_sm90.lua"
+#line 1320 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1346 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -1932,31 +1932,31 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_pingpong_m64n256k64s4c2g8(const __grid_c
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 965 "templates/gemm_sm90.lua"
+#line 963 "templates/gemm_sm90.lua"
                 }
                 wg_sync(cw);
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 971 "templates/gemm_sm90.lua"
+#line 969 "templates/gemm_sm90.lua"
         }
         /* the arrival after the CTA's last tile (jt - 1) is for warpgroup jt % 2 */
         if (jt > 0 && (jt & 1) == cw)
             order_wait(cw);
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
@@ -3502,7 +3502,7 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_gemv3_m64n32u2(const moe_half_t *__restrict_
 #line 828 "templates/gemm_gemv.lua"
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -3784,19 +3784,19 @@ static __device__ __forceinline__ void produce_gather(unsigned sbase, const moe_
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase, bool gathered) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 778 "templates/gemm_sm90.lua"
+#line 776 "templates/gemm_sm90.lua"
         if (gathered)  /* A came by cp.async (generic proxy); wgmma reads by the async proxy */
             fence_proxy_async();
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -3815,7 +3815,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -3863,7 +3863,7 @@ static __device__ __forceinline__ float geglu(float gate, float up) {
     const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
     return up * (gate * moe_sigmoid(2.0f * inner));
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx_impl
 #endif
 
@@ -3891,22 +3891,22 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_co
     }
     __syncthreads();
     if (wg == 0) {
-#line 1018 "templates/gemm_sm90.lua"
+#line 1016 "templates/gemm_sm90.lua"
         if (src_of)  /* the rows gathered from x (the call's scatter wrote only the maps) */
             produce_gather(sbase, &w1p_map, tiles, mtiles, gx, src_of, tid);
         else if (tid == 0)
             produce(sbase, &xs_map, &w1p_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b1p;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -3917,36 +3917,37 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_co
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase, src_of != nullptr);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase, src_of != nullptr);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1262 "templates/gemm_sm90.lua"
+#line 1256 "templates/gemm_sm90.lua"
                     /* Packed column 16j + r is gate (r < 8) or up (r >= 8) of output
                      * column 8j + r % 8: accumulator block 2j (registers 8j..8j+3) is
                      * gate and 2j + 1 (8j+4..8j+7) up; registers 2h, 2h + 1 of a block
                      * are row 16w + g + 8h, columns 2q, 2q + 1. */
-#line 1269 "templates/gemm_sm90.lua"
+#line 1263 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1284 "templates/gemm_sm90.lua"
+#line 1278 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -3955,41 +3956,41 @@ gemma4_26b_a4b_gemm_up_swiglu_bf16_sm90a_tma_m64n128k64s6c1g8_gx(const __grid_co
                                 const float o0 = geglu(acc[m][8 * j + 2 * h], acc[m][8 * j + 4 + 2 * h]);
                                 const float o1 = geglu(acc[m][8 * j + 2 * h + 1], acc[m][8 * j + 5 + 2 * h]);
                                 st_shared_u32(sst + (r * LDC + 8 * j - pass * EPI_COLS + 2 * q) * 2, moe_pack2(o0, o1));
-#line 1299 "templates/gemm_sm90.lua"
+#line 1293 "templates/gemm_sm90.lua"
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(hbuf + ((long long)row_start * NOUT + n0 / 2 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 / 2 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)xs_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w1p_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b1p;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)gx;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)src_of;
     __trap();
 #endif
 }
 
-#line 983 "templates/gemm_sm90.lua"
+#line 981 "templates/gemm_sm90.lua"
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl {
 #line 266 "templates/gemm_sm90.lua"
@@ -4204,16 +4205,16 @@ static __device__ __forceinline__ void produce(unsigned sbase, const moe_tmap_t 
  * waits for tile kt + 1; a stage is released once the wgmma that read it
  * retired (wait_group 1 after the next commit; the last one after
  * wait_group 0), so the producer refills it during the epilogue. */
-#line 769 "templates/gemm_sm90.lua"
+#line 767 "templates/gemm_sm90.lua"
 static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned sbase, int cw, int &s,
                                                unsigned &phase) {
     const unsigned long long da0 = sdesc(sbase + (unsigned)cw * (WG_ROWS * 128));
-#line 773 "templates/gemm_sm90.lua"
+#line 771 "templates/gemm_sm90.lua"
     const unsigned long long db0 = sdesc(sbase + A_BYTES);
     int prev = 0;
     for (int kt = 0; kt < KTILES; ++kt) {
         bar_wait(sbase + BAR_OFF + s * 8, phase);
-#line 781 "templates/gemm_sm90.lua"
+#line 779 "templates/gemm_sm90.lua"
         wgmma_fence();
         const unsigned long long so = (unsigned long long)(s * (STAGE_BYTES >> 4));
 #pragma unroll
@@ -4232,7 +4233,7 @@ static __device__ __forceinline__ void consume(float (&acc)[WM][NACC], unsigned 
             phase ^= 1;
         }
     }
-#line 802 "templates/gemm_sm90.lua"
+#line 800 "templates/gemm_sm90.lua"
     wgmma_wait<0>();
     bar_arrive(sbase + BAR_OFF + (STAGES + prev) * 8);
 #pragma unroll
@@ -4270,7 +4271,7 @@ static __device__ __forceinline__ void store_staged(moe_half_t *__restrict__ out
             copy16_s2g(out + ((long long)r * NOUT + ch * 8), sc + (r * LDC + ch * 8) * 2);
     }
 }
-#line 987 "templates/gemm_sm90.lua"
+#line 985 "templates/gemm_sm90.lua"
 }  // namespace gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8_impl
 #endif
 
@@ -4298,20 +4299,20 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__
     }
     __syncthreads();
     if (wg == 0) {
-#line 1023 "templates/gemm_sm90.lua"
+#line 1021 "templates/gemm_sm90.lua"
         if (tid == 0)
             produce(sbase, &hbuf_map, &w2_map, tiles, mtiles);
-#line 1026 "templates/gemm_sm90.lua"
+#line 1024 "templates/gemm_sm90.lua"
     } else {
-#line 1033 "templates/gemm_sm90.lua"
+#line 1031 "templates/gemm_sm90.lua"
         const int ct = tid - 128, cw = wg - 1, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2, q = lane & 3;
         const unsigned sst = sbase + EPI_OFF;
-#line 1038 "templates/gemm_sm90.lua"
+#line 1036 "templates/gemm_sm90.lua"
         int s = 0;
         unsigned phase = 0;
-#line 1041 "templates/gemm_sm90.lua"
+#line 1039 "templates/gemm_sm90.lua"
         (void)b2;
-#line 1043 "templates/gemm_sm90.lua"
+#line 1041 "templates/gemm_sm90.lua"
         for (int lin = (int)blockIdx.x; lin < mtiles * NTILES; lin += (int)gridDim.x) {
             int mt, nt;
             tile_of(lin, mtiles, NTILES, mt, nt);
@@ -4322,34 +4323,35 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__
             (void)expert;
             /* consumer warpgroups with rows of the tile; the others only release the stages */
             const int n_active = ((rows < BM ? rows : BM) + WG_ROWS - 1) / WG_ROWS;
-#line 1056 "templates/gemm_sm90.lua"
+#line 1054 "templates/gemm_sm90.lua"
             float acc[WM][NACC];
 #pragma unroll
             for (int m = 0; m < WM; ++m)
 #pragma unroll
                 for (int i = 0; i < NACC; ++i)
                     acc[m][i] = 0.0f;
-#line 1109 "templates/gemm_sm90.lua"
-            if (cw < n_active)
-                consume(acc, sbase, cw, s, phase);
-            else
+#line 1097 "templates/gemm_sm90.lua"
+            if (cw >= n_active)
                 skip_tile(sbase, s, phase);
-#line 1120 "templates/gemm_sm90.lua"
+#line 1105 "templates/gemm_sm90.lua"
+            else
+                consume(acc, sbase, cw, s, phase);
+#line 1114 "templates/gemm_sm90.lua"
             /* the output is staged in the ring: order this warpgroup's wgmma
              * reads of it (async proxy) before the stores below */
             fence_proxy_async();
-#line 1129 "templates/gemm_sm90.lua"
+#line 1123 "templates/gemm_sm90.lua"
 #pragma unroll
             for (int pass = 0; pass < BNO / EPI_COLS; ++pass) {
                 consumers_sync();  /* the staging tile's last pass (or tile) is stored, every wgmma retired */
                 if (cw < n_active) {
-#line 1321 "templates/gemm_sm90.lua"
+#line 1315 "templates/gemm_sm90.lua"
                     /* Accumulator block j (registers 4j..4j+3): rows 16w + g + 8h,
                      * columns 8j + 2q, 8j + 2q + 1. */
-#line 1326 "templates/gemm_sm90.lua"
+#line 1320 "templates/gemm_sm90.lua"
 #pragma unroll
                     for (int j = pass * (EPI_COLS / 8); j < (pass + 1) * (EPI_COLS / 8); ++j) {
-#line 1346 "templates/gemm_sm90.lua"
+#line 1340 "templates/gemm_sm90.lua"
 #pragma unroll
                         for (int m = 0; m < WM; ++m)
 #pragma unroll
@@ -4359,28 +4361,28 @@ gemma4_26b_a4b_gemm_down_bf16_sm90a_tma_m64n128k64s6c1g8(const __grid_constant__
                                               moe_pack2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
                             }
                     }
-#line 1134 "templates/gemm_sm90.lua"
+#line 1128 "templates/gemm_sm90.lua"
                 }
                 consumers_sync();
                 store_staged(obuf + ((long long)row_start * NOUT + n0 + pass * EPI_COLS), sst, rows,
                              NOUT - n0 - pass * EPI_COLS, ct);
             }
-#line 1140 "templates/gemm_sm90.lua"
+#line 1134 "templates/gemm_sm90.lua"
         }
-#line 1142 "templates/gemm_sm90.lua"
+#line 1136 "templates/gemm_sm90.lua"
     }
 #else
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)hbuf_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)w2_map;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)b2;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)tiles;
-#line 1145 "templates/gemm_sm90.lua"
+#line 1139 "templates/gemm_sm90.lua"
     (void)num_tiles;
-#line 1147 "templates/gemm_sm90.lua"
+#line 1141 "templates/gemm_sm90.lua"
     (void)obuf;
     __trap();
 #endif
