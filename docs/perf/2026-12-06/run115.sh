@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 115 (written in the nineteenth session, NOT run: its device time was spent). Build the binaries at the commit
+# Run 115 (written in the nineteenth session, run in the twentieth). Build the binaries at the commit
 # this script came with (`make gpu-build`; strip moegen, moe_bench, tests/test_gpu, tests/test_bwd_gpu into
 # build/r115) and carry ["build/r115"]. Checks what runs 112-114 left unchecked, then times bm 256 on two consumers:
 #  1. test_gpu under the shipped table (Mixtral, the EP8 rank at <= 1024 tokens: the 192 x 128 persist entries at
@@ -15,13 +15,13 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 B=build/r115
 cp $B/moegen build/moegen
-timeout 120 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
+timeout 100 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
 echo "test_gpu shipped: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-MOEGEN_TUNING=tests/tune/rowblock.tune timeout 120 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
+MOEGEN_TUNING=tests/tune/rowblock.tune timeout 100 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
     deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
 echo "test_gpu rowblock: exit $? ($SECONDS s), $(grep -c m256n128 "$OUT/w/test_gpu_rowblock.log") lines naming m256n128" \
     >> "$OUT/w/rc.txt"
-timeout 90 stdbuf -oL -eL $B/test_bwd_gpu train_softmax > "$OUT/w/test_bwd_gpu.log" 2>&1
+timeout 70 stdbuf -oL -eL $B/test_bwd_gpu train_softmax > "$OUT/w/test_bwd_gpu.log" 2>&1
 echo "test_bwd_gpu train_softmax: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 python3 - <<'PY'
 rep = {("8 2 4096 14336", "768"), ("32 8 7168 2048", "768"), ("128 8 2048 768", "4096")}
@@ -41,7 +41,7 @@ for s in mixtral-8x7b deepseek-v3-ep8 qwen3-30b-a3b; do
     for b in shipped c2t c2p shipped c2t c2p; do
         if [ $b = shipped ]; then unset MOEGEN_TUNING; else export MOEGEN_TUNING=/tmp/$b.tune; fi
         echo "== $s $b" >> "$OUT/w/bench.log"
-        timeout 40 $B/moe_bench examples/specs/$s.moe --graph $T --iters 20 >> "$OUT/w/bench.log" 2>&1
+        timeout 35 $B/moe_bench examples/specs/$s.moe --graph $T --iters 20 >> "$OUT/w/bench.log" 2>&1
         echo "$s $b: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
     done
 done
