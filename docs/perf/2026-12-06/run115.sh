@@ -15,13 +15,13 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 B=build/r115
 cp $B/moegen build/moegen
-timeout 100 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
+timeout 80 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
 echo "test_gpu shipped: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-MOEGEN_TUNING=tests/tune/rowblock.tune timeout 100 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
+MOEGEN_TUNING=tests/tune/rowblock.tune timeout 80 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
     deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
 echo "test_gpu rowblock: exit $? ($SECONDS s), $(grep -c m256n128 "$OUT/w/test_gpu_rowblock.log") lines naming m256n128" \
     >> "$OUT/w/rc.txt"
-timeout 70 stdbuf -oL -eL $B/test_bwd_gpu train_softmax > "$OUT/w/test_bwd_gpu.log" 2>&1
+timeout 50 stdbuf -oL -eL $B/test_bwd_gpu train_softmax > "$OUT/w/test_bwd_gpu.log" 2>&1
 echo "test_bwd_gpu train_softmax: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 python3 - <<'PY'
 rep = {("8 2 4096 14336", "768"), ("32 8 7168 2048", "768"), ("128 8 2048 768", "4096")}
