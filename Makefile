@@ -482,12 +482,14 @@ $(BUILD)/fuzz/fuzz_emit: tests/fuzz/fuzz_emit.c tests/fuzz/fuzz_input.h $(FUZZ_E
 	@mkdir -p $(BUILD)/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Igen -I$(LUA_INC) -DFUZZ_TUNE_DIR='"$(CURDIR)/tests/tune"' $< $(FUZZ_EMIT_GEN) $(FUZZ_EMBED) \
 	  $(LUA_LIB) $(JANSSON_LIB) -lm -ldl -o $@
+# the tuning tables the fuzzers plan under (tests/fuzz/fuzz_input.h holds the count)
+FUZZ_TABLES = $(shell sed -n 's/^#define FUZZ_TABLES \([0-9]*\)$$/\1/p' tests/fuzz/fuzz_input.h)
 fuzz: fuzz-build
 	@mkdir -p $(BUILD)/fuzz/spec_corpus $(BUILD)/fuzz/emit_corpus $(BUILD)/fuzz/tuning_corpus
 	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe tests/specs/bad/*.moe; do \
 	    { printf '\000'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/t_$$(basename $$f); \
 	    { printf '\001'; cat $$f; } > $(BUILD)/fuzz/spec_corpus/f_$$(basename $$f); done
-	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in 1 2 3 4 5 6 7 8 9 10 11 12 13; do \
+	@for f in examples/specs/*.moe examples/specs/fp8/*.moe tests/specs/*.moe; do for i in $$(seq 1 $(FUZZ_TABLES)); do \
 	    { printf "\\$$(printf %o $$((2 * i)))"; cat $$f; } > $(BUILD)/fuzz/spec_corpus/tune$${i}_$$(basename $$f); done; done
 	@cp $(BUILD)/fuzz/spec_corpus/t_* $(BUILD)/fuzz/spec_corpus/tune* $(BUILD)/fuzz/emit_corpus/
 	@cp tuning/*.tune tests/tune/*.tune $(BUILD)/fuzz/tuning_corpus/

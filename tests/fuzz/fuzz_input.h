@@ -75,12 +75,16 @@ static inline void fuzz_input_free(fuzz_input_t *in) {
     in->buf = NULL;
 }
 
-/* Table i (0: the embedded one; 1-13 tests/tune's, loaded once); a table that
- * does not load falls back to the embedded one, said once on stderr. */
+/* Table i (0: the embedded one; 1..FUZZ_TABLES tests/tune's, loaded once); a
+ * table that does not load falls back to the embedded one, said once on
+ * stderr. The Makefile's fuzz target reads FUZZ_TABLES from this line to seed
+ * a corpus entry per table, so the count has one home: here. */
+#define FUZZ_TABLES 13
 static inline const moe_tuning_t *fuzz_tuning_of(int i) {
     static const char *const names[] = {"fp8", "gemv", "persist", "pingpong", "splitk", "tile", "variants", "fp8p",
                                         "gemv8", "stream", "chain", "gemv4", "rowblock"};
     enum { N = sizeof names / sizeof *names };
+    _Static_assert(N == FUZZ_TABLES, "FUZZ_TABLES counts the names");
     static moe_tuning_t tables[N];
     static int ok[N], loaded;
     if (!loaded) {
