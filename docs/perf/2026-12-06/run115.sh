@@ -16,9 +16,9 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 B=build/r115
 cp $B/moegen build/moegen
-timeout 80 stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
+timeout $((BUDGET * 3 / 10)) stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
 echo "test_gpu shipped: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-MOEGEN_TUNING=tests/tune/rowblock.tune timeout 80 stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
+MOEGEN_TUNING=tests/tune/rowblock.tune timeout $((BUDGET * 3 / 10)) stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
     deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
 echo "test_gpu rowblock: exit $? ($SECONDS s), $(grep -c m256n128 "$OUT/w/test_gpu_rowblock.log") lines naming m256n128" \
     >> "$OUT/w/rc.txt"
