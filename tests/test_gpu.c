@@ -47,12 +47,18 @@
  * permute_plan and permute_scatter checks above check whichever kernel
  * wrote the plan and the rows.
  *
- * Usage: test_gpu [--family LIST] [--cudnn] [--tokens-max N] [SPEC-FILTER...]
+ * Usage: test_gpu [--family LIST] [--cudnn] [--tokens-max N] [--tokens-min N] [SPEC-FILTER...]
  *   --family LIST  only these families' checks (comma-separated; a prefix
  *                  names several: "permute", "gemm"); the forward runs whole
  *   --cudnn        only the cuDNN cases (below)
  *   --tokens-max N only the calls of at most N tokens of each case (e.g. 64:
  *                  every case's fused-route calls, moe_plan_route_fuse)
+ *   --tokens-min N only the calls of at least N tokens (with --tokens-max: a
+ *                  band of call sizes, e.g. one tuning bucket's variant)
+ * Besides its listed calls, each case runs one call at the bucket of every
+ * GEMM variant of its plan that none of them runs (the shipped table's
+ * entries for an example spec, MOEGEN_TUNING's otherwise; not where cuDNN
+ * takes a stage: that plan runs the capacity's variant at every size).
  *   SPEC-FILTER    only the cases whose spec (path or text) contains it; the
  *                  cuDNN cases run when no filter is given
  *   e.g. build/tests/test_gpu --family gemm_up examples/
@@ -741,6 +747,7 @@ static const char *const family_names[FAM_COUNT] = {"route", "permute_plan", "pe
                                                     "gemm_down", "combine", "layer", "swiglu", "pack"};
 static unsigned families_on = (1u << FAM_COUNT) - 1;
 static int tokens_max = 0; /* --tokens-max: 0 = every call */
+static int tokens_min = 0; /* --tokens-min: 0 = every call */
 
 static int family_on(int f) { return (families_on >> f) & 1u; }
 
@@ -1846,13 +1853,27 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
             CASE(label);
         }
         uint64_t rng = seed ^ 0x5eed;
-        for (int i = 0; i < c->ntokens; i++) {
-            if (tokens_max > 0 && c->tokens[i] > tokens_max)
+        /* the case's calls, then one call at each GEMM variant's bucket that none of them runs (the
+         * variants of the table in use: an example spec's shipped entries, or MOEGEN_TUNING's), so every
+         * variant a plan holds is checked against the reference */
+        int calls[8 + MOE_PLAN_MAX_VARIANTS], ncalls = 0;
+        for (int i = 0; i < c->ntokens; i++)
+            calls[ncalls++] = c->tokens[i];
+        for (int v = 1, nv = moe_plan_variant_count(plan); v < nv && !moe_cudnn_workspace(plan->cudnn); v++) {
+            int b = 0, hit = 0;
+            moe_plan_variant(plan, v, &b, NULL, NULL, NULL);
+            for (int i = 0; i < c->ntokens; i++)
+                hit |= moe_plan_variant_for(plan, c->tokens[i]) == v;
+            if (!hit && b >= 1 && b <= L.s.tokens && ncalls < (int)(sizeof calls / sizeof *calls))
+                calls[ncalls++] = b;
+        }
+        for (int i = 0; i < ncalls; i++) {
+            if ((tokens_max > 0 && calls[i] > tokens_max) || calls[i] < tokens_min)
                 continue;
             char l2[200];
-            snprintf(l2, sizeof l2, "%s/T%d", label, c->tokens[i]);
+            snprintf(l2, sizeof l2, "%s/T%d%s", label, calls[i], i < c->ntokens ? "" : " (a bucket's variant)");
             CASE(l2);
-            run_tokens(plan, &L, c->tokens[i], &rng, l2, c->graph);
+            run_tokens(plan, &L, calls[i], &rng, l2, c->graph);
         }
         /* capacity: one token more than the spec allows is refused */
         const moe_spec_t *s = &L.s;
@@ -1909,7 +1930,7 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
 }
 
 int main(int argc, char **argv) {
-    /* arguments: --cudnn, --family LIST, --tokens-max N, and spec filters (only the cases
+    /* arguments: --cudnn, --family LIST, --tokens-max N, --tokens-min N, and spec filters (only the cases
      * whose spec contains one of them) */
     int only_cudnn = 0, nfilter = 0;
     const char *filter[32];
@@ -1924,6 +1945,8 @@ int main(int argc, char **argv) {
             list = argv[i] + 9;
         else if (strcmp(argv[i], "--tokens-max") == 0 && i + 1 < argc)
             tokens_max = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--tokens-min") == 0 && i + 1 < argc)
+            tokens_min = atoi(argv[++i]);
         else if (nfilter < 32)
             filter[nfilter++] = argv[i];
         if (list && !select_families(list, &chosen)) {

@@ -2,8 +2,8 @@
 # Run 115 (written in the nineteenth session, run in the twentieth). Build the binaries at the commit
 # this script came with (`make gpu-build`; strip moegen, moe_bench, tests/test_gpu, tests/test_bwd_gpu into
 # build/r115) and carry ["build/r115"]. Checks what runs 112-114 left unchecked, then times bm 256 on two consumers:
-#  1. test_gpu under the shipped table (Mixtral, the EP8 rank at <= 1024 tokens: the 192 x 128 persist entries at
-#     512-767 against the reference);
+#  1. test_gpu under the shipped table (Mixtral, the EP8 rank at 512..1024 tokens: the 192 x 128 persist entries at
+#     512-767 against the reference, through the bucket sweep test_gpu gained in the twentieth session);
 #  2. test_gpu under tests/tune/rowblock.tune (256 x 128 on two consumers: clamp, wide, the EP8 rank, gpt-oss-120b);
 #  3. the layer at 768, 1024, 1536 tokens (Mixtral, the EP8 rank) and 4096 (Qwen3) under the shipped table and
 #     tables putting the 768 (Qwen3: 4096) bucket on 256 x 128 c2 tile / persist, interleaved twice;
@@ -16,7 +16,7 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 B=build/r115
 cp $B/moegen build/moegen
-timeout $((BUDGET * 3 / 10)) stdbuf -oL -eL $B/test_gpu --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
+timeout $((BUDGET * 3 / 10)) stdbuf -oL -eL $B/test_gpu --tokens-min 512 --tokens-max 1024 mixtral deepseek-v3-ep8 > "$OUT/w/test_gpu_shipped.log" 2>&1
 echo "test_gpu shipped: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 MOEGEN_TUNING=tests/tune/rowblock.tune timeout $((BUDGET * 3 / 10)) stdbuf -oL -eL $B/test_gpu --tokens-max 2048 clamp wide \
     deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
