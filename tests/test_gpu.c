@@ -55,13 +55,13 @@
  *                  every case's fused-route calls, moe_plan_route_fuse)
  *   --tokens-min N only the calls of at least N tokens (with --tokens-max: a
  *                  band of call sizes, e.g. one tuning bucket's variant)
+ *   SPEC-FILTER    only the cases whose spec (path or text) contains it; the
+ *                  cuDNN cases run when no filter is given
+ *   e.g. build/tests/test_gpu --family gemm_up examples/
  * Besides its listed calls, each case runs one call at the bucket of every
  * GEMM variant of its plan that none of them runs (the shipped table's
  * entries for an example spec, MOEGEN_TUNING's otherwise; not where cuDNN
  * takes a stage: that plan runs the capacity's variant at every size).
- *   SPEC-FILTER    only the cases whose spec (path or text) contains it; the
- *                  cuDNN cases run when no filter is given
- *   e.g. build/tests/test_gpu --family gemm_up examples/
  * Tolerance: normalized L2 error <= 1.5e-2 for bf16, 4e-3 for fp16. */
 #define _GNU_SOURCE
 #include "check.h"
@@ -1859,7 +1859,8 @@ static void run_case(const gpu_case_t *c, uint64_t seed, const char *cache) {
         int calls[8 + MOE_PLAN_MAX_VARIANTS], ncalls = 0;
         for (int i = 0; i < c->ntokens; i++)
             calls[ncalls++] = c->tokens[i];
-        for (int v = 1, nv = moe_plan_variant_count(plan); v < nv && !moe_cudnn_workspace(plan->cudnn); v++) {
+        const int nv = moe_cudnn_workspace(plan->cudnn) ? 0 : moe_plan_variant_count(plan);
+        for (int v = 1; v < nv; v++) {
             int b = 0, hit = 0;
             moe_plan_variant(plan, v, &b, NULL, NULL, NULL);
             for (int i = 0; i < c->ntokens; i++)

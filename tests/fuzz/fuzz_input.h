@@ -3,10 +3,10 @@
  * one KEY=VALUE override per line (at most FUZZ_MAX_OVR). The first byte's
  * bit 0 is fuzz_spec's read mode (clear: as text, set: from a file) and
  * bits 1-4 the tuning table the spec is planned under: 0 the embedded one,
- * 1-13 tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to them;
- * 13-15 the embedded one too), so the variant, split-K, gemv, gemv4, stream, chain
- * and fp8 planning paths (fp8's tile, persistent and gemv grids) are
- * reached too. */
+ * 1..FUZZ_TABLES tests/tune's tables (FUZZ_TUNE_DIR, the Makefile's path to
+ * them; the values above it the embedded one too), so the variant, split-K,
+ * gemv, gemv4, stream, chain, row-block and fp8 planning paths (fp8's tile,
+ * persistent and gemv grids) are reached too. */
 #ifndef MOEGEN_FUZZ_INPUT_H
 #define MOEGEN_FUZZ_INPUT_H
 

@@ -22,19 +22,10 @@ MOEGEN_TUNING=tests/tune/rowblock.tune timeout $((BUDGET * 3 / 10)) stdbuf -oL -
     deepseek-v3-ep8 gpt-oss-120b > "$OUT/w/test_gpu_rowblock.log" 2>&1
 echo "test_gpu rowblock: exit $? ($SECONDS s), $(grep -c m256n128 "$OUT/w/test_gpu_rowblock.log") lines naming m256n128" \
     >> "$OUT/w/rc.txt"
-python3 - <<'PY'
-rep = {("8 2 4096 14336", "768"), ("32 8 7168 2048", "768"), ("128 8 2048 768", "4096")}
-tiles = {"c2t": "256 128 64 4 2 8 tile", "c2p": "256 128 64 3 2 8 persist"}
-src = open("tuning/h200.tune").read().splitlines()
-for name, tile in tiles.items():
-    out = []
-    for l in src:
-        f = l.split()
-        if not l.startswith("#") and len(f) > 14 and f[4] == "bf16" and (" ".join(f[:4]), f[6]) in rep:
-            l = " ".join(f[:7]) + "  " + tile + "  " + " ".join(f[14:])
-        out.append(l)
-    open("/tmp/%s.tune" % name, "w").write("\n".join(out) + "\n")
-PY
+python3 docs/perf/2026-12-06/retile.py /tmp/c2t.tune "256 128 64 4 2 8 tile" "8 2 4096 14336:768" "32 8 7168 2048:768" \
+    "128 8 2048 768:4096"
+python3 docs/perf/2026-12-06/retile.py /tmp/c2p.tune "256 128 64 3 2 8 persist" "8 2 4096 14336:768" \
+    "32 8 7168 2048:768" "128 8 2048 768:4096"
 for s in mixtral-8x7b deepseek-v3-ep8 qwen3-30b-a3b; do
     case $s in qwen3*) T="--tokens 4096" ;; *) T="--tokens 768 --tokens 1024 --tokens 1536" ;; esac
     for b in shipped c2t c2p shipped c2t c2p; do
