@@ -327,10 +327,17 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                        "#define %s_ZERO_EXPERTS %d\n#define %s_SCORED %d\n\n",
                        s->zero_experts, n, moe_spec_scored(s), s->experts, n, s->zero_experts, n, moe_spec_scored(s));
     const char *re = s->zero_experts ? "E + Z" : "E"; /* the router's rows: the scored experts */
+    const int own_width = moe_spec_router_hidden(s) != s->hidden; /* router.hidden: the router's width, HR */
+    if (own_width)
+        moe_buf_printf(b,
+                       "/* The router's width (router.hidden = %d): router_x [tokens, HR] and router_w [%s, HR],\n"
+                       " * HR = %s_ROUTER_HIDDEN; x and y are [tokens, H], the experts' (a latent MoE's latent). */\n"
+                       "#define %s_ROUTER_HIDDEN %d\n\n",
+                       s->router.hidden, re, n, n, s->router.hidden);
     moe_buf_printf(b,
                    "/* Tensors (row-major; half = %s bits in unsigned short):\n"
                    " *   x            half  [tokens, H], 16-byte aligned (as y)\n"
-                   " *   router_w     half  [%s, H]\n"
+                   " *   router_w     half  [%s, %s]\n"
                    " *   router_bias  float [%s]   selection-only bias (router.bias)%s\n"
                    " *   router_logit_bias float [%s]  added to the logits (router.logit_bias)%s\n"
                    " *   w1p          half  [E, 2F, H]  W1 packed: gate/up rows interleaved in blocks of %d;\n"
@@ -340,7 +347,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    " *   b2           half  [E, H]%s\n"
                    " *   y            half  [tokens, H], 16-byte aligned\n"
                    " *   workspace    %s_WORKSPACE_BYTES bytes of device memory, 256-byte aligned\n */\n",
-                   moe_dtype_name(s->dtype), re, re, s->router.bias ? "" : " — unused by this spec", re,
+                   moe_dtype_name(s->dtype), re, own_width ? "HR" : "H", re, s->router.bias ? "" : " — unused by this spec", re,
                    s->router.logit_bias ? "" : " — unused", pd->pair_granule, n, n, s->ffn_bias ? "" : " — unused",
                    s->ffn_bias ? "" : " — unused", n);
     const int fp8 = moe_spec_fp8(s), block = fp8 && s->quant.scaling == MOE_SCALING_BLOCK;
@@ -367,7 +374,9 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    s->router.select == MOE_SELECT_GIVEN ? "    const int *topk_ids;        /* int32 [tokens, K]: the caller's experts */\n" : "",
                    s->router.score == MOE_SCORE_GIVEN ? "    const float *topk_weights;  /* fp32 [tokens, K]: their weights */\n" : "",
                    s->router.input == MOE_ROUTER_INPUT_SEPARATE
-                       ? "    const void *router_x;       /* [tokens, H]: the router's own input (router.input) */\n" : "",
+                       ? (own_width ? "    const void *router_x;       /* [tokens, HR]: the router's own input (router.input) */\n"
+                                    : "    const void *router_x;       /* [tokens, H]: the router's own input (router.input) */\n")
+                       : "",
                    s->router.expert_scale ? "    const float *router_expert_scale; /* fp32 [E]: each expert's weight "
                                             "scale */\n" : "",
                    n);

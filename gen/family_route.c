@@ -115,12 +115,12 @@ static void spell(char *out, size_t n, const moe_family_ctx_t *c, const moe_kern
 }
 
 /* x: blocks of per_block tokens; y: the split of H for few tokens
- * (moe_route_split; the kernel reads gridDim.y), none when the weights are
- * the caller's (router.score = "given": no logits). */
+ * (moe_route_split; the kernel reads gridDim.y; the router's width, router.hidden where it is set), none when
+ * the weights are the caller's (router.score = "given": no logits). */
 static void grid(const moe_spec_t *s, const moe_kernel_desc_t *k, int tokens, long long n, unsigned g[3]) {
     (void)n;
     g[0] = moe_blocks(tokens, k->per_block);
-    g[1] = moe_route_split(tokens, k->per_block, s->router.score == MOE_SCORE_GIVEN ? 0 : s->hidden);
+    g[1] = moe_route_split(tokens, k->per_block, s->router.score == MOE_SCORE_GIVEN ? 0 : moe_spec_router_hidden(s));
 }
 
 /* the tiling, for the template (which checks k->smem against it) */
@@ -136,6 +136,7 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "fuse_ticket", MOE_ROUTE_FUSE_TICKET); /* after the slots' counts (launch_geom.h) */
     moe_lua_set_int(L, "bad_ids", MOE_ROUTE_BAD_IDS);         /* given routing: the dropped ids' count */
     moe_lua_set_int(L, "mma_columns", moe_spec_route_mma_columns(c->spec)); /* x3 with fp32 router weights */
+    moe_lua_set_int(L, "router_hidden", moe_spec_router_hidden(c->spec));   /* the logits' k: router_x's width */
 }
 
 static const moe_family_variant_t variants[] = {

@@ -211,7 +211,7 @@ static void fwd_ws_sizes(const moe_plan_desc_t *pd, int tokens, int full_rows, s
         [MOE_WS_XS] = 2 * (R + zero_rows) * s->hidden, [MOE_WS_HBUF] = (fp8 ? 1 : 2) * R * s->ffn,
         [MOE_WS_ROUTE_PART] = (size_t)moe_route_scratch_bytes(pd->kernels[s->arch[0]][MOE_K_ROUTE].per_block,
                                                               moe_spec_route_mma_columns(s),
-                                                              s->hidden),
+                                                              moe_spec_router_hidden(s)),
         [MOE_WS_XSC] = fp8 ? 4 * (size_t)R * (s->hidden / MOE_FP8_BLOCK) : 0,
         [MOE_WS_HSC] = fp8 ? 4 * (size_t)R * (s->ffn / MOE_FP8_BLOCK) : 0,
         [MOE_WS_SPLITK] = 4 * (size_t)sk_partials,

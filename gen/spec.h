@@ -73,6 +73,8 @@ typedef struct {
     double logit_softcap; /* > 0: each logit (logit_bias included) becomes c·tanh(l / c) before the score
                            * (Laguna's moe_router_logit_softcapping); 0 = off */
     moe_router_input_t input; /* the logits' input: x, or the caller's router_x */
+    int hidden;         /* router.hidden: router_x's width with router.input = "separate" (a latent MoE's
+                         * router reads the model's width, its experts the latent); 0 = the spec's hidden */
     bool expert_scale;  /* the final weights × a per-expert fp32 [E] (router_expert_scale; Gemma 4's
                          * per_expert_scale), after renormalization and scale */
     moe_router_weight_t weight_dtype; /* router_w in the spec's dtype, or fp32 */
@@ -239,6 +241,8 @@ static inline int moe_spec_router_columns(const moe_spec_t *s) {
 }
 /* d router_w's columns in the backward (bwd_dwr): x's H, and with
  * router.logit_bias the ones column that gives d logit_bias. */
+/* The width of what the router's logits read: router.hidden, else hidden */
+static inline int moe_spec_router_hidden(const moe_spec_t *s) { return s->router.hidden ? s->router.hidden : s->hidden; }
 static inline int moe_spec_dwr_columns(const moe_spec_t *s) { return s->hidden + (s->router.logit_bias ? 1 : 0); }
 /* The route kernel's mma columns: the logit columns, three times over with
  * fp32 router weights (each weight the sum of three dtype parts, hi, mid

@@ -490,6 +490,13 @@ static void check_router_extras(moe_spec_ctx_t *c, const moe_spec_t *s) {
     if (own && r->score == MOE_SCORE_GIVEN)
         NAMED_ERROR(c, "router.input", "router.input = \"separate\" with router.score = \"given\": no logits are "
                     "computed, so nothing reads the router's input; leave router.input out");
+    else if (r->hidden && !own)
+        NAMED_ERROR(c, "router.hidden", "router.hidden (%d) is the width of router_x: set router.input = "
+                    "\"separate\" (the router's own input), or leave router.hidden out", r->hidden);
+    else if (r->hidden && r->hidden != s->hidden && s->training)
+        NAMED_ERROR(c, "router.hidden", "training = true with router.hidden (%d) other than hidden (%d) is not "
+                    "supported yet: the backward's router products (d router_x, d router_w) take hidden's width",
+                    r->hidden, s->hidden);
     else if (own && s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID)
         NAMED_ERROR(c, "shared.gate", "shared.gate = \"sigmoid\" with router.input = \"separate\" is not "
                     "supported: the gate is a router logit and would read router_x, not x");

@@ -109,6 +109,12 @@ const moe_key_t moe_spec_keys[] = {
              "`router_x` ([T, `hidden`], `dtype`; Gemma 4's router reads the normalized, scaled residual stream, "
              "its experts another norm of it); not with `router.score = \"given\"` (no logits) or a sigmoid "
              "`shared.gate`; training returns `d_router_x`; README, \"The router's own input\""},
+    {.name = "router.hidden", .type = MOE_KEY_INT, .offset = AT(router.hidden), .optional = true, .lo = 8,
+     .hi = MOE_LIMIT_DIM, .multiple = 8,
+     .help = "the width of `router_x` and `router_w` ([T, this], [E, this]) when it is not `hidden`: a latent MoE "
+             "(Nemotron 3 Super / Ultra's LatentMoE) routes on the model's hidden states and runs its experts on "
+             "their latent projection, so `hidden` is the latent width and this the model's; needs `router.input = "
+             "\"separate\"`; inference only; README, \"The router's own input\""},
     {.name = "router.expert_scale", .type = MOE_KEY_BOOL, .offset = AT(router.expert_scale), .optional = true,
      .help = "the final weights are multiplied by a per-expert fp32 `router_expert_scale` [E], after "
              "renormalization and `router.scale` (Gemma 4's `per_expert_scale`); not with `router.score = "

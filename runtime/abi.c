@@ -185,14 +185,14 @@ moe_status moe_plan_tensor(const moe_plan *p, const char *name, int *rank, int64
         if (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32)
             dt = "fp32";
         if (s->router.score != MOE_SCORE_GIVEN) /* the caller's weights: no router */
-            SHAPE(moe_spec_scored(s), H);
+            SHAPE(moe_spec_scored(s), moe_spec_router_hidden(s)); /* router.hidden's width where it is set */
     } else if (!strcmp(name, "topk_ids") || !strcmp(name, "topk_weights")) { /* given routing */
         dt = name[5] == 'i' ? "int32" : "fp32";
         if (name[5] == 'i' ? s->router.select == MOE_SELECT_GIVEN : s->router.score == MOE_SCORE_GIVEN)
             SHAPE(T, s->top_k);
     } else if (!strcmp(name, "router_x")) { /* router.input = "separate": the logits' own input */
         if (s->router.input == MOE_ROUTER_INPUT_SEPARATE)
-            SHAPE(T, H);
+            SHAPE(T, moe_spec_router_hidden(s));
     } else if (!strcmp(name, "router_expert_scale")) {
         dt = "fp32";
         if (s->router.expert_scale)

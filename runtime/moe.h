@@ -130,7 +130,8 @@ typedef struct moe_plan moe_plan;
  * [tokens, top_k], and router_w may be NULL (no logits). Otherwise both are
  * ignored.
  * With router.input = "separate" (README, "The router's own input") the
- * logits read router_x [tokens, H] (dtype) instead of x; with
+ * logits read router_x [tokens, HR] (dtype) instead of x, HR = router.hidden
+ * where it is set (router_w is then [E, HR]: a latent MoE), else H; with
  * router.expert_scale each routed weight is multiplied by
  * router_expert_scale[e] (fp32 [E]) last. Otherwise both are ignored.
  * With router.weight_dtype = "fp32" router_w is fp32 (README, "fp32 router
@@ -150,7 +151,8 @@ typedef struct {
     const float *w1s, *w2s;       /* spec quant.weights = "fp8_e4m3": the scales of w1p and w2 */
     const int *topk_ids;          /* spec router.select = "given": int32 [tokens, top_k] */
     const float *topk_weights;    /* spec router.score = "given": fp32 [tokens, top_k] */
-    const void *router_x;         /* spec router.input = "separate": [tokens, H], the logits' input */
+    const void *router_x;         /* spec router.input = "separate": [tokens, HR], the logits' input (HR:
+                                   * router.hidden, else H) */
     const float *router_expert_scale; /* spec router.expert_scale: fp32 [E] */
 } moe_forward_args;
 

@@ -83,9 +83,11 @@
 @ -- not emitted: no logits, router_w never read (the grid has no split).
 @ --
 @ -- The router's own input (router.input = "separate", docs/DESIGN.md "The
-@ -- router's own input"): the kernel takes router_x (the dtype, [T, H]) after
+@ -- router's own input"): the kernel takes router_x (the dtype, [T, HR]) after
 @ -- the parameters above, and phase 1 reads it in place of x (the fused
-@ -- scatter still copies x). A per-expert scale (router.expert_scale): it
+@ -- scatter still copies x); HR, the router's width, is router.hidden where
+@ -- it is set (a latent MoE: x is the experts' latent, router_x the model's
+@ -- hidden states, router_w [E, HR]), else H. A per-expert scale (router.expert_scale): it
 @ -- takes expert_scale (fp32 [E]) after that, and each routed entry's final
 @ -- weight (renormalized, scaled) is multiplied by expert_scale[expert].
 @ --
@@ -117,6 +119,7 @@
 @   end
 @   local c = {}
 @   c.E, c.K, c.H = p.E, p.K, p.H
+@   c.HR = p.router_hidden or c.H          -- the logits' k: router_x's width (router.hidden), else H
 @   c.Z = p.spec.zero_experts or 0         -- zero experts: scored as E .. NS-1, no weight slot
 @   c.NS = c.E + c.Z                       -- scored experts
 @   c.T, c.threads = p.per_block, p.threads
@@ -125,6 +128,8 @@
 @   need(c.E >= 1 and c.NS <= 1024, "routing supports 1 to 1024 experts (the zero experts included)")
 @   need(c.K >= 1 and c.K <= 32 and c.K <= c.E, "top_k must be 1..32 and at most experts")
 @   need(c.H >= 8 and c.H % 8 == 0, "hidden must be a multiple of 8")
+@   need(c.HR >= 8 and c.HR % 8 == 0 and (c.HR == c.H or p.spec.router.input == "separate"),
+@        "router.hidden must be a multiple of 8, and other than hidden only with router.input = separate")
 @   c.ptx_type = ({ bf16 = "bf16", fp16 = "f16" })[p.dtype] or error(p.kernel .. ": unknown dtype " .. tostring(p.dtype), 0)
 @   c.NW = c.threads // 32
 @   c.MT = c.T // 16                       -- m16 tiles (all in every warp)
@@ -227,6 +232,11 @@
 @ end
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
+@ if c.HR ~= c.H then
+constexpr int HR = ${c.HR};   // the router's width (router.hidden): router_x [T, HR] and router_w [E, HR]
+@ else
+constexpr int HR = H;         // the router's width: the logits read H columns
+@ end
 @ if c.Z > 0 then
 constexpr int NS = ${c.NS};          // scored experts: E routed, then ${c.Z} zero experts (no weight slot)
 @ end
@@ -245,7 +255,7 @@ constexpr int KSTEPS = BK / 16;      // k16 steps per stage
 constexpr int LDL = ${c.LDL};        // logits smem row stride, floats
 constexpr int LOFF = ${c.loff};      // logits offset in smem, bytes
 constexpr int SMEM = ${c.smem};
-constexpr int NCH = (H + BK - 1) / BK;
+constexpr int NCH = (HR + BK - 1) / BK;
 constexpr int LCOLS = ${c.EL};       // logit columns: the scored experts (and the shared gate)
 constexpr int MC = ${c.MC};          // mma columns: LCOLS${c.fp32w and ", three times: fp32 router weights' hi, mid, lo parts" or ""}
 constexpr int VPL = ${c.VPL};        // experts per lane in the top-k phase
@@ -292,16 +302,16 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             bool ok;
             if (r < T) {
                 const int tok = tok0 + r;
-                ok = tok < tokens && k < H;
-                src = x + (long long)tok * H + k;
+                ok = tok < tokens && k < HR;
+                src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
 @ if c.fp32w then
                 /* fp32 weights: part col / LCOLS of router row col % LCOLS, split here (8 floats -> 8 halves) */
                 uint4 h = make_uint4(0u, 0u, 0u, 0u);
-                if (col < MC && k < H) {
+                if (col < MC && k < HR) {
                     const int part = col / LCOLS;
-                    const float4 *w4 = reinterpret_cast<const float4 *>(wr + (long long)(col % LCOLS) * H + k);
+                    const float4 *w4 = reinterpret_cast<const float4 *>(wr + (long long)(col % LCOLS) * HR + k);
                     const float4 a = __ldg(w4), b = __ldg(w4 + 1);
                     const float w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
                     float p[8];
@@ -316,11 +326,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 *reinterpret_cast<uint4 *>(dst + r * STR + q * 8) = h;
                 continue;
 @ else
-                ok = col < LCOLS && k < H;
+                ok = col < LCOLS && k < HR;
 @   if c.gate then
-                src = (col < E ? wr + (long long)col * H : wg) + k;
+                src = (col < E ? wr + (long long)col * HR : wg) + k;
 @   else
-                src = wr + (long long)col * H + k;
+                src = wr + (long long)col * HR + k;
 @   end
 @ end
             }
@@ -420,7 +430,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 @ else
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
-    /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
+    /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
     const int g = lane >> 2, tq = lane & 3;
     const int wn = warp % WN, wk = warp / WN;
     /* this block's chunks of H: all of them unless the grid splits H */
@@ -460,7 +470,7 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
 #pragma unroll
             for (int kk = 0; kk < KSTEPS / WK; ++kk) {
                 const int ks = kk * WK + wk;   // this warp's k16 step of the stage
-                if (c * BK + ks * 16 < H) {    // warp-uniform: a step wholly past H is zeros
+                if (c * BK + ks * 16 < HR) {   // warp-uniform: a step wholly past HR is zeros
                     unsigned a[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)

@@ -5,7 +5,7 @@
  * emitted source, the namespace's inline-asm mma replaced by the host one)
  * are force-included, and -D gives the shape and name:
  *   RH_ROUTE  the kernel;  RH_GATE  1: it takes shared_gate;  RH_TRAIN  1: it takes logits_out
- *   RH_H  hidden;  RH_NS  router columns (scored experts);  RH_KE  entries per token;
+ *   RH_H  hidden;  RH_HR  the router's width (router.hidden, else hidden);  RH_NS  router columns (scored experts);  RH_KE  entries per token;
  *   RH_SLOTS  weight slots;  RH_PER_BLOCK  tokens per block;  RH_SMEM  its dynamic shared memory;
  *   RH_ALIGN  the plan's row block (the fused permute plan's align);  RH_INPUT  router.apply = "input";
  *   RH_SCATTER  0: the scatter is never fused (fp8 rows, quantized by their own kernel)
@@ -13,9 +13,9 @@
  *   RH_OWN  1: router.input = "separate" (it takes router_x);  RH_ESCALE  1: router.expert_scale (expert_scale)
  *   RH_W32  1: router.weight_dtype = "fp32" (wr is fp32 in IN);  RH_MC  the route's mma columns (its scratch)
  * usage: route_host IN OUT [fused] — IN (written by test_route_host): T, then x
- * [T, H] and wr [NS, H] (dtype bits; RH_W32: fp32), the shared expert's w_gate [H]
+ * [T, H] and wr [NS, HR] (dtype bits; RH_W32: fp32), the shared expert's w_gate [H]
  * (RH_GATE), sel_bias and logit_bias [NS] (fp32), the caller's ids [T, K] (int32, RH_GIVEN) and weights
- * [T, K] (fp32, RH_GIVEN_W), router_x [T, H] (dtype bits, RH_OWN), expert_scale [NS] (fp32, RH_ESCALE); the kernel runs unfused (mode 0), or with "fused" in the mode
+ * [T, K] (fp32, RH_GIVEN_W), router_x [T, HR] (dtype bits, RH_OWN), expert_scale [NS] (fp32, RH_ESCALE); the kernel runs unfused (mode 0), or with "fused" in the mode
  * the runtime picks for T (the permute plan, and the scatter for the
  * fewest tokens, in its last block: checked here, check_fused), on a grid
  * of ceil(T / per_block) x moe_route_split blocks, topk_idx, topk_w and the logits
@@ -104,12 +104,12 @@ int main(int argc, char **argv) {
     std::vector<moe_half_t> x, wr, wg, rx;
     std::vector<float> sel, lb, gw, es, wr32;
     std::vector<int> gids;
-    const int H = RH_H, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS, K = RH_K;
+    const int H = RH_H, HR = RH_HR, NS = RH_NS, KE = RH_KE, SLOTS = RH_SLOTS, K = RH_K;
     bool ok = in && fread(&T, sizeof T, 1, in) == 1 && T > 0 && get(in, x, (size_t)T * H) &&
-              (RH_W32 ? get(in, wr32, (size_t)NS * H) : get(in, wr, (size_t)NS * H)) &&
+              (RH_W32 ? get(in, wr32, (size_t)NS * HR) : get(in, wr, (size_t)NS * HR)) &&
               (!RH_GATE || get(in, wg, (size_t)H)) && get(in, sel, (size_t)NS) &&
               get(in, lb, (size_t)NS) && (!RH_GIVEN || get(in, gids, (size_t)T * K)) &&
-              (!RH_GIVEN_W || get(in, gw, (size_t)T * K)) && (!RH_OWN || get(in, rx, (size_t)T * H)) &&
+              (!RH_GIVEN_W || get(in, gw, (size_t)T * K)) && (!RH_OWN || get(in, rx, (size_t)T * HR)) &&
               (!RH_ESCALE || get(in, es, (size_t)NS));
     if (in)
         fclose(in);
@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
         return 1;
     std::vector<int> idx((size_t)T * KE, -7), counts((size_t)SLOTS + MOE_ROUTE_TICKETS, 0);
     std::vector<float> w((size_t)T * KE, -7.0f), logits((size_t)T * NS, -7.0f);
-    const long long part = moe_route_scratch_bytes(RH_PER_BLOCK, RH_MC, H);
+    const long long part = moe_route_scratch_bytes(RH_PER_BLOCK, RH_MC, HR);
     std::vector<float> route_part((size_t)(part > 0 ? part / 4 : 1), -7.0f);
     /* the fused tail (argv[3] "fused": the mode the runtime picks for T): its outputs poisoned,
      * the slots at a permutation (the tiles must carry slot_of[e]) */
@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
         fuse.cursor = cursor.data(), fuse.tiles = reinterpret_cast<moe_tile_t *>(tiles.data());
         fuse.num_tiles = num_tiles.data(), fuse.xs = xs.data(), fuse.row_of = row_of.data();
     }
-    const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, RH_GIVEN_W ? 0 : H);
+    const unsigned gx = (unsigned)((T + RH_PER_BLOCK - 1) / RH_PER_BLOCK), gy = moe_route_split(T, RH_PER_BLOCK, RH_GIVEN_W ? 0 : HR);
     host_launch(gx, gy, RH_SMEM, [&] {
         RH_ROUTE(x.data(),
 #if RH_W32

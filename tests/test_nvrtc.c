@@ -117,7 +117,8 @@ static int job_plan(const char *spec, const pingpong_job_t *pp, const moe_overri
 static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t arch, job_result_t *r) {
     memset(r, 0, sizeof *r);
     /* with training = true where the spec allows it (one device, not fp8,
-     * not sparsemixer's inference-only routing, zero experts, given weights nor fp32 router weights), so the
+     * not sparsemixer's inference-only routing, zero experts, given weights, fp32 router weights nor a router
+     * wider than the experts), so the
      * same compile also covers the backward GEMMs (the forward's kernels are
      * the same either way) */
     moe_plan_desc_t pd;
@@ -129,7 +130,8 @@ static void compile_job(const char *spec, const pingpong_job_t *pp, moe_arch_t a
     }
     if (!pd.spec.training && moe_spec_world(&pd.spec) == 1 && !moe_spec_fp8(&pd.spec) && !(pp && pp->splitk) &&
         pd.spec.router.score != MOE_SCORE_SPARSEMIXER && !pd.spec.zero_experts &&
-        pd.spec.router.score != MOE_SCORE_GIVEN && pd.spec.router.weight_dtype != MOE_ROUTER_WEIGHT_FP32) {
+        pd.spec.router.score != MOE_SCORE_GIVEN && pd.spec.router.weight_dtype != MOE_ROUTER_WEIGHT_FP32 &&
+        moe_spec_router_hidden(&pd.spec) == pd.spec.hidden) {
         moe_plan_desc_free(&pd);
         if (job_plan(spec, pp, o, nset + 1, &pd, r->msg, sizeof r->msg)) {
             r->rc = 1;
@@ -262,6 +264,7 @@ static void test_nvrtc_all(void) {
         {"tests/specs/given_weights.moe", 1},  /* the caller's ids and weights: a route without logits, fp16 */
         {"tests/specs/train_given.moe", 0},    /* training with the caller's ids: the router's backward skips drops */
         {"tests/specs/router_own_input.moe", 0}, /* Gemma 4's router: its own input, per-expert scales; GeGLU */
+        {"tests/specs/router_latent.moe", 0}, /* a latent MoE: the router 1024 wide (router.hidden), x 256 */
         {"tests/specs/train_own_input.moe", 0},  /* its training: d router_x from dx's kernel, escale's sums */
         {"tests/specs/router_fp32.moe", 1},      /* fp32 router weights: the route splits them into three parts */
         {"tests/specs/train_clamp_after.moe", 0}, /* the gate's clamp after its unit, the shared expert's own limit */

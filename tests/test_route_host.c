@@ -64,6 +64,9 @@ static const host_case_t cases[] = {
      "tests/specs/train_given.moe", {2, 70}, 2},
     {"the router's own input and per-expert scales (Gemma 4's): softmax top-8 of 128 on router_x, renormalized, "
      "× expert_scale; H 704: split at few tokens", "tests/specs/router_own_input.moe", {1, 9, 70}, 3},
+    {"a latent MoE's router (Nemotron 3 Super's LatentMoE): sigmoid with a selection bias, top-22 of 128, x 5, on "
+     "router_x of 1024 columns (router.hidden; split at few tokens) while x, scattered, is 256 wide",
+     "tests/specs/router_latent.moe", {1, 9, 70}, 3},
     {"fp32 router weights (ERNIE 4.5's): softmax with a selection bias over 64 experts, H 1024 split at few tokens; "
      "the weights' three parts", "tests/specs/router_fp32.moe", {1, 9, 70}, 3},
     {"fp32 router weights with zero experts (LongCat-Flash's classifier), fp16",
@@ -116,10 +119,11 @@ static float urand(void) { /* [-1, 1) */
 static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     const int H = s->hidden, NS = moe_spec_scored(s), K = s->top_k, KE = moe_spec_entries(s), ES = moe_spec_slots(s);
     const int E = s->experts, NI = ES + s->zero_experts;
+    const int HR = moe_spec_router_hidden(s); /* the router's width: wr [NS, HR], rx [T, HR] (router.hidden) */
     const moe_dtype_t dt = s->dtype;
     rng_state = 0x9e3779b97f4a7c15ULL * (uint64_t)(seed + 1) + (uint64_t)T;
     const int gated = s->shared.ffn && s->shared.gate == MOE_SHARED_GATE_SIGMOID;
-    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *wr = malloc(sizeof(uint16_t) * (size_t)NS * H);
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)T * H), *wr = malloc(sizeof(uint16_t) * (size_t)NS * HR);
     uint16_t *wg = malloc(sizeof(uint16_t) * (size_t)H);
     float *gref = malloc(sizeof(float) * (size_t)T);
     float *sel = malloc(sizeof(float) * (size_t)NS), *lb = malloc(sizeof(float) * (size_t)NS);
@@ -134,22 +138,24 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     float *gw = malloc(sizeof(float) * (size_t)T * K);
     /* the router's own input (router.input = "separate"): other rows than x; per-expert scales (expert_scale) */
     const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE, escale = s->router.expert_scale;
-    uint16_t *rx = malloc(sizeof(uint16_t) * (size_t)T * H);
+    uint16_t *rx = malloc(sizeof(uint16_t) * (size_t)T * HR);
     float *es = malloc(sizeof(float) * (size_t)NS);
     /* fp32 router weights (router.weight_dtype = "fp32"): values a dtype cannot hold, the halves beside them */
     const int w32 = s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32;
-    float *wr32 = malloc(sizeof(float) * (size_t)NS * H);
+    float *wr32 = malloc(sizeof(float) * (size_t)NS * HR);
     CHECK(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
           gids && gw && rx && es && wr32);
     if (!(x && wr && wg && gref && sel && lb && idx && counts && w && logits && ridx && gidx && rw && sc && hist &&
           gids && gw && rx && es && wr32))
         goto done;
     for (size_t i = 0; i < (size_t)T * H; i++)
-        x[i] = moe_float_to_half(urand(), dt), rx[i] = moe_float_to_half(urand(), dt);
+        x[i] = moe_float_to_half(urand(), dt);
+    for (size_t i = 0; i < (size_t)T * HR; i++)
+        rx[i] = moe_float_to_half(urand(), dt);
     for (int e = 0; e < NS; e++) /* Gemma 4's per_expert_scale: around 1, some below */
         es[e] = 0.25f + 1.5f * (urand() + 1.0f) * 0.5f;
-    for (size_t i = 0; i < (size_t)NS * H; i++) { /* logits of a few units: softmax and sigmoid both spread */
-        wr32[i] = urand() * 3.0f / sqrtf((float)H);
+    for (size_t i = 0; i < (size_t)NS * HR; i++) { /* logits of a few units: softmax and sigmoid both spread */
+        wr32[i] = urand() * 3.0f / sqrtf((float)HR);
         wr[i] = moe_float_to_half(wr32[i], dt);
     }
     for (int h = 0; h < H; h++)
@@ -170,13 +176,13 @@ static void run_tokens(const moe_spec_t *s, const char *bin, int T, int seed) {
     snprintf(out_path, sizeof out_path, "%s/%s_%d_%d.out", tmp_root, s->name, T, seed);
     FILE *f = fopen(in_path, "wb");
     int ok = f && fwrite(&T, sizeof T, 1, f) == 1 && fwrite(x, 2, (size_t)T * H, f) == (size_t)T * H &&
-             (w32 ? fwrite(wr32, 4, (size_t)NS * H, f) : fwrite(wr, 2, (size_t)NS * H, f)) == (size_t)NS * H &&
+             (w32 ? fwrite(wr32, 4, (size_t)NS * HR, f) : fwrite(wr, 2, (size_t)NS * HR, f)) == (size_t)NS * HR &&
              (!gated || fwrite(wg, 2, (size_t)H, f) == (size_t)H) &&
              fwrite(sel, 4, (size_t)NS, f) == (size_t)NS &&
              fwrite(lb, 4, (size_t)NS, f) == (size_t)NS &&
              (!given || fwrite(gids, 4, (size_t)T * K, f) == (size_t)T * K) &&
              (!given_w || fwrite(gw, 4, (size_t)T * K, f) == (size_t)T * K) &&
-             (!own || fwrite(rx, 2, (size_t)T * H, f) == (size_t)T * H) &&
+             (!own || fwrite(rx, 2, (size_t)T * HR, f) == (size_t)T * HR) &&
              (!escale || fwrite(es, 4, (size_t)NS, f) == (size_t)NS);
     ok = f && fclose(f) == 0 && ok;
     CHECKF(ok, "cannot write %s", in_path);
@@ -329,14 +335,14 @@ static void run_case(const host_case_t *c, const char *cxx) {
                  "%s -std=c++17 -O2 -w -Itests/support -Igen -include cuda_host.h -include %s %s -DRH_ROUTE=%s "
                  "-DRH_GATE=%d -DRH_TRAIN=%d -DRH_H=%d -DRH_NS=%d -DRH_KE=%d -DRH_SLOTS=%d -DRH_PER_BLOCK=%d "
                  "-DRH_SMEM=%d -DRH_ALIGN=%d -DRH_INPUT=%d -DRH_SCATTER=%d -DRH_K=%d -DRH_GIVEN=%d -DRH_GIVEN_W=%d "
-                 "-DRH_OWN=%d -DRH_ESCALE=%d -DRH_W32=%d -DRH_MC=%d tests/route_host.cc -o %s 2>&1",
+                 "-DRH_OWN=%d -DRH_ESCALE=%d -DRH_W32=%d -DRH_MC=%d -DRH_HR=%d tests/route_host.cc -o %s 2>&1",
                  cxx, inc_path, s.dtype == MOE_DTYPE_FP16 ? "-DMOE_HOST_FP16" : "", r->name,
                  s.shared.ffn && s.shared.gate == MOE_SHARED_GATE_SIGMOID, s.training, s.hidden,
                  moe_spec_scored(&s), moe_spec_entries(&s), moe_spec_slots(&s), r->per_block, r->smem, pd.align,
                  s.router.apply == MOE_APPLY_INPUT, !moe_spec_fp8(&s), s.top_k, s.router.select == MOE_SELECT_GIVEN,
                  s.router.score == MOE_SCORE_GIVEN, s.router.input == MOE_ROUTER_INPUT_SEPARATE,
                  s.router.expert_scale, s.router.weight_dtype == MOE_ROUTER_WEIGHT_FP32, moe_spec_route_mma_columns(&s),
-                 bin);
+                 moe_spec_router_hidden(&s), bin);
         const int built = system(cmd) == 0;
         CHECKF(built, "the host build failed: %s", cmd);
         for (int i = 0; built && i < c->ntokens; i++)

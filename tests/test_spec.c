@@ -208,6 +208,7 @@ static const char *const required_bad[] = {
     "router_fp32_shared_gate", "router_fp32_training", "enum_router_weight_dtype", "activation_clamp_without_limit",
     "enum_activation_clamp", "shared_limit_without_ffn", "shared_limit_without_limit",
     "shared_unclamped_without_limit", "shared_limit_and_unclamped", "shared_limit_zero", "relu2_limit",
+    "router_hidden_without_input", "router_hidden_training", "router_hidden_not_multiple",
 };
 
 static void test_golden_errors(void) {

@@ -140,7 +140,8 @@ static float expert_scaled(const moe_spec_t *s, const moe_ref_inputs_t *in, int 
  * the score at it or by the caller's weight; out-of-range ids dropped. */
 static int route_given(const moe_spec_t *s, const moe_ref_inputs_t *in, int *topk_idx, float *topk_w,
                        float *scores) {
-    const int E = s->experts, K = s->top_k, H = s->hidden, T = in->tokens;
+    /* H here: the router's width (router.hidden where it is set: router_x [T, H], wr [E, H]) */
+    const int E = s->experts, K = s->top_k, H = moe_spec_router_hidden(s), T = in->tokens;
     const int given_w = s->router.score == MOE_SCORE_GIVEN;
     if (!in->given_ids || (given_w && !in->given_w) || (!given_w && (!router_input(s, in) || !router_weight_present(s, in))) ||
         K > 32 || s->router.bias || s->router.groups > 1 || s->router.score == MOE_SCORE_SPARSEMIXER || s->zero_experts)
@@ -187,7 +188,8 @@ int moe_ref_route(const moe_spec_t *s, const moe_ref_inputs_t *in,
     if (s->router.logit_bias && !in->logit_bias) return 1;
 
     /* E here: the scored experts, the zero experts' included (index >= s->experts: the identity) */
-    const int E = moe_spec_scored(s), K = s->top_k, H = s->hidden, T = in->tokens;
+    /* H here: the router's width, the logits' k (router.hidden where it is set: router_x [T, H], wr [E, H]) */
+    const int E = moe_spec_scored(s), K = s->top_k, H = moe_spec_router_hidden(s), T = in->tokens;
     const int G = s->router.groups > 1 ? s->router.groups : 1;
     const int KG = G > 1 ? s->router.topk_groups : 1;
     const int per_group = E / G, take = G > 1 ? s->router.group_topk : 0;

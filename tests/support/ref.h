@@ -55,7 +55,8 @@ typedef struct {
     const moe_ref_fp8_t *fp8;          /* the expert weights with quant.weights = "fp8_e4m3" (w1, w2 unread) */
     const int *given_ids;              /* router.select = "given": the caller's ids [T, top_k] */
     const float *given_w;              /* router.score = "given": the caller's weights [T, top_k] */
-    const uint16_t *router_x;          /* router.input = "separate": the logits' input [T, H] (x otherwise) */
+    const uint16_t *router_x;          /* router.input = "separate": the logits' input [T, HR] (x otherwise;
+                                        * HR = router.hidden where it is set, else H; wr is then [E, HR]) */
     const float *expert_scale;         /* router.expert_scale: fp32 [E], the final weights' factor */
     const float *wr32;                 /* router.weight_dtype = "fp32": the router weight [E + Z, H] (wr unread) */
 } moe_ref_inputs_t;
