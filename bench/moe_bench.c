@@ -646,7 +646,10 @@ int main(int argc, char **argv) {
     /* the router's rows, biases and scales: every scored expert (zero experts included, docs/DESIGN.md) */
     const size_t NS = (size_t)moe_spec_scored(sp);
     const int gated = sp->shared.ffn && sp->shared.gate == MOE_SHARED_GATE_SIGMOID;
-    CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(NS * H, 4.0f / sqrtf((float)H), dt);
+    /* the router's width: router.hidden where it is set (router_x and router_w [., HR]: a latent MoE), else H */
+    const size_t HR = (size_t)moe_spec_router_hidden(sp);
+    CUdeviceptr x = upload_random(Tmax * H, 1.0f, dt), wr = upload_random(NS * HR, 4.0f / sqrtf((float)HR), dt);
+    CUdeviceptr rx = HR != H ? upload_random(Tmax * HR, 1.0f, dt) : x; /* router.input = "separate": its rows */
     CUdeviceptr wg = gated ? upload_random(H, 2.0f / sqrtf((float)H), dt) : 0;
     CUdeviceptr w1p = upload_random(ES * 2 * F * H, 2.0f / sqrtf((float)H), dt);
     CUdeviceptr w2 = upload_random(ES * H * F, 2.0f / sqrtf((float)F), dt);
@@ -770,7 +773,7 @@ int main(int argc, char **argv) {
                               .w2 = (void *)w2, .b2 = (void *)b2, .y = (void *)y, .workspace = (void *)ws,
                               .shared_gate = (void *)wg, .w1s = (const float *)w1s, .w2s = (const float *)w2s,
                               .topk_ids = (const int *)gids, .topk_weights = (const float *)gwts,
-                              .router_x = (void *)x, .router_expert_scale = (const float *)escale};
+                              .router_x = (void *)rx, .router_expert_scale = (const float *)escale};
         if (moe_forward_gathers(plan, &a)) /* the gathered up GEMM (docs/DESIGN.md): no copy of x by the scatter */
             printf("up GEMM at %d tokens gathers x (permute_scatter writes the row maps only)\n", T);
         if (moe_forward_chains(plan, &a)) /* the chain (docs/DESIGN.md): gemm_up_swiglu's time is the three stages' */

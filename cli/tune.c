@@ -364,7 +364,8 @@ typedef struct {
     CUdeviceptr x, wr, w1p, w2, b1p, b2, bias, y, gate; /* w1p, w2: every weight slot (a shared expert's too) */
     CUdeviceptr w1s, w2s; /* fp8 weights: their scales (as many as channel or block scaling needs), else 0 */
     CUdeviceptr ids, gw;  /* given routing: the caller's ids, uniform over the experts, and weights 1/k; else 0 */
-    CUdeviceptr escale;   /* router.expert_scale: ones (the router's own input, router.input = "separate": x) */
+    CUdeviceptr escale;   /* router.expert_scale: ones */
+    CUdeviceptr rx;       /* router.input = "separate": the router's rows, x where its width is H (router.hidden) */
     CUstream st;
     CUevent ev[MOE_K_COUNT + 1];
     char gpu[128];
@@ -379,8 +380,10 @@ static int make_buffers(tune_bufs_t *b, const moe_spec_t *s, int tmax) {
     snprintf(b->gpu, sizeof b->gpu, "?");
     if (moe_cu.cuDeviceGet(&dev, 0) == CUDA_SUCCESS)
         moe_cu.cuDeviceGetName(b->gpu, sizeof b->gpu, dev);
+    const size_t HR = (size_t)moe_spec_router_hidden(s); /* the router's width: router_w [NS, HR] */
     int bad = upload_random(&b->x, T * H, 1.0f, s->dtype) ||
-              upload_random(&b->wr, NS * H, 4.0f / sqrtf((float)H), s->dtype) ||
+              upload_random(&b->wr, NS * HR, 4.0f / sqrtf((float)HR), s->dtype) ||
+              (HR != H && upload_random(&b->rx, T * HR, 1.0f, s->dtype)) ||
               upload_random(&b->b1p, ES * 2 * F, 0.5f, s->dtype) || upload_random(&b->b2, ES * H, 0.5f, s->dtype) ||
               upload_random(&b->gate, H, 2.0f / sqrtf((float)H), s->dtype);
     bad |= moe_cu.cuMemAlloc(&b->w1p, ES * 2 * F * H * 2) != CUDA_SUCCESS ||
@@ -454,7 +457,7 @@ static int time_plan(moe_plan *plan, const tune_bufs_t *b, const tune_args_t *a,
                                .b2 = (void *)b->b2, .y = (void *)b->y, .workspace = (void *)ws,
                                .shared_gate = (void *)b->gate, .w1s = (const float *)b->w1s,
                                .w2s = (const float *)b->w2s, .topk_ids = (const int *)b->ids,
-                               .topk_weights = (const float *)b->gw, .router_x = (void *)b->x,
+                               .topk_weights = (const float *)b->gw, .router_x = (void *)(b->rx ? b->rx : b->x),
                                .router_expert_scale = (const float *)b->escale};
         for (int it = -3; it < a->iters && !rc; it++) {
             float up, down; /* down: from the down GEMM's start to the combine's end (folded in or not) */

@@ -240,6 +240,9 @@ static const gpu_case_t cases[] = {
     /* Gemma 4's router: its own input (router_x, steered in SKEW) and per-expert scales; GeGLU experts */
     {"tests/specs/router_own_input.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/router_own_input.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
+    /* a latent MoE's router (router.hidden): router_x and router_w 1024 wide, x and the experts 256; sigmoid top-22 */
+    {"tests/specs/router_latent.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
+    {"tests/specs/router_latent.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
     /* fp32 router weights (ERNIE 4.5's, LongCat-Flash's): router_w fp32, split into three parts in the route */
     {"tests/specs/router_fp32.moe", MODE_RANDOM, {1, 7, 64, 500, 2048}, 5, 0, MOE_CUDNN_DEFAULT, 0, NULL},
     {"tests/specs/router_fp32.moe", MODE_SKEW, {300}, 1, 0, MOE_CUDNN_DEFAULT, 1, NULL},
@@ -472,7 +475,7 @@ typedef struct {
     float *sel_bias, *logit_bias;
     int *gids;      /* router.select = "given": the caller's ids [T, K] (some out of range: dropped) */
     float *gw;      /* router.score = "given": the caller's weights [T, K] */
-    uint16_t *rx;   /* router.input = "separate": the router's own input [T, H] */
+    uint16_t *rx;   /* router.input = "separate": the router's own input [T, HR] (router.hidden, else H) */
     float *es;      /* router.expert_scale: fp32 [E] */
     float *wr32;    /* router.weight_dtype = "fp32": the router weight [NS, H], wr's values moved off the dtype's grid */
     CUdeviceptr dx, dwr, dw1p, dw2, db1p, db2, dsel, dlogit, dy, dws, dwsg, dgids, dgw, drx, des;
@@ -505,9 +508,10 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     size_t E = s->experts, H = s->hidden, F = s->ffn, T = s->tokens;
     size_t ES = (size_t)moe_spec_slots(s), FS = (size_t)s->shared.ffn;
     size_t NS = (size_t)moe_spec_scored(s); /* router rows and biases: the zero experts' too */
+    const size_t HR = (size_t)moe_spec_router_hidden(s); /* the router's width: wr [NS, HR], rx [T, HR] */
     moe_dtype_t dt = s->dtype;
     L->x = malloc(T * H * 2);
-    L->wr = malloc(NS * H * 2);
+    L->wr = malloc(NS * HR * 2);
     L->w1 = malloc(E * 2 * F * H * 2);
     L->w1p = malloc(ES * 2 * F * H * 2);
     L->w2 = malloc(ES * H * F * 2);
@@ -521,12 +525,13 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     fill_random(L->x, T * H, 1.0f, seed + 1, dt);
     /* the router's own input (router.input = "separate"): rows of its own, steered as x is below */
     const int own = s->router.input == MOE_ROUTER_INPUT_SEPARATE;
-    if (own && !(L->rx = malloc(T * H * 2)))
+    if (own && !(L->rx = malloc(T * HR * 2)))
         return 0;
     if (own)
-        fill_random(L->rx, T * H, 1.0f, seed + 11, dt);
-    uint16_t *steer = own ? L->rx : L->x;   /* the rows the logits read */
-    fill_random(L->wr, NS * H, 1.0f / sqrtf((float)H) * 4.0f, seed + 2, dt);
+        fill_random(L->rx, T * HR, 1.0f, seed + 11, dt);
+    uint16_t *steer = own ? L->rx : L->x;   /* the rows the logits read, SH wide */
+    const size_t SH = own ? HR : H;
+    fill_random(L->wr, NS * HR, 1.0f / sqrtf((float)HR) * 4.0f, seed + 2, dt);
     fill_random(L->w1, E * 2 * F * H, 2.0f / sqrtf((float)H), seed + 3, dt);
     fill_random(L->w2, E * H * F, 2.0f / sqrtf((float)F), seed + 4, dt);
     fill_random(L->b1, E * 2 * F, 0.5f, seed + 5, dt);
@@ -541,24 +546,24 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
          * token has a routed row and the call no tile (the FFN's GEMMs run empty, combine sums x rows) */
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
-                steer[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * H + h], dt), dt);
+                steer[t * SH + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * SH + h], dt), dt);
         L->all_zero = 1;
         for (size_t e = 0; e < E; e++) {
             L->sel_bias[e] = -1.0f;
             for (size_t h = 0; h < 8; h++)
-                L->wr[e * H + h] = moe_float_to_half(-3.0f, dt);
+                L->wr[e * HR + h] = moe_float_to_half(-3.0f, dt);
         }
     } else if ((mode == MODE_SKEW || mode == MODE_ONE) && H >= 8) {
         size_t hot = splitmix(&r) % E;
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < 8; h++)
-                steer[t * H + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * H + h], dt), dt);
+                steer[t * SH + h] = moe_float_to_half(1.0f + 0.25f * moe_half_to_float(steer[t * SH + h], dt), dt);
         for (size_t e = 0; e < E; e++) {
             int dead = mode == MODE_ONE ? e != hot : (e % 4 == 3 && e != hot);
             float v = e == hot ? 3.0f : dead ? -3.0f : 0.0f;
             if (v != 0.0f)
                 for (size_t h = 0; h < 8; h++)
-                    L->wr[e * H + h] = moe_float_to_half(v, dt);
+                    L->wr[e * HR + h] = moe_float_to_half(v, dt);
         }
     }
     if (s->router.select == MOE_SELECT_GIVEN) {
@@ -590,7 +595,7 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
         if (!(L->des = dev_upload(L->es, E * sizeof(float))))
             return 0;
     }
-    if (own && !(L->drx = dev_upload(L->rx, T * H * 2)))
+    if (own && !(L->drx = dev_upload(L->rx, T * HR * 2)))
         return 0;
     if (moe_plan_pack_w1(plan, L->w1, L->w1p) != MOE_OK || moe_plan_pack_b1(plan, L->b1, L->b1p) != MOE_OK)
         return 0;
@@ -613,14 +618,14 @@ static int layer_init(layer_t *L, const moe_plan *plan, int mode, uint64_t seed)
     L->dx = dev_upload(L->x, T * H * 2);
     if (s->router.weight_dtype == MOE_ROUTER_WEIGHT_FP32) { /* each weight 1 + u·2^-10 times the half: the parts
                                                               * past the dtype's carry it */
-        if (!(L->wr32 = malloc(NS * H * 4)))
+        if (!(L->wr32 = malloc(NS * HR * 4)))
             return 0;
         uint64_t q = seed + 12;
-        for (size_t i = 0; i < NS * H; i++)
+        for (size_t i = 0; i < NS * HR; i++)
             L->wr32[i] = moe_half_to_float(L->wr[i], dt) *
                          (1.0f + (float)((splitmix(&q) >> 40) / 16777216.0 - 0.5) * 0x1p-9f);
     }
-    L->dwr = L->wr32 ? dev_upload(L->wr32, NS * H * 4) : dev_upload(L->wr, NS * H * 2);
+    L->dwr = L->wr32 ? dev_upload(L->wr32, NS * HR * 4) : dev_upload(L->wr, NS * HR * 2);
     L->dw1p = dev_upload(L->w1p, ES * 2 * F * H * 2);
     L->dw2 = dev_upload(L->w2, ES * H * F * 2);
     L->db1p = dev_upload(L->b1p, E * 2 * F * 2);
@@ -799,10 +804,11 @@ static void check_route(const layer_t *L, int T, const int *idx, const float *w,
         goto done;
     for (int i = 0; i < ns; i++)
         memcpy(xs + (size_t)i * H, L->x + (size_t)sample[i] * H, (size_t)H * 2);
-    uint16_t *srx = L->rx ? malloc((size_t)ns * H * 2) : NULL;   /* the router's own input, sampled */
+    const size_t HR = (size_t)moe_spec_router_hidden(&L->s);   /* router_x's width */
+    uint16_t *srx = L->rx ? malloc((size_t)ns * HR * 2) : NULL;   /* the router's own input, sampled */
     CHECK(!L->rx || srx);
     for (int i = 0; srx && i < ns; i++)
-        memcpy(srx + (size_t)i * H, L->rx + (size_t)sample[i] * H, (size_t)H * 2);
+        memcpy(srx + (size_t)i * HR, L->rx + (size_t)sample[i] * HR, HR * 2);
     const int given = s->router.select == MOE_SELECT_GIVEN;
     int *sids = given ? malloc(sizeof(int) * (size_t)ns * K) : NULL;   /* the caller's ids (and weights) */
     float *sw = given ? malloc(sizeof(float) * (size_t)ns * K) : NULL;  /* of the sampled tokens */

@@ -619,7 +619,7 @@ moe_given = torch.ops.moegen.moe_given
 
 
 # ---- the router's own input and per-expert scales: moegen::moe_ext ----------------
-# router.input = "separate" (router_x [tokens, H], x's dtype: what the logits
+# router.input = "separate" (router_x [tokens, HR], x's dtype: what the logits
 # read) and router.expert_scale (router_expert_scale float32 [E], the final
 # weights' per-expert factor): Gemma 4's router. moe_ext takes every optional
 # input of the forward, given routing's too; a Python op in either mode, with
@@ -632,7 +632,7 @@ _lib_def.define(_EXT_SCHEMA)
 
 
 def check_ext(e, x, router_x, router_expert_scale):
-    """Raise unless router_x (x's dtype and shape) and router_expert_scale
+    """Raise unless router_x (x's dtype, x's rows at the router's width) and router_expert_scale
     (float32 [E]) are given exactly where the plan's spec takes them,
     contiguous on the plan's device."""
     for name, t, key in (("router_x", router_x, "router.input = \"separate\""),
@@ -649,7 +649,8 @@ def check_ext(e, x, router_x, router_expert_scale):
             raise TypeError("moegen: %s must be a tensor, not %s" % (name, type(t).__name__))
         if t.dtype != want[1]:
             raise TypeError("moegen: %s must be %s, not %s" % (name, want[1], t.dtype))
-        shape = list(x.shape) if name == "router_x" else list(want[0])
+        # router_x: x's rows at the router's width (router.hidden, else x's own: the plan's [tokens, HR])
+        shape = list(x.shape[:-1]) + [want[0][1]] if name == "router_x" else list(want[0])
         if list(t.shape) != shape:
             raise ValueError("moegen: %s must be %s, not %s" % (name, shape, list(t.shape)))
         if t.device != e.device:
@@ -837,8 +838,9 @@ class MoE(torch.nn.Module):
         "given") topk_ids [..., top_k] int32 are the experts of each token,
         and with router.score = "given" topk_weights [..., top_k] float32
         their weights (moegen::moe_given); with router.input = "separate"
-        router_x [..., H] (x's dtype) is what the router's logits read
-        (moegen::moe_ext, as for router.expert_scale)."""
+        router_x [..., HR] (x's dtype; HR = the spec's router.hidden, else
+        H) is what the router's logits read (moegen::moe_ext, as for
+        router.expert_scale)."""
         H = self.plan.info.hidden
         if x.shape[-1] != H:
             raise ValueError("moegen: x must be [..., %d], not %s" % (H, list(x.shape)))
@@ -877,7 +879,7 @@ class MoE(torch.nn.Module):
         """Set the parameters from the plain layouts, packing on the GPU:
         w1 [E, 2F, H] (gate rows, then up rows) or gate and up [E, F, H]
         each; w2 [E, H, F]; b1 [E, 2F] and b2 [E, H] with ffn_bias;
-        router_w [E + Z, H]; the router biases fp32 [E + Z] (Z = the spec's
+        router_w [E + Z, H] (or [E + Z, router.hidden]); the router biases fp32 [E + Z] (Z = the spec's
         zero_experts, 0 mostly: the router scores them too); with a shared expert
         (spec shared.ffn = F_s = m·F) shared_w1 [2F_s, H] (gate rows, then
         up), shared_w2 [H, F_s], and shared_gate [H] where shared.gate =

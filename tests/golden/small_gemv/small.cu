@@ -284,10 +284,12 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 228 "templates/route.lua"
+#line 233 "templates/route.lua"
 namespace small_route_bf16_e12k3_t32k128s6_impl {
 constexpr int E = 12, K = 3, H = 1536;
-#line 233 "templates/route.lua"
+#line 238 "templates/route.lua"
+constexpr int HR = H;         // the router's width: the logits read H columns
+#line 243 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -303,7 +305,7 @@ constexpr int KSTEPS = BK / 16;      // k16 steps per stage
 constexpr int LDL = 40;        // logits smem row stride, floats
 constexpr int LOFF = 0;      // logits offset in smem, bytes
 constexpr int SMEM = 78336;
-constexpr int NCH = (H + BK - 1) / BK;
+constexpr int NCH = (HR + BK - 1) / BK;
 constexpr int LCOLS = 12;       // logit columns: the scored experts (and the shared gate)
 constexpr int MC = 12;          // mma columns: LCOLS
 constexpr int VPL = 1;        // experts per lane in the top-k phase
@@ -315,7 +317,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 267 "templates/route.lua"
+#line 277 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -344,15 +346,15 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
             bool ok;
             if (r < T) {
                 const int tok = tok0 + r;
-                ok = tok < tokens && k < H;
-                src = x + (long long)tok * H + k;
+                ok = tok < tokens && k < HR;
+                src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 319 "templates/route.lua"
-                ok = col < LCOLS && k < H;
-#line 323 "templates/route.lua"
-                src = wr + (long long)col * H + k;
-#line 326 "templates/route.lua"
+#line 329 "templates/route.lua"
+                ok = col < LCOLS && k < HR;
+#line 333 "templates/route.lua"
+                src = wr + (long long)col * HR + k;
+#line 336 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -426,24 +428,24 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 400 "templates/route.lua"
+#line 410 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 403 "templates/route.lua"
+#line 413 "templates/route.lua"
     (void)sel_bias;
-#line 406 "templates/route.lua"
+#line 416 "templates/route.lua"
     (void)logit_bias;
-#line 409 "templates/route.lua"
+#line 419 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 412 "templates/route.lua"
+#line 422 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 421 "templates/route.lua"
+#line 431 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
-    /* ---- phase 1: logits[T, E] = x[T, H] . wr[E, H]^T ---- */
+    /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
     const int g = lane >> 2, tq = lane & 3;
     const int wn = warp % WN, wk = warp / WN;
     /* this block's chunks of H: all of them unless the grid splits H */
@@ -483,7 +485,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
 #pragma unroll
             for (int kk = 0; kk < KSTEPS / WK; ++kk) {
                 const int ks = kk * WK + wk;   // this warp's k16 step of the stage
-                if (c * BK + ks * 16 < H) {    // warp-uniform: a step wholly past H is zeros
+                if (c * BK + ks * 16 < HR) {   // warp-uniform: a step wholly past HR is zeros
                     unsigned a[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
@@ -510,7 +512,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 491 "templates/route.lua"
+#line 501 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 5120 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -542,7 +544,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             }
             __syncthreads();
         }
-#line 544 "templates/route.lua"
+#line 554 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -550,10 +552,10 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 552 "templates/route.lua"
+#line 562 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 557 "templates/route.lua"
+#line 567 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -600,7 +602,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 604 "templates/route.lua"
+#line 614 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -630,10 +632,10 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
                 }
             }
             __syncthreads();
-#line 659 "templates/route.lua"
+#line 669 "templates/route.lua"
         }
     }
-#line 672 "templates/route.lua"
+#line 682 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -641,7 +643,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 680 "templates/route.lua"
+#line 690 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -649,15 +651,15 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 690 "templates/route.lua"
+#line 700 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 692 "templates/route.lua"
+#line 702 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 707 "templates/route.lua"
+#line 717 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -672,16 +674,16 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 750 "templates/route.lua"
+#line 760 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 757 "templates/route.lua"
+#line 767 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 759 "templates/route.lua"
+#line 769 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 881 "templates/route.lua"
+#line 891 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -693,40 +695,40 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 893 "templates/route.lua"
+#line 903 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 899 "templates/route.lua"
-        if (lane < K) {
-#line 906 "templates/route.lua"
-            const float l = lrow[mine];
 #line 909 "templates/route.lua"
+        if (lane < K) {
+#line 916 "templates/route.lua"
+            const float l = lrow[mine];
+#line 919 "templates/route.lua"
             w = expf(l - m) / z;
-#line 935 "templates/route.lua"
+#line 945 "templates/route.lua"
         }
-#line 937 "templates/route.lua"
+#line 947 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 971 "templates/route.lua"
+#line 981 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 978 "templates/route.lua"
+#line 988 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 981 "templates/route.lua"
+#line 991 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 992 "templates/route.lua"
+#line 1002 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -750,7 +752,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1016 "templates/route.lua"
+#line 1026 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -762,7 +764,7 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1037 "templates/route.lua"
+#line 1047 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -770,21 +772,21 @@ small_route_bf16_e12k3_t32k128s6(const moe_half_t *__restrict__ x, const moe_hal
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1045 "templates/route.lua"
+#line 1055 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1059 "templates/route.lua"
+#line 1069 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1067 "templates/route.lua"
+#line 1077 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1070 "templates/route.lua"
+#line 1080 "templates/route.lua"
         }
-#line 1074 "templates/route.lua"
+#line 1084 "templates/route.lua"
     }
 }
 
