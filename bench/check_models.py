@@ -100,7 +100,7 @@ class Family:
     def __init__(self, name, model, make, spec, layout, shared=0, shared_gate=None, note="",
                  route=None, router=None, shared_of=None, keep=("e_score_correction_bias",), sel_bias_std=0.05,
                  top_k=None, in_dtype=False, zero=0, experts=None, ffn_bias_of=None, hash=False, inputs=None,
-                 post_init=None, copy32=None, shared_keys=""):
+                 post_init=None, copy32=None, shared_keys="", latent=None, outputs=None):
         self.name, self.model, self.make, self.spec = name, model, make, spec
         self.layout, self.shared, self.shared_gate, self.note = layout, shared, shared_gate, note
         self.route = route or (hash_route(self) if hash else gate_route)
@@ -130,6 +130,10 @@ class Family:
         self.copy32 = copy32
         # shared_keys: more keys of the spec's shared table (`limit = 1.2`: the shared expert's own clamp)
         self.shared_keys = shared_keys
+        # latent: the experts' width where it is not the model's (a latent MoE: the spec's hidden; its router
+        # reads the model's width, router.hidden); outputs: (block, h, y) -> the block's output from moegen's
+        # y, computed by the fp32 copy (a latent MoE's fc2_latent_proj and its shared expert, outside moegen)
+        self.latent, self.outputs = latent, outputs
 
 
 def gate_route(block, x):
@@ -731,7 +735,7 @@ def mk_step3p7(limit=None, shared_limit=None):
     return Block(cfg, 0), cfg
 
 
-def mk_nemotron_h():
+def mk_nemotron_h(latent=None):
     # NemotronHMoE (the MoE layers of NemotronH: Nemotron 3 Nano): DeepSeek-V3's
     # router line for line (fp32 logits, sigmoid, selection on s +
     # e_score_correction_bias, groups, s / (Σ + 1e-20) iff norm_topk_prob, ×
@@ -745,8 +749,26 @@ def mk_nemotron_h():
     Cfg, = tf_import("nemotron_h.configuration_nemotron_h", "NemotronHConfig")
     cfg = eager(Cfg(hidden_size=256, moe_intermediate_size=128, moe_shared_expert_intermediate_size=256,
                     n_routed_experts=32, num_experts_per_tok=6, routed_scaling_factor=2.5, n_group=1, topk_group=1,
-                    norm_topk_prob=True, mlp_hidden_act="relu2"))
+                    norm_topk_prob=True, mlp_hidden_act="relu2", moe_latent_size=latent))
     return Block(cfg, 0), cfg
+
+
+# NemotronHMoE with moe_latent_size (Nemotron 3 Super / Ultra's LatentMoE): the router reads h at the model's
+# width, the experts fc1_latent_proj(h), the routed sum goes through fc2_latent_proj, then + shared_experts(h)
+# at the model's width. moegen runs the part between the projections: the layer at hidden = the latent width,
+# router.input = "separate" with router.hidden = the model's, x = fc1_latent_proj(h) as the bf16 block makes it,
+# router_x = h; the shared expert stays outside with the projections (latent_outputs).
+NEMOTRON_LATENT = 128
+
+
+def latent_inputs(block, h):
+    """(x, router_x): the experts' latent input and the router's, from h as the block makes them."""
+    return block.fc1_latent_proj(h), h
+
+
+def latent_outputs(block, h, y):
+    """The block's output from moegen's routed sum y [T, latent]: fc2_latent_proj(y) + shared_experts(h)."""
+    return block.fc2_latent_proj(y.to(h.dtype)) + block.shared_experts(h)
 
 
 def nongated_shared(block):
@@ -1094,6 +1116,11 @@ FAMILIES = [
            'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5 }\n'
            'activation = { kind = "relu2" }', "nongated", shared=256, shared_gate="none",
            shared_of=nongated_shared),
+    Family("nemotron-h-latent", "NemotronH with moe_latent_size (Nemotron 3 Super / Ultra's LatentMoE)",
+           lambda: mk_nemotron_h(NEMOTRON_LATENT),
+           'router = { score = "sigmoid", bias = true, renormalize = true, scale = 2.5, input = "separate", '
+           'hidden = 256 }\nactivation = { kind = "relu2" }', "nongated", inputs=latent_inputs,
+           outputs=latent_outputs, latent=NEMOTRON_LATENT),
     Family("qwen3omni-talker", "Qwen3-Omni talker", mk_qwen3_omni_talker,
            'router = { score = "softmax", renormalize = false }', "fused", shared=256, shared_gate="sigmoid",
            shared_of=lambda b: mlp_parts(b.shared_expert, b.shared_expert_gate.weight)),
@@ -1633,7 +1660,7 @@ def check_family(fam, be, opt, workdir, log):
     drop, missing, with_shared, mode = [], [], True, "full"
     while True:
         with open(spec_path, "w") as f:
-            f.write(spec_text(fam, name, E, K, H, F, tokens, with_shared, drop))
+            f.write(spec_text(fam, name, E, K, fam.latent or H, F, tokens, with_shared, drop))
         msg = be.load(spec_path)
         if msg is None:
             break
@@ -1663,7 +1690,8 @@ def check_family(fam, be, opt, workdir, log):
         notes.append("routed part only: the shared expert needs `shared` (not in this build)")
 
     results = []
-    t = convert(fam, b16, E, H, F)
+    HX = fam.latent or H   # the experts' width (the spec's hidden): a latent MoE's latent
+    t = convert(fam, b16, E, HX, F)
     if with_shared and fam.shared:
         t = convert_shared(fam, b16, t)
     be.open(spec_path, t, tokens)
@@ -1680,6 +1708,8 @@ def check_family(fam, be, opt, workdir, log):
                 if fam.inputs:  # the experts' x and the router's own input, from r = x as the bf16 block makes them
                     xm, rx = (v.contiguous() for v in fam.inputs(b16, x))
                     y, idx = be.run(xm, E, K, router_x=rx)
+                    if fam.outputs:  # the rest of the block around moegen's part, in fp32 on the same values
+                        y = fam.outputs(b32, x.float(), y.float()).to(torch.bfloat16)
                 else:
                     y, idx = be.run(x, E, K, given) if fam.hash else be.run(x, E, K)
                 e32 = compare(y, idx, r32, i32)
