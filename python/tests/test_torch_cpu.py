@@ -577,6 +577,20 @@ class Ext(unittest.TestCase):
             with self.assertRaisesRegex(err, msg):
                 mt.check_ext(e, x, r, sc)
 
+    def test_router_width(self):
+        # router.hidden (a latent MoE): router_x is x's rows at the router's width, the plan's [tokens, HR]
+        from moegen import torch as mt
+        from types import SimpleNamespace
+        meta, HR = "meta", 3 * H
+        e = SimpleNamespace(expect=dict(expect(), router_x=(torch.Size([CAP, HR]), torch.bfloat16),
+                                        router_expert_scale=None), device=torch.device(meta))
+        x = torch.empty(4, H, dtype=torch.bfloat16, device=meta)
+        mt.check_ext(e, x, torch.empty(4, HR, dtype=torch.bfloat16, device=meta), None)
+        with self.assertRaisesRegex(ValueError, "router_x must be \\[4, %d\\], not \\[4, %d\\]" % (HR, H)):
+            mt.check_ext(e, x, torch.empty(4, H, dtype=torch.bfloat16, device=meta), None)
+        with self.assertRaisesRegex(ValueError, "router_x \\[tokens, %d\\] is required" % HR):
+            mt.check_ext(e, x, None, None)
+
     def test_fake_traced(self):
         from moegen import torch as mt
         import torch._dynamo.testing as dt
