@@ -697,6 +697,22 @@ static void test_router_extras_api(void) {
           !strcmp(dt, "fp32"));
     CHECK(moe_plan_tensor(es, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
     CHECK(moe_plan_tensor(plain, "router_x", &rank, dims, &dt) == MOE_OK && rank == 0);
+    CASE("router.hidden: router_x and router_w at the router's width (a latent MoE), x and w1p at hidden's");
+    {
+        snprintf(text, sizeof text, "%s router = { score = 'softmax', input = 'separate', hidden = 192 }", base);
+        moe_plan *wide = paper_plan(text);
+        CHECK(wide != NULL);
+        CHECK(wide && moe_plan_tensor(wide, "router_x", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[0] == 100 &&
+              dims[1] == 192);
+        CHECK(wide && moe_plan_tensor(wide, "router_w", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[0] == 8 &&
+              dims[1] == 192);
+        CHECK(wide && moe_plan_tensor(wide, "x", &rank, dims, &dt) == MOE_OK && rank == 2 && dims[1] == 64);
+        CHECK(wide && moe_plan_tensor(wide, "w1p", &rank, dims, &dt) == MOE_OK && rank == 3 && dims[2] == 64);
+        st = wide ? moe_forward(wide, &a, NULL) : MOE_OK;
+        CHECKF(st == MOE_ERR_INVALID_ARG && strstr(moe_last_error(), "router_x ([tokens, router.hidden]"), "%s: %s",
+               moe_status_string(st), moe_last_error());
+        paper_free(wide);
+    }
     CASE("router.weight_dtype = \"fp32\": router_w is fp32");
     {
         snprintf(text, sizeof text, "%s router = { score = 'softmax', weight_dtype = 'fp32' }", base);
