@@ -328,6 +328,9 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                        s->zero_experts, n, moe_spec_scored(s), s->experts, n, s->zero_experts, n, moe_spec_scored(s));
     const char *re = s->zero_experts ? "E + Z" : "E"; /* the router's rows: the scored experts */
     const int own_width = moe_spec_router_hidden(s) != s->hidden; /* router.hidden: the router's width, HR */
+    char rx_field[96]; /* the args struct's router_x, its width spelled */
+    snprintf(rx_field, sizeof rx_field, "    const void *router_x;       /* [tokens, %s]: the router's own input "
+             "(router.input) */\n", own_width ? "HR" : "H");
     if (own_width)
         moe_buf_printf(b,
                        "/* The router's width (router.hidden = %d): router_x [tokens, HR] and router_w [%s, HR],\n"
@@ -374,9 +377,7 @@ static void emit_header(moe_buf_t *b, const moe_plan_desc_t *pd) {
                    s->router.select == MOE_SELECT_GIVEN ? "    const int *topk_ids;        /* int32 [tokens, K]: the caller's experts */\n" : "",
                    s->router.score == MOE_SCORE_GIVEN ? "    const float *topk_weights;  /* fp32 [tokens, K]: their weights */\n" : "",
                    s->router.input == MOE_ROUTER_INPUT_SEPARATE
-                       ? (own_width ? "    const void *router_x;       /* [tokens, HR]: the router's own input (router.input) */\n"
-                                    : "    const void *router_x;       /* [tokens, H]: the router's own input (router.input) */\n")
-                       : "",
+                       ? rx_field : "",
                    s->router.expert_scale ? "    const float *router_expert_scale; /* fp32 [E]: each expert's weight "
                                             "scale */\n" : "",
                    n);

@@ -136,7 +136,6 @@ static void push(lua_State *L, const moe_family_ctx_t *c, const moe_kernel_desc_
     moe_lua_set_int(L, "fuse_ticket", MOE_ROUTE_FUSE_TICKET); /* after the slots' counts (launch_geom.h) */
     moe_lua_set_int(L, "bad_ids", MOE_ROUTE_BAD_IDS);         /* given routing: the dropped ids' count */
     moe_lua_set_int(L, "mma_columns", moe_spec_route_mma_columns(c->spec)); /* x3 with fp32 router weights */
-    moe_lua_set_int(L, "router_hidden", moe_spec_router_hidden(c->spec));   /* the logits' k: router_x's width */
 }
 
 static const moe_family_variant_t variants[] = {

@@ -311,6 +311,7 @@ static void push_shared(lua_State *L, const moe_plan_desc_t *pd, int align) {
     moe_lua_set_int(L, "router_columns", moe_spec_router_columns(s)); /* logit columns: experts, shared gate */
     moe_lua_set_bool(L, "shared_gate", s->shared.ffn > 0 && s->shared.gate == MOE_SHARED_GATE_SIGMOID);
     moe_lua_set_int(L, "H", s->hidden);
+    moe_lua_set_int(L, "router_hidden", moe_spec_router_hidden(s)); /* the logits' k: router_x's width */
     moe_lua_set_int(L, "F", s->ffn);
     moe_lua_set_int(L, "tokens", s->tokens);
     static const char *const score_name[] = {[MOE_SCORE_SOFTMAX] = "softmax", [MOE_SCORE_SIGMOID] = "sigmoid",

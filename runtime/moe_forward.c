@@ -42,8 +42,8 @@ moe_status moe_forward_check(const moe_plan *p, const moe_forward_args *a, const
                         given_w ? " and topk_weights (fp32 [tokens, top_k]) are" : " is");
     if (s->router.input == MOE_ROUTER_INPUT_SEPARATE && a->tokens > 0 && !a->router_x)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.input = \"separate\"; router_x ([tokens, %s], "
-                        "the router's input) is required", fn, s->router.hidden && s->router.hidden != s->hidden
-                                                                   ? "router.hidden" : "H");
+                        "the router's input) is required", fn,
+                        moe_spec_router_hidden(s) != s->hidden ? "router.hidden" : "H");
     if (s->router.expert_scale && !a->router_expert_scale)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the spec has router.expert_scale; router_expert_scale (fp32 [E]) "
                         "is required", fn);

@@ -338,7 +338,7 @@ extern "C" cudaError_t ${n}_forward(const ${n}_args_t *a, cudaStream_t stream) {
     moe_route_fuse_t fz = {0, ${nv == 1 and p.align or (n .. "_variant_align[v]")}, dev->slot_of, offsets, cursor, tiles, num_tiles, xs, row_of};
     if (dev->route_fuse)
         fz.mode = moe_route_fuse_mode(T, ${p.entries}, ${p.H}, ${route.threads // 32}, ${fp8 and 0 or 1});
-    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or (p.spec.router.hidden or p.H)})), ${route.threads}, ${route.smem}, stream,
+    ${n}_launch(dev, ${route.name}, dim3(moe_blocks(T, ${route.per_block}), moe_route_split(T, ${route.per_block}, ${p.score == "given" and 0 or p.router_hidden})), ${route.threads}, ${route.smem}, stream,
         (const moe_half_t *)a->x, (const ${p.spec.router.weight_dtype == "fp32" and "float" or "moe_half_t"} *)a->router_w, a->router_bias, a->router_logit_bias, T, topk_idx, topk_w,
         counts, route_part, fz${p.shared_gate and ", (const moe_half_t *)a->shared_gate" or ""}${p.spec.training and ", (float *)0" or ""}${p.given and ", a->topk_ids" or ""}${p.score == "given" and ", a->topk_weights" or ""}${p.spec.router.input == "separate" and ", (const moe_half_t *)a->router_x" or ""}${p.spec.router.expert_scale and ", a->router_expert_scale" or ""});
 @ if nv == 1 then

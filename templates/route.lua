@@ -119,7 +119,7 @@
 @   end
 @   local c = {}
 @   c.E, c.K, c.H = p.E, p.K, p.H
-@   c.HR = p.router_hidden or c.H          -- the logits' k: router_x's width (router.hidden), else H
+@   c.HR = p.router_hidden                 -- the logits' k: router_x's width (router.hidden), else H
 @   c.Z = p.spec.zero_experts or 0         -- zero experts: scored as E .. NS-1, no weight slot
 @   c.NS = c.E + c.Z                       -- scored experts
 @   c.T, c.threads = p.per_block, p.threads
@@ -232,11 +232,7 @@
 @ end
 namespace ${ns} {
 constexpr int E = ${c.E}, K = ${c.K}, H = ${c.H};
-@ if c.HR ~= c.H then
-constexpr int HR = ${c.HR};   // the router's width (router.hidden): router_x [T, HR] and router_w [E, HR]
-@ else
-constexpr int HR = H;         // the router's width: the logits read H columns
-@ end
+constexpr int HR = ${c.HR == c.H and "H" or c.HR};   // the router's width (router.hidden, else H): router_x, router_w
 @ if c.Z > 0 then
 constexpr int NS = ${c.NS};          // scored experts: E routed, then ${c.Z} zero experts (no weight slot)
 @ end

@@ -287,9 +287,8 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
 #line 233 "templates/route.lua"
 namespace qwen3_30b_a3b_route_bf16_e128k8_t32k64s4_impl {
 constexpr int E = 128, K = 8, H = 2048;
-#line 238 "templates/route.lua"
-constexpr int HR = H;         // the router's width: the logits read H columns
-#line 243 "templates/route.lua"
+constexpr int HR = H;   // the router's width (router.hidden, else H): router_x, router_w
+#line 239 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -317,7 +316,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 277 "templates/route.lua"
+#line 273 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -350,11 +349,11 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 329 "templates/route.lua"
+#line 325 "templates/route.lua"
                 ok = col < LCOLS && k < HR;
-#line 333 "templates/route.lua"
+#line 329 "templates/route.lua"
                 src = wr + (long long)col * HR + k;
-#line 336 "templates/route.lua"
+#line 332 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
@@ -428,21 +427,21 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 410 "templates/route.lua"
+#line 406 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 413 "templates/route.lua"
+#line 409 "templates/route.lua"
     (void)sel_bias;
-#line 416 "templates/route.lua"
+#line 412 "templates/route.lua"
     (void)logit_bias;
-#line 419 "templates/route.lua"
+#line 415 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 422 "templates/route.lua"
+#line 418 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 431 "templates/route.lua"
+#line 427 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
@@ -512,7 +511,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 501 "templates/route.lua"
+#line 497 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 17408 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -544,7 +543,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
             }
             __syncthreads();
         }
-#line 554 "templates/route.lua"
+#line 550 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -552,10 +551,10 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 562 "templates/route.lua"
+#line 558 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 567 "templates/route.lua"
+#line 563 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -602,7 +601,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 614 "templates/route.lua"
+#line 610 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -632,10 +631,10 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
                 }
             }
             __syncthreads();
-#line 669 "templates/route.lua"
+#line 665 "templates/route.lua"
         }
     }
-#line 682 "templates/route.lua"
+#line 678 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -643,7 +642,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 690 "templates/route.lua"
+#line 686 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -651,15 +650,15 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 700 "templates/route.lua"
+#line 696 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 702 "templates/route.lua"
+#line 698 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 717 "templates/route.lua"
+#line 713 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -674,16 +673,16 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 760 "templates/route.lua"
+#line 756 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 767 "templates/route.lua"
+#line 763 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 769 "templates/route.lua"
+#line 765 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 891 "templates/route.lua"
+#line 887 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -695,40 +694,40 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 903 "templates/route.lua"
+#line 899 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 909 "templates/route.lua"
+#line 905 "templates/route.lua"
         if (lane < K) {
-#line 916 "templates/route.lua"
+#line 912 "templates/route.lua"
             const float l = lrow[mine];
-#line 919 "templates/route.lua"
+#line 915 "templates/route.lua"
             w = expf(l - m) / z;
-#line 945 "templates/route.lua"
+#line 941 "templates/route.lua"
         }
-#line 947 "templates/route.lua"
+#line 943 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 981 "templates/route.lua"
+#line 977 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 988 "templates/route.lua"
+#line 984 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 991 "templates/route.lua"
+#line 987 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1002 "templates/route.lua"
+#line 998 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -752,7 +751,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1026 "templates/route.lua"
+#line 1022 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -764,7 +763,7 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1047 "templates/route.lua"
+#line 1043 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -772,21 +771,21 @@ qwen3_30b_a3b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, const
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1055 "templates/route.lua"
+#line 1051 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1069 "templates/route.lua"
+#line 1065 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1077 "templates/route.lua"
+#line 1073 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1080 "templates/route.lua"
+#line 1076 "templates/route.lua"
         }
-#line 1084 "templates/route.lua"
+#line 1080 "templates/route.lua"
     }
 }
 
