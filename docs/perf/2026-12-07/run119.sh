@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 119 (twenty-first session): run118 on main as of router.hidden (build r119: moegen, moe_bench, test_gpu,
+# Run 119 (twenty-first session): the shipped entries, where it stands and the route profile on main as of router.hidden (build r119: moegen, moe_bench, test_gpu,
 # libmoegen.so, libmoegen_ref.so stripped, Debian's liblua5.4.so.0 and libjansson.so.4 beside them; carry
 # ["build/r119"]), then the latent MoE on a GPU: test_gpu's router_latent cases (router_x and router_w 1024 wide, x
 # 256) and check_models' nemotron-h and nemotron-h-latent families against transformers' NemotronHMoE (GPU backend,
