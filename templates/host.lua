@@ -458,8 +458,13 @@ ${ind}    }
 @ end
     /* few tokens: a gemv down GEMM writes y itself (moe_combine_fuse_tokens) */
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
-    int combined = 0, chained = 0; /* chained: the chain's up GEMM ran the down GEMM and the combine */
-    (void)cfuse, (void)chained;
+    int combined = 0;
+    (void)cfuse;
+@ local any_chain = false
+@ for _, vs in ipairs(p.variants) do any_chain = any_chain or (vs.sm90 and vs.sm90.gemm_up_swiglu.chain and true) or false end
+@ if any_chain then
+    int chained = 0; /* the chain's up GEMM ran the down GEMM and the combine */
+@ end
 @ if nv == 1 then
 @   gemms(p.variants[1], "")
 @ else
