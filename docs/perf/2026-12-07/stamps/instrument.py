@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Stamp the route kernel of a vendored .cu (moegen emit's output) for a per-phase timeline.
+
+instrument.py IN.cu OUT.cu [acqrel]: thread 0 of every route block records %globaltimer and clock64 at ten points
+(entry, phase 1 done, split ticket taken, partials summed, phase 2 done, counts added, fused ticket, plan done,
+scatter rows done, end) into moe_st[blockIdx.y][{0: ns, 1: clock}][point]; route_stamps_read() copies them out and
+route_stamps_clear() zeroes them. With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
+release/acquire pattern the split and fused tickets need) instead of the sequentially consistent fence.
+A measurement aid for docs/perf only: nothing here goes into the project's kernels."""
+import re, sys
+
+src = open(sys.argv[1]).read()
+opts = sys.argv[3:]
+acqrel = "acqrel" in opts
+m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
+start = m.start()
+end = src.index("\n}\n", start) + 3
+k = src[start:end]
+
+def put(pat, stamp, after=True, count=1):
+    global k
+    i = k.find(pat)
+    assert i >= 0, pat
+    j = i + len(pat) if after else i
+    k = k[:j] + f"MOE_ST({stamp});" + k[j:]
+
+put("unsigned char *smem = moe_route_smem;", 0)
+put("    /* ---- split H", 1, after=False)
+put("== (int)gridDim.y - 1;\n        __syncthreads();", 2)
+put("    /* ---- phase 2", 3, after=False)
+put("    __syncthreads();\n    for (int e = tid; e < E; e += THREADS)\n        if (s_count[e])", 4, after=False)
+put("    /* ---- fused", 5, after=False)
+put("if (!s_last_all)\n            return;", 6)
+i = k.find("moe_plan_block<")
+j = k.find(";", i) + 1
+k = k[:j] + "MOE_ST(7);" + k[j:]
+put("__syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block\n", 8)
+k = k[:-3] + "MOE_ST(9);\n}\n"
+# stamp 4 sits before the barrier: move it after (the barrier ends phase 2)
+k = k.replace("MOE_ST(4);    __syncthreads();", "    __syncthreads();MOE_ST(4);")
+if acqrel:
+    n = k.count("__threadfence();")
+    k = k.replace("__threadfence();", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");')
+    sys.stderr.write(f"acqrel: {n} fences\n")
+head = r'''
+__device__ unsigned long long moe_st[64][2][10];
+#define MOE_ST(i) do { if (threadIdx.x == 0) { unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); \
+    moe_st[blockIdx.y][0][i] = t_; moe_st[blockIdx.y][1][i] = clock64(); } } while (0)
+'''
+tail = r'''
+#include <cuda_runtime.h>
+extern "C" void route_stamps_read(unsigned long long *h) { cudaMemcpyFromSymbol(h, moe_st, sizeof moe_st); }
+extern "C" void route_stamps_clear(void) { static unsigned long long z[64 * 2 * 10]; cudaMemcpyToSymbol(moe_st, z, sizeof z); }
+'''
+if "dnpf" in opts:
+    # the down gemv: before its griddepcontrol.wait, thread 0 asks L2 for the CTA's weight slice (BN rows of the
+    # expert's w2, K halves each: contiguous) from the tile the route wrote (two kernels back, complete before the up
+    # GEMM's wait returned); only a prefetch: the kernel's own loads are unchanged
+    for mm in reversed(list(re.finditer(r'(\w+_gemm_down_\w+_gemv3?_\w+)\(const moe_half_t \*__restrict__ hbuf, const moe_half_t \*__restrict__ w2,', src))):
+        name = mm.group(1)
+        a = src.index("moe_pdl_begin();", mm.end())
+        b = src.index("\n", src.index("using namespace", a)) + 1
+        pf = ("using namespace " + name + "_impl;\n"
+              "    if ((int)blockIdx.y < __ldcg(num_tiles) && threadIdx.x == 0) {\n"
+              "        const int ex_ = __ldcg(&tiles[blockIdx.y].expert);\n"
+              "        const moe_half_t *p_ = w2 + ((long long)ex_ * N + (long long)blockIdx.x * BN) * K;\n"
+              "        asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(p_), \"r\"((unsigned)(BN * K * 2)) : \"memory\");\n"
+              "    }\n    moe_pdl_begin();\n")
+        assert src[a:b].count("using namespace") == 1
+        src = src[:a] + pf + src[b:]
+        sys.stderr.write("dnpf: " + name + "\n")
+    m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
+    start = m.start()
+    end = src.index("\n}\n", start) + 3
+    # the route kernel text k (stamped) replaces src[start:end] below; the prefetch edit is after it in the file
+# the stamps' array and macro before every kernel (the file's includes come after them, with the host code)
+out = head + src[:start] + k + src[end:] + tail
+open(sys.argv[2], "w").write(out)
