@@ -31,6 +31,22 @@
 @ -- threads issue four splits' loads of their float4s together (the sum per
 @ -- logit still over the splits in order from 0).
 @ --
+@ -- Few tokens (a block with at most 8 of them, the call's choice at run time:
+@ -- decode): phase 1 stages nothing. A warp's mma.sync reads its operands
+@ -- from registers: for a k32 step of an n8 tile lane (g, tq) loads 16
+@ -- bytes of router row n0 + g and of x row g, columns k + 8tq .. k + 8tq
+@ -- + 7, and the mma's k order is a permutation of the step's 32 columns
+@ -- (pairs 0, 1 the first k16's, pairs 2, 3 the second's; the same for A
+@ -- and B), so the products summed are the dot product's. Warp (wn, wk)
+@ -- takes n8 tiles wn, wn + DWN, ... and k32 steps wk, wk + DWK, ... of
+@ -- the block's columns with two tiles' and eight steps' loads in flight;
+@ -- k-split warps (DWK > 1: fewer tiles than warps) leave their sums in
+@ -- scratch, added in wk order. The sums' order differs from the staged
+@ -- path's, so a token's logits can differ in the last bits between a
+@ -- call of few tokens and a larger one (either is the same on every run).
+@ -- Not emitted with fp32 router weights (their three parts need the
+@ -- staged split).
+@ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
 @ -- 64-bit keys (score bits << 32 | ~expert), so ties go to the lower
@@ -170,6 +186,16 @@
 @   c.WKS = c.WK > 1 and (c.NPASS == 1 and c.lbytes + (c.WK - 1) * c.T * c.EP * 4 <= c.smem or
 @                         c.NPASS > 1 and (c.WK - 1) * c.T * c.EP * 4 <= c.ring)
 @   c.soff = c.NPASS == 1 and c.lbytes or 0
+@   -- a block of at most 8 tokens: the logits from mma fed straight from registers ("Few tokens"); n8 tiles
+@   -- over the logit columns split over DWN warps, the block's k32 steps over DWK = NW / DWN, whose sums meet in
+@   -- scratch past the logits' 8 rows (one pass: the logits start the smem) or at the ring's start
+@   c.DNT = cdiv(c.EL, 8)
+@   c.DWN = math.min(c.NW, c.DNT)
+@   while c.NW % c.DWN ~= 0 do c.DWN = c.DWN - 1 end
+@   c.DWK = c.NW // c.DWN
+@   c.dscr = c.loff == 0 and 8 * c.LDL * 4 or 0
+@   c.dot = not c.fp32w and (c.DWK == 1 or
+@                            c.dscr + c.DWK * 8 * c.DNT * 8 * 4 <= (c.loff == 0 and c.smem or c.loff))
 @   -- routing
 @   c.softmax = p.score == "softmax"
 @   need(c.softmax or p.score == "sigmoid" or p.score == "sqrtsoftplus" or p.score == "sparsemixer" or
@@ -335,6 +361,84 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
     }
 }
 
+@ if c.dot then
+constexpr int DNT = ${c.DNT}, DWN = ${c.DWN}, DWK = ${c.DWK};   // few tokens: n8 tiles; warps along them, along k
+constexpr int DSCR = ${c.dscr};      // few tokens: the k-split sums' scratch, bytes into smem
+
+/* Few tokens ("Few tokens" above): the logits of the block's nvalid <= 8 tokens over columns [k0, k1) of HR, into
+ * lsm rows 0 .. nvalid-1 (columns 0 .. DNT*8-1; past LCOLS zeros); every thread of the block calls it. */
+static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const moe_half_t *__restrict__ xr,
+                                                  const moe_half_t *__restrict__ wr, ${c.gate and "const moe_half_t *__restrict__ wg, " or ""}int tok0,
+                                                  int nvalid, int k0, int k1, int tid) {
+    constexpr int TB = 2, KB = 8;   // tiles and k32 steps whose loads are in flight together
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int wn = warp % DWN, wk = warp / DWN;
+    const int nks = (k1 - k0 + 31) / 32;
+    const bool xrow = g < nvalid;   // rows g + 8 (a1, a3) are never tokens
+    const moe_half_t *xg = xr + (long long)(tok0 + (xrow ? g : 0)) * HR + k0 + 8 * tq;
+#pragma unroll 1
+    for (int j0 = wn; j0 < DNT; j0 += DWN * TB) {
+        float acc[TB][4];
+        const moe_half_t *wrow[TB];
+        bool wok[TB];
+#pragma unroll
+        for (int b = 0; b < TB; ++b) {
+            const int n = (j0 + b * DWN) * 8 + g;
+            wok[b] = j0 + b * DWN < DNT && n < LCOLS;
+@   if c.gate then
+            wrow[b] = (wok[b] && n == E ? wg : wr + (long long)(wok[b] ? n : 0) * HR) + k0 + 8 * tq;
+@   else
+            wrow[b] = wr + (long long)(wok[b] ? n : 0) * HR + k0 + 8 * tq;
+@   end
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+        }
+#pragma unroll 1
+        for (int s0 = wk; s0 < nks; s0 += DWK * KB) {
+            uint4 xv[KB], wv[TB][KB];
+#pragma unroll
+            for (int i = 0; i < KB; ++i) {
+                const int s = s0 + i * DWK;
+                const bool in = s < nks && k0 + s * 32 + 8 * tq < k1;   // HR % 8 == 0: a 16-byte run is in or out
+                xv[i] = in && xrow ? __ldg(reinterpret_cast<const uint4 *>(xg + s * 32)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int b = 0; b < TB; ++b)
+                    wv[b][i] = in && wok[b] ? __ldg(reinterpret_cast<const uint4 *>(wrow[b] + s * 32))
+                                            : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int i = 0; i < KB; ++i) {
+                const unsigned a0[4] = {xv[i].x, 0u, xv[i].y, 0u}, a1[4] = {xv[i].z, 0u, xv[i].w, 0u};
+#pragma unroll
+                for (int b = 0; b < TB; ++b) {
+                    const unsigned b0[2] = {wv[b][i].x, wv[b][i].y}, b1[2] = {wv[b][i].z, wv[b][i].w};
+                    mma(acc[b], a0, b0);
+                    mma(acc[b], a1, b1);
+                }
+            }
+        }
+        /* d0, d1: token g, columns 2tq, 2tq + 1 of the tile (d2, d3: rows g + 8, none) */
+#pragma unroll
+        for (int b = 0; b < TB; ++b) {
+            const int j = j0 + b * DWN;
+            if (j < DNT && xrow)
+                *reinterpret_cast<float2 *>((DWK == 1 ? lsm + g * LDL : scr + (wk * 8 + g) * (DNT * 8)) + j * 8 + 2 * tq) =
+                    make_float2(acc[b][0], acc[b][1]);
+        }
+    }
+    if (DWK > 1) {
+        __syncthreads();
+        for (int i = tid; i < nvalid * DNT * 8; i += THREADS) {
+            const int t = i / (DNT * 8), col = i % (DNT * 8);
+            float v = scr[t * (DNT * 8) + col];
+#pragma unroll
+            for (int w = 1; w < DWK; ++w) v += scr[(w * 8 + t) * (DNT * 8) + col];
+            lsm[t * LDL + col] = v;
+        }
+    }
+}
+
+@ end
 /* Order-preserving float bits (larger float, larger unsigned), and back. */
 static __device__ __forceinline__ unsigned ord_of(float f) {
     const unsigned u = __float_as_uint(f);
@@ -435,6 +539,13 @@ ${p.kernel}(const moe_half_t *__restrict__ x, const ${c.fp32w and "float" or "mo
      * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
     const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
     const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
+@ if c.dot then
+    if (tokens - tok0 <= 8) {   // block-uniform: few tokens, no staging ("Few tokens")
+        logits_few(lsm, reinterpret_cast<float *>(smem + DSCR), ${c.own_input and "router_x" or "x"}, wr, ${c.gate and "shared_gate, " or ""}tok0, tokens - tok0, c0 * BK,
+                   min(c1 * BK, HR), tid);
+        __syncthreads();
+    } else
+@ end
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = pass * EP;   // the pass's first logit column

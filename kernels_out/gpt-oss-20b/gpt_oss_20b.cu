@@ -284,11 +284,11 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 233 "templates/route.lua"
+#line 259 "templates/route.lua"
 namespace gpt_oss_20b_route_bf16_e32k4_t32k128s5_impl {
 constexpr int E = 32, K = 4, H = 2880;
 constexpr int HR = H;   // the router's width (router.hidden, else H): router_x, router_w
-#line 239 "templates/route.lua"
+#line 265 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 1, WK = 8;     // warps along the pass's columns, along each stage's k16 steps
@@ -316,7 +316,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 273 "templates/route.lua"
+#line 299 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -349,17 +349,93 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 325 "templates/route.lua"
+#line 351 "templates/route.lua"
                 ok = col < LCOLS && k < HR;
-#line 329 "templates/route.lua"
+#line 355 "templates/route.lua"
                 src = wr + (long long)col * HR + k;
-#line 332 "templates/route.lua"
+#line 358 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
 
+#line 365 "templates/route.lua"
+constexpr int DNT = 4, DWN = 4, DWK = 2;   // few tokens: n8 tiles; warps along them, along k
+constexpr int DSCR = 1280;      // few tokens: the k-split sums' scratch, bytes into smem
+
+/* Few tokens ("Few tokens" above): the logits of the block's nvalid <= 8 tokens over columns [k0, k1) of HR, into
+ * lsm rows 0 .. nvalid-1 (columns 0 .. DNT*8-1; past LCOLS zeros); every thread of the block calls it. */
+static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const moe_half_t *__restrict__ xr,
+                                                  const moe_half_t *__restrict__ wr, int tok0,
+                                                  int nvalid, int k0, int k1, int tid) {
+    constexpr int TB = 2, KB = 8;   // tiles and k32 steps whose loads are in flight together
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int wn = warp % DWN, wk = warp / DWN;
+    const int nks = (k1 - k0 + 31) / 32;
+    const bool xrow = g < nvalid;   // rows g + 8 (a1, a3) are never tokens
+    const moe_half_t *xg = xr + (long long)(tok0 + (xrow ? g : 0)) * HR + k0 + 8 * tq;
+#pragma unroll 1
+    for (int j0 = wn; j0 < DNT; j0 += DWN * TB) {
+        float acc[TB][4];
+        const moe_half_t *wrow[TB];
+        bool wok[TB];
+#pragma unroll
+        for (int b = 0; b < TB; ++b) {
+            const int n = (j0 + b * DWN) * 8 + g;
+            wok[b] = j0 + b * DWN < DNT && n < LCOLS;
+#line 391 "templates/route.lua"
+            wrow[b] = wr + (long long)(wok[b] ? n : 0) * HR + k0 + 8 * tq;
+#line 393 "templates/route.lua"
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+        }
+#pragma unroll 1
+        for (int s0 = wk; s0 < nks; s0 += DWK * KB) {
+            uint4 xv[KB], wv[TB][KB];
+#pragma unroll
+            for (int i = 0; i < KB; ++i) {
+                const int s = s0 + i * DWK;
+                const bool in = s < nks && k0 + s * 32 + 8 * tq < k1;   // HR % 8 == 0: a 16-byte run is in or out
+                xv[i] = in && xrow ? __ldg(reinterpret_cast<const uint4 *>(xg + s * 32)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int b = 0; b < TB; ++b)
+                    wv[b][i] = in && wok[b] ? __ldg(reinterpret_cast<const uint4 *>(wrow[b] + s * 32))
+                                            : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int i = 0; i < KB; ++i) {
+                const unsigned a0[4] = {xv[i].x, 0u, xv[i].y, 0u}, a1[4] = {xv[i].z, 0u, xv[i].w, 0u};
+#pragma unroll
+                for (int b = 0; b < TB; ++b) {
+                    const unsigned b0[2] = {wv[b][i].x, wv[b][i].y}, b1[2] = {wv[b][i].z, wv[b][i].w};
+                    mma(acc[b], a0, b0);
+                    mma(acc[b], a1, b1);
+                }
+            }
+        }
+        /* d0, d1: token g, columns 2tq, 2tq + 1 of the tile (d2, d3: rows g + 8, none) */
+#pragma unroll
+        for (int b = 0; b < TB; ++b) {
+            const int j = j0 + b * DWN;
+            if (j < DNT && xrow)
+                *reinterpret_cast<float2 *>((DWK == 1 ? lsm + g * LDL : scr + (wk * 8 + g) * (DNT * 8)) + j * 8 + 2 * tq) =
+                    make_float2(acc[b][0], acc[b][1]);
+        }
+    }
+    if (DWK > 1) {
+        __syncthreads();
+        for (int i = tid; i < nvalid * DNT * 8; i += THREADS) {
+            const int t = i / (DNT * 8), col = i % (DNT * 8);
+            float v = scr[t * (DNT * 8) + col];
+#pragma unroll
+            for (int w = 1; w < DWK; ++w) v += scr[(w * 8 + t) * (DNT * 8) + col];
+            lsm[t * LDL + col] = v;
+        }
+    }
+}
+
+#line 442 "templates/route.lua"
 /* Order-preserving float bits (larger float, larger unsigned), and back. */
 static __device__ __forceinline__ unsigned ord_of(float f) {
     const unsigned u = __float_as_uint(f);
@@ -427,19 +503,19 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 406 "templates/route.lua"
+#line 510 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 409 "templates/route.lua"
+#line 513 "templates/route.lua"
     (void)sel_bias;
-#line 415 "templates/route.lua"
+#line 519 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 418 "templates/route.lua"
+#line 522 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 427 "templates/route.lua"
+#line 531 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
@@ -451,6 +527,13 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
      * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
     const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
     const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
+#line 543 "templates/route.lua"
+    if (tokens - tok0 <= 8) {   // block-uniform: few tokens, no staging ("Few tokens")
+        logits_few(lsm, reinterpret_cast<float *>(smem + DSCR), x, wr, tok0, tokens - tok0, c0 * BK,
+                   min(c1 * BK, HR), tid);
+        __syncthreads();
+    } else
+#line 549 "templates/route.lua"
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = pass * EP;   // the pass's first logit column
@@ -509,7 +592,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 497 "templates/route.lua"
+#line 608 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 5120 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -541,7 +624,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
             }
             __syncthreads();
         }
-#line 550 "templates/route.lua"
+#line 661 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -549,10 +632,10 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 558 "templates/route.lua"
+#line 669 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 563 "templates/route.lua"
+#line 674 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -599,7 +682,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 610 "templates/route.lua"
+#line 721 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -629,10 +712,10 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
                 }
             }
             __syncthreads();
-#line 665 "templates/route.lua"
+#line 776 "templates/route.lua"
         }
     }
-#line 678 "templates/route.lua"
+#line 789 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -640,7 +723,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 686 "templates/route.lua"
+#line 797 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -648,15 +731,15 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 694 "templates/route.lua"
+#line 805 "templates/route.lua"
                 pv[i] = lrow[e] + __ldg(logit_bias + e);
-#line 698 "templates/route.lua"
+#line 809 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 713 "templates/route.lua"
+#line 824 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -671,16 +754,16 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 756 "templates/route.lua"
+#line 867 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 763 "templates/route.lua"
+#line 874 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 765 "templates/route.lua"
+#line 876 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 887 "templates/route.lua"
+#line 998 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -692,40 +775,40 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 899 "templates/route.lua"
+#line 1010 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 905 "templates/route.lua"
+#line 1016 "templates/route.lua"
         if (lane < K) {
-#line 910 "templates/route.lua"
+#line 1021 "templates/route.lua"
             const float l = lrow[mine] + __ldg(logit_bias + mine);
-#line 915 "templates/route.lua"
+#line 1026 "templates/route.lua"
             w = expf(l - m) / z;
-#line 941 "templates/route.lua"
+#line 1052 "templates/route.lua"
         }
-#line 943 "templates/route.lua"
+#line 1054 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 977 "templates/route.lua"
+#line 1088 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 984 "templates/route.lua"
+#line 1095 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 987 "templates/route.lua"
+#line 1098 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 998 "templates/route.lua"
+#line 1109 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -749,7 +832,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1022 "templates/route.lua"
+#line 1133 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -761,7 +844,7 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1043 "templates/route.lua"
+#line 1154 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -769,21 +852,21 @@ gpt_oss_20b_route_bf16_e32k4_t32k128s5(const moe_half_t *__restrict__ x, const m
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1051 "templates/route.lua"
+#line 1162 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1065 "templates/route.lua"
+#line 1176 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1073 "templates/route.lua"
+#line 1184 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1076 "templates/route.lua"
+#line 1187 "templates/route.lua"
         }
-#line 1080 "templates/route.lua"
+#line 1191 "templates/route.lua"
     }
 }
 
