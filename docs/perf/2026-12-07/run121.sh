@@ -20,9 +20,9 @@ timeout 120 stdbuf -oL -eL build/r121/test_gpu --family route --tokens-max 8 > "
 echo "test_gpu route <= 8: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 timeout 90 stdbuf -oL -eL build/r121/test_gpu --tokens-max 16 qwen3-30b mixtral > "$OUT/w/test_gpu_layer16.log" 2>&1
 echo "test_gpu layers <= 16: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-(cd build/sb && for b in h_base h_new h_acq h_newacq; do echo "=== $b (PDL off)"; timeout 40 ./$b 30 1 2 8; done
- for b in h_base h_pf h_new; do echo "=== $b MOEGEN_PDL=on"; MOEGEN_PDL=on timeout 40 ./$b 30 1 8; done
- for b in h_mix h_mixnew; do echo "=== $b (PDL off)"; timeout 40 ./$b 30 1 8; done) > "$OUT/w/stamps.log" 2>&1
+(cd build/sb && for b in h_base h_new h_acq h_newacq; do echo "=== $b (PDL off)"; timeout 40 ./$b 20 1 2 8; done
+ for b in h_base h_pf h_new; do echo "=== $b MOEGEN_PDL=on"; MOEGEN_PDL=on timeout 40 ./$b 20 1 8; done
+ for b in h_mix h_mixnew; do echo "=== $b (PDL off)"; timeout 40 ./$b 20 1 8; done) > "$OUT/w/stamps.log" 2>&1
 echo "stamps: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8 gpt-oss-20b; do
     for r in r119 r121 r119 r121; do
