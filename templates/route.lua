@@ -42,8 +42,9 @@
 @ -- the block's columns with two tiles' and eight steps' loads in flight;
 @ -- k-split warps (DWK > 1: fewer tiles than warps) leave their sums in
 @ -- scratch, added in wk order. The sums' order differs from the staged
-@ -- path's, so a token's logits can differ in the last bits between a
-@ -- call of few tokens and a larger one (either is the same on every run).
+@ -- path's, so a token's logits can differ in the last bits with the
+@ -- number of tokens in its block of T (at most 8, or more: a decode call,
+@ -- or a larger call's last block); each is the same on every run.
 @ -- Not emitted with fp32 router weights (their three parts need the
 @ -- staged split).
 @ --

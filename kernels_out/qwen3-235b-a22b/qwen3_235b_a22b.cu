@@ -284,11 +284,11 @@ static __device__ __forceinline__ void moe_plan_block(const int *counts, const i
     }
 }
 
-#line 259 "templates/route.lua"
+#line 260 "templates/route.lua"
 namespace qwen3_235b_a22b_route_bf16_e128k8_t32k64s4_impl {
 constexpr int E = 128, K = 8, H = 4096;
 constexpr int HR = H;   // the router's width (router.hidden, else H): router_x, router_w
-#line 265 "templates/route.lua"
+#line 266 "templates/route.lua"
 constexpr int T = 32, THREADS = 256, NW = 8;
 constexpr int MT = 2;          // m16 tiles: every warp covers all T tokens
 constexpr int WN = 2, WK = 4;     // warps along the pass's columns, along each stage's k16 steps
@@ -316,7 +316,7 @@ static_assert(KSTEPS % WK == 0 && NPASS * EP >= MC && LDL >= NPASS * EP, "tiling
 static_assert(SMEM == (NPASS == 1 ? (S * STAGE * 2 > T * LDL * 4 ? S * STAGE * 2 : T * LDL * 4)
                                   : S * STAGE * 2 + T * LDL * 4), "shared memory: gen/family_route.c's tiling");
 static_assert((STR * 2) % 16 == 0 && LOFF % 16 == 0, "smem alignment");
-#line 299 "templates/route.lua"
+#line 300 "templates/route.lua"
 
 /* D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. */
 static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -349,18 +349,18 @@ static __device__ __forceinline__ void load_stage(moe_half_t *dst, const moe_hal
                 src = x + (long long)tok * HR + k;
             } else {
                 const int col = nbase + r - T;
-#line 351 "templates/route.lua"
+#line 352 "templates/route.lua"
                 ok = col < LCOLS && k < HR;
-#line 355 "templates/route.lua"
+#line 356 "templates/route.lua"
                 src = wr + (long long)col * HR + k;
-#line 358 "templates/route.lua"
+#line 359 "templates/route.lua"
             }
             moe_cp_async16(dst + r * STR + q * 8, ok ? src : x, ok ? 16 : 0);
         }
     }
 }
 
-#line 365 "templates/route.lua"
+#line 366 "templates/route.lua"
 constexpr int DNT = 16, DWN = 8, DWK = 1;   // few tokens: n8 tiles; warps along them, along k
 constexpr int DSCR = 4352;      // few tokens: the k-split sums' scratch, bytes into smem
 
@@ -384,9 +384,9 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
         for (int b = 0; b < TB; ++b) {
             const int n = (j0 + b * DWN) * 8 + g;
             wok[b] = j0 + b * DWN < DNT && n < LCOLS;
-#line 391 "templates/route.lua"
+#line 392 "templates/route.lua"
             wrow[b] = wr + (long long)(wok[b] ? n : 0) * HR + k0 + 8 * tq;
-#line 393 "templates/route.lua"
+#line 394 "templates/route.lua"
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
         }
@@ -435,7 +435,7 @@ static __device__ __forceinline__ void logits_few(float *lsm, float *scr, const 
     }
 }
 
-#line 442 "templates/route.lua"
+#line 443 "templates/route.lua"
 /* Order-preserving float bits (larger float, larger unsigned), and back. */
 static __device__ __forceinline__ unsigned ord_of(float f) {
     const unsigned u = __float_as_uint(f);
@@ -503,21 +503,21 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
     extern __shared__ __align__(16) unsigned char moe_route_smem[];
     unsigned char *smem = moe_route_smem;
     __shared__ int s_count[SLOTS];   // this block's selections per weight slot (the plan's counts: one token block)
-#line 510 "templates/route.lua"
+#line 511 "templates/route.lua"
     __shared__ int s_ent[NW * ENTRIES], s_row[NW * ENTRIES];   // the fused scatter's entries and their rows
-#line 513 "templates/route.lua"
+#line 514 "templates/route.lua"
     (void)sel_bias;
-#line 516 "templates/route.lua"
+#line 517 "templates/route.lua"
     (void)logit_bias;
-#line 519 "templates/route.lua"
+#line 520 "templates/route.lua"
     moe_half_t *ring = reinterpret_cast<moe_half_t *>(smem);
     float *lsm = reinterpret_cast<float *>(smem + LOFF);
-#line 522 "templates/route.lua"
+#line 523 "templates/route.lua"
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tok0 = blockIdx.x * T;
     if (tok0 >= tokens)
         return;
-#line 531 "templates/route.lua"
+#line 532 "templates/route.lua"
     for (int e = tid; e < SLOTS; e += THREADS) s_count[e] = 0;   // ordered before use by phase 1's barriers
 
     /* ---- phase 1: logits[T, E] = x[T, HR] . wr[E, HR]^T (x: router_x where the router has its own input) ---- */
@@ -529,13 +529,13 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
      * j*8 + (lane & 7) (+8 for lanes 16..31: the pair's second n8 tile), column +8 for lanes 8..15 and 24..31 */
     const int a_off = (lane & 15) * STR + (lane >> 4) * 8;
     const int b_off = (T + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * STR + ((lane >> 3) & 1) * 8;
-#line 543 "templates/route.lua"
+#line 544 "templates/route.lua"
     if (tokens - tok0 <= 8) {   // block-uniform: few tokens, no staging ("Few tokens")
         logits_few(lsm, reinterpret_cast<float *>(smem + DSCR), x, wr, tok0, tokens - tok0, c0 * BK,
                    min(c1 * BK, HR), tid);
         __syncthreads();
     } else
-#line 549 "templates/route.lua"
+#line 550 "templates/route.lua"
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; ++pass) {
         const int nbase = pass * EP;   // the pass's first logit column
@@ -594,7 +594,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         moe_cp_async_wait<0>();
         __syncthreads();   // the ring is free (it may hold the logits)
 
-#line 608 "templates/route.lua"
+#line 609 "templates/route.lua"
         /* fragment (mt, j): rows mt*16 + g (+8), columns wn*NT*8 + j*8 + 2tq (+1) of the pass. Warp wk's
          * fragments to slice wk (slice 0: the logits' own place; slice s > 0: [T][EP] floats at
          * smem + 17408 + (s - 1) T EP 4), one barrier, then each thread adds a float4's slices in wk order
@@ -626,7 +626,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
             }
             __syncthreads();
         }
-#line 661 "templates/route.lua"
+#line 662 "templates/route.lua"
     }
 
     /* ---- split H: partial logits out, and the last block sums them ---- */
@@ -634,10 +634,10 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         __shared__ int s_last;
         const int nv = min(T, tokens - tok0) * E;   // the block's tokens' logits only
         float *part = route_part + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (T * E);
-#line 669 "templates/route.lua"
+#line 670 "templates/route.lua"
         for (int i = 4 * tid; i < nv; i += 4 * THREADS)   // LDL and E multiples of 4: a float4 of one token's row
             *reinterpret_cast<float4 *>(part + i) = *reinterpret_cast<const float4 *>(lsm + (i / E) * LDL + i % E);
-#line 674 "templates/route.lua"
+#line 675 "templates/route.lua"
         __threadfence();   // the partials are visible before the ticket is taken
         __syncthreads();
         if (tid == 0)
@@ -684,7 +684,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
                 lsm[(j / E) * LDL + j % E] = v;
             __syncthreads();
         } else {   // G is 1 here (G > 1 only while G * nv <= THREADS)
-#line 721 "templates/route.lua"
+#line 722 "templates/route.lua"
             /* four logits a float4: a thread's NB float4s of every split, four splits' loads issued together
              * (the sum over y in split order from 0, as above: the same bits) */
             constexpr int NB = 4;
@@ -714,10 +714,10 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
                 }
             }
             __syncthreads();
-#line 776 "templates/route.lua"
+#line 777 "templates/route.lua"
         }
     }
-#line 789 "templates/route.lua"
+#line 790 "templates/route.lua"
 
     /* ---- phase 2: a warp per token: scores, top-k, weights, counts ---- */
 #pragma unroll 1
@@ -725,7 +725,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         const int tok = tok0 + tt;
         if (tok >= tokens)
             break;
-#line 797 "templates/route.lua"
+#line 798 "templates/route.lua"
         const float *lrow = lsm + tt * LDL;
         float pv[VPL];
         unsigned valid = 0;
@@ -733,15 +733,15 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         for (int i = 0; i < VPL; ++i) {
             const int e = lane + 32 * i;
             if (e < E) {
-#line 807 "templates/route.lua"
+#line 808 "templates/route.lua"
                 pv[i] = lrow[e];
-#line 809 "templates/route.lua"
+#line 810 "templates/route.lua"
                 valid |= 1u << i;
             } else {
                 pv[i] = 0.f;
             }
         }
-#line 824 "templates/route.lua"
+#line 825 "templates/route.lua"
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
@@ -756,16 +756,16 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         z = warp_sum(z);
 #pragma unroll
         for (int i = 0; i < VPL; ++i) pv[i] = pv[i] / z;
-#line 867 "templates/route.lua"
+#line 868 "templates/route.lua"
         unsigned ord[VPL];   // selection scores s = p (+ sel_bias), as keys
 #pragma unroll
         for (int i = 0; i < VPL; ++i) {
-#line 874 "templates/route.lua"
+#line 875 "templates/route.lua"
             ord[i] = ord_of(pv[i]);
-#line 876 "templates/route.lua"
+#line 877 "templates/route.lua"
         }
         unsigned cand = valid;
-#line 998 "templates/route.lua"
+#line 999 "templates/route.lua"
 
         /* top-k, best first; lane r keeps the r-th expert */
         int mine = 0;
@@ -777,40 +777,40 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
             if (lane == (e & 31))
                 cand &= ~(1u << (e >> 5));
         }
-#line 1010 "templates/route.lua"
+#line 1011 "templates/route.lua"
 
         /* weights: p at the selected experts (never the selection bias) */
         float w = 0.f;
-#line 1016 "templates/route.lua"
+#line 1017 "templates/route.lua"
         if (lane < K) {
-#line 1023 "templates/route.lua"
+#line 1024 "templates/route.lua"
             const float l = lrow[mine];
-#line 1026 "templates/route.lua"
+#line 1027 "templates/route.lua"
             w = expf(l - m) / z;
-#line 1052 "templates/route.lua"
+#line 1053 "templates/route.lua"
         }
-#line 1054 "templates/route.lua"
+#line 1055 "templates/route.lua"
         {
             const float sum = warp_sum(w);
             if (sum > 0.f)
                 w = w / sum;
         }
-#line 1088 "templates/route.lua"
+#line 1089 "templates/route.lua"
         if (lane < K) {
             topk_idx[(long long)tok * K + lane] = mine;
             topk_w[(long long)tok * K + lane] = w;
             atomicAdd(s_count + mine, 1);
         }
-#line 1095 "templates/route.lua"
+#line 1096 "templates/route.lua"
         if (tt < NW && lane < ENTRIES)   // the entries of the fused scatter's tokens (mode 2: at most NW), kept here
             s_ent[tt * ENTRIES + lane] = lane < K ? mine : E + lane - K;
-#line 1098 "templates/route.lua"
+#line 1099 "templates/route.lua"
     }
     __syncthreads();
     for (int e = tid; e < E; e += THREADS)
         if (s_count[e])
             atomicAdd(counts + e, s_count[e]);
-#line 1109 "templates/route.lua"
+#line 1110 "templates/route.lua"
 
     /* ---- fused: the last block to finish plans the permutation (and scatters) ---- */
     if (fuse.mode == 0)
@@ -834,7 +834,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         int *s_off = reinterpret_cast<int *>(smem), *s_first = s_off + SLOTS;
         moe_plan_block<THREADS, SLOTS>(counts, one ? s_count : nullptr, fuse.slot_of, fuse.align, fuse.offsets,
                                        fuse.cursor, fuse.tiles, fuse.num_tiles, s_off, s_first, s_wr, s_wt);
-#line 1133 "templates/route.lua"
+#line 1134 "templates/route.lua"
         if (fuse.mode != 2)
             return;
         /* the scatter: each entry's row, then a warp per routed row copies x (HV 16-byte vectors) */
@@ -846,7 +846,7 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
         /* entry i's id and row from shared memory where this block made them (one token block, its first NW
          * tokens: every call mode 2 is given), else from L2 */
         const int nk = one ? min(n, NW * ENTRIES) : 0;
-#line 1154 "templates/route.lua"
+#line 1155 "templates/route.lua"
         for (int i = tid; i < n; i += THREADS) {
             const int e = i < nk ? s_ent[i] : __ldcg(topk_idx + i);
             const int r = s_off[e] + atomicAdd(s_cur + e, 1);
@@ -854,21 +854,21 @@ qwen3_235b_a22b_route_bf16_e128k8_t32k64s4(const moe_half_t *__restrict__ x, con
             if (i < nk)
                 s_row[i] = r;
         }
-#line 1162 "templates/route.lua"
+#line 1163 "templates/route.lua"
         __syncthreads();   // row_of (global, s_row) and s_cur are complete, for the whole block
         for (int e = tid; e < SLOTS; e += THREADS) fuse.cursor[e] = s_cur[e];   // as permute_scatter leaves it
 #pragma unroll 1
         for (int i = warp; i < n; i += NW) {
-#line 1176 "templates/route.lua"
+#line 1177 "templates/route.lua"
             const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(x + (long long)(i / ENTRIES) * H);
             const int row = i < nk ? s_row[i] : __ldcg(fuse.row_of + i);
             uint4 *__restrict__ dst = reinterpret_cast<uint4 *>(fuse.xs + (long long)row * H);
-#line 1184 "templates/route.lua"
+#line 1185 "templates/route.lua"
 #pragma unroll 8
             for (int v = lane; v < HV; v += 32) dst[v] = __ldg(src + v);
-#line 1187 "templates/route.lua"
+#line 1188 "templates/route.lua"
         }
-#line 1191 "templates/route.lua"
+#line 1192 "templates/route.lua"
     }
 }
 
