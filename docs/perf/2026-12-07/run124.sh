@@ -4,8 +4,9 @@
 # build/libmoegen_ref.so`; copy moegen, moe_bench, tests/test_gpu, libmoegen.so, libmoegen_ref.so into build/r124,
 # strip, and Debian's liblua5.4.so.0 and libjansson.so.4 beside them), r125 = the same with
 # docs/perf/2026-12-07/patches/route_acqrel_tickets.diff applied (`git apply`, `make kernels`, build, copy into
-# build/r125, then `git checkout -- .` back), and the stamped harnesses: `docs/perf/2026-12-07/stamps/build.sh` at each
-# (copy build/sb/h_base ... as the two trees' h_new into build/sb/h_124 and build/sb/h_125).
+# build/r125, then `git checkout -- .` back), and the stamped harnesses: run `docs/perf/2026-12-07/stamps/build.sh`
+# in each tree (it remakes build/sb; its h_base is that tree's stamped forward) and keep the main tree's h_base as
+# h_124 and the patched tree's as h_125, both in build/sb at the end.
 # Carry ["build/r124", "build/r125", "build/sb"]. $1: the budget in seconds (default 420).
 # (1) r125's tickets on a GPU: test_gpu --family route --tokens-max 64 on six specs (the split ticket at 1-8 tokens,
 # the fused ticket across two token blocks at 33-64), then the whole layer to 64 tokens on Qwen3 and Mixtral;
