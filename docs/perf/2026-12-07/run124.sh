@@ -8,8 +8,10 @@
 # in each tree (it remakes build/sb; its h_base is that tree's stamped forward) and keep the main tree's h_base as
 # h_124 and the patched tree's as h_125, both in build/sb at the end.
 # Carry ["build/r124", "build/r125", "build/sb"]. $1: the budget in seconds (default 420).
-# (1) r125's tickets on a GPU: test_gpu --family route --tokens-max 64 on six specs (the split ticket at 1-8 tokens,
-# the fused ticket across two token blocks at 33-64), then the whole layer to 64 tokens on Qwen3 and Mixtral;
+# (1) r125's tickets on a GPU: test_gpu --family route --tokens-max 1000 on six specs (the split ticket at 1-8 tokens,
+# the fused ticket across token blocks at 33-64, and calls whose last block of 32 has at most 8 tokens — 129, 1000 —
+# where the few-token path meets the staged one in one call: never yet on a GPU), then the whole layer to 64 tokens
+# on Qwen3 and Mixtral;
 # (2) the route's timeline r124 against r125; (3) moe_bench --graph at 1 / 8 / 64 tokens, r124 against r125,
 # interleaved, four specs; (4) the peers: compare_torch --graph at 1..1024 tokens on r124 (run120's step, never run).
 set -u
@@ -20,9 +22,9 @@ export NCCL_NVLS_ENABLE=0 MOEGEN_CACHE_DIR=/tmp/moegen_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/w/gpu.txt"
 use() { cp build/$1/moegen build/$1/libmoegen.so build/$1/libmoegen_ref.so build/$1/liblua5.4.so.0 build/$1/libjansson.so.4 build/; }
 use r125
-timeout 100 stdbuf -oL -eL build/r125/test_gpu --family route --tokens-max 64 qwen3-30b mixtral deepseek-v3-ep8 \
-    gpt-oss-20b zero_experts router_latent > "$OUT/w/test_gpu_route64.log" 2>&1
-echo "test_gpu r125 route <= 64: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+timeout 120 stdbuf -oL -eL build/r125/test_gpu --family route --tokens-max 1000 qwen3-30b mixtral deepseek-v3-ep8 \
+    gpt-oss-20b zero_experts router_latent > "$OUT/w/test_gpu_route1000.log" 2>&1
+echo "test_gpu r125 route <= 1000: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 timeout 90 stdbuf -oL -eL build/r125/test_gpu --tokens-max 64 qwen3-30b mixtral > "$OUT/w/test_gpu_layer64.log" 2>&1
 echo "test_gpu r125 layers <= 64: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 (cd build/sb && for b in h_124 h_125 h_124 h_125; do echo "=== $b"; timeout 30 ./$b 20 1 8; done) > "$OUT/w/stamps.log" 2>&1
