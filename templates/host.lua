@@ -461,7 +461,9 @@ ${ind}    }
     int combined = 0;
     (void)cfuse;
 @ local any_chain = false
-@ for _, vs in ipairs(p.variants) do any_chain = any_chain or (vs.sm90 and vs.sm90.gemm_up_swiglu.chain and true) or false end
+@ for _, vs in ipairs(p.variants) do
+@   if vs.sm90 and vs.sm90.gemm_up_swiglu.chain then any_chain = true end
+@ end
 @ if any_chain then
     int chained = 0; /* the chain's up GEMM ran the down GEMM and the combine */
 @ end

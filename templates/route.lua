@@ -46,7 +46,7 @@
 @ -- number of tokens in its block of T (at most 8, or more: a decode call,
 @ -- or a larger call's last block); each is the same on every run.
 @ -- Not emitted with fp32 router weights (their three parts need the
-@ -- staged split).
+@ -- staged split) or given weights (no logits).
 @ --
 @ -- Phase 2: a warp per token. Lane l holds experts l + 32i (i < VPL) as
 @ -- order-preserving keys; every selection round is a warp max over
@@ -195,7 +195,7 @@
 @   while c.NW % c.DWN ~= 0 do c.DWN = c.DWN - 1 end
 @   c.DWK = c.NW // c.DWN
 @   c.dscr = c.loff == 0 and 8 * c.LDL * 4 or 0
-@   c.dot = not c.fp32w and (c.DWK == 1 or
+@   c.dot = not c.fp32w and p.score ~= "given" and (c.DWK == 1 or
 @                            c.dscr + c.DWK * 8 * c.DNT * 8 * 4 <= (c.loff == 0 and c.smem or c.loff))
 @   -- routing
 @   c.softmax = p.score == "softmax"

@@ -4360,7 +4360,7 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -4386,7 +4386,7 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -4412,9 +4412,9 @@ extern "C" cudaError_t deepseek_v2_lite_forward(const deepseek_v2_lite_args_t *a
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(16, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         deepseek_v2_lite_launch(dev, deepseek_v2_lite_combine_bf16_h2048k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 2048)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -4437,7 +4437,7 @@ extern "C" void deepseek_v2_lite_pack_b1(const unsigned short *b1, unsigned shor
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -4462,7 +4462,7 @@ extern "C" cudaError_t deepseek_v2_lite_pack(int tensor, void *dst, const void *
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 607 "templates/host.lua"
+#line 609 "templates/host.lua"
 
 /* The shared expert's slots E + j (j < 2): gate rows jF.., up
  * rows F_s + jF.. of w1s [2F_s, H] into w1p (packed like deepseek_v2_lite_pack_w1),
@@ -4482,5 +4482,5 @@ extern "C" void deepseek_v2_lite_pack_shared(const unsigned short *w1s, const un
                 w2[((E + j) * H + h) * F + f] = w2s[h * FS + j * F + f];
     }
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

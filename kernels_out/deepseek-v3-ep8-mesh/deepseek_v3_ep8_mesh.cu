@@ -3442,7 +3442,7 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_forward(const deepseek_v3_ep8_mesh_a
     deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
     }
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_mesh_launch(dev, deepseek_v3_ep8_mesh_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3465,7 +3465,7 @@ extern "C" void deepseek_v3_ep8_mesh_pack_b1(const unsigned short *b1, unsigned 
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3490,5 +3490,5 @@ extern "C" cudaError_t deepseek_v3_ep8_mesh_pack(int tensor, void *dst, const vo
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -7881,7 +7881,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 1 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -7899,7 +7899,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 2 .. 3 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -7917,7 +7917,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 2) { /* calls of 4 .. 7 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -7935,7 +7935,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 3) { /* calls of 8 .. 511 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -7961,7 +7961,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 4) { /* calls of 512 .. 767 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -7987,7 +7987,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m192n128k32s4w3x4g8, dim3(56, (unsigned)tiles_y), 384, 102400, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 5) { /* calls of 768 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -8013,7 +8013,7 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(56, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 6) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -8039,9 +8039,9 @@ extern "C" cudaError_t deepseek_v3_ep8_forward(const deepseek_v3_ep8_args_t *a, 
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(56, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         deepseek_v3_ep8_launch(dev, deepseek_v3_ep8_combine_bf16_h7168k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 7168)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -8064,7 +8064,7 @@ extern "C" void deepseek_v3_ep8_pack_b1(const unsigned short *b1, unsigned short
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -8089,5 +8089,5 @@ extern "C" cudaError_t deepseek_v3_ep8_pack(int tensor, void *dst, const void *s
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -6868,7 +6868,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6894,7 +6894,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6920,7 +6920,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6946,7 +6946,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 3) { /* calls of 4096 .. 16383 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6972,7 +6972,7 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(23, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 4) { /* calls of 16384 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6998,9 +6998,9 @@ extern "C" cudaError_t gpt_oss_120b_forward(const gpt_oss_120b_args_t *a, cudaSt
         gpt_oss_120b_launch(dev, gpt_oss_120b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(23, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         gpt_oss_120b_launch(dev, gpt_oss_120b_combine_bf16_h2880k4, dim3(moe_blocks(T, 8), moe_combine_split(T, 2880)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -7023,7 +7023,7 @@ extern "C" void gpt_oss_120b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -7048,5 +7048,5 @@ extern "C" cudaError_t gpt_oss_120b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -3607,7 +3607,7 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 127 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -3625,7 +3625,7 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 128 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -3651,9 +3651,9 @@ extern "C" cudaError_t longcat_flash_forward(const longcat_flash_args_t *a, cuda
         longcat_flash_launch(dev, longcat_flash_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(48, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         longcat_flash_launch(dev, longcat_flash_combine_bf16_h6144k12, dim3(moe_blocks(T, 8), moe_combine_split(T, 6144)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -3676,7 +3676,7 @@ extern "C" void longcat_flash_pack_b1(const unsigned short *b1, unsigned short *
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -3701,5 +3701,5 @@ extern "C" cudaError_t longcat_flash_pack(int tensor, void *dst, const void *src
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

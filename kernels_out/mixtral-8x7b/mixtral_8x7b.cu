@@ -6375,7 +6375,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6393,7 +6393,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6419,7 +6419,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 127 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6445,7 +6445,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 3) { /* calls of 128 .. 511 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6471,7 +6471,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 4) { /* calls of 512 .. 767 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6497,7 +6497,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m192n128k32s4w3x4g8, dim3(32, (unsigned)tiles_y), 384, 102400, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 5) { /* calls of 768 .. 2047 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6523,7 +6523,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 6) { /* calls of 2048 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6549,7 +6549,7 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 7) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6575,9 +6575,9 @@ extern "C" cudaError_t mixtral_8x7b_forward(const mixtral_8x7b_args_t *a, cudaSt
         mixtral_8x7b_launch(dev, mixtral_8x7b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         mixtral_8x7b_launch(dev, mixtral_8x7b_combine_bf16_h4096k2, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6600,7 +6600,7 @@ extern "C" void mixtral_8x7b_pack_b1(const unsigned short *b1, unsigned short *b
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6625,5 +6625,5 @@ extern "C" cudaError_t mixtral_8x7b_pack(int tensor, void *dst, const void *src0
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

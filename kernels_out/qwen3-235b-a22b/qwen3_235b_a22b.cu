@@ -6742,7 +6742,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
     const int cfuse = dev->combine_fuse && moe_combine_fuse_tokens(T);
     int combined = 0;
     (void)cfuse;
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     if (v == 0) { /* calls of 1 .. 7 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6768,7 +6768,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 1) { /* calls of 8 .. 63 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6794,7 +6794,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 2) { /* calls of 64 .. 511 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6820,7 +6820,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 3) { /* calls of 512 .. 4095 tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6846,7 +6846,7 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(32, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 475 "templates/host.lua"
+#line 477 "templates/host.lua"
     } else if (v == 4) { /* calls of 4096 or more tokens */
 #line 426 "templates/host.lua"
         if (dev->use90) {
@@ -6872,9 +6872,9 @@ extern "C" cudaError_t qwen3_235b_a22b_forward(const qwen3_235b_a22b_args_t *a, 
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_gemm_down_bf16_m128n128k32s4w2x4g8, dim3(32, (unsigned)tiles_y), 256, 81920, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
         }
-#line 478 "templates/host.lua"
-    }
 #line 480 "templates/host.lua"
+    }
+#line 482 "templates/host.lua"
     if (!combined)
         qwen3_235b_a22b_launch(dev, qwen3_235b_a22b_combine_bf16_h4096k8, dim3(moe_blocks(T, 8), moe_combine_split(T, 4096)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -6897,7 +6897,7 @@ extern "C" void qwen3_235b_a22b_pack_b1(const unsigned short *b1, unsigned short
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -6922,5 +6922,5 @@ extern "C" cudaError_t qwen3_235b_a22b_pack(int tensor, void *dst, const void *s
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */

@@ -2768,7 +2768,7 @@ extern "C" cudaError_t small_forward(const small_args_t *a, cudaStream_t stream)
     small_launch(dev, small_gemm_down_bf16_m64n128k32s4w2x2g8, dim3(12, (unsigned)tiles_y), 128, 61440, stream, hbuf, (const moe_half_t *)a->w2, (const moe_half_t *)a->b2, tiles, num_tiles, xs);
 #line 456 "templates/host.lua"
     }
-#line 480 "templates/host.lua"
+#line 482 "templates/host.lua"
     if (!combined)
         small_launch(dev, small_combine_bf16_h1536k3, dim3(moe_blocks(T, 8), moe_combine_split(T, 1536)), 256, 0, stream, xs, row_of, topk_w, T, (moe_half_t *)a->y);
     return cudaGetLastError();
@@ -2791,7 +2791,7 @@ extern "C" void small_pack_b1(const unsigned short *b1, unsigned short *b1p) {
             b1p[e * 2 * F + moe_pack_row(r, F)] = b1[e * 2 * F + r];
 }
 
-#line 503 "templates/host.lua"
+#line 505 "templates/host.lua"
 /* The device-side pack of one checkpoint tensor (the runtime's
  * moe_plan_pack_async; README.md, "Weight layouts"): slots first ..
  * first + count - 1 of packed tensor `tensor` (pack_geom.h's MOE_PACK_*)
@@ -2816,5 +2816,5 @@ extern "C" cudaError_t small_pack(int tensor, void *dst, const void *src0, const
         (const unsigned short *)(two ? src1 : src0), a, b, first, count);
     return cudaGetLastError();
 }
-#line 627 "templates/host.lua"
+#line 629 "templates/host.lua"
 #endif /* __CUDACC_RTC__ */
