@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Stamp the route kernel of a vendored .cu (moegen emit's output) for a per-phase timeline.
 
-instrument.py IN.cu OUT.cu [acqrel]: thread 0 of every route block records %globaltimer and clock64 at ten points
+instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf]: thread 0 of every route block records %globaltimer and clock64 at ten points
 (entry, phase 1 done, split ticket taken, partials summed, phase 2 done, counts added, fused ticket, plan done,
 scatter rows done, end) into moe_st[blockIdx.y][{0: ns, 1: clock}][point]; route_stamps_read() copies them out and
-route_stamps_clear() zeroes them. With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
+route_stamps_clear() zeroes them; with `w1pf`, route_pf_set() turns on an L2 prefetch of the chosen experts' W1 (below). With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
 release/acquire pattern the split and fused tickets need) instead of the sequentially consistent fence.
 A measurement aid for docs/perf only: nothing here goes into the project's kernels."""
 import re, sys
@@ -38,11 +38,24 @@ put("__syncthreads();   // row_of (global, s_row) and s_cur are complete, for th
 k = k[:-3] + "MOE_ST(9);\n}\n"
 # stamp 4 sits before the barrier: move it after (the barrier ends phase 2)
 k = k.replace("MOE_ST(4);    __syncthreads();", "    __syncthreads();MOE_ST(4);")
+if "w1pf" in opts:
+    # phase 2's lanes, once a token's expert is chosen, ask L2 for the first moe_pf_bytes of that expert's packed
+    # W1 (contiguous: [E, 2F, H]) in moe_pf_chunk pieces, so DRAM streams up weights during the route's tail and
+    # the launch gap (moe_pf_bytes 0: nothing issued; set by route_pf_set)
+    pat = "atomicAdd(s_count + mine, 1);"
+    assert k.count(pat) == 1, pat
+    k = k.replace(pat, pat + """
+            if (moe_pf_bytes) {
+                const char *pb_ = moe_pf_base + (long long)mine * moe_pf_stride;
+                for (unsigned o_ = 0; o_ < moe_pf_bytes; o_ += moe_pf_chunk)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(pb_ + o_), "r"(moe_pf_chunk) : "memory");
+            }""")
 if acqrel:
     n = k.count("__threadfence();")
     k = k.replace("__threadfence();", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");')
     sys.stderr.write(f"acqrel: {n} fences\n")
 head = r'''
+__device__ const char *moe_pf_base; __device__ long long moe_pf_stride; __device__ unsigned moe_pf_bytes, moe_pf_chunk;
 __device__ unsigned long long moe_st[64][2][10];
 #define MOE_ST(i) do { if (threadIdx.x == 0) { unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); \
     moe_st[blockIdx.y][0][i] = t_; moe_st[blockIdx.y][1][i] = clock64(); } } while (0)
@@ -50,6 +63,10 @@ __device__ unsigned long long moe_st[64][2][10];
 tail = r'''
 #include <cuda_runtime.h>
 extern "C" void route_stamps_read(unsigned long long *h) { cudaMemcpyFromSymbol(h, moe_st, sizeof moe_st); }
+extern "C" void route_pf_set(const void *b, long long stride, unsigned bytes, unsigned chunk) {
+    cudaMemcpyToSymbol(moe_pf_base, &b, sizeof b); cudaMemcpyToSymbol(moe_pf_stride, &stride, sizeof stride);
+    cudaMemcpyToSymbol(moe_pf_bytes, &bytes, sizeof bytes); cudaMemcpyToSymbol(moe_pf_chunk, &chunk, sizeof chunk);
+}
 extern "C" void route_stamps_clear(void) { static unsigned long long z[64 * 2 * 10]; cudaMemcpyToSymbol(moe_st, z, sizeof z); }
 '''
 if "dnpf" in opts:
