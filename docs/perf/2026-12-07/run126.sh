@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 126 (twenty-third session): run124.sh with a step (2b) added: the route asking L2 for the chosen experts' W1.
+# Run 126 (twenty-third session): run124.sh with a step (2b) added: the up gemv asking L2 for its expert's W2.
 # Builds (here, no GPU): r124 = main as it stands (`make -j2 all build/moe_bench build/tests/test_gpu
 # build/libmoegen_ref.so`; copy moegen, moe_bench, tests/test_gpu, libmoegen.so, libmoegen_ref.so into build/r124,
 # strip, and Debian's liblua5.4.so.0 and libjansson.so.4 beside them), r125 = the same with
@@ -29,13 +29,12 @@ timeout 90 stdbuf -oL -eL build/r125/test_gpu --tokens-max 64 qwen3-30b mixtral 
 echo "test_gpu r125 layers <= 64: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 (cd build/sb && for b in h_124 h_125 h_124 h_125; do echo "=== $b"; timeout 30 ./$b 20 1 8; done) > "$OUT/w/stamps.log" 2>&1
 echo "stamps: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
-# (2b) the stamped forward whose route asks L2 for the first PF_BYTES of each chosen expert's W1 (instrument.py w1pf;
-# h_w1pf Qwen3, h_w1pfmix Mixtral, built from main's emitted sources), interleaved sizes, twice
-(cd build/sb && for rep in 1 2; do
-    for b in 0 262144 524288 1048576 1572864 2097152; do echo "=== qwen3 PF_BYTES=$b"; PF_BYTES=$b timeout 30 ./h_w1pf 20 1 8; done
-    for b in 0 2097152 4194304 8388608; do echo "=== mixtral PF_BYTES=$b"; PF_BYTES=$b timeout 30 ./h_w1pfmix 20 1 8; done
-done) > "$OUT/w/w1pf.log" 2>&1
-echo "w1pf: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
+# (2b) the stamped Qwen3 forward whose up gemv asks L2 for its expert's W2 (instrument.py w2pf, h_w2pf, main's
+# emitted sources): PF_MODE 0 none, 1 at a CTA's start, 2 after its rows; interleaved, three times
+(cd build/sb && for rep in 1 2 3; do
+    for m in 0 1 2; do echo "=== qwen3 PF_MODE=$m"; PF_MODE=$m timeout 30 ./h_w2pf 20 1 2 8; done
+done) > "$OUT/w/w2pf.log" 2>&1
+echo "w2pf: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
     for r in r124 r125 r124 r125; do
         [ $((SECONDS + 15)) -le $BUDGET ] || break 2
@@ -57,7 +56,7 @@ for s in qwen3-30b-a3b mixtral-8x7b deepseek-v3-ep8; do
 done
 cat "$OUT/w/rc.txt"
 for f in "$OUT"/w/test_gpu_*.log; do echo "$f: $(tail -1 "$f")"; grep -h -m5 FAIL "$f"; done
-grep -E "^===|layer:" "$OUT/w/w1pf.log"
+grep -E "^===|layer:" "$OUT/w/w2pf.log"
 grep -v "^\s*$" "$OUT/w/stamps.log" | grep -E "===|tokens|phase|ticket|partsum|plan|rows|end|layer" | head -80
 grep -E "^== |^1 .*route|^8 .*route|^64 .*route|LAYER graph" "$OUT/w/ab.log" | head -100
 grep -E 'graph|^compare|flush|^==' "$OUT/w/compare.log" | head -60

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stamp the route kernel of a vendored .cu (moegen emit's output) for a per-phase timeline.
 
-instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf]: thread 0 of every route block records %globaltimer and clock64 at ten points
+instrument.py IN.cu OUT.cu [acqrel] [dnpf] [w1pf] [w2pf]: thread 0 of every route block records %globaltimer and clock64 at ten points
 (entry, phase 1 done, split ticket taken, partials summed, phase 2 done, counts added, fused ticket, plan done,
 scatter rows done, end) into moe_st[blockIdx.y][{0: ns, 1: clock}][point]; route_stamps_read() copies them out and
 route_stamps_clear() zeroes them; with `w1pf`, route_pf_set() turns on an L2 prefetch of the chosen experts' W1 (below). With `acqrel` the route's __threadfence() calls become fence.acq_rel.gpu (the
@@ -55,6 +55,7 @@ if acqrel:
     k = k.replace("__threadfence();", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");')
     sys.stderr.write(f"acqrel: {n} fences\n")
 head = r'''
+__device__ const char *moe_pf_w2; __device__ int moe_pf_mode;
 __device__ const char *moe_pf_base; __device__ long long moe_pf_stride; __device__ unsigned moe_pf_bytes, moe_pf_chunk;
 __device__ unsigned long long moe_st[64][2][10];
 #define MOE_ST(i) do { if (threadIdx.x == 0) { unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); \
@@ -66,6 +67,9 @@ extern "C" void route_stamps_read(unsigned long long *h) { cudaMemcpyFromSymbol(
 extern "C" void route_pf_set(const void *b, long long stride, unsigned bytes, unsigned chunk) {
     cudaMemcpyToSymbol(moe_pf_base, &b, sizeof b); cudaMemcpyToSymbol(moe_pf_stride, &stride, sizeof stride);
     cudaMemcpyToSymbol(moe_pf_bytes, &bytes, sizeof bytes); cudaMemcpyToSymbol(moe_pf_chunk, &chunk, sizeof chunk);
+}
+extern "C" void route_w2pf_set(const void *w2, int mode) {
+    cudaMemcpyToSymbol(moe_pf_w2, &w2, sizeof w2); cudaMemcpyToSymbol(moe_pf_mode, &mode, sizeof mode);
 }
 extern "C" void route_stamps_clear(void) { static unsigned long long z[64 * 2 * 10]; cudaMemcpyToSymbol(moe_st, z, sizeof z); }
 '''
@@ -90,6 +94,24 @@ if "dnpf" in opts:
     start = m.start()
     end = src.index("\n}\n", start) + 3
     # the route kernel text k (stamped) replaces src[start:end] below; the prefetch edit is after it in the file
+if "w2pf" in opts:
+    # every up gemv CTA asks L2 for its share of its expert's W2 ([E, H, F], the expert's H x F halves split evenly
+    # over gridDim.x CTAs, 16-byte granules), at its start (moe_pf_mode 1) or after its rows (2); the down gemv then
+    # finds the expert's weights in L2 where they fit (Qwen3 at 1 token: 8 x 3 MB). moe_pf_w2 from route_w2pf_set.
+    for mm in reversed(list(re.finditer(r'(\w+_gemm_up_swiglu_\w+_gemv3?_\w+)\(const moe_half_t \*__restrict__ xs,', src))):
+        a = src.index("const int expert = tiles[mt].expert, row_start = tiles[mt].row_start, rows = tiles[mt].rows;\n", mm.end())
+        a = src.index("\n", a) + 1
+        b = src.index("\n}\n", a) + 1
+        pf = ("#define W2PF_(MODE) if (moe_pf_mode == MODE && threadIdx.x == 0) { \\\n"
+              "        const long long eb_ = (long long)K * NOUT * 2, sh_ = (eb_ / gridDim.x) & ~15ll; \\\n"
+              "        const long long o_ = sh_ * blockIdx.x, n_ = blockIdx.x + 1 == gridDim.x ? eb_ - o_ : sh_; \\\n"
+              "        asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(moe_pf_w2 + eb_ * expert + o_), \"r\"((unsigned)n_) : \"memory\"); }\n"
+              "    W2PF_(1)\n")
+        src = src[:a] + pf + src[a:b] + "    W2PF_(2)\n#undef W2PF_\n" + src[b:]
+        sys.stderr.write("w2pf: " + mm.group(1) + "\n")
+    m = re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\)\n\w+_route_\w+\(', src)
+    start = m.start()
+    end = src.index("\n}\n", start) + 3
 # the stamps' array and macro before every kernel (the file's includes come after them, with the host code)
 out = head + src[:start] + k + src[end:] + tail
 open(sys.argv[2], "w").write(out)
