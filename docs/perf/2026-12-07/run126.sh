@@ -33,7 +33,17 @@ echo "stamps: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 # emitted sources): PF_MODE 0 none, 1 at a CTA's start, 2 after its rows; interleaved, three times
 (cd build/sb && for rep in 1 2 3; do
     for m in 0 1 2; do echo "=== qwen3 PF_MODE=$m"; PF_MODE=$m timeout 30 ./h_w2pf 20 1 2 8; done
-done) > "$OUT/w/w2pf.log" 2>&1
+done
+# (2c) the same forward (h_124: main's, Qwen3; h_mix: Mixtral) under the launcher's switches: PDL, the combine folded
+# into the down gemv, both
+for rep in 1 2; do
+    for e in "X=0" "MOEGEN_PDL=on" "MOEGEN_COMBINE_FUSE=on" "MOEGEN_PDL=on MOEGEN_COMBINE_FUSE=on"; do
+        echo "=== qwen3 $e"; env $e timeout 30 ./h_124 20 1 8
+        echo "=== mixtral $e"; env $e timeout 30 ./h_mix 20 1 8
+    done
+done
+echo "=== qwen3 PF_MODE=2 MOEGEN_PDL=on MOEGEN_COMBINE_FUSE=on"; PF_MODE=2 MOEGEN_PDL=on MOEGEN_COMBINE_FUSE=on timeout 30 ./h_w2pf 20 1 2 8
+) > "$OUT/w/w2pf.log" 2>&1
 echo "w2pf: exit $? ($SECONDS s)" >> "$OUT/w/rc.txt"
 for s in qwen3-30b-a3b mixtral-8x7b gpt-oss-20b deepseek-v3-ep8; do
     for r in r124 r125 r124 r125; do
